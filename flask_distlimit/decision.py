@@ -1,0 +1,77 @@
+"""What goes into a storage call and what comes out of it.
+
+A request's limits become :class:`Check` values; one storage call evaluates all of them atomically
+(all-or-nothing: if any check is denied, nothing is consumed anywhere) and answers an
+:class:`Evaluation` with one :class:`Decision` per check, in the same order.
+
+All times inside the storage are integer microseconds; a :class:`Decision` exposes seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .algorithms import Algorithm
+
+__all__ = ["NEVER", "Check", "Decision", "Evaluation"]
+
+#: ``retry_after`` of a request that can never pass: its cost is larger than the limit.
+NEVER = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One limit to apply to one request.
+
+    ``key`` is the storage key of this limit for this client, built by
+    :func:`flask_distlimit.keys.limit_key` (``<prefix>:{<tag>}:<limit id>:<algorithm>``).
+    ``cost`` is how many units the request consumes; 0 is a peek that consumes nothing.
+    """
+
+    key: str
+    algorithm: Algorithm
+    limit: int
+    period: int  # seconds
+    cost: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The state of one limit after (or, when denied, instead of) consuming the request's cost.
+
+    - ``allowed``: this limit alone would admit the request. In an :class:`Evaluation` that is
+      denied overall, nothing was consumed, even for the checks whose ``allowed`` is true.
+    - ``remaining``: whole units left now (after consumption when the evaluation was allowed).
+    - ``reset_after``: seconds until the quota is whole again.
+    - ``retry_after``: seconds until a request of this cost could pass; 0 when allowed;
+      :data:`NEVER` (``math.inf``) when the cost exceeds the limit.
+    """
+
+    allowed: bool
+    limit: int
+    remaining: int
+    reset_after: float
+    retry_after: float
+
+    @property
+    def impossible(self) -> bool:
+        """True when the request's cost is larger than the limit: it can never pass."""
+        return self.retry_after == NEVER
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """The answer of one storage call: one decision per check, in order."""
+
+    decisions: tuple[Decision, ...]
+    #: Keys that held data of the wrong type or shape; the storage replaced them with fresh state.
+    repaired_keys: tuple[str, ...] = ()
+
+    @property
+    def allowed(self) -> bool:
+        return all(d.allowed for d in self.decisions)
+
+    def denied_indexes(self) -> list[int]:
+        """Indexes of the checks that denied the request."""
+        return [i for i, d in enumerate(self.decisions) if not d.allowed]

@@ -1,0 +1,50 @@
+"""The exceptions Flask-DistLimit raises.
+
+One small hierarchy; catch the branch you can act on::
+
+    DistLimitError
+     ├── ConfigurationError      (also a ValueError) bad limit string, URL or DISTLIMIT_* value;
+     │                           raised when the app is configured, never per request
+     └── StorageError            the rate-limit store failed
+          ├── StorageUnavailable     an outage: connection refused or reset, timeout, cluster down,
+          │                          Sentinel master not found. The circuit breaker counts these.
+          └── StorageResponseError   the store answered, but with an error: a bug in a script or
+                                     bad data. Never counted as an outage, never swallowed.
+
+A denied request is not an exception of this tree: it is
+:class:`flask_distlimit.problem.RateLimitExceeded`, a werkzeug ``TooManyRequests`` subclass, so
+ordinary Flask error handling (``@app.errorhandler(429)``) applies to it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigurationError",
+    "DistLimitError",
+    "StorageError",
+    "StorageResponseError",
+    "StorageUnavailable",
+]
+
+
+class DistLimitError(Exception):
+    """Base class of every error Flask-DistLimit raises."""
+
+
+class ConfigurationError(DistLimitError, ValueError):
+    """A limit string, storage URL or ``DISTLIMIT_*`` setting is invalid.
+
+    The message names the offending value and the accepted forms.
+    """
+
+
+class StorageError(DistLimitError):
+    """The rate-limit storage failed."""
+
+
+class StorageUnavailable(StorageError):
+    """The storage could not be reached in time (an outage, counted by the breaker)."""
+
+
+class StorageResponseError(StorageError):
+    """The storage answered with an error: a script bug or bad data (not an outage)."""

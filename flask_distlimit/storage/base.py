@@ -1,0 +1,61 @@
+"""The storage interface every backend implements.
+
+A backend evaluates all the checks of one request atomically (all-or-nothing) and answers in one
+round trip (one per Redis Cluster slot group). Backends raise
+:class:`~flask_distlimit.errors.StorageUnavailable` for outages and
+:class:`~flask_distlimit.errors.StorageResponseError` for errors the store answered with; they
+never raise a backend library's own exception types.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Iterator, Sequence
+
+from ..decision import Check, Evaluation
+
+__all__ = ["Storage"]
+
+
+class Storage(abc.ABC):
+    """A rate-limit store. Instances are thread-safe and cheap to share within a process."""
+
+    #: The URL scheme this backend was built from, e.g. ``"redis"`` or ``"memory"``.
+    scheme: str = ""
+
+    @abc.abstractmethod
+    def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+        """Apply every check at once; consume their costs only if all of them allow.
+
+        ``now_us`` injects the current time in microseconds since the epoch, for tests only;
+        production leaves it ``None`` and the store uses its own clock (Redis ``TIME``).
+        """
+
+    @abc.abstractmethod
+    def ping(self) -> float:
+        """Round-trip latency to the store in seconds; raises ``StorageUnavailable``."""
+
+    @abc.abstractmethod
+    def scan(self, match: str) -> Iterator[str]:
+        """Keys matching a glob pattern (``SCAN``, never ``KEYS``; every master on a cluster)."""
+
+    @abc.abstractmethod
+    def delete(self, keys: Iterable[str]) -> int:
+        """Delete keys; answer how many existed."""
+
+    @abc.abstractmethod
+    def heartbeat(self, key: str, member: str, ttl: float) -> int:
+        """Mark ``member`` alive in the set ``key`` for ``ttl`` seconds; answer the live count.
+
+        Used by ``DISTLIMIT_INSTANCES = "auto"``: one member per process.
+        """
+
+    def scripts_loaded(self) -> bool:
+        """True when the store holds the rate-limit scripts (always true for memory)."""
+        return True
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections. The storage must not be used afterwards."""
+
+    def reset_after_fork(self) -> None:  # noqa: B027 - optional hook
+        """Drop connections inherited from a parent process (called in a forked child)."""
