@@ -44,9 +44,37 @@ class Outcome:
 class Guard:
     """Calls the storage and applies the failure policy on outages."""
 
-    def __init__(self, storage: Storage, *, policy: FailurePolicy = "open") -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        policy: FailurePolicy = "open",
+        fail_max: int = 5,
+        reset_timeout: float = 30.0,
+        instances: int | Literal["auto"] = 1,
+        key_prefix: str = "ratelimit",
+    ) -> None:
         self.storage = storage
         self.policy: FailurePolicy = policy
+        self.fail_max = fail_max
+        self.reset_timeout = reset_timeout
+        self.instances = instances
+        self.key_prefix = key_prefix
+
+    def health(self) -> dict[str, object]:
+        """Storage ping latency, breaker state, scripts loaded, instances seen."""
+        try:
+            latency: float | None = self.storage.ping()
+            loaded = self.storage.scripts_loaded()
+        except StorageUnavailable:
+            latency, loaded = None, False
+        return {
+            "storage": self.storage.scheme,
+            "latency_ms": None if latency is None else round(latency * 1000, 3),
+            "scripts_loaded": loaded,
+            "breaker": "closed",
+            "instances": self.instances,
+        }
 
     def evaluate(
         self,
