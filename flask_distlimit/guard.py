@@ -1,29 +1,60 @@
 """The storage as the extension sees it: every call guarded against outages.
 
-:class:`Guard` is the one seam between the request path and the storage. It decides what an
-outage means for a request (``DISTLIMIT_FAILURE_POLICY``):
+:class:`Guard` is the one seam between the request path and the storage. Each request's checks
+go through :meth:`Guard.evaluate`, which
 
-- ``"open"``: allow, marked degraded;
-- ``"closed"``: refuse with 503 (the extension turns ``unavailable`` into a problem+json 503);
-- ``"local"``: decide in-process (:mod:`flask_distlimit.fallback`), marked degraded.
+1. asks the circuit breaker (:mod:`flask_distlimit.breaker`) whether to try the storage at all;
+2. makes the one storage call (outside any lock: concurrent requests' calls overlap);
+3. on an outage (:class:`~flask_distlimit.errors.StorageUnavailable`) counts it and applies the
+   failure policy (``DISTLIMIT_FAILURE_POLICY``, or a route's own):
 
-(First version: no circuit breaker yet; the failure-handling work adds pybreaker, the divided
-local fallback, instance heartbeats and health here, behind the same interface.)
+   - ``"open"``: allow, marked degraded;
+   - ``"closed"``: refuse: the extension turns ``unavailable`` into a problem+json 503;
+   - ``"local"``: decide in-process at each limit's per-instance share
+     (:mod:`flask_distlimit.fallback`, divisor from :mod:`flask_distlimit.instances`), degraded;
+
+4. when healthy and due, refreshes this process's instance heartbeat (``DISTLIMIT_INSTANCES =
+   "auto"``), and logs keys the storage found corrupt and repaired.
+
+An error reply (:class:`~flask_distlimit.errors.StorageResponseError`) is a bug or bad data: it is
+raised to the caller, never counted as an outage, never answered by the failure policy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import os
+import time
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal, get_args
 
+from .breaker import Breaker, BreakerState
 from .decision import Check, Evaluation
-from .errors import StorageUnavailable
+from .errors import ConfigurationError, StorageResponseError, StorageUnavailable
+from .fallback import LocalFallback
+from .instances import Instances, InstancesSetting
+from .metrics import Metrics
 from .storage.base import Storage
 
-__all__ = ["FailurePolicy", "Guard", "Outcome"]
+__all__ = ["FAILURE_POLICIES", "FailurePolicy", "Guard", "Outcome", "validate_policy"]
+
+log = logging.getLogger(__name__)
 
 FailurePolicy = Literal["open", "closed", "local"]
+FAILURE_POLICIES: Final[tuple[FailurePolicy, ...]] = get_args(FailurePolicy)
+
+
+def validate_policy(value: object) -> FailurePolicy:
+    """``value`` as a :data:`FailurePolicy`, or :class:`ConfigurationError`."""
+    if isinstance(value, str) and value in FAILURE_POLICIES:
+        return value
+    raise ConfigurationError(
+        f"Unknown failure policy {value!r} (DISTLIMIT_FAILURE_POLICY or on_failure=). Use "
+        '"open" (allow, marked degraded), "closed" (answer 503) or "local" (enforce each limit '
+        "in-process, divided by DISTLIMIT_INSTANCES)."
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +72,28 @@ class Outcome:
     unavailable: bool = False
 
 
+_OPEN_OUTCOME: Final = Outcome(None, degraded=True)
+_CLOSED_OUTCOME: Final = Outcome(None, degraded=True, unavailable=True)
+
+_guards: weakref.WeakSet[Guard] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for guard in list(_guards):
+        guard._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Guard:
-    """Calls the storage and applies the failure policy on outages."""
+    """Calls the storage through a circuit breaker and applies the failure policy on outages.
+
+    ``clock`` (monotonic seconds) drives the breaker's reset timeout and the heartbeat interval;
+    tests inject a fake one. ``metrics`` (:func:`flask_distlimit.metrics.metrics_for`) is optional.
+    ``fallback_factory`` builds the in-process store of the ``local`` policy (default: memory).
+    """
 
     def __init__(
         self,
@@ -51,30 +102,46 @@ class Guard:
         policy: FailurePolicy = "open",
         fail_max: int = 5,
         reset_timeout: float = 30.0,
-        instances: int | Literal["auto"] = 1,
+        instances: InstancesSetting = 1,
         key_prefix: str = "ratelimit",
+        clock: Callable[[], float] = time.monotonic,
+        metrics: Metrics | None = None,
+        heartbeat_interval: float = 5.0,
+        fallback_factory: Callable[[], Storage] | None = None,
     ) -> None:
         self.storage = storage
-        self.policy: FailurePolicy = policy
+        self.policy: FailurePolicy = validate_policy(policy)
+        if not isinstance(fail_max, int) or isinstance(fail_max, bool) or fail_max < 1:
+            raise ConfigurationError(
+                f"DISTLIMIT_BREAKER_FAIL_MAX={fail_max!r}: use a positive integer (consecutive "
+                "storage outages that open the circuit breaker; default 5)."
+            )
+        if not isinstance(reset_timeout, int | float) or reset_timeout < 0:
+            raise ConfigurationError(
+                f"DISTLIMIT_BREAKER_RESET_TIMEOUT={reset_timeout!r}: use a number of seconds >= 0 "
+                "(how long the breaker stays open before a trial call; default 30)."
+            )
         self.fail_max = fail_max
-        self.reset_timeout = reset_timeout
-        self.instances = instances
+        self.reset_timeout = float(reset_timeout)
         self.key_prefix = key_prefix
+        self.metrics = metrics
+        self.name = f"{storage.scheme or 'storage'}:{key_prefix}"
+        self.instances = Instances(
+            instances, key_prefix=key_prefix, interval=heartbeat_interval, clock=clock
+        )
+        self.fallback = LocalFallback(fallback_factory)
+        self.breaker = Breaker(
+            fail_max=fail_max,
+            reset_timeout=self.reset_timeout,
+            clock=clock,
+            name=self.name,
+            on_change=self._breaker_changed,
+        )
+        if metrics is not None:
+            metrics.breaker_changed(self.name, "closed")
+        _guards.add(self)
 
-    def health(self) -> dict[str, object]:
-        """Storage ping latency, breaker state, scripts loaded, instances seen."""
-        try:
-            latency: float | None = self.storage.ping()
-            loaded = self.storage.scripts_loaded()
-        except StorageUnavailable:
-            latency, loaded = None, False
-        return {
-            "storage": self.storage.scheme,
-            "latency_ms": None if latency is None else round(latency * 1000, 3),
-            "scripts_loaded": loaded,
-            "breaker": "closed",
-            "instances": self.instances,
-        }
+    # -- the request path --------------------------------------------------------------------
 
     def evaluate(
         self,
@@ -84,10 +151,111 @@ class Guard:
         now_us: int | None = None,
     ) -> Outcome:
         """Evaluate ``checks``; ``policy`` overrides the default for one route."""
+        breaker = self.breaker
+        if not breaker.allow():
+            return self._degraded(checks, policy, now_us)
+        metrics = self.metrics
+        started = time.perf_counter() if metrics is not None else 0.0
         try:
-            return Outcome(self.storage.evaluate(checks, now_us=now_us))
-        except StorageUnavailable:
-            chosen = policy or self.policy
-            if chosen == "closed":
-                return Outcome(None, degraded=True, unavailable=True)
-            return Outcome(None, degraded=True)
+            evaluation = self.storage.evaluate(checks, now_us=now_us)
+        except StorageUnavailable as exc:
+            if metrics is not None:
+                metrics.storage_call(time.perf_counter() - started)
+            breaker.failure(exc)
+            return self._degraded(checks, policy, now_us)
+        except StorageResponseError:
+            breaker.success()  # the store answered: not an outage
+            raise
+        except BaseException:
+            breaker.release()
+            raise
+        breaker.success()
+        if metrics is not None:
+            metrics.storage_call(time.perf_counter() - started)
+            metrics.evaluated(checks, evaluation)
+        if evaluation.repaired_keys:
+            for key in evaluation.repaired_keys:
+                log.warning(
+                    "Rate-limit key %s held data of the wrong type or shape; it was reset to a "
+                    "fresh state (something else writes under the key prefix %r?)",
+                    key,
+                    self.key_prefix,
+                )
+        if self.instances.auto and self.instances.due():
+            self._heartbeat()
+        return Outcome(evaluation)
+
+    def _degraded(
+        self, checks: Sequence[Check], policy: FailurePolicy | None, now_us: int | None
+    ) -> Outcome:
+        chosen = policy or self.policy
+        if chosen == "local":
+            evaluation = self.fallback.evaluate(
+                checks, instances=self.instances.divisor, now_us=now_us
+            )
+            if self.metrics is not None:
+                self.metrics.degraded(checks, evaluation)
+            return Outcome(evaluation, degraded=True)
+        if self.metrics is not None:
+            self.metrics.degraded(checks, None)
+        if chosen == "closed":
+            return _CLOSED_OUTCOME
+        if chosen != "open":
+            validate_policy(chosen)  # raises ConfigurationError naming the bad value
+        return _OPEN_OUTCOME
+
+    def _heartbeat(self) -> None:
+        # One separate, cheap call; an outage here counts like any other.
+        if not self.breaker.allow():
+            return
+        try:
+            self.instances.beat(self.storage)
+        except StorageUnavailable as exc:
+            self.breaker.failure(exc)
+        except BaseException:
+            self.breaker.release()
+            raise
+        else:
+            self.breaker.success()
+
+    def _breaker_changed(self, state: BreakerState) -> None:
+        if state == "closed":
+            self.fallback.drop()  # counters resume from the storage; nothing is written back
+        if self.metrics is not None:
+            self.metrics.breaker_changed(self.name, state)
+
+    # -- inspection --------------------------------------------------------------------------
+
+    def health(self) -> dict[str, object]:
+        """Storage ping latency, breaker state, scripts loaded, instances seen.
+
+        Pings the storage even while the breaker is open (it is an explicit check, not a
+        request), but the answer does not move the breaker.
+        """
+        error: str | None = None
+        try:
+            latency: float | None = self.storage.ping()
+            loaded: bool | None = self.storage.scripts_loaded()
+        except StorageUnavailable as exc:
+            latency, loaded, error = None, None, str(exc) or type(exc).__name__
+        opened_for = self.breaker.opened_for()
+        return {
+            "ok": error is None and self.breaker.state == "closed",
+            "storage": self.storage.scheme,
+            "latency_ms": None if latency is None else round(latency * 1000, 3),
+            "error": error,
+            "scripts_loaded": loaded,
+            "breaker": self.breaker.state,
+            "breaker_failures": self.breaker.failures,
+            "breaker_open_seconds": None if opened_for is None else round(opened_for, 3),
+            "policy": self.policy,
+            "instances": self.instances.setting,
+            "instances_seen": self.instances.seen,
+            "fallback_divisor": self.instances.divisor,
+            "fallback_active": self.fallback.active,
+        }
+
+    def _after_fork(self) -> None:
+        self.breaker._after_fork()
+        self.instances._after_fork()
+        self.fallback._after_fork()

@@ -1,0 +1,116 @@
+"""Optional Prometheus metrics (the ``prometheus`` extra of Flask-DistLimit).
+
+``prometheus_client`` is imported only when a :class:`Metrics` is built; nothing else in the package
+needs it. Series (all prefixed ``distlimit_``):
+
+- ``decisions_total{limit, outcome}``: per limit of each request; outcome ``allowed``, ``denied``
+  or ``degraded`` (the storage failed and the failure policy answered);
+- ``fallback_decisions_total{limit, outcome}``: decisions of the local fallback (``allowed`` /
+  ``denied``), also counted as ``degraded`` above;
+- ``storage_latency_seconds``: histogram of storage calls (successful or not);
+- ``breaker_state{breaker}``: 0 closed, 1 half-open, 2 open.
+
+``limit`` is the part of the storage key after the client's hash tag (``<limit id>:<algorithm>``):
+one series per configured limit, never per client.
+
+Metric objects are registered once per registry; :func:`metrics_for` answers the same
+:class:`Metrics` for the same registry, so two apps in one process share the series.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from .decision import Check, Evaluation
+from .errors import ConfigurationError
+
+__all__ = ["BREAKER_STATE_VALUES", "Metrics", "limit_label", "metrics_for"]
+
+BREAKER_STATE_VALUES = {"closed": 0, "half-open": 1, "open": 2}
+
+_MAX_CHILDREN = 10_000
+
+LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+)  # fmt: skip
+
+
+def limit_label(key: str) -> str:
+    """``ratelimit:{tag}:orders/100/60:gcra`` -> ``orders/100/60:gcra``."""
+    _, sep, rest = key.partition("}:")
+    return rest if sep else "unknown"
+
+
+class Metrics:
+    """The Prometheus series of the guard, in ``registry`` (default: the global registry)."""
+
+    def __init__(self, registry: Any = None) -> None:
+        try:
+            import prometheus_client as pc
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ConfigurationError(
+                "Prometheus metrics need prometheus-client: "
+                "pip install 'Flask-DistLimit[prometheus]'"
+            ) from exc
+        kw: dict[str, Any] = {} if registry is None else {"registry": registry}
+        self.decisions = pc.Counter(
+            "distlimit_decisions", "Rate-limit decisions by limit and outcome",
+            ["limit", "outcome"], **kw,
+        )  # fmt: skip
+        self.fallback_decisions = pc.Counter(
+            "distlimit_fallback_decisions", "Decisions of the in-process local fallback",
+            ["limit", "outcome"], **kw,
+        )  # fmt: skip
+        self.storage_latency = pc.Histogram(
+            "distlimit_storage_latency_seconds", "Latency of rate-limit storage calls",
+            buckets=LATENCY_BUCKETS, **kw,
+        )  # fmt: skip
+        self.breaker_state = pc.Gauge(
+            "distlimit_breaker_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open",
+            ["breaker"], **kw,
+        )  # fmt: skip
+        self._children: dict[tuple[bool, str, str], Any] = {}
+        self._observe = self.storage_latency.observe
+
+    def _child(self, fallback: bool, key: str, outcome: str) -> Any:
+        label = limit_label(key)
+        child = self._children.get((fallback, label, outcome))
+        if child is None:
+            family = self.fallback_decisions if fallback else self.decisions
+            child = family.labels(limit=label, outcome=outcome)
+            if len(self._children) < _MAX_CHILDREN:
+                self._children[(fallback, label, outcome)] = child
+        return child
+
+    def storage_call(self, seconds: float) -> None:
+        self._observe(seconds)
+
+    def evaluated(self, checks: Sequence[Check], evaluation: Evaluation) -> None:
+        for check, decision in zip(checks, evaluation.decisions, strict=False):
+            self._child(False, check.key, "allowed" if decision.allowed else "denied").inc()
+
+    def degraded(self, checks: Sequence[Check], evaluation: Evaluation | None) -> None:
+        for check in checks:
+            self._child(False, check.key, "degraded").inc()
+        if evaluation is not None:
+            for check, decision in zip(checks, evaluation.decisions, strict=False):
+                self._child(True, check.key, "allowed" if decision.allowed else "denied").inc()
+
+    def breaker_changed(self, breaker: str, state: str) -> None:
+        self.breaker_state.labels(breaker=breaker).set(BREAKER_STATE_VALUES.get(state, 2))
+
+
+_shared: dict[int, tuple[Any, Metrics]] = {}
+_shared_lock = threading.Lock()
+
+
+def metrics_for(registry: Any = None) -> Metrics:
+    """The one :class:`Metrics` of ``registry`` (default: prometheus_client's global registry)."""
+    with _shared_lock:
+        entry = _shared.get(id(registry))
+        if entry is None or entry[0] is not registry:
+            entry = (registry, Metrics(registry))
+            _shared[id(registry)] = entry
+        return entry[1]

@@ -1,0 +1,108 @@
+"""Test doubles for the guard's tests: a fake clock and a scriptable storage.
+
+These are for the Python-layer unit tests only; the fault tests (tests/test_faults*.py) run
+against real redis-server processes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Literal
+
+from flask_distlimit.decision import Check, Decision, Evaluation
+from flask_distlimit.errors import StorageResponseError, StorageUnavailable
+from flask_distlimit.storage.base import Storage
+
+
+class FakeClock:
+    """A monotonic clock that moves only when told to."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+Mode = Literal["ok", "down", "error"]
+
+
+class ScriptedStorage(Storage):
+    """A storage whose health is set by the test: ``mode`` ``ok``, ``down`` (outage) or ``error``.
+
+    When ok it runs a fixed-window count per key (window = the check's period, time from
+    ``now_us`` or the wall clock), so allow/deny is real enough to check limits with.
+    ``delay`` seconds are slept inside every call (outside any lock).
+    """
+
+    scheme = "scripted"
+
+    def __init__(self, mode: Mode = "ok", *, delay: float = 0.0) -> None:
+        self.mode: Mode = mode
+        self.delay = delay
+        self.calls = 0
+        self.heartbeats: dict[str, dict[str, float]] = {}
+        self.repaired: tuple[str, ...] = ()
+        self.closed = False
+        self._counts: dict[tuple[str, int], int] = {}
+        self._lock = threading.Lock()
+
+    def _check_mode(self) -> None:
+        with self._lock:
+            self.calls += 1
+        if self.delay:
+            time.sleep(self.delay)
+        if self.mode == "down":
+            raise StorageUnavailable("scripted outage")
+        if self.mode == "error":
+            raise StorageResponseError("scripted error reply")
+
+    def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+        self._check_mode()
+        now = now_us if now_us is not None else int(time.time() * 1_000_000)
+        with self._lock:
+            slots = [(c.key, now // (c.period * 1_000_000)) for c in checks]
+            used = [self._counts.get(s, 0) for s in slots]
+            allowed = [u + c.cost <= c.limit for u, c in zip(used, checks, strict=True)]
+            ok = all(allowed)
+            decisions = []
+            for slot, u, c, a in zip(slots, used, checks, allowed, strict=True):
+                if ok:
+                    u += c.cost
+                    self._counts[slot] = u
+                window_end = (slot[1] + 1) * c.period * 1_000_000
+                left = (window_end - now) / 1_000_000
+                decisions.append(
+                    Decision(a, c.limit, max(0, c.limit - u), left, 0.0 if a else left)
+                )
+        return Evaluation(tuple(decisions), repaired_keys=self.repaired)
+
+    def ping(self) -> float:
+        self._check_mode()
+        return 0.0001
+
+    def scan(self, match: str) -> Iterator[str]:
+        return iter(())
+
+    def delete(self, keys: Iterable[str]) -> int:
+        return 0
+
+    def heartbeat(self, key: str, member: str, ttl: float) -> int:
+        self._check_mode()
+        with self._lock:
+            members = self.heartbeats.setdefault(key, {})
+            members[member] = ttl
+            return len(members)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def check(key: str = "ratelimit:{abc}:route:fixed_window", limit: int = 10, period: int = 60,
+          cost: int = 1) -> Check:  # fmt: skip
+    return Check(key=key, algorithm="fixed_window", limit=limit, period=period, cost=cost)
