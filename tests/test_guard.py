@@ -1,0 +1,313 @@
+"""The guard on a scriptable storage and a fake clock: policies, breaker wiring, heartbeats,
+repaired keys, health and metrics. (Real outages of real servers: tests/test_faults*.py.)"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import warnings
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from flask_distlimit.errors import ConfigurationError, StorageResponseError
+from flask_distlimit.guard import Guard, Outcome, validate_policy
+from flask_distlimit.metrics import Metrics
+from tests.guard_helpers import FakeClock, ScriptedStorage, check
+
+NOW = 1_700_000_000_000_000  # microseconds; one fixed window for every call of a test
+
+
+def make(mode: str = "ok", **kwargs: object) -> tuple[Guard, ScriptedStorage, FakeClock]:
+    storage = ScriptedStorage(mode)  # type: ignore[arg-type]
+    clock = FakeClock()
+    kwargs.setdefault("fallback_factory", ScriptedStorage)
+    guard = Guard(storage, clock=clock, **kwargs)  # type: ignore[arg-type]
+    return guard, storage, clock
+
+
+def test_healthy_storage_answers_plainly() -> None:
+    guard, storage, _ = make()
+    outcome = guard.evaluate([check(limit=2)], now_us=NOW)
+    assert outcome.evaluation is not None and outcome.evaluation.allowed
+    assert not outcome.degraded and not outcome.unavailable
+    assert storage.calls == 1
+
+
+def test_policy_open_allows_marked_degraded() -> None:
+    guard, _, _ = make("down", policy="open")
+    assert guard.evaluate([check()], now_us=NOW) == Outcome(None, degraded=True)
+
+
+def test_policy_closed_is_unavailable() -> None:
+    guard, _, _ = make("down", policy="closed")
+    assert guard.evaluate([check()], now_us=NOW) == Outcome(None, degraded=True, unavailable=True)
+
+
+def test_per_route_policy_overrides_the_default() -> None:
+    guard, _, _ = make("down", policy="open")
+    assert guard.evaluate([check()], policy="closed", now_us=NOW).unavailable
+    assert not guard.evaluate([check()], now_us=NOW).unavailable
+    local = guard.evaluate([check(limit=5)], policy="local", now_us=NOW)
+    assert local.degraded and local.evaluation is not None
+
+
+def test_policy_local_enforces_each_limit_divided_by_instances() -> None:
+    guard, _, _ = make("down", policy="local", instances=3)
+    checks = [
+        check("ratelimit:{a}:ip:fixed_window", limit=10),
+        check("ratelimit:{a}:t:fixed_window", limit=100),
+    ]
+    outcomes = [guard.evaluate(checks, now_us=NOW) for _ in range(5)]
+    assert all(o.degraded and not o.unavailable for o in outcomes)
+    evaluations = [o.evaluation for o in outcomes]
+    assert all(e is not None for e in evaluations)
+    assert [e.allowed for e in evaluations if e] == [True, True, True, False, False]
+    first = evaluations[0]
+    assert first is not None
+    assert [d.limit for d in first.decisions] == [3, 33]  # the headers show the reduced numbers
+    assert [d.remaining for d in first.decisions] == [2, 32]
+
+
+def test_local_share_is_at_least_one() -> None:
+    guard, _, _ = make("down", policy="local", instances=5)
+    first = guard.evaluate([check(limit=2)], now_us=NOW).evaluation
+    second = guard.evaluate([check(limit=2)], now_us=NOW).evaluation
+    assert first is not None and first.allowed and first.decisions[0].limit == 1
+    assert second is not None and not second.allowed
+
+
+def test_error_reply_is_raised_and_never_counted_as_an_outage() -> None:
+    guard, storage, _ = make("error", fail_max=2)
+    for _ in range(5):
+        with pytest.raises(StorageResponseError):
+            guard.evaluate([check()], now_us=NOW)
+    assert guard.breaker.state == "closed"
+    assert guard.breaker.failures == 0
+    assert storage.calls == 5
+
+
+def test_breaker_opens_then_answers_without_the_storage() -> None:
+    guard, storage, _ = make("down", fail_max=3, reset_timeout=30)
+    for _ in range(10):
+        assert guard.evaluate([check()], now_us=NOW).degraded
+    assert guard.breaker.state == "open"
+    assert storage.calls == 3
+
+
+def test_recovery_after_reset_timeout_drops_the_fallback_state() -> None:
+    guard, storage, clock = make("down", policy="local", fail_max=1, reset_timeout=1, instances=2)
+    assert guard.evaluate([check(limit=4)], now_us=NOW).degraded
+    assert guard.fallback.active
+    storage.mode = "ok"
+    clock.advance(0.5)
+    assert guard.evaluate([check(limit=4)], now_us=NOW).degraded  # still open
+    assert storage.calls == 1
+    clock.advance(0.5)
+    outcome = guard.evaluate([check(limit=4)], now_us=NOW)  # the trial
+    assert not outcome.degraded
+    assert guard.breaker.state == "closed"
+    assert not guard.fallback.active  # dropped, nothing written back
+    assert outcome.evaluation is not None
+    assert outcome.evaluation.decisions[0].limit == 4
+    assert outcome.evaluation.decisions[0].remaining == 3  # counting resumed from the storage
+
+
+def test_failed_trial_keeps_degrading() -> None:
+    guard, storage, clock = make("down", fail_max=1, reset_timeout=1)
+    guard.evaluate([check()], now_us=NOW)
+    clock.advance(1)
+    assert guard.evaluate([check()], now_us=NOW).degraded
+    assert storage.calls == 2
+    assert guard.breaker.state == "open"
+
+
+def test_repaired_keys_are_logged_at_warning_key_only(caplog: pytest.LogCaptureFixture) -> None:
+    guard, storage, _ = make()
+    storage.repaired = ("ratelimit:{abc}:route:fixed_window",)
+    with caplog.at_level(logging.WARNING, logger="flask_distlimit.guard"):
+        outcome = guard.evaluate([check()], now_us=NOW)
+    assert not outcome.degraded
+    messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(messages) == 1
+    assert "ratelimit:{abc}:route:fixed_window" in messages[0]
+
+
+def test_auto_instances_beat_when_due_and_divide_the_fallback() -> None:
+    guard, storage, clock = make(policy="local", instances="auto", heartbeat_interval=5, fail_max=1)
+    key = "ratelimit:instances"
+    # Two other live processes.
+    storage.heartbeats[key] = {"host-a:1:x": 15.0, "host-b:2:y": 15.0}
+    guard.evaluate([check()], now_us=NOW)
+    assert storage.calls == 2  # the request's call, then one heartbeat
+    assert guard.instances.member in storage.heartbeats[key]
+    assert guard.instances.seen == 3
+    guard.evaluate([check()], now_us=NOW)
+    assert storage.calls == 3  # not due again yet
+    clock.advance(5)
+    guard.evaluate([check()], now_us=NOW)
+    assert storage.calls == 5
+    storage.mode = "down"
+    degraded = guard.evaluate([check(limit=30)], now_us=NOW)
+    assert degraded.evaluation is not None
+    assert degraded.evaluation.decisions[0].limit == 10
+    assert guard.health()["instances_seen"] == 3
+
+
+def test_auto_instances_before_any_heartbeat_divide_by_one() -> None:
+    guard, _, _ = make("down", policy="local", instances="auto")
+    evaluation = guard.evaluate([check(limit=30)], now_us=NOW).evaluation
+    assert evaluation is not None and evaluation.decisions[0].limit == 30
+
+
+def test_heartbeat_outage_counts_for_the_breaker() -> None:
+    guard, storage, _ = make(instances="auto", fail_max=1)
+
+    def failing_heartbeat(key: str, member: str, ttl: float) -> int:
+        from flask_distlimit.errors import StorageUnavailable
+
+        raise StorageUnavailable("gone between two calls")
+
+    storage.heartbeat = failing_heartbeat  # type: ignore[method-assign]
+    outcome = guard.evaluate([check()], now_us=NOW)
+    assert not outcome.degraded  # the request itself was decided by the storage
+    assert guard.breaker.state == "open"
+
+
+def test_member_is_host_pid_and_changes_in_a_forked_child() -> None:
+    guard, _, _ = make(instances="auto")
+    parent = guard.instances.member
+    assert parent.split(":")[1] == str(os.getpid())
+    read, write = os.pipe()
+    with warnings.catch_warnings():  # 3.12+ warns about forking a process that has threads
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: report its member and leave at once
+        try:
+            os.write(write, guard.instances.member.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child = os.read(read, 200).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert child.split(":")[1] == str(pid)
+    assert child != parent
+
+
+def test_health_reports_latency_breaker_scripts_and_instances() -> None:
+    guard, storage, _ = make(fail_max=1)
+    health = guard.health()
+    assert health["ok"] is True
+    assert health["breaker"] == "closed"
+    assert health["scripts_loaded"] is True
+    assert isinstance(health["latency_ms"], float)
+    storage.mode = "down"
+    guard.evaluate([check()], now_us=NOW)
+    health = guard.health()
+    assert health["ok"] is False
+    assert health["breaker"] == "open"
+    assert health["latency_ms"] is None
+    assert health["error"]
+
+
+def test_metrics_count_decisions_latency_breaker_and_fallback() -> None:
+    registry = CollectorRegistry()
+    guard, storage, clock = make(
+        policy="local", fail_max=1, reset_timeout=1, metrics=Metrics(registry)
+    )
+    checks = [check(limit=1)]
+    guard.evaluate(checks, now_us=NOW)
+    guard.evaluate(checks, now_us=NOW)
+
+    def value(name: str, **labels: str) -> float:
+        got = registry.get_sample_value(name, labels)
+        return 0.0 if got is None else got
+
+    limit = "route:fixed_window"
+    assert value("distlimit_decisions_total", limit=limit, outcome="allowed") == 1
+    assert value("distlimit_decisions_total", limit=limit, outcome="denied") == 1
+    assert value("distlimit_storage_latency_seconds_count") == 2
+    assert value("distlimit_breaker_state", breaker="scripted:ratelimit") == 0
+    storage.mode = "down"
+    guard.evaluate(checks, now_us=NOW)
+    guard.evaluate(checks, now_us=NOW)
+    assert value("distlimit_breaker_state", breaker="scripted:ratelimit") == 2
+    assert value("distlimit_decisions_total", limit=limit, outcome="degraded") == 2
+    assert value("distlimit_fallback_decisions_total", limit=limit, outcome="allowed") == 1
+    assert value("distlimit_fallback_decisions_total", limit=limit, outcome="denied") == 1
+    assert value("distlimit_storage_latency_seconds_count") == 3  # open: storage not called
+    storage.mode = "ok"
+    clock.advance(1)
+    guard.evaluate(checks, now_us=NOW + 60_000_000)
+    assert value("distlimit_breaker_state", breaker="scripted:ratelimit") == 0
+
+
+def test_the_client_identity_never_becomes_a_metric_label() -> None:
+    registry = CollectorRegistry()
+    guard, _, _ = make(metrics=Metrics(registry))
+    for client in ("aaa", "bbb", "ccc"):
+        guard.evaluate([check(f"ratelimit:{{{client}}}:route:gcra")], now_us=NOW)
+    labels = {
+        s.labels["limit"]
+        for m in registry.collect()
+        for s in m.samples
+        if m.name == "distlimit_decisions"
+    }
+    assert labels == {"route:gcra"}
+
+
+@pytest.mark.parametrize("bad", ["fail-open", "", None, "OPEN"])
+def test_unknown_policy_is_a_configuration_error(bad: object) -> None:
+    with pytest.raises(ConfigurationError, match=r"open.*closed.*local"):
+        validate_policy(bad)
+    with pytest.raises(ConfigurationError):
+        Guard(ScriptedStorage(), policy=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"instances": 0}, {"instances": "many"}, {"fail_max": 0}, {"reset_timeout": -1}],
+)
+def test_bad_settings_are_configuration_errors(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ConfigurationError, match="DISTLIMIT_"):
+        Guard(ScriptedStorage(), **kwargs)  # type: ignore[arg-type]
+
+
+def test_concurrent_storage_calls_overlap_through_the_guard() -> None:
+    """Two threads each blocked ~100 ms inside the storage finish in ~100 ms, not ~200 ms."""
+    storage = ScriptedStorage(delay=0.1)
+    guard = Guard(storage)
+
+    def run(threads: int) -> float:
+        ts = [threading.Thread(target=guard.evaluate, args=([check()],)) for _ in range(threads)]
+        started = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return time.perf_counter() - started
+
+    single = run(1)
+    assert run(2) < 1.6 * single
+    assert storage.calls == 3
+
+
+def test_closed_breaker_path_adds_only_microseconds() -> None:
+    storage = ScriptedStorage()
+    guard = Guard(storage)
+    checks = [check()]
+    n = 20_000
+
+    def per_call(fn: object) -> float:
+        started = time.perf_counter()
+        for _ in range(n):
+            fn(checks, now_us=NOW)  # type: ignore[operator]
+        return (time.perf_counter() - started) / n
+
+    bare = min(per_call(storage.evaluate) for _ in range(3))
+    guarded = min(per_call(guard.evaluate) for _ in range(3))
+    # ~1 us here; loose bound for a noisy shared machine (bench/bench_failure.py measures it).
+    assert guarded - bare < 20e-6
