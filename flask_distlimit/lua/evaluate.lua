@@ -1,0 +1,80 @@
+-- The driver: evaluates every check of one request, all-or-nothing.
+--
+-- KEYS[i]  the key of check i (one key per check; every key a script touches is declared).
+-- ARGV[1]  the time in us since the epoch, or -1 to read the server's clock (TIME). Only tests
+--          inject a time.
+-- ARGV[2]  0 = evaluate, 1 = refund (give back the costs consumed earlier by the same checks).
+-- ARGV[3 + 4(i-1) ..]  per check: algorithm (1 fixed_window, 2 sliding_window_log,
+--          3 sliding_window_counter, 4 token_bucket, 5 gcra), limit (units),
+--          period (us), cost (units).
+--
+-- Evaluate: phase 1 reads and decides every check (pruning expired log entries and deleting
+-- keys that hold garbage, but consuming nothing); phase 2, only when every check allows and
+-- only for costs > 0, writes them all. A denied request consumes nothing anywhere.
+-- Refund: each check gives its cost back, then reports its state as a peek (cost 0).
+--
+-- Reply (integers only): {now_us, then per check: allowed (0/1), limit, remaining,
+--   reset_after_us, retry_after_us (0 when allowed, -1 = never: cost > limit), repaired (0/1)}.
+
+local ALGORITHMS = {FIXED_WINDOW, SLIDING_WINDOW_LOG, SLIDING_WINDOW_COUNTER, TOKEN_BUCKET, GCRA}
+
+local n = #KEYS
+if #ARGV ~= 2 + 4 * n then
+  return redis.error_reply('ERR distlimit: expected 2 + 4 * #KEYS arguments, got ' .. #ARGV)
+end
+local now = tonumber(ARGV[1])
+local mode = tonumber(ARGV[2])
+if not (now == -1 or whole(now)) or not (mode == 0 or mode == 1) then
+  return redis.error_reply('ERR distlimit: bad time or mode argument')
+end
+if now == -1 then
+  local time = redis.call('TIME')
+  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
+
+local algos, limits, periods, costs = {}, {}, {}, {}
+for i = 1, n do
+  local base = 2 + 4 * (i - 1)
+  local algo = ALGORITHMS[tonumber(ARGV[base + 1])]
+  local limit, period, cost = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]),
+    tonumber(ARGV[base + 4])
+  if algo == nil or not (whole(limit) and limit >= 1 and whole(period) and period >= 1
+      and whole(cost)) then
+    return redis.error_reply('ERR distlimit: bad arguments for check ' .. i)
+  end
+  algos[i], limits[i], periods[i], costs[i] = algo, limit, period, cost
+end
+
+local results, all = {}, true
+for i = 1, n do
+  local repaired = 0
+  if mode == 1 then
+    repaired = algos[i].refund(KEYS[i], limits[i], periods[i], costs[i], now)
+    costs[i] = 0
+  end
+  local r = algos[i].decide(KEYS[i], limits[i], periods[i], costs[i], now)
+  if repaired == 1 then
+    r[5] = 1
+  end
+  results[i] = r
+  if r[1] == 0 then
+    all = false
+  end
+end
+
+if all then
+  for i = 1, n do
+    if costs[i] > 0 then
+      algos[i].commit(KEYS[i], results[i], limits[i], periods[i], costs[i], now)
+    end
+  end
+end
+
+local reply = {now}
+for i = 1, n do
+  local r = results[i]
+  local j = 6 * (i - 1) + 1
+  reply[j + 1], reply[j + 2], reply[j + 3] = r[1], limits[i], r[2]
+  reply[j + 4], reply[j + 5], reply[j + 6] = r[3], r[4], r[5]
+end
+return reply

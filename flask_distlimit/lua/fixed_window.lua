@@ -1,0 +1,77 @@
+-- FIXED WINDOW. Key: a hash {w = window index, n = units consumed in that window}.
+--
+--   L = limit (units), P = period (us), c = cost (units), now (us since the epoch)
+--   w_now = floor(now / P); window w = max(w_now, stored w)   (a stored window ahead of the
+--           clock, after a failover to a server whose clock is behind, is kept: time is clamped)
+--   n = stored n if stored w == w, else 0
+--   allowed      = c <= L and n + c <= L
+--   n' = n + c if allowed else n;  remaining = max(0, L - n')
+--   window end E = (w + 1) * P;     reset_after = E - now if n' > 0 else 0
+--   retry_after  = 0 if allowed; -1 (never) if c > L; else E - now (the next window is empty)
+--   TTL          = E - now (the key is useless once its window is over)
+--   refund:      n = max(0, n - c) only while the stored window is still the current one.
+
+local FIXED_WINDOW = {}
+
+local function fw_read(key, period, now)
+  local window, count, repaired = floor(now / period), 0, 0
+  local raw = redis.pcall('HMGET', key, 'w', 'n')
+  if failed(raw) then
+    repaired = 1
+    redis.call('DEL', key)
+  elseif raw[1] or raw[2] then
+    local w, n = tonumber(raw[1]), tonumber(raw[2])
+    if whole(w) and whole(n) and w * period <= now + period then
+      if w >= window then
+        window, count = w, n
+      end
+    else
+      repaired = 1
+      redis.call('DEL', key)
+    end
+  end
+  return window, count, repaired
+end
+
+function FIXED_WINDOW.decide(key, limit, period, cost, now)
+  local window, count, repaired = fw_read(key, period, now)
+  local window_end = (window + 1) * period
+  local allowed = cost <= limit and count + cost <= limit
+  local after = count
+  local retry = 0
+  if allowed then
+    after = count + cost
+  elseif cost > limit then
+    retry = -1
+  else
+    retry = window_end - now
+  end
+  local reset = 0
+  if after > 0 then
+    reset = window_end - now
+  end
+  local remaining = limit - after
+  if remaining < 0 then
+    remaining = 0
+  end
+  return {allowed and 1 or 0, remaining, reset, retry, repaired, window, after}
+end
+
+function FIXED_WINDOW.commit(key, r, limit, period, cost, now)
+  redis.call('HSET', key, 'w', fmt_int(r[6]), 'n', fmt_int(r[7]))
+  expire_in(key, (r[6] + 1) * period - now)
+end
+
+function FIXED_WINDOW.refund(key, limit, period, cost, now)
+  local window, count, repaired = fw_read(key, period, now)
+  if count > 0 then
+    count = count - cost
+    if count > 0 then
+      redis.call('HSET', key, 'w', fmt_int(window), 'n', fmt_int(count))
+      expire_in(key, (window + 1) * period - now)
+    else
+      redis.call('DEL', key)
+    end
+  end
+  return repaired
+end

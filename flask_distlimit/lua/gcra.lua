@@ -1,0 +1,107 @@
+-- GCRA (generic cell rate algorithm). Key: a string, the theoretical arrival time TAT.
+--
+--   L = limit = burst (units), P = period (us), c = cost (units), now (us since the epoch)
+--   T = P / L, the emission interval (us per unit, a double).
+--   The TAT is kept in units of T ("now_u = now / T"), not in us: adding c units is then exact
+--   in doubles, so a burst of exactly L is admitted whatever T is (a TAT in us accumulates the
+--   rounding of T at every request and could admit one unit too many or too few).
+--   tat = max(stored TAT, now_u); a missing key is tat = now_u (nothing owed)
+--   used = tat - now_u                   (units owed, >= 0)
+--   allowed      = c <= L and used + c <= L
+--   tat' = tat + c if allowed else tat;  used' = tat' - now_u
+--   remaining    = max(0, floor(L - used'))
+--   reset_after  = the first whole us r with (now + r) / T >= tat' (ceil(used' * T), then stepped
+--                  at most 3 us by the same double expression)
+--   retry_after  = 0 if allowed; -1 if c > L; else the first whole us d with
+--                  (tat - (now + d) / T) + c <= L
+--   TTL          = reset_after after the write
+--   refund:      tat = max(tat - c, now_u).
+--   A stored TAT more than 2L units ahead (garbage, a clock jump back by more than a period, or a
+--   changed rate: T changed, so the units mean another time) resets the key.
+
+local GCRA = {}
+
+local function gcra_read(key, limit, period, now)
+  local interval = period / limit
+  local now_u = now / interval
+  local raw = redis.pcall('GET', key)
+  if failed(raw) then
+    redis.call('DEL', key)
+    return interval, now_u, now_u, false, 1
+  end
+  if raw then
+    local tat = tonumber(raw)
+    if finite(tat) and tat - now_u <= 2 * limit then
+      if tat < now_u then
+        tat = now_u
+      end
+      return interval, now_u, tat, true, 0
+    end
+    redis.call('DEL', key)
+    return interval, now_u, now_u, false, 1
+  end
+  return interval, now_u, now_u, false, 0
+end
+
+-- First whole us r >= 0 after now at which now_u has reached tat.
+local function gcra_until(interval, now, now_u, tat)
+  if tat <= now_u then
+    return 0
+  end
+  local r = ceil((tat - now_u) * interval)
+  for _ = 1, 3 do
+    if (now + r) / interval >= tat then
+      break
+    end
+    r = r + 1
+  end
+  return r
+end
+
+function GCRA.decide(key, limit, period, cost, now)
+  local interval, now_u, tat, _, repaired = gcra_read(key, limit, period, now)
+  local used = tat - now_u
+  local allowed = cost <= limit and used + cost <= limit
+  local after, retry = tat, 0
+  if allowed then
+    after = tat + cost
+  elseif cost > limit then
+    retry = -1
+  else
+    local d = ceil((used + cost - limit) * interval)
+    if d < 1 then
+      d = 1
+    end
+    for _ = 1, 3 do
+      if (tat - (now + d) / interval) + cost <= limit then
+        break
+      end
+      d = d + 1
+    end
+    retry = d
+  end
+  local remaining = floor(limit - (after - now_u))
+  if remaining < 0 then
+    remaining = 0
+  end
+  return {allowed and 1 or 0, remaining, gcra_until(interval, now, now_u, after), retry, repaired,
+    after}
+end
+
+function GCRA.commit(key, r, limit, period, cost, now)
+  redis.call('SET', key, fmt_float(r[6]), 'PX', fmt_int(floor((r[3] + 999) / 1000)))
+end
+
+function GCRA.refund(key, limit, period, cost, now)
+  local interval, now_u, tat, present, repaired = gcra_read(key, limit, period, now)
+  if present then
+    tat = tat - cost
+    if tat > now_u then
+      redis.call('SET', key, fmt_float(tat), 'PX',
+        fmt_int(floor((gcra_until(interval, now, now_u, tat) + 999) / 1000)))
+    else
+      redis.call('DEL', key)
+    end
+  end
+  return repaired
+end

@@ -1,0 +1,125 @@
+-- SLIDING WINDOW COUNTER (Cloudflare's estimate). Key: a hash {w = window index,
+-- c = units in window w, p = units in window w - 1}.
+--
+--   L = limit (units), P = period (us), c = cost (units), now (us since the epoch)
+--   w_now = floor(now / P). A stored window ahead of w_now (clock went back) is kept and time is
+--   clamped to its start: t = max(now, w * P). Otherwise t = now, w = w_now, and the stored
+--   counts shift: stored w == w_now -> (cur, prev) = (c, p); w_now - 1 -> (0, c); older -> (0, 0).
+--   elapsed = t - w * P   (0 <= elapsed < P)
+--   weighted = prev * (P - elapsed) / P      (a double: (prev * (P - elapsed)) / P, that order)
+--   allowed  = c <= L and weighted + (cur + c) <= L
+--   cur' = cur + c if allowed else cur;  estimate' = weighted + cur'
+--   remaining   = max(0, floor(L - estimate'))
+--   reset_after = (t - now) + (2P - elapsed if cur' > 0; P - elapsed if prev > 0; else 0)
+--   retry_after = 0 if allowed; -1 if c > L; else the first whole microsecond d at which the
+--                 estimate leaves room for c (within this window if cur + c <= L, else in the
+--                 next one, where prev becomes cur), checked with the same double expression
+--                 (at most 3 steps of 1 us past the closed form).
+--   TTL         = (t - now) + 2P - elapsed  (to the end of the next window: two at most)
+--   It is an estimate: it may admit a little more or less than L in a true sliding window.
+--   refund:     cur = max(0, cur - c) while the stored window is still the current one.
+
+local SLIDING_WINDOW_COUNTER = {}
+
+local function swc_read(key, period, now)
+  local window, t, cur, prev, current, repaired = floor(now / period), now, 0, 0, false, 0
+  local raw = redis.pcall('HMGET', key, 'w', 'c', 'p')
+  if failed(raw) then
+    repaired = 1
+    redis.call('DEL', key)
+  elseif raw[1] or raw[2] or raw[3] then
+    local w, c, p = tonumber(raw[1]), tonumber(raw[2]), tonumber(raw[3])
+    if whole(w) and whole(c) and whole(p) and w * period <= now + period then
+      if w > window then
+        window, t, cur, prev, current = w, w * period, c, p, true
+      elseif w == window then
+        cur, prev, current = c, p, true
+      elseif w == window - 1 then
+        prev = c
+      end
+    else
+      repaired = 1
+      redis.call('DEL', key)
+    end
+  end
+  return window, t, cur, prev, current, repaired
+end
+
+-- Would `cost` fit at `elapsed` into a window holding `cur` after one holding `prev`?
+local function swc_fits(limit, period, prev, cur, cost, elapsed)
+  return (prev * (period - elapsed)) / period + (cur + cost) <= limit
+end
+
+function SLIDING_WINDOW_COUNTER.decide(key, limit, period, cost, now)
+  local window, t, cur, prev, _, repaired = swc_read(key, period, now)
+  local elapsed = t - window * period
+  local shift = t - now
+  local weighted = (prev * (period - elapsed)) / period
+  local allowed = cost <= limit and weighted + (cur + cost) <= limit
+  local after, retry = cur, 0
+  if allowed then
+    after = cur + cost
+  elseif cost > limit then
+    retry = -1
+  elseif cur + cost <= limit then
+    -- prev > 0 here: wait in this window until enough of prev has slid out
+    local d = ceil((period - elapsed) - ((limit - cur - cost) * period) / prev)
+    if d < 1 then
+      d = 1
+    end
+    for _ = 1, 3 do
+      if d >= period - elapsed or swc_fits(limit, period, prev, cur, cost, elapsed + d) then
+        break
+      end
+      d = d + 1
+    end
+    retry = shift + d
+  else
+    -- only in the next window, where cur becomes prev (cur > L - c >= 0)
+    local e = ceil(period - ((limit - cost) * period) / cur)
+    if e < 0 then
+      e = 0
+    end
+    for _ = 1, 3 do
+      if e >= period or swc_fits(limit, period, cur, 0, cost, e) then
+        break
+      end
+      e = e + 1
+    end
+    retry = shift + (period - elapsed) + e
+  end
+  local remaining = floor(limit - (weighted + after))
+  if remaining < 0 then
+    remaining = 0
+  end
+  local reset = 0
+  if after > 0 then
+    reset = shift + 2 * period - elapsed
+  elseif prev > 0 then
+    reset = shift + period - elapsed
+  end
+  return {allowed and 1 or 0, remaining, reset, retry, repaired, window, after, prev}
+end
+
+function SLIDING_WINDOW_COUNTER.commit(key, r, limit, period, cost, now)
+  local window = r[6]
+  redis.call('HSET', key, 'w', fmt_int(window), 'c', fmt_int(r[7]), 'p', fmt_int(r[8]))
+  expire_in(key, (window + 2) * period - now)
+end
+
+function SLIDING_WINDOW_COUNTER.refund(key, limit, period, cost, now)
+  local window, _, cur, prev, current, repaired = swc_read(key, period, now)
+  if current and cur > 0 then
+    cur = cur - cost
+    if cur < 0 then
+      cur = 0
+    end
+    if cur > 0 or prev > 0 then
+      redis.call('HSET', key, 'w', fmt_int(window), 'c', fmt_int(cur), 'p', fmt_int(prev))
+      expire_in(key, (window + 2) * period - now)
+    else
+      redis.call('DEL', key)
+    end
+  end
+  return repaired
+end

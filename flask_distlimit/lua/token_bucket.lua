@@ -1,0 +1,98 @@
+-- TOKEN BUCKET. Key: a hash {t = tokens (a double, %.17g), s = time of t (us)}.
+--
+--   L = limit = capacity (tokens), P = period (us): the bucket refills L tokens per P,
+--   c = cost (tokens), now (us since the epoch)
+--   A missing key is a full bucket. Time is clamped: t0 = max(now, s) (a clock that went back
+--   does not refill, and never subtracts tokens).
+--   tokens(x) = min(L, t + ((x - s) * L) / P)   (doubles, in exactly this order)
+--   k = tokens(t0)
+--   allowed      = c <= L and c <= k
+--   k' = k - c if allowed else k;  remaining = floor(k')
+--   reset_after  = (t0 - now) + r, r = the first whole us at which the bucket is full again:
+--                  ceil(((L - k') * P) / L), then stepped (at most 3 us) until tokens(t0 + r) >= L
+--                  by the same double expression, so the key is never dropped while not full
+--   retry_after  = 0 if allowed; -1 if c > L; else (t0 - now) + d, d likewise the first whole
+--                  us with tokens(t0 + d) >= c
+--   TTL          = reset_after after the write (a full bucket and a missing key are the same)
+--   refund:      t = min(L, k + c) at t0.
+
+local TOKEN_BUCKET = {}
+
+local function tb_read(key, limit, period, now)
+  local raw = redis.pcall('HMGET', key, 't', 's')
+  if failed(raw) then
+    redis.call('DEL', key)
+    return nil, nil, now, limit, 1
+  end
+  if raw[1] or raw[2] then
+    local t, s = tonumber(raw[1]), tonumber(raw[2])
+    if finite(t) and whole(s) and s <= now + period then
+      local t0 = now
+      if s > now then
+        t0 = s
+      end
+      local k = t + ((t0 - s) * limit) / period
+      if k > limit then
+        k = limit
+      end
+      return t, s, t0, k, 0
+    end
+    redis.call('DEL', key)
+    return nil, nil, now, limit, 1
+  end
+  return nil, nil, now, limit, 0
+end
+
+-- First whole us d >= 1 after t0 at which a bucket holding b tokens at time s holds `want`.
+local function tb_wait(limit, period, b, s, t0, k, want)
+  local d = ceil(((want - k) * period) / limit)
+  if d < 1 then
+    d = 1
+  end
+  for _ = 1, 3 do
+    if b + (((t0 + d - s) * limit) / period) >= want then
+      break
+    end
+    d = d + 1
+  end
+  return d
+end
+
+function TOKEN_BUCKET.decide(key, limit, period, cost, now)
+  local b, s, t0, k, repaired = tb_read(key, limit, period, now)
+  local shift = t0 - now
+  local allowed = cost <= limit and cost <= k
+  local after, retry, reset = k, 0, 0
+  if allowed then
+    after = k - cost
+  elseif cost > limit then
+    retry = -1
+  else
+    retry = shift + tb_wait(limit, period, b, s, t0, k, cost)
+  end
+  if allowed and cost > 0 then
+    reset = shift + tb_wait(limit, period, after, t0, t0, after, limit)
+  elseif k < limit then
+    reset = shift + tb_wait(limit, period, b, s, t0, k, limit)
+  end
+  return {allowed and 1 or 0, floor(after), reset, retry, repaired, after, t0}
+end
+
+function TOKEN_BUCKET.commit(key, r, limit, period, cost, now)
+  redis.call('HSET', key, 't', fmt_float(r[6]), 's', fmt_int(r[7]))
+  expire_in(key, r[3])
+end
+
+function TOKEN_BUCKET.refund(key, limit, period, cost, now)
+  local b, _, t0, k, repaired = tb_read(key, limit, period, now)
+  if b then
+    k = k + cost
+    if k < limit then
+      redis.call('HSET', key, 't', fmt_float(k), 's', fmt_int(t0))
+      expire_in(key, t0 - now + tb_wait(limit, period, k, t0, t0, k, limit))
+    else
+      redis.call('DEL', key)
+    end
+  end
+  return repaired
+end

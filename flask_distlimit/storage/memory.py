@@ -1,0 +1,558 @@
+"""``memory://``: the five algorithms in pure Python, in this process.
+
+It decides exactly as the Lua scripts do (``flask_distlimit/lua/*.lua``, whose header comments give
+the math), integer for integer: the same formulas, with every double operation in the same order
+(an ``int * int`` that Lua computes in doubles is computed here as ``float(a) * b``). The shared
+test vectors and the property tests hold the two to that.
+
+Each algorithm is a module-level function over a small state value, reusable by the local
+fallback: ``step(state, limit, period_us, cost, now_us) -> Step`` decides without changing anything
+(except that the log's expired entries are pruned in place, as the script does), and
+``refund(state, limit, period_us, cost, now_us) -> (state or None, ttl_us)`` gives units back.
+
+:class:`MemoryStorage` keeps the states in a dict under a lock, with an injected clock
+(microseconds since the epoch) and no background thread: a key is dropped when read after its TTL,
+and a sweep of every expired key runs once per ``sweep_every`` calls, so memory stays bounded by
+the keys alive in the last TTL.
+"""
+
+from __future__ import annotations
+
+import bisect
+import fnmatch
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Final, NamedTuple
+
+from ..algorithms import Algorithm
+from ..decision import NEVER, Check, Decision, Evaluation
+from ..errors import StorageResponseError
+from .base import Storage
+
+__all__ = [
+    "ALGORITHM_STEPS",
+    "BucketState",
+    "CounterState",
+    "FixedWindowState",
+    "MemoryStorage",
+    "Step",
+    "refund",
+    "step",
+    "system_clock_us",
+]
+
+_US: Final = 1_000_000
+
+
+def system_clock_us() -> int:
+    """Microseconds since the epoch from this machine's clock (the default clock)."""
+    return time.time_ns() // 1000
+
+
+class FixedWindowState(NamedTuple):
+    window: int  # window index: floor(time_us / period_us)
+    used: int  # units consumed in that window
+
+
+class CounterState(NamedTuple):
+    window: int
+    current: int  # units in `window`
+    previous: int  # units in `window - 1`
+
+
+class BucketState(NamedTuple):
+    tokens: float
+    stamp: int  # time of `tokens`, us
+
+
+#: The log is a sorted list of unique entry times (us); GCRA is the TAT in emission intervals.
+State = FixedWindowState | CounterState | BucketState | list[int] | float
+
+
+class Step(NamedTuple):
+    """One algorithm's decision for one check, and what to store if the request is admitted."""
+
+    allowed: bool
+    remaining: int
+    reset_us: int
+    retry_us: int  # 0 when allowed, -1 when never (cost > limit)
+    state: State | None  # the state to store when committed (None: nothing to write)
+    ttl_us: int  # how long to keep `state`
+
+
+def _ms_ceil_us(us: int) -> int:
+    """A TTL as Redis keeps it: whole milliseconds, rounded up, back in us."""
+    return (us + 999) // 1000 * 1000
+
+
+# --- fixed window -------------------------------------------------------------------------
+
+
+def _fw_read(state: State | None, period: int, now: int) -> tuple[int, int]:
+    window = math.floor(now / period)
+    if isinstance(state, FixedWindowState) and state.window >= window:
+        return state.window, state.used
+    return window, 0
+
+
+def fixed_window(state: State | None, limit: int, period: int, cost: int, now: int) -> Step:
+    window, count = _fw_read(state, period, now)
+    window_end = (window + 1) * period
+    allowed = cost <= limit and count + cost <= limit
+    after, retry = count, 0
+    if allowed:
+        after = count + cost
+    elif cost > limit:
+        retry = -1
+    else:
+        retry = window_end - now
+    reset = window_end - now if after > 0 else 0
+    return Step(
+        allowed,
+        max(0, limit - after),
+        reset,
+        retry,
+        FixedWindowState(window, after),
+        window_end - now,
+    )
+
+
+def _fw_refund(
+    state: State | None, limit: int, period: int, cost: int, now: int
+) -> tuple[State | None, int]:
+    window, count = _fw_read(state, period, now)
+    if count <= 0:
+        return state, -1
+    count -= cost
+    if count > 0:
+        return FixedWindowState(window, count), (window + 1) * period - now
+    return None, 0
+
+
+# --- sliding window log -------------------------------------------------------------------
+
+
+def _swl_read(state: State | None, limit: int, period: int, now: int) -> list[int]:
+    if not isinstance(state, list):
+        return []
+    cut = bisect.bisect_right(state, now - period)
+    if cut:
+        del state[:cut]
+    if len(state) > limit:
+        del state[: len(state) - limit]
+    return state
+
+
+def sliding_window_log(state: State | None, limit: int, period: int, cost: int, now: int) -> Step:
+    """Prunes ``state`` (a list) in place, as the script does in its first phase."""
+    log = _swl_read(state, limit, period, now)
+    count = len(log)
+    newest = log[-1] if log else None
+    first = newest + 1 if newest is not None and newest >= now else now
+    allowed = cost <= limit and count + cost <= limit
+    after, last, retry = count, newest, 0
+    if allowed:
+        if cost > 0:
+            after, last = count + cost, first + cost - 1
+    elif cost > limit:
+        retry = -1
+    else:
+        retry = log[count + cost - limit - 1] + period - now
+    reset = last + period - now if after > 0 and last is not None else 0
+    new = [*log, *range(first, first + cost)] if allowed and cost > 0 else None
+    return Step(allowed, limit - after, reset, retry, new, first + cost - 1 + period - now)
+
+
+def _swl_refund(
+    state: State | None, limit: int, period: int, cost: int, now: int
+) -> tuple[State | None, int]:
+    log = _swl_read(state, limit, period, now)
+    if not log:
+        return None, 0
+    if cost:
+        del log[-cost:]
+    if not log:
+        return None, 0
+    return log, log[-1] + period - now
+
+
+# --- sliding window counter ---------------------------------------------------------------
+
+
+def _swc_read(state: State | None, period: int, now: int) -> tuple[int, int, int, int, bool]:
+    """(window, clamped time, current, previous, stored window is the current one)."""
+    window = math.floor(now / period)
+    if isinstance(state, CounterState):
+        if state.window > window:
+            return state.window, state.window * period, state.current, state.previous, True
+        if state.window == window:
+            return window, now, state.current, state.previous, True
+        if state.window == window - 1:
+            return window, now, 0, state.current, False
+    return window, now, 0, 0, False
+
+
+def _swc_fits(limit: int, period: int, prev: int, cur: int, cost: int, elapsed: int) -> bool:
+    return float(prev) * (period - elapsed) / period + (cur + cost) <= limit
+
+
+def sliding_window_counter(
+    state: State | None, limit: int, period: int, cost: int, now: int
+) -> Step:
+    window, t, cur, prev, _ = _swc_read(state, period, now)
+    elapsed = t - window * period
+    shift = t - now
+    weighted = float(prev) * (period - elapsed) / period
+    allowed = cost <= limit and weighted + (cur + cost) <= limit
+    after, retry = cur, 0
+    if allowed:
+        after = cur + cost
+    elif cost > limit:
+        retry = -1
+    elif cur + cost <= limit:
+        d = max(1, math.ceil((period - elapsed) - float(limit - cur - cost) * period / prev))
+        for _ in range(3):
+            if d >= period - elapsed or _swc_fits(limit, period, prev, cur, cost, elapsed + d):
+                break
+            d += 1
+        retry = shift + d
+    else:
+        e = max(0, math.ceil(period - float(limit - cost) * period / cur))
+        for _ in range(3):
+            if e >= period or _swc_fits(limit, period, cur, 0, cost, e):
+                break
+            e += 1
+        retry = shift + (period - elapsed) + e
+    remaining = max(0, math.floor(limit - (weighted + after)))
+    if after > 0:
+        reset = shift + 2 * period - elapsed
+    elif prev > 0:
+        reset = shift + period - elapsed
+    else:
+        reset = 0
+    return Step(
+        allowed,
+        remaining,
+        reset,
+        retry,
+        CounterState(window, after, prev),
+        (window + 2) * period - now,
+    )
+
+
+def _swc_refund(
+    state: State | None, limit: int, period: int, cost: int, now: int
+) -> tuple[State | None, int]:
+    window, _, cur, prev, current = _swc_read(state, period, now)
+    if not current or cur <= 0:
+        return state, -1
+    cur = max(0, cur - cost)
+    if cur > 0 or prev > 0:
+        return CounterState(window, cur, prev), (window + 2) * period - now
+    return None, 0
+
+
+# --- token bucket -------------------------------------------------------------------------
+
+
+def _tb_read(
+    state: State | None, limit: int, period: int, now: int
+) -> tuple[BucketState | None, int, float]:
+    """(stored state, clamped time t0, tokens at t0)."""
+    if not isinstance(state, BucketState):
+        return None, now, float(limit)
+    t0 = max(now, state.stamp)
+    tokens = state.tokens + float(t0 - state.stamp) * limit / period
+    return state, t0, min(float(limit), tokens)
+
+
+def _tb_wait(
+    limit: int, period: int, base: float, stamp: int, t0: int, tokens: float, want: float
+) -> int:
+    d = max(1, math.ceil((want - tokens) * period / limit))
+    for _ in range(3):
+        if base + float(t0 + d - stamp) * limit / period >= want:
+            break
+        d += 1
+    return d
+
+
+def token_bucket(state: State | None, limit: int, period: int, cost: int, now: int) -> Step:
+    stored, t0, tokens = _tb_read(state, limit, period, now)
+    shift = t0 - now
+    allowed = cost <= limit and cost <= tokens
+    after, retry, reset = tokens, 0, 0
+    if allowed:
+        after = tokens - cost
+    elif cost > limit:
+        retry = -1
+    else:
+        assert stored is not None  # a missing key is a full bucket, which admits cost <= limit
+        retry = shift + _tb_wait(limit, period, stored.tokens, stored.stamp, t0, tokens, cost)
+    if allowed and cost > 0:
+        reset = shift + _tb_wait(limit, period, after, t0, t0, after, limit)
+    elif tokens < limit and stored is not None:
+        reset = shift + _tb_wait(limit, period, stored.tokens, stored.stamp, t0, tokens, limit)
+    return Step(allowed, math.floor(after), reset, retry, BucketState(after, t0), reset)
+
+
+def _tb_refund(
+    state: State | None, limit: int, period: int, cost: int, now: int
+) -> tuple[State | None, int]:
+    stored, t0, tokens = _tb_read(state, limit, period, now)
+    if stored is None:
+        return None, 0
+    tokens += cost
+    if tokens < limit:
+        return BucketState(tokens, t0), t0 - now + _tb_wait(
+            limit, period, tokens, t0, t0, tokens, limit
+        )
+    return None, 0
+
+
+# --- GCRA ---------------------------------------------------------------------------------
+
+
+def _gcra_read(
+    state: State | None, limit: int, period: int, now: int
+) -> tuple[float, float, float]:
+    """(emission interval T in us, now in units of T, TAT in units of T)."""
+    interval = period / limit
+    now_u = now / interval
+    tat = state if isinstance(state, float) else now_u
+    return interval, now_u, max(tat, now_u)
+
+
+def _gcra_until(interval: float, now: int, now_u: float, tat: float) -> int:
+    if tat <= now_u:
+        return 0
+    r = math.ceil((tat - now_u) * interval)
+    for _ in range(3):
+        if (now + r) / interval >= tat:
+            break
+        r += 1
+    return r
+
+
+def gcra(state: State | None, limit: int, period: int, cost: int, now: int) -> Step:
+    interval, now_u, tat = _gcra_read(state, limit, period, now)
+    used = tat - now_u
+    allowed = cost <= limit and used + cost <= limit
+    after, retry = tat, 0
+    if allowed:
+        after = tat + cost
+    elif cost > limit:
+        retry = -1
+    else:
+        d = max(1, math.ceil((used + cost - limit) * interval))
+        for _ in range(3):
+            if (tat - (now + d) / interval) + cost <= limit:
+                break
+            d += 1
+        retry = d
+    reset = _gcra_until(interval, now, now_u, after)
+    remaining = max(0, math.floor(limit - (after - now_u)))
+    return Step(allowed, remaining, reset, retry, after, reset)
+
+
+def _gcra_refund(
+    state: State | None, limit: int, period: int, cost: int, now: int
+) -> tuple[State | None, int]:
+    if not isinstance(state, float):
+        return None, 0
+    interval, now_u, tat = _gcra_read(state, limit, period, now)
+    tat -= cost
+    if tat > now_u:
+        return tat, _gcra_until(interval, now, now_u, tat)
+    return None, 0
+
+
+StepFunction = Callable[[State | None, int, int, int, int], Step]
+RefundFunction = Callable[[State | None, int, int, int, int], tuple[State | None, int]]
+
+#: Each algorithm's decision function: ``(state, limit, period_us, cost, now_us) -> Step``.
+ALGORITHM_STEPS: Final[dict[Algorithm, StepFunction]] = {
+    "fixed_window": fixed_window,
+    "sliding_window_log": sliding_window_log,
+    "sliding_window_counter": sliding_window_counter,
+    "token_bucket": token_bucket,
+    "gcra": gcra,
+}
+
+_REFUNDS: Final[dict[Algorithm, RefundFunction]] = {
+    "fixed_window": _fw_refund,
+    "sliding_window_log": _swl_refund,
+    "sliding_window_counter": _swc_refund,
+    "token_bucket": _tb_refund,
+    "gcra": _gcra_refund,
+}
+
+
+def step(algorithm: Algorithm, state: State | None, check: Check, cost: int, now_us: int) -> Step:
+    """Decide ``check`` (with ``cost``) over ``state`` at ``now_us``."""
+    return ALGORITHM_STEPS[algorithm](state, check.limit, check.period * _US, cost, now_us)
+
+
+def refund(
+    algorithm: Algorithm, state: State | None, check: Check, now_us: int
+) -> tuple[State | None, int]:
+    """Give ``check.cost`` back: ``(new state or None to delete, ttl_us)``; ttl -1 = unchanged."""
+    return _REFUNDS[algorithm](state, check.limit, check.period * _US, check.cost, now_us)
+
+
+def _validate(checks: Sequence[Check], now: int) -> None:
+    if now < 0:
+        raise StorageResponseError(f"distlimit: bad time {now!r}: microseconds since the epoch")
+    for i, c in enumerate(checks, 1):
+        if c.algorithm not in ALGORITHM_STEPS or c.limit < 1 or c.period < 1 or c.cost < 0:
+            raise StorageResponseError(
+                f"distlimit: bad arguments for check {i} ({c!r}): a known algorithm, "
+                "limit >= 1, period >= 1 and cost >= 0 are required"
+            )
+
+
+class _Entry:
+    __slots__ = ("algorithm", "expires", "state")
+
+    def __init__(self, algorithm: str, state: object, expires: int) -> None:
+        self.algorithm = algorithm
+        self.state = state
+        self.expires = expires
+
+
+class MemoryStorage(Storage):
+    """The five algorithms in this process: thread-safe, injected clock, no background thread.
+
+    ``clock`` returns microseconds since the epoch (default: this machine's clock).
+    """
+
+    scheme = "memory"
+
+    def __init__(
+        self, *, clock: Callable[[], int] = system_clock_us, sweep_every: int = 1000
+    ) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._data: dict[str, _Entry] = {}
+        self._sweep_every = sweep_every
+        self._calls = 0
+
+    # -- internals (lock held) --
+
+    def _get(self, key: str, now: int) -> _Entry | None:
+        entry = self._data.get(key)
+        if entry is not None and entry.expires <= now:
+            del self._data[key]
+            return None
+        return entry
+
+    def _tick(self, now: int) -> None:
+        self._calls += 1
+        if self._calls >= self._sweep_every:
+            self._calls = 0
+            for key in [k for k, e in self._data.items() if e.expires <= now]:
+                del self._data[key]
+
+    def _put(self, key: str, algorithm: str, state: object, ttl_us: int, now: int) -> None:
+        if state is None or ttl_us <= 0:
+            self._data.pop(key, None)
+        else:
+            self._data[key] = _Entry(algorithm, state, now + _ms_ceil_us(ttl_us))
+
+    def _state(self, key: str, algorithm: str, now: int) -> tuple[State | None, bool]:
+        """(the key's state, whether it held another algorithm's state and was reset)."""
+        entry = self._get(key, now)
+        if entry is None:
+            return None, False
+        if entry.algorithm != algorithm:
+            del self._data[key]
+            return None, True
+        state: State = entry.state  # type: ignore[assignment]
+        if isinstance(state, list) and not state:
+            del self._data[key]
+            return None, False
+        return state, False
+
+    # -- Storage --
+
+    def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+        return self._run(checks, now_us, refund_=False)
+
+    def refund(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+        """Give back the costs of ``checks`` consumed earlier and report each as a peek (the
+        script's refund mode)."""
+        return self._run(checks, now_us, refund_=True)
+
+    def _run(self, checks: Sequence[Check], now_us: int | None, *, refund_: bool) -> Evaluation:
+        with self._lock:
+            now = self._clock() if now_us is None else now_us
+            _validate(checks, now)
+            self._tick(now)
+            steps: list[Step] = []
+            repaired: list[str] = []
+            for check in checks:
+                state, bad = self._state(check.key, check.algorithm, now)
+                cost = check.cost
+                if refund_:
+                    new, ttl = refund(check.algorithm, state, check, now)
+                    if ttl >= 0:
+                        self._put(check.key, check.algorithm, new, ttl, now)
+                    state, _ = self._state(check.key, check.algorithm, now)
+                    cost = 0
+                s = step(check.algorithm, state, check, cost, now)
+                if isinstance(state, list) and not state:
+                    self._data.pop(check.key, None)  # the log was pruned empty
+                steps.append(s)
+                if bad:
+                    repaired.append(check.key)
+            if not refund_ and all(s.allowed for s in steps):
+                for check, s in zip(checks, steps, strict=True):
+                    if check.cost > 0:
+                        self._put(check.key, check.algorithm, s.state, s.ttl_us, now)
+        return Evaluation(
+            tuple(
+                Decision(
+                    s.allowed,
+                    c.limit,
+                    s.remaining,
+                    s.reset_us / _US,
+                    NEVER if s.retry_us < 0 else s.retry_us / _US,
+                )
+                for c, s in zip(checks, steps, strict=True)
+            ),
+            tuple(repaired),
+        )
+
+    def ping(self) -> float:
+        return 0.0
+
+    def scan(self, match: str) -> Iterator[str]:
+        with self._lock:
+            now = self._clock()
+            keys = [k for k, e in self._data.items() if e.expires > now]
+        return iter([k for k in keys if fnmatch.fnmatchcase(k, match)])
+
+    def delete(self, keys: Iterable[str]) -> int:
+        with self._lock:
+            now = self._clock()
+            found = 0
+            for key in keys:
+                if self._get(key, now) is not None:
+                    del self._data[key]
+                    found += 1
+            return found
+
+    def heartbeat(self, key: str, member: str, ttl: float) -> int:
+        with self._lock:
+            now = self._clock()
+            self._tick(now)
+            entry = self._get(key, now)
+            members: dict[str, int] = {}
+            if entry is not None and entry.algorithm == "heartbeat":
+                members = {m: t for m, t in entry.state.items() if t > now}  # type: ignore[attr-defined]
+            until = now + math.ceil(ttl * _US)
+            members[member] = until
+            self._data[key] = _Entry("heartbeat", members, max(members.values()))
+            return len(members)
