@@ -7,16 +7,19 @@ a message that says how to install it.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
+from redis.crc import key_slot
 
 INSTALL_HINT = (
     "redis-server (7.x) is required by the test suite and was not found on PATH. "
@@ -29,7 +32,14 @@ def redis_binary(name: str = "redis-server") -> str:
     env = os.environ.get("REDIS_SERVER_BIN") if name == "redis-server" else None
     path = env or shutil.which(name)
     if not path:
-        raise RuntimeError(INSTALL_HINT)
+        if name == "redis-server":
+            raise RuntimeError(INSTALL_HINT)
+        package = "redis-sentinel" if name == "redis-sentinel" else "redis-tools"
+        raise RuntimeError(
+            f"{name} is required by the Sentinel/Cluster tests and was not found on PATH. "
+            f"Install it with `apt-get install -y {package} redis-server` (as root; .ci/run "
+            "does this)."
+        )
     return path
 
 
@@ -37,6 +47,21 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free and valid too."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 45000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair (port, port + 10000) found for a cluster node")
 
 
 @dataclass
@@ -47,6 +72,10 @@ class RedisProcess:
     args: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     workdir: str = ""
+    #: ``redis-server``, or ``redis-sentinel`` (which then needs ``config``).
+    binary: str = "redis-server"
+    #: Text of a config file written to the workdir and passed first (Sentinel rewrites it).
+    config: str = ""
 
     @property
     def url(self) -> str:
@@ -63,8 +92,14 @@ class RedisProcess:
     def start(self, timeout: float = 10.0) -> RedisProcess:
         if not self.workdir:
             self.workdir = tempfile.mkdtemp(prefix=f"distlimit-redis-{self.port}-")
+        head = [redis_binary(self.binary)]
+        if self.config:
+            conf = Path(self.workdir) / "redis.conf"
+            if not conf.exists():
+                conf.write_text(self.config)
+            head.append(str(conf))
         cmd = [
-            redis_binary(),
+            *head,
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--save", "",
@@ -113,3 +148,323 @@ class RedisProcess:
 
 def start_redis(*args: str) -> RedisProcess:
     return RedisProcess(port=free_port(), args=list(args)).start()
+
+
+def _wait(condition: Callable[[], bool], timeout: float, what: str, step: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if condition():
+                return
+        except (redis.exceptions.RedisError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(step)
+
+
+def _cluster_info(client: redis.Redis) -> dict[str, str]:
+    info = client.execute_command("CLUSTER INFO")
+    if isinstance(info, dict):
+        return {str(k): str(v) for k, v in info.items()}
+    text = info.decode() if isinstance(info, bytes) else str(info)
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
+def _stop_all(processes: Iterable[RedisProcess]) -> None:
+    for process in processes:
+        process.stop()
+
+
+@dataclass
+class ClusterServers:
+    """A real Redis Cluster on loopback: ``primaries`` masters, each with ``replicas`` replicas.
+
+    Helpers for fault tests: :meth:`primary_for` (the process serving a key's slot),
+    :meth:`replica_of` and :meth:`wait_for_promotion` (after killing a primary).
+    """
+
+    nodes: list[RedisProcess]
+    primaries: int = 3
+    replicas: int = 1
+    node_timeout_ms: int = 2000
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{n.port}" for n in self.nodes[: self.primaries])
+        return f"redis+cluster://{hosts}"
+
+    @property
+    def startup_nodes(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", n.port) for n in self.nodes]
+
+    def node(self, port: int) -> RedisProcess:
+        return next(n for n in self.nodes if n.port == port)
+
+    def alive(self) -> list[RedisProcess]:
+        return [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
+
+    def _slot_owners(self) -> dict[int, int]:
+        """slot range start -> port of the primary serving it, as a live node sees it."""
+        for candidate in self.alive():
+            client = candidate.client(socket_timeout=1)
+            try:
+                slots = client.execute_command("CLUSTER SLOTS")
+            except redis.exceptions.RedisError:
+                continue
+            finally:
+                client.close()
+            return {int(r[0]): int(r[2][1]) for r in slots} | {
+                int(r[1]): int(r[2][1]) for r in slots
+            }
+        raise RuntimeError("no cluster node answers CLUSTER SLOTS")
+
+    def primary_for(self, key: str) -> RedisProcess:
+        """The process that serves the slot of ``key`` now."""
+        slot = key_slot(key.encode())
+        for candidate in self.alive():
+            client = candidate.client(socket_timeout=1)
+            try:
+                slots = client.execute_command("CLUSTER SLOTS")
+            except redis.exceptions.RedisError:
+                continue
+            finally:
+                client.close()
+            for first, last, owner, *_ in slots:
+                if int(first) <= slot <= int(last):
+                    return self.node(int(owner[1]))
+        raise RuntimeError(f"no live node knows who serves slot {slot}")
+
+    def primary_nodes(self) -> list[RedisProcess]:
+        ports = sorted(set(self._slot_owners().values()))
+        return [self.node(p) for p in ports]
+
+    def replica_of(self, primary: RedisProcess) -> RedisProcess:
+        client = primary.client(socket_timeout=1)
+        try:
+            info = client.info("replication")
+        finally:
+            client.close()
+        for name, value in info.items():
+            if name.startswith("slave") and isinstance(value, dict):
+                return self.node(int(value["port"]))
+        raise RuntimeError(f"primary on port {primary.port} has no replica")
+
+    def wait_ok(self, timeout: float = 30.0) -> None:
+        """Until every live node says ``cluster_state:ok`` and knows every node."""
+
+        def ready() -> bool:
+            for node in self.alive():
+                client = node.client(socket_timeout=1)
+                try:
+                    info = _cluster_info(client)
+                finally:
+                    client.close()
+                if info.get("cluster_state") != "ok":
+                    return False
+                if int(info.get("cluster_known_nodes", 0)) != len(self.nodes):
+                    return False
+            return True
+
+        _wait(ready, timeout, "cluster_state:ok on every node")
+
+    def wait_replicas_synced(self, timeout: float = 30.0) -> None:
+        def synced() -> bool:
+            for node in self.alive():
+                client = node.client(socket_timeout=1)
+                try:
+                    info = client.info("replication")
+                finally:
+                    client.close()
+                if info.get("role") == "slave" and info.get("master_link_status") != "up":
+                    return False
+            return True
+
+        _wait(synced, timeout, "replicas in sync with their primaries")
+
+    def wait_for_promotion(self, killed: RedisProcess, timeout: float = 30.0) -> RedisProcess:
+        """After ``killed`` (a primary) died: wait until a replica serves its slots and the
+        cluster is ok again on every live node; answer the new primary."""
+        holder: list[RedisProcess] = []
+
+        def promoted() -> bool:
+            owners = set(self._slot_owners().values())
+            if killed.port in owners:
+                return False
+            for node in self.alive():
+                client = node.client(socket_timeout=1)
+                try:
+                    state = _cluster_info(client).get("cluster_state")
+                finally:
+                    client.close()
+                if state != "ok":
+                    return False
+            replicas = [n for n in self.nodes if n.port in owners and n is not killed]
+            holder[:] = [n for n in replicas if n.port not in self._original_primaries]
+            return bool(holder)
+
+        _wait(promoted, timeout, f"a replica promoted in place of port {killed.port}", 0.1)
+        return holder[0]
+
+    _original_primaries: frozenset[int] = frozenset()
+
+    def flushall(self) -> None:
+        for node in self.primary_nodes():
+            client = node.client(socket_timeout=2)
+            try:
+                client.flushall()
+                client.script_flush()
+            finally:
+                client.close()
+
+    def stop(self) -> None:
+        _stop_all(self.nodes)
+
+
+def start_cluster(
+    primaries: int = 3, replicas: int = 1, node_timeout_ms: int = 2000
+) -> ClusterServers:
+    """Start ``primaries * (1 + replicas)`` cluster-enabled redis-servers and join them with
+    ``redis-cli --cluster create``; stops whatever started if anything fails."""
+    cli = redis_binary("redis-cli")
+    args = [
+        "--cluster-enabled", "yes",
+        "--cluster-config-file", "nodes.conf",
+        "--cluster-node-timeout", str(node_timeout_ms),
+        "--cluster-replica-validity-factor", "0",
+    ]  # fmt: skip
+    nodes: list[RedisProcess] = []
+    try:
+        for _ in range(primaries * (1 + replicas)):
+            nodes.append(RedisProcess(port=free_cluster_port(), args=list(args)).start())
+        addresses = [f"127.0.0.1:{n.port}" for n in nodes]
+        command = [cli, "--cluster", "create", *addresses, "--cluster-replicas", str(replicas)]
+        created = subprocess.run(
+            [*command, "--cluster-yes"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if created.returncode != 0:
+            raise RuntimeError(
+                f"redis-cli --cluster create failed: {created.stdout}\n{created.stderr}"
+            )
+        cluster = ClusterServers(nodes, primaries, replicas, node_timeout_ms)
+        cluster.wait_ok()
+        cluster.wait_replicas_synced()
+        cluster._original_primaries = frozenset(n.port for n in cluster.primary_nodes())
+        return cluster
+    except BaseException:
+        _stop_all(nodes)
+        raise
+
+
+@dataclass
+class SentinelServers:
+    """One master, one replica and three Sentinels (quorum 2) watching service ``service``."""
+
+    master: RedisProcess
+    replica: RedisProcess
+    sentinels: list[RedisProcess]
+    service: str = "mymaster"
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.service}"
+
+    @property
+    def servers(self) -> list[RedisProcess]:
+        return [self.master, self.replica]
+
+    def current_master(self) -> RedisProcess:
+        """The server the Sentinels name as master now."""
+        for sentinel in self.sentinels:
+            if sentinel.proc is None:
+                continue
+            client = sentinel.client(socket_timeout=1)
+            try:
+                _, port = client.execute_command(
+                    "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service
+                )
+            except redis.exceptions.RedisError:
+                continue
+            finally:
+                client.close()
+            return next(s for s in self.servers if s.port == int(port))
+        raise RuntimeError("no Sentinel answers")
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until the replica is in sync and every Sentinel knows the replica and the 2 others
+        (a failover needs them to have met)."""
+
+        def ready() -> bool:
+            master = self.current_master()
+            info = master.client(socket_timeout=1).info("replication")
+            if info.get("connected_slaves") != 1:
+                return False
+            for sentinel in self.sentinels:
+                client = sentinel.client(socket_timeout=1)
+                try:
+                    state = client.sentinel_master(self.service)
+                finally:
+                    client.close()
+                if int(state["num-other-sentinels"]) < 2 or int(state["num-slaves"]) < 1:
+                    return False
+            return True
+
+        _wait(ready, timeout, "Sentinels that know each other and the replica", 0.1)
+
+    def wait_for_failover(self, old: RedisProcess, timeout: float = 60.0) -> RedisProcess:
+        """After ``old`` (the master) died: until the Sentinels name the other server and it
+        has become a master; answer it."""
+        holder: list[RedisProcess] = []
+
+        def promoted() -> bool:
+            current = self.current_master()
+            if current is old:
+                return False
+            info = current.client(socket_timeout=1).info("replication")
+            holder[:] = [current]
+            return info.get("role") == "master"
+
+        _wait(promoted, timeout, f"a Sentinel failover away from port {old.port}", 0.1)
+        return holder[0]
+
+    def stop(self) -> None:
+        _stop_all([*self.sentinels, self.replica, self.master])
+
+
+def start_sentinels(
+    service: str = "mymaster", down_after_ms: int = 1000, failover_timeout_ms: int = 3000
+) -> SentinelServers:
+    """Start a master, its replica and 3 Sentinels; stops whatever started if anything fails."""
+    redis_binary("redis-sentinel")
+    started: list[RedisProcess] = []
+    try:
+        master = RedisProcess(port=free_port()).start()
+        started.append(master)
+        replica = RedisProcess(
+            port=free_port(), args=["--replicaof", "127.0.0.1", str(master.port)]
+        ).start()
+        started.append(replica)
+        config = "\n".join(
+            [
+                f"sentinel monitor {service} 127.0.0.1 {master.port} 2",
+                f"sentinel down-after-milliseconds {service} {down_after_ms}",
+                f"sentinel failover-timeout {service} {failover_timeout_ms}",
+                f"sentinel parallel-syncs {service} 1",
+                "",
+            ]
+        )
+        sentinels = []
+        for _ in range(3):
+            sentinel = RedisProcess(port=free_port(), binary="redis-sentinel", config=config)
+            started.append(sentinel.start())
+            sentinels.append(sentinel)
+        group = SentinelServers(master, replica, sentinels, service)
+        group.wait_ready()
+        return group
+    except BaseException:
+        _stop_all(reversed(started))
+        raise

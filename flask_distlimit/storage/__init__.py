@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from .base import Storage
+from .urls import from_url
 
-__all__ = ["Storage"]
+__all__ = ["Storage", "from_url"]

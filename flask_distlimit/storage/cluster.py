@@ -1,0 +1,292 @@
+"""Redis Cluster: the checks of one request grouped per hash slot, the groups sent concurrently.
+
+Every key of one client shares a hash tag (:mod:`flask_distlimit.keys`), so the limits of one
+identity always land in one slot and are decided in one atomic script call. A request whose
+limits belong to several identities (say a per-IP limit and a per-tenant limit) spans several
+slots: one script call per slot group, all groups in flight at once (the caller's thread sends
+one, a small thread pool the others).
+
+All-or-nothing across groups is best effort: each group is atomic on its own, and when one group
+denies while others already consumed, those are called again in refund mode and give their units
+back (:func:`flask_distlimit.scripts.script_args` with ``refund=True``). Between the consumption
+and the refund (one round trip) a concurrent request of the same client may see the units taken;
+if the refund itself fails (the node died in between), the units stay consumed until the window
+passes. A single-slot request is exactly atomic, as on a single node.
+
+The client has the same policy as :mod:`flask_distlimit.storage.redis`: connect/read timeouts and
+pool wait = ``timeout``, no retries (neither the nodes' nor the cluster client's own), no health
+check PING. It is built on first use, so a configured but unreachable cluster fails requests
+(``StorageUnavailable``, the breaker's business), not the app's start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Final
+
+import redis
+from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.commands.core import Script
+from redis.crc import key_slot
+from redis.retry import Retry
+
+from ..decision import Check, Decision, Evaluation
+from ..errors import StorageError
+from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
+from .base import Storage
+from .heartbeat import HEARTBEAT_SOURCE
+from .redis import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT, _pool_connections, connection_options
+from .translate import REDIS_FAILURES, storage_error
+
+__all__ = ["ClusterStorage", "slot_of"]
+
+_MAX_WORKERS: Final = 8
+
+
+def slot_of(key: str) -> int:
+    """The Redis Cluster hash slot of a key (honours ``{hash tags}``)."""
+    return key_slot(key.encode("utf-8"))
+
+
+class ClusterStorage(Storage):
+    """Rate limits in a Redis Cluster (``redis+cluster://host:port[,host:port]``)."""
+
+    scheme = "redis+cluster"
+
+    def __init__(
+        self,
+        nodes: Sequence[tuple[str, int]] = (),
+        *,
+        client: RedisCluster | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_workers: int = _MAX_WORKERS,
+        **connection: Any,
+    ) -> None:
+        """``nodes``: startup nodes (any reachable node finds the others). ``connection``:
+        redis-py connection keywords (``password``, ``ssl``, ...). ``client`` replaces all of
+        them with a ready :class:`~redis.cluster.RedisCluster` (not closed by :meth:`close`)."""
+        if client is None and not nodes:
+            raise ValueError("ClusterStorage needs startup nodes or a RedisCluster client")
+        self.timeout = timeout
+        self._nodes = [(str(h), int(p)) for h, p in nodes]
+        self._max_connections = max_connections
+        self._connection = connection
+        self._max_workers = max_workers
+        self._owns_client = client is None
+        self._lock = threading.Lock()
+        self._client: RedisCluster | None = None
+        self._script: Script | None = None
+        self._heartbeat: Script | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._executor_pid = 0
+        if client is not None:
+            self._attach(client)
+
+    # -- the client, built lazily (start-up must not need the cluster) ----------------------
+
+    def _attach(self, client: RedisCluster) -> None:
+        self._script = client.register_script(SCRIPT_SOURCE)
+        self._heartbeat = client.register_script(HEARTBEAT_SOURCE)
+        self._client = client
+
+    def _connect(self) -> RedisCluster:
+        options = connection_options(self.timeout)
+        options.pop("retry")  # RedisCluster sets its nodes' retries to 0 itself
+        (first_host, first_port), *others = self._nodes
+        # A URL (not host=) makes RedisCluster build each node's pool from
+        # connection_pool_class, so the pool wait is bounded by the timeout too.
+        return RedisCluster(
+            url=f"redis://{first_host}:{first_port}",
+            startup_nodes=[ClusterNode(h, p) for h, p in others],  # type: ignore[no-untyped-call]
+            retry=Retry(NoBackoff(), 0),
+            connection_pool_class=redis.BlockingConnectionPool,
+            max_connections=self._max_connections,
+            **{**self._connection, **options, "timeout": self.timeout},
+        )
+
+    @property
+    def client(self) -> RedisCluster:
+        """The :class:`~redis.cluster.RedisCluster` (connects on first use)."""
+        client = self._client
+        if client is None:
+            with self._lock:
+                if self._client is None:
+                    try:
+                        self._attach(self._connect())
+                    except REDIS_FAILURES as exc:
+                        raise storage_error(exc) from exc
+                client = self._client
+                assert client is not None
+        return client
+
+    def _pool(self) -> ThreadPoolExecutor:
+        pid = os.getpid()
+        executor = self._executor
+        if executor is None or self._executor_pid != pid:
+            with self._lock:
+                if self._executor is None or self._executor_pid != pid:
+                    # A parent's threads do not exist in a forked child: make new ones.
+                    self._executor = ThreadPoolExecutor(
+                        max_workers=self._max_workers, thread_name_prefix="distlimit-cluster"
+                    )
+                    self._executor_pid = pid
+                executor = self._executor
+        return executor
+
+    # -- the hot path ----------------------------------------------------------------------
+
+    def _call(
+        self, checks: Sequence[Check], now_us: int | None, refund: bool = False
+    ) -> Evaluation:
+        """One script call on the slot of ``checks`` (all in one slot)."""
+        self.client  # noqa: B018 - connects and registers the script on first use
+        script = self._script
+        assert script is not None
+        keys, args = script_args(checks, now_us, refund=refund)
+        try:
+            reply = script(keys, args)
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+        return parse_reply(reply, checks)
+
+    def groups(self, checks: Sequence[Check]) -> list[list[int]]:
+        """Indexes of ``checks`` grouped by hash slot, in order of first appearance."""
+        by_slot: dict[int, list[int]] = {}
+        for index, check in enumerate(checks):
+            by_slot.setdefault(slot_of(check.key), []).append(index)
+        return list(by_slot.values())
+
+    def _run_all(
+        self,
+        parts: list[list[Check]],
+        now_us: int | None,
+        refund: bool = False,
+    ) -> list[Evaluation | StorageError]:
+        """One script call per part, concurrently: the caller's thread runs the first."""
+        pool = self._pool()
+        futures: list[Future[Evaluation]] = [
+            pool.submit(self._call, part, now_us, refund) for part in parts[1:]
+        ]
+        results: list[Evaluation | StorageError] = []
+        try:
+            results.append(self._call(parts[0], now_us, refund))
+        except StorageError as exc:
+            results.append(exc)
+        for future in futures:
+            try:
+                results.append(future.result())
+            except StorageError as exc:
+                results.append(exc)
+        return results
+
+    def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+        groups = self.groups(checks)
+        if len(groups) <= 1:
+            return self._call(checks, now_us)
+        parts = [[checks[i] for i in group] for group in groups]
+        results = self._run_all(parts, now_us)
+        failure = next((r for r in results if isinstance(r, StorageError)), None)
+        denied = any(isinstance(r, Evaluation) and not r.allowed for r in results)
+        if failure is not None or denied:
+            # Give back what the groups that admitted the request consumed.
+            consumed = [
+                n
+                for n, r in enumerate(results)
+                if isinstance(r, Evaluation) and r.allowed and any(c.cost for c in parts[n])
+            ]
+            if consumed:
+                refunds = self._run_all([parts[n] for n in consumed], now_us, refund=True)
+                for n, refunded in zip(consumed, refunds, strict=True):
+                    if isinstance(refunded, Evaluation):
+                        results[n] = refunded
+            if failure is not None:
+                raise failure
+        decisions: list[Decision | None] = [None] * len(checks)
+        repaired: list[str] = []
+        for group, result in zip(groups, results, strict=True):
+            assert isinstance(result, Evaluation)
+            for index, decision in zip(group, result.decisions, strict=True):
+                decisions[index] = decision
+            repaired.extend(result.repaired_keys)
+        return Evaluation(tuple(d for d in decisions if d is not None), tuple(repaired))
+
+    # -- the rest of the storage interface -------------------------------------------------
+
+    def ping(self) -> float:
+        client = self.client
+        started = time.perf_counter()
+        try:
+            client.ping(target_nodes=RedisCluster.PRIMARIES)
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+        return time.perf_counter() - started
+
+    def scan(self, match: str) -> Iterator[str]:
+        client = self.client
+        try:
+            for node in client.get_primaries():  # type: ignore[no-untyped-call]
+                node_client = client.get_redis_connection(node)
+                for key in node_client.scan_iter(match=match, count=1000):
+                    yield key.decode() if isinstance(key, bytes) else str(key)
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+
+    def delete(self, keys: Iterable[str]) -> int:
+        client = self.client
+        by_slot: dict[int, list[str]] = {}
+        for key in keys:
+            by_slot.setdefault(slot_of(key), []).append(key)
+        deleted = 0
+        try:
+            for same_slot in by_slot.values():
+                for start in range(0, len(same_slot), 500):
+                    deleted += int(client.delete(*same_slot[start : start + 500]))
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+        return deleted
+
+    def heartbeat(self, key: str, member: str, ttl: float) -> int:
+        self.client  # noqa: B018 - connects and registers the scripts
+        assert self._heartbeat is not None
+        try:
+            return int(self._heartbeat([key], [member, max(1, round(ttl * 1000))]))
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+
+    def scripts_loaded(self) -> bool:
+        client = self.client
+        assert self._script is not None
+        try:
+            found = client.script_exists(self._script.sha)
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+        return bool(found) and all(found)
+
+    def close(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is not None and self._executor_pid == os.getpid():
+            executor.shutdown(wait=False)
+        if self._owns_client and self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def reset_after_fork(self) -> None:
+        """Forget the parent's connections and worker threads (call in a forked child)."""
+        self._executor = None
+        client = self._client
+        if client is None:
+            return
+        for node in client.get_nodes():  # type: ignore[no-untyped-call]
+            node_client = node.redis_connection
+            if node_client is None:
+                continue
+            pool = node_client.connection_pool
+            for conn in _pool_connections(pool):
+                conn.disconnect()
+            pool.reset()

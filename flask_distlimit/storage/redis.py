@@ -1,0 +1,204 @@
+"""Redis single node and Sentinel: one EVALSHA per request over a pooled, timeout-bound client.
+
+The client is built for a rate limiter on the request path (:func:`connection_options`):
+
+- connect and read timeouts = ``timeout`` (``DISTLIMIT_REDIS_TIMEOUT``, 100 ms by default), and a
+  :class:`~redis.BlockingConnectionPool` that waits no longer than that for a free connection;
+- no automatic retries (redis-py 8 retries 3 times with backoff by default: a dead Redis would
+  cost every request several timeouts); the circuit breaker above decides what to do;
+- no periodic health check PING on the hot path.
+
+redis-py pools check the process id and never hand a parent's connection to a forked child
+(gunicorn forks workers after the app may have connected); :meth:`RedisStorage.reset_after_fork`
+does the same explicitly and closes the inherited sockets without touching the parent's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Final
+
+import redis
+from redis.backoff import NoBackoff
+from redis.commands.core import Script
+from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelConnectionPool
+
+from ..decision import Check, Evaluation
+from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
+from .base import Storage
+from .heartbeat import HEARTBEAT_SOURCE
+from .translate import REDIS_FAILURES, storage_error
+
+__all__ = ["DEFAULT_TIMEOUT", "RedisStorage", "connection_options"]
+
+#: Connect/read timeout and pool wait, seconds (``DISTLIMIT_REDIS_TIMEOUT``).
+DEFAULT_TIMEOUT: Final = 0.1
+#: Pool size per process: more than any gthread worker's threads.
+DEFAULT_MAX_CONNECTIONS: Final = 50
+_DELETE_CHUNK: Final = 500
+
+
+def connection_options(timeout: float) -> dict[str, Any]:
+    """Keyword arguments of every connection we open (single node, Sentinel, Cluster nodes)."""
+    return {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "retry": Retry(NoBackoff(), 0),
+        "health_check_interval": 0,
+        # No CLIENT SETINFO round trips on every new connection (e.g. after a failover).
+        "driver_info": None,
+    }
+
+
+class _BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool):
+    """A Sentinel-managed pool that blocks (at most ``timeout``) for a free connection."""
+
+
+class RedisStorage(Storage):
+    """Rate limits in one Redis (a single node, or the master a Sentinel names).
+
+    Build it from a URL with :func:`flask_distlimit.storage.from_url`, or pass a ready client
+    (e.g. ``RedisStorage(fakeredis.FakeRedis())`` in tests); a client passed in is used as is
+    (its own timeouts and retries) and not closed by :meth:`close`.
+    """
+
+    scheme = "redis"
+
+    def __init__(
+        self,
+        client: redis.Redis | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        scheme: str = "redis",
+        **connection: Any,
+    ) -> None:
+        """``connection`` holds redis-py connection keywords (``host``, ``port``, ``db``,
+        ``password``, ``connection_class``, ...) used when no ``client`` is given."""
+        if client is None:
+            pool = redis.BlockingConnectionPool(  # type: ignore[no-untyped-call]
+                timeout=timeout,
+                max_connections=max_connections,
+                **{**connection, **connection_options(timeout)},
+            )
+            client = redis.Redis(connection_pool=pool)
+            self._owns_client = True
+        else:
+            self._owns_client = False
+        self.scheme = scheme
+        self.timeout = timeout
+        self.client: redis.Redis = client
+        self._script: Script = client.register_script(SCRIPT_SOURCE)
+        self._heartbeat: Script = client.register_script(HEARTBEAT_SOURCE)
+
+    @classmethod
+    def sentinel(
+        cls,
+        sentinels: Sequence[tuple[str, int]],
+        service_name: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        sentinel_options: dict[str, Any] | None = None,
+        **connection: Any,
+    ) -> RedisStorage:
+        """The master of ``service_name`` as the Sentinels report it; follows failovers.
+
+        Every new connection asks the Sentinels for the current master; after a failover the
+        pool drops its idle connections to the old one.
+        """
+        options = connection_options(timeout)
+        manager = Sentinel(  # type: ignore[no-untyped-call]
+            list(sentinels),
+            sentinel_kwargs={**options, **(sentinel_options or {})},
+            **{**connection, **options},
+        )
+        client = manager.master_for(  # type: ignore[no-untyped-call]
+            service_name,
+            connection_pool_class=_BlockingSentinelPool,
+            timeout=timeout,
+            max_connections=max_connections,
+        )
+        storage = cls(client, timeout=timeout, scheme="redis+sentinel")
+        storage._owns_client = True
+        storage._sentinel = manager
+        return storage
+
+    _sentinel: Sentinel | None = None
+
+    # The hot path: one EVALSHA (redis-py's Script re-sends the source on NOSCRIPT).
+    def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+        keys, args = script_args(checks, now_us)
+        try:
+            reply = self._script(keys, args)
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+        return parse_reply(reply, checks)
+
+    def ping(self) -> float:
+        started = time.perf_counter()
+        try:
+            self.client.ping()
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+        return time.perf_counter() - started
+
+    def scan(self, match: str) -> Iterator[str]:
+        try:
+            for key in self.client.scan_iter(match=match, count=1000):
+                yield key.decode() if isinstance(key, bytes) else str(key)
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+
+    def delete(self, keys: Iterable[str]) -> int:
+        batch = list(keys)
+        deleted = 0
+        try:
+            for start in range(0, len(batch), _DELETE_CHUNK):
+                deleted += int(self.client.delete(*batch[start : start + _DELETE_CHUNK]))
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+        return deleted
+
+    def heartbeat(self, key: str, member: str, ttl: float) -> int:
+        try:
+            return int(self._heartbeat([key], [member, max(1, round(ttl * 1000))]))
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+
+    def scripts_loaded(self) -> bool:
+        try:
+            return bool(self.client.script_exists(self._script.sha)[0])
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+
+    def close(self) -> None:
+        if self._owns_client:
+            self.client.close()
+            self.client.connection_pool.disconnect()
+            if self._sentinel is not None:
+                self._sentinel.close()
+
+    def reset_after_fork(self) -> None:
+        """Forget the connections inherited from the parent process.
+
+        redis-py closes a parent's socket in a child without ``shutdown()``, so the parent's
+        connection stays intact; the child opens its own on first use.
+        """
+        pools = [self.client.connection_pool]
+        if self._sentinel is not None:
+            pools += [s.connection_pool for s in self._sentinel.sentinels]
+        for pool in pools:
+            for conn in _pool_connections(pool):
+                conn.disconnect()
+            pool.reset()
+
+
+def _pool_connections(pool: redis.ConnectionPool) -> list[Any]:
+    """Every connection a pool made (BlockingConnectionPool and ConnectionPool differ)."""
+    made = list(getattr(pool, "_connections", ()))
+    made += getattr(pool, "_available_connections", [])
+    made += list(getattr(pool, "_in_use_connections", ()))
+    return made

@@ -1,0 +1,304 @@
+"""Storage URLs (``DISTLIMIT_STORAGE_URL``) -> a :class:`~flask_distlimit.storage.Storage`.
+
+Accepted forms::
+
+    memory://
+    redis://[[user]:password@]host[:port][/db]
+    rediss://[[user]:password@]host[:port][/db]          (TLS)
+    unix://[[user]:password@]/path/to/redis.sock[?db=N]
+    redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]
+    redis+cluster://[[user]:password@]host:port[,host:port...]
+
+Query parameters: ``db``, ``username``, ``password``, ``client_name``, ``max_connections``,
+``ssl_cert_reqs``, ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname``;
+for Sentinel and Cluster also ``ssl=true``; for Sentinel ``sentinel_username`` and
+``sentinel_password`` (credentials of the Sentinels, when they differ from the master's; by
+default the URL's credentials are used for both, as limits does). Timeouts are not URL
+parameters: they come from ``timeout`` (``DISTLIMIT_REDIS_TIMEOUT``).
+
+The URL is validated here, when the app is configured; nothing connects until the first call.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable
+from typing import Any, Final
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import redis
+
+from ..errors import ConfigurationError
+from .base import Storage
+from .redis import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT
+
+__all__ = ["ACCEPTED_FORMS", "from_url", "mask_url"]
+
+ACCEPTED_FORMS: Final = (
+    "memory://",
+    "redis://[:password@]host[:port][/db]",
+    "rediss://[:password@]host[:port][/db]",
+    "unix:///path/to/redis.sock[?db=N]",
+    "redis+sentinel://[:password@]host:port[,host:port...]/service[/db]",
+    "redis+cluster://[:password@]host:port[,host:port...]",
+)
+
+_TRUE: Final = {"1", "true", "yes", "on"}
+_FALSE: Final = {"0", "false", "no", "off"}
+
+
+def _bool(value: str) -> bool:
+    lowered = value.lower()
+    if lowered in _TRUE | _FALSE:
+        return lowered in _TRUE
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+_COMMON_QUERY: Final[dict[str, Callable[[str], Any]]] = {
+    "username": str,
+    "password": str,
+    "client_name": str,
+    "max_connections": int,
+    "ssl_cert_reqs": str,
+    "ssl_ca_certs": str,
+    "ssl_certfile": str,
+    "ssl_keyfile": str,
+    "ssl_check_hostname": _bool,
+}
+_QUERY: Final[dict[str, dict[str, Callable[[str], Any]]]] = {
+    "redis": {**_COMMON_QUERY, "db": int},
+    "rediss": {**_COMMON_QUERY, "db": int},
+    "unix": {**_COMMON_QUERY, "db": int},
+    "redis+sentinel": {
+        **_COMMON_QUERY,
+        "db": int,
+        "ssl": _bool,
+        "sentinel_username": str,
+        "sentinel_password": str,
+    },
+    "redis+cluster": {**_COMMON_QUERY, "ssl": _bool},
+}
+_DEFAULT_PORT: Final = {
+    "redis": 6379,
+    "rediss": 6379,
+    "redis+sentinel": 26379,
+    "redis+cluster": 6379,
+}
+
+_USERINFO_PASSWORD: Final = re.compile(r"(?<=://)([^/@]*?):([^/@]*)@")
+_QUERY_SECRET: Final = re.compile(r"((?:^|[?&])(?:sentinel_)?password=)[^&]*")
+
+
+def mask_url(url: str) -> str:
+    """``url`` with every password replaced by ``***`` (for messages and logs)."""
+    masked = _USERINFO_PASSWORD.sub(r"\1:***@", url, count=1)
+    return _QUERY_SECRET.sub(r"\1***", masked)
+
+
+class _BadURL(ValueError):
+    pass
+
+
+def from_url(url: str, *, timeout: float = DEFAULT_TIMEOUT, **options: Any) -> Storage:
+    """The storage a URL names; raises :class:`ConfigurationError` for a bad URL.
+
+    ``timeout`` bounds connecting, reading a reply and waiting for a pooled connection
+    (seconds). ``options`` go to the backend's constructor (e.g. ``max_connections``, or
+    redis-py connection keywords).
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise _configuration_error(str(url), "the URL is empty")
+    if not (isinstance(timeout, int | float) and 0 < timeout < float("inf")):
+        raise ConfigurationError(
+            f"Storage timeout must be a positive number of seconds, got {timeout!r} "
+            "(DISTLIMIT_REDIS_TIMEOUT, default 0.1)."
+        )
+    try:
+        return _build(url.strip(), float(timeout), options)
+    except _BadURL as exc:
+        raise _configuration_error(url, str(exc)) from None
+
+
+def _configuration_error(url: str, reason: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"Invalid storage URL {mask_url(url)!r}: {reason}. Accepted forms: "
+        + ", ".join(ACCEPTED_FORMS)
+        + "."
+    )
+
+
+def _build(url: str, timeout: float, options: dict[str, Any]) -> Storage:
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower()
+    if not sep:
+        raise _BadURL("it has no scheme (such as redis://)")
+    if scheme == "memory":
+        if rest.strip("/"):
+            raise _BadURL("memory:// takes nothing after the scheme")
+        # Imported lazily: Redis users never load the in-process twin.
+        memory = importlib.import_module(".memory", __package__)
+        storage = memory.MemoryStorage(**options)
+        assert isinstance(storage, Storage)
+        return storage
+    if scheme not in _QUERY:
+        raise _BadURL(f"unknown scheme {scheme!r}")
+    parts = urlsplit(url)
+    if parts.fragment:
+        raise _BadURL("a URL fragment (#...) has no meaning here")
+    query = _parse_query(scheme, parts.query)
+    userinfo, _, hostlist = parts.netloc.rpartition("@")
+    credentials = _credentials(userinfo)
+    connection: dict[str, Any] = {**credentials, **query}
+    max_connections = int(connection.pop("max_connections", DEFAULT_MAX_CONNECTIONS))
+    if max_connections < 1:
+        raise _BadURL("max_connections must be at least 1")
+    if "db" in connection and connection["db"] < 0:
+        raise _BadURL("db must be 0 or more")
+    options = {"max_connections": max_connections, **options}
+    tls = scheme == "rediss" or bool(connection.pop("ssl", False))
+    tls_options = sorted(k for k in connection if k.startswith("ssl_"))
+    if tls_options and not tls:
+        raise _BadURL(f"{', '.join(tls_options)} need TLS (rediss://, or ssl=true)")
+
+    if scheme == "unix":
+        if hostlist:
+            raise _BadURL("unix:// takes a path, e.g. unix:///run/redis/redis.sock")
+        if not parts.path or parts.path == "/":
+            raise _BadURL("unix:// needs the socket's path")
+        return _redis(
+            timeout,
+            connection,
+            options,
+            connection_class=redis.UnixDomainSocketConnection,
+            path=unquote(parts.path),
+            scheme="unix",
+        )
+    if scheme in ("redis", "rediss"):
+        [(host, port)] = _hosts(hostlist, scheme, many=False)
+        path = parts.path.strip("/")
+        if path:
+            if "db" in query:
+                raise _BadURL("db is given both in the path and as a query parameter")
+            connection["db"] = _int(path, "the path must be a database number")
+        connection_class = redis.SSLConnection if tls else redis.Connection
+        return _redis(
+            timeout,
+            connection,
+            options,
+            connection_class=connection_class,
+            host=host,
+            port=port,
+            scheme=scheme,
+        )
+    if scheme == "redis+sentinel":
+        sentinels = _hosts(hostlist, scheme, many=True)
+        segments = [unquote(s) for s in parts.path.split("/") if s]
+        if not segments:
+            raise _BadURL("redis+sentinel:// needs the service name as its path (/mymaster)")
+        if len(segments) > 2:
+            raise _BadURL("the path is /service or /service/db")
+        if len(segments) == 2:
+            if "db" in query:
+                raise _BadURL("db is given both in the path and as a query parameter")
+            connection["db"] = _int(segments[1], "the path's second part must be a db number")
+        sentinel_options = dict(credentials)
+        for name in ("username", "password"):
+            value = connection.pop(f"sentinel_{name}", None)
+            if value is not None:
+                sentinel_options[name] = value
+        from .redis import RedisStorage
+
+        return RedisStorage.sentinel(
+            sentinels,
+            segments[0],
+            timeout=timeout,
+            sentinel_options=sentinel_options,
+            **{**connection, **options, **({"ssl": True} if tls else {})},
+        )
+    # redis+cluster
+    nodes = _hosts(hostlist, scheme, many=True)
+    if parts.path.strip("/"):
+        raise _BadURL("redis+cluster:// takes no path (a cluster has only database 0)")
+    from .cluster import ClusterStorage
+
+    return ClusterStorage(
+        nodes, timeout=timeout, **{**connection, **options, **({"ssl": True} if tls else {})}
+    )
+
+
+def _redis(
+    timeout: float, connection: dict[str, Any], options: dict[str, Any], **extra: Any
+) -> Storage:
+    from .redis import RedisStorage
+
+    return RedisStorage(timeout=timeout, **{**connection, **options, **extra})
+
+
+def _parse_query(scheme: str, query: str) -> dict[str, Any]:
+    accepted = _QUERY[scheme]
+    parsed: dict[str, Any] = {}
+    try:
+        pairs = parse_qs(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise _BadURL(f"the query string {query!r} is malformed") from None
+    for name, values in pairs.items():
+        if name not in accepted:
+            raise _BadURL(
+                f"unknown query parameter {name!r} for {scheme}:// "
+                f"(accepted: {', '.join(sorted(accepted))}; timeouts come from the timeout "
+                "setting, DISTLIMIT_REDIS_TIMEOUT)"
+            )
+        if len(values) != 1:
+            raise _BadURL(f"query parameter {name!r} is given more than once")
+        try:
+            parsed[name] = accepted[name](values[0])
+        except ValueError:
+            shown = "***" if "password" in name else repr(values[0])
+            raise _BadURL(f"query parameter {name!r} has an invalid value {shown}") from None
+    return parsed
+
+
+def _credentials(userinfo: str) -> dict[str, str]:
+    if not userinfo:
+        return {}
+    user, has_password, password = userinfo.partition(":")
+    found: dict[str, str] = {}
+    if user:
+        found["username"] = unquote(user)
+    if has_password and password:
+        found["password"] = unquote(password)
+    return found
+
+
+def _hosts(hostlist: str, scheme: str, *, many: bool) -> list[tuple[str, int]]:
+    if not hostlist:
+        raise _BadURL(f"{scheme}:// needs a host")
+    entries = hostlist.split(",")
+    if not many and len(entries) > 1:
+        raise _BadURL(f"{scheme}:// takes one host (use redis+sentinel:// or redis+cluster://)")
+    hosts = []
+    for entry in entries:
+        if entry.startswith("["):
+            host, bracket, tail = entry[1:].partition("]")
+            if not bracket or (tail and not tail.startswith(":")):
+                raise _BadURL(f"malformed IPv6 host {entry!r}")
+            port_text = tail[1:]
+        else:
+            host, _, port_text = entry.partition(":")
+        if not host:
+            raise _BadURL(f"empty host in {hostlist!r}")
+        port = _DEFAULT_PORT[scheme]
+        if port_text:
+            port = _int(port_text, f"port {port_text!r} is not a number")
+            if not 0 < port < 65536:
+                raise _BadURL(f"port {port} is out of range 1-65535")
+        hosts.append((unquote(host), port))
+    return hosts
+
+
+def _int(text: str, reason: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise _BadURL(reason) from None
