@@ -11,17 +11,24 @@ from .errors import (
     StorageResponseError,
     StorageUnavailable,
 )
+from .extension import Breach, Limiter, LimiterState
 from .limits import Rate, parse_rates
+from .problem import RateLimitExceeded, RateLimitUnavailable
 
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
+    "Breach",
     "Check",
     "ConfigurationError",
     "Decision",
     "DistLimitError",
     "Evaluation",
+    "Limiter",
+    "LimiterState",
     "Rate",
+    "RateLimitExceeded",
+    "RateLimitUnavailable",
     "StorageError",
     "StorageResponseError",
     "StorageUnavailable",

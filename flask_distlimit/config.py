@@ -1,0 +1,255 @@
+"""The ``DISTLIMIT_*`` settings: read once in ``init_app``, validated, frozen in :class:`Settings`.
+
+Every key is set with ``app.config.setdefault`` (so ``app.config`` shows the value in effect) and
+checked before the app serves a request: a bad value raises
+:class:`~flask_distlimit.errors.ConfigurationError` naming the key, the value and the accepted
+forms. Nothing here is read again per request.
+
+The identity keys (``DISTLIMIT_TRUSTED_PROXIES``, ``DISTLIMIT_IPV6_PREFIX``, ``DISTLIMIT_TIERS``,
+``DISTLIMIT_API_KEY_HEADER``, ``DISTLIMIT_API_KEY_SECRET``, ``DISTLIMIT_JWT_*``) are read the same
+way by :meth:`flask_distlimit.identity.IdentitySettings.from_config` and documented there.
+
+The keys read here, each ``key`` (default ``value``) followed by its meaning:
+
+``DISTLIMIT_STORAGE_URL`` (default ``"memory://"``)
+    Where the counters live: ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``,
+    ``redis+sentinel://`` or ``memory://`` (one process only: tests and development).
+``DISTLIMIT_ALGORITHM`` (default ``"sliding_window_counter"``)
+    Algorithm of every limit that names none: ``fixed_window``, ``sliding_window_log``,
+    ``sliding_window_counter``, ``token_bucket`` or ``gcra``.
+``DISTLIMIT_DEFAULT_LIMITS`` (default ``""``)
+    Limits of every non-exempt route that has none of its own (nor from its blueprint), counted
+    per route and client, e.g. ``"100/minute;2000/hour"``.
+``DISTLIMIT_GLOBAL_LIMITS`` (default ``""``)
+    Per-client-IP safety limits on every non-exempt request (404s included), in addition to all
+    other limits, e.g. ``"50/second"``. They always key on the client IP, whatever the identity.
+``DISTLIMIT_HEADERS`` (default ``"both"``)
+    Rate-limit response headers: ``legacy`` (``X-RateLimit-Limit``, ``-Remaining``, ``-Reset``),
+    ``ietf`` (``RateLimit-Policy`` and ``RateLimit``), ``both`` or ``none``. ``Retry-After`` is
+    sent on every 429 and 503 whatever this says.
+``DISTLIMIT_KEY_PREFIX`` (default ``"ratelimit"``)
+    First part of every storage key: 1 to 64 letters, digits or ``_ - . : /`` (no glob
+    characters, braces or spaces).
+``DISTLIMIT_REDIS_TIMEOUT`` (default ``0.1``)
+    Connect and read timeout of the storage, in seconds (> 0).
+``DISTLIMIT_CONDITIONAL_COST`` (default ``1``)
+    Cost of a request carrying ``If-None-Match`` or ``If-Modified-Since``, for every limit that
+    does not set its own ``cost`` (an int >= 0; 0 makes conditional requests free).
+``DISTLIMIT_ENABLED`` (default ``True``)
+    ``False`` turns every limit off: no storage calls, no headers.
+``DISTLIMIT_FAILURE_POLICY`` (default ``"open"``)
+    What a storage outage means: ``open`` (allow, with ``X-RateLimit-Degraded: true``),
+    ``closed`` (503 problem+json with ``Retry-After``) or ``local`` (in-process limits divided by
+    ``DISTLIMIT_INSTANCES``). A route may override it with ``@limiter.limit(..., on_failure=...)``.
+``DISTLIMIT_INSTANCES`` (default ``1``)
+    Processes sharing the limits, the divisor of the ``local`` fallback: an int >= 1, or
+    ``"auto"`` (counted by heartbeats while the storage is up).
+``DISTLIMIT_BREAKER_FAIL_MAX`` (default ``5``)
+    Consecutive storage outages that open the circuit breaker (an int >= 1).
+``DISTLIMIT_BREAKER_RESET_TIMEOUT`` (default ``30``)
+    Seconds the breaker stays open before a trial call (> 0); also the ``Retry-After`` of the 503
+    under policy ``closed``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Final, Literal, TypeVar
+
+from .algorithms import ALGORITHMS, Algorithm
+from .errors import ConfigurationError
+from .guard import FailurePolicy
+from .limits import Rate, parse_rates
+
+__all__ = ["DEFAULTS", "STORAGE_SCHEMES", "HeaderMode", "Settings"]
+
+HeaderMode = Literal["legacy", "ietf", "both", "none"]
+
+_HEADER_MODES: Final[tuple[HeaderMode, ...]] = ("legacy", "ietf", "both", "none")
+_POLICIES: Final[tuple[FailurePolicy, ...]] = ("open", "closed", "local")
+
+#: URL schemes ``DISTLIMIT_STORAGE_URL`` may use.
+STORAGE_SCHEMES: Final = (
+    "redis",
+    "rediss",
+    "unix",
+    "redis+cluster",
+    "redis+sentinel",
+    "memory",
+)
+
+#: The default of every ``DISTLIMIT_*`` key this module reads.
+DEFAULTS: Final[dict[str, object]] = {
+    "DISTLIMIT_STORAGE_URL": "memory://",
+    "DISTLIMIT_ALGORITHM": "sliding_window_counter",
+    "DISTLIMIT_DEFAULT_LIMITS": "",
+    "DISTLIMIT_GLOBAL_LIMITS": "",
+    "DISTLIMIT_HEADERS": "both",
+    "DISTLIMIT_KEY_PREFIX": "ratelimit",
+    "DISTLIMIT_REDIS_TIMEOUT": 0.1,
+    "DISTLIMIT_CONDITIONAL_COST": 1,
+    "DISTLIMIT_ENABLED": True,
+    "DISTLIMIT_FAILURE_POLICY": "open",
+    "DISTLIMIT_INSTANCES": 1,
+    "DISTLIMIT_BREAKER_FAIL_MAX": 5,
+    "DISTLIMIT_BREAKER_RESET_TIMEOUT": 30,
+}
+
+_PREFIX: Final = re.compile(r"^[A-Za-z0-9_.:/-]{1,64}$")
+_SCHEME: Final = re.compile(r"^([a-z][a-z0-9+.-]*)://")
+
+T = TypeVar("T")
+
+
+def _bad(key: str, value: object, accepted: str) -> ConfigurationError:
+    return ConfigurationError(f"{key} = {value!r} is not valid. {accepted}")
+
+
+def _choice(key: str, value: object, choices: tuple[T, ...]) -> T:
+    if isinstance(value, str):
+        for choice in choices:
+            if choice == value:
+                return choice
+    raise _bad(key, value, "Use one of: " + ", ".join(repr(c) for c in choices) + ".")
+
+
+def _number(
+    key: str,
+    value: object,
+    *,
+    integer: bool,
+    minimum: float,
+    strict: bool = False,
+) -> float:
+    """A finite number >= minimum (> minimum when strict); bools and strings are refused."""
+    kind = "an integer" if integer else "a number"
+    bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+    accepted = f"Use {kind} {bound}."
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(key, value, accepted)
+    if integer and not isinstance(value, int):
+        raise _bad(key, value, accepted)
+    if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+        raise _bad(key, value, accepted)
+    return value
+
+
+def _rates(key: str, value: object) -> tuple[Rate, ...]:
+    try:
+        return parse_rates(value)  # type: ignore[arg-type]
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{key} = {value!r} is not valid: {exc}") from None
+
+
+def _storage_url(key: str, value: object) -> str:
+    accepted = (
+        "Use a URL such as 'redis://localhost:6379/0', 'rediss://…', 'unix:///run/redis.sock', "
+        "'redis+cluster://host:7000', 'redis+sentinel://host:26379/mymaster' or 'memory://'."
+    )
+    if not isinstance(value, str):
+        raise _bad(key, value, accepted)
+    match = _SCHEME.match(value)
+    if match is None or match[1] not in STORAGE_SCHEMES:
+        raise _bad(key, value, accepted)
+    return value
+
+
+def _instances(key: str, value: object) -> int | Literal["auto"]:
+    if value == "auto":
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _bad(key, value, "Use an integer >= 1 (the number of processes) or 'auto'.")
+    return value
+
+
+def _prefix(key: str, value: object) -> str:
+    if isinstance(value, str) and _PREFIX.match(value):
+        return value
+    raise _bad(
+        key,
+        value,
+        "Use 1 to 64 letters, digits or '_', '-', '.', ':', '/' (no glob characters "
+        "'*?[]', braces or spaces), e.g. 'ratelimit' or 'myapp:rl'.",
+    )
+
+
+def _bool(key: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise _bad(key, value, "Use True or False.")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The validated ``DISTLIMIT_*`` settings of one app (see the module docstring)."""
+
+    storage_url: str = "memory://"
+    algorithm: Algorithm = "sliding_window_counter"
+    default_limits: tuple[Rate, ...] = ()
+    global_limits: tuple[Rate, ...] = ()
+    headers: HeaderMode = "both"
+    key_prefix: str = "ratelimit"
+    redis_timeout: float = 0.1
+    conditional_cost: int = 1
+    enabled: bool = True
+    failure_policy: FailurePolicy = "open"
+    instances: int | Literal["auto"] = 1
+    breaker_fail_max: int = 5
+    breaker_reset_timeout: float = 30.0
+
+    @classmethod
+    def from_config(cls, config: MutableMapping[str, object]) -> Settings:
+        """Set every missing key to its default in ``config``, then validate them all."""
+        for key, default in DEFAULTS.items():
+            config.setdefault(key, default)
+        get: Callable[[str], object] = config.__getitem__
+        return cls(
+            storage_url=_storage_url("DISTLIMIT_STORAGE_URL", get("DISTLIMIT_STORAGE_URL")),
+            algorithm=_choice("DISTLIMIT_ALGORITHM", get("DISTLIMIT_ALGORITHM"), ALGORITHMS),
+            default_limits=_rates("DISTLIMIT_DEFAULT_LIMITS", get("DISTLIMIT_DEFAULT_LIMITS")),
+            global_limits=_rates("DISTLIMIT_GLOBAL_LIMITS", get("DISTLIMIT_GLOBAL_LIMITS")),
+            headers=_choice("DISTLIMIT_HEADERS", get("DISTLIMIT_HEADERS"), _HEADER_MODES),
+            key_prefix=_prefix("DISTLIMIT_KEY_PREFIX", get("DISTLIMIT_KEY_PREFIX")),
+            redis_timeout=float(
+                _number(
+                    "DISTLIMIT_REDIS_TIMEOUT",
+                    get("DISTLIMIT_REDIS_TIMEOUT"),
+                    integer=False,
+                    minimum=0,
+                    strict=True,
+                )
+            ),
+            conditional_cost=int(
+                _number(
+                    "DISTLIMIT_CONDITIONAL_COST",
+                    get("DISTLIMIT_CONDITIONAL_COST"),
+                    integer=True,
+                    minimum=0,
+                )
+            ),
+            enabled=_bool("DISTLIMIT_ENABLED", get("DISTLIMIT_ENABLED")),
+            failure_policy=_choice(
+                "DISTLIMIT_FAILURE_POLICY", get("DISTLIMIT_FAILURE_POLICY"), _POLICIES
+            ),
+            instances=_instances("DISTLIMIT_INSTANCES", get("DISTLIMIT_INSTANCES")),
+            breaker_fail_max=int(
+                _number(
+                    "DISTLIMIT_BREAKER_FAIL_MAX",
+                    get("DISTLIMIT_BREAKER_FAIL_MAX"),
+                    integer=True,
+                    minimum=1,
+                )
+            ),
+            breaker_reset_timeout=float(
+                _number(
+                    "DISTLIMIT_BREAKER_RESET_TIMEOUT",
+                    get("DISTLIMIT_BREAKER_RESET_TIMEOUT"),
+                    integer=False,
+                    minimum=0,
+                    strict=True,
+                )
+            ),
+        )

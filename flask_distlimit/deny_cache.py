@@ -1,0 +1,128 @@
+"""The local deny cache: a flooding client costs the storage nothing.
+
+When the storage says a check was denied and a request of that cost cannot pass for ``T``
+seconds, this process remembers ``(key, cost, deadline)`` and answers the key's next requests
+itself until the deadline, without a round trip. It never refuses a request the storage would
+admit:
+
+- it only answers a request carrying the same key with a cost >= the denied cost (a larger cost
+  is refused longer by every algorithm), before the deadline;
+- the deadline is measured from the local time taken *before* the storage call, so it cannot
+  fall after the storage's own retry time (the storage decided later than that);
+- an impossible request (cost larger than the limit) is remembered for one period at most;
+- every entry lives at most ``max_ttl`` seconds (default 60), so a reset made by another process
+  (``flask distlimit reset``) reaches this one within that time; :meth:`clear` forgets at once.
+
+Bounded (least recently used entries go first), thread-safe, with an injected clock in
+microseconds.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["Denial", "DenyCache", "monotonic_us"]
+
+
+def monotonic_us() -> int:
+    """The local monotonic clock in microseconds (the default clock of the cache)."""
+    return time.monotonic_ns() // 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Denial:
+    """A remembered refusal of one key."""
+
+    cost: int  #: the cost that was refused; only requests costing at least this are answered
+    until_us: int  #: local time (clock microseconds) before which a request cannot pass
+    limit: int  #: the limit's amount, for the response headers
+    period: int  #: the limit's period in seconds
+    name: str  #: the policy name, for the response headers and the problem body
+
+    def retry_after(self, now_us: int) -> float:
+        """Seconds until a request of :attr:`cost` could pass."""
+        return max(0.0, (self.until_us - now_us) / 1_000_000)
+
+
+class DenyCache:
+    """Remembers denied keys for as long as the storage would keep denying them."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], int] = monotonic_us,
+        max_entries: int = 10_000,
+        max_ttl: float = 60.0,
+    ) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1, got {max_entries!r}")
+        self.clock = clock
+        self.max_entries = max_entries
+        self.max_ttl_us = int(max_ttl * 1_000_000)
+        self._entries: OrderedDict[str, Denial] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, key: str, cost: int, now_us: int | None = None) -> Denial | None:
+        """The remembered denial that certainly refuses ``cost`` on ``key`` now, if any."""
+        if not self._entries:  # the common case: no lock, no clock
+            return None
+        now = self.clock() if now_us is None else now_us
+        with self._lock:
+            denial = self._entries.get(key)
+            if denial is None:
+                return None
+            if now >= denial.until_us:
+                del self._entries[key]
+                return None
+            self._entries.move_to_end(key)
+        return denial if cost >= denial.cost else None
+
+    def record(
+        self,
+        key: str,
+        *,
+        cost: int,
+        retry_after: float,
+        started_us: int,
+        limit: int,
+        period: int,
+        name: str,
+    ) -> None:
+        """Remember that ``key`` refused ``cost`` for ``retry_after`` seconds.
+
+        ``started_us`` is this clock's time taken before the storage call that refused.
+        """
+        if cost < 1 or retry_after <= 0:
+            return
+        seconds = period if math.isinf(retry_after) else retry_after
+        ttl_us = min(int(seconds * 1_000_000), self.max_ttl_us)  # floor: never past the real time
+        if ttl_us <= 0:
+            return
+        denial = Denial(cost, started_us + ttl_us, limit, period, name)
+        with self._lock:
+            self._entries[key] = denial
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+
+    def forget(self, key: str) -> None:
+        """Drop what is remembered of one key."""
+        with self._lock:
+            self._entries.pop(key, None)
+
+    def clear(self) -> None:
+        """Forget every denial (after the limits were reset)."""
+        with self._lock:
+            self._entries.clear()
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: a fresh lock (the parent's may have been held by another thread)."""
+        self._lock = threading.Lock()

@@ -1,0 +1,149 @@
+"""Refusals as RFC 9457 problem details (``application/problem+json``).
+
+- :class:`RateLimitExceeded` (429): a werkzeug ``TooManyRequests``, so ordinary Flask error
+  handling applies and ``@app.errorhandler(429)`` can replace the body.
+- :class:`RateLimitUnavailable` (503): the storage is down and the failure policy is ``closed``.
+
+Both carry ``Retry-After`` (whole seconds, rounded up) and ``Cache-Control: no-store``. Their
+problem types are the ones registered with IANA by draft-ietf-httpapi-ratelimit-headers
+(section 5): ``#quota-exceeded`` and ``#temporary-reduced-capacity``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from werkzeug.exceptions import ServiceUnavailable, TooManyRequests
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIEnvironment
+
+__all__ = [
+    "QUOTA_EXCEEDED",
+    "TEMPORARY_REDUCED_CAPACITY",
+    "RateLimitExceeded",
+    "RateLimitUnavailable",
+    "retry_after_seconds",
+]
+
+QUOTA_EXCEEDED: Final = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+TEMPORARY_REDUCED_CAPACITY: Final = (
+    "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+)
+_MEDIA_TYPE: Final = "application/problem+json"
+#: Retry-After for a request that can never pass (its cost exceeds the limit): one day.
+_NEVER_SECONDS: Final = 86400
+
+
+def retry_after_seconds(seconds: float) -> int:
+    """``seconds`` as a ``Retry-After`` value: an integer rounded up, at least 1.
+
+    Rounding up keeps the advertised time no earlier than the real one; ``inf`` (a cost larger
+    than the limit) becomes one day.
+    """
+    if not math.isfinite(seconds):
+        return _NEVER_SECONDS
+    return max(1, math.ceil(seconds - 1e-9))
+
+
+class _Problem:
+    """Body and headers of the two problem exceptions (mixed in before the werkzeug class)."""
+
+    problem_type: str
+    title: str
+    retry_after_s: int
+    violated_policies: tuple[str, ...]
+    instance: str | None
+    detail_text: str
+    status: int
+
+    def problem(self) -> dict[str, Any]:
+        """The problem object, as sent in the body."""
+        body: dict[str, Any] = {
+            "type": self.problem_type,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail_text,
+        }
+        if self.instance is not None:
+            body["instance"] = self.instance
+        body["violated-policies"] = list(self.violated_policies)
+        body["retry_after"] = self.retry_after_s
+        return body
+
+    def get_body(
+        self,
+        environ: WSGIEnvironment | None = None,
+        scope: dict[str, Any] | None = None,
+    ) -> str:
+        return json.dumps(self.problem(), separators=(",", ":"))
+
+    def get_headers(
+        self,
+        environ: WSGIEnvironment | None = None,
+        scope: dict[str, Any] | None = None,
+    ) -> list[tuple[str, str]]:
+        return [
+            ("Content-Type", _MEDIA_TYPE),
+            ("Cache-Control", "no-store"),
+            ("Retry-After", str(self.retry_after_s)),
+        ]
+
+
+class RateLimitExceeded(_Problem, TooManyRequests):
+    """429: the request exceeds one or more rate limits; nothing was consumed.
+
+    ``violated_policies`` names the limits that denied (as in the ``RateLimit`` header);
+    ``retry_after`` is the seconds until the request could pass, rounded up.
+    """
+
+    problem_type = QUOTA_EXCEEDED
+    status = 429
+    title = "Request cannot be satisfied as the assigned quota has been exceeded"
+
+    def __init__(
+        self,
+        *,
+        retry_after: float,
+        violated_policies: Sequence[str],
+        instance: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        self.retry_after_s = retry_after_seconds(retry_after)
+        self.violated_policies = tuple(violated_policies)
+        self.instance = instance
+        self.detail_text = detail or (
+            f"Rate limit {', '.join(self.violated_policies) or 'exceeded'}: "
+            f"retry in {self.retry_after_s} s."
+        )
+        TooManyRequests.__init__(self, description=self.detail_text, retry_after=self.retry_after_s)
+
+
+class RateLimitUnavailable(_Problem, ServiceUnavailable):
+    """503: the rate-limit storage is unreachable and the failure policy is ``closed``."""
+
+    problem_type = TEMPORARY_REDUCED_CAPACITY
+    status = 503
+    title = "Request cannot be satisfied due to temporary server capacity constraints"
+
+    def __init__(
+        self,
+        *,
+        retry_after: float,
+        violated_policies: Sequence[str] = (),
+        instance: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        self.retry_after_s = retry_after_seconds(retry_after)
+        self.violated_policies = tuple(violated_policies)
+        self.instance = instance
+        self.detail_text = detail or (
+            "The rate-limit store is unavailable and this route refuses requests it cannot "
+            f"count; retry in {self.retry_after_s} s."
+        )
+        ServiceUnavailable.__init__(
+            self, description=self.detail_text, retry_after=self.retry_after_s
+        )

@@ -1,0 +1,260 @@
+"""Declared limits and what they become for one route.
+
+A :class:`LimitSpec` is one declaration: a ``@limiter.limit`` or ``shared_limit`` on a view or a
+blueprint, ``DISTLIMIT_DEFAULT_LIMITS``, ``DISTLIMIT_GLOBAL_LIMITS`` or a ``DISTLIMIT_TIERS``
+entry. Declarations are stored in a :class:`LimitRegistry` on the ``Limiter`` (decorators run at
+import time, before or after ``init_app``).
+
+For one app, endpoint and method, :func:`build_plan` binds them once into a :class:`RoutePlan` of
+:class:`BoundLimit` values: rate, algorithm, limit id, storage-key parts and header strings all
+computed then, so a request only hashes its identity and formats keys.
+
+Which limits apply to a request (documented in the user guide too):
+
+1. ``DISTLIMIT_GLOBAL_LIMITS``, keyed on the client IP, on every non-exempt request;
+2. the tier limits (``DISTLIMIT_TIERS``) of the request's identity, on every non-exempt request;
+3. the route's own limits (``@limiter.limit`` / ``shared_limit`` on the view); if it has none,
+   the limits of its innermost limited blueprint; if none either, ``DISTLIMIT_DEFAULT_LIMITS``.
+
+Limit ids make the same declared limit hit the same key from every worker and replica:
+
+- route, blueprint and default limits: ``r:<endpoint>[:<METHOD>]:<amount>/<period>``, one counter
+  per route;
+- a ``scope`` (``shared_limit`` or ``limit(..., scope=...)``): ``s:<scope>[:<METHOD>]:...``, one
+  counter for every route that names the scope;
+- global: ``g:<amount>/<period>``; tier: ``t:<tier>:<amount>/<period>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .algorithms import Algorithm
+from .guard import FailurePolicy
+from .headers import policy_item, sf_string
+from .keys import limit_key
+from .limits import Rate
+
+__all__ = [
+    "EXEMPT",
+    "BoundLimit",
+    "CostFunc",
+    "ExemptWhen",
+    "KeyFunc",
+    "LimitKind",
+    "LimitRegistry",
+    "LimitSpec",
+    "RoutePlan",
+    "bind",
+    "build_plan",
+    "view_name",
+]
+
+KeyFunc = Callable[[], str]
+CostFunc = Callable[[], int]
+ExemptWhen = Callable[[], bool]
+LimitKind = Literal["route", "shared", "blueprint", "default", "global", "tier"]
+KeyedOn = Literal["ip", "identity", "func"]
+
+#: How strict each failure policy is, to pick one when several limits of a route set one.
+_STRICTNESS: dict[FailurePolicy, int] = {"open": 0, "local": 1, "closed": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class LimitSpec:
+    """One declared limit (one or more rates) and its options."""
+
+    kind: LimitKind
+    rates: tuple[Rate, ...]
+    algorithm: Algorithm | None = None
+    key_func: KeyFunc | None = None
+    cost: int | CostFunc | None = None  #: None: 1, or DISTLIMIT_CONDITIONAL_COST when conditional
+    scope: str | None = None
+    per_method: bool = False
+    exempt_when: ExemptWhen | None = None
+    on_failure: FailurePolicy | None = None
+    tier: str | None = None  #: for kind "tier"
+
+
+@dataclass(frozen=True, slots=True)
+class BoundLimit:
+    """One rate of one spec, bound to an app's settings and (for route limits) an endpoint."""
+
+    name: str  #: policy name in headers, logs and ``violated-policies``, e.g. ``orders:100/minute``
+    limit_id: str
+    rate: Rate
+    algorithm: Algorithm
+    keyed_on: KeyedOn
+    key_head: str  #: ``<prefix>:{``
+    key_tail: str  #: ``}:<limit id>:<algorithm>``
+    policy: str  #: the ``RateLimit-Policy`` item
+    quoted: str  #: the name as a structured-field string
+    key_func: KeyFunc | None = None
+    cost: int | CostFunc | None = None
+    exempt_when: ExemptWhen | None = None
+
+    def key(self, tag: str) -> str:
+        """The storage key for an identity tag (:func:`flask_distlimit.keys.identity_tag`)."""
+        return self.key_head + tag + self.key_tail
+
+
+def bind(
+    spec: LimitSpec,
+    *,
+    prefix: str,
+    default_algorithm: Algorithm,
+    label: str,
+    method: str | None = None,
+) -> list[BoundLimit]:
+    """The bound limits of ``spec``; ``label`` is the endpoint (ignored when scoped)."""
+    algorithm = spec.algorithm or default_algorithm
+    keyed_on: KeyedOn = "identity"
+    if spec.kind == "global":
+        id_head, name_head, keyed_on = "g", "global", "ip"
+    elif spec.kind == "tier":
+        id_head, name_head = f"t:{spec.tier}", f"tier-{spec.tier}"
+    else:
+        if spec.scope is not None:
+            id_head, name_head = f"s:{spec.scope}", spec.scope
+        else:
+            id_head, name_head = f"r:{label}", label
+        if spec.per_method and method is not None:
+            id_head += f":{method}"
+            name_head += f":{method}"
+        if spec.key_func is not None:
+            keyed_on = "func"
+    bound: list[BoundLimit] = []
+    for rate in spec.rates:
+        limit_id = f"{id_head}:{rate.amount}/{rate.period}"
+        name = f"{name_head}:{rate}"
+        # The key parts come from keys.limit_key itself, so keys stay in one format.
+        full = limit_key(prefix, "", limit_id, algorithm)
+        head = f"{prefix}:{{"
+        tail = full[full.index("}", len(head)) :]
+        bound.append(
+            BoundLimit(
+                name=name,
+                limit_id=limit_id,
+                rate=rate,
+                algorithm=algorithm,
+                keyed_on=keyed_on,
+                key_head=head,
+                key_tail=tail,
+                policy=policy_item(name, rate.amount, rate.period),
+                quoted=sf_string(name),
+                key_func=spec.key_func,
+                cost=spec.cost,
+                exempt_when=spec.exempt_when,
+            )
+        )
+    return bound
+
+
+def view_name(view: object) -> str:
+    """The registry name of a view function or class: ``<module>.<qualname>``.
+
+    Names survive ``functools.wraps`` and the order of ``@app.route`` and ``@limiter.limit``.
+    """
+    module = getattr(view, "__module__", None) or "?"
+    qualname = getattr(view, "__qualname__", None) or getattr(view, "__name__", None) or repr(view)
+    return f"{module}.{qualname}"
+
+
+@dataclass
+class LimitRegistry:
+    """Every limit declared through one ``Limiter``, by view name and blueprint name."""
+
+    views: dict[str, list[LimitSpec]] = field(default_factory=dict)
+    blueprints: dict[str, list[LimitSpec]] = field(default_factory=dict)
+    exempt_views: set[str] = field(default_factory=set)
+    exempt_blueprints: set[str] = field(default_factory=set)
+
+    def add_view(self, name: str, spec: LimitSpec) -> None:
+        self.views.setdefault(name, []).append(spec)
+
+    def add_blueprint(self, name: str, spec: LimitSpec) -> None:
+        self.blueprints.setdefault(name, []).append(spec)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutePlan:
+    """The route-layer limits of one endpoint and method (global and tier limits come apart)."""
+
+    exempt: bool
+    limits: tuple[BoundLimit, ...] = ()
+    policy: FailurePolicy | None = None  #: the strictest ``on_failure`` of the limits, if any
+    needs_identity: bool = False  #: some limit keys on the request's identity (no key_func)
+
+
+EXEMPT = RoutePlan(exempt=True)
+
+
+def _blueprint_matches(registered: str, dotted: str) -> bool:
+    return dotted == registered or dotted.endswith("." + registered)
+
+
+def build_plan(
+    registry: LimitRegistry,
+    *,
+    endpoint: str | None,
+    view: object | None,
+    blueprints: Sequence[str],
+    method: str,
+    default_limits: Iterable[LimitSpec],
+    prefix: str,
+    default_algorithm: Algorithm,
+) -> RoutePlan:
+    """Bind the limits of one endpoint and method.
+
+    ``blueprints`` are the request's blueprint names, innermost first (``request.blueprints``).
+    ``endpoint`` None (no route matched: a 404 or 405) gets no route limits.
+    """
+    if endpoint is None:
+        return RoutePlan(exempt=False)
+    names = [view_name(view)] if view is not None else []
+    view_class = getattr(view, "view_class", None)
+    if view_class is not None:
+        names.append(view_name(view_class))
+    if any(n in registry.exempt_views for n in names):
+        return EXEMPT
+    if any(
+        _blueprint_matches(bp, dotted) for dotted in blueprints for bp in registry.exempt_blueprints
+    ):
+        return EXEMPT
+    specs: list[LimitSpec] = [s for n in names for s in registry.views.get(n, ())]
+    if not specs:
+        for dotted in blueprints:  # innermost first
+            for bp, bp_specs in registry.blueprints.items():
+                if _blueprint_matches(bp, dotted):
+                    specs.extend(bp_specs)
+            if specs:
+                break
+    if not specs:
+        specs = list(default_limits)
+    bound: list[BoundLimit] = []
+    seen: set[str] = set()
+    policy: FailurePolicy | None = None
+    for spec in specs:
+        for b in bind(
+            spec,
+            prefix=prefix,
+            default_algorithm=default_algorithm,
+            label=endpoint,
+            method=method,
+        ):
+            dedupe = f"{b.limit_id}|{b.algorithm}|{id(b.key_func)}"
+            if dedupe not in seen:
+                seen.add(dedupe)
+                bound.append(b)
+        if spec.on_failure is not None and (
+            policy is None or _STRICTNESS[spec.on_failure] > _STRICTNESS[policy]
+        ):
+            policy = spec.on_failure
+    return RoutePlan(
+        exempt=False,
+        limits=tuple(bound),
+        policy=policy,
+        needs_identity=any(b.key_func is None for b in bound),
+    )

@@ -1,0 +1,92 @@
+"""Helpers for testing an app that uses Flask-DistLimit.
+
+::
+
+    from flask_distlimit.testing import FakeClock
+
+    clock = FakeClock()
+    limiter = Limiter(clock=clock)          # the storage and the deny cache follow this clock
+    ...
+    clock.advance(60)                       # a minute passes, instantly
+    limiter.reset(app)                      # forget every counter between tests
+
+:class:`CountingStorage` wraps a storage and counts its calls, to assert round trips.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+
+from .decision import Check, Evaluation
+from .storage.base import Storage
+
+__all__ = ["CountingStorage", "FakeClock"]
+
+
+class FakeClock:
+    """A clock in microseconds since the epoch that moves only when told to.
+
+    Pass it as ``Limiter(clock=...)``: requests then run at this time in the storage (``now_us``)
+    and in the deny cache, and headers count from it.
+    """
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self._us = int(start * 1_000_000)
+        self._lock = threading.Lock()
+
+    def __call__(self) -> int:
+        return self._us
+
+    @property
+    def now_us(self) -> int:
+        return self._us
+
+    def time(self) -> float:
+        """The time in seconds since the epoch."""
+        return self._us / 1_000_000
+
+    def advance(self, seconds: float) -> None:
+        """Move forward by ``seconds`` (>= 0; fractions allowed, microsecond resolution)."""
+        if seconds < 0:
+            raise ValueError(f"A clock only moves forward; got advance({seconds!r}).")
+        with self._lock:
+            self._us += round(seconds * 1_000_000)
+
+
+class CountingStorage(Storage):
+    """A storage that forwards every call to ``inner`` and counts ``evaluate`` calls."""
+
+    def __init__(self, inner: Storage) -> None:
+        self.inner = inner
+        self.scheme = inner.scheme
+        self.evaluations = 0
+        self.checks: list[tuple[Check, ...]] = []
+        self._lock = threading.Lock()
+
+    def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+        with self._lock:
+            self.evaluations += 1
+            self.checks.append(tuple(checks))
+        return self.inner.evaluate(checks, now_us=now_us)
+
+    def ping(self) -> float:
+        return self.inner.ping()
+
+    def scan(self, match: str) -> Iterator[str]:
+        return self.inner.scan(match)
+
+    def delete(self, keys: Iterable[str]) -> int:
+        return self.inner.delete(keys)
+
+    def heartbeat(self, key: str, member: str, ttl: float) -> int:
+        return self.inner.heartbeat(key, member, ttl)
+
+    def scripts_loaded(self) -> bool:
+        return self.inner.scripts_loaded()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def reset_after_fork(self) -> None:
+        self.inner.reset_after_fork()
