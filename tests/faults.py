@@ -1,0 +1,113 @@
+"""Load and measurement helpers of the fault-injection tests (tests/test_faults*.py) and of
+bench/bench_failure.py: a few threads calling one request function in a loop, timestamped."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+from flask_distlimit.decision import Check
+from flask_distlimit.guard import Guard, Outcome
+
+__all__ = ["Load", "Sample", "kind_of", "percentile", "wait_until"]
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    started: float  # time.monotonic()
+    latency: float  # seconds
+    kind: str  # "allowed", "denied", "degraded allowed", "degraded denied", "unavailable", "error"
+
+
+def kind_of(outcome: Outcome) -> str:
+    """A short name for what a guarded call answered."""
+    if outcome.unavailable:
+        return "unavailable"
+    prefix = "degraded " if outcome.degraded else ""
+    if outcome.evaluation is None:
+        return prefix + "allowed"
+    return prefix + ("allowed" if outcome.evaluation.allowed else "denied")
+
+
+class Load:
+    """``threads`` threads each calling ``request()`` (which answers a kind) until stopped,
+    ``pause`` seconds apart; an exception is recorded as kind ``error`` (a 5xx)."""
+
+    def __init__(
+        self, request: Callable[[int], str], *, threads: int = 4, pause: float = 0.002
+    ) -> None:
+        self.request = request
+        self.threads = threads
+        self.pause = pause
+        self.samples: list[Sample] = []
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._workers: list[threading.Thread] = []
+
+    def _run(self, n: int) -> None:
+        i = 0
+        while not self._stop.is_set():
+            i += 1
+            started = time.monotonic()
+            try:
+                kind = self.request(n * 1_000_000 + i)
+            except Exception as exc:  # recorded, asserted on by the tests
+                kind = "error"
+                self.errors.append(exc)
+            self.samples.append(Sample(started, time.monotonic() - started, kind))
+            time.sleep(self.pause)
+
+    def __enter__(self) -> Load:
+        self._workers = [
+            threading.Thread(target=self._run, args=(n,), daemon=True) for n in range(self.threads)
+        ]
+        for worker in self._workers:
+            worker.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        for worker in self._workers:
+            worker.join(timeout=30)
+
+    def between(self, start: float, end: float) -> list[Sample]:
+        return [s for s in list(self.samples) if start <= s.started <= end]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (nearest rank); 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, step: float = 0.01) -> float:
+    """Poll ``condition`` until true; answer the seconds it took, or raise after ``timeout``."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(step)
+    return time.monotonic() - started
+
+
+def guard_request(
+    guard: Guard, key: str = "ratelimit:{load}:route:fixed_window"
+) -> Callable[[int], str]:
+    """A request function for :class:`Load`: one generous fixed-window check through ``guard``."""
+    checks = [Check(key=key, algorithm="fixed_window", limit=10**9, period=60)]
+
+    def request(_: int) -> str:
+        return kind_of(guard.evaluate(checks))
+
+    return request
