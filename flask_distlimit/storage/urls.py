@@ -143,7 +143,10 @@ def _build(url: str, timeout: float, options: dict[str, Any]) -> Storage:
         return storage
     if scheme not in _QUERY:
         raise _BadURL(f"unknown scheme {scheme!r}")
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # e.g. an unbalanced IPv6 bracket
+        raise _BadURL(f"malformed URL ({exc})") from None
     if parts.fragment:
         raise _BadURL("a URL fragment (#...) has no meaning here")
     query = _parse_query(scheme, parts.query)
