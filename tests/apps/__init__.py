@@ -1,0 +1,1 @@
+"""Small apps that tests run in other processes (e.g. under gunicorn)."""

@@ -1,0 +1,52 @@
+"""The app :mod:`tests.test_gunicorn` runs under gunicorn (``tests.apps.gunicorn_app:app``).
+
+Configured from the environment: ``DISTLIMIT_STORAGE_URL`` (a real Redis) and
+``GUNICORN_TEST_LIMIT`` (the N of every limited route, per hour, so nothing refills during a test).
+Clients are anonymous (keyed on their IP; ``DISTLIMIT_TRUSTED_PROXIES`` stays 0), and the anonymous
+tier is large enough never to interfere.
+"""
+
+from __future__ import annotations
+
+import os
+
+from flask import Flask
+
+from flask_distlimit import Limiter
+
+LIMIT = int(os.environ.get("GUNICORN_TEST_LIMIT", "20"))
+ALGORITHMS = ("fixed_window", "sliding_window_log", "token_bucket", "gcra")
+
+app = Flask(__name__)
+app.config.update(
+    DISTLIMIT_STORAGE_URL=os.environ["DISTLIMIT_STORAGE_URL"],
+    DISTLIMIT_TIERS={"anonymous": "1000000/hour"},
+    DISTLIMIT_KEY_PREFIX=os.environ.get("GUNICORN_TEST_PREFIX", "gunicorn-test"),
+)
+limiter = Limiter(app)
+
+
+@app.get("/health")
+@limiter.exempt
+def health() -> str:
+    return f"ok {os.getpid()}"
+
+
+def _route(algorithm: str) -> None:
+    def view() -> str:
+        return f"{algorithm} {os.getpid()}"
+
+    view.__name__ = f"limited_{algorithm}"
+    app.add_url_rule(
+        f"/{algorithm}", view_func=limiter.limit(f"{LIMIT}/hour", algorithm=algorithm)(view)
+    )
+
+
+for _algorithm in ALGORITHMS:
+    _route(_algorithm)
+
+
+@app.get("/by-ip")
+@limiter.limit(f"{LIMIT}/hour", algorithm="fixed_window")
+def by_ip() -> str:
+    return f"by-ip {os.getpid()}"
