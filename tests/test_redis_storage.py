@@ -1,0 +1,355 @@
+"""RedisStorage on a real redis-server: one round trip per request whatever the number of
+limits, scripts recovered after SCRIPT FLUSH and restarts, bounded waits without retries,
+outages and answered errors kept apart, and no connection shared across fork."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import fakeredis
+import pytest
+import redis
+from redis import exceptions as rx
+from redis.sentinel import MasterNotFoundError
+
+from flask_distlimit.decision import Check
+from flask_distlimit.errors import StorageResponseError, StorageUnavailable
+from flask_distlimit.storage import from_url
+from flask_distlimit.storage.redis import RedisStorage
+from flask_distlimit.storage.translate import storage_error
+from tests.servers import RedisProcess, free_port, start_redis
+
+pytestmark = pytest.mark.redis
+
+ONE = [Check("t:{alice}:per-ip:fixed_window", "fixed_window", 5, 60)]
+THREE = [
+    Check("t:{alice}:per-ip:fixed_window", "fixed_window", 5, 60),
+    Check("t:{alice}:burst:token_bucket", "token_bucket", 10, 10),
+    Check("t:{acme}:tenant:sliding_window_log", "sliding_window_log", 100, 3600),
+]
+
+
+@pytest.fixture
+def storage(redis_server: RedisProcess, redis_client: redis.Redis) -> Iterator[RedisStorage]:
+    built = from_url(redis_server.url, timeout=0.5)
+    assert isinstance(built, RedisStorage)
+    yield built
+    built.close()
+
+
+@pytest.fixture
+def own_server() -> Iterator[RedisProcess]:
+    """A private redis-server this test may stop, kill or restart."""
+    server = start_redis()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class CountingConnection(redis.Connection):
+    """A connection that counts what it sends: one packed send = one round trip."""
+
+    sends = 0
+
+    def send_packed_command(self, command: object, check_health: bool = True) -> None:
+        type(self).sends += 1
+        super().send_packed_command(command, check_health)
+
+
+def top_level_commands(client: redis.Redis, source: str, run: Callable[[], None]) -> list[str]:
+    """The commands the connection at address ``source`` sent while ``run()`` ran, as the
+    server saw them (MONITOR); the commands scripts ran inside Redis are left out."""
+    marker = f"end-of-run-{time.monotonic_ns()}"
+    seen: list[str] = []
+    with client.monitor() as monitor:
+        run()
+        client.echo(marker)
+        while True:
+            command = monitor.next_command()
+            if marker in command["command"]:
+                return seen
+            address = f"{command.get('client_address')}:{command.get('client_port')}"
+            if command["client_type"] != "lua" and address == source:
+                seen.append(command["command"].split()[0].upper())
+
+
+# -- the hot path --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("checks", [ONE, THREE], ids=["1 limit", "3 limits"])
+def test_one_round_trip_per_evaluate(
+    redis_server: RedisProcess, redis_client: redis.Redis, checks: list[Check]
+) -> None:
+    storage = RedisStorage(
+        host="127.0.0.1", port=redis_server.port, connection_class=CountingConnection
+    )
+    storage.evaluate(checks)  # connects and loads the script
+    source = storage.client.client_info()["addr"]  # the one pooled connection
+    answers: list[bool] = []
+
+    def run() -> None:
+        CountingConnection.sends = 0
+        answers.extend(storage.evaluate(checks).allowed for _ in range(10))
+
+    sent = top_level_commands(redis_client, source, run)
+    assert answers == [True] * 4 + [False] * 6  # allowed or denied: one EVALSHA each
+    assert CountingConnection.sends == 10  # the client sent 10 times ...
+    assert sent == ["EVALSHA"] * 10  # ... and the server received 10 EVALSHA, nothing else
+    storage.close()
+
+
+def test_decisions_are_all_or_nothing(storage: RedisStorage) -> None:
+    checks = [
+        Check("t:{a}:one:fixed_window", "fixed_window", 5, 60),
+        Check("t:{a}:two:fixed_window", "fixed_window", 2, 60),
+    ]
+    assert [storage.evaluate(checks).allowed for _ in range(3)] == [True, True, False]
+    first, second = storage.evaluate(checks).decisions
+    assert (first.allowed, first.remaining) == (True, 3)  # nothing consumed on the denial
+    assert (second.allowed, second.remaining) == (False, 0)
+
+
+def test_script_flush_is_recovered_without_an_error(
+    storage: RedisStorage, redis_client: redis.Redis
+) -> None:
+    assert storage.evaluate(ONE).decisions[0].remaining == 4
+    assert storage.scripts_loaded()
+    redis_client.script_flush()
+    assert not storage.scripts_loaded()
+    assert storage.evaluate(ONE).decisions[0].remaining == 3
+    assert storage.scripts_loaded()
+
+
+def test_restart_is_recovered_without_an_error(own_server: RedisProcess) -> None:
+    storage = from_url(own_server.url, timeout=0.5)
+    assert storage.evaluate(ONE).decisions[0].remaining == 4
+    own_server.restart()  # same port, empty, no scripts
+    # The pooled connection is dead: the pool notices at checkout and reconnects; the script
+    # is re-sent on NOSCRIPT. The quota starts again (the restarted Redis is empty).
+    assert storage.evaluate(ONE).decisions[0].remaining == 4
+    storage.close()
+
+
+def test_works_on_a_ready_client_such_as_fakeredis() -> None:
+    storage = RedisStorage(fakeredis.FakeRedis())
+    assert [storage.evaluate(THREE).allowed for _ in range(6)] == [True] * 5 + [False]
+    storage.close()
+
+
+# -- outages: bounded, no retries -----------------------------------------------------------
+
+
+def test_client_settings_are_timeouts_without_retries(redis_server: RedisProcess) -> None:
+    storage = from_url(redis_server.url, timeout=0.25)
+    assert isinstance(storage, RedisStorage)
+    pool = storage.client.connection_pool
+    assert isinstance(pool, redis.BlockingConnectionPool)
+    assert pool.timeout == 0.25  # the wait for a free connection
+    kwargs = pool.connection_kwargs
+    assert kwargs["socket_timeout"] == kwargs["socket_connect_timeout"] == 0.25
+    assert kwargs["health_check_interval"] == 0
+    assert kwargs["retry"].get_retries() == 0
+    connection = pool.make_connection()
+    assert connection.retry.get_retries() == 0
+    assert connection.socket_timeout == 0.25
+    storage.close()
+
+
+def test_default_timeout_is_100_ms(redis_server: RedisProcess) -> None:
+    storage = from_url(redis_server.url)
+    assert isinstance(storage, RedisStorage)
+    assert storage.client.connection_pool.connection_kwargs["socket_timeout"] == 0.1
+    storage.close()
+
+
+def test_stalled_server_raises_unavailable_within_the_timeout(own_server: RedisProcess) -> None:
+    storage = from_url(own_server.url, timeout=0.1)
+    storage.evaluate(ONE)
+    own_server.signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(StorageUnavailable, match="Timeout"):
+            storage.evaluate(ONE)
+        assert time.monotonic() - started < 1.0
+    finally:
+        own_server.signal(signal.SIGCONT)
+    assert storage.evaluate(ONE).allowed  # and it comes back by itself
+    storage.close()
+
+
+class SilentServer:
+    """A TCP listener that accepts connections and never answers (a hung Redis); counts them."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = int(self.sock.getsockname()[1])
+        self.accepted: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.accepted:
+            conn.close()
+        self.thread.join(timeout=2)
+
+
+def test_a_hung_server_costs_one_connection_attempt_not_retries() -> None:
+    silent = SilentServer()
+    try:
+        storage = from_url(f"redis://127.0.0.1:{silent.port}", timeout=0.1)
+        started = time.monotonic()
+        for _ in range(3):
+            with pytest.raises(StorageUnavailable):
+                storage.evaluate(ONE)
+        assert time.monotonic() - started < 3.0
+        # One connection per failed call: redis-py made no retry of its own.
+        assert len(silent.accepted) == 3
+        storage.close()
+    finally:
+        silent.close()
+
+
+def test_refused_connection_is_unavailable() -> None:
+    storage = from_url(f"redis://127.0.0.1:{free_port()}", timeout=0.1)
+    with pytest.raises(StorageUnavailable, match="ConnectionError"):
+        storage.evaluate(ONE)
+    with pytest.raises(StorageUnavailable):
+        storage.ping()
+
+
+def test_pool_wait_is_bounded_by_the_timeout(storage: RedisStorage) -> None:
+    small = RedisStorage(
+        host="127.0.0.1",
+        port=storage.client.connection_pool.connection_kwargs["port"],
+        timeout=0.1,
+        max_connections=1,
+    )
+    small.evaluate(ONE)
+    held = small.client.connection_pool.get_connection()  # every connection busy
+    try:
+        started = time.monotonic()
+        with pytest.raises(StorageUnavailable, match="No connection available"):
+            small.evaluate(ONE)
+        assert time.monotonic() - started < 1.0
+    finally:
+        small.client.connection_pool.release(held)
+    assert small.evaluate(ONE).allowed
+    small.close()
+
+
+# -- answered errors are not outages ----------------------------------------------------------
+
+
+def test_script_error_is_a_response_error(storage: RedisStorage) -> None:
+    bad = [Check("t:{a}:bad:fixed_window", "fixed_window", 0, 60)]  # limit 0: rejected by Lua
+    with pytest.raises(StorageResponseError, match="bad arguments"):
+        storage.evaluate(bad)
+
+
+def test_wrongtype_is_a_response_error(storage: RedisStorage, redis_client: redis.Redis) -> None:
+    redis_client.set("t:heartbeat", "not a sorted set", ex=60)
+    with pytest.raises(StorageResponseError, match="WRONGTYPE"):
+        storage.heartbeat("t:heartbeat", "worker-1", 5)
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (rx.ConnectionError("refused"), StorageUnavailable),
+        (rx.TimeoutError("timeout"), StorageUnavailable),
+        (rx.BusyLoadingError("loading"), StorageUnavailable),
+        (MasterNotFoundError("no master"), StorageUnavailable),
+        (rx.ClusterDownError("down"), StorageUnavailable),
+        (rx.MasterDownError("down"), StorageUnavailable),
+        (rx.TryAgainError("again"), StorageUnavailable),
+        (rx.SlotNotCoveredError("slot"), StorageUnavailable),
+        (rx.RedisClusterException("no node"), StorageUnavailable),
+        (rx.ReadOnlyError("replica"), StorageUnavailable),
+        (rx.OutOfMemoryError("oom"), StorageUnavailable),
+        (rx.ResponseError("BUSY Redis is busy running a script"), StorageUnavailable),
+        (rx.ResponseError("WRONGTYPE Operation against a key"), StorageResponseError),
+        (rx.ResponseError("ERR Error running script"), StorageResponseError),
+        (rx.NoScriptError("NOSCRIPT"), StorageResponseError),
+        (rx.DataError("bad value"), StorageResponseError),
+    ],
+)
+def test_error_mapping(error: Exception, expected: type[Exception]) -> None:
+    translated = storage_error(error)
+    assert type(translated) is expected
+    assert str(error) in str(translated)
+
+
+# -- the rest of the interface ----------------------------------------------------------------
+
+
+def test_ping_scan_delete(storage: RedisStorage, redis_client: redis.Redis) -> None:
+    assert 0 < storage.ping() < 1
+    storage.evaluate(THREE)
+    assert sorted(storage.scan("t:{alice}:*")) == sorted(c.key for c in THREE[:2])
+    assert storage.delete(c.key for c in THREE) == 3
+    assert storage.delete([]) == 0
+    assert list(storage.scan("t:*")) == []
+
+
+def test_heartbeat_counts_live_members_on_server_time(
+    storage: RedisStorage, redis_client: redis.Redis
+) -> None:
+    assert storage.heartbeat("t:instances", "a", 30) == 1
+    assert storage.heartbeat("t:instances", "b", 0.05) == 2
+    assert storage.heartbeat("t:instances", "a", 30) == 2  # refreshing does not double count
+    time.sleep(0.1)
+    assert storage.heartbeat("t:instances", "a", 30) == 1  # b expired
+    assert 0 < redis_client.pttl("t:instances") <= 30_000
+
+
+# -- fork safety ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reset", [True, False], ids=["reset_after_fork", "pid check only"])
+def test_fork_never_shares_a_connection(
+    storage: RedisStorage, redis_client: redis.Redis, reset: bool
+) -> None:
+    assert storage.evaluate(ONE).decisions[0].remaining == 4
+    parent_id = storage.client.client_id()  # the pooled connection the parent uses
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its connection id and the decision, never return
+        code = 1
+        try:
+            os.close(read_end)
+            if reset:
+                storage.reset_after_fork()
+            remaining = storage.evaluate(ONE).decisions[0].remaining
+            child_id = storage.client.client_id()
+            os.write(write_end, f"{child_id} {remaining}".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        report = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0, "the child failed"
+    child_id, child_remaining = map(int, report.split())
+    assert child_id != parent_id
+    assert child_remaining == 3
+    # The parent's own connection survived the child's exit intact, and state is shared.
+    assert storage.evaluate(ONE).decisions[0].remaining == 2
+    assert storage.client.client_id() == parent_id
