@@ -8,7 +8,10 @@ admit:
 - it only answers a request carrying the same key with a cost >= the denied cost (a larger cost
   is refused longer by every algorithm), before the deadline;
 - the deadline is measured from the local time taken *before* the storage call, so it cannot
-  fall after the storage's own retry time (the storage decided later than that);
+  fall after the storage's own retry time (the storage decided later than that); the
+  ``Retry-After`` it answers is measured from the time taken *after* the call, so it is never
+  earlier than the real one; and it ends ``margin`` (1 ms) early, as the stores compute times
+  in floating point and whole microseconds and may round a retry time up by a microsecond;
 - an impossible request (cost larger than the limit) is remembered for one period at most;
 - every entry lives at most ``max_ttl`` seconds (default 60), so a reset made by another process
   (``flask distlimit reset``) reaches this one within that time; :meth:`clear` forgets at once.
@@ -40,13 +43,14 @@ class Denial:
 
     cost: int  #: the cost that was refused; only requests costing at least this are answered
     until_us: int  #: local time (clock microseconds) before which a request cannot pass
+    retry_us: int  #: local time by which a request can surely pass (>= until_us)
     limit: int  #: the limit's amount, for the response headers
     period: int  #: the limit's period in seconds
     name: str  #: the policy name, for the response headers and the problem body
 
     def retry_after(self, now_us: int) -> float:
-        """Seconds until a request of :attr:`cost` could pass."""
-        return max(0.0, (self.until_us - now_us) / 1_000_000)
+        """Seconds until a request of :attr:`cost` can pass (an upper bound, for Retry-After)."""
+        return max(0.0, (self.retry_us - now_us) / 1_000_000)
 
 
 class DenyCache:
@@ -58,12 +62,14 @@ class DenyCache:
         clock: Callable[[], int] = monotonic_us,
         max_entries: int = 10_000,
         max_ttl: float = 60.0,
+        margin: float = 0.001,
     ) -> None:
         if max_entries < 1:
             raise ValueError(f"max_entries must be >= 1, got {max_entries!r}")
         self.clock = clock
         self.max_entries = max_entries
         self.max_ttl_us = int(max_ttl * 1_000_000)
+        self.margin_us = int(margin * 1_000_000)
         self._entries: OrderedDict[str, Denial] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -92,21 +98,26 @@ class DenyCache:
         cost: int,
         retry_after: float,
         started_us: int,
+        finished_us: int | None = None,
         limit: int,
         period: int,
         name: str,
     ) -> None:
         """Remember that ``key`` refused ``cost`` for ``retry_after`` seconds.
 
-        ``started_us`` is this clock's time taken before the storage call that refused.
+        ``started_us`` and ``finished_us`` are this clock's times taken before and after the
+        storage call that refused (``finished_us`` defaults to ``started_us``).
         """
         if cost < 1 or retry_after <= 0:
             return
         seconds = period if math.isinf(retry_after) else retry_after
-        ttl_us = min(int(seconds * 1_000_000), self.max_ttl_us)  # floor: never past the real time
+        # floor, minus the margin: never past the real time
+        ttl_us = min(int(seconds * 1_000_000) - self.margin_us, self.max_ttl_us)
         if ttl_us <= 0:
             return
-        denial = Denial(cost, started_us + ttl_us, limit, period, name)
+        finished = started_us if finished_us is None else max(finished_us, started_us)
+        retry_us = finished + math.ceil(seconds * 1_000_000)
+        denial = Denial(cost, started_us + ttl_us, retry_us, limit, period, name)
         with self._lock:
             self._entries[key] = denial
             self._entries.move_to_end(key)

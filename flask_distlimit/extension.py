@@ -329,6 +329,7 @@ class LimiterState:
             return
         decisions = evaluation.decisions
         if not evaluation.allowed:
+            finished = self._local_clock()
             denied_reports: list[Report] = []
             for c, b, d in zip(checks, bounds, decisions, strict=True):
                 if d.allowed:
@@ -340,6 +341,7 @@ class LimiterState:
                         cost=c.cost,
                         retry_after=d.retry_after,
                         started_us=started,
+                        finished_us=finished,
                         limit=d.limit,
                         period=b.rate.period,
                         name=b.name,
