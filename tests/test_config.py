@@ -1,0 +1,139 @@
+"""DISTLIMIT_* settings: read once at init_app, defaults visible in app.config, bad values refused
+at start-up with the key, the value and the accepted forms."""
+
+from __future__ import annotations
+
+import pytest
+from flask import Flask
+
+from flask_distlimit import ConfigurationError, Limiter
+from flask_distlimit.config import DEFAULTS, Settings
+from flask_distlimit.limits import Rate
+
+
+def _init(**config: object) -> Flask:
+    app = Flask("cfg")
+    app.config.update(config)
+    Limiter(app)
+    return app
+
+
+def test_defaults_are_set_in_app_config_and_frozen() -> None:
+    app = _init()
+    for key, value in DEFAULTS.items():
+        assert app.config[key] == value
+    assert app.config["DISTLIMIT_TIERS"]["anonymous"] == "60/minute"  # identity keys too
+    settings = app.extensions["distlimit"].settings
+    assert settings == Settings()
+    with pytest.raises(AttributeError):
+        settings.headers = "none"  # type: ignore[misc]
+
+
+def test_values_are_parsed() -> None:
+    settings = Settings.from_config(
+        {
+            "DISTLIMIT_DEFAULT_LIMITS": "10/second;1000/hour",
+            "DISTLIMIT_GLOBAL_LIMITS": "50 per second",
+            "DISTLIMIT_INSTANCES": "auto",
+            "DISTLIMIT_REDIS_TIMEOUT": 1,
+            "DISTLIMIT_FAILURE_POLICY": "local",
+            "DISTLIMIT_KEY_PREFIX": "app:v2/rl",
+        }
+    )
+    assert settings.default_limits == (Rate(10, 1), Rate(1000, 3600))
+    assert settings.global_limits == (Rate(50, 1),)
+    assert settings.instances == "auto"
+    assert settings.redis_timeout == 1.0
+    assert settings.failure_policy == "local"
+
+
+def test_config_is_read_once() -> None:
+    app = Flask("once")
+    limiter = Limiter(app)
+
+    @app.get("/")
+    @limiter.limit("1/minute")
+    def index() -> str:
+        return "ok"
+
+    app.config["DISTLIMIT_HEADERS"] = "none"  # too late: read at init_app
+    response = app.test_client().get("/")
+    assert "X-RateLimit-Limit" in response.headers
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "hint"),
+    [
+        ("DISTLIMIT_DEFAULT_LIMITS", "10 per fortnight", "Unknown time unit"),
+        ("DISTLIMIT_DEFAULT_LIMITS", "ten/minute", "Cannot read"),
+        ("DISTLIMIT_GLOBAL_LIMITS", "0/second", "count"),
+        ("DISTLIMIT_GLOBAL_LIMITS", 100, "string"),
+        ("DISTLIMIT_ALGORITHM", "leaky_bucket", "sliding_window_counter"),
+        ("DISTLIMIT_HEADERS", "all", "'legacy', 'ietf', 'both', 'none'"),
+        ("DISTLIMIT_HEADERS", None, "'legacy'"),
+        ("DISTLIMIT_KEY_PREFIX", "rl*", "glob"),
+        ("DISTLIMIT_KEY_PREFIX", "rl{x}", "braces"),
+        ("DISTLIMIT_KEY_PREFIX", "my prefix", "spaces"),
+        ("DISTLIMIT_KEY_PREFIX", "", "1 to 64"),
+        ("DISTLIMIT_REDIS_TIMEOUT", 0, "> 0"),
+        ("DISTLIMIT_REDIS_TIMEOUT", "0.1", "number"),
+        ("DISTLIMIT_REDIS_TIMEOUT", float("nan"), "number"),
+        ("DISTLIMIT_CONDITIONAL_COST", -1, ">= 0"),
+        ("DISTLIMIT_CONDITIONAL_COST", 1.5, "integer"),
+        ("DISTLIMIT_ENABLED", "yes", "True or False"),
+        ("DISTLIMIT_FAILURE_POLICY", "maybe", "'open', 'closed', 'local'"),
+        ("DISTLIMIT_INSTANCES", 0, "'auto'"),
+        ("DISTLIMIT_INSTANCES", True, "'auto'"),
+        ("DISTLIMIT_BREAKER_FAIL_MAX", 0, ">= 1"),
+        ("DISTLIMIT_BREAKER_RESET_TIMEOUT", -5, "> 0"),
+        ("DISTLIMIT_STORAGE_URL", "mongodb://localhost", "redis://"),
+        ("DISTLIMIT_STORAGE_URL", "localhost:6379", "redis://"),
+    ],
+)
+def test_bad_values_fail_at_init_app_naming_key_and_value(
+    key: str, value: object, hint: str
+) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        _init(**{key: value})
+    message = str(info.value)
+    assert key in message
+    assert repr(value) in message
+    assert hint in message
+
+
+def test_bad_storage_url_details_come_from_the_storage() -> None:
+    with pytest.raises(ConfigurationError, match="memory"):
+        _init(DISTLIMIT_STORAGE_URL="memory://somewhere")
+    with pytest.raises(ConfigurationError):
+        _init(DISTLIMIT_STORAGE_URL="redis://localhost:notaport/0")
+
+
+def test_identity_settings_are_validated_at_init_app() -> None:
+    with pytest.raises(ConfigurationError, match="DISTLIMIT_TIERS"):
+        _init(DISTLIMIT_TIERS={"pro": "10/minute"})
+    with pytest.raises(ConfigurationError, match="DISTLIMIT_TRUSTED_PROXIES"):
+        _init(DISTLIMIT_TRUSTED_PROXIES=-1)
+
+
+def test_bad_decorator_arguments_fail_when_declared() -> None:
+    limiter = Limiter()
+    with pytest.raises(ConfigurationError, match="fortnight"):
+        limiter.limit("1 per fortnight")
+    with pytest.raises(ConfigurationError, match="at least one rate"):
+        limiter.limit("")
+    with pytest.raises(ConfigurationError, match="leaky"):
+        limiter.limit("1/second", algorithm="leaky")
+    with pytest.raises(ConfigurationError, match="cost"):
+        limiter.limit("1/second", cost=-1)
+    with pytest.raises(ConfigurationError):
+        limiter.limit("1/second", on_failure="sometimes")
+    with pytest.raises(ConfigurationError, match="scope"):
+        limiter.shared_limit("1/second", scope="")
+
+
+def test_api_key_verifier_without_secret_fails_at_init_app() -> None:
+    limiter = Limiter()
+    limiter.api_key_verifier(lambda key: None)
+    app = Flask("nosecret")
+    with pytest.raises(ConfigurationError, match="DISTLIMIT_API_KEY_SECRET"):
+        limiter.init_app(app)

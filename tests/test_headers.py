@@ -1,0 +1,133 @@
+"""Rate-limit headers: legacy X-RateLimit-*, IETF RateLimit/RateLimit-Policy, the limit closest
+to denial, Retry-After only on 429/503."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+
+from flask_distlimit.headers import Report, closest_to_denial, rate_limit_headers, sf_string
+from flask_distlimit.storage.base import Storage
+from flask_distlimit.testing import FakeClock
+from tests.distlimit_fixtures import backend, clock, make_app
+
+__all__ = ["backend", "clock"]
+
+Backend = Callable[[], Storage]
+
+
+def _report(name: str = "p", **kw: float) -> Report:
+    return Report(
+        name=name,
+        limit=int(kw.get("limit", 10)),
+        period=int(kw.get("period", 60)),
+        remaining=int(kw.get("remaining", 5)),
+        reset_after=kw.get("reset_after", 30.0),
+        retry_after=kw.get("retry_after", 0.0),
+    )
+
+
+def test_sf_string_quotes_escapes_and_stays_ascii() -> None:
+    assert sf_string("orders:100/minute") == '"orders:100/minute"'
+    assert sf_string('a"b\\c') == '"a\\"b\\\\c"'
+    assert sf_string("caf\u00e9\n") == '"caf??"'
+
+
+def test_both_header_families_when_allowed() -> None:
+    headers = dict(
+        rate_limit_headers("both", _report(reset_after=16.2), 1_700_000_000.5, denied=False)
+    )
+    assert headers == {
+        "X-RateLimit-Limit": "10",
+        "X-RateLimit-Remaining": "5",
+        "X-RateLimit-Reset": str(1_700_000_001 + 17),
+        "RateLimit-Policy": '"p";q=10;w=60',
+        "RateLimit": '"p";r=5;t=17',
+    }
+    assert "Retry-After" not in headers
+
+
+def test_denied_reports_zero_and_the_retry_time_rounded_up() -> None:
+    report = _report(remaining=3, reset_after=50, retry_after=4.01)
+    headers = dict(rate_limit_headers("both", report, 100.0, denied=True))
+    assert headers["X-RateLimit-Remaining"] == "0"
+    assert headers["X-RateLimit-Reset"] == "105"
+    assert headers["RateLimit"] == '"p";r=0;t=5'
+
+
+@pytest.mark.parametrize(
+    ("mode", "names"),
+    [
+        ("legacy", {"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"}),
+        ("ietf", {"RateLimit-Policy", "RateLimit"}),
+        ("none", set()),
+    ],
+)
+def test_modes(mode: str, names: set[str]) -> None:
+    got = {n for n, _ in rate_limit_headers(mode, _report(), 0.0, denied=False)}  # type: ignore[arg-type]
+    assert got == names
+
+
+def test_closest_to_denial() -> None:
+    a = _report("a", remaining=5, reset_after=10)
+    b = _report("b", remaining=2, reset_after=10)
+    c = _report("c", remaining=2, reset_after=3000)
+    assert closest_to_denial([a, b, c]) is c
+    d1 = _report("d1", retry_after=3)
+    d2 = _report("d2", retry_after=math.inf)
+    assert closest_to_denial([a, d1, d2]) is d2
+
+
+def test_headers_report_the_limit_closest_to_denial(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, _ = make_app(
+        backend(), clock, DISTLIMIT_GLOBAL_LIMITS="4/minute", DISTLIMIT_ALGORITHM="fixed_window"
+    )
+
+    @app.get("/")
+    @limiter.limit("10/minute")
+    def index() -> str:
+        return "ok"
+
+    client = app.test_client()
+    first = client.get("/")
+    assert first.headers["X-RateLimit-Limit"] == "4"
+    assert first.headers["RateLimit-Policy"] == '"global:4/minute";q=4;w=60'
+    assert first.headers["RateLimit"] == '"global:4/minute";r=3;t=60'
+    assert first.headers["X-RateLimit-Reset"] == str(1_700_000_040 + 60)
+    assert "Retry-After" not in first.headers
+
+
+def test_headers_mode_none_still_sends_retry_after(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, _ = make_app(
+        backend(), clock, DISTLIMIT_HEADERS="none", DISTLIMIT_ALGORITHM="fixed_window"
+    )
+
+    @app.get("/")
+    @limiter.limit("1/minute")
+    def index() -> str:
+        return "ok"
+
+    client = app.test_client()
+    ok = client.get("/")
+    assert not any(n.lower().startswith(("x-ratelimit", "ratelimit")) for n, _ in ok.headers)
+    denied = client.get("/")
+    assert denied.status_code == 429 and denied.headers["Retry-After"] == "60"
+    assert not any(n.lower().startswith(("x-ratelimit", "ratelimit")) for n, _ in denied.headers)
+
+
+def test_a_429_of_the_app_itself_gets_no_retry_after_from_us(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.get("/")
+    @limiter.limit("5/minute")
+    def index() -> tuple[str, int]:
+        return "busy", 429
+
+    response = app.test_client().get("/")
+    assert response.status_code == 429
+    assert "Retry-After" not in response.headers
+    assert response.headers["X-RateLimit-Remaining"] == "4"
