@@ -170,6 +170,8 @@ class Guard:
             breaker.release()
             raise
         breaker.success()
+        if self.fallback.active:  # back before the breaker opened: drop the local counts too
+            self.fallback.drop()
         if metrics is not None:
             metrics.storage_call(time.perf_counter() - started)
             metrics.evaluated(checks, evaluation)

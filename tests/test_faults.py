@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from flask_distlimit.decision import Check
+from flask_distlimit.decision import Check, Evaluation
 from flask_distlimit.errors import StorageUnavailable
 from flask_distlimit.guard import FailurePolicy, Guard
 from flask_distlimit.storage.base import Storage
@@ -53,7 +53,7 @@ def make_guard(server: RedisProcess, policy: FailurePolicy = "open") -> Guard:
 
 def exact_again(guard: Guard, name: str, limit: int = 5) -> list[str]:
     """Kinds answered for ``limit + 3`` requests on a fresh key of ``limit``."""
-    checks = [Check(f"ratelimit:{{{name}}}:exact:fixed_window", "fixed_window", limit, 60)]
+    checks = [Check(f"ratelimit:{{{name}}}:exact:gcra", "gcra", limit, 3600)]
     return [kind_of(guard.evaluate(checks)) for _ in range(limit + 3)]
 
 
@@ -251,3 +251,50 @@ def test_outage_is_reported_by_health(server: RedisProcess) -> None:
     assert guard.health()["scripts_loaded"] is False  # an empty server; health does not load
     with pytest.raises(StorageUnavailable):
         from_url(f"redis://127.0.0.1:{free_port()}/0", timeout=TIMEOUT).ping()
+
+
+class _Blocking(_Switch):
+    """Each call blocks ~100 ms in Redis on its own connection (BLPOP on a key nobody pushes)."""
+
+    def __init__(self, server: RedisProcess) -> None:
+        self.client = server.client(socket_timeout=2)
+        self.counter = 0
+        self.lock = threading.Lock()
+
+    def evaluate(self, checks: object, *, now_us: int | None = None) -> object:  # type: ignore[override]
+        with self.lock:
+            self.counter += 1
+            key = f"blpop:{self.counter}"
+        self.client.blpop([key], 0.1)
+        return Evaluation(())
+
+
+def test_concurrent_redis_calls_overlap_through_the_guard() -> None:
+    """Two threads each blocked ~100 ms inside Redis finish in ~100 ms, not ~200 ms: the
+    breaker holds no lock around the call (pybreaker's call() would serialize them)."""
+    server = start_redis("--hz", "100")  # blocking timeouts resolve to 10 ms, not 100 ms
+    try:
+        _overlap(server)
+    finally:
+        server.stop()
+
+
+def _overlap(server: RedisProcess) -> None:
+    storage = _Blocking(server)
+    guard = Guard(storage)
+
+    def run(threads: int) -> float:
+        ts = [threading.Thread(target=guard.evaluate, args=([],)) for _ in range(threads)]
+        started = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return time.perf_counter() - started
+
+    run(2)  # open two pooled connections
+    single = min(run(1) for _ in range(2))
+    double = min(run(2) for _ in range(2))
+    print(f"\n[overlap] one call {single * 1000:.0f} ms, two concurrent {double * 1000:.0f} ms")
+    storage.client.close()
+    assert double < 1.6 * single

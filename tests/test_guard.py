@@ -311,3 +311,12 @@ def test_closed_breaker_path_adds_only_microseconds() -> None:
     guarded = min(per_call(guard.evaluate) for _ in range(3))
     # ~1 us here; loose bound for a noisy shared machine (bench/bench_failure.py measures it).
     assert guarded - bare < 20e-6
+
+
+def test_fallback_state_is_dropped_when_the_storage_answers_before_the_breaker_opened() -> None:
+    guard, storage, _ = make("down", policy="local", fail_max=5)
+    guard.evaluate([check(limit=4)], now_us=NOW)
+    assert guard.fallback.active
+    storage.mode = "ok"
+    assert not guard.evaluate([check(limit=4)], now_us=NOW).degraded
+    assert not guard.fallback.active
