@@ -7,6 +7,8 @@ Flask's ``from_prefixed_env`` does), then from :data:`DEFAULTS`.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -16,6 +18,7 @@ from typing import Any, Final
 
 from flask import Flask
 
+from . import auth
 from .api import bp, limiter
 from .downstream import Downstream
 
@@ -57,11 +60,23 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     app.config.from_mapping(_environment())
     if config:
         app.config.from_mapping(config)
-    if not app.config.get("EXAMPLE_JWT_SECRET"):
-        # Fine for one process (tests, `flask run`); gunicorn workers must share one secret, so
-        # the launcher exports EXAMPLE_JWT_SECRET before it starts them.
-        app.config["EXAMPLE_JWT_SECRET"] = secrets.token_hex(32)
-        log.warning("EXAMPLE_JWT_SECRET is not set: tokens are valid in this process only")
+    if not app.config.get("SECRET_KEY"):
+        app.config["SECRET_KEY"] = app.config.get("EXAMPLE_SECRET_KEY")
+    if not app.config.get("SECRET_KEY"):
+        # Fine for one process (tests, `flask run`). Every gunicorn worker must share one secret
+        # (it signs the tokens and keys the API-key digests), so the launcher exports
+        # EXAMPLE_SECRET_KEY before it starts them.
+        app.config["SECRET_KEY"] = secrets.token_hex(32)
+        log.warning("EXAMPLE_SECRET_KEY is not set: tokens are valid in this process only")
+    # The token signing key, derived so that SECRET_KEY never signs two kinds of data.
+    secret = str(app.config["SECRET_KEY"]).encode()
+    jwt_key = hmac.new(secret, b"example-app jwt", hashlib.sha256).hexdigest()
+    app.config["EXAMPLE_JWT_KEY"] = jwt_key
+    # The limiter verifies the same tokens (signature, exp, aud, iss) before it believes a tier.
+    app.config.setdefault("DISTLIMIT_JWT_KEYS", jwt_key)
+    app.config.setdefault("DISTLIMIT_JWT_ALGORITHMS", ["HS256"])
+    app.config.setdefault("DISTLIMIT_JWT_AUDIENCE", auth.AUDIENCE)
+    app.config.setdefault("DISTLIMIT_JWT_ISSUER", auth.ISSUER)
     app.extensions["example_downstream"] = Downstream(str(app.config["DISTLIMIT_STORAGE_URL"]))
     limiter.init_app(app)
     app.register_blueprint(bp)

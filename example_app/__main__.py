@@ -55,10 +55,13 @@ class PrivateRedis:
     def __init__(self, binary: str) -> None:
         self.port = free_port()
         self.workdir = tempfile.mkdtemp(prefix="example-app-redis-")
+        command = [
+            binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", self.workdir,
+            "--logfile", os.path.join(self.workdir, "redis.log"),
+        ]  # fmt: skip
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.workdir,
-             "--logfile", os.path.join(self.workdir, "redis.log")],
+            command,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -124,27 +127,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default=os.environ.get("EXAMPLE_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("EXAMPLE_PORT", "8000")))
-    parser.add_argument(
-        "--workers", type=int, default=int(os.environ.get("EXAMPLE_WORKERS", "3"))
-    )
-    parser.add_argument(
-        "--threads", type=int, default=int(os.environ.get("EXAMPLE_THREADS", "4"))
-    )
+    parser.add_argument("--workers", type=int, default=int(os.environ.get("EXAMPLE_WORKERS", "3")))
+    parser.add_argument("--threads", type=int, default=int(os.environ.get("EXAMPLE_THREADS", "4")))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     env = dict(os.environ)
-    # Every worker must verify the tokens any other worker issued: one secret per launch.
-    env.setdefault("EXAMPLE_JWT_SECRET", secrets.token_hex(32))
+    # Every worker must verify the tokens any other worker issued, and count an API key under
+    # the same digest: one secret per launch, shared by all workers.
+    env.setdefault("EXAMPLE_SECRET_KEY", secrets.token_hex(32))
     private = choose_storage(env)
     base = f"http://{args.host}:{args.port}"
     say(
         f"gunicorn: {args.workers} workers x {args.threads} threads on {base}\n"
         f"    curl {base}/catalogue                      # public, 20/minute when anonymous\n"
         f"    curl -X POST {base}/token -H 'Content-Type: application/json' \\\n"
-        f"         -d '{{\"account\": \"alice\", \"password\": \"alice-pw\"}}'\n"
+        f'         -d \'{{"account": "alice", "password": "alice-pw"}}\'\n'
         f"    curl {base}/orders -H 'X-Api-Key: pro-demo-key'\n"
         f"    curl {base}/downstream                     # how often the handlers really ran"
     )

@@ -47,6 +47,13 @@ def downstream() -> Downstream:
     return counter
 
 
+@limiter.api_key_verifier
+def _api_key_tier(raw_key: str) -> str | None:
+    """The limiter counts an API key only when the app's store knows it (else: anonymous)."""
+    caller = auth.verify_api_key(raw_key)
+    return caller.tier if caller is not None else None
+
+
 def _account_from_body() -> str:
     """The login's rate-limit key: the account named in the body, whatever the client's address."""
     body = request.get_json(silent=True)

@@ -81,14 +81,8 @@ API_KEYS: Final[dict[str, tuple[str, str]]] = {
 
 
 def jwt_secret() -> str:
-    """The HS256 signing key: ``EXAMPLE_JWT_SECRET`` from the app config."""
-    secret = current_app.config.get("EXAMPLE_JWT_SECRET")
-    if not secret:
-        raise RuntimeError(
-            "EXAMPLE_JWT_SECRET is not set. create_app() sets a random one per process; every "
-            "worker of one deployment must share the same value (the launcher exports one)."
-        )
-    return str(secret)
+    """The HS256 signing key (``create_app`` derives it from ``SECRET_KEY``)."""
+    return str(current_app.config["EXAMPLE_JWT_KEY"])
 
 
 def verify_password(account: str, password: str) -> Account | None:
@@ -158,4 +152,3 @@ def authenticate() -> Caller | None:
         caller = verify_api_key(request.headers["X-Api-Key"])
     g.example_caller = caller
     return caller
-

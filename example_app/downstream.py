@@ -11,6 +11,7 @@ on ``memory://`` each process counts for itself, and the answer says so.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Final
@@ -20,6 +21,8 @@ import redis
 import redis.cluster
 
 __all__ = ["Downstream"]
+
+log = logging.getLogger(__name__)
 
 _KEY: Final = "example:downstream"
 _TTL: Final = 86400  # seconds; every key we write expires
@@ -56,16 +59,19 @@ class Downstream:
             return self._client
 
     def hit(self, route: str) -> None:
-        """Record one run of the handler ``route``."""
-        if self._redis_url is None:
-            with self._lock:
-                self._local[route] = self._local.get(route, 0) + 1
-            return
-        client = self._redis()
-        pipe = client.pipeline(transaction=False)
-        pipe.hincrby(_KEY, route, 1)
-        pipe.expire(_KEY, _TTL)
-        pipe.execute()
+        """Record one run of the handler ``route`` (never fails the request: while Redis is
+        unreachable the run is counted in this process and a warning is logged)."""
+        if self._redis_url is not None:
+            try:
+                pipe = self._redis().pipeline(transaction=False)
+                pipe.hincrby(_KEY, route, 1)
+                pipe.expire(_KEY, _TTL)
+                pipe.execute()
+                return
+            except redis.RedisError as exc:
+                log.warning("downstream counter: Redis unreachable (%s); counting locally", exc)
+        with self._lock:
+            self._local[route] = self._local.get(route, 0) + 1
 
     def counts(self) -> dict[str, int]:
         """Runs per route so far."""

@@ -4,13 +4,13 @@
   limiter's storage is thread-safe and every decision is one atomic script call in Redis.
 - ``preload_app = False``: each worker builds the app, and so its Redis connection pool, after
   the fork; no socket is ever shared between processes. Preloading the app to save memory is
-  fine as well: ``post_fork`` below tells the storage to drop connections inherited from the master.
+  fine as well: the extension registers ``os.register_at_fork`` and every forked worker drops the
+  connections (and locks) it inherited from the master.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
 
 worker_class = "gthread"
 workers = int(os.environ.get("EXAMPLE_WORKERS", "3"))
@@ -23,12 +23,6 @@ keepalive = 5
 accesslog = None  # "-" prints every request
 errorlog = "-"
 loglevel = "info"
-
-
-def post_fork(server: Any, worker: Any) -> None:
-    """After the fork: drop any storage connection inherited from the master (preload_app)."""
-    app = getattr(getattr(worker, "wsgi", None), "__self__", None)
-    state = getattr(app, "extensions", {}).get("distlimit") if app is not None else None
-    storage = getattr(state, "storage", None)
-    if storage is not None:
-        storage.reset_after_fork()
+# gunicorn 25+ opens a control socket at one fixed path per user; several instances on one host
+# (the load test runs two) would fight over it. Older versions ignore this setting.
+control_socket_disable = True
