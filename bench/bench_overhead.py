@@ -1,0 +1,450 @@
+"""Per-request overhead of Flask-DistLimit against Flask-Limiter, on one real Redis.
+
+    python bench/bench_overhead.py                       # ~1 minute; prints the table
+    python bench/bench_overhead.py --write docs/bench/overhead.md
+    python bench/bench_overhead.py --profile sliding_window_log:3   # where our time goes
+
+Same process, same redis-server (a private one on loopback, started and stopped here), direct
+WSGI calls of a trivial view: the environ is built once with werkzeug's ``EnvironBuilder`` and every
+call is ``app(environ.copy(), start_response)``. Rows: 1 and 3 limits (huge, never reached) with
+the fixed window, the sliding window counter and the sliding window log (Flask-Limiter's
+``moving-window``), headers on in both libraries. Our tier limit is switched off
+(``DISTLIMIT_TIERS = {"anonymous": ""}``) so both libraries apply exactly the row's limits.
+
+Rounds are interleaved: every round runs a batch of each app (and of the bare EVALSHA) in a
+shuffled order, so machine noise spreads over all of them. Overhead = an app's median latency
+minus the bare Flask app's median. The floor is one bare redis-py ``EVALSHA`` of a script doing
+one ``GET``, timed in the same rounds.
+
+Round trips per request are counted separately (untimed) by counting redis-py's
+``send_packed_command`` calls (a pipeline is one round trip), and commands per request from the
+server's ``total_commands_processed``.
+
+Goals (issue 3): ours <= 0.40 x Flask-Limiter's overhead on each 1-limit row, <= 0.30 x on each
+3-limit row; 1 round trip for 3 limits; ours <= 1.5 x the bare EVALSHA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import pstats
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+import redis.connection
+from flask import Flask
+from werkzeug.test import EnvironBuilder
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Our algorithm name -> Flask-Limiter's strategy of the same idea.
+ALGORITHMS = {
+    "fixed_window": "fixed-window",
+    "sliding_window_counter": "sliding-window-counter",
+    "sliding_window_log": "moving-window",
+}
+#: Never reached during a run.
+LIMITS = {
+    1: "1000000000/hour",
+    3: "1000000000/second;1000000000/minute;1000000000/hour",
+}
+GOAL_RATIO = {1: 0.40, 3: 0.30}
+GOAL_FLOOR = 1.5
+CLIENT_ADDR = "203.0.113.9"
+
+WsgiCall = Callable[[], None]
+
+
+def _start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> None:
+    _last["status"] = status
+    _last["headers"] = headers
+
+
+_last: dict[str, Any] = {}
+
+
+def wsgi_caller(app: Flask) -> tuple[WsgiCall, dict[str, Any]]:
+    environ = EnvironBuilder(path="/", environ_base={"REMOTE_ADDR": CLIENT_ADDR}).get_environ()
+
+    def call() -> None:
+        body = app(environ.copy(), _start_response)
+        for _ in body:
+            pass
+        close = getattr(body, "close", None)
+        if close is not None:
+            close()
+
+    return call, environ
+
+
+def _view() -> str:
+    return "ok"
+
+
+def bare_app() -> Flask:
+    app = Flask("bare")
+    app.add_url_rule("/", view_func=_view)
+    return app
+
+
+def ours_app(url: str, algorithm: str, n: int) -> Flask:
+    from flask_distlimit import Limiter
+
+    app = Flask(f"ours-{algorithm}-{n}")
+    app.config.update(
+        DISTLIMIT_STORAGE_URL=url,
+        DISTLIMIT_ALGORITHM=algorithm,
+        DISTLIMIT_TIERS={"anonymous": ""},
+        DISTLIMIT_KEY_PREFIX=f"ours-{algorithm}-{n}",
+        DISTLIMIT_HEADERS="both",
+    )
+    limiter = Limiter(app)
+    app.add_url_rule("/", view_func=limiter.limit(LIMITS[n], algorithm=algorithm)(_view))
+    return app
+
+
+def flask_limiter_app(url: str, algorithm: str, n: int) -> Flask:
+    from flask_limiter import Limiter
+    from flask_limiter.util import get_remote_address
+
+    app = Flask(f"flask-limiter-{algorithm}-{n}")
+    limiter = Limiter(
+        get_remote_address,
+        app=app,
+        storage_uri=url,
+        strategy=ALGORITHMS[algorithm],
+        headers_enabled=True,
+        key_prefix=f"fl-{algorithm}-{n}",
+    )
+    app.add_url_rule("/", view_func=limiter.limit(LIMITS[n])(_view))
+    return app
+
+
+@dataclass
+class Subject:
+    name: str
+    call: WsgiCall
+    samples: list[int] = field(default_factory=list)
+
+    @property
+    def median_us(self) -> float:
+        return statistics.median(self.samples) / 1000
+
+
+def floor_app(client: redis.Redis) -> Flask:
+    """The least any Redis limiter can do inside a request: one bare EVALSHA, no headers."""
+    app = bare_app()
+    app.name = "floor"
+    sha = client.script_load("return redis.call('GET', KEYS[1])")
+
+    @app.before_request
+    def one_round_trip() -> None:
+        client.evalsha(sha, 1, "bench:floor")
+
+    return app
+
+
+def evalsha_caller(client: redis.Redis) -> WsgiCall:
+    sha = client.script_load("return redis.call('GET', KEYS[1])")
+
+    def call() -> None:
+        client.evalsha(sha, 1, "bench:floor")
+
+    return call
+
+
+def measure(subjects: list[Subject], rounds: int, batch: int, seed: int = 1) -> None:
+    rng = random.Random(seed)
+    clock = time.perf_counter_ns
+    for subject in subjects:  # warm up: connections, scripts, caches
+        for _ in range(200):
+            subject.call()
+    for _ in range(rounds):
+        order = subjects[:]
+        rng.shuffle(order)
+        for subject in order:
+            call, samples = subject.call, subject.samples
+            gc.collect()
+            gc.disable()
+            try:
+                for _ in range(batch):
+                    start = clock()
+                    call()
+                    samples.append(clock() - start)
+            finally:
+                gc.enable()
+
+
+@contextmanager
+def counting_round_trips() -> Iterator[list[int]]:
+    """Counts redis-py ``send_packed_command`` calls (one per round trip; a pipeline is one)."""
+    count = [0]
+    original = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(self: Any, command: Any, check_health: bool = True) -> None:
+        count[0] += 1
+        original(self, command, check_health)
+
+    redis.connection.AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+    try:
+        yield count
+    finally:
+        redis.connection.AbstractConnection.send_packed_command = original  # type: ignore[method-assign]
+
+
+def per_request(call: WsgiCall, server: redis.Redis, n: int = 200) -> tuple[float, float]:
+    """(round trips, commands) per request, averaged over ``n`` requests."""
+    call()  # connections and scripts are ready
+    before = int(server.info("stats")["total_commands_processed"])
+    with counting_round_trips() as count:
+        for _ in range(n):
+            call()
+    after = int(server.info("stats")["total_commands_processed"])
+    commands = after - before - 1  # the first INFO is counted in ``after``
+    return count[0] / n, commands / n
+
+
+@dataclass
+class Row:
+    algorithm: str
+    n: int
+    ours: Subject
+    theirs: Subject
+    ours_trips: float = 0.0
+    ours_commands: float = 0.0
+    theirs_trips: float = 0.0
+    theirs_commands: float = 0.0
+
+
+def check_limited(call: WsgiCall, name: str) -> None:
+    """Both apps really limit: a 200 with rate-limit headers."""
+    call()
+    names = {k.lower() for k, _ in _last["headers"]}
+    if not _last["status"].startswith("200") or "x-ratelimit-remaining" not in names:
+        raise SystemExit(f"{name}: expected a 200 with X-RateLimit-* headers, got {_last}")
+
+
+@dataclass
+class Baselines:
+    bare: Subject  # the bare Flask app
+    floor: Subject  # one bare EVALSHA, timed alone
+    in_request: Subject  # the bare Flask app with one bare EVALSHA in before_request
+
+
+def run(rounds: int, batch: int) -> tuple[list[Row], Baselines]:
+    sys.path.insert(0, str(ROOT))  # tests.servers starts and stops redis-server by PID
+    from tests.servers import start_redis
+
+    server = start_redis()
+    client = server.client()
+    try:
+        base = Baselines(
+            Subject("bare Flask", wsgi_caller(bare_app())[0]),
+            Subject("bare EVALSHA (1 GET)", evalsha_caller(client)),
+            Subject("bare Flask + 1 EVALSHA", wsgi_caller(floor_app(client))[0]),
+        )
+        rows: list[Row] = []
+        for algorithm in ALGORITHMS:
+            for n in LIMITS:
+                ours = Subject(
+                    f"ours {algorithm} x{n}", wsgi_caller(ours_app(server.url, algorithm, n))[0]
+                )
+                theirs = Subject(
+                    f"Flask-Limiter {ALGORITHMS[algorithm]} x{n}",
+                    wsgi_caller(flask_limiter_app(server.url, algorithm, n))[0],
+                )
+                for subject in (ours, theirs):
+                    check_limited(subject.call, subject.name)
+                rows.append(Row(algorithm, n, ours, theirs))
+        for row in rows:
+            row.ours_trips, row.ours_commands = per_request(row.ours.call, client)
+            row.theirs_trips, row.theirs_commands = per_request(row.theirs.call, client)
+        subjects = [base.bare, base.floor, base.in_request]
+        subjects += [s for row in rows for s in (row.ours, row.theirs)]
+        measure(subjects, rounds, batch)
+        return rows, base
+    finally:
+        client.close()
+        server.stop()
+
+
+def table(rows: Iterable[Row], base: Baselines) -> tuple[str, bool]:
+    bare = base.bare.median_us
+    floor = base.floor.median_us
+    in_request = base.in_request.median_us - bare
+    lines = [
+        "| algorithm | limits | Flask-Limiter overhead (us) | ours (us) | ours / FL | goal "
+        "| round trips FL / ours | commands FL / ours | ours / EVALSHA (goal <= 1.5) "
+        "| ours / in-request EVALSHA |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    ok = True
+    for row in rows:
+        theirs = row.theirs.median_us - bare
+        ours = row.ours.median_us - bare
+        ratio = ours / theirs
+        floor_ratio = ours / floor
+        goal = GOAL_RATIO[row.n]
+        met = ratio <= goal and floor_ratio <= GOAL_FLOOR and row.ours_trips <= 1.0
+        ok = ok and met
+        lines.append(
+            f"| {row.algorithm} | {row.n} | {theirs:.1f} | {ours:.1f} | {ratio:.2f}x "
+            f"| <= {goal:.2f}x {'met' if ratio <= goal else 'MISSED'} "
+            f"| {row.theirs_trips:g} / {row.ours_trips:g} "
+            f"| {row.theirs_commands:.0f} / {row.ours_commands:.0f} "
+            f"| {floor_ratio:.2f}x {'met' if floor_ratio <= GOAL_FLOOR else 'MISSED'} "
+            f"| {ours / in_request:.2f}x |"
+        )
+    lines += [
+        "",
+        f"Medians over {len(base.bare.samples)} samples each: bare Flask {bare:.1f} us per "
+        f"request; bare EVALSHA {floor:.1f} us alone; the bare Flask app with that EVALSHA in "
+        f"before_request {in_request:.1f} us over bare Flask (the in-request floor).",
+    ]
+    return "\n".join(lines), ok
+
+
+def breakdown(spec: str, rounds: int, batch: int) -> str:
+    """Where our overhead goes on one row (``algorithm:n``): each layer timed in the same rounds.
+
+    Layers, innermost first: the bare EVALSHA floor; our script called through a plain redis-py
+    client with the request's exact KEYS/ARGV; ``storage.evaluate`` (args, pool, reply parsing);
+    ``guard.evaluate`` (breaker); the whole request minus the bare Flask app.
+    """
+    algorithm, _, n = spec.partition(":")
+    sys.path.insert(0, str(ROOT))
+    from flask_distlimit.scripts import script_args
+    from tests.servers import start_redis
+
+    server = start_redis()
+    client = server.client()
+    try:
+        app = ours_app(server.url, algorithm, int(n or 1))
+        call = wsgi_caller(app)[0]
+        state = app.extensions["distlimit"]
+        guard, storage = state.guard, state.storage
+        seen: list[Any] = []
+        original = guard.evaluate
+
+        def recording(checks: Any, **kwargs: Any) -> Any:
+            seen.append(list(checks))
+            return original(checks, **kwargs)
+
+        guard.evaluate = recording
+        call()
+        guard.evaluate = original
+        checks = seen[0]
+        keys, args = script_args(checks)
+        sha = client.script_load(storage._script.script)
+
+        subjects = [
+            Subject("bare Flask", wsgi_caller(bare_app())[0]),
+            Subject("bare EVALSHA (1 GET)", evalsha_caller(client)),
+            Subject(
+                "our script, plain client", lambda: client.evalsha(sha, len(keys), *keys, *args)
+            ),
+            Subject("storage.evaluate", lambda: storage.evaluate(checks)),
+            Subject("guard.evaluate", lambda: guard.evaluate(checks)),
+            Subject("whole request", call),
+        ]
+        measure(subjects, rounds, batch)
+        m = {s.name: s.median_us for s in subjects}
+        client.config_resetstat()
+        for _ in range(1000):
+            client.evalsha(sha, len(keys), *keys, *args)
+        server_us = float(client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"])
+        layers = [
+            ("bare EVALSHA of a one-GET script (the floor)", m["bare EVALSHA (1 GET)"]),
+            (
+                f"our script instead (server-side {server_us:.1f} us per call), plain client",
+                m["our script, plain client"] - m["bare EVALSHA (1 GET)"],
+            ),
+            ("storage.evaluate wrapper: args, pool, reply parsing",
+             m["storage.evaluate"] - m["our script, plain client"]),
+            ("guard.evaluate: breaker", m["guard.evaluate"] - m["storage.evaluate"]),
+            ("extension: hooks, identity, keys, headers",
+             m["whole request"] - m["bare Flask"] - m["guard.evaluate"]),
+        ]  # fmt: skip
+        lines = [f"Breakdown of our overhead, {algorithm} x{n or 1} (medians, us):", ""]
+        lines += ["| layer | us |", "|---|---|"]
+        lines += [f"| {name} | {value:.1f} |" for name, value in layers]
+        lines.append(f"| total overhead | {m['whole request'] - m['bare Flask']:.1f} |")
+        return "\n".join(lines)
+    finally:
+        client.close()
+        server.stop()
+
+
+def profile(spec: str, calls: int) -> None:
+    """cProfile of our app on one row (``algorithm:n``), top functions by own time."""
+    algorithm, _, n = spec.partition(":")
+    sys.path.insert(0, str(ROOT))
+    from tests.servers import start_redis
+
+    server = start_redis()
+    try:
+        call = wsgi_caller(ours_app(server.url, algorithm, int(n or 1)))[0]
+        for _ in range(500):
+            call()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(calls):
+            call()
+        profiler.disable()
+        out = io.StringIO()
+        stats = pstats.Stats(profiler, stream=out).strip_dirs()
+        stats.sort_stats("tottime").print_stats(30)
+        stats.sort_stats("cumulative").print_stats(40)
+        print(out.getvalue())
+    finally:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--write", type=Path, help="also write the table to this Markdown file")
+    parser.add_argument("--profile", metavar="ALGORITHM:N", help="profile our app on one row")
+    parser.add_argument("--profile-calls", type=int, default=5000)
+    parser.add_argument("--breakdown", metavar="ALGORITHM:N", help="time our layers on one row")
+    args = parser.parse_args(argv)
+    if args.breakdown:
+        print(breakdown(args.breakdown, args.rounds, args.batch))
+        return 0
+    if args.profile:
+        profile(args.profile, args.profile_calls)
+        return 0
+    rows, base = run(args.rounds, args.batch)
+    text, ok = table(rows, base)
+    print(text)
+    print("all goals met" if ok else "some goals MISSED")
+    if args.write:
+        command = " ".join(["python", "bench/bench_overhead.py", *(argv or sys.argv[1:])])
+        args.write.parent.mkdir(parents=True, exist_ok=True)
+        args.write.write_text(_document(text, command))
+    return 0
+
+
+def _document(text: str, command: str) -> str:
+    method = (__doc__ or "").split("\n\n", 2)[2].strip()
+    return (
+        "# Per-request overhead against Flask-Limiter\n\n"
+        "Command (from the repository root; it starts and stops its own `redis-server`):\n\n"
+        f"    {command}\n\n{method}\n\n## Result\n\n{text}\n"
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
