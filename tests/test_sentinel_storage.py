@@ -1,0 +1,114 @@
+"""RedisStorage through Redis Sentinel (1 master, 1 replica, 3 Sentinels, quorum 2): it works,
+and after the master is killed and the Sentinels fail over, it carries on through the new one."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+from flask_distlimit.decision import Check
+from flask_distlimit.errors import StorageUnavailable
+from flask_distlimit.storage import from_url
+from flask_distlimit.storage.redis import RedisStorage
+from tests.conftest import assert_every_key_has_ttl
+from tests.servers import SentinelServers, free_port
+
+pytestmark = [pytest.mark.redis, pytest.mark.sentinel]
+
+CHECKS = [
+    Check("t:{alice}:ip:fixed_window", "fixed_window", 10, 600),
+    Check("t:{alice}:burst:token_bucket", "token_bucket", 20, 600),
+]
+
+
+@pytest.fixture
+def master_client(redis_sentinel: SentinelServers) -> Iterator[redis.Redis]:
+    client = redis_sentinel.current_master().client()
+    client.flushall()
+    yield client
+    assert_every_key_has_ttl(client)
+    client.close()
+
+
+def test_evaluates_on_the_master_the_sentinels_name(
+    redis_sentinel: SentinelServers, master_client: redis.Redis
+) -> None:
+    storage = from_url(redis_sentinel.url, timeout=0.5)
+    assert isinstance(storage, RedisStorage)
+    assert storage.scheme == "redis+sentinel"
+    assert [storage.evaluate(CHECKS).allowed for _ in range(11)] == [True] * 10 + [False]
+    assert sorted(k.decode() for k in master_client.keys("t:*")) == sorted(c.key for c in CHECKS)
+    assert storage.scripts_loaded()
+    assert 0 < storage.ping() < 1
+    storage.close()
+
+
+def test_pool_blocks_for_at_most_the_timeout(redis_sentinel: SentinelServers) -> None:
+    storage = from_url(redis_sentinel.url + "?max_connections=1", timeout=0.1)
+    assert isinstance(storage, RedisStorage)
+    pool = storage.client.connection_pool
+    assert isinstance(pool, redis.BlockingConnectionPool)
+    assert pool.timeout == 0.1
+    storage.ping()
+    held = pool.get_connection()
+    try:
+        with pytest.raises(StorageUnavailable, match="No connection available"):
+            storage.ping()
+    finally:
+        pool.release(held)
+    storage.close()
+
+
+def test_no_sentinel_reachable_is_unavailable() -> None:
+    storage = from_url(f"redis+sentinel://127.0.0.1:{free_port()}/mymaster", timeout=0.1)
+    started = time.monotonic()
+    with pytest.raises(StorageUnavailable, match="MasterNotFoundError"):
+        storage.evaluate(CHECKS)
+    assert time.monotonic() - started < 1.0
+
+
+def wait_until_replica_caught_up(group: SentinelServers, timeout: float = 10.0) -> None:
+    master, replica = group.master.client(), group.replica.client()
+    try:
+        offset = master.info("replication")["master_repl_offset"]
+        deadline = time.monotonic() + timeout
+        while replica.info("replication")["slave_repl_offset"] < offset:
+            assert time.monotonic() < deadline, "the replica did not catch up"
+            time.sleep(0.05)
+    finally:
+        master.close()
+        replica.close()
+
+
+@pytest.mark.slow
+def test_failover_carries_on_through_the_new_master(
+    sentinel_factory: Callable[..., SentinelServers],
+) -> None:
+    group = sentinel_factory()
+    storage = from_url(group.url, timeout=0.2)
+    for _ in range(3):
+        assert storage.evaluate(CHECKS).allowed
+    old = group.current_master()
+    wait_until_replica_caught_up(group)
+
+    old.stop()  # kill -9 the master
+    with pytest.raises(StorageUnavailable):
+        storage.evaluate(CHECKS)  # an outage, within the timeout, not a hang
+    new = group.wait_for_failover(old)
+    assert new is group.replica
+
+    # The pool asks the Sentinels again on its next connection: the new master, same counters.
+    evaluation = None
+    for _ in range(20):
+        try:
+            evaluation = storage.evaluate(CHECKS)
+            break
+        except StorageUnavailable:
+            time.sleep(0.1)
+    assert evaluation is not None, "the storage never reached the new master"
+    assert [d.remaining for d in evaluation.decisions] == [6, 16]
+    assert storage.client.connection_pool.get_master_address() == ("127.0.0.1", new.port)
+    storage.close()
