@@ -75,11 +75,13 @@ class Step(NamedTuple):
     """One algorithm's decision for one check, and what to store if the request is admitted."""
 
     allowed: bool
-    remaining: int
-    reset_us: int
+    remaining: int  # after consuming the cost (when allowed)
+    reset_us: int  # likewise
     retry_us: int  # 0 when allowed, -1 when never (cost > limit)
     state: State | None  # the state to store when committed (None: nothing to write)
     ttl_us: int  # how long to keep `state`
+    remaining_now: int  # without consuming (what a denied evaluation reports)
+    reset_now_us: int
 
 
 def _ms_ceil_us(us: int) -> int:
@@ -108,14 +110,15 @@ def fixed_window(state: State | None, limit: int, period: int, cost: int, now: i
         retry = -1
     else:
         retry = window_end - now
-    reset = window_end - now if after > 0 else 0
     return Step(
         allowed,
         max(0, limit - after),
-        reset,
+        window_end - now if after > 0 else 0,
         retry,
         FixedWindowState(window, after),
         window_end - now,
+        max(0, limit - count),
+        window_end - now if count > 0 else 0,
     )
 
 
@@ -161,8 +164,18 @@ def sliding_window_log(state: State | None, limit: int, period: int, cost: int, 
     else:
         retry = log[count + cost - limit - 1] + period - now
     reset = last + period - now if after > 0 and last is not None else 0
+    reset_now = newest + period - now if newest is not None else 0
     new = [*log, *range(first, first + cost)] if allowed and cost > 0 else None
-    return Step(allowed, limit - after, reset, retry, new, first + cost - 1 + period - now)
+    return Step(
+        allowed,
+        limit - after,
+        reset,
+        retry,
+        new,
+        first + cost - 1 + period - now,
+        limit - count,
+        reset_now,
+    )
 
 
 def _swl_refund(
@@ -198,6 +211,18 @@ def _swc_fits(limit: int, period: int, prev: int, cur: int, cost: int, elapsed: 
     return float(prev) * (period - elapsed) / period + (cur + cost) <= limit
 
 
+def _swc_left(limit: int, weighted: float, cur: int) -> int:
+    return max(0, math.floor(limit - (weighted + cur)))
+
+
+def _swc_reset(period: int, prev: int, cur: int, shift: int, elapsed: int) -> int:
+    if cur > 0:
+        return shift + 2 * period - elapsed
+    if prev > 0:
+        return shift + period - elapsed
+    return 0
+
+
 def sliding_window_counter(
     state: State | None, limit: int, period: int, cost: int, now: int
 ) -> Step:
@@ -225,20 +250,15 @@ def sliding_window_counter(
                 break
             e += 1
         retry = shift + (period - elapsed) + e
-    remaining = max(0, math.floor(limit - (weighted + after)))
-    if after > 0:
-        reset = shift + 2 * period - elapsed
-    elif prev > 0:
-        reset = shift + period - elapsed
-    else:
-        reset = 0
     return Step(
         allowed,
-        remaining,
-        reset,
+        _swc_left(limit, weighted, after),
+        _swc_reset(period, prev, after, shift, elapsed),
         retry,
         CounterState(window, after, prev),
         (window + 2) * period - now,
+        _swc_left(limit, weighted, cur),
+        _swc_reset(period, prev, cur, shift, elapsed),
     )
 
 
@@ -283,7 +303,9 @@ def token_bucket(state: State | None, limit: int, period: int, cost: int, now: i
     stored, t0, tokens = _tb_read(state, limit, period, now)
     shift = t0 - now
     allowed = cost <= limit and cost <= tokens
-    after, retry, reset = tokens, 0, 0
+    after, retry, reset_now = tokens, 0, 0
+    if tokens < limit and stored is not None:
+        reset_now = shift + _tb_wait(limit, period, stored.tokens, stored.stamp, t0, tokens, limit)
     if allowed:
         after = tokens - cost
     elif cost > limit:
@@ -291,11 +313,19 @@ def token_bucket(state: State | None, limit: int, period: int, cost: int, now: i
     else:
         assert stored is not None  # a missing key is a full bucket, which admits cost <= limit
         retry = shift + _tb_wait(limit, period, stored.tokens, stored.stamp, t0, tokens, cost)
+    reset = reset_now
     if allowed and cost > 0:
         reset = shift + _tb_wait(limit, period, after, t0, t0, after, limit)
-    elif tokens < limit and stored is not None:
-        reset = shift + _tb_wait(limit, period, stored.tokens, stored.stamp, t0, tokens, limit)
-    return Step(allowed, math.floor(after), reset, retry, BucketState(after, t0), reset)
+    return Step(
+        allowed,
+        math.floor(after),
+        reset,
+        retry,
+        BucketState(after, t0),
+        reset,
+        math.floor(tokens),
+        reset_now,
+    )
 
 
 def _tb_refund(
@@ -336,6 +366,10 @@ def _gcra_until(interval: float, now: int, now_u: float, tat: float) -> int:
     return r
 
 
+def _gcra_left(limit: int, now_u: float, tat: float) -> int:
+    return max(0, math.floor(limit - (tat - now_u)))
+
+
 def gcra(state: State | None, limit: int, period: int, cost: int, now: int) -> Step:
     interval, now_u, tat = _gcra_read(state, limit, period, now)
     used = tat - now_u
@@ -353,8 +387,16 @@ def gcra(state: State | None, limit: int, period: int, cost: int, now: int) -> S
             d += 1
         retry = d
     reset = _gcra_until(interval, now, now_u, after)
-    remaining = max(0, math.floor(limit - (after - now_u)))
-    return Step(allowed, remaining, reset, retry, after, reset)
+    return Step(
+        allowed,
+        _gcra_left(limit, now_u, after),
+        reset,
+        retry,
+        after,
+        reset,
+        _gcra_left(limit, now_u, tat),
+        _gcra_until(interval, now, now_u, tat),
+    )
 
 
 def _gcra_refund(
@@ -507,23 +549,32 @@ class MemoryStorage(Storage):
                 steps.append(s)
                 if bad:
                     repaired.append(check.key)
-            if not refund_ and all(s.allowed for s in steps):
+            admitted = all(s.allowed for s in steps)
+            if admitted and not refund_:
                 for check, s in zip(checks, steps, strict=True):
                     if check.cost > 0:
                         self._put(check.key, check.algorithm, s.state, s.ttl_us, now)
+        # A denied request reports every limit as it stands, without the consumption that did
+        # not happen.
         return Evaluation(
             tuple(
                 Decision(
                     s.allowed,
                     c.limit,
-                    s.remaining,
-                    s.reset_us / _US,
+                    s.remaining if admitted else s.remaining_now,
+                    (s.reset_us if admitted else s.reset_now_us) / _US,
                     NEVER if s.retry_us < 0 else s.retry_us / _US,
                 )
                 for c, s in zip(checks, steps, strict=True)
             ),
             tuple(repaired),
         )
+
+    def expires_at(self, key: str) -> int | None:
+        """When ``key`` expires, in us on this storage's clock (``None``: no such key)."""
+        with self._lock:
+            entry = self._data.get(key)
+            return None if entry is None else entry.expires
 
     def ping(self) -> float:
         return 0.0

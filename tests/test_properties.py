@@ -1,0 +1,111 @@
+"""Property: the Lua scripts on a real Redis and the Python twin decide identically.
+
+Random sequences of (time step, costs, refund?) over 1 to 3 limits of any algorithms, with an
+injected, non-decreasing time. Redis expires keys on its own clock, not the injected one, so each
+script call runs in a MULTI with ``PTTL`` (every key the script left must carry a TTL, after peeks
+and denials too) and ``PERSIST`` (so no key vanishes in real time while it still matters in
+injected time). The twin expires its keys on the injected clock; that this never changes a
+decision is proved in ``test_memory_storage.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flask_distlimit.algorithms import ALGORITHMS, Algorithm
+from flask_distlimit.decision import Check, Evaluation
+from flask_distlimit.scripts import SCRIPT_SOURCE, parse_reply, script_args
+from flask_distlimit.storage.memory import MemoryStorage
+from tests.vectors import T0
+
+Limit = tuple[Algorithm, int, int]  # algorithm, limit, period (s)
+Step = tuple[int, list[int], bool]  # time step (us), costs, refund
+
+limits_st = st.tuples(
+    st.sampled_from(ALGORITHMS),
+    st.sampled_from([1, 2, 3, 5, 7, 10, 12, 100, 1000]),
+    st.sampled_from([1, 2, 3, 7, 10, 60, 3600]),
+)
+time_step_st = st.one_of(
+    st.just(0),
+    st.integers(0, 2_000),
+    st.integers(0, 1_500_000),
+    st.integers(0, 15_000_000),
+    st.integers(0, 4_000_000_000),
+)
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[list[Limit], list[Step], int]:
+    limits = draw(st.lists(limits_st, min_size=1, max_size=3))
+    cost_st = st.one_of(st.integers(0, 3), st.integers(0, 14), st.integers(0, 1001))
+    steps = draw(
+        st.lists(
+            st.tuples(
+                time_step_st,
+                st.lists(cost_st, min_size=len(limits), max_size=len(limits)),
+                st.integers(0, 11).map(lambda x: x == 0),
+            ),
+            min_size=1,
+            max_size=25,
+        )
+    )
+    start = draw(st.integers(0, 10**11))  # anywhere in a day-ish, off any window boundary
+    return limits, steps, start
+
+
+def _checks(limits: Sequence[Limit], costs: Sequence[int]) -> list[Check]:
+    return [
+        Check(f"prop:{{t}}:{i}:{algorithm}", algorithm, limit, period, cost)
+        for i, ((algorithm, limit, period), cost) in enumerate(zip(limits, costs, strict=True))
+    ]
+
+
+@pytest.mark.redis
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(scenario=scenarios())
+def test_lua_on_redis_and_the_twin_agree(
+    redis_client: redis.Redis, scenario: tuple[list[Limit], list[Step], int]
+) -> None:
+    limits, steps, start = scenario
+    redis_client.flushall()
+    script = redis_client.register_script(SCRIPT_SOURCE)
+    twin = MemoryStorage(clock=lambda: 0)
+    now = T0 + start
+    try:
+        for n, (delta, costs, refund) in enumerate(steps):
+            now += delta
+            checks = _checks(limits, costs)
+            keys, args = script_args(checks, now, refund=refund)
+            before = [twin.expires_at(key) for key in keys]
+            pipe = redis_client.pipeline(transaction=True)
+            script(keys, args, client=pipe)
+            for key in keys:
+                pipe.pttl(key)
+            for key in keys:
+                pipe.pexpire(key, _PINNED_MS)
+            reply, *ttls = pipe.execute()[: 1 + len(keys)]
+            lua = parse_reply(reply, checks)
+            py: Evaluation = (twin.refund if refund else twin.evaluate)(checks, now_us=now)
+            where = f"step {n}: +{delta} us, costs {costs}, refund {refund}"
+            assert lua == py, where
+            for key, ttl, old in zip(keys, ttls, before, strict=True):
+                assert ttl != -1, f"{where}: {key} has no TTL"
+                new = twin.expires_at(key)
+                if new is not None and new != old:  # written by this call: the same TTL
+                    assert (new - now) // 1000 - 1 <= ttl <= (new - now) // 1000, (where, key)
+    finally:
+        redis_client.flushall()
+
+
+#: What the test sets every key's TTL to after checking it (longer than any example runs).
+_PINNED_MS = 10**10
