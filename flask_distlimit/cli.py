@@ -1,0 +1,274 @@
+"""``flask distlimit``: the operator's commands.
+
+::
+
+    flask --app myapp distlimit status                      # storage, latency, breaker, scripts
+    flask --app myapp distlimit inspect ip:203.0.113.9      # where one client stands, per limit
+    flask --app myapp distlimit inspect --ip 2001:db8::7    # the same, from an address
+    flask --app myapp distlimit reset jwt:sub:alice         # forget one client's counters
+    flask --app myapp distlimit reset user:42 --limit tier-pro --dry-run
+
+An identity is the text the limiter counts a client under: ``ip:<address>`` (IPv6 as its /64),
+``user:<id>`` (an ``identity_loader``), ``jwt:sub:<subject>`` or ``jwt:client_id:<id>``,
+``apikey:<digest>`` (pass the raw key with ``--api-key`` and it is digested as the limiter does),
+or what a limit's ``key_func`` returns (e.g. ``account:alice``).
+
+``inspect`` peeks with cost 0 (nothing is consumed) at every limit that can apply to the identity,
+in one storage call. ``reset`` finds the client's keys with ``SCAN`` (never ``KEYS``, which would
+block Redis) and deletes them. The commands talk to the storage directly, not through the circuit
+breaker: an unreachable storage is reported, and the command exits with status 1.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import click
+from flask import current_app
+from flask.cli import AppGroup
+
+from .decision import Check, Decision
+from .errors import StorageError
+from .extension import Limiter, LimiterState
+from .keys import client_pattern
+from .storage.urls import mask_url
+
+__all__ = ["distlimit_cli"]
+
+distlimit_cli = AppGroup(
+    "distlimit", help="Inspect and reset Flask-DistLimit rate limits (status, inspect, reset)."
+)
+
+
+def _state() -> LimiterState:
+    try:
+        return Limiter.state(current_app)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _seconds(value: float) -> str:
+    if value == float("inf"):
+        return "never"
+    if value <= 0:
+        return "now"
+    return f"{value:.1f} s" if value < 120 else f"{value / 60:.1f} min"
+
+
+def _identity(state: LimiterState, identity: str, *, ip: bool, api_key: bool) -> str:
+    if ip and api_key:
+        raise click.UsageError("Use either --ip or --api-key, not both.")
+    if ip:
+        return state.resolver.client_ip({"REMOTE_ADDR": identity})
+    if api_key:
+        return state.resolver.api_key_identity(identity)
+    if not identity.strip():
+        raise click.UsageError("IDENTITY is empty: give e.g. ip:203.0.113.9 or user:42.")
+    return identity
+
+
+def _identity_options(func: click.decorators.FC) -> click.decorators.FC:
+    func = click.option(
+        "--api-key",
+        "api_key",
+        is_flag=True,
+        help="IDENTITY is a raw API key: digest it as the limiter does (apikey:<hmac>).",
+    )(func)
+    func = click.option(
+        "--ip",
+        "ip",
+        is_flag=True,
+        help="IDENTITY is a client address: normalize it as the limiter does (IPv6 by /64).",
+    )(func)
+    return click.argument("identity")(func)
+
+
+def _loaded_text(loaded: object) -> str:
+    if loaded is True:
+        return "yes"
+    if loaded is False:
+        return "no (sent again on first use)"
+    return "unknown"
+
+
+# -- status ------------------------------------------------------------------------------------
+
+
+@distlimit_cli.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print the health report as JSON.")
+def status(as_json: bool) -> None:
+    """Storage, round-trip latency, circuit breaker and scripts; exit 1 when unhealthy."""
+    state = _state()
+    settings = state.settings
+    health = state.health()
+    report = {
+        "storage_url": mask_url(settings.storage_url),
+        "key_prefix": settings.key_prefix,
+        "algorithm": settings.algorithm,
+        **health,
+    }
+    if as_json:
+        click.echo(json.dumps(report, indent=2, sort_keys=True, default=str))
+    else:
+        latency = health.get("latency_ms")
+        loaded = health.get("scripts_loaded")
+        lines = [
+            ("storage", f"{report['storage_url']} ({health.get('storage')})"),
+            (
+                "latency",
+                f"{latency} ms (PING round trip)" if latency is not None else "unreachable",
+            ),
+            ("error", health.get("error")),
+            ("scripts loaded", _loaded_text(loaded)),
+            (
+                "breaker",
+                f"{health.get('breaker')} ({health.get('breaker_failures')} consecutive failures)",
+            ),
+            ("failure policy", health.get("policy")),
+            (
+                "instances",
+                f"{health.get('instances')} (seen: {health.get('instances_seen')}, "
+                f"fallback divisor: {health.get('fallback_divisor')})",
+            ),
+            ("key prefix", settings.key_prefix),
+            ("default algorithm", settings.algorithm),
+        ]
+        for label, value in lines:
+            if value is not None:
+                click.echo(f"{label + ':':<19}{value}")
+    if not health.get("ok"):
+        raise click.exceptions.Exit(1)
+
+
+# -- inspect -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    name: str
+    check: Check
+    decision: Decision
+    stored: bool
+
+    def as_dict(self) -> dict[str, object]:
+        d = self.decision
+        return {
+            "limit": self.name,
+            "algorithm": self.check.algorithm,
+            "quota": d.limit,
+            "period": self.check.period,
+            "used": d.limit - d.remaining,
+            "remaining": d.remaining,
+            "reset_after": d.reset_after,
+            "stored": self.stored,
+            "key": self.check.key,
+        }
+
+
+def _peek(state: LimiterState, identity: str) -> list[_Row]:
+    named = state.checks_for(identity, cost=0)
+    if not named:
+        return []
+    stored = _scan(state, identity)
+    checks = [check for _, check in named]
+    try:
+        evaluation = state.storage.evaluate(checks)
+    except StorageError as exc:
+        raise click.ClickException(f"The storage did not answer: {exc}") from None
+    return [
+        _Row(name, check, decision, check.key in stored)
+        for (name, check), decision in zip(named, evaluation.decisions, strict=True)
+    ]
+
+
+def _scan(state: LimiterState, identity: str) -> set[str]:
+    try:
+        return set(state.storage.scan(client_pattern(state.settings.key_prefix, identity)))
+    except StorageError as exc:
+        raise click.ClickException(f"The storage did not answer: {exc}") from None
+
+
+@distlimit_cli.command("inspect")
+@_identity_options
+@click.option("--all", "show_all", is_flag=True, help="Also list limits the client has not used.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+def inspect(identity: str, ip: bool, api_key: bool, show_all: bool, as_json: bool) -> None:
+    """Where IDENTITY stands on every limit that can apply to it (peeks: consumes nothing)."""
+    state = _state()
+    who = _identity(state, identity, ip=ip, api_key=api_key)
+    rows = [r for r in _peek(state, who) if show_all or r.stored]
+    if as_json:
+        click.echo(json.dumps([r.as_dict() for r in rows], indent=2))
+        return
+    if not rows:
+        click.echo(f"{who}: no counters stored (every limit is whole).")
+        if not show_all:
+            click.echo("Use --all to list the limits that would apply.")
+        return
+    click.echo(f"{who}:")
+    width = max(len(r.name) for r in rows)
+    header = f"  {'limit':<{width}}  {'algorithm':<22}  {'used':>12}  {'remaining':>9}  whole in"
+    click.echo(header)
+    for r in rows:
+        d = r.decision
+        used = f"{d.limit - d.remaining}/{d.limit}"
+        click.echo(
+            f"  {r.name:<{width}}  {r.check.algorithm:<22}  {used:>12}  {d.remaining:>9}  "
+            f"{_seconds(d.reset_after)}"
+        )
+
+
+# -- reset ---------------------------------------------------------------------------------------
+
+
+def _select(rows: Sequence[tuple[str, Check]], wanted: Sequence[str]) -> set[str]:
+    names = sorted({name for name, _ in rows})
+    keys: set[str] = set()
+    for want in wanted:
+        matched = [
+            check.key for name, check in rows if name == want or name.split(":", 1)[0] == want
+        ]
+        if not matched:
+            raise click.BadParameter(
+                f"No limit named {want!r} applies to this identity. Names: {', '.join(names)}.",
+                param_hint="--limit",
+            )
+        keys.update(matched)
+    return keys
+
+
+@distlimit_cli.command("reset")
+@_identity_options
+@click.option(
+    "--limit",
+    "limits",
+    multiple=True,
+    metavar="NAME",
+    help="Reset only this limit (e.g. tier-pro or tier-pro:1800/minute); repeatable.",
+)
+@click.option("--dry-run", is_flag=True, help="List the keys that would be deleted.")
+def reset(identity: str, ip: bool, api_key: bool, limits: tuple[str, ...], dry_run: bool) -> None:
+    """Forget IDENTITY's counters: every limit, or only those named with --limit.
+
+    Keys are found with SCAN, never KEYS. Workers that already refused the client keep refusing
+    it locally until the Retry-After they sent has passed (their deny cache).
+    """
+    state = _state()
+    who = _identity(state, identity, ip=ip, api_key=api_key)
+    stored = _scan(state, who)
+    if limits:
+        stored &= _select(state.checks_for(who, cost=0), limits)
+    if dry_run:
+        for key in sorted(stored):
+            click.echo(key)
+        click.echo(f"{len(stored)} key(s) would be deleted for {who}.")
+        return
+    try:
+        deleted = state.storage.delete(sorted(stored)) if stored else 0
+    except StorageError as exc:
+        raise click.ClickException(f"The storage did not answer: {exc}") from None
+    if state.deny_cache is not None:
+        state.deny_cache.clear()
+    click.echo(f"Deleted {deleted} key(s) of {who}.")

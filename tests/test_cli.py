@@ -1,0 +1,206 @@
+"""``flask distlimit status | inspect | reset`` through Flask's CLI runner, on memory:// and on a
+real redis-server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+import redis
+from flask import Flask
+from flask.testing import FlaskCliRunner
+
+from flask_distlimit import Limiter
+from flask_distlimit.cli import distlimit_cli
+from tests.servers import free_port
+
+BACKENDS = [
+    pytest.param("memory", id="memory"),
+    pytest.param("redis", marks=pytest.mark.redis, id="redis"),
+]
+
+
+def make_app(storage_url: str) -> Flask:
+    app = Flask(__name__)
+    app.config.update(
+        TESTING=True,
+        SECRET_KEY="cli-test",
+        DISTLIMIT_STORAGE_URL=storage_url,
+        DISTLIMIT_ALGORITHM="fixed_window",
+        DISTLIMIT_TIERS={"anonymous": "100/minute", "pro": "1000/minute"},
+        DISTLIMIT_KEY_PREFIX="clitest",
+    )
+    limiter = Limiter()
+
+    @limiter.api_key_verifier
+    def verify(raw: str) -> str | None:
+        return "pro" if raw == "sesame" else None
+
+    @app.get("/search")
+    @limiter.limit("5/minute")
+    def search() -> str:
+        return "ok"
+
+    @app.post("/login")
+    @limiter.limit("3/minute", key_func=lambda: "account:alice", algorithm="sliding_window_log")
+    def login() -> str:
+        return "ok"
+
+    limiter.init_app(app)
+    return app
+
+
+@pytest.fixture(params=BACKENDS)
+def app(request: pytest.FixtureRequest) -> Iterator[Flask]:
+    url = "memory://"
+    if request.param == "redis":
+        client: redis.Redis = request.getfixturevalue("redis_client")
+        url = f"redis://127.0.0.1:{client.connection_pool.connection_kwargs['port']}/0"
+    application = make_app(url)
+    yield application
+    application.extensions["distlimit"].storage.close()
+
+
+@pytest.fixture
+def runner(app: Flask) -> FlaskCliRunner:
+    return app.test_cli_runner()
+
+
+def rows(runner: FlaskCliRunner, *args: str) -> dict[str, dict[str, object]]:
+    result = runner.invoke(distlimit_cli, ["inspect", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    return {row["limit"]: row for row in json.loads(result.output)}
+
+
+def test_status_reports_storage_latency_breaker_and_scripts(
+    app: Flask, runner: FlaskCliRunner
+) -> None:
+    app.test_client().get("/search")  # loads the script on Redis
+    result = runner.invoke(distlimit_cli, ["status"])
+    assert result.exit_code == 0, result.output
+    assert "breaker:           closed" in result.output
+    assert "scripts loaded:    yes" in result.output
+    assert " ms (PING round trip)" in result.output
+    report = json.loads(runner.invoke(distlimit_cli, ["status", "--json"]).output)
+    assert report["ok"] is True
+    assert report["storage_url"] == app.config["DISTLIMIT_STORAGE_URL"]
+    assert report["key_prefix"] == "clitest"
+
+
+def test_status_of_an_unreachable_redis_fails_and_hides_the_password() -> None:
+    app = make_app(f"redis://:s3cret@127.0.0.1:{free_port()}/0")
+    try:
+        result = app.test_cli_runner().invoke(distlimit_cli, ["status"])
+    finally:
+        app.extensions["distlimit"].storage.close()
+    assert result.exit_code == 1
+    assert "unreachable" in result.output
+    assert "s3cret" not in result.output
+    assert "redis://:***@127.0.0.1" in result.output
+
+
+def test_inspect_shows_usage_per_limit_and_consumes_nothing(
+    app: Flask, runner: FlaskCliRunner
+) -> None:
+    client = app.test_client()
+    for _ in range(3):
+        assert client.get("/search").status_code == 200
+    for _ in range(2):
+        assert client.post("/login").status_code == 200
+    for _ in range(3):  # peeking again and again changes nothing
+        found = rows(runner, "ip:127.0.0.1")
+    assert set(found) == {"tier-anonymous:100/minute", "search:5/minute"}
+    assert found["search:5/minute"]["used"] == 3
+    assert found["search:5/minute"]["remaining"] == 2
+    assert found["tier-anonymous:100/minute"]["used"] == 5
+    login = rows(runner, "account:alice")
+    assert login["login:3/minute"]["used"] == 2
+    assert login["login:3/minute"]["algorithm"] == "sliding_window_log"
+    # Exactly the two units the peeks left are still there.
+    assert [client.get("/search").status_code for _ in range(3)] == [200, 200, 429]
+    text = runner.invoke(distlimit_cli, ["inspect", "ip:127.0.0.1"]).output
+    assert "search:5/minute" in text and "5/5" in text
+
+
+def test_inspect_all_lists_limits_not_used_yet(runner: FlaskCliRunner) -> None:
+    assert rows(runner, "ip:192.0.2.1") == {}
+    listed = rows(runner, "ip:192.0.2.1", "--all")
+    assert {"tier-anonymous:100/minute", "tier-pro:1000/minute", "search:5/minute"} <= set(listed)
+    assert all(row["used"] == 0 and row["stored"] is False for row in listed.values())
+
+
+def test_inspect_normalizes_addresses_and_digests_api_keys(
+    app: Flask, runner: FlaskCliRunner
+) -> None:
+    client = app.test_client()
+    client.get("/search", environ_base={"REMOTE_ADDR": "2001:db8:1:2::7"})
+    found = rows(runner, "--ip", "2001:db8:1:2:ffff::1")  # the same /64
+    assert found["search:5/minute"]["used"] == 1
+    client.get("/search", headers={"X-Api-Key": "sesame"})
+    keyed = rows(runner, "--api-key", "sesame")
+    assert keyed["tier-pro:1000/minute"]["used"] == 1
+    text = runner.invoke(distlimit_cli, ["inspect", "--api-key", "sesame"]).output
+    assert "sesame" not in text and "apikey:" in text
+
+
+def test_reset_forgets_one_client_only(app: Flask, runner: FlaskCliRunner) -> None:
+    client = app.test_client()
+    for _ in range(5):
+        client.get("/search")
+        client.get("/search", environ_base={"REMOTE_ADDR": "192.0.2.9"})
+    assert client.get("/search").status_code == 429
+    dry = runner.invoke(distlimit_cli, ["reset", "ip:127.0.0.1", "--dry-run"])
+    assert "2 key(s) would be deleted" in dry.output
+    assert client.get("/search").status_code == 429  # a dry run deletes nothing
+    result = runner.invoke(distlimit_cli, ["reset", "ip:127.0.0.1"])
+    assert result.exit_code == 0, result.output
+    assert "Deleted 2 key(s) of ip:127.0.0.1" in result.output
+    assert client.get("/search").status_code == 200
+    other = client.get("/search", environ_base={"REMOTE_ADDR": "192.0.2.9"})
+    assert other.status_code == 429
+
+
+def test_reset_one_limit_by_name(app: Flask, runner: FlaskCliRunner) -> None:
+    client = app.test_client()
+    for _ in range(5):
+        client.get("/search")
+    result = runner.invoke(distlimit_cli, ["reset", "ip:127.0.0.1", "--limit", "search"])
+    assert result.exit_code == 0, result.output
+    assert "Deleted 1 key(s)" in result.output
+    found = rows(runner, "ip:127.0.0.1")
+    assert set(found) == {"tier-anonymous:100/minute"}
+    assert found["tier-anonymous:100/minute"]["used"] == 5
+
+
+def test_reset_an_unknown_limit_names_the_choices(runner: FlaskCliRunner) -> None:
+    result = runner.invoke(distlimit_cli, ["reset", "ip:127.0.0.1", "--limit", "serch"])
+    assert result.exit_code == 2
+    assert "No limit named 'serch'" in result.output
+    assert "search:5/minute" in result.output
+
+
+@pytest.mark.redis
+def test_reset_scans_and_never_sends_keys(redis_client: redis.Redis) -> None:
+    port = redis_client.connection_pool.connection_kwargs["port"]
+    app = make_app(f"redis://127.0.0.1:{port}/0")
+    try:
+        client = app.test_client()
+        for _ in range(3):
+            client.get("/search")
+        redis_client.config_resetstat()
+        runner = app.test_cli_runner()
+        assert runner.invoke(distlimit_cli, ["inspect", "ip:127.0.0.1"]).exit_code == 0
+        assert runner.invoke(distlimit_cli, ["reset", "ip:127.0.0.1"]).exit_code == 0
+        stats = redis_client.info("commandstats")
+    finally:
+        app.extensions["distlimit"].storage.close()
+    assert "cmdstat_scan" in stats
+    assert "cmdstat_keys" not in stats
+    assert redis_client.dbsize() == 0
+
+
+def test_an_app_without_a_limiter_gets_a_clear_error() -> None:
+    result = Flask(__name__).test_cli_runner().invoke(distlimit_cli, ["status"])
+    assert result.exit_code == 1
+    assert "has no Limiter" in result.output
