@@ -23,9 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 from types import FrameType
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
+
+from flask_distlimit.storage.urls import mask_url
 
 HERE = Path(__file__).resolve().parent
 
@@ -38,15 +39,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def redacted(url: str) -> str:
-    """The URL without its password, for printing."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class PrivateRedis:
@@ -95,7 +87,7 @@ class PrivateRedis:
 def choose_storage(env: dict[str, str]) -> PrivateRedis | None:
     """Set ``DISTLIMIT_STORAGE_URL`` in ``env``; answer the private Redis started, if any."""
     if env.get("DISTLIMIT_STORAGE_URL"):
-        say(f"storage: DISTLIMIT_STORAGE_URL={redacted(env['DISTLIMIT_STORAGE_URL'])}")
+        say(f"storage: DISTLIMIT_STORAGE_URL={mask_url(env['DISTLIMIT_STORAGE_URL'])}")
         return None
     binary = shutil.which("redis-server")
     if binary:
