@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeVar, overload
 
-from flask import Blueprint, Flask, current_app, g, request
+from flask import Blueprint, Flask, Request, current_app, g, request
 from werkzeug.wrappers import Response as WerkzeugResponse
 
 from .algorithms import validate_algorithm
@@ -232,12 +232,13 @@ class LimiterState:
 
     def before_request(self) -> None:
         """Evaluate every limit of the request in one storage call; raise on a refusal."""
-        endpoint = request.endpoint
-        method = request.method
+        req: Request = request._get_current_object()  # type: ignore[attr-defined]
+        endpoint = req.endpoint
+        method = req.method
         plan = self._plans.get((endpoint, method)) or self._plan(endpoint, method)
         if plan.exempt:
             return
-        environ = request.environ
+        environ = req.environ
         default_cost = (
             self._conditional_cost
             if "HTTP_IF_NONE_MATCH" in environ or "HTTP_IF_MODIFIED_SINCE" in environ
@@ -255,7 +256,7 @@ class LimiterState:
                 bounds.append(b)
         itag = ""
         if self.tier_limits or plan.needs_identity:
-            identity = self.resolver.identify(request, self.hooks)
+            identity = self.resolver.identify(req, self.hooks)
             itag = identity_tag(identity.value)
             for b in self.tier_limits.get(identity.tier, ()):
                 checks.append(
@@ -266,9 +267,8 @@ class LimiterState:
             if b.exempt_when is not None and b.exempt_when():
                 continue
             tag = itag if b.key_func is None else identity_tag(_key_text(b.key_func))
-            key = b.key(tag)
-            cost = _cost_value(b.cost, default_cost)
-            checks.append(Check(key, b.algorithm, b.rate.amount, b.rate.period, cost))
+            cost = default_cost if b.cost is None else _cost_value(b.cost, default_cost)
+            checks.append(Check(b.key(tag), b.algorithm, b.rate.amount, b.rate.period, cost))
             bounds.append(b)
         if not checks:
             return
@@ -415,10 +415,11 @@ class LimiterState:
             return response
         headers = response.headers
         if data.report is not None and self._headers != "none":
+            add = headers.add  # the names are ours alone: no scan for an existing value
             for name, value in rate_limit_headers(
                 self._headers, data.report, self._wall(), denied=data.denied
             ):
-                headers[name] = value
+                add(name, value)
         if data.degraded:
             headers["X-RateLimit-Degraded"] = "true"
         if (
