@@ -68,15 +68,20 @@ def _require_caller() -> auth.Caller:
     return caller
 
 
+def _caller_name() -> str:
+    caller = auth.authenticate()
+    return caller.client_id if caller is not None else "anonymous"
+
+
 @bp.get("/catalogue")
 def catalogue() -> ResponseReturnValue:
-    downstream().hit("catalogue")
+    downstream().hit("catalogue", _caller_name())
     return jsonify(items=CATALOGUE)
 
 
 @bp.get("/catalogue/<int:item_id>")
 def catalogue_item(item_id: int) -> ResponseReturnValue:
-    downstream().hit("catalogue")
+    downstream().hit("catalogue", _caller_name())
     for item in CATALOGUE:
         if item["id"] == item_id:
             return jsonify(item)
@@ -86,7 +91,7 @@ def catalogue_item(item_id: int) -> ResponseReturnValue:
 @bp.get("/orders")
 def list_orders() -> ResponseReturnValue:
     caller = _require_caller()
-    downstream().hit("orders")
+    downstream().hit("orders", caller.client_id)
     with _orders_lock:
         mine = list(_orders.get(caller.client_id, []))
     return jsonify(client=caller.client_id, tier=caller.tier, orders=mine)
@@ -99,7 +104,7 @@ def create_order() -> ResponseReturnValue:
     body = request.get_json(silent=True)
     if not isinstance(body, dict) or not isinstance(body.get("item"), int):
         abort(400, 'Send a JSON body such as {"item": 1, "quantity": 2}.')
-    downstream().hit("orders")
+    downstream().hit("orders", caller.client_id)
     order = {"id": next(_order_ids), "item": body["item"], "quantity": body.get("quantity", 1)}
     with _orders_lock:
         _orders.setdefault(caller.client_id, []).append(order)
@@ -113,7 +118,7 @@ def token() -> ResponseReturnValue:
     if not isinstance(body, dict):
         abort(400, 'Send a JSON body such as {"account": "alice", "password": "alice-pw"}.')
     account = auth.verify_password(str(body.get("account", "")), str(body.get("password", "")))
-    downstream().hit("token")
+    downstream().hit("token", f"account:{body.get('account', '')}")
     if account is None:
         abort(401, "Unknown account or wrong password.")
     return jsonify(access_token=auth.issue_token(account), token_type="Bearer", tier=account.tier)

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 _KEY: Final = "example:downstream"
 _TTL: Final = 86400  # seconds; every key we write expires
+_SEP: Final = " by "  # field "<route> by <caller>" counts one caller's runs
 
 
 class Downstream:
@@ -58,28 +59,43 @@ class Downstream:
                 self._pid = os.getpid()
             return self._client
 
-    def hit(self, route: str) -> None:
-        """Record one run of the handler ``route`` (never fails the request: while Redis is
-        unreachable the run is counted in this process and a warning is logged)."""
+    def hit(self, route: str, caller: str = "anonymous") -> None:
+        """Record one run of the handler ``route`` for ``caller`` (never fails the request: while
+        Redis is unreachable the run is counted in this process and a warning is logged)."""
+        fields = (route, f"{route}{_SEP}{caller}")
         if self._redis_url is not None:
             try:
                 pipe = self._redis().pipeline(transaction=False)
-                pipe.hincrby(_KEY, route, 1)
+                for field in fields:
+                    pipe.hincrby(_KEY, field, 1)
                 pipe.expire(_KEY, _TTL)
                 pipe.execute()
                 return
             except redis.RedisError as exc:
                 log.warning("downstream counter: Redis unreachable (%s); counting locally", exc)
         with self._lock:
-            self._local[route] = self._local.get(route, 0) + 1
+            for field in fields:
+                self._local[field] = self._local.get(field, 0) + 1
 
-    def counts(self) -> dict[str, int]:
-        """Runs per route so far."""
+    def _fields(self) -> dict[str, int]:
         if self._redis_url is None:
             with self._lock:
                 return dict(self._local)
         raw = self._redis().hgetall(_KEY)
         return {k.decode(): int(v) for k, v in raw.items()}  # type: ignore[union-attr]
+
+    def counts(self) -> dict[str, int]:
+        """Runs per route so far."""
+        return {k: v for k, v in self._fields().items() if _SEP not in k}
+
+    def by_caller(self) -> dict[str, dict[str, int]]:
+        """Runs per route and caller (``anonymous``, ``user:alice``, ``key:acme-pro``...)."""
+        found: dict[str, dict[str, int]] = {}
+        for field, n in self._fields().items():
+            if _SEP in field:
+                route, caller = field.split(_SEP, 1)
+                found.setdefault(route, {})[caller] = n
+        return found
 
     def describe(self) -> dict[str, object]:
         """The JSON body of ``GET /downstream``."""
@@ -90,7 +106,12 @@ class Downstream:
                 f"process {os.getpid()}: memory:// keeps counts per process, so each gunicorn "
                 "worker shows only its own runs (set DISTLIMIT_STORAGE_URL to a Redis to share)"
             )
-        return {"counts": self.counts(), "shared": self.shared, "where": where}
+        return {
+            "counts": self.counts(),
+            "by_caller": self.by_caller(),
+            "shared": self.shared,
+            "where": where,
+        }
 
 
 def _plain_redis_url(url: str) -> str | None:

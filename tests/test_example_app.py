@@ -73,6 +73,7 @@ def test_catalogue_is_capped_at_the_anonymous_tier_and_downstream_runs_that_ofte
     assert int(denied.headers["Retry-After"]) > 0
     downstream = client.get("/downstream").get_json()
     assert downstream["counts"] == {"catalogue": 20}
+    assert downstream["by_caller"] == {"catalogue": {"anonymous": 20}}
     assert downstream["shared"] is (app.config["DISTLIMIT_STORAGE_URL"] != "memory://")
 
 
@@ -116,7 +117,9 @@ def test_creating_orders_has_its_own_token_bucket(client: FlaskClient) -> None:
         client.post("/orders", json={"item": 1}, headers=headers).status_code for _ in range(12)
     ]
     assert codes == [201] * 10 + [429] * 2
-    assert client.get("/downstream").get_json()["counts"]["orders"] == 10
+    ran = client.get("/downstream").get_json()
+    assert ran["counts"]["orders"] == 10
+    assert ran["by_caller"]["orders"] == {"key:acme-free": 10}
 
 
 def test_login_is_limited_per_account_whatever_the_address(client: FlaskClient) -> None:
