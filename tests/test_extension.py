@@ -603,3 +603,66 @@ def test_key_parts_match_keys_limit_key(backend: Backend, clock: FakeClock) -> N
     app.test_client().get("/k")
     (check,) = counting.checks[-1]
     assert check.key == limit_key("my:rl", "ip:127.0.0.1", "r:k:7/30", "gcra")
+
+
+def test_local_fallback_reports_reduced_numbers_and_degraded(clock: FakeClock) -> None:
+    app, limiter, _ = make_app(
+        _Down(),
+        clock,
+        DISTLIMIT_FAILURE_POLICY="local",
+        DISTLIMIT_INSTANCES=4,
+        DISTLIMIT_ALGORITHM="fixed_window",
+    )
+
+    @app.get("/")
+    @limiter.limit("10/minute")
+    def index() -> str:
+        return "ok"
+
+    client = app.test_client()
+    responses = [client.get("/") for _ in range(3)]
+    assert [r.status_code for r in responses] == [200, 200, 429]  # floor(10 / 4) = 2
+    first = responses[0]
+    assert first.headers["X-RateLimit-Degraded"] == "true"
+    assert first.headers["X-RateLimit-Limit"] == "2"
+    assert first.headers["RateLimit-Policy"] == '"index:10/minute";q=2;w=60'
+    assert responses[2].headers["X-RateLimit-Degraded"] == "true"
+    assert Limiter.state(app).deny_cache is not None
+    assert len(Limiter.state(app).deny_cache) == 0  # fallback answers are never cached
+
+
+def test_forged_forwarded_for_buys_no_fresh_quota(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, _ = make_app(
+        backend(),
+        clock,
+        DISTLIMIT_GLOBAL_LIMITS="2/minute",
+        DISTLIMIT_TIERS={"anonymous": "2/minute"},
+        DISTLIMIT_ALGORITHM="fixed_window",
+    )
+
+    @app.get("/")
+    @limiter.limit("2/minute")
+    def index() -> str:
+        return "ok"
+
+    client = app.test_client()
+    statuses = [
+        client.get("/", headers={"X-Forwarded-For": f"203.0.113.{i}"}).status_code for i in range(6)
+    ]
+    assert statuses == [200, 200, 429, 429, 429, 429]
+
+
+def test_forked_children_reset_the_storage_connections(clock: FakeClock) -> None:
+    from flask_distlimit.extension import _after_fork_in_child
+    from flask_distlimit.storage.memory import MemoryStorage
+
+    resets: list[str] = []
+
+    class Spy(MemoryStorage):
+        def reset_after_fork(self) -> None:
+            resets.append("storage")
+
+    app, _, _ = make_app(Spy(clock=clock), clock)
+    _after_fork_in_child()  # what os.register_at_fork runs in a child
+    assert resets == ["storage"]
+    assert Limiter.state(app).deny_cache is not None
