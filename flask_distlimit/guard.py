@@ -137,8 +137,7 @@ class Guard:
             name=self.name,
             on_change=self._breaker_changed,
         )
-        if metrics is not None:
-            metrics.breaker_changed(self.name, "closed")
+        self.use_metrics(metrics)
         _guards.add(self)
 
     # -- the request path --------------------------------------------------------------------
@@ -225,6 +224,13 @@ class Guard:
             self.fallback.drop()  # counters resume from the storage; nothing is written back
         if self.metrics is not None:
             self.metrics.breaker_changed(self.name, state)
+
+    def use_metrics(self, metrics: Metrics | None) -> None:
+        """Start (or, with ``None``, stop) recording Prometheus metrics, e.g. on a guard the
+        Flask extension built: ``limiter.state(app).guard.use_metrics(metrics_for())``."""
+        if metrics is not None:
+            metrics.breaker_changed(self.name, self.breaker.state)
+        self.metrics = metrics
 
     # -- inspection --------------------------------------------------------------------------
 

@@ -320,3 +320,16 @@ def test_fallback_state_is_dropped_when_the_storage_answers_before_the_breaker_o
     storage.mode = "ok"
     assert not guard.evaluate([check(limit=4)], now_us=NOW).degraded
     assert not guard.fallback.active
+
+
+def test_metrics_can_be_attached_to_a_running_guard() -> None:
+    registry = CollectorRegistry()
+    guard, _, _ = make("down", fail_max=1)
+    guard.evaluate([check()], now_us=NOW)
+    guard.use_metrics(Metrics(registry))
+    assert (
+        registry.get_sample_value("distlimit_breaker_state", {"breaker": "scripted:ratelimit"}) == 2
+    )
+    guard.evaluate([check()], now_us=NOW)
+    labels = {"limit": "route:fixed_window", "outcome": "degraded"}
+    assert registry.get_sample_value("distlimit_decisions_total", labels) == 1
