@@ -234,7 +234,8 @@ class LimiterState:
         """Evaluate every limit of the request in one storage call; raise on a refusal."""
         req: Request = request._get_current_object()  # type: ignore[attr-defined]
         endpoint = req.endpoint
-        method = req.method
+        # No route matched (404/405): any method text may come, and none matters to the plan.
+        method = req.method if endpoint is not None else ""
         plan = self._plans.get((endpoint, method)) or self._plan(endpoint, method)
         if plan.exempt:
             return

@@ -666,3 +666,16 @@ def test_forked_children_reset_the_storage_connections(clock: FakeClock) -> None
     _after_fork_in_child()  # what os.register_at_fork runs in a child
     assert resets == ["storage"]
     assert Limiter.state(app).deny_cache is not None
+
+
+def test_unrouted_requests_with_random_methods_do_not_grow_the_plans(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, _, counting = make_app(backend(), clock, DISTLIMIT_GLOBAL_LIMITS="1000/minute")
+    app.add_url_rule("/", "index", lambda: "ok")
+    client = app.test_client()
+    for i in range(50):
+        assert client.open("/", method=f"X{i}").status_code == 405
+        assert client.open(f"/missing{i}", method=f"Y{i}").status_code == 404
+    assert counting.evaluations == 100  # the global limit covered them all
+    assert len(Limiter.state(app)._plans) <= 2
