@@ -679,3 +679,36 @@ def test_unrouted_requests_with_random_methods_do_not_grow_the_plans(
         assert client.open(f"/missing{i}", method=f"Y{i}").status_code == 404
     assert counting.evaluations == 100  # the global limit covered them all
     assert len(Limiter.state(app)._plans) <= 2
+
+
+def test_nested_blueprints_and_class_based_views(backend: Backend, clock: FakeClock) -> None:
+    from flask.views import MethodView
+
+    app, limiter, _ = make_app(backend(), clock, DISTLIMIT_ALGORITHM="fixed_window")
+    parent = Blueprint("parent", __name__, url_prefix="/p")
+    child = Blueprint("child", __name__, url_prefix="/c")
+    quiet = Blueprint("quiet", __name__, url_prefix="/q")
+
+    @child.get("/leaf")
+    def leaf() -> str:
+        return "leaf"
+
+    @quiet.get("/leaf")
+    def quiet_leaf() -> str:
+        return "quiet"
+
+    @limiter.limit("1/minute")
+    class Items(MethodView):
+        def get(self) -> str:
+            return "items"
+
+    limiter.limit("2/minute")(parent)
+    limiter.exempt(quiet)
+    parent.register_blueprint(child)
+    parent.register_blueprint(quiet)
+    app.register_blueprint(parent)
+    app.add_url_rule("/items", view_func=Items.as_view("items"))
+    client = app.test_client()
+    assert [client.get("/p/c/leaf").status_code for _ in range(3)] == [200, 200, 429]
+    assert [client.get("/p/q/leaf").status_code for _ in range(3)] == [200, 200, 200]
+    assert [client.get("/items").status_code for _ in range(2)] == [200, 429]
