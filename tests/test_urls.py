@@ -176,6 +176,11 @@ def test_mask_url() -> None:
     assert mask_url("redis://:p@h") == "redis://:***@h"
     assert mask_url("redis://h?password=p&db=1") == "redis://h?password=***&db=1"
     assert mask_url("redis://h/0") == "redis://h/0"
+    assert mask_url("redis://u:p@ss:w@rd@h:1/0") == "redis://u:***@h:1/0"
+    assert mask_url("redis+sentinel://:pw@a:1,b:2/svc?sentinel_password=x") == (
+        "redis+sentinel://:***@a:1,b:2/svc?sentinel_password=***"
+    )
+    assert mask_url("no scheme at all") == "no scheme at all"
 
 
 @pytest.mark.parametrize("timeout", [0, -1, float("inf"), float("nan")])

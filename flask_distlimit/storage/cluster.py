@@ -45,7 +45,8 @@ from .translate import REDIS_FAILURES, storage_error
 
 __all__ = ["ClusterStorage", "slot_of"]
 
-_MAX_WORKERS: Final = 8
+#: Threads that send the second and further slot groups of requests (made on demand).
+_MAX_WORKERS: Final = 16
 
 
 def slot_of(key: str) -> int:

@@ -65,6 +65,8 @@ class RedisStorage(Storage):
     """
 
     scheme = "redis"
+    #: The Sentinel manager when built by :meth:`sentinel` (its clients are closed with ours).
+    _sentinel: Sentinel | None = None
 
     def __init__(
         self,
@@ -125,8 +127,6 @@ class RedisStorage(Storage):
         storage._owns_client = True
         storage._sentinel = manager
         return storage
-
-    _sentinel: Sentinel | None = None
 
     # The hot path: one EVALSHA (redis-py's Script re-sends the source on NOSCRIPT).
     def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:

@@ -86,14 +86,20 @@ _DEFAULT_PORT: Final = {
     "redis+cluster": 6379,
 }
 
-_USERINFO_PASSWORD: Final = re.compile(r"(?<=://)([^/@]*?):([^/@]*)@")
-_QUERY_SECRET: Final = re.compile(r"((?:^|[?&])(?:sentinel_)?password=)[^&]*")
+_QUERY_SECRET: Final = re.compile(r"((?:^|[?&])(?:sentinel_)?password=)[^&#]*")
 
 
 def mask_url(url: str) -> str:
     """``url`` with every password replaced by ``***`` (for messages and logs)."""
-    masked = _USERINFO_PASSWORD.sub(r"\1:***@", url, count=1)
-    return _QUERY_SECRET.sub(r"\1***", masked)
+    scheme, sep, rest = url.partition("://")
+    if sep:
+        end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+        userinfo, at, hosts = rest[:end].rpartition("@")
+        if at and ":" in userinfo:
+            user = userinfo.partition(":")[0]
+            rest = f"{user}:***@{hosts}{rest[end:]}"
+        url = f"{scheme}://{rest}"
+    return _QUERY_SECRET.sub(r"\1***", url)
 
 
 class _BadURL(ValueError):
