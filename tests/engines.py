@@ -58,3 +58,13 @@ def make_engine(name: str, request: pytest.FixtureRequest) -> Engine:
     if name == "redis":
         return ScriptEngine(request.getfixturevalue("redis_client"))
     raise AssertionError(f"unknown engine {name!r}")
+
+
+class NeverExpires(MemoryStorage):
+    """The twin without expiry: keys live forever (as they do in Redis when the test pins them)."""
+
+    def _get(self, key: str, now: int) -> object:  # type: ignore[override]
+        return self._data.get(key)
+
+    def _tick(self, now: int) -> None:
+        pass

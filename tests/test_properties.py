@@ -102,10 +102,14 @@ def test_lua_on_redis_and_the_twin_agree(
                 assert ttl != -1, f"{where}: {key} has no TTL"
                 new = twin.expires_at(key)
                 if new is not None and new != old:  # written by this call: the same TTL
-                    assert (new - now) // 1000 - 1 <= ttl <= (new - now) // 1000, (where, key)
+                    # (less the real time that passed inside the MULTI on a busy machine)
+                    expected_ms = (new - now) // 1000
+                    assert expected_ms - _SLACK_MS <= ttl <= expected_ms, (where, key, ttl)
     finally:
         redis_client.flushall()
 
 
+#: Real milliseconds that may pass between the script's PEXPIRE and the PTTL after it.
+_SLACK_MS = 200
 #: What the test sets every key's TTL to after checking it (longer than any example runs).
 _PINNED_MS = 10**10

@@ -13,6 +13,10 @@
 -- only for costs > 0, writes them all. A denied request consumes nothing anywhere.
 -- Refund: each check gives its cost back, then reports its state as a peek (cost 0).
 --
+-- Each ALGORITHM.decide(key, limit, period, cost, now) returns {allowed (0/1), remaining and
+-- reset_after if consumed, retry_after, repaired (0/1), remaining and reset_after as it stands,
+-- then what its commit(key, r, limit, period, cost, now) writes}; refund(...) returns repaired.
+--
 -- Reply (integers only): {now_us, then per check: allowed (0/1), limit, remaining,
 --   reset_after_us, retry_after_us (0 when allowed, -1 = never: cost > limit), repaired (0/1)}.
 
@@ -70,11 +74,16 @@ if all then
   end
 end
 
+-- A denied request reports every limit as it stands, without the consumption that did not happen.
+local left, reset = 2, 3
+if not all then
+  left, reset = 6, 7
+end
 local reply = {now}
 for i = 1, n do
   local r = results[i]
   local j = 6 * (i - 1) + 1
-  reply[j + 1], reply[j + 2], reply[j + 3] = r[1], limits[i], r[2]
-  reply[j + 4], reply[j + 5], reply[j + 6] = r[3], r[4], r[5]
+  reply[j + 1], reply[j + 2], reply[j + 3] = r[1], limits[i], r[left]
+  reply[j + 4], reply[j + 5], reply[j + 6] = r[reset], r[4], r[5]
 end
 return reply

@@ -33,6 +33,20 @@ local function fw_read(key, period, now)
   return window, count, repaired
 end
 
+local function fw_left(limit, n)
+  if n < limit then
+    return limit - n
+  end
+  return 0
+end
+
+local function fw_reset(n, to_end)
+  if n > 0 then
+    return to_end
+  end
+  return 0
+end
+
 function FIXED_WINDOW.decide(key, limit, period, cost, now)
   local window, count, repaired = fw_read(key, period, now)
   local window_end = (window + 1) * period
@@ -46,20 +60,13 @@ function FIXED_WINDOW.decide(key, limit, period, cost, now)
   else
     retry = window_end - now
   end
-  local reset = 0
-  if after > 0 then
-    reset = window_end - now
-  end
-  local remaining = limit - after
-  if remaining < 0 then
-    remaining = 0
-  end
-  return {allowed and 1 or 0, remaining, reset, retry, repaired, window, after}
+  return {allowed and 1 or 0, fw_left(limit, after), fw_reset(after, window_end - now), retry,
+    repaired, fw_left(limit, count), fw_reset(count, window_end - now), window, after}
 end
 
 function FIXED_WINDOW.commit(key, r, limit, period, cost, now)
-  redis.call('HSET', key, 'w', fmt_int(r[6]), 'n', fmt_int(r[7]))
-  expire_in(key, (r[6] + 1) * period - now)
+  redis.call('HSET', key, 'w', fmt_int(r[8]), 'n', fmt_int(r[9]))
+  expire_in(key, (r[8] + 1) * period - now)
 end
 
 function FIXED_WINDOW.refund(key, limit, period, cost, now)

@@ -11,7 +11,7 @@
 --   tat' = tat + c if allowed else tat;  used' = tat' - now_u
 --   remaining    = max(0, floor(L - used'))
 --   reset_after  = the first whole us r with (now + r) / T >= tat' (ceil(used' * T), then stepped
---                  at most 3 us by the same double expression)
+--                  at most 3 us each way by the same double expression)
 --   retry_after  = 0 if allowed; -1 if c > L; else the first whole us d with
 --                  (tat - (now + d) / T) + c <= L
 --   TTL          = reset_after after the write
@@ -49,6 +49,16 @@ local function gcra_until(interval, now, now_u, tat)
     return 0
   end
   local r = ceil((tat - now_u) * interval)
+  if r < 1 then
+    r = 1
+  end
+  for _ = 1, 3 do
+    if r > 1 and (now + r - 1) / interval >= tat then
+      r = r - 1
+    else
+      break
+    end
+  end
   for _ = 1, 3 do
     if (now + r) / interval >= tat then
       break
@@ -56,6 +66,14 @@ local function gcra_until(interval, now, now_u, tat)
     r = r + 1
   end
   return r
+end
+
+local function gcra_left(limit, now_u, tat)
+  local left = floor(limit - (tat - now_u))
+  if left < 0 then
+    return 0
+  end
+  return left
 end
 
 function GCRA.decide(key, limit, period, cost, now)
@@ -73,6 +91,13 @@ function GCRA.decide(key, limit, period, cost, now)
       d = 1
     end
     for _ = 1, 3 do
+      if d > 1 and (tat - (now + d - 1) / interval) + cost <= limit then
+        d = d - 1
+      else
+        break
+      end
+    end
+    for _ = 1, 3 do
       if (tat - (now + d) / interval) + cost <= limit then
         break
       end
@@ -80,16 +105,12 @@ function GCRA.decide(key, limit, period, cost, now)
     end
     retry = d
   end
-  local remaining = floor(limit - (after - now_u))
-  if remaining < 0 then
-    remaining = 0
-  end
-  return {allowed and 1 or 0, remaining, gcra_until(interval, now, now_u, after), retry, repaired,
-    after}
+  return {allowed and 1 or 0, gcra_left(limit, now_u, after), gcra_until(interval, now, now_u, after),
+    retry, repaired, gcra_left(limit, now_u, tat), gcra_until(interval, now, now_u, tat), after}
 end
 
 function GCRA.commit(key, r, limit, period, cost, now)
-  redis.call('SET', key, fmt_float(r[6]), 'PX', fmt_int(floor((r[3] + 999) / 1000)))
+  redis.call('SET', key, fmt_float(r[8]), 'PX', fmt_int(floor((r[3] + 999) / 1000)))
 end
 
 function GCRA.refund(key, limit, period, cost, now)

@@ -14,7 +14,7 @@
 --   retry_after = 0 if allowed; -1 if c > L; else the first whole microsecond d at which the
 --                 estimate leaves room for c (within this window if cur + c <= L, else in the
 --                 next one, where prev becomes cur), checked with the same double expression
---                 (at most 3 steps of 1 us past the closed form).
+--                 (the closed form, then at most 3 steps of 1 us each way).
 --   TTL         = (t - now) + 2P - elapsed  (to the end of the next window: two at most)
 --   It is an estimate: it may admit a little more or less than L in a true sliding window.
 --   refund:     cur = max(0, cur - c) while the stored window is still the current one.
@@ -50,6 +50,23 @@ local function swc_fits(limit, period, prev, cur, cost, elapsed)
   return (prev * (period - elapsed)) / period + (cur + cost) <= limit
 end
 
+local function swc_left(limit, weighted, cur)
+  local left = floor(limit - (weighted + cur))
+  if left < 0 then
+    return 0
+  end
+  return left
+end
+
+local function swc_reset(period, prev, cur, shift, elapsed)
+  if cur > 0 then
+    return shift + 2 * period - elapsed
+  elseif prev > 0 then
+    return shift + period - elapsed
+  end
+  return 0
+end
+
 function SLIDING_WINDOW_COUNTER.decide(key, limit, period, cost, now)
   local window, t, cur, prev, _, repaired = swc_read(key, period, now)
   local elapsed = t - window * period
@@ -68,6 +85,13 @@ function SLIDING_WINDOW_COUNTER.decide(key, limit, period, cost, now)
       d = 1
     end
     for _ = 1, 3 do
+      if d > 1 and swc_fits(limit, period, prev, cur, cost, elapsed + d - 1) then
+        d = d - 1
+      else
+        break
+      end
+    end
+    for _ = 1, 3 do
       if d >= period - elapsed or swc_fits(limit, period, prev, cur, cost, elapsed + d) then
         break
       end
@@ -81,6 +105,13 @@ function SLIDING_WINDOW_COUNTER.decide(key, limit, period, cost, now)
       e = 0
     end
     for _ = 1, 3 do
+      if e > 0 and swc_fits(limit, period, cur, 0, cost, e - 1) then
+        e = e - 1
+      else
+        break
+      end
+    end
+    for _ = 1, 3 do
       if e >= period or swc_fits(limit, period, cur, 0, cost, e) then
         break
       end
@@ -88,22 +119,15 @@ function SLIDING_WINDOW_COUNTER.decide(key, limit, period, cost, now)
     end
     retry = shift + (period - elapsed) + e
   end
-  local remaining = floor(limit - (weighted + after))
-  if remaining < 0 then
-    remaining = 0
-  end
-  local reset = 0
-  if after > 0 then
-    reset = shift + 2 * period - elapsed
-  elseif prev > 0 then
-    reset = shift + period - elapsed
-  end
-  return {allowed and 1 or 0, remaining, reset, retry, repaired, window, after, prev}
+  return {allowed and 1 or 0, swc_left(limit, weighted, after),
+    swc_reset(period, prev, after, shift, elapsed), retry, repaired,
+    swc_left(limit, weighted, cur), swc_reset(period, prev, cur, shift, elapsed),
+    window, after, prev}
 end
 
 function SLIDING_WINDOW_COUNTER.commit(key, r, limit, period, cost, now)
-  local window = r[6]
-  redis.call('HSET', key, 'w', fmt_int(window), 'c', fmt_int(r[7]), 'p', fmt_int(r[8]))
+  local window = r[8]
+  redis.call('HSET', key, 'w', fmt_int(window), 'c', fmt_int(r[9]), 'p', fmt_int(r[10]))
   expire_in(key, (window + 2) * period - now)
 end
 

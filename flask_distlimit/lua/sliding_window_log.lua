@@ -66,15 +66,18 @@ function SLIDING_WINDOW_LOG.decide(key, limit, period, cost, now)
     local entry = redis.call('ZRANGE', key, idx, idx, 'WITHSCORES')
     retry = ceil(tonumber(entry[2]) + period - now)
   end
-  local reset = 0
+  local reset, reset_now = 0, 0
   if after > 0 then
     reset = last + period - now
   end
-  return {allowed and 1 or 0, limit - after, reset, retry, repaired, first}
+  if count > 0 then
+    reset_now = newest + period - now
+  end
+  return {allowed and 1 or 0, limit - after, reset, retry, repaired, limit - count, reset_now, first}
 end
 
 function SLIDING_WINDOW_LOG.commit(key, r, limit, period, cost, now)
-  local first = r[6]
+  local first = r[8]
   local i = 0
   while i < cost do
     local n = cost - i

@@ -9,7 +9,8 @@
 --   allowed      = c <= L and c <= k
 --   k' = k - c if allowed else k;  remaining = floor(k')
 --   reset_after  = (t0 - now) + r, r = the first whole us at which the bucket is full again:
---                  ceil(((L - k') * P) / L), then stepped (at most 3 us) until tokens(t0 + r) >= L
+--                  ceil(((L - k') * P) / L), then stepped (at most 3 us each way) to the first
+--                  us with tokens(t0 + r) >= L
 --                  by the same double expression, so the key is never dropped while not full
 --   retry_after  = 0 if allowed; -1 if c > L; else (t0 - now) + d, d likewise the first whole
 --                  us with tokens(t0 + d) >= c
@@ -50,6 +51,13 @@ local function tb_wait(limit, period, b, s, t0, k, want)
     d = 1
   end
   for _ = 1, 3 do
+    if d > 1 and b + (((t0 + d - 1 - s) * limit) / period) >= want then
+      d = d - 1
+    else
+      break
+    end
+  end
+  for _ = 1, 3 do
     if b + (((t0 + d - s) * limit) / period) >= want then
       break
     end
@@ -62,7 +70,10 @@ function TOKEN_BUCKET.decide(key, limit, period, cost, now)
   local b, s, t0, k, repaired = tb_read(key, limit, period, now)
   local shift = t0 - now
   local allowed = cost <= limit and cost <= k
-  local after, retry, reset = k, 0, 0
+  local after, retry, reset, reset_now = k, 0, 0, 0
+  if k < limit then
+    reset_now = shift + tb_wait(limit, period, b, s, t0, k, limit)
+  end
   if allowed then
     after = k - cost
   elseif cost > limit then
@@ -72,14 +83,14 @@ function TOKEN_BUCKET.decide(key, limit, period, cost, now)
   end
   if allowed and cost > 0 then
     reset = shift + tb_wait(limit, period, after, t0, t0, after, limit)
-  elseif k < limit then
-    reset = shift + tb_wait(limit, period, b, s, t0, k, limit)
+  else
+    reset = reset_now
   end
-  return {allowed and 1 or 0, floor(after), reset, retry, repaired, after, t0}
+  return {allowed and 1 or 0, floor(after), reset, retry, repaired, floor(k), reset_now, after, t0}
 end
 
 function TOKEN_BUCKET.commit(key, r, limit, period, cost, now)
-  redis.call('HSET', key, 't', fmt_float(r[6]), 's', fmt_int(r[7]))
+  redis.call('HSET', key, 't', fmt_float(r[8]), 's', fmt_int(r[9]))
   expire_in(key, r[3])
 end
 

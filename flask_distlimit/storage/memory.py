@@ -239,12 +239,22 @@ def sliding_window_counter(
     elif cur + cost <= limit:
         d = max(1, math.ceil((period - elapsed) - float(limit - cur - cost) * period / prev))
         for _ in range(3):
+            if d > 1 and _swc_fits(limit, period, prev, cur, cost, elapsed + d - 1):
+                d -= 1
+            else:
+                break
+        for _ in range(3):
             if d >= period - elapsed or _swc_fits(limit, period, prev, cur, cost, elapsed + d):
                 break
             d += 1
         retry = shift + d
     else:
         e = max(0, math.ceil(period - float(limit - cost) * period / cur))
+        for _ in range(3):
+            if e > 0 and _swc_fits(limit, period, cur, 0, cost, e - 1):
+                e -= 1
+            else:
+                break
         for _ in range(3):
             if e >= period or _swc_fits(limit, period, cur, 0, cost, e):
                 break
@@ -292,6 +302,11 @@ def _tb_wait(
     limit: int, period: int, base: float, stamp: int, t0: int, tokens: float, want: float
 ) -> int:
     d = max(1, math.ceil((want - tokens) * period / limit))
+    for _ in range(3):
+        if d > 1 and base + float(t0 + d - 1 - stamp) * limit / period >= want:
+            d -= 1
+        else:
+            break
     for _ in range(3):
         if base + float(t0 + d - stamp) * limit / period >= want:
             break
@@ -358,7 +373,12 @@ def _gcra_read(
 def _gcra_until(interval: float, now: int, now_u: float, tat: float) -> int:
     if tat <= now_u:
         return 0
-    r = math.ceil((tat - now_u) * interval)
+    r = max(1, math.ceil((tat - now_u) * interval))
+    for _ in range(3):
+        if r > 1 and (now + r - 1) / interval >= tat:
+            r -= 1
+        else:
+            break
     for _ in range(3):
         if (now + r) / interval >= tat:
             break
@@ -381,6 +401,11 @@ def gcra(state: State | None, limit: int, period: int, cost: int, now: int) -> S
         retry = -1
     else:
         d = max(1, math.ceil((used + cost - limit) * interval))
+        for _ in range(3):
+            if d > 1 and (tat - (now + d - 1) / interval) + cost <= limit:
+                d -= 1
+            else:
+                break
         for _ in range(3):
             if (tat - (now + d) / interval) + cost <= limit:
                 break
@@ -569,6 +594,10 @@ class MemoryStorage(Storage):
             ),
             tuple(repaired),
         )
+
+    def __len__(self) -> int:
+        """Keys held, including expired ones not yet dropped (memory use, for tests)."""
+        return len(self._data)
 
     def expires_at(self, key: str) -> int | None:
         """When ``key`` expires, in us on this storage's clock (``None``: no such key)."""
