@@ -61,7 +61,6 @@ from .route_limits import (
     RoutePlan,
     bind,
     build_plan,
-    view_name,
 )
 from .storage.base import Storage
 from .storage.urls import from_url
@@ -579,6 +578,10 @@ class Limiter:
         chosen = storage or self._storage
         if chosen is None:
             chosen = from_url(settings.storage_url, timeout=settings.redis_timeout)
+        clock = self._clock
+        guard_clock: Callable[[], float] = (
+            (lambda: clock() / 1_000_000) if clock is not None else time.monotonic
+        )
         guard = Guard(
             chosen,
             policy=settings.failure_policy,
@@ -586,6 +589,7 @@ class Limiter:
             reset_timeout=settings.breaker_reset_timeout,
             instances=settings.instances,
             key_prefix=settings.key_prefix,
+            clock=guard_clock,  # an injected clock drives the breaker's reset timeout too
         )
         cache = (
             DenyCache(clock=self._clock or monotonic_us, max_entries=self._deny_cache_size)
@@ -736,7 +740,7 @@ class Limiter:
                     target.name, spec if kind == "shared" else _as_blueprint(spec)
                 )
             else:
-                self.registry.add_view(view_name(target), spec)
+                self.registry.add_view(target, spec)
             return target
 
         return decorator
@@ -750,7 +754,7 @@ class Limiter:
         if isinstance(target, Blueprint):
             self.registry.exempt_blueprints.add(target.name)
         else:
-            self.registry.exempt_views.add(view_name(target))
+            self.registry.exempt_view(target)
         return target
 
     # -- identity hooks --------------------------------------------------------------------------

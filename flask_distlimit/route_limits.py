@@ -153,29 +153,77 @@ def bind(
 
 
 def view_name(view: object) -> str:
-    """The registry name of a view function or class: ``<module>.<qualname>``.
-
-    Names survive ``functools.wraps`` and the order of ``@app.route`` and ``@limiter.limit``.
-    """
+    """The name of a view function or class: ``<module>.<qualname>``."""
     module = getattr(view, "__module__", None) or "?"
     qualname = getattr(view, "__qualname__", None) or getattr(view, "__name__", None) or repr(view)
     return f"{module}.{qualname}"
 
 
+def _hashable(obj: object) -> bool:
+    try:
+        hash(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def _unwrapped(view: object) -> list[object]:
+    """``view``, the functions it wraps (``functools.wraps``) and its view class, if any
+    (hashable ones only: they are looked up by identity)."""
+    found: list[object] = []
+    current: object | None = view
+    while current is not None and len(found) < 16 and not any(current is f for f in found):
+        found.append(current)
+        view_class = getattr(current, "view_class", None)
+        if view_class is not None:
+            found.append(view_class)
+        current = getattr(current, "__wrapped__", None)
+    return [f for f in found if _hashable(f)]
+
+
 @dataclass
 class LimitRegistry:
-    """Every limit declared through one ``Limiter``, by view name and blueprint name."""
+    """Every limit declared through one ``Limiter``: by view object (and its name), and by
+    blueprint name.
 
-    views: dict[str, list[LimitSpec]] = field(default_factory=dict)
+    A view is found by identity first (itself, what it wraps through ``functools.wraps``, its
+    view class), so views made by one factory keep their own limits; by name
+    (``<module>.<qualname>``) only when none of those objects was declared, for wrappers that
+    do not use ``functools.wraps``.
+    """
+
+    views: dict[object, list[LimitSpec]] = field(default_factory=dict)
+    names: dict[str, list[LimitSpec]] = field(default_factory=dict)
     blueprints: dict[str, list[LimitSpec]] = field(default_factory=dict)
-    exempt_views: set[str] = field(default_factory=set)
+    exempt_views: set[object] = field(default_factory=set)
+    exempt_names: set[str] = field(default_factory=set)
     exempt_blueprints: set[str] = field(default_factory=set)
 
-    def add_view(self, name: str, spec: LimitSpec) -> None:
-        self.views.setdefault(name, []).append(spec)
+    def add_view(self, view: object, spec: LimitSpec) -> None:
+        if _hashable(view):
+            self.views.setdefault(view, []).append(spec)
+        self.names.setdefault(view_name(view), []).append(spec)
+
+    def exempt_view(self, view: object) -> None:
+        if _hashable(view):
+            self.exempt_views.add(view)
+        self.exempt_names.add(view_name(view))
 
     def add_blueprint(self, name: str, spec: LimitSpec) -> None:
         self.blueprints.setdefault(name, []).append(spec)
+
+    def view_specs(self, view: object) -> tuple[bool, list[LimitSpec]]:
+        """(exempt, declared specs) of a registered view function."""
+        objects = _unwrapped(view)
+        if any(o in self.exempt_views for o in objects):
+            return True, []
+        specs = [s for o in objects for s in self.views.get(o, ())]
+        if specs:
+            return False, specs
+        names = [view_name(o) for o in objects]
+        if any(n in self.exempt_names for n in names):
+            return True, []
+        return False, [s for n in names for s in self.names.get(n, ())]
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,17 +261,13 @@ def build_plan(
     """
     if endpoint is None:
         return RoutePlan(exempt=False)
-    names = [view_name(view)] if view is not None else []
-    view_class = getattr(view, "view_class", None)
-    if view_class is not None:
-        names.append(view_name(view_class))
-    if any(n in registry.exempt_views for n in names):
+    exempt, specs = registry.view_specs(view) if view is not None else (False, [])
+    if exempt:
         return EXEMPT
     if any(
         _blueprint_matches(bp, dotted) for dotted in blueprints for bp in registry.exempt_blueprints
     ):
         return EXEMPT
-    specs: list[LimitSpec] = [s for n in names for s in registry.views.get(n, ())]
     if not specs:
         for dotted in blueprints:  # innermost first
             for bp, bp_specs in registry.blueprints.items():

@@ -712,3 +712,51 @@ def test_nested_blueprints_and_class_based_views(backend: Backend, clock: FakeCl
     assert [client.get("/p/c/leaf").status_code for _ in range(3)] == [200, 200, 429]
     assert [client.get("/p/q/leaf").status_code for _ in range(3)] == [200, 200, 200]
     assert [client.get("/items").status_code for _ in range(2)] == [200, 429]
+
+
+def test_the_injected_clock_drives_the_breaker(clock: FakeClock) -> None:
+    down = _Down()
+    app, limiter, counting = make_app(
+        down,
+        clock,
+        DISTLIMIT_BREAKER_FAIL_MAX=2,
+        DISTLIMIT_BREAKER_RESET_TIMEOUT=30,
+    )
+    app.add_url_rule("/", "index", limiter.limit("5/minute")(lambda: "ok"))
+    client = app.test_client()
+    for _ in range(5):
+        assert client.get("/").headers["X-RateLimit-Degraded"] == "true"
+    assert counting.evaluations == 2  # the breaker opened after 2 outages
+    clock.advance(31)
+    client.get("/")
+    assert counting.evaluations == 3  # half-open trial, on the fake clock
+    with app.app_context():
+        assert limiter.health()["breaker"] == "open"
+
+
+def test_views_from_one_factory_keep_their_own_limits(backend: Backend, clock: FakeClock) -> None:
+    import functools
+
+    app, limiter, _ = make_app(backend(), clock, DISTLIMIT_ALGORITHM="fixed_window")
+
+    def make_view(text: str) -> Callable[[], str]:
+        def view() -> str:  # every view made here has the same __qualname__
+            return text
+
+        return view
+
+    def logged(func: Callable[[], str]) -> Callable[[], str]:
+        @functools.wraps(func)
+        def wrapper() -> str:
+            return func()
+
+        return wrapper
+
+    app.add_url_rule("/one", "one", limiter.limit("1/minute")(make_view("one")))
+    app.add_url_rule("/three", "three", logged(limiter.limit("3/minute")(make_view("three"))))
+    app.add_url_rule("/free", "free", limiter.exempt(make_view("free")))
+    client = app.test_client()
+    assert [client.get("/one").status_code for _ in range(2)] == [200, 429]
+    assert [client.get("/three").status_code for _ in range(4)] == [200, 200, 200, 429]
+    free = client.get("/free")
+    assert free.status_code == 200 and "X-RateLimit-Limit" not in free.headers
