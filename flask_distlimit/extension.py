@@ -40,7 +40,7 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 
 from .algorithms import validate_algorithm
 from .config import Settings
-from .decision import Check, Decision
+from .decision import Check, Decision, Evaluation
 from .deny_cache import DenyCache, monotonic_us
 from .errors import ConfigurationError
 from .guard import FailurePolicy, Guard, validate_policy
@@ -304,6 +304,11 @@ class LimiterState:
                 denial = cache.lookup(c.key, c.cost, now)
                 if denial is not None:
                     wait = denial.retry_after(now)
+                    metrics = self.guard.metrics
+                    if metrics is not None:  # count the refusal as if the storage had made it
+                        metrics.evaluated(
+                            [c], Evaluation((Decision(False, denial.limit, 0, wait, wait),))
+                        )
                     report = Report(
                         name=denial.name,
                         limit=denial.limit,

@@ -219,3 +219,21 @@ def test_never_refuses_what_the_storage_would_admit(
         outcomes.append(statuses[0])
     assert outcomes.count(200) > 20 and outcomes.count(429) > 20
     assert counters[0].evaluations < counters[1].evaluations  # the cache did answer some
+
+
+def test_cached_refusals_are_counted_in_the_metrics(clock: FakeClock) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from flask_distlimit.metrics import metrics_for
+    from flask_distlimit.storage.memory import MemoryStorage
+
+    app, limiter, counting = make_app(MemoryStorage(clock=clock), clock)
+    registry = CollectorRegistry()
+    Limiter.state(app).guard.use_metrics(metrics_for(registry))
+    app.add_url_rule("/", "index", limiter.limit("1/minute")(lambda: "ok"))
+    client = app.test_client()
+    assert [client.get("/").status_code for _ in range(5)] == [200] + [429] * 4
+    assert counting.evaluations == 2
+    labels = {"limit": "r_index_1/60:sliding_window_counter"}
+    denied = registry.get_sample_value("distlimit_decisions_total", {**labels, "outcome": "denied"})
+    assert denied == 4
