@@ -199,15 +199,16 @@ class SilentServer:
         while True:
             try:
                 conn, _ = self.sock.accept()
-            except OSError:
+            except OSError:  # closed by close()
                 return
             self.accepted.append(conn)
 
     def close(self) -> None:
+        self.sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
         self.sock.close()
+        self.thread.join(timeout=5)
         for conn in self.accepted:
             conn.close()
-        self.thread.join(timeout=2)
 
 
 def test_a_hung_server_costs_one_connection_attempt_not_retries() -> None:
