@@ -45,10 +45,20 @@ def server() -> Iterator[RedisProcess]:
     process.stop()
 
 
+_opened: list[Storage] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_storages() -> Iterator[None]:
+    yield
+    while _opened:
+        _opened.pop().close()
+
+
 def make_guard(server: RedisProcess, policy: FailurePolicy = "open") -> Guard:
-    return Guard(
-        from_url(server.url, timeout=TIMEOUT), policy=policy, fail_max=5, reset_timeout=RESET
-    )
+    storage = from_url(server.url, timeout=TIMEOUT)
+    _opened.append(storage)
+    return Guard(storage, policy=policy, fail_max=5, reset_timeout=RESET)
 
 
 def exact_again(guard: Guard, name: str, limit: int = 5) -> list[str]:

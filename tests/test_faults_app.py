@@ -26,10 +26,15 @@ P99_BOUND = TIMEOUT + 0.05
 TEMPORARY = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
 
 
+_apps: list[Flask] = []
+
+
 @pytest.fixture
 def server() -> Iterator[RedisProcess]:
     process = start_redis()
     yield process
+    while _apps:
+        Limiter.state(_apps.pop()).storage.close()
     process.stop()
 
 
@@ -45,6 +50,7 @@ def make_app(server: RedisProcess, policy: str, **config: Any) -> tuple[Flask, L
         **config,
     )
     limiter = Limiter(app)
+    _apps.append(app)
 
     @app.get("/busy")
     @limiter.limit("1000000/hour", key_func=lambda: "load")
