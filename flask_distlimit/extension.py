@@ -97,7 +97,9 @@ class Breach:
     endpoint: str | None
     method: str
     path: str
-    identity_digest: str  #: :func:`flask_distlimit.keys.identity_tag` of the identity
+    #: :func:`flask_distlimit.keys.identity_tag` of the request's identity (when only global or
+    #: ``key_func`` limits applied: the hash tag of the first denied limit's key)
+    identity_digest: str
     tier: str | None
     violated_policies: tuple[str, ...]
     retry_after: int  #: seconds, rounded up
@@ -319,7 +321,7 @@ class LimiterState:
                         policy=b.policy,
                         quoted=b.quoted,
                     )
-                    self._refuse([report], identity, from_cache=True)
+                    self._refuse([report], [c.key], identity, from_cache=True)
         started = self._local_clock()
         storage_now = self._storage_clock() if self._storage_clock is not None else None
         outcome = self.guard.evaluate(checks, policy=policy, now_us=storage_now)
@@ -336,10 +338,12 @@ class LimiterState:
         if not evaluation.allowed:
             finished = self._local_clock()
             denied_reports: list[Report] = []
+            denied_keys: list[str] = []
             for c, b, d in zip(checks, bounds, decisions, strict=True):
                 if d.allowed:
                     continue
                 denied_reports.append(_report(b, d, denied=True))
+                denied_keys.append(c.key)
                 if cache is not None and not outcome.degraded:
                     cache.record(
                         c.key,
@@ -351,7 +355,13 @@ class LimiterState:
                         period=b.rate.period,
                         name=b.name,
                     )
-            self._refuse(denied_reports, identity, from_cache=False, degraded=outcome.degraded)
+            self._refuse(
+                denied_reports,
+                denied_keys,
+                identity,
+                from_cache=False,
+                degraded=outcome.degraded,
+            )
         # allowed: report the limit with the fewest units left (ties: the latest reset)
         best = 0
         if len(decisions) > 1:
@@ -369,26 +379,31 @@ class LimiterState:
     def _refuse(
         self,
         reports: list[Report],
+        keys: list[str],
         identity: Identity | None,
         *,
         from_cache: bool,
         degraded: bool = False,
     ) -> None:
+        """Log, call the breach hook and raise the 429 for the denied limits ``reports``
+        (stored under ``keys``)."""
         binding = max(reports, key=lambda r: r.retry_after)
         retry = retry_after_seconds(binding.retry_after)
         g._distlimit = _RequestData(binding, degraded=degraded, denied=True, retry_after=retry)
         names = tuple(r.name for r in reports)
-        ident = identity.value if identity is not None else self.resolver.client_ip(request.environ)
-        digest = identity_tag(ident)
+        # The digest of who was counted: the key's hash tag, never the identity in clear.
+        tags = [key[key.index("{") + 1 : key.index("}")] for key in keys]
+        digest = identity_tag(identity.value) if identity is not None else tags[0]
         endpoint = request.endpoint
+        tier = identity.tier if identity is not None else None
         if from_cache:
-            log.debug("Rate limit %s refused %s locally (deny cache)", names, digest)
+            log.debug("Rate limit %s refused client %s locally (deny cache)", names[0], tags[0])
         else:
             log.warning(
-                "Rate limit exceeded: %s by identity %s (tier %s) on %s %s; retry in %d s",
-                ", ".join(names),
+                "Rate limit exceeded: %s; identity %s, tier %s, %s %s; retry in %d s",
+                ", ".join(f"{n} (client {t})" for n, t in zip(names, tags, strict=True)),
                 digest,
-                identity.tier if identity is not None else "-",
+                tier or "-",
                 request.method,
                 endpoint,
                 retry,
@@ -402,7 +417,7 @@ class LimiterState:
                     method=request.method,
                     path=request.path,
                     identity_digest=digest,
-                    tier=identity.tier if identity is not None else None,
+                    tier=tier,
                     violated_policies=names,
                     retry_after=retry,
                     from_cache=from_cache,
