@@ -6,6 +6,8 @@ listeners), but never lets pybreaker run the protected call: ``CircuitBreaker.ca
 lock for the whole call, which would serialize every Redis round trip of a gthread worker. The
 caller asks :meth:`Breaker.allow`, makes the call itself, and reports :meth:`Breaker.success` or
 :meth:`Breaker.failure`; the lock is taken only around state changes, so concurrent calls overlap.
+The reset timeout is timed here too, on an injected monotonic ``clock``: pybreaker's open state
+compares ``datetime.now()`` (wall clock, not injectable), so tests would have to sleep.
 
 - closed: every call goes through; ``fail_max`` consecutive outages open the breaker.
 - open: :meth:`allow` answers ``False`` in well under a microsecond, without touching the storage,
@@ -208,6 +210,7 @@ class Breaker:
     def _after_fork(self) -> None:
         # A lock copied from the parent may be held by a thread that does not exist here.
         self._lock = threading.Lock()
+        self._cb._lock = threading.RLock()  # pybreaker's own, taken in open()/close()
         self._trial_since = None
 
     def __repr__(self) -> str:

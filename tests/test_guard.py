@@ -333,3 +333,33 @@ def test_metrics_can_be_attached_to_a_running_guard() -> None:
     guard.evaluate([check()], now_us=NOW)
     labels = {"limit": "route:fixed_window", "outcome": "degraded"}
     assert registry.get_sample_value("distlimit_decisions_total", labels) == 1
+
+
+def test_a_forked_child_never_inherits_a_held_breaker_lock() -> None:
+    guard, _, _ = make(fail_max=1)
+    guard.breaker._lock.acquire()  # as if another thread were changing state at fork time
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            try:
+                from flask_distlimit.errors import StorageUnavailable
+
+                guard.breaker.failure(StorageUnavailable("x"))  # would deadlock on the copy
+                os._exit(0 if guard.breaker.state == "open" else 1)
+            finally:
+                os._exit(2)
+    finally:
+        guard.breaker._lock.release()
+    deadline = time.monotonic() + 10
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise AssertionError("the child deadlocked on the breaker lock")
+        time.sleep(0.01)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
