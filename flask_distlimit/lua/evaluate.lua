@@ -46,6 +46,10 @@ for i = 1, n do
       and whole(cost)) then
     return redis.error_reply('ERR distlimit: bad arguments for check ' .. i)
   end
+  if algo == GCRA and now / (period / limit) >= GCRA_MAX_UNITS then
+    return redis.error_reply('ERR distlimit: check ' .. i .. ': a GCRA rate above ' ..
+      '2,000,000 per second cannot be computed exactly; use token_bucket')
+  end
   algos[i], limits[i], periods[i], costs[i] = algo, limit, period, cost
 end
 

@@ -20,6 +20,9 @@
 --   changed rate: T changed, so the units mean another time) resets the key.
 
 local GCRA = {}
+-- now / T must stay below 2^52 so that adding whole units to a TAT is exact (about 2.5 million
+-- units per second until the year 2027, less later): the driver refuses faster GCRA rates.
+local GCRA_MAX_UNITS = 4503599627370496
 
 local function gcra_read(key, limit, period, now)
   local interval = period / limit

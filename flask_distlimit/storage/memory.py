@@ -469,6 +469,10 @@ def refund(
     return _REFUNDS[algorithm](state, check.limit, check.period * _US, check.cost, now_us)
 
 
+#: now / T must stay below 2^52 for GCRA (see lua/gcra.lua).
+_GCRA_MAX_UNITS: Final = 2**52
+
+
 def _validate(checks: Sequence[Check], now: int) -> None:
     if now < 0:
         raise StorageResponseError(f"distlimit: bad time {now!r}: microseconds since the epoch")
@@ -477,6 +481,11 @@ def _validate(checks: Sequence[Check], now: int) -> None:
             raise StorageResponseError(
                 f"distlimit: bad arguments for check {i} ({c!r}): a known algorithm, "
                 "limit >= 1, period >= 1 and cost >= 0 are required"
+            )
+        if c.algorithm == "gcra" and now / (c.period * _US / c.limit) >= _GCRA_MAX_UNITS:
+            raise StorageResponseError(
+                f"distlimit: check {i}: a GCRA rate above 2,000,000 per second cannot be "
+                "computed exactly; use token_bucket"
             )
 
 

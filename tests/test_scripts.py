@@ -1,0 +1,172 @@
+"""The script contract on a real Redis: wire layout, one round trip, garbage keys repaired,
+bad arguments refused, large numbers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from flask_distlimit.algorithms import ALGORITHMS, Algorithm
+from flask_distlimit.decision import NEVER, Check, Decision, Evaluation
+from flask_distlimit.errors import StorageResponseError
+from flask_distlimit.scripts import SCRIPT_SOURCE, parse_reply, script_args
+from flask_distlimit.storage.memory import MemoryStorage
+from flask_distlimit.storage.redis import RedisStorage
+from tests.vectors import T0
+
+pytestmark = pytest.mark.redis
+
+
+def test_script_args_layout() -> None:
+    checks = [
+        Check("a", "fixed_window", 10, 60, 1),
+        Check("b", "gcra", 5, 1, 0),
+    ]
+    assert script_args(checks) == (["a", "b"], [-1, 0, 1, 10, 60_000_000, 1, 5, 5, 1_000_000, 0])
+    assert script_args(checks, 123, refund=True)[1][:2] == [123, 1]
+
+
+def test_parse_reply() -> None:
+    checks = [Check("a", "fixed_window", 10, 60), Check("b", "gcra", 5, 1, 9)]
+    evaluation = parse_reply([T0, 1, 10, 9, 60_000_000, 0, 0, 0, 5, 5, 0, -1, 1], checks)
+    assert evaluation == Evaluation(
+        (Decision(True, 10, 9, 60.0, 0.0), Decision(False, 5, 5, 0.0, NEVER)), ("b",)
+    )
+    assert evaluation.decisions[1].impossible
+    for bad in (None, b"OK", [T0, 1, 10], [T0, 1, 10, 9, 60, 0, b"x"] + [0] * 6):
+        with pytest.raises(StorageResponseError, match="SCRIPT FLUSH"):
+            parse_reply(bad, checks)
+
+
+class CountingRedis(redis.Redis):
+    """Counts the commands the client sends (each one a round trip)."""
+
+    sent = 0
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        type(self).sent += 1
+        return super().execute_command(*args, **options)
+
+
+def test_one_round_trip_whatever_the_number_of_limits(redis_client: redis.Redis) -> None:
+    port = redis_client.connection_pool.connection_kwargs["port"]
+    client = CountingRedis(host="127.0.0.1", port=port)
+    storage = RedisStorage(client)
+    checks = [Check(f"rt:{{x}}:{i}:{a}", a, 10, 60) for i, a in enumerate(ALGORITHMS)]
+    storage.evaluate(checks[:1])  # loads the script (NOSCRIPT, then SCRIPT LOAD once)
+    redis_client.config_resetstat()
+    CountingRedis.sent = 0
+    for n in (1, 3, 5):
+        storage.evaluate(checks[:n])
+    assert CountingRedis.sent == 3
+    assert redis_client.info("commandstats")["cmdstat_evalsha"]["calls"] == 3
+    client.close()
+
+
+# (algorithm, how to spoil the key) -> the key must come back repaired, fresh, with a TTL
+GARBAGE: list[tuple[Algorithm, Callable[[redis.Redis, str], object]]] = [
+    ("fixed_window", lambda r, k: r.set(k, "x")),
+    ("fixed_window", lambda r, k: r.hset(k, mapping={"w": "abc", "n": "1"})),
+    ("fixed_window", lambda r, k: r.hset(k, mapping={"w": "1", "n": "nan"})),
+    ("fixed_window", lambda r, k: r.hset(k, mapping={"w": "1", "n": "1e300"})),
+    ("fixed_window", lambda r, k: r.hset(k, mapping={"w": str(10**12), "n": "1"})),  # future
+    ("fixed_window", lambda r, k: r.hset(k, mapping={"w": "1.5", "n": "-1"})),
+    ("sliding_window_log", lambda r, k: r.hset(k, "a", "b")),
+    ("sliding_window_log", lambda r, k: r.zadd(k, {"x": float("inf")})),
+    ("sliding_window_log", lambda r, k: r.zadd(k, {"x": 1e300})),
+    ("sliding_window_log", lambda r, k: r.zadd(k, {"x": T0 + 0.5})),
+    ("sliding_window_counter", lambda r, k: r.rpush(k, "x")),
+    ("sliding_window_counter", lambda r, k: r.hset(k, mapping={"w": "1", "c": "x", "p": "0"})),
+    ("sliding_window_counter", lambda r, k: r.hset(k, "c", "inf")),
+    ("token_bucket", lambda r, k: r.sadd(k, "x")),
+    ("token_bucket", lambda r, k: r.hset(k, mapping={"t": "nan", "s": "1"})),
+    ("token_bucket", lambda r, k: r.hset(k, mapping={"t": "-1", "s": "1"})),
+    ("token_bucket", lambda r, k: r.hset(k, mapping={"t": "1", "s": "9e18"})),
+    ("gcra", lambda r, k: r.hset(k, "a", "b")),
+    ("gcra", lambda r, k: r.set(k, "banana")),
+    ("gcra", lambda r, k: r.set(k, "nan")),
+    ("gcra", lambda r, k: r.set(k, "-inf")),
+    ("gcra", lambda r, k: r.set(k, "1e300")),
+]
+
+
+@pytest.mark.parametrize(("algorithm", "spoil"), GARBAGE)
+def test_garbage_is_repaired_and_reported(
+    redis_client: redis.Redis, algorithm: Algorithm, spoil: Callable[[redis.Redis, str], object]
+) -> None:
+    storage = RedisStorage(redis_client)
+    key = f"g:{{x}}:1:{algorithm}"
+    other = Check("g:{x}:2:fixed_window", "fixed_window", 1, 60)
+    spoil(redis_client, key)  # no TTL either
+    check = Check(key, algorithm, 5, 60, cost=2)
+    # denied by the other limit: the garbage key is still repaired (deleted) and reported
+    storage.evaluate([other], now_us=T0)
+    denied = storage.evaluate([check, other], now_us=T0)
+    assert not denied.allowed and denied.repaired_keys == (key,)
+    assert denied.decisions[0] == Decision(True, 5, 5, 0.0, 0.0)
+    assert redis_client.exists(key) == 0
+    # spoiled again, then admitted: fresh state, written with a TTL
+    spoil(redis_client, key)
+    admitted = storage.evaluate([check], now_us=T0)
+    assert admitted.repaired_keys == (key,)
+    assert admitted.decisions[0].remaining == 3
+    assert redis_client.pttl(key) > 0
+    assert storage.evaluate([check], now_us=T0).repaired_keys == ()
+
+
+def test_bad_arguments_are_script_errors(redis_client: redis.Redis) -> None:
+    script = redis_client.register_script(SCRIPT_SOURCE)
+    for keys, args in [
+        (["k"], [-1, 0, 1, 10, 60_000_000]),  # one argument short
+        (["k"], [-1, 2, 1, 10, 60_000_000, 1]),  # mode 2
+        (["k"], ["x", 0, 1, 10, 60_000_000, 1]),  # time
+        (["k"], [-1, 0, 6, 10, 60_000_000, 1]),  # algorithm 6
+        (["k"], [-1, 0, 1, 0, 60_000_000, 1]),  # limit 0
+        (["k"], [-1, 0, 1, 10, 1.5, 1]),  # fractional period
+        (["k"], [-1, 0, 1, 10, 60_000_000, -1]),  # negative cost
+    ]:
+        with pytest.raises(redis.ResponseError, match="distlimit"):
+            script(keys, args)
+    storage = RedisStorage(redis_client)
+    with pytest.raises(StorageResponseError, match="bad arguments for check 2"):
+        storage.evaluate([Check("a", "gcra", 1, 1), Check("b", "gcra", 0, 1)])
+    assert redis_client.dbsize() == 0  # refused before anything was written
+
+
+def test_redis_time_is_used_without_injection(redis_client: redis.Redis) -> None:
+    storage = RedisStorage(redis_client)
+    check = Check("t:{x}:1:fixed_window", "fixed_window", 1, 3600)
+    seconds, micros = redis_client.time()
+    decision = storage.evaluate([check]).decisions[0]
+    window_end = (seconds // 3600 + 1) * 3600 * 1_000_000
+    assert decision.allowed
+    assert abs(decision.reset_after * 1e6 - (window_end - seconds * 1_000_000 - micros)) < 5e6
+
+
+def test_large_costs_and_limits(redis_client: redis.Redis) -> None:
+    storage = RedisStorage(redis_client)
+    twin = MemoryStorage(clock=lambda: 0)
+    # the log writes a cost of 2,500 in chunks (Lua's unpack() has a limit)
+    log = Check("big:{x}:1:sliding_window_log", "sliding_window_log", 3000, 60, cost=2500)
+    for backend in (storage, twin):
+        assert backend.evaluate([log], now_us=T0).decisions[0].remaining == 500
+        assert not backend.evaluate([Check(*_fields(log), cost=501)], now_us=T0).allowed
+        assert backend.evaluate([Check(*_fields(log), cost=500)], now_us=T0).allowed
+    assert redis_client.zcard(log.key) == 3000
+    # the largest rates and periods limits.py accepts
+    huge = [
+        Check(f"big:{{x}}:2:{a}", a, 10**12, 366 * 86_400, cost=10**12 - 1)
+        for a in ALGORITHMS
+        if a != "sliding_window_log"
+    ]
+    assert storage.evaluate(huge, now_us=T0) == twin.evaluate(huge, now_us=T0)
+    again = storage.evaluate(huge, now_us=T0 + 1)
+    assert again == twin.evaluate(huge, now_us=T0 + 1)
+    assert [d.remaining for d in again.decisions] == [1, 1, 1, 1]
+
+
+def _fields(check: Check) -> tuple[str, Algorithm, int, int]:
+    return check.key, check.algorithm, check.limit, check.period
