@@ -48,7 +48,7 @@ class CountingRedis(redis.Redis):
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
         type(self).sent += 1
-        return super().execute_command(*args, **options)
+        return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
 
 
 def test_one_round_trip_whatever_the_number_of_limits(redis_client: redis.Redis) -> None:
@@ -119,7 +119,7 @@ def test_garbage_is_repaired_and_reported(
 
 def test_bad_arguments_are_script_errors(redis_client: redis.Redis) -> None:
     script = redis_client.register_script(SCRIPT_SOURCE)
-    for keys, args in [
+    bad: list[tuple[list[str], list[str | int | float]]] = [
         (["k"], [-1, 0, 1, 10, 60_000_000]),  # one argument short
         (["k"], [-1, 2, 1, 10, 60_000_000, 1]),  # mode 2
         (["k"], ["x", 0, 1, 10, 60_000_000, 1]),  # time
@@ -127,7 +127,8 @@ def test_bad_arguments_are_script_errors(redis_client: redis.Redis) -> None:
         (["k"], [-1, 0, 1, 0, 60_000_000, 1]),  # limit 0
         (["k"], [-1, 0, 1, 10, 1.5, 1]),  # fractional period
         (["k"], [-1, 0, 1, 10, 60_000_000, -1]),  # negative cost
-    ]:
+    ]
+    for keys, args in bad:
         with pytest.raises(redis.ResponseError, match="distlimit"):
             script(keys, args)
     storage = RedisStorage(redis_client)
