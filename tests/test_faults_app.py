@@ -6,6 +6,7 @@ statuses and headers while it is down, per-route overrides, and exact limits onc
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -167,3 +168,38 @@ def test_policy_local_enforces_the_divided_limit_with_reduced_headers(
     assert after.headers["X-RateLimit-Limit"] == "10"
     assert after.headers["X-RateLimit-Remaining"] == "9"
     assert statuses(app, "/exact/d", 11) == [200] * 9 + [429] * 2
+
+
+def test_stalled_redis_policy_closed_answers_503_within_the_timeout(server: RedisProcess) -> None:
+    app, _ = make_app(server, "closed")
+
+    def request(_: int) -> str:
+        response = get(app, "/busy")
+        if response.status_code == 503:
+            assert response.get_json()["type"] == TEMPORARY
+            assert response.headers["Retry-After"]
+        return str(response.status_code)
+
+    with Load(request, threads=4) as load:
+        time.sleep(0.3)
+        stalled_at = time.monotonic()
+        server.signal(signal.SIGSTOP)
+        try:
+            time.sleep(1.5)
+        finally:
+            server.signal(signal.SIGCONT)
+        back_at = time.monotonic()
+        recovered = wait_until(lambda: get(app, "/busy").status_code == 200, RESET + 5)
+    assert not load.errors
+    during = load.between(stalled_at + TIMEOUT + 0.05, back_at - TIMEOUT)
+    assert during and {s.kind for s in during} == {"503"}
+    latencies = [s.latency for s in load.between(stalled_at, back_at)]
+    print(
+        f"\n[app, SIGSTOP, closed] {len(latencies)} requests: p50 "
+        f"{percentile(latencies, 50) * 1000:.2f} ms, p99 {percentile(latencies, 99) * 1000:.2f} ms"
+        f", max {max(latencies) * 1000:.1f} ms, recovered {recovered * 1000:.0f} ms after SIGCONT"
+    )
+    assert percentile(latencies, 99) <= P99_BOUND
+    assert max(latencies) < 2 * TIMEOUT + 0.05
+    assert recovered <= RESET + 1
+    assert statuses(app, "/exact/a", 12) == [200] * 10 + [429] * 2
