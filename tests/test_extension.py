@@ -760,3 +760,18 @@ def test_views_from_one_factory_keep_their_own_limits(backend: Backend, clock: F
     assert [client.get("/three").status_code for _ in range(4)] == [200, 200, 200, 429]
     free = client.get("/free")
     assert free.status_code == 200 and "X-RateLimit-Limit" not in free.headers
+
+
+def test_shared_limit_on_a_blueprint_is_one_counter_for_all_its_routes(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock, DISTLIMIT_ALGORITHM="fixed_window")
+    admin = Blueprint("admin", __name__, url_prefix="/admin")
+    admin.add_url_rule("/a", "a", lambda: "a")
+    admin.add_url_rule("/b", "b", lambda: "b")
+    limiter.shared_limit("3/minute", scope="admin-area")(admin)
+    app.register_blueprint(admin)
+    client = app.test_client()
+    statuses = [client.get(p).status_code for p in ("/admin/a", "/admin/b") * 2]
+    assert statuses == [200, 200, 200, 429]
+    assert client.get("/admin/a").headers["RateLimit-Policy"] == '"admin-area:3/minute";q=3;w=60'
