@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from flask import Blueprint, Flask, g, jsonify, request
@@ -14,6 +15,7 @@ from flask_distlimit.decision import Check, Evaluation
 from flask_distlimit.extension import Breach, LimiterState
 from flask_distlimit.keys import identity_tag, limit_key
 from flask_distlimit.storage.base import Storage
+from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.testing import FakeClock
 from tests.distlimit_fixtures import backend, clock, make_app
 
@@ -775,3 +777,42 @@ def test_shared_limit_on_a_blueprint_is_one_counter_for_all_its_routes(
     statuses = [client.get(p).status_code for p in ("/admin/a", "/admin/b") * 2]
     assert statuses == [200, 200, 200, 429]
     assert client.get("/admin/a").headers["RateLimit-Policy"] == '"admin-area:3/minute";q=3;w=60'
+
+
+@pytest.mark.redis
+def test_one_round_trip_per_request_on_a_real_redis(redis_client: Any, clock: FakeClock) -> None:
+    import redis as redis_py
+
+    sent: list[int] = []
+
+    class CountingConnection(redis_py.Connection):
+        def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            sent.append(1)
+            super().send_packed_command(command, check_health)
+
+    kwargs = redis_client.connection_pool.connection_kwargs
+    storage = RedisStorage(
+        host=kwargs["host"], port=kwargs["port"], connection_class=CountingConnection
+    )
+    try:
+        app, limiter, _ = make_app(
+            storage,
+            clock,
+            DISTLIMIT_GLOBAL_LIMITS="100/minute",
+            DISTLIMIT_TIERS={"anonymous": "50/minute"},
+        )
+
+        @app.get("/")
+        @limiter.limit("10/minute;200/hour")
+        @limiter.shared_limit("20/minute", scope="reads")
+        def index() -> str:
+            return "ok"
+
+        client = app.test_client()
+        assert client.get("/").status_code == 200  # connects, loads the script
+        sent.clear()
+        for _ in range(8):
+            assert client.get("/").status_code == 200
+        assert len(sent) == 8  # 5 limits per request, 1 round trip each
+    finally:
+        storage.close()
