@@ -555,6 +555,12 @@ class Limiter:
       response to send instead of the problem+json 429;
     - ``deny_cache``: answer a flooding client locally while the storage would refuse it anyway
       (default on); ``deny_cache_size`` bounds it.
+
+    Every non-exempt request is checked against ``DISTLIMIT_GLOBAL_LIMITS`` (per client IP), the
+    limits of its identity's tier in ``DISTLIMIT_TIERS`` (e.g. ``{"anonymous": "60/minute",
+    ...}`` by default; give a tier ``""`` to leave it unlimited), and its route's limits (its own,
+    else its blueprint's, else ``DISTLIMIT_DEFAULT_LIMITS``): all in one storage call. A route's
+    limits are bound on its first request; declare them before the app serves.
     """
 
     def __init__(
