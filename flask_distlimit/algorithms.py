@@ -6,11 +6,11 @@ Each has a Lua implementation (``lua/<name>.lua``, run atomically in Redis) and 
 
 from __future__ import annotations
 
-from typing import Final, Literal, cast
+from typing import Final, Literal
 
 from .errors import ConfigurationError
 
-__all__ = ["ALGORITHMS", "Algorithm", "EXACT_ALGORITHMS", "validate_algorithm"]
+__all__ = ["ALGORITHMS", "EXACT_ALGORITHMS", "Algorithm", "validate_algorithm"]
 
 Algorithm = Literal[
     "fixed_window",
@@ -38,7 +38,7 @@ EXACT_ALGORITHMS: Final[frozenset[Algorithm]] = frozenset(
 def validate_algorithm(name: object) -> Algorithm:
     """Return ``name`` as an :data:`Algorithm`, or raise :class:`ConfigurationError`."""
     if isinstance(name, str) and name in ALGORITHMS:
-        return cast(Algorithm, name)
+        return name
     raise ConfigurationError(
         f"Unknown rate-limit algorithm {name!r}. Use one of: {', '.join(ALGORITHMS)}."
     )

@@ -14,7 +14,7 @@ from typing import Final
 
 from .algorithms import Algorithm
 
-__all__ = ["identity_tag", "limit_key", "client_pattern"]
+__all__ = ["client_pattern", "identity_tag", "limit_key"]
 
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9_.,;=/+\-]")
 

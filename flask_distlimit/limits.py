@@ -73,7 +73,9 @@ class Rate:
 def _parse_one(text: str, whole: str) -> Rate:
     match = _RATE.match(text)
     if match is None:
-        raise ConfigurationError(f"Cannot read the rate limit {text.strip()!r} in {whole!r}. {_ACCEPTED}")
+        raise ConfigurationError(
+            f"Cannot read the rate limit {text.strip()!r} in {whole!r}. {_ACCEPTED}"
+        )
     unit = match["unit"].lower()
     if unit not in _UNITS:
         raise ConfigurationError(
@@ -95,11 +97,10 @@ def parse_rates(value: str) -> tuple[Rate, ...]:
     """
     if not isinstance(value, str):
         raise ConfigurationError(f"A rate limit must be a string, got {value!r}. {_ACCEPTED}")
-    parts = [p for p in value.split(";")]
     if not value.strip():
         return ()
     rates: list[Rate] = []
-    for part in parts:
+    for part in value.split(";"):
         if not part.strip():
             raise ConfigurationError(f"Empty rate limit between ';' in {value!r}. {_ACCEPTED}")
         rates.append(_parse_one(part, value))
