@@ -816,3 +816,52 @@ def test_one_round_trip_per_request_on_a_real_redis(redis_client: Any, clock: Fa
         assert len(sent) == 8  # 5 limits per request, 1 round trip each
     finally:
         storage.close()
+
+
+@pytest.mark.redis
+def test_storage_url_from_config(redis_server: Any) -> None:
+    app = Flask("url")
+    app.config.update(
+        DISTLIMIT_STORAGE_URL=redis_server.url,
+        DISTLIMIT_REDIS_TIMEOUT=0.5,
+        DISTLIMIT_TIERS={"anonymous": ""},
+        DISTLIMIT_KEY_PREFIX="urltest",
+    )
+    limiter = Limiter(app)
+    two = limiter.limit("2/minute", algorithm="fixed_window")
+    app.add_url_rule("/", "index", two(lambda: "ok"))
+    state = Limiter.state(app)
+    try:
+        assert state.storage.scheme == "redis"
+        client = app.test_client()
+        assert [client.get("/").status_code for _ in range(3)] == [200, 200, 429]
+        assert limiter.reset(app) == 1
+    finally:
+        state.storage.close()
+    default = Flask("default")
+    Limiter(default)
+    assert Limiter.state(default).storage.scheme == "memory"
+
+
+def test_concurrent_threads_admit_exactly_the_limit(backend: Backend, clock: FakeClock) -> None:
+    import threading
+
+    app, limiter, _ = make_app(backend(), clock, DISTLIMIT_GLOBAL_LIMITS="1000/minute")
+    app.add_url_rule("/", "index", limiter.limit("50/minute", algorithm="gcra")(lambda: "ok"))
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def hammer() -> None:
+        client = app.test_client()
+        for _ in range(20):
+            status = client.get("/").status_code
+            with lock:
+                statuses.append(status)
+
+    threads = [threading.Thread(target=hammer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(statuses) == 160
+    assert statuses.count(200) == 50 and statuses.count(429) == 110
