@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from flask import Blueprint, Flask, g, jsonify, request
 
-from flask_distlimit import ConfigurationError, Limiter, StorageUnavailable
+from flask_distlimit import ALGORITHMS, ConfigurationError, Limiter, StorageUnavailable
 from flask_distlimit.decision import Check, Evaluation
 from flask_distlimit.extension import Breach, LimiterState
 from flask_distlimit.keys import identity_tag, limit_key
@@ -438,7 +438,7 @@ def test_on_breach_may_answer_instead(backend: Backend, clock: FakeClock) -> Non
 def test_retry_after_is_rounded_up_and_never_early(backend: Backend, clock: FakeClock) -> None:
     app, limiter, _ = make_app(backend(), clock)
 
-    for algorithm in ("fixed_window", "sliding_window_log", "token_bucket", "gcra"):
+    for algorithm in ALGORITHMS:
 
         def view() -> str:
             return "ok"
@@ -450,13 +450,15 @@ def test_retry_after_is_rounded_up_and_never_early(backend: Backend, clock: Fake
             limiter.limit("3/7 seconds", algorithm=algorithm)(view),
         )
     client = app.test_client()
-    for algorithm in ("fixed_window", "sliding_window_log", "token_bucket", "gcra"):
+    for algorithm in ALGORITHMS:
         clock.advance(0.3)
         while (response := client.get(f"/{algorithm}")).status_code == 200:
             clock.advance(0.45)
         retry = int(response.headers["Retry-After"])
         assert json.loads(response.get_data())["retry_after"] == retry
-        clock.advance(retry)
+        clock.advance(retry - 1)  # the real wait is in (retry - 1, retry]: still refused
+        assert client.get(f"/{algorithm}").status_code == 429, algorithm
+        clock.advance(1)
         assert client.get(f"/{algorithm}").status_code == 200, algorithm
 
 
