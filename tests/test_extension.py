@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -867,3 +868,37 @@ def test_concurrent_threads_admit_exactly_the_limit(backend: Backend, clock: Fak
         t.join()
     assert len(statuses) == 160
     assert statuses.count(200) == 50 and statuses.count(429) == 110
+
+
+def test_forged_tokens_and_random_api_keys_buy_no_fresh_quota(
+    backend: Backend, clock: FakeClock
+) -> None:
+    import jwt
+
+    limiter = Limiter(clock=clock)
+    app, _, _ = make_app(
+        backend(),
+        clock,
+        limiter=limiter,
+        DISTLIMIT_TIERS={"anonymous": "2/minute", "internal": "1000/minute"},
+        DISTLIMIT_ALGORITHM="fixed_window",
+        DISTLIMIT_JWT_KEYS="k" * 32,
+        DISTLIMIT_JWT_ALGORITHMS=["HS256"],
+        DISTLIMIT_JWT_AUDIENCE="api",
+    )
+    limiter.api_key_verifier(lambda key: "internal" if key == "the-real-key" else None)
+    app.add_url_rule("/", "index", lambda: "ok")
+    client = app.test_client()
+    exp = int(time.time()) + 3600  # PyJWT checks exp against the real clock
+    forged = [
+        jwt.encode({"sub": f"u{i}", "tier": "internal", "aud": "api", "exp": exp}, "wrong" * 8)
+        for i in range(3)
+    ]
+    unsigned = jwt.encode({"sub": "x", "tier": "internal", "aud": "api"}, None, algorithm="none")
+    attempts = [{"Authorization": f"Bearer {t}"} for t in [*forged, unsigned]]
+    attempts += [{"X-Api-Key": f"guess-{i}"} for i in range(3)]
+    statuses = [client.get("/", headers=h).status_code for h in attempts]
+    assert statuses == [200, 200] + [429] * 5  # all counted as the same anonymous client
+    good = jwt.encode({"sub": "alice", "tier": "internal", "aud": "api", "exp": exp}, "k" * 32)
+    assert client.get("/", headers={"Authorization": f"Bearer {good}"}).status_code == 200
+    assert client.get("/", headers={"X-Api-Key": "the-real-key"}).status_code == 200
