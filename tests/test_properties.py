@@ -21,6 +21,7 @@ from flask_distlimit.algorithms import ALGORITHMS, Algorithm
 from flask_distlimit.decision import Check, Evaluation
 from flask_distlimit.scripts import SCRIPT_SOURCE, parse_reply, script_args
 from flask_distlimit.storage.memory import MemoryStorage
+from tests.engines import NeverExpires
 from tests.vectors import T0
 
 Limit = tuple[Algorithm, int, int]  # algorithm, limit, period (s)
@@ -113,3 +114,47 @@ def test_lua_on_redis_and_the_twin_agree(
 _SLACK_MS = 200
 #: What the test sets every key's TTL to after checking it (longer than any example runs).
 _PINNED_MS = 10**10
+
+
+@pytest.mark.redis
+@settings(
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    limits=st.lists(limits_st, min_size=1, max_size=3),
+    steps=st.lists(
+        st.tuples(
+            st.one_of(st.integers(-2_000, 2_000), st.integers(-70_000_000, 70_000_000)),
+            st.lists(st.integers(0, 12), min_size=3, max_size=3),
+        ),
+        min_size=1,
+        max_size=25,
+    ),
+)
+def test_time_going_backwards_agrees_and_stays_sane(
+    redis_client: redis.Redis, limits: list[Limit], steps: list[tuple[int, list[int]]]
+) -> None:
+    """A clock that jumps back (a failover to a server whose clock is behind) neither breaks the
+    script nor makes it and the twin disagree; state more than a period ahead is reset."""
+    redis_client.flushall()
+    script = redis_client.register_script(SCRIPT_SOURCE)
+    twin = NeverExpires(clock=lambda: 0)  # Redis keys are pinned: neither side expires anything
+    now = T0 + 10**11
+    try:
+        for n, (delta, costs) in enumerate(steps):
+            now += delta
+            checks = _checks(limits, costs[: len(limits)])
+            keys, args = script_args(checks, now)
+            pipe = redis_client.pipeline(transaction=True)
+            script(keys, args, client=pipe)
+            for key in keys:
+                pipe.pexpire(key, _PINNED_MS)
+            lua = parse_reply(pipe.execute()[0], checks)
+            assert lua == twin.evaluate(checks, now_us=now), f"step {n}: {delta:+} us, {costs}"
+            for d, check in zip(lua.decisions, checks, strict=True):
+                assert 0 <= d.remaining <= check.limit
+                assert d.reset_after >= 0 and (d.retry_after >= 0 or d.impossible)
+    finally:
+        redis_client.flushall()

@@ -2,21 +2,13 @@
 --
 -- Units: every time is an integer number of MICROSECONDS since the epoch (now, period, the
 -- durations in replies); Redis TTLs are set in milliseconds, rounded UP from microseconds.
--- Numbers are written to Redis as strings we format ourselves: integers with %d, the two
--- fractional values (token bucket tokens, GCRA TAT) with %.17g so they read back bit-exact.
+-- Numbers go to Redis as Lua numbers: Redis writes them with %.17g, so integers below 2^53 stay
+-- exact and the two fractional values (token bucket tokens, GCRA TAT) read back bit-exact.
 
 local floor = math.floor
 local ceil = math.ceil
 -- Integers stay exact below 2^53 in Lua's doubles; stored counts/times above it are garbage.
 local MAX_EXACT = 9007199254740992
-
-local function fmt_int(x)
-  return string.format('%d', x)
-end
-
-local function fmt_float(x)
-  return string.format('%.17g', x)
-end
 
 -- A whole, non-negative, exactly representable number (false for nil, NaN, +-inf, fractions).
 local function whole(x)
@@ -36,7 +28,7 @@ end
 -- Keep `key` for `us` more microseconds (rounded up to whole ms); 0 or less deletes it.
 local function expire_in(key, us)
   if us > 0 then
-    redis.call('PEXPIRE', key, fmt_int(floor((us + 999) / 1000)))
+    redis.call('PEXPIRE', key, floor((us + 999) / 1000))
   else
     redis.call('DEL', key)
   end

@@ -13,14 +13,16 @@
 -- only for costs > 0, writes them all. A denied request consumes nothing anywhere.
 -- Refund: each check gives its cost back, then reports its state as a peek (cost 0).
 --
--- Each ALGORITHM.decide(key, limit, period, cost, now) returns {allowed (0/1), remaining and
+-- Each algorithm file defines a loader LOAD_<NAME>() returning its functions. decide(key, limit, period, cost, now) returns {allowed (0/1), remaining and
 -- reset_after if consumed, retry_after, repaired (0/1), remaining and reset_after as it stands,
 -- then what its commit(key, r, limit, period, cost, now) writes}; refund(...) returns repaired.
 --
 -- Reply (integers only): {now_us, then per check: allowed (0/1), limit, remaining,
 --   reset_after_us, retry_after_us (0 when allowed, -1 = never: cost > limit), repaired (0/1)}.
 
-local ALGORITHMS = {FIXED_WINDOW, SLIDING_WINDOW_LOG, SLIDING_WINDOW_COUNTER, TOKEN_BUCKET, GCRA}
+local LOADERS = {LOAD_FIXED_WINDOW, LOAD_SLIDING_WINDOW_LOG, LOAD_SLIDING_WINDOW_COUNTER,
+  LOAD_TOKEN_BUCKET, LOAD_GCRA}
+local loaded = {}
 
 local n = #KEYS
 if #ARGV ~= 2 + 4 * n then
@@ -39,14 +41,19 @@ end
 local algos, limits, periods, costs = {}, {}, {}, {}
 for i = 1, n do
   local base = 2 + 4 * (i - 1)
-  local algo = ALGORITHMS[tonumber(ARGV[base + 1])]
+  local code = tonumber(ARGV[base + 1])
   local limit, period, cost = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]),
     tonumber(ARGV[base + 4])
-  if algo == nil or not (whole(limit) and limit >= 1 and whole(period) and period >= 1
+  if LOADERS[code] == nil or not (whole(limit) and limit >= 1 and whole(period) and period >= 1
       and whole(cost)) then
     return redis.error_reply('ERR distlimit: bad arguments for check ' .. i)
   end
-  if algo == GCRA and now / (period / limit) >= GCRA_MAX_UNITS then
+  local algo = loaded[code]
+  if algo == nil then
+    algo = LOADERS[code]()
+    loaded[code] = algo
+  end
+  if code == 5 and now / (period / limit) >= GCRA_MAX_UNITS then
     return redis.error_reply('ERR distlimit: check ' .. i .. ': a GCRA rate above ' ..
       '2,000,000 per second cannot be computed exactly; use token_bucket')
   end

@@ -11,74 +11,78 @@
 --   TTL          = E - now (the key is useless once its window is over)
 --   refund:      n = max(0, n - c) only while the stored window is still the current one.
 
-local FIXED_WINDOW = {}
+-- A loader: the functions are built only when a request uses this algorithm.
+local function LOAD_FIXED_WINDOW()
+  local FIXED_WINDOW = {}
 
-local function fw_read(key, period, now)
-  local window, count, repaired = floor(now / period), 0, 0
-  local raw = redis.pcall('HMGET', key, 'w', 'n')
-  if failed(raw) then
-    repaired = 1
-    redis.call('DEL', key)
-  elseif raw[1] or raw[2] then
-    local w, n = tonumber(raw[1]), tonumber(raw[2])
-    if whole(w) and whole(n) and w * period <= now + period then
-      if w >= window then
-        window, count = w, n
-      end
-    else
+  local function fw_read(key, period, now)
+    local window, count, repaired = floor(now / period), 0, 0
+    local raw = redis.pcall('HMGET', key, 'w', 'n')
+    if failed(raw) then
       repaired = 1
       redis.call('DEL', key)
+    elseif raw[1] or raw[2] then
+      local w, n = tonumber(raw[1]), tonumber(raw[2])
+      if whole(w) and whole(n) and w * period <= now + period then
+        if w >= window then
+          window, count = w, n
+        end
+      else
+        repaired = 1
+        redis.call('DEL', key)
+      end
     end
+    return window, count, repaired
   end
-  return window, count, repaired
-end
 
-local function fw_left(limit, n)
-  if n < limit then
-    return limit - n
+  local function fw_left(limit, n)
+    if n < limit then
+      return limit - n
+    end
+    return 0
   end
-  return 0
-end
 
-local function fw_reset(n, to_end)
-  if n > 0 then
-    return to_end
+  local function fw_reset(n, to_end)
+    if n > 0 then
+      return to_end
+    end
+    return 0
   end
-  return 0
-end
 
-function FIXED_WINDOW.decide(key, limit, period, cost, now)
-  local window, count, repaired = fw_read(key, period, now)
-  local window_end = (window + 1) * period
-  local allowed = cost <= limit and count + cost <= limit
-  local after = count
-  local retry = 0
-  if allowed then
-    after = count + cost
-  elseif cost > limit then
-    retry = -1
-  else
-    retry = window_end - now
-  end
-  return {allowed and 1 or 0, fw_left(limit, after), fw_reset(after, window_end - now), retry,
-    repaired, fw_left(limit, count), fw_reset(count, window_end - now), window, after}
-end
-
-function FIXED_WINDOW.commit(key, r, limit, period, cost, now)
-  redis.call('HSET', key, 'w', fmt_int(r[8]), 'n', fmt_int(r[9]))
-  expire_in(key, (r[8] + 1) * period - now)
-end
-
-function FIXED_WINDOW.refund(key, limit, period, cost, now)
-  local window, count, repaired = fw_read(key, period, now)
-  if count > 0 then
-    count = count - cost
-    if count > 0 then
-      redis.call('HSET', key, 'w', fmt_int(window), 'n', fmt_int(count))
-      expire_in(key, (window + 1) * period - now)
+  function FIXED_WINDOW.decide(key, limit, period, cost, now)
+    local window, count, repaired = fw_read(key, period, now)
+    local window_end = (window + 1) * period
+    local allowed = cost <= limit and count + cost <= limit
+    local after = count
+    local retry = 0
+    if allowed then
+      after = count + cost
+    elseif cost > limit then
+      retry = -1
     else
-      redis.call('DEL', key)
+      retry = window_end - now
     end
+    return {allowed and 1 or 0, fw_left(limit, after), fw_reset(after, window_end - now), retry,
+      repaired, fw_left(limit, count), fw_reset(count, window_end - now), window, after}
   end
-  return repaired
+
+  function FIXED_WINDOW.commit(key, r, limit, period, cost, now)
+    redis.call('HSET', key, 'w', r[8], 'n', r[9])
+    expire_in(key, (r[8] + 1) * period - now)
+  end
+
+  function FIXED_WINDOW.refund(key, limit, period, cost, now)
+    local window, count, repaired = fw_read(key, period, now)
+    if count > 0 then
+      count = count - cost
+      if count > 0 then
+        redis.call('HSET', key, 'w', window, 'n', count)
+        expire_in(key, (window + 1) * period - now)
+      else
+        redis.call('DEL', key)
+      end
+    end
+    return repaired
+  end
+  return FIXED_WINDOW
 end

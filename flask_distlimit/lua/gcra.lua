@@ -19,113 +19,118 @@
 --   A stored TAT more than 2L units ahead (garbage, a clock jump back by more than a period, or a
 --   changed rate: T changed, so the units mean another time) resets the key.
 
-local GCRA = {}
 -- now / T must stay below 2^52 so that adding whole units to a TAT is exact (about 2.5 million
--- units per second until the year 2027, less later): the driver refuses faster GCRA rates.
+-- units per second now, a little less every year): the driver refuses faster GCRA rates.
 local GCRA_MAX_UNITS = 4503599627370496
 
-local function gcra_read(key, limit, period, now)
-  local interval = period / limit
-  local now_u = now / interval
-  local raw = redis.pcall('GET', key)
-  if failed(raw) then
-    redis.call('DEL', key)
-    return interval, now_u, now_u, false, 1
-  end
-  if raw then
-    local tat = tonumber(raw)
-    if finite(tat) and tat - now_u <= 2 * limit then
-      if tat < now_u then
-        tat = now_u
+-- A loader: the functions are built only when a request uses this algorithm.
+local function LOAD_GCRA()
+  local GCRA = {}
+
+  local function gcra_read(key, limit, period, now)
+    local interval = period / limit
+    local now_u = now / interval
+    local raw = redis.pcall('GET', key)
+    if failed(raw) then
+      redis.call('DEL', key)
+      return interval, now_u, now_u, false, 1
+    end
+    if raw then
+      local tat = tonumber(raw)
+      if finite(tat) and tat - now_u <= 2 * limit then
+        if tat < now_u then
+          tat = now_u
+        end
+        return interval, now_u, tat, true, 0
       end
-      return interval, now_u, tat, true, 0
+      redis.call('DEL', key)
+      return interval, now_u, now_u, false, 1
     end
-    redis.call('DEL', key)
-    return interval, now_u, now_u, false, 1
+    return interval, now_u, now_u, false, 0
   end
-  return interval, now_u, now_u, false, 0
-end
 
--- First whole us r >= 0 after now at which now_u has reached tat.
-local function gcra_until(interval, now, now_u, tat)
-  if tat <= now_u then
-    return 0
-  end
-  local r = ceil((tat - now_u) * interval)
-  if r < 1 then
-    r = 1
-  end
-  for _ = 1, 3 do
-    if r > 1 and (now + r - 1) / interval >= tat then
-      r = r - 1
-    else
-      break
+  -- First whole us r >= 0 after now at which now_u has reached tat.
+  local function gcra_until(interval, now, now_u, tat)
+    if tat <= now_u then
+      return 0
     end
-  end
-  for _ = 1, 3 do
-    if (now + r) / interval >= tat then
-      break
-    end
-    r = r + 1
-  end
-  return r
-end
-
-local function gcra_left(limit, now_u, tat)
-  local left = floor(limit - (tat - now_u))
-  if left < 0 then
-    return 0
-  end
-  return left
-end
-
-function GCRA.decide(key, limit, period, cost, now)
-  local interval, now_u, tat, _, repaired = gcra_read(key, limit, period, now)
-  local used = tat - now_u
-  local allowed = cost <= limit and used + cost <= limit
-  local after, retry = tat, 0
-  if allowed then
-    after = tat + cost
-  elseif cost > limit then
-    retry = -1
-  else
-    local d = ceil((used + cost - limit) * interval)
-    if d < 1 then
-      d = 1
+    local r = ceil((tat - now_u) * interval)
+    if r < 1 then
+      r = 1
     end
     for _ = 1, 3 do
-      if d > 1 and (tat - (now + d - 1) / interval) + cost <= limit then
-        d = d - 1
+      if r > 1 and (now + r - 1) / interval >= tat then
+        r = r - 1
       else
         break
       end
     end
     for _ = 1, 3 do
-      if (tat - (now + d) / interval) + cost <= limit then
+      if (now + r) / interval >= tat then
         break
       end
-      d = d + 1
+      r = r + 1
     end
-    retry = d
+    return r
   end
-  return {allowed and 1 or 0, gcra_left(limit, now_u, after), gcra_until(interval, now, now_u, after),
-    retry, repaired, gcra_left(limit, now_u, tat), gcra_until(interval, now, now_u, tat), after}
-end
 
-function GCRA.commit(key, r, limit, period, cost, now)
-  redis.call('SET', key, fmt_float(r[8]), 'PX', fmt_int(floor((r[3] + 999) / 1000)))
-end
+  local function gcra_left(limit, now_u, tat)
+    local left = floor(limit - (tat - now_u))
+    if left < 0 then
+      return 0
+    end
+    return left
+  end
 
-function GCRA.refund(key, limit, period, cost, now)
-  local interval, now_u, tat, present, repaired = gcra_read(key, limit, period, now)
-  if present then
-    tat = tat - cost
-    if tat > now_u then
-      redis.call('SET', key, fmt_float(tat), 'PX',
-        fmt_int(floor((gcra_until(interval, now, now_u, tat) + 999) / 1000)))
+  function GCRA.decide(key, limit, period, cost, now)
+    local interval, now_u, tat, _, repaired = gcra_read(key, limit, period, now)
+    local used = tat - now_u
+    local allowed = cost <= limit and used + cost <= limit
+    local after, retry = tat, 0
+    if allowed then
+      after = tat + cost
+    elseif cost > limit then
+      retry = -1
     else
-      redis.call('DEL', key)
+      local d = ceil((used + cost - limit) * interval)
+      if d < 1 then
+        d = 1
+      end
+      for _ = 1, 3 do
+        if d > 1 and (tat - (now + d - 1) / interval) + cost <= limit then
+          d = d - 1
+        else
+          break
+        end
+      end
+      for _ = 1, 3 do
+        if (tat - (now + d) / interval) + cost <= limit then
+          break
+        end
+        d = d + 1
+      end
+      retry = d
     end
+    return {allowed and 1 or 0, gcra_left(limit, now_u, after), gcra_until(interval, now, now_u, after),
+      retry, repaired, gcra_left(limit, now_u, tat), gcra_until(interval, now, now_u, tat), after}
   end
-  return repaired
+
+  function GCRA.commit(key, r, limit, period, cost, now)
+    redis.call('SET', key, r[8], 'PX', floor((r[3] + 999) / 1000))
+  end
+
+  function GCRA.refund(key, limit, period, cost, now)
+    local interval, now_u, tat, present, repaired = gcra_read(key, limit, period, now)
+    if present then
+      tat = tat - cost
+      if tat > now_u then
+        redis.call('SET', key, tat, 'PX',
+          floor((gcra_until(interval, now, now_u, tat) + 999) / 1000))
+      else
+        redis.call('DEL', key)
+      end
+    end
+    return repaired
+  end
+  return GCRA
 end

@@ -21,89 +21,93 @@
 --   A score ahead of now by more than P + L (garbage, or a clock jump back by more than a
 --   period) resets the key.
 
-local SLIDING_WINDOW_LOG = {}
+-- A loader: the functions are built only when a request uses this algorithm.
+local function LOAD_SLIDING_WINDOW_LOG()
+  local SLIDING_WINDOW_LOG = {}
 
-local function swl_read(key, limit, period, now)
-  local count, newest, repaired = 0, nil, 0
-  local pruned = redis.pcall('ZREMRANGEBYSCORE', key, '-inf', fmt_int(now - period))
-  if failed(pruned) then
-    repaired = 1
-    redis.call('DEL', key)
-    return 0, nil, 1
-  end
-  count = redis.call('ZCARD', key)
-  if count > 0 then
-    local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    newest = tonumber(top[2])
-    if not (whole(newest) and newest <= now + period + limit) then
+  local function swl_read(key, limit, period, now)
+    local count, newest, repaired = 0, nil, 0
+    local pruned = redis.pcall('ZREMRANGEBYSCORE', key, '-inf', now - period)
+    if failed(pruned) then
+      repaired = 1
       redis.call('DEL', key)
       return 0, nil, 1
     end
-    if count > limit then
-      redis.call('ZREMRANGEBYRANK', key, 0, count - limit - 1)
-      count = limit
+    count = redis.call('ZCARD', key)
+    if count > 0 then
+      local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      newest = tonumber(top[2])
+      if not (whole(newest) and newest <= now + period + limit) then
+        redis.call('DEL', key)
+        return 0, nil, 1
+      end
+      if count > limit then
+        redis.call('ZREMRANGEBYRANK', key, 0, count - limit - 1)
+        count = limit
+      end
     end
+    return count, newest, repaired
   end
-  return count, newest, repaired
-end
 
-function SLIDING_WINDOW_LOG.decide(key, limit, period, cost, now)
-  local count, newest, repaired = swl_read(key, limit, period, now)
-  local first = now
-  if newest and newest >= now then
-    first = newest + 1
-  end
-  local allowed = cost <= limit and count + cost <= limit
-  local after, last, retry = count, newest, 0
-  if allowed then
-    if cost > 0 then
-      after, last = count + cost, first + cost - 1
+  function SLIDING_WINDOW_LOG.decide(key, limit, period, cost, now)
+    local count, newest, repaired = swl_read(key, limit, period, now)
+    local first = now
+    if newest and newest >= now then
+      first = newest + 1
     end
-  elseif cost > limit then
-    retry = -1
-  else
-    local idx = count + cost - limit - 1
-    local entry = redis.call('ZRANGE', key, idx, idx, 'WITHSCORES')
-    retry = ceil(tonumber(entry[2]) + period - now)
+    local allowed = cost <= limit and count + cost <= limit
+    local after, last, retry = count, newest, 0
+    if allowed then
+      if cost > 0 then
+        after, last = count + cost, first + cost - 1
+      end
+    elseif cost > limit then
+      retry = -1
+    else
+      local idx = count + cost - limit - 1
+      local entry = redis.call('ZRANGE', key, idx, idx, 'WITHSCORES')
+      retry = ceil(tonumber(entry[2]) + period - now)
+    end
+    local reset, reset_now = 0, 0
+    if after > 0 then
+      reset = last + period - now
+    end
+    if count > 0 then
+      reset_now = newest + period - now
+    end
+    return {allowed and 1 or 0, limit - after, reset, retry, repaired, limit - count, reset_now, first}
   end
-  local reset, reset_now = 0, 0
-  if after > 0 then
-    reset = last + period - now
-  end
-  if count > 0 then
-    reset_now = newest + period - now
-  end
-  return {allowed and 1 or 0, limit - after, reset, retry, repaired, limit - count, reset_now, first}
-end
 
-function SLIDING_WINDOW_LOG.commit(key, r, limit, period, cost, now)
-  local first = r[8]
-  local i = 0
-  while i < cost do
-    local n = cost - i
-    if n > 1000 then
-      n = 1000
+  function SLIDING_WINDOW_LOG.commit(key, r, limit, period, cost, now)
+    local first = r[8]
+    local i = 0
+    while i < cost do
+      local n = cost - i
+      if n > 1000 then
+        n = 1000
+      end
+      local args = {}
+      for j = 1, n do
+        local s = first + i + j - 1
+        args[2 * j - 1] = s
+        args[2 * j] = s
+      end
+      redis.call('ZADD', key, unpack(args))
+      i = i + n
     end
-    local args = {}
-    for j = 1, n do
-      local s = fmt_int(first + i + j - 1)
-      args[2 * j - 1] = s
-      args[2 * j] = s
-    end
-    redis.call('ZADD', key, unpack(args))
-    i = i + n
+    expire_in(key, first + cost - 1 + period - now)
   end
-  expire_in(key, first + cost - 1 + period - now)
-end
 
-function SLIDING_WINDOW_LOG.refund(key, limit, period, cost, now)
-  local count, newest, repaired = swl_read(key, limit, period, now)
-  if count > 0 then
-    redis.call('ZPOPMAX', key, fmt_int(cost))
-    local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    if top[2] then
-      expire_in(key, tonumber(top[2]) + period - now)
+  function SLIDING_WINDOW_LOG.refund(key, limit, period, cost, now)
+    local count, newest, repaired = swl_read(key, limit, period, now)
+    if count > 0 then
+      redis.call('ZPOPMAX', key, cost)
+      local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      if top[2] then
+        expire_in(key, tonumber(top[2]) + period - now)
+      end
     end
+    return repaired
   end
-  return repaired
+  return SLIDING_WINDOW_LOG
 end

@@ -17,93 +17,97 @@
 --   TTL          = reset_after after the write (a full bucket and a missing key are the same)
 --   refund:      t = min(L, k + c) at t0.
 
-local TOKEN_BUCKET = {}
+-- A loader: the functions are built only when a request uses this algorithm.
+local function LOAD_TOKEN_BUCKET()
+  local TOKEN_BUCKET = {}
 
-local function tb_read(key, limit, period, now)
-  local raw = redis.pcall('HMGET', key, 't', 's')
-  if failed(raw) then
-    redis.call('DEL', key)
-    return nil, nil, now, limit, 1
-  end
-  if raw[1] or raw[2] then
-    local t, s = tonumber(raw[1]), tonumber(raw[2])
-    if finite(t) and whole(s) and s <= now + period then
-      local t0 = now
-      if s > now then
-        t0 = s
-      end
-      local k = t + ((t0 - s) * limit) / period
-      if k > limit then
-        k = limit
-      end
-      return t, s, t0, k, 0
-    end
-    redis.call('DEL', key)
-    return nil, nil, now, limit, 1
-  end
-  return nil, nil, now, limit, 0
-end
-
--- First whole us d >= 1 after t0 at which a bucket holding b tokens at time s holds `want`.
-local function tb_wait(limit, period, b, s, t0, k, want)
-  local d = ceil(((want - k) * period) / limit)
-  if d < 1 then
-    d = 1
-  end
-  for _ = 1, 3 do
-    if d > 1 and b + (((t0 + d - 1 - s) * limit) / period) >= want then
-      d = d - 1
-    else
-      break
-    end
-  end
-  for _ = 1, 3 do
-    if b + (((t0 + d - s) * limit) / period) >= want then
-      break
-    end
-    d = d + 1
-  end
-  return d
-end
-
-function TOKEN_BUCKET.decide(key, limit, period, cost, now)
-  local b, s, t0, k, repaired = tb_read(key, limit, period, now)
-  local shift = t0 - now
-  local allowed = cost <= limit and cost <= k
-  local after, retry, reset, reset_now = k, 0, 0, 0
-  if k < limit then
-    reset_now = shift + tb_wait(limit, period, b, s, t0, k, limit)
-  end
-  if allowed then
-    after = k - cost
-  elseif cost > limit then
-    retry = -1
-  else
-    retry = shift + tb_wait(limit, period, b, s, t0, k, cost)
-  end
-  if allowed and cost > 0 then
-    reset = shift + tb_wait(limit, period, after, t0, t0, after, limit)
-  else
-    reset = reset_now
-  end
-  return {allowed and 1 or 0, floor(after), reset, retry, repaired, floor(k), reset_now, after, t0}
-end
-
-function TOKEN_BUCKET.commit(key, r, limit, period, cost, now)
-  redis.call('HSET', key, 't', fmt_float(r[8]), 's', fmt_int(r[9]))
-  expire_in(key, r[3])
-end
-
-function TOKEN_BUCKET.refund(key, limit, period, cost, now)
-  local b, _, t0, k, repaired = tb_read(key, limit, period, now)
-  if b then
-    k = k + cost
-    if k < limit then
-      redis.call('HSET', key, 't', fmt_float(k), 's', fmt_int(t0))
-      expire_in(key, t0 - now + tb_wait(limit, period, k, t0, t0, k, limit))
-    else
+  local function tb_read(key, limit, period, now)
+    local raw = redis.pcall('HMGET', key, 't', 's')
+    if failed(raw) then
       redis.call('DEL', key)
+      return nil, nil, now, limit, 1
     end
+    if raw[1] or raw[2] then
+      local t, s = tonumber(raw[1]), tonumber(raw[2])
+      if finite(t) and whole(s) and s <= now + period then
+        local t0 = now
+        if s > now then
+          t0 = s
+        end
+        local k = t + ((t0 - s) * limit) / period
+        if k > limit then
+          k = limit
+        end
+        return t, s, t0, k, 0
+      end
+      redis.call('DEL', key)
+      return nil, nil, now, limit, 1
+    end
+    return nil, nil, now, limit, 0
   end
-  return repaired
+
+  -- First whole us d >= 1 after t0 at which a bucket holding b tokens at time s holds `want`.
+  local function tb_wait(limit, period, b, s, t0, k, want)
+    local d = ceil(((want - k) * period) / limit)
+    if d < 1 then
+      d = 1
+    end
+    for _ = 1, 3 do
+      if d > 1 and b + (((t0 + d - 1 - s) * limit) / period) >= want then
+        d = d - 1
+      else
+        break
+      end
+    end
+    for _ = 1, 3 do
+      if b + (((t0 + d - s) * limit) / period) >= want then
+        break
+      end
+      d = d + 1
+    end
+    return d
+  end
+
+  function TOKEN_BUCKET.decide(key, limit, period, cost, now)
+    local b, s, t0, k, repaired = tb_read(key, limit, period, now)
+    local shift = t0 - now
+    local allowed = cost <= limit and cost <= k
+    local after, retry, reset, reset_now = k, 0, 0, 0
+    if k < limit then
+      reset_now = shift + tb_wait(limit, period, b, s, t0, k, limit)
+    end
+    if allowed then
+      after = k - cost
+    elseif cost > limit then
+      retry = -1
+    else
+      retry = shift + tb_wait(limit, period, b, s, t0, k, cost)
+    end
+    if allowed and cost > 0 then
+      reset = shift + tb_wait(limit, period, after, t0, t0, after, limit)
+    else
+      reset = reset_now
+    end
+    return {allowed and 1 or 0, floor(after), reset, retry, repaired, floor(k), reset_now, after, t0}
+  end
+
+  function TOKEN_BUCKET.commit(key, r, limit, period, cost, now)
+    redis.call('HSET', key, 't', r[8], 's', r[9])
+    expire_in(key, r[3])
+  end
+
+  function TOKEN_BUCKET.refund(key, limit, period, cost, now)
+    local b, _, t0, k, repaired = tb_read(key, limit, period, now)
+    if b then
+      k = k + cost
+      if k < limit then
+        redis.call('HSET', key, 't', k, 's', t0)
+        expire_in(key, t0 - now + tb_wait(limit, period, k, t0, t0, k, limit))
+      else
+        redis.call('DEL', key)
+      end
+    end
+    return repaired
+  end
+  return TOKEN_BUCKET
 end

@@ -38,6 +38,7 @@ __all__ = [
     "FixedWindowState",
     "MemoryStorage",
     "Step",
+    "plausible",
     "refund",
     "step",
     "system_clock_us",
@@ -436,6 +437,22 @@ def _gcra_refund(
     return None, 0
 
 
+def plausible(algorithm: str, state: object, limit: int, period: int, now: int) -> bool:
+    """Whether stored state can be used at ``now``: the script's garbage bounds, so that state
+    from more than a period in the future (a clock jump back) is reset here exactly as in Redis."""
+    if algorithm == "fixed_window" and isinstance(state, FixedWindowState):
+        return state.window * period <= now + period
+    if algorithm == "sliding_window_counter" and isinstance(state, CounterState):
+        return state.window * period <= now + period
+    if algorithm == "sliding_window_log" and isinstance(state, list):
+        return not state or state[-1] <= now + period + limit
+    if algorithm == "token_bucket" and isinstance(state, BucketState):
+        return state.stamp <= now + period
+    if algorithm == "gcra" and isinstance(state, float):
+        return state - now / (period / limit) <= 2 * limit
+    return False
+
+
 StepFunction = Callable[[State | None, int, int, int, int], Step]
 RefundFunction = Callable[[State | None, int, int, int, int], tuple[State | None, int]]
 
@@ -537,17 +554,18 @@ class MemoryStorage(Storage):
         else:
             self._data[key] = _Entry(algorithm, state, now + _ms_ceil_us(ttl_us))
 
-    def _state(self, key: str, algorithm: str, now: int) -> tuple[State | None, bool]:
-        """(the key's state, whether it held another algorithm's state and was reset)."""
-        entry = self._get(key, now)
+    def _state(self, check: Check, now: int) -> tuple[State | None, bool]:
+        """(the key's state, whether it was unusable and reset: another algorithm's state, or
+        state from too far in the future, as the script judges it)."""
+        entry = self._get(check.key, now)
         if entry is None:
             return None, False
-        if entry.algorithm != algorithm:
-            del self._data[key]
+        if not plausible(check.algorithm, entry.state, check.limit, check.period * _US, now):
+            del self._data[check.key]
             return None, True
         state: State = entry.state  # type: ignore[assignment]
         if isinstance(state, list) and not state:
-            del self._data[key]
+            del self._data[check.key]
             return None, False
         return state, False
 
@@ -569,13 +587,13 @@ class MemoryStorage(Storage):
             steps: list[Step] = []
             repaired: list[str] = []
             for check in checks:
-                state, bad = self._state(check.key, check.algorithm, now)
+                state, bad = self._state(check, now)
                 cost = check.cost
                 if refund_:
                     new, ttl = refund(check.algorithm, state, check, now)
                     if ttl >= 0:
                         self._put(check.key, check.algorithm, new, ttl, now)
-                    state, _ = self._state(check.key, check.algorithm, now)
+                    state, _ = self._state(check, now)
                     cost = 0
                 s = step(check.algorithm, state, check, cost, now)
                 if isinstance(state, list) and not state:
