@@ -2,7 +2,9 @@
 
     python bench/bench_overhead.py                       # ~1 minute; prints the table
     python bench/bench_overhead.py --write docs/bench/overhead.md
-    python bench/bench_overhead.py --profile sliding_window_log:3   # where our time goes
+    python bench/bench_overhead.py --breakdown fixed_window:3    # where our time goes
+    python bench/bench_overhead.py --profile sliding_window_log:3  # cProfile of our app
+    python bench/bench_overhead.py --wire                          # RESP shapes of one call
 
 Same process, same redis-server (a private one on loopback, started and stopped here), direct
 WSGI calls of a trivial view: the environ is built once with werkzeug's ``EnvironBuilder`` and every
@@ -14,7 +16,8 @@ the fixed window, the sliding window counter and the sliding window log (Flask-L
 Rounds are interleaved: every round runs a batch of each app (and of the bare EVALSHA) in a
 shuffled order, so machine noise spreads over all of them. Overhead = an app's median latency
 minus the bare Flask app's median. The floor is one bare redis-py ``EVALSHA`` of a script doing
-one ``GET``, timed in the same rounds.
+one ``GET``, timed in the same rounds; the in-request floor is the bare Flask app making that same
+call in ``before_request`` (the least any Redis limiter pays inside a request).
 
 Round trips per request are counted separately (untimed) by counting redis-py's
 ``send_packed_command`` calls (a pipeline is one round trip), and commands per request from the
@@ -325,9 +328,10 @@ def breakdown(spec: str, rounds: int, batch: int) -> str:
       ``before_request``, minus the bare Flask app (a round trip made between two pieces of
       Python work costs more than one timed in a tight loop: caches and the idle redis-server
       have to wake up);
-    - of which our script's server time beyond a one-GET script (``INFO commandstats``) and
-      our client-side wrapper (``storage.evaluate`` minus a plain ``EVALSHA`` of the same
-      KEYS/ARGV, both in tight loops).
+    - of which our script's server time beyond a one-GET script (``INFO commandstats``), redis-py's
+      packing of our KEYS/ARGV and parsing of our reply (a plain ``EVALSHA`` of our script minus the
+      bare one and the server time, tight loops), and our client-side wrapper (``storage.evaluate``
+      minus that plain ``EVALSHA``).
     """
     algorithm, _, n = spec.partition(":")
     sys.path.insert(0, str(ROOT))
@@ -364,6 +368,7 @@ def breakdown(spec: str, rounds: int, batch: int) -> str:
             Subject("floor app", wsgi_caller(floor_app(client))[0]),
             Subject("whole", call),
             Subject("canned", wsgi_caller(canned)[0]),
+            Subject("get", evalsha_caller(client)),
             Subject("plain", lambda: client.evalsha(sha, len(keys), *keys, *args)),
             Subject("storage", lambda: storage.evaluate(checks)),
         ]
@@ -387,12 +392,62 @@ def breakdown(spec: str, rounds: int, batch: int) -> str:
                 f"({server_us['ours']:.1f} vs {server_us['get']:.1f} us)",
                 server_us["ours"] - server_us["get"],
             ),
-            ("  - storage.evaluate wrapper (args, reply parsing)", m["storage"] - m["plain"]),
+            (
+                f"  - redis-py packing {len(keys) + len(args) + 3} arguments and parsing "
+                f"{1 + 6 * len(keys)} reply integers instead of 4 and 1",
+                m["plain"] - m["get"] - (server_us["ours"] - server_us["get"]),
+            ),
+            (
+                "  - our storage.evaluate around it (script_args, parse_reply)",
+                m["storage"] - m["plain"],
+            ),
         ]
+        explained = sum(value for name, value in layers[4:])
+        layers.append(
+            ("  - the rest (a longer call costs more inside a request)", layers[3][1] - explained)
+        )
         lines = [f"Breakdown of our overhead, {algorithm} x{n or 1} (medians, us):", ""]
         lines += ["| part | us |", "|---|---|"]
         lines += [f"| {name} | {value:.1f} |" for name, value in layers]
         lines.append(f"| total overhead | {m['whole'] - m['bare']:.1f} |")
+        return "\n".join(lines)
+    finally:
+        client.close()
+        server.stop()
+
+
+def wire(rounds: int, batch: int) -> str:
+    """What the RESP encoding of a 3-check call costs in redis-py (tight loops, one-GET scripts).
+
+    Same server work; only the shape differs: 14 ARGV integers vs one packed ARGV string, and a
+    19-integer array reply vs one bulk string split in Python.
+    """
+    sys.path.insert(0, str(ROOT))
+    from tests.servers import start_redis
+
+    server = start_redis()
+    client = server.client()
+    try:
+        body = "1700000000000000" + ",1,1000000000,999999,3599000000,0,0" * 3
+        get = client.script_load("return redis.call('GET', KEYS[1])")
+        array = client.script_load(f"redis.call('GET', KEYS[1]) return {{{body}}}")
+        text = client.script_load(f"redis.call('GET', KEYS[1]) return '{body}'")
+        args: list[str | int] = ["k1", "k2", "k3", -1, 0, *[1, 1000000000, 3600000000, 1] * 3]
+        packed = ["k1", "k2", "k3", ",".join(str(a) for a in args[3:])]
+
+        def split_ints() -> None:
+            [int(x) for x in client.evalsha(text, 1, "x").split(b",")]
+
+        subjects = [
+            Subject("bare EVALSHA (1 key, nil reply)", lambda: client.evalsha(get, 1, "x")),
+            Subject("19-integer array reply", lambda: client.evalsha(array, 1, "x")),
+            Subject("same 19 integers as one string, split", split_ints),
+            Subject("3 keys + 14 ARGV", lambda: client.evalsha(get, 3, *args)),
+            Subject("3 keys + 1 packed ARGV string", lambda: client.evalsha(get, 3, *packed)),
+        ]
+        measure(subjects, rounds, batch)
+        lines = ["| call shape | median us |", "|---|---|"]
+        lines += [f"| {s.name} | {s.median_us:.1f} |" for s in subjects]
         return "\n".join(lines)
     finally:
         client.close()
@@ -432,7 +487,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", metavar="ALGORITHM:N", help="profile our app on one row")
     parser.add_argument("--profile-calls", type=int, default=5000)
     parser.add_argument("--breakdown", metavar="ALGORITHM:N", help="time our layers on one row")
+    parser.add_argument("--wire", action="store_true", help="time RESP shapes of a 3-check call")
     args = parser.parse_args(argv)
+    if args.wire:
+        print(wire(args.rounds, args.batch))
+        return 0
     if args.breakdown:
         print(breakdown(args.breakdown, args.rounds, args.batch))
         return 0
@@ -446,8 +505,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         command = " ".join(["python", "bench/bench_overhead.py", *(argv or sys.argv[1:])])
         args.write.parent.mkdir(parents=True, exist_ok=True)
-        args.write.write_text(_document(text, command))
+        kept = ""  # hand-written analysis below the marker survives a re-run
+        if args.write.exists() and _MARKER in args.write.read_text():
+            kept = args.write.read_text().split(_MARKER, 1)[1]
+        args.write.write_text(_document(text, command) + "\n" + _MARKER + kept)
     return 0
+
+
+_MARKER = "<!-- end of the generated part; the analysis below is kept on re-runs -->"
 
 
 def _document(text: str, command: str) -> str:
