@@ -152,15 +152,27 @@ def test_the_injected_clock_is_used_and_the_default_is_the_system_clock() -> Non
 
 def test_expired_keys_are_swept_so_memory_stays_bounded() -> None:
     now = [T0]
-    storage = MemoryStorage(clock=lambda: now[0], sweep_every=100)
+    storage = MemoryStorage(clock=lambda: now[0], sweep_batch=10)
     for n in range(1_000):
         storage.evaluate([Check(f"s:{{{n}}}:1:gcra", "gcra", 10, 1)])
     assert len(storage) == 1_000
-    now[0] += 2 * S  # every key is past its TTL; the next 100 calls run one sweep
-    for _ in range(100):
+    now[0] += 2 * S  # every key is past its TTL; each call drops at most 10 of them
+    storage.evaluate([Check("s:{last}:1:gcra", "gcra", 10, 1, cost=0)])
+    assert len(storage) == 990
+    for _ in range(99):
         storage.evaluate([Check("s:{last}:1:gcra", "gcra", 10, 1, cost=0)])
     assert len(storage) == 0
     assert list(storage.scan("*")) == []
+
+
+def test_a_hot_key_keeps_one_queue_entry() -> None:
+    now = [T0]
+    storage = MemoryStorage(clock=lambda: now[0])
+    check = Check("hot:{x}:1:token_bucket", "token_bucket", 10**6, 60)
+    for _ in range(5_000):
+        now[0] += 1_000
+        assert storage.evaluate([check]).allowed
+    assert len(storage._heap) == 1 and len(storage) == 1
 
 
 def test_scan_delete_ping() -> None:

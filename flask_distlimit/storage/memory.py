@@ -12,14 +12,16 @@ fallback: ``step(state, limit, period_us, cost, now_us) -> Step`` decides withou
 
 :class:`MemoryStorage` keeps the states in a dict under a lock, with an injected clock
 (microseconds since the epoch) and no background thread: a key is dropped when read after its TTL,
-and a sweep of every expired key runs once per ``sweep_every`` calls, so memory stays bounded by
-the keys alive in the last TTL.
+and every call also drops up to ``sweep_batch`` keys whose TTL ended, oldest first, from a heap
+that holds one entry per key. So memory stays bounded by the keys alive within their TTL, and no
+call ever pays for a sweep of the whole store.
 """
 
 from __future__ import annotations
 
 import bisect
 import fnmatch
+import heapq
 import math
 import threading
 import time
@@ -524,13 +526,15 @@ class MemoryStorage(Storage):
     scheme = "memory"
 
     def __init__(
-        self, *, clock: Callable[[], int] = system_clock_us, sweep_every: int = 1000
+        self, *, clock: Callable[[], int] = system_clock_us, sweep_batch: int = 32
     ) -> None:
         self._clock = clock
         self._lock = threading.Lock()
         self._data: dict[str, _Entry] = {}
-        self._sweep_every = sweep_every
-        self._calls = 0
+        self._sweep_batch = sweep_batch
+        # (expiry as last queued, key): at most one entry per key, which `_queued` tracks
+        self._heap: list[tuple[int, str]] = []
+        self._queued: set[str] = set()
 
     # -- internals (lock held) --
 
@@ -542,17 +546,31 @@ class MemoryStorage(Storage):
         return entry
 
     def _tick(self, now: int) -> None:
-        self._calls += 1
-        if self._calls >= self._sweep_every:
-            self._calls = 0
-            for key in [k for k, e in self._data.items() if e.expires <= now]:
+        """Drop up to ``sweep_batch`` expired keys (a key whose TTL was extended is requeued)."""
+        heap = self._heap
+        for _ in range(self._sweep_batch):
+            if not heap or heap[0][0] > now:
+                return
+            _, key = heapq.heappop(heap)
+            entry = self._data.get(key)
+            if entry is not None and entry.expires > now:
+                heapq.heappush(heap, (entry.expires, key))
+                continue
+            self._queued.discard(key)
+            if entry is not None:
                 del self._data[key]
+
+    def _set(self, key: str, entry: _Entry) -> None:
+        self._data[key] = entry
+        if key not in self._queued:
+            self._queued.add(key)
+            heapq.heappush(self._heap, (entry.expires, key))
 
     def _put(self, key: str, algorithm: str, state: object, ttl_us: int, now: int) -> None:
         if state is None or ttl_us <= 0:
             self._data.pop(key, None)
         else:
-            self._data[key] = _Entry(algorithm, state, now + _ms_ceil_us(ttl_us))
+            self._set(key, _Entry(algorithm, state, now + _ms_ceil_us(ttl_us)))
 
     def _state(self, check: Check, now: int) -> tuple[State | None, bool]:
         """(the key's state, whether it was unusable and reset: another algorithm's state, or
@@ -624,7 +642,7 @@ class MemoryStorage(Storage):
 
     def __len__(self) -> int:
         """Keys held, including expired ones not yet dropped (memory use, for tests)."""
-        return len(self._data)
+        return max(len(self._data), len(self._heap))
 
     def expires_at(self, key: str) -> int | None:
         """When ``key`` expires, in us on this storage's clock (``None``: no such key)."""
@@ -661,5 +679,5 @@ class MemoryStorage(Storage):
                 members = {m: t for m, t in entry.state.items() if t > now}  # type: ignore[attr-defined]
             until = now + math.ceil(ttl * _US)
             members[member] = until
-            self._data[key] = _Entry("heartbeat", members, max(members.values()))
+            self._set(key, _Entry("heartbeat", members, max(members.values())))
             return len(members)
