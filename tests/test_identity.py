@@ -638,3 +638,37 @@ def test_keys_of_any_identity_stay_in_one_cluster_slot(value: str) -> None:
     slots = {key_slot(key.encode("utf-8", "surrogatepass")) for key in keys}
     assert len(slots) == 1
     assert all(len(key) < 300 and "\n" not in key and " " not in key for key in keys)
+
+
+# -- cost -----------------------------------------------------------------------------------
+
+
+class _TrapConfig(flask.Config):
+    def __getitem__(self, key: str) -> Any:
+        raise AssertionError(f"identify() read app.config[{key!r}]")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        raise AssertionError(f"identify() read app.config.get({key!r})")
+
+
+def test_identify_reads_no_config_and_compiles_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    app = jwt_app(DISTLIMIT_API_KEY_SECRET="k" * 32, DISTLIMIT_TRUSTED_PROXIES=1)
+    resolver = make_resolver(app)
+    hooks = IdentityHooks(api_key_verifier=lambda key: None)
+    headers = {
+        "Authorization": f"Bearer {token({'tier': 'pro'})}",
+        "X-Api-Key": "unknown",
+        "X-Forwarded-For": "2001:db8::1",
+    }
+    with app.test_request_context("/", headers=headers, environ_base={"REMOTE_ADDR": CLIENT}):
+        app.config = _TrapConfig(app.root_path, app.config)
+
+        def no_compile(*args: object, **kwargs: object) -> None:
+            raise AssertionError("identify() compiled a regular expression")
+
+        monkeypatch.setattr("re.compile", no_compile)
+        assert resolver.identify(flask.request, hooks).kind == "jwt"
+        flask.request.environ["HTTP_AUTHORIZATION"] = "Bearer forged"
+        assert resolver.identify(flask.request, hooks) == Identity(
+            "ip", "ip:2001:db8::/64", ANONYMOUS
+        )
