@@ -13,9 +13,11 @@
 -- only for costs > 0, writes them all. A denied request consumes nothing anywhere.
 -- Refund: each check gives its cost back, then reports its state as a peek (cost 0).
 --
--- Each algorithm file defines a loader LOAD_<NAME>() returning its functions. decide(key, limit, period, cost, now) returns {allowed (0/1), remaining and
--- reset_after if consumed, retry_after, repaired (0/1), remaining and reset_after as it stands,
--- then what its commit(key, r, limit, period, cost, now) writes}; refund(...) returns repaired.
+-- Each algorithm file defines a loader LOAD_<NAME>() that builds its functions (only for the
+-- algorithms a request uses). decide(key, limit, period, cost, now) returns {allowed (0/1),
+-- remaining and reset_after if consumed, retry_after, repaired (0/1), remaining and reset_after
+-- as it stands, then what commit(key, r, limit, period, cost, now) writes}; refund(key, limit,
+-- period, cost, now) writes and returns repaired (0/1).
 --
 -- Reply (integers only): {now_us, then per check: allowed (0/1), limit, remaining,
 --   reset_after_us, retry_after_us (0 when allowed, -1 = never: cost > limit), repaired (0/1)}.

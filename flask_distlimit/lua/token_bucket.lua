@@ -10,8 +10,8 @@
 --   k' = k - c if allowed else k;  remaining = floor(k')
 --   reset_after  = (t0 - now) + r, r = the first whole us at which the bucket is full again:
 --                  ceil(((L - k') * P) / L), then stepped (at most 3 us each way) to the first
---                  us with tokens(t0 + r) >= L
---                  by the same double expression, so the key is never dropped while not full
+--                  us with tokens(t0 + r) >= L by the same double expression, so the key is
+--                  never dropped while the bucket is not full
 --   retry_after  = 0 if allowed; -1 if c > L; else (t0 - now) + d, d likewise the first whole
 --                  us with tokens(t0 + d) >= c
 --   TTL          = reset_after after the write (a full bucket and a missing key are the same)
