@@ -111,7 +111,8 @@ local function LOAD_GCRA()
       end
       retry = d
     end
-    return {allowed and 1 or 0, gcra_left(limit, now_u, after), gcra_until(interval, now, now_u, after),
+    return {allowed and 1 or 0, gcra_left(limit, now_u, after),
+      gcra_until(interval, now, now_u, after),
       retry, repaired, gcra_left(limit, now_u, tat), gcra_until(interval, now, now_u, tat), after}
   end
 

@@ -75,7 +75,8 @@ local function LOAD_SLIDING_WINDOW_LOG()
     if count > 0 then
       reset_now = newest + period - now
     end
-    return {allowed and 1 or 0, limit - after, reset, retry, repaired, limit - count, reset_now, first}
+    return {allowed and 1 or 0, limit - after, reset, retry, repaired, limit - count, reset_now,
+      first}
   end
 
   function SLIDING_WINDOW_LOG.commit(key, r, limit, period, cost, now)

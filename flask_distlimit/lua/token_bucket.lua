@@ -88,7 +88,8 @@ local function LOAD_TOKEN_BUCKET()
     else
       reset = reset_now
     end
-    return {allowed and 1 or 0, floor(after), reset, retry, repaired, floor(k), reset_now, after, t0}
+    return {allowed and 1 or 0, floor(after), reset, retry, repaired, floor(k), reset_now,
+      after, t0}
   end
 
   function TOKEN_BUCKET.commit(key, r, limit, period, cost, now)
