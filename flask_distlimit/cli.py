@@ -99,7 +99,12 @@ def _loaded_text(loaded: object) -> str:
 @distlimit_cli.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Print the health report as JSON.")
 def status(as_json: bool) -> None:
-    """Storage, round-trip latency, circuit breaker and scripts; exit 1 when unhealthy."""
+    """Storage, latency, breaker and scripts.
+
+    Shows the storage URL (password masked), a PING round trip, whether the rate-limit scripts
+    are loaded, the circuit breaker and the failure settings. Exits with status 1 when the
+    storage does not answer or the breaker is not closed.
+    """
     state = _state()
     settings = state.settings
     health = state.health()
@@ -195,7 +200,11 @@ def _scan(state: LimiterState, identity: str) -> set[str]:
 @click.option("--all", "show_all", is_flag=True, help="Also list limits the client has not used.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def inspect(identity: str, ip: bool, api_key: bool, show_all: bool, as_json: bool) -> None:
-    """Where IDENTITY stands on every limit that can apply to it (peeks: consumes nothing)."""
+    """One client's usage of every limit (a peek).
+
+    Where IDENTITY stands on every limit that can apply to it (global, tiers, routes), read in
+    one storage call with cost 0: nothing is consumed.
+    """
     state = _state()
     who = _identity(state, identity, ip=ip, api_key=api_key)
     rows = [r for r in _peek(state, who) if show_all or r.stored]
@@ -250,9 +259,10 @@ def _select(rows: Sequence[tuple[str, Check]], wanted: Sequence[str]) -> set[str
 )
 @click.option("--dry-run", is_flag=True, help="List the keys that would be deleted.")
 def reset(identity: str, ip: bool, api_key: bool, limits: tuple[str, ...], dry_run: bool) -> None:
-    """Forget IDENTITY's counters: every limit, or only those named with --limit.
+    """Forget one client's counters (uses SCAN).
 
-    Keys are found with SCAN, never KEYS. Workers that already refused the client keep refusing
+    Deletes IDENTITY's counters: every limit, or only those named with --limit. Keys are found
+    with SCAN, never KEYS. Workers that already refused the client keep refusing
     it locally until the Retry-After they sent has passed (their deny cache).
     """
     state = _state()
