@@ -1,16 +1,19 @@
-"""ClusterStorage on a real 3-primary Redis Cluster: checks grouped per hash slot, the groups sent
-concurrently, refunds when one group denies, results in the caller's order, SCAN over every
-primary, fork safety of the group thread pool, and a primary's death survived."""
+"""ClusterStorage on a real 3-primary Redis Cluster: checks grouped per hash slot, the groups in
+flight at once, refunds when one group denies (or fails), results in the caller's order, SCAN over
+every primary, fork safety, and a primary's death survived."""
 
 from __future__ import annotations
 
 import os
-import threading
+import signal
+import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
+from typing import Any, ClassVar
 
 import pytest
+import redis
 from redis.cluster import RedisCluster
 
 from flask_distlimit.decision import Check, Decision, Evaluation
@@ -97,35 +100,76 @@ def test_one_script_call_per_slot_group_and_decisions_in_order(
     assert {port: after[port] - before[port] for port in after} == dict.fromkeys(after, 1)
 
 
-def test_groups_are_sent_concurrently(
+class RecordingConnection(redis.Connection):
+    """Logs every EVALSHA sent and every script reply read, with the node's port."""
+
+    log: ClassVar[list[tuple[str, int]]] = []
+
+    def send_command(self, *args: Any, **kwargs: Any) -> None:
+        if args and args[0] == "EVALSHA":
+            RecordingConnection.log.append(("send", int(self.port)))
+        super().send_command(*args, **kwargs)
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        reply = super().read_response(*args, **kwargs)
+        if isinstance(reply, list):
+            RecordingConnection.log.append(("read", int(self.port)))
+        return reply
+
+
+def test_groups_are_in_flight_at_once(
+    redis_cluster: ClusterServers, cluster_client: RedisCluster, tags: list[str]
+) -> None:
+    storage = ClusterStorage(
+        redis_cluster.startup_nodes, timeout=0.5, connection_class=RecordingConnection
+    )
+    checks = [Check(f"t:{{{tag}}}:ip:fixed_window", "fixed_window", 5, 60) for tag in tags]
+    storage.evaluate(checks)  # connects, loads the script
+    RecordingConnection.log.clear()
+    assert storage.evaluate(checks).allowed
+    # Every group's EVALSHA was on the wire before the first reply was read.
+    kinds = [kind for kind, _ in RecordingConnection.log]
+    assert kinds == ["send"] * 3 + ["read"] * 3
+    assert len({port for _, port in RecordingConnection.log}) == 3
+    storage.close()
+
+
+def test_a_single_group_goes_straight_through(
     storage: ClusterStorage, tags: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    checks = [Check(f"t:{{{tag}}}:ip:fixed_window", "fixed_window", 5, 60) for tag in tags]
-    # Every group call waits at a barrier for the other two: sequential calls would never meet.
-    barrier = threading.Barrier(3, timeout=10)
-    threads: set[int] = set()
-    real_call = storage._call
-
-    def meeting_call(*args: object) -> Evaluation:
-        threads.add(threading.get_ident())
-        barrier.wait()
-        return real_call(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(storage, "_call", meeting_call)
-    assert storage.evaluate(checks).allowed
-    assert len(threads) == 3
-    assert threading.get_ident() in threads  # the caller's thread sends one group itself
-
-
-def test_a_single_group_uses_no_thread_pool(storage: ClusterStorage, tags: list[str]) -> None:
     a = tags[0]
     checks = [
         Check(f"t:{{{a}}}:ip:fixed_window", "fixed_window", 5, 60),
         Check(f"t:{{{a}}}:burst:gcra", "gcra", 5, 60),
     ]
-    for _ in range(3):
-        assert storage.evaluate(checks).allowed
-    assert storage._executor is None
+
+    def no_fan_out(*args: object) -> None:
+        raise AssertionError("a single slot group must not take the fan-out path")
+
+    monkeypatch.setattr(storage, "_run_all", no_fan_out)
+    assert [storage.evaluate(checks).allowed for _ in range(3)] == [True] * 3
+
+
+def test_a_stalled_primary_costs_one_timeout_and_the_others_are_refunded(
+    storage: ClusterStorage, redis_cluster: ClusterServers, tags: list[str]
+) -> None:
+    stalled = redis_cluster.primary_for(f"{{{tags[0]}}}")
+    fast = ClusterStorage(redis_cluster.startup_nodes, timeout=0.1)
+    checks = [Check(f"t:{{{tag}}}:ip:fixed_window", "fixed_window", 5, 60) for tag in tags]
+    fast.evaluate(checks)  # connected everywhere, 1 unit used on each limit
+    stalled.signal(signal.SIGSTOP)  # shorter than the cluster's node timeout: no failover
+    try:
+        started = time.monotonic()
+        with pytest.raises(StorageUnavailable, match="Timeout"):
+            fast.evaluate(checks)
+        elapsed = time.monotonic() - started
+    finally:
+        stalled.signal(signal.SIGCONT)
+    assert elapsed < 1.5
+    # The two groups that answered consumed, then gave their unit back.
+    peek = storage.evaluate([replace(c, cost=0) for c in checks[1:]])
+    assert [d.remaining for d in peek.decisions] == [4, 4]
+    fast.close()
 
 
 def test_a_denying_group_refunds_the_groups_that_consumed(
@@ -195,11 +239,9 @@ def test_start_up_needs_no_cluster_and_a_dead_one_is_unavailable() -> None:
         storage.evaluate([Check("t:{a}:ip:fixed_window", "fixed_window", 5, 60)])
 
 
-def test_fork_gets_its_own_connections_and_group_threads(
-    storage: ClusterStorage, tags: list[str]
-) -> None:
+def test_fork_gets_its_own_connections(storage: ClusterStorage, tags: list[str]) -> None:
     checks = [Check(f"t:{{{tag}}}:ip:fixed_window", "fixed_window", 5, 60) for tag in tags]
-    assert storage.evaluate(checks).allowed  # the parent has connections and worker threads
+    assert storage.evaluate(checks).allowed  # the parent has a connection to every primary
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -222,29 +264,32 @@ def test_fork_gets_its_own_connections_and_group_threads(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("groups", [1, 3], ids=["one slot group", "three slot groups"])
 def test_a_killed_primary_is_replaced_by_its_replica(
-    cluster_factory: Callable[..., ClusterServers],
+    cluster_factory: Callable[..., ClusterServers], groups: int
 ) -> None:
     cluster = cluster_factory()
     storage = from_url(cluster.url, timeout=0.2)
-    check = Check("t:{victim}:ip:fixed_window", "fixed_window", 100, 600)
-    assert storage.evaluate([check]).allowed
-    primary = cluster.primary_for(check.key)
-    primary.stop()  # kill -9
+    tags = tags_on_distinct_primaries(cluster, 3)[:groups]
+    checks = [Check(f"t:{{{tag}}}:ip:fixed_window", "fixed_window", 100, 600) for tag in tags]
+    assert storage.evaluate(checks).allowed
+    victim = cluster.primary_for(checks[0].key)
+    victim.stop()  # kill -9
     with pytest.raises(StorageUnavailable):
-        storage.evaluate([check])
-    promoted = cluster.wait_for_promotion(primary)
-    assert promoted.port != primary.port
-    # The storage finds the new primary by itself (MOVED / topology refresh); the replica
-    # may or may not have received the last write, so only allowance is asserted.
-    errors = 0
+        storage.evaluate(checks)
+    promoted = cluster.wait_for_promotion(victim)
+    assert promoted.port != victim.port
+    # The storage finds the new primary by itself (topology refresh after the connection
+    # error, or MOVED); the replica may or may not have received the last write, so only
+    # allowance is asserted.
     for _ in range(50):
         try:
-            assert storage.evaluate([check]).allowed
+            assert storage.evaluate(checks).allowed
             break
         except StorageUnavailable:
-            errors += 1
-    assert errors < 50
+            time.sleep(0.1)
+    else:
+        raise AssertionError("the storage never reached the promoted replica")
     storage.close()
 
 

@@ -3,8 +3,9 @@
 Every key of one client shares a hash tag (:mod:`flask_distlimit.keys`), so the limits of one
 identity always land in one slot and are decided in one atomic script call. A request whose
 limits belong to several identities (say a per-IP limit and a per-tenant limit) spans several
-slots: one script call per slot group, all groups in flight at once (the caller's thread sends
-one, a small thread pool the others).
+slots: one script call per slot group, all groups in flight at once: every group's ``EVALSHA``
+is written to its primary's connection before any reply is read (no threads: nothing to
+serialize on the GIL, nothing to lose in a fork), and the replies are read within one deadline.
 
 All-or-nothing across groups is best effort: each group is atomic on its own, and when one group
 denies while others already consumed, those are called again in refund mode and give their units
@@ -21,14 +22,14 @@ check PING. It is built on first use, so a configured but unreachable cluster fa
 
 from __future__ import annotations
 
-import os
+import contextlib
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Final
 
 import redis
+from redis import exceptions as rx
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.commands.core import Script
@@ -36,7 +37,7 @@ from redis.crc import key_slot
 from redis.retry import Retry
 
 from ..decision import Check, Decision, Evaluation
-from ..errors import StorageError
+from ..errors import StorageError, StorageUnavailable
 from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
 from .base import Storage
 from .heartbeat import HEARTBEAT_SOURCE
@@ -45,8 +46,22 @@ from .translate import REDIS_FAILURES, storage_error
 
 __all__ = ["ClusterStorage", "slot_of"]
 
-#: Threads that send the second and further slot groups of requests (made on demand).
-_MAX_WORKERS: Final = 16
+#: Replies that mean the script did not run on that node (safe to send again).
+_NOT_RUN: Final = (rx.NoScriptError, rx.AskError, rx.TryAgainError)
+
+
+class _LostNode(StorageUnavailable):
+    """A connection error or timeout on a node: the topology may have changed."""
+
+
+def _failed(exc: Exception, pool: Any, connection: Any) -> StorageError:
+    """Close a failed connection, give it back, and translate the error."""
+    if connection is not None:
+        connection.disconnect()
+        pool.release(connection)
+    if isinstance(exc, rx.ConnectionError | rx.TimeoutError):
+        return _LostNode(str(storage_error(exc)))
+    return storage_error(exc)
 
 
 def slot_of(key: str) -> int:
@@ -66,7 +81,6 @@ class ClusterStorage(Storage):
         client: RedisCluster | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
-        max_workers: int = _MAX_WORKERS,
         **connection: Any,
     ) -> None:
         """``nodes``: startup nodes (any reachable node finds the others). ``connection``:
@@ -78,14 +92,11 @@ class ClusterStorage(Storage):
         self._nodes = [(str(h), int(p)) for h, p in nodes]
         self._max_connections = max_connections
         self._connection = connection
-        self._max_workers = max_workers
         self._owns_client = client is None
         self._lock = threading.Lock()
         self._client: RedisCluster | None = None
         self._script: Script | None = None
         self._heartbeat: Script | None = None
-        self._executor: ThreadPoolExecutor | None = None
-        self._executor_pid = 0
         if client is not None:
             self._attach(client)
 
@@ -126,20 +137,6 @@ class ClusterStorage(Storage):
                 assert client is not None
         return client
 
-    def _pool(self) -> ThreadPoolExecutor:
-        pid = os.getpid()
-        executor = self._executor
-        if executor is None or self._executor_pid != pid:
-            with self._lock:
-                if self._executor is None or self._executor_pid != pid:
-                    # A parent's threads do not exist in a forked child: make new ones.
-                    self._executor = ThreadPoolExecutor(
-                        max_workers=self._max_workers, thread_name_prefix="distlimit-cluster"
-                    )
-                    self._executor_pid = pid
-                executor = self._executor
-        return executor
-
     # -- the hot path ----------------------------------------------------------------------
 
     def _call(
@@ -169,22 +166,70 @@ class ClusterStorage(Storage):
         now_us: int | None,
         refund: bool = False,
     ) -> list[Evaluation | StorageError]:
-        """One script call per part, concurrently: the caller's thread runs the first."""
-        pool = self._pool()
-        futures: list[Future[Evaluation]] = [
-            pool.submit(self._call, part, now_us, refund) for part in parts[1:]
-        ]
-        results: list[Evaluation | StorageError] = []
+        """One script call per part, all in flight at once, from the caller's thread.
+
+        Every part's ``EVALSHA`` is written to the connection of its slot's primary before any
+        reply is read, so the calls overlap on the network and in the servers (the way
+        redis-py's cluster pipeline sends to several nodes), and the replies are read within
+        one shared deadline of ``timeout``. A part answered ``NOSCRIPT``, ``MOVED``, ``ASK`` or
+        ``TRYAGAIN`` did not run: it is sent again through redis-py's own cluster path, which
+        loads the script and follows the redirection.
+        """
+        client = self.client
+        script = self._script
+        assert script is not None
+        results: list[Evaluation | StorageError | None] = [None] * len(parts)
+        in_flight: list[tuple[int, Any, Any]] = []  # (part, connection, its pool)
         try:
-            results.append(self._call(parts[0], now_us, refund))
+            for n, part in enumerate(parts):
+                keys, args = script_args(part, now_us, refund=refund)
+                pool: Any = None
+                connection: Any = None
+                try:
+                    node = client.get_node_from_key(keys[0])  # type: ignore[no-untyped-call]
+                    pool = client.get_redis_connection(node).connection_pool
+                    connection = pool.get_connection()
+                    connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                except REDIS_FAILURES as exc:
+                    results[n] = _failed(exc, pool, connection)
+                    continue
+                in_flight.append((n, connection, pool))
+            deadline = time.monotonic() + self.timeout
+            while in_flight:
+                n, connection, pool = in_flight.pop(0)
+                try:
+                    left = max(0.001, deadline - time.monotonic())
+                    reply = connection.read_response(timeout=left)
+                except _NOT_RUN:
+                    pool.release(connection)
+                    results[n] = self._call_or_error(parts[n], now_us, refund)
+                    continue
+                except REDIS_FAILURES as exc:
+                    results[n] = _failed(exc, pool, connection)
+                    continue
+                pool.release(connection)
+                try:
+                    results[n] = parse_reply(reply, parts[n])
+                except StorageError as exc:
+                    results[n] = exc
+        finally:
+            for _, connection, pool in in_flight:  # only after an unexpected exception
+                connection.disconnect()
+                pool.release(connection)
+        if any(isinstance(r, _LostNode) for r in results):
+            # Like redis-py after a connection error: refresh the topology (once every reply
+            # is in), so the next call finds a promoted replica.
+            with contextlib.suppress(*REDIS_FAILURES):  # still down: the next call tries again
+                client.nodes_manager.initialize()
+        return [r if r is not None else StorageUnavailable("no reply") for r in results]
+
+    def _call_or_error(
+        self, part: list[Check], now_us: int | None, refund: bool
+    ) -> Evaluation | StorageError:
+        try:
+            return self._call(part, now_us, refund)
         except StorageError as exc:
-            results.append(exc)
-        for future in futures:
-            try:
-                results.append(future.result())
-            except StorageError as exc:
-                results.append(exc)
-        return results
+            return exc
 
     def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
         groups = self.groups(checks)
@@ -270,16 +315,12 @@ class ClusterStorage(Storage):
         return bool(found) and all(found)
 
     def close(self) -> None:
-        executor, self._executor = self._executor, None
-        if executor is not None and self._executor_pid == os.getpid():
-            executor.shutdown(wait=False)
         if self._owns_client and self._client is not None:
             self._client.close()
             self._client = None
 
     def reset_after_fork(self) -> None:
-        """Forget the parent's connections and worker threads (call in a forked child)."""
-        self._executor = None
+        """Forget the connections inherited from the parent (call in a forked child)."""
         client = self._client
         if client is None:
             return
