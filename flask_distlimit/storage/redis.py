@@ -4,8 +4,8 @@ The client is built for a rate limiter on the request path (:func:`connection_op
 
 - connect and read timeouts = ``timeout`` (``DISTLIMIT_REDIS_TIMEOUT``, 100 ms by default), and a
   :class:`~redis.BlockingConnectionPool` that waits no longer than that for a free connection;
-- no automatic retries (redis-py 8 retries 3 times with backoff by default: a dead Redis would
-  cost every request several timeouts); the circuit breaker above decides what to do;
+- no automatic retries (redis-py 8 defaults to 5 s timeouts and 10 retries with backoff: a dead
+  Redis would cost every request many seconds); the circuit breaker above decides what to do;
 - no periodic health check PING on the hot path.
 
 redis-py pools check the process id and never hand a parent's connection to a forked child
@@ -16,12 +16,13 @@ does the same explicitly and closes the inherited sockets without touching the p
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final
 
 import redis
 from redis.backoff import NoBackoff
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
@@ -93,6 +94,8 @@ class RedisStorage(Storage):
         self.timeout = timeout
         self.client: redis.Redis = client
         self._script: Script = client.register_script(SCRIPT_SOURCE)
+        # The hot path calls EVALSHA itself, skipping Script.__call__'s wrapping.
+        self._execute: Callable[..., Any] = client.execute_command
         self._heartbeat: Script = client.register_script(HEARTBEAT_SOURCE)
 
     @classmethod
@@ -128,11 +131,14 @@ class RedisStorage(Storage):
         storage._sentinel = manager
         return storage
 
-    # The hot path: one EVALSHA (redis-py's Script re-sends the source on NOSCRIPT).
+    # The hot path: one EVALSHA; on NOSCRIPT, redis-py's Script loads the source and retries.
     def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
         keys, args = script_args(checks, now_us)
         try:
-            reply = self._script(keys, args)
+            try:
+                reply = self._execute("EVALSHA", self._script.sha, len(keys), *keys, *args)
+            except NoScriptError:  # flushed, restarted, failed over: load it and run it again
+                reply = self._script(keys, args)
         except REDIS_FAILURES as exc:
             raise storage_error(exc) from exc
         return parse_reply(reply, checks)
