@@ -81,11 +81,14 @@ def start_gunicorn(storage_url: str, prefix: str, logdir: Path) -> Gunicorn:
 
 
 def request(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    """(status, body) of one GET; a degraded answer (storage outage) fails the test."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
         conn.request("GET", path, headers=headers or {})
         response = conn.getresponse()
-        return response.status, response.read().decode()
+        body = response.read().decode()
+        assert response.getheader("X-RateLimit-Degraded") is None, (response.status, body)
+        return response.status, body
     finally:
         conn.close()
 

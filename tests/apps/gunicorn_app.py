@@ -3,7 +3,8 @@
 Configured from the environment: ``DISTLIMIT_STORAGE_URL`` (a real Redis) and
 ``GUNICORN_TEST_LIMIT`` (the N of every limited route, per hour, so nothing refills during a test).
 Clients are anonymous (keyed on their IP; ``DISTLIMIT_TRUSTED_PROXIES`` stays 0), and the anonymous
-tier is large enough never to interfere.
+tier is large enough never to interfere. A storage outage answers 503 (policy ``closed``), so it
+can never pass for extra admissions.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ app.config.update(
     DISTLIMIT_STORAGE_URL=os.environ["DISTLIMIT_STORAGE_URL"],
     DISTLIMIT_TIERS={"anonymous": "1000000/hour"},
     DISTLIMIT_KEY_PREFIX=os.environ.get("GUNICORN_TEST_PREFIX", "gunicorn-test"),
+    # The test is about exactness, not outages: a machine busy with other work must not turn a
+    # slow answer into an outage, and an outage must show as a 503, never as extra admissions.
+    DISTLIMIT_REDIS_TIMEOUT=5.0,
+    DISTLIMIT_FAILURE_POLICY="closed",
 )
 limiter = Limiter(app)
 
