@@ -233,6 +233,26 @@ def test_scan_delete_ping_heartbeat_span_every_primary(
     assert storage.heartbeat("t:{instances}", "b", 30) == 2
 
 
+def test_client_settings_are_timeouts_without_retries(
+    redis_cluster: ClusterServers, cluster_client: RedisCluster
+) -> None:
+    storage = from_url(redis_cluster.url, timeout=0.25)
+    assert isinstance(storage, ClusterStorage)
+    client = storage.client
+    assert client.retry.get_retries() == 0
+    for node in client.get_nodes():
+        pool = client.get_redis_connection(node).connection_pool
+        assert isinstance(pool, redis.BlockingConnectionPool)
+        assert pool.timeout == 0.25
+        kwargs = pool.connection_kwargs
+        assert kwargs["socket_timeout"] == kwargs["socket_connect_timeout"] == 0.25
+        assert not pool.maint_notifications_enabled()  # no relaxed 10 s timeouts
+        connection = pool.make_connection()
+        assert connection.retry.get_retries() == 0
+        assert connection.health_check_interval == 0
+    storage.close()
+
+
 def test_start_up_needs_no_cluster_and_a_dead_one_is_unavailable() -> None:
     storage = from_url("redis+cluster://127.0.0.1:1", timeout=0.1)
     with pytest.raises(StorageUnavailable):

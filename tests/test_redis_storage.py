@@ -155,6 +155,7 @@ def test_client_settings_are_timeouts_without_retries(redis_server: RedisProcess
     assert kwargs["socket_timeout"] == kwargs["socket_connect_timeout"] == 0.25
     assert kwargs["health_check_interval"] == 0
     assert kwargs["retry"].get_retries() == 0
+    assert not pool.maint_notifications_enabled()  # no relaxed 10 s timeouts
     connection = pool.make_connection()
     assert connection.retry.get_retries() == 0
     assert connection.socket_timeout == 0.25

@@ -111,6 +111,8 @@ class ClusterStorage(Storage):
         options = connection_options(self.timeout)
         options.pop("retry")  # RedisCluster sets its nodes' retries to 0 itself
         (first_host, first_port), *others = self._nodes
+        if ":" in first_host:  # IPv6
+            first_host = f"[{first_host}]"
         # A URL (not host=) makes RedisCluster build each node's pool from
         # connection_pool_class, so the pool wait is bounded by the timeout too.
         return RedisCluster(

@@ -6,7 +6,8 @@ The client is built for a rate limiter on the request path (:func:`connection_op
   :class:`~redis.BlockingConnectionPool` that waits no longer than that for a free connection;
 - no automatic retries (redis-py 8 defaults to 5 s timeouts and 10 retries with backoff: a dead
   Redis would cost every request many seconds); the circuit breaker above decides what to do;
-- no periodic health check PING on the hot path.
+- no periodic health check PING on the hot path, no maintenance notifications (which would
+  relax the read timeout to 10 s while a server announces maintenance).
 
 redis-py pools check the process id and never hand a parent's connection to a forked child
 (gunicorn forks workers after the app may have connected); :meth:`RedisStorage.reset_after_fork`
@@ -23,6 +24,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
+from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
@@ -50,6 +52,8 @@ def connection_options(timeout: float) -> dict[str, Any]:
         "health_check_interval": 0,
         # No CLIENT SETINFO round trips on every new connection (e.g. after a failover).
         "driver_info": None,
+        # redis-py 8 would relax the read timeout to 10 s during announced server maintenance.
+        "maint_notifications_config": MaintNotificationsConfig(enabled=False),
     }
 
 
