@@ -183,6 +183,16 @@ class LimiterState:
         self._default_specs = (
             (LimitSpec("default", settings.default_limits),) if settings.default_limits else ()
         )
+        # Limits that take the app's default algorithm are checked against it now, at start-up
+        # (those declared with an algorithm of their own were checked when declared).
+        for spec in (
+            *self._default_specs,
+            LimitSpec("global", settings.global_limits),
+            *(LimitSpec("tier", r, tier=t) for t, r in identity_settings.tiers.items()),
+            *self.registry.declared(),
+        ):
+            if spec.algorithm is None:
+                spec.check_rates(algorithm)
         self.global_limits: tuple[BoundLimit, ...] = tuple(
             bind(
                 LimitSpec("global", settings.global_limits),

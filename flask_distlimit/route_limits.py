@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .algorithms import Algorithm
+from .algorithms import Algorithm, check_rate
 from .guard import FailurePolicy
 from .headers import policy_item, sf_string
 from .keys import limit_key
@@ -76,6 +76,15 @@ class LimitSpec:
     exempt_when: ExemptWhen | None = None
     on_failure: FailurePolicy | None = None
     tier: str | None = None  #: for kind "tier"
+
+    def __post_init__(self) -> None:
+        if self.algorithm is not None:
+            self.check_rates(self.algorithm)
+
+    def check_rates(self, algorithm: Algorithm) -> None:
+        """Raise ``ConfigurationError`` if ``algorithm`` cannot enforce one of the rates."""
+        for rate in self.rates:
+            check_rate(algorithm, rate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +220,15 @@ class LimitRegistry:
 
     def add_blueprint(self, name: str, spec: LimitSpec) -> None:
         self.blueprints.setdefault(name, []).append(spec)
+
+    def declared(self) -> list[LimitSpec]:
+        """Every spec declared so far, on views and blueprints."""
+        return [
+            spec
+            for table in (self.views, self.names, self.blueprints)
+            for specs in table.values()
+            for spec in specs
+        ]
 
     def view_specs(self, view: object) -> tuple[bool, list[LimitSpec]]:
         """(exempt, declared specs) of a registered view function."""

@@ -39,3 +39,47 @@ def test_rate_round_trips_through_str() -> None:
     for text in ["10/second", "5/30 seconds", "100/minute", "7/2 hours", "1/day"]:
         (rate,) = parse_rates(text)
         assert parse_rates(str(rate)) == (rate,)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "value"),
+    [
+        ("sliding_window_log", "100001/minute"),
+        ("gcra", "2000001/second"),
+        ("gcra", "61000000/minute"),
+    ],
+)
+def test_rates_an_algorithm_cannot_enforce_are_refused_when_declared(
+    algorithm: str, value: str
+) -> None:
+    from flask_distlimit import Limiter
+
+    with pytest.raises(ConfigurationError, match=algorithm):
+        Limiter().limit(value, algorithm=algorithm)
+
+
+def test_the_default_algorithm_is_checked_at_init_app() -> None:
+    from flask import Flask
+
+    from flask_distlimit import Limiter
+
+    app = Flask(__name__)
+    app.config["DISTLIMIT_ALGORITHM"] = "sliding_window_log"
+    app.config["DISTLIMIT_GLOBAL_LIMITS"] = "200000/hour"
+    with pytest.raises(ConfigurationError, match="sliding_window_log"):
+        Limiter(app)
+
+    limiter = Limiter()
+    app = Flask(__name__)
+    app.config["DISTLIMIT_ALGORITHM"] = "gcra"
+
+    @app.get("/")
+    @limiter.limit("5000000/second")
+    def index() -> str:
+        return "ok"
+
+    with pytest.raises(ConfigurationError, match="gcra"):
+        limiter.init_app(app)
+    # Within bounds, both are fine.
+    Limiter().limit("100000/minute", algorithm="sliding_window_log")
+    Limiter().limit("1000000/second", algorithm="gcra")
