@@ -149,11 +149,31 @@ class ClusterStorage(Storage):
         script = self._script
         assert script is not None
         keys, args = script_args(checks, now_us, refund=refund)
+        primary = self._primary_of(keys[0])
         try:
-            reply = script(keys, args)
+            try:
+                reply = script(keys, args)
+            except rx.ConnectionError:
+                # redis-py refreshed the topology after the error. If it now names another
+                # primary (a replica was promoted while the breaker was open), try that one
+                # once: otherwise the breaker's half-open trial would go to the dead node and
+                # keep the breaker open for another reset timeout.
+                if self._primary_of(keys[0]) in (primary, None):
+                    raise
+                reply = script(keys, args)
         except REDIS_FAILURES as exc:
             raise storage_error(exc) from exc
         return parse_reply(reply, checks)
+
+    def _primary_of(self, key: str) -> str | None:
+        """The name (``host:port``) of the primary that serves ``key`` in the cached topology."""
+        try:
+            node = self.client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        except REDIS_FAILURES:
+            return None
+        except (StorageError, LookupError):
+            return None
+        return str(node.name) if node is not None else None
 
     def groups(self, checks: Sequence[Check]) -> list[list[int]]:
         """Indexes of ``checks`` grouped by hash slot, in order of first appearance."""
@@ -218,11 +238,18 @@ class ClusterStorage(Storage):
             for _, connection, pool in in_flight:  # only after an unexpected exception
                 connection.disconnect()
                 pool.release(connection)
-        if any(isinstance(r, _LostNode) for r in results):
+        lost = [n for n, r in enumerate(results) if isinstance(r, _LostNode)]
+        if lost:
             # Like redis-py after a connection error: refresh the topology (once every reply
             # is in), so the next call finds a promoted replica.
+            before = {n: self._primary_of(parts[n][0].key) for n in lost}
             with contextlib.suppress(*REDIS_FAILURES):  # still down: the next call tries again
                 client.nodes_manager.initialize()
+            for n in lost:
+                # A part whose slot has a new primary now (a promoted replica) is tried there
+                # once, as in _call.
+                if self._primary_of(parts[n][0].key) not in (before[n], None):
+                    results[n] = self._call_or_error(parts[n], now_us, refund)
         return [r if r is not None else StorageUnavailable("no reply") for r in results]
 
     def _call_or_error(
