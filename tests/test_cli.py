@@ -27,8 +27,9 @@ def make_app(storage_url: str) -> Flask:
         TESTING=True,
         SECRET_KEY="cli-test",
         DISTLIMIT_STORAGE_URL=storage_url,
-        DISTLIMIT_ALGORITHM="fixed_window",
-        DISTLIMIT_TIERS={"anonymous": "100/minute", "pro": "1000/minute"},
+        # Exact algorithms with no window boundary a test could straddle.
+        DISTLIMIT_ALGORITHM="sliding_window_log",
+        DISTLIMIT_TIERS={"anonymous": "100/hour", "pro": "1000/hour"},
         DISTLIMIT_KEY_PREFIX="clitest",
     )
     limiter = Limiter()
@@ -38,12 +39,12 @@ def make_app(storage_url: str) -> Flask:
         return "pro" if raw == "sesame" else None
 
     @app.get("/search")
-    @limiter.limit("5/minute")
+    @limiter.limit("5/hour")
     def search() -> str:
         return "ok"
 
     @app.post("/login")
-    @limiter.limit("3/minute", key_func=lambda: "account:alice", algorithm="sliding_window_log")
+    @limiter.limit("3/hour", key_func=lambda: "account:alice", algorithm="token_bucket")
     def login() -> str:
         return "ok"
 
@@ -110,23 +111,23 @@ def test_inspect_shows_usage_per_limit_and_consumes_nothing(
         assert client.post("/login").status_code == 200
     for _ in range(3):  # peeking again and again changes nothing
         found = rows(runner, "ip:127.0.0.1")
-    assert set(found) == {"tier-anonymous:100/minute", "search:5/minute"}
-    assert found["search:5/minute"]["used"] == 3
-    assert found["search:5/minute"]["remaining"] == 2
-    assert found["tier-anonymous:100/minute"]["used"] == 5
+    assert set(found) == {"tier-anonymous:100/hour", "search:5/hour"}
+    assert found["search:5/hour"]["used"] == 3
+    assert found["search:5/hour"]["remaining"] == 2
+    assert found["tier-anonymous:100/hour"]["used"] == 5
     login = rows(runner, "account:alice")
-    assert login["login:3/minute"]["used"] == 2
-    assert login["login:3/minute"]["algorithm"] == "sliding_window_log"
+    assert login["login:3/hour"]["used"] == 2
+    assert login["login:3/hour"]["algorithm"] == "token_bucket"
     # Exactly the two units the peeks left are still there.
     assert [client.get("/search").status_code for _ in range(3)] == [200, 200, 429]
     text = runner.invoke(distlimit_cli, ["inspect", "ip:127.0.0.1"]).output
-    assert "search:5/minute" in text and "5/5" in text
+    assert "search:5/hour" in text and "5/5" in text
 
 
 def test_inspect_all_lists_limits_not_used_yet(runner: FlaskCliRunner) -> None:
     assert rows(runner, "ip:192.0.2.1") == {}
     listed = rows(runner, "ip:192.0.2.1", "--all")
-    assert {"tier-anonymous:100/minute", "tier-pro:1000/minute", "search:5/minute"} <= set(listed)
+    assert {"tier-anonymous:100/hour", "tier-pro:1000/hour", "search:5/hour"} <= set(listed)
     assert all(row["used"] == 0 and row["stored"] is False for row in listed.values())
 
 
@@ -136,10 +137,10 @@ def test_inspect_normalizes_addresses_and_digests_api_keys(
     client = app.test_client()
     client.get("/search", environ_base={"REMOTE_ADDR": "2001:db8:1:2::7"})
     found = rows(runner, "--ip", "2001:db8:1:2:ffff::1")  # the same /64
-    assert found["search:5/minute"]["used"] == 1
+    assert found["search:5/hour"]["used"] == 1
     client.get("/search", headers={"X-Api-Key": "sesame"})
     keyed = rows(runner, "--api-key", "sesame")
-    assert keyed["tier-pro:1000/minute"]["used"] == 1
+    assert keyed["tier-pro:1000/hour"]["used"] == 1
     text = runner.invoke(distlimit_cli, ["inspect", "--api-key", "sesame"]).output
     assert "sesame" not in text and "apikey:" in text
 
@@ -169,15 +170,15 @@ def test_reset_one_limit_by_name(app: Flask, runner: FlaskCliRunner) -> None:
     assert result.exit_code == 0, result.output
     assert "Deleted 1 key(s)" in result.output
     found = rows(runner, "ip:127.0.0.1")
-    assert set(found) == {"tier-anonymous:100/minute"}
-    assert found["tier-anonymous:100/minute"]["used"] == 5
+    assert set(found) == {"tier-anonymous:100/hour"}
+    assert found["tier-anonymous:100/hour"]["used"] == 5
 
 
 def test_reset_an_unknown_limit_names_the_choices(runner: FlaskCliRunner) -> None:
     result = runner.invoke(distlimit_cli, ["reset", "ip:127.0.0.1", "--limit", "serch"])
     assert result.exit_code == 2
     assert "No limit named 'serch'" in result.output
-    assert "search:5/minute" in result.output
+    assert "search:5/hour" in result.output
 
 
 @pytest.mark.redis
