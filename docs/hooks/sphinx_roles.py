@@ -2,7 +2,8 @@
 
 The docstrings cross-reference with Sphinx roles (``:class:`~flask_distlimit.Limiter```), which
 mkdocstrings leaves as text. This turns ``:class:<code>~a.b.C</code>`` into ``<code>C</code>``
-(and keeps the full path without the ``~``), as Sphinx would show it.
+(and keeps the full path without the ``~``), as Sphinx would show it, and a paragraph ending in
+reStructuredText's literal-block marker ``::`` (the block itself renders as code) into ``:``.
 """
 
 from __future__ import annotations
@@ -18,5 +19,8 @@ def _name(match: re.Match[str]) -> str:
     return f"<code>{target.rsplit('.', 1)[-1] if short else target}</code>"
 
 
+_LITERAL_MARKER = re.compile(r"::</p>")
+
+
 def on_page_content(html: str, **_: Any) -> str:
-    return _ROLE.sub(_name, html)
+    return _LITERAL_MARKER.sub(":</p>", _ROLE.sub(_name, html))
