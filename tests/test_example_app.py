@@ -224,6 +224,10 @@ def test_readme_command_runs_gunicorn_on_a_private_redis(tmp_path: Path) -> None
         found = re.search(r"private redis-server \(pid (\d+)\)", log_path.read_text())
         assert found, log_path.read_text()
         redis_pid = int(found[1])
+        boot_deadline = time.monotonic() + 30
+        while log_path.read_text().count("Booting worker") < 3:
+            assert time.monotonic() < boot_deadline, log_path.read_text()
+            time.sleep(0.2)
         # Several workers, one shared count: exactly the anonymous tier's 20 pass.
         codes = [_get(f"{base}/catalogue")[0] for _ in range(24)]
         assert codes.count(200) == 20 and codes.count(429) == 4, codes
