@@ -10,14 +10,21 @@ Every Redis backend (single node, Sentinel, each Cluster slot group) calls the s
 :func:`script_args` and :func:`parse_reply` only, so the wire contract lives in this one module:
 
 - ``KEYS``: one key per check, in order.
-- ``ARGV``: ``[now_us or -1, mode (0 evaluate, 1 refund)]`` then four integers per check:
-  algorithm code (:data:`ALGORITHM_CODES`), limit, period in microseconds, cost.
-- reply: ``[now_us]`` then six integers per check: allowed (0/1), limit, remaining,
-  reset_after_us, retry_after_us (``-1`` = never), repaired (0/1).
+- ``ARGV``: ONE string of comma-separated decimal integers: ``now_us`` (or ``-1``), mode
+  (0 evaluate, 1 refund), then four per check: algorithm code (:data:`ALGORITHM_CODES`), limit,
+  period in microseconds, cost. E.g. ``-1,0,1,100,60000000,1``.
+- reply: ONE bulk string of comma-separated decimal integers: ``now_us``, then six per check:
+  allowed (0/1), limit, remaining, reset_after_us, retry_after_us (``-1`` = never), repaired (0/1).
+
+Why strings and not RESP arrays of integers: redis-py packs every argument and parses every reply
+element in pure Python, one at a time; one argument and one bulk string (split here with one
+``split`` and ``int``) cost a fraction of ``4n + 2`` arguments and a ``6n + 1``-integer array
+(``docs/bench/overhead.md``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from importlib import resources
 from typing import Final
@@ -58,6 +65,8 @@ SCRIPT_SOURCE: Final[str] = _read_source()
 
 _US: Final = 1_000_000
 _FIELDS: Final = 6
+#: A well-formed reply: decimal integers separated by commas, nothing else.
+_INTEGERS: Final = re.compile(rb"-?[0-9]+(?:,-?[0-9]+)*")
 
 
 def script_args(
@@ -69,12 +78,13 @@ def script_args(
     ``refund=True`` undoes a previous consumption of the same checks (Redis Cluster: when a group
     in another slot denied, the groups that consumed give their units back).
     """
-    keys: list[str] = []
-    argv: list[str | int] = [-1 if now_us is None else now_us, 1 if refund else 0]
-    for check in checks:
-        keys.append(check.key)
-        argv += (ALGORITHM_CODES[check.algorithm], check.limit, check.period * _US, check.cost)
-    return keys, argv
+    head = f"{-1 if now_us is None else now_us},{1 if refund else 0}"
+    keys = [check.key for check in checks]
+    spec = ",".join(
+        [head]
+        + [f"{ALGORITHM_CODES[c.algorithm]},{c.limit},{c.period * _US},{c.cost}" for c in checks]
+    )
+    return keys, [spec]
 
 
 def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
@@ -82,13 +92,15 @@ def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
 
     Raises :class:`~flask_distlimit.errors.StorageResponseError` for a reply of the wrong shape.
     """
-    if (
-        not isinstance(reply, list)
-        or len(reply) != 1 + _FIELDS * len(checks)
-        or not all(type(x) is int for x in reply)
-    ):
+    expected = 1 + _FIELDS * len(checks)
+    raw = reply.encode("ascii", "replace") if isinstance(reply, str) else reply  # decode_responses
+    if type(raw) is not bytes or _INTEGERS.fullmatch(raw) is None:
+        values: list[int] = []
+    else:
+        values = list(map(int, raw.split(b",")))
+    if len(values) != expected:
         raise StorageResponseError(
-            f"The rate-limit script answered {reply!r:.200}, not {1 + _FIELDS * len(checks)} "
+            f"The rate-limit script answered {reply!r:.200}, not {expected} comma-separated "
             "integers: the script in Redis does not match this version of Flask-DistLimit. "
             "Run SCRIPT FLUSH on the Redis server (it is reloaded on the next request)."
         )
@@ -96,7 +108,7 @@ def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
     repaired: list[str] = []
     for i, check in enumerate(checks):
         j = 1 + _FIELDS * i
-        allowed, limit, remaining, reset_us, retry_us, bad = reply[j : j + _FIELDS]
+        allowed, limit, remaining, reset_us, retry_us, bad = values[j : j + _FIELDS]
         decisions.append(
             Decision(
                 allowed == 1,

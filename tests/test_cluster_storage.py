@@ -112,7 +112,7 @@ class RecordingConnection(redis.Connection):
 
     def read_response(self, *args: Any, **kwargs: Any) -> Any:
         reply = super().read_response(*args, **kwargs)
-        if isinstance(reply, list):
+        if isinstance(reply, bytes) and b"," in reply:  # the script's "now,allowed,..." reply
             RecordingConnection.log.append(("read", int(self.port)))
         return reply
 

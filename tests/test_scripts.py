@@ -25,18 +25,42 @@ def test_script_args_layout() -> None:
         Check("a", "fixed_window", 10, 60, 1),
         Check("b", "gcra", 5, 1, 0),
     ]
-    assert script_args(checks) == (["a", "b"], [-1, 0, 1, 10, 60_000_000, 1, 5, 5, 1_000_000, 0])
-    assert script_args(checks, 123, refund=True)[1][:2] == [123, 1]
+    # one ARGV string: now, mode, then algorithm, limit, period (us), cost per check
+    assert script_args(checks) == (["a", "b"], ["-1,0,1,10,60000000,1,5,5,1000000,0"])
+    assert script_args(checks, 123, refund=True) == (
+        ["a", "b"],
+        ["123,1,1,10,60000000,1,5,5,1000000,0"],
+    )
 
 
 def test_parse_reply() -> None:
     checks = [Check("a", "fixed_window", 10, 60), Check("b", "gcra", 5, 1, 9)]
-    evaluation = parse_reply([T0, 1, 10, 9, 60_000_000, 0, 0, 0, 5, 5, 0, -1, 1], checks)
-    assert evaluation == Evaluation(
+    good = f"{T0},1,10,9,60000000,0,0,0,5,5,0,-1,1"
+    expected = Evaluation(
         (Decision(True, 10, 9, 60.0, 0.0), Decision(False, 5, 5, 0.0, NEVER)), ("b",)
     )
-    assert evaluation.decisions[1].impossible
-    for bad in (None, b"OK", [T0, 1, 10], [T0, 1, 10, 9, 60, 0, b"x"] + [0] * 6):
+    assert parse_reply(good.encode(), checks) == expected
+    assert parse_reply(good, checks) == expected  # a client with decode_responses=True
+    assert expected.decisions[1].impossible
+    # exact: integers above 2^53 survive (no float on the way)
+    big = parse_reply(f"{2**60},1,{2**60 + 1},0,0,0,0".encode(), checks[:1])
+    assert big.decisions[0].limit == 2**60 + 1
+    for bad in (
+        None,
+        b"OK",
+        b"",
+        [T0, 1, 10, 9, 60_000_000, 0, 0, 0, 5, 5, 0, -1, 1],  # the old array reply
+        f"{T0},1,10".encode(),  # too short
+        (good + ",0").encode(),  # too long
+        good.replace(",9,", ",x,").encode(),  # not a number
+        good.replace(",9,", ",9.5,").encode(),  # not an integer
+        good.replace(",9,", ",,").encode(),  # an empty field
+        good.replace(",9,", ", 9,").encode(),  # int() would accept it; the contract does not
+        good.replace(",9,", ",+9,").encode(),
+        good.replace(",9,", ",9_0,").encode(),
+        (good + ",").encode(),
+        T0,
+    ):
         with pytest.raises(StorageResponseError, match="SCRIPT FLUSH"):
             parse_reply(bad, checks)
 
@@ -120,13 +144,24 @@ def test_garbage_is_repaired_and_reported(
 def test_bad_arguments_are_script_errors(redis_client: redis.Redis) -> None:
     script = redis_client.register_script(SCRIPT_SOURCE)
     bad: list[tuple[list[str], list[str | int | float]]] = [
-        (["k"], [-1, 0, 1, 10, 60_000_000]),  # one argument short
-        (["k"], [-1, 2, 1, 10, 60_000_000, 1]),  # mode 2
-        (["k"], ["x", 0, 1, 10, 60_000_000, 1]),  # time
-        (["k"], [-1, 0, 6, 10, 60_000_000, 1]),  # algorithm 6
-        (["k"], [-1, 0, 1, 0, 60_000_000, 1]),  # limit 0
-        (["k"], [-1, 0, 1, 10, 1.5, 1]),  # fractional period
-        (["k"], [-1, 0, 1, 10, 60_000_000, -1]),  # negative cost
+        (["k"], ["-1,0,1,10,60000000"]),  # one field short
+        (["k"], ["-1,0,1,10,60000000,1,1"]),  # one field too many
+        (["k", "l"], ["-1,0,1,10,60000000,1"]),  # fields for one key, two keys
+        (["k"], [-1, 0, 1, 10, 60_000_000, 1]),  # the old layout: one argument per number
+        (["k"], ["-1,0,1,10,60000000,1", "x"]),  # a second argument
+        (["k"], []),  # no argument
+        (["k"], [""]),  # an empty one
+        (["k"], ["-1,0,,1,10,60000000,1"]),  # an empty field (the count alone would pass)
+        (["k"], [",-1,0,1,10,60000000,1"]),
+        (["k"], ["-1,0,1,10,60000000,1,"]),
+        (["k"], ["-1,2,1,10,60000000,1"]),  # mode 2
+        (["k"], ["x,0,1,10,60000000,1"]),  # time
+        (["k"], ["-1,0,6,10,60000000,1"]),  # algorithm 6
+        (["k"], ["-1,0,1,0,60000000,1"]),  # limit 0
+        (["k"], ["-1,0,1,10,1.5,1"]),  # fractional period
+        (["k"], ["-1,0,1,10,60000000,-1"]),  # negative cost
+        (["k"], ["-1,0,1,10,60000000,nan"]),
+        (["k"], ["-1,0,1,10,inf,1"]),
     ]
     for keys, args in bad:
         with pytest.raises(redis.ResponseError, match="distlimit"):

@@ -1,12 +1,15 @@
 -- The driver: evaluates every check of one request, all-or-nothing.
 --
 -- KEYS[i]  the key of check i (one key per check; every key a script touches is declared).
--- ARGV[1]  the time in us since the epoch, or -1 to read the server's clock (TIME). Only tests
+-- ARGV[1]  ONE string of comma-separated decimal integers (one argument, not 2 + 4n: the client
+--          packs each argument in Python, so fewer is cheaper):
+--   1      the time in us since the epoch, or -1 to read the server's clock (TIME). Only tests
 --          inject a time.
--- ARGV[2]  0 = evaluate, 1 = refund (give back the costs consumed earlier by the same checks).
--- ARGV[3 + 4(i-1) ..]  per check: algorithm (1 fixed_window, 2 sliding_window_log,
+--   2      0 = evaluate, 1 = refund (give back the costs consumed earlier by the same checks).
+--   3 + 4(i-1) ..  per check: algorithm (1 fixed_window, 2 sliding_window_log,
 --          3 sliding_window_counter, 4 token_bucket, 5 gcra), limit (units),
 --          period (us), cost (units).
+--   Anything else (a wrong count, an empty field, a bad number) is refused before any write.
 --
 -- Evaluate: phase 1 reads and decides every check (pruning expired log entries and deleting
 -- keys that hold garbage, but consuming nothing); phase 2, only when every check allows and
@@ -19,19 +22,32 @@
 -- as it stands, then what commit(key, r, limit, period, cost, now) writes}; refund(key, limit,
 -- period, cost, now) writes and returns repaired (0/1).
 --
--- Reply (integers only): {now_us, then per check: allowed (0/1), limit, remaining,
---   reset_after_us, retry_after_us (0 when allowed, -1 = never: cost > limit), repaired (0/1)}.
+-- Reply: ONE bulk string of comma-separated decimal integers (formatted with %d, so exact below
+--   2^53; the client parses one string instead of 1 + 6n RESP integers): now_us, then per check:
+--   allowed (0/1), limit, remaining, reset_after_us, retry_after_us (0 when allowed, -1 = never:
+--   cost > limit), repaired (0/1). E.g. "1700000000000000,1,100,99,60000000,0,0".
 
 local LOADERS = {LOAD_FIXED_WINDOW, LOAD_SLIDING_WINDOW_LOG, LOAD_SLIDING_WINDOW_COUNTER,
   LOAD_TOKEN_BUCKET, LOAD_GCRA}
 local loaded = {}
 
 local n = #KEYS
-if #ARGV ~= 2 + 4 * n then
-  return redis.error_reply('ERR distlimit: expected 2 + 4 * #KEYS arguments, got ' .. #ARGV)
+local spec = ARGV[1]
+if #ARGV ~= 1 then
+  return redis.error_reply('ERR distlimit: expected 1 argument, got ' .. #ARGV)
 end
-local now = tonumber(ARGV[1])
-local mode = tonumber(ARGV[2])
+local args, count = {}, 0
+for field in string.gmatch(spec, '[^,]+') do
+  count = count + 1
+  args[count] = field
+end
+-- (the join differs from the argument when a field was empty)
+if count ~= 2 + 4 * n or table.concat(args, ',') ~= spec then
+  return redis.error_reply('ERR distlimit: expected 2 + 4 * #KEYS comma-separated integers, got ' ..
+    count .. ' fields')
+end
+local now = tonumber(args[1])
+local mode = tonumber(args[2])
 if not (now == -1 or whole(now)) or not (mode == 0 or mode == 1) then
   return redis.error_reply('ERR distlimit: bad time or mode argument')
 end
@@ -43,9 +59,9 @@ end
 local algos, limits, periods, costs = {}, {}, {}, {}
 for i = 1, n do
   local base = 2 + 4 * (i - 1)
-  local code = tonumber(ARGV[base + 1])
-  local limit, period, cost = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]),
-    tonumber(ARGV[base + 4])
+  local code = tonumber(args[base + 1])
+  local limit, period, cost = tonumber(args[base + 2]), tonumber(args[base + 3]),
+    tonumber(args[base + 4])
   if LOADERS[code] == nil or not (whole(limit) and limit >= 1 and whole(period) and period >= 1
       and whole(cost)) then
     return redis.error_reply('ERR distlimit: bad arguments for check ' .. i)
@@ -92,11 +108,9 @@ local left, reset = 2, 3
 if not all then
   left, reset = 6, 7
 end
-local reply = {now}
+local reply = {string.format('%d', now)}
 for i = 1, n do
   local r = results[i]
-  local j = 6 * (i - 1) + 1
-  reply[j + 1], reply[j + 2], reply[j + 3] = r[1], limits[i], r[left]
-  reply[j + 4], reply[j + 5], reply[j + 6] = r[reset], r[4], r[5]
+  reply[i + 1] = string.format('%d,%d,%d,%d,%d,%d', r[1], limits[i], r[left], r[reset], r[4], r[5])
 end
-return reply
+return table.concat(reply, ',')
