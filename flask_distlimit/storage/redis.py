@@ -98,8 +98,11 @@ class RedisStorage(Storage):
         self.timeout = timeout
         self.client: redis.Redis = client
         self._script: Script = client.register_script(SCRIPT_SOURCE)
-        # The hot path calls EVALSHA itself, skipping Script.__call__'s wrapping.
-        self._execute: Callable[..., Any] = client.execute_command
+        # The hot path calls EVALSHA itself, skipping Script.__call__'s wrapping; on a client we
+        # built, straight on a pooled connection (see _execute_on_pool).
+        self._execute: Callable[..., Any] = (
+            self._execute_on_pool if self._owns_client else client.execute_command
+        )
         self._heartbeat: Script = client.register_script(HEARTBEAT_SOURCE)
 
     @classmethod
@@ -132,6 +135,7 @@ class RedisStorage(Storage):
         )
         storage = cls(client, timeout=timeout, scheme="redis+sentinel")
         storage._owns_client = True
+        storage._execute = storage._execute_on_pool
         storage._sentinel = manager
         return storage
 
@@ -146,6 +150,26 @@ class RedisStorage(Storage):
         except REDIS_FAILURES as exc:
             raise storage_error(exc) from exc
         return parse_reply(reply, checks)
+
+    def _execute_on_pool(self, *args: Any) -> Any:
+        """One command on a pooled connection of a client we built (about 10 us less per call).
+
+        What redis-py's ``execute_command`` does for such a client, minus its per-call wrapping:
+        a client we built makes no retries (:func:`connection_options`) and no single-connection
+        or maintenance handling applies. As there, a connection that failed is dropped (redis-py
+        already disconnects it on a socket error or timeout) and every connection goes back to
+        the pool. (redis-py's optional OpenTelemetry metrics do not see these calls.)
+        """
+        pool = self.client.connection_pool
+        connection = pool.get_connection()
+        try:
+            connection.send_command(*args)
+            return connection.read_response()
+        except (redis.ConnectionError, redis.TimeoutError):
+            connection.disconnect()
+            raise
+        finally:
+            pool.release(connection)
 
     def ping(self) -> float:
         started = time.perf_counter()
