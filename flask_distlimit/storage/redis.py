@@ -161,7 +161,7 @@ class RedisStorage(Storage):
         the pool. (redis-py's optional OpenTelemetry metrics do not see these calls.)
         """
         pool = self.client.connection_pool
-        connection = pool.get_connection()
+        connection: Any = pool.get_connection()
         try:
             connection.send_command(*args)
             return connection.read_response()
