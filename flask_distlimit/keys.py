@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from typing import Final
@@ -19,9 +20,23 @@ __all__ = ["client_pattern", "identity_tag", "limit_key"]
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9_.,;=/+\-]")
 
 
+#: Identities up to this length have their digest cached (most requests come from clients seen
+#: before); longer ones (a key_func may return kilobytes) are hashed every time.
+_CACHED_LENGTH: Final = 128
+
+
 def identity_tag(identity: str) -> str:
     """A fixed-size, key-safe digest of an identity (``"ip:203.0.113.9"`` -> 20 hex chars)."""
+    if len(identity) <= _CACHED_LENGTH:
+        return _cached_tag(identity)
+    return _digest(identity)
+
+
+def _digest(identity: str) -> str:
     return hashlib.blake2b(identity.encode("utf-8", "surrogatepass"), digest_size=10).hexdigest()
+
+
+_cached_tag: Final = functools.lru_cache(maxsize=4096)(_digest)
 
 
 def _safe(part: str) -> str:
