@@ -206,3 +206,15 @@ def test_large_costs_and_limits(redis_client: redis.Redis) -> None:
 
 def _fields(check: Check) -> tuple[str, Algorithm, int, int]:
     return check.key, check.algorithm, check.limit, check.period
+
+
+def test_a_reply_longer_than_one_format_call(redis_client: redis.Redis) -> None:
+    # 200 checks = 1,201 integers: the script formats its reply in chunks (unpack's limit)
+    storage = RedisStorage(redis_client)
+    twin = MemoryStorage(clock=lambda: 0)
+    checks = [
+        Check(f"many:{{x}}:{i}:fixed_window", "fixed_window", 10, 60, i % 3) for i in range(200)
+    ]
+    for backend in (storage, twin):
+        backend.evaluate(checks, now_us=T0)
+    assert storage.evaluate(checks, now_us=T0 + 1) == twin.evaluate(checks, now_us=T0 + 1)

@@ -113,8 +113,12 @@ for i = 1, n do
   reply[j], reply[j + 1], reply[j + 2] = r[1], args[4 * i], r[left]
   reply[j + 3], reply[j + 4], reply[j + 5] = r[reset], r[4], r[5]
 end
--- One string.format per 960 values (unpack's stack limit), usually one.
-local size, parts = #reply, {}
+-- One string.format call (in chunks of 960 values only past unpack's stack limit).
+local size = #reply
+if size <= 960 then
+  return string.format(string.rep('%d,', size - 1) .. '%d', unpack(reply))
+end
+local parts = {}
 for first = 1, size, 960 do
   local last = math.min(first + 959, size)
   parts[#parts + 1] = string.format(string.rep('%d,', last - first) .. '%d',
