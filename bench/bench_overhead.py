@@ -403,12 +403,12 @@ def breakdown(spec: str, rounds: int, batch: int) -> str:
                 server_us["ours"] - server_us["get"],
             ),
             (
-                f"  - redis-py packing {len(keys) + len(args) + 3} arguments and parsing "
-                f"{1 + 6 * len(keys)} reply integers instead of 4 and 1",
+                f"  - redis-py sending {len(keys)} keys + {len(args)} ARGV and reading our reply "
+                f"({1 + 6 * len(keys)} integers in one string) instead of 1 key and a nil",
                 m["plain"] - m["get"] - (server_us["ours"] - server_us["get"]),
             ),
             (
-                "  - our storage.evaluate around it (script_args, parse_reply)",
+                "  - our storage.evaluate around it (script_args, pooled connection, parse_reply)",
                 m["storage"] - m["plain"],
             ),
         ]
