@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -468,3 +469,17 @@ def start_sentinels(
     except BaseException:
         _stop_all(reversed(started))
         raise
+
+
+def gunicorn_command(*args: str) -> list[str]:
+    """``python -m gunicorn ARGS`` for a test instance.
+
+    gunicorn 25+ opens a control socket at one fixed path per user; two instances started by one
+    test (or two test runs at once) would fight over it, so it is disabled where it exists.
+    """
+    import gunicorn.config
+
+    cmd = [sys.executable, "-m", "gunicorn"]
+    if any(s.name == "control_socket_disable" for s in gunicorn.config.KNOWN_SETTINGS):
+        cmd.append("--no-control-socket")
+    return [*cmd, *args]

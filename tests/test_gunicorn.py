@@ -12,7 +12,6 @@ import http.client
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.servers import RedisProcess, free_port
+from tests.servers import RedisProcess, free_port, gunicorn_command
 
 pytestmark = [pytest.mark.gunicorn, pytest.mark.redis]
 
@@ -63,8 +62,7 @@ def start_gunicorn(storage_url: str, prefix: str, logdir: Path) -> Gunicorn:
         "GUNICORN_TEST_LIMIT": str(LIMIT),
         "GUNICORN_TEST_PREFIX": prefix,
     }
-    cmd = [
-        sys.executable, "-m", "gunicorn",
+    cmd = gunicorn_command(
         "--bind", f"127.0.0.1:{port}",
         "--workers", "3",
         "--worker-class", "gthread",
@@ -72,7 +70,7 @@ def start_gunicorn(storage_url: str, prefix: str, logdir: Path) -> Gunicorn:
         "--graceful-timeout", "5",
         "--log-level", "warning",
         "tests.apps.gunicorn_app:app",
-    ]  # fmt: skip
+    )  # fmt: skip
     with log.open("wb") as out:
         proc = subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

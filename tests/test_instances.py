@@ -8,7 +8,6 @@ import http.client
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.instances import Instances, validate_instances
 from flask_distlimit.storage.urls import from_url
 from tests.guard_helpers import FakeClock, ScriptedStorage
-from tests.servers import RedisProcess, free_port
+from tests.servers import RedisProcess, free_port, gunicorn_command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -117,12 +116,12 @@ def test_each_gunicorn_worker_is_an_instance(redis_server: RedisProcess, tmp_pat
         "DISTLIMIT_STORAGE_URL": redis_server.url,
         "INSTANCES_TEST_PREFIX": prefix,
     }
-    cmd = [
-        sys.executable, "-m", "gunicorn", "--preload",
+    cmd = gunicorn_command(
+        "--preload",
         "--bind", f"127.0.0.1:{port}", "--workers", "3",
         "--worker-class", "gthread", "--threads", "2", "--graceful-timeout", "5",
         "--log-level", "warning", "tests.apps.instances_app:app",
-    ]  # fmt: skip
+    )  # fmt: skip
     log = tmp_path / "gunicorn.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
