@@ -256,6 +256,108 @@ def test_pool_wait_is_bounded_by_the_timeout(storage: RedisStorage) -> None:
     small.close()
 
 
+def _small(storage: RedisStorage, max_connections: int = 1, timeout: float = 0.5) -> RedisStorage:
+    return RedisStorage(
+        host="127.0.0.1",
+        port=storage.client.connection_pool.connection_kwargs["port"],
+        timeout=timeout,
+        max_connections=max_connections,
+    )
+
+
+def test_a_waiter_gets_the_connection_released_within_the_timeout(storage: RedisStorage) -> None:
+    small = _small(storage, timeout=2.0)
+    pool = small.client.connection_pool
+    held = pool.get_connection()
+    threading.Timer(0.1, pool.release, [held]).start()
+    started = time.monotonic()
+    assert small.evaluate(ONE).allowed  # waited for the release, not for the whole timeout
+    assert 0.05 < time.monotonic() - started < 1.5
+    small.close()
+
+
+def test_the_pool_never_exceeds_max_connections(storage: RedisStorage) -> None:
+    small = _small(storage, max_connections=3, timeout=5.0)
+    seen: list[int] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(50):
+                small.evaluate(ONE)
+            seen.append(len(small.client.connection_pool._connections))  # type: ignore[attr-defined]
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert max(seen) <= 3
+    small.close()
+
+
+def test_a_connection_the_server_closed_is_replaced_at_checkout(
+    storage: RedisStorage, redis_client: redis.Redis
+) -> None:
+    small = _small(storage)
+    small.evaluate(ONE)
+    first = small.client.client_id()
+    redis_client.client_kill_filter(_id=first)
+    time.sleep(0.05)
+    assert small.evaluate(ONE).allowed  # no error: a new connection
+    assert small.client.client_id() != first
+    small.close()
+
+
+def test_a_connection_released_with_unread_data_is_not_reused(storage: RedisStorage) -> None:
+    small = _small(storage)
+    pool = small.client.connection_pool
+    connection = pool.get_connection()
+    connection.send_command("CLIENT", "ID")
+    before = connection.read_response()
+    connection.send_command("ECHO", "left unread")
+    time.sleep(0.05)
+    pool.release(connection)
+    # The next checkout sees the pending reply and reconnects instead of handing it on.
+    again = pool.get_connection()
+    again.send_command("CLIENT", "ID")
+    reply = again.read_response()
+    assert isinstance(reply, int)  # not the stale b"left unread"
+    assert reply != before  # a new connection
+    pool.release(again)
+    small.close()
+
+
+def test_a_connection_that_failed_is_disconnected(own_server: RedisProcess) -> None:
+    small = from_url(own_server.url, timeout=0.2)
+    assert isinstance(small, RedisStorage)
+    small.evaluate(ONE)
+    os.kill(own_server.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(StorageUnavailable):
+            small.evaluate(ONE)
+        idle = list(small.client.connection_pool._idle)  # type: ignore[attr-defined]
+        assert idle and not any(c.is_connected for c in idle)
+    finally:
+        os.kill(own_server.pid, signal.SIGCONT)
+    assert small.evaluate(ONE).allowed
+    small.close()
+
+
+def test_close_disconnects_every_connection(storage: RedisStorage) -> None:
+    small = _small(storage, max_connections=2)
+    pool = small.client.connection_pool
+    a, b = pool.get_connection(), pool.get_connection()
+    pool.release(a)
+    pool.release(b)
+    assert a.is_connected and b.is_connected
+    small.close()
+    assert not a.is_connected and not b.is_connected
+
+
 # -- answered errors are not outages ----------------------------------------------------------
 
 
