@@ -3,7 +3,9 @@
 The client is built for a rate limiter on the request path (:func:`connection_options`):
 
 - connect and read timeouts = ``timeout`` (``DISTLIMIT_REDIS_TIMEOUT``, 100 ms by default), and a
-  :class:`~redis.BlockingConnectionPool` that waits no longer than that for a free connection;
+  blocking pool that waits no longer than that for a free connection (for a single node our
+  leaner :class:`~redis.BlockingConnectionPool` subclass, ``_LeanPool``; for Sentinel,
+  redis-py's own);
 - no automatic retries (redis-py 8 defaults to 5 s timeouts and 10 retries with backoff: a dead
   Redis would cost every request many seconds); the circuit breaker above decides what to do;
 - no periodic health check PING on the hot path, no maintenance notifications (which would
