@@ -40,6 +40,7 @@ from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
 from .base import Storage
 from .heartbeat import HEARTBEAT_SOURCE
 from .translate import REDIS_FAILURES, storage_error
+from .wire import EvalshaPacker, read_bulk
 
 __all__ = ["DEFAULT_TIMEOUT", "RedisStorage", "connection_options"]
 
@@ -222,6 +223,16 @@ class RedisStorage(Storage):
             self._execute_on_pool if self._owns_client else client.execute_command
         )
         self._heartbeat: Script = client.register_script(HEARTBEAT_SOURCE)
+        # On the single-node pool we built, EVALSHA is packed and its reply read by hand
+        # (storage/wire.py: about 8 us less per call).
+        self._packer: EvalshaPacker | None = None
+        if self._owns_client and type(client.connection_pool) is _LeanPool:
+            kwargs = client.connection_pool.connection_kwargs
+            self._packer = EvalshaPacker(
+                self._script.sha,
+                encoding=kwargs.get("encoding", "utf-8"),
+                errors=kwargs.get("encoding_errors", "strict"),
+            )
 
     @classmethod
     def sentinel(
@@ -262,12 +273,34 @@ class RedisStorage(Storage):
         keys, args = script_args(checks, now_us)
         try:
             try:
-                reply = self._execute("EVALSHA", self._script.sha, len(keys), *keys, *args)
+                packer = self._packer
+                if packer is not None:
+                    reply = self._evalsha_on_pool(packer, keys, args)
+                else:
+                    reply = self._execute("EVALSHA", self._script.sha, len(keys), *keys, *args)
             except NoScriptError:  # flushed, restarted, failed over: load it and run it again
                 reply = self._script(keys, args)
         except REDIS_FAILURES as exc:
             raise storage_error(exc) from exc
         return parse_reply(reply, checks)
+
+    def _evalsha_on_pool(
+        self, packer: EvalshaPacker, keys: list[str], args: list[str | int]
+    ) -> bytes | None:
+        """EVALSHA on a pooled connection of our single-node pool, packed and read by hand.
+
+        Failures behave as in :meth:`_execute_on_pool`: a connection whose send or read failed is
+        disconnected (by redis-py's ``send_packed_command`` or by :func:`read_bulk`), an error
+        reply (``NOSCRIPT``, a script error) is raised as redis-py raises it, and every
+        connection goes back to the pool.
+        """
+        pool = self.client.connection_pool
+        connection: Any = pool.get_connection()
+        try:
+            connection.send_packed_command([packer.pack(keys, args)], check_health=False)
+            return read_bulk(connection)
+        finally:
+            pool.release(connection)
 
     def _execute_on_pool(self, *args: Any) -> Any:
         """One command on a pooled connection of a client we built (about 10 us less per call).
