@@ -15,7 +15,9 @@
 --                 estimate leaves room for c (within this window if cur + c <= L, else in the
 --                 next one, where prev becomes cur), checked with the same double expression
 --                 (the closed form, then at most 3 steps of 1 us each way).
---   TTL         = (t - now) + 2P - elapsed  (to the end of the next window: two at most)
+--   TTL         = (t - now) + 2P - elapsed  (to the end of the next window: two at most), set
+--                 when the key's window starts (a new key, a new window, a repaired key): a
+--                 write into the stored window keeps the TTL it has, which ends at the same time
 --   It is an estimate: it may admit a little more or less than L in a true sliding window.
 --   refund:     cur = max(0, cur - c) while the stored window is still the current one.
 
@@ -70,7 +72,7 @@ local function LOAD_SLIDING_WINDOW_COUNTER()
   end
 
   function SLIDING_WINDOW_COUNTER.decide(key, limit, period, cost, now)
-    local window, t, cur, prev, _, repaired = swc_read(key, period, now)
+    local window, t, cur, prev, current, repaired = swc_read(key, period, now)
     local elapsed = t - window * period
     local shift = t - now
     local weighted = (prev * (period - elapsed)) / period
@@ -124,13 +126,15 @@ local function LOAD_SLIDING_WINDOW_COUNTER()
     return {allowed and 1 or 0, swc_left(limit, weighted, after),
       swc_reset(period, prev, after, shift, elapsed), retry, repaired,
       swc_left(limit, weighted, cur), swc_reset(period, prev, cur, shift, elapsed),
-      window, after, prev}
+      window, after, prev, current}
   end
 
   function SLIDING_WINDOW_COUNTER.commit(key, r, limit, period, cost, now)
     local window = r[8]
     redis.call('HSET', key, 'w', window, 'c', r[9], 'p', r[10])
-    expire_in(key, (window + 2) * period - now)
+    if not r[11] then
+      expire_in(key, (window + 2) * period - now)
+    end
   end
 
   function SLIDING_WINDOW_COUNTER.refund(key, limit, period, cost, now)

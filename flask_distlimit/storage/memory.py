@@ -82,9 +82,15 @@ class Step(NamedTuple):
     reset_us: int  # likewise
     retry_us: int  # 0 when allowed, -1 when never (cost > limit)
     state: State | None  # the state to store when committed (None: nothing to write)
-    ttl_us: int  # how long to keep `state`
+    ttl_us: int  # how long to keep `state`; KEEP_TTL: the key's TTL stands (see below)
     remaining_now: int  # without consuming (what a denied evaluation reports)
     reset_now_us: int
+
+
+#: ``Step.ttl_us`` of a write into the window a key already holds (fixed window, sliding window
+#: counter): the script sets the TTL when a key's window starts and leaves it on later writes
+#: into that window, since it ends at the same time.
+KEEP_TTL: Final = -1
 
 
 def _ms_ceil_us(us: int) -> int:
@@ -95,15 +101,16 @@ def _ms_ceil_us(us: int) -> int:
 # --- fixed window -------------------------------------------------------------------------
 
 
-def _fw_read(state: State | None, period: int, now: int) -> tuple[int, int]:
+def _fw_read(state: State | None, period: int, now: int) -> tuple[int, int, bool]:
+    """(window, units used in it, the stored window is the one in use)."""
     window = math.floor(now / period)
     if isinstance(state, FixedWindowState) and state.window >= window:
-        return state.window, state.used
-    return window, 0
+        return state.window, state.used, True
+    return window, 0, False
 
 
 def fixed_window(state: State | None, limit: int, period: int, cost: int, now: int) -> Step:
-    window, count = _fw_read(state, period, now)
+    window, count, kept = _fw_read(state, period, now)
     window_end = (window + 1) * period
     allowed = cost <= limit and count + cost <= limit
     after, retry = count, 0
@@ -119,7 +126,7 @@ def fixed_window(state: State | None, limit: int, period: int, cost: int, now: i
         window_end - now if after > 0 else 0,
         retry,
         FixedWindowState(window, after),
-        window_end - now,
+        KEEP_TTL if kept else window_end - now,
         max(0, limit - count),
         window_end - now if count > 0 else 0,
     )
@@ -128,7 +135,7 @@ def fixed_window(state: State | None, limit: int, period: int, cost: int, now: i
 def _fw_refund(
     state: State | None, limit: int, period: int, cost: int, now: int
 ) -> tuple[State | None, int]:
-    window, count = _fw_read(state, period, now)
+    window, count, _ = _fw_read(state, period, now)
     if count <= 0:
         return state, -1
     count -= cost
@@ -229,7 +236,7 @@ def _swc_reset(period: int, prev: int, cur: int, shift: int, elapsed: int) -> in
 def sliding_window_counter(
     state: State | None, limit: int, period: int, cost: int, now: int
 ) -> Step:
-    window, t, cur, prev, _ = _swc_read(state, period, now)
+    window, t, cur, prev, current = _swc_read(state, period, now)
     elapsed = t - window * period
     shift = t - now
     weighted = float(prev) * (period - elapsed) / period
@@ -269,7 +276,7 @@ def sliding_window_counter(
         _swc_reset(period, prev, after, shift, elapsed),
         retry,
         CounterState(window, after, prev),
-        (window + 2) * period - now,
+        KEEP_TTL if current else (window + 2) * period - now,
         _swc_left(limit, weighted, cur),
         _swc_reset(period, prev, cur, shift, elapsed),
     )
@@ -567,6 +574,12 @@ class MemoryStorage(Storage):
             heapq.heappush(self._heap, (entry.expires, key))
 
     def _put(self, key: str, algorithm: str, state: object, ttl_us: int, now: int) -> None:
+        if ttl_us == KEEP_TTL:
+            kept = self._data.get(key)
+            if kept is not None and state is not None:
+                self._set(key, _Entry(algorithm, state, kept.expires))
+                return
+            raise AssertionError(f"KEEP_TTL for {key!r}, which holds no state")  # a twin bug
         if state is None or ttl_us <= 0:
             self._data.pop(key, None)
         else:
