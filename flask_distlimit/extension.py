@@ -21,8 +21,12 @@ A request's path (see :mod:`flask_distlimit.route_limits` for which limits apply
 2. a denial raises :class:`~flask_distlimit.problem.RateLimitExceeded` (429), an outage under
    policy ``closed`` :class:`~flask_distlimit.problem.RateLimitUnavailable` (503);
 3. ``after_request`` adds the rate-limit headers of the limit closest to denial (and
-   ``X-RateLimit-Degraded: true`` when the storage was down), ``teardown_request`` drops
-   ``g._distlimit``.
+   ``X-RateLimit-Degraded: true`` when the storage was down).
+
+What ``after_request`` needs is kept in the request's WSGI environ (under a key of this app's
+limiter), not on ``g``: the environ lives exactly as long as the request, so nothing has to be
+dropped at teardown (one hook less per request), and an app context shared by several requests
+(e.g. a test's ``with app.app_context():``) cannot hand one request's numbers to the next.
 """
 
 from __future__ import annotations
@@ -33,9 +37,9 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Final, TypeVar, overload
 
-from flask import Blueprint, Flask, Request, current_app, g, request
+from flask import Blueprint, Flask, Request, current_app, request
 from werkzeug.wrappers import Response as WerkzeugResponse
 
 from .algorithms import validate_algorithm
@@ -110,7 +114,7 @@ BreachHook = Callable[[Breach], "SansIOResponse | None"]
 
 
 class _RequestData:
-    """What ``after_request`` needs, kept on ``g._distlimit``."""
+    """What ``after_request`` needs, kept in the request environ under ``environ_key``."""
 
     __slots__ = ("degraded", "denied", "report", "retry_after")
 
@@ -217,6 +221,9 @@ class LimiterState:
         self._headers = settings.headers
         self._conditional_cost = settings.conditional_cost
         self._retry_unavailable = retry_after_seconds(settings.breaker_reset_timeout)
+        #: The request environ key of this limiter's per-request data (one per app's limiter:
+        #: a WSGI app may hand its environ to another app with a limiter of its own).
+        self.environ_key = f"flask_distlimit.request.{id(self):x}"
         _states.add(self)
 
     # -- plans ---------------------------------------------------------------------------------
@@ -286,7 +293,7 @@ class LimiterState:
             return
         if len(checks) > 1 and len({c.key for c in checks}) != len(checks):
             checks, bounds = self._dedupe(checks, bounds)
-        self._decide(checks, bounds, identity, plan.policy)
+        self._decide(checks, bounds, identity, plan.policy, environ)
 
     @staticmethod
     def _dedupe(
@@ -308,6 +315,7 @@ class LimiterState:
         bounds: list[BoundLimit],
         identity: Identity | None,
         policy: FailurePolicy | None,
+        environ: dict[str, Any],
     ) -> None:
         cache = self.deny_cache
         if cache is not None and len(cache):
@@ -331,18 +339,18 @@ class LimiterState:
                         policy=b.policy,
                         quoted=b.quoted,
                     )
-                    self._refuse([report], [c.key], identity, from_cache=True)
+                    self._refuse([report], [c.key], identity, environ, from_cache=True)
         started = self._local_clock()
         storage_now = self._storage_clock() if self._storage_clock is not None else None
         outcome = self.guard.evaluate(checks, policy=policy, now_us=storage_now)
         if outcome.unavailable:
-            g._distlimit = _RequestData(
+            environ[self.environ_key] = _RequestData(
                 None, degraded=True, denied=True, retry_after=self._retry_unavailable
             )
             raise RateLimitUnavailable(retry_after=self._retry_unavailable, instance=request.path)
         evaluation = outcome.evaluation
         if evaluation is None:  # storage down, policy "open"
-            g._distlimit = _RequestData(None, degraded=True)
+            environ[self.environ_key] = _RequestData(None, degraded=True)
             return
         decisions = evaluation.decisions
         if not evaluation.allowed:
@@ -369,6 +377,7 @@ class LimiterState:
                 denied_reports,
                 denied_keys,
                 identity,
+                environ,
                 from_cache=False,
                 degraded=outcome.degraded,
             )
@@ -382,7 +391,7 @@ class LimiterState:
                     d.remaining == best_d.remaining and d.reset_after > best_d.reset_after
                 ):
                     best, best_d = i, d
-        g._distlimit = _RequestData(
+        environ[self.environ_key] = _RequestData(
             _report(bounds[best], decisions[best], denied=False), degraded=outcome.degraded
         )
 
@@ -391,6 +400,7 @@ class LimiterState:
         reports: list[Report],
         keys: list[str],
         identity: Identity | None,
+        environ: dict[str, Any],
         *,
         from_cache: bool,
         degraded: bool = False,
@@ -399,7 +409,9 @@ class LimiterState:
         (stored under ``keys``)."""
         binding = max(reports, key=lambda r: r.retry_after)
         retry = retry_after_seconds(binding.retry_after)
-        g._distlimit = _RequestData(binding, degraded=degraded, denied=True, retry_after=retry)
+        environ[self.environ_key] = _RequestData(
+            binding, degraded=degraded, denied=True, retry_after=retry
+        )
         names = tuple(r.name for r in reports)
         # The digest of who was counted: the key's hash tag, never the identity in clear.
         tags = [key[key.index("{") + 1 : key.index("}")] for key in keys]
@@ -440,7 +452,7 @@ class LimiterState:
 
     def after_request(self, response: WerkzeugResponse) -> WerkzeugResponse:
         """Add the rate-limit headers (and ``Retry-After`` on a 429/503 the app replaced)."""
-        data: _RequestData | None = g.get("_distlimit")
+        data: _RequestData | None = request.environ.get(self.environ_key)
         if data is None:
             return response
         headers = response.headers
@@ -459,9 +471,6 @@ class LimiterState:
         ):
             headers["Retry-After"] = str(data.retry_after)
         return response
-
-    def teardown_request(self, exc: BaseException | None = None) -> None:
-        g.pop("_distlimit", None)
 
     # -- tools ---------------------------------------------------------------------------------
 
@@ -646,7 +655,6 @@ class Limiter:
         if settings.enabled:
             app.before_request(state.before_request)
             app.after_request(state.after_request)
-            app.teardown_request(state.teardown_request)
 
     @staticmethod
     def state(app: Flask | None = None) -> LimiterState:

@@ -488,6 +488,10 @@ class IdentityResolver:
         self._shift = 128 - settings.ipv6_prefix
         self._prefix = settings.ipv6_prefix
         self._address: Callable[[str], str] = functools.lru_cache(maxsize=4096)(self._normalize)
+        # An anonymous client's Identity per address (a frozen dataclass costs ~0.6 us to build).
+        self._anonymous: Callable[[str], Identity] = functools.lru_cache(maxsize=4096)(
+            functools.partial(Identity, "ip", tier=ANONYMOUS)
+        )
         self._warned_invalid = False
 
     # -- checks ------------------------------------------------------------------------------
@@ -531,7 +535,7 @@ class IdentityResolver:
                         self._tiers.known(tier, "the API key verifier"),
                     )
         if identity is None:
-            identity = Identity("ip", self.client_ip(environ), ANONYMOUS)
+            identity = self._anonymous(self.client_ip(environ))
         if hooks.tier_resolver is not None:
             tier = self._tiers.known(hooks.tier_resolver(identity), "the tier resolver")
             if tier != identity.tier:

@@ -24,7 +24,6 @@ element in pure Python, one at a time; one argument and one bulk string (split h
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from importlib import resources
 from typing import Final
@@ -97,8 +96,10 @@ def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
     values: list[int] = []
     # Only digits, commas and minus signs; int() then refuses empty fields and stray signs.
     if type(raw) is bytes and not raw.translate(None, _INTEGER_BYTES):
-        with contextlib.suppress(ValueError):
+        try:
             values = list(map(int, raw.split(b",")))
+        except ValueError:  # an empty field or a stray sign
+            values = []
     if len(values) != expected:
         raise StorageResponseError(
             f"The rate-limit script answered {reply!r:.200}, not {expected} comma-separated "

@@ -335,20 +335,32 @@ def test_second_init_app_is_refused(clock: FakeClock) -> None:
         Limiter(app)
 
 
-def test_request_data_on_g_is_cleaned_in_teardown(backend: Backend, clock: FakeClock) -> None:
+def test_request_data_never_reaches_the_next_request_in_a_shared_app_context(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """The numbers after_request reports live in the request's environ: a request our
+    before_request never saw (an earlier hook answered it) gets no rate-limit headers, even when
+    one app context (and its ``g``) serves several requests."""
     app, limiter, _ = make_app(backend(), clock)
-    seen: list[object] = []
+
+    def stop_early() -> str | None:
+        return "stopped" if request.headers.get("X-Stop") else None
+
+    app.before_request_funcs.setdefault(None, []).insert(0, stop_early)  # runs before ours
 
     @app.get("/")
     @limiter.limit("5/minute")
     def index() -> str:
-        seen.append(g.get("_distlimit"))
         return "ok"
 
-    with app.test_client() as client:
-        client.get("/")
-        assert seen[0] is not None
-        assert "_distlimit" not in g
+    with app.app_context(), app.test_client() as client:
+        first = client.get("/")
+        assert first.headers["X-RateLimit-Remaining"] == "4"
+        second = client.get("/", headers={"X-Stop": "1"})
+        assert second.get_data(as_text=True) == "stopped"
+        assert "X-RateLimit-Remaining" not in second.headers
+        assert "RateLimit" not in second.headers
+        assert not [k for k in g if "distlimit" in k]
 
 
 def test_errorhandler_429_replaces_the_body_and_keeps_headers(

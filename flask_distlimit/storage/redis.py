@@ -104,6 +104,7 @@ class _LeanPool(redis.BlockingConnectionPool):
         self._ready = threading.Condition(threading.Lock())
         self._idle: deque[Any] = deque()
         self._connections: list[Any] = []
+        self._waiting = 0  # threads in wait_for: release notifies only when there are some
         self.pid = os.getpid()  # last, as in redis-py: other threads then see a reset pool
 
     def make_connection(self) -> Any:
@@ -116,7 +117,11 @@ class _LeanPool(redis.BlockingConnectionPool):
             self._checkpid()
         with self._ready:
             if not self._idle and len(self._connections) >= self.max_connections:
-                self._ready.wait_for(self._can_take, self.timeout)
+                self._waiting += 1
+                try:
+                    self._ready.wait_for(self._can_take, self.timeout)
+                finally:
+                    self._waiting -= 1
             if self._idle:
                 connection = self._idle.pop()
             elif len(self._connections) < self.max_connections:
@@ -157,7 +162,8 @@ class _LeanPool(redis.BlockingConnectionPool):
             return
         with self._ready:
             self._idle.append(connection)
-            self._ready.notify()
+            if self._waiting:
+                self._ready.notify()
 
     def disconnect(self, inuse_connections: bool = True) -> None:
         if self.pid != os.getpid():
