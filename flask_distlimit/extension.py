@@ -269,25 +269,21 @@ class LimiterState:
         if self.global_limits:
             tag = identity_tag(self.resolver.client_ip(environ))
             for b in self.global_limits:
-                checks.append(
-                    Check(b.key(tag), b.algorithm, b.rate.amount, b.rate.period, default_cost)
-                )
+                checks.append(b.check(tag, default_cost))
                 bounds.append(b)
         itag = ""
         if self.tier_limits or plan.needs_identity:
             identity = self.resolver.identify(req, self.hooks)
             itag = identity_tag(identity.value)
             for b in self.tier_limits.get(identity.tier, ()):
-                checks.append(
-                    Check(b.key(itag), b.algorithm, b.rate.amount, b.rate.period, default_cost)
-                )
+                checks.append(b.check(itag, default_cost))
                 bounds.append(b)
         for b in plan.limits:
             if b.exempt_when is not None and b.exempt_when():
                 continue
             tag = itag if b.key_func is None else identity_tag(_key_text(b.key_func))
             cost = default_cost if b.cost is None else _cost_value(b.cost, default_cost)
-            checks.append(Check(b.key(tag), b.algorithm, b.rate.amount, b.rate.period, cost))
+            checks.append(b.check(tag, cost))
             bounds.append(b)
         if not checks:
             return

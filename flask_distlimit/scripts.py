@@ -78,6 +78,11 @@ def script_args(
     in another slot denied, the groups that consumed give their units back).
     """
     head = f"{-1 if now_us is None else now_us},{1 if refund else 0}"
+    if len(checks) == 1:  # the usual request
+        c = checks[0]
+        return [c.key], [
+            f"{head},{ALGORITHM_CODES[c.algorithm]},{c.limit},{c.period * _US},{c.cost}"
+        ]
     keys = [check.key for check in checks]
     spec = ",".join(
         [head]

@@ -83,3 +83,23 @@ def test_the_default_algorithm_is_checked_at_init_app() -> None:
     # Within bounds, both are fine.
     Limiter().limit("100000/minute", algorithm="sliding_window_log")
     Limiter().limit("1000000/second", algorithm="gcra")
+
+
+def test_a_bound_limit_keeps_its_unit_checks_per_client_and_bounds_them() -> None:
+    from flask_distlimit.decision import Check
+    from flask_distlimit.route_limits import _CHECKS_KEPT, LimitSpec, bind
+
+    (bound,) = bind(
+        LimitSpec("route", tuple(parse_rates("5/minute"))),
+        prefix="rl",
+        default_algorithm="gcra",
+        label="orders",
+    )
+    first = bound.check("aaaa", 1)
+    assert first == Check(bound.key("aaaa"), "gcra", 5, 60, 1)
+    assert bound.check("aaaa", 1) is first  # kept: the same client comes back
+    assert bound.check("bbbb", 1).key == bound.key("bbbb")
+    assert bound.check("aaaa", 3) == Check(bound.key("aaaa"), "gcra", 5, 60, 3)  # not kept
+    for i in range(3 * _CHECKS_KEPT):
+        assert bound.check(f"t{i}", 1).key == bound.key(f"t{i}")
+        assert len(bound._unit_checks) <= _CHECKS_KEPT

@@ -81,6 +81,11 @@ local function LOAD_SLIDING_WINDOW_LOG()
 
   function SLIDING_WINDOW_LOG.commit(key, r, limit, period, cost, now)
     local first = r[8]
+    if cost == 1 then  -- the usual request: no argument table
+      redis.call('ZADD', key, first, first)
+      expire_in(key, first + period - now)
+      return
+    end
     local i = 0
     while i < cost do
       local n = cost - i
