@@ -10,6 +10,7 @@ All times inside the storage are integer microseconds; a :class:`Decision` expos
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 from .algorithms import Algorithm
@@ -18,6 +19,7 @@ __all__ = ["NEVER", "Check", "Decision", "Evaluation"]
 
 #: ``retry_after`` of a request that can never pass: its cost is larger than the limit.
 NEVER = math.inf
+_ALLOWED = operator.attrgetter("allowed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +72,7 @@ class Evaluation:
 
     @property
     def allowed(self) -> bool:
-        return all(d.allowed for d in self.decisions)
+        return all(map(_ALLOWED, self.decisions))  # no generator frame on the request path
 
     def denied_indexes(self) -> list[int]:
         """Indexes of the checks that denied the request."""
