@@ -338,10 +338,10 @@ def breakdown(spec: str, rounds: int, batch: int) -> str:
       ``before_request``, minus the bare Flask app (a round trip made between two pieces of
       Python work costs more than one timed in a tight loop: caches and the idle redis-server
       have to wake up);
-    - of which our script's server time beyond a one-GET script (``INFO commandstats``), redis-py's
-      packing of our KEYS/ARGV and parsing of our reply (a plain ``EVALSHA`` of our script minus the
-      bare one and the server time, tight loops), and our client-side wrapper (``storage.evaluate``
-      minus that plain ``EVALSHA``).
+    - of which our script's server time beyond a one-GET script (``INFO commandstats``), and our
+      client side against redis-py's (``storage.evaluate`` minus the bare redis-py ``EVALSHA``
+      and the server time, tight loops: the hand-packed call, the lean pool, ``script_args`` and
+      ``parse_reply`` against redis-py's ``execute_command``; negative when ours is cheaper).
     """
     algorithm, _, n = spec.partition(":")
     sys.path.insert(0, str(ROOT))
@@ -370,7 +370,7 @@ def breakdown(spec: str, rounds: int, batch: int) -> str:
         canned = ours_app(server.url, algorithm, int(n or 1))
         canned.extensions["distlimit"].guard.evaluate = lambda checks, **kwargs: outcome
         keys, args = script_args(checks)
-        sha = client.script_load(storage._script.script)
+        sha = client.script_load(storage._script.script)  # the same script, for INFO commandstats
         get_sha = client.script_load("return redis.call('GET', KEYS[1])")
 
         subjects = [
@@ -379,7 +379,6 @@ def breakdown(spec: str, rounds: int, batch: int) -> str:
             Subject("whole", call),
             Subject("canned", wsgi_caller(canned)[0]),
             Subject("get", evalsha_caller(client)),
-            Subject("plain", lambda: client.evalsha(sha, len(keys), *keys, *args)),
             Subject("storage", lambda: storage.evaluate(checks)),
         ]
         measure(subjects, rounds, batch)
@@ -403,13 +402,9 @@ def breakdown(spec: str, rounds: int, batch: int) -> str:
                 server_us["ours"] - server_us["get"],
             ),
             (
-                f"  - redis-py sending {len(keys)} keys + {len(args)} ARGV and reading our reply "
-                f"({1 + 6 * len(keys)} integers in one string) instead of 1 key and a nil",
-                m["plain"] - m["get"] - (server_us["ours"] - server_us["get"]),
-            ),
-            (
-                "  - our storage.evaluate around it (script_args, pooled connection, parse_reply)",
-                m["storage"] - m["plain"],
+                f"  - our client side against redis-py's bare call ({len(keys)} keys, a reply of "
+                f"{1 + 6 * len(keys)} integers; tight loops, server time taken out)",
+                m["storage"] - m["get"] - (server_us["ours"] - server_us["get"]),
             ),
         ]
         explained = sum(value for name, value in layers[4:])
@@ -464,6 +459,74 @@ def wire(rounds: int, batch: int) -> str:
         server.stop()
 
 
+def wakeups(rounds: int, batch: int) -> str:
+    """What waiting for Redis costs on this machine: one raw EVALSHA (a one-GET script, packed
+    once, written and read on a bare socket: no client library at all) waiting in a blocking
+    ``recv`` against the same call spinning on a non-blocking one, alone and inside a bare Flask
+    request. The difference is the price of the process sleeping while Redis works (on a VM, the
+    idle virtual CPU halts and must be woken), which every Redis limiter pays in a request; it
+    is NOT a mode of the library (spinning would burn a core per waiting request).
+    """
+    sys.path.insert(0, str(ROOT))
+    from tests.servers import start_redis
+
+    server = start_redis()
+    client = server.client()
+    connection: Any = None
+    try:
+        sha = client.script_load("return redis.call('GET', KEYS[1])")
+        connection = client.connection_pool.get_connection()
+        connection.connect()
+        sock = connection._sock
+        command = b"".join(connection.pack_command("EVALSHA", sha, 1, "bench:floor"))
+
+        def blocking() -> None:
+            sock.sendall(command)
+            if not sock.recv(4096):
+                raise ConnectionError("closed")
+
+        def spinning() -> None:
+            sock.sendall(command)
+            sock.setblocking(False)
+            try:
+                while True:
+                    try:
+                        if not sock.recv(4096):
+                            raise ConnectionError("closed")
+                        return
+                    except BlockingIOError:
+                        continue
+            finally:
+                sock.settimeout(5.0)
+
+        def in_request(call: WsgiCall, name: str) -> WsgiCall:
+            app = bare_app()
+            app.name = name
+            app.before_request(call)
+            return wsgi_caller(app)[0]
+
+        subjects = [
+            Subject("bare Flask", wsgi_caller(bare_app())[0]),
+            Subject("raw EVALSHA, blocking recv", blocking),
+            Subject("raw EVALSHA, spinning recv", spinning),
+            Subject("bare Flask + raw EVALSHA, blocking", in_request(blocking, "blocking")),
+            Subject("bare Flask + raw EVALSHA, spinning", in_request(spinning, "spinning")),
+        ]
+        measure(subjects, rounds, batch)
+        bare = subjects[0].median_us
+        lines = ["| call | median us | inside a request (over bare Flask) |", "|---|---|---|"]
+        for alone, inside in ((subjects[1], subjects[3]), (subjects[2], subjects[4])):
+            lines.append(
+                f"| {alone.name} | {alone.median_us:.1f} | {inside.median_us - bare:.1f} |"
+            )
+        return "\n".join(lines)
+    finally:
+        if connection is not None:
+            connection.disconnect()
+        client.close()
+        server.stop()
+
+
 def profile(spec: str, calls: int) -> None:
     """cProfile of our app on one row (``algorithm:n``), top functions by own time."""
     algorithm, _, n = spec.partition(":")
@@ -498,9 +561,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-calls", type=int, default=5000)
     parser.add_argument("--breakdown", metavar="ALGORITHM:N", help="time our layers on one row")
     parser.add_argument("--wire", action="store_true", help="time RESP shapes of a 3-check call")
+    parser.add_argument(
+        "--wakeups", action="store_true", help="time a raw EVALSHA blocking vs spinning"
+    )
     args = parser.parse_args(argv)
     if args.wire:
         print(wire(args.rounds, args.batch))
+        return 0
+    if args.wakeups:
+        print(wakeups(args.rounds, args.batch))
         return 0
     if args.breakdown:
         print(breakdown(args.breakdown, args.rounds, args.batch))
