@@ -70,8 +70,10 @@ local function LOAD_FIXED_WINDOW()
   end
 
   function FIXED_WINDOW.commit(key, r, limit, period, cost, now)
-    redis.call('HSET', key, 'w', r[8], 'n', r[9])
-    if r[10] == 0 then
+    if r[10] == 1 then  -- the stored window: w stands, and so does the TTL
+      redis.call('HSET', key, 'n', r[9])
+    else
+      redis.call('HSET', key, 'w', r[8], 'n', r[9])
       expire_in(key, (r[8] + 1) * period - now)
     end
   end

@@ -131,8 +131,10 @@ local function LOAD_SLIDING_WINDOW_COUNTER()
 
   function SLIDING_WINDOW_COUNTER.commit(key, r, limit, period, cost, now)
     local window = r[8]
-    redis.call('HSET', key, 'w', window, 'c', r[9], 'p', r[10])
-    if not r[11] then
+    if r[11] then  -- the stored window: w and p stand, and so does the TTL
+      redis.call('HSET', key, 'c', r[9])
+    else
+      redis.call('HSET', key, 'w', window, 'c', r[9], 'p', r[10])
       expire_in(key, (window + 2) * period - now)
     end
   end
