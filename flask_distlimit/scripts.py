@@ -78,17 +78,16 @@ def script_args(
     in another slot denied, the groups that consumed give their units back).
     """
     head = f"{-1 if now_us is None else now_us},{1 if refund else 0}"
-    if len(checks) == 1:  # the usual request
-        c = checks[0]
-        return [c.key], [
-            f"{head},{ALGORITHM_CODES[c.algorithm]},{c.limit},{c.period * _US},{c.cost}"
-        ]
+    if len(checks) == 1:  # the usual request: no lists to join
+        check = checks[0]
+        return [check.key], [f"{head},{_fields(check)}"]
     keys = [check.key for check in checks]
-    spec = ",".join(
-        [head]
-        + [f"{ALGORITHM_CODES[c.algorithm]},{c.limit},{c.period * _US},{c.cost}" for c in checks]
-    )
-    return keys, [spec]
+    return keys, [",".join([head, *map(_fields, checks)])]
+
+
+def _fields(check: Check) -> str:
+    """The four ARGV fields of one check: algorithm code, limit, period (us), cost."""
+    return f"{ALGORITHM_CODES[check.algorithm]},{check.limit},{check.period * _US},{check.cost}"
 
 
 def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
