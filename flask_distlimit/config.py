@@ -59,14 +59,12 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Final, Literal, TypeVar
 
+from ._typing import FailurePolicy, HeaderMode
 from .algorithms import ALGORITHMS, Algorithm
 from .errors import ConfigurationError
-from .guard import FailurePolicy
 from .limits import Rate, parse_rates
 
 __all__ = ["DEFAULTS", "STORAGE_SCHEMES", "HeaderMode", "Settings"]
-
-HeaderMode = Literal["legacy", "ietf", "both", "none"]
 
 _HEADER_MODES: Final[tuple[HeaderMode, ...]] = ("legacy", "ietf", "both", "none")
 _POLICIES: Final[tuple[FailurePolicy, ...]] = ("open", "closed", "local")

@@ -28,8 +28,9 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal, get_args
+from typing import Final, get_args
 
+from ._typing import FailurePolicy
 from .breaker import Breaker, BreakerState
 from .decision import Check, Evaluation
 from .errors import ConfigurationError, StorageResponseError, StorageUnavailable
@@ -42,7 +43,6 @@ __all__ = ["FAILURE_POLICIES", "FailurePolicy", "Guard", "Outcome", "validate_po
 
 log = logging.getLogger(__name__)
 
-FailurePolicy = Literal["open", "closed", "local"]
 FAILURE_POLICIES: Final[tuple[FailurePolicy, ...]] = get_args(FailurePolicy)
 
 

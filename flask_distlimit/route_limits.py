@@ -1,25 +1,27 @@
-"""Declared limits and what they become for one route.
+"""What the declared limits become for one route: bound limits and the route's plan.
 
-A :class:`LimitSpec` is one declaration: a ``@limiter.limit`` or ``shared_limit`` on a view or a
-blueprint, ``DISTLIMIT_DEFAULT_LIMITS``, ``DISTLIMIT_GLOBAL_LIMITS`` or a ``DISTLIMIT_TIERS``
-entry. Declarations are stored in a :class:`LimitRegistry` on the ``Limiter`` (decorators run at
-import time, before or after ``init_app``).
-
-For one app, endpoint and method, :func:`build_plan` binds them once into a :class:`RoutePlan` of
-:class:`BoundLimit` values: rate, algorithm, limit id, storage-key parts and header strings all
-computed then, so a request only hashes its identity and formats keys.
+For one app, endpoint and method, :func:`build_plan` binds the declarations
+(:mod:`flask_distlimit.declarations`) once into a :class:`RoutePlan` of :class:`BoundLimit`
+values: rate, algorithm, limit id, storage-key parts and header strings all computed then, so a
+request only hashes its identity and formats keys.
 
 Which limits apply to a request (documented in the user guide too):
 
-1. ``DISTLIMIT_GLOBAL_LIMITS``, keyed on the client IP, on every non-exempt request;
+1. ``DISTLIMIT_GLOBAL_LIMITS``, keyed on the client IP, on every non-exempt request (also those
+   that reach no view: a 404, or a ``before_request`` hook that answered first);
 2. the tier limits (``DISTLIMIT_TIERS``) of the request's identity, on every non-exempt request;
-3. the route's own limits (``@limiter.limit`` / ``shared_limit`` on the view); if it has none,
-   the limits of its innermost limited blueprint; if none either, ``DISTLIMIT_DEFAULT_LIMITS``.
+3. the route's own limits (declared on its view function, its view class or the class's handler
+   of the request method); if it has none, the limits of its innermost limited blueprint; if
+   none either, ``DISTLIMIT_DEFAULT_LIMITS``.
+
+An exemption (of the view, its class, the method's handler, or a blueprint it is registered
+through, nested ones included) wins over every limit.
 
 Limit ids make the same declared limit hit the same key from every worker and replica:
 
 - route, blueprint and default limits: ``r:<endpoint>[:<METHOD>]:<amount>/<period>``, one counter
-  per route;
+  per route (a view registered under two endpoints has the same limits, counted per endpoint;
+  a limit declared on a class-based view's method is counted per method);
 - a ``scope`` (``shared_limit`` or ``limit(..., scope=...)``): ``s:<scope>[:<METHOD>]:...``, one
   counter for every route that names the scope;
 - global: ``g:<amount>/<period>``; tier: ``t:<tier>:<amount>/<period>``.
@@ -27,36 +29,20 @@ Limit ids make the same declared limit hit the same key from every worker and re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .algorithms import Algorithm, check_rate
+from ._typing import CostFunc, ExemptWhen, FailurePolicy, KeyFunc
+from .algorithms import Algorithm
 from .decision import Check
-from .guard import FailurePolicy
+from .declarations import LimitRegistry, LimitSpec, view_objects
 from .headers import policy_item, sf_string
 from .keys import limit_key
 from .limits import Rate
 
-__all__ = [
-    "EXEMPT",
-    "BoundLimit",
-    "CostFunc",
-    "ExemptWhen",
-    "KeyFunc",
-    "LimitKind",
-    "LimitRegistry",
-    "LimitSpec",
-    "RoutePlan",
-    "bind",
-    "build_plan",
-    "view_name",
-]
+__all__ = ["EXEMPT", "BoundLimit", "RoutePlan", "bind", "build_plan", "strictest"]
 
-KeyFunc = Callable[[], str]
-CostFunc = Callable[[], int]
-ExemptWhen = Callable[[], bool]
-LimitKind = Literal["route", "shared", "blueprint", "default", "global", "tier"]
 KeyedOn = Literal["ip", "identity", "func"]
 
 #: How strict each failure policy is, to pick one when several limits of a route set one.
@@ -64,31 +50,6 @@ _STRICTNESS: dict[FailurePolicy, int] = {"open": 0, "local": 1, "closed": 2}
 #: Checks of cost 1 kept per bound limit, by identity tag (the same clients come back; a frozen
 #: Check and its key cost ~0.7 us to build). Emptied when full: at most this many per limit.
 _CHECKS_KEPT = 512
-
-
-@dataclass(frozen=True, slots=True)
-class LimitSpec:
-    """One declared limit (one or more rates) and its options."""
-
-    kind: LimitKind
-    rates: tuple[Rate, ...]
-    algorithm: Algorithm | None = None
-    key_func: KeyFunc | None = None
-    cost: int | CostFunc | None = None  #: None: 1, or DISTLIMIT_CONDITIONAL_COST when conditional
-    scope: str | None = None
-    per_method: bool = False
-    exempt_when: ExemptWhen | None = None
-    on_failure: FailurePolicy | None = None
-    tier: str | None = None  #: for kind "tier"
-
-    def __post_init__(self) -> None:
-        if self.algorithm is not None:
-            self.check_rates(self.algorithm)
-
-    def check_rates(self, algorithm: Algorithm) -> None:
-        """Raise ``ConfigurationError`` if ``algorithm`` cannot enforce one of the rates."""
-        for rate in self.rates:
-            check_rate(algorithm, rate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,87 +142,13 @@ def bind(
     return bound
 
 
-def view_name(view: object) -> str:
-    """The name of a view function or class: ``<module>.<qualname>``."""
-    module = getattr(view, "__module__", None) or "?"
-    qualname = getattr(view, "__qualname__", None) or getattr(view, "__name__", None) or repr(view)
-    return f"{module}.{qualname}"
-
-
-def _hashable(obj: object) -> bool:
-    try:
-        hash(obj)
-    except TypeError:
-        return False
-    return True
-
-
-def _unwrapped(view: object) -> list[object]:
-    """``view``, the functions it wraps (``functools.wraps``) and its view class, if any
-    (hashable ones only: they are looked up by identity)."""
-    found: list[object] = []
-    current: object | None = view
-    while current is not None and len(found) < 16 and not any(current is f for f in found):
-        found.append(current)
-        view_class = getattr(current, "view_class", None)
-        if view_class is not None:
-            found.append(view_class)
-        current = getattr(current, "__wrapped__", None)
-    return [f for f in found if _hashable(f)]
-
-
-@dataclass
-class LimitRegistry:
-    """Every limit declared through one ``Limiter``: by view object (and its name), and by
-    blueprint name.
-
-    A view is found by identity first (itself, what it wraps through ``functools.wraps``, its
-    view class), so views made by one factory keep their own limits; by name
-    (``<module>.<qualname>``) only when none of those objects was declared, for wrappers that
-    do not use ``functools.wraps``.
-    """
-
-    views: dict[object, list[LimitSpec]] = field(default_factory=dict)
-    names: dict[str, list[LimitSpec]] = field(default_factory=dict)
-    blueprints: dict[str, list[LimitSpec]] = field(default_factory=dict)
-    exempt_views: set[object] = field(default_factory=set)
-    exempt_names: set[str] = field(default_factory=set)
-    exempt_blueprints: set[str] = field(default_factory=set)
-
-    def add_view(self, view: object, spec: LimitSpec) -> None:
-        if _hashable(view):
-            self.views.setdefault(view, []).append(spec)
-        self.names.setdefault(view_name(view), []).append(spec)
-
-    def exempt_view(self, view: object) -> None:
-        if _hashable(view):
-            self.exempt_views.add(view)
-        self.exempt_names.add(view_name(view))
-
-    def add_blueprint(self, name: str, spec: LimitSpec) -> None:
-        self.blueprints.setdefault(name, []).append(spec)
-
-    def declared(self) -> list[LimitSpec]:
-        """Every spec declared so far, on views and blueprints."""
-        return [
-            spec
-            for table in (self.views, self.names, self.blueprints)
-            for specs in table.values()
-            for spec in specs
-        ]
-
-    def view_specs(self, view: object) -> tuple[bool, list[LimitSpec]]:
-        """(exempt, declared specs) of a registered view function."""
-        objects = _unwrapped(view)
-        if any(o in self.exempt_views for o in objects):
-            return True, []
-        specs = [s for o in objects for s in self.views.get(o, ())]
-        if specs:
-            return False, specs
-        names = [view_name(o) for o in objects]
-        if any(n in self.exempt_names for n in names):
-            return True, []
-        return False, [s for n in names for s in self.names.get(n, ())]
+def strictest(policies: Iterable[FailurePolicy | None]) -> FailurePolicy | None:
+    """The strictest of the ``on_failure`` policies a route's limits set, if any."""
+    found: FailurePolicy | None = None
+    for policy in policies:
+        if policy is not None and (found is None or _STRICTNESS[policy] > _STRICTNESS[found]):
+            found = policy
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,13 +159,11 @@ class RoutePlan:
     limits: tuple[BoundLimit, ...] = ()
     policy: FailurePolicy | None = None  #: the strictest ``on_failure`` of the limits, if any
     needs_identity: bool = False  #: some limit keys on the request's identity (no key_func)
+    #: the objects (wrappers) whose limits this plan holds: they need not enforce them again
+    covered: frozenset[object] = frozenset()
 
 
 EXEMPT = RoutePlan(exempt=True)
-
-
-def _blueprint_matches(registered: str, dotted: str) -> bool:
-    return dotted == registered or dotted.endswith("." + registered)
 
 
 def build_plan(
@@ -286,7 +171,7 @@ def build_plan(
     *,
     endpoint: str | None,
     view: object | None,
-    blueprints: Sequence[str],
+    blueprints: Sequence[object],
     method: str,
     default_limits: Iterable[LimitSpec],
     prefix: str,
@@ -294,30 +179,36 @@ def build_plan(
 ) -> RoutePlan:
     """Bind the limits of one endpoint and method.
 
-    ``blueprints`` are the request's blueprint names, innermost first (``request.blueprints``).
-    ``endpoint`` None (no route matched: a 404 or 405) gets no route limits.
+    ``view`` is the app's view function for the endpoint (as registered, before the extension
+    wrapped it); ``blueprints`` the blueprint objects the endpoint is registered through,
+    innermost first. ``endpoint`` None (no route matched: a 404 or 405) gets no route limits.
     """
     if endpoint is None:
         return RoutePlan(exempt=False)
-    exempt, specs = registry.view_specs(view) if view is not None else (False, [])
-    if exempt:
-        return EXEMPT
-    if any(
-        _blueprint_matches(bp, dotted) for dotted in blueprints for bp in registry.exempt_blueprints
+    every, one = view_objects(view, method) if view is not None else ([], [])
+    found = [*every, *one]
+    if any(o in registry.exempt_views for o in found) or any(
+        bp in registry.exempt_blueprints for bp in blueprints
     ):
-        return EXEMPT
+        return RoutePlan(exempt=True, covered=frozenset(found))
+    specs: list[LimitSpec] = []
+    seen_specs: set[int] = set()
+    for objects, per_method in ((every, False), (one, True)):
+        for o in objects:
+            for spec in registry.views.get(o, ()):
+                if id(spec) not in seen_specs:
+                    seen_specs.add(id(spec))
+                    specs.append(spec.with_kind(spec.kind, per_method=True) if per_method else spec)
     if not specs:
-        for dotted in blueprints:  # innermost first
-            for bp, bp_specs in registry.blueprints.items():
-                if _blueprint_matches(bp, dotted):
-                    specs.extend(bp_specs)
-            if specs:
+        for bp in blueprints:  # innermost first
+            bp_specs = registry.blueprints.get(bp)
+            if bp_specs:
+                specs.extend(bp_specs)
                 break
     if not specs:
         specs = list(default_limits)
     bound: list[BoundLimit] = []
     seen: set[str] = set()
-    policy: FailurePolicy | None = None
     for spec in specs:
         for b in bind(
             spec,
@@ -330,13 +221,10 @@ def build_plan(
             if dedupe not in seen:
                 seen.add(dedupe)
                 bound.append(b)
-        if spec.on_failure is not None and (
-            policy is None or _STRICTNESS[spec.on_failure] > _STRICTNESS[policy]
-        ):
-            policy = spec.on_failure
     return RoutePlan(
         exempt=False,
         limits=tuple(bound),
-        policy=policy,
+        policy=strictest(spec.on_failure for spec in specs),
         needs_identity=any(b.key_func is None for b in bound),
+        covered=frozenset(found),
     )

@@ -386,7 +386,7 @@ def test_errorhandler_429_replaces_the_body_and_keeps_headers(
     assert denied.headers["X-RateLimit-Remaining"] == "0"
 
 
-def test_on_breach_hook_and_warning_log_without_raw_api_key(
+def test_on_breach_hook_and_info_log_without_raw_api_key(
     backend: Backend, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     breaches: list[Breach] = []
@@ -407,10 +407,11 @@ def test_on_breach_hook_and_warning_log_without_raw_api_key(
     app.add_url_rule("/", "index", lambda: "ok")
     client = app.test_client()
     assert client.get("/", headers={"X-Api-Key": raw_key}).status_code == 200
-    with caplog.at_level(logging.WARNING, logger="flask_distlimit"):
+    with caplog.at_level(logging.INFO, logger="flask_distlimit"):
         denied = client.get("/", headers={"X-Api-Key": raw_key})
-    assert denied.status_code == 429
-    assert len(breaches) == 1
+        again = client.get("/", headers={"X-Api-Key": raw_key})
+    assert denied.status_code == again.status_code == 429
+    assert len(breaches) == 2
     breach = breaches[0]
     assert breach.tier == "pro"
     assert breach.violated_policies == ("tier-pro:1/minute",)
@@ -419,8 +420,9 @@ def test_on_breach_hook_and_warning_log_without_raw_api_key(
     state = Limiter.state(app)
     digest = identity_tag(state.resolver.api_key_identity(raw_key))
     assert breach.identity_digest == digest
-    records = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(records) == 1
+    # One INFO line per client and limit per window, not one per refused request.
+    records = [r for r in caplog.records if r.name == "flask_distlimit"]
+    assert [r.levelno for r in records] == [logging.INFO]
     message = records[0].getMessage()
     assert digest in message and "tier-pro:1/minute" in message
     assert raw_key not in caplog.text and raw_key not in denied.get_data(as_text=True)
@@ -670,7 +672,7 @@ def test_forged_forwarded_for_buys_no_fresh_quota(backend: Backend, clock: FakeC
 
 
 def test_forked_children_reset_the_storage_connections(clock: FakeClock) -> None:
-    from flask_distlimit.extension import _after_fork_in_child
+    from flask_distlimit.state import _after_fork_in_child
     from flask_distlimit.storage.memory import MemoryStorage
 
     resets: list[str] = []
@@ -695,7 +697,7 @@ def test_unrouted_requests_with_random_methods_do_not_grow_the_plans(
         assert client.open("/", method=f"X{i}").status_code == 405
         assert client.open(f"/missing{i}", method=f"Y{i}").status_code == 404
     assert counting.evaluations == 100  # the global limit covered them all
-    assert len(Limiter.state(app)._plans) <= 2
+    assert len(Limiter.state(app).enforcer._plans) <= 2
 
 
 def test_nested_blueprints_and_class_based_views(backend: Backend, clock: FakeClock) -> None:

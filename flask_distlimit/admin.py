@@ -1,0 +1,71 @@
+"""Operator tools on one app's limiter: reset counters, and list the limits an identity meets.
+
+Used by ``flask distlimit`` (:mod:`flask_distlimit.cli`) and ``limiter.reset()``; never on the
+request path.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from flask import current_app
+
+from .decision import Check
+from .enforcement import is_static
+from .keys import client_pattern, identity_tag
+from .route_limits import BoundLimit
+
+if TYPE_CHECKING:
+    from .state import LimiterState
+
+__all__ = ["checks_for", "reset", "reset_identity"]
+
+
+def reset(state: LimiterState) -> int:
+    """Delete every key under the app's prefix and forget local denials; answer how many keys
+    were deleted."""
+    if state.deny_cache is not None:
+        state.deny_cache.clear()
+    keys = list(state.storage.scan(f"{state.settings.key_prefix}:*"))
+    return state.storage.delete(keys) if keys else 0
+
+
+def reset_identity(state: LimiterState, identity: str) -> int:
+    """Delete every key of one identity (e.g. ``"ip:203.0.113.9"``); answer how many."""
+    if state.deny_cache is not None:
+        state.deny_cache.clear()
+    keys = list(state.storage.scan(client_pattern(state.settings.key_prefix, identity)))
+    return state.storage.delete(keys) if keys else 0
+
+
+def checks_for(state: LimiterState, identity: str, cost: int = 0) -> list[tuple[str, Check]]:
+    """Every configured limit that can apply to ``identity``, named, as checks of ``cost``.
+
+    ``identity`` is an identity text (``"ip:203.0.113.9"``, ``"user:42"``, or what a limit's
+    ``key_func`` returns). Cost 0 peeks without consuming: ``guard.evaluate(checks)`` then
+    tells where the client stands. Includes the global limits, every tier's limits and the
+    limits of every route (per method where ``per_method``); one entry per storage key.
+    Needs an app context (it reads the app's URL map).
+    """
+    tag = identity_tag(identity)
+    found: dict[str, tuple[str, Check]] = {}
+
+    def add(b: BoundLimit) -> None:
+        key = b.key(tag)
+        found.setdefault(key, (b.name, Check(key, b.algorithm, b.rate.amount, b.rate.period, cost)))
+
+    for b in state.global_limits:
+        add(b)
+    for bounds in state.tier_limits.values():
+        for b in bounds:
+            add(b)
+    enforcer = state.enforcer
+    for rule in current_app.url_map.iter_rules():
+        endpoint = rule.endpoint
+        if is_static(endpoint):
+            continue
+        view = enforcer.original_view(endpoint)
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            for b in enforcer.plan(endpoint, method, view).limits:
+                add(b)
+    return list(found.values())

@@ -1,0 +1,418 @@
+"""Declaring limits: the decorators of a :class:`~flask_distlimit.Limiter` and the registry
+they fill.
+
+A declaration attaches to exactly the object it decorates, found again by identity, never by
+name (many views share a ``__qualname__``: every ``View.as_view()`` function, every wrapper
+written without ``functools.wraps``):
+
+- a view function: ``@limiter.limit`` returns a ``functools.wraps`` wrapper that carries the
+  limits; stacked declarations share one wrapper;
+- a method of a class-based view (``def post(self)``): the same wrapper; the limit applies to
+  that HTTP method only and is counted per method;
+- a ``View``/``MethodView`` class: the class itself (its subclasses inherit it, as they inherit
+  ``decorators``), and a wrapper appended to the class's ``decorators`` so that ``as_view``
+  carries it;
+- ``decorators=[limiter.limit(...)]`` in a class body: the wrapper of the view ``as_view`` makes;
+- a ``Blueprint``: the blueprint object, whatever name it is registered under and however often.
+
+Where the limits are found before the view runs (a view's ``__wrapped__`` chain, its
+``view_class`` and the class's handler for the request method), every limit of the request goes
+to the storage in one call. A wrapper the chain does not reach (a decorator above it that skips
+``functools.wraps``) still enforces its limits when it is called, in a call of its own; the
+first request logs a WARNING naming it.
+
+Declarations close for an object once an app serves it: declaring a limit or an exemption on
+a view, class or blueprint that an app already served a request for raises
+:class:`~flask_distlimit.errors.ConfigurationError`, as Flask's own setup methods do.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, overload
+
+from flask import Blueprint, has_request_context
+from flask.views import View
+
+from ._typing import CostFunc, ExemptWhen, FailurePolicy, KeyFunc, LimitKind
+from .algorithms import Algorithm, check_rate, validate_algorithm
+from .errors import ConfigurationError
+from .guard import validate_policy
+from .limits import Rate, parse_rates
+
+__all__ = ["Declarations", "LimitRegistry", "LimitSpec", "describe", "view_objects"]
+
+F = TypeVar("F", bound=Callable[..., object])
+Decorated = TypeVar("Decorated")
+
+#: The attribute naming the limiter whose limits a wrapper carries.
+_CARRIER = "__distlimit_limiter__"
+#: How deep a ``__wrapped__`` chain is followed.
+_MAX_DEPTH = 32
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class LimitSpec:
+    """One declared limit (one or more rates) and its options."""
+
+    kind: LimitKind
+    rates: tuple[Rate, ...]
+    algorithm: Algorithm | None = None
+    key_func: KeyFunc | None = None
+    cost: int | CostFunc | None = None  #: None: 1, or DISTLIMIT_CONDITIONAL_COST when conditional
+    scope: str | None = None
+    per_method: bool = False
+    exempt_when: ExemptWhen | None = None
+    on_failure: FailurePolicy | None = None
+    tier: str | None = None  #: for kind "tier"
+    declared_on: str = ""  #: what the limit was declared on, for messages
+
+    def __post_init__(self) -> None:
+        if self.algorithm is not None:
+            self.check_rates(self.algorithm)
+
+    def check_rates(self, algorithm: Algorithm) -> None:
+        """Raise ``ConfigurationError`` if ``algorithm`` cannot enforce one of the rates."""
+        for rate in self.rates:
+            check_rate(algorithm, rate)
+
+    def with_kind(self, kind: LimitKind, *, per_method: bool | None = None) -> LimitSpec:
+        """This spec as another kind (and maybe counted per method)."""
+        return LimitSpec(
+            kind,
+            self.rates,
+            algorithm=self.algorithm,
+            key_func=self.key_func,
+            cost=self.cost,
+            scope=self.scope,
+            per_method=self.per_method if per_method is None else per_method,
+            exempt_when=self.exempt_when,
+            on_failure=self.on_failure,
+            tier=self.tier,
+            declared_on=self.declared_on,
+        )
+
+
+def describe(target: object) -> str:
+    """How messages name a decorated object."""
+    if isinstance(target, Blueprint):
+        return f"blueprint {target.name!r} (import name {target.import_name!r})"
+    module = getattr(target, "__module__", None) or "?"
+    qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    what = "view class" if isinstance(target, type) else "view"
+    return f"{what} {module}.{qualname or repr(target)}"
+
+
+def _hashable(obj: object) -> bool:
+    try:
+        hash(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def _chain(obj: object) -> Iterator[object]:
+    """``obj`` and what it wraps through ``functools.wraps`` (``__wrapped__``)."""
+    seen: list[object] = []
+    current: object | None = obj
+    while current is not None and len(seen) < _MAX_DEPTH and not any(current is s for s in seen):
+        seen.append(current)
+        yield current
+        current = getattr(current, "__wrapped__", None)
+
+
+def _handlers(view_class: type, method: str) -> tuple[list[object], list[object]]:
+    """(every-method handlers, this-method handlers) of a class-based view: its
+    ``dispatch_request``, and a ``MethodView``'s method for ``method`` (HEAD falls back to
+    ``get``, as ``MethodView.dispatch_request`` does)."""
+    every = [getattr(view_class, "dispatch_request", None)]
+    one: list[object] = []
+    if method:
+        handler = getattr(view_class, method.lower(), None)
+        if handler is None and method == "HEAD":
+            handler = getattr(view_class, "get", None)
+        if handler is not None and handler is not every[0]:
+            one.append(handler)
+    return [o for h in every if h is not None for o in _chain(h)], [
+        o for h in one for o in _chain(h)
+    ]
+
+
+def view_objects(view: object, method: str) -> tuple[list[object], list[object]]:
+    """The objects a view function is known by, for one HTTP method: (objects whose limits
+    apply to every method, objects whose limits apply to ``method`` only).
+
+    The view, what it wraps (``__wrapped__``), its ``view_class`` and the class's bases, and
+    the class's handlers; hashable objects only (they are looked up by identity).
+    """
+    every: list[object] = []
+    one: list[object] = []
+    for obj in _chain(view):
+        every.append(obj)
+        view_class = getattr(obj, "view_class", None)
+        if isinstance(view_class, type) and issubclass(view_class, View):
+            every.extend(c for c in view_class.__mro__ if c not in (View, object))
+            all_methods, this_method = _handlers(view_class, method)
+            every.extend(all_methods)
+            one.extend(this_method)
+    return [o for o in every if _hashable(o)], [o for o in one if _hashable(o)]
+
+
+@dataclass
+class LimitRegistry:
+    """Every limit and exemption declared through one ``Limiter``, by object identity."""
+
+    views: dict[object, list[LimitSpec]] = field(default_factory=dict)
+    exempt_views: set[object] = field(default_factory=set)
+    blueprints: dict[object, list[LimitSpec]] = field(default_factory=dict)
+    exempt_blueprints: set[object] = field(default_factory=set)
+    #: the objects each app served (held by the app's state; dropped with it)
+    _served: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
+
+    def watch(self, served: Any) -> None:
+        """``served.objects`` is the set of objects an app serves: declaring on one of them
+        from now on raises."""
+        self._served.add(served)
+
+    def check_open(self, target: object, what: str) -> None:
+        """Raise if an app already serves ``target``: a declaration on it would never apply."""
+        if not _hashable(target):
+            return
+        for served in list(self._served):
+            if target in served.objects:
+                raise ConfigurationError(
+                    f"{what} on {describe(target)} comes after the app {served.app_name!r} "
+                    "served its first request, so it would never apply: that app bound its "
+                    "limits then. Declare every limit and exemption before the app serves "
+                    "(at import time or in the app factory), as Flask requires for app.route."
+                )
+
+    def add_view(self, view: object, spec: LimitSpec) -> None:
+        self.views.setdefault(view, []).append(spec)
+
+    def add_blueprint(self, blueprint: Blueprint, spec: LimitSpec) -> None:
+        self.blueprints.setdefault(blueprint, []).append(spec)
+
+    def declared(self) -> list[LimitSpec]:
+        """Every spec declared so far, on views and blueprints."""
+        tables: tuple[dict[Any, list[LimitSpec]], ...] = (self.views, self.blueprints)
+        return [spec for table in tables for specs in table.values() for spec in specs]
+
+
+class Declarations:
+    """The declaration API of :class:`~flask_distlimit.Limiter`: ``limit``, ``shared_limit``
+    and ``exempt``. The registry it fills is ``self.registry``."""
+
+    registry: LimitRegistry
+
+    def _reached(self, carrier: object) -> None:
+        """Called by a wrapper when its view runs inside a request (the extension enforces)."""
+        raise NotImplementedError
+
+    def limit(
+        self,
+        value: str,
+        *,
+        algorithm: str | None = None,
+        key_func: KeyFunc | None = None,
+        cost: int | CostFunc | None = None,
+        scope: str | None = None,
+        per_method: bool = False,
+        exempt_when: ExemptWhen | None = None,
+        on_failure: str | None = None,
+    ) -> Callable[[Decorated], Decorated]:
+        """Limit a view function, a view class, one method of a class-based view, or every
+        route of a Blueprint; stackable.
+
+        - ``value``: ``"100/minute"``, several joined by ``;`` (``"10/second;1000/hour"``);
+        - ``algorithm``: one of :data:`~flask_distlimit.ALGORITHMS` (default
+          ``DISTLIMIT_ALGORITHM``);
+        - ``key_func``: who is counted, e.g. ``lambda: g.tenant_id`` (default: the request's
+          identity: verified user, JWT or API key, else the client IP); it runs after the app's
+          and the blueprints' ``before_request`` hooks, so it sees what they set;
+        - ``cost``: units per request, an int >= 0 or a callable answering one (default 1, or
+          ``DISTLIMIT_CONDITIONAL_COST`` for conditional requests);
+        - ``scope``: share one counter among every route naming the same scope;
+        - ``per_method``: count each HTTP method separately;
+        - ``exempt_when``: a callable; when it answers true the limit is skipped;
+        - ``on_failure``: ``"open"``, ``"closed"`` or ``"local"``: this route's policy when the
+          storage is down (the strictest wins when several limits of a route set one).
+        """
+        return self._declare(
+            "shared" if scope is not None else "route",
+            value,
+            algorithm=algorithm,
+            key_func=key_func,
+            cost=cost,
+            scope=scope,
+            per_method=per_method,
+            exempt_when=exempt_when,
+            on_failure=on_failure,
+        )
+
+    def shared_limit(
+        self,
+        value: str,
+        scope: str,
+        *,
+        algorithm: str | None = None,
+        key_func: KeyFunc | None = None,
+        cost: int | CostFunc | None = None,
+        per_method: bool = False,
+        exempt_when: ExemptWhen | None = None,
+        on_failure: str | None = None,
+    ) -> Callable[[Decorated], Decorated]:
+        """A limit whose one counter (per client) is shared by every route that names ``scope``."""
+        if not isinstance(scope, str) or not scope:
+            raise ConfigurationError(
+                f"shared_limit needs a non-empty scope string, got {scope!r}: e.g. "
+                "limiter.shared_limit('100/minute', scope='search')."
+            )
+        return self._declare(
+            "shared",
+            value,
+            algorithm=algorithm,
+            key_func=key_func,
+            cost=cost,
+            scope=scope,
+            per_method=per_method,
+            exempt_when=exempt_when,
+            on_failure=on_failure,
+        )
+
+    def _declare(
+        self,
+        kind: LimitKind,
+        value: str,
+        *,
+        algorithm: str | None,
+        key_func: KeyFunc | None,
+        cost: int | CostFunc | None,
+        scope: str | None,
+        per_method: bool,
+        exempt_when: ExemptWhen | None,
+        on_failure: str | None,
+    ) -> Callable[[Decorated], Decorated]:
+        rates = parse_rates(value)
+        if not rates:
+            raise ConfigurationError(
+                f"limiter.limit needs at least one rate, got {value!r}: e.g. '100/minute'."
+            )
+        if (
+            cost is not None
+            and not callable(cost)
+            and (isinstance(cost, bool) or not isinstance(cost, int) or cost < 0)
+        ):
+            raise ConfigurationError(f"cost={cost!r}: use an int >= 0 or a callable returning one.")
+        if scope is not None and (not isinstance(scope, str) or not scope):
+            raise ConfigurationError(f"scope={scope!r}: use a non-empty string.")
+        for name, func in (("key_func", key_func), ("exempt_when", exempt_when)):
+            if func is not None and not callable(func):
+                raise ConfigurationError(
+                    f"{name}={func!r} is not callable: pass a function of no arguments, e.g. "
+                    f"{name}=lambda: g.tenant_id."
+                )
+        checked_algorithm = validate_algorithm(algorithm) if algorithm is not None else None
+        if checked_algorithm is not None:
+            for rate in rates:
+                check_rate(checked_algorithm, rate)
+        policy = validate_policy(on_failure) if on_failure is not None else None
+
+        def decorator(target: Decorated) -> Decorated:
+            spec = LimitSpec(
+                "blueprint" if kind == "route" and isinstance(target, Blueprint) else kind,
+                rates,
+                algorithm=checked_algorithm,
+                key_func=key_func,
+                cost=cost,
+                scope=scope,
+                per_method=per_method,
+                exempt_when=exempt_when,
+                on_failure=policy,
+                declared_on=describe(target),
+            )
+            self.registry.check_open(target, f"limiter.limit({value!r})")
+            if isinstance(target, Blueprint):
+                self.registry.add_blueprint(target, spec)
+                return target
+            if isinstance(target, type) and issubclass(target, View):
+                self.registry.add_view(target, spec)
+                self._carry_in_decorators(target)
+                return target
+            if not callable(target):
+                raise ConfigurationError(
+                    f"limiter.limit({value!r}) decorates a view function, a View class, a "
+                    f"method of one, or a Blueprint; got {target!r}."
+                )
+            carrier = self._carrier(target)
+            self.registry.add_view(carrier, spec)
+            return carrier  # type: ignore[return-value]
+
+        return decorator
+
+    def _carrier(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        """``func`` itself when it already carries this limiter's limits, else a wrapper that
+        tells the limiter when it runs (after the app's before_request hooks)."""
+        if getattr(func, _CARRIER, None) is self:
+            return func
+        reached = self._reached
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_carrier(*args: Any, **kwargs: Any) -> Any:
+                if has_request_context():
+                    reached(async_carrier)
+                return await func(*args, **kwargs)
+
+            setattr(async_carrier, _CARRIER, self)
+            return async_carrier
+
+        @functools.wraps(func)
+        def carrier(*args: Any, **kwargs: Any) -> Any:
+            if has_request_context():
+                reached(carrier)
+            return func(*args, **kwargs)
+
+        setattr(carrier, _CARRIER, self)
+        return carrier
+
+    def _carry_in_decorators(self, view_class: type[View]) -> None:
+        """Append, once, a decorator to the class's ``decorators`` whose wrapper carries the
+        class's limits (for an ``as_view()`` result wrapped by a decorator without
+        ``functools.wraps``)."""
+        marker = f"__distlimit_decorates_{id(self):x}__"
+        if view_class.__dict__.get(marker):
+            return
+        registry = self.registry
+        specs = registry.views[view_class]
+
+        def carry(view: F) -> F:
+            carrier = self._carrier(view)
+            registry.views[carrier] = specs  # the class's list: later declarations show too
+            return carrier  # type: ignore[return-value]
+
+        setattr(view_class, marker, True)
+        view_class.decorators = [*view_class.decorators, carry]
+
+    @overload
+    def exempt(self, target: F) -> F: ...
+    @overload
+    def exempt(self, target: Blueprint) -> Blueprint: ...
+    def exempt(self, target: object) -> object:
+        """No limits and no headers for this view, view class, method of a class-based view
+        (that HTTP method), or Blueprint (and the blueprints nested in it)."""
+        self.registry.check_open(target, "limiter.exempt")
+        if isinstance(target, Blueprint):
+            self.registry.exempt_blueprints.add(target)
+        elif _hashable(target):
+            self.registry.exempt_views.add(target)
+        else:
+            raise ConfigurationError(
+                f"limiter.exempt decorates a view function, a View class, a method of one, or a "
+                f"Blueprint; got {target!r}."
+            )
+        return target

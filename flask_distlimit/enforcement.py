@@ -1,0 +1,606 @@
+"""The request path: every limit of a request decided in one storage call, after the app's hooks.
+
+1. On the app's first request, :meth:`Enforcer.finalize` wraps each view function of the app in
+   a *gate* (once; Flask forbids new routes from then on, so the set is final), binds nothing
+   yet, and logs one WARNING naming the declarations that match none of the app's endpoints.
+2. Flask calls the gate where it would call the view: after every ``before_request`` hook of the
+   app and of the request's blueprints, in whatever order they were registered. So every
+   ``key_func``, ``cost``, ``exempt_when`` and identity loader sees what those hooks set. The
+   gate finds the route's plan (bound once per endpoint and method by
+   :func:`~flask_distlimit.route_limits.build_plan`), identifies the client, builds one
+   :class:`~flask_distlimit.decision.Check` per limit (global, tier, route, shared), asks the
+   deny cache, then makes ONE ``guard.evaluate`` call for all of them.
+3. A denial raises :class:`~flask_distlimit.problem.RateLimitExceeded` (429), an outage under
+   policy ``closed`` :class:`~flask_distlimit.problem.RateLimitUnavailable` (503): ordinary Flask
+   error handling turns them into responses.
+4. A limit wrapper the plan did not reach (behind a decorator that skips ``functools.wraps``)
+   enforces its own limits when it runs, in a second call.
+5. ``after_request``: a request whose view never ran (no route matched, or a hook answered
+   first) is counted here against the limits of every request (global and tier); then the
+   rate-limit headers of the limit closest to denial are added (and
+   ``X-RateLimit-Degraded: true`` when the storage was down).
+
+What ``after_request`` needs is kept in the request's WSGI environ (under a key of this app's
+limiter), not on ``g``: the environ lives exactly as long as the request, and an app context
+shared by several requests cannot hand one request's numbers to the next.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from flask import Flask, Request, current_app, request
+from werkzeug.exceptions import HTTPException
+from werkzeug.wrappers import Response as WerkzeugResponse
+
+from ._typing import CostFunc, FailurePolicy, KeyFunc
+from .decision import Check, Decision, Evaluation
+from .declarations import describe, view_objects
+from .headers import Report, rate_limit_headers
+from .identity import Identity
+from .keys import identity_tag
+from .problem import RateLimitExceeded, RateLimitUnavailable, retry_after_seconds
+from .route_limits import BoundLimit, RoutePlan, bind, build_plan, strictest
+
+if TYPE_CHECKING:
+    from werkzeug.sansio.response import Response as SansIOResponse
+
+    from .state import LimiterState
+
+__all__ = ["Breach", "BreachHook", "Enforcer", "is_static"]
+
+log = logging.getLogger("flask_distlimit")
+
+#: Clients and limits whose breach was logged, kept until their window ends (bounded).
+_BREACHES_KEPT: Final = 10_000
+#: Declarations named in the first request's WARNING, at most.
+_UNMATCHED_SHOWN: Final = 20
+
+
+def is_static(endpoint: str) -> bool:
+    """Flask's static-file endpoints: never limited."""
+    return endpoint == "static" or endpoint.endswith(".static")
+
+
+@dataclass(frozen=True, slots=True)
+class Breach:
+    """What the ``on_breach`` hook is told about a refused request (no raw identity)."""
+
+    endpoint: str | None
+    method: str
+    path: str
+    #: :func:`flask_distlimit.keys.identity_tag` of the request's identity (when only global or
+    #: ``key_func`` limits applied: the hash tag of the first denied limit's key)
+    identity_digest: str
+    tier: str | None
+    violated_policies: tuple[str, ...]
+    retry_after: int  #: seconds, rounded up
+    from_cache: bool  #: answered by the local deny cache, without a storage call
+
+
+BreachHook = Callable[[Breach], "SansIOResponse | None"]
+
+
+class _RequestData:
+    """This request's limiter data, kept in the request environ under ``environ_key``."""
+
+    __slots__ = ("covered", "degraded", "denied", "exempt", "report", "retry_after")
+
+    def __init__(self, covered: frozenset[object], *, exempt: bool = False) -> None:
+        self.covered = covered  #: limit wrappers whose limits were decided with the route's
+        self.exempt = exempt
+        self.report: Report | None = None
+        self.degraded = False
+        self.denied = False
+        self.retry_after: int | None = None
+
+
+class _Served:
+    """The objects one app serves: declaring a limit on them from now on raises."""
+
+    __slots__ = ("__weakref__", "app_name", "objects")
+
+    def __init__(self, app_name: str, objects: set[object]) -> None:
+        self.app_name = app_name
+        self.objects = objects
+
+
+def _cost_value(cost: int | CostFunc | None, default: int) -> int:
+    if cost is None:
+        return default
+    if isinstance(cost, int):
+        return cost
+    value = cost()
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TypeError(
+            f"The cost function {cost!r} of a rate limit returned {value!r}; it must return an "
+            "int >= 0 (0 consumes nothing)."
+        )
+    return value
+
+
+def _key_text(key_func: KeyFunc) -> str:
+    value = key_func()
+    return value if isinstance(value, str) else str(value)
+
+
+def _blueprints_of(app: Flask, endpoint: str) -> list[object]:
+    """The blueprint objects ``endpoint`` is registered through, innermost first (the objects
+    behind ``request.blueprints``, whatever names they were registered under)."""
+    found: list[object] = []
+    name = endpoint.rpartition(".")[0]
+    while name:
+        bp = app.blueprints.get(name)
+        if bp is not None:
+            found.append(bp)
+        name = name.rpartition(".")[0]
+    return found
+
+
+def _report(b: BoundLimit, d: Decision, *, denied: bool) -> Report:
+    reduced = d.limit != b.rate.amount  # the local fallback divides limits
+    return Report(
+        name=b.name,
+        limit=d.limit,
+        period=b.rate.period,
+        remaining=d.remaining,
+        reset_after=d.reset_after,
+        retry_after=d.retry_after if denied else 0.0,
+        policy=None if reduced else b.policy,
+        quoted=b.quoted,
+    )
+
+
+class Enforcer:
+    """The request path of one app's limiter (see the module docstring)."""
+
+    def __init__(self, state: LimiterState) -> None:
+        self.state = state
+        self.registry = state.limiter.registry
+        settings = state.settings
+        self._prefix = settings.key_prefix
+        self._algorithm = settings.algorithm
+        self._headers = settings.headers
+        self._conditional_cost = settings.conditional_cost
+        self._retry_unavailable = retry_after_seconds(settings.breaker_reset_timeout)
+        self._lock = threading.Lock()
+        #: the app's view functions as registered, by endpoint; None until the first request
+        self._views: dict[str, object] | None = None
+        self._served: _Served | None = None
+        self._plans: dict[tuple[str | None, str], RoutePlan] = {}
+        self._carried: dict[tuple[object, str | None, str], tuple[BoundLimit, ...]] = {}
+        self._breaches: dict[str, int] = {}
+        #: The request environ key of this limiter's per-request data (one per app's limiter:
+        #: a WSGI app may hand its environ to another app with a limiter of its own).
+        self.environ_key = f"flask_distlimit.request.{id(self):x}"
+
+    # -- the first request -----------------------------------------------------------------------
+
+    def before_request(self) -> None:
+        """Finalize on the app's first request; nothing after that."""
+        if self._views is None:
+            self.finalize(current_app._get_current_object())  # type: ignore[attr-defined]
+
+    def finalize(self, app: Flask) -> None:
+        """Wrap every view function of ``app`` in a gate, close declarations on what it serves,
+        and warn about declarations that match none of its endpoints. Runs once."""
+        with self._lock:
+            if self._views is not None:
+                return
+            views: dict[str, object] = dict(app.view_functions)
+            methods: dict[str, set[str]] = {}
+            for rule in app.url_map.iter_rules():
+                methods.setdefault(rule.endpoint, set()).update(rule.methods or ())
+            served: set[object] = set(app.blueprints.values())
+            for endpoint, view in views.items():
+                if is_static(endpoint):
+                    continue
+                for method in methods.get(endpoint, {""}):
+                    every, one = view_objects(view, method)
+                    served.update(every, one)
+                app.view_functions[endpoint] = self._gate(endpoint, view)
+            self._served = _Served(app.name, served)
+            self.registry.watch(self._served)
+            self._warn_unmatched(app, served)
+            self._views = views
+
+    def _warn_unmatched(self, app: Flask, served: set[object]) -> None:
+        registry = self.registry
+        unmatched = [
+            f"limit {'; '.join(str(r) for r in spec.rates)} on {spec.declared_on}"
+            for target, specs in (*registry.views.items(), *registry.blueprints.items())
+            if target not in served
+            for spec in specs[:1]
+        ] + [
+            f"exemption of {describe(target)}"
+            for target in (*registry.exempt_views, *registry.exempt_blueprints)
+            if target not in served
+        ]
+        if not unmatched:
+            return
+        shown = sorted(set(unmatched))
+        more = len(shown) - _UNMATCHED_SHOWN
+        log.warning(
+            "%d rate-limit declaration(s) match no endpoint of the app %r: %s%s. A limit on a "
+            "view the app does not serve never applies; one behind a decorator without "
+            "functools.wraps is enforced only when that view runs, in a storage call of its own; "
+            "an exemption there is not applied. Register the view, or use functools.wraps in "
+            "your decorators.",
+            len(shown), app.name, "; ".join(shown[:_UNMATCHED_SHOWN]),
+            f" and {more} more" if more > 0 else "",
+        )  # fmt: skip
+
+    def _gate(self, endpoint: str, view: Any) -> Callable[..., Any]:
+        enforce = self.enforce
+        if inspect.iscoroutinefunction(view):
+
+            @functools.wraps(view)
+            async def async_gate(*args: Any, **kwargs: Any) -> Any:
+                enforce(endpoint, view)
+                return await view(*args, **kwargs)
+
+            return async_gate
+
+        @functools.wraps(view)
+        def gate(*args: Any, **kwargs: Any) -> Any:
+            enforce(endpoint, view)
+            return view(*args, **kwargs)
+
+        return gate
+
+    # -- plans ---------------------------------------------------------------------------------
+
+    def original_view(self, endpoint: str) -> object | None:
+        """The view function registered for ``endpoint``, before the gate wrapped it."""
+        views = self._views
+        if views is not None:
+            return views.get(endpoint)
+        return current_app.view_functions.get(endpoint)
+
+    def plan(self, endpoint: str | None, method: str, view: object | None) -> RoutePlan:
+        """The route's limits for ``endpoint`` and ``method``, bound once."""
+        plan = self._plans.get((endpoint, method))
+        if plan is not None:
+            return plan
+        state = self.state
+        if endpoint is not None and is_static(endpoint):
+            plan = RoutePlan(exempt=True)
+        else:
+            plan = build_plan(
+                self.registry,
+                endpoint=endpoint,
+                view=view,
+                blueprints=_blueprints_of(current_app, endpoint) if endpoint else (),
+                method=method,
+                default_limits=state.default_specs,
+                prefix=self._prefix,
+                default_algorithm=self._algorithm,
+            )
+        self._plans[(endpoint, method)] = plan
+        return plan
+
+    # -- the request path ----------------------------------------------------------------------
+
+    def enforce(self, endpoint: str, view: object) -> None:
+        """The gate's work: decide every limit of the request in one storage call; raise on a
+        refusal."""
+        req: Request = request._get_current_object()  # type: ignore[attr-defined]
+        plan = self._plans.get((endpoint, req.method)) or self.plan(endpoint, req.method, view)
+        data = _RequestData(plan.covered, exempt=plan.exempt)
+        req.environ[self.environ_key] = data
+        if not plan.exempt:
+            self._evaluate(req, data, plan.limits, plan.needs_identity, plan.policy, True)
+
+    def reached(self, carrier: object, specs: Sequence[Any]) -> None:
+        """A limit wrapper runs: enforce its limits unless the request's plan already did."""
+        req: Request = request._get_current_object()  # type: ignore[attr-defined]
+        environ = req.environ
+        data: _RequestData | None = environ.get(self.environ_key)
+        if data is not None and (data.exempt or carrier in data.covered):
+            return
+        every_request = data is None  # called outside the gate: do the gate's work too
+        if data is None:
+            data = _RequestData(frozenset())
+            environ[self.environ_key] = data
+        endpoint, method = req.endpoint, req.method
+        bounds = self._carried.get((carrier, endpoint, method))
+        if bounds is None:
+            label = endpoint or str(getattr(carrier, "__qualname__", "view"))
+            bounds = tuple(
+                b
+                for spec in specs
+                for b in bind(
+                    spec,
+                    prefix=self._prefix,
+                    default_algorithm=self._algorithm,
+                    label=label,
+                    method=method,
+                )
+            )
+            self._carried[(carrier, endpoint, method)] = bounds
+        policy = strictest(spec.on_failure for spec in specs)
+        needs_identity = any(b.key_func is None for b in bounds)
+        self._evaluate(req, data, bounds, needs_identity, policy, every_request)
+
+    def _evaluate(
+        self,
+        req: Request,
+        data: _RequestData,
+        route_limits: Sequence[BoundLimit],
+        needs_identity: bool,
+        policy: FailurePolicy | None,
+        every_request: bool,
+    ) -> None:
+        """One storage call for ``route_limits`` (and the global and tier limits when
+        ``every_request``)."""
+        state = self.state
+        environ = req.environ
+        default_cost = (
+            self._conditional_cost
+            if "HTTP_IF_NONE_MATCH" in environ or "HTTP_IF_MODIFIED_SINCE" in environ
+            else 1
+        )
+        checks: list[Check] = []
+        bounds: list[BoundLimit] = []
+        identity: Identity | None = None
+        if every_request and state.global_limits:
+            tag = identity_tag(state.resolver.client_ip(environ))
+            for b in state.global_limits:
+                checks.append(b.check(tag, default_cost))
+                bounds.append(b)
+        itag = ""
+        if (every_request and state.tier_limits) or needs_identity:
+            identity = state.resolver.identify(req, state.hooks)
+            itag = identity_tag(identity.value)
+            if every_request:
+                for b in state.tier_limits.get(identity.tier, ()):
+                    checks.append(b.check(itag, default_cost))
+                    bounds.append(b)
+        for b in route_limits:
+            if b.exempt_when is not None and b.exempt_when():
+                continue
+            tag = itag if b.key_func is None else identity_tag(_key_text(b.key_func))
+            cost = default_cost if b.cost is None else _cost_value(b.cost, default_cost)
+            checks.append(b.check(tag, cost))
+            bounds.append(b)
+        if not checks:
+            return
+        if len(checks) > 1 and len({c.key for c in checks}) != len(checks):
+            checks, bounds = _dedupe(checks, bounds)
+        self._decide(checks, bounds, identity, policy, data)
+
+    def _decide(
+        self,
+        checks: list[Check],
+        bounds: list[BoundLimit],
+        identity: Identity | None,
+        policy: FailurePolicy | None,
+        data: _RequestData,
+    ) -> None:
+        state = self.state
+        cache = state.deny_cache
+        if cache is not None and len(cache):
+            now = state.local_clock()
+            for c, b in zip(checks, bounds, strict=True):
+                denial = cache.lookup(c.key, c.cost, now)
+                if denial is not None:
+                    wait = denial.retry_after(now)
+                    metrics = state.guard.metrics
+                    if metrics is not None:  # count the refusal as if the storage had made it
+                        metrics.evaluated(
+                            [c], Evaluation((Decision(False, denial.limit, 0, wait, wait),))
+                        )
+                    report = Report(
+                        name=denial.name,
+                        limit=denial.limit,
+                        period=denial.period,
+                        remaining=0,
+                        reset_after=wait,
+                        retry_after=wait,
+                        policy=b.policy,
+                        quoted=b.quoted,
+                    )
+                    self._refuse([report], [c.key], identity, data, from_cache=True)
+        started = state.local_clock()
+        outcome = state.guard.evaluate(checks, policy=policy, now_us=state.storage_now())
+        if outcome.unavailable:
+            data.degraded = data.denied = True
+            data.retry_after = self._retry_unavailable
+            raise RateLimitUnavailable(retry_after=self._retry_unavailable, instance=request.path)
+        evaluation = outcome.evaluation
+        if evaluation is None:  # storage down, policy "open"
+            data.degraded = True
+            return
+        decisions = evaluation.decisions
+        if not evaluation.allowed:
+            finished = state.local_clock()
+            denied_reports: list[Report] = []
+            denied_keys: list[str] = []
+            for c, b, d in zip(checks, bounds, decisions, strict=True):
+                if d.allowed:
+                    continue
+                denied_reports.append(_report(b, d, denied=True))
+                denied_keys.append(c.key)
+                if cache is not None and not outcome.degraded:
+                    cache.record(
+                        c.key,
+                        cost=c.cost,
+                        retry_after=d.retry_after,
+                        started_us=started,
+                        finished_us=finished,
+                        limit=d.limit,
+                        period=b.rate.period,
+                        name=b.name,
+                    )
+            self._refuse(
+                denied_reports,
+                denied_keys,
+                identity,
+                data,
+                from_cache=False,
+                degraded=outcome.degraded,
+            )
+        # allowed: report the limit with the fewest units left (ties: the latest reset)
+        best = 0
+        if len(decisions) > 1:
+            best_d = decisions[0]
+            for i in range(1, len(decisions)):
+                d = decisions[i]
+                if d.remaining < best_d.remaining or (
+                    d.remaining == best_d.remaining and d.reset_after > best_d.reset_after
+                ):
+                    best, best_d = i, d
+        report = _report(bounds[best], decisions[best], denied=False)
+        if data.report is None or report.remaining < data.report.remaining:
+            data.report = report
+        data.degraded = data.degraded or outcome.degraded
+
+    def _refuse(
+        self,
+        reports: list[Report],
+        keys: list[str],
+        identity: Identity | None,
+        data: _RequestData,
+        *,
+        from_cache: bool,
+        degraded: bool = False,
+    ) -> None:
+        """Log, call the breach hook and raise the 429 for the denied limits ``reports``
+        (stored under ``keys``)."""
+        binding = max(reports, key=lambda r: r.retry_after)
+        retry = retry_after_seconds(binding.retry_after)
+        data.report, data.denied, data.retry_after = binding, True, retry
+        data.degraded = data.degraded or degraded
+        names = tuple(r.name for r in reports)
+        # The digest of who was counted: the key's hash tag, never the identity in clear.
+        tags = [key[key.index("{") + 1 : key.index("}")] for key in keys]
+        digest = identity_tag(identity.value) if identity is not None else tags[0]
+        endpoint = request.endpoint
+        tier = identity.tier if identity is not None else None
+        self._log_breach(reports, keys, tags, digest, tier, endpoint, retry)
+        response: SansIOResponse | None = None
+        hook = self.state.limiter.breach_hook
+        if hook is not None:
+            response = hook(
+                Breach(
+                    endpoint=endpoint,
+                    method=request.method,
+                    path=request.path,
+                    identity_digest=digest,
+                    tier=tier,
+                    violated_policies=names,
+                    retry_after=retry,
+                    from_cache=from_cache,
+                )
+            )
+        exc = RateLimitExceeded(retry_after=retry, violated_policies=names, instance=request.path)
+        if isinstance(response, WerkzeugResponse):
+            exc.response = response
+        raise exc
+
+    def _log_breach(
+        self,
+        reports: list[Report],
+        keys: list[str],
+        tags: list[str],
+        digest: str,
+        tier: str | None,
+        endpoint: str | None,
+        retry: int,
+    ) -> None:
+        """One INFO line per client and limit per window at most, never one per request."""
+        now = self.state.local_clock()
+        logged = self._breaches
+        fresh = [
+            (r, t) for r, k, t in zip(reports, keys, tags, strict=True) if logged.get(k, 0) <= now
+        ]
+        if not fresh:
+            return
+        if len(logged) >= _BREACHES_KEPT:
+            for k in [k for k, until in logged.items() if until <= now]:
+                del logged[k]
+            if len(logged) >= _BREACHES_KEPT:
+                logged.clear()
+        for r, k in zip(reports, keys, strict=True):
+            logged[k] = now + int(r.period * 1_000_000)
+        log.info(
+            "Rate limit exceeded: %s; identity %s, tier %s, %s %s; retry in %d s "
+            "(logged once per client and limit per window)",
+            ", ".join(f"{r.name} (client {t})" for r, t in fresh),
+            digest,
+            tier or "-",
+            request.method,
+            endpoint,
+            retry,
+        )
+
+    # -- after the view ------------------------------------------------------------------------
+
+    def after_request(self, response: WerkzeugResponse) -> WerkzeugResponse:
+        """Count a request whose view never ran; add the rate-limit headers (and
+        ``Retry-After`` on a 429/503 the app replaced)."""
+        data: _RequestData | None = request.environ.get(self.environ_key)
+        if data is None:
+            response, data = self._view_never_ran(response)
+            if data is None:
+                return response
+        headers = response.headers
+        if data.report is not None and self._headers != "none":
+            add = headers.add  # the names are ours alone: no scan for an existing value
+            for name, value in rate_limit_headers(
+                self._headers, data.report, self.state.wall(), denied=data.denied
+            ):
+                add(name, value)
+        if data.degraded:
+            headers["X-RateLimit-Degraded"] = "true"
+        if (
+            data.retry_after is not None
+            and response.status_code in (429, 503)
+            and "Retry-After" not in headers
+        ):
+            headers["Retry-After"] = str(data.retry_after)
+        return response
+
+    def _view_never_ran(
+        self, response: WerkzeugResponse
+    ) -> tuple[WerkzeugResponse, _RequestData | None]:
+        """No route matched, or a ``before_request`` hook answered first: count the request
+        against the global and tier limits (an exempt route's request is not counted)."""
+        state = self.state
+        if not (state.global_limits or state.tier_limits):
+            return response, None
+        app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
+        if self._views is None:  # a hook before ours answered the app's first request
+            self.finalize(app)
+        req: Request = request._get_current_object()  # type: ignore[attr-defined]
+        endpoint = req.endpoint
+        if (
+            endpoint is not None
+            and self.plan(endpoint, req.method, self.original_view(endpoint)).exempt
+        ):
+            return response, None
+        data = _RequestData(frozenset())
+        req.environ[self.environ_key] = data
+        try:
+            self._evaluate(req, data, (), False, None, True)
+        except HTTPException as exc:  # the refusal, through the app's own error handlers
+            response = app.make_response(app.handle_http_exception(exc))
+        return response, data
+
+
+def _dedupe(checks: list[Check], bounds: list[BoundLimit]) -> tuple[list[Check], list[BoundLimit]]:
+    seen: set[str] = set()
+    kept_checks: list[Check] = []
+    kept_bounds: list[BoundLimit] = []
+    for c, b in zip(checks, bounds, strict=True):
+        if c.key not in seen:
+            seen.add(c.key)
+            kept_checks.append(c)
+            kept_bounds.append(b)
+    return kept_checks, kept_bounds

@@ -1,0 +1,145 @@
+"""One app's limiter: :class:`LimiterState`, kept in ``app.extensions["distlimit"]``.
+
+Everything an app configures lives here: settings, storage, guard, identity resolver, deny
+cache, the bound global and tier limits, and the app's request path
+(:class:`~flask_distlimit.enforcement.Enforcer`). The ``Limiter`` holds only what is declared in
+code and may serve several apps.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from . import admin
+from .config import Settings
+from .decision import Check
+from .declarations import LimitSpec
+from .deny_cache import DenyCache, monotonic_us
+from .enforcement import Enforcer
+from .guard import Guard
+from .identity import IdentityResolver, IdentitySettings
+from .route_limits import BoundLimit, bind
+from .storage.base import Storage
+
+if TYPE_CHECKING:
+    from .extension import Limiter
+
+__all__ = ["LimiterState"]
+
+_states: weakref.WeakSet[LimiterState] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for state in list(_states):
+        state.after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class LimiterState:
+    """Everything one app's limiter needs: ``app.extensions["distlimit"]``.
+
+    Attributes: ``limiter``, ``settings``, ``identity_settings``, ``storage``, ``guard``,
+    ``resolver``, ``hooks`` (shared with the ``Limiter``), ``deny_cache`` (``None`` when
+    disabled), ``global_limits`` and ``tier_limits`` (bound), ``enforcer`` (the request path).
+    """
+
+    def __init__(
+        self,
+        *,
+        limiter: Limiter,
+        settings: Settings,
+        identity_settings: IdentitySettings,
+        storage: Storage,
+        guard: Guard,
+        resolver: IdentityResolver,
+        deny_cache: DenyCache | None,
+        clock: Callable[[], int] | None,
+    ) -> None:
+        self.limiter = limiter
+        self.settings = settings
+        self.identity_settings = identity_settings
+        self.storage = storage
+        self.guard = guard
+        self.resolver = resolver
+        self.hooks = limiter.hooks
+        self.registry = limiter.registry
+        self.deny_cache = deny_cache
+        self._storage_clock = clock
+        #: the local clock, in microseconds (the deny cache's and the breach log's)
+        self.local_clock: Callable[[], int] = clock or monotonic_us
+        #: the wall clock, in seconds (for header reset times)
+        self.wall: Callable[[], float] = (lambda: clock() / 1_000_000) if clock else time.time
+        prefix, algorithm = settings.key_prefix, settings.algorithm
+        self.default_specs: tuple[LimitSpec, ...] = (
+            (LimitSpec("default", settings.default_limits),) if settings.default_limits else ()
+        )
+        # Limits that take the app's default algorithm are checked against it now, at start-up
+        # (those declared with an algorithm of their own were checked when declared).
+        for spec in (
+            *self.default_specs,
+            LimitSpec("global", settings.global_limits),
+            *(LimitSpec("tier", r, tier=t) for t, r in identity_settings.tiers.items()),
+            *self.registry.declared(),
+        ):
+            if spec.algorithm is None:
+                spec.check_rates(algorithm)
+        self.global_limits: tuple[BoundLimit, ...] = tuple(
+            bind(
+                LimitSpec("global", settings.global_limits),
+                prefix=prefix,
+                default_algorithm=algorithm,
+                label="global",
+            )
+        )
+        self.tier_limits: dict[str, tuple[BoundLimit, ...]] = {
+            tier: tuple(
+                bind(
+                    LimitSpec("tier", rates, tier=tier),
+                    prefix=prefix,
+                    default_algorithm=algorithm,
+                    label=tier,
+                )
+            )
+            for tier, rates in identity_settings.tiers.items()
+            if rates
+        }
+        self.enforcer = Enforcer(self)
+        _states.add(self)
+
+    def storage_now(self) -> int | None:
+        """The injected clock's time for the storage (``None``: the Redis server's clock)."""
+        clock = self._storage_clock
+        return clock() if clock is not None else None
+
+    # -- tools (see flask_distlimit.admin) -------------------------------------------------------
+
+    def health(self) -> dict[str, object]:
+        """The guard's health report (storage latency, breaker state, scripts, instances)."""
+        return self.guard.health()
+
+    def reset(self) -> int:
+        """Delete every key under this app's prefix and forget local denials; answer how many
+        keys were deleted. For tests and operators, not the request path."""
+        return admin.reset(self)
+
+    def reset_identity(self, identity: str) -> int:
+        """Delete every key of one identity (e.g. ``"ip:203.0.113.9"``); answer how many."""
+        return admin.reset_identity(self, identity)
+
+    def checks_for(self, identity: str, cost: int = 0) -> list[tuple[str, Check]]:
+        """Every configured limit that can apply to ``identity``, named, as checks of ``cost``
+        (see :func:`flask_distlimit.admin.checks_for`)."""
+        return admin.checks_for(self, identity, cost)
+
+    def after_fork(self) -> None:
+        """In a forked child (gunicorn): new connections and a fresh deny-cache lock."""
+        self.storage.reset_after_fork()
+        if self.deny_cache is not None:
+            self.deny_cache.reset_after_fork()
