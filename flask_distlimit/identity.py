@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ANONYMOUS",
     "DEFAULT_TIERS",
+    "EXAMPLE_TIERS",
     "INVALID_IP",
     "Identity",
     "IdentityHooks",
@@ -72,8 +73,12 @@ logger = logging.getLogger(__name__)
 #: The tier of every client that no hook, token or key places in another one.
 ANONYMOUS: Final = "anonymous"
 
-#: ``DISTLIMIT_TIERS`` when the app sets none.
-DEFAULT_TIERS: Final[Mapping[str, str]] = MappingProxyType(
+#: ``DISTLIMIT_TIERS`` when the app sets none: no tier limits. Nothing is limited that the app
+#: did not declare.
+DEFAULT_TIERS: Final[Mapping[str, str]] = MappingProxyType({})
+
+#: A tier table to start from (documented; never applied unless the app sets it).
+EXAMPLE_TIERS: Final[Mapping[str, str]] = MappingProxyType(
     {
         "anonymous": "60/minute",
         "free": "300/minute",
@@ -164,8 +169,8 @@ class IdentitySettings:
     ============================  ==================  ==============================================
     key                           default             meaning
     ============================  ==================  ==============================================
-    DISTLIMIT_TIERS               DEFAULT_TIERS       tier -> limit string, with "anonymous";
-                                                      "" means no tier limit
+    DISTLIMIT_TIERS               {} (no tier limits) tier -> limit string, with "anonymous"
+                                                      when not empty; "" means no tier limit
     DISTLIMIT_TRUSTED_PROXIES     0                   proxy hops whose X-Forwarded-For counts
     DISTLIMIT_IPV6_PREFIX         64                  IPv6 clients grouped by this prefix, 1-128
     DISTLIMIT_API_KEY_HEADER      "X-Api-Key"         the API key's request header
@@ -228,10 +233,10 @@ def _read_tiers(value: object) -> Mapping[str, tuple[Rate, ...]]:
         "Set DISTLIMIT_TIERS to a dict of tier name -> limit string, with an 'anonymous' tier, "
         "e.g. {'anonymous': '60/minute', 'pro': '1800/minute'}."
     )
-    if not isinstance(value, Mapping) or not value:
-        raise ConfigurationError(
-            f"DISTLIMIT_TIERS must be a non-empty dict, got {value!r}. {accepted}"
-        )
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(f"DISTLIMIT_TIERS must be a dict, got {value!r}. {accepted}")
+    if not value:
+        return MappingProxyType({})
     tiers: dict[str, tuple[Rate, ...]] = {}
     for name, rates in value.items():
         if not isinstance(name, str) or not _TIER_NAME.fullmatch(name):
@@ -396,8 +401,8 @@ class _TierTable:
     def known(self, tier: object, source: str) -> str:
         if tier is None:
             return ANONYMOUS
-        if isinstance(tier, str) and tier in self._tiers:
-            return tier
+        if isinstance(tier, str) and (tier in self._tiers or not self._tiers):
+            return tier  # with no tier table, a tier only names the client's plan in reports
         shown = repr(tier)[:80]
         if shown not in self._warned and len(self._warned) < _MAX_WARNED:
             self._warned.add(shown)

@@ -22,7 +22,7 @@ def test_defaults_are_set_in_app_config_and_frozen() -> None:
     app = _init()
     for key, value in DEFAULTS.items():
         assert app.config[key] == value
-    assert app.config["DISTLIMIT_TIERS"]["anonymous"] == "60/minute"  # identity keys too
+    assert app.config["DISTLIMIT_TIERS"] == {}  # identity keys too: no tier limits by default
     settings = app.extensions["distlimit"].settings
     assert settings == Settings()
     with pytest.raises(AttributeError):

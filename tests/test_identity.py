@@ -24,6 +24,7 @@ from flask_distlimit.algorithms import Algorithm
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity import (
     ANONYMOUS,
+    EXAMPLE_TIERS,
     INVALID_IP,
     Identity,
     IdentityHooks,
@@ -125,14 +126,31 @@ def statuses(app: flask.Flask, requests: Iterator[dict[str, str]], addr: str = C
 def test_defaults_are_set_in_config_and_parsed() -> None:
     app = make_app()
     settings_ = IdentitySettings.from_config(app.config)
-    assert app.config["DISTLIMIT_TIERS"]["anonymous"] == "60/minute"
+    assert app.config["DISTLIMIT_TIERS"] == {}  # no tier limits unless the app sets them
     assert app.config["DISTLIMIT_TRUSTED_PROXIES"] == 0
     assert app.config["DISTLIMIT_IPV6_PREFIX"] == 64
     assert app.config["DISTLIMIT_API_KEY_HEADER"] == "X-Api-Key"
+    assert dict(settings_.tiers) == {}
+    assert settings_.jwt is None and settings_.api_key_secret is None
+
+
+def test_the_example_tier_table_parses() -> None:
+    app = make_app(DISTLIMIT_TIERS=dict(EXAMPLE_TIERS))
+    settings_ = IdentitySettings.from_config(app.config)
     assert set(settings_.tiers) == {"anonymous", "free", "pro", "internal"}
     assert settings_.tiers["pro"][0].amount == 1800
     assert settings_.tiers["pro"][0].period == 60
-    assert settings_.jwt is None and settings_.api_key_secret is None
+
+
+def test_without_a_tier_table_a_hook_tier_only_names_the_plan(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = make_app()
+    resolver = make_resolver(app)
+    hooks = IdentityHooks(tier_resolver=lambda identity: "platinum")
+    with caplog.at_level(logging.WARNING, "flask_distlimit.identity"):
+        assert identify(app, resolver, hooks).tier == "platinum"
+    assert not caplog.records  # nothing to warn about: no tier limits are configured
     assert "secret" not in repr(IdentitySettings.from_config(make_app(SECRET_KEY="x").config))
 
 
@@ -506,7 +524,9 @@ def test_verified_api_key_is_an_hmac_digest_never_the_key(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     raw = "sk_live_0123456789SECRETVALUE"
-    app = make_app(SECRET_KEY="app-secret-key-for-tests-0123456789")
+    app = make_app(
+        SECRET_KEY="app-secret-key-for-tests-0123456789", DISTLIMIT_TIERS=dict(EXAMPLE_TIERS)
+    )
     resolver = make_resolver(app)
     hooks = IdentityHooks(api_key_verifier={raw: "mystery-tier"}.get)
     with caplog.at_level(logging.DEBUG):
@@ -591,7 +611,7 @@ def test_identity_loader_comes_first() -> None:
 def test_tier_resolver_overrides_and_unknown_answers_are_anonymous(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    app = make_app()
+    app = make_app(DISTLIMIT_TIERS=dict(EXAMPLE_TIERS))
     resolver = make_resolver(app)
     hooks = IdentityHooks(tier_resolver=lambda identity: "pro")
     assert identify(app, resolver, hooks) == Identity("ip", f"ip:{CLIENT}", "pro")
