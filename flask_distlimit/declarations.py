@@ -354,10 +354,14 @@ class Declarations:
 
         return decorator
 
-    def _carrier(self, func: Callable[..., Any]) -> Callable[..., Any]:
-        """``func`` itself when it already carries this limiter's limits, else a wrapper that
-        tells the limiter when it runs (after the app's before_request hooks)."""
-        if getattr(func, _CARRIER, None) is self:
+    def _carrier(self, func: Callable[..., Any], *, reuse: bool = True) -> Callable[..., Any]:
+        """``func`` itself when it already carries this limiter's limits (and ``reuse``), else a
+        wrapper that tells the limiter when it runs (after the app's before_request hooks)."""
+        if (
+            reuse
+            and self.registry.views.get(func) is not None
+            and getattr(func, _CARRIER, None) is self
+        ):
             return func
         reached = self._reached
         if inspect.iscoroutinefunction(func):
@@ -391,7 +395,7 @@ class Declarations:
         specs = registry.views[view_class]
 
         def carry(view: F) -> F:
-            carrier = self._carrier(view)
+            carrier = self._carrier(view, reuse=False)
             registry.views[carrier] = specs  # the class's list: later declarations show too
             return carrier  # type: ignore[return-value]
 

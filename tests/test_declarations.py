@@ -1,0 +1,482 @@
+"""Limits land exactly where they are declared, and run after the app's own hooks (issue 9).
+
+Each test is an app written the way Flask apps are written (class-based views with
+``decorators=``, wrappers without ``functools.wraps``, view factories, renamed and nested
+blueprints, hooks registered after ``init_app``), on memory, fakeredis and a real redis-server.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from flask import Blueprint, Flask, abort, g, request
+from flask.views import MethodView, View
+
+from flask_distlimit import ConfigurationError, Limiter
+from flask_distlimit.storage.base import Storage
+from flask_distlimit.testing import FakeClock
+from tests.distlimit_fixtures import backend, clock, make_app
+
+__all__ = ["backend", "clock"]  # fixtures used below
+
+Backend = Callable[[], Storage]
+
+
+def statuses(app: Flask, path: str, n: int, method: str = "GET", **kwargs: Any) -> list[int]:
+    client = app.test_client()
+    return [client.open(path, method=method, **kwargs).status_code for _ in range(n)]
+
+
+# -- view identity ---------------------------------------------------------------------------
+
+
+def test_methodview_decorators_limit_only_their_own_class(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+
+    class Login(MethodView):
+        decorators = [limiter.limit("2/minute")]
+
+        def get(self) -> str:
+            return "login"
+
+    class Catalogue(MethodView):
+        def get(self) -> str:
+            return "catalogue"
+
+    app.add_url_rule("/login", view_func=Login.as_view("login"))
+    app.add_url_rule("/catalogue", view_func=Catalogue.as_view("catalogue"))
+    assert statuses(app, "/login", 3) == [200, 200, 429]
+    assert statuses(app, "/catalogue", 5) == [200] * 5
+
+
+def test_methodview_decorators_exempt_only_their_own_class(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock, DISTLIMIT_DEFAULT_LIMITS="2/minute")
+
+    class Health(MethodView):
+        decorators = [limiter.exempt]
+
+        def get(self) -> str:
+            return "ok"
+
+    class Orders(MethodView):
+        def get(self) -> str:
+            return "orders"
+
+    app.add_url_rule("/health", view_func=Health.as_view("health"))
+    app.add_url_rule("/orders", view_func=Orders.as_view("orders"))
+    health = app.test_client().get("/health")
+    assert "X-RateLimit-Limit" not in health.headers
+    assert statuses(app, "/health", 5) == [200] * 5
+    assert statuses(app, "/orders", 3) == [200, 200, 429]
+
+
+def test_a_limit_on_a_method_limits_that_method_only(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, counting = make_app(backend(), clock, DISTLIMIT_GLOBAL_LIMITS="100/minute")
+
+    class Items(MethodView):
+        def get(self) -> str:
+            return "list"
+
+        @limiter.limit("2/minute")
+        def post(self) -> str:
+            return "created"
+
+    app.add_url_rule("/items", view_func=Items.as_view("items"))
+    assert statuses(app, "/items", 3, method="POST") == [200, 200, 429]
+    assert statuses(app, "/items", 5) == [200] * 5
+    # The method's limit and the global limit: one storage call per request.
+    assert counting.evaluations == 8
+    assert {c.key.split("}:")[1].split("_")[0] for c in counting.checks[1]} == {"g", "r"}
+
+
+def test_limits_on_two_methods_count_apart(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+
+    class Items(MethodView):
+        @limiter.limit("2/minute")
+        def get(self) -> str:
+            return "list"
+
+        @limiter.limit("2/minute")
+        def post(self) -> str:
+            return "created"
+
+    app.add_url_rule("/items", view_func=Items.as_view("items"))
+    assert statuses(app, "/items", 2, method="POST") == [200, 200]
+    assert statuses(app, "/items", 3) == [200, 200, 429]
+
+
+def test_a_limit_on_a_view_class_follows_the_class_and_its_subclasses(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+
+    @limiter.limit("2/minute")
+    class Report(View):
+        def dispatch_request(self) -> str:
+            return "report"
+
+    class DetailedReport(Report):
+        pass
+
+    class Other(View):
+        def dispatch_request(self) -> str:
+            return "other"
+
+    app.add_url_rule("/report", view_func=Report.as_view("report"))
+    app.add_url_rule("/detailed", view_func=DetailedReport.as_view("detailed"))
+    app.add_url_rule("/other", view_func=Other.as_view("other"))
+    assert statuses(app, "/report", 3) == [200, 200, 429]
+    assert statuses(app, "/detailed", 3) == [200, 200, 429]  # inherited, counted per endpoint
+    assert statuses(app, "/other", 5) == [200] * 5
+
+
+def _login_required(view: Callable[..., Any]) -> Callable[..., Any]:
+    """An auth decorator as many apps write it: no functools.wraps."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if request.headers.get("X-User") is None:
+            abort(401)
+        return view(*args, **kwargs)
+
+    return wrapper
+
+
+def test_a_wrapper_without_wraps_neither_leaks_nor_loses_a_limit(
+    backend: Backend, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.get("/account", endpoint="account")
+    @_login_required
+    @limiter.limit("2/minute")
+    def account() -> str:
+        return "account"
+
+    @app.get("/profile", endpoint="profile")
+    @_login_required
+    def profile() -> str:
+        return "profile"
+
+    user = {"headers": {"X-User": "alice"}}
+    with caplog.at_level(logging.WARNING, logger="flask_distlimit"):
+        assert statuses(app, "/account", 3, **user) == [200, 200, 429]
+    assert statuses(app, "/profile", 5, **user) == [200] * 5
+    # The first request named the limit it could not see before the view ran.
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "account" in warnings[0] and "functools.wraps" in warnings[0]
+
+
+def test_views_from_one_factory_keep_their_own_limits(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+
+    def make_view(text: str) -> Callable[[], str]:
+        return lambda: text
+
+    app.add_url_rule("/a", "a", limiter.limit("2/minute")(make_view("a")))
+    app.add_url_rule("/b", "b", make_view("b"))
+    app.add_url_rule("/c", "c", limiter.exempt(make_view("c")))
+    assert statuses(app, "/a", 3) == [200, 200, 429]
+    assert statuses(app, "/b", 5) == [200] * 5
+    assert statuses(app, "/c", 5) == [200] * 5
+
+
+def test_a_view_under_two_endpoints_has_its_limits_under_each(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+
+    @limiter.limit("2/minute")
+    def shared() -> str:
+        return "ok"
+
+    app.add_url_rule("/one", "one", shared)
+    app.add_url_rule("/two", "two", shared)
+    assert statuses(app, "/one", 3) == [200, 200, 429]
+    assert statuses(app, "/two", 3) == [200, 200, 429]  # counted per endpoint
+
+
+# -- blueprints by object ----------------------------------------------------------------------
+
+
+def test_a_renamed_and_twice_registered_blueprint_keeps_its_limits(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+    api = Blueprint("api", __name__)
+
+    @api.get("/things")
+    def things() -> str:
+        return "things"
+
+    limiter.limit("2/minute")(api)
+    app.register_blueprint(api, name="api_v1", url_prefix="/v1")
+    app.register_blueprint(api, name="api_v2", url_prefix="/v2")
+    assert statuses(app, "/v1/things", 3) == [200, 200, 429]
+    assert statuses(app, "/v2/things", 3) == [200, 200, 429]
+
+
+def test_exempting_a_nested_blueprint_exempts_it_and_its_children_only(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock, DISTLIMIT_DEFAULT_LIMITS="2/minute")
+    v1 = Blueprint("v1", __name__)
+    nested_api = Blueprint("api", __name__)
+    child = Blueprint("child", __name__)
+    other_api = Blueprint("api", __name__)  # another blueprint that happens to share the name
+
+    @nested_api.get("/x")
+    def nested_x() -> str:
+        return "nested"
+
+    @child.get("/y")
+    def child_y() -> str:
+        return "child"
+
+    @other_api.get("/z")
+    def other_z() -> str:
+        return "other"
+
+    nested_api.register_blueprint(child, url_prefix="/child")
+    v1.register_blueprint(nested_api, url_prefix="/api")
+    limiter.exempt(nested_api)
+    app.register_blueprint(v1, url_prefix="/v1")
+    app.register_blueprint(other_api, url_prefix="/api")
+    assert statuses(app, "/v1/api/x", 4) == [200] * 4
+    assert statuses(app, "/v1/api/child/y", 4) == [200] * 4
+    assert statuses(app, "/api/z", 3) == [200, 200, 429]
+
+
+# -- hooks in any order ------------------------------------------------------------------------
+
+
+def test_key_func_cost_and_exempt_when_see_hooks_registered_after_init_app(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, counting = make_app(backend(), clock, DISTLIMIT_GLOBAL_LIMITS="100/minute")
+    bp = Blueprint("orders", __name__)
+
+    @bp.get("/orders")
+    @limiter.limit(
+        "4/minute",
+        key_func=lambda: g.tenant_id,
+        cost=lambda: g.weight,
+        exempt_when=lambda: g.is_admin,
+    )
+    def orders() -> str:
+        return "orders"
+
+    @app.before_request  # app level, after init_app: the usual order in an app factory
+    def load_tenant() -> None:
+        g.tenant_id = request.headers.get("X-Tenant", "none")
+        g.is_admin = request.headers.get("X-Admin") == "1"
+
+    @bp.before_request  # blueprint level
+    def load_weight() -> None:
+        g.weight = int(request.headers.get("X-Weight", "1"))
+
+    app.register_blueprint(bp)
+    acme = {"headers": {"X-Tenant": "acme", "X-Weight": "2"}}
+    assert statuses(app, "/orders", 3, **acme) == [200, 200, 429]
+    assert statuses(app, "/orders", 5, headers={"X-Tenant": "globex"}) == [200] * 4 + [429]
+    admin = {"headers": {"X-Tenant": "acme", "X-Admin": "1"}}
+    assert statuses(app, "/orders", 3, **admin) == [200] * 3
+    assert counting.evaluations == 11  # one storage call per request: global and route together
+
+
+def test_the_identity_loader_sees_a_blueprint_hook_registered_after_init_app(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(
+        backend(), clock, DISTLIMIT_TIERS={"anonymous": "100/minute", "pro": "2/minute"}
+    )
+    bp = Blueprint("api", __name__)
+
+    @limiter.identity_loader
+    def user() -> tuple[str, str | None] | None:
+        return (g.user, "pro") if g.get("user") else None
+
+    @bp.get("/me")
+    def me() -> str:
+        return "me"
+
+    @bp.before_request
+    def authenticate() -> None:
+        g.user = request.headers.get("X-User")
+
+    app.register_blueprint(bp)
+    assert statuses(app, "/me", 3, headers={"X-User": "alice"}) == [200, 200, 429]
+    assert statuses(app, "/me", 2, headers={"X-User": "bob"}) == [200, 200]
+
+
+def test_a_request_a_hook_answers_still_meets_the_global_limit(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock, DISTLIMIT_GLOBAL_LIMITS="3/minute")
+
+    @app.get("/private")
+    @limiter.limit("100/minute", key_func=lambda: g.user)
+    def private() -> str:
+        return "private"
+
+    @app.get("/health")
+    @limiter.exempt
+    def health() -> str:
+        return "ok"
+
+    @app.before_request
+    def authenticate() -> Any:
+        if request.endpoint != "health" and "X-User" not in request.headers:
+            return "who are you?", 401  # answered before the view: no g.user
+        g.user = request.headers.get("X-User")
+        return None
+
+    # Credential stuffing is counted: the 401s spend the per-IP budget, then the 429 comes.
+    assert statuses(app, "/private", 4) == [401, 401, 401, 429]
+    assert statuses(app, "/nowhere", 1) == [429]  # a 404 is counted as well
+    assert statuses(app, "/health", 3) == [200] * 3  # exempt, whatever answers
+
+
+# -- nothing implicit --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_an_app_with_only_a_storage_url_limits_nothing(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    url = "memory://"
+    if kind == "redis":
+        client = request.getfixturevalue("redis_client")
+        kwargs = client.connection_pool.connection_kwargs
+        url = f"redis://{kwargs['host']}:{kwargs['port']}/0"
+    app = Flask(__name__)
+    app.config["DISTLIMIT_STORAGE_URL"] = url
+    Limiter(app)
+
+    @app.get("/open")
+    def open_route() -> str:
+        return "ok"
+
+    client = app.test_client()
+    answers = [client.get("/open") for _ in range(1000)]
+    assert {r.status_code for r in answers} == {200}
+    assert not any("X-RateLimit-Limit" in r.headers for r in answers)
+    assert client.get("/missing").status_code == 404
+
+
+def test_a_route_limit_is_not_capped_by_a_hidden_tier(backend: Backend, clock: FakeClock) -> None:
+    app = Flask(__name__)
+    limiter = Limiter(app, storage=backend(), clock=clock)
+
+    @app.get("/search")
+    @limiter.limit("100/minute")
+    def search() -> str:
+        return "ok"
+
+    assert statuses(app, "/search", 101) == [200] * 100 + [429]
+
+
+# -- declaration closes ------------------------------------------------------------------------
+
+
+def test_declaring_on_what_an_app_serves_after_its_first_request_raises(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+    bp = Blueprint("api", __name__)
+
+    def index() -> str:
+        return "ok"
+
+    @bp.get("/things")
+    def things() -> str:
+        return "things"
+
+    class Page(MethodView):
+        def get(self) -> str:
+            return "page"
+
+    app.add_url_rule("/", "index", index)
+    app.add_url_rule("/page", view_func=Page.as_view("page"))
+    app.register_blueprint(bp)
+    assert app.test_client().get("/").status_code == 200
+    for target in (index, bp, Page, Page.get):
+        with pytest.raises(ConfigurationError, match="first request"):
+            limiter.limit("1/minute")(target)
+        with pytest.raises(ConfigurationError, match="first request"):
+            limiter.exempt(target)
+    assert statuses(app, "/", 3) == [200] * 3  # nothing changed
+    # A function no app serves may still be declared: e.g. for the next app of a factory.
+    other, _, _ = make_app(backend(), clock, limiter=Limiter(clock=clock), name="other")
+    fresh = limiter.limit("1/minute")(lambda: "fresh")
+    assert callable(fresh)
+
+
+def test_the_first_request_warns_once_about_limits_that_match_no_endpoint(
+    backend: Backend, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+    unused_bp = Blueprint("unused", __name__)
+    limiter.limit("5/minute")(unused_bp)
+
+    @limiter.limit("3/minute")
+    def never_routed() -> str:
+        return "x"
+
+    app.add_url_rule("/", "index", lambda: "ok")
+    with caplog.at_level(logging.WARNING, logger="flask_distlimit"):
+        statuses(app, "/", 3)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "never_routed" in warnings[0] and "'unused'" in warnings[0]
+    assert "3/minute" in warnings[0] and "5/minute" in warnings[0]
+
+
+def test_limits_of_a_limiter_never_set_up_on_the_app_raise(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, _, _ = make_app(backend(), clock)
+    stray = Limiter(clock=clock)  # never init_app'd
+
+    @app.get("/orders")
+    @stray.limit("1/minute")
+    def orders() -> str:
+        return "orders"
+
+    app.testing = True  # let the error reach the test instead of a 500 page
+    with pytest.raises(RuntimeError, match=r"init_app"):
+        app.test_client().get("/orders")
+
+
+def test_a_declaration_that_cannot_be_a_view_is_refused() -> None:
+    limiter = Limiter()
+    with pytest.raises(ConfigurationError, match="view function"):
+        limiter.limit("1/minute")(42)
+    with pytest.raises(ConfigurationError, match="not callable"):
+        limiter.limit("1/minute", key_func="tenant")  # type: ignore[arg-type]
+
+
+def test_one_storage_call_for_class_method_and_global_limits(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, counting = make_app(backend(), clock, DISTLIMIT_GLOBAL_LIMITS="100/minute")
+
+    @limiter.limit("10/minute")
+    class Items(MethodView):
+        decorators = [limiter.limit("20/minute")]
+
+        @limiter.limit("5/minute")
+        def get(self) -> str:
+            return "ok"
+
+    app.add_url_rule("/items", view_func=Items.as_view("items"))
+    assert statuses(app, "/items", 6) == [200] * 5 + [429]
+    assert counting.evaluations == 6
+    assert len(counting.checks[0]) == 4  # global, class, decorators=, method
