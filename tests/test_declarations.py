@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from flask import Blueprint, Flask, abort, g, request
@@ -39,7 +39,7 @@ def test_methodview_decorators_limit_only_their_own_class(
     app, limiter, _ = make_app(backend(), clock)
 
     class Login(MethodView):
-        decorators = [limiter.limit("2/minute")]
+        decorators: ClassVar[list[Callable[..., Any]]] = [limiter.limit("2/minute")]
 
         def get(self) -> str:
             return "login"
@@ -60,7 +60,7 @@ def test_methodview_decorators_exempt_only_their_own_class(
     app, limiter, _ = make_app(backend(), clock, DISTLIMIT_DEFAULT_LIMITS="2/minute")
 
     class Health(MethodView):
-        decorators = [limiter.exempt]
+        decorators: ClassVar[list[Callable[..., Any]]] = [limiter.exempt]
 
         def get(self) -> str:
             return "ok"
@@ -414,7 +414,6 @@ def test_declaring_on_what_an_app_serves_after_its_first_request_raises(
             limiter.exempt(target)
     assert statuses(app, "/", 3) == [200] * 3  # nothing changed
     # A function no app serves may still be declared: e.g. for the next app of a factory.
-    other, _, _ = make_app(backend(), clock, limiter=Limiter(clock=clock), name="other")
     fresh = limiter.limit("1/minute")(lambda: "fresh")
     assert callable(fresh)
 
@@ -470,7 +469,7 @@ def test_one_storage_call_for_class_method_and_global_limits(
 
     @limiter.limit("10/minute")
     class Items(MethodView):
-        decorators = [limiter.limit("20/minute")]
+        decorators: ClassVar[list[Callable[..., Any]]] = [limiter.limit("20/minute")]
 
         @limiter.limit("5/minute")
         def get(self) -> str:
