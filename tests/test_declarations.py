@@ -479,3 +479,24 @@ def test_one_storage_call_for_class_method_and_global_limits(
     assert statuses(app, "/items", 6) == [200] * 5 + [429]
     assert counting.evaluations == 6
     assert len(counting.checks[0]) == 4  # global, class, decorators=, method
+
+
+def test_async_views_are_limited_after_the_hooks(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, counting = make_app(backend(), clock, DISTLIMIT_GLOBAL_LIMITS="100/minute")
+
+    @app.get("/async")
+    @limiter.limit("2/minute", key_func=lambda: g.tenant_id)
+    async def async_view() -> str:
+        return "async"
+
+    @app.get("/plain-async")
+    async def plain_async() -> str:
+        return "plain"
+
+    @app.before_request
+    def load_tenant() -> None:
+        g.tenant_id = request.headers.get("X-Tenant", "none")
+
+    assert statuses(app, "/async", 3, headers={"X-Tenant": "acme"}) == [200, 200, 429]
+    assert app.test_client().get("/plain-async").get_data(as_text=True) == "plain"
+    assert counting.evaluations == 4  # global with the route limit, in one call per request

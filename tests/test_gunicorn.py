@@ -167,3 +167,23 @@ def test_forged_x_forwarded_for_rotation_buys_no_quota(
     ]
     statuses = fire(instances, "/by-ip", forged)
     assert statuses == Counter({200: LIMIT, 429: REQUESTS - LIMIT})
+
+
+def test_class_based_views_and_a_late_hook_keep_their_limits_across_workers(
+    servers: tuple[redis.Redis, list[Gunicorn]],
+) -> None:
+    """MethodView decorators= limit its own class only; a key_func reads what a hook registered
+    after Limiter(app) set: exactly N per tenant, on every worker."""
+    _, instances = servers
+    assert fire(instances, "/login", [{}] * REQUESTS) == Counter(
+        {200: LIMIT, 429: REQUESTS - LIMIT}
+    )
+    assert fire(instances, "/catalogue", [{}] * REQUESTS) == Counter({200: REQUESTS})
+    tenants = [{"X-Tenant": "acme" if i % 2 else "globex"} for i in range(2 * REQUESTS)]
+    pids: set[str] = set()
+    assert fire(instances, "/tenant", tenants, pids) == Counter(
+        {200: 2 * LIMIT, 429: 2 * (REQUESTS - LIMIT)}
+    )
+    assert len(pids) >= 2
+    for name in ("acme", "globex"):
+        assert fire(instances, "/tenant", [{"X-Tenant": name}] * 3) == Counter({429: 3})

@@ -10,8 +10,11 @@ can never pass for extra admissions.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any, ClassVar
 
-from flask import Flask
+from flask import Flask, g, request
+from flask.views import MethodView
 
 from flask_distlimit import Limiter
 
@@ -55,3 +58,35 @@ for _algorithm in ALGORITHMS:
 @limiter.limit(f"{LIMIT}/hour", algorithm="fixed_window")
 def by_ip() -> str:
     return f"by-ip {os.getpid()}"
+
+
+# -- issue 9: class-based views and a hook registered after Limiter(app), across workers -------
+
+
+class Login(MethodView):
+    decorators: ClassVar[list[Callable[..., Any]]] = [
+        limiter.limit(f"{LIMIT}/hour", algorithm="fixed_window")
+    ]
+
+    def get(self) -> str:
+        return f"login {os.getpid()}"
+
+
+class Catalogue(MethodView):  # no limit of its own: must never answer 429
+    def get(self) -> str:
+        return f"catalogue {os.getpid()}"
+
+
+app.add_url_rule("/login", view_func=Login.as_view("login"))
+app.add_url_rule("/catalogue", view_func=Catalogue.as_view("catalogue"))
+
+
+@app.get("/tenant")
+@limiter.limit(f"{LIMIT}/hour", algorithm="fixed_window", key_func=lambda: g.tenant_id)
+def tenant() -> str:
+    return f"tenant {os.getpid()}"
+
+
+@app.before_request  # after Limiter(app): the order of an app factory
+def load_tenant() -> None:
+    g.tenant_id = request.headers.get("X-Tenant", "none")
