@@ -168,6 +168,9 @@ class LimitRegistry:
 
     views: dict[object, list[LimitSpec]] = field(default_factory=dict)
     exempt_views: set[object] = field(default_factory=set)
+    #: a decorated function -> the limit wrappers made of it (``@limiter.limit`` above
+    #: ``@app.route`` registers the function itself: its limits still apply)
+    wrapped_by: dict[object, list[object]] = field(default_factory=dict)
     blueprints: dict[object, list[LimitSpec]] = field(default_factory=dict)
     exempt_blueprints: set[object] = field(default_factory=set)
     #: the objects each app served (held by the app's state; dropped with it)
@@ -193,6 +196,16 @@ class LimitRegistry:
 
     def add_view(self, view: object, spec: LimitSpec) -> None:
         self.views.setdefault(view, []).append(spec)
+
+    def attached(self, view: object, method: str) -> tuple[list[object], list[object]]:
+        """:func:`view_objects` of ``view`` and ``method``, with the limit wrappers made of
+        each of them."""
+        every, one = view_objects(view, method)
+        wrapped_by = self.wrapped_by
+        if wrapped_by:
+            every += [w for o in every for w in wrapped_by.get(o, ())]
+            one += [w for o in one for w in wrapped_by.get(o, ())]
+        return every, one
 
     def add_blueprint(self, blueprint: Blueprint, spec: LimitSpec) -> None:
         self.blueprints.setdefault(blueprint, []).append(spec)
@@ -349,6 +362,8 @@ class Declarations:
                     f"method of one, or a Blueprint; got {target!r}."
                 )
             carrier = self._carrier(target)
+            if carrier is not target and _hashable(target):
+                self.registry.wrapped_by.setdefault(target, []).append(carrier)
             self.registry.add_view(carrier, spec)
             return carrier  # type: ignore[return-value]
 

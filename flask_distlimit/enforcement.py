@@ -41,7 +41,7 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 
 from ._typing import CostFunc, FailurePolicy, KeyFunc
 from .decision import Check, Decision, Evaluation
-from .declarations import describe, view_objects
+from .declarations import describe
 from .headers import Report, rate_limit_headers
 from .identity import Identity
 from .keys import identity_tag
@@ -202,7 +202,7 @@ class Enforcer:
                 if is_static(endpoint):
                     continue
                 for method in methods.get(endpoint, {""}):
-                    every, one = view_objects(view, method)
+                    every, one = self.registry.attached(view, method)
                     served.update(every, one)
                 app.view_functions[endpoint] = self._gate(endpoint, view)
             self._served = _Served(app.name, served)

@@ -36,7 +36,7 @@ from typing import Literal
 from ._typing import CostFunc, ExemptWhen, FailurePolicy, KeyFunc
 from .algorithms import Algorithm
 from .decision import Check
-from .declarations import LimitRegistry, LimitSpec, view_objects
+from .declarations import LimitRegistry, LimitSpec
 from .headers import policy_item, sf_string
 from .keys import limit_key
 from .limits import Rate
@@ -185,7 +185,7 @@ def build_plan(
     """
     if endpoint is None:
         return RoutePlan(exempt=False)
-    every, one = view_objects(view, method) if view is not None else ([], [])
+    every, one = registry.attached(view, method) if view is not None else ([], [])
     found = [*every, *one]
     if any(o in registry.exempt_views for o in found) or any(
         bp in registry.exempt_blueprints for bp in blueprints

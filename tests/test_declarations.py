@@ -500,3 +500,21 @@ def test_async_views_are_limited_after_the_hooks(backend: Backend, clock: FakeCl
     assert statuses(app, "/async", 3, headers={"X-Tenant": "acme"}) == [200, 200, 429]
     assert app.test_client().get("/plain-async").get_data(as_text=True) == "plain"
     assert counting.evaluations == 4  # global with the route limit, in one call per request
+
+
+def test_a_limit_above_the_route_decorator_still_applies(
+    backend: Backend, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``@app.route`` registers the function before ``@limiter.limit`` wraps it: the limit
+    attaches to that function all the same, in the route's one storage call."""
+    app, limiter, counting = make_app(backend(), clock, DISTLIMIT_GLOBAL_LIMITS="100/minute")
+
+    @limiter.limit("2/minute")
+    @app.get("/reversed")
+    def reversed_order() -> str:
+        return "ok"
+
+    with caplog.at_level(logging.WARNING, logger="flask_distlimit"):
+        assert statuses(app, "/reversed", 3) == [200, 200, 429]
+    assert counting.evaluations == 3
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
