@@ -60,13 +60,17 @@ import math
 import re
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Final, Literal, TypeVar
 
+from . import serving
 from .algorithms import ALGORITHMS, Algorithm
 from .errors import ConfigurationError
 from .guard import FailurePolicy
 from .identity import IDENTITY_KEYS
 from .limits import Rate, parse_rates
+
+if TYPE_CHECKING:
+    from .storage.base import Storage
 
 __all__ = ["DEFAULTS", "KNOWN_KEYS", "STORAGE_SCHEMES", "HeaderMode", "Settings"]
 
@@ -233,6 +237,12 @@ class Settings:
     instances: int | Literal["auto"] = 1
     breaker_fail_max: int = 5
     breaker_reset_timeout: float = 30.0
+
+    def check_serving(self, storage: Storage | None = None) -> None:
+        """Warn (once per process) when ``memory://``, the storage of these settings or the
+        ready ``storage`` an app passed, is served by several processes: every limit would be
+        multiplied by their number (:mod:`flask_distlimit.serving`). Called by ``init_app``."""
+        serving.warn_if_memory_per_process(self.storage_url, storage)
 
     @classmethod
     def from_config(cls, config: MutableMapping[str, object]) -> Settings:
