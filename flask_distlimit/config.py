@@ -208,9 +208,8 @@ def _check_keys(config: MutableMapping[str, object]) -> None:
     listed = "" if guessed else f" The keys it reads: {', '.join(KNOWN_KEYS)}."
     raise ConfigurationError(
         f"Unknown Flask-DistLimit setting{'s' if len(unknown) > 1 else ''}: {', '.join(parts)}. "
-        f"Rename or remove {'them' if len(unknown) > 1 else 'it'}: a DISTLIMIT_* key the extension "
-        "does not read would be ignored "
-        f"in silence.{listed}"
+        f"Rename or remove {'them' if len(unknown) > 1 else 'it'}: a DISTLIMIT_* key the "
+        f"extension does not read would be ignored in silence.{listed}"
     )
 
 
