@@ -8,6 +8,7 @@ from .errors import (
     ConfigurationError,
     DistLimitError,
     StorageError,
+    StorageMisconfigured,
     StorageResponseError,
     StorageUnavailable,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "RateLimitExceeded",
     "RateLimitUnavailable",
     "StorageError",
+    "StorageMisconfigured",
     "StorageResponseError",
     "StorageUnavailable",
     "parse_rates",

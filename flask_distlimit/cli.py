@@ -16,7 +16,10 @@ or what a limit's ``key_func`` returns (e.g. ``account:alice``).
 ``inspect`` peeks with cost 0 (nothing is consumed) at every limit that can apply to the identity,
 in one storage call. ``reset`` finds the client's keys with ``SCAN`` (never ``KEYS``, which would
 block Redis) and deletes them. The commands talk to the storage directly, not through the circuit
-breaker: an unreachable storage is reported, and the command exits with status 1.
+breaker. ``status`` reports an unreachable storage, one that refuses the limiter (bad credentials,
+missing ACL permissions, a database index out of range, scripting disabled) or any other failure
+in one line (``error: ...``), without a traceback, and exits with status 1; ``inspect`` and
+``reset`` stop with the storage's error, also with status 1.
 """
 
 from __future__ import annotations
@@ -85,6 +88,16 @@ def _identity_options(func: click.decorators.FC) -> click.decorators.FC:
     return click.argument("identity")(func)
 
 
+def _latency_text(latency: object, error_type: object) -> str:
+    if latency is not None:
+        return f"{latency} ms (PING round trip)"
+    if error_type == "StorageUnavailable":
+        return "unreachable"
+    if error_type == "StorageMisconfigured":
+        return "refused (misconfigured)"
+    return "no answer"
+
+
 def _loaded_text(loaded: object) -> str:
     if loaded is True:
         return "yes"
@@ -102,8 +115,10 @@ def status(as_json: bool) -> None:
     """Storage, latency, breaker and scripts.
 
     Shows the storage URL (password masked), a PING round trip, whether the rate-limit scripts
-    are loaded, the circuit breaker and the failure settings. Exits with status 1 when the
-    storage does not answer or the breaker is not closed.
+    are loaded, the circuit breaker and the failure settings, after a check that costs nothing
+    (a PING and an evaluation of cost 0). Exits with status 1 when the storage does not answer,
+    refuses the limiter (misconfigured) or fails otherwise, with the cause on one line
+    ("error: ..."), or when the breaker is not closed.
     """
     state = _state()
     settings = state.settings
@@ -121,10 +136,7 @@ def status(as_json: bool) -> None:
         loaded = health.get("scripts_loaded")
         lines = [
             ("storage", f"{report['storage_url']} ({health.get('storage')})"),
-            (
-                "latency",
-                f"{latency} ms (PING round trip)" if latency is not None else "unreachable",
-            ),
+            ("latency", _latency_text(latency, health.get("error_type"))),
             ("error", health.get("error")),
             ("scripts loaded", _loaded_text(loaded)),
             (

@@ -3,7 +3,9 @@
 Every key is set with ``app.config.setdefault`` (so ``app.config`` shows the value in effect) and
 checked before the app serves a request: a bad value raises
 :class:`~flask_distlimit.errors.ConfigurationError` naming the key, the value and the accepted
-forms. Nothing here is read again per request.
+forms, and so does a ``DISTLIMIT_*`` key the extension does not know (a typo would otherwise be
+ignored in silence), naming the closest valid key: ``DISTLIMIT_STORAGE_URI`` -> "did you mean
+DISTLIMIT_STORAGE_URL?". Nothing here is read again per request.
 
 The identity keys (``DISTLIMIT_TRUSTED_PROXIES``, ``DISTLIMIT_IPV6_PREFIX``, ``DISTLIMIT_TIERS``,
 ``DISTLIMIT_API_KEY_HEADER``, ``DISTLIMIT_API_KEY_SECRET``, ``DISTLIMIT_JWT_*``) are read the same
@@ -53,18 +55,24 @@ The keys read here, each ``key`` (default ``value``) followed by its meaning:
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Final, Literal, TypeVar
 
+from . import serving
 from ._typing import FailurePolicy, HeaderMode
 from .algorithms import ALGORITHMS, Algorithm
 from .errors import ConfigurationError
+from .identity import IDENTITY_KEYS
 from .limits import Rate, parse_rates
 
-__all__ = ["DEFAULTS", "STORAGE_SCHEMES", "HeaderMode", "Settings"]
+if TYPE_CHECKING:
+    from .storage.base import Storage
+
+__all__ = ["DEFAULTS", "KNOWN_KEYS", "STORAGE_SCHEMES", "HeaderMode", "Settings"]
 
 _HEADER_MODES: Final[tuple[HeaderMode, ...]] = ("legacy", "ietf", "both", "none")
 _POLICIES: Final[tuple[FailurePolicy, ...]] = ("open", "closed", "local")
@@ -96,6 +104,10 @@ DEFAULTS: Final[dict[str, object]] = {
     "DISTLIMIT_BREAKER_RESET_TIMEOUT": 30,
 }
 
+#: Every ``DISTLIMIT_*`` key the extension reads: those above and the identity keys.
+KNOWN_KEYS: Final[tuple[str, ...]] = (*DEFAULTS, *IDENTITY_KEYS)
+
+_KEY_FAMILY: Final = "DISTLIMIT_"
 _PREFIX: Final = re.compile(r"^[A-Za-z0-9_.:/-]{1,64}$")
 _SCHEME: Final = re.compile(r"^([a-z][a-z0-9+.-]*)://")
 
@@ -174,6 +186,31 @@ def _prefix(key: str, value: object) -> str:
     )
 
 
+def _check_keys(config: MutableMapping[str, object]) -> None:
+    """Refuse any ``DISTLIMIT_*`` key that is not in :data:`KNOWN_KEYS`, naming the closest."""
+    unknown = sorted(
+        key
+        for key in config
+        if isinstance(key, str) and key.startswith(_KEY_FAMILY) and key not in KNOWN_KEYS
+    )
+    if not unknown:
+        return
+    # Compared without the common "DISTLIMIT_", which would make every key look alike.
+    names = {key.removeprefix(_KEY_FAMILY): key for key in KNOWN_KEYS}
+    parts = []
+    guessed = True
+    for key in unknown:
+        close = difflib.get_close_matches(key.removeprefix(_KEY_FAMILY), names, n=1, cutoff=0.6)
+        parts.append(f"{key} (did you mean {names[close[0]]}?)" if close else key)
+        guessed = guessed and bool(close)
+    listed = "" if guessed else f" The keys it reads: {', '.join(KNOWN_KEYS)}."
+    raise ConfigurationError(
+        f"Unknown Flask-DistLimit setting{'s' if len(unknown) > 1 else ''}: {', '.join(parts)}. "
+        f"Rename or remove {'them' if len(unknown) > 1 else 'it'}: a DISTLIMIT_* key the "
+        f"extension does not read would be ignored in silence.{listed}"
+    )
+
+
 def _bool(key: str, value: object) -> bool:
     if isinstance(value, bool):
         return value
@@ -198,9 +235,17 @@ class Settings:
     breaker_fail_max: int = 5
     breaker_reset_timeout: float = 30.0
 
+    def check_serving(self, storage: Storage | None = None) -> None:
+        """Warn (once per process) when ``memory://``, the storage of these settings or the
+        ready ``storage`` an app passed, is served by several processes: every limit would be
+        multiplied by their number (:mod:`flask_distlimit.serving`). Called by ``init_app``."""
+        serving.warn_if_memory_per_process(self.storage_url, storage)
+
     @classmethod
     def from_config(cls, config: MutableMapping[str, object]) -> Settings:
-        """Set every missing key to its default in ``config``, then validate them all."""
+        """Refuse unknown ``DISTLIMIT_*`` keys, set every missing key to its default in
+        ``config``, then validate them all."""
+        _check_keys(config)
         for key, default in DEFAULTS.items():
             config.setdefault(key, default)
         get: Callable[[str], object] = config.__getitem__

@@ -7,7 +7,12 @@ One small hierarchy; catch the branch you can act on::
      │                           raised when the app is configured, never per request
      └── StorageError            the rate-limit store failed
           ├── StorageUnavailable     an outage: connection refused or reset, timeout, cluster down,
-          │                          Sentinel master not found. The circuit breaker counts these.
+          │    │                     Sentinel master not found. The circuit breaker counts these;
+          │    │                     the failure policy answers the request.
+          │    └── StorageMisconfigured   the store refuses us: NOPERM (ACL), WRONGPASS or NOAUTH
+          │                               (credentials), a database index out of range, an
+          │                               unknown command (scripting disabled). An outage until
+          │                               the configuration is fixed; logged at ERROR with the fix.
           └── StorageResponseError   the store answered, but with an error: a bug in a script or
                                      bad data. Never counted as an outage, never swallowed.
 
@@ -22,6 +27,7 @@ __all__ = [
     "ConfigurationError",
     "DistLimitError",
     "StorageError",
+    "StorageMisconfigured",
     "StorageResponseError",
     "StorageUnavailable",
 ]
@@ -44,6 +50,16 @@ class StorageError(DistLimitError):
 
 class StorageUnavailable(StorageError):
     """The storage could not be reached in time (an outage, counted by the breaker)."""
+
+
+class StorageMisconfigured(StorageUnavailable):
+    """The storage refuses the limiter: bad credentials, missing ACL permissions, a database
+    index out of range, or a command the server does not offer (scripting disabled).
+
+    Handled as an outage (the breaker counts it, the failure policy answers the request), and
+    logged at ERROR at most once a minute per process; the message names the server's answer
+    and the fix.
+    """
 
 
 class StorageResponseError(StorageError):

@@ -98,6 +98,7 @@ class Limiter(Declarations):
                 "Limiter, or create the app anew."
             )
         settings = Settings.from_config(app.config)
+        settings.check_serving(storage or self._storage)  # memory:// in several processes?
         identity_settings = IdentitySettings.from_config(app.config)
         resolver = IdentityResolver(identity_settings)
         resolver.check_hooks(self.hooks)

@@ -6,7 +6,11 @@ go through :meth:`Guard.evaluate`, which
 1. asks the circuit breaker (:mod:`flask_distlimit.breaker`) whether to try the storage at all;
 2. makes the one storage call (outside any lock: concurrent requests' calls overlap);
 3. on an outage (:class:`~flask_distlimit.errors.StorageUnavailable`) counts it and applies the
-   failure policy (``DISTLIMIT_FAILURE_POLICY``, or a route's own):
+   failure policy (``DISTLIMIT_FAILURE_POLICY``, or a route's own); a storage that refuses the
+   limiter (:class:`~flask_distlimit.errors.StorageMisconfigured`: NOPERM, WRONGPASS, a bad
+   database index, an unknown command) is such an outage, and is logged at ERROR, naming the
+   cause and the fix, at most once every :data:`MISCONFIGURED_LOG_INTERVAL` seconds (of the
+   injected clock) per guard, i.e. per app and process:
 
    - ``"open"``: allow, marked degraded;
    - ``"closed"``: refuse: the extension turns ``unavailable`` into a problem+json 503;
@@ -18,12 +22,16 @@ go through :meth:`Guard.evaluate`, which
 
 An error reply (:class:`~flask_distlimit.errors.StorageResponseError`) is a bug or bad data: it is
 raised to the caller, never counted as an outage, never answered by the failure policy.
+
+:meth:`Guard.health` never raises: whatever the storage does, it reports ``ok: False`` and the
+cause in ``error``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -33,15 +41,31 @@ from typing import Final, get_args
 from ._typing import FailurePolicy
 from .breaker import Breaker, BreakerState
 from .decision import Check, Evaluation
-from .errors import ConfigurationError, StorageResponseError, StorageUnavailable
+from .errors import (
+    ConfigurationError,
+    StorageError,
+    StorageMisconfigured,
+    StorageResponseError,
+    StorageUnavailable,
+)
 from .fallback import LocalFallback
 from .instances import Instances, InstancesSetting
 from .metrics import Metrics
 from .storage.base import Storage
 
-__all__ = ["FAILURE_POLICIES", "FailurePolicy", "Guard", "Outcome", "validate_policy"]
+__all__ = [
+    "FAILURE_POLICIES",
+    "MISCONFIGURED_LOG_INTERVAL",
+    "FailurePolicy",
+    "Guard",
+    "Outcome",
+    "validate_policy",
+]
 
 log = logging.getLogger(__name__)
+
+#: Seconds between two ERROR lines about a storage that refuses the limiter (per guard).
+MISCONFIGURED_LOG_INTERVAL: Final = 60.0
 
 FAILURE_POLICIES: Final[tuple[FailurePolicy, ...]] = get_args(FailurePolicy)
 
@@ -90,8 +114,9 @@ if hasattr(os, "register_at_fork"):
 class Guard:
     """Calls the storage through a circuit breaker and applies the failure policy on outages.
 
-    ``clock`` (monotonic seconds) drives the breaker's reset timeout and the heartbeat interval;
-    tests inject a fake one. ``metrics`` (:func:`flask_distlimit.metrics.metrics_for`) is optional.
+    ``clock`` (monotonic seconds) drives the breaker's reset timeout, the heartbeat interval and
+    the pace of the misconfiguration log; tests inject a fake one. ``metrics``
+    (:func:`flask_distlimit.metrics.metrics_for`) is optional.
     ``fallback_factory`` builds the in-process store of the ``local`` policy (default: memory).
     """
 
@@ -125,6 +150,12 @@ class Guard:
         self.reset_timeout = float(reset_timeout)
         self.key_prefix = key_prefix
         self.metrics = metrics
+        self._clock = clock
+        self._log_lock = threading.Lock()
+        self._refusal_logged_at: float | None = None  # clock() of the last ERROR line
+        # What health() evaluates: cost 0 consumes nothing and writes no key, but needs what a
+        # request needs (EVALSHA, the script's commands, access to keys under the prefix).
+        self._probe = Check(f"{key_prefix}:{{health}}:probe:fixed_window", "fixed_window", 1, 1, 0)
         self.name = f"{storage.scheme or 'storage'}:{key_prefix}"
         self.instances = Instances(
             instances, key_prefix=key_prefix, interval=heartbeat_interval, clock=clock
@@ -161,6 +192,8 @@ class Guard:
             if metrics is not None:
                 metrics.storage_call(time.perf_counter() - started)
             breaker.failure(exc)
+            if isinstance(exc, StorageMisconfigured):
+                self._refused(exc)
             return self._degraded(checks, policy, now_us)
         except StorageResponseError:
             breaker.success()  # the store answered: not an outage
@@ -213,11 +246,30 @@ class Guard:
             self.instances.beat(self.storage)
         except StorageUnavailable as exc:
             self.breaker.failure(exc)
+            if isinstance(exc, StorageMisconfigured):
+                self._refused(exc)
         except BaseException:
             self.breaker.release()
             raise
         else:
             self.breaker.success()
+
+    def _refused(self, exc: StorageMisconfigured) -> None:
+        """Log that the storage refuses the limiter: once, then at most once a minute."""
+        now = self._clock()
+        with self._log_lock:
+            last = self._refusal_logged_at
+            if last is not None and now - last < MISCONFIGURED_LOG_INTERVAL:
+                return
+            self._refusal_logged_at = now
+        log.error(
+            "Rate-limit storage %s refuses the limiter, so every request is answered by the "
+            "failure policy (%r unless its route sets one) until the configuration is fixed "
+            "(logged at most once a minute): %s",
+            self.name,
+            self.policy,
+            exc,
+        )
 
     def _breaker_changed(self, state: BreakerState) -> None:
         if state == "closed":
@@ -235,23 +287,38 @@ class Guard:
     # -- inspection --------------------------------------------------------------------------
 
     def health(self) -> dict[str, object]:
-        """Storage ping latency, breaker state, scripts loaded, instances seen.
+        """Storage ping latency, breaker state, scripts loaded, instances seen; never raises.
 
-        Pings the storage even while the breaker is open (it is an explicit check, not a
-        request), but the answer does not move the breaker.
+        Checks the storage even while the breaker is open (it is an explicit check, not a
+        request), but the answer does not move the breaker: a PING, whether the scripts are
+        loaded, then one evaluation of cost 0 (it consumes nothing and leaves no key, but it
+        runs the script, so a server that refuses the limiter's commands, keys or credentials
+        shows here; it loads the script when the server has none). Any failure, expected
+        (:class:`~flask_distlimit.errors.StorageError`) or not, gives ``ok: False``, its cause
+        in one line in ``error`` and its class name in ``error_type`` (``StorageUnavailable``,
+        ``StorageMisconfigured``, ``StorageResponseError``, or any other).
         """
         error: str | None = None
+        error_type: str | None = None
+        latency: float | None = None
+        loaded: bool | None = None
         try:
-            latency: float | None = self.storage.ping()
-            loaded: bool | None = self.storage.scripts_loaded()
-        except StorageUnavailable as exc:
-            latency, loaded, error = None, None, str(exc) or type(exc).__name__
+            latency = self.storage.ping()
+            loaded = self.storage.scripts_loaded()
+            self.storage.evaluate([self._probe])
+        except StorageError as exc:
+            error, error_type = _one_line(str(exc) or type(exc).__name__), type(exc).__name__
+        except Exception as exc:  # a broken storage must not break the health check
+            log.debug("Health check of %s failed", self.name, exc_info=True)
+            error = _one_line(f"unexpected {type(exc).__name__} from the storage: {exc}")
+            error_type = type(exc).__name__
         opened_for = self.breaker.opened_for()
         return {
             "ok": error is None and self.breaker.state == "closed",
             "storage": self.storage.scheme,
             "latency_ms": None if latency is None else round(latency * 1000, 3),
             "error": error,
+            "error_type": error_type,
             "scripts_loaded": loaded,
             "breaker": self.breaker.state,
             "breaker_failures": self.breaker.failures,
@@ -264,6 +331,12 @@ class Guard:
         }
 
     def _after_fork(self) -> None:
+        self._log_lock = threading.Lock()
+        self._refusal_logged_at = None  # every process says it once
         self.breaker._after_fork()
         self.instances._after_fork()
         self.fallback._after_fork()
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

@@ -60,6 +60,7 @@ __all__ = [
     "ANONYMOUS",
     "DEFAULT_TIERS",
     "EXAMPLE_TIERS",
+    "IDENTITY_KEYS",
     "INVALID_IP",
     "Identity",
     "IdentityHooks",
@@ -72,6 +73,24 @@ logger = logging.getLogger(__name__)
 
 #: The tier of every client that no hook, token or key places in another one.
 ANONYMOUS: Final = "anonymous"
+
+#: Every key :meth:`IdentitySettings.from_config` reads (the others: ``config.DEFAULTS``); an
+#: app's other ``DISTLIMIT_*`` keys are refused as unknown (``Settings.from_config``).
+IDENTITY_KEYS: Final = (
+    "DISTLIMIT_TIERS",
+    "DISTLIMIT_TRUSTED_PROXIES",
+    "DISTLIMIT_IPV6_PREFIX",
+    "DISTLIMIT_API_KEY_HEADER",
+    "DISTLIMIT_API_KEY_SECRET",
+    "DISTLIMIT_JWT_KEYS",
+    "DISTLIMIT_JWT_ALGORITHMS",
+    "DISTLIMIT_JWT_AUDIENCE",
+    "DISTLIMIT_JWT_ISSUER",
+    "DISTLIMIT_JWT_LEEWAY",
+    "DISTLIMIT_JWT_SUBJECT_CLAIM",
+    "DISTLIMIT_JWT_CLIENT_CLAIM",
+    "DISTLIMIT_JWT_TIER_CLAIM",
+)
 
 #: ``DISTLIMIT_TIERS`` when the app sets none: no tier limits. Nothing is limited that the app
 #: did not declare.

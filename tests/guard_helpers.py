@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Literal
 
 from flask_distlimit.decision import Check, Decision, Evaluation
-from flask_distlimit.errors import StorageResponseError, StorageUnavailable
+from flask_distlimit.errors import StorageMisconfigured, StorageResponseError, StorageUnavailable
 from flask_distlimit.storage.base import Storage
 
 
@@ -29,11 +29,16 @@ class FakeClock:
         self.now += seconds
 
 
-Mode = Literal["ok", "down", "error"]
+Mode = Literal["ok", "down", "refused", "error", "broken"]
+
+#: The message of mode ``refused`` (what a Redis lacking an ACL permission gives).
+REFUSAL = "Redis refuses the limiter's commands (NOPERM no 'evalsha'). Grant its ACL user ..."
 
 
 class ScriptedStorage(Storage):
-    """A storage whose health is set by the test: ``mode`` ``ok``, ``down`` (outage) or ``error``.
+    """A storage whose health is set by the test: ``mode`` ``ok``, ``down`` (outage), ``refused``
+    (misconfigured: an outage too), ``error`` (an error reply) or ``broken`` (a RuntimeError, as
+    from a bug in a storage).
 
     When ok it runs a fixed-window count per key (window = the check's period, time from
     ``now_us`` or the wall clock), so allow/deny is real enough to check limits with.
@@ -59,8 +64,12 @@ class ScriptedStorage(Storage):
             time.sleep(self.delay)
         if self.mode == "down":
             raise StorageUnavailable("scripted outage")
+        if self.mode == "refused":
+            raise StorageMisconfigured(REFUSAL)
         if self.mode == "error":
             raise StorageResponseError("scripted error reply")
+        if self.mode == "broken":
+            raise RuntimeError("scripted bug\nwith a second line")
 
     def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
         self._check_mode()

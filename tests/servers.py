@@ -151,6 +151,27 @@ def start_redis(*args: str) -> RedisProcess:
     return RedisProcess(port=free_port(), args=list(args)).start()
 
 
+def start_redis_with_acl(password: str, users: dict[str, list[str]]) -> RedisProcess:
+    """A redis-server whose default user needs ``password`` and that knows ``users``: name ->
+    ``ACL SETUSER`` rules, e.g. ``{"limited": ["on", ">pw", "~*", "+@all", "-evalsha"]}``.
+
+    Set with ``ACL SETUSER`` and ``CONFIG SET requirepass`` once it answers (a restart forgets
+    them); its clients then need ``password=``.
+    """
+    server = start_redis()
+    client = server.client(socket_timeout=2)
+    try:
+        for name, rules in users.items():
+            client.execute_command("ACL", "SETUSER", name, *rules)
+        client.config_set("requirepass", password)
+    except BaseException:
+        server.stop()
+        raise
+    finally:
+        client.close()
+    return server
+
+
 def _wait(condition: Callable[[], bool], timeout: float, what: str, step: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while True:

@@ -4,16 +4,21 @@ real redis-server."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 import redis
+from click.testing import Result
 from flask import Flask
 from flask.testing import FlaskCliRunner
 
 from flask_distlimit import Limiter
 from flask_distlimit.cli import distlimit_cli
-from tests.servers import free_port
+from flask_distlimit.decision import Check, Evaluation
+from flask_distlimit.errors import StorageResponseError
+from flask_distlimit.storage.base import Storage
+from flask_distlimit.storage.memory import MemoryStorage
+from tests.servers import RedisProcess, free_port, start_redis_with_acl
 
 BACKENDS = [
     pytest.param("memory", id="memory"),
@@ -99,6 +104,86 @@ def test_status_of_an_unreachable_redis_fails_and_hides_the_password() -> None:
     assert "unreachable" in result.output
     assert "s3cret" not in result.output
     assert "redis://:***@127.0.0.1" in result.output
+
+
+def failed_status(app: Flask) -> tuple[Result, str]:
+    """``status`` of ``app``, which must fail cleanly: exit 1, no traceback; answers the result
+    and its one ``error:`` line."""
+    try:
+        result = app.test_cli_runner().invoke(distlimit_cli, ["status"])
+    finally:
+        app.extensions["distlimit"].storage.close()
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit)  # not an exception that escaped
+    assert "Traceback" not in result.output
+    [line] = [line for line in result.output.splitlines() if line.startswith("error:")]
+    return result, line
+
+
+def test_status_of_an_unreachable_redis_says_why_in_one_line() -> None:
+    result, line = failed_status(make_app(f"redis://127.0.0.1:{free_port()}/0"))
+    assert "Redis is unavailable" in line
+    assert "latency:           unreachable" in result.output
+
+
+@pytest.fixture(scope="module")
+def acl_server() -> Iterator[RedisProcess]:
+    server = start_redis_with_acl(
+        "adm1n-pw", {"limited": ["on", ">pw", "~*", "+@all", "-evalsha", "-eval"]}
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.redis
+def test_status_of_a_redis_refusing_the_password_says_how_to_fix_it(
+    acl_server: RedisProcess,
+) -> None:
+    result, line = failed_status(make_app(f"redis://:wrong-pw@127.0.0.1:{acl_server.port}/0"))
+    assert "WRONGPASS" in line and "Fix the user name and password" in line
+    assert "latency:           refused (misconfigured)" in result.output
+    assert "wrong-pw" not in result.output
+
+
+@pytest.mark.redis
+def test_status_of_a_redis_refusing_the_script_says_how_to_fix_it(
+    acl_server: RedisProcess,
+) -> None:
+    """PING works for this ACL user; the status check's evaluation of cost 0 does not."""
+    result, line = failed_status(make_app(f"redis://limited:pw@127.0.0.1:{acl_server.port}/0"))
+    assert "NOPERM" in line and "'evalsha'" in line and "ACL SETUSER" in line
+    assert " ms (PING round trip)" in result.output
+
+
+class _Broken(MemoryStorage):
+    """A storage that fails its evaluations: with an error reply, or with a bug of its own."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "says"),
+    [
+        (StorageResponseError("Redis answered with an error: oops"), "answered with an error"),
+        (RuntimeError("a bug\nover two lines"), "unexpected RuntimeError from the storage"),
+    ],
+)
+def test_status_of_any_other_storage_failure_says_it_in_one_line(
+    error: Exception, says: str
+) -> None:
+    app = Flask(__name__)
+    app.config.update(SECRET_KEY="cli-test")
+    storage: Storage = _Broken(error)
+    Limiter(app, storage=storage)
+    _, line = failed_status(app)
+    assert says in line
 
 
 def test_inspect_shows_usage_per_limit_and_consumes_nothing(

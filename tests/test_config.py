@@ -3,12 +3,18 @@ at start-up with the key, the value and the accepted forms."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from flask import Flask
 
 from flask_distlimit import ConfigurationError, Limiter
-from flask_distlimit.config import DEFAULTS, Settings
+from flask_distlimit.config import DEFAULTS, KNOWN_KEYS, Settings
+from flask_distlimit.identity import IdentitySettings
 from flask_distlimit.limits import Rate
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _init(**config: object) -> Flask:
@@ -137,3 +143,67 @@ def test_api_key_verifier_without_secret_fails_at_init_app() -> None:
     app = Flask("nosecret")
     with pytest.raises(ConfigurationError, match="DISTLIMIT_API_KEY_SECRET"):
         limiter.init_app(app)
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [
+        ("DISTLIMIT_STORAGE_URI", "DISTLIMIT_STORAGE_URL"),
+        ("DISTLIMIT_DEFAULT_LIMIT", "DISTLIMIT_DEFAULT_LIMITS"),
+        ("DISTLIMIT_FAILURE_MODE", "DISTLIMIT_FAILURE_POLICY"),
+        ("DISTLIMIT_TRUSTED_PROXY", "DISTLIMIT_TRUSTED_PROXIES"),
+        ("DISTLIMIT_JWT_KEY", "DISTLIMIT_JWT_KEYS"),
+        ("DISTLIMIT_APIKEY_HEADER", "DISTLIMIT_API_KEY_HEADER"),
+    ],
+)
+def test_an_unknown_key_fails_at_init_app_naming_the_closest(typo: str, meant: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        _init(**{typo: "x"})
+    message = str(info.value)
+    assert f"{typo} (did you mean {meant}?)" in message
+    assert "The keys it reads" not in message  # the suggestion is enough
+
+
+def test_unknown_keys_without_a_close_one_list_every_valid_key() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        _init(DISTLIMIT_FOO=1, DISTLIMIT_STORAGE_URI="redis://localhost")
+    message = str(info.value)
+    assert "settings: DISTLIMIT_FOO, DISTLIMIT_STORAGE_URI (did you mean" in message
+    assert all(key in message for key in KNOWN_KEYS)
+
+
+def test_other_keys_are_not_ours_to_judge() -> None:
+    _init(RATELIMIT_STORAGE_URI="redis://x", DISTLIMITS="x", distlimit_foo=1)
+
+
+def test_known_keys_are_exactly_the_keys_the_extension_reads() -> None:
+    config: dict[str, object] = {}
+    Settings.from_config(config)
+    IdentitySettings.from_config(config)
+    assert sorted(config) == sorted(KNOWN_KEYS)
+    assert len(set(KNOWN_KEYS)) == len(KNOWN_KEYS)
+
+
+#: The typo the docs show being refused (flask_distlimit/config.py's docstring too).
+EXAMPLE_TYPO = "DISTLIMIT_STORAGE_URI"
+
+
+def test_every_key_the_repository_sets_or_documents_is_known() -> None:
+    """Tests, the example app, the benchmarks and the docs use only keys init_app accepts (the
+    package's own keys: tests/test_docs.py)."""
+    token = re.compile(r"DISTLIMIT_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_]*\*)")
+    files = [ROOT / "README.md"] + [
+        path
+        for folder in ("tests", "example_app", "bench", "docs")
+        for path in (ROOT / folder).rglob("*")
+        if path.suffix in {".py", ".md", ".toml", ".cfg", ".yml", ".sh"}
+    ]
+    here = Path(__file__).resolve()
+    used = {
+        (key, path.relative_to(ROOT).as_posix())
+        for path in files
+        if path.resolve() != here  # this module spells typos on purpose
+        for key in token.findall(path.read_text())
+    }
+    unknown = sorted((k, where) for k, where in used if k not in KNOWN_KEYS and k != EXAMPLE_TYPO)
+    assert not unknown, f"DISTLIMIT_* keys init_app would refuse: {unknown}"

@@ -8,14 +8,16 @@ import os
 import threading
 import time
 import warnings
+from collections.abc import Sequence
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from flask_distlimit.errors import ConfigurationError, StorageResponseError
-from flask_distlimit.guard import Guard, Outcome, validate_policy
+from flask_distlimit.decision import Check, Evaluation
+from flask_distlimit.errors import ConfigurationError, StorageMisconfigured, StorageResponseError
+from flask_distlimit.guard import MISCONFIGURED_LOG_INTERVAL, Guard, Outcome, validate_policy
 from flask_distlimit.metrics import Metrics
-from tests.guard_helpers import FakeClock, ScriptedStorage, check
+from tests.guard_helpers import REFUSAL, FakeClock, ScriptedStorage, check
 
 NOW = 1_700_000_000_000_000  # microseconds; one fixed window for every call of a test
 
@@ -87,6 +89,81 @@ def test_error_reply_is_raised_and_never_counted_as_an_outage() -> None:
     assert guard.breaker.state == "closed"
     assert guard.breaker.failures == 0
     assert storage.calls == 5
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("open", Outcome(None, degraded=True)),
+        ("closed", Outcome(None, degraded=True, unavailable=True)),
+    ],
+)
+def test_a_refusing_storage_is_an_outage_for_the_policy(policy: str, expected: Outcome) -> None:
+    guard, storage, _ = make("refused", policy=policy, fail_max=3)
+    for _ in range(5):
+        assert guard.evaluate([check()], now_us=NOW) == expected
+    assert guard.breaker.state == "open"  # counted like any outage
+    assert storage.calls == 3
+
+
+def test_a_refusing_storage_under_policy_local_enforces_locally() -> None:
+    guard, _, _ = make("refused", policy="local", instances=2)
+    outcomes = [guard.evaluate([check(limit=4)], now_us=NOW) for _ in range(3)]
+    assert all(o.degraded and not o.unavailable for o in outcomes)
+    assert [o.evaluation.allowed for o in outcomes if o.evaluation] == [True, True, False]
+
+
+def refusal_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "flask_distlimit.guard" and r.levelno == logging.ERROR
+    ]
+
+
+def test_a_refusal_is_logged_at_error_once_a_minute_on_the_clock(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # fail_max high: every request reaches the storage and is refused.
+    guard, storage, clock = make("refused", fail_max=1000)
+    with caplog.at_level(logging.ERROR, logger="flask_distlimit.guard"):
+        for _ in range(20):
+            guard.evaluate([check()], now_us=NOW)
+        assert len(refusal_lines(caplog)) == 1
+        clock.advance(MISCONFIGURED_LOG_INTERVAL - 0.001)
+        guard.evaluate([check()], now_us=NOW)
+        assert len(refusal_lines(caplog)) == 1
+        clock.advance(0.001)
+        for _ in range(20):
+            guard.evaluate([check()], now_us=NOW)
+        assert len(refusal_lines(caplog)) == 2
+        storage.mode = "down"  # a plain outage is the breaker's business, never this line
+        clock.advance(MISCONFIGURED_LOG_INTERVAL)
+        guard.evaluate([check()], now_us=NOW)
+    lines = refusal_lines(caplog)
+    assert len(lines) == 2
+    assert storage.calls == 42
+    assert REFUSAL in lines[0]  # the cause and the fix
+    assert "'open'" in lines[0] and "scripted:ratelimit" in lines[0]
+
+
+def test_the_refusal_log_follows_the_breaker_trials(caplog: pytest.LogCaptureFixture) -> None:
+    """With the breaker open only its trials reach the storage: one line per minute still."""
+    guard, _, clock = make("refused", fail_max=2, reset_timeout=30)
+    with caplog.at_level(logging.ERROR, logger="flask_distlimit.guard"):
+        for _ in range(3 * 60):  # three minutes, a request per second
+            guard.evaluate([check()], now_us=NOW)
+            clock.advance(1)
+    assert len(refusal_lines(caplog)) == 3
+
+
+def test_a_forked_child_logs_the_refusal_again(caplog: pytest.LogCaptureFixture) -> None:
+    guard, _, _ = make("refused", fail_max=1000)
+    with caplog.at_level(logging.ERROR, logger="flask_distlimit.guard"):
+        guard.evaluate([check()], now_us=NOW)
+        guard._after_fork()  # what os.register_at_fork runs in a child
+        guard.evaluate([check()], now_us=NOW)
+    assert len(refusal_lines(caplog)) == 2
 
 
 def test_breaker_opens_then_answers_without_the_storage() -> None:
@@ -211,6 +288,45 @@ def test_health_reports_latency_breaker_scripts_and_instances() -> None:
     assert health["breaker"] == "open"
     assert health["latency_ms"] is None
     assert health["error"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "error_type", "says"),
+    [
+        ("down", "StorageUnavailable", "scripted outage"),
+        ("refused", "StorageMisconfigured", REFUSAL),
+        ("error", "StorageResponseError", "scripted error reply"),
+        ("broken", "RuntimeError", "unexpected RuntimeError from the storage: scripted bug with"),
+    ],
+)
+def test_health_never_raises(mode: str, error_type: str, says: str) -> None:
+    guard, _, _ = make(mode)
+    health = guard.health()
+    assert health["ok"] is False
+    assert health["error_type"] == error_type
+    assert says in str(health["error"])
+    assert "\n" not in str(health["error"])  # one line
+    assert health["breaker"] == "closed"  # an explicit check never moves the breaker
+    assert health["latency_ms"] is None
+
+
+class _RefusesScripts(ScriptedStorage):
+    """PING answers, the script is refused: what an ACL user without EVALSHA sees."""
+
+    probed: Sequence[Check] = ()
+
+    def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+        self.probed = checks
+        raise StorageMisconfigured(REFUSAL)
+
+
+def test_health_evaluates_at_cost_zero_so_a_refused_script_shows() -> None:
+    storage = _RefusesScripts()
+    health = Guard(storage, key_prefix="app:rl").health()
+    assert health["ok"] is False and health["error_type"] == "StorageMisconfigured"
+    assert isinstance(health["latency_ms"], float)  # the server answers PING
+    [probe] = storage.probed
+    assert probe.cost == 0 and probe.key.startswith("app:rl:")  # within the ACL's key pattern
 
 
 def test_metrics_count_decisions_latency_breaker_and_fallback() -> None:

@@ -18,7 +18,7 @@ from redis import exceptions as rx
 from redis.sentinel import MasterNotFoundError
 
 from flask_distlimit.decision import Check
-from flask_distlimit.errors import StorageResponseError, StorageUnavailable
+from flask_distlimit.errors import StorageMisconfigured, StorageResponseError, StorageUnavailable
 from flask_distlimit.storage import from_url
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.storage.translate import storage_error
@@ -398,6 +398,93 @@ def test_error_mapping(error: Exception, expected: type[Exception]) -> None:
     translated = storage_error(error)
     assert type(translated) is expected
     assert str(error) in str(translated)
+
+
+def _wrapped_by_the_cluster_client(cause: Exception) -> Exception:
+    """What RedisCluster raises when its startup node refused (tests/test_storage_refusals.py
+    shows it on a real cluster): "cannot be connected", caused by "Cluster mode is not
+    enabled on this node", itself raised while handling ``cause``."""
+    inner = rx.RedisClusterException("Cluster mode is not enabled on this node")
+    inner.__context__ = cause
+    outer = rx.RedisClusterException("Redis Cluster cannot be connected.")
+    outer.__cause__ = inner
+    return outer
+
+
+@pytest.mark.parametrize(
+    ("error", "says"),
+    [
+        # As redis-py raises them (it strips the code it knows from the text) ...
+        (rx.AuthenticationError("invalid username-password pair"), "credentials"),
+        (rx.AuthenticationError("Invalid Username or Password"), "credentials"),
+        (
+            rx.AuthenticationWrongNumberOfArgsError("wrong number of arguments for 'auth'"),
+            "credentials",
+        ),
+        (
+            rx.NoPermissionError("this user has no permissions to run the 'evalsha' command"),
+            "ACL SETUSER",
+        ),
+        (rx.ResponseError("DB index is out of range"), "database number"),
+        (
+            rx.ResponseError("unknown command 'EVALSHA', with args beginning with: 'k'"),
+            "does not offer a command",
+        ),
+        (
+            rx.ResponseError("Unknown Redis command called from script script: abc"),
+            "does not offer a command",
+        ),
+        (
+            rx.ResponseError("The user executing the script can't run this command or subcommand"),
+            "ACL SETUSER",
+        ),
+        (rx.ResponseError("This instance has cluster support disabled"), "without cluster mode"),
+        # ... and with the code still in the text (other clients, proxies, older servers).
+        (rx.ResponseError("NOPERM this user has no permissions"), "ACL SETUSER"),
+        (rx.ResponseError("WRONGPASS invalid username-password pair"), "credentials"),
+        (rx.ResponseError("NOAUTH Authentication required."), "credentials"),
+        (rx.ResponseError("ERR invalid password"), "credentials"),
+        (rx.ResponseError("ERR DB index is out of range"), "database number"),
+        (
+            rx.ResponseError("ERR unknown command `EVALSHA`, with args beginning with: "),
+            "does not offer a command",
+        ),
+        (
+            MasterNotFoundError(
+                "No master found for 'mymaster' : <Redis> - auth:AuthenticationError"
+            ),
+            "Sentinels refuse",
+        ),
+        (_wrapped_by_the_cluster_client(rx.NoPermissionError("no permissions")), "ACL SETUSER"),
+        (
+            _wrapped_by_the_cluster_client(
+                rx.ResponseError("This instance has cluster support disabled")
+            ),
+            "without cluster mode",
+        ),
+    ],
+)
+def test_refusals_are_misconfigurations(error: Exception, says: str) -> None:
+    translated = storage_error(error)
+    assert isinstance(translated, StorageMisconfigured)
+    assert isinstance(translated, StorageUnavailable)  # the breaker counts it
+    assert says in str(translated)
+    assert "with args" not in str(translated)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        MasterNotFoundError("No master found for 'mymaster'"),
+        MasterNotFoundError("No master found for 'm' : <Redis> - network:ConnectionError"),
+        rx.RedisClusterException("Redis Cluster cannot be connected."),
+        _wrapped_by_the_cluster_client(rx.ResponseError("ERR something else")),
+        rx.ResponseError("ERR Error running script (call to f_1): @user_script:1: oops"),
+        rx.ResponseError("ERR unknown subcommand 'FOO'"),
+    ],
+)
+def test_other_failures_are_not_misconfigurations(error: Exception) -> None:
+    assert not isinstance(storage_error(error), StorageMisconfigured)
 
 
 # -- the rest of the interface ----------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 A backend evaluates all the checks of one request atomically (all-or-nothing) and answers in one
 round trip (one per Redis Cluster slot group). Backends raise
-:class:`~flask_distlimit.errors.StorageUnavailable` for outages and
+:class:`~flask_distlimit.errors.StorageUnavailable` for outages (its subclass
+:class:`~flask_distlimit.errors.StorageMisconfigured` when the store refuses the limiter's
+credentials, commands, keys or database) and
 :class:`~flask_distlimit.errors.StorageResponseError` for errors the store answered with; they
 never raise a backend library's own exception types.
 """

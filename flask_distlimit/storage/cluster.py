@@ -37,7 +37,7 @@ from redis.crc import key_slot
 from redis.retry import Retry
 
 from ..decision import Check, Decision, Evaluation
-from ..errors import StorageError, StorageUnavailable
+from ..errors import StorageError, StorageMisconfigured, StorageUnavailable
 from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
 from .base import Storage
 from .heartbeat import HEARTBEAT_SOURCE
@@ -59,9 +59,14 @@ def _failed(exc: Exception, pool: Any, connection: Any) -> StorageError:
     if connection is not None:
         connection.disconnect()
         pool.release(connection)
-    if isinstance(exc, rx.ConnectionError | rx.TimeoutError):
-        return _LostNode(str(storage_error(exc)))
-    return storage_error(exc)
+    error = storage_error(exc)
+    # A refusal (e.g. WRONGPASS, an AuthenticationError) stays StorageMisconfigured: the node
+    # answered, so the topology need not be refreshed, and the log must name the cause.
+    if isinstance(exc, rx.ConnectionError | rx.TimeoutError) and not isinstance(
+        error, StorageMisconfigured
+    ):
+        return _LostNode(str(error))
+    return error
 
 
 def slot_of(key: str) -> int:

@@ -1,5 +1,14 @@
 """redis-py exceptions translated into the project's error tree.
 
+Misconfigurations (:class:`~flask_distlimit.errors.StorageMisconfigured`, an outage too: the
+breaker counts them and the failure policy answers, but the message names the fix): the server
+refuses the limiter's credentials (``WRONGPASS``, ``NOAUTH``, redis-py's ``AuthenticationError``,
+also from the Sentinels), its ACL user lacks a command or the keys (``NOPERM``, also from inside a
+script), the database index is out of range (``SELECT``, when a connection is made), the server
+does not know a command (``ERR unknown command``: disabled or renamed, or blocked by a proxy or a
+managed service; also inside a script), or a ``redis+cluster://`` URL names a server without
+cluster mode. :func:`misconfiguration` tells them apart.
+
 Outages (:class:`~flask_distlimit.errors.StorageUnavailable`, counted by the circuit breaker):
 connection refused or reset, timeouts, no free pooled connection in time, a Sentinel that knows
 no master, a cluster that is down or resharding (``CLUSTERDOWN``, ``MASTERDOWN``, ``TRYAGAIN``,
@@ -15,10 +24,24 @@ from __future__ import annotations
 from typing import Final
 
 from redis import exceptions as rx
+from redis.sentinel import MasterNotFoundError
 
-from ..errors import StorageError, StorageResponseError, StorageUnavailable
+from ..errors import (
+    StorageError,
+    StorageMisconfigured,
+    StorageResponseError,
+    StorageUnavailable,
+)
 
-__all__ = ["REDIS_FAILURES", "storage_error"]
+__all__ = ["ACL_GRANTS", "REDIS_FAILURES", "misconfiguration", "storage_error"]
+
+#: What the limiter's ACL user needs, besides its keys (``~<DISTLIMIT_KEY_PREFIX>:*``): the
+#: commands it sends (EVALSHA, SCRIPT LOAD when a script is missing, SCRIPT EXISTS and PING for
+#: health, SCAN and DEL for resets), and those its scripts run inside Redis.
+ACL_GRANTS: Final = (
+    "+evalsha +script|load +script|exists +ping +scan +del +time +get +set +hset +hmget "
+    "+pexpire +zadd +zcard +zpopmax +zrange +zremrangebyrank +zremrangebyscore"
+)
 
 #: What a storage catches around a Redis call and passes to :func:`storage_error`.
 REDIS_FAILURES: Final[tuple[type[Exception], ...]] = (
@@ -43,10 +66,98 @@ _OUTAGES: Final[tuple[type[BaseException], ...]] = (
 _OUTAGE_CODES: Final = ("BUSY ", "MASTERDOWN", "CLUSTERDOWN", "LOADING", "NOREPLICAS")
 
 
+_CREDENTIALS: Final = (
+    "Redis refuses the limiter's credentials ({answer}). Fix the user name and password in "
+    "DISTLIMIT_STORAGE_URL: redis://<user>:<password>@host:6379/0, or "
+    "redis://:<password>@host:6379/0 for the default user."
+)
+_PERMISSIONS: Final = (
+    "Redis refuses the limiter's commands ({answer}). Grant its ACL user the commands and keys "
+    f"it uses: ACL SETUSER <user> {ACL_GRANTS} ~<DISTLIMIT_KEY_PREFIX>:* (add +select for a "
+    "database other than 0, +cluster|slots on Redis Cluster), or put such a user's credentials "
+    "in DISTLIMIT_STORAGE_URL."
+)
+_DATABASE: Final = (
+    "Redis refuses the database number of DISTLIMIT_STORAGE_URL ({answer}). Use one the server "
+    "has, from 0 to its 'databases' setting minus 1 (16 by default): e.g. redis://host:6379/0."
+)
+_UNKNOWN_COMMAND: Final = (
+    "Redis does not offer a command the limiter needs ({answer}): it is disabled or renamed "
+    "(rename-command), or a proxy or managed service blocks it. The limiter sends EVALSHA and "
+    "SCRIPT LOAD (Lua scripting), and its scripts run TIME and plain key, hash and sorted-set "
+    "commands: allow them, or point DISTLIMIT_STORAGE_URL at a Redis that does."
+)
+_NOT_A_CLUSTER: Final = (
+    "DISTLIMIT_STORAGE_URL names a Redis Cluster (redis+cluster://), but the server runs without "
+    "cluster mode ({answer}). Use redis://host:6379/0 for a single server."
+)
+_SENTINEL_CREDENTIALS: Final = (
+    "The Redis Sentinels refuse the limiter's credentials (they answered AuthenticationError). "
+    "DISTLIMIT_STORAGE_URL's user name and password are sent to the Sentinels too: give the "
+    "Sentinels' own as the query parameters sentinel_username and sentinel_password, or fix them."
+)
+#: How deep :func:`misconfiguration` looks into the causes of a redis-py cluster error.
+_MAX_CHAIN: Final = 5
+
+
+def misconfiguration(exc: BaseException) -> str | None:
+    """What is misconfigured, and how to fix it, when ``exc`` says the server refuses the
+    limiter (see the module docstring); ``None`` for any other error.
+
+    redis-py strips the error code it recognises from the text (``NOPERM``, ``WRONGPASS``,
+    ``ERR``); redis-py 8 keeps it as ``status_code``, and the exception's type tells it too.
+    """
+    for _ in range(_MAX_CHAIN):
+        found = _refusal(exc)
+        if found is not None or not isinstance(exc, rx.RedisClusterException):
+            return found
+        # The cluster client wraps the first node's error ("cannot be connected", "cluster
+        # mode is not enabled"): the cause says what it was.
+        inner = exc.__cause__ or exc.__context__
+        if inner is None:
+            return None
+        exc = inner
+    return None
+
+
+def _refusal(exc: BaseException) -> str | None:
+    text = str(exc)
+    if isinstance(exc, MasterNotFoundError):
+        return _SENTINEL_CREDENTIALS if "AuthenticationError" in text else None
+    if not isinstance(exc, rx.AuthenticationError | rx.ResponseError):
+        return None
+    code = getattr(exc, "status_code", None)
+    answer = f"{code} {text}" if isinstance(code, str) and not text.startswith(code) else text
+    bare = text.removeprefix("ERR ")
+    if (
+        isinstance(exc, rx.AuthenticationError | rx.AuthenticationWrongNumberOfArgsError)
+        or answer.startswith(("WRONGPASS", "NOAUTH"))
+        or bare.startswith("invalid password")
+    ):
+        return _CREDENTIALS.format(answer=answer)
+    if (
+        isinstance(exc, rx.NoPermissionError)
+        or answer.startswith("NOPERM")
+        or "user executing the script can't" in text  # an ACL refusal inside a script
+    ):
+        return _PERMISSIONS.format(answer=answer)
+    if bare.startswith("DB index is out of range"):
+        return _DATABASE.format(answer=answer)
+    if bare.startswith("unknown command") or "Unknown Redis command called from script" in text:
+        # "..., with args beginning with: <keys and arguments>": not for a log line.
+        return _UNKNOWN_COMMAND.format(answer=answer.split(", with args", 1)[0])
+    if "cluster support disabled" in bare:
+        return _NOT_A_CLUSTER.format(answer=answer)
+    return None
+
+
 def storage_error(exc: BaseException) -> StorageError:
     """The :class:`StorageError` to raise for an exception from redis-py (or the pool)."""
     if isinstance(exc, StorageError):
         return exc
+    refused = misconfiguration(exc)
+    if refused is not None:
+        return StorageMisconfigured(refused)
     if isinstance(exc, _OUTAGES):
         return StorageUnavailable(f"Redis is unavailable: {type(exc).__name__}: {exc}")
     if isinstance(exc, rx.ResponseError):

@@ -1,0 +1,177 @@
+"""A Flask app whose Redis refuses the limiter (an ACL user without EVALSHA, a wrong password, a
+database index out of range, EVALSHA disabled) under each failure policy, through the test
+client: never a 500; open answers 200 marked degraded, closed a problem+json 503, local enforces
+the limits in-process; and the ERROR line that names the cause and the fix comes once a minute
+(a fake clock, no sleeping). Real redis-server processes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+
+import pytest
+from flask import Flask
+from werkzeug.test import TestResponse
+
+from flask_distlimit import Limiter
+from flask_distlimit.testing import FakeClock
+from tests.servers import RedisProcess, start_redis, start_redis_with_acl
+
+pytestmark = pytest.mark.redis
+
+PASSWORD = "adm1n-pw"
+TEMPORARY = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+FAIL_MAX = 5  # the default: the breaker opens after 5 refusals
+RESET = 30  # seconds the breaker stays open (DISTLIMIT_BREAKER_RESET_TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[dict[str, RedisProcess]]:
+    acl = start_redis_with_acl(
+        PASSWORD, {"limited": ["on", ">pw", "~*", "+@all", "-evalsha", "-eval"]}
+    )
+    try:
+        plain = start_redis("--rename-command", "EVALSHA", "")
+    except BaseException:
+        acl.stop()
+        raise
+    try:
+        yield {"acl": acl, "no-evalsha": plain}
+    finally:
+        acl.stop()
+        plain.stop()
+
+
+Url = Callable[[dict[str, RedisProcess]], str]
+MISCONFIGURED: list[tuple[str, Url, str]] = [
+    ("noperm", lambda s: f"redis://limited:pw@127.0.0.1:{s['acl'].port}/0", "NOPERM"),
+    ("wrongpass", lambda s: f"redis://:wrong@127.0.0.1:{s['acl'].port}/0", "WRONGPASS"),
+    ("db 99", lambda s: f"redis://:{PASSWORD}@127.0.0.1:{s['acl'].port}/99", "DB index"),
+    ("unknown command", lambda s: f"{s['no-evalsha'].url}", "unknown command 'EVALSHA'"),
+]
+CASES = [pytest.param(url, cause, id=name) for name, url, cause in MISCONFIGURED]
+
+
+def make_app(url: str, policy: str, clock: FakeClock) -> Flask:
+    app = Flask(f"misconfigured-{policy}")
+    app.config.update(
+        DISTLIMIT_STORAGE_URL=url,
+        DISTLIMIT_FAILURE_POLICY=policy,
+        DISTLIMIT_BREAKER_RESET_TIMEOUT=RESET,
+        DISTLIMIT_REDIS_TIMEOUT=1.0,
+        DISTLIMIT_TIERS={"anonymous": ""},
+        DISTLIMIT_HEADERS="legacy",
+    )
+    limiter = Limiter(app, clock=clock)
+
+    @app.get("/limited")
+    @limiter.limit("3/minute", algorithm="fixed_window", key_func=lambda: "everyone")
+    def limited() -> str:
+        return "ok"
+
+    return app
+
+
+@pytest.fixture
+def app_factory() -> Iterator[Callable[[str, str, FakeClock], Flask]]:
+    made: list[Flask] = []
+
+    def make(url: str, policy: str, clock: FakeClock) -> Flask:
+        made.append(make_app(url, policy, clock))
+        return made[-1]
+
+    yield make
+    for app in made:
+        Limiter.state(app).storage.close()
+
+
+def get(app: Flask, n: int) -> list[TestResponse]:
+    client = app.test_client()
+    return [client.get("/limited") for _ in range(n)]
+
+
+def error_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize(("url", "cause"), CASES)
+def test_policy_open_serves_everything_marked_degraded(
+    servers: dict[str, RedisProcess],
+    app_factory: Callable[[str, str, FakeClock], Flask],
+    caplog: pytest.LogCaptureFixture,
+    url: Url,
+    cause: str,
+) -> None:
+    clock = FakeClock(start=1_700_000_040.0)
+    app = app_factory(url(servers), "open", clock)
+    with caplog.at_level(logging.ERROR):
+        responses = get(app, 8)  # the breaker opens after FAIL_MAX: the others skip Redis
+        assert [r.status_code for r in responses] == [200] * 8
+        assert all(r.headers["X-RateLimit-Degraded"] == "true" for r in responses)
+        [line] = error_lines(caplog)
+        assert cause in line and "'open'" in line and "DISTLIMIT_STORAGE_URL" in line
+        assert PASSWORD not in line
+        clock.advance(RESET)  # the breaker's trial is refused again: within the minute, quiet
+        assert [r.status_code for r in get(app, 3)] == [200] * 3
+        assert len(error_lines(caplog)) == 1
+        clock.advance(60 - RESET)  # a minute after the first line: the next trial says it again
+        assert [r.status_code for r in get(app, 3)] == [200] * 3
+        assert len(error_lines(caplog)) == 2
+
+
+@pytest.mark.parametrize(("url", "cause"), CASES)
+def test_policy_closed_answers_503_problem(
+    servers: dict[str, RedisProcess],
+    app_factory: Callable[[str, str, FakeClock], Flask],
+    caplog: pytest.LogCaptureFixture,
+    url: Url,
+    cause: str,
+) -> None:
+    clock = FakeClock(start=1_700_000_040.0)
+    app = app_factory(url(servers), "closed", clock)
+    with caplog.at_level(logging.ERROR):
+        responses = get(app, FAIL_MAX + 3)
+    for response in responses:
+        assert response.status_code == 503
+        assert response.mimetype == "application/problem+json"
+        assert response.get_json()["type"] == TEMPORARY
+        assert int(response.headers["Retry-After"]) >= 1
+        assert response.headers["X-RateLimit-Degraded"] == "true"
+    [line] = error_lines(caplog)
+    assert cause in line and "'closed'" in line
+
+
+@pytest.mark.parametrize(("url", "cause"), CASES)
+def test_policy_local_enforces_the_limits_in_process(
+    servers: dict[str, RedisProcess],
+    app_factory: Callable[[str, str, FakeClock], Flask],
+    caplog: pytest.LogCaptureFixture,
+    url: Url,
+    cause: str,
+) -> None:
+    clock = FakeClock(start=1_700_000_040.0)
+    app = app_factory(url(servers), "local", clock)
+    with caplog.at_level(logging.ERROR):
+        responses = get(app, 5)
+        assert [r.status_code for r in responses] == [200, 200, 200, 429, 429]
+        assert all(r.headers["X-RateLimit-Degraded"] == "true" for r in responses)
+        assert [r.headers["X-RateLimit-Remaining"] for r in responses] == ["2", "1", "0", "0", "0"]
+        clock.advance(60)  # a new window, locally too; and a new ERROR line
+        assert [r.status_code for r in get(app, 4)] == [200, 200, 200, 429]
+    lines = error_lines(caplog)
+    assert len(lines) == 2
+    assert all(cause in line and "'local'" in line for line in lines)
+
+
+@pytest.mark.parametrize(("url", "cause"), CASES)
+def test_health_says_what_is_refused(
+    servers: dict[str, RedisProcess],
+    app_factory: Callable[[str, str, FakeClock], Flask],
+    url: Url,
+    cause: str,
+) -> None:
+    app = app_factory(url(servers), "open", FakeClock())
+    health = Limiter.state(app).health()
+    assert health["ok"] is False
+    assert health["error_type"] == "StorageMisconfigured"
+    assert cause in str(health["error"])
