@@ -194,7 +194,8 @@ class Limiter(Declarations):
     # -- tools -----------------------------------------------------------------------------------
 
     def health(self, app: Flask | None = None) -> dict[str, object]:
-        """Storage ping latency, breaker state, scripts loaded, instances seen."""
+        """Storage ping latency, breaker state, scripts loaded, instances seen. Never raises: a
+        failing storage answers ``ok: False`` with ``error`` and ``error_type``."""
         return self.state(app).health()
 
     def reset(self, app: Flask | None = None) -> int:
