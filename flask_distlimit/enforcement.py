@@ -3,6 +3,9 @@
 1. On the app's first request, :meth:`Enforcer.finalize` wraps each view function of the app in
    a *gate* (once; Flask forbids new routes from then on, so the set is final), binds nothing
    yet, and logs one WARNING naming the declarations that match none of the app's endpoints.
+   Flask has no hook between the last ``before_request`` function and the view, and an
+   extension's ``before_request`` hook runs before every hook registered after ``init_app`` and
+   before every blueprint's: wrapping the view is the one place that follows them all.
 2. Flask calls the gate where it would call the view: after every ``before_request`` hook of the
    app and of the request's blueprints, in whatever order they were registered. So every
    ``key_func``, ``cost``, ``exempt_when`` and identity loader sees what those hooks set. The
@@ -176,6 +179,8 @@ class Enforcer:
         self._plans: dict[tuple[str | None, str], RoutePlan] = {}
         self._carried: dict[tuple[object, str | None, str], tuple[BoundLimit, ...]] = {}
         self._breaches: dict[str, int] = {}
+        #: some limit applies to every request (global or tier)
+        self._every_request = bool(state.global_limits or state.tier_limits)
         #: The request environ key of this limiter's per-request data (one per app's limiter:
         #: a WSGI app may hand its environ to another app with a limiter of its own).
         self.environ_key = f"flask_distlimit.request.{id(self):x}"
@@ -292,6 +297,8 @@ class Enforcer:
         refusal."""
         req: Request = request._get_current_object()  # type: ignore[attr-defined]
         plan = self._plans.get((endpoint, req.method)) or self.plan(endpoint, req.method, view)
+        if plan.idle and not self._every_request:
+            return  # nothing to count, nothing a wrapper could need to know
         data = _RequestData(plan.covered, exempt=plan.exempt)
         req.environ[self.environ_key] = data
         if not plan.exempt:

@@ -162,6 +162,11 @@ class RoutePlan:
     #: the objects (wrappers) whose limits this plan holds: they need not enforce them again
     covered: frozenset[object] = frozenset()
 
+    @property
+    def idle(self) -> bool:
+        """No route limit, no exemption, no limit wrapper: only global and tier limits apply."""
+        return not (self.limits or self.exempt or self.covered)
+
 
 EXEMPT = RoutePlan(exempt=True)
 
@@ -187,10 +192,11 @@ def build_plan(
         return RoutePlan(exempt=False)
     every, one = registry.attached(view, method) if view is not None else ([], [])
     found = [*every, *one]
+    covered = frozenset(o for o in found if o in registry.views)  # limit wrappers among them
     if any(o in registry.exempt_views for o in found) or any(
         bp in registry.exempt_blueprints for bp in blueprints
     ):
-        return RoutePlan(exempt=True, covered=frozenset(found))
+        return RoutePlan(exempt=True, covered=covered)
     specs: list[LimitSpec] = []
     seen_specs: set[int] = set()
     for objects, per_method in ((every, False), (one, True)):
@@ -226,5 +232,5 @@ def build_plan(
         limits=tuple(bound),
         policy=strictest(spec.on_failure for spec in specs),
         needs_identity=any(b.key_func is None for b in bound),
-        covered=frozenset(found),
+        covered=covered,
     )
