@@ -344,10 +344,10 @@ app = Flask(__name__)
 NEVER_REFUSED = (
     HEAD
     + """\
-limiter = Limiter()                 # never given the app: nothing is limited
+limiter = Limiter(app)
 
 @app.get("/hello")
-@limiter.limit("3/minute")
+@limiter.limit("3/minute", exempt_when=lambda: True)  # skipped on every request
 def hello():
     return "hi"
 """
