@@ -33,10 +33,11 @@ The keys read here, each ``key`` (default ``value``) followed by its meaning:
     First part of every storage key: 1 to 64 letters, digits or ``_ - . : /`` (no glob
     characters, braces or spaces).
 ``DISTLIMIT_REDIS_TIMEOUT`` (default ``0.1``)
-    Connect and read timeout of the storage, in seconds (> 0).
+    Connect and read timeout of the storage, in seconds (> 0, <= 10).
 ``DISTLIMIT_CONDITIONAL_COST`` (default ``1``)
-    Cost of a request carrying ``If-None-Match`` or ``If-Modified-Since``, for every limit that
-    does not set its own ``cost`` (an int >= 0; 0 makes conditional requests free).
+    Cost of a ``GET`` or ``HEAD`` carrying ``If-None-Match`` or ``If-Modified-Since``, for every
+    route limit that does not set its own ``cost`` (an int from 0 to 1000; 0 makes conditional
+    requests free on route limits). The global and tier limits always count at least 1.
 ``DISTLIMIT_ENABLED`` (default ``True``)
     ``False`` turns every limit off: no storage calls, no headers.
 ``DISTLIMIT_FAILURE_POLICY`` (default ``"open"``)
@@ -44,13 +45,16 @@ The keys read here, each ``key`` (default ``value``) followed by its meaning:
     ``closed`` (503 problem+json with ``Retry-After``) or ``local`` (in-process limits divided by
     ``DISTLIMIT_INSTANCES``). A route may override it with ``@limiter.limit(..., on_failure=...)``.
 ``DISTLIMIT_INSTANCES`` (default ``1``)
-    Processes sharing the limits, the divisor of the ``local`` fallback: an int >= 1, or
-    ``"auto"`` (counted by heartbeats while the storage is up).
+    Processes sharing the limits, the divisor of the ``local`` fallback: an int from 1 to 100000,
+    or ``"auto"`` (counted by heartbeats while the storage is up).
 ``DISTLIMIT_BREAKER_FAIL_MAX`` (default ``5``)
-    Consecutive storage outages that open the circuit breaker (an int >= 1).
+    Consecutive storage outages that open the circuit breaker (an int from 1 to 10000).
 ``DISTLIMIT_BREAKER_RESET_TIMEOUT`` (default ``30``)
-    Seconds the breaker stays open before a trial call (> 0); also the ``Retry-After`` of the 503
-    under policy ``closed``.
+    Seconds the breaker stays open before a trial call (> 0, <= 3600); also the ``Retry-After``
+    of the 503 under policy ``closed``.
+``DISTLIMIT_CHARGE_PREFLIGHTS`` (default ``False``)
+    ``True`` counts CORS preflights (``OPTIONS`` with ``Access-Control-Request-Method``) against
+    route and tier limits too; by default only the global limits count them.
 """
 
 from __future__ import annotations
@@ -102,6 +106,7 @@ DEFAULTS: Final[dict[str, object]] = {
     "DISTLIMIT_INSTANCES": 1,
     "DISTLIMIT_BREAKER_FAIL_MAX": 5,
     "DISTLIMIT_BREAKER_RESET_TIMEOUT": 30,
+    "DISTLIMIT_CHARGE_PREFLIGHTS": False,
 }
 
 #: Every ``DISTLIMIT_*`` key the extension reads: those above and the identity keys.
@@ -132,17 +137,22 @@ def _number(
     *,
     integer: bool,
     minimum: float,
+    maximum: float,
     strict: bool = False,
+    meaning: str = "",
 ) -> float:
-    """A finite number >= minimum (> minimum when strict); bools and strings are refused."""
+    """A finite number >= minimum (> minimum when strict) and <= maximum; bools and strings
+    are refused."""
     kind = "an integer" if integer else "a number"
     bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-    accepted = f"Use {kind} {bound}."
+    accepted = f"Use {kind} {bound} and <= {maximum:g}{meaning}."
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _bad(key, value, accepted)
     if integer and not isinstance(value, int):
         raise _bad(key, value, accepted)
     if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+        raise _bad(key, value, accepted)
+    if value > maximum:
         raise _bad(key, value, accepted)
     return value
 
@@ -170,8 +180,10 @@ def _storage_url(key: str, value: object) -> str:
 def _instances(key: str, value: object) -> int | Literal["auto"]:
     if value == "auto":
         return "auto"
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _bad(key, value, "Use an integer >= 1 (the number of processes) or 'auto'.")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
+        raise _bad(
+            key, value, "Use an integer from 1 to 100000 (the number of processes) or 'auto'."
+        )
     return value
 
 
@@ -234,6 +246,7 @@ class Settings:
     instances: int | Literal["auto"] = 1
     breaker_fail_max: int = 5
     breaker_reset_timeout: float = 30.0
+    charge_preflights: bool = False
 
     def check_serving(self, storage: Storage | None = None) -> None:
         """Warn (once per process) when ``memory://``, the storage of these settings or the
@@ -262,7 +275,9 @@ class Settings:
                     get("DISTLIMIT_REDIS_TIMEOUT"),
                     integer=False,
                     minimum=0,
+                    maximum=10,
                     strict=True,
+                    meaning=" seconds (every request may wait this long for Redis)",
                 )
             ),
             conditional_cost=int(
@@ -271,6 +286,7 @@ class Settings:
                     get("DISTLIMIT_CONDITIONAL_COST"),
                     integer=True,
                     minimum=0,
+                    maximum=1000,
                 )
             ),
             enabled=_bool("DISTLIMIT_ENABLED", get("DISTLIMIT_ENABLED")),
@@ -284,6 +300,8 @@ class Settings:
                     get("DISTLIMIT_BREAKER_FAIL_MAX"),
                     integer=True,
                     minimum=1,
+                    maximum=10_000,
+                    meaning=" consecutive failures",
                 )
             ),
             breaker_reset_timeout=float(
@@ -292,7 +310,12 @@ class Settings:
                     get("DISTLIMIT_BREAKER_RESET_TIMEOUT"),
                     integer=False,
                     minimum=0,
+                    maximum=3600,
                     strict=True,
+                    meaning=" seconds",
                 )
+            ),
+            charge_preflights=_bool(
+                "DISTLIMIT_CHARGE_PREFLIGHTS", get("DISTLIMIT_CHARGE_PREFLIGHTS")
             ),
         )

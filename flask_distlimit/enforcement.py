@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ from flask import Flask, Request, current_app, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as WerkzeugResponse
 
-from ._typing import CostFunc, FailurePolicy, KeyFunc
+from ._typing import FailurePolicy, KeyFunc
 from .decision import Check, Decision, Evaluation
 from .declarations import describe
 from .headers import Report, rate_limit_headers
@@ -83,7 +84,8 @@ class Breach:
     identity_digest: str
     tier: str | None
     violated_policies: tuple[str, ...]
-    retry_after: int  #: seconds, rounded up
+    #: seconds, rounded up; None when the request can never pass (its cost exceeds the limit)
+    retry_after: int | None
     from_cache: bool  #: answered by the local deny cache, without a storage call
 
 
@@ -114,7 +116,8 @@ class _Served:
         self.objects = objects
 
 
-def _cost_value(cost: int | CostFunc | None, default: int) -> int:
+def _cost_value(b: BoundLimit, default: int) -> int:
+    cost = b.cost
     if cost is None:
         return default
     if isinstance(cost, int):
@@ -122,8 +125,8 @@ def _cost_value(cost: int | CostFunc | None, default: int) -> int:
     value = cost()
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise TypeError(
-            f"The cost function {cost!r} of a rate limit returned {value!r}; it must return an "
-            "int >= 0 (0 consumes nothing)."
+            f"The cost function {getattr(cost, '__qualname__', cost)!r} of the rate limit "
+            f"{b.name!r} returned {value!r}; it must return an int >= 0 (0 consumes nothing)."
         )
     return value
 
@@ -181,6 +184,7 @@ class Enforcer:
         self._breaches: dict[str, int] = {}
         #: some limit applies to every request (global or tier)
         self._every_request = bool(state.global_limits or state.tier_limits)
+        self._charge_preflights = settings.charge_preflights
         #: The request environ key of this limiter's per-request data (one per app's limiter:
         #: a WSGI app may hand its environ to another app with a limiter of its own).
         self.environ_key = f"flask_distlimit.request.{id(self):x}"
@@ -348,36 +352,52 @@ class Enforcer:
         ``every_request``)."""
         state = self.state
         environ = req.environ
+        method = req.method
+        # A conditional GET or HEAD may cost less on route limits (DISTLIMIT_CONDITIONAL_COST);
+        # the global and tier limits always cost at least 1.
         default_cost = (
             self._conditional_cost
-            if "HTTP_IF_NONE_MATCH" in environ or "HTTP_IF_MODIFIED_SINCE" in environ
+            if (method == "GET" or method == "HEAD")
+            and ("HTTP_IF_NONE_MATCH" in environ or "HTTP_IF_MODIFIED_SINCE" in environ)
             else 1
         )
+        every_cost = default_cost or 1
+        tiers = every_request
+        if (
+            method == "OPTIONS"
+            and not self._charge_preflights
+            and "HTTP_ACCESS_CONTROL_REQUEST_METHOD" in environ
+        ):
+            # A CORS preflight: the browser's, not the client's request; global limits only.
+            route_limits, needs_identity, tiers = (), False, False
         checks: list[Check] = []
         bounds: list[BoundLimit] = []
         identity: Identity | None = None
         if every_request and state.global_limits:
             tag = identity_tag(state.resolver.client_ip(environ))
             for b in state.global_limits:
-                checks.append(b.check(tag, default_cost))
+                checks.append(b.check(tag, every_cost))
                 bounds.append(b)
         itag = ""
-        if (every_request and state.tier_limits) or needs_identity:
+        if (tiers and state.tier_limits) or needs_identity:
             identity = state.resolver.identify(req, state.hooks)
             itag = identity_tag(identity.value)
-            if every_request:
+            if tiers:
                 for b in state.tier_limits.get(identity.tier, ()):
-                    checks.append(b.check(itag, default_cost))
+                    checks.append(b.check(itag, every_cost))
                     bounds.append(b)
         for b in route_limits:
             if b.exempt_when is not None and b.exempt_when():
                 continue
             tag = itag if b.key_func is None else identity_tag(_key_text(b.key_func))
-            cost = default_cost if b.cost is None else _cost_value(b.cost, default_cost)
+            cost = default_cost if b.cost is None else _cost_value(b, default_cost)
             checks.append(b.check(tag, cost))
             bounds.append(b)
         if not checks:
             return
+        for c, b in zip(checks, bounds, strict=True):
+            if c.cost > c.limit:
+                self._refuse_unaffordable(c, b, identity, data)
         if len(checks) > 1 and len({c.key for c in checks}) != len(checks):
             checks, bounds = _dedupe(checks, bounds)
         self._decide(checks, bounds, identity, policy, data)
@@ -481,7 +501,10 @@ class Enforcer:
         """Log, call the breach hook and raise the 429 for the denied limits ``reports``
         (stored under ``keys``)."""
         binding = max(reports, key=lambda r: r.retry_after)
-        retry = retry_after_seconds(binding.retry_after)
+        # Not finite: the cost exceeds a limit the local fallback divided; it cannot pass now.
+        retry = (
+            retry_after_seconds(binding.retry_after) if math.isfinite(binding.retry_after) else None
+        )
         data.report, data.denied, data.retry_after = binding, True, retry
         data.degraded = data.degraded or degraded
         names = tuple(r.name for r in reports)
@@ -511,6 +534,47 @@ class Enforcer:
             exc.response = response
         raise exc
 
+    def _refuse_unaffordable(
+        self, check: Check, b: BoundLimit, identity: Identity | None, data: _RequestData
+    ) -> None:
+        """Refuse at once a request that costs more than the limit allows in a whole window:
+        it can never pass, so no ``Retry-After`` promises that it will."""
+        data.report, data.denied, data.retry_after = None, True, None
+        names = (b.name,)
+        tag = check.key[check.key.index("{") + 1 : check.key.index("}")]
+        digest = identity_tag(identity.value) if identity is not None else tag
+        log.info(
+            "Rate limit %s refused a request costing %d (more than %d in a whole window) from "
+            "client %s, %s %s",
+            b.name, check.cost, check.limit, digest, request.method, request.endpoint,
+        )  # fmt: skip
+        detail = (
+            f"This request costs {check.cost} units, more than the limit {b.name} allows in a "
+            f"whole window ({check.limit} per {b.rate.period} s): it can never be admitted. "
+            "Send it in smaller parts."
+        )
+        response: SansIOResponse | None = None
+        hook = self.state.limiter.breach_hook
+        if hook is not None:
+            response = hook(
+                Breach(
+                    endpoint=request.endpoint,
+                    method=request.method,
+                    path=request.path,
+                    identity_digest=digest,
+                    tier=identity.tier if identity is not None else None,
+                    violated_policies=names,
+                    retry_after=None,
+                    from_cache=False,
+                )
+            )
+        exc = RateLimitExceeded(
+            retry_after=None, violated_policies=names, instance=request.path, detail=detail
+        )
+        if isinstance(response, WerkzeugResponse):
+            exc.response = response
+        raise exc
+
     def _log_breach(
         self,
         reports: list[Report],
@@ -519,7 +583,7 @@ class Enforcer:
         digest: str,
         tier: str | None,
         endpoint: str | None,
-        retry: int,
+        retry: int | None,
     ) -> None:
         """One INFO line per client and limit per window at most, never one per request."""
         now = self.state.local_clock()
@@ -537,7 +601,7 @@ class Enforcer:
         for r, k in zip(reports, keys, strict=True):
             logged[k] = now + int(r.period * 1_000_000)
         log.info(
-            "Rate limit exceeded: %s; identity %s, tier %s, %s %s; retry in %d s "
+            "Rate limit exceeded: %s; identity %s, tier %s, %s %s; retry in %s s "
             "(logged once per client and limit per window)",
             ", ".join(f"{r.name} (client {t})" for r, t in fresh),
             digest,
@@ -577,25 +641,30 @@ class Enforcer:
     def _view_never_ran(
         self, response: WerkzeugResponse
     ) -> tuple[WerkzeugResponse, _RequestData | None]:
-        """No route matched, or a ``before_request`` hook answered first: count the request
-        against the global and tier limits (an exempt route's request is not counted)."""
-        state = self.state
-        if not (state.global_limits or state.tier_limits):
+        """No route matched, a ``before_request`` hook answered first, or Flask answered an
+        ``OPTIONS`` itself: count the request against the global and tier limits (and, for an
+        ``OPTIONS`` under ``DISTLIMIT_CHARGE_PREFLIGHTS``, the route's). An exempt route's
+        request is not counted."""
+        req: Request = request._get_current_object()  # type: ignore[attr-defined]
+        endpoint = req.endpoint
+        charge_route = self._charge_preflights and req.method == "OPTIONS" and endpoint
+        if not (self._every_request or charge_route):
             return response, None
         app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
         if self._views is None:  # a hook before ours answered the app's first request
             self.finalize(app)
-        req: Request = request._get_current_object()  # type: ignore[attr-defined]
-        endpoint = req.endpoint
-        if (
-            endpoint is not None
-            and self.plan(endpoint, req.method, self.original_view(endpoint)).exempt
-        ):
-            return response, None
+        plan: RoutePlan | None = None
+        if endpoint is not None:
+            plan = self.plan(endpoint, req.method, self.original_view(endpoint))
+            if plan.exempt:
+                return response, None
         data = _RequestData(frozenset())
         req.environ[self.environ_key] = data
         try:
-            self._evaluate(req, data, (), False, None, True)
+            if charge_route and plan is not None:
+                self._evaluate(req, data, plan.limits, plan.needs_identity, plan.policy, True)
+            else:
+                self._evaluate(req, data, (), False, None, True)
         except HTTPException as exc:  # the refusal, through the app's own error handlers
             response = app.make_response(app.handle_http_exception(exc))
         return response, data

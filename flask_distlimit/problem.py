@@ -4,7 +4,9 @@
   handling applies and ``@app.errorhandler(429)`` can replace the body.
 - :class:`RateLimitUnavailable` (503): the storage is down and the failure policy is ``closed``.
 
-Both carry ``Retry-After`` (whole seconds, rounded up) and ``Cache-Control: no-store``. Their
+Both carry ``Retry-After`` (whole seconds, rounded up) and ``Cache-Control: no-store``, except a
+429 for a request that can never pass (its cost exceeds the limit's whole window): no
+``Retry-After`` promises a success that cannot come. Their
 problem types are the ones registered with IANA by draft-ietf-httpapi-ratelimit-headers
 (section 5): ``#quota-exceeded`` and ``#temporary-reduced-capacity``.
 """
@@ -54,7 +56,7 @@ class _Problem:
 
     problem_type: str
     title: str
-    retry_after_s: int
+    retry_after_s: int | None  #: None: the request can never pass, so no Retry-After
     violated_policies: tuple[str, ...]
     instance: str | None
     detail_text: str
@@ -71,7 +73,8 @@ class _Problem:
         if self.instance is not None:
             body["instance"] = self.instance
         body["violated-policies"] = list(self.violated_policies)
-        body["retry_after"] = self.retry_after_s
+        if self.retry_after_s is not None:
+            body["retry_after"] = self.retry_after_s
         return body
 
     def get_body(
@@ -86,11 +89,10 @@ class _Problem:
         environ: WSGIEnvironment | None = None,
         scope: dict[str, Any] | None = None,
     ) -> list[tuple[str, str]]:
-        return [
-            ("Content-Type", _MEDIA_TYPE),
-            ("Cache-Control", "no-store"),
-            ("Retry-After", str(self.retry_after_s)),
-        ]
+        headers = [("Content-Type", _MEDIA_TYPE), ("Cache-Control", "no-store")]
+        if self.retry_after_s is not None:
+            headers.append(("Retry-After", str(self.retry_after_s)))
+        return headers
 
 
 class RateLimitExceeded(_Problem, TooManyRequests):
@@ -107,17 +109,25 @@ class RateLimitExceeded(_Problem, TooManyRequests):
     def __init__(
         self,
         *,
-        retry_after: float,
+        retry_after: float | None,
         violated_policies: Sequence[str],
         instance: str | None = None,
         detail: str | None = None,
     ) -> None:
-        self.retry_after_s = retry_after_seconds(retry_after)
+        self.retry_after_s = (
+            retry_after_seconds(retry_after)
+            if retry_after is not None and math.isfinite(retry_after)
+            else None
+        )
         self.violated_policies = tuple(violated_policies)
         self.instance = instance
         self.detail_text = detail or (
             f"Rate limit {', '.join(self.violated_policies) or 'exceeded'}: "
-            f"retry in {self.retry_after_s} s."
+            + (
+                f"retry in {self.retry_after_s} s."
+                if self.retry_after_s is not None
+                else "this request can never be admitted."
+            )
         )
         TooManyRequests.__init__(self, description=self.detail_text, retry_after=self.retry_after_s)
 

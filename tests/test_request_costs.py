@@ -1,0 +1,166 @@
+"""What a request costs, as an attacker of the limiter would probe it (issue 10, findings 4, 6, 7).
+
+Conditional requests cannot make limits free, a request that can never pass is refused at once
+without a false ``Retry-After``, bad callables and numbers are refused before any request, and
+CORS preflights are not charged to route quotas. On memory, fakeredis and a real redis-server.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+from flask import Flask, g, request
+
+from flask_distlimit import ConfigurationError, Limiter
+from flask_distlimit.extension import Breach
+from flask_distlimit.storage.base import Storage
+from flask_distlimit.testing import FakeClock
+from tests.distlimit_fixtures import backend, clock, make_app
+
+__all__ = ["backend", "clock"]  # fixtures used below
+
+Backend = Callable[[], Storage]
+ETAG = {"If-None-Match": '"v1"'}
+
+
+def test_a_conditional_header_makes_no_post_and_no_global_limit_free(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(
+        backend(), clock, DISTLIMIT_CONDITIONAL_COST=0, DISTLIMIT_GLOBAL_LIMITS="8/minute"
+    )
+
+    @app.route("/login", methods=["GET", "POST"])
+    @limiter.limit("3/minute", key_func=lambda: request.form.get("username", "-"))
+    def login() -> str:
+        return "ok"
+
+    client = app.test_client()
+    posts = [
+        client.post("/login", data={"username": "alice"}, headers=ETAG).status_code
+        for _ in range(4)
+    ]
+    assert posts == [200, 200, 200, 429]  # POST: the conditional cost does not apply
+    # A conditional GET is free on the route limit but still counts 1 on the global limit:
+    # with the 3 POSTs admitted, 5 GETs spend the 8 global units.
+    gets = [client.get("/login", headers=ETAG).status_code for _ in range(6)]
+    assert gets == [200] * 5 + [429]
+
+
+def test_a_request_that_costs_more_than_the_limit_is_refused_at_once_and_honestly(
+    backend: Backend, clock: FakeClock
+) -> None:
+    breaches: list[Breach] = []
+    app, limiter, counting = make_app(backend(), clock, DISTLIMIT_GLOBAL_LIMITS="100/minute")
+    limiter.on_breach(lambda b: breaches.append(b) or None)
+
+    @app.post("/batch")
+    @limiter.limit("100/minute", cost=lambda: int(request.args.get("n", "1")))
+    def batch() -> str:
+        return "ok"
+
+    client = app.test_client()
+    denied = client.post("/batch?n=101")
+    assert denied.status_code == 429
+    assert "Retry-After" not in denied.headers  # no promise of a success that cannot come
+    body = json.loads(denied.get_data(as_text=True))
+    assert "retry_after" not in body and "never be admitted" in body["detail"]
+    assert "101" in body["detail"] and "100 per 60 s" in body["detail"]
+    assert counting.evaluations == 0  # refused before the storage was asked
+    assert breaches[-1].retry_after is None
+    assert client.post("/batch?n=100").status_code == 200  # the whole quota is affordable
+
+
+def test_a_cost_function_returning_a_bad_value_names_the_limit(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, counting = make_app(backend(), clock)
+
+    @app.get("/report")
+    @limiter.limit("10/minute", cost=lambda: g.rows)
+    def report() -> str:
+        return "ok"
+
+    @app.before_request
+    def rows() -> None:
+        g.rows = request.args.get("rows", "1")  # a string: a bug in the app
+
+    app.testing = True
+    with pytest.raises(TypeError, match=r"report:10/minute.*'7'"):
+        app.test_client().get("/report?rows=7")
+    assert counting.evaluations == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"key_func": "tenant"}, "not callable"),
+        ({"exempt_when": True}, "not callable"),
+        ({"cost": -1}, "cost=-1"),
+        ({"cost": True}, "cost=True"),
+        ({"on_failure": "maybe"}, "Unknown failure policy"),
+    ],
+)
+def test_bad_callables_and_numbers_are_refused_when_declared(
+    options: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        Limiter().limit("10/minute", **options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("DISTLIMIT_REDIS_TIMEOUT", 100),
+        ("DISTLIMIT_CONDITIONAL_COST", 10**18),
+        ("DISTLIMIT_INSTANCES", 10**9),
+        ("DISTLIMIT_BREAKER_FAIL_MAX", 10**9),
+        ("DISTLIMIT_BREAKER_RESET_TIMEOUT", 10**9),
+        ("DISTLIMIT_CHARGE_PREFLIGHTS", "yes"),
+    ],
+)
+def test_config_numbers_out_of_sane_bounds_are_refused_at_start_up(key: str, value: object) -> None:
+    app = Flask(__name__)
+    app.config[key] = value
+    with pytest.raises(ConfigurationError, match=key):
+        Limiter(app)
+
+
+PREFLIGHT = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
+
+
+@pytest.mark.parametrize("charge", [False, True])
+def test_cors_preflights_spend_no_route_or_tier_quota_unless_asked(
+    backend: Backend, clock: FakeClock, charge: bool
+) -> None:
+    app, limiter, counting = make_app(
+        backend(),
+        clock,
+        DISTLIMIT_GLOBAL_LIMITS="100/minute",
+        DISTLIMIT_TIERS={"anonymous": "4/minute"},
+        DISTLIMIT_CHARGE_PREFLIGHTS=charge,
+    )
+
+    @app.post("/orders")  # Flask answers OPTIONS itself
+    @limiter.limit("3/minute")
+    def orders() -> str:
+        return "ok"
+
+    @app.route("/items", methods=["POST", "OPTIONS"])  # the view answers OPTIONS
+    @limiter.limit("3/minute")
+    def items() -> str:
+        return "ok"
+
+    client = app.test_client()
+    if charge:  # counted like any request: the route's 3, then refused
+        answers = [client.options("/orders", headers=PREFLIGHT).status_code for _ in range(4)]
+        assert answers == [200, 200, 200, 429]
+        return
+    for path in ("/orders", "/items"):
+        answers = [client.options(path, headers=PREFLIGHT).status_code for _ in range(4)]
+        assert answers == [200] * 4
+    assert counting.evaluations == 8  # the global flood limit counted every preflight
+    # Neither the route's quota nor the anonymous tier's was spent by the 8 preflights.
+    assert [client.post("/orders").status_code for _ in range(4)] == [200, 200, 200, 429]
