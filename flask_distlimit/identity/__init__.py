@@ -9,7 +9,8 @@ Secure by default. A request is identified by the first of these that holds (an 
 3. ``api_key``: the ``X-Api-Key`` header, only when the app's ``api_key_verifier`` accepts it,
    kept only as an HMAC digest (:mod:`.api_keys`);
 4. ``ip``: the client address, ``REMOTE_ADDR`` or the ``X-Forwarded-For`` entry that
-   ``DISTLIMIT_TRUSTED_PROXIES`` hops vouch for (:mod:`.addresses`).
+   ``DISTLIMIT_TRUSTED_PROXIES`` hops vouch for, read exactly as the proxies wrote it; where
+   that entry is no address, ``ip:invalid-via:<nearest trusted hop>`` (:mod:`.addresses`).
 
 Tiers come from ``DISTLIMIT_TIERS`` (:mod:`.tiers`); the app's ``tier_resolver`` hook, when set,
 has the last word.
@@ -21,7 +22,7 @@ and reads no configuration.
 
 from __future__ import annotations
 
-from .addresses import INVALID_IP
+from .addresses import INVALID_IP, UNIDENTIFIED_VIA
 from .api_keys import MAX_API_KEY_LENGTH
 from .jwt import MAX_TOKEN_LENGTH, JwtSettings
 from .resolver import Identity, IdentityHooks, IdentityResolver
@@ -36,6 +37,7 @@ __all__ = [
     "INVALID_IP",
     "MAX_API_KEY_LENGTH",
     "MAX_TOKEN_LENGTH",
+    "UNIDENTIFIED_VIA",
     "Identity",
     "IdentityHooks",
     "IdentityResolver",
