@@ -7,11 +7,14 @@
     flask --app myapp distlimit inspect --ip 2001:db8::7    # the same, from an address
     flask --app myapp distlimit reset jwt:sub:alice         # forget one client's counters
     flask --app myapp distlimit reset user:42 --limit tier-pro --dry-run
+    flask --app myapp distlimit inspect func:alice          # a key_func that returned "alice"
 
-An identity is the text the limiter counts a client under: ``ip:<address>`` (IPv6 as its /64),
-``user:<id>`` (an ``identity_loader``), ``jwt:sub:<subject>`` or ``jwt:client_id:<id>``,
-``apikey:<digest>`` (pass the raw key with ``--api-key`` and it is digested as the limiter does),
-or what a limit's ``key_func`` returns (e.g. ``account:alice``).
+An identity is the text the limiter counts a client under, its kind first: ``ip:<address>``
+(IPv6 as its /64; ``ip:invalid-via:<proxy>`` for requests whose forwarded client entry was no
+address), ``user:<id>`` (an ``identity_loader``), ``jwt:sub:<subject>`` or
+``jwt:client_id:<id>``, ``apikey:<digest>`` (pass the key with ``--api-key`` and it is digested
+as the limiter does), or ``func:<value>`` for what a limit's ``key_func`` returns (e.g.
+``func:alice``): each kind is a key space of its own.
 
 ``inspect`` peeks with cost 0 (nothing is consumed) at every limit that can apply to the identity,
 in one storage call. ``reset`` finds the client's keys with ``SCAN`` (never ``KEYS``, which would
@@ -35,7 +38,7 @@ from flask.cli import AppGroup
 from .decision import Check, Decision
 from .errors import StorageError
 from .extension import Limiter, LimiterState
-from .keys import client_pattern
+from .keys import IDENTITY_KINDS, client_pattern, identity_kind
 from .storage.urls import mask_url
 
 __all__ = ["distlimit_cli"]
@@ -69,6 +72,13 @@ def _identity(state: LimiterState, identity: str, *, ip: bool, api_key: bool) ->
         return state.resolver.api_key_identity(identity)
     if not identity.strip():
         raise click.UsageError("IDENTITY is empty: give e.g. ip:203.0.113.9 or user:42.")
+    if identity_kind(identity) is None:
+        heads = ", ".join(IDENTITY_KINDS)
+        raise click.UsageError(
+            f"IDENTITY {identity!r} names no kind of identity: start it with one of {heads} "
+            f"(what a limit's key_func returns is func:<value>, e.g. func:{identity}), or give "
+            "an address with --ip or an API key with --api-key."
+        )
     return identity
 
 

@@ -129,8 +129,10 @@ def _cost_value(cost: int | CostFunc | None, default: int) -> int:
 
 
 def _key_text(key_func: KeyFunc) -> str:
+    """``func:<value>``: what a ``key_func`` returns, in a key space of its own (never the
+    bucket of an address, a user, a token or an API key; see :mod:`flask_distlimit.keys`)."""
     value = key_func()
-    return value if isinstance(value, str) else str(value)
+    return "func:" + (value if isinstance(value, str) else str(value))
 
 
 def _blueprints_of(app: Flask, endpoint: str) -> list[object]:

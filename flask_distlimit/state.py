@@ -130,7 +130,8 @@ class LimiterState:
         return admin.reset(self)
 
     def reset_identity(self, identity: str) -> int:
-        """Delete every key of one identity (e.g. ``"ip:203.0.113.9"``); answer how many."""
+        """Delete every key of one identity (e.g. ``"ip:203.0.113.9"``, or ``"func:alice"`` for
+        a ``key_func`` that returned ``"alice"``); answer how many."""
         return admin.reset_identity(self, identity)
 
     def checks_for(self, identity: str, cost: int = 0) -> list[tuple[str, Check]]:
