@@ -12,7 +12,7 @@ from flask import current_app
 
 from .decision import Check
 from .enforcement import is_static
-from .keys import IDENTITY_KINDS, client_pattern, identity_kind, identity_tag
+from .keys import IDENTITY_KINDS, client_pattern, identity_kind
 from .route_limits import BoundLimit
 
 if TYPE_CHECKING:
@@ -23,10 +23,12 @@ __all__ = ["checks_for", "reset", "reset_identity"]
 
 def reset(state: LimiterState) -> int:
     """Delete every key under the app's prefix and forget local denials; answer how many keys
-    were deleted."""
+    were deleted. The deployment's identity digest key is kept (every running process holds it:
+    :mod:`flask_distlimit.digests`)."""
     if state.deny_cache is not None:
         state.deny_cache.clear()
-    keys = list(state.storage.scan(f"{state.settings.key_prefix}:*"))
+    spared = state.tags.storage_key
+    keys = [k for k in state.storage.scan(f"{state.settings.key_prefix}:*") if k != spared]
     return state.storage.delete(keys) if keys else 0
 
 
@@ -43,9 +45,10 @@ def reset_identity(state: LimiterState, identity: str) -> int:
     """Delete every key of one identity (e.g. ``"ip:203.0.113.9"``, ``"func:alice"``); answer
     how many. Raises :class:`ValueError` for a text that names no kind of identity."""
     _check_kind(identity)
+    state.tags.require()
     if state.deny_cache is not None:
         state.deny_cache.clear()
-    keys = list(state.storage.scan(client_pattern(state.settings.key_prefix, identity)))
+    keys = list(state.storage.scan(client_pattern(state.settings.key_prefix, identity, state.tags)))
     return state.storage.delete(keys) if keys else 0
 
 
@@ -61,7 +64,8 @@ def checks_for(state: LimiterState, identity: str, cost: int = 0) -> list[tuple[
     that names no kind of identity.
     """
     _check_kind(identity)
-    tag = identity_tag(identity)
+    state.tags.require()
+    tag = state.identity_tag(identity)
     found: dict[str, tuple[str, Check]] = {}
 
     def add(b: BoundLimit) -> None:

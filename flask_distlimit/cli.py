@@ -64,6 +64,10 @@ def _seconds(value: float) -> str:
 
 
 def _identity(state: LimiterState, identity: str, *, ip: bool, api_key: bool) -> str:
+    try:
+        state.tags.require()  # the storage-kept digest key, when the app sets no secret
+    except StorageError as exc:
+        raise click.ClickException(f"The storage did not answer: {exc}") from None
     if ip and api_key:
         raise click.UsageError("Use either --ip or --api-key, not both.")
     if ip:
@@ -212,7 +216,8 @@ def _peek(state: LimiterState, identity: str) -> list[_Row]:
 
 def _scan(state: LimiterState, identity: str) -> set[str]:
     try:
-        return set(state.storage.scan(client_pattern(state.settings.key_prefix, identity)))
+        pattern = client_pattern(state.settings.key_prefix, identity, state.tags)
+        return set(state.storage.scan(pattern))
     except StorageError as exc:
         raise click.ClickException(f"The storage did not answer: {exc}") from None
 

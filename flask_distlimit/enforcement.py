@@ -359,14 +359,14 @@ class Enforcer:
         bounds: list[BoundLimit] = []
         identity: Identity | None = None
         if every_request and state.global_limits:
-            tag = identity_tag(state.resolver.client_ip(environ))
+            tag = state.identity_tag(state.resolver.client_ip(environ))
             for b in state.global_limits:
                 checks.append(b.check(tag, default_cost))
                 bounds.append(b)
         itag = ""
         if (every_request and state.tier_limits) or needs_identity:
             identity = state.resolver.identify(req, state.hooks)
-            itag = identity_tag(identity.value)
+            itag = state.identity_tag(identity.value)
             if every_request:
                 for b in state.tier_limits.get(identity.tier, ()):
                     checks.append(b.check(itag, default_cost))
@@ -374,7 +374,7 @@ class Enforcer:
         for b in route_limits:
             if b.exempt_when is not None and b.exempt_when():
                 continue
-            tag = itag if b.key_func is None else identity_tag(_key_text(b.key_func))
+            tag = itag if b.key_func is None else state.identity_tag(_key_text(b.key_func))
             cost = default_cost if b.cost is None else _cost_value(b.cost, default_cost)
             checks.append(b.check(tag, cost))
             bounds.append(b)

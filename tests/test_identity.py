@@ -21,6 +21,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 from werkzeug.test import EnvironBuilder
 
 from flask_distlimit.algorithms import Algorithm
+from flask_distlimit.digests import IdentityTags
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity import (
     ANONYMOUS,
@@ -691,7 +692,8 @@ def test_keys_of_any_identity_stay_in_one_cluster_slot(value: str) -> None:
         ("route:/orders {x}", "token_bucket"),
         ("shared:reports\n", "gcra"),
     ]
-    keys = [limit_key("ratelimit", identity.value, lid, algorithm) for lid, algorithm in limits]
+    tags = IdentityTags.fixed(b"test-secret")
+    keys = [limit_key("ratelimit", identity.value, lid, a, tags) for lid, a in limits]
     slots = {key_slot(key.encode("utf-8", "surrogatepass")) for key in keys}
     assert len(slots) == 1
     assert all(len(key) < 300 and "\n" not in key and " " not in key for key in keys)

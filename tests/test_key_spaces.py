@@ -6,17 +6,25 @@ On memory, fakeredis and a real redis-server (``tests/distlimit_fixtures.py``).
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import logging
 import time
 from collections.abc import Callable
 
 import jwt
 import pytest
-from flask import request
+import redis
+from flask import Flask, request
+from redis.crc import key_slot
 
 from flask_distlimit import Limiter
+from flask_distlimit.digests import REFRESH_INTERVAL, SHARED_KEY_TTL
 from flask_distlimit.storage.base import Storage
+from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.testing import FakeClock
 from tests.distlimit_fixtures import backend, clock, make_app
+from tests.servers import RedisProcess
 
 __all__ = ["backend", "clock"]  # fixtures used below
 
@@ -101,3 +109,111 @@ def test_operators_name_a_key_func_identity_with_func(backend: Backend, clock: F
     assert state.reset_identity("ip:alice") == 0  # another kind: not her bucket
     assert state.reset_identity("func:alice") == 1
     assert client.post("/login", data={"username": "alice"}).status_code == 200
+
+
+# -- keyed digests -----------------------------------------------------------------------------
+
+
+def _public_tag(identity: str) -> str:
+    """The tag an unkeyed digest gives an identity: anyone can compute it offline."""
+    return hashlib.blake2b(identity.encode(), digest_size=10).hexdigest()
+
+
+@functools.cache
+def _ground_usernames(count: int = 5) -> tuple[str, ...]:
+    """Usernames an attacker ground, offline, into one Cluster slot of the unkeyed digest (about
+    65,000 hashes: a fraction of a second)."""
+    target = key_slot(_public_tag("func:u0").encode())
+    found = ["u0"]
+    i = 0
+    while len(found) < count:
+        i += 1
+        if key_slot(_public_tag(f"func:u{i}").encode()) == target:
+            found.append(f"u{i}")
+    return tuple(found)
+
+
+def test_clients_cannot_grind_their_keys_into_one_cluster_slot(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, counting = make_app(backend(), clock)
+
+    @app.post("/login")
+    @limiter.limit("100/minute", key_func=lambda: request.form["username"])
+    def login() -> str:
+        return "ok"
+
+    client = app.test_client()
+    names = _ground_usernames()
+    for name in names:
+        assert client.post("/login", data={"username": name}).status_code == 200
+    keys = [check.key for checks in counting.checks for check in checks]
+    assert len(keys) == len(names)
+    # Keyed with the app's secret, the ground names scatter (all in one slot by chance: 1 in
+    # 16384**4), and no key carries a tag computable without the secret.
+    assert len({key_slot(key.encode()) for key in keys}) > 1
+    assert not any(_public_tag(f"func:{name}") in key for name in names for key in keys)
+
+
+def _app_without_secret(url: str, clock: FakeClock, name: str) -> Flask:
+    app = Flask(name)
+    app.config.update(
+        DISTLIMIT_STORAGE_URL=url,
+        DISTLIMIT_TIERS={"anonymous": ""},
+        DISTLIMIT_KEY_PREFIX="kept",
+    )
+    limiter = Limiter(app, clock=clock)
+
+    @app.get("/")
+    @limiter.limit("3/minute")
+    def index() -> str:
+        return "ok"
+
+    return app
+
+
+@pytest.mark.redis
+def test_without_a_secret_every_worker_reads_the_key_the_storage_keeps(
+    redis_server: RedisProcess,
+    redis_client: redis.Redis,
+    clock: FakeClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two workers (apps) of one deployment without SECRET_KEY share their counts: both read the
+    digest key the first one set in Redis, which lives SHARED_KEY_TTL and survives a flush."""
+    first = _app_without_secret(redis_server.url, clock, "first")
+    second = _app_without_secret(redis_server.url, clock, "second")
+    apps = [first, second]
+    try:
+        statuses = [app.test_client().get("/").status_code for app in (first, second) * 2]
+        assert statuses == [200, 200, 200, 429]
+        assert 0 < redis_client.ttl("kept:identity-digest-key") <= SHARED_KEY_TTL
+        assert redis_client.ttl("kept:identity-digest-key") > SHARED_KEY_TTL - 60
+        assert not any(_public_tag("ip:127.0.0.1") in k.decode() for k in redis_client.scan_iter())
+        assert Limiter.state(first).reset() == 1  # the counter, never the deployment's key
+        assert redis_client.exists("kept:identity-digest-key")
+
+        # A flushed Redis: a worker started now sets a new key; the running one adopts it at
+        # its next refresh, and from then on they count together again.
+        redis_client.flushall()
+        third = _app_without_secret(redis_server.url, clock, "third")
+        apps.append(third)
+        third.test_client().get("/")
+        clock.advance(REFRESH_INTERVAL)
+        with caplog.at_level(logging.WARNING, "flask_distlimit"):
+            statuses = [app.test_client().get("/").status_code for app in (first, third) * 2]
+        assert statuses == [200, 200, 200, 429]
+        assert "changed in the storage" in caplog.text
+    finally:
+        for app in apps:
+            Limiter.state(app).storage.close()
+
+
+def test_a_secret_needs_no_storage_round_trip(backend: Backend, clock: FakeClock) -> None:
+    storage = backend()
+    app, _, _ = make_app(storage, clock)  # SECRET_KEY set
+    state = Limiter.state(app)
+    assert state.tags.source == "secret" and state.tags.settled
+    app.test_client().get("/nothing")
+    if isinstance(storage, RedisStorage):
+        assert not storage.client.exists("ratelimit:identity-digest-key")

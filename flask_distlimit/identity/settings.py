@@ -7,6 +7,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from ..digests import tag_secret
 from ..errors import ConfigurationError
 from ..limits import Rate
 from .api_keys import api_key_digest_key
@@ -48,7 +49,8 @@ class IdentitySettings:
     DISTLIMIT_TRUSTED_PROXIES     0                   proxy hops whose X-Forwarded-For counts
     DISTLIMIT_IPV6_PREFIX         64                  IPv6 clients grouped by this prefix, 1-128
     DISTLIMIT_API_KEY_HEADER      "X-Api-Key"         the API key's request header
-    DISTLIMIT_API_KEY_SECRET      None: SECRET_KEY    secret of the API keys' HMAC digests
+    DISTLIMIT_API_KEY_SECRET      None: SECRET_KEY    secret of the API keys' HMAC digests and
+                                                      of the identity tags in storage keys
     DISTLIMIT_JWT_KEYS            None: no JWT path   HMAC secret or PEM public key, or a list
     DISTLIMIT_JWT_ALGORITHMS      None                required with keys, e.g. ["RS256"]
     DISTLIMIT_JWT_AUDIENCE        None                required with keys: accepted "aud" values
@@ -66,6 +68,9 @@ class IdentitySettings:
     api_key_header: str = "X-Api-Key"
     api_key_secret: bytes | None = field(default=None, repr=False)
     jwt: JwtSettings | None = None
+    #: the key of identity tags derived from the same secret (:mod:`flask_distlimit.digests`);
+    #: ``None``: the storage keeps one for the deployment
+    tag_secret: bytes | None = field(default=None, repr=False)
 
     @classmethod
     def from_config(cls, config: MutableMapping[str, object]) -> IdentitySettings:
@@ -99,6 +104,7 @@ class IdentitySettings:
             api_key_header=header,
             api_key_secret=api_key_digest_key(secret) if secret is not None else None,
             jwt=read_jwt(config),
+            tag_secret=tag_secret(secret) if secret is not None else None,
         )
 
 
