@@ -12,9 +12,10 @@
 An identity is the text the limiter counts a client under, its kind first: ``ip:<address>``
 (IPv6 as its /64; ``ip:invalid-via:<proxy>`` for requests whose forwarded client entry was no
 address), ``user:<id>`` (an ``identity_loader``), ``jwt:sub:<subject>`` or
-``jwt:client_id:<id>``, ``apikey:<digest>`` (pass the key with ``--api-key`` and it is digested
-as the limiter does), or ``func:<value>`` for what a limit's ``key_func`` returns (e.g.
-``func:alice``): each kind is a key space of its own.
+``jwt:client_id:<id>``, ``apikey:<digest>`` (pass the key's canonical id with ``--api-key``, or
+the key itself when the verifier answers only a tier, and it is digested as the limiter does),
+or ``func:<value>`` for what a limit's ``key_func`` returns (e.g. ``func:alice``): each kind is a
+key space of its own.
 
 ``inspect`` peeks with cost 0 (nothing is consumed) at every limit that can apply to the identity,
 in one storage call. ``reset`` finds the client's keys with ``SCAN`` (never ``KEYS``, which would
@@ -91,7 +92,10 @@ def _identity_options(func: click.decorators.FC) -> click.decorators.FC:
         "--api-key",
         "api_key",
         is_flag=True,
-        help="IDENTITY is a raw API key: digest it as the limiter does (apikey:<hmac>).",
+        help=(
+            "IDENTITY is an API key's canonical id (the id your api_key_verifier answers; the "
+            "key itself when it answers only a tier): digest it as the limiter does."
+        ),
     )(func)
     func = click.option(
         "--ip",

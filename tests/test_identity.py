@@ -585,6 +585,40 @@ def test_verified_api_key_is_an_hmac_digest_never_the_key(
     assert resolver.api_key_identity(raw) == first.value
 
 
+def test_a_verifier_may_answer_the_keys_canonical_id() -> None:
+    app = make_app(SECRET_KEY="s" * 32, DISTLIMIT_TIERS=dict(EXAMPLE_TIERS))
+    resolver = make_resolver(app)
+    keys = {"ABC-123": ("key-7", "pro"), "abc-123": ("key-7", "pro"), "xyz": (8, None)}
+    hooks = IdentityHooks(api_key_verifier=keys.get)
+    upper = identify(app, resolver, hooks, headers={"X-Api-Key": "ABC-123"})
+    lower = identify(app, resolver, hooks, headers={"X-Api-Key": "abc-123"})
+    assert upper == lower == Identity("api_key", resolver.api_key_identity("key-7"), "pro")
+    numbered = identify(app, resolver, hooks, headers={"X-Api-Key": "xyz"})
+    assert numbered == Identity("api_key", resolver.api_key_identity("8"), ANONYMOUS)
+    assert "key-7" not in upper.value and "ABC" not in upper.value
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        (("", "pro"), "empty"),
+        ((None, "pro"), "NoneType"),
+        ((True, "pro"), "bool"),
+        (("id", "pro", "extra"), "tuple"),
+        (42, "int"),
+        (["id", "pro"], "list"),
+    ],
+)
+def test_a_verifier_answering_nonsense_is_told_the_forms(answer: object, says: str) -> None:
+    raw = "sk_live_never_in_messages"
+    app = make_app(SECRET_KEY="s" * 32)
+    resolver = make_resolver(app)
+    hooks = IdentityHooks(api_key_verifier=lambda key: answer)  # type: ignore[arg-type,return-value]
+    with pytest.raises(TypeError, match="canonical id") as info:
+        identify(app, resolver, hooks, headers={"X-Api-Key": raw})
+    assert says in str(info.value) and raw not in str(info.value)
+
+
 def test_random_api_keys_get_no_fresh_quota() -> None:
     calls: list[int] = []
 

@@ -217,3 +217,53 @@ def test_a_secret_needs_no_storage_round_trip(backend: Backend, clock: FakeClock
     app.test_client().get("/nothing")
     if isinstance(storage, RedisStorage):
         assert not storage.client.exists("ratelimit:identity-digest-key")
+
+
+# -- canonical API keys ------------------------------------------------------------------------
+
+KEY = "0123456789abcdef0123456789abcdef"  # 32 hex digits; the verifier ignores case
+
+
+def _spellings(count: int) -> list[str]:
+    """``count`` spellings of KEY a case-insensitive verifier accepts (up to 2**16 of them)."""
+    letters = [i for i, ch in enumerate(KEY) if ch.isalpha()]
+    found = []
+    for n in range(count):
+        chars = list(KEY)
+        for bit, i in enumerate(letters):
+            if n >> bit & 1:
+                chars[i] = chars[i].upper()
+        found.append("".join(chars))
+    return found
+
+
+def test_an_api_key_is_counted_by_the_id_the_verifier_accepted(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, counting = make_app(
+        backend(), clock, DISTLIMIT_TIERS={"anonymous": "", "pro": ""}
+    )
+
+    @limiter.api_key_verifier
+    def verify(raw: str) -> tuple[str, str | None] | None:
+        """Case-insensitive: one key, many spellings; answers its canonical id and its tier."""
+        canonical = raw.lower()
+        return (f"key-{canonical[:6]}", "pro") if canonical == KEY else None
+
+    @app.get("/reports")
+    @limiter.limit("3/minute")
+    def reports() -> str:
+        return "ok"
+
+    client = app.test_client()
+    spellings = _spellings(6)
+    assert len(set(spellings)) == 6
+    statuses = [client.get("/reports", headers={"X-Api-Key": k}).status_code for k in spellings]
+    assert statuses == [200, 200, 200, 429, 429, 429]
+    state = Limiter.state(app)
+    keys = {check.key for checks in counting.checks for check in checks}
+    with app.app_context():
+        named = state.checks_for(state.resolver.api_key_identity("key-012345"))
+    assert keys == {check.key for _, check in named}
+    # Still only an HMAC digest in the key: neither the key nor its id in clear.
+    assert not any(KEY in k.lower() or "key-012345" in k for k in keys)

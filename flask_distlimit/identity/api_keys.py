@@ -1,8 +1,19 @@
 """API keys: the ``DISTLIMIT_API_KEY_HEADER`` header, an identity only when the app's verifier
 accepts it.
 
-The key is kept only as an HMAC-SHA256 digest (``apikey:<hex>``) and never appears in keys, logs
-or exceptions. An unknown key, or one longer than :data:`MAX_API_KEY_LENGTH`, is anonymous.
+The verifier answers (:data:`VerifierAnswer`):
+
+- ``None``: an unknown key (the request counts as anonymous);
+- ``tier``: a valid key, counted by its spelling as sent;
+- ``(key_id, tier or None)``: a valid key, counted by ``key_id``, its canonical id (a ``str`` or
+  ``int``: the key as your store spells it, or its database id). A verifier that accepts several
+  spellings of one key (any letter case, padding, a prefix) must answer this form, or each
+  spelling counts apart: with 32 hex digits and a case-insensitive check, up to 2**16 buckets
+  for one key.
+
+The key (or its id) is kept only as an HMAC-SHA256 digest (``apikey:<hex>``) and never appears in
+keys, logs or exceptions. An unknown key, or one longer than :data:`MAX_API_KEY_LENGTH`, is
+anonymous.
 
 The digest key is derived from ``DISTLIMIT_API_KEY_SECRET``, else the app's ``SECRET_KEY``:
 ``HMAC-SHA256(HMAC-SHA256(secret, "flask-distlimit api-key"), key)``, so the same secret never
@@ -15,11 +26,22 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import Final, TypeAlias
 
 from ..errors import ConfigurationError
 
-__all__ = ["MAX_API_KEY_LENGTH", "ApiKeys", "api_key_digest_key"]
+__all__ = [
+    "MAX_API_KEY_LENGTH",
+    "ApiKeyVerifier",
+    "ApiKeys",
+    "VerifierAnswer",
+    "api_key_digest_key",
+]
+
+#: What an API key verifier answers: ``None`` (unknown), a tier, or ``(key_id, tier or None)``.
+VerifierAnswer: TypeAlias = str | tuple[str | int, str | None] | None
+#: ``(raw_key) -> VerifierAnswer``
+ApiKeyVerifier: TypeAlias = Callable[[str], VerifierAnswer]
 
 #: Longest API key passed to the verifier; a longer header is ignored as an unknown key.
 MAX_API_KEY_LENGTH: Final = 1024
@@ -72,12 +94,29 @@ class ApiKeys:
         return "apikey:" + mac.hexdigest()
 
     def verify(
-        self, environ: Mapping[str, object], verifier: Callable[[str], str | None]
+        self, environ: Mapping[str, object], verifier: ApiKeyVerifier
     ) -> tuple[str, object] | None:
-        """``(identity text, tier)`` of the request's key when ``verifier`` accepts it."""
+        """``(identity text, tier)`` of the request's key when ``verifier`` accepts it: the
+        digest of the key's canonical id when the verifier answers one, else of the key."""
         raw = environ.get(self.environ_key)
-        if isinstance(raw, str) and raw and len(raw) <= MAX_API_KEY_LENGTH:
-            tier = verifier(raw)
-            if tier is not None:
-                return self.identity(raw), tier
-        return None
+        if not (isinstance(raw, str) and raw and len(raw) <= MAX_API_KEY_LENGTH):
+            return None
+        answer: object = verifier(raw)
+        if answer is None:
+            return None
+        if isinstance(answer, str):
+            return self.identity(raw), answer
+        if isinstance(answer, tuple) and len(answer) == 2:
+            key_id, tier = answer
+            if isinstance(key_id, bool) or not isinstance(key_id, (str, int)) or key_id == "":
+                raise TypeError(
+                    "The API key verifier answered (key_id, tier) with a key_id that is "
+                    f"{'empty' if key_id == '' else 'a ' + type(key_id).__name__}; the key_id is "
+                    "the key's canonical id, a non-empty str or an int (e.g. its id in your "
+                    "store)."
+                )
+            return self.identity(str(key_id)), tier
+        raise TypeError(
+            f"The API key verifier returned a {type(answer).__name__}; it must return None (an "
+            "unknown key), the key's tier, or (key_id, tier or None) with the key's canonical id."
+        )

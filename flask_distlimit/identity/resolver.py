@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .addresses import ClientAddresses
-from .api_keys import ApiKeys
+from .api_keys import ApiKeys, ApiKeyVerifier
 from .jwt import JwtVerifier
 from .settings import IdentitySettings
 from .tiers import ANONYMOUS, TierTable
@@ -45,15 +45,17 @@ class IdentityHooks:
 
     - ``identity_loader() -> (id, tier or None) | None``: a verified identity of the current
       request, e.g. ``(str(current_user.id), current_user.plan)``; ``None`` when anonymous.
-    - ``api_key_verifier(raw_key) -> tier | None``: the tier of a valid key, ``None`` when the key
-      is unknown (the request then counts as anonymous).
+    - ``api_key_verifier(raw_key) -> (key_id, tier or None) | tier | None``: a valid key's
+      canonical id and tier (the key is counted by that id), or only its tier (counted by its
+      spelling); ``None`` when the key is unknown (the request then counts as anonymous). See
+      :mod:`flask_distlimit.identity.api_keys`.
     - ``tier_resolver(identity) -> tier``: replaces the default tier of every identity.
 
     Exceptions raised by hooks propagate: they are the app's code.
     """
 
     identity_loader: Callable[[], tuple[str, str | None] | None] | None = None
-    api_key_verifier: Callable[[str], str | None] | None = None
+    api_key_verifier: ApiKeyVerifier | None = None
     tier_resolver: Callable[[Identity], str] | None = None
 
 
@@ -129,9 +131,11 @@ class IdentityResolver:
             return None
         return Identity("user", f"user:{user_id}", self._tiers.known(tier, "the identity loader"))
 
-    def api_key_identity(self, raw_key: str) -> str:
-        """``"apikey:<hex>"``: the identity of a (verified) API key, without the key itself."""
-        return self._api_keys.identity(raw_key)
+    def api_key_identity(self, key_id: str) -> str:
+        """``"apikey:<hex>"``: the identity of a verified API key, without the key itself.
+        ``key_id`` is the canonical id the verifier answered, or the key when it answers only
+        a tier."""
+        return self._api_keys.identity(key_id)
 
     def client_ip(self, environ: Mapping[str, object]) -> str:
         """``"ip:<address>"`` of the client (see :mod:`flask_distlimit.identity.addresses`)."""
