@@ -50,6 +50,7 @@ CASES: list[tuple[int, str | None, str]] = [
     (2, f"{OUTER}", f"ip:invalid-via:{OUTER}"),  # fewer entries than trusted hops
     (2, "junk, junk", f"ip:invalid-via:{INNER}"),
     (2, None, f"ip:{INNER}"),  # nothing forwarded: the peer itself is the client
+    (1, "", f"ip:invalid-via:{INNER}"),  # forwarded, but no address in it
     (0, f"{VICTIM}, {CLIENT}", f"ip:{INNER}"),
 ]
 

@@ -343,7 +343,7 @@ def _address(text: object) -> str:
 
 
 def _the_rule(hops: int, remote: str | None, xff: str | None) -> str:
-    if not hops or not xff:
+    if not hops or xff is None:
         return _address(remote)
     entries = [entry.strip(" \t") for entry in xff.split(",")]
     if len(entries) >= hops and _address(entries[-hops]) != INVALID_IP:

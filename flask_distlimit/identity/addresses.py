@@ -4,8 +4,9 @@ Each proxy appends the address it saw to ``X-Forwarded-For``, on the right; a cl
 anything to the left. So the header is split on commas and each entry stripped, exactly as the
 proxies wrote it (never parsed as a quoted-string list: a quote or any other junk a client puts
 in its own entries can neither move nor swallow the entries the proxies appended), and the
-client is the entry ``DISTLIMIT_TRUSTED_PROXIES`` hops from the right. With no header, the
-connecting peer (``REMOTE_ADDR``) is the client. ``Forwarded`` (RFC 7239) is never read.
+client is the entry ``DISTLIMIT_TRUSTED_PROXIES`` hops from the right. With no header at all
+(an empty one counts as present), the connecting peer (``REMOTE_ADDR``) is the client.
+``Forwarded`` (RFC 7239) is never read.
 
 When that entry is not an IP address (junk, ``unknown``, an obfuscated identifier, or missing
 because the header has fewer entries than there are trusted hops), the request is counted as
@@ -60,7 +61,7 @@ class ClientAddresses:
         trusted = self._trusted
         if trusted:
             forwarded = environ.get("HTTP_X_FORWARDED_FOR")
-            if forwarded and isinstance(forwarded, str):
+            if isinstance(forwarded, str):  # present, even empty: the proxies wrote it
                 # At most trusted + 1 parts: the last `trusted` entries exactly as the proxies
                 # wrote them, and before them whatever the client sent (never parsed).
                 parts = forwarded.rsplit(",", trusted)
