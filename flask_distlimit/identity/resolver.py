@@ -28,9 +28,10 @@ class Identity:
     """The identity one request is counted under.
 
     - ``kind``: ``"user"``, ``"jwt"``, ``"api_key"`` or ``"ip"``;
-    - ``value``: the identity text, e.g. ``"user:42"``, ``"jwt:sub:alice"``,
-      ``"apikey:<hmac hex>"``, ``"ip:203.0.113.9"``, ``"ip:2001:db8:1:2::/64"``. Never a raw API
-      key; it may hold any character (storage keys carry only a digest of it);
+    - ``value``: the identity text, its kind first (:mod:`flask_distlimit.keys`), e.g.
+      ``"user:42"``, ``"jwt:sub:alice"``, ``"apikey:<hmac hex>"``, ``"ip:203.0.113.9"``,
+      ``"ip:2001:db8:1:2::/64"``, ``"ip:invalid-via:10.0.0.1"``. Never a raw API key; it may
+      hold any character (storage keys carry only a keyed digest of it);
     - ``tier``: a key of ``DISTLIMIT_TIERS``.
     """
 
