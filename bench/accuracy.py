@@ -33,9 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flask_distlimit.decision import Check
+from flask_distlimit.digests import IdentityTags
 from flask_distlimit.keys import limit_key
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.memory import MemoryStorage
+
+#: Keys need well-formed tags only: any fixed digest key will do.
+TAGS = IdentityTags.fixed(b"accuracy")
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -173,8 +177,8 @@ def run_client(
     storage: Storage, client: str, limit: int, window: int, times: list[int], tally: Tally
 ) -> list[bool]:
     window_us = window * US
-    counter_key = limit_key("accuracy", client, "limit", "sliding_window_counter")
-    log_key = limit_key("accuracy", client, "limit", "sliding_window_log")
+    counter_key = limit_key("accuracy", client, "limit", "sliding_window_counter", TAGS)
+    log_key = limit_key("accuracy", client, "limit", "sliding_window_log", TAGS)
     admitted: collections.deque[int] = collections.deque()  # the counter's admitted times
     admitted_all: list[int] = []
     per_window: collections.Counter[int] = collections.Counter()  # admitted per fixed window
@@ -246,7 +250,9 @@ def main(argv: list[str] | None = None) -> int:
                 part = under if len(times) <= limit * args.windows else over
                 decisions = run_client(storage, f"{name}:{c}", limit, window, times, part)
                 if redis_storage is not None and c < args.sample:
-                    key = limit_key("accuracy", f"{name}:{c}", "limit", "sliding_window_counter")
+                    key = limit_key(
+                        "accuracy", f"{name}:{c}", "limit", "sliding_window_counter", TAGS
+                    )
                     on_redis = list(
                         decide(redis_storage, key, "sliding_window_counter", limit, window, times)
                     )

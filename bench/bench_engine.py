@@ -43,10 +43,14 @@ import redis
 
 from flask_distlimit.algorithms import ALGORITHMS, Algorithm
 from flask_distlimit.decision import Check
+from flask_distlimit.digests import IdentityTags
 from flask_distlimit.keys import limit_key
 from flask_distlimit.scripts import SCRIPT_SOURCE, script_args
 from flask_distlimit.storage.cluster import ClusterStorage
 from flask_distlimit.storage.redis import RedisStorage
+
+#: Keys need well-formed tags only: any fixed digest key will do.
+TAGS = IdentityTags.fixed(b"bench")
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENTS = 10_000
@@ -95,7 +99,9 @@ def evalsha_calls(client: redis.Redis) -> int:
 def checks_for(algorithm: Algorithm, identity: int, limits: int) -> list[Check]:
     huge = 1_000_000 if algorithm != "sliding_window_log" else 1_000
     return [
-        Check(limit_key("bench", f"ip:{identity}", f"limit{n}", algorithm), algorithm, huge, 60)
+        Check(
+            limit_key("bench", f"ip:{identity}", f"limit{n}", algorithm, TAGS), algorithm, huge, 60
+        )
         for n in range(limits)
     ]
 
@@ -161,7 +167,8 @@ def memory(admin: redis.Redis, algorithm: Algorithm, limit: int, clients: int) -
     pipe = admin.pipeline(transaction=False)
     admin.script_load(SCRIPT_SOURCE)
     for n in range(clients):
-        check = Check(limit_key("mem", f"ip:{n}", "limit", algorithm), algorithm, limit, 60, filled)
+        key = limit_key("mem", f"ip:{n}", "limit", algorithm, TAGS)
+        check = Check(key, algorithm, limit, 60, filled)
         k, a = script_args([check])
         script(k, a, client=pipe)
         keys.append(check.key)

@@ -12,7 +12,7 @@ from flask import current_app
 
 from .decision import Check
 from .enforcement import is_static
-from .keys import client_pattern, identity_tag
+from .keys import IDENTITY_KINDS, client_pattern, identity_kind
 from .route_limits import BoundLimit
 
 if TYPE_CHECKING:
@@ -23,31 +23,49 @@ __all__ = ["checks_for", "reset", "reset_identity"]
 
 def reset(state: LimiterState) -> int:
     """Delete every key under the app's prefix and forget local denials; answer how many keys
-    were deleted."""
+    were deleted. The deployment's identity digest key is kept (every running process holds it:
+    :mod:`flask_distlimit.digests`)."""
     if state.deny_cache is not None:
         state.deny_cache.clear()
-    keys = list(state.storage.scan(f"{state.settings.key_prefix}:*"))
+    spared = state.tags.storage_key
+    keys = [k for k in state.storage.scan(f"{state.settings.key_prefix}:*") if k != spared]
     return state.storage.delete(keys) if keys else 0
 
 
+def _check_kind(identity: str) -> None:
+    if identity_kind(identity) is None:
+        raise ValueError(
+            f"The identity {identity!r} names no kind of identity: start it with one of "
+            f"{', '.join(IDENTITY_KINDS)} (what a limit's key_func returns is func:<value>, "
+            f"e.g. 'func:{identity}')."
+        )
+
+
 def reset_identity(state: LimiterState, identity: str) -> int:
-    """Delete every key of one identity (e.g. ``"ip:203.0.113.9"``); answer how many."""
+    """Delete every key of one identity (e.g. ``"ip:203.0.113.9"``, ``"func:alice"``); answer
+    how many. Raises :class:`ValueError` for a text that names no kind of identity."""
+    _check_kind(identity)
+    state.tags.require()
     if state.deny_cache is not None:
         state.deny_cache.clear()
-    keys = list(state.storage.scan(client_pattern(state.settings.key_prefix, identity)))
+    keys = list(state.storage.scan(client_pattern(state.settings.key_prefix, identity, state.tags)))
     return state.storage.delete(keys) if keys else 0
 
 
 def checks_for(state: LimiterState, identity: str, cost: int = 0) -> list[tuple[str, Check]]:
     """Every configured limit that can apply to ``identity``, named, as checks of ``cost``.
 
-    ``identity`` is an identity text (``"ip:203.0.113.9"``, ``"user:42"``, or what a limit's
-    ``key_func`` returns). Cost 0 peeks without consuming: ``guard.evaluate(checks)`` then
-    tells where the client stands. Includes the global limits, every tier's limits and the
-    limits of every route (per method where ``per_method``); one entry per storage key.
-    Needs an app context (it reads the app's URL map).
+    ``identity`` is an identity text (``"ip:203.0.113.9"``, ``"user:42"``, or ``"func:<value>"``
+    for what a limit's ``key_func`` returns: :mod:`flask_distlimit.keys`). Cost 0 peeks without
+    consuming: ``guard.evaluate(checks)`` then tells where the client stands. Includes the
+    global limits, every tier's limits and the limits of every route (per method where
+    ``per_method``); one entry per storage key.
+    Needs an app context (it reads the app's URL map). Raises :class:`ValueError` for a text
+    that names no kind of identity.
     """
-    tag = identity_tag(identity)
+    _check_kind(identity)
+    state.tags.require()
+    tag = state.identity_tag(identity)
     found: dict[str, tuple[str, Check]] = {}
 
     def add(b: BoundLimit) -> None:

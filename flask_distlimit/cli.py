@@ -7,11 +7,15 @@
     flask --app myapp distlimit inspect --ip 2001:db8::7    # the same, from an address
     flask --app myapp distlimit reset jwt:sub:alice         # forget one client's counters
     flask --app myapp distlimit reset user:42 --limit tier-pro --dry-run
+    flask --app myapp distlimit inspect func:alice          # a key_func that returned "alice"
 
-An identity is the text the limiter counts a client under: ``ip:<address>`` (IPv6 as its /64),
-``user:<id>`` (an ``identity_loader``), ``jwt:sub:<subject>`` or ``jwt:client_id:<id>``,
-``apikey:<digest>`` (pass the raw key with ``--api-key`` and it is digested as the limiter does),
-or what a limit's ``key_func`` returns (e.g. ``account:alice``).
+An identity is the text the limiter counts a client under, its kind first: ``ip:<address>``
+(IPv6 as its /64; ``ip:invalid-via:<proxy>`` for requests whose forwarded client entry was no
+address), ``user:<id>`` (an ``identity_loader``), ``jwt:sub:<subject>`` or
+``jwt:client_id:<id>``, ``apikey:<digest>`` (pass the key's canonical id with ``--api-key``, or
+the key itself when the verifier answers only a tier, and it is digested as the limiter does),
+or ``func:<value>`` for what a limit's ``key_func`` returns (e.g. ``func:alice``): each kind is a
+key space of its own.
 
 ``inspect`` peeks with cost 0 (nothing is consumed) at every limit that can apply to the identity,
 in one storage call. ``reset`` finds the client's keys with ``SCAN`` (never ``KEYS``, which would
@@ -35,7 +39,7 @@ from flask.cli import AppGroup
 from .decision import Check, Decision
 from .errors import StorageError
 from .extension import Limiter, LimiterState
-from .keys import client_pattern
+from .keys import IDENTITY_KINDS, client_pattern, identity_kind
 from .storage.urls import mask_url
 
 __all__ = ["distlimit_cli"]
@@ -61,6 +65,10 @@ def _seconds(value: float) -> str:
 
 
 def _identity(state: LimiterState, identity: str, *, ip: bool, api_key: bool) -> str:
+    try:
+        state.tags.require()  # the storage-kept digest key, when the app sets no secret
+    except StorageError as exc:
+        raise click.ClickException(f"The storage did not answer: {exc}") from None
     if ip and api_key:
         raise click.UsageError("Use either --ip or --api-key, not both.")
     if ip:
@@ -69,6 +77,13 @@ def _identity(state: LimiterState, identity: str, *, ip: bool, api_key: bool) ->
         return state.resolver.api_key_identity(identity)
     if not identity.strip():
         raise click.UsageError("IDENTITY is empty: give e.g. ip:203.0.113.9 or user:42.")
+    if identity_kind(identity) is None:
+        heads = ", ".join(IDENTITY_KINDS)
+        raise click.UsageError(
+            f"IDENTITY {identity!r} names no kind of identity: start it with one of {heads} "
+            f"(what a limit's key_func returns is func:<value>, e.g. func:{identity}), or give "
+            "an address with --ip or an API key with --api-key."
+        )
     return identity
 
 
@@ -77,7 +92,10 @@ def _identity_options(func: click.decorators.FC) -> click.decorators.FC:
         "--api-key",
         "api_key",
         is_flag=True,
-        help="IDENTITY is a raw API key: digest it as the limiter does (apikey:<hmac>).",
+        help=(
+            "IDENTITY is an API key's canonical id (the id your api_key_verifier answers; the "
+            "key itself when it answers only a tier): digest it as the limiter does."
+        ),
     )(func)
     func = click.option(
         "--ip",
@@ -202,7 +220,8 @@ def _peek(state: LimiterState, identity: str) -> list[_Row]:
 
 def _scan(state: LimiterState, identity: str) -> set[str]:
     try:
-        return set(state.storage.scan(client_pattern(state.settings.key_prefix, identity)))
+        pattern = client_pattern(state.settings.key_prefix, identity, state.tags)
+        return set(state.storage.scan(pattern))
     except StorageError as exc:
         raise click.ClickException(f"The storage did not answer: {exc}") from None
 

@@ -48,7 +48,6 @@ from .decision import Check, Decision, Evaluation
 from .declarations import describe
 from .headers import Report, rate_limit_headers
 from .identity import Identity
-from .keys import identity_tag
 from .problem import RateLimitExceeded, RateLimitUnavailable, retry_after_seconds
 from .route_limits import BoundLimit, RoutePlan, bind, build_plan, strictest
 
@@ -132,8 +131,10 @@ def _cost_value(b: BoundLimit, default: int) -> int:
 
 
 def _key_text(key_func: KeyFunc) -> str:
+    """``func:<value>``: what a ``key_func`` returns, in a key space of its own (never the
+    bucket of an address, a user, a token or an API key; see :mod:`flask_distlimit.keys`)."""
     value = key_func()
-    return value if isinstance(value, str) else str(value)
+    return "func:" + (value if isinstance(value, str) else str(value))
 
 
 def _blueprints_of(app: Flask, endpoint: str) -> list[object]:
@@ -374,14 +375,14 @@ class Enforcer:
         bounds: list[BoundLimit] = []
         identity: Identity | None = None
         if every_request and state.global_limits:
-            tag = identity_tag(state.resolver.client_ip(environ))
+            tag = state.identity_tag(state.resolver.client_ip(environ))
             for b in state.global_limits:
                 checks.append(b.check(tag, every_cost))
                 bounds.append(b)
         itag = ""
         if (tiers and state.tier_limits) or needs_identity:
             identity = state.resolver.identify(req, state.hooks)
-            itag = identity_tag(identity.value)
+            itag = state.identity_tag(identity.value)
             if tiers:
                 for b in state.tier_limits.get(identity.tier, ()):
                     checks.append(b.check(itag, every_cost))
@@ -389,7 +390,7 @@ class Enforcer:
         for b in route_limits:
             if b.exempt_when is not None and b.exempt_when():
                 continue
-            tag = itag if b.key_func is None else identity_tag(_key_text(b.key_func))
+            tag = itag if b.key_func is None else state.identity_tag(_key_text(b.key_func))
             cost = default_cost if b.cost is None else _cost_value(b, default_cost)
             checks.append(b.check(tag, cost))
             bounds.append(b)
@@ -510,7 +511,7 @@ class Enforcer:
         names = tuple(r.name for r in reports)
         # The digest of who was counted: the key's hash tag, never the identity in clear.
         tags = [key[key.index("{") + 1 : key.index("}")] for key in keys]
-        digest = identity_tag(identity.value) if identity is not None else tags[0]
+        digest = self.state.identity_tag(identity.value) if identity is not None else tags[0]
         endpoint = request.endpoint
         tier = identity.tier if identity is not None else None
         self._log_breach(reports, keys, tags, digest, tier, endpoint, retry)
@@ -542,7 +543,7 @@ class Enforcer:
         data.report, data.denied, data.retry_after = None, True, None
         names = (b.name,)
         tag = check.key[check.key.index("{") + 1 : check.key.index("}")]
-        digest = identity_tag(identity.value) if identity is not None else tag
+        digest = self.state.identity_tag(identity.value) if identity is not None else tag
         log.info(
             "Rate limit %s refused a request costing %d (more than %d in a whole window) from "
             "client %s, %s %s",

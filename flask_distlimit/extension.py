@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Final, TypeVar
 
 from flask import Flask, current_app
 
@@ -30,6 +30,7 @@ from .enforcement import Breach, BreachHook
 from .errors import ConfigurationError
 from .guard import Guard
 from .identity import Identity, IdentityHooks, IdentityResolver, IdentitySettings
+from .identity.api_keys import ApiKeyVerifier
 from .state import LimiterState
 from .storage.base import Storage
 from .storage.urls import from_url
@@ -38,6 +39,8 @@ __all__ = ["EXTENSION_KEY", "Breach", "Limiter", "LimiterState"]
 
 #: The key of the per-app state in ``app.extensions``.
 EXTENSION_KEY: Final = "distlimit"
+
+_Verifier = TypeVar("_Verifier", bound=ApiKeyVerifier)
 
 
 class Limiter(Declarations):
@@ -176,8 +179,11 @@ class Limiter(Declarations):
         self.hooks.identity_loader = func
         return func
 
-    def api_key_verifier(self, func: Callable[[str], str | None]) -> Callable[[str], str | None]:
-        """Register ``(raw_key) -> tier | None``; only keys it accepts identify a client."""
+    def api_key_verifier(self, func: _Verifier) -> _Verifier:
+        """Register ``(raw_key) -> (key_id, tier or None) | tier | None``; only keys it accepts
+        identify a client. Answer the key's canonical id with its tier when several spellings
+        of one key are accepted (e.g. any letter case): the key is counted by that id, never by
+        its spelling."""
         self.hooks.api_key_verifier = func
         return func
 

@@ -1,53 +1,106 @@
 """Storage keys: ``<prefix>:{<identity tag>}:<limit id>:<algorithm>``.
 
-- The identity tag is a digest of the client's identity, so braces, spaces, newlines or a 10 KB
-  value cannot break a key or move it to another Redis Cluster slot; every key of one client sits
-  in one slot (Redis hashes only the part between the first ``{`` and ``}``).
+- The identity is a text ``<kind>:<value>``; each kind of identity is a key space of its own:
+
+  =========  ====================================================  ============================
+  kind       identity text                                         from
+  =========  ====================================================  ============================
+  ``ip``     ``ip:203.0.113.9``, ``ip:2001:db8::/64``,              the client address
+             ``ip:invalid``, ``ip:invalid-via:<proxy address>``
+  ``user``   ``user:<id>``                                         the ``identity_loader``
+  ``jwt``    ``jwt:sub:<subject>``, ``jwt:client_id:<id>``         a verified bearer token
+  ``apikey`` ``apikey:<HMAC hex>``                                 a verified API key
+  ``func``   ``func:<value>``                                      a limit's ``key_func``
+  =========  ====================================================  ============================
+
+  No kind's head (``ip:``, ``user:``, ...) begins another's, so two kinds never share a text,
+  hence never a tag nor a bucket: a ``key_func`` that returns ``"ip:203.0.113.9"`` counts under
+  ``func:ip:203.0.113.9``, never in that address's bucket.
+- The identity tag is a keyed digest of the identity text (:mod:`flask_distlimit.digests`), so
+  braces, spaces, newlines or a 10 KB value cannot break a key or move it to another Redis
+  Cluster slot, every key of one client sits in one slot (Redis hashes only the part between
+  the first ``{`` and ``}``), and no client can choose that slot without the app's key.
 - The algorithm ends the key, so switching a limit's algorithm never reads a key of another type.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import re
 from typing import Final
 
-from .algorithms import Algorithm
+from flask import current_app, has_app_context
 
-__all__ = ["client_pattern", "identity_tag", "limit_key"]
+from .algorithms import Algorithm
+from .digests import IdentityTags
+
+__all__ = [
+    "IDENTITY_KINDS",
+    "client_pattern",
+    "identity_kind",
+    "identity_tag",
+    "key_parts",
+    "limit_key",
+]
+
+#: The head of every kind of identity text (see the module docstring).
+IDENTITY_KINDS: Final = ("ip:", "user:", "jwt:", "apikey:", "func:")
 
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9_.,;=/+\-]")
 
 
-#: Identities up to this length have their digest cached (most requests come from clients seen
-#: before); longer ones (a key_func may return kilobytes) are hashed every time.
-_CACHED_LENGTH: Final = 128
+def identity_tag(identity: str, tags: IdentityTags | None = None) -> str:
+    """The tag of an identity text in keys (``"ip:203.0.113.9"`` -> 20 hex characters): a
+    keyed digest (:mod:`flask_distlimit.digests`), so it depends on the app.
+
+    ``tags``: the app's :class:`~flask_distlimit.digests.IdentityTags`
+    (``limiter.state(app).tags``); by default the current app's, which needs an app context.
+    """
+    return (tags if tags is not None else _current_tags()).tag(identity)
 
 
-def identity_tag(identity: str) -> str:
-    """A fixed-size, key-safe digest of an identity (``"ip:203.0.113.9"`` -> 20 hex chars)."""
-    if len(identity) <= _CACHED_LENGTH:
-        return _cached_tag(identity)
-    return _digest(identity)
+def _current_tags() -> IdentityTags:
+    state = current_app.extensions.get("distlimit") if has_app_context() else None
+    tags = getattr(state, "tags", None)
+    if not isinstance(tags, IdentityTags):
+        raise RuntimeError(
+            "Identity tags are keyed per app, and there is no app with a Limiter here. Call "
+            "this inside `with app.app_context():` of an app that called limiter.init_app(app), "
+            "or pass tags=limiter.state(app).tags."
+        )
+    return tags
 
 
-def _digest(identity: str) -> str:
-    return hashlib.blake2b(identity.encode("utf-8", "surrogatepass"), digest_size=10).hexdigest()
-
-
-_cached_tag: Final = functools.lru_cache(maxsize=4096)(_digest)
+def identity_kind(identity: str) -> str | None:
+    """The kind of an identity text (``"ip"``, ``"user"``, ``"jwt"``, ``"apikey"``, ``"func"``),
+    ``None`` when it names none."""
+    for head in IDENTITY_KINDS:
+        if identity.startswith(head):
+            return head[:-1]
+    return None
 
 
 def _safe(part: str) -> str:
     return _UNSAFE.sub("_", part)[:200]
 
 
-def limit_key(prefix: str, identity: str, limit_id: str, algorithm: Algorithm) -> str:
-    """The storage key of one limit for one client identity."""
-    return f"{prefix}:{{{identity_tag(identity)}}}:{_safe(limit_id)}:{algorithm}"
+def key_parts(prefix: str, limit_id: str, algorithm: Algorithm) -> tuple[str, str]:
+    """``("<prefix>:{", "}:<limit id>:<algorithm>")``: a key is ``head + tag + tail``."""
+    return f"{prefix}:{{", f"}}:{_safe(limit_id)}:{algorithm}"
 
 
-def client_pattern(prefix: str, identity: str) -> str:
+def limit_key(
+    prefix: str,
+    identity: str,
+    limit_id: str,
+    algorithm: Algorithm,
+    tags: IdentityTags | None = None,
+) -> str:
+    """The storage key of one limit for one client identity (``tags`` as in
+    :func:`identity_tag`)."""
+    head, tail = key_parts(prefix, limit_id, algorithm)
+    return head + identity_tag(identity, tags) + tail
+
+
+def client_pattern(prefix: str, identity: str, tags: IdentityTags | None = None) -> str:
     """A SCAN ``MATCH`` pattern for every key of one client (for inspect/reset)."""
-    return f"{prefix}:{{{identity_tag(identity)}}}:*"
+    return f"{prefix}:{{{identity_tag(identity, tags)}}}:*"

@@ -38,7 +38,7 @@ from .algorithms import Algorithm
 from .decision import Check
 from .declarations import LimitRegistry, LimitSpec
 from .headers import policy_item, sf_string
-from .keys import limit_key
+from .keys import key_parts
 from .limits import Rate
 
 __all__ = ["EXEMPT", "BoundLimit", "RoutePlan", "bind", "build_plan", "strictest"]
@@ -73,7 +73,9 @@ class BoundLimit:
     )
 
     def key(self, tag: str) -> str:
-        """The storage key for an identity tag (:func:`flask_distlimit.keys.identity_tag`)."""
+        """The storage key for an identity tag (the app's
+        :attr:`~flask_distlimit.state.LimiterState.identity_tag` of an identity text, whose kind
+        comes first: :mod:`flask_distlimit.keys`)."""
         return self.key_head + tag + self.key_tail
 
     def check(self, tag: str, cost: int) -> Check:
@@ -119,10 +121,8 @@ def bind(
     for rate in spec.rates:
         limit_id = f"{id_head}:{rate.amount}/{rate.period}"
         name = f"{name_head}:{rate}"
-        # The key parts come from keys.limit_key itself, so keys stay in one format.
-        full = limit_key(prefix, "", limit_id, algorithm)
-        head = f"{prefix}:{{"
-        tail = full[full.index("}", len(head)) :]
+        # The key parts come from keys.key_parts, so keys stay in one format.
+        head, tail = key_parts(prefix, limit_id, algorithm)
         bound.append(
             BoundLimit(
                 name=name,

@@ -19,6 +19,7 @@ from .config import Settings
 from .decision import Check
 from .declarations import LimitSpec
 from .deny_cache import DenyCache, monotonic_us
+from .digests import IdentityTags
 from .enforcement import Enforcer
 from .guard import Guard
 from .identity import IdentityResolver, IdentitySettings
@@ -47,7 +48,9 @@ class LimiterState:
 
     Attributes: ``limiter``, ``settings``, ``identity_settings``, ``storage``, ``guard``,
     ``resolver``, ``hooks`` (shared with the ``Limiter``), ``deny_cache`` (``None`` when
-    disabled), ``global_limits`` and ``tier_limits`` (bound), ``enforcer`` (the request path).
+    disabled), ``global_limits`` and ``tier_limits`` (bound), ``enforcer`` (the request path),
+    ``tags`` (:class:`~flask_distlimit.digests.IdentityTags`) and ``identity_tag``, its
+    ``tag`` function: the keyed digest of an identity text in this app's keys.
     """
 
     def __init__(
@@ -76,6 +79,15 @@ class LimiterState:
         self.local_clock: Callable[[], int] = clock or monotonic_us
         #: the wall clock, in seconds (for header reset times)
         self.wall: Callable[[], float] = (lambda: clock() / 1_000_000) if clock else time.time
+        #: this app's identity tags: keyed with its secret, else a key the storage keeps
+        self.tags = IdentityTags(
+            identity_settings.tag_secret,
+            storage=storage,
+            key_prefix=settings.key_prefix,
+            clock=(lambda: clock() / 1_000_000) if clock else time.monotonic,
+            available=lambda: guard.breaker.state != "open",
+        )
+        self.identity_tag: Callable[[str], str] = self.tags.tag
         prefix, algorithm = settings.key_prefix, settings.algorithm
         self.default_specs: tuple[LimitSpec, ...] = (
             (LimitSpec("default", settings.default_limits),) if settings.default_limits else ()
@@ -130,7 +142,8 @@ class LimiterState:
         return admin.reset(self)
 
     def reset_identity(self, identity: str) -> int:
-        """Delete every key of one identity (e.g. ``"ip:203.0.113.9"``); answer how many."""
+        """Delete every key of one identity (e.g. ``"ip:203.0.113.9"``, or ``"func:alice"`` for
+        a ``key_func`` that returned ``"alice"``); answer how many."""
         return admin.reset_identity(self, identity)
 
     def checks_for(self, identity: str, cost: int = 0) -> list[tuple[str, Check]]:
@@ -141,5 +154,6 @@ class LimiterState:
     def after_fork(self) -> None:
         """In a forked child (gunicorn): new connections and a fresh deny-cache lock."""
         self.storage.reset_after_fork()
+        self.tags.after_fork()
         if self.deny_cache is not None:
             self.deny_cache.reset_after_fork()

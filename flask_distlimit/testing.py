@@ -82,6 +82,9 @@ class CountingStorage(Storage):
     def heartbeat(self, key: str, member: str, ttl: float) -> int:
         return self.inner.heartbeat(key, member, ttl)
 
+    def shared_value(self, key: str, candidate: str, ttl: int) -> str:
+        return self.inner.shared_value(key, candidate, ttl)
+
     def scripts_loaded(self) -> bool:
         return self.inner.scripts_loaded()
 

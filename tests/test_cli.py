@@ -200,7 +200,7 @@ def test_inspect_shows_usage_per_limit_and_consumes_nothing(
     assert found["search:5/hour"]["used"] == 3
     assert found["search:5/hour"]["remaining"] == 2
     assert found["tier-anonymous:100/hour"]["used"] == 5
-    login = rows(runner, "account:alice")
+    login = rows(runner, "func:account:alice")  # a key_func's value: a key space of its own
     assert login["login:3/hour"]["used"] == 2
     assert login["login:3/hour"]["algorithm"] == "token_bucket"
     # Exactly the two units the peeks left are still there.
@@ -257,6 +257,13 @@ def test_reset_one_limit_by_name(app: Flask, runner: FlaskCliRunner) -> None:
     found = rows(runner, "ip:127.0.0.1")
     assert set(found) == {"tier-anonymous:100/hour"}
     assert found["tier-anonymous:100/hour"]["used"] == 5
+
+
+def test_an_identity_without_a_kind_is_refused_with_the_func_form(runner: FlaskCliRunner) -> None:
+    for command in ("inspect", "reset"):
+        result = runner.invoke(distlimit_cli, [command, "account:alice"])
+        assert result.exit_code == 2
+        assert "func:account:alice" in result.output and "names no kind" in result.output
 
 
 def test_reset_an_unknown_limit_names_the_choices(runner: FlaskCliRunner) -> None:

@@ -418,7 +418,7 @@ def test_on_breach_hook_and_info_log_without_raw_api_key(
     assert breach.retry_after == 60
     assert not breach.from_cache
     state = Limiter.state(app)
-    digest = identity_tag(state.resolver.api_key_identity(raw_key))
+    digest = identity_tag(state.resolver.api_key_identity(raw_key), state.tags)
     assert breach.identity_digest == digest
     # One INFO line per client and limit per window, not one per refused request.
     records = [r for r in caplog.records if r.name == "flask_distlimit"]
@@ -621,7 +621,10 @@ def test_key_parts_match_keys_limit_key(backend: Backend, clock: FakeClock) -> N
 
     app.test_client().get("/k")
     (check,) = counting.checks[-1]
-    assert check.key == limit_key("my:rl", "ip:127.0.0.1", "r:k:7/30", "gcra")
+    tags = Limiter.state(app).tags
+    assert check.key == limit_key("my:rl", "ip:127.0.0.1", "r:k:7/30", "gcra", tags)
+    with app.app_context():  # the current app's tags by default
+        assert check.key == limit_key("my:rl", "ip:127.0.0.1", "r:k:7/30", "gcra")
 
 
 def test_local_fallback_reports_reduced_numbers_and_degraded(clock: FakeClock) -> None:

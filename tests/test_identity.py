@@ -21,6 +21,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 from werkzeug.test import EnvironBuilder
 
 from flask_distlimit.algorithms import Algorithm
+from flask_distlimit.digests import IdentityTags
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity import (
     ANONYMOUS,
@@ -315,13 +316,17 @@ def test_behind_one_proxy_only_the_hop_it_appended_counts() -> None:
     assert list(seen) == [f"ip:{CLIENT}"]
 
 
-# ProxyFix parity: the address we count is the one ProxyFix(x_for=N) would make REMOTE_ADDR.
+# The rule: X-Forwarded-For split on commas, exactly as the proxies wrote it; the client is the
+# entry N hops from the right; where that is no address, the nearest trusted hop's, marked.
 
-_ADDRESSES = st.one_of(
+_IPS = st.one_of(
     st.ip_addresses().map(str),
     st.ip_addresses(v=6).map(lambda a: f"[{a}]:8080"),
     st.ip_addresses(v=4).map(lambda a: f"{a}:1234"),
-    st.sampled_from(["", " ", "unknown", "_hidden", '"1.2.3.4"', '"a,b"', "::ffff:1.2.3.4"]),
+)
+_ADDRESSES = st.one_of(
+    _IPS,
+    st.sampled_from(["", " ", "unknown", "_hidden", '"1.2.3.4"', '"a,b"', "::ffff:1.2.3.4", '"']),
     st.text(max_size=12),
 )
 _XFF = st.one_of(
@@ -330,6 +335,24 @@ _XFF = st.one_of(
     st.lists(_ADDRESSES, max_size=5).map(",".join),
     st.text(alphabet=' ,"\\1.:abf[]', max_size=30),
 )
+_DIRECT = make_resolver(make_app(DISTLIMIT_TRUSTED_PROXIES=0))
+
+
+def _address(text: object) -> str:
+    return _DIRECT.client_ip({"REMOTE_ADDR": text} if text is not None else {})
+
+
+def _the_rule(hops: int, remote: str | None, xff: str | None) -> str:
+    if not hops or xff is None:
+        return _address(remote)
+    entries = [entry.strip(" \t") for entry in xff.split(",")]
+    if len(entries) >= hops and _address(entries[-hops]) != INVALID_IP:
+        return _address(entries[-hops])
+    trusted = entries[len(entries) - hops + 1 :] if len(entries) >= hops else entries
+    for hop in [*trusted, remote]:
+        if hop is not None and _address(hop) != INVALID_IP:
+            return "ip:invalid-via:" + _address(hop).removeprefix("ip:")
+    return INVALID_IP
 
 
 def _proxyfix_remote_addr(environ: dict[str, Any], hops: int) -> str | None:
@@ -345,15 +368,30 @@ def _proxyfix_remote_addr(environ: dict[str, Any], hops: int) -> str | None:
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(hops=st.integers(0, 4), remote=st.one_of(st.none(), _ADDRESSES), xff=_XFF)
-def test_proxyfix_parity(hops: int, remote: str | None, xff: str | None) -> None:
+def test_forwarded_for_follows_the_rule(hops: int, remote: str | None, xff: str | None) -> None:
     environ: dict[str, Any] = {}
     if remote is not None:
         environ["REMOTE_ADDR"] = remote
     if xff is not None:
         environ["HTTP_X_FORWARDED_FOR"] = xff
     ours = make_resolver(make_app(DISTLIMIT_TRUSTED_PROXIES=hops)).client_ip(environ)
-    direct = make_resolver(make_app(DISTLIMIT_TRUSTED_PROXIES=0))
-    assert ours == direct.client_ip({"REMOTE_ADDR": _proxyfix_remote_addr(environ, hops)})
+    assert ours == _the_rule(hops, remote, xff)
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(
+    hops=st.integers(0, 4),
+    remote=_IPS,
+    entries=st.lists(_IPS, min_size=4, max_size=6),
+    sep=st.sampled_from([",", ", ", " , "]),
+)
+def test_addresses_only_pick_the_client_proxyfix_picks(
+    hops: int, remote: str, entries: list[str], sep: str
+) -> None:
+    """Where every entry is an address (and there are enough), ProxyFix(x_for=N) agrees."""
+    environ = {"REMOTE_ADDR": remote, "HTTP_X_FORWARDED_FOR": sep.join(entries)}
+    ours = make_resolver(make_app(DISTLIMIT_TRUSTED_PROXIES=hops)).client_ip(environ)
+    assert ours == _address(_proxyfix_remote_addr(environ, hops))
 
 
 def test_proxyfix_parity_on_a_real_request() -> None:
@@ -547,6 +585,40 @@ def test_verified_api_key_is_an_hmac_digest_never_the_key(
     assert resolver.api_key_identity(raw) == first.value
 
 
+def test_a_verifier_may_answer_the_keys_canonical_id() -> None:
+    app = make_app(SECRET_KEY="s" * 32, DISTLIMIT_TIERS=dict(EXAMPLE_TIERS))
+    resolver = make_resolver(app)
+    keys = {"ABC-123": ("key-7", "pro"), "abc-123": ("key-7", "pro"), "xyz": (8, None)}
+    hooks = IdentityHooks(api_key_verifier=keys.get)
+    upper = identify(app, resolver, hooks, headers={"X-Api-Key": "ABC-123"})
+    lower = identify(app, resolver, hooks, headers={"X-Api-Key": "abc-123"})
+    assert upper == lower == Identity("api_key", resolver.api_key_identity("key-7"), "pro")
+    numbered = identify(app, resolver, hooks, headers={"X-Api-Key": "xyz"})
+    assert numbered == Identity("api_key", resolver.api_key_identity("8"), ANONYMOUS)
+    assert "key-7" not in upper.value and "ABC" not in upper.value
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        (("", "pro"), "empty"),
+        ((None, "pro"), "NoneType"),
+        ((True, "pro"), "bool"),
+        (("id", "pro", "extra"), "tuple"),
+        (42, "int"),
+        (["id", "pro"], "list"),
+    ],
+)
+def test_a_verifier_answering_nonsense_is_told_the_forms(answer: object, says: str) -> None:
+    raw = "sk_live_never_in_messages"
+    app = make_app(SECRET_KEY="s" * 32)
+    resolver = make_resolver(app)
+    hooks = IdentityHooks(api_key_verifier=lambda key: answer)  # type: ignore[arg-type,return-value]
+    with pytest.raises(TypeError, match="canonical id") as info:
+        identify(app, resolver, hooks, headers={"X-Api-Key": raw})
+    assert says in str(info.value) and raw not in str(info.value)
+
+
 def test_random_api_keys_get_no_fresh_quota() -> None:
     calls: list[int] = []
 
@@ -654,7 +726,8 @@ def test_keys_of_any_identity_stay_in_one_cluster_slot(value: str) -> None:
         ("route:/orders {x}", "token_bucket"),
         ("shared:reports\n", "gcra"),
     ]
-    keys = [limit_key("ratelimit", identity.value, lid, algorithm) for lid, algorithm in limits]
+    tags = IdentityTags.fixed(b"test-secret")
+    keys = [limit_key("ratelimit", identity.value, lid, a, tags) for lid, a in limits]
     slots = {key_slot(key.encode("utf-8", "surrogatepass")) for key in keys}
     assert len(slots) == 1
     assert all(len(key) < 300 and "\n" not in key and " " not in key for key in keys)

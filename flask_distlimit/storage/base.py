@@ -12,11 +12,14 @@ never raise a backend library's own exception types.
 from __future__ import annotations
 
 import abc
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 
 from ..decision import Check, Evaluation
 
 __all__ = ["Storage"]
+
+_shared_lock = threading.Lock()
 
 
 class Storage(abc.ABC):
@@ -51,6 +54,19 @@ class Storage(abc.ABC):
 
         Used by ``DISTLIMIT_INSTANCES = "auto"``: one member per process.
         """
+
+    def shared_value(self, key: str, candidate: str, ttl: int) -> str:
+        """The value every process of a deployment reads at ``key``: ``candidate`` is stored
+        there first when the key is absent; either way the key then lives ``ttl`` seconds.
+
+        Used for the identity digest key when the app sets no secret
+        (:mod:`flask_distlimit.digests`). This default keeps the value in the storage object,
+        as suits a store private to one process (``memory://``); a store shared by several
+        processes must override it (the Redis storages do, with ``SET NX`` and ``EXPIRE``).
+        """
+        with _shared_lock:
+            kept: dict[str, str] = self.__dict__.setdefault("_shared_values", {})
+            return kept.setdefault(key, candidate)
 
     def scripts_loaded(self) -> bool:
         """True when the store holds the rate-limit scripts (always true for memory)."""

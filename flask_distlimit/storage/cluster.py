@@ -42,6 +42,7 @@ from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
 from .base import Storage
 from .heartbeat import HEARTBEAT_SOURCE
 from .redis import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT, _pool_connections, connection_options
+from .shared_value import SHARED_VALUE_SOURCE
 from .translate import REDIS_FAILURES, storage_error
 
 __all__ = ["ClusterStorage", "slot_of"]
@@ -102,6 +103,7 @@ class ClusterStorage(Storage):
         self._client: RedisCluster | None = None
         self._script: Script | None = None
         self._heartbeat: Script | None = None
+        self._shared_value: Script | None = None
         if client is not None:
             self._attach(client)
 
@@ -110,6 +112,7 @@ class ClusterStorage(Storage):
     def _attach(self, client: RedisCluster) -> None:
         self._script = client.register_script(SCRIPT_SOURCE)
         self._heartbeat = client.register_script(HEARTBEAT_SOURCE)
+        self._shared_value = client.register_script(SHARED_VALUE_SOURCE)
         self._client = client
 
     def _connect(self) -> RedisCluster:
@@ -338,6 +341,15 @@ class ClusterStorage(Storage):
             return int(self._heartbeat([key], [member, max(1, round(ttl * 1000))]))
         except REDIS_FAILURES as exc:
             raise storage_error(exc) from exc
+
+    def shared_value(self, key: str, candidate: str, ttl: int) -> str:
+        self.client  # noqa: B018 - connects and registers the scripts
+        assert self._shared_value is not None
+        try:
+            value = self._shared_value([key], [candidate, int(ttl)])
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+        return value.decode() if isinstance(value, bytes) else str(value)
 
     def scripts_loaded(self) -> bool:
         client = self.client

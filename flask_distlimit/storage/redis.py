@@ -39,6 +39,7 @@ from ..decision import Check, Evaluation
 from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
 from .base import Storage
 from .heartbeat import HEARTBEAT_SOURCE
+from .shared_value import SHARED_VALUE_SOURCE
 from .translate import REDIS_FAILURES, storage_error
 from .wire import EvalshaPacker, read_bulk
 
@@ -229,6 +230,7 @@ class RedisStorage(Storage):
             self._execute_on_pool if self._owns_client else client.execute_command
         )
         self._heartbeat: Script = client.register_script(HEARTBEAT_SOURCE)
+        self._shared_value: Script = client.register_script(SHARED_VALUE_SOURCE)
         # On the single-node pool we built, EVALSHA is packed and its reply read by hand
         # (storage/wire.py: about 8 us less per call).
         self._packer: EvalshaPacker | None = None
@@ -358,6 +360,13 @@ class RedisStorage(Storage):
             return int(self._heartbeat([key], [member, max(1, round(ttl * 1000))]))
         except REDIS_FAILURES as exc:
             raise storage_error(exc) from exc
+
+    def shared_value(self, key: str, candidate: str, ttl: int) -> str:
+        try:
+            value = self._shared_value([key], [candidate, int(ttl)])
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+        return value.decode() if isinstance(value, bytes) else str(value)
 
     def scripts_loaded(self) -> bool:
         try:

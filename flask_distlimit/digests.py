@@ -1,0 +1,195 @@
+"""Identity tags: keyed digests of identity texts, and where their key comes from.
+
+A storage key holds its client only as a tag, ``BLAKE2b-80(key=K, identity text)`` in hex (20
+characters). The key ``K`` is secret, so a client cannot compute, offline, which Redis Cluster
+slot its keys land on: it cannot grind chosen ``key_func`` inputs (usernames, tenant ids) into one
+slot to load one shard. Every worker and replica of a deployment computes the same tags; ``K``
+is, by order of preference:
+
+1. derived from ``DISTLIMIT_API_KEY_SECRET``, else the app's ``SECRET_KEY``:
+   ``HMAC-SHA256(secret, "flask-distlimit identity-tag")`` (never the same key as the API-key
+   digests'). No storage round trip. Changing the secret restarts every counter;
+2. else a random value the storage keeps for the deployment, at ``<prefix>:identity-digest-key``:
+   the first process to ask sets it (``SET NX``), every process reads it, and each one refreshes
+   its time to live (:data:`SHARED_KEY_TTL`, longer than the longest rate period) at most every
+   :data:`REFRESH_INTERVAL` seconds, riding on a request (no background thread). Should the key
+   vanish (a flushed Redis), the next refresh writes the value every running process holds back,
+   and a process that finds another value there adopts it. Until a process has read the value
+   (the storage down at start-up, or refusing the limiter), it tags with a key of its own and
+   tries again every :data:`RETRY_INTERVAL` seconds: its requests then fall to the failure
+   policy anyway, or are counted in buckets of their own for those seconds. ``memory://`` keeps
+   the value in the process (one per storage object), as it keeps everything else.
+
+Tags of identities up to 128 characters are cached (4096 per app): most requests come from
+clients seen before, and a cached tag costs a dictionary look-up.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import hmac
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from typing import Final
+
+from .errors import StorageError
+from .storage.base import Storage
+
+__all__ = [
+    "REFRESH_INTERVAL",
+    "RETRY_INTERVAL",
+    "SHARED_KEY_TTL",
+    "IdentityTags",
+    "tag_secret",
+]
+
+log = logging.getLogger(__name__)
+
+#: Seconds the storage keeps an unrefreshed digest key: 400 days, more than the longest rate
+#: period (366 days), so the key outlives every counter tagged with it.
+SHARED_KEY_TTL: Final = 400 * 86400
+#: Seconds between two refreshes of the storage-kept key by one process.
+REFRESH_INTERVAL: Final = 3600.0
+#: Seconds before a process that could not read the storage-kept key tries again.
+RETRY_INTERVAL: Final = 5.0
+
+#: Identities up to this length have their tag cached (most requests come from clients seen
+#: before); longer ones (a key_func may return kilobytes) are hashed every time.
+_CACHED_LENGTH: Final = 128
+_CACHE_SIZE: Final = 4096
+_CONTEXT: Final = b"flask-distlimit identity-tag"
+
+
+def tag_secret(secret: bytes) -> bytes:
+    """The tag key derived from an app secret (``DISTLIMIT_API_KEY_SECRET`` or ``SECRET_KEY``)."""
+    return hmac.new(secret, _CONTEXT, hashlib.sha256).digest()
+
+
+class IdentityTags:
+    """The identity tags of one app's keys (see the module docstring).
+
+    - ``secret``: the tag key from :func:`tag_secret`; ``None`` reads (and sets) the deployment's
+      key in ``storage`` under ``<key_prefix>:identity-digest-key``;
+    - ``clock``: monotonic seconds, for the refresh and retry intervals;
+    - ``available``: whether to try the storage now (the extension passes "the circuit breaker
+      is not open", so an outage costs no extra timeouts).
+
+    :attr:`tag` is what the request path calls.
+    """
+
+    def __init__(
+        self,
+        secret: bytes | None = None,
+        *,
+        storage: Storage | None = None,
+        key_prefix: str = "ratelimit",
+        clock: Callable[[], float] = time.monotonic,
+        available: Callable[[], bool] = lambda: True,
+    ) -> None:
+        if secret is None and storage is None:
+            raise ValueError("IdentityTags needs a secret or a storage to keep its key in")
+        self.storage_key = f"{key_prefix}:identity-digest-key"
+        self._storage = storage
+        self._clock = clock
+        self._available = available
+        self._lock = threading.Lock()
+        self._warned = False
+        #: ``"secret"`` (from the app's secret) or ``"storage"`` (kept by the storage)
+        self.source = "secret" if secret is not None else "storage"
+        #: the storage has answered (always true with a secret)
+        self.settled = secret is not None
+        self._due = float("inf") if secret is not None else float("-inf")
+        # The value offered to the storage: this process's own until it has read the shared one.
+        self._value = secrets.token_hex(32)
+        self._base = hashlib.blake2b(digest_size=10, key=secret or tag_secret(self._value.encode()))
+        self._cached: Callable[[str], str] = functools.lru_cache(maxsize=_CACHE_SIZE)(self._digest)
+        #: ``tag(identity text) -> 20 hex characters``
+        self.tag: Callable[[str], str] = self._tag if secret is not None else self._kept_tag
+
+    @classmethod
+    def fixed(cls, secret: bytes) -> IdentityTags:
+        """Tags under a key derived from ``secret`` (for tools, tests and benchmarks)."""
+        return cls(tag_secret(secret))
+
+    # -- the request path --------------------------------------------------------------------
+
+    def _tag(self, identity: str) -> str:
+        if len(identity) <= _CACHED_LENGTH:
+            return self._cached(identity)
+        return self._digest(identity)
+
+    def _kept_tag(self, identity: str) -> str:
+        if self._clock() >= self._due:
+            self._maintain(wait=not self.settled)
+        if len(identity) <= _CACHED_LENGTH:
+            return self._cached(identity)
+        return self._digest(identity)
+
+    def _digest(self, identity: str) -> str:
+        digest = self._base.copy()
+        digest.update(identity.encode("utf-8", "surrogatepass"))
+        return digest.hexdigest()
+
+    # -- the storage-kept key ----------------------------------------------------------------
+
+    def require(self) -> None:
+        """Read the storage-kept key now unless it was read: for tools (``flask distlimit``,
+        ``reset_identity``), which must name the keys requests use. Raises the storage's
+        :class:`~flask_distlimit.errors.StorageError` when it cannot be read."""
+        if self.source == "storage" and not self.settled:
+            self._read(raise_errors=True)
+
+    def _maintain(self, *, wait: bool) -> None:
+        """Read (or refresh) the storage-kept key when due; one thread at a time. Before the
+        first read, the others wait for it (their requests would be counted apart otherwise)."""
+        if not self._lock.acquire(blocking=wait):
+            return
+        try:
+            if self._clock() < self._due:
+                return  # another thread did it
+            if not self._available():
+                self._due = self._clock() + RETRY_INTERVAL
+                return
+            self._read(raise_errors=False)
+        finally:
+            self._lock.release()
+
+    def _read(self, *, raise_errors: bool) -> None:
+        assert self._storage is not None
+        try:
+            value = self._storage.shared_value(self.storage_key, self._value, SHARED_KEY_TTL)
+        except StorageError as exc:
+            self._due = self._clock() + RETRY_INTERVAL
+            if raise_errors:
+                raise
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "Cannot read the identity digest key %r from the storage (%s); until it "
+                    "can, this process tags identities with a key of its own and tries again "
+                    "every %.0f s. Set DISTLIMIT_API_KEY_SECRET or SECRET_KEY to derive the key "
+                    "from a secret instead. (Logged once.)",
+                    self.storage_key, exc, RETRY_INTERVAL,
+                )  # fmt: skip
+            return
+        if value != self._value or not self.settled:
+            if self.settled:
+                log.warning(
+                    "The identity digest key %r changed in the storage (flushed, or set by "
+                    "another deployment with the same key prefix?); this process adopts it, and "
+                    "counts its clients in fresh buckets.",
+                    self.storage_key,
+                )
+            self._value = value
+            self._base = hashlib.blake2b(digest_size=10, key=tag_secret(value.encode()))
+            self._cached = functools.lru_cache(maxsize=_CACHE_SIZE)(self._digest)
+        self.settled = True
+        self._due = self._clock() + REFRESH_INTERVAL
+
+    def after_fork(self) -> None:
+        """In a forked child: a fresh lock (a parent's thread may have held it)."""
+        self._lock = threading.Lock()

@@ -1,0 +1,140 @@
+"""Client addresses: ``REMOTE_ADDR``, or the ``X-Forwarded-For`` entry trusted proxies vouch for.
+
+Each proxy appends the address it saw to ``X-Forwarded-For``, on the right; a client can write
+anything to the left. So the header is split on commas and each entry stripped, exactly as the
+proxies wrote it (never parsed as a quoted-string list: a quote or any other junk a client puts
+in its own entries can neither move nor swallow the entries the proxies appended), and the
+client is the entry ``DISTLIMIT_TRUSTED_PROXIES`` hops from the right. With no header at all
+(an empty one counts as present), the connecting peer (``REMOTE_ADDR``) is the client.
+``Forwarded`` (RFC 7239) is never read.
+
+When that entry is not an IP address (junk, ``unknown``, an obfuscated identifier, or missing
+because the header has fewer entries than there are trusted hops), the request is counted as
+``ip:invalid-via:<address>``: the address of the nearest trusted hop (the hop that handed the
+request on: the entry to the right, or ``REMOTE_ADDR``) behind a marker that no real client's
+address can carry. Such requests share one bucket per proxy, apart from every client and from
+the proxy's own requests (its health checks): junk never buys a fresh quota, and never spends
+someone else's.
+
+IPv6 clients are grouped by their ``/DISTLIMIT_IPV6_PREFIX`` network so one host cannot rotate
+through its addresses; an IPv4-mapped IPv6 address counts as its IPv4 address; a ``REMOTE_ADDR``
+that cannot be read shares the bucket ``ip:invalid``.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import logging
+from collections.abc import Callable, Mapping
+from typing import Final
+
+__all__ = ["INVALID_IP", "UNIDENTIFIED_VIA", "ClientAddresses"]
+
+logger = logging.getLogger(__name__)
+
+#: The one bucket shared by every request whose client address cannot be read.
+INVALID_IP: Final = "ip:invalid"
+#: The head of ``ip:invalid-via:<address>``: requests whose forwarded client entry is not an IP
+#: address, counted per nearest trusted hop, apart from every real client.
+UNIDENTIFIED_VIA: Final = "ip:invalid-via:"
+
+#: Longest client address text parsed (an IPv6 address with zone and port is far shorter).
+_MAX_ADDRESS_LENGTH: Final = 128
+
+
+class ClientAddresses:
+    """The client address of a request, as ``"ip:<address>"`` (IPv6 as its network)."""
+
+    def __init__(self, trusted_proxies: int, ipv6_prefix: int) -> None:
+        self._trusted = trusted_proxies
+        self._shift = 128 - ipv6_prefix
+        self._prefix = ipv6_prefix
+        self._address: Callable[[str], str] = functools.lru_cache(maxsize=4096)(self._normalize)
+        self._warned_invalid = False
+        self._warned_unidentified = False
+
+    def client_ip(self, environ: Mapping[str, object]) -> str:
+        """``"ip:<address>"`` of the client (IPv6 as its ``/DISTLIMIT_IPV6_PREFIX`` network), or
+        ``"ip:invalid-via:<address>"`` when the forwarded client entry is not an address."""
+        remote = environ.get("REMOTE_ADDR")
+        trusted = self._trusted
+        if trusted:
+            forwarded = environ.get("HTTP_X_FORWARDED_FOR")
+            if isinstance(forwarded, str):  # present, even empty: the proxies wrote it
+                # At most trusted + 1 parts: the last `trusted` entries exactly as the proxies
+                # wrote them, and before them whatever the client sent (never parsed).
+                parts = forwarded.rsplit(",", trusted)
+                if len(parts) >= trusted:
+                    chosen = self._address(parts[-trusted])
+                    if chosen != INVALID_IP:
+                        return chosen
+                # No address where the client's should be: count it at the nearest trusted hop.
+                return self._unidentified(parts[max(0, len(parts) - trusted + 1) :], remote)
+        if not isinstance(remote, str):
+            return self._invalid(remote)
+        value = self._address(remote)
+        if value == INVALID_IP:
+            return self._invalid(remote)
+        return value
+
+    def _unidentified(self, hops: list[str], remote: object) -> str:
+        """``ip:invalid-via:<address>`` of the first readable trusted hop, nearest to the
+        client first (``hops``, then ``REMOTE_ADDR``)."""
+        for hop in (*hops, remote):
+            if isinstance(hop, str):
+                value = self._address(hop)
+                if value != INVALID_IP:
+                    marked = UNIDENTIFIED_VIA + value[3:]
+                    if not self._warned_unidentified:
+                        self._warned_unidentified = True
+                        logger.warning(
+                            "X-Forwarded-For holds no client address %d hop(s) from the right; "
+                            "such requests are counted as %r, apart from every client. A client "
+                            "that sends junk does this; if every request does, "
+                            "DISTLIMIT_TRUSTED_PROXIES (%d) is more than the proxies that append "
+                            "to X-Forwarded-For. (Logged once.)",
+                            self._trusted, marked, self._trusted,
+                        )  # fmt: skip
+                    return marked
+        return self._invalid(remote)
+
+    def _invalid(self, address: object) -> str:
+        if not self._warned_invalid:
+            self._warned_invalid = True
+            logger.warning(
+                "Cannot read the client address %s; such requests share the bucket %r. Behind a "
+                "proxy, set DISTLIMIT_TRUSTED_PROXIES. (Logged once.)",
+                repr(address)[:80], INVALID_IP,
+            )  # fmt: skip
+        return INVALID_IP
+
+    def _normalize(self, address: str) -> str:
+        text = address.strip()
+        if not text or len(text) > _MAX_ADDRESS_LENGTH:
+            return INVALID_IP
+        if text.startswith("["):  # "[v6]" or "[v6]:port"
+            host, bracket, port = text[1:].partition("]")
+            if not bracket or (port and not (port[0] == ":" and _is_port(port[1:]))):
+                return INVALID_IP
+            text = host
+        elif text.count(":") == 1:  # "v4:port"
+            host, _, port = text.partition(":")
+            if not _is_port(port):
+                return INVALID_IP
+            text = host
+        try:
+            ip = ipaddress.ip_address(text)
+        except ValueError:
+            return INVALID_IP
+        if isinstance(ip, ipaddress.IPv6Address):
+            mapped = ip.ipv4_mapped
+            if mapped is not None:
+                return f"ip:{mapped}"
+            network = ipaddress.IPv6Network((int(ip) >> self._shift << self._shift, self._prefix))
+            return f"ip:{network}"
+        return f"ip:{ip}"
+
+
+def _is_port(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) <= 5

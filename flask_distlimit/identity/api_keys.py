@@ -1,0 +1,122 @@
+"""API keys: the ``DISTLIMIT_API_KEY_HEADER`` header, an identity only when the app's verifier
+accepts it.
+
+The verifier answers (:data:`VerifierAnswer`):
+
+- ``None``: an unknown key (the request counts as anonymous);
+- ``tier``: a valid key, counted by its spelling as sent;
+- ``(key_id, tier or None)``: a valid key, counted by ``key_id``, its canonical id (a ``str`` or
+  ``int``: the key as your store spells it, or its database id). A verifier that accepts several
+  spellings of one key (any letter case, padding, a prefix) must answer this form, or each
+  spelling counts apart: with 32 hex digits and a case-insensitive check, up to 2**16 buckets
+  for one key.
+
+The key (or its id) is kept only as an HMAC-SHA256 digest (``apikey:<hex>``) and never appears in
+keys, logs or exceptions. An unknown key, or one longer than :data:`MAX_API_KEY_LENGTH`, is
+anonymous.
+
+The digest key is derived from ``DISTLIMIT_API_KEY_SECRET``, else the app's ``SECRET_KEY``:
+``HMAC-SHA256(HMAC-SHA256(secret, "flask-distlimit api-key"), key)``, so the same secret never
+signs two kinds of data. When neither is set, an API key verifier cannot be used:
+:meth:`ApiKeys.check` raises :class:`~flask_distlimit.errors.ConfigurationError` saying so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Callable, Mapping
+from typing import Final, TypeAlias
+
+from ..errors import ConfigurationError
+
+__all__ = [
+    "MAX_API_KEY_LENGTH",
+    "ApiKeyVerifier",
+    "ApiKeys",
+    "VerifierAnswer",
+    "api_key_digest_key",
+]
+
+#: What an API key verifier answers: ``None`` (unknown), a tier, or ``(key_id, tier or None)``.
+VerifierAnswer: TypeAlias = str | tuple[str | int, str | None] | None
+#: ``(raw_key) -> VerifierAnswer``
+ApiKeyVerifier: TypeAlias = Callable[[str], VerifierAnswer]
+
+#: Longest API key passed to the verifier; a longer header is ignored as an unknown key.
+MAX_API_KEY_LENGTH: Final = 1024
+
+_DIGEST_CONTEXT: Final = b"flask-distlimit api-key"
+
+_NO_SECRET: Final = (
+    "An API key verifier is set (limiter.api_key_verifier), but there is no secret to "
+    "digest API keys with, so they could only be stored in clear. Set "
+    "DISTLIMIT_API_KEY_SECRET (or the app's SECRET_KEY) to a long random string, "
+    "e.g. secrets.token_hex(32), before init_app."
+)
+
+
+def api_key_digest_key(secret: bytes) -> bytes:
+    """The HMAC key of API-key digests, derived from the app's secret."""
+    return hmac.new(secret, _DIGEST_CONTEXT, hashlib.sha256).digest()
+
+
+class ApiKeys:
+    """Reads, verifies and digests the API key of a request."""
+
+    __slots__ = ("_mac", "environ_key")
+
+    def __init__(self, header: str, digest_key: bytes | None) -> None:
+        #: the WSGI environ key of the header
+        self.environ_key = "HTTP_" + header.upper().replace("-", "_")
+        self._mac = (
+            hmac.new(digest_key, digestmod=hashlib.sha256) if digest_key is not None else None
+        )
+
+    @property
+    def ready(self) -> bool:
+        """A secret to digest keys with is set."""
+        return self._mac is not None
+
+    def check(self, verifier: object) -> None:
+        """Raise :class:`ConfigurationError` when a verifier is set but no secret is."""
+        if verifier is not None and self._mac is None:
+            raise ConfigurationError(_NO_SECRET)
+
+    def identity(self, raw_key: str) -> str:
+        """``"apikey:<hex>"``: the identity of a (verified) API key, without the key itself."""
+        if self._mac is None:
+            raise ConfigurationError(
+                "No secret to digest API keys with: set DISTLIMIT_API_KEY_SECRET or SECRET_KEY."
+            )
+        mac = self._mac.copy()
+        mac.update(raw_key.encode("utf-8", "surrogatepass"))
+        return "apikey:" + mac.hexdigest()
+
+    def verify(
+        self, environ: Mapping[str, object], verifier: ApiKeyVerifier
+    ) -> tuple[str, object] | None:
+        """``(identity text, tier)`` of the request's key when ``verifier`` accepts it: the
+        digest of the key's canonical id when the verifier answers one, else of the key."""
+        raw = environ.get(self.environ_key)
+        if not (isinstance(raw, str) and raw and len(raw) <= MAX_API_KEY_LENGTH):
+            return None
+        answer: object = verifier(raw)
+        if answer is None:
+            return None
+        if isinstance(answer, str):
+            return self.identity(raw), answer
+        if isinstance(answer, tuple) and len(answer) == 2:
+            key_id, tier = answer
+            if isinstance(key_id, bool) or not isinstance(key_id, (str, int)) or key_id == "":
+                raise TypeError(
+                    "The API key verifier answered (key_id, tier) with a key_id that is "
+                    f"{'empty' if key_id == '' else 'a ' + type(key_id).__name__}; the key_id is "
+                    "the key's canonical id, a non-empty str or an int (e.g. its id in your "
+                    "store)."
+                )
+            return self.identity(str(key_id)), tier
+        raise TypeError(
+            f"The API key verifier returned a {type(answer).__name__}; it must return None (an "
+            "unknown key), the key's tier, or (key_id, tier or None) with the key's canonical id."
+        )

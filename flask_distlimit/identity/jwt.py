@@ -1,0 +1,220 @@
+"""The built-in JWT path: ``DISTLIMIT_JWT_*`` read once, bearer tokens verified with PyJWT.
+
+A token is an identity only when its signature, ``exp``, ``aud`` (and ``iss`` when configured)
+were verified with the configured keys, and only with the algorithms the app lists (never
+``none``). Its ``sub`` (else ``client_id``) claim names the client, its ``tier`` claim the tier.
+A forged, unverified, expired, wrong-audience or garbage token is not an identity: the request
+falls through, never a 500. PyJWT is imported only when ``DISTLIMIT_JWT_KEYS`` is set.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Final
+
+from ..errors import ConfigurationError
+
+__all__ = ["MAX_TOKEN_LENGTH", "JwtSettings", "JwtVerifier", "read_jwt"]
+
+#: Longest bearer token verified; a longer one is ignored as unverifiable.
+MAX_TOKEN_LENGTH: Final = 8192
+
+_CLAIM_NAME: Final = re.compile(r"[^\s]{1,64}")
+_JWT_HINT: Final = "Install it with `pip install Flask-DistLimit[jwt]`."
+
+
+@dataclass(frozen=True)
+class JwtSettings:
+    """The built-in JWT path, read from ``DISTLIMIT_JWT_*``.
+
+    ``keys`` pairs every configured algorithm with each key that can verify it, already prepared
+    by PyJWT (a PEM key is parsed once, at start-up).
+    """
+
+    keys: Mapping[str, tuple[object, ...]] = field(repr=False)
+    algorithms: tuple[str, ...]
+    audience: tuple[str, ...]
+    issuer: str | None = None
+    leeway: float = 0.0
+    subject_claim: str = "sub"
+    client_claim: str = "client_id"
+    tier_claim: str = "tier"
+
+
+def _as_list(value: object) -> list[object]:
+    if isinstance(value, (str, bytes)):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+
+def read_jwt(config: MutableMapping[str, object]) -> JwtSettings | None:
+    """Read (``setdefault``) and check every ``DISTLIMIT_JWT_*`` key; ``None``: no JWT path."""
+    keys = config.setdefault("DISTLIMIT_JWT_KEYS", None)
+    algorithms = config.setdefault("DISTLIMIT_JWT_ALGORITHMS", None)
+    audience = config.setdefault("DISTLIMIT_JWT_AUDIENCE", None)
+    issuer = config.setdefault("DISTLIMIT_JWT_ISSUER", None)
+    leeway = config.setdefault("DISTLIMIT_JWT_LEEWAY", 0)
+    claims = {
+        key: config.setdefault(key, default)
+        for key, default in (
+            ("DISTLIMIT_JWT_SUBJECT_CLAIM", "sub"),
+            ("DISTLIMIT_JWT_CLIENT_CLAIM", "client_id"),
+            ("DISTLIMIT_JWT_TIER_CLAIM", "tier"),
+        )
+    }
+    if keys is None or keys == [] or keys == ():
+        return None
+    try:
+        jwt_algorithms = importlib.import_module("jwt.algorithms")
+    except ImportError:
+        raise ConfigurationError(
+            f"DISTLIMIT_JWT_KEYS is set, but PyJWT is not installed. {_JWT_HINT}"
+        ) from None
+
+    algs = _as_list(algorithms) if algorithms is not None else []
+    supported = sorted(a for a in jwt_algorithms.get_default_algorithms() if a != "none")
+    if not algs or any(not isinstance(a, str) or a not in supported for a in algs):
+        raise ConfigurationError(
+            f"DISTLIMIT_JWT_ALGORITHMS must list the algorithms your tokens are signed with, "
+            f"from {supported} ('none' is never accepted), e.g. ['RS256']; got {algorithms!r}. "
+            "With a PEM public key, use RS*/PS*/ES*/EdDSA (asymmetric ones need "
+            "`pip install pyjwt[crypto]`)."
+        )
+
+    auds = _as_list(audience) if audience is not None else []
+    if not auds or any(not isinstance(a, str) or not a for a in auds):
+        raise ConfigurationError(
+            f"DISTLIMIT_JWT_AUDIENCE must be the audience ('aud') your tokens are issued for, a "
+            f"string or a list of strings, e.g. 'https://api.example.com'; got {audience!r}. "
+            "A token for another audience is not an identity here."
+        )
+    if issuer is not None and (not isinstance(issuer, str) or not issuer):
+        raise ConfigurationError(
+            f"DISTLIMIT_JWT_ISSUER must be a string (the tokens' 'iss') or None, got {issuer!r}."
+        )
+    if isinstance(leeway, bool) or not isinstance(leeway, (int, float)) or not 0 <= leeway <= 300:
+        raise ConfigurationError(
+            f"DISTLIMIT_JWT_LEEWAY must be a number of seconds from 0 to 300 (clock skew allowed "
+            f"on exp/nbf/iat), got {leeway!r}."
+        )
+    for setting, name in claims.items():
+        if not isinstance(name, str) or not _CLAIM_NAME.fullmatch(name):
+            raise ConfigurationError(f"{setting} must be a claim name such as 'sub', got {name!r}.")
+
+    prepared: dict[str, list[object]] = {str(a): [] for a in algs}
+    for index, key in enumerate(_as_list(keys)):
+        usable = False
+        for alg in prepared:
+            ready = _prepare_key(jwt_algorithms, alg, key, index)
+            if ready is not None:
+                prepared[alg].append(ready)
+                usable = True
+        if not usable:
+            raise ConfigurationError(
+                f"DISTLIMIT_JWT_KEYS[{index}] cannot verify any of DISTLIMIT_JWT_ALGORITHMS "
+                f"{list(prepared)}: an HMAC secret (str/bytes) needs HS256/HS384/HS512, a PEM "
+                "public key ('-----BEGIN PUBLIC KEY-----...') needs RS*/PS*/ES*/EdDSA."
+            )
+    return JwtSettings(
+        keys=MappingProxyType({alg: tuple(ks) for alg, ks in prepared.items() if ks}),
+        algorithms=tuple(str(a) for a in algs),
+        audience=tuple(str(a) for a in auds),
+        issuer=issuer,
+        leeway=float(leeway),
+        subject_claim=str(claims["DISTLIMIT_JWT_SUBJECT_CLAIM"]),
+        client_claim=str(claims["DISTLIMIT_JWT_CLIENT_CLAIM"]),
+        tier_claim=str(claims["DISTLIMIT_JWT_TIER_CLAIM"]),
+    )
+
+
+def _prepare_key(jwt_algorithms: Any, alg: str, key: object, index: int) -> object | None:
+    """The key prepared by PyJWT for ``alg``, ``None`` when it is not a key of that family."""
+    if not isinstance(key, (str, bytes)) or not key:
+        raise ConfigurationError(
+            f"DISTLIMIT_JWT_KEYS[{index}] must be a non-empty string or bytes (an HMAC secret or "
+            f"a PEM public key), got a {type(key).__name__}."
+        )
+    algorithm = jwt_algorithms.get_default_algorithms()[alg]
+    try:
+        ready: object = algorithm.prepare_key(key)
+    except Exception:  # PyJWT raises InvalidKeyError, ValueError or TypeError for another family
+        return None
+    if not isinstance(ready, bytes) and not hasattr(ready, "verify"):
+        raise ConfigurationError(
+            f"DISTLIMIT_JWT_KEYS[{index}] is a private key; give the PUBLIC key instead (the rate "
+            "limiter only verifies tokens, it must never be able to sign them)."
+        )
+    short = algorithm.check_key_length(ready)
+    if short:
+        raise ConfigurationError(f"DISTLIMIT_JWT_KEYS[{index}] is too weak for {alg}: {short}")
+    return ready
+
+
+class JwtVerifier:
+    """Verifies bearer tokens with PyJWT; answers an identity or ``None``, never raises."""
+
+    __slots__ = ("_decode", "_errors", "_header", "_keys", "_kwargs", "_settings")
+
+    def __init__(self, settings: JwtSettings) -> None:
+        jwt = importlib.import_module("jwt")
+        self._settings = settings
+        self._keys = settings.keys
+        self._header: Callable[[str], dict[str, Any]] = jwt.get_unverified_header
+        self._decode: Callable[..., dict[str, Any]] = jwt.PyJWT(
+            options={"enforce_minimum_key_length": True}
+        ).decode
+        self._errors: tuple[type[BaseException], ...] = (
+            jwt.PyJWTError, ValueError, TypeError, LookupError, OverflowError, RecursionError,
+        )  # fmt: skip
+        require = ["exp", "aud"] + (["iss"] if settings.issuer is not None else [])
+        self._kwargs: dict[str, Any] = {
+            "audience": list(settings.audience),
+            "issuer": settings.issuer,
+            "leeway": settings.leeway,
+            "options": {"require": require, "verify_signature": True, "strict_aud": False},
+        }
+
+    def claims(self, authorization: object) -> dict[str, Any] | None:
+        """The verified claims of ``Authorization: Bearer <token>``, else ``None``."""
+        if not isinstance(authorization, str) or len(authorization) > MAX_TOKEN_LENGTH + 16:
+            return None
+        scheme, _, token = authorization.strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return None
+        try:
+            alg = self._header(token).get("alg")
+            keys = self._keys.get(alg) if isinstance(alg, str) else None
+            if not keys:
+                return None  # 'none', or an algorithm not configured: never trusted
+            for key in keys:
+                try:
+                    return self._decode(token, key, algorithms=[alg], **self._kwargs)
+                except self._errors:
+                    continue
+        except self._errors:
+            return None
+        return None
+
+    def identify(self, authorization: object) -> tuple[str, object] | None:
+        """``(identity text, tier claim)`` of a verified token that names a client, else
+        ``None``."""
+        claims = self.claims(authorization)
+        if claims is None:
+            return None
+        s = self._settings
+        subject = claims.get(s.subject_claim)
+        if isinstance(subject, str) and subject:
+            value = f"jwt:sub:{subject}"
+        else:
+            client = claims.get(s.client_claim)
+            if isinstance(client, bool) or not isinstance(client, (str, int)) or client == "":
+                return None  # verified, but it names no one
+            value = f"jwt:client_id:{client}"
+        return value, claims.get(s.tier_claim)

@@ -1,0 +1,143 @@
+"""The identity of one request: user, JWT, API key or client address, in that order.
+
+:meth:`IdentityResolver.identify` runs on every request and reads no configuration: everything
+it needs was read by :meth:`~flask_distlimit.identity.IdentitySettings.from_config`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .addresses import ClientAddresses
+from .api_keys import ApiKeys, ApiKeyVerifier
+from .jwt import JwtVerifier
+from .settings import IdentitySettings
+from .tiers import ANONYMOUS, TierTable
+
+if TYPE_CHECKING:
+    import flask
+
+__all__ = ["Identity", "IdentityHooks", "IdentityResolver"]
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """The identity one request is counted under.
+
+    - ``kind``: ``"user"``, ``"jwt"``, ``"api_key"`` or ``"ip"``;
+    - ``value``: the identity text, its kind first (:mod:`flask_distlimit.keys`), e.g.
+      ``"user:42"``, ``"jwt:sub:alice"``, ``"apikey:<hmac hex>"``, ``"ip:203.0.113.9"``,
+      ``"ip:2001:db8:1:2::/64"``, ``"ip:invalid-via:10.0.0.1"``. Never a raw API key; it may
+      hold any character (storage keys carry only a keyed digest of it);
+    - ``tier``: a key of ``DISTLIMIT_TIERS``.
+    """
+
+    kind: str
+    value: str
+    tier: str
+
+
+@dataclass
+class IdentityHooks:
+    """The app's hooks; the :class:`~flask_distlimit.Limiter` keeps one and its decorators fill it.
+
+    - ``identity_loader() -> (id, tier or None) | None``: a verified identity of the current
+      request, e.g. ``(str(current_user.id), current_user.plan)``; ``None`` when anonymous.
+    - ``api_key_verifier(raw_key) -> (key_id, tier or None) | tier | None``: a valid key's
+      canonical id and tier (the key is counted by that id), or only its tier (counted by its
+      spelling); ``None`` when the key is unknown (the request then counts as anonymous). See
+      :mod:`flask_distlimit.identity.api_keys`.
+    - ``tier_resolver(identity) -> tier``: replaces the default tier of every identity.
+
+    Exceptions raised by hooks propagate: they are the app's code.
+    """
+
+    identity_loader: Callable[[], tuple[str, str | None] | None] | None = None
+    api_key_verifier: ApiKeyVerifier | None = None
+    tier_resolver: Callable[[Identity], str] | None = None
+
+
+class IdentityResolver:
+    """Identifies requests according to :class:`IdentitySettings` (one per app)."""
+
+    def __init__(self, settings: IdentitySettings) -> None:
+        self.settings = settings
+        self._tiers = TierTable(settings.tiers)
+        self._addresses = ClientAddresses(settings.trusted_proxies, settings.ipv6_prefix)
+        self._api_keys = ApiKeys(settings.api_key_header, settings.api_key_secret)
+        self._jwt = JwtVerifier(settings.jwt) if settings.jwt is not None else None
+        # An anonymous client's Identity per address (a frozen dataclass costs ~0.6 us to build).
+        self._anonymous: Callable[[str], Identity] = functools.lru_cache(maxsize=4096)(
+            functools.partial(Identity, "ip", tier=ANONYMOUS)
+        )
+
+    # -- checks ------------------------------------------------------------------------------
+
+    def check_hooks(self, hooks: IdentityHooks) -> None:
+        """Raise :class:`~flask_distlimit.errors.ConfigurationError` when the hooks cannot work
+        with the settings.
+
+        Called by ``init_app`` and, for hooks set later, on every request that needs them.
+        """
+        self._api_keys.check(hooks.api_key_verifier)
+
+    # -- the request path --------------------------------------------------------------------
+
+    def identify(self, request: flask.Request, hooks: IdentityHooks) -> Identity:
+        """The identity of ``request``: user, JWT, API key or client IP, in that order."""
+        environ = request.environ
+        verifier = hooks.api_key_verifier
+        if verifier is not None and not self._api_keys.ready:
+            self.check_hooks(hooks)
+        identity: Identity | None = None
+        if hooks.identity_loader is not None:
+            loaded = hooks.identity_loader()
+            if loaded is not None:
+                identity = self._user(loaded)
+        if identity is None and self._jwt is not None:
+            found = self._jwt.identify(environ.get("HTTP_AUTHORIZATION"))
+            if found is not None:
+                tier = self._tiers.known(found[1], "a JWT tier claim")
+                identity = Identity("jwt", found[0], tier)
+        if identity is None and verifier is not None:
+            found = self._api_keys.verify(environ, verifier)
+            if found is not None:
+                identity = Identity(
+                    "api_key", found[0], self._tiers.known(found[1], "the API key verifier")
+                )
+        if identity is None:
+            identity = self._anonymous(self.client_ip(environ))
+        if hooks.tier_resolver is not None:
+            tier = self._tiers.known(hooks.tier_resolver(identity), "the tier resolver")
+            if tier != identity.tier:
+                identity = Identity(identity.kind, identity.value, tier)
+        return identity
+
+    def _user(self, loaded: tuple[str, str | None]) -> Identity | None:
+        try:
+            user_id, tier = loaded
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"The identity loader must return (id, tier or None) or None, got {loaded!r}."
+            ) from None
+        if isinstance(user_id, bool) or not isinstance(user_id, (str, int)):
+            raise TypeError(
+                f"The identity loader returned the id {user_id!r}; an id is a str or int "
+                "(e.g. str(current_user.id))."
+            )
+        if user_id == "":
+            return None
+        return Identity("user", f"user:{user_id}", self._tiers.known(tier, "the identity loader"))
+
+    def api_key_identity(self, key_id: str) -> str:
+        """``"apikey:<hex>"``: the identity of a verified API key, without the key itself.
+        ``key_id`` is the canonical id the verifier answered, or the key when it answers only
+        a tier."""
+        return self._api_keys.identity(key_id)
+
+    def client_ip(self, environ: Mapping[str, object]) -> str:
+        """``"ip:<address>"`` of the client (see :mod:`flask_distlimit.identity.addresses`)."""
+        return self._addresses.client_ip(environ)

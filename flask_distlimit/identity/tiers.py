@@ -1,0 +1,101 @@
+"""Tiers: the ``DISTLIMIT_TIERS`` table, and the tier names hooks, tokens and keys answer.
+
+A tier name that is not in the table counts as ``anonymous`` (logged at WARNING once per name);
+with no table at all, a tier only names the client's plan in reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
+
+from ..errors import ConfigurationError
+from ..limits import Rate, parse_rates
+
+__all__ = ["ANONYMOUS", "DEFAULT_TIERS", "EXAMPLE_TIERS", "TierTable", "read_tiers"]
+
+logger = logging.getLogger(__name__)
+
+#: The tier of every client that no hook, token or key places in another one.
+ANONYMOUS: Final = "anonymous"
+
+#: ``DISTLIMIT_TIERS`` when the app sets none: no tier limits. Nothing is limited that the app
+#: did not declare.
+DEFAULT_TIERS: Final[Mapping[str, str]] = MappingProxyType({})
+
+#: A tier table to start from (documented; never applied unless the app sets it).
+EXAMPLE_TIERS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "anonymous": "60/minute",
+        "free": "300/minute",
+        "pro": "1800/minute",
+        "internal": "10000/minute",
+    }
+)
+
+#: How many distinct unknown tier names are warned about (bounds the memory of "warned once").
+_MAX_WARNED: Final = 256
+
+_TIER_NAME: Final = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
+def default_tiers() -> Mapping[str, tuple[Rate, ...]]:
+    """:data:`DEFAULT_TIERS`, parsed."""
+    return MappingProxyType({name: parse_rates(value) for name, value in DEFAULT_TIERS.items()})
+
+
+def read_tiers(value: object) -> Mapping[str, tuple[Rate, ...]]:
+    """``DISTLIMIT_TIERS`` parsed, or :class:`ConfigurationError` naming the fix."""
+    accepted = (
+        "Set DISTLIMIT_TIERS to a dict of tier name -> limit string, with an 'anonymous' tier, "
+        "e.g. {'anonymous': '60/minute', 'pro': '1800/minute'}."
+    )
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(f"DISTLIMIT_TIERS must be a dict, got {value!r}. {accepted}")
+    if not value:
+        return MappingProxyType({})
+    tiers: dict[str, tuple[Rate, ...]] = {}
+    for name, rates in value.items():
+        if not isinstance(name, str) or not _TIER_NAME.fullmatch(name):
+            raise ConfigurationError(
+                f"DISTLIMIT_TIERS has the tier name {name!r}; a tier name is 1-64 letters, digits, "
+                f"'_', '.' or '-'. {accepted}"
+            )
+        try:
+            tiers[name] = parse_rates(rates)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"DISTLIMIT_TIERS[{name!r}]: {exc}") from None
+    if ANONYMOUS not in tiers:
+        raise ConfigurationError(
+            f"DISTLIMIT_TIERS has no 'anonymous' tier (got {sorted(tiers)}): every client that is "
+            f"not identified, or whose tier is unknown, is counted in it. {accepted}"
+        )
+    return MappingProxyType(tiers)
+
+
+class TierTable:
+    """Maps tier names to known tiers, warning once per unknown name."""
+
+    __slots__ = ("_tiers", "_warned")
+
+    def __init__(self, tiers: Mapping[str, object]) -> None:
+        self._tiers = frozenset(tiers)
+        self._warned: set[str] = set()
+
+    def known(self, tier: object, source: str) -> str:
+        if tier is None:
+            return ANONYMOUS
+        if isinstance(tier, str) and (tier in self._tiers or not self._tiers):
+            return tier  # with no tier table, a tier only names the client's plan in reports
+        shown = repr(tier)[:80]
+        if shown not in self._warned and len(self._warned) < _MAX_WARNED:
+            self._warned.add(shown)
+            logger.warning(
+                "Unknown tier %s from %s: counted as %r. Add it to DISTLIMIT_TIERS (known: %s). "
+                "(Logged once per tier name.)",
+                shown, source, ANONYMOUS, sorted(self._tiers),
+            )  # fmt: skip
+        return ANONYMOUS

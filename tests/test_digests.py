@@ -1,0 +1,157 @@
+"""Identity tags: keyed digests, and the digest key a deployment without a secret keeps in its
+storage (``flask_distlimit.digests``)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from flask_distlimit.digests import RETRY_INTERVAL, SHARED_KEY_TTL, IdentityTags, tag_secret
+from flask_distlimit.errors import StorageUnavailable
+from flask_distlimit.storage.cluster import ClusterStorage
+from flask_distlimit.storage.memory import MemoryStorage
+from flask_distlimit.storage.redis import RedisStorage
+from tests.servers import ClusterServers
+
+HEX20 = re.compile(r"[0-9a-f]{20}")
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Flaky(MemoryStorage):
+    """Refuses ``shared_value`` the first ``failures`` times, then keeps it as memory does."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+        self.calls = 0
+
+    def shared_value(self, key: str, candidate: str, ttl: int) -> str:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise StorageUnavailable("connection refused")
+        return super().shared_value(key, candidate, ttl)
+
+
+def test_tags_are_keyed_fixed_size_and_depend_on_the_secret() -> None:
+    one, same, other = (IdentityTags.fixed(s) for s in (b"secret-1", b"secret-1", b"secret-2"))
+    for text in ("ip:203.0.113.9", "func:" + "x" * 10_000, "user:\ud800{}\n"):
+        assert HEX20.fullmatch(one.tag(text))
+        assert one.tag(text) == same.tag(text) != other.tag(text)
+    assert one.tag("ip:1.2.3.4") != one.tag("func:ip:1.2.3.4")
+    assert tag_secret(b"s") != b"s" and len(tag_secret(b"s")) == 32
+
+
+def test_workers_on_one_redis_read_one_key_with_a_ttl(redis_client: redis.Redis) -> None:
+    port = redis_client.connection_pool.connection_kwargs["port"]
+    storages = [RedisStorage(host="127.0.0.1", port=port) for _ in range(3)]
+    try:
+        tags = [IdentityTags(storage=s, key_prefix="w") for s in storages]
+        assert len({t.tag("ip:203.0.113.9") for t in tags}) == 1
+        assert all(t.settled and t.source == "storage" for t in tags)
+        assert SHARED_KEY_TTL - 60 < redis_client.ttl("w:identity-digest-key") <= SHARED_KEY_TTL
+        assert len(redis_client.get("w:identity-digest-key") or b"") == 64
+    finally:
+        for s in storages:
+            s.close()
+
+
+@pytest.mark.cluster
+def test_workers_on_one_cluster_read_one_key(
+    redis_cluster: ClusterServers, cluster_client: RedisCluster
+) -> None:
+    storages = [ClusterStorage(redis_cluster.startup_nodes) for _ in range(2)]
+    try:
+        tags = [IdentityTags(storage=s, key_prefix="c") for s in storages]
+        assert tags[0].tag("user:42") == tags[1].tag("user:42")
+        assert cluster_client.ttl("c:identity-digest-key") > SHARED_KEY_TTL - 60
+    finally:
+        for s in storages:
+            s.close()
+
+
+def test_memory_keeps_one_key_per_storage() -> None:
+    shared = MemoryStorage()
+    a, b = IdentityTags(storage=shared), IdentityTags(storage=shared)
+    assert a.tag("ip:1.2.3.4") == b.tag("ip:1.2.3.4")
+    assert IdentityTags(storage=MemoryStorage()).tag("ip:1.2.3.4") != a.tag("ip:1.2.3.4")
+
+
+def test_a_storage_down_at_start_up_is_tried_again_later(caplog: pytest.LogCaptureFixture) -> None:
+    clock = _Clock()
+    storage = _Flaky(failures=1)
+    tags = IdentityTags(storage=storage, clock=clock)
+    with caplog.at_level(logging.WARNING, "flask_distlimit"):
+        provisional = tags.tag("ip:1.2.3.4")
+        assert tags.tag("ip:1.2.3.4") == provisional  # no retry before RETRY_INTERVAL
+    assert storage.calls == 1 and not tags.settled
+    assert "Set DISTLIMIT_API_KEY_SECRET or SECRET_KEY" in caplog.text
+    clock.now += RETRY_INTERVAL
+    settled = tags.tag("ip:1.2.3.4")
+    assert tags.settled and storage.calls == 2
+    assert settled == IdentityTags(storage=storage).tag("ip:1.2.3.4")  # the deployment's key
+
+
+def test_no_attempt_while_the_breaker_is_open() -> None:
+    clock = _Clock()
+    storage = _Flaky(failures=0)
+    open_ = [True]
+    tags = IdentityTags(storage=storage, clock=clock, available=lambda: not open_[0])
+    tags.tag("ip:1.2.3.4")
+    assert storage.calls == 0 and not tags.settled
+    open_[0] = False
+    clock.now += RETRY_INTERVAL
+    tags.tag("ip:1.2.3.4")
+    assert storage.calls == 1 and tags.settled
+
+
+def test_tools_require_the_key_or_fail() -> None:
+    storage = _Flaky(failures=1)
+    tags = IdentityTags(storage=storage)
+    with pytest.raises(StorageUnavailable):
+        tags.require()
+    tags.require()
+    assert tags.settled
+    IdentityTags.fixed(b"s").require()  # a secret needs no storage
+
+
+def test_threads_arriving_first_wait_for_the_shared_key() -> None:
+    started = threading.Event()
+    release = threading.Event()
+
+    class Slow(MemoryStorage):
+        def shared_value(self, key: str, candidate: str, ttl: int) -> str:
+            started.set()
+            release.wait(5)
+            return super().shared_value(key, candidate, ttl)
+
+    storage = Slow()
+    tags = IdentityTags(storage=storage)
+    found: list[str] = []
+    threads = [
+        threading.Thread(target=lambda: found.append(tags.tag("ip:9.9.9.9"))) for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    assert started.wait(5)
+    release.set()
+    for t in threads:
+        t.join(5)
+    assert len(found) == 4 and len(set(found)) == 1
+    assert found[0] == IdentityTags(storage=storage).tag("ip:9.9.9.9")
+
+
+def test_neither_a_secret_nor_a_storage_is_refused() -> None:
+    with pytest.raises(ValueError, match="secret or a storage"):
+        IdentityTags()

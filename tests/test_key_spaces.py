@@ -1,0 +1,269 @@
+"""Whose bucket a request spends (issue 10): every kind of identity in a key space of its own,
+digests keyed with a secret, API keys counted by the id the verifier accepted.
+
+On memory, fakeredis and a real redis-server (``tests/distlimit_fixtures.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+
+import jwt
+import pytest
+import redis
+from flask import Flask, request
+from redis.crc import key_slot
+
+from flask_distlimit import Limiter
+from flask_distlimit.digests import REFRESH_INTERVAL, SHARED_KEY_TTL
+from flask_distlimit.storage.base import Storage
+from flask_distlimit.storage.redis import RedisStorage
+from flask_distlimit.testing import FakeClock
+from tests.distlimit_fixtures import backend, clock, make_app
+from tests.servers import RedisProcess
+
+__all__ = ["backend", "clock"]  # fixtures used below
+
+Backend = Callable[[], Storage]
+
+JWT_SECRET = "key-spaces-hs256-secret-0123456789abcdef"
+AUDIENCE = "https://api.example.test"
+ATTACKER = {"REMOTE_ADDR": "198.51.100.66"}
+
+
+def _token(subject: str) -> str:
+    claims = {"sub": subject, "aud": AUDIENCE, "exp": int(time.time()) + 600}
+    return jwt.encode(claims, JWT_SECRET, algorithm="HS256")
+
+
+# -- key spaces ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("forged", "victim_headers", "victim_environ"),
+    [
+        pytest.param("ip:203.0.113.9", {}, {"REMOTE_ADDR": "203.0.113.9"}, id="ip"),
+        pytest.param("user:42", {"X-User": "42"}, {}, id="user"),
+        pytest.param("jwt:sub:alice", {"Authorization": f"Bearer {_token('alice')}"}, {}, id="jwt"),
+    ],
+)
+def test_a_key_func_value_never_spends_a_built_in_identity(
+    backend: Backend,
+    clock: FakeClock,
+    forged: str,
+    victim_headers: dict[str, str],
+    victim_environ: dict[str, str],
+) -> None:
+    """/login limited per client and per submitted username: posting a username that spells a
+    built-in identity spends that username's bucket, never the identity's."""
+    app, limiter, _ = make_app(
+        backend(),
+        clock,
+        DISTLIMIT_JWT_KEYS=JWT_SECRET,
+        DISTLIMIT_JWT_ALGORITHMS=["HS256"],
+        DISTLIMIT_JWT_AUDIENCE=AUDIENCE,
+    )
+
+    @limiter.identity_loader
+    def who() -> tuple[str, str | None] | None:
+        user = request.headers.get("X-User")
+        return (user, None) if user else None
+
+    @app.post("/login")
+    @limiter.limit("5/minute")
+    @limiter.limit("5/minute", key_func=lambda: request.form["username"])
+    def login() -> str:
+        return "ok"
+
+    client = app.test_client()
+    attempts = [
+        client.post("/login", data={"username": forged}, environ_base=ATTACKER).status_code
+        for _ in range(6)
+    ]
+    assert attempts == [200] * 5 + [429]
+    first_real_login = client.post(
+        "/login", data={"username": "victim"}, headers=victim_headers, environ_base=victim_environ
+    )
+    assert first_real_login.status_code == 200
+
+
+def test_operators_name_a_key_func_identity_with_func(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.post("/login")
+    @limiter.limit("2/minute", key_func=lambda: request.form["username"])
+    def login() -> str:
+        return "ok"
+
+    client = app.test_client()
+    for _ in range(2):
+        client.post("/login", data={"username": "alice"})
+    assert client.post("/login", data={"username": "alice"}).status_code == 429
+    state = Limiter.state(app)
+    with pytest.raises(ValueError, match="func:alice"):
+        state.reset_identity("alice")
+    assert state.reset_identity("ip:alice") == 0  # another kind: not her bucket
+    assert state.reset_identity("func:alice") == 1
+    assert client.post("/login", data={"username": "alice"}).status_code == 200
+
+
+# -- keyed digests -----------------------------------------------------------------------------
+
+
+def _public_tag(identity: str) -> str:
+    """The tag an unkeyed digest gives an identity: anyone can compute it offline."""
+    return hashlib.blake2b(identity.encode(), digest_size=10).hexdigest()
+
+
+@functools.cache
+def _ground_usernames(count: int = 5) -> tuple[str, ...]:
+    """Usernames an attacker ground, offline, into one Cluster slot of the unkeyed digest (about
+    65,000 hashes: a fraction of a second)."""
+    target = key_slot(_public_tag("func:u0").encode())
+    found = ["u0"]
+    i = 0
+    while len(found) < count:
+        i += 1
+        if key_slot(_public_tag(f"func:u{i}").encode()) == target:
+            found.append(f"u{i}")
+    return tuple(found)
+
+
+def test_clients_cannot_grind_their_keys_into_one_cluster_slot(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, counting = make_app(backend(), clock)
+
+    @app.post("/login")
+    @limiter.limit("100/minute", key_func=lambda: request.form["username"])
+    def login() -> str:
+        return "ok"
+
+    client = app.test_client()
+    names = _ground_usernames()
+    for name in names:
+        assert client.post("/login", data={"username": name}).status_code == 200
+    keys = [check.key for checks in counting.checks for check in checks]
+    assert len(keys) == len(names)
+    # Keyed with the app's secret, the ground names scatter (all in one slot by chance: 1 in
+    # 16384**4), and no key carries a tag computable without the secret.
+    assert len({key_slot(key.encode()) for key in keys}) > 1
+    assert not any(_public_tag(f"func:{name}") in key for name in names for key in keys)
+
+
+def _app_without_secret(url: str, clock: FakeClock, name: str) -> Flask:
+    app = Flask(name)
+    app.config.update(
+        DISTLIMIT_STORAGE_URL=url,
+        DISTLIMIT_TIERS={"anonymous": ""},
+        DISTLIMIT_KEY_PREFIX="kept",
+    )
+    limiter = Limiter(app, clock=clock)
+
+    @app.get("/")
+    @limiter.limit("3/minute")
+    def index() -> str:
+        return "ok"
+
+    return app
+
+
+@pytest.mark.redis
+def test_without_a_secret_every_worker_reads_the_key_the_storage_keeps(
+    redis_server: RedisProcess,
+    redis_client: redis.Redis,
+    clock: FakeClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two workers (apps) of one deployment without SECRET_KEY share their counts: both read the
+    digest key the first one set in Redis, which lives SHARED_KEY_TTL and survives a flush."""
+    first = _app_without_secret(redis_server.url, clock, "first")
+    second = _app_without_secret(redis_server.url, clock, "second")
+    apps = [first, second]
+    try:
+        statuses = [app.test_client().get("/").status_code for app in (first, second) * 2]
+        assert statuses == [200, 200, 200, 429]
+        assert 0 < redis_client.ttl("kept:identity-digest-key") <= SHARED_KEY_TTL
+        assert redis_client.ttl("kept:identity-digest-key") > SHARED_KEY_TTL - 60
+        assert not any(_public_tag("ip:127.0.0.1") in k.decode() for k in redis_client.scan_iter())
+        assert Limiter.state(first).reset() == 1  # the counter, never the deployment's key
+        assert redis_client.exists("kept:identity-digest-key")
+
+        # A flushed Redis: a worker started now sets a new key; the running one adopts it at
+        # its next refresh, and from then on they count together again.
+        redis_client.flushall()
+        third = _app_without_secret(redis_server.url, clock, "third")
+        apps.append(third)
+        third.test_client().get("/")
+        clock.advance(REFRESH_INTERVAL)
+        with caplog.at_level(logging.WARNING, "flask_distlimit"):
+            statuses = [app.test_client().get("/").status_code for app in (first, third) * 2]
+        assert statuses == [200, 200, 200, 429]
+        assert "changed in the storage" in caplog.text
+    finally:
+        for app in apps:
+            Limiter.state(app).storage.close()
+
+
+def test_a_secret_needs_no_storage_round_trip(backend: Backend, clock: FakeClock) -> None:
+    storage = backend()
+    app, _, _ = make_app(storage, clock)  # SECRET_KEY set
+    state = Limiter.state(app)
+    assert state.tags.source == "secret" and state.tags.settled
+    app.test_client().get("/nothing")
+    if isinstance(storage, RedisStorage):
+        assert not storage.client.exists("ratelimit:identity-digest-key")
+
+
+# -- canonical API keys ------------------------------------------------------------------------
+
+KEY = "0123456789abcdef0123456789abcdef"  # 32 hex digits; the verifier ignores case
+
+
+def _spellings(count: int) -> list[str]:
+    """``count`` spellings of KEY a case-insensitive verifier accepts (up to 2**16 of them)."""
+    letters = [i for i, ch in enumerate(KEY) if ch.isalpha()]
+    found = []
+    for n in range(count):
+        chars = list(KEY)
+        for bit, i in enumerate(letters):
+            if n >> bit & 1:
+                chars[i] = chars[i].upper()
+        found.append("".join(chars))
+    return found
+
+
+def test_an_api_key_is_counted_by_the_id_the_verifier_accepted(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, counting = make_app(
+        backend(), clock, DISTLIMIT_TIERS={"anonymous": "", "pro": ""}
+    )
+
+    @limiter.api_key_verifier
+    def verify(raw: str) -> tuple[str, str | None] | None:
+        """Case-insensitive: one key, many spellings; answers its canonical id and its tier."""
+        canonical = raw.lower()
+        return (f"key-{canonical[:6]}", "pro") if canonical == KEY else None
+
+    @app.get("/reports")
+    @limiter.limit("3/minute")
+    def reports() -> str:
+        return "ok"
+
+    client = app.test_client()
+    spellings = _spellings(6)
+    assert len(set(spellings)) == 6
+    statuses = [client.get("/reports", headers={"X-Api-Key": k}).status_code for k in spellings]
+    assert statuses == [200, 200, 200, 429, 429, 429]
+    state = Limiter.state(app)
+    keys = {check.key for checks in counting.checks for check in checks}
+    with app.app_context():
+        named = state.checks_for(state.resolver.api_key_identity("key-012345"))
+    assert keys == {check.key for _, check in named}
+    # Still only an HMAC digest in the key: neither the key nor its id in clear.
+    assert not any(KEY in k.lower() or "key-012345" in k for k in keys)

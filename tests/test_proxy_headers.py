@@ -1,0 +1,138 @@
+"""X-Forwarded-For read exactly as the proxies wrote it, on the lowest and the highest werkzeug.
+
+Issue 10, finding 1: a client that sends ``X-Forwarded-For: 9.9.9.9, "`` made werkzeug's
+quoted-string list parser swallow the entries its proxies appended (werkzeug 2.3.8-3.1.3: the
+client was counted as 9.9.9.9) or answer nothing (later 3.1.x: the request was counted as the
+proxy itself). The checks live in ``tests/proxy_checks.py`` and run twice against a real
+redis-server: here (the newest werkzeug installed) and in a venv with the oldest Flask and
+werkzeug that ``pyproject.toml`` accepts, built once per session.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import flask
+import pytest
+import redis
+from werkzeug.middleware.proxy_fix import ProxyFix
+
+from flask_distlimit.identity import IdentityResolver, IdentitySettings
+from tests import proxy_checks
+from tests.servers import RedisProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: The oldest Flask the package declares, and the werkzeug it comes with.
+OLDEST = ("flask==2.3.*", "werkzeug==2.3.*")
+
+
+def test_pyproject_declares_the_oldest_flask_tested_here() -> None:
+    assert '"flask>=2.3",' in (ROOT / "pyproject.toml").read_text(), (
+        "pyproject.toml no longer says flask>=2.3: update OLDEST in this test to the new floor"
+    )
+
+
+@pytest.fixture(scope="session")
+def oldest_flask_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv's python with the oldest Flask and werkzeug the package accepts (and the newest
+    redis-py and pybreaker); the package itself comes from this checkout via PYTHONPATH. Built
+    once per session; a venv that cannot be built fails the test, never skips it."""
+    venv = tmp_path_factory.mktemp("oldest-flask") / "venv"
+    steps = [
+        [sys.executable, "-m", "venv", str(venv)],
+        [
+            str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
+            "--disable-pip-version-check", *OLDEST, "redis>=5", "pybreaker>=1",
+        ],
+    ]  # fmt: skip
+    for step in steps:
+        result = subprocess.run(step, capture_output=True, text=True, timeout=600)
+        if result.returncode != 0:
+            pytest.fail(
+                f"Could not build the venv with {' and '.join(OLDEST)} ({' '.join(step[:4])} "
+                f"exited {result.returncode}): {result.stderr[-2000:]}\nThis test needs "
+                "`python -m venv` (apt-get install python3-venv) and the package index "
+                "reachable by pip (or PIP_INDEX_URL pointing at a mirror)."
+            )
+    return venv / "bin" / "python"
+
+
+def _version(text: object) -> tuple[int, ...]:
+    return tuple(int(part) for part in str(text).split(".")[:2])
+
+
+def _check(report: dict[str, object]) -> None:
+    expected = proxy_checks.EXPECTED
+    cases = proxy_checks.CASES
+    identities = report["identities"]
+    assert isinstance(identities, list)
+    wrong = [
+        f"{hops} hop(s), X-Forwarded-For {header!r}: counted as {got!r}, expected {want!r}"
+        for (hops, header, want), got in zip(cases, identities, strict=True)
+        if got != want
+    ]
+    assert not wrong, "\n".join(wrong)
+    assert report["attack"] == expected["attack"]
+
+
+def test_the_newest_werkzeug_reads_forwarded_for_as_written(
+    redis_server: RedisProcess, redis_client: redis.Redis
+) -> None:
+    report = proxy_checks.report(redis_server.url, "newest")
+    assert _version(report["werkzeug"]) >= (3, 1)
+    _check(report)
+
+
+@pytest.mark.slow
+def test_the_oldest_werkzeug_reads_forwarded_for_as_written(
+    oldest_flask_python: Path, redis_server: RedisProcess, redis_client: redis.Redis
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [str(oldest_flask_python), str(ROOT / "tests" / "proxy_checks.py"), redis_server.url,
+         "oldest"],
+        capture_output=True, text=True, timeout=120, env=env, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert _version(report["werkzeug"]) == _version(report["flask"]) == (2, 3), report
+    _check(report)
+
+
+def test_well_formed_headers_pick_the_client_proxyfix_picks() -> None:
+    """Where the header holds only addresses, the client is the one ProxyFix(x_for=N) makes
+    REMOTE_ADDR (ProxyFix parses a quoted-string list: junk is where the two part ways)."""
+    captured: dict[str, object] = {}
+
+    def app(environ: dict[str, object], start_response: object) -> list[bytes]:
+        captured.update(environ)
+        return []
+
+    header = "1.1.1.1, 2.2.2.2, 3.3.3.3, 4.4.4.4"
+    for hops, want in ((1, "4.4.4.4"), (2, "3.3.3.3"), (3, "2.2.2.2"), (4, "1.1.1.1")):
+        environ = {"REMOTE_ADDR": "10.0.0.9", "HTTP_X_FORWARDED_FOR": header}
+        ProxyFix(app, x_for=hops)(dict(environ), lambda *a: None)  # type: ignore[arg-type]
+        assert captured["REMOTE_ADDR"] == want
+        config = flask.Flask("parity").config
+        config["DISTLIMIT_TRUSTED_PROXIES"] = hops
+        resolver = IdentityResolver(IdentitySettings.from_config(config))
+        assert resolver.client_ip(environ) == f"ip:{want}"
+
+
+def test_no_client_address_is_logged_once_with_the_fix(caplog: pytest.LogCaptureFixture) -> None:
+    config = flask.Flask("junk").config
+    config["DISTLIMIT_TRUSTED_PROXIES"] = 2
+    resolver = IdentityResolver(IdentitySettings.from_config(config))
+    with caplog.at_level(logging.WARNING, "flask_distlimit.identity"):
+        for junk in ("junk", "unknown", '"'):
+            environ = {"REMOTE_ADDR": "10.0.0.2", "HTTP_X_FORWARDED_FOR": f"{junk}, 10.0.0.1"}
+            assert resolver.client_ip(environ) == "ip:invalid-via:10.0.0.1"
+    (record,) = caplog.records
+    assert "DISTLIMIT_TRUSTED_PROXIES (2)" in record.getMessage()
+    assert "ip:invalid-via:10.0.0.1" in record.getMessage()
