@@ -1,26 +1,47 @@
-"""The local fallback: limits enforced in-process while the shared storage is away.
+"""The local fallback: limits enforced in-process while the shared storage fails.
 
-Under ``DISTLIMIT_FAILURE_POLICY = "local"`` every check of a request is decided by an in-process
-:class:`~flask_distlimit.storage.memory.MemoryStorage` (the same five algorithms as the Lua, decided
-the same way) at ``floor(limit / instances)``, at least 1. Each of ``instances`` processes admits
-its share, so the fleet as a whole stays near the configured limit instead of multiplying it by the
-number of processes.
+Under ``DISTLIMIT_FAILURE_POLICY = "local"`` every check of a request the storage could not
+answer is decided by an in-process :class:`~flask_distlimit.storage.memory.MemoryStorage` (the
+same five algorithms as the Lua, decided the same way) at ``floor(limit / instances)``, at least 1:
+this process's *share*. Each of ``instances`` processes admits its share, so the fleet as a whole
+stays near the configured limit instead of multiplying it by the number of processes.
 
-The fallback's state is dropped when the storage answers again (:meth:`LocalFallback.drop`):
-counters resume from Redis and nothing is written back; what was consumed locally during the
-outage is simply forgotten.
+Failures are often partial (a flapping link, a slow Redis that times out every other call), so
+the local counts must outlive the calls that succeed in between:
+
+- **A key's local budget starts from what Redis last said was left** (:class:`LastKnown`): its
+  first local decision finds ``min(share, remaining // instances)`` units, not a whole share.
+- **Every admission counts while a key is held.** A key is *held* from its local decision until
+  the quota that decision saw would be whole again (``reset_after``; at most one period for every
+  algorithm but the sliding window counter, two for that one). While it is held, a request Redis
+  admits is counted here too (:meth:`LocalFallback.charge`), and refused if it exceeds the share:
+  Redis never learns of the admissions made locally, so without this a process could add Redis's
+  full quota to its local share within one window.
+- **Handing back**: a key's hold ends when no local decision has touched it for that settling
+  period: its local admissions have then left every window Redis will look at, so Redis alone is
+  exact again for it. When no key is held any more, the in-process store is dropped.
+
+So per window, while failures go on, each process admits at most its share of what Redis said
+was left at the start, and the fleet at most about the limit (the bound, stated and tested:
+docs/failure-modes.md, tests/test_fleet_bound.py). Nothing is ever written back to Redis.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 
-from .decision import Check, Evaluation
+from .decision import NEVER, Check, Evaluation
+from .last_known import LastKnown
 from .storage.base import Storage
 
 __all__ = ["LocalFallback", "divided_limit"]
+
+_FOREVER = float("inf")
+_SWEEP_MIN = 1024
 
 
 def divided_limit(limit: int, instances: int) -> int:
@@ -36,46 +57,236 @@ def _memory_storage() -> Storage:
     return MemoryStorage()
 
 
+def _divided(check: Check, instances: int) -> Check:
+    if instances <= 1:
+        return check
+    return dataclasses.replace(check, limit=divided_limit(check.limit, instances))
+
+
 class LocalFallback:
-    """Decides checks in-process at each limit's per-instance share.
+    """Decides checks in-process at each limit's per-instance share, and keeps those counts
+    while they matter (see the module docstring).
 
     ``factory`` builds the in-process store (default: a fresh ``MemoryStorage``); it is called
-    lazily, on the first degraded request, and again after every :meth:`drop`.
+    lazily, on the first local decision after the store was dropped. ``clock`` (monotonic
+    seconds) times the settling. ``settle``: seconds after this process's last failure during
+    which every request is counted here too (the guard passes the breaker's reset timeout).
+    ``last_known`` tells where a key's local budget starts; without it, from a whole share.
     """
 
-    def __init__(self, factory: Callable[[], Storage] | None = None) -> None:
+    def __init__(
+        self,
+        factory: Callable[[], Storage] | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        settle: float = 30.0,
+        last_known: LastKnown | None = None,
+    ) -> None:
+        if not settle >= 0:
+            raise ValueError(f"settle must be >= 0 seconds, got {settle!r}")
         self._factory = factory or _memory_storage
+        self._clock = clock
+        self.settle = settle
+        self.last_known = last_known
         self._storage: Storage | None = None
+        #: key -> clock() until which its local count is known complete (see _cover).
+        self._covered: dict[str, float] = {}
+        self._engaged_until = -_FOREVER  # last failure + settle
+        self._until = -_FOREVER  # the latest of the above: the store is dropped then
+        self._sweep_at = _SWEEP_MIN
         self._lock = threading.Lock()
 
     @property
     def active(self) -> bool:
-        """True while the fallback holds state (between the first degraded request and a drop)."""
+        """True while the fallback holds counts that still matter."""
+        return self._storage is not None and self._clock() < self._until
+
+    @property
+    def holding(self) -> bool:
+        """True while the in-process store exists (cheap: no clock, no lock)."""
         return self._storage is not None
+
+    @property
+    def engaged(self) -> bool:
+        """True within ``settle`` seconds of this process's last failure."""
+        return self._clock() < self._engaged_until
+
+    def held(self) -> int:
+        """How many keys are counted here now."""
+        now = self._clock()
+        with self._lock:
+            return sum(1 for until in self._covered.values() if until > now)
 
     def evaluate(
         self, checks: Sequence[Check], *, instances: int, now_us: int | None = None
     ) -> Evaluation:
-        """Decide ``checks`` locally, each limit divided by ``instances``."""
-        storage = self._storage
-        if storage is None:
-            with self._lock:
-                storage = self._storage
-                if storage is None:
-                    storage = self._storage = self._factory()
-        if instances > 1:
-            checks = [
-                dataclasses.replace(c, limit=divided_limit(c.limit, instances)) for c in checks
+        """Decide ``checks`` locally (the storage failed), each limit divided by ``instances``."""
+        with self._lock:
+            now = self._clock()
+            storage = self._storage
+            if storage is None or now >= self._until:
+                self._drop_locked()
+                storage = self._storage = self._factory()
+            self._engaged_until = max(self._engaged_until, now + self.settle)
+            self._until = max(self._until, self._engaged_until)
+            divided = [_divided(c, instances) for c in checks]
+            for check, local in zip(checks, divided, strict=True):
+                if check.key not in self._covered:
+                    self._enter(storage, check, local, instances, now_us)
+            evaluation = storage.evaluate(divided, now_us=now_us)
+            for check, decision in zip(checks, evaluation.decisions, strict=True):
+                # Its local admissions leave every window when the quota it saw is whole.
+                settle = decision.reset_after
+                if not math.isfinite(settle) or settle > 2 * check.period:
+                    settle = 2 * check.period
+                self._cover(check.key, max(now + settle, self._engaged_until))
+            if len(self._covered) >= self._sweep_at:
+                self._sweep(now)
+        return evaluation
+
+    def refusal(
+        self, checks: Sequence[Check], *, instances: int, now_us: int | None = None
+    ) -> Evaluation | None:
+        """The local refusal of a request over this process's share of a key counted here, or
+        ``None``: ask Redis. Decided before the call, so that Redis never counts a request that
+        :meth:`charge` would refuse (a sliding window would hold that phantom for a whole period
+        and admit less and less). A pure read: the local counts are peeked at cost 0; a refused
+        check's ``retry_after`` is its ``reset_after``, when the quota is whole again (an upper
+        bound)."""
+        if self._storage is None:  # nothing held: the path of every healthy request
+            return None
+        with self._lock:
+            storage = self._storage
+            if storage is None:
+                return None
+            now = self._clock()
+            if now >= self._until:
+                return None
+            engaged = now < self._engaged_until
+            covered = [
+                i
+                for i, c in enumerate(checks)
+                if (until := self._covered.get(c.key)) is not None and (until > now or engaged)
             ]
-        return storage.evaluate(checks, now_us=now_us)
+            if not covered:
+                return None
+            peek = storage.evaluate(
+                [dataclasses.replace(_divided(c, instances), cost=0) for c in checks],
+                now_us=now_us,
+            )
+        decisions = list(peek.decisions)
+        refused = False
+        for i in covered:
+            decision, cost = decisions[i], checks[i].cost
+            if decision.remaining < cost:
+                refused = True
+                wait = NEVER if cost > decision.limit else decision.reset_after
+                decisions[i] = dataclasses.replace(decision, allowed=False, retry_after=wait)
+        return Evaluation(tuple(decisions)) if refused else None
+
+    def charge(
+        self,
+        checks: Sequence[Check],
+        evaluation: Evaluation,
+        *,
+        instances: int,
+        now_us: int | None = None,
+    ) -> Evaluation | None:
+        """Redis admitted ``checks`` (its ``evaluation``; the guard has shown it to
+        ``last_known``): count them here too while they matter.
+
+        Answers ``None`` when the request stays admitted, or the evaluation refusing it (the
+        local decision for the keys counted here, Redis's for the others) when it exceeds this
+        process's share. Redis has counted it then: the error is on the strict side.
+        """
+        if self._storage is None:  # nothing held: the path of every healthy request
+            return None
+        with self._lock:
+            storage = self._storage
+            if storage is None:
+                return None
+            now = self._clock()
+            if now >= self._until:
+                self._drop_locked()  # settled: Redis alone is exact again
+                return None
+            engaged = now < self._engaged_until
+            counted: list[int] = []
+            for i, check in enumerate(checks):
+                until = self._covered.get(check.key)
+                if until is not None and (until > now or engaged):
+                    counted.append(i)  # every admission of it since it entered is counted here
+                elif engaged:
+                    # Failures go on: from now on this key counts here too, starting from what
+                    # Redis just said was left (this request included).
+                    self._enter(storage, check, _divided(check, instances), instances, now_us)
+                    self._cover(check.key, self._engaged_until)
+                elif until is not None:
+                    # Settled: Redis alone is exact for it, and this admission is not counted
+                    # here, so its local count is incomplete from now on.
+                    del self._covered[check.key]
+                    storage.delete([check.key])
+            if not counted:
+                return None
+            local = storage.evaluate(
+                [_divided(checks[i], instances) for i in counted], now_us=now_us
+            )
+            for i in counted:
+                if engaged:
+                    self._cover(checks[i].key, self._engaged_until)
+        if local.allowed:
+            return None
+        decisions = list(evaluation.decisions)
+        for i, decision in zip(counted, local.decisions, strict=True):
+            decisions[i] = decision
+        return Evaluation(tuple(decisions))
+
+    def _enter(
+        self, storage: Storage, check: Check, local: Check, instances: int, now_us: int | None
+    ) -> None:
+        """Start counting ``check``'s key here from what Redis last said was left: this
+        process's part of it, ``remaining // instances``, at most the share."""
+        storage.delete([check.key])  # counts of an earlier spell no longer matter
+        left = None if self.last_known is None else self.last_known.remaining(check)
+        if left is None:
+            return
+        spent = local.limit - min(local.limit, max(0, left) // max(1, instances))
+        if spent > 0:
+            storage.evaluate([dataclasses.replace(local, cost=spent)], now_us=now_us)
+
+    def _cover(self, key: str, until: float) -> None:
+        """Count ``key`` here until ``until`` at least (longer while this process is engaged).
+        A key stays in ``_covered`` as long as every admission of it in this process since it
+        entered was counted here; one that was not is removed (and its local count deleted),
+        and starts again from what Redis last said when it enters again."""
+        if until > self._covered.get(key, -_FOREVER):
+            self._covered[key] = until
+            if until > self._until:
+                self._until = until
 
     def drop(self) -> None:
-        """Forget every local counter (the storage is back; nothing is written back to it)."""
+        """Forget every local count (nothing is written back to the storage)."""
         with self._lock:
-            storage, self._storage = self._storage, None
+            self._drop_locked()
+
+    def _drop_locked(self) -> None:
+        storage, self._storage = self._storage, None
+        self._covered.clear()
+        self._engaged_until = self._until = -_FOREVER
+        self._sweep_at = _SWEEP_MIN
         if storage is not None:
             storage.close()
 
+    def _sweep(self, now: float) -> None:
+        """Forget keys whose count has ended (amortized: once per doubling of the keys); they
+        start again from what Redis last said when they enter again."""
+        for key in [k for k, until in self._covered.items() if until <= now]:
+            del self._covered[key]
+        self._sweep_at = max(_SWEEP_MIN, 2 * len(self._covered))
+
     def _after_fork(self) -> None:
+        # A forked process admits its own share: it starts again from what Redis last said.
         self._lock = threading.Lock()
         self._storage = None
+        self._covered = {}
+        self._engaged_until = self._until = -_FOREVER
+        self._sweep_at = _SWEEP_MIN

@@ -17,8 +17,13 @@ go through :meth:`Guard.evaluate`, which
    - ``"local"``: decide in-process at each limit's per-instance share
      (:mod:`flask_distlimit.fallback`, divisor from :mod:`flask_distlimit.instances`), degraded;
 
-4. when healthy and due, refreshes this process's instance heartbeat (``DISTLIMIT_INSTANCES =
-   "auto"``), and logs keys the storage found corrupt and repaired.
+4. under policy ``"local"``, when the storage answered: remembers what it said was left per key
+   (:mod:`flask_distlimit.last_known`, where a key's local budget starts) and, while the fallback
+   still holds some of the request's keys, counts the request against this process's share too,
+   so that a storage failing every other call cannot double the limit
+   (:meth:`~flask_distlimit.fallback.LocalFallback.charge`);
+5. when healthy and due, refreshes this process's instance heartbeat (``DISTLIMIT_INSTANCES =
+   "auto"``), and logs keys the storage found corrupt and repaired (the heartbeat's included).
 
 An error reply (:class:`~flask_distlimit.errors.StorageResponseError`) is a bug or bad data: it is
 raised to the caller, never counted as an outage, never answered by the failure policy.
@@ -50,6 +55,7 @@ from .errors import (
 )
 from .fallback import LocalFallback
 from .instances import Instances, InstancesSetting
+from .last_known import LastKnown
 from .metrics import Metrics
 from .storage.base import Storage
 
@@ -160,7 +166,13 @@ class Guard:
         self.instances = Instances(
             instances, key_prefix=key_prefix, interval=heartbeat_interval, clock=clock
         )
-        self.fallback = LocalFallback(fallback_factory)
+        #: What the storage last said was left per key (recorded under policy ``"local"``).
+        self.last_known = LastKnown(clock=clock)
+        # Settling: one reset timeout, the breaker's own measure of how long a failing storage
+        # stays suspect (docs/failure-modes.md, "The bound").
+        self.fallback = LocalFallback(
+            fallback_factory, clock=clock, settle=self.reset_timeout, last_known=self.last_known
+        )
         self.breaker = Breaker(
             fail_max=fail_max,
             reset_timeout=self.reset_timeout,
@@ -182,6 +194,13 @@ class Guard:
     ) -> Outcome:
         """Evaluate ``checks``; ``policy`` overrides the default for one route."""
         breaker = self.breaker
+        fallback = self.fallback
+        if fallback.holding and breaker.state == "closed" and (policy or self.policy) == "local":
+            refusal = fallback.refusal(checks, instances=self.instances.divisor, now_us=now_us)
+            if refusal is not None:  # over this process's share while failures go on
+                if self.metrics is not None:
+                    self.metrics.degraded(checks, refusal)
+                return Outcome(refusal, degraded=True)
         if not breaker.allow():
             return self._degraded(checks, policy, now_us)
         metrics = self.metrics
@@ -202,22 +221,26 @@ class Guard:
             breaker.release()
             raise
         breaker.success()
-        if self.fallback.active:  # back before the breaker opened: drop the local counts too
-            self.fallback.drop()
+        outcome: Outcome | None = None
+        if (policy or self.policy) == "local":
+            self.last_known.record(checks, evaluation)
+            if evaluation.allowed:
+                refused = fallback.charge(
+                    checks, evaluation, instances=self.instances.divisor, now_us=now_us
+                )
+                if refused is not None:  # over this process's share while failures go on
+                    outcome = Outcome(refused, degraded=True)
         if metrics is not None:
             metrics.storage_call(time.perf_counter() - started)
-            metrics.evaluated(checks, evaluation)
+            if outcome is None:
+                metrics.evaluated(checks, evaluation)
+            else:
+                metrics.degraded(checks, outcome.evaluation)
         if evaluation.repaired_keys:
-            for key in evaluation.repaired_keys:
-                log.warning(
-                    "Rate-limit key %s held data of the wrong type or shape; it was reset to a "
-                    "fresh state (something else writes under the key prefix %r?)",
-                    key,
-                    self.key_prefix,
-                )
+            self._repaired(evaluation.repaired_keys)
         if self.instances.auto and self.instances.due():
             self._heartbeat()
-        return Outcome(evaluation)
+        return Outcome(evaluation) if outcome is None else outcome
 
     def _degraded(
         self, checks: Sequence[Check], policy: FailurePolicy | None, now_us: int | None
@@ -254,6 +277,15 @@ class Guard:
         else:
             self.breaker.success()
 
+    def _repaired(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            log.warning(
+                "Rate-limit key %s held data of the wrong type or shape; it was reset to a "
+                "fresh state (something else writes under the key prefix %r?)",
+                key,
+                self.key_prefix,
+            )
+
     def _refused(self, exc: StorageMisconfigured) -> None:
         """Log that the storage refuses the limiter: once, then at most once a minute."""
         now = self._clock()
@@ -272,8 +304,8 @@ class Guard:
         )
 
     def _breaker_changed(self, state: BreakerState) -> None:
-        if state == "closed":
-            self.fallback.drop()  # counters resume from the storage; nothing is written back
+        # The fallback's counts outlive the breaker: they are handed back key by key, once they
+        # no longer matter (flask_distlimit.fallback), not when the first call succeeds.
         if self.metrics is not None:
             self.metrics.breaker_changed(self.name, state)
 
@@ -328,6 +360,7 @@ class Guard:
             "instances_seen": self.instances.seen,
             "fallback_divisor": self.instances.divisor,
             "fallback_active": self.fallback.active,
+            "fallback_held_keys": self.fallback.held(),
         }
 
     def _after_fork(self) -> None:
@@ -335,6 +368,7 @@ class Guard:
         self._refusal_logged_at = None  # every process says it once
         self.breaker._after_fork()
         self.instances._after_fork()
+        self.last_known._after_fork()
         self.fallback._after_fork()
 
 

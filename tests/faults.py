@@ -1,19 +1,22 @@
 """Load and measurement helpers of the fault-injection tests (tests/test_faults*.py) and of
-bench/bench_failure.py: a few threads calling one request function in a loop, timestamped."""
+bench/bench_failure.py: a few threads calling one request function in a loop, timestamped; and
+:class:`FailingStorage`, a storage that fails the calls a test picks (tests/test_fleet_bound.py)."""
 
 from __future__ import annotations
 
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
-from flask_distlimit.decision import Check
+from flask_distlimit.decision import Check, Evaluation
+from flask_distlimit.errors import StorageUnavailable
 from flask_distlimit.guard import Guard, Outcome
+from flask_distlimit.storage.base import Storage
 
-__all__ = ["Load", "Sample", "kind_of", "percentile", "wait_until"]
+__all__ = ["FailingStorage", "Load", "Sample", "kind_of", "percentile", "wait_until"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,3 +114,42 @@ def guard_request(
         return kind_of(guard.evaluate(checks))
 
     return request
+
+
+class FailingStorage(Storage):
+    """Forwards to ``inner``, except the calls ``fails(n)`` picks (``n``: this wrapper's call
+    count from 0), which raise :class:`StorageUnavailable` without reaching ``inner``: a storage
+    that fails every other call, in bursts of the test's clock, or at random from a seed."""
+
+    def __init__(self, inner: Storage, fails: Callable[[int], bool]) -> None:
+        self.inner = inner
+        self.fails = fails
+        self.scheme = inner.scheme
+        self.calls = 0
+        self.failed = 0
+
+    def _gate(self) -> None:
+        n, self.calls = self.calls, self.calls + 1
+        if self.fails(n):
+            self.failed += 1
+            raise StorageUnavailable(f"injected failure of call {n}")
+
+    def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+        self._gate()
+        return self.inner.evaluate(checks, now_us=now_us)
+
+    def heartbeat(self, key: str, member: str, ttl: float) -> int:
+        self._gate()
+        return self.inner.heartbeat(key, member, ttl)
+
+    def ping(self) -> float:
+        return self.inner.ping()
+
+    def scan(self, match: str) -> Iterator[str]:
+        return self.inner.scan(match)
+
+    def delete(self, keys: Iterable[str]) -> int:
+        return self.inner.delete(keys)
+
+    def close(self) -> None:
+        self.inner.close()

@@ -111,8 +111,14 @@ def test_kill_9_during_load_then_restart_on_the_same_port(
     assert percentile(latencies, 99) <= P99_BOUND
     assert recovered <= RESET + 1
     assert guard.breaker.state == "closed"
-    assert not guard.fallback.active
-    assert exact_again(guard, f"kill9-{policy}") == ["allowed"] * 5 + ["denied"] * 3
+    again = exact_again(guard, f"kill9-{policy}")
+    if policy == "local":
+        # For one reset timeout after the outage every request is counted locally too, so the
+        # refusals may come from the fallback (marked degraded); the numbers are Redis's.
+        again = [kind.removeprefix("degraded ") for kind in again]
+    else:
+        assert not guard.fallback.active
+    assert again == ["allowed"] * 5 + ["denied"] * 3
 
 
 def test_sigstop_stall_during_load_then_sigcont(server: RedisProcess) -> None:

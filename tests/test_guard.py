@@ -174,21 +174,36 @@ def test_breaker_opens_then_answers_without_the_storage() -> None:
     assert storage.calls == 3
 
 
-def test_recovery_after_reset_timeout_drops_the_fallback_state() -> None:
+def test_after_recovery_local_counts_hold_until_their_window_ends() -> None:
+    """The breaker closes, but a key decided locally stays counted here until the quota its local
+    decisions saw is whole again: Redis never learnt of those admissions."""
     guard, storage, clock = make("down", policy="local", fail_max=1, reset_timeout=1, instances=2)
-    assert guard.evaluate([check(limit=4)], now_us=NOW).degraded
+    key = [check(limit=4)]  # share 2; its window ends 40 s after NOW
+    assert [guard.evaluate(key, now_us=NOW).evaluation.allowed for _ in range(2)] == [True, True]
     assert guard.fallback.active
     storage.mode = "ok"
     clock.advance(0.5)
-    assert guard.evaluate([check(limit=4)], now_us=NOW).degraded  # still open
+    assert guard.evaluate(key, now_us=NOW).degraded  # still open
     assert storage.calls == 1
     clock.advance(0.5)
-    outcome = guard.evaluate([check(limit=4)], now_us=NOW)  # the trial
-    assert not outcome.degraded
+    trial = guard.evaluate(key, now_us=NOW)  # Redis admits it, but this process's share is spent
     assert guard.breaker.state == "closed"
-    assert not guard.fallback.active  # dropped, nothing written back
-    assert outcome.evaluation is not None
-    assert outcome.evaluation.decisions[0].limit == 4
+    assert trial.degraded and trial.evaluation is not None and not trial.evaluation.allowed
+    other = guard.evaluate([check("ratelimit:{other}:route:fixed_window", limit=4)], now_us=NOW)
+    assert not other.degraded  # never decided locally: Redis alone decides it
+    calls = storage.calls
+    refused = guard.evaluate(key, now_us=NOW)  # refused here, without asking Redis
+    assert refused.degraded and refused.evaluation is not None
+    assert not refused.evaluation.allowed and refused.evaluation.decisions[0].limit == 2
+    assert refused.evaluation.decisions[0].retry_after == 40.0  # when the share is whole again
+    assert storage.calls == calls
+    clock.advance(39)
+    assert guard.fallback.active
+    clock.advance(1)  # the window ended: what was admitted locally no longer counts anywhere
+    assert not guard.fallback.active
+    outcome = guard.evaluate(key, now_us=NOW + 40_000_000)
+    assert not outcome.degraded
+    assert outcome.evaluation is not None and outcome.evaluation.decisions[0].limit == 4
     assert outcome.evaluation.decisions[0].remaining == 3  # counting resumed from the storage
 
 
@@ -352,8 +367,9 @@ def test_metrics_count_decisions_latency_breaker_and_fallback() -> None:
     guard.evaluate(checks, now_us=NOW)
     assert value("distlimit_breaker_state", breaker="scripted:ratelimit") == 2
     assert value("distlimit_decisions_total", limit=limit, outcome="degraded") == 2
-    assert value("distlimit_fallback_decisions_total", limit=limit, outcome="allowed") == 1
-    assert value("distlimit_fallback_decisions_total", limit=limit, outcome="denied") == 1
+    # The local budget starts from what the storage last said: nothing left.
+    assert value("distlimit_fallback_decisions_total", limit=limit, outcome="allowed") == 0
+    assert value("distlimit_fallback_decisions_total", limit=limit, outcome="denied") == 2
     assert value("distlimit_storage_latency_seconds_count") == 3  # open: storage not called
     storage.mode = "ok"
     clock.advance(1)
@@ -429,13 +445,60 @@ def test_closed_breaker_path_adds_only_microseconds() -> None:
     assert guarded - bare < 20e-6
 
 
-def test_fallback_state_is_dropped_when_the_storage_answers_before_the_breaker_opened() -> None:
-    guard, storage, _ = make("down", policy="local", fail_max=5)
-    guard.evaluate([check(limit=4)], now_us=NOW)
-    assert guard.fallback.active
+def test_a_storage_failing_every_other_call_admits_one_share() -> None:
+    """Issue 11: each success used to drop the local counts, so every failed call met an empty
+    store and was admitted: 20 of 40 here, where this process's share is 5."""
+    guard, storage, _ = make(policy="local", instances=2)
+    key = [check(limit=10)]
+    admitted = 0
+    for n in range(40):
+        storage.mode = "down" if n % 2 else "ok"
+        outcome = guard.evaluate(key, now_us=NOW)
+        assert outcome.evaluation is not None
+        admitted += outcome.evaluation.allowed
+    assert admitted == 5  # 1 before the first failure, then 9 // 2 = 4 from what Redis said
+    assert guard.breaker.state == "closed"
+
+
+def test_the_local_budget_starts_from_what_the_storage_last_said() -> None:
+    guard, storage, clock = make(policy="local", instances=3, fail_max=1, reset_timeout=1)
+    key = [check(limit=30)]  # share 10
+    assert all(guard.evaluate(key, now_us=NOW).evaluation.allowed for _ in range(24))  # type: ignore[union-attr]
+    storage.mode = "down"
+    local = [guard.evaluate(key, now_us=NOW).evaluation for _ in range(4)]
+    assert [e.allowed for e in local if e] == [True, True, False, False]  # 6 left // 3 = 2
+    assert local[0] is not None and local[0].decisions[0].limit == 10
+    clock.advance(40)  # a new window: what Redis said is stale, the share is whole
+    later = [guard.evaluate(key, now_us=NOW + 40_000_000).evaluation for _ in range(11)]
+    assert [e.allowed for e in later if e] == [True] * 10 + [False]
+
+
+def test_keys_counted_only_while_failures_go_on_hand_back_a_reset_timeout_later() -> None:
+    guard, storage, clock = make(policy="local", instances=2, reset_timeout=5)
+    local = [check("ratelimit:{a}:r:fixed_window", limit=100)]
+    remote = [check("ratelimit:{b}:r:fixed_window", limit=100)]
+    storage.mode = "down"
+    assert guard.evaluate(local, now_us=NOW).degraded  # a failure: 5 s of counting everything
     storage.mode = "ok"
-    assert not guard.evaluate([check(limit=4)], now_us=NOW).degraded
+    assert not guard.evaluate(remote, now_us=NOW).degraded
+    assert guard.fallback.held() == 2  # the one Redis answered counts here too
+    clock.advance(5)
+    assert not guard.fallback.engaged
+    assert not guard.evaluate(remote, now_us=NOW).degraded
+    assert guard.fallback.held() == 1  # {b} handed back; {a}'s local admission holds 35 s more
+    clock.advance(35)
     assert not guard.fallback.active
+
+
+def test_other_policies_never_count_locally() -> None:
+    guard, storage, _ = make(policy="open")
+    storage.mode = "down"
+    guard.evaluate([check(limit=4)], policy="local", now_us=NOW)  # one local route
+    storage.mode = "ok"
+    for _ in range(10):
+        outcome = guard.evaluate([check(limit=100)], now_us=NOW)  # routes under "open"
+        assert not outcome.degraded
+    assert len(guard.last_known) == 0
 
 
 def test_metrics_can_be_attached_to_a_running_guard() -> None:
