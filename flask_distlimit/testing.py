@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from .decision import Check, Evaluation
 from .storage.base import Storage
+from .storage.heartbeat import Fleet
 
 __all__ = ["CountingStorage", "FakeClock"]
 
@@ -81,6 +82,9 @@ class CountingStorage(Storage):
 
     def heartbeat(self, key: str, member: str, ttl: float) -> int:
         return self.inner.heartbeat(key, member, ttl)
+
+    def heartbeat_fleet(self, key: str, member: str, ttl: float, known: int = 0) -> Fleet:
+        return self.inner.heartbeat_fleet(key, member, ttl, known)
 
     def shared_value(self, key: str, candidate: str, ttl: int) -> str:
         return self.inner.shared_value(key, candidate, ttl)

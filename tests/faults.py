@@ -15,6 +15,7 @@ from flask_distlimit.decision import Check, Evaluation
 from flask_distlimit.errors import StorageUnavailable
 from flask_distlimit.guard import Guard, Outcome
 from flask_distlimit.storage.base import Storage
+from flask_distlimit.storage.heartbeat import Fleet
 
 __all__ = ["FailingStorage", "Load", "Sample", "kind_of", "percentile", "wait_until"]
 
@@ -141,6 +142,10 @@ class FailingStorage(Storage):
     def heartbeat(self, key: str, member: str, ttl: float) -> int:
         self._gate()
         return self.inner.heartbeat(key, member, ttl)
+
+    def heartbeat_fleet(self, key: str, member: str, ttl: float, known: int = 0) -> Fleet:
+        self._gate()
+        return self.inner.heartbeat_fleet(key, member, ttl, known)
 
     def ping(self) -> float:
         return self.inner.ping()

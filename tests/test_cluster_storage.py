@@ -20,6 +20,7 @@ from flask_distlimit.decision import Check, Decision, Evaluation
 from flask_distlimit.errors import StorageUnavailable
 from flask_distlimit.storage import from_url
 from flask_distlimit.storage.cluster import ClusterStorage, slot_of
+from flask_distlimit.storage.heartbeat import Fleet
 from tests.servers import ClusterServers
 from tests.vectors import T0, VECTORS, Vector
 
@@ -231,6 +232,9 @@ def test_scan_delete_ping_heartbeat_span_every_primary(
     assert 0 < storage.ping() < 1
     assert storage.heartbeat("t:{instances}", "a", 30) == 1
     assert storage.heartbeat("t:{instances}", "b", 30) == 2
+    # The key the Limiter uses has no hash tag; the fleet sizes beside it share its slot.
+    assert storage.heartbeat_fleet("t:instances", "a", 30, known=3) == Fleet(1, 3)
+    assert storage.heartbeat_fleet("t:instances", "b", 30) == Fleet(2, 3)
 
 
 def test_client_settings_are_timeouts_without_retries(

@@ -20,6 +20,7 @@ from redis.sentinel import MasterNotFoundError
 from flask_distlimit.decision import Check
 from flask_distlimit.errors import StorageMisconfigured, StorageResponseError, StorageUnavailable
 from flask_distlimit.storage import from_url
+from flask_distlimit.storage.heartbeat import Fleet
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.storage.translate import storage_error
 from tests.servers import RedisProcess, free_port, start_redis
@@ -368,9 +369,10 @@ def test_script_error_is_a_response_error(storage: RedisStorage) -> None:
 
 
 def test_wrongtype_is_a_response_error(storage: RedisStorage, redis_client: redis.Redis) -> None:
-    redis_client.set("t:heartbeat", "not a sorted set", ex=60)
+    redis_client.hset("t:shared", "field", "a hash, not a string")
+    redis_client.expire("t:shared", 60)
     with pytest.raises(StorageResponseError, match="WRONGTYPE"):
-        storage.heartbeat("t:heartbeat", "worker-1", 5)
+        storage.shared_value("t:shared", "candidate", 60)
 
 
 @pytest.mark.parametrize(
@@ -508,6 +510,44 @@ def test_heartbeat_counts_live_members_on_server_time(
     time.sleep(0.1)
     assert storage.heartbeat("t:instances", "a", 30) == 1  # b expired
     assert 0 < redis_client.pttl("t:instances") <= 30_000
+
+
+def test_heartbeat_keeps_the_fleet_sizes_reported_within_the_ttl(
+    storage: RedisStorage, redis_client: redis.Redis
+) -> None:
+    peak = "t:instances:peak:{t:instances}"
+    assert storage.heartbeat_fleet("t:instances", "a", 30, known=3) == Fleet(1, 3)
+    assert storage.heartbeat_fleet("t:instances", "b", 30) == Fleet(2, 3)  # b knew nothing
+    redis_client.delete("t:instances")  # what a restart or an expiry does to the live set
+    assert storage.heartbeat_fleet("t:instances", "c", 30) == Fleet(1, 3)
+    assert {m.decode() for m in redis_client.zrange(peak, 0, -1)} == {"1", "2", "3"}
+    assert 0 < redis_client.pttl(peak) <= 30_000
+    redis_client.zadd(peak, {"3": 1})  # its expiry passed (in the past, server time)
+    assert storage.heartbeat_fleet("t:instances", "c", 30) == Fleet(1, 2)
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        {"t:instances": "a string"},
+        {"t:instances:peak:{t:instances}": "a string"},
+        {"t:instances:peak:{t:instances}": {"lots": 9_999_999_999_999}},  # not a size
+        {"t:instances:peak:{t:instances}": {"1000000": 9_999_999_999_999}},  # too large
+        {"t:instances": "a string", "t:instances:peak:{t:instances}": "another"},
+    ],
+)
+def test_heartbeat_replaces_garbage_and_says_so(
+    storage: RedisStorage, redis_client: redis.Redis, garbage: dict[str, object]
+) -> None:
+    for key, value in garbage.items():
+        if isinstance(value, dict):
+            redis_client.zadd(key, value)
+            redis_client.expire(key, 60)
+        else:
+            redis_client.set(key, str(value), ex=60)
+    fleet = storage.heartbeat_fleet("t:instances", "a", 30, known=2)
+    assert fleet == Fleet(1, 2, tuple(garbage))
+    assert storage.heartbeat_fleet("t:instances", "a", 30, known=2) == Fleet(1, 2)  # repaired
 
 
 # -- fork safety ------------------------------------------------------------------------------

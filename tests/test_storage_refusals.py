@@ -153,7 +153,7 @@ def test_the_acl_grants_the_message_names_are_enough(acl_server: RedisProcess) -
         assert storage.evaluate(TWO_SLOTS).allowed
         assert storage.heartbeat("t:instances", "me", 5) == 1
         keys = sorted(storage.scan("t:*"))
-        assert len(keys) == 5 + 2 + 1  # the algorithms', TWO_SLOTS' and the heartbeat's
+        assert len(keys) == 5 + 2 + 2  # the algorithms', TWO_SLOTS' and the heartbeat's two
         assert storage.delete(keys) == len(keys)
     finally:
         storage.close()
@@ -163,11 +163,12 @@ def test_the_acl_grants_the_message_names_are_enough(acl_server: RedisProcess) -
 
 def test_any_other_error_reply_stays_a_bug(acl_server: RedisProcess) -> None:
     admin = acl_server.client(password=PASSWORD)
-    admin.set("t:{alice}:per-ip:fixed_window", "not a hash", ex=60)
+    admin.hset("t:shared", "field", "a hash, not a string")
+    admin.expire("t:shared", 60)
     storage = from_url(f"redis://:{PASSWORD}@127.0.0.1:{acl_server.port}/0", timeout=1)
     try:
         with pytest.raises(StorageResponseError) as caught:
-            storage.heartbeat("t:{alice}:per-ip:fixed_window", "me", 5)  # WRONGTYPE
+            storage.shared_value("t:shared", "candidate", 60)  # WRONGTYPE
         assert not isinstance(caught.value, StorageMisconfigured)
     finally:
         storage.close()

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 
 from ..decision import Check, Evaluation
+from .heartbeat import Fleet
 
 __all__ = ["Storage"]
 
@@ -54,6 +55,18 @@ class Storage(abc.ABC):
 
         Used by ``DISTLIMIT_INSTANCES = "auto"``: one member per process.
         """
+
+    def heartbeat_fleet(self, key: str, member: str, ttl: float, known: int = 0) -> Fleet:
+        """:meth:`heartbeat`, and the fleet size that survives: report ``known`` (the largest
+        live count this process saw in its last beats, 0 for none) for ``ttl`` seconds beside
+        ``key``, and answer the live count, the largest size any process reported within
+        ``ttl`` and the keys found holding garbage and replaced (:mod:`.heartbeat`).
+
+        This default keeps nothing beside ``key``, as suits a store private to one process
+        (``memory://``); the Redis storages override it.
+        """
+        live = self.heartbeat(key, member, ttl)
+        return Fleet(live, max(live, known))
 
     def shared_value(self, key: str, candidate: str, ttl: int) -> str:
         """The value every process of a deployment reads at ``key``: ``candidate`` is stored

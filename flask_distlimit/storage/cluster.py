@@ -40,7 +40,7 @@ from ..decision import Check, Decision, Evaluation
 from ..errors import StorageError, StorageMisconfigured, StorageUnavailable
 from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
 from .base import Storage
-from .heartbeat import HEARTBEAT_SOURCE
+from .heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
 from .redis import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT, _pool_connections, connection_options
 from .shared_value import SHARED_VALUE_SOURCE
 from .translate import REDIS_FAILURES, storage_error
@@ -335,12 +335,18 @@ class ClusterStorage(Storage):
         return deleted
 
     def heartbeat(self, key: str, member: str, ttl: float) -> int:
+        return self.heartbeat_fleet(key, member, ttl).live
+
+    def heartbeat_fleet(self, key: str, member: str, ttl: float, known: int = 0) -> Fleet:
         self.client  # noqa: B018 - connects and registers the scripts
         assert self._heartbeat is not None
-        try:
-            return int(self._heartbeat([key], [member, max(1, round(ttl * 1000))]))
+        try:  # both keys in the heartbeat key's slot (peak_key)
+            reply = self._heartbeat(
+                [key, peak_key(key)], [member, max(1, round(ttl * 1000)), max(0, int(known))]
+            )
         except REDIS_FAILURES as exc:
             raise storage_error(exc) from exc
+        return fleet_from_reply(reply, key)
 
     def shared_value(self, key: str, candidate: str, ttl: int) -> str:
         self.client  # noqa: B018 - connects and registers the scripts

@@ -1,23 +1,109 @@
 """The instance heartbeat: one small Lua script on the Redis server's clock.
 
-``KEYS[1]`` is a sorted set of live instances scored by their expiry (milliseconds, server time).
-``ARGV[1]`` the member (one per process), ``ARGV[2]`` its time to live in milliseconds.
-The script records the member, drops expired ones, bounds the key's own lifetime and answers
-the live count, atomically, in one round trip.
+``KEYS[1]`` is a sorted set of live instances scored by their expiry (milliseconds, server time):
+one member per process. ``KEYS[2]`` (:func:`peak_key`, in the same Redis Cluster slot) is a sorted
+set of the fleet sizes reported within the TTL: each member a size (``"3"``), scored by its expiry.
+``ARGV[1]`` is the member, ``ARGV[2]`` the time to live in milliseconds, ``ARGV[3]`` the largest
+live count the calling process saw in its last beats (0 when it knows none).
+
+Atomically, in one round trip, the script records the member, drops expired members, reports
+``max(live count, ARGV[3])`` as a fleet size, drops expired sizes, bounds both keys' lifetimes to
+the TTL and answers ``{live count, largest size reported within the TTL, KEYS[1] repaired (0/1),
+KEYS[2] repaired (0/1)}``. The sizes outlive a Redis restart or an expiry in the processes that
+report them, so the first process to beat after one learns the fleet it knew, not 1, and so does
+every process that beats after it (:mod:`flask_distlimit.instances`).
+
+A key that holds another type (``WRONGTYPE``), or a size that is not a whole number from 1 to
+100,000, is garbage that something else wrote under our prefix: the key is replaced and reported
+as repaired, as the limit scripts do. (Members may carry different TTLs: a process's own.)
+It uses only the commands the limiter's ACL user already has (``ZADD``, ``ZREMRANGEBYSCORE``,
+``ZCARD``, ``ZRANGE``, ``PEXPIRE``, ``DEL``, ``TIME``).
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, NamedTuple
 
-__all__ = ["HEARTBEAT_SOURCE"]
+__all__ = ["HEARTBEAT_SOURCE", "MAX_FLEET", "Fleet", "fleet_from_reply", "peak_key"]
+
+#: The largest fleet size a heartbeat accepts (``DISTLIMIT_INSTANCES`` accepts as much).
+MAX_FLEET: Final = 100_000
 
 HEARTBEAT_SOURCE: Final = """
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl_ms = tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], now_ms + ttl_ms, ARGV[1])
+local known = tonumber(ARGV[3])
+local until_ms = now_ms + ttl_ms
+
+-- ZADD, replacing a key of another type (reported: 1); any other error is raised as it is.
+local function zadd(key, score, member)
+  local reply = redis.pcall('ZADD', key, score, member)
+  if type(reply) ~= 'table' or not reply.err then
+    return 0
+  end
+  if string.sub(reply.err, 1, 9) ~= 'WRONGTYPE' then
+    redis.call('ZADD', key, score, member)  -- fails the same way: raises the error as it is
+    return 0
+  end
+  redis.call('DEL', key)
+  redis.call('ZADD', key, score, member)
+  return 1
+end
+
+local repaired_live = zadd(KEYS[1], until_ms, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
 redis.call('PEXPIRE', KEYS[1], ttl_ms)
-return redis.call('ZCARD', KEYS[1])
+local live = redis.call('ZCARD', KEYS[1])
+
+local report = math.max(live, known)
+local repaired_peak = zadd(KEYS[2], until_ms, tostring(report))
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms)
+local largest = report
+for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+  local size = tonumber(member)
+  if size == nil or size ~= math.floor(size) or size < 1 or size > 100000 then
+    repaired_peak = 1
+    largest = report
+    redis.call('DEL', KEYS[2])
+    redis.call('ZADD', KEYS[2], until_ms, tostring(report))
+    break
+  end
+  if size > largest then
+    largest = size
+  end
+end
+redis.call('PEXPIRE', KEYS[2], ttl_ms)
+return {live, largest, repaired_live, repaired_peak}
 """
+
+
+class Fleet(NamedTuple):
+    """What one heartbeat learnt."""
+
+    live: int  #: processes with a live heartbeat now, this one included
+    largest: int  #: the largest fleet size reported within the TTL (at least ``live``)
+    repaired_keys: tuple[str, ...] = ()  #: keys that held garbage and were replaced
+
+
+def peak_key(key: str) -> str:
+    """The key of the fleet sizes reported beside the heartbeat ``key``, in its Redis Cluster
+    slot: ``<key>:peak`` when ``key`` has a hash tag, else ``<key>:peak:{<key>}`` (Redis then
+    hashes ``<key>`` for both), e.g. ``ratelimit:instances:peak:{ratelimit:instances}``."""
+    start = key.find("{")
+    if start != -1:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return f"{key}:peak"
+    if "{" in key or "}" in key:
+        raise ValueError(f"heartbeat key {key!r} has a brace but no hash tag")
+    return f"{key}:peak:{{{key}}}"
+
+
+def fleet_from_reply(reply: object, key: str) -> Fleet:
+    """The script's reply as a :class:`Fleet` (``key`` is its ``KEYS[1]``)."""
+    if not isinstance(reply, list | tuple) or len(reply) != 4:
+        raise ValueError(f"unexpected heartbeat reply {reply!r}")
+    live, largest, repaired_live, repaired_peak = (int(x) for x in reply)
+    repaired = (key,) * bool(repaired_live) + (peak_key(key),) * bool(repaired_peak)
+    return Fleet(live, max(live, largest), repaired)

@@ -38,7 +38,7 @@ from redis.sentinel import Sentinel, SentinelConnectionPool
 from ..decision import Check, Evaluation
 from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
 from .base import Storage
-from .heartbeat import HEARTBEAT_SOURCE
+from .heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
 from .shared_value import SHARED_VALUE_SOURCE
 from .translate import REDIS_FAILURES, storage_error
 from .wire import EvalshaPacker, read_bulk
@@ -356,10 +356,16 @@ class RedisStorage(Storage):
         return deleted
 
     def heartbeat(self, key: str, member: str, ttl: float) -> int:
+        return self.heartbeat_fleet(key, member, ttl).live
+
+    def heartbeat_fleet(self, key: str, member: str, ttl: float, known: int = 0) -> Fleet:
         try:
-            return int(self._heartbeat([key], [member, max(1, round(ttl * 1000))]))
+            reply = self._heartbeat(
+                [key, peak_key(key)], [member, max(1, round(ttl * 1000)), max(0, int(known))]
+            )
         except REDIS_FAILURES as exc:
             raise storage_error(exc) from exc
+        return fleet_from_reply(reply, key)
 
     def shared_value(self, key: str, candidate: str, ttl: int) -> str:
         try:
