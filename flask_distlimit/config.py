@@ -47,6 +47,10 @@ The keys read here, each ``key`` (default ``value``) followed by its meaning:
 ``DISTLIMIT_INSTANCES`` (default ``1``)
     Processes sharing the limits, the divisor of the ``local`` fallback: an int from 1 to 100000,
     or ``"auto"`` (counted by heartbeats while the storage is up).
+``DISTLIMIT_INSTANCES_MIN`` (default ``1``)
+    The smallest divisor of the ``local`` fallback (an int from 1 to 100000): what a process
+    divides by before it has counted the fleet (e.g. one that starts during an outage), and a
+    floor under every count.
 ``DISTLIMIT_BREAKER_FAIL_MAX`` (default ``5``)
     Consecutive storage outages that open the circuit breaker (an int from 1 to 10000).
 ``DISTLIMIT_BREAKER_RESET_TIMEOUT`` (default ``30``)
@@ -104,6 +108,7 @@ DEFAULTS: Final[dict[str, object]] = {
     "DISTLIMIT_ENABLED": True,
     "DISTLIMIT_FAILURE_POLICY": "open",
     "DISTLIMIT_INSTANCES": 1,
+    "DISTLIMIT_INSTANCES_MIN": 1,
     "DISTLIMIT_BREAKER_FAIL_MAX": 5,
     "DISTLIMIT_BREAKER_RESET_TIMEOUT": 30,
     "DISTLIMIT_CHARGE_PREFLIGHTS": False,
@@ -244,6 +249,7 @@ class Settings:
     enabled: bool = True
     failure_policy: FailurePolicy = "open"
     instances: int | Literal["auto"] = 1
+    instances_min: int = 1
     breaker_fail_max: int = 5
     breaker_reset_timeout: float = 30.0
     charge_preflights: bool = False
@@ -294,6 +300,16 @@ class Settings:
                 "DISTLIMIT_FAILURE_POLICY", get("DISTLIMIT_FAILURE_POLICY"), _POLICIES
             ),
             instances=_instances("DISTLIMIT_INSTANCES", get("DISTLIMIT_INSTANCES")),
+            instances_min=int(
+                _number(
+                    "DISTLIMIT_INSTANCES_MIN",
+                    get("DISTLIMIT_INSTANCES_MIN"),
+                    integer=True,
+                    minimum=1,
+                    maximum=100_000,
+                    meaning=" (the smallest divisor of the local fallback)",
+                )
+            ),
             breaker_fail_max=int(
                 _number(
                     "DISTLIMIT_BREAKER_FAIL_MAX",

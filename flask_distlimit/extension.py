@@ -118,6 +118,7 @@ class Limiter(Declarations):
             fail_max=settings.breaker_fail_max,
             reset_timeout=settings.breaker_reset_timeout,
             instances=settings.instances,
+            instances_min=settings.instances_min,
             key_prefix=settings.key_prefix,
             clock=guard_clock,  # an injected clock drives the breaker's reset timeout too
         )

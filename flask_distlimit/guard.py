@@ -120,8 +120,9 @@ if hasattr(os, "register_at_fork"):
 class Guard:
     """Calls the storage through a circuit breaker and applies the failure policy on outages.
 
-    ``clock`` (monotonic seconds) drives the breaker's reset timeout, the heartbeat interval and
-    the pace of the misconfiguration log; tests inject a fake one. ``metrics``
+    ``clock`` (monotonic seconds) drives the breaker's reset timeout, the heartbeat interval, the
+    fallback's settling and the pace of the misconfiguration log; tests inject a fake one.
+    ``instances_min`` (``DISTLIMIT_INSTANCES_MIN``) is the smallest fallback divisor. ``metrics``
     (:func:`flask_distlimit.metrics.metrics_for`) is optional.
     ``fallback_factory`` builds the in-process store of the ``local`` policy (default: memory).
     """
@@ -134,6 +135,7 @@ class Guard:
         fail_max: int = 5,
         reset_timeout: float = 30.0,
         instances: InstancesSetting = 1,
+        instances_min: int = 1,
         key_prefix: str = "ratelimit",
         clock: Callable[[], float] = time.monotonic,
         metrics: Metrics | None = None,
@@ -164,7 +166,11 @@ class Guard:
         self._probe = Check(f"{key_prefix}:{{health}}:probe:fixed_window", "fixed_window", 1, 1, 0)
         self.name = f"{storage.scheme or 'storage'}:{key_prefix}"
         self.instances = Instances(
-            instances, key_prefix=key_prefix, interval=heartbeat_interval, clock=clock
+            instances,
+            minimum=instances_min,
+            key_prefix=key_prefix,
+            interval=heartbeat_interval,
+            clock=clock,
         )
         #: What the storage last said was left per key (recorded under policy ``"local"``).
         self.last_known = LastKnown(clock=clock)
@@ -266,7 +272,7 @@ class Guard:
         if not self.breaker.allow():
             return
         try:
-            self.instances.beat(self.storage)
+            repaired = self.instances.beat(self.storage)
         except StorageUnavailable as exc:
             self.breaker.failure(exc)
             if isinstance(exc, StorageMisconfigured):
@@ -276,6 +282,8 @@ class Guard:
             raise
         else:
             self.breaker.success()
+            if repaired:
+                self._repaired(repaired)
 
     def _repaired(self, keys: Sequence[str]) -> None:
         for key in keys:
@@ -357,6 +365,7 @@ class Guard:
             "breaker_open_seconds": None if opened_for is None else round(opened_for, 3),
             "policy": self.policy,
             "instances": self.instances.setting,
+            "instances_min": self.instances.minimum,
             "instances_seen": self.instances.seen,
             "fallback_divisor": self.instances.divisor,
             "fallback_active": self.fallback.active,

@@ -3,29 +3,46 @@
 ``DISTLIMIT_INSTANCES`` is a fixed count or ``"auto"``. With ``"auto"``, while the storage is
 healthy each process (each gunicorn worker is one) keeps a heartbeat: a member
 ``<hostname>:<pid>:<random>`` in the sorted set ``<key_prefix>:instances``, refreshed at most every
-``interval`` seconds and expiring after ``ttl``. The refresh piggy-backs on a request (one extra,
-cheap storage call, only when due; no background thread, which would not survive gunicorn's fork).
-The live count it answers is remembered: when the storage goes away, that count is the divisor.
+``interval`` seconds and expiring after ``ttl`` (three intervals). The refresh piggy-backs on a
+request (one extra, cheap storage call, only when due; no background thread, which would not
+survive gunicorn's fork).
 
-A process that has never reached the storage divides by 1 (it cannot know better) and says so in
-:meth:`Instances.snapshot`.
+The fleet size must survive what empties that set (a Redis restart, an outage longer than the
+TTL, a whole fleet restarting), or the first process to beat afterwards would learn 1, the next 2,
+and an outage then would divide by 1, 2, 3 (30 + 15 + 10 = 55 admitted against 30). So:
+
+- each process keeps the live counts of its last ``ceil(ttl / interval)`` beats (one TTL of
+  beating, however long the gaps between them) and reports the largest with every beat;
+- Redis keeps the sizes reported within the TTL beside the set
+  (:mod:`flask_distlimit.storage.heartbeat`), so a process that knows nothing learns the fleet from
+  the first process that beats;
+- the divisor is the largest size this process was told in its last beats, never less than
+  ``minimum`` (``DISTLIMIT_INSTANCES_MIN``), which is also what a process that has never reached
+  the storage divides by.
+
+A process reports only live counts it saw itself, never a size Redis told it, so when the fleet
+really shrinks the reports stop within one TTL of beating, the sizes in Redis expire one TTL later
+and the divisor follows one TTL after that.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Literal
 
 from .errors import ConfigurationError, StorageResponseError, StorageUnavailable
 from .storage.base import Storage
+from .storage.heartbeat import MAX_FLEET, peak_key
 
-__all__ = ["Instances", "InstancesSetting", "validate_instances"]
+__all__ = ["Instances", "InstancesSetting", "validate_instances", "validate_instances_min"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +64,17 @@ def validate_instances(value: object) -> InstancesSetting:
     )
 
 
+def validate_instances_min(value: object) -> int:
+    """``DISTLIMIT_INSTANCES_MIN`` as an int from 1 to 100000; else :class:`ConfigurationError`."""
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_FLEET:
+        return value
+    raise ConfigurationError(
+        f"DISTLIMIT_INSTANCES_MIN={value!r} is not valid. Use an integer from 1 to {MAX_FLEET}: "
+        "the smallest divisor of the local fallback, what a process that has not reached the "
+        "storage yet divides by."
+    )
+
+
 def _member() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
@@ -58,14 +86,17 @@ class Instances:
         self,
         setting: InstancesSetting = 1,
         *,
+        minimum: int = 1,
         key_prefix: str = "ratelimit",
         interval: float = 5.0,
         ttl: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.setting = validate_instances(setting)
+        self.minimum = validate_instances_min(minimum)
         self.auto = self.setting == "auto"
         self.key = f"{key_prefix}:instances"
+        self.peak_key = peak_key(self.key)
         self.interval = interval
         self.ttl = ttl if ttl is not None else 3 * interval
         if self.ttl <= interval:
@@ -78,22 +109,27 @@ class Instances:
         self.member = _member()
         #: Live processes counted by the last heartbeat (``None``: never reached the storage).
         self.seen: int | None = None
+        beats = math.ceil(self.ttl / interval)  # one TTL of beating
+        self._live: deque[int] = deque(maxlen=beats)  # live counts this process saw
+        self._told: deque[int] = deque(maxlen=beats)  # the largest sizes it was told
+        self._divisor = (
+            max(self.setting, self.minimum) if isinstance(self.setting, int) else (self.minimum)
+        )
         self._next_at = float("-inf") if self.auto else float("inf")
         self._beating = False
 
     @property
     def divisor(self) -> int:
         """What the local fallback divides every limit by."""
-        if isinstance(self.setting, int):
-            return self.setting
-        return max(1, self.seen or 1)
+        return self._divisor
 
     def due(self) -> bool:
         """Cheap: is a heartbeat due now? (Always false unless ``"auto"``.)"""
         return self._clock() >= self._next_at
 
-    def beat(self, storage: Storage) -> None:
-        """Refresh this process's heartbeat and remember the live count.
+    def beat(self, storage: Storage) -> tuple[str, ...]:
+        """Refresh this process's heartbeat, learn the fleet size, and answer the keys the
+        storage found holding garbage and replaced (the caller logs them).
 
         Only one thread beats at a time; the others return at once. An outage is raised as
         :class:`StorageUnavailable` (the caller counts it); an error reply is logged, not raised:
@@ -102,27 +138,46 @@ class Instances:
         with self._lock:
             now = self._clock()
             if self._beating or now < self._next_at:
-                return
+                return ()
             self._beating = True
             self._next_at = now + self.interval
         try:
-            count = storage.heartbeat(self.key, self.member, self.ttl)
+            known = max(self._live, default=0)
+            fleet = storage.heartbeat_fleet(self.key, self.member, self.ttl, known)
         except StorageUnavailable:
             raise
         except StorageResponseError:
             log.exception(
-                "Heartbeat on %r failed with an error reply; keeping count %s", self.key, self.seen
+                "Heartbeat on %r failed with an error reply; keeping divisor %s",
+                self.key,
+                self._divisor,
             )
+            return ()
         else:
-            if count != self.seen:
-                log.info("Live rate-limit instances: %d (was %s)", count, self.seen)
-            self.seen = max(1, int(count))
+            live = max(1, int(fleet.live))
+            self._live.append(live)
+            self._told.append(max(live, int(fleet.largest), known))
+            divisor = max(self.minimum, *self._told)
+            if live != self.seen or divisor != self._divisor:
+                log.info(
+                    "Live rate-limit instances: %d (was %s); fallback divisor %d (the largest "
+                    "fleet in the last %d heartbeats, at least %d)",
+                    live,
+                    self.seen,
+                    divisor,
+                    len(self._told),
+                    self.minimum,
+                )
+            self.seen = live
+            self._divisor = divisor
+            return fleet.repaired_keys
         finally:
             self._beating = False
 
     def snapshot(self) -> dict[str, object]:
         return {
             "setting": self.setting,
+            "minimum": self.minimum,
             "seen": self.seen,
             "divisor": self.divisor,
             "member": self.member,
@@ -130,6 +185,7 @@ class Instances:
 
     def _after_fork(self) -> None:
         # A gunicorn worker is an instance of its own: new member, beat on its first request.
+        # What the parent knew of the fleet still holds for it.
         self._lock = threading.Lock()
         self._beating = False
         self.member = _member()

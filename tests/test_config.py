@@ -44,13 +44,22 @@ def test_values_are_parsed() -> None:
             "DISTLIMIT_REDIS_TIMEOUT": 1,
             "DISTLIMIT_FAILURE_POLICY": "local",
             "DISTLIMIT_KEY_PREFIX": "app:v2/rl",
+            "DISTLIMIT_INSTANCES_MIN": 12,
         }
     )
+    assert settings.instances_min == 12
     assert settings.default_limits == (Rate(10, 1), Rate(1000, 3600))
     assert settings.global_limits == (Rate(50, 1),)
     assert settings.instances == "auto"
     assert settings.redis_timeout == 1.0
     assert settings.failure_policy == "local"
+
+
+def test_instances_min_reaches_the_fallback() -> None:
+    app = _init(DISTLIMIT_INSTANCES="auto", DISTLIMIT_INSTANCES_MIN=4)
+    guard = app.extensions["distlimit"].guard
+    assert guard.instances.divisor == 4  # before any heartbeat
+    assert guard.health()["instances_min"] == 4
 
 
 def test_config_is_read_once() -> None:
@@ -90,6 +99,10 @@ def test_config_is_read_once() -> None:
         ("DISTLIMIT_FAILURE_POLICY", "maybe", "'open', 'closed', 'local'"),
         ("DISTLIMIT_INSTANCES", 0, "'auto'"),
         ("DISTLIMIT_INSTANCES", True, "'auto'"),
+        ("DISTLIMIT_INSTANCES_MIN", 0, ">= 1"),
+        ("DISTLIMIT_INSTANCES_MIN", "3", "integer"),
+        ("DISTLIMIT_INSTANCES_MIN", 2.5, "integer"),
+        ("DISTLIMIT_INSTANCES_MIN", 100_001, "<= 100000"),
         ("DISTLIMIT_BREAKER_FAIL_MAX", 0, ">= 1"),
         ("DISTLIMIT_BREAKER_RESET_TIMEOUT", -5, "> 0"),
         ("DISTLIMIT_STORAGE_URL", "mongodb://localhost", "redis://"),

@@ -1,24 +1,31 @@
 """DISTLIMIT_INSTANCES: validation, heartbeat timing on a fake clock, live counts on a real
-Redis, and gunicorn workers (forked from a preloaded app) counted as one instance each."""
+Redis, gunicorn workers (forked from a preloaded app) counted as one instance each, a fleet size
+that survives a Redis restart, and the heartbeat keys repaired like the limit keys."""
 
 from __future__ import annotations
 
 import contextlib
 import http.client
+import logging
 import os
 import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
+from flask_distlimit.decision import Check
 from flask_distlimit.errors import ConfigurationError
+from flask_distlimit.guard import Guard
 from flask_distlimit.instances import Instances, validate_instances
+from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.urls import from_url
 from tests.guard_helpers import FakeClock, ScriptedStorage
-from tests.servers import RedisProcess, free_port, gunicorn_command
+from tests.servers import RedisProcess, free_port, gunicorn_command, start_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -150,3 +157,163 @@ def test_each_gunicorn_worker_is_an_instance(redis_server: RedisProcess, tmp_pat
             proc.wait(timeout=10)
         client.delete(f"{prefix}:instances")
         client.close()
+
+
+# -- a fleet size that survives (issue 11) -------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 1.5, "3", None, 100_001])
+def test_invalid_minimums_say_what_to_use(value: object) -> None:
+    with pytest.raises(ConfigurationError, match=r"DISTLIMIT_INSTANCES_MIN.*1 to 100000"):
+        Instances("auto", minimum=value)  # type: ignore[arg-type]
+
+
+def test_a_process_that_never_reached_the_storage_divides_by_the_minimum() -> None:
+    assert Instances("auto").divisor == 1
+    assert Instances("auto", minimum=3).divisor == 3
+    assert Instances(2, minimum=3).divisor == 3  # a floor under a fixed count too
+    guard = Guard(ScriptedStorage("down"), policy="local", instances="auto", instances_min=3)
+    key = [Check("ratelimit:{c}:r:fixed_window", "fixed_window", 30, 60)]
+    admitted = [guard.evaluate(key).evaluation.allowed for _ in range(12)]  # type: ignore[union-attr]
+    assert admitted == [True] * 10 + [False] * 2
+
+
+@pytest.fixture
+def own_server() -> Iterator[RedisProcess]:
+    """A redis-server of this test's own: it is restarted and stopped."""
+    server = start_redis()
+    yield server
+    server.stop()
+
+
+@pytest.mark.redis
+def test_an_outage_after_a_redis_restart_divides_by_the_fleet_it_knew(
+    own_server: RedisProcess,
+) -> None:
+    """Issue 11: after a restart the first process to beat learned 1, the next 2, and an outage
+    then divided by 1, 2 and 3: 30 + 15 + 10 = 55 admitted against 30."""
+    clock = FakeClock()
+    guards = []
+    for _ in range(3):
+        storage = from_url(own_server.url, timeout=1)
+        _opened.append(storage)
+        guards.append(Guard(storage, policy="local", instances="auto", clock=clock))
+    probe = [Check("ratelimit:{probe}:r:fixed_window", "fixed_window", 10**9, 60)]
+
+    def every_process_serves_a_request() -> None:  # each beats: one is due every 5 s
+        for guard in guards:
+            assert not guard.evaluate(probe).degraded
+        clock.advance(5)
+
+    every_process_serves_a_request()
+    every_process_serves_a_request()
+    assert [g.instances.divisor for g in guards] == [3, 3, 3]
+    own_server.restart()  # empty: every heartbeat is gone
+    every_process_serves_a_request()
+    assert [g.instances.seen for g in guards] == [1, 2, 3]  # live, as each beat found them
+    assert [g.instances.divisor for g in guards] == [3, 3, 3]  # was [1, 2, 3]
+    own_server.stop()  # the outage
+    key = [Check("ratelimit:{client}:r:fixed_window", "fixed_window", 30, 60)]
+    admitted = [
+        sum(bool(g.evaluate(key).evaluation.allowed) for _ in range(30))  # type: ignore[union-attr]
+        for g in guards
+    ]
+    assert admitted == [10, 10, 10]  # was [30, 15, 10]
+
+
+_opened: list[Storage] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_storages() -> Iterator[None]:
+    yield
+    while _opened:
+        _opened.pop().close()
+
+
+def _storage(server: RedisProcess) -> Storage:
+    storage = from_url(server.url, timeout=1)
+    _opened.append(storage)
+    return storage
+
+
+@pytest.mark.redis
+def test_a_process_that_knows_nothing_learns_the_fleet_after_the_heartbeats_expired(
+    redis_server: RedisProcess, redis_client: redis.Redis
+) -> None:
+    """An outage longer than the TTL, or a restart, empties the live set; the first process to
+    beat reports the fleet it knew, and a process that knew nothing learns it from Redis."""
+    clock = FakeClock()
+    storage = _storage(redis_server)
+    fleet = [Instances("auto", clock=clock) for _ in range(3)]
+    for _ in range(2):
+        for instances in fleet:
+            instances.beat(storage)
+        clock.advance(5)
+    redis_client.delete("ratelimit:instances", "ratelimit:instances:peak:{ratelimit:instances}")
+    fleet[0].beat(storage)
+    assert (fleet[0].seen, fleet[0].divisor) == (1, 3)
+    newcomer = Instances("auto", clock=clock)  # e.g. a worker gunicorn just started
+    newcomer.beat(storage)
+    assert (newcomer.seen, newcomer.divisor) == (2, 3)  # was (2, 2)
+
+
+@pytest.mark.redis
+def test_the_divisor_follows_a_fleet_that_shrank(
+    redis_server: RedisProcess, redis_client: redis.Redis
+) -> None:
+    """A process reports only the live counts it saw itself, never the sizes Redis told it, so
+    a size nobody sees any more stops being reported and expires: no loop keeps it alive."""
+    clock = FakeClock()
+    storage = _storage(redis_server)
+    fleet = [Instances("auto", clock=clock) for _ in range(3)]
+    for _ in range(2):
+        for instances in fleet:
+            instances.beat(storage)
+        clock.advance(5)
+    survivor, *gone = fleet
+    assert survivor.divisor == 3
+    # The two others stopped: their heartbeats expire (their expiry is moved into the past).
+    redis_client.zadd("ratelimit:instances", {i.member: 1 for i in gone}, xx=True)
+    divisors = []
+    for _ in range(3):
+        survivor.beat(storage)
+        divisors.append(survivor.divisor)
+        clock.advance(5)
+    assert survivor.seen == 1 and divisors == [3, 3, 3]  # it saw 3 within its last 3 beats
+    peak = "ratelimit:instances:peak:{ratelimit:instances}"
+    assert {m.decode() for m in redis_client.zrange(peak, 0, -1)} == {"1", "2", "3"}
+    redis_client.zadd(peak, {"3": 1, "2": 1}, xx=True)  # one TTL after they were last reported
+    for _ in range(3):
+        survivor.beat(storage)
+        clock.advance(5)
+    assert survivor.divisor == 1
+
+
+# -- the heartbeat key is repaired like the limit keys (issue 11) -------------------------------
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize(
+    "key", ["ratelimit:instances", "ratelimit:instances:peak:{ratelimit:instances}"]
+)
+def test_a_heartbeat_key_of_another_type_is_replaced_and_logged_once(
+    redis_server: RedisProcess,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    key: str,
+) -> None:
+    redis_client.set(key, "something else's value", ex=600)
+    clock = FakeClock()
+    guard = Guard(_storage(redis_server), policy="local", instances="auto", clock=clock)
+    probe = [Check("ratelimit:{probe}:r:fixed_window", "fixed_window", 100, 60)]
+    with caplog.at_level(logging.INFO, logger="flask_distlimit"):
+        for _ in range(3):  # three heartbeats
+            assert not guard.evaluate(probe).degraded
+            clock.advance(5)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and key in warnings[0] and "wrong type" in warnings[0]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # no traceback
+    assert guard.health()["instances_seen"] == 1
+    assert redis_client.type("ratelimit:instances") == b"zset"
+    assert redis_client.type("ratelimit:instances:peak:{ratelimit:instances}") == b"zset"
