@@ -1,7 +1,7 @@
 """The five rate-limit algorithms, by name.
 
 Each has a Lua implementation (``lua/<name>.lua``, run atomically in Redis) and a pure-Python twin
-(``flask_distlimit.storage.memory``) that decides exactly as the Lua does.
+(``flask_distlimit.storage.twins``) that decides exactly as the Lua does.
 """
 
 from __future__ import annotations
