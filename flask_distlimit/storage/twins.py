@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 from collections.abc import Callable
 from typing import Final, NamedTuple
 
@@ -25,9 +26,11 @@ from ..decision import Check
 __all__ = [
     "ALGORITHM_STEPS",
     "KEEP_TTL",
+    "SWL_BATCH",
     "BucketState",
     "CounterState",
     "FixedWindowState",
+    "LogEntry",
     "State",
     "Step",
     "plausible",
@@ -54,8 +57,12 @@ class BucketState(NamedTuple):
     stamp: int  # time of `tokens`, us
 
 
-#: The log is a sorted list of unique entry times (us); GCRA is the TAT in emission intervals.
-State = FixedWindowState | CounterState | BucketState | list[int] | float
+#: One entry of the log, one per admitted request: (time in us, start, end), its units being
+#: start + 1 .. end of the key's running count (see lua/sliding_window_log.lua).
+LogEntry = tuple[int, int, int]
+
+#: The log is a list of entries in time order; GCRA is the TAT in emission intervals.
+State = FixedWindowState | CounterState | BucketState | list[LogEntry] | float
 
 
 class Step(NamedTuple):
@@ -126,42 +133,69 @@ def _fw_refund(
 # --- sliding window log -------------------------------------------------------------------
 
 
-def _swl_read(state: State | None, limit: int, period: int, now: int) -> list[int]:
-    if not isinstance(state, list):
-        return []
-    cut = bisect.bisect_right(state, now - period)
-    if cut:
-        del state[:cut]
-    if len(state) > limit:
-        del state[: len(state) - limit]
-    return state
+#: The most members one call removes from one log key: ``SWL_BATCH`` in
+#: ``lua/sliding_window_log.lua`` (the twin prunes exactly as much, so that a clock that goes
+#: back finds the same members in both).
+SWL_BATCH: Final = 8
+
+_time = operator.itemgetter(0)
+_end = operator.itemgetter(2)
+
+
+def _swl_read(
+    state: State | None, limit: int, period: int, now: int
+) -> tuple[list[LogEntry], int, int, int]:
+    """(the log, units in the window k, base, index of the oldest live entry), after removing
+    at most :data:`SWL_BATCH` expired entries in place, as the script does."""
+    if not isinstance(state, list) or not state:
+        return [], 0, 0, 0
+    cut = now - period
+    expired = bisect.bisect_right(state, cut, key=_time)
+    drop = min(expired, SWL_BATCH)
+    if drop:
+        del state[:drop]
+        expired -= drop
+    if not state:
+        return state, 0, 0, 0
+    newest, _, last = state[-1]
+    if newest <= cut:  # nothing live: the script deletes the key
+        state.clear()
+        return state, 0, 0, 0
+    base = state[expired][1]
+    if last - base > limit:
+        base = last - limit
+    return state, last - base, base, expired
 
 
 def sliding_window_log(state: State | None, limit: int, period: int, cost: int, now: int) -> Step:
     """Prunes ``state`` (a list) in place, as the script does in its first phase."""
-    log = _swl_read(state, limit, period, now)
-    count = len(log)
-    newest = log[-1] if log else None
+    log, count, base, oldest = _swl_read(state, limit, period, now)
+    newest = log[-1][0] if count else None
+    last = log[-1][2] if count else 0
     first = newest + 1 if newest is not None and newest >= now else now
     allowed = cost <= limit and count + cost <= limit
-    after, last, retry = count, newest, 0
+    after, latest, retry = count, newest, 0
     if allowed:
         if cost > 0:
-            after, last = count + cost, first + cost - 1
+            after, latest = count + cost, first
     elif cost > limit:
         retry = -1
     else:
-        retry = log[count + cost - limit - 1] + period - now
-    reset = last + period - now if after > 0 and last is not None else 0
+        # among the SWL_BATCH oldest live entries; past them, when the last of them expires
+        goal = base + count + cost - limit
+        block_end = min(len(log), oldest + SWL_BATCH)
+        found = bisect.bisect_left(log, goal, oldest, block_end, key=_end)
+        retry = log[min(found, block_end - 1)][0] + period - now
+    reset = latest + period - now if after > 0 and latest is not None else 0
     reset_now = newest + period - now if newest is not None else 0
-    new = [*log, *range(first, first + cost)] if allowed and cost > 0 else None
+    new = [*log, (first, last, last + cost)] if allowed and cost > 0 else None
     return Step(
         allowed,
         limit - after,
         reset,
         retry,
         new,
-        first + cost - 1 + period - now,
+        first + period - now,
         limit - count,
         reset_now,
     )
@@ -170,14 +204,27 @@ def sliding_window_log(state: State | None, limit: int, period: int, cost: int, 
 def _swl_refund(
     state: State | None, limit: int, period: int, cost: int, now: int
 ) -> tuple[State | None, int]:
-    log = _swl_read(state, limit, period, now)
-    if not log:
+    log, count, base, oldest = _swl_read(state, limit, period, now)
+    if count == 0:
         return None, 0
-    if cost:
-        del log[-cost:]
-    if not log:
+    if cost == 0:
+        return log, -1
+    hi = len(log) - 1
+    target, lo = log[-1][2] - cost, oldest
+    if hi - oldest + 1 > SWL_BATCH:  # more live entries than one call may touch
+        lo = hi - SWL_BATCH + 1
+        target = max(target, log[lo - 1][2])
+    if target <= base:
         return None, 0
-    return log, log[-1] + period - now
+    # the lowest entry holding a unit above target; it stays, cut down to target
+    r = bisect.bisect_left(log, target + 1, lo, hi + 1, key=_end)
+    time_r, start, _ = log[r]
+    del log[r + 1 :]
+    if start < target:
+        log[r] = (time_r, start, target)
+    else:
+        del log[r]
+    return log, log[-1][0] + period - now
 
 
 # --- sliding window counter ---------------------------------------------------------------
@@ -433,7 +480,7 @@ def plausible(algorithm: str, state: object, limit: int, period: int, now: int) 
     if algorithm == "sliding_window_counter" and isinstance(state, CounterState):
         return state.window * period <= now + period
     if algorithm == "sliding_window_log" and isinstance(state, list):
-        return not state or state[-1] <= now + period + limit
+        return not state or state[-1][0] <= now + period + limit
     if algorithm == "token_bucket" and isinstance(state, BucketState):
         return state.stamp <= now + period
     if algorithm == "gcra" and isinstance(state, float):
