@@ -36,7 +36,7 @@
 --   by more than a period), or whose newest or oldest live member does not read as
 --   "<start>:<end>" with start < end, is reset.
 --
--- Bound per call and key, whatever L and c: at most 6 Redis commands (13 in a refund, which
+-- Bound per call and key, whatever L and c: at most 6 Redis commands (10 in a refund, which
 -- evaluates again after giving back), at most SWL_BATCH members removed (expired ones; again in
 -- a refund) and SWL_BATCH + 1 read, one written (bench/bench_script_time.py measures it).
 
@@ -162,15 +162,25 @@ local function LOAD_SLIDING_WINDOW_LOG()
     expire_in(key, first + period - now)
   end
 
+  -- Refund: reads only the SWL_BATCH + 1 newest members (no pruning: the evaluation that
+  -- follows in the same call prunes).
   function SLIDING_WINDOW_LOG.refund(key, limit, period, cost, now)
-    local count, _, last, base, _, repaired = swl_read(key, limit, period, now)
-    if count == 0 or cost == 0 then
-      return repaired
+    local block = redis.pcall('ZRANGE', key, -(SWL_BATCH + 1), -1, 'WITHSCORES')
+    if failed(block) then
+      redis.call('UNLINK', key)
+      return 1
     end
-    -- the SWL_BATCH newest live members, and the live one below them if any (its end is the
-    -- lowest the refund may go)
+    if #block == 0 then
+      return 0
+    end
+    local newest = tonumber(block[#block])
+    local _, last = swl_span(block[#block - 1])
+    if not (last and whole(newest) and newest <= now + period + limit) then
+      redis.call('UNLINK', key)
+      return 1
+    end
+    -- the live ones, oldest first: all the live members when at most SWL_BATCH are live
     local cut = now - period
-    local block = redis.call('ZRANGE', key, -(SWL_BATCH + 1), -1, 'WITHSCORES')
     local members, scores = {}, {}
     for i = 1, #block, 2 do
       local score = tonumber(block[i + 1])
@@ -178,17 +188,29 @@ local function LOAD_SLIDING_WINDOW_LOG()
         members[#members + 1], scores[#scores + 1] = block[i], score
       end
     end
-    local target, lo = last - cost, 1
-    if #members > SWL_BATCH then
+    if #members == 0 or cost == 0 then
+      return 0
+    end
+    local target, lo, base = last - cost, 1, last - limit
+    if #members > SWL_BATCH then  -- more live members than a call touches: the lowest is a floor
       lo = 2
       local _, floor_end = swl_span(members[1])
       if floor_end and target < floor_end then
         target = floor_end
       end
+    else
+      local start = swl_span(members[1])
+      if start == nil then
+        redis.call('UNLINK', key)
+        return 1
+      end
+      if start > base then
+        base = start
+      end
     end
-    if target <= base then
+    if target <= base then  -- every unit counted goes back
       redis.call('UNLINK', key)
-      return repaired
+      return 0
     end
     -- the lowest member holding a unit above target: it stays, cut down to target
     local r = #members
@@ -203,7 +225,7 @@ local function LOAD_SLIDING_WINDOW_LOG()
       redis.call('ZREMRANGEBYRANK', key, r - #members, -1)
     end
     local start = swl_span(members[r])
-    local newest = scores[r]
+    newest = scores[r]
     redis.call('ZREM', key, members[r])
     if start and start < target then
       redis.call('ZADD', key, newest, string.format('%d:%d', start, target))
@@ -211,7 +233,7 @@ local function LOAD_SLIDING_WINDOW_LOG()
       newest = scores[r - 1]
     end
     expire_in(key, newest + period - now)
-    return repaired
+    return 0
   end
   return SLIDING_WINDOW_LOG
 end

@@ -204,27 +204,32 @@ def sliding_window_log(state: State | None, limit: int, period: int, cost: int, 
 def _swl_refund(
     state: State | None, limit: int, period: int, cost: int, now: int
 ) -> tuple[State | None, int]:
-    log, count, base, oldest = _swl_read(state, limit, period, now)
-    if count == 0:
+    """Reads the log without pruning it, as the script does (the evaluation after it prunes)."""
+    if not isinstance(state, list):
+        return None, 0
+    live = bisect.bisect_right(state, now - period, key=_time)  # index of the oldest live entry
+    if live == len(state):
         return None, 0
     if cost == 0:
-        return log, -1
-    hi = len(log) - 1
-    target, lo = log[-1][2] - cost, oldest
-    if hi - oldest + 1 > SWL_BATCH:  # more live entries than one call may touch
-        lo = hi - SWL_BATCH + 1
-        target = max(target, log[lo - 1][2])
+        return state, -1
+    last = state[-1][2]
+    target, lo, base = last - cost, live, last - limit
+    if len(state) - live > SWL_BATCH:  # more live entries than one call may touch
+        lo = len(state) - SWL_BATCH
+        target = max(target, state[lo - 1][2])
+    else:
+        base = max(base, state[live][1])
     if target <= base:
         return None, 0
     # the lowest entry holding a unit above target; it stays, cut down to target
-    r = bisect.bisect_left(log, target + 1, lo, hi + 1, key=_end)
-    time_r, start, _ = log[r]
-    del log[r + 1 :]
+    r = bisect.bisect_left(state, target + 1, lo, len(state), key=_end)
+    time_r, start, _ = state[r]
+    del state[r + 1 :]
     if start < target:
-        log[r] = (time_r, start, target)
+        state[r] = (time_r, start, target)
     else:
-        del log[r]
-    return log, log[-1][0] + period - now
+        del state[r]
+    return state, state[-1][0] + period - now
 
 
 # --- sliding window counter ---------------------------------------------------------------
