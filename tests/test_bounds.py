@@ -38,7 +38,7 @@ HUGE, YEAR = 10**12, 366 * DAY
 COUNTERS: tuple[Algorithm, ...] = ("fixed_window", "sliding_window_counter", "token_bucket", "gcra")
 #: Commands the log's script runs per limit at most: evaluating, and in a Cluster refund (which
 #: gives back, then evaluates again).
-LOG_COMMANDS, LOG_REFUND_COMMANDS = 6, 10
+LOG_COMMANDS, LOG_REFUND_COMMANDS = 6, 9
 
 
 # -- refused when declared ----------------------------------------------------------------------

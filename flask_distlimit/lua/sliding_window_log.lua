@@ -36,7 +36,7 @@
 --   by more than a period), or whose newest or oldest live member does not read as
 --   "<start>:<end>" with start < end, is reset.
 --
--- Bound per call and key, whatever L and c: at most 6 Redis commands (10 in a refund, which
+-- Bound per call and key, whatever L and c: at most 6 Redis commands (9 in a refund, which
 -- evaluates again after giving back), at most SWL_BATCH members removed (expired ones; again in
 -- a refund) and SWL_BATCH + 1 read, one written (bench/bench_script_time.py measures it).
 
@@ -66,32 +66,30 @@ local function LOAD_SLIDING_WINDOW_LOG()
   end
 
   -- retry_after of a denied request: when the oldest live member whose end reaches goal expires,
-  -- looked for among the SWL_BATCH oldest live members (the oldest is given: rank, its end and
-  -- its score). If they do not reach goal, when the last of them expires: no earlier can the
-  -- request pass. Ends grow with rank; a member that does not read ends the search.
-  local function swl_retry(key, oldest, first_end, first_score, goal, period, now)
-    local score = first_score
-    if first_end < goal then
-      local block = redis.call('ZRANGE', key, oldest + 1, oldest + SWL_BATCH - 1, 'WITHSCORES')
-      for i = 1, #block, 2 do
-        score = tonumber(block[i + 1])
-        local _, e = swl_span(block[i])
-        if e == nil or e >= goal then
-          break
-        end
+  -- looked for among the SWL_BATCH oldest live members (from rank `oldest`); if they do not reach
+  -- goal, when the last of them expires: no earlier can the request pass. Ends grow with rank; a
+  -- member that does not read ends the search.
+  local function swl_retry(key, oldest, goal, period, now)
+    local block = redis.call('ZRANGE', key, oldest, oldest + SWL_BATCH - 1, 'WITHSCORES')
+    local score
+    for i = 1, #block, 2 do
+      score = tonumber(block[i + 1])
+      local _, e = swl_span(block[i])
+      if e == nil or e >= goal then
+        break
       end
     end
     return score + period - now
   end
 
   -- The key's state after pruning: (k, newest score or nil, end(newest) (0 when empty), base,
-  -- the oldest live member as {rank, end, score} or nil when none, repaired 0/1).
+  -- rank of the oldest live member, repaired 0/1).
   local function swl_read(key, limit, period, now)
     local cut = now - period
     local expired = redis.pcall('ZCOUNT', key, '-inf', cut)
     if failed(expired) then
       redis.call('UNLINK', key)
-      return 0, nil, 0, 0, nil, 1
+      return 0, nil, 0, 0, 0, 1
     end
     if expired > 0 then
       local drop = expired
@@ -103,28 +101,27 @@ local function LOAD_SLIDING_WINDOW_LOG()
     end
     local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
     if top[1] == nil then
-      return 0, nil, 0, 0, nil, 0
+      return 0, nil, 0, 0, 0, 0
     end
     local newest = tonumber(top[2])
     local _, last = swl_span(top[1])
     if not (last and whole(newest) and newest <= now + period + limit) then
       redis.call('UNLINK', key)
-      return 0, nil, 0, 0, nil, 1
+      return 0, nil, 0, 0, 0, 1
     end
     if newest <= cut then  -- nothing live, only expired members still to remove: start afresh
       redis.call('UNLINK', key)
-      return 0, nil, 0, 0, nil, 0
+      return 0, nil, 0, 0, 0, 0
     end
-    local first = redis.call('ZRANGE', key, expired, expired, 'WITHSCORES')
-    local base, first_end = swl_span(first[1])
+    local base, first_end = swl_span(redis.call('ZRANGE', key, expired, expired)[1])
     if not (base and first_end <= last) then
       redis.call('UNLINK', key)
-      return 0, nil, 0, 0, nil, 1
+      return 0, nil, 0, 0, 0, 1
     end
     if last - base > limit then
       base = last - limit
     end
-    return last - base, newest, last, base, {expired, first_end, tonumber(first[2])}, 0
+    return last - base, newest, last, base, expired, 0
   end
 
   function SLIDING_WINDOW_LOG.decide(key, limit, period, cost, now)
@@ -142,8 +139,7 @@ local function LOAD_SLIDING_WINDOW_LOG()
     elseif cost > limit then
       retry = -1
     else
-      retry = swl_retry(key, oldest[1], oldest[2], oldest[3], base + count + cost - limit,
-        period, now)
+      retry = swl_retry(key, oldest, base + count + cost - limit, period, now)
     end
     local reset, reset_now = 0, 0
     if after > 0 then
