@@ -42,7 +42,7 @@
 
 -- The most members one call removes from one key (pruning; again in a refund), and reads to find
 -- a retry time. Also in flask_distlimit/storage/twins.py: the twin does exactly as much.
-local SWL_BATCH = 8
+local SWL_BATCH = 4
 
 -- A loader: the functions are built only when a request uses this algorithm.
 local function LOAD_SLIDING_WINDOW_LOG()

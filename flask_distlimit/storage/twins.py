@@ -136,7 +136,7 @@ def _fw_refund(
 #: The most members one call removes from one log key: ``SWL_BATCH`` in
 #: ``lua/sliding_window_log.lua`` (the twin prunes exactly as much, so that a clock that goes
 #: back finds the same members in both).
-SWL_BATCH: Final = 8
+SWL_BATCH: Final = 4
 
 _time = operator.itemgetter(0)
 _end = operator.itemgetter(2)
