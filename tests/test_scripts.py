@@ -104,6 +104,8 @@ GARBAGE: list[tuple[Algorithm, Callable[[redis.Redis, str], object]]] = [
     ("sliding_window_log", lambda r, k: r.zadd(k, {"x": float("inf")})),
     ("sliding_window_log", lambda r, k: r.zadd(k, {"x": 1e300})),
     ("sliding_window_log", lambda r, k: r.zadd(k, {"x": T0 + 0.5})),
+    # a log written by a version that kept one member per unit, named by its time
+    ("sliding_window_log", lambda r, k: r.zadd(k, {str(T0 - 5): T0 - 5, str(T0 - 4): T0 - 4})),
     ("sliding_window_counter", lambda r, k: r.rpush(k, "x")),
     ("sliding_window_counter", lambda r, k: r.hset(k, mapping={"w": "1", "c": "x", "p": "0"})),
     ("sliding_window_counter", lambda r, k: r.hset(k, "c", "inf")),
