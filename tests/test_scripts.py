@@ -228,3 +228,13 @@ def test_the_log_batch_is_the_same_in_the_script_and_the_twin() -> None:
     # how many members one call removes or reads decides which members stay: both must agree
     found = re.search(r"^local SWL_BATCH = (\d+)$", SCRIPT_SOURCE, re.MULTILINE)
     assert found is not None and int(found[1]) == SWL_BATCH
+
+
+def test_every_command_the_scripts_run_is_in_the_acl_grants() -> None:
+    # an ACL user given exactly ACL_GRANTS must be able to run every path of the scripts
+    from flask_distlimit.storage.heartbeat import HEARTBEAT_SOURCE
+    from flask_distlimit.storage.translate import ACL_GRANTS
+
+    called = re.findall(r"redis\.p?call\('([A-Z]+)'", SCRIPT_SOURCE + HEARTBEAT_SOURCE)
+    granted = {g.removeprefix("+") for g in ACL_GRANTS.split() if g.startswith("+")}
+    assert called and {c.lower() for c in called} <= granted
