@@ -133,9 +133,9 @@ def _fw_refund(
 # --- sliding window log -------------------------------------------------------------------
 
 
-#: The most members one call removes from one log key: ``SWL_BATCH`` in
-#: ``lua/sliding_window_log.lua`` (the twin prunes exactly as much, so that a clock that goes
-#: back finds the same members in both).
+#: The most members one call removes from one log key, and reads to find a retry time:
+#: ``SWL_BATCH`` in ``lua/sliding_window_log.lua`` (the twin prunes exactly as much, so that a
+#: clock that goes back finds the same members in both; tests/test_scripts.py checks the two).
 SWL_BATCH: Final = 4
 
 _time = operator.itemgetter(0)
