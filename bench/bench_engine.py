@@ -19,8 +19,9 @@ path: ``from_url("redis://...")`` -> :class:`RedisStorage` -> one ``EVALSHA`` pe
   counted by a connection subclass, and the server's ``cmdstat_evalsha`` calls; both must be
   exactly 1.00.
 - **bytes/client**: 10,000 clients, each with one limit of the algorithm filled to 99 % of its
-  limit (pipelined ``EVALSHA`` with cost = 99 % of the limit: the log then holds that many
-  entries), ``MEMORY USAGE key SAMPLES 0`` (exact) summed over each client's keys, averaged;
+  limit (pipelined ``EVALSHA`` with cost = 99 % of the limit; the log, which keeps one entry per
+  request whatever its cost, with that many requests of cost 1, its worst case: built once and
+  copied), ``MEMORY USAGE key SAMPLES 0`` (exact) summed over each client's keys, averaged;
   and the growth of ``used_memory`` divided by the number of clients (includes the keyspace's
   own overhead). The sliding window log at 1,000/minute is **sampled**: 500 clients are filled
   (990 entries each) and the per-client figure is projected to 10,000 clients.
@@ -162,15 +163,29 @@ def memory(admin: redis.Redis, algorithm: Algorithm, limit: int, clients: int) -
     admin.flushall()
     script = admin.register_script(SCRIPT_SOURCE)
     filled = max(1, math.floor(limit * 0.99))
+    admin.script_load(SCRIPT_SOURCE)
+    template = ""
+    if algorithm == "sliding_window_log":
+        # The log keeps one entry per request, whatever its cost: its worst case is `filled`
+        # requests of cost 1. Built once, then copied to every client (COPY keeps the TTL).
+        template = limit_key("mem", "template", "limit", algorithm, TAGS)
+        pipe = admin.pipeline(transaction=False)
+        for _ in range(filled):
+            k, a = script_args([Check(template, algorithm, limit, 60, 1)])
+            script(k, a, client=pipe)
+        pipe.execute()
     before = int(admin.info("memory")["used_memory"])
     keys = []
     pipe = admin.pipeline(transaction=False)
-    admin.script_load(SCRIPT_SOURCE)
     for n in range(clients):
-        key = limit_key("mem", f"ip:{n}", "limit", algorithm, TAGS)
-        check = Check(key, algorithm, limit, 60, filled)
-        k, a = script_args([check])
-        script(k, a, client=pipe)
+        check = Check(
+            limit_key("mem", f"ip:{n}", "limit", algorithm, TAGS), algorithm, limit, 60, filled
+        )
+        if template:
+            pipe.copy(template, check.key)
+        else:
+            k, a = script_args([check])
+            script(k, a, client=pipe)
         keys.append(check.key)
         if len(pipe) >= 500:
             pipe.execute()
@@ -346,9 +361,9 @@ def render(
         "error mapping) is a few microseconds.",
         "- Memory: the counters (fixed window, sliding window counter, token bucket, GCRA) cost "
         "about the same small hash per client and limit whatever the limit. The sliding window "
-        "log keeps one sorted-set entry per unit admitted in the window: memory grows with the "
-        "limit (at 1,000/minute, the last row). Prefer the sliding window counter or GCRA for "
-        "large limits.",
+        "log keeps one sorted-set entry per request admitted in the window (here all of cost "
+        "1, its worst case): memory grows with the limit (at 1,000/minute, the largest it "
+        "accepts, the last row). Prefer the sliding window counter or GCRA for large limits.",
         "",
     ]
     return "\n".join(lines)

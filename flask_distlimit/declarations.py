@@ -39,7 +39,7 @@ from flask import Blueprint, has_request_context
 from flask.views import View
 
 from ._typing import CostFunc, ExemptWhen, FailurePolicy, KeyFunc, LimitKind
-from .algorithms import Algorithm, check_rate, validate_algorithm
+from .algorithms import Algorithm, check_cost, check_limit_count, check_rate, validate_algorithm
 from .errors import ConfigurationError
 from .guard import validate_policy
 from .limits import Rate, parse_rates
@@ -321,6 +321,9 @@ class Declarations:
             and (isinstance(cost, bool) or not isinstance(cost, int) or cost < 0)
         ):
             raise ConfigurationError(f"cost={cost!r}: use an int >= 0 or a callable returning one.")
+        if isinstance(cost, int):  # a callable's value is checked when it answers
+            check_cost(cost, rates, f"limiter.limit({value!r})")
+        check_limit_count(len(rates), f"The rates of limiter.limit({value!r})")
         if scope is not None and (not isinstance(scope, str) or not scope):
             raise ConfigurationError(f"scope={scope!r}: use a non-empty string.")
         for name, func in (("key_func", key_func), ("exempt_when", exempt_when)):

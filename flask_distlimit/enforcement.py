@@ -44,6 +44,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as WerkzeugResponse
 
 from ._typing import FailurePolicy, KeyFunc
+from .algorithms import check_limit_count
 from .decision import Check, Decision, Evaluation
 from .declarations import describe
 from .headers import Report, rate_limit_headers
@@ -208,12 +209,21 @@ class Enforcer:
             for rule in app.url_map.iter_rules():
                 methods.setdefault(rule.endpoint, set()).update(rule.methods or ())
             served: set[object] = set(app.blueprints.values())
-            for endpoint, view in views.items():
-                if is_static(endpoint):
-                    continue
-                for method in methods.get(endpoint, {""}):
+            state = self.state
+            every_request = len(state.global_limits) + max(
+                (len(t) for t in state.tier_limits.values()), default=0
+            )
+            routed = [(e, v) for e, v in views.items() if not is_static(e)]
+            for endpoint, view in routed:
+                for method in sorted(methods.get(endpoint, {""})):
                     every, one = self.registry.attached(view, method)
                     served.update(every, one)
+                    # Bound now: a route that would carry too many limits fails here, loudly.
+                    check_limit_count(
+                        every_request + len(self.plan(endpoint, method, view).limits),
+                        f"The global, tier and route limits of {endpoint!r} ({method})",
+                    )
+            for endpoint, view in routed:
                 app.view_functions[endpoint] = self._gate(endpoint, view)
             self._served = _Served(app.name, served)
             self.registry.watch(self._served)

@@ -15,9 +15,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import admin
+from .algorithms import check_limit_count
 from .config import Settings
 from .decision import Check
-from .declarations import LimitSpec
+from .declarations import LimitRegistry, LimitSpec
 from .deny_cache import DenyCache, monotonic_us
 from .digests import IdentityTags
 from .enforcement import Enforcer
@@ -41,6 +42,31 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _check_limits_per_request(
+    settings: Settings,
+    identity_settings: IdentitySettings,
+    default_specs: tuple[LimitSpec, ...],
+    registry: LimitRegistry,
+) -> None:
+    """Refuse, at start-up, limits that would put more than ``MAX_LIMITS_PER_REQUEST`` limits in
+    one request: the global limits and the largest tier apply to every request, plus the
+    default limits or those declared so far on one view, class or blueprint."""
+    tiers = [(len(rates), tier) for tier, rates in identity_settings.tiers.items()]
+    most, tier = max(tiers, default=(0, ""))
+    every = len(settings.global_limits) + most
+    head = f"DISTLIMIT_GLOBAL_LIMITS ({len(settings.global_limits)})"
+    if most:
+        head += f", the tier {tier!r} of DISTLIMIT_TIERS ({most})"
+    check_limit_count(every, head)
+    groups: list[tuple[str, list[LimitSpec]]] = [("DISTLIMIT_DEFAULT_LIMITS", list(default_specs))]
+    for table in (registry.views, registry.blueprints):
+        groups += [(specs[0].declared_on, specs) for specs in table.values() if specs]
+    for where, specs in groups:
+        count = sum(len(spec.rates) for spec in specs)
+        if count:
+            check_limit_count(every + count, f"{head} and the limits on {where} ({count})")
 
 
 class LimiterState:
@@ -102,6 +128,7 @@ class LimiterState:
         ):
             if spec.algorithm is None:
                 spec.check_rates(algorithm)
+        _check_limits_per_request(settings, identity_settings, self.default_specs, self.registry)
         self.global_limits: tuple[BoundLimit, ...] = tuple(
             bind(
                 LimitSpec("global", settings.global_limits),

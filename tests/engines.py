@@ -68,3 +68,8 @@ class NeverExpires(MemoryStorage):
 
     def _tick(self, now: int) -> None:
         pass
+
+    def state_of(self, key: str) -> list[object]:
+        """The entries of the log the twin holds under ``key`` ([] for none)."""
+        entry = self._data.get(key)
+        return entry.state if entry is not None and isinstance(entry.state, list) else []

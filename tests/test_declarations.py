@@ -518,3 +518,24 @@ def test_a_limit_above_the_route_decorator_still_applies(
         assert statuses(app, "/reversed", 3) == [200, 200, 429]
     assert counting.evaluations == 3
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_route_that_would_carry_too_many_limits_fails_at_the_first_request(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, counting = make_app(
+        backend(), clock, DISTLIMIT_GLOBAL_LIMITS="100/second;1000/minute;10000/hour"
+    )
+
+    @limiter.limit("10/second;100/minute;1000/hour")
+    class Items(MethodView):
+        @limiter.limit("5/second;50/minute;500/hour")
+        def get(self) -> str:
+            return "ok"
+
+    app.add_url_rule("/items", view_func=Items.as_view("items"))
+    app.testing = True
+    for _ in range(2):  # it stays refused: nothing is half set up
+        with pytest.raises(ConfigurationError, match=r"'items' \(GET\).*9 limits"):
+            app.test_client().get("/items")
+    assert counting.evaluations == 0

@@ -44,7 +44,7 @@ def test_rate_round_trips_through_str() -> None:
 @pytest.mark.parametrize(
     ("algorithm", "value"),
     [
-        ("sliding_window_log", "100001/minute"),
+        ("sliding_window_log", "1001/minute"),
         ("gcra", "2000001/second"),
         ("gcra", "61000000/minute"),
     ],
@@ -65,7 +65,7 @@ def test_the_default_algorithm_is_checked_at_init_app() -> None:
 
     app = Flask(__name__)
     app.config["DISTLIMIT_ALGORITHM"] = "sliding_window_log"
-    app.config["DISTLIMIT_GLOBAL_LIMITS"] = "200000/hour"
+    app.config["DISTLIMIT_GLOBAL_LIMITS"] = "2000/hour"
     with pytest.raises(ConfigurationError, match="sliding_window_log"):
         Limiter(app)
 
@@ -81,7 +81,7 @@ def test_the_default_algorithm_is_checked_at_init_app() -> None:
     with pytest.raises(ConfigurationError, match="gcra"):
         limiter.init_app(app)
     # Within bounds, both are fine.
-    Limiter().limit("100000/minute", algorithm="sliding_window_log")
+    Limiter().limit("1000/minute", algorithm="sliding_window_log")
     Limiter().limit("1000000/second", algorithm="gcra")
 
 

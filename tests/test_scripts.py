@@ -3,6 +3,7 @@ bad arguments refused, large numbers."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ from flask_distlimit.errors import StorageResponseError
 from flask_distlimit.scripts import SCRIPT_SOURCE, parse_reply, script_args
 from flask_distlimit.storage.memory import MemoryStorage
 from flask_distlimit.storage.redis import RedisStorage
+from flask_distlimit.storage.twins import SWL_BATCH
 from tests.vectors import T0
 
 pytestmark = pytest.mark.redis
@@ -102,6 +104,8 @@ GARBAGE: list[tuple[Algorithm, Callable[[redis.Redis, str], object]]] = [
     ("sliding_window_log", lambda r, k: r.zadd(k, {"x": float("inf")})),
     ("sliding_window_log", lambda r, k: r.zadd(k, {"x": 1e300})),
     ("sliding_window_log", lambda r, k: r.zadd(k, {"x": T0 + 0.5})),
+    # a log written by a version that kept one member per unit, named by its time
+    ("sliding_window_log", lambda r, k: r.zadd(k, {str(T0 - 5): T0 - 5, str(T0 - 4): T0 - 4})),
     ("sliding_window_counter", lambda r, k: r.rpush(k, "x")),
     ("sliding_window_counter", lambda r, k: r.hset(k, mapping={"w": "1", "c": "x", "p": "0"})),
     ("sliding_window_counter", lambda r, k: r.hset(k, "c", "inf")),
@@ -185,13 +189,13 @@ def test_redis_time_is_used_without_injection(redis_client: redis.Redis) -> None
 def test_large_costs_and_limits(redis_client: redis.Redis) -> None:
     storage = RedisStorage(redis_client)
     twin = MemoryStorage(clock=lambda: 0)
-    # the log writes a cost of 2,500 in chunks (Lua's unpack() has a limit)
+    # the log writes one member per request, whatever its cost
     log = Check("big:{x}:1:sliding_window_log", "sliding_window_log", 3000, 60, cost=2500)
     for backend in (storage, twin):
         assert backend.evaluate([log], now_us=T0).decisions[0].remaining == 500
         assert not backend.evaluate([Check(*_fields(log), cost=501)], now_us=T0).allowed
         assert backend.evaluate([Check(*_fields(log), cost=500)], now_us=T0).allowed
-    assert redis_client.zcard(log.key) == 3000
+    assert redis_client.zcard(log.key) == 2  # 2,500 units, then 500
     # the largest rates and periods limits.py accepts
     huge = [
         Check(f"big:{{x}}:2:{a}", a, 10**12, 366 * 86_400, cost=10**12 - 1)
@@ -218,3 +222,19 @@ def test_a_reply_longer_than_one_format_call(redis_client: redis.Redis) -> None:
     for backend in (storage, twin):
         backend.evaluate(checks, now_us=T0)
     assert storage.evaluate(checks, now_us=T0 + 1) == twin.evaluate(checks, now_us=T0 + 1)
+
+
+def test_the_log_batch_is_the_same_in_the_script_and_the_twin() -> None:
+    # how many members one call removes or reads decides which members stay: both must agree
+    found = re.search(r"^local SWL_BATCH = (\d+)$", SCRIPT_SOURCE, re.MULTILINE)
+    assert found is not None and int(found[1]) == SWL_BATCH
+
+
+def test_every_command_the_scripts_run_is_in_the_acl_grants() -> None:
+    # an ACL user given exactly ACL_GRANTS must be able to run every path of the scripts
+    from flask_distlimit.storage.heartbeat import HEARTBEAT_SOURCE
+    from flask_distlimit.storage.translate import ACL_GRANTS
+
+    called = re.findall(r"redis\.p?call\('([A-Z]+)'", SCRIPT_SOURCE + HEARTBEAT_SOURCE)
+    granted = {g.removeprefix("+") for g in ACL_GRANTS.split() if g.startswith("+")}
+    assert called and {c.lower() for c in called} <= granted

@@ -154,13 +154,14 @@ VECTORS += [
         ),
     ),
     Vector(
-        "sliding_window_log: one microsecond, several requests, costs > 1: unique entries",
+        "sliding_window_log: one microsecond, several requests, costs > 1: one entry each",
         *one(
             "sliding_window_log", 5, 10,
-            (0, 3, E(Y, 2, 10 * S + 2, 0)),  # entries at 0, 1, 2 us
-            (0, 2, E(Y, 0, 10 * S + 4, 0)),  # 3, 4
-            (0, 1, E(N, 0, 10 * S + 4, 10 * S)),
-            (10 * S, 1, E(Y, 0, 10 * S, 0)),  # 0 expired; the new entry is at now
+            (0, 3, E(Y, 2, 10 * S, 0)),  # one entry at 0 us holding units 1..3
+            (0, 2, E(Y, 0, 10 * S + 1, 0)),  # one at 1 us (unique times), units 4..5
+            (0, 1, E(N, 0, 10 * S + 1, 10 * S)),  # the entry at 0 frees 3 units at 10 s
+            (5 * S, 4, E(N, 0, 5 * S + 1, 5 * S + 1)),  # 4 units: both entries must expire
+            (10 * S, 1, E(Y, 2, 10 * S, 0)),  # the entry at 0 expired: 2 units + this one
         ),
     ),
     Vector(
@@ -302,7 +303,7 @@ VECTORS += [
                     E(Y, 1, 10 * S, 0),
                     E(Y, 1, 3 * S, 0),
                     E(Y, 1, 3 * S, 0),
-                    E(Y, 1, 10 * S + 1, 0),
+                    E(Y, 1, 10 * S, 0),  # one entry at 0 holding 2 units
                     E(Y, 1, 20 * S, 0),
                 ),
             ),
@@ -313,7 +314,7 @@ VECTORS += [
                     E(Y, 3, 0, 0),  # the window is back to 0: key deleted
                     E(Y, 4, 0, 0),  # 1 + 1 refilled + 2 = 4: full
                     E(Y, 3, S, 0),  # owed 3 - 1 (time) - 1 (refund) = 1
-                    E(Y, 2, 9 * S, 0),  # the newest entry (1 us) removed, 0 left
+                    E(Y, 2, 9 * S, 0),  # the entry keeps 1 of its 2 units
                     E(Y, 3, 19 * S, 0),
                 ),
                 refund=True,

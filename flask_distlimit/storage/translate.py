@@ -39,8 +39,8 @@ __all__ = ["ACL_GRANTS", "REDIS_FAILURES", "misconfiguration", "storage_error"]
 #: commands it sends (EVALSHA, SCRIPT LOAD when a script is missing, SCRIPT EXISTS and PING for
 #: health, SCAN and DEL for resets), and those its scripts run inside Redis.
 ACL_GRANTS: Final = (
-    "+evalsha +script|load +script|exists +ping +scan +del +time +get +set +hset +hmget "
-    "+pexpire +zadd +zcard +zpopmax +zrange +zremrangebyrank +zremrangebyscore"
+    "+evalsha +script|load +script|exists +ping +scan +del +unlink +time +get +set +hset +hmget "
+    "+pexpire +zadd +zcard +zcount +zrange +zrem +zremrangebyrank +zremrangebyscore"
 )
 
 #: What a storage catches around a Redis call and passes to :func:`storage_error`.
