@@ -152,8 +152,9 @@ def test_the_acl_grants_the_message_names_are_enough(acl_server: RedisProcess) -
         admin.script_flush()
         assert storage.evaluate(TWO_SLOTS).allowed
         assert storage.heartbeat("t:instances", "me", 5) == 1
+        assert storage.shared_value("t:identity-digest-key", "k", 60) == "k"
         keys = sorted(storage.scan("t:*"))
-        assert len(keys) == 5 + 2 + 2  # the algorithms', TWO_SLOTS' and the heartbeat's two
+        assert len(keys) == 5 + 2 + 2 + 1  # the algorithms', TWO_SLOTS', heartbeat's, digest key
         assert storage.delete(keys) == len(keys)
     finally:
         storage.close()
@@ -163,12 +164,10 @@ def test_the_acl_grants_the_message_names_are_enough(acl_server: RedisProcess) -
 
 def test_any_other_error_reply_stays_a_bug(acl_server: RedisProcess) -> None:
     admin = acl_server.client(password=PASSWORD)
-    admin.hset("t:shared", "field", "a hash, not a string")
-    admin.expire("t:shared", 60)
     storage = from_url(f"redis://:{PASSWORD}@127.0.0.1:{acl_server.port}/0", timeout=1)
     try:
         with pytest.raises(StorageResponseError) as caught:
-            storage.shared_value("t:shared", "candidate", 60)  # WRONGTYPE
+            storage.shared_value("t:shared", "candidate", 10**17)  # PEXPIRE refuses the time
         assert not isinstance(caught.value, StorageMisconfigured)
     finally:
         storage.close()
@@ -231,3 +230,18 @@ def test_a_cluster_url_on_a_single_server_is_misconfigured(no_scripting: RedisPr
     message = refusal(from_url(f"redis+cluster://127.0.0.1:{no_scripting.port}", timeout=1))
     assert "without cluster mode" in message
     assert "Use redis://" in message
+
+
+def test_the_deployment_value_key_of_another_type_is_replaced(acl_server: RedisProcess) -> None:
+    """Garbage on our key is repaired, never a 500: a hash where the digest key lives."""
+    admin = acl_server.client(password=PASSWORD)
+    admin.hset("t:identity-digest-key", "field", "a hash, not a string")
+    storage = from_url(f"redis://minimal:pw@127.0.0.1:{acl_server.port}/0", timeout=1)
+    try:
+        assert storage.shared_value("t:identity-digest-key", "fresh", 60) == "fresh"
+        assert storage.shared_value("t:identity-digest-key", "other", 60) == "fresh"
+        assert 0 < admin.pttl("t:identity-digest-key") <= 60_000
+    finally:
+        storage.close()
+        admin.flushall()
+        admin.close()

@@ -1,8 +1,10 @@
 """The shared value of a deployment: one small Lua script (``Storage.shared_value``).
 
 ``KEYS[1]`` is the key, ``ARGV[1]`` the value to store when the key is absent, ``ARGV[2]`` its
-time to live in seconds. The script sets the value only if the key is absent (``SET NX``),
-extends the key's lifetime and answers the value stored, atomically, in one round trip.
+time to live in seconds. The script sets the value only if the key is absent, extends the key's
+lifetime and answers the value stored, atomically, in one round trip. A key of another type is
+ours and garbage: it is replaced, as the limit keys are repaired. Only commands of
+:data:`~flask_distlimit.storage.translate.ACL_GRANTS` are used.
 """
 
 from __future__ import annotations
@@ -12,7 +14,15 @@ from typing import Final
 __all__ = ["SHARED_VALUE_SOURCE"]
 
 SHARED_VALUE_SOURCE: Final = """
-redis.call('SET', KEYS[1], ARGV[1], 'NX')
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
-return redis.call('GET', KEYS[1])
+local ok, value = pcall(redis.call, 'GET', KEYS[1])
+if not ok then
+  redis.call('UNLINK', KEYS[1])
+  value = false
+end
+if not value then
+  redis.call('SET', KEYS[1], ARGV[1])
+  value = ARGV[1]
+end
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) * 1000)
+return value
 """
