@@ -368,11 +368,13 @@ def test_script_error_is_a_response_error(storage: RedisStorage) -> None:
         storage.evaluate(bad)
 
 
-def test_wrongtype_is_a_response_error(storage: RedisStorage, redis_client: redis.Redis) -> None:
+def test_the_shared_value_key_of_another_type_is_repaired(
+    storage: RedisStorage, redis_client: redis.Redis
+) -> None:
     redis_client.hset("t:shared", "field", "a hash, not a string")
     redis_client.expire("t:shared", 60)
-    with pytest.raises(StorageResponseError, match="WRONGTYPE"):
-        storage.shared_value("t:shared", "candidate", 60)
+    assert storage.shared_value("t:shared", "candidate", 60) == "candidate"
+    assert redis_client.get("t:shared") == b"candidate"
 
 
 @pytest.mark.parametrize(
