@@ -37,7 +37,7 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from flask import Flask, Request, current_app, request
 from werkzeug.exceptions import HTTPException
@@ -525,25 +525,7 @@ class Enforcer:
         endpoint = request.endpoint
         tier = identity.tier if identity is not None else None
         self._log_breach(reports, keys, tags, digest, tier, endpoint, retry)
-        response: SansIOResponse | None = None
-        hook = self.state.limiter.breach_hook
-        if hook is not None:
-            response = hook(
-                Breach(
-                    endpoint=endpoint,
-                    method=request.method,
-                    path=request.path,
-                    identity_digest=digest,
-                    tier=tier,
-                    violated_policies=names,
-                    retry_after=retry,
-                    from_cache=from_cache,
-                )
-            )
-        exc = RateLimitExceeded(retry_after=retry, violated_policies=names, instance=request.path)
-        if isinstance(response, WerkzeugResponse):
-            exc.response = response
-        raise exc
+        self._raise(names, retry, digest, tier, from_cache=from_cache)
 
     def _refuse_unaffordable(
         self, check: Check, b: BoundLimit, identity: Identity | None, data: _RequestData
@@ -564,6 +546,20 @@ class Enforcer:
             f"whole window ({check.limit} per {b.rate.period} s): it can never be admitted. "
             "Send it in smaller parts."
         )
+        tier = identity.tier if identity is not None else None
+        self._raise(names, None, digest, tier, from_cache=False, detail=detail)
+
+    def _raise(
+        self,
+        names: tuple[str, ...],
+        retry: int | None,
+        digest: str,
+        tier: str | None,
+        *,
+        from_cache: bool,
+        detail: str | None = None,
+    ) -> NoReturn:
+        """Tell the ``on_breach`` hook, then raise the 429 (the hook's response, if any)."""
         response: SansIOResponse | None = None
         hook = self.state.limiter.breach_hook
         if hook is not None:
@@ -573,14 +569,14 @@ class Enforcer:
                     method=request.method,
                     path=request.path,
                     identity_digest=digest,
-                    tier=identity.tier if identity is not None else None,
+                    tier=tier,
                     violated_policies=names,
-                    retry_after=None,
-                    from_cache=False,
+                    retry_after=retry,
+                    from_cache=from_cache,
                 )
             )
         exc = RateLimitExceeded(
-            retry_after=None, violated_policies=names, instance=request.path, detail=detail
+            retry_after=retry, violated_policies=names, instance=request.path, detail=detail
         )
         if isinstance(response, WerkzeugResponse):
             exc.response = response
