@@ -5,7 +5,9 @@ The client is built for a rate limiter on the request path (:func:`connection_op
 - connect and read timeouts = ``timeout`` (``DISTLIMIT_REDIS_TIMEOUT``, 100 ms by default), and a
   blocking pool that waits no longer than that for a free connection (for a single node our
   leaner :class:`~redis.BlockingConnectionPool` subclass, ``_LeanPool``; for Sentinel,
-  redis-py's own);
+  redis-py's own). On a single node these waits share one budget per request: the pool wait,
+  the connect and handshake, the send and the read all end by one deadline
+  (:meth:`_LeanPool.checkout`); Sentinel bounds each of them by ``timeout`` separately;
 - no automatic retries (redis-py 8 defaults to 5 s timeouts and 10 retries with backoff: a dead
   Redis would cost every request many seconds); the circuit breaker above decides what to do;
 - no periodic health check PING on the hot path, no maintenance notifications (which would
@@ -50,6 +52,8 @@ DEFAULT_TIMEOUT: Final = 0.1
 #: Pool size per process: more than any gthread worker's threads.
 DEFAULT_MAX_CONNECTIONS: Final = 50
 _DELETE_CHUNK: Final = 500
+#: What a checkout may spend before the socket's timeout is cut to the budget's rest, seconds.
+_CUT_SLACK: Final = 0.001
 _poll: Final = getattr(select, "poll", None)
 _POLLIN: Final = getattr(select, "POLLIN", 1)
 
@@ -106,6 +110,14 @@ class _LeanPool(redis.BlockingConnectionPool):
         self._idle: deque[Any] = deque()
         self._connections: list[Any] = []
         self._waiting = 0  # threads in wait_for: release notifies only when there are some
+        # Connections whose socket timeout is cut to a request's deadline (see checkout).
+        self._cut: set[Any] = set()
+        kwargs = self.connection_kwargs
+        self._socket_timeout = kwargs.get("socket_timeout")
+        self._connect_timeout = kwargs.get("socket_connect_timeout")
+        # A checkout that leaves less than this of the budget cuts the socket's timeout: 1 ms of
+        # our own work (a lock, a poll(0)) is not worth the 1.5 us of a cut and its restore.
+        self._cut_below = (self._socket_timeout or self.timeout) - _CUT_SLACK
         self.pid = os.getpid()  # last, as in redis-py: other threads then see a reset pool
 
     def make_connection(self) -> Any:
@@ -114,13 +126,24 @@ class _LeanPool(redis.BlockingConnectionPool):
         return connection
 
     def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        return self.checkout(time.monotonic() + self.timeout)
+
+    def checkout(self, deadline: float) -> Any:
+        """A connection ready for a command, every wait on the way bounded by ``deadline``.
+
+        ``deadline`` is a :func:`time.monotonic` time. The wait for a free connection, the
+        connect and the handshake wait at most until then; so do the send and the read on the
+        connection returned: when less than the whole timeout is left (this checkout waited,
+        connected, or the thread was kept from running), its socket's timeout is cut to what is
+        left, and :meth:`release` puts it back.
+        """
         if self.pid != os.getpid():
             self._checkpid()
         with self._ready:
             if not self._idle and len(self._connections) >= self.max_connections:
                 self._waiting += 1
                 try:
-                    self._ready.wait_for(self._can_take, self.timeout)
+                    self._ready.wait_for(self._can_take, deadline - time.monotonic())
                 finally:
                     self._waiting -= 1
             if self._idle:
@@ -131,14 +154,44 @@ class _LeanPool(redis.BlockingConnectionPool):
                 raise redis.ConnectionError("No connection available.")
         try:
             if not connection.is_connected:
-                connection.connect()
+                self.renew(connection, deadline)
             elif not self._fresh(connection):
                 connection.disconnect()
-                connection.connect()
+                self.renew(connection, deadline)
+            else:
+                left = deadline - time.monotonic()
+                if left < self._cut_below:
+                    self._bound(connection, left)
         except BaseException:
             self.release(connection)
             raise
         return connection
+
+    def renew(self, connection: Any, deadline: float) -> None:
+        """Connect a disconnected ``connection`` (and shake hands) by ``deadline``.
+
+        The connect timeout and the socket timeout of the handshake's replies are what is left
+        of the budget (redis-py's public ``socket_connect_timeout`` / ``socket_timeout``
+        settings, put back right after); then the socket keeps what is left for the command.
+        """
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise redis.TimeoutError("DISTLIMIT_REDIS_TIMEOUT spent before connecting to Redis.")
+        connection.socket_connect_timeout = left
+        connection.socket_timeout = left
+        try:
+            connection.connect()
+        finally:
+            connection.socket_connect_timeout = self._connect_timeout
+            connection.socket_timeout = self._socket_timeout
+        self._bound(connection, deadline - time.monotonic())
+
+    def _bound(self, connection: Any, left: float) -> None:
+        """Cut ``connection``'s socket timeout to ``left`` seconds until it is released."""
+        if left <= 0:
+            raise redis.TimeoutError("DISTLIMIT_REDIS_TIMEOUT spent before sending to Redis.")
+        connection.update_current_socket_timeout(left)  # public: sets the socket's timeout
+        self._cut.add(connection)
 
     def _can_take(self) -> bool:
         return bool(self._idle) or len(self._connections) < self.max_connections
@@ -161,6 +214,9 @@ class _LeanPool(redis.BlockingConnectionPool):
         if connection.pid != self.pid:  # inherited across a fork: never reuse it here
             connection.disconnect()  # closes this process's copy only (no shutdown)
             return
+        if self._cut and connection in self._cut:
+            self._cut.discard(connection)
+            connection.update_current_socket_timeout(-1)  # back to its socket_timeout
         with self._ready:
             self._idle.append(connection)
             if self._waiting:
@@ -297,15 +353,20 @@ class RedisStorage(Storage):
     ) -> bytes | None:
         """EVALSHA on a pooled connection of our single-node pool, packed and read by hand.
 
+        One deadline, ``DISTLIMIT_REDIS_TIMEOUT`` from now, bounds the pool wait, the connect and
+        handshake, the send and the read (:meth:`_LeanPool.checkout`).
+
         Failures behave as in :meth:`_execute_on_pool`: a connection whose send or read failed is
         disconnected (by redis-py's ``send_packed_command`` or by :func:`read_bulk`), an error
         reply (``NOSCRIPT``, a script error) is raised as redis-py raises it, and every
         connection goes back to the pool.
         """
-        pool = self.client.connection_pool
-        connection: Any = pool.get_connection()
+        deadline = time.monotonic() + self.timeout
+        pool: Any = self.client.connection_pool  # a _LeanPool (see __init__)
+        command = [packer.pack(keys, args)]
+        connection: Any = pool.checkout(deadline)
         try:
-            connection.send_packed_command([packer.pack(keys, args)], check_health=False)
+            connection.send_packed_command(command, check_health=False)
             return read_bulk(connection)
         finally:
             pool.release(connection)

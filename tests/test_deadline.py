@@ -1,0 +1,174 @@
+"""One DISTLIMIT_REDIS_TIMEOUT per request on the single-node storage.
+
+The deadline tests put a proxy in front of a real redis-server that holds every reply for
+``DELAY`` seconds: two waits of ``DELAY`` each fit in the timeout one by one but not together,
+so a request that spends two of them must fail. Delays only ever add up on a busy machine, so
+these outcomes do not depend on timing being tight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from flask_distlimit.decision import Check
+from flask_distlimit.errors import StorageUnavailable
+from flask_distlimit.scripts import SCRIPT_SOURCE
+from flask_distlimit.storage.redis import RedisStorage
+from tests.servers import RedisProcess
+
+pytestmark = pytest.mark.redis
+
+ONE = [Check("t:{alice}:per-ip:fixed_window", "fixed_window", 5, 60)]
+TIMEOUT = 0.5
+DELAY = 0.3  # one delayed reply fits in TIMEOUT, two do not
+
+
+class DelayingProxy:
+    """A TCP proxy to ``port`` that forwards requests at once and each reply after ``delay``."""
+
+    def __init__(self, port: int, delay: float) -> None:
+        self.target = ("127.0.0.1", port)
+        self.delay = delay
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sockets: list[socket.socket] = [self.listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            self.sockets += [client, server]
+            threading.Thread(target=self._pipe, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, True), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, replies: bool) -> None:
+        try:
+            while data := source.recv(65536):
+                if replies:
+                    time.sleep(self.delay)  # read now: a test may change it on a live connection
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+
+
+@pytest.fixture
+def proxy(redis_server: RedisProcess, redis_client: redis.Redis) -> Iterator[DelayingProxy]:
+    redis_client.script_load(SCRIPT_SOURCE)  # no NOSCRIPT round trip in these tests
+    delaying = DelayingProxy(redis_server.port, DELAY)
+    yield delaying
+    delaying.close()
+
+
+def _through(proxy: DelayingProxy, **connection: Any) -> RedisStorage:
+    return RedisStorage(host="127.0.0.1", port=proxy.port, timeout=TIMEOUT, **connection)
+
+
+# -- one deadline -------------------------------------------------------------------------------
+
+
+def _connected(proxy: DelayingProxy, **connection: Any) -> RedisStorage:
+    """A storage through ``proxy`` whose one connection is made while replies are not held."""
+    delay, proxy.delay = proxy.delay, 0.0
+    storage = _through(proxy, max_connections=1, **connection)
+    assert storage.evaluate(ONE).allowed
+    proxy.delay = delay
+    return storage
+
+
+def test_one_delayed_reply_fits_in_the_timeout(proxy: DelayingProxy) -> None:
+    storage = _connected(proxy)
+    assert storage.evaluate(ONE).allowed  # one wait of DELAY
+    storage.close()
+
+
+def test_the_handshake_and_the_reply_share_one_deadline(proxy: DelayingProxy) -> None:
+    # A new connection waits for HELLO's reply (redis-py 8 speaks RESP3), then EVALSHA's.
+    # Each wait alone fits in the timeout; bounded separately, the request took 2 x DELAY.
+    storage = _through(proxy)
+    with pytest.raises(StorageUnavailable, match="Timeout"):
+        storage.evaluate(ONE)
+    storage.close()
+
+
+def test_the_pool_wait_and_the_reply_share_one_deadline(proxy: DelayingProxy) -> None:
+    storage = _connected(proxy)
+    pool: Any = storage.client.connection_pool
+    held = pool.get_connection()
+    threading.Timer(DELAY, pool.release, [held]).start()
+    # Waits DELAY for the connection, then DELAY for the reply: more than the timeout.
+    with pytest.raises(StorageUnavailable, match="Timeout"):
+        storage.evaluate(ONE)
+    proxy.delay = 0.0
+    assert storage.evaluate(ONE).allowed  # the pool recovered (a new connection)
+    storage.close()
+
+
+def test_a_checkout_that_waited_leaves_the_socket_only_what_is_left(
+    redis_server: RedisProcess, redis_client: redis.Redis
+) -> None:
+    storage = RedisStorage(host="127.0.0.1", port=redis_server.port, timeout=5.0, max_connections=1)
+    pool: Any = storage.client.connection_pool
+    connection = pool.checkout(time.monotonic() + 5.0)
+    assert connection._sock.gettimeout() < 5.0  # it connected: what the connect left
+    pool.release(connection)
+    assert connection._sock.gettimeout() == 5.0  # put back on release
+    connection = pool.checkout(time.monotonic() + 5.0)
+    assert connection._sock.gettimeout() == 5.0  # a checkout that neither waited nor connected
+    released: list[float] = []
+
+    def release() -> None:
+        released.append(time.monotonic())
+        pool.release(connection)
+
+    threading.Timer(0.2, release).start()
+    deadline = time.monotonic() + 5.0
+    again = pool.checkout(deadline)  # waits for the release
+    assert again is connection
+    assert 0 < again._sock.gettimeout() <= deadline - released[0]
+    pool.release(again)
+    assert connection._sock.gettimeout() == 5.0  # put back for the next request
+    storage.close()
+
+
+def test_a_spent_deadline_fails_the_checkout_without_waiting(
+    redis_server: RedisProcess, redis_client: redis.Redis
+) -> None:
+    storage = RedisStorage(host="127.0.0.1", port=redis_server.port, timeout=5.0)
+    pool: Any = storage.client.connection_pool
+    with pytest.raises(redis.TimeoutError, match="DISTLIMIT_REDIS_TIMEOUT spent"):
+        pool.checkout(time.monotonic() - 0.001)  # a new connection: nothing left to connect
+    connection = pool.checkout(time.monotonic() + 5.0)
+    pool.release(connection)
+    with pytest.raises(redis.TimeoutError, match="DISTLIMIT_REDIS_TIMEOUT spent"):
+        pool.checkout(time.monotonic() - 0.001)  # an idle connection: nothing left to send
+    storage.close()
+
+
+def test_a_stalled_server_costs_one_timeout(proxy: DelayingProxy) -> None:
+    # The one wall-clock check, with generous slack: HELLO's reply never comes in time.
+    proxy.delay = 10.0
+    storage = _through(proxy)
+    started = time.monotonic()
+    with pytest.raises(StorageUnavailable):
+        storage.evaluate(ONE)
+    assert time.monotonic() - started < TIMEOUT * 2
+    storage.close()
