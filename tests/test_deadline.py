@@ -1,9 +1,9 @@
-"""One DISTLIMIT_REDIS_TIMEOUT per request on the single-node storage.
+"""One DISTLIMIT_REDIS_TIMEOUT per request on the single-node storage, and its one safe retry.
 
 The deadline tests put a proxy in front of a real redis-server that holds every reply for
 ``DELAY`` seconds: two waits of ``DELAY`` each fit in the timeout one by one but not together,
 so a request that spends two of them must fail. Delays only ever add up on a busy machine, so
-these outcomes do not depend on timing being tight.
+these outcomes do not depend on timing being tight. The retry tests count what Redis ran.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 import redis
+from flask import Flask
 
+from flask_distlimit import Limiter
 from flask_distlimit.decision import Check
 from flask_distlimit.errors import StorageUnavailable
 from flask_distlimit.scripts import SCRIPT_SOURCE
@@ -172,3 +174,98 @@ def test_a_stalled_server_costs_one_timeout(proxy: DelayingProxy) -> None:
         storage.evaluate(ONE)
     assert time.monotonic() - started < TIMEOUT * 2
     storage.close()
+
+
+# -- one retry where it is safe ------------------------------------------------------------------
+
+
+class _FailingSends(redis.Connection):
+    """A connection whose next ``fail_sends`` sends fail before any byte leaves."""
+
+    fail_sends = 0
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if type(self).fail_sends:
+            type(self).fail_sends -= 1
+            self.disconnect()
+            raise redis.ConnectionError("Error 32 while writing to socket. Broken pipe.")
+        super().send_packed_command(command, check_health)
+
+
+class _LostReplies(redis.Connection):
+    """A connection that sends, then loses the reply (the server closed it after running)."""
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        super().send_packed_command(command, check_health)
+        if b"EVALSHA" in b"".join(command):
+            time.sleep(0.05)  # the script has run
+            self.disconnect()
+
+
+def _remaining(storage: RedisStorage) -> int:
+    return storage.evaluate(ONE).decisions[0].remaining
+
+
+def test_a_failed_send_is_made_once_more_on_a_fresh_connection(
+    redis_server: RedisProcess, redis_client: redis.Redis
+) -> None:
+    class Once(_FailingSends):
+        fail_sends = 0
+
+    storage = RedisStorage(
+        host="127.0.0.1", port=redis_server.port, timeout=TIMEOUT, connection_class=Once
+    )
+    assert _remaining(storage) == 4
+    Once.fail_sends = 1
+    assert _remaining(storage) == 3  # answered, and counted once
+    Once.fail_sends = 2  # the retry fails too: an outage, not a second retry
+    with pytest.raises(StorageUnavailable, match="Broken pipe"):
+        storage.evaluate(ONE)
+    assert Once.fail_sends == 0
+    assert _remaining(storage) == 2  # the failed request ran nowhere
+    storage.close()
+
+
+def test_a_reply_lost_after_the_send_is_never_retried(
+    redis_server: RedisProcess, redis_client: redis.Redis
+) -> None:
+    lossy = RedisStorage(
+        host="127.0.0.1", port=redis_server.port, timeout=TIMEOUT, connection_class=_LostReplies
+    )
+    with pytest.raises(StorageUnavailable):
+        lossy.evaluate(ONE)  # the script ran: retrying would count the request twice
+    lossy.close()
+    storage = RedisStorage(host="127.0.0.1", port=redis_server.port, timeout=TIMEOUT)
+    assert _remaining(storage) == 3  # 5 - the lost request - this one
+    storage.close()
+
+
+def test_client_kills_between_requests_cost_no_answer_under_policy_closed(
+    redis_server: RedisProcess, redis_client: redis.Redis
+) -> None:
+    app = Flask("kill-storm")
+    app.config.update(
+        DISTLIMIT_STORAGE_URL=redis_server.url,
+        DISTLIMIT_REDIS_TIMEOUT=TIMEOUT,
+        DISTLIMIT_FAILURE_POLICY="closed",
+        DISTLIMIT_TIERS={"anonymous": ""},
+    )
+    limiter = Limiter(app)
+
+    @app.get("/")
+    @limiter.limit("1000000/hour", key_func=lambda: "storm")
+    def index() -> str:
+        return "ok"
+
+    state = Limiter.state(app)
+    client = app.test_client()
+    assert client.get("/").status_code == 200
+    killed = 0
+    for _ in range(300):  # a storm: every pooled connection killed every ~2 ms
+        killed += redis_client.client_kill_filter(_type="normal", skipme=True)
+        time.sleep(0.002)
+        response = client.get("/")
+        assert response.status_code == 200, response.get_data(as_text=True)
+    assert killed >= 300
+    assert state.guard.breaker.failures == 0  # no outage counted
+    state.storage.close()

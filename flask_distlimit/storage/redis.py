@@ -354,7 +354,11 @@ class RedisStorage(Storage):
         """EVALSHA on a pooled connection of our single-node pool, packed and read by hand.
 
         One deadline, ``DISTLIMIT_REDIS_TIMEOUT`` from now, bounds the pool wait, the connect and
-        handshake, the send and the read (:meth:`_LeanPool.checkout`).
+        handshake, the send and the read (:meth:`_LeanPool.checkout`). A pooled connection the
+        server closed (``CLIENT KILL``, an idle timeout, a proxy reset) is replaced at checkout;
+        a send that fails (the close went unseen until then) is made once more on a fresh
+        connection within the same deadline. Nothing is retried once the send succeeded: the
+        script may have run.
 
         Failures behave as in :meth:`_execute_on_pool`: a connection whose send or read failed is
         disconnected (by redis-py's ``send_packed_command`` or by :func:`read_bulk`), an error
@@ -366,7 +370,13 @@ class RedisStorage(Storage):
         command = [packer.pack(keys, args)]
         connection: Any = pool.checkout(deadline)
         try:
-            connection.send_packed_command(command, check_health=False)
+            try:
+                connection.send_packed_command(command, check_health=False)
+            except redis.ConnectionError:
+                # The send failed, so Redis never had the whole command: the script did not run.
+                # Once more on a fresh connection (redis-py has closed this one), same deadline.
+                pool.renew(connection, deadline)
+                connection.send_packed_command(command, check_health=False)
             return read_bulk(connection)
         finally:
             pool.release(connection)
