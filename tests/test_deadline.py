@@ -124,6 +124,21 @@ def test_the_pool_wait_and_the_reply_share_one_deadline(proxy: DelayingProxy) ->
     storage.close()
 
 
+def test_reloading_a_flushed_script_shares_the_deadline(
+    proxy: DelayingProxy, redis_client: redis.Redis
+) -> None:
+    storage = _connected(proxy)
+    redis_client.script_flush()
+    # NOSCRIPT after DELAY, then SCRIPT LOAD's reply after DELAY more: past the deadline.
+    with pytest.raises(StorageUnavailable, match="Timeout"):
+        storage.evaluate(ONE)
+    proxy.delay = 0.0
+    redis_client.script_flush()
+    assert storage.evaluate(ONE).allowed  # loaded and run again on the same connection
+    assert redis_client.script_exists(storage._script.sha) == [True]
+    storage.close()
+
+
 def test_a_checkout_that_waited_leaves_the_socket_only_what_is_left(
     redis_server: RedisProcess, redis_client: redis.Redis
 ) -> None:

@@ -161,7 +161,7 @@ class _LeanPool(redis.BlockingConnectionPool):
             else:
                 left = deadline - time.monotonic()
                 if left < self._cut_below:
-                    self._bound(connection, left)
+                    self._cut_to(connection, left)
         except BaseException:
             self.release(connection)
             raise
@@ -184,9 +184,13 @@ class _LeanPool(redis.BlockingConnectionPool):
         finally:
             connection.socket_connect_timeout = self._connect_timeout
             connection.socket_timeout = self._socket_timeout
-        self._bound(connection, deadline - time.monotonic())
+        self._cut_to(connection, deadline - time.monotonic())
 
-    def _bound(self, connection: Any, left: float) -> None:
+    def bound(self, connection: Any, deadline: float) -> None:
+        """Cut a checked-out ``connection``'s socket timeout to what is left until ``deadline``."""
+        self._cut_to(connection, deadline - time.monotonic())
+
+    def _cut_to(self, connection: Any, left: float) -> None:
         """Cut ``connection``'s socket timeout to ``left`` seconds until it is released."""
         if left <= 0:
             raise redis.TimeoutError("DISTLIMIT_REDIS_TIMEOUT spent before sending to Redis.")
@@ -354,7 +358,8 @@ class RedisStorage(Storage):
         """EVALSHA on a pooled connection of our single-node pool, packed and read by hand.
 
         One deadline, ``DISTLIMIT_REDIS_TIMEOUT`` from now, bounds the pool wait, the connect and
-        handshake, the send and the read (:meth:`_LeanPool.checkout`). A pooled connection the
+        handshake, the send and the read (:meth:`_LeanPool.checkout`), and after ``NOSCRIPT``
+        the ``SCRIPT LOAD`` and the second ``EVALSHA`` too. A pooled connection the
         server closed (``CLIENT KILL``, an idle timeout, a proxy reset) is replaced at checkout;
         a send that fails (the close went unseen until then) is made once more on a fresh
         connection within the same deadline. Nothing is retried once the send succeeded: the
@@ -377,6 +382,13 @@ class RedisStorage(Storage):
                 # Once more on a fresh connection (redis-py has closed this one), same deadline.
                 pool.renew(connection, deadline)
                 connection.send_packed_command(command, check_health=False)
+            return read_bulk(connection)
+        except NoScriptError:  # flushed, restarted: load it on this connection, run it again
+            pool.bound(connection, deadline)
+            connection.send_command("SCRIPT", "LOAD", self._script.script)
+            connection.read_response()
+            pool.bound(connection, deadline)
+            connection.send_packed_command(command, check_health=False)
             return read_bulk(connection)
         finally:
             pool.release(connection)
