@@ -8,7 +8,9 @@
 
 1. Before the view, in the request's one storage call, such a limit is a *peek* (cost 0: it
    reads the counter and consumes nothing). When fewer units are left than the request would
-   cost, the request is refused (429) and nothing is charged to that limit. The request's other
+   cost, the request is refused (429) and nothing is charged to that limit (its
+   ``Retry-After`` is the time until the quota is whole again: a peek does not tell when one
+   unit frees, so it is an upper bound). The request's other
    limits in that same call are ordinary checks: they were charged already (the peek is not
    a denial inside the all-or-nothing script call).
 2. After the response, the callable is asked; when it answers true, the limit is charged in a

@@ -151,7 +151,7 @@ def test_concurrent_failed_logins_reach_limit_plus_in_flight(
     # The charges stopped at the limit: the counter holds 5, not 8.
     with app.test_request_context():
         state = limiter.state(app)
-        ((name, check),) = [
+        ((_name, check),) = [
             (name, c) for name, c in state.checks_for("ip:127.0.0.1") if name.startswith("login")
         ]
     decision = real_storage.evaluate([check], now_us=clock()).decisions[0]
