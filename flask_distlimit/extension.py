@@ -24,6 +24,7 @@ from typing import Final, TypeVar
 from flask import Flask, current_app, has_request_context
 
 from . import current_limits as _current
+from . import migration
 from ._typing import RequestFilter
 from .config import Settings
 from .declarations import Declarations, LimitRegistry
@@ -48,8 +49,10 @@ _Verifier = TypeVar("_Verifier", bound=ApiKeyVerifier)
 class Limiter(Declarations):
     """Distributed rate limits for Flask apps.
 
-    ``Limiter(app)`` or ``Limiter()`` then ``limiter.init_app(app)``; one Limiter may serve
-    several apps, each with its own configuration.
+    ``Limiter(app)`` (or ``Limiter(app=app)``) or ``Limiter()`` then ``limiter.init_app(app)``;
+    one Limiter may serve several apps, each with its own configuration. Flask-Limiter's
+    ``Limiter(key_func, ...)`` and its other arguments raise :class:`TypeError` saying how to
+    port them (:mod:`flask_distlimit.migration`).
 
     - ``storage``: a ready :class:`~flask_distlimit.storage.base.Storage` used instead of
       ``DISTLIMIT_STORAGE_URL`` (e.g. ``RedisStorage(fakeredis.FakeRedis())`` in tests);
@@ -72,15 +75,27 @@ class Limiter(Declarations):
 
     def __init__(
         self,
-        app: Flask | None = None,
+        app_or_key_func: Flask | None = None,
+        /,
         *,
+        app: Flask | None = None,
         storage: Storage | None = None,
         clock: Callable[[], int] | None = None,
         on_breach: BreachHook | None = None,
         deny_cache: bool = True,
         deny_cache_size: int = 10_000,
         request_filter: RequestFilter | None = None,
+        **flask_limiter_options: object,
     ) -> None:
+        if flask_limiter_options:  # Flask-Limiter's arguments: say how to port them
+            raise TypeError(migration.options_message(flask_limiter_options))
+        if app_or_key_func is not None and not isinstance(app_or_key_func, Flask):
+            if callable(app_or_key_func):
+                raise TypeError(migration.key_func_message(app_or_key_func))
+            raise TypeError(f"Limiter(app): app must be a Flask app, got {app_or_key_func!r}.")
+        if app_or_key_func is not None and app is not None:
+            raise TypeError("Limiter() got the app twice: pass Limiter(app) or Limiter(app=app).")
+        app = app_or_key_func or app
         if request_filter is not None and not callable(request_filter):
             raise ConfigurationError(
                 f"request_filter={request_filter!r} is not callable: pass a function of no "

@@ -277,9 +277,11 @@ def build_plan(
                     seen_specs.add(id(spec))
                     specs.append(spec.with_kind(spec.kind, per_method=True) if per_method else spec)
     # methods=[...]: a limit applies to those methods only; a route none of whose limits
-    # applies to this method falls back to its blueprint's, then to the defaults
+    # applies to this method falls back to its blueprint's, then to the defaults.
+    # override_defaults=False on every limit found so far: the next layer's limits (the
+    # innermost limited blueprint's, then the defaults) apply beside them, as in Flask-Limiter.
     specs = [s for s in specs if s.methods is None or method in s.methods]
-    if not specs:
+    if not specs or all(not spec.override_defaults for spec in specs):
         for bp in blueprints:  # innermost first
             bp_specs = [
                 s
@@ -291,8 +293,8 @@ def build_plan(
                 break
     if not specs:
         specs = list(default_limits)
-    elif any(not spec.override_defaults for spec in specs):
-        specs.extend(default_limits)  # override_defaults=False: the defaults apply beside them
+    elif all(not spec.override_defaults for spec in specs):
+        specs.extend(default_limits)
     bound: list[BoundLimit] = []
     seen: set[str] = set()
     for spec in specs:

@@ -229,3 +229,25 @@ def test_bad_options_are_refused_at_declaration(kwargs: dict[str, Any], message:
 def test_a_request_filter_must_be_callable() -> None:
     with pytest.raises(ConfigurationError, match="request_filter"):
         Limiter(request_filter="yes")  # type: ignore[arg-type]
+
+
+def test_override_defaults_false_on_a_route_keeps_its_blueprint_limits(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+    bp = Blueprint("api", __name__)
+    limiter.limit("2/minute")(bp)
+
+    @bp.get("/both")
+    @limiter.limit("5/minute", override_defaults=False)
+    def both() -> str:
+        return "both"
+
+    @bp.get("/own")
+    @limiter.limit("5/minute")
+    def own() -> str:
+        return "own"
+
+    app.register_blueprint(bp, url_prefix="/api")
+    assert statuses(app, "/api/both", 3) == [200, 200, 429]
+    assert statuses(app, "/api/own", 6) == [200] * 5 + [429]
