@@ -23,7 +23,9 @@ empty. A request refused from the local deny cache lists nothing (no storage cal
 ``clear(name)`` deletes the storage key of the current identity for the evaluated limits whose
 name is ``name``, or ``name`` without its rate (``"login"`` clears ``"login:5/minute"`` and
 ``"login:20/hour"``), and drops a pending ``deduct_when`` charge of them. It answers how many
-keys it deleted; a name that matches no evaluated limit raises :class:`ValueError` listing them.
+keys it deleted: 0 when no such limit was counted for the request (limits disabled, the storage
+down under policy ``open``, an ``exempt_when`` that skipped it). A name that none of the
+request's limits has (a typo) raises :class:`ValueError` listing them.
 """
 
 from __future__ import annotations
@@ -90,6 +92,17 @@ def _matches(name: str, wanted: str) -> bool:
     return name == wanted or name.rpartition(":")[0] == wanted
 
 
+def _known_names(state: LimiterState) -> set[str]:
+    """The names (with and without the rate) of every limit the current request can meet."""
+    enforcer = state.enforcer
+    endpoint = request.endpoint
+    bounds = [*state.global_limits, *(b for t in state.tier_limits.values() for b in t)]
+    if endpoint is not None:
+        bounds += enforcer.plan(endpoint, request.method, enforcer.original_view(endpoint)).limits
+    bounds += [e.bound for e in _evaluated(state)]
+    return {n for b in bounds for n in (b.name, b.name.rpartition(":")[0])}
+
+
 def clear(state: LimiterState, name: str) -> int:
     """Delete the current identity's counters of the evaluated limits named ``name``."""
     if not has_request_context():
@@ -98,18 +111,25 @@ def clear(state: LimiterState, name: str) -> int:
             "request (a view). To reset a client from outside, use "
             "'flask distlimit reset <identity> --limit <name>'."
         )
+    data = request.environ.get(state.enforcer.environ_key)
     found = [e for e in _evaluated(state) if _matches(e.bound.name, name)]
     if not found:
-        names = sorted({e.bound.name for e in _evaluated(state)})
+        # Nothing of that name was counted for this request (limits disabled, the storage down
+        # under policy open, an exempt_when that skipped it): nothing to clear. A name that no
+        # limit of this request has is a mistake in the app: say so.
+        if not state.settings.enabled or name in _known_names(state):
+            return 0
+        names = sorted(n for n in _known_names(state) if n)
         raise ValueError(
-            f"No limit named {name!r} was evaluated for this request (evaluated: "
+            f"No limit of this request is named {name!r} (its limits: "
             f"{', '.join(names) or 'none'}). Pass a name from limiter.current_limits, with or "
             "without its rate."
         )
     keys = sorted({e.check.key for e in found})
-    data = request.environ[state.enforcer.environ_key]
-    for key in keys:
-        data.deferred.pop(key, None)
-        if state.deny_cache is not None:
+    if data is not None:
+        for key in keys:
+            data.deferred.pop(key, None)
+    if state.deny_cache is not None:
+        for key in keys:
             state.deny_cache.forget(key)
     return state.storage.delete(keys)

@@ -186,6 +186,13 @@ class DynamicLimit(Generic[B]):
         if table is not None:
             found = table.get(tier or ANY_TIER)
             rates = found if found is not None else table.get(ANY_TIER, ())
+            if len(rates) > room:  # init_app counted the largest value: only a carried wrapper
+                log.error(
+                    "The rate limit %s has %d rates for tier %r where the request has room for "
+                    "%d; the first %d apply.",
+                    self.name, len(rates), tier, room, room,
+                )  # fmt: skip
+                rates = rates[:room]
             return self._bound(rates) if rates else ()
         kept = self._answers.get(tag)
         if kept is not None and kept[0] > now_us:

@@ -240,8 +240,9 @@ class Enforcer:
                     every, one = self.registry.attached(view, method)
                     served.update(every, one)
                     # Bound now: a route that would carry too many limits fails here, loudly.
+                    route = self.plan(endpoint, method, view).limits
                     check_limit_count(
-                        every_request + len(self.plan(endpoint, method, view).limits),
+                        every_request + sum(b.most_rates for b in route),
                         f"The global, tier and route limits of {endpoint!r} ({method})",
                     )
             for endpoint, view in routed:

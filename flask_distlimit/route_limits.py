@@ -89,6 +89,11 @@ class BoundLimit:
     )
 
     @property
+    def most_rates(self) -> int:
+        """The most limits this one puts in a request (a dynamic value's largest known)."""
+        return 1 if self.dynamic is None else self.dynamic.value.most_rates()
+
+    @property
     def needs_identity(self) -> bool:
         """The request's identity is needed: for the key, or for a mapping's tier."""
         return self.key_func is None or (self.dynamic is not None and self.dynamic.value.by_tier)

@@ -122,3 +122,21 @@ def test_clear_of_an_unknown_name_says_which_names_exist(
         app.test_client().get("/other")
     with pytest.raises(RuntimeError, match="inside a request"), app.app_context():
         limiter.clear("login")
+
+
+@pytest.mark.parametrize("config", [{"DISTLIMIT_ENABLED": False}, {}], ids=["off", "on"])
+def test_clear_of_a_limit_not_counted_for_this_request_is_a_no_op(
+    backend: Backend, clock: FakeClock, config: dict[str, Any]
+) -> None:
+    app, limiter, _ = make_app(backend(), clock, **config)
+    cleared: list[int] = []
+
+    @app.post("/login")
+    @limiter.limit("3/minute", exempt_when=lambda: request.form.get("skip") == "1")
+    def login() -> str:
+        cleared.append(limiter.clear("login"))
+        return "welcome"
+
+    client = app.test_client()
+    assert client.post("/login", data={"skip": "1"}).status_code == 200
+    assert cleared == [0]  # skipped by exempt_when (or limits off): nothing to clear
