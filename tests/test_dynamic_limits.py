@@ -196,8 +196,8 @@ def test_an_upgraded_tier_takes_effect_on_the_next_request(
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ({"free": "ten per minute"}, "'free'"),
-        ({"free": 10}, "'free'"),
+        ({"free": "ten per minute"}, "entry 'free'"),
+        ({"free": 10}, "entry 'free'"),
         ({}, "at least one tier"),
         ({1: "10/minute"}, "tier names"),
         (42, "callable"),
@@ -225,5 +225,22 @@ def test_fallback_is_for_callables_only() -> None:
 def test_ttl_setting_is_validated() -> None:
     app = Flask("t")
     app.config["DISTLIMIT_DYNAMIC_LIMIT_TTL"] = -1
-    with pytest.raises(ConfigurationError, match="DISTLIMIT_DYNAMIC_LIMIT_TTL"):
+    with pytest.raises(ConfigurationError, match=r"DISTLIMIT_DYNAMIC_LIMIT_TTL.*how long"):
         Limiter(app)
+
+
+def test_a_mapping_counts_as_its_largest_value_at_start_up() -> None:
+    limiter = Limiter()
+    app = Flask("eight")
+    app.config.update(SECRET_KEY="x" * 32, DISTLIMIT_GLOBAL_LIMITS="1/second;2/minute;3/hour")
+
+    @app.get("/r")
+    @limiter.limit(
+        {"free": "1/second;2/minute;3/hour", "pro": "1/second;2/minute;3/hour;4/day;9/2 days"}
+    )
+    @limiter.limit("5/day")
+    def r() -> str:
+        return "r"
+
+    with pytest.raises(ConfigurationError, match="make 9 limits"):
+        limiter.init_app(app)

@@ -115,6 +115,8 @@ def test_flask_limiter_constructor_calls_say_how_to_port() -> None:
         with pytest.raises(TypeError, match=name):
             Limiter(**{name: None})
     assert "distlimit" not in app.extensions
+    Limiter(app=app)  # the keyword spelling works, as Flask-Limiter users write it
+    assert "distlimit" in app.extensions
 
 
 # -- the app, declared through either library -------------------------------------------------
