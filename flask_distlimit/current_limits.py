@@ -30,6 +30,7 @@ request's limits has (a typo) raises :class:`ValueError` listing them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,13 +46,23 @@ __all__ = ["Evaluated", "RequestLimit", "clear", "current_limits"]
 
 @dataclass(frozen=True, slots=True)
 class Evaluated:
-    """One limit a storage call of the request evaluated (kept with the request)."""
+    """The limits one storage call of the request evaluated (kept with the request as they
+    are: read only when asked)."""
 
+    checks: Sequence[Check]
+    bounds: Sequence[BoundLimit]
+    decisions: Sequence[Decision]
+    spent: Sequence[int]  #: indexes of ``deduct_when`` peeks that refused
+    wall: float  #: the wall clock (seconds) when they were decided
+
+
+@dataclass(frozen=True, slots=True)
+class _One:
     check: Check
     bound: BoundLimit
     decision: Decision
     denied: bool
-    wall: float  #: the wall clock (seconds) when it was decided
+    wall: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +77,18 @@ class RequestLimit:
     denied: bool
 
 
-def _evaluated(state: LimiterState) -> list[Evaluated]:
+def _evaluated(state: LimiterState) -> list[_One]:
     if not has_request_context():
         return []
     data = request.environ.get(state.enforcer.environ_key)
-    return list(data.evaluated) if data is not None else []
+    if data is None:
+        return []
+    batches: list[Evaluated] = data.evaluated
+    return [
+        _One(c, b, d, not d.allowed or i in e.spent, e.wall)
+        for e in batches
+        for i, (c, b, d) in enumerate(zip(e.checks, e.bounds, e.decisions, strict=True))
+    ]
 
 
 def current_limits(state: LimiterState) -> list[RequestLimit]:

@@ -430,6 +430,10 @@ class Enforcer:
                 continue
             tag = itag if b.key_func is None else state.identity_tag(_key_text(b.key_func))
             cost = default_cost if b.cost is None else _cost_value(b, default_cost)
+            if b.dynamic is None and b.deduct_when is None:  # the common case
+                checks.append(b.check(tag, cost))
+                bounds.append(b)
+                continue
             resolved: Sequence[BoundLimit] = (b,)
             if b.dynamic is not None:  # a callable or mapping value: this request's rates
                 room = MAX_LIMITS_PER_REQUEST - len(checks) - fixed
@@ -500,11 +504,8 @@ class Enforcer:
             return
         decisions = evaluation.decisions
         spent = deduction.spent(checks, decisions, data.deferred) if data.deferred else []
-        wall = state.wall()
-        data.evaluated.extend(
-            Evaluated(c, b, d, not d.allowed or i in spent, wall)
-            for i, (c, b, d) in enumerate(zip(checks, bounds, decisions, strict=True))
-        )
+        # kept as they are; limiter.current_limits reads them only when asked
+        data.evaluated.append(Evaluated(checks, bounds, decisions, spent, state.wall()))
         if spent and evaluation.allowed:  # a deduct_when limit whose quota is already spent
             self._refuse(
                 [_report(bounds[i], decisions[i], denied=True, spent=True) for i in spent],
