@@ -46,6 +46,7 @@ from .algorithms import Algorithm
 from .decision import Check
 from .declarations import LimitRegistry, LimitSpec
 from .dynamic_limits import DynamicLimit
+from .errors import ConfigurationError
 from .headers import policy_item, sf_string
 from .keys import key_parts
 from .limits import Rate
@@ -118,6 +119,27 @@ class BoundLimit:
         return found
 
 
+def _call_scope(spec: LimitSpec, endpoint: str) -> str:
+    """A ``scope`` callable's answer for ``endpoint``, or ``ConfigurationError``."""
+    func = spec.scope
+    assert callable(func)
+    name = getattr(func, "__qualname__", func)
+    try:
+        scope = func(endpoint)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"The scope callable {name!r} of the limit on {spec.declared_on} raised "
+            f"{type(exc).__name__}: {exc} for the endpoint {endpoint!r}. It is called with the "
+            "endpoint when the route's limits are bound and must answer a non-empty string."
+        ) from exc
+    if not isinstance(scope, str) or not scope:
+        raise ConfigurationError(
+            f"The scope callable {name!r} of the limit on {spec.declared_on} answered "
+            f"{scope!r} for the endpoint {endpoint!r}: it must answer a non-empty string."
+        )
+    return scope
+
+
 def bind(
     spec: LimitSpec,
     *,
@@ -135,7 +157,7 @@ def bind(
         id_head, name_head = f"t:{spec.tier}", f"tier-{spec.tier}"
     else:
         if spec.scope is not None:
-            scope = spec.scope if isinstance(spec.scope, str) else str(spec.scope(label))
+            scope = spec.scope if isinstance(spec.scope, str) else _call_scope(spec, label)
             id_head, name_head = f"s:{scope}", scope
         else:
             id_head, name_head = f"r:{label}", label

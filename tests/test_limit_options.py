@@ -251,3 +251,18 @@ def test_override_defaults_false_on_a_route_keeps_its_blueprint_limits(
     app.register_blueprint(bp, url_prefix="/api")
     assert statuses(app, "/api/both", 3) == [200, 200, 429]
     assert statuses(app, "/api/own", 6) == [200] * 5 + [429]
+
+
+def test_a_scope_callable_that_fails_names_the_limit_at_the_first_request(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.get("/x")
+    @limiter.shared_limit("2/minute", scope=lambda endpoint: "")
+    def x() -> str:
+        return "x"
+
+    app.testing = True
+    with pytest.raises(ConfigurationError, match="non-empty string"):
+        app.test_client().get("/x")
