@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .algorithms import ALGORITHMS, Algorithm
+from .current_limits import RequestLimit
 from .decision import Check, Decision, Evaluation
 from .errors import (
     ConfigurationError,
@@ -30,6 +31,7 @@ __all__ = [
     "Rate",
     "RateLimitExceeded",
     "RateLimitUnavailable",
+    "RequestLimit",
     "StorageError",
     "StorageMisconfigured",
     "StorageResponseError",

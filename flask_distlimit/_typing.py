@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
-__all__ = ["CostFunc", "ExemptWhen", "FailurePolicy", "HeaderMode", "KeyFunc", "LimitKind"]
+__all__ = [
+    "CostFunc",
+    "DeductWhen",
+    "ErrorMessage",
+    "ExemptWhen",
+    "FailurePolicy",
+    "HeaderMode",
+    "KeyFunc",
+    "LimitBreachHook",
+    "LimitKind",
+    "RequestFilter",
+    "ScopeFunc",
+]
 
 #: What a storage outage means for a request: allow, refuse (503) or limit in-process.
 FailurePolicy = Literal["open", "closed", "local"]
@@ -19,3 +31,15 @@ KeyFunc = Callable[[], str]
 CostFunc = Callable[[], int]
 #: ``exempt_when=``: the limit is skipped for a request when it answers true.
 ExemptWhen = Callable[[], bool]
+#: ``deduct_when=``: called with the view's response; the limit is charged only when it answers
+#: true.
+DeductWhen = Callable[[Any], bool]
+#: ``error_message=``: the 429's ``detail``, or a callable answering it.
+ErrorMessage = str | Callable[[], str]
+#: A limit's own ``on_breach=`` (called with a :class:`~flask_distlimit.Breach`; may answer a
+#: response).
+LimitBreachHook = Callable[[Any], Any]
+#: ``Limiter(request_filter=...)``: a request for which it answers true is not limited at all.
+RequestFilter = Callable[[], bool]
+#: ``scope=`` as a callable: called with the request's endpoint, answers the scope's name.
+ScopeFunc = Callable[[str], str]

@@ -85,5 +85,6 @@ def checks_for(state: LimiterState, identity: str, cost: int = 0) -> list[tuple[
         view = enforcer.original_view(endpoint)
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
             for b in enforcer.plan(endpoint, method, view).limits:
-                add(b)
+                if b.dynamic is None:  # a dynamic value's rates are known per request only
+                    add(b)
     return list(found.values())

@@ -8,6 +8,7 @@
     flask --app myapp distlimit reset jwt:sub:alice         # forget one client's counters
     flask --app myapp distlimit reset user:42 --limit tier-pro --dry-run
     flask --app myapp distlimit inspect func:alice          # a key_func that returned "alice"
+    flask --app myapp distlimit limits                      # every endpoint's limits
 
 An identity is the text the limiter counts a client under, its kind first: ``ip:<address>``
 (IPv6 as its /64; ``ip:invalid-via:<proxy>`` for requests whose forwarded client entry was no
@@ -37,15 +38,18 @@ from flask import current_app
 from flask.cli import AppGroup
 
 from .decision import Check, Decision
+from .enforcement import is_static
 from .errors import StorageError
 from .extension import Limiter, LimiterState
 from .keys import IDENTITY_KINDS, client_pattern, identity_kind
+from .route_limits import BoundLimit
 from .storage.urls import mask_url
 
 __all__ = ["distlimit_cli"]
 
 distlimit_cli = AppGroup(
-    "distlimit", help="Inspect and reset Flask-DistLimit rate limits (status, inspect, reset)."
+    "distlimit",
+    help="Inspect and reset Flask-DistLimit rate limits (status, limits, inspect, reset).",
 )
 
 
@@ -313,3 +317,99 @@ def reset(identity: str, ip: bool, api_key: bool, limits: tuple[str, ...], dry_r
     if state.deny_cache is not None:
         state.deny_cache.clear()
     click.echo(f"Deleted {deleted} key(s) of {who}.")
+
+
+# -- limits --------------------------------------------------------------------------------------
+
+
+def _kind(b: BoundLimit) -> str:
+    return {"g": "global", "t": "tier", "s": "shared", "r": "route"}.get(b.limit_id[:1], "route")
+
+
+def _key_kind(b: BoundLimit) -> str:
+    if b.keyed_on == "func":
+        func = b.key_func
+        return f"key_func {getattr(func, '__qualname__', func)}"
+    return "client ip" if b.keyed_on == "ip" else "identity"
+
+
+def _notes(b: BoundLimit) -> str:
+    notes: list[str] = []
+    if b.dynamic is not None:
+        notes.append("per tier" if b.dynamic.value.by_tier else "per identity (callable)")
+    if b.deduct_when is not None:
+        notes.append("deduct_when")
+    if b.cost is not None and b.cost != 1:
+        notes.append(f"cost {b.cost if isinstance(b.cost, int) else 'callable'}")
+    if b.exempt_when is not None:
+        notes.append("exempt_when")
+    return ", ".join(notes)
+
+
+def _limit_rows(state: LimiterState) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    default_policy = state.settings.failure_policy
+
+    def row(endpoint: str, methods: str, rule: str, b: BoundLimit | None, **extra: object) -> None:
+        rows.append(
+            {
+                "endpoint": endpoint,
+                "methods": methods,
+                "rule": rule,
+                "limit": b.name if b is not None else extra.get("limit", "-"),
+                "value": b.shown if b is not None else "",
+                "kind": _kind(b) if b is not None else "",
+                "algorithm": b.algorithm if b is not None else "",
+                "key": _key_kind(b) if b is not None else "",
+                "on_failure": extra.get("policy", default_policy) if b is not None else "",
+                "notes": _notes(b) if b is not None else "",
+            }
+        )
+
+    for b in state.global_limits:
+        row("*", "*", "every request", b)
+    for tier, bounds in state.tier_limits.items():
+        for b in bounds:
+            row("*", "*", f"every request of tier {tier}", b)
+    enforcer = state.enforcer
+    rules = sorted(current_app.url_map.iter_rules(), key=lambda r: (r.endpoint, r.rule))
+    for rule in rules:
+        endpoint = rule.endpoint
+        if is_static(endpoint):
+            continue
+        view = enforcer.original_view(endpoint)
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            plan = enforcer.plan(endpoint, method, view)
+            if plan.exempt:
+                row(endpoint, method, rule.rule, None, limit="exempt")
+            elif not plan.limits:
+                row(endpoint, method, rule.rule, None)
+            for b in plan.limits:
+                row(endpoint, method, rule.rule, b, policy=plan.policy or default_policy)
+    return rows
+
+
+@distlimit_cli.command("limits")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+def limits(as_json: bool) -> None:
+    """Every endpoint with its limits (like 'flask routes').
+
+    Lists, from the app's own declarations, the limits of every request (global, tier) and of
+    every endpoint and method: limit name and value, kind (route, shared, blueprint or default
+    limits show as route), algorithm, who is counted, the failure policy, and options
+    (callable or per-tier values, deduct_when, cost, exempt_when). Exempt endpoints say so.
+    Nothing is read from the storage.
+    """
+    state = _state()
+    rows = _limit_rows(state)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    columns = ["endpoint", "methods", "rule", "limit", "algorithm", "key", "on_failure", "notes"]
+    titles = ["Endpoint", "Methods", "Rule", "Limit", "Algorithm", "Counted by", "On failure", ""]
+    table = [[str(r[c]) for c in columns] for r in rows]
+    widths = [max([len(t), *(len(line[i]) for line in table)]) for i, t in enumerate(titles)]
+    click.echo("  ".join(t.ljust(w) for t, w in zip(titles, widths, strict=True)).rstrip())
+    click.echo("  ".join("-" * w for w in widths[:-1]))
+    for line in table:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())

@@ -59,6 +59,9 @@ The keys read here, each ``key`` (default ``value``) followed by its meaning:
 ``DISTLIMIT_CHARGE_PREFLIGHTS`` (default ``False``)
     ``True`` counts CORS preflights (``OPTIONS`` with ``Access-Control-Request-Method``) against
     route and tier limits too; by default only the global limits count them.
+``DISTLIMIT_DYNAMIC_LIMIT_TTL`` (default ``60``)
+    Seconds the answer of a callable limit value (``limiter.limit(plan_of_tenant)``) is kept per
+    identity before the callable is asked again (>= 0, <= 86400; 0 asks on every request).
 """
 
 from __future__ import annotations
@@ -112,6 +115,7 @@ DEFAULTS: Final[dict[str, object]] = {
     "DISTLIMIT_BREAKER_FAIL_MAX": 5,
     "DISTLIMIT_BREAKER_RESET_TIMEOUT": 30,
     "DISTLIMIT_CHARGE_PREFLIGHTS": False,
+    "DISTLIMIT_DYNAMIC_LIMIT_TTL": 60,
 }
 
 #: Every ``DISTLIMIT_*`` key the extension reads: those above and the identity keys.
@@ -253,6 +257,7 @@ class Settings:
     breaker_fail_max: int = 5
     breaker_reset_timeout: float = 30.0
     charge_preflights: bool = False
+    dynamic_limit_ttl: float = 60.0
 
     def check_serving(self, storage: Storage | None = None) -> None:
         """Warn (once per process) when ``memory://``, the storage of these settings or the
@@ -333,5 +338,15 @@ class Settings:
             ),
             charge_preflights=_bool(
                 "DISTLIMIT_CHARGE_PREFLIGHTS", get("DISTLIMIT_CHARGE_PREFLIGHTS")
+            ),
+            dynamic_limit_ttl=float(
+                _number(
+                    "DISTLIMIT_DYNAMIC_LIMIT_TTL",
+                    get("DISTLIMIT_DYNAMIC_LIMIT_TTL"),
+                    integer=False,
+                    minimum=0,
+                    maximum=86400,
+                    meaning=" seconds (how long a callable limit's answer is kept per identity)",
+                )
             ),
         )

@@ -31,18 +31,29 @@ from __future__ import annotations
 import functools
 import inspect
 import weakref
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, overload
 
 from flask import Blueprint, has_request_context
 from flask.views import View
 
-from ._typing import CostFunc, ExemptWhen, FailurePolicy, KeyFunc, LimitKind
+from ._typing import (
+    CostFunc,
+    DeductWhen,
+    ErrorMessage,
+    ExemptWhen,
+    FailurePolicy,
+    KeyFunc,
+    LimitBreachHook,
+    LimitKind,
+    ScopeFunc,
+)
 from .algorithms import Algorithm, check_cost, check_limit_count, check_rate, validate_algorithm
+from .dynamic_limits import DynamicValue, LimitSource, read_value
 from .errors import ConfigurationError
 from .guard import validate_policy
-from .limits import Rate, parse_rates
+from .limits import Rate
 
 __all__ = ["Declarations", "LimitRegistry", "LimitSpec", "describe", "view_objects"]
 
@@ -64,12 +75,19 @@ class LimitSpec:
     algorithm: Algorithm | None = None
     key_func: KeyFunc | None = None
     cost: int | CostFunc | None = None  #: None: 1, or DISTLIMIT_CONDITIONAL_COST when conditional
-    scope: str | None = None
+    scope: str | ScopeFunc | None = None
     per_method: bool = False
     exempt_when: ExemptWhen | None = None
     on_failure: FailurePolicy | None = None
     tier: str | None = None  #: for kind "tier"
     declared_on: str = ""  #: what the limit was declared on, for messages
+    #: a callable or mapping value (then ``rates`` is empty): :mod:`~flask_distlimit.dynamic_limits`
+    dynamic: DynamicValue | None = None
+    deduct_when: DeductWhen | None = None  #: checked before the view, charged after it
+    methods: frozenset[str] | None = None  #: the HTTP methods it applies to (None: every one)
+    override_defaults: bool = True  #: False: DISTLIMIT_DEFAULT_LIMITS apply beside it
+    on_breach: LimitBreachHook | None = None  #: this limit's own breach hook
+    error_message: ErrorMessage | None = None  #: the 429's detail when this limit refuses
 
     def __post_init__(self) -> None:
         if self.algorithm is not None:
@@ -79,21 +97,24 @@ class LimitSpec:
         """Raise ``ConfigurationError`` if ``algorithm`` cannot enforce one of the rates."""
         for rate in self.rates:
             check_rate(algorithm, rate)
+        if self.dynamic is not None:
+            self.dynamic.check_algorithm(algorithm)
+
+    @property
+    def rate_count(self) -> int:
+        """How many limits this spec puts in a request (at most, for a dynamic value)."""
+        return self.dynamic.most_rates() if self.dynamic is not None else len(self.rates)
+
+    def shown(self) -> str:
+        """The value as written, for messages and listings."""
+        if self.dynamic is not None:
+            return self.dynamic.described
+        return "; ".join(str(r) for r in self.rates)
 
     def with_kind(self, kind: LimitKind, *, per_method: bool | None = None) -> LimitSpec:
         """This spec as another kind (and maybe counted per method)."""
-        return LimitSpec(
-            kind,
-            self.rates,
-            algorithm=self.algorithm,
-            key_func=self.key_func,
-            cost=self.cost,
-            scope=self.scope,
-            per_method=self.per_method if per_method is None else per_method,
-            exempt_when=self.exempt_when,
-            on_failure=self.on_failure,
-            tier=self.tier,
-            declared_on=self.declared_on,
+        return replace(
+            self, kind=kind, per_method=self.per_method if per_method is None else per_method
         )
 
 
@@ -228,20 +249,30 @@ class Declarations:
 
     def limit(
         self,
-        value: str,
+        value: LimitSource,
         *,
         algorithm: str | None = None,
         key_func: KeyFunc | None = None,
         cost: int | CostFunc | None = None,
-        scope: str | None = None,
+        scope: str | ScopeFunc | None = None,
         per_method: bool = False,
         exempt_when: ExemptWhen | None = None,
         on_failure: str | None = None,
+        fallback: str | None = None,
+        deduct_when: DeductWhen | None = None,
+        methods: Iterable[str] | None = None,
+        override_defaults: bool = True,
+        on_breach: LimitBreachHook | None = None,
+        error_message: ErrorMessage | None = None,
     ) -> Callable[[Decorated], Decorated]:
         """Limit a view function, a view class, one method of a class-based view, or every
         route of a Blueprint; stackable.
 
-        - ``value``: ``"100/minute"``, several joined by ``;`` (``"10/second;1000/hour"``);
+        - ``value``: ``"100/minute"``, several joined by ``;`` (``"10/second;1000/hour"``); or
+          a callable answering such a string per identity (kept
+          ``DISTLIMIT_DYNAMIC_LIMIT_TTL`` seconds), or a mapping tier -> limit string
+          (``{"free": "10/minute", "pro": "100/minute", "*": "5/minute"}``):
+          :mod:`flask_distlimit.dynamic_limits`;
         - ``algorithm``: one of :data:`~flask_distlimit.ALGORITHMS` (default
           ``DISTLIMIT_ALGORITHM``);
         - ``key_func``: who is counted, e.g. ``lambda: g.tenant_id`` (default: the request's
@@ -249,11 +280,23 @@ class Declarations:
           and the blueprints' ``before_request`` hooks, so it sees what they set;
         - ``cost``: units per request, an int >= 0 or a callable answering one (default 1, or
           ``DISTLIMIT_CONDITIONAL_COST`` for conditional requests);
-        - ``scope``: share one counter among every route naming the same scope;
+        - ``scope``: share one counter among every route naming the same scope; a callable is
+          called with the endpoint when the route's limits are bound (its first request);
         - ``per_method``: count each HTTP method separately;
         - ``exempt_when``: a callable; when it answers true the limit is skipped;
         - ``on_failure``: ``"open"``, ``"closed"`` or ``"local"``: this route's policy when the
-          storage is down (the strictest wins when several limits of a route set one).
+          storage is down (the strictest wins when several limits of a route set one);
+        - ``fallback``: for a callable ``value``: the limit string used when it fails (default:
+          no limit);
+        - ``deduct_when``: ``(response) -> bool``: the request is refused before the view when
+          the quota is spent, and charged after the response only when it answers true (a
+          second storage call): :mod:`flask_distlimit.deduction`;
+        - ``methods``: the HTTP methods the limit applies to (default: every one);
+        - ``override_defaults``: False keeps ``DISTLIMIT_DEFAULT_LIMITS`` beside this limit;
+        - ``on_breach``: called with a :class:`~flask_distlimit.Breach` when this limit
+          refuses, instead of the Limiter's hook; may return a response;
+        - ``error_message``: the 429's ``detail`` when this limit refuses (a string, or a
+          callable answering one).
         """
         return self._declare(
             "shared" if scope is not None else "route",
@@ -265,12 +308,18 @@ class Declarations:
             per_method=per_method,
             exempt_when=exempt_when,
             on_failure=on_failure,
+            fallback=fallback,
+            deduct_when=deduct_when,
+            methods=methods,
+            override_defaults=override_defaults,
+            on_breach=on_breach,
+            error_message=error_message,
         )
 
     def shared_limit(
         self,
-        value: str,
-        scope: str,
+        value: LimitSource,
+        scope: str | ScopeFunc,
         *,
         algorithm: str | None = None,
         key_func: KeyFunc | None = None,
@@ -278,9 +327,16 @@ class Declarations:
         per_method: bool = False,
         exempt_when: ExemptWhen | None = None,
         on_failure: str | None = None,
+        fallback: str | None = None,
+        deduct_when: DeductWhen | None = None,
+        methods: Iterable[str] | None = None,
+        override_defaults: bool = True,
+        on_breach: LimitBreachHook | None = None,
+        error_message: ErrorMessage | None = None,
     ) -> Callable[[Decorated], Decorated]:
-        """A limit whose one counter (per client) is shared by every route that names ``scope``."""
-        if not isinstance(scope, str) or not scope:
+        """A limit whose one counter (per client) is shared by every route that names ``scope``
+        (the options are :meth:`limit`'s)."""
+        if not callable(scope) and (not isinstance(scope, str) or not scope):
             raise ConfigurationError(
                 f"shared_limit needs a non-empty scope string, got {scope!r}: e.g. "
                 "limiter.shared_limit('100/minute', scope='search')."
@@ -295,23 +351,35 @@ class Declarations:
             per_method=per_method,
             exempt_when=exempt_when,
             on_failure=on_failure,
+            fallback=fallback,
+            deduct_when=deduct_when,
+            methods=methods,
+            override_defaults=override_defaults,
+            on_breach=on_breach,
+            error_message=error_message,
         )
 
     def _declare(
         self,
         kind: LimitKind,
-        value: str,
+        value: LimitSource,
         *,
         algorithm: str | None,
         key_func: KeyFunc | None,
         cost: int | CostFunc | None,
-        scope: str | None,
+        scope: str | ScopeFunc | None,
         per_method: bool,
         exempt_when: ExemptWhen | None,
         on_failure: str | None,
+        fallback: str | None = None,
+        deduct_when: DeductWhen | None = None,
+        methods: Iterable[str] | None = None,
+        override_defaults: bool = True,
+        on_breach: LimitBreachHook | None = None,
+        error_message: ErrorMessage | None = None,
     ) -> Callable[[Decorated], Decorated]:
-        rates = parse_rates(value)
-        if not rates:
+        rates, dynamic = read_value(value, fallback)
+        if not rates and dynamic is None:
             raise ConfigurationError(
                 f"limiter.limit needs at least one rate, got {value!r}: e.g. '100/minute'."
             )
@@ -321,22 +389,50 @@ class Declarations:
             and (isinstance(cost, bool) or not isinstance(cost, int) or cost < 0)
         ):
             raise ConfigurationError(f"cost={cost!r}: use an int >= 0 or a callable returning one.")
-        if isinstance(cost, int):  # a callable's value is checked when it answers
+        if isinstance(cost, int) and rates:  # a callable's value is checked when it answers
             check_cost(cost, rates, f"limiter.limit({value!r})")
-        check_limit_count(len(rates), f"The rates of limiter.limit({value!r})")
-        if scope is not None and (not isinstance(scope, str) or not scope):
-            raise ConfigurationError(f"scope={scope!r}: use a non-empty string.")
-        for name, func in (("key_func", key_func), ("exempt_when", exempt_when)):
+        count = dynamic.most_rates() if dynamic is not None else len(rates)
+        check_limit_count(count, f"The rates of limiter.limit({value!r})")
+        if scope is not None and not callable(scope) and (not isinstance(scope, str) or not scope):
+            raise ConfigurationError(
+                f"scope={scope!r}: use a non-empty string, or a callable (endpoint) -> str."
+            )
+        for name, func in (
+            ("key_func", key_func),
+            ("exempt_when", exempt_when),
+            ("deduct_when", deduct_when),
+            ("on_breach", on_breach),
+        ):
             if func is not None and not callable(func):
                 raise ConfigurationError(
-                    f"{name}={func!r} is not callable: pass a function of no arguments, e.g. "
-                    f"{name}=lambda: g.tenant_id."
+                    f"{name}={func!r} is not callable: pass a function, e.g. "
+                    "deduct_when=lambda response: response.status_code == 401."
                 )
+        if error_message is not None and not (
+            isinstance(error_message, str) or callable(error_message)
+        ):
+            raise ConfigurationError(
+                f"error_message={error_message!r}: use a string or a callable returning one."
+            )
+        method_set: frozenset[str] | None = None
+        if methods is not None:
+            if isinstance(methods, str) or not all(
+                isinstance(m, str) and m.strip() for m in methods
+            ):
+                raise ConfigurationError(
+                    f"methods={methods!r}: use a list of HTTP method names, e.g. ['POST']."
+                )
+            method_set = frozenset(m.strip().upper() for m in methods)
+            if not method_set:
+                raise ConfigurationError("methods=[] would never apply: name at least one method.")
         checked_algorithm = validate_algorithm(algorithm) if algorithm is not None else None
         if checked_algorithm is not None:
             for rate in rates:
                 check_rate(checked_algorithm, rate)
+            if dynamic is not None:
+                dynamic.check_algorithm(checked_algorithm)
         policy = validate_policy(on_failure) if on_failure is not None else None
+        shown = value if isinstance(value, str) else (dynamic.described if dynamic else "")
 
         def decorator(target: Decorated) -> Decorated:
             spec = LimitSpec(
@@ -350,8 +446,14 @@ class Declarations:
                 exempt_when=exempt_when,
                 on_failure=policy,
                 declared_on=describe(target),
+                dynamic=dynamic,
+                deduct_when=deduct_when,
+                methods=method_set,
+                override_defaults=override_defaults,
+                on_breach=on_breach,
+                error_message=error_message,
             )
-            self.registry.check_open(target, f"limiter.limit({value!r})")
+            self.registry.check_open(target, f"limiter.limit({shown!r})")
             if isinstance(target, Blueprint):
                 self.registry.add_blueprint(target, spec)
                 return target
@@ -361,7 +463,7 @@ class Declarations:
                 return target
             if not callable(target):
                 raise ConfigurationError(
-                    f"limiter.limit({value!r}) decorates a view function, a View class, a "
+                    f"limiter.limit({shown!r}) decorates a view function, a View class, a "
                     f"method of one, or a Blueprint; got {target!r}."
                 )
             carrier = self._carrier(target)

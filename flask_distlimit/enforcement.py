@@ -43,13 +43,17 @@ from flask import Flask, Request, current_app, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as WerkzeugResponse
 
+from . import deduction, refusal_options
 from ._typing import FailurePolicy, KeyFunc
-from .algorithms import check_limit_count
+from .algorithms import MAX_LIMITS_PER_REQUEST, check_limit_count
+from .current_limits import Evaluated
 from .decision import Check, Decision, Evaluation
 from .declarations import describe
+from .dynamic_limits import ttl_us
 from .headers import Report, rate_limit_headers
 from .identity import Identity
 from .problem import RateLimitExceeded, RateLimitUnavailable, retry_after_seconds
+from .request_filters import filtered
 from .route_limits import BoundLimit, RoutePlan, bind, build_plan, strictest
 
 if TYPE_CHECKING:
@@ -95,7 +99,16 @@ BreachHook = Callable[[Breach], "SansIOResponse | None"]
 class _RequestData:
     """This request's limiter data, kept in the request environ under ``environ_key``."""
 
-    __slots__ = ("covered", "degraded", "denied", "exempt", "report", "retry_after")
+    __slots__ = (
+        "covered",
+        "deferred",
+        "degraded",
+        "denied",
+        "evaluated",
+        "exempt",
+        "report",
+        "retry_after",
+    )
 
     def __init__(self, covered: frozenset[object], *, exempt: bool = False) -> None:
         self.covered = covered  #: limit wrappers whose limits were decided with the route's
@@ -104,6 +117,10 @@ class _RequestData:
         self.degraded = False
         self.denied = False
         self.retry_after: int | None = None
+        #: the limits evaluated so far (``limiter.current_limits``)
+        self.evaluated: list[Evaluated] = []
+        #: ``deduct_when`` limits to charge after the response, by key
+        self.deferred: dict[str, deduction.Deferred] = {}
 
 
 class _Served:
@@ -151,7 +168,9 @@ def _blueprints_of(app: Flask, endpoint: str) -> list[object]:
     return found
 
 
-def _report(b: BoundLimit, d: Decision, *, denied: bool) -> Report:
+def _report(b: BoundLimit, d: Decision, *, denied: bool, spent: bool = False) -> Report:
+    """The headers' numbers of one decision (``spent``: a ``deduct_when`` peek that refuses:
+    retry when the quota is whole again)."""
     reduced = d.limit != b.rate.amount  # the local fallback divides limits
     return Report(
         name=b.name,
@@ -159,7 +178,7 @@ def _report(b: BoundLimit, d: Decision, *, denied: bool) -> Report:
         period=b.rate.period,
         remaining=d.remaining,
         reset_after=d.reset_after,
-        retry_after=d.retry_after if denied else 0.0,
+        retry_after=(d.reset_after if spent else d.retry_after) if denied else 0.0,
         policy=None if reduced else b.policy,
         quoted=b.quoted,
     )
@@ -187,6 +206,8 @@ class Enforcer:
         #: some limit applies to every request (global or tier)
         self._every_request = bool(state.global_limits or state.tier_limits)
         self._charge_preflights = settings.charge_preflights
+        self._dynamic_ttl = ttl_us(settings.dynamic_limit_ttl)
+        self._filters = state.limiter.request_filters
         #: The request environ key of this limiter's per-request data (one per app's limiter:
         #: a WSGI app may hand its environ to another app with a limiter of its own).
         self.environ_key = f"flask_distlimit.request.{id(self):x}"
@@ -219,8 +240,9 @@ class Enforcer:
                     every, one = self.registry.attached(view, method)
                     served.update(every, one)
                     # Bound now: a route that would carry too many limits fails here, loudly.
+                    route = self.plan(endpoint, method, view).limits
                     check_limit_count(
-                        every_request + len(self.plan(endpoint, method, view).limits),
+                        every_request + sum(b.most_rates for b in route),
                         f"The global, tier and route limits of {endpoint!r} ({method})",
                     )
             for endpoint, view in routed:
@@ -233,7 +255,7 @@ class Enforcer:
     def _warn_unmatched(self, app: Flask, served: set[object]) -> None:
         registry = self.registry
         unmatched = [
-            f"limit {'; '.join(str(r) for r in spec.rates)} on {spec.declared_on}"
+            f"limit {spec.shown()} on {spec.declared_on}"
             for target, specs in (*registry.views.items(), *registry.blueprints.items())
             if target not in served
             for spec in specs[:1]
@@ -314,9 +336,10 @@ class Enforcer:
         plan = self._plans.get((endpoint, req.method)) or self.plan(endpoint, req.method, view)
         if plan.idle and not self._every_request:
             return  # nothing to count, nothing a wrapper could need to know
-        data = _RequestData(plan.covered, exempt=plan.exempt)
+        exempt = plan.exempt or bool(self._filters and filtered(self._filters))
+        data = _RequestData(plan.covered, exempt=exempt)
         req.environ[self.environ_key] = data
-        if not plan.exempt:
+        if not exempt:
             self._evaluate(req, data, plan.limits, plan.needs_identity, plan.policy, True)
 
     def reached(self, carrier: object, specs: Sequence[Any]) -> None:
@@ -328,6 +351,9 @@ class Enforcer:
             return
         every_request = data is None  # called outside the gate: do the gate's work too
         if data is None:
+            if self._filters and filtered(self._filters):
+                environ[self.environ_key] = _RequestData(frozenset(), exempt=True)
+                return
             data = _RequestData(frozenset())
             environ[self.environ_key] = data
         endpoint, method = req.endpoint, req.method
@@ -347,7 +373,7 @@ class Enforcer:
             )
             self._carried[(carrier, endpoint, method)] = bounds
         policy = strictest(spec.on_failure for spec in specs)
-        needs_identity = any(b.key_func is None for b in bounds)
+        needs_identity = any(b.needs_identity for b in bounds)
         self._evaluate(req, data, bounds, needs_identity, policy, every_request)
 
     def _evaluate(
@@ -397,13 +423,32 @@ class Enforcer:
                 for b in state.tier_limits.get(identity.tier, ()):
                     checks.append(b.check(itag, every_cost))
                     bounds.append(b)
+        fixed = len(route_limits)  # route limits not yet added (a room for dynamic values)
         for b in route_limits:
+            fixed -= 1
             if b.exempt_when is not None and b.exempt_when():
                 continue
             tag = itag if b.key_func is None else state.identity_tag(_key_text(b.key_func))
             cost = default_cost if b.cost is None else _cost_value(b, default_cost)
-            checks.append(b.check(tag, cost))
-            bounds.append(b)
+            if b.dynamic is None and b.deduct_when is None:  # the common case
+                checks.append(b.check(tag, cost))
+                bounds.append(b)
+                continue
+            resolved: Sequence[BoundLimit] = (b,)
+            if b.dynamic is not None:  # a callable or mapping value: this request's rates
+                room = MAX_LIMITS_PER_REQUEST - len(checks) - fixed
+                tier = identity.tier if identity is not None else None
+                resolved = b.dynamic.resolve(
+                    tag, tier, state.local_clock(), self._dynamic_ttl, room
+                )
+            for r in resolved:
+                if r.deduct_when is not None:  # a peek now, charged after the response
+                    check = r.check(tag, cost)
+                    data.deferred[check.key] = deduction.Deferred(check, r)
+                    checks.append(r.check(tag, 0))
+                else:
+                    checks.append(r.check(tag, cost))
+                bounds.append(r)
         if not checks:
             return
         for c, b in zip(checks, bounds, strict=True):
@@ -444,7 +489,9 @@ class Enforcer:
                         policy=b.policy,
                         quoted=b.quoted,
                     )
-                    self._refuse([report], [c.key], identity, data, from_cache=True)
+                    self._refuse(
+                        [report], [c.key], identity, data, from_cache=True, denied_bounds=[b]
+                    )
         started = state.local_clock()
         outcome = state.guard.evaluate(checks, policy=policy, now_us=state.storage_now())
         if outcome.unavailable:
@@ -456,15 +503,30 @@ class Enforcer:
             data.degraded = True
             return
         decisions = evaluation.decisions
+        spent = deduction.spent(checks, decisions, data.deferred) if data.deferred else []
+        # kept as they are; limiter.current_limits reads them only when asked
+        data.evaluated.append(Evaluated(checks, bounds, decisions, spent, state.wall()))
+        if spent and evaluation.allowed:  # a deduct_when limit whose quota is already spent
+            self._refuse(
+                [_report(bounds[i], decisions[i], denied=True, spent=True) for i in spent],
+                [checks[i].key for i in spent],
+                identity,
+                data,
+                from_cache=False,
+                degraded=outcome.degraded,
+                denied_bounds=[bounds[i] for i in spent],
+            )
         if not evaluation.allowed:
             finished = state.local_clock()
             denied_reports: list[Report] = []
             denied_keys: list[str] = []
+            denied_bounds: list[BoundLimit] = []
             for c, b, d in zip(checks, bounds, decisions, strict=True):
                 if d.allowed:
                     continue
                 denied_reports.append(_report(b, d, denied=True))
                 denied_keys.append(c.key)
+                denied_bounds.append(b)
                 if cache is not None and not outcome.degraded:
                     cache.record(
                         c.key,
@@ -483,6 +545,7 @@ class Enforcer:
                 data,
                 from_cache=False,
                 degraded=outcome.degraded,
+                denied_bounds=denied_bounds,
             )
         # allowed: report the limit with the fewest units left (ties: the latest reset)
         best = 0
@@ -508,9 +571,11 @@ class Enforcer:
         *,
         from_cache: bool,
         degraded: bool = False,
+        denied_bounds: Sequence[BoundLimit] = (),
     ) -> None:
         """Log, call the breach hook and raise the 429 for the denied limits ``reports``
         (stored under ``keys``)."""
+        data.deferred.clear()  # a refused request is never charged after its response
         binding = max(reports, key=lambda r: r.retry_after)
         # Not finite: the cost exceeds a limit the local fallback divided; it cannot pass now.
         retry = (
@@ -525,7 +590,7 @@ class Enforcer:
         endpoint = request.endpoint
         tier = identity.tier if identity is not None else None
         self._log_breach(reports, keys, tags, digest, tier, endpoint, retry)
-        self._raise(names, retry, digest, tier, from_cache=from_cache)
+        self._raise(names, retry, digest, tier, from_cache=from_cache, denied=denied_bounds)
 
     def _refuse_unaffordable(
         self, check: Check, b: BoundLimit, identity: Identity | None, data: _RequestData
@@ -533,6 +598,7 @@ class Enforcer:
         """Refuse at once a request that costs more than the limit allows in a whole window:
         it can never pass, so no ``Retry-After`` promises that it will."""
         data.report, data.denied, data.retry_after = None, True, None
+        data.deferred.clear()
         names = (b.name,)
         tag = check.key[check.key.index("{") + 1 : check.key.index("}")]
         digest = self.state.identity_tag(identity.value) if identity is not None else tag
@@ -547,7 +613,7 @@ class Enforcer:
             "Send it in smaller parts."
         )
         tier = identity.tier if identity is not None else None
-        self._raise(names, None, digest, tier, from_cache=False, detail=detail)
+        self._raise(names, None, digest, tier, from_cache=False, detail=detail, denied=(b,))
 
     def _raise(
         self,
@@ -558,10 +624,13 @@ class Enforcer:
         *,
         from_cache: bool,
         detail: str | None = None,
+        denied: Sequence[BoundLimit] = (),
     ) -> NoReturn:
         """Tell the ``on_breach`` hook, then raise the 429 (the hook's response, if any)."""
         response: SansIOResponse | None = None
-        hook = self.state.limiter.breach_hook
+        hook = refusal_options.breach_hook(denied, self.state.limiter.breach_hook)
+        if denied:
+            detail = refusal_options.error_message(denied) or detail
         if hook is not None:
             response = hook(
                 Breach(
@@ -628,6 +697,8 @@ class Enforcer:
             response, data = self._view_never_ran(response)
             if data is None:
                 return response
+        if data.deferred:  # deduct_when limits: charged now, if the response says so
+            deduction.charge(self.state, data.deferred, response)
         headers = response.headers
         if data.report is not None and self._headers != "none":
             add = headers.add  # the names are ours alone: no scan for an existing value
@@ -656,6 +727,8 @@ class Enforcer:
         endpoint = req.endpoint
         charge_route = self._charge_preflights and req.method == "OPTIONS" and endpoint
         if not (self._every_request or charge_route):
+            return response, None
+        if self._filters and filtered(self._filters):
             return response, None
         app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
         if self._views is None:  # a hook before ours answered the app's first request

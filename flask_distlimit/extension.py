@@ -21,8 +21,11 @@ import time
 from collections.abc import Callable
 from typing import Final, TypeVar
 
-from flask import Flask, current_app
+from flask import Flask, current_app, has_request_context
 
+from . import current_limits as _current
+from . import migration
+from ._typing import RequestFilter
 from .config import Settings
 from .declarations import Declarations, LimitRegistry
 from .deny_cache import DenyCache, monotonic_us
@@ -46,8 +49,10 @@ _Verifier = TypeVar("_Verifier", bound=ApiKeyVerifier)
 class Limiter(Declarations):
     """Distributed rate limits for Flask apps.
 
-    ``Limiter(app)`` or ``Limiter()`` then ``limiter.init_app(app)``; one Limiter may serve
-    several apps, each with its own configuration.
+    ``Limiter(app)`` (or ``Limiter(app=app)``) or ``Limiter()`` then ``limiter.init_app(app)``;
+    one Limiter may serve several apps, each with its own configuration. Flask-Limiter's
+    ``Limiter(key_func, ...)`` and its other arguments raise :class:`TypeError` saying how to
+    port them (:mod:`flask_distlimit.migration`).
 
     - ``storage``: a ready :class:`~flask_distlimit.storage.base.Storage` used instead of
       ``DISTLIMIT_STORAGE_URL`` (e.g. ``RedisStorage(fakeredis.FakeRedis())`` in tests);
@@ -57,7 +62,9 @@ class Limiter(Declarations):
     - ``on_breach``: called with a :class:`Breach` on every refused request; it may return a
       response to send instead of the problem+json 429;
     - ``deny_cache``: answer a flooding client locally while the storage would refuse it anyway
-      (default on); ``deny_cache_size`` bounds it.
+      (default on); ``deny_cache_size`` bounds it;
+    - ``request_filter``: a callable of no arguments; a request for which it answers true is
+      not limited at all (more with :meth:`request_filter`).
 
     Nothing is limited until it is declared: ``DISTLIMIT_GLOBAL_LIMITS`` (per client IP),
     ``DISTLIMIT_TIERS`` (per identity tier), ``DISTLIMIT_DEFAULT_LIMITS`` and the decorators.
@@ -68,15 +75,35 @@ class Limiter(Declarations):
 
     def __init__(
         self,
-        app: Flask | None = None,
+        app_or_key_func: Flask | None = None,
+        /,
         *,
+        app: Flask | None = None,
         storage: Storage | None = None,
         clock: Callable[[], int] | None = None,
         on_breach: BreachHook | None = None,
         deny_cache: bool = True,
         deny_cache_size: int = 10_000,
+        request_filter: RequestFilter | None = None,
+        **flask_limiter_options: object,
     ) -> None:
+        if flask_limiter_options:  # Flask-Limiter's arguments: say how to port them
+            raise TypeError(migration.options_message(flask_limiter_options))
+        if app_or_key_func is not None and not isinstance(app_or_key_func, Flask):
+            if callable(app_or_key_func):
+                raise TypeError(migration.key_func_message(app_or_key_func))
+            raise TypeError(f"Limiter(app): app must be a Flask app, got {app_or_key_func!r}.")
+        if app_or_key_func is not None and app is not None:
+            raise TypeError("Limiter() got the app twice: pass Limiter(app) or Limiter(app=app).")
+        app = app_or_key_func or app
+        if request_filter is not None and not callable(request_filter):
+            raise ConfigurationError(
+                f"request_filter={request_filter!r} is not callable: pass a function of no "
+                "arguments answering True for requests that are not limited."
+            )
         self.registry = LimitRegistry()
+        #: callables exempting a request from every limit (:mod:`flask_distlimit.request_filters`)
+        self.request_filters: list[RequestFilter] = [request_filter] if request_filter else []
         self.hooks = IdentityHooks()
         self._storage = storage
         self._clock = clock
@@ -192,6 +219,26 @@ class Limiter(Declarations):
         """Register ``(identity) -> tier``, replacing the default tier of every identity."""
         self.hooks.tier_resolver = func
         return func
+
+    def request_filter(self, func: RequestFilter) -> RequestFilter:
+        """Register a callable of no arguments: a request for which it answers true is not
+        limited at all (e.g. internal health probes). Register filters before the app serves."""
+        self.request_filters.append(func)
+        return func
+
+    @property
+    def current_limits(self) -> list[_current.RequestLimit]:
+        """The limits the current request's storage calls evaluated so far, with their numbers
+        (:mod:`flask_distlimit.current_limits`); empty outside a request."""
+        if not has_request_context() or EXTENSION_KEY not in current_app.extensions:
+            return []
+        return _current.current_limits(self.state())
+
+    def clear(self, limit_name: str) -> int:
+        """Forget the current identity's counter of the limit ``limit_name`` (its name in
+        :attr:`current_limits`, with or without its rate), e.g. after a successful login;
+        answer how many keys were deleted."""
+        return _current.clear(self.state(), limit_name)
 
     def on_breach(self, func: BreachHook) -> BreachHook:
         """Register the hook called with a :class:`Breach` on every refused request."""

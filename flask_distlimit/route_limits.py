@@ -30,13 +30,23 @@ Limit ids make the same declared limit hit the same key from every worker and re
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from ._typing import CostFunc, ExemptWhen, FailurePolicy, KeyFunc
+from ._typing import (
+    CostFunc,
+    DeductWhen,
+    ErrorMessage,
+    ExemptWhen,
+    FailurePolicy,
+    KeyFunc,
+    LimitBreachHook,
+)
 from .algorithms import Algorithm
 from .decision import Check
 from .declarations import LimitRegistry, LimitSpec
+from .dynamic_limits import DynamicLimit
+from .errors import ConfigurationError
 from .headers import policy_item, sf_string
 from .keys import key_parts
 from .limits import Rate
@@ -68,9 +78,26 @@ class BoundLimit:
     key_func: KeyFunc | None = None
     cost: int | CostFunc | None = None
     exempt_when: ExemptWhen | None = None
+    #: a callable or mapping value: the limits of a request come from ``dynamic.resolve``
+    #: (this one is a placeholder, never checked itself)
+    dynamic: DynamicLimit[BoundLimit] | None = None
+    deduct_when: DeductWhen | None = None
+    on_breach: LimitBreachHook | None = None
+    error_message: ErrorMessage | None = None
+    shown: str = ""  #: the declared value, for listings
     _unit_checks: dict[str, Check] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+
+    @property
+    def most_rates(self) -> int:
+        """The most limits this one puts in a request (a dynamic value's largest known)."""
+        return 1 if self.dynamic is None else self.dynamic.value.most_rates()
+
+    @property
+    def needs_identity(self) -> bool:
+        """The request's identity is needed: for the key, or for a mapping's tier."""
+        return self.key_func is None or (self.dynamic is not None and self.dynamic.value.by_tier)
 
     def key(self, tag: str) -> str:
         """The storage key for an identity tag (the app's
@@ -92,6 +119,27 @@ class BoundLimit:
         return found
 
 
+def _call_scope(spec: LimitSpec, endpoint: str) -> str:
+    """A ``scope`` callable's answer for ``endpoint``, or ``ConfigurationError``."""
+    func = spec.scope
+    assert callable(func)
+    name = getattr(func, "__qualname__", func)
+    try:
+        scope = func(endpoint)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"The scope callable {name!r} of the limit on {spec.declared_on} raised "
+            f"{type(exc).__name__}: {exc} for the endpoint {endpoint!r}. It is called with the "
+            "endpoint when the route's limits are bound and must answer a non-empty string."
+        ) from exc
+    if not isinstance(scope, str) or not scope:
+        raise ConfigurationError(
+            f"The scope callable {name!r} of the limit on {spec.declared_on} answered "
+            f"{scope!r} for the endpoint {endpoint!r}: it must answer a non-empty string."
+        )
+    return scope
+
+
 def bind(
     spec: LimitSpec,
     *,
@@ -109,7 +157,8 @@ def bind(
         id_head, name_head = f"t:{spec.tier}", f"tier-{spec.tier}"
     else:
         if spec.scope is not None:
-            id_head, name_head = f"s:{spec.scope}", spec.scope
+            scope = spec.scope if isinstance(spec.scope, str) else _call_scope(spec, label)
+            id_head, name_head = f"s:{scope}", scope
         else:
             id_head, name_head = f"r:{label}", label
         if spec.per_method and method is not None:
@@ -117,6 +166,51 @@ def bind(
             name_head += f":{method}"
         if spec.key_func is not None:
             keyed_on = "func"
+    if spec.dynamic is not None:
+        static = replace(spec, dynamic=None)
+
+        def make(rates: tuple[Rate, ...]) -> tuple[BoundLimit, ...]:
+            return tuple(
+                _bind_rates(replace(static, rates=rates), algorithm, keyed_on, id_head + ":dyn",
+                            name_head, prefix)
+            )  # fmt: skip
+
+        resolver = DynamicLimit(
+            spec.dynamic, make, algorithm=algorithm, name=f"{name_head}:{spec.dynamic.described}"
+        )
+        head, tail = key_parts(prefix, id_head + ":dyn", algorithm)
+        return [
+            BoundLimit(
+                name=resolver.name,
+                limit_id=id_head + ":dyn",
+                rate=Rate(1, 1),  # a placeholder: the request's rates come from the resolver
+                algorithm=algorithm,
+                keyed_on=keyed_on,
+                key_head=head,
+                key_tail=tail,
+                policy="",
+                quoted=sf_string(resolver.name),
+                key_func=spec.key_func,
+                cost=spec.cost,
+                exempt_when=spec.exempt_when,
+                dynamic=resolver,
+                deduct_when=spec.deduct_when,
+                on_breach=spec.on_breach,
+                error_message=spec.error_message,
+                shown=spec.dynamic.described,
+            )
+        ]
+    return _bind_rates(spec, algorithm, keyed_on, id_head, name_head, prefix)
+
+
+def _bind_rates(
+    spec: LimitSpec,
+    algorithm: Algorithm,
+    keyed_on: KeyedOn,
+    id_head: str,
+    name_head: str,
+    prefix: str,
+) -> list[BoundLimit]:
     bound: list[BoundLimit] = []
     for rate in spec.rates:
         limit_id = f"{id_head}:{rate.amount}/{rate.period}"
@@ -137,6 +231,10 @@ def bind(
                 key_func=spec.key_func,
                 cost=spec.cost,
                 exempt_when=spec.exempt_when,
+                deduct_when=spec.deduct_when,
+                on_breach=spec.on_breach,
+                error_message=spec.error_message,
+                shown=str(rate),
             )
         )
     return bound
@@ -205,14 +303,25 @@ def build_plan(
                 if id(spec) not in seen_specs:
                     seen_specs.add(id(spec))
                     specs.append(spec.with_kind(spec.kind, per_method=True) if per_method else spec)
-    if not specs:
+    # methods=[...]: a limit applies to those methods only; a route none of whose limits
+    # applies to this method falls back to its blueprint's, then to the defaults.
+    # override_defaults=False on every limit found so far: the next layer's limits (the
+    # innermost limited blueprint's, then the defaults) apply beside them, as in Flask-Limiter.
+    specs = [s for s in specs if s.methods is None or method in s.methods]
+    if not specs or all(not spec.override_defaults for spec in specs):
         for bp in blueprints:  # innermost first
-            bp_specs = registry.blueprints.get(bp)
+            bp_specs = [
+                s
+                for s in registry.blueprints.get(bp, ())
+                if s.methods is None or method in s.methods
+            ]
             if bp_specs:
                 specs.extend(bp_specs)
                 break
     if not specs:
         specs = list(default_limits)
+    elif all(not spec.override_defaults for spec in specs):
+        specs.extend(default_limits)
     bound: list[BoundLimit] = []
     seen: set[str] = set()
     for spec in specs:
@@ -231,6 +340,6 @@ def build_plan(
         exempt=False,
         limits=tuple(bound),
         policy=strictest(spec.on_failure for spec in specs),
-        needs_identity=any(b.key_func is None for b in bound),
+        needs_identity=any(b.needs_identity for b in bound),
         covered=covered,
     )

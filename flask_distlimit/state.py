@@ -64,7 +64,7 @@ def _check_limits_per_request(
     for table in (registry.views, registry.blueprints):
         groups += [(specs[0].declared_on, specs) for specs in table.values() if specs]
     for where, specs in groups:
-        count = sum(len(spec.rates) for spec in specs)
+        count = sum(spec.rate_count for spec in specs)
         if count:
             check_limit_count(every + count, f"{head} and the limits on {where} ({count})")
 

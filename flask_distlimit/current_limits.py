@@ -1,0 +1,153 @@
+"""The request's limits in hand: ``limiter.current_limits`` and ``limiter.clear(name)``.
+
+::
+
+    @app.post("/login")
+    @limiter.limit("5/minute", deduct_when=lambda r: r.status_code == 401)
+    def login():
+        if check_password(...):
+            limiter.clear("login")      # a successful login forgets the failed ones
+            return "welcome"
+        return "no", 401
+
+    @app.get("/quota")
+    def quota():
+        return {l.name: l.remaining for l in limiter.current_limits}
+
+``current_limits`` lists every limit the request's storage calls evaluated so far (global, tier,
+route; a ``deduct_when`` limit as its peek), in order: its ``name`` (as in the headers and
+``violated-policies``), ``limit``, ``remaining``, ``reset_after`` (seconds) and ``reset_at``
+(epoch seconds), and ``denied``. Outside a request, or for a request no limit applied to, it is
+empty. A request refused from the local deny cache lists nothing (no storage call was made).
+
+``clear(name)`` deletes the storage key of the current identity for the evaluated limits whose
+name is ``name``, or ``name`` without its rate (``"login"`` clears ``"login:5/minute"`` and
+``"login:20/hour"``), and drops a pending ``deduct_when`` charge of them. It answers how many
+keys it deleted: 0 when no such limit was counted for the request (limits disabled, the storage
+down under policy ``open``, an ``exempt_when`` that skipped it). A name that none of the
+request's limits has (a typo) raises :class:`ValueError` listing them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from flask import has_request_context, request
+
+if TYPE_CHECKING:
+    from .decision import Check, Decision
+    from .route_limits import BoundLimit
+    from .state import LimiterState
+
+__all__ = ["Evaluated", "RequestLimit", "clear", "current_limits"]
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluated:
+    """The limits one storage call of the request evaluated (kept with the request as they
+    are: read only when asked)."""
+
+    checks: Sequence[Check]
+    bounds: Sequence[BoundLimit]
+    decisions: Sequence[Decision]
+    spent: Sequence[int]  #: indexes of ``deduct_when`` peeks that refused
+    wall: float  #: the wall clock (seconds) when they were decided
+
+
+@dataclass(frozen=True, slots=True)
+class _One:
+    check: Check
+    bound: BoundLimit
+    decision: Decision
+    denied: bool
+    wall: float
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimit:
+    """One limit of the current request, as ``limiter.current_limits`` lists it."""
+
+    name: str
+    limit: int
+    remaining: int
+    reset_after: float  #: seconds until the quota is whole again
+    reset_at: float  #: the same, as epoch seconds
+    denied: bool
+
+
+def _evaluated(state: LimiterState) -> list[_One]:
+    if not has_request_context():
+        return []
+    data = request.environ.get(state.enforcer.environ_key)
+    if data is None:
+        return []
+    batches: list[Evaluated] = data.evaluated
+    return [
+        _One(c, b, d, not d.allowed or i in e.spent, e.wall)
+        for e in batches
+        for i, (c, b, d) in enumerate(zip(e.checks, e.bounds, e.decisions, strict=True))
+    ]
+
+
+def current_limits(state: LimiterState) -> list[RequestLimit]:
+    """The limits the current request's storage calls evaluated (see the module docstring)."""
+    return [
+        RequestLimit(
+            name=e.bound.name,
+            limit=e.decision.limit,
+            remaining=e.decision.remaining,
+            reset_after=e.decision.reset_after,
+            reset_at=e.wall + e.decision.reset_after,
+            denied=e.denied,
+        )
+        for e in _evaluated(state)
+    ]
+
+
+def _matches(name: str, wanted: str) -> bool:
+    return name == wanted or name.rpartition(":")[0] == wanted
+
+
+def _known_names(state: LimiterState) -> set[str]:
+    """The names (with and without the rate) of every limit the current request can meet."""
+    enforcer = state.enforcer
+    endpoint = request.endpoint
+    bounds = [*state.global_limits, *(b for t in state.tier_limits.values() for b in t)]
+    if endpoint is not None:
+        bounds += enforcer.plan(endpoint, request.method, enforcer.original_view(endpoint)).limits
+    bounds += [e.bound for e in _evaluated(state)]
+    return {n for b in bounds for n in (b.name, b.name.rpartition(":")[0])}
+
+
+def clear(state: LimiterState, name: str) -> int:
+    """Delete the current identity's counters of the evaluated limits named ``name``."""
+    if not has_request_context():
+        raise RuntimeError(
+            "limiter.clear(name) clears the current request's identity: call it inside a "
+            "request (a view). To reset a client from outside, use "
+            "'flask distlimit reset <identity> --limit <name>'."
+        )
+    data = request.environ.get(state.enforcer.environ_key)
+    found = [e for e in _evaluated(state) if _matches(e.bound.name, name)]
+    if not found:
+        # Nothing of that name was counted for this request (limits disabled, the storage down
+        # under policy open, an exempt_when that skipped it): nothing to clear. A name that no
+        # limit of this request has is a mistake in the app: say so.
+        if not state.settings.enabled or name in _known_names(state):
+            return 0
+        names = sorted(n for n in _known_names(state) if n)
+        raise ValueError(
+            f"No limit of this request is named {name!r} (its limits: "
+            f"{', '.join(names) or 'none'}). Pass a name from limiter.current_limits, with or "
+            "without its rate."
+        )
+    keys = sorted({e.check.key for e in found})
+    if data is not None:
+        for key in keys:
+            data.deferred.pop(key, None)
+    if state.deny_cache is not None:
+        for key in keys:
+            state.deny_cache.forget(key)
+    return state.storage.delete(keys)

@@ -1,0 +1,107 @@
+"""Charging after the response: limits declared with ``deduct_when=callable(response) -> bool``.
+
+::
+
+    @app.post("/login")
+    @limiter.limit("5/minute", deduct_when=lambda response: response.status_code == 401)
+    def login(): ...
+
+1. Before the view, in the request's one storage call, such a limit is a *peek* (cost 0: it
+   reads the counter and consumes nothing). When fewer units are left than the request would
+   cost, the request is refused (429) and nothing is charged to that limit (its
+   ``Retry-After`` is the time until the quota is whole again: a peek does not tell when one
+   unit frees, so it is an upper bound). The request's other
+   limits in that same call are ordinary checks: they were charged already (the peek is not
+   a denial inside the all-or-nothing script call).
+2. After the response, the callable is asked; when it answers true, the limit is charged in a
+   second storage call (only requests of routes with such a limit make it). The charge is
+   all-or-nothing like every call: a charge that no longer fits (other requests filled the
+   quota meanwhile) is not made, so a counter never exceeds its limit. A callable that raises
+   is logged and the request is charged (the safe side for a login limit). A storage outage
+   at charge time drops the charge (under every failure policy: the response is already made).
+
+Exactness under concurrency: N requests in flight at once can all pass the peek before any of
+them is charged, so up to ``limit + N - 1`` of them may reach the view in one window (with
+``limit`` already counted, the next peek refuses). Sequential requests are exact: the
+``limit + 1``-th counted request is refused. ``tests/test_deduction.py`` measures the bound
+with N concurrent failed logins held at a barrier inside the view, on a real redis-server.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .decision import Check, Decision, Evaluation
+
+if TYPE_CHECKING:
+    from werkzeug.wrappers import Response
+
+    from .route_limits import BoundLimit
+    from .state import LimiterState
+
+__all__ = ["Deferred", "charge", "spent"]
+
+log = logging.getLogger("flask_distlimit")
+
+
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """One limit of a request to charge after the response: ``check`` has the request's cost."""
+
+    check: Check
+    bound: BoundLimit
+
+
+def spent(
+    checks: Sequence[Check], decisions: Sequence[Decision], deferred: dict[str, Deferred]
+) -> list[int]:
+    """Indexes of the peeks whose limit has fewer units left than the request would cost."""
+    found: list[int] = []
+    for i, (c, d) in enumerate(zip(checks, decisions, strict=True)):
+        later = deferred.get(c.key)
+        if later is not None and c.cost == 0 and d.remaining < later.check.cost:
+            found.append(i)
+    return found
+
+
+def _wants_charge(later: Deferred, response: Response) -> bool:
+    when = later.bound.deduct_when
+    assert when is not None
+    try:
+        return bool(when(response))
+    except Exception:  # the app's code: charge, the safe side for a login limit
+        log.exception(
+            "The deduct_when callable of the rate limit %s raised; the request is charged.",
+            later.bound.name,
+        )
+        return True
+
+
+def charge(state: LimiterState, deferred: dict[str, Deferred], response: Response) -> int:
+    """Charge the limits whose ``deduct_when`` answers true for ``response``; answer how many
+    were charged."""
+    due = [d.check for d in deferred.values() if d.check.cost > 0 and _wants_charge(d, response)]
+    deferred.clear()
+    if not due:
+        return 0
+    try:
+        evaluation = _charge(state, due)
+        if evaluation is None or evaluation.allowed:
+            return 0 if evaluation is None else len(due)
+        # Some limit filled up meanwhile: charge the ones that still fit, in one more call.
+        fits = [c for c, d in zip(due, evaluation.decisions, strict=True) if d.allowed]
+        return len(fits) if fits and _charge(state, fits) is not None else 0
+    except Exception:  # the response is made: a failed charge must not turn it into a 500
+        log.exception("A deferred rate-limit charge failed; %d charge(s) dropped.", len(due))
+        return 0
+
+
+def _charge(state: LimiterState, checks: list[Check]) -> Evaluation | None:
+    outcome = state.guard.evaluate(checks, policy="open", now_us=state.storage_now())
+    if outcome.evaluation is None or outcome.unavailable:
+        log.warning("The storage is down: %d deferred rate-limit charge(s) dropped.", len(checks))
+        return None
+    return outcome.evaluation

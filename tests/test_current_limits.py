@@ -1,0 +1,142 @@
+"""``limiter.current_limits`` and ``limiter.clear(name)`` inside a request (issue 12), on
+memory, fakeredis and a real redis-server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from flask import Flask, jsonify, request
+from flask.typing import ResponseReturnValue
+
+from flask_distlimit import Limiter
+from flask_distlimit.storage.base import Storage
+from flask_distlimit.testing import FakeClock
+from tests.distlimit_fixtures import backend, clock, make_app
+
+__all__ = ["backend", "clock"]  # fixtures used below
+
+Backend = Callable[[], Storage]
+
+
+def test_current_limits_lists_every_evaluated_limit(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, _ = make_app(backend(), clock, DISTLIMIT_GLOBAL_LIMITS="100/minute")
+    seen: list[Any] = []
+
+    @app.get("/quota")
+    @limiter.limit("3/minute;10/hour")
+    def quota() -> ResponseReturnValue:
+        seen.append(limiter.current_limits)
+        return jsonify({lim.name: lim.remaining for lim in limiter.current_limits})
+
+    client = app.test_client()
+    body = client.get("/quota").get_json()
+    assert body == {"global:100/minute": 99, "quota:3/minute": 2, "quota:10/hour": 9}
+    first = {lim.name: lim for lim in seen[0]}
+    assert first["quota:3/minute"].limit == 3
+    assert not any(lim.denied for lim in seen[0])
+    assert first["quota:3/minute"].reset_at == pytest.approx(
+        clock.time() + first["quota:3/minute"].reset_after
+    )
+
+
+def test_current_limits_in_an_error_handler_names_the_denied_limit(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.errorhandler(429)
+    def too_many(exc: Exception) -> ResponseReturnValue:
+        return jsonify(denied=[lim.name for lim in limiter.current_limits if lim.denied]), 429
+
+    @app.get("/x")
+    @limiter.limit("1/minute")
+    def x() -> str:
+        return "x"
+
+    client = app.test_client()
+    client.get("/x")
+    assert client.get("/x").get_json() == {"denied": ["x:1/minute"]}
+
+
+def test_current_limits_outside_a_request_is_empty() -> None:
+    assert Limiter().current_limits == []
+    app = Flask("bare")
+    with app.test_request_context():
+        assert Limiter().current_limits == []  # no limiter on this app
+
+
+def login_app(backend: Backend, clock: FakeClock) -> tuple[Flask, Limiter]:
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.post("/login")
+    @limiter.limit("3/minute", deduct_when=lambda response: response.status_code == 401)
+    def login() -> ResponseReturnValue:
+        if request.form.get("password") == "right":
+            limiter.clear("login")  # a successful login forgets the failed attempts
+            return "welcome"
+        return "no", 401
+
+    @app.get("/other")
+    @limiter.limit("1/minute")
+    def other() -> str:
+        return str(limiter.clear("nothing-here"))
+
+    return app, limiter
+
+
+def test_clear_resets_the_login_limit_after_a_success(backend: Backend, clock: FakeClock) -> None:
+    app, _ = login_app(backend, clock)
+    client = app.test_client()
+
+    def post(password: str) -> int:
+        return client.post("/login", data={"password": password}).status_code
+
+    assert [post("wrong"), post("wrong"), post("right")] == [401, 401, 200]
+    # Cleared: three failures again before the quota is spent.
+    assert [post("wrong"), post("wrong"), post("wrong"), post("right")] == [401, 401, 401, 429]
+
+
+def test_clear_only_touches_the_current_identity(backend: Backend, clock: FakeClock) -> None:
+    app, _ = login_app(backend, clock)
+    alice = app.test_client()
+    bob = app.test_client()
+
+    def post(client: Any, password: str, ip: str) -> int:
+        return client.post(
+            "/login", data={"password": password}, environ_base={"REMOTE_ADDR": ip}
+        ).status_code
+
+    assert [post(bob, "wrong", "10.0.0.2") for _ in range(3)] == [401] * 3
+    assert post(alice, "right", "10.0.0.1") == 200  # clears alice's counter only
+    assert post(bob, "right", "10.0.0.2") == 429
+
+
+def test_clear_of_an_unknown_name_says_which_names_exist(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter = login_app(backend, clock)
+    app.testing = True
+    with pytest.raises(ValueError, match=r"other:1/minute"):
+        app.test_client().get("/other")
+    with pytest.raises(RuntimeError, match="inside a request"), app.app_context():
+        limiter.clear("login")
+
+
+@pytest.mark.parametrize("config", [{"DISTLIMIT_ENABLED": False}, {}], ids=["off", "on"])
+def test_clear_of_a_limit_not_counted_for_this_request_is_a_no_op(
+    backend: Backend, clock: FakeClock, config: dict[str, Any]
+) -> None:
+    app, limiter, _ = make_app(backend(), clock, **config)
+    cleared: list[int] = []
+
+    @app.post("/login")
+    @limiter.limit("3/minute", exempt_when=lambda: request.form.get("skip") == "1")
+    def login() -> str:
+        cleared.append(limiter.clear("login"))
+        return "welcome"
+
+    client = app.test_client()
+    assert client.post("/login", data={"skip": "1"}).status_code == 200
+    assert cleared == [0]  # skipped by exempt_when (or limits off): nothing to clear

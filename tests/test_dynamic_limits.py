@@ -1,0 +1,246 @@
+"""Limits that depend on who is asking: a callable limit value, a mapping tier -> limit (issue 12).
+
+Each case runs on memory, fakeredis and a real redis-server (the ``backend`` fixture).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from flask import Flask, g, request
+
+from flask_distlimit import ALGORITHMS, ConfigurationError, Limiter
+from flask_distlimit.storage.base import Storage
+from flask_distlimit.testing import FakeClock
+from tests.distlimit_fixtures import backend, clock, make_app
+
+__all__ = ["backend", "clock"]  # fixtures used below
+
+Backend = Callable[[], Storage]
+
+
+def statuses(app: Flask, path: str, n: int, **kwargs: Any) -> list[int]:
+    client = app.test_client()
+    return [client.get(path, **kwargs).status_code for _ in range(n)]
+
+
+def tenant_app(
+    backend: Backend, clock: FakeClock, plans: dict[str, object], **config: Any
+) -> tuple[Flask, list[str]]:
+    """``/orders`` limited per tenant by ``plans[tenant]``; the tenant is set by a hook
+    registered after ``init_app``. Answers the app and the tenants the callable was asked for."""
+    app, limiter, _ = make_app(backend(), clock, **config)
+    asked: list[str] = []
+
+    @app.before_request
+    def load_tenant() -> None:
+        g.tenant = request.headers.get("X-Tenant", "none")
+
+    def plan_of_tenant() -> object:
+        asked.append(g.tenant)
+        value = plans[g.tenant]
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    @app.get("/orders")
+    @limiter.limit(plan_of_tenant, key_func=lambda: g.tenant)
+    def orders() -> str:
+        return "orders"
+
+    return app, asked
+
+
+def test_a_callable_limit_is_asked_per_tenant_after_the_hooks(
+    backend: Backend, clock: FakeClock
+) -> None:
+    plans: dict[str, object] = {"a": "2/minute", "b": "3/minute"}
+    app, asked = tenant_app(backend, clock, plans)
+    assert statuses(app, "/orders", 3, headers={"X-Tenant": "a"}) == [200, 200, 429]
+    assert statuses(app, "/orders", 4, headers={"X-Tenant": "b"}) == [200, 200, 200, 429]
+    # Kept per tenant for DISTLIMIT_DYNAMIC_LIMIT_TTL (60 s): asked once each.
+    assert asked == ["a", "b"]
+    response = app.test_client().get("/orders", headers={"X-Tenant": "a"})
+    assert response.headers["X-RateLimit-Limit"] == "2"
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_changed_value_takes_effect_when_its_answer_expires(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    plans: dict[str, object] = {"a": "2/minute"}
+    app, asked = tenant_app(
+        backend,
+        clock,
+        plans,
+        DISTLIMIT_ALGORITHM=algorithm,
+        DISTLIMIT_DYNAMIC_LIMIT_TTL=10,
+    )
+    assert statuses(app, "/orders", 3, headers={"X-Tenant": "a"}) == [200, 200, 429]
+    plans["a"] = "5/minute"  # the tenant upgrades
+    assert statuses(app, "/orders", 1, headers={"X-Tenant": "a"}) == [429]  # answer still kept
+    clock.advance(11)  # within the minute: the old value's counter would still refuse
+    assert statuses(app, "/orders", 6, headers={"X-Tenant": "a"}) == [200] * 5 + [429]
+    assert asked == ["a", "a"]
+
+
+def test_ttl_zero_asks_on_every_request(backend: Backend, clock: FakeClock) -> None:
+    plans: dict[str, object] = {"a": "2/minute"}
+    app, asked = tenant_app(backend, clock, plans, DISTLIMIT_DYNAMIC_LIMIT_TTL=0)
+    assert statuses(app, "/orders", 3, headers={"X-Tenant": "a"}) == [200, 200, 429]
+    plans["a"] = "4/minute"
+    assert statuses(app, "/orders", 1, headers={"X-Tenant": "a"}) == [200]
+    assert len(asked) == 4
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        RuntimeError("database down"),
+        42,
+        "lots per fortnight",
+        ";".join(["1/second"] * 9),  # more limits than a request may carry
+    ],
+    ids=["raises", "not-a-string", "not-a-limit", "too-many-rates"],
+)
+def test_a_failing_callable_falls_back_and_logs_never_a_500(
+    backend: Backend, clock: FakeClock, caplog: pytest.LogCaptureFixture, answer: object
+) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.get("/guarded")
+    @limiter.limit(lambda: answer, fallback="2/minute")  # type: ignore[arg-type, return-value]
+    def guarded() -> str:
+        return "ok"
+
+    @app.get("/open")
+    @limiter.limit(lambda: answer)  # type: ignore[arg-type, return-value]
+    def open_() -> str:
+        return "ok"
+
+    with caplog.at_level(logging.ERROR, logger="flask_distlimit"):
+        assert statuses(app, "/guarded", 3) == [200, 200, 429]
+        assert statuses(app, "/open", 5) == [200] * 5  # no fallback: no limit
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 2  # once per limit and identity while the answer is kept
+    assert "fallback" in errors[0].getMessage()
+
+
+def test_none_or_empty_answer_means_no_limit(backend: Backend, clock: FakeClock) -> None:
+    plans: dict[str, object] = {"a": None, "b": ""}
+    app, _ = tenant_app(backend, clock, plans)
+    assert statuses(app, "/orders", 5, headers={"X-Tenant": "a"}) == [200] * 5
+    assert statuses(app, "/orders", 5, headers={"X-Tenant": "b"}) == [200] * 5
+
+
+def tier_app(backend: Backend, clock: FakeClock, mapping: dict[str, str]) -> Flask:
+    app, limiter, _ = make_app(
+        backend(),
+        clock,
+        DISTLIMIT_TIERS={"anonymous": "", "free": "", "pro": "", "staff": ""},
+    )
+
+    @limiter.identity_loader
+    def load_user() -> tuple[str, str | None] | None:
+        user = request.headers.get("X-User")
+        return (user, request.headers.get("X-Tier")) if user else None
+
+    @app.get("/reports")
+    @limiter.limit(mapping)
+    def reports() -> str:
+        return "reports"
+
+    return app
+
+
+def test_a_mapping_resolves_the_request_tier(backend: Backend, clock: FakeClock) -> None:
+    app = tier_app(backend, clock, {"free": "2/minute", "pro": "4/minute", "*": "1/minute"})
+    free = {"X-User": "ann", "X-Tier": "free"}
+    pro = {"X-User": "bob", "X-Tier": "pro"}
+    staff = {"X-User": "cat", "X-Tier": "staff"}
+    assert statuses(app, "/reports", 3, headers=free) == [200, 200, 429]
+    assert statuses(app, "/reports", 5, headers=pro) == [200] * 4 + [429]
+    assert statuses(app, "/reports", 2, headers=staff) == [200, 429]  # missing: "*"
+    assert statuses(app, "/reports", 2) == [200, 429]  # anonymous: "*"
+
+
+def test_a_tier_missing_from_a_mapping_without_star_is_unlimited(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app = tier_app(backend, clock, {"free": "2/minute"})
+    assert statuses(app, "/reports", 3, headers={"X-User": "a", "X-Tier": "free"}) == [
+        200,
+        200,
+        429,
+    ]
+    assert statuses(app, "/reports", 5, headers={"X-User": "b", "X-Tier": "pro"}) == [200] * 5
+
+
+def test_an_upgraded_tier_takes_effect_on_the_next_request(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app = tier_app(backend, clock, {"free": "2/minute", "pro": "4/minute"})
+    assert statuses(app, "/reports", 3, headers={"X-User": "a", "X-Tier": "free"}) == [
+        200,
+        200,
+        429,
+    ]
+    assert statuses(app, "/reports", 5, headers={"X-User": "a", "X-Tier": "pro"}) == (
+        [200] * 4 + [429]
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"free": "ten per minute"}, "entry 'free'"),
+        ({"free": 10}, "entry 'free'"),
+        ({}, "at least one tier"),
+        ({1: "10/minute"}, "tier names"),
+        (42, "callable"),
+        ({"a": ";".join(["1/second"] * 9)}, "at most 8"),
+    ],
+)
+def test_mapping_values_are_checked_at_declaration(value: object, message: str) -> None:
+    limiter = Limiter()
+    with pytest.raises(ConfigurationError, match=message):
+        limiter.limit(value)  # type: ignore[arg-type]
+
+
+def test_a_mapping_rate_the_algorithm_cannot_enforce_is_refused_at_declaration() -> None:
+    with pytest.raises(ConfigurationError, match="sliding_window_log"):
+        Limiter().limit({"free": "100000/minute"}, algorithm="sliding_window_log")
+
+
+def test_fallback_is_for_callables_only() -> None:
+    with pytest.raises(ConfigurationError, match="fallback"):
+        Limiter().limit("1/minute", fallback="2/minute")
+    with pytest.raises(ConfigurationError, match="fallback"):
+        Limiter().limit(lambda: "1/minute", fallback="often")
+
+
+def test_ttl_setting_is_validated() -> None:
+    app = Flask("t")
+    app.config["DISTLIMIT_DYNAMIC_LIMIT_TTL"] = -1
+    with pytest.raises(ConfigurationError, match=r"DISTLIMIT_DYNAMIC_LIMIT_TTL.*how long"):
+        Limiter(app)
+
+
+def test_a_mapping_counts_as_its_largest_value_at_start_up() -> None:
+    limiter = Limiter()
+    app = Flask("eight")
+    app.config.update(SECRET_KEY="x" * 32, DISTLIMIT_GLOBAL_LIMITS="1/second;2/minute;3/hour")
+
+    @app.get("/r")
+    @limiter.limit(
+        {"free": "1/second;2/minute;3/hour", "pro": "1/second;2/minute;3/hour;4/day;9/2 days"}
+    )
+    @limiter.limit("5/day")
+    def r() -> str:
+        return "r"
+
+    with pytest.raises(ConfigurationError, match="make 9 limits"):
+        limiter.init_app(app)

@@ -1,0 +1,241 @@
+"""Porting a Flask-Limiter app by following docs/migrating-from-flask-limiter.md (issue 12).
+
+The app: a login limit that counts only failed logins (``deduct_when``), per-tenant plans from a
+callable, a blueprint limit, an exempt health check, default limits. Its views and decorators are
+written once and declared through either library (the decorator arguments port unchanged); only
+the constructor and the configuration change, as the guide says. The port runs on a real
+redis-server and must admit exactly the expected sequence; with Flask-Limiter installed, the
+original runs side by side on its memory storage and must admit the same sequence.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from flask import Blueprint, Flask, request
+from flask.typing import ResponseReturnValue
+
+from flask_distlimit import Limiter
+from flask_distlimit.migration import CONSTRUCTOR
+from flask_distlimit.testing import FakeClock
+
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "migrating-from-flask-limiter.md"
+
+#: Flask-Limiter 4.1's ``Limiter(...)`` arguments, decorator arguments and config keys.
+FL_CONSTRUCTOR = [
+    "key_func", "app", "default_limits", "default_limits_per_method",
+    "default_limits_exempt_when", "default_limits_deduct_when", "default_limits_cost",
+    "application_limits", "application_limits_per_method", "application_limits_exempt_when",
+    "application_limits_deduct_when", "application_limits_cost", "headers_enabled",
+    "header_name_mapping", "strategy", "storage_uri", "storage_options", "swallow_errors",
+    "fail_on_first_breach", "on_breach", "meta_limits", "on_meta_breach", "in_memory_fallback",
+    "in_memory_fallback_enabled", "retry_after", "key_prefix", "request_identifier", "enabled",
+]  # fmt: skip
+FL_DECORATOR = [
+    "limit_value", "key_func", "per_method", "methods", "error_message", "exempt_when",
+    "override_defaults", "deduct_when", "on_breach", "cost", "scope", "meta_limits",
+]  # fmt: skip
+FL_CONFIG = [
+    "RATELIMIT_ENABLED", "RATELIMIT_KEY_FUNC", "RATELIMIT_KEY_PREFIX",
+    "RATELIMIT_FAIL_ON_FIRST_BREACH", "RATELIMIT_ON_BREACH_CALLBACK", "RATELIMIT_SWALLOW_ERRORS",
+    "RATELIMIT_APPLICATION", "RATELIMIT_APPLICATION_PER_METHOD",
+    "RATELIMIT_APPLICATION_EXEMPT_WHEN", "RATELIMIT_APPLICATION_DEDUCT_WHEN",
+    "RATELIMIT_APPLICATION_COST", "RATELIMIT_DEFAULT", "RATELIMIT_DEFAULTS_PER_METHOD",
+    "RATELIMIT_DEFAULTS_EXEMPT_WHEN", "RATELIMIT_DEFAULTS_DEDUCT_WHEN", "RATELIMIT_DEFAULTS_COST",
+    "RATELIMIT_REQUEST_IDENTIFIER", "RATELIMIT_STRATEGY", "RATELIMIT_STORAGE_URI",
+    "RATELIMIT_STORAGE_OPTIONS", "RATELIMIT_HEADERS_ENABLED", "RATELIMIT_HEADER_LIMIT",
+    "RATELIMIT_HEADER_REMAINING", "RATELIMIT_HEADER_RESET", "RATELIMIT_HEADER_RETRY_AFTER",
+    "RATELIMIT_HEADER_RETRY_AFTER_VALUE", "RATELIMIT_IN_MEMORY_FALLBACK",
+    "RATELIMIT_IN_MEMORY_FALLBACK_ENABLED", "RATELIMIT_META", "RATELIMIT_ON_META_BREACH_CALLBACK",
+]  # fmt: skip
+
+
+def guide_rows(heading: str) -> list[str]:
+    """The first-column names (in backticks) of the table under ``## <heading>``."""
+    text = GUIDE.read_text()
+    section = text.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
+    return [
+        name
+        for row in section.splitlines()
+        if row.startswith("| `")
+        for name in re.findall(r"`([A-Za-z_]+)[`(]", row.split("|")[1])
+    ]
+
+
+# -- the guide answers every row ---------------------------------------------------------------
+
+
+def test_the_guide_maps_every_constructor_argument() -> None:
+    rows = guide_rows("The constructor")
+    assert [a for a in FL_CONSTRUCTOR if a not in rows] == []
+    assert sorted(CONSTRUCTOR) == sorted(FL_CONSTRUCTOR)  # and Limiter() says how to port each
+
+
+def test_the_guide_maps_every_decorator_argument() -> None:
+    rows = guide_rows("The decorators")
+    assert [a for a in FL_DECORATOR if a not in rows] == []
+
+
+def test_the_guide_maps_every_config_key() -> None:
+    rows = guide_rows("The `RATELIMIT_*` keys")
+    assert [k for k in FL_CONFIG if k not in rows] == []
+
+
+def test_the_lists_above_are_flask_limiters_own() -> None:
+    flask_limiter = pytest.importorskip("flask_limiter")
+    constructor = list(inspect.signature(flask_limiter.Limiter.__init__).parameters)[1:]
+    decorator = list(inspect.signature(flask_limiter.Limiter.limit).parameters)[1:]
+    shared = list(inspect.signature(flask_limiter.Limiter.shared_limit).parameters)[1:]
+    config_vars = flask_limiter.constants.ConfigVars
+    config = [v for k, v in vars(config_vars).items() if k.isupper() and isinstance(v, str)]
+    assert sorted(constructor) == sorted(FL_CONSTRUCTOR)
+    assert sorted(set(decorator) | set(shared)) == sorted(FL_DECORATOR)
+    assert sorted(config) == sorted(FL_CONFIG)
+
+
+def get_remote_address() -> str:  # Flask-Limiter's, as apps import it
+    return request.remote_addr or "127.0.0.1"
+
+
+def test_flask_limiter_constructor_calls_say_how_to_port() -> None:
+    app = Flask("port")
+    with pytest.raises(TypeError, match="Limiter\\(app\\)") as positional:
+        Limiter(get_remote_address, app=app)  # type: ignore[arg-type]
+    assert "DISTLIMIT_TRUSTED_PROXIES" in str(positional.value)
+    with pytest.raises(TypeError, match="DISTLIMIT_DEFAULT_LIMITS"):
+        Limiter(app, default_limits=["20/hour"])
+    ours = set(inspect.signature(Limiter.__init__).parameters)
+    for name in [n for n in FL_CONSTRUCTOR if n not in ours and n != "key_func"]:
+        with pytest.raises(TypeError, match=name):
+            Limiter(**{name: None})
+    assert "distlimit" not in app.extensions
+    Limiter(app=app)  # the keyword spelling works, as Flask-Limiter users write it
+    assert "distlimit" in app.extensions
+
+
+# -- the app, declared through either library -------------------------------------------------
+
+PLANS = {"acme": "5/hour", "initech": "3/hour"}
+
+
+def declare(app: Flask, limiter: Any) -> None:
+    """The app's views with their limits, written as a Flask-Limiter app writes them."""
+
+    @app.post("/login")
+    @limiter.limit("5/hour", deduct_when=lambda response: response.status_code == 401)
+    def login() -> ResponseReturnValue:
+        if request.form.get("password") == "sesame":
+            return "welcome"
+        return "bad credentials", 401
+
+    @app.get("/orders")
+    @limiter.limit(
+        lambda: PLANS[request.headers["X-Tenant"]], key_func=lambda: request.headers["X-Tenant"]
+    )
+    def orders() -> str:
+        return "orders"
+
+    @app.get("/health")
+    @limiter.exempt
+    def health() -> str:
+        return "ok"
+
+    @app.get("/plain")
+    def plain() -> str:
+        return "plain"
+
+    api = Blueprint("api", __name__)
+    limiter.limit("3/hour")(api)
+
+    @api.get("/items")
+    def items() -> str:
+        return "items"
+
+    @api.get("/stats")
+    def stats() -> str:
+        return "stats"
+
+    app.register_blueprint(api, url_prefix="/api")
+
+
+#: (method, path, form, headers, times) and the statuses expected for it.
+SCRIPT: list[tuple[tuple[str, str, dict[str, str], dict[str, str], int], list[int]]] = [
+    (("POST", "/login", {"password": "sesame"}, {}, 3), [200] * 3),  # successes cost nothing
+    (("POST", "/login", {"password": "guess"}, {}, 5), [401] * 5),
+    (("POST", "/login", {"password": "sesame"}, {}, 2), [429] * 2),  # spent: refused first
+    (("GET", "/orders", {}, {"X-Tenant": "acme"}, 6), [200] * 5 + [429]),
+    (("GET", "/orders", {}, {"X-Tenant": "initech"}, 4), [200] * 3 + [429]),
+    (("GET", "/api/items", {}, {}, 4), [200] * 3 + [429]),
+    (("GET", "/api/stats", {}, {}, 4), [200] * 3 + [429]),  # per route, as in Flask-Limiter
+    (("GET", "/health", {}, {}, 25), [200] * 25),  # exempt from the 20/hour default
+    (("GET", "/plain", {}, {}, 21), [200] * 20 + [429]),
+]
+
+
+def replay(app: Flask) -> list[int]:
+    client = app.test_client()
+    statuses: list[int] = []
+    for (method, path, form, headers, times), _ in SCRIPT:
+        for _ in range(times):
+            statuses.append(
+                client.open(path, method=method, data=form, headers=headers).status_code
+            )
+    return statuses
+
+
+EXPECTED = [status for _, statuses in SCRIPT for status in statuses]
+
+
+def ported_app(redis_url: str) -> Flask:
+    """The port, following the guide: config keys renamed, ``Limiter(app)``."""
+    app = Flask("ported")
+    app.config.update(
+        SECRET_KEY="migration-test-" + "x" * 20,
+        DISTLIMIT_STORAGE_URL=redis_url,  # was RATELIMIT_STORAGE_URI
+        DISTLIMIT_ALGORITHM="fixed_window",  # was RATELIMIT_STRATEGY="fixed-window"
+        DISTLIMIT_DEFAULT_LIMITS="20/hour",  # was RATELIMIT_DEFAULT
+    )
+    # Limiter(get_remote_address, app=app) becomes Limiter(app); the clock is injected so that
+    # no hour boundary can fall inside the test (production uses the Redis server's clock).
+    limiter = Limiter(clock=FakeClock(start=1_700_002_800.0))
+    declare(app, limiter)
+    limiter.init_app(app)
+    return app
+
+
+@pytest.fixture
+def redis_url(redis_client: redis.Redis) -> Iterator[str]:
+    port = redis_client.connection_pool.connection_kwargs["port"]
+    yield f"redis://127.0.0.1:{port}/0"
+
+
+@pytest.mark.redis
+def test_the_ported_app_admits_the_expected_sequence_on_redis(redis_url: str) -> None:
+    app = ported_app(redis_url)
+    try:
+        assert replay(app) == EXPECTED
+    finally:
+        Limiter.state(app).storage.close()
+
+
+@pytest.mark.redis
+def test_the_port_admits_what_flask_limiter_admits(redis_url: str) -> None:
+    flask_limiter = pytest.importorskip("flask_limiter")
+    original = Flask("original")
+    original.config.update(
+        RATELIMIT_STORAGE_URI="memory://",
+        RATELIMIT_STRATEGY="fixed-window",
+        RATELIMIT_DEFAULT="20/hour",
+    )
+    declare(original, flask_limiter.Limiter(get_remote_address, app=original))
+    ported = ported_app(redis_url)
+    try:
+        assert replay(original) == replay(ported) == EXPECTED
+    finally:
+        Limiter.state(ported).storage.close()
