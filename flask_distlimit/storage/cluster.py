@@ -321,9 +321,9 @@ class ClusterStorage(Storage):
         ``MOVED``, ``ASK`` or ``TRYAGAIN`` did not run: it is sent again through redis-py's own
         cluster path, which loads the script and follows the redirection.
         """
+        client = self.client  # built on first use, before the deadline starts
         if deadline is None:
             deadline = time.monotonic() + self.timeout
-        client = self.client
         script = self._script
         assert script is not None
         results: list[Evaluation | StorageError | None] = [None] * len(parts)
@@ -337,19 +337,17 @@ class ClusterStorage(Storage):
                     node = client.get_node_from_key(keys[0])  # type: ignore[no-untyped-call]
                     pool = client.get_redis_connection(node).connection_pool
                     connection = pool.get_connection()
-                    command = connection.pack_command(
-                        "EVALSHA", script.sha, len(keys), *keys, *args
-                    )
+                    command = ("EVALSHA", script.sha, len(keys), *keys, *args)
                     _cut(connection, deadline)
                     try:
-                        connection.send_packed_command(command, check_health=False)
+                        connection.send_command(*command, check_health=False)
                     except rx.ConnectionError:
                         # The send failed, so Redis never had the whole command: the script did
                         # not run. Once more on a fresh connection (redis-py has closed this
                         # one), within the same deadline.
                         _reconnect(connection, deadline)
                         _cut(connection, deadline)
-                        connection.send_packed_command(command, check_health=False)
+                        connection.send_command(*command, check_health=False)
                 except REDIS_FAILURES as exc:
                     results[n] = _failed(exc, pool, connection)
                     continue
