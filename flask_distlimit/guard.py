@@ -59,7 +59,7 @@ from typing import Final, get_args
 
 from ._typing import FailurePolicy
 from .breaker import Breaker, BreakerState
-from .breakers import Breakers
+from .breakers import DEFAULT_NODE, Breakers
 from .decision import Check, Decision, Evaluation
 from .errors import (
     ConfigurationError,
@@ -254,6 +254,10 @@ class Guard:
         except StorageUnavailable as exc:
             if metrics is not None:
                 metrics.storage_call(time.perf_counter() - started)
+            if self._follows and self._node == DEFAULT_NODE:
+                # The storage had not named its node yet (a Sentinel master before the first
+                # connection): the outage is that of the node it names now.
+                breaker = self._follow(refresh=False) or breaker
             breaker.failure(exc)
             if isinstance(exc, StorageMisconfigured):
                 self._refused(exc)

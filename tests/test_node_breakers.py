@@ -121,6 +121,7 @@ def test_closed_answers_503_before_spending_on_the_live_nodes() -> None:
     assert kinds(guard, mixed, 4) == ["unavailable"] * 4
     assert storage.sent == []  # node a was never asked: nothing spent there
     assert storage.remaining(limit("alice")) == 3
+    assert kinds(guard, [limit("alice")], 1) == ["allowed"]  # node a alone: decided by it
 
 
 def test_a_node_failing_during_the_call_gets_its_units_back_on_the_others() -> None:
