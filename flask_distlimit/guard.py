@@ -125,10 +125,6 @@ class Outcome:
 _OPEN_OUTCOME: Final = Outcome(None, degraded=True)
 _CLOSED_OUTCOME: Final = Outcome(None, degraded=True, unavailable=True)
 
-#: The decision of a check nothing is known about (its node is down, policy "open"): the least
-#: restrictive, so that it never drives the rate-limit headers.
-_UNKNOWN: Final = Decision(True, 0, 0, 0.0, 0.0)
-
 _guards: weakref.WeakSet[Guard] = weakref.WeakSet()
 
 
@@ -393,25 +389,22 @@ class Guard:
             validate_policy(chosen)
         if denied and local is None:
             self._give_back(checks, spent, decisions, now_us)
+        by_redis = [checks[i] for i in answered]
+        redis_said = Evaluation(tuple(d for i in answered if (d := decisions[i]) is not None))
         if metrics is not None:
             metrics.degraded(lost, local)
             if answered:
-                metrics.evaluated(
-                    [checks[i] for i in answered],
-                    Evaluation(tuple(decisions[i] or _UNKNOWN for i in answered)),
-                )
+                metrics.evaluated(by_redis, redis_said)
         if not answered and local is None:
             return _OPEN_OUTCOME  # nothing is known about any check: as for one node
         for i in failed:
             if decisions[i] is None:  # not decided (policy open, or Redis denied first)
+                # Nothing known: the least restrictive, so it never drives the headers.
                 c = checks[i]
                 decisions[i] = Decision(True, c.limit, c.limit, 0.0, 0.0)
         evaluation = Evaluation(tuple(d for d in decisions if d is not None))
         if chosen == "local" and answered:
-            self.last_known.record(
-                [checks[i] for i in answered],
-                Evaluation(tuple(decisions[i] or _UNKNOWN for i in answered)),
-            )
+            self.last_known.record(by_redis, redis_said)
         return Outcome(evaluation, degraded=True)
 
     def _routed_answer(
@@ -470,9 +463,8 @@ class Guard:
         if refresh:
             now = self._clock()
             if now - self._asked_at < REDISCOVER_INTERVAL:
-                refresh = False
-            else:
-                self._asked_at = now
+                return None  # asked less than a second ago: the open state stays cheap
+            self._asked_at = now
         node = self.storage.node(refresh)
         if node == self._node:
             return None

@@ -13,11 +13,14 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
+from flask import Flask, request
 
+from flask_distlimit import Limiter
 from flask_distlimit.decision import Check
 from flask_distlimit.guard import Guard
 from flask_distlimit.storage import from_url
 from flask_distlimit.storage.cluster import ClusterStorage
+from tests.distlimit_fixtures import QUIET
 from tests.faults import kind_of
 from tests.guard_helpers import FakeClock
 from tests.servers import ClusterServers
@@ -88,3 +91,50 @@ def test_a_killed_primary_degrades_only_the_identities_it_serves(
         assert set(closed.health()["breakers"].values()) == {"closed"}  # type: ignore[union-attr]
     finally:
         storage.close()
+
+
+def test_through_the_app_only_the_dead_primarys_clients_get_503(
+    cluster_factory: Callable[..., ClusterServers],
+) -> None:
+    cluster = cluster_factory(node_timeout_ms=60_000)
+    app = Flask("shards")
+    app.config.update(QUIET)
+    app.config.update(
+        DISTLIMIT_STORAGE_URL=cluster.url,
+        DISTLIMIT_FAILURE_POLICY="closed",
+        DISTLIMIT_BREAKER_FAIL_MAX=1,
+        DISTLIMIT_REDIS_TIMEOUT=0.25,
+    )
+    limiter = Limiter(app)
+
+    @app.get("/")
+    @limiter.limit("3/hour", key_func=lambda: request.headers["X-Client"])
+    def index() -> str:
+        return "ok"
+
+    state = limiter.state(app)
+    by_port: dict[int, str] = {}  # a client per primary
+    for n in range(1000):
+        tag = state.identity_tag(f"func:client-{n}")
+        by_port.setdefault(cluster.primary_for(f"{{{tag}}}").port, f"client-{n}")
+        if len(by_port) == 3:
+            break
+    victim_port, *live_ports = sorted(by_port)
+    client = app.test_client()
+
+    def statuses(who: str, times: int) -> list[int]:
+        return [client.get("/", headers={"X-Client": who}).status_code for _ in range(times)]
+
+    try:
+        assert statuses(by_port[victim_port], 1) == [200]
+        cluster.node(victim_port).stop()  # kill -9
+        assert statuses(by_port[victim_port], 3) == [503] * 3
+        for port in live_ports:
+            assert statuses(by_port[port], 5) == [200] * 3 + [429] * 2
+        breakers = limiter.health(app)["breakers"]
+        assert breakers == {
+            f"127.0.0.1:{victim_port}": "open",
+            **{f"127.0.0.1:{port}": "closed" for port in live_ports},
+        }
+    finally:
+        state.storage.close()
