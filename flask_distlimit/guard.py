@@ -295,17 +295,15 @@ class Guard:
         chosen = policy or self.policy
         storage = self.storage
         routes = storage.route(checks)
-        breakers = self.breakers
-        trying: dict[str, Breaker] = {}  # node -> its breaker, which let us try it
-        blocked: set[str] = set()
-        for node, _ in routes:
-            if node in trying or node in blocked:
-                continue  # one allow() per node and request: it may hand out the one trial
-            breaker = breakers.get(node)
-            if breaker.allow():
-                trying[node] = breaker
-            else:
-                blocked.add(node)
+        trying, blocked = self._gate(routes)
+        if blocked and self._rediscover_due():
+            # A replica may have been promoted in place of a dead primary: refresh the slot map
+            # (at most once a second) so that its slots go to the new primary's breaker.
+            for breaker in trying.values():
+                breaker.release()
+            storage.node(refresh=True)
+            routes = storage.route(checks)
+            trying, blocked = self._gate(routes)
         if blocked and chosen == "closed":  # answered 503 whatever the live nodes say
             for breaker in trying.values():
                 breaker.release()
@@ -407,6 +405,29 @@ class Guard:
             self.last_known.record(by_redis, redis_said)
         return Outcome(evaluation, degraded=True)
 
+    def _gate(self, routes: list[tuple[str, list[int]]]) -> tuple[dict[str, Breaker], set[str]]:
+        """Ask each node's breaker once: the nodes to try (with their breakers), the others."""
+        breakers = self.breakers
+        trying: dict[str, Breaker] = {}
+        blocked: set[str] = set()
+        for node, _ in routes:
+            if node in trying or node in blocked:
+                continue  # one allow() per node and request: it may hand out the one trial
+            breaker = breakers.get(node)
+            if breaker.allow():
+                trying[node] = breaker
+            else:
+                blocked.add(node)
+        return trying, blocked
+
+    def _rediscover_due(self) -> bool:
+        """True at most once every :data:`REDISCOVER_INTERVAL` seconds (of the clock)."""
+        now = self._clock()
+        if now - self._asked_at < REDISCOVER_INTERVAL:
+            return False
+        self._asked_at = now
+        return True
+
     def _routed_answer(
         self,
         checks: Sequence[Check],
@@ -460,11 +481,8 @@ class Guard:
         ``refresh`` (the current node's breaker is open) lets the storage ask its topology
         again, at most once every :data:`REDISCOVER_INTERVAL` seconds.
         """
-        if refresh:
-            now = self._clock()
-            if now - self._asked_at < REDISCOVER_INTERVAL:
-                return None  # asked less than a second ago: the open state stays cheap
-            self._asked_at = now
+        if refresh and not self._rediscover_due():
+            return None  # asked less than a second ago: the open state stays cheap
         node = self.storage.node(refresh)
         if node == self._node:
             return None

@@ -138,3 +138,27 @@ def test_through_the_app_only_the_dead_primarys_clients_get_503(
         }
     finally:
         state.storage.close()
+
+
+def test_a_promoted_replica_gets_a_closed_breaker_without_waiting_out_the_dead_primarys(
+    cluster_factory: Callable[..., ClusterServers],
+) -> None:
+    cluster = cluster_factory(node_timeout_ms=1000)
+    storage = from_url(cluster.url, timeout=0.25)
+    clock = FakeClock()
+    guard = Guard(storage, policy="closed", fail_max=1, reset_timeout=RESET, clock=clock)
+    tag = tags_on_distinct_primaries(cluster, 3)[0]
+    try:
+        assert kinds(guard, [gcra(tag, "before")], 1) == ["allowed"]
+        victim = cluster.primary_for(f"{{{tag}}}")
+        victim.stop()  # kill -9
+        assert kinds(guard, [gcra(tag, "during")], 2) == ["unavailable"] * 2
+        promoted = cluster.wait_for_promotion(victim)
+        clock.advance(1.0)  # a thirtieth of the reset timeout: the slot map is asked again
+        assert kinds(guard, [gcra(tag, "after")], 4) == ["allowed"] * 3 + ["denied"]
+        breakers = guard.health()["breakers"]
+        assert isinstance(breakers, dict)
+        assert breakers[f"127.0.0.1:{promoted.port}"] == "closed"
+        assert f"127.0.0.1:{victim.port}" not in breakers  # gone from the slot map
+    finally:
+        storage.close()

@@ -264,7 +264,15 @@ class ClusterStorage(Storage):
         return f"{host}:{port}"
 
     def node(self, refresh: bool = False) -> str:
-        """The primary of slot 0 (the first startup node before the topology is known)."""
+        """The primary of slot 0 (the first startup node before the topology is known).
+
+        ``refresh`` first reloads the slot map from the cluster (the guard asks for it, at most
+        once a second, while a primary's breaker is open: a promoted replica then gets the
+        slots, and a breaker of its own); a failure keeps the map it had."""
+        client = self._client
+        if refresh and client is not None:
+            with contextlib.suppress(*REDIS_FAILURES):
+                client.nodes_manager.initialize()
         return self._node_name("")
 
     def nodes(self) -> frozenset[str] | None:
