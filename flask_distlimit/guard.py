@@ -37,7 +37,9 @@ spends nothing, the units a Redis group already consumed being given back (the s
 mode; best effort, as between slot groups: a refund that fails leaves them consumed until the
 window passes). Under ``"closed"`` a request with a check on an open breaker is answered 503
 before any Redis call, so nothing is spent on the live shards. Under ``"open"`` the live groups
-still count the request (their limits stay exact) and can deny it.
+still count the request (their limits stay exact) and can deny it. While some primary's breaker
+is open, the slot map is reloaded at most every :data:`REDISCOVER_INTERVAL` seconds, so a replica
+promoted in its place gets the slots and a closed breaker of its own.
 
 An error reply (:class:`~flask_distlimit.errors.StorageResponseError`) is a bug or bad data: it is
 raised to the caller, never counted as an outage, never answered by the failure policy.
