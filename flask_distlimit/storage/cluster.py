@@ -41,7 +41,8 @@ when its nodes' pools have idle connected connections (the usual case), and at m
 otherwise. Also bounded by ``timeout`` per operation rather than by the deadline: a group
 answered ``NOSCRIPT``/``MOVED``/``ASK`` is sent again through redis-py's cluster path, and after
 a lost node the topology is refreshed (``nodes_manager.initialize()``, each startup node tried
-with the timeout).
+with the timeout). Giving back what some groups consumed when the request is refused (a
+refund) is one more such call, with a deadline of its own.
 
 **One retry, where it is safe.** redis-py's pool replaces a pooled connection the server closed
 (``CLIENT KILL``, an idle timeout) when it hands it out (``can_read()``). A send that fails anyway
@@ -316,22 +317,19 @@ class ClusterStorage(Storage):
         parts: list[list[Check]],
         now_us: int | None,
         refund: bool = False,
-        deadline: float | None = None,
     ) -> list[Evaluation | StorageError]:
         """One script call per part, all in flight at once, from the caller's thread.
 
         Every part's ``EVALSHA`` is written to the connection of its slot's primary before any
         reply is read, so the calls overlap on the network and in the servers (the way
         redis-py's cluster pipeline sends to several nodes), and the replies are read within
-        one shared deadline: ``deadline`` (a :func:`time.monotonic` time), by default
-        ``timeout`` from now, taken before the first pool wait (the module docstring says what
-        it bounds, and when a failed send is made once more). A part answered ``NOSCRIPT``,
-        ``MOVED``, ``ASK`` or ``TRYAGAIN`` did not run: it is sent again through redis-py's own
-        cluster path, which loads the script and follows the redirection.
+        one shared deadline, ``timeout`` from now, taken before the first pool wait (the module
+        docstring says what it bounds, and when a failed send is made once more). A part
+        answered ``NOSCRIPT``, ``MOVED``, ``ASK`` or ``TRYAGAIN`` did not run: it is sent again
+        through redis-py's own cluster path, which loads the script and follows the redirection.
         """
         client = self.client  # built on first use, before the deadline starts
-        if deadline is None:
-            deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + self.timeout
         script = self._script
         assert script is not None
         results: list[Evaluation | StorageError | None] = [None] * len(parts)
