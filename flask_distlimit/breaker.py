@@ -1,6 +1,7 @@
 """The circuit breaker in front of the storage: stop asking a sick Redis, ask again later.
 
-One :class:`Breaker` per process and app (the :class:`~flask_distlimit.guard.Guard` owns it). It
+One :class:`Breaker` per process, app and storage node (the :class:`~flask_distlimit.guard.Guard`
+owns them through :class:`~flask_distlimit.breakers.Breakers`; its ``name`` names the node). It
 keeps its state in a pybreaker :class:`pybreaker.CircuitBreaker` (state, failure counter,
 listeners), but never lets pybreaker run the protected call: ``CircuitBreaker.call()`` holds one
 lock for the whole call, which would serialize every Redis round trip of a gthread worker. The
@@ -20,7 +21,9 @@ Only outages count (:class:`~flask_distlimit.errors.StorageUnavailable`). An ans
 error (:class:`~flask_distlimit.errors.StorageResponseError`) proves the store is reachable: report
 it as a success; the caller raises it as the bug it is.
 
-Opening is logged at WARNING, closing at INFO (logger ``flask_distlimit.breaker``).
+Opening is logged at WARNING, closing at INFO (logger ``flask_distlimit.breaker``), each line
+naming the breaker (``redis:ratelimit``, or ``redis+cluster:ratelimit@127.0.0.1:7001`` for one
+node of several).
 """
 
 from __future__ import annotations

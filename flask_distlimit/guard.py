@@ -3,7 +3,11 @@
 :class:`Guard` is the one seam between the request path and the storage. Each request's checks
 go through :meth:`Guard.evaluate`, which
 
-1. asks the circuit breaker (:mod:`flask_distlimit.breaker`) whether to try the storage at all;
+1. asks the circuit breaker (:mod:`flask_distlimit.breaker`) of the storage node the checks go
+   to whether to try the storage at all: one breaker per node (:mod:`flask_distlimit.breakers`),
+   i.e. one for a single node or memory, one for the master a Sentinel names (a failover moves
+   to the new master's breaker, closed, without waiting out the old one's reset timeout), one
+   per primary on a Redis Cluster;
 2. makes the one storage call (outside any lock: concurrent requests' calls overlap);
 3. on an outage (:class:`~flask_distlimit.errors.StorageUnavailable`) counts it and applies the
    failure policy (``DISTLIMIT_FAILURE_POLICY``, or a route's own); a storage that refuses the
@@ -25,6 +29,18 @@ go through :meth:`Guard.evaluate`, which
 5. when healthy and due, refreshes this process's instance heartbeat (``DISTLIMIT_INSTANCES =
    "auto"``), and logs keys the storage found corrupt and repaired (the heartbeat's included).
 
+On a Redis Cluster (a ``routed`` storage) the checks are grouped per slot and each group goes to
+its primary's breaker: the groups whose breaker is open (or whose node fails during the call)
+get the failure policy, the others are decided by Redis in the same request. All-or-nothing
+then holds as on one node: a request refused by the policy, by the local fallback or by Redis
+spends nothing, the units a Redis group already consumed being given back (the script's refund
+mode; best effort, as between slot groups: a refund that fails leaves them consumed until the
+window passes). Under ``"closed"`` a request with a check on an open breaker is answered 503
+before any Redis call, so nothing is spent on the live shards. Under ``"open"`` the live groups
+still count the request (their limits stay exact) and can deny it. While some primary's breaker
+is open, the slot map is reloaded at most every :data:`REDISCOVER_INTERVAL` seconds, so a replica
+promoted in its place gets the slots and a closed breaker of its own.
+
 An error reply (:class:`~flask_distlimit.errors.StorageResponseError`) is a bug or bad data: it is
 raised to the caller, never counted as an outage, never answered by the failure policy.
 
@@ -45,7 +61,8 @@ from typing import Final, get_args
 
 from ._typing import FailurePolicy
 from .breaker import Breaker, BreakerState
-from .decision import Check, Evaluation
+from .breakers import DEFAULT_NODE, Breakers
+from .decision import Check, Decision, Evaluation
 from .errors import (
     ConfigurationError,
     StorageError,
@@ -62,6 +79,7 @@ from .storage.base import Storage
 __all__ = [
     "FAILURE_POLICIES",
     "MISCONFIGURED_LOG_INTERVAL",
+    "REDISCOVER_INTERVAL",
     "FailurePolicy",
     "Guard",
     "Outcome",
@@ -72,6 +90,10 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two ERROR lines about a storage that refuses the limiter (per guard).
 MISCONFIGURED_LOG_INTERVAL: Final = 60.0
+
+#: While the breaker of the node a storage goes to is open, the storage is asked at most this
+#: often (seconds of the injected clock) whether its node moved (a Sentinel failover).
+REDISCOVER_INTERVAL: Final = 1.0
 
 FAILURE_POLICIES: Final[tuple[FailurePolicy, ...]] = get_args(FailurePolicy)
 
@@ -179,13 +201,22 @@ class Guard:
         self.fallback = LocalFallback(
             fallback_factory, clock=clock, settle=self.reset_timeout, last_known=self.last_known
         )
-        self.breaker = Breaker(
+        #: One circuit breaker per storage node (:mod:`flask_distlimit.breakers`).
+        self.breakers = Breakers(
+            name=self.name,
             fail_max=fail_max,
             reset_timeout=self.reset_timeout,
             clock=clock,
-            name=self.name,
             on_change=self._breaker_changed,
+            known=storage.nodes,
         )
+        self._routed = storage.routed  # checks spread over nodes (Redis Cluster)
+        # One node at a time, which may move (Sentinel): followed on failures and while open.
+        self._follows = not self._routed and type(storage).node is not Storage.node
+        self._node = storage.node()
+        self._breaker = self.breakers.get(self._node)
+        self._asked_at = -float("inf")  # clock() when the storage was last asked to rediscover
+        self._heartbeat_check = Check(self.instances.key, "fixed_window", 1, 1, 0)
         self.use_metrics(metrics)
         _guards.add(self)
 
@@ -199,7 +230,9 @@ class Guard:
         now_us: int | None = None,
     ) -> Outcome:
         """Evaluate ``checks``; ``policy`` overrides the default for one route."""
-        breaker = self.breaker
+        if self._routed:
+            return self._evaluate_routed(checks, policy, now_us)
+        breaker = self._breaker
         fallback = self.fallback
         if fallback.holding and breaker.state == "closed" and (policy or self.policy) == "local":
             refusal = fallback.refusal(checks, instances=self.instances.divisor, now_us=now_us)
@@ -208,7 +241,10 @@ class Guard:
                     self.metrics.degraded(checks, refusal)
                 return Outcome(refusal, degraded=True)
         if not breaker.allow():
-            return self._degraded(checks, policy, now_us)
+            moved = self._follow(refresh=True) if self._follows else None
+            if moved is None or not moved.allow():
+                return self._degraded(checks, policy, now_us)
+            breaker = moved
         metrics = self.metrics
         started = time.perf_counter() if metrics is not None else 0.0
         try:
@@ -216,9 +252,15 @@ class Guard:
         except StorageUnavailable as exc:
             if metrics is not None:
                 metrics.storage_call(time.perf_counter() - started)
+            if self._follows and self._node == DEFAULT_NODE:
+                # The storage had not named its node yet (a Sentinel master before the first
+                # connection): the outage is that of the node it names now.
+                breaker = self._follow(refresh=False) or breaker
             breaker.failure(exc)
             if isinstance(exc, StorageMisconfigured):
                 self._refused(exc)
+            if self._follows:
+                self._follow(refresh=False)  # the failed call may have found a new master
             return self._degraded(checks, policy, now_us)
         except StorageResponseError:
             breaker.success()  # the store answered: not an outage
@@ -248,6 +290,216 @@ class Guard:
             self._heartbeat()
         return Outcome(evaluation) if outcome is None else outcome
 
+    def _evaluate_routed(
+        self, checks: Sequence[Check], policy: FailurePolicy | None, now_us: int | None
+    ) -> Outcome:
+        """:meth:`evaluate` on a storage whose groups of checks go to nodes of their own."""
+        chosen = policy or self.policy
+        storage = self.storage
+        routes = storage.route(checks)
+        trying, blocked = self._gate(routes)
+        if blocked and self._rediscover_due():
+            # A replica may have been promoted in place of a dead primary: refresh the slot map
+            # (at most once a second) so that its slots go to the new primary's breaker.
+            for breaker in trying.values():
+                breaker.release()
+            storage.node(refresh=True)
+            routes = storage.route(checks)
+            trying, blocked = self._gate(routes)
+        if blocked and chosen == "closed":  # answered 503 whatever the live nodes say
+            for breaker in trying.values():
+                breaker.release()
+            return self._degraded(checks, policy, now_us)
+        live = [(node, indexes) for node, indexes in routes if node in trying]
+        parts = [[checks[i] for i in indexes] for _, indexes in live]
+        failed = [i for node, indexes in routes if node in blocked for i in indexes]
+        metrics = self.metrics
+        results: list[Evaluation | StorageError] = []
+        if parts:
+            started = time.perf_counter()
+            try:
+                results = storage.evaluate_parts(parts, now_us=now_us)
+            except BaseException:
+                for breaker in trying.values():
+                    breaker.release()
+                raise
+            if metrics is not None:
+                metrics.storage_call(time.perf_counter() - started)
+        # Each node's breaker hears once: an outage if any of its groups met one.
+        heard: dict[str, StorageUnavailable | None] = {}
+        for (node, _), result in zip(live, results, strict=True):
+            if isinstance(result, StorageUnavailable):
+                heard[node] = result
+            else:
+                heard.setdefault(node, None)
+        for node, error in heard.items():
+            if error is None:
+                trying[node].success()  # an error reply is an answer too
+            else:
+                trying[node].failure(error)
+                if isinstance(error, StorageMisconfigured):
+                    self._refused(error)
+        decisions: list[Decision | None] = [None] * len(checks)
+        repaired: list[str] = []
+        spent: list[int] = []  # indexes of checks a group admitted and consumed
+        answered: list[int] = []
+        denied = False
+        reply_error: StorageError | None = None
+        for (_, indexes), part, result in zip(live, parts, results, strict=True):
+            if isinstance(result, StorageUnavailable):
+                failed.extend(indexes)
+            elif isinstance(result, StorageError):
+                reply_error = result
+            else:
+                decisions_of_part = result.decisions
+                for i, decision in zip(indexes, decisions_of_part, strict=True):
+                    decisions[i] = decision
+                repaired.extend(result.repaired_keys)
+                answered.extend(indexes)
+                if not result.allowed:
+                    denied = True
+                elif any(c.cost for c in part):
+                    spent.extend(indexes)
+        if reply_error is not None:
+            self._give_back(checks, spent, decisions, now_us)
+            raise reply_error
+        if repaired:
+            self._repaired(repaired)
+        if not failed:
+            evaluation = Evaluation(tuple(d for d in decisions if d is not None), tuple(repaired))
+            if denied:
+                self._give_back(checks, spent, decisions, now_us)
+                evaluation = Evaluation(tuple(d for d in decisions if d is not None))
+            return self._routed_answer(checks, evaluation, chosen, now_us)
+        # Some groups' nodes are down: the failure policy decides those checks only.
+        failed.sort()
+        lost = [checks[i] for i in failed]
+        if chosen == "closed":  # a node failed during this call
+            self._give_back(checks, spent, decisions, now_us)
+            return self._degraded(lost, policy, now_us)
+        local: Evaluation | None = None
+        if chosen == "local" and not denied:
+            local = self.fallback.evaluate(lost, instances=self.instances.divisor, now_us=now_us)
+            for i, decision in zip(failed, local.decisions, strict=True):
+                decisions[i] = decision
+            if not local.allowed:
+                denied = True
+                self._give_back(checks, spent, decisions, now_us)
+        elif chosen not in ("open", "local"):
+            validate_policy(chosen)
+        if denied and local is None:
+            self._give_back(checks, spent, decisions, now_us)
+        by_redis = [checks[i] for i in answered]
+        redis_said = Evaluation(tuple(d for i in answered if (d := decisions[i]) is not None))
+        if metrics is not None:
+            metrics.degraded(lost, local)
+            if answered:
+                metrics.evaluated(by_redis, redis_said)
+        if not answered and local is None:
+            return _OPEN_OUTCOME  # nothing is known about any check: as for one node
+        for i in failed:
+            if decisions[i] is None:  # not decided (policy open, or Redis denied first)
+                # Nothing known: the least restrictive, so it never drives the headers.
+                c = checks[i]
+                decisions[i] = Decision(True, c.limit, c.limit, 0.0, 0.0)
+        evaluation = Evaluation(tuple(d for d in decisions if d is not None))
+        if chosen == "local" and answered:
+            self.last_known.record(by_redis, redis_said)
+        return Outcome(evaluation, degraded=True)
+
+    def _gate(self, routes: list[tuple[str, list[int]]]) -> tuple[dict[str, Breaker], set[str]]:
+        """Ask each node's breaker once: the nodes to try (with their breakers), the others."""
+        breakers = self.breakers
+        trying: dict[str, Breaker] = {}
+        blocked: set[str] = set()
+        for node, _ in routes:
+            if node in trying or node in blocked:
+                continue  # one allow() per node and request: it may hand out the one trial
+            breaker = breakers.get(node)
+            if breaker.allow():
+                trying[node] = breaker
+            else:
+                blocked.add(node)
+        return trying, blocked
+
+    def _rediscover_due(self) -> bool:
+        """True at most once every :data:`REDISCOVER_INTERVAL` seconds (of the clock)."""
+        now = self._clock()
+        if now - self._asked_at < REDISCOVER_INTERVAL:
+            return False
+        self._asked_at = now
+        return True
+
+    def _routed_answer(
+        self,
+        checks: Sequence[Check],
+        evaluation: Evaluation,
+        chosen: FailurePolicy,
+        now_us: int | None,
+    ) -> Outcome:
+        """What the single-node path does after Redis answered every check."""
+        outcome: Outcome | None = None
+        if chosen == "local":
+            self.last_known.record(checks, evaluation)
+            if evaluation.allowed:
+                refused = self.fallback.charge(
+                    checks, evaluation, instances=self.instances.divisor, now_us=now_us
+                )
+                if refused is not None:  # over this process's share while failures go on
+                    outcome = Outcome(refused, degraded=True)
+        metrics = self.metrics
+        if metrics is not None:
+            if outcome is None:
+                metrics.evaluated(checks, evaluation)
+            else:
+                metrics.degraded(checks, outcome.evaluation)
+        if self.instances.auto and self.instances.due():
+            self._heartbeat()
+        return Outcome(evaluation) if outcome is None else outcome
+
+    def _give_back(
+        self,
+        checks: Sequence[Check],
+        spent: list[int],
+        decisions: list[Decision | None],
+        now_us: int | None,
+    ) -> None:
+        """Give back what the groups that admitted a refused request consumed (best effort)."""
+        if not spent:
+            return
+        given = [checks[i] for i in spent]
+        try:
+            refunded = self.storage.refund(given, now_us=now_us)
+        except StorageError as exc:  # the node died in between: consumed until the window ends
+            log.debug("Refund of %d rate-limit check(s) failed: %s", len(given), exc)
+        else:
+            for i, decision in zip(spent, refunded.decisions, strict=True):
+                decisions[i] = decision
+        spent.clear()
+
+    def _follow(self, refresh: bool) -> Breaker | None:
+        """The breaker of the node the storage goes to now, when it moved (else ``None``).
+
+        ``refresh`` (the current node's breaker is open) lets the storage ask its topology
+        again, at most once every :data:`REDISCOVER_INTERVAL` seconds.
+        """
+        if refresh and not self._rediscover_due():
+            return None  # asked less than a second ago: the open state stays cheap
+        node = self.storage.node(refresh)
+        if node == self._node:
+            return None
+        breaker = self.breakers.get(node)
+        previous, self._node, self._breaker = self._node, node, breaker
+        self.breakers.retain((node,))  # one node at a time: the old one's breaker goes
+        log.info(
+            "Rate-limit storage %s moved from %s to %s: its calls go through %r",
+            self.name,
+            previous,
+            node,
+            breaker,
+        )
+        return breaker
+
     def _degraded(
         self, checks: Sequence[Check], policy: FailurePolicy | None, now_us: int | None
     ) -> Outcome:
@@ -269,19 +521,20 @@ class Guard:
 
     def _heartbeat(self) -> None:
         # One separate, cheap call; an outage here counts like any other.
-        if not self.breaker.allow():
+        breaker = self.breaker
+        if not breaker.allow():
             return
         try:
             repaired = self.instances.beat(self.storage)
         except StorageUnavailable as exc:
-            self.breaker.failure(exc)
+            breaker.failure(exc)
             if isinstance(exc, StorageMisconfigured):
                 self._refused(exc)
         except BaseException:
-            self.breaker.release()
+            breaker.release()
             raise
         else:
-            self.breaker.success()
+            breaker.success()
             if repaired:
                 self._repaired(repaired)
 
@@ -311,23 +564,44 @@ class Guard:
             exc,
         )
 
-    def _breaker_changed(self, state: BreakerState) -> None:
+    @property
+    def breaker(self) -> Breaker:
+        """The breaker of the node the storage goes to now: the only one on a single node or
+        memory, the current master's on Sentinel; on a Redis Cluster, that of the primary
+        serving the instance heartbeat key (each request uses its groups' own,
+        :attr:`breakers`)."""
+        if self._routed:
+            return self.breakers.get(self.storage.route([self._heartbeat_check])[0][0])
+        return self._breaker
+
+    def _breaker_changed(self, breaker: str, state: BreakerState | None) -> None:
         # The fallback's counts outlive the breaker: they are handed back key by key, once they
         # no longer matter (flask_distlimit.fallback), not when the first call succeeds.
-        if self.metrics is not None:
-            self.metrics.breaker_changed(self.name, state)
+        metrics = self.metrics
+        if metrics is not None:
+            if state is None:  # its node left the topology
+                metrics.breaker_removed(breaker)
+            else:
+                metrics.breaker_changed(breaker, state)
 
     def use_metrics(self, metrics: Metrics | None) -> None:
         """Start (or, with ``None``, stop) recording Prometheus metrics, e.g. on a guard the
         Flask extension built: ``limiter.state(app).guard.use_metrics(metrics_for())``."""
         if metrics is not None:
-            metrics.breaker_changed(self.name, self.breaker.state)
+            for breaker in self.breakers.all():
+                metrics.breaker_changed(breaker.name, breaker.state)
         self.metrics = metrics
 
     # -- inspection --------------------------------------------------------------------------
 
     def health(self) -> dict[str, object]:
-        """Storage ping latency, breaker state, scripts loaded, instances seen; never raises.
+        """Storage ping latency, breaker states, scripts loaded, instances seen; never raises.
+
+        ``breakers`` maps each storage node (``"redis"`` for a single node or memory, the
+        master's ``host:port`` on Sentinel, each primary's on a Cluster) to its breaker's state;
+        ``breaker`` is the worst of them (open, half-open, closed), so with one node it is that
+        node's state as it always was; ``breaker_failures`` and ``breaker_open_seconds`` are
+        those of :attr:`breaker`.
 
         Checks the storage even while the breaker is open (it is an explicit check, not a
         request), but the answer does not move the breaker: a PING, whether the scripts are
@@ -352,16 +626,22 @@ class Guard:
             log.debug("Health check of %s failed", self.name, exc_info=True)
             error = _one_line(f"unexpected {type(exc).__name__} from the storage: {exc}")
             error_type = type(exc).__name__
-        opened_for = self.breaker.opened_for()
+        if self._follows:
+            self._follow(refresh=False)  # name the master the storage found, if it connected
+        self.breakers.prune()
+        breaker = self.breaker
+        opened_for = breaker.opened_for()
+        aggregate = self.breakers.state
         return {
-            "ok": error is None and self.breaker.state == "closed",
+            "ok": error is None and aggregate == "closed",
             "storage": self.storage.scheme,
             "latency_ms": None if latency is None else round(latency * 1000, 3),
             "error": error,
             "error_type": error_type,
             "scripts_loaded": loaded,
-            "breaker": self.breaker.state,
-            "breaker_failures": self.breaker.failures,
+            "breaker": aggregate,
+            "breakers": self.breakers.states(),
+            "breaker_failures": breaker.failures,
             "breaker_open_seconds": None if opened_for is None else round(opened_for, 3),
             "policy": self.policy,
             "instances": self.instances.setting,
@@ -375,7 +655,7 @@ class Guard:
     def _after_fork(self) -> None:
         self._log_lock = threading.Lock()
         self._refusal_logged_at = None  # every process says it once
-        self.breaker._after_fork()
+        self.breakers._after_fork()
         self.instances._after_fork()
         self.last_known._after_fork()
         self.fallback._after_fork()

@@ -8,7 +8,10 @@ needs it. Series (all prefixed ``distlimit_``):
 - ``fallback_decisions_total{limit, outcome}``: decisions of the local fallback (``allowed`` /
   ``denied``), also counted as ``degraded`` above;
 - ``storage_latency_seconds``: histogram of storage calls (successful or not);
-- ``breaker_state{breaker}``: 0 closed, 1 half-open, 2 open.
+- ``breaker_state{breaker}``: 0 closed, 1 half-open, 2 open; one series per storage node's
+  breaker (:mod:`flask_distlimit.breakers`): ``breaker`` is the guard's name
+  (``<scheme>:<key prefix>``) for a single node, ``<guard name>@<host:port>`` for a Sentinel
+  master or a Cluster primary; a node's series is removed when it leaves the topology.
 
 ``limit`` is the part of the storage key after the client's hash tag (``<limit id>:<algorithm>``):
 one series per configured limit, never per client.
@@ -19,6 +22,7 @@ Metric objects are registered once per registry; :func:`metrics_for` answers the
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -100,6 +104,11 @@ class Metrics:
 
     def breaker_changed(self, breaker: str, state: str) -> None:
         self.breaker_state.labels(breaker=breaker).set(BREAKER_STATE_VALUES.get(state, 2))
+
+    def breaker_removed(self, breaker: str) -> None:
+        """Drop the series of a breaker whose node left the topology."""
+        with contextlib.suppress(KeyError):  # never set in this registry
+            self.breaker_state.remove(breaker)
 
 
 _shared: dict[int, tuple[Any, Metrics]] = {}

@@ -364,3 +364,79 @@ def test_shared_vectors_on_the_cluster(
         )
         assert got.decisions == want, f"call {n} at +{call.at} us, costs {call.costs}"
         assert got.allowed == all(e.allowed for e in call.expect)
+
+
+# -- nodes for the per-primary breakers, and the one safe retry --------------------------------
+
+
+def test_route_names_the_primary_of_each_slot_group(
+    storage: ClusterStorage, redis_cluster: ClusterServers, tags: list[str]
+) -> None:
+    a, b, c = tags
+    checks = [
+        Check(f"t:{{{a}}}:ip:fixed_window", "fixed_window", 5, 60),
+        Check(f"t:{{{b}}}:tenant:gcra", "gcra", 5, 60),
+        Check(f"t:{{{a}}}:burst:token_bucket", "token_bucket", 5, 60),
+        Check(f"t:{{{c}}}:global:gcra", "gcra", 5, 60),
+    ]
+    first = redis_cluster.startup_nodes[0]
+    # Before the client knows the topology: every group on the first startup node (no I/O).
+    assert storage.nodes() is None
+    assert storage.route(checks) == [(f"{first[0]}:{first[1]}", g) for g in storage.groups(checks)]
+    storage.evaluate(checks)  # connects
+    names = [f"127.0.0.1:{redis_cluster.primary_for(k).port}" for k in (a, b, c)]
+    assert storage.route(checks) == [(names[0], [0, 2]), (names[1], [1]), (names[2], [3])]
+    assert storage.nodes() == frozenset(
+        f"127.0.0.1:{n.port}" for n in redis_cluster.primary_nodes()
+    )
+
+
+class FailingSendConnection(redis.Connection):
+    """A send on a connection made before ``made_before`` fails, as on a socket the server
+    closed unseen; with ``always`` every EVALSHA send fails. ``attempts`` counts EVALSHA sends."""
+
+    made: ClassVar[int] = 0
+    made_before: ClassVar[int] = 0
+    always: ClassVar[bool] = False
+    attempts: ClassVar[int] = 0
+    serial = 0
+
+    def on_connect(self) -> None:
+        super().on_connect()
+        FailingSendConnection.made += 1
+        self.serial = FailingSendConnection.made
+
+    def send_command(self, *args: Any, **kwargs: Any) -> None:
+        if args and args[0] == "EVALSHA":
+            FailingSendConnection.attempts += 1
+            if self.always or self.serial < self.made_before:
+                self.disconnect()
+                raise redis.ConnectionError("Error 32 while writing to socket. Broken pipe.")
+        super().send_command(*args, **kwargs)
+
+
+def test_a_failed_send_is_made_once_more_on_a_fresh_connection(
+    redis_cluster: ClusterServers, cluster_client: RedisCluster, tags: list[str]
+) -> None:
+    storage = ClusterStorage(
+        redis_cluster.startup_nodes, timeout=0.5, connection_class=FailingSendConnection
+    )
+    checks = [Check(f"t:{{{tag}}}:ip:fixed_window", "fixed_window", 5, 60) for tag in tags]
+    try:
+        storage.evaluate(checks)  # connects, loads the script
+        FailingSendConnection.made_before = FailingSendConnection.made + 1  # every pooled one
+        FailingSendConnection.attempts = 0
+        assert [d.remaining for d in storage.evaluate(checks).decisions] == [3] * 3
+        assert FailingSendConnection.attempts == 6  # each group: a failed send, then one more
+        FailingSendConnection.always = True  # the second send fails too: no third
+        FailingSendConnection.attempts = 0
+        with pytest.raises(StorageUnavailable):
+            storage.evaluate(checks)
+        assert FailingSendConnection.attempts == 6
+        FailingSendConnection.always = False
+        peek = storage.evaluate([replace(c, cost=0) for c in checks])
+        assert [d.remaining for d in peek.decisions] == [3] * 3  # nothing counted twice
+    finally:
+        FailingSendConnection.always = False
+        FailingSendConnection.made_before = 0
+        storage.close()

@@ -7,15 +7,24 @@ round trip (one per Redis Cluster slot group). Backends raise
 credentials, commands, keys or database) and
 :class:`~flask_distlimit.errors.StorageResponseError` for errors the store answered with; they
 never raise a backend library's own exception types.
+
+Each backend also names the *node* a call goes to, so that the guard keeps one circuit breaker
+per node (:mod:`flask_distlimit.breakers`): :meth:`Storage.node` for a storage with one node at a
+time (a single node and memory: always ``"redis"``; Sentinel: the master's address), and, for a
+storage whose checks are spread over several nodes (``routed = True``: Redis Cluster),
+:meth:`Storage.route`, :meth:`Storage.evaluate_parts` and :meth:`Storage.refund` let the guard
+send each group to Redis or to the failure policy by its node's breaker.
 """
 
 from __future__ import annotations
 
 import abc
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from typing import ClassVar
 
 from ..decision import Check, Evaluation
+from ..errors import StorageError
 from .heartbeat import Fleet
 
 __all__ = ["Storage"]
@@ -36,6 +45,46 @@ class Storage(abc.ABC):
         ``now_us`` injects the current time in microseconds since the epoch, for tests only;
         production leaves it ``None`` and the store uses its own clock (Redis ``TIME``).
         """
+
+    # -- nodes, for one circuit breaker per node (flask_distlimit.breakers) ---------------------
+
+    #: True when one request's checks may go to several nodes (Redis Cluster): the guard then
+    #: routes them with :meth:`route` and calls :meth:`evaluate_parts`, never :meth:`evaluate`.
+    routed: ClassVar[bool] = False
+
+    def node(self, refresh: bool = False) -> str:
+        """The node this storage's calls go to now, e.g. ``"127.0.0.1:6379"``; no I/O unless
+        ``refresh``, which may ask the topology again (Sentinel), within the storage's timeout,
+        and never raises. This default, for a store with one node: ``"redis"``."""
+        return "redis"
+
+    def nodes(self) -> Collection[str] | None:
+        """The nodes the storage's topology lists now (no I/O); ``None`` when unknown."""
+        return None
+
+    def route(self, checks: Sequence[Check]) -> list[tuple[str, list[int]]]:
+        """The checks in groups, each evaluated atomically on one node: ``(node, indexes)``
+        per group, in order of first appearance; no I/O. Default: one group on :meth:`node`."""
+        return [(self.node(), list(range(len(checks))))]
+
+    def evaluate_parts(
+        self, parts: Sequence[Sequence[Check]], *, now_us: int | None = None
+    ) -> list[Evaluation | StorageError]:
+        """Evaluate each part on its own (each atomic, as :meth:`evaluate`; no all-or-nothing
+        across parts: the caller gives back with :meth:`refund`); per part, its evaluation or
+        the :class:`~flask_distlimit.errors.StorageError` it failed with."""
+        results: list[Evaluation | StorageError] = []
+        for part in parts:
+            try:
+                results.append(self.evaluate(part, now_us=now_us))
+            except StorageError as exc:
+                results.append(exc)
+        return results
+
+    def refund(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+        """Give back the costs of ``checks`` that an allowed evaluation consumed (the script's
+        refund mode). Needed by ``routed`` storages only."""
+        raise NotImplementedError(f"{type(self).__name__} cannot give back consumed units")
 
     @abc.abstractmethod
     def ping(self) -> float:

@@ -18,6 +18,37 @@ The client has the same policy as :mod:`flask_distlimit.storage.redis`: connect/
 pool wait = ``timeout``, no retries (neither the nodes' nor the cluster client's own), no health
 check PING. It is built on first use, so a configured but unreachable cluster fails requests
 (``StorageUnavailable``, the breaker's business), not the app's start-up.
+
+**Nodes and breakers.** The storage is ``routed``: :meth:`ClusterStorage.route` names the primary
+(``host:port``, from the cached topology, no I/O) of each slot group, so that the guard keeps one
+circuit breaker per primary and sends only the groups of live primaries
+(:meth:`ClusterStorage.evaluate_parts`); it gives back what they consumed when the request is
+refused elsewhere (:meth:`ClusterStorage.refund`). :meth:`ClusterStorage.nodes` lists the
+primaries the topology knows, so the breakers of nodes gone from it are dropped.
+
+**What one request may wait** (:meth:`ClusterStorage._run_all`, the path of every guarded
+request). One deadline, ``timeout`` from the start of the call, taken before the first pool
+wait, bounds every group's send and read: each connection's socket timeout is cut to what is
+left before the send (redis-py's public ``update_current_socket_timeout``) and the replies are
+read with ``read_response(timeout=left)``; a group whose connection comes out of its pool after
+the deadline fails at once, unsent. Two waits are bounded by ``timeout`` each but not by the
+deadline, because redis-py's ``BlockingConnectionPool.get_connection`` takes no deadline and
+making our own cluster pool would mean overriding redis-py's internals: the wait for a free
+connection of a node's pool (only when all its ``max_connections`` are busy) and the connect of
+a pooled connection that is not connected (refused at once by a dead node on the same host; a
+black-holed address takes the whole connect timeout). So a request waits at most ``timeout``
+when its nodes' pools have idle connected connections (the usual case), and at most twice that
+otherwise. Also bounded by ``timeout`` per operation rather than by the deadline: a group
+answered ``NOSCRIPT``/``MOVED``/``ASK`` is sent again through redis-py's cluster path, and after
+a lost node the topology is refreshed (``nodes_manager.initialize()``, each startup node tried
+with the timeout). Giving back what some groups consumed when the request is refused (a
+refund) is one more such call, with a deadline of its own.
+
+**One retry, where it is safe.** redis-py's pool replaces a pooled connection the server closed
+(``CLIENT KILL``, an idle timeout) when it hands it out (``can_read()``). A send that fails anyway
+(the close went unseen until then) means Redis never had the whole command, so the script did
+not run: the group is sent once more on a fresh connection (connected within what is left of the
+deadline). Nothing is retried once a send succeeded: the script may have run.
 """
 
 from __future__ import annotations
@@ -47,6 +78,9 @@ from .translate import REDIS_FAILURES, storage_error
 
 __all__ = ["ClusterStorage", "slot_of"]
 
+#: What a connect or a send may still have when the deadline is nearly spent, seconds.
+_MIN_LEFT: Final = 0.001
+
 #: Replies that mean the script did not run on that node (safe to send again).
 _NOT_RUN: Final = (rx.NoScriptError, rx.AskError, rx.TryAgainError)
 
@@ -70,6 +104,27 @@ def _failed(exc: Exception, pool: Any, connection: Any) -> StorageError:
     return error
 
 
+def _cut(connection: Any, deadline: float) -> None:
+    """Cut ``connection``'s socket timeout to what is left until ``deadline`` (until released)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise rx.TimeoutError("DISTLIMIT_REDIS_TIMEOUT spent before sending to Redis.")
+    connection.update_current_socket_timeout(left)
+
+
+def _reconnect(connection: Any, deadline: float) -> None:
+    """Connect a disconnected ``connection`` within what is left until ``deadline``."""
+    left = deadline - time.monotonic()
+    if left <= _MIN_LEFT:
+        raise rx.TimeoutError("DISTLIMIT_REDIS_TIMEOUT spent before reconnecting to Redis.")
+    connect_timeout = connection.socket_connect_timeout
+    connection.socket_connect_timeout = left  # public setting, put back right after
+    try:
+        connection.connect()
+    finally:
+        connection.socket_connect_timeout = connect_timeout
+
+
 def slot_of(key: str) -> int:
     """The Redis Cluster hash slot of a key (honours ``{hash tags}``)."""
     return key_slot(key.encode("utf-8"))
@@ -79,6 +134,7 @@ class ClusterStorage(Storage):
     """Rate limits in a Redis Cluster (``redis+cluster://host:port[,host:port]``)."""
 
     scheme = "redis+cluster"
+    routed = True
 
     def __init__(
         self,
@@ -190,6 +246,72 @@ class ClusterStorage(Storage):
             by_slot.setdefault(slot_of(check.key), []).append(index)
         return list(by_slot.values())
 
+    # -- nodes, for one breaker per primary (flask_distlimit.breakers) ----------------------
+
+    def _node_name(self, key: str) -> str:
+        """The primary serving ``key`` in the cached topology (no I/O); before the client knows
+        the topology, or when it does not cover the slot, the first startup node."""
+        client = self._client
+        if client is not None:
+            try:
+                node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+            except REDIS_FAILURES:  # e.g. SlotNotCoveredError
+                node = None
+            if node is not None:
+                return str(node.name)
+        if not self._nodes:
+            return "cluster"
+        host, port = self._nodes[0]
+        return f"{host}:{port}"
+
+    def node(self, refresh: bool = False) -> str:
+        """The primary of slot 0 (the first startup node before the topology is known).
+
+        ``refresh`` first reloads the slot map from the cluster (the guard asks for it, at most
+        once a second, while a primary's breaker is open: a promoted replica then gets the
+        slots, and a breaker of its own); a failure keeps the map it had."""
+        client = self._client
+        if refresh and client is not None:
+            with contextlib.suppress(*REDIS_FAILURES):
+                client.nodes_manager.initialize()
+        return self._node_name("")
+
+    def nodes(self) -> frozenset[str] | None:
+        """The primaries of the cached topology (``None`` before the client connected)."""
+        client = self._client
+        if client is None:
+            return None
+        try:
+            return frozenset(str(n.name) for n in client.get_primaries())  # type: ignore[no-untyped-call]
+        except REDIS_FAILURES:
+            return None
+
+    def route(self, checks: Sequence[Check]) -> list[tuple[str, list[int]]]:
+        """The slot groups (:meth:`groups`), each with the name of its primary."""
+        return [(self._node_name(checks[g[0]].key), g) for g in self.groups(checks)]
+
+    def evaluate_parts(
+        self, parts: Sequence[Sequence[Check]], *, now_us: int | None = None
+    ) -> list[Evaluation | StorageError]:
+        """Every part (one slot group each) through :meth:`_run_all`, under one deadline."""
+        try:
+            return self._run_all([list(p) for p in parts], now_us)
+        except StorageError as exc:  # the client could not be built: every node is unknown
+            return [exc] * len(parts)
+
+    def refund(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+        """Give back the costs of ``checks`` (slot groups in flight at once); raises the first
+        group's error, if any."""
+        groups = self.groups(checks)
+        results = self._run_all([[checks[i] for i in g] for g in groups], now_us, refund=True)
+        decisions: list[Decision | None] = [None] * len(checks)
+        for group, result in zip(groups, results, strict=True):
+            if isinstance(result, StorageError):
+                raise result
+            for index, decision in zip(group, result.decisions, strict=True):
+                decisions[index] = decision
+        return Evaluation(tuple(d for d in decisions if d is not None))
+
     def _run_all(
         self,
         parts: list[list[Check]],
@@ -201,11 +323,13 @@ class ClusterStorage(Storage):
         Every part's ``EVALSHA`` is written to the connection of its slot's primary before any
         reply is read, so the calls overlap on the network and in the servers (the way
         redis-py's cluster pipeline sends to several nodes), and the replies are read within
-        one shared deadline of ``timeout``. A part answered ``NOSCRIPT``, ``MOVED``, ``ASK`` or
-        ``TRYAGAIN`` did not run: it is sent again through redis-py's own cluster path, which
-        loads the script and follows the redirection.
+        one shared deadline, ``timeout`` from now, taken before the first pool wait (the module
+        docstring says what it bounds, and when a failed send is made once more). A part
+        answered ``NOSCRIPT``, ``MOVED``, ``ASK`` or ``TRYAGAIN`` did not run: it is sent again
+        through redis-py's own cluster path, which loads the script and follows the redirection.
         """
-        client = self.client
+        client = self.client  # built on first use, before the deadline starts
+        deadline = time.monotonic() + self.timeout
         script = self._script
         assert script is not None
         results: list[Evaluation | StorageError | None] = [None] * len(parts)
@@ -219,24 +343,35 @@ class ClusterStorage(Storage):
                     node = client.get_node_from_key(keys[0])  # type: ignore[no-untyped-call]
                     pool = client.get_redis_connection(node).connection_pool
                     connection = pool.get_connection()
-                    connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                    command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+                    _cut(connection, deadline)
+                    try:
+                        connection.send_command(*command, check_health=False)
+                    except rx.ConnectionError:
+                        # The send failed, so Redis never had the whole command: the script did
+                        # not run. Once more on a fresh connection (redis-py has closed this
+                        # one), within the same deadline.
+                        _reconnect(connection, deadline)
+                        _cut(connection, deadline)
+                        connection.send_command(*command, check_health=False)
                 except REDIS_FAILURES as exc:
                     results[n] = _failed(exc, pool, connection)
                     continue
                 in_flight.append((n, connection, pool))
-            deadline = time.monotonic() + self.timeout
             while in_flight:
                 n, connection, pool = in_flight.pop(0)
                 try:
                     left = max(0.001, deadline - time.monotonic())
                     reply = connection.read_response(timeout=left)
                 except _NOT_RUN:
+                    connection.update_current_socket_timeout(-1)  # back to socket_timeout
                     pool.release(connection)
                     results[n] = self._call_or_error(parts[n], now_us, refund)
                     continue
                 except REDIS_FAILURES as exc:
                     results[n] = _failed(exc, pool, connection)
                     continue
+                connection.update_current_socket_timeout(-1)  # back to socket_timeout
                 pool.release(connection)
                 try:
                     results[n] = parse_reply(reply, parts[n])

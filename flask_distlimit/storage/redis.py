@@ -484,6 +484,21 @@ class RedisStorage(Storage):
                 conn.disconnect()
             pool.reset()
 
+    def node(self, refresh: bool = False) -> str:
+        """Sentinel: the master's ``host:port`` as last discovered (``refresh``: ask the
+        Sentinels now; a failure keeps the last one); ``"redis"`` before any, and always on a
+        single node (one breaker per node: flask_distlimit/breakers.py)."""
+        pool = self.client.connection_pool
+        if self._sentinel is None or not isinstance(pool, SentinelConnectionPool):
+            return super().node(refresh)
+        address = pool.master_address
+        if refresh:
+            try:
+                address = pool.get_master_address()  # type: ignore[no-untyped-call]
+            except REDIS_FAILURES:  # no Sentinel answers: keep the last known master
+                address = pool.master_address
+        return super().node() if not address else f"{address[0]}:{address[1]}"
+
 
 def _pool_connections(pool: redis.ConnectionPool) -> list[Any]:
     """Every connection a pool made (BlockingConnectionPool and ConnectionPool differ)."""

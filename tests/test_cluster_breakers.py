@@ -1,0 +1,164 @@
+"""One breaker per primary on a real 3-primary Redis Cluster: kill -9 one primary and only the
+identities whose keys live on it get the failure policy; the others stay exactly limited. The
+node comes back: its breaker closes after the reset timeout (of a fake clock, no sleeping).
+
+The cluster's node timeout is long (60 s), so the cluster neither fails over nor declares
+itself down while a primary is dead: this is the window in which the limiter alone decides
+what a dead shard costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+from flask import Flask, request
+
+from flask_distlimit import Limiter
+from flask_distlimit.decision import Check
+from flask_distlimit.guard import Guard
+from flask_distlimit.storage import from_url
+from flask_distlimit.storage.cluster import ClusterStorage
+from tests.distlimit_fixtures import QUIET
+from tests.faults import kind_of
+from tests.guard_helpers import FakeClock
+from tests.servers import ClusterServers
+from tests.test_cluster_storage import tags_on_distinct_primaries
+
+pytestmark = [pytest.mark.redis, pytest.mark.cluster, pytest.mark.slow]
+
+RESET = 30.0  # seconds of the fake clock
+EXPECTED_ON_DEAD = {
+    "closed": ["unavailable"] * 4,
+    "open": ["degraded allowed"] * 4,
+    "local": ["degraded allowed"] * 3 + ["degraded denied"],  # limit 3, one instance
+}
+
+
+def gcra(tag: str, name: str, limit: int = 3) -> Check:
+    return Check(f"t:{{{tag}}}:{name}:gcra", "gcra", limit, 3600)  # no window edge to cross
+
+
+def kinds(guard: Guard, checks: list[Check], times: int) -> list[str]:
+    return [kind_of(guard.evaluate(checks)) for _ in range(times)]
+
+
+def test_a_killed_primary_degrades_only_the_identities_it_serves(
+    cluster_factory: Callable[..., ClusterServers],
+) -> None:
+    cluster = cluster_factory(node_timeout_ms=60_000)
+    storage = from_url(cluster.url, timeout=0.25)
+    assert isinstance(storage, ClusterStorage)
+    clock = FakeClock()
+    guards = {
+        policy: Guard(storage, policy=policy, fail_max=1, reset_timeout=RESET, clock=clock)
+        for policy in ("closed", "open", "local")
+    }
+    live_a, dead, live_b = tags_on_distinct_primaries(cluster, 3)
+    victim = cluster.primary_for(f"{{{dead}}}")
+    name = f"127.0.0.1:{victim.port}"
+    try:
+        for policy, guard in guards.items():
+            assert kinds(guard, [gcra(dead, policy)], 1) == ["allowed"]  # connected everywhere
+        victim.stop()  # kill -9
+        for policy, guard in guards.items():
+            assert kinds(guard, [gcra(dead, f"{policy}-2")], 4) == EXPECTED_ON_DEAD[policy]
+            # Identities on the live primaries: counted by Redis, exactly, no policy applied.
+            for tag in (live_a, live_b):
+                assert kinds(guard, [gcra(tag, policy)], 5) == ["allowed"] * 3 + ["denied"] * 2
+            health = guard.health()
+            breakers = health["breakers"]
+            assert isinstance(breakers, dict)
+            assert breakers[name] == "open"
+            assert [s for n, s in breakers.items() if n != name] == ["closed", "closed"]
+            assert health["breaker"] == "open"
+
+        # closed: a request with a check on the dead shard is refused before the live shard
+        # spends anything.
+        mixed = [gcra(live_a, "mixed", 10), gcra(dead, "mixed", 10)]
+        assert kinds(guards["closed"], mixed, 3) == ["unavailable"] * 3
+        peek = storage.evaluate([replace(mixed[0], cost=0)])
+        assert peek.decisions[0].remaining == 10
+
+        # The node comes back: its breaker closes after the reset timeout, not before.
+        victim.start()
+        cluster.wait_ok()
+        closed = guards["closed"]
+        assert kinds(closed, [gcra(dead, "back")], 1) == ["unavailable"]
+        clock.advance(RESET)
+        assert kinds(closed, [gcra(dead, "back")], 4) == ["allowed"] * 3 + ["denied"]
+        assert set(closed.health()["breakers"].values()) == {"closed"}  # type: ignore[union-attr]
+    finally:
+        storage.close()
+
+
+def test_through_the_app_only_the_dead_primarys_clients_get_503(
+    cluster_factory: Callable[..., ClusterServers],
+) -> None:
+    cluster = cluster_factory(node_timeout_ms=60_000)
+    app = Flask("shards")
+    app.config.update(QUIET)
+    app.config.update(
+        DISTLIMIT_STORAGE_URL=cluster.url,
+        DISTLIMIT_FAILURE_POLICY="closed",
+        DISTLIMIT_BREAKER_FAIL_MAX=1,
+        DISTLIMIT_REDIS_TIMEOUT=0.25,
+    )
+    limiter = Limiter(app)
+
+    @app.get("/")
+    @limiter.limit("3/hour", key_func=lambda: request.headers["X-Client"])
+    def index() -> str:
+        return "ok"
+
+    state = limiter.state(app)
+    by_port: dict[int, str] = {}  # a client per primary
+    for n in range(1000):
+        tag = state.identity_tag(f"func:client-{n}")
+        by_port.setdefault(cluster.primary_for(f"{{{tag}}}").port, f"client-{n}")
+        if len(by_port) == 3:
+            break
+    victim_port, *live_ports = sorted(by_port)
+    client = app.test_client()
+
+    def statuses(who: str, times: int) -> list[int]:
+        return [client.get("/", headers={"X-Client": who}).status_code for _ in range(times)]
+
+    try:
+        assert statuses(by_port[victim_port], 1) == [200]
+        cluster.node(victim_port).stop()  # kill -9
+        assert statuses(by_port[victim_port], 3) == [503] * 3
+        for port in live_ports:
+            assert statuses(by_port[port], 5) == [200] * 3 + [429] * 2
+        breakers = limiter.health(app)["breakers"]
+        assert breakers == {
+            f"127.0.0.1:{victim_port}": "open",
+            **{f"127.0.0.1:{port}": "closed" for port in live_ports},
+        }
+    finally:
+        state.storage.close()
+
+
+def test_a_promoted_replica_gets_a_closed_breaker_without_waiting_out_the_dead_primarys(
+    cluster_factory: Callable[..., ClusterServers],
+) -> None:
+    cluster = cluster_factory(node_timeout_ms=1000)
+    storage = from_url(cluster.url, timeout=0.25)
+    clock = FakeClock()
+    guard = Guard(storage, policy="closed", fail_max=1, reset_timeout=RESET, clock=clock)
+    tag = tags_on_distinct_primaries(cluster, 3)[0]
+    try:
+        assert kinds(guard, [gcra(tag, "before")], 1) == ["allowed"]
+        victim = cluster.primary_for(f"{{{tag}}}")
+        victim.stop()  # kill -9
+        assert kinds(guard, [gcra(tag, "during")], 2) == ["unavailable"] * 2
+        promoted = cluster.wait_for_promotion(victim)
+        clock.advance(1.0)  # a thirtieth of the reset timeout: the slot map is asked again
+        assert kinds(guard, [gcra(tag, "after")], 4) == ["allowed"] * 3 + ["denied"]
+        breakers = guard.health()["breakers"]
+        assert isinstance(breakers, dict)
+        assert breakers[f"127.0.0.1:{promoted.port}"] == "closed"
+        assert f"127.0.0.1:{victim.port}" not in breakers  # gone from the slot map
+    finally:
+        storage.close()

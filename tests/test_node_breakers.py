@@ -1,0 +1,257 @@
+"""One circuit breaker per storage node, on in-process storages with a fake routing and a fake
+clock: a dead shard degrades only the keys it serves, all-or-nothing across shards, breakers
+dropped with their nodes, a moved master (Sentinel) followed without waiting out the old one's
+reset timeout, health and metrics per node. (The same on a real Redis Cluster:
+tests/test_cluster_breakers.py; a real Sentinel failover: tests/test_sentinel_breaker.py.)"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import replace
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from flask_distlimit.breakers import DEFAULT_NODE, Breakers
+from flask_distlimit.decision import Check, Evaluation
+from flask_distlimit.errors import StorageError, StorageUnavailable
+from flask_distlimit.guard import REDISCOVER_INTERVAL, Guard
+from flask_distlimit.metrics import Metrics
+from flask_distlimit.storage.memory import MemoryStorage
+from tests.faults import kind_of
+from tests.guard_helpers import FakeClock
+
+NOW = 1_700_000_000_000_000  # microseconds: one fixed window for every call of a test
+RESET = 30.0
+
+
+def node_of(key: str) -> str:
+    """The fake routing: tags starting with ``a`` (or none) on node a, the others on node b."""
+    tag = key.partition("{")[2].partition("}")[0]  # "" without a tag: node a
+    return "10.0.0.1:7001" if tag.startswith("a") or not tag else "10.0.0.2:7002"
+
+
+A, B = "10.0.0.1:7001", "10.0.0.2:7002"
+
+
+class Shards(MemoryStorage):
+    """A memory store posing as a two-primary cluster; the nodes in ``down`` fail."""
+
+    routed = True
+
+    def __init__(self) -> None:
+        super().__init__(clock=lambda: NOW)
+        self.down: set[str] = set()
+        self.topology: set[str] = {A, B}
+        self.sent: list[str] = []  # the node of every part sent
+
+    def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+        if any(node_of(c.key) in self.down for c in checks):
+            raise StorageUnavailable("fake node down")
+        return super().evaluate(checks, now_us=now_us)
+
+    def nodes(self) -> Collection[str] | None:
+        return set(self.topology)
+
+    def route(self, checks: Sequence[Check]) -> list[tuple[str, list[int]]]:
+        by_node: dict[str, list[int]] = {}
+        for i, c in enumerate(checks):
+            by_node.setdefault(node_of(c.key), []).append(i)
+        return list(by_node.items())
+
+    def evaluate_parts(
+        self, parts: Sequence[Sequence[Check]], *, now_us: int | None = None
+    ) -> list[Evaluation | StorageError]:
+        self.sent.extend(node_of(p[0].key) for p in parts)
+        return super().evaluate_parts(parts, now_us=now_us)
+
+    def remaining(self, check: Check) -> int:
+        return super().evaluate([replace(check, cost=0)], now_us=NOW).decisions[0].remaining
+
+
+def limit(tag: str, n: int = 3, name: str = "ip") -> Check:
+    return Check(f"t:{{{tag}}}:{name}:fixed_window", "fixed_window", n, 60)
+
+
+def make(policy: str = "closed", **kwargs: object) -> tuple[Guard, Shards, FakeClock]:
+    storage = Shards()
+    clock = FakeClock()
+    kwargs.setdefault("fail_max", 1)
+    guard = Guard(
+        storage,
+        policy=policy,  # type: ignore[arg-type]
+        reset_timeout=RESET,
+        clock=clock,
+        **kwargs,  # type: ignore[arg-type]
+    )
+    return guard, storage, clock
+
+
+def kinds(guard: Guard, checks: list[Check], times: int) -> list[str]:
+    return [kind_of(guard.evaluate(checks, now_us=NOW)) for _ in range(times)]
+
+
+@pytest.mark.parametrize(
+    ("policy", "on_dead_node"),
+    [
+        ("closed", ["unavailable"] * 5),
+        ("open", ["degraded allowed"] * 5),
+        ("local", ["degraded allowed"] * 3 + ["degraded denied"] * 2),  # limit 3, one instance
+    ],
+)
+def test_a_dead_node_degrades_only_the_keys_it_serves(policy: str, on_dead_node: list[str]) -> None:
+    guard, storage, _ = make(policy)
+    storage.down.add(B)
+    assert kinds(guard, [limit("bob")], 5) == on_dead_node
+    # Identities on the live node: exact, no policy applied, although node b's breaker is open.
+    assert kinds(guard, [limit("alice")], 5) == ["allowed"] * 3 + ["denied"] * 2
+    assert kinds(guard, [limit("anna", 2)], 3) == ["allowed"] * 2 + ["denied"]
+    health = guard.health()
+    assert health["breakers"] == {A: "closed", B: "open"}
+    assert health["breaker"] == "open"  # the aggregate: the worst node
+    assert health["ok"] is False
+
+
+def test_closed_answers_503_before_spending_on_the_live_nodes() -> None:
+    guard, storage, _ = make("closed")
+    storage.down.add(B)
+    guard.evaluate([limit("bob")], now_us=NOW)  # opens node b's breaker
+    storage.sent.clear()
+    mixed = [limit("alice"), limit("bob")]
+    assert kinds(guard, mixed, 4) == ["unavailable"] * 4
+    assert storage.sent == []  # node a was never asked: nothing spent there
+    assert storage.remaining(limit("alice")) == 3
+    assert kinds(guard, [limit("alice")], 1) == ["allowed"]  # node a alone: decided by it
+
+
+def test_a_node_failing_during_the_call_gets_its_units_back_on_the_others() -> None:
+    guard, storage, _ = make("closed", fail_max=5)  # node b's breaker stays closed: it is tried
+    storage.down.add(B)
+    mixed = [limit("alice"), limit("bob")]
+    assert kinds(guard, mixed, 2) == ["unavailable"] * 2
+    assert storage.sent == [A, B, A, B]
+    assert storage.remaining(limit("alice")) == 3  # consumed, then given back, twice
+
+
+def test_local_decides_the_dead_nodes_checks_and_a_local_denial_spends_nothing() -> None:
+    guard, storage, _ = make("local")
+    storage.down.add(B)
+    mixed = [limit("alice", 10), limit("bob", 2)]
+    outcomes = [guard.evaluate(mixed, now_us=NOW) for _ in range(4)]
+    assert [kind_of(o) for o in outcomes] == ["degraded allowed"] * 2 + ["degraded denied"] * 2
+    # Node a counted the two admitted requests only: the two the fallback refused gave back.
+    assert storage.remaining(limit("alice", 10)) == 8
+    denied = outcomes[-1].evaluation
+    assert denied is not None and denied.denied_indexes() == [1]
+    assert denied.decisions[0].remaining == 8  # node a's real state, for the headers
+
+
+def test_a_live_node_that_denies_refuses_the_request_under_open() -> None:
+    guard, storage, _ = make("open")
+    storage.down.add(B)
+    mixed = [limit("alice", 2), limit("bob", 100)]
+    outcomes = [guard.evaluate(mixed, now_us=NOW) for _ in range(3)]
+    assert [kind_of(o) for o in outcomes] == ["degraded allowed"] * 2 + ["degraded denied"]
+    last = outcomes[-1].evaluation
+    assert last is not None and last.denied_indexes() == [0]
+
+
+def test_the_dead_nodes_breaker_closes_after_the_reset_timeout() -> None:
+    guard, storage, clock = make("closed")
+    storage.down.add(B)
+    assert kinds(guard, [limit("bob")], 2) == ["unavailable"] * 2
+    storage.down.clear()  # the node is back
+    clock.advance(RESET - 0.001)
+    assert kinds(guard, [limit("bob")], 1) == ["unavailable"]  # still open
+    clock.advance(0.001)
+    assert kinds(guard, [limit("bob")], 4) == ["allowed"] * 3 + ["denied"]  # trial, then closed
+    assert guard.health()["breakers"] == {A: "closed", B: "closed"}
+    assert guard.health()["breaker"] == "closed"
+
+
+def test_breakers_of_nodes_gone_from_the_topology_are_dropped() -> None:
+    guard, storage, _ = make("open")
+    kinds(guard, [limit("alice"), limit("bob")], 1)
+    assert set(guard.breakers.states()) >= {A, B}
+    storage.topology = {A, "10.0.0.3:7003"}  # b left, c joined
+    guard.health()
+    assert set(guard.breakers.states()) == {A}
+    guard.breakers.get("10.0.0.3:7003")
+    assert set(guard.breakers.states()) == {A, "10.0.0.3:7003"}
+
+
+def test_the_set_of_breakers_is_bounded() -> None:
+    breakers = Breakers(name="t", fail_max=1, reset_timeout=1.0, limit=3)
+    for n in range(10):
+        breakers.get(f"10.0.0.{n}:1")
+    breakers.get("10.0.0.2:1").failure(StorageUnavailable("x"))
+    assert len(breakers.states()) == 3
+    breakers.get("10.0.0.99:1")
+    assert len(breakers.states()) == 3
+    assert breakers.states()["10.0.0.2:1"] == "open"  # the closed ones go first
+
+
+def test_metrics_and_logs_name_each_node(caplog: pytest.LogCaptureFixture) -> None:
+    registry = CollectorRegistry()
+    guard, storage, _ = make("open", metrics=Metrics(registry))
+    storage.down.add(B)
+    with caplog.at_level("WARNING", logger="flask_distlimit.breaker"):
+        kinds(guard, [limit("alice"), limit("bob")], 1)
+    assert f"memory:ratelimit@{B}" in caplog.text
+    gauge = "distlimit_breaker_state"
+    assert registry.get_sample_value(gauge, {"breaker": f"memory:ratelimit@{B}"}) == 2
+    assert registry.get_sample_value(gauge, {"breaker": f"memory:ratelimit@{A}"}) == 0
+    storage.topology = {A}
+    guard.health()  # b is gone: its series too
+    assert registry.get_sample_value(gauge, {"breaker": f"memory:ratelimit@{B}"}) is None
+
+
+def test_one_node_keeps_one_breaker_named_as_before() -> None:
+    storage = MemoryStorage(clock=lambda: NOW)
+    guard = Guard(storage, fail_max=1)
+    assert guard.evaluate([limit("alice")], now_us=NOW).evaluation is not None
+    health = guard.health()
+    assert health["breakers"] == {DEFAULT_NODE: "closed"}
+    assert health["breaker"] == "closed"
+    assert guard.breaker.name == "memory:ratelimit"
+    assert guard.breakers.all() == [guard.breaker]
+
+
+class Moving(MemoryStorage):
+    """One node at a time that a failover moves (as a Sentinel-discovered master)."""
+
+    def __init__(self) -> None:
+        super().__init__(clock=lambda: NOW)
+        self.master = "10.0.0.1:6379"  # what the Sentinels say
+        self.known = self.master  # what the storage last discovered
+        self.dead: set[str] = set()
+        self.asked = 0
+
+    def node(self, refresh: bool = False) -> str:
+        if refresh:
+            self.asked += 1
+            self.known = self.master
+        return self.known
+
+    def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+        if self.known in self.dead:
+            raise StorageUnavailable("master down")
+        return super().evaluate(checks, now_us=now_us)
+
+
+def test_a_moved_master_is_used_without_waiting_out_the_old_breaker() -> None:
+    storage = Moving()
+    clock = FakeClock()
+    guard = Guard(storage, policy="closed", fail_max=2, reset_timeout=RESET, clock=clock)
+    assert kinds(guard, [limit("alice")], 1) == ["allowed"]
+    storage.dead.add("10.0.0.1:6379")
+    assert kinds(guard, [limit("alice")], 3) == ["unavailable"] * 3
+    assert guard.health()["breakers"] == {"10.0.0.1:6379": "open"}
+    asked = storage.asked
+    storage.master = "10.0.0.2:6379"  # the Sentinels fail over
+    assert kinds(guard, [limit("alice")], 3) == ["unavailable"] * 3  # asked at most once a second
+    assert storage.asked <= asked + 1
+    clock.advance(REDISCOVER_INTERVAL)  # far less than the reset timeout
+    assert kinds(guard, [limit("alice")], 2) == ["allowed"] * 2
+    assert guard.health()["breakers"] == {"10.0.0.2:6379": "closed"}
+    assert guard.breaker.name == "memory:ratelimit@10.0.0.2:6379"
