@@ -16,9 +16,10 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 
 from .decision import Check, Evaluation
+from .errors import StorageError
 from .storage.base import Storage
 from .storage.heartbeat import Fleet
 
@@ -56,11 +57,14 @@ class FakeClock:
 
 
 class CountingStorage(Storage):
-    """A storage that forwards every call to ``inner`` and counts ``evaluate`` calls."""
+    """A storage that forwards every call to ``inner`` and counts its evaluations (an
+    ``evaluate`` call, or one ``evaluate_parts`` call of a routed storage such as a Cluster)."""
 
     def __init__(self, inner: Storage) -> None:
         self.inner = inner
         self.scheme = inner.scheme
+        # a routed inner storage (Cluster) keeps its breaker per node through this wrapper
+        self.routed = inner.routed  # type: ignore[misc]
         self.evaluations = 0
         self.checks: list[tuple[Check, ...]] = []
         self._lock = threading.Lock()
@@ -70,6 +74,26 @@ class CountingStorage(Storage):
             self.evaluations += 1
             self.checks.append(tuple(checks))
         return self.inner.evaluate(checks, now_us=now_us)
+
+    def evaluate_parts(
+        self, parts: Sequence[Sequence[Check]], *, now_us: int | None = None
+    ) -> list[Evaluation | StorageError]:
+        with self._lock:
+            self.evaluations += 1
+            self.checks.append(tuple(c for part in parts for c in part))
+        return self.inner.evaluate_parts(parts, now_us=now_us)
+
+    def refund(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+        return self.inner.refund(checks, now_us=now_us)
+
+    def node(self, refresh: bool = False) -> str:
+        return self.inner.node(refresh)
+
+    def nodes(self) -> Collection[str] | None:
+        return self.inner.nodes()
+
+    def route(self, checks: Sequence[Check]) -> list[tuple[str, list[int]]]:
+        return self.inner.route(checks)
 
     def ping(self) -> float:
         return self.inner.ping()

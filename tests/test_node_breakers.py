@@ -255,3 +255,20 @@ def test_a_moved_master_is_used_without_waiting_out_the_old_breaker() -> None:
     assert kinds(guard, [limit("alice")], 2) == ["allowed"] * 2
     assert guard.health()["breakers"] == {"10.0.0.2:6379": "closed"}
     assert guard.breaker.name == "memory:ratelimit@10.0.0.2:6379"
+
+
+def test_a_counting_wrapper_keeps_the_breaker_per_node() -> None:
+    """``testing.CountingStorage`` around a routed storage: still one breaker per node, and each
+    routed evaluation is counted once."""
+    from flask_distlimit.testing import CountingStorage
+
+    storage = Shards()
+    counting = CountingStorage(storage)
+    guard = Guard(
+        counting, policy="closed", reset_timeout=RESET, clock=FakeClock(), fail_max=1
+    )
+    storage.down.add(B)
+    assert kinds(guard, [limit("bob")], 2) == ["unavailable"] * 2
+    assert kinds(guard, [limit("alice")], 4) == ["allowed"] * 3 + ["denied"]
+    assert counting.evaluations == 5  # bob once (then his node's breaker is open), alice 4 times
+    assert guard.health()["breakers"] == {A: "closed", B: "open"}
