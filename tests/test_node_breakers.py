@@ -264,9 +264,7 @@ def test_a_counting_wrapper_keeps_the_breaker_per_node() -> None:
 
     storage = Shards()
     counting = CountingStorage(storage)
-    guard = Guard(
-        counting, policy="closed", reset_timeout=RESET, clock=FakeClock(), fail_max=1
-    )
+    guard = Guard(counting, policy="closed", reset_timeout=RESET, clock=FakeClock(), fail_max=1)
     storage.down.add(B)
     assert kinds(guard, [limit("bob")], 2) == ["unavailable"] * 2
     assert kinds(guard, [limit("alice")], 4) == ["allowed"] * 3 + ["denied"]
