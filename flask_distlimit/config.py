@@ -59,6 +59,10 @@ The keys read here, each ``key`` (default ``value``) followed by its meaning:
 ``DISTLIMIT_CHARGE_PREFLIGHTS`` (default ``False``)
     ``True`` counts CORS preflights (``OPTIONS`` with ``Access-Control-Request-Method``) against
     route and tier limits too; by default only the global limits count them.
+``DISTLIMIT_SHADOW`` (default ``False``)
+    ``True`` makes every limit a shadow limit (counted, never refusing); a list names the limits
+    declared in config that are: ``"global"``, ``"default"``, ``"tier:<name>"``
+    (:mod:`flask_distlimit.shadow`).
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ from .algorithms import ALGORITHMS, Algorithm
 from .errors import ConfigurationError
 from .identity import IDENTITY_KEYS
 from .limits import Rate, parse_rates
+from .shadow import ShadowSetting, parse_shadow
 
 if TYPE_CHECKING:
     from .storage.base import Storage
@@ -112,6 +117,7 @@ DEFAULTS: Final[dict[str, object]] = {
     "DISTLIMIT_BREAKER_FAIL_MAX": 5,
     "DISTLIMIT_BREAKER_RESET_TIMEOUT": 30,
     "DISTLIMIT_CHARGE_PREFLIGHTS": False,
+    "DISTLIMIT_SHADOW": False,
 }
 
 #: Every ``DISTLIMIT_*`` key the extension reads: those above and the identity keys.
@@ -253,6 +259,7 @@ class Settings:
     breaker_fail_max: int = 5
     breaker_reset_timeout: float = 30.0
     charge_preflights: bool = False
+    shadow: ShadowSetting = False
 
     def check_serving(self, storage: Storage | None = None) -> None:
         """Warn (once per process) when ``memory://``, the storage of these settings or the
@@ -334,4 +341,5 @@ class Settings:
             charge_preflights=_bool(
                 "DISTLIMIT_CHARGE_PREFLIGHTS", get("DISTLIMIT_CHARGE_PREFLIGHTS")
             ),
+            shadow=parse_shadow("DISTLIMIT_SHADOW", get("DISTLIMIT_SHADOW")),
         )

@@ -70,6 +70,7 @@ class LimitSpec:
     on_failure: FailurePolicy | None = None
     tier: str | None = None  #: for kind "tier"
     declared_on: str = ""  #: what the limit was declared on, for messages
+    shadow: bool = False  #: counted, never refuses (:mod:`flask_distlimit.shadow`)
 
     def __post_init__(self) -> None:
         if self.algorithm is not None:
@@ -94,6 +95,7 @@ class LimitSpec:
             on_failure=self.on_failure,
             tier=self.tier,
             declared_on=self.declared_on,
+            shadow=self.shadow,
         )
 
 
@@ -237,6 +239,7 @@ class Declarations:
         per_method: bool = False,
         exempt_when: ExemptWhen | None = None,
         on_failure: str | None = None,
+        shadow: bool = False,
     ) -> Callable[[Decorated], Decorated]:
         """Limit a view function, a view class, one method of a class-based view, or every
         route of a Blueprint; stackable.
@@ -253,7 +256,9 @@ class Declarations:
         - ``per_method``: count each HTTP method separately;
         - ``exempt_when``: a callable; when it answers true the limit is skipped;
         - ``on_failure``: ``"open"``, ``"closed"`` or ``"local"``: this route's policy when the
-          storage is down (the strictest wins when several limits of a route set one).
+          storage is down (the strictest wins when several limits of a route set one);
+        - ``shadow``: count as if enforced but never refuse; log and count what it would have
+          refused (:mod:`flask_distlimit.shadow`).
         """
         return self._declare(
             "shared" if scope is not None else "route",
@@ -265,6 +270,7 @@ class Declarations:
             per_method=per_method,
             exempt_when=exempt_when,
             on_failure=on_failure,
+            shadow=shadow,
         )
 
     def shared_limit(
@@ -278,6 +284,7 @@ class Declarations:
         per_method: bool = False,
         exempt_when: ExemptWhen | None = None,
         on_failure: str | None = None,
+        shadow: bool = False,
     ) -> Callable[[Decorated], Decorated]:
         """A limit whose one counter (per client) is shared by every route that names ``scope``."""
         if not isinstance(scope, str) or not scope:
@@ -295,6 +302,7 @@ class Declarations:
             per_method=per_method,
             exempt_when=exempt_when,
             on_failure=on_failure,
+            shadow=shadow,
         )
 
     def _declare(
@@ -309,8 +317,11 @@ class Declarations:
         per_method: bool,
         exempt_when: ExemptWhen | None,
         on_failure: str | None,
+        shadow: bool = False,
     ) -> Callable[[Decorated], Decorated]:
         rates = parse_rates(value)
+        if not isinstance(shadow, bool):
+            raise ConfigurationError(f"shadow={shadow!r}: use True or False.")
         if not rates:
             raise ConfigurationError(
                 f"limiter.limit needs at least one rate, got {value!r}: e.g. '100/minute'."
@@ -350,6 +361,7 @@ class Declarations:
                 exempt_when=exempt_when,
                 on_failure=policy,
                 declared_on=describe(target),
+                shadow=shadow,
             )
             self.registry.check_open(target, f"limiter.limit({value!r})")
             if isinstance(target, Blueprint):

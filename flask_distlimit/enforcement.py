@@ -51,6 +51,7 @@ from .headers import Report, rate_limit_headers
 from .identity import Identity
 from .problem import RateLimitExceeded, RateLimitUnavailable, retry_after_seconds
 from .route_limits import BoundLimit, RoutePlan, bind, build_plan, strictest
+from .shadow import ShadowLog
 
 if TYPE_CHECKING:
     from werkzeug.sansio.response import Response as SansIOResponse
@@ -187,6 +188,8 @@ class Enforcer:
         #: some limit applies to every request (global or tier)
         self._every_request = bool(state.global_limits or state.tier_limits)
         self._charge_preflights = settings.charge_preflights
+        self._shadow_all = settings.shadow is True
+        self._shadow_log = ShadowLog(state.local_clock)
         #: The request environ key of this limiter's per-request data (one per app's limiter:
         #: a WSGI app may hand its environ to another app with a limiter of its own).
         self.environ_key = f"flask_distlimit.request.{id(self):x}"
@@ -301,6 +304,7 @@ class Enforcer:
                 default_limits=state.default_specs,
                 prefix=self._prefix,
                 default_algorithm=self._algorithm,
+                shadow=self._shadow_all,
             )
         self._plans[(endpoint, method)] = plan
         return plan
@@ -343,6 +347,7 @@ class Enforcer:
                     default_algorithm=self._algorithm,
                     label=label,
                     method=method,
+                    shadow=self._shadow_all,
                 )
             )
             self._carried[(carrier, endpoint, method)] = bounds
@@ -456,6 +461,16 @@ class Enforcer:
             data.degraded = True
             return
         decisions = evaluation.decisions
+        if any(d.shadow_denied for d in decisions):
+            self._shadow_log.would_deny(
+                [
+                    (c.key, b.name, b.rate.period)
+                    for c, b, d in zip(checks, bounds, decisions, strict=True)
+                    if d.shadow_denied
+                ],
+                request.method,
+                request.endpoint,
+            )
         if not evaluation.allowed:
             finished = state.local_clock()
             denied_reports: list[Report] = []
@@ -484,12 +499,20 @@ class Enforcer:
                 from_cache=False,
                 degraded=outcome.degraded,
             )
-        # allowed: report the limit with the fewest units left (ties: the latest reset)
+        # allowed: report the limit with the fewest units left (ties: the latest reset); never
+        # a shadow limit (clients would slow down for a limit that is not enforced)
         best = 0
+        if any(c.shadow for c in checks):
+            best = next((i for i, c in enumerate(checks) if not c.shadow), -1)
+            if best < 0:
+                data.degraded = data.degraded or outcome.degraded
+                return
         if len(decisions) > 1:
-            best_d = decisions[0]
-            for i in range(1, len(decisions)):
+            best_d = decisions[best]
+            for i in range(best + 1, len(decisions)):
                 d = decisions[i]
+                if checks[i].shadow:
+                    continue
                 if d.remaining < best_d.remaining or (
                     d.remaining == best_d.remaining and d.reset_after > best_d.reset_after
                 ):

@@ -68,6 +68,7 @@ class BoundLimit:
     key_func: KeyFunc | None = None
     cost: int | CostFunc | None = None
     exempt_when: ExemptWhen | None = None
+    shadow: bool = False  #: counted, never refuses (:mod:`flask_distlimit.shadow`)
     _unit_checks: dict[str, Check] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -81,13 +82,17 @@ class BoundLimit:
     def check(self, tag: str, cost: int) -> Check:
         """The :class:`~flask_distlimit.decision.Check` of this limit for an identity tag."""
         if cost != 1:
-            return Check(self.key(tag), self.algorithm, self.rate.amount, self.rate.period, cost)
+            return Check(
+                self.key(tag), self.algorithm, self.rate.amount, self.rate.period, cost, self.shadow
+            )
         kept = self._unit_checks
         found = kept.get(tag)
         if found is None:
             if len(kept) >= _CHECKS_KEPT:
                 kept.clear()
-            found = Check(self.key(tag), self.algorithm, self.rate.amount, self.rate.period, 1)
+            found = Check(
+                self.key(tag), self.algorithm, self.rate.amount, self.rate.period, 1, self.shadow
+            )
             kept[tag] = found
         return found
 
@@ -99,8 +104,10 @@ def bind(
     default_algorithm: Algorithm,
     label: str,
     method: str | None = None,
+    shadow: bool = False,
 ) -> list[BoundLimit]:
-    """The bound limits of ``spec``; ``label`` is the endpoint (ignored when scoped)."""
+    """The bound limits of ``spec``; ``label`` is the endpoint (ignored when scoped);
+    ``shadow`` makes them shadow limits whatever the spec says (``DISTLIMIT_SHADOW = True``)."""
     algorithm = spec.algorithm or default_algorithm
     keyed_on: KeyedOn = "identity"
     if spec.kind == "global":
@@ -137,6 +144,7 @@ def bind(
                 key_func=spec.key_func,
                 cost=spec.cost,
                 exempt_when=spec.exempt_when,
+                shadow=shadow or spec.shadow,
             )
         )
     return bound
@@ -181,6 +189,7 @@ def build_plan(
     default_limits: Iterable[LimitSpec],
     prefix: str,
     default_algorithm: Algorithm,
+    shadow: bool = False,
 ) -> RoutePlan:
     """Bind the limits of one endpoint and method.
 
@@ -222,6 +231,7 @@ def build_plan(
             default_algorithm=default_algorithm,
             label=endpoint,
             method=method,
+            shadow=shadow,
         ):
             dedupe = f"{b.limit_id}|{b.algorithm}|{id(b.key_func)}"
             if dedupe not in seen:

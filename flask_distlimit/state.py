@@ -25,6 +25,8 @@ from .enforcement import Enforcer
 from .guard import Guard
 from .identity import IdentityResolver, IdentitySettings
 from .route_limits import BoundLimit, bind
+from .shadow import check_tiers as check_shadow_tiers
+from .shadow import spec_is_shadow
 from .storage.base import Storage
 
 if TYPE_CHECKING:
@@ -115,8 +117,18 @@ class LimiterState:
         )
         self.identity_tag: Callable[[str], str] = self.tags.tag
         prefix, algorithm = settings.key_prefix, settings.algorithm
+        shadow = settings.shadow
+        check_shadow_tiers(shadow, identity_settings.tiers)
         self.default_specs: tuple[LimitSpec, ...] = (
-            (LimitSpec("default", settings.default_limits),) if settings.default_limits else ()
+            (
+                LimitSpec(
+                    "default",
+                    settings.default_limits,
+                    shadow=spec_is_shadow(shadow, "default"),
+                ),
+            )
+            if settings.default_limits
+            else ()
         )
         # Limits that take the app's default algorithm are checked against it now, at start-up
         # (those declared with an algorithm of their own were checked when declared).
@@ -131,7 +143,9 @@ class LimiterState:
         _check_limits_per_request(settings, identity_settings, self.default_specs, self.registry)
         self.global_limits: tuple[BoundLimit, ...] = tuple(
             bind(
-                LimitSpec("global", settings.global_limits),
+                LimitSpec(
+                    "global", settings.global_limits, shadow=spec_is_shadow(shadow, "global")
+                ),
                 prefix=prefix,
                 default_algorithm=algorithm,
                 label="global",
@@ -140,7 +154,9 @@ class LimiterState:
         self.tier_limits: dict[str, tuple[BoundLimit, ...]] = {
             tier: tuple(
                 bind(
-                    LimitSpec("tier", rates, tier=tier),
+                    LimitSpec(
+                        "tier", rates, tier=tier, shadow=spec_is_shadow(shadow, "tier", tier)
+                    ),
                     prefix=prefix,
                     default_algorithm=algorithm,
                     label=tier,
