@@ -39,6 +39,11 @@ class Check:
     period: int  # seconds
     cost: int = 1
     shadow: bool = False
+    #: a concurrency slot's token (:mod:`flask_distlimit.concurrency`), drawn per request; 0
+    #: for a rate limit
+    token: int = 0
+    #: give back the slot ``token`` took (the request ended) instead of taking one
+    release: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,15 @@ from flask import Blueprint, has_request_context
 from flask.views import View
 
 from ._typing import CostFunc, ExemptWhen, FailurePolicy, KeyFunc, LimitKind
-from .algorithms import Algorithm, check_cost, check_limit_count, check_rate, validate_algorithm
+from .algorithms import (
+    CONCURRENCY,
+    MAX_CONCURRENCY,
+    Algorithm,
+    check_cost,
+    check_limit_count,
+    check_rate,
+    validate_algorithm,
+)
 from .errors import ConfigurationError
 from .guard import validate_policy
 from .limits import Rate, parse_rates
@@ -305,6 +313,38 @@ class Declarations:
             shadow=shadow,
         )
 
+    def concurrency(
+        self,
+        limit: int,
+        *,
+        key_func: KeyFunc | None = None,
+        scope: str | None = None,
+        on_failure: str | None = None,
+    ) -> Callable[[Decorated], Decorated]:
+        """At most ``limit`` requests of one client in flight at once, across every process
+        and instance (:mod:`flask_distlimit.concurrency`); ``key_func``, ``scope`` and
+        ``on_failure`` as for :meth:`limit`. Decided in the request's one storage call with its
+        rate limits; the slot is given back when the response ends, or by its lease
+        (``DISTLIMIT_CONCURRENCY_LEASE``) if the process died."""
+        whole = isinstance(limit, int) and not isinstance(limit, bool)
+        if not whole or not 0 < limit <= MAX_CONCURRENCY:
+            raise ConfigurationError(
+                f"limiter.concurrency({limit!r}): use an int from 1 to {MAX_CONCURRENCY} (the "
+                "requests of one client in flight at once), e.g. limiter.concurrency(20)."
+            )
+        return self._declare(
+            "shared" if scope is not None else "route",
+            f"{limit}/second",  # the period is the lease, set at init_app
+            algorithm=None,
+            key_func=key_func,
+            cost=None,
+            scope=scope,
+            per_method=False,
+            exempt_when=None,
+            on_failure=on_failure,
+            concurrency=True,
+        )
+
     def _declare(
         self,
         kind: LimitKind,
@@ -318,6 +358,7 @@ class Declarations:
         exempt_when: ExemptWhen | None,
         on_failure: str | None,
         shadow: bool = False,
+        concurrency: bool = False,
     ) -> Callable[[Decorated], Decorated]:
         rates = parse_rates(value)
         if not isinstance(shadow, bool):
@@ -344,6 +385,8 @@ class Declarations:
                     f"{name}=lambda: g.tenant_id."
                 )
         checked_algorithm = validate_algorithm(algorithm) if algorithm is not None else None
+        if concurrency:
+            checked_algorithm = CONCURRENCY
         if checked_algorithm is not None:
             for rate in rates:
                 check_rate(checked_algorithm, rate)

@@ -44,12 +44,20 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as WerkzeugResponse
 
 from ._typing import FailurePolicy, KeyFunc
-from .algorithms import check_limit_count
+from .algorithms import CONCURRENCY, check_limit_count
+from .concurrency import SlotRelease, is_slot_key, slot_check
 from .decision import Check, Decision, Evaluation
 from .declarations import describe
+from .fleet import Fleet
 from .headers import Report, rate_limit_headers
 from .identity import Identity
-from .problem import RateLimitExceeded, RateLimitUnavailable, retry_after_seconds
+from .problem import (
+    ConcurrencyLimitExceeded,
+    Overloaded,
+    RateLimitExceeded,
+    RateLimitUnavailable,
+    retry_after_seconds,
+)
 from .route_limits import BoundLimit, RoutePlan, bind, build_plan, strictest
 from .shadow import ShadowLog
 
@@ -96,7 +104,7 @@ BreachHook = Callable[[Breach], "SansIOResponse | None"]
 class _RequestData:
     """This request's limiter data, kept in the request environ under ``environ_key``."""
 
-    __slots__ = ("covered", "degraded", "denied", "exempt", "report", "retry_after")
+    __slots__ = ("covered", "degraded", "denied", "exempt", "report", "retry_after", "slots")
 
     def __init__(self, covered: frozenset[object], *, exempt: bool = False) -> None:
         self.covered = covered  #: limit wrappers whose limits were decided with the route's
@@ -105,6 +113,7 @@ class _RequestData:
         self.degraded = False
         self.denied = False
         self.retry_after: int | None = None
+        self.slots: SlotRelease | None = None  #: concurrency slots to give back at the end
 
 
 class _Served:
@@ -185,11 +194,23 @@ class Enforcer:
         self._plans: dict[tuple[str | None, str], RoutePlan] = {}
         self._carried: dict[tuple[object, str | None, str], tuple[BoundLimit, ...]] = {}
         self._breaches: dict[str, int] = {}
-        #: some limit applies to every request (global or tier)
-        self._every_request = bool(state.global_limits or state.tier_limits)
+        #: fleet-usage shedding (flask_distlimit.fleet), counted with every request's limits
+        self.fleet = (
+            Fleet(
+                settings.key_prefix,
+                settings.fleet_capacity,
+                settings.fleet_shares,
+                settings.concurrency_lease,
+            )
+            if settings.fleet_capacity
+            else None
+        )
+        #: some limit applies to every request (global, tier or the fleet's capacity)
+        self._every_request = bool(state.global_limits or state.tier_limits or self.fleet)
         self._charge_preflights = settings.charge_preflights
         self._shadow_all = settings.shadow is True
         self._shadow_log = ShadowLog(state.local_clock)
+        self._lease = settings.concurrency_lease
         #: The request environ key of this limiter's per-request data (one per app's limiter:
         #: a WSGI app may hand its environ to another app with a limiter of its own).
         self.environ_key = f"flask_distlimit.request.{id(self):x}"
@@ -363,6 +384,7 @@ class Enforcer:
         needs_identity: bool,
         policy: FailurePolicy | None,
         every_request: bool,
+        fleet: bool = True,
     ) -> None:
         """One storage call for ``route_limits`` (and the global and tier limits when
         ``every_request``)."""
@@ -389,6 +411,10 @@ class Enforcer:
         checks: list[Check] = []
         bounds: list[BoundLimit] = []
         identity: Identity | None = None
+        if every_request and fleet and self.fleet is not None:
+            priority = state.shedding.priority()
+            checks.append(self.fleet.check(priority))
+            bounds.append(self.fleet.bound(priority))
         if every_request and state.global_limits:
             tag = state.identity_tag(state.resolver.client_ip(environ))
             for b in state.global_limits:
@@ -406,6 +432,10 @@ class Enforcer:
             if b.exempt_when is not None and b.exempt_when():
                 continue
             tag = itag if b.key_func is None else state.identity_tag(_key_text(b.key_func))
+            if b.algorithm == CONCURRENCY:  # a slot, not a cost (flask_distlimit.concurrency)
+                checks.append(slot_check(b, tag, self._lease))
+                bounds.append(b)
+                continue
             cost = default_cost if b.cost is None else _cost_value(b, default_cost)
             checks.append(b.check(tag, cost))
             bounds.append(b)
@@ -450,8 +480,18 @@ class Enforcer:
                         quoted=b.quoted,
                     )
                     self._refuse([report], [c.key], identity, data, from_cache=True)
+        slots = [c for c in checks if c.token]
+        if slots:  # given back when the response ends, whatever happens from here
+            if data.slots is None:
+                data.slots = SlotRelease(state)
+            data.slots.add(slots)
         started = state.local_clock()
         outcome = state.guard.evaluate(checks, policy=policy, now_us=state.storage_now())
+        if slots and data.slots is not None:
+            if outcome.degraded and outcome.evaluation is not None:
+                data.slots.degraded()  # held by the local fallback
+            elif outcome.evaluation is not None and not outcome.evaluation.allowed:
+                data.slots.discard(slots)  # refused: the storage took none
         if outcome.unavailable:
             data.degraded = data.denied = True
             data.retry_after = self._retry_unavailable
@@ -480,7 +520,7 @@ class Enforcer:
                     continue
                 denied_reports.append(_report(b, d, denied=True))
                 denied_keys.append(c.key)
-                if cache is not None and not outcome.degraded:
+                if cache is not None and not outcome.degraded and not c.token:
                     cache.record(
                         c.key,
                         cost=c.cost,
@@ -502,8 +542,8 @@ class Enforcer:
         # allowed: report the limit with the fewest units left (ties: the latest reset); never
         # a shadow limit (clients would slow down for a limit that is not enforced)
         best = 0
-        if any(c.shadow for c in checks):
-            best = next((i for i, c in enumerate(checks) if not c.shadow), -1)
+        if any(c.shadow or c.token for c in checks):
+            best = next((i for i, c in enumerate(checks) if not (c.shadow or c.token)), -1)
             if best < 0:
                 data.degraded = data.degraded or outcome.degraded
                 return
@@ -511,7 +551,7 @@ class Enforcer:
             best_d = decisions[best]
             for i in range(best + 1, len(decisions)):
                 d = decisions[i]
-                if checks[i].shadow:
+                if checks[i].shadow or checks[i].token:
                     continue
                 if d.remaining < best_d.remaining or (
                     d.remaining == best_d.remaining and d.reset_after > best_d.reset_after
@@ -534,6 +574,9 @@ class Enforcer:
     ) -> None:
         """Log, call the breach hook and raise the 429 for the denied limits ``reports``
         (stored under ``keys``)."""
+        concurrency = all(map(is_slot_key, keys))
+        if concurrency and self.fleet is not None and self.fleet.key in keys:
+            self._shed(data)
         binding = max(reports, key=lambda r: r.retry_after)
         # Not finite: the cost exceeds a limit the local fallback divided; it cannot pass now.
         retry = (
@@ -548,7 +591,18 @@ class Enforcer:
         endpoint = request.endpoint
         tier = identity.tier if identity is not None else None
         self._log_breach(reports, keys, tags, digest, tier, endpoint, retry)
-        self._raise(names, retry, digest, tier, from_cache=from_cache)
+        if concurrency:  # the rate-limit headers describe rates, never slots in flight
+            data.report = None
+        self._raise(names, retry, digest, tier, from_cache=from_cache, concurrency=concurrency)
+
+    def _shed(self, data: _RequestData) -> NoReturn:
+        """The fleet is over this request's priority's share: 503 (flask_distlimit.fleet)."""
+        priority = self.state.shedding.priority()
+        data.report, data.denied, data.retry_after = None, True, 1
+        metrics = self.state.guard.metrics
+        if metrics is not None:
+            metrics.shed(priority, "fleet")
+        raise Overloaded(priority=priority, reason="fleet", instance=request.path)
 
     def _refuse_unaffordable(
         self, check: Check, b: BoundLimit, identity: Identity | None, data: _RequestData
@@ -581,6 +635,7 @@ class Enforcer:
         *,
         from_cache: bool,
         detail: str | None = None,
+        concurrency: bool = False,
     ) -> NoReturn:
         """Tell the ``on_breach`` hook, then raise the 429 (the hook's response, if any)."""
         response: SansIOResponse | None = None
@@ -598,7 +653,8 @@ class Enforcer:
                     from_cache=from_cache,
                 )
             )
-        exc = RateLimitExceeded(
+        problem = ConcurrencyLimitExceeded if concurrency else RateLimitExceeded
+        exc = problem(
             retry_after=retry, violated_policies=names, instance=request.path, detail=detail
         )
         if isinstance(response, WerkzeugResponse):
@@ -651,6 +707,9 @@ class Enforcer:
             response, data = self._view_never_ran(response)
             if data is None:
                 return response
+        if data.slots is not None and response.is_streamed and not data.slots.scheduled:
+            data.slots.scheduled = True  # given back after the last chunk, not at teardown
+            response.call_on_close(data.slots)
         headers = response.headers
         if data.report is not None and self._headers != "none":
             add = headers.add  # the names are ours alone: no scan for an existing value
@@ -667,6 +726,13 @@ class Enforcer:
         ):
             headers["Retry-After"] = str(data.retry_after)
         return response
+
+    def teardown_request(self, exc: BaseException | None = None) -> None:
+        """Give back the request's concurrency slots (a streamed response gives them back
+        when the server closes it, after its last chunk)."""
+        data: _RequestData | None = request.environ.get(self.environ_key)
+        if data is not None and data.slots is not None and not data.slots.scheduled:
+            data.slots()
 
     def _view_never_ran(
         self, response: WerkzeugResponse
@@ -694,7 +760,7 @@ class Enforcer:
             if charge_route and plan is not None:
                 self._evaluate(req, data, plan.limits, plan.needs_identity, plan.policy, True)
             else:
-                self._evaluate(req, data, (), False, None, True)
+                self._evaluate(req, data, (), False, None, True, fleet=False)
         except HTTPException as exc:  # the refusal, through the app's own error handlers
             response = app.make_response(app.handle_http_exception(exc))
         return response, data

@@ -31,6 +31,7 @@ from .errors import ConfigurationError
 from .guard import Guard
 from .identity import Identity, IdentityHooks, IdentityResolver, IdentitySettings
 from .identity.api_keys import ApiKeyVerifier
+from .priorities import PriorityRegistry, PriorityResolver
 from .state import LimiterState
 from .storage.base import Storage
 from .storage.urls import from_url
@@ -41,6 +42,7 @@ __all__ = ["EXTENSION_KEY", "Breach", "Limiter", "LimiterState"]
 EXTENSION_KEY: Final = "distlimit"
 
 _Verifier = TypeVar("_Verifier", bound=ApiKeyVerifier)
+_F = TypeVar("_F")
 
 
 class Limiter(Declarations):
@@ -77,6 +79,7 @@ class Limiter(Declarations):
         deny_cache_size: int = 10_000,
     ) -> None:
         self.registry = LimitRegistry()
+        self.priorities = PriorityRegistry()
         self.hooks = IdentityHooks()
         self._storage = storage
         self._clock = clock
@@ -139,8 +142,13 @@ class Limiter(Declarations):
         )
         app.extensions[EXTENSION_KEY] = state
         if settings.enabled:
+            if state.shedding.load is not None:  # first: before anything else is done
+                app.before_request(state.shedding.before_request)
+                app.after_request(state.shedding.after_request)
+                app.teardown_request(state.shedding.teardown_request)
             app.before_request(state.enforcer.before_request)
             app.after_request(state.enforcer.after_request)
+            app.teardown_request(state.enforcer.teardown_request)
 
     @staticmethod
     def state(app: Flask | None = None) -> LimiterState:
@@ -191,6 +199,18 @@ class Limiter(Declarations):
     def tier_resolver(self, func: Callable[[Identity], str]) -> Callable[[Identity], str]:
         """Register ``(identity) -> tier``, replacing the default tier of every identity."""
         self.hooks.tier_resolver = func
+        return func
+
+    def priority(self, priority: str) -> Callable[[_F], _F]:
+        """Give a view a priority: ``"critical"``, ``"default"`` or ``"sheddable"``; the least
+        important is shed first when the service is overloaded (:mod:`flask_distlimit.shedding`,
+        :mod:`flask_distlimit.fleet`)."""
+        return self.priorities.declare(priority)
+
+    def priority_resolver(self, func: PriorityResolver) -> PriorityResolver:
+        """Register ``() -> priority or None``, called in a request whose view declares none
+        (e.g. ``"critical"`` for a POST to payments); ``None`` means ``default``."""
+        self.priorities.resolver = func
         return func
 
     def on_breach(self, func: BreachHook) -> BreachHook:

@@ -9,6 +9,10 @@ needs it. Series (all prefixed ``distlimit_``):
   ``denied``), also counted as ``degraded`` above;
 - ``shadow_denials_total{limit}``: requests a shadow limit would have refused (it did not;
   :mod:`flask_distlimit.shadow`), whether the storage or the local fallback decided;
+- ``shed_total{priority, reason}``: requests shed with a 503 (reason ``worker``: this
+  process was busy, :mod:`flask_distlimit.shedding`; ``fleet``: the fleet was,
+  :mod:`flask_distlimit.fleet`);
+- ``worker_in_flight``: requests in flight in this process (when worker shedding is on);
 - ``storage_latency_seconds``: histogram of storage calls (successful or not);
 - ``breaker_state{breaker}``: 0 closed, 1 half-open, 2 open.
 
@@ -69,6 +73,13 @@ class Metrics:
             "distlimit_shadow_denials", "Requests a shadow limit would have refused, by limit",
             ["limit"], **kw,
         )  # fmt: skip
+        self.shed_requests = pc.Counter(
+            "distlimit_shed", "Requests shed with a 503, by priority and reason",
+            ["priority", "reason"], **kw,
+        )  # fmt: skip
+        self.worker_in_flight_gauge = pc.Gauge(
+            "distlimit_worker_in_flight", "Requests in flight in this process", **kw,
+        )  # fmt: skip
         self.storage_latency = pc.Histogram(
             "distlimit_storage_latency_seconds", "Latency of rate-limit storage calls",
             buckets=LATENCY_BUCKETS, **kw,
@@ -98,6 +109,12 @@ class Metrics:
             if len(self._children) < _MAX_CHILDREN:
                 self._children[(True, label, "shadow")] = child
         child.inc()
+
+    def shed(self, priority: str, reason: str) -> None:
+        self.shed_requests.labels(priority=priority, reason=reason).inc()
+
+    def worker_in_flight(self, value: int) -> None:
+        self.worker_in_flight_gauge.set(value)
 
     def storage_call(self, seconds: float) -> None:
         self._observe(seconds)

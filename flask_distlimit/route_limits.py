@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ._typing import CostFunc, ExemptWhen, FailurePolicy, KeyFunc
-from .algorithms import Algorithm
+from .algorithms import CONCURRENCY, Algorithm
 from .decision import Check
 from .declarations import LimitRegistry, LimitSpec
 from .headers import policy_item, sf_string
@@ -128,6 +128,8 @@ def bind(
     for rate in spec.rates:
         limit_id = f"{id_head}:{rate.amount}/{rate.period}"
         name = f"{name_head}:{rate}"
+        if algorithm == CONCURRENCY:  # not a rate: N in flight (flask_distlimit.concurrency)
+            limit_id, name = f"{id_head}:c{rate.amount}", f"{name_head}:{rate.amount} in flight"
         # The key parts come from keys.key_parts, so keys stay in one format.
         head, tail = key_parts(prefix, limit_id, algorithm)
         bound.append(

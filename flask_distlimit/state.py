@@ -27,6 +27,7 @@ from .identity import IdentityResolver, IdentitySettings
 from .route_limits import BoundLimit, bind
 from .shadow import check_tiers as check_shadow_tiers
 from .shadow import spec_is_shadow
+from .shedding import Shedding, WorkerLoad, overload_health
 from .storage.base import Storage
 
 if TYPE_CHECKING:
@@ -165,6 +166,13 @@ class LimiterState:
             for tier, rates in identity_settings.tiers.items()
             if rates
         }
+        #: request priorities and worker-utilization shedding (flask_distlimit.shedding)
+        self.shedding = Shedding(
+            limiter.priorities,
+            WorkerLoad(settings.worker_threads, settings.worker_shed_at, lambda: guard.metrics)
+            if settings.worker_threads
+            else None,
+        )
         self.enforcer = Enforcer(self)
         _states.add(self)
 
@@ -176,8 +184,10 @@ class LimiterState:
     # -- tools (see flask_distlimit.admin) -------------------------------------------------------
 
     def health(self) -> dict[str, object]:
-        """The guard's health report (storage latency, breaker state, scripts, instances)."""
-        return self.guard.health()
+        """The guard's health report (storage latency, breaker state, scripts, instances), with
+        the fleet's usage and this process's load when shedding is on."""
+        report = self.guard.health()
+        return overload_health(report, self)
 
     def reset(self) -> int:
         """Delete every key under this app's prefix and forget local denials; answer how many
@@ -198,5 +208,7 @@ class LimiterState:
         """In a forked child (gunicorn): new connections and a fresh deny-cache lock."""
         self.storage.reset_after_fork()
         self.tags.after_fork()
+        if self.shedding.load is not None:
+            self.shedding.load.after_fork()
         if self.deny_cache is not None:
             self.deny_cache.reset_after_fork()

@@ -7,8 +7,12 @@
 --          inject a time.
 --   2      0 = evaluate, 1 = refund (give back the costs consumed earlier by the same checks).
 --   3 + 4(i-1) ..  per check: algorithm (1 fixed_window, 2 sliding_window_log,
---          3 sliding_window_counter, 4 token_bucket, 5 gcra), plus 16 for a SHADOW check;
---          limit (units), period (us), cost (units).
+--          3 sliding_window_counter, 4 token_bucket, 5 gcra, 6 concurrency), plus 16 for a
+--          SHADOW check, plus 32 for a RELEASE (refund this one check, then peek at it);
+--          limit (units), period (us), cost (units; for concurrency: the slot's token).
+--   A release check gives back what the same check took earlier (a concurrency slot when its
+--   request ends) and never denies; it rides the ordinary evaluate call, so every storage
+--   sends it like any other check.
 --   Anything else (a wrong count, an empty field, a bad number) is refused before any write.
 --
 -- Evaluate: phase 1 reads and decides every check (pruning expired log entries and deleting
@@ -31,7 +35,7 @@
 --   retry_after_us (0 when allowed, -1 = never: cost > limit), repaired (0/1). E.g. "1700000000000000,1,100,99,60000000,0,0".
 
 local LOADERS = {LOAD_FIXED_WINDOW, LOAD_SLIDING_WINDOW_LOG, LOAD_SLIDING_WINDOW_COUNTER,
-  LOAD_TOKEN_BUCKET, LOAD_GCRA}
+  LOAD_TOKEN_BUCKET, LOAD_GCRA, LOAD_CONCURRENCY}
 local loaded = {}
 
 local n = #KEYS
@@ -60,9 +64,13 @@ if now == -1 then
 end
 
 -- Check i: algorithm args[4i - 1], limit args[4i], period args[4i + 1], cost args[4i + 2].
-local algos, shadow = {}, {}
+local algos, shadow, release = {}, {}, {}
 for i = 1, n do
   local code, limit, period, cost = args[4 * i - 1], args[4 * i], args[4 * i + 1], args[4 * i + 2]
+  if type(code) == 'number' and code > 32 then
+    code = code - 32
+    release[i] = true
+  end
   if type(code) == 'number' and code > 16 then
     code = code - 16
     shadow[i] = true
@@ -86,7 +94,7 @@ end
 local results, all = {}, true
 for i = 1, n do
   local repaired = 0
-  if mode == 1 then
+  if mode == 1 or release[i] then
     repaired = algos[i].refund(KEYS[i], args[4 * i], args[4 * i + 1], args[4 * i + 2], now)
     args[4 * i + 2] = 0
   end

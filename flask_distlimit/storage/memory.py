@@ -162,7 +162,7 @@ class MemoryStorage(Storage):
             for check in checks:
                 state, bad = self._state(check, now)
                 cost = check.cost
-                if refund_:
+                if refund_ or check.release:
                     new, ttl = refund(check.algorithm, state, check, now)
                     if ttl >= 0:
                         self._put(check.key, check.algorithm, new, ttl, now)
@@ -178,7 +178,7 @@ class MemoryStorage(Storage):
             admitted = all(s.allowed or c.shadow for c, s in zip(checks, steps, strict=True))
             if admitted and not refund_:
                 for check, s in zip(checks, steps, strict=True):
-                    if check.cost > 0 and s.allowed:
+                    if check.cost > 0 and s.allowed and not check.release:
                         self._put(check.key, check.algorithm, s.state, s.ttl_us, now)
         # A denied request reports every limit as it stands, without the consumption that did
         # not happen (so does a shadow check that would deny).
