@@ -234,8 +234,10 @@ class Enforcer:
                 methods.setdefault(rule.endpoint, set()).update(rule.methods or ())
             served: set[object] = set(app.blueprints.values())
             state = self.state
-            every_request = len(state.global_limits) + max(
-                (len(t) for t in state.tier_limits.values()), default=0
+            every_request = (
+                len(state.global_limits)
+                + max((len(t) for t in state.tier_limits.values()), default=0)
+                + (self.fleet is not None)  # the fleet's slot rides the same call
             )
             routed = [(e, v) for e, v in views.items() if not is_static(e)]
             for endpoint, view in routed:
