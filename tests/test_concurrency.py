@@ -209,3 +209,28 @@ def test_a_bad_lease_is_refused_at_start_up(clock: FakeClock, value: object) -> 
 def test_concurrency_is_not_an_algorithm_for_rate_limits() -> None:
     with pytest.raises(ConfigurationError, match="Unknown rate-limit algorithm"):
         Limiter().limit("5/minute", algorithm="concurrency")
+
+
+def test_under_policy_local_slots_are_held_and_given_back_in_the_process(
+    clock: FakeClock,
+) -> None:
+    """Redis down, policy local, 2 instances: 4 slots are 2 here, and come back at the end."""
+    from flask_distlimit.storage.memory import MemoryStorage
+    from tests.faults import FailingStorage
+
+    down = FailingStorage(MemoryStorage(clock=clock), fails=lambda n: True)
+    app, limiter, _ = make_app(down, clock, DISTLIMIT_FAILURE_POLICY="local", DISTLIMIT_INSTANCES=2)
+
+    @app.get("/export")
+    @limiter.concurrency(4)
+    def export() -> Response:
+        return Response(iter(["rows"]))
+
+    client = app.test_client()
+    held = [client.get("/export", buffered=False) for _ in range(3)]
+    assert [r.status_code for r in held] == [200, 200, 429]
+    held[0].close()
+    again = client.get("/export", buffered=False)
+    assert again.status_code == 200
+    for response in (again, *held):
+        response.close()

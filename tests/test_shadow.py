@@ -247,3 +247,27 @@ def test_shadow_must_be_a_bool_on_a_declaration() -> None:
     limiter = Limiter()
     with pytest.raises(ConfigurationError, match="shadow="):
         limiter.limit("1/minute", shadow="yes")  # type: ignore[arg-type]
+
+
+def test_under_policy_local_a_shadow_limit_counts_its_share_and_never_refuses(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis down, policy local, 2 instances: the enforced 8/minute refuses past its share of
+    4; the shadow 2/minute (share 1) only logs what it would have refused."""
+    from flask_distlimit.storage.memory import MemoryStorage
+    from tests.faults import FailingStorage
+
+    down = FailingStorage(MemoryStorage(clock=clock), fails=lambda n: True)
+    app, limiter, _ = make_app(down, clock, DISTLIMIT_FAILURE_POLICY="local", DISTLIMIT_INSTANCES=2)
+
+    @app.get("/")
+    @limiter.limit("2/minute", shadow=True)
+    @limiter.limit("8/minute", algorithm="fixed_window")
+    def index() -> str:
+        return "ok"
+
+    client = app.test_client()
+    with caplog.at_level(logging.INFO, logger="flask_distlimit"):
+        statuses = [client.get("/").status_code for _ in range(6)]
+    assert statuses == [200] * 4 + [429] * 2  # the enforced limit's share: 8 / 2
+    assert any("Shadow rate limit" in r.getMessage() for r in caplog.records)
