@@ -15,19 +15,26 @@ from .errors import (
 )
 from .extension import Breach, Limiter, LimiterState
 from .limits import Rate, parse_rates
-from .problem import RateLimitExceeded, RateLimitUnavailable
+from .problem import (
+    ConcurrencyLimitExceeded,
+    Overloaded,
+    RateLimitExceeded,
+    RateLimitUnavailable,
+)
 
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
     "Breach",
     "Check",
+    "ConcurrencyLimitExceeded",
     "ConfigurationError",
     "Decision",
     "DistLimitError",
     "Evaluation",
     "Limiter",
     "LimiterState",
+    "Overloaded",
     "Rate",
     "RateLimitExceeded",
     "RateLimitUnavailable",

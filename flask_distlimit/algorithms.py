@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ALGORITHMS",
+    "CONCURRENCY",
     "EXACT_ALGORITHMS",
+    "MAX_CONCURRENCY",
     "MAX_GCRA_RATE",
     "MAX_LIMITS_PER_REQUEST",
     "MAX_LOG_LIMIT",
@@ -34,7 +36,14 @@ Algorithm = Literal[
     "sliding_window_counter",
     "token_bucket",
     "gcra",
+    "concurrency",
 ]
+
+#: Not a rate: requests in flight (:mod:`flask_distlimit.concurrency`). Never a default
+#: algorithm, so not in :data:`ALGORITHMS`.
+CONCURRENCY: Final = "concurrency"
+#: The most slots one concurrency limit may hold (each is a sorted-set member in Redis).
+MAX_CONCURRENCY: Final = 10_000
 
 ALGORITHMS: Final[tuple[Algorithm, ...]] = (
     "fixed_window",

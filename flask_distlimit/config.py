@@ -62,6 +62,19 @@ The keys read here, each ``key`` (default ``value``) followed by its meaning:
 ``DISTLIMIT_DYNAMIC_LIMIT_TTL`` (default ``60``)
     Seconds the answer of a callable limit value (``limiter.limit(plan_of_tenant)``) is kept per
     identity before the callable is asked again (>= 0, <= 86400; 0 asks on every request).
+``DISTLIMIT_SHADOW`` (default ``False``)
+    ``True`` makes every limit a shadow limit (counted, never refusing); a list names the limits
+    declared in config that are: ``"global"``, ``"default"``, ``"tier:<name>"``
+    (:mod:`flask_distlimit.shadow`).
+``DISTLIMIT_CONCURRENCY_LEASE`` (default ``60``)
+    Seconds a concurrency slot is held at most: the slot of a request whose process died comes
+    back then (an int from 1 to 86400; :mod:`flask_distlimit.concurrency`).
+``DISTLIMIT_WORKER_THREADS`` (default ``0``: off), ``DISTLIMIT_WORKER_SHED_AT`` (default
+``{"sheddable": 0.5, "default": 0.75}``)
+    Worker-utilization shedding (:mod:`flask_distlimit.shedding`).
+``DISTLIMIT_FLEET_CAPACITY`` (default ``0``: off), ``DISTLIMIT_FLEET_SHARES`` (default
+``{"critical": 1.0, "default": 0.8, "sheddable": 0.6}``)
+    Fleet-usage shedding (:mod:`flask_distlimit.fleet`).
 """
 
 from __future__ import annotations
@@ -69,16 +82,19 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Literal, TypeVar
 
 from . import serving
 from ._typing import FailurePolicy, HeaderMode
-from .algorithms import ALGORITHMS, Algorithm
+from .algorithms import ALGORITHMS, MAX_CONCURRENCY, Algorithm
 from .errors import ConfigurationError
 from .identity import IDENTITY_KEYS
 from .limits import Rate, parse_rates
+from .priorities import Priority
+from .shadow import ShadowSetting, parse_shadow
+from .shedding import DEFAULT_SHARES, DEFAULT_SHED_AT, parse_shares, parse_shed_at
 
 if TYPE_CHECKING:
     from .storage.base import Storage
@@ -116,6 +132,12 @@ DEFAULTS: Final[dict[str, object]] = {
     "DISTLIMIT_BREAKER_RESET_TIMEOUT": 30,
     "DISTLIMIT_CHARGE_PREFLIGHTS": False,
     "DISTLIMIT_DYNAMIC_LIMIT_TTL": 60,
+    "DISTLIMIT_SHADOW": False,
+    "DISTLIMIT_CONCURRENCY_LEASE": 60,
+    "DISTLIMIT_WORKER_THREADS": 0,
+    "DISTLIMIT_WORKER_SHED_AT": DEFAULT_SHED_AT,
+    "DISTLIMIT_FLEET_CAPACITY": 0,
+    "DISTLIMIT_FLEET_SHARES": DEFAULT_SHARES,
 }
 
 #: Every ``DISTLIMIT_*`` key the extension reads: those above and the identity keys.
@@ -258,6 +280,12 @@ class Settings:
     breaker_reset_timeout: float = 30.0
     charge_preflights: bool = False
     dynamic_limit_ttl: float = 60.0
+    shadow: ShadowSetting = False
+    concurrency_lease: int = 60
+    worker_threads: int = 0
+    worker_shed_at: Mapping[Priority, float] = field(default_factory=lambda: DEFAULT_SHED_AT)
+    fleet_capacity: int = 0
+    fleet_shares: Mapping[Priority, float] = field(default_factory=lambda: DEFAULT_SHARES)
 
     def check_serving(self, storage: Storage | None = None) -> None:
         """Warn (once per process) when ``memory://``, the storage of these settings or the
@@ -271,7 +299,8 @@ class Settings:
         ``config``, then validate them all."""
         _check_keys(config)
         for key, default in DEFAULTS.items():
-            config.setdefault(key, default)
+            # a dict default is copied: an app that edits its config never edits ours
+            config.setdefault(key, dict(default) if isinstance(default, dict) else default)
         get: Callable[[str], object] = config.__getitem__
         return cls(
             storage_url=_storage_url("DISTLIMIT_STORAGE_URL", get("DISTLIMIT_STORAGE_URL")),
@@ -349,4 +378,39 @@ class Settings:
                     meaning=" seconds (how long a callable limit's answer is kept per identity)",
                 )
             ),
+            shadow=parse_shadow("DISTLIMIT_SHADOW", get("DISTLIMIT_SHADOW")),
+            concurrency_lease=int(
+                _number(
+                    "DISTLIMIT_CONCURRENCY_LEASE",
+                    get("DISTLIMIT_CONCURRENCY_LEASE"),
+                    integer=True,
+                    minimum=1,
+                    maximum=86_400,
+                    meaning=" seconds (a little over the longest request served)",
+                )
+            ),
+            worker_threads=int(
+                _number(
+                    "DISTLIMIT_WORKER_THREADS",
+                    get("DISTLIMIT_WORKER_THREADS"),
+                    integer=True,
+                    minimum=0,
+                    maximum=10_000,
+                    meaning=" (the request threads of one process; 0 turns worker shedding off)",
+                )
+            ),
+            worker_shed_at=parse_shed_at(
+                "DISTLIMIT_WORKER_SHED_AT", get("DISTLIMIT_WORKER_SHED_AT")
+            ),
+            fleet_capacity=int(
+                _number(
+                    "DISTLIMIT_FLEET_CAPACITY",
+                    get("DISTLIMIT_FLEET_CAPACITY"),
+                    integer=True,
+                    minimum=0,
+                    maximum=MAX_CONCURRENCY,
+                    meaning=" (requests in flight across the fleet; 0 turns fleet shedding off)",
+                )
+            ),
+            fleet_shares=parse_shares("DISTLIMIT_FLEET_SHARES", get("DISTLIMIT_FLEET_SHARES")),
         )

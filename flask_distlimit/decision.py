@@ -29,6 +29,8 @@ class Check:
     ``key`` is the storage key of this limit for this client, built by
     :func:`flask_distlimit.keys.limit_key` (``<prefix>:{<tag>}:<limit id>:<algorithm>``).
     ``cost`` is how many units the request consumes; 0 is a peek that consumes nothing.
+    ``shadow``: decided and counted as if enforced, but never denies the request
+    (:mod:`flask_distlimit.shadow`); its :class:`Decision` says whether it would have.
     """
 
     key: str
@@ -36,6 +38,12 @@ class Check:
     limit: int
     period: int  # seconds
     cost: int = 1
+    shadow: bool = False
+    #: a concurrency slot's token (:mod:`flask_distlimit.concurrency`), drawn per request; 0
+    #: for a rate limit
+    token: int = 0
+    #: give back the slot ``token`` took (the request ended) instead of taking one
+    release: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +56,9 @@ class Decision:
     - ``reset_after``: seconds until the quota is whole again.
     - ``retry_after``: seconds until a request of this cost could pass; 0 when allowed;
       :data:`NEVER` (``math.inf``) when the cost exceeds the limit.
+    - ``shadow_denied``: a shadow check that would have denied the request. Its ``allowed`` is
+      true (a shadow limit never refuses), nothing was consumed on it, and ``remaining``,
+      ``reset_after`` and ``retry_after`` are those of the refusal it would have been.
     """
 
     allowed: bool
@@ -55,6 +66,7 @@ class Decision:
     remaining: int
     reset_after: float
     retry_after: float
+    shadow_denied: bool = False
 
     @property
     def impossible(self) -> bool:

@@ -49,7 +49,15 @@ from ._typing import (
     LimitKind,
     ScopeFunc,
 )
-from .algorithms import Algorithm, check_cost, check_limit_count, check_rate, validate_algorithm
+from .algorithms import (
+    CONCURRENCY,
+    MAX_CONCURRENCY,
+    Algorithm,
+    check_cost,
+    check_limit_count,
+    check_rate,
+    validate_algorithm,
+)
 from .dynamic_limits import DynamicValue, LimitSource, read_value
 from .errors import ConfigurationError
 from .guard import validate_policy
@@ -88,6 +96,7 @@ class LimitSpec:
     override_defaults: bool = True  #: False: DISTLIMIT_DEFAULT_LIMITS apply beside it
     on_breach: LimitBreachHook | None = None  #: this limit's own breach hook
     error_message: ErrorMessage | None = None  #: the 429's detail when this limit refuses
+    shadow: bool = False  #: counted, never refuses (:mod:`flask_distlimit.shadow`)
 
     def __post_init__(self) -> None:
         if self.algorithm is not None:
@@ -264,6 +273,7 @@ class Declarations:
         override_defaults: bool = True,
         on_breach: LimitBreachHook | None = None,
         error_message: ErrorMessage | None = None,
+        shadow: bool = False,
     ) -> Callable[[Decorated], Decorated]:
         """Limit a view function, a view class, one method of a class-based view, or every
         route of a Blueprint; stackable.
@@ -297,6 +307,8 @@ class Declarations:
           refuses, instead of the Limiter's hook; may return a response;
         - ``error_message``: the 429's ``detail`` when this limit refuses (a string, or a
           callable answering one).
+        - ``shadow``: count as if enforced but never refuse; log and count what it would have
+          refused (:mod:`flask_distlimit.shadow`).
         """
         return self._declare(
             "shared" if scope is not None else "route",
@@ -314,6 +326,7 @@ class Declarations:
             override_defaults=override_defaults,
             on_breach=on_breach,
             error_message=error_message,
+            shadow=shadow,
         )
 
     def shared_limit(
@@ -333,6 +346,7 @@ class Declarations:
         override_defaults: bool = True,
         on_breach: LimitBreachHook | None = None,
         error_message: ErrorMessage | None = None,
+        shadow: bool = False,
     ) -> Callable[[Decorated], Decorated]:
         """A limit whose one counter (per client) is shared by every route that names ``scope``
         (the options are :meth:`limit`'s)."""
@@ -357,6 +371,39 @@ class Declarations:
             override_defaults=override_defaults,
             on_breach=on_breach,
             error_message=error_message,
+            shadow=shadow,
+        )
+
+    def concurrency(
+        self,
+        limit: int,
+        *,
+        key_func: KeyFunc | None = None,
+        scope: str | None = None,
+        on_failure: str | None = None,
+    ) -> Callable[[Decorated], Decorated]:
+        """At most ``limit`` requests of one client in flight at once, across every process
+        and instance (:mod:`flask_distlimit.concurrency`); ``key_func``, ``scope`` and
+        ``on_failure`` as for :meth:`limit`. Decided in the request's one storage call with its
+        rate limits; the slot is given back when the response ends, or by its lease
+        (``DISTLIMIT_CONCURRENCY_LEASE``) if the process died."""
+        whole = isinstance(limit, int) and not isinstance(limit, bool)
+        if not whole or not 0 < limit <= MAX_CONCURRENCY:
+            raise ConfigurationError(
+                f"limiter.concurrency({limit!r}): use an int from 1 to {MAX_CONCURRENCY} (the "
+                "requests of one client in flight at once), e.g. limiter.concurrency(20)."
+            )
+        return self._declare(
+            "shared" if scope is not None else "route",
+            f"{limit}/second",  # the period is the lease, set at init_app
+            algorithm=None,
+            key_func=key_func,
+            cost=None,
+            scope=scope,
+            per_method=False,
+            exempt_when=None,
+            on_failure=on_failure,
+            concurrency=True,
         )
 
     def _declare(
@@ -377,8 +424,12 @@ class Declarations:
         override_defaults: bool = True,
         on_breach: LimitBreachHook | None = None,
         error_message: ErrorMessage | None = None,
+        shadow: bool = False,
+        concurrency: bool = False,
     ) -> Callable[[Decorated], Decorated]:
         rates, dynamic = read_value(value, fallback)
+        if not isinstance(shadow, bool):
+            raise ConfigurationError(f"shadow={shadow!r}: use True or False.")
         if not rates and dynamic is None:
             raise ConfigurationError(
                 f"limiter.limit needs at least one rate, got {value!r}: e.g. '100/minute'."
@@ -426,6 +477,8 @@ class Declarations:
             if not method_set:
                 raise ConfigurationError("methods=[] would never apply: name at least one method.")
         checked_algorithm = validate_algorithm(algorithm) if algorithm is not None else None
+        if concurrency:
+            checked_algorithm = CONCURRENCY
         if checked_algorithm is not None:
             for rate in rates:
                 check_rate(checked_algorithm, rate)
@@ -452,6 +505,7 @@ class Declarations:
                 override_defaults=override_defaults,
                 on_breach=on_breach,
                 error_message=error_message,
+                shadow=shadow,
             )
             self.registry.check_open(target, f"limiter.limit({shown!r})")
             if isinstance(target, Blueprint):

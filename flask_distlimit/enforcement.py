@@ -45,16 +45,25 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 
 from . import deduction, refusal_options
 from ._typing import FailurePolicy, KeyFunc
-from .algorithms import MAX_LIMITS_PER_REQUEST, check_limit_count
+from .algorithms import CONCURRENCY, MAX_LIMITS_PER_REQUEST, check_limit_count
+from .concurrency import SlotRelease, is_slot_key, slot_check
 from .current_limits import Evaluated
 from .decision import Check, Decision, Evaluation
 from .declarations import describe
 from .dynamic_limits import ttl_us
+from .fleet import Fleet
 from .headers import Report, rate_limit_headers
 from .identity import Identity
-from .problem import RateLimitExceeded, RateLimitUnavailable, retry_after_seconds
+from .problem import (
+    ConcurrencyLimitExceeded,
+    Overloaded,
+    RateLimitExceeded,
+    RateLimitUnavailable,
+    retry_after_seconds,
+)
 from .request_filters import filtered
 from .route_limits import BoundLimit, RoutePlan, bind, build_plan, strictest
+from .shadow import ShadowLog
 
 if TYPE_CHECKING:
     from werkzeug.sansio.response import Response as SansIOResponse
@@ -108,6 +117,7 @@ class _RequestData:
         "exempt",
         "report",
         "retry_after",
+        "slots",
     )
 
     def __init__(self, covered: frozenset[object], *, exempt: bool = False) -> None:
@@ -121,6 +131,7 @@ class _RequestData:
         self.evaluated: list[Evaluated] = []
         #: ``deduct_when`` limits to charge after the response, by key
         self.deferred: dict[str, deduction.Deferred] = {}
+        self.slots: SlotRelease | None = None  #: concurrency slots to give back at the end
 
 
 class _Served:
@@ -203,11 +214,25 @@ class Enforcer:
         self._plans: dict[tuple[str | None, str], RoutePlan] = {}
         self._carried: dict[tuple[object, str | None, str], tuple[BoundLimit, ...]] = {}
         self._breaches: dict[str, int] = {}
-        #: some limit applies to every request (global or tier)
-        self._every_request = bool(state.global_limits or state.tier_limits)
+        #: fleet-usage shedding (flask_distlimit.fleet), counted with every request's limits
+        self.fleet = (
+            Fleet(
+                settings.key_prefix,
+                settings.fleet_capacity,
+                settings.fleet_shares,
+                settings.concurrency_lease,
+            )
+            if settings.fleet_capacity
+            else None
+        )
+        #: some limit applies to every request (global, tier or the fleet's capacity)
+        self._every_request = bool(state.global_limits or state.tier_limits or self.fleet)
         self._charge_preflights = settings.charge_preflights
         self._dynamic_ttl = ttl_us(settings.dynamic_limit_ttl)
         self._filters = state.limiter.request_filters
+        self._shadow_all = settings.shadow is True
+        self._shadow_log = ShadowLog(state.local_clock)
+        self._lease = settings.concurrency_lease
         #: The request environ key of this limiter's per-request data (one per app's limiter:
         #: a WSGI app may hand its environ to another app with a limiter of its own).
         self.environ_key = f"flask_distlimit.request.{id(self):x}"
@@ -231,8 +256,10 @@ class Enforcer:
                 methods.setdefault(rule.endpoint, set()).update(rule.methods or ())
             served: set[object] = set(app.blueprints.values())
             state = self.state
-            every_request = len(state.global_limits) + max(
-                (len(t) for t in state.tier_limits.values()), default=0
+            every_request = (
+                len(state.global_limits)
+                + max((len(t) for t in state.tier_limits.values()), default=0)
+                + (self.fleet is not None)  # the fleet's slot rides the same call
             )
             routed = [(e, v) for e, v in views.items() if not is_static(e)]
             for endpoint, view in routed:
@@ -323,6 +350,7 @@ class Enforcer:
                 default_limits=state.default_specs,
                 prefix=self._prefix,
                 default_algorithm=self._algorithm,
+                shadow=self._shadow_all,
             )
         self._plans[(endpoint, method)] = plan
         return plan
@@ -369,6 +397,7 @@ class Enforcer:
                     default_algorithm=self._algorithm,
                     label=label,
                     method=method,
+                    shadow=self._shadow_all,
                 )
             )
             self._carried[(carrier, endpoint, method)] = bounds
@@ -384,6 +413,7 @@ class Enforcer:
         needs_identity: bool,
         policy: FailurePolicy | None,
         every_request: bool,
+        fleet: bool = True,
     ) -> None:
         """One storage call for ``route_limits`` (and the global and tier limits when
         ``every_request``)."""
@@ -410,6 +440,10 @@ class Enforcer:
         checks: list[Check] = []
         bounds: list[BoundLimit] = []
         identity: Identity | None = None
+        if every_request and fleet and self.fleet is not None:
+            priority = state.shedding.priority()
+            checks.append(self.fleet.check(priority))
+            bounds.append(self.fleet.bound(priority))
         if every_request and state.global_limits:
             tag = state.identity_tag(state.resolver.client_ip(environ))
             for b in state.global_limits:
@@ -429,6 +463,10 @@ class Enforcer:
             if b.exempt_when is not None and b.exempt_when():
                 continue
             tag = itag if b.key_func is None else state.identity_tag(_key_text(b.key_func))
+            if b.algorithm == CONCURRENCY:  # a slot, not a cost (flask_distlimit.concurrency)
+                checks.append(slot_check(b, tag, self._lease))
+                bounds.append(b)
+                continue
             cost = default_cost if b.cost is None else _cost_value(b, default_cost)
             if b.dynamic is None and b.deduct_when is None:  # the common case
                 checks.append(b.check(tag, cost))
@@ -492,8 +530,18 @@ class Enforcer:
                     self._refuse(
                         [report], [c.key], identity, data, from_cache=True, denied_bounds=[b]
                     )
+        slots = [c for c in checks if c.token]
+        if slots:  # given back when the response ends, whatever happens from here
+            if data.slots is None:
+                data.slots = SlotRelease(state)
+            data.slots.add(slots)
         started = state.local_clock()
         outcome = state.guard.evaluate(checks, policy=policy, now_us=state.storage_now())
+        if slots and data.slots is not None:
+            if outcome.degraded and outcome.evaluation is not None:
+                data.slots.degraded()  # held by the local fallback
+            elif outcome.evaluation is not None and not outcome.evaluation.allowed:
+                data.slots.discard(slots)  # refused: the storage took none
         if outcome.unavailable:
             data.degraded = data.denied = True
             data.retry_after = self._retry_unavailable
@@ -516,6 +564,16 @@ class Enforcer:
                 degraded=outcome.degraded,
                 denied_bounds=[bounds[i] for i in spent],
             )
+        if any(d.shadow_denied for d in decisions):
+            self._shadow_log.would_deny(
+                [
+                    (c.key, b.name, b.rate.period)
+                    for c, b, d in zip(checks, bounds, decisions, strict=True)
+                    if d.shadow_denied
+                ],
+                request.method,
+                request.endpoint,
+            )
         if not evaluation.allowed:
             finished = state.local_clock()
             denied_reports: list[Report] = []
@@ -527,7 +585,7 @@ class Enforcer:
                 denied_reports.append(_report(b, d, denied=True))
                 denied_keys.append(c.key)
                 denied_bounds.append(b)
-                if cache is not None and not outcome.degraded:
+                if cache is not None and not outcome.degraded and not c.token:
                     cache.record(
                         c.key,
                         cost=c.cost,
@@ -547,12 +605,20 @@ class Enforcer:
                 degraded=outcome.degraded,
                 denied_bounds=denied_bounds,
             )
-        # allowed: report the limit with the fewest units left (ties: the latest reset)
+        # allowed: report the limit with the fewest units left (ties: the latest reset); never
+        # a shadow limit (clients would slow down for a limit that is not enforced)
         best = 0
+        if any(c.shadow or c.token for c in checks):
+            best = next((i for i, c in enumerate(checks) if not (c.shadow or c.token)), -1)
+            if best < 0:
+                data.degraded = data.degraded or outcome.degraded
+                return
         if len(decisions) > 1:
-            best_d = decisions[0]
-            for i in range(1, len(decisions)):
+            best_d = decisions[best]
+            for i in range(best + 1, len(decisions)):
                 d = decisions[i]
+                if checks[i].shadow or checks[i].token:
+                    continue
                 if d.remaining < best_d.remaining or (
                     d.remaining == best_d.remaining and d.reset_after > best_d.reset_after
                 ):
@@ -576,6 +642,9 @@ class Enforcer:
         """Log, call the breach hook and raise the 429 for the denied limits ``reports``
         (stored under ``keys``)."""
         data.deferred.clear()  # a refused request is never charged after its response
+        concurrency = all(map(is_slot_key, keys))
+        if concurrency and self.fleet is not None and self.fleet.key in keys:
+            self._shed(data)
         binding = max(reports, key=lambda r: r.retry_after)
         # Not finite: the cost exceeds a limit the local fallback divided; it cannot pass now.
         retry = (
@@ -590,7 +659,26 @@ class Enforcer:
         endpoint = request.endpoint
         tier = identity.tier if identity is not None else None
         self._log_breach(reports, keys, tags, digest, tier, endpoint, retry)
-        self._raise(names, retry, digest, tier, from_cache=from_cache, denied=denied_bounds)
+        if concurrency:  # the rate-limit headers describe rates, never slots in flight
+            data.report = None
+        self._raise(
+            names,
+            retry,
+            digest,
+            tier,
+            from_cache=from_cache,
+            denied=denied_bounds,
+            concurrency=concurrency,
+        )
+
+    def _shed(self, data: _RequestData) -> NoReturn:
+        """The fleet is over this request's priority's share: 503 (flask_distlimit.fleet)."""
+        priority = self.state.shedding.priority()
+        data.report, data.denied, data.retry_after = None, True, 1
+        metrics = self.state.guard.metrics
+        if metrics is not None:
+            metrics.shed(priority, "fleet")
+        raise Overloaded(priority=priority, reason="fleet", instance=request.path)
 
     def _refuse_unaffordable(
         self, check: Check, b: BoundLimit, identity: Identity | None, data: _RequestData
@@ -625,6 +713,7 @@ class Enforcer:
         from_cache: bool,
         detail: str | None = None,
         denied: Sequence[BoundLimit] = (),
+        concurrency: bool = False,
     ) -> NoReturn:
         """Tell the ``on_breach`` hook, then raise the 429 (the hook's response, if any)."""
         response: SansIOResponse | None = None
@@ -644,7 +733,8 @@ class Enforcer:
                     from_cache=from_cache,
                 )
             )
-        exc = RateLimitExceeded(
+        problem = ConcurrencyLimitExceeded if concurrency else RateLimitExceeded
+        exc = problem(
             retry_after=retry, violated_policies=names, instance=request.path, detail=detail
         )
         if isinstance(response, WerkzeugResponse):
@@ -699,6 +789,9 @@ class Enforcer:
                 return response
         if data.deferred:  # deduct_when limits: charged now, if the response says so
             deduction.charge(self.state, data.deferred, response)
+        if data.slots is not None and response.is_streamed and not data.slots.scheduled:
+            data.slots.scheduled = True  # given back after the last chunk, not at teardown
+            response.call_on_close(data.slots)
         headers = response.headers
         if data.report is not None and self._headers != "none":
             add = headers.add  # the names are ours alone: no scan for an existing value
@@ -715,6 +808,13 @@ class Enforcer:
         ):
             headers["Retry-After"] = str(data.retry_after)
         return response
+
+    def teardown_request(self, exc: BaseException | None = None) -> None:
+        """Give back the request's concurrency slots (a streamed response gives them back
+        when the server closes it, after its last chunk)."""
+        data: _RequestData | None = request.environ.get(self.environ_key)
+        if data is not None and data.slots is not None and not data.slots.scheduled:
+            data.slots()
 
     def _view_never_ran(
         self, response: WerkzeugResponse
@@ -744,7 +844,7 @@ class Enforcer:
             if charge_route and plan is not None:
                 self._evaluate(req, data, plan.limits, plan.needs_identity, plan.policy, True)
             else:
-                self._evaluate(req, data, (), False, None, True)
+                self._evaluate(req, data, (), False, None, True, fleet=False)
         except HTTPException as exc:  # the refusal, through the app's own error handlers
             response = app.make_response(app.handle_http_exception(exc))
         return response, data

@@ -34,6 +34,7 @@ from .errors import ConfigurationError
 from .guard import Guard
 from .identity import Identity, IdentityHooks, IdentityResolver, IdentitySettings
 from .identity.api_keys import ApiKeyVerifier
+from .priorities import PriorityRegistry, PriorityResolver
 from .state import LimiterState
 from .storage.base import Storage
 from .storage.urls import from_url
@@ -44,6 +45,7 @@ __all__ = ["EXTENSION_KEY", "Breach", "Limiter", "LimiterState"]
 EXTENSION_KEY: Final = "distlimit"
 
 _Verifier = TypeVar("_Verifier", bound=ApiKeyVerifier)
+_F = TypeVar("_F")
 
 
 class Limiter(Declarations):
@@ -104,6 +106,7 @@ class Limiter(Declarations):
         self.registry = LimitRegistry()
         #: callables exempting a request from every limit (:mod:`flask_distlimit.request_filters`)
         self.request_filters: list[RequestFilter] = [request_filter] if request_filter else []
+        self.priorities = PriorityRegistry()
         self.hooks = IdentityHooks()
         self._storage = storage
         self._clock = clock
@@ -166,8 +169,13 @@ class Limiter(Declarations):
         )
         app.extensions[EXTENSION_KEY] = state
         if settings.enabled:
+            if state.shedding.load is not None:  # first: before anything else is done
+                app.before_request(state.shedding.before_request)
+                app.after_request(state.shedding.after_request)
+                app.teardown_request(state.shedding.teardown_request)
             app.before_request(state.enforcer.before_request)
             app.after_request(state.enforcer.after_request)
+            app.teardown_request(state.enforcer.teardown_request)
 
     @staticmethod
     def state(app: Flask | None = None) -> LimiterState:
@@ -239,6 +247,18 @@ class Limiter(Declarations):
         :attr:`current_limits`, with or without its rate), e.g. after a successful login;
         answer how many keys were deleted."""
         return _current.clear(self.state(), limit_name)
+
+    def priority(self, priority: str) -> Callable[[_F], _F]:
+        """Give a view a priority: ``"critical"``, ``"default"`` or ``"sheddable"``; the least
+        important is shed first when the service is overloaded (:mod:`flask_distlimit.shedding`,
+        :mod:`flask_distlimit.fleet`)."""
+        return self.priorities.declare(priority)
+
+    def priority_resolver(self, func: PriorityResolver) -> PriorityResolver:
+        """Register ``() -> priority or None``, called in a request whose view declares none
+        (e.g. ``"critical"`` for a POST to payments); ``None`` means ``default``."""
+        self.priorities.resolver = func
+        return func
 
     def on_breach(self, func: BreachHook) -> BreachHook:
         """Register the hook called with a :class:`Breach` on every refused request."""

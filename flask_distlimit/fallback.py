@@ -179,6 +179,9 @@ class LocalFallback:
         for i in covered:
             decision, cost = decisions[i], checks[i].cost
             if decision.remaining < cost:
+                if checks[i].shadow:  # counted here too, but never refuses
+                    decisions[i] = dataclasses.replace(decision, shadow_denied=True)
+                    continue
                 refused = True
                 wait = NEVER if cost > decision.limit else decision.reset_after
                 decisions[i] = dataclasses.replace(decision, allowed=False, retry_after=wait)

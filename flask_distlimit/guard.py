@@ -359,7 +359,12 @@ class Guard:
                 if not result.allowed:
                     denied = True
                 elif any(c.cost for c in part):
-                    spent.extend(indexes)
+                    # a shadow check that would deny was not charged: nothing to give back
+                    spent.extend(
+                        i
+                        for i, d in zip(indexes, decisions_of_part, strict=True)
+                        if not d.shadow_denied
+                    )
         if reply_error is not None:
             self._give_back(checks, spent, decisions, now_us)
             raise reply_error

@@ -7,6 +7,12 @@ needs it. Series (all prefixed ``distlimit_``):
   or ``degraded`` (the storage failed and the failure policy answered);
 - ``fallback_decisions_total{limit, outcome}``: decisions of the local fallback (``allowed`` /
   ``denied``), also counted as ``degraded`` above;
+- ``shadow_denials_total{limit}``: requests a shadow limit would have refused (it did not;
+  :mod:`flask_distlimit.shadow`), whether the storage or the local fallback decided;
+- ``shed_total{priority, reason}``: requests shed with a 503 (reason ``worker``: this
+  process was busy, :mod:`flask_distlimit.shedding`; ``fleet``: the fleet was,
+  :mod:`flask_distlimit.fleet`);
+- ``worker_in_flight``: requests in flight in this process (when worker shedding is on);
 - ``storage_latency_seconds``: histogram of storage calls (successful or not);
 - ``breaker_state{breaker}``: 0 closed, 1 half-open, 2 open; one series per storage node's
   breaker (:mod:`flask_distlimit.breakers`): ``breaker`` is the guard's name
@@ -67,6 +73,17 @@ class Metrics:
             "distlimit_fallback_decisions", "Decisions of the in-process local fallback",
             ["limit", "outcome"], **kw,
         )  # fmt: skip
+        self.shadow_denials = pc.Counter(
+            "distlimit_shadow_denials", "Requests a shadow limit would have refused, by limit",
+            ["limit"], **kw,
+        )  # fmt: skip
+        self.shed_requests = pc.Counter(
+            "distlimit_shed", "Requests shed with a 503, by priority and reason",
+            ["priority", "reason"], **kw,
+        )  # fmt: skip
+        self.worker_in_flight_gauge = pc.Gauge(
+            "distlimit_worker_in_flight", "Requests in flight in this process", **kw,
+        )  # fmt: skip
         self.storage_latency = pc.Histogram(
             "distlimit_storage_latency_seconds", "Latency of rate-limit storage calls",
             buckets=LATENCY_BUCKETS, **kw,
@@ -88,12 +105,29 @@ class Metrics:
                 self._children[(fallback, label, outcome)] = child
         return child
 
+    def _shadow_denied(self, key: str) -> None:
+        label = limit_label(key)
+        child = self._children.get((True, label, "shadow"))
+        if child is None:
+            child = self.shadow_denials.labels(limit=label)
+            if len(self._children) < _MAX_CHILDREN:
+                self._children[(True, label, "shadow")] = child
+        child.inc()
+
+    def shed(self, priority: str, reason: str) -> None:
+        self.shed_requests.labels(priority=priority, reason=reason).inc()
+
+    def worker_in_flight(self, value: int) -> None:
+        self.worker_in_flight_gauge.set(value)
+
     def storage_call(self, seconds: float) -> None:
         self._observe(seconds)
 
     def evaluated(self, checks: Sequence[Check], evaluation: Evaluation) -> None:
         for check, decision in zip(checks, evaluation.decisions, strict=False):
             self._child(False, check.key, "allowed" if decision.allowed else "denied").inc()
+            if decision.shadow_denied:
+                self._shadow_denied(check.key)
 
     def degraded(self, checks: Sequence[Check], evaluation: Evaluation | None) -> None:
         for check in checks:
@@ -101,6 +135,8 @@ class Metrics:
         if evaluation is not None:
             for check, decision in zip(checks, evaluation.decisions, strict=False):
                 self._child(True, check.key, "allowed" if decision.allowed else "denied").inc()
+                if decision.shadow_denied:
+                    self._shadow_denied(check.key)
 
     def breaker_changed(self, breaker: str, state: str) -> None:
         self.breaker_state.labels(breaker=breaker).set(BREAKER_STATE_VALUES.get(state, 2))

@@ -24,8 +24,11 @@ if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
 
 __all__ = [
+    "CONCURRENCY_LIMIT_EXCEEDED",
     "QUOTA_EXCEEDED",
     "TEMPORARY_REDUCED_CAPACITY",
+    "ConcurrencyLimitExceeded",
+    "Overloaded",
     "RateLimitExceeded",
     "RateLimitUnavailable",
     "retry_after_seconds",
@@ -34,6 +37,12 @@ __all__ = [
 QUOTA_EXCEEDED: Final = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 TEMPORARY_REDUCED_CAPACITY: Final = (
     "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+)
+#: Not an IANA-registered type (none says "too many in flight"): this project's own, whose page
+#: (docs/defences.md) explains it.
+CONCURRENCY_LIMIT_EXCEEDED: Final = (
+    "https://github.com/flask-distlimit/flask-distlimit/blob/main/docs/defences.md"
+    "#concurrency-limit-exceeded"
 )
 _MEDIA_TYPE: Final = "application/problem+json"
 #: Retry-After for a request that can never pass (its cost exceeds the limit): one day.
@@ -130,6 +139,71 @@ class RateLimitExceeded(_Problem, TooManyRequests):
             )
         )
         TooManyRequests.__init__(self, description=self.detail_text, retry_after=self.retry_after_s)
+
+
+class ConcurrencyLimitExceeded(RateLimitExceeded):
+    """429: the client has as many requests in flight as its concurrency limit allows
+    (:mod:`flask_distlimit.concurrency`); not a rate: one ending frees a slot."""
+
+    problem_type = CONCURRENCY_LIMIT_EXCEEDED
+    title = "Too many requests in flight at the same time"
+
+    def __init__(
+        self,
+        *,
+        retry_after: float | None,
+        violated_policies: Sequence[str],
+        instance: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        super().__init__(
+            retry_after=retry_after,
+            violated_policies=violated_policies,
+            instance=instance,
+            detail=detail
+            or (
+                f"Concurrency limit {', '.join(violated_policies)}: too many of your requests are "
+                "in progress at once. Retry when one of them has finished."
+            ),
+        )
+
+
+class Overloaded(_Problem, ServiceUnavailable):
+    """503: the service sheds this request's priority to keep capacity for more important
+    traffic (:mod:`flask_distlimit.shedding`: this process is busy; :mod:`flask_distlimit.fleet`:
+    the fleet is)."""
+
+    problem_type = TEMPORARY_REDUCED_CAPACITY
+    status = 503
+    title = "Request cannot be satisfied due to temporary server capacity constraints"
+
+    def __init__(
+        self,
+        *,
+        priority: str,
+        reason: str,
+        retry_after: float = 1.0,
+        instance: str | None = None,
+    ) -> None:
+        self.retry_after_s = retry_after_seconds(retry_after)
+        self.violated_policies = ()
+        self.instance = instance
+        self.priority = priority
+        self.reason = reason  #: "worker" or "fleet"
+        where = "this server is" if reason == "worker" else "the service is"
+        self.detail_text = (
+            f"Overloaded: {where} near capacity and sheds {priority} requests first, to keep "
+            f"room for more important ones; retry in {self.retry_after_s} s."
+        )
+        ServiceUnavailable.__init__(
+            self, description=self.detail_text, retry_after=self.retry_after_s
+        )
+
+    def problem(self) -> dict[str, Any]:
+        body = super().problem()
+        del body["violated-policies"]
+        body["priority"] = self.priority
+        return body
 
 
 class RateLimitUnavailable(_Problem, ServiceUnavailable):

@@ -42,7 +42,7 @@ from ._typing import (
     KeyFunc,
     LimitBreachHook,
 )
-from .algorithms import Algorithm
+from .algorithms import CONCURRENCY, Algorithm
 from .decision import Check
 from .declarations import LimitRegistry, LimitSpec
 from .dynamic_limits import DynamicLimit
@@ -85,6 +85,7 @@ class BoundLimit:
     on_breach: LimitBreachHook | None = None
     error_message: ErrorMessage | None = None
     shown: str = ""  #: the declared value, for listings
+    shadow: bool = False  #: counted, never refuses (:mod:`flask_distlimit.shadow`)
     _unit_checks: dict[str, Check] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -108,13 +109,17 @@ class BoundLimit:
     def check(self, tag: str, cost: int) -> Check:
         """The :class:`~flask_distlimit.decision.Check` of this limit for an identity tag."""
         if cost != 1:
-            return Check(self.key(tag), self.algorithm, self.rate.amount, self.rate.period, cost)
+            return Check(
+                self.key(tag), self.algorithm, self.rate.amount, self.rate.period, cost, self.shadow
+            )
         kept = self._unit_checks
         found = kept.get(tag)
         if found is None:
             if len(kept) >= _CHECKS_KEPT:
                 kept.clear()
-            found = Check(self.key(tag), self.algorithm, self.rate.amount, self.rate.period, 1)
+            found = Check(
+                self.key(tag), self.algorithm, self.rate.amount, self.rate.period, 1, self.shadow
+            )
             kept[tag] = found
         return found
 
@@ -147,8 +152,12 @@ def bind(
     default_algorithm: Algorithm,
     label: str,
     method: str | None = None,
+    shadow: bool = False,
 ) -> list[BoundLimit]:
-    """The bound limits of ``spec``; ``label`` is the endpoint (ignored when scoped)."""
+    """The bound limits of ``spec``; ``label`` is the endpoint (ignored when scoped);
+    ``shadow`` makes them shadow limits whatever the spec says (``DISTLIMIT_SHADOW = True``)."""
+    if shadow and not spec.shadow:
+        spec = replace(spec, shadow=True)
     algorithm = spec.algorithm or default_algorithm
     keyed_on: KeyedOn = "identity"
     if spec.kind == "global":
@@ -198,6 +207,7 @@ def bind(
                 on_breach=spec.on_breach,
                 error_message=spec.error_message,
                 shown=spec.dynamic.described,
+                shadow=spec.shadow,
             )
         ]
     return _bind_rates(spec, algorithm, keyed_on, id_head, name_head, prefix)
@@ -215,6 +225,8 @@ def _bind_rates(
     for rate in spec.rates:
         limit_id = f"{id_head}:{rate.amount}/{rate.period}"
         name = f"{name_head}:{rate}"
+        if algorithm == CONCURRENCY:  # not a rate: N in flight (flask_distlimit.concurrency)
+            limit_id, name = f"{id_head}:c{rate.amount}", f"{name_head}:{rate.amount} in flight"
         # The key parts come from keys.key_parts, so keys stay in one format.
         head, tail = key_parts(prefix, limit_id, algorithm)
         bound.append(
@@ -235,6 +247,7 @@ def _bind_rates(
                 on_breach=spec.on_breach,
                 error_message=spec.error_message,
                 shown=str(rate),
+                shadow=spec.shadow,
             )
         )
     return bound
@@ -279,6 +292,7 @@ def build_plan(
     default_limits: Iterable[LimitSpec],
     prefix: str,
     default_algorithm: Algorithm,
+    shadow: bool = False,
 ) -> RoutePlan:
     """Bind the limits of one endpoint and method.
 
@@ -331,6 +345,7 @@ def build_plan(
             default_algorithm=default_algorithm,
             label=endpoint,
             method=method,
+            shadow=shadow,
         ):
             dedupe = f"{b.limit_id}|{b.algorithm}|{id(b.key_func)}"
             if dedupe not in seen:

@@ -11,10 +11,13 @@ Every Redis backend (single node, Sentinel, each Cluster slot group) calls the s
 
 - ``KEYS``: one key per check, in order.
 - ``ARGV``: ONE string of comma-separated decimal integers: ``now_us`` (or ``-1``), mode
-  (0 evaluate, 1 refund), then four per check: algorithm code (:data:`ALGORITHM_CODES`), limit,
-  period in microseconds, cost. E.g. ``-1,0,1,100,60000000,1``.
+  (0 evaluate, 1 refund), then four per check: algorithm code (:data:`ALGORITHM_CODES`, plus
+  :data:`SHADOW_FLAG` for a shadow check, :data:`RELEASE_FLAG` for a release), limit, period in
+  microseconds, cost (a concurrency slot's token). E.g.
+  ``-1,0,1,100,60000000,1``.
 - reply: ONE bulk string of comma-separated decimal integers: ``now_us``, then six per check:
-  allowed (0/1), limit, remaining, reset_after_us, retry_after_us (``-1`` = never), repaired (0/1).
+  allowed (0/1, 2 = a shadow check that would deny), limit, remaining, reset_after_us,
+  retry_after_us (``-1`` = never), repaired (0/1).
 
 Why strings and not RESP arrays of integers: redis-py packs every argument and parses every reply
 element in pure Python, one at a time; one argument and one bulk string (split here with one
@@ -32,7 +35,14 @@ from .algorithms import Algorithm
 from .decision import NEVER, Check, Decision, Evaluation
 from .errors import StorageResponseError
 
-__all__ = ["ALGORITHM_CODES", "SCRIPT_SOURCE", "parse_reply", "script_args"]
+__all__ = [
+    "ALGORITHM_CODES",
+    "RELEASE_FLAG",
+    "SCRIPT_SOURCE",
+    "SHADOW_FLAG",
+    "parse_reply",
+    "script_args",
+]
 
 #: The number each algorithm is sent as (``ARGV``); the order of ``ALGORITHMS`` in evaluate.lua.
 ALGORITHM_CODES: Final[dict[Algorithm, int]] = {
@@ -41,7 +51,13 @@ ALGORITHM_CODES: Final[dict[Algorithm, int]] = {
     "sliding_window_counter": 3,
     "token_bucket": 4,
     "gcra": 5,
+    "concurrency": 6,
 }
+
+#: Added to the algorithm code of a shadow check: decided and counted, never denies.
+SHADOW_FLAG: Final = 16
+#: Added to the algorithm code of a release: give back what the check took (a slot), then peek.
+RELEASE_FLAG: Final = 32
 
 _FILES: Final = (
     "common.lua",
@@ -50,6 +66,7 @@ _FILES: Final = (
     "sliding_window_counter.lua",
     "token_bucket.lua",
     "gcra.lua",
+    "concurrency.lua",
     "evaluate.lua",  # the driver, last
 )
 
@@ -87,7 +104,13 @@ def script_args(
 
 def _fields(check: Check) -> str:
     """The four ARGV fields of one check: algorithm code, limit, period (us), cost."""
-    return f"{ALGORITHM_CODES[check.algorithm]},{check.limit},{check.period * _US},{check.cost}"
+    code = ALGORITHM_CODES[check.algorithm] + (SHADOW_FLAG if check.shadow else 0)
+    units = check.cost
+    if check.token:  # a concurrency slot: its token is sent instead of the cost of 1
+        units = check.token if units else 0
+        if check.release:
+            code += RELEASE_FLAG
+    return f"{code},{check.limit},{check.period * _US},{units}"
 
 
 def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
@@ -117,11 +140,12 @@ def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
         allowed, limit, remaining, reset_us, retry_us, bad = values[j : j + _FIELDS]
         decisions.append(
             Decision(
-                allowed == 1,
+                allowed != 0,
                 limit,
                 remaining,
                 reset_us / _US,
                 NEVER if retry_us < 0 else retry_us / _US,
+                allowed == 2,
             )
         )
         if bad:

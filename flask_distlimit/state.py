@@ -25,6 +25,9 @@ from .enforcement import Enforcer
 from .guard import Guard
 from .identity import IdentityResolver, IdentitySettings
 from .route_limits import BoundLimit, bind
+from .shadow import check_tiers as check_shadow_tiers
+from .shadow import spec_is_shadow
+from .shedding import Shedding, WorkerLoad, overload_health
 from .storage.base import Storage
 
 if TYPE_CHECKING:
@@ -115,8 +118,18 @@ class LimiterState:
         )
         self.identity_tag: Callable[[str], str] = self.tags.tag
         prefix, algorithm = settings.key_prefix, settings.algorithm
+        shadow = settings.shadow
+        check_shadow_tiers(shadow, identity_settings.tiers)
         self.default_specs: tuple[LimitSpec, ...] = (
-            (LimitSpec("default", settings.default_limits),) if settings.default_limits else ()
+            (
+                LimitSpec(
+                    "default",
+                    settings.default_limits,
+                    shadow=spec_is_shadow(shadow, "default"),
+                ),
+            )
+            if settings.default_limits
+            else ()
         )
         # Limits that take the app's default algorithm are checked against it now, at start-up
         # (those declared with an algorithm of their own were checked when declared).
@@ -131,7 +144,9 @@ class LimiterState:
         _check_limits_per_request(settings, identity_settings, self.default_specs, self.registry)
         self.global_limits: tuple[BoundLimit, ...] = tuple(
             bind(
-                LimitSpec("global", settings.global_limits),
+                LimitSpec(
+                    "global", settings.global_limits, shadow=spec_is_shadow(shadow, "global")
+                ),
                 prefix=prefix,
                 default_algorithm=algorithm,
                 label="global",
@@ -140,7 +155,9 @@ class LimiterState:
         self.tier_limits: dict[str, tuple[BoundLimit, ...]] = {
             tier: tuple(
                 bind(
-                    LimitSpec("tier", rates, tier=tier),
+                    LimitSpec(
+                        "tier", rates, tier=tier, shadow=spec_is_shadow(shadow, "tier", tier)
+                    ),
                     prefix=prefix,
                     default_algorithm=algorithm,
                     label=tier,
@@ -149,6 +166,13 @@ class LimiterState:
             for tier, rates in identity_settings.tiers.items()
             if rates
         }
+        #: request priorities and worker-utilization shedding (flask_distlimit.shedding)
+        self.shedding = Shedding(
+            limiter.priorities,
+            WorkerLoad(settings.worker_threads, settings.worker_shed_at, lambda: guard.metrics)
+            if settings.worker_threads
+            else None,
+        )
         self.enforcer = Enforcer(self)
         _states.add(self)
 
@@ -160,8 +184,10 @@ class LimiterState:
     # -- tools (see flask_distlimit.admin) -------------------------------------------------------
 
     def health(self) -> dict[str, object]:
-        """The guard's health report (storage latency, breaker state, scripts, instances)."""
-        return self.guard.health()
+        """The guard's health report (storage latency, breaker state, scripts, instances), with
+        the fleet's usage and this process's load when shedding is on."""
+        report = self.guard.health()
+        return overload_health(report, self)
 
     def reset(self) -> int:
         """Delete every key under this app's prefix and forget local denials; answer how many
@@ -182,5 +208,7 @@ class LimiterState:
         """In a forked child (gunicorn): new connections and a fresh deny-cache lock."""
         self.storage.reset_after_fork()
         self.tags.after_fork()
+        if self.shedding.load is not None:
+            self.shedding.load.after_fork()
         if self.deny_cache is not None:
             self.deny_cache.reset_after_fork()

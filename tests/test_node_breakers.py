@@ -270,3 +270,17 @@ def test_a_counting_wrapper_keeps_the_breaker_per_node() -> None:
     assert kinds(guard, [limit("alice")], 4) == ["allowed"] * 3 + ["denied"]
     assert counting.evaluations == 5  # bob once (then his node's breaker is open), alice 4 times
     assert guard.health()["breakers"] == {A: "closed", B: "open"}
+
+
+def test_a_refund_across_nodes_gives_nothing_back_to_a_shadow_limit_that_was_not_charged() -> None:
+    """A shadow check that would deny is not charged; when another node then refuses the
+    request, the give-back must not take a unit off the shadow limit's count."""
+    guard, storage, _ = make("closed", fail_max=5)
+    shadow = replace(limit("ann", 1, "shadow"), shadow=True)
+    assert kinds(guard, [shadow], 1) == ["allowed"]  # its one unit: spent
+    assert kinds(guard, [limit("bob", 1)], 1) == ["allowed"]  # bob's one unit: spent
+    # ann's node admits (her shadow limit only would deny), bob's node denies: a refund.
+    evaluation = guard.evaluate([shadow, limit("ann"), limit("bob", 1)], now_us=NOW).evaluation
+    assert evaluation is not None and not evaluation.allowed
+    assert storage.remaining(limit("ann")) == 3  # given back
+    assert storage.remaining(replace(shadow, shadow=False)) == 0  # still spent, as counted

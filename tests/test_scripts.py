@@ -160,7 +160,10 @@ def test_bad_arguments_are_script_errors(redis_client: redis.Redis) -> None:
         (["k"], ["-1,0,1,10,60000000,1,"]),
         (["k"], ["-1,2,1,10,60000000,1"]),  # mode 2
         (["k"], ["x,0,1,10,60000000,1"]),  # time
-        (["k"], ["-1,0,6,10,60000000,1"]),  # algorithm 6
+        (["k"], ["-1,0,7,10,60000000,1"]),  # algorithm 7 (6 is concurrency)
+        (["k"], ["-1,0,16,10,60000000,1"]),  # the shadow flag alone
+        (["k"], ["-1,0,55,10,60000000,1"]),  # release + shadow flags on algorithm 7
+        (["k"], ["-1,0,65,10,60000000,1"]),  # an unknown flag
         (["k"], ["-1,0,1,0,60000000,1"]),  # limit 0
         (["k"], ["-1,0,1,10,1.5,1"]),  # fractional period
         (["k"], ["-1,0,1,10,60000000,-1"]),  # negative cost

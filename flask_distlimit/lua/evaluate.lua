@@ -7,13 +7,20 @@
 --          inject a time.
 --   2      0 = evaluate, 1 = refund (give back the costs consumed earlier by the same checks).
 --   3 + 4(i-1) ..  per check: algorithm (1 fixed_window, 2 sliding_window_log,
---          3 sliding_window_counter, 4 token_bucket, 5 gcra), limit (units),
---          period (us), cost (units).
+--          3 sliding_window_counter, 4 token_bucket, 5 gcra, 6 concurrency), plus 16 for a
+--          SHADOW check, plus 32 for a RELEASE (refund this one check, then peek at it);
+--          limit (units), period (us), cost (units; for concurrency: the slot's token).
+--   A release check gives back what the same check took earlier (a concurrency slot when its
+--   request ends) and never denies; it rides the ordinary evaluate call, so every storage
+--   sends it like any other check.
 --   Anything else (a wrong count, an empty field, a bad number) is refused before any write.
 --
 -- Evaluate: phase 1 reads and decides every check (pruning expired log entries and deleting
 -- keys that hold garbage, but consuming nothing); phase 2, only when every check allows and
 -- only for costs > 0, writes them all. A denied request consumes nothing anywhere.
+-- A shadow check (code + 16) is decided like any other but never denies the request: when it
+-- would deny, the others still decide alone, and it is not written (exactly as an enforced limit
+-- that refuses is not charged), so its count is what it would be if it were enforced alone.
 -- Refund: each check gives its cost back, then reports its state as a peek (cost 0).
 --
 -- Each algorithm file defines a loader LOAD_<NAME>() that builds its functions (only for the
@@ -24,11 +31,11 @@
 --
 -- Reply: ONE bulk string of comma-separated decimal integers (formatted with %d, so exact below
 --   2^53; the client parses one string instead of 1 + 6n RESP integers): now_us, then per check:
---   allowed (0/1), limit, remaining, reset_after_us, retry_after_us (0 when allowed, -1 = never:
---   cost > limit), repaired (0/1). E.g. "1700000000000000,1,100,99,60000000,0,0".
+--   allowed (0/1; 2 = a shadow check that would deny), limit, remaining, reset_after_us,
+--   retry_after_us (0 when allowed, -1 = never: cost > limit), repaired (0/1). E.g. "1700000000000000,1,100,99,60000000,0,0".
 
 local LOADERS = {LOAD_FIXED_WINDOW, LOAD_SLIDING_WINDOW_LOG, LOAD_SLIDING_WINDOW_COUNTER,
-  LOAD_TOKEN_BUCKET, LOAD_GCRA}
+  LOAD_TOKEN_BUCKET, LOAD_GCRA, LOAD_CONCURRENCY}
 local loaded = {}
 
 local n = #KEYS
@@ -57,9 +64,17 @@ if now == -1 then
 end
 
 -- Check i: algorithm args[4i - 1], limit args[4i], period args[4i + 1], cost args[4i + 2].
-local algos = {}
+local algos, shadow, release = {}, {}, {}
 for i = 1, n do
   local code, limit, period, cost = args[4 * i - 1], args[4 * i], args[4 * i + 1], args[4 * i + 2]
+  if type(code) == 'number' and code > 32 then
+    code = code - 32
+    release[i] = true
+  end
+  if type(code) == 'number' and code > 16 then
+    code = code - 16
+    shadow[i] = true
+  end
   if LOADERS[code] == nil or not (whole(limit) and limit >= 1 and whole(period) and period >= 1
       and whole(cost)) then
     return redis.error_reply('ERR distlimit: bad arguments for check ' .. i)
@@ -79,7 +94,7 @@ end
 local results, all = {}, true
 for i = 1, n do
   local repaired = 0
-  if mode == 1 then
+  if mode == 1 or release[i] then
     repaired = algos[i].refund(KEYS[i], args[4 * i], args[4 * i + 1], args[4 * i + 2], now)
     args[4 * i + 2] = 0
   end
@@ -89,14 +104,18 @@ for i = 1, n do
   end
   results[i] = r
   if r[1] == 0 then
-    all = false
+    if shadow[i] then
+      r[1] = 2  -- would deny: reported, never refuses, not written
+    else
+      all = false
+    end
   end
 end
 
 if all then
   for i = 1, n do
     local cost = args[4 * i + 2]
-    if cost > 0 then
+    if cost > 0 and results[i][1] == 1 then
       algos[i].commit(KEYS[i], results[i], args[4 * i], args[4 * i + 1], cost, now)
     end
   end
@@ -107,15 +126,23 @@ local left, reset = 2, 3
 if not all then
   left, reset = 6, 7
 end
+-- A shadow check that would deny was not written either: it reports itself as it stands.
 if n == 1 then  -- the usual request: no reply table (measured: ~1 us less in a request)
   local r = results[1]
+  if r[1] == 2 then
+    left, reset = 6, 7
+  end
   return string.format('%d,%d,%d,%d,%d,%d,%d', now, r[1], args[4], r[left], r[reset], r[4], r[5])
 end
 local reply = {now}
 for i = 1, n do
   local r, j = results[i], 6 * i - 4
-  reply[j], reply[j + 1], reply[j + 2] = r[1], args[4 * i], r[left]
-  reply[j + 3], reply[j + 4], reply[j + 5] = r[reset], r[4], r[5]
+  local l, t = left, reset
+  if r[1] == 2 then
+    l, t = 6, 7
+  end
+  reply[j], reply[j + 1], reply[j + 2] = r[1], args[4 * i], r[l]
+  reply[j + 3], reply[j + 4], reply[j + 5] = r[t], r[4], r[5]
 end
 -- One string.format call (in chunks of 960 values only past unpack's stack limit).
 local size = #reply

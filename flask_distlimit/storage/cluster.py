@@ -57,6 +57,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any, Final
 
 import redis
@@ -419,7 +420,15 @@ class ClusterStorage(Storage):
                 if isinstance(r, Evaluation) and r.allowed and any(c.cost for c in parts[n])
             ]
             if consumed:
-                refunds = self._run_all([parts[n] for n in consumed], now_us, refund=True)
+                # a shadow check that would deny was not charged: give it nothing back
+                given = [
+                    [
+                        replace(c, cost=0) if d.shadow_denied else c
+                        for c, d in zip(parts[n], results[n].decisions, strict=True)  # type: ignore[union-attr]
+                    ]
+                    for n in consumed
+                ]
+                refunds = self._run_all(given, now_us, refund=True)
                 for n, refunded in zip(consumed, refunds, strict=True):
                     if isinstance(refunded, Evaluation):
                         results[n] = refunded

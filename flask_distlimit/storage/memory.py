@@ -162,7 +162,7 @@ class MemoryStorage(Storage):
             for check in checks:
                 state, bad = self._state(check, now)
                 cost = check.cost
-                if refund_:
+                if refund_ or check.release:
                     new, ttl = refund(check.algorithm, state, check, now)
                     if ttl >= 0:
                         self._put(check.key, check.algorithm, new, ttl, now)
@@ -174,21 +174,23 @@ class MemoryStorage(Storage):
                 steps.append(s)
                 if bad:
                     repaired.append(check.key)
-            admitted = all(s.allowed for s in steps)
+            # A shadow check never denies the request; one that would is not written.
+            admitted = all(s.allowed or c.shadow for c, s in zip(checks, steps, strict=True))
             if admitted and not refund_:
                 for check, s in zip(checks, steps, strict=True):
-                    if check.cost > 0:
+                    if check.cost > 0 and s.allowed and not check.release:
                         self._put(check.key, check.algorithm, s.state, s.ttl_us, now)
         # A denied request reports every limit as it stands, without the consumption that did
-        # not happen.
+        # not happen (so does a shadow check that would deny).
         return Evaluation(
             tuple(
                 Decision(
-                    s.allowed,
+                    s.allowed or c.shadow,
                     c.limit,
-                    s.remaining if admitted else s.remaining_now,
-                    (s.reset_us if admitted else s.reset_now_us) / _US,
+                    s.remaining if admitted and s.allowed else s.remaining_now,
+                    (s.reset_us if admitted and s.allowed else s.reset_now_us) / _US,
                     NEVER if s.retry_us < 0 else s.retry_us / _US,
+                    c.shadow and not s.allowed,
                 )
                 for c, s in zip(checks, steps, strict=True)
             ),

@@ -61,8 +61,11 @@ class BucketState(NamedTuple):
 #: start + 1 .. end of the key's running count (see lua/sliding_window_log.lua).
 LogEntry = tuple[int, int, int]
 
+#: Concurrency: the slots in use, token -> when its lease ends (us).
+SlotState = dict[int, int]
+
 #: The log is a list of entries in time order; GCRA is the TAT in emission intervals.
-State = FixedWindowState | CounterState | BucketState | list[LogEntry] | float
+State = FixedWindowState | CounterState | BucketState | list[LogEntry] | float | SlotState
 
 
 class Step(NamedTuple):
@@ -490,7 +493,63 @@ def plausible(algorithm: str, state: object, limit: int, period: int, now: int) 
         return state.stamp <= now + period
     if algorithm == "gcra" and isinstance(state, float):
         return state - now / (period / limit) <= 2 * limit
-    return False
+    return algorithm == "concurrency" and isinstance(state, dict)
+
+
+# --- concurrency (requests in flight; lua/concurrency.lua) -----------------------------------
+
+_RETRY_HINT: Final = 1_000_000  # us: when a slot frees is unknown; the script's hint
+
+
+def _cc_live(state: State | None, now: int) -> SlotState:
+    """The live slots, the expired ones removed in place (as the script's ZREMRANGEBYSCORE)."""
+    if not isinstance(state, dict):
+        return {}
+    for token in [t for t, until in state.items() if until <= now]:
+        del state[token]
+    return state
+
+
+def concurrency(state: State | None, limit: int, period: int, cost: int, now: int) -> Step:
+    """``cost`` is the slot's token (0: a peek); ``period`` the lease."""
+    slots = _cc_live(state, now)
+    k = len(slots)
+    allowed, taken = True, k
+    if cost > 0:
+        if k + 1 <= limit:
+            taken = k + 1
+        else:
+            allowed = False
+    reset_now = max(slots.values()) - now if slots else 0
+    reset = period if taken > k else reset_now
+    retry = 0
+    if not allowed:
+        retry = min(slots.values()) - now
+        if retry > _RETRY_HINT or retry <= 0:
+            retry = _RETRY_HINT
+    new: SlotState | None = None
+    if cost > 0 and allowed:
+        new = {**slots, cost: now + period}
+    return Step(
+        allowed,
+        max(0, limit - taken),
+        reset,
+        retry,
+        new,
+        period,
+        max(0, limit - k),
+        reset_now,
+    )
+
+
+def _cc_refund(
+    state: State | None, limit: int, period: int, cost: int, now: int
+) -> tuple[State | None, int]:
+    """The release: the token's slot goes (the key's TTL stands)."""
+    if not isinstance(state, dict) or cost not in state:
+        return state, -1  # nothing to give back: unchanged
+    del state[cost]  # in place, as the script's ZREM; the key's TTL stands
+    return (state, -1) if state else (None, 0)
 
 
 StepFunction = Callable[[State | None, int, int, int, int], Step]
@@ -503,6 +562,7 @@ ALGORITHM_STEPS: Final[dict[Algorithm, StepFunction]] = {
     "sliding_window_counter": sliding_window_counter,
     "token_bucket": token_bucket,
     "gcra": gcra,
+    "concurrency": concurrency,
 }
 
 _REFUNDS: Final[dict[Algorithm, RefundFunction]] = {
@@ -511,11 +571,14 @@ _REFUNDS: Final[dict[Algorithm, RefundFunction]] = {
     "sliding_window_counter": _swc_refund,
     "token_bucket": _tb_refund,
     "gcra": _gcra_refund,
+    "concurrency": _cc_refund,
 }
 
 
 def step(algorithm: Algorithm, state: State | None, check: Check, cost: int, now_us: int) -> Step:
     """Decide ``check`` (with ``cost``) over ``state`` at ``now_us``."""
+    if check.token:  # a concurrency slot: the token stands for the cost of 1
+        cost = check.token if cost else 0
     return ALGORITHM_STEPS[algorithm](state, check.limit, check.period * _US, cost, now_us)
 
 
@@ -523,4 +586,5 @@ def refund(
     algorithm: Algorithm, state: State | None, check: Check, now_us: int
 ) -> tuple[State | None, int]:
     """Give ``check.cost`` back: ``(new state or None to delete, ttl_us)``; ttl -1 = unchanged."""
-    return _REFUNDS[algorithm](state, check.limit, check.period * _US, check.cost, now_us)
+    cost = check.token or check.cost  # a concurrency slot is given back by its token
+    return _REFUNDS[algorithm](state, check.limit, check.period * _US, cost, now_us)

@@ -1,0 +1,107 @@
+"""Concurrent-requests limits: at most N requests of one identity in flight, fleet-wide.
+
+``@limiter.concurrency(20)`` declares one (``key_func=`` and ``scope=`` as for a rate limit). Its
+slot is taken in the request's one storage call, all-or-nothing with the request's rate limits
+(the algorithm ``concurrency`` of the script, ``lua/concurrency.lua``, and its twin in
+:mod:`flask_distlimit.storage.twins` for ``memory://`` and the local fallback):
+
+- each request draws a random *token*; the key is a sorted set of the tokens in flight, scored by
+  when their *lease* ends (``DISTLIMIT_CONCURRENCY_LEASE``, seconds);
+- when the response ends, the slot is given back in a second, small storage call: a *release*
+  check (:attr:`~flask_distlimit.decision.Check.release`) through the ordinary ``evaluate``, so
+  every storage sends it as it sends any check. A streamed response gives it back when the WSGI
+  server closes it (after its last chunk); any other at ``teardown_request`` (its body is made
+  then, and an exception that escaped Flask ends there too);
+- a slot whose process died (SIGKILL, OOM) is given back by its lease: the next request of that
+  identity removes the slots whose lease ended, in the same script call. No background thread;
+- a refusal is a 429 :class:`~flask_distlimit.problem.ConcurrencyLimitExceeded` (problem type
+  ``.../concurrency-limit-exceeded``), never cached by the deny cache: a slot may free any moment;
+- failure policies apply: ``open`` admits, ``closed`` answers 503, ``local`` holds the slots in
+  the process at N divided by the instances (``DISTLIMIT_INSTANCES``) and gives them back there.
+
+A request that outlives the lease loses its slot early (it is then under-counted): set the lease
+a little above the longest request you serve (gunicorn's ``--timeout``, 30 s by default, kills a
+worker's request by then). Rate-limit headers never describe a concurrency limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import secrets
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
+
+from .algorithms import CONCURRENCY
+from .decision import Check
+from .errors import StorageError
+
+if TYPE_CHECKING:
+    from .route_limits import BoundLimit
+    from .state import LimiterState
+
+__all__ = ["SlotRelease", "is_slot_key", "slot_check"]
+
+log = logging.getLogger("flask_distlimit")
+
+#: Tokens are drawn below 2^53: the script keeps them exact as Lua numbers.
+_TOKEN_LIMIT: Final = 2**53 - 1
+_SUFFIX: Final = ":" + CONCURRENCY
+
+
+def slot_check(b: BoundLimit, tag: str, lease: int) -> Check:
+    """A check taking one slot of the concurrency limit ``b`` for an identity tag, under a
+    fresh token, for ``lease`` seconds."""
+    return Check(
+        b.key(tag), CONCURRENCY, b.rate.amount, lease, 1, token=secrets.randbelow(_TOKEN_LIMIT) + 1
+    )
+
+
+def is_slot_key(key: str) -> bool:
+    """Whether a storage key is a concurrency limit's (keys end with their algorithm)."""
+    return key.endswith(_SUFFIX)
+
+
+class SlotRelease:
+    """Gives back the slots one request took, once: at teardown, or when a streamed response
+    closes. Safe to call for slots that were never taken (a
+    refused request): releasing an absent token changes nothing."""
+
+    __slots__ = ("_checks", "_degraded", "_done", "_state", "scheduled")
+
+    def __init__(self, state: LimiterState) -> None:
+        self._state = state
+        self._checks: list[Check] = []
+        self._degraded = False
+        self._done = False
+        #: a streamed response will call it when it closes (teardown must not, then)
+        self.scheduled = False
+
+    def add(self, checks: Sequence[Check]) -> None:
+        """Slots a storage call is about to take."""
+        self._checks.extend(dataclasses.replace(c, release=True) for c in checks)
+
+    def discard(self, checks: Sequence[Check]) -> None:
+        """Slots the storage refused to take (the request was denied): nothing to give back."""
+        tokens = {c.token for c in checks}
+        self._checks = [c for c in self._checks if c.token not in tokens]
+
+    def degraded(self) -> None:
+        """The local fallback decided the request: its slots are held in this process."""
+        self._degraded = True
+
+    def __call__(self) -> None:
+        if self._done or not self._checks:
+            return
+        self._done = True
+        state = self._state
+        guard = state.guard
+        now = state.storage_now()
+        if self._degraded or guard.fallback.holding:
+            guard.fallback.evaluate(self._checks, instances=guard.instances.divisor, now_us=now)
+        if guard.breaker.state == "open":
+            return  # the lease gives the slot back
+        try:
+            state.storage.evaluate(self._checks, now_us=now)
+        except StorageError as exc:  # the lease gives it back
+            log.debug("Could not give back a concurrency slot (its lease will): %s", exc)

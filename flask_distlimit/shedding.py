@@ -1,0 +1,232 @@
+"""Worker-utilization load shedding: each process sheds its least important traffic when its
+request threads are nearly all busy, before anything else happens and without a storage call.
+
+``DISTLIMIT_WORKER_THREADS`` (the request threads of one process, e.g. gunicorn's
+``--threads``; 0, the default, turns it off) and ``DISTLIMIT_WORKER_SHED_AT`` (the utilization
+above which each priority is shed, default ``{"sheddable": 0.5, "default": 0.75}``; ``critical``
+is shed only if given a threshold). A request of priority p
+(:mod:`flask_distlimit.priorities`) is refused with a 503
+(:class:`~flask_distlimit.problem.Overloaded`, ``Retry-After: 1``) when
+
+    (requests in flight in this process + 1) / DISTLIMIT_WORKER_THREADS > shed_at[p]
+
+so with 4 threads a sheddable request runs only while at most 1 other runs, a default one while
+at most 2 do, and the last thread is kept for critical requests. In flight means from the
+extension's first ``before_request`` hook until ``teardown_request`` (the body is made then; the
+server only writes it), or for a streamed response until the WSGI server closes it (it holds its
+thread until its last chunk).
+The count is this process's alone (a lock and an integer: no storage call), so it protects the
+process even when Redis is the slow part. It runs in the extension's ``before_request`` hook,
+before the app's own hooks registered after ``init_app``, and before any limit is counted: a
+shed request is charged to no limit. Static files are never shed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Final
+
+from flask import current_app, request
+from werkzeug.wrappers import Response as WerkzeugResponse
+
+from .errors import ConfigurationError, StorageError
+from .priorities import PRIORITIES, Priority, PriorityRegistry, validate_priority
+from .problem import Overloaded
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
+    from .state import LimiterState
+
+__all__ = [
+    "DEFAULT_SHARES",
+    "DEFAULT_SHED_AT",
+    "Shedding",
+    "WorkerLoad",
+    "overload_health",
+    "parse_shares",
+    "parse_shed_at",
+]
+
+#: Utilization above which each priority is shed (no entry: never shed).
+DEFAULT_SHED_AT: Final[dict[Priority, float]] = {"sheddable": 0.5, "default": 0.75}
+#: The share of ``DISTLIMIT_FLEET_CAPACITY`` each priority may use (:mod:`flask_distlimit.fleet`).
+DEFAULT_SHARES: Final[dict[Priority, float]] = {"critical": 1.0, "default": 0.8, "sheddable": 0.6}
+
+
+def _fractions(key: str, value: object, what: str) -> dict[Priority, float]:
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(
+            f"{key}={value!r} is not valid: use a dict of priority -> {what}, e.g. "
+            "{'sheddable': 0.5, 'default': 0.75}."
+        )
+    out: dict[Priority, float] = {}
+    for name, share in value.items():
+        priority = validate_priority(name, f"a key of {key}")
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+            raise ConfigurationError(
+                f"{key}[{name!r}]={share!r} is not valid: use a number > 0 and <= 1 ({what})."
+            )
+        out[priority] = float(share)
+    return out
+
+
+def parse_shed_at(key: str, value: object) -> dict[Priority, float]:
+    """``DISTLIMIT_WORKER_SHED_AT``: a less important priority must not be shed later than a
+    more important one."""
+    shed_at = _fractions(key, value, "the utilization above which it is shed")
+    _check_order(key, shed_at, default=2.0)
+    return shed_at
+
+
+def parse_shares(key: str, value: object) -> dict[Priority, float]:
+    """``DISTLIMIT_FLEET_SHARES``: every priority needs a share; less important, no larger."""
+    shares = _fractions(key, value, "the share of the fleet's capacity it may use")
+    missing = [p for p in PRIORITIES if p not in shares]
+    if missing:
+        raise ConfigurationError(
+            f"{key} has no share for {', '.join(missing)}: give every priority one, e.g. "
+            "{'critical': 1.0, 'default': 0.8, 'sheddable': 0.6}."
+        )
+    _check_order(key, shares, default=2.0)
+    return shares
+
+
+def _check_order(key: str, values: dict[Priority, float], default: float) -> None:
+    ordered = [values.get(p, default) for p in PRIORITIES]  # critical first
+    if any(a < b for a, b in itertools.pairwise(ordered)):
+        raise ConfigurationError(
+            f"{key}={values!r}: a less important priority must not get more than a more "
+            "important one (critical >= default >= sheddable)."
+        )
+
+
+class WorkerLoad:
+    """This process's requests in flight against its threads (see the module docstring)."""
+
+    def __init__(
+        self,
+        threads: int,
+        shed_at: Mapping[Priority, float],
+        metrics: Callable[[], Metrics | None] = lambda: None,
+    ) -> None:
+        self.threads = threads
+        #: the most requests in flight (this one included) a priority is admitted up to
+        self._room: dict[Priority, float] = {
+            p: shed_at[p] * threads if p in shed_at else float("inf") for p in PRIORITIES
+        }
+        self._lock = threading.Lock()
+        self.in_flight = 0
+        self._metrics = metrics
+
+    def enter(self, priority: Priority) -> bool:
+        """Count a request in, or answer False (shed it: not counted)."""
+        with self._lock:
+            if self.in_flight + 1 > self._room[priority]:
+                admitted = False
+            else:
+                self.in_flight += 1
+                admitted = True
+            in_flight = self.in_flight
+        metrics = self._metrics()
+        if metrics is not None:
+            metrics.worker_in_flight(in_flight)
+            if not admitted:
+                metrics.shed(priority, "worker")
+        return admitted
+
+    def leaver(self) -> Callable[[], None]:
+        """A callable that counts one request out, once."""
+        done = False
+
+        def leave() -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            with self._lock:
+                self.in_flight -= 1
+                in_flight = self.in_flight
+            metrics = self._metrics()
+            if metrics is not None:
+                metrics.worker_in_flight(in_flight)
+
+        return leave
+
+    def utilization(self) -> float:
+        return self.in_flight / self.threads
+
+    def after_fork(self) -> None:
+        """A forked child serves its own requests: none in flight yet."""
+        self._lock = threading.Lock()
+        self.in_flight = 0
+
+
+class Shedding:
+    """One app's shedding hooks: the request's priority, and this process's load."""
+
+    def __init__(self, priorities: PriorityRegistry, load: WorkerLoad | None) -> None:
+        self.priorities = priorities
+        self.load = load
+        self._key = f"flask_distlimit.priority.{id(self):x}"
+        self._leave_key = f"flask_distlimit.leave.{id(self):x}"
+
+    def priority(self) -> Priority:
+        """The current request's priority (computed once per request)."""
+        environ = request.environ
+        found: Priority | None = environ.get(self._key)
+        if found is None:
+            endpoint = request.endpoint
+            view = current_app.view_functions.get(endpoint) if endpoint is not None else None
+            found = self.priorities.of_request(view)
+            environ[self._key] = found
+        return found
+
+    def before_request(self) -> None:
+        """Shed the request if this process is too busy for its priority."""
+        load = self.load
+        if load is None:
+            return
+        endpoint = request.endpoint
+        if endpoint is not None and (endpoint == "static" or endpoint.endswith(".static")):
+            return
+        priority = self.priority()
+        if not load.enter(priority):
+            raise Overloaded(priority=priority, instance=request.path, reason="worker")
+        request.environ[self._leave_key] = load.leaver()
+
+    def after_request(self, response: WerkzeugResponse) -> WerkzeugResponse:
+        """A streamed response counts its request out when the server closes it (after its
+        last chunk); any other at teardown."""
+        if response.is_streamed:
+            leave = request.environ.pop(self._leave_key, None)
+            if leave is not None:
+                response.call_on_close(leave)
+        return response
+
+    def teardown_request(self, exc: BaseException | None = None) -> None:
+        """Count the request out (its body is made; the server only writes it now)."""
+        leave = request.environ.pop(self._leave_key, None)
+        if leave is not None:
+            leave()
+
+
+def overload_health(report: dict[str, object], state: LimiterState) -> dict[str, object]:
+    """Add to a health ``report`` the fleet's usage (``fleet``: capacity, in flight,
+    utilization, each priority's slots; ``error`` when the storage cannot say) and this
+    process's load (``worker``: in flight, threads, utilization), when each is on."""
+    fleet = state.enforcer.fleet
+    if fleet is not None:
+        try:
+            report["fleet"] = fleet.usage(state.storage, now_us=state.storage_now())
+        except StorageError as exc:
+            report["fleet"] = {"capacity": fleet.capacity, "error": str(exc)[:200]}
+    load = state.shedding.load
+    if load is not None:
+        report["worker"] = {
+            "in_flight": load.in_flight,
+            "threads": load.threads,
+            "utilization": round(load.utilization(), 4),
+        }
+    return report
