@@ -113,7 +113,7 @@ def test_the_handshake_and_the_reply_share_one_deadline(proxy: DelayingProxy) ->
 
 def test_the_pool_wait_and_the_reply_share_one_deadline(proxy: DelayingProxy) -> None:
     storage = _connected(proxy)
-    pool: Any = storage.client.connection_pool
+    pool: Any = storage.pool
     held = pool.get_connection()
     threading.Timer(DELAY, pool.release, [held]).start()
     # Waits DELAY for the connection, then DELAY for the reply: more than the timeout.
@@ -139,30 +139,29 @@ def test_reloading_a_flushed_script_shares_the_deadline(
     storage.close()
 
 
-def test_a_checkout_that_waited_leaves_the_socket_only_what_is_left(
-    redis_server: RedisProcess, redis_client: redis.Redis
+def test_a_connection_made_late_in_a_budget_still_gets_a_whole_one_later(
+    proxy: DelayingProxy,
 ) -> None:
-    storage = RedisStorage(host="127.0.0.1", port=redis_server.port, timeout=5.0, max_connections=1)
-    pool: Any = storage.client.connection_pool
-    connection = pool.checkout(time.monotonic() + 5.0)
-    assert connection._sock.gettimeout() < 5.0  # it connected: what the connect left
-    pool.release(connection)
-    assert connection._sock.gettimeout() == 5.0  # put back on release
-    connection = pool.checkout(time.monotonic() + 5.0)
-    assert connection._sock.gettimeout() == 5.0  # a checkout that neither waited nor connected
-    released: list[float] = []
+    # Its socket was connected with little of a budget left: a later request must still wait
+    # for its reply up to its own whole deadline, not up to that short socket timeout.
+    delay, proxy.delay = proxy.delay, 0.0
+    storage = _through(proxy, max_connections=1)
+    assert storage.pool is not None
+    connection = storage.pool.checkout(time.monotonic() + 0.05)
+    storage.pool.release(connection)
+    proxy.delay = delay  # < TIMEOUT, > 0.05
+    assert storage.evaluate(ONE).allowed
+    storage.close()
 
-    def release() -> None:
-        released.append(time.monotonic())
-        pool.release(connection)
 
-    threading.Timer(0.2, release).start()
-    deadline = time.monotonic() + 5.0
-    again = pool.checkout(deadline)  # waits for the release
-    assert again is connection
-    assert 0 < again._sock.gettimeout() <= deadline - released[0]
-    pool.release(again)
-    assert connection._sock.gettimeout() == 5.0  # put back for the next request
+def test_a_checkout_that_waited_leaves_the_read_only_what_is_left(proxy: DelayingProxy) -> None:
+    storage = _connected(proxy)
+    assert storage.pool is not None
+    held = storage.pool.checkout(time.monotonic() + 5)
+    threading.Timer(DELAY, storage.pool.release, [held]).start()
+    proxy.delay = TIMEOUT - DELAY + 0.1  # fits alone, not after the wait
+    with pytest.raises(StorageUnavailable, match="Timeout"):
+        storage.evaluate(ONE)
     storage.close()
 
 
@@ -170,13 +169,13 @@ def test_a_spent_deadline_fails_the_checkout_without_waiting(
     redis_server: RedisProcess, redis_client: redis.Redis
 ) -> None:
     storage = RedisStorage(host="127.0.0.1", port=redis_server.port, timeout=5.0)
-    pool: Any = storage.client.connection_pool
+    pool: Any = storage.pool
     with pytest.raises(redis.TimeoutError, match="DISTLIMIT_REDIS_TIMEOUT spent"):
         pool.checkout(time.monotonic() - 0.001)  # a new connection: nothing left to connect
     connection = pool.checkout(time.monotonic() + 5.0)
-    pool.release(connection)
     with pytest.raises(redis.TimeoutError, match="DISTLIMIT_REDIS_TIMEOUT spent"):
-        pool.checkout(time.monotonic() - 0.001)  # an idle connection: nothing left to send
+        pool.send(connection, [b"PING"], time.monotonic() - 0.001)  # nothing left to send
+    pool.release(connection)
     storage.close()
 
 
