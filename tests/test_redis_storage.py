@@ -172,6 +172,19 @@ def test_works_on_a_ready_client_such_as_fakeredis() -> None:
 # -- outages: bounded, no retries -----------------------------------------------------------
 
 
+def _attempts(retry: Any) -> int:
+    """How many times redis-py's ``Retry`` tries a call that always fails (public API)."""
+    calls: list[int] = []
+
+    def fail() -> None:
+        calls.append(1)
+        raise rx.ConnectionError("down")
+
+    with pytest.raises(rx.ConnectionError):
+        retry.call_with_retry(fail, lambda error: None)
+    return len(calls)
+
+
 def test_client_settings_are_timeouts_without_retries(redis_server: RedisProcess) -> None:
     storage = from_url(redis_server.url, timeout=0.25)
     assert isinstance(storage, RedisStorage)
@@ -183,11 +196,11 @@ def test_client_settings_are_timeouts_without_retries(redis_server: RedisProcess
         kwargs = pool.connection_kwargs
         assert kwargs["socket_timeout"] == kwargs["socket_connect_timeout"] == 0.25
         assert kwargs["health_check_interval"] == 0
-        assert kwargs["retry"].get_retries() == 0
+        assert _attempts(kwargs["retry"]) == 1
     if hasattr(admin, "maint_notifications_enabled"):  # redis-py 7+
         assert not admin.maint_notifications_enabled()  # no relaxed 10 s timeouts
     connection = storage.pool.get_connection()
-    assert connection.retry.get_retries() == 0
+    assert _attempts(connection.retry) == 1
     assert connection.socket_timeout == 0.25
     storage.pool.release(connection)
     storage.close()
@@ -643,3 +656,15 @@ def test_the_storage_it_builds_and_a_client_passed_in_agree_in_either_protocol(
     assert allowed == [True, True, True, False]
     built.close()
     given.client.close()
+
+
+def test_refusals_as_redis_py_5_raises_them_are_misconfigurations() -> None:
+    # redis-py before 8 keeps no status_code; before 6 a cluster client says only this.
+    wrongpass = storage_error(rx.AuthenticationError("invalid username-password pair"))
+    assert isinstance(wrongpass, StorageMisconfigured) and "WRONGPASS" in str(wrongpass)
+    noauth = storage_error(rx.AuthenticationError("Authentication required."))
+    assert "NOAUTH" in str(noauth)
+    noperm = storage_error(rx.NoPermissionError("this user has no permissions"))
+    assert "NOPERM" in str(noperm)
+    bare = storage_error(rx.RedisClusterException("Cluster mode is not enabled on this node"))
+    assert isinstance(bare, StorageMisconfigured) and "without cluster mode" in str(bare)

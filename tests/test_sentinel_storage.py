@@ -49,19 +49,21 @@ def test_evaluates_on_the_master_the_sentinels_name(
     storage.close()
 
 
-def test_pool_blocks_for_at_most_the_timeout(redis_sentinel: SentinelServers) -> None:
-    storage = from_url(redis_sentinel.url + "?max_connections=1", timeout=0.1)
+def test_pool_blocks_for_at_most_the_timeout(
+    redis_sentinel: SentinelServers, master_client: redis.Redis
+) -> None:
+    storage = from_url(redis_sentinel.url + "?max_connections=1", timeout=0.5)
     assert isinstance(storage, RedisStorage)
-    pool = storage.client.connection_pool
-    assert isinstance(pool, redis.BlockingConnectionPool)
-    assert pool.timeout == 0.1
-    storage.ping()
+    pool = _hot(storage)
+    assert pool.timeout == 0.5 and pool.max_connections == 1
+    assert storage.evaluate(CHECKS).allowed
     held = pool.get_connection()
     try:
         with pytest.raises(StorageUnavailable, match="No connection available"):
-            storage.ping()
+            storage.evaluate(CHECKS)
     finally:
         pool.release(held)
+    assert storage.evaluate(CHECKS).allowed
     storage.close()
 
 

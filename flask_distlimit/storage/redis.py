@@ -48,7 +48,7 @@ from redis.backoff import NoBackoff
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError, ReadOnlyError
 from redis.retry import Retry
-from redis.sentinel import Sentinel, SentinelConnectionPool
+from redis.sentinel import Sentinel
 
 from ..decision import Check, Evaluation
 from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
@@ -96,11 +96,6 @@ def connection_options(timeout: float) -> dict[str, Any]:
 
         options["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
     return options
-
-
-class _BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool):
-    """A Sentinel-managed pool that blocks (at most ``timeout``) for a free connection: the
-    admin client's pool on Sentinel (two public redis-py classes, nothing overridden)."""
 
 
 class RedisStorage(Storage):
@@ -170,11 +165,11 @@ class RedisStorage(Storage):
             sentinel_kwargs={**options, **(sentinel_options or {})},
             **{**connection, **options},
         )
+        # The admin client: redis-py's own Sentinel pool, at most max_connections (it raises
+        # rather than waits past them; admin commands are few). Its blocking variant cannot be
+        # combined with the Sentinel pool before redis-py 7 (disconnect() differs).
         client = manager.master_for(  # type: ignore[no-untyped-call]
-            service_name,
-            connection_pool_class=_BlockingSentinelPool,
-            timeout=timeout,
-            max_connections=max_connections,
+            service_name, max_connections=max_connections
         )
         storage = cls(client, timeout=timeout, scheme="redis+sentinel")
         storage._owns_client = True
@@ -292,8 +287,9 @@ class RedisStorage(Storage):
             self.client.connection_pool.disconnect()
             if self.pool is not None:
                 self.pool.disconnect()
-            if self._sentinel is not None:
-                self._sentinel.close()
+            if self._sentinel is not None:  # Sentinel.close() is redis-py 7+
+                for sentinel in self._sentinel.sentinels:
+                    sentinel.close()
 
     def reset_after_fork(self) -> None:
         """Forget the connections inherited from the parent process.
