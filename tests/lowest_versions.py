@@ -5,18 +5,19 @@
 ``tests/test_proxy_headers.py`` runs its oldest-werkzeug checks there. The package itself is not
 installed in the venv: it comes from this checkout through ``PYTHONPATH``.
 
-The venv lives in ``.ci/.venv-lowest-<digest>``, the digest naming its pins and test tools, so a
-change of a floor builds a new one; a build is marked complete last, so a build that broke off
-is never reused.
+The venv lives in ``<tmp>/flask-distlimit-lowest-<digest>`` (it outlives a checkout: CI clones
+afresh), the digest naming its pins and test tools, so a change of a floor builds a new one.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import tomllib  # Python 3.11+, as the test suite
@@ -56,29 +57,34 @@ def venv_python(pins: list[str] | None = None) -> Path:
     built on first use (from the package index), reused after."""
     pins = lowest_pins() if pins is None else pins
     digest = hashlib.sha256(" ".join([*pins, *TEST_TOOLS]).encode()).hexdigest()[:12]
-    home = ROOT / ".ci" / f".venv-lowest-{digest}"
+    home = Path(tempfile.gettempdir()) / f"flask-distlimit-lowest-{digest}"
     python = home / "bin" / "python"
-    complete = home / ".complete"  # written last: a build that broke off is never reused
-    if complete.exists():
+    if python.exists():
         return python
-    shutil.rmtree(home, ignore_errors=True)
+    # Built aside and renamed into place whole: a build that broke off is never used, and of
+    # two processes building at once one wins (a venv run as `python -m` may be moved).
+    scratch = home.with_name(f"{home.name}.building-{os.getpid()}")
+    shutil.rmtree(scratch, ignore_errors=True)
     steps = [
-        [sys.executable, "-m", "venv", str(home)],
+        [sys.executable, "-m", "venv", str(scratch)],
         [
-            str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-            *pins, *TEST_TOOLS,
+            str(scratch / "bin" / "python"), "-m", "pip", "install", "--quiet",
+            "--disable-pip-version-check", *pins, *TEST_TOOLS,
         ],
     ]  # fmt: skip
     for step in steps:
         result = subprocess.run(step, capture_output=True, text=True, timeout=900)
         if result.returncode != 0:
-            shutil.rmtree(home, ignore_errors=True)
+            shutil.rmtree(scratch, ignore_errors=True)
             raise RuntimeError(
                 f"Could not build the venv with {' '.join(pins)} ({' '.join(step[:4])} exited "
                 f"{result.returncode}): {result.stderr[-2000:]}\nIt needs `python -m venv` "
                 "(apt-get install python3-venv) and the package index reachable by pip."
             )
-    complete.write_text(" ".join([*pins, *TEST_TOOLS]) + "\n")
+    try:
+        scratch.rename(home)
+    except OSError:  # another process put its build there first
+        shutil.rmtree(scratch, ignore_errors=True)
     return python
 
 

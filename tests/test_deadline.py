@@ -103,9 +103,9 @@ def test_one_delayed_reply_fits_in_the_timeout(proxy: DelayingProxy) -> None:
 
 
 def test_the_handshake_and_the_reply_share_one_deadline(proxy: DelayingProxy) -> None:
-    # A new connection waits for HELLO's reply (redis-py 8 speaks RESP3), then EVALSHA's.
+    # A new connection waits for HELLO's reply (RESP3, redis-py 8's default), then EVALSHA's.
     # Each wait alone fits in the timeout; bounded separately, the request took 2 x DELAY.
-    storage = _through(proxy)
+    storage = _through(proxy, protocol=3)
     with pytest.raises(StorageUnavailable, match="Timeout"):
         storage.evaluate(ONE)
     storage.close()
