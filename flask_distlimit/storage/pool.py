@@ -153,7 +153,8 @@ class DeadlinePool:
 
         With ``locate`` (Sentinel), the address is asked first, within the same deadline.
         """
-        self.broken(connection)
+        self._live.pop(connection, None)
+        connection.disconnect()  # redis-py's connect() keeps a socket it still has
         if self.locate is not None:
             if deadline <= time.monotonic():
                 raise redis.TimeoutError("DISTLIMIT_REDIS_TIMEOUT spent before asking Sentinel.")

@@ -199,6 +199,20 @@ class RedisStorage(Storage):
     def _run(self, pool: DeadlinePool, script: Script, keys: list[str], args: list[Any]) -> Any:
         """``script`` on a pooled connection, everything by one deadline (module docstring)."""
         deadline = time.monotonic() + self.timeout
+        try:
+            return self._run_once(pool, script, keys, args, deadline)
+        except ReadOnlyError:
+            if self._sentinel is None:
+                raise
+            # A demoted master (a failover): it wrote nothing. Every connection goes to the
+            # master the Sentinels name now, and the request is made there once.
+            pool.disconnect()
+            return self._run_once(pool, script, keys, args, deadline)
+
+    @staticmethod
+    def _run_once(
+        pool: DeadlinePool, script: Script, keys: list[str], args: list[Any], deadline: float
+    ) -> Any:
         connection = pool.checkout(deadline)  # a closed connection is replaced here
         try:
             command = connection.pack_command("EVALSHA", script.sha, len(keys), *keys, *args)
@@ -217,17 +231,6 @@ class RedisStorage(Storage):
                 pool.read(connection, deadline)
                 pool.send(connection, command, deadline)
                 return pool.read(connection, deadline)
-        except ReadOnlyError:
-            if self._sentinel is None:
-                raise
-            # A demoted master (a failover): it wrote nothing. Every connection goes to the
-            # master the Sentinels name now, and the request is made there once.
-            pool.disconnect()
-            pool.release(connection)
-            connection = pool.checkout(deadline)
-            command = connection.pack_command("EVALSHA", script.sha, len(keys), *keys, *args)
-            pool.send(connection, command, deadline)
-            return pool.read(connection, deadline)
         finally:
             pool.release(connection)
 
