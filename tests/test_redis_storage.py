@@ -21,6 +21,7 @@ from redis.sentinel import MasterNotFoundError
 from flask_distlimit.decision import Check
 from flask_distlimit.errors import StorageMisconfigured, StorageResponseError, StorageUnavailable
 from flask_distlimit.storage import from_url
+from flask_distlimit.storage.evalsha import EvalshaPacker
 from flask_distlimit.storage.heartbeat import Fleet
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.storage.translate import storage_error
@@ -668,3 +669,34 @@ def test_refusals_as_redis_py_5_raises_them_are_misconfigurations() -> None:
     assert "NOPERM" in str(noperm)
     bare = storage_error(rx.RedisClusterException("Cluster mode is not enabled on this node"))
     assert isinstance(bare, StorageMisconfigured) and "without cluster mode" in str(bare)
+
+
+SHA = "e0e1f9fabfc9d4800c877a703b823ac0578ff8db"
+
+
+@pytest.mark.parametrize(
+    ("keys", "args"),
+    [
+        (["ratelimit:{abc}:route:orders"], ["-1,0,1,100,60000000,1"]),
+        (["a", "b{x}", "c d\r\n"], ["1,2", 7]),
+        (["clé:{é}:ünïcode"], ["-1,0"]),
+        ([], ["x" * 10_000]),
+        (["k"] * 120, ["-1,0," + ",".join(["1,5,60000000,1"] * 120)]),
+    ],
+)
+def test_the_evalsha_bytes_are_what_redis_py_packs(keys: list[str], args: list[str | int]) -> None:
+    connection = redis.Connection()
+    expected = b"".join(connection.pack_command("EVALSHA", SHA, len(keys), *keys, *args))
+    assert EvalshaPacker(SHA).pack(keys, args) == expected
+
+
+def test_the_evalsha_bytes_follow_the_connection_encoding(redis_server: RedisProcess) -> None:
+    connection = redis.Connection(encoding="latin-1")
+    expected = b"".join(connection.pack_command("EVALSHA", SHA, 1, "clé", "1"))
+    assert EvalshaPacker(SHA, encoding="latin-1").pack(["clé"], ["1"]) == expected
+    with pytest.raises(UnicodeEncodeError):
+        EvalshaPacker(SHA, encoding="ascii").pack(["clé"], ["1"])
+    storage = RedisStorage(host="127.0.0.1", port=redis_server.port, encoding="latin-1")
+    ours = b"".join(connection.pack_command("EVALSHA", storage._script.sha, 1, "clé", "1"))
+    assert storage._packer.pack(["clé"], ["1"]) == ours  # the pool's own encoding
+    storage.close()

@@ -1,12 +1,12 @@
 """Redis single node and Sentinel: one EVALSHA per request, within one deadline.
 
 The hot call (:meth:`RedisStorage.evaluate`) runs on our own :class:`~.pool.DeadlinePool`, built
-on redis-py's public connection API (``pack_command``, ``send_packed_command``,
-``read_response``, ``can_read``, ``connect``, ``disconnect``): ``DISTLIMIT_REDIS_TIMEOUT``
-(100 ms by default) is ONE deadline per request that the pool wait, the connect and handshake,
-the send and the read (and, after ``NOSCRIPT``, the ``SCRIPT LOAD`` and the second
-``EVALSHA``) all share. For Sentinel, the same pool asks ``Sentinel.discover_master`` for the
-address before every connect, within the same deadline.
+on redis-py's public connection API (``send_packed_command``, ``read_response``, ``can_read``,
+``connect``, ``disconnect``; the EVALSHA bytes come from :mod:`.evalsha`):
+``DISTLIMIT_REDIS_TIMEOUT`` (100 ms by default) is ONE deadline per request that the pool wait,
+the connect and handshake, the send and the read (and, after ``NOSCRIPT``, the ``SCRIPT LOAD``
+and the second ``EVALSHA``) all share. For Sentinel, the same pool asks
+``Sentinel.discover_master`` for the address before every connect, within the same deadline.
 
 **One retry, only where the script cannot have run.** A request is made once more, on a fresh
 connection and within the same deadline, in exactly two cases, both decided before any byte of
@@ -53,6 +53,7 @@ from redis.sentinel import Sentinel
 from ..decision import Check, Evaluation
 from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
 from .base import Storage
+from .evalsha import EvalshaPacker
 from .heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
 from .pool import DeadlinePool
 from .shared_value import SHARED_VALUE_SOURCE
@@ -138,6 +139,7 @@ class RedisStorage(Storage):
         self.timeout = timeout
         self.client: redis.Redis = client
         self._script: Script = client.register_script(SCRIPT_SOURCE)
+        self._packer = _packer(self._script, connection)
         self._heartbeat: Script = client.register_script(HEARTBEAT_SOURCE)
         self._shared_value: Script = client.register_script(SHARED_VALUE_SOURCE)
 
@@ -183,39 +185,38 @@ class RedisStorage(Storage):
             locate=lambda: manager.discover_master(service_name),  # type: ignore[no-untyped-call]
             **{**master, **options},
         )
+        storage._packer = _packer(storage._script, master)
         return storage
 
     def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
         keys, args = script_args(checks, now_us)
         try:
             if self.pool is not None:
-                reply = self._run(self.pool, self._script, keys, args)
+                reply = self._run(self.pool, self._script, [self._packer.pack(keys, args)])
             else:  # a client passed in: redis-py's Script (EVALSHA, SCRIPT LOAD on NOSCRIPT)
                 reply = self._script(keys, args)
         except REDIS_FAILURES as exc:
             raise storage_error(exc) from exc
         return parse_reply(reply, checks)
 
-    def _run(self, pool: DeadlinePool, script: Script, keys: list[str], args: list[Any]) -> Any:
-        """``script`` on a pooled connection, everything by one deadline (module docstring)."""
+    def _run(self, pool: DeadlinePool, script: Script, command: list[bytes]) -> Any:
+        """``command`` (``script``'s EVALSHA, packed) on a pooled connection, everything by one
+        deadline (module docstring)."""
         deadline = time.monotonic() + self.timeout
         try:
-            return self._run_once(pool, script, keys, args, deadline)
+            return self._run_once(pool, script, command, deadline)
         except ReadOnlyError:
             if self._sentinel is None:
                 raise
             # A demoted master (a failover): it wrote nothing. Every connection goes to the
             # master the Sentinels name now, and the request is made there once.
             pool.disconnect()
-            return self._run_once(pool, script, keys, args, deadline)
+            return self._run_once(pool, script, command, deadline)
 
     @staticmethod
-    def _run_once(
-        pool: DeadlinePool, script: Script, keys: list[str], args: list[Any], deadline: float
-    ) -> Any:
+    def _run_once(pool: DeadlinePool, script: Script, command: list[bytes], deadline: float) -> Any:
         connection = pool.checkout(deadline)  # a closed connection is replaced here
         try:
-            command = connection.pack_command("EVALSHA", script.sha, len(keys), *keys, *args)
             try:
                 pool.send(connection, command, deadline)
             except redis.ConnectionError:
@@ -308,6 +309,15 @@ class RedisStorage(Storage):
             pool.reset()
         if self.pool is not None:
             self.pool.forget_inherited()
+
+
+def _packer(script: Script, connection: dict[str, Any]) -> EvalshaPacker:
+    """The EVALSHA packer of ``script`` for connections made with keywords ``connection``."""
+    return EvalshaPacker(
+        script.sha,
+        encoding=connection.get("encoding", "utf-8"),
+        errors=connection.get("encoding_errors", "strict"),
+    )
 
 
 def _pool_connections(pool: redis.ConnectionPool) -> list[Any]:
