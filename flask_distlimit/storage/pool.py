@@ -1,9 +1,9 @@
 """The hot path's connection pool: one deadline per request, on redis-py's public API only.
 
 redis-py's ``BlockingConnectionPool`` bounds each wait by its own timeout (the pool wait, the
-connect, every read), spends about 40 us per checkout and release (a ``LifoQueue``, a
-``connect()`` through the retry helper even when connected, observability counters, a
-``can_read()`` on every checkout) and knows nothing of a request's deadline. :class:`DeadlinePool`
+connect, every read), knows nothing of a request's deadline, and spends more per checkout and
+release than the call needs (a ``LifoQueue`` with a lock and two conditions, a ``connect()``
+through the retry helper even when connected, redis-py 8's observability counters). :class:`DeadlinePool`
 keeps only what a rate limiter's one EVALSHA needs, on public ``redis.Connection`` methods and
 attributes:
 
