@@ -3,9 +3,9 @@
 redis-py's ``BlockingConnectionPool`` bounds each wait by its own timeout (the pool wait, the
 connect, every read), knows nothing of a request's deadline, and spends more per checkout and
 release than the call needs (a ``LifoQueue`` with a lock and two conditions, a ``connect()``
-through the retry helper even when connected, redis-py 8's observability counters). :class:`DeadlinePool`
-keeps only what a rate limiter's one EVALSHA needs, on public ``redis.Connection`` methods and
-attributes:
+through the retry helper even when connected, redis-py 8's observability counters).
+:class:`DeadlinePool` keeps only what a rate limiter's one EVALSHA needs, on public
+``redis.Connection`` methods and attributes:
 
 - idle connections on a ``deque`` under one ``Condition``; a new connection while fewer than
   ``max_connections`` exist; when all are busy, a wait bounded by the request's deadline, then
