@@ -211,9 +211,19 @@ class Breaker:
             self._store.reset_counter()
 
     def _after_fork(self) -> None:
-        # A lock copied from the parent may be held by a thread that does not exist here.
+        # A lock copied from the parent may be held by a thread that does not exist here: ours
+        # is replaced, and so is pybreaker's breaker (whose own lock open()/close() take), by a
+        # new one on the same state storage and listeners (public constructor and properties;
+        # a breaker built on an existing storage takes its state without notifying anyone).
         self._lock = threading.Lock()
-        self._cb._lock = threading.RLock()  # pybreaker's own, taken in open()/close()
+        inherited = self._cb
+        self._cb = pybreaker.CircuitBreaker(
+            fail_max=inherited.fail_max,
+            reset_timeout=inherited.reset_timeout,
+            state_storage=self._store,
+            listeners=cast(Any, inherited.listeners),  # a tuple of the same listeners
+            name=inherited.name,
+        )
         self._trial_since = None
 
     def __repr__(self) -> str:

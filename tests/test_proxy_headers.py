@@ -5,7 +5,7 @@ quoted-string list parser swallow the entries its proxies appended (werkzeug 2.3
 client was counted as 9.9.9.9) or answer nothing (later 3.1.x: the request was counted as the
 proxy itself). The checks live in ``tests/proxy_checks.py`` and run twice against a real
 redis-server: here (the newest werkzeug installed) and in a venv with the oldest Flask and
-werkzeug that ``pyproject.toml`` accepts, built once per session.
+werkzeug that ``pyproject.toml`` accepts (tests/lowest_versions.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import flask
@@ -23,44 +22,25 @@ import redis
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 from flask_distlimit.identity import IdentityResolver, IdentitySettings
-from tests import proxy_checks
+from tests import lowest_versions, proxy_checks
 from tests.servers import RedisProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: The oldest Flask the package declares, and the werkzeug it comes with.
-OLDEST = ("flask==2.3.*", "werkzeug==2.3.*")
 
-
-def test_pyproject_declares_the_oldest_flask_tested_here() -> None:
-    assert '"flask>=2.3",' in (ROOT / "pyproject.toml").read_text(), (
-        "pyproject.toml no longer says flask>=2.3: update OLDEST in this test to the new floor"
-    )
+def _floors() -> dict[str, str]:
+    return dict(pin.split("==") for pin in lowest_versions.lowest_pins())
 
 
 @pytest.fixture(scope="session")
-def oldest_flask_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv's python with the oldest Flask and werkzeug the package accepts (and the newest
-    redis-py and pybreaker); the package itself comes from this checkout via PYTHONPATH. Built
-    once per session; a venv that cannot be built fails the test, never skips it."""
-    venv = tmp_path_factory.mktemp("oldest-flask") / "venv"
-    steps = [
-        [sys.executable, "-m", "venv", str(venv)],
-        [
-            str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-            "--disable-pip-version-check", *OLDEST, "redis>=5", "pybreaker>=1",
-        ],
-    ]  # fmt: skip
-    for step in steps:
-        result = subprocess.run(step, capture_output=True, text=True, timeout=600)
-        if result.returncode != 0:
-            pytest.fail(
-                f"Could not build the venv with {' and '.join(OLDEST)} ({' '.join(step[:4])} "
-                f"exited {result.returncode}): {result.stderr[-2000:]}\nThis test needs "
-                "`python -m venv` (apt-get install python3-venv) and the package index "
-                "reachable by pip (or PIP_INDEX_URL pointing at a mirror)."
-            )
-    return venv / "bin" / "python"
+def oldest_flask_python() -> Path:
+    """The python of the venv with the lowest declared version of each dependency
+    (tests/lowest_versions.py, cached under .ci/); the package comes from this checkout via
+    PYTHONPATH. A venv that cannot be built fails the test, never skips it."""
+    try:
+        return lowest_versions.venv_python()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
 def _version(text: object) -> tuple[int, ...]:
@@ -101,7 +81,8 @@ def test_the_oldest_werkzeug_reads_forwarded_for_as_written(
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert _version(report["werkzeug"]) == _version(report["flask"]) == (2, 3), report
+    floors = _floors()
+    assert (report["flask"], report["werkzeug"]) == (floors["flask"], floors["werkzeug"]), report
     _check(report)
 
 

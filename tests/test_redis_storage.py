@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import fakeredis
 import pytest
@@ -20,6 +21,7 @@ from redis.sentinel import MasterNotFoundError
 from flask_distlimit.decision import Check
 from flask_distlimit.errors import StorageMisconfigured, StorageResponseError, StorageUnavailable
 from flask_distlimit.storage import from_url
+from flask_distlimit.storage.evalsha import EvalshaPacker
 from flask_distlimit.storage.heartbeat import Fleet
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.storage.translate import storage_error
@@ -63,6 +65,19 @@ class CountingConnection(redis.Connection):
         super().send_packed_command(command, check_health)
 
 
+def _hot_address(storage: RedisStorage) -> str:
+    pool = storage.pool
+    assert pool is not None
+    connection = pool.get_connection()
+    try:
+        connection.send_command("CLIENT", "INFO")
+        info = connection.read_response()
+    finally:
+        pool.release(connection)
+    text = info.decode() if isinstance(info, bytes) else str(info)
+    return next(f[5:] for f in text.split() if f.startswith("addr="))
+
+
 def top_level_commands(client: redis.Redis, source: str, run: Callable[[], None]) -> list[str]:
     """The commands the connection at address ``source`` sent while ``run()`` ran, as the
     server saw them (MONITOR); the commands scripts ran inside Redis are left out."""
@@ -80,6 +95,18 @@ def top_level_commands(client: redis.Redis, source: str, run: Callable[[], None]
                 seen.append(command["command"].split()[0].upper())
 
 
+def hot_client_id(storage: RedisStorage) -> int:
+    """CLIENT ID of the connection the hot path uses next (the pool hands out the last idle)."""
+    pool = storage.pool
+    assert pool is not None
+    connection = pool.get_connection()
+    try:
+        connection.send_command("CLIENT", "ID")
+        return int(connection.read_response())
+    finally:
+        pool.release(connection)
+
+
 # -- the hot path --------------------------------------------------------------------------
 
 
@@ -91,7 +118,7 @@ def test_one_round_trip_per_evaluate(
         host="127.0.0.1", port=redis_server.port, connection_class=CountingConnection
     )
     storage.evaluate(checks)  # connects and loads the script
-    source = storage.client.client_info()["addr"]  # the one pooled connection
+    source = _hot_address(storage)  # the one pooled connection
     answers: list[bool] = []
 
     def run() -> None:
@@ -146,27 +173,45 @@ def test_works_on_a_ready_client_such_as_fakeredis() -> None:
 # -- outages: bounded, no retries -----------------------------------------------------------
 
 
+def _attempts(retry: Any) -> int:
+    """How many times redis-py's ``Retry`` tries a call that always fails (public API)."""
+    calls: list[int] = []
+
+    def fail() -> None:
+        calls.append(1)
+        raise rx.ConnectionError("down")
+
+    with pytest.raises(rx.ConnectionError):
+        retry.call_with_retry(fail, lambda error: None)
+    return len(calls)
+
+
 def test_client_settings_are_timeouts_without_retries(redis_server: RedisProcess) -> None:
     storage = from_url(redis_server.url, timeout=0.25)
     assert isinstance(storage, RedisStorage)
-    pool = storage.client.connection_pool
-    assert isinstance(pool, redis.BlockingConnectionPool)
-    assert pool.timeout == 0.25  # the wait for a free connection
-    kwargs = pool.connection_kwargs
-    assert kwargs["socket_timeout"] == kwargs["socket_connect_timeout"] == 0.25
-    assert kwargs["health_check_interval"] == 0
-    assert kwargs["retry"].get_retries() == 0
-    assert not pool.maint_notifications_enabled()  # no relaxed 10 s timeouts
-    connection = pool.make_connection()
-    assert connection.retry.get_retries() == 0
+    admin = storage.client.connection_pool
+    assert isinstance(admin, redis.BlockingConnectionPool)
+    assert storage.pool is not None
+    for pool in (admin, storage.pool):
+        assert pool.timeout == 0.25  # the wait for a free connection
+        kwargs = pool.connection_kwargs
+        assert kwargs["socket_timeout"] == kwargs["socket_connect_timeout"] == 0.25
+        assert kwargs["health_check_interval"] == 0
+        assert _attempts(kwargs["retry"]) == 1
+    if hasattr(admin, "maint_notifications_enabled"):  # redis-py 7+
+        assert not admin.maint_notifications_enabled()  # no relaxed 10 s timeouts
+    connection = storage.pool.get_connection()
+    assert _attempts(connection.retry) == 1
     assert connection.socket_timeout == 0.25
+    storage.pool.release(connection)
     storage.close()
 
 
 def test_default_timeout_is_100_ms(redis_server: RedisProcess) -> None:
     storage = from_url(redis_server.url)
     assert isinstance(storage, RedisStorage)
-    assert storage.client.connection_pool.connection_kwargs["socket_timeout"] == 0.1
+    assert storage.pool is not None
+    assert storage.pool.connection_kwargs["socket_timeout"] == 0.1
     storage.close()
 
 
@@ -245,14 +290,15 @@ def test_pool_wait_is_bounded_by_the_timeout(storage: RedisStorage) -> None:
         max_connections=1,
     )
     small.evaluate(ONE)
-    held = small.client.connection_pool.get_connection()  # every connection busy
+    assert small.pool is not None
+    held = small.pool.get_connection()  # every connection busy
     try:
         started = time.monotonic()
         with pytest.raises(StorageUnavailable, match="No connection available"):
             small.evaluate(ONE)
         assert time.monotonic() - started < 1.0
     finally:
-        small.client.connection_pool.release(held)
+        small.pool.release(held)
     assert small.evaluate(ONE).allowed
     small.close()
 
@@ -268,7 +314,7 @@ def _small(storage: RedisStorage, max_connections: int = 1, timeout: float = 0.5
 
 def test_a_waiter_gets_the_connection_released_within_the_timeout(storage: RedisStorage) -> None:
     small = _small(storage, timeout=2.0)
-    pool = small.client.connection_pool
+    pool: Any = small.pool
     held = pool.get_connection()
     threading.Timer(0.1, pool.release, [held]).start()
     started = time.monotonic()
@@ -286,7 +332,7 @@ def test_the_pool_never_exceeds_max_connections(storage: RedisStorage) -> None:
         try:
             for _ in range(50):
                 small.evaluate(ONE)
-            seen.append(len(small.client.connection_pool._connections))  # type: ignore[attr-defined]
+            seen.append(len(small.pool._made))  # type: ignore[union-attr]
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -305,17 +351,17 @@ def test_a_connection_the_server_closed_is_replaced_at_checkout(
 ) -> None:
     small = _small(storage)
     small.evaluate(ONE)
-    first = small.client.client_id()
+    first = hot_client_id(small)
     redis_client.client_kill_filter(_id=first)
     time.sleep(0.05)
     assert small.evaluate(ONE).allowed  # no error: a new connection
-    assert small.client.client_id() != first
+    assert hot_client_id(small) != first
     small.close()
 
 
 def test_a_connection_released_with_unread_data_is_not_reused(storage: RedisStorage) -> None:
     small = _small(storage)
-    pool = small.client.connection_pool
+    pool: Any = small.pool
     connection = pool.get_connection()
     connection.send_command("CLIENT", "ID")
     before = connection.read_response()
@@ -340,23 +386,32 @@ def test_a_connection_that_failed_is_disconnected(own_server: RedisProcess) -> N
     try:
         with pytest.raises(StorageUnavailable):
             small.evaluate(ONE)
-        idle = list(small.client.connection_pool._idle)  # type: ignore[attr-defined]
-        assert idle and not any(c.is_connected for c in idle)
+        pool: Any = small.pool
+        assert pool._idle and not pool._live  # back in the pool, disconnected
     finally:
         os.kill(own_server.pid, signal.SIGCONT)
     assert small.evaluate(ONE).allowed
     small.close()
 
 
-def test_close_disconnects_every_connection(storage: RedisStorage) -> None:
+def test_close_disconnects_every_connection(
+    storage: RedisStorage, redis_client: redis.Redis
+) -> None:
     small = _small(storage, max_connections=2)
-    pool = small.client.connection_pool
+    pool: Any = small.pool
     a, b = pool.get_connection(), pool.get_connection()
+    ids = []
+    for connection in (a, b):
+        connection.send_command("CLIENT", "ID")
+        ids.append(connection.read_response())
     pool.release(a)
     pool.release(b)
-    assert a.is_connected and b.is_connected
     small.close()
-    assert not a.is_connected and not b.is_connected
+    assert not pool._live
+    deadline = time.monotonic() + 5
+    while {c["id"] for c in redis_client.client_list()} & {str(i) for i in ids}:
+        assert time.monotonic() < deadline, "the server still sees the closed connections"
+        time.sleep(0.01)
 
 
 # -- answered errors are not outages ----------------------------------------------------------
@@ -560,7 +615,7 @@ def test_fork_never_shares_a_connection(
     storage: RedisStorage, redis_client: redis.Redis, reset: bool
 ) -> None:
     assert storage.evaluate(ONE).decisions[0].remaining == 4
-    parent_id = storage.client.client_id()  # the pooled connection the parent uses
+    parent_id = hot_client_id(storage)  # the pooled connection the parent uses
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report its connection id and the decision, never return
@@ -570,7 +625,7 @@ def test_fork_never_shares_a_connection(
             if reset:
                 storage.reset_after_fork()
             remaining = storage.evaluate(ONE).decisions[0].remaining
-            child_id = storage.client.client_id()
+            child_id = hot_client_id(storage)
             os.write(write_end, f"{child_id} {remaining}".encode())
             code = 0
         finally:
@@ -585,4 +640,63 @@ def test_fork_never_shares_a_connection(
     assert child_remaining == 3
     # The parent's own connection survived the child's exit intact, and state is shared.
     assert storage.evaluate(ONE).decisions[0].remaining == 2
-    assert storage.client.client_id() == parent_id
+    assert hot_client_id(storage) == parent_id
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_the_storage_it_builds_and_a_client_passed_in_agree_in_either_protocol(
+    redis_server: RedisProcess, redis_client: redis.Redis, protocol: int
+) -> None:
+    check = [Check("t:{w}:either:fixed_window", "fixed_window", 3, 60)]
+    built = RedisStorage(host="127.0.0.1", port=redis_server.port, protocol=protocol)
+    given = RedisStorage(redis_server.client(protocol=protocol))
+    assert built.pool is not None
+    assert given.pool is None  # a client passed in keeps redis-py's Script
+    # Both count on the same key: 3 allowed, then denied, whichever path asks.
+    allowed = [s.evaluate(check).allowed for s in (built, given, built, given)]
+    assert allowed == [True, True, True, False]
+    built.close()
+    given.client.close()
+
+
+def test_refusals_as_redis_py_5_raises_them_are_misconfigurations() -> None:
+    # redis-py before 8 keeps no status_code; before 6 a cluster client says only this.
+    wrongpass = storage_error(rx.AuthenticationError("invalid username-password pair"))
+    assert isinstance(wrongpass, StorageMisconfigured) and "WRONGPASS" in str(wrongpass)
+    noauth = storage_error(rx.AuthenticationError("Authentication required."))
+    assert "NOAUTH" in str(noauth)
+    noperm = storage_error(rx.NoPermissionError("this user has no permissions"))
+    assert "NOPERM" in str(noperm)
+    bare = storage_error(rx.RedisClusterException("Cluster mode is not enabled on this node"))
+    assert isinstance(bare, StorageMisconfigured) and "without cluster mode" in str(bare)
+
+
+SHA = "e0e1f9fabfc9d4800c877a703b823ac0578ff8db"
+
+
+@pytest.mark.parametrize(
+    ("keys", "args"),
+    [
+        (["ratelimit:{abc}:route:orders"], ["-1,0,1,100,60000000,1"]),
+        (["a", "b{x}", "c d\r\n"], ["1,2", 7]),
+        (["clé:{é}:ünïcode"], ["-1,0"]),
+        ([], ["x" * 10_000]),
+        (["k"] * 120, ["-1,0," + ",".join(["1,5,60000000,1"] * 120)]),
+    ],
+)
+def test_the_evalsha_bytes_are_what_redis_py_packs(keys: list[str], args: list[str | int]) -> None:
+    connection = redis.Connection()
+    expected = b"".join(connection.pack_command("EVALSHA", SHA, len(keys), *keys, *args))
+    assert EvalshaPacker(SHA).pack(keys, args) == expected
+
+
+def test_the_evalsha_bytes_follow_the_connection_encoding(redis_server: RedisProcess) -> None:
+    connection = redis.Connection(encoding="latin-1")
+    expected = b"".join(connection.pack_command("EVALSHA", SHA, 1, "clé", "1"))
+    assert EvalshaPacker(SHA, encoding="latin-1").pack(["clé"], ["1"]) == expected
+    with pytest.raises(UnicodeEncodeError):
+        EvalshaPacker(SHA, encoding="ascii").pack(["clé"], ["1"])
+    storage = RedisStorage(host="127.0.0.1", port=redis_server.port, encoding="latin-1")
+    ours = b"".join(connection.pack_command("EVALSHA", storage._script.sha, 1, "clé", "1"))
+    assert storage._packer.pack(["clé"], ["1"]) == ours  # the pool's own encoding
+    storage.close()

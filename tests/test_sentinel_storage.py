@@ -1,5 +1,7 @@
 """RedisStorage through Redis Sentinel (1 master, 1 replica, 3 Sentinels, quorum 2): it works,
-and after the master is killed and the Sentinels fail over, it carries on through the new one."""
+after the master is killed and the Sentinels fail over it carries on through the new one, and
+the hot call has the single node's deadline and safe retries (a killed connection is replaced,
+READONLY from a demoted master sends the request once to the master named now)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import redis
 from flask_distlimit.decision import Check
 from flask_distlimit.errors import StorageUnavailable
 from flask_distlimit.storage import from_url
+from flask_distlimit.storage.pool import DeadlinePool
 from flask_distlimit.storage.redis import RedisStorage
 from tests.conftest import assert_every_key_has_ttl
 from tests.servers import SentinelServers, free_port
@@ -46,19 +49,21 @@ def test_evaluates_on_the_master_the_sentinels_name(
     storage.close()
 
 
-def test_pool_blocks_for_at_most_the_timeout(redis_sentinel: SentinelServers) -> None:
-    storage = from_url(redis_sentinel.url + "?max_connections=1", timeout=0.1)
+def test_pool_blocks_for_at_most_the_timeout(
+    redis_sentinel: SentinelServers, master_client: redis.Redis
+) -> None:
+    storage = from_url(redis_sentinel.url + "?max_connections=1", timeout=0.5)
     assert isinstance(storage, RedisStorage)
-    pool = storage.client.connection_pool
-    assert isinstance(pool, redis.BlockingConnectionPool)
-    assert pool.timeout == 0.1
-    storage.ping()
+    pool = _hot(storage)
+    assert pool.timeout == 0.5 and pool.max_connections == 1
+    assert storage.evaluate(CHECKS).allowed
     held = pool.get_connection()
     try:
         with pytest.raises(StorageUnavailable, match="No connection available"):
-            storage.ping()
+            storage.evaluate(CHECKS)
     finally:
         pool.release(held)
+    assert storage.evaluate(CHECKS).allowed
     storage.close()
 
 
@@ -111,4 +116,58 @@ def test_failover_carries_on_through_the_new_master(
     assert evaluation is not None, "the storage never reached the new master"
     assert [d.remaining for d in evaluation.decisions] == [6, 16]
     assert storage.client.connection_pool.get_master_address() == ("127.0.0.1", new.port)
+    storage.close()
+
+
+def _hot(storage: RedisStorage) -> DeadlinePool:
+    assert storage.pool is not None
+    assert storage.pool.locate is not None  # asks the Sentinels before every connect
+    return storage.pool
+
+
+def test_a_killed_connection_is_replaced_through_the_sentinels(
+    redis_sentinel: SentinelServers, master_client: redis.Redis
+) -> None:
+    storage = from_url(redis_sentinel.url, timeout=0.5)
+    assert isinstance(storage, RedisStorage)
+    pool = _hot(storage)
+    asked: list[tuple[str, int]] = []
+    locate = pool.locate
+    assert locate is not None
+    pool.locate = lambda: asked.append(locate()) or asked[-1]
+    for _ in range(3):
+        assert storage.evaluate(CHECKS).allowed
+    assert len(asked) == 1  # one connection, one question
+    master_client.client_kill_filter(_type="normal", skipme=True)
+    time.sleep(0.05)
+    assert storage.evaluate(CHECKS).allowed  # found closed at checkout: a new connection
+    assert asked == [("127.0.0.1", redis_sentinel.current_master().port)] * 2
+    storage.close()
+
+
+def test_readonly_from_a_demoted_master_is_sent_once_to_the_master_named_now(
+    redis_sentinel: SentinelServers, master_client: redis.Redis
+) -> None:
+    storage = from_url(redis_sentinel.url, timeout=0.5)
+    assert isinstance(storage, RedisStorage)
+    pool = _hot(storage)
+    locate = pool.locate
+    assert locate is not None
+    master = redis_sentinel.current_master()
+    replica = redis_sentinel.replica if master is redis_sentinel.master else redis_sentinel.master
+    answers = [("127.0.0.1", replica.port)]  # the first connection lands on the replica
+    pool.locate = lambda: answers.pop() if answers else locate()
+    assert storage.evaluate(CHECKS).allowed  # READONLY there, then the master: one answer
+    assert not answers
+    assert int(master_client.hget(CHECKS[0].key, "n") or 0) == 1  # counted once
+    storage.close()
+
+
+def test_the_sentinel_question_shares_the_deadline() -> None:
+    # No Sentinel answers in time: the request fails within one timeout, as an outage.
+    storage = from_url(f"redis+sentinel://127.0.0.1:{free_port()}/mymaster", timeout=0.2)
+    assert isinstance(storage, RedisStorage)
+    pool = _hot(storage)
+    with pytest.raises(redis.TimeoutError, match="DISTLIMIT_REDIS_TIMEOUT spent"):
+        pool.checkout(time.monotonic() - 0.001)
     storage.close()

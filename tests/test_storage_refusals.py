@@ -83,7 +83,7 @@ CASES = [
 
 
 @pytest.mark.parametrize(("userinfo", "path", "expected"), CASES)
-@pytest.mark.parametrize("client", ["built", "ready"], ids=["hand-packed", "redis-py client"])
+@pytest.mark.parametrize("client", ["built", "ready"], ids=["our pool", "redis-py client"])
 def test_a_refusal_is_misconfigured_with_the_fix(
     acl_server: RedisProcess, userinfo: str, path: str, expected: list[str], client: str
 ) -> None:
@@ -91,7 +91,7 @@ def test_a_refusal_is_misconfigured_with_the_fix(
     ready = redis.Redis.from_url(url, socket_timeout=1)
     if client == "built":
         storage = from_url(url, timeout=1)
-        assert isinstance(storage, RedisStorage) and storage._packer is not None  # wire.py
+        assert isinstance(storage, RedisStorage) and storage.pool is not None  # the hot pool
     else:
         storage = RedisStorage(ready)
     try:
@@ -103,7 +103,7 @@ def test_a_refusal_is_misconfigured_with_the_fix(
     assert PASSWORD not in message
 
 
-@pytest.mark.parametrize("client", ["built", "ready"], ids=["hand-packed", "redis-py client"])
+@pytest.mark.parametrize("client", ["built", "ready"], ids=["our pool", "redis-py client"])
 def test_a_disabled_command_is_misconfigured(no_scripting: RedisProcess, client: str) -> None:
     ready = redis.Redis(port=no_scripting.port, socket_timeout=1)
     storage = from_url(no_scripting.url, timeout=1) if client == "built" else RedisStorage(ready)

@@ -124,10 +124,19 @@ def _refusal(exc: BaseException) -> str | None:
     text = str(exc)
     if isinstance(exc, MasterNotFoundError):
         return _SENTINEL_CREDENTIALS if "AuthenticationError" in text else None
+    if (
+        isinstance(exc, rx.RedisClusterException)
+        and "Cluster mode is not enabled" in text
+        and exc.__cause__ is None
+        and exc.__context__ is None
+    ):  # redis-py before 6 says only this; later ones chain the server's answer
+        return _NOT_A_CLUSTER.format(answer=text)
     if not isinstance(exc, rx.AuthenticationError | rx.ResponseError):
         return None
     code = getattr(exc, "status_code", None)
-    answer = f"{code} {text}" if isinstance(code, str) and not text.startswith(code) else text
+    if not isinstance(code, str):  # redis-py before 8 keeps no code: the type and text tell it
+        code = _code_of(exc, text)
+    answer = f"{code} {text}" if code and not text.startswith(code) else text
     bare = text.removeprefix("ERR ")
     if (
         isinstance(exc, rx.AuthenticationError | rx.AuthenticationWrongNumberOfArgsError)
@@ -148,6 +157,18 @@ def _refusal(exc: BaseException) -> str | None:
         return _UNKNOWN_COMMAND.format(answer=answer.split(", with args", 1)[0])
     if "cluster support disabled" in bare:
         return _NOT_A_CLUSTER.format(answer=answer)
+    return None
+
+
+def _code_of(exc: BaseException, text: str) -> str | None:
+    """The error code redis-py before 8 strips from a refusal's text (it maps ``WRONGPASS``
+    and ``NOAUTH`` to ``AuthenticationError``, ``NOPERM`` to ``NoPermissionError``)."""
+    if isinstance(exc, rx.NoPermissionError):
+        return "NOPERM"
+    if isinstance(exc, rx.AuthenticationError) and not isinstance(
+        exc, rx.AuthenticationWrongNumberOfArgsError
+    ):
+        return "NOAUTH" if text.startswith("Authentication required") else "WRONGPASS"
     return None
 
 

@@ -1,0 +1,230 @@
+"""The hot path's connection pool: one deadline per request, on redis-py's public API only.
+
+redis-py's ``BlockingConnectionPool`` bounds each wait by its own timeout (the pool wait, the
+connect, every read), knows nothing of a request's deadline, and spends more per checkout and
+release than the call needs (a ``LifoQueue`` with a lock and two conditions, a ``connect()``
+through the retry helper even when connected, redis-py 8's observability counters).
+:class:`DeadlinePool` keeps only what a rate limiter's one EVALSHA needs, on public
+``redis.Connection`` methods and attributes:
+
+- idle connections on a ``deque`` under one ``Condition``; a new connection while fewer than
+  ``max_connections`` exist; when all are busy, a wait bounded by the request's deadline, then
+  ``ConnectionError("No connection available.")`` as in redis-py;
+- **one deadline** (a :func:`time.monotonic` time) for the pool wait, the connect and handshake
+  (``socket_connect_timeout`` / ``socket_timeout``, public settings, are set to what is left
+  before ``connect()`` and put back after), the send and the read: :meth:`read` waits with
+  ``can_read(left)`` (public) when the socket's own timeout would end too early or too late,
+  and plainly (``read_response``) on the usual path where it ends within ``slack`` of the
+  deadline;
+- **freshness**: an idle connection is checked with ``can_read(0)`` (public: one ``recv`` that
+  would block) at checkout; readable (unread bytes) or closed by the server (``CLIENT KILL``, an
+  idle timeout, a restart) means it is reconnected before anything is sent;
+- **state of our own**: a connection is "connected" here from its successful ``connect()`` until
+  any exception while we use it (redis-py itself disconnects on a failed send or read; we then
+  disconnect too and forget it), so no private ``_sock`` is read;
+- **fork safety**: the pid is checked on every checkout and release; a child disconnects every
+  connection it inherited (redis-py closes a parent's socket without ``shutdown()`` in another
+  process, so the parent's connection stays intact) and starts empty; a connection made in
+  another process is never put back;
+- ``locate`` (Sentinel): called before every connect for the address to use, and
+  :meth:`disconnect` after a failover drops the connections to the old master.
+
+Not a redis-py pool: a ``redis.Redis`` client cannot use it (the storage keeps one on a stock
+pool for its occasional admin commands). No pub/sub, no RESP3 pushes, no client-side cache.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Final
+
+import redis
+
+__all__ = ["DeadlinePool"]
+
+#: How far a socket's own timeout may end from the deadline before a read waits explicitly, as
+#: a share of the timeout (at least 1 ms): a read then ends at most this early or late.
+_SLACK_SHARE: Final = 0.02
+_MIN_SLACK: Final = 0.001
+
+
+class DeadlinePool:
+    """A blocking pool of ``connection_class`` connections whose every wait ends by a deadline.
+
+    ``connection_kwargs`` are the keywords of each connection (``host``, ``port``,
+    ``socket_timeout``, ...); ``timeout`` is the whole budget of one request
+    (``DISTLIMIT_REDIS_TIMEOUT``), used by :meth:`get_connection`.
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout: float,
+        max_connections: int,
+        connection_class: type[redis.Connection] | Any = redis.Connection,
+        locate: Callable[[], tuple[str, int]] | None = None,
+        **connection_kwargs: Any,
+    ) -> None:
+        self.timeout = timeout
+        self.max_connections = max_connections
+        self.connection_class = connection_class
+        self.connection_kwargs = connection_kwargs
+        self.locate = locate
+        #: the address ``locate`` answered last (Sentinel: the master), ``None`` before any
+        self.located: tuple[str, int] | None = None
+        self._socket_timeout = connection_kwargs.get("socket_timeout")
+        self._connect_timeout = connection_kwargs.get("socket_connect_timeout")
+        self.slack = max(_MIN_SLACK, timeout * _SLACK_SHARE)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every connection (without closing any): a new, empty pool."""
+        self._ready = threading.Condition(threading.Lock())
+        self._idle: deque[Any] = deque()
+        self._made: set[Any] = set()
+        self._waiting = 0  # threads waiting for a connection: release notifies only then
+        #: connection -> its socket's timeout, seconds, for each connection connected here
+        self._live: dict[Any, float] = {}
+        self.pid = os.getpid()  # last: other threads then see a reset pool
+
+    # -- checkout and release ----------------------------------------------------------------
+
+    def get_connection(self) -> Any:
+        """A connection ready for a command within one ``timeout`` from now."""
+        return self.checkout(time.monotonic() + self.timeout)
+
+    def checkout(self, deadline: float) -> Any:
+        """A connected, fresh connection; every wait on the way ends by ``deadline``."""
+        if self.pid != os.getpid():
+            self.forget_inherited()
+        with self._ready:
+            if not self._idle and len(self._made) >= self.max_connections:
+                self._waiting += 1
+                try:
+                    self._ready.wait_for(self._can_take, deadline - time.monotonic())
+                finally:
+                    self._waiting -= 1
+            if self._idle:
+                connection = self._idle.pop()
+            elif len(self._made) < self.max_connections:
+                connection = self.connection_class(**self.connection_kwargs)
+                self._made.add(connection)
+            else:
+                raise redis.ConnectionError("No connection available.")
+        try:
+            if connection not in self._live or not self._fresh(connection):
+                self.renew(connection, deadline)
+        except BaseException:
+            self.release(connection)
+            raise
+        return connection
+
+    def release(self, connection: Any) -> None:
+        """Give ``connection`` back (connected or not)."""
+        if self.pid != os.getpid():
+            self.forget_inherited()
+        if connection not in self._made:  # made before a fork or a reset: never reused here
+            connection.disconnect()
+            return
+        with self._ready:
+            self._idle.append(connection)
+            if self._waiting:
+                self._ready.notify()
+
+    def _can_take(self) -> bool:
+        return bool(self._idle) or len(self._made) < self.max_connections
+
+    def _fresh(self, connection: Any) -> bool:
+        """Nothing to read and not closed by the server: ready for a command."""
+        try:
+            if not connection.can_read(0):
+                return True
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            pass
+        self.broken(connection)
+        return False
+
+    # -- connecting, reading, failing ----------------------------------------------------------
+
+    def renew(self, connection: Any, deadline: float) -> None:
+        """(Re)connect ``connection`` and shake hands by ``deadline``.
+
+        With ``locate`` (Sentinel), the address is asked first, within the same deadline.
+        """
+        self._live.pop(connection, None)
+        connection.disconnect()  # redis-py's connect() keeps a socket it still has
+        if self.locate is not None:
+            if deadline <= time.monotonic():
+                raise redis.TimeoutError("DISTLIMIT_REDIS_TIMEOUT spent before asking Sentinel.")
+            self.located = connection.host, connection.port = self.locate()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise redis.TimeoutError("DISTLIMIT_REDIS_TIMEOUT spent before connecting to Redis.")
+        connection.socket_connect_timeout = left
+        connection.socket_timeout = left  # the handshake's replies, and the socket after it
+        try:
+            connection.connect()
+        except BaseException:
+            connection.disconnect()
+            raise
+        finally:
+            connection.socket_connect_timeout = self._connect_timeout
+            connection.socket_timeout = self._socket_timeout
+        self._live[connection] = left
+
+    def read(self, connection: Any, deadline: float) -> Any:
+        """The reply to what was sent on ``connection``, by ``deadline``.
+
+        An error reply is raised as redis-py raises it, the connection staying usable; on any
+        other failure it is disconnected (what is left in its socket is unknown).
+        """
+        try:
+            left = deadline - time.monotonic()
+            # When the socket's own timeout would end too early or too late: wait explicitly.
+            if abs(self._live[connection] - left) > self.slack and (
+                left <= 0 or not connection.can_read(left)
+            ):
+                raise redis.TimeoutError("Timeout reading from Redis (DISTLIMIT_REDIS_TIMEOUT)")
+            return connection.read_response()
+        except redis.ResponseError:
+            raise
+        except BaseException:
+            self.broken(connection)
+            raise
+
+    def send(self, connection: Any, command: Any, deadline: float) -> None:
+        """Send a packed ``command``; redis-py disconnects the connection if that fails."""
+        if deadline <= time.monotonic():
+            raise redis.TimeoutError("DISTLIMIT_REDIS_TIMEOUT spent before sending to Redis.")
+        try:
+            connection.send_packed_command(command, check_health=False)
+        except BaseException:
+            self.broken(connection)
+            raise
+
+    def broken(self, connection: Any) -> None:
+        """Disconnect ``connection`` and forget it was connected (it reconnects at checkout)."""
+        if self._live.pop(connection, None) is not None:
+            connection.disconnect()
+
+    def disconnect(self) -> None:
+        """Disconnect every connection (each reconnects on its next checkout)."""
+        if self.pid != os.getpid():
+            self.forget_inherited()
+        with self._ready:
+            made = list(self._made)
+        for connection in made:
+            self._live.pop(connection, None)
+            connection.disconnect()
+
+    def forget_inherited(self) -> None:
+        """In a forked child: close this process's copies of the inherited sockets (redis-py
+        does not shut a socket down from another process) and start empty."""
+        made = list(self._made)
+        self.reset()
+        for connection in made:
+            connection.disconnect()
