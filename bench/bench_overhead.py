@@ -767,7 +767,10 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + "\n".join(goal.row() for goal in goals))
     print("all goals met" if all(goal.met for goal in goals) else "some goals NOT met")
     if args.write:
-        command = " ".join(["python", "bench/bench_overhead.py", *(argv or sys.argv[1:])])
+        command = f"python bench/bench_overhead.py --rounds {args.rounds} --batch {args.batch}"
+        if args.gunicorn:
+            command += f" --gunicorn --pairs {args.pairs} --seconds {args.seconds:g}"
+        command += f" --write {args.write}"
         when = f"{started} to {_when()}"
         args.write.parent.mkdir(parents=True, exist_ok=True)
         kept = ""  # hand-written analysis below the marker survives a re-run
