@@ -480,6 +480,23 @@ def table(rows: Iterable[Row], base: Baselines) -> tuple[str, list[Goal]]:
     return "\n".join(lines), goals
 
 
+def _minimal_script(app: Flask) -> Any:
+    """The closure cell holding the redis-py ``Script`` the minimal limiter's hook calls."""
+    hook = app.before_request_funcs[None][0]
+    for cell in hook.__closure__ or ():
+        if isinstance(cell.cell_contents, redis.commands.core.Script):
+            return cell
+    raise AssertionError("the minimal limiter's hook holds no Script")
+
+
+def canned_minimal(url: str) -> Flask:
+    """The minimal limiter with its script call replaced by a fixed answer: its own Python."""
+    app = minimal_app(url)
+    app.name = "minimal-canned"
+    _minimal_script(app).cell_contents = lambda keys, args: [1, 3_600_000]
+    return app
+
+
 def minimal_source() -> str:
     """The minimal limiter's code, as it runs in this benchmark."""
     return inspect.getsource(minimal_app)
@@ -537,11 +554,19 @@ def breakdown(spec: str, rounds: int, batch: int) -> str:
             Subject("canned", wsgi_caller(canned)[0]),
             Subject("get", evalsha_caller(client)),
             Subject("storage", lambda: storage.evaluate(checks)),
+            Subject("minimal", wsgi_caller(minimal_app(server.url))[0]),
+            Subject("minimal canned", wsgi_caller(canned_minimal(server.url))[0]),
         ]
         measure(subjects, rounds, batch, between=client.flushall)
         m = {s.name: s.median_us for s in subjects}
         server_us = {}
-        for name, digest, k, a in (("ours", sha, keys, args), ("get", get_sha, ["x"], [])):
+        minimal_script = _minimal_script(minimal_app(server.url)).cell_contents
+        minimal_sha = client.script_load(minimal_script.script)
+        for name, digest, k, a in (
+            ("ours", sha, keys, args),
+            ("get", get_sha, ["x"], []),
+            ("minimal", minimal_sha, ["rl:x"], [3_600_000]),
+        ):
             client.config_resetstat()
             for _ in range(1000):
                 client.evalsha(digest, len(k), *k, *a)
@@ -572,6 +597,19 @@ def breakdown(spec: str, rounds: int, batch: int) -> str:
         lines += ["| part | us |", "|---|---|"]
         lines += [f"| {name} | {value:.1f} |" for name, value in layers]
         lines.append(f"| total overhead | {m['whole'] - m['bare']:.1f} |")
+        own, call_ = m["minimal canned"] - m["bare"], m["minimal"] - m["minimal canned"]
+        lines += [
+            f"| the minimal limiter's total overhead | {m['minimal'] - m['bare']:.1f} |",
+            f"| - its own Python (two hooks, 3 headers; script answer canned) | {own:.1f} |",
+            f"| - its script call inside the request (stock redis-py Script) | {call_:.1f} |",
+            f"| &nbsp;&nbsp;- its script's server time (INFO commandstats) "
+            f"| {server_us['minimal']:.1f} |",
+            f"| ours minus minimal: own Python | {m['canned'] - m['bare'] - own:+.1f} |",
+            f"| ours minus minimal: the Redis call in the request "
+            f"| {storage_in_request - call_:+.1f} |",
+            f"| ours minus minimal: server time "
+            f"| {server_us['ours'] - server_us['minimal']:+.1f} |",
+        ]
         return "\n".join(lines)
     finally:
         client.close()
