@@ -368,6 +368,14 @@ class FunctionsRow:
     server_us: dict[str, float]  # "EVALSHA" or function name -> Redis us/call
 
 
+def _median_ci(values: list[float]) -> tuple[float, float]:
+    """A distribution-free 95 % confidence interval of the median (order statistics)."""
+    ordered, n = sorted(values), len(values)
+    half = 0.98 * math.sqrt(n)  # 1.96 * sqrt(n) / 2
+    low = max(0, math.floor(n / 2 - half) - 1)
+    return ordered[low], ordered[min(n - 1, math.ceil(n / 2 + half))]
+
+
 def _quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
@@ -489,7 +497,8 @@ def render_functions(rows: list[FunctionsRow], command: str, rounds: int, batch:
         f"is in the benchmark's docstring). Measured {_stamp()}.",
         "",
         "Saving per call = EVALSHA minus FCALL in each round (positive: FCALL is faster); "
-        "median over the rounds [interquartile range]; share of rounds in which FCALL was faster. "
+        "median over the rounds [interquartile range] (95 % confidence interval of the median); "
+        "share of rounds in which FCALL was faster. "
         "Redis us/call: the server's own time (INFO commandstats, untimed pass).",
         "",
         "| checks | where | EVALSHA us/call | saving, script text as the function body "
@@ -501,9 +510,10 @@ def render_functions(rows: list[FunctionsRow], command: str, rounds: int, batch:
         for name in ("as_is", "built_once"):
             v = r.savings[name]
             faster = sum(1 for x in v if x > 0) / len(v)
+            low, high = _median_ci(v)
             cells.append(
                 f"{statistics.median(v):+.1f} us [{_quantile(v, 0.25):+.1f}, "
-                f"{_quantile(v, 0.75):+.1f}], {faster:.0%} of rounds"
+                f"{_quantile(v, 0.75):+.1f}] ({low:+.1f} to {high:+.1f}), {faster:.0%} of rounds"
             )
         where = "inside a bare Flask request" if r.where == "request" else "tight loop"
         servers = " / ".join(f"{r.server_us[n]:.1f}" for n in ("EVALSHA", "as_is", "built_once"))
@@ -512,13 +522,33 @@ def render_functions(rows: list[FunctionsRow], command: str, rounds: int, batch:
         )
     request = next(r for r in rows if r.where == "request")
     saving = statistics.median(request.savings["built_once"])
-    verdict = (
-        f"qualifies (at least {FUNCTIONS_WORTH:g} us): adopt, keeping EVALSHA for servers "
-        "without functions"
-        if saving >= FUNCTIONS_WORTH
-        else f"does not qualify (less than {FUNCTIONS_WORTH:g} us): keep EVALSHA"
-    )
+    low, high = _median_ci(request.savings["built_once"])
+    if low >= FUNCTIONS_WORTH:
+        verdict = (
+            f"qualifies (at least {FUNCTIONS_WORTH:g} us, beyond the noise): adopt, keeping "
+            "EVALSHA for servers without functions"
+        )
+    elif high < FUNCTIONS_WORTH:
+        verdict = (
+            f"does not qualify (less than {FUNCTIONS_WORTH:g} us, beyond the noise): keep EVALSHA"
+        )
+    else:
+        verdict = (
+            f"is inconclusive: the 95 % interval of the median ({low:+.1f} to {high:+.1f} us) "
+            f"holds {FUNCTIONS_WORTH:g} us; keep EVALSHA until a quieter run decides"
+        )
     lines += [
+        "",
+        "Reading it: *script text as the function body* runs exactly the per-call work of "
+        "EVALSHA (every helper and algorithm loader defined again on each call), so it isolates "
+        "what FCALL itself costs against EVALSHA; *built once per library* keeps the helpers and "
+        "the algorithms' functions in the library between calls, and the driver alone runs per "
+        "call: that is what an adoption would ship. Redis 7.0 runs a library's top level "
+        "without `math`, so the building happens on the first call. An adoption also needs: "
+        "`FUNCTION LOAD` once per server (each Cluster primary), the `@scripting` ACL "
+        "commands `FCALL` and `FUNCTION`, and `EVALSHA` kept for servers older than 7.0; in "
+        "return, functions are kept in RDB/AOF and replicated, so a restart or a failover never "
+        "answers `NOSCRIPT`.",
         "",
         f"**Decision rule** (issue 14): adopt Redis Functions only if they save at least "
         f"{FUNCTIONS_WORTH:g} us per request. Measured inside a request, one fixed-window "
