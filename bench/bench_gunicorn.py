@@ -184,8 +184,8 @@ def table(result: Result) -> tuple[str, list[Any]]:
         ratio("minimal", "bare"),
     )
     lines = [
-        "| app (gunicorn -w 2, wrk -t1 -c8) | requests/s (median of rounds) | / bare app "
-        "| / minimal limiter |",
+        "| app (gunicorn -w 2 sync workers, wrk -t1 -c8) | requests/s (median of rounds) "
+        "| / bare app | / minimal limiter |",
         "|---|---:|---|---|",
         f"| bare Flask | {statistics.median(result.servers['bare'].rps):,.0f} | 1 | |",
         f"| minimal limiter | {statistics.median(result.servers['minimal'].rps):,.0f} "
