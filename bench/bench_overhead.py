@@ -788,8 +788,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         profile(args.profile, args.profile_calls)
         return 0
-    if args.rounds < 7:
-        raise SystemExit("--rounds: at least 7 (every ratio is a median over the rounds)")
+    if args.rounds < 7 or (args.gunicorn and args.pairs < 7):
+        raise SystemExit("--rounds, --pairs: at least 7 (every ratio is a median over them)")
     started = _when()
     rows, base = run(args.rounds, args.batch)
     text, goals = table(rows, base)
