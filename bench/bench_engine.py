@@ -488,7 +488,9 @@ def functions(port: int, rounds: int, batch: int) -> list[FunctionsRow]:
     return rows
 
 
-def render_functions(rows: list[FunctionsRow], command: str, rounds: int, batch: int) -> str:
+def render_functions(
+    rows: list[FunctionsRow], command: str, rounds: int, batch: int, note: str = ""
+) -> str:
     lines = [
         _FUNCTIONS_BEGIN,
         "## Redis Functions: FCALL against EVALSHA (issue 14)",
@@ -496,6 +498,7 @@ def render_functions(rows: list[FunctionsRow], command: str, rounds: int, batch:
         f"Command: `{command}` ({rounds} interleaved rounds of {batch} calls of each; the method "
         f"is in the benchmark's docstring). Measured {_stamp()}.",
         "",
+        *([f"**{note}**", ""] if note else []),
         "Saving per call = EVALSHA minus FCALL in each round (positive: FCALL is faster); "
         "median over the rounds [interquartile range] (95 % confidence interval of the median); "
         "share of rounds in which FCALL was faster. "
@@ -679,6 +682,7 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=FUNCTIONS_ROUNDS, help="with --functions")
     parser.add_argument("--batch", type=int, default=FUNCTIONS_BATCH, help="with --functions")
+    parser.add_argument("--note", default="", help="with --functions: a line above the table")
     args = parser.parse_args()
     started = time.monotonic()
     sys.path.insert(0, str(ROOT))  # tests.servers starts and stops redis-server by PID
@@ -690,8 +694,9 @@ def main() -> None:
             rows = functions(server.port, args.rounds, args.batch)
         finally:
             server.stop()
-        command = " ".join(["python", "bench/bench_engine.py", *sys.argv[1:]])
-        block = render_functions(rows, command, args.rounds, args.batch)
+        command = f"python bench/bench_engine.py --functions --rounds {args.rounds}"
+        command += f" --batch {args.batch}" + (f" --write {args.write}" if args.write else "")
+        block = render_functions(rows, command, args.rounds, args.batch, args.note)
         print(block)
         if args.write:
             write_functions(args.write, block)
