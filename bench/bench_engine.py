@@ -562,6 +562,77 @@ def render_functions(
     return "\n".join(lines)
 
 
+MINIMAL_SCRIPT = (
+    "local n = redis.call('INCR', KEYS[1]) "
+    "if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end "
+    "return {n, redis.call('PTTL', KEYS[1])}"
+)  # the minimal limiter's script (bench/bench_overhead.py)
+
+
+def lua_parts(port: int, passes: int = 9, calls: int = 1000) -> str:
+    """Where one fixed-window check's Redis time goes: the server's own time per call (INFO
+    commandstats) of our script cut after each stage, against the minimal limiter's script.
+
+    Every variant gets the same KEYS/ARGV; passes alternate the variants; medians over passes.
+    Inner commands: their time per script call, over every pass (a command a pass did not run
+    counts 0 there).
+    """
+    cut = SCRIPT_SOURCE.index("local now, mode = args[1], args[2]")
+    variants = {
+        "`return 1` (EVALSHA itself)": "return 1",
+        "+ the helpers and 5 algorithm loaders defined": SCRIPT_SOURCE[
+            : SCRIPT_SOURCE.index("local n = #KEYS")
+        ]
+        + "\nreturn 1",
+        "+ cjson.decode and the argument checks": SCRIPT_SOURCE[:cut] + "\nreturn 1",
+        "+ the fixed window's functions built": SCRIPT_SOURCE[:cut]
+        + "\nlocal fw = LOADERS[1]()\nreturn 1",
+        "ours, whole (TIME, HMGET, decide, HSET, reply)": SCRIPT_SOURCE,
+        "ours as a Redis Function, built once (FCALL)": "",
+        "the minimal limiter's script (INCR, PTTL)": MINIMAL_SCRIPT,
+    }
+    admin = redis.Redis(host="127.0.0.1", port=port)
+    admin.function_load(function_library(), replace=True)
+    shas = {name: admin.script_load(src) for name, src in variants.items() if src}
+    prepared = [script_args(checks_for("fixed_window", n, 1)) for n in range(IDENTITIES)]
+    totals: dict[str, list[float]] = {name: [] for name in variants}
+    inner: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+    for _ in range(passes):
+        for name in variants:
+            admin.config_resetstat()
+            for i in range(calls):
+                keys, args = prepared[i % IDENTITIES]
+                if name not in shas:
+                    admin.fcall("built_once", 1, *keys, *args)
+                elif variants[name] is MINIMAL_SCRIPT:
+                    admin.evalsha(shas[name], 1, f"rl:{i % IDENTITIES}", 3_600_000)
+                else:
+                    admin.evalsha(shas[name], 1, *keys, *args)
+            stats = admin.info("commandstats")
+            top = "cmdstat_evalsha" if name in shas else "cmdstat_fcall"
+            totals[name].append(float(stats[top]["usec_per_call"]))
+            inner[name].append(
+                {
+                    key.removeprefix("cmdstat_"): float(value["usec"]) / calls
+                    for key, value in stats.items()
+                    if key not in (top, "cmdstat_config|resetstat", "cmdstat_config")
+                }
+            )
+    admin.close()
+    lines = [
+        "| script (one fixed-window check) | Redis us/call | of which inner commands |",
+        "|---|---:|---|",
+    ]
+    for name in variants:
+        commands = sorted({c for d in inner[name] for c in d})
+        parts = ", ".join(
+            f"{c} {statistics.median([d.get(c, 0.0) for d in inner[name]]):.2f}" for c in commands
+        )
+        lines.append(f"| {name} | {statistics.median(totals[name]):.1f} | {parts or '-'} |")
+    lines += ["", f"Medians over {passes} alternating passes of {calls} calls each."]
+    return "\n".join(lines)
+
+
 def _stamp() -> str:
     import datetime
     import os
@@ -680,6 +751,9 @@ def main() -> None:
         action="store_true",
         help="only time FCALL against EVALSHA (with --write: rewrites that section only)",
     )
+    parser.add_argument(
+        "--lua-parts", action="store_true", help="only print where one check's Redis time goes"
+    )
     parser.add_argument("--rounds", type=int, default=FUNCTIONS_ROUNDS, help="with --functions")
     parser.add_argument("--batch", type=int, default=FUNCTIONS_BATCH, help="with --functions")
     parser.add_argument("--note", default="", help="with --functions: a line above the table")
@@ -688,6 +762,13 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))  # tests.servers starts and stops redis-server by PID
     from tests.servers import start_redis
 
+    if args.lua_parts:
+        server = start_redis()
+        try:
+            print(lua_parts(server.port))
+        finally:
+            server.stop()
+        return
     if args.functions:
         server = start_redis()
         try:
