@@ -2,6 +2,8 @@
 
     python bench/bench_engine.py                            # ~1-2 minutes on 2 cores
     python bench/bench_engine.py --write docs/bench/engine.md
+    python bench/bench_engine.py --functions --write docs/bench/engine.md  # FCALL vs EVALSHA only
+    python bench/bench_engine.py --lua-parts    # where one check's Redis time goes, stage by stage
 
 A private redis-server (loopback, started and stopped here, no persistence) and the production
 path: ``from_url("redis://...")`` -> :class:`RedisStorage` -> one ``EVALSHA`` per decision.
