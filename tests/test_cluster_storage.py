@@ -440,3 +440,19 @@ def test_a_failed_send_is_made_once_more_on_a_fresh_connection(
         FailingSendConnection.always = False
         FailingSendConnection.made_before = 0
         storage.close()
+
+
+@pytest.mark.parametrize("version", ["5.0.0", "5.3.1", "6.4.0", "7.1.0", "7.0.0b1"])
+def test_a_redis_py_too_old_for_the_cluster_storage_is_refused_at_start_up(version: str) -> None:
+    from flask_distlimit.errors import ConfigurationError
+    from flask_distlimit.storage.cluster import check_redis_py
+
+    with pytest.raises(ConfigurationError, match=r"redis-py 8\.0 or newer.*pip install 'redis>=8'"):
+        check_redis_py(version)
+
+
+@pytest.mark.parametrize("version", ["8.0.0", "8.1.0", "8.0.0rc1", "9.2"])
+def test_a_redis_py_new_enough_for_the_cluster_storage_is_accepted(version: str) -> None:
+    from flask_distlimit.storage.cluster import check_redis_py
+
+    check_redis_py(version)

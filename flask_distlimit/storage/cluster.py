@@ -54,6 +54,7 @@ deadline). Nothing is retried once a send succeeded: the script may have run.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -69,7 +70,7 @@ from redis.crc import key_slot
 from redis.retry import Retry
 
 from ..decision import Check, Decision, Evaluation
-from ..errors import StorageError, StorageMisconfigured, StorageUnavailable
+from ..errors import ConfigurationError, StorageError, StorageMisconfigured, StorageUnavailable
 from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
 from .base import Storage
 from .heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
@@ -126,6 +127,26 @@ def _reconnect(connection: Any, deadline: float) -> None:
         connection.socket_connect_timeout = connect_timeout
 
 
+#: The first redis-py whose connections read with a deadline (``read_response(timeout=)``) and
+#: hand out pooled connections without a command name: what the Cluster hot path uses.
+CLUSTER_MIN_REDIS_PY: Final = (8, 0)
+
+
+def check_redis_py(version: str) -> None:
+    """Raise :class:`~flask_distlimit.errors.ConfigurationError` at start-up when the installed
+    redis-py is older than the Cluster storage needs (the single node and Sentinel work from
+    redis-py 5.0)."""
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(itertools.takewhile(str.isdigit, piece))
+        parts.append(int(digits) if digits else 0)
+    if tuple(parts) < CLUSTER_MIN_REDIS_PY:
+        raise ConfigurationError(
+            f"The Redis Cluster storage needs redis-py 8.0 or newer; redis-py {version} is "
+            "installed. Upgrade it: pip install 'redis>=8'."
+        )
+
+
 def slot_of(key: str) -> int:
     """The Redis Cluster hash slot of a key (honours ``{hash tags}``)."""
     return key_slot(key.encode("utf-8"))
@@ -151,6 +172,7 @@ class ClusterStorage(Storage):
         them with a ready :class:`~redis.cluster.RedisCluster` (not closed by :meth:`close`)."""
         if client is None and not nodes:
             raise ValueError("ClusterStorage needs startup nodes or a RedisCluster client")
+        check_redis_py(redis.__version__)
         self.timeout = timeout
         self._nodes = [(str(h), int(p)) for h, p in nodes]
         self._max_connections = max_connections
