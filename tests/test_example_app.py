@@ -228,7 +228,12 @@ def test_readme_command_runs_gunicorn_on_a_private_redis(tmp_path: Path) -> None
         while log_path.read_text().count("Booting worker") < 3:
             assert time.monotonic() < boot_deadline, log_path.read_text()
             time.sleep(0.2)
-        # Several workers, one shared count: exactly the anonymous tier's 20 pass.
+        # Several workers, one shared count: exactly the anonymous tier's 20 pass. The example
+        # counts with a sliding window counter, which admits a little more when a burst straddles
+        # a minute (the previous window's count is weighted down): burst within one minute.
+        into_minute = time.time() % 60
+        if into_minute > 45:
+            time.sleep(60.5 - into_minute)
         codes = [_get(f"{base}/catalogue")[0] for _ in range(24)]
         assert codes.count(200) == 20 and codes.count(429) == 4, codes
         status, downstream = _get(f"{base}/downstream")
