@@ -50,7 +50,9 @@ def backend(request: pytest.FixtureRequest, clock: FakeClock) -> Iterator[Callab
         made: list[RedisStorage] = []
 
         def make() -> Storage:
-            storage = RedisStorage(host=pool_kwargs["host"], port=pool_kwargs["port"])
+            # A generous timeout: on a loaded machine the default 0.1 s can expire, and a policy
+            # would then decide instead of Redis (tests of timeouts build their own storage).
+            storage = RedisStorage(host=pool_kwargs["host"], port=pool_kwargs["port"], timeout=2.0)
             made.append(storage)
             return storage
 
