@@ -62,7 +62,7 @@ from .problem import (
     retry_after_seconds,
 )
 from .request_filters import filtered
-from .route_limits import BoundLimit, RoutePlan, bind, build_plan, strictest
+from .route_limits import BoundLimit, RoutePlan, bind, build_plan, distinct, strictest
 from .shadow import ShadowLog
 
 if TYPE_CHECKING:
@@ -388,17 +388,20 @@ class Enforcer:
         bounds = self._carried.get((carrier, endpoint, method))
         if bounds is None:
             label = endpoint or str(getattr(carrier, "__qualname__", "view"))
-            bounds = tuple(
-                b
-                for spec in specs
-                for b in bind(
-                    spec,
-                    prefix=self._prefix,
-                    default_algorithm=self._algorithm,
-                    label=label,
-                    method=method,
-                    shadow=self._shadow_all,
-                )
+            bounds = distinct(
+                (
+                    b
+                    for spec in specs
+                    for b in bind(
+                        spec,
+                        prefix=self._prefix,
+                        default_algorithm=self._algorithm,
+                        label=label,
+                        method=method,
+                        shadow=self._shadow_all,
+                    )
+                ),
+                self._prefix,
             )
             self._carried[(carrier, endpoint, method)] = bounds
         policy = strictest(spec.on_failure for spec in specs)

@@ -25,6 +25,9 @@ Limit ids make the same declared limit hit the same key from every worker and re
 - a ``scope`` (``shared_limit`` or ``limit(..., scope=...)``): ``s:<scope>[:<METHOD>]:...``, one
   counter for every route that names the scope;
 - global: ``g:<amount>/<period>``; tier: ``t:<tier>:<amount>/<period>``.
+- a second (third...) ``key_func`` limit of the same rate and algorithm on one route: its id
+  ends in ``:k2`` (``:k3``...), so two key functions that answer the same text never share a
+  count (:func:`distinct`).
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from .headers import policy_item, sf_string
 from .keys import key_parts
 from .limits import Rate
 
-__all__ = ["EXEMPT", "BoundLimit", "RoutePlan", "bind", "build_plan", "strictest"]
+__all__ = ["EXEMPT", "BoundLimit", "RoutePlan", "bind", "build_plan", "distinct", "strictest"]
 
 KeyedOn = Literal["ip", "identity", "func"]
 
@@ -253,6 +256,27 @@ def _bind_rates(
     return bound
 
 
+def distinct(bound: Iterable[BoundLimit], prefix: str) -> tuple[BoundLimit, ...]:
+    """``bound`` with a key space of its own for each ``key_func`` limit of one rate and
+    algorithm: the second and later of them get ``:k2``, ``:k3``... after their limit id.
+
+    A ``key_func``'s answer is tagged ``func:<value>`` whatever the function, so without this a
+    per-tenant and a per-user limit of ``2/minute`` on one route would count tenant ``x`` and
+    user ``x`` together. Declaration order is the same in every process, so are the ids.
+    """
+    out: list[BoundLimit] = []
+    seen: dict[tuple[str, str], int] = {}
+    for b in bound:
+        if b.key_func is not None and b.dynamic is None:
+            n = seen[(b.limit_id, b.algorithm)] = seen.get((b.limit_id, b.algorithm), 0) + 1
+            if n > 1:
+                limit_id = f"{b.limit_id}:k{n}"
+                head, tail = key_parts(prefix, limit_id, b.algorithm)
+                b = replace(b, limit_id=limit_id, key_head=head, key_tail=tail)
+        out.append(b)
+    return tuple(out)
+
+
 def strictest(policies: Iterable[FailurePolicy | None]) -> FailurePolicy | None:
     """The strictest of the ``on_failure`` policies a route's limits set, if any."""
     found: FailurePolicy | None = None
@@ -353,7 +377,7 @@ def build_plan(
                 bound.append(b)
     return RoutePlan(
         exempt=False,
-        limits=tuple(bound),
+        limits=distinct(bound, prefix),
         policy=strictest(spec.on_failure for spec in specs),
         needs_identity=any(b.needs_identity for b in bound),
         covered=covered,

@@ -539,3 +539,22 @@ def test_a_route_that_would_carry_too_many_limits_fails_at_the_first_request(
         with pytest.raises(ConfigurationError, match=r"'items' \(GET\).*9 limits"):
             app.test_client().get("/items")
     assert counting.evaluations == 0
+
+
+def test_two_key_func_limits_of_one_rate_count_apart(backend: Backend, clock: FakeClock) -> None:
+    """A per-tenant and a per-user limit of the same rate on one view: tenant ``x`` and user
+    ``x`` are different clients and never share a count."""
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.get("/orders")
+    @limiter.limit("2/minute", key_func=lambda: request.args["tenant"])
+    @limiter.limit("2/minute", key_func=lambda: request.args["user"])
+    def orders() -> str:
+        return "ok"
+
+    client = app.test_client()
+    assert client.get("/orders?tenant=x&user=y").status_code == 200
+    assert client.get("/orders?tenant=y&user=x").status_code == 200
+    # tenant x: 1 of 2 spent; user z: none. Sharing keys, tenant x would meet user x's count.
+    assert client.get("/orders?tenant=x&user=z").status_code == 200
+    assert client.get("/orders?tenant=x&user=w").status_code == 429  # tenant x: 2 of 2
