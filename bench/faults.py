@@ -851,6 +851,9 @@ def main() -> None:
         raise KeyboardInterrupt  # unwinds through every run's cleanup
 
     signal.signal(signal.SIGTERM, terminate)
+    # Ctrl-C stops the run and its processes even when started where SIGINT is ignored (a
+    # background job of a script).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     rows: list[Row] = []
     runs: list[Run] = []
     print("| " + " | ".join(HEADER) + " |", flush=True)
@@ -862,7 +865,11 @@ def main() -> None:
                     continue
                 run = load(dumped)
             else:
-                run = run_one(SCENARIOS[name], policy, args.quick, args.seed)
+                try:
+                    run = run_one(SCENARIOS[name], policy, args.quick, args.seed)
+                except KeyboardInterrupt:  # run_one stopped what it started
+                    print("interrupted: every process the harness started is stopped")
+                    sys.exit(130)
             if args.dump is not None:
                 dump(run, args.dump)
             row = analyse(run)
