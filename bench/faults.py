@@ -1,9 +1,11 @@
 """The fault harness (issue 11): each fault, each failure policy, under gunicorn, one table.
 
-    python bench/faults.py                         # every scenario x policy (~10 min); writes
+    python bench/faults.py                         # every scenario x policy (~11 min); writes
                                                    # docs/bench/failure.md
-    python bench/faults.py --quick                 # short faults: a smoke run (~5 min)
+    python bench/faults.py --quick                 # short faults: a smoke run (~6 min)
     python bench/faults.py --only flap --policy local --quick
+    python bench/faults.py --dump DIR              # also keep every request's sample (JSON)
+    python bench/faults.py --analyse DIR           # judge dumped runs again, running nothing
 
 For each scenario and policy the harness starts, on loopback only, a private redis-server (a
 3-primary Redis Cluster with one replica each for ``cluster-primary``), gunicorn
