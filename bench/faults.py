@@ -473,8 +473,9 @@ class Run:
 
 
 def place_clients(port: int, cluster: ClusterServers) -> tuple[list[str], str]:
-    """Four client names: the first on one primary (the victim), the others on the two other
-    primaries; answers (names as hash tags are placed, the tags by name) via the app."""
+    """Four client names, and the Redis hash tag of the first: its keys live on one primary
+    (the one the fault kills), the three others' on the two other primaries (at most two on
+    each). The app tells the tag of a name (its keys' tags are keyed digests)."""
     tags: dict[str, str] = {}
     chosen: list[str] = []
     victim_port = None
@@ -496,7 +497,7 @@ def place_clients(port: int, cluster: ClusterServers) -> tuple[list[str], str]:
 
 
 def run_one(scenario: Scenario, policy: str, quick: bool, seed: int) -> Run:
-    rng = random.Random(f"{seed}:{scenario.name}:{policy}")
+    rng = random.Random(f"{seed}:{scenario.name}:{policy}")  # the same draws for every run
     cleanup = Cleanup()
     bed = Bed(rng=rng, quick=quick)
     try:
