@@ -264,14 +264,18 @@ def main() -> None:
 START, END = "<!-- bench_failure.py: start -->", "<!-- bench_failure.py: end -->"
 
 
-def write(path: Path, text: str) -> None:
-    """Replace the generated part of ``path`` (between the markers), keeping the rest."""
-    block = f"{START}\n{text}{END}\n"
+def write(path: Path, text: str, markers: tuple[str, str] = (START, END)) -> None:
+    """Replace the generated part of ``path`` (between ``markers``), keeping the rest; a file
+    without them gets the block appended (``bench/faults.py`` writes its own block)."""
+    start, end = markers
+    block = f"{start}\n{text}{end}\n"
     old = path.read_text() if path.exists() else ""
-    if START in old and END in old:
-        head, _, rest = old.partition(START)
-        _, _, tail = rest.partition(END + "\n")
+    if start in old and end in old:
+        head, _, rest = old.partition(start)
+        _, _, tail = rest.partition(end + "\n")
         block = head + block + tail
+    elif old:
+        block = old.rstrip("\n") + "\n\n" + block
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(block)
 
