@@ -10,6 +10,7 @@ from .errors import (
     DistLimitError,
     StorageError,
     StorageMisconfigured,
+    StorageReplyLost,
     StorageResponseError,
     StorageUnavailable,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "RequestLimit",
     "StorageError",
     "StorageMisconfigured",
+    "StorageReplyLost",
     "StorageResponseError",
     "StorageUnavailable",
     "parse_rates",

@@ -9,6 +9,10 @@ One small hierarchy; catch the branch you can act on::
           ├── StorageUnavailable     an outage: connection refused or reset, timeout, cluster down,
           │    │                     Sentinel master not found. The circuit breaker counts these;
           │    │                     the failure policy answers the request.
+          │    ├── StorageReplyLost   the server closed the connection after the request was
+          │    │                     sent (a CLIENT KILL, an idle timeout, a proxy reset) but a
+          │    │                     fresh connection answers: the store is up. The failure
+          │    │                     policy answers this request; the breaker is not told.
           │    └── StorageMisconfigured   the store refuses us: NOPERM (ACL), WRONGPASS or NOAUTH
           │                               (credentials), a database index out of range, an
           │                               unknown command (scripting disabled). An outage until
@@ -28,6 +32,7 @@ __all__ = [
     "DistLimitError",
     "StorageError",
     "StorageMisconfigured",
+    "StorageReplyLost",
     "StorageResponseError",
     "StorageUnavailable",
 ]
@@ -50,6 +55,17 @@ class StorageError(DistLimitError):
 
 class StorageUnavailable(StorageError):
     """The storage could not be reached in time (an outage, counted by the breaker)."""
+
+
+class StorageReplyLost(StorageUnavailable):
+    """The server closed the connection after the request was sent, and a fresh connection
+    answered at once: the store is up, only this reply is lost.
+
+    The request may or may not have been counted, and it is never sent again (that could count
+    it twice): the failure policy answers it. It is not an outage, so the circuit breaker is
+    not told: a ``CLIENT KILL`` that cuts every connection in flight at once, an idle timeout or
+    a proxy reset must not switch the limiter to its failure policy for a whole reset timeout.
+    """
 
 
 class StorageMisconfigured(StorageUnavailable):

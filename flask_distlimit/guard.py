@@ -67,6 +67,7 @@ from .errors import (
     ConfigurationError,
     StorageError,
     StorageMisconfigured,
+    StorageReplyLost,
     StorageResponseError,
     StorageUnavailable,
 )
@@ -256,7 +257,10 @@ class Guard:
                 # The storage had not named its node yet (a Sentinel master before the first
                 # connection): the outage is that of the node it names now.
                 breaker = self._follow(refresh=False) or breaker
-            breaker.failure(exc)
+            if isinstance(exc, StorageReplyLost):
+                breaker.success()  # a fresh connection answered: not an outage
+            else:
+                breaker.failure(exc)
             if isinstance(exc, StorageMisconfigured):
                 self._refused(exc)
             if self._follows:

@@ -196,6 +196,21 @@ class DeadlinePool:
             self.broken(connection)
             raise
 
+    def answers(self, deadline: float) -> bool:
+        """Does the server answer a ``PING`` on a fresh connection by ``deadline``? Asked after a
+        connection was closed under a request, to tell a lost reply from an outage."""
+        try:
+            connection = self.checkout(deadline)
+        except redis.RedisError:
+            return False
+        try:
+            self.send(connection, connection.pack_command("PING"), deadline)
+            return self.read(connection, deadline) in (b"PONG", "PONG", True)
+        except redis.RedisError:
+            return False
+        finally:
+            self.release(connection)
+
     def send(self, connection: Any, command: Any, deadline: float) -> None:
         """Send a packed ``command``; redis-py disconnects the connection if that fails."""
         if deadline <= time.monotonic():

@@ -52,6 +52,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from ..decision import Check, Evaluation
+from ..errors import StorageReplyLost
 from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
 from .base import Storage
 from .evalsha import EvalshaPacker
@@ -227,6 +228,15 @@ class RedisStorage(Storage):
                 pool.send(connection, command, deadline)
             try:
                 return pool.read(connection, deadline)
+            except redis.ConnectionError as exc:
+                # Closed under the request after the send: it may have run, so it is not sent
+                # again. A fresh connection that answers means a lost reply, not an outage.
+                if pool.answers(deadline):
+                    raise StorageReplyLost(
+                        f"Redis closed the connection before replying ({exc}); it answers on a "
+                        "fresh one"
+                    ) from exc
+                raise
             except NoScriptError:  # flushed, restarted, failed over: load it, run it again
                 load = connection.pack_command("SCRIPT", "LOAD", script.script)
                 pool.send(connection, load, deadline)
