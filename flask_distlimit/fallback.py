@@ -10,20 +10,42 @@ Failures are often partial (a flapping link, a slow Redis that times out every o
 the local counts must outlive the calls that succeed in between:
 
 - **A key's local budget starts from what Redis last said was left** (:class:`LastKnown`): its
-  first local decision finds ``min(share, remaining // instances)`` units, not a whole share.
+  first local decision finds ``min(share, remaining // instances)`` units, not a whole share,
+  when Redis said it at most :data:`FRESHNESS` (a tenth) of the key's period earlier. An older
+  figure says nothing of what the other processes spent since (they may have spent it all), so
+  the key gets nothing here until its quota would be whole again. A key Redis said nothing about
+  since its quota was last whole gets a whole share (docs/failure-modes.md says why).
 - **Every admission counts while a key is held.** A key is *held* from its local decision until
   the quota that decision saw would be whole again (``reset_after``; at most one period for every
   algorithm but the sliding window counter, two for that one). While it is held, a request Redis
   admits is counted here too (:meth:`LocalFallback.charge`), and refused if it exceeds the share:
   Redis never learns of the admissions made locally, so without this a process could add Redis's
   full quota to its local share within one window.
-- **Handing back**: a key's hold ends when no local decision has touched it for that settling
-  period: its local admissions have then left every window Redis will look at, so Redis alone is
-  exact again for it. When no key is held any more, the in-process store is dropped.
+- **Engaged**: ``settle`` seconds (the breaker's reset timeout) after each failure, and after the
+  first success that follows a failure, every request is counted here, and a key Redis answers
+  enters the count from what it has just said was left.
+- **Handing back**: a key decided here (a failure) is held, beyond its quota's reset, until the
+  window that contains the end of the engagement has ended (that fixed window's end; one period
+  after the engagement for the sliding window log, the token bucket and GCRA, two for the
+  sliding window counter); a key counted only because Redis answered it while engaged is
+  handed back when the engagement ends. When no key is held any more, the in-process store is
+  dropped.
 
-So per window, while failures go on, each process admits at most its share of what Redis said
-was left at the start, and the fleet at most about the limit (the bound, stated and tested:
-docs/failure-modes.md, tests/test_fleet_bound.py). Nothing is ever written back to Redis.
+The bound (docs/failure-modes.md, "The bound"; tests/test_fleet_bound.py,
+tests/test_local_bounds.py), for ``N`` processes, a limit ``L``, share ``S``:
+
+- per window, while failures go on, each process admits at most ``S``, the fleet ``N x S <= L``;
+- in the window where an outage starts, at most ``L + A``: each fresh figure ``R_p`` exceeds what
+  was really left, ``R``, by what the fleet admitted after Redis said it, at most ``A``, what it
+  admitted in the last tenth of a period; ``sum(R_p // N) <= R + A``. ``A <= L / 10`` when the
+  key's admissions are spread over its window;
+- after Redis is back at ``T``: every breaker still open opened before ``T`` and closes within
+  one reset timeout of opening, so nobody admits locally after ``T`` + one reset timeout; every
+  process that failed has its first success at ``T`` or later, so it stays engaged until then and
+  holds each key it decided until that window ends. In every window, either every process that
+  decided a key is held to its share of it, or no process admits it locally.
+
+Nothing is ever written back to Redis.
 """
 
 from __future__ import annotations
@@ -83,8 +105,9 @@ class LocalFallback:
 
     ``factory`` builds the in-process store (default: a fresh ``MemoryStorage``); it is called
     lazily, on the first local decision after the store was dropped. ``clock`` (monotonic
-    seconds) times the settling. ``settle``: seconds after this process's last failure during
-    which every request is counted here too (the guard passes the breaker's reset timeout).
+    seconds) times the settling. ``settle``: seconds after this process's last failure, and
+    after its first success following a failure, during which every request is counted here too
+    (the guard passes the breaker's reset timeout).
     ``last_known`` tells where a key's local budget starts; without it, from a whole share.
     """
 
@@ -128,7 +151,8 @@ class LocalFallback:
 
     @property
     def engaged(self) -> bool:
-        """True within ``settle`` seconds of this process's last failure."""
+        """True within ``settle`` seconds of this process's last failure, or of its first
+        success after a failure."""
         return self._clock() < self._engaged_until
 
     def held(self) -> int:
