@@ -10,20 +10,42 @@ Failures are often partial (a flapping link, a slow Redis that times out every o
 the local counts must outlive the calls that succeed in between:
 
 - **A key's local budget starts from what Redis last said was left** (:class:`LastKnown`): its
-  first local decision finds ``min(share, remaining // instances)`` units, not a whole share.
+  first local decision finds ``min(share, remaining // instances)`` units, not a whole share,
+  when Redis said it at most :data:`FRESHNESS` (a tenth) of the key's period earlier. An older
+  figure says nothing of what the other processes spent since (they may have spent it all), so
+  the key gets nothing here until its quota would be whole again. A key Redis said nothing about
+  since its quota was last whole gets a whole share (docs/failure-modes.md says why).
 - **Every admission counts while a key is held.** A key is *held* from its local decision until
   the quota that decision saw would be whole again (``reset_after``; at most one period for every
   algorithm but the sliding window counter, two for that one). While it is held, a request Redis
   admits is counted here too (:meth:`LocalFallback.charge`), and refused if it exceeds the share:
   Redis never learns of the admissions made locally, so without this a process could add Redis's
   full quota to its local share within one window.
-- **Handing back**: a key's hold ends when no local decision has touched it for that settling
-  period: its local admissions have then left every window Redis will look at, so Redis alone is
-  exact again for it. When no key is held any more, the in-process store is dropped.
+- **Engaged**: ``settle`` seconds (the breaker's reset timeout) after each failure, and after the
+  first success that follows a failure, every request is counted here, and a key Redis answers
+  enters the count from what it has just said was left.
+- **Handing back**: a key decided here (a failure) is held, beyond its quota's reset, until the
+  window that contains the end of the engagement has ended (that fixed window's end; one period
+  after the engagement for the sliding window log, the token bucket and GCRA, two for the
+  sliding window counter); a key counted only because Redis answered it while engaged is
+  handed back when the engagement ends. When no key is held any more, the in-process store is
+  dropped.
 
-So per window, while failures go on, each process admits at most its share of what Redis said
-was left at the start, and the fleet at most about the limit (the bound, stated and tested:
-docs/failure-modes.md, tests/test_fleet_bound.py). Nothing is ever written back to Redis.
+The bound (docs/failure-modes.md, "The bound"; tests/test_fleet_bound.py,
+tests/test_local_bounds.py), for ``N`` processes, a limit ``L``, share ``S``:
+
+- per window, while failures go on, each process admits at most ``S``, the fleet ``N x S <= L``;
+- in the window where an outage starts, at most ``L + A``: each fresh figure ``R_p`` exceeds what
+  was really left, ``R``, by what the fleet admitted after Redis said it, at most ``A``, what it
+  admitted in the last tenth of a period; ``sum(R_p // N) <= R + A``. ``A <= L / 10`` when the
+  key's admissions are spread over its window;
+- after Redis is back at ``T``: every breaker still open opened before ``T`` and closes within
+  one reset timeout of opening, so nobody admits locally after ``T`` + one reset timeout; every
+  process that failed has its first success at ``T`` or later, so it stays engaged until then and
+  holds each key it decided until that window ends. In every window, either every process that
+  decided a key is held to its share of it, or no process admits it locally.
+
+Nothing is ever written back to Redis.
 """
 
 from __future__ import annotations
@@ -33,15 +55,29 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Final
 
+from .algorithms import Algorithm
 from .decision import NEVER, Check, Evaluation
 from .last_known import LastKnown
 from .storage.base import Storage
 
-__all__ = ["LocalFallback", "divided_limit"]
+__all__ = ["FRESHNESS", "LocalFallback", "divided_limit"]
+
+#: What Redis said was left for a key is trusted for this fraction of the key's period after it
+#: said it; an older figure gives the key no local budget until its quota is whole again.
+FRESHNESS: Final = 0.1
 
 _FOREVER = float("inf")
 _SWEEP_MIN = 1024
+_US = 1_000_000
+
+#: A key's algorithm and period: how long its local admissions stay in the windows Redis sees.
+_Kind = tuple[Algorithm, int]
+
+
+def _wall_us() -> int:
+    return time.time_ns() // 1_000
 
 
 def divided_limit(limit: int, instances: int) -> int:
@@ -69,8 +105,9 @@ class LocalFallback:
 
     ``factory`` builds the in-process store (default: a fresh ``MemoryStorage``); it is called
     lazily, on the first local decision after the store was dropped. ``clock`` (monotonic
-    seconds) times the settling. ``settle``: seconds after this process's last failure during
-    which every request is counted here too (the guard passes the breaker's reset timeout).
+    seconds) times the settling. ``settle``: seconds after this process's last failure, and
+    after its first success following a failure, during which every request is counted here too
+    (the guard passes the breaker's reset timeout).
     ``last_known`` tells where a key's local budget starts; without it, from a whole share.
     """
 
@@ -91,7 +128,13 @@ class LocalFallback:
         self._storage: Storage | None = None
         #: key -> clock() until which its local count is known complete (see _cover).
         self._covered: dict[str, float] = {}
-        self._engaged_until = -_FOREVER  # last failure + settle
+        #: keys decided here (a failure), with their kind: held to the end of a window (_hold).
+        self._decided: dict[str, _Kind] = {}
+        #: kind -> clock() until which a key of that kind decided here is held (see _engage).
+        self._hold: dict[_Kind, float] = {}
+        self._engaged_until = -_FOREVER  # last failure, or first success after it, + settle
+        self._failed = False  # a failure since the last success: the next success engages
+        self._wall_offset_us = 0  # the storage's time (now_us) minus clock(), in microseconds
         self._until = -_FOREVER  # the latest of the above: the store is dropped then
         self._sweep_at = _SWEEP_MIN
         self._lock = threading.Lock()
@@ -108,14 +151,15 @@ class LocalFallback:
 
     @property
     def engaged(self) -> bool:
-        """True within ``settle`` seconds of this process's last failure."""
+        """True within ``settle`` seconds of this process's last failure, or of its first
+        success after a failure."""
         return self._clock() < self._engaged_until
 
     def held(self) -> int:
         """How many keys are counted here now."""
         now = self._clock()
         with self._lock:
-            return sum(1 for until in self._covered.values() if until > now)
+            return sum(1 for key, until in self._covered.items() if self._holds(key, until, now))
 
     def evaluate(
         self, checks: Sequence[Check], *, instances: int, now_us: int | None = None
@@ -127,8 +171,11 @@ class LocalFallback:
             if storage is None or now >= self._until:
                 self._drop_locked()
                 storage = self._storage = self._factory()
-            self._engaged_until = max(self._engaged_until, now + self.settle)
-            self._until = max(self._until, self._engaged_until)
+            self._failed = True
+            self._observe(now, now_us)
+            self._engage(now + self.settle)
+            for check in checks:
+                self._decide(check)
             divided = [_divided(c, instances) for c in checks]
             for check, local in zip(checks, divided, strict=True):
                 if check.key not in self._covered:
@@ -166,7 +213,8 @@ class LocalFallback:
             covered = [
                 i
                 for i, c in enumerate(checks)
-                if (until := self._covered.get(c.key)) is not None and (until > now or engaged)
+                if (until := self._covered.get(c.key)) is not None
+                and (engaged or self._holds(c.key, until, now))
             ]
             if not covered:
                 return None
@@ -209,6 +257,14 @@ class LocalFallback:
             if storage is None:
                 return None
             now = self._clock()
+            if self._failed:
+                # The first success after a failure: Redis is back for this process, not yet
+                # for those whose breakers are still open (they try again at most a reset
+                # timeout after opening, before Redis came back): count everything here until
+                # then (see "Handing back" in the module docstring).
+                self._failed = False
+                self._observe(now, now_us)
+                self._engage(now + self.settle)
             if now >= self._until:
                 self._drop_locked()  # settled: Redis alone is exact again
                 return None
@@ -216,7 +272,7 @@ class LocalFallback:
             counted: list[int] = []
             for i, check in enumerate(checks):
                 until = self._covered.get(check.key)
-                if until is not None and (until > now or engaged):
+                if until is not None and (engaged or self._holds(check.key, until, now)):
                     counted.append(i)  # every admission of it since it entered is counted here
                 elif engaged:
                     # Failures go on: from now on this key counts here too, starting from what
@@ -227,6 +283,7 @@ class LocalFallback:
                     # Settled: Redis alone is exact for it, and this admission is not counted
                     # here, so its local count is incomplete from now on.
                     del self._covered[check.key]
+                    self._decided.pop(check.key, None)
                     storage.delete([check.key])
             if not counted:
                 return None
@@ -249,12 +306,61 @@ class LocalFallback:
         """Start counting ``check``'s key here from what Redis last said was left: this
         process's part of it, ``remaining // instances``, at most the share."""
         storage.delete([check.key])  # counts of an earlier spell no longer matter
-        left = None if self.last_known is None else self.last_known.remaining(check)
-        if left is None:
-            return
+        reading = None if self.last_known is None else self.last_known.reading(check)
+        if reading is None:
+            return  # nothing said since the quota was whole: a whole share (module docstring)
+        # An older figure says nothing of what the others spent since: nothing is left here.
+        left = reading.remaining if reading.age <= FRESHNESS * check.period else 0
         spent = local.limit - min(local.limit, max(0, left) // max(1, instances))
         if spent > 0:
             storage.evaluate([dataclasses.replace(local, cost=spent)], now_us=now_us)
+
+    def _observe(self, now: float, now_us: int | None) -> None:
+        """Remember how the storage's time (``now_us``, else the wall clock) maps onto clock()."""
+        self._wall_offset_us = (_wall_us() if now_us is None else now_us) - round(now * _US)
+
+    def _engage(self, until: float) -> None:
+        """Count every request here until ``until`` at least, and every key decided here until
+        the end of the window that contains that moment (:meth:`_window_end`)."""
+        if until <= self._engaged_until:
+            return
+        self._engaged_until = until
+        for kind in self._hold:
+            self._hold[kind] = end = self._window_end(kind, until)
+            if end > self._until:
+                self._until = end
+        if until > self._until:
+            self._until = until
+
+    def _decide(self, check: Check) -> None:
+        """``check``'s key is decided here: hold it until the end of the window that contains
+        the end of this process's engagement."""
+        kind = (check.algorithm, check.period)
+        self._decided[check.key] = kind
+        if kind not in self._hold:
+            self._hold[kind] = end = self._window_end(kind, self._engaged_until)
+            if end > self._until:
+                self._until = end
+
+    def _window_end(self, kind: _Kind, moment: float) -> float:
+        """clock() when admissions made by ``moment`` have left every window of a key of
+        ``kind`` that Redis will look at: the end of the fixed window that contains ``moment``
+        (windows are aligned on the storage's time), one period after it for the sliding window
+        log, the token bucket and GCRA, two for the sliding window counter."""
+        algorithm, period = kind
+        if algorithm == "fixed_window":
+            period_us = period * _US
+            at_us = round(moment * _US) + self._wall_offset_us
+            end_us = (at_us // period_us + 1) * period_us
+            return (end_us - self._wall_offset_us) / _US
+        return moment + (2 * period if algorithm == "sliding_window_counter" else period)
+
+    def _holds(self, key: str, until: float, now: float) -> bool:
+        """Whether ``key`` (counted here until ``until``) still counts here at ``now``."""
+        if until > now:
+            return True
+        kind = self._decided.get(key)
+        return kind is not None and now < self._hold[kind]
 
     def _cover(self, key: str, until: float) -> None:
         """Count ``key`` here until ``until`` at least (longer while this process is engaged).
@@ -274,6 +380,9 @@ class LocalFallback:
     def _drop_locked(self) -> None:
         storage, self._storage = self._storage, None
         self._covered.clear()
+        self._decided.clear()
+        self._hold.clear()
+        self._failed = False
         self._engaged_until = self._until = -_FOREVER
         self._sweep_at = _SWEEP_MIN
         if storage is not None:
@@ -282,8 +391,9 @@ class LocalFallback:
     def _sweep(self, now: float) -> None:
         """Forget keys whose count has ended (amortized: once per doubling of the keys); they
         start again from what Redis last said when they enter again."""
-        for key in [k for k, until in self._covered.items() if until <= now]:
+        for key in [k for k, until in self._covered.items() if not self._holds(k, until, now)]:
             del self._covered[key]
+            self._decided.pop(key, None)
         self._sweep_at = max(_SWEEP_MIN, 2 * len(self._covered))
 
     def _after_fork(self) -> None:
@@ -291,5 +401,8 @@ class LocalFallback:
         self._lock = threading.Lock()
         self._storage = None
         self._covered = {}
+        self._decided = {}
+        self._hold = {}
+        self._failed = False
         self._engaged_until = self._until = -_FOREVER
         self._sweep_at = _SWEEP_MIN

@@ -6,7 +6,9 @@ fresh quota on top of what Redis had already counted in that window (a client th
 30 before the outage could get 10 more per process). So the guard shows every answer of the
 storage to a :class:`LastKnown`, which keeps, per key, the units left and until when that figure
 means anything: the moment the quota is whole again (``reset_after`` later, on the guard's
-monotonic clock). The fallback asks it when a key first needs a local decision.
+monotonic clock), and when it was said: the other processes may have spent since, so the
+fallback trusts a figure only while it is fresh (:data:`flask_distlimit.fallback.FRESHNESS`).
+The fallback asks it when a key first needs a local decision.
 
 Bounded: at most ``max_entries`` keys (default 10,000, about 1 MB), the least recently answered
 dropped first; a key it forgot starts from a whole share, as before. Thread-safe, with an injected
@@ -23,13 +25,21 @@ from typing import NamedTuple
 
 from .decision import Check, Evaluation
 
-__all__ = ["LastKnown"]
+__all__ = ["LastKnown", "Reading"]
 
 
 class _Entry(NamedTuple):
     limit: int  # the limit the figure is for: a changed limit makes it meaningless
     remaining: int  # units left for the whole fleet, as the storage said
+    read_at: float  # clock() when the storage said it: the others may have spent since
     whole_at: float  # clock() when the quota is whole again: the figure is stale from then on
+
+
+class Reading(NamedTuple):
+    """What the storage last said was left for a key, and how long ago (seconds)."""
+
+    remaining: int
+    age: float
 
 
 class LastKnown:
@@ -55,7 +65,7 @@ class LastKnown:
         with self._lock:
             for check, decision in zip(checks, evaluation.decisions, strict=False):
                 entries[check.key] = _Entry(
-                    check.limit, decision.remaining, now + decision.reset_after
+                    check.limit, decision.remaining, now, now + decision.reset_after
                 )
                 entries.move_to_end(check.key)
             while len(entries) > self.max_entries:
@@ -64,11 +74,18 @@ class LastKnown:
     def remaining(self, check: Check) -> int | None:
         """Units left for ``check``'s key as the storage last said, or ``None`` when it said
         nothing since the quota was last whole (or for another limit)."""
+        reading = self.reading(check)
+        return None if reading is None else reading.remaining
+
+    def reading(self, check: Check) -> Reading | None:
+        """What the storage last said was left for ``check``'s key and how long ago, or
+        ``None`` when it said nothing since the quota was last whole (or for another limit)."""
         with self._lock:
             entry = self._entries.get(check.key)
-        if entry is None or entry.limit != check.limit or self._clock() >= entry.whole_at:
+        now = self._clock()
+        if entry is None or entry.limit != check.limit or now >= entry.whole_at:
             return None
-        return entry.remaining
+        return Reading(entry.remaining, max(0.0, now - entry.read_at))
 
     def clear(self) -> None:
         with self._lock:

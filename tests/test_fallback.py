@@ -163,3 +163,124 @@ def test_a_forked_child_starts_its_own_local_count() -> None:
     fallback._after_fork()
     assert not fallback.active
     assert fallback.evaluate(checks, instances=2, now_us=NOW).allowed
+
+
+# -- the bound under partial failure (docs/failure-modes.md, "The bound") ----------------------
+
+
+def _at(clock: FakeClock, seconds: float) -> int:
+    """Move the fallback's clock to ``seconds`` after NOW (a whole minute) and answer the
+    storage's time then, in microseconds: the two clocks move together."""
+    clock.now = 1000.0 + seconds
+    return NOW + round(seconds * 1_000_000)
+
+
+@pytest.mark.parametrize(("age", "admitted"), [(0.0, 2), (6.0, 2), (6.001, 0)])
+def test_what_redis_said_is_trusted_for_a_tenth_of_the_period(age: float, admitted: int) -> None:
+    clock = FakeClock()
+    known = LastKnown(clock=clock)
+    fallback = LocalFallback(clock=clock, settle=1, last_known=known)
+    checks = [Check("ratelimit:{c}:r:fixed_window", "fixed_window", 30, 60)]
+    known.record(checks, _answer(7, reset_after=60))  # 7 left: 7 // 3 = 2 for this process
+    assert known.reading(checks[0]) == (7, 0.0)
+    now_us = _at(clock, age)
+    assert known.reading(checks[0]) == (7, pytest.approx(age))
+    allowed = [fallback.evaluate(checks, instances=3, now_us=now_us).allowed for _ in range(3)]
+    assert allowed.count(True) == admitted  # older than 6 s: the others may have spent it all
+
+
+def test_a_stale_key_admits_nothing_here_until_its_quota_is_whole_again() -> None:
+    clock = FakeClock()
+    known = LastKnown(clock=clock)
+    fallback = LocalFallback(clock=clock, settle=1, last_known=known)
+    checks = [Check("ratelimit:{c}:r:fixed_window", "fixed_window", 30, 10)]  # share 10 of 3
+    _at(clock, 1)
+    known.record(checks, _answer(29, reset_after=9))  # early in the window: 29 left
+    refused = fallback.evaluate(checks, instances=3, now_us=_at(clock, 3))  # 2 s later: stale
+    assert not refused.allowed and refused.decisions[0].retry_after == 7  # the window's end
+    assert not fallback.evaluate(checks, instances=3, now_us=_at(clock, 9.9)).allowed
+    next_window = [fallback.evaluate(checks, instances=3, now_us=_at(clock, 10)) for _ in range(11)]
+    assert [e.allowed for e in next_window] == [True] * 10 + [False]  # a whole share again
+
+
+def test_a_key_redis_never_answered_here_starts_from_a_whole_share() -> None:
+    clock = FakeClock()
+    fallback = LocalFallback(clock=clock, last_known=LastKnown(clock=clock))
+    checks = [Check("ratelimit:{new}:r:fixed_window", "fixed_window", 30, 60)]
+    allowed = [fallback.evaluate(checks, instances=3, now_us=NOW).allowed for _ in range(11)]
+    assert allowed == [True] * 10 + [False]
+
+
+def test_the_first_success_after_a_failure_engages_for_another_reset_timeout() -> None:
+    """Redis is back for this process at its first success, but a breaker that opened before
+    then may stay open up to a reset timeout longer: count everything here until then."""
+    clock = FakeClock()
+    fallback = LocalFallback(clock=clock, settle=2)
+    failed = [Check("ratelimit:{a}:r:fixed_window", "fixed_window", 100, 60)]
+    answered = [Check("ratelimit:{b}:r:fixed_window", "fixed_window", 100, 60)]
+    fallback.evaluate(failed, instances=2, now_us=_at(clock, 0))  # engaged until 2
+    kept = fallback.charge(answered, _answer(90, 60, 100), instances=2, now_us=_at(clock, 1.5))
+    assert kept is None
+    _at(clock, 2.5)
+    assert fallback.engaged  # until 1.5 + 2
+    kept = fallback.charge(answered, _answer(89, 60, 100), instances=2, now_us=_at(clock, 3))
+    assert kept is None
+    _at(clock, 3.5)
+    assert not fallback.engaged  # only the first success after a failure engages
+
+
+def test_a_success_long_after_the_last_failure_engages_too() -> None:
+    """A process that had no request for longer than the settling period after its failure
+    (its breaker stayed open) meets Redis again while others may still admit locally."""
+    clock = FakeClock()
+    fallback = LocalFallback(clock=clock, settle=2)
+    checks = [Check("ratelimit:{a}:r:gcra", "gcra", 100, 60)]
+    fallback.evaluate(checks, instances=2, now_us=_at(clock, 0))
+    kept = fallback.charge(checks, _answer(90, 60, 100), instances=2, now_us=_at(clock, 100))
+    assert kept is None
+    assert fallback.engaged and fallback.held() == 1
+
+
+def test_a_key_decided_here_counts_until_the_end_of_the_window_its_engagement_ends_in() -> None:
+    """Decided locally 8.5 s into a 10 s window, first success at 9 s: engaged until 11 s, in
+    the next window, where a process whose breaker is still open may admit locally: this one
+    stays within its share until that window ends (20 s)."""
+    clock = FakeClock()
+    fallback = LocalFallback(clock=clock, settle=2)
+    checks = [Check("ratelimit:{c}:r:fixed_window", "fixed_window", 20, 10)]  # share 10 of 2
+    redis_says = _answer(15, reset_after=10, limit=20)
+    assert fallback.evaluate(checks, instances=2, now_us=_at(clock, 8.5)).allowed
+    assert fallback.charge(checks, redis_says, instances=2, now_us=_at(clock, 9)) is None
+    _at(clock, 11)
+    assert not fallback.engaged and fallback.held() == 1
+    charged = [fallback.charge(checks, redis_says, instances=2, now_us=_at(clock, 12 + i / 100))
+               for i in range(11)]  # fmt: skip
+    assert [c is None for c in charged] == [True] * 10 + [False]  # its share of the window 10-20
+    _at(clock, 19.99)
+    assert fallback.active
+    assert fallback.charge(checks, redis_says, instances=2, now_us=_at(clock, 20)) is None
+    assert not fallback.active  # handed back: Redis alone is exact from this window on
+
+
+def test_a_sliding_key_decided_here_counts_one_period_after_the_engagement() -> None:
+    clock = FakeClock()
+    fallback = LocalFallback(clock=clock, settle=2)
+    checks = [Check("ratelimit:{c}:r:sliding_window_log", "sliding_window_log", 20, 10)]
+    fallback.evaluate(checks, instances=2, now_us=_at(clock, 0))
+    fallback.charge(checks, _answer(15, 10, 20), instances=2, now_us=_at(clock, 1))  # until 3
+    _at(clock, 12.9)
+    assert fallback.held() == 1  # its local admissions may be in Redis's window until 13
+    _at(clock, 13)
+    assert fallback.held() == 0 and not fallback.active
+
+
+def test_a_key_only_answered_by_redis_is_handed_back_when_the_engagement_ends() -> None:
+    clock = FakeClock()
+    fallback = LocalFallback(clock=clock, settle=2)
+    failed = [Check("ratelimit:{a}:r:fixed_window", "fixed_window", 20, 10)]
+    answered = [Check("ratelimit:{b}:r:fixed_window", "fixed_window", 20, 10)]
+    fallback.evaluate(failed, instances=2, now_us=_at(clock, 8.5))
+    fallback.charge(answered, _answer(15, 10, 20), instances=2, now_us=_at(clock, 9))
+    assert fallback.held() == 2
+    _at(clock, 11)
+    assert fallback.held() == 1  # {a} counts to the end of the window (20 s), {b} is Redis's
