@@ -33,7 +33,6 @@ from flask_distlimit.decision import Check
 from flask_distlimit.guard import Guard
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.urls import from_url
-from tests.faults import FailingStorage
 from tests.guard_helpers import FakeClock
 from tests.servers import RedisProcess, start_redis
 
@@ -241,79 +240,8 @@ def test_a_restart_while_the_fleet_learns_its_size_never_lowers_a_divisor() -> N
         server.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11, found by bench/faults.py: a key's local budget starts from the remaining "
-    "this process last heard from Redis, however old; the others have spent since",
-)
-def test_a_stale_remaining_overshoots_the_start_window(
-    redis_server: RedisProcess, redis_client: redis.Redis
-) -> None:
-    """The fault harness's ``flap``/``local`` row (35 against 33), made deterministic: one
-    process last heard of a client early in a window (29 left); the two others then spend 23 of
-    the 30 through Redis; Redis fails. Each process starts the key from
-    ``min(share, remaining // 3)`` of what IT last heard: 9 + 2 + 2 on top of the 24 Redis
-    counted, 37 in the window. (When this passes, drop the mark.)"""
-    clock = FakeClock(start=0.0)
-    down = [False]
-    guards = [
-        Guard(FailingStorage(_storage(redis_server.url, 1.0), lambda n: down[0]),
-              policy="local", instances=PROCESSES, fail_max=5, reset_timeout=0.5, clock=clock)
-        for _ in range(PROCESSES)
-    ]  # fmt: skip
-    check = [Check("ratelimit:{stale}:r:fixed_window", "fixed_window", LIMIT, 1)]
-    admitted = 0
-
-    def request(process: int, step: int) -> None:
-        nonlocal admitted
-        clock.now = step * STEP_US / 1_000_000
-        outcome = guards[process].evaluate(check, now_us=EPOCH_US + step * STEP_US)
-        assert outcome.evaluation is not None
-        admitted += outcome.evaluation.allowed
-
-    request(0, 0)  # process 0 hears: 29 left
-    for step in range(1, 24):
-        request(1 + step % 2, step)  # the others spend 23 more: Redis says 6 left
-    down[0] = True
-    for step in range(24, 84):  # the rest of the window, round robin, Redis down
-        request(step % PROCESSES, step)
-    print(f"\n[stale remaining] {admitted} admitted in one window (limit {LIMIT})")
-    assert admitted <= 1.1 * LIMIT
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11, found by bench/faults.py: a process hands its keys back to Redis in the "
-    "middle of a window in which another process, its breaker still open, admitted locally",
-)
-def test_breakers_closing_out_of_phase_overshoot_the_window_after_an_outage(
-    redis_server: RedisProcess, redis_client: redis.Redis
-) -> None:
-    """The fault harness's ``stall``/``local`` row (37 against 33), made deterministic. Redis
-    is down from 0 to 5 s; the last second of it only process B is asked, so its last failed
-    trial is late and its breaker stays open into the window 6-7 s, where it admits its share
-    locally (Redis never sees those). A and C, last failed before 4 s, stop counting locally at
-    about 6 s and Redis lets them take the whole quota of that window on top. (When this passes,
-    drop the mark.)"""
-    clock = FakeClock(start=0.0)
-    down = [True]
-    guards = [
-        Guard(FailingStorage(_storage(redis_server.url, 1.0), lambda n: down[0]),
-              policy="local", instances=PROCESSES, fail_max=5, reset_timeout=2.0, clock=clock)
-        for _ in range(PROCESSES)
-    ]  # fmt: skip
-    check = [Check("ratelimit:{tail}:r:fixed_window", "fixed_window", LIMIT, 1)]
-    per_window: dict[int, int] = defaultdict(int)
-    for step in range(7 * 200):  # 200 requests a second, one client
-        now_us = EPOCH_US + step * STEP_US
-        clock.now = step * STEP_US / 1_000_000
-        down[0] = clock.now < 5.0
-        process = 1 if 4.0 <= clock.now < 5.0 else step % PROCESSES
-        outcome = guards[process].evaluate(check, now_us=now_us)
-        assert outcome.evaluation is not None
-        per_window[int(clock.now)] += outcome.evaluation.allowed
-    print(f"\n[out of phase] admitted per window: {dict(per_window)}")
-    assert max(per_window.values()) <= 1.1 * LIMIT
+# The two overshoots of policy local the harness found (a stale remaining at the start of an
+# outage; breakers closing out of phase after it) are tests/test_local_bounds.py.
 
 
 # -- the harness's judgement --------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Policy ``local``: the two overshoots the fault harness found (issue 11), deterministic, on a
-real redis-server and a fake clock (from tests/test_fault_harness.py, where they are strict
-xfails until this fix is merged).
+real redis-server and a fake clock (``python bench/faults.py --policy local`` shows them under
+gunicorn).
 
 - **A stale remaining**: a key's local budget started from what THIS process last heard from
   Redis, however old; the others had spent since. A reading is now trusted only while fresh
