@@ -344,16 +344,24 @@ class ClusterServers:
 
 
 def start_cluster(
-    primaries: int = 3, replicas: int = 1, node_timeout_ms: int = 2000
+    primaries: int = 3,
+    replicas: int = 1,
+    node_timeout_ms: int = 2000,
+    *,
+    full_coverage: bool = True,
 ) -> ClusterServers:
     """Start ``primaries * (1 + replicas)`` cluster-enabled redis-servers and join them with
-    ``redis-cli --cluster create``; stops whatever started if anything fails."""
+    ``redis-cli --cluster create``; stops whatever started if anything fails.
+    ``full_coverage=False``: ``cluster-require-full-coverage no``, so the healthy primaries keep
+    answering while a dead one's slots are uncovered (otherwise every node answers
+    ``CLUSTERDOWN`` from the node timeout until a replica takes over)."""
     cli = redis_binary("redis-cli")
     args = [
         "--cluster-enabled", "yes",
         "--cluster-config-file", "nodes.conf",
         "--cluster-node-timeout", str(node_timeout_ms),
         "--cluster-replica-validity-factor", "0",
+        "--cluster-require-full-coverage", "yes" if full_coverage else "no",
     ]  # fmt: skip
     nodes: list[RedisProcess] = []
     try:
