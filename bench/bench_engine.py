@@ -4,6 +4,7 @@
     python bench/bench_engine.py --write docs/bench/engine.md
     python bench/bench_engine.py --functions --write docs/bench/engine.md  # FCALL vs EVALSHA only
     python bench/bench_engine.py --lua-parts    # where one check's Redis time goes, stage by stage
+    python bench/bench_engine.py --compare main  # the script's Redis time: main's against ours
 
 A private redis-server (loopback, started and stopped here, no persistence) and the production
 path: ``from_url("redis://...")`` -> :class:`RedisStorage` -> one ``EVALSHA`` per decision.
@@ -634,6 +635,103 @@ def lua_parts(port: int, passes: int = 9, calls: int = 1000) -> str:
     return "\n".join(lines)
 
 
+def script_source_at(revision: str) -> str:
+    """:data:`SCRIPT_SOURCE` at a git revision of this checkout (same files, same order)."""
+    import subprocess
+
+    from flask_distlimit.scripts import _FILES  # the bench's own package: its file order
+
+    def show(name: str) -> str:
+        return subprocess.run(
+            ["git", "show", f"{revision}:flask_distlimit/lua/{name}"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+
+    return "\n".join(show(name) for name in _FILES)
+
+
+def compare_scripts(
+    port: int, revision: str, passes: int, calls: int
+) -> list[tuple[str, int, float, float, float, float]]:
+    """The server's own time per call (INFO commandstats) of the script at ``revision`` and of this
+    checkout's, loaded into the same redis-server; in each pass every (algorithm, checks, script)
+    runs a batch of ``calls`` in a shuffled order, on its own keys (so old and new never share
+    state). Rows: (algorithm, checks, old median, new median, old-minus-new median of the
+    per-pass differences, share of passes where new was faster).
+    """
+    admin = redis.Redis(host="127.0.0.1", port=port)
+    shas = {
+        "old": admin.script_load(script_source_at(revision)),
+        "new": admin.script_load(SCRIPT_SOURCE),
+    }
+    cases = [(a, n) for n in (1, 3) for a in ALGORITHMS]
+    prepared = {
+        (a, n, which): [
+            script_args(
+                [
+                    Check(c.key.replace("bench", f"bench-{which}", 1), a, c.limit, c.period)
+                    for c in checks_for(a, i, n)
+                ]
+            )
+            for i in range(IDENTITIES)
+        ]
+        for a, n in cases
+        for which in shas
+    }
+    times: dict[tuple[str, int, str], list[float]] = {key: [] for key in prepared}
+    order = list(prepared)
+    for _ in range(passes):
+        random.shuffle(order)
+        for a, n, which in order:
+            admin.config_resetstat()
+            for i in range(calls):
+                keys, args = prepared[(a, n, which)][i % IDENTITIES]
+                admin.evalsha(shas[which], len(keys), *keys, *args)
+            stat = admin.info("commandstats")["cmdstat_evalsha"]
+            times[(a, n, which)].append(float(stat["usec_per_call"]))
+    admin.close()
+    rows = []
+    for a, n in cases:
+        old, new = times[(a, n, "old")], times[(a, n, "new")]
+        saving = [o - w for o, w in zip(old, new, strict=True)]
+        faster = sum(1 for d in saving if d > 0) / len(saving)
+        rows.append(
+            (
+                a,
+                n,
+                statistics.median(old),
+                statistics.median(new),
+                statistics.median(saving),
+                faster,
+            )
+        )
+    return rows
+
+
+def render_compare(
+    rows: list[tuple[str, int, float, float, float, float]], revision: str, passes: int, calls: int
+) -> str:
+    lines = [
+        f"| algorithm | checks | Redis us/call, {revision} | Redis us/call, this checkout | "
+        "saving per call (median of per-pass differences) | passes where faster |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for a, n, old, new, saving, faster in rows:
+        lines.append(
+            f"| {a} | {n} | {old:.1f} | {new:.1f} | {saving:+.1f} ({saving / old:+.0%}) "
+            f"| {faster:.0%} |"
+        )
+    lines += [
+        "",
+        f"Medians over {passes} passes; each pass runs a batch of {calls} calls of every row and "
+        "script in a shuffled order (same redis-server, own keys), allowed decisions that write.",
+    ]
+    return "\n".join(lines)
+
+
 def _stamp() -> str:
     import datetime
     import os
@@ -758,11 +856,26 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=FUNCTIONS_ROUNDS, help="with --functions")
     parser.add_argument("--batch", type=int, default=FUNCTIONS_BATCH, help="with --functions")
     parser.add_argument("--note", default="", help="with --functions: a line above the table")
+    parser.add_argument(
+        "--compare",
+        metavar="REVISION",
+        help="only compare the script's Redis time per call at a git revision with this checkout's",
+    )
+    parser.add_argument("--passes", type=int, default=15, help="with --compare")
+    parser.add_argument("--calls", type=int, default=500, help="with --compare: per batch")
     args = parser.parse_args()
     started = time.monotonic()
     sys.path.insert(0, str(ROOT))  # tests.servers starts and stops redis-server by PID
     from tests.servers import start_redis
 
+    if args.compare:
+        server = start_redis()
+        try:
+            rows = compare_scripts(server.port, args.compare, args.passes, args.calls)
+        finally:
+            server.stop()
+        print(render_compare(rows, args.compare, args.passes, args.calls))
+        return
     if args.lua_parts:
         server = start_redis()
         try:
