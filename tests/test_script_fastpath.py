@@ -1,0 +1,171 @@
+"""The script's fast paths decide and refuse exactly as its general path does.
+
+One check whose argument is six plain decimal integers takes a fast path in evaluate.lua, and up
+to 7 checks are parsed with one ``string.match``; anything else (here: the same numbers with a
+space before each, which cjson still reads) goes through cjson and the general path. So each
+scenario runs twice on twin keys, once per path, and the replies and what is stored must match.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import redis
+
+from flask_distlimit.scripts import ALGORITHM_CODES, RELEASE_FLAG, SCRIPT_SOURCE, SHADOW_FLAG
+from tests.vectors import T0
+
+pytestmark = pytest.mark.redis
+
+MINUTE = 60_000_000
+
+
+def _fast(fields: list[int]) -> str:
+    return ",".join(map(str, fields))
+
+
+def _general(fields: list[int]) -> str:
+    # cjson reads " 5" as 5; the plain-digit patterns of the fast paths do not match it
+    return ",".join(f" {f}" for f in fields)
+
+
+def _state(client: redis.Redis, key: str) -> object:
+    kind = client.type(key)
+    if kind == b"hash":
+        return sorted(client.hgetall(key).items())
+    if kind == b"zset":
+        return client.zrange(key, 0, -1, withscores=True)
+    if kind == b"string":
+        return client.get(key)
+    return kind
+
+
+def _run(
+    client: redis.Redis, checks: list[tuple[int, int, int]], steps: list[tuple[int, int, list[int]]]
+) -> None:
+    """checks: (code, limit, period) per key; steps: (now, mode, cost per check)."""
+    script = client.register_script(SCRIPT_SOURCE)
+    n = len(checks)
+    fast_keys = [f"fast:{{t}}:{i}" for i in range(n)]
+    general_keys = [f"general:{{t}}:{i}" for i in range(n)]
+    expiry = {key: -1 for key in fast_keys + general_keys}
+    for now, mode, costs in steps:
+        fields = [now, mode]
+        for (code, limit, period), cost in zip(checks, costs, strict=True):
+            fields += [code, limit, period, cost]
+        before = _ms(client)
+        assert script(fast_keys, [_fast(fields)]) == script(general_keys, [_general(fields)])
+        after = _ms(client)
+        for fast, general in zip(fast_keys, general_keys, strict=True):
+            assert _state(client, fast) == _state(client, general)
+            # the same TTL, set by the same step: the absolute expiry times differ by no more
+            # than the time between the two calls (no timing assumption: both bounds measured)
+            was = expiry[fast], expiry[general]
+            expiry[fast], expiry[general] = client.pexpiretime(fast), client.pexpiretime(general)
+            assert (expiry[fast] == was[0]) == (expiry[general] == was[1])
+            if expiry[fast] < 0 or expiry[general] < 0:
+                assert expiry[fast] == expiry[general]
+            elif expiry[fast] != was[0]:
+                assert 0 <= expiry[general] - expiry[fast] <= after - before
+
+
+def _ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return seconds * 1000 + micros // 1000 + 1
+
+
+def _steps(
+    rng: random.Random, n: int, count: int, refunds: bool
+) -> list[tuple[int, int, list[int]]]:
+    steps, now = [], T0
+    for _ in range(count):
+        now += rng.choice([0, 1, 999, 250_000, 7_000_000, 40_000_000])
+        mode = 1 if refunds and rng.random() < 0.15 else 0
+        steps.append((now, mode, [rng.choice([0, 1, 1, 1, 2, 3, 5, 11]) for _ in range(n)]))
+    return steps
+
+
+@pytest.mark.parametrize("algorithm", [a for a in ALGORITHM_CODES if a != "concurrency"])
+@pytest.mark.parametrize("shadow", [False, True])
+def test_one_check_decides_as_the_general_path(
+    redis_client: redis.Redis, algorithm: str, shadow: bool
+) -> None:
+    rng = random.Random(f"{algorithm}{shadow}")
+    code = ALGORITHM_CODES[algorithm] + (SHADOW_FLAG if shadow else 0)  # type: ignore[index]
+    _run(redis_client, [(code, 5, MINUTE)], _steps(rng, 1, 120, refunds=True))
+
+
+def test_one_concurrency_slot_and_its_release_as_the_general_path(
+    redis_client: redis.Redis,
+) -> None:
+    rng = random.Random(6)
+    take, give = ALGORITHM_CODES["concurrency"], ALGORITHM_CODES["concurrency"] + RELEASE_FLAG
+    script = redis_client.register_script(SCRIPT_SOURCE)
+    held: list[int] = []
+    now = T0
+    for _ in range(80):
+        now += rng.choice([0, 1, 500_000, 3_000_000])
+        if held and rng.random() < 0.4:
+            code, token = give, held.pop(rng.randrange(len(held)))
+        else:
+            code, token = take, rng.randrange(1, 10**12)
+            held.append(token)
+        fields = [now, 0, code, 3, 10_000_000, token]
+        fast = script(["fast:{c}"], [_fast(fields)])
+        assert fast == script(["general:{c}"], [_general(fields)])
+        assert _state(redis_client, "fast:{c}") == _state(redis_client, "general:{c}")
+
+
+@pytest.mark.parametrize("n", [2, 3, 7, 8])
+def test_several_checks_parse_as_cjson_does(redis_client: redis.Redis, n: int) -> None:
+    rng = random.Random(n)
+    codes = [1, 2, 3, 4, 5, 1 + SHADOW_FLAG, 3, 5]
+    checks = [(codes[i], 4 + i, MINUTE) for i in range(n)]
+    _run(redis_client, checks, _steps(rng, n, 60, refunds=True))
+
+
+def test_time_from_redis_on_the_fast_path(redis_client: redis.Redis) -> None:
+    script = redis_client.register_script(SCRIPT_SOURCE)
+    before = int(redis_client.time()[0]) * 1_000_000
+    reply = script(["clock:{c}"], ["-1,0,1,10,60000000,1"]).split(b",")
+    assert int(reply[0]) >= before
+    assert reply[1:3] == [b"1", b"10"] and reply[3] == b"9"
+
+
+MALFORMED = [
+    "-2,0,1,10,60000000,1",  # time
+    "-0001x,0,1,10,60000000,1",
+    "-1,2,1,10,60000000,1",  # mode 2
+    "-1,10,1,10,60000000,1",
+    "-1,0,0,10,60000000,1",  # algorithm 0
+    "-1,0,7,10,60000000,1",
+    "-1,0,23,10,60000000,1",  # shadow flag on algorithm 7
+    "-1,0,48,10,60000000,1",  # release and shadow flags on algorithm 0
+    "-1,0,1,0,60000000,1",  # limit 0
+    "-1,0,1,9007199254740993,60000000,1",  # not exact in a double
+    "-1,0,1,10,0,1",  # period 0
+    "-1,0,1,10,9007199254740993,1",
+    "-1,0,1,10," + "9" * 400 + ",1",  # infinity
+    "-1,0,1,10,60000000,9007199254740993",
+    "-1,0,1,10,60000000,-1",
+    "-1,0,1,10,60000000",
+    "-1,0,1,10,60000000,1,",
+    "-1,0,1,10,60000000,1,1",
+    "-1,0,1,10,6e7,1.5",
+    f"{T0},0,5,10,1,1",  # a GCRA rate too fast to compute exactly
+]
+
+
+@pytest.mark.parametrize("argument", MALFORMED)
+def test_malformed_arguments_are_refused_as_on_the_general_path(
+    redis_client: redis.Redis, argument: str
+) -> None:
+    script = redis_client.register_script(SCRIPT_SOURCE)
+    with pytest.raises(redis.ResponseError, match="distlimit") as fast:
+        script(["k"], [argument])
+    spaced = ",".join(f" {field}" for field in argument.split(","))
+    with pytest.raises(redis.ResponseError, match="distlimit") as general:
+        script(["k"], [spaced])
+    assert str(fast.value) == str(general.value)
+    assert redis_client.dbsize() == 0
