@@ -1,9 +1,10 @@
 """The script's fast paths decide and refuse exactly as its general path does.
 
-One check whose argument is six plain decimal integers takes a fast path in evaluate.lua, and up
-to 7 checks are parsed with one ``string.match``; anything else (here: the same numbers with a
-space before each, which cjson still reads) goes through cjson and the general path. So each
-scenario runs twice on twin keys, once per path, and the replies and what is stored must match.
+One check whose argument is six plain decimal integers takes a fast path in the script (one for
+the fixed window, inlined, and one for every algorithm); anything else (here: the same numbers
+with a space before each, which cjson still reads) goes through cjson and the general path. So
+each scenario runs twice on twin keys, once per path, and the replies and what is stored must
+match. Several checks always take the general path: their tests pin that it stays as it was.
 """
 
 from __future__ import annotations
@@ -49,25 +50,23 @@ def _run(
     n = len(checks)
     fast_keys = [f"fast:{{t}}:{i}" for i in range(n)]
     general_keys = [f"general:{{t}}:{i}" for i in range(n)]
-    expiry = {key: -1 for key in fast_keys + general_keys}
+    widest = 0  # the longest time between the two calls of a step, measured on the server
     for now, mode, costs in steps:
         fields = [now, mode]
         for (code, limit, period), cost in zip(checks, costs, strict=True):
             fields += [code, limit, period, cost]
         before = _ms(client)
         assert script(fast_keys, [_fast(fields)]) == script(general_keys, [_general(fields)])
-        after = _ms(client)
+        widest = max(widest, _ms(client) - before)
         for fast, general in zip(fast_keys, general_keys, strict=True):
             assert _state(client, fast) == _state(client, general)
-            # the same TTL, set by the same step: the absolute expiry times differ by no more
-            # than the time between the two calls (no timing assumption: both bounds measured)
-            was = expiry[fast], expiry[general]
-            expiry[fast], expiry[general] = client.pexpiretime(fast), client.pexpiretime(general)
-            assert (expiry[fast] == was[0]) == (expiry[general] == was[1])
-            if expiry[fast] < 0 or expiry[general] < 0:
-                assert expiry[fast] == expiry[general]
-            elif expiry[fast] != was[0]:
-                assert 0 <= expiry[general] - expiry[fast] <= after - before
+            # the same TTLs set in the same steps: the general key's expiry is as much later as
+            # its call was (no timing assumption: the bound is measured)
+            fast_at, general_at = client.pexpiretime(fast), client.pexpiretime(general)
+            if fast_at < 0 or general_at < 0:
+                assert fast_at == general_at
+            else:
+                assert 0 <= general_at - fast_at <= widest
 
 
 def _ms(client: redis.Redis) -> int:
@@ -118,7 +117,7 @@ def test_one_concurrency_slot_and_its_release_as_the_general_path(
 
 
 @pytest.mark.parametrize("n", [2, 3, 7, 8])
-def test_several_checks_parse_as_cjson_does(redis_client: redis.Redis, n: int) -> None:
+def test_several_checks_decide_as_with_spaced_fields(redis_client: redis.Redis, n: int) -> None:
     rng = random.Random(n)
     codes = [1, 2, 3, 4, 5, 1 + SHADOW_FLAG, 3, 5]
     checks = [(codes[i], 4 + i, MINUTE) for i in range(n)]
