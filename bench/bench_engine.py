@@ -643,21 +643,23 @@ def lua_parts(port: int, passes: int = 9, calls: int = 1000) -> str:
 
 
 def script_source_at(revision: str) -> str:
-    """:data:`SCRIPT_SOURCE` at a git revision of this checkout (same files, same order)."""
+    """:data:`SCRIPT_SOURCE` at a git revision of this checkout: the files of this checkout's
+    order that the revision has (so a file added since is left out, as it was then)."""
     import subprocess
 
     from flask_distlimit.scripts import _FILES  # the bench's own package: its file order
 
-    def show(name: str) -> str:
-        return subprocess.run(
+    texts = []
+    for name in _FILES:
+        shown = subprocess.run(
             ["git", "show", f"{revision}:flask_distlimit/lua/{name}"],
             cwd=ROOT,
-            check=True,
             capture_output=True,
             text=True,
-        ).stdout
-
-    return "\n".join(show(name) for name in _FILES)
+        )
+        if shown.returncode == 0:
+            texts.append(shown.stdout)
+    return "\n".join(texts)
 
 
 def compare_scripts(
