@@ -331,9 +331,11 @@ def function_library() -> str:
     from flask_distlimit.scripts import _FILES  # the bench reads the package's own file order
 
     lua = resources.files("flask_distlimit") / "lua"
-    fast, *helpers, driver = (
-        (lua / name).read_text(encoding="utf-8") for name in _FILES
-    )  # fixed_window_fast.lua is first (it builds nothing: it runs per call), evaluate.lua last
+    # the fast paths (*_fast.lua, first) build nothing: they run per call; evaluate.lua is last
+    fast = [(lua / name).read_text(encoding="utf-8") for name in _FILES if "_fast." in name]
+    *helpers, driver = (
+        (lua / name).read_text(encoding="utf-8") for name in _FILES if "_fast." not in name
+    )
     if driver.count("local loaded = {}") != 1:
         raise SystemExit("evaluate.lua changed: update function_library() in bench_engine.py")
     # Everything the files before the driver define at top level, handed to the driver.
@@ -352,7 +354,7 @@ def function_library() -> str:
             "end",
             "local function built_once(KEYS, ARGV)",
             "if BUILT == nil then BUILT = build() end",
-            fast,
+            *fast,
             f"local {names} = unpack(BUILT)",
             driver.replace("local loaded = {}", "local loaded = LOADED"),
             "end",
