@@ -4,6 +4,7 @@
     python bench/bench_engine.py --write docs/bench/engine.md
     python bench/bench_engine.py --functions --write docs/bench/engine.md  # FCALL vs EVALSHA only
     python bench/bench_engine.py --lua-parts    # where one check's Redis time goes, stage by stage
+    python bench/bench_engine.py --compare main  # the script's Redis time: main's against ours
 
 A private redis-server (loopback, started and stopped here, no persistence) and the production
 path: ``from_url("redis://...")`` -> :class:`RedisStorage` -> one ``EVALSHA`` per decision.
@@ -330,9 +331,11 @@ def function_library() -> str:
     from flask_distlimit.scripts import _FILES  # the bench reads the package's own file order
 
     lua = resources.files("flask_distlimit") / "lua"
+    # the fast paths (*_fast.lua, first) build nothing: they run per call; evaluate.lua is last
+    fast = [(lua / name).read_text(encoding="utf-8") for name in _FILES if "_fast." in name]
     *helpers, driver = (
-        (lua / name).read_text(encoding="utf-8") for name in _FILES
-    )  # evaluate.lua is last
+        (lua / name).read_text(encoding="utf-8") for name in _FILES if "_fast." not in name
+    )
     if driver.count("local loaded = {}") != 1:
         raise SystemExit("evaluate.lua changed: update function_library() in bench_engine.py")
     # Everything the files before the driver define at top level, handed to the driver.
@@ -351,6 +354,7 @@ def function_library() -> str:
             "end",
             "local function built_once(KEYS, ARGV)",
             "if BUILT == nil then BUILT = build() end",
+            *fast,
             f"local {names} = unpack(BUILT)",
             driver.replace("local loaded = {}", "local loaded = LOADED"),
             "end",
@@ -578,17 +582,23 @@ def lua_parts(port: int, passes: int = 9, calls: int = 1000) -> str:
     Inner commands: their time per script call, over every pass (a command a pass did not run
     counts 0 there).
     """
-    cut = SCRIPT_SOURCE.index("local now, mode = args[1], args[2]")
+    # the general path: the script without its fast paths (its first file, the fixed window's;
+    # the driver's for one check of any algorithm)
+    general = SCRIPT_SOURCE[SCRIPT_SOURCE.index("-- Helpers shared by every algorithm file") :]
+    general = general.replace("if n == 1 and #ARGV == 1 then", "if false then", 1)
+    cut = general.index("local now, mode = args[1], args[2]")
     variants = {
         "`return 1` (EVALSHA itself)": "return 1",
-        "+ the helpers and algorithm loaders defined": SCRIPT_SOURCE[
-            : SCRIPT_SOURCE.index("local n = #KEYS")
-        ]
+        "+ the helpers and algorithm loaders defined": general[: general.index("local n = #KEYS")]
         + "\nreturn 1",
-        "+ cjson.decode and the argument checks": SCRIPT_SOURCE[:cut] + "\nreturn 1",
-        "+ the fixed window's functions built": SCRIPT_SOURCE[:cut]
+        "+ cjson.decode and the argument checks": general[:cut] + "\nreturn 1",
+        "+ the fixed window's functions built": general[:cut]
         + "\nlocal fw = LOADERS[1]()\nreturn 1",
-        "ours, whole (TIME, HMGET, decide, HSET, reply)": SCRIPT_SOURCE,
+        "general path, whole (TIME, HMGET, decide, HSET, reply)": general,
+        "the driver's one-check fast path, whole": SCRIPT_SOURCE[
+            SCRIPT_SOURCE.index("-- Helpers shared by every algorithm file") :
+        ],
+        "ours, whole: the fixed-window fast path": SCRIPT_SOURCE,
         "ours as a Redis Function, built once (FCALL)": "",
         "the minimal limiter's script (INCR, PTTL)": MINIMAL_SCRIPT,
     }
@@ -632,6 +642,164 @@ def lua_parts(port: int, passes: int = 9, calls: int = 1000) -> str:
         lines.append(f"| {name} | {statistics.median(totals[name]):.1f} | {parts or '-'} |")
     lines += ["", f"Medians over {passes} alternating passes of {calls} calls each."]
     return "\n".join(lines)
+
+
+def script_source_at(revision: str) -> str:
+    """:data:`SCRIPT_SOURCE` at a git revision of this checkout: the files of this checkout's
+    order that the revision has (so a file added since is left out, as it was then)."""
+    import subprocess
+
+    from flask_distlimit.scripts import _FILES  # the bench's own package: its file order
+
+    texts = []
+    for name in _FILES:
+        shown = subprocess.run(
+            ["git", "show", f"{revision}:flask_distlimit/lua/{name}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        if shown.returncode == 0:
+            texts.append(shown.stdout)
+    return "\n".join(texts)
+
+
+def compare_scripts(
+    port: int, revision: str, passes: int, calls: int
+) -> list[tuple[str, int, float, float, float, float]]:
+    """The server's own time per call (INFO commandstats) of the script at ``revision`` and of this
+    checkout's, loaded into the same redis-server; in each pass every (algorithm, checks, script)
+    runs a batch of ``calls`` in a shuffled order, on its own keys (so old and new never share
+    state). Rows: (algorithm, checks, old median, new median, old-minus-new median of the
+    per-pass differences, share of passes where new was faster).
+    """
+    admin = redis.Redis(host="127.0.0.1", port=port)
+    shas = {
+        "old": admin.script_load(script_source_at(revision)),
+        "new": admin.script_load(SCRIPT_SOURCE),
+    }
+    cases = [(a, n) for n in (1, 3) for a in ALGORITHMS]
+    prepared = {
+        (a, n, which): [
+            script_args(
+                [
+                    Check(c.key.replace("bench", f"bench-{which}", 1), a, c.limit, c.period)
+                    for c in checks_for(a, i, n)
+                ]
+            )
+            for i in range(IDENTITIES)
+        ]
+        for a, n in cases
+        for which in shas
+    }
+    times: dict[tuple[str, int, str], list[float]] = {key: [] for key in prepared}
+    order = list(prepared)
+    for _ in range(passes):
+        random.shuffle(order)
+        for a, n, which in order:
+            admin.config_resetstat()
+            for i in range(calls):
+                keys, args = prepared[(a, n, which)][i % IDENTITIES]
+                admin.evalsha(shas[which], len(keys), *keys, *args)
+            stat = admin.info("commandstats")["cmdstat_evalsha"]
+            times[(a, n, which)].append(float(stat["usec_per_call"]))
+    admin.close()
+    rows = []
+    for a, n in cases:
+        old, new = times[(a, n, "old")], times[(a, n, "new")]
+        saving = [o - w for o, w in zip(old, new, strict=True)]
+        faster = sum(1 for d in saving if d > 0) / len(saving)
+        rows.append(
+            (
+                a,
+                n,
+                statistics.median(old),
+                statistics.median(new),
+                statistics.median(saving),
+                faster,
+            )
+        )
+    return rows
+
+
+_COMPARE_BEGIN = "<!-- script time: generated by bench/bench_engine.py --compare -->"
+_COMPARE_END = "<!-- end of script time -->"
+
+
+def render_compare(
+    rows: list[tuple[str, int, float, float, float, float]],
+    parts: str,
+    command: str,
+    revision: str,
+    passes: int,
+    calls: int,
+) -> str:
+    lines = [
+        _COMPARE_BEGIN,
+        "## The script's own time: before and after the fast paths (issue 14)",
+        "",
+        f"Command: `{command}`. Measured {_stamp()}.",
+        "",
+        f"Both scripts (`{revision}`'s and this checkout's) are loaded into one redis-server; "
+        f"each of {passes} passes runs a batch of {calls} calls of every row and script in a "
+        "shuffled order, each script on its own keys, every call an allowed decision that writes. "
+        "Redis us/call: the server's own time per `EVALSHA` (INFO commandstats), median over the "
+        "passes; the saving is the median of the per-pass differences (positive: this checkout "
+        "is faster), with the share of passes in which it was faster.",
+        "",
+        f"| algorithm | checks | Redis us/call, {revision} | Redis us/call, this checkout | "
+        "saving per call | passes where faster |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for a, n, old, new, saving, faster in rows:
+        lines.append(
+            f"| {a} | {n} | {old:.1f} | {new:.1f} | {saving:+.1f} us ({saving / old:+.0%}) "
+            f"| {faster:.0%} |"
+        )
+    lines += [
+        "",
+        "Where one fixed-window check's time goes now (`--lua-parts`, same run; the first rows "
+        "cut the general path after each stage):",
+        "",
+        parts,
+        "",
+        "What changed, and why it pays: every function in the script is a closure built again "
+        "on every call (`EVALSHA` runs the whole chunk), and building the helpers, the algorithm "
+        "loaders and one algorithm's functions cost as much as the three Redis commands of a "
+        "check; so did cjson and the argument checks. One fixed-window or sliding-window-log "
+        "check (the commonest request, and the two algorithms at or over issue 14's line) is "
+        "now decided by a fast path written out inline at the top of the script "
+        "(`lua/fixed_window_fast.lua`, `lua/sliding_window_log_fast.lua`), before anything is "
+        "built: one `string.match` parses the argument, and the reply is formatted once with "
+        "the small fields as strings. One check of another algorithm takes the driver's "
+        "one-check path (the same parse and reply, no cjson or per-request tables). Two or "
+        "more checks take the general path unchanged: for them `string.match` with a "
+        "`tonumber` per field measured slower than cjson, and formatting the reply check by "
+        "check no faster than one `string.format`. Same Redis commands in the same order, same "
+        "replies, state and TTLs: `tests/test_script_fastpath.py` runs every case, stored "
+        "garbage and malformed arguments included, on a fast path and on the general path and "
+        "compares.",
+        _COMPARE_END,
+    ]
+    return "\n".join(lines)
+
+
+def _block(path: Path, begin: str, end: str) -> str:
+    """The generated section between ``begin`` and ``end`` already in ``path``, or ``""``."""
+    if not path.exists():
+        return ""
+    text = path.read_text()
+    if begin not in text or end not in text:
+        return ""
+    return begin + text.split(begin, 1)[1].split(end, 1)[0] + end
+
+
+def write_block(path: Path, block: str, begin: str, end: str) -> None:
+    """Replace the section of ``path`` between ``begin`` and ``end``, or append ``block``."""
+    text = path.read_text() if path.exists() else ""
+    old = _block(path, begin, end)
+    text = text.replace(old, block) if old else text.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(text)
 
 
 def _stamp() -> str:
@@ -758,11 +926,32 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=FUNCTIONS_ROUNDS, help="with --functions")
     parser.add_argument("--batch", type=int, default=FUNCTIONS_BATCH, help="with --functions")
     parser.add_argument("--note", default="", help="with --functions: a line above the table")
+    parser.add_argument(
+        "--compare",
+        metavar="REVISION",
+        help="only compare the script's Redis time per call at a git revision with this checkout's",
+    )
+    parser.add_argument("--passes", type=int, default=15, help="with --compare")
+    parser.add_argument("--calls", type=int, default=500, help="with --compare: per batch")
     args = parser.parse_args()
     started = time.monotonic()
     sys.path.insert(0, str(ROOT))  # tests.servers starts and stops redis-server by PID
     from tests.servers import start_redis
 
+    if args.compare:
+        server = start_redis()
+        try:
+            rows = compare_scripts(server.port, args.compare, args.passes, args.calls)
+            parts = lua_parts(server.port)
+        finally:
+            server.stop()
+        command = f"python bench/bench_engine.py --compare {args.compare} --passes {args.passes}"
+        command += f" --calls {args.calls}" + (f" --write {args.write}" if args.write else "")
+        block = render_compare(rows, parts, command, args.compare, args.passes, args.calls)
+        print(block)
+        if args.write:
+            write_block(args.write, block, _COMPARE_BEGIN, _COMPARE_END)
+        return
     if args.lua_parts:
         server = start_redis()
         try:
@@ -811,7 +1000,10 @@ def main() -> None:
     if args.write:
         args.write.parent.mkdir(parents=True, exist_ok=True)
         kept = _functions_block(args.write)  # --functions writes that section on its own
-        args.write.write_text(text + ("\n" + kept + "\n" if kept else ""))
+        compared = _block(args.write, _COMPARE_BEGIN, _COMPARE_END)  # and --compare this one
+        args.write.write_text(
+            text + "".join("\n" + block + "\n" for block in (kept, compared) if block)
+        )
 
 
 if __name__ == "__main__":

@@ -2,9 +2,11 @@
 
 ``lua/<algorithm>.lua`` each define the functions of one algorithm (``lua/common.lua`` holds their
 helpers); ``lua/evaluate.lua`` is the driver that evaluates every check of a request in two phases
-(decide all, then write all only if all allow). :data:`SCRIPT_SOURCE` is their concatenation,
-registered once per Redis client with ``register_script`` (redis-py's ``Script`` re-sends it on
-``NOSCRIPT``).
+(decide all, then write all only if all allow). ``lua/fixed_window_fast.lua`` and
+``lua/sliding_window_log_fast.lua``, first, decide the commonest requests (one check of either)
+inline before anything else is built, for exactly the same result. :data:`SCRIPT_SOURCE` is
+their concatenation, registered once per Redis client with ``register_script`` (redis-py's
+``Script`` re-sends it on ``NOSCRIPT``).
 
 Every Redis backend (single node, Sentinel, each Cluster slot group) calls the script through
 :func:`script_args` and :func:`parse_reply` only, so the wire contract lives in this one module:
@@ -60,6 +62,9 @@ SHADOW_FLAG: Final = 16
 RELEASE_FLAG: Final = 32
 
 _FILES: Final = (
+    # first: one fixed-window or sliding-window-log check is decided before anything is built
+    "fixed_window_fast.lua",
+    "sliding_window_log_fast.lua",
     "common.lua",
     "fixed_window.lua",
     "sliding_window_log.lua",

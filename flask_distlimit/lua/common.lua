@@ -1,4 +1,5 @@
--- Helpers shared by every algorithm file (this file is concatenated first; evaluate.lua last).
+-- Helpers shared by every algorithm file (concatenated after fixed_window_fast.lua, which uses
+-- none of them; evaluate.lua last).
 --
 -- Units: every time is an integer number of MICROSECONDS since the epoch (now, period, the
 -- durations in replies); Redis TTLs are set in milliseconds, rounded UP from microseconds.

@@ -1,0 +1,219 @@
+"""The script's fast paths decide and refuse exactly as its general path does.
+
+One check whose argument is six plain decimal integers takes a fast path in the script (the fixed
+window's and the sliding window log's, inlined; the driver's for every algorithm); anything else
+(here: the same numbers with a space before each, which cjson still reads) goes through cjson and
+the general path. So each scenario runs twice on twin keys, once per path, and the replies and
+what is stored must match. Several checks always take the general path: their tests pin that it
+stays as it was.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+import redis
+
+from flask_distlimit.scripts import ALGORITHM_CODES, RELEASE_FLAG, SCRIPT_SOURCE, SHADOW_FLAG
+from flask_distlimit.storage.twins import SWL_BATCH
+from tests.vectors import T0
+
+pytestmark = pytest.mark.redis
+
+MINUTE = 60_000_000
+
+
+def _fast(fields: list[int]) -> str:
+    return ",".join(map(str, fields))
+
+
+def _general(fields: list[int]) -> str:
+    # cjson reads " 5" as 5; the plain-digit patterns of the fast paths do not match it
+    return ",".join(f" {f}" for f in fields)
+
+
+def _state(client: redis.Redis, key: str) -> object:
+    kind = client.type(key)
+    if kind == b"hash":
+        return sorted(client.hgetall(key).items())
+    if kind == b"zset":
+        return client.zrange(key, 0, -1, withscores=True)
+    if kind == b"string":
+        return client.get(key)
+    return kind
+
+
+def _run(
+    client: redis.Redis, checks: list[tuple[int, int, int]], steps: list[tuple[int, int, list[int]]]
+) -> None:
+    """checks: (code, limit, period) per key; steps: (now, mode, cost per check)."""
+    script = client.register_script(SCRIPT_SOURCE)
+    n = len(checks)
+    fast_keys = [f"fast:{{t}}:{i}" for i in range(n)]
+    general_keys = [f"general:{{t}}:{i}" for i in range(n)]
+    widest = 0  # the longest time between the two calls of a step, measured on the server
+    for now, mode, costs in steps:
+        fields = [now, mode]
+        for (code, limit, period), cost in zip(checks, costs, strict=True):
+            fields += [code, limit, period, cost]
+        before = _ms(client)
+        assert script(fast_keys, [_fast(fields)]) == script(general_keys, [_general(fields)])
+        widest = max(widest, _ms(client) - before)
+        for fast, general in zip(fast_keys, general_keys, strict=True):
+            assert _state(client, fast) == _state(client, general)
+            # the same TTLs set in the same steps: the general key's expiry is as much later as
+            # its call was (no timing assumption: the bound is measured; 1 ms for the server's
+            # cached clock, which a script's expiry is computed from)
+            fast_at, general_at = client.pexpiretime(fast), client.pexpiretime(general)
+            if fast_at < 0 or general_at < 0:
+                assert fast_at == general_at
+            else:
+                assert -1 <= general_at - fast_at <= widest + 1
+
+
+def _ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return seconds * 1000 + micros // 1000 + 1
+
+
+def _steps(
+    rng: random.Random, n: int, count: int, refunds: bool
+) -> list[tuple[int, int, list[int]]]:
+    steps, now = [], T0
+    for _ in range(count):
+        now += rng.choice([0, 1, 999, 250_000, 7_000_000, 40_000_000])
+        mode = 1 if refunds and rng.random() < 0.15 else 0
+        steps.append((now, mode, [rng.choice([0, 1, 1, 1, 2, 3, 5, 11]) for _ in range(n)]))
+    return steps
+
+
+@pytest.mark.parametrize("algorithm", [a for a in ALGORITHM_CODES if a != "concurrency"])
+@pytest.mark.parametrize("shadow", [False, True])
+def test_one_check_decides_as_the_general_path(
+    redis_client: redis.Redis, algorithm: str, shadow: bool
+) -> None:
+    rng = random.Random(f"{algorithm}{shadow}")
+    code = ALGORITHM_CODES[algorithm] + (SHADOW_FLAG if shadow else 0)  # type: ignore[index]
+    _run(redis_client, [(code, 5, MINUTE)], _steps(rng, 1, 120, refunds=True))
+
+
+def test_one_concurrency_slot_and_its_release_as_the_general_path(
+    redis_client: redis.Redis,
+) -> None:
+    rng = random.Random(6)
+    take, give = ALGORITHM_CODES["concurrency"], ALGORITHM_CODES["concurrency"] + RELEASE_FLAG
+    script = redis_client.register_script(SCRIPT_SOURCE)
+    held: list[int] = []
+    now = T0
+    for _ in range(80):
+        now += rng.choice([0, 1, 500_000, 3_000_000])
+        if held and rng.random() < 0.4:
+            code, token = give, held.pop(rng.randrange(len(held)))
+        else:
+            code, token = take, rng.randrange(1, 10**12)
+            held.append(token)
+        fields = [now, 0, code, 3, 10_000_000, token]
+        fast = script(["fast:{c}"], [_fast(fields)])
+        assert fast == script(["general:{c}"], [_general(fields)])
+        assert _state(redis_client, "fast:{c}") == _state(redis_client, "general:{c}")
+
+
+@pytest.mark.parametrize("n", [2, 3, 7, 8])
+def test_several_checks_decide_as_with_spaced_fields(redis_client: redis.Redis, n: int) -> None:
+    rng = random.Random(n)
+    codes = [1, 2, 3, 4, 5, 1 + SHADOW_FLAG, 3, 5]
+    checks = [(codes[i], 4 + i, MINUTE) for i in range(n)]
+    _run(redis_client, checks, _steps(rng, n, 60, refunds=True))
+
+
+def test_time_from_redis_on_the_fast_path(redis_client: redis.Redis) -> None:
+    script = redis_client.register_script(SCRIPT_SOURCE)
+    before = int(redis_client.time()[0]) * 1_000_000
+    reply = script(["clock:{c}"], ["-1,0,1,10,60000000,1"]).split(b",")
+    assert int(reply[0]) >= before
+    assert reply[1:3] == [b"1", b"10"] and reply[3] == b"9"
+
+
+MALFORMED = [
+    "-2,0,1,10,60000000,1",  # time
+    "-0001x,0,1,10,60000000,1",
+    "-1,2,1,10,60000000,1",  # mode 2
+    "-1,10,1,10,60000000,1",
+    "-1,0,0,10,60000000,1",  # algorithm 0
+    "-1,0,7,10,60000000,1",
+    "-1,0,23,10,60000000,1",  # shadow flag on algorithm 7
+    "-1,0,48,10,60000000,1",  # release and shadow flags on algorithm 0
+    "-1,0,1,0,60000000,1",  # limit 0
+    "-1,0,1,9007199254740993,60000000,1",  # not exact in a double
+    "-1,0,1,10,0,1",  # period 0
+    "-1,0,1,10,9007199254740993,1",
+    "-1,0,1,10," + "9" * 400 + ",1",  # infinity
+    "-1,0,1,10,60000000,9007199254740993",
+    "-1,0,1,10,60000000,-1",
+    "-1,0,1,10,60000000",
+    "-1,0,1,10,60000000,1,",
+    "-1,0,1,10,60000000,1,1",
+    "-1,0,1,10,6e7,1.5",
+    f"{T0},0,5,10,1,1",  # a GCRA rate too fast to compute exactly
+]
+
+
+@pytest.mark.parametrize("argument", MALFORMED)
+def test_malformed_arguments_are_refused_as_on_the_general_path(
+    redis_client: redis.Redis, argument: str
+) -> None:
+    script = redis_client.register_script(SCRIPT_SOURCE)
+    with pytest.raises(redis.ResponseError, match="distlimit") as fast:
+        script(["k"], [argument])
+    spaced = ",".join(f" {field}" for field in argument.split(","))
+    with pytest.raises(redis.ResponseError, match="distlimit") as general:
+        script(["k"], [spaced])
+    assert str(fast.value) == str(general.value)
+    assert redis_client.dbsize() == 0
+
+
+def test_the_inlined_log_batch_is_the_log_batch() -> None:
+    # the log's fast path removes and reads as many members per call as sliding_window_log.lua
+    inlined = re.search(r"^    local batch = (\d+)  -- SWL_BATCH", SCRIPT_SOURCE, re.MULTILINE)
+    assert inlined is not None and int(inlined[1]) == SWL_BATCH
+
+
+GARBAGE = {
+    "fixed_window": [
+        lambda r, k: r.set(k, "x"),
+        lambda r, k: r.hset(k, mapping={"w": "1", "n": "1e300"}),
+        lambda r, k: r.hset(k, mapping={"w": "x"}),
+        lambda r, k: r.hset(k, mapping={"w": str(T0 // MINUTE + 1), "n": "2"}),  # ahead, kept
+        lambda r, k: r.hset(k, mapping={"w": str(T0 // MINUTE + 2), "n": "2"}),  # too far ahead
+        lambda r, k: r.hset(k, mapping={"w": str(T0 // MINUTE), "n": "2.5"}),
+    ],
+    "sliding_window_log": [
+        lambda r, k: r.set(k, "x"),
+        lambda r, k: r.zadd(k, {"x": 1e300}),
+        lambda r, k: r.zadd(k, {"0:1": T0 - 5, "junk": T0 - 4, "3:4": T0 - 1}),
+        lambda r, k: r.zadd(k, {"junk": T0 - 5, "0:1": T0 - 4, "1:3": T0 - 1}),  # oldest live
+        lambda r, k: r.zadd(k, {"0:9": T0 - 5, "1:3": T0 - 1}),  # oldest ends past the newest
+        lambda r, k: r.zadd(k, {"junk": T0 - 2 * MINUTE, "0:1": T0 - 5, "1:3": T0 - 1}),
+        lambda r, k: r.zadd(k, {"2:1": T0 - 1}),  # start >= end
+        lambda r, k: r.zadd(k, {"0:2": T0 - 3, "2:4": T0 - 2, "4:9": T0 - 1}),  # over the limit
+        lambda r, k: r.zadd(k, {"0:1": T0 + MINUTE + 9}),  # too far ahead
+        lambda r, k: r.zadd(k, {f"{i}:{i + 1}": T0 - 2 * MINUTE + i for i in range(7)}),
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "spoil"), [(a, s) for a, spoils in GARBAGE.items() for s in spoils]
+)
+def test_stored_garbage_is_handled_as_on_the_general_path(
+    redis_client: redis.Redis, algorithm: str, spoil: object
+) -> None:
+    code = ALGORITHM_CODES[algorithm]  # type: ignore[index]
+    for cost in (0, 1, 3, 9):
+        for key in ("fast:{t}:0", "general:{t}:0"):  # the keys _run uses
+            redis_client.delete(key)
+            spoil(redis_client, key)  # type: ignore[operator]
+        _run(redis_client, [(code, 5, MINUTE)], [(T0, 0, [cost]), (T0 + 1, 0, [1])])
+    redis_client.delete("fast:{t}:0", "general:{t}:0")  # garbage may keep a key without a TTL
