@@ -778,10 +778,10 @@ def render(lines: list[str], commands: list[str], quick: bool, started: float, h
         f"timeout {RESET:.0f} s (30 by default; short here to keep the runs short)."
     )
     note = (
-        f"Run {when}{' (--quick)' if quick else ''} on the shared 2-core VM while other test "
-        "suites ran: the latency column is inflated by CPU contention (the limiter's time is "
-        "the server's wall time, waiting for a CPU included; before the faults, with Redis "
-        f"healthy, its p99 was {healthy}). The coordinator re-runs it on a quiet machine."
+        f"Run {when}{' (--quick)' if quick else ''} on a shared 2-core VM (load average "
+        f"{os.getloadavg()[0]:.1f} when judged), the clients on the same machine: the latency "
+        "column includes waiting for a CPU (the limiter's time is the server's wall time; before "
+        f"the faults, with Redis healthy, its p99 was {healthy})."
     )
     return "\n".join(
         [
