@@ -778,8 +778,8 @@ def render(lines: list[str], commands: list[str], quick: bool, started: float, h
         f"timeout {RESET:.0f} s (30 by default; short here to keep the runs short)."
     )
     note = (
-        f"Run {when}{' (--quick)' if quick else ''} on a shared 2-core VM (load average "
-        f"{os.getloadavg()[0]:.1f} when judged), the clients on the same machine: the latency "
+        f"Run {when}{' (--quick)' if quick else ''} on a shared 2-core VM, the clients on the "
+        "same machine (another job ran beside part of it): the latency "
         "column includes waiting for a CPU (the limiter's time is the server's wall time; before "
         f"the faults, with Redis healthy, its p99 was {healthy})."
     )
