@@ -17,6 +17,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
+from tests.faults import OPENED
 from tests.servers import (
     ClusterServers,
     RedisProcess,
@@ -125,3 +126,11 @@ def sentinel_factory() -> Iterator[Callable[..., SentinelServers]]:
     finally:
         for group in started:
             group.stop()
+
+
+@pytest.fixture(autouse=True)
+def _close_opened_storages() -> Iterator[None]:
+    """Close the storages a test opened with ``tests.faults.opened``, whatever its outcome."""
+    yield
+    while OPENED:
+        OPENED.pop().close()

@@ -17,7 +17,25 @@ from flask_distlimit.guard import Guard, Outcome
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.heartbeat import Fleet
 
-__all__ = ["FailingStorage", "Load", "Sample", "kind_of", "percentile", "wait_until"]
+__all__ = [
+    "OPENED",
+    "FailingStorage",
+    "Load",
+    "Sample",
+    "kind_of",
+    "opened",
+    "percentile",
+    "wait_until",
+]
+
+#: Storages tests opened through :func:`opened`; tests/conftest.py closes them after each test.
+OPENED: list[Storage] = []
+
+
+def opened(storage: Storage) -> Storage:
+    """``storage``, closed after the test that opened it (by tests/conftest.py)."""
+    OPENED.append(storage)
+    return storage
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,25 +33,15 @@ from flask_distlimit.decision import Check
 from flask_distlimit.guard import Guard
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.urls import from_url
+from tests.faults import opened
 from tests.guard_helpers import FakeClock
 from tests.servers import RedisProcess, start_redis
 
 pytestmark = pytest.mark.redis
 
-_opened: list[Storage] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_storages() -> Iterator[None]:
-    yield
-    while _opened:
-        _opened.pop().close()
-
 
 def _storage(url: str, timeout: float) -> Storage:
-    storage = from_url(url, timeout=timeout)
-    _opened.append(storage)
-    return storage
+    return opened(from_url(url, timeout=timeout))
 
 
 @pytest.fixture

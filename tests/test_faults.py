@@ -26,7 +26,7 @@ from flask_distlimit.errors import StorageUnavailable
 from flask_distlimit.guard import FailurePolicy, Guard
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.urls import from_url
-from tests.faults import Load, guard_request, kind_of, percentile, wait_until
+from tests.faults import Load, guard_request, kind_of, opened, percentile, wait_until
 from tests.servers import RedisProcess, free_port, start_redis
 
 pytestmark = pytest.mark.redis
@@ -45,19 +45,9 @@ def server() -> Iterator[RedisProcess]:
     process.stop()
 
 
-_opened: list[Storage] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_storages() -> Iterator[None]:
-    yield
-    while _opened:
-        _opened.pop().close()
-
-
 def make_guard(server: RedisProcess, policy: FailurePolicy = "open") -> Guard:
     storage = from_url(server.url, timeout=TIMEOUT)
-    _opened.append(storage)
+    opened(storage)
     return Guard(storage, policy=policy, fail_max=5, reset_timeout=RESET)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -24,9 +24,8 @@ import redis
 from flask_distlimit.algorithms import Algorithm
 from flask_distlimit.decision import Check
 from flask_distlimit.guard import Guard
-from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.urls import from_url
-from tests.faults import FailingStorage
+from tests.faults import FailingStorage, opened
 from tests.guard_helpers import FakeClock
 from tests.servers import RedisProcess
 
@@ -79,15 +78,6 @@ SCENARIOS: dict[str, Scenario] = {
     "down-mid-window": _down_from_mid_window,
 }
 
-_opened: list[Storage] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_storages() -> Iterator[None]:
-    yield
-    while _opened:
-        _opened.pop().close()
-
 
 def run_fleet(
     server: RedisProcess, scenario: Scenario, algorithm: Algorithm
@@ -98,7 +88,7 @@ def run_fleet(
     guards = []
     for process in range(PROCESSES):
         inner = from_url(server.url, timeout=1.0)
-        _opened.append(inner)
+        opened(inner)
         storage = FailingStorage(inner, scenario(process, lambda: now[0]))
         guards.append(
             Guard(storage, policy="local", instances=PROCESSES, fail_max=5,

@@ -24,6 +24,7 @@ from flask_distlimit.guard import Guard
 from flask_distlimit.instances import Instances, validate_instances
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.urls import from_url
+from tests.faults import opened
 from tests.guard_helpers import FakeClock, ScriptedStorage
 from tests.servers import RedisProcess, free_port, gunicorn_command, start_redis
 
@@ -196,7 +197,7 @@ def test_an_outage_after_a_redis_restart_divides_by_the_fleet_it_knew(
     guards = []
     for _ in range(3):
         storage = from_url(own_server.url, timeout=1)
-        _opened.append(storage)
+        opened(storage)
         guards.append(Guard(storage, policy="local", instances="auto", clock=clock))
     probe = [Check("ratelimit:{probe}:r:fixed_window", "fixed_window", 10**9, 60)]
 
@@ -221,19 +222,9 @@ def test_an_outage_after_a_redis_restart_divides_by_the_fleet_it_knew(
     assert admitted == [10, 10, 10]  # was [30, 15, 10]
 
 
-_opened: list[Storage] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_storages() -> Iterator[None]:
-    yield
-    while _opened:
-        _opened.pop().close()
-
-
 def _storage(server: RedisProcess) -> Storage:
     storage = from_url(server.url, timeout=1)
-    _opened.append(storage)
+    opened(storage)
     return storage
 
 

@@ -17,7 +17,6 @@ The promise (docs/failure-modes.md, "The bound"): in every window the fleet admi
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -26,7 +25,7 @@ from flask_distlimit.decision import Check
 from flask_distlimit.guard import Guard
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.urls import from_url
-from tests.faults import FailingStorage
+from tests.faults import FailingStorage, opened
 from tests.guard_helpers import FakeClock
 from tests.servers import RedisProcess
 
@@ -35,20 +34,9 @@ pytestmark = pytest.mark.redis
 LIMIT, PROCESSES, STEP_US = 30, 3, 5_000
 EPOCH_US = 1_700_000_000 * 1_000_000
 
-_opened: list[Storage] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_storages() -> Iterator[None]:
-    yield
-    while _opened:
-        _opened.pop().close()
-
 
 def _storage(url: str, timeout: float) -> Storage:
-    storage = from_url(url, timeout=timeout)
-    _opened.append(storage)
-    return storage
+    return opened(from_url(url, timeout=timeout))
 
 
 def test_a_stale_remaining_overshoots_the_start_window(
