@@ -10,7 +10,6 @@ from __future__ import annotations
 import http.client
 import os
 import signal
-import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -21,8 +20,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.servers import RedisProcess, free_port, gunicorn_command
-from tests.test_gunicorn import Gunicorn, wait_ready
+from tests.servers import RedisProcess
+from tests.test_gunicorn import Gunicorn, launch, wait_ready
 
 pytestmark = [pytest.mark.gunicorn, pytest.mark.redis]
 
@@ -35,31 +34,14 @@ REQUESTS = 14
 
 
 def _start(redis_url: str, prefix: str, logdir: Path, lease: int, fleet: int) -> Gunicorn:
-    port = free_port()
-    log = logdir / f"gunicorn-{port}.log"
     env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         "DISTLIMIT_STORAGE_URL": redis_url,
         "DISTLIMIT_CONCURRENCY_LEASE": str(lease),
         "CONCURRENCY_TEST_N": str(N),
         "CONCURRENCY_TEST_PREFIX": prefix,
         "CONCURRENCY_TEST_FLEET": str(fleet),
     }
-    cmd = gunicorn_command(
-        "--bind", f"127.0.0.1:{port}",
-        "--workers", "3",
-        "--worker-class", "gthread",
-        "--threads", "4",
-        "--graceful-timeout", "5",
-        "--log-level", "warning",
-        "tests.apps.concurrency_app:app",
-    )  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    return Gunicorn(port, proc, log)
+    return launch("tests.apps.concurrency_app:app", env, logdir)
 
 
 @pytest.fixture

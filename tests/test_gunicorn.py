@@ -53,14 +53,26 @@ class Gunicorn:
 
 
 def start_gunicorn(storage_url: str, prefix: str, logdir: Path) -> Gunicorn:
+    return launch(
+        "tests.apps.gunicorn_app:app",
+        {
+            "DISTLIMIT_STORAGE_URL": storage_url,
+            "GUNICORN_TEST_LIMIT": str(LIMIT),
+            "GUNICORN_TEST_PREFIX": prefix,
+        },
+        logdir,
+    )
+
+
+def launch(app: str, env: dict[str, str], logdir: Path) -> Gunicorn:
+    """gunicorn serving ``app`` (3 gthread workers x 4 threads, on a free port), with ``env``
+    added to this process's environment and this checkout on its PYTHONPATH."""
     port = free_port()
     log = logdir / f"gunicorn-{port}.log"
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        "DISTLIMIT_STORAGE_URL": storage_url,
-        "GUNICORN_TEST_LIMIT": str(LIMIT),
-        "GUNICORN_TEST_PREFIX": prefix,
+        **env,
     }
     cmd = gunicorn_command(
         "--bind", f"127.0.0.1:{port}",
@@ -69,7 +81,7 @@ def start_gunicorn(storage_url: str, prefix: str, logdir: Path) -> Gunicorn:
         "--threads", "4",
         "--graceful-timeout", "5",
         "--log-level", "warning",
-        "tests.apps.gunicorn_app:app",
+        app,
     )  # fmt: skip
     with log.open("wb") as out:
         proc = subprocess.Popen(
