@@ -97,8 +97,9 @@ class SlotRelease:
         state = self._state
         guard = state.guard
         now = state.storage_now()
-        if self._degraded or guard.fallback.holding:
-            guard.fallback.evaluate(self._checks, instances=guard.instances.divisor, now_us=now)
+        for fallback, part in guard.fallbacks_for(self._checks):
+            if self._degraded or fallback.holding:
+                fallback.evaluate(part, instances=guard.instances.divisor, now_us=now)
         if guard.breaker.state == "open":
             return  # the lease gives the slot back
         try:

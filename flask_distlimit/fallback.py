@@ -193,6 +193,16 @@ class LocalFallback:
                 self._sweep(now)
         return evaluation
 
+    def give_back(
+        self, checks: Sequence[Check], *, instances: int, now_us: int | None = None
+    ) -> None:
+        """Undo a local admission of ``checks`` (:meth:`evaluate` admitted them, but the request
+        was refused elsewhere: by another node's fallback on a Redis Cluster)."""
+        with self._lock:
+            storage = self._storage
+            if storage is not None and checks:
+                storage.refund([_divided(c, instances) for c in checks], now_us=now_us)
+
     def refusal(
         self, checks: Sequence[Check], *, instances: int, now_us: int | None = None
     ) -> Evaluation | None:

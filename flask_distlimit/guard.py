@@ -199,9 +199,10 @@ class Guard:
         self.last_known = LastKnown(clock=clock)
         # Settling: one reset timeout, the breaker's own measure of how long a failing storage
         # stays suspect (docs/failure-modes.md, "The bound").
-        self.fallback = LocalFallback(
-            fallback_factory, clock=clock, settle=self.reset_timeout, last_known=self.last_known
-        )
+        self._fallback_factory = fallback_factory
+        #: The local fallback (one per node on a Redis Cluster: :meth:`fallback_of`).
+        self.fallback = self._new_fallback()
+        self._fallbacks: dict[str, LocalFallback] = {}
         #: One circuit breaker per storage node (:mod:`flask_distlimit.breakers`).
         self.breakers = Breakers(
             name=self.name,
@@ -220,6 +221,38 @@ class Guard:
         self._heartbeat_check = Check(self.instances.key, "fixed_window", 1, 1, 0)
         self.use_metrics(metrics)
         _guards.add(self)
+
+    def _new_fallback(self) -> LocalFallback:
+        return LocalFallback(
+            self._fallback_factory,
+            clock=self._clock,
+            settle=self.reset_timeout,
+            last_known=self.last_known,
+        )
+
+    def fallback_of(self, node: str) -> LocalFallback:
+        """The local fallback of the checks that go to ``node``: on a storage whose checks are
+        routed to nodes of their own (Redis Cluster), each node fails, engages its fallback and
+        settles on its own, so the keys of a healthy shard are never counted locally because
+        another shard failed; elsewhere, :attr:`fallback`."""
+        if not self._routed:
+            return self.fallback
+        fallback = self._fallbacks.get(node)
+        if fallback is None:
+            fallback = self._fallbacks.setdefault(node, self._new_fallback())
+        return fallback
+
+    def fallbacks_for(self, checks: Sequence[Check]) -> list[tuple[LocalFallback, list[Check]]]:
+        """``checks`` split by the fallback that decides them (one part but on a Cluster)."""
+        if not self._routed:
+            return [(self.fallback, list(checks))]
+        return [
+            (self.fallback_of(node), [checks[i] for i in indexes])
+            for node, indexes in self.storage.route(checks)
+        ]
+
+    def _fallbacks_all(self) -> list[LocalFallback]:
+        return [self.fallback, *self._fallbacks.values()]
 
     # -- the request path --------------------------------------------------------------------
 
@@ -259,6 +292,12 @@ class Guard:
                 breaker = self._follow(refresh=False) or breaker
             if isinstance(exc, StorageReplyLost):
                 breaker.success()  # a fresh connection answered: not an outage
+                if not fallback.holding and (policy or self.policy) == "local":
+                    # Redis is up: this one request is admitted, and the local shares do not
+                    # take over every key for a reset timeout (docs/failure-modes.md).
+                    if metrics is not None:
+                        metrics.degraded(checks, None)
+                    return _OPEN_OUTCOME
             else:
                 breaker.failure(exc)
             if isinstance(exc, StorageMisconfigured):
@@ -314,6 +353,7 @@ class Guard:
             for breaker in trying.values():
                 breaker.release()
             return self._degraded(checks, policy, now_us)
+        node_of = {i: node for node, indexes in routes for i in indexes}
         live = [(node, indexes) for node, indexes in routes if node in trying]
         parts = [[checks[i] for i in indexes] for _, indexes in live]
         failed = [i for node, indexes in routes if node in blocked for i in indexes]
@@ -332,8 +372,8 @@ class Guard:
         # Each node's breaker hears once: an outage if any of its groups met one.
         heard: dict[str, StorageUnavailable | None] = {}
         for (node, _), result in zip(live, results, strict=True):
-            if isinstance(result, StorageUnavailable):
-                heard[node] = result
+            if isinstance(result, StorageUnavailable) and not isinstance(result, StorageReplyLost):
+                heard[node] = result  # a lost reply is not an outage: the node answered
             else:
                 heard.setdefault(node, None)
         for node, error in heard.items():
@@ -379,7 +419,7 @@ class Guard:
             if denied:
                 self._give_back(checks, spent, decisions, now_us)
                 evaluation = Evaluation(tuple(d for d in decisions if d is not None))
-            return self._routed_answer(checks, evaluation, chosen, now_us)
+            return self._routed_answer(checks, live, evaluation, chosen, now_us)
         # Some groups' nodes are down: the failure policy decides those checks only.
         failed.sort()
         lost = [checks[i] for i in failed]
@@ -388,7 +428,7 @@ class Guard:
             return self._degraded(lost, policy, now_us)
         local: Evaluation | None = None
         if chosen == "local" and not denied:
-            local = self.fallback.evaluate(lost, instances=self.instances.divisor, now_us=now_us)
+            local = self._local_by_node(checks, failed, node_of, now_us)
             for i, decision in zip(failed, local.decisions, strict=True):
                 decisions[i] = decision
             if not local.allowed:
@@ -416,6 +456,37 @@ class Guard:
             self.last_known.record(by_redis, redis_said)
         return Outcome(evaluation, degraded=True)
 
+    def _local_by_node(
+        self,
+        checks: Sequence[Check],
+        failed: list[int],
+        node_of: dict[int, str],
+        now_us: int | None,
+    ) -> Evaluation:
+        """The checks ``failed`` (indexes, sorted) decided by their nodes' fallbacks, all or
+        nothing: when one node's fallback refuses, the others give back what they admitted."""
+        by_node: dict[str, list[int]] = {}
+        for i in failed:
+            by_node.setdefault(node_of[i], []).append(i)
+        instances = self.instances.divisor
+        decided: dict[int, Decision] = {}
+        admitted: list[tuple[LocalFallback, list[Check]]] = []
+        allowed = True
+        for node, indexes in by_node.items():
+            fallback = self.fallback_of(node)
+            part = [checks[i] for i in indexes]
+            evaluation = fallback.evaluate(part, instances=instances, now_us=now_us)
+            decided.update(zip(indexes, evaluation.decisions, strict=True))
+            if evaluation.allowed:
+                pairs = zip(part, evaluation.decisions, strict=True)
+                admitted.append((fallback, [c for c, d in pairs if not d.shadow_denied]))
+            else:
+                allowed = False
+        if not allowed:
+            for fallback, spent in admitted:
+                fallback.give_back(spent, instances=instances, now_us=now_us)
+        return Evaluation(tuple(decided[i] for i in failed))
+
     def _gate(self, routes: list[tuple[str, list[int]]]) -> tuple[dict[str, Breaker], set[str]]:
         """Ask each node's breaker once: the nodes to try (with their breakers), the others."""
         breakers = self.breakers
@@ -442,20 +513,19 @@ class Guard:
     def _routed_answer(
         self,
         checks: Sequence[Check],
+        live: list[tuple[str, list[int]]],
         evaluation: Evaluation,
         chosen: FailurePolicy,
         now_us: int | None,
     ) -> Outcome:
-        """What the single-node path does after Redis answered every check."""
+        """What the single-node path does after Redis answered every check (``live``: the
+        nodes that answered and the indexes of their checks); each node's fallback counts the
+        checks of its node only."""
         outcome: Outcome | None = None
         if chosen == "local":
             self.last_known.record(checks, evaluation)
             if evaluation.allowed:
-                refused = self.fallback.charge(
-                    checks, evaluation, instances=self.instances.divisor, now_us=now_us
-                )
-                if refused is not None:  # over this process's share while failures go on
-                    outcome = Outcome(refused, degraded=True)
+                outcome = self._charge_by_node(checks, live, evaluation, now_us)
         metrics = self.metrics
         if metrics is not None:
             if outcome is None:
@@ -465,6 +535,30 @@ class Guard:
         if self.instances.auto and self.instances.due():
             self._heartbeat()
         return Outcome(evaluation) if outcome is None else outcome
+
+    def _charge_by_node(
+        self,
+        checks: Sequence[Check],
+        live: list[tuple[str, list[int]]],
+        evaluation: Evaluation,
+        now_us: int | None,
+    ) -> Outcome | None:
+        """:meth:`LocalFallback.charge` of each node's checks by that node's fallback, when it
+        holds counts; the local refusal of any of them refuses the request."""
+        decisions = list(evaluation.decisions)
+        refused = False
+        for node, indexes in live:
+            fallback = self._fallbacks.get(node)
+            if fallback is None or not fallback.holding:
+                continue  # the path of every healthy node
+            part = [checks[i] for i in indexes]
+            said = Evaluation(tuple(decisions[i] for i in indexes))
+            local = fallback.charge(part, said, instances=self.instances.divisor, now_us=now_us)
+            if local is not None:  # over this process's share while failures go on
+                refused = True
+                for i, decision in zip(indexes, local.decisions, strict=True):
+                    decisions[i] = decision
+        return Outcome(Evaluation(tuple(decisions)), degraded=True) if refused else None
 
     def _give_back(
         self,
@@ -657,8 +751,8 @@ class Guard:
             "instances_min": self.instances.minimum,
             "instances_seen": self.instances.seen,
             "fallback_divisor": self.instances.divisor,
-            "fallback_active": self.fallback.active,
-            "fallback_held_keys": self.fallback.held(),
+            "fallback_active": any(f.active for f in self._fallbacks_all()),
+            "fallback_held_keys": sum(f.held() for f in self._fallbacks_all()),
         }
 
     def _after_fork(self) -> None:
@@ -667,7 +761,8 @@ class Guard:
         self.breakers._after_fork()
         self.instances._after_fork()
         self.last_known._after_fork()
-        self.fallback._after_fork()
+        for fallback in self._fallbacks_all():
+            fallback._after_fork()
 
 
 def _one_line(text: str) -> str:

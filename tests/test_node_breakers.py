@@ -284,3 +284,33 @@ def test_a_refund_across_nodes_gives_nothing_back_to_a_shadow_limit_that_was_not
     assert evaluation is not None and not evaluation.allowed
     assert storage.remaining(limit("ann")) == 3  # given back
     assert storage.remaining(replace(shadow, shadow=False)) == 0  # still spent, as counted
+
+
+def test_local_counts_locally_only_the_keys_of_the_failed_node() -> None:
+    """Found by the fault harness (cluster-primary, local): one process-wide fallback, engaged by
+    the dead shard's failures, counted the healthy shards' keys too and refused them at this
+    process's share while Redis answered them. Each node's fallback engages on its own."""
+    guard, storage, clock = make("local", instances=3)
+    storage.down.add(B)
+    # bob's node is down: decided locally at this process's share, 9 // 3 = 3
+    assert kinds(guard, [limit("bob", 9)], 4) == ["degraded allowed"] * 3 + ["degraded denied"]
+    assert guard.fallback_of(B).engaged and not guard.fallback_of(A).holding
+    # alice's node answers: Redis decides her whole limit, no share, nothing degraded
+    assert kinds(guard, [limit("alice", 9)], 10) == ["allowed"] * 9 + ["denied"]
+    assert not guard.fallback_of(A).holding
+    health = guard.health()
+    assert health["fallback_active"] is True and health["fallback_held_keys"] == 1
+    # node b back: its fallback still counts bob (held to its window), alice is untouched
+    storage.down.clear()
+    clock.advance(RESET)
+    assert kind_of(guard.evaluate([limit("bob", 9)], now_us=NOW)) == "degraded denied"
+
+
+def test_local_decisions_across_failed_nodes_are_all_or_nothing() -> None:
+    guard, storage, _ = make("local")
+    storage.down.update({A, B})
+    both = [limit("alice", 5), limit("bob", 1)]
+    assert kind_of(guard.evaluate(both, now_us=NOW)) == "degraded allowed"
+    # bob's fallback refuses: alice's gives back what it admitted for this request
+    assert kinds(guard, both, 3) == ["degraded denied"] * 3
+    assert kinds(guard, [limit("alice", 5)], 5) == ["degraded allowed"] * 4 + ["degraded denied"]
