@@ -10,7 +10,9 @@ ways, and on request:
   accepted and reset at once, until it is set up again (flapping is the caller switching this
   every few milliseconds);
 - **resets** every open connection once (:meth:`FaultProxy.reset_all`), as a middlebox or a
-  failover would.
+  failover would;
+- **loses replies**: the next ``n`` chunks the server sends are thrown away and their connection
+  reset (:meth:`FaultProxy.lose_replies`): the server ran the command, the client never hears.
 
 One asyncio event loop in one daemon thread; the methods are thread-safe. Nothing listens beyond
 127.0.0.1.
@@ -68,13 +70,14 @@ class FaultProxy:
         self._rng = random.Random(seed)
         self._delay = (0.0, 0.0)
         self._down = False
+        self._lose = 0
         self._links: set[_Link] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
         #: ``connections`` (accepted and forwarded), ``refused`` (accepted and reset while down),
-        #: ``resets`` (open connections reset), ``delayed`` (chunks delivered late), ``upstream
-        #: failed`` (the server refused the proxy's connection).
+        #: ``resets`` (open connections reset), ``delayed`` (chunks delivered late), ``lost``
+        #: (replies thrown away), ``upstream failed`` (the server refused the proxy's connection).
         self.stats: Counter[str] = Counter()
 
     # -- life cycle ------------------------------------------------------------------------
@@ -155,6 +158,10 @@ class FaultProxy:
         """Reset every open connection now; answer how many there were."""
         return self._call(self._reset_links)
 
+    def lose_replies(self, n: int) -> None:
+        """Throw away the next ``n`` chunks the server sends, resetting each one's connection."""
+        self._lose = n
+
     def open_connections(self) -> int:
         return len(self._links)
 
@@ -202,7 +209,7 @@ class FaultProxy:
         self.stats["connections"] += 1
         link.tasks = [
             asyncio.create_task(self._pump(reader, up_writer, delayed=False)),
-            asyncio.create_task(self._pump(up_reader, writer, delayed=True)),
+            asyncio.create_task(self._pump(up_reader, writer, delayed=True, link=link)),
         ]
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait(link.tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -215,7 +222,12 @@ class FaultProxy:
                     side.close()
 
     async def _pump(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, delayed: bool
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        delayed: bool,
+        link: _Link | None = None,
     ) -> None:
         if not delayed:
             with contextlib.suppress(OSError, asyncio.IncompleteReadError):
@@ -230,6 +242,14 @@ class FaultProxy:
         try:
             with contextlib.suppress(OSError, asyncio.IncompleteReadError):
                 while data := await reader.read(_CHUNK):
+                    if self._lose > 0 and link is not None:  # a reply lost in transit
+                        self._lose -= 1
+                        self.stats["lost"] += 1
+                        self._links.discard(link)
+                        _reset(link.client)
+                        if link.server is not None:
+                            _reset(link.server)
+                        return
                     low, high = self._delay
                     wait = self._rng.uniform(low, high) if high > 0 else 0.0
                     last = max(last, time.monotonic() + wait)

@@ -14,6 +14,7 @@ from .decision import Check
 from .enforcement import is_static
 from .keys import IDENTITY_KINDS, client_pattern, identity_kind
 from .route_limits import BoundLimit
+from .scripts import is_token_key
 
 if TYPE_CHECKING:
     from .state import LimiterState
@@ -28,7 +29,13 @@ def reset(state: LimiterState) -> int:
     if state.deny_cache is not None:
         state.deny_cache.clear()
     spared = state.tags.storage_key
-    keys = [k for k in state.storage.scan(f"{state.settings.key_prefix}:*") if k != spared]
+    prefix = state.settings.key_prefix
+    # Request tokens are left to expire (a second): a reply kept for a retry, not a limit's state.
+    keys = [
+        k
+        for k in state.storage.scan(f"{prefix}:*")
+        if k != spared and not is_token_key(prefix, k)
+    ]
     return state.storage.delete(keys) if keys else 0
 
 

@@ -58,13 +58,14 @@ class StorageUnavailable(StorageError):
 
 
 class StorageReplyLost(StorageUnavailable):
-    """The server closed the connection after the request was sent, and a fresh connection
-    answered at once: the store is up, only this reply is lost.
+    """The server closed the connection after the request was sent, twice (the call and its
+    one repeat, which answers the first call's reply if it ran: :mod:`.storage.redis`), and a
+    fresh connection answered at once: the store is up, only the reply is lost.
 
-    The request may or may not have been counted, and it is never sent again (that could count
-    it twice): the failure policy answers it. It is not an outage, so the circuit breaker is
-    not told: a ``CLIENT KILL`` that cuts every connection in flight at once, an idle timeout or
-    a proxy reset must not switch the limiter to its failure policy for a whole reset timeout.
+    The request may or may not have been counted: the failure policy answers it (``local``
+    without engaging the fallback). It is not an outage, so the circuit breaker is not told: a
+    ``CLIENT KILL`` that cuts every connection in flight at once, an idle timeout or a proxy
+    reset must not switch the limiter to its failure policy for a whole reset timeout.
     """
 
 

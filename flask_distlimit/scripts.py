@@ -21,6 +21,12 @@ Every Redis backend (single node, Sentinel, each Cluster slot group) calls the s
   allowed (0/1, 2 = a shadow check that would deny), limit, remaining, reset_after_us,
   retry_after_us (``-1`` = never), repaired (0/1).
 
+- an optional REQUEST TOKEN (:func:`with_token`, ``lua/replay.lua``): one key more (the token's,
+  ``<prefix>:rq:{<tag>}:<token>``, in the first key's Cluster slot) and ``ARGV[2]`` =
+  ``"<ttl_ms>"``, or ``"<ttl_ms>,1"`` when the call is made again after its reply was lost: the
+  reply is kept under the token for ``ttl_ms`` and a repeated call answers it instead of
+  running again.
+
 Why strings and not RESP arrays of integers: redis-py packs every argument and parses every reply
 element in pure Python, one at a time; one argument and one bulk string (split here with one
 ``split`` and ``int``) cost a fraction of ``4n + 2`` arguments and a ``6n + 1``-integer array
@@ -42,8 +48,11 @@ __all__ = [
     "RELEASE_FLAG",
     "SCRIPT_SOURCE",
     "SHADOW_FLAG",
+    "is_token_key",
     "parse_reply",
     "script_args",
+    "token_key",
+    "with_token",
 ]
 
 #: The number each algorithm is sent as (``ARGV``); the order of ``ALGORITHMS`` in evaluate.lua.
@@ -76,9 +85,17 @@ _FILES: Final = (
 )
 
 
+#: The wrapper of the whole script: an optional request token (lua/replay.lua).
+_REPLAY: Final = "replay.lua"
+_BODY: Final = "--@@ BODY @@--"
+
+
 def _read_source() -> str:
     package = resources.files("flask_distlimit") / "lua"
-    return "\n".join((package / name).read_text(encoding="utf-8") for name in _FILES)
+    body = "\n".join((package / name).read_text(encoding="utf-8") for name in _FILES)
+    head, marker, tail = (package / _REPLAY).read_text(encoding="utf-8").partition(_BODY)
+    assert marker, f"{_REPLAY} lost its {_BODY} marker"
+    return f"{head}{body}{tail}"
 
 
 #: The whole script: the helpers and algorithms, then the driver.
@@ -105,6 +122,32 @@ def script_args(
         return [check.key], [f"{head},{_fields(check)}"]
     keys = [check.key for check in checks]
     return keys, [",".join([head, *map(_fields, checks)])]
+
+
+def token_key(first_key: str, token: str) -> str:
+    """The key a call's reply is kept under, in ``first_key``'s Cluster slot:
+    ``<prefix>:rq:{<tag>}:<token>`` for ``<prefix>:{<tag>}:...`` (under the prefix, so ACL key
+    patterns allow it; outside the client's own keys, which inspect and reset list);
+    ``<key>:rq:<token>`` for a key without a tag."""
+    start = first_key.find("{")
+    end = first_key.find("}", start + 1) if start >= 0 else -1
+    if end > start + 1:  # Redis hashes what is between the first "{" and the "}" after it
+        return f"{first_key[:start]}rq:{first_key[start : end + 1]}:{token}"
+    return f"{first_key}:rq:{token}"
+
+
+def is_token_key(prefix: str, key: str) -> bool:
+    """Is ``key`` a request token's (a kept reply, not a limit's state) under ``prefix``?"""
+    return key.startswith(f"{prefix}:rq:{{")
+
+
+def with_token(
+    keys: list[str], args: list[str | int], key: str, ttl_ms: int, *, again: bool = False
+) -> tuple[list[str], list[str | int]]:
+    """``keys`` and ``args`` of one call (:func:`script_args`) carrying a request token whose
+    key is ``key`` (:func:`token_key`): the reply is kept ``ttl_ms`` there; ``again``: this is
+    the call made once more after its reply was lost (answer the kept reply if it ran)."""
+    return [*keys, key], [*args, f"{ttl_ms},1" if again else str(ttl_ms)]
 
 
 def _fields(check: Check) -> str:

@@ -106,10 +106,11 @@ class RecordingConnection(redis.Connection):
 
     log: ClassVar[list[tuple[str, int]]] = []
 
-    def send_command(self, *args: Any, **kwargs: Any) -> None:
-        if args and args[0] == "EVALSHA":
+    def send_packed_command(self, command: Any, *args: Any, **kwargs: Any) -> None:
+        packed = b"".join(command) if isinstance(command, list) else bytes(command)
+        if b"\r\nEVALSHA\r\n" in packed:
             RecordingConnection.log.append(("send", int(self.port)))
-        super().send_command(*args, **kwargs)
+        super().send_packed_command(command, *args, **kwargs)
 
     def read_response(self, *args: Any, **kwargs: Any) -> Any:
         reply = super().read_response(*args, **kwargs)
@@ -406,13 +407,14 @@ class FailingSendConnection(redis.Connection):
         FailingSendConnection.made += 1
         self.serial = FailingSendConnection.made
 
-    def send_command(self, *args: Any, **kwargs: Any) -> None:
-        if args and args[0] == "EVALSHA":
+    def send_packed_command(self, command: Any, *args: Any, **kwargs: Any) -> None:
+        packed = b"".join(command) if isinstance(command, list) else bytes(command)
+        if b"\r\nEVALSHA\r\n" in packed:
             FailingSendConnection.attempts += 1
             if self.always or self.serial < self.made_before:
                 self.disconnect()
                 raise redis.ConnectionError("Error 32 while writing to socket. Broken pipe.")
-        super().send_command(*args, **kwargs)
+        super().send_packed_command(command, *args, **kwargs)
 
 
 def test_a_failed_send_is_made_once_more_on_a_fresh_connection(

@@ -43,7 +43,8 @@ def test_evaluates_on_the_master_the_sentinels_name(
     assert isinstance(storage, RedisStorage)
     assert storage.scheme == "redis+sentinel"
     assert [storage.evaluate(CHECKS).allowed for _ in range(11)] == [True] * 10 + [False]
-    assert sorted(k.decode() for k in master_client.keys("t:*")) == sorted(c.key for c in CHECKS)
+    stored = [k.decode() for k in master_client.keys("t:*") if not k.startswith(b"t:rq:")]
+    assert sorted(stored) == sorted(c.key for c in CHECKS)
     assert storage.scripts_loaded()
     assert 0 < storage.ping() < 1
     storage.close()

@@ -27,28 +27,24 @@ refused elsewhere (:meth:`ClusterStorage.refund`). :meth:`ClusterStorage.nodes` 
 primaries the topology knows, so the breakers of nodes gone from it are dropped.
 
 **What one request may wait** (:meth:`ClusterStorage._run_all`, the path of every guarded
-request). One deadline, ``timeout`` from the start of the call, taken before the first pool
-wait, bounds every group's send and read: each connection's socket timeout is cut to what is
-left before the send (redis-py's public ``update_current_socket_timeout``) and the replies are
-read with ``read_response(timeout=left)``; a group whose connection comes out of its pool after
-the deadline fails at once, unsent. Two waits are bounded by ``timeout`` each but not by the
-deadline, because redis-py's ``BlockingConnectionPool.get_connection`` takes no deadline and
-making our own cluster pool would mean overriding redis-py's internals: the wait for a free
-connection of a node's pool (only when all its ``max_connections`` are busy) and the connect of
-a pooled connection that is not connected (refused at once by a dead node on the same host; a
-black-holed address takes the whole connect timeout). So a request waits at most ``timeout``
-when its nodes' pools have idle connected connections (the usual case), and at most twice that
-otherwise. Also bounded by ``timeout`` per operation rather than by the deadline: a group
+request): one deadline, ``timeout`` from the start of the call, bounds every group's pool wait,
+connect and handshake, send and read. The hot path runs on a :class:`~.pool.DeadlinePool` per
+primary (the single node's pool, on redis-py's public connection API), whose connections are
+made as redis-py makes that node's (its pool's public ``connection_class`` and
+``connection_kwargs``). Bounded by ``timeout`` per operation rather than by the deadline: a group
 answered ``NOSCRIPT``/``MOVED``/``ASK`` is sent again through redis-py's cluster path, and after
 a lost node the topology is refreshed (``nodes_manager.initialize()``, each startup node tried
 with the timeout). Giving back what some groups consumed when the request is refused (a
 refund) is one more such call, with a deadline of its own.
 
-**One retry, where it is safe.** redis-py's pool replaces a pooled connection the server closed
-(``CLIENT KILL``, an idle timeout) when it hands it out (``can_read()``). A send that fails anyway
-(the close went unseen until then) means Redis never had the whole command, so the script did
-not run: the group is sent once more on a fresh connection (connected within what is left of the
-deadline). Nothing is retried once a send succeeded: the script may have run.
+**One retry, never counted twice**, as on a single node (:mod:`flask_distlimit.storage.redis`):
+a pooled connection the server closed is replaced at checkout (``can_read(0)``), a connect or a
+send that fails is made once more within the deadline (Redis never had the whole command), and
+a group whose connection is closed under it after the send is made once more, marked as a
+repeat of its request token: the script answers the reply it kept if the first try ran. Lost
+twice while the node answers a fresh connection: that group is
+:class:`~flask_distlimit.errors.StorageReplyLost` (the guard does not count it against the
+node's breaker).
 """
 
 from __future__ import annotations
@@ -70,31 +66,74 @@ from redis.crc import key_slot
 from redis.retry import Retry
 
 from ..decision import Check, Decision, Evaluation
-from ..errors import ConfigurationError, StorageError, StorageMisconfigured, StorageUnavailable
-from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
+from ..errors import (
+    ConfigurationError,
+    StorageError,
+    StorageMisconfigured,
+    StorageReplyLost,
+    StorageUnavailable,
+)
+from ..scripts import SCRIPT_SOURCE, parse_reply, script_args, with_token
 from .base import Storage
+from .evalsha import EvalshaPacker
 from .heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
+from .pool import DeadlinePool
 from .redis import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT, _pool_connections, connection_options
 from .shared_value import SHARED_VALUE_SOURCE
+from .tokens import RequestTokens
 from .translate import REDIS_FAILURES, storage_error
 
 __all__ = ["ClusterStorage", "slot_of"]
 
-#: What a connect or a send may still have when the deadline is nearly spent, seconds.
-_MIN_LEFT: Final = 0.001
+#: How long a group's reply is waited for when the deadline is already spent, seconds.
+_LAST_LOOK: Final = 0.001
 
 #: Replies that mean the script did not run on that node (safe to send again).
 _NOT_RUN: Final = (rx.NoScriptError, rx.AskError, rx.TryAgainError)
+
+
+def _read_or_repeat(
+    pool: DeadlinePool,
+    connection: Any,
+    packer: EvalshaPacker,
+    keys: list[str],
+    args: list[str | int],
+    token: str,
+    ttl_ms: int,
+    deadline: float,
+) -> Any:
+    """The reply to the call just sent on ``connection``; when the connection is closed under
+    it, the call is made once more, marked as a repeat (its reply, kept under ``token``, is
+    answered if it ran), within the same deadline; lost again while the node answers a fresh
+    connection: :class:`~flask_distlimit.errors.StorageReplyLost`."""
+    try:
+        # At least a moment for each reply: the replies of the other groups may be waiting in
+        # their sockets when one slow group has spent the deadline.
+        return pool.read(connection, max(deadline, time.monotonic() + _LAST_LOOK))
+    except rx.ConnectionError as exc:
+        lost = exc
+    again = [packer.pack(*with_token(keys, args, token, ttl_ms, again=True))]
+    try:
+        pool.renew(connection, deadline)
+        pool.send(connection, again, deadline)
+        return pool.read(connection, deadline)
+    except rx.ConnectionError as exc:
+        if pool.answers(deadline):
+            raise StorageReplyLost(
+                f"Redis closed the connection before replying, twice ({lost}; {exc}); it "
+                "answers on a fresh one"
+            ) from exc
+        raise
 
 
 class _LostNode(StorageUnavailable):
     """A connection error or timeout on a node: the topology may have changed."""
 
 
-def _failed(exc: Exception, pool: Any, connection: Any) -> StorageError:
+def _failed(exc: Exception, pool: DeadlinePool | None, connection: Any) -> StorageError:
     """Close a failed connection, give it back, and translate the error."""
-    if connection is not None:
-        connection.disconnect()
+    if pool is not None and connection is not None:
+        pool.broken(connection)
         pool.release(connection)
     error = storage_error(exc)
     # A refusal (e.g. WRONGPASS, an AuthenticationError) stays StorageMisconfigured: the node
@@ -104,27 +143,6 @@ def _failed(exc: Exception, pool: Any, connection: Any) -> StorageError:
     ):
         return _LostNode(str(error))
     return error
-
-
-def _cut(connection: Any, deadline: float) -> None:
-    """Cut ``connection``'s socket timeout to what is left until ``deadline`` (until released)."""
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise rx.TimeoutError("DISTLIMIT_REDIS_TIMEOUT spent before sending to Redis.")
-    connection.update_current_socket_timeout(left)
-
-
-def _reconnect(connection: Any, deadline: float) -> None:
-    """Connect a disconnected ``connection`` within what is left until ``deadline``."""
-    left = deadline - time.monotonic()
-    if left <= _MIN_LEFT:
-        raise rx.TimeoutError("DISTLIMIT_REDIS_TIMEOUT spent before reconnecting to Redis.")
-    connect_timeout = connection.socket_connect_timeout
-    connection.socket_connect_timeout = left  # public setting, put back right after
-    try:
-        connection.connect()
-    finally:
-        connection.socket_connect_timeout = connect_timeout
 
 
 #: The first redis-py whose connections read with a deadline (``read_response(timeout=)``) and
@@ -183,6 +201,10 @@ class ClusterStorage(Storage):
         self._script: Script | None = None
         self._heartbeat: Script | None = None
         self._shared_value: Script | None = None
+        #: The hot path's pool of each primary (``host:port``), built on first use.
+        self._pools: dict[str, DeadlinePool] = {}
+        #: The request tokens of the hot path (module docstring, "One retry").
+        self.tokens = RequestTokens(timeout)
         if client is not None:
             self._attach(client)
 
@@ -190,6 +212,11 @@ class ClusterStorage(Storage):
 
     def _attach(self, client: RedisCluster) -> None:
         self._script = client.register_script(SCRIPT_SOURCE)
+        self._packer = EvalshaPacker(
+            self._script.sha,
+            encoding=self._connection.get("encoding", "utf-8"),
+            errors=self._connection.get("encoding_errors", "strict"),
+        )
         self._heartbeat = client.register_script(HEARTBEAT_SOURCE)
         self._shared_value = client.register_script(SHARED_VALUE_SOURCE)
         self._client = client
@@ -353,56 +380,59 @@ class ClusterStorage(Storage):
         """
         client = self.client  # built on first use, before the deadline starts
         deadline = time.monotonic() + self.timeout
-        script = self._script
-        assert script is not None
+        packer, tokens = self._packer, self.tokens
         results: list[Evaluation | StorageError | None] = [None] * len(parts)
-        in_flight: list[tuple[int, Any, Any]] = []  # (part, connection, its pool)
+        # (part, its pool, the connection, keys, args, token)
+        in_flight: list[tuple[int, DeadlinePool, Any, list[str], list[str | int], str]] = []
         try:
             for n, part in enumerate(parts):
                 keys, args = script_args(part, now_us, refund=refund)
-                pool: Any = None
+                token = tokens.key(keys[0])
+                pool: DeadlinePool | None = None
                 connection: Any = None
                 try:
                     node = client.get_node_from_key(keys[0])  # type: ignore[no-untyped-call]
-                    pool = client.get_redis_connection(node).connection_pool
-                    connection = pool.get_connection()
-                    command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-                    _cut(connection, deadline)
+                    pool = self._pool_of(client, node)
+                    connection = pool.checkout(deadline)  # a closed connection is replaced
+                    command = [packer.pack(*with_token(keys, args, token, tokens.ttl_ms))]
                     try:
-                        connection.send_command(*command, check_health=False)
+                        pool.send(connection, command, deadline)
                     except rx.ConnectionError:
                         # The send failed, so Redis never had the whole command: the script did
-                        # not run. Once more on a fresh connection (redis-py has closed this
-                        # one), within the same deadline.
-                        _reconnect(connection, deadline)
-                        _cut(connection, deadline)
-                        connection.send_command(*command, check_health=False)
+                        # not run. Once more on a fresh connection, within the same deadline.
+                        pool.renew(connection, deadline)
+                        pool.send(connection, command, deadline)
                 except REDIS_FAILURES as exc:
                     results[n] = _failed(exc, pool, connection)
                     continue
-                in_flight.append((n, connection, pool))
+                in_flight.append((n, pool, connection, keys, args, token))
             while in_flight:
-                n, connection, pool = in_flight.pop(0)
+                n, pool, connection, keys, args, token = in_flight[0]
                 try:
-                    left = max(0.001, deadline - time.monotonic())
-                    reply = connection.read_response(timeout=left)
+                    reply = _read_or_repeat(
+                        pool, connection, packer, keys, args, token, tokens.ttl_ms, deadline
+                    )
                 except _NOT_RUN:
-                    connection.update_current_socket_timeout(-1)  # back to socket_timeout
                     pool.release(connection)
                     results[n] = self._call_or_error(parts[n], now_us, refund)
                     continue
+                except StorageReplyLost as exc:
+                    pool.release(connection)
+                    results[n] = exc
+                    continue
                 except REDIS_FAILURES as exc:
                     results[n] = _failed(exc, pool, connection)
                     continue
-                connection.update_current_socket_timeout(-1)  # back to socket_timeout
+                finally:
+                    in_flight.pop(0)
                 pool.release(connection)
                 try:
                     results[n] = parse_reply(reply, parts[n])
                 except StorageError as exc:
                     results[n] = exc
         finally:
-            for _, connection, pool in in_flight:  # only after an unexpected exception
-                connection.disconnect()
+            for _, pool, connection, *_ in in_flight:  # only after an unexpected exception
+                pool.broken(connection)
                 pool.release(connection)
         lost = [n for n, r in enumerate(results) if isinstance(r, _LostNode)]
         if lost:
@@ -417,6 +447,25 @@ class ClusterStorage(Storage):
                 if self._primary_of(parts[n][0].key) not in (before[n], None):
                     results[n] = self._call_or_error(parts[n], now_us, refund)
         return [r if r is not None else StorageUnavailable("no reply") for r in results]
+
+    def _pool_of(self, client: RedisCluster, node: ClusterNode) -> DeadlinePool:
+        """The hot path's pool of ``node``: a :class:`~.pool.DeadlinePool` of connections
+        made as redis-py makes that node's (its pool's public ``connection_class`` and
+        ``connection_kwargs``), so every wait of a call ends by the call's deadline."""
+        name = str(node.name)
+        pool = self._pools.get(name)
+        if pool is None:
+            stock = client.get_redis_connection(node).connection_pool
+            with self._lock:
+                pool = self._pools.get(name)
+                if pool is None:
+                    pool = self._pools[name] = DeadlinePool(
+                        timeout=self.timeout,
+                        max_connections=self._max_connections,
+                        connection_class=stock.connection_class,
+                        **stock.connection_kwargs,
+                    )
+        return pool
 
     def _call_or_error(
         self, part: list[Check], now_us: int | None, refund: bool
@@ -536,9 +585,14 @@ class ClusterStorage(Storage):
         if self._owns_client and self._client is not None:
             self._client.close()
             self._client = None
+        for pool in list(self._pools.values()):
+            pool.disconnect()
 
     def reset_after_fork(self) -> None:
         """Forget the connections inherited from the parent (call in a forked child)."""
+        self.tokens.reset()
+        for deadline_pool in list(self._pools.values()):
+            deadline_pool.forget_inherited()
         client = self._client
         if client is None:
             return

@@ -18,7 +18,8 @@ through the retry helper even when connected, redis-py 8's observability counter
   deadline;
 - **freshness**: an idle connection is checked with ``can_read(0)`` (public: one ``recv`` that
   would block) at checkout; readable (unread bytes) or closed by the server (``CLIENT KILL``, an
-  idle timeout, a restart) means it is reconnected before anything is sent;
+  idle timeout, a restart) means it is reconnected before anything is sent; a connect or
+  handshake the server closes is tried once more (no command was sent yet);
 - **state of our own**: a connection is "connected" here from its successful ``connect()`` until
   any exception while we use it (redis-py itself disconnects on a failed send or read; we then
   disconnect too and forget it), so no private ``_sock`` is read;
@@ -117,7 +118,12 @@ class DeadlinePool:
                 raise redis.ConnectionError("No connection available.")
         try:
             if connection not in self._live or not self._fresh(connection):
-                self.renew(connection, deadline)
+                try:
+                    self.renew(connection, deadline)
+                except redis.ConnectionError:
+                    # Closed during the handshake (a CLIENT KILL, a proxy reset): no command
+                    # was sent yet, so once more within the same deadline.
+                    self.renew(connection, deadline)
         except BaseException:
             self.release(connection)
             raise

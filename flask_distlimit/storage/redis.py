@@ -8,22 +8,27 @@ the connect and handshake, the send and the read (and, after ``NOSCRIPT``, the `
 and the second ``EVALSHA``) all share. For Sentinel, the same pool asks
 ``Sentinel.discover_master`` for the address before every connect, within the same deadline.
 
-**One retry, only where the script cannot have run.** A request is made once more, on a fresh
-connection and within the same deadline, in exactly two cases, both decided before any byte of
-the command could have reached Redis whole:
+**One retry, never counted twice.** A request is made once more, on a fresh connection and
+within the same deadline, in three cases:
 
 - the pooled connection is found closed (or holding unread bytes) at checkout: ``can_read(0)``
   sees the server's close (``CLIENT KILL``, an idle timeout, a restart, a proxy reset) before
   anything is sent, and the connection is replaced (:meth:`.DeadlinePool.checkout`);
 - sending fails (``send_packed_command`` raises ``ConnectionError``): a send that fails has not
-  handed the whole command to the kernel, so Redis cannot have parsed, let alone run, it.
+  handed the whole command to the kernel, so Redis cannot have parsed, let alone run, it;
+- the connection is closed under the request after the send (a ``CLIENT KILL`` or a reset
+  while Redis held the command): the script may have run, and its reply is lost. Every call
+  carries a **request token** (``lua/replay.lua``, :func:`~flask_distlimit.scripts.with_token`):
+  Redis keeps the reply under ``<prefix>:rq:{<tag>}:<token>`` for ``max(1 s, 2 x timeout)``,
+  and the call made again, marked as a repeat, answers that kept reply when the first one ran
+  and runs when it did not. A request is never counted twice. (The cost: one ``SET`` of about
+  60 bytes per call, kept a second: about 100 bytes of Redis memory per request per second.)
 
-Once the send succeeded, nothing is re-sent: a reply lost then (the connection closed or reset
-while Redis held the command) may belong to a script that ran, and running it twice would count
-the request twice. Such a request fails as an outage. (A reset, ``ECONNRESET``, usually means
-Redis closed the socket without reading our bytes, but behind a proxy it proves nothing, so it
-is not used.) On Sentinel, ``READONLY`` from a demoted master is retried once too, on the newly
-discovered master: a read-only replica has written nothing.
+When the repeat is lost too and a fresh connection answers a ``PING``, the storage raises
+:class:`~flask_distlimit.errors.StorageReplyLost` (the failure policy answers that one request,
+the breaker is not told); when nothing answers, the outage it is. On Sentinel, ``READONLY``
+from a demoted master is retried once too, on the newly discovered master: a read-only replica
+has written nothing.
 
 A client we build makes no retries of its own and no health-check ``PING``
 (:func:`connection_options`), and announces no maintenance (redis-py 7+ would relax the read
@@ -53,12 +58,13 @@ from redis.sentinel import Sentinel
 
 from ..decision import Check, Evaluation
 from ..errors import StorageReplyLost
-from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
+from ..scripts import SCRIPT_SOURCE, parse_reply, script_args, with_token
 from .base import Storage
 from .evalsha import EvalshaPacker
 from .heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
 from .pool import DeadlinePool
 from .shared_value import SHARED_VALUE_SOURCE
+from .tokens import RequestTokens
 from .translate import REDIS_FAILURES, storage_error
 
 __all__ = ["DEFAULT_TIMEOUT", "RedisStorage", "connection_options"]
@@ -144,6 +150,8 @@ class RedisStorage(Storage):
         self._packer = _packer(self._script, connection)
         self._heartbeat: Script = client.register_script(HEARTBEAT_SOURCE)
         self._shared_value: Script = client.register_script(SHARED_VALUE_SOURCE)
+        #: The request tokens of the hot call (module docstring, "One retry").
+        self.tokens = RequestTokens(timeout)
 
     @classmethod
     def sentinel(
@@ -194,29 +202,38 @@ class RedisStorage(Storage):
         keys, args = script_args(checks, now_us)
         try:
             if self.pool is not None:
-                reply = self._run(self.pool, self._script, [self._packer.pack(keys, args)])
+                reply = self._run(self.pool, self._script, keys, args, self.tokens.key(keys[0]))
             else:  # a client passed in: redis-py's Script (EVALSHA, SCRIPT LOAD on NOSCRIPT)
                 reply = self._script(keys, args)
         except REDIS_FAILURES as exc:
             raise storage_error(exc) from exc
         return parse_reply(reply, checks)
 
-    def _run(self, pool: DeadlinePool, script: Script, command: list[bytes]) -> Any:
-        """``command`` (``script``'s EVALSHA, packed) on a pooled connection, everything by one
-        deadline (module docstring)."""
+    def _run(
+        self, pool: DeadlinePool, script: Script, keys: list[str], args: list[str | int], token: str
+    ) -> Any:
+        """``script``'s EVALSHA of ``keys`` and ``args`` with the request token ``token`` on a
+        pooled connection, everything by one deadline (module docstring)."""
         deadline = time.monotonic() + self.timeout
+        command = [self._packer.pack(*with_token(keys, args, token, self.tokens.ttl_ms))]
         try:
-            return self._run_once(pool, script, command, deadline)
+            return self._run_once(pool, script, command, deadline, (keys, args, token))
         except ReadOnlyError:
             if self._sentinel is None:
                 raise
             # A demoted master (a failover): it wrote nothing. Every connection goes to the
             # master the Sentinels name now, and the request is made there once.
             pool.disconnect()
-            return self._run_once(pool, script, command, deadline)
+            return self._run_once(pool, script, command, deadline, (keys, args, token))
 
-    @staticmethod
-    def _run_once(pool: DeadlinePool, script: Script, command: list[bytes], deadline: float) -> Any:
+    def _run_once(
+        self,
+        pool: DeadlinePool,
+        script: Script,
+        command: list[bytes],
+        deadline: float,
+        call: tuple[list[str], list[str | int], str],
+    ) -> Any:
         connection = pool.checkout(deadline)  # a closed connection is replaced here
         try:
             try:
@@ -227,22 +244,28 @@ class RedisStorage(Storage):
                 pool.renew(connection, deadline)
                 pool.send(connection, command, deadline)
             try:
-                return pool.read(connection, deadline)
+                return _reply(pool, connection, script, command, deadline)
             except redis.ConnectionError as exc:
-                # Closed under the request after the send: it may have run, so it is not sent
-                # again. A fresh connection that answers means a lost reply, not an outage.
+                lost = exc
+            # Closed under the request after the send: the script may have run. Once more on
+            # a fresh connection, within the same deadline, marked as a repeat: the script
+            # answers the reply it kept under the token if it ran, and runs if it did not.
+            keys, args, token = call
+            repeat = with_token(keys, args, token, self.tokens.ttl_ms, again=True)
+            again = [self._packer.pack(*repeat)]
+            try:
+                pool.renew(connection, deadline)
+                pool.send(connection, again, deadline)
+                return _reply(pool, connection, script, again, deadline)
+            except redis.ConnectionError as exc:
+                # Lost twice. A fresh connection that answers means lost replies, not an
+                # outage.
                 if pool.answers(deadline):
                     raise StorageReplyLost(
-                        f"Redis closed the connection before replying ({exc}); it answers on a "
-                        "fresh one"
+                        f"Redis closed the connection before replying, twice ({lost}; {exc}); "
+                        "it answers on a fresh one"
                     ) from exc
                 raise
-            except NoScriptError:  # flushed, restarted, failed over: load it, run it again
-                load = connection.pack_command("SCRIPT", "LOAD", script.script)
-                pool.send(connection, load, deadline)
-                pool.read(connection, deadline)
-                pool.send(connection, command, deadline)
-                return pool.read(connection, deadline)
         finally:
             pool.release(connection)
 
@@ -320,6 +343,7 @@ class RedisStorage(Storage):
             pool.reset()
         if self.pool is not None:
             self.pool.forget_inherited()
+        self.tokens.reset()
 
     def node(self, refresh: bool = False) -> str:
         """Sentinel: the master's ``host:port`` as last discovered (``refresh``: ask the
@@ -333,6 +357,21 @@ class RedisStorage(Storage):
             with contextlib.suppress(*REDIS_FAILURES):  # none answers: keep the last master
                 address = pool.located = pool.locate()
         return super().node() if not address else f"{address[0]}:{address[1]}"
+
+
+def _reply(
+    pool: DeadlinePool, connection: Any, script: Script, command: list[bytes], deadline: float
+) -> Any:
+    """The reply to ``command``, just sent on ``connection``; after ``NOSCRIPT`` (Redis flushed,
+    restarted or failed over) the script is loaded and ``command`` sent once more."""
+    try:
+        return pool.read(connection, deadline)
+    except NoScriptError:  # the script did not run: load it, run it again
+        load = connection.pack_command("SCRIPT", "LOAD", script.script)
+        pool.send(connection, load, deadline)
+        pool.read(connection, deadline)
+        pool.send(connection, command, deadline)
+        return pool.read(connection, deadline)
 
 
 def _packer(script: Script, connection: dict[str, Any]) -> EvalshaPacker:
