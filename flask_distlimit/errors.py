@@ -58,8 +58,8 @@ class StorageUnavailable(StorageError):
 
 
 class StorageReplyLost(StorageUnavailable):
-    """The server closed the connection after the request was sent, twice (the call and its
-    one repeat, which answers the first call's reply if it ran: :mod:`.storage.redis`), and a
+    """The server closed the connection after the request was sent, every time (the call and
+    its repeats, which answer the first call's reply if it ran: :mod:`.storage.redis`), and a
     fresh connection answered at once: the store is up, only the reply is lost.
 
     The request may or may not have been counted: the failure policy answers it (``local``

@@ -1,11 +1,12 @@
-"""A reply lost to a closed connection is answered by one repeat, never counted twice (issue 11,
+"""A reply lost to a closed connection is answered by a repeat, never counted twice (issue 11,
 item 4; found by the fault harness: a ``CLIENT KILL`` storm cut every connection in flight).
 
 Every call carries a request token (``lua/replay.lua``): Redis keeps the reply under it for a
 second, and the call made again after its reply was lost answers the kept reply when the first
-one ran, and runs when it did not (:mod:`flask_distlimit.storage.redis`). Only when the repeat is
-lost too, while a fresh connection answers, is it :class:`~flask_distlimit.errors.StorageReplyLost`:
-the policy answers that one request and the breaker is not told.
+one ran, and runs when it did not (:mod:`flask_distlimit.storage.redis`; up to three repeats).
+Only when every repeat is lost too, while a fresh connection answers, is it
+:class:`~flask_distlimit.errors.StorageReplyLost`: the policy answers that one request and the
+breaker is not told.
 
 On a real redis-server: ``CLIENT PAUSE WRITE`` holds the script and ``CLIENT KILL`` closes its
 connection before it ran; the fault proxy (``bench/fault_proxy.py``) throws away a reply the
@@ -27,6 +28,7 @@ from flask_distlimit.errors import StorageReplyLost, StorageUnavailable
 from flask_distlimit.guard import Guard
 from flask_distlimit.scripts import SCRIPT_SOURCE, script_args, token_key, with_token
 from flask_distlimit.storage.redis import RedisStorage
+from flask_distlimit.storage.tokens import REPEATS
 from tests.guard_helpers import FakeClock
 from tests.servers import RedisProcess, start_redis
 
@@ -117,11 +119,11 @@ def test_a_denial_whose_reply_was_lost_stays_a_denial(
     assert _count(redis_client) == 10
 
 
-def test_a_reply_lost_twice_is_a_lost_reply_not_an_outage(
+def test_a_reply_lost_every_time_is_a_lost_reply_not_an_outage(
     proxied: RedisStorage, proxy: FaultProxy, redis_client: redis.Redis
 ) -> None:
-    proxy.lose_replies(2)
-    with pytest.raises(StorageReplyLost, match="twice"):
+    proxy.lose_replies(1 + REPEATS)
+    with pytest.raises(StorageReplyLost, match=f"{1 + REPEATS} times"):
         proxied.evaluate([CHECK])
     assert _count(redis_client) == 1  # the first try ran; the repeat answered its reply
     assert proxied.evaluate([CHECK]).decisions[0].remaining == 8
@@ -131,7 +133,7 @@ def test_a_lost_reply_gets_the_policy_but_leaves_the_breaker_closed(
     proxied: RedisStorage, proxy: FaultProxy
 ) -> None:
     guard = Guard(proxied, policy="closed", fail_max=1, reset_timeout=30.0, clock=FakeClock())
-    proxy.lose_replies(2)
+    proxy.lose_replies(1 + REPEATS)
     lost = guard.evaluate([CHECK])
     assert lost.unavailable  # "closed": this one request cannot be decided
     assert guard.breaker.state == "closed"  # fail_max=1: a counted failure would have opened it
@@ -147,7 +149,7 @@ def test_under_local_a_lost_reply_does_not_engage_the_fallback(
     guard = Guard(
         proxied, policy="local", fail_max=1, reset_timeout=30.0, instances=3, clock=FakeClock()
     )
-    proxy.lose_replies(2)
+    proxy.lose_replies(1 + REPEATS)
     lost = guard.evaluate([CHECK])
     assert lost.evaluation is None and lost.degraded and not lost.unavailable  # admitted
     assert not guard.fallback.holding and not guard.fallback.engaged
@@ -189,7 +191,7 @@ def test_a_client_kill_storm_costs_no_answer_and_counts_each_request_once(
         while not stop.is_set():
             try:
                 admitted[i] += storage.evaluate([check]).allowed
-            except StorageUnavailable:  # lost twice, or a fresh connection killed too
+            except StorageUnavailable:  # every repeat cut, or a fresh connection killed too
                 lost[i] += 1
 
     def killer() -> None:

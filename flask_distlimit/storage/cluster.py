@@ -41,10 +41,10 @@ refund) is one more such call, with a deadline of its own.
 a pooled connection the server closed is replaced at checkout (``can_read(0)``), a connect or a
 send that fails is made once more within the deadline (Redis never had the whole command), and
 a group whose connection is closed under it after the send is made once more, marked as a
-repeat of its request token: the script answers the reply it kept if the first try ran. Lost
-twice while the node answers a fresh connection: that group is
-:class:`~flask_distlimit.errors.StorageReplyLost` (the guard does not count it against the
-node's breaker).
+repeat of its request token (up to three times within the deadline): the script answers the
+reply it kept if the first try ran. Lost every time while the node answers a fresh connection:
+that group is :class:`~flask_distlimit.errors.StorageReplyLost` (the guard does not count it
+against the node's breaker).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ from .heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
 from .pool import DeadlinePool
 from .redis import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT, _pool_connections, connection_options
 from .shared_value import SHARED_VALUE_SOURCE
-from .tokens import RequestTokens
+from .tokens import RequestTokens, repeat_call
 from .translate import REDIS_FAILURES, storage_error
 
 __all__ = ["ClusterStorage", "slot_of"]
@@ -103,9 +103,8 @@ def _read_or_repeat(
     deadline: float,
 ) -> Any:
     """The reply to the call just sent on ``connection``; when the connection is closed under
-    it, the call is made once more, marked as a repeat (its reply, kept under ``token``, is
-    answered if it ran), within the same deadline; lost again while the node answers a fresh
-    connection: :class:`~flask_distlimit.errors.StorageReplyLost`."""
+    it, the call is made again, marked as a repeat (its reply, kept under ``token``, is answered
+    if it ran), within the same deadline (:func:`~.tokens.repeat_call`)."""
     try:
         # At least a moment for each reply: the replies of the other groups may be waiting in
         # their sockets when one slow group has spent the deadline.
@@ -113,17 +112,7 @@ def _read_or_repeat(
     except rx.ConnectionError as exc:
         lost = exc
     again = [packer.pack(*with_token(keys, args, token, ttl_ms, again=True))]
-    try:
-        pool.renew(connection, deadline)
-        pool.send(connection, again, deadline)
-        return pool.read(connection, deadline)
-    except rx.ConnectionError as exc:
-        if pool.answers(deadline):
-            raise StorageReplyLost(
-                f"Redis closed the connection before replying, twice ({lost}; {exc}); it "
-                "answers on a fresh one"
-            ) from exc
-        raise
+    return repeat_call(pool, connection, again, deadline, lost, lambda c: pool.read(c, deadline))
 
 
 class _LostNode(StorageUnavailable):

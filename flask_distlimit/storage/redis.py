@@ -21,10 +21,12 @@ within the same deadline, in three cases:
   carries a **request token** (``lua/replay.lua``, :func:`~flask_distlimit.scripts.with_token`):
   Redis keeps the reply under ``<prefix>:rq:{<tag>}:<token>`` for ``max(1 s, 2 x timeout)``,
   and the call made again, marked as a repeat, answers that kept reply when the first one ran
-  and runs when it did not. A request is never counted twice. (The cost: one ``SET`` of about
+  and runs when it did not. A repeat is idempotent, so a repeat cut too is made again, up to
+  three times within the deadline (:func:`~.tokens.repeat_call`). A request is never counted
+  twice. (The cost: one ``SET`` of about
   60 bytes per call, kept a second: about 100 bytes of Redis memory per request per second.)
 
-When the repeat is lost too and a fresh connection answers a ``PING``, the storage raises
+When every repeat is lost too and a fresh connection answers a ``PING``, the storage raises
 :class:`~flask_distlimit.errors.StorageReplyLost` (the failure policy answers that one request,
 the breaker is not told); when nothing answers, the outage it is. On Sentinel, ``READONLY``
 from a demoted master is retried once too, on the newly discovered master: a read-only replica
@@ -57,14 +59,13 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from ..decision import Check, Evaluation
-from ..errors import StorageReplyLost
 from ..scripts import SCRIPT_SOURCE, parse_reply, script_args, with_token
 from .base import Storage
 from .evalsha import EvalshaPacker
 from .heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
 from .pool import DeadlinePool
 from .shared_value import SHARED_VALUE_SOURCE
-from .tokens import RequestTokens
+from .tokens import RequestTokens, repeat_call
 from .translate import REDIS_FAILURES, storage_error
 
 __all__ = ["DEFAULT_TIMEOUT", "RedisStorage", "connection_options"]
@@ -251,21 +252,17 @@ class RedisStorage(Storage):
             # a fresh connection, within the same deadline, marked as a repeat: the script
             # answers the reply it kept under the token if it ran, and runs if it did not.
             keys, args, token = call
-            repeat = with_token(keys, args, token, self.tokens.ttl_ms, again=True)
-            again = [self._packer.pack(*repeat)]
-            try:
-                pool.renew(connection, deadline)
-                pool.send(connection, again, deadline)
-                return _reply(pool, connection, script, again, deadline)
-            except redis.ConnectionError as exc:
-                # Lost twice. A fresh connection that answers means lost replies, not an
-                # outage.
-                if pool.answers(deadline):
-                    raise StorageReplyLost(
-                        f"Redis closed the connection before replying, twice ({lost}; {exc}); "
-                        "it answers on a fresh one"
-                    ) from exc
-                raise
+            again = [
+                self._packer.pack(*with_token(keys, args, token, self.tokens.ttl_ms, again=True))
+            ]
+            return repeat_call(
+                pool,
+                connection,
+                again,
+                deadline,
+                lost,
+                lambda c: _reply(pool, c, script, again, deadline),
+            )
         finally:
             pool.release(connection)
 

@@ -5,7 +5,8 @@ token (``lua/replay.lua``, :func:`flask_distlimit.scripts.with_token`): Redis ke
 reply under the token's key for :attr:`RequestTokens.ttl_ms`, and the call made once more after
 its connection was closed under it answers that kept reply when the first one ran. A token is
 unique in the fleet: random per process (drawn again in a forked child), the process id, and a
-counter.
+counter. A repeat is idempotent, so it may be made up to :data:`REPEATS` times within the call's
+deadline (:func:`repeat_call`): a ``CLIENT KILL`` storm can cut a repeat too.
 """
 
 from __future__ import annotations
@@ -14,11 +15,19 @@ import itertools
 import math
 import os
 import secrets
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final
 
+import redis
+
+from ..errors import StorageReplyLost
 from ..scripts import token_key
+from .pool import DeadlinePool
 
-__all__ = ["TOKEN_TTL_MS", "RequestTokens"]
+__all__ = ["REPEATS", "TOKEN_TTL_MS", "RequestTokens", "repeat_call"]
+
+#: How many times a call whose reply was lost is made again, within its deadline.
+REPEATS: Final = 3
 
 #: How long Redis keeps a call's reply for its retry, ms (at least twice the timeout).
 TOKEN_TTL_MS: Final = 1000
@@ -43,3 +52,34 @@ class RequestTokens:
     def key(self, first_key: str) -> str:
         """A new token's key, in the Cluster slot of ``first_key`` (a call's first key)."""
         return token_key(first_key, f"{self._prefix}{next(self._count)}")
+
+
+def repeat_call(
+    pool: DeadlinePool,
+    connection: Any,
+    again: list[bytes],
+    deadline: float,
+    lost: redis.ConnectionError,
+    read: Callable[[Any], Any],
+) -> Any:
+    """Make a call whose reply was lost (``lost``) again on ``connection``, reconnected: the
+    packed repeat ``again`` (its token marked as a repeat), read by ``read(connection)``; up to
+    :data:`REPEATS` times, all by ``deadline``.
+
+    Lost every time: :class:`~flask_distlimit.errors.StorageReplyLost` when a fresh connection
+    answers a ``PING`` (the store is up), else the last ``ConnectionError`` (an outage).
+    """
+    errors = [lost]
+    for _ in range(REPEATS):
+        try:
+            pool.renew(connection, deadline)
+            pool.send(connection, again, deadline)
+            return read(connection)
+        except redis.ConnectionError as exc:
+            errors.append(exc)
+    if pool.answers(deadline):
+        raise StorageReplyLost(
+            f"Redis closed the connection before replying, {len(errors)} times (last: "
+            f"{errors[-1]}); it answers on a fresh one"
+        ) from errors[-1]
+    raise errors[-1]
