@@ -59,10 +59,11 @@ What is measured, and the promises checked (docs/failure-modes.md), per row:
   bound in a window where a request of the client was answered by the policy (shown as "no
   bound"), at most the limit in every other.
 - **per process**: the largest count of one client's 200s by one worker (``X-Worker-Pid``) in a
-  window that lies wholly within the fault, for the clients whose Redis fails (in
-  ``client-kill``, where Redis stays healthy, only in the windows where the policy answered the
-  client: the share binds the local fallback's decisions, not Redis's). ``local``: at most the
-  share + 1 (10 + 1). Shown for the other policies, not bounded.
+  window that lies wholly within the fault, for the clients whose Redis fails, counting the
+  admissions a worker made while its local fallback held counts (the app's
+  ``X-Fallback-Active``): the share binds those, and Redis alone decides the others (one worker
+  may admit most of a window's 30 then). ``local``: at most the share + 1 (10 + 1). Shown for
+  the other policies, not bounded.
 - **exact after**: seconds from the fault's end until every answer is exact (none marked
   ``X-RateLimit-Degraded``, no 503, no failure) for 1 s on end; promise: within reset timeout +
   2 s. Inexact answers after that ("N later") are shown, not judged: on a busy machine a healthy
@@ -234,6 +235,8 @@ class Sample:
     limiter_ms: float
     degraded: bool
     remaining: int = -1  # X-RateLimit-Remaining (-1: none)
+    reset_at: float = -1.0  # X-Window-Reset-At: when the window of the decision resets
+    local: bool = True  # X-Fallback-Active: the process's local fallback held counts
 
 
 class Load:
@@ -267,6 +270,8 @@ class Load:
             float(headers.get("X-Limiter-Ms", 0)),
             headers.get("X-RateLimit-Degraded") == "true",
             int(headers.get("X-RateLimit-Remaining", -1)),
+            float(headers.get("X-Window-Reset-At", -1.0)),
+            headers.get("X-Fallback-Active") == "1",
         )
 
     def _run(self, client: str, offset: float) -> None:
@@ -574,10 +579,11 @@ def percentile(values: list[float], q: float) -> float:
 def windows_of(samples: list[Sample]) -> dict[tuple[int, str], list[Sample]]:
     """Admissions by (window, client), a window being the server's whole second around the
     limiter's work. An admission whose limiter time straddles a boundary: decided by Redis, it
-    belongs to the earlier window when the client's previous Redis admission lies in that window
-    with more remaining (``X-RateLimit-Remaining`` falls within one Redis window), else to the
-    later one; decided by the failure policy (degraded), to the later one (the policy answers
-    after the failed call)."""
+    belongs to the window its decision names (``X-Window-Reset-At`` lies within the limiter's
+    time after that window's end, so its whole second is that end's; dumps from before it was
+    sent: the earlier window when the client's previous Redis admission lies in that window with
+    more remaining, else the later one); decided by the failure policy (degraded), to the later
+    one (the policy answers after the failed call)."""
     by: dict[tuple[int, str], list[Sample]] = defaultdict(list)
     previous: dict[str, Sample] = {}  # the client's last admission decided by Redis
     for s in sorted(samples, key=lambda s: s.start):
@@ -585,7 +591,9 @@ def windows_of(samples: list[Sample]) -> dict[tuple[int, str], list[Sample]]:
             continue
         first, last = math.floor(s.start), math.floor(s.end)
         window = last
-        if first != last and not s.degraded:
+        if first != last and not s.degraded and s.reset_at > 0:
+            window = math.floor(s.reset_at) - 1  # the 1 s window that ends at reset_at's second
+        elif first != last and not s.degraded:
             before = previous.get(s.client)
             if (
                 before is not None
@@ -740,12 +748,12 @@ def analyse(run: Run) -> Row:
         row.broke("fleet", f"fleet over {fleet_bound} in {over} client-windows")
     per_process: Counter[tuple[int, str, str]] = Counter()
     for (w, c), admitted in windows.items():
-        # The share binds where the local fallback decides: a client whose Redis fails, or,
-        # when Redis stays healthy (client-kill), a window in which the policy answered it.
-        local = not run.healthy or (w, c) in degraded_in
-        if w in fault_windows and c in run.affected and local:
+        # The share binds the admissions a process made while its local fallback held counts
+        # (X-Fallback-Active): Redis decides the others, and one worker may admit most of them.
+        if w in fault_windows and c in run.affected:
             for s in admitted:
-                per_process[(w, c, s.pid)] += 1
+                if s.local:
+                    per_process[(w, c, s.pid)] += 1
     process_max = max(per_process.values(), default=0)
     if policy == "local":
         row.process = f"{process_max} (<= {SHARE + 1})"

@@ -13,7 +13,11 @@ Every response carries what the harness counts with:
   limiter's work, so an admission is counted in its window;
 - ``X-Limiter-Ms``: the limiter's own time in this request, from the app's last
   ``before_request`` hook to the view (the limiter decides in a gate around the view), or to
-  ``after_request`` when the limiter refused (429/503).
+  ``after_request`` when the limiter refused (429/503);
+- ``X-Window-Reset-At``: when an admission was decided, the epoch seconds at which its window
+  resets (``limiter.current_limits``' ``reset_at``): the window it was counted in, exactly;
+- ``X-Fallback-Active``: ``1`` when this process's local fallback held counts after the request
+  (its admissions are then held to the local share).
 
 ``GET /health`` (exempt) answers the pid; ``GET /tag/<name>`` (exempt) the Redis hash tag of
 client ``<name>``'s keys (to place clients on Cluster shards).
@@ -86,4 +90,9 @@ def _stamp(response: Response) -> Response:
         response.headers["X-Limiter-Start"] = f"{environ[_START]:.6f}"
         response.headers["X-Limiter-End"] = f"{end:.6f}"
         response.headers["X-Limiter-Ms"] = f"{(perf - environ[_PERF]) * 1000:.3f}"
+    decided = limiter.current_limits
+    if decided:
+        response.headers["X-Window-Reset-At"] = f"{decided[0].reset_at:.6f}"
+    if limiter.state(app).guard.fallback_active:
+        response.headers["X-Fallback-Active"] = "1"
     return response

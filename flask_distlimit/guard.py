@@ -254,6 +254,13 @@ class Guard:
     def _fallbacks_all(self) -> list[LocalFallback]:
         return [self.fallback, *self._fallbacks.values()]
 
+    @property
+    def fallback_active(self) -> bool:
+        """Does a local fallback of this process hold counts that still matter (``health()``'s
+        ``fallback_active``): while it does, this process's admissions of its keys are held to
+        the local share."""
+        return any(f.active for f in self._fallbacks_all())
+
     # -- the request path --------------------------------------------------------------------
 
     def evaluate(
@@ -751,7 +758,7 @@ class Guard:
             "instances_min": self.instances.minimum,
             "instances_seen": self.instances.seen,
             "fallback_divisor": self.instances.divisor,
-            "fallback_active": any(f.active for f in self._fallbacks_all()),
+            "fallback_active": self.fallback_active,
             "fallback_held_keys": sum(f.held() for f in self._fallbacks_all()),
         }
 
