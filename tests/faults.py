@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
+import redis
+
 from flask_distlimit.decision import Check, Evaluation
 from flask_distlimit.errors import StorageUnavailable
 from flask_distlimit.guard import Guard, Outcome
@@ -22,6 +24,7 @@ __all__ = [
     "FailingStorage",
     "Load",
     "Sample",
+    "cut_under_the_request",
     "kind_of",
     "opened",
     "percentile",
@@ -176,3 +179,24 @@ class FailingStorage(Storage):
 
     def close(self) -> None:
         self.inner.close()
+
+
+def cut_under_the_request(admin: redis.Redis) -> threading.Thread:
+    """Hold writes on ``admin``'s server, then, once a script call is held there, close every
+    other client's connection (before the script ran) and let writes go again; answers the
+    thread doing it (join it)."""
+    admin.execute_command("CLIENT", "PAUSE", 2000, "WRITE")
+
+    def cut() -> None:
+        for _ in range(200):  # until the script is held (it shows as a blocked client)
+            if int(admin.info("clients").get("blocked_clients", 0)) or any(
+                c.get("cmd") == "evalsha" for c in admin.client_list()
+            ):
+                break
+            threading.Event().wait(0.01)
+        admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        admin.execute_command("CLIENT", "UNPAUSE")
+
+    thread = threading.Thread(target=cut)
+    thread.start()
+    return thread

@@ -21,6 +21,7 @@ from flask_distlimit.errors import StorageUnavailable
 from flask_distlimit.storage import from_url
 from flask_distlimit.storage.cluster import ClusterStorage, slot_of
 from flask_distlimit.storage.heartbeat import Fleet
+from tests.faults import cut_under_the_request
 from tests.servers import ClusterServers
 from tests.vectors import T0, VECTORS, Vector
 
@@ -458,3 +459,31 @@ def test_a_redis_py_new_enough_for_the_cluster_storage_is_accepted(version: str)
     from flask_distlimit.storage.cluster import check_redis_py
 
     check_redis_py(version)
+
+
+def test_a_group_cut_under_the_request_is_made_again_and_counted_once(
+    redis_cluster: ClusterServers, cluster_client: RedisCluster, tags: list[str]
+) -> None:
+    """Issue 11, item 4, on a Cluster: one group's connection is closed while its primary holds
+    the script (CLIENT PAUSE WRITE, then CLIENT KILL): the group is made again within the
+    deadline, every group answers, and each limit counts the request once."""
+    storage = ClusterStorage(redis_cluster.startup_nodes, timeout=3.0)
+    checks = [Check(f"t:{{{tag}}}:ip:fixed_window", "fixed_window", 5, 60) for tag in tags]
+    try:
+        storage.evaluate(checks)  # connected everywhere, 1 unit used on each limit
+        admin = redis_cluster.primary_for(f"{{{tags[0]}}}").client()
+        admin.config_resetstat()
+        thread = cut_under_the_request(admin)
+        try:
+            evaluation = storage.evaluate(checks)
+        finally:
+            thread.join()
+        repeats = admin.info("commandstats").get("cmdstat_get", {}).get("calls", 0)
+        admin.close()
+        assert repeats == 1  # the repeat asked for the first try's kept reply: none, so it ran
+        assert evaluation.allowed
+        assert [d.remaining for d in evaluation.decisions] == [3, 3, 3]
+        peek = storage.evaluate([replace(c, cost=0) for c in checks])
+        assert [d.remaining for d in peek.decisions] == [3, 3, 3]
+    finally:
+        storage.close()

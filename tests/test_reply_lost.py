@@ -29,6 +29,7 @@ from flask_distlimit.guard import Guard
 from flask_distlimit.scripts import SCRIPT_SOURCE, script_args, token_key, with_token
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.storage.tokens import REPEATS
+from tests.faults import cut_under_the_request
 from tests.guard_helpers import FakeClock
 from tests.servers import RedisProcess, start_redis
 
@@ -64,29 +65,10 @@ def proxied(proxy: FaultProxy) -> Iterator[RedisStorage]:
     made.close()
 
 
-def _cut_under_the_request(admin: redis.Redis) -> threading.Thread:
-    """Hold writes, then (once the request is waiting) close every other client's connection."""
-    admin.execute_command("CLIENT", "PAUSE", 2000, "WRITE")
-
-    def cut() -> None:
-        for _ in range(200):  # until the script is held (it shows as a blocked client)
-            if int(admin.info("clients").get("blocked_clients", 0)) or any(
-                c.get("cmd") == "evalsha" for c in admin.client_list()
-            ):
-                break
-            threading.Event().wait(0.01)
-        admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
-        admin.execute_command("CLIENT", "UNPAUSE")
-
-    thread = threading.Thread(target=cut)
-    thread.start()
-    return thread
-
-
 def test_a_call_cut_before_its_script_ran_runs_on_the_repeat(
     storage: RedisStorage, redis_client: redis.Redis
 ) -> None:
-    thread = _cut_under_the_request(redis_client)
+    thread = cut_under_the_request(redis_client)
     try:
         evaluation = storage.evaluate([CHECK])
     finally:
