@@ -1,0 +1,326 @@
+"""Quota leasing (issue 15) in one process or several apps on one store, on a fake clock: units
+taken in advance and spent in-process, renewed by the request that finds the lease low, expired
+with their window (or bucket period), all-or-nothing with the request's other limits, spent first
+when the storage fails. Over memory, fakeredis and a real redis-server. The fleet-wide proof on
+gunicorn is ``tests/test_leases_gunicorn.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pytest
+from flask import Flask
+
+from flask_distlimit import ConfigurationError, Limiter
+from flask_distlimit.decision import Check, Evaluation
+from flask_distlimit.errors import StorageUnavailable
+from flask_distlimit.storage.base import Storage
+from flask_distlimit.testing import CountingStorage, FakeClock
+from tests.distlimit_fixtures import backend, clock
+
+__all__ = ["backend", "clock"]  # fixtures used below
+
+Backend = Callable[[], Storage]
+LEASABLE = ["fixed_window", "sliding_window_counter", "token_bucket", "gcra"]
+
+
+class Switch(CountingStorage):
+    """A counting storage the test can take down (every evaluation raises an outage)."""
+
+    down = False
+
+    def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+        if self.down:
+            raise StorageUnavailable("down (test)")
+        return super().evaluate(checks, now_us=now_us)
+
+
+def _app(
+    storage: Storage,
+    clock: FakeClock,
+    value: str = "100/minute",
+    *,
+    lease: bool | int = 5,
+    algorithm: str = "fixed_window",
+    name: str = "app",
+    extra: str | None = None,
+    **config: object,
+) -> tuple[Flask, Limiter, Switch]:
+    app = Flask(name)
+    app.config.update(
+        {"DISTLIMIT_TIERS": {"anonymous": ""}, "SECRET_KEY": "test-secret-" + "x" * 20}
+    )
+    app.config.update(config)
+    limiter = Limiter(clock=clock)
+    switch = Switch(storage)
+
+    @app.get("/hot")
+    @limiter.shared_limit(value, scope="hot", key_func=lambda: "all", algorithm=algorithm,
+                          lease=lease)  # fmt: skip
+    def hot() -> str:
+        return "ok"
+
+    if extra is not None:
+
+        @app.get("/both")
+        @limiter.shared_limit(value, scope="hot", key_func=lambda: "all", algorithm=algorithm,
+                              lease=lease)  # fmt: skip
+        @limiter.limit(extra, algorithm="fixed_window")
+        def both() -> str:
+            return "ok"
+
+    limiter.init_app(app, storage=switch)
+    return app, limiter, switch
+
+
+def _shared_used(storage: Storage, algorithm: str, limit: int, period: int, now: int) -> int:
+    """Units the shared key has consumed, as the store says (a peek)."""
+    [key] = [k for k in storage.scan("ratelimit:*") if "hot" in k]
+    d = storage.evaluate([Check(key, algorithm, limit, period, 0)], now_us=now).decisions[0]  # type: ignore[arg-type]
+    return limit - d.remaining
+
+
+def _held(limiter: Limiter, app: Flask) -> int:
+    return sum(int(v["held"]) for v in limiter.state(app).enforcer.leases.held().values())  # type: ignore[call-overload]
+
+
+# -- acquire, spend, renew ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", LEASABLE)
+def test_a_lease_is_taken_once_and_spent_in_process(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    app, limiter, storage = _app(backend(), clock, "1000/minute", lease=8, algorithm=algorithm)
+    client = app.test_client()
+    for _ in range(40):
+        assert client.get("/hot").status_code == 200
+    # the first request takes 1 + 8; each renewal tops the lease up to 8 when it is down to 2
+    assert storage.evaluations == 7  # requests 1, 7, 13, ..., 37
+    held = _held(limiter, app)
+    assert 0 < held <= 8
+    # the shared count holds every admission plus the units still leased: none lost, none extra
+    used = _shared_used(storage, algorithm, 1000, 60, clock.now_us)
+    assert used == 40 + held
+
+
+def test_the_headers_count_the_units_held(backend: Backend, clock: FakeClock) -> None:
+    app, _, _ = _app(backend(), clock, "100/minute", lease=10)
+    client = app.test_client()
+    first = client.get("/hot")
+    assert first.headers["X-RateLimit-Remaining"] == "99"  # 100 - 11 taken + 10 held
+    second = client.get("/hot")
+    assert second.headers["X-RateLimit-Remaining"] == "98"
+
+
+# -- the limit holds: several processes on one store ----------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", LEASABLE)
+def test_apps_sharing_a_leased_limit_never_admit_more_than_it(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    apps = [_app(backend(), clock, "50/minute", lease=4, algorithm=algorithm, name=f"w{i}")
+            for i in range(3)]  # fmt: skip
+    clients = [a[0].test_client() for a in apps]
+    admitted = 0
+    for n in range(300):
+        admitted += clients[n % 3].get("/hot").status_code == 200
+    assert admitted <= 50
+    # the stated bound: processes x lease size units may sit unspent in leases
+    assert admitted >= 50 - 3 * 4
+    if algorithm == "fixed_window":  # a flood spends every unit: the last ones asked for less
+        assert admitted == 50
+
+
+def test_a_refused_lease_asks_for_what_remains(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, storage = _app(backend(), clock, "10/minute", lease=4)
+    client = app.test_client()
+    for _ in range(8):  # 1 + 4 taken, then top-ups: 8 admitted
+        assert client.get("/hot").status_code == 200
+    # whatever the lease held, the rest of the window's 10 units are admitted, then refusals
+    codes = [client.get("/hot").status_code for _ in range(6)]
+    assert codes == [200, 200, 429, 429, 429, 429]
+    assert _held(limiter, app) == 0
+    assert _shared_used(storage, "fixed_window", 10, 60, clock.now_us) == 10
+
+
+# -- validity --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window_counter"])
+def test_a_windowed_lease_expires_at_its_window_end(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    app, limiter, storage = _app(backend(), clock, "100/minute", lease=10, algorithm=algorithm)
+    client = app.test_client()
+    clock.advance(30)  # half a window left
+    client.get("/hot")
+    assert _held(limiter, app) == 10
+    clock.advance(29.9)
+    assert _held(limiter, app) == 10
+    clock.advance(0.1)  # the window ends: the units were the old window's
+    assert _held(limiter, app) == 0
+    calls = storage.evaluations
+    client.get("/hot")
+    assert storage.evaluations == calls + 1  # a new lease in the new window
+    assert _held(limiter, app) == 10
+
+
+@pytest.mark.parametrize("algorithm", ["token_bucket", "gcra"])
+def test_a_bucket_lease_lasts_while_the_limit_earns_it_back(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    app, limiter, _ = _app(backend(), clock, "60/minute", lease=6, algorithm=algorithm)
+    client = app.test_client()
+    client.get("/hot")
+    assert _held(limiter, app) == 6
+    clock.advance(5.999)  # 6 units at one a second
+    assert _held(limiter, app) == 6
+    clock.advance(0.001)
+    assert _held(limiter, app) == 0
+
+
+# -- all-or-nothing --------------------------------------------------------------------------------
+
+
+def test_a_request_refused_by_another_limit_spends_nothing_of_the_lease(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, storage = _app(backend(), clock, "100/minute", lease=10, extra="2/minute")
+    client = app.test_client()
+    assert client.get("/hot").status_code == 200  # the lease: 10 held
+    assert [client.get("/both").status_code for _ in range(3)] == [200, 200, 429]
+    assert _held(limiter, app) == 8  # the refused request gave its unit back
+    # nothing else was lost: 3 admitted + 8 held + the first request's lease of 10 taken
+    assert _shared_used(storage, "fixed_window", 100, 60, clock.now_us) == 3 + 8
+
+
+# -- failures --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["open", "closed", "local"])
+def test_units_held_are_spent_before_the_failure_policy_decides(
+    backend: Backend, clock: FakeClock, policy: str
+) -> None:
+    app, limiter, storage = _app(
+        backend(), clock, "100/minute", lease=10, DISTLIMIT_FAILURE_POLICY=policy
+    )
+    client = app.test_client()
+    assert client.get("/hot").status_code == 200
+    storage.down = True
+    for _ in range(7):  # down to the low-water mark: no call needed
+        response = client.get("/hot")
+        assert response.status_code == 200
+        assert "X-RateLimit-Degraded" not in response.headers
+    for _ in range(3):  # the renewals fail: the lease still covers the request
+        response = client.get("/hot")
+        assert response.status_code == 200
+    assert _held(limiter, app) == 0
+    # the lease is empty: the failure policy decides
+    response = client.get("/hot")
+    assert response.status_code == (503 if policy == "closed" else 200)
+    assert response.headers["X-RateLimit-Degraded"] == "true"
+
+
+def test_the_deny_cache_still_answers_for_a_spent_leased_limit(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, _, storage = _app(backend(), clock, "5/minute", lease=2)
+    client = app.test_client()
+    codes = [client.get("/hot").status_code for _ in range(5)]
+    assert codes == [200] * 5
+    assert client.get("/hot").status_code == 429
+    calls = storage.evaluations
+    assert client.get("/hot").status_code == 429
+    assert storage.evaluations == calls  # answered by the deny cache
+
+
+# -- sizing ---------------------------------------------------------------------------------------
+
+
+def test_lease_true_sizes_from_the_traffic_and_caps_at_a_twentieth(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, storage = _app(backend(), clock, "100000/minute", lease=True)
+    client = app.test_client()
+    for _ in range(5):  # 5 requests a second: no lease
+        client.get("/hot")
+        clock.advance(0.2)
+    assert storage.evaluations == 5
+    for _ in range(100):  # 1000 requests a second: leases are sized from it once measured
+        client.get("/hot")
+        clock.advance(0.001)
+    calls = storage.evaluations
+    for _ in range(100):
+        client.get("/hot")
+        clock.advance(0.001)
+    assert storage.evaluations - calls <= 100 // 10
+    sizes = [v["size"] for v in limiter.state(app).enforcer.leases.held().values()]
+    assert 10 <= sizes[0] <= 1000 * 0.05  # type: ignore[operator]
+
+
+def test_a_quiet_per_client_key_takes_no_lease(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, storage = _app(backend(), clock, "100/minute", lease=True)
+    client = app.test_client()
+    for _ in range(10):
+        client.get("/hot")
+        clock.advance(1)
+    assert storage.evaluations == 10  # one a second: not worth a lease
+    assert _held(limiter, app) == 0
+
+
+# -- operations ------------------------------------------------------------------------------------
+
+
+def test_health_lists_the_leases_of_this_process(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, _ = _app(backend(), clock, "100/minute", lease=10)
+    app.test_client().get("/hot")
+    leases = limiter.health(app)["leases"]
+    assert isinstance(leases, dict)
+    [(key, lease)] = leases.items()
+    assert "s_hot" in key
+    assert lease["held"] == 10 and lease["size"] == 10 and lease["algorithm"] == "fixed_window"
+
+
+# -- declarations ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"lease": 0}, "lease=0"),
+        ({"lease": "yes"}, "lease='yes'"),
+        ({"lease": 101}, "more than the limit"),
+        ({"lease": True, "algorithm": "sliding_window_log"}, "time of use"),
+        ({"lease": 5, "shadow": True}, "shadow"),
+        ({"lease": 5, "deduct_when": lambda r: True}, "deduct_when"),
+    ],
+)
+def test_a_bad_lease_is_refused_when_declared(kwargs: dict[str, object], message: str) -> None:
+    limiter = Limiter()
+    with pytest.raises(ConfigurationError, match=message):
+        limiter.limit("100/minute", **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_lease_on_the_default_log_algorithm_is_refused_at_init_app(clock: FakeClock) -> None:
+    app = Flask("x")
+    app.config.update({"DISTLIMIT_ALGORITHM": "sliding_window_log", "SECRET_KEY": "s" * 32})
+    limiter = Limiter(clock=clock)
+
+    @app.get("/")
+    @limiter.limit("10/minute", lease=2)
+    def index() -> str:
+        return "ok"
+
+    with pytest.raises(ConfigurationError, match="sliding window log"):
+        limiter.init_app(app)
+
+
+def test_a_fork_leaves_the_child_no_lease(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, _ = _app(backend(), clock, "100/minute", lease=10)
+    app.test_client().get("/hot")
+    leases = limiter.state(app).enforcer.leases
+    leases.after_fork()
+    assert leases.held() == {}
