@@ -356,7 +356,7 @@ class Enforcer:
                 default_algorithm=self._algorithm,
                 shadow=self._shadow_all,
             )
-        if any(b.lease for b in plan.limits):
+        if self.leases.declare(plan.limits):
             self._leasing = True
         self._plans[(endpoint, method)] = plan
         return plan
@@ -410,7 +410,7 @@ class Enforcer:
                 self._prefix,
             )
             self._carried[(carrier, endpoint, method)] = bounds
-            if any(b.lease for b in bounds):
+            if self.leases.declare(bounds):
                 self._leasing = True
         policy = strictest(spec.on_failure for spec in specs)
         needs_identity = any(b.needs_identity for b in bounds)

@@ -183,6 +183,7 @@ class Lease:
         "seen_at",
         "seen_remaining",
         "seen_reset_us",
+        "units",
         "used",
     )
 
@@ -194,7 +195,8 @@ class Lease:
         self.fixed = 0 if size is True else int(size)
         self.cap = auto_cap(check.limit)
         self.lock = threading.Lock()
-        self.chunks: list[_Chunk] = []
+        self.chunks: list[_Chunk] = []  #: by expiry; none empty
+        self.units = 0  #: the units of ``chunks``
         self.renewing = False
         self.demand = 0  #: units asked for since ``mark``
         self.mark = now
@@ -209,7 +211,8 @@ class Lease:
         chunks = self.chunks
         if chunks and chunks[0].expires <= now:
             chunks[:] = [c for c in chunks if c.expires > now and c.units > 0]
-        return sum(c.units for c in chunks)
+            self.units = sum(c.units for c in chunks)
+        return self.units
 
     def size(self, now: int) -> int:
         """The lease this process should hold now."""
@@ -225,7 +228,7 @@ class Lease:
         return min(self.cap, int(self.rate * LEASE_SPAN_US / _US))
 
     def take(
-        self, cost: int, now: int, renew_allowed: bool
+        self, cost: int, now: int, renew_allowed: Callable[[], bool]
     ) -> tuple[list[tuple[_Chunk, int]] | None, int]:
         """Spend ``cost`` units if held (``None`` if not: nothing is spent; else the chunks
         spent from and how much of each), and the top-up this request asks for (0: none;
@@ -236,35 +239,72 @@ class Lease:
             held = self._held(now)
             spent: list[tuple[_Chunk, int]] | None = None
             if held >= cost:
-                spent = []
-                left = cost
-                for chunk in self.chunks:  # the oldest first: they expire first
-                    if not left:
-                        break
-                    n = min(left, chunk.units)
-                    if n:
+                chunks = self.chunks
+                first = chunks[0]  # the oldest first: they expire first
+                if first.units > cost:  # the usual spend
+                    first.units -= cost
+                    spent = [(first, cost)]
+                else:
+                    spent = []
+                    left = cost
+                    while left:
+                        chunk = chunks[0]
+                        n = min(left, chunk.units)
                         chunk.units -= n
                         left -= n
                         spent.append((chunk, n))
+                        if not chunk.units:
+                            del chunks[0]
                 held -= cost
+                self.units = held
             renew = 0
-            if renew_allowed and not self.renewing:
+            if not self.renewing:
                 target = self.size(now)
-                if target and (spent is None or held <= target // 4):
+                if target and (spent is None or held <= target // 4) and renew_allowed():
                     renew = target - held if spent is not None else target
                     if renew > 0:
                         self.renewing = True
             return spent, max(renew, 0)
+
+    def spend(self, cost: int, now: int) -> Decision | None:
+        """The usual request: ``cost`` spent out of the lease, which needs no renewal (or
+        another request renews it): its decision. ``None``, and nothing changed, otherwise."""
+        with self.lock:
+            chunks = self.chunks
+            if not chunks:
+                return None
+            first = chunks[0]
+            if first.expires <= now or first.units <= cost:
+                return None  # expired, or spending it all: the general path
+            held = self.units - cost
+            if not self.renewing:
+                target = self.fixed or self.size(now)
+                if held <= target // 4:
+                    return None  # time to renew
+            first.units -= cost
+            self.units = held
+            self.used = now
+            self.demand += cost
+            remaining = self.seen_remaining + held
+            reset = self.seen_reset_us - (now - self.seen_at)
+        return Decision(
+            True,
+            self.limit,
+            remaining if remaining < self.limit else self.limit,
+            reset / _US if reset > 0 else 0.0,
+            0.0,
+        )
 
     def give_back(self, spent: list[tuple[_Chunk, int]], now: int) -> None:
         """A request refused by another limit: the units it took from the lease return."""
         with self.lock:
             for chunk, n in spent:
                 if chunk.expires > now:
-                    chunk.units += n
-                    if chunk not in self.chunks:
+                    if not chunk.units:  # it was emptied and dropped
                         self.chunks.append(chunk)
                         self.chunks.sort(key=_expiry)
+                    chunk.units += n
+                    self.units += n
 
     def granted(self, units: int, d: Decision, started: int, now: int) -> None:
         """The storage consumed ``units`` more for this lease (``d``: the leased check's
@@ -278,8 +318,17 @@ class Lease:
             ends = started + units * self.period_us // self.limit
         with self.lock:
             if units > 0 and ends > now:
-                self.chunks.append(_Chunk(units, ends))
-                self.chunks.sort(key=_expiry)
+                chunks = self.chunks
+                last = chunks[-1] if chunks else None
+                if last is not None and abs(last.expires - ends) <= self.period_us // 100:
+                    # the same window (its end seen through another round trip): one chunk,
+                    # expiring at the sooner of the two ends
+                    last.units += units
+                    last.expires = min(last.expires, ends)
+                else:
+                    chunks.append(_Chunk(units, ends))
+                    chunks.sort(key=_expiry)
+                self.units += units
             self.renewing = False
             self.seen(d, now)
 
@@ -353,11 +402,31 @@ class Leases:
         self.clock = clock
         self._lock = threading.Lock()
         self._leases: dict[str, Lease] = {}
+        #: the leased limits bound so far: key tail -> the largest lease of it, in units
+        self._declared: dict[str, int] = {}
         #: requests decided without a storage call; storage calls made (for tests and benches)
         self.local_requests = 0
         self.calls = 0
         _all.add(self)
         _by_guard[guard] = self
+
+    def declare(self, bounds: Sequence[BoundLimit]) -> bool:
+        """Note the leased limits among ``bounds`` (bound for a route); true if any."""
+        found = False
+        for b in bounds:
+            if b.lease is not False:
+                found = True
+                size = auto_cap(b.rate.amount) if b.lease is True else int(b.lease)
+                self._declared[b.key_tail] = size
+        return found
+
+    def largest(self, key: str) -> int | None:
+        """The most units a process leases of the limit stored under ``key`` (``None``: not
+        a leased limit, or none of its routes bound yet)."""
+        for tail, size in self._declared.items():
+            if key.endswith(tail):
+                return size
+        return None
 
     def after_fork(self) -> None:
         """A forked child holds nothing: the parent's units are the parent's."""
@@ -410,7 +479,20 @@ class Leases:
         :meth:`Guard.evaluate`'s, with one decision per check of ``checks``."""
         guard = self.guard
         now = self.clock()
-        renew_allowed = guard.breaker.state == "closed"
+        if len(checks) == 1:  # the usual request: one leased limit, spent out of its lease
+            c = checks[0]
+            lease = self._leases.get(c.key)
+            if lease is not None and c.cost > 0 and not c.shadow:
+                decision = lease.spend(c.cost, now)
+                if decision is not None:
+                    metrics = guard.metrics
+                    if metrics is not None:
+                        metrics.leased((c.key,))
+                    return Outcome(Evaluation((decision,)))
+
+        def renew_allowed() -> bool:
+            return guard.breaker.state == "closed"
+
         local: dict[int, tuple[Lease, list[tuple[_Chunk, int]]]] = {}
         asks: list[_Ask] = []
         plain: list[int] = []

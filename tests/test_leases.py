@@ -7,6 +7,8 @@ gunicorn is ``tests/test_leases_gunicorn.py``.
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -324,3 +326,45 @@ def test_a_fork_leaves_the_child_no_lease(backend: Backend, clock: FakeClock) ->
     leases = limiter.state(app).enforcer.leases
     leases.after_fork()
     assert leases.held() == {}
+
+
+def test_inspect_marks_a_leased_limit_and_counts_its_leased_units_as_used(
+    backend: Backend, clock: FakeClock
+) -> None:
+    from flask_distlimit.cli import distlimit_cli
+    from flask_distlimit.storage.memory import MemoryStorage
+
+    # the CLI peeks at the storage's own time: a Redis server's is the real one
+    storage = backend()
+    if not isinstance(storage, MemoryStorage):
+        clock = FakeClock(start=time.time())
+    app, _, _ = _app(storage, clock, "100/hour", lease=10)
+    app.test_client().get("/hot")
+    runner = app.test_cli_runner()
+    result = runner.invoke(distlimit_cli, ["inspect", "func:all", "--json"])
+    assert result.exit_code == 0, result.output
+    [row] = json.loads(result.output)
+    assert row["lease_per_process"] == 10
+    assert row["used"] == 11  # the request and the units this process holds
+    text = runner.invoke(distlimit_cli, ["inspect", "func:all"]).output
+    assert "leased: up to 10 per process" in text
+
+
+def test_metrics_count_leased_decisions_and_the_units_held(
+    backend: Backend, clock: FakeClock
+) -> None:
+    import prometheus_client
+
+    from flask_distlimit.metrics import Metrics
+
+    registry = prometheus_client.CollectorRegistry()
+    app, limiter, _ = _app(backend(), clock, "100/minute", lease=10)
+    limiter.state(app).guard.use_metrics(Metrics(registry))
+    client = app.test_client()
+    for _ in range(4):
+        client.get("/hot")
+    label = {"limit": "s_hot_100/60:fixed_window"}
+    assert registry.get_sample_value("distlimit_leased_decisions_total", label) == 3
+    allowed = {**label, "outcome": "allowed"}
+    assert registry.get_sample_value("distlimit_decisions_total", allowed) == 4
+    assert registry.get_sample_value("distlimit_lease_units", label) == 7

@@ -6,6 +6,9 @@ Configured from the environment: ``DISTLIMIT_STORAGE_URL`` (a real Redis), ``LEA
 
 - ``/leased``: one shared limit for every client (``key_func``), leased;
 - ``/plain``: the same limit on a key of its own, not leased;
+- ``/tight``: ``LEASING_TIGHT`` (default ``1000/second``), shared, leased, fixed window; each
+  admission is counted in Redis under ``<prefix>:admitted:<window>`` (``bench/leasing.py``
+  compares admissions per window with the limit);
 - ``/leases``: this process's PID and ``health()["leases"]`` (exempt).
 """
 
@@ -13,18 +16,24 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
+import redis
 from flask import Flask
 
 from flask_distlimit import Limiter
+from flask_distlimit.limits import parse_rates
 
 LIMIT = os.environ.get("LEASING_LIMIT", "300/minute")
 LEASE = os.environ.get("LEASING_LEASE", "true")
+TIGHT = os.environ.get("LEASING_TIGHT", "1000/second")
+PREFIX = os.environ.get("LEASING_PREFIX", "lease-test")
+TIGHT_PERIOD = parse_rates(TIGHT)[0].period
 
 app = Flask(__name__)
 app.config.update(
     DISTLIMIT_STORAGE_URL=os.environ["DISTLIMIT_STORAGE_URL"],
-    DISTLIMIT_KEY_PREFIX=os.environ.get("LEASING_PREFIX", "lease-test"),
+    DISTLIMIT_KEY_PREFIX=PREFIX,
     # Exactness, not outages: a slow answer on a busy machine must not become an outage.
     DISTLIMIT_REDIS_TIMEOUT=5.0,
     DISTLIMIT_FAILURE_POLICY="closed",
@@ -32,6 +41,7 @@ app.config.update(
     DISTLIMIT_HEADERS="none",
 )
 limiter = Limiter(app)
+book = redis.Redis.from_url(os.environ["DISTLIMIT_STORAGE_URL"])
 
 
 @app.get("/health")
@@ -55,6 +65,15 @@ def leased() -> str:
 @app.get("/plain")
 @limiter.shared_limit(LIMIT, scope="plain", key_func=lambda: "everyone", algorithm="fixed_window")
 def plain() -> str:
+    return "ok"
+
+
+@app.get("/tight")
+@limiter.shared_limit(
+    TIGHT, scope="tight", key_func=lambda: "everyone", algorithm="fixed_window", lease=True
+)
+def tight() -> str:
+    book.incr(f"{PREFIX}:admitted:{int(time.time()) // TIGHT_PERIOD}")
     return "ok"
 
 
