@@ -176,6 +176,7 @@ class Lease:
         "key",
         "limit",
         "lock",
+        "low",
         "mark",
         "period_us",
         "rate",
@@ -197,6 +198,8 @@ class Lease:
         self.lock = threading.Lock()
         self.chunks: list[_Chunk] = []  #: by expiry; none empty
         self.units = 0  #: the units of ``chunks``
+        #: the low-water mark: a quarter of the size last computed (renew at or below it)
+        self.low = 0
         self.renewing = False
         self.demand = 0  #: units asked for since ``mark``
         self.mark = now
@@ -260,7 +263,8 @@ class Lease:
             renew = 0
             if not self.renewing:
                 target = self.size(now)
-                if target and (spent is None or held <= target // 4) and renew_allowed():
+                self.low = target // 4
+                if target and (spent is None or held <= self.low) and renew_allowed():
                     renew = target - held if spent is not None else target
                     if renew > 0:
                         self.renewing = True
@@ -277,10 +281,8 @@ class Lease:
             if first.expires <= now or first.units <= cost:
                 return None  # expired, or spending it all: the general path
             held = self.units - cost
-            if not self.renewing:
-                target = self.fixed or self.size(now)
-                if held <= target // 4:
-                    return None  # time to renew
+            if held <= self.low and not self.renewing:
+                return None  # time to renew
             first.units -= cost
             self.units = held
             self.used = now

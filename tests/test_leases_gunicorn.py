@@ -64,10 +64,10 @@ def test_a_flooded_leased_limit_admits_at_most_the_limit_and_at_least_limit_minu
 ) -> None:
     client = redis_server.client()
     client.flushall()
-    # One fixed window holds the whole flood: if less than 20 s of this minute are left (on the
+    # One fixed window holds the whole flood: if less than 10 s of this minute are left (on the
     # Redis server's clock, the limiter's), start with the next one.
     seconds, _ = client.time()
-    if 60 - seconds % 60 < 20:
+    if 60 - seconds % 60 < 10:
         time.sleep(60 - seconds % 60 + 0.2)
     started_window = client.time()[0] // 60
     jobs = [instances[i % 2].port for i in range(FLOOD)]

@@ -7,8 +7,11 @@ Configured from the environment: ``DISTLIMIT_STORAGE_URL`` (a real Redis), ``LEA
 - ``/leased``: one shared limit for every client (``key_func``), leased;
 - ``/plain``: the same limit on a key of its own, not leased;
 - ``/tight``: ``LEASING_TIGHT`` (default ``1000/second``), shared, leased, fixed window; each
-  admission is counted in Redis under ``<prefix>:admitted:<window>`` (``bench/leasing.py``
-  compares admissions per window with the limit);
+  admission is counted in Redis per window of the host's clock (``bench/leasing.py`` compares
+  admissions per window with the limit): under ``<prefix>:admitted:<window>`` when the request
+  was in one window from before the limiter decided (a ``before_request`` hook, which runs before
+  the limiter's gate) to the view, else under ``<prefix>:straddled:<window the view ran in>``
+  (decided in that window or the one before);
 - ``/leases``: this process's PID and ``health()["leases"]`` (exempt).
 """
 
@@ -19,7 +22,7 @@ import os
 import time
 
 import redis
-from flask import Flask
+from flask import Flask, g
 
 from flask_distlimit import Limiter
 from flask_distlimit.limits import parse_rates
@@ -68,12 +71,18 @@ def plain() -> str:
     return "ok"
 
 
+@app.before_request
+def started() -> None:
+    g.started = time.time()
+
+
 @app.get("/tight")
 @limiter.shared_limit(
     TIGHT, scope="tight", key_func=lambda: "everyone", algorithm="fixed_window", lease=True
 )
 def tight() -> str:
-    book.incr(f"{PREFIX}:admitted:{int(time.time()) // TIGHT_PERIOD}")
+    window, now = int(g.started) // TIGHT_PERIOD, int(time.time()) // TIGHT_PERIOD
+    book.incr(f"{PREFIX}:{'admitted' if window == now else 'straddled'}:{now}")
     return "ok"
 
 
