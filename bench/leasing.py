@@ -371,11 +371,13 @@ def main() -> None:
     print(text)
     if args.write is not None:
         command = "python bench/leasing.py " + " ".join(sys.argv[1:])
+        method = (__doc__ or "").split("\n\n", 2)[2]  # after the title and the command
         args.write.write_text(
             f"# Quota leasing: leased against unleased\n\n"
-            f"`{command}` ({datetime.date.today().isoformat()}, {os.cpu_count()} cores, the "
-            f"machine shared with other work; method: the docstring of `bench/leasing.py`)\n\n"
-            f"{text}\n",
+            f"Command (from the repository root; it starts and stops its own `redis-server` and "
+            f"gunicorn):\n\n    {command}\n\n"
+            f"Run {datetime.date.today().isoformat()} on {os.cpu_count()} cores shared with "
+            f"other work.\n\n## Results\n\n{text}\n## Method\n\n{method}",
             encoding="utf-8",
         )
     sys.exit(0 if met else 1)
