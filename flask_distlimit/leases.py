@@ -406,9 +406,6 @@ class Leases:
         self._leases: dict[str, Lease] = {}
         #: the leased limits bound so far: key tail -> the largest lease of it, in units
         self._declared: dict[str, int] = {}
-        #: requests decided without a storage call; storage calls made (for tests and benches)
-        self.local_requests = 0
-        self.calls = 0
         _all.add(self)
         _by_guard[guard] = self
 
@@ -555,7 +552,6 @@ class Leases:
         for attempt in range(3):
             sent = [a for a in asks if a.need + a.renew > 0]
             if not plain and not sent:  # every check decided in-process
-                self.local_requests += 1
                 return Outcome(Evaluation((placeholder,) * len(checks)))
             call = [checks[i] for i in plain]
             call += [
@@ -565,7 +561,6 @@ class Leases:
                 for a in sent
             ]
             started = self.clock()
-            self.calls += 1
             # Only top-ups: if the storage fails, the leases covered the request, and no failure
             # policy is to charge the local fallback with a lease it never grants.
             renewing_only = not plain and all(a.need == 0 for a in sent)
@@ -576,7 +571,6 @@ class Leases:
             if outcome.degraded or evaluation is None:
                 if renewing_only:
                     # only top-ups were asked for: the leases covered the request
-                    self.local_requests += 1
                     return Outcome(Evaluation((placeholder,) * len(checks)))
                 return self._spread(outcome, checks, plain, sent, placeholder)
             decisions = evaluation.decisions

@@ -8,6 +8,7 @@ gunicorn is ``tests/test_leases_gunicorn.py``.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -148,6 +149,28 @@ def test_a_refused_lease_asks_for_what_remains(backend: Backend, clock: FakeCloc
     assert _shared_used(storage, "fixed_window", 10, 60, clock.now_us) == 10
 
 
+def test_threads_of_two_processes_never_spend_more_than_the_limit(
+    backend: Backend, clock: FakeClock
+) -> None:
+    apps = [_app(backend(), clock, "100/minute", lease=7, name=f"w{i}")[0] for i in range(2)]
+    admitted: list[int] = []
+    lock = threading.Lock()
+
+    def flood(app: Flask) -> None:
+        client = app.test_client()
+        ok = sum(client.get("/hot").status_code == 200 for _ in range(40))
+        with lock:
+            admitted.append(ok)
+
+    threads = [threading.Thread(target=flood, args=(apps[i % 2],)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(admitted) <= 100
+    assert sum(admitted) >= 100 - 2 * 7
+
+
 # -- validity --------------------------------------------------------------------------------------
 
 
@@ -187,16 +210,19 @@ def test_a_bucket_lease_lasts_while_the_limit_earns_it_back(
 # -- all-or-nothing --------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("algorithm", LEASABLE)
 def test_a_request_refused_by_another_limit_spends_nothing_of_the_lease(
-    backend: Backend, clock: FakeClock
+    backend: Backend, clock: FakeClock, algorithm: str
 ) -> None:
-    app, limiter, storage = _app(backend(), clock, "100/minute", lease=10, extra="2/minute")
+    app, limiter, storage = _app(
+        backend(), clock, "100/minute", lease=10, extra="2/minute", algorithm=algorithm
+    )
     client = app.test_client()
     assert client.get("/hot").status_code == 200  # the lease: 10 held
     assert [client.get("/both").status_code for _ in range(3)] == [200, 200, 429]
     assert _held(limiter, app) == 8  # the refused request gave its unit back
-    # nothing else was lost: 3 admitted + 8 held + the first request's lease of 10 taken
-    assert _shared_used(storage, "fixed_window", 100, 60, clock.now_us) == 3 + 8
+    # nothing else was lost: 3 admitted and 8 held
+    assert _shared_used(storage, algorithm, 100, 60, clock.now_us) == 3 + 8
 
 
 # -- failures --------------------------------------------------------------------------------------
