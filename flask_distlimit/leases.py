@@ -25,9 +25,9 @@ another holds unspent units, at most *processes x lease size* units per window
   than the bucket alone would. Units left over are not sent back (that would be a storage call
   of its own, and racing a window's end it could give units to the next window): they expire
   with their window, and a bucket earns them back within one lease period.
-- **Sizing** (``lease=True``): about 50 ms of this process's observed demand on the key (an
+- **Sizing** (``lease=True``): about 100 ms of this process's observed demand on the key (an
   EWMA), at most ``limit // 20`` (at least 1); 0 (no lease, every request asks the storage)
-  while the key sees fewer than about 20 units a second: leasing pays off for a hot, shared key,
+  while the key sees fewer than about 10 units a second: leasing pays off for a hot, shared key,
   not for a per-client key with a few requests. A process keeps at most :data:`MAX_LEASES`;
   past that, the least recently used are dropped (their units expire).
 - **All-or-nothing**: a request whose other limits refuse gives its leased units back to the
@@ -79,13 +79,13 @@ LEASABLE: Final[frozenset[Algorithm]] = frozenset(
     {"fixed_window", "sliding_window_counter", "token_bucket", "gcra"}
 )
 #: ``lease=True`` sizes a lease to this much of the process's demand on the key (microseconds).
-LEASE_SPAN_US: Final = 50_000
+LEASE_SPAN_US: Final = 100_000
 #: ``lease=True`` caps a lease at the limit divided by this.
 AUTO_CAP_DIVISOR: Final = 20
 #: The most leases one process keeps per app; the least recently used go first.
 MAX_LEASES: Final = 1024
 #: The demand rate is sampled over at least this long (microseconds).
-_SAMPLE_US: Final = LEASE_SPAN_US
+_SAMPLE_US: Final = 50_000
 _US: Final = 1_000_000
 
 

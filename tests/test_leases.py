@@ -18,6 +18,7 @@ from flask import Flask
 from flask_distlimit import ConfigurationError, Limiter
 from flask_distlimit.decision import Check, Evaluation
 from flask_distlimit.errors import StorageUnavailable
+from flask_distlimit.leases import LEASE_SPAN_US
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.testing import CountingStorage, FakeClock
 from tests.distlimit_fixtures import backend, clock
@@ -268,14 +269,12 @@ def test_the_deny_cache_still_answers_for_a_spent_leased_limit(
 # -- sizing ---------------------------------------------------------------------------------------
 
 
-def test_lease_true_sizes_from_the_traffic_and_caps_at_a_twentieth(
-    backend: Backend, clock: FakeClock
-) -> None:
+def test_lease_true_sizes_from_the_traffic(backend: Backend, clock: FakeClock) -> None:
     app, limiter, storage = _app(backend(), clock, "100000/minute", lease=True)
     client = app.test_client()
-    for _ in range(5):  # 5 requests a second: no lease
+    for _ in range(5):  # 2 requests a second: no lease
         client.get("/hot")
-        clock.advance(0.2)
+        clock.advance(0.5)
     assert storage.evaluations == 5
     for _ in range(100):  # 1000 requests a second: leases are sized from it once measured
         client.get("/hot")
@@ -286,7 +285,20 @@ def test_lease_true_sizes_from_the_traffic_and_caps_at_a_twentieth(
         clock.advance(0.001)
     assert storage.evaluations - calls <= 100 // 10
     sizes = [v["size"] for v in limiter.state(app).enforcer.leases.held().values()]
-    assert 10 <= sizes[0] <= 1000 * 0.05  # type: ignore[operator]
+    assert 20 <= sizes[0] <= 1000 * LEASE_SPAN_US / 1_000_000  # type: ignore[operator]
+
+
+def test_a_sized_lease_is_capped_at_a_twentieth_of_the_limit(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = _app(backend(), clock, "600/minute", lease=True)
+    client = app.test_client()
+    for _ in range(200):  # 1000 requests a second: 100 ms of it would be 100 units
+        client.get("/hot")
+        clock.advance(0.001)
+    sizes = [v["size"] for v in limiter.state(app).enforcer.leases.held().values()]
+    assert sizes == [600 // 20]
+    assert _held(limiter, app) <= 600 // 20
 
 
 def test_a_quiet_per_client_key_takes_no_lease(backend: Backend, clock: FakeClock) -> None:
