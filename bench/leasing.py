@@ -27,11 +27,14 @@ rounds is reported, with the lowest and highest round in brackets):
    difference of some microseconds; so, as ``bench/bench_overhead.py`` does, three apps are
    called as WSGI apps in this process (the environ built once, ``app(environ.copy(),
    start_response)``), on the same redis-server: the bare Flask app, the leased limit and the
-   unleased one (same limit, same options). An app's time in a round is the median of its batch;
-   its overhead is that minus the bare app's in the same round; the ratio leased / unleased is
-   taken within each round. A fourth subject, the leased app with ``Leases.evaluate`` replaced by
-   a constant answer, splits the leased overhead into the lease's own work and the rest of the
-   request path (gate, identity, checks, report, headers), which every request pays.
+   unleased one (same limit, same options). In a round the subjects are called in turn, one
+   request each, ``--batch`` times (the order shuffled per round), so that a burst of load from
+   elsewhere on the machine hits them alike; an app's time in a round is the median of its
+   requests, its overhead that minus the bare app's in the same round; the ratio leased /
+   unleased is taken within each round (``--overhead-rounds`` rounds). A fourth subject, the
+   leased app with ``Leases.evaluate`` replaced by a constant answer, splits the leased overhead
+   into the lease's own work and the rest of the request path (gate, identity, checks, report,
+   headers), which every request pays.
 
 Goals (issue 15): <= 0.05 storage calls per request on the leased route; leased p50 overhead
 <= 0.2x the unleased one; admissions per window <= the limit, >= the limit minus the bound.
@@ -253,19 +256,20 @@ def run_overhead(rounds: int, batch: int, limit: str, seed: int = 7) -> Overhead
         clock = time.perf_counter_ns
         for _ in range(rounds):
             rng.shuffle(order)
-            for name in order:
-                call = subjects[name]
-                samples: list[int] = []
-                gc.collect()
-                gc.disable()
-                try:
-                    for _ in range(batch):
+            calls = [(name, subjects[name]) for name in order]
+            samples: dict[str, list[int]] = {name: [] for name in order}
+            gc.collect()
+            gc.disable()
+            try:
+                for _ in range(batch):  # one call of each subject in turn: noise hits all
+                    for name, call in calls:
                         started = clock()
                         call()
-                        samples.append(clock() - started)
-                finally:
-                    gc.enable()
-                getattr(result, name).append(statistics.median(samples) / 1000)
+                        samples[name].append(clock() - started)
+            finally:
+                gc.enable()
+            for name in order:
+                getattr(result, name).append(statistics.median(samples[name]) / 1000)
     finally:
         client.close()
         redis_server.stop()
@@ -332,8 +336,9 @@ def table(g: Gunicorn | None, o: Overhead | None, args: argparse.Namespace) -> t
         ok = ratio.median <= GOAL_OVERHEAD
         met = met and ok
         lines += [
-            f"**The limiter's own time per request, in-process** (WSGI calls, batches of "
-            f"{args.batch}, {args.rounds} rounds, headers `both`; the bare app: {bare:.1f} us):",
+            f"**The limiter's own time per request, in-process** (WSGI calls in turn, "
+            f"{args.batch} per subject, {args.overhead_rounds} rounds, headers `both`; the bare "
+            f"app: {bare:.1f} us):",
             "",
             "| subject | p50 overhead over the bare app | storage calls / request |",
             "|---|---:|---:|",
@@ -358,13 +363,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=4.0)
-    parser.add_argument("--batch", type=int, default=2000)
+    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--overhead-rounds", type=int, default=15)
     parser.add_argument("--limit", default=LIMIT)
     parser.add_argument("--tight", default=TIGHT)
     parser.add_argument("--no-gunicorn", action="store_true", help="only the in-process part")
     parser.add_argument("--write", type=Path, help="write the report (Markdown) to this file")
     args = parser.parse_args()
-    o = run_overhead(args.rounds, args.batch, args.limit)
+    o = run_overhead(args.overhead_rounds, args.batch, args.limit)
     g = None if args.no_gunicorn else run_gunicorn(args.rounds, args.seconds, args.limit,
                                                    args.tight)  # fmt: skip
     text, met = table(g, o, args)
