@@ -190,6 +190,8 @@ class _Row:
     check: Check
     decision: Decision
     stored: bool
+    #: a leased limit: the most units each serving process may hold of it (counted as used)
+    lease: int | None = None
 
     def as_dict(self) -> dict[str, object]:
         d = self.decision
@@ -203,6 +205,7 @@ class _Row:
             "reset_after": d.reset_after,
             "stored": self.stored,
             "key": self.check.key,
+            "lease_per_process": self.lease,
         }
 
 
@@ -216,8 +219,9 @@ def _peek(state: LimiterState, identity: str) -> list[_Row]:
         evaluation = state.storage.evaluate(checks)
     except StorageError as exc:
         raise click.ClickException(f"The storage did not answer: {exc}") from None
+    leases = state.enforcer.leases
     return [
-        _Row(name, check, decision, check.key in stored)
+        _Row(name, check, decision, check.key in stored, leases.largest(check.key))
         for (name, check), decision in zip(named, evaluation.decisions, strict=True)
     ]
 
@@ -261,6 +265,12 @@ def inspect(identity: str, ip: bool, api_key: bool, show_all: bool, as_json: boo
         click.echo(
             f"  {r.name:<{width}}  {r.check.algorithm:<22}  {used:>12}  {d.remaining:>9}  "
             f"{_seconds(d.reset_after)}"
+            + (f"  (leased: up to {r.lease} per process)" if r.lease is not None else "")
+        )
+    if any(r.lease is not None for r in rows):
+        click.echo(
+            "Leased limits: units the serving processes hold count as used here; each "
+            "process shows its own in health()['leases'] and distlimit_lease_units."
         )
 
 

@@ -61,6 +61,7 @@ from .algorithms import (
 from .dynamic_limits import DynamicValue, LimitSource, read_value
 from .errors import ConfigurationError
 from .guard import validate_policy
+from .leases import check_lease, check_lease_algorithm
 from .limits import Rate
 
 __all__ = ["Declarations", "LimitRegistry", "LimitSpec", "describe", "view_objects"]
@@ -97,6 +98,9 @@ class LimitSpec:
     on_breach: LimitBreachHook | None = None  #: this limit's own breach hook
     error_message: ErrorMessage | None = None  #: the 429's detail when this limit refuses
     shadow: bool = False  #: counted, never refuses (:mod:`flask_distlimit.shadow`)
+    #: quota leasing (:mod:`flask_distlimit.leases`): False, True (sized from the traffic) or a
+    #: fixed number of units
+    lease: bool | int = False
 
     def __post_init__(self) -> None:
         if self.algorithm is not None:
@@ -106,6 +110,8 @@ class LimitSpec:
         """Raise ``ConfigurationError`` if ``algorithm`` cannot enforce one of the rates."""
         for rate in self.rates:
             check_rate(algorithm, rate)
+        if self.lease is not False:
+            check_lease_algorithm(algorithm, self.declared_on)
         if self.dynamic is not None:
             self.dynamic.check_algorithm(algorithm)
 
@@ -274,6 +280,7 @@ class Declarations:
         on_breach: LimitBreachHook | None = None,
         error_message: ErrorMessage | None = None,
         shadow: bool = False,
+        lease: bool | int = False,
     ) -> Callable[[Decorated], Decorated]:
         """Limit a view function, a view class, one method of a class-based view, or every
         route of a Blueprint; stackable.
@@ -309,6 +316,10 @@ class Declarations:
           callable answering one).
         - ``shadow``: count as if enforced but never refuse; log and count what it would have
           refused (:mod:`flask_distlimit.shadow`).
+        - ``lease``: ``True`` (sized from this process's traffic) or a number of units: take
+          units from the shared count in advance and spend them in-process, so most requests
+          need no storage call (:mod:`flask_distlimit.leases`, ``docs/leasing.md``); for a hot
+          key shared by many clients. Not with ``sliding_window_log``.
         """
         return self._declare(
             "shared" if scope is not None else "route",
@@ -327,6 +338,7 @@ class Declarations:
             on_breach=on_breach,
             error_message=error_message,
             shadow=shadow,
+            lease=lease,
         )
 
     def shared_limit(
@@ -347,6 +359,7 @@ class Declarations:
         on_breach: LimitBreachHook | None = None,
         error_message: ErrorMessage | None = None,
         shadow: bool = False,
+        lease: bool | int = False,
     ) -> Callable[[Decorated], Decorated]:
         """A limit whose one counter (per client) is shared by every route that names ``scope``
         (the options are :meth:`limit`'s)."""
@@ -372,6 +385,7 @@ class Declarations:
             on_breach=on_breach,
             error_message=error_message,
             shadow=shadow,
+            lease=lease,
         )
 
     def concurrency(
@@ -426,6 +440,7 @@ class Declarations:
         error_message: ErrorMessage | None = None,
         shadow: bool = False,
         concurrency: bool = False,
+        lease: bool | int = False,
     ) -> Callable[[Decorated], Decorated]:
         rates, dynamic = read_value(value, fallback)
         if not isinstance(shadow, bool):
@@ -486,6 +501,15 @@ class Declarations:
                 dynamic.check_algorithm(checked_algorithm)
         policy = validate_policy(on_failure) if on_failure is not None else None
         shown = value if isinstance(value, str) else (dynamic.described if dynamic else "")
+        check_lease(
+            lease,
+            rates,
+            f"limiter.limit({shown!r})",
+            algorithm=checked_algorithm,
+            dynamic=dynamic is not None,
+            deduct_when=deduct_when is not None,
+            shadow=shadow,
+        )
 
         def decorator(target: Decorated) -> Decorated:
             spec = LimitSpec(
@@ -506,6 +530,7 @@ class Declarations:
                 on_breach=on_breach,
                 error_message=error_message,
                 shadow=shadow,
+                lease=lease,
             )
             self.registry.check_open(target, f"limiter.limit({shown!r})")
             if isinstance(target, Blueprint):

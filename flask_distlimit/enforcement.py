@@ -54,6 +54,7 @@ from .dynamic_limits import ttl_us
 from .fleet import Fleet
 from .headers import Report, rate_limit_headers
 from .identity import Identity
+from .leases import Leases
 from .problem import (
     ConcurrencyLimitExceeded,
     Overloaded,
@@ -233,6 +234,9 @@ class Enforcer:
         self._shadow_all = settings.shadow is True
         self._shadow_log = ShadowLog(state.local_clock)
         self._lease = settings.concurrency_lease
+        #: quota leases (flask_distlimit.leases); ``_leasing``: some bound limit has ``lease=``
+        self.leases = Leases(state.guard, state.local_clock)
+        self._leasing = False
         #: The request environ key of this limiter's per-request data (one per app's limiter:
         #: a WSGI app may hand its environ to another app with a limiter of its own).
         self.environ_key = f"flask_distlimit.request.{id(self):x}"
@@ -352,6 +356,8 @@ class Enforcer:
                 default_algorithm=self._algorithm,
                 shadow=self._shadow_all,
             )
+        if self.leases.declare(plan.limits):
+            self._leasing = True
         self._plans[(endpoint, method)] = plan
         return plan
 
@@ -404,6 +410,8 @@ class Enforcer:
                 self._prefix,
             )
             self._carried[(carrier, endpoint, method)] = bounds
+            if self.leases.declare(bounds):
+                self._leasing = True
         policy = strictest(spec.on_failure for spec in specs)
         needs_identity = any(b.needs_identity for b in bounds)
         self._evaluate(req, data, bounds, needs_identity, policy, every_request)
@@ -539,7 +547,12 @@ class Enforcer:
                 data.slots = SlotRelease(state)
             data.slots.add(slots)
         started = state.local_clock()
-        outcome = state.guard.evaluate(checks, policy=policy, now_us=state.storage_now())
+        if self._leasing and any(b.lease for b in bounds):  # flask_distlimit.leases
+            outcome = self.leases.evaluate(
+                checks, bounds, policy=policy, now_us=state.storage_now()
+            )
+        else:
+            outcome = state.guard.evaluate(checks, policy=policy, now_us=state.storage_now())
         if slots and data.slots is not None:
             if outcome.degraded and outcome.evaluation is not None:
                 data.slots.degraded()  # held by the local fallback

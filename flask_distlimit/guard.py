@@ -760,6 +760,7 @@ class Guard:
             "fallback_divisor": self.instances.divisor,
             "fallback_active": self.fallback_active,
             "fallback_held_keys": sum(f.held() for f in self._fallbacks_all()),
+            "leases": _leases_held(self),
         }
 
     def _after_fork(self) -> None:
@@ -770,6 +771,14 @@ class Guard:
         self.last_known._after_fork()
         for fallback in self._fallbacks_all():
             fallback._after_fork()
+
+
+def _leases_held(guard: Guard) -> dict[str, dict[str, object]]:
+    """The quota leases this process holds through ``guard``, by key (flask_distlimit.leases)."""
+    from .leases import leases_of  # leases.py builds on this module
+
+    leases = leases_of(guard)
+    return leases.held() if leases is not None else {}
 
 
 def _one_line(text: str) -> str:

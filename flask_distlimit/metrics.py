@@ -12,6 +12,10 @@ needs it. Series (all prefixed ``distlimit_``):
 - ``shed_total{priority, reason}``: requests shed with a 503 (reason ``worker``: this
   process was busy, :mod:`flask_distlimit.shedding`; ``fleet``: the fleet was,
   :mod:`flask_distlimit.fleet`);
+- ``leased_decisions_total{limit}``: requests a quota lease admitted in-process, without a
+  storage call (:mod:`flask_distlimit.leases`; also counted as ``allowed`` above);
+- ``lease_units{limit}``: units this process holds in quota leases of the limit (every identity's
+  lease of it summed), read when scraped;
 - ``worker_in_flight``: requests in flight in this process (when worker shedding is on);
 - ``storage_latency_seconds``: histogram of storage calls (successful or not);
 - ``breaker_state{breaker}``: 0 closed, 1 half-open, 2 open; one series per storage node's
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .decision import Check, Evaluation
@@ -92,6 +96,15 @@ class Metrics:
             "distlimit_breaker_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open",
             ["breaker"], **kw,
         )  # fmt: skip
+        self.leased_decisions = pc.Counter(
+            "distlimit_leased_decisions", "Requests admitted in-process out of a quota lease",
+            ["limit"], **kw,
+        )  # fmt: skip
+        self.lease_units = pc.Gauge(
+            "distlimit_lease_units", "Units this process holds in quota leases, by limit",
+            ["limit"], **kw,
+        )  # fmt: skip
+        self._lease_gauges: set[str] = set()
         self._children: dict[tuple[bool, str, str], Any] = {}
         self._observe = self.storage_latency.observe
 
@@ -128,6 +141,25 @@ class Metrics:
             self._child(False, check.key, "allowed" if decision.allowed else "denied").inc()
             if decision.shadow_denied:
                 self._shadow_denied(check.key)
+
+    def leased(self, keys: Sequence[str]) -> None:
+        """Limits (by storage key) a quota lease admitted a request on, in-process."""
+        for key in keys:
+            self._child(False, key, "allowed").inc()
+            child = self._children.get((False, limit_label(key), "leased"))
+            if child is None:
+                child = self.leased_decisions.labels(limit=limit_label(key))
+                if len(self._children) < _MAX_CHILDREN:
+                    self._children[(False, limit_label(key), "leased")] = child
+            child.inc()
+
+    def watch_lease_units(self, key: str, held: Callable[[str], float]) -> None:
+        """Report ``held(label)`` as ``lease_units`` of the limit of ``key`` when scraped."""
+        label = limit_label(key)
+        if label in self._lease_gauges or len(self._lease_gauges) >= _MAX_CHILDREN:
+            return
+        self._lease_gauges.add(label)
+        self.lease_units.labels(limit=label).set_function(lambda: held(label))
 
     def degraded(self, checks: Sequence[Check], evaluation: Evaluation | None) -> None:
         for check in checks:

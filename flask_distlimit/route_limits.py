@@ -89,6 +89,8 @@ class BoundLimit:
     error_message: ErrorMessage | None = None
     shown: str = ""  #: the declared value, for listings
     shadow: bool = False  #: counted, never refuses (:mod:`flask_distlimit.shadow`)
+    #: quota leasing (:mod:`flask_distlimit.leases`): False, True (sized) or units
+    lease: bool | int = False
     _unit_checks: dict[str, Check] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -251,6 +253,7 @@ def _bind_rates(
                 error_message=spec.error_message,
                 shown=str(rate),
                 shadow=spec.shadow,
+                lease=spec.lease,
             )
         )
     return bound

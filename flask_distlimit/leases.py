@@ -1,0 +1,631 @@
+"""Quota leasing: a process takes units of a hot limit in advance and spends them in-process.
+
+``@limiter.limit("5000/second", scope="tenant", lease=True)`` (or ``lease=<units>``). A *lease*
+is units consumed from the shared key by the ordinary script with ``cost`` = the lease's size,
+in the request's one storage call; the process then admits requests of that key out of the
+lease under a lock (a :class:`threading.Lock` per lease: gthread workers are threaded), with no
+storage call. The fleet never admits more than the limit: every unit a process spends was
+consumed from the shared count first. The price is under-admission: a process may refuse while
+another holds unspent units, at most *processes x lease size* units per window
+(``docs/leasing.md``).
+
+- **Renewal** is on the request path, by the one request that finds the lease at or below its
+  low-water mark (a quarter of its size) or empty: its storage call carries the leased check
+  with ``cost`` = what the request itself needs from the storage (0 when the lease covered it)
+  plus the top-up (up to the lease size), beside the request's other limits. If that is refused
+  while the request's own needs would pass, it asks again for what the reply says remains, then
+  for nothing but the request's own needs, before the request is refused. Other threads keep
+  spending meanwhile; one that finds the lease empty while it renews asks the storage for its
+  own cost only. No background thread; the clock is the app's injected one.
+- **Validity**: units are good for the window they were taken in (fixed window, sliding window
+  counter: a lease expires at its window's end; spent later they would be admissions of the next
+  window counted in the previous one: the fleet could admit the limit and the leftover in one
+  window). Token bucket and GCRA: units are spendable for the time the limit takes to earn them
+  back (``size x period / limit``), so an interval of any length admits at most one lease more
+  than the bucket alone would. Units left over are not sent back (that would be a storage call
+  of its own, and racing a window's end it could give units to the next window): they expire
+  with their window, and a bucket earns them back within one lease period.
+- **Sizing** (``lease=True``): about 100 ms of this process's observed demand on the key (an
+  EWMA), at most ``limit // 20`` (at least 1); 0 (no lease, every request asks the storage)
+  while the key sees fewer than about 10 units a second: leasing pays off for a hot, shared key,
+  not for a per-client key with a few requests. A process keeps at most :data:`MAX_LEASES`;
+  past that, the least recently used are dropped (their units expire).
+- **All-or-nothing**: a request whose other limits refuse gives its leased units back to the
+  lease (nothing left the process).
+- **Failure**: units still held are spent first; the failure policy decides only what the lease
+  cannot cover. A call that fails grants no lease (under ``local`` the fallback charged the
+  request's check, top-up included, to this process's share).
+- **Headers** of a leased limit: the shared count as last seen plus the units this process still
+  holds (``remaining``), and the reset as last seen minus the time since: other processes'
+  spending since is not seen.
+
+A lease is per storage key (identity + limit). A fork drops every lease in the child.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Final
+
+from ._typing import FailurePolicy
+from .algorithms import Algorithm
+from .decision import Check, Decision, Evaluation
+from .errors import ConfigurationError
+from .guard import Guard, Outcome
+from .metrics import limit_label
+
+if TYPE_CHECKING:
+    from .limits import Rate
+    from .route_limits import BoundLimit
+
+__all__ = [
+    "LEASABLE",
+    "LEASE_SPAN_US",
+    "MAX_LEASES",
+    "Leases",
+    "auto_cap",
+    "check_lease",
+    "check_lease_algorithm",
+    "leases_of",
+]
+
+#: The algorithms a lease is defined for. Not the sliding window log: it stores the time of use of
+#: every unit, and a leased unit's time of use is unknown when it is taken.
+LEASABLE: Final[frozenset[Algorithm]] = frozenset(
+    {"fixed_window", "sliding_window_counter", "token_bucket", "gcra"}
+)
+#: ``lease=True`` sizes a lease to this much of the process's demand on the key (microseconds).
+LEASE_SPAN_US: Final = 100_000
+#: ``lease=True`` caps a lease at the limit divided by this.
+AUTO_CAP_DIVISOR: Final = 20
+#: The most leases one process keeps per app; the least recently used go first.
+MAX_LEASES: Final = 1024
+#: The demand rate is sampled over at least this long (microseconds).
+_SAMPLE_US: Final = 50_000
+_US: Final = 1_000_000
+
+
+# -- declaration ---------------------------------------------------------------------------------
+
+
+def check_lease_algorithm(algorithm: Algorithm, where: str) -> None:
+    """Raise ``ConfigurationError`` if ``algorithm`` cannot be leased."""
+    if algorithm not in LEASABLE:
+        raise ConfigurationError(
+            f"lease= on the limit on {where or 'a view'} with the algorithm {algorithm!r}: a "
+            "lease is defined for fixed_window, sliding_window_counter, token_bucket and gcra. "
+            "The sliding window log stores the time each unit is used, and a leased unit's time "
+            "of use is not known when it is taken. Use another algorithm, or drop lease=."
+        )
+
+
+def check_lease(
+    lease: object,
+    rates: Sequence[Rate],
+    what: str,
+    *,
+    algorithm: Algorithm | None,
+    dynamic: bool,
+    deduct_when: bool,
+    shadow: bool,
+) -> None:
+    """Validate ``lease=`` of a declaration (start-up errors, never request-time ones)."""
+    if lease is False:
+        return
+    if lease is not True and (not isinstance(lease, int) or isinstance(lease, bool) or lease < 1):
+        raise ConfigurationError(
+            f"{what}: lease={lease!r}: use True (sized from the traffic), False, or a number of "
+            "units >= 1, e.g. lease=10."
+        )
+    for option, present in (
+        ("a callable or mapping value", dynamic),
+        ("deduct_when=", deduct_when),
+        ("shadow=True", shadow),
+    ):
+        if present:
+            raise ConfigurationError(
+                f"{what}: lease= cannot be combined with {option} (a lease spends units taken "
+                "in advance; use lease= on a plain, enforced limit)."
+            )
+    if algorithm is not None:
+        check_lease_algorithm(algorithm, what)
+    if lease is not True:
+        assert isinstance(lease, int)
+        for rate in rates:
+            if lease > rate.amount:
+                raise ConfigurationError(
+                    f"{what}: lease={lease} is more than the limit {rate}: a lease is a part of "
+                    f"the limit; use at most {max(1, rate.amount // AUTO_CAP_DIVISOR)} units or "
+                    "lease=True."
+                )
+
+
+def auto_cap(limit: int) -> int:
+    """The largest lease ``lease=True`` takes of ``limit``."""
+    return max(1, limit // AUTO_CAP_DIVISOR)
+
+
+# -- one lease -----------------------------------------------------------------------------------
+
+
+class _Chunk:
+    __slots__ = ("expires", "units")
+
+    def __init__(self, units: int, expires: int) -> None:
+        self.units = units
+        self.expires = expires  # local clock, us
+
+
+def _expiry(chunk: _Chunk) -> int:
+    return chunk.expires
+
+
+class Lease:
+    """The units this process holds of one storage key, and what it last saw of the key."""
+
+    __slots__ = (
+        "algorithm",
+        "cap",
+        "chunks",
+        "demand",
+        "fixed",
+        "key",
+        "limit",
+        "lock",
+        "low",
+        "mark",
+        "period_us",
+        "rate",
+        "renewing",
+        "seen_at",
+        "seen_remaining",
+        "seen_reset_us",
+        "units",
+        "used",
+    )
+
+    def __init__(self, check: Check, size: bool | int, now: int) -> None:
+        self.key = check.key
+        self.algorithm = check.algorithm
+        self.limit = check.limit
+        self.period_us = check.period * _US
+        self.fixed = 0 if size is True else int(size)
+        self.cap = auto_cap(check.limit)
+        self.lock = threading.Lock()
+        self.chunks: list[_Chunk] = []  #: by expiry; none empty
+        self.units = 0  #: the units of ``chunks``
+        #: the low-water mark: a quarter of the size last computed (renew at or below it)
+        self.low = 0
+        self.renewing = False
+        self.demand = 0  #: units asked for since ``mark``
+        self.mark = now
+        self.rate = -1.0  #: EWMA of the demand, units per second (-1: not measured yet)
+        self.seen_remaining = 0  #: the shared count's remaining, lease excluded, as last seen
+        self.seen_reset_us = 0
+        self.seen_at = now
+        self.used = now
+
+    # all under self.lock
+    def _held(self, now: int) -> int:
+        chunks = self.chunks
+        if chunks and chunks[0].expires <= now:
+            chunks[:] = [c for c in chunks if c.expires > now and c.units > 0]
+            self.units = sum(c.units for c in chunks)
+        return self.units
+
+    def size(self, now: int) -> int:
+        """The lease this process should hold now."""
+        if self.fixed:
+            return self.fixed
+        elapsed = now - self.mark
+        if elapsed >= _SAMPLE_US:
+            sample = self.demand * _US / elapsed
+            self.rate = sample if self.rate < 0 else (self.rate + sample) / 2
+            self.demand, self.mark = 0, now
+        if self.rate < 0:
+            return 0
+        return min(self.cap, int(self.rate * LEASE_SPAN_US / _US))
+
+    def take(
+        self, cost: int, now: int, renew_allowed: Callable[[], bool]
+    ) -> tuple[list[tuple[_Chunk, int]] | None, int]:
+        """Spend ``cost`` units if held (``None`` if not: nothing is spent; else the chunks
+        spent from and how much of each), and the top-up this request asks for (0: none;
+        more: this request claimed the renewal)."""
+        with self.lock:
+            self.used = now
+            self.demand += cost
+            held = self._held(now)
+            spent: list[tuple[_Chunk, int]] | None = None
+            if held >= cost:
+                chunks = self.chunks
+                first = chunks[0]  # the oldest first: they expire first
+                if first.units > cost:  # the usual spend
+                    first.units -= cost
+                    spent = [(first, cost)]
+                else:
+                    spent = []
+                    left = cost
+                    while left:
+                        chunk = chunks[0]
+                        n = min(left, chunk.units)
+                        chunk.units -= n
+                        left -= n
+                        spent.append((chunk, n))
+                        if not chunk.units:
+                            del chunks[0]
+                held -= cost
+                self.units = held
+            renew = 0
+            if not self.renewing:
+                target = self.size(now)
+                self.low = target // 4
+                if target and (spent is None or held <= self.low) and renew_allowed():
+                    renew = target - held if spent is not None else target
+                    if renew > 0:
+                        self.renewing = True
+            return spent, max(renew, 0)
+
+    def spend(self, cost: int, now: int) -> Decision | None:
+        """The usual request: ``cost`` spent out of the lease, which needs no renewal (or
+        another request renews it): its decision. ``None``, and nothing changed, otherwise."""
+        with self.lock:
+            chunks = self.chunks
+            if not chunks:
+                return None
+            first = chunks[0]
+            if first.expires <= now or first.units <= cost:
+                return None  # expired, or spending it all: the general path
+            held = self.units - cost
+            if held <= self.low and not self.renewing:
+                return None  # time to renew
+            first.units -= cost
+            self.units = held
+            self.used = now
+            self.demand += cost
+            remaining = self.seen_remaining + held
+            reset = self.seen_reset_us - (now - self.seen_at)
+        return Decision(
+            True,
+            self.limit,
+            remaining if remaining < self.limit else self.limit,
+            reset / _US if reset > 0 else 0.0,
+            0.0,
+        )
+
+    def give_back(self, spent: list[tuple[_Chunk, int]], now: int) -> None:
+        """A request refused by another limit: the units it took from the lease return."""
+        with self.lock:
+            for chunk, n in spent:
+                if chunk.expires > now:
+                    if not chunk.units:  # it was emptied and dropped
+                        self.chunks.append(chunk)
+                        self.chunks.sort(key=_expiry)
+                    chunk.units += n
+                    self.units += n
+
+    def granted(self, units: int, d: Decision, started: int, now: int) -> None:
+        """The storage consumed ``units`` more for this lease (``d``: the leased check's
+        decision; ``started``: the local time before the call)."""
+        reset_us = round(d.reset_after * _US)
+        if self.algorithm == "fixed_window":
+            ends = started + reset_us  # the window's end: no sooner on the server's clock
+        elif self.algorithm == "sliding_window_counter":
+            ends = started + reset_us - self.period_us  # reset: the end of the next window
+        else:  # token bucket, GCRA: the time the limit takes to earn the units back
+            ends = started + units * self.period_us // self.limit
+        with self.lock:
+            if units > 0 and ends > now:
+                chunks = self.chunks
+                last = chunks[-1] if chunks else None
+                if last is not None and abs(last.expires - ends) <= self.period_us // 100:
+                    # the same window (its end seen through another round trip): one chunk,
+                    # expiring at the sooner of the two ends
+                    last.units += units
+                    last.expires = min(last.expires, ends)
+                else:
+                    chunks.append(_Chunk(units, ends))
+                    chunks.sort(key=_expiry)
+                self.units += units
+            self.renewing = False
+            self.seen(d, now)
+
+    def seen(self, d: Decision, now: int) -> None:
+        self.seen_remaining = d.remaining
+        self.seen_reset_us = round(d.reset_after * _US)
+        self.seen_at = now
+
+    def decision(self, now: int) -> Decision:
+        """A leased check decided in-process: the shared count as last seen, plus the units
+        still held."""
+        with self.lock:
+            held = self._held(now)
+            remaining = min(self.limit, self.seen_remaining + held)
+            reset = max(0, self.seen_reset_us - (now - self.seen_at))
+        return Decision(True, self.limit, remaining, reset / _US, 0.0)
+
+    def report(self, now: int) -> dict[str, object]:
+        with self.lock:
+            held = self._held(now)
+            expires = min((c.expires for c in self.chunks), default=now)
+            return {
+                "held": held,
+                "size": self.fixed or self.size(now),
+                "limit": self.limit,
+                "algorithm": self.algorithm,
+                "expires_in": round((expires - now) / _US, 3),
+                "renewing": self.renewing,
+            }
+
+
+# -- the leases of one app's limiter ------------------------------------------------------------
+
+
+class _Ask:
+    __slots__ = ("claimed", "index", "lease", "need", "renew")
+
+    def __init__(self, index: int, lease: Lease, need: int, renew: int) -> None:
+        self.index = index
+        self.lease = lease
+        self.need = need  #: units the request needs from the storage (0: the lease covered it)
+        self.renew = renew  #: the top-up asked for (less on a second try)
+        self.claimed = renew > 0  #: this request renews the lease: it clears ``renewing``
+
+
+_all: weakref.WeakSet[Leases] = weakref.WeakSet()
+_by_guard: weakref.WeakKeyDictionary[Guard, Leases] = weakref.WeakKeyDictionary()
+
+
+def _after_fork_in_child() -> None:
+    for leases in list(_all):
+        leases.after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def leases_of(guard: Guard) -> Leases | None:
+    """The leases decided through ``guard`` (for its health report)."""
+    return _by_guard.get(guard)
+
+
+class Leases:
+    """Every lease of one app's limiter in this process; :meth:`evaluate` stands in for
+    :meth:`Guard.evaluate <flask_distlimit.guard.Guard.evaluate>` when a request has a leased
+    limit."""
+
+    def __init__(self, guard: Guard, clock: Callable[[], int]) -> None:
+        self.guard = guard
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._leases: dict[str, Lease] = {}
+        #: the leased limits bound so far: key tail -> the largest lease of it, in units
+        self._declared: dict[str, int] = {}
+        _all.add(self)
+        _by_guard[guard] = self
+
+    def declare(self, bounds: Sequence[BoundLimit]) -> bool:
+        """Note the leased limits among ``bounds`` (bound for a route); true if any."""
+        found = False
+        for b in bounds:
+            if b.lease is not False:
+                found = True
+                size = auto_cap(b.rate.amount) if b.lease is True else int(b.lease)
+                self._declared[b.key_tail] = size
+        return found
+
+    def largest(self, key: str) -> int | None:
+        """The most units a process leases of the limit stored under ``key`` (``None``: not
+        a leased limit, or none of its routes bound yet)."""
+        for tail, size in self._declared.items():
+            if key.endswith(tail):
+                return size
+        return None
+
+    def after_fork(self) -> None:
+        """A forked child holds nothing: the parent's units are the parent's."""
+        self._lock = threading.Lock()
+        self._leases = {}
+
+    def _lease(self, check: Check, size: bool | int, now: int) -> Lease:
+        lease = self._leases.get(check.key)
+        if lease is not None:
+            return lease
+        with self._lock:
+            lease = self._leases.get(check.key)
+            if lease is None:
+                if len(self._leases) >= MAX_LEASES:
+                    self._evict()
+                lease = self._leases[check.key] = Lease(check, size, now)
+        return lease
+
+    def _evict(self) -> None:
+        """Drop the least recently used half (their units expire with their window)."""
+        ordered = sorted(self._leases.values(), key=lambda lease: lease.used)
+        for lease in ordered[: len(ordered) // 2 or 1]:
+            del self._leases[lease.key]
+
+    def units_of(self, label: str) -> float:
+        """Units held in the leases of one limit (its metrics label), every identity's."""
+        now = self.clock()
+        total = 0
+        for lease in list(self._leases.values()):
+            if limit_label(lease.key) == label:
+                with lease.lock:
+                    total += lease._held(now)
+        return total
+
+    def held(self) -> dict[str, dict[str, object]]:
+        """The leases this process holds, by storage key (``health()["leases"]``)."""
+        now = self.clock()
+        return {key: lease.report(now) for key, lease in list(self._leases.items())}
+
+    def evaluate(
+        self,
+        checks: Sequence[Check],
+        bounds: Sequence[BoundLimit],
+        *,
+        policy: FailurePolicy | None,
+        now_us: int | None,
+    ) -> Outcome:
+        """Decide ``checks`` (those of a leased limit out of its lease where it holds enough)
+        with at most the storage calls the rest and the renewals need; the answer is
+        :meth:`Guard.evaluate`'s, with one decision per check of ``checks``."""
+        guard = self.guard
+        now = self.clock()
+        if len(checks) == 1:  # the usual request: one leased limit, spent out of its lease
+            c = checks[0]
+            lease = self._leases.get(c.key)
+            if lease is not None and c.cost > 0 and not c.shadow:
+                decision = lease.spend(c.cost, now)
+                if decision is not None:
+                    metrics = guard.metrics
+                    if metrics is not None:
+                        metrics.leased((c.key,))
+                    return Outcome(Evaluation((decision,)))
+
+        def renew_allowed() -> bool:
+            return guard.breaker.state == "closed"
+
+        local: dict[int, tuple[Lease, list[tuple[_Chunk, int]]]] = {}
+        asks: list[_Ask] = []
+        plain: list[int] = []
+        for i, (c, b) in enumerate(zip(checks, bounds, strict=True)):
+            if b.lease is False or c.cost <= 0 or c.shadow:
+                plain.append(i)
+                continue
+            lease = self._lease(c, b.lease, now)
+            spent, renew = lease.take(c.cost, now, renew_allowed)
+            if spent is not None:
+                local[i] = (lease, spent)
+            if spent is None or renew:
+                asks.append(_Ask(i, lease, 0 if spent is not None else c.cost, renew))
+        try:
+            outcome = self._call(checks, plain, asks, policy, now_us)
+        except BaseException:
+            for lease, spent in local.values():
+                lease.give_back(spent, now)
+            raise
+        finally:
+            for ask in asks:
+                if ask.claimed:
+                    with ask.lease.lock:
+                        ask.lease.renewing = False
+        after = self.clock()
+        evaluation = outcome.evaluation
+        if outcome.unavailable or (evaluation is not None and not evaluation.allowed):
+            for lease, spent in local.values():
+                lease.give_back(spent, after)
+        elif local:
+            metrics = guard.metrics
+            if metrics is not None:
+                metrics.leased([checks[i].key for i in local])
+        if evaluation is None:
+            return outcome
+        merged = list(evaluation.decisions)
+        for i, (lease, _) in local.items():
+            merged[i] = lease.decision(after)
+        return Outcome(
+            Evaluation(tuple(merged), evaluation.repaired_keys),
+            degraded=outcome.degraded,
+            unavailable=outcome.unavailable,
+        )
+
+    def _call(
+        self,
+        checks: Sequence[Check],
+        plain: list[int],
+        asks: list[_Ask],
+        policy: FailurePolicy | None,
+        now_us: int | None,
+    ) -> Outcome:
+        """The storage calls: the request's checks with the top-ups; asked again for less when
+        only top-ups refused. The answer holds one decision per check of ``checks`` (those
+        decided in-process: a placeholder the caller replaces)."""
+        guard = self.guard
+        placeholder = Decision(True, 0, 0, 0.0, 0.0)
+        for attempt in range(3):
+            sent = [a for a in asks if a.need + a.renew > 0]
+            if not plain and not sent:  # every check decided in-process
+                return Outcome(Evaluation((placeholder,) * len(checks)))
+            call = [checks[i] for i in plain]
+            call += [
+                replace(checks[a.index], cost=a.need + a.renew)
+                if a.need + a.renew != checks[a.index].cost
+                else checks[a.index]
+                for a in sent
+            ]
+            started = self.clock()
+            # Only top-ups: if the storage fails, the leases covered the request, and no failure
+            # policy is to charge the local fallback with a lease it never grants.
+            renewing_only = not plain and all(a.need == 0 for a in sent)
+            outcome = guard.evaluate(
+                call, policy="open" if renewing_only else policy, now_us=now_us
+            )
+            evaluation = outcome.evaluation
+            if outcome.degraded or evaluation is None:
+                if renewing_only:
+                    # only top-ups were asked for: the leases covered the request
+                    return Outcome(Evaluation((placeholder,) * len(checks)))
+                return self._spread(outcome, checks, plain, sent, placeholder)
+            decisions = evaluation.decisions
+            by_ask = dict(zip((a.index for a in sent), decisions[len(plain) :], strict=True))
+            if evaluation.allowed:
+                after = self.clock()
+                metrics = guard.metrics
+                for a in sent:
+                    if a.renew:
+                        a.lease.granted(a.renew, by_ask[a.index], started, after)
+                        if metrics is not None:
+                            metrics.watch_lease_units(a.lease.key, self.units_of)
+                    else:
+                        with a.lease.lock:
+                            a.lease.seen(by_ask[a.index], after)
+                return self._spread(outcome, checks, plain, sent, placeholder)
+            # Refused: ask again only if the request's own needs fit and a top-up refused.
+            plain_ok = all(d.allowed for d in decisions[: len(plain)])
+            shrink = plain_ok and attempt < 2
+            for a in sent:
+                d = by_ask[a.index]
+                if not d.allowed and (a.need > d.remaining or not a.renew):
+                    shrink = False
+            if not shrink:
+                return self._spread(outcome, checks, plain, sent, placeholder)
+            for a in sent:
+                d = by_ask[a.index]
+                if a.renew:
+                    a.renew = 0 if attempt == 1 else max(0, min(a.renew, d.remaining - a.need))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @staticmethod
+    def _spread(
+        outcome: Outcome,
+        checks: Sequence[Check],
+        plain: list[int],
+        sent: list[_Ask],
+        placeholder: Decision,
+    ) -> Outcome:
+        """``outcome`` with its decisions put back at the indexes of ``checks``."""
+        evaluation = outcome.evaluation
+        if evaluation is None:
+            return outcome
+        merged = [placeholder] * len(checks)
+        decisions = evaluation.decisions
+        for k, i in enumerate(plain):
+            merged[i] = decisions[k]
+        for k, a in enumerate(sent, start=len(plain)):
+            d = decisions[k]
+            if not outcome.degraded and d.allowed and a.renew:
+                # the request's part of it: the shared count plus what the lease holds
+                d = replace(d, remaining=min(d.limit, d.remaining + a.renew))
+            merged[a.index] = d
+        return Outcome(
+            Evaluation(tuple(merged), evaluation.repaired_keys),
+            degraded=outcome.degraded,
+            unavailable=outcome.unavailable,
+        )

@@ -1,0 +1,408 @@
+"""Quota leasing (issue 15) in one process or several apps on one store, on a fake clock: units
+taken in advance and spent in-process, renewed by the request that finds the lease low, expired
+with their window (or bucket period), all-or-nothing with the request's other limits, spent first
+when the storage fails. Over memory, fakeredis and a real redis-server. The fleet-wide proof on
+gunicorn is ``tests/test_leases_gunicorn.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import pytest
+from flask import Flask
+
+from flask_distlimit import ConfigurationError, Limiter
+from flask_distlimit.decision import Check, Evaluation
+from flask_distlimit.errors import StorageUnavailable
+from flask_distlimit.leases import LEASE_SPAN_US
+from flask_distlimit.storage.base import Storage
+from flask_distlimit.testing import CountingStorage, FakeClock
+from tests.distlimit_fixtures import backend, clock
+
+__all__ = ["backend", "clock"]  # fixtures used below
+
+Backend = Callable[[], Storage]
+LEASABLE = ["fixed_window", "sliding_window_counter", "token_bucket", "gcra"]
+
+
+class Switch(CountingStorage):
+    """A counting storage the test can take down (every evaluation raises an outage)."""
+
+    down = False
+
+    def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+        if self.down:
+            raise StorageUnavailable("down (test)")
+        return super().evaluate(checks, now_us=now_us)
+
+
+def _app(
+    storage: Storage,
+    clock: FakeClock,
+    value: str = "100/minute",
+    *,
+    lease: bool | int = 5,
+    algorithm: str = "fixed_window",
+    name: str = "app",
+    extra: str | None = None,
+    **config: object,
+) -> tuple[Flask, Limiter, Switch]:
+    app = Flask(name)
+    app.config.update(
+        {"DISTLIMIT_TIERS": {"anonymous": ""}, "SECRET_KEY": "test-secret-" + "x" * 20}
+    )
+    app.config.update(config)
+    limiter = Limiter(clock=clock)
+    switch = Switch(storage)
+
+    @app.get("/hot")
+    @limiter.shared_limit(value, scope="hot", key_func=lambda: "all", algorithm=algorithm,
+                          lease=lease)  # fmt: skip
+    def hot() -> str:
+        return "ok"
+
+    if extra is not None:
+
+        @app.get("/both")
+        @limiter.shared_limit(value, scope="hot", key_func=lambda: "all", algorithm=algorithm,
+                              lease=lease)  # fmt: skip
+        @limiter.limit(extra, algorithm="fixed_window")
+        def both() -> str:
+            return "ok"
+
+    limiter.init_app(app, storage=switch)
+    return app, limiter, switch
+
+
+def _shared_used(storage: Storage, algorithm: str, limit: int, period: int, now: int) -> int:
+    """Units the shared key has consumed, as the store says (a peek)."""
+    [key] = [k for k in storage.scan("ratelimit:*") if "hot" in k]
+    d = storage.evaluate([Check(key, algorithm, limit, period, 0)], now_us=now).decisions[0]  # type: ignore[arg-type]
+    return limit - d.remaining
+
+
+def _held(limiter: Limiter, app: Flask) -> int:
+    return sum(int(v["held"]) for v in limiter.state(app).enforcer.leases.held().values())  # type: ignore[call-overload]
+
+
+# -- acquire, spend, renew ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", LEASABLE)
+def test_a_lease_is_taken_once_and_spent_in_process(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    app, limiter, storage = _app(backend(), clock, "1000/minute", lease=8, algorithm=algorithm)
+    client = app.test_client()
+    for _ in range(40):
+        assert client.get("/hot").status_code == 200
+    # the first request takes 1 + 8; each renewal tops the lease up to 8 when it is down to 2
+    assert storage.evaluations == 7  # requests 1, 7, 13, ..., 37
+    held = _held(limiter, app)
+    assert 0 < held <= 8
+    # the shared count holds every admission plus the units still leased: none lost, none extra
+    used = _shared_used(storage, algorithm, 1000, 60, clock.now_us)
+    assert used == 40 + held
+
+
+def test_the_headers_count_the_units_held(backend: Backend, clock: FakeClock) -> None:
+    app, _, _ = _app(backend(), clock, "100/minute", lease=10)
+    client = app.test_client()
+    first = client.get("/hot")
+    assert first.headers["X-RateLimit-Remaining"] == "99"  # 100 - 11 taken + 10 held
+    second = client.get("/hot")
+    assert second.headers["X-RateLimit-Remaining"] == "98"
+
+
+# -- the limit holds: several processes on one store ----------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", LEASABLE)
+def test_apps_sharing_a_leased_limit_never_admit_more_than_it(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    apps = [_app(backend(), clock, "50/minute", lease=4, algorithm=algorithm, name=f"w{i}")
+            for i in range(3)]  # fmt: skip
+    clients = [a[0].test_client() for a in apps]
+    admitted = 0
+    for n in range(300):
+        admitted += clients[n % 3].get("/hot").status_code == 200
+    assert admitted <= 50
+    # the stated bound: processes x lease size units may sit unspent in leases
+    assert admitted >= 50 - 3 * 4
+    if algorithm == "fixed_window":  # a flood spends every unit: the last ones asked for less
+        assert admitted == 50
+
+
+def test_a_refused_lease_asks_for_what_remains(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, storage = _app(backend(), clock, "10/minute", lease=4)
+    client = app.test_client()
+    for _ in range(8):  # 1 + 4 taken, then top-ups: 8 admitted
+        assert client.get("/hot").status_code == 200
+    # whatever the lease held, the rest of the window's 10 units are admitted, then refusals
+    codes = [client.get("/hot").status_code for _ in range(6)]
+    assert codes == [200, 200, 429, 429, 429, 429]
+    assert _held(limiter, app) == 0
+    assert _shared_used(storage, "fixed_window", 10, 60, clock.now_us) == 10
+
+
+def test_threads_of_two_processes_never_spend_more_than_the_limit(
+    backend: Backend, clock: FakeClock
+) -> None:
+    apps = [_app(backend(), clock, "100/minute", lease=7, name=f"w{i}")[0] for i in range(2)]
+    admitted: list[int] = []
+    lock = threading.Lock()
+
+    def flood(app: Flask) -> None:
+        client = app.test_client()
+        ok = sum(client.get("/hot").status_code == 200 for _ in range(40))
+        with lock:
+            admitted.append(ok)
+
+    threads = [threading.Thread(target=flood, args=(apps[i % 2],)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(admitted) <= 100
+    assert sum(admitted) >= 100 - 2 * 7
+
+
+# -- validity --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window_counter"])
+def test_a_windowed_lease_expires_at_its_window_end(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    app, limiter, storage = _app(backend(), clock, "100/minute", lease=10, algorithm=algorithm)
+    client = app.test_client()
+    clock.advance(30)  # half a window left
+    client.get("/hot")
+    assert _held(limiter, app) == 10
+    clock.advance(29.9)
+    assert _held(limiter, app) == 10
+    clock.advance(0.1)  # the window ends: the units were the old window's
+    assert _held(limiter, app) == 0
+    calls = storage.evaluations
+    client.get("/hot")
+    assert storage.evaluations == calls + 1  # a new lease in the new window
+    assert _held(limiter, app) == 10
+
+
+@pytest.mark.parametrize("algorithm", ["token_bucket", "gcra"])
+def test_a_bucket_lease_lasts_while_the_limit_earns_it_back(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    app, limiter, _ = _app(backend(), clock, "60/minute", lease=6, algorithm=algorithm)
+    client = app.test_client()
+    client.get("/hot")
+    assert _held(limiter, app) == 6
+    clock.advance(5.999)  # 6 units at one a second
+    assert _held(limiter, app) == 6
+    clock.advance(0.001)
+    assert _held(limiter, app) == 0
+
+
+# -- all-or-nothing --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", LEASABLE)
+def test_a_request_refused_by_another_limit_spends_nothing_of_the_lease(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    app, limiter, storage = _app(
+        backend(), clock, "100/minute", lease=10, extra="2/minute", algorithm=algorithm
+    )
+    client = app.test_client()
+    assert client.get("/hot").status_code == 200  # the lease: 10 held
+    assert [client.get("/both").status_code for _ in range(3)] == [200, 200, 429]
+    assert _held(limiter, app) == 8  # the refused request gave its unit back
+    # nothing else was lost: 3 admitted and 8 held
+    assert _shared_used(storage, algorithm, 100, 60, clock.now_us) == 3 + 8
+
+
+# -- failures --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["open", "closed", "local"])
+def test_units_held_are_spent_before_the_failure_policy_decides(
+    backend: Backend, clock: FakeClock, policy: str
+) -> None:
+    app, limiter, storage = _app(
+        backend(), clock, "100/minute", lease=10, DISTLIMIT_FAILURE_POLICY=policy
+    )
+    client = app.test_client()
+    assert client.get("/hot").status_code == 200
+    storage.down = True
+    for _ in range(7):  # down to the low-water mark: no call needed
+        response = client.get("/hot")
+        assert response.status_code == 200
+        assert "X-RateLimit-Degraded" not in response.headers
+    for _ in range(3):  # the renewals fail: the lease still covers the request
+        response = client.get("/hot")
+        assert response.status_code == 200
+    assert _held(limiter, app) == 0
+    # the lease is empty: the failure policy decides
+    response = client.get("/hot")
+    assert response.status_code == (503 if policy == "closed" else 200)
+    assert response.headers["X-RateLimit-Degraded"] == "true"
+
+
+def test_the_deny_cache_still_answers_for_a_spent_leased_limit(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, _, storage = _app(backend(), clock, "5/minute", lease=2)
+    client = app.test_client()
+    codes = [client.get("/hot").status_code for _ in range(5)]
+    assert codes == [200] * 5
+    assert client.get("/hot").status_code == 429
+    calls = storage.evaluations
+    assert client.get("/hot").status_code == 429
+    assert storage.evaluations == calls  # answered by the deny cache
+
+
+# -- sizing ---------------------------------------------------------------------------------------
+
+
+def test_lease_true_sizes_from_the_traffic(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, storage = _app(backend(), clock, "100000/minute", lease=True)
+    client = app.test_client()
+    for _ in range(5):  # 2 requests a second: no lease
+        client.get("/hot")
+        clock.advance(0.5)
+    assert storage.evaluations == 5
+    for _ in range(100):  # 1000 requests a second: leases are sized from it once measured
+        client.get("/hot")
+        clock.advance(0.001)
+    calls = storage.evaluations
+    for _ in range(100):
+        client.get("/hot")
+        clock.advance(0.001)
+    assert storage.evaluations - calls <= 100 // 10
+    sizes = [v["size"] for v in limiter.state(app).enforcer.leases.held().values()]
+    assert 20 <= sizes[0] <= 1000 * LEASE_SPAN_US / 1_000_000  # type: ignore[operator]
+
+
+def test_a_sized_lease_is_capped_at_a_twentieth_of_the_limit(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = _app(backend(), clock, "600/minute", lease=True)
+    client = app.test_client()
+    for _ in range(200):  # 1000 requests a second: 100 ms of it would be 100 units
+        client.get("/hot")
+        clock.advance(0.001)
+    sizes = [v["size"] for v in limiter.state(app).enforcer.leases.held().values()]
+    assert sizes == [600 // 20]
+    assert _held(limiter, app) <= 600 // 20
+
+
+def test_a_quiet_per_client_key_takes_no_lease(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, storage = _app(backend(), clock, "100/minute", lease=True)
+    client = app.test_client()
+    for _ in range(10):
+        client.get("/hot")
+        clock.advance(1)
+    assert storage.evaluations == 10  # one a second: not worth a lease
+    assert _held(limiter, app) == 0
+
+
+# -- operations ------------------------------------------------------------------------------------
+
+
+def test_health_lists_the_leases_of_this_process(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, _ = _app(backend(), clock, "100/minute", lease=10)
+    app.test_client().get("/hot")
+    leases = limiter.health(app)["leases"]
+    assert isinstance(leases, dict)
+    [(key, lease)] = leases.items()
+    assert "s_hot" in key
+    assert lease["held"] == 10 and lease["size"] == 10 and lease["algorithm"] == "fixed_window"
+
+
+# -- declarations ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"lease": 0}, "lease=0"),
+        ({"lease": "yes"}, "lease='yes'"),
+        ({"lease": 101}, "more than the limit"),
+        ({"lease": True, "algorithm": "sliding_window_log"}, "time of use"),
+        ({"lease": 5, "shadow": True}, "shadow"),
+        ({"lease": 5, "deduct_when": lambda r: True}, "deduct_when"),
+    ],
+)
+def test_a_bad_lease_is_refused_when_declared(kwargs: dict[str, object], message: str) -> None:
+    limiter = Limiter()
+    with pytest.raises(ConfigurationError, match=message):
+        limiter.limit("100/minute", **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_lease_on_the_default_log_algorithm_is_refused_at_init_app(clock: FakeClock) -> None:
+    app = Flask("x")
+    app.config.update({"DISTLIMIT_ALGORITHM": "sliding_window_log", "SECRET_KEY": "s" * 32})
+    limiter = Limiter(clock=clock)
+
+    @app.get("/")
+    @limiter.limit("10/minute", lease=2)
+    def index() -> str:
+        return "ok"
+
+    with pytest.raises(ConfigurationError, match="sliding window log"):
+        limiter.init_app(app)
+
+
+def test_a_fork_leaves_the_child_no_lease(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, _ = _app(backend(), clock, "100/minute", lease=10)
+    app.test_client().get("/hot")
+    leases = limiter.state(app).enforcer.leases
+    leases.after_fork()
+    assert leases.held() == {}
+
+
+def test_inspect_marks_a_leased_limit_and_counts_its_leased_units_as_used(
+    backend: Backend, clock: FakeClock
+) -> None:
+    from flask_distlimit.cli import distlimit_cli
+    from flask_distlimit.storage.memory import MemoryStorage
+
+    # the CLI peeks at the storage's own time: a Redis server's is the real one
+    storage = backend()
+    if not isinstance(storage, MemoryStorage):
+        clock = FakeClock(start=time.time())
+    app, _, _ = _app(storage, clock, "100/hour", lease=10)
+    app.test_client().get("/hot")
+    runner = app.test_cli_runner()
+    result = runner.invoke(distlimit_cli, ["inspect", "func:all", "--json"])
+    assert result.exit_code == 0, result.output
+    [row] = json.loads(result.output)
+    assert row["lease_per_process"] == 10
+    assert row["used"] == 11  # the request and the units this process holds
+    text = runner.invoke(distlimit_cli, ["inspect", "func:all"]).output
+    assert "leased: up to 10 per process" in text
+
+
+def test_metrics_count_leased_decisions_and_the_units_held(
+    backend: Backend, clock: FakeClock
+) -> None:
+    import prometheus_client
+
+    from flask_distlimit.metrics import Metrics
+
+    registry = prometheus_client.CollectorRegistry()
+    app, limiter, _ = _app(backend(), clock, "100/minute", lease=10)
+    limiter.state(app).guard.use_metrics(Metrics(registry))
+    client = app.test_client()
+    for _ in range(4):
+        client.get("/hot")
+    label = {"limit": "s_hot_100/60:fixed_window"}
+    assert registry.get_sample_value("distlimit_leased_decisions_total", label) == 3
+    allowed = {**label, "outcome": "allowed"}
+    assert registry.get_sample_value("distlimit_decisions_total", allowed) == 4
+    assert registry.get_sample_value("distlimit_lease_units", label) == 7
