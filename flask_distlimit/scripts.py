@@ -62,9 +62,11 @@ SHADOW_FLAG: Final = 16
 RELEASE_FLAG: Final = 32
 
 _FILES: Final = (
-    # first: one fixed-window or sliding-window-log check is decided before anything is built
+    # first: one fixed-window, sliding-window-log or sliding-window-counter check is decided
+    # before anything is built
     "fixed_window_fast.lua",
     "sliding_window_log_fast.lua",
+    "sliding_window_counter_fast.lua",
     "common.lua",
     "fixed_window.lua",
     "sliding_window_log.lua",
