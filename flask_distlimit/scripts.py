@@ -140,6 +140,17 @@ def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
             "integers: the script in Redis does not match this version of Flask-DistLimit. "
             "Run SCRIPT FLUSH on the Redis server (it is reloaded on the next request)."
         )
+    if len(checks) == 1:  # the usual request: no slices, no lists
+        _, allowed, limit, remaining, reset_us, retry_us, bad = values
+        decision = Decision(
+            allowed != 0,
+            limit,
+            remaining,
+            reset_us / _US,
+            NEVER if retry_us < 0 else retry_us / _US,
+            allowed == 2,
+        )
+        return Evaluation((decision,), (checks[0].key,) if bad else ())
     decisions = []
     repaired: list[str] = []
     for i, check in enumerate(checks):
