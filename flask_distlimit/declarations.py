@@ -64,15 +64,39 @@ from .guard import validate_policy
 from .leases import check_lease, check_lease_algorithm
 from .limits import Rate
 
-__all__ = ["Declarations", "LimitRegistry", "LimitSpec", "describe", "view_objects"]
+__all__ = [
+    "Declarations",
+    "LimitRegistry",
+    "LimitSpec",
+    "carried_function",
+    "describe",
+    "view_objects",
+]
 
 F = TypeVar("F", bound=Callable[..., object])
 Decorated = TypeVar("Decorated")
 
 #: The attribute naming the limiter whose limits a wrapper carries.
 _CARRIER = "__distlimit_limiter__"
+#: The attribute holding ``(wrapper, function)`` of a limit wrapper (the wrapper itself first:
+#: a decorator using ``functools.wraps`` copies the attribute onto its own wrapper).
+_CARRIED = "__distlimit_carried__"
 #: How deep a ``__wrapped__`` chain is followed.
 _MAX_DEPTH = 32
+
+
+def carried_function(view: object, limiter: object) -> Callable[..., Any] | None:
+    """The function ``view`` wraps when ``view`` is itself a limit wrapper of ``limiter`` (not a
+    decorator's wrapper around one), else None. The view gate calls it directly when the
+    request's plan already decided the wrapper's limits: the wrapper would only check that."""
+    carried = getattr(view, _CARRIED, None)
+    if (
+        isinstance(carried, tuple)
+        and carried[0] is view
+        and getattr(view, _CARRIER, None) is limiter
+    ):
+        return carried[1]  # type: ignore[no-any-return]
+    return None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -572,6 +596,7 @@ class Declarations:
                 return await func(*args, **kwargs)
 
             setattr(async_carrier, _CARRIER, self)
+            setattr(async_carrier, _CARRIED, (async_carrier, func))
             return async_carrier
 
         @functools.wraps(func)
@@ -581,6 +606,7 @@ class Declarations:
             return func(*args, **kwargs)
 
         setattr(carrier, _CARRIER, self)
+        setattr(carrier, _CARRIED, (carrier, func))
         return carrier
 
     def _carry_in_decorators(self, view_class: type[View]) -> None:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from flask import Flask, Request, current_app, request
+from flask import signals as flask_signals
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as WerkzeugResponse
 
@@ -49,7 +50,7 @@ from .algorithms import CONCURRENCY, MAX_LIMITS_PER_REQUEST, check_limit_count
 from .concurrency import SlotRelease, is_slot_key, slot_check
 from .current_limits import Evaluated
 from .decision import Check, Decision, Evaluation
-from .declarations import describe
+from .declarations import carried_function, describe
 from .dynamic_limits import ttl_us
 from .fleet import Fleet
 from .headers import Report, rate_limit_headers
@@ -209,6 +210,8 @@ class Enforcer:
         self._conditional_cost = settings.conditional_cost
         self._retry_unavailable = retry_after_seconds(settings.breaker_reset_timeout)
         self._lock = threading.Lock()
+        #: teardown_request is called at the end of each request (see hook_teardown)
+        self._teardown_hooked = False
         #: the app's view functions as registered, by endpoint; None until the first request
         self._views: dict[str, object] | None = None
         self._served: _Served | None = None
@@ -228,6 +231,11 @@ class Enforcer:
         )
         #: some limit applies to every request (global, tier or the fleet's capacity)
         self._every_request = bool(state.global_limits or state.tier_limits or self.fleet)
+        #: the global and tier limits hold no shadow limit, and no fleet slot rides along
+        self._every_plain = self.fleet is None and not any(
+            b.shadow
+            for b in (*state.global_limits, *(b for t in state.tier_limits.values() for b in t))
+        )
         self._charge_preflights = settings.charge_preflights
         self._dynamic_ttl = ttl_us(settings.dynamic_limit_ttl)
         self._filters = state.limiter.request_filters
@@ -311,18 +319,25 @@ class Enforcer:
 
     def _gate(self, endpoint: str, view: Any) -> Callable[..., Any]:
         enforce = self.enforce
+        # A view that is this limiter's limit wrapper: when the plan decided its limits, the
+        # function it wraps is called directly (the wrapper would only check that).
+        inner = carried_function(view, self.state.limiter)
         if inspect.iscoroutinefunction(view):
 
             @functools.wraps(view)
             async def async_gate(*args: Any, **kwargs: Any) -> Any:
-                enforce(endpoint, view)
+                data = enforce(endpoint, view)
+                if inner is not None and data is not None and (data.exempt or view in data.covered):
+                    return await inner(*args, **kwargs)
                 return await view(*args, **kwargs)
 
             return async_gate
 
         @functools.wraps(view)
         def gate(*args: Any, **kwargs: Any) -> Any:
-            enforce(endpoint, view)
+            data = enforce(endpoint, view)
+            if inner is not None and data is not None and (data.exempt or view in data.covered):
+                return inner(*args, **kwargs)
             return view(*args, **kwargs)
 
         return gate
@@ -363,18 +378,21 @@ class Enforcer:
 
     # -- the request path ----------------------------------------------------------------------
 
-    def enforce(self, endpoint: str, view: object) -> None:
+    def enforce(self, endpoint: str, view: object) -> _RequestData | None:
         """The gate's work: decide every limit of the request in one storage call; raise on a
-        refusal."""
+        refusal. Answers the request's data (None when nothing applies to the route)."""
         req: Request = request._get_current_object()  # type: ignore[attr-defined]
         plan = self._plans.get((endpoint, req.method)) or self.plan(endpoint, req.method, view)
         if plan.idle and not self._every_request:
-            return  # nothing to count, nothing a wrapper could need to know
+            return None  # nothing to count, nothing a wrapper could need to know
         exempt = plan.exempt or bool(self._filters and filtered(self._filters))
         data = _RequestData(plan.covered, exempt=exempt)
         req.environ[self.environ_key] = data
         if not exempt:
-            self._evaluate(req, data, plan.limits, plan.needs_identity, plan.policy, True)
+            self._evaluate(
+                req, data, plan.limits, plan.needs_identity, plan.policy, True, plain=plan.plain
+            )
+        return data
 
     def reached(self, carrier: object, specs: Sequence[Any]) -> None:
         """A limit wrapper runs: enforce its limits unless the request's plan already did."""
@@ -425,9 +443,11 @@ class Enforcer:
         policy: FailurePolicy | None,
         every_request: bool,
         fleet: bool = True,
+        *,
+        plain: bool = False,
     ) -> None:
         """One storage call for ``route_limits`` (and the global and tier limits when
-        ``every_request``)."""
+        ``every_request``). ``plain``: every route limit is :attr:`BoundLimit.plain`."""
         state = self.state
         environ = req.environ
         method = req.method
@@ -468,6 +488,11 @@ class Enforcer:
                 for b in state.tier_limits.get(identity.tier, ()):
                     checks.append(b.check(itag, every_cost))
                     bounds.append(b)
+        if plain:  # the common case: no option of a limit to call or resolve
+            for b in route_limits:
+                checks.append(b.check(itag, default_cost))
+                bounds.append(b)
+            route_limits = ()
         fixed = len(route_limits)  # route limits not yet added (a room for dynamic values)
         for b in route_limits:
             fixed -= 1
@@ -505,7 +530,9 @@ class Enforcer:
                 self._refuse_unaffordable(c, b, identity, data)
         if len(checks) > 1 and len({c.key for c in checks}) != len(checks):
             checks, bounds = _dedupe(checks, bounds)
-        self._decide(checks, bounds, identity, policy, data)
+        # no slot and no shadow limit among the checks: their scans are skipped
+        simple = plain and (not every_request or self._every_plain)
+        self._decide(checks, bounds, identity, policy, data, simple=simple)
 
     def _decide(
         self,
@@ -514,6 +541,8 @@ class Enforcer:
         identity: Identity | None,
         policy: FailurePolicy | None,
         data: _RequestData,
+        *,
+        simple: bool = False,
     ) -> None:
         state = self.state
         cache = state.deny_cache
@@ -541,10 +570,12 @@ class Enforcer:
                     self._refuse(
                         [report], [c.key], identity, data, from_cache=True, denied_bounds=[b]
                     )
-        slots = [c for c in checks if c.token]
+        slots = [] if simple else [c for c in checks if c.token]
         if slots:  # given back when the response ends, whatever happens from here
             if data.slots is None:
                 data.slots = SlotRelease(state)
+                if not self._teardown_hooked:
+                    self._hook_teardown()
             data.slots.add(slots)
         started = state.local_clock()
         if self._leasing and any(b.lease for b in bounds):  # flask_distlimit.leases
@@ -580,7 +611,7 @@ class Enforcer:
                 degraded=outcome.degraded,
                 denied_bounds=[bounds[i] for i in spent],
             )
-        if any(d.shadow_denied for d in decisions):
+        if not simple and any(d.shadow_denied for d in decisions):
             self._shadow_log.would_deny(
                 [
                     (c.key, b.name, b.rate.period)
@@ -624,7 +655,7 @@ class Enforcer:
         # allowed: report the limit with the fewest units left (ties: the latest reset); never
         # a shadow limit (clients would slow down for a limit that is not enforced)
         best = 0
-        if any(c.shadow or c.token for c in checks):
+        if not simple and any(c.shadow or c.token for c in checks):
             best = next((i for i, c in enumerate(checks) if not (c.shadow or c.token)), -1)
             if best < 0:
                 data.degraded = data.degraded or outcome.degraded
@@ -824,6 +855,27 @@ class Enforcer:
         ):
             headers["Retry-After"] = str(data.retry_after)
         return response
+
+    def hook_teardown(self, app: Flask) -> None:
+        """Called by ``init_app``. Without blinker (Flask 2.2 makes it optional) the teardown
+        hook is registered now; with it, :meth:`teardown_request` listens to Flask's
+        ``request_tearing_down`` signal from the first request that takes a concurrency slot
+        on: until then there is nothing to give back, and no request pays for a hook."""
+        if not getattr(flask_signals, "signals_available", True):
+            app.teardown_request(self.teardown_request)
+            self._teardown_hooked = True
+
+    def _hook_teardown(self) -> None:
+        with self._lock:
+            if not self._teardown_hooked:
+                app = current_app._get_current_object()  # type: ignore[attr-defined]
+                # weak=False: the bound method lives as long as the app (blinker drops the
+                # receivers of a sender that is gone)
+                flask_signals.request_tearing_down.connect(self._torn_down, app, weak=False)
+                self._teardown_hooked = True
+
+    def _torn_down(self, sender: Flask, exc: BaseException | None = None, **_: Any) -> None:
+        self.teardown_request(exc)
 
     def teardown_request(self, exc: BaseException | None = None) -> None:
         """Give back the request's concurrency slots (a streamed response gives them back

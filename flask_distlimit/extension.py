@@ -175,7 +175,7 @@ class Limiter(Declarations):
                 app.teardown_request(state.shedding.teardown_request)
             app.before_request(state.enforcer.before_request)
             app.after_request(state.enforcer.after_request)
-            app.teardown_request(state.enforcer.teardown_request)
+            state.enforcer.hook_teardown(app)  # a signal receiver once a slot is taken
 
     @staticmethod
     def state(app: Flask | None = None) -> LimiterState:

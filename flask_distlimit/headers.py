@@ -99,9 +99,19 @@ def rate_limit_headers(
         wait = retry_after_seconds(report.retry_after)
         remaining = 0
     else:
-        wait = math.ceil(report.reset_after - 1e-9) if math.isfinite(report.reset_after) else 0
-        wait = max(wait, 0)
+        reset_after = report.reset_after
+        wait = math.ceil(reset_after - 1e-9) if math.isfinite(reset_after) else 0
+        if wait < 0:
+            wait = 0
         remaining = report.remaining
+    if mode == "both":  # the default: one list, no concatenation
+        return [
+            ("X-RateLimit-Limit", str(report.limit)),
+            ("X-RateLimit-Remaining", str(remaining)),
+            ("X-RateLimit-Reset", str(math.ceil(now_s) + wait)),
+            ("RateLimit-Policy", report.policy),
+            ("RateLimit", f"{report.quoted};r={remaining};t={wait}"),
+        ]
     headers: list[tuple[str, str]] = []
     if mode in ("legacy", "both"):
         headers += [

@@ -96,6 +96,21 @@ class BoundLimit:
     )
 
     @property
+    def plain(self) -> bool:
+        """A rate limit on the request's identity with nothing to call or resolve per request
+        (no ``key_func``, cost function, ``exempt_when``, dynamic value or ``deduct_when``),
+        neither a concurrency limit nor a shadow one: the request path's common case."""
+        return (
+            self.key_func is None
+            and self.cost is None
+            and self.exempt_when is None
+            and self.dynamic is None
+            and self.deduct_when is None
+            and not self.shadow
+            and self.algorithm != CONCURRENCY
+        )
+
+    @property
     def most_rates(self) -> int:
         """The most limits this one puts in a request (a dynamic value's largest known)."""
         return 1 if self.dynamic is None else self.dynamic.value.most_rates()
@@ -299,6 +314,8 @@ class RoutePlan:
     needs_identity: bool = False  #: some limit keys on the request's identity (no key_func)
     #: the objects (wrappers) whose limits this plan holds: they need not enforce them again
     covered: frozenset[object] = frozenset()
+    #: every limit is a plain rate limit on the identity (see :attr:`BoundLimit.plain`)
+    plain: bool = False
 
     @property
     def idle(self) -> bool:
@@ -378,10 +395,12 @@ def build_plan(
             if dedupe not in seen:
                 seen.add(dedupe)
                 bound.append(b)
+    limits = distinct(bound, prefix)
     return RoutePlan(
         exempt=False,
-        limits=distinct(bound, prefix),
+        limits=limits,
         policy=strictest(spec.on_failure for spec in specs),
         needs_identity=any(b.needs_identity for b in bound),
         covered=covered,
+        plain=all(b.plain for b in limits),
     )

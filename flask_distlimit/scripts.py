@@ -71,9 +71,11 @@ SHADOW_FLAG: Final = 16
 RELEASE_FLAG: Final = 32
 
 _FILES: Final = (
-    # first: one fixed-window or sliding-window-log check is decided before anything is built
+    # first: one fixed-window, sliding-window-log or sliding-window-counter check is decided
+    # before anything is built
     "fixed_window_fast.lua",
     "sliding_window_log_fast.lua",
+    "sliding_window_counter_fast.lua",
     "common.lua",
     "fixed_window.lua",
     "sliding_window_log.lua",
@@ -181,6 +183,17 @@ def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
             "integers: the script in Redis does not match this version of Flask-DistLimit. "
             "Run SCRIPT FLUSH on the Redis server (it is reloaded on the next request)."
         )
+    if len(checks) == 1:  # the usual request: no slices, no lists
+        _, allowed, limit, remaining, reset_us, retry_us, bad = values
+        decision = Decision(
+            allowed != 0,
+            limit,
+            remaining,
+            reset_us / _US,
+            NEVER if retry_us < 0 else retry_us / _US,
+            allowed == 2,
+        )
+        return Evaluation((decision,), (checks[0].key,) if bad else ())
     decisions = []
     repaired: list[str] = []
     for i, check in enumerate(checks):

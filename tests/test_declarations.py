@@ -7,6 +7,7 @@ blueprints, hooks registered after ``init_app``), on memory, fakeredis and a rea
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -172,6 +173,51 @@ def test_a_wrapper_without_wraps_neither_leaks_nor_loses_a_limit(
     # The first request named the limit it could not see before the view ran.
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "account" in warnings[0] and "functools.wraps" in warnings[0]
+
+
+def test_a_decorator_with_wraps_over_a_limit_still_runs_and_counts_once(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """The gate calls the function under a limit wrapper directly once the route's plan decided
+    its limits; a decorator above it with ``functools.wraps`` copies the wrapper's attributes,
+    and must still run (it is not the wrapper)."""
+    app, limiter, counting = make_app(backend(), clock)
+    seen: list[str] = []
+
+    def audited(view: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(view)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            seen.append(request.path)
+            return view(*args, **kwargs)
+
+        return wrapper
+
+    @app.get("/audited")
+    @audited
+    @limiter.limit("2/minute")
+    def audited_view() -> str:
+        return "audited"
+
+    @app.get("/plain")
+    @limiter.limit("2/minute")
+    def plain_view() -> str:
+        return "plain"
+
+    @app.get("/exempt")
+    @limiter.exempt
+    @audited
+    @limiter.limit("2/minute")
+    def exempt_view() -> str:
+        return "exempt"
+
+    assert statuses(app, "/audited", 3) == [200, 200, 429]
+    assert seen == ["/audited", "/audited"]  # the decorator ran on each admitted request
+    assert statuses(app, "/plain", 3) == [200, 200, 429]
+    assert counting.evaluations == 6  # one storage call per request, never a second
+
+    assert statuses(app, "/exempt", 3) == [200] * 3
+    assert seen.count("/exempt") == 3  # exempt: the limits go, the decorator stays
+    assert counting.evaluations == 6
 
 
 def test_views_from_one_factory_keep_their_own_limits(backend: Backend, clock: FakeClock) -> None:

@@ -1,7 +1,8 @@
 """The script's fast paths decide and refuse exactly as its general path does.
 
 One check whose argument is six plain decimal integers takes a fast path in the script (the fixed
-window's and the sliding window log's, inlined; the driver's for every algorithm); anything else
+window's, the sliding window log's and the sliding window counter's, inlined; the driver's for
+every algorithm); anything else
 (here: the same numbers with a space before each, which cjson still reads) goes through cjson and
 the general path. So each scenario runs twice on twin keys, once per path, and the replies and
 what is stored must match. Several checks always take the general path: their tests pin that it
@@ -128,6 +129,28 @@ def test_several_checks_decide_as_with_spaced_fields(redis_client: redis.Redis, 
     _run(redis_client, checks, _steps(rng, n, 60, refunds=True))
 
 
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window_counter"])
+def test_counters_decide_as_the_general_path_at_any_limit_and_period(
+    redis_client: redis.Redis, algorithm: str
+) -> None:
+    # limits, periods and steps of many sizes: every branch of the retry search (waiting in this
+    # window, only in the next, never) and windows shifting by one, two or more
+    rng = random.Random(algorithm)
+    for _ in range(12):
+        # periods of seconds at least: a key's TTL runs on the server's real clock
+        limit = rng.choice([1, 2, 3, 7, 40, 999])
+        period = rng.choice([3_000_001, 7_000_000, MINUTE, 999_999_937])
+        code = ALGORITHM_CODES[algorithm] + rng.choice([0, SHADOW_FLAG])  # type: ignore[index]
+        steps, now = [], T0 + rng.randrange(period)
+        for _ in range(25):
+            now += rng.choice([0, 1, period // 3, period - 1, period, 2 * period + 1])
+            costs = [rng.choice([0, 1, 1, 2, limit // 2, limit, limit + 1])]
+            steps.append((now, 0, costs))
+        for key in ("fast:{t}:0", "general:{t}:0"):
+            redis_client.delete(key)
+        _run(redis_client, [(code, limit, period)], steps)
+
+
 def test_time_from_redis_on_the_fast_path(redis_client: redis.Redis) -> None:
     script = redis_client.register_script(SCRIPT_SOURCE)
     before = int(redis_client.time()[0]) * 1_000_000
@@ -188,6 +211,19 @@ GARBAGE = {
         lambda r, k: r.hset(k, mapping={"w": str(T0 // MINUTE + 1), "n": "2"}),  # ahead, kept
         lambda r, k: r.hset(k, mapping={"w": str(T0 // MINUTE + 2), "n": "2"}),  # too far ahead
         lambda r, k: r.hset(k, mapping={"w": str(T0 // MINUTE), "n": "2.5"}),
+    ],
+    "sliding_window_counter": [
+        lambda r, k: r.set(k, "x"),
+        lambda r, k: r.hset(k, mapping={"w": "1", "c": "1e300", "p": "0"}),
+        lambda r, k: r.hset(k, mapping={"w": "x"}),
+        lambda r, k: r.hset(k, mapping={"w": str(T0 // MINUTE), "c": "2"}),  # no p: repaired
+        lambda r, k: r.hset(k, mapping={"w": str(T0 // MINUTE), "c": "2", "p": "4"}),
+        lambda r, k: r.hset(k, mapping={"w": str(T0 // MINUTE - 1), "c": "3", "p": "1"}),
+        lambda r, k: r.hset(k, mapping={"w": str(T0 // MINUTE - 2), "c": "3", "p": "1"}),
+        lambda r, k: r.hset(k, mapping={"w": str(T0 // MINUTE + 1), "c": "2", "p": "1"}),  # ahead
+        lambda r, k: r.hset(k, mapping={"w": str(T0 // MINUTE + 2), "c": "2", "p": "1"}),
+        lambda r, k: r.hset(k, mapping={"w": str(T0 // MINUTE), "c": "2.5", "p": "0"}),
+        lambda r, k: r.hset(k, mapping={"w": str(T0 // MINUTE), "c": "-1", "p": "0"}),
     ],
     "sliding_window_log": [
         lambda r, k: r.set(k, "x"),

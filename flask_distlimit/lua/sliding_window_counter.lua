@@ -1,6 +1,10 @@
 -- SLIDING WINDOW COUNTER (Cloudflare's estimate). Key: a hash {w = window index,
 -- c = units in window w, p = units in window w - 1}.
 --
+-- KEEP IN STEP with sliding_window_counter_fast.lua, which decides one such check inline (the
+-- common request): a change here is made there too; tests/test_script_fastpath.py compares the
+-- two paths on twin keys.
+--
 --   L = limit (units), P = period (us), c = cost (units), now (us since the epoch)
 --   w_now = floor(now / P). A stored window ahead of w_now (clock went back) is kept and time is
 --   clamped to its start: t = max(now, w * P). Otherwise t = now, w = w_now, and the stored

@@ -84,7 +84,10 @@ class DeadlinePool:
 
     def reset(self) -> None:
         """Forget every connection (without closing any): a new, empty pool."""
-        self._ready = threading.Condition(threading.Lock())
+        # the lock itself guards the usual checkout and release (cheaper than the Condition's
+        # own methods); the Condition, on the same lock, for waiting
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
         self._idle: deque[Any] = deque()
         self._made: set[Any] = set()
         self._waiting = 0  # threads waiting for a connection: release notifies only then
@@ -102,7 +105,7 @@ class DeadlinePool:
         """A connected, fresh connection; every wait on the way ends by ``deadline``."""
         if self.pid != os.getpid():
             self.forget_inherited()
-        with self._ready:
+        with self._lock:
             if not self._idle and len(self._made) >= self.max_connections:
                 self._waiting += 1
                 try:
@@ -136,7 +139,7 @@ class DeadlinePool:
         if connection not in self._made:  # made before a fork or a reset: never reused here
             connection.disconnect()
             return
-        with self._ready:
+        with self._lock:
             self._idle.append(connection)
             if self._waiting:
                 self._ready.notify()
