@@ -20,6 +20,7 @@ from redis.sentinel import MasterNotFoundError
 
 from flask_distlimit.decision import Check
 from flask_distlimit.errors import StorageMisconfigured, StorageResponseError, StorageUnavailable
+from flask_distlimit.scripts import with_token
 from flask_distlimit.storage import from_url
 from flask_distlimit.storage.evalsha import EvalshaPacker
 from flask_distlimit.storage.heartbeat import Fleet
@@ -691,6 +692,13 @@ def test_the_evalsha_bytes_are_what_redis_py_packs(keys: list[str], args: list[s
     connection = redis.Connection()
     expected = b"".join(connection.pack_command("EVALSHA", SHA, len(keys), *keys, *args))
     assert EvalshaPacker(SHA).pack(keys, args) == expected
+    # with a request token: the bytes of the lists scripts.with_token builds
+    token = "ratelimit:rq:{abc}:5f3a.12.7"
+    for again in (False, True):
+        k, a = with_token(keys, args, token, 1000, again=again)
+        mark = "1000,1" if again else "1000"
+        expected = b"".join(connection.pack_command("EVALSHA", SHA, len(k), *k, *a))
+        assert EvalshaPacker(SHA).pack(keys, args, token, mark) == expected
 
 
 def test_the_evalsha_bytes_follow_the_connection_encoding(redis_server: RedisProcess) -> None:

@@ -73,7 +73,7 @@ from ..errors import (
     StorageReplyLost,
     StorageUnavailable,
 )
-from ..scripts import SCRIPT_SOURCE, parse_reply, script_args, with_token
+from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
 from .base import Storage
 from .evalsha import EvalshaPacker
 from .heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
@@ -99,7 +99,7 @@ def _read_or_repeat(
     keys: list[str],
     args: list[str | int],
     token: str,
-    ttl_ms: int,
+    again_mark: str,
     deadline: float,
 ) -> Any:
     """The reply to the call just sent on ``connection``; when the connection is closed under
@@ -111,7 +111,7 @@ def _read_or_repeat(
         return pool.read(connection, max(deadline, time.monotonic() + _LAST_LOOK))
     except rx.ConnectionError as exc:
         lost = exc
-    again = [packer.pack(*with_token(keys, args, token, ttl_ms, again=True))]
+    again = [packer.pack(keys, args, token, again_mark)]
     return repeat_call(pool, connection, again, deadline, lost, lambda c: pool.read(c, deadline))
 
 
@@ -383,7 +383,7 @@ class ClusterStorage(Storage):
                     node = client.get_node_from_key(keys[0])  # type: ignore[no-untyped-call]
                     pool = self._pool_of(client, node)
                     connection = pool.checkout(deadline)  # a closed connection is replaced
-                    command = [packer.pack(*with_token(keys, args, token, tokens.ttl_ms))]
+                    command = [packer.pack(keys, args, token, tokens.first)]
                     try:
                         pool.send(connection, command, deadline)
                     except rx.ConnectionError:
@@ -399,7 +399,7 @@ class ClusterStorage(Storage):
                 n, pool, connection, keys, args, token = in_flight[0]
                 try:
                     reply = _read_or_repeat(
-                        pool, connection, packer, keys, args, token, tokens.ttl_ms, deadline
+                        pool, connection, packer, keys, args, token, tokens.again, deadline
                     )
                 except _NOT_RUN:
                     pool.release(connection)

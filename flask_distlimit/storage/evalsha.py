@@ -26,16 +26,27 @@ class EvalshaPacker:
         self._encoding = encoding
         self._errors = errors
 
-    def pack(self, keys: Sequence[str], args: Sequence[str | int]) -> bytes:
-        n = len(keys)
+    def pack(
+        self,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        token: str | None = None,
+        mark: str = "",
+    ) -> bytes:
+        """``keys`` then ``args``; with a request ``token`` (its key) and its ``mark`` (the
+        argument that goes with it), the same bytes as ``with_token(keys, args, ...)`` would
+        give (:func:`flask_distlimit.scripts.with_token`), without building those lists."""
+        extra = token is not None
+        n = len(keys) + extra
         count = str(n).encode("ascii")
         parts = [
-            b"*%d\r\n" % (3 + n + len(args)),
+            b"*%d\r\n" % (3 + n + len(args) + extra),
             self._head,
             b"$%d\r\n%b\r\n" % (len(count), count),
         ]
         encoding, errors = self._encoding, self._errors
-        for value in (*keys, *args):
+        values = (*keys, token, *args, mark) if extra else (*keys, *args)
+        for value in values:
             data = str(value).encode(encoding, errors)
             parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
         return b"".join(parts)

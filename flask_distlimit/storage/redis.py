@@ -59,7 +59,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from ..decision import Check, Evaluation
-from ..scripts import SCRIPT_SOURCE, parse_reply, script_args, with_token
+from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
 from .base import Storage
 from .evalsha import EvalshaPacker
 from .heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
@@ -216,7 +216,7 @@ class RedisStorage(Storage):
         """``script``'s EVALSHA of ``keys`` and ``args`` with the request token ``token`` on a
         pooled connection, everything by one deadline (module docstring)."""
         deadline = time.monotonic() + self.timeout
-        command = [self._packer.pack(*with_token(keys, args, token, self.tokens.ttl_ms))]
+        command = [self._packer.pack(keys, args, token, self.tokens.first)]
         try:
             return self._run_once(pool, script, command, deadline, (keys, args, token))
         except ReadOnlyError:
@@ -252,9 +252,7 @@ class RedisStorage(Storage):
             # a fresh connection, within the same deadline, marked as a repeat: the script
             # answers the reply it kept under the token if it ran, and runs if it did not.
             keys, args, token = call
-            again = [
-                self._packer.pack(*with_token(keys, args, token, self.tokens.ttl_ms, again=True))
-            ]
+            again = [self._packer.pack(keys, args, token, self.tokens.again)]
             return repeat_call(
                 pool,
                 connection,

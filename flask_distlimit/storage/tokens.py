@@ -36,11 +36,15 @@ TOKEN_TTL_MS: Final = 1000
 class RequestTokens:
     """Hands out the token keys of one storage's calls; ``timeout`` is the call's deadline."""
 
-    __slots__ = ("_count", "_prefix", "ttl_ms")
+    __slots__ = ("_count", "_prefix", "again", "first", "ttl_ms")
 
     def __init__(self, timeout: float) -> None:
         #: how long Redis keeps a reply: the retry comes within the same deadline
         self.ttl_ms = max(TOKEN_TTL_MS, math.ceil(2000 * timeout))
+        #: the argument that goes with the token on a first try and on a repeat
+        #: (:func:`~flask_distlimit.scripts.with_token`)
+        self.first = str(self.ttl_ms)
+        self.again = f"{self.ttl_ms},1"
         self.reset()
 
     def reset(self) -> None:
