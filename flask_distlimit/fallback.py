@@ -157,6 +157,10 @@ class LocalFallback:
         success after a failure."""
         return self._clock() < self._engaged_until
 
+    def covers(self, key: str) -> bool:
+        """Is ``key`` counted here (every admission of it since it entered)? Cheap: no lock."""
+        return key in self._covered
+
     def held(self) -> int:
         """How many keys are counted here now."""
         now = self._clock()

@@ -251,6 +251,15 @@ class Guard:
             for node, indexes in self.storage.route(checks)
         ]
 
+    def _fallback_for(self, key: str, node: str) -> LocalFallback:
+        """The fallback that counts ``key``: one that counts it already (its slot may have
+        moved since: a replica promoted in place of the dead primary knows nothing of the
+        admissions decided locally), else ``node``'s."""
+        for fallback in self._fallbacks.values():
+            if fallback.holding and fallback.covers(key):
+                return fallback
+        return self.fallback_of(node)
+
     def _fallbacks_all(self) -> list[LocalFallback]:
         return [self.fallback, *self._fallbacks.values()]
 
@@ -472,15 +481,15 @@ class Guard:
     ) -> Evaluation:
         """The checks ``failed`` (indexes, sorted) decided by their nodes' fallbacks, all or
         nothing: when one node's fallback refuses, the others give back what they admitted."""
-        by_node: dict[str, list[int]] = {}
+        by_fallback: dict[LocalFallback, list[int]] = {}
         for i in failed:
-            by_node.setdefault(node_of[i], []).append(i)
+            fallback = self._fallback_for(checks[i].key, node_of[i])
+            by_fallback.setdefault(fallback, []).append(i)
         instances = self.instances.divisor
         decided: dict[int, Decision] = {}
         admitted: list[tuple[LocalFallback, list[Check]]] = []
         allowed = True
-        for node, indexes in by_node.items():
-            fallback = self.fallback_of(node)
+        for fallback, indexes in by_fallback.items():
             part = [checks[i] for i in indexes]
             evaluation = fallback.evaluate(part, instances=instances, now_us=now_us)
             decided.update(zip(indexes, evaluation.decisions, strict=True))
@@ -550,14 +559,19 @@ class Guard:
         evaluation: Evaluation,
         now_us: int | None,
     ) -> Outcome | None:
-        """:meth:`LocalFallback.charge` of each node's checks by that node's fallback, when it
-        holds counts; the local refusal of any of them refuses the request."""
+        """:meth:`LocalFallback.charge` of each check by the fallback that counts its key, else
+        by its node's, when that holds counts; the local refusal of any refuses the request."""
+        if not any(f.holding for f in self._fallbacks.values()):
+            return None  # the path of every healthy cluster
+        by_fallback: dict[LocalFallback, list[int]] = {}
+        for node, indexes in live:
+            for i in indexes:
+                fallback = self._fallback_for(checks[i].key, node)
+                if fallback.holding:
+                    by_fallback.setdefault(fallback, []).append(i)
         decisions = list(evaluation.decisions)
         refused = False
-        for node, indexes in live:
-            fallback = self._fallbacks.get(node)
-            if fallback is None or not fallback.holding:
-                continue  # the path of every healthy node
+        for fallback, indexes in by_fallback.items():
             part = [checks[i] for i in indexes]
             said = Evaluation(tuple(decisions[i] for i in indexes))
             local = fallback.charge(part, said, instances=self.instances.divisor, now_us=now_us)

@@ -44,11 +44,17 @@ class Shards(MemoryStorage):
         self.down: set[str] = set()
         self.topology: set[str] = {A, B}
         self.sent: list[str] = []  # the node of every part sent
+        self.moved: dict[str, str] = {}  # a node whose slots another serves now
 
     def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
-        if any(node_of(c.key) in self.down for c in checks):
+        if any(self.serving(c.key) in self.down for c in checks):
             raise StorageUnavailable("fake node down")
         return super().evaluate(checks, now_us=now_us)
+
+    def serving(self, key: str) -> str:
+        """The node serving ``key``: node_of's, unless its slots moved (a promoted replica)."""
+        served = node_of(key)
+        return self.moved.get(served, served)
 
     def nodes(self) -> Collection[str] | None:
         return set(self.topology)
@@ -56,13 +62,13 @@ class Shards(MemoryStorage):
     def route(self, checks: Sequence[Check]) -> list[tuple[str, list[int]]]:
         by_node: dict[str, list[int]] = {}
         for i, c in enumerate(checks):
-            by_node.setdefault(node_of(c.key), []).append(i)
+            by_node.setdefault(self.serving(c.key), []).append(i)
         return list(by_node.items())
 
     def evaluate_parts(
         self, parts: Sequence[Sequence[Check]], *, now_us: int | None = None
     ) -> list[Evaluation | StorageError]:
-        self.sent.extend(node_of(p[0].key) for p in parts)
+        self.sent.extend(self.serving(p[0].key) for p in parts)
         return super().evaluate_parts(parts, now_us=now_us)
 
     def remaining(self, check: Check) -> int:
@@ -314,3 +320,21 @@ def test_local_decisions_across_failed_nodes_are_all_or_nothing() -> None:
     # bob's fallback refuses: alice's gives back what it admitted for this request
     assert kinds(guard, both, 3) == ["degraded denied"] * 3
     assert kinds(guard, [limit("alice", 5)], 5) == ["degraded allowed"] * 4 + ["degraded denied"]
+
+
+def test_a_key_decided_locally_stays_held_when_a_promoted_replica_serves_it() -> None:
+    """Found by the fault harness (cluster-primary, local: 37 against 33 in one window): the
+    local decisions of a dead primary's keys are unknown to the replica promoted in its place,
+    which starts the window from zero. Its answers must still count against the fallback that
+    decided the key, not against the fresh fallback of the new node."""
+    guard, storage, clock = make("local", instances=3)
+    storage.down.add(B)
+    assert kinds(guard, [limit("bob", 9)], 4) == ["degraded allowed"] * 3 + ["degraded denied"]
+    C = "10.0.0.3:7003"
+    storage.moved[B] = C  # the replica promoted: bob's slot is served by C, which answers
+    storage.topology = {A, C}
+    clock.advance(1.0)  # the same window (NOW is fixed), within the engagement
+    # Redis (C) admits bob afresh, but this process spent its share of the window: refused
+    assert kinds(guard, [limit("bob", 9)], 2) == ["degraded denied"] * 2
+    # alice on A, untouched throughout
+    assert kinds(guard, [limit("alice", 9)], 9) == ["allowed"] * 9
