@@ -202,7 +202,9 @@ class Guard:
         self._fallback_factory = fallback_factory
         #: The local fallback (one per node on a Redis Cluster: :meth:`fallback_of`).
         self.fallback = self._new_fallback()
+        # Copied on write (under _fallbacks_lock): request threads iterate it without a lock.
         self._fallbacks: dict[str, LocalFallback] = {}
+        self._fallbacks_lock = threading.Lock()
         #: One circuit breaker per storage node (:mod:`flask_distlimit.breakers`).
         self.breakers = Breakers(
             name=self.name,
@@ -239,7 +241,11 @@ class Guard:
             return self.fallback
         fallback = self._fallbacks.get(node)
         if fallback is None:
-            fallback = self._fallbacks.setdefault(node, self._new_fallback())
+            with self._fallbacks_lock:
+                fallback = self._fallbacks.get(node)
+                if fallback is None:
+                    fallback = self._new_fallback()
+                    self._fallbacks = {**self._fallbacks, node: fallback}
         return fallback
 
     def fallbacks_for(self, checks: Sequence[Check]) -> list[tuple[LocalFallback, list[Check]]]:
@@ -779,6 +785,7 @@ class Guard:
 
     def _after_fork(self) -> None:
         self._log_lock = threading.Lock()
+        self._fallbacks_lock = threading.Lock()
         self._refusal_logged_at = None  # every process says it once
         self.breakers._after_fork()
         self.instances._after_fork()

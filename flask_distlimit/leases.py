@@ -422,7 +422,7 @@ class Leases:
     def largest(self, key: str) -> int | None:
         """The most units a process leases of the limit stored under ``key`` (``None``: not
         a leased limit, or none of its routes bound yet)."""
-        for tail, size in self._declared.items():
+        for tail, size in list(self._declared.items()):  # declare() may add meanwhile
             if key.endswith(tail):
                 return size
         return None
