@@ -83,10 +83,8 @@ import dataclasses
 import http.client
 import json
 import math
-import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -105,20 +103,14 @@ import redis  # noqa: E402
 
 from bench.bench_failure import write  # noqa: E402
 from bench.fault_proxy import FaultProxy  # noqa: E402
-from tests.servers import (  # noqa: E402
-    ClusterServers,
-    RedisProcess,
-    free_port,
-    gunicorn_command,
-    start_cluster,
-    start_redis,
-)
+from tests.servers import ClusterServers, RedisProcess, start_cluster, start_redis  # noqa: E402
+from tests.test_gunicorn import Gunicorn, launch  # noqa: E402
 
 POLICIES = ("open", "closed", "local")
 LIMIT = 30  # per client and second
 CLIENTS = 4
 RATE = 51.0  # requests a second per client
-WORKERS = 3
+WORKERS = 3  # as tests/test_gunicorn.py's launch() starts it
 SHARE = LIMIT // WORKERS
 TIMEOUT = 0.1  # DISTLIMIT_REDIS_TIMEOUT
 RESET = 2.0  # DISTLIMIT_BREAKER_RESET_TIMEOUT
@@ -154,47 +146,11 @@ class Cleanup:
                 print(f"cleanup of {what} failed: {exc}", file=sys.stderr)
 
 
-@dataclass
-class Gunicorn:
-    port: int
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)  # its own group: master and workers
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-
-
 def start_gunicorn(env: dict[str, str], logdir: Path, cleanup: Cleanup) -> Gunicorn:
-    port = free_port()
-    log = logdir / f"gunicorn-{port}.log"
-    cmd = gunicorn_command(
-        "--bind", f"127.0.0.1:{port}",
-        "--workers", str(WORKERS),
-        "--worker-class", "gthread",
-        "--threads", "4",
-        "--graceful-timeout", "5",
-        "--log-level", "warning",
-        "bench.faults_app:app",
-    )  # fmt: skip
-    full_env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        **env,
-    }
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-    server = Gunicorn(port, proc, log)
+    """``bench/faults_app.py`` under gunicorn (tests/test_gunicorn.py's launcher: WORKERS
+    gthread workers x 4 threads), stopped by ``cleanup``; answers once every worker answers."""
+    server = launch("bench.faults_app:app", env, logdir)
+    proc, log = server.proc, server.log
     cleanup.push(f"gunicorn {proc.pid}", server.stop)
     deadline = time.monotonic() + 60
     pids: set[str] = set()
@@ -204,7 +160,7 @@ def start_gunicorn(env: dict[str, str], logdir: Path, cleanup: Cleanup) -> Gunic
         if time.monotonic() > deadline:
             raise RuntimeError(f"gunicorn not ready in time:\n{log.read_text()[-3000:]}")
         with contextlib.suppress(OSError):
-            pids.add(get(port, "/health")[2])
+            pids.add(get(server.port, "/health")[2])
         time.sleep(0.02)
     return server
 
