@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -187,6 +188,63 @@ def test_redis_time_is_used_without_injection(redis_client: redis.Redis) -> None
     window_end = (seconds // 3600 + 1) * 3600 * 1_000_000
     assert decision.allowed
     assert abs(decision.reset_after * 1e6 - (window_end - seconds * 1_000_000 - micros)) < 5e6
+
+
+def _ttls_set(redis_client: redis.Redis, run: Callable[[], object]) -> dict[str, int]:
+    """The TTL (ms) each key was last given by the commands ``run`` made Redis execute, read
+    from ``MONITOR`` (which shows the commands a script runs)."""
+    ttls: dict[str, int] = {}
+    with redis_client.monitor() as monitor:
+        run()
+        redis_client.echo("ttls-done")
+        while True:
+            command = monitor.next_command()["command"]
+            if command == "ECHO ttls-done":
+                return ttls
+            words = command.split()
+            if words[0] == "PEXPIRE":
+                ttls[words[1]] = int(words[2])
+            elif words[0] == "SET" and "PX" in words:
+                ttls[words[1]] = int(words[words.index("PX") + 1])
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("checks", [1, 2])
+def test_a_key_outlives_its_reset_by_a_whole_millisecond(
+    redis_client: redis.Redis, algorithm: Algorithm, checks: int
+) -> None:
+    """Redis counts a TTL from its clock truncated to the millisecond: a key given ``PEXPIRE 1``
+    may expire at once (measured on 7.0: 7 in 30,000 script calls, within the same call), and
+    one given its reset rounded up may vanish up to 1 ms early, when a request would start from
+    zero. Every TTL a script sets is its reset, rounded up, and 1 ms more; on the fast path
+    (one check), the general path (two), and a refund. Resets here are whole milliseconds or
+    1 us (the fixed window's last microsecond), where the rounding alone gives no margin."""
+    redis_client.flushall()
+    script = redis_client.register_script(SCRIPT_SOURCE)
+    period = 1
+    window_end = (T0 // 1_000_000 + 7) * 1_000_000  # a second boundary
+    now = window_end - 1 if algorithm == "fixed_window" else window_end
+    keys = [f"ttl:{{m}}:{i}:{algorithm}" for i in range(checks)]
+    batch = [Check(key, algorithm, 10, period, 1) for key in keys]
+    for refund in (False, True):
+        replies: list[object] = []
+
+        def call(refund: bool = refund, replies: list[object] = replies) -> None:
+            # one MULTI: the key cannot expire in real time between the two calls
+            pipe = redis_client.pipeline(transaction=True)
+            if refund:  # take two, give one back: what is left still needs its TTL
+                script(*script_args([replace(c, cost=2) for c in batch], now), client=pipe)
+            script(*script_args(batch, now, refund=refund), client=pipe)
+            replies.extend(pipe.execute())
+
+        ttls = _ttls_set(redis_client, call)
+        evaluation = parse_reply(replies[-1], batch)
+        for key, decision in zip(keys, evaluation.decisions, strict=True):
+            reset_us = round(decision.reset_after * 1_000_000)
+            assert reset_us > 0, (algorithm, refund, decision)
+            assert key in ttls, (algorithm, refund, "no TTL set", ttls)
+            assert ttls[key] * 1000 >= reset_us + 1000, (algorithm, refund, ttls[key], reset_us)
+        redis_client.flushall()
 
 
 def test_large_costs_and_limits(redis_client: redis.Redis) -> None:

@@ -26,10 +26,13 @@ local function failed(reply)
   return type(reply) == 'table' and reply.err ~= nil
 end
 
--- Keep `key` for `us` more microseconds (rounded up to whole ms); 0 or less deletes it.
+-- Keep `key` for `us` more microseconds: rounded up to whole ms, and 1 ms more, because Redis
+-- counts a TTL from a clock truncated to the ms: `PEXPIRE k 1` may expire k within the same
+-- call (measured on 7.0: 7 in 30,000), so a key could vanish up to 1 ms before its window or
+-- its last member ended and a request in that ms start from zero. 0 or less deletes it.
 local function expire_in(key, us)
   if us > 0 then
-    redis.call('PEXPIRE', key, floor((us + 999) / 1000))
+    redis.call('PEXPIRE', key, floor((us + 1999) / 1000))
   else
     redis.call('DEL', key)
   end

@@ -55,7 +55,7 @@ if #KEYS == 1 and #ARGV == 1 then
         else
           redis.call('HSET', key, 'w', window, 'n', shown)
           if to_end > 0 then
-            redis.call('PEXPIRE', key, floor((to_end + 999) / 1000))
+            redis.call('PEXPIRE', key, floor((to_end + 1999) / 1000))
           else
             redis.call('DEL', key)
           end

@@ -117,7 +117,7 @@ local function LOAD_GCRA()
   end
 
   function GCRA.commit(key, r, limit, period, cost, now)
-    redis.call('SET', key, r[8], 'PX', floor((r[3] + 999) / 1000))
+    redis.call('SET', key, r[8], 'PX', floor((r[3] + 1999) / 1000))
   end
 
   function GCRA.refund(key, limit, period, cost, now)
@@ -126,7 +126,7 @@ local function LOAD_GCRA()
       tat = tat - cost
       if tat > now_u then
         redis.call('SET', key, tat, 'PX',
-          floor((gcra_until(interval, now, now_u, tat) + 999) / 1000))
+          floor((gcra_until(interval, now, now_u, tat) + 1999) / 1000))
       else
         redis.call('DEL', key)
       end

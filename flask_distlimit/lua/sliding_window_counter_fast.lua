@@ -64,7 +64,7 @@ if #KEYS == 1 and #ARGV == 1 then
           redis.call('HSET', key, 'w', window, 'c', after, 'p', prev)
           local us = (window + 2) * period - now
           if us > 0 then
-            redis.call('PEXPIRE', key, floor((us + 999) / 1000))
+            redis.call('PEXPIRE', key, floor((us + 1999) / 1000))
           else
             redis.call('DEL', key)
           end

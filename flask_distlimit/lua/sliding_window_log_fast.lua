@@ -94,7 +94,7 @@ if #KEYS == 1 and #ARGV == 1 then
         shown = count + cost
         redis.call('ZADD', key, first, string.format('%d:%d', last, last + cost))
         if first + period - now > 0 then
-          redis.call('PEXPIRE', key, floor((first + period - now + 999) / 1000))
+          redis.call('PEXPIRE', key, floor((first + period - now + 1999) / 1000))
         else
           redis.call('DEL', key)
         end

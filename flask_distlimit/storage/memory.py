@@ -33,8 +33,9 @@ def system_clock_us() -> int:
 
 
 def _ms_ceil_us(us: int) -> int:
-    """A TTL as Redis keeps it: whole milliseconds, rounded up, back in us."""
-    return (us + 999) // 1000 * 1000
+    """A TTL as the scripts set it: whole milliseconds, rounded up, plus the 1 ms margin against
+    Redis's truncated clock (``expire_in`` in ``lua/common.lua``), back in us."""
+    return (us + 1999) // 1000 * 1000
 
 
 #: now / T must stay below 2^52 for GCRA (see lua/gcra.lua).
