@@ -310,6 +310,8 @@ def _evalsha(client: redis.Redis) -> int:
 
 FUNCTIONS_ROUNDS = 250
 FUNCTIONS_BATCH = 20
+#: Interleaved passes of COUNTED calls each that measure Redis's own time per call.
+FUNCTIONS_PASSES = 15
 #: The saving that would make Redis Functions worth adopting (issue 14), us per request.
 FUNCTIONS_WORTH = 5.0
 #: A top-level ``local`` of a Lua file (a helper, a constant, an algorithm's loader).
@@ -370,7 +372,9 @@ class FunctionsRow:
     where: str  # "loop" or "request"
     evalsha_us: float
     savings: dict[str, list[float]]  # function name -> EVALSHA minus FCALL in each round, us
-    server_us: dict[str, float]  # "EVALSHA" or function name -> Redis us/call
+    server_us: dict[str, float]  # "EVALSHA" or function name -> Redis us/call (median of passes)
+    #: function name -> EVALSHA minus FCALL in Redis's own us/call, in each pass
+    server_savings: dict[str, list[float]]
 
 
 def _median_ci(values: list[float]) -> tuple[float, float]:
@@ -469,15 +473,22 @@ def functions(port: int, rounds: int, batch: int) -> list[FunctionsRow]:
             per_round[key].append(statistics.median(samples) / 1000)
         if (number + 1) % 50 == 0:
             print(f"  functions round {number + 1}/{rounds}", file=sys.stderr)
-    server: dict[tuple[str, str], float] = {}
-    for workload, _, _ in workloads:
-        for name in heads:
+    # Redis's own time per call, in FUNCTIONS_PASSES interleaved passes (a shuffled order in each)
+    server_passes: dict[tuple[str, str], list[float]] = {
+        (workload, name): [] for workload, _, _ in workloads for name in heads
+    }
+    passes = list(server_passes)
+    for _ in range(FUNCTIONS_PASSES):
+        rng.shuffle(passes)
+        for workload, name in passes:
             admin.config_resetstat()
             call = subjects[(workload, "loop", name)]
             for _ in range(COUNTED):
                 call()
             stat = "cmdstat_evalsha" if name == "EVALSHA" else "cmdstat_fcall"
-            server[(workload, name)] = float(admin.info("commandstats")[stat]["usec_per_call"])
+            usec = float(admin.info("commandstats")[stat]["usec_per_call"])
+            server_passes[(workload, name)].append(usec)
+    server = {key: statistics.median(v) for key, v in server_passes.items()}
     rows = []
     for workload, where in dict.fromkeys((w, wh) for w, wh, _ in subjects):
         base = per_round[(workload, where, "EVALSHA")]
@@ -487,7 +498,15 @@ def functions(port: int, rounds: int, batch: int) -> list[FunctionsRow]:
             if name != "EVALSHA"
         }
         servers = {name: server[(workload, name)] for name in heads}
-        rows.append(FunctionsRow(workload, where, statistics.median(base), savings, servers))
+        server_base = server_passes[(workload, "EVALSHA")]
+        server_savings = {
+            name: [e - f for e, f in zip(server_base, server_passes[(workload, name)], strict=True)]
+            for name in heads
+            if name != "EVALSHA"
+        }
+        rows.append(
+            FunctionsRow(workload, where, statistics.median(base), savings, servers, server_savings)
+        )
     connection.disconnect()
     admin.close()
     return rows
@@ -507,7 +526,8 @@ def render_functions(
         "Saving per call = EVALSHA minus FCALL in each round (positive: FCALL is faster); "
         "median over the rounds [interquartile range] (95 % confidence interval of the median); "
         "share of rounds in which FCALL was faster. "
-        "Redis us/call: the server's own time (INFO commandstats, untimed pass).",
+        f"Redis us/call: the server's own time (INFO commandstats), median over "
+        f"{FUNCTIONS_PASSES} interleaved untimed passes of {COUNTED:,} calls each.",
         "",
         "| checks | where | EVALSHA us/call | saving, script text as the function body "
         "| saving, built once per library | Redis us/call EVALSHA / as is / built once |",
@@ -531,6 +551,13 @@ def render_functions(
     request = next(r for r in rows if r.where == "request")
     saving = statistics.median(request.savings["built_once"])
     low, high = _median_ci(request.savings["built_once"])
+    server_saving = statistics.median(request.server_savings["built_once"])
+    server_low, server_high = _median_ci(request.server_savings["built_once"])
+    on_server = (
+        f"Redis's own time, the only work that differs (the client packs and reads the same "
+        f"bytes but for the command's name), saves {server_saving:+.1f} us per call "
+        f"({server_low:+.1f} to {server_high:+.1f})"
+    )
     if low >= FUNCTIONS_WORTH:
         verdict = (
             f"qualifies (at least {FUNCTIONS_WORTH:g} us, beyond the noise): adopt, keeping "
@@ -540,10 +567,17 @@ def render_functions(
         verdict = (
             f"does not qualify (less than {FUNCTIONS_WORTH:g} us, beyond the noise): keep EVALSHA"
         )
+    elif server_high < FUNCTIONS_WORTH:
+        verdict = (
+            f"is within the noise of a request on this machine (95 % interval of the median "
+            f"{low:+.1f} to {high:+.1f} us); {on_server}: less than {FUNCTIONS_WORTH:g} us, so "
+            "it does not qualify: keep EVALSHA"
+        )
     else:
         verdict = (
             f"is inconclusive: the 95 % interval of the median ({low:+.1f} to {high:+.1f} us) "
-            f"holds {FUNCTIONS_WORTH:g} us; keep EVALSHA until a quieter run decides"
+            f"holds {FUNCTIONS_WORTH:g} us, and {on_server}; keep EVALSHA until a quieter run "
+            "decides"
         )
     lines += [
         "",
