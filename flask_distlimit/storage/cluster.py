@@ -50,7 +50,6 @@ against the node's breaker).
 from __future__ import annotations
 
 import contextlib
-import itertools
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -67,7 +66,6 @@ from redis.retry import Retry
 
 from ..decision import Check, Decision, Evaluation
 from ..errors import (
-    ConfigurationError,
     StorageError,
     StorageMisconfigured,
     StorageReplyLost,
@@ -134,24 +132,18 @@ def _failed(exc: Exception, pool: DeadlinePool | None, connection: Any) -> Stora
     return error
 
 
-#: The first redis-py whose connections read with a deadline (``read_response(timeout=)``) and
-#: hand out pooled connections without a command name: what the Cluster hot path uses.
-CLUSTER_MIN_REDIS_PY: Final = (8, 0)
+def _bounded_wait_pool(timeout: float) -> type[redis.BlockingConnectionPool]:
+    """redis-py's :class:`~redis.BlockingConnectionPool` whose wait for a free connection lasts
+    ``timeout`` by default: redis-py before 8.0 drops ``RedisCluster(timeout=)`` on its way to
+    the nodes' pools, which then wait 20 s (the calls off the hot path use them: topology,
+    ``PING``, heartbeats, admin)."""
 
+    class BoundedWaitPool(redis.BlockingConnectionPool):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("timeout", timeout)
+            super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
 
-def check_redis_py(version: str) -> None:
-    """Raise :class:`~flask_distlimit.errors.ConfigurationError` at start-up when the installed
-    redis-py is older than the Cluster storage needs (the single node and Sentinel work from
-    redis-py 5.0)."""
-    parts = []
-    for piece in version.split(".")[:2]:
-        digits = "".join(itertools.takewhile(str.isdigit, piece))
-        parts.append(int(digits) if digits else 0)
-    if tuple(parts) < CLUSTER_MIN_REDIS_PY:
-        raise ConfigurationError(
-            f"The Redis Cluster storage needs redis-py 8.0 or newer; redis-py {version} is "
-            "installed. Upgrade it: pip install 'redis>=8'."
-        )
+    return BoundedWaitPool
 
 
 def slot_of(key: str) -> int:
@@ -179,7 +171,6 @@ class ClusterStorage(Storage):
         them with a ready :class:`~redis.cluster.RedisCluster` (not closed by :meth:`close`)."""
         if client is None and not nodes:
             raise ValueError("ClusterStorage needs startup nodes or a RedisCluster client")
-        check_redis_py(redis.__version__)
         self.timeout = timeout
         self._nodes = [(str(h), int(p)) for h, p in nodes]
         self._max_connections = max_connections
@@ -222,7 +213,7 @@ class ClusterStorage(Storage):
             url=f"redis://{first_host}:{first_port}",
             startup_nodes=[ClusterNode(h, p) for h, p in others],  # type: ignore[no-untyped-call]
             retry=Retry(NoBackoff(), 0),
-            connection_pool_class=redis.BlockingConnectionPool,
+            connection_pool_class=_bounded_wait_pool(self.timeout),
             max_connections=self._max_connections,
             **{**self._connection, **options, "timeout": self.timeout},
         )
