@@ -465,6 +465,20 @@ class Leases:
         now = self.clock()
         return {key: lease.report(now) for key, lease in list(self._leases.items())}
 
+    def spend_one(self, check: Check) -> Decision | None:
+        """The usual leased request, its only limit ``check``: spent out of the lease, which
+        needs no renewal, with no storage call; its decision. ``None``, and nothing spent, when
+        :meth:`evaluate` must decide (no lease yet, not enough held, time to renew)."""
+        lease = self._leases.get(check.key)
+        if lease is None or check.cost <= 0 or check.shadow:
+            return None
+        decision = lease.spend(check.cost, self.clock())
+        if decision is not None:
+            metrics = self.guard.metrics
+            if metrics is not None:
+                metrics.leased((check.key,))
+        return decision
+
     def evaluate(
         self,
         checks: Sequence[Check],
@@ -478,16 +492,6 @@ class Leases:
         :meth:`Guard.evaluate`'s, with one decision per check of ``checks``."""
         guard = self.guard
         now = self.clock()
-        if len(checks) == 1:  # the usual request: one leased limit, spent out of its lease
-            c = checks[0]
-            lease = self._leases.get(c.key)
-            if lease is not None and c.cost > 0 and not c.shadow:
-                decision = lease.spend(c.cost, now)
-                if decision is not None:
-                    metrics = guard.metrics
-                    if metrics is not None:
-                        metrics.leased((c.key,))
-                    return Outcome(Evaluation((decision,)))
 
         def renew_allowed() -> bool:
             return guard.breaker.state == "closed"

@@ -118,6 +118,42 @@ def test_the_headers_count_the_units_held(backend: Backend, clock: FakeClock) ->
     assert second.headers["X-RateLimit-Remaining"] == "98"
 
 
+def test_a_request_the_lease_covers_is_decided_by_the_lease_alone(
+    backend: Backend, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No storage call, and not through ``Leases.evaluate`` (which builds the answer of a
+    storage call, object by object, on the request path); what the request sees is the same."""
+    app = Flask("alone")
+    app.config.update({"DISTLIMIT_TIERS": {"anonymous": ""}})
+    limiter = Limiter(clock=clock)
+    switch = Switch(backend())
+
+    @app.get("/hot")
+    @limiter.shared_limit("100/minute", scope="hot", key_func=lambda: "all", lease=10)
+    def hot() -> dict[str, int]:
+        return {limit.name: limit.remaining for limit in limiter.current_limits}
+
+    limiter.init_app(app, storage=switch)
+    client = app.test_client()
+    assert client.get("/hot").json == {"hot:100/minute": 99}  # 100 - 11 taken + 10 held
+    leases = limiter.state(app).enforcer.leases
+    general: list[int] = []
+    evaluate = leases.evaluate
+
+    def counted(*args: object, **kwargs: object) -> object:
+        general.append(1)
+        return evaluate(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(leases, "evaluate", counted)
+    response = client.get("/hot")
+    assert response.json == {"hot:100/minute": 98}
+    assert response.headers["X-RateLimit-Remaining"] == "98"
+    assert general == [] and switch.evaluations == 1
+    for _ in range(7):  # down to the low-water mark (2 of 10): the general path renews
+        client.get("/hot")
+    assert general == [1] and switch.evaluations == 2
+
+
 # -- the limit holds: several processes on one store ----------------------------------------------
 
 
