@@ -39,11 +39,20 @@ another holds unspent units, at most *processes x lease size* units per window
   holds (``remaining``), and the reset as last seen minus the time since: other processes'
   spending since is not seen.
 
+- **Published** for ``flask distlimit inspect``, which runs in a process of its own: on a
+  renewal, at most once a second (:data:`PUBLISH_INTERVAL_US`), the process writes what it holds
+  (at most :data:`RECORD_LEASES` leases, the most units first) to ``<prefix>:leases`` in a
+  separate storage call (:mod:`flask_distlimit.storage.lease_records`), kept as long as its
+  longest-lived units: a process that dies vanishes with them. A request its lease covers never
+  makes that call.
+
 A lease is per storage key (identity + limit). A fork drops every lease in the child.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import threading
 import weakref
@@ -54,24 +63,34 @@ from typing import TYPE_CHECKING, Final
 from ._typing import FailurePolicy
 from .algorithms import Algorithm
 from .decision import Check, Decision, Evaluation
-from .errors import ConfigurationError
+from .errors import ConfigurationError, StorageResponseError
 from .guard import Guard, Outcome
+from .instances import process_member
 from .metrics import limit_label
+from .storage.lease_records import Record
 
 if TYPE_CHECKING:
     from .limits import Rate
     from .route_limits import BoundLimit
+    from .storage.base import Storage
 
 __all__ = [
     "LEASABLE",
     "LEASE_SPAN_US",
     "MAX_LEASES",
+    "PUBLISH_INTERVAL_US",
+    "RECORD_LEASES",
+    "Holding",
     "Leases",
     "auto_cap",
     "check_lease",
     "check_lease_algorithm",
+    "holdings",
     "leases_of",
+    "read_holdings",
 ]
+
+log = logging.getLogger("flask_distlimit")
 
 #: The algorithms a lease is defined for. Not the sliding window log: it stores the time of use of
 #: every unit, and a leased unit's time of use is unknown when it is taken.
@@ -84,6 +103,10 @@ LEASE_SPAN_US: Final = 100_000
 AUTO_CAP_DIVISOR: Final = 20
 #: The most leases one process keeps per app; the least recently used go first.
 MAX_LEASES: Final = 1024
+#: A process publishes what it holds at most this often, on a renewal (microseconds).
+PUBLISH_INTERVAL_US: Final = 1_000_000
+#: The most leases one process's published record lists (the most units held first).
+RECORD_LEASES: Final = 64
 #: The demand rate is sampled over at least this long (microseconds).
 _SAMPLE_US: Final = 50_000
 _US: Final = 1_000_000
@@ -406,6 +429,10 @@ class Leases:
         self._leases: dict[str, Lease] = {}
         #: the leased limits bound so far: key tail -> the largest lease of it, in units
         self._declared: dict[str, int] = {}
+        #: where every process of the app publishes what it holds (for ``inspect``)
+        self.records_key = f"{guard.key_prefix}:leases"
+        self.process = process_member()
+        self._publish_at = 0  #: the local time (us) from which a renewal publishes again
         _all.add(self)
         _by_guard[guard] = self
 
@@ -431,6 +458,8 @@ class Leases:
         """A forked child holds nothing: the parent's units are the parent's."""
         self._lock = threading.Lock()
         self._leases = {}
+        self.process = process_member()
+        self._publish_at = 0
 
     def _lease(self, check: Check, size: bool | int, now: int) -> Lease:
         lease = self._leases.get(check.key)
@@ -459,6 +488,44 @@ class Leases:
                 with lease.lock:
                     total += lease._held(now)
         return total
+
+    def record(self, now: int) -> tuple[str, float]:
+        """What this process holds as published (JSON: ``{"leases": {key: [units, seconds
+        they stay good]}, "more": leases left out}``), and how long the record holds: as long
+        as its longest-lived units (seconds, at least 1)."""
+        held: list[tuple[int, str, int]] = []
+        for lease in list(self._leases.values()):
+            with lease.lock:
+                units = lease._held(now)
+                if units:
+                    held.append((units, lease.key, lease.chunks[-1].expires - now))
+        held.sort(reverse=True)
+        shown = held[:RECORD_LEASES]
+        record = {
+            "leases": {key: [units, round(valid / _US, 3)] for units, key, valid in shown},
+            "more": len(held) - len(shown),
+        }
+        hold = max((valid for _, _, valid in shown), default=0) / _US
+        return json.dumps(record, separators=(",", ":")), max(1.0, hold)
+
+    def _publish(self, now: int) -> None:
+        """A renewal was granted: publish what this process holds, if a second has passed
+        since it last did (a storage call of its own, beside the request's)."""
+        with self._lock:
+            if now < self._publish_at:
+                return
+            self._publish_at = now + PUBLISH_INTERVAL_US
+        record, hold = self.record(now)
+        key, process = self.records_key, self.process
+
+        def publish(storage: Storage) -> tuple[str, ...]:
+            try:
+                return storage.publish_leases(key, process, record, hold)
+            except StorageResponseError:
+                log.exception("Publishing the leases of this process on %r failed", key)
+                return ()
+
+        self.guard.side_call(key, publish)
 
     def held(self) -> dict[str, dict[str, object]]:
         """The leases this process holds, by storage key (``health()["leases"]``)."""
@@ -582,14 +649,18 @@ class Leases:
             if evaluation.allowed:
                 after = self.clock()
                 metrics = guard.metrics
+                renewed = False
                 for a in sent:
                     if a.renew:
+                        renewed = True
                         a.lease.granted(a.renew, by_ask[a.index], started, after)
                         if metrics is not None:
                             metrics.watch_lease_units(a.lease.key, self.units_of)
                     else:
                         with a.lease.lock:
                             a.lease.seen(by_ask[a.index], after)
+                if renewed and after >= self._publish_at:
+                    self._publish(after)
                 return self._spread(outcome, checks, plain, sent, placeholder)
             # Refused: ask again only if the request's own needs fit and a top-up refused.
             plain_ok = all(d.allowed for d in decisions[: len(plain)])
@@ -633,3 +704,65 @@ class Leases:
             degraded=outcome.degraded,
             unavailable=outcome.unavailable,
         )
+
+
+# -- what every process holds, as published (flask distlimit inspect) ----------------------------
+
+
+class Holding:
+    """The units of one leased key one process held when it last published."""
+
+    __slots__ = ("age", "process", "units", "valid_for")
+
+    def __init__(self, process: str, units: int, valid_for: float, age: float) -> None:
+        self.process = process  #: ``host:pid:token``
+        self.units = units
+        self.valid_for = valid_for  #: seconds the units stay good, counted from now
+        self.age = age  #: seconds since the process published them
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "process": self.process,
+            "units": self.units,
+            "valid_for": self.valid_for,
+            "published_ago": self.age,
+        }
+
+
+def holdings(records: Sequence[Record]) -> dict[str, list[Holding]]:
+    """By storage key, what each process published that it holds and is still good; a record
+    or an entry that is not what :meth:`Leases.record` writes is skipped (garbage under the
+    prefix is never an error)."""
+    found: dict[str, list[Holding]] = {}
+    for r in records:
+        try:
+            record = json.loads(r.text)
+        except ValueError:
+            continue
+        leases = record.get("leases") if isinstance(record, dict) else None
+        if not isinstance(leases, dict):
+            continue
+        for key, entry in leases.items():
+            if not (isinstance(entry, list) and len(entry) == 2):
+                continue
+            units, valid = entry
+            if (
+                isinstance(units, bool)
+                or not isinstance(units, int)
+                or units <= 0
+                or isinstance(valid, bool)
+                or not isinstance(valid, int | float)
+            ):
+                continue
+            left = round(valid - r.age, 3)
+            if left > 0:
+                found.setdefault(key, []).append(Holding(r.process, units, left, r.age))
+    for held in found.values():
+        held.sort(key=lambda h: (-h.units, h.process))
+    return found
+
+
+def read_holdings(storage: Storage, key: str) -> dict[str, list[Holding]]:
+    """:func:`holdings` of the records under ``key``; raises ``StorageError`` as the storage
+    does."""
+    return holdings(storage.lease_records(key))

@@ -239,6 +239,17 @@ def test_scan_delete_ping_heartbeat_span_every_primary(
     assert storage.heartbeat_fleet("t:instances", "b", 30) == Fleet(2, 3)
 
 
+def test_lease_records_are_published_and_read_in_one_slot(storage: ClusterStorage) -> None:
+    # The key the Limiter uses (<prefix>:leases) has no hash tag; the records beside it share
+    # its slot (a script on two keys of different slots would fail with CROSSSLOT).
+    for key in ("t:leases", "t:{leases}"):
+        assert storage.publish_leases(key, "a", '{"leases": {}}', 30) == ()
+        assert storage.publish_leases(key, "b", '{"leases": {}}', 30) == ()
+        records = storage.lease_records(key)
+        assert sorted(r.process for r in records) == ["a", "b"]
+        assert all(r.text == '{"leases": {}}' and 0 <= r.age < 30 for r in records)
+
+
 def test_client_settings_are_timeouts_without_retries(
     redis_cluster: ClusterServers, cluster_client: RedisCluster
 ) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 from flask import Flask
+from redis import Redis
 
 from flask_distlimit import ConfigurationError, Limiter
 from flask_distlimit.decision import Check, Evaluation
@@ -442,3 +443,123 @@ def test_metrics_count_leased_decisions_and_the_units_held(
     allowed = {**label, "outcome": "allowed"}
     assert registry.get_sample_value("distlimit_decisions_total", allowed) == 4
     assert registry.get_sample_value("distlimit_lease_units", label) == 7
+
+
+# -- what every process holds, for flask distlimit inspect -----------------------------------------
+
+
+def _inspect(app: Flask, *args: str) -> tuple[str, list[dict[str, object]]]:
+    from flask_distlimit.cli import distlimit_cli
+
+    runner = app.test_cli_runner()
+    result = runner.invoke(distlimit_cli, ["inspect", "func:all", "--json", *args])
+    assert result.exit_code == 0, result.output
+    text = runner.invoke(distlimit_cli, ["inspect", "func:all", *args])
+    assert text.exit_code == 0, text.output
+    return text.output, json.loads(result.output)
+
+
+def _real_time(storage: Storage, clock: FakeClock) -> FakeClock:
+    """The CLI peeks at the storage's own time: a Redis server's is the real one."""
+    from flask_distlimit.storage.memory import MemoryStorage
+
+    return clock if isinstance(storage, MemoryStorage) else FakeClock(start=time.time())
+
+
+def test_inspect_lists_the_units_each_process_holds(backend: Backend, clock: FakeClock) -> None:
+    storage = backend()
+    clock = _real_time(storage, clock)
+    first, one, _ = _app(storage, clock, "100/hour", lease=10, name="w1")
+    second, two, _ = _app(backend(), clock, "100/hour", lease=7, name="w2")
+    first.test_client().get("/hot")
+    for _ in range(3):
+        second.test_client().get("/hot")  # 1 + 7 taken, 2 spent: 5 held
+    text, [row] = _inspect(first)
+    processes = [limiter.state(app).enforcer.leases.process for app, limiter in
+                 ((first, one), (second, two))]  # fmt: skip
+    assert len(set(processes)) == 2
+    held = row["leases_held"]
+    assert isinstance(held, list)
+    # what each process published when it took its lease: 10 and 7 units
+    assert {h["process"]: h["units"] for h in held} == dict(zip(processes, (10, 7), strict=True))
+    assert all(0 < h["valid_for"] <= 3600 for h in held)
+    for process, units in zip(processes, (10, 7), strict=True):
+        assert f"held by {process}: {units} units, good for " in text
+    assert row["used"] == 1 + 10 + 3 + 5  # the requests and the units held
+
+
+def test_a_process_publishes_on_a_renewal_at_most_once_a_second(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, storage = _app(backend(), clock, "1000/minute", lease=4)
+    client = app.test_client()
+    client.get("/hot")  # the first lease: published
+    assert storage.publications == 1
+    for _ in range(20):  # renewals every 3 requests, in the same second: not published again
+        client.get("/hot")
+    assert storage.evaluations > 5 and storage.publications == 1
+    clock.advance(1.0)
+    calls = storage.evaluations
+    while storage.evaluations == calls:  # requests the lease covers publish nothing
+        assert storage.publications == 1
+        client.get("/hot")
+    assert storage.publications == 2  # the first renewal a second later
+    process = limiter.state(app).enforcer.leases.process
+    leases = limiter.state(app).enforcer.leases
+    [record] = [r for r in storage.lease_records(leases.records_key) if r.process == process]
+    assert json.loads(record.text)["leases"]  # what it held then
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        "[1, 2]",
+        '{"leases": [1]}',
+        '{"leases": {"k": "x"}}',
+        '{"leases": {"KEY": [true, 5]}}',
+        '{"leases": {"KEY": [-3, 5]}}',
+        '{"leases": {"KEY": [3, "soon"]}}',
+        '{"leases": {"KEY": [3, 5, 7]}}',
+        '{"leases": {"KEY": [3, -1]}}',
+    ],
+)
+def test_inspect_skips_a_record_it_cannot_read(
+    backend: Backend, clock: FakeClock, text: str
+) -> None:
+    storage = backend()
+    clock = _real_time(storage, clock)
+    app, limiter, _ = _app(storage, clock, "100/hour", lease=10)
+    app.test_client().get("/hot")
+    leases = limiter.state(app).enforcer.leases
+    [key] = leases.held()
+    storage.publish_leases(leases.records_key, "junk:1:x", text.replace("KEY", key), 60)
+    _, [row] = _inspect(app)
+    held = row["leases_held"]
+    assert isinstance(held, list)
+    assert [h["process"] for h in held] == [leases.process]
+
+
+def test_the_records_tolerate_garbage_and_drop_dead_processes(redis_client: Redis) -> None:
+    from flask_distlimit.storage.lease_records import records_key
+    from flask_distlimit.storage.redis import RedisStorage
+
+    options = redis_client.connection_pool.connection_kwargs
+    storage = RedisStorage(host=options["host"], port=options["port"], timeout=2.0)
+    key, records = "garbage:leases", records_key("garbage:leases")
+    redis_client.set(key, "not a sorted set")
+    redis_client.set(records, "not a hash")
+    assert storage.lease_records(key) == []  # reads as nothing, writes nothing
+    assert redis_client.type(key) == b"string"
+    # a publication replaces the keys, and says so (the guard logs it)
+    assert storage.publish_leases(key, "a", "{}", 60) == (key, records)
+    later = redis_client.time()[0] * 1000 + 60_000
+    redis_client.zadd(key, {"dead": 1, "odd": later})  # a dead process, and a bad value
+    redis_client.hset(records, mapping={"dead": "1:{}", "odd": "no stamp"})
+    assert [r.process for r in storage.lease_records(key)] == ["a"]
+    assert storage.publish_leases(key, "b", "{}", 60) == ()
+    assert redis_client.zscore(key, "dead") is None
+    assert not redis_client.hexists(records, "dead")
+    # the keys live until the last record's time is up
+    assert redis_client.pttl(key) > 0 and redis_client.pttl(records) > 0
+    storage.close()

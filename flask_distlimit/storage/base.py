@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import abc
 import threading
+import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import ClassVar
 
 from ..decision import Check, Evaluation
 from ..errors import StorageError
 from .heartbeat import Fleet
+from .lease_records import Record
 
 __all__ = ["Storage"]
 
@@ -129,6 +131,36 @@ class Storage(abc.ABC):
         with _shared_lock:
             kept: dict[str, str] = self.__dict__.setdefault("_shared_values", {})
             return kept.setdefault(key, candidate)
+
+    def publish_leases(self, key: str, process: str, record: str, hold: float) -> tuple[str, ...]:
+        """Publish ``record``, the leases ``process`` holds, under ``key`` for ``hold``
+        seconds, dropping the records whose time is up; answer the keys found holding garbage
+        and replaced (:mod:`.lease_records`).
+
+        This default keeps the records in the storage object, as suits a store private to one
+        process (``memory://``); the Redis storages override it.
+        """
+        now = time.monotonic()
+        with _shared_lock:
+            kept: dict[str, dict[str, tuple[float, float, str]]] = self.__dict__.setdefault(
+                "_lease_records", {}
+            )
+            records = kept.setdefault(key, {})
+            records[process] = (now + hold, now, record)
+            for gone in [p for p, (until, _, _) in records.items() if until <= now]:
+                del records[gone]
+        return ()
+
+    def lease_records(self, key: str) -> list[Record]:
+        """The records published under ``key`` whose time is not up (a read; no write)."""
+        now = time.monotonic()
+        with _shared_lock:
+            records = self.__dict__.get("_lease_records", {}).get(key, {})
+            return [
+                Record(process, now - at, text)
+                for process, (until, at, text) in records.items()
+                if until > now
+            ]
 
     def scripts_loaded(self) -> bool:
         """True when the store holds the rate-limit scripts (always true for memory)."""

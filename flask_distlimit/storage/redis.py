@@ -59,10 +59,12 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from ..decision import Check, Evaluation
+from ..errors import StorageResponseError
 from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
 from .base import Storage
 from .evalsha import EvalshaPacker
 from .heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
+from .lease_records import LEASE_RECORDS_SOURCE, Record, records_from_reply, records_key
 from .pool import DeadlinePool
 from .shared_value import SHARED_VALUE_SOURCE
 from .tokens import RequestTokens, repeat_call
@@ -151,6 +153,7 @@ class RedisStorage(Storage):
         self._packer = _packer(self._script, connection)
         self._heartbeat: Script = client.register_script(HEARTBEAT_SOURCE)
         self._shared_value: Script = client.register_script(SHARED_VALUE_SOURCE)
+        self._lease_records: Script = client.register_script(LEASE_RECORDS_SOURCE)
         #: The request tokens of the hot call (module docstring, "One retry").
         self.tokens = RequestTokens(timeout)
 
@@ -300,6 +303,25 @@ class RedisStorage(Storage):
         except REDIS_FAILURES as exc:
             raise storage_error(exc) from exc
         return fleet_from_reply(reply, key)
+
+    def publish_leases(self, key: str, process: str, record: str, hold: float) -> tuple[str, ...]:
+        try:  # both keys in one slot (records_key)
+            reply = self._lease_records(
+                [key, records_key(key)], [process, record, max(1, round(hold * 1000))]
+            )
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+        if not isinstance(reply, list | tuple) or len(reply) != 2:
+            raise StorageResponseError(f"unexpected lease records reply {reply!r}")
+        repaired = [k for k, flag in zip((key, records_key(key)), reply, strict=True) if flag == 1]
+        return tuple(repaired)
+
+    def lease_records(self, key: str) -> list[Record]:
+        try:
+            reply = self._lease_records([key, records_key(key)], ["", "", 0])
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+        return records_from_reply(reply)
 
     def shared_value(self, key: str, candidate: str, ttl: int) -> str:
         try:
