@@ -243,7 +243,7 @@ class Enforcer:
         self._shadow_log = ShadowLog(state.local_clock)
         self._lease = settings.concurrency_lease
         #: quota leases (flask_distlimit.leases); ``_leasing``: some bound limit has ``lease=``
-        self.leases = Leases(state.guard, state.local_clock)
+        self.leases = Leases(state.guard, state.local_clock, state.storage_now)
         self._leasing = False
         #: The request environ key of this limiter's per-request data (one per app's limiter:
         #: a WSGI app may hand its environ to another app with a limiter of its own).
@@ -590,6 +590,8 @@ class Enforcer:
         else:
             started = state.local_clock()
             outcome = state.guard.evaluate(checks, policy=policy, now_us=state.storage_now())
+            if self._leasing:  # after a storage call: leased units left unspent go back
+                self.leases.housekeeping()
         if slots and data.slots is not None:
             if outcome.degraded and outcome.evaluation is not None:
                 data.slots.degraded()  # held by the local fallback

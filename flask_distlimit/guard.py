@@ -437,7 +437,11 @@ class Guard:
         if repaired:
             self._repaired(repaired)
         if not failed:
-            evaluation = Evaluation(tuple(d for d in decisions if d is not None), tuple(repaired))
+            # one group: its node's clock (the window a leased unit was taken in)
+            node_now = results[0].now_us if len(results) == 1 else 0  # type: ignore[union-attr]
+            evaluation = Evaluation(
+                tuple(d for d in decisions if d is not None), tuple(repaired), node_now
+            )
             if denied:
                 self._give_back(checks, spent, decisions, now_us)
                 evaluation = Evaluation(tuple(d for d in decisions if d is not None))

@@ -123,6 +123,18 @@ class CountingStorage(Storage):
     def lease_records(self, key: str) -> list[Record]:
         return self.inner.lease_records(key)
 
+    def give_back(
+        self,
+        key: str,
+        algorithm: str,
+        period: int,
+        window: int,
+        units: int,
+        *,
+        now_us: int | None = None,
+    ) -> int:
+        return self.inner.give_back(key, algorithm, period, window, units, now_us=now_us)
+
     def scripts_loaded(self) -> bool:
         return self.inner.scripts_loaded()
 

@@ -563,3 +563,112 @@ def test_the_records_tolerate_garbage_and_drop_dead_processes(redis_client: Redi
     # the keys live until the last record's time is up
     assert redis_client.pttl(key) > 0 and redis_client.pttl(records) > 0
     storage.close()
+
+
+# -- unspent windowed units go back ----------------------------------------------------------------
+
+
+def _used(storage: Storage, key: str, algorithm: str, now: int) -> int:
+    d = storage.evaluate([Check(key, algorithm, 100, 60, 0)], now_us=now).decisions[0]  # type: ignore[arg-type]
+    return 100 - d.remaining
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window_counter"])
+def test_a_give_back_takes_units_off_its_own_window_and_no_other(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    storage, key, minute = backend(), f"ratelimit:{{t}}:give:{algorithm}", 60_000_000
+    now = clock.now_us  # on a whole minute
+    window = now // minute
+    storage.evaluate([Check(key, algorithm, 100, 60, 10)], now_us=now)  # type: ignore[arg-type]
+    assert storage.give_back(key, algorithm, 60, window, 4, now_us=now + 1) == 4
+    assert _used(storage, key, algorithm, now + 2) == 6
+    assert storage.give_back(key, algorithm, 60, window, 50, now_us=now + 3) == 6  # the count
+    assert storage.give_back(key, algorithm, 60, window, 1, now_us=now + 4) == 0
+    # the next window, 5 used in it: a give-back of the window before takes nothing off it
+    storage.evaluate([Check(key, algorithm, 100, 60, 5)], now_us=now + minute)  # type: ignore[arg-type]
+    assert storage.give_back(key, algorithm, 60, window, 5, now_us=now + minute + 1) == 0
+    assert _used(storage, key, algorithm, now + minute + 2) == 5
+    # nor one that names the next window while the storage's clock is still in this one
+    assert storage.give_back(key, algorithm, 60, window + 2, 5, now_us=now + minute + 3) == 0
+    assert _used(storage, key, algorithm, now + minute + 4) == 5
+
+
+def test_a_give_back_leaves_garbage_to_the_limit_script(redis_client: Redis) -> None:
+    from flask_distlimit.storage.redis import RedisStorage
+
+    options = redis_client.connection_pool.connection_kwargs
+    storage = RedisStorage(host=options["host"], port=options["port"], timeout=2.0)
+    window = int(time.time()) // 60
+    for key, value in (("g:str", "x"), ("g:hash", {"w": "soon", "n": "lots"})):
+        if isinstance(value, dict):
+            redis_client.hset(key, mapping=value)
+        else:
+            redis_client.set(key, value)
+        redis_client.expire(key, 60)
+        assert storage.give_back(key, "fixed_window", 60, window, 3) == 0
+    assert redis_client.get("g:str") == b"x"
+    storage.close()
+
+
+@pytest.mark.parametrize("algorithm", [*LEASABLE])
+def test_units_a_lease_leaves_unspent_go_back_on_a_later_storage_call(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    app = Flask("quiet")
+    app.config.update({"DISTLIMIT_TIERS": {"anonymous": ""}})
+    limiter = Limiter(clock=clock)
+    storage = Switch(backend())
+
+    @app.get("/hot")
+    @limiter.shared_limit("100/minute", scope="hot", key_func=lambda: "all", lease=10,
+                          algorithm=algorithm)  # fmt: skip
+    def hot() -> str:
+        return "ok"
+
+    @app.get("/other")
+    @limiter.limit("1000/minute")
+    def other() -> str:
+        return "ok"
+
+    limiter.init_app(app, storage=storage)
+    client = app.test_client()
+    client.get("/hot")  # 1 + 10 taken
+    clock.advance(0.9)
+    client.get("/hot")  # spent from the lease: 9 held, in use
+    clock.advance(0.9)
+    client.get("/other")  # a storage call; the lease was used 0.9 s ago: kept
+    assert _held(limiter, app) == 9
+    clock.advance(0.5)
+    client.get("/other")  # within a second of the last look: not looked at
+    assert _held(limiter, app) == 9
+    clock.advance(0.5)
+    client.get("/other")  # 1.9 s unspent, a second after the last look: given back
+    used = _shared_used(storage, algorithm, 100, 60, clock.now_us)
+    if algorithm in ("fixed_window", "sliding_window_counter"):
+        assert _held(limiter, app) == 0
+        assert used == 2  # the two admissions, nothing held
+        assert storage.publications == 2  # what it holds now (nothing) is published
+        client.get("/hot")  # a new lease
+        assert _held(limiter, app) == 10
+        assert _shared_used(storage, algorithm, 100, 60, clock.now_us) == 2 + 1 + 10
+    else:  # a bucket earns its units back within one lease period: nothing to give back
+        assert _held(limiter, app) == 9
+        assert used >= 2
+
+
+def test_units_given_back_are_never_put_back_by_a_request_refused_meanwhile() -> None:
+    from flask_distlimit.decision import Decision
+    from flask_distlimit.leases import GIVE_BACK_AFTER_US, Lease
+
+    now = 1_700_000_040_000_000  # a whole minute
+    lease = Lease(Check("k", "fixed_window", 100, 60), 10, now)
+    lease.granted(10, Decision(True, 100, 89, 60.0, 0.0), now, now, storage_now=now)
+    spent, _ = lease.take(1, now, lambda: False)  # a request in flight: 9 held
+    assert spent is not None
+    later = now + GIVE_BACK_AFTER_US
+    assert lease.unspent(later) == [(now // 60_000_000, 9)]  # its call outlasted a second
+    lease.give_back(spent, later)  # then another limit refused it: its unit is not put back
+    assert lease.decision(later).remaining == 89  # the shared count as seen, nothing held
+    with lease.lock:
+        assert lease._held(later) == 0

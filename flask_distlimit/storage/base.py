@@ -162,6 +162,26 @@ class Storage(abc.ABC):
                 if until > now
             ]
 
+    def give_back(
+        self,
+        key: str,
+        algorithm: str,
+        period: int,
+        window: int,
+        units: int,
+        *,
+        now_us: int | None = None,
+    ) -> int:
+        """Take up to ``units`` off the count of ``key``'s window ``window`` (``period``
+        seconds long, a fixed window or sliding window counter) while that window is the
+        storage's current one and the key holds it; answer the units taken off
+        (:mod:`.give_back`). ``now_us`` injects the time, for tests only.
+
+        This default gives nothing back (the units expire with their window), as suits a store
+        that cannot; the memory and Redis storages override it.
+        """
+        return 0
+
     def scripts_loaded(self) -> bool:
         """True when the store holds the rate-limit scripts (always true for memory)."""
         return True

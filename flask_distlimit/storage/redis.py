@@ -63,6 +63,7 @@ from ..errors import StorageResponseError
 from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
 from .base import Storage
 from .evalsha import EvalshaPacker
+from .give_back import GIVE_BACK_CODES, GIVE_BACK_SOURCE
 from .heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
 from .lease_records import LEASE_RECORDS_SOURCE, Record, records_from_reply, records_key
 from .pool import DeadlinePool
@@ -154,6 +155,7 @@ class RedisStorage(Storage):
         self._heartbeat: Script = client.register_script(HEARTBEAT_SOURCE)
         self._shared_value: Script = client.register_script(SHARED_VALUE_SOURCE)
         self._lease_records: Script = client.register_script(LEASE_RECORDS_SOURCE)
+        self._give_back: Script = client.register_script(GIVE_BACK_SOURCE)
         #: The request tokens of the hot call (module docstring, "One retry").
         self.tokens = RequestTokens(timeout)
 
@@ -315,6 +317,31 @@ class RedisStorage(Storage):
             raise StorageResponseError(f"unexpected lease records reply {reply!r}")
         repaired = [k for k, flag in zip((key, records_key(key)), reply, strict=True) if flag == 1]
         return tuple(repaired)
+
+    def give_back(
+        self,
+        key: str,
+        algorithm: str,
+        period: int,
+        window: int,
+        units: int,
+        *,
+        now_us: int | None = None,
+    ) -> int:
+        args = [
+            GIVE_BACK_CODES[algorithm],
+            period * 1_000_000,
+            window,
+            units,
+            -1 if now_us is None else now_us,
+        ]
+        try:
+            reply = self._give_back([key], args)
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+        if not isinstance(reply, int):
+            raise StorageResponseError(f"unexpected give-back reply {reply!r}")
+        return reply
 
     def lease_records(self, key: str) -> list[Record]:
         try:
