@@ -12,7 +12,8 @@ rounds is reported, with the lowest and highest round in brackets):
    ``/plain`` the same limit on its own key, unleased; the limit (``--limit``, 10^8/minute) is
    never reached, so every request is admitted. ``wrk`` (1 thread, 16 connections) loads one
    route at a time for ``--seconds`` at its full rate. Storage calls are the server's
-   ``EVALSHA`` calls (``INFO commandstats``), divided by the requests ``wrk`` completed; also
+   ``EVALSHA`` calls (``INFO commandstats``: renewals, and the lease records each worker
+   publishes at most once a second), divided by the requests ``wrk`` completed; also
    requests per second and wrk's median latency.
 2. **Admissions per window against the limit, under gunicorn.** ``/tight`` (``--tight``,
    200/second, leased) loaded by ``wrk`` above its limit for ``--seconds``; every admission is
