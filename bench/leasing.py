@@ -12,7 +12,8 @@ rounds is reported, with the lowest and highest round in brackets):
    ``/plain`` the same limit on its own key, unleased; the limit (``--limit``, 10^8/minute) is
    never reached, so every request is admitted. ``wrk`` (1 thread, 16 connections) loads one
    route at a time for ``--seconds`` at its full rate. Storage calls are the server's
-   ``EVALSHA`` calls (``INFO commandstats``), divided by the requests ``wrk`` completed; also
+   ``EVALSHA`` calls (``INFO commandstats``: renewals, and the lease records each worker
+   publishes at most once a second), divided by the requests ``wrk`` completed; also
    requests per second and wrk's median latency.
 2. **Admissions per window against the limit, under gunicorn.** ``/tight`` (``--tight``,
    200/second, leased) loaded by ``wrk`` above its limit for ``--seconds``; every admission is
@@ -32,9 +33,9 @@ rounds is reported, with the lowest and highest round in brackets):
    elsewhere on the machine hits them alike; an app's time in a round is the median of its
    requests, its overhead that minus the bare app's in the same round; the ratio leased /
    unleased is taken within each round (``--overhead-rounds`` rounds). A fourth subject, the
-   leased app with ``Leases.evaluate`` replaced by a constant answer, splits the leased overhead
-   into the lease's own work and the rest of the request path (gate, identity, checks, report,
-   headers), which every request pays.
+   leased app with ``Leases.spend_one`` (a request spent out of its lease) replaced by a
+   constant decision, splits the leased overhead into the lease's own work and the rest of the
+   request path (gate, identity, checks, report, headers), which every request pays.
 
 Goals (issue 15): <= 0.05 storage calls per request on the leased route; leased p50 overhead
 <= 0.2x the unleased one; admissions per window <= the limit, >= the limit minus the bound.
@@ -232,12 +233,11 @@ def run_overhead(rounds: int, batch: int, limit: str, seed: int = 7) -> Overhead
     client = redis_server.client()
     result = Overhead()
     try:
-        from flask_distlimit.decision import Decision, Evaluation
-        from flask_distlimit.guard import Outcome
+        from flask_distlimit.decision import Decision
 
         stub = _app(redis_server.url, limit, True, "stub")
-        answer = Outcome(Evaluation((Decision(True, 10**8, 10**8 - 1, 30.0, 0.0),)))
-        stub.extensions["distlimit"].enforcer.leases.evaluate = lambda *a, **k: answer
+        answer = Decision(True, 10**8, 10**8 - 1, 30.0, 0.0)
+        stub.extensions["distlimit"].enforcer.leases.spend_one = lambda check: answer
         subjects = {
             "bare": wsgi_caller(bare_app())[0],
             "leased": wsgi_caller(_app(redis_server.url, limit, True, "leased"))[0],
@@ -345,7 +345,7 @@ def table(g: Gunicorn | None, o: Overhead | None, args: argparse.Namespace) -> t
             f"| leased (`lease=True`) | {statistics.median(leased_over):.1f} us "
             f"| {o.calls_leased:.4f} |",
             f"| unleased | {statistics.median(plain_over):.1f} us | 1 |",
-            f"| leased, the lease's work replaced by a constant answer "
+            f"| leased, the lease's work replaced by a constant decision "
             f"| {statistics.median(stub_over):.1f} us | 0 |",
             "",
             f"- the lease's own work per request (leased - stubbed, within rounds): "

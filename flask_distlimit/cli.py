@@ -42,6 +42,7 @@ from .enforcement import is_static
 from .errors import StorageError
 from .extension import Limiter, LimiterState
 from .keys import IDENTITY_KINDS, client_pattern, identity_kind
+from .leases import Holding, read_holdings
 from .route_limits import BoundLimit
 from .storage.urls import mask_url
 
@@ -192,6 +193,8 @@ class _Row:
     stored: bool
     #: a leased limit: the most units each serving process may hold of it (counted as used)
     lease: int | None = None
+    #: a leased limit: what each serving process published that it holds of this key
+    held: tuple[Holding, ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         d = self.decision
@@ -206,6 +209,7 @@ class _Row:
             "stored": self.stored,
             "key": self.check.key,
             "lease_per_process": self.lease,
+            "leases_held": None if self.lease is None else [h.as_dict() for h in self.held],
         }
 
 
@@ -220,9 +224,16 @@ def _peek(state: LimiterState, identity: str) -> list[_Row]:
     except StorageError as exc:
         raise click.ClickException(f"The storage did not answer: {exc}") from None
     leases = state.enforcer.leases
+    sizes = [leases.largest(check.key) for check in checks]
+    held: dict[str, list[Holding]] = {}
+    if any(size is not None for size in sizes):  # what the serving processes published
+        try:
+            held = read_holdings(state.storage, leases.records_key)
+        except StorageError as exc:
+            raise click.ClickException(f"The storage did not answer: {exc}") from None
     return [
-        _Row(name, check, decision, check.key in stored, leases.largest(check.key))
-        for (name, check), decision in zip(named, evaluation.decisions, strict=True)
+        _Row(name, check, decision, check.key in stored, size, tuple(held.get(check.key, ())))
+        for (name, check), decision, size in zip(named, evaluation.decisions, sizes, strict=True)
     ]
 
 
@@ -267,10 +278,20 @@ def inspect(identity: str, ip: bool, api_key: bool, show_all: bool, as_json: boo
             f"{_seconds(d.reset_after)}"
             + (f"  (leased: up to {r.lease} per process)" if r.lease is not None else "")
         )
+        if r.lease is not None:
+            for h in r.held:
+                units = f"{h.units} unit{'' if h.units == 1 else 's'}"
+                click.echo(
+                    f"  {'':<{width}}    held by {h.process}: {units}, good for "
+                    f"{_seconds(h.valid_for)} (published {h.age:.1f} s ago)"
+                )
+            if not r.held:
+                click.echo(f"  {'':<{width}}    held by no process (none published a lease)")
     if any(r.lease is not None for r in rows):
         click.echo(
-            "Leased limits: units the serving processes hold count as used here; each "
-            "process shows its own in health()['leases'] and distlimit_lease_units."
+            "Leased limits: units the serving processes hold count as used here; each process "
+            "publishes what it holds when it renews a lease, at most once a second, so a "
+            "process's figure may be up to that old (its own health()['leases'] is current)."
         )
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from flask import has_request_context, request
 
@@ -44,10 +44,10 @@ if TYPE_CHECKING:
 __all__ = ["Evaluated", "RequestLimit", "clear", "current_limits"]
 
 
-@dataclass(frozen=True, slots=True)
-class Evaluated:
+class Evaluated(NamedTuple):
     """The limits one storage call of the request evaluated (kept with the request as they
-    are: read only when asked)."""
+    are: read only when asked). A named tuple: every request builds one, and a frozen
+    dataclass costs a microsecond more to build."""
 
     checks: Sequence[Check]
     bounds: Sequence[BoundLimit]

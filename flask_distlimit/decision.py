@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .algorithms import Algorithm
 
@@ -81,6 +81,10 @@ class Evaluation:
     decisions: tuple[Decision, ...]
     #: Keys that held data of the wrong type or shape; the storage replaced them with fresh state.
     repaired_keys: tuple[str, ...] = ()
+    #: The storage's clock when it decided (us since the epoch: one node's, so the window a
+    #: unit was taken in is known, :mod:`flask_distlimit.leases`); 0 when not known (answers
+    #: of several nodes put together, the local fallback). Not compared.
+    now_us: int = field(default=0, compare=False)
 
     @property
     def allowed(self) -> bool:

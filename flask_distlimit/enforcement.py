@@ -243,7 +243,7 @@ class Enforcer:
         self._shadow_log = ShadowLog(state.local_clock)
         self._lease = settings.concurrency_lease
         #: quota leases (flask_distlimit.leases); ``_leasing``: some bound limit has ``lease=``
-        self.leases = Leases(state.guard, state.local_clock)
+        self.leases = Leases(state.guard, state.local_clock, state.storage_now)
         self._leasing = False
         #: The request environ key of this limiter's per-request data (one per app's limiter:
         #: a WSGI app may hand its environ to another app with a limiter of its own).
@@ -570,6 +570,11 @@ class Enforcer:
                     self._refuse(
                         [report], [c.key], identity, data, from_cache=True, denied_bounds=[b]
                     )
+        if self._leasing and len(checks) == 1 and bounds[0].lease:  # flask_distlimit.leases
+            leased = self.leases.spend_one(checks[0])  # the usual leased request: no storage call
+            if leased is not None:
+                self._leased(checks, bounds, leased, data)
+                return
         slots = [] if simple else [c for c in checks if c.token]
         if slots:  # given back when the response ends, whatever happens from here
             if data.slots is None:
@@ -577,13 +582,16 @@ class Enforcer:
                 if not self._teardown_hooked:
                     self._hook_teardown()
             data.slots.add(slots)
-        started = state.local_clock()
         if self._leasing and any(b.lease for b in bounds):  # flask_distlimit.leases
+            started = state.local_clock()
             outcome = self.leases.evaluate(
                 checks, bounds, policy=policy, now_us=state.storage_now()
             )
         else:
+            started = state.local_clock()
             outcome = state.guard.evaluate(checks, policy=policy, now_us=state.storage_now())
+            if self._leasing:  # after a storage call: leased units left unspent go back
+                self.leases.housekeeping()
         if slots and data.slots is not None:
             if outcome.degraded and outcome.evaluation is not None:
                 data.slots.degraded()  # held by the local fallback
@@ -674,6 +682,16 @@ class Enforcer:
         if data.report is None or report.remaining < data.report.remaining:
             data.report = report
         data.degraded = data.degraded or outcome.degraded
+
+    def _leased(
+        self, checks: list[Check], bounds: list[BoundLimit], d: Decision, data: _RequestData
+    ) -> None:
+        """A request whose one limit its lease admitted: what :meth:`_decide` keeps of an
+        allowed decision (no slot, shadow or ``deduct_when`` limit can be leased)."""
+        data.evaluated.append(Evaluated(checks, bounds, (d,), (), self.state.wall()))
+        report = _report(bounds[0], d, denied=False)
+        if data.report is None or report.remaining < data.report.remaining:
+            data.report = report
 
     def _refuse(
         self,

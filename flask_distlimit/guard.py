@@ -437,7 +437,11 @@ class Guard:
         if repaired:
             self._repaired(repaired)
         if not failed:
-            evaluation = Evaluation(tuple(d for d in decisions if d is not None), tuple(repaired))
+            # one group: its node's clock (the window a leased unit was taken in)
+            node_now = results[0].now_us if len(results) == 1 else 0  # type: ignore[union-attr]
+            evaluation = Evaluation(
+                tuple(d for d in decisions if d is not None), tuple(repaired), node_now
+            )
             if denied:
                 self._give_back(checks, spent, decisions, now_us)
                 evaluation = Evaluation(tuple(d for d in decisions if d is not None))
@@ -650,12 +654,19 @@ class Guard:
         return _OPEN_OUTCOME
 
     def _heartbeat(self) -> None:
-        # One separate, cheap call; an outage here counts like any other.
-        breaker = self.breaker
+        self.side_call(self._heartbeat_check.key, self.instances.beat)
+
+    def side_call(self, key: str, call: Callable[[Storage], Sequence[str]]) -> None:
+        """One separate, cheap storage call beside the request's own, on ``key`` (the instance
+        heartbeat, the lease records): made only while the breaker of ``key``'s node lets calls
+        through; an outage counts like any other; the keys it answers (found holding garbage
+        and replaced) are logged. ``call`` logs an error reply itself: the request it rides on
+        is decided already."""
+        breaker = self._breaker_of(key)
         if not breaker.allow():
             return
         try:
-            repaired = self.instances.beat(self.storage)
+            repaired = call(self.storage)
         except StorageUnavailable as exc:
             breaker.failure(exc)
             if isinstance(exc, StorageMisconfigured):
@@ -702,6 +713,13 @@ class Guard:
         :attr:`breakers`)."""
         if self._routed:
             return self.breakers.get(self.storage.route([self._heartbeat_check])[0][0])
+        return self._breaker
+
+    def _breaker_of(self, key: str) -> Breaker:
+        """The breaker of the node serving ``key``."""
+        if self._routed:
+            check = Check(key, "fixed_window", 1, 1, 0)
+            return self.breakers.get(self.storage.route([check])[0][0])
         return self._breaker
 
     def _breaker_changed(self, breaker: str, state: BreakerState | None) -> None:

@@ -42,7 +42,13 @@ from .errors import ConfigurationError, StorageResponseError, StorageUnavailable
 from .storage.base import Storage
 from .storage.heartbeat import MAX_FLEET, peak_key
 
-__all__ = ["Instances", "InstancesSetting", "validate_instances", "validate_instances_min"]
+__all__ = [
+    "Instances",
+    "InstancesSetting",
+    "process_member",
+    "validate_instances",
+    "validate_instances_min",
+]
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +81,9 @@ def validate_instances_min(value: object) -> int:
     )
 
 
-def _member() -> str:
+def process_member() -> str:
+    """This process, as the storage knows it: ``host:pid:token`` (the token tells apart two
+    limiters of one process, and a PID the system gave again)."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
@@ -106,7 +114,7 @@ class Instances:
             )
         self._clock = clock
         self._lock = threading.Lock()
-        self.member = _member()
+        self.member = process_member()
         #: Live processes counted by the last heartbeat (``None``: never reached the storage).
         self.seen: int | None = None
         beats = math.ceil(self.ttl / interval)  # one TTL of beating
@@ -188,6 +196,6 @@ class Instances:
         # What the parent knew of the fleet still holds for it.
         self._lock = threading.Lock()
         self._beating = False
-        self.member = _member()
+        self.member = process_member()
         if self.auto:
             self._next_at = float("-inf")

@@ -22,9 +22,13 @@ another holds unspent units, at most *processes x lease size* units per window
   window counted in the previous one: the fleet could admit the limit and the leftover in one
   window). Token bucket and GCRA: units are spendable for the time the limit takes to earn them
   back (``size x period / limit``), so an interval of any length admits at most one lease more
-  than the bucket alone would. Units left over are not sent back (that would be a storage call
-  of its own, and racing a window's end it could give units to the next window): they expire
-  with their window, and a bucket earns them back within one lease period.
+  than the bucket alone would; unspent, the bucket earns them back within that time.
+- **Giving back**: fixed window and counter units a lease has not spent from for
+  :data:`GIVE_BACK_AFTER_US` go back to the shared count after a later storage call of this
+  process (:meth:`Leases.housekeeping`, at most once a second), each lease's in a script call of
+  its own that takes them off only the window they were taken in, as the server numbered it
+  (:mod:`flask_distlimit.storage.give_back`); the units leave the lease first. A process that
+  makes no storage call gives nothing back: its units expire with their window.
 - **Sizing** (``lease=True``): about 100 ms of this process's observed demand on the key (an
   EWMA), at most ``limit // 20`` (at least 1); 0 (no lease, every request asks the storage)
   while the key sees fewer than about 10 units a second: leasing pays off for a hot, shared key,
@@ -38,12 +42,21 @@ another holds unspent units, at most *processes x lease size* units per window
 - **Headers** of a leased limit: the shared count as last seen plus the units this process still
   holds (``remaining``), and the reset as last seen minus the time since: other processes'
   spending since is not seen.
+- **Published** for ``flask distlimit inspect``, which runs in a process of its own: after a
+  storage call, at most once a second (:data:`PUBLISH_INTERVAL_US`), when a renewal was granted
+  or units went back since it last did, the process writes what it holds (at most
+  :data:`RECORD_LEASES` leases, the most units first) to ``<prefix>:leases`` in a separate
+  storage call (:mod:`flask_distlimit.storage.lease_records`), kept as long as its
+  longest-lived units: a process that dies vanishes with them. A request its lease covers never
+  makes that call.
 
 A lease is per storage key (identity + limit). A fork drops every lease in the child.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import threading
 import weakref
@@ -54,24 +67,36 @@ from typing import TYPE_CHECKING, Final
 from ._typing import FailurePolicy
 from .algorithms import Algorithm
 from .decision import Check, Decision, Evaluation
-from .errors import ConfigurationError
+from .errors import ConfigurationError, StorageResponseError
 from .guard import Guard, Outcome
+from .instances import process_member
 from .metrics import limit_label
+from .storage.give_back import GIVE_BACK_CODES
+from .storage.lease_records import Record
 
 if TYPE_CHECKING:
     from .limits import Rate
     from .route_limits import BoundLimit
+    from .storage.base import Storage
 
 __all__ = [
+    "GIVE_BACK_AFTER_US",
     "LEASABLE",
     "LEASE_SPAN_US",
     "MAX_LEASES",
+    "PUBLISH_INTERVAL_US",
+    "RECORD_LEASES",
+    "Holding",
     "Leases",
     "auto_cap",
     "check_lease",
     "check_lease_algorithm",
+    "holdings",
     "leases_of",
+    "read_holdings",
 ]
+
+log = logging.getLogger("flask_distlimit")
 
 #: The algorithms a lease is defined for. Not the sliding window log: it stores the time of use of
 #: every unit, and a leased unit's time of use is unknown when it is taken.
@@ -84,6 +109,16 @@ LEASE_SPAN_US: Final = 100_000
 AUTO_CAP_DIVISOR: Final = 20
 #: The most leases one process keeps per app; the least recently used go first.
 MAX_LEASES: Final = 1024
+#: A process publishes what it holds, and gives back units it left unspent, at most this often,
+#: after a storage call (microseconds).
+PUBLISH_INTERVAL_US: Final = 1_000_000
+#: Fixed window and counter units a lease has not spent from for this long go back to the
+#: shared count (microseconds): ten times the traffic a sized lease is taken for.
+GIVE_BACK_AFTER_US: Final = 1_000_000
+#: The most leases one pass gives back (each a storage call of its own).
+GIVE_BACK_PER_PASS: Final = 8
+#: The most leases one process's published record lists (the most units held first).
+RECORD_LEASES: Final = 64
 #: The demand rate is sampled over at least this long (microseconds).
 _SAMPLE_US: Final = 50_000
 _US: Final = 1_000_000
@@ -153,11 +188,14 @@ def auto_cap(limit: int) -> int:
 
 
 class _Chunk:
-    __slots__ = ("expires", "units")
+    __slots__ = ("expires", "units", "window")
 
-    def __init__(self, units: int, expires: int) -> None:
+    def __init__(self, units: int, expires: int, window: int = -1) -> None:
         self.units = units
-        self.expires = expires  # local clock, us
+        self.expires = expires  # local clock, us; 0: given back to the storage
+        #: a fixed window or counter's window index as the storage numbered it (-1: unknown,
+        #: or a bucket: never given back)
+        self.window = window
 
 
 def _expiry(chunk: _Chunk) -> int:
@@ -308,9 +346,15 @@ class Lease:
                     chunk.units += n
                     self.units += n
 
-    def granted(self, units: int, d: Decision, started: int, now: int) -> None:
+    def granted(
+        self, units: int, d: Decision, started: int, now: int, storage_now: int = 0
+    ) -> None:
         """The storage consumed ``units`` more for this lease (``d``: the leased check's
-        decision; ``started``: the local time before the call)."""
+        decision; ``started``: the local time before the call; ``storage_now``: the storage's
+        clock when it decided, us, 0 if unknown)."""
+        window = -1
+        if storage_now > 0 and self.algorithm in GIVE_BACK_CODES:
+            window = storage_now // self.period_us
         reset_us = round(d.reset_after * _US)
         if self.algorithm == "fixed_window":
             ends = started + reset_us  # the window's end: no sooner on the server's clock
@@ -324,15 +368,37 @@ class Lease:
                 last = chunks[-1] if chunks else None
                 if last is not None and abs(last.expires - ends) <= self.period_us // 100:
                     # the same window (its end seen through another round trip): one chunk,
-                    # expiring at the sooner of the two ends
+                    # expiring at the sooner of the two ends (given back only if both name
+                    # the same window)
                     last.units += units
                     last.expires = min(last.expires, ends)
+                    if last.window != window:
+                        last.window = -1
                 else:
-                    chunks.append(_Chunk(units, ends))
+                    chunks.append(_Chunk(units, ends, window))
                     chunks.sort(key=_expiry)
                 self.units += units
             self.renewing = False
             self.seen(d, now)
+
+    def unspent(self, now: int) -> list[tuple[int, int]]:
+        """Units of a known window this lease has not spent from for
+        :data:`GIVE_BACK_AFTER_US`, taken out of the lease (no request can spend them, nor a
+        refused one put units back into their chunk): ``(window, units)`` to give back."""
+        with self.lock:
+            if self.renewing or now - self.used < GIVE_BACK_AFTER_US or not self.chunks:
+                return []
+            out: dict[int, int] = {}
+            kept: list[_Chunk] = []
+            for chunk in self.chunks:
+                if chunk.window >= 0 and chunk.units > 0 and chunk.expires > now:
+                    out[chunk.window] = out.get(chunk.window, 0) + chunk.units
+                    self.units -= chunk.units
+                    chunk.units, chunk.expires = 0, 0
+                else:
+                    kept.append(chunk)
+            self.chunks[:] = kept
+            return sorted(out.items())
 
     def seen(self, d: Decision, now: int) -> None:
         self.seen_remaining = d.remaining
@@ -399,13 +465,25 @@ class Leases:
     :meth:`Guard.evaluate <flask_distlimit.guard.Guard.evaluate>` when a request has a leased
     limit."""
 
-    def __init__(self, guard: Guard, clock: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        guard: Guard,
+        clock: Callable[[], int],
+        storage_now: Callable[[], int | None] = lambda: None,
+    ) -> None:
         self.guard = guard
         self.clock = clock
+        self.storage_now = storage_now  #: the injected time for the storage (tests)
         self._lock = threading.Lock()
         self._leases: dict[str, Lease] = {}
         #: the leased limits bound so far: key tail -> the largest lease of it, in units
         self._declared: dict[str, int] = {}
+        #: where every process of the app publishes what it holds (for ``inspect``)
+        self.records_key = f"{guard.key_prefix}:leases"
+        self.process = process_member()
+        self._look_at = 0  #: the local time (us) from which leases are looked at again
+        self._publish_at = 0  #: the local time (us) from which a publication may be made again
+        self._renewed = False  #: a renewal was granted since the last publication
         _all.add(self)
         _by_guard[guard] = self
 
@@ -431,6 +509,9 @@ class Leases:
         """A forked child holds nothing: the parent's units are the parent's."""
         self._lock = threading.Lock()
         self._leases = {}
+        self.process = process_member()
+        self._look_at = self._publish_at = 0
+        self._renewed = False
 
     def _lease(self, check: Check, size: bool | int, now: int) -> Lease:
         lease = self._leases.get(check.key)
@@ -460,10 +541,105 @@ class Leases:
                     total += lease._held(now)
         return total
 
+    def record(self, now: int) -> tuple[str, float]:
+        """What this process holds as published (JSON: ``{"leases": {key: [units, seconds
+        they stay good]}, "more": leases left out}``), and how long the record holds: as long
+        as its longest-lived units (seconds, at least 1)."""
+        held: list[tuple[int, str, int]] = []
+        for lease in list(self._leases.values()):
+            with lease.lock:
+                units = lease._held(now)
+                if units:
+                    held.append((units, lease.key, lease.chunks[-1].expires - now))
+        held.sort(reverse=True)
+        shown = held[:RECORD_LEASES]
+        record = {
+            "leases": {key: [units, round(valid / _US, 3)] for units, key, valid in shown},
+            "more": len(held) - len(shown),
+        }
+        hold = max((valid for _, _, valid in shown), default=0) / _US
+        return json.dumps(record, separators=(",", ":")), max(1.0, hold)
+
+    def housekeeping(self) -> None:
+        """After a storage call of this process: at most once a second, give back the units
+        of fixed windows and counters that leases left unspent; and, at most once a second,
+        publish what the process holds if a renewal was granted or units went back since it
+        last did (each a storage call of its own, beside the request's)."""
+        now = self.clock()
+        gave = False
+        if now >= self._look_at:
+            with self._lock:
+                look, self._look_at = now >= self._look_at, now + PUBLISH_INTERVAL_US
+            gave = look and self._give_back(now)
+        if (gave or self._renewed) and now >= self._publish_at:
+            with self._lock:
+                if now < self._publish_at:
+                    return
+                self._publish_at, self._renewed = now + PUBLISH_INTERVAL_US, False
+            self._publish(now)
+
+    def _give_back(self, now: int) -> bool:
+        """Give back what leases left unspent (:meth:`Lease.unspent`); true if any."""
+        passes = 0
+        for lease in list(self._leases.values()):
+            if passes >= GIVE_BACK_PER_PASS:
+                break
+            if lease.algorithm not in GIVE_BACK_CODES or now - lease.used < GIVE_BACK_AFTER_US:
+                continue  # (read without its lock: unspent() looks again under it)
+            for window, units in lease.unspent(now):
+                passes += 1
+                self.guard.side_call(
+                    lease.key, self._giving(lease, window, units, self.storage_now())
+                )
+        return passes > 0
+
+    @staticmethod
+    def _giving(
+        lease: Lease, window: int, units: int, storage_now: int | None
+    ) -> Callable[[Storage], tuple[str, ...]]:
+        key, algorithm, period = lease.key, lease.algorithm, lease.period_us // _US
+
+        def give(storage: Storage) -> tuple[str, ...]:
+            try:
+                storage.give_back(key, algorithm, period, window, units, now_us=storage_now)
+            except StorageResponseError:
+                log.exception("Giving back %d leased units of %r failed", units, key)
+            return ()
+
+        return give
+
+    def _publish(self, now: int) -> None:
+        """Publish what this process holds (a storage call of its own)."""
+        record, hold = self.record(now)
+        key, process = self.records_key, self.process
+
+        def publish(storage: Storage) -> tuple[str, ...]:
+            try:
+                return storage.publish_leases(key, process, record, hold)
+            except StorageResponseError:
+                log.exception("Publishing the leases of this process on %r failed", key)
+                return ()
+
+        self.guard.side_call(key, publish)
+
     def held(self) -> dict[str, dict[str, object]]:
         """The leases this process holds, by storage key (``health()["leases"]``)."""
         now = self.clock()
         return {key: lease.report(now) for key, lease in list(self._leases.items())}
+
+    def spend_one(self, check: Check) -> Decision | None:
+        """The usual leased request, its only limit ``check``: spent out of the lease, which
+        needs no renewal, with no storage call; its decision. ``None``, and nothing spent, when
+        :meth:`evaluate` must decide (no lease yet, not enough held, time to renew)."""
+        lease = self._leases.get(check.key)
+        if lease is None or check.cost <= 0 or check.shadow:
+            return None
+        decision = lease.spend(check.cost, self.clock())
+        if decision is not None:
+            metrics = self.guard.metrics
+            if metrics is not None:
+                metrics.leased((check.key,))
+        return decision
 
     def evaluate(
         self,
@@ -478,16 +654,6 @@ class Leases:
         :meth:`Guard.evaluate`'s, with one decision per check of ``checks``."""
         guard = self.guard
         now = self.clock()
-        if len(checks) == 1:  # the usual request: one leased limit, spent out of its lease
-            c = checks[0]
-            lease = self._leases.get(c.key)
-            if lease is not None and c.cost > 0 and not c.shadow:
-                decision = lease.spend(c.cost, now)
-                if decision is not None:
-                    metrics = guard.metrics
-                    if metrics is not None:
-                        metrics.leased((c.key,))
-                    return Outcome(Evaluation((decision,)))
 
         def renew_allowed() -> bool:
             return guard.breaker.state == "closed"
@@ -516,6 +682,8 @@ class Leases:
                 if ask.claimed:
                     with ask.lease.lock:
                         ask.lease.renewing = False
+        if plain or any(a.need or a.renew for a in asks):  # the storage was called
+            self.housekeeping()
         after = self.clock()
         evaluation = outcome.evaluation
         if outcome.unavailable or (evaluation is not None and not evaluation.allowed):
@@ -580,7 +748,8 @@ class Leases:
                 metrics = guard.metrics
                 for a in sent:
                     if a.renew:
-                        a.lease.granted(a.renew, by_ask[a.index], started, after)
+                        self._renewed = True
+                        a.lease.granted(a.renew, by_ask[a.index], started, after, evaluation.now_us)
                         if metrics is not None:
                             metrics.watch_lease_units(a.lease.key, self.units_of)
                     else:
@@ -629,3 +798,65 @@ class Leases:
             degraded=outcome.degraded,
             unavailable=outcome.unavailable,
         )
+
+
+# -- what every process holds, as published (flask distlimit inspect) ----------------------------
+
+
+class Holding:
+    """The units of one leased key one process held when it last published."""
+
+    __slots__ = ("age", "process", "units", "valid_for")
+
+    def __init__(self, process: str, units: int, valid_for: float, age: float) -> None:
+        self.process = process  #: ``host:pid:token``
+        self.units = units
+        self.valid_for = valid_for  #: seconds the units stay good, counted from now
+        self.age = age  #: seconds since the process published them
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "process": self.process,
+            "units": self.units,
+            "valid_for": self.valid_for,
+            "published_ago": self.age,
+        }
+
+
+def holdings(records: Sequence[Record]) -> dict[str, list[Holding]]:
+    """By storage key, what each process published that it holds and is still good; a record
+    or an entry that is not what :meth:`Leases.record` writes is skipped (garbage under the
+    prefix is never an error)."""
+    found: dict[str, list[Holding]] = {}
+    for r in records:
+        try:
+            record = json.loads(r.text)
+        except ValueError:
+            continue
+        leases = record.get("leases") if isinstance(record, dict) else None
+        if not isinstance(leases, dict):
+            continue
+        for key, entry in leases.items():
+            if not (isinstance(entry, list) and len(entry) == 2):
+                continue
+            units, valid = entry
+            if (
+                isinstance(units, bool)
+                or not isinstance(units, int)
+                or units <= 0
+                or isinstance(valid, bool)
+                or not isinstance(valid, int | float)
+            ):
+                continue
+            left = round(valid - r.age, 3)
+            if left > 0:
+                found.setdefault(key, []).append(Holding(r.process, units, left, r.age))
+    for held in found.values():
+        held.sort(key=lambda h: (-h.units, h.process))
+    return found
+
+
+def read_holdings(storage: Storage, key: str) -> dict[str, list[Holding]]:
+    """:func:`holdings` of the records under ``key``; raises ``StorageError`` as the storage
+    does."""
+    return holdings(storage.lease_records(key))

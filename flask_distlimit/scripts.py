@@ -193,7 +193,7 @@ def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
             NEVER if retry_us < 0 else retry_us / _US,
             allowed == 2,
         )
-        return Evaluation((decision,), (checks[0].key,) if bad else ())
+        return Evaluation((decision,), (checks[0].key,) if bad else (), values[0])
     decisions = []
     repaired: list[str] = []
     for i, check in enumerate(checks):
@@ -211,4 +211,4 @@ def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
         )
         if bad:
             repaired.append(check.key)
-    return Evaluation(tuple(decisions), tuple(repaired))
+    return Evaluation(tuple(decisions), tuple(repaired), values[0])

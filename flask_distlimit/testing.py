@@ -22,6 +22,7 @@ from .decision import Check, Evaluation
 from .errors import StorageError
 from .storage.base import Storage
 from .storage.heartbeat import Fleet
+from .storage.lease_records import Record
 
 __all__ = ["CountingStorage", "FakeClock"]
 
@@ -58,7 +59,8 @@ class FakeClock:
 
 class CountingStorage(Storage):
     """A storage that forwards every call to ``inner`` and counts its evaluations (an
-    ``evaluate`` call, or one ``evaluate_parts`` call of a routed storage such as a Cluster)."""
+    ``evaluate`` call, or one ``evaluate_parts`` call of a routed storage such as a Cluster)
+    and its lease publications."""
 
     def __init__(self, inner: Storage) -> None:
         self.inner = inner
@@ -66,6 +68,7 @@ class CountingStorage(Storage):
         # a routed inner storage (Cluster) keeps its breaker per node through this wrapper
         self.routed = inner.routed  # type: ignore[misc]
         self.evaluations = 0
+        self.publications = 0  #: ``publish_leases`` calls (the lease records of a process)
         self.checks: list[tuple[Check, ...]] = []
         self._lock = threading.Lock()
 
@@ -112,6 +115,25 @@ class CountingStorage(Storage):
 
     def shared_value(self, key: str, candidate: str, ttl: int) -> str:
         return self.inner.shared_value(key, candidate, ttl)
+
+    def publish_leases(self, key: str, process: str, record: str, hold: float) -> tuple[str, ...]:
+        self.publications += 1
+        return self.inner.publish_leases(key, process, record, hold)
+
+    def lease_records(self, key: str) -> list[Record]:
+        return self.inner.lease_records(key)
+
+    def give_back(
+        self,
+        key: str,
+        algorithm: str,
+        period: int,
+        window: int,
+        units: int,
+        *,
+        now_us: int | None = None,
+    ) -> int:
+        return self.inner.give_back(key, algorithm, period, window, units, now_us=now_us)
 
     def scripts_loaded(self) -> bool:
         return self.inner.scripts_loaded()

@@ -239,6 +239,30 @@ def test_scan_delete_ping_heartbeat_span_every_primary(
     assert storage.heartbeat_fleet("t:instances", "b", 30) == Fleet(2, 3)
 
 
+def test_lease_records_are_published_and_read_in_one_slot(storage: ClusterStorage) -> None:
+    # The key the Limiter uses (<prefix>:leases) has no hash tag; the records beside it share
+    # its slot (a script on two keys of different slots would fail with CROSSSLOT).
+    for key in ("t:leases", "t:{leases}"):
+        assert storage.publish_leases(key, "a", '{"leases": {}}', 30) == ()
+        assert storage.publish_leases(key, "b", '{"leases": {}}', 30) == ()
+        records = storage.lease_records(key)
+        assert sorted(r.process for r in records) == ["a", "b"]
+        assert all(r.text == '{"leases": {}}' and 0 <= r.age < 30 for r in records)
+
+
+def test_leased_units_go_back_to_their_window_on_the_node_of_their_key(
+    storage: ClusterStorage, tags: list[str]
+) -> None:
+    now, minute = 1_700_000_040_000_000, 60_000_000  # a whole minute
+    for tag in tags:  # one key on each primary
+        key = f"t:{{{tag}}}:hot:fixed_window"
+        evaluation = storage.evaluate([Check(key, "fixed_window", 100, 60, 11)], now_us=now)
+        assert evaluation.now_us == now  # one group: its node's clock
+        assert storage.give_back(key, "fixed_window", 60, now // minute, 10, now_us=now) == 10
+        peek = storage.evaluate([Check(key, "fixed_window", 100, 60, 0)], now_us=now)
+        assert peek.decisions[0].remaining == 99
+
+
 def test_client_settings_are_timeouts_without_retries(
     redis_cluster: ClusterServers, cluster_client: RedisCluster
 ) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 from flask import Flask
+from redis import Redis
 
 from flask_distlimit import ConfigurationError, Limiter
 from flask_distlimit.decision import Check, Evaluation
@@ -116,6 +117,42 @@ def test_the_headers_count_the_units_held(backend: Backend, clock: FakeClock) ->
     assert first.headers["X-RateLimit-Remaining"] == "99"  # 100 - 11 taken + 10 held
     second = client.get("/hot")
     assert second.headers["X-RateLimit-Remaining"] == "98"
+
+
+def test_a_request_the_lease_covers_is_decided_by_the_lease_alone(
+    backend: Backend, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No storage call, and not through ``Leases.evaluate`` (which builds the answer of a
+    storage call, object by object, on the request path); what the request sees is the same."""
+    app = Flask("alone")
+    app.config.update({"DISTLIMIT_TIERS": {"anonymous": ""}})
+    limiter = Limiter(clock=clock)
+    switch = Switch(backend())
+
+    @app.get("/hot")
+    @limiter.shared_limit("100/minute", scope="hot", key_func=lambda: "all", lease=10)
+    def hot() -> dict[str, int]:
+        return {limit.name: limit.remaining for limit in limiter.current_limits}
+
+    limiter.init_app(app, storage=switch)
+    client = app.test_client()
+    assert client.get("/hot").json == {"hot:100/minute": 99}  # 100 - 11 taken + 10 held
+    leases = limiter.state(app).enforcer.leases
+    general: list[int] = []
+    evaluate = leases.evaluate
+
+    def counted(*args: object, **kwargs: object) -> object:
+        general.append(1)
+        return evaluate(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(leases, "evaluate", counted)
+    response = client.get("/hot")
+    assert response.json == {"hot:100/minute": 98}
+    assert response.headers["X-RateLimit-Remaining"] == "98"
+    assert general == [] and switch.evaluations == 1
+    for _ in range(7):  # down to the low-water mark (2 of 10): the general path renews
+        client.get("/hot")
+    assert general == [1] and switch.evaluations == 2
 
 
 # -- the limit holds: several processes on one store ----------------------------------------------
@@ -406,3 +443,232 @@ def test_metrics_count_leased_decisions_and_the_units_held(
     allowed = {**label, "outcome": "allowed"}
     assert registry.get_sample_value("distlimit_decisions_total", allowed) == 4
     assert registry.get_sample_value("distlimit_lease_units", label) == 7
+
+
+# -- what every process holds, for flask distlimit inspect -----------------------------------------
+
+
+def _inspect(app: Flask, *args: str) -> tuple[str, list[dict[str, object]]]:
+    from flask_distlimit.cli import distlimit_cli
+
+    runner = app.test_cli_runner()
+    result = runner.invoke(distlimit_cli, ["inspect", "func:all", "--json", *args])
+    assert result.exit_code == 0, result.output
+    text = runner.invoke(distlimit_cli, ["inspect", "func:all", *args])
+    assert text.exit_code == 0, text.output
+    return text.output, json.loads(result.output)
+
+
+def _real_time(storage: Storage, clock: FakeClock) -> FakeClock:
+    """The CLI peeks at the storage's own time: a Redis server's is the real one."""
+    from flask_distlimit.storage.memory import MemoryStorage
+
+    return clock if isinstance(storage, MemoryStorage) else FakeClock(start=time.time())
+
+
+def test_inspect_lists_the_units_each_process_holds(backend: Backend, clock: FakeClock) -> None:
+    storage = backend()
+    clock = _real_time(storage, clock)
+    first, one, _ = _app(storage, clock, "100/hour", lease=10, name="w1")
+    second, two, _ = _app(backend(), clock, "100/hour", lease=7, name="w2")
+    first.test_client().get("/hot")
+    for _ in range(3):
+        second.test_client().get("/hot")  # 1 + 7 taken, 2 spent: 5 held
+    text, [row] = _inspect(first)
+    processes = [limiter.state(app).enforcer.leases.process for app, limiter in
+                 ((first, one), (second, two))]  # fmt: skip
+    assert len(set(processes)) == 2
+    held = row["leases_held"]
+    assert isinstance(held, list)
+    # what each process published when it took its lease: 10 and 7 units
+    assert {h["process"]: h["units"] for h in held} == dict(zip(processes, (10, 7), strict=True))
+    assert all(0 < h["valid_for"] <= 3600 for h in held)
+    for process, units in zip(processes, (10, 7), strict=True):
+        assert f"held by {process}: {units} units, good for " in text
+    assert row["used"] == 1 + 10 + 3 + 5  # the requests and the units held
+
+
+def test_a_process_publishes_on_a_renewal_at_most_once_a_second(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, storage = _app(backend(), clock, "1000/minute", lease=4)
+    client = app.test_client()
+    client.get("/hot")  # the first lease: published
+    assert storage.publications == 1
+    for _ in range(20):  # renewals every 3 requests, in the same second: not published again
+        client.get("/hot")
+    assert storage.evaluations > 5 and storage.publications == 1
+    clock.advance(1.0)
+    calls = storage.evaluations
+    while storage.evaluations == calls:  # requests the lease covers publish nothing
+        assert storage.publications == 1
+        client.get("/hot")
+    assert storage.publications == 2  # the first renewal a second later
+    process = limiter.state(app).enforcer.leases.process
+    leases = limiter.state(app).enforcer.leases
+    [record] = [r for r in storage.lease_records(leases.records_key) if r.process == process]
+    assert json.loads(record.text)["leases"]  # what it held then
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        "[1, 2]",
+        '{"leases": [1]}',
+        '{"leases": {"k": "x"}}',
+        '{"leases": {"KEY": [true, 5]}}',
+        '{"leases": {"KEY": [-3, 5]}}',
+        '{"leases": {"KEY": [3, "soon"]}}',
+        '{"leases": {"KEY": [3, 5, 7]}}',
+        '{"leases": {"KEY": [3, -1]}}',
+    ],
+)
+def test_inspect_skips_a_record_it_cannot_read(
+    backend: Backend, clock: FakeClock, text: str
+) -> None:
+    storage = backend()
+    clock = _real_time(storage, clock)
+    app, limiter, _ = _app(storage, clock, "100/hour", lease=10)
+    app.test_client().get("/hot")
+    leases = limiter.state(app).enforcer.leases
+    [key] = leases.held()
+    storage.publish_leases(leases.records_key, "junk:1:x", text.replace("KEY", key), 60)
+    _, [row] = _inspect(app)
+    held = row["leases_held"]
+    assert isinstance(held, list)
+    assert [h["process"] for h in held] == [leases.process]
+
+
+def test_the_records_tolerate_garbage_and_drop_dead_processes(redis_client: Redis) -> None:
+    from flask_distlimit.storage.lease_records import records_key
+    from flask_distlimit.storage.redis import RedisStorage
+
+    options = redis_client.connection_pool.connection_kwargs
+    storage = RedisStorage(host=options["host"], port=options["port"], timeout=2.0)
+    key, records = "garbage:leases", records_key("garbage:leases")
+    redis_client.set(key, "not a sorted set")
+    redis_client.set(records, "not a hash")
+    assert storage.lease_records(key) == []  # reads as nothing, writes nothing
+    assert redis_client.type(key) == b"string"
+    # a publication replaces the keys, and says so (the guard logs it)
+    assert storage.publish_leases(key, "a", "{}", 60) == (key, records)
+    later = redis_client.time()[0] * 1000 + 60_000
+    redis_client.zadd(key, {"dead": 1, "odd": later})  # a dead process, and a bad value
+    redis_client.hset(records, mapping={"dead": "1:{}", "odd": "no stamp"})
+    assert [r.process for r in storage.lease_records(key)] == ["a"]
+    assert storage.publish_leases(key, "b", "{}", 60) == ()
+    assert redis_client.zscore(key, "dead") is None
+    assert not redis_client.hexists(records, "dead")
+    # the keys live until the last record's time is up
+    assert redis_client.pttl(key) > 0 and redis_client.pttl(records) > 0
+    storage.close()
+
+
+# -- unspent windowed units go back ----------------------------------------------------------------
+
+
+def _used(storage: Storage, key: str, algorithm: str, now: int) -> int:
+    d = storage.evaluate([Check(key, algorithm, 100, 60, 0)], now_us=now).decisions[0]  # type: ignore[arg-type]
+    return 100 - d.remaining
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window_counter"])
+def test_a_give_back_takes_units_off_its_own_window_and_no_other(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    storage, key, minute = backend(), f"ratelimit:{{t}}:give:{algorithm}", 60_000_000
+    now = clock.now_us  # on a whole minute
+    window = now // minute
+    storage.evaluate([Check(key, algorithm, 100, 60, 10)], now_us=now)  # type: ignore[arg-type]
+    assert storage.give_back(key, algorithm, 60, window, 4, now_us=now + 1) == 4
+    assert _used(storage, key, algorithm, now + 2) == 6
+    assert storage.give_back(key, algorithm, 60, window, 50, now_us=now + 3) == 6  # the count
+    assert storage.give_back(key, algorithm, 60, window, 1, now_us=now + 4) == 0
+    # the next window, 5 used in it: a give-back of the window before takes nothing off it
+    storage.evaluate([Check(key, algorithm, 100, 60, 5)], now_us=now + minute)  # type: ignore[arg-type]
+    assert storage.give_back(key, algorithm, 60, window, 5, now_us=now + minute + 1) == 0
+    assert _used(storage, key, algorithm, now + minute + 2) == 5
+    # nor one that names the next window while the storage's clock is still in this one
+    assert storage.give_back(key, algorithm, 60, window + 2, 5, now_us=now + minute + 3) == 0
+    assert _used(storage, key, algorithm, now + minute + 4) == 5
+
+
+def test_a_give_back_leaves_garbage_to_the_limit_script(redis_client: Redis) -> None:
+    from flask_distlimit.storage.redis import RedisStorage
+
+    options = redis_client.connection_pool.connection_kwargs
+    storage = RedisStorage(host=options["host"], port=options["port"], timeout=2.0)
+    window = int(time.time()) // 60
+    for key, value in (("g:str", "x"), ("g:hash", {"w": "soon", "n": "lots"})):
+        if isinstance(value, dict):
+            redis_client.hset(key, mapping=value)
+        else:
+            redis_client.set(key, value)
+        redis_client.expire(key, 60)
+        assert storage.give_back(key, "fixed_window", 60, window, 3) == 0
+    assert redis_client.get("g:str") == b"x"
+    storage.close()
+
+
+@pytest.mark.parametrize("algorithm", [*LEASABLE])
+def test_units_a_lease_leaves_unspent_go_back_on_a_later_storage_call(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    app = Flask("quiet")
+    app.config.update({"DISTLIMIT_TIERS": {"anonymous": ""}})
+    limiter = Limiter(clock=clock)
+    storage = Switch(backend())
+
+    @app.get("/hot")
+    @limiter.shared_limit("100/minute", scope="hot", key_func=lambda: "all", lease=10,
+                          algorithm=algorithm)  # fmt: skip
+    def hot() -> str:
+        return "ok"
+
+    @app.get("/other")
+    @limiter.limit("1000/minute")
+    def other() -> str:
+        return "ok"
+
+    limiter.init_app(app, storage=storage)
+    client = app.test_client()
+    client.get("/hot")  # 1 + 10 taken
+    clock.advance(0.9)
+    client.get("/hot")  # spent from the lease: 9 held, in use
+    clock.advance(0.9)
+    client.get("/other")  # a storage call; the lease was used 0.9 s ago: kept
+    assert _held(limiter, app) == 9
+    clock.advance(0.5)
+    client.get("/other")  # within a second of the last look: not looked at
+    assert _held(limiter, app) == 9
+    clock.advance(0.5)
+    client.get("/other")  # 1.9 s unspent, a second after the last look: given back
+    used = _shared_used(storage, algorithm, 100, 60, clock.now_us)
+    if algorithm in ("fixed_window", "sliding_window_counter"):
+        assert _held(limiter, app) == 0
+        assert used == 2  # the two admissions, nothing held
+        assert storage.publications == 2  # what it holds now (nothing) is published
+        client.get("/hot")  # a new lease
+        assert _held(limiter, app) == 10
+        assert _shared_used(storage, algorithm, 100, 60, clock.now_us) == 2 + 1 + 10
+    else:  # a bucket earns its units back within one lease period: nothing to give back
+        assert _held(limiter, app) == 9
+        assert used >= 2
+
+
+def test_units_given_back_are_never_put_back_by_a_request_refused_meanwhile() -> None:
+    from flask_distlimit.decision import Decision
+    from flask_distlimit.leases import GIVE_BACK_AFTER_US, Lease
+
+    now = 1_700_000_040_000_000  # a whole minute
+    lease = Lease(Check("k", "fixed_window", 100, 60), 10, now)
+    lease.granted(10, Decision(True, 100, 89, 60.0, 0.0), now, now, storage_now=now)
+    spent, _ = lease.take(1, now, lambda: False)  # a request in flight: 9 held
+    assert spent is not None
+    later = now + GIVE_BACK_AFTER_US
+    assert lease.unspent(later) == [(now // 60_000_000, 9)]  # its call outlasted a second
+    lease.give_back(spent, later)  # then another limit refused it: its unit is not put back
+    assert lease.decision(later).remaining == 89  # the shared count as seen, nothing held
+    with lease.lock:
+        assert lease._held(later) == 0

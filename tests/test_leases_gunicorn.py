@@ -8,6 +8,9 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
+import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -16,10 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import redis
 
 from flask_distlimit.leases import auto_cap
 from tests.servers import RedisProcess
-from tests.test_gunicorn import Gunicorn, launch, wait_ready
+from tests.test_gunicorn import ROOT, Gunicorn, launch, wait_ready
 
 pytestmark = [pytest.mark.gunicorn, pytest.mark.redis]
 
@@ -29,15 +33,18 @@ FLOOD = 3 * LIMIT
 CLIENT_THREADS = 24
 
 
-@pytest.fixture
-def instances(redis_server: RedisProcess) -> Iterator[list[Gunicorn]]:
-    prefix = f"lease-{os.getpid()}"
-    env = {
+def _env(redis_server: RedisProcess) -> dict[str, str]:
+    return {
         "DISTLIMIT_STORAGE_URL": redis_server.url,
         "LEASING_LIMIT": f"{LIMIT}/minute",
-        "LEASING_PREFIX": prefix,
+        "LEASING_PREFIX": f"lease-{os.getpid()}",
         "LEASING_LEASE": "true",
     }
+
+
+@pytest.fixture
+def instances(redis_server: RedisProcess) -> Iterator[list[Gunicorn]]:
+    env = _env(redis_server)
     with tempfile.TemporaryDirectory(prefix="distlimit-lease-") as logdir:
         started = [launch("tests.apps.leasing_app:app", env, Path(logdir)) for _ in range(2)]
         try:
@@ -59,17 +66,60 @@ def _get(port: int, path: str) -> tuple[int, str]:
         conn.close()
 
 
+def _workers(server: Gunicorn) -> set[int]:
+    """The PIDs of the instance's workers (the children of its master)."""
+    pid = server.proc.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return {int(child) for child in children}
+
+
+def _start_in_one_window(client: redis.Redis) -> int:
+    """Wait, if less than 10 s of this minute are left (on the Redis server's clock, the
+    limiter's), for the next one; answer the window."""
+    seconds, _ = client.time()
+    if 60 - seconds % 60 < 10:
+        time.sleep(60 - seconds % 60 + 0.2)
+    return int(client.time()[0]) // 60
+
+
+def test_inspect_lists_the_leases_each_worker_holds(
+    instances: list[Gunicorn], redis_server: RedisProcess
+) -> None:
+    client = redis_server.client()
+    client.flushall()
+    window = _start_in_one_window(client)
+    jobs = [instances[i % 2].port for i in range(LIMIT * 2 // 3)]  # below the limit
+    with ThreadPoolExecutor(max_workers=CLIENT_THREADS) as pool:
+        statuses = Counter(status for status, _ in pool.map(lambda p: _get(p, "/leased"), jobs))
+    assert statuses == {200: len(jobs)}
+    # inspect, in a process of its own, as an operator runs it
+    inspect = subprocess.run(
+        [sys.executable, "-m", "flask", "--app", "tests.apps.leasing_app", "distlimit",
+         "inspect", "func:everyone"],
+        env={**os.environ, **_env(redis_server), "PYTHONPATH": str(ROOT)},
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert inspect.returncode == 0, inspect.stderr
+    assert client.time()[0] // 60 == window, "the requests outlasted their window"
+    held = re.findall(r"held by ([^:\s]+):(\d+):(\w+): (\d+) units?,", inspect.stdout)
+    listed = {int(pid) for _, pid, _, _ in held}
+    assert len(listed) == len(held), inspect.stdout  # one line per process
+    assert all(0 < int(units) <= auto_cap(LIMIT) for *_, units in held), inspect.stdout
+    # each instance's traffic went to its workers, which took leases and published them when
+    # they did: workers of both instances are listed, and nothing else
+    for server in instances:
+        assert listed & _workers(server), (server.proc.pid, inspect.stdout)
+    assert listed <= _workers(instances[0]) | _workers(instances[1]), inspect.stdout
+    print(inspect.stdout)
+    client.close()
+
+
 def test_a_flooded_leased_limit_admits_at_most_the_limit_and_at_least_limit_minus_the_bound(
     instances: list[Gunicorn], redis_server: RedisProcess
 ) -> None:
     client = redis_server.client()
     client.flushall()
-    # One fixed window holds the whole flood: if less than 10 s of this minute are left (on the
-    # Redis server's clock, the limiter's), start with the next one.
-    seconds, _ = client.time()
-    if 60 - seconds % 60 < 10:
-        time.sleep(60 - seconds % 60 + 0.2)
-    started_window = client.time()[0] // 60
+    started_window = _start_in_one_window(client)  # one fixed window holds the whole flood
     jobs = [instances[i % 2].port for i in range(FLOOD)]
     with ThreadPoolExecutor(max_workers=CLIENT_THREADS) as pool:
         statuses = Counter(status for status, _ in pool.map(lambda p: _get(p, "/leased"), jobs))

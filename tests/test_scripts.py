@@ -294,11 +294,13 @@ def test_the_log_batch_is_the_same_in_the_script_and_the_twin() -> None:
 def test_every_command_the_scripts_run_is_in_the_acl_grants() -> None:
     # an ACL user given exactly ACL_GRANTS must be able to run every path of the scripts
     from flask_distlimit.storage.heartbeat import HEARTBEAT_SOURCE
+    from flask_distlimit.storage.lease_records import LEASE_RECORDS_SOURCE
     from flask_distlimit.storage.shared_value import SHARED_VALUE_SOURCE
     from flask_distlimit.storage.translate import ACL_GRANTS
 
     called = re.findall(
-        r"redis\.p?call\(?'([A-Z]+)'", SCRIPT_SOURCE + HEARTBEAT_SOURCE + SHARED_VALUE_SOURCE
+        r"redis\.p?call\(?'([A-Z]+)'",
+        SCRIPT_SOURCE + HEARTBEAT_SOURCE + SHARED_VALUE_SOURCE + LEASE_RECORDS_SOURCE,
     )
     granted = {g.removeprefix("+") for g in ACL_GRANTS.split() if g.startswith("+")}
     assert called and {c.lower() for c in called} <= granted

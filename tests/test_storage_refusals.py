@@ -6,6 +6,7 @@ slot group and several). Real redis-server processes; no fakes."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -153,11 +154,16 @@ def test_the_acl_grants_the_message_names_are_enough(acl_server: RedisProcess) -
         assert storage.evaluate(TWO_SLOTS).allowed
         assert storage.heartbeat("t:instances", "me", 5) == 1
         assert storage.shared_value("t:identity-digest-key", "k", 60) == "k"
+        # the lease records, the dead process dropped and the records rebuilt included
+        assert storage.publish_leases("t:leases", "gone", "{}", 0.001) == ()
+        time.sleep(0.01)  # not a timed assertion: the record only gets older
+        assert storage.publish_leases("t:leases", "me", "{}", 60) == ()
+        assert [r.process for r in storage.lease_records("t:leases")] == ["me"]
         keys = sorted(storage.scan("t:*"))
         tokens = [k for k in keys if k.startswith("t:rq:")]  # each call's kept reply (a second)
         assert len(tokens) == 6  # SET under the user's ~t:* grant: one per evaluate
-        # the algorithms', TWO_SLOTS', heartbeat's, digest key
-        assert len(keys) - len(tokens) == 5 + 2 + 2 + 1
+        # the algorithms', TWO_SLOTS', heartbeat's, digest key, lease records'
+        assert len(keys) - len(tokens) == 5 + 2 + 2 + 1 + 2
         assert storage.delete(keys) == len(keys)
     finally:
         storage.close()

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import abc
 import threading
+import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import ClassVar
 
 from ..decision import Check, Evaluation
 from ..errors import StorageError
 from .heartbeat import Fleet
+from .lease_records import Record
 
 __all__ = ["Storage"]
 
@@ -129,6 +131,56 @@ class Storage(abc.ABC):
         with _shared_lock:
             kept: dict[str, str] = self.__dict__.setdefault("_shared_values", {})
             return kept.setdefault(key, candidate)
+
+    def publish_leases(self, key: str, process: str, record: str, hold: float) -> tuple[str, ...]:
+        """Publish ``record``, the leases ``process`` holds, under ``key`` for ``hold``
+        seconds, dropping the records whose time is up; answer the keys found holding garbage
+        and replaced (:mod:`.lease_records`).
+
+        This default keeps the records in the storage object, as suits a store private to one
+        process (``memory://``); the Redis storages override it.
+        """
+        now = time.monotonic()
+        with _shared_lock:
+            kept: dict[str, dict[str, tuple[float, float, str]]] = self.__dict__.setdefault(
+                "_lease_records", {}
+            )
+            records = kept.setdefault(key, {})
+            records[process] = (now + hold, now, record)
+            for gone in [p for p, (until, _, _) in records.items() if until <= now]:
+                del records[gone]
+        return ()
+
+    def lease_records(self, key: str) -> list[Record]:
+        """The records published under ``key`` whose time is not up (a read; no write)."""
+        now = time.monotonic()
+        with _shared_lock:
+            records = self.__dict__.get("_lease_records", {}).get(key, {})
+            return [
+                Record(process, now - at, text)
+                for process, (until, at, text) in records.items()
+                if until > now
+            ]
+
+    def give_back(
+        self,
+        key: str,
+        algorithm: str,
+        period: int,
+        window: int,
+        units: int,
+        *,
+        now_us: int | None = None,
+    ) -> int:
+        """Take up to ``units`` off the count of ``key``'s window ``window`` (``period``
+        seconds long, a fixed window or sliding window counter) while that window is the
+        storage's current one and the key holds it; answer the units taken off
+        (:mod:`.give_back`). ``now_us`` injects the time, for tests only.
+
+        This default gives nothing back (the units expire with their window), as suits a store
+        that cannot; the memory and Redis storages override it.
+        """
+        return 0
 
     def scripts_loaded(self) -> bool:
         """True when the store holds the rate-limit scripts (always true for memory)."""

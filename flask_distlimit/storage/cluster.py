@@ -69,12 +69,15 @@ from ..errors import (
     StorageError,
     StorageMisconfigured,
     StorageReplyLost,
+    StorageResponseError,
     StorageUnavailable,
 )
 from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
 from .base import Storage
 from .evalsha import EvalshaPacker
+from .give_back import GIVE_BACK_CODES, GIVE_BACK_SOURCE
 from .heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
+from .lease_records import LEASE_RECORDS_SOURCE, Record, records_from_reply, records_key
 from .pool import DeadlinePool
 from .redis import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT, _pool_connections, connection_options
 from .shared_value import SHARED_VALUE_SOURCE
@@ -181,6 +184,8 @@ class ClusterStorage(Storage):
         self._script: Script | None = None
         self._heartbeat: Script | None = None
         self._shared_value: Script | None = None
+        self._lease_records: Script | None = None
+        self._give_back: Script | None = None
         #: The hot path's pool of each primary (``host:port``), built on first use.
         self._pools: dict[str, DeadlinePool] = {}
         #: The request tokens of the hot path (module docstring, "One retry").
@@ -199,6 +204,8 @@ class ClusterStorage(Storage):
         )
         self._heartbeat = client.register_script(HEARTBEAT_SOURCE)
         self._shared_value = client.register_script(SHARED_VALUE_SOURCE)
+        self._lease_records = client.register_script(LEASE_RECORDS_SOURCE)
+        self._give_back = client.register_script(GIVE_BACK_SOURCE)
         self._client = client
 
     def _connect(self) -> RedisCluster:
@@ -492,7 +499,8 @@ class ClusterStorage(Storage):
             for index, decision in zip(group, result.decisions, strict=True):
                 decisions[index] = decision
             repaired.extend(result.repaired_keys)
-        return Evaluation(tuple(d for d in decisions if d is not None), tuple(repaired))
+        node_now = results[0].now_us if len(results) == 1 else 0  # type: ignore[union-attr]
+        return Evaluation(tuple(d for d in decisions if d is not None), tuple(repaired), node_now)
 
     # -- the rest of the storage interface -------------------------------------------------
 
@@ -542,6 +550,56 @@ class ClusterStorage(Storage):
         except REDIS_FAILURES as exc:
             raise storage_error(exc) from exc
         return fleet_from_reply(reply, key)
+
+    def publish_leases(self, key: str, process: str, record: str, hold: float) -> tuple[str, ...]:
+        self.client  # noqa: B018 - connects and registers the scripts
+        assert self._lease_records is not None
+        try:  # both keys in one slot (records_key)
+            reply = self._lease_records(
+                [key, records_key(key)], [process, record, max(1, round(hold * 1000))]
+            )
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+        if not isinstance(reply, list | tuple) or len(reply) != 2:
+            raise StorageResponseError(f"unexpected lease records reply {reply!r}")
+        repaired = [k for k, flag in zip((key, records_key(key)), reply, strict=True) if flag == 1]
+        return tuple(repaired)
+
+    def give_back(
+        self,
+        key: str,
+        algorithm: str,
+        period: int,
+        window: int,
+        units: int,
+        *,
+        now_us: int | None = None,
+    ) -> int:
+        self.client  # noqa: B018 - connects and registers the scripts
+        assert self._give_back is not None
+        args = [
+            GIVE_BACK_CODES[algorithm],
+            period * 1_000_000,
+            window,
+            units,
+            -1 if now_us is None else now_us,
+        ]
+        try:
+            reply = self._give_back([key], args)
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+        if not isinstance(reply, int):
+            raise StorageResponseError(f"unexpected give-back reply {reply!r}")
+        return reply
+
+    def lease_records(self, key: str) -> list[Record]:
+        self.client  # noqa: B018 - connects and registers the scripts
+        assert self._lease_records is not None
+        try:
+            reply = self._lease_records([key, records_key(key)], ["", "", 0])
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+        return records_from_reply(reply)
 
     def shared_value(self, key: str, candidate: str, ttl: int) -> str:
         self.client  # noqa: B018 - connects and registers the scripts

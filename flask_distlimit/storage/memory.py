@@ -20,7 +20,17 @@ from typing import Final
 from ..decision import NEVER, Check, Decision, Evaluation
 from ..errors import StorageResponseError
 from .base import Storage
-from .twins import ALGORITHM_STEPS, KEEP_TTL, State, Step, plausible, refund, step
+from .twins import (
+    ALGORITHM_STEPS,
+    KEEP_TTL,
+    CounterState,
+    FixedWindowState,
+    State,
+    Step,
+    plausible,
+    refund,
+    step,
+)
 
 __all__ = ["MemoryStorage", "system_clock_us"]
 
@@ -196,7 +206,41 @@ class MemoryStorage(Storage):
                 for c, s in zip(checks, steps, strict=True)
             ),
             tuple(repaired),
+            now,
         )
+
+    def give_back(
+        self,
+        key: str,
+        algorithm: str,
+        period: int,
+        window: int,
+        units: int,
+        *,
+        now_us: int | None = None,
+    ) -> int:
+        """As the Redis storages' script (:mod:`.give_back`) does."""
+        with self._lock:
+            now = self._clock() if now_us is None else now_us
+            if math.floor(now / (period * _US)) != window or units < 1:
+                return 0
+            entry = self._get(key, now)
+            state = None if entry is None else entry.state
+            if isinstance(state, FixedWindowState) and algorithm == "fixed_window":
+                if state.window != window or state.used < 1:
+                    return 0
+                taken = min(units, state.used)
+                new: State = state._replace(used=state.used - taken)
+            elif isinstance(state, CounterState) and algorithm == "sliding_window_counter":
+                if state.window != window or state.current < 1:
+                    return 0
+                taken = min(units, state.current)
+                new = state._replace(current=state.current - taken)
+            else:
+                return 0
+            assert entry is not None
+            self._set(key, _Entry(algorithm, new, entry.expires))
+            return taken
 
     def __len__(self) -> int:
         """Keys held, including expired ones not yet dropped (memory use, for tests)."""

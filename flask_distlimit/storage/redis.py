@@ -59,10 +59,13 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from ..decision import Check, Evaluation
+from ..errors import StorageResponseError
 from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
 from .base import Storage
 from .evalsha import EvalshaPacker
+from .give_back import GIVE_BACK_CODES, GIVE_BACK_SOURCE
 from .heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
+from .lease_records import LEASE_RECORDS_SOURCE, Record, records_from_reply, records_key
 from .pool import DeadlinePool
 from .shared_value import SHARED_VALUE_SOURCE
 from .tokens import RequestTokens, repeat_call
@@ -151,6 +154,8 @@ class RedisStorage(Storage):
         self._packer = _packer(self._script, connection)
         self._heartbeat: Script = client.register_script(HEARTBEAT_SOURCE)
         self._shared_value: Script = client.register_script(SHARED_VALUE_SOURCE)
+        self._lease_records: Script = client.register_script(LEASE_RECORDS_SOURCE)
+        self._give_back: Script = client.register_script(GIVE_BACK_SOURCE)
         #: The request tokens of the hot call (module docstring, "One retry").
         self.tokens = RequestTokens(timeout)
 
@@ -300,6 +305,50 @@ class RedisStorage(Storage):
         except REDIS_FAILURES as exc:
             raise storage_error(exc) from exc
         return fleet_from_reply(reply, key)
+
+    def publish_leases(self, key: str, process: str, record: str, hold: float) -> tuple[str, ...]:
+        try:  # both keys in one slot (records_key)
+            reply = self._lease_records(
+                [key, records_key(key)], [process, record, max(1, round(hold * 1000))]
+            )
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+        if not isinstance(reply, list | tuple) or len(reply) != 2:
+            raise StorageResponseError(f"unexpected lease records reply {reply!r}")
+        repaired = [k for k, flag in zip((key, records_key(key)), reply, strict=True) if flag == 1]
+        return tuple(repaired)
+
+    def give_back(
+        self,
+        key: str,
+        algorithm: str,
+        period: int,
+        window: int,
+        units: int,
+        *,
+        now_us: int | None = None,
+    ) -> int:
+        args = [
+            GIVE_BACK_CODES[algorithm],
+            period * 1_000_000,
+            window,
+            units,
+            -1 if now_us is None else now_us,
+        ]
+        try:
+            reply = self._give_back([key], args)
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+        if not isinstance(reply, int):
+            raise StorageResponseError(f"unexpected give-back reply {reply!r}")
+        return reply
+
+    def lease_records(self, key: str) -> list[Record]:
+        try:
+            reply = self._lease_records([key, records_key(key)], ["", "", 0])
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+        return records_from_reply(reply)
 
     def shared_value(self, key: str, candidate: str, ttl: int) -> str:
         try:

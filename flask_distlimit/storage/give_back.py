@@ -1,0 +1,57 @@
+"""Leased units given back to the window they were taken in, and to no other.
+
+A process that holds units of a fixed window or sliding window counter lease and has stopped
+spending them gives them back (:mod:`flask_distlimit.leases`), so that the fleet can spend them
+before the window ends. Giving back is only safe into the window the units were taken in: one
+that ran in the next window (sent near the end of a window, delayed in the network or behind a
+slow command on the server) would take units off the next window's count, which would then admit
+the limit plus those units. So the call carries the window, as the server numbered it when it
+granted the units, and the script compares it with the stored window and with its own clock.
+
+``KEYS[1]`` the leased key; ``ARGV[1]`` the algorithm (1 fixed window, 3 sliding window
+counter, the limit script's codes), ``ARGV[2]`` the period (us), ``ARGV[3]`` the window index
+the units were taken in, ``ARGV[4]`` the units, ``ARGV[5]`` the time in us since the epoch, or
+-1 to read the server's clock (only tests inject a time). Only while the server's window is that
+window *and* the key holds that window does the script take the units (at most the count) off
+the window's count (``n`` of a fixed window, ``c`` of a counter), keeping the key's TTL; it
+answers the units taken off (0 when the window is over, the key holds another window, no count
+or something that is not one: garbage is left to the limit script, which repairs it). Commands:
+``HMGET``, ``HSET``, ``TIME`` (in the ACL grants).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = ["GIVE_BACK_CODES", "GIVE_BACK_SOURCE"]
+
+#: The algorithms whose units are given back, by the limit script's code.
+GIVE_BACK_CODES: Final = {"fixed_window": 1, "sliding_window_counter": 3}
+
+GIVE_BACK_SOURCE: Final = """
+local code, period = tonumber(ARGV[1]), tonumber(ARGV[2])
+local window, units, now = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+if not (code == 1 or code == 3) or not period or period < 1 or not window or not units
+    or units < 1 or not now then
+  return redis.error_reply('ERR distlimit: bad give-back arguments')
+end
+if now == -1 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+if math.floor(now / period) ~= window then
+  return 0  -- the window is over (or, on a clock behind, not begun): the units stay counted
+end
+local field = code == 1 and 'n' or 'c'
+local raw = redis.pcall('HMGET', KEYS[1], 'w', field)
+if type(raw) ~= 'table' or raw.err then
+  return 0
+end
+local w, n = tonumber(raw[1]), tonumber(raw[2])
+if w ~= window or not n or n ~= math.floor(n) or n < 1 then
+  return 0
+end
+local taken = math.min(units, n)
+redis.call('HSET', KEYS[1], field, n - taken)
+return taken
+"""

@@ -1,0 +1,163 @@
+"""The leases each process holds, published where ``flask distlimit inspect`` reads them.
+
+One Lua script on the Redis server's clock, on two keys in one Redis Cluster slot:
+``KEYS[1]`` (``<prefix>:leases``) is a sorted set of the publishing processes scored by the
+expiry of their record (milliseconds, server time); ``KEYS[2]`` (:func:`records_key`) a hash of
+each process's record, stored as ``<published at, ms>:<record>``.
+
+- **Publish** (``ARGV[1]`` the process, ``ARGV[2]`` its record, ``ARGV[3]`` how long it holds,
+  in milliseconds): stores the record, drops the processes whose time is up (a process that died
+  vanishes with its units; their records go when the hash is rebuilt from the live ones'), and
+  keeps both keys until the last record's expiry. Answers ``{KEYS[1] repaired (0/1), KEYS[2]
+  repaired (0/1)}``: a key of another type (``WRONGTYPE``) is garbage something else wrote under
+  our prefix, replaced, as the limit scripts do.
+- **Read** (``ARGV[1]`` empty): answers ``{now (ms), process, value, process, value, ...}`` for
+  the records whose time is not up (at most 1,000), and writes nothing; a key of another type
+  reads as none.
+
+A record is JSON written by :mod:`flask_distlimit.leases`; the reader parses it defensively
+(:func:`records_from_reply`): anything else is skipped, never an error. The script uses only
+commands the limiter's ACL user already has (:data:`~flask_distlimit.storage.translate.ACL_GRANTS`:
+``ZADD``, ``ZCOUNT``, ``ZRANGE``, ``ZREMRANGEBYSCORE``, ``HSET``, ``HMGET``, ``PEXPIRE``, ``DEL``,
+``TIME``): no ``HDEL``, hence the rebuild.
+"""
+
+from __future__ import annotations
+
+from typing import Final, NamedTuple
+
+__all__ = ["LEASE_RECORDS_SOURCE", "Record", "records_from_reply", "records_key"]
+
+LEASE_RECORDS_SOURCE: Final = """
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- the members of a ZRANGE ... WITHSCORES reply whose time is not up
+local function live_members(ranked)
+  local live = {}
+  for i = 1, #ranked, 2 do
+    if tonumber(ranked[i + 1]) > now_ms then
+      live[#live + 1] = ranked[i]
+    end
+  end
+  return live
+end
+
+if ARGV[1] == '' then  -- read: the soonest 1,000 by rank, those not expired
+  local ranked = redis.pcall('ZRANGE', KEYS[1], 0, 999, 'WITHSCORES')
+  if type(ranked) ~= 'table' or ranked.err then
+    return {now_ms}
+  end
+  local live = live_members(ranked)
+  local reply = {now_ms}
+  if #live == 0 then
+    return reply
+  end
+  local values = redis.pcall('HMGET', KEYS[2], unpack(live))
+  if type(values) ~= 'table' or values.err then
+    return reply
+  end
+  for i, member in ipairs(live) do
+    if values[i] then
+      reply[#reply + 1] = member
+      reply[#reply + 1] = values[i]
+    end
+  end
+  return reply
+end
+
+local hold_ms = tonumber(ARGV[3])
+-- a write that meets a key of another type replaces the key (reported: 1); any other error
+-- is raised as it is
+local function write(command, key, a, b)
+  local reply = redis.pcall(command, key, a, b)
+  if type(reply) ~= 'table' or not reply.err then
+    return 0
+  end
+  if string.sub(reply.err, 1, 9) ~= 'WRONGTYPE' then
+    redis.call(command, key, a, b)
+    return 0
+  end
+  redis.call('DEL', key)
+  redis.call(command, key, a, b)
+  return 1
+end
+
+local repaired_set = write('ZADD', KEYS[1], now_ms + hold_ms, ARGV[1])
+local repaired_records = write('HSET', KEYS[2], ARGV[1], now_ms .. ':' .. ARGV[2])
+if redis.call('ZCOUNT', KEYS[1], '-inf', now_ms) > 0 then
+  -- processes whose time is up: dropped, and the records rebuilt with the live ones' (the
+  -- first 1,000 by expiry; one past them publishes again on its next renewal)
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
+  local live = redis.call('ZRANGE', KEYS[1], 0, 999)
+  local values = redis.call('HMGET', KEYS[2], unpack(live))
+  redis.call('DEL', KEYS[2])
+  local kept = {}
+  for i, member in ipairs(live) do
+    if values[i] then
+      kept[#kept + 1] = member
+      kept[#kept + 1] = values[i]
+    end
+  end
+  if #kept > 0 then
+    redis.call('HSET', KEYS[2], unpack(kept))
+  end
+end
+-- both keys live until the last record's time is up
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+local ttl_ms = math.max(1, math.floor(tonumber(last[2]) - now_ms))
+redis.call('PEXPIRE', KEYS[1], ttl_ms)
+redis.call('PEXPIRE', KEYS[2], ttl_ms)
+return {repaired_set, repaired_records}
+"""
+
+
+def records_key(key: str) -> str:
+    """The hash of the records beside the sorted set ``key``, in its Redis Cluster slot:
+    ``<key>:records:{<key>}`` (Redis hashes ``<key>`` for both when ``key`` has no braces),
+    ``<key>:records`` when ``key`` has a hash tag of its own."""
+    start = key.find("{")
+    if start != -1:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return f"{key}:records"
+    if "{" in key or "}" in key:
+        raise ValueError(f"lease records key {key!r} has a brace but no hash tag")
+    return f"{key}:records:{{{key}}}"
+
+
+class Record(NamedTuple):
+    """One process's published record, as read."""
+
+    process: str
+    age: float  #: seconds since it was published (the storage's clock)
+    text: str  #: the record as published (JSON written by :mod:`flask_distlimit.leases`)
+
+
+def _text(value: object) -> str | None:
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            return None
+    return value if isinstance(value, str) else None
+
+
+def records_from_reply(reply: object) -> list[Record]:
+    """The read reply as records; a value that is not ``<ms>:<text>`` is skipped."""
+    if not isinstance(reply, list | tuple) or not reply:
+        return []
+    try:
+        now_ms = int(reply[0])
+    except (TypeError, ValueError):
+        return []
+    records: list[Record] = []
+    for i in range(1, len(reply) - 1, 2):
+        process, value = _text(reply[i]), _text(reply[i + 1])
+        if process is None or value is None:
+            continue
+        stamp, sep, text = value.partition(":")
+        if not sep or not stamp.isdigit():
+            continue
+        records.append(Record(process, max(0, now_ms - int(stamp)) / 1000, text))
+    return records
