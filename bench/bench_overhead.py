@@ -6,6 +6,7 @@
     python bench/bench_overhead.py --profile sliding_window_log:3  # cProfile of our app
     python bench/bench_overhead.py --wire                          # RESP shapes of one call
     python bench/bench_overhead.py --wakeups        # a blocking wait for Redis inside a request
+    python bench/bench_overhead.py --cpu --rounds 15   # this process's CPU time per request
 
 Same process, same redis-server (a private one on loopback, started and stopped here), direct
 WSGI calls of a trivial view: the environ is built once with werkzeug's ``EnvironBuilder`` and every
@@ -722,6 +723,94 @@ def wakeups(rounds: int, batch: int) -> str:
         server.stop()
 
 
+def cpu_time(rounds: int, batch: int, seed: int = 1) -> str:
+    """This process's CPU time per request over the bare app's, for ours (every row), the
+    minimal limiter and Flask-Limiter: a second table that noise hurts less than wall time.
+
+    Wall time of a request is mostly the wait for Redis (a sleeping process, a VM waking up);
+    ``time.process_time_ns`` counts only the Python and the system calls of this process, so
+    what a limiter does around its call stands out. Same apps, interleaved rounds as the main
+    table (Redis emptied, untimed, before every batch); a subject's figure in a round is its
+    batch's CPU time divided by ``batch``, minus the bare app's; every ratio is taken within one
+    round, and the median over the rounds is reported with the lowest and highest round.
+    Redis's own time is not in it (``--breakdown`` and ``bench_engine.py --compare`` give it).
+    """
+    if batch + 200 >= LOG_QUOTA:
+        raise SystemExit(f"--batch must stay under {LOG_QUOTA - 200} (the log's quota)")
+    sys.path.insert(0, str(ROOT))
+    from tests.servers import start_redis
+
+    server = start_redis()
+    client = server.client()
+    try:
+        subjects: dict[str, WsgiCall] = {
+            "bare": wsgi_caller(bare_app())[0],
+            "minimal": wsgi_caller(minimal_app(server.url))[0],
+        }
+        for algorithm in ALGORITHMS:
+            for n in LIMITS:
+                subjects[f"ours {algorithm} {n}"] = wsgi_caller(ours_app(server.url, algorithm, n))[
+                    0
+                ]
+                subjects[f"fl {algorithm} {n}"] = wsgi_caller(
+                    flask_limiter_app(server.url, algorithm, n)
+                )[0]
+        per_round: dict[str, list[float]] = {name: [] for name in subjects}
+        for name, call in subjects.items():  # warm up: connections, scripts, caches
+            if name != "bare":
+                check_limited(call, name)
+            client.flushall()
+            for _ in range(200):
+                call()
+        rng = random.Random(seed)
+        clock = time.process_time_ns
+        for _ in range(rounds):
+            order = list(subjects.items())
+            rng.shuffle(order)
+            for name, call in order:
+                client.flushall()
+                gc.collect()
+                gc.disable()
+                try:
+                    start = clock()
+                    for _ in range(batch):
+                        call()
+                    spent = clock() - start
+                finally:
+                    gc.enable()
+                per_round[name].append(spent / batch / 1000)
+        bare = per_round["bare"]
+
+        def over(name: str) -> list[float]:
+            return [a - b for a, b in zip(per_round[name], bare, strict=True)]
+
+        minimal = over("minimal")
+        lines = [
+            "| algorithm | limits | ours CPU over bare (us) | ours / minimal "
+            "| Flask-Limiter (us) | ours / Flask-Limiter |",
+            "|---|---|---|---|---|---|",
+        ]
+        for algorithm in ALGORITHMS:
+            for n in LIMITS:
+                ours, theirs = over(f"ours {algorithm} {n}"), over(f"fl {algorithm} {n}")
+                lines.append(
+                    f"| {algorithm} | {n} | {statistics.median(ours):.1f} "
+                    f"| {Ratio.of(ours, minimal).text()} | {statistics.median(theirs):.1f} "
+                    f"| {Ratio.of(ours, theirs).text()} |"
+                )
+        lines += [
+            "",
+            f"{rounds} rounds of {batch} requests per app, process CPU time "
+            f"(time.process_time_ns). Medians over the rounds: bare Flask "
+            f"{statistics.median(bare):.1f} us per request; the minimal limiter "
+            f"{statistics.median(minimal):.1f} us over it.",
+        ]
+        return "\n".join(lines)
+    finally:
+        client.close()
+        server.stop()
+
+
 def profile(spec: str, calls: int) -> None:
     """cProfile of our app on one row (``algorithm:n``), top functions by own time."""
     algorithm, _, n = spec.partition(":")
@@ -775,7 +864,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--wakeups", action="store_true", help="time a raw EVALSHA blocking vs spinning"
     )
+    parser.add_argument(
+        "--cpu", action="store_true", help="this process's CPU time per request over bare"
+    )
     args = parser.parse_args(argv)
+    if args.cpu:
+        print(cpu_time(args.rounds, args.batch))
+        return 0
     if args.wire:
         print(wire(args.rounds, args.batch))
         return 0
