@@ -829,7 +829,8 @@ class Enforcer:
     def after_request(self, response: WerkzeugResponse) -> WerkzeugResponse:
         """Count a request whose view never ran; add the rate-limit headers (and
         ``Retry-After`` on a 429/503 the app replaced)."""
-        data: _RequestData | None = request.environ.get(self.environ_key)
+        req: Request = request._get_current_object()  # type: ignore[attr-defined]
+        data: _RequestData | None = req.environ.get(self.environ_key)
         if data is None:
             response, data = self._view_never_ran(response)
             if data is None:
@@ -841,11 +842,11 @@ class Enforcer:
             response.call_on_close(data.slots)
         headers = response.headers
         if data.report is not None and self._headers != "none":
-            add = headers.add  # the names are ours alone: no scan for an existing value
-            for name, value in rate_limit_headers(
+            # The names are ours alone: appended (werkzeug checks each value), no scan for an
+            # existing one, one call for all of them.
+            headers[len(headers) :] = rate_limit_headers(
                 self._headers, data.report, self.state.wall(), denied=data.denied
-            ):
-                add(name, value)
+            )
         if data.degraded:
             headers["X-RateLimit-Degraded"] = "true"
         if (
