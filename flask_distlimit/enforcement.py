@@ -34,6 +34,7 @@ import functools
 import inspect
 import logging
 import math
+import operator
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -75,6 +76,8 @@ if TYPE_CHECKING:
 __all__ = ["Breach", "BreachHook", "Enforcer", "is_static"]
 
 log = logging.getLogger("flask_distlimit")
+
+_KEY: Final = operator.attrgetter("key")
 
 #: Clients and limits whose breach was logged, kept until their window ends (bounded).
 _BREACHES_KEPT: Final = 10_000
@@ -491,7 +494,7 @@ class Enforcer:
         if plain:  # the common case: no option of a limit to call or resolve
             for b in route_limits:
                 checks.append(b.check(itag, default_cost))
-                bounds.append(b)
+            bounds += route_limits
             route_limits = ()
         fixed = len(route_limits)  # route limits not yet added (a room for dynamic values)
         for b in route_limits:
@@ -528,7 +531,7 @@ class Enforcer:
         for c, b in zip(checks, bounds, strict=True):
             if c.cost > c.limit:
                 self._refuse_unaffordable(c, b, identity, data)
-        if len(checks) > 1 and len({c.key for c in checks}) != len(checks):
+        if len(checks) > 1 and len(set(map(_KEY, checks))) != len(checks):
             checks, bounds = _dedupe(checks, bounds)
         # no slot and no shadow limit among the checks: their scans are skipped
         simple = plain and (not every_request or self._every_plain)
