@@ -7,6 +7,7 @@
     python bench/bench_overhead.py --wire                          # RESP shapes of one call
     python bench/bench_overhead.py --wakeups        # a blocking wait for Redis inside a request
     python bench/bench_overhead.py --cpu --rounds 15   # this process's CPU time per request
+    python bench/bench_overhead.py --opcodes        # Python opcodes per request (no noise at all)
 
 Same process, same redis-server (a private one on loopback, started and stopped here), direct
 WSGI calls of a trivial view: the environ is built once with werkzeug's ``EnvironBuilder`` and every
@@ -811,6 +812,60 @@ def cpu_time(rounds: int, batch: int, seed: int = 1) -> str:
         server.stop()
 
 
+def opcodes(requests: int = 50) -> str:
+    """Python bytecode instructions and Python function calls per request over the bare app's,
+    for the minimal limiter and ours on every row: counted with ``sys.settrace``
+    (``f_trace_opcodes``), so no machine noise touches them. They measure the Python side only
+    (not C code such as werkzeug's header checks or a frozen dataclass's setters, nor system
+    calls, nor Redis): a regression guard and a guide, not a time."""
+    sys.path.insert(0, str(ROOT))
+    from tests.servers import start_redis
+
+    server = start_redis()
+    counts = [0, 0]
+
+    def traced(frame: Any, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        counts[1] += 1
+        return step
+
+    def step(frame: Any, event: str, arg: Any) -> Any:
+        if event == "opcode":
+            counts[0] += 1
+        return step
+
+    def count(call: WsgiCall) -> tuple[float, float]:
+        for _ in range(20):  # connections, scripts, caches
+            call()
+        counts[:] = [0, 0]
+        sys.settrace(traced)
+        try:
+            for _ in range(requests):
+                call()
+        finally:
+            sys.settrace(None)
+        return counts[0] / requests, counts[1] / requests
+
+    try:
+        bare = count(wsgi_caller(bare_app())[0])
+        rows = [("minimal limiter", count(wsgi_caller(minimal_app(server.url))[0]))]
+        for algorithm in ALGORITHMS:
+            for n in LIMITS:
+                call = wsgi_caller(ours_app(server.url, algorithm, n))[0]
+                rows.append((f"ours {algorithm} x{n}", count(call)))
+        lines = ["| app | opcodes over bare | Python calls over bare |", "|---|---|---|"]
+        lines += [
+            f"| {name} | {ops - bare[0]:.0f} | {calls - bare[1]:.0f} |"
+            for name, (ops, calls) in rows
+        ]
+        lines.append(
+            f"\nThe bare app: {bare[0]:.0f} opcodes, {bare[1]:.0f} Python calls per request."
+        )
+        return "\n".join(lines)
+    finally:
+        server.stop()
+
+
 def profile(spec: str, calls: int) -> None:
     """cProfile of our app on one row (``algorithm:n``), top functions by own time."""
     algorithm, _, n = spec.partition(":")
@@ -867,7 +922,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cpu", action="store_true", help="this process's CPU time per request over bare"
     )
+    parser.add_argument(
+        "--opcodes", action="store_true", help="Python opcodes and calls per request over bare"
+    )
     args = parser.parse_args(argv)
+    if args.opcodes:
+        print(opcodes())
+        return 0
     if args.cpu:
         print(cpu_time(args.rounds, args.batch))
         return 0
