@@ -54,8 +54,8 @@ class RequestTokens:
         unique) and start counting again."""
         self._prefix = f"{secrets.token_hex(6)}.{os.getpid()}."
         self._count = itertools.count()
-        #: first key -> its tokens' key up to the counter (the same clients come back); emptied
-        #: when full
+        #: first key -> its tokens' key up to the token itself (the same clients come back);
+        #: emptied when full
         self._heads: dict[str, str] = {}
 
     def key(self, first_key: str) -> str:
@@ -64,8 +64,8 @@ class RequestTokens:
         if head is None:
             if len(self._heads) >= _HEADS_KEPT:
                 self._heads.clear()
-            head = self._heads[first_key] = token_key(first_key, self._prefix)
-        return f"{head}{next(self._count)}"
+            head = self._heads[first_key] = token_key(first_key, "")
+        return f"{head}{self._prefix}{next(self._count)}"
 
 
 def repeat_call(
