@@ -6,6 +6,8 @@
     python bench/bench_overhead.py --profile sliding_window_log:3  # cProfile of our app
     python bench/bench_overhead.py --wire                          # RESP shapes of one call
     python bench/bench_overhead.py --wakeups        # a blocking wait for Redis inside a request
+    python bench/bench_overhead.py --cpu --rounds 15   # this process's CPU time per request
+    python bench/bench_overhead.py --opcodes        # Python opcodes per request (no noise at all)
 
 Same process, same redis-server (a private one on loopback, started and stopped here), direct
 WSGI calls of a trivial view: the environ is built once with werkzeug's ``EnvironBuilder`` and every
@@ -722,6 +724,158 @@ def wakeups(rounds: int, batch: int) -> str:
         server.stop()
 
 
+def cpu_time(rounds: int, batch: int, seed: int = 1) -> str:
+    """This process's CPU time per request over the bare app's, for ours (every row), the
+    minimal limiter and Flask-Limiter: a second table that noise hurts less than wall time.
+
+    Wall time of a request is mostly the wait for Redis (a sleeping process, a VM waking up);
+    ``time.process_time_ns`` counts only the Python and the system calls of this process, so
+    what a limiter does around its call stands out. Same apps, interleaved rounds as the main
+    table (Redis emptied, untimed, before every batch); a subject's figure in a round is its
+    batch's CPU time divided by ``batch``, minus the bare app's; every ratio is taken within one
+    round, and the median over the rounds is reported with the lowest and highest round.
+    Redis's own time is not in it (``--breakdown`` and ``bench_engine.py --compare`` give it).
+    """
+    if batch + 200 >= LOG_QUOTA:
+        raise SystemExit(f"--batch must stay under {LOG_QUOTA - 200} (the log's quota)")
+    sys.path.insert(0, str(ROOT))
+    from tests.servers import start_redis
+
+    server = start_redis()
+    client = server.client()
+    try:
+        subjects: dict[str, WsgiCall] = {
+            "bare": wsgi_caller(bare_app())[0],
+            "minimal": wsgi_caller(minimal_app(server.url))[0],
+        }
+        for algorithm in ALGORITHMS:
+            for n in LIMITS:
+                subjects[f"ours {algorithm} {n}"] = wsgi_caller(ours_app(server.url, algorithm, n))[
+                    0
+                ]
+                subjects[f"fl {algorithm} {n}"] = wsgi_caller(
+                    flask_limiter_app(server.url, algorithm, n)
+                )[0]
+        per_round: dict[str, list[float]] = {name: [] for name in subjects}
+        for name, call in subjects.items():  # warm up: connections, scripts, caches
+            if name != "bare":
+                check_limited(call, name)
+            client.flushall()
+            for _ in range(200):
+                call()
+        rng = random.Random(seed)
+        clock = time.process_time_ns
+        for _ in range(rounds):
+            order = list(subjects.items())
+            rng.shuffle(order)
+            for name, call in order:
+                client.flushall()
+                gc.collect()
+                gc.disable()
+                try:
+                    start = clock()
+                    for _ in range(batch):
+                        call()
+                    spent = clock() - start
+                finally:
+                    gc.enable()
+                per_round[name].append(spent / batch / 1000)
+        bare = per_round["bare"]
+
+        def over(name: str) -> list[float]:
+            return [a - b for a, b in zip(per_round[name], bare, strict=True)]
+
+        def least(name: str) -> float:
+            """The subject's lowest round over the bare app's: interference only adds CPU."""
+            return min(per_round[name]) - min(bare)
+
+        minimal = over("minimal")
+        lines = [
+            "| algorithm | limits | ours CPU over bare (us) | ours / minimal "
+            "| lowest rounds: ours / minimal | Flask-Limiter (us) | ours / Flask-Limiter "
+            "| lowest rounds: ours / Flask-Limiter |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for algorithm in ALGORITHMS:
+            for n in LIMITS:
+                name, fl = f"ours {algorithm} {n}", f"fl {algorithm} {n}"
+                ours, theirs = over(name), over(fl)
+                lines.append(
+                    f"| {algorithm} | {n} | {statistics.median(ours):.1f} "
+                    f"| {Ratio.of(ours, minimal).text()} "
+                    f"| {least(name) / least('minimal'):.2f}x "
+                    f"| {statistics.median(theirs):.1f} | {Ratio.of(ours, theirs).text()} "
+                    f"| {least(name) / least(fl):.2f}x |"
+                )
+        lines += [
+            "",
+            f"{rounds} rounds of {batch} requests per app, process CPU time "
+            f"(time.process_time_ns). Medians over the rounds: bare Flask "
+            f"{statistics.median(bare):.1f} us per request; the minimal limiter "
+            f"{statistics.median(minimal):.1f} us over it. Lowest rounds: each app's least CPU "
+            "per request over the bare app's least (another process on the machine can only add "
+            "to an app's CPU time, through caches and the scheduler).",
+        ]
+        return "\n".join(lines)
+    finally:
+        client.close()
+        server.stop()
+
+
+def opcodes(requests: int = 50) -> str:
+    """Python bytecode instructions and Python function calls per request over the bare app's,
+    for the minimal limiter and ours on every row: counted with ``sys.settrace``
+    (``f_trace_opcodes``), so no machine noise touches them. They measure the Python side only
+    (not C code such as werkzeug's header checks or a frozen dataclass's setters, nor system
+    calls, nor Redis): a regression guard and a guide, not a time."""
+    sys.path.insert(0, str(ROOT))
+    from tests.servers import start_redis
+
+    server = start_redis()
+    counts = [0, 0]
+
+    def traced(frame: Any, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        counts[1] += 1
+        return step
+
+    def step(frame: Any, event: str, arg: Any) -> Any:
+        if event == "opcode":
+            counts[0] += 1
+        return step
+
+    def count(call: WsgiCall) -> tuple[float, float]:
+        for _ in range(20):  # connections, scripts, caches
+            call()
+        counts[:] = [0, 0]
+        sys.settrace(traced)
+        try:
+            for _ in range(requests):
+                call()
+        finally:
+            sys.settrace(None)
+        return counts[0] / requests, counts[1] / requests
+
+    try:
+        bare = count(wsgi_caller(bare_app())[0])
+        rows = [("minimal limiter", count(wsgi_caller(minimal_app(server.url))[0]))]
+        for algorithm in ALGORITHMS:
+            for n in LIMITS:
+                call = wsgi_caller(ours_app(server.url, algorithm, n))[0]
+                rows.append((f"ours {algorithm} x{n}", count(call)))
+        lines = ["| app | opcodes over bare | Python calls over bare |", "|---|---|---|"]
+        lines += [
+            f"| {name} | {ops - bare[0]:.0f} | {calls - bare[1]:.0f} |"
+            for name, (ops, calls) in rows
+        ]
+        lines.append(
+            f"\nThe bare app: {bare[0]:.0f} opcodes, {bare[1]:.0f} Python calls per request."
+        )
+        return "\n".join(lines)
+    finally:
+        server.stop()
+
+
 def profile(spec: str, calls: int) -> None:
     """cProfile of our app on one row (``algorithm:n``), top functions by own time."""
     algorithm, _, n = spec.partition(":")
@@ -775,7 +929,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--wakeups", action="store_true", help="time a raw EVALSHA blocking vs spinning"
     )
+    parser.add_argument(
+        "--cpu", action="store_true", help="this process's CPU time per request over bare"
+    )
+    parser.add_argument(
+        "--opcodes", action="store_true", help="Python opcodes and calls per request over bare"
+    )
     args = parser.parse_args(argv)
+    if args.opcodes:
+        print(opcodes())
+        return 0
+    if args.cpu:
+        print(cpu_time(args.rounds, args.batch))
+        return 0
     if args.wire:
         print(wire(args.rounds, args.batch))
         return 0

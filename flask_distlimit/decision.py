@@ -14,6 +14,7 @@ import operator
 from dataclasses import dataclass, field
 
 from .algorithms import Algorithm
+from .frozen import slot_setters
 
 __all__ = ["NEVER", "Check", "Decision", "Evaluation"]
 
@@ -45,6 +46,26 @@ class Check:
     #: give back the slot ``token`` took (the request ended) instead of taking one
     release: bool = False
 
+    def __init__(
+        self,
+        key: str,
+        algorithm: Algorithm,
+        limit: int,
+        period: int,
+        cost: int = 1,
+        shadow: bool = False,
+        token: int = 0,
+        release: bool = False,
+    ) -> None:  # frozen, at a plain class's cost (flask_distlimit.frozen)
+        _check_key(self, key)
+        _check_algorithm(self, algorithm)
+        _check_limit(self, limit)
+        _check_period(self, period)
+        _check_cost(self, cost)
+        _check_shadow(self, shadow)
+        _check_token(self, token)
+        _check_release(self, release)
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:
@@ -68,6 +89,22 @@ class Decision:
     retry_after: float
     shadow_denied: bool = False
 
+    def __init__(
+        self,
+        allowed: bool,
+        limit: int,
+        remaining: int,
+        reset_after: float,
+        retry_after: float,
+        shadow_denied: bool = False,
+    ) -> None:  # frozen, at a plain class's cost (flask_distlimit.frozen)
+        _decision_allowed(self, allowed)
+        _decision_limit(self, limit)
+        _decision_remaining(self, remaining)
+        _decision_reset_after(self, reset_after)
+        _decision_retry_after(self, retry_after)
+        _decision_shadow_denied(self, shadow_denied)
+
     @property
     def impossible(self) -> bool:
         """True when the request's cost is larger than the limit: it can never pass."""
@@ -86,6 +123,12 @@ class Evaluation:
     #: of several nodes put together, the local fallback). Not compared.
     now_us: int = field(default=0, compare=False)
 
+    def __init__(
+        self, decisions: tuple[Decision, ...], repaired_keys: tuple[str, ...] = ()
+    ) -> None:  # frozen, at a plain class's cost (flask_distlimit.frozen)
+        _evaluation_decisions(self, decisions)
+        _evaluation_repaired_keys(self, repaired_keys)
+
     @property
     def allowed(self) -> bool:
         return all(map(_ALLOWED, self.decisions))  # no generator frame on the request path
@@ -93,3 +136,28 @@ class Evaluation:
     def denied_indexes(self) -> list[int]:
         """Indexes of the checks that denied the request."""
         return [i for i, d in enumerate(self.decisions) if not d.allowed]
+
+
+(
+    _check_key,
+    _check_algorithm,
+    _check_limit,
+    _check_period,
+    _check_cost,
+    _check_shadow,
+    _check_token,
+    _check_release,
+) = slot_setters(Check, "key", "algorithm", "limit", "period", "cost", "shadow", "token", "release")
+(
+    _decision_allowed,
+    _decision_limit,
+    _decision_remaining,
+    _decision_reset_after,
+    _decision_retry_after,
+    _decision_shadow_denied,
+) = slot_setters(
+    Decision, "allowed", "limit", "remaining", "reset_after", "retry_after", "shadow_denied"
+)
+_evaluation_decisions, _evaluation_repaired_keys = slot_setters(
+    Evaluation, "decisions", "repaired_keys"
+)

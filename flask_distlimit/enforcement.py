@@ -34,6 +34,7 @@ import functools
 import inspect
 import logging
 import math
+import operator
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -75,6 +76,8 @@ if TYPE_CHECKING:
 __all__ = ["Breach", "BreachHook", "Enforcer", "is_static"]
 
 log = logging.getLogger("flask_distlimit")
+
+_KEY: Final = operator.attrgetter("key")
 
 #: Clients and limits whose breach was logged, kept until their window ends (bounded).
 _BREACHES_KEPT: Final = 10_000
@@ -491,7 +494,7 @@ class Enforcer:
         if plain:  # the common case: no option of a limit to call or resolve
             for b in route_limits:
                 checks.append(b.check(itag, default_cost))
-                bounds.append(b)
+            bounds += route_limits
             route_limits = ()
         fixed = len(route_limits)  # route limits not yet added (a room for dynamic values)
         for b in route_limits:
@@ -528,7 +531,7 @@ class Enforcer:
         for c, b in zip(checks, bounds, strict=True):
             if c.cost > c.limit:
                 self._refuse_unaffordable(c, b, identity, data)
-        if len(checks) > 1 and len({c.key for c in checks}) != len(checks):
+        if len(checks) > 1 and len(set(map(_KEY, checks))) != len(checks):
             checks, bounds = _dedupe(checks, bounds)
         # no slot and no shadow limit among the checks: their scans are skipped
         simple = plain and (not every_request or self._every_plain)
@@ -847,7 +850,8 @@ class Enforcer:
     def after_request(self, response: WerkzeugResponse) -> WerkzeugResponse:
         """Count a request whose view never ran; add the rate-limit headers (and
         ``Retry-After`` on a 429/503 the app replaced)."""
-        data: _RequestData | None = request.environ.get(self.environ_key)
+        req: Request = request._get_current_object()  # type: ignore[attr-defined]
+        data: _RequestData | None = req.environ.get(self.environ_key)
         if data is None:
             response, data = self._view_never_ran(response)
             if data is None:
@@ -859,11 +863,11 @@ class Enforcer:
             response.call_on_close(data.slots)
         headers = response.headers
         if data.report is not None and self._headers != "none":
-            add = headers.add  # the names are ours alone: no scan for an existing value
-            for name, value in rate_limit_headers(
+            # The names are ours alone: appended (werkzeug checks each value), no scan for an
+            # existing one, one call for all of them.
+            headers[len(headers) :] = rate_limit_headers(
                 self._headers, data.report, self.state.wall(), denied=data.denied
-            ):
-                add(name, value)
+            )
         if data.degraded:
             headers["X-RateLimit-Degraded"] = "true"
         if (

@@ -72,6 +72,7 @@ from .errors import (
     StorageUnavailable,
 )
 from .fallback import LocalFallback
+from .frozen import slot_setters
 from .instances import Instances, InstancesSetting
 from .last_known import LastKnown
 from .metrics import Metrics
@@ -124,6 +125,17 @@ class Outcome:
     degraded: bool = False
     unavailable: bool = False
 
+    def __init__(
+        self, evaluation: Evaluation | None, degraded: bool = False, unavailable: bool = False
+    ) -> None:  # frozen, at a plain class's cost (flask_distlimit.frozen)
+        _outcome_evaluation(self, evaluation)
+        _outcome_degraded(self, degraded)
+        _outcome_unavailable(self, unavailable)
+
+
+_outcome_evaluation, _outcome_degraded, _outcome_unavailable = slot_setters(
+    Outcome, "evaluation", "degraded", "unavailable"
+)
 
 _OPEN_OUTCOME: Final = Outcome(None, degraded=True)
 _CLOSED_OUTCOME: Final = Outcome(None, degraded=True, unavailable=True)

@@ -196,9 +196,12 @@ def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
         return Evaluation((decision,), (checks[0].key,) if bad else (), values[0])
     decisions = []
     repaired: list[str] = []
-    for i, check in enumerate(checks):
-        j = 1 + _FIELDS * i
-        allowed, limit, remaining, reset_us, retry_us, bad = values[j : j + _FIELDS]
+    fields = iter(values)
+    next(fields)  # now_us
+    # six fields at a time, in order (zip draws from the same iterator six times per check)
+    for check, allowed, limit, remaining, reset_us, retry_us, bad in zip(
+        checks, fields, fields, fields, fields, fields, fields, strict=True
+    ):
         decisions.append(
             Decision(
                 allowed != 0,

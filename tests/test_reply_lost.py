@@ -248,3 +248,26 @@ def test_the_token_key_sits_in_the_first_key_slot() -> None:
         token = token_key(key, "123.4.5")
         assert key_slot(token.encode()) == key_slot(key.encode())
     assert token_key("plain", "7") == "plain:rq:7"
+
+
+def test_request_tokens_are_unique_and_in_the_first_key_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from redis.crc import key_slot
+
+    from flask_distlimit.storage import tokens as tokens_module
+
+    monkeypatch.setattr(tokens_module, "_HEADS_KEPT", 2)  # the kept heads are emptied when full
+    tokens = tokens_module.RequestTokens(0.1)
+    firsts = [CHECK.key, "p{x}:{y}:z", "app:{a}b}:c", "plain", CHECK.key, "plain"] * 3
+    made = [tokens.key(first) for first in firsts]
+    assert len(set(made)) == len(made)
+    for count, (first, token) in enumerate(zip(firsts, made, strict=True)):
+        suffix = token.rsplit(":", 1)[1]  # "<random>.<pid>.<counter>"
+        assert suffix.endswith(f".{count}")
+        assert token == token_key(first, suffix)
+        if "{" in first:  # a key without a hash tag has no slot to share (token_key)
+            assert key_slot(token.encode()) == key_slot(first.encode())
+    tokens.reset()  # a forked child: another random prefix, counted from 0 again
+    again = tokens.key("plain").rsplit(":", 1)[1]
+    assert again.endswith(".0") and again.split(".")[0] != made[3].rsplit(":", 1)[1].split(".")[0]

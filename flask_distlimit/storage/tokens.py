@@ -31,12 +31,14 @@ REPEATS: Final = 3
 
 #: How long Redis keeps a call's reply for its retry, ms (at least twice the timeout).
 TOKEN_TTL_MS: Final = 1000
+#: First keys whose token heads are kept (a few hundred bytes each).
+_HEADS_KEPT: Final = 1024
 
 
 class RequestTokens:
     """Hands out the token keys of one storage's calls; ``timeout`` is the call's deadline."""
 
-    __slots__ = ("_count", "_prefix", "again", "first", "ttl_ms")
+    __slots__ = ("_count", "_heads", "_prefix", "again", "first", "ttl_ms")
 
     def __init__(self, timeout: float) -> None:
         #: how long Redis keeps a reply: the retry comes within the same deadline
@@ -52,10 +54,18 @@ class RequestTokens:
         unique) and start counting again."""
         self._prefix = f"{secrets.token_hex(6)}.{os.getpid()}."
         self._count = itertools.count()
+        #: first key -> its tokens' key up to the token itself (the same clients come back);
+        #: emptied when full
+        self._heads: dict[str, str] = {}
 
     def key(self, first_key: str) -> str:
         """A new token's key, in the Cluster slot of ``first_key`` (a call's first key)."""
-        return token_key(first_key, f"{self._prefix}{next(self._count)}")
+        head = self._heads.get(first_key)
+        if head is None:
+            if len(self._heads) >= _HEADS_KEPT:
+                self._heads.clear()
+            head = self._heads[first_key] = token_key(first_key, "")
+        return f"{head}{self._prefix}{next(self._count)}"
 
 
 def repeat_call(

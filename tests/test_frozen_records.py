@@ -1,0 +1,72 @@
+"""The request path's frozen records write their own ``__init__`` (flask_distlimit.frozen): each
+takes exactly its class's fields, with their defaults, sets every one, and the record stays
+frozen, comparable, hashable, copyable and picklable as a generated one would be."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+import pickle
+from typing import Any
+
+import pytest
+
+from flask_distlimit.current_limits import Evaluated
+from flask_distlimit.decision import Check, Decision, Evaluation
+from flask_distlimit.guard import Outcome
+
+_DECISION = Decision(True, 10, 9, 1.5, 0.0)
+RECORDS: list[tuple[type, dict[str, Any]]] = [
+    (
+        Check,
+        dict(
+            key="k", algorithm="fixed_window", limit=5, period=60, cost=2, shadow=True,
+            token=7, release=True,
+        ),
+    ),
+    (
+        Decision,
+        dict(
+            allowed=False, limit=10, remaining=0, reset_after=2.5, retry_after=1.25,
+            shadow_denied=True,
+        ),
+    ),
+    (Evaluation, dict(decisions=(_DECISION,), repaired_keys=("k",))),
+    (Outcome, dict(evaluation=Evaluation((_DECISION,)), degraded=True, unavailable=True)),
+    (Evaluated, dict(checks=(), bounds=(), decisions=(_DECISION,), spent=(0,), wall=1.0)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("cls", "values"), RECORDS, ids=lambda v: getattr(v, "__name__", ""))
+def test_init_takes_the_fields_with_their_defaults(cls: type, values: dict[str, Any]) -> None:
+    fields = dataclasses.fields(cls)
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    assert [p.name for p in params] == [f.name for f in fields]
+    for p, f in zip(params, fields, strict=True):
+        assert p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+        assert p.default == (
+            inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
+        )
+    assert set(values) == {f.name for f in fields}
+
+
+@pytest.mark.parametrize(("cls", "values"), RECORDS, ids=lambda v: getattr(v, "__name__", ""))
+def test_record_is_set_frozen_and_whole(cls: type, values: dict[str, Any]) -> None:
+    record = cls(**values)
+    assert {f.name: getattr(record, f.name) for f in dataclasses.fields(cls)} == values
+    assert record == cls(*values.values())  # positionally too
+    assert hash(record) == hash(cls(**values))
+    assert copy.copy(record) == record and pickle.loads(pickle.dumps(record)) == record
+    first = dataclasses.fields(cls)[0].name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(record, first, values[first])
+    changed = dataclasses.replace(record, **{first: values[first]})
+    assert changed == record and changed is not record
+
+
+def test_defaults_apply() -> None:
+    assert Check("k", "gcra", 1, 2) == Check("k", "gcra", 1, 2, 1, False, 0, False)
+    assert Decision(True, 1, 0, 1.0, 0.0).shadow_denied is False
+    assert Evaluation((_DECISION,)).repaired_keys == ()
+    assert Outcome(None) == Outcome(None, False, False)
