@@ -36,8 +36,6 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from flask import has_request_context, request
 
-from .frozen import slot_setters
-
 if TYPE_CHECKING:
     from .decision import Check, Decision
     from .route_limits import BoundLimit
@@ -56,29 +54,6 @@ class Evaluated(NamedTuple):
     decisions: Sequence[Decision]
     spent: Sequence[int]  #: indexes of ``deduct_when`` peeks that refused
     wall: float  #: the wall clock (seconds) when they were decided
-
-    def __init__(
-        self,
-        checks: Sequence[Check],
-        bounds: Sequence[BoundLimit],
-        decisions: Sequence[Decision],
-        spent: Sequence[int],
-        wall: float,
-    ) -> None:  # frozen, at a plain class's cost (flask_distlimit.frozen)
-        _evaluated_checks(self, checks)
-        _evaluated_bounds(self, bounds)
-        _evaluated_decisions(self, decisions)
-        _evaluated_spent(self, spent)
-        _evaluated_wall(self, wall)
-
-
-(
-    _evaluated_checks,
-    _evaluated_bounds,
-    _evaluated_decisions,
-    _evaluated_spent,
-    _evaluated_wall,
-) = slot_setters(Evaluated, "checks", "bounds", "decisions", "spent", "wall")
 
 
 @dataclass(frozen=True, slots=True)

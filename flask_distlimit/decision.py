@@ -124,10 +124,14 @@ class Evaluation:
     now_us: int = field(default=0, compare=False)
 
     def __init__(
-        self, decisions: tuple[Decision, ...], repaired_keys: tuple[str, ...] = ()
+        self,
+        decisions: tuple[Decision, ...],
+        repaired_keys: tuple[str, ...] = (),
+        now_us: int = 0,
     ) -> None:  # frozen, at a plain class's cost (flask_distlimit.frozen)
         _evaluation_decisions(self, decisions)
         _evaluation_repaired_keys(self, repaired_keys)
+        _evaluation_now_us(self, now_us)
 
     @property
     def allowed(self) -> bool:
@@ -158,6 +162,6 @@ class Evaluation:
 ) = slot_setters(
     Decision, "allowed", "limit", "remaining", "reset_after", "retry_after", "shadow_denied"
 )
-_evaluation_decisions, _evaluation_repaired_keys = slot_setters(
-    Evaluation, "decisions", "repaired_keys"
+_evaluation_decisions, _evaluation_repaired_keys, _evaluation_now_us = slot_setters(
+    Evaluation, "decisions", "repaired_keys", "now_us"
 )

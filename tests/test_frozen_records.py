@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from flask_distlimit.current_limits import Evaluated
 from flask_distlimit.decision import Check, Decision, Evaluation
 from flask_distlimit.guard import Outcome
 
@@ -32,9 +31,8 @@ RECORDS: list[tuple[type, dict[str, Any]]] = [
             shadow_denied=True,
         ),
     ),
-    (Evaluation, dict(decisions=(_DECISION,), repaired_keys=("k",))),
+    (Evaluation, dict(decisions=(_DECISION,), repaired_keys=("k",), now_us=12)),
     (Outcome, dict(evaluation=Evaluation((_DECISION,)), degraded=True, unavailable=True)),
-    (Evaluated, dict(checks=(), bounds=(), decisions=(_DECISION,), spent=(0,), wall=1.0)),
 ]  # fmt: skip
 
 
