@@ -8,6 +8,7 @@
     python bench/bench_overhead.py --wakeups        # a blocking wait for Redis inside a request
     python bench/bench_overhead.py --cpu --rounds 15   # this process's CPU time per request
     python bench/bench_overhead.py --opcodes        # Python opcodes per request (no noise at all)
+    python bench/bench_overhead.py --no-token       # an experiment: calls carry no request token
 
 Same process, same redis-server (a private one on loopback, started and stopped here), direct
 WSGI calls of a trivial view: the environ is built once with werkzeug's ``EnvironBuilder`` and every
@@ -59,7 +60,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -901,6 +902,25 @@ def profile(spec: str, calls: int) -> None:
         server.stop()
 
 
+def _drop_request_tokens() -> None:
+    """Pack our calls without their request token (``lua/replay.lua`` then runs the script
+    alone, keeping no reply): shows what issue 11's token costs a request, nothing more."""
+    from flask_distlimit.storage import evalsha
+
+    pack = evalsha.EvalshaPacker.pack
+
+    def without_token(
+        self: evalsha.EvalshaPacker,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        token: str | None = None,
+        mark: str = "",
+    ) -> bytes:
+        return pack(self, keys, args)
+
+    evalsha.EvalshaPacker.pack = without_token  # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
@@ -935,7 +955,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--opcodes", action="store_true", help="Python opcodes and calls per request over bare"
     )
+    parser.add_argument(
+        "--no-token",
+        action="store_true",
+        help="an experiment, never a goal's figure: our calls carry no request token (what the "
+        "token's SET costs; a lost reply could then be counted twice)",
+    )
     args = parser.parse_args(argv)
+    if args.no_token:
+        if args.write:
+            parser.error("--no-token measures an experiment: it cannot --write the goals' tables")
+        _drop_request_tokens()
     if args.opcodes:
         print(opcodes())
         return 0
