@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["GIVE_BACK_CODES", "GIVE_BACK_SOURCE"]
+from ..errors import StorageResponseError
+
+__all__ = ["GIVE_BACK_CODES", "GIVE_BACK_SOURCE", "give_back_args", "given_back"]
 
 #: The algorithms whose units are given back, by the limit script's code.
 GIVE_BACK_CODES: Final = {"fixed_window": 1, "sliding_window_counter": 3}
@@ -55,3 +57,24 @@ local taken = math.min(units, n)
 redis.call('HSET', KEYS[1], field, n - taken)
 return taken
 """
+
+
+def give_back_args(
+    algorithm: str, period: int, window: int, units: int, now_us: int | None
+) -> list[int]:
+    """``ARGV`` of one give-back (``period`` in seconds; ``now_us`` ``None``: the server's
+    clock)."""
+    return [
+        GIVE_BACK_CODES[algorithm],
+        period * 1_000_000,
+        window,
+        units,
+        -1 if now_us is None else now_us,
+    ]
+
+
+def given_back(reply: object) -> int:
+    """The units the script took off, or :class:`StorageResponseError` for another reply."""
+    if not isinstance(reply, int):
+        raise StorageResponseError(f"unexpected give-back reply {reply!r}")
+    return reply

@@ -26,7 +26,15 @@ from __future__ import annotations
 
 from typing import Final, NamedTuple
 
-__all__ = ["LEASE_RECORDS_SOURCE", "Record", "records_from_reply", "records_key"]
+from ..errors import StorageResponseError
+
+__all__ = [
+    "LEASE_RECORDS_SOURCE",
+    "Record",
+    "records_from_reply",
+    "records_key",
+    "repaired_from_reply",
+]
 
 LEASE_RECORDS_SOURCE: Final = """
 local t = redis.call('TIME')
@@ -161,3 +169,11 @@ def records_from_reply(reply: object) -> list[Record]:
             continue
         records.append(Record(process, max(0, now_ms - int(stamp)) / 1000, text))
     return records
+
+
+def repaired_from_reply(reply: object, key: str) -> tuple[str, ...]:
+    """The keys a publication replaced (``{repaired key, repaired records}`` flags), or
+    :class:`StorageResponseError` for a reply of another shape."""
+    if not isinstance(reply, list | tuple) or len(reply) != 2:
+        raise StorageResponseError(f"unexpected lease records reply {reply!r}")
+    return tuple(k for k, flag in zip((key, records_key(key)), reply, strict=True) if flag == 1)

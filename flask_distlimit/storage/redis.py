@@ -59,13 +59,18 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from ..decision import Check, Evaluation
-from ..errors import StorageResponseError
 from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
 from .base import Storage
 from .evalsha import EvalshaPacker
-from .give_back import GIVE_BACK_CODES, GIVE_BACK_SOURCE
+from .give_back import GIVE_BACK_SOURCE, give_back_args, given_back
 from .heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
-from .lease_records import LEASE_RECORDS_SOURCE, Record, records_from_reply, records_key
+from .lease_records import (
+    LEASE_RECORDS_SOURCE,
+    Record,
+    records_from_reply,
+    records_key,
+    repaired_from_reply,
+)
 from .pool import DeadlinePool
 from .shared_value import SHARED_VALUE_SOURCE
 from .tokens import RequestTokens, repeat_call
@@ -313,10 +318,7 @@ class RedisStorage(Storage):
             )
         except REDIS_FAILURES as exc:
             raise storage_error(exc) from exc
-        if not isinstance(reply, list | tuple) or len(reply) != 2:
-            raise StorageResponseError(f"unexpected lease records reply {reply!r}")
-        repaired = [k for k, flag in zip((key, records_key(key)), reply, strict=True) if flag == 1]
-        return tuple(repaired)
+        return repaired_from_reply(reply, key)
 
     def give_back(
         self,
@@ -328,20 +330,12 @@ class RedisStorage(Storage):
         *,
         now_us: int | None = None,
     ) -> int:
-        args = [
-            GIVE_BACK_CODES[algorithm],
-            period * 1_000_000,
-            window,
-            units,
-            -1 if now_us is None else now_us,
-        ]
+        args = give_back_args(algorithm, period, window, units, now_us)
         try:
             reply = self._give_back([key], args)
         except REDIS_FAILURES as exc:
             raise storage_error(exc) from exc
-        if not isinstance(reply, int):
-            raise StorageResponseError(f"unexpected give-back reply {reply!r}")
-        return reply
+        return given_back(reply)
 
     def lease_records(self, key: str) -> list[Record]:
         try:
