@@ -674,7 +674,7 @@ class Guard:
         through; an outage counts like any other; the keys it answers (found holding garbage
         and replaced) are logged. ``call`` logs an error reply itself: the request it rides on
         is decided already."""
-        breaker = self._breaker_of(key)
+        breaker = self.breaker_of(key)
         if not breaker.allow():
             return
         try:
@@ -727,8 +727,8 @@ class Guard:
             return self.breakers.get(self.storage.route([self._heartbeat_check])[0][0])
         return self._breaker
 
-    def _breaker_of(self, key: str) -> Breaker:
-        """The breaker of the node serving ``key``."""
+    def breaker_of(self, key: str) -> Breaker:
+        """The breaker of the node serving ``key`` (:attr:`breaker` but on a Redis Cluster)."""
         if self._routed:
             check = Check(key, "fixed_window", 1, 1, 0)
             return self.breakers.get(self.storage.route([check])[0][0])

@@ -55,6 +55,7 @@ A lease is per storage key (identity + limit). A fork drops every lease in the c
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -122,6 +123,11 @@ RECORD_LEASES: Final = 64
 #: The demand rate is sampled over at least this long (microseconds).
 _SAMPLE_US: Final = 50_000
 _US: Final = 1_000_000
+
+
+def _renewable(guard: Guard, key: str) -> bool:
+    """May a lease of ``key`` be renewed: the breaker of its node is closed."""
+    return guard.breaker_of(key).state == "closed"
 
 
 # -- declaration ---------------------------------------------------------------------------------
@@ -655,9 +661,6 @@ class Leases:
         guard = self.guard
         now = self.clock()
 
-        def renew_allowed() -> bool:
-            return guard.breaker.state == "closed"
-
         local: dict[int, tuple[Lease, list[tuple[_Chunk, int]]]] = {}
         asks: list[_Ask] = []
         plain: list[int] = []
@@ -666,7 +669,9 @@ class Leases:
                 plain.append(i)
                 continue
             lease = self._lease(c, b.lease, now)
-            spent, renew = lease.take(c.cost, now, renew_allowed)
+            # renewed only while the breaker of the lease key's own node (Redis Cluster) is
+            # closed: a top-up never goes to the failure policy (asked only when one is due)
+            spent, renew = lease.take(c.cost, now, functools.partial(_renewable, guard, c.key))
             if spent is not None:
                 local[i] = (lease, spent)
             if spent is None or renew:
