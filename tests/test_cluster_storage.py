@@ -500,3 +500,30 @@ def test_a_group_cut_under_the_request_is_made_again_and_counted_once(
         assert [d.remaining for d in peek.decisions] == [3, 3, 3]
     finally:
         storage.close()
+
+
+def test_connections_a_primary_closed_while_idle_are_replaced_and_counted_once(
+    redis_cluster: ClusterServers, cluster_client: RedisCluster, tags: list[str]
+) -> None:
+    """The hot call does not probe a pooled connection at checkout: one the primary closed
+    while idle loses the reply (or fails the send), and the group is made again on a new
+    connection, marked as a repeat, within the deadline; counted once."""
+    storage = ClusterStorage(redis_cluster.startup_nodes, timeout=3.0)
+    checks = [Check(f"t:{{{tag}}}:ip:fixed_window", "fixed_window", 5, 60) for tag in tags]
+    try:
+        storage.evaluate(checks)  # connected everywhere, 1 unit used on each limit
+        admin = redis_cluster.primary_for(f"{{{tags[0]}}}").client()
+        mine = admin.client_id()
+        for client in admin.client_list(_type="normal"):
+            if int(client["id"]) != mine:
+                admin.client_kill_filter(_id=int(client["id"]))
+        admin.config_resetstat()
+        evaluation = storage.evaluate(checks)
+        repeats = admin.info("commandstats").get("cmdstat_get", {}).get("calls", 0)
+        admin.close()
+        assert repeats == 1  # the repeat asked for the kept reply: none (never sent), so it ran
+        assert [d.remaining for d in evaluation.decisions] == [3, 3, 3]
+        peek = storage.evaluate([replace(c, cost=0) for c in checks])
+        assert [d.remaining for d in peek.decisions] == [3, 3, 3]
+    finally:
+        storage.close()

@@ -347,7 +347,7 @@ def test_the_pool_never_exceeds_max_connections(storage: RedisStorage) -> None:
     small.close()
 
 
-def test_a_connection_the_server_closed_is_replaced_at_checkout(
+def test_a_connection_the_server_closed_while_idle_is_replaced_and_the_call_answered(
     storage: RedisStorage, redis_client: redis.Redis
 ) -> None:
     small = _small(storage)
@@ -355,7 +355,14 @@ def test_a_connection_the_server_closed_is_replaced_at_checkout(
     first = hot_client_id(small)
     redis_client.client_kill_filter(_id=first)
     time.sleep(0.05)
-    assert small.evaluate(ONE).allowed  # no error: a new connection
+    redis_client.config_resetstat()
+    # Not probed at checkout: the send goes to the closed socket, the reply is lost, and the
+    # call is made again, marked as a repeat, on a new connection: answered, counted once.
+    second = small.evaluate(ONE)
+    assert second.allowed and second.decisions[0].remaining == 3
+    assert redis_client.hget(ONE[0].key, "n") == b"2"
+    stats = redis_client.info("commandstats")
+    assert stats["cmdstat_get"]["calls"] == 1  # the repeat asked for the kept reply
     assert hot_client_id(small) != first
     small.close()
 

@@ -38,9 +38,9 @@ with the timeout). Giving back what some groups consumed when the request is ref
 refund) is one more such call, with a deadline of its own.
 
 **One retry, never counted twice**, as on a single node (:mod:`flask_distlimit.storage.redis`):
-a pooled connection the server closed is replaced at checkout (``can_read(0)``), a connect or a
-send that fails is made once more within the deadline (Redis never had the whole command), and
-a group whose connection is closed under it after the send is made once more, marked as a
+a connect or a send that fails is made once more within the deadline (Redis never had the whole
+command), and a group whose connection is closed under it after the send (or was closed while
+idle in the pool: it is not probed at checkout) is made once more, marked as a
 repeat of its request token (up to three times within the deadline): the script answers the
 reply it kept if the first try ran. Lost every time while the node answers a fresh connection:
 that group is :class:`~flask_distlimit.errors.StorageReplyLost` (the guard does not count it
@@ -385,7 +385,9 @@ class ClusterStorage(Storage):
                 try:
                     node = client.get_node_from_key(keys[0])  # type: ignore[no-untyped-call]
                     pool = self._pool_of(client, node)
-                    connection = pool.checkout(deadline)  # a closed connection is replaced
+                    # not probed: a closed connection fails the send or loses the reply,
+                    # and both are made again below, as in RedisStorage
+                    connection = pool.checkout(deadline, probe=False)
                     command = [packer.pack(keys, args, token, tokens.first)]
                     try:
                         pool.send(connection, command, deadline)

@@ -9,11 +9,8 @@ and the second ``EVALSHA``) all share. For Sentinel, the same pool asks
 ``Sentinel.discover_master`` for the address before every connect, within the same deadline.
 
 **One retry, never counted twice.** A request is made once more, on a fresh connection and
-within the same deadline, in three cases:
+within the same deadline, in two cases:
 
-- the pooled connection is found closed (or holding unread bytes) at checkout: ``can_read(0)``
-  sees the server's close (``CLIENT KILL``, an idle timeout, a restart, a proxy reset) before
-  anything is sent, and the connection is replaced (:meth:`.DeadlinePool.checkout`);
 - sending fails (``send_packed_command`` raises ``ConnectionError``): a send that fails has not
   handed the whole command to the kernel, so Redis cannot have parsed, let alone run, it;
 - the connection is closed under the request after the send (a ``CLIENT KILL`` or a reset
@@ -25,6 +22,12 @@ within the same deadline, in three cases:
   three times within the deadline (:func:`~.tokens.repeat_call`). A request is never counted
   twice. (The cost: one ``SET`` of about
   60 bytes per call, kept a second: about 100 bytes of Redis memory per request per second.)
+
+A pooled connection the server closed while it was idle (``CLIENT KILL``, an idle timeout, a
+restart, a proxy reset) is not looked for at checkout: redis-py's stock pool probes every
+checkout with ``can_read(0)`` (three system calls and about 5 us), but here the call itself
+finds it, as a failed send or a lost reply, and is made again as above. No connection goes back
+to the pool with bytes unread: any failure while one is in use disconnects it.
 
 When every repeat is lost too and a fresh connection answers a ``PING``, the storage raises
 :class:`~flask_distlimit.errors.StorageReplyLost` (the failure policy answers that one request,
@@ -245,7 +248,9 @@ class RedisStorage(Storage):
         deadline: float,
         call: tuple[list[str], list[str | int], str],
     ) -> Any:
-        connection = pool.checkout(deadline)  # a closed connection is replaced here
+        # Not probed: a connection the server closed fails the send (sent again on a fresh
+        # one) or loses the reply (made again, marked as a repeat), both below.
+        connection = pool.checkout(deadline, probe=False)
         try:
             try:
                 pool.send(connection, command, deadline)
