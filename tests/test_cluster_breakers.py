@@ -14,9 +14,11 @@ from dataclasses import replace
 
 import pytest
 from flask import Flask, request
+from redis.cluster import RedisCluster
 
 from flask_distlimit import Limiter
 from flask_distlimit.decision import Check
+from flask_distlimit.digests import digest_key
 from flask_distlimit.errors import StorageUnavailable
 from flask_distlimit.guard import Guard
 from flask_distlimit.storage import from_url
@@ -227,7 +229,7 @@ def who_on(cluster: ClusterServers, limiter: Limiter, app: Flask, node: str) -> 
 
 
 def test_a_slot_is_released_while_only_the_heartbeat_nodes_breaker_is_open(
-    redis_cluster: ClusterServers, cluster_client: object
+    redis_cluster: ClusterServers, cluster_client: RedisCluster
 ) -> None:
     """The slot lives on a healthy primary, the instance heartbeat's primary has an open
     breaker: the slot is given back when the response ends (the next request takes it), not
@@ -292,5 +294,47 @@ def test_a_release_skips_the_dead_node_whose_breaker_is_open_and_releases_on_the
         assert get(who) == 200
         assert released_on_dead(mark) == []
         assert storage.evaluations > 0
+    finally:
+        storage.close()
+
+
+@pytest.mark.parametrize("open_on", ["the tag key's node", "another node"])
+def test_the_identity_tag_key_is_read_unless_its_own_nodes_breaker_is_open(
+    redis_cluster: ClusterServers, cluster_client: RedisCluster, open_on: str
+) -> None:
+    """With no app secret the tag key is kept in the storage: it is read unless the breaker of
+    the primary serving it is open, whatever the breaker of another primary (the instance
+    heartbeat's, asked before) says."""
+    prefix = next(
+        p
+        for p in (f"tags{n}" for n in range(100))
+        if node_name(redis_cluster, digest_key(p)) != node_name(redis_cluster, f"{p}:instances")
+    )
+    storage = Counted(from_url(redis_cluster.url, timeout=0.25))
+    storage.ping()  # the client knows the slot map
+    app = Flask("tags")
+    app.config.update(
+        DISTLIMIT_TIERS={"anonymous": ""},
+        DISTLIMIT_KEY_PREFIX=prefix,
+        DISTLIMIT_BREAKER_FAIL_MAX=1,  # no SECRET_KEY: the tag key is kept in the storage
+    )
+    limiter = Limiter(app, storage=storage)
+    state = limiter.state(app)
+    guard, tags = state.guard, state.tags
+    assert tags.source == "storage"
+    tag_node = node_name(redis_cluster, tags.storage_key)
+    heartbeat = node_name(redis_cluster, guard.instances.key)
+    assert heartbeat != tag_node
+    node = tag_node if open_on == "the tag key's node" else heartbeat
+    guard.breakers.get(node).failure(StorageUnavailable(f"{node} down"))
+    assert guard.breakers.get(node).state == "open"
+    try:
+        assert storage.shared_reads == 0
+        state.identity_tag("ip:203.0.113.9")
+        if node == tag_node:  # not asked: a key of its own until the breaker closes
+            assert (storage.shared_reads, tags.settled) == (0, False)
+        else:  # read from its live primary
+            assert (storage.shared_reads, tags.settled) == (1, True)
+            assert cluster_client.get(tags.storage_key) is not None
     finally:
         storage.close()
