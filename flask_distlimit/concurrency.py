@@ -8,10 +8,14 @@ slot is taken in the request's one storage call, all-or-nothing with the request
 - each request draws a random *token*; the key is a sorted set of the tokens in flight, scored by
   when their *lease* ends (``DISTLIMIT_CONCURRENCY_LEASE``, seconds);
 - when the response ends, the slot is given back in a second, small storage call: a *release*
-  check (:attr:`~flask_distlimit.decision.Check.release`) through the ordinary ``evaluate``, so
-  every storage sends it as it sends any check. A streamed response gives it back when the WSGI
-  server closes it (after its last chunk); any other at ``teardown_request`` (its body is made
-  then, and an exception that escaped Flask ends there too);
+  check (:attr:`~flask_distlimit.decision.Check.release`) through the ordinary evaluation
+  (``evaluate_parts``, each part on its own), so every storage sends it as it sends any check.
+  It is not sent to a node whose circuit breaker is open (on a Redis Cluster each slot group
+  asks its own primary's breaker, and the groups on live primaries are given back:
+  :meth:`Guard.reachable <flask_distlimit.guard.Guard.reachable>`); the lease gives back the
+  others. A streamed response gives it back when the WSGI server closes it (after its last
+  chunk); any other at ``teardown_request`` (its body is made then, and an exception that
+  escaped Flask ends there too);
 - a slot whose process died (SIGKILL, OOM) is given back by its lease: the next request of that
   identity removes the slots whose lease ended, in the same script call. No background thread;
 - a refusal is a 429 :class:`~flask_distlimit.problem.ConcurrencyLimitExceeded` (problem type
@@ -100,9 +104,11 @@ class SlotRelease:
         for fallback, part in guard.fallbacks_for(self._checks):
             if self._degraded or fallback.holding:
                 fallback.evaluate(part, instances=guard.instances.divisor, now_us=now)
-        if guard.breaker.state == "open":
-            return  # the lease gives the slot back
-        try:
-            state.storage.evaluate(self._checks, now_us=now)
-        except StorageError as exc:  # the lease gives it back
-            log.debug("Could not give back a concurrency slot (its lease will): %s", exc)
+        # Only to the nodes whose breaker is not open (each slot group's own on a Redis
+        # Cluster): the lease gives back the slots of the others.
+        parts = guard.reachable(self._checks)
+        if not parts:
+            return
+        for result in state.storage.evaluate_parts(parts, now_us=now):
+            if isinstance(result, StorageError):  # the lease gives it back
+                log.debug("Could not give back a concurrency slot (its lease will): %s", result)

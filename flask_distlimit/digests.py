@@ -44,6 +44,7 @@ __all__ = [
     "RETRY_INTERVAL",
     "SHARED_KEY_TTL",
     "IdentityTags",
+    "digest_key",
     "tag_secret",
 ]
 
@@ -64,6 +65,12 @@ _CACHE_SIZE: Final = 4096
 _CONTEXT: Final = b"flask-distlimit identity-tag"
 
 
+def digest_key(key_prefix: str) -> str:
+    """The storage key of the deployment's tag key under ``key_prefix`` (its node's breaker
+    is the one :class:`IdentityTags` asks about on a Redis Cluster)."""
+    return f"{key_prefix}:identity-digest-key"
+
+
 def tag_secret(secret: bytes) -> bytes:
     """The tag key derived from an app secret (``DISTLIMIT_API_KEY_SECRET`` or ``SECRET_KEY``)."""
     return hmac.new(secret, _CONTEXT, hashlib.sha256).digest()
@@ -76,7 +83,8 @@ class IdentityTags:
       key in ``storage`` under ``<key_prefix>:identity-digest-key``;
     - ``clock``: monotonic seconds, for the refresh and retry intervals;
     - ``available``: whether to try the storage now (the extension passes "the circuit breaker
-      is not open", so an outage costs no extra timeouts).
+      of the node serving :func:`digest_key` is not open", so an outage costs no extra
+      timeouts; asked only when a read or refresh is due, never per request).
 
     :attr:`tag` is what the request path calls.
     """
@@ -92,7 +100,7 @@ class IdentityTags:
     ) -> None:
         if secret is None and storage is None:
             raise ValueError("IdentityTags needs a secret or a storage to keep its key in")
-        self.storage_key = f"{key_prefix}:identity-digest-key"
+        self.storage_key = digest_key(key_prefix)
         self._storage = storage
         self._clock = clock
         self._available = available

@@ -734,6 +734,23 @@ class Guard:
             return self.breakers.get(self.storage.route([check])[0][0])
         return self._breaker
 
+    def reachable(self, checks: Sequence[Check]) -> list[list[Check]]:
+        """``checks`` in the parts the storage evaluates on their own (:meth:`Storage.route
+        <flask_distlimit.storage.base.Storage.route>`'s slot groups on a Redis Cluster, one
+        part elsewhere), less those whose node's breaker is open: for a call beside the
+        request's that no failure policy answers (a concurrency slot's release), so that it
+        goes to every node that may answer it and never waits on one known to be down.
+        Asks :attr:`Breaker.state <flask_distlimit.breaker.Breaker.state>` only: a half-open
+        breaker's one trial stays the request path's."""
+        if not self._routed:
+            return [] if self._breaker.state == "open" else [list(checks)]
+        breakers = self.breakers
+        return [
+            [checks[i] for i in indexes]
+            for node, indexes in self.storage.route(checks)
+            if breakers.get(node).state != "open"
+        ]
+
     def _breaker_changed(self, breaker: str, state: BreakerState | None) -> None:
         # The fallback's counts outlive the breaker: they are handed back key by key, once they
         # no longer matter (flask_distlimit.fallback), not when the first call succeeds.

@@ -20,7 +20,7 @@ from .config import Settings
 from .decision import Check
 from .declarations import LimitRegistry, LimitSpec
 from .deny_cache import DenyCache, monotonic_us
-from .digests import IdentityTags
+from .digests import IdentityTags, digest_key
 from .enforcement import Enforcer
 from .guard import Guard
 from .identity import IdentityResolver, IdentitySettings
@@ -108,13 +108,15 @@ class LimiterState:
         self.local_clock: Callable[[], int] = clock or monotonic_us
         #: the wall clock, in seconds (for header reset times)
         self.wall: Callable[[], float] = (lambda: clock() / 1_000_000) if clock else time.time
-        #: this app's identity tags: keyed with its secret, else a key the storage keeps
+        #: this app's identity tags: keyed with its secret, else a key the storage keeps; read
+        #: while the breaker of the node serving that key (on a Redis Cluster) is not open
+        tag_key = digest_key(settings.key_prefix)
         self.tags = IdentityTags(
             identity_settings.tag_secret,
             storage=storage,
             key_prefix=settings.key_prefix,
             clock=(lambda: clock() / 1_000_000) if clock else time.monotonic,
-            available=lambda: guard.breaker.state != "open",
+            available=lambda: guard.breaker_of(tag_key).state != "open",
         )
         self.identity_tag: Callable[[str], str] = self.tags.tag
         prefix, algorithm = settings.key_prefix, settings.algorithm

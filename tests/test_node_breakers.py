@@ -354,3 +354,28 @@ def test_a_lease_is_renewed_only_while_its_own_nodes_breaker_is_closed() -> None
     assert guard.breaker.state == "closed"  # the heartbeat key's node, a: what was asked before
     assert not _renewable(guard, on_b.key)
     assert _renewable(guard, on_a.key)
+
+
+def test_a_call_beside_the_request_goes_to_each_groups_node_unless_its_breaker_is_open() -> None:
+    """:meth:`Guard.reachable` (a concurrency slot's release): the groups of the nodes whose
+    breaker is not open, whatever the breaker of the heartbeat key's node (a) says."""
+    guard, storage, clock = make("open")
+    on_a, on_b, on_a2 = limit("a"), limit("b"), limit("a2", name="team")
+    assert guard.reachable([on_a, on_b, on_a2]) == [[on_a, on_a2], [on_b]]
+    storage.down.add(B)
+    assert kinds(guard, [on_b], 1) == ["degraded allowed"]  # fail_max 1: b's breaker opens
+    assert guard.breaker.state == "closed"  # the heartbeat key's node, a
+    assert guard.reachable([on_a, on_b, on_a2]) == [[on_a, on_a2]]
+    storage.down = {A}
+    clock.advance(RESET)
+    assert kinds(guard, [on_a, on_b], 1) == ["degraded allowed"]  # a opens, b's trial closes it
+    assert guard.breaker.state == "open"
+    assert guard.reachable([on_a, on_b, on_a2]) == [[on_b]]
+
+
+def test_one_node_reaches_all_of_its_checks_or_none() -> None:
+    guard = Guard(MemoryStorage(), fail_max=1)
+    checks = [limit("a"), limit("b")]
+    assert guard.reachable(checks) == [checks]
+    guard.breaker.failure(StorageUnavailable("down"))
+    assert guard.reachable(checks) == []
