@@ -32,9 +32,7 @@ def reset(state: LimiterState) -> int:
     prefix = state.settings.key_prefix
     # Request tokens are left to expire (a second): a reply kept for a retry, not a limit's state.
     keys = [
-        k
-        for k in state.storage.scan(f"{prefix}:*")
-        if k != spared and not is_token_key(prefix, k)
+        k for k in state.storage.scan(f"{prefix}:*") if k != spared and not is_token_key(prefix, k)
     ]
     return state.storage.delete(keys) if keys else 0
 

@@ -89,6 +89,7 @@ def test_the_guide_maps_every_config_key() -> None:
 
 def test_the_lists_above_are_flask_limiters_own() -> None:
     import flask_limiter  # the test extra installs it: the guide is checked against it
+
     constructor = list(inspect.signature(flask_limiter.Limiter.__init__).parameters)[1:]
     decorator = list(inspect.signature(flask_limiter.Limiter.limit).parameters)[1:]
     shared = list(inspect.signature(flask_limiter.Limiter.shared_limit).parameters)[1:]
@@ -227,6 +228,7 @@ def test_the_ported_app_admits_the_expected_sequence_on_redis(redis_url: str) ->
 @pytest.mark.redis
 def test_the_port_admits_what_flask_limiter_admits(redis_url: str) -> None:
     import flask_limiter  # the test extra installs it: the guide is checked against it
+
     original = Flask("original")
     original.config.update(
         RATELIMIT_STORAGE_URI="memory://",
