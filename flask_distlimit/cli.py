@@ -162,10 +162,7 @@ def status(as_json: bool) -> None:
             ("latency", _latency_text(latency, health.get("error_type"))),
             ("error", health.get("error")),
             ("scripts loaded", _loaded_text(loaded)),
-            (
-                "breaker",
-                f"{health.get('breaker')} ({health.get('breaker_failures')} consecutive failures)",
-            ),
+            ("breaker", _breaker_text(health)),
             ("failure policy", health.get("policy")),
             (
                 "instances",
@@ -180,6 +177,21 @@ def status(as_json: bool) -> None:
                 click.echo(f"{label + ':':<19}{value}")
     if not health.get("ok"):
         raise click.exceptions.Exit(1)
+
+
+def _breaker_text(health: dict[str, object]) -> str:
+    """The breaker line: with one node, its state and failures; with several (a Redis
+    Cluster), the worst state and every node whose breaker is not closed, by name (the failure
+    count is only the instance heartbeat's node's: it would mislead here)."""
+    worst = health.get("breaker")
+    states = health.get("breakers")
+    if not isinstance(states, dict) or len(states) <= 1:
+        return f"{worst} ({health.get('breaker_failures')} consecutive failures)"
+    not_closed = [f"{node} {state}" for node, state in sorted(states.items()) if state != "closed"]
+    if not not_closed:
+        return f"{worst} (all {len(states)} nodes)"
+    closed = len(states) - len(not_closed)
+    return f"{worst} ({', '.join(not_closed)}; {closed} of {len(states)} nodes closed)"
 
 
 # -- inspect -------------------------------------------------------------------------------------

@@ -338,3 +338,32 @@ def test_the_identity_tag_key_is_read_unless_its_own_nodes_breaker_is_open(
             assert cluster_client.get(tags.storage_key) is not None
     finally:
         storage.close()
+
+
+def test_status_names_the_nodes_whose_breaker_is_not_closed(
+    redis_cluster: ClusterServers, cluster_client: RedisCluster
+) -> None:
+    """``flask distlimit status`` on a Cluster: one primary's breaker open, not the instance
+    heartbeat's. The line names that node (and exits 1), instead of "open (0 consecutive
+    failures)", the heartbeat node's count, which pointed nowhere."""
+    from flask_distlimit.cli import distlimit_cli
+
+    app, limiter = concurrency_app(redis_cluster.url)
+    state = limiter.state(app)
+    guard = state.guard
+    heartbeat = node_name(redis_cluster, guard.instances.key)
+    nodes = primaries(redis_cluster)
+    down = next(n for n in nodes if n != heartbeat)
+    runner = app.test_cli_runner()
+    try:
+        for node in nodes:
+            guard.breakers.get(node)
+        result = runner.invoke(distlimit_cli, ["status"])
+        assert result.exit_code == 0, result.output
+        assert "breaker:           closed (all 3 nodes)\n" in result.output
+        guard.breakers.get(down).failure(StorageUnavailable("node down"))
+        result = runner.invoke(distlimit_cli, ["status"])
+        assert result.exit_code == 1, result.output
+        assert f"breaker:           open ({down} open; 2 of 3 nodes closed)\n" in result.output
+    finally:
+        state.storage.close()
