@@ -61,6 +61,8 @@ import redis
 if __name__ == "__main__":  # run from a checkout: this checkout's package, whatever is installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from intervals import median_ci  # beside this file
+
 from flask_distlimit.algorithms import ALGORITHMS, Algorithm
 from flask_distlimit.decision import Check
 from flask_distlimit.digests import IdentityTags
@@ -377,14 +379,6 @@ class FunctionsRow:
     server_savings: dict[str, list[float]]
 
 
-def _median_ci(values: list[float]) -> tuple[float, float]:
-    """A distribution-free 95 % confidence interval of the median (order statistics)."""
-    ordered, n = sorted(values), len(values)
-    half = 0.98 * math.sqrt(n)  # 1.96 * sqrt(n) / 2
-    low = max(0, math.floor(n / 2 - half) - 1)
-    return ordered[low], ordered[min(n - 1, math.ceil(n / 2 + half))]
-
-
 def _quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
@@ -538,7 +532,7 @@ def render_functions(
         for name in ("as_is", "built_once"):
             v = r.savings[name]
             faster = sum(1 for x in v if x > 0) / len(v)
-            low, high = _median_ci(v)
+            low, high = median_ci(v)
             cells.append(
                 f"{statistics.median(v):+.1f} us [{_quantile(v, 0.25):+.1f}, "
                 f"{_quantile(v, 0.75):+.1f}] ({low:+.1f} to {high:+.1f}), {faster:.0%} of rounds"
@@ -550,9 +544,9 @@ def render_functions(
         )
     request = next(r for r in rows if r.where == "request")
     saving = statistics.median(request.savings["built_once"])
-    low, high = _median_ci(request.savings["built_once"])
+    low, high = median_ci(request.savings["built_once"])
     server_saving = statistics.median(request.server_savings["built_once"])
-    server_low, server_high = _median_ci(request.server_savings["built_once"])
+    server_low, server_high = median_ci(request.server_savings["built_once"])
     on_server = (
         f"Redis's own time, the only work that differs (the client packs and reads the same "
         f"bytes but for the command's name), saves {server_saving:+.1f} us per call "

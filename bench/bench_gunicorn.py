@@ -10,7 +10,8 @@ ours (fixed window, one limit, default headers), each limit far above what a run
 (one thread, 8 connections) loads one server at a time for ``--seconds``; every round runs each
 server once in a shuffled order, after an unmeasured warm-up run of each. Requests per second
 are compared within each round (ours / bare, ours / minimal) and the median over the rounds is
-reported, with the lowest and highest round in brackets. Any response but a 200 fails the run.
+reported, with its 95 % confidence interval in square brackets and the lowest and highest
+round in round brackets. Any response but a 200 fails the run.
 
 ``wrk`` comes from Debian's package (``apt-get install -y wrk``). Client, servers and Redis share
 the machine's cores, as they would on one small host; the ratios are what the goals are about.

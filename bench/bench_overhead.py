@@ -28,8 +28,10 @@ Rounds are interleaved: every round runs a batch of each app in a shuffled order
 untimed, before every batch), so machine noise spreads over all of them. An app's time in a
 round is the median of its batch; its overhead in that round is that minus the bare Flask app's.
 Every ratio is taken within one round (ours / the minimal limiter's overhead, ours /
-Flask-Limiter's) and the median over the rounds is reported, with the lowest and highest round
-in brackets; overheads shown are medians over the rounds.
+Flask-Limiter's) and the median over the rounds is reported, with its distribution-free 95 %
+confidence interval in square brackets (order statistics, ``bench/intervals.py``: how far the
+median itself may be from the machine's true one) and the lowest and highest round in round
+brackets; overheads shown are medians over the rounds.
 
 Round trips per request are counted separately (untimed) by counting redis-py's
 ``send_packed_command`` calls (a pipeline is one round trip), and commands per request from the
@@ -69,6 +71,7 @@ from typing import Any
 import redis
 import redis.connection
 from flask import Flask, Response, abort, g, request
+from intervals import median_ci  # beside this file
 from werkzeug.test import EnvironBuilder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -386,19 +389,25 @@ def overheads(subject: Subject, bare: Subject) -> list[float]:
 
 @dataclass
 class Ratio:
-    """A ratio taken within each round: the median over the rounds, and the extremes."""
+    """A ratio taken within each round: the median over the rounds, its 95 % confidence
+    interval, and the extremes."""
 
     median: float
     low: float
     high: float
+    ci_low: float
+    ci_high: float
 
     @classmethod
     def of(cls, numerators: list[float], denominators: list[float]) -> Ratio:
         ratios = [a / b for a, b in zip(numerators, denominators, strict=True)]
-        return cls(statistics.median(ratios), min(ratios), max(ratios))
+        return cls(statistics.median(ratios), min(ratios), max(ratios), *median_ci(ratios))
 
     def text(self) -> str:
-        return f"{self.median:.2f}x ({self.low:.2f}-{self.high:.2f})"
+        return (
+            f"{self.median:.2f}x [{self.ci_low:.2f}-{self.ci_high:.2f}] "
+            f"({self.low:.2f}-{self.high:.2f})"
+        )
 
 
 @dataclass
@@ -734,7 +743,8 @@ def cpu_time(rounds: int, batch: int, seed: int = 1) -> str:
     what a limiter does around its call stands out. Same apps, interleaved rounds as the main
     table (Redis emptied, untimed, before every batch); a subject's figure in a round is its
     batch's CPU time divided by ``batch``, minus the bare app's; every ratio is taken within one
-    round, and the median over the rounds is reported with the lowest and highest round.
+    round, and the median over the rounds is reported with its 95 % confidence interval and the
+    lowest and highest round.
     Redis's own time is not in it (``--breakdown`` and ``bench_engine.py --compare`` give it).
     """
     if batch + 200 >= LOG_QUOTA:

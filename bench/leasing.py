@@ -4,7 +4,8 @@
 
 Three measurements, each in interleaved rounds (every round runs the leased and the unleased
 subject once, in a shuffled order; ratios are taken within a round and the median over the
-rounds is reported, with the lowest and highest round in brackets):
+rounds is reported, with its 95 % confidence interval in square brackets and the lowest and
+highest round in round brackets):
 
 1. **Storage calls per request, under gunicorn.** A private redis-server on loopback and one
    gunicorn instance of ``tests/apps/leasing_app.py`` (3 gthread workers x 4 threads, as
