@@ -61,7 +61,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
@@ -518,6 +518,24 @@ class Leases:
         self.process = process_member()
         self._look_at = self._publish_at = 0
         self._renewed = False
+
+    def drop(self, keys: Iterable[str] | None = None) -> None:
+        """Forget the leases of ``keys`` (``None``: every lease), whose counts were just
+        deleted (``limiter.reset()``, a client's reset, ``limiter.clear()``): their units were
+        counted in the deleted count, so spent after it, or given back into the count that
+        follows, they would be admissions the fresh count never sees. A renewal in flight
+        meanwhile grants its units to a lease no request finds again (they are lost, never
+        spent twice)."""
+        with self._lock:
+            if keys is None:
+                dropped = list(self._leases.values())
+                self._leases = {}
+            else:
+                dropped = [lease for key in keys if (lease := self._leases.pop(key, None))]
+        for lease in dropped:
+            with lease.lock:
+                lease.chunks.clear()
+                lease.units = 0
 
     def _lease(self, check: Check, size: bool | int, now: int) -> Lease:
         lease = self._leases.get(check.key)

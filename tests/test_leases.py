@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import pytest
-from flask import Flask
+from flask import Flask, request
 from redis import Redis
 
 from flask_distlimit import ConfigurationError, Limiter
@@ -672,3 +672,55 @@ def test_units_given_back_are_never_put_back_by_a_request_refused_meanwhile() ->
     assert lease.decision(later).remaining == 89  # the shared count as seen, nothing held
     with lease.lock:
         assert lease._held(later) == 0
+
+
+# -- resets ----------------------------------------------------------------------------------------
+
+
+def test_a_reset_drops_the_units_this_process_holds(backend: Backend, clock: FakeClock) -> None:
+    """``limiter.reset(app)`` (between an app's tests, or an operator's) forgets every count: the
+    units this process leased before it must not be spent on top of the fresh count."""
+    app, limiter, storage = _app(backend(), clock, "20/minute", lease=10)
+    client = app.test_client()
+    assert client.get("/hot").status_code == 200  # 1 + 10 taken: 10 held
+    assert _held(limiter, app) == 10
+    limiter.reset(app)
+    assert _held(limiter, app) == 0
+    codes = [client.get("/hot").status_code for _ in range(25)]
+    assert codes.count(200) == 20  # the fresh window's 20, not 20 + the 10 held before
+    assert _shared_used(storage, "fixed_window", 20, 60, clock.now_us) == 20
+
+
+def test_a_client_reset_drops_its_leases_and_no_other(backend: Backend, clock: FakeClock) -> None:
+    app = Flask("per_client")
+    app.config.update({"DISTLIMIT_TIERS": {"anonymous": ""}})
+    limiter = Limiter(clock=clock)
+
+    @app.get("/t/<tenant>")
+    @limiter.limit("20/minute", key_func=lambda: request.view_args["tenant"], lease=10)  # type: ignore[index]
+    def tenant(tenant: str) -> str:
+        return "ok"
+
+    @app.get("/login/<tenant>")
+    @limiter.limit("20/minute", key_func=lambda: request.view_args["tenant"], lease=10)  # type: ignore[index]
+    def login(tenant: str) -> str:
+        if request.args.get("ok"):
+            limiter.clear("login")  # e.g. after a successful login
+        return "ok"
+
+    limiter.init_app(app, storage=backend())
+    client = app.test_client()
+    assert client.get("/t/a").status_code == 200
+    assert client.get("/t/b").status_code == 200
+    assert _held(limiter, app) == 20  # 10 each
+    with app.app_context():
+        assert limiter.state(app).reset_identity("func:a") == 1
+    assert _held(limiter, app) == 10  # b's lease is b's
+    codes = [client.get("/t/a").status_code for _ in range(25)]
+    assert codes.count(200) == 20  # a's fresh 20, not 20 + the 10 held before the reset
+    # limiter.clear(name) in a view: the cleared counter's lease goes with it
+    assert client.get("/login/c").status_code == 200  # 1 + 10 taken: 10 held
+    assert client.get("/login/c?ok=1").status_code == 200  # one spent, then the count cleared
+    assert _held(limiter, app) == 10  # b's only
+    codes = [client.get("/login/c").status_code for _ in range(25)]
+    assert codes.count(200) == 20
