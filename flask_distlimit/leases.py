@@ -779,19 +779,22 @@ class Leases:
                         with a.lease.lock:
                             a.lease.seen(by_ask[a.index], after)
                 return self._spread(outcome, checks, plain, sent, placeholder)
-            # Refused: ask again only if the request's own needs fit and a top-up refused.
-            plain_ok = all(d.allowed for d in decisions[: len(plain)])
-            shrink = plain_ok and attempt < 2
-            for a in sent:
-                d = by_ask[a.index]
-                if not d.allowed and (a.need > d.remaining or not a.renew):
-                    shrink = False
-            if not shrink:
+            # Refused. A refused check that carried a top-up answered for its cost with the
+            # top-up: if the request's own needs fit, ask again for what the reply says remains,
+            # then for nothing but them; if they do not, ask once more for them alone, so that the
+            # refusal (its Retry-After, and the deny cache's wait) is for what the request needs:
+            # a bucket's wait for 1 + 6 units is 7 times its wait for 1.
+            refused = [a for a in sent if not by_ask[a.index].allowed]
+            if attempt == 2 or not any(a.renew for a in refused):
                 return self._spread(outcome, checks, plain, sent, placeholder)
+            fits = attempt == 0 and all(d.allowed for d in decisions[: len(plain)])
+            for a in refused:
+                if a.need > by_ask[a.index].remaining or not a.renew:
+                    fits = False
             for a in sent:
-                d = by_ask[a.index]
                 if a.renew:
-                    a.renew = 0 if attempt == 1 else max(0, min(a.renew, d.remaining - a.need))
+                    remaining = by_ask[a.index].remaining
+                    a.renew = max(0, min(a.renew, remaining - a.need)) if fits else 0
         raise AssertionError("unreachable")  # pragma: no cover
 
     @staticmethod

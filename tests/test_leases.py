@@ -724,3 +724,20 @@ def test_a_client_reset_drops_its_leases_and_no_other(backend: Backend, clock: F
     assert _held(limiter, app) == 10  # b's only
     codes = [client.get("/login/c").status_code for _ in range(25)]
     assert codes.count(200) == 20
+
+
+@pytest.mark.parametrize("algorithm", ["token_bucket", "gcra"])
+def test_a_refusal_waits_for_the_request_s_own_cost_not_its_top_up(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    """A request whose lease is empty asks for 1 + a top-up; refused, its Retry-After (and the
+    deny cache's wait) must be the wait for its 1 unit, not for the 7 it asked with."""
+    app, _, _ = _app(backend(), clock, "60/minute", lease=6, algorithm=algorithm)
+    client = app.test_client()
+    codes = [client.get("/hot").status_code for _ in range(60)]
+    assert codes == [200] * 60
+    refused = client.get("/hot")
+    assert refused.status_code == 429
+    assert refused.headers["Retry-After"] == "1"  # one unit a second
+    clock.advance(1.0)
+    assert client.get("/hot").status_code == 200  # not refused by the deny cache until 7 s
