@@ -11,6 +11,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 import pytest
 from flask import Flask, request
@@ -741,3 +742,106 @@ def test_a_refusal_waits_for_the_request_s_own_cost_not_its_top_up(
     assert refused.headers["Retry-After"] == "1"  # one unit a second
     clock.advance(1.0)
     assert client.get("/hot").status_code == 200  # not refused by the deny cache until 7 s
+
+
+# -- real app shapes -------------------------------------------------------------------------------
+
+
+def test_two_apps_of_one_limiter_keep_leases_of_their_own(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """An app factory: one Limiter set up on two apps with the same prefix and store. Each app
+    holds its own leases; one never spends the other's units, and the shared count holds
+    every admission of both plus every unit either still holds."""
+    limiter = Limiter(clock=clock)
+    storage = backend()
+    apps = []
+    for name in ("api", "admin"):
+        app = Flask(name)
+        app.config.update({"DISTLIMIT_TIERS": {"anonymous": ""}})
+
+        @app.get("/hot")
+        @limiter.shared_limit("40/minute", scope="hot", key_func=lambda: "all", lease=5,
+                              algorithm="fixed_window")  # fmt: skip
+        def hot() -> str:
+            return "ok"
+
+        limiter.init_app(app, storage=storage)
+        apps.append(app)
+    a, b = (app.test_client() for app in apps)
+    assert a.get("/hot").status_code == 200  # 1 + 5 taken by the api app
+    assert _held(limiter, apps[0]) == 5 and _held(limiter, apps[1]) == 0
+    assert b.get("/hot").status_code == 200  # the admin app takes its own: 1 + 5
+    assert _held(limiter, apps[0]) == 5 and _held(limiter, apps[1]) == 5
+    admitted = 2 + sum((a if n % 2 else b).get("/hot").status_code == 200 for n in range(60))
+    assert 40 - 2 * 5 <= admitted <= 40
+    held = _held(limiter, apps[0]) + _held(limiter, apps[1])
+    assert _shared_used(storage, "fixed_window", 40, 60, clock.now_us) == admitted + held
+
+
+def test_a_method_view_and_a_blueprint_registered_twice_lease(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """``MethodView.decorators`` (the limit wrapper path, not the route plan) leases; a
+    blueprint registered twice under two names counts (and leases) each registration apart."""
+    from flask import Blueprint
+    from flask.views import MethodView
+
+    app = Flask("shapes")
+    app.config.update({"DISTLIMIT_TIERS": {"anonymous": ""}})
+    limiter = Limiter(clock=clock)
+    storage = Switch(backend())
+
+    class Items(MethodView):
+        decorators: ClassVar[list[Callable[..., Any]]] = [
+            limiter.limit("30/minute", key_func=lambda: "all", lease=5)
+        ]
+
+        def get(self) -> str:
+            return "ok"
+
+    app.add_url_rule("/items", view_func=Items.as_view("items"))
+    bp = Blueprint("bp", __name__)
+
+    @bp.get("/x")
+    @limiter.limit("30/minute", key_func=lambda: "all", lease=5)
+    def x() -> str:
+        return "ok"
+
+    app.register_blueprint(bp, url_prefix="/one")
+    app.register_blueprint(bp, url_prefix="/two", name="bp2")
+    limiter.init_app(app, storage=storage)
+    client = app.test_client()
+    for path in ("/items", "/one/x", "/two/x"):
+        calls = storage.evaluations
+        codes = [client.get(path).status_code for _ in range(30)]
+        assert codes.count(200) == 30
+        assert storage.evaluations - calls < 30 // 2  # leased: most requests made no call
+        assert client.get(path).status_code == 429  # and never past the limit
+    held = limiter.state(app).enforcer.leases.held()
+    assert len(held) == 3  # one lease per key: the view class and each registration
+
+
+def test_a_client_chosen_identity_never_spends_another_identity_s_lease(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """The identity is digested into the key: a key_func value that spells another identity's
+    key (or its tail) is an identity of its own, with a count and a lease of its own."""
+    app = Flask("tenants")
+    app.config.update({"DISTLIMIT_TIERS": {"anonymous": ""}})
+    limiter = Limiter(clock=clock)
+
+    @app.get("/t")
+    @limiter.limit("10/minute", key_func=lambda: request.args["tenant"], lease=5)
+    def tenant() -> str:
+        return "ok"
+
+    limiter.init_app(app, storage=backend())
+    client = app.test_client()
+    assert [client.get("/t?tenant=a").status_code for _ in range(12)].count(200) == 10
+    leases = limiter.state(app).enforcer.leases
+    [victim] = leases.held()
+    for forged in (victim, victim.split("{")[1], "a}", "a\x00", "A", " a", "func:a"):
+        response = client.get("/t", query_string={"tenant": forged})
+        assert response.status_code == 200, forged  # a fresh identity: its own count
+    assert client.get("/t?tenant=a").status_code == 429  # and a's lease gained nothing
