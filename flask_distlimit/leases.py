@@ -33,7 +33,8 @@ another holds unspent units, at most *processes x lease size* units per window
   EWMA), at most ``limit // 20`` (at least 1); 0 (no lease, every request asks the storage)
   while the key sees fewer than about 10 units a second: leasing pays off for a hot, shared key,
   not for a per-client key with a few requests. A process keeps at most :data:`MAX_LEASES`;
-  past that, the least recently used are dropped (their units expire).
+  past that, half are dropped, those holding no unit first (the units of one that holds some
+  expire), the least recently used first.
 - **All-or-nothing**: a request whose other limits refuse gives its leased units back to the
   lease (nothing left the process).
 - **Failure**: units still held are spent first; the failure policy decides only what the lease
@@ -545,13 +546,22 @@ class Leases:
             lease = self._leases.get(check.key)
             if lease is None:
                 if len(self._leases) >= MAX_LEASES:
-                    self._evict()
+                    self._evict(now)
                 lease = self._leases[check.key] = Lease(check, size, now)
         return lease
 
-    def _evict(self) -> None:
-        """Drop the least recently used half (their units expire with their window)."""
-        ordered = sorted(self._leases.values(), key=lambda lease: lease.used)
+    def _evict(self, now: int) -> None:
+        """Drop half the leases: those that hold no unit first (a client with a few requests
+        holds none), the least recently used first. A lease that holds units goes only when
+        fewer than half hold none: its units stay counted in the shared count until their
+        window or bucket period ends, so a flood of fresh identities would otherwise strand a
+        hot key's units again and again."""
+
+        def order(lease: Lease) -> tuple[bool, int]:
+            with lease.lock:
+                return lease._held(now) > 0, lease.used
+
+        ordered = sorted(self._leases.values(), key=order)
         for lease in ordered[: len(ordered) // 2 or 1]:
             del self._leases[lease.key]
 

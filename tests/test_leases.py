@@ -845,3 +845,37 @@ def test_a_client_chosen_identity_never_spends_another_identity_s_lease(
         response = client.get("/t", query_string={"tenant": forged})
         assert response.status_code == 200, forged  # a fresh identity: its own count
     assert client.get("/t?tenant=a").status_code == 429  # and a's lease gained nothing
+
+
+def test_many_identities_keep_the_lease_table_bounded_and_never_evict_held_units(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """An attacker choosing a fresh identity per request on a leased per-client limit: the table
+    stays at most MAX_LEASES; the leases it drops first are those that hold nothing (a client
+    with a few requests holds none), not a hot tenant's, whose units would be stranded in the
+    shared count until their window ends."""
+    from flask_distlimit.leases import MAX_LEASES
+
+    app = Flask("many")
+    app.config.update({"DISTLIMIT_TIERS": {"anonymous": ""}})
+    limiter = Limiter(clock=clock)
+
+    @app.get("/t")
+    @limiter.limit("100000/minute", key_func=lambda: request.args["tenant"], lease=True)
+    def tenant() -> str:
+        return "ok"
+
+    limiter.init_app(app, storage=backend())
+    client = app.test_client()
+    for _ in range(5):  # a hot tenant: its traffic sized a lease
+        for _ in range(40):
+            client.get("/t?tenant=hot")
+        clock.advance(0.06)
+    leases = limiter.state(app).enforcer.leases
+    hot = sum(int(v["held"]) for v in leases.held().values())  # type: ignore[call-overload]
+    assert hot > 0
+    for n in range(MAX_LEASES + 10):  # then a flood of fresh identities, one request each
+        assert client.get(f"/t?tenant=x{n}").status_code == 200
+    held = leases.held()
+    assert len(held) <= MAX_LEASES
+    assert sum(int(v["held"]) for v in held.values()) == hot  # type: ignore[call-overload]
