@@ -879,3 +879,163 @@ def test_many_identities_keep_the_lease_table_bounded_and_never_evict_held_units
     held = leases.held()
     assert len(held) <= MAX_LEASES
     assert sum(int(v["held"]) for v in held.values()) == hot  # type: ignore[call-overload]
+
+
+# -- processes -------------------------------------------------------------------------------------
+
+
+def test_a_forked_child_spends_none_of_the_parent_s_units(redis_client: Redis) -> None:
+    """gunicorn --preload, or a warm-up request before the workers fork: a lease taken in the
+    parent is the parent's. A real os.fork (the hook, not a call of after_fork), on real Redis:
+    the child's first request asks the storage for a lease of its own, and the shared count
+    holds both processes' units."""
+    import os
+    import warnings
+
+    from flask_distlimit.storage.redis import RedisStorage
+
+    options = redis_client.connection_pool.connection_kwargs
+    clock = FakeClock(start=1_700_000_040.0)
+    app, limiter, storage = _app(
+        RedisStorage(host=options["host"], port=options["port"], timeout=2.0),
+        clock, "100/minute", lease=10,
+    )  # fmt: skip
+    client = app.test_client()
+    assert client.get("/hot").status_code == 200  # 1 + 10 taken in the parent
+    assert _held(limiter, app) == 10
+    read, write = os.pipe()
+    with warnings.catch_warnings():  # 3.12+ warns about forking a process that has threads
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: one request, then report and leave at once
+        try:
+            held_at_fork = _held(limiter, app)
+            calls = storage.evaluations
+            status = client.get("/hot").status_code
+            report = [held_at_fork, status, storage.evaluations - calls, _held(limiter, app)]
+            os.write(write, json.dumps(report).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child = json.loads(os.read(read, 200).decode())
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert child == [0, 200, 1, 10]  # nothing inherited; a lease of its own from the storage
+    assert _held(limiter, app) == 10  # the parent's units are the parent's
+    assert _shared_used(storage, "fixed_window", 100, 60, clock.now_us) == 11 + 11
+
+
+# -- partial failure -------------------------------------------------------------------------------
+
+
+class Flaky(CountingStorage):
+    """Evaluations fail when ``down(n)`` says so for the n-th; every give-back fails; every
+    other publication of the lease records fails."""
+
+    def __init__(self, inner: Storage, down: Callable[[int], bool]) -> None:
+        super().__init__(inner)
+        self.down = down
+        self.calls = {"evaluate": 0, "give_back": 0, "publish": 0}
+
+    def _fail(self, kind: str) -> bool:
+        self.calls[kind] += 1
+        n = self.calls[kind]
+        return (
+            kind == "give_back"
+            or (kind == "publish" and n % 2 == 0)
+            or (kind == "evaluate" and self.down(n))
+        )
+
+    def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+        if self._fail("evaluate"):
+            raise StorageUnavailable("flapping (test)")
+        return super().evaluate(checks, now_us=now_us)
+
+    def publish_leases(self, key: str, process: str, record: str, hold: float) -> tuple[str, ...]:
+        if self._fail("publish"):
+            raise StorageUnavailable("flapping (test)")
+        return super().publish_leases(key, process, record, hold)
+
+    def give_back(
+        self,
+        key: str,
+        algorithm: str,
+        period: int,
+        window: int,
+        units: int,
+        *,
+        now_us: int | None = None,
+    ) -> int:
+        if self._fail("give_back"):
+            raise StorageUnavailable("flapping (test)")
+        raise AssertionError("every give-back fails here")
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window_counter"])
+def test_flapping_redis_never_gives_a_500_nor_admits_past_the_limit(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    """Three processes on one store whose evaluations fail every other call, then in runs that
+    open the breaker; whose give-backs all fail and whose lease records fail every other time:
+    never a 5xx but the closed policy's 503, never more admitted in a window than the limit, and
+    the shared count holds every admission (units a failed give-back took out stay counted)."""
+
+    def down(n: int) -> bool:
+        return n % 5 == 0 or 100 <= n % 150 < 110  # flapping, then a run: the breaker opens
+
+    shared = backend()
+    apps: list[tuple[Flask, Limiter]] = []
+    flaky: list[Flaky] = []
+    for i in range(3):
+        app = Flask(f"w{i}")
+        app.config.update(
+            {
+                "DISTLIMIT_TIERS": {"anonymous": ""},
+                "DISTLIMIT_FAILURE_POLICY": "closed",
+                "DISTLIMIT_BREAKER_RESET_TIMEOUT": 2,
+            }
+        )
+        limiter = Limiter(clock=clock)
+
+        @app.get("/hot")
+        @limiter.shared_limit("150/minute", scope="hot", key_func=lambda: "all", lease=5,
+                              algorithm=algorithm)  # fmt: skip
+        def hot() -> str:
+            return "ok"
+
+        @app.get("/other")
+        @limiter.limit("100000/minute")
+        def other() -> str:
+            return "ok"
+
+        flaky.append(Flaky(shared, down))
+        limiter.init_app(app, storage=flaky[-1])
+        apps.append((app, limiter))
+    clients = [app.test_client() for app, _ in apps]
+    by_window: dict[int, int] = {}
+    codes: set[int] = set()
+    opened = 0
+    for n in range(600):
+        i = n % 3
+        # each process has its quiet spells on the hot key (another route still calls the
+        # storage): its lease sits unspent and is given back
+        path = "/hot" if (n // 3 + 20 * i) % 60 < 30 else "/other"
+        response = clients[i].get(path)
+        codes.add(response.status_code)
+        if response.status_code == 200 and path == "/hot":
+            window = clock.now_us // 60_000_000
+            by_window[window] = by_window.get(window, 0) + 1
+        app, limiter = apps[i]
+        opened += limiter.health(app)["breaker"] == "open"
+        clock.advance(0.3)  # 3 minutes in all: give-backs, breaker resets, new windows
+    assert opened > 0  # the breaker opened and closed again (200s came after)
+    assert all(f.calls["give_back"] > 0 for f in flaky)  # and every one failed
+    assert all(f.calls["publish"] > 1 for f in flaky)
+    assert codes <= {200, 429, 503}
+    assert 503 in codes and 200 in codes
+    assert max(by_window.values()) <= 150
+    held = sum(_held(limiter, app) for app, limiter in apps)
+    window = clock.now_us // 60_000_000
+    if algorithm == "fixed_window":
+        used = _shared_used(shared, algorithm, 150, 60, clock.now_us)
+        assert used >= by_window.get(window, 0) + held
