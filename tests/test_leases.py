@@ -1039,3 +1039,70 @@ def test_flapping_redis_never_gives_a_500_nor_admits_past_the_limit(
     if algorithm == "fixed_window":
         used = _shared_used(shared, algorithm, 150, 60, clock.now_us)
         assert used >= by_window.get(window, 0) + held
+
+
+def test_inspect_in_a_process_that_served_nothing_knows_a_method_view_s_lease(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """The CLI runs in a process of its own, where no request bound the limits a wrapper
+    carries (``MethodView.decorators``): it still marks the limit leased and lists the units
+    the serving process holds."""
+    from flask.views import MethodView
+
+    def build() -> Flask:
+        app = Flask("served")
+        app.config.update({"DISTLIMIT_TIERS": {"anonymous": ""}})
+        limiter = Limiter(clock=clock)
+
+        class Items(MethodView):
+            decorators: ClassVar[list[Callable[..., Any]]] = [
+                limiter.limit("100/hour", key_func=lambda: "all", lease=5)
+            ]
+
+            def get(self) -> str:
+                return "ok"
+
+        app.add_url_rule("/hot", view_func=Items.as_view("items"))
+        limiter.init_app(app, storage=storage)
+        return app
+
+    storage = backend()
+    clock = _real_time(storage, clock)
+    build().test_client().get("/hot")  # the serving process: 1 + 5 taken
+    text, [row] = _inspect(build())  # the CLI's: a fresh app of the same code
+    assert row["lease_per_process"] == 5
+    held = row["leases_held"]
+    assert isinstance(held, list) and [h["units"] for h in held] == [5]
+    assert "(leased: up to 5 per process)" in text
+
+
+def test_garbage_in_a_leased_key_is_repaired_and_never_a_500(redis_client: Redis) -> None:
+    """Something else writes the leased key (a string, a hash of another shape) while a process
+    holds units of it: requests go on (out of the lease, then a renewal the script repairs), a
+    give-back into it takes nothing, and the lease records under garbage are replaced."""
+    from flask_distlimit.storage.redis import RedisStorage
+
+    options = redis_client.connection_pool.connection_kwargs
+    clock = FakeClock(start=1_700_000_040.0)
+    app, limiter, storage = _app(
+        RedisStorage(host=options["host"], port=options["port"], timeout=2.0),
+        clock, "100/minute", lease=10,
+    )  # fmt: skip
+    client = app.test_client()
+    assert client.get("/hot").status_code == 200
+    [key] = [k.decode() for k in redis_client.scan_iter("ratelimit:{*hot*")]
+    for garbage in ("x", {"w": "soon", "n": "lots"}):
+        redis_client.delete(key, "ratelimit:leases")
+        if isinstance(garbage, dict):
+            redis_client.hset(key, mapping=garbage)
+            redis_client.set("ratelimit:leases", "not a sorted set")
+        else:
+            redis_client.set(key, garbage)
+            redis_client.hset("ratelimit:leases", mapping={"a": "b"})
+        redis_client.expire(key, 60)
+        redis_client.expire("ratelimit:leases", 60)
+        codes = [client.get("/hot").status_code for _ in range(30)]
+        assert codes == [200] * 30
+        clock.advance(1.5)  # unspent for a second: given back at the next storage call
+    assert 0 < _shared_used(storage, "fixed_window", 100, 60, clock.now_us) <= 100
+    assert limiter.health(app)["ok"] is True
