@@ -28,7 +28,8 @@ another holds unspent units, at most *processes x lease size* units per window
   process (:meth:`Leases.housekeeping`, at most once a second), each lease's in a script call of
   its own that takes them off only the window they were taken in, as the server numbered it
   (:mod:`flask_distlimit.storage.give_back`); the units leave the lease first. A process that
-  makes no storage call gives nothing back: its units expire with their window.
+  makes no storage call gives nothing back: its units expire with their window. Nor while the
+  breaker of the key's node is not closed: the units stay in the lease, spent first.
 - **Sizing** (``lease=True``): about 100 ms of this process's observed demand on the key (an
   EWMA), at most ``limit // 20`` (at least 1); 0 (no lease, every request asks the storage)
   while the key sees fewer than about 10 units a second: leasing pays off for a hot, shared key,
@@ -620,6 +621,11 @@ class Leases:
                 break
             if lease.algorithm not in GIVE_BACK_CODES or now - lease.used < GIVE_BACK_AFTER_US:
                 continue  # (read without its lock: unspent() looks again under it)
+            if not _renewable(self.guard, lease.key):
+                # no call can be made (the breaker of its node is open, or trying): the units
+                # stay in the lease, spent first when its traffic comes back, instead of being
+                # taken out for a give-back that is never made
+                continue
             for window, units in lease.unspent(now):
                 passes += 1
                 self.guard.side_call(

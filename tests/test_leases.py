@@ -1106,3 +1106,45 @@ def test_garbage_in_a_leased_key_is_repaired_and_never_a_500(redis_client: Redis
         clock.advance(1.5)  # unspent for a second: given back at the next storage call
     assert 0 < _shared_used(storage, "fixed_window", 100, 60, clock.now_us) <= 100
     assert limiter.health(app)["ok"] is True
+
+
+def test_units_are_not_given_back_while_the_breaker_is_open(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Redis is down and the breaker open: a give-back cannot be made, so the units that sat
+    unspent for a second stay in the lease, to be spent first when the hot key's traffic comes
+    back (they are counted in the shared count already); taken out for a give-back never made,
+    they were lost, and the failure policy refused requests the fleet had paid for."""
+    app = Flask("breaker")
+    app.config.update(
+        {
+            "DISTLIMIT_TIERS": {"anonymous": ""},
+            "DISTLIMIT_FAILURE_POLICY": "closed",
+            "DISTLIMIT_BREAKER_FAIL_MAX": 2,
+        }
+    )
+    limiter = Limiter(clock=clock)
+    storage = Switch(backend())
+
+    @app.get("/hot")
+    @limiter.shared_limit("100/minute", scope="hot", key_func=lambda: "all", lease=10,
+                          algorithm="fixed_window")  # fmt: skip
+    def hot() -> str:
+        return "ok"
+
+    @app.get("/other")
+    @limiter.limit("1000/minute")
+    def other() -> str:
+        return "ok"
+
+    limiter.init_app(app, storage=storage)
+    client = app.test_client()
+    assert client.get("/hot").status_code == 200  # 1 + 10 taken
+    storage.down = True
+    assert [client.get("/other").status_code for _ in range(2)] == [503, 503]
+    assert limiter.health(app)["breaker"] == "open"
+    clock.advance(1.5)  # the lease sat unspent for a second
+    assert client.get("/other").status_code == 503  # a request after which leases are looked at
+    assert _held(limiter, app) == 10
+    codes = [client.get("/hot").status_code for _ in range(11)]
+    assert codes == [200] * 10 + [503]  # the lease first, then the policy
