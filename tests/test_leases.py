@@ -1148,3 +1148,49 @@ def test_units_are_not_given_back_while_the_breaker_is_open(
     assert _held(limiter, app) == 10
     codes = [client.get("/hot").status_code for _ in range(11)]
     assert codes == [200] * 10 + [503]  # the lease first, then the policy
+
+
+def test_a_blueprint_s_leased_limit_and_exempt_views_spend_nothing_of_it(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """A leased shared limit on a blueprint counts every view of it; a view exempted from it
+    (``@limiter.exempt``), and a request an ``exempt_when`` exempts, neither spend the lease
+    nor call the storage."""
+    from flask import Blueprint
+
+    app = Flask("bp_lease")
+    app.config.update({"DISTLIMIT_TIERS": {"anonymous": ""}})
+    limiter = Limiter(clock=clock)
+    storage = Switch(backend())
+    bp = Blueprint("bp", __name__)
+    limiter.shared_limit("10/minute", scope="bp", key_func=lambda: "all", lease=3,
+                         algorithm="fixed_window")(bp)  # fmt: skip
+
+    @bp.get("/a")
+    def a() -> str:
+        return "ok"
+
+    @bp.get("/free")
+    @limiter.exempt
+    def free() -> str:
+        return "ok"
+
+    @app.get("/maybe")
+    @limiter.shared_limit("10/minute", scope="bp", key_func=lambda: "all", lease=3,
+                          algorithm="fixed_window",
+                          exempt_when=lambda: request.args.get("vip") == "1")  # fmt: skip
+    def maybe() -> str:
+        return "ok"
+
+    app.register_blueprint(bp)
+    limiter.init_app(app, storage=storage)
+    client = app.test_client()
+    assert client.get("/a").status_code == 200  # 1 + 3 taken
+    assert client.get("/maybe").status_code == 200  # the same key: out of the lease
+    held, calls = _held(limiter, app), storage.evaluations
+    assert held == 2
+    for path in ("/free", "/maybe?vip=1"):
+        assert [client.get(path).status_code for _ in range(20)] == [200] * 20
+    assert _held(limiter, app) == held and storage.evaluations == calls
+    codes = [client.get(p).status_code for p in ("/a", "/maybe") * 6]
+    assert codes.count(200) == 8  # 10 in the window: 2 admitted before, 8 now
