@@ -736,6 +736,8 @@ class Leases:
             return outcome
         merged = list(evaluation.decisions)
         for i, (lease, _) in local.items():
+            if not merged[i].allowed:
+                continue  # refused (its top-up): the request is, and its units went back
             merged[i] = lease.decision(after)
         return Outcome(
             Evaluation(tuple(merged), evaluation.repaired_keys),
@@ -779,6 +781,22 @@ class Leases:
                 if renewing_only:
                     # only top-ups were asked for: the leases covered the request
                     return Outcome(Evaluation((placeholder,) * len(checks)))
+                if (
+                    attempt < 2
+                    and evaluation is not None
+                    and not evaluation.allowed
+                    and any(
+                        a.renew and not d.allowed
+                        for a, d in zip(sent, evaluation.decisions[len(plain) :], strict=True)
+                    )
+                ):
+                    # The local fallback refused a top-up (over this process's share): a top-up
+                    # is never granted while the storage fails, and never what refuses a
+                    # request. Ask again for the request's own needs alone (all-or-nothing: the
+                    # refused call charged nothing).
+                    for a in sent:
+                        a.renew = 0
+                    continue
                 return self._spread(outcome, checks, plain, sent, placeholder)
             decisions = evaluation.decisions
             by_ask = dict(zip((a.index for a in sent), decisions[len(plain) :], strict=True))

@@ -1194,3 +1194,30 @@ def test_a_blueprint_s_leased_limit_and_exempt_views_spend_nothing_of_it(
     assert _held(limiter, app) == held and storage.evaluations == calls
     codes = [client.get(p).status_code for p in ("/a", "/maybe") * 6]
     assert codes.count(200) == 8  # 10 in the window: 2 admitted before, 8 now
+
+
+@pytest.mark.parametrize("fail_max", [100, 5])
+def test_a_local_fallback_that_refuses_a_top_up_admits_no_more_than_its_share(
+    backend: Backend, clock: FakeClock, fail_max: int
+) -> None:
+    """Policy ``local``, the storage failing while the breaker is still closed (before it
+    opens, or while Redis flaps): a request whose lease covered it, with another limit that
+    needs the storage, sends its top-up with it, and the local fallback decides both. When the
+    fallback refused the top-up (over this process's share), the request was admitted anyway
+    (the lease's decision replaced the refused one), its other limit uncharged and its unit put
+    back into the lease: the route was unlimited for as long as the outage lasted. A top-up is
+    never what refuses a request: asked again without it, the fallback decides the request's
+    own needs."""
+    app, limiter, storage = _app(
+        backend(), clock, "20/minute", lease=10, extra="25/minute",
+        DISTLIMIT_FAILURE_POLICY="local", DISTLIMIT_BREAKER_FAIL_MAX=fail_max,
+    )  # fmt: skip
+    client = app.test_client()
+    assert client.get("/both").status_code == 200  # 1 + 10 taken: 10 held
+    storage.down = True
+    codes = [client.get("/both").status_code for _ in range(60)]
+    # at most the 10 units held, plus what this process's local share of each limit admits
+    # (a top-up the fallback admitted is charged to it: it may admit fewer)
+    assert codes.count(200) <= 10 + 20
+    assert codes[-1] == 429
+    assert _held(limiter, app) == 0  # the lease was spent, not topped up by refused requests
