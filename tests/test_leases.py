@@ -1221,3 +1221,17 @@ def test_a_local_fallback_that_refuses_a_top_up_admits_no_more_than_its_share(
     assert codes.count(200) <= 10 + 20
     assert codes[-1] == 429
     assert _held(limiter, app) == 0  # the lease was spent, not topped up by refused requests
+
+
+@pytest.mark.parametrize("value", [lambda: "100/minute", {"*": "100/minute"}])
+def test_a_lease_on_a_value_that_changes_at_runtime_is_refused_when_declared(
+    value: object,
+) -> None:
+    """A dynamic value (a callable, a mapping by tier) would change the limit under a lease
+    held: refused when declared, never a request-time question. (A changed static value is
+    another key: the old one's lease is never spent against the new limit.)"""
+    limiter = Limiter()
+    with pytest.raises(ConfigurationError, match="callable or mapping"):
+        limiter.limit(value, lease=5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="callable or mapping"):
+        limiter.shared_limit(value, scope="s", lease=True)  # type: ignore[arg-type]
