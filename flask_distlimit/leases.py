@@ -491,7 +491,8 @@ class Leases:
         self.process = process_member()
         self._look_at = 0  #: the local time (us) from which leases are looked at again
         self._publish_at = 0  #: the local time (us) from which a publication may be made again
-        self._renewed = False  #: a renewal was granted since the last publication
+        #: a renewal was granted (or a reset dropped units) since the last publication
+        self._renewed = False
         _all.add(self)
         _by_guard[guard] = self
 
@@ -536,6 +537,10 @@ class Leases:
                 dropped = [lease for key in keys if (lease := self._leases.pop(key, None))]
         for lease in dropped:
             with lease.lock:
+                if lease.units:
+                    # published again after the next storage call: inspect counts what a
+                    # record lists as used, for as long as the units would have been good
+                    self._renewed = True
                 lease.chunks.clear()
                 lease.units = 0
 

@@ -1235,3 +1235,40 @@ def test_a_lease_on_a_value_that_changes_at_runtime_is_refused_when_declared(
         limiter.limit(value, lease=5)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="callable or mapping"):
         limiter.shared_limit(value, scope="s", lease=True)  # type: ignore[arg-type]
+
+
+def test_a_client_reset_is_published_so_inspect_stops_counting_its_units(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """After an in-process reset of a client, the process's published record must not go on
+    listing the units it dropped (``inspect`` counts them as used, for as long as they would
+    have been good: an hour here): it publishes again after its next storage call, a renewal
+    or not."""
+    storage = backend()
+    clock = _real_time(storage, clock)
+    app = Flask("published")
+    app.config.update({"DISTLIMIT_TIERS": {"anonymous": ""}})
+    limiter = Limiter(clock=clock)
+
+    @app.get("/hot")
+    @limiter.shared_limit("100/hour", scope="hot", key_func=lambda: "all", lease=10)
+    def hot() -> str:
+        return "ok"
+
+    @app.get("/other")
+    @limiter.limit("1000/minute")
+    def other() -> str:
+        return "ok"
+
+    limiter.init_app(app, storage=storage)
+    client = app.test_client()
+    assert client.get("/hot").status_code == 200  # 1 + 10 taken, published
+    [row] = _inspect(app)[1]
+    assert [h["units"] for h in row["leases_held"]] == [10]  # type: ignore[union-attr]
+    with app.app_context():
+        assert limiter.state(app).reset_identity("func:all") == 1
+    clock.advance(1.0)
+    assert client.get("/other").status_code == 200  # a storage call, not a renewal
+    [row] = [r for r in _inspect(app, "--all")[1] if r["limit"] == "hot:100/hour"]
+    assert row["leases_held"] == []
+    assert row["used"] == 0
