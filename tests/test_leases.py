@@ -1264,7 +1264,7 @@ def test_a_client_reset_is_published_so_inspect_stops_counting_its_units(
     client = app.test_client()
     assert client.get("/hot").status_code == 200  # 1 + 10 taken, published
     [row] = _inspect(app)[1]
-    assert [h["units"] for h in row["leases_held"]] == [10]  # type: ignore[union-attr]
+    assert [h["units"] for h in row["leases_held"]] == [10]  # type: ignore[attr-defined]
     with app.app_context():
         assert limiter.state(app).reset_identity("func:all") == 1
     clock.advance(1.0)
@@ -1272,3 +1272,27 @@ def test_a_client_reset_is_published_so_inspect_stops_counting_its_units(
     [row] = [r for r in _inspect(app, "--all")[1] if r["limit"] == "hot:100/hour"]
     assert row["leases_held"] == []
     assert row["used"] == 0
+
+
+def test_a_renewal_in_flight_during_a_reset_is_never_spent(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """The reset runs while a renewal's call is in flight (it consumed its units just before
+    the keys were deleted): those units were counted in the deleted count, so they must not be
+    spent after the reset either."""
+    holder: list[Callable[[], object]] = []
+
+    class ResetMidCall(Switch):
+        def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+            evaluation = super().evaluate(checks, now_us=now_us)
+            if holder:
+                holder.pop()()  # the reset, between the storage's answer and the grant
+            return evaluation
+
+    app, limiter, switch = _app(backend(), clock, "20/minute", lease=10)
+    limiter.state(app).guard.storage = ResetMidCall(switch.inner)
+    client = app.test_client()
+    holder.append(lambda: limiter.reset(app))
+    assert client.get("/hot").status_code == 200  # 1 + 10 taken, then the keys deleted
+    codes = [client.get("/hot").status_code for _ in range(25)]
+    assert codes.count(200) == 20  # the fresh count's 20, none of the 10 granted mid-reset
