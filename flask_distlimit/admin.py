@@ -28,6 +28,7 @@ def reset(state: LimiterState) -> int:
     :mod:`flask_distlimit.digests`)."""
     if state.deny_cache is not None:
         state.deny_cache.clear()
+    state.enforcer.leases.drop()  # units leased from the counts deleted below
     spared = state.tags.storage_key
     prefix = state.settings.key_prefix
     # Request tokens are left to expire (a second): a reply kept for a retry, not a limit's state.
@@ -54,6 +55,7 @@ def reset_identity(state: LimiterState, identity: str) -> int:
     if state.deny_cache is not None:
         state.deny_cache.clear()
     keys = list(state.storage.scan(client_pattern(state.settings.key_prefix, identity, state.tags)))
+    state.enforcer.leases.drop(keys)  # units leased from the counts deleted below
     return state.storage.delete(keys) if keys else 0
 
 

@@ -150,4 +150,5 @@ def clear(state: LimiterState, name: str) -> int:
     if state.deny_cache is not None:
         for key in keys:
             state.deny_cache.forget(key)
+    state.enforcer.leases.drop(keys)  # units leased from the counts deleted below
     return state.storage.delete(keys)

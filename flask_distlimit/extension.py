@@ -131,11 +131,13 @@ class Limiter(Declarations):
                 "Limiter, or create the app anew."
             )
         settings = Settings.from_config(app.config)
-        settings.check_serving(storage or self._storage)  # memory:// in several processes?
+        # "is None", not "or": a MemoryStorage with no key yet is falsy (it has a length)
+        given = storage if storage is not None else self._storage
+        settings.check_serving(given)  # memory:// in several processes?
         identity_settings = IdentitySettings.from_config(app.config)
         resolver = IdentityResolver(identity_settings)
         resolver.check_hooks(self.hooks)
-        chosen = storage or self._storage
+        chosen = given
         if chosen is None:
             chosen = from_url(settings.storage_url, timeout=settings.redis_timeout)
         clock = self._clock

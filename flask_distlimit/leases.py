@@ -28,12 +28,14 @@ another holds unspent units, at most *processes x lease size* units per window
   process (:meth:`Leases.housekeeping`, at most once a second), each lease's in a script call of
   its own that takes them off only the window they were taken in, as the server numbered it
   (:mod:`flask_distlimit.storage.give_back`); the units leave the lease first. A process that
-  makes no storage call gives nothing back: its units expire with their window.
+  makes no storage call gives nothing back: its units expire with their window. Nor while the
+  breaker of the key's node is not closed: the units stay in the lease, spent first.
 - **Sizing** (``lease=True``): about 100 ms of this process's observed demand on the key (an
   EWMA), at most ``limit // 20`` (at least 1); 0 (no lease, every request asks the storage)
   while the key sees fewer than about 10 units a second: leasing pays off for a hot, shared key,
   not for a per-client key with a few requests. A process keeps at most :data:`MAX_LEASES`;
-  past that, the least recently used are dropped (their units expire).
+  past that, half are dropped, those holding no unit first (the units of one that holds some
+  expire), the least recently used first.
 - **All-or-nothing**: a request whose other limits refuse gives its leased units back to the
   lease (nothing left the process).
 - **Failure**: units still held are spent first; the failure policy decides only what the lease
@@ -61,7 +63,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
@@ -489,7 +491,8 @@ class Leases:
         self.process = process_member()
         self._look_at = 0  #: the local time (us) from which leases are looked at again
         self._publish_at = 0  #: the local time (us) from which a publication may be made again
-        self._renewed = False  #: a renewal was granted since the last publication
+        #: a renewal was granted (or a reset dropped units) since the last publication
+        self._renewed = False
         _all.add(self)
         _by_guard[guard] = self
 
@@ -519,6 +522,28 @@ class Leases:
         self._look_at = self._publish_at = 0
         self._renewed = False
 
+    def drop(self, keys: Iterable[str] | None = None) -> None:
+        """Forget the leases of ``keys`` (``None``: every lease), whose counts were just
+        deleted (``limiter.reset()``, a client's reset, ``limiter.clear()``): their units were
+        counted in the deleted count, so spent after it, or given back into the count that
+        follows, they would be admissions the fresh count never sees. A renewal in flight
+        meanwhile grants its units to a lease no request finds again (they are lost, never
+        spent twice)."""
+        with self._lock:
+            if keys is None:
+                dropped = list(self._leases.values())
+                self._leases = {}
+            else:
+                dropped = [lease for key in keys if (lease := self._leases.pop(key, None))]
+        for lease in dropped:
+            with lease.lock:
+                if lease.units:
+                    # published again after the next storage call: inspect counts what a
+                    # record lists as used, for as long as the units would have been good
+                    self._renewed = True
+                lease.chunks.clear()
+                lease.units = 0
+
     def _lease(self, check: Check, size: bool | int, now: int) -> Lease:
         lease = self._leases.get(check.key)
         if lease is not None:
@@ -527,13 +552,22 @@ class Leases:
             lease = self._leases.get(check.key)
             if lease is None:
                 if len(self._leases) >= MAX_LEASES:
-                    self._evict()
+                    self._evict(now)
                 lease = self._leases[check.key] = Lease(check, size, now)
         return lease
 
-    def _evict(self) -> None:
-        """Drop the least recently used half (their units expire with their window)."""
-        ordered = sorted(self._leases.values(), key=lambda lease: lease.used)
+    def _evict(self, now: int) -> None:
+        """Drop half the leases: those that hold no unit first (a client with a few requests
+        holds none), the least recently used first. A lease that holds units goes only when
+        fewer than half hold none: its units stay counted in the shared count until their
+        window or bucket period ends, so a flood of fresh identities would otherwise strand a
+        hot key's units again and again."""
+
+        def order(lease: Lease) -> tuple[bool, int]:
+            with lease.lock:
+                return lease._held(now) > 0, lease.used
+
+        ordered = sorted(self._leases.values(), key=order)
         for lease in ordered[: len(ordered) // 2 or 1]:
             del self._leases[lease.key]
 
@@ -592,6 +626,11 @@ class Leases:
                 break
             if lease.algorithm not in GIVE_BACK_CODES or now - lease.used < GIVE_BACK_AFTER_US:
                 continue  # (read without its lock: unspent() looks again under it)
+            if not _renewable(self.guard, lease.key):
+                # no call can be made (the breaker of its node is open, or trying): the units
+                # stay in the lease, spent first when its traffic comes back, instead of being
+                # taken out for a give-back that is never made
+                continue
             for window, units in lease.unspent(now):
                 passes += 1
                 self.guard.side_call(
@@ -702,6 +741,8 @@ class Leases:
             return outcome
         merged = list(evaluation.decisions)
         for i, (lease, _) in local.items():
+            if not merged[i].allowed:
+                continue  # refused (its top-up): the request is, and its units went back
             merged[i] = lease.decision(after)
         return Outcome(
             Evaluation(tuple(merged), evaluation.repaired_keys),
@@ -745,6 +786,22 @@ class Leases:
                 if renewing_only:
                     # only top-ups were asked for: the leases covered the request
                     return Outcome(Evaluation((placeholder,) * len(checks)))
+                if (
+                    attempt < 2
+                    and evaluation is not None
+                    and not evaluation.allowed
+                    and any(
+                        a.renew and not d.allowed
+                        for a, d in zip(sent, evaluation.decisions[len(plain) :], strict=True)
+                    )
+                ):
+                    # The local fallback refused a top-up (over this process's share): a top-up
+                    # is never granted while the storage fails, and never what refuses a
+                    # request. Ask again for the request's own needs alone (all-or-nothing: the
+                    # refused call charged nothing).
+                    for a in sent:
+                        a.renew = 0
+                    continue
                 return self._spread(outcome, checks, plain, sent, placeholder)
             decisions = evaluation.decisions
             by_ask = dict(zip((a.index for a in sent), decisions[len(plain) :], strict=True))
@@ -761,19 +818,22 @@ class Leases:
                         with a.lease.lock:
                             a.lease.seen(by_ask[a.index], after)
                 return self._spread(outcome, checks, plain, sent, placeholder)
-            # Refused: ask again only if the request's own needs fit and a top-up refused.
-            plain_ok = all(d.allowed for d in decisions[: len(plain)])
-            shrink = plain_ok and attempt < 2
-            for a in sent:
-                d = by_ask[a.index]
-                if not d.allowed and (a.need > d.remaining or not a.renew):
-                    shrink = False
-            if not shrink:
+            # Refused. A refused check that carried a top-up answered for its cost with the
+            # top-up: if the request's own needs fit, ask again for what the reply says remains,
+            # then for nothing but them; if they do not, ask once more for them alone, so that the
+            # refusal (its Retry-After, and the deny cache's wait) is for what the request needs:
+            # a bucket's wait for 1 + 6 units is 7 times its wait for 1.
+            refused = [a for a in sent if not by_ask[a.index].allowed]
+            if attempt == 2 or not any(a.renew for a in refused):
                 return self._spread(outcome, checks, plain, sent, placeholder)
+            fits = attempt == 0 and all(d.allowed for d in decisions[: len(plain)])
+            for a in refused:
+                if a.need > by_ask[a.index].remaining or not a.renew:
+                    fits = False
             for a in sent:
-                d = by_ask[a.index]
                 if a.renew:
-                    a.renew = 0 if attempt == 1 else max(0, min(a.renew, d.remaining - a.need))
+                    remaining = by_ask[a.index].remaining
+                    a.renew = max(0, min(a.renew, remaining - a.need)) if fits else 0
         raise AssertionError("unreachable")  # pragma: no cover
 
     @staticmethod

@@ -926,3 +926,32 @@ def test_forged_tokens_and_random_api_keys_buy_no_fresh_quota(
     good = jwt.encode({"sub": "alice", "tier": "internal", "aud": "api", "exp": exp}, "k" * 32)
     assert client.get("/", headers={"Authorization": f"Bearer {good}"}).status_code == 200
     assert client.get("/", headers={"X-Api-Key": "the-real-key"}).status_code == 200
+
+
+def test_an_empty_memory_storage_given_to_init_app_is_the_one_used() -> None:
+    """A MemoryStorage has a length, so one with no key yet is falsy: it must still be the
+    storage the app uses (with its clock), not be replaced by a new ``memory://``."""
+    from flask_distlimit.storage.memory import MemoryStorage
+
+    clock = FakeClock()
+    for given_to_limiter in (False, True):
+        storage = MemoryStorage(clock=clock)
+        assert not storage  # empty: falsy
+        app = Flask("empty_memory")
+        app.config.update({"DISTLIMIT_TIERS": {"anonymous": ""}})
+        limiter = (
+            Limiter(clock=clock, storage=storage) if given_to_limiter else Limiter(clock=clock)
+        )
+
+        @app.get("/")
+        @limiter.limit("2/minute")
+        def index() -> str:
+            return "ok"
+
+        if given_to_limiter:
+            limiter.init_app(app)
+        else:
+            limiter.init_app(app, storage=storage)
+        assert limiter.state(app).storage is storage
+        app.test_client().get("/")
+        assert len(storage) == 1

@@ -11,9 +11,10 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 import pytest
-from flask import Flask
+from flask import Flask, request
 from redis import Redis
 
 from flask_distlimit import ConfigurationError, Limiter
@@ -672,3 +673,626 @@ def test_units_given_back_are_never_put_back_by_a_request_refused_meanwhile() ->
     assert lease.decision(later).remaining == 89  # the shared count as seen, nothing held
     with lease.lock:
         assert lease._held(later) == 0
+
+
+# -- resets ----------------------------------------------------------------------------------------
+
+
+def test_a_reset_drops_the_units_this_process_holds(backend: Backend, clock: FakeClock) -> None:
+    """``limiter.reset(app)`` (between an app's tests, or an operator's) forgets every count: the
+    units this process leased before it must not be spent on top of the fresh count."""
+    app, limiter, storage = _app(backend(), clock, "20/minute", lease=10)
+    client = app.test_client()
+    assert client.get("/hot").status_code == 200  # 1 + 10 taken: 10 held
+    assert _held(limiter, app) == 10
+    limiter.reset(app)
+    assert _held(limiter, app) == 0
+    codes = [client.get("/hot").status_code for _ in range(25)]
+    assert codes.count(200) == 20  # the fresh window's 20, not 20 + the 10 held before
+    assert _shared_used(storage, "fixed_window", 20, 60, clock.now_us) == 20
+
+
+def test_a_client_reset_drops_its_leases_and_no_other(backend: Backend, clock: FakeClock) -> None:
+    app = Flask("per_client")
+    app.config.update({"DISTLIMIT_TIERS": {"anonymous": ""}})
+    limiter = Limiter(clock=clock)
+
+    @app.get("/t/<tenant>")
+    @limiter.limit("20/minute", key_func=lambda: request.view_args["tenant"], lease=10)  # type: ignore[index]
+    def tenant(tenant: str) -> str:
+        return "ok"
+
+    @app.get("/login/<tenant>")
+    @limiter.limit("20/minute", key_func=lambda: request.view_args["tenant"], lease=10)  # type: ignore[index]
+    def login(tenant: str) -> str:
+        if request.args.get("ok"):
+            limiter.clear("login")  # e.g. after a successful login
+        return "ok"
+
+    limiter.init_app(app, storage=backend())
+    client = app.test_client()
+    assert client.get("/t/a").status_code == 200
+    assert client.get("/t/b").status_code == 200
+    assert _held(limiter, app) == 20  # 10 each
+    with app.app_context():
+        assert limiter.state(app).reset_identity("func:a") == 1
+    assert _held(limiter, app) == 10  # b's lease is b's
+    codes = [client.get("/t/a").status_code for _ in range(25)]
+    assert codes.count(200) == 20  # a's fresh 20, not 20 + the 10 held before the reset
+    # limiter.clear(name) in a view: the cleared counter's lease goes with it
+    assert client.get("/login/c").status_code == 200  # 1 + 10 taken: 10 held
+    assert client.get("/login/c?ok=1").status_code == 200  # one spent, then the count cleared
+    assert _held(limiter, app) == 10  # b's only
+    codes = [client.get("/login/c").status_code for _ in range(25)]
+    assert codes.count(200) == 20
+
+
+@pytest.mark.parametrize("algorithm", ["token_bucket", "gcra"])
+def test_a_refusal_waits_for_the_request_s_own_cost_not_its_top_up(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    """A request whose lease is empty asks for 1 + a top-up; refused, its Retry-After (and the
+    deny cache's wait) must be the wait for its 1 unit, not for the 7 it asked with."""
+    app, _, _ = _app(backend(), clock, "60/minute", lease=6, algorithm=algorithm)
+    client = app.test_client()
+    codes = [client.get("/hot").status_code for _ in range(60)]
+    assert codes == [200] * 60
+    refused = client.get("/hot")
+    assert refused.status_code == 429
+    assert refused.headers["Retry-After"] == "1"  # one unit a second
+    clock.advance(1.0)
+    assert client.get("/hot").status_code == 200  # not refused by the deny cache until 7 s
+
+
+# -- real app shapes -------------------------------------------------------------------------------
+
+
+def test_two_apps_of_one_limiter_keep_leases_of_their_own(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """An app factory: one Limiter set up on two apps with the same prefix and store. Each app
+    holds its own leases; one never spends the other's units, and the shared count holds
+    every admission of both plus every unit either still holds."""
+    limiter = Limiter(clock=clock)
+    storage = backend()
+    apps = []
+    for name in ("api", "admin"):
+        app = Flask(name)
+        app.config.update({"DISTLIMIT_TIERS": {"anonymous": ""}})
+
+        @app.get("/hot")
+        @limiter.shared_limit("40/minute", scope="hot", key_func=lambda: "all", lease=5,
+                              algorithm="fixed_window")  # fmt: skip
+        def hot() -> str:
+            return "ok"
+
+        limiter.init_app(app, storage=storage)
+        apps.append(app)
+    a, b = (app.test_client() for app in apps)
+    assert a.get("/hot").status_code == 200  # 1 + 5 taken by the api app
+    assert _held(limiter, apps[0]) == 5 and _held(limiter, apps[1]) == 0
+    assert b.get("/hot").status_code == 200  # the admin app takes its own: 1 + 5
+    assert _held(limiter, apps[0]) == 5 and _held(limiter, apps[1]) == 5
+    admitted = 2 + sum((a if n % 2 else b).get("/hot").status_code == 200 for n in range(60))
+    assert 40 - 2 * 5 <= admitted <= 40
+    held = _held(limiter, apps[0]) + _held(limiter, apps[1])
+    assert _shared_used(storage, "fixed_window", 40, 60, clock.now_us) == admitted + held
+
+
+def test_a_method_view_and_a_blueprint_registered_twice_lease(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """``MethodView.decorators`` (the limit wrapper path, not the route plan) leases; a
+    blueprint registered twice under two names counts (and leases) each registration apart."""
+    from flask import Blueprint
+    from flask.views import MethodView
+
+    app = Flask("shapes")
+    app.config.update({"DISTLIMIT_TIERS": {"anonymous": ""}})
+    limiter = Limiter(clock=clock)
+    storage = Switch(backend())
+
+    class Items(MethodView):
+        decorators: ClassVar[list[Callable[..., Any]]] = [
+            limiter.limit("30/minute", key_func=lambda: "all", lease=5)
+        ]
+
+        def get(self) -> str:
+            return "ok"
+
+    app.add_url_rule("/items", view_func=Items.as_view("items"))
+    bp = Blueprint("bp", __name__)
+
+    @bp.get("/x")
+    @limiter.limit("30/minute", key_func=lambda: "all", lease=5)
+    def x() -> str:
+        return "ok"
+
+    app.register_blueprint(bp, url_prefix="/one")
+    app.register_blueprint(bp, url_prefix="/two", name="bp2")
+    limiter.init_app(app, storage=storage)
+    client = app.test_client()
+    for path in ("/items", "/one/x", "/two/x"):
+        calls = storage.evaluations
+        codes = [client.get(path).status_code for _ in range(30)]
+        assert codes.count(200) == 30
+        assert storage.evaluations - calls < 30 // 2  # leased: most requests made no call
+        assert client.get(path).status_code == 429  # and never past the limit
+    held = limiter.state(app).enforcer.leases.held()
+    assert len(held) == 3  # one lease per key: the view class and each registration
+
+
+def test_a_client_chosen_identity_never_spends_another_identity_s_lease(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """The identity is digested into the key: a key_func value that spells another identity's
+    key (or its tail) is an identity of its own, with a count and a lease of its own."""
+    app = Flask("tenants")
+    app.config.update({"DISTLIMIT_TIERS": {"anonymous": ""}})
+    limiter = Limiter(clock=clock)
+
+    @app.get("/t")
+    @limiter.limit("10/minute", key_func=lambda: request.args["tenant"], lease=5)
+    def tenant() -> str:
+        return "ok"
+
+    limiter.init_app(app, storage=backend())
+    client = app.test_client()
+    assert [client.get("/t?tenant=a").status_code for _ in range(12)].count(200) == 10
+    leases = limiter.state(app).enforcer.leases
+    [victim] = leases.held()
+    for forged in (victim, victim.split("{")[1], "a}", "a\x00", "A", " a", "func:a"):
+        response = client.get("/t", query_string={"tenant": forged})
+        assert response.status_code == 200, forged  # a fresh identity: its own count
+    assert client.get("/t?tenant=a").status_code == 429  # and a's lease gained nothing
+
+
+def test_many_identities_keep_the_lease_table_bounded_and_never_evict_held_units(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """An attacker choosing a fresh identity per request on a leased per-client limit: the table
+    stays at most MAX_LEASES; the leases it drops first are those that hold nothing (a client
+    with a few requests holds none), not a hot tenant's, whose units would be stranded in the
+    shared count until their window ends."""
+    from flask_distlimit.leases import MAX_LEASES
+
+    app = Flask("many")
+    app.config.update({"DISTLIMIT_TIERS": {"anonymous": ""}})
+    limiter = Limiter(clock=clock)
+
+    @app.get("/t")
+    @limiter.limit("100000/minute", key_func=lambda: request.args["tenant"], lease=True)
+    def tenant() -> str:
+        return "ok"
+
+    limiter.init_app(app, storage=backend())
+    client = app.test_client()
+    for _ in range(5):  # a hot tenant: its traffic sized a lease
+        for _ in range(40):
+            client.get("/t?tenant=hot")
+        clock.advance(0.06)
+    leases = limiter.state(app).enforcer.leases
+    hot = sum(int(v["held"]) for v in leases.held().values())  # type: ignore[call-overload]
+    assert hot > 0
+    for n in range(MAX_LEASES + 10):  # then a flood of fresh identities, one request each
+        assert client.get(f"/t?tenant=x{n}").status_code == 200
+    held = leases.held()
+    assert len(held) <= MAX_LEASES
+    assert sum(int(v["held"]) for v in held.values()) == hot  # type: ignore[call-overload]
+
+
+# -- processes -------------------------------------------------------------------------------------
+
+
+def test_a_forked_child_spends_none_of_the_parent_s_units(redis_client: Redis) -> None:
+    """gunicorn --preload, or a warm-up request before the workers fork: a lease taken in the
+    parent is the parent's. A real os.fork (the hook, not a call of after_fork), on real Redis:
+    the child's first request asks the storage for a lease of its own, and the shared count
+    holds both processes' units."""
+    import os
+    import warnings
+
+    from flask_distlimit.storage.redis import RedisStorage
+
+    options = redis_client.connection_pool.connection_kwargs
+    clock = FakeClock(start=1_700_000_040.0)
+    app, limiter, storage = _app(
+        RedisStorage(host=options["host"], port=options["port"], timeout=2.0),
+        clock, "100/minute", lease=10,
+    )  # fmt: skip
+    client = app.test_client()
+    assert client.get("/hot").status_code == 200  # 1 + 10 taken in the parent
+    assert _held(limiter, app) == 10
+    read, write = os.pipe()
+    with warnings.catch_warnings():  # 3.12+ warns about forking a process that has threads
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: one request, then report and leave at once
+        try:
+            held_at_fork = _held(limiter, app)
+            calls = storage.evaluations
+            status = client.get("/hot").status_code
+            report = [held_at_fork, status, storage.evaluations - calls, _held(limiter, app)]
+            os.write(write, json.dumps(report).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child = json.loads(os.read(read, 200).decode())
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert child == [0, 200, 1, 10]  # nothing inherited; a lease of its own from the storage
+    assert _held(limiter, app) == 10  # the parent's units are the parent's
+    assert _shared_used(storage, "fixed_window", 100, 60, clock.now_us) == 11 + 11
+
+
+# -- partial failure -------------------------------------------------------------------------------
+
+
+class Flaky(CountingStorage):
+    """Evaluations fail when ``down(n)`` says so for the n-th; every give-back fails; every
+    other publication of the lease records fails."""
+
+    def __init__(self, inner: Storage, down: Callable[[int], bool]) -> None:
+        super().__init__(inner)
+        self.down = down
+        self.calls = {"evaluate": 0, "give_back": 0, "publish": 0}
+
+    def _fail(self, kind: str) -> bool:
+        self.calls[kind] += 1
+        n = self.calls[kind]
+        return (
+            kind == "give_back"
+            or (kind == "publish" and n % 2 == 0)
+            or (kind == "evaluate" and self.down(n))
+        )
+
+    def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+        if self._fail("evaluate"):
+            raise StorageUnavailable("flapping (test)")
+        return super().evaluate(checks, now_us=now_us)
+
+    def publish_leases(self, key: str, process: str, record: str, hold: float) -> tuple[str, ...]:
+        if self._fail("publish"):
+            raise StorageUnavailable("flapping (test)")
+        return super().publish_leases(key, process, record, hold)
+
+    def give_back(
+        self,
+        key: str,
+        algorithm: str,
+        period: int,
+        window: int,
+        units: int,
+        *,
+        now_us: int | None = None,
+    ) -> int:
+        if self._fail("give_back"):
+            raise StorageUnavailable("flapping (test)")
+        raise AssertionError("every give-back fails here")
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window_counter"])
+def test_flapping_redis_never_gives_a_500_nor_admits_past_the_limit(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    """Three processes on one store whose evaluations fail every other call, then in runs that
+    open the breaker; whose give-backs all fail and whose lease records fail every other time:
+    never a 5xx but the closed policy's 503, never more admitted in a window than the limit, and
+    the shared count holds every admission (units a failed give-back took out stay counted)."""
+
+    def down(n: int) -> bool:
+        return n % 5 == 0 or 100 <= n % 150 < 110  # flapping, then a run: the breaker opens
+
+    shared = backend()
+    apps: list[tuple[Flask, Limiter]] = []
+    flaky: list[Flaky] = []
+    for i in range(3):
+        app = Flask(f"w{i}")
+        app.config.update(
+            {
+                "DISTLIMIT_TIERS": {"anonymous": ""},
+                "DISTLIMIT_FAILURE_POLICY": "closed",
+                "DISTLIMIT_BREAKER_RESET_TIMEOUT": 2,
+            }
+        )
+        limiter = Limiter(clock=clock)
+
+        @app.get("/hot")
+        @limiter.shared_limit("150/minute", scope="hot", key_func=lambda: "all", lease=5,
+                              algorithm=algorithm)  # fmt: skip
+        def hot() -> str:
+            return "ok"
+
+        @app.get("/other")
+        @limiter.limit("100000/minute")
+        def other() -> str:
+            return "ok"
+
+        flaky.append(Flaky(shared, down))
+        limiter.init_app(app, storage=flaky[-1])
+        apps.append((app, limiter))
+    clients = [app.test_client() for app, _ in apps]
+    by_window: dict[int, int] = {}
+    codes: set[int] = set()
+    opened = 0
+    for n in range(600):
+        i = n % 3
+        # each process has its quiet spells on the hot key (another route still calls the
+        # storage): its lease sits unspent and is given back
+        path = "/hot" if (n // 3 + 20 * i) % 60 < 30 else "/other"
+        response = clients[i].get(path)
+        codes.add(response.status_code)
+        if response.status_code == 200 and path == "/hot":
+            window = clock.now_us // 60_000_000
+            by_window[window] = by_window.get(window, 0) + 1
+        app, limiter = apps[i]
+        opened += limiter.health(app)["breaker"] == "open"
+        clock.advance(0.3)  # 3 minutes in all: give-backs, breaker resets, new windows
+    assert opened > 0  # the breaker opened and closed again (200s came after)
+    assert all(f.calls["give_back"] > 0 for f in flaky)  # and every one failed
+    assert all(f.calls["publish"] > 1 for f in flaky)
+    assert codes <= {200, 429, 503}
+    assert 503 in codes and 200 in codes
+    assert max(by_window.values()) <= 150
+    held = sum(_held(limiter, app) for app, limiter in apps)
+    window = clock.now_us // 60_000_000
+    if algorithm == "fixed_window":
+        used = _shared_used(shared, algorithm, 150, 60, clock.now_us)
+        assert used >= by_window.get(window, 0) + held
+
+
+def test_inspect_in_a_process_that_served_nothing_knows_a_method_view_s_lease(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """The CLI runs in a process of its own, where no request bound the limits a wrapper
+    carries (``MethodView.decorators``): it still marks the limit leased and lists the units
+    the serving process holds."""
+    from flask.views import MethodView
+
+    def build() -> Flask:
+        app = Flask("served")
+        app.config.update({"DISTLIMIT_TIERS": {"anonymous": ""}})
+        limiter = Limiter(clock=clock)
+
+        class Items(MethodView):
+            decorators: ClassVar[list[Callable[..., Any]]] = [
+                limiter.limit("100/hour", key_func=lambda: "all", lease=5)
+            ]
+
+            def get(self) -> str:
+                return "ok"
+
+        app.add_url_rule("/hot", view_func=Items.as_view("items"))
+        limiter.init_app(app, storage=storage)
+        return app
+
+    storage = backend()
+    clock = _real_time(storage, clock)
+    build().test_client().get("/hot")  # the serving process: 1 + 5 taken
+    text, [row] = _inspect(build())  # the CLI's: a fresh app of the same code
+    assert row["lease_per_process"] == 5
+    held = row["leases_held"]
+    assert isinstance(held, list) and [h["units"] for h in held] == [5]
+    assert "(leased: up to 5 per process)" in text
+
+
+def test_garbage_in_a_leased_key_is_repaired_and_never_a_500(redis_client: Redis) -> None:
+    """Something else writes the leased key (a string, a hash of another shape) while a process
+    holds units of it: requests go on (out of the lease, then a renewal the script repairs), a
+    give-back into it takes nothing, and the lease records under garbage are replaced."""
+    from flask_distlimit.storage.redis import RedisStorage
+
+    options = redis_client.connection_pool.connection_kwargs
+    clock = FakeClock(start=1_700_000_040.0)
+    app, limiter, storage = _app(
+        RedisStorage(host=options["host"], port=options["port"], timeout=2.0),
+        clock, "100/minute", lease=10,
+    )  # fmt: skip
+    client = app.test_client()
+    assert client.get("/hot").status_code == 200
+    [key] = [k.decode() for k in redis_client.scan_iter("ratelimit:{*hot*")]
+    for garbage in ("x", {"w": "soon", "n": "lots"}):
+        redis_client.delete(key, "ratelimit:leases")
+        if isinstance(garbage, dict):
+            redis_client.hset(key, mapping=garbage)
+            redis_client.set("ratelimit:leases", "not a sorted set")
+        else:
+            redis_client.set(key, garbage)
+            redis_client.hset("ratelimit:leases", mapping={"a": "b"})
+        redis_client.expire(key, 60)
+        redis_client.expire("ratelimit:leases", 60)
+        codes = [client.get("/hot").status_code for _ in range(30)]
+        assert codes == [200] * 30
+        clock.advance(1.5)  # unspent for a second: given back at the next storage call
+    assert 0 < _shared_used(storage, "fixed_window", 100, 60, clock.now_us) <= 100
+    assert limiter.health(app)["ok"] is True
+
+
+def test_units_are_not_given_back_while_the_breaker_is_open(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Redis is down and the breaker open: a give-back cannot be made, so the units that sat
+    unspent for a second stay in the lease, to be spent first when the hot key's traffic comes
+    back (they are counted in the shared count already); taken out for a give-back never made,
+    they were lost, and the failure policy refused requests the fleet had paid for."""
+    app = Flask("breaker")
+    app.config.update(
+        {
+            "DISTLIMIT_TIERS": {"anonymous": ""},
+            "DISTLIMIT_FAILURE_POLICY": "closed",
+            "DISTLIMIT_BREAKER_FAIL_MAX": 2,
+        }
+    )
+    limiter = Limiter(clock=clock)
+    storage = Switch(backend())
+
+    @app.get("/hot")
+    @limiter.shared_limit("100/minute", scope="hot", key_func=lambda: "all", lease=10,
+                          algorithm="fixed_window")  # fmt: skip
+    def hot() -> str:
+        return "ok"
+
+    @app.get("/other")
+    @limiter.limit("1000/minute")
+    def other() -> str:
+        return "ok"
+
+    limiter.init_app(app, storage=storage)
+    client = app.test_client()
+    assert client.get("/hot").status_code == 200  # 1 + 10 taken
+    storage.down = True
+    assert [client.get("/other").status_code for _ in range(2)] == [503, 503]
+    assert limiter.health(app)["breaker"] == "open"
+    clock.advance(1.5)  # the lease sat unspent for a second
+    assert client.get("/other").status_code == 503  # a request after which leases are looked at
+    assert _held(limiter, app) == 10
+    codes = [client.get("/hot").status_code for _ in range(11)]
+    assert codes == [200] * 10 + [503]  # the lease first, then the policy
+
+
+def test_a_blueprint_s_leased_limit_and_exempt_views_spend_nothing_of_it(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """A leased shared limit on a blueprint counts every view of it; a view exempted from it
+    (``@limiter.exempt``), and a request an ``exempt_when`` exempts, neither spend the lease
+    nor call the storage."""
+    from flask import Blueprint
+
+    app = Flask("bp_lease")
+    app.config.update({"DISTLIMIT_TIERS": {"anonymous": ""}})
+    limiter = Limiter(clock=clock)
+    storage = Switch(backend())
+    bp = Blueprint("bp", __name__)
+    limiter.shared_limit("10/minute", scope="bp", key_func=lambda: "all", lease=3,
+                         algorithm="fixed_window")(bp)  # fmt: skip
+
+    @bp.get("/a")
+    def a() -> str:
+        return "ok"
+
+    @bp.get("/free")
+    @limiter.exempt
+    def free() -> str:
+        return "ok"
+
+    @app.get("/maybe")
+    @limiter.shared_limit("10/minute", scope="bp", key_func=lambda: "all", lease=3,
+                          algorithm="fixed_window",
+                          exempt_when=lambda: request.args.get("vip") == "1")  # fmt: skip
+    def maybe() -> str:
+        return "ok"
+
+    app.register_blueprint(bp)
+    limiter.init_app(app, storage=storage)
+    client = app.test_client()
+    assert client.get("/a").status_code == 200  # 1 + 3 taken
+    assert client.get("/maybe").status_code == 200  # the same key: out of the lease
+    held, calls = _held(limiter, app), storage.evaluations
+    assert held == 2
+    for path in ("/free", "/maybe?vip=1"):
+        assert [client.get(path).status_code for _ in range(20)] == [200] * 20
+    assert _held(limiter, app) == held and storage.evaluations == calls
+    codes = [client.get(p).status_code for p in ("/a", "/maybe") * 6]
+    assert codes.count(200) == 8  # 10 in the window: 2 admitted before, 8 now
+
+
+@pytest.mark.parametrize("fail_max", [100, 5])
+def test_a_local_fallback_that_refuses_a_top_up_admits_no_more_than_its_share(
+    backend: Backend, clock: FakeClock, fail_max: int
+) -> None:
+    """Policy ``local``, the storage failing while the breaker is still closed (before it
+    opens, or while Redis flaps): a request whose lease covered it, with another limit that
+    needs the storage, sends its top-up with it, and the local fallback decides both. When the
+    fallback refused the top-up (over this process's share), the request was admitted anyway
+    (the lease's decision replaced the refused one), its other limit uncharged and its unit put
+    back into the lease: the route was unlimited for as long as the outage lasted. A top-up is
+    never what refuses a request: asked again without it, the fallback decides the request's
+    own needs."""
+    app, limiter, storage = _app(
+        backend(), clock, "20/minute", lease=10, extra="25/minute",
+        DISTLIMIT_FAILURE_POLICY="local", DISTLIMIT_BREAKER_FAIL_MAX=fail_max,
+    )  # fmt: skip
+    client = app.test_client()
+    assert client.get("/both").status_code == 200  # 1 + 10 taken: 10 held
+    storage.down = True
+    codes = [client.get("/both").status_code for _ in range(60)]
+    # at most the 10 units held, plus what this process's local share of each limit admits
+    # (a top-up the fallback admitted is charged to it: it may admit fewer)
+    assert codes.count(200) <= 10 + 20
+    assert codes[-1] == 429
+    assert _held(limiter, app) == 0  # the lease was spent, not topped up by refused requests
+
+
+@pytest.mark.parametrize("value", [lambda: "100/minute", {"*": "100/minute"}])
+def test_a_lease_on_a_value_that_changes_at_runtime_is_refused_when_declared(
+    value: object,
+) -> None:
+    """A dynamic value (a callable, a mapping by tier) would change the limit under a lease
+    held: refused when declared, never a request-time question. (A changed static value is
+    another key: the old one's lease is never spent against the new limit.)"""
+    limiter = Limiter()
+    with pytest.raises(ConfigurationError, match="callable or mapping"):
+        limiter.limit(value, lease=5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="callable or mapping"):
+        limiter.shared_limit(value, scope="s", lease=True)  # type: ignore[arg-type]
+
+
+def test_a_client_reset_is_published_so_inspect_stops_counting_its_units(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """After an in-process reset of a client, the process's published record must not go on
+    listing the units it dropped (``inspect`` counts them as used, for as long as they would
+    have been good: an hour here): it publishes again after its next storage call, a renewal
+    or not."""
+    storage = backend()
+    clock = _real_time(storage, clock)
+    app = Flask("published")
+    app.config.update({"DISTLIMIT_TIERS": {"anonymous": ""}})
+    limiter = Limiter(clock=clock)
+
+    @app.get("/hot")
+    @limiter.shared_limit("100/hour", scope="hot", key_func=lambda: "all", lease=10)
+    def hot() -> str:
+        return "ok"
+
+    @app.get("/other")
+    @limiter.limit("1000/minute")
+    def other() -> str:
+        return "ok"
+
+    limiter.init_app(app, storage=storage)
+    client = app.test_client()
+    assert client.get("/hot").status_code == 200  # 1 + 10 taken, published
+    [row] = _inspect(app)[1]
+    assert [h["units"] for h in row["leases_held"]] == [10]  # type: ignore[attr-defined]
+    with app.app_context():
+        assert limiter.state(app).reset_identity("func:all") == 1
+    clock.advance(1.0)
+    assert client.get("/other").status_code == 200  # a storage call, not a renewal
+    [row] = [r for r in _inspect(app, "--all")[1] if r["limit"] == "hot:100/hour"]
+    assert row["leases_held"] == []
+    assert row["used"] == 0
+
+
+def test_a_renewal_in_flight_during_a_reset_is_never_spent(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """The reset runs while a renewal's call is in flight (it consumed its units just before
+    the keys were deleted): those units were counted in the deleted count, so they must not be
+    spent after the reset either."""
+    holder: list[Callable[[], object]] = []
+
+    class ResetMidCall(Switch):
+        def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+            evaluation = super().evaluate(checks, now_us=now_us)
+            if holder:
+                holder.pop()()  # the reset, between the storage's answer and the grant
+            return evaluation
+
+    app, limiter, switch = _app(backend(), clock, "20/minute", lease=10)
+    limiter.state(app).guard.storage = ResetMidCall(switch.inner)
+    client = app.test_client()
+    holder.append(lambda: limiter.reset(app))
+    assert client.get("/hot").status_code == 200  # 1 + 10 taken, then the keys deleted
+    codes = [client.get("/hot").status_code for _ in range(25)]
+    assert codes.count(200) == 20  # the fresh count's 20, none of the 10 granted mid-reset
