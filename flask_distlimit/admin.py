@@ -14,7 +14,7 @@ from .decision import Check
 from .enforcement import is_static
 from .keys import IDENTITY_KINDS, client_pattern, identity_kind
 from .route_limits import BoundLimit
-from .scripts import is_token_key
+from .storage.lease_records import records_key
 
 if TYPE_CHECKING:
     from .state import LimiterState
@@ -23,19 +23,21 @@ __all__ = ["checks_for", "reset", "reset_identity"]
 
 
 def reset(state: LimiterState) -> int:
-    """Delete every key under the app's prefix and forget local denials; answer how many keys
-    were deleted. The deployment's identity digest key is kept (every running process holds it:
-    :mod:`flask_distlimit.digests`)."""
+    """Delete every count of the app (every client's keys, ``<prefix>:{<tag>}:...``, and the
+    leases' records) and forget local denials; answer how many keys were deleted.
+
+    Only the app's own keys: a prefix may hold ``:`` (``myapp:rl``), so another app's prefix may
+    start with this one's (``myapp:rl:admin``) and ``<prefix>:*`` would take its keys too. Kept:
+    the deployment's identity digest key (every running process holds it:
+    :mod:`flask_distlimit.digests`), the instance heartbeat (who is serving, not a count) and
+    request tokens (``<prefix>:rq:{...}``: a reply kept a second for a retry)."""
     if state.deny_cache is not None:
         state.deny_cache.clear()
     state.enforcer.leases.drop()  # units leased from the counts deleted below
-    spared = state.tags.storage_key
     prefix = state.settings.key_prefix
-    # Request tokens are left to expire (a second): a reply kept for a retry, not a limit's state.
-    keys = [
-        k for k in state.storage.scan(f"{prefix}:*") if k != spared and not is_token_key(prefix, k)
-    ]
-    return state.storage.delete(keys) if keys else 0
+    records = state.enforcer.leases.records_key
+    keys = [*state.storage.scan(f"{prefix}:{{*"), records, records_key(records)]
+    return state.storage.delete(keys)
 
 
 def _check_kind(identity: str) -> None:

@@ -192,8 +192,9 @@ class LimiterState:
         return overload_health(report, self)
 
     def reset(self) -> int:
-        """Delete every key under this app's prefix and forget local denials; answer how many
-        keys were deleted. For tests and operators, not the request path."""
+        """Delete every count of this app (its clients' keys and its leases' records) and
+        forget local denials; answer how many keys were deleted. For tests and operators, not
+        the request path (:func:`flask_distlimit.admin.reset`)."""
         return admin.reset(self)
 
     def reset_identity(self, identity: str) -> int:

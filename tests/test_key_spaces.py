@@ -267,3 +267,33 @@ def test_an_api_key_is_counted_by_the_id_the_verifier_accepted(
     assert keys == {check.key for _, check in named}
     # Still only an HMAC digest in the key: neither the key nor its id in clear.
     assert not any(KEY in k.lower() or "key-012345" in k for k in keys)
+
+
+def test_a_reset_takes_only_its_own_apps_keys_when_a_prefix_extends_it(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """A prefix may hold ":" (``rl`` and ``rl:admin`` on one Redis): resetting the app of ``rl``
+    forgets its own counts and its leases' records, not the counts of the app of ``rl:admin``
+    (``<prefix>:*`` matched both)."""
+    apps = {}
+    for prefix in ("rl", "rl:admin"):
+        app, limiter, _ = make_app(
+            backend(),
+            clock,
+            name=prefix.replace(":", "-"),
+            DISTLIMIT_KEY_PREFIX=prefix,
+        )
+
+        @app.get("/")
+        @limiter.limit("3/minute", key_func=lambda: "alice")
+        def index() -> str:
+            return "ok"
+
+        apps[prefix] = (app, limiter)
+    for app, _ in apps.values():
+        assert app.test_client().get("/").headers["X-RateLimit-Remaining"] == "2"
+    outer, outer_limiter = apps["rl"]
+    assert outer_limiter.reset(outer) >= 1
+    inner, _ = apps["rl:admin"]
+    assert inner.test_client().get("/").headers["X-RateLimit-Remaining"] == "1"  # kept
+    assert outer.test_client().get("/").headers["X-RateLimit-Remaining"] == "2"  # forgotten
