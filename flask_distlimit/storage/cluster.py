@@ -387,8 +387,12 @@ class ClusterStorage(Storage):
                     pool = self._pool_of(client, node)
                     # not probed: a closed connection fails the send or loses the reply,
                     # and both are made again below, as in RedisStorage
-                    connection = pool.checkout(deadline, probe=False)
                     command = [packer.pack(keys, args, token, tokens.first)]
+                    connection = pool.checkout(deadline, probe=False)
+                    # in flight from here: on an unexpected exception (not a Redis failure:
+                    # a signal handler's, a timeout's), the finally below closes it, so no
+                    # reply is left unread in the pool, and gives it back
+                    in_flight.append((n, pool, connection, keys, args, token))
                     try:
                         pool.send(connection, command, deadline)
                     except rx.ConnectionError:
@@ -397,9 +401,10 @@ class ClusterStorage(Storage):
                         pool.renew(connection, deadline)
                         pool.send(connection, command, deadline)
                 except REDIS_FAILURES as exc:
+                    if connection is not None:
+                        in_flight.pop()
                     results[n] = _failed(exc, pool, connection)
                     continue
-                in_flight.append((n, pool, connection, keys, args, token))
             while in_flight:
                 n, pool, connection, keys, args, token = in_flight[0]
                 try:
@@ -407,18 +412,21 @@ class ClusterStorage(Storage):
                         pool, connection, packer, keys, args, token, tokens.again, deadline
                     )
                 except _NOT_RUN:
+                    in_flight.pop(0)
                     pool.release(connection)
                     results[n] = self._call_or_error(parts[n], now_us, refund)
                     continue
                 except StorageReplyLost as exc:
+                    in_flight.pop(0)
                     pool.release(connection)
                     results[n] = exc
                     continue
                 except REDIS_FAILURES as exc:
+                    in_flight.pop(0)
                     results[n] = _failed(exc, pool, connection)
                     continue
-                finally:
-                    in_flight.pop(0)
+                # (an unexpected exception leaves it in flight, for the finally below)
+                in_flight.pop(0)
                 pool.release(connection)
                 try:
                     results[n] = parse_reply(reply, parts[n])
