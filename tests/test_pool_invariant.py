@@ -206,3 +206,25 @@ def replace_limit(check: Check, limit: int) -> Check:
     return _check(check.key.split("{")[1].split("}")[0], limit)
 
 
+
+def test_every_connection_dropped_by_another_thread_between_send_and_read(
+    storage: RedisStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On Sentinel, a READONLY reply makes one request drop every connection of the pool
+    # (pool.disconnect()) while other threads' requests are between their send and read.
+    storage.evaluate([_check("warm", 7)])
+    real = DeadlinePool.send
+    dropped = [False]
+
+    def send(self: DeadlinePool, connection: Any, command: Any, deadline: float) -> None:
+        real(self, connection, command, deadline)
+        if not dropped[0]:
+            dropped[0] = True
+            self.disconnect()  # as another thread's failover handling would, right now
+
+    with monkeypatch.context() as patch:
+        patch.setattr(DeadlinePool, "send", send)
+        decision = storage.evaluate([_check("dropped", 10)]).decisions[0]
+    assert (decision.limit, decision.remaining) == (10, 9)  # made again on a fresh connection
+    decision = storage.evaluate([_check("next", 3)]).decisions[0]
+    assert (decision.limit, decision.remaining) == (3, 2)
