@@ -178,11 +178,23 @@ def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
         except ValueError:  # an empty field or a stray sign
             values = []
     if len(values) != expected:
-        raise StorageResponseError(
-            f"The rate-limit script answered {reply!r:.200}, not {expected} comma-separated "
-            "integers: the script in Redis does not match this version of Flask-DistLimit. "
-            "Run SCRIPT FLUSH on the Redis server (it is reloaded on the next request)."
-        )
+        raise _wrong_reply(reply, expected)
+    try:
+        return _evaluation(values, checks)
+    except OverflowError:  # a time too large for a float (hundreds of digits): not our script
+        raise _wrong_reply(reply, expected) from None
+
+
+def _wrong_reply(reply: object, expected: int) -> StorageResponseError:
+    return StorageResponseError(
+        f"The rate-limit script answered {reply!r:.200}, not {expected} comma-separated "
+        "integers: the script in Redis does not match this version of Flask-DistLimit. "
+        "Run SCRIPT FLUSH on the Redis server (it is reloaded on the next request)."
+    )
+
+
+def _evaluation(values: list[int], checks: Sequence[Check]) -> Evaluation:
+    """The evaluation of a reply of the right length, ``values``."""
     if len(checks) == 1:  # the usual request: no slices, no lists
         _, allowed, limit, remaining, reset_us, retry_us, bad = values
         decision = Decision(
