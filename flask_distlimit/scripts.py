@@ -35,8 +35,10 @@ element in pure Python, one at a time; one argument and one bulk string (split h
 
 from __future__ import annotations
 
+from binascii import crc_hqx
 from collections.abc import Sequence
 from importlib import resources
+from itertools import count
 from typing import Final
 
 from .algorithms import Algorithm
@@ -129,13 +131,34 @@ def script_args(
 def token_key(first_key: str, token: str) -> str:
     """The key a call's reply is kept under, in ``first_key``'s Cluster slot:
     ``<prefix>:rq:{<tag>}:<token>`` for ``<prefix>:{<tag>}:...`` (under the prefix, so ACL key
-    patterns allow it; outside the client's own keys, which inspect and reset list);
-    ``<key>:rq:<token>`` for a key without a tag."""
+    patterns allow it; outside the client's own keys, which inspect and reset list).
+
+    A key without a hash tag (none, ``{}``, a ``{`` without ``}``) is hashed whole by Redis:
+    its token is ``<key up to its first "{">:rq:{<key>}:<token>``, the whole key as the tag, or,
+    for a key that holds a ``}`` (or is empty) and so cannot be a tag, a short text hashed to the
+    same slot (its UTF-8 bytes, as :func:`~flask_distlimit.storage.cluster.slot_of` hashes)."""
     start = first_key.find("{")
     end = first_key.find("}", start + 1) if start >= 0 else -1
     if end > start + 1:  # Redis hashes what is between the first "{" and the "}" after it
         return f"{first_key[:start]}rq:{first_key[start : end + 1]}:{token}"
-    return f"{first_key}:rq:{token}"
+    head = first_key if start < 0 else first_key[:start]  # no "{" in it: the tag's is first
+    tag = first_key if first_key and "}" not in first_key else _same_slot_tag(first_key)
+    return f"{head}:rq:{{{tag}}}:{token}"
+
+
+_SLOTS: Final = 16384
+#: slot -> a decimal text hashed to it (crc16 as Redis Cluster's), found when first needed
+_SLOT_TAGS: dict[int, str] = {}
+
+
+def _same_slot_tag(key: str) -> str:
+    """A text that Redis Cluster hashes to the slot of ``key`` (a key hashed whole)."""
+    slot = crc_hqx(key.encode("utf-8", "surrogatepass"), 0) % _SLOTS
+    tag = _SLOT_TAGS.get(slot)
+    if tag is None:  # some 16,000 tries on average, once per slot
+        tag = next(t for n in count() if crc_hqx((t := str(n)).encode(), 0) % _SLOTS == slot)
+        _SLOT_TAGS[slot] = tag
+    return tag
 
 
 def is_token_key(prefix: str, key: str) -> bool:

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from flask_distlimit.decision import Check
-from flask_distlimit.storage.cluster import ClusterStorage
+from flask_distlimit.storage.cluster import ClusterStorage, slot_of
 from flask_distlimit.storage.pool import DeadlinePool
 from flask_distlimit.storage.redis import RedisStorage
 from tests.servers import ClusterServers, RedisProcess
@@ -228,3 +228,41 @@ def test_every_connection_dropped_by_another_thread_between_send_and_read(
     assert (decision.limit, decision.remaining) == (10, 9)  # made again on a fresh connection
     decision = storage.evaluate([_check("next", 3)]).decisions[0]
     assert (decision.limit, decision.remaining) == (3, 2)
+
+
+# -- request tokens: always in the first key's Cluster slot ----------------------------------
+
+#: first keys without a usable hash tag, or with an odd one: Redis hashes the whole key, or
+#: what is between the first "{" and the first "}" after it
+ODD_KEYS = (
+    "plain",
+    "ratelimit:instances",
+    "a{}b",
+    "{}",
+    "a{b",
+    "{",
+    "}",
+    "a}b",
+    "}{",
+    "a{}b}c",
+    "x{{y}z",
+    "x{y}{z}",
+    "{}{y}",
+    "p{x}:{y}:z",
+    "",
+    "a b\r\n{ü}",
+)
+
+
+@pytest.mark.cluster
+def test_cluster_groups_whose_keys_have_no_tag_or_an_odd_one_are_counted(
+    redis_cluster: ClusterServers,
+) -> None:
+    storage = ClusterStorage([("127.0.0.1", redis_cluster.nodes[0].port)], timeout=2)
+    route = uuid.uuid4().hex
+    checks = [Check(f"{key}{route}", "fixed_window", 5, 60) for key in ODD_KEYS]
+    assert len({slot_of(c.key) for c in checks}) > 1  # several groups in flight at once
+    for n in (1, 2):
+        decisions = storage.evaluate(checks).decisions
+        assert [(d.limit, d.remaining) for d in decisions] == [(5, 5 - n)] * len(checks)
+    storage.close()
