@@ -96,6 +96,7 @@ def _drop_our_headers(headers: Any, *, retry_after: bool) -> None:
     for name in (*_OUR_HEADERS, "Retry-After") if retry_after else _OUR_HEADERS:
         headers.remove(name)
 
+
 #: Clients and limits whose breach was logged, kept until their window ends (bounded).
 _BREACHES_KEPT: Final = 10_000
 #: Declarations named in the first request's WARNING, at most.

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
 
 from flask_distlimit.decision import Check
 from flask_distlimit.storage.cluster import ClusterStorage, slot_of
@@ -114,7 +113,7 @@ def test_many_threads_on_few_connections_each_read_their_own_reply(
                 limit = 1000 + n  # each thread's own limit: a reply read by another shows
                 decision = storage.evaluate([_check(f"t{n}", limit, route)]).decisions[0]
                 assert (decision.limit, decision.remaining) == (limit, limit - round_ - 1)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(n,)) for n in range(8)]
@@ -204,7 +203,6 @@ def test_cluster_a_command_the_connection_cannot_encode_loses_no_connection(
 def replace_limit(check: Check, limit: int) -> Check:
     """The same client's check under another limit (its own key: a fresh count)."""
     return _check(check.key.split("{")[1].split("}")[0], limit)
-
 
 
 def test_every_connection_dropped_by_another_thread_between_send_and_read(

@@ -769,7 +769,6 @@ def test_the_evalsha_bytes_are_what_redis_py_packs_for_any_text_and_encoding(
     assert _packed_or_error(lambda: packer.pack(keys, args, token, mark)) == expected
 
 
-
 @pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
 def test_keys_of_any_text_are_counted_under_their_exact_bytes(
     redis_server: RedisProcess, encoding: str

@@ -333,4 +333,3 @@ def test_request_tokens_of_a_forked_child_never_repeat_its_parent_s(
     assert len(child) == 3 and not set(child) & set(parent)
     assert {t.rsplit(":", 1)[1].split(".")[1] for t in child} == {str(pid)}
     storage.close()
-

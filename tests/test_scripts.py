@@ -67,7 +67,7 @@ def test_parse_reply() -> None:
         good.replace(",60000000,", f",{'9' * 320},").encode(),  # reset_after
         good.replace(",-1,", f",{'9' * 320},").encode(),  # retry_after
         bytearray(good.encode()),
-        "١" + good,  # a non-ASCII digit int() would read
+        "\u0661" + good,  # a non-ASCII digit (ARABIC-INDIC ONE) int() would read
         redis.ResponseError("ERR garbage"),  # an error reply handed over, not raised
     ):
         with pytest.raises(StorageResponseError, match="SCRIPT FLUSH"):
