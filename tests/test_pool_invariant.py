@@ -9,6 +9,7 @@ a command the packer refuses; many threads on few connections."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -264,3 +265,18 @@ def test_cluster_groups_whose_keys_have_no_tag_or_an_odd_one_are_counted(
         decisions = storage.evaluate(checks).decisions
         assert [(d.limit, d.remaining) for d in decisions] == [(5, 5 - n)] * len(checks)
     storage.close()
+
+
+def test_an_interrupt_between_the_ping_s_send_and_read_leaves_no_pong_for_the_next_call(
+    storage: RedisStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the PING that tells a lost reply from an outage (pool.answers) shares the pool
+    pool = storage.pool
+    assert pool is not None
+    storage.evaluate([_check("warm", 7)])
+    with monkeypatch.context() as patch:
+        interrupt_after_send(patch)
+        with pytest.raises(Interrupt):
+            pool.answers(time.monotonic() + 2)
+    decision = storage.evaluate([_check("after-ping", 3)]).decisions[0]
+    assert (decision.limit, decision.remaining) == (3, 2)

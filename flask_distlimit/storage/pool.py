@@ -225,8 +225,14 @@ class DeadlinePool:
         try:
             self.send(connection, connection.pack_command("PING"), deadline)
             return self.read(connection, deadline) in (b"PONG", "PONG", True)
+        except redis.ResponseError:
+            return False  # an error reply, read whole
         except redis.RedisError:
+            self.broken(connection)
             return False
+        except BaseException:  # e.g. a signal handler's, between the send and the read
+            self.broken(connection)
+            raise
         finally:
             self.release(connection)
 
