@@ -333,3 +333,28 @@ def test_request_tokens_of_a_forked_child_never_repeat_its_parent_s(
     assert len(child) == 3 and not set(child) & set(parent)
     assert {t.rsplit(":", 1)[1].split(".")[1] for t in child} == {str(pid)}
     storage.close()
+
+
+def test_request_tokens_of_a_storage_used_without_the_extension_change_in_a_forked_child(
+    redis_server: RedisProcess,
+) -> None:
+    import os
+
+    # multiprocessing's fork, a job runner's: nobody calls reset_after_fork
+    storage = RedisStorage(host="127.0.0.1", port=redis_server.port)
+    storage.tokens.key(CHECK.key)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(write, storage.tokens.key(CHECK.key).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child = pipe.read()
+    os.waitpid(pid, 0)
+    parent = storage.tokens.key(CHECK.key)  # the parent's next token: the child's, unreset
+    assert child and child != parent
+    assert child.rsplit(":", 1)[1].split(".")[1:] == [str(pid), "0"]
+    storage.close()
