@@ -280,3 +280,72 @@ def test_an_interrupt_between_the_ping_s_send_and_read_leaves_no_pong_for_the_ne
             pool.answers(time.monotonic() + 2)
     decision = storage.evaluate([_check("after-ping", 3)]).decisions[0]
     assert (decision.limit, decision.remaining) == (3, 2)
+
+
+# -- Redis Cluster: several slot groups on one primary ---------------------------------------
+
+
+def _tags_on_one_primary(cluster: ClusterServers, count: int) -> list[str]:
+    """Hash tags of ``count`` different slots, all served by the first tag's primary."""
+    first = "same-0"
+    port = cluster.primary_for(f"{{{first}}}").port
+    found = [first]
+    for n in range(1, 1000):
+        tag = f"same-{n}"
+        if cluster.primary_for(f"{{{tag}}}").port == port:
+            found.append(tag)
+            if len(found) == count:
+                return found
+    raise AssertionError("no tags found on one primary")
+
+
+@pytest.mark.cluster
+def test_cluster_groups_on_one_primary_need_no_more_connections_than_one(
+    redis_cluster: ClusterServers,
+) -> None:
+    # a request's slot groups that one primary serves take its pool's connections one at a
+    # time: with max_connections=1 (a URL's ?max_connections=1) all are counted, none waits
+    # for a connection the same request holds
+    storage = ClusterStorage(
+        [("127.0.0.1", redis_cluster.nodes[0].port)], timeout=2, max_connections=1
+    )
+    other = tags_on_distinct_primaries(redis_cluster, 3)
+    tags = [*_tags_on_one_primary(redis_cluster, 3), *other]
+    route = uuid.uuid4().hex
+    checks = [_check(tag, 5 + n, route) for n, tag in enumerate(tags)]
+    for round_ in (1, 2):
+        decisions = storage.evaluate(checks).decisions
+        assert [(d.limit, d.remaining) for d in decisions] == [
+            (5 + n, 5 + n - round_) for n in range(len(tags))
+        ]
+    storage.close()
+
+
+@pytest.mark.cluster
+def test_cluster_threads_whose_groups_share_primaries_never_wait_on_each_other(
+    redis_cluster: ClusterServers,
+) -> None:
+    # each thread holds at most one connection of a pool at a time, taken in one order: two
+    # threads never hold one primary's connection each while waiting for the other's
+    storage = ClusterStorage(
+        [("127.0.0.1", redis_cluster.nodes[0].port)], timeout=2, max_connections=1
+    )
+    a, b = tags_on_distinct_primaries(redis_cluster, 2)
+    errors: list[BaseException] = []
+
+    def run(order: tuple[str, str]) -> None:
+        route = uuid.uuid4().hex
+        try:
+            for round_ in range(1, 31):
+                decisions = storage.evaluate([_check(t, 100, route) for t in order]).decisions
+                assert [d.remaining for d in decisions] == [100 - round_] * 2
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(o,)) for o in ((a, b), (b, a)) * 2]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    storage.close()
