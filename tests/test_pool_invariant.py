@@ -4,7 +4,12 @@ it would read another request's reply. These tests try to break that on real Red
 Cluster: an exception that is not a Redis error (a signal handler's, a gevent-style timeout's,
 ``KeyboardInterrupt``) raised just after a send returned, before its reply is read, on the
 first send, after ``NOSCRIPT``, and on a Cluster group; a read that raises something unexpected;
-a command the packer refuses; many threads on few connections."""
+a command the packer refuses; many threads on few connections; the pool dropped by another
+thread between a send and its read (Sentinel's READONLY); the PING of ``answers()``.
+
+And the Cluster's own edges of the hot call: a request token always in its first key's slot
+(keys without a hash tag, or odd ones), and slot groups that share a primary taking its
+connections one at a time."""
 
 from __future__ import annotations
 
