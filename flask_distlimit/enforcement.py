@@ -880,10 +880,11 @@ class Enforcer:
             data.slots.scheduled = True  # given back after the last chunk, not at teardown
             response.call_on_close(data.slots)
         headers = response.headers
-        if response.__dict__.get(_HEADERS_ADDED) is not None:
+        marks = response.__dict__
+        if _HEADERS_ADDED in marks:
             # A response object that passed here before (a view returns one object every time,
             # or a cached copy): ours from then go, or they would be sent twice, stale first.
-            _drop_our_headers(headers, retry_after=response.__dict__[_HEADERS_ADDED])
+            _drop_our_headers(headers, retry_after=marks[_HEADERS_ADDED])
         if data.report is not None and self._headers != "none":
             # The names are ours alone: appended (werkzeug checks each value), no scan for an
             # existing one, one call for all of them.
@@ -892,15 +893,14 @@ class Enforcer:
             )
         if data.degraded:
             headers["X-RateLimit-Degraded"] = "true"
-        retry_after = False
+        marks[_HEADERS_ADDED] = False  # True: Retry-After is ours too
         if (
             data.retry_after is not None
             and response.status_code in (429, 503)
             and "Retry-After" not in headers
         ):
             headers["Retry-After"] = str(data.retry_after)
-            retry_after = True
-        response.__dict__[_HEADERS_ADDED] = retry_after
+            marks[_HEADERS_ADDED] = True
         return response
 
     def hook_teardown(self, app: Flask) -> None:

@@ -202,10 +202,42 @@ def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
             values = []
     if len(values) != expected:
         raise _wrong_reply(reply, expected)
+    # a time too large for a float (hundreds of digits) raises OverflowError: not our script
     try:
-        return _evaluation(values, checks)
-    except OverflowError:  # a time too large for a float (hundreds of digits): not our script
+        if len(checks) == 1:  # the usual request: no slices, no lists
+            _, allowed, limit, remaining, reset_us, retry_us, bad = values
+            decision = Decision(
+                allowed != 0,
+                limit,
+                remaining,
+                reset_us / _US,
+                NEVER if retry_us < 0 else retry_us / _US,
+                allowed == 2,
+            )
+            return Evaluation((decision,), (checks[0].key,) if bad else (), values[0])
+        decisions = []
+        repaired: list[str] = []
+        fields = iter(values)
+        next(fields)  # now_us
+        # six fields at a time, in order (zip draws from the same iterator six times per check)
+        for check, allowed, limit, remaining, reset_us, retry_us, bad in zip(
+            checks, fields, fields, fields, fields, fields, fields, strict=True
+        ):
+            decisions.append(
+                Decision(
+                    allowed != 0,
+                    limit,
+                    remaining,
+                    reset_us / _US,
+                    NEVER if retry_us < 0 else retry_us / _US,
+                    allowed == 2,
+                )
+            )
+            if bad:
+                repaired.append(check.key)
+    except OverflowError:
         raise _wrong_reply(reply, expected) from None
+    return Evaluation(tuple(decisions), tuple(repaired), values[0])
 
 
 def _wrong_reply(reply: object, expected: int) -> StorageResponseError:
@@ -214,39 +246,3 @@ def _wrong_reply(reply: object, expected: int) -> StorageResponseError:
         "integers: the script in Redis does not match this version of Flask-DistLimit. "
         "Run SCRIPT FLUSH on the Redis server (it is reloaded on the next request)."
     )
-
-
-def _evaluation(values: list[int], checks: Sequence[Check]) -> Evaluation:
-    """The evaluation of a reply of the right length, ``values``."""
-    if len(checks) == 1:  # the usual request: no slices, no lists
-        _, allowed, limit, remaining, reset_us, retry_us, bad = values
-        decision = Decision(
-            allowed != 0,
-            limit,
-            remaining,
-            reset_us / _US,
-            NEVER if retry_us < 0 else retry_us / _US,
-            allowed == 2,
-        )
-        return Evaluation((decision,), (checks[0].key,) if bad else (), values[0])
-    decisions = []
-    repaired: list[str] = []
-    fields = iter(values)
-    next(fields)  # now_us
-    # six fields at a time, in order (zip draws from the same iterator six times per check)
-    for check, allowed, limit, remaining, reset_us, retry_us, bad in zip(
-        checks, fields, fields, fields, fields, fields, fields, strict=True
-    ):
-        decisions.append(
-            Decision(
-                allowed != 0,
-                limit,
-                remaining,
-                reset_us / _US,
-                NEVER if retry_us < 0 else retry_us / _US,
-                allowed == 2,
-            )
-        )
-        if bad:
-            repaired.append(check.key)
-    return Evaluation(tuple(decisions), tuple(repaired), values[0])
