@@ -144,7 +144,7 @@ DEFAULTS: Final[dict[str, object]] = {
 KNOWN_KEYS: Final[tuple[str, ...]] = (*DEFAULTS, *IDENTITY_KEYS)
 
 _KEY_FAMILY: Final = "DISTLIMIT_"
-_PREFIX: Final = re.compile(r"^[A-Za-z0-9_.:/-]{1,64}$")
+_PREFIX: Final = re.compile(r"[A-Za-z0-9_.:/-]{1,64}\Z")  # \Z: "$" allows a final newline
 _SCHEME: Final = re.compile(r"^([a-z][a-z0-9+.-]*)://")
 
 T = TypeVar("T")

@@ -78,6 +78,24 @@ __all__ = ["Breach", "BreachHook", "Enforcer", "is_static"]
 log = logging.getLogger("flask_distlimit")
 
 _KEY: Final = operator.attrgetter("key")
+#: Set on a response the rate-limit headers were added to: whether ``Retry-After`` was too.
+_HEADERS_ADDED: Final = "_distlimit_headers_added"
+#: Every header name :meth:`Enforcer.after_request` adds but ``Retry-After``.
+_OUR_HEADERS: Final = (
+    "X-RateLimit-Limit",
+    "X-RateLimit-Remaining",
+    "X-RateLimit-Reset",
+    "RateLimit-Policy",
+    "RateLimit",
+    "X-RateLimit-Degraded",
+)
+
+
+def _drop_our_headers(headers: Any, *, retry_after: bool) -> None:
+    """Remove the headers an earlier pass of the same response object added."""
+    for name in (*_OUR_HEADERS, "Retry-After") if retry_after else _OUR_HEADERS:
+        headers.remove(name)
+
 
 #: Clients and limits whose breach was logged, kept until their window ends (bounded).
 _BREACHES_KEPT: Final = 10_000
@@ -862,6 +880,11 @@ class Enforcer:
             data.slots.scheduled = True  # given back after the last chunk, not at teardown
             response.call_on_close(data.slots)
         headers = response.headers
+        marks = response.__dict__
+        if _HEADERS_ADDED in marks:
+            # A response object that passed here before (a view returns one object every time,
+            # or a cached copy): ours from then go, or they would be sent twice, stale first.
+            _drop_our_headers(headers, retry_after=marks[_HEADERS_ADDED])
         if data.report is not None and self._headers != "none":
             # The names are ours alone: appended (werkzeug checks each value), no scan for an
             # existing one, one call for all of them.
@@ -870,12 +893,14 @@ class Enforcer:
             )
         if data.degraded:
             headers["X-RateLimit-Degraded"] = "true"
+        marks[_HEADERS_ADDED] = False  # True: Retry-After is ours too
         if (
             data.retry_after is not None
             and response.status_code in (429, 503)
             and "Retry-After" not in headers
         ):
             headers["Retry-After"] = str(data.retry_after)
+            marks[_HEADERS_ADDED] = True
         return response
 
     def hook_teardown(self, app: Flask) -> None:

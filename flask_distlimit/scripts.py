@@ -35,8 +35,10 @@ element in pure Python, one at a time; one argument and one bulk string (split h
 
 from __future__ import annotations
 
+from binascii import crc_hqx
 from collections.abc import Sequence
 from importlib import resources
+from itertools import count
 from typing import Final
 
 from .algorithms import Algorithm
@@ -129,13 +131,34 @@ def script_args(
 def token_key(first_key: str, token: str) -> str:
     """The key a call's reply is kept under, in ``first_key``'s Cluster slot:
     ``<prefix>:rq:{<tag>}:<token>`` for ``<prefix>:{<tag>}:...`` (under the prefix, so ACL key
-    patterns allow it; outside the client's own keys, which inspect and reset list);
-    ``<key>:rq:<token>`` for a key without a tag."""
+    patterns allow it; outside the client's own keys, which inspect and reset list).
+
+    A key without a hash tag (none, ``{}``, a ``{`` without ``}``) is hashed whole by Redis:
+    its token is ``<key up to its first "{">:rq:{<key>}:<token>``, the whole key as the tag, or,
+    for a key that holds a ``}`` (or is empty) and so cannot be a tag, a short text hashed to the
+    same slot (its UTF-8 bytes, as :func:`~flask_distlimit.storage.cluster.slot_of` hashes)."""
     start = first_key.find("{")
     end = first_key.find("}", start + 1) if start >= 0 else -1
     if end > start + 1:  # Redis hashes what is between the first "{" and the "}" after it
         return f"{first_key[:start]}rq:{first_key[start : end + 1]}:{token}"
-    return f"{first_key}:rq:{token}"
+    head = first_key if start < 0 else first_key[:start]  # no "{" in it: the tag's is first
+    tag = first_key if first_key and "}" not in first_key else _same_slot_tag(first_key)
+    return f"{head}:rq:{{{tag}}}:{token}"
+
+
+_SLOTS: Final = 16384
+#: slot -> a decimal text hashed to it (crc16 as Redis Cluster's), found when first needed
+_SLOT_TAGS: dict[int, str] = {}
+
+
+def _same_slot_tag(key: str) -> str:
+    """A text that Redis Cluster hashes to the slot of ``key`` (a key hashed whole)."""
+    slot = crc_hqx(key.encode("utf-8", "surrogatepass"), 0) % _SLOTS
+    tag = _SLOT_TAGS.get(slot)
+    if tag is None:  # some 16,000 tries on average, once per slot
+        tag = next(t for n in count() if crc_hqx((t := str(n)).encode(), 0) % _SLOTS == slot)
+        _SLOT_TAGS[slot] = tag
+    return tag
 
 
 def is_token_key(prefix: str, key: str) -> bool:
@@ -178,32 +201,12 @@ def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
         except ValueError:  # an empty field or a stray sign
             values = []
     if len(values) != expected:
-        raise StorageResponseError(
-            f"The rate-limit script answered {reply!r:.200}, not {expected} comma-separated "
-            "integers: the script in Redis does not match this version of Flask-DistLimit. "
-            "Run SCRIPT FLUSH on the Redis server (it is reloaded on the next request)."
-        )
-    if len(checks) == 1:  # the usual request: no slices, no lists
-        _, allowed, limit, remaining, reset_us, retry_us, bad = values
-        decision = Decision(
-            allowed != 0,
-            limit,
-            remaining,
-            reset_us / _US,
-            NEVER if retry_us < 0 else retry_us / _US,
-            allowed == 2,
-        )
-        return Evaluation((decision,), (checks[0].key,) if bad else (), values[0])
-    decisions = []
-    repaired: list[str] = []
-    fields = iter(values)
-    next(fields)  # now_us
-    # six fields at a time, in order (zip draws from the same iterator six times per check)
-    for check, allowed, limit, remaining, reset_us, retry_us, bad in zip(
-        checks, fields, fields, fields, fields, fields, fields, strict=True
-    ):
-        decisions.append(
-            Decision(
+        raise _wrong_reply(reply, expected)
+    # a time too large for a float (hundreds of digits) raises OverflowError: not our script
+    try:
+        if len(checks) == 1:  # the usual request: no slices, no lists
+            _, allowed, limit, remaining, reset_us, retry_us, bad = values
+            decision = Decision(
                 allowed != 0,
                 limit,
                 remaining,
@@ -211,7 +214,35 @@ def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
                 NEVER if retry_us < 0 else retry_us / _US,
                 allowed == 2,
             )
-        )
-        if bad:
-            repaired.append(check.key)
+            return Evaluation((decision,), (checks[0].key,) if bad else (), values[0])
+        decisions = []
+        repaired: list[str] = []
+        fields = iter(values)
+        next(fields)  # now_us
+        # six fields at a time, in order (zip draws from the same iterator six times per check)
+        for check, allowed, limit, remaining, reset_us, retry_us, bad in zip(
+            checks, fields, fields, fields, fields, fields, fields, strict=True
+        ):
+            decisions.append(
+                Decision(
+                    allowed != 0,
+                    limit,
+                    remaining,
+                    reset_us / _US,
+                    NEVER if retry_us < 0 else retry_us / _US,
+                    allowed == 2,
+                )
+            )
+            if bad:
+                repaired.append(check.key)
+    except OverflowError:
+        raise _wrong_reply(reply, expected) from None
     return Evaluation(tuple(decisions), tuple(repaired), values[0])
+
+
+def _wrong_reply(reply: object, expected: int) -> StorageResponseError:
+    return StorageResponseError(
+        f"The rate-limit script answered {reply!r:.200}, not {expected} comma-separated "
+        "integers: the script in Redis does not match this version of Flask-DistLimit. "
+        "Run SCRIPT FLUSH on the Redis server (it is reloaded on the next request)."
+    )

@@ -90,6 +90,7 @@ def test_config_is_read_once() -> None:
         ("DISTLIMIT_KEY_PREFIX", "rl{x}", "braces"),
         ("DISTLIMIT_KEY_PREFIX", "my prefix", "spaces"),
         ("DISTLIMIT_KEY_PREFIX", "", "1 to 64"),
+        ("DISTLIMIT_KEY_PREFIX", "ratelimit\n", "spaces"),  # read from a file, say
         ("DISTLIMIT_REDIS_TIMEOUT", 0, "> 0"),
         ("DISTLIMIT_REDIS_TIMEOUT", "0.1", "number"),
         ("DISTLIMIT_REDIS_TIMEOUT", float("nan"), "number"),

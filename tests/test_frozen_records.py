@@ -68,3 +68,42 @@ def test_defaults_apply() -> None:
     assert Decision(True, 1, 0, 1.0, 0.0).shadow_denied is False
     assert Evaluation((_DECISION,)).repaired_keys == ()
     assert Outcome(None) == Outcome(None, False, False)
+
+
+@pytest.mark.parametrize(("cls", "values"), RECORDS, ids=lambda v: getattr(v, "__name__", ""))
+def test_record_copies_pickles_and_shows_as_a_generated_one(
+    cls: type, values: dict[str, Any]
+) -> None:
+    record = cls(**values)
+    deep = copy.deepcopy(record)
+    assert deep == record and hash(deep) == hash(record)
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):  # caches, Celery: any protocol
+        again = pickle.loads(pickle.dumps(record, protocol))
+        assert again == record and type(again) is cls
+    shown = ", ".join(f"{name}={value!r}" for name, value in values.items())
+    assert repr(record) == f"{cls.__qualname__}({shown})"
+    for field in dataclasses.fields(cls):  # every field stays frozen, set or deleted
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(record, field.name, values[field.name])
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            delattr(record, field.name)
+    assert not hasattr(record, "__dict__")  # slots: no attribute can be added
+
+
+@pytest.mark.parametrize(("cls", "values"), RECORDS, ids=lambda v: getattr(v, "__name__", ""))
+def test_subclasses_keep_the_fields_set(cls: type, values: dict[str, Any]) -> None:
+    plain = type("Plain", (cls,), {})  # inherits the hand-written __init__
+    record = plain(**values)
+    assert {f.name: getattr(record, f.name) for f in dataclasses.fields(cls)} == values
+    assert record != cls(**values)  # a dataclass compares equal to its own class only
+    extended = dataclasses.dataclass(frozen=True, slots=True)(
+        type("Extended", (cls,), {"__annotations__": {"extra": int}, "extra": 0})
+    )
+    more = extended(**values, extra=5)  # the generated __init__ of a dataclass subclass
+    assert (
+        more.extra == 5
+        and {f.name: getattr(more, f.name) for f in dataclasses.fields(cls)} == values
+    )
+    assert copy.deepcopy(more) == more
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        more.extra = 6

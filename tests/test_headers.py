@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable
 
 import pytest
+from flask import Response
 
 from flask_distlimit.headers import Report, closest_to_denial, rate_limit_headers, sf_string
 from flask_distlimit.storage.base import Storage
@@ -131,3 +132,75 @@ def test_a_429_of_the_app_itself_gets_no_retry_after_from_us(
     assert response.status_code == 429
     assert "Retry-After" not in response.headers
     assert response.headers["X-RateLimit-Remaining"] == "4"
+
+
+_FAMILIES = {
+    "legacy": ("X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"),
+    "ietf": ("RateLimit-Policy", "RateLimit"),
+}
+_MODE_NAMES = {
+    "legacy": _FAMILIES["legacy"],
+    "ietf": _FAMILIES["ietf"],
+    "both": _FAMILIES["legacy"] + _FAMILIES["ietf"],
+    "none": (),
+}
+
+
+def _assert_each_header_once(response: object, mode: str) -> None:
+    headers = response.headers  # type: ignore[attr-defined]
+    for name in _MODE_NAMES["both"]:
+        assert len(headers.getlist(name)) == (name in _MODE_NAMES[mode]), (mode, name)
+    assert len(headers.getlist("Retry-After")) == (response.status_code == 429)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "ietf", "both", "none"])
+def test_each_header_once_with_several_limits_in_every_mode(
+    backend: Backend, clock: FakeClock, mode: str
+) -> None:
+    app, limiter, _ = make_app(
+        backend(),
+        clock,
+        DISTLIMIT_HEADERS=mode,
+        DISTLIMIT_GLOBAL_LIMITS="50/minute",
+        DISTLIMIT_ALGORITHM="fixed_window",
+    )
+    shared = Response("shared")  # one response object returned by every request
+
+    @app.get("/")
+    @limiter.limit("3/minute")
+    @limiter.limit("10/second;100/hour")
+    def index() -> str:
+        return "ok"
+
+    @app.get("/shared")
+    @limiter.limit("3/minute")
+    def same_object() -> Response:
+        return shared
+
+    client = app.test_client()
+    statuses = []
+    for path in ("/", "/shared"):
+        for _ in range(4):
+            response = client.get(path)
+            statuses.append(response.status_code)
+            _assert_each_header_once(response, mode)
+    assert statuses == [200, 200, 200, 429] * 2
+
+
+def test_limits_of_huge_numbers_give_whole_headers(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, _ = make_app(backend(), clock, DISTLIMIT_ALGORITHM="fixed_window")
+
+    @app.get("/")
+    @limiter.limit(f"{10**12}/day")
+    def index() -> str:
+        return "ok"
+
+    response = app.test_client().get("/")
+    assert response.headers["X-RateLimit-Limit"] == str(10**12)
+    assert response.headers["X-RateLimit-Remaining"] == str(10**12 - 1)
+    assert f";r={10**12 - 1};t=" in response.headers["RateLimit"]
+    _assert_each_header_once(response, "both")
+    huge = _report(limit=10**30, remaining=10**30, reset_after=1e300, retry_after=1e300)
+    for denied in (False, True):
+        values = dict(rate_limit_headers("both", huge, 1_700_000_000.5, denied=denied))
+        assert all(v.isprintable() and "e+" not in v and "inf" not in v for v in values.values())

@@ -15,6 +15,8 @@ from typing import Any
 import fakeredis
 import pytest
 import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from redis import exceptions as rx
 from redis.sentinel import MasterNotFoundError
 
@@ -717,4 +719,67 @@ def test_the_evalsha_bytes_follow_the_connection_encoding(redis_server: RedisPro
     storage = RedisStorage(host="127.0.0.1", port=redis_server.port, encoding="latin-1")
     ours = b"".join(connection.pack_command("EVALSHA", storage._script.sha, 1, "clé", "1"))
     assert storage._packer.pack(["clé"], ["1"]) == ours  # the pool's own encoding
+    storage.close()
+
+
+#: encodings that write ASCII as itself (in any other, redis-py garbles the command's SHA too)
+_ENCODINGS = st.sampled_from(["utf-8", "latin-1", "ascii", "cp1252", "shift_jis", "koi8-r"])
+_ERRORS = st.sampled_from(["strict", "replace", "ignore", "surrogateescape", "backslashreplace"])
+#: keys and arguments an app or an attacker could bring: any text (surrogates, CR LF, spaces,
+#: braces, empty), long text, ASCII text (the one-string path), integers
+_TEXT = st.one_of(
+    st.text(),
+    st.text(alphabet=st.characters(max_codepoint=127)),
+    st.sampled_from(["", "\r\n", "a b", "{}", "{", "}{", "clé:{é}", "$3\r\nabc\r\n", "*1"]),
+    st.text(alphabet="ab{}é\r\n ", min_size=5000, max_size=7000),  # past redis-py's buffer cutoff
+)
+_VALUES = st.lists(st.one_of(_TEXT, st.integers()), max_size=5)
+
+
+def _packed_or_error(pack: Callable[[], Any]) -> Any:
+    """The packed bytes, or the type of the encoding error raised."""
+    try:
+        packed = pack()
+    except UnicodeError as exc:
+        return type(exc)
+    return b"".join(packed) if isinstance(packed, list) else packed
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    keys=st.lists(_TEXT, max_size=4),
+    args=_VALUES,
+    token=st.one_of(st.none(), _TEXT),
+    mark=st.sampled_from(["1000", "1000,1", ""]),
+    encoding=_ENCODINGS,
+    errors=_ERRORS,
+)
+def test_the_evalsha_bytes_are_what_redis_py_packs_for_any_text_and_encoding(
+    keys: list[str],
+    args: list[str | int],
+    token: str | None,
+    mark: str,
+    encoding: str,
+    errors: str,
+) -> None:
+    connection = redis.Connection(encoding=encoding, encoding_errors=errors)
+    k, a = (keys, args) if token is None else ([*keys, token], [*args, mark])
+    expected = _packed_or_error(lambda: connection.pack_command("EVALSHA", SHA, len(k), *k, *a))
+    packer = EvalshaPacker(SHA, encoding=encoding, errors=errors)
+    assert _packed_or_error(lambda: packer.pack(keys, args, token, mark)) == expected
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
+def test_keys_of_any_text_are_counted_under_their_exact_bytes(
+    redis_server: RedisProcess, encoding: str
+) -> None:
+    storage = RedisStorage(host="127.0.0.1", port=redis_server.port, timeout=2, encoding=encoding)
+    admin = redis_server.client()
+    for key in ("clé:{é}:ünï", "a b\r\n$3\r\n{x}", "{", "}{", "{}", "k" * 20_000):
+        for n in (1, 2):
+            decision = storage.evaluate([Check(key, "fixed_window", 5, 60)]).decisions[0]
+            assert (decision.limit, decision.remaining) == (5, 5 - n)
+        assert admin.exists(key.encode(encoding)) == 1
+        admin.delete(key.encode(encoding))
+    admin.close()
     storage.close()

@@ -244,10 +244,15 @@ def test_a_bad_token_argument_is_refused_before_any_write(
 def test_the_token_key_sits_in_the_first_key_slot() -> None:
     from redis.crc import key_slot
 
-    for key in (CHECK.key, "p{x}:{y}:z", "app:{a}b}:c"):
+    # every first key, a hash tag or not, an odd one or several: Redis Cluster hashes the whole
+    # key unless a "{" is followed, later, by a "}" with something between
+    odd = ("plain", "ratelimit:instances", "a{}b", "{}", "a{b", "{", "}", "a}b", "}{", "a{}b}c")
+    for key in (CHECK.key, "p{x}:{y}:z", "app:{a}b}:c", "x{{y}z", "{}{y}", "", "ü{é", *odd):
         token = token_key(key, "123.4.5")
-        assert key_slot(token.encode()) == key_slot(key.encode())
-    assert token_key("plain", "7") == "plain:rq:7"
+        assert key_slot(token.encode()) == key_slot(key.encode()), key
+        assert token.endswith(":123.4.5") and token.startswith(key.partition("{")[0])
+    assert token_key("plain", "7") == "plain:rq:{plain}:7"
+    assert token_key("a{b", "7") == "a:rq:{a{b}:7"
 
 
 def test_request_tokens_are_unique_and_in_the_first_key_slot(
@@ -266,8 +271,90 @@ def test_request_tokens_are_unique_and_in_the_first_key_slot(
         suffix = token.rsplit(":", 1)[1]  # "<random>.<pid>.<counter>"
         assert suffix.endswith(f".{count}")
         assert token == token_key(first, suffix)
-        if "{" in first:  # a key without a hash tag has no slot to share (token_key)
-            assert key_slot(token.encode()) == key_slot(first.encode())
+        assert key_slot(token.encode()) == key_slot(first.encode())
     tokens.reset()  # a forked child: another random prefix, counted from 0 again
     again = tokens.key("plain").rsplit(":", 1)[1]
     assert again.endswith(".0") and again.split(".")[0] != made[3].rsplit(":", 1)[1].split(".")[0]
+
+
+def test_request_tokens_from_many_threads_are_unique_and_in_their_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from redis.crc import key_slot
+
+    from flask_distlimit.storage import tokens as tokens_module
+
+    monkeypatch.setattr(tokens_module, "_HEADS_KEPT", 3)  # emptied often, under the threads
+    tokens = tokens_module.RequestTokens(0.1)
+    firsts = [CHECK.key, "p{x}:{y}:z", "plain", "a{}b"]  # two threads share each first key
+    made: list[list[tuple[str, str]]] = [[] for _ in range(8)]
+    start = threading.Barrier(8)
+
+    def run(n: int) -> None:
+        start.wait()
+        for _ in range(2000):
+            first = firsts[n % len(firsts)]
+            made[n].append((first, tokens.key(first)))
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    pairs = [pair for each in made for pair in each]
+    assert len({token for _, token in pairs}) == len(pairs) == 16_000
+    for first, token in pairs:
+        assert token == token_key(first, token.rsplit(":", 1)[1])
+        assert key_slot(token.encode()) == key_slot(first.encode())
+
+
+def test_request_tokens_of_a_forked_child_never_repeat_its_parent_s(
+    redis_server: RedisProcess,
+) -> None:
+    import os
+
+    # a gunicorn-style fork after the parent served requests: the child's storage is reset
+    # (the extension's fork hook) and counts from 0 under another random prefix
+    storage = RedisStorage(host="127.0.0.1", port=redis_server.port)
+    parent = [storage.tokens.key(CHECK.key) for _ in range(3)]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its tokens, and exit without running pytest's teardown
+        try:
+            storage.reset_after_fork()
+            child = [storage.tokens.key(CHECK.key) for _ in range(3)]
+            os.write(write, "\n".join(child).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child = pipe.read().split("\n")
+    os.waitpid(pid, 0)
+    assert len(child) == 3 and not set(child) & set(parent)
+    assert {t.rsplit(":", 1)[1].split(".")[1] for t in child} == {str(pid)}
+    storage.close()
+
+
+def test_request_tokens_of_a_storage_used_without_the_extension_change_in_a_forked_child(
+    redis_server: RedisProcess,
+) -> None:
+    import os
+
+    # multiprocessing's fork, a job runner's: nobody calls reset_after_fork
+    storage = RedisStorage(host="127.0.0.1", port=redis_server.port)
+    storage.tokens.key(CHECK.key)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(write, storage.tokens.key(CHECK.key).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child = pipe.read()
+    os.waitpid(pid, 0)
+    parent = storage.tokens.key(CHECK.key)  # the parent's next token: the child's, unreset
+    assert child and child != parent
+    assert child.rsplit(":", 1)[1].split(".")[1:] == [str(pid), "0"]
+    storage.close()

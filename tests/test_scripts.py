@@ -63,9 +63,24 @@ def test_parse_reply() -> None:
         good.replace(",9,", ",9_0,").encode(),
         (good + ",").encode(),
         T0,
+        # integers of hundreds of digits: no time in seconds as a float (not OverflowError)
+        good.replace(",60000000,", f",{'9' * 320},").encode(),  # reset_after
+        good.replace(",-1,", f",{'9' * 320},").encode(),  # retry_after
+        bytearray(good.encode()),
+        "\u0661" + good,  # a non-ASCII digit (ARABIC-INDIC ONE) int() would read
+        redis.ResponseError("ERR garbage"),  # an error reply handed over, not raised
     ):
         with pytest.raises(StorageResponseError, match="SCRIPT FLUSH"):
             parse_reply(bad, checks)
+    huge = "9" * 320
+    for bad in (  # the one-check reply, read apart
+        f"{T0},1,10,9,{huge},0,0".encode(),
+        f"{T0},1,10,9,0,{huge},0".encode(),
+        f"{T0},1,10,9,0,{'9' * 5000},0".encode(),  # past int()'s digit limit
+        f"{T0},1,10,9,0,0".encode(),
+    ):
+        with pytest.raises(StorageResponseError, match="SCRIPT FLUSH"):
+            parse_reply(bad, checks[:1])
 
 
 class CountingRedis(redis.Redis):

@@ -172,3 +172,26 @@ def test_the_sentinel_question_shares_the_deadline() -> None:
     with pytest.raises(redis.TimeoutError, match="DISTLIMIT_REDIS_TIMEOUT spent"):
         pool.checkout(time.monotonic() - 0.001)
     storage.close()
+
+
+def test_after_readonly_every_request_reads_its_own_reply(
+    redis_sentinel: SentinelServers, master_client: redis.Redis
+) -> None:
+    # the READONLY reply is read whole and its connection dropped with the pool's: with one
+    # connection, the requests after it each read their own reply from the master
+    storage = from_url(f"{redis_sentinel.url}?max_connections=1", timeout=0.5)
+    assert isinstance(storage, RedisStorage)
+    pool = _hot(storage)
+    locate = pool.locate
+    assert locate is not None
+    master = redis_sentinel.current_master()
+    replica = redis_sentinel.replica if master is redis_sentinel.master else redis_sentinel.master
+    answers = [("127.0.0.1", replica.port)]
+    pool.locate = lambda: answers.pop() if answers else locate()
+    key = f"t:{{ro-{time.monotonic_ns()}}}:r:fixed_window"
+    for limit in (7, 5, 3):  # each request its own limit: another's reply would show
+        check = Check(f"{key}:{limit}", "fixed_window", limit, 60)
+        decision = storage.evaluate([check]).decisions[0]
+        assert (decision.limit, decision.remaining) == (limit, limit - 1)
+    assert not answers
+    storage.close()

@@ -121,6 +121,27 @@ def _read_or_repeat(
     return repeat_call(pool, connection, again, deadline, lost, lambda c: pool.read(c, deadline))
 
 
+def _rounds(
+    client: RedisCluster, parts: list[list[Check]], results: list[Any]
+) -> list[list[tuple[int, ClusterNode]]]:
+    """The parts (their indexes, with their primaries) in rounds of at most one part per
+    primary, each round's primaries in the order of their names; a part whose primary is not
+    known gets its error in ``results``."""
+    by_node: dict[str, list[tuple[int, ClusterNode]]] = {}
+    for n, part in enumerate(parts):
+        try:
+            node = client.get_node_from_key(part[0].key)  # type: ignore[no-untyped-call]
+        except REDIS_FAILURES as exc:
+            results[n] = _failed(exc, None, None)
+            continue
+        by_node.setdefault(str(node.name), []).append((n, node))
+    queues = [by_node[name] for name in sorted(by_node)]
+    return [
+        [queue[depth] for queue in queues if depth < len(queue)]
+        for depth in range(max(map(len, queues), default=0))
+    ]
+
+
 class _LostNode(StorageUnavailable):
     """A connection error or timeout on a node: the topology may have changed."""
 
@@ -364,7 +385,10 @@ class ClusterStorage(Storage):
 
         Every part's ``EVALSHA`` is written to the connection of its slot's primary before any
         reply is read, so the calls overlap on the network and in the servers (the way
-        redis-py's cluster pipeline sends to several nodes), and the replies are read within
+        redis-py's cluster pipeline sends to several nodes); parts that one primary serves go
+        in rounds, one per round, so a call holds one connection of a pool at a time (taken
+        in the order of the primaries' names: two calls never wait on each other), and the
+        replies are read within
         one shared deadline, ``timeout`` from now, taken before the first pool wait (the module
         docstring says what it bounds, and when a failed send is made once more). A part
         answered ``NOSCRIPT``, ``MOVED``, ``ASK`` or ``TRYAGAIN`` did not run: it is sent again
@@ -377,53 +401,65 @@ class ClusterStorage(Storage):
         # (part, its pool, the connection, keys, args, token)
         in_flight: list[tuple[int, DeadlinePool, Any, list[str], list[str | int], str]] = []
         try:
-            for n, part in enumerate(parts):
-                keys, args = script_args(part, now_us, refund=refund)
-                token = tokens.key(keys[0])
-                pool: DeadlinePool | None = None
-                connection: Any = None
-                try:
-                    node = client.get_node_from_key(keys[0])  # type: ignore[no-untyped-call]
-                    pool = self._pool_of(client, node)
-                    # not probed: a closed connection fails the send or loses the reply,
-                    # and both are made again below, as in RedisStorage
-                    connection = pool.checkout(deadline, probe=False)
-                    command = [packer.pack(keys, args, token, tokens.first)]
+            # At most one connection of a primary's pool at a time, the primaries taken in one
+            # order: a request never waits for a connection it holds itself, and two requests
+            # never each hold one that the other waits for (slot groups a primary serves go in
+            # rounds, one per round).
+            for round_ in _rounds(client, parts, results):
+                for n, node in round_:
+                    keys, args = script_args(parts[n], now_us, refund=refund)
+                    token = tokens.key(keys[0])
+                    pool: DeadlinePool | None = None
+                    connection: Any = None
                     try:
-                        pool.send(connection, command, deadline)
-                    except rx.ConnectionError:
-                        # The send failed, so Redis never had the whole command: the script did
-                        # not run. Once more on a fresh connection, within the same deadline.
-                        pool.renew(connection, deadline)
-                        pool.send(connection, command, deadline)
-                except REDIS_FAILURES as exc:
-                    results[n] = _failed(exc, pool, connection)
-                    continue
-                in_flight.append((n, pool, connection, keys, args, token))
-            while in_flight:
-                n, pool, connection, keys, args, token = in_flight[0]
-                try:
-                    reply = _read_or_repeat(
-                        pool, connection, packer, keys, args, token, tokens.again, deadline
-                    )
-                except _NOT_RUN:
-                    pool.release(connection)
-                    results[n] = self._call_or_error(parts[n], now_us, refund)
-                    continue
-                except StorageReplyLost as exc:
-                    pool.release(connection)
-                    results[n] = exc
-                    continue
-                except REDIS_FAILURES as exc:
-                    results[n] = _failed(exc, pool, connection)
-                    continue
-                finally:
+                        pool = self._pool_of(client, node)
+                        # not probed: a closed connection fails the send or loses the reply,
+                        # and both are made again below, as in RedisStorage
+                        command = [packer.pack(keys, args, token, tokens.first)]
+                        connection = pool.checkout(deadline, probe=False)
+                        # in flight from here: on an unexpected exception (not a Redis failure:
+                        # a signal handler's, a timeout's), the finally below closes it, so no
+                        # reply is left unread in the pool, and gives it back
+                        in_flight.append((n, pool, connection, keys, args, token))
+                        try:
+                            pool.send(connection, command, deadline)
+                        except rx.ConnectionError:
+                            # The send failed, so Redis never had the whole command: the script did
+                            # not run. Once more on a fresh connection, within the same deadline.
+                            pool.renew(connection, deadline)
+                            pool.send(connection, command, deadline)
+                    except REDIS_FAILURES as exc:
+                        if connection is not None:
+                            in_flight.pop()
+                        results[n] = _failed(exc, pool, connection)
+                        continue
+                while in_flight:
+                    n, pool, connection, keys, args, token = in_flight[0]
+                    try:
+                        reply = _read_or_repeat(
+                            pool, connection, packer, keys, args, token, tokens.again, deadline
+                        )
+                    except _NOT_RUN:
+                        in_flight.pop(0)
+                        pool.release(connection)
+                        results[n] = self._call_or_error(parts[n], now_us, refund)
+                        continue
+                    except StorageReplyLost as exc:
+                        in_flight.pop(0)
+                        pool.release(connection)
+                        results[n] = exc
+                        continue
+                    except REDIS_FAILURES as exc:
+                        in_flight.pop(0)
+                        results[n] = _failed(exc, pool, connection)
+                        continue
+                    # (an unexpected exception leaves it in flight, for the finally below)
                     in_flight.pop(0)
-                pool.release(connection)
-                try:
-                    results[n] = parse_reply(reply, parts[n])
-                except StorageError as exc:
-                    results[n] = exc
+                    pool.release(connection)
+                    try:
+                        results[n] = parse_reply(reply, parts[n])
+                    except StorageError as exc:
+                        results[n] = exc
         finally:
             for _, pool, connection, *_ in in_flight:  # only after an unexpected exception
                 pool.broken(connection)

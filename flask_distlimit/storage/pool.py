@@ -200,8 +200,11 @@ class DeadlinePool:
         """
         try:
             left = deadline - time.monotonic()
+            # the socket's timeout; None once :meth:`disconnect` forgot the connection (in use
+            # by this thread meanwhile): its timeout is unknown
+            live = self._live.get(connection)
             # When the socket's own timeout would end too early or too late: wait explicitly.
-            if abs(self._live[connection] - left) > self.slack and (
+            if (live is None or abs(live - left) > self.slack) and (
                 left <= 0 or not connection.can_read(left)
             ):
                 raise redis.TimeoutError("Timeout reading from Redis (DISTLIMIT_REDIS_TIMEOUT)")
@@ -222,8 +225,14 @@ class DeadlinePool:
         try:
             self.send(connection, connection.pack_command("PING"), deadline)
             return self.read(connection, deadline) in (b"PONG", "PONG", True)
+        except redis.ResponseError:
+            return False  # an error reply, read whole
         except redis.RedisError:
+            self.broken(connection)
             return False
+        except BaseException:  # e.g. a signal handler's, between the send and the read
+            self.broken(connection)
+            raise
         finally:
             self.release(connection)
 
@@ -243,14 +252,28 @@ class DeadlinePool:
             connection.disconnect()
 
     def disconnect(self) -> None:
-        """Disconnect every connection (each reconnects on its next checkout)."""
+        """Disconnect every connection: each reconnects on its next checkout.
+
+        An idle one is closed now; one in use by another thread (Sentinel: a ``READONLY``
+        reply drops the pool while other requests are between their send and their read) is
+        only forgotten, and closed when next checked out: closing a socket under a thread that
+        reads it would raise there whatever redis-py's parser meets.
+        """
         if self.pid != os.getpid():
             self.forget_inherited()
-        with self._ready:
-            made = list(self._made)
-        for connection in made:
-            self._live.pop(connection, None)
-            connection.disconnect()
+        with self._lock:  # the idle ones are taken out while they are closed
+            idle = list(self._idle)
+            self._idle.clear()
+            for connection in self._made:
+                self._live.pop(connection, None)
+        try:
+            for connection in idle:
+                connection.disconnect()
+        finally:
+            with self._lock:
+                self._idle.extend(idle)
+                if self._waiting:
+                    self._ready.notify_all()
 
     def forget_inherited(self) -> None:
         """In a forked child: close this process's copies of the inherited sockets (redis-py

@@ -276,6 +276,14 @@ class RedisStorage(Storage):
                 lost,
                 lambda c: _reply(pool, c, script, again, deadline),
             )
+        except redis.ResponseError:
+            raise  # an error reply, read whole: nothing is left unread
+        except BaseException:
+            # Anything else may have come between a send and its read (a signal handler's
+            # exception, a gevent-style timeout, KeyboardInterrupt) and left a reply unread:
+            # the connection is closed, or the next call on it would read this call's reply.
+            pool.broken(connection)
+            raise
         finally:
             pool.release(connection)
 

@@ -15,6 +15,7 @@ import itertools
 import math
 import os
 import secrets
+import weakref
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -38,7 +39,7 @@ _HEADS_KEPT: Final = 1024
 class RequestTokens:
     """Hands out the token keys of one storage's calls; ``timeout`` is the call's deadline."""
 
-    __slots__ = ("_count", "_heads", "_prefix", "again", "first", "ttl_ms")
+    __slots__ = ("__weakref__", "_count", "_heads", "_prefix", "again", "first", "ttl_ms")
 
     def __init__(self, timeout: float) -> None:
         #: how long Redis keeps a reply: the retry comes within the same deadline
@@ -48,6 +49,7 @@ class RequestTokens:
         self.first = str(self.ttl_ms)
         self.again = f"{self.ttl_ms},1"
         self.reset()
+        _every.add(self)  # reset in a forked child, whoever forks (not only the extension)
 
     def reset(self) -> None:
         """Draw a new random prefix (in a forked child: its parent's counter is no longer
@@ -66,6 +68,20 @@ class RequestTokens:
                 self._heads.clear()
             head = self._heads[first_key] = token_key(first_key, "")
         return f"{head}{self._prefix}{next(self._count)}"
+
+
+#: Every RequestTokens of this process: a forked child resets each (its parent's prefix and
+#: counter would give the same tokens in both).
+_every: weakref.WeakSet[RequestTokens] = weakref.WeakSet()
+
+
+def _reset_in_child() -> None:
+    for tokens in list(_every):
+        tokens.reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_in_child)
 
 
 def repeat_call(
