@@ -1,6 +1,7 @@
 """Requests per second under gunicorn: the bare app, the minimal limiter and ours, alternating.
 
     python bench/bench_gunicorn.py --pairs 7 --seconds 5      # about 2 minutes
+    python bench/bench_gunicorn.py --pairs 9 --seconds 5 --no-token  # + ours without the token
     (also run by: python bench/bench_overhead.py --gunicorn ...)
 
 A private redis-server on loopback and three gunicorn servers (``-w 2``, gunicorn's default sync
@@ -12,6 +13,12 @@ server once in a shuffled order, after an unmeasured warm-up run of each. Reques
 are compared within each round (ours / bare, ours / minimal) and the median over the rounds is
 reported, with its 95 % confidence interval in square brackets and the lowest and highest
 round in round brackets. Any response but a 200 fails the run.
+
+Each run also records CPU per request: the gunicorn processes' (master and workers, from Linux's
+``/proc``), Redis's whole process (``INFO cpu``) and Redis's own time in ``EVALSHA`` (``INFO
+commandstats``, reset before each run), to show where a server's requests per second go when
+the machine's cores are the limit. ``--no-token`` adds an experiment beside the goals' apps: ours
+whose calls carry no request token (issue 11's replay safety), to show what the token costs.
 
 ``wrk`` comes from Debian's package (``apt-get install -y wrk``). Client, servers and Redis share
 the machine's cores, as they would on one small host; the ratios are what the goals are about.
@@ -38,6 +45,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 KINDS = ("bare", "minimal", "ours")
+#: ``--no-token``: ours with calls that carry no request token (what the token costs a server)
+NO_TOKEN = "ours-no-token"
 #: Far above what a run sends (a few thousand requests per second for a few minutes).
 HUGE = 1_000_000_000
 GOAL_BARE = 0.60
@@ -56,7 +65,12 @@ def create_app(kind: str) -> Any:
         return minimal_app(url, limit=HUGE)
     if kind == "ours":
         return ours_app(url, "fixed_window", 1, limit=f"{HUGE}/hour")
-    raise ValueError(f"unknown app kind {kind!r}: one of {KINDS}")
+    if kind == NO_TOKEN:  # the experiment of --no-token: never a goal's figure
+        from bench_overhead import _drop_request_tokens
+
+        _drop_request_tokens()
+        return ours_app(url, "fixed_window", 1, limit=f"{HUGE}/hour")
+    raise ValueError(f"unknown app kind {kind!r}: one of {(*KINDS, NO_TOKEN)}")
 
 
 @dataclass
@@ -66,6 +80,9 @@ class Server:
     proc: subprocess.Popen[bytes]
     log: Path
     rps: list[float] = field(default_factory=list)
+    #: per run: the gunicorn processes' CPU (master and workers), Redis's CPU and Redis's own
+    #: time in EVALSHA (INFO commandstats), each in us per request
+    cpu: list[tuple[float, float, float]] = field(default_factory=list)
 
 
 def start(kind: str, redis_url: str, logdir: Path) -> Server:
@@ -143,31 +160,70 @@ class Result:
         return [x / y for x, y in zip(a, b, strict=True)]
 
 
-def run(pairs: int, seconds: float, seed: int = 3) -> Result:
+def _process_cpu(pid: int) -> float:
+    """CPU seconds of process ``pid`` and its children (Linux ``/proc``; 0 elsewhere)."""
+    total = 0.0
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        for each in [pid, *map(int, children)]:
+            fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return 0.0
+    return total
+
+
+def _redis_cpu(client: Any) -> tuple[float, float]:
+    """Redis's CPU seconds so far, and its microseconds in EVALSHA since the last reset."""
+    cpu = client.info("cpu")
+    stats = client.info("commandstats").get("cmdstat_evalsha", {"usec": 0})
+    return cpu["used_cpu_user"] + cpu["used_cpu_sys"], float(stats["usec"])
+
+
+def measured(server: Server, client: Any, seconds: float) -> float:
+    """One ``wrk`` run of ``server``, its CPU per request recorded; answers requests/s."""
+    client.config_resetstat()
+    before, (redis_before, _) = _process_cpu(server.proc.pid), _redis_cpu(client)
+    rps = wrk(server.port, seconds)
+    after, (redis_after, evalsha_us) = _process_cpu(server.proc.pid), _redis_cpu(client)
+    requests = max(1.0, rps * seconds)
+    server.cpu.append(
+        (
+            (after - before) / requests * 1e6,
+            (redis_after - redis_before) / requests * 1e6,
+            evalsha_us / requests,
+        )
+    )
+    return rps
+
+
+def run(pairs: int, seconds: float, seed: int = 3, kinds: tuple[str, ...] = KINDS) -> Result:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed for the gunicorn runs: apt-get install -y wrk")
     sys.path.insert(0, str(ROOT))
     from tests.servers import start_redis
 
     redis_server = start_redis()
+    client = redis_server.client()
     servers: dict[str, Server] = {}
     with tempfile.TemporaryDirectory(prefix="bench-gunicorn-") as logdir:
         try:
-            for kind in KINDS:
+            for kind in kinds:
                 servers[kind] = start(kind, redis_server.url, Path(logdir))
             for server in servers.values():  # warm-up: workers' connections, scripts, caches
                 wrk(server.port, 1)
             rng = random.Random(seed)
-            order = list(KINDS)
+            order = list(kinds)
             for number in range(pairs):
                 rng.shuffle(order)
                 for kind in order:
-                    servers[kind].rps.append(wrk(servers[kind].port, seconds))
-                line = ", ".join(f"{k} {servers[k].rps[-1]:,.0f}" for k in KINDS)
+                    servers[kind].rps.append(measured(servers[kind], client, seconds))
+                line = ", ".join(f"{k} {servers[k].rps[-1]:,.0f}" for k in kinds)
                 print(f"  gunicorn round {number + 1}/{pairs}: {line} req/s", file=sys.stderr)
         finally:
             for server in servers.values():
                 stop(server)
+            client.close()
             redis_server.stop()
     return Result(servers, pairs, seconds)
 
@@ -193,10 +249,28 @@ def table(result: Result) -> tuple[str, list[Any]]:
         f"| {minimal_to_bare.text()} | 1 |",
         f"| ours (fixed window, 1 limit) | {statistics.median(result.servers['ours'].rps):,.0f} "
         f"| {to_bare.text()} | {to_minimal.text()} |",
+    ]
+    if NO_TOKEN in result.servers:
+        lines.append(
+            f"| *experiment:* ours, calls without a request token "
+            f"| {statistics.median(result.servers[NO_TOKEN].rps):,.0f} "
+            f"| {ratio(NO_TOKEN, 'bare').text()} | {ratio(NO_TOKEN, 'minimal').text()} |"
+        )
+    lines += [
         "",
         f"{result.pairs} rounds of {result.seconds:g} s per app, apps in a shuffled order in each "
         "round; ratios taken within each round.",
+        "",
+        "CPU per request, median of the runs (us): the gunicorn processes (master and workers, "
+        "from /proc), Redis's whole process (INFO cpu) and Redis's own time in EVALSHA "
+        "(INFO commandstats):",
+        "",
+        "| app | gunicorn CPU | Redis CPU | of which EVALSHA |",
+        "|---|---:|---:|---:|",
     ]
+    for kind, server in result.servers.items():
+        workers, whole, evalsha = (statistics.median(c[i] for c in server.cpu) for i in range(3))
+        lines.append(f"| {kind} | {workers:.0f} | {whole:.0f} | {evalsha:.1f} |")
     goals = [
         Goal(
             f"under gunicorn, ours >= {GOAL_BARE:.2f} of the bare app's requests/s",
@@ -216,8 +290,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=7, help="rounds (each runs every app once)")
     parser.add_argument("--seconds", type=float, default=5.0, help="length of one wrk run")
+    parser.add_argument(
+        "--no-token",
+        action="store_true",
+        help="an experiment beside the goals' apps: ours with calls that carry no request token "
+        "(what the token costs a server; a lost reply could then be counted twice)",
+    )
     args = parser.parse_args(argv)
-    text, goals = table(run(args.pairs, args.seconds))
+    kinds = (*KINDS, NO_TOKEN) if args.no_token else KINDS
+    text, goals = table(run(args.pairs, args.seconds, kinds=kinds))
     print(text)
     for goal in goals:
         print(goal.row())
