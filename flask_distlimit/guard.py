@@ -41,8 +41,10 @@ still count the request (their limits stay exact) and can deny it. While some pr
 is open, the slot map is reloaded at most every :data:`REDISCOVER_INTERVAL` seconds, so a replica
 promoted in its place gets the slots and a closed breaker of its own.
 
-An error reply (:class:`~flask_distlimit.errors.StorageResponseError`) is a bug or bad data: it is
-raised to the caller, never counted as an outage, never answered by the failure policy.
+An error reply (:class:`~flask_distlimit.errors.StorageResponseError`: a bug, data the limiter does
+not expect, a Redis-compatible server that runs Lua otherwise) is never counted as an outage (the
+store answered) and never a 500: the failure policy answers the checks it concerns, and one
+ERROR line a minute names it.
 
 :meth:`Guard.health` never raises: whatever the storage does, it reports ``ok: False`` and the
 cause in ``error``.
@@ -196,6 +198,7 @@ class Guard:
         self._clock = clock
         self._log_lock = threading.Lock()
         self._refusal_logged_at: float | None = None  # clock() of the last ERROR line
+        self._unreadable_logged_at: float | None = None  # the same, for error replies
         # What health() evaluates: cost 0 consumes nothing and writes no key, but needs what a
         # request needs (EVALSHA, the script's commands, access to keys under the prefix).
         self._probe = Check(f"{key_prefix}:{{health}}:probe:fixed_window", "fixed_window", 1, 1, 0)
@@ -339,9 +342,12 @@ class Guard:
             if self._follows:
                 self._follow(refresh=False)  # the failed call may have found a new master
             return self._degraded(checks, policy, now_us)
-        except StorageResponseError:
+        except StorageResponseError as exc:
             breaker.success()  # the store answered: not an outage
-            raise
+            if metrics is not None:
+                metrics.storage_call(time.perf_counter() - started)
+            self._unreadable(exc)
+            return self._degraded(checks, policy, now_us)
         except BaseException:
             breaker.release()
             raise
@@ -422,12 +428,12 @@ class Guard:
         spent: list[int] = []  # indexes of checks a group admitted and consumed
         answered: list[int] = []
         denied = False
-        reply_error: StorageError | None = None
         for (_, indexes), part, result in zip(live, parts, results, strict=True):
             if isinstance(result, StorageUnavailable):
                 failed.extend(indexes)
-            elif isinstance(result, StorageError):
-                reply_error = result
+            elif isinstance(result, StorageError):  # an error reply: the policy decides these
+                self._unreadable(result)
+                failed.extend(indexes)
             else:
                 decisions_of_part = result.decisions
                 for i, decision in zip(indexes, decisions_of_part, strict=True):
@@ -443,9 +449,6 @@ class Guard:
                         for i, d in zip(indexes, decisions_of_part, strict=True)
                         if not d.shadow_denied
                     )
-        if reply_error is not None:
-            self._give_back(checks, spent, decisions, now_us)
-            raise reply_error
         if repaired:
             self._repaired(repaired)
         if not failed:
@@ -700,6 +703,25 @@ class Guard:
                 self.key_prefix,
             )
 
+    def _unreadable(self, exc: StorageError) -> None:
+        """Log an error reply (a reply the limiter cannot read): once, then at most once a
+        minute. The request is answered by the failure policy, never with a 500."""
+        now = self._clock()
+        with self._log_lock:
+            last = self._unreadable_logged_at
+            if last is not None and now - last < MISCONFIGURED_LOG_INTERVAL:
+                return
+            self._unreadable_logged_at = now
+        log.error(
+            "Rate-limit storage %s answered what the limiter cannot read (a bug, data it does not "
+            "expect, or a Redis-compatible server that runs Lua otherwise), so such requests are "
+            "answered by the failure policy (%r unless their route sets one); logged at most "
+            "once a minute: %s",
+            self.name,
+            self.policy,
+            exc,
+        )
+
     def _refused(self, exc: StorageMisconfigured) -> None:
         """Log that the storage refuses the limiter: once, then at most once a minute."""
         now = self._clock()
@@ -834,6 +856,7 @@ class Guard:
         self._log_lock = threading.Lock()
         self._fallbacks_lock = threading.Lock()
         self._refusal_logged_at = None  # every process says it once
+        self._unreadable_logged_at = None
         self.breakers._after_fork()
         self.instances._after_fork()
         self.last_known._after_fork()

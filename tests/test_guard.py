@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from flask_distlimit.decision import Check, Evaluation
-from flask_distlimit.errors import ConfigurationError, StorageMisconfigured, StorageResponseError
+from flask_distlimit.errors import ConfigurationError, StorageMisconfigured
 from flask_distlimit.guard import MISCONFIGURED_LOG_INTERVAL, Guard, Outcome, validate_policy
 from flask_distlimit.metrics import Metrics
 from tests.guard_helpers import REFUSAL, FakeClock, ScriptedStorage, check
@@ -81,14 +81,37 @@ def test_local_share_is_at_least_one() -> None:
     assert second is not None and not second.allowed
 
 
-def test_error_reply_is_raised_and_never_counted_as_an_outage() -> None:
-    guard, storage, _ = make("error", fail_max=2)
-    for _ in range(5):
-        with pytest.raises(StorageResponseError):
-            guard.evaluate([check()], now_us=NOW)
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("open", Outcome(None, degraded=True)),
+        ("closed", Outcome(None, degraded=True, unavailable=True)),
+    ],
+)
+def test_an_error_reply_gets_the_policy_never_counts_as_an_outage_and_is_logged(
+    policy: str, expected: Outcome, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Never a 500 (the brief: bad Redis replies get a safe default): the failure policy
+    answers, the breaker hears a success (the store answered), one ERROR line a minute."""
+    guard, storage, clock = make("error", fail_max=2, policy=policy)
+    with caplog.at_level(logging.ERROR, logger="flask_distlimit.guard"):
+        for _ in range(5):
+            assert guard.evaluate([check()], now_us=NOW) == expected
+        clock.advance(MISCONFIGURED_LOG_INTERVAL)
+        guard.evaluate([check()], now_us=NOW)
     assert guard.breaker.state == "closed"
     assert guard.breaker.failures == 0
-    assert storage.calls == 5
+    assert storage.calls == 6
+    lines = [r for r in caplog.records if "cannot read" in r.getMessage()]
+    assert len(lines) == 2  # once, then once a minute
+    assert "scripted error reply" in lines[0].getMessage()
+
+
+def test_an_error_reply_under_local_is_decided_by_the_local_share() -> None:
+    guard, _, _ = make("error", policy="local")
+    outcome = guard.evaluate([check()], now_us=NOW)
+    assert outcome.degraded and outcome.evaluation is not None
+    assert outcome.evaluation.allowed
 
 
 @pytest.mark.parametrize(

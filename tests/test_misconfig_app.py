@@ -175,3 +175,43 @@ def test_health_says_what_is_refused(
     assert health["ok"] is False
     assert health["error_type"] == "StorageMisconfigured"
     assert cause in str(health["error"])
+
+
+@pytest.mark.parametrize(
+    ("policy", "statuses"),
+    [("open", [200] * 5), ("closed", [503] * 5), ("local", [200, 200, 200, 429, 429])],
+)
+def test_a_reply_the_limiter_cannot_read_gets_the_policy_never_a_500(
+    servers: dict[str, RedisProcess],
+    app_factory: Callable[[str, str, FakeClock], Flask],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    policy: str,
+    statuses: list[int],
+) -> None:
+    """The real script on a real Redis answers an error reply (here: an argument with one field
+    too many, as a bug would send): each request gets the failure policy, not a 500; the store
+    answered, so the breaker stays closed; one ERROR line."""
+    from flask_distlimit.storage import redis as redis_storage
+
+    def one_field_too_many(*args: object, **kwargs: object) -> tuple[list[str], list[str]]:
+        keys, argv = script_args(*args, **kwargs)
+        return keys, [f"{argv[0]},7"]
+
+    script_args = redis_storage.script_args
+    monkeypatch.setattr(redis_storage, "script_args", one_field_too_many)
+    server = servers["acl"]
+    clock = FakeClock(start=1_700_000_040.0)
+    app = app_factory(f"redis://:{PASSWORD}@127.0.0.1:{server.port}/0", policy, clock)
+    with caplog.at_level(logging.ERROR):
+        responses = get(app, 5)
+    assert [r.status_code for r in responses] == statuses
+    assert all(
+        r.headers["X-RateLimit-Degraded"] == "true" for r in responses if r.status_code == 200
+    )
+    if policy == "closed":
+        assert all(r.mimetype == "application/problem+json" for r in responses)
+    [line] = error_lines(caplog)
+    assert "cannot read" in line and "expected 2 + 4" in line and repr(policy) in line
+    breaker = Limiter.state(app).guard.breaker
+    assert breaker.state == "closed" and breaker.failures == 0  # every call was answered

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from flask_distlimit.breakers import DEFAULT_NODE, Breakers
 from flask_distlimit.decision import Check, Evaluation
-from flask_distlimit.errors import StorageError, StorageUnavailable
+from flask_distlimit.errors import StorageError, StorageResponseError, StorageUnavailable
 from flask_distlimit.guard import REDISCOVER_INTERVAL, Guard
 from flask_distlimit.metrics import Metrics
 from flask_distlimit.storage.memory import MemoryStorage
@@ -45,10 +45,13 @@ class Shards(MemoryStorage):
         self.topology: set[str] = {A, B}
         self.sent: list[str] = []  # the node of every part sent
         self.moved: dict[str, str] = {}  # a node whose slots another serves now
+        self.garbled: set[str] = set()  # nodes that answer an error reply
 
     def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
         if any(self.serving(c.key) in self.down for c in checks):
             raise StorageUnavailable("fake node down")
+        if any(self.serving(c.key) in self.garbled for c in checks):
+            raise StorageResponseError("fake error reply")
         return super().evaluate(checks, now_us=now_us)
 
     def serving(self, key: str) -> str:
@@ -379,3 +382,28 @@ def test_one_node_reaches_all_of_its_checks_or_none() -> None:
     assert guard.reachable(checks) == [checks]
     guard.breaker.failure(StorageUnavailable("down"))
     assert guard.reachable(checks) == []
+
+
+@pytest.mark.parametrize(
+    ("policy", "on_garbled_node"),
+    [
+        ("closed", ["unavailable"] * 4),
+        ("open", ["degraded allowed"] * 4),
+        ("local", ["degraded allowed"] * 3 + ["degraded denied"]),  # limit 3, one instance
+    ],
+)
+def test_a_node_answering_error_replies_gets_the_policy_for_its_keys_only(
+    policy: str, on_garbled_node: list[str]
+) -> None:
+    """Never a 500 on a Cluster either: the error reply's checks go to the failure policy, the
+    other nodes' answers stand (what they admitted is given back when the policy refuses), and
+    the node's breaker stays closed (it answered)."""
+    guard, storage, _ = make(policy)
+    storage.garbled.add(B)
+    assert kinds(guard, [limit("bob")], 4) == on_garbled_node
+    assert kinds(guard, [limit("alice")], 4) == ["allowed"] * 3 + ["denied"]
+    mixed = [limit("anna"), limit("bea")]
+    kind = kinds(guard, mixed, 1)[0]
+    assert kind == ("unavailable" if policy == "closed" else "degraded allowed")
+    assert storage.remaining(limit("anna")) == (3 if policy == "closed" else 2)
+    assert guard.breakers.states() == {A: "closed", B: "closed"}
