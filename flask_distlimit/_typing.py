@@ -25,8 +25,9 @@ FailurePolicy = Literal["open", "closed", "local"]
 HeaderMode = Literal["legacy", "ietf", "both", "none"]
 #: Where a declared limit comes from.
 LimitKind = Literal["route", "shared", "blueprint", "default", "global", "tier"]
-#: ``key_func=``: who is counted, called inside the request after the app's hooks.
-KeyFunc = Callable[[], str]
+#: ``key_func=``: who is counted, called inside the request after the app's hooks; ``None`` (or
+#: ``""``): the request's own identity.
+KeyFunc = Callable[[], str | int | None]
 #: ``cost=`` as a callable: the units a request costs, an int >= 0.
 CostFunc = Callable[[], int]
 #: ``exempt_when=``: the limit is skipped for a request when it answers true.

@@ -317,7 +317,8 @@ class Declarations:
         - ``algorithm``: one of :data:`~flask_distlimit.ALGORITHMS` (default
           ``DISTLIMIT_ALGORITHM``);
         - ``key_func``: who is counted, e.g. ``lambda: g.tenant_id`` (default: the request's
-          identity: verified user, JWT or API key, else the client IP); it runs after the app's
+          identity: verified user, JWT or API key, else the client IP); it answers a ``str`` or
+          ``int``, or ``None``/``""`` for the request's own identity, and runs after the app's
           and the blueprints' ``before_request`` hooks, so it sees what they set;
         - ``cost``: units per request, an int >= 0 or a callable answering one (default 1, or
           ``DISTLIMIT_CONDITIONAL_COST`` for conditional requests);

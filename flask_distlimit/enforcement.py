@@ -182,11 +182,26 @@ def _cost_value(b: BoundLimit, default: int) -> int:
     return value
 
 
-def _key_text(key_func: KeyFunc) -> str:
+def _key_text(b: BoundLimit, key_func: KeyFunc) -> str | None:
     """``func:<value>``: what a ``key_func`` returns, in a key space of its own (never the
-    bucket of an address, a user, a token or an API key; see :mod:`flask_distlimit.keys`)."""
-    value = key_func()
-    return "func:" + (value if isinstance(value, str) else str(value))
+    bucket of an address, a user, a token or an API key; see :mod:`flask_distlimit.keys`).
+
+    ``None`` when it answers no key (``None`` or ``""``): the request is counted under its own
+    identity, never every keyless request in one shared bucket. A ``str`` or an ``int`` is a
+    key; anything else raises ``TypeError``: the text of a model object holds its memory address
+    (a fresh quota on every request) and bytes read ``"b'...'"``."""
+    value: object = key_func()
+    if isinstance(value, str):
+        return "func:" + value if value else None
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"func:{value}"
+    raise TypeError(
+        f"The key_func {getattr(key_func, '__qualname__', key_func)!r} of the rate limit "
+        f"{b.name!r} returned a {type(value).__name__}; it must return a str or int (e.g. "
+        "str(current_user.id)), or None to count the request under its own identity."
+    )
 
 
 def _blueprints_of(app: Flask, endpoint: str) -> list[object]:
@@ -519,7 +534,14 @@ class Enforcer:
             fixed -= 1
             if b.exempt_when is not None and b.exempt_when():
                 continue
-            tag = itag if b.key_func is None else state.identity_tag(_key_text(b.key_func))
+            tag = itag
+            if b.key_func is not None:
+                text = _key_text(b, b.key_func)
+                if text is not None:
+                    tag = state.identity_tag(text)
+                elif identity is None:  # no key: counted under the request's identity
+                    identity = state.resolver.identify(req, state.hooks)
+                    tag = itag = state.identity_tag(identity.value)
             if b.algorithm == CONCURRENCY:  # a slot, not a cost (flask_distlimit.concurrency)
                 checks.append(slot_check(b, tag, self._lease))
                 bounds.append(b)

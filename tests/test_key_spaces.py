@@ -21,6 +21,7 @@ from redis.crc import key_slot
 from flask_distlimit import Limiter
 from flask_distlimit.digests import REFRESH_INTERVAL, SHARED_KEY_TTL
 from flask_distlimit.storage.base import Storage
+from flask_distlimit.storage.memory import MemoryStorage
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.testing import FakeClock
 from tests.distlimit_fixtures import backend, clock, make_app
@@ -109,6 +110,81 @@ def test_operators_name_a_key_func_identity_with_func(backend: Backend, clock: F
     assert state.reset_identity("ip:alice") == 0  # another kind: not her bucket
     assert state.reset_identity("func:alice") == 1
     assert client.post("/login", data={"username": "alice"}).status_code == 200
+
+
+class _Tenant:
+    """A model object without ``__str__``: its text is its repr, with its memory address."""
+
+
+def test_a_key_func_that_answers_no_key_counts_the_request_under_its_identity(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """``key_func=lambda: g.get("tenant")`` answers ``None`` (or ``""``) for a client with no
+    tenant: each such client is counted as itself, never all of them in one ``func:None`` bucket
+    (one client could then lock every other out), nor in the bucket of a tenant named "None"."""
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.get("/report")
+    @limiter.limit(
+        "2/minute", key_func=lambda: request.headers.get("X-Tenant", request.args.get("t"))
+    )
+    def report() -> str:
+        return "ok"
+
+    client = app.test_client()
+
+    def status(addr: str, **headers: str) -> int:
+        return client.get(
+            "/report", headers=headers, environ_base={"REMOTE_ADDR": addr}
+        ).status_code
+
+    assert [status("198.51.100.1") for _ in range(3)] == [200, 200, 429]
+    assert [status("198.51.100.2", X_Tenant="") for _ in range(3)] == [200, 200, 429]
+    assert status("198.51.100.3") == 200  # not the bucket the others spent
+    assert [status("198.51.100.1", X_Tenant="None") for _ in range(3)] == [200, 200, 429]
+    assert status("198.51.100.4") == 200  # a tenant named "None" spent its own bucket
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(lambda: _Tenant(), id="object-with-repr"),
+        pytest.param(lambda: b"acme", id="bytes"),
+        pytest.param(lambda: True, id="bool"),
+        pytest.param(lambda: 1.5, id="float"),
+    ],
+)
+def test_a_key_func_answer_that_is_not_a_key_is_refused(
+    clock: FakeClock, answer: Callable[[], object]
+) -> None:
+    """A ``key_func`` that answers a model object (whose text holds its memory address, so every
+    request would get a fresh quota) or bytes (``"b'acme'"``, apart from ``"acme"``) is a bug in
+    the app: a clear ``TypeError`` naming the limit, never a silent bucket."""
+    app, limiter, _ = make_app(MemoryStorage(clock=clock), clock)
+
+    @app.get("/report")
+    @limiter.limit("2/minute", key_func=answer)  # type: ignore[arg-type]
+    def report() -> str:
+        return "ok"
+
+    app.testing = True  # let the error reach the test instead of a 500 page
+    with pytest.raises(TypeError, match=r"key_func .* of the rate limit .*str or int"):
+        app.test_client().get("/report")
+
+
+def test_a_key_func_int_and_its_text_are_one_key(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+    t = "7"
+
+    @app.get("/report")
+    @limiter.limit("2/minute", key_func=lambda: int(t) if "int" in request.args else t)
+    def report() -> str:
+        return "ok"
+
+    client = app.test_client()
+    assert client.get("/report?int=1").status_code == 200
+    assert client.get("/report").status_code == 200
+    assert client.get("/report?int=1").status_code == 429
 
 
 # -- keyed digests -----------------------------------------------------------------------------
