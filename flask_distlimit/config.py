@@ -36,8 +36,9 @@ The keys read here, each ``key`` (default ``value``) followed by its meaning:
     Connect and read timeout of the storage, in seconds (> 0, <= 10).
 ``DISTLIMIT_CONDITIONAL_COST`` (default ``1``)
     Cost of a ``GET`` or ``HEAD`` carrying ``If-None-Match`` or ``If-Modified-Since``, for every
-    route limit that does not set its own ``cost`` (an int from 0 to 1000; 0 makes conditional
-    requests free on route limits). The global and tier limits always count at least 1.
+    route limit that does not set its own ``cost`` (an int from 0 to 1000; 0 makes revalidations
+    free on route limits: only those answered with a 304, the others are charged 1 after the
+    response). The global and tier limits always count at least 1.
 ``DISTLIMIT_ENABLED`` (default ``True``)
     ``False`` turns every limit off: no storage calls, no headers.
 ``DISTLIMIT_FAILURE_POLICY`` (default ``"open"``)

@@ -49,10 +49,14 @@ log = logging.getLogger("flask_distlimit")
 
 @dataclass(frozen=True, slots=True)
 class Deferred:
-    """One limit of a request to charge after the response: ``check`` has the request's cost."""
+    """One limit of a request to charge after the response: ``check`` has the request's cost.
+
+    ``free_if_not_modified``: a conditional request under ``DISTLIMIT_CONDITIONAL_COST=0``,
+    free only when its response is a 304 (the header alone is the client's claim)."""
 
     check: Check
     bound: BoundLimit
+    free_if_not_modified: bool = False
 
 
 def spent(
@@ -68,8 +72,11 @@ def spent(
 
 
 def _wants_charge(later: Deferred, response: Response) -> bool:
+    if later.free_if_not_modified and response.status_code == 304:
+        return False
     when = later.bound.deduct_when
-    assert when is not None
+    if when is None:
+        return True
     try:
         return bool(when(response))
     except Exception:  # the app's code: charge, the safe side for a login limit

@@ -517,6 +517,11 @@ class Enforcer:
                 checks.append(b.check(tag, every_cost))
                 bounds.append(b)
         itag = ""
+        # DISTLIMIT_CONDITIONAL_COST=0: the request claims to revalidate, but only a 304 proves
+        # it; route limits peek now and charge the whole cost after a response that is not 304.
+        revalidation = default_cost == 0 and bool(route_limits)
+        if revalidation:
+            plain = False
         if (tiers and state.tier_limits) or needs_identity:
             identity = state.resolver.identify(req, state.hooks)
             itag = state.identity_tag(identity.value)
@@ -547,7 +552,8 @@ class Enforcer:
                 bounds.append(b)
                 continue
             cost = default_cost if b.cost is None else _cost_value(b, default_cost)
-            if b.dynamic is None and b.deduct_when is None:  # the common case
+            unproved = revalidation and b.cost is None  # free only if the answer is a 304
+            if b.dynamic is None and b.deduct_when is None and not unproved:  # the common case
                 checks.append(b.check(tag, cost))
                 bounds.append(b)
                 continue
@@ -559,9 +565,9 @@ class Enforcer:
                     tag, tier, state.local_clock(), self._dynamic_ttl, room
                 )
             for r in resolved:
-                if r.deduct_when is not None:  # a peek now, charged after the response
-                    check = r.check(tag, cost)
-                    data.deferred[check.key] = deduction.Deferred(check, r)
+                if r.deduct_when is not None or unproved:  # a peek now, charged after
+                    check = r.check(tag, 1 if unproved else cost)
+                    data.deferred[check.key] = deduction.Deferred(check, r, unproved)
                     checks.append(r.check(tag, 0))
                 else:
                     checks.append(r.check(tag, cost))

@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 
 import pytest
-from flask import Flask, g, request
+from flask import Flask, Response, g, make_response, request
 
 from flask_distlimit import ConfigurationError, Limiter
 from flask_distlimit.extension import Breach
@@ -43,10 +43,39 @@ def test_a_conditional_header_makes_no_post_and_no_global_limit_free(
         for _ in range(4)
     ]
     assert posts == [200, 200, 200, 429]  # POST: the conditional cost does not apply
-    # A conditional GET is free on the route limit but still counts 1 on the global limit:
-    # with the 3 POSTs admitted, 5 GETs spend the 8 global units.
-    gets = [client.get("/login", headers=ETAG).status_code for _ in range(6)]
-    assert gets == [200] * 5 + [429]
+    # A conditional GET answered by a full 200 is charged its whole cost on the route limit
+    # (after the response) and 1 on the global limit: the 4th GET meets a spent route quota.
+    gets = [client.get("/login", headers=ETAG).status_code for _ in range(4)]
+    assert gets == [200] * 3 + [429]
+
+
+def test_only_a_304_is_free_a_conditional_header_alone_is_not(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """With ``DISTLIMIT_CONDITIONAL_COST=0`` a revalidation that the view answers with 304 is
+    free on route limits; but the header is the client's claim: ``If-None-Match: "bogus"`` on
+    every request got every full response free, and the route limit never applied."""
+    app, limiter, _ = make_app(backend(), clock, DISTLIMIT_CONDITIONAL_COST=0)
+
+    @app.get("/search")
+    @limiter.limit("3/minute")
+    def search() -> Response:
+        response = make_response("results")
+        response.set_etag("v1")
+        return response.make_conditional(request)
+
+    @app.get("/login")
+    @limiter.limit("3/minute", deduct_when=lambda response: response.status_code >= 400)
+    def login() -> tuple[str, int]:
+        return "who?", 401
+
+    client = app.test_client()
+    revalidations = [client.get("/search", headers=ETAG).status_code for _ in range(5)]
+    assert revalidations == [304] * 5  # free
+    bogus = {"If-None-Match": '"bogus"'}
+    assert [client.get("/search", headers=bogus).status_code for _ in range(4)] == [200] * 3 + [429]
+    assert client.get("/search", headers=ETAG).status_code == 429  # the quota is spent
+    assert [client.get("/login", headers=bogus).status_code for _ in range(4)] == [401] * 3 + [429]
 
 
 def test_a_request_that_costs_more_than_the_limit_is_refused_at_once_and_honestly(
