@@ -333,7 +333,8 @@ class Declarations:
         - ``deduct_when``: ``(response) -> bool``: the request is refused before the view when
           the quota is spent, and charged after the response only when it answers true (a
           second storage call): :mod:`flask_distlimit.deduction`;
-        - ``methods``: the HTTP methods the limit applies to (default: every one);
+        - ``methods``: the HTTP methods the limit applies to (default: every one; ``GET``
+          includes ``HEAD``, which Flask answers with the GET view);
         - ``override_defaults``: False keeps ``DISTLIMIT_DEFAULT_LIMITS`` beside this limit;
         - ``on_breach``: called with a :class:`~flask_distlimit.Breach` when this limit
           refuses, instead of the Limiter's hook; may return a response;
@@ -516,6 +517,8 @@ class Declarations:
             method_set = frozenset(m.strip().upper() for m in methods)
             if not method_set:
                 raise ConfigurationError("methods=[] would never apply: name at least one method.")
+            if "GET" in method_set:  # Flask runs the GET view for HEAD: one limit, one quota
+                method_set |= {"HEAD"}
         checked_algorithm = validate_algorithm(algorithm) if algorithm is not None else None
         if concurrency:
             checked_algorithm = CONCURRENCY

@@ -39,6 +39,28 @@ def test_methods_limits_only_those_methods(backend: Backend, clock: FakeClock) -
     assert statuses(app, "/items", 3, method="POST") == [200, 200, 429]
 
 
+def test_a_get_limit_also_limits_head_which_runs_the_same_view(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Flask answers HEAD with the GET view (the body is computed, then dropped). A limit
+    declared for GET that let HEAD through unlimited gave an attacker the status of every
+    lookup (user enumeration) and the view's whole cost, with no quota at all."""
+    app, limiter, _ = make_app(backend(), clock)
+    runs: list[str] = []
+
+    @app.get("/users/<name>")
+    @limiter.limit("3/minute", methods=["GET"])
+    def lookup(name: str) -> tuple[str, int]:
+        runs.append(name)
+        return ("found", 200) if name == "alice" else ("no such user", 404)
+
+    client = app.test_client()
+    probes = [client.head(f"/users/u{i}").status_code for i in range(5)]
+    assert probes == [404, 404, 404, 429, 429]
+    assert len(runs) == 3
+    assert client.get("/users/alice").status_code == 429  # one quota for GET and HEAD
+
+
 def test_methods_of_a_route_fall_back_to_the_defaults_for_other_methods(
     backend: Backend, clock: FakeClock
 ) -> None:
