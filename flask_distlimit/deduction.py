@@ -12,7 +12,8 @@
    ``Retry-After`` is the time until the quota is whole again: a peek does not tell when one
    unit frees, so it is an upper bound). The request's other
    limits in that same call are ordinary checks: they were charged already (the peek is not
-   a denial inside the all-or-nothing script call).
+   a denial inside the all-or-nothing script call). A shadow limit's peek never refuses: it is
+   logged as a would-be refusal (:mod:`flask_distlimit.shadow`).
 2. After the response, the callable is asked; when it answers true, the limit is charged in a
    second storage call (only requests of routes with such a limit make it). The charge is
    all-or-nothing like every call: a charge that no longer fits (other requests filled the
@@ -60,13 +61,24 @@ class Deferred:
 
 
 def spent(
-    checks: Sequence[Check], decisions: Sequence[Decision], deferred: dict[str, Deferred]
+    checks: Sequence[Check],
+    decisions: Sequence[Decision],
+    deferred: dict[str, Deferred],
+    *,
+    shadow: bool = False,
 ) -> list[int]:
-    """Indexes of the peeks whose limit has fewer units left than the request would cost."""
+    """Indexes of the peeks whose limit has fewer units left than the request would cost: the
+    enforced limits' (they refuse the request), or with ``shadow`` the shadow limits' (they
+    never refuse: they are only logged as would-be refusals)."""
     found: list[int] = []
     for i, (c, d) in enumerate(zip(checks, decisions, strict=True)):
         later = deferred.get(c.key)
-        if later is not None and c.cost == 0 and d.remaining < later.check.cost:
+        if (
+            later is not None
+            and c.cost == 0
+            and c.shadow is shadow
+            and d.remaining < later.check.cost
+        ):
             found.append(i)
     return found
 

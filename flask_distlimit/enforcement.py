@@ -668,12 +668,15 @@ class Enforcer:
                 degraded=outcome.degraded,
                 denied_bounds=[bounds[i] for i in spent],
             )
-        if not simple and any(d.shadow_denied for d in decisions):
+        shadow_spent = (
+            deduction.spent(checks, decisions, data.deferred, shadow=True) if data.deferred else []
+        )
+        if not simple and (shadow_spent or any(d.shadow_denied for d in decisions)):
             self._shadow_log.would_deny(
                 [
                     (c.key, b.name, b.rate.period)
-                    for c, b, d in zip(checks, bounds, decisions, strict=True)
-                    if d.shadow_denied
+                    for i, (c, b, d) in enumerate(zip(checks, bounds, decisions, strict=True))
+                    if d.shadow_denied or i in shadow_spent
                 ],
                 request.method,
                 request.endpoint,

@@ -145,6 +145,34 @@ def test_a_shadow_limit_never_refuses_but_logs_and_counts_what_it_would_have(
     assert registry.get_sample_value("distlimit_shadow_denials_total", label) == 5
 
 
+def test_a_shadow_limit_charged_after_the_response_never_refuses(
+    backend: Backend, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``deduct_when`` limit (and, under ``DISTLIMIT_CONDITIONAL_COST=0``, a conditional GET's
+    route limit) peeks before the view and refused once its quota was spent, even as a shadow
+    limit: turning shadow mode on for a rollout refused real logins."""
+    app, limiter, _ = make_app(backend(), clock, DISTLIMIT_CONDITIONAL_COST=0)
+
+    @app.post("/login")
+    @limiter.limit("2/minute", shadow=True, deduct_when=lambda r: r.status_code == 401)
+    def login() -> tuple[str, int]:
+        return "who?", 401
+
+    @app.get("/search")
+    @limiter.limit("2/minute", shadow=True)
+    def search() -> str:
+        return "ok"
+
+    client = app.test_client()
+    bogus = {"If-None-Match": '"bogus"'}
+    with caplog.at_level(logging.INFO, logger="flask_distlimit"):
+        assert [client.post("/login").status_code for _ in range(4)] == [401] * 4
+        assert [client.get("/search", headers=bogus).status_code for _ in range(4)] == [200] * 4
+    lines = [r.getMessage() for r in caplog.records if "Shadow rate limit" in r.getMessage()]
+    assert len(lines) == 2
+    assert "login:2/minute" in lines[0] and "search:2/minute" in lines[1]
+
+
 def test_headers_describe_the_enforced_limit_and_never_the_shadow_one(
     backend: Backend, clock: FakeClock
 ) -> None:
