@@ -11,7 +11,8 @@ app's test client on a real redis-server:
   under test: a valid token's subject, else a known API key's id (in any letter case), else the
   address the trusted proxy appended (several spellings of one address, and of one IPv6 /64,
   name one client), else the proxy that handed on a header without an address; a ``key_func``
-  value is a client of its own kind, whatever it spells.
+  value is a client of its own kind, whatever it spells (an empty one: the request's own
+  identity).
 """
 
 from __future__ import annotations
@@ -199,7 +200,9 @@ def test_no_input_errs_or_lands_in_another_clients_bucket(
                 who = attempt.ip_client
             elif limit == "r_fuzz_1000/60":
                 who = attempt.client
-            else:
+            elif attempt.key_func_value:
                 who = ("key_func", attempt.key_func_value)
+            else:  # an empty key_func answer: the request's own identity
+                who = attempt.client
             assert named.setdefault(tag, who) == who, (tag, named[tag], who)
             assert by_client.setdefault(who, tag) == tag, (who, by_client[who], tag)
