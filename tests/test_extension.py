@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from flask import Blueprint, Flask, g, jsonify, request
+from flask import Blueprint, Flask, Response, g, jsonify, make_response, request
 
 from flask_distlimit import ALGORITHMS, ConfigurationError, Limiter, StorageUnavailable
 from flask_distlimit.decision import Check, Evaluation
@@ -241,15 +241,20 @@ def test_conditional_requests_cost_the_conditional_cost(backend: Backend, clock:
 
     @app.get("/doc")
     @limiter.limit("2/minute")
-    def doc() -> str:
-        return "doc"
+    def doc() -> Response:
+        response = make_response("doc")
+        response.set_etag("abc")
+        return response.make_conditional(request)
 
     client = app.test_client()
     for _ in range(5):
-        assert client.get("/doc", headers={"If-None-Match": '"abc"'}).status_code == 200
+        assert client.get("/doc", headers={"If-None-Match": '"abc"'}).status_code == 304
     assert counting.checks[-1][0].cost == 0
+    evaluations = counting.evaluations
+    # A condition the view cannot honour ends in a full response: charged 1 after it.
     assert client.get("/doc", headers={"If-Modified-Since": "garbage"}).status_code == 200
-    assert [client.get("/doc").status_code for _ in range(3)] == [200, 200, 429]
+    assert counting.evaluations == evaluations + 2  # the peek, then the charge
+    assert [client.get("/doc").status_code for _ in range(2)] == [200, 429]
 
 
 def test_garbage_request_headers_never_cause_a_500(backend: Backend, clock: FakeClock) -> None:
