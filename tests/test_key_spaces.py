@@ -172,6 +172,28 @@ def test_a_key_func_answer_that_is_not_a_key_is_refused(
         app.test_client().get("/report")
 
 
+def test_a_key_func_that_raises_an_http_error_answers_it_and_counts_nothing(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """``request.form["username"]`` on a post without one raises werkzeug's 400: the client
+    gets that 400 (never a 500), and nothing is counted under any key."""
+    app, limiter, counting = make_app(backend(), clock)
+
+    @app.post("/login")
+    @limiter.limit("2/minute", key_func=lambda: request.form["username"])
+    def login() -> str:
+        return "ok"
+
+    client = app.test_client()
+    assert [client.post("/login").status_code for _ in range(3)] == [400] * 3
+    assert counting.evaluations == 0
+    assert [client.post("/login", data={"username": "bob"}).status_code for _ in range(3)] == [
+        200,
+        200,
+        429,
+    ]
+
+
 def test_a_key_func_int_and_its_text_are_one_key(backend: Backend, clock: FakeClock) -> None:
     app, limiter, _ = make_app(backend(), clock)
     t = "7"
