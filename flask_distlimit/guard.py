@@ -199,6 +199,8 @@ class Guard:
         self._log_lock = threading.Lock()
         self._refusal_logged_at: float | None = None  # clock() of the last ERROR line
         self._unreadable_logged_at: float | None = None  # the same, for error replies
+        self._unreadable_count = 0  # error replies answered by the policy (health())
+        self._unreadable_last: str | None = None  # the last one, in one line
         # What health() evaluates: cost 0 consumes nothing and writes no key, but needs what a
         # request needs (EVALSHA, the script's commands, access to keys under the prefix).
         self._probe = Check(f"{key_prefix}:{{health}}:probe:fixed_window", "fixed_window", 1, 1, 0)
@@ -705,9 +707,15 @@ class Guard:
 
     def _unreadable(self, exc: StorageError) -> None:
         """Log an error reply (a reply the limiter cannot read): once, then at most once a
-        minute. The request is answered by the failure policy, never with a 500."""
+        minute. The request is answered by the failure policy, never with a 500; every one is
+        counted (``health()``, the ``unreadable_replies_total`` metric), since the breaker
+        stays closed and an operator would otherwise see only ``degraded`` decisions."""
         now = self._clock()
+        if self.metrics is not None:
+            self.metrics.unreadable()
         with self._log_lock:
+            self._unreadable_count += 1
+            self._unreadable_last = _one_line(str(exc) or type(exc).__name__)
             last = self._unreadable_logged_at
             if last is not None and now - last < MISCONFIGURED_LOG_INTERVAL:
                 return
@@ -810,6 +818,10 @@ class Guard:
         (:class:`~flask_distlimit.errors.StorageError`) or not, gives ``ok: False``, its cause
         in one line in ``error`` and its class name in ``error_type`` (``StorageUnavailable``,
         ``StorageMisconfigured``, ``StorageResponseError``, or any other).
+
+        ``unreadable_replies`` counts the replies to requests this process could not read (an
+        error reply or one of the wrong shape: the failure policy answered them, the breaker
+        stayed closed), ``unreadable_last`` quotes the last in one line (``None``: none yet).
         """
         error: str | None = None
         error_type: str | None = None
@@ -849,6 +861,8 @@ class Guard:
             "fallback_divisor": self.instances.divisor,
             "fallback_active": self.fallback_active,
             "fallback_held_keys": sum(f.held() for f in self._fallbacks_all()),
+            "unreadable_replies": self._unreadable_count,
+            "unreadable_last": self._unreadable_last,
             "leases": _leases_held(self),
         }
 
@@ -857,6 +871,7 @@ class Guard:
         self._fallbacks_lock = threading.Lock()
         self._refusal_logged_at = None  # every process says it once
         self._unreadable_logged_at = None
+        self._unreadable_count, self._unreadable_last = 0, None
         self.breakers._after_fork()
         self.instances._after_fork()
         self.last_known._after_fork()

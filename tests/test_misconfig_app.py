@@ -215,3 +215,47 @@ def test_a_reply_the_limiter_cannot_read_gets_the_policy_never_a_500(
     assert "cannot read" in line and "expected 2 + 4" in line and repr(policy) in line
     breaker = Limiter.state(app).guard.breaker
     assert breaker.state == "closed" and breaker.failures == 0  # every call was answered
+
+
+def test_an_operator_sees_replies_the_limiter_cannot_read(
+    servers: dict[str, RedisProcess],
+    app_factory: Callable[[str, str, FakeClock], Flask],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once error replies are no 500, nothing an operator watches showed them: the breaker
+    stays closed (the store answered) and the health probe's own call is fine, so a bug or bad
+    data that only some requests meet (here every other call) was an ERROR line a minute and
+    ``degraded`` decisions that look like an outage. A Prometheus counter and the health report
+    count every such reply and quote the last one."""
+    from prometheus_client import CollectorRegistry
+
+    from flask_distlimit.metrics import metrics_for
+    from flask_distlimit.storage import redis as redis_storage
+
+    calls = [0]
+
+    def every_other_call_wrong(*args: object, **kwargs: object) -> tuple[list[str], list[str]]:
+        keys, argv = script_args(*args, **kwargs)
+        calls[0] += 1
+        return keys, [f"{argv[0]},7"] if calls[0] % 2 else argv
+
+    script_args = redis_storage.script_args
+    server = servers["acl"]
+    clock = FakeClock(start=1_700_000_040.0)
+    app = app_factory(f"redis://:{PASSWORD}@127.0.0.1:{server.port}/0", "open", clock)
+    guard = Limiter.state(app).guard
+    registry = CollectorRegistry()
+    guard.use_metrics(metrics_for(registry))
+    assert guard.health()["unreadable_replies"] == 0
+    monkeypatch.setattr(redis_storage, "script_args", every_other_call_wrong)
+    responses = get(app, 2)  # the first call errs, the second is answered
+    assert [r.status_code for r in responses] == [200, 200]
+    assert responses[0].headers["X-RateLimit-Degraded"] == "true"
+    assert "X-RateLimit-Degraded" not in responses[1].headers
+    monkeypatch.setattr(redis_storage, "script_args", script_args)
+    health = guard.health()
+    assert health["ok"] is True  # the probe is answered: the store is up
+    assert health["unreadable_replies"] == 1
+    assert "expected 2 + 4" in str(health["unreadable_last"])
+    assert registry.get_sample_value("distlimit_unreadable_replies_total") == 1.0
+    assert guard.breaker.state == "closed" and guard.breaker.failures == 0
