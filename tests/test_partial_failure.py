@@ -1,0 +1,183 @@
+"""Partial failures of a real redis-server against the hot call that no longer probes a pooled
+connection at checkout (a closed one fails the send or loses the reply, and the call is made
+again under its request token): a restart between requests while several threads hold pooled
+connections, the server's idle ``timeout`` closing every pooled connection, and ``maxclients``
+refusing the reconnect. Each request is answered (or gets the failure policy when the server
+refuses it), counted once, never handed another call's reply, and no connection leaks."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from flask_distlimit.decision import Check
+from flask_distlimit.guard import Guard
+from flask_distlimit.storage.redis import RedisStorage
+from tests.guard_helpers import FakeClock
+from tests.servers import RedisProcess, start_redis
+
+pytestmark = pytest.mark.redis
+
+THREADS = 4
+CHECK = Check("ratelimit:{partial}:r:1000000/3600:fixed_window", "fixed_window", 1_000_000, 3600)
+
+
+@pytest.fixture
+def server() -> Iterator[RedisProcess]:
+    made = start_redis()
+    try:
+        yield made
+    finally:
+        made.stop()
+
+
+def _storage(server: RedisProcess) -> RedisStorage:
+    return RedisStorage(host="127.0.0.1", port=server.port, timeout=3.0, max_connections=THREADS)
+
+
+def _admin(server: RedisProcess) -> redis.Redis:
+    return redis.Redis(host="127.0.0.1", port=server.port)
+
+
+def _pool_every_connection(storage: RedisStorage) -> list[int]:
+    """Connect all ``THREADS`` connections of the hot pool and leave them idle in it; their
+    CLIENT IDs."""
+    pool: Any = storage.pool
+    held = [pool.get_connection() for _ in range(THREADS)]
+    ids = []
+    for connection in held:
+        connection.send_command("CLIENT", "ID")
+        ids.append(int(connection.read_response()))
+    for connection in held:
+        pool.release(connection)
+    return ids
+
+
+def _requests_from_threads(storage: RedisStorage, each: int) -> tuple[int, list[BaseException]]:
+    """``THREADS`` threads make ``each`` calls at once: how many were admitted, what raised."""
+    admitted = [0] * THREADS
+    errors: list[BaseException] = []
+    start = threading.Barrier(THREADS)
+
+    def work(i: int) -> None:
+        start.wait()
+        for _ in range(each):
+            try:
+                evaluation = storage.evaluate([CHECK])
+            except BaseException as exc:  # reported by the test
+                errors.append(exc)
+            else:
+                # never another call's reply: a fixed window of this size always admits
+                admitted[i] += evaluation.allowed and evaluation.decisions[0].limit == CHECK.limit
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(admitted), errors
+
+
+def _count(admin: redis.Redis) -> int:
+    return int(admin.hget(CHECK.key, "n") or 0)
+
+
+def _no_leak(storage: RedisStorage) -> None:
+    pool: Any = storage.pool
+    assert len(pool._made) <= THREADS
+    assert len(pool._idle) == len(pool._made)  # every connection back in the pool
+
+
+def test_a_restart_between_requests_under_threads_costs_no_answer(server: RedisProcess) -> None:
+    """Every pooled connection dies with the server; 4 threads' requests after the restart
+    (same port, empty, no script) are all answered and each counted once."""
+    storage = _storage(server)
+    try:
+        storage.evaluate([CHECK])
+        _pool_every_connection(storage)
+        server.restart()
+        admitted, errors = _requests_from_threads(storage, each=5)
+        assert not errors
+        assert admitted == THREADS * 5
+        admin = _admin(server)
+        assert _count(admin) == THREADS * 5  # the restarted Redis counted each once
+        _no_leak(storage)
+        admin.close()
+    finally:
+        storage.close()
+
+
+def test_the_server_idle_timeout_closing_every_pooled_connection_costs_no_answer(
+    server: RedisProcess,
+) -> None:
+    """``CONFIG SET timeout 1``: the server closes every idle pooled connection; the next
+    requests from 4 threads are answered and counted once, and the repeats' GETs of a kept
+    reply show the lost-reply path ran (nothing ran twice)."""
+    storage = _storage(server)
+    admin = _admin(server)
+    try:
+        storage.evaluate([CHECK])
+        ids = _pool_every_connection(storage)
+        admin.config_set("timeout", 1)
+        for _ in range(200):  # the server's cron closes them after a second or two idle
+            live = {int(c["id"]) for c in admin.client_list()}
+            if not live & set(ids):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the server never closed the idle connections")
+        admin.config_set("timeout", 0)
+        admin.config_resetstat()
+        before = _count(admin)
+        admitted, errors = _requests_from_threads(storage, each=3)
+        assert not errors
+        assert admitted == THREADS * 3
+        assert _count(admin) == before + THREADS * 3
+        _no_leak(storage)
+    finally:
+        admin.close()
+        storage.close()
+
+
+def test_maxclients_refusing_the_reconnect_gets_the_policy_and_leaks_nothing(
+    server: RedisProcess,
+) -> None:
+    """The pooled connection is closed and the server is full (``maxclients``): the reconnect
+    is refused, so the request is an outage (the policy answers, the breaker hears a failure),
+    not a stale reply, not a reply the limiter cannot read; once a place is free, the next
+    request is answered and what Redis counted is exactly what was admitted."""
+    storage = RedisStorage(host="127.0.0.1", port=server.port, timeout=1.0, max_connections=1)
+    admin = _admin(server)
+    guard = Guard(storage, policy="closed", fail_max=1, reset_timeout=30.0, clock=FakeClock())
+    filler = _admin(server)
+    try:
+        assert not guard.evaluate([CHECK]).degraded
+        admin.ping()
+        pool: Any = storage.pool
+        admin.config_set("maxclients", 2)  # admin + the pooled connection
+        admin.client_kill_filter(_type="normal", skipme=True)  # closes the pooled connection
+        filler.ping()  # the place it left is taken
+        outcome = guard.evaluate([CHECK])
+        assert outcome.unavailable  # closed: a 503, the storage failed
+        assert guard.breaker.state == "open"
+        assert guard.health()["unreadable_replies"] == 0
+        assert len(pool._made) == 1 and pool._idle and not pool._live  # back, disconnected
+        filler.close()
+        for _ in range(200):  # the server sees the filler go
+            if len(admin.client_list()) == 1:
+                break
+            time.sleep(0.01)
+        guard.breaker.reset()
+        evaluation = storage.evaluate([CHECK])
+        assert evaluation.allowed and evaluation.decisions[0].remaining == CHECK.limit - 2
+        assert _count(admin) == 2  # the refused request never ran
+        _no_leak(storage)
+    finally:
+        filler.close()
+        admin.close()
+        storage.close()
