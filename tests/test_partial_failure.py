@@ -3,12 +3,16 @@ connection at checkout (a closed one fails the send or loses the reply, and the 
 again under its request token): a restart between requests while several threads hold pooled
 connections, the server's idle ``timeout`` closing every pooled connection, and ``maxclients``
 refusing the reconnect. Each request is answered (or gets the failure policy when the server
-refuses it), counted once, never handed another call's reply, and no connection leaks."""
+refuses it), counted once, never handed another call's reply, and no connection leaks.
+
+And error replies (answered by the failure policy since they are no 500) that come and go under
+policy ``local``: the fallback takes over and hands back within the documented bounds."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,8 +20,11 @@ import pytest
 import redis
 
 from flask_distlimit.decision import Check
+from flask_distlimit.errors import StorageResponseError, StorageUnavailable
 from flask_distlimit.guard import Guard
 from flask_distlimit.storage.redis import RedisStorage
+from flask_distlimit.storage.urls import from_url
+from tests.faults import FailingStorage
 from tests.guard_helpers import FakeClock
 from tests.servers import RedisProcess, start_redis
 
@@ -181,3 +188,57 @@ def test_maxclients_refusing_the_reconnect_gets_the_policy_and_leaks_nothing(
         filler.close()
         admin.close()
         storage.close()
+
+
+class ErrorReplies(FailingStorage):
+    """:class:`FailingStorage` whose picked calls meet an error reply (the store answered)
+    instead of an outage."""
+
+    def _gate(self) -> None:
+        try:
+            super()._gate()
+        except StorageUnavailable as exc:
+            raise StorageResponseError(f"injected error reply ({exc})") from exc
+
+
+LIMIT, PROCESSES, STEP_US = 30, 3, 5_000
+EPOCH_US = 1_700_000_000 * 1_000_000
+
+
+def test_error_replies_that_come_and_go_keep_the_local_bounds(server: RedisProcess) -> None:
+    """Policy ``local``, three processes on one real Redis, and every other call of each meets
+    an error reply for the first two seconds: the local fallback takes over for those calls and
+    counts the others too while engaged, then hands back. In every one-second window the fleet
+    admits at most 1.1 x the limit and each process at most its share + 1 (docs/failure-modes.md,
+    "The bound"); the breakers never open (the store answered), and Redis alone decides again
+    once the settling period is over."""
+    clock = FakeClock(start=0.0)
+    erring = [True]
+    guards = [
+        Guard(ErrorReplies(from_url(server.url, timeout=1.0), lambda n: erring[0] and n % 2 == 0),
+              policy="local", instances=PROCESSES, fail_max=2, reset_timeout=0.5, clock=clock)
+        for _ in range(PROCESSES)
+    ]  # fmt: skip
+    check = [Check("ratelimit:{flaky}:r:fixed_window", "fixed_window", LIMIT, 1)]
+    per_window: dict[int, int] = defaultdict(int)
+    per_process: dict[tuple[int, int], int] = defaultdict(int)
+    try:
+        for step in range(6 * 200):  # 6 s, 200 requests a second, round robin
+            clock.now = step * STEP_US / 1_000_000
+            erring[0] = clock.now < 2.0
+            process = step % PROCESSES
+            outcome = guards[process].evaluate(check, now_us=EPOCH_US + step * STEP_US)
+            assert outcome.evaluation is not None
+            admitted = outcome.evaluation.allowed
+            per_window[int(clock.now)] += admitted
+            per_process[(int(clock.now), process)] += admitted
+        print(f"\n[error replies come and go] admitted per window: {dict(per_window)}")
+        assert all(g.breaker.state == "closed" and g.breaker.failures == 0 for g in guards)
+        assert max(per_window.values()) <= 1.1 * LIMIT
+        assert max(per_process.values()) <= LIMIT // PROCESSES + 1
+        assert per_window[5] == LIMIT  # handed back: Redis alone admits the whole limit
+        assert not any(g.fallback_active for g in guards)
+        assert guards[0].health()["unreadable_replies"] > 0
+    finally:
+        for guard in guards:
+            guard.storage.close()
