@@ -265,13 +265,18 @@ WRONG_SHAPES = ("fleet_from_reply", "given_back", "repaired_from_reply")
 
 
 def test_calls_beside_and_after_the_request_never_raise_on_replies_the_limiter_cannot_read(
-    servers: dict[str, RedisProcess], monkeypatch: pytest.MonkeyPatch
+    servers: dict[str, RedisProcess],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Every storage call that is not the request's own decision meets an error reply or a
     reply of the wrong shape, on a real Redis: the deferred charge of a ``deduct_when`` limit
     (after the response), the give-back of a concurrency slot (when the response closes), the
     instance heartbeat, and a lease's give-back and record. No exception reaches Flask (testing
-    mode would raise it here instead of a 500), and each request is answered as usual."""
+    mode would raise it here instead of a 500), and each request is answered as usual. Each
+    such reply is counted where an operator looks (``health()``), and all of them together log
+    one ERROR line a minute, as the request's own do (they logged a traceback each: a heartbeat
+    every 5 s, a lease's give-back up to 8 a second)."""
     from flask_distlimit.errors import StorageResponseError
     from flask_distlimit.leases import GIVE_BACK_AFTER_US
     from flask_distlimit.storage import redis as redis_storage
@@ -331,6 +336,7 @@ def test_calls_beside_and_after_the_request_never_raise_on_replies_the_limiter_c
         monkeypatch.setattr(redis_storage, name, wrong_shape(name))
     client = app.test_client()
     statuses = []
+    caplog.set_level(logging.ERROR)
     for _ in range(3):
         statuses.append(client.post("/login").status_code)  # its charge errs after the response
         with client.get("/slot") as response:  # its slot's give-back errs: its lease frees it
@@ -339,6 +345,9 @@ def test_calls_beside_and_after_the_request_never_raise_on_replies_the_limiter_c
         clock.advance(GIVE_BACK_AFTER_US / 1_000_000 + 2)  # give-backs and records due
     assert statuses == [200] * 9
     assert all(seen.values()), seen  # each kind of call met a reply it cannot read
+    assert limiter.state(app).guard.health()["unreadable_replies"] == sum(seen.values())
+    [line] = error_lines(caplog)  # 9 s of the fake clock: one line
+    assert "cannot read" in line
     monkeypatch.setattr(redis_storage, "script_args", script_args)
     # The charges that met an error reply were dropped (logged): the login limit is whole.
     assert [client.post("/login").status_code for _ in range(5)] == [200] * 5
