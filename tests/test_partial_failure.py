@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
 from flask_distlimit.decision import Check
 from flask_distlimit.errors import StorageResponseError, StorageUnavailable
@@ -26,7 +27,8 @@ from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.storage.urls import from_url
 from tests.faults import FailingStorage
 from tests.guard_helpers import FakeClock
-from tests.servers import RedisProcess, start_redis
+from tests.servers import ClusterServers, RedisProcess, start_redis
+from tests.test_cluster_storage import tags_on_distinct_primaries
 
 pytestmark = pytest.mark.redis
 
@@ -242,3 +244,53 @@ def test_error_replies_that_come_and_go_keep_the_local_bounds(server: RedisProce
     finally:
         for guard in guards:
             guard.storage.close()
+
+
+@pytest.mark.cluster
+def test_error_replies_for_one_cluster_slot_group_get_the_local_share_for_its_keys_only(
+    redis_cluster: ClusterServers, cluster_client: RedisCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real Redis Cluster whose real script answers an error reply for one slot group only
+    (its primary runs another version of the script, say): under ``local``, that group's limit
+    is decided by the local share, the other group's by Redis, all or nothing (what Redis took
+    for a request the local share refuses is given back), the breakers stay closed, and no
+    connection is left out of its pool. When the errors stop, Redis decides again."""
+    from flask_distlimit.storage import cluster as cluster_storage
+
+    alice, bob = tags_on_distinct_primaries(redis_cluster, 2)
+    plain = Check(f"t:{{{alice}}}:r:fixed_window", "fixed_window", 100, 3600)
+    garbled = Check(f"t:{{{bob}}}:r:fixed_window", "fixed_window", 5, 3600)
+    script_args = cluster_storage.script_args
+    erring = [True]
+
+    def garbled_group_errs(*args: Any, **kwargs: Any) -> tuple[list[str], list[str]]:
+        keys, argv = script_args(*args, **kwargs)
+        if erring[0] and any(f"{{{bob}}}" in k for k in keys):
+            return keys, [f"{argv[0]},7"]
+        return keys, argv
+
+    monkeypatch.setattr(cluster_storage, "script_args", garbled_group_errs)
+    storage = from_url(redis_cluster.url, timeout=1.0)
+    clock = FakeClock(start=0.0)
+    guard = Guard(storage, policy="local", fail_max=2, reset_timeout=0.5, clock=clock)
+    try:
+        admitted = []
+        for _ in range(8):
+            outcome = guard.evaluate([plain, garbled])
+            assert outcome.degraded and outcome.evaluation is not None
+            admitted.append(outcome.evaluation.allowed)
+        assert admitted == [True] * 5 + [False] * 3  # the local share of 5 (one instance)
+        # Redis counted the plain limit once per admitted request, nothing for the refused
+        assert int(cluster_client.hget(plain.key, "n") or 0) == 5
+        assert not cluster_client.exists(garbled.key)
+        assert set(guard.breakers.states().values()) == {"closed"}
+        assert guard.health()["unreadable_replies"] == 8
+        pools: Any = storage._pools  # type: ignore[attr-defined]
+        assert all(len(p._idle) == len(p._made) for p in pools.values())
+        erring[0] = False
+        clock.advance(10.0)  # past the settling period: handed back
+        outcome = guard.evaluate([plain])
+        assert not outcome.degraded and outcome.evaluation is not None
+        assert outcome.evaluation.decisions[0].remaining == 100 - 6
+    finally:
+        storage.close()
