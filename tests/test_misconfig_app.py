@@ -336,7 +336,7 @@ def test_calls_beside_and_after_the_request_never_raise_on_replies_the_limiter_c
         monkeypatch.setattr(redis_storage, name, wrong_shape(name))
     client = app.test_client()
     statuses = []
-    caplog.set_level(logging.ERROR)
+    caplog.set_level(logging.WARNING)
     for _ in range(3):
         statuses.append(client.post("/login").status_code)  # its charge errs after the response
         with client.get("/slot") as response:  # its slot's give-back errs: its lease frees it
@@ -348,6 +348,8 @@ def test_calls_beside_and_after_the_request_never_raise_on_replies_the_limiter_c
     assert limiter.state(app).guard.health()["unreadable_replies"] == sum(seen.values())
     [line] = error_lines(caplog)  # 9 s of the fake clock: one line
     assert "cannot read" in line
+    dropped = [r.getMessage() for r in caplog.records if "charge(s) dropped" in r.getMessage()]
+    assert len(dropped) == 3 and all("not decide" in m and "down" not in m for m in dropped)
     monkeypatch.setattr(redis_storage, "script_args", script_args)
     # The charges that met an error reply were dropped (logged): the login limit is whole.
     assert [client.post("/login").status_code for _ in range(5)] == [200] * 5
