@@ -10,6 +10,7 @@ policy ``local``: the fallback takes over and hands back within the documented b
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import defaultdict
@@ -292,5 +293,42 @@ def test_error_replies_for_one_cluster_slot_group_get_the_local_share_for_its_ke
         outcome = guard.evaluate([plain])
         assert not outcome.degraded and outcome.evaluation is not None
         assert outcome.evaluation.decisions[0].remaining == 100 - 6
+    finally:
+        storage.close()
+
+
+EXTREMES = [(10**12, 366 * 86400), (10**12, 1), (1, 366 * 86400), (10**6, 1), (1000, 366 * 86400)]
+
+
+def test_no_rate_the_library_accepts_makes_the_script_refuse(server: RedisProcess) -> None:
+    """Under policy ``open`` an error reply admits the request: a rate an app may declare, or a
+    dynamic limit may answer per client, must never make the script refuse its arguments or
+    answer a reply of the wrong shape. The extremes a ``Rate`` and each algorithm's bounds
+    accept (10^12 units, 366 days, one second; the log up to 1,000, GCRA up to 1,000,000 a
+    second), at a cost of 1 and of the whole limit, alone (the script's fast path) and two at
+    once (its general path), three calls each: every one answered, with numbers in range."""
+    from flask_distlimit.algorithms import ALGORITHMS, MAX_GCRA_RATE, MAX_LOG_LIMIT
+
+    storage = RedisStorage(host="127.0.0.1", port=server.port, timeout=3.0)
+    calls = 0
+    try:
+        for algorithm in ALGORITHMS:
+            for limit, period in EXTREMES:
+                if algorithm == "sliding_window_log" and limit > MAX_LOG_LIMIT:
+                    continue
+                if algorithm == "gcra" and limit > MAX_GCRA_RATE * period:
+                    continue
+                for count, cost in itertools.product((1, 2), (1, limit)):
+                    checks = [
+                        Check(f"t:{{x}}:{limit}/{period}:{i}:{algorithm}", algorithm, limit,
+                              period, cost)
+                        for i in range(count)
+                    ]  # fmt: skip
+                    for _ in range(3):
+                        evaluation = storage.evaluate(checks)  # raises on a refusal
+                        calls += 1
+                        for d in evaluation.decisions:
+                            assert 0 <= d.remaining <= limit and d.reset_after >= 0
+        assert calls > 100
     finally:
         storage.close()
