@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Final
 
 from .algorithms import CONCURRENCY
 from .decision import Check
-from .errors import StorageError
+from .errors import StorageError, StorageResponseError
 
 if TYPE_CHECKING:
     from .route_limits import BoundLimit
@@ -110,5 +110,7 @@ class SlotRelease:
         if not parts:
             return
         for result in state.storage.evaluate_parts(parts, now_us=now):
-            if isinstance(result, StorageError):  # the lease gives it back
+            if isinstance(result, StorageResponseError):  # counted, logged; its lease frees it
+                guard.unreadable(result, "a concurrency slot's give-back")
+            elif isinstance(result, StorageError):  # the lease gives it back
                 log.debug("Could not give back a concurrency slot (its lease will): %s", result)

@@ -121,6 +121,10 @@ def charge(state: LimiterState, deferred: dict[str, Deferred], response: Respons
 def _charge(state: LimiterState, checks: list[Check]) -> Evaluation | None:
     outcome = state.guard.evaluate(checks, policy="open", now_us=state.storage_now())
     if outcome.evaluation is None or outcome.unavailable:
-        log.warning("The storage is down: %d deferred rate-limit charge(s) dropped.", len(checks))
+        log.warning(
+            "The storage did not decide (an outage, or a reply the limiter cannot read): "
+            "%d deferred rate-limit charge(s) dropped.",
+            len(checks),
+        )
         return None
     return outcome.evaluation

@@ -199,6 +199,8 @@ class Guard:
         self._log_lock = threading.Lock()
         self._refusal_logged_at: float | None = None  # clock() of the last ERROR line
         self._unreadable_logged_at: float | None = None  # the same, for error replies
+        self._unreadable_count = 0  # error replies answered by the policy (health())
+        self._unreadable_last: str | None = None  # the last one, in one line
         # What health() evaluates: cost 0 consumes nothing and writes no key, but needs what a
         # request needs (EVALSHA, the script's commands, access to keys under the prefix).
         self._probe = Check(f"{key_prefix}:{{health}}:probe:fixed_window", "fixed_window", 1, 1, 0)
@@ -346,7 +348,7 @@ class Guard:
             breaker.success()  # the store answered: not an outage
             if metrics is not None:
                 metrics.storage_call(time.perf_counter() - started)
-            self._unreadable(exc)
+            self.unreadable(exc)
             return self._degraded(checks, policy, now_us)
         except BaseException:
             breaker.release()
@@ -432,7 +434,7 @@ class Guard:
             if isinstance(result, StorageUnavailable):
                 failed.extend(indexes)
             elif isinstance(result, StorageError):  # an error reply: the policy decides these
-                self._unreadable(result)
+                self.unreadable(result)
                 failed.extend(indexes)
             else:
                 decisions_of_part = result.decisions
@@ -669,14 +671,17 @@ class Guard:
         return _OPEN_OUTCOME
 
     def _heartbeat(self) -> None:
-        self.side_call(self._heartbeat_check.key, self.instances.beat)
+        self.side_call(self._heartbeat_check.key, self.instances.beat, "the instance heartbeat")
 
-    def side_call(self, key: str, call: Callable[[Storage], Sequence[str]]) -> None:
+    def side_call(
+        self, key: str, call: Callable[[Storage], Sequence[str]], what: str = "a side call"
+    ) -> None:
         """One separate, cheap storage call beside the request's own, on ``key`` (the instance
-        heartbeat, the lease records): made only while the breaker of ``key``'s node lets calls
-        through; an outage counts like any other; the keys it answers (found holding garbage
-        and replaced) are logged. ``call`` logs an error reply itself: the request it rides on
-        is decided already."""
+        heartbeat, the lease records), ``what`` naming it in the log: made only while the
+        breaker of ``key``'s node lets calls through; an outage counts like any other; the keys
+        it answers (found holding garbage and replaced) are logged. An error reply is an answer
+        (the breaker hears a success) that the request it rides on, decided already, never
+        sees: counted and logged as :meth:`unreadable` says."""
         breaker = self.breaker_of(key)
         if not breaker.allow():
             return
@@ -686,6 +691,9 @@ class Guard:
             breaker.failure(exc)
             if isinstance(exc, StorageMisconfigured):
                 self._refused(exc)
+        except StorageResponseError as exc:
+            breaker.success()  # the store answered: not an outage
+            self.unreadable(exc, what)
         except BaseException:
             breaker.release()
             raise
@@ -703,15 +711,33 @@ class Guard:
                 self.key_prefix,
             )
 
-    def _unreadable(self, exc: StorageError) -> None:
-        """Log an error reply (a reply the limiter cannot read): once, then at most once a
-        minute. The request is answered by the failure policy, never with a 500."""
+    def unreadable(self, exc: StorageError, call: str | None = None) -> None:
+        """Count and log an error reply (a reply the limiter cannot read) to a request's call,
+        or to the side call ``call`` names (a heartbeat, a slot's give-back: skipped): every
+        one is counted (``health()``, the ``unreadable_replies_total`` metric), since the
+        breaker stays closed and an operator would otherwise see only ``degraded`` decisions;
+        all of them log one ERROR line, then at most one a minute. A request is answered by
+        the failure policy, never with a 500."""
         now = self._clock()
+        if self.metrics is not None:
+            self.metrics.unreadable()
         with self._log_lock:
+            self._unreadable_count += 1
+            self._unreadable_last = _one_line(str(exc) or type(exc).__name__)
             last = self._unreadable_logged_at
             if last is not None and now - last < MISCONFIGURED_LOG_INTERVAL:
                 return
             self._unreadable_logged_at = now
+        if call is not None:
+            log.error(
+                "Rate-limit storage %s answered %s with what the limiter cannot read (a bug, "
+                "data it does not expect, or a Redis-compatible server that runs Lua "
+                "otherwise); it is skipped; logged at most once a minute: %s",
+                self.name,
+                call,
+                exc,
+            )
+            return
         log.error(
             "Rate-limit storage %s answered what the limiter cannot read (a bug, data it does not "
             "expect, or a Redis-compatible server that runs Lua otherwise), so such requests are "
@@ -810,6 +836,10 @@ class Guard:
         (:class:`~flask_distlimit.errors.StorageError`) or not, gives ``ok: False``, its cause
         in one line in ``error`` and its class name in ``error_type`` (``StorageUnavailable``,
         ``StorageMisconfigured``, ``StorageResponseError``, or any other).
+
+        ``unreadable_replies`` counts the replies to requests this process could not read (an
+        error reply or one of the wrong shape: the failure policy answered them, the breaker
+        stayed closed), ``unreadable_last`` quotes the last in one line (``None``: none yet).
         """
         error: str | None = None
         error_type: str | None = None
@@ -849,6 +879,8 @@ class Guard:
             "fallback_divisor": self.instances.divisor,
             "fallback_active": self.fallback_active,
             "fallback_held_keys": sum(f.held() for f in self._fallbacks_all()),
+            "unreadable_replies": self._unreadable_count,
+            "unreadable_last": self._unreadable_last,
             "leases": _leases_held(self),
         }
 
@@ -857,6 +889,7 @@ class Guard:
         self._fallbacks_lock = threading.Lock()
         self._refusal_logged_at = None  # every process says it once
         self._unreadable_logged_at = None
+        self._unreadable_count, self._unreadable_last = 0, None
         self.breakers._after_fork()
         self.instances._after_fork()
         self.last_known._after_fork()

@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Literal
 
-from .errors import ConfigurationError, StorageResponseError, StorageUnavailable
+from .errors import ConfigurationError
 from .storage.base import Storage
 from .storage.heartbeat import MAX_FLEET, peak_key
 
@@ -140,8 +140,9 @@ class Instances:
         storage found holding garbage and replaced (the caller logs them).
 
         Only one thread beats at a time; the others return at once. An outage is raised as
-        :class:`StorageUnavailable` (the caller counts it); an error reply is logged, not raised:
-        the request it rides on has already been decided.
+        :class:`StorageUnavailable` (the caller counts it), an error reply as
+        :class:`StorageResponseError` (the caller, :meth:`Guard.side_call
+        <flask_distlimit.guard.Guard.side_call>`, counts and logs it; the divisor is kept).
         """
         with self._lock:
             now = self._clock()
@@ -152,16 +153,6 @@ class Instances:
         try:
             known = max(self._live, default=0)
             fleet = storage.heartbeat_fleet(self.key, self.member, self.ttl, known)
-        except StorageUnavailable:
-            raise
-        except StorageResponseError:
-            log.exception(
-                "Heartbeat on %r failed with an error reply; keeping divisor %s",
-                self.key,
-                self._divisor,
-            )
-            return ()
-        else:
             live = max(1, int(fleet.live))
             self._live.append(live)
             self._told.append(max(live, int(fleet.largest), known))

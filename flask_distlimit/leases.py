@@ -70,7 +70,7 @@ from typing import TYPE_CHECKING, Final
 from ._typing import FailurePolicy
 from .algorithms import Algorithm
 from .decision import Check, Decision, Evaluation
-from .errors import ConfigurationError, StorageResponseError
+from .errors import ConfigurationError
 from .guard import Guard, Outcome
 from .instances import process_member
 from .metrics import limit_label
@@ -634,7 +634,9 @@ class Leases:
             for window, units in lease.unspent(now):
                 passes += 1
                 self.guard.side_call(
-                    lease.key, self._giving(lease, window, units, self.storage_now())
+                    lease.key,
+                    self._giving(lease, window, units, self.storage_now()),
+                    "a lease's give-back",
                 )
         return passes > 0
 
@@ -645,10 +647,8 @@ class Leases:
         key, algorithm, period = lease.key, lease.algorithm, lease.period_us // _US
 
         def give(storage: Storage) -> tuple[str, ...]:
-            try:
-                storage.give_back(key, algorithm, period, window, units, now_us=storage_now)
-            except StorageResponseError:
-                log.exception("Giving back %d leased units of %r failed", units, key)
+            # an error reply: the side call counts and logs it (the units are not given back)
+            storage.give_back(key, algorithm, period, window, units, now_us=storage_now)
             return ()
 
         return give
@@ -659,13 +659,10 @@ class Leases:
         key, process = self.records_key, self.process
 
         def publish(storage: Storage) -> tuple[str, ...]:
-            try:
-                return storage.publish_leases(key, process, record, hold)
-            except StorageResponseError:
-                log.exception("Publishing the leases of this process on %r failed", key)
-                return ()
+            # an error reply: the side call counts and logs it
+            return storage.publish_leases(key, process, record, hold)
 
-        self.guard.side_call(key, publish)
+        self.guard.side_call(key, publish, "the lease records")
 
     def held(self) -> dict[str, dict[str, object]]:
         """The leases this process holds, by storage key (``health()["leases"]``)."""

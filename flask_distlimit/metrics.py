@@ -17,6 +17,9 @@ needs it. Series (all prefixed ``distlimit_``):
 - ``lease_units{limit}``: units this process holds in quota leases of the limit (every identity's
   lease of it summed), read when scraped;
 - ``worker_in_flight``: requests in flight in this process (when worker shedding is on);
+- ``unreadable_replies_total``: storage replies the limiter could not read (an error reply or
+  a reply of the wrong shape: a bug, data it does not expect), each answered by the failure
+  policy and counted ``degraded`` above while the breaker stays closed; alert on any;
 - ``storage_latency_seconds``: histogram of storage calls (successful or not);
 - ``breaker_state{breaker}``: 0 closed, 1 half-open, 2 open; one series per storage node's
   breaker (:mod:`flask_distlimit.breakers`): ``breaker`` is the guard's name
@@ -104,6 +107,10 @@ class Metrics:
             "distlimit_lease_units", "Units this process holds in quota leases, by limit",
             ["limit"], **kw,
         )  # fmt: skip
+        self.unreadable_replies = pc.Counter(
+            "distlimit_unreadable_replies",
+            "Storage replies the limiter could not read, answered by the failure policy", **kw,
+        )  # fmt: skip
         self._lease_gauges: set[str] = set()
         self._children: dict[tuple[bool, str, str], Any] = {}
         self._observe = self.storage_latency.observe
@@ -169,6 +176,10 @@ class Metrics:
                 self._child(True, check.key, "allowed" if decision.allowed else "denied").inc()
                 if decision.shadow_denied:
                     self._shadow_denied(check.key)
+
+    def unreadable(self) -> None:
+        """A storage reply the limiter could not read (the failure policy answered)."""
+        self.unreadable_replies.inc()
 
     def breaker_changed(self, breaker: str, state: str) -> None:
         self.breaker_state.labels(breaker=breaker).set(BREAKER_STATE_VALUES.get(state, 2))

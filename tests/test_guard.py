@@ -107,6 +107,36 @@ def test_an_error_reply_gets_the_policy_never_counts_as_an_outage_and_is_logged(
     assert "scripted error reply" in lines[0].getMessage()
 
 
+def test_a_side_call_s_error_reply_is_an_answer_counted_and_logged_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A heartbeat's or a lease record's error reply: the breaker hears a success, every one is
+    counted in ``health()`` and the metric, and they share the request's one ERROR line a
+    minute (each logged a traceback before)."""
+    from flask_distlimit.errors import StorageResponseError
+
+    guard, _, clock = make("ok", fail_max=1)
+    registry = CollectorRegistry()
+    guard.use_metrics(Metrics(registry))
+
+    def call(storage: object) -> tuple[str, ...]:
+        raise StorageResponseError("scripted bad heartbeat reply")
+
+    with caplog.at_level(logging.ERROR, logger="flask_distlimit.guard"):
+        for _ in range(3):
+            guard.side_call("t:{x}:heartbeat", call, "the test's call")
+        clock.advance(MISCONFIGURED_LOG_INTERVAL)
+        guard.side_call("t:{x}:heartbeat", call, "the test's call")
+    assert guard.breaker.state == "closed" and guard.breaker.failures == 0
+    health = guard.health()
+    assert health["unreadable_replies"] == 4
+    assert health["unreadable_last"] == "scripted bad heartbeat reply"
+    assert registry.get_sample_value("distlimit_unreadable_replies_total") == 4.0
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(lines) == 2 and all("the test's call" in line for line in lines)
+    assert all(r.exc_info is None for r in caplog.records)  # a line, not a traceback
+
+
 def test_an_error_reply_under_local_is_decided_by_the_local_share() -> None:
     guard, _, _ = make("error", policy="local")
     outcome = guard.evaluate([check()], now_us=NOW)

@@ -215,3 +215,141 @@ def test_a_reply_the_limiter_cannot_read_gets_the_policy_never_a_500(
     assert "cannot read" in line and "expected 2 + 4" in line and repr(policy) in line
     breaker = Limiter.state(app).guard.breaker
     assert breaker.state == "closed" and breaker.failures == 0  # every call was answered
+
+
+def test_an_operator_sees_replies_the_limiter_cannot_read(
+    servers: dict[str, RedisProcess],
+    app_factory: Callable[[str, str, FakeClock], Flask],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once error replies are no 500, nothing an operator watches showed them: the breaker
+    stays closed (the store answered) and the health probe's own call is fine, so a bug or bad
+    data that only some requests meet (here every other call) was an ERROR line a minute and
+    ``degraded`` decisions that look like an outage. A Prometheus counter and the health report
+    count every such reply and quote the last one."""
+    from prometheus_client import CollectorRegistry
+
+    from flask_distlimit.metrics import metrics_for
+    from flask_distlimit.storage import redis as redis_storage
+
+    calls = [0]
+
+    def every_other_call_wrong(*args: object, **kwargs: object) -> tuple[list[str], list[str]]:
+        keys, argv = script_args(*args, **kwargs)
+        calls[0] += 1
+        return keys, [f"{argv[0]},7"] if calls[0] % 2 else argv
+
+    script_args = redis_storage.script_args
+    server = servers["acl"]
+    clock = FakeClock(start=1_700_000_040.0)
+    app = app_factory(f"redis://:{PASSWORD}@127.0.0.1:{server.port}/0", "open", clock)
+    guard = Limiter.state(app).guard
+    registry = CollectorRegistry()
+    guard.use_metrics(metrics_for(registry))
+    assert guard.health()["unreadable_replies"] == 0
+    monkeypatch.setattr(redis_storage, "script_args", every_other_call_wrong)
+    responses = get(app, 2)  # the first call errs, the second is answered
+    assert [r.status_code for r in responses] == [200, 200]
+    assert responses[0].headers["X-RateLimit-Degraded"] == "true"
+    assert "X-RateLimit-Degraded" not in responses[1].headers
+    monkeypatch.setattr(redis_storage, "script_args", script_args)
+    health = guard.health()
+    assert health["ok"] is True  # the probe is answered: the store is up
+    assert health["unreadable_replies"] == 1
+    assert "expected 2 + 4" in str(health["unreadable_last"])
+    assert registry.get_sample_value("distlimit_unreadable_replies_total") == 1.0
+    assert guard.breaker.state == "closed" and guard.breaker.failures == 0
+
+
+WRONG_SHAPES = ("fleet_from_reply", "given_back", "repaired_from_reply")
+
+
+def test_calls_beside_and_after_the_request_never_raise_on_replies_the_limiter_cannot_read(
+    servers: dict[str, RedisProcess],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every storage call that is not the request's own decision meets an error reply or a
+    reply of the wrong shape, on a real Redis: the deferred charge of a ``deduct_when`` limit
+    (after the response), the give-back of a concurrency slot (when the response closes), the
+    instance heartbeat, and a lease's give-back and record. No exception reaches Flask (testing
+    mode would raise it here instead of a 500), and each request is answered as usual. Each
+    such reply is counted where an operator looks (``health()``), and all of them together log
+    one ERROR line a minute, as the request's own do (they logged a traceback each: a heartbeat
+    every 5 s, a lease's give-back up to 8 a second)."""
+    from flask_distlimit.errors import StorageResponseError
+    from flask_distlimit.leases import GIVE_BACK_AFTER_US
+    from flask_distlimit.storage import redis as redis_storage
+
+    clock = FakeClock(start=1_700_000_040.0)
+    app = Flask("unreadable-side-calls")
+    app.testing = True  # an exception out of the limiter is raised, not turned into a 500
+    app.config.update(
+        DISTLIMIT_STORAGE_URL=f"redis://:{PASSWORD}@127.0.0.1:{servers['acl'].port}/0",
+        DISTLIMIT_FAILURE_POLICY="open",
+        DISTLIMIT_INSTANCES="auto",
+        DISTLIMIT_TIERS={"anonymous": ""},
+        SECRET_KEY="test-secret-" + "x" * 20,
+    )
+    limiter = Limiter(app, clock=clock)
+
+    @app.post("/login")
+    @limiter.limit("5/minute", key_func=lambda: "unread-login", deduct_when=lambda r: True)
+    def login() -> str:
+        return "ok"
+
+    @app.get("/slot")
+    @limiter.concurrency(10, scope="unread-slot")
+    def slot() -> str:
+        return "ok"
+
+    @app.get("/hot")
+    @limiter.limit("1000/minute", algorithm="fixed_window", key_func=lambda: "unread-hot", lease=8)
+    def hot() -> str:
+        return "ok"
+
+    script_args = redis_storage.script_args
+
+    def charges_and_releases_err(*args: object, **kwargs: object) -> tuple[list[str], list[str]]:
+        keys, argv = script_args(*args, **kwargs)
+        checks = args[0]
+        assert isinstance(checks, list | tuple)
+        for kind, met in (
+            ("release", any(c.release for c in checks)),
+            ("charge", any(c.cost > 0 and c.limit == 5 for c in checks)),
+        ):
+            if met:
+                seen[kind] += 1
+                return keys, [f"{argv[0]},7"]
+        return keys, argv
+
+    def wrong_shape(name: str) -> Callable[..., object]:
+        def parse(*args: object, **kwargs: object) -> object:
+            seen[name] += 1
+            raise StorageResponseError("a reply of the wrong shape (injected)")
+
+        return parse
+
+    seen = dict.fromkeys(["release", "charge", *WRONG_SHAPES], 0)
+    monkeypatch.setattr(redis_storage, "script_args", charges_and_releases_err)
+    for name in WRONG_SHAPES:
+        monkeypatch.setattr(redis_storage, name, wrong_shape(name))
+    client = app.test_client()
+    statuses = []
+    caplog.set_level(logging.WARNING)
+    for _ in range(3):
+        statuses.append(client.post("/login").status_code)  # its charge errs after the response
+        with client.get("/slot") as response:  # its slot's give-back errs: its lease frees it
+            statuses.append(response.status_code)
+        statuses.append(client.get("/hot").status_code)  # a lease taken and renewed
+        clock.advance(GIVE_BACK_AFTER_US / 1_000_000 + 2)  # give-backs and records due
+    assert statuses == [200] * 9
+    assert all(seen.values()), seen  # each kind of call met a reply it cannot read
+    assert limiter.state(app).guard.health()["unreadable_replies"] == sum(seen.values())
+    [line] = error_lines(caplog)  # 9 s of the fake clock: one line
+    assert "cannot read" in line
+    dropped = [r.getMessage() for r in caplog.records if "charge(s) dropped" in r.getMessage()]
+    assert len(dropped) == 3 and all("not decide" in m and "down" not in m for m in dropped)
+    monkeypatch.setattr(redis_storage, "script_args", script_args)
+    # The charges that met an error reply were dropped (logged): the login limit is whole.
+    assert [client.post("/login").status_code for _ in range(5)] == [200] * 5

@@ -193,3 +193,37 @@ def test_cors_preflights_spend_no_route_or_tier_quota_unless_asked(
     assert counting.evaluations == 8  # the global flood limit counted every preflight
     # Neither the route's quota nor the anonymous tier's was spent by the 8 preflights.
     assert [client.post("/orders").status_code for _ in range(4)] == [200, 200, 200, 429]
+
+
+@pytest.mark.parametrize("n", [2**53, 2**60, 10**30])
+def test_under_policy_open_no_client_chosen_cost_makes_the_storage_fail(
+    backend: Backend, clock: FakeClock, n: int
+) -> None:
+    """An error reply gets the failure policy: under ``open``, a client who could make the
+    script refuse its arguments would switch the limiter off for itself. A cost the client
+    chooses beyond what the script computes exactly (2^53) is refused before any call, on a
+    plain limit and on a ``deduct_when`` one (charged after the response): 429, never a
+    degraded 200, and the storage never answered an error."""
+    app, limiter, _ = make_app(backend(), clock, DISTLIMIT_FAILURE_POLICY="open")
+
+    def cost() -> int:
+        return int(request.args.get("n", "1"))
+
+    @app.post("/batch")
+    @limiter.limit("100/minute", cost=cost)
+    def batch() -> str:
+        return "ok"
+
+    @app.post("/login")
+    @limiter.limit("100/minute", cost=cost, deduct_when=lambda response: True)
+    def login() -> str:
+        return "ok"
+
+    client = app.test_client()
+    for path in ("/batch", "/login"):
+        response = client.post(f"{path}?n={n}")
+        assert response.status_code == 429
+        assert "X-RateLimit-Degraded" not in response.headers
+        assert client.post(f"{path}?n=100").status_code == 200  # the quota was not touched
+        assert client.post(f"{path}?n=1").status_code == 429
+    assert limiter.state(app).guard.health()["unreadable_replies"] == 0
