@@ -99,23 +99,29 @@ def _wants_charge(later: Deferred, response: Response) -> bool:
         return True
 
 
-def charge(state: LimiterState, deferred: dict[str, Deferred], response: Response) -> int:
-    """Charge the limits whose ``deduct_when`` answers true for ``response``; answer how many
-    were charged."""
-    due = [d.check for d in deferred.values() if d.check.cost > 0 and _wants_charge(d, response)]
+def charge(
+    state: LimiterState, deferred: dict[str, Deferred], response: Response
+) -> list[tuple[Deferred, Decision]]:
+    """Charge the limits whose ``deduct_when`` answers true for ``response``; answer each
+    charged limit with the storage's decision of its charge (what is left after it: the
+    response's headers tell that, not the peek's count from before)."""
+    due = [d for d in deferred.values() if d.check.cost > 0 and _wants_charge(d, response)]
     deferred.clear()
     if not due:
-        return 0
+        return []
     try:
-        evaluation = _charge(state, due)
-        if evaluation is None or evaluation.allowed:
-            return 0 if evaluation is None else len(due)
+        evaluation = _charge(state, [d.check for d in due])
+        if evaluation is None:
+            return []
+        if evaluation.allowed:
+            return list(zip(due, evaluation.decisions, strict=True))
         # Some limit filled up meanwhile: charge the ones that still fit, in one more call.
-        fits = [c for c, d in zip(due, evaluation.decisions, strict=True) if d.allowed]
-        return len(fits) if fits and _charge(state, fits) is not None else 0
+        fits = [d for d, e in zip(due, evaluation.decisions, strict=True) if e.allowed]
+        again = _charge(state, [d.check for d in fits]) if fits else None
+        return [] if again is None else list(zip(fits, again.decisions, strict=True))
     except Exception:  # the response is made: a failed charge must not turn it into a 500
         log.exception("A deferred rate-limit charge failed; %d charge(s) dropped.", len(due))
-        return 0
+        return []
 
 
 def _charge(state: LimiterState, checks: list[Check]) -> Evaluation | None:

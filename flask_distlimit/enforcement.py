@@ -906,7 +906,12 @@ class Enforcer:
             if data is None:
                 return response
         if data.deferred:  # deduct_when limits: charged now, if the response says so
-            deduction.charge(self.state, data.deferred, response)
+            for later, charged in deduction.charge(self.state, data.deferred, response):
+                if later.check.shadow:  # never reported (clients would slow down for it)
+                    continue
+                report = _report(later.bound, charged, denied=False)
+                if data.report is None or report.remaining < data.report.remaining:
+                    data.report = report  # the count after the charge, not the peek's
         if data.slots is not None and response.is_streamed and not data.slots.scheduled:
             data.slots.scheduled = True  # given back after the last chunk, not at teardown
             response.call_on_close(data.slots)

@@ -158,3 +158,18 @@ def test_concurrent_failed_logins_reach_limit_plus_in_flight(
     assert (decision.limit, decision.remaining) == (5, 0)
     barrier_free = login_app(real_storage, clock)[0]  # same keys, no barrier
     assert logins(barrier_free, ["wrong"]) == [429]
+
+
+def test_the_headers_of_a_charged_response_count_its_charge(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """The headers tell what is left after the request: a failed login's charge is made after
+    the view, so its response must show it (the peek before the view saw one more unit)."""
+    app, _, _ = login_app(backend(), clock)
+    client = app.test_client()
+    ok = client.post("/login", data={"password": "right"})
+    assert ok.headers["X-RateLimit-Remaining"] == "5"  # not charged
+    failed = [client.post("/login", data={"password": "wrong"}) for _ in range(5)]
+    assert [r.headers["X-RateLimit-Remaining"] for r in failed] == ["4", "3", "2", "1", "0"]
+    assert all(r.status_code == 401 for r in failed)
+    assert ";r=0;" in failed[-1].headers["RateLimit"] + ";"
