@@ -671,6 +671,15 @@ class Enforcer:
         shadow_spent = (
             deduction.spent(checks, decisions, data.deferred, shadow=True) if data.deferred else []
         )
+        if shadow_spent:
+            # Would have refused here, before the view: counted now, like every shadow limit's
+            # would-be refusal, and not charged after the response (the refusal it stands for
+            # would have charged nothing, and the charge would count it a second time).
+            keys = [checks[i].key for i in shadow_spent]
+            for key in keys:
+                data.deferred.pop(key, None)
+            if state.guard.metrics is not None:
+                state.guard.metrics.shadow_would_deny(keys)
         if not simple and (shadow_spent or any(d.shadow_denied for d in decisions)):
             self._shadow_log.would_deny(
                 [

@@ -149,6 +149,12 @@ class Metrics:
             if decision.shadow_denied:
                 self._shadow_denied(check.key)
 
+    def shadow_would_deny(self, keys: Sequence[str]) -> None:
+        """Shadow limits (by storage key) that would have refused a request in a check the
+        storage does not decide itself (a ``deduct_when`` limit's peek before the view)."""
+        for key in keys:
+            self._shadow_denied(key)
+
     def leased(self, keys: Sequence[str]) -> None:
         """Limits (by storage key) a quota lease admitted a request on, in-process."""
         for key in keys:

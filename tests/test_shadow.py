@@ -152,6 +152,7 @@ def test_a_shadow_limit_charged_after_the_response_never_refuses(
     route limit) peeks before the view and refused once its quota was spent, even as a shadow
     limit: turning shadow mode on for a rollout refused real logins."""
     app, limiter, _ = make_app(backend(), clock, DISTLIMIT_CONDITIONAL_COST=0)
+    registry = _metrics(app)
 
     @app.post("/login")
     @limiter.limit("2/minute", shadow=True, deduct_when=lambda r: r.status_code == 401)
@@ -171,6 +172,15 @@ def test_a_shadow_limit_charged_after_the_response_never_refuses(
     lines = [r.getMessage() for r in caplog.records if "Shadow rate limit" in r.getMessage()]
     assert len(lines) == 2
     assert "login:2/minute" in lines[0] and "search:2/minute" in lines[1]
+    # and counted, as every shadow limit's would-be refusal is: the last two of each route
+    counted = {
+        sample.labels["limit"].split(":")[0]: sample.value
+        for metric in registry.collect()
+        if metric.name == "distlimit_shadow_denials"
+        for sample in metric.samples
+        if sample.name == "distlimit_shadow_denials_total"
+    }
+    assert counted == {"r_login_2/60": 2, "r_search_2/60": 2}, counted
 
 
 def test_headers_describe_the_enforced_limit_and_never_the_shadow_one(
