@@ -53,10 +53,8 @@ cause in ``error``.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, get_args
@@ -74,6 +72,7 @@ from .errors import (
     StorageUnavailable,
 )
 from .fallback import LocalFallback
+from .forks import AfterFork
 from .frozen import slot_setters
 from .instances import Instances, InstancesSetting
 from .last_known import LastKnown
@@ -142,16 +141,7 @@ _outcome_evaluation, _outcome_degraded, _outcome_unavailable = slot_setters(
 _OPEN_OUTCOME: Final = Outcome(None, degraded=True)
 _CLOSED_OUTCOME: Final = Outcome(None, degraded=True, unavailable=True)
 
-_guards: weakref.WeakSet[Guard] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for guard in list(_guards):
-        guard._after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+_guards: AfterFork[Guard] = AfterFork(lambda guard: guard._after_fork())
 
 
 class Guard:

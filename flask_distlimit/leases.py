@@ -60,7 +60,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -71,6 +70,7 @@ from ._typing import FailurePolicy
 from .algorithms import Algorithm
 from .decision import Check, Decision, Evaluation
 from .errors import ConfigurationError
+from .forks import AfterFork
 from .guard import Guard, Outcome
 from .instances import process_member
 from .metrics import limit_label
@@ -450,17 +450,8 @@ class _Ask:
         self.claimed = renew > 0  #: this request renews the lease: it clears ``renewing``
 
 
-_all: weakref.WeakSet[Leases] = weakref.WeakSet()
+_all: AfterFork[Leases] = AfterFork(lambda leases: leases.after_fork())
 _by_guard: weakref.WeakKeyDictionary[Guard, Leases] = weakref.WeakKeyDictionary()
-
-
-def _after_fork_in_child() -> None:
-    for leases in list(_all):
-        leases.after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def leases_of(guard: Guard) -> Leases | None:

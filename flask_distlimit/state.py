@@ -8,9 +8,7 @@ code and may serve several apps.
 
 from __future__ import annotations
 
-import os
 import time
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -22,6 +20,7 @@ from .declarations import LimitRegistry, LimitSpec
 from .deny_cache import DenyCache, monotonic_us
 from .digests import IdentityTags, digest_key
 from .enforcement import Enforcer
+from .forks import AfterFork
 from .guard import Guard
 from .identity import IdentityResolver, IdentitySettings
 from .route_limits import BoundLimit, bind
@@ -35,16 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LimiterState"]
 
-_states: weakref.WeakSet[LimiterState] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for state in list(_states):
-        state.after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+_states: AfterFork[LimiterState] = AfterFork(lambda state: state.after_fork())
 
 
 def _check_limits_per_request(

@@ -680,7 +680,7 @@ def test_forged_forwarded_for_buys_no_fresh_quota(backend: Backend, clock: FakeC
 
 
 def test_forked_children_reset_the_storage_connections(clock: FakeClock) -> None:
-    from flask_distlimit.state import _after_fork_in_child
+    from flask_distlimit.state import _states
     from flask_distlimit.storage.memory import MemoryStorage
 
     resets: list[str] = []
@@ -690,7 +690,7 @@ def test_forked_children_reset_the_storage_connections(clock: FakeClock) -> None
             resets.append("storage")
 
     app, _, _ = make_app(Spy(clock=clock), clock)
-    _after_fork_in_child()  # what os.register_at_fork runs in a child
+    _states.in_child()  # what os.register_at_fork runs in a child
     assert resets == ["storage"]
     assert Limiter.state(app).deny_cache is not None
 

@@ -15,13 +15,13 @@ import itertools
 import math
 import os
 import secrets
-import weakref
 from collections.abc import Callable
 from typing import Any, Final
 
 import redis
 
 from ..errors import StorageReplyLost
+from ..forks import AfterFork
 from ..scripts import token_key
 from .pool import DeadlinePool
 
@@ -72,16 +72,7 @@ class RequestTokens:
 
 #: Every RequestTokens of this process: a forked child resets each (its parent's prefix and
 #: counter would give the same tokens in both).
-_every: weakref.WeakSet[RequestTokens] = weakref.WeakSet()
-
-
-def _reset_in_child() -> None:
-    for tokens in list(_every):
-        tokens.reset()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_in_child)
+_every: AfterFork[RequestTokens] = AfterFork(RequestTokens.reset)
 
 
 def repeat_call(
