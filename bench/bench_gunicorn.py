@@ -1,7 +1,7 @@
 """Requests per second under gunicorn: the bare app, the minimal limiter and ours, alternating.
 
     python bench/bench_gunicorn.py --pairs 7 --seconds 5      # about 2 minutes
-    python bench/bench_gunicorn.py --pairs 9 --seconds 5 --no-token  # + ours without the token
+    python bench/bench_gunicorn.py --pairs 9 --seconds 5 --always-tokens  # + ours, tokens always
     (also run by: python bench/bench_overhead.py --gunicorn ...)
 
 A private redis-server on loopback and three gunicorn servers (``-w 2``, gunicorn's default sync
@@ -17,8 +17,9 @@ round in round brackets. Any response but a 200 fails the run.
 Each run also records CPU per request: the gunicorn processes' (master and workers, from Linux's
 ``/proc``), Redis's whole process (``INFO cpu``) and Redis's own time in ``EVALSHA`` (``INFO
 commandstats``, reset before each run), to show where a server's requests per second go when
-the machine's cores are the limit. ``--no-token`` adds an experiment beside the goals' apps: ours
-whose calls carry no request token (issue 11's replay safety), to show what the token costs.
+the machine's cores are the limit. ``--always-tokens`` adds an experiment beside the goals' apps:
+ours with ``DISTLIMIT_REQUEST_TOKENS = "always"``, every call carrying a request token (issue
+11's replay safety; by default only after connection failures), to show what the token costs.
 
 ``wrk`` comes from Debian's package (``apt-get install -y wrk``). Client, servers and Redis share
 the machine's cores, as they would on one small host; the ratios are what the goals are about.
@@ -45,8 +46,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 KINDS = ("bare", "minimal", "ours")
-#: ``--no-token``: ours with calls that carry no request token (what the token costs a server)
-NO_TOKEN = "ours-no-token"
+#: ``--always-tokens``: ours with every call carrying a request token (what it costs a server)
+ALWAYS = "ours-always-tokens"
 #: Far above what a run sends (a few thousand requests per second for a few minutes).
 HUGE = 1_000_000_000
 GOAL_BARE = 0.60
@@ -65,12 +66,12 @@ def create_app(kind: str) -> Any:
         return minimal_app(url, limit=HUGE)
     if kind == "ours":
         return ours_app(url, "fixed_window", 1, limit=f"{HUGE}/hour")
-    if kind == NO_TOKEN:  # the experiment of --no-token: never a goal's figure
-        from bench_overhead import _drop_request_tokens
+    if kind == ALWAYS:  # the experiment of --always-tokens: never a goal's figure
+        from bench_overhead import REQUEST_TOKENS
 
-        _drop_request_tokens()
+        REQUEST_TOKENS["mode"] = "always"
         return ours_app(url, "fixed_window", 1, limit=f"{HUGE}/hour")
-    raise ValueError(f"unknown app kind {kind!r}: one of {(*KINDS, NO_TOKEN)}")
+    raise ValueError(f"unknown app kind {kind!r}: one of {(*KINDS, ALWAYS)}")
 
 
 @dataclass
@@ -250,11 +251,11 @@ def table(result: Result) -> tuple[str, list[Any]]:
         f"| ours (fixed window, 1 limit) | {statistics.median(result.servers['ours'].rps):,.0f} "
         f"| {to_bare.text()} | {to_minimal.text()} |",
     ]
-    if NO_TOKEN in result.servers:
+    if ALWAYS in result.servers:
         lines.append(
-            f"| *experiment:* ours, calls without a request token "
-            f"| {statistics.median(result.servers[NO_TOKEN].rps):,.0f} "
-            f"| {ratio(NO_TOKEN, 'bare').text()} | {ratio(NO_TOKEN, 'minimal').text()} |"
+            f"| *experiment:* ours, a request token on every call "
+            f"| {statistics.median(result.servers[ALWAYS].rps):,.0f} "
+            f"| {ratio(ALWAYS, 'bare').text()} | {ratio(ALWAYS, 'minimal').text()} |"
         )
     lines += [
         "",
@@ -291,13 +292,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=7, help="rounds (each runs every app once)")
     parser.add_argument("--seconds", type=float, default=5.0, help="length of one wrk run")
     parser.add_argument(
-        "--no-token",
+        "--always-tokens",
         action="store_true",
-        help="an experiment beside the goals' apps: ours with calls that carry no request token "
-        "(what the token costs a server; a lost reply could then be counted twice)",
+        help="an experiment beside the goals' apps: ours with every call carrying a request "
+        'token (DISTLIMIT_REQUEST_TOKENS="always": what the token costs a server)',
     )
     args = parser.parse_args(argv)
-    kinds = (*KINDS, NO_TOKEN) if args.no_token else KINDS
+    kinds = (*KINDS, ALWAYS) if args.always_tokens else KINDS
     text, goals = table(run(args.pairs, args.seconds, kinds=kinds))
     print(text)
     for goal in goals:

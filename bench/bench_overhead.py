@@ -8,7 +8,7 @@
     python bench/bench_overhead.py --wakeups        # a blocking wait for Redis inside a request
     python bench/bench_overhead.py --cpu --rounds 15   # this process's CPU time per request
     python bench/bench_overhead.py --opcodes        # Python opcodes per request (no noise at all)
-    python bench/bench_overhead.py --no-token       # an experiment: calls carry no request token
+    python bench/bench_overhead.py --always-tokens  # ours with DISTLIMIT_REQUEST_TOKENS="always"
 
 Same process, same redis-server (a private one on loopback, started and stopped here), direct
 WSGI calls of a trivial view: the environ is built once with werkzeug's ``EnvironBuilder`` and every
@@ -62,7 +62,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,6 +158,7 @@ def ours_app(url: str, algorithm: str, n: int, limit: str | None = None) -> Flas
         DISTLIMIT_TIERS={"anonymous": ""},
         DISTLIMIT_KEY_PREFIX=f"ours-{algorithm}-{n}",
         DISTLIMIT_HEADERS="both",
+        DISTLIMIT_REQUEST_TOKENS=REQUEST_TOKENS["mode"],
     )
     limiter = Limiter(app)
     rule = limit or limits(algorithm, n)
@@ -912,23 +913,9 @@ def profile(spec: str, calls: int) -> None:
         server.stop()
 
 
-def _drop_request_tokens() -> None:
-    """Pack our calls without their request token (``lua/replay.lua`` then runs the script
-    alone, keeping no reply): shows what issue 11's token costs a request, nothing more."""
-    from flask_distlimit.storage import evalsha
-
-    pack = evalsha.EvalshaPacker.pack
-
-    def without_token(
-        self: evalsha.EvalshaPacker,
-        keys: Sequence[str],
-        args: Sequence[str | int],
-        token: str | None = None,
-        mark: str = "",
-    ) -> bytes:
-        return pack(self, keys, args)
-
-    evalsha.EvalshaPacker.pack = without_token  # type: ignore[method-assign]
+#: ``DISTLIMIT_REQUEST_TOKENS`` of our apps: ``"auto"`` (the default: a calm storage's calls
+#: carry no request token), ``"always"`` with ``--always-tokens`` (what a token costs a request).
+REQUEST_TOKENS = {"mode": "auto"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -966,16 +953,16 @@ def main(argv: list[str] | None = None) -> int:
         "--opcodes", action="store_true", help="Python opcodes and calls per request over bare"
     )
     parser.add_argument(
-        "--no-token",
+        "--always-tokens",
         action="store_true",
-        help="an experiment, never a goal's figure: our calls carry no request token (what the "
-        "token's SET costs; a lost reply could then be counted twice)",
+        help='an experiment, never a goal\'s figure: ours with DISTLIMIT_REQUEST_TOKENS="always" '
+        "(every call carries a request token: what its SET costs a request)",
     )
     args = parser.parse_args(argv)
-    if args.no_token:
+    if args.always_tokens:
         if args.write:
-            parser.error("--no-token measures an experiment: it cannot --write the goals' tables")
-        _drop_request_tokens()
+            parser.error("--always-tokens is an experiment: it cannot --write the goals' tables")
+        REQUEST_TOKENS["mode"] = "always"
     if args.opcodes:
         print(opcodes())
         return 0

@@ -34,6 +34,13 @@ The keys read here, each ``key`` (default ``value``) followed by its meaning:
     characters, braces or spaces).
 ``DISTLIMIT_REDIS_TIMEOUT`` (default ``0.1``)
     Connect and read timeout of the storage, in seconds (> 0, <= 10).
+``DISTLIMIT_REQUEST_TOKENS`` (default ``"auto"``)
+    When a storage call carries a request token, which makes it safe to repeat after its reply
+    was lost (:mod:`flask_distlimit.storage.tokens`): ``"auto"`` for a minute after the storage's
+    connections failed (a reply lost in a calm period may then be counted twice, never
+    admitting more than the limit), or ``"always"`` (never counted twice; costs Redis one
+    ``SET`` per call). Applies to the storages built from ``DISTLIMIT_STORAGE_URL``; a storage
+    passed in takes it as its own ``request_tokens`` argument.
 ``DISTLIMIT_CONDITIONAL_COST`` (default ``1``)
     Cost of a ``GET`` or ``HEAD`` carrying ``If-None-Match`` or ``If-Modified-Since``, for every
     route limit that does not set its own ``cost`` (an int from 0 to 1000; 0 makes revalidations
@@ -96,6 +103,7 @@ from .limits import Rate, parse_rates
 from .priorities import Priority
 from .shadow import ShadowSetting, parse_shadow
 from .shedding import DEFAULT_SHARES, DEFAULT_SHED_AT, parse_shares, parse_shed_at
+from .storage.tokens import TOKEN_MODES
 
 if TYPE_CHECKING:
     from .storage.base import Storage
@@ -124,6 +132,7 @@ DEFAULTS: Final[dict[str, object]] = {
     "DISTLIMIT_HEADERS": "both",
     "DISTLIMIT_KEY_PREFIX": "ratelimit",
     "DISTLIMIT_REDIS_TIMEOUT": 0.1,
+    "DISTLIMIT_REQUEST_TOKENS": "auto",
     "DISTLIMIT_CONDITIONAL_COST": 1,
     "DISTLIMIT_ENABLED": True,
     "DISTLIMIT_FAILURE_POLICY": "open",
@@ -272,6 +281,7 @@ class Settings:
     headers: HeaderMode = "both"
     key_prefix: str = "ratelimit"
     redis_timeout: float = 0.1
+    request_tokens: str = "auto"
     conditional_cost: int = 1
     enabled: bool = True
     failure_policy: FailurePolicy = "open"
@@ -293,6 +303,20 @@ class Settings:
         ready ``storage`` an app passed, is served by several processes: every limit would be
         multiplied by their number (:mod:`flask_distlimit.serving`). Called by ``init_app``."""
         serving.warn_if_memory_per_process(self.storage_url, storage)
+
+    def check_request_tokens(self, storage: Storage) -> None:
+        """Refuse ``DISTLIMIT_REQUEST_TOKENS = "always"`` beside a ready ``storage`` whose calls
+        carry tokens only when armed: the setting cannot reach a storage built by the app.
+        Called by ``init_app`` for a storage passed in."""
+        tokens = getattr(storage, "tokens", None)
+        mode = getattr(tokens, "mode", None)
+        if self.request_tokens == "always" and mode not in (None, "always"):
+            raise ConfigurationError(
+                f"DISTLIMIT_REQUEST_TOKENS = 'always' does not reach the storage passed in "
+                f"({type(storage).__name__}, built with request_tokens={mode!r}). Build it "
+                f"with {type(storage).__name__}(..., request_tokens='always'), or leave the "
+                "setting at 'auto'."
+            )
 
     @classmethod
     def from_config(cls, config: MutableMapping[str, object]) -> Settings:
@@ -320,6 +344,9 @@ class Settings:
                     strict=True,
                     meaning=" seconds (every request may wait this long for Redis)",
                 )
+            ),
+            request_tokens=_choice(
+                "DISTLIMIT_REQUEST_TOKENS", get("DISTLIMIT_REQUEST_TOKENS"), TOKEN_MODES
             ),
             conditional_cost=int(
                 _number(

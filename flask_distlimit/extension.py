@@ -139,7 +139,13 @@ class Limiter(Declarations):
         resolver.check_hooks(self.hooks)
         chosen = given
         if chosen is None:
-            chosen = from_url(settings.storage_url, timeout=settings.redis_timeout)
+            chosen = from_url(
+                settings.storage_url,
+                timeout=settings.redis_timeout,
+                request_tokens=settings.request_tokens,
+            )
+        else:
+            settings.check_request_tokens(chosen)
         clock = self._clock
         guard_clock: Callable[[], float] = (
             (lambda: clock() / 1_000_000) if clock is not None else time.monotonic

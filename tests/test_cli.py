@@ -26,7 +26,7 @@ BACKENDS = [
 ]
 
 
-def make_app(storage_url: str) -> Flask:
+def make_app(storage_url: str, **config: object) -> Flask:
     app = Flask(__name__)
     app.config.update(
         TESTING=True,
@@ -41,6 +41,7 @@ def make_app(storage_url: str) -> Flask:
         # once in CI). Deadlines have tests of their own (test_deadline.py).
         DISTLIMIT_REDIS_TIMEOUT=5.0,
     )
+    app.config.update(config)
     limiter = Limiter()
 
     @limiter.api_key_verifier
@@ -281,7 +282,8 @@ def test_reset_an_unknown_limit_names_the_choices(runner: FlaskCliRunner) -> Non
 @pytest.mark.redis
 def test_reset_scans_and_never_sends_keys(redis_client: redis.Redis) -> None:
     port = redis_client.connection_pool.connection_kwargs["port"]
-    app = make_app(f"redis://127.0.0.1:{port}/0")
+    # every call keeps its reply under a token: reset must leave those to expire
+    app = make_app(f"redis://127.0.0.1:{port}/0", DISTLIMIT_REQUEST_TOKENS="always")
     try:
         client = app.test_client()
         for _ in range(3):

@@ -527,3 +527,39 @@ def test_connections_a_primary_closed_while_idle_are_replaced_and_counted_once(
         assert [d.remaining for d in peek.decisions] == [3, 3, 3]
     finally:
         storage.close()
+
+
+def test_a_calm_cluster_s_calls_carry_no_token_but_its_refunds_do(
+    redis_cluster: ClusterServers, cluster_client: RedisCluster, tags: list[str]
+) -> None:
+    """request_tokens="auto": while no connection failed, no group's call keeps its reply; a
+    refund (given back twice, it would give back twice) always does; a group cut under the
+    request arms the tokens for every call after it."""
+    storage = ClusterStorage(redis_cluster.startup_nodes, timeout=5.0)  # replies kept 10 s
+    checks = [Check(f"t:{{{tag}}}:ip:fixed_window", "fixed_window", 5, 60) for tag in tags]
+    admins = [redis_cluster.primary_for(f"{{{tag}}}").client() for tag in tags]
+
+    def kept() -> int:
+        pairs = zip(admins, tags, strict=True)
+        return sum(len(admin.keys(f"t:rq:{{{tag}}}:*")) for admin, tag in pairs)
+
+    try:
+        storage.evaluate(checks)
+        storage.evaluate(checks)
+        assert kept() == 0
+        storage.refund(checks)
+        assert kept() == 3  # one per group
+        assert [d.remaining for d in storage.evaluate(checks).decisions] == [3] * 3
+        assert storage.tokens.armed_until < time.monotonic()
+        thread = cut_under_the_request(admins[0])
+        try:
+            storage.evaluate(checks)
+        finally:
+            thread.join()
+        assert storage.tokens.armed_until > time.monotonic()
+        storage.evaluate(checks)
+        assert kept() == 3 + 1 + 3  # the cut group's repeat, then every group's call
+    finally:
+        for admin in admins:
+            admin.close()
+        storage.close()

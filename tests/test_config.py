@@ -94,6 +94,8 @@ def test_config_is_read_once() -> None:
         ("DISTLIMIT_REDIS_TIMEOUT", 0, "> 0"),
         ("DISTLIMIT_REDIS_TIMEOUT", "0.1", "number"),
         ("DISTLIMIT_REDIS_TIMEOUT", float("nan"), "number"),
+        ("DISTLIMIT_REQUEST_TOKENS", "never", "'auto', 'always'"),
+        ("DISTLIMIT_REQUEST_TOKENS", True, "'auto', 'always'"),
         ("DISTLIMIT_CONDITIONAL_COST", -1, ">= 0"),
         ("DISTLIMIT_CONDITIONAL_COST", 1.5, "integer"),
         ("DISTLIMIT_ENABLED", "yes", "True or False"),
@@ -119,6 +121,36 @@ def test_bad_values_fail_at_init_app_naming_key_and_value(
     assert key in message
     assert repr(value) in message
     assert hint in message
+
+
+def test_request_tokens_reach_the_storage_built_from_the_url() -> None:
+    for mode in ("auto", "always"):
+        app = _init(DISTLIMIT_STORAGE_URL="redis://127.0.0.1:1/0", DISTLIMIT_REQUEST_TOKENS=mode)
+        storage = app.extensions["distlimit"].storage
+        assert storage.tokens.mode == mode  # nothing connects before the first call
+        storage.close()
+    cluster = _init(
+        DISTLIMIT_STORAGE_URL="redis+cluster://127.0.0.1:1", DISTLIMIT_REQUEST_TOKENS="always"
+    )
+    assert cluster.extensions["distlimit"].storage.tokens.mode == "always"
+    _init(DISTLIMIT_REQUEST_TOKENS="always")  # memory:// loses no reply: nothing to refuse
+
+
+def test_always_request_tokens_beside_a_storage_passed_in_fail_at_init_app() -> None:
+    from flask_distlimit.storage.redis import RedisStorage
+
+    app = Flask("cfg")
+    app.config["DISTLIMIT_REQUEST_TOKENS"] = "always"
+    auto = RedisStorage(host="127.0.0.1", port=1)
+    with pytest.raises(ConfigurationError, match=r"request_tokens='always'"):
+        Limiter(app, storage=auto)
+    always = RedisStorage(host="127.0.0.1", port=1, request_tokens="always")
+    Limiter(Flask("cfg2"), storage=always)  # and "auto" takes any
+    app2 = Flask("cfg3")
+    app2.config["DISTLIMIT_REQUEST_TOKENS"] = "always"
+    Limiter(app2, storage=always)
+    auto.close()
+    always.close()
 
 
 def test_bad_storage_url_details_come_from_the_storage() -> None:

@@ -1,9 +1,13 @@
 """A reply lost to a closed connection is answered by a repeat, never counted twice (issue 11,
 item 4; found by the fault harness: a ``CLIENT KILL`` storm cut every connection in flight).
 
-Every call carries a request token (``lua/replay.lua``): Redis keeps the reply under it for a
-second, and the call made again after its reply was lost answers the kept reply when the first
-one ran, and runs when it did not (:mod:`flask_distlimit.storage.redis`; up to three repeats).
+A call carrying a request token (``lua/replay.lua``; every call under ``request_tokens="always"``,
+and under ``"auto"`` every call for a minute after the storage's connections failed) has its
+reply kept by Redis for a second, and the call made again after its reply was lost answers the
+kept reply when the first one ran, and runs when it did not
+(:mod:`flask_distlimit.storage.redis`; up to three repeats). A calm ``"auto"`` storage's call
+carries none: its first lost reply is repeated under a fresh token, counted twice if it ran,
+and arms the tokens (the last part of this module).
 Only when every repeat is lost too, while a fresh connection answers, is it
 :class:`~flask_distlimit.errors.StorageReplyLost`: the policy answers that one request and the
 breaker is not told.
@@ -15,7 +19,9 @@ server sent, after the script ran.
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections.abc import Iterator
 
 import fakeredis
@@ -28,7 +34,7 @@ from flask_distlimit.errors import StorageReplyLost, StorageUnavailable
 from flask_distlimit.guard import Guard
 from flask_distlimit.scripts import SCRIPT_SOURCE, script_args, token_key, with_token
 from flask_distlimit.storage.redis import RedisStorage
-from flask_distlimit.storage.tokens import REPEATS
+from flask_distlimit.storage.tokens import ARMED_FOR, REPEATS, RequestTokens
 from tests.faults import cut_under_the_request
 from tests.guard_helpers import FakeClock
 from tests.servers import RedisProcess, start_redis
@@ -43,10 +49,23 @@ def _count(client: redis.Redis) -> int:
     return int(client.hget(CHECK.key, "n") or 0)
 
 
-@pytest.fixture
-def storage(redis_server: RedisProcess, redis_client: redis.Redis) -> Iterator[RedisStorage]:
-    made = RedisStorage(host="127.0.0.1", port=redis_server.port, timeout=3.0)
+def _made(port: int, mode: str) -> RedisStorage:
+    """A storage whose calls carry tokens: ``"always"``, or ``"armed"`` (``"auto"`` after its
+    connections failed)."""
+    made = RedisStorage(
+        host="127.0.0.1", port=port, timeout=3.0, request_tokens="auto" if mode == "armed" else mode
+    )
     made.evaluate([Check(CHECK.key, CHECK.algorithm, 10, 60, cost=0)])  # script loaded, pooled
+    if mode == "armed":
+        made.tokens.arm()
+    return made
+
+
+@pytest.fixture(params=["always", "armed"])
+def storage(
+    request: pytest.FixtureRequest, redis_server: RedisProcess, redis_client: redis.Redis
+) -> Iterator[RedisStorage]:
+    made = _made(redis_server.port, request.param)
     yield made
     made.close()
 
@@ -57,10 +76,9 @@ def proxy(redis_server: RedisProcess, redis_client: redis.Redis) -> Iterator[Fau
         yield made
 
 
-@pytest.fixture
-def proxied(proxy: FaultProxy) -> Iterator[RedisStorage]:
-    made = RedisStorage(host="127.0.0.1", port=proxy.port, timeout=3.0)
-    made.evaluate([Check(CHECK.key, CHECK.algorithm, 10, 60, cost=0)])
+@pytest.fixture(params=["always", "armed"])
+def proxied(request: pytest.FixtureRequest, proxy: FaultProxy) -> Iterator[RedisStorage]:
+    made = _made(proxy.port, request.param)
     yield made
     made.close()
 
@@ -159,15 +177,13 @@ def test_a_server_that_is_gone_is_still_an_outage() -> None:
         server.stop()
 
 
-def test_a_client_kill_storm_costs_no_answer_and_counts_each_request_once(
-    storage: RedisStorage, redis_client: redis.Redis
-) -> None:
-    """4 threads of requests while every connection is killed every few milliseconds: each
-    admission counted exactly once, and the repeats did happen (the script's GETs of a token)."""
+def _storm(storage: RedisStorage, redis_client: redis.Redis) -> tuple[int, int, int, int]:
+    """4 threads of requests on ``storage`` for 1.5 s while every connection is killed every
+    few milliseconds: (admitted, answers lost, what Redis counted, repeats made)."""
     check = Check(CHECK.key, "fixed_window", 1_000_000, 3600)
     stop = threading.Event()
-    admitted = [0] * 4
-    lost = [0] * 4
+    admitted = [0] * THREADS
+    lost = [0] * THREADS
 
     def client(i: int) -> None:
         while not stop.is_set():
@@ -182,7 +198,7 @@ def test_a_client_kill_storm_costs_no_answer_and_counts_each_request_once(
             stop.wait(0.005)
 
     redis_client.config_resetstat()
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(THREADS)]
     threads.append(threading.Thread(target=killer))
     for thread in threads:
         thread.start()
@@ -191,12 +207,144 @@ def test_a_client_kill_storm_costs_no_answer_and_counts_each_request_once(
     for thread in threads:
         thread.join()
     repeats = int(redis_client.info("commandstats").get("cmdstat_get", {}).get("calls", 0))
-    counted = _count(redis_client)
+    return sum(admitted), sum(lost), _count(redis_client), repeats
+
+
+THREADS = 4
+
+
+def test_a_client_kill_storm_costs_no_answer_and_counts_each_request_once(
+    storage: RedisStorage, redis_client: redis.Redis
+) -> None:
+    """Each admission counted exactly once, and the repeats did happen (the script's GETs of a
+    token)."""
+    admitted, lost, counted, repeats = _storm(storage, redis_client)
     assert repeats > 0  # the storm did cut calls in flight, and they were made again
     # Never counted twice: what Redis counted is what was admitted, plus at most the requests
     # whose answer was lost (unknown whether they ran).
-    assert sum(admitted) <= counted <= sum(admitted) + sum(lost)
-    assert sum(admitted) > 20 * sum(lost)  # nearly every request got its answer
+    assert admitted <= counted <= admitted + lost
+    assert admitted > 20 * lost  # nearly every request got its answer
+
+
+# -- a calm "auto" storage: no token until its connections fail ------------------------------
+
+
+@pytest.fixture
+def calm(proxy: FaultProxy) -> Iterator[RedisStorage]:
+    made = RedisStorage(host="127.0.0.1", port=proxy.port, timeout=3.0)  # request_tokens="auto"
+    made.evaluate([Check(CHECK.key, CHECK.algorithm, 10, 60, cost=0)])  # script loaded, pooled
+    yield made
+    made.close()
+
+
+def _tokens_kept(client: redis.Redis) -> int:
+    return len(client.keys("ratelimit:rq:*"))
+
+
+def test_a_calm_storage_s_calls_carry_no_token_and_always_s_do(
+    redis_server: RedisProcess, redis_client: redis.Redis
+) -> None:
+    calm = RedisStorage(host="127.0.0.1", port=redis_server.port)
+    always = RedisStorage(host="127.0.0.1", port=redis_server.port, request_tokens="always")
+    try:
+        for _ in range(3):
+            calm.evaluate([CHECK])
+        assert _count(redis_client) == 3 and _tokens_kept(redis_client) == 0
+        for _ in range(3):
+            always.evaluate([CHECK])
+        assert _count(redis_client) == 6 and _tokens_kept(redis_client) == 3
+    finally:
+        calm.close()
+        always.close()
+
+
+def test_the_first_reply_lost_in_a_calm_period_is_answered_counted_twice_and_arms(
+    calm: RedisStorage, proxy: FaultProxy, redis_client: redis.Redis
+) -> None:
+    """The price of a calm period without tokens: a reply lost after its script ran is counted
+    twice (one unit of one client, on the strict side). The loss arms the tokens: the next lost
+    reply is answered from the kept one, counted once."""
+    calm.evaluate([CHECK])
+    assert calm.tokens.key_if_armed(CHECK.key, time.monotonic()) is None
+    proxy.lose_replies(1)
+    evaluation = calm.evaluate([CHECK])
+    assert proxy.stats["lost"] == 1
+    # the first try ran (unit 2); the repeat, under a token drawn then, ran too (unit 3)
+    assert evaluation.allowed and evaluation.decisions[0].remaining == 7
+    assert _count(redis_client) == 3
+    now = time.monotonic()
+    assert now < calm.tokens.armed_until <= now + ARMED_FOR
+    proxy.lose_replies(1)
+    assert calm.evaluate([CHECK]).decisions[0].remaining == 6  # the kept reply: counted once
+    assert _count(redis_client) == 4
+    assert _tokens_kept(redis_client) >= 2  # every armed call keeps its reply
+
+
+def test_a_calm_call_cut_before_its_script_ran_is_counted_once(
+    redis_server: RedisProcess, redis_client: redis.Redis
+) -> None:
+    """A connection closed before the script ran (as one the server closed while idle: an
+    idle timeout, a restart) costs a calm storage nothing: the repeat runs it, once."""
+    calm = RedisStorage(host="127.0.0.1", port=redis_server.port, timeout=3.0)
+    try:
+        calm.evaluate([Check(CHECK.key, CHECK.algorithm, 10, 60, cost=0)])
+        thread = cut_under_the_request(redis_client)
+        try:
+            evaluation = calm.evaluate([CHECK])
+        finally:
+            thread.join()
+        assert evaluation.allowed and evaluation.decisions[0].remaining == 9
+        assert _count(redis_client) == 1
+        assert calm.tokens.armed_until > time.monotonic()
+    finally:
+        calm.close()
+
+
+def test_connections_closed_while_idle_cost_a_calm_storage_no_count(
+    redis_server: RedisProcess, redis_client: redis.Redis
+) -> None:
+    calm = RedisStorage(host="127.0.0.1", port=redis_server.port, timeout=3.0)
+    try:
+        calm.evaluate([CHECK])
+        mine = redis_client.client_id()
+        for client in redis_client.client_list(_type="normal"):
+            if int(client["id"]) != mine:
+                redis_client.client_kill_filter(_id=int(client["id"]))
+        assert calm.evaluate([CHECK]).decisions[0].remaining == 8
+        assert _count(redis_client) == 2
+    finally:
+        calm.close()
+
+
+def test_a_client_kill_storm_on_a_calm_storage_counts_twice_at_most_its_first_cuts(
+    redis_server: RedisProcess, redis_client: redis.Redis
+) -> None:
+    """The storm's first kill finds every thread's call without a token: each may be counted
+    twice, once. The failure arms the tokens, and from then on each request counts once."""
+    calm = RedisStorage(host="127.0.0.1", port=redis_server.port, timeout=3.0)
+    try:
+        calm.evaluate([Check(CHECK.key, CHECK.algorithm, 10, 60, cost=0)])
+        admitted, lost, counted, repeats = _storm(calm, redis_client)
+        assert repeats > 0
+        assert admitted <= counted <= admitted + lost + THREADS
+        assert admitted > 20 * lost
+        assert calm.tokens.armed_until > time.monotonic()
+    finally:
+        calm.close()
+
+
+def test_armed_tokens_expire_and_always_s_never_do() -> None:
+    tokens = RequestTokens(0.1)
+    assert tokens.key_if_armed("k", time.monotonic()) is None
+    tokens.arm()
+    until = tokens.armed_until
+    assert tokens.key_if_armed("k", until - 1) is not None
+    assert tokens.key_if_armed("k", until) is None  # a calm minute later: none again
+    always = RequestTokens(0.1, "always")
+    always.arm()
+    assert always.armed_until == math.inf and always.key_if_armed("k", 1e12) is not None
+    with pytest.raises(ValueError, match=r"'sometimes' is not valid.*DISTLIMIT_REQUEST_TOKENS"):
+        RequestTokens(0.1, "sometimes")
 
 
 # -- the script's side of the contract, on a real server and on fakeredis -------------------

@@ -37,12 +37,14 @@ a lost node the topology is refreshed (``nodes_manager.initialize()``, each star
 with the timeout). Giving back what some groups consumed when the request is refused (a
 refund) is one more such call, with a deadline of its own.
 
-**One retry, never counted twice**, as on a single node (:mod:`flask_distlimit.storage.redis`):
-a connect or a send that fails is made once more within the deadline (Redis never had the whole
-command), and a group whose connection is closed under it after the send (or was closed while
-idle in the pool: it is not probed at checkout) is made once more, marked as a
-repeat of its request token (up to three times within the deadline): the script answers the
-reply it kept if the first try ran. Lost every time while the node answers a fresh connection:
+**One retry**, as on a single node (:mod:`flask_distlimit.storage.redis`): a connect or a
+send that fails is made once more within the deadline (Redis never had the whole command), and
+a group whose connection is closed under it after the send (or was closed while idle in the
+pool: it is not probed at checkout) is made once more, marked as a repeat of its request token
+(up to three times within the deadline): the script answers the reply it kept if the first try
+ran. Calls carry a token while the storage's connections have lately failed, and refunds
+always (:mod:`.tokens`: the first reply lost in a calm period may be counted twice;
+``request_tokens="always"``: never). Lost every time while the node answers a fresh connection:
 that group is :class:`~flask_distlimit.errors.StorageReplyLost` (the guard does not count it
 against the node's breaker).
 """
@@ -104,20 +106,24 @@ def _read_or_repeat(
     packer: EvalshaPacker,
     keys: list[str],
     args: list[str | int],
-    token: str,
-    again_mark: str,
+    token: str | None,
+    tokens: RequestTokens,
     deadline: float,
 ) -> Any:
     """The reply to the call just sent on ``connection``; when the connection is closed under
     it, the call is made again, marked as a repeat (its reply, kept under ``token``, is answered
-    if it ran), within the same deadline (:func:`~.tokens.repeat_call`)."""
+    if it ran; a call sent without one gets one now), within the same deadline
+    (:func:`~.tokens.repeat_call`), and ``tokens`` are armed."""
     try:
         # At least a moment for each reply: the replies of the other groups may be waiting in
         # their sockets when one slow group has spent the deadline.
         return pool.read(connection, max(deadline, time.monotonic() + _LAST_LOOK))
     except rx.ConnectionError as exc:
         lost = exc
-    again = [packer.pack(keys, args, token, again_mark)]
+    tokens.arm()
+    if token is None:
+        token = tokens.key(keys[0])
+    again = [packer.pack(keys, args, token, tokens.again)]
     return repeat_call(pool, connection, again, deadline, lost, lambda c: pool.read(c, deadline))
 
 
@@ -193,11 +199,14 @@ class ClusterStorage(Storage):
         client: RedisCluster | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        request_tokens: str = "auto",
         **connection: Any,
     ) -> None:
         """``nodes``: startup nodes (any reachable node finds the others). ``connection``:
         redis-py connection keywords (``password``, ``ssl``, ...). ``client`` replaces all of
-        them with a ready :class:`~redis.cluster.RedisCluster` (not closed by :meth:`close`)."""
+        them with a ready :class:`~redis.cluster.RedisCluster` (not closed by :meth:`close`).
+        ``request_tokens``: ``"auto"`` or ``"always"`` (``DISTLIMIT_REQUEST_TOKENS``, module
+        docstring)."""
         if client is None and not nodes:
             raise ValueError("ClusterStorage needs startup nodes or a RedisCluster client")
         self.timeout = timeout
@@ -215,7 +224,7 @@ class ClusterStorage(Storage):
         #: The hot path's pool of each primary (``host:port``), built on first use.
         self._pools: dict[str, DeadlinePool] = {}
         #: The request tokens of the hot path (module docstring, "One retry").
-        self.tokens = RequestTokens(timeout)
+        self.tokens = RequestTokens(timeout, request_tokens)
         if client is not None:
             self._attach(client)
 
@@ -395,11 +404,14 @@ class ClusterStorage(Storage):
         through redis-py's own cluster path, which loads the script and follows the redirection.
         """
         client = self.client  # built on first use, before the deadline starts
-        deadline = time.monotonic() + self.timeout
+        now = time.monotonic()
+        deadline = now + self.timeout
         packer, tokens = self._packer, self.tokens
+        # a refund always carries a token: repeated twice, it would give back twice
+        armed = refund or now < tokens.armed_until
         results: list[Evaluation | StorageError | None] = [None] * len(parts)
         # (part, its pool, the connection, keys, args, token)
-        in_flight: list[tuple[int, DeadlinePool, Any, list[str], list[str | int], str]] = []
+        in_flight: list[tuple[int, DeadlinePool, Any, list[str], list[str | int], str | None]] = []
         try:
             # At most one connection of a primary's pool at a time, the primaries taken in one
             # order: a request never waits for a connection it holds itself, and two requests
@@ -408,7 +420,7 @@ class ClusterStorage(Storage):
             for round_ in _rounds(client, parts, results):
                 for n, node in round_:
                     keys, args = script_args(parts[n], now_us, refund=refund)
-                    token = tokens.key(keys[0])
+                    token = tokens.key(keys[0]) if armed else None
                     pool: DeadlinePool | None = None
                     connection: Any = None
                     try:
@@ -426,6 +438,7 @@ class ClusterStorage(Storage):
                         except rx.ConnectionError:
                             # The send failed, so Redis never had the whole command: the script did
                             # not run. Once more on a fresh connection, within the same deadline.
+                            tokens.arm()
                             pool.renew(connection, deadline)
                             pool.send(connection, command, deadline)
                     except REDIS_FAILURES as exc:
@@ -437,7 +450,7 @@ class ClusterStorage(Storage):
                     n, pool, connection, keys, args, token = in_flight[0]
                     try:
                         reply = _read_or_repeat(
-                            pool, connection, packer, keys, args, token, tokens.again, deadline
+                            pool, connection, packer, keys, args, token, tokens, deadline
                         )
                     except _NOT_RUN:
                         in_flight.pop(0)
@@ -466,6 +479,7 @@ class ClusterStorage(Storage):
                 pool.release(connection)
         lost = [n for n, r in enumerate(results) if isinstance(r, _LostNode)]
         if lost:
+            tokens.arm()  # connections fail: the next calls carry tokens
             # Like redis-py after a connection error: refresh the topology (once every reply
             # is in), so the next call finds a promoted replica.
             before = {n: self._primary_of(parts[n][0].key) for n in lost}

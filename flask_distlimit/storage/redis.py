@@ -8,20 +8,26 @@ the connect and handshake, the send and the read (and, after ``NOSCRIPT``, the `
 and the second ``EVALSHA``) all share. For Sentinel, the same pool asks
 ``Sentinel.discover_master`` for the address before every connect, within the same deadline.
 
-**One retry, never counted twice.** A request is made once more, on a fresh connection and
-within the same deadline, in two cases:
+**One retry.** A request is made once more, on a fresh connection and within the same
+deadline, in two cases:
 
 - sending fails (``send_packed_command`` raises ``ConnectionError``): a send that fails has not
   handed the whole command to the kernel, so Redis cannot have parsed, let alone run, it;
 - the connection is closed under the request after the send (a ``CLIENT KILL`` or a reset
-  while Redis held the command): the script may have run, and its reply is lost. Every call
-  carries a **request token** (``lua/replay.lua``, :func:`~flask_distlimit.scripts.with_token`):
-  Redis keeps the reply under ``<prefix>:rq:{<tag>}:<token>`` for ``max(1 s, 2 x timeout)``,
-  and the call made again, marked as a repeat, answers that kept reply when the first one ran
-  and runs when it did not. A repeat is idempotent, so a repeat cut too is made again, up to
-  three times within the deadline (:func:`~.tokens.repeat_call`). A request is never counted
-  twice. (The cost: one ``SET`` of about
-  60 bytes per call, kept a second: about 100 bytes of Redis memory per request per second.)
+  while Redis held the command): the script may have run, and its reply is lost. The call is
+  made again under a **request token** (``lua/replay.lua``,
+  :func:`~flask_distlimit.scripts.with_token`): Redis keeps a call's reply under
+  ``<prefix>:rq:{<tag>}:<token>`` for ``max(1 s, 2 x timeout)``, and the call made again,
+  marked as a repeat, answers that kept reply when the first one ran and runs when it did not.
+  A repeat is idempotent, so a repeat cut too is made again, up to three times within the
+  deadline (:func:`~.tokens.repeat_call`).
+
+Which calls carry a token (:mod:`.tokens`): under ``request_tokens="auto"`` (the default), every
+call for a minute after the storage's connections failed, and none while they are calm, so the
+first reply lost in a calm period, if its script had run, is counted twice (never admitting
+more than the limit); under ``"always"``, every call (the cost: one ``SET`` of about 60 bytes
+per call, kept a second, and 17.6 us of Redis time per call under gunicorn), and a request is
+never counted twice.
 
 A pooled connection the server closed while it was idle (``CLIENT KILL``, an idle timeout, a
 restart, a proxy reset) is not looked for at checkout: redis-py's stock pool probes every
@@ -141,10 +147,13 @@ class RedisStorage(Storage):
         timeout: float = DEFAULT_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         scheme: str = "redis",
+        request_tokens: str = "auto",
         **connection: Any,
     ) -> None:
         """``connection`` holds redis-py connection keywords (``host``, ``port``, ``db``,
-        ``password``, ``connection_class``, ...) used when no ``client`` is given."""
+        ``password``, ``connection_class``, ...) used when no ``client`` is given.
+        ``request_tokens``: ``"auto"`` or ``"always"`` (``DISTLIMIT_REQUEST_TOKENS``, module
+        docstring)."""
         if client is None:
             options = {**connection, **connection_options(timeout)}
             self.pool = DeadlinePool(timeout=timeout, max_connections=max_connections, **options)
@@ -165,7 +174,7 @@ class RedisStorage(Storage):
         self._lease_records: Script = client.register_script(LEASE_RECORDS_SOURCE)
         self._give_back: Script = client.register_script(GIVE_BACK_SOURCE)
         #: The request tokens of the hot call (module docstring, "One retry").
-        self.tokens = RequestTokens(timeout)
+        self.tokens = RequestTokens(timeout, request_tokens)
 
     @classmethod
     def sentinel(
@@ -176,6 +185,7 @@ class RedisStorage(Storage):
         timeout: float = DEFAULT_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         sentinel_options: dict[str, Any] | None = None,
+        request_tokens: str = "auto",
         **connection: Any,
     ) -> RedisStorage:
         """The master of ``service_name`` as the Sentinels report it; follows failovers.
@@ -197,7 +207,9 @@ class RedisStorage(Storage):
         client = manager.master_for(  # type: ignore[no-untyped-call]
             service_name, max_connections=max_connections
         )
-        storage = cls(client, timeout=timeout, scheme="redis+sentinel")
+        storage = cls(
+            client, timeout=timeout, scheme="redis+sentinel", request_tokens=request_tokens
+        )
         storage._owns_client = True
         storage._sentinel = manager
         master = dict(connection)
@@ -216,19 +228,24 @@ class RedisStorage(Storage):
         keys, args = script_args(checks, now_us)
         try:
             if self.pool is not None:
-                reply = self._run(self.pool, self._script, keys, args, self.tokens.key(keys[0]))
+                reply = self._run(self.pool, self._script, keys, args)
             else:  # a client passed in: redis-py's Script (EVALSHA, SCRIPT LOAD on NOSCRIPT)
                 reply = self._script(keys, args)
         except REDIS_FAILURES as exc:
+            if isinstance(exc, redis.ConnectionError):
+                self.tokens.arm()  # connections fail: the next calls carry tokens
             raise storage_error(exc) from exc
         return parse_reply(reply, checks)
 
     def _run(
-        self, pool: DeadlinePool, script: Script, keys: list[str], args: list[str | int], token: str
+        self, pool: DeadlinePool, script: Script, keys: list[str], args: list[str | int]
     ) -> Any:
-        """``script``'s EVALSHA of ``keys`` and ``args`` with the request token ``token`` on a
-        pooled connection, everything by one deadline (module docstring)."""
-        deadline = time.monotonic() + self.timeout
+        """``script``'s EVALSHA of ``keys`` and ``args`` on a pooled connection, with a request
+        token while the storage's tokens are armed, everything by one deadline (module
+        docstring)."""
+        now = time.monotonic()
+        deadline = now + self.timeout
+        token = self.tokens.key_if_armed(keys[0], now)
         command = [self._packer.pack(keys, args, token, self.tokens.first)]
         try:
             return self._run_once(pool, script, command, deadline, (keys, args, token))
@@ -246,7 +263,7 @@ class RedisStorage(Storage):
         script: Script,
         command: list[bytes],
         deadline: float,
-        call: tuple[list[str], list[str | int], str],
+        call: tuple[list[str], list[str | int], str | None],
     ) -> Any:
         # Not probed: a connection the server closed fails the send (sent again on a fresh
         # one) or loses the reply (made again, marked as a repeat), both below.
@@ -257,6 +274,7 @@ class RedisStorage(Storage):
             except redis.ConnectionError:
                 # The send failed, so Redis never had the whole command: the script did not
                 # run. Once more on a fresh connection, within the same deadline.
+                self.tokens.arm()
                 pool.renew(connection, deadline)
                 pool.send(connection, command, deadline)
             try:
@@ -265,8 +283,12 @@ class RedisStorage(Storage):
                 lost = exc
             # Closed under the request after the send: the script may have run. Once more on
             # a fresh connection, within the same deadline, marked as a repeat: the script
-            # answers the reply it kept under the token if it ran, and runs if it did not.
+            # answers the reply it kept under the token if it ran, and runs if it did not. A
+            # call sent without a token (calm, module docstring) gets one now, for its repeats.
+            self.tokens.arm()
             keys, args, token = call
+            if token is None:
+                token = self.tokens.key(keys[0])
             again = [self._packer.pack(keys, args, token, self.tokens.again)]
             return repeat_call(
                 pool,

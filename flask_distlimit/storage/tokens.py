@@ -1,12 +1,29 @@
 """Request tokens: what makes a call safe to make again after its reply was lost.
 
-Every hot call of the Redis storages (single node, Sentinel, each Cluster slot group) carries a
+A hot call of the Redis storages (single node, Sentinel, each Cluster slot group) may carry a
 token (``lua/replay.lua``, :func:`flask_distlimit.scripts.with_token`): Redis keeps the call's
 reply under the token's key for :attr:`RequestTokens.ttl_ms`, and the call made once more after
 its connection was closed under it answers that kept reply when the first one ran. A token is
 unique in the fleet: random per process (drawn again in a forked child), the process id, and a
 counter. A repeat is idempotent, so it may be made up to :data:`REPEATS` times within the call's
 deadline (:func:`repeat_call`): a ``CLIENT KILL`` storm can cut a repeat too.
+
+**When a call carries one** (``DISTLIMIT_REQUEST_TOKENS``):
+
+- ``"auto"`` (the default): while the storage has seen its connections fail in the last
+  :data:`ARMED_FOR` seconds (:meth:`RequestTokens.arm`: a failed send or connect, a reply lost,
+  an outage), and on every Cluster refund. A calm storage's call carries none: the token's
+  ``SET`` is most of what Redis spends on a call beyond the limits' own work (17.6 us of 57 us
+  of ``EVALSHA`` under gunicorn, docs/bench/overhead.md). The first reply lost in a calm period
+  is then repeated under a fresh token: it is answered, and counted twice if its script had run
+  (the server closed the connection after running it, before the reply arrived), at most once
+  per call in flight at that moment; connection failures come in bursts, so the failure that
+  costs that arms every call after it for :data:`ARMED_FOR` seconds. A count made twice only
+  ever refuses early (the call's cost, charged twice to one client), never admits more than the
+  limit; a connection closed while idle (an idle timeout, a restart) never ran the script, so
+  its repeat counts once. A refund repeated twice would give back twice, so refunds always
+  carry one.
+- ``"always"``: every call carries one; a lost reply is never counted twice.
 """
 
 from __future__ import annotations
@@ -15,6 +32,7 @@ import itertools
 import math
 import os
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -25,23 +43,48 @@ from ..forks import AfterFork
 from ..scripts import token_key
 from .pool import DeadlinePool
 
-__all__ = ["REPEATS", "TOKEN_TTL_MS", "RequestTokens", "repeat_call"]
+__all__ = ["ARMED_FOR", "REPEATS", "TOKEN_MODES", "TOKEN_TTL_MS", "RequestTokens", "repeat_call"]
 
 #: How many times a call whose reply was lost is made again, within its deadline.
 REPEATS: Final = 3
 
 #: How long Redis keeps a call's reply for its retry, ms (at least twice the timeout).
 TOKEN_TTL_MS: Final = 1000
+#: How long, in seconds, every call carries a token after the storage's connections failed
+#: (``DISTLIMIT_REQUEST_TOKENS = "auto"``): storms of closed connections come in bursts.
+ARMED_FOR: Final = 60.0
+#: The values of ``DISTLIMIT_REQUEST_TOKENS`` (module docstring).
+TOKEN_MODES: Final = ("auto", "always")
 #: First keys whose token heads are kept (a few hundred bytes each).
 _HEADS_KEPT: Final = 1024
 
 
 class RequestTokens:
-    """Hands out the token keys of one storage's calls; ``timeout`` is the call's deadline."""
+    """Hands out the token keys of one storage's calls; ``timeout`` is the call's deadline,
+    ``mode`` one of :data:`TOKEN_MODES` (module docstring)."""
 
-    __slots__ = ("__weakref__", "_count", "_heads", "_prefix", "again", "first", "ttl_ms")
+    __slots__ = (
+        "__weakref__",
+        "_count",
+        "_heads",
+        "_prefix",
+        "again",
+        "armed_until",
+        "first",
+        "mode",
+        "ttl_ms",
+    )
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, mode: str = "auto") -> None:
+        if mode not in TOKEN_MODES:
+            raise ValueError(
+                f"request_tokens = {mode!r} is not valid. Use one of: "
+                + ", ".join(repr(m) for m in TOKEN_MODES)
+                + " (DISTLIMIT_REQUEST_TOKENS)."
+            )
+        self.mode = mode
+        #: ``time.monotonic()`` until which every call carries a token (``inf``: ``"always"``)
+        self.armed_until = math.inf if mode == "always" else -math.inf
         #: how long Redis keeps a reply: the retry comes within the same deadline
         self.ttl_ms = max(TOKEN_TTL_MS, math.ceil(2000 * timeout))
         #: the argument that goes with the token on a first try and on a repeat
@@ -59,6 +102,17 @@ class RequestTokens:
         #: first key -> its tokens' key up to the token itself (the same clients come back);
         #: emptied when full
         self._heads: dict[str, str] = {}
+
+    def arm(self) -> None:
+        """The storage's connections just failed: every call carries a token for the next
+        :data:`ARMED_FOR` seconds (nothing changes under ``"always"``)."""
+        if self.mode == "auto":
+            self.armed_until = time.monotonic() + ARMED_FOR
+
+    def key_if_armed(self, first_key: str, now: float) -> str | None:
+        """A new token's key (:meth:`key`) when calls carry one at ``now`` (``time.monotonic()``),
+        else ``None``."""
+        return self.key(first_key) if now < self.armed_until else None
 
     def key(self, first_key: str) -> str:
         """A new token's key, in the Cluster slot of ``first_key`` (a call's first key)."""

@@ -32,6 +32,7 @@ import redis
 from ..errors import ConfigurationError
 from .base import Storage
 from .redis import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT
+from .tokens import TOKEN_MODES
 
 __all__ = ["ACCEPTED_FORMS", "from_url", "mask_url"]
 
@@ -106,13 +107,23 @@ class _BadURL(ValueError):
     pass
 
 
-def from_url(url: str, *, timeout: float = DEFAULT_TIMEOUT, **options: Any) -> Storage:
+def from_url(
+    url: str, *, timeout: float = DEFAULT_TIMEOUT, request_tokens: str = "auto", **options: Any
+) -> Storage:
     """The storage a URL names; raises :class:`ConfigurationError` for a bad URL.
 
     ``timeout`` bounds connecting, reading a reply and waiting for a pooled connection
-    (seconds). ``options`` go to the backend's constructor (e.g. ``max_connections``, or
-    redis-py connection keywords).
+    (seconds). ``request_tokens``: when a Redis call carries a request token, ``"auto"`` or
+    ``"always"`` (``DISTLIMIT_REQUEST_TOKENS``; :mod:`flask_distlimit.storage.tokens`; nothing
+    to ``memory://``). ``options`` go to the backend's constructor (e.g. ``max_connections``,
+    or redis-py connection keywords).
     """
+    if request_tokens not in TOKEN_MODES:
+        raise ConfigurationError(
+            f"request_tokens = {request_tokens!r} is not valid. Use one of: "
+            + ", ".join(repr(m) for m in TOKEN_MODES)
+            + " (DISTLIMIT_REQUEST_TOKENS)."
+        )
     if not isinstance(url, str) or not url.strip():
         raise _configuration_error(str(url), "the URL is empty")
     if not (isinstance(timeout, int | float) and 0 < timeout < float("inf")):
@@ -121,7 +132,7 @@ def from_url(url: str, *, timeout: float = DEFAULT_TIMEOUT, **options: Any) -> S
             "(DISTLIMIT_REDIS_TIMEOUT, default 0.1)."
         )
     try:
-        return _build(url.strip(), float(timeout), options)
+        return _build(url.strip(), float(timeout), request_tokens, options)
     except _BadURL as exc:
         raise _configuration_error(url, str(exc)) from None
 
@@ -134,7 +145,7 @@ def _configuration_error(url: str, reason: str) -> ConfigurationError:
     )
 
 
-def _build(url: str, timeout: float, options: dict[str, Any]) -> Storage:
+def _build(url: str, timeout: float, request_tokens: str, options: dict[str, Any]) -> Storage:
     scheme, sep, rest = url.partition("://")
     scheme = scheme.lower()
     if not sep:
@@ -164,7 +175,7 @@ def _build(url: str, timeout: float, options: dict[str, Any]) -> Storage:
         raise _BadURL("max_connections must be at least 1")
     if "db" in connection and connection["db"] < 0:
         raise _BadURL("db must be 0 or more")
-    options = {"max_connections": max_connections, **options}
+    options = {"max_connections": max_connections, "request_tokens": request_tokens, **options}
     tls = scheme == "rediss" or bool(connection.pop("ssl", False))
     tls_options = sorted(k for k in connection if k.startswith("ssl_"))
     if tls_options and not tls:
