@@ -237,6 +237,10 @@ class ClusterStorage(Storage):
     def _connect(self) -> RedisCluster:
         options = connection_options(self.timeout)
         options.pop("retry")  # RedisCluster sets its nodes' retries to 0 itself
+        if not hasattr(Retry, "get_retries"):
+            # redis-py < 6 retries the whole command this many times (3 by default), whatever
+            # retry= says; from 6 it is retry's count, and this argument is deprecated
+            options["cluster_error_retry_attempts"] = 0
         (first_host, first_port), *others = self._nodes
         if ":" in first_host:  # IPv6
             first_host = f"[{first_host}]"
