@@ -37,6 +37,7 @@ from .identity.api_keys import ApiKeyVerifier
 from .priorities import PriorityRegistry, PriorityResolver
 from .state import LimiterState
 from .storage.base import Storage
+from .storage.client_retries import warn_if_client_retries
 from .storage.urls import from_url
 
 __all__ = ["EXTENSION_KEY", "Breach", "Limiter", "LimiterState"]
@@ -169,6 +170,7 @@ class Limiter(Declarations):
             deny_cache=cache,
             clock=self._clock,
         )
+        warn_if_client_retries(chosen)  # one WARNING when a client passed in retries
         app.extensions[EXTENSION_KEY] = state
         if settings.enabled:
             if state.shedding.load is not None:  # first: before anything else is done

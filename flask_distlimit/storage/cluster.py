@@ -205,6 +205,9 @@ class ClusterStorage(Storage):
         self._max_connections = max_connections
         self._connection = connection
         self._owns_client = client is None
+        #: The client passed in, ``None`` when built from ``nodes`` (init_app warns when it
+        #: retries: :mod:`~flask_distlimit.storage.client_retries`).
+        self.given_client = client
         self._lock = threading.Lock()
         self._client: RedisCluster | None = None
         self._script: Script | None = None
