@@ -24,7 +24,7 @@ from typing import Final, TypeVar
 from flask import Flask, current_app, has_request_context
 
 from . import current_limits as _current
-from . import migration
+from . import forks, migration
 from ._typing import RequestFilter
 from .config import Settings
 from .declarations import Declarations, LimitRegistry
@@ -170,7 +170,10 @@ class Limiter(Declarations):
             deny_cache=cache,
             clock=self._clock,
         )
-        warn_if_client_retries(chosen)  # one WARNING when a client passed in retries
+        # start-up warnings (one line each): a client passed in that retries, uWSGI without
+        # the fork hooks that reset this state in every worker
+        warn_if_client_retries(chosen)
+        forks.warn_if_uwsgi_skips_fork_hooks()
         app.extensions[EXTENSION_KEY] = state
         if settings.enabled:
             if state.shedding.load is not None:  # first: before anything else is done

@@ -5,11 +5,15 @@
   retry): real redis-py clients of real servers (single node, Sentinel, Cluster), built with and
   without retries. The same module runs on redis-py 5.0 (``.ci/run``), whose clients retry
   only when told to and whose ``Retry`` has no public count.
+- uWSGI without the options that make its workers run Python's fork hooks: uWSGI is not
+  installed, so its ``uwsgi`` module (importable only inside uWSGI) is stood for by a fake.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+import types
 
 import pytest
 import redis
@@ -19,7 +23,7 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from flask_distlimit import Limiter
+from flask_distlimit import Limiter, forks
 from flask_distlimit.storage import from_url
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.client_retries import client_retries
@@ -37,6 +41,7 @@ if not REDIS_PY_6:
     QUIET_CLUSTER["cluster_error_retry_attempts"] = 0
 
 RETRIES_LOG = "flask_distlimit.storage.client_retries"
+FORKS_LOG = "flask_distlimit.forks"
 QUIET = {"DISTLIMIT_TIERS": {"anonymous": ""}, "SECRET_KEY": "test-secret-" + "x" * 20}
 
 
@@ -63,6 +68,13 @@ def serve(storage: Storage, requests: int = 0) -> Flask:
             assert response.status_code == 200
             assert "X-RateLimit-Degraded" not in response.headers  # Redis decided
     return app
+
+
+@pytest.fixture(autouse=True)
+def outside_uwsgi(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test is a process outside uWSGI that has not warned yet."""
+    monkeypatch.delitem(sys.modules, "uwsgi", raising=False)
+    monkeypatch.setattr(forks, "_warned_in", None)
 
 
 # -- a Redis client passed in that retries ------------------------------------------------------
@@ -267,3 +279,123 @@ def test_a_cluster_client_that_never_retries_is_not_warned_about(
         serve(ClusterStorage(client=quiet), requests=3)
     assert warnings_of(caplog, RETRIES_LOG) == []
     quiet.close()
+
+
+# -- uWSGI without Python's fork hooks -----------------------------------------------------------
+
+
+def as_uwsgi(monkeypatch: pytest.MonkeyPatch, opt: object, **more: object) -> None:
+    """Make this process look like a uWSGI worker given the options ``opt`` (one process: no
+    memory:// warning either)."""
+    fake = types.SimpleNamespace(opt=opt, numproc=1, **more)
+    monkeypatch.setitem(sys.modules, "uwsgi", fake)
+
+
+def init_memory_app() -> None:
+    app = Flask("under_uwsgi")
+    app.config.update(QUIET)
+    Limiter(app)
+
+
+def test_no_warning_outside_uwsgi(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG):
+        init_memory_app()
+    assert [r for r in caplog.records if r.name == FORKS_LOG] == []
+
+
+@pytest.mark.parametrize(
+    "opt",
+    [
+        pytest.param({}, id="nothing"),
+        pytest.param({"master": True, "processes": b"4", "enable-threads": True}, id="master"),
+        pytest.param({"lazy-apps": b"false"}, id="lazy-apps-false"),
+        pytest.param({"lazy-apps": b"0"}, id="lazy-apps-0"),
+        pytest.param({b"lazy-apps": b"No"}, id="bytes-key-No"),
+        pytest.param({"py-call-osafterfork": b"OFF"}, id="osafterfork-OFF"),
+        pytest.param({"lazy-apps": [b"true", b"false"]}, id="given-twice-last-off"),
+    ],
+)
+def test_uwsgi_without_fork_hooks_is_warned_about_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, opt: dict[object, object]
+) -> None:
+    as_uwsgi(monkeypatch, opt, has_threads=1)
+    with caplog.at_level(logging.WARNING):
+        init_memory_app()
+        init_memory_app()  # a second app in the same process: still one line
+    [line] = warnings_of(caplog, FORKS_LOG)
+    assert "none of lazy-apps, py-call-osafterfork and py-call-uwsgi-fork-hooks is set" in line
+    assert "same request tokens" in line and "leases" in line
+    assert "lazy-apps = true" in line and "py-call-osafterfork = true" in line
+
+
+@pytest.mark.parametrize(
+    ("opt", "threads"),
+    [
+        pytest.param({"lazy-apps": True}, 0, id="lazy-apps-flag"),
+        pytest.param({"lazy-apps": b"true"}, 0, id="lazy-apps-true"),
+        pytest.param({b"lazy-apps": b"1"}, 0, id="bytes-key"),
+        pytest.param({"lazy": True}, 0, id="lazy"),
+        pytest.param({"py-call-osafterfork": True}, 0, id="osafterfork-flag"),
+        pytest.param({"py-call-osafterfork": b"yes"}, 0, id="osafterfork-yes"),
+        pytest.param({"lazy-apps": [b"false", b"true"]}, 0, id="given-twice-last-on"),
+        pytest.param({"py-call-uwsgi-fork-hooks": True}, 1, id="uwsgi-fork-hooks-threads"),
+    ],
+)
+def test_uwsgi_with_a_good_option_is_not_warned_about(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    opt: dict[object, object],
+    threads: int,
+) -> None:
+    as_uwsgi(monkeypatch, opt, has_threads=threads)
+    with caplog.at_level(logging.DEBUG):
+        init_memory_app()
+    assert [r for r in caplog.records if r.name == FORKS_LOG] == []
+
+
+def test_uwsgi_fork_hooks_without_threads_call_nothing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """uWSGI runs ``py-call-uwsgi-fork-hooks`` only with threads, and then ignores
+    ``py-call-osafterfork`` (threads are off before 2.0.27 unless asked for)."""
+    as_uwsgi(
+        monkeypatch,
+        {"py-call-uwsgi-fork-hooks": True, "py-call-osafterfork": True},
+        has_threads=0,
+    )
+    with caplog.at_level(logging.WARNING):
+        init_memory_app()
+    [line] = warnings_of(caplog, FORKS_LOG)
+    assert "py-call-uwsgi-fork-hooks is set but threads are off" in line
+
+
+@pytest.mark.parametrize(
+    ("opt", "warned"),
+    [
+        pytest.param({"py-call-uwsgi-fork-hooks": True, "enable-threads": True}, False, id="on"),
+        pytest.param({"py-call-uwsgi-fork-hooks": True, "threads": b"4"}, False, id="threads"),
+        pytest.param({"py-call-uwsgi-fork-hooks": True}, True, id="off"),
+    ],
+)
+def test_threads_read_from_the_options_when_uwsgi_does_not_say(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    opt: dict[object, object],
+    warned: bool,
+) -> None:
+    as_uwsgi(monkeypatch, opt)  # no uwsgi.has_threads
+    with caplog.at_level(logging.WARNING):
+        init_memory_app()
+    assert len(warnings_of(caplog, FORKS_LOG)) == (1 if warned else 0)
+
+
+def test_unreadable_uwsgi_options_never_break_the_start(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    as_uwsgi(monkeypatch, "lazy-apps")  # not a mapping
+    with caplog.at_level(logging.DEBUG):
+        init_memory_app()
+    assert warnings_of(caplog, FORKS_LOG) == []
+    assert [r.getMessage() for r in caplog.records if r.name == FORKS_LOG] == [
+        "Could not read uWSGI's options"
+    ]
