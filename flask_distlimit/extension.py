@@ -24,7 +24,7 @@ from typing import Final, TypeVar
 from flask import Flask, current_app, has_request_context
 
 from . import current_limits as _current
-from . import migration
+from . import forks, migration
 from ._typing import RequestFilter
 from .config import Settings
 from .declarations import Declarations, LimitRegistry
@@ -37,6 +37,7 @@ from .identity.api_keys import ApiKeyVerifier
 from .priorities import PriorityRegistry, PriorityResolver
 from .state import LimiterState
 from .storage.base import Storage
+from .storage.client_retries import warn_if_client_retries
 from .storage.urls import from_url
 
 __all__ = ["EXTENSION_KEY", "Breach", "Limiter", "LimiterState"]
@@ -175,6 +176,10 @@ class Limiter(Declarations):
             deny_cache=cache,
             clock=self._clock,
         )
+        # start-up warnings (one line each): a client passed in that retries, uWSGI without
+        # the fork hooks that reset this state in every worker
+        warn_if_client_retries(chosen)
+        forks.warn_if_uwsgi_skips_fork_hooks()
         app.extensions[EXTENSION_KEY] = state
         if settings.enabled:
             if state.shedding.load is not None:  # first: before anything else is done

@@ -3,20 +3,47 @@
 A worker forked from a master that already built the app (gunicorn's ``preload_app``, a
 ``multiprocessing`` fork, ``os.fork``) inherits its parent's connections, locks and counters.
 Each kind of object that must not share them with the parent keeps an :class:`AfterFork` and
-adds every instance to it; ``os.register_at_fork`` then resets each in the child. (uWSGI runs
-these hooks only with ``lazy-apps`` or ``py-call-osafterfork``: docs/deployment.md.)
+adds every instance to it; ``os.register_at_fork`` then resets each in the child.
+
+uWSGI forks its workers from C and runs these hooks only when told to:
+:func:`warn_if_uwsgi_skips_fork_hooks`, called by ``init_app``, logs one WARNING per process
+when it runs under uWSGI (its ``uwsgi`` module is importable only there) and ``uwsgi.opt``, the
+options uWSGI was given, shows none of these (docs/deployment.md):
+
+- ``lazy-apps`` (or the older ``lazy``): each worker loads the app after the fork, so nothing of
+  ours exists before it;
+- ``py-call-osafterfork``: every worker calls ``PyOS_AfterFork_Child``, which runs the hooks;
+- ``py-call-uwsgi-fork-hooks`` (uWSGI 2.0.21+) with threads: the same around every fork. uWSGI
+  then ignores ``py-call-osafterfork``, and calls nothing when threads are off (before 2.0.27
+  they are off unless ``enable-threads`` or ``threads`` is set; ``uwsgi.has_threads`` says).
+
+``uwsgi.opt`` maps each option's name (``str``; ``bytes`` is accepted too) to ``True`` for a
+bare flag, the value as ``bytes`` (``b"true"``), or a list of them when it is given several
+times (the last one wins). A value is off when it is ``false``, ``off``, ``no`` (in any case)
+or ``0``, as uWSGI reads it, and on otherwise.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
 import os
 import weakref
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Final, Generic, TypeVar
 
-__all__ = ["AfterFork"]
+__all__ = ["AfterFork", "uwsgi_skips_fork_hooks", "warn_if_uwsgi_skips_fork_hooks"]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+#: Values uWSGI reads as "off" for an on/off option (``uwsgi_opt_true``): these in any case...
+_OFF: Final = frozenset({"false", "off", "no"})
+#: ...and exactly this one.
+_ZERO: Final = "0"
+#: The pid of the process that has logged the uWSGI warning (one line per process).
+_warned_in: int | None = None
 
 
 class AfterFork(Generic[T]):
@@ -36,3 +63,80 @@ class AfterFork(Generic[T]):
         """What runs in a forked child (called by ``os.register_at_fork``)."""
         for member in list(self._members):
             self._reset(member)
+
+
+def _option(options: Mapping[object, object], name: str) -> object:
+    """The value of uWSGI option ``name`` in ``uwsgi.opt`` (``None`` when not given)."""
+    for key in (name, name.encode()):
+        if key in options:
+            return options[key]
+    return None
+
+
+def _on(value: object) -> bool:
+    """Is an on/off uWSGI option given as ``value`` on? (module docstring)"""
+    if isinstance(value, list | tuple):  # given several times: the last one wins
+        value = value[-1] if value else None
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    if isinstance(value, str):
+        return value.lower() not in _OFF and value != _ZERO
+    return bool(value)
+
+
+def uwsgi_skips_fork_hooks(uwsgi: object) -> str | None:
+    """Why uWSGI (its ``uwsgi`` module) forks workers without running Python's fork hooks, or
+    ``None`` when it runs them or loads the app after the fork (module docstring). Raises
+    ``TypeError`` when ``uwsgi.opt`` is not a mapping."""
+    options = getattr(uwsgi, "opt", None)
+    if not isinstance(options, Mapping):
+        raise TypeError(f"uwsgi.opt is {type(options).__name__}, not a mapping")
+    if _on(_option(options, "lazy-apps")) or _on(_option(options, "lazy")):
+        return None
+    if _on(_option(options, "py-call-uwsgi-fork-hooks")):
+        threads = getattr(uwsgi, "has_threads", None)
+        if threads is None:
+            threads = _on(_option(options, "enable-threads")) or (
+                _option(options, "threads") is not None
+            )
+        if threads:
+            return None
+        return (
+            "py-call-uwsgi-fork-hooks is set but threads are off, so uWSGI calls no fork hook "
+            "(and ignores py-call-osafterfork)"
+        )
+    if _on(_option(options, "py-call-osafterfork")):
+        return None
+    return "none of lazy-apps, py-call-osafterfork and py-call-uwsgi-fork-hooks is set"
+
+
+def warn_if_uwsgi_skips_fork_hooks() -> None:
+    """Log one WARNING per process when uWSGI runs this app without Python's fork hooks
+    (module docstring). Called by ``init_app``; never raises."""
+    global _warned_in
+    if _warned_in == os.getpid():
+        return
+    try:
+        uwsgi = importlib.import_module("uwsgi")  # only importable inside uWSGI
+    except ImportError:
+        return
+    try:
+        reason = uwsgi_skips_fork_hooks(uwsgi)
+    except Exception:  # never break an app's start for a warning
+        log.debug("Could not read uWSGI's options", exc_info=True)
+        return
+    if reason is None:
+        return
+    _warned_in = os.getpid()
+    log.warning(
+        "uWSGI runs this app without Python's fork hooks (%s): a worker forked after the app "
+        "was built keeps the rate limiter's state from the process it was forked from. Every "
+        "worker then makes the same request tokens, so a call made again after its reply was "
+        "lost can be answered with another worker's reply, and each keeps that process's quota "
+        "leases (spent again by every worker), circuit breakers, locks and deny cache. Set "
+        "lazy-apps = true (each worker builds the app after the fork) or "
+        "py-call-osafterfork = true in the uWSGI configuration.",
+        reason,
+    )

@@ -214,6 +214,9 @@ class ClusterStorage(Storage):
         self._max_connections = max_connections
         self._connection = connection
         self._owns_client = client is None
+        #: The client passed in, ``None`` when built from ``nodes`` (init_app warns when it
+        #: retries: :mod:`~flask_distlimit.storage.client_retries`).
+        self.given_client = client
         self._lock = threading.Lock()
         self._client: RedisCluster | None = None
         self._script: Script | None = None
@@ -246,6 +249,10 @@ class ClusterStorage(Storage):
     def _connect(self) -> RedisCluster:
         options = connection_options(self.timeout)
         options.pop("retry")  # RedisCluster sets its nodes' retries to 0 itself
+        if not hasattr(Retry, "get_retries"):
+            # redis-py < 6 retries the whole command this many times (3 by default), whatever
+            # retry= says; from 6 it is retry's count, and this argument is deprecated
+            options["cluster_error_retry_attempts"] = 0
         (first_host, first_port), *others = self._nodes
         if ":" in first_host:  # IPv6
             first_host = f"[{first_host}]"

@@ -1,0 +1,182 @@
+"""A Redis client passed in: does redis-py retry on it? One WARNING at start-up if it does.
+
+A storage built from a URL (or from connection keywords) makes its own clients, and they never
+retry (:func:`~flask_distlimit.storage.redis.connection_options`): a call whose reply was lost
+is made again only under its request token, which cannot count it twice
+(:mod:`flask_distlimit.storage.redis`, "One retry"). A ready client passed in
+(``RedisStorage(client)``, a Sentinel's ``master_for(...)`` included, or
+``ClusterStorage(client=RedisCluster(...))``) is used as it is built, and since redis-py 6.0
+both ``redis.Redis()`` and ``RedisCluster()`` retry a failed command by default, several times
+with a backoff (before 6.0, ``RedisCluster`` already retried the whole command 3 times). Such a
+retry costs twice:
+
+- a command sent again after its reply was lost (a read timeout, a connection reset) may have
+  run already: the ``EVALSHA`` is counted twice, and nothing tells the retry it is a repeat;
+- against a dead Redis, every request waits for every retry and its backoff, until the circuit
+  breaker opens.
+
+:func:`warn_if_client_retries`, called by ``init_app``, logs one WARNING naming the setting
+and the fix. It reads redis-py's public API only, 5.0 to 8.x:
+
+- a single node or a Sentinel-managed client: its pool's ``connection_kwargs``. A connection
+  retries when it gets a ``retry`` whose count is not 0, or no ``retry`` and ``retry_on_error``
+  or ``retry_on_timeout`` (redis-py then gives it ``Retry(NoBackoff(), 1)``);
+- a ``Retry``'s count: ``Retry.get_retries()`` (redis-py 6+). redis-py 5 has no public getter:
+  ``Retry.call_with_retry`` is asked instead, on a copy, with an operation that fails once; a
+  ``Retry`` of 0 answers the failure at once, any other waits one step of its backoff and
+  tries again (so a client that retries costs that one step once, at start-up, on redis-py 5);
+- a Cluster client: the retries of the whole command (``retry.get_retries()`` from redis-py 6,
+  ``cluster_error_retry_attempts`` before), and its nodes' connections as above (redis-py 6+
+  sets them to 0 itself; before, the client's ``retry`` goes to every node).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+from redis.cluster import RedisCluster
+
+from .base import Storage
+
+__all__ = ["client_retries", "passed_client", "warn_if_client_retries"]
+
+log = logging.getLogger(__name__)
+
+_FIX_NODE = (
+    "Build the client with retry=Retry(NoBackoff(), 0) (since redis-py 6, redis.Redis() "
+    "retries unless told not to) and without retry_on_timeout or retry_on_error (from "
+    "redis.retry import Retry; from redis.backoff import NoBackoff)"
+)
+_FIX_CLUSTER = (
+    "Build the RedisCluster with retry=Retry(NoBackoff(), 0) (RedisCluster() retries unless "
+    "told not to; from redis.retry import Retry; from redis.backoff import NoBackoff)"
+)
+_FIX_CLUSTER_5 = _FIX_CLUSTER + " and cluster_error_retry_attempts=0 (redis-py before 6)"
+_OR_URL = (
+    ", or give the limiter a URL (DISTLIMIT_STORAGE_URL, or flask_distlimit.storage.from_url) "
+    "and let it build its own clients, which never retry and repeat a call whose reply was "
+    "lost under a request token that cannot count it twice."
+)
+
+
+class _Probe(Exception):
+    """The failure :func:`_retries` makes a ``Retry`` handle (redis-py 5)."""
+
+
+def passed_client(storage: Storage) -> redis.Redis | RedisCluster | None:
+    """The ready client ``storage`` was given, or ``None`` when it built its own (from a URL
+    or connection keywords) or is not a Redis storage."""
+    from .redis import RedisStorage
+
+    if isinstance(storage, RedisStorage):
+        # the storage's own pool exists only on clients it built (Sentinel's included)
+        return storage.client if storage.pool is None else None
+    if storage.scheme == "redis+cluster":
+        from .cluster import ClusterStorage
+
+        if isinstance(storage, ClusterStorage):
+            return storage.given_client
+    return None
+
+
+def client_retries(client: redis.Redis | RedisCluster) -> list[str]:
+    """The settings that make ``client`` retry a command, each as it would be written; empty
+    when it never retries. No I/O."""
+    if isinstance(client, RedisCluster):
+        found = []
+        attempts = getattr(client, "cluster_error_retry_attempts", None)  # redis-py < 6
+        if isinstance(attempts, int):
+            if attempts != 0:
+                found.append(f"cluster_error_retry_attempts={attempts}")
+        else:
+            count = _retries(client.retry)
+            if count != 0:
+                found.append(f"retry={_described(count)} (the whole command's retries)")
+        nodes = client.get_nodes()  # type: ignore[no-untyped-call]
+        if nodes:  # every node's connections are made alike: the first tells
+            node_client = client.get_redis_connection(nodes[0])
+            found += [f"{s} (its nodes' connections)" for s in client_retries(node_client)]
+        return found
+    return _connection_retries(client.get_connection_kwargs())
+
+
+def _connection_retries(kwargs: Mapping[str, Any]) -> list[str]:
+    """What makes a connection made with ``kwargs`` retry (redis-py's ``Connection``: a
+    ``retry`` if given, else ``Retry(NoBackoff(), 1)`` when there are errors to retry on, else
+    no retries)."""
+    retry = kwargs.get("retry")
+    errors = [getattr(e, "__name__", str(e)) for e in kwargs.get("retry_on_error") or ()]
+    on = [f"retry_on_error=[{', '.join(errors)}]"] if errors else []
+    if kwargs.get("retry_on_timeout"):
+        on.append("retry_on_timeout=True")
+    if retry is None:
+        return [f"{s} (without retry=, redis-py retries once)" for s in on]
+    count = _retries(retry)
+    return [f"retry={_described(count)}", *on] if count != 0 else []
+
+
+def _retries(retry: Any) -> int | None:
+    """How many times ``retry`` (a redis-py ``Retry``) retries: -1 forever, ``None`` some
+    number not 0 that redis-py 5 does not tell (module docstring)."""
+    get_retries = getattr(retry, "get_retries", None)  # redis-py 6+
+    if callable(get_retries):
+        return int(get_retries())
+    trial = copy.deepcopy(retry)  # what redis-py does with a Retry it is given
+    trial.update_supported_errors([_Probe])
+    tries = 0
+
+    def fail_once() -> bool:
+        nonlocal tries
+        tries += 1
+        if tries == 1:
+            raise _Probe("the first try fails")
+        return True
+
+    try:
+        trial.call_with_retry(fail_once, lambda error: None)
+    except _Probe:
+        return 0
+    return None
+
+
+def _described(count: int | None) -> str:
+    if count is None:
+        return "Retry(...), which retries (redis-py 5 does not tell how often)"
+    if count < 0:
+        return "Retry(...), which retries forever"
+    return f"Retry(..., retries={count})"
+
+
+def warn_if_client_retries(storage: Storage) -> None:
+    """Log one WARNING when ``storage`` was given a client that retries (module docstring).
+    Called by ``init_app``; never raises."""
+    client = passed_client(storage)
+    if client is None:
+        return
+    try:
+        found = client_retries(client)
+    except Exception:  # never break an app's start for a warning
+        log.debug("Could not tell whether the Redis client passed in retries", exc_info=True)
+        return
+    if not found:
+        return
+    if isinstance(client, RedisCluster):
+        old = isinstance(getattr(client, "cluster_error_retry_attempts", None), int)
+        fix = _FIX_CLUSTER_5 if old else _FIX_CLUSTER
+        kind = "RedisCluster"
+    else:
+        fix, kind = _FIX_NODE, "Redis"
+    log.warning(
+        "The %s client passed to the rate limiter makes retries of its own: %s. A command it "
+        "sends again after the reply was lost may have run already, so a request can be "
+        "counted twice; and while Redis is down every request waits for the retries and their "
+        "backoff until the circuit breaker opens. %s%s",
+        kind,
+        "; ".join(found),
+        fix,
+        _OR_URL,
+    )
