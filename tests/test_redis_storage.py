@@ -353,16 +353,19 @@ def test_a_connection_the_server_closed_while_idle_is_replaced_and_the_call_answ
     storage: RedisStorage, redis_client: redis.Redis
 ) -> None:
     small = _small(storage)
-    small.evaluate(ONE)
+    # a window of a year: no window boundary between the two calls (one a minute long was
+    # straddled once under load: the second call then started a new window)
+    one = [Check("t:{alice}:per-ip:fixed_window", "fixed_window", 5, 365 * 86400)]
+    small.evaluate(one)
     first = hot_client_id(small)
     redis_client.client_kill_filter(_id=first)
     time.sleep(0.05)
     redis_client.config_resetstat()
     # Not probed at checkout: the send goes to the closed socket, the reply is lost, and the
     # call is made again, marked as a repeat, on a new connection: answered, counted once.
-    second = small.evaluate(ONE)
+    second = small.evaluate(one)
     assert second.allowed and second.decisions[0].remaining == 3
-    assert redis_client.hget(ONE[0].key, "n") == b"2"
+    assert redis_client.hget(one[0].key, "n") == b"2"
     stats = redis_client.info("commandstats")
     assert stats["cmdstat_get"]["calls"] == 1  # the repeat asked for the kept reply
     assert hot_client_id(small) != first
