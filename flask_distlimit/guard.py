@@ -62,7 +62,7 @@ from typing import Final, get_args
 
 from ._typing import FailurePolicy
 from .breaker import Breaker, BreakerState
-from .breakers import DEFAULT_NODE, Breakers
+from .breakers import DEFAULT_NODE, Breakers, worst
 from .decision import Check, Decision, Evaluation
 from .errors import (
     ConfigurationError,
@@ -897,9 +897,15 @@ class Guard:
 
         ``breakers`` maps each storage node (``"redis"`` for a single node or memory, the
         master's ``host:port`` on Sentinel, each primary's on a Cluster) to its breaker's state;
-        ``breaker`` is the worst of them (open, half-open, closed), so with one node it is that
-        node's state as it always was; ``breaker_failures`` and ``breaker_open_seconds`` are
-        those of :attr:`breaker`.
+        ``breaker_nodes`` maps each to its breaker's figures: ``state``, ``failures`` (the
+        consecutive outages counted, which stays at the count that opened it while it is not
+        closed) and ``open_seconds`` (since it opened; ``None`` while closed). ``breaker``,
+        ``breaker_failures`` and ``breaker_open_seconds`` are those of the worst node's breaker
+        (:func:`~flask_distlimit.breakers.worst`: open, then half-open, then closed; among
+        equals the one open longest, then the one with the most failures). With one node they
+        are that node's, as they always were; on a Cluster they describe one primary, the one
+        that degrades requests, whichever serves the instance heartbeat key (they used to be
+        that primary's, and read ``0`` and ``None`` while another primary's breaker was open).
 
         Checks the storage even while the breaker is open (it is an explicit check, not a
         request), but the answer does not move the breaker: a PING, whether the scripts are
@@ -931,9 +937,12 @@ class Guard:
         if self._follows:
             self._follow(refresh=False)  # name the master the storage found, if it connected
         self.breakers.prune()
-        breaker = self.breaker
-        opened_for = breaker.opened_for()
-        aggregate = self.breakers.state
+        current = self.breaker  # made if new: the heartbeat key's node is always shown
+        by_node = self.breakers.by_node()
+        figures = {node: _figures(b) for node, b in by_node.items()}
+        shown = worst(list(by_node.values())) or current
+        aggregate = shown.state
+        opened_for = shown.opened_for()
         return {
             "ok": error is None and aggregate == "closed",
             "storage": self.storage.scheme,
@@ -942,8 +951,9 @@ class Guard:
             "error_type": error_type,
             "scripts_loaded": loaded,
             "breaker": aggregate,
-            "breakers": self.breakers.states(),
-            "breaker_failures": breaker.failures,
+            "breakers": {node: f["state"] for node, f in figures.items()},
+            "breaker_nodes": figures,
+            "breaker_failures": shown.failures,
             "breaker_open_seconds": None if opened_for is None else round(opened_for, 3),
             "policy": self.policy,
             "instances": self.instances.setting,
@@ -976,6 +986,16 @@ def _leases_held(guard: Guard) -> dict[str, dict[str, object]]:
 
     leases = leases_of(guard)
     return leases.held() if leases is not None else {}
+
+
+def _figures(breaker: Breaker) -> dict[str, object]:
+    """One node's line of ``health()["breaker_nodes"]``."""
+    opened_for = breaker.opened_for()
+    return {
+        "state": breaker.state,
+        "failures": breaker.failures,
+        "open_seconds": None if opened_for is None else round(opened_for, 3),
+    }
 
 
 def _one_line(text: str) -> str:

@@ -475,6 +475,33 @@ def test_a_side_call_s_lost_reply_is_an_answer() -> None:
     assert guard.breaker_of(key).failures == 0
 
 
+def test_health_shows_each_nodes_breaker_and_the_worst_in_the_aggregate_keys() -> None:
+    """Node b is down, node a serves the instance heartbeat key: ``breaker_nodes`` has both
+    nodes' figures, and ``breaker``, ``breaker_failures`` and ``breaker_open_seconds`` describe
+    b, the node that degrades requests (they were a's: ``0`` and ``None``)."""
+    guard, storage, clock = make("open", fail_max=2)
+    storage.down.add(B)
+    kinds(guard, [limit("b")], 2)
+    clock.advance(4.25)
+    health = guard.health()
+    assert health["breaker_nodes"] == {
+        A: {"state": "closed", "failures": 0, "open_seconds": None},
+        B: {"state": "open", "failures": 2, "open_seconds": 4.25},
+    }
+    assert health["breakers"] == {A: "closed", B: "open"}
+    assert (health["breaker"], health["breaker_failures"]) == ("open", 2)
+    assert health["breaker_open_seconds"] == 4.25
+    assert guard.breaker.state == "closed"  # the heartbeat key's node
+    storage.down.clear()
+    clock.advance(RESET)
+    kinds(guard, [limit("b")], 1)  # the trial closes b's breaker
+    storage.down.add(A)
+    kinds(guard, [limit("a")], 1)  # one outage of a: all closed, a counts one
+    health = guard.health()
+    assert (health["breaker"], health["breaker_failures"]) == ("closed", 1)
+    assert health["breaker_open_seconds"] is None
+
+
 @pytest.mark.parametrize(
     ("policy", "on_garbled_node"),
     [
