@@ -732,7 +732,9 @@ class Guard:
     ) -> None:
         """Evaluate ``checks`` in a call beside the request's that no failure policy answers
         and whose answer nobody reads (a concurrency slot's give-back), ``what`` naming it in
-        the log; never raises but what is no :class:`Exception` (a worker being stopped).
+        the log. It never raises an :class:`Exception` (one the storage should not raise is
+        logged at ERROR): it runs after the response is made, at teardown or when a streamed
+        response closes, where it would turn a decided request into a 500.
 
         The checks go in the parts the storage evaluates on their own (:meth:`Storage.route
         <flask_distlimit.storage.base.Storage.route>`'s slot groups on a Redis Cluster, one
