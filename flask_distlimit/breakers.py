@@ -17,6 +17,7 @@ dictionary read, no lock.
 
 The aggregate :attr:`Breakers.state` is the worst state of any node's breaker (open, then
 half-open, then closed): with one node it is that node's state, as before per-node breakers.
+:func:`worst` picks the breaker that aggregate describes.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Final
 
 from .breaker import Breaker, BreakerState
 
-__all__ = ["DEFAULT_NODE", "MAX_NODES", "Breakers"]
+__all__ = ["DEFAULT_NODE", "MAX_NODES", "Breakers", "worst"]
 
 #: The node of a storage that has only one (single node, memory; Sentinel before it connected).
 DEFAULT_NODE: Final = "redis"
@@ -133,6 +134,10 @@ class Breakers:
         """Each node's breaker state, by node name."""
         return {node: b.state for node, b in list(self._by_node.items())}
 
+    def by_node(self) -> dict[str, Breaker]:
+        """Each node's breaker, by node name (a copy)."""
+        return dict(list(self._by_node.items()))
+
     @property
     def state(self) -> BreakerState:
         """The worst state of any node's breaker (``closed`` when there is none yet)."""
@@ -150,3 +155,14 @@ class Breakers:
         self._lock = threading.Lock()
         for breaker in self._by_node.values():
             breaker._after_fork()
+
+
+def worst(breakers: Collection[Breaker]) -> Breaker | None:
+    """The breaker in the worst state (open, then half-open, then closed); among equals, the
+    one open longest, then the one with the most consecutive failures. ``None`` for none."""
+
+    def badness(breaker: Breaker) -> tuple[int, float, int]:
+        opened_for = breaker.opened_for()
+        return (_RANK[breaker.state], -1.0 if opened_for is None else opened_for, breaker.failures)
+
+    return max(breakers, key=badness, default=None)

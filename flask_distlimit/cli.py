@@ -181,8 +181,8 @@ def status(as_json: bool) -> None:
 
 def _breaker_text(health: dict[str, object]) -> str:
     """The breaker line: with one node, its state and failures; with several (a Redis
-    Cluster), the worst state and every node whose breaker is not closed, by name (the failure
-    count is only the instance heartbeat's node's: it would mislead here)."""
+    Cluster), the worst state and every node whose breaker is not closed, by name (each node's
+    count is in ``--json``'s ``breaker_nodes``)."""
     worst = health.get("breaker")
     states = health.get("breakers")
     if not isinstance(states, dict) or len(states) <= 1:

@@ -10,12 +10,14 @@ slot is taken in the request's one storage call, all-or-nothing with the request
 - when the response ends, the slot is given back in a second, small storage call: a *release*
   check (:attr:`~flask_distlimit.decision.Check.release`) through the ordinary evaluation
   (``evaluate_parts``, each part on its own), so every storage sends it as it sends any check.
-  It is not sent to a node whose circuit breaker is open (on a Redis Cluster each slot group
-  asks its own primary's breaker, and the groups on live primaries are given back:
-  :meth:`Guard.reachable <flask_distlimit.guard.Guard.reachable>`); the lease gives back the
-  others. A streamed response gives it back when the WSGI server closes it (after its last
-  chunk); any other at ``teardown_request`` (its body is made then, and an exception that
-  escaped Flask ends there too);
+  It is not sent to a node whose circuit breaker lets no call through (on a Redis Cluster each
+  slot group asks its own primary's breaker, and the groups on live primaries are given back),
+  and that breaker hears how it ended, as it hears a request's call: an outage counts toward
+  opening it, an answer resets its count, an error reply is an answer
+  (:meth:`Guard.evaluate_beside <flask_distlimit.guard.Guard.evaluate_beside>`). The lease
+  gives back the slots not given back. A streamed response gives them back when the WSGI
+  server closes it (after its last chunk); any other at ``teardown_request`` (its body is made
+  then, and an exception that escaped Flask ends there too);
 - a slot whose process died (SIGKILL, OOM) is given back by its lease: the next request of that
   identity removes the slots whose lease ended, in the same script call. No background thread;
 - a refusal is a 429 :class:`~flask_distlimit.problem.ConcurrencyLimitExceeded` (problem type
@@ -31,22 +33,18 @@ worker's request by then). Rate-limit headers never describe a concurrency limit
 from __future__ import annotations
 
 import dataclasses
-import logging
 import secrets
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 from .algorithms import CONCURRENCY
 from .decision import Check
-from .errors import StorageError, StorageResponseError
 
 if TYPE_CHECKING:
     from .route_limits import BoundLimit
     from .state import LimiterState
 
 __all__ = ["SlotRelease", "is_slot_key", "slot_check"]
-
-log = logging.getLogger("flask_distlimit")
 
 #: Tokens are drawn below 2^53: the script keeps them exact as Lua numbers.
 _TOKEN_LIMIT: Final = 2**53 - 1
@@ -104,13 +102,7 @@ class SlotRelease:
         for fallback, part in guard.fallbacks_for(self._checks):
             if self._degraded or fallback.holding:
                 fallback.evaluate(part, instances=guard.instances.divisor, now_us=now)
-        # Only to the nodes whose breaker is not open (each slot group's own on a Redis
-        # Cluster): the lease gives back the slots of the others.
-        parts = guard.reachable(self._checks)
-        if not parts:
-            return
-        for result in state.storage.evaluate_parts(parts, now_us=now):
-            if isinstance(result, StorageResponseError):  # counted, logged; its lease frees it
-                guard.unreadable(result, "a concurrency slot's give-back")
-            elif isinstance(result, StorageError):  # the lease gives it back
-                log.debug("Could not give back a concurrency slot (its lease will): %s", result)
+        # Only to the nodes whose breaker lets a call through (each slot group's own on a
+        # Redis Cluster), which hear how it ended; the lease gives back the slots of the
+        # others, and of a node that failed.
+        guard.evaluate_beside(self._checks, "a concurrency slot's give-back", now_us=now)

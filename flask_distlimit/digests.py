@@ -65,6 +65,10 @@ _CACHE_SIZE: Final = 4096
 _CONTEXT: Final = b"flask-distlimit identity-tag"
 
 
+def _unheard(error: BaseException | None) -> None:
+    """The default ``gate``'s report: nobody is told."""
+
+
 def digest_key(key_prefix: str) -> str:
     """The storage key of the deployment's tag key under ``key_prefix`` (its node's breaker
     is the one :class:`IdentityTags` asks about on a Redis Cluster)."""
@@ -82,9 +86,15 @@ class IdentityTags:
     - ``secret``: the tag key from :func:`tag_secret`; ``None`` reads (and sets) the deployment's
       key in ``storage`` under ``<key_prefix>:identity-digest-key``;
     - ``clock``: monotonic seconds, for the refresh and retry intervals;
-    - ``available``: whether to try the storage now (the extension passes "the circuit breaker
-      of the node serving :func:`digest_key` is not open", so an outage costs no extra
-      timeouts; asked only when a read or refresh is due, never per request).
+    - ``gate``: asked when a read or refresh is due (never per request), before the storage
+      is tried: ``None`` to skip it (retried after :data:`RETRY_INTERVAL`), or a function
+      to call once with how the read ended, ``None`` when the storage answered, else the
+      exception it raised. The extension passes :meth:`Guard.beside
+      <flask_distlimit.guard.Guard.beside>` on :func:`digest_key`: the read is made only while
+      the circuit breaker of the node serving that key lets calls through (an outage costs no
+      extra timeouts), and that breaker hears how it ended (an outage counts toward opening
+      it, an answer resets its count, as for a request's call). Default: always try, tell
+      nobody.
 
     :attr:`tag` is what the request path calls.
     """
@@ -96,14 +106,14 @@ class IdentityTags:
         storage: Storage | None = None,
         key_prefix: str = "ratelimit",
         clock: Callable[[], float] = time.monotonic,
-        available: Callable[[], bool] = lambda: True,
+        gate: Callable[[], Callable[[BaseException | None], None] | None] = lambda: _unheard,
     ) -> None:
         if secret is None and storage is None:
             raise ValueError("IdentityTags needs a secret or a storage to keep its key in")
         self.storage_key = digest_key(key_prefix)
         self._storage = storage
         self._clock = clock
-        self._available = available
+        self._gate = gate
         self._lock = threading.Lock()
         self._warned = False
         #: ``"secret"`` (from the app's secret) or ``"storage"`` (kept by the storage)
@@ -159,18 +169,22 @@ class IdentityTags:
         try:
             if self._clock() < self._due:
                 return  # another thread did it
-            if not self._available():
+            heard = self._gate()
+            if heard is None:
                 self._due = self._clock() + RETRY_INTERVAL
                 return
-            self._read(raise_errors=False)
+            self._read(raise_errors=False, heard=heard)
         finally:
             self._lock.release()
 
-    def _read(self, *, raise_errors: bool) -> None:
+    def _read(
+        self, *, raise_errors: bool, heard: Callable[[BaseException | None], None] = lambda e: None
+    ) -> None:
         assert self._storage is not None
         try:
             value = self._storage.shared_value(self.storage_key, self._value, SHARED_KEY_TTL)
         except StorageError as exc:
+            heard(exc)
             self._due = self._clock() + RETRY_INTERVAL
             if raise_errors:
                 raise
@@ -184,6 +198,10 @@ class IdentityTags:
                     self.storage_key, exc, RETRY_INTERVAL,
                 )  # fmt: skip
             return
+        except BaseException as exc:
+            heard(exc)
+            raise
+        heard(None)
         if value != self._value or not self.settled:
             if self.settled:
                 log.warning(

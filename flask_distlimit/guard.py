@@ -52,6 +52,7 @@ cause in ``error``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -61,7 +62,7 @@ from typing import Final, get_args
 
 from ._typing import FailurePolicy
 from .breaker import Breaker, BreakerState
-from .breakers import DEFAULT_NODE, Breakers
+from .breakers import DEFAULT_NODE, Breakers, worst
 from .decision import Check, Decision, Evaluation
 from .errors import (
     ConfigurationError,
@@ -86,6 +87,7 @@ __all__ = [
     "FailurePolicy",
     "Guard",
     "Outcome",
+    "SideReport",
     "validate_policy",
 ]
 
@@ -99,6 +101,10 @@ MISCONFIGURED_LOG_INTERVAL: Final = 60.0
 REDISCOVER_INTERVAL: Final = 1.0
 
 FAILURE_POLICIES: Final[tuple[FailurePolicy, ...]] = get_args(FailurePolicy)
+
+#: How a call beside the request's ended, told to its node's breaker (:meth:`Guard.beside`):
+#: ``None`` when the storage answered, else the exception the call raised.
+SideReport = Callable[[BaseException | None], None]
 
 
 def validate_policy(value: object) -> FailurePolicy:
@@ -402,19 +408,7 @@ class Guard:
             if metrics is not None:
                 metrics.storage_call(time.perf_counter() - started)
         # Each node's breaker hears once: an outage if any of its groups met one.
-        heard: dict[str, StorageUnavailable | None] = {}
-        for (node, _), result in zip(live, results, strict=True):
-            if isinstance(result, StorageUnavailable) and not isinstance(result, StorageReplyLost):
-                heard[node] = result  # a lost reply is not an outage: the node answered
-            else:
-                heard.setdefault(node, None)
-        for node, error in heard.items():
-            if error is None:
-                trying[node].success()  # an error reply is an answer too
-            else:
-                trying[node].failure(error)
-                if isinstance(error, StorageMisconfigured):
-                    self._refused(error)
+        self._tell(trying, [node for node, _ in live], results)
         decisions: list[Decision | None] = [None] * len(checks)
         repaired: list[str] = []
         spent: list[int] = []  # indexes of checks a group admitted and consumed
@@ -663,34 +657,142 @@ class Guard:
     def _heartbeat(self) -> None:
         self.side_call(self._heartbeat_check.key, self.instances.beat, "the instance heartbeat")
 
+    def beside(self, key: str, what: str) -> SideReport | None:
+        """Open a call beside the request's own on ``key`` (``what`` names it in the log): the
+        function to tell how it ended, or ``None`` when the breaker of ``key``'s node lets no
+        call through now (open, or half-open with its one trial out): skip the call then.
+
+        The function must be called exactly once, with ``None`` when the storage answered,
+        else with the exception the call raised. The breaker of the node hears it as it hears
+        a request's call (:meth:`evaluate`), because it is the same evidence: the same node,
+        reached the same way within the same timeout.
+
+        - an outage (:class:`~flask_distlimit.errors.StorageUnavailable`: refused, reset,
+          timed out, or :class:`~flask_distlimit.errors.StorageMisconfigured`) is a failure
+          of that node, counted toward its breaker's ``fail_max``: a dead shard found by a
+          slot's give-back or the tag key's read opens its breaker as a request would, and
+          only that node's;
+        - an answer is a success: it resets the node's count of consecutive failures, and it
+          closes a half-open breaker when the side call was its trial (granted by
+          :meth:`Breaker.allow <flask_distlimit.breaker.Breaker.allow>`, so a side call never
+          answers for a trial another call holds);
+        - an error reply (:class:`~flask_distlimit.errors.StorageResponseError`) is an answer
+          too (the node is up: never a failure, so a side call cannot open the breaker of a
+          healthy node), counted and logged as :meth:`unreadable` says; so is a lost reply
+          (:class:`~flask_distlimit.errors.StorageReplyLost`: a fresh connection answered);
+        - any other exception frees a trial it held and decides nothing.
+
+        The report takes the breaker's lock at most (no I/O): it never delays the request.
+        """
+        breaker = self.breaker_of(key)
+        if not breaker.allow():
+            return None
+        return functools.partial(self._heard, breaker, what)
+
+    def _heard(self, breaker: Breaker, what: str, error: BaseException | None) -> None:
+        """Tell ``breaker`` how a call beside the request's ended (:meth:`beside`)."""
+        if error is None or isinstance(error, StorageReplyLost):
+            breaker.success()
+        elif isinstance(error, StorageUnavailable):
+            breaker.failure(error)
+            if isinstance(error, StorageMisconfigured):
+                self._refused(error)
+        elif isinstance(error, StorageResponseError):
+            breaker.success()  # the store answered: not an outage
+            self.unreadable(error, what)
+        else:
+            breaker.release()
+
     def side_call(
         self, key: str, call: Callable[[Storage], Sequence[str]], what: str = "a side call"
     ) -> None:
         """One separate, cheap storage call beside the request's own, on ``key`` (the instance
         heartbeat, the lease records), ``what`` naming it in the log: made only while the
-        breaker of ``key``'s node lets calls through; an outage counts like any other; the keys
-        it answers (found holding garbage and replaced) are logged. An error reply is an answer
-        (the breaker hears a success) that the request it rides on, decided already, never
-        sees: counted and logged as :meth:`unreadable` says."""
-        breaker = self.breaker_of(key)
-        if not breaker.allow():
+        breaker of ``key``'s node lets calls through, which hears how it ended
+        (:meth:`beside`); the keys it answers (found holding garbage and replaced) are
+        logged. An error reply is an answer (the breaker hears a success) that the request it
+        rides on, decided already, never sees: counted and logged as :meth:`unreadable` says."""
+        heard = self.beside(key, what)
+        if heard is None:
             return
         try:
             repaired = call(self.storage)
-        except StorageUnavailable as exc:
-            breaker.failure(exc)
-            if isinstance(exc, StorageMisconfigured):
-                self._refused(exc)
-        except StorageResponseError as exc:
-            breaker.success()  # the store answered: not an outage
-            self.unreadable(exc, what)
-        except BaseException:
-            breaker.release()
+        except StorageError as exc:
+            heard(exc)
+            return
+        except BaseException as exc:
+            heard(exc)
             raise
+        heard(None)
+        if repaired:
+            self._repaired(repaired)
+
+    def evaluate_beside(
+        self, checks: Sequence[Check], what: str, *, now_us: int | None = None
+    ) -> None:
+        """Evaluate ``checks`` in a call beside the request's that no failure policy answers
+        and whose answer nobody reads (a concurrency slot's give-back), ``what`` naming it in
+        the log. It never raises an :class:`Exception` (one the storage should not raise is
+        logged at ERROR): it runs after the response is made, at teardown or when a streamed
+        response closes, where it would turn a decided request into a 500.
+
+        The checks go in the parts the storage evaluates on their own (:meth:`Storage.route
+        <flask_distlimit.storage.base.Storage.route>`'s slot groups on a Redis Cluster, one
+        part elsewhere), each node's breaker asked once (:meth:`Breaker.allow
+        <flask_distlimit.breaker.Breaker.allow>`): the parts of a node that lets no call
+        through are not sent (no wait on a node known to be down; a slot's lease gives it
+        back), the others are, together (one deadline on a Cluster), and each node's breaker
+        then hears once how its parts ended, as :meth:`beside` says: an outage if any of them
+        met one, else an answer."""
+        if self._routed:
+            routes = self.storage.route(checks)
+            trying, _ = self._gate(routes)
+            live = [(n, [checks[i] for i in indexes]) for n, indexes in routes if n in trying]
         else:
-            breaker.success()
-            if repaired:
-                self._repaired(repaired)
+            if not self._breaker.allow():
+                return
+            trying = {self._node: self._breaker}
+            live = [(self._node, list(checks))]
+        if not live:
+            return
+        try:
+            results = self.storage.evaluate_parts([part for _, part in live], now_us=now_us)
+        except BaseException as exc:
+            for breaker in trying.values():
+                breaker.release()
+            if not isinstance(exc, Exception):
+                raise
+            log.error("%s failed unexpectedly; it is skipped", what.capitalize(), exc_info=True)
+            return
+        self._tell(trying, [node for node, _ in live], results)
+        for result in results:
+            if isinstance(result, StorageResponseError):
+                self.unreadable(result, what)
+            elif isinstance(result, StorageError):
+                log.debug("%s failed (skipped): %s", what.capitalize(), result)
+
+    def _tell(
+        self,
+        trying: dict[str, Breaker],
+        nodes: Sequence[str],
+        results: Sequence[Evaluation | StorageError],
+    ) -> None:
+        """Each node's breaker of ``trying`` hears once how the parts sent to it (``nodes``,
+        one per result) ended: an outage if any of them met one, else an answer (an error
+        reply and a lost reply are answers: the node is up)."""
+        heard: dict[str, StorageUnavailable | None] = {}
+        for node, result in zip(nodes, results, strict=True):
+            if isinstance(result, StorageUnavailable) and not isinstance(result, StorageReplyLost):
+                heard[node] = result
+            else:
+                heard.setdefault(node, None)
+        for node, error in heard.items():
+            if error is None:
+                trying[node].success()
+            else:
+                trying[node].failure(error)
+                if isinstance(error, StorageMisconfigured):
+                    self._refused(error)
 
     def _repaired(self, keys: Sequence[str]) -> None:
         for key in keys:
@@ -772,23 +874,6 @@ class Guard:
             return self.breakers.get(self.storage.route([check])[0][0])
         return self._breaker
 
-    def reachable(self, checks: Sequence[Check]) -> list[list[Check]]:
-        """``checks`` in the parts the storage evaluates on their own (:meth:`Storage.route
-        <flask_distlimit.storage.base.Storage.route>`'s slot groups on a Redis Cluster, one
-        part elsewhere), less those whose node's breaker is open: for a call beside the
-        request's that no failure policy answers (a concurrency slot's release), so that it
-        goes to every node that may answer it and never waits on one known to be down.
-        Asks :attr:`Breaker.state <flask_distlimit.breaker.Breaker.state>` only: a half-open
-        breaker's one trial stays the request path's."""
-        if not self._routed:
-            return [] if self._breaker.state == "open" else [list(checks)]
-        breakers = self.breakers
-        return [
-            [checks[i] for i in indexes]
-            for node, indexes in self.storage.route(checks)
-            if breakers.get(node).state != "open"
-        ]
-
     def _breaker_changed(self, breaker: str, state: BreakerState | None) -> None:
         # The fallback's counts outlive the breaker: they are handed back key by key, once they
         # no longer matter (flask_distlimit.fallback), not when the first call succeeds.
@@ -814,9 +899,15 @@ class Guard:
 
         ``breakers`` maps each storage node (``"redis"`` for a single node or memory, the
         master's ``host:port`` on Sentinel, each primary's on a Cluster) to its breaker's state;
-        ``breaker`` is the worst of them (open, half-open, closed), so with one node it is that
-        node's state as it always was; ``breaker_failures`` and ``breaker_open_seconds`` are
-        those of :attr:`breaker`.
+        ``breaker_nodes`` maps each to its breaker's figures: ``state``, ``failures`` (the
+        consecutive outages counted, which stays at the count that opened it while it is not
+        closed) and ``open_seconds`` (since it opened; ``None`` while closed). ``breaker``,
+        ``breaker_failures`` and ``breaker_open_seconds`` are those of the worst node's breaker
+        (:func:`~flask_distlimit.breakers.worst`: open, then half-open, then closed; among
+        equals the one open longest, then the one with the most failures). With one node they
+        are that node's, as they always were; on a Cluster they describe one primary, the one
+        that degrades requests, whichever serves the instance heartbeat key (they used to be
+        that primary's, and read ``0`` and ``None`` while another primary's breaker was open).
 
         Checks the storage even while the breaker is open (it is an explicit check, not a
         request), but the answer does not move the breaker: a PING, whether the scripts are
@@ -848,9 +939,12 @@ class Guard:
         if self._follows:
             self._follow(refresh=False)  # name the master the storage found, if it connected
         self.breakers.prune()
-        breaker = self.breaker
-        opened_for = breaker.opened_for()
-        aggregate = self.breakers.state
+        current = self.breaker  # made if new: the heartbeat key's node is always shown
+        by_node = self.breakers.by_node()
+        figures = {node: _figures(b) for node, b in by_node.items()}
+        shown = worst(list(by_node.values())) or current
+        aggregate = shown.state
+        opened_for = shown.opened_for()
         return {
             "ok": error is None and aggregate == "closed",
             "storage": self.storage.scheme,
@@ -859,8 +953,9 @@ class Guard:
             "error_type": error_type,
             "scripts_loaded": loaded,
             "breaker": aggregate,
-            "breakers": self.breakers.states(),
-            "breaker_failures": breaker.failures,
+            "breakers": {node: f["state"] for node, f in figures.items()},
+            "breaker_nodes": figures,
+            "breaker_failures": shown.failures,
             "breaker_open_seconds": None if opened_for is None else round(opened_for, 3),
             "policy": self.policy,
             "instances": self.instances.setting,
@@ -893,6 +988,16 @@ def _leases_held(guard: Guard) -> dict[str, dict[str, object]]:
 
     leases = leases_of(guard)
     return leases.held() if leases is not None else {}
+
+
+def _figures(breaker: Breaker) -> dict[str, object]:
+    """One node's line of ``health()["breaker_nodes"]``."""
+    opened_for = breaker.opened_for()
+    return {
+        "state": breaker.state,
+        "failures": breaker.failures,
+        "open_seconds": None if opened_for is None else round(opened_for, 3),
+    }
 
 
 def _one_line(text: str) -> str:

@@ -99,14 +99,15 @@ class LimiterState:
         #: the wall clock, in seconds (for header reset times)
         self.wall: Callable[[], float] = (lambda: clock() / 1_000_000) if clock else time.time
         #: this app's identity tags: keyed with its secret, else a key the storage keeps; read
-        #: while the breaker of the node serving that key (on a Redis Cluster) is not open
+        #: while the breaker of the node serving that key (on a Redis Cluster) lets calls
+        #: through, and that breaker hears how the read ended
         tag_key = digest_key(settings.key_prefix)
         self.tags = IdentityTags(
             identity_settings.tag_secret,
             storage=storage,
             key_prefix=settings.key_prefix,
             clock=(lambda: clock() / 1_000_000) if clock else time.monotonic,
-            available=lambda: guard.breaker_of(tag_key).state != "open",
+            gate=lambda: guard.beside(tag_key, "the identity tag key's read"),
         )
         self.identity_tag: Callable[[str], str] = self.tags.tag
         prefix, algorithm = settings.key_prefix, settings.algorithm

@@ -107,13 +107,17 @@ def test_no_attempt_while_the_breaker_is_open() -> None:
     clock = _Clock()
     storage = _Flaky(failures=0)
     open_ = [True]
-    tags = IdentityTags(storage=storage, clock=clock, available=lambda: not open_[0])
+    heard: list[BaseException | None] = []
+    tags = IdentityTags(
+        storage=storage, clock=clock, gate=lambda: None if open_[0] else heard.append
+    )
     tags.tag("ip:1.2.3.4")
     assert storage.calls == 0 and not tags.settled
     open_[0] = False
     clock.now += RETRY_INTERVAL
     tags.tag("ip:1.2.3.4")
     assert storage.calls == 1 and tags.settled
+    assert heard == [None]  # the breaker hears the answer
 
 
 def test_tools_require_the_key_or_fail() -> None:

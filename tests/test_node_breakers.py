@@ -359,29 +359,147 @@ def test_a_lease_is_renewed_only_while_its_own_nodes_breaker_is_closed() -> None
     assert _renewable(guard, on_a.key)
 
 
+def beside(guard: Guard, storage: Shards, checks: list[Check]) -> list[str]:
+    """The nodes :meth:`Guard.evaluate_beside` (a concurrency slot's release) sends parts to."""
+    storage.sent.clear()
+    guard.evaluate_beside(checks, "the test's call", now_us=NOW)
+    return list(storage.sent)
+
+
 def test_a_call_beside_the_request_goes_to_each_groups_node_unless_its_breaker_is_open() -> None:
-    """:meth:`Guard.reachable` (a concurrency slot's release): the groups of the nodes whose
-    breaker is not open, whatever the breaker of the heartbeat key's node (a) says."""
+    """:meth:`Guard.evaluate_beside` (a concurrency slot's release): to the nodes of the groups
+    whose breaker lets calls through, whatever the breaker of the heartbeat key's node (a)
+    says."""
     guard, storage, clock = make("open")
     on_a, on_b, on_a2 = limit("a"), limit("b"), limit("a2", name="team")
-    assert guard.reachable([on_a, on_b, on_a2]) == [[on_a, on_a2], [on_b]]
+    assert beside(guard, storage, [on_a, on_b, on_a2]) == [A, B]  # one part per node
     storage.down.add(B)
     assert kinds(guard, [on_b], 1) == ["degraded allowed"]  # fail_max 1: b's breaker opens
     assert guard.breaker.state == "closed"  # the heartbeat key's node, a
-    assert guard.reachable([on_a, on_b, on_a2]) == [[on_a, on_a2]]
+    assert beside(guard, storage, [on_a, on_b, on_a2]) == [A]
     storage.down = {A}
     clock.advance(RESET)
     assert kinds(guard, [on_a, on_b], 1) == ["degraded allowed"]  # a opens, b's trial closes it
     assert guard.breaker.state == "open"
-    assert guard.reachable([on_a, on_b, on_a2]) == [[on_b]]
+    assert beside(guard, storage, [on_a, on_b, on_a2]) == [B]
 
 
-def test_one_node_reaches_all_of_its_checks_or_none() -> None:
-    guard = Guard(MemoryStorage(), fail_max=1)
+class OneNode(MemoryStorage):
+    """A single-node store that records the parts sent."""
+
+    def __init__(self) -> None:
+        super().__init__(clock=lambda: NOW)
+        self.parts: list[list[Check]] = []
+
+    def evaluate_parts(
+        self, parts: Sequence[Sequence[Check]], *, now_us: int | None = None
+    ) -> list[Evaluation | StorageError]:
+        self.parts.extend(list(p) for p in parts)
+        return super().evaluate_parts(parts, now_us=now_us)
+
+
+def test_one_node_is_sent_all_of_its_checks_or_none() -> None:
+    storage = OneNode()
+    guard = Guard(storage, fail_max=1)
     checks = [limit("a"), limit("b")]
-    assert guard.reachable(checks) == [checks]
+    guard.evaluate_beside(checks, "the test's call", now_us=NOW)
+    assert storage.parts == [checks]
     guard.breaker.failure(StorageUnavailable("down"))
-    assert guard.reachable(checks) == []
+    guard.evaluate_beside(checks, "the test's call", now_us=NOW)
+    assert storage.parts == [checks]  # nothing more sent
+
+
+def test_a_call_beside_the_request_hears_as_a_request_does_on_each_node() -> None:
+    """An outage of a node counts on that node's breaker only; an error reply is an answer
+    (the count goes back to 0, it never opens); a half-open breaker's one trial may be the
+    side call's, whose answer closes it, and while another call holds the trial the side call
+    is not sent."""
+    guard, storage, clock = make("open", fail_max=2)
+    on_a, on_b = limit("a"), limit("b")
+    storage.down.add(B)
+    assert beside(guard, storage, [on_a, on_b]) == [A, B]
+    assert (guard.breakers.get(A).failures, guard.breakers.get(B).failures) == (0, 1)
+    storage.down.clear()
+    storage.garbled.add(B)
+    assert beside(guard, storage, [on_a, on_b]) == [A, B]
+    assert guard.breakers.get(B).failures == 0  # answered: an error reply is no outage
+    assert guard.health()["unreadable_replies"] == 1
+    storage.garbled.clear()
+    storage.down.add(B)
+    assert beside(guard, storage, [on_b]) == [B]
+    assert beside(guard, storage, [on_b]) == [B]
+    assert guard.breakers.states() == {A: "closed", B: "open"}  # 2 of 2: opened
+    assert beside(guard, storage, [on_a, on_b]) == [A]
+    storage.down.clear()
+    clock.advance(RESET)
+    trial = guard.breakers.get(B)
+    assert trial.allow()  # a request takes the one trial: nothing beside it goes to b
+    assert beside(guard, storage, [on_a, on_b]) == [A]
+    trial.release()  # that trial ended without an answer (an unrelated exception)
+    assert beside(guard, storage, [on_b]) == [B]  # the side call's trial, answered
+    assert guard.breakers.states() == {A: "closed", B: "closed"}
+
+
+def test_a_call_beside_the_request_never_raises_a_storage_bug_and_frees_the_trial(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    guard, storage, clock = make("open")
+    storage.down.add(B)
+    assert kinds(guard, [limit("b")], 1) == ["degraded allowed"]  # b's breaker opens
+    storage.down.clear()
+    clock.advance(RESET)
+
+    def broken(parts: object, *, now_us: int | None = None) -> list[Evaluation | StorageError]:
+        raise RuntimeError("a bug in a storage")
+
+    storage.evaluate_parts = broken  # type: ignore[method-assign]
+    guard.evaluate_beside([limit("b")], "the test's call", now_us=NOW)  # the trial: no raise
+    assert "The test's call failed unexpectedly" in caplog.text
+    assert guard.breakers.get(B).state == "half-open"
+    assert guard.breakers.get(B).allow()  # the trial was freed for the next caller
+
+
+def test_a_side_call_s_lost_reply_is_an_answer() -> None:
+    """A reply lost to a cut connection that a fresh one answers (``StorageReplyLost``) is not
+    an outage of the heartbeat's or the lease records' node, as for a request's call."""
+    from flask_distlimit.errors import StorageReplyLost
+
+    guard, _, _ = make("open", fail_max=2)
+    key = limit("b").key
+    guard.breaker_of(key).failure(StorageUnavailable("an outage before"))
+
+    def cut(storage: object) -> tuple[str, ...]:
+        raise StorageReplyLost("the reply was lost; a fresh connection answered")
+
+    guard.side_call(key, cut, "the test's call")
+    assert guard.breaker_of(key).failures == 0
+
+
+def test_health_shows_each_nodes_breaker_and_the_worst_in_the_aggregate_keys() -> None:
+    """Node b is down, node a serves the instance heartbeat key: ``breaker_nodes`` has both
+    nodes' figures, and ``breaker``, ``breaker_failures`` and ``breaker_open_seconds`` describe
+    b, the node that degrades requests (they were a's: ``0`` and ``None``)."""
+    guard, storage, clock = make("open", fail_max=2)
+    storage.down.add(B)
+    kinds(guard, [limit("b")], 2)
+    clock.advance(4.25)
+    health = guard.health()
+    assert health["breaker_nodes"] == {
+        A: {"state": "closed", "failures": 0, "open_seconds": None},
+        B: {"state": "open", "failures": 2, "open_seconds": 4.25},
+    }
+    assert health["breakers"] == {A: "closed", B: "open"}
+    assert (health["breaker"], health["breaker_failures"]) == ("open", 2)
+    assert health["breaker_open_seconds"] == 4.25
+    assert guard.breaker.state == "closed"  # the heartbeat key's node
+    storage.down.clear()
+    clock.advance(RESET)
+    kinds(guard, [limit("b")], 1)  # the trial closes b's breaker
+    storage.down.add(A)
+    kinds(guard, [limit("a")], 1)  # one outage of a: all closed, a counts one
+    health = guard.health()
+    assert (health["breaker"], health["breaker_failures"]) == ("closed", 1)
+    assert health["breaker_open_seconds"] is None
 
 
 @pytest.mark.parametrize(
