@@ -333,6 +333,29 @@ def test_a_client_kill_storm_on_a_calm_storage_counts_twice_at_most_its_first_cu
         calm.close()
 
 
+def test_a_pool_with_every_connection_busy_does_not_arm_the_tokens(
+    redis_server: RedisProcess, redis_client: redis.Redis
+) -> None:
+    """Every connection busy until the deadline is load, not connection trouble: no reply can
+    have been lost. Arming then would add the token's SET to every call for a minute exactly
+    when Redis is busiest (and a flood of requests could keep it armed)."""
+    calm = RedisStorage(host="127.0.0.1", port=redis_server.port, timeout=0.05, max_connections=1)
+    try:
+        calm.evaluate([CHECK])
+        assert calm.pool is not None
+        held = calm.pool.checkout(time.monotonic() + 5.0)
+        try:
+            with pytest.raises(StorageUnavailable, match="No connection available"):
+                calm.evaluate([CHECK])
+        finally:
+            calm.pool.release(held)
+        assert calm.tokens.key_if_armed(CHECK.key, time.monotonic()) is None
+        assert calm.evaluate([CHECK]).decisions[0].remaining == 8
+        assert _tokens_kept(redis_client) == 0
+    finally:
+        calm.close()
+
+
 def test_armed_tokens_expire_and_always_s_never_do() -> None:
     tokens = RequestTokens(0.1)
     assert tokens.key_if_armed("k", time.monotonic()) is None

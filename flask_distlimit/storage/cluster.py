@@ -85,7 +85,7 @@ from .lease_records import (
     records_key,
     repaired_from_reply,
 )
-from .pool import DeadlinePool
+from .pool import DeadlinePool, NoConnectionAvailable
 from .redis import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT, _pool_connections, connection_options
 from .shared_value import SHARED_VALUE_SOURCE
 from .tokens import RequestTokens, repeat_call
@@ -160,8 +160,12 @@ def _failed(exc: Exception, pool: DeadlinePool | None, connection: Any) -> Stora
     error = storage_error(exc)
     # A refusal (e.g. WRONGPASS, an AuthenticationError) stays StorageMisconfigured: the node
     # answered, so the topology need not be refreshed, and the log must name the cause.
-    if isinstance(exc, rx.ConnectionError | rx.TimeoutError) and not isinstance(
-        error, StorageMisconfigured
+    # Every connection of the primary's pool busy (NoConnectionAvailable) is load: the node
+    # is not lost, and the tokens are not armed.
+    if (
+        isinstance(exc, rx.ConnectionError | rx.TimeoutError)
+        and not isinstance(exc, NoConnectionAvailable)
+        and not isinstance(error, StorageMisconfigured)
     ):
         return _LostNode(str(error))
     return error

@@ -80,7 +80,7 @@ from .lease_records import (
     records_key,
     repaired_from_reply,
 )
-from .pool import DeadlinePool
+from .pool import DeadlinePool, NoConnectionAvailable
 from .shared_value import SHARED_VALUE_SOURCE
 from .tokens import RequestTokens, repeat_call
 from .translate import REDIS_FAILURES, storage_error
@@ -232,7 +232,9 @@ class RedisStorage(Storage):
             else:  # a client passed in: redis-py's Script (EVALSHA, SCRIPT LOAD on NOSCRIPT)
                 reply = self._script(keys, args)
         except REDIS_FAILURES as exc:
-            if isinstance(exc, redis.ConnectionError):
+            if isinstance(exc, redis.ConnectionError) and not isinstance(
+                exc, NoConnectionAvailable
+            ):
                 self.tokens.arm()  # connections fail: the next calls carry tokens
             raise storage_error(exc) from exc
         return parse_reply(reply, checks)
