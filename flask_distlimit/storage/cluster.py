@@ -523,6 +523,11 @@ class ClusterStorage(Storage):
         except StorageError as exc:
             return exc
 
+    @property
+    def request_tokens(self) -> str:
+        """When a hot call carries a request token (module docstring, "One retry")."""
+        return self.tokens.mode
+
     def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
         groups = self.groups(checks)
         if len(groups) <= 1:

@@ -224,6 +224,12 @@ class RedisStorage(Storage):
         storage._packer = _packer(storage._script, master)
         return storage
 
+    @property
+    def request_tokens(self) -> str:
+        """When a call carries a request token: its ``request_tokens`` (module docstring), or
+        ``"never"`` on a client passed in (every call goes through redis-py's ``Script``)."""
+        return self.tokens.mode if self.pool is not None else "never"
+
     def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
         keys, args = script_args(checks, now_us)
         try:
