@@ -19,6 +19,7 @@ server sent, after the script ran.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -33,11 +34,13 @@ from flask_distlimit.decision import Check
 from flask_distlimit.errors import StorageReplyLost, StorageUnavailable
 from flask_distlimit.guard import Guard
 from flask_distlimit.scripts import SCRIPT_SOURCE, script_args, token_key, with_token
+from flask_distlimit.storage.memory import MemoryStorage
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.storage.tokens import ARMED_FOR, REPEATS, RequestTokens
 from tests.faults import cut_under_the_request
 from tests.guard_helpers import FakeClock
 from tests.servers import RedisProcess, start_redis
+from tests.vectors import T0
 
 pytestmark = pytest.mark.redis
 
@@ -331,6 +334,43 @@ def test_a_client_kill_storm_on_a_calm_storage_counts_twice_at_most_its_first_cu
         assert calm.tokens.armed_until > time.monotonic()
     finally:
         calm.close()
+
+
+def test_a_calm_concurrency_slot_whose_reply_was_lost_is_its_own_on_the_repeat(
+    calm: RedisStorage, proxy: FaultProxy, redis_client: redis.Redis
+) -> None:
+    """A calm call that took a concurrency slot and lost its reply is repeated with no reply
+    kept: the slot already under its token is the request's own, not one more to take. It was
+    refused by its own slot, and that slot stayed taken for the whole lease (a refused request
+    gives nothing back): an identity of one slot was locked out for a lease."""
+    slot = Check("ratelimit:{lost}:c:1:concurrency", "concurrency", 1, 60, token=12345)
+    proxy.lose_replies(1)
+    evaluation = calm.evaluate([slot])
+    assert proxy.stats["lost"] == 1
+    assert evaluation.allowed and evaluation.decisions[0].remaining == 0
+    assert redis_client.zrange(slot.key, 0, -1) == [b"12345"]
+    calm.evaluate([dataclasses.replace(slot, release=True)])  # the response ends
+    assert redis_client.zcard(slot.key) == 0
+    assert calm.evaluate([dataclasses.replace(slot, token=999)]).allowed  # the next request
+
+
+def test_a_slot_taken_again_under_its_own_token_is_one_slot_on_every_storage(
+    redis_server: RedisProcess, redis_client: redis.Redis
+) -> None:
+    """The script and its twin (memory://, the local fallback) agree: a token already holding
+    a slot is admitted on its slot, the lease renewed, even when the limit is reached."""
+    slot = Check("ratelimit:{own}:c:1:concurrency", "concurrency", 1, 60, token=7)
+    redis_storage = RedisStorage(host="127.0.0.1", port=redis_server.port)
+    try:
+        for storage in (redis_storage, MemoryStorage()):
+            first = storage.evaluate([slot], now_us=T0)
+            again = storage.evaluate([slot], now_us=T0 + 1_000_000)
+            other = storage.evaluate([dataclasses.replace(slot, token=8)], now_us=T0 + 2_000_000)
+            assert first.allowed and again.allowed and not other.allowed
+            assert again.decisions[0].remaining == 0
+            assert again.decisions[0].reset_after == first.decisions[0].reset_after
+    finally:
+        redis_storage.close()
 
 
 def test_a_pool_with_every_connection_busy_does_not_arm_the_tokens(
