@@ -373,6 +373,42 @@ def test_a_slot_taken_again_under_its_own_token_is_one_slot_on_every_storage(
         redis_storage.close()
 
 
+@pytest.mark.parametrize("ready_client", [True, False])
+def test_a_give_back_whose_reply_was_lost_gives_back_once(
+    proxy: FaultProxy, redis_client: redis.Redis, ready_client: bool
+) -> None:
+    """Leased units given back (storage/give_back.py) are taken off the window's count: made
+    twice, they would be taken off twice and the window would admit that many more than its
+    limit. A RedisStorage given a ready client calls through redis-py, whose default client
+    (redis-py 6+) repeats a call whose reply was lost, with no token: the give-back carries
+    an id of its own, and its repeat answers what the first gave back."""
+    period = 60
+    window = T0 // (period * 1_000_000)
+    redis_client.hset(CHECK.key, mapping={"w": window, "n": 5})
+    redis_client.expire(CHECK.key, period)
+    client = redis.Redis(host="127.0.0.1", port=proxy.port)  # redis-py's default retries
+    storage = (
+        RedisStorage(client)
+        if ready_client
+        else RedisStorage(host="127.0.0.1", port=proxy.port, timeout=3.0)
+    )
+    try:
+        now = T0 + 1_000_000
+        # the script loaded (a give-back to a window that is over gives nothing)
+        assert storage.give_back(CHECK.key, "fixed_window", period, window - 1, 3, now_us=now) == 0
+        proxy.lose_replies(1)
+        try:
+            given = storage.give_back(CHECK.key, "fixed_window", period, window, 3, now_us=now)
+        except StorageUnavailable:
+            given = None  # not repeated (the storage's own client): lost, given back once
+        assert proxy.stats["lost"] == 1
+        assert given in (3, None)
+        assert _count(redis_client) == 2  # 5 - 3, not 5 - 3 - 2
+    finally:
+        storage.close()
+        client.close()
+
+
 def test_a_pool_with_every_connection_busy_does_not_arm_the_tokens(
     redis_server: RedisProcess, redis_client: redis.Redis
 ) -> None:

@@ -76,7 +76,7 @@ from ..errors import (
 from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
 from .base import Storage
 from .evalsha import EvalshaPacker
-from .give_back import GIVE_BACK_SOURCE, give_back_args, given_back
+from .give_back import GIVE_BACK_SOURCE, give_back_args, give_back_keys, given_back
 from .heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
 from .lease_records import (
     LEASE_RECORDS_SOURCE,
@@ -642,7 +642,7 @@ class ClusterStorage(Storage):
         assert self._give_back is not None
         args = give_back_args(algorithm, period, window, units, now_us)
         try:
-            reply = self._give_back([key], args)
+            reply = self._give_back(give_back_keys(key), args)
         except REDIS_FAILURES as exc:
             raise storage_error(exc) from exc
         return given_back(reply)
