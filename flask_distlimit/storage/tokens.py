@@ -24,7 +24,9 @@ deadline (:func:`repeat_call`): a ``CLIENT KILL`` storm can cut a repeat too.
   never admits more than the limit; a connection closed while idle (an idle timeout, a restart)
   never ran the script, so its repeat counts once. A refund repeated twice would give back
   twice, so refunds always carry one.
-- ``"always"``: every call carries one; a lost reply is never counted twice.
+- ``"always"``: every call carries one; a lost reply is never counted twice on the node it
+  was sent to (a Cluster group made again on a promoted replica goes through redis-py without
+  one: docs/failure-modes.md).
 """
 
 from __future__ import annotations
