@@ -597,3 +597,25 @@ def test_a_primary_s_pool_with_every_connection_busy_neither_arms_nor_refreshes(
         assert refreshed == []
     finally:
         storage.close()
+
+
+def test_a_primary_that_timed_out_does_not_arm_the_tokens(
+    redis_cluster: ClusterServers, cluster_client: RedisCluster, tags: list[str]
+) -> None:
+    """A timeout is a slow node (load), not a closed connection: no reply was repeated, and
+    arming would add the token's SET to every call for a minute while Redis is slowest. The
+    single node arms on connection errors only; the Cluster now does the same."""
+    stalled = redis_cluster.primary_for(f"{{{tags[0]}}}")
+    fast = ClusterStorage(redis_cluster.startup_nodes, timeout=0.1)
+    checks = [Check(f"t:{{{tag}}}:ip:fixed_window", "fixed_window", 5, 60) for tag in tags]
+    try:
+        fast.evaluate(checks)  # connected everywhere
+        stalled.signal(signal.SIGSTOP)  # shorter than the cluster's node timeout: no failover
+        try:
+            results = fast.evaluate_parts([[c] for c in checks])
+        finally:
+            stalled.signal(signal.SIGCONT)
+        assert isinstance(results[0], StorageUnavailable) and "Timeout" in str(results[0])
+        assert fast.tokens.armed_until < time.monotonic()
+    finally:
+        fast.close()

@@ -149,7 +149,12 @@ def _rounds(
 
 
 class _LostNode(StorageUnavailable):
-    """A connection error or timeout on a node: the topology may have changed."""
+    """A connection error or timeout on a node: the topology may have changed. ``closed``: a
+    connection failed (arms the request tokens); a timeout is a slow node, and arms nothing."""
+
+    def __init__(self, message: str, *, closed: bool) -> None:
+        super().__init__(message)
+        self.closed = closed
 
 
 def _failed(exc: Exception, pool: DeadlinePool | None, connection: Any) -> StorageError:
@@ -167,7 +172,7 @@ def _failed(exc: Exception, pool: DeadlinePool | None, connection: Any) -> Stora
         and not isinstance(exc, NoConnectionAvailable)
         and not isinstance(error, StorageMisconfigured)
     ):
-        return _LostNode(str(error))
+        return _LostNode(str(error), closed=isinstance(exc, rx.ConnectionError))
     return error
 
 
@@ -483,7 +488,8 @@ class ClusterStorage(Storage):
                 pool.release(connection)
         lost = [n for n, r in enumerate(results) if isinstance(r, _LostNode)]
         if lost:
-            tokens.arm()  # connections fail: the next calls carry tokens
+            if any(r.closed for r in results if isinstance(r, _LostNode)):
+                tokens.arm()  # connections fail: the next calls carry tokens (not a timeout)
             # Like redis-py after a connection error: refresh the topology (once every reply
             # is in), so the next call finds a promoted replica.
             before = {n: self._primary_of(parts[n][0].key) for n in lost}
