@@ -30,7 +30,8 @@ def reset(state: LimiterState) -> int:
     start with this one's (``myapp:rl:admin``) and ``<prefix>:*`` would take its keys too. Kept:
     the deployment's identity digest key (every running process holds it:
     :mod:`flask_distlimit.digests`), the instance heartbeat (who is serving, not a count) and
-    request tokens (``<prefix>:rq:{...}``: a reply kept a second for a retry)."""
+    request tokens (``<prefix>:rq:{...}``: a reply kept a second for a retry; a give-back's id,
+    kept for up to five minutes)."""
     if state.deny_cache is not None:
         state.deny_cache.clear()
     state.enforcer.leases.drop()  # units leased from the counts deleted below

@@ -40,7 +40,9 @@ The keys read here, each ``key`` (default ``value``) followed by its meaning:
     connections failed (a reply lost in a calm period may then be counted twice, never
     admitting more than the limit), or ``"always"`` (never counted twice; costs Redis one
     ``SET`` per call). Applies to the storages built from ``DISTLIMIT_STORAGE_URL``; a storage
-    passed in takes it as its own ``request_tokens`` argument.
+    passed in takes it as its own ``request_tokens`` argument (``"always"`` beside one built
+    otherwise, or a ``RedisStorage`` on a ready client, which never carries one, fails at
+    start-up).
 ``DISTLIMIT_CONDITIONAL_COST`` (default ``1``)
     Cost of a ``GET`` or ``HEAD`` carrying ``If-None-Match`` or ``If-Modified-Since``, for every
     route limit that does not set its own ``cost`` (an int from 0 to 1000; 0 makes revalidations
@@ -306,17 +308,26 @@ class Settings:
 
     def check_request_tokens(self, storage: Storage) -> None:
         """Refuse ``DISTLIMIT_REQUEST_TOKENS = "always"`` beside a ready ``storage`` whose calls
-        carry tokens only when armed: the setting cannot reach a storage built by the app.
-        Called by ``init_app`` for a storage passed in."""
-        tokens = getattr(storage, "tokens", None)
-        mode = getattr(tokens, "mode", None)
-        if self.request_tokens == "always" and mode not in (None, "always"):
+        carry tokens only when armed, or never (a ``RedisStorage`` given a ready client: its
+        calls go through redis-py's ``Script``): the setting cannot reach a storage built by
+        the app. A storage that names no ``request_tokens`` (``memory://``, one of the app's
+        own) is taken as it is. Called by ``init_app`` for a storage passed in."""
+        mode = getattr(storage, "request_tokens", None)
+        if self.request_tokens != "always" or mode in (None, "always"):
+            return
+        name = type(storage).__name__
+        if mode == "never":
             raise ConfigurationError(
-                f"DISTLIMIT_REQUEST_TOKENS = 'always' does not reach the storage passed in "
-                f"({type(storage).__name__}, built with request_tokens={mode!r}). Build it "
-                f"with {type(storage).__name__}(..., request_tokens='always'), or leave the "
-                "setting at 'auto'."
+                f"DISTLIMIT_REQUEST_TOKENS = 'always' cannot hold for the storage passed in "
+                f"({name} on a ready client: its calls go through redis-py's Script and carry "
+                "no request token). Build it from host=/port= (or from_url) with "
+                "request_tokens='always', or leave the setting at 'auto'."
             )
+        raise ConfigurationError(
+            f"DISTLIMIT_REQUEST_TOKENS = 'always' does not reach the storage passed in "
+            f"({name}, built with request_tokens={mode!r}). Build it with "
+            f"request_tokens='always', or leave the setting at 'auto'."
+        )
 
     @classmethod
     def from_config(cls, config: MutableMapping[str, object]) -> Settings:

@@ -72,6 +72,11 @@ class CountingStorage(Storage):
         self.checks: list[tuple[Check, ...]] = []
         self._lock = threading.Lock()
 
+    @property
+    def request_tokens(self) -> str | None:
+        """The wrapped storage's (``DISTLIMIT_REQUEST_TOKENS`` is checked against it)."""
+        return getattr(self.inner, "request_tokens", None)
+
     def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
         with self._lock:
             self.evaluations += 1

@@ -563,3 +563,59 @@ def test_a_calm_cluster_s_calls_carry_no_token_but_its_refunds_do(
         for admin in admins:
             admin.close()
         storage.close()
+
+
+def test_a_primary_s_pool_with_every_connection_busy_neither_arms_nor_refreshes(
+    redis_cluster: ClusterServers, cluster_client: RedisCluster, tags: list[str]
+) -> None:
+    """A group that waited for a connection of its primary's pool until the deadline met load,
+    not a lost node: the tokens stay calm and the topology is not asked again."""
+    storage = ClusterStorage(redis_cluster.startup_nodes, timeout=0.05, max_connections=1)
+    checks = [Check(f"t:{{{tag}}}:ip:fixed_window", "fixed_window", 5, 60) for tag in tags]
+    try:
+        storage.evaluate(checks)  # every primary's pool holds its one connection
+        client = storage.client
+        node = client.get_node_from_key(checks[0].key)
+        pool = storage._pool_of(client, node)
+        held = pool.checkout(time.monotonic() + 5.0)
+        refreshed: list[int] = []
+        initialize = client.nodes_manager.initialize
+
+        def counted() -> None:
+            refreshed.append(1)
+            initialize()
+
+        client.nodes_manager.initialize = counted  # type: ignore[method-assign]
+        try:
+            results = storage.evaluate_parts([[checks[0]]])
+        finally:
+            pool.release(held)
+            client.nodes_manager.initialize = initialize  # type: ignore[method-assign]
+        assert isinstance(results[0], StorageUnavailable)
+        assert "No connection available" in str(results[0])
+        assert storage.tokens.armed_until < time.monotonic()
+        assert refreshed == []
+    finally:
+        storage.close()
+
+
+def test_a_primary_that_timed_out_does_not_arm_the_tokens(
+    redis_cluster: ClusterServers, cluster_client: RedisCluster, tags: list[str]
+) -> None:
+    """A timeout is a slow node (load), not a closed connection: no reply was repeated, and
+    arming would add the token's SET to every call for a minute while Redis is slowest. The
+    single node arms on connection errors only; the Cluster now does the same."""
+    stalled = redis_cluster.primary_for(f"{{{tags[0]}}}")
+    fast = ClusterStorage(redis_cluster.startup_nodes, timeout=0.1)
+    checks = [Check(f"t:{{{tag}}}:ip:fixed_window", "fixed_window", 5, 60) for tag in tags]
+    try:
+        fast.evaluate(checks)  # connected everywhere
+        stalled.signal(signal.SIGSTOP)  # shorter than the cluster's node timeout: no failover
+        try:
+            results = fast.evaluate_parts([[c] for c in checks])
+        finally:
+            stalled.signal(signal.SIGCONT)
+        assert isinstance(results[0], StorageUnavailable) and "Timeout" in str(results[0])
+        assert fast.tokens.armed_until < time.monotonic()
+    finally:
+        fast.close()

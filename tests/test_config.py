@@ -7,12 +7,14 @@ import re
 from pathlib import Path
 
 import pytest
+import redis
 from flask import Flask
 
 from flask_distlimit import ConfigurationError, Limiter
 from flask_distlimit.config import DEFAULTS, KNOWN_KEYS, Settings
 from flask_distlimit.identity import IdentitySettings
 from flask_distlimit.limits import Rate
+from tests.servers import RedisProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -253,3 +255,37 @@ def test_every_key_the_repository_sets_or_documents_is_known() -> None:
     }
     unknown = sorted((k, where) for k, where in used if k not in KNOWN_KEYS and k != EXAMPLE_TYPO)
     assert not unknown, f"DISTLIMIT_* keys init_app would refuse: {unknown}"
+
+
+@pytest.mark.redis
+def test_always_request_tokens_refuse_a_storage_that_can_carry_none(
+    redis_server: RedisProcess, redis_client: redis.Redis
+) -> None:
+    """A RedisStorage given a ready client calls through redis-py's Script: no call of it ever
+    carries a token, whatever its ``request_tokens`` says, so ``"always"`` cannot hold for it.
+    A testing wrapper (CountingStorage) is judged by the storage it wraps."""
+    from flask_distlimit.decision import Check
+    from flask_distlimit.storage.redis import RedisStorage
+    from flask_distlimit.testing import CountingStorage
+
+    ready = RedisStorage(redis_server.client(), request_tokens="always")
+    ready.evaluate([Check("ratelimit:{cfg}:r:5/60:fixed_window", "fixed_window", 5, 60)])
+    assert redis_client.keys("ratelimit:rq:*") == []  # it kept no reply: it carries no token
+
+    def refused(storage: object, match: str) -> None:
+        app = Flask("cfg")
+        app.config["DISTLIMIT_REQUEST_TOKENS"] = "always"
+        with pytest.raises(ConfigurationError, match=match):
+            Limiter(app, storage=storage)
+
+    refused(ready, r"ready client.*carry no request token")
+    refused(RedisStorage(redis_server.client()), r"ready client.*carry no request token")
+    auto = RedisStorage(host="127.0.0.1", port=redis_server.port)
+    refused(CountingStorage(auto), r"request_tokens='always'")
+    always = RedisStorage(host="127.0.0.1", port=redis_server.port, request_tokens="always")
+    app = Flask("cfg-ok")
+    app.config["DISTLIMIT_REQUEST_TOKENS"] = "always"
+    Limiter(app, storage=CountingStorage(always))  # the wrapped storage carries them
+    Limiter(Flask("cfg-auto"), storage=ready)  # "auto" takes any storage
+    for storage in (ready, auto, always):
+        storage.close()

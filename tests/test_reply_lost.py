@@ -19,6 +19,7 @@ server sent, after the script ran.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -33,11 +34,13 @@ from flask_distlimit.decision import Check
 from flask_distlimit.errors import StorageReplyLost, StorageUnavailable
 from flask_distlimit.guard import Guard
 from flask_distlimit.scripts import SCRIPT_SOURCE, script_args, token_key, with_token
+from flask_distlimit.storage.memory import MemoryStorage
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.storage.tokens import ARMED_FOR, REPEATS, RequestTokens
 from tests.faults import cut_under_the_request
 from tests.guard_helpers import FakeClock
 from tests.servers import RedisProcess, start_redis
+from tests.vectors import T0
 
 pytestmark = pytest.mark.redis
 
@@ -329,6 +332,102 @@ def test_a_client_kill_storm_on_a_calm_storage_counts_twice_at_most_its_first_cu
         assert admitted <= counted <= admitted + lost + THREADS
         assert admitted > 20 * lost
         assert calm.tokens.armed_until > time.monotonic()
+    finally:
+        calm.close()
+
+
+def test_a_calm_concurrency_slot_whose_reply_was_lost_is_its_own_on_the_repeat(
+    calm: RedisStorage, proxy: FaultProxy, redis_client: redis.Redis
+) -> None:
+    """A calm call that took a concurrency slot and lost its reply is repeated with no reply
+    kept: the slot already under its token is the request's own, not one more to take. It was
+    refused by its own slot, and that slot stayed taken for the whole lease (a refused request
+    gives nothing back): an identity of one slot was locked out for a lease."""
+    slot = Check("ratelimit:{lost}:c:1:concurrency", "concurrency", 1, 60, token=12345)
+    proxy.lose_replies(1)
+    evaluation = calm.evaluate([slot])
+    assert proxy.stats["lost"] == 1
+    assert evaluation.allowed and evaluation.decisions[0].remaining == 0
+    assert redis_client.zrange(slot.key, 0, -1) == [b"12345"]
+    calm.evaluate([dataclasses.replace(slot, release=True)])  # the response ends
+    assert redis_client.zcard(slot.key) == 0
+    assert calm.evaluate([dataclasses.replace(slot, token=999)]).allowed  # the next request
+
+
+def test_a_slot_taken_again_under_its_own_token_is_one_slot_on_every_storage(
+    redis_server: RedisProcess, redis_client: redis.Redis
+) -> None:
+    """The script and its twin (memory://, the local fallback) agree: a token already holding
+    a slot is admitted on its slot, the lease renewed, even when the limit is reached."""
+    slot = Check("ratelimit:{own}:c:1:concurrency", "concurrency", 1, 60, token=7)
+    redis_storage = RedisStorage(host="127.0.0.1", port=redis_server.port)
+    try:
+        for storage in (redis_storage, MemoryStorage()):
+            first = storage.evaluate([slot], now_us=T0)
+            again = storage.evaluate([slot], now_us=T0 + 1_000_000)
+            other = storage.evaluate([dataclasses.replace(slot, token=8)], now_us=T0 + 2_000_000)
+            assert first.allowed and again.allowed and not other.allowed
+            assert again.decisions[0].remaining == 0
+            assert again.decisions[0].reset_after == first.decisions[0].reset_after
+    finally:
+        redis_storage.close()
+
+
+@pytest.mark.parametrize("ready_client", [True, False])
+def test_a_give_back_whose_reply_was_lost_gives_back_once(
+    proxy: FaultProxy, redis_client: redis.Redis, ready_client: bool
+) -> None:
+    """Leased units given back (storage/give_back.py) are taken off the window's count: made
+    twice, they would be taken off twice and the window would admit that many more than its
+    limit. A RedisStorage given a ready client calls through redis-py, whose default client
+    (redis-py 6+) repeats a call whose reply was lost, with no token: the give-back carries
+    an id of its own, and its repeat answers what the first gave back."""
+    period = 60
+    window = T0 // (period * 1_000_000)
+    redis_client.hset(CHECK.key, mapping={"w": window, "n": 5})
+    redis_client.expire(CHECK.key, period)
+    client = redis.Redis(host="127.0.0.1", port=proxy.port)  # redis-py's default retries
+    storage = (
+        RedisStorage(client)
+        if ready_client
+        else RedisStorage(host="127.0.0.1", port=proxy.port, timeout=3.0)
+    )
+    try:
+        now = T0 + 1_000_000
+        # the script loaded (a give-back to a window that is over gives nothing)
+        assert storage.give_back(CHECK.key, "fixed_window", period, window - 1, 3, now_us=now) == 0
+        proxy.lose_replies(1)
+        try:
+            given = storage.give_back(CHECK.key, "fixed_window", period, window, 3, now_us=now)
+        except StorageUnavailable:
+            given = None  # not repeated (the storage's own client): lost, given back once
+        assert proxy.stats["lost"] == 1
+        assert given in (3, None)
+        assert _count(redis_client) == 2  # 5 - 3, not 5 - 3 - 2
+    finally:
+        storage.close()
+        client.close()
+
+
+def test_a_pool_with_every_connection_busy_does_not_arm_the_tokens(
+    redis_server: RedisProcess, redis_client: redis.Redis
+) -> None:
+    """Every connection busy until the deadline is load, not connection trouble: no reply can
+    have been lost. Arming then would add the token's SET to every call for a minute exactly
+    when Redis is busiest (and a flood of requests could keep it armed)."""
+    calm = RedisStorage(host="127.0.0.1", port=redis_server.port, timeout=0.05, max_connections=1)
+    try:
+        calm.evaluate([CHECK])
+        assert calm.pool is not None
+        held = calm.pool.checkout(time.monotonic() + 5.0)
+        try:
+            with pytest.raises(StorageUnavailable, match="No connection available"):
+                calm.evaluate([CHECK])
+        finally:
+            calm.pool.release(held)
+        assert calm.tokens.key_if_armed(CHECK.key, time.monotonic()) is None
+        assert calm.evaluate([CHECK]).decisions[0].remaining == 8
+        assert _tokens_kept(redis_client) == 0
     finally:
         calm.close()
 

@@ -5,10 +5,13 @@
 --
 --   L = slots, P = lease (us), t = token (0: a peek), now (us since the epoch)
 --   Slots whose lease ended (score <= now) are removed first; k = the live slots.
---   allowed      = t == 0, or k + 1 <= L (tokens are drawn at random per request: a token is
---                  never taken twice; if it were, its lease would be renewed, one slot)
+--   allowed      = t == 0; or t already holds a live slot: its own (the request's call made
+--                  again after its reply was lost, without a kept reply: a calm storage,
+--                  flask_distlimit/storage/tokens.py), its lease renewed, no slot more (tokens
+--                  are drawn at random per request: no two requests share one); or k + 1 <= L
 --   k' = k + 1 if a new slot is taken, else k;  remaining = L - k'
---   reset_after  = latest lease end - now if k' > 0 else 0   (every slot is free by then)
+--   reset_after  = P if a slot is taken or renewed, else latest lease end - now if k > 0,
+--                  else 0   (every slot is free by then)
 --   retry_after  = 0 if allowed; else min(1 s, earliest lease end - now): a slot frees when a
 --                  request ends, which no one can foresee; 1 s is a hint, never a promise
 --   TTL          = P (the newest slot's lease; every other ends earlier)
@@ -40,9 +43,11 @@ local function LOAD_CONCURRENCY()
 
   function CONCURRENCY.decide(key, limit, period, cost, now)
     local k, repaired = cc_read(key, now)
-    local allowed, taken = true, k
+    local allowed, taken, own = true, k, false
     if cost > 0 then
-      if k + 1 <= limit then
+      if repaired == 0 and redis.call('ZSCORE', key, cost) then
+        own = true  -- its own live slot (its call made again): renewed, not taken twice
+      elseif k + 1 <= limit then
         taken = k + 1
       else
         allowed = false
@@ -61,7 +66,7 @@ local function LOAD_CONCURRENCY()
       reset_now = cc_until(key, -1, now)
     end
     local reset, retry = reset_now, 0
-    if taken > k then
+    if taken > k or own then
       reset = period
     end
     if not allowed then

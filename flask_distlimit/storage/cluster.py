@@ -76,7 +76,7 @@ from ..errors import (
 from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
 from .base import Storage
 from .evalsha import EvalshaPacker
-from .give_back import GIVE_BACK_SOURCE, give_back_args, given_back
+from .give_back import GIVE_BACK_SOURCE, give_back_args, give_back_keys, given_back
 from .heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
 from .lease_records import (
     LEASE_RECORDS_SOURCE,
@@ -85,7 +85,7 @@ from .lease_records import (
     records_key,
     repaired_from_reply,
 )
-from .pool import DeadlinePool
+from .pool import DeadlinePool, NoConnectionAvailable
 from .redis import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT, _pool_connections, connection_options
 from .shared_value import SHARED_VALUE_SOURCE
 from .tokens import RequestTokens, repeat_call
@@ -149,7 +149,12 @@ def _rounds(
 
 
 class _LostNode(StorageUnavailable):
-    """A connection error or timeout on a node: the topology may have changed."""
+    """A connection error or timeout on a node: the topology may have changed. ``closed``: a
+    connection failed (arms the request tokens); a timeout is a slow node, and arms nothing."""
+
+    def __init__(self, message: str, *, closed: bool) -> None:
+        super().__init__(message)
+        self.closed = closed
 
 
 def _failed(exc: Exception, pool: DeadlinePool | None, connection: Any) -> StorageError:
@@ -160,10 +165,14 @@ def _failed(exc: Exception, pool: DeadlinePool | None, connection: Any) -> Stora
     error = storage_error(exc)
     # A refusal (e.g. WRONGPASS, an AuthenticationError) stays StorageMisconfigured: the node
     # answered, so the topology need not be refreshed, and the log must name the cause.
-    if isinstance(exc, rx.ConnectionError | rx.TimeoutError) and not isinstance(
-        error, StorageMisconfigured
+    # Every connection of the primary's pool busy (NoConnectionAvailable) is load: the node
+    # is not lost, and the tokens are not armed.
+    if (
+        isinstance(exc, rx.ConnectionError | rx.TimeoutError)
+        and not isinstance(exc, NoConnectionAvailable)
+        and not isinstance(error, StorageMisconfigured)
     ):
-        return _LostNode(str(error))
+        return _LostNode(str(error), closed=isinstance(exc, rx.ConnectionError))
     return error
 
 
@@ -486,7 +495,8 @@ class ClusterStorage(Storage):
                 pool.release(connection)
         lost = [n for n, r in enumerate(results) if isinstance(r, _LostNode)]
         if lost:
-            tokens.arm()  # connections fail: the next calls carry tokens
+            if any(r.closed for r in results if isinstance(r, _LostNode)):
+                tokens.arm()  # connections fail: the next calls carry tokens (not a timeout)
             # Like redis-py after a connection error: refresh the topology (once every reply
             # is in), so the next call finds a promoted replica.
             before = {n: self._primary_of(parts[n][0].key) for n in lost}
@@ -525,6 +535,11 @@ class ClusterStorage(Storage):
             return self._call(part, now_us, refund)
         except StorageError as exc:
             return exc
+
+    @property
+    def request_tokens(self) -> str:
+        """When a hot call carries a request token (module docstring, "One retry")."""
+        return self.tokens.mode
 
     def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
         groups = self.groups(checks)
@@ -640,7 +655,7 @@ class ClusterStorage(Storage):
         assert self._give_back is not None
         args = give_back_args(algorithm, period, window, units, now_us)
         try:
-            reply = self._give_back([key], args)
+            reply = self._give_back(give_back_keys(key), args)
         except REDIS_FAILURES as exc:
             raise storage_error(exc) from exc
         return given_back(reply)

@@ -16,19 +16,41 @@ window *and* the key holds that window does the script take the units (at most t
 the window's count (``n`` of a fixed window, ``c`` of a counter), keeping the key's TTL; it
 answers the units taken off (0 when the window is over, the key holds another window, no count
 or something that is not one: garbage is left to the limit script, which repairs it). Commands:
-``HMGET``, ``HSET``, ``TIME`` (in the ACL grants).
+``HMGET``, ``HSET``, ``TIME``, ``GET``, ``SET``, ``DEL`` (in the ACL grants).
+
+**Given back once**, whoever makes the call again: ``KEYS[2]`` (optional, :func:`give_back_keys`)
+is the give-back's own id, drawn per call, in the key's Cluster slot; the script keeps what it
+took off under it for the rest of the period (at most :data:`ID_KEPT_MS`), and a call under an
+id already kept answers that, taking nothing more. A call whose reply was lost may be made again
+by redis-py itself (a ready client passed to ``RedisStorage``: redis-py 6+ repeats a call after
+a connection error or a timeout by default; a Cluster client's redirections), by no request
+token of ours; taken off twice, the units would let the window admit that many more than its
+limit.
 """
 
 from __future__ import annotations
 
+import secrets
 from typing import Final
 
 from ..errors import StorageResponseError
+from ..scripts import token_key
 
-__all__ = ["GIVE_BACK_CODES", "GIVE_BACK_SOURCE", "give_back_args", "given_back"]
+__all__ = [
+    "GIVE_BACK_CODES",
+    "GIVE_BACK_SOURCE",
+    "ID_KEPT_MS",
+    "give_back_args",
+    "give_back_keys",
+    "given_back",
+]
 
 #: The algorithms whose units are given back, by the limit script's code.
 GIVE_BACK_CODES: Final = {"fixed_window": 1, "sliding_window_counter": 3}
+
+#: How long at most a give-back's id keeps what it took off, ms (in GIVE_BACK_SOURCE): longer
+#: than any repeat of the call (redis-py's backoff between its retries included).
+ID_KEPT_MS: Final = 300_000
 
 GIVE_BACK_SOURCE: Final = """
 local code, period = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -37,26 +59,48 @@ if not (code == 1 or code == 3) or not period or period < 1 or not window or not
     or units < 1 or not now then
   return redis.error_reply('ERR distlimit: bad give-back arguments')
 end
-if now == -1 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local id = KEYS[2]
+if id then
+  local kept = redis.pcall('GET', id)
+  if type(kept) == 'string' then
+    return tonumber(kept) or 0  -- made again: what the first try gave back, nothing more
+  elseif type(kept) == 'table' and kept.err then
+    redis.call('DEL', id)  -- not ours (another type): the first try did not run
+  end
 end
-if math.floor(now / period) ~= window then
-  return 0  -- the window is over (or, on a clock behind, not begun): the units stay counted
+local function give()
+  if now == -1 then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  if math.floor(now / period) ~= window then
+    return 0  -- the window is over (or, on a clock behind, not begun): the units stay counted
+  end
+  local field = code == 1 and 'n' or 'c'
+  local raw = redis.pcall('HMGET', KEYS[1], 'w', field)
+  if type(raw) ~= 'table' or raw.err then
+    return 0
+  end
+  local w, n = tonumber(raw[1]), tonumber(raw[2])
+  if w ~= window or not n or n ~= math.floor(n) or n < 1 then
+    return 0
+  end
+  local taken = math.min(units, n)
+  redis.call('HSET', KEYS[1], field, n - taken)
+  return taken
 end
-local field = code == 1 and 'n' or 'c'
-local raw = redis.pcall('HMGET', KEYS[1], 'w', field)
-if type(raw) ~= 'table' or raw.err then
-  return 0
+local taken = give()
+if id then
+  redis.call('SET', id, taken, 'PX', math.min(math.ceil(period / 1000), ID_KEPT_MS))
 end
-local w, n = tonumber(raw[1]), tonumber(raw[2])
-if w ~= window or not n or n ~= math.floor(n) or n < 1 then
-  return 0
-end
-local taken = math.min(units, n)
-redis.call('HSET', KEYS[1], field, n - taken)
 return taken
-"""
+""".replace("ID_KEPT_MS", str(ID_KEPT_MS))
+
+
+def give_back_keys(key: str) -> list[str]:
+    """``KEYS`` of one give-back: ``key`` and a fresh id in its Cluster slot (module
+    docstring, "Given back once")."""
+    return [key, token_key(key, f"gb.{secrets.token_hex(10)}")]
 
 
 def give_back_args(

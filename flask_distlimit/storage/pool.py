@@ -9,7 +9,8 @@ through the retry helper even when connected, redis-py 8's observability counter
 
 - idle connections on a ``deque`` under one ``Condition``; a new connection while fewer than
   ``max_connections`` exist; when all are busy, a wait bounded by the request's deadline, then
-  ``ConnectionError("No connection available.")`` as in redis-py;
+  :class:`NoConnectionAvailable` (a ``ConnectionError("No connection available.")`` as in
+  redis-py; load, not a failed connection: it arms no request token, :mod:`.tokens`);
 - **one deadline** (a :func:`time.monotonic` time) for the pool wait, the connect and handshake
   (``socket_connect_timeout`` / ``socket_timeout``, public settings, are set to what is left
   before ``connect()`` and put back after), the send and the read: :meth:`read` waits with
@@ -45,12 +46,18 @@ from typing import Any, Final
 
 import redis
 
-__all__ = ["DeadlinePool"]
+__all__ = ["DeadlinePool", "NoConnectionAvailable"]
 
 #: How far a socket's own timeout may end from the deadline before a read waits explicitly, as
 #: a share of the timeout (at least 1 ms): a read then ends at most this early or late.
 _SLACK_SHARE: Final = 0.02
 _MIN_SLACK: Final = 0.001
+
+
+class NoConnectionAvailable(redis.ConnectionError):
+    """Every connection of the pool stayed busy until the deadline: the request met load, not
+    a failed connection (nothing was sent, no reply was lost), so it arms no request token and
+    says nothing of a Cluster's topology."""
 
 
 class DeadlinePool:
@@ -125,7 +132,7 @@ class DeadlinePool:
                 connection = self.connection_class(**self.connection_kwargs)
                 self._made.add(connection)
             else:
-                raise redis.ConnectionError("No connection available.")
+                raise NoConnectionAvailable("No connection available.")
         try:
             if connection not in self._live or (probe and not self._fresh(connection)):
                 try:

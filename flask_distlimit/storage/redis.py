@@ -71,7 +71,7 @@ from ..decision import Check, Evaluation
 from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
 from .base import Storage
 from .evalsha import EvalshaPacker
-from .give_back import GIVE_BACK_SOURCE, give_back_args, given_back
+from .give_back import GIVE_BACK_SOURCE, give_back_args, give_back_keys, given_back
 from .heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
 from .lease_records import (
     LEASE_RECORDS_SOURCE,
@@ -80,7 +80,7 @@ from .lease_records import (
     records_key,
     repaired_from_reply,
 )
-from .pool import DeadlinePool
+from .pool import DeadlinePool, NoConnectionAvailable
 from .shared_value import SHARED_VALUE_SOURCE
 from .tokens import RequestTokens, repeat_call
 from .translate import REDIS_FAILURES, storage_error
@@ -224,6 +224,12 @@ class RedisStorage(Storage):
         storage._packer = _packer(storage._script, master)
         return storage
 
+    @property
+    def request_tokens(self) -> str:
+        """When a call carries a request token: its ``request_tokens`` (module docstring), or
+        ``"never"`` on a client passed in (every call goes through redis-py's ``Script``)."""
+        return self.tokens.mode if self.pool is not None else "never"
+
     def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
         keys, args = script_args(checks, now_us)
         try:
@@ -232,7 +238,9 @@ class RedisStorage(Storage):
             else:  # a client passed in: redis-py's Script (EVALSHA, SCRIPT LOAD on NOSCRIPT)
                 reply = self._script(keys, args)
         except REDIS_FAILURES as exc:
-            if isinstance(exc, redis.ConnectionError):
+            if isinstance(exc, redis.ConnectionError) and not isinstance(
+                exc, NoConnectionAvailable
+            ):
                 self.tokens.arm()  # connections fail: the next calls carry tokens
             raise storage_error(exc) from exc
         return parse_reply(reply, checks)
@@ -367,7 +375,7 @@ class RedisStorage(Storage):
     ) -> int:
         args = give_back_args(algorithm, period, window, units, now_us)
         try:
-            reply = self._give_back([key], args)
+            reply = self._give_back(give_back_keys(key), args)
         except REDIS_FAILURES as exc:
             raise storage_error(exc) from exc
         return given_back(reply)

@@ -12,18 +12,21 @@ deadline (:func:`repeat_call`): a ``CLIENT KILL`` storm can cut a repeat too.
 
 - ``"auto"`` (the default): while the storage has seen its connections fail in the last
   :data:`ARMED_FOR` seconds (:meth:`RequestTokens.arm`: a failed send or connect, a reply lost,
-  an outage), and on every Cluster refund. A calm storage's call carries none: the token's
-  ``SET`` is most of what Redis spends on a call beyond the limits' own work (17.6 us of 57 us
-  of ``EVALSHA`` under gunicorn, docs/bench/overhead.md). The first reply lost in a calm period
-  is then repeated under a fresh token: it is answered, and counted twice if its script had run
-  (the server closed the connection after running it, before the reply arrived), at most once
-  per call in flight at that moment; connection failures come in bursts, so the failure that
-  costs that arms every call after it for :data:`ARMED_FOR` seconds. A count made twice only
-  ever refuses early (the call's cost, charged twice to one client), never admits more than the
-  limit; a connection closed while idle (an idle timeout, a restart) never ran the script, so
-  its repeat counts once. A refund repeated twice would give back twice, so refunds always
-  carry one.
-- ``"always"``: every call carries one; a lost reply is never counted twice.
+  an outage; not a timeout, a slow node, nor a pool whose connections all stayed busy, which are
+  load: :class:`~.pool.NoConnectionAvailable`), and on every Cluster refund. A calm storage's
+  call carries none: the token's ``SET`` is most of what Redis spends on a call beyond the
+  limits' own work (17.6 us of 57 us of ``EVALSHA`` under gunicorn, docs/bench/overhead.md). The
+  first reply lost in a calm period is then repeated under a fresh token: it is answered, and
+  counted twice if its script had run (the server closed the connection after running it, before
+  the reply arrived), at most once per call in flight at that moment; connection failures come
+  in bursts, so the failure that costs that arms every call after it for :data:`ARMED_FOR`
+  seconds. A count made twice only ever refuses early (the call's cost, charged twice to one
+  client), never admits more than the limit; a connection closed while idle (an idle timeout, a
+  restart) never ran the script, so its repeat counts once. A refund repeated twice would give
+  back twice, so refunds always carry one.
+- ``"always"``: every call carries one; a lost reply is never counted twice on the node it
+  was sent to (a Cluster group made again on a promoted replica goes through redis-py without
+  one: docs/failure-modes.md).
 """
 
 from __future__ import annotations

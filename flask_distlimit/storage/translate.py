@@ -40,7 +40,7 @@ __all__ = ["ACL_GRANTS", "REDIS_FAILURES", "misconfiguration", "storage_error"]
 #: health, SCAN and DEL for resets), and those its scripts run inside Redis.
 ACL_GRANTS: Final = (
     "+evalsha +script|load +script|exists +ping +scan +del +unlink +time +get +set +hset +hmget "
-    "+pexpire +zadd +zcard +zcount +zrange +zrem +zremrangebyrank +zremrangebyscore"
+    "+pexpire +zadd +zcard +zcount +zrange +zrem +zremrangebyrank +zremrangebyscore +zscore"
 )
 
 #: What a storage catches around a Redis call and passes to :func:`storage_error`.

@@ -515,13 +515,14 @@ def concurrency(state: State | None, limit: int, period: int, cost: int, now: in
     slots = _cc_live(state, now)
     k = len(slots)
     allowed, taken = True, k
-    if cost > 0:
+    own = cost > 0 and cost in slots  # its own live slot (its call made again): renewed
+    if cost > 0 and not own:
         if k + 1 <= limit:
             taken = k + 1
         else:
             allowed = False
     reset_now = max(slots.values()) - now if slots else 0
-    reset = period if taken > k else reset_now
+    reset = period if taken > k or own else reset_now
     retry = 0
     if not allowed:
         retry = min(slots.values()) - now
