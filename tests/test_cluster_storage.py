@@ -619,3 +619,79 @@ def test_a_primary_that_timed_out_does_not_arm_the_tokens(
         assert fast.tokens.armed_until < time.monotonic()
     finally:
         fast.close()
+
+
+class LoseRefundReply(redis.Connection):
+    """A connection to ``port`` that, while ``armed``, reads a refund's reply (the script ran)
+    and then drops it, as a primary dying after it ran would; from then on, connecting to
+    ``port`` is refused until the test lets it go (``refusing``)."""
+
+    port_lost: ClassVar[int] = 0
+    armed: ClassVar[bool] = False
+    refusing: ClassVar[bool] = False
+    losing = False
+
+    def connect(self, *args: Any, **kwargs: Any) -> None:
+        if LoseRefundReply.refusing and self.port == LoseRefundReply.port_lost:
+            raise redis.ConnectionError("refused (the test's dead primary)")
+        super().connect(*args, **kwargs)
+
+    def send_packed_command(self, command: Any, *args: Any, **kwargs: Any) -> None:
+        packed = b"".join(command) if isinstance(command, list) else bytes(command)
+        # the refund mode's head: the server's time (-1), then mode 1
+        self.losing = (
+            LoseRefundReply.armed
+            and self.port == LoseRefundReply.port_lost
+            and b"\r\nEVALSHA\r\n" in packed
+            and b"\r\n-1,1," in packed
+        )
+        super().send_packed_command(command, *args, **kwargs)
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        reply = super().read_response(*args, **kwargs)
+        if self.losing:
+            self.losing = LoseRefundReply.armed = False
+            LoseRefundReply.refusing = True
+            self.disconnect()
+            raise redis.ConnectionError("Connection closed by server (the test's lost reply)")
+        return reply
+
+
+def test_a_refund_made_again_on_a_promoted_replica_is_given_back_once(
+    redis_cluster: ClusterServers, cluster_client: RedisCluster, tags: list[str]
+) -> None:
+    """A refund ran on its primary, the reply was lost and the primary stayed unreachable; the
+    topology then names another primary (a promoted replica, which got the refund's writes):
+    the refund is made there as a repeat of its request token, and answers the first try's
+    kept reply. Made as a new call, it gave back twice: one unit more than was taken."""
+    storage = ClusterStorage(
+        redis_cluster.startup_nodes, timeout=2.0, connection_class=LoseRefundReply
+    )
+    check = Check(f"t:{{{tags[0]}}}:ip:fixed_window", "fixed_window", 5, 365 * 86400)
+    admin = redis_cluster.primary_for(f"{{{tags[0]}}}").client()
+    try:
+        for _ in range(3):
+            storage.evaluate([check])
+        assert admin.hget(check.key, "n") == b"3"
+        LoseRefundReply.port_lost = admin.connection_pool.connection_kwargs["port"]
+        asked = {"n": 0}
+        real = storage._primary_of
+
+        def primary_of(key: str) -> str | None:
+            # the lost path asks before and after refreshing the topology: "promoted" then
+            asked["n"] += 1
+            if asked["n"] == 1:
+                return real(key)
+            LoseRefundReply.refusing = False  # the "replica" (the same server) is reachable
+            return "127.0.0.1:1"
+
+        storage._primary_of = primary_of  # type: ignore[method-assign]
+        LoseRefundReply.armed = True
+        refunded = storage.refund([check])
+        assert asked["n"] >= 2  # the lost path ran
+        assert admin.hget(check.key, "n") == b"2"  # one unit given back, not two
+        assert refunded.decisions[0].remaining == 3
+    finally:
+        LoseRefundReply.armed = LoseRefundReply.refusing = False
+        admin.close()
+        storage.close()

@@ -73,7 +73,7 @@ from ..errors import (
     StorageReplyLost,
     StorageUnavailable,
 )
-from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
+from ..scripts import SCRIPT_SOURCE, parse_reply, script_args, with_token
 from .base import Storage
 from .evalsha import EvalshaPacker
 from .give_back import GIVE_BACK_SOURCE, give_back_args, give_back_keys, given_back
@@ -294,25 +294,45 @@ class ClusterStorage(Storage):
     # -- the hot path ----------------------------------------------------------------------
 
     def _call(
-        self, checks: Sequence[Check], now_us: int | None, refund: bool = False
+        self,
+        checks: Sequence[Check],
+        now_us: int | None,
+        refund: bool = False,
+        token: str | None = None,
     ) -> Evaluation:
-        """One script call on the slot of ``checks`` (all in one slot)."""
+        """One script call on the slot of ``checks`` (all in one slot), through redis-py's
+        cluster path. ``token``: the request token a call made earlier on the hot path carried
+        (this call is made again, marked as a repeat of it: a promoted replica that received
+        the first try's writes answers its kept reply); else one is drawn for a refund or while
+        the tokens are armed, for this call's own second try below."""
         self.client  # noqa: B018 - connects and registers the script on first use
         script = self._script
         assert script is not None
         keys, args = script_args(checks, now_us, refund=refund)
+        tokens = self.tokens
+        again = token is not None
+        if token is None and (refund or time.monotonic() < tokens.armed_until):
+            token = tokens.key(keys[0])
         primary = self._primary_of(keys[0])
         try:
             try:
-                reply = script(keys, args)
+                if token is None:
+                    reply = script(keys, args)
+                else:
+                    reply = script(*with_token(keys, args, token, tokens.ttl_ms, again=again))
             except rx.ConnectionError:
                 # redis-py refreshed the topology after the error. If it now names another
                 # primary (a replica was promoted while the breaker was open), try that one
                 # once: otherwise the breaker's half-open trial would go to the dead node and
-                # keep the breaker open for another reset timeout.
+                # keep the breaker open for another reset timeout. The first try may have run
+                # and reached the replica: a call with a token is made as its repeat.
+                tokens.arm()
                 if self._primary_of(keys[0]) in (primary, None):
                     raise
-                reply = script(keys, args)
+                if token is None:
+                    reply = script(keys, args)
+                else:
+                    reply = script(*with_token(keys, args, token, tokens.ttl_ms, again=True))
         except REDIS_FAILURES as exc:
             raise storage_error(exc) from exc
         return parse_reply(reply, checks)
@@ -426,6 +446,8 @@ class ClusterStorage(Storage):
         # a refund always carries a token: repeated twice, it would give back twice
         armed = refund or now < tokens.armed_until
         results: list[Evaluation | StorageError | None] = [None] * len(parts)
+        #: part -> the request token its first try carried (None: none)
+        sent: dict[int, str | None] = {}
         # (part, its pool, the connection, keys, args, token)
         in_flight: list[tuple[int, DeadlinePool, Any, list[str], list[str | int], str | None]] = []
         try:
@@ -436,7 +458,7 @@ class ClusterStorage(Storage):
             for round_ in _rounds(client, parts, results):
                 for n, node in round_:
                     keys, args = script_args(parts[n], now_us, refund=refund)
-                    token = tokens.key(keys[0]) if armed else None
+                    token = sent[n] = tokens.key(keys[0]) if armed else None
                     pool: DeadlinePool | None = None
                     connection: Any = None
                     try:
@@ -471,7 +493,7 @@ class ClusterStorage(Storage):
                     except _NOT_RUN:
                         in_flight.pop(0)
                         pool.release(connection)
-                        results[n] = self._call_or_error(parts[n], now_us, refund)
+                        results[n] = self._call_or_error(parts[n], now_us, refund, token)
                         continue
                     except StorageReplyLost as exc:
                         in_flight.pop(0)
@@ -506,7 +528,10 @@ class ClusterStorage(Storage):
                 # A part whose slot has a new primary now (a promoted replica) is tried there
                 # once, as in _call.
                 if self._primary_of(parts[n][0].key) not in (before[n], None):
-                    results[n] = self._call_or_error(parts[n], now_us, refund)
+                    # made again there, as a repeat of its token when it carried one: the
+                    # first try may have run and reached the replica (a refund given back
+                    # twice would let its limits admit that much more)
+                    results[n] = self._call_or_error(parts[n], now_us, refund, sent.get(n))
         return [r if r is not None else StorageUnavailable("no reply") for r in results]
 
     def _pool_of(self, client: RedisCluster, node: ClusterNode) -> DeadlinePool:
@@ -529,10 +554,10 @@ class ClusterStorage(Storage):
         return pool
 
     def _call_or_error(
-        self, part: list[Check], now_us: int | None, refund: bool
+        self, part: list[Check], now_us: int | None, refund: bool, token: str | None = None
     ) -> Evaluation | StorageError:
         try:
-            return self._call(part, now_us, refund)
+            return self._call(part, now_us, refund, token)
         except StorageError as exc:
             return exc
 

@@ -24,9 +24,9 @@ deadline (:func:`repeat_call`): a ``CLIENT KILL`` storm can cut a repeat too.
   client), never admits more than the limit; a connection closed while idle (an idle timeout, a
   restart) never ran the script, so its repeat counts once. A refund repeated twice would give
   back twice, so refunds always carry one.
-- ``"always"``: every call carries one; a lost reply is never counted twice on the node it
-  was sent to (a Cluster group made again on a promoted replica goes through redis-py without
-  one: docs/failure-modes.md).
+- ``"always"``: every call carries one; a lost reply is never counted twice (a Cluster group
+  made again on a promoted replica goes there as a repeat of its token:
+  :meth:`~.cluster.ClusterStorage._call`).
 """
 
 from __future__ import annotations
