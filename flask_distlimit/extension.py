@@ -37,7 +37,7 @@ from .identity.api_keys import ApiKeyVerifier
 from .priorities import PriorityRegistry, PriorityResolver
 from .state import LimiterState
 from .storage.base import Storage
-from .storage.client_retries import warn_if_client_retries
+from .storage.client_retries import warn_if_client_retries, warn_if_client_waits_long
 from .storage.urls import from_url
 
 __all__ = ["EXTENSION_KEY", "Breach", "Limiter", "LimiterState"]
@@ -176,9 +176,11 @@ class Limiter(Declarations):
             deny_cache=cache,
             clock=self._clock,
         )
-        # start-up warnings (one line each): a client passed in that retries, uWSGI without
-        # the fork hooks that reset this state in every worker
+        # start-up warnings (one line each): a client passed in that retries, or that waits
+        # for a stalled Redis forever; uWSGI without the fork hooks that reset this state in
+        # every worker
         warn_if_client_retries(chosen)
+        warn_if_client_waits_long(chosen, settings.redis_timeout)
         forks.warn_if_uwsgi_skips_fork_hooks()
         app.extensions[EXTENSION_KEY] = state
         if settings.enabled:

@@ -41,6 +41,7 @@ if not REDIS_PY_6:
     QUIET_CLUSTER["cluster_error_retry_attempts"] = 0
 
 RETRIES_LOG = "flask_distlimit.storage.client_retries"
+TIMEOUTS_LOG = "flask_distlimit.storage.client_retries.timeouts"
 FORKS_LOG = "flask_distlimit.forks"
 QUIET = {"DISTLIMIT_TIERS": {"anonymous": ""}, "SECRET_KEY": "test-secret-" + "x" * 20}
 
@@ -234,6 +235,7 @@ def test_the_librarys_own_clients_never_retry_and_are_not_warned_about(
             app.config.update(QUIET)
             Limiter(app, storage=storage)
     assert warnings_of(caplog, RETRIES_LOG) == []
+    assert warnings_of(caplog, TIMEOUTS_LOG) == []  # their calls end by DISTLIMIT_REDIS_TIMEOUT
     for storage in storages:
         assert isinstance(storage, RedisStorage | ClusterStorage)
         assert client_retries(storage.client) == [], storage.scheme  # the Cluster connects here
@@ -278,7 +280,42 @@ def test_a_cluster_client_that_never_retries_is_not_warned_about(
     with caplog.at_level(logging.WARNING):
         serve(ClusterStorage(client=quiet), requests=3)
     assert warnings_of(caplog, RETRIES_LOG) == []
+    # no socket_timeout, and no warning: the hot path goes through the storage's own pools,
+    # whose waits end by the deadline
+    assert warnings_of(caplog, TIMEOUTS_LOG) == []
     quiet.close()
+
+
+# -- a Redis client passed in that waits long for a reply -----------------------------------------
+
+
+def test_a_client_passed_in_that_waits_long_for_a_reply_is_warned_about_at_start_up(
+    redis_server: RedisProcess, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """redis-py's default read timeout is none (before 8.0) or 5 s: a stalled Redis would hold
+    every request that long, and DISTLIMIT_REDIS_TIMEOUT (0.1 s here) does not reach a client
+    passed in. One line at start-up, none per request."""
+    never = Retry(NoBackoff(), 0)
+    bounded = redis.Redis(
+        port=redis_server.port, retry=never, socket_timeout=0.1, socket_connect_timeout=0.1
+    )
+    slow = redis.Redis(port=redis_server.port, retry=never, socket_timeout=5)
+    forever = redis.Redis(port=redis_server.port, retry=never, socket_timeout=None)
+    with caplog.at_level(logging.WARNING):
+        serve(RedisStorage(bounded), requests=3)
+        assert warnings_of(caplog, TIMEOUTS_LOG) == []
+        serve(RedisStorage(slow), requests=5)
+        serve(RedisStorage(forever), requests=5)
+    waits_5, waits_forever = warnings_of(caplog, TIMEOUTS_LOG)
+    assert "has socket_timeout=5" in waits_5 and "5 s (DISTLIMIT_REDIS_TIMEOUT is 0.1 s)" in waits_5
+    assert "has no socket_timeout" in waits_forever
+    assert "until the operating system gives up" in waits_forever
+    for line in (waits_5, waits_forever):
+        assert "socket_timeout=0.1 and socket_connect_timeout=0.1" in line
+        assert "DISTLIMIT_REDIS_TIMEOUT does not reach a client passed in" in line
+    assert warnings_of(caplog, RETRIES_LOG) == []  # the other setting: no retries here
+    for client in (bounded, slow, forever):
+        client.close()
 
 
 # -- uWSGI without Python's fork hooks -----------------------------------------------------------

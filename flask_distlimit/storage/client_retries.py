@@ -28,6 +28,14 @@ and the fix. It reads redis-py's public API only, 5.0 to 8.x:
 - a Cluster client: the retries of the whole command (``retry.get_retries()`` from redis-py 6,
   ``cluster_error_retry_attempts`` before), and its nodes' connections as above (redis-py 6+
   sets them to 0 itself; before, the client's ``retry`` goes to every node).
+
+A ready single-node client is used with its own timeouts too (``DISTLIMIT_REDIS_TIMEOUT`` does
+not reach it), and redis-py's default is none before 8.0 and 5 s since: a Redis that stalls
+(``SIGSTOP``, a full buffer, a host gone behind a firewall) holds every request that long (or
+until the operating system gives up) until the breaker opens. :func:`warn_if_client_waits_long`
+logs one WARNING for a client that waits longer than ``DISTLIMIT_REDIS_TIMEOUT``. (A
+``RedisCluster`` passed in is not concerned: the hot path goes through the storage's own pools,
+whose waits end by the deadline.)
 """
 
 from __future__ import annotations
@@ -42,9 +50,17 @@ from redis.cluster import RedisCluster
 
 from .base import Storage
 
-__all__ = ["client_retries", "passed_client", "warn_if_client_retries"]
+__all__ = [
+    "client_read_timeout",
+    "client_retries",
+    "passed_client",
+    "warn_if_client_retries",
+    "warn_if_client_waits_long",
+]
 
 log = logging.getLogger(__name__)
+#: The warning of :func:`warn_if_client_waits_long` (a logger of its own: another setting).
+timeouts_log = logging.getLogger(f"{__name__}.timeouts")
 
 _FIX_NODE = (
     "Build the client with retry=Retry(NoBackoff(), 0) (since redis-py 6, redis.Redis() "
@@ -179,4 +195,48 @@ def warn_if_client_retries(storage: Storage) -> None:
         "; ".join(found),
         fix,
         _OR_URL,
+    )
+
+
+def client_read_timeout(client: redis.Redis | RedisCluster) -> float | None:
+    """How long a single-node ``client`` waits for a reply, seconds (``socket_timeout``:
+    ``None`` is forever, redis-py's default before 8.0; 5 from 8.0); ``0.0`` for a
+    ``RedisCluster``, whose hot path waits by the storage's own deadline (module docstring).
+    No I/O."""
+    if isinstance(client, RedisCluster):
+        return 0.0
+    timeout = client.get_connection_kwargs().get("socket_timeout")
+    return None if timeout is None else float(timeout)
+
+
+def warn_if_client_waits_long(storage: Storage, budget: float) -> None:
+    """Log one WARNING when ``storage`` was given a single-node client that waits for a reply
+    longer than ``budget`` (``DISTLIMIT_REDIS_TIMEOUT``, seconds), or forever (module
+    docstring). Called by ``init_app``; never raises."""
+    client = passed_client(storage)
+    if client is None:
+        return
+    try:
+        timeout = client_read_timeout(client)
+    except Exception:  # never break an app's start for a warning
+        log.debug("Could not read the timeouts of the Redis client passed in", exc_info=True)
+        return
+    if timeout is not None and timeout <= budget:
+        return
+    waits = "no socket_timeout" if timeout is None else f"socket_timeout={timeout:g}"
+    until = (
+        "until the operating system gives up"
+        if timeout is None
+        else f"{timeout:g} s (DISTLIMIT_REDIS_TIMEOUT is {budget:g} s)"
+    )
+    timeouts_log.warning(
+        "The Redis client passed to the rate limiter has %s: a Redis that stalls (a paused "
+        "process, a full network buffer, a host gone behind a firewall) holds every request "
+        "%s until the circuit breaker opens (DISTLIMIT_REDIS_TIMEOUT does not reach a client "
+        "passed in). Build it with socket_timeout=%g and socket_connect_timeout=%g (seconds), "
+        "or give the limiter a URL (DISTLIMIT_STORAGE_URL) and let it build its own clients.",
+        waits,
+        until,
+        budget,
+        budget,
     )
