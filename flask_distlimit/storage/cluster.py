@@ -311,15 +311,20 @@ class ClusterStorage(Storage):
         keys, args = script_args(checks, now_us, refund=refund)
         tokens = self.tokens
         again = token is not None
-        if token is None and (refund or time.monotonic() < tokens.armed_until):
-            token = tokens.key(keys[0])
+        if token is None:
+            token = (
+                tokens.key(keys[0]) if refund else tokens.key_if_armed(keys[0], time.monotonic())
+            )
+
+        def run(repeat: bool) -> Any:
+            if token is None:
+                return script(keys, args)
+            return script(*with_token(keys, args, token, tokens.ttl_ms, again=repeat))
+
         primary = self._primary_of(keys[0])
         try:
             try:
-                if token is None:
-                    reply = script(keys, args)
-                else:
-                    reply = script(*with_token(keys, args, token, tokens.ttl_ms, again=again))
+                reply = run(again)
             except rx.ConnectionError:
                 # redis-py refreshed the topology after the error. If it now names another
                 # primary (a replica was promoted while the breaker was open), try that one
@@ -329,10 +334,7 @@ class ClusterStorage(Storage):
                 tokens.arm()
                 if self._primary_of(keys[0]) in (primary, None):
                     raise
-                if token is None:
-                    reply = script(keys, args)
-                else:
-                    reply = script(*with_token(keys, args, token, tokens.ttl_ms, again=True))
+                reply = run(True)
         except REDIS_FAILURES as exc:
             raise storage_error(exc) from exc
         return parse_reply(reply, checks)

@@ -46,7 +46,15 @@ from ..forks import AfterFork
 from ..scripts import token_key
 from .pool import DeadlinePool
 
-__all__ = ["ARMED_FOR", "REPEATS", "TOKEN_MODES", "TOKEN_TTL_MS", "RequestTokens", "repeat_call"]
+__all__ = [
+    "ARMED_FOR",
+    "REPEATS",
+    "TOKEN_MODES",
+    "TOKEN_TTL_MS",
+    "RequestTokens",
+    "repeat_call",
+    "token_mode",
+]
 
 #: How many times a call whose reply was lost is made again, within its deadline.
 REPEATS: Final = 3
@@ -60,6 +68,17 @@ ARMED_FOR: Final = 60.0
 TOKEN_MODES: Final = ("auto", "always")
 #: First keys whose token heads are kept (a few hundred bytes each).
 _HEADS_KEPT: Final = 1024
+
+
+def token_mode(mode: object) -> str:
+    """``mode`` if it is one of :data:`TOKEN_MODES`, else a ``ValueError`` that says which."""
+    if mode not in TOKEN_MODES:
+        raise ValueError(
+            f"request_tokens = {mode!r} is not valid. Use one of: "
+            + ", ".join(repr(m) for m in TOKEN_MODES)
+            + " (DISTLIMIT_REQUEST_TOKENS)."
+        )
+    return str(mode)
 
 
 class RequestTokens:
@@ -79,13 +98,7 @@ class RequestTokens:
     )
 
     def __init__(self, timeout: float, mode: str = "auto") -> None:
-        if mode not in TOKEN_MODES:
-            raise ValueError(
-                f"request_tokens = {mode!r} is not valid. Use one of: "
-                + ", ".join(repr(m) for m in TOKEN_MODES)
-                + " (DISTLIMIT_REQUEST_TOKENS)."
-            )
-        self.mode = mode
+        self.mode = token_mode(mode)
         #: ``time.monotonic()`` until which every call carries a token (``inf``: ``"always"``)
         self.armed_until = math.inf if mode == "always" else -math.inf
         #: how long Redis keeps a reply: the retry comes within the same deadline

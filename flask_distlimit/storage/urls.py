@@ -32,7 +32,7 @@ import redis
 from ..errors import ConfigurationError
 from .base import Storage
 from .redis import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT
-from .tokens import TOKEN_MODES
+from .tokens import token_mode
 
 __all__ = ["ACCEPTED_FORMS", "from_url", "mask_url"]
 
@@ -118,12 +118,10 @@ def from_url(
     to ``memory://``). ``options`` go to the backend's constructor (e.g. ``max_connections``,
     or redis-py connection keywords).
     """
-    if request_tokens not in TOKEN_MODES:
-        raise ConfigurationError(
-            f"request_tokens = {request_tokens!r} is not valid. Use one of: "
-            + ", ".join(repr(m) for m in TOKEN_MODES)
-            + " (DISTLIMIT_REQUEST_TOKENS)."
-        )
+    try:
+        token_mode(request_tokens)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
     if not isinstance(url, str) or not url.strip():
         raise _configuration_error(str(url), "the URL is empty")
     if not (isinstance(timeout, int | float) and 0 < timeout < float("inf")):
