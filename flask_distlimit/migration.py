@@ -47,7 +47,8 @@ CONSTRUCTOR: Final[dict[str, str]] = {
         "(set DISTLIMIT_TRUSTED_PROXIES behind a proxy); for another key pass key_func= per limit"
     ),
     "app": "Limiter(app) or Limiter(app=app)",
-    "default_limits": "DISTLIMIT_DEFAULT_LIMITS = '100/hour;10/minute' (a string, ';'-joined)",
+    "default_limits": "DISTLIMIT_DEFAULT_LIMITS = '100/hour;10/minute' (one string, ';'-joined), "
+    "a callable answering one, or a mapping tier -> limit string",
     "default_limits_per_method": "per_method=True on the limits that need it (no app-wide switch)",
     "default_limits_exempt_when": "Limiter(request_filter=...) or limiter.exempt on the views",
     "default_limits_deduct_when": "deduct_when= on the routes that need it",
