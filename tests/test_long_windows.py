@@ -19,6 +19,8 @@ import redis
 
 from flask_distlimit import ALGORITHMS, Algorithm, Rate, parse_rates
 from flask_distlimit.decision import Check, Decision
+from flask_distlimit.fallback import LocalFallback
+from flask_distlimit.storage.memory import MemoryStorage
 from tests.engines import ENGINE_PARAMS, Engine, make_engine
 
 MONTH = 30 * 86_400
@@ -154,3 +156,20 @@ def test_a_long_windows_keys_outlive_every_refusal_and_at_most_two_windows(
             ttl_ms = redis_client.pttl(name)
             assert refused.retry_after * 1000 - 5_000 <= ttl_ms, (name, ttl_ms)
             assert ttl_ms <= 2 * period * 1000 + 5_000, (name, ttl_ms)
+
+
+@pytest.mark.parametrize("period", [MONTH, YEAR], ids=["month", "year"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_the_local_fallback_counts_a_long_window_as_its_twin(
+    algorithm: Algorithm, period: int
+) -> None:
+    """Under ``DISTLIMIT_FAILURE_POLICY = "local"`` a month is still a month: the fallback decides
+    as the memory twin at the divided limit, over the whole window and after it."""
+    fallback = LocalFallback()
+    twin = MemoryStorage(clock=lambda: 0)
+    key = f"ratelimit:{{c}}:r:{algorithm}"
+    for at in _AT:
+        now = T0 + round(at * period * _US)
+        ours = fallback.evaluate([Check(key, algorithm, 8, period)], instances=2, now_us=now)
+        theirs = twin.evaluate([Check(key, algorithm, 4, period)], now_us=now)
+        assert ours == theirs, at
