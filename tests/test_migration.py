@@ -381,3 +381,13 @@ def test_the_guide_lists_every_difference_with_its_reason() -> None:
     ]:
         assert needle in section, needle
     assert "no month or year" not in GUIDE.read_text()
+
+
+def test_the_limits_guide_says_when_a_changed_callable_limit_takes_effect() -> None:
+    """docs/limits.md said "on the next request"; the answer is kept for the TTL first (the
+    behaviour: tests/test_dynamic_limits.py, a changed value takes effect when it expires)."""
+    text = (GUIDE.parent / "limits.md").read_text()
+    assert "**A changed value takes effect on the next request" not in text
+    paragraph = text.split("**When a changed value takes effect.**", 1)[1].split("\n\n", 1)[0]
+    assert "`DISTLIMIT_DYNAMIC_LIMIT_TTL` seconds (60 by default)" in paragraph
+    assert "not on the next request" in paragraph and "DISTLIMIT_DYNAMIC_LIMIT_TTL=0" in paragraph
