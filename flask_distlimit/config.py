@@ -21,7 +21,11 @@ The keys read here, each ``key`` (default ``value``) followed by its meaning:
     ``sliding_window_counter``, ``token_bucket`` or ``gcra``.
 ``DISTLIMIT_DEFAULT_LIMITS`` (default ``""``)
     Limits of every non-exempt route that has none of its own (nor from its blueprint), counted
-    per route and client, e.g. ``"100/minute;2000/hour"``.
+    per route and client: what ``limiter.limit`` takes, a limit string
+    (``"100/minute;2000/hour"``), a callable answering one per request (kept
+    ``DISTLIMIT_DYNAMIC_LIMIT_TTL`` seconds; one that fails means no default limit), or a mapping
+    tier -> limit string (``{"free": "10/minute", "*": "100/minute"}``):
+    :mod:`flask_distlimit.dynamic_limits`.
 ``DISTLIMIT_GLOBAL_LIMITS`` (default ``""``)
     Per-client-IP safety limits on every non-exempt request (404s included), in addition to all
     other limits, e.g. ``"50/second"``. They always key on the client IP, whatever the identity.
@@ -99,6 +103,7 @@ from typing import TYPE_CHECKING, Final, Literal, TypeVar
 from . import serving
 from ._typing import FailurePolicy, HeaderMode
 from .algorithms import ALGORITHMS, MAX_CONCURRENCY, Algorithm
+from .dynamic_limits import DynamicValue, read_value
 from .errors import ConfigurationError
 from .identity import IDENTITY_KEYS
 from .limits import Rate, parse_rates
@@ -207,6 +212,20 @@ def _rates(key: str, value: object) -> tuple[Rate, ...]:
         raise ConfigurationError(f"{key} = {value!r} is not valid: {exc}") from None
 
 
+def _limit_value(key: str, value: object) -> tuple[tuple[Rate, ...], DynamicValue | None]:
+    """A limit string's rates, or a callable's or a mapping's dynamic value (as ``limit()``)."""
+    if isinstance(value, str):
+        return _rates(key, value), None
+    try:
+        return read_value(value, None)
+    except ConfigurationError as exc:
+        raise ConfigurationError(
+            f"{key} = {value!r} is not valid: {exc} {key} takes what limiter.limit takes: a "
+            "limit string ('100/minute;2000/hour'), a callable answering one, or a mapping "
+            "tier -> limit string ({'free': '10/minute', '*': '100/minute'})."
+        ) from None
+
+
 def _storage_url(key: str, value: object) -> str:
     accepted = (
         "Use a URL such as 'redis://localhost:6379/0', 'rediss://…', 'unix:///run/redis.sock', "
@@ -279,6 +298,8 @@ class Settings:
     storage_url: str = "memory://"
     algorithm: Algorithm = "sliding_window_counter"
     default_limits: tuple[Rate, ...] = ()
+    #: ``DISTLIMIT_DEFAULT_LIMITS`` as a callable or a mapping (then ``default_limits`` is empty)
+    default_dynamic: DynamicValue | None = None
     global_limits: tuple[Rate, ...] = ()
     headers: HeaderMode = "both"
     key_prefix: str = "ratelimit"
@@ -338,10 +359,14 @@ class Settings:
             # a dict default is copied: an app that edits its config never edits ours
             config.setdefault(key, dict(default) if isinstance(default, dict) else default)
         get: Callable[[str], object] = config.__getitem__
+        default_limits, default_dynamic = _limit_value(
+            "DISTLIMIT_DEFAULT_LIMITS", get("DISTLIMIT_DEFAULT_LIMITS")
+        )
         return cls(
             storage_url=_storage_url("DISTLIMIT_STORAGE_URL", get("DISTLIMIT_STORAGE_URL")),
             algorithm=_choice("DISTLIMIT_ALGORITHM", get("DISTLIMIT_ALGORITHM"), ALGORITHMS),
-            default_limits=_rates("DISTLIMIT_DEFAULT_LIMITS", get("DISTLIMIT_DEFAULT_LIMITS")),
+            default_limits=default_limits,
+            default_dynamic=default_dynamic,
             global_limits=_rates("DISTLIMIT_GLOBAL_LIMITS", get("DISTLIMIT_GLOBAL_LIMITS")),
             headers=_choice("DISTLIMIT_HEADERS", get("DISTLIMIT_HEADERS"), _HEADER_MODES),
             key_prefix=_prefix("DISTLIMIT_KEY_PREFIX", get("DISTLIMIT_KEY_PREFIX")),

@@ -16,9 +16,11 @@
 
 ``current_limits`` lists every limit the request's storage calls evaluated so far (global, tier,
 route; a ``deduct_when`` limit as its peek), in order: its ``name`` (as in the headers and
-``violated-policies``), ``limit``, ``remaining``, ``reset_after`` (seconds) and ``reset_at``
-(epoch seconds), and ``denied``. Outside a request, or for a request no limit applied to, it is
-empty. A request refused from the local deny cache lists nothing (no storage call was made).
+``violated-policies``), ``limit`` (the count in effect) and ``period`` (its window, seconds:
+``limit=5, period=60`` for ``5/minute``; ``rate`` has both as a :class:`~flask_distlimit.Rate`),
+``remaining``, ``reset_after`` (seconds) and ``reset_at`` (epoch seconds), and ``denied``.
+Outside a request, or for a request no limit applied to, it is empty. A request refused from
+the local deny cache lists nothing (no storage call was made).
 
 ``clear(name)`` deletes the storage key of the current identity for the evaluated limits whose
 name is ``name``, or ``name`` without its rate (``"login"`` clears ``"login:5/minute"`` and
@@ -36,12 +38,15 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from flask import has_request_context, request
 
+from .algorithms import CONCURRENCY
+from .limits import Rate
+
 if TYPE_CHECKING:
     from .decision import Check, Decision
     from .route_limits import BoundLimit
     from .state import LimiterState
 
-__all__ = ["Evaluated", "RequestLimit", "clear", "current_limits"]
+__all__ = ["Evaluated", "RequestLimit", "breached_rates", "clear", "current_limits"]
 
 
 class Evaluated(NamedTuple):
@@ -70,11 +75,29 @@ class RequestLimit:
     """One limit of the current request, as ``limiter.current_limits`` lists it."""
 
     name: str
-    limit: int
+    limit: int  #: the count in effect (divided among the instances under the local fallback)
     remaining: int
     reset_after: float  #: seconds until the quota is whole again
     reset_at: float  #: the same, as epoch seconds
     denied: bool
+    #: the window of ``limit``, in seconds (60 for ``5/minute``; a concurrency limit's lease)
+    period: int = 0
+
+    @property
+    def rate(self) -> Rate | None:
+        """``limit`` per ``period`` as a :class:`~flask_distlimit.Rate` (None for a count of
+        0, which a divided local limit may come to)."""
+        if self.limit < 1 or self.period < 1:
+            return None
+        return Rate(self.limit, self.period)
+
+
+def breached_rates(denied: Sequence[BoundLimit], lease: int) -> tuple[Rate, ...]:
+    """The declared rate of each denied limit, for :class:`~flask_distlimit.Breach`: its count
+    and its window; a concurrency limit's slots and their ``lease`` (seconds)."""
+    return tuple(
+        Rate(b.rate.amount, lease) if b.algorithm == CONCURRENCY else b.rate for b in denied
+    )
 
 
 def _evaluated(state: LimiterState) -> list[_One]:
@@ -101,6 +124,7 @@ def current_limits(state: LimiterState) -> list[RequestLimit]:
             reset_after=e.decision.reset_after,
             reset_at=e.wall + e.decision.reset_after,
             denied=e.denied,
+            period=e.check.period,
         )
         for e in _evaluated(state)
     ]

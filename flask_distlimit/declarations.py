@@ -21,6 +21,15 @@ to the storage in one call. A wrapper the chain does not reach (a decorator abov
 ``functools.wraps``) still enforces its limits when it is called, in a call of its own; the
 first request logs a WARNING naming it.
 
+A ``scope`` callable is called with the endpoint once, when the route's limits are bound (its
+first request), never per request. Flask-Limiter calls it on every request, and its "dynamic
+shared limit" recipe (``scope=lambda endpoint: request.host``) relies on that: bound once here,
+every host would share the first host's counter, without a word. So a scope callable is tried
+at declaration, outside any request, with a sample endpoint: one that needs a request or app
+context (it raises Flask's ``RuntimeError``) is refused with the port spelled out (the value it
+reads goes in ``key_func``, the scope becomes a string); one that answers from the endpoint alone
+is kept.
+
 Declarations close for an object once an app serves it: declaring a limit or an exemption on
 a view, class or blueprint that an app already served a request for raises
 :class:`~flask_distlimit.errors.ConfigurationError`, as Flask's own setup methods do.
@@ -69,6 +78,7 @@ __all__ = [
     "LimitRegistry",
     "LimitSpec",
     "carried_function",
+    "check_scope",
     "describe",
     "view_objects",
 ]
@@ -155,6 +165,43 @@ class LimitSpec:
         return replace(
             self, kind=kind, per_method=self.per_method if per_method is None else per_method
         )
+
+
+#: The endpoint a ``scope`` callable is tried with at declaration.
+_SAMPLE_ENDPOINT = "distlimit_scope_probe.view"
+
+
+def check_scope(scope: object) -> None:
+    """Refuse a ``scope`` callable that reads the request (see the module docstring); a string
+    or None passes. Raises :class:`ConfigurationError` with the port."""
+    if not callable(scope):
+        return
+    name = getattr(scope, "__qualname__", None) or repr(scope)
+    port = (
+        "Flask-Limiter calls a scope callable on every request (its dynamic shared limit: "
+        "scope=lambda endpoint: request.host); here a scope is bound once per route, so every "
+        "request would share the first one's counter. Port it: name the scope with a string "
+        "and put what the callable reads in key_func, e.g. limiter.shared_limit('100/hour', "
+        "scope='per-host', key_func=lambda: request.host) for one counter per host, or "
+        "key_func=lambda: f'{request.host}|{g.user_id}' for one per client of each host. A "
+        "scope callable that answers from the endpoint it is given alone is accepted. See "
+        "docs/migrating-from-flask-limiter.md."
+    )
+    if has_request_context():
+        raise ConfigurationError(
+            f"scope={name} is declared inside a request, where it cannot be told whether it "
+            "reads the request. Declare limits at import time or in the app factory, outside "
+            f"any request. {port}"
+        )
+    try:
+        scope(_SAMPLE_ENDPOINT)  # its answer for a real endpoint is checked when bound
+    except RuntimeError as exc:  # Flask's "Working outside of request/application context."
+        raise ConfigurationError(
+            f"scope={name} reads the request or the app context (called with an endpoint "
+            f"outside any request, it raised RuntimeError: {exc}). {port}"
+        ) from None
+    except Exception:  # it may need a real endpoint: checked when bound, as before
+        return
 
 
 def describe(target: object) -> str:
@@ -323,7 +370,9 @@ class Declarations:
         - ``cost``: units per request, an int >= 0 or a callable answering one (default 1, or
           ``DISTLIMIT_CONDITIONAL_COST`` for conditional requests);
         - ``scope``: share one counter among every route naming the same scope; a callable is
-          called with the endpoint when the route's limits are bound (its first request);
+          called with the endpoint when the route's limits are bound (its first request), so
+          one that reads the request is refused when declared, with the port (the module
+          docstring says why);
         - ``per_method``: count each HTTP method separately;
         - ``exempt_when``: a callable; when it answers true the limit is skipped;
         - ``on_failure``: ``"open"``, ``"closed"`` or ``"local"``: this route's policy when the
@@ -489,6 +538,7 @@ class Declarations:
             raise ConfigurationError(
                 f"scope={scope!r}: use a non-empty string, or a callable (endpoint) -> str."
             )
+        check_scope(scope)
         for name, func in (
             ("key_func", key_func),
             ("exempt_when", exempt_when),

@@ -49,7 +49,7 @@ from . import deduction, refusal_options
 from ._typing import FailurePolicy, KeyFunc
 from .algorithms import CONCURRENCY, MAX_LIMITS_PER_REQUEST, check_limit_count
 from .concurrency import SlotRelease, is_slot_key, slot_check
-from .current_limits import Evaluated
+from .current_limits import Evaluated, breached_rates
 from .decision import Check, Decision, Evaluation
 from .declarations import carried_function, describe
 from .dynamic_limits import ttl_us
@@ -57,6 +57,7 @@ from .fleet import Fleet
 from .headers import Report, rate_limit_headers
 from .identity import Identity
 from .leases import Leases
+from .limits import Rate
 from .problem import (
     ConcurrencyLimitExceeded,
     Overloaded,
@@ -123,6 +124,11 @@ class Breach:
     #: seconds, rounded up; None when the request can never pass (its cost exceeds the limit)
     retry_after: int | None
     from_cache: bool  #: answered by the local deny cache, without a storage call
+    #: the first denied limit as declared: its count and its window (``Rate(5, 60)`` for
+    #: ``5/minute``; for a concurrency limit, the slots and their lease)
+    limit: Rate | None = None
+    #: every denied limit's, in the order of ``violated_policies``
+    limits: tuple[Rate, ...] = ()
 
 
 BreachHook = Callable[[Breach], "SansIOResponse | None"]
@@ -847,6 +853,7 @@ class Enforcer:
         if denied:
             detail = refusal_options.error_message(denied) or detail
         if hook is not None:
+            rates = breached_rates(denied, self._lease)
             response = hook(
                 Breach(
                     endpoint=request.endpoint,
@@ -857,6 +864,8 @@ class Enforcer:
                     violated_policies=names,
                     retry_after=retry,
                     from_cache=from_cache,
+                    limit=rates[0] if rates else None,
+                    limits=rates,
                 )
             )
         problem = ConcurrencyLimitExceeded if concurrency else RateLimitExceeded

@@ -132,6 +132,7 @@ class Limiter(Declarations):
                 "Limiter, or create the app anew."
             )
         settings = Settings.from_config(app.config)
+        migration.warn_leftover_keys(app.config, app.name)  # RATELIMIT_* keys: not read
         # "is None", not "or": a MemoryStorage with no key yet is falsy (it has a length)
         given = storage if storage is not None else self._storage
         settings.check_serving(given)  # memory:// in several processes?

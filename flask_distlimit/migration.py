@@ -5,6 +5,15 @@
 ``docs/migrating-from-flask-limiter.md`` has the whole table, with the decorator arguments and
 the ``RATELIMIT_*`` keys.
 
+Leftover ``RATELIMIT_*`` keys (:data:`CONFIG_KEYS`, Flask-Limiter's own) are not read here:
+:func:`warn_leftover_keys` logs one WARNING at ``init_app`` naming each and what replaces it
+(``RATELIMIT_DEFAULT = "1/minute"`` would otherwise limit nothing, without a word). A WARNING,
+not the ``ConfigurationError`` a mistyped ``DISTLIMIT_*`` key gets: ``RATELIMIT_*`` is
+Flask-Limiter's namespace, not ours, and an app migrating route by route runs both extensions on
+one app (or shares one config module among apps that have not moved yet), where those keys are
+read and right. A ``DISTLIMIT_*`` key that nothing reads is always a mistake; a ``RATELIMIT_*``
+key may be Flask-Limiter's, so it is named loudly, never refused.
+
 Why a positional ``key_func`` is refused rather than accepted: Flask-Limiter's ``key_func``
 decides who is counted for every limit of the app. Here that is the identity layer (a verified
 user, a JWT, an API key, else the client address behind ``DISTLIMIT_TRUSTED_PROXIES``), which
@@ -16,10 +25,20 @@ one edit; accepting it would change who is counted without a word.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Mapping
 from typing import Final
 
-__all__ = ["CONSTRUCTOR", "key_func_message", "options_message"]
+__all__ = [
+    "CONFIG_KEYS",
+    "CONSTRUCTOR",
+    "key_func_message",
+    "leftover_keys_message",
+    "options_message",
+    "warn_leftover_keys",
+]
+
+log = logging.getLogger("flask_distlimit")
 
 #: Flask-Limiter 4.x ``Limiter(...)`` arguments -> what to write here instead.
 CONSTRUCTOR: Final[dict[str, str]] = {
@@ -28,7 +47,8 @@ CONSTRUCTOR: Final[dict[str, str]] = {
         "(set DISTLIMIT_TRUSTED_PROXIES behind a proxy); for another key pass key_func= per limit"
     ),
     "app": "Limiter(app) or Limiter(app=app)",
-    "default_limits": "DISTLIMIT_DEFAULT_LIMITS = '100/hour;10/minute' (a string, ';'-joined)",
+    "default_limits": "DISTLIMIT_DEFAULT_LIMITS = '100/hour;10/minute' (one string, ';'-joined), "
+    "a callable answering one, or a mapping tier -> limit string",
     "default_limits_per_method": "per_method=True on the limits that need it (no app-wide switch)",
     "default_limits_exempt_when": "Limiter(request_filter=...) or limiter.exempt on the views",
     "default_limits_deduct_when": "deduct_when= on the routes that need it",
@@ -59,7 +79,68 @@ CONSTRUCTOR: Final[dict[str, str]] = {
     "enabled": "DISTLIMIT_ENABLED",
 }
 
+#: Flask-Limiter 4.x's configuration keys (``flask_limiter.constants.ConfigVars``) -> what
+#: replaces each here (the guide's table says the same, with reasons).
+CONFIG_KEYS: Final[dict[str, str]] = {
+    "RATELIMIT_ENABLED": "DISTLIMIT_ENABLED",
+    "RATELIMIT_KEY_FUNC": "none: the request's identity (DISTLIMIT_TRUSTED_PROXIES behind a "
+    "proxy), or key_func= per limit",
+    "RATELIMIT_KEY_PREFIX": "DISTLIMIT_KEY_PREFIX",
+    "RATELIMIT_FAIL_ON_FIRST_BREACH": "none: every limit of a request is decided in one call",
+    "RATELIMIT_ON_BREACH_CALLBACK": "Limiter(on_breach=...)",
+    "RATELIMIT_SWALLOW_ERRORS": "DISTLIMIT_FAILURE_POLICY",
+    "RATELIMIT_APPLICATION": "DISTLIMIT_GLOBAL_LIMITS",
+    "RATELIMIT_APPLICATION_PER_METHOD": "none: global limits count every method together",
+    "RATELIMIT_APPLICATION_EXEMPT_WHEN": "Limiter(request_filter=...)",
+    "RATELIMIT_APPLICATION_DEDUCT_WHEN": "none: global limits are charged before the view",
+    "RATELIMIT_APPLICATION_COST": "none: a global limit costs 1 per request",
+    "RATELIMIT_DEFAULT": "DISTLIMIT_DEFAULT_LIMITS",
+    "RATELIMIT_DEFAULTS_PER_METHOD": "none: per_method=True on the limits that need it",
+    "RATELIMIT_DEFAULTS_EXEMPT_WHEN": "Limiter(request_filter=...) or @limiter.exempt",
+    "RATELIMIT_DEFAULTS_DEDUCT_WHEN": "none: deduct_when= on the routes that need it",
+    "RATELIMIT_DEFAULTS_COST": "none: cost= per limit",
+    "RATELIMIT_REQUEST_IDENTIFIER": "none: routes are known by endpoint",
+    "RATELIMIT_STRATEGY": "DISTLIMIT_ALGORITHM",
+    "RATELIMIT_STORAGE_URI": "DISTLIMIT_STORAGE_URL",
+    "RATELIMIT_STORAGE_OPTIONS": "the URL's query, DISTLIMIT_REDIS_TIMEOUT",
+    "RATELIMIT_HEADERS_ENABLED": "DISTLIMIT_HEADERS",
+    "RATELIMIT_HEADER_LIMIT": "none: header names are fixed",
+    "RATELIMIT_HEADER_REMAINING": "none: header names are fixed",
+    "RATELIMIT_HEADER_RESET": "none: header names are fixed",
+    "RATELIMIT_HEADER_RETRY_AFTER": "none: header names are fixed",
+    "RATELIMIT_HEADER_RETRY_AFTER_VALUE": "none: Retry-After is always delta-seconds",
+    "RATELIMIT_IN_MEMORY_FALLBACK": "DISTLIMIT_FAILURE_POLICY = 'local'",
+    "RATELIMIT_IN_MEMORY_FALLBACK_ENABLED": "DISTLIMIT_FAILURE_POLICY = 'local'",
+    "RATELIMIT_META": "none (no meta limits)",
+    "RATELIMIT_ON_META_BREACH_CALLBACK": "none (no meta limits)",
+}
+
 _GUIDE: Final = "See docs/migrating-from-flask-limiter.md."
+_FAMILY: Final = "RATELIMIT_"
+
+
+def leftover_keys_message(config: Mapping[str, object]) -> str | None:
+    """The WARNING text for the ``RATELIMIT_*`` keys of ``config`` (None when it has none)."""
+    found = sorted(k for k in config if isinstance(k, str) and k.startswith(_FAMILY))
+    if not found:
+        return None
+    parts = [
+        f"{key} -> {CONFIG_KEYS.get(key, 'not a Flask-Limiter 4.x key either')}" for key in found
+    ]
+    return (
+        f"Flask-DistLimit does not read Flask-Limiter's setting{'s' if len(found) > 1 else ''} "
+        f"{', '.join(found)}: {'they have' if len(found) > 1 else 'it has'} no effect on this "
+        f"limiter. Port: {'; '.join(parts)}. Remove the RATELIMIT_* keys once Flask-Limiter no "
+        f"longer runs on this app. {_GUIDE}"
+    )
+
+
+def warn_leftover_keys(config: Mapping[str, object], app_name: str) -> None:
+    """Log one WARNING naming each ``RATELIMIT_*`` key of ``config`` and its replacement
+    (called by ``init_app``; see the module docstring for why this warns and does not raise)."""
+    message = leftover_keys_message(config)
+    if message is not None:
+        log.warning("App %r: %s", app_name, message)
 
 
 def key_func_message(func: object) -> str:

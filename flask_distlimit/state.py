@@ -119,9 +119,10 @@ class LimiterState:
                     "default",
                     settings.default_limits,
                     shadow=spec_is_shadow(shadow, "default"),
+                    dynamic=settings.default_dynamic,  # a callable or mapping default
                 ),
             )
-            if settings.default_limits
+            if settings.default_limits or settings.default_dynamic is not None
             else ()
         )
         # Limits that take the app's default algorithm are checked against it now, at start-up

@@ -241,3 +241,153 @@ def test_the_port_admits_what_flask_limiter_admits(redis_url: str) -> None:
         assert replay(original) == replay(ported) == EXPECTED
     finally:
         Limiter.state(ported).storage.close()
+
+
+# -- the second port: leftover keys, a month, a dynamic shared limit, a callable default -------
+#
+# Flask-Limiter's spellings of issue 26's cases. The port follows the guide: the recipe's
+# request-reading scope is refused when declared and ported as the refusal says; the default
+# callable is passed as is, asked on every request (DISTLIMIT_DYNAMIC_LIMIT_TTL=0) as
+# Flask-Limiter asks it; the RATELIMIT_* keys are left in place and warned about.
+
+
+def plan_of() -> str:
+    return "2/hour" if request.headers.get("X-Plan") == "free" else "4/hour"
+
+
+def declare_second(app: Flask, limiter: Any, host_limit: Any) -> None:
+    @app.get("/reports")
+    @limiter.limit("3/month")
+    def reports() -> str:
+        return "reports"
+
+    @app.get("/a")
+    @host_limit
+    def a() -> str:
+        return "a"
+
+    @app.get("/b")
+    @host_limit
+    def b() -> str:
+        return "b"
+
+    @app.get("/plain")
+    def plain() -> str:
+        return "plain"
+
+
+#: (path, host, headers, times) and the statuses expected for it.
+SECOND: list[tuple[tuple[str, str, dict[str, str], int], list[int]]] = [
+    (("/reports", "one.example", {}, 4), [200] * 3 + [429]),  # 3 in the month
+    (("/a", "one.example", {}, 1), [200]),
+    (("/b", "one.example", {}, 2), [200, 429]),  # one counter per host, shared by /a and /b
+    (("/a", "two.example", {}, 3), [200, 200, 429]),  # another host: its own
+    (("/plain", "one.example", {"X-Plan": "free"}, 3), [200, 200, 429]),  # the default: 2/hour
+    (("/plain", "one.example", {"X-Plan": "pro"}, 5), [200] * 4 + [429]),  # asked again: 4/hour
+]
+SECOND_EXPECTED = [status for _, statuses in SECOND for status in statuses]
+
+
+def replay_second(app: Flask) -> list[int]:
+    client = app.test_client()
+    return [
+        client.get(path, base_url=f"http://{host}", headers=headers).status_code
+        for (path, host, headers, times), _ in SECOND
+        for _ in range(times)
+    ]
+
+
+LEFTOVER = {"RATELIMIT_STORAGE_URI": "memory://", "RATELIMIT_STRATEGY": "fixed-window"}
+
+
+def second_port(redis_url: str) -> Flask:
+    app = Flask("second-port")
+    app.config.update(
+        LEFTOVER,  # copied from the original and left behind: warned about, not read
+        SECRET_KEY="migration-test-" + "x" * 20,
+        DISTLIMIT_STORAGE_URL=redis_url,
+        DISTLIMIT_ALGORITHM="fixed_window",
+        DISTLIMIT_DEFAULT_LIMITS=plan_of,  # was default_limits=[plan_of]
+        DISTLIMIT_DYNAMIC_LIMIT_TTL=0,  # asked every request, as Flask-Limiter asks it
+    )
+    # a whole hour from a month's boundary: no window ends inside the test
+    limiter = Limiter(clock=FakeClock(start=(1_700_000_000 // 2_592_000) * 2_592_000 + 3600.0))
+    host_limit = limiter.shared_limit("2/hour", scope="per-host", key_func=lambda: request.host)
+    declare_second(app, limiter, host_limit)
+    limiter.init_app(app)
+    return app
+
+
+def test_the_dynamic_shared_limit_recipe_as_written_is_refused_with_this_port() -> None:
+    from flask_distlimit import ConfigurationError
+
+    with pytest.raises(ConfigurationError) as info:
+        Limiter().shared_limit("2/hour", scope=lambda endpoint: request.host)
+    assert 'scope="per-host", key_func=lambda: request.host' in GUIDE.read_text()
+    assert "scope='per-host', key_func=lambda: request.host" in str(info.value)
+
+
+@pytest.mark.redis
+def test_the_second_port_behaves_as_the_guide_says_on_redis(
+    redis_url: str, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="flask_distlimit"):
+        app = second_port(redis_url)
+    try:
+        (warning,) = [r.getMessage() for r in caplog.records if "RATELIMIT_" in r.getMessage()]
+        assert "RATELIMIT_STORAGE_URI -> DISTLIMIT_STORAGE_URL" in warning
+        assert "RATELIMIT_STRATEGY -> DISTLIMIT_ALGORITHM" in warning
+        assert replay_second(app) == SECOND_EXPECTED
+        # the monthly quota's key on Redis: its window is 30 days, as Flask-Limiter's
+        (month,) = redis_client.keys("*:r_reports_3/2592000:*")
+        assert 0 < redis_client.pttl(month) <= 2_592_000_000
+    finally:
+        Limiter.state(app).storage.close()
+
+
+@pytest.mark.redis
+def test_the_second_port_admits_what_flask_limiter_admits(redis_url: str) -> None:
+    import flask_limiter
+
+    original = Flask("second-original")
+    original.config.update(LEFTOVER)
+    fl = flask_limiter.Limiter(get_remote_address, app=original, default_limits=[plan_of])
+    host_limit = fl.shared_limit("2/hour", scope=lambda endpoint: request.host)
+    declare_second(original, fl, host_limit)
+    ported = second_port(redis_url)
+    try:
+        assert replay_second(original) == replay_second(ported) == SECOND_EXPECTED
+    finally:
+        Limiter.state(ported).storage.close()
+
+
+def test_the_guide_lists_every_difference_with_its_reason() -> None:
+    """Each behaviour a port meets differently has its entry in "What behaves differently"."""
+    section = GUIDE.read_text().split("## What behaves differently", 1)[1].split("\n## ", 1)[0]
+    for needle in [
+        "The default algorithm is the sliding window counter",
+        "Fixed windows are clock-aligned",
+        "midnight UTC",
+        "`month` is 30 days and `year` is 360 days",
+        "At most 8 limits per request",
+        "A callable limit's answer is kept",
+        "DISTLIMIT_DYNAMIC_LIMIT_TTL=0",
+        "A `scope` callable is bound once per route",
+        'scope="per-host", key_func=lambda: request.host',
+        "`on_breach` gets a `Breach`",
+        "Leftover `RATELIMIT_*` keys are not read",
+    ]:
+        assert needle in section, needle
+    assert "no month or year" not in GUIDE.read_text()
+
+
+def test_the_limits_guide_says_when_a_changed_callable_limit_takes_effect() -> None:
+    """docs/limits.md said "on the next request"; the answer is kept for the TTL first (the
+    behaviour: tests/test_dynamic_limits.py, a changed value takes effect when it expires)."""
+    text = (GUIDE.parent / "limits.md").read_text()
+    assert "**A changed value takes effect on the next request" not in text
+    paragraph = text.split("**When a changed value takes effect.**", 1)[1].split("\n\n", 1)[0]
+    assert "`DISTLIMIT_DYNAMIC_LIMIT_TTL` seconds (60 by default)" in paragraph
+    assert "not on the next request" in paragraph and "DISTLIMIT_DYNAMIC_LIMIT_TTL=0" in paragraph
