@@ -209,15 +209,12 @@ class Launched:
 
 
 @contextlib.contextmanager
-def launched(
-    tmp_path: Path, *, workers: int = 3, threads: int = 2, settings: dict[str, str] | None = None
-) -> Iterator[Launched]:
-    """Start the launcher as a user would (no DISTLIMIT_/EXAMPLE_ variables but ``settings``),
-    wait until every worker answers, and stop it with SIGTERM at the end (anything left in its
-    process group is killed)."""
+def launched(tmp_path: Path, *, workers: int = 3, threads: int = 2) -> Iterator[Launched]:
+    """Start the launcher as a user would (no DISTLIMIT_/EXAMPLE_ variables), wait until every
+    worker answers, and stop it with SIGTERM at the end (anything left in its process group is
+    killed)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTLIMIT_", "EXAMPLE_"))}
-    env.update(settings or {})
     log_path = tmp_path / "launcher.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
@@ -256,14 +253,17 @@ def launched(
 @pytest.mark.redis
 @pytest.mark.slow
 def test_readme_command_runs_gunicorn_on_a_private_redis(tmp_path: Path) -> None:
-    # The exact log rather than the example's sliding window counter, which may admit one more
-    # when the burst straddles a minute (the previous window's count is weighted down): the
-    # count is then exact whenever the test runs, with no wait for a minute to begin.
-    with launched(tmp_path, settings={"DISTLIMIT_ALGORITHM": "sliding_window_log"}) as running:
+    with launched(tmp_path) as running:
         found = re.search(r"private redis-server \(pid (\d+)\)", running.log())
         assert found, running.log()
         redis_pid = int(found[1])
-        # Several workers, one shared count: exactly the anonymous tier's 20 pass.
+        # Several workers, one shared count: exactly the anonymous tier's 20 pass. The example
+        # counts with a sliding window counter, which admits a little more when a burst
+        # straddles a minute (the previous window's count is weighted down): burst within one
+        # minute.
+        into_minute = time.time() % 60
+        if into_minute > 45:
+            time.sleep(60.5 - into_minute)
         codes = [_get(f"{running.base}/catalogue")[0] for _ in range(24)]
         assert codes.count(200) == 20 and codes.count(429) == 4, codes
         status, downstream = _get(f"{running.base}/downstream")
