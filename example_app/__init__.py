@@ -67,7 +67,11 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         # (it signs the tokens and keys the API-key digests), so the launcher exports
         # EXAMPLE_SECRET_KEY before it starts them.
         app.config["SECRET_KEY"] = secrets.token_hex(32)
-        log.warning("EXAMPLE_SECRET_KEY is not set: tokens are valid in this process only")
+        log.warning(
+            "EXAMPLE_SECRET_KEY is not set: tokens are valid in this process only, and "
+            "`flask distlimit inspect` finds no counter another process made (run the inspect "
+            "line that `python -m example_app` prints: it carries the launch's secret)"
+        )
     # The token signing key, derived so that SECRET_KEY never signs two kinds of data.
     secret = str(app.config["SECRET_KEY"]).encode()
     jwt_key = hmac.new(secret, b"example-app jwt", hashlib.sha256).hexdigest()

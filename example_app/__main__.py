@@ -6,6 +6,10 @@ Storage, in this order:
 2. else a private ``redis-server`` on a free loopback port, when one is installed (stopped on exit);
 3. else ``memory://``: every worker then keeps its own counters, which the launcher says plainly.
 
+It prints the ``flask distlimit inspect`` command that sees the workers' counters: the CLI needs
+the same storage and the same secret (``EXAMPLE_SECRET_KEY``, which keys the identity digests in
+the storage keys), and both can change at each launch.
+
 Ctrl-C or SIGTERM stops gunicorn and then the private Redis.
 """
 
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -112,6 +117,26 @@ def choose_storage(env: dict[str, str]) -> PrivateRedis | None:
     return None
 
 
+def inspect_command(env: dict[str, str], *, secret_given: bool, url_given: bool) -> str:
+    """What to run in another terminal to see this launch's counters (one line of shell).
+
+    A secret or URL the caller set is not printed (it is theirs, and may hold a password):
+    the line then names the variable instead, to be set in that terminal too.
+    """
+    url = env["DISTLIMIT_STORAGE_URL"]
+    if url == "memory://":
+        return (
+            "flask distlimit inspect cannot see the workers' counters: with memory:// each "
+            "worker keeps its own, in its own memory."
+        )
+    secret = '"$EXAMPLE_SECRET_KEY"' if secret_given else env["EXAMPLE_SECRET_KEY"]
+    shown_url = '"$DISTLIMIT_STORAGE_URL"' if url_given else shlex.quote(url)
+    return (
+        f"EXAMPLE_SECRET_KEY={secret} DISTLIMIT_STORAGE_URL={shown_url} "
+        "flask --app example_app:create_app distlimit inspect ip:127.0.0.1"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m example_app",
@@ -127,9 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     env = dict(os.environ)
-    # Every worker must verify the tokens any other worker issued, and count an API key under
-    # the same digest: one secret per launch, shared by all workers.
-    env.setdefault("EXAMPLE_SECRET_KEY", secrets.token_hex(32))
+    secret_given = bool(env.get("EXAMPLE_SECRET_KEY"))
+    url_given = bool(env.get("DISTLIMIT_STORAGE_URL"))
+    # Every worker must verify the tokens any other worker issued, and count an API key and a
+    # client under the same digests: one secret per launch, shared by all workers (and printed
+    # below for the CLI, which must count the same way to find the workers' counters).
+    if not secret_given:
+        env["EXAMPLE_SECRET_KEY"] = secrets.token_hex(32)
     private = choose_storage(env)
     base = f"http://{args.host}:{args.port}"
     say(
@@ -138,7 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         f"    curl -X POST {base}/token -H 'Content-Type: application/json' \\\n"
         f'         -d \'{{"account": "alice", "password": "alice-pw"}}\'\n'
         f"    curl {base}/orders -H 'X-Api-Key: pro-demo-key'\n"
-        f"    curl {base}/downstream                     # how often the handlers really ran"
+        f"    curl {base}/downstream                     # how often the handlers really ran\n"
+        "  the counters, from another terminal in this directory (this launch's storage and "
+        "secret):\n"
+        f"    {inspect_command(env, secret_given=secret_given, url_given=url_given)}"
     )
     command = [
         sys.executable, "-m", "gunicorn",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._version import __version__
 from .algorithms import ALGORITHMS, Algorithm
 from .current_limits import RequestLimit
 from .decision import Check, Decision, Evaluation
@@ -45,5 +46,6 @@ __all__ = [
     "StorageReplyLost",
     "StorageResponseError",
     "StorageUnavailable",
+    "__version__",
     "parse_rates",
 ]

@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -195,59 +196,181 @@ def _alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
 
 
-@pytest.mark.gunicorn
-@pytest.mark.redis
-@pytest.mark.slow
-def test_readme_command_runs_gunicorn_on_a_private_redis(tmp_path: Path) -> None:
+@dataclass
+class Launched:
+    """The README's first command, running: ``python -m example_app`` on a free port."""
+
+    process: subprocess.Popen[bytes]
+    base: str
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+
+@contextlib.contextmanager
+def launched(tmp_path: Path, *, workers: int = 3, threads: int = 2) -> Iterator[Launched]:
+    """Start the launcher as a user would (no DISTLIMIT_/EXAMPLE_ variables), wait until every
+    worker answers, and stop it with SIGTERM at the end (anything left in its process group is
+    killed)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTLIMIT_", "EXAMPLE_"))}
     log_path = tmp_path / "launcher.log"
     with log_path.open("wb") as log:
-        launcher = subprocess.Popen(
-            [sys.executable, "-m", "example_app", "--port", str(port), "--workers", "3",
-             "--threads", "2"],
+        process = subprocess.Popen(
+            [sys.executable, "-m", "example_app", "--port", str(port), "--workers",
+             str(workers), "--threads", str(threads)],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    redis_pid = None
+    running = Launched(process, f"http://127.0.0.1:{port}", log_path)
     try:
         deadline = time.monotonic() + 60
         while True:
-            assert launcher.poll() is None, log_path.read_text()
+            assert process.poll() is None, running.log()
             try:
-                if _get(f"{base}/health")[0] == 200:
+                if _get(f"{running.base}/health")[0] == 200:
                     break
             except OSError:
                 pass
-            assert time.monotonic() < deadline, log_path.read_text()
+            assert time.monotonic() < deadline, running.log()
             time.sleep(0.2)
-        found = re.search(r"private redis-server \(pid (\d+)\)", log_path.read_text())
-        assert found, log_path.read_text()
-        redis_pid = int(found[1])
         boot_deadline = time.monotonic() + 30
-        while log_path.read_text().count("Booting worker") < 3:
-            assert time.monotonic() < boot_deadline, log_path.read_text()
+        while running.log().count("Booting worker") < workers:
+            assert time.monotonic() < boot_deadline, running.log()
             time.sleep(0.2)
+        yield running
+    finally:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # anything left in its process group
+
+
+@pytest.mark.gunicorn
+@pytest.mark.redis
+@pytest.mark.slow
+def test_readme_command_runs_gunicorn_on_a_private_redis(tmp_path: Path) -> None:
+    with launched(tmp_path) as running:
+        found = re.search(r"private redis-server \(pid (\d+)\)", running.log())
+        assert found, running.log()
+        redis_pid = int(found[1])
         # Several workers, one shared count: exactly the anonymous tier's 20 pass. The example
-        # counts with a sliding window counter, which admits a little more when a burst straddles
-        # a minute (the previous window's count is weighted down): burst within one minute.
+        # counts with a sliding window counter, which admits a little more when a burst
+        # straddles a minute (the previous window's count is weighted down): burst within one
+        # minute.
         into_minute = time.time() % 60
         if into_minute > 45:
             time.sleep(60.5 - into_minute)
-        codes = [_get(f"{base}/catalogue")[0] for _ in range(24)]
+        codes = [_get(f"{running.base}/catalogue")[0] for _ in range(24)]
         assert codes.count(200) == 20 and codes.count(429) == 4, codes
-        status, downstream = _get(f"{base}/downstream")
+        status, downstream = _get(f"{running.base}/downstream")
         assert status == 200
         assert downstream["shared"] is True
         assert downstream["counts"] == {"catalogue": 20}
-    finally:
-        if launcher.poll() is None:
-            os.kill(launcher.pid, signal.SIGTERM)
-        try:
-            launcher.wait(timeout=30)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(launcher.pid, signal.SIGKILL)  # anything left in its process group
-    assert launcher.returncode == 0, log_path.read_text()
-    assert "stopped the private redis-server" in log_path.read_text()
-    assert redis_pid is not None and not _alive(redis_pid)
+    assert running.process.returncode == 0, running.log()
+    assert "stopped the private redis-server" in running.log()
+    assert not _alive(redis_pid)
+
+
+def readme_commands(base: str) -> list[str]:
+    """The shell commands of example_app/README.md's "Try it" block, continuation lines joined,
+    aimed at ``base`` instead of localhost:8000."""
+    text = (ROOT / "example_app" / "README.md").read_text()
+    block = text[text.index("Try it") : text.index("and look at the counters")]
+    commands: list[str] = []
+    pending = ""
+    for line in block.splitlines():
+        if not line.startswith("    "):
+            continue
+        pending += line.strip()
+        if pending.endswith("\\"):
+            pending = pending[:-1] + " "
+            continue
+        commands.append(pending.replace("localhost:8000", base.removeprefix("http://")))
+        pending = ""
+    assert len(commands) >= 5, commands
+    return commands
+
+
+def _shell_env() -> dict[str, str]:
+    """The README's commands run ``python`` and ``flask``: this interpreter's, first on PATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTLIMIT_", "EXAMPLE_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def _run_in_one_shell(commands: list[str]) -> list[str]:
+    """Run ``commands`` in one bash, in order (a variable set by one is seen by the next);
+    answer each one's output, stderr included, with its exit status last."""
+    script = "exec 2>&1\n" + "".join(
+        f"echo '>>> {i}'\n{c}\necho \"\n<<< $?\"\n" for i, c in enumerate(commands)
+    )
+    result = subprocess.run(
+        ["bash", "-c", script], cwd=ROOT, env=_shell_env(), capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    combined = result.stdout + result.stderr
+    outputs = re.split(r">>> \d+\n", result.stdout)[1:]
+    assert len(outputs) == len(commands), combined
+    assert "Traceback" not in combined and "KeyError" not in combined, combined
+    return outputs
+
+
+@pytest.mark.gunicorn
+@pytest.mark.redis
+@pytest.mark.slow
+def test_readme_commands_work_in_any_order_and_inspect_finds_the_counters(
+    tmp_path: Path,
+) -> None:
+    with launched(tmp_path, workers=2, threads=2) as running:
+        commands = readme_commands(running.base)
+        token_line = next(i for i, c in enumerate(commands) if c.startswith("TOKEN="))
+        forward = _run_in_one_shell(commands)
+        assert '"client":"user:bob"' in forward[token_line + 1].replace(" ", ""), forward
+        assert "429" in forward[-2], forward  # the loop met the anonymous tier
+        # Backwards: the loop spends the address's quota before the token is asked for, and
+        # the orders line runs with no token at all. Each says why, none crashes.
+        backward = _run_in_one_shell(commands[::-1])[::-1]
+        assert "retry in" in backward[token_line], backward
+        # No token: counted as anonymous, whose quota is spent; the problem document says so.
+        assert '"detail":' in backward[token_line + 1], backward
+        # The inspect line the launcher printed finds the counters those requests made.
+        printed = running.log().split("the counters, from another terminal", 1)[1]
+        inspect = next(line.strip() for line in printed.splitlines() if "distlimit inspect" in line)
+        readme = (ROOT / "example_app" / "README.md").read_text()
+        assert inspect.endswith("flask --app example_app:create_app distlimit inspect ip:127.0.0.1")
+        assert "flask --app example_app:create_app distlimit inspect ip:127.0.0.1" in readme
+        seen = subprocess.run(
+            ["bash", "-c", inspect], cwd=ROOT, env=_shell_env(), capture_output=True,
+            text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert seen.returncode == 0, seen.stdout + seen.stderr
+        assert "no counters stored" not in seen.stdout, seen.stdout
+        assert "tier-anonymous" in seen.stdout, seen.stdout
+
+
+def test_launcher_prints_no_secret_or_url_it_was_given() -> None:
+    from example_app.__main__ import inspect_command
+
+    env = {"DISTLIMIT_STORAGE_URL": "redis://:hunter2@10.0.0.1:6379/0", "EXAMPLE_SECRET_KEY": "s3"}
+    line = inspect_command(env, secret_given=True, url_given=True)
+    assert "hunter2" not in line and "s3" not in line
+    assert line.startswith('EXAMPLE_SECRET_KEY="$EXAMPLE_SECRET_KEY" DISTLIMIT_STORAGE_URL=')
+    made = inspect_command(
+        {"DISTLIMIT_STORAGE_URL": "redis://127.0.0.1:7000/0", "EXAMPLE_SECRET_KEY": "ab12"},
+        secret_given=False,
+        url_given=False,
+    )
+    assert made.startswith(
+        "EXAMPLE_SECRET_KEY=ab12 DISTLIMIT_STORAGE_URL=redis://127.0.0.1:7000/0 "
+    )
+    memory = inspect_command(
+        {"DISTLIMIT_STORAGE_URL": "memory://", "EXAMPLE_SECRET_KEY": "ab12"},
+        secret_given=False,
+        url_given=False,
+    )
+    assert "cannot see" in memory
