@@ -13,6 +13,11 @@ One small hierarchy; catch the branch you can act on::
           │    │                     sent (a CLIENT KILL, an idle timeout, a proxy reset) but a
           │    │                     fresh connection answers: the store is up. The failure
           │    │                     policy answers this request; the breaker is not told.
+          │    ├── StorageFull        the store is up but refuses writes: out of memory (OOM
+          │    │                     under maxmemory with noeviction) or unable to persist
+          │    │                     (MISCONF). Not an outage (the breaker hears an answer);
+          │    │                     the request is decided at the local share, never
+          │    │                     admitted unlimited (docs/failure-modes.md, "Memory").
           │    └── StorageMisconfigured   the store refuses us: NOPERM (ACL), WRONGPASS or NOAUTH
           │                               (credentials), a database index out of range, an
           │                               unknown command (scripting disabled). An outage until
@@ -31,6 +36,7 @@ __all__ = [
     "ConfigurationError",
     "DistLimitError",
     "StorageError",
+    "StorageFull",
     "StorageMisconfigured",
     "StorageReplyLost",
     "StorageResponseError",
@@ -66,6 +72,21 @@ class StorageReplyLost(StorageUnavailable):
     without engaging the fallback). It is not an outage, so the circuit breaker is not told: a
     ``CLIENT KILL`` that cuts every connection in flight at once, an idle timeout or a proxy
     reset must not switch the limiter to its failure policy for a whole reset timeout.
+    """
+
+
+class StorageFull(StorageUnavailable):
+    """The storage is up and answers, but refuses to write: out of memory (``OOM command not
+    allowed when used memory > 'maxmemory'``, under ``maxmemory-policy noeviction``) or unable
+    to persist (``MISCONF``).
+
+    Another client's keys may have filled it, so this is neither an outage of the node (the
+    circuit breaker hears an answer and stays closed for every other request) nor a reason to
+    admit anyone: whatever the failure policy, the request is decided by the local fallback at
+    this process's share of each limit (``"closed"`` answers 503, as it does for an outage);
+    under policy ``"open"`` the local shares keep counting until the keys they decided are
+    handed back. A subclass of :class:`StorageUnavailable`, so code that knows only outages
+    still never admits on it without a policy. Logged at WARNING at most once a minute.
     """
 
 
