@@ -6,6 +6,7 @@ from .algorithms import ALGORITHMS, Algorithm
 from .current_limits import RequestLimit
 from .decision import Check, Decision, Evaluation
 from .errors import (
+    ClearedAddressWarning,
     ConfigurationError,
     DistLimitError,
     StorageError,
@@ -29,6 +30,7 @@ __all__ = [
     "Algorithm",
     "Breach",
     "Check",
+    "ClearedAddressWarning",
     "ConcurrencyLimitExceeded",
     "ConfigurationError",
     "Decision",

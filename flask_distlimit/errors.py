@@ -25,6 +25,10 @@ One small hierarchy; catch the branch you can act on::
           └── StorageResponseError   the store answered, but with an error: a bug in a script or
                                      bad data. Never counted as an outage, never swallowed.
 
+One warning, a ``UserWarning``: :class:`ClearedAddressWarning`, when ``limiter.clear(name)``
+deletes a counter keyed on the client's address (anyone behind that address, an attacker with
+an account of their own included, could then reset it).
+
 A denied request is not an exception of this tree: it is
 :class:`flask_distlimit.problem.RateLimitExceeded`, a werkzeug ``TooManyRequests`` subclass, so
 ordinary Flask error handling (``@app.errorhandler(429)``) applies to it.
@@ -33,6 +37,7 @@ ordinary Flask error handling (``@app.errorhandler(429)``) applies to it.
 from __future__ import annotations
 
 __all__ = [
+    "ClearedAddressWarning",
     "ConfigurationError",
     "DistLimitError",
     "StorageError",
@@ -97,6 +102,18 @@ class StorageMisconfigured(StorageUnavailable):
     Handled as an outage (the breaker counts it, the failure policy answers the request), and
     logged at ERROR at most once a minute per process; the message names the server's answer
     and the fix.
+    """
+
+
+class ClearedAddressWarning(UserWarning):
+    """``limiter.clear(name)`` deleted a counter keyed on the client's address (the request's
+    own identity of an anonymous client, or a ``key_func`` answering the address).
+
+    Whoever succeeds from that address resets the count for everyone behind it: a login limit
+    counted per address and cleared on success lets anyone with an account of their own try 5
+    wrong passwords, log in, and try 5 more, without end. Clear only what is keyed on the
+    authenticated account (``key_func`` = the account name), and keep an address limit that is
+    never cleared (docs/limits.md, "Counting only some responses").
     """
 
 
