@@ -8,7 +8,7 @@ others. Real redis-server processes with ``maxmemory`` set, started here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -18,14 +18,16 @@ from redis import exceptions as rx
 from flask_distlimit import Limiter, StorageFull, StorageUnavailable
 from flask_distlimit.decision import Check
 from flask_distlimit.guard import Guard
+from flask_distlimit.storage.cluster import ClusterStorage
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.storage.translate import storage_error
 from flask_distlimit.testing import FakeClock
-from tests.servers import RedisProcess, start_redis
+from tests.servers import ClusterServers, RedisProcess, start_redis
 
 pytestmark = pytest.mark.redis
 
 SECRET = "memory-test-secret-" + "x" * 20
+NOW_US = 1_700_000_040_000_000
 
 
 def fill(client: redis.Redis, prefix: str = "filler") -> int:
@@ -180,5 +182,40 @@ def test_refused_writes_log_one_warning_a_minute(
         lines = [r for r in caplog.records if "refuses writes" in r.getMessage()]
         assert len(lines) == 2
         assert guard.breaker.state == "closed" and guard.breaker.failures == 0
+    finally:
+        storage.close()
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_one_full_cluster_shard_is_decided_locally_and_the_others_by_redis(
+    cluster_factory: Callable[..., ClusterServers],
+) -> None:
+    """On a Redis Cluster one full primary refuses its slot groups' writes: those checks are
+    decided at the local share (policy open), the other shards' exactly, and no breaker opens."""
+    cluster = cluster_factory(primaries=3, replicas=0)
+    full = Check("ratelimit:{a}:r_x_3/60:fixed_window", "fixed_window", 3, 60, 1)
+    other = next(
+        Check(f"ratelimit:{{{t}}}:r_x_3/60:fixed_window", "fixed_window", 3, 60, 1)
+        for t in "bcdefghijklmnop"
+        if cluster.primary_for(f"ratelimit:{{{t}}}:x").port
+        != cluster.primary_for("ratelimit:{a}:x").port
+    )
+    node = cluster.primary_for("ratelimit:{a}:x").client()
+    node.config_set("maxmemory-policy", "noeviction")
+    node.config_set("maxmemory", str(int(node.info("memory")["used_memory"]) + 200_000))
+    fill(node, prefix="{a}")  # keys in the slot of the checks on {a}
+    node.close()
+    now = [1_000.0]
+    storage = ClusterStorage(cluster.startup_nodes, timeout=2.0)
+    guard = Guard(storage, policy="open", clock=lambda: now[0])
+    try:
+        on_full = [guard.evaluate([full], now_us=NOW_US) for _ in range(6)]
+        assert [o.evaluation.allowed for o in on_full if o.evaluation] == [True] * 3 + [False] * 3
+        assert all(o.degraded for o in on_full)
+        on_other = [guard.evaluate([other], now_us=NOW_US) for _ in range(4)]
+        assert [o.degraded for o in on_other] == [False] * 4
+        assert [o.evaluation.allowed for o in on_other if o.evaluation] == [True] * 3 + [False]
+        assert all(b.state == "closed" and b.failures == 0 for b in guard.breakers.all())
     finally:
         storage.close()
