@@ -62,8 +62,9 @@ log = logging.getLogger(__name__)
 #: every ``volatile-*`` eviction policy, and its loss keys every client two ways.
 SHARED_KEY_TTL: Final = 0
 #: Seconds between two reads of the storage-kept key by one process: how long two processes can
-#: key a client two ways after the key was lost (``FLUSHALL``, ``allkeys-*`` eviction).
-REFRESH_INTERVAL: Final = 60.0
+#: key a client two ways after the key was lost (``FLUSHALL``, ``allkeys-*`` eviction). The
+#: instance heartbeat's pace: one small script call per process every 5 s, riding on a request.
+REFRESH_INTERVAL: Final = 5.0
 #: Seconds before a process that could not read the storage-kept key tries again.
 RETRY_INTERVAL: Final = 5.0
 

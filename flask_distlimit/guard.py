@@ -891,9 +891,11 @@ class Guard:
         if logging_now:
             log.warning(
                 "Rate-limit storage %s refuses writes, so requests are decided at each "
-                "process's local share of their limits (503 under policy \"closed\") until it "
-                "has room; its breaker stays closed (logged at most once a minute): %s",
+                "process's local share of their limits (limit / %d, DISTLIMIT_INSTANCES; 503 "
+                "under policy \"closed\") until it has room; its breaker stays closed (logged at "
+                "most once a minute): %s",
                 self.name,
+                self.instances.divisor,
                 exc,
             )
         return "closed" if chosen == "closed" else "local"
