@@ -7,9 +7,11 @@ from .algorithms import ALGORITHMS, Algorithm
 from .current_limits import RequestLimit
 from .decision import Check, Decision, Evaluation
 from .errors import (
+    ClearedAddressWarning,
     ConfigurationError,
     DistLimitError,
     StorageError,
+    StorageFull,
     StorageMisconfigured,
     StorageReplyLost,
     StorageResponseError,
@@ -29,6 +31,7 @@ __all__ = [
     "Algorithm",
     "Breach",
     "Check",
+    "ClearedAddressWarning",
     "ConcurrencyLimitExceeded",
     "ConfigurationError",
     "Decision",
@@ -42,6 +45,7 @@ __all__ = [
     "RateLimitUnavailable",
     "RequestLimit",
     "StorageError",
+    "StorageFull",
     "StorageMisconfigured",
     "StorageReplyLost",
     "StorageResponseError",

@@ -28,10 +28,17 @@ name is ``name``, or ``name`` without its rate (``"login"`` clears ``"login:5/mi
 keys it deleted: 0 when no such limit was counted for the request (limits disabled, the storage
 down under policy ``open``, an ``exempt_when`` that skipped it). A name that none of the
 request's limits has (a typo) raises :class:`ValueError` listing them.
+
+Clearing a counter keyed on the client's **address** (an anonymous client's own identity, or a
+``key_func`` that answers the address) warns, :class:`~flask_distlimit.errors.ClearedAddressWarning`
+(a ``UserWarning``, shown once per call site by Python's default filter): everyone behind that
+address shares it, so one who can succeed (an attacker with an account of their own) resets it
+for all. Clear what is keyed on the authenticated account; keep an address limit uncleared.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
@@ -39,6 +46,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from flask import has_request_context, request
 
 from .algorithms import CONCURRENCY
+from .errors import ClearedAddressWarning
 from .limits import Rate
 
 if TYPE_CHECKING:
@@ -168,6 +176,7 @@ def clear(state: LimiterState, name: str) -> int:
             "without its rate."
         )
     keys = sorted({e.check.key for e in found})
+    _warn_if_address(state, name, keys)
     if data is not None:
         for key in keys:
             data.deferred.pop(key, None)
@@ -176,3 +185,29 @@ def clear(state: LimiterState, name: str) -> int:
             state.deny_cache.forget(key)
     state.enforcer.leases.drop(keys)  # units leased from the counts deleted below
     return state.storage.delete(keys)
+
+
+def _tag_of(key: str) -> str:
+    start, end = key.find("{"), key.find("}")
+    return key[start + 1 : end] if 0 <= start < end else ""
+
+
+def _warn_if_address(state: LimiterState, name: str, keys: Sequence[str]) -> None:
+    """Warn when a key to clear is the client address's: its tag is that of the request's
+    address, as its own identity (``ip:<address>``) or as a ``key_func`` value (``func:<address>``,
+    e.g. ``lambda: request.remote_addr``)."""
+    address = state.resolver.client_ip(request.environ)  # "ip:<address>"
+    bare = address.removeprefix("ip:")
+    tags = {state.identity_tag(address), state.identity_tag(f"func:{bare}")}
+    if request.remote_addr:
+        tags.add(state.identity_tag(f"func:{request.remote_addr}"))
+    if any(_tag_of(key) in tags for key in keys):
+        warnings.warn(
+            f"limiter.clear({name!r}) deletes a counter keyed on the client's address: whoever "
+            "succeeds from that address resets it for everyone behind it (an attacker with an "
+            "account of their own could try, log in, and try again without end). Key the limit "
+            "you clear on the authenticated account (key_func=...), and keep an address limit "
+            "that is never cleared (docs/limits.md, 'Counting only some responses').",
+            ClearedAddressWarning,
+            stacklevel=3,
+        )

@@ -9,16 +9,24 @@ is, by order of preference:
 1. derived from ``DISTLIMIT_API_KEY_SECRET``, else the app's ``SECRET_KEY``:
    ``HMAC-SHA256(secret, "flask-distlimit identity-tag")`` (never the same key as the API-key
    digests'). No storage round trip. Changing the secret restarts every counter;
-2. else a random value the storage keeps for the deployment, at ``<prefix>:identity-digest-key``:
-   the first process to ask sets it (``SET NX``), every process reads it, and each one refreshes
-   its time to live (:data:`SHARED_KEY_TTL`, longer than the longest rate period) at most every
-   :data:`REFRESH_INTERVAL` seconds, riding on a request (no background thread). Should the key
-   vanish (a flushed Redis), the next refresh writes the value every running process holds back,
-   and a process that finds another value there adopts it. Until a process has read the value
-   (the storage down at start-up, or refusing the limiter), it tags with a key of its own and
-   tries again every :data:`RETRY_INTERVAL` seconds: its requests then fall to the failure
-   policy anyway, or are counted in buckets of their own for those seconds. ``memory://`` keeps
-   the value in the process (one per storage object), as it keeps everything else.
+2. else a random value the storage keeps for the deployment, at ``<prefix>:identity-digest-key``,
+   with **no TTL** (:data:`SHARED_KEY_TTL` is 0): it never expires, and no ``volatile-*``
+   eviction policy (nor ``noeviction``) ever evicts it, however full client-made keys make the
+   server. (It used to live 400 days with a TTL: under ``volatile-lru`` it was evicted after
+   1,476 requests, a process started afterwards wrote a new one, and every limit counted each
+   client twice until the hourly refresh; a TTL'd key left by an older version is made
+   persistent by the first read.) The first process to ask sets it (``SET NX``), every process
+   reads it, and each one reads it again at most every :data:`REFRESH_INTERVAL` seconds, riding
+   on a request (no background thread). Should the key vanish all the same (``FLUSHALL``, an
+   ``allkeys-*`` eviction policy, a restart without persistence: all of which lose the counters
+   too), the next read writes back the value every running process holds, and a process that
+   finds another value there adopts it, so two values live side by side for at most
+   :data:`REFRESH_INTERVAL` seconds. Until a process has read the value (the storage down at
+   start-up, or refusing the limiter), it tags with a key of its own and tries again every
+   :data:`RETRY_INTERVAL` seconds: its requests then fall to the failure policy anyway, or are
+   counted in buckets of their own for those seconds. A WARNING at start-up says that no secret
+   is set. ``memory://`` keeps the value in the process (one per storage object), as it keeps
+   everything else.
 
 Tags of identities up to 128 characters are cached (4096 per app): most requests come from
 clients seen before, and a cached tag costs a dictionary look-up.
@@ -50,11 +58,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Seconds the storage keeps an unrefreshed digest key: 400 days, more than the longest rate
-#: period (366 days), so the key outlives every counter tagged with it.
-SHARED_KEY_TTL: Final = 400 * 86400
-#: Seconds between two refreshes of the storage-kept key by one process.
-REFRESH_INTERVAL: Final = 3600.0
+#: The time to live of the storage-kept digest key: 0, none. A key with a TTL is a candidate for
+#: every ``volatile-*`` eviction policy, and its loss keys every client two ways.
+SHARED_KEY_TTL: Final = 0
+#: Seconds between two reads of the storage-kept key by one process: how long two processes can
+#: key a client two ways after the key was lost (``FLUSHALL``, ``allkeys-*`` eviction). The
+#: instance heartbeat's pace: one small script call per process every 5 s, riding on a request.
+REFRESH_INTERVAL: Final = 5.0
 #: Seconds before a process that could not read the storage-kept key tries again.
 RETRY_INTERVAL: Final = 5.0
 
@@ -127,6 +137,17 @@ class IdentityTags:
         self._cached: Callable[[str], str] = functools.lru_cache(maxsize=_CACHE_SIZE)(self._digest)
         #: ``tag(identity text) -> 20 hex characters``
         self.tag: Callable[[str], str] = self._tag if secret is not None else self._kept_tag
+        if secret is None and storage is not None and storage.scheme != "memory":
+            log.warning(
+                "Neither DISTLIMIT_API_KEY_SECRET nor SECRET_KEY is set, so the identity digests "
+                "are keyed with a random value kept in Redis at %r (no TTL). Redis must never "
+                "evict it (maxmemory-policy noeviction, or volatile-*; never allkeys-*): if it "
+                "is lost, processes key each client two ways for up to %.0f s. Set SECRET_KEY "
+                "(or DISTLIMIT_API_KEY_SECRET), the same in every process, to derive the key "
+                "from it instead (docs/identity.md, \"Keyed digests\").",
+                self.storage_key,
+                REFRESH_INTERVAL,
+            )
 
     @classmethod
     def fixed(cls, secret: bytes) -> IdentityTags:

@@ -12,9 +12,14 @@ tier -> limit string.
   It answers a limit string (``"100/minute"``, ``"10/second;1000/hour"``), or ``None`` / ``""``
   for "no limit for this identity". An exception, or an answer that is none of these (not a
   string, a string that is no limit, a rate the limit's algorithm cannot enforce, more rates
-  than a request may carry), is logged at ERROR (once per identity and TTL, as the answer is
-  kept) and the limit's ``fallback`` applies: the limit string given with
-  ``limiter.limit(func, fallback="10/minute")``, else no limit. Never a 500.
+  than a request may carry), is logged at ERROR and the limit's ``fallback`` applies: the limit
+  string given with ``limiter.limit(func, fallback="10/minute")``, else no limit. Never a 500.
+  The ERROR line comes at most once every :data:`LOG_INTERVAL` seconds per limit (with the
+  count of failures since the last one), not once per identity: fresh identities cost nothing
+  to make, so a client could otherwise have every request log one. The exception's text, which
+  may quote what the client sent (a header, a tenant id), is logged escaped (:func:`log_text`:
+  ``repr``, so a newline or an ANSI escape cannot forge a log line) and cut to
+  :data:`LOG_TEXT_MAX` characters.
 - A **mapping** is read at declaration (every value parsed then; a bad one raises
   :class:`~flask_distlimit.errors.ConfigurationError`) and resolved against the request's tier
   (:mod:`flask_distlimit.identity.tiers`); a tier missing from it takes the ``"*"`` entry, and
@@ -41,7 +46,17 @@ from .algorithms import MAX_LIMITS_PER_REQUEST, Algorithm, check_rate
 from .errors import ConfigurationError
 from .limits import Rate, parse_rates
 
-__all__ = ["ANY_TIER", "DynamicLimit", "DynamicValue", "LimitSource", "read_value", "ttl_us"]
+__all__ = [
+    "ANY_TIER",
+    "LOG_INTERVAL",
+    "LOG_TEXT_MAX",
+    "DynamicLimit",
+    "DynamicValue",
+    "LimitSource",
+    "log_text",
+    "read_value",
+    "ttl_us",
+]
 
 log = logging.getLogger("flask_distlimit")
 
@@ -49,6 +64,22 @@ log = logging.getLogger("flask_distlimit")
 ANY_TIER: Final = "*"
 #: Answers kept per dynamic limit (identities); emptied when full.
 _KEPT: Final = 10_000
+#: Seconds (of the request clock) between two ERROR lines of one dynamic limit.
+LOG_INTERVAL: Final = 60.0
+#: The most characters of an exception's text, or of a tier, that a log line quotes.
+LOG_TEXT_MAX: Final = 200
+_US: Final = 1_000_000
+
+
+def log_text(value: object, limit: int = LOG_TEXT_MAX) -> str:
+    """``value`` as a log line may quote it when a client may have chosen it: ``repr`` of its
+    text cut to ``limit`` characters (with ``...`` and the full length), so control
+    characters, newlines and ANSI escapes come out escaped and a line stays short."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > limit:
+        return repr(text[:limit]) + f"... ({len(text)} characters)"
+    return repr(text)
+
 
 #: A limit value: a limit string, a callable answering one, or a mapping tier -> limit string.
 LimitSource = str | Callable[[], object] | Mapping[str, str]
@@ -152,7 +183,16 @@ class DynamicLimit(Generic[B]):
     """One dynamic value bound to one route (or scope): resolves it per request and keeps the
     answers per identity and the bound limits per value. ``make`` binds rates."""
 
-    __slots__ = ("_answers", "_made", "algorithm", "make", "name", "value")
+    __slots__ = (
+        "_answers",
+        "_logged_at",
+        "_made",
+        "_unlogged",
+        "algorithm",
+        "make",
+        "name",
+        "value",
+    )
 
     def __init__(
         self,
@@ -168,6 +208,19 @@ class DynamicLimit(Generic[B]):
         self.name = name
         self._answers: dict[str, tuple[int, tuple[Rate, ...]]] = {}
         self._made: dict[tuple[Rate, ...], tuple[B, ...]] = {}
+        self._logged_at: int | None = None  # now_us of the last ERROR line
+        self._unlogged = 0  # failures since then, not logged
+
+    def _may_log(self, now_us: int) -> int | None:
+        """``None`` when an ERROR line was logged less than :data:`LOG_INTERVAL` seconds ago
+        (the failure is counted), else the failures left unlogged since the last line."""
+        last = self._logged_at
+        if last is not None and 0 <= now_us - last < LOG_INTERVAL * _US:
+            self._unlogged += 1
+            return None
+        self._logged_at = now_us
+        skipped, self._unlogged = self._unlogged, 0
+        return skipped
 
     def _bound(self, rates: tuple[Rate, ...]) -> tuple[B, ...]:
         made = self._made.get(rates)
@@ -187,18 +240,21 @@ class DynamicLimit(Generic[B]):
             found = table.get(tier or ANY_TIER)
             rates = found if found is not None else table.get(ANY_TIER, ())
             if len(rates) > room:  # init_app counted the largest value: only a carried wrapper
-                log.error(
-                    "The rate limit %s has %d rates for tier %r where the request has room for "
-                    "%d; the first %d apply.",
-                    self.name, len(rates), tier, room, room,
-                )  # fmt: skip
+                skipped = self._may_log(now_us)
+                if skipped is not None:
+                    log.error(
+                        "The rate limit %s has %d rates for tier %s where the request has room "
+                        "for %d; the first %d apply (logged at most once a minute; %d since the "
+                        "last line).",
+                        self.name, len(rates), log_text(tier), room, room, skipped,
+                    )  # fmt: skip
                 rates = rates[:room]
             return self._bound(rates) if rates else ()
         kept = self._answers.get(tag)
         if kept is not None and kept[0] > now_us:
             rates = kept[1]
         else:
-            rates = self._ask(room)
+            rates = self._ask(room, now_us)
             if ttl_us > 0:
                 if len(self._answers) >= _KEPT:
                     self._answers.clear()
@@ -207,7 +263,7 @@ class DynamicLimit(Generic[B]):
             rates = self.value.fallback[:room]
         return self._bound(rates) if rates else ()
 
-    def _ask(self, room: int) -> tuple[Rate, ...]:
+    def _ask(self, room: int, now_us: int) -> tuple[Rate, ...]:
         source = self.value.source
         assert source is not None
         try:
@@ -222,13 +278,16 @@ class DynamicLimit(Generic[B]):
             return rates
         except Exception as exc:  # the app's code: any failure falls back, never a 500
             fallback = self.value.fallback
-            log.error(
-                "The limit value %s of the rate limit %s failed (%s: %s); using its fallback "
-                "%s until it is asked again. Return a limit string such as '100/minute', or "
-                "None for no limit.",
-                self.value.described, self.name, type(exc).__name__, exc,
-                ";".join(map(str, fallback)) or "(no limit)",
-            )  # fmt: skip
+            skipped = self._may_log(now_us)
+            if skipped is not None:
+                log.error(
+                    "The limit value %s of the rate limit %s failed (%s: %s); using its "
+                    "fallback %s until it is asked again. Return a limit string such as "
+                    "'100/minute', or None for no limit. (Logged at most once a minute per "
+                    "limit; %d failure(s) since the last line.)",
+                    self.value.described, self.name, type(exc).__name__, log_text(exc),
+                    ";".join(map(str, fallback)) or "(no limit)", skipped,
+                )  # fmt: skip
             return fallback
 
 

@@ -13,12 +13,21 @@ One small hierarchy; catch the branch you can act on::
           │    │                     sent (a CLIENT KILL, an idle timeout, a proxy reset) but a
           │    │                     fresh connection answers: the store is up. The failure
           │    │                     policy answers this request; the breaker is not told.
+          │    ├── StorageFull        the store is up but refuses writes: out of memory (OOM
+          │    │                     under maxmemory with noeviction) or unable to persist
+          │    │                     (MISCONF). Not an outage (the breaker hears an answer);
+          │    │                     the request is decided at the local share, never
+          │    │                     admitted unlimited (docs/failure-modes.md, "Memory").
           │    └── StorageMisconfigured   the store refuses us: NOPERM (ACL), WRONGPASS or NOAUTH
           │                               (credentials), a database index out of range, an
           │                               unknown command (scripting disabled). An outage until
           │                               the configuration is fixed; logged at ERROR with the fix.
           └── StorageResponseError   the store answered, but with an error: a bug in a script or
                                      bad data. Never counted as an outage, never swallowed.
+
+One warning, a ``UserWarning``: :class:`ClearedAddressWarning`, when ``limiter.clear(name)``
+deletes a counter keyed on the client's address (anyone behind that address, an attacker with
+an account of their own included, could then reset it).
 
 A denied request is not an exception of this tree: it is
 :class:`flask_distlimit.problem.RateLimitExceeded`, a werkzeug ``TooManyRequests`` subclass, so
@@ -28,9 +37,11 @@ ordinary Flask error handling (``@app.errorhandler(429)``) applies to it.
 from __future__ import annotations
 
 __all__ = [
+    "ClearedAddressWarning",
     "ConfigurationError",
     "DistLimitError",
     "StorageError",
+    "StorageFull",
     "StorageMisconfigured",
     "StorageReplyLost",
     "StorageResponseError",
@@ -69,6 +80,21 @@ class StorageReplyLost(StorageUnavailable):
     """
 
 
+class StorageFull(StorageUnavailable):
+    """The storage is up and answers, but refuses to write: out of memory (``OOM command not
+    allowed when used memory > 'maxmemory'``, under ``maxmemory-policy noeviction``) or unable
+    to persist (``MISCONF``).
+
+    Another client's keys may have filled it, so this is neither an outage of the node (the
+    circuit breaker hears an answer and stays closed for every other request) nor a reason to
+    admit anyone: whatever the failure policy, the request is decided by the local fallback at
+    this process's share of each limit (``"closed"`` answers 503, as it does for an outage);
+    under policy ``"open"`` the local shares keep counting until the keys they decided are
+    handed back. A subclass of :class:`StorageUnavailable`, so code that knows only outages
+    still never admits on it without a policy. Logged at WARNING at most once a minute.
+    """
+
+
 class StorageMisconfigured(StorageUnavailable):
     """The storage refuses the limiter: bad credentials, missing ACL permissions, a database
     index out of range, or a command the server does not offer (scripting disabled).
@@ -76,6 +102,18 @@ class StorageMisconfigured(StorageUnavailable):
     Handled as an outage (the breaker counts it, the failure policy answers the request), and
     logged at ERROR at most once a minute per process; the message names the server's answer
     and the fix.
+    """
+
+
+class ClearedAddressWarning(UserWarning):
+    """``limiter.clear(name)`` deleted a counter keyed on the client's address (the request's
+    own identity of an anonymous client, or a ``key_func`` answering the address).
+
+    Whoever succeeds from that address resets the count for everyone behind it: a login limit
+    counted per address and cleared on success lets anyone with an account of their own try 5
+    wrong passwords, log in, and try 5 more, without end. Clear only what is keyed on the
+    authenticated account (``key_func`` = the account name), and keep an address limit that is
+    never cleared (docs/limits.md, "Counting only some responses").
     """
 
 

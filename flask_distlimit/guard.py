@@ -41,6 +41,14 @@ still count the request (their limits stay exact) and can deny it. While some pr
 is open, the slot map is reloaded at most every :data:`REDISCOVER_INTERVAL` seconds, so a replica
 promoted in its place gets the slots and a closed breaker of its own.
 
+A refused write (:class:`~flask_distlimit.errors.StorageFull`: Redis out of memory under
+``noeviction``, or ``MISCONF``) is an answer, not an outage: the node's breaker hears a success
+(another client filling Redis must not switch the limiter to its policy for everyone), and the
+request is decided at the local share whatever the policy (``"closed"``: 503). Under ``"open"``,
+requests keep being counted at the local share while the fallback holds keys it decided so
+(:meth:`Guard._chosen`), so nobody gets a share and then a full quota in one window. Logged at
+WARNING at most once every :data:`MISCONFIGURED_LOG_INTERVAL` seconds.
+
 An error reply (:class:`~flask_distlimit.errors.StorageResponseError`: a bug, data the limiter does
 not expect, a Redis-compatible server that runs Lua otherwise) is never counted as an outage (the
 store answered) and never a 500: the failure policy answers the checks it concerns, and one
@@ -67,6 +75,7 @@ from .decision import Check, Decision, Evaluation
 from .errors import (
     ConfigurationError,
     StorageError,
+    StorageFull,
     StorageMisconfigured,
     StorageReplyLost,
     StorageResponseError,
@@ -195,6 +204,8 @@ class Guard:
         self._log_lock = threading.Lock()
         self._refusal_logged_at: float | None = None  # clock() of the last ERROR line
         self._unreadable_logged_at: float | None = None  # the same, for error replies
+        self._full_logged_at: float | None = None  # the same, for refused writes
+        self._full = False  # a refused write was decided locally (until the fallback lets go)
         self._unreadable_count = 0  # error replies answered by the policy (health())
         self._unreadable_last: str | None = None  # the last one, in one line
         # What health() evaluates: cost 0 consumes nothing and writes no key, but needs what a
@@ -299,6 +310,8 @@ class Guard:
         now_us: int | None = None,
     ) -> Outcome:
         """Evaluate ``checks``; ``policy`` overrides the default for one route."""
+        if self._full:
+            policy = self._chosen(policy)
         if self._routed:
             return self._evaluate_routed(checks, policy, now_us)
         breaker = self._breaker
@@ -318,6 +331,11 @@ class Guard:
         started = time.perf_counter() if metrics is not None else 0.0
         try:
             evaluation = self.storage.evaluate(checks, now_us=now_us)
+        except StorageFull as exc:
+            breaker.success()  # the node answered: not an outage
+            if metrics is not None:
+                metrics.storage_call(time.perf_counter() - started)
+            return self._degraded(checks, self._refused_write(exc, policy), now_us)
         except StorageUnavailable as exc:
             if metrics is not None:
                 metrics.storage_call(time.perf_counter() - started)
@@ -375,7 +393,7 @@ class Guard:
         self, checks: Sequence[Check], policy: FailurePolicy | None, now_us: int | None
     ) -> Outcome:
         """:meth:`evaluate` on a storage whose groups of checks go to nodes of their own."""
-        chosen = policy or self.policy
+        chosen: FailurePolicy = policy or self.policy
         storage = self.storage
         routes = storage.route(checks)
         trying, blocked = self._gate(routes)
@@ -409,6 +427,9 @@ class Guard:
                 metrics.storage_call(time.perf_counter() - started)
         # Each node's breaker hears once: an outage if any of its groups met one.
         self._tell(trying, [node for node, _ in live], results)
+        full = next((r for r in results if isinstance(r, StorageFull)), None)
+        if full is not None:  # decided at the local share ("closed": 503), never "open"
+            chosen = self._refused_write(full, chosen)
         decisions: list[Decision | None] = [None] * len(checks)
         repaired: list[str] = []
         spent: list[int] = []  # indexes of checks a group admitted and consumed
@@ -691,8 +712,8 @@ class Guard:
 
     def _heard(self, breaker: Breaker, what: str, error: BaseException | None) -> None:
         """Tell ``breaker`` how a call beside the request's ended (:meth:`beside`)."""
-        if error is None or isinstance(error, StorageReplyLost):
-            breaker.success()
+        if error is None or isinstance(error, StorageReplyLost | StorageFull):
+            breaker.success()  # the node answered
         elif isinstance(error, StorageUnavailable):
             breaker.failure(error)
             if isinstance(error, StorageMisconfigured):
@@ -782,7 +803,9 @@ class Guard:
         reply and a lost reply are answers: the node is up)."""
         heard: dict[str, StorageUnavailable | None] = {}
         for node, result in zip(nodes, results, strict=True):
-            if isinstance(result, StorageUnavailable) and not isinstance(result, StorageReplyLost):
+            if isinstance(result, StorageUnavailable) and not isinstance(
+                result, StorageReplyLost | StorageFull
+            ):  # a lost reply and a refused write are answers: the node is up
                 heard[node] = result
             else:
                 heard.setdefault(node, None)
@@ -839,6 +862,43 @@ class Guard:
             self.policy,
             exc,
         )
+
+    def _chosen(self, policy: FailurePolicy | None) -> FailurePolicy:
+        """The policy that answers a request: its route's or the default, but ``"local"`` in
+        place of ``"open"`` while a local fallback holds keys it decided because the storage
+        refused a write (:class:`~flask_distlimit.errors.StorageFull`): Redis never counted
+        those admissions, so a client must not get its local share and then Redis's whole
+        quota in the same window."""
+        chosen: FailurePolicy = policy or self.policy
+        if any(f.holding for f in self._fallbacks_all()):
+            return "local" if chosen == "open" else chosen
+        self._full = False  # every key decided locally was handed back
+        return chosen
+
+    def _refused_write(self, exc: StorageFull, policy: FailurePolicy | None) -> FailurePolicy:
+        """The policy that answers a request whose write the storage refused: ``"closed"``
+        stays (503), any other is ``"local"`` (this process's share, never unlimited). Logs
+        at WARNING, at most once every :data:`MISCONFIGURED_LOG_INTERVAL` seconds."""
+        chosen: FailurePolicy = policy or self.policy
+        if chosen != "closed":
+            self._full = True
+        now = self._clock()
+        with self._log_lock:
+            last = self._full_logged_at
+            logging_now = last is None or now - last >= MISCONFIGURED_LOG_INTERVAL
+            if logging_now:
+                self._full_logged_at = now
+        if logging_now:
+            log.warning(
+                "Rate-limit storage %s refuses writes, so requests are decided at each "
+                "process's local share of their limits (limit / %d, DISTLIMIT_INSTANCES; 503 "
+                "under policy \"closed\") until it has room; its breaker stays closed (logged at "
+                "most once a minute): %s",
+                self.name,
+                self.instances.divisor,
+                exc,
+            )
+        return "closed" if chosen == "closed" else "local"
 
     def _refused(self, exc: StorageMisconfigured) -> None:
         """Log that the storage refuses the limiter: once, then at most once a minute."""
@@ -974,6 +1034,7 @@ class Guard:
         self._fallbacks_lock = threading.Lock()
         self._refusal_logged_at = None  # every process says it once
         self._unreadable_logged_at = None
+        self._full_logged_at = None
         self._unreadable_count, self._unreadable_last = 0, None
         self.breakers._after_fork()
         self.instances._after_fork()

@@ -26,8 +26,19 @@ needs it. Series (all prefixed ``distlimit_``):
   (``<scheme>:<key prefix>``) for a single node, ``<guard name>@<host:port>`` for a Sentinel
   master or a Cluster primary; a node's series is removed when it leaves the topology.
 
-``limit`` is the part of the storage key after the client's hash tag (``<limit id>:<algorithm>``):
-one series per configured limit, never per client.
+Every label takes values from a set that does not grow with clients or quotas:
+
+- ``limit`` is the part of the storage key after the client's hash tag (``<limit id>:<algorithm>``),
+  one per configured limit, never per client; a dynamic limit's rate is dropped from it
+  (``r_orders_dyn_100/60:gcra`` is counted as ``r_orders_dyn:gcra``), since a callable may
+  answer a different quota per tenant (12,000 quotas once made 12,000 series). Past
+  :data:`MAX_LIMIT_LABELS` distinct values (more limits than any app declares) the rest are
+  counted under ``limit="other"``;
+- ``outcome`` is one of ``allowed``, ``denied``, ``degraded``; ``priority`` one of
+  :data:`~flask_distlimit.priorities.PRIORITIES` (anything else is counted as ``default``);
+  ``reason`` one of ``worker``, ``fleet`` (anything else: ``other``);
+- ``breaker`` has one value per storage node; past :data:`MAX_BREAKER_LABELS` live nodes (more
+  than a Redis Cluster has), further nodes get no series.
 
 Metric objects are registered once per registry; :func:`metrics_for` answers the same
 :class:`Metrics` for the same registry, so two apps in one process share the series.
@@ -36,18 +47,39 @@ Metric objects are registered once per registry; :func:`metrics_for` answers the
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from .decision import Check, Evaluation
 from .errors import ConfigurationError
+from .priorities import PRIORITIES
 
-__all__ = ["BREAKER_STATE_VALUES", "Metrics", "limit_label", "metrics_for"]
+__all__ = [
+    "BREAKER_STATE_VALUES",
+    "MAX_BREAKER_LABELS",
+    "MAX_LIMIT_LABELS",
+    "OTHER",
+    "Metrics",
+    "limit_label",
+    "metrics_for",
+]
 
 BREAKER_STATE_VALUES = {"closed": 0, "half-open": 1, "open": 2}
 
 _MAX_CHILDREN = 10_000
+#: The most distinct ``limit`` label values; the rest count under :data:`OTHER`.
+MAX_LIMIT_LABELS: Final = 1_000
+#: The most storage nodes with a ``breaker_state`` series at once.
+MAX_BREAKER_LABELS: Final = 1_000
+#: The ``limit`` value of every limit past :data:`MAX_LIMIT_LABELS`, and the ``reason`` of
+#: a shed reason that is not one of :data:`_REASONS`.
+OTHER: Final = "other"
+_REASONS: Final = frozenset({"worker", "fleet"})
+#: A dynamic limit's rate in its key: its limit id ``<head>:dyn:100/60`` (``:dyn:c5`` for a
+#: concurrency) is ``<head>_dyn_100/60`` there (:func:`flask_distlimit.keys.key_parts`).
+_DYNAMIC_RATE: Final = re.compile(r"(?<=_dyn)_c?\d+(?:/\d+)?(?=:[a-z_]+$)")
 
 LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -55,9 +87,12 @@ LATENCY_BUCKETS = (
 
 
 def limit_label(key: str) -> str:
-    """``ratelimit:{tag}:orders/100/60:gcra`` -> ``orders/100/60:gcra``."""
+    """``ratelimit:{tag}:r_orders_100/60:gcra`` -> ``r_orders_100/60:gcra``; a dynamic limit's
+    rate is dropped: ``ratelimit:{tag}:r_x_dyn_100/60:gcra`` -> ``r_x_dyn:gcra``."""
     _, sep, rest = key.partition("}:")
-    return rest if sep else "unknown"
+    if not sep:
+        return "unknown"
+    return _DYNAMIC_RATE.sub("", rest) if "_dyn_" in rest else rest
 
 
 class Metrics:
@@ -113,10 +148,25 @@ class Metrics:
         )  # fmt: skip
         self._lease_gauges: set[str] = set()
         self._children: dict[tuple[bool, str, str], Any] = {}
+        self._labels: set[str] = set()  # the limit label values given out
+        self._breakers: set[str] = set()  # the breaker label values with a series
+        self._lock = threading.Lock()
         self._observe = self.storage_latency.observe
 
-    def _child(self, fallback: bool, key: str, outcome: str) -> Any:
+    def _label(self, key: str) -> str:
+        """The ``limit`` label of ``key``: :func:`limit_label`, or :data:`OTHER` past
+        :data:`MAX_LIMIT_LABELS` distinct values."""
         label = limit_label(key)
+        if label in self._labels:
+            return label
+        with self._lock:
+            if len(self._labels) < MAX_LIMIT_LABELS:
+                self._labels.add(label)
+                return label
+        return OTHER
+
+    def _child(self, fallback: bool, key: str, outcome: str) -> Any:
+        label = self._label(key)
         child = self._children.get((fallback, label, outcome))
         if child is None:
             family = self.fallback_decisions if fallback else self.decisions
@@ -126,7 +176,7 @@ class Metrics:
         return child
 
     def _shadow_denied(self, key: str) -> None:
-        label = limit_label(key)
+        label = self._label(key)
         child = self._children.get((True, label, "shadow"))
         if child is None:
             child = self.shadow_denials.labels(limit=label)
@@ -135,6 +185,8 @@ class Metrics:
         child.inc()
 
     def shed(self, priority: str, reason: str) -> None:
+        priority = priority if priority in PRIORITIES else "default"
+        reason = reason if reason in _REASONS else OTHER
         self.shed_requests.labels(priority=priority, reason=reason).inc()
 
     def worker_in_flight(self, value: int) -> None:
@@ -159,17 +211,18 @@ class Metrics:
         """Limits (by storage key) a quota lease admitted a request on, in-process."""
         for key in keys:
             self._child(False, key, "allowed").inc()
-            child = self._children.get((False, limit_label(key), "leased"))
+            label = self._label(key)
+            child = self._children.get((False, label, "leased"))
             if child is None:
-                child = self.leased_decisions.labels(limit=limit_label(key))
+                child = self.leased_decisions.labels(limit=label)
                 if len(self._children) < _MAX_CHILDREN:
-                    self._children[(False, limit_label(key), "leased")] = child
+                    self._children[(False, label, "leased")] = child
             child.inc()
 
     def watch_lease_units(self, key: str, held: Callable[[str], float]) -> None:
         """Report ``held(label)`` as ``lease_units`` of the limit of ``key`` when scraped."""
-        label = limit_label(key)
-        if label in self._lease_gauges or len(self._lease_gauges) >= _MAX_CHILDREN:
+        label = self._label(key)
+        if label == OTHER or label in self._lease_gauges:
             return
         self._lease_gauges.add(label)
         self.lease_units.labels(limit=label).set_function(lambda: held(label))
@@ -188,10 +241,17 @@ class Metrics:
         self.unreadable_replies.inc()
 
     def breaker_changed(self, breaker: str, state: str) -> None:
+        if breaker not in self._breakers:
+            with self._lock:
+                if len(self._breakers) >= MAX_BREAKER_LABELS:
+                    return
+                self._breakers.add(breaker)
         self.breaker_state.labels(breaker=breaker).set(BREAKER_STATE_VALUES.get(state, 2))
 
     def breaker_removed(self, breaker: str) -> None:
         """Drop the series of a breaker whose node left the topology."""
+        with self._lock:
+            self._breakers.discard(breaker)
         with contextlib.suppress(KeyError):  # never set in this registry
             self.breaker_state.remove(breaker)
 

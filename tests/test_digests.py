@@ -53,14 +53,14 @@ def test_tags_are_keyed_fixed_size_and_depend_on_the_secret() -> None:
     assert tag_secret(b"s") != b"s" and len(tag_secret(b"s")) == 32
 
 
-def test_workers_on_one_redis_read_one_key_with_a_ttl(redis_client: redis.Redis) -> None:
+def test_workers_on_one_redis_read_one_key_without_a_ttl(redis_client: redis.Redis) -> None:
     port = redis_client.connection_pool.connection_kwargs["port"]
     storages = [RedisStorage(host="127.0.0.1", port=port) for _ in range(3)]
     try:
         tags = [IdentityTags(storage=s, key_prefix="w") for s in storages]
         assert len({t.tag("ip:203.0.113.9") for t in tags}) == 1
         assert all(t.settled and t.source == "storage" for t in tags)
-        assert SHARED_KEY_TTL - 60 < redis_client.ttl("w:identity-digest-key") <= SHARED_KEY_TTL
+        assert SHARED_KEY_TTL == 0 and redis_client.ttl("w:identity-digest-key") == -1
         assert len(redis_client.get("w:identity-digest-key") or b"") == 64
     finally:
         for s in storages:
@@ -75,7 +75,7 @@ def test_workers_on_one_cluster_read_one_key(
     try:
         tags = [IdentityTags(storage=s, key_prefix="c") for s in storages]
         assert tags[0].tag("user:42") == tags[1].tag("user:42")
-        assert cluster_client.ttl("c:identity-digest-key") > SHARED_KEY_TTL - 60
+        assert cluster_client.ttl("c:identity-digest-key") == -1
     finally:
         for s in storages:
             s.close()

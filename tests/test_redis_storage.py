@@ -21,7 +21,12 @@ from redis import exceptions as rx
 from redis.sentinel import MasterNotFoundError
 
 from flask_distlimit.decision import Check
-from flask_distlimit.errors import StorageMisconfigured, StorageResponseError, StorageUnavailable
+from flask_distlimit.errors import (
+    StorageFull,
+    StorageMisconfigured,
+    StorageResponseError,
+    StorageUnavailable,
+)
 from flask_distlimit.scripts import with_token
 from flask_distlimit.storage import from_url
 from flask_distlimit.storage.evalsha import EvalshaPacker
@@ -458,7 +463,7 @@ def test_the_shared_value_key_of_another_type_is_repaired(
         (rx.SlotNotCoveredError("slot"), StorageUnavailable),
         (rx.RedisClusterException("no node"), StorageUnavailable),
         (rx.ReadOnlyError("replica"), StorageUnavailable),
-        (rx.OutOfMemoryError("oom"), StorageUnavailable),
+        (rx.OutOfMemoryError("oom"), StorageFull),
         (rx.ResponseError("BUSY Redis is busy running a script"), StorageUnavailable),
         (rx.ResponseError("WRONGTYPE Operation against a key"), StorageResponseError),
         (rx.ResponseError("ERR Error running script"), StorageResponseError),

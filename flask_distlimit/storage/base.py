@@ -121,12 +121,13 @@ class Storage(abc.ABC):
 
     def shared_value(self, key: str, candidate: str, ttl: int) -> str:
         """The value every process of a deployment reads at ``key``: ``candidate`` is stored
-        there first when the key is absent; either way the key then lives ``ttl`` seconds.
+        there first when the key is absent; either way the key then lives ``ttl`` seconds (``0``:
+        it never expires, and a TTL it had is removed).
 
         Used for the identity digest key when the app sets no secret
         (:mod:`flask_distlimit.digests`). This default keeps the value in the storage object,
         as suits a store private to one process (``memory://``); a store shared by several
-        processes must override it (the Redis storages do, with ``SET NX`` and ``EXPIRE``).
+        processes must override it (the Redis storages do: :mod:`.shared_value`).
         """
         with _shared_lock:
             kept: dict[str, str] = self.__dict__.setdefault("_shared_values", {})

@@ -13,7 +13,15 @@ Outages (:class:`~flask_distlimit.errors.StorageUnavailable`, counted by the cir
 connection refused or reset, timeouts, no free pooled connection in time, a Sentinel that knows
 no master, a cluster that is down or resharding (``CLUSTERDOWN``, ``MASTERDOWN``, ``TRYAGAIN``,
 uncovered slots), a server still loading its data (``LOADING``), busy with another script
-(``BUSY``), out of memory (``OOM``) or demoted to a replica mid-failover (``READONLY``).
+(``BUSY``) or demoted to a replica mid-failover (``READONLY``).
+
+Refused writes (:class:`~flask_distlimit.errors.StorageFull`, a ``StorageUnavailable`` that the
+breaker does not count: the server is up and answering): out of memory (``OOM command not
+allowed when used memory > 'maxmemory'``, from the command or from inside a script: redis-py's
+``OutOfMemoryError`` or a script error quoting it) or unable to persist (``MISCONF``). Other
+clients' keys can fill a shared Redis, so one such answer must neither open the breaker for the
+node nor admit a request unlimited: the guard decides it at the local share
+(docs/failure-modes.md, "Memory"). :func:`refused_write` tells them apart.
 
 Everything else the server answers (a script error, ``WRONGTYPE``) is a bug or bad data:
 :class:`~flask_distlimit.errors.StorageResponseError`, never an outage.
@@ -28,19 +36,28 @@ from redis.sentinel import MasterNotFoundError
 
 from ..errors import (
     StorageError,
+    StorageFull,
     StorageMisconfigured,
     StorageResponseError,
     StorageUnavailable,
 )
 
-__all__ = ["ACL_GRANTS", "REDIS_FAILURES", "misconfiguration", "storage_error"]
+__all__ = [
+    "ACL_GRANTS",
+    "REDIS_FAILURES",
+    "misconfiguration",
+    "refused_write",
+    "storage_error",
+]
 
 #: What the limiter's ACL user needs, besides its keys (``~<DISTLIMIT_KEY_PREFIX>:*``): the
 #: commands it sends (EVALSHA, SCRIPT LOAD when a script is missing, SCRIPT EXISTS and PING for
-#: health, SCAN and DEL for resets), and those its scripts run inside Redis.
+#: health, SCAN and DEL for resets), and those its scripts run inside Redis (PERSIST: the
+#: identity digest key never expires, :mod:`.shared_value`).
 ACL_GRANTS: Final = (
     "+evalsha +script|load +script|exists +ping +scan +del +unlink +time +get +set +hset +hmget "
-    "+pexpire +zadd +zcard +zcount +zrange +zrem +zremrangebyrank +zremrangebyscore +zscore"
+    "+pexpire +persist +zadd +zcard +zcount +zrange +zrem +zremrangebyrank +zremrangebyscore "
+    "+zscore"
 )
 
 #: What a storage catches around a Redis call and passes to :func:`storage_error`.
@@ -58,12 +75,14 @@ _OUTAGES: Final[tuple[type[BaseException], ...]] = (
     rx.TryAgainError,
     rx.RedisClusterException,  # SlotNotCoveredError, "cannot connect to any node"
     rx.ReadOnlyError,
-    rx.OutOfMemoryError,
     rx.ChildDeadlockedError,
     rx.InvalidResponse,
     OSError,
 )
 _OUTAGE_CODES: Final = ("BUSY ", "MASTERDOWN", "CLUSTERDOWN", "LOADING", "NOREPLICAS")
+#: What the server's refusal of a write says (redis-py strips the ``OOM`` code from its
+#: ``OutOfMemoryError`` but keeps it in a script error that quotes the refusal).
+_FULL_TEXTS: Final = ("command not allowed when used memory", "MISCONF ")
 
 
 _CREDENTIALS: Final = (
@@ -172,6 +191,16 @@ def _code_of(exc: BaseException, text: str) -> str | None:
     return None
 
 
+def refused_write(exc: BaseException) -> bool:
+    """Does ``exc`` say the server is up but refuses to write (out of memory, ``MISCONF``)?"""
+    if isinstance(exc, rx.OutOfMemoryError):
+        return True
+    if not isinstance(exc, rx.ResponseError):
+        return False
+    text = str(exc)
+    return text.startswith(("OOM ", "MISCONF ")) or any(t in text for t in _FULL_TEXTS)
+
+
 def storage_error(exc: BaseException) -> StorageError:
     """The :class:`StorageError` to raise for an exception from redis-py (or the pool)."""
     if isinstance(exc, StorageError):
@@ -179,6 +208,13 @@ def storage_error(exc: BaseException) -> StorageError:
     refused = misconfiguration(exc)
     if refused is not None:
         return StorageMisconfigured(refused)
+    if refused_write(exc):
+        return StorageFull(
+            f"Redis refuses to write ({_one_line(exc)}): it is out of memory under "
+            "maxmemory-policy noeviction, or cannot persist (MISCONF). The limiter answers at "
+            "each process's local share until it has room: raise maxmemory, or give the limiter "
+            "a Redis of its own (docs/deployment.md, \"Memory\")."
+        )
     if isinstance(exc, _OUTAGES):
         return StorageUnavailable(f"Redis is unavailable: {type(exc).__name__}: {exc}")
     if isinstance(exc, rx.ResponseError):
@@ -189,3 +225,10 @@ def storage_error(exc: BaseException) -> StorageError:
             f"Redis answered with an error (a script bug or bad data, not an outage): {text}"
         )
     return StorageResponseError(f"Redis client error: {type(exc).__name__}: {exc}")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    if isinstance(exc, rx.OutOfMemoryError) and not text.startswith("OOM"):
+        text = f"OOM {text}"  # the code redis-py strips
+    return text

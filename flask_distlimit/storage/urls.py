@@ -87,20 +87,50 @@ _DEFAULT_PORT: Final = {
     "redis+cluster": 6379,
 }
 
-_QUERY_SECRET: Final = re.compile(r"((?:^|[?&])(?:sentinel_)?password=)[^&#]*")
+#: Every query parameter name the URLs accept: a password value ends only where one of them
+#: follows (an unencoded ``&`` or ``#`` inside a password is still the password's).
+_QUERY_NAMES: Final = "|".join(sorted({n for q in _QUERY.values() for n in q}, key=len)[::-1])
+_QUERY_SECRET: Final = re.compile(
+    rf"((?:^|[?&])(?:sentinel_)?password=).*?(?=&(?:{_QUERY_NAMES})=|$)", re.DOTALL
+)
+_QUOTED: Final = re.compile(r"'[^']*'|\"[^\"]*\"")
 
 
 def mask_url(url: str) -> str:
-    """``url`` with every password replaced by ``***`` (for messages and logs)."""
+    """``url`` with every password replaced by ``***`` (for messages and logs).
+
+    A password may hold any character unencoded, ``@ / ? # : %`` included, so the credentials
+    run from after ``://`` to the **last** ``@`` of the URL: everything after the first ``:``
+    of that part is hidden (when an ``@`` in a query value is taken for it, more is hidden than
+    needed, never less). Without an ``@``, an authority that starts with ``:`` (no host, as in
+    ``redis://:secret``) is hidden after its ``:``. A ``password=`` or ``sentinel_password=``
+    query value is hidden up to the next ``&`` that starts a parameter the URLs accept.
+    """
+    url = _QUERY_SECRET.sub(r"\1***", url)  # first: a query password may hold an "@"
     scheme, sep, rest = url.partition("://")
     if sep:
-        end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
-        userinfo, at, hosts = rest[:end].rpartition("@")
+        userinfo, at, tail = rest.rpartition("@")
         if at and ":" in userinfo:
-            user = userinfo.partition(":")[0]
-            rest = f"{user}:***@{hosts}{rest[end:]}"
+            rest = f"{userinfo.partition(':')[0]}:***@{tail}"
+        elif not at and rest.startswith(":"):
+            end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+            rest = f":***{rest[end:]}"
         url = f"{scheme}://{rest}"
-    return _QUERY_SECRET.sub(r"\1***", url)
+    return url
+
+
+def _masked_reason(url: str, reason: str) -> str:
+    """``reason`` with every quoted piece of ``url`` that :func:`mask_url` hides replaced by
+    ``'***'``: a URL whose password holds an unencoded ``/``, ``?`` or ``#`` is split there by
+    the parser, and the error would quote the piece (a "port", a "query string")."""
+    if mask_url(url) == url:
+        return reason
+    shown = mask_url(url)
+
+    def hide(match: re.Match[str]) -> str:
+        return match.group(0) if match.group(0)[1:-1] in shown else "'***'"
+
+    return _QUOTED.sub(hide, reason)
 
 
 class _BadURL(ValueError):
@@ -137,7 +167,7 @@ def from_url(
 
 def _configuration_error(url: str, reason: str) -> ConfigurationError:
     return ConfigurationError(
-        f"Invalid storage URL {mask_url(url)!r}: {reason}. Accepted forms: "
+        f"Invalid storage URL {mask_url(url)!r}: {_masked_reason(url, reason)}. Accepted forms: "
         + ", ".join(ACCEPTED_FORMS)
         + "."
     )
