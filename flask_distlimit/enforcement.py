@@ -950,6 +950,8 @@ class Enforcer:
         ):
             headers["Retry-After"] = str(data.retry_after)
             marks[_HEADERS_ADDED] = True
+        if self.state.otel is not None:  # OpenTelemetry's count of requests (flask_distlimit.otel)
+            self.state.otel.request(data, response)
         return response
 
     def hook_teardown(self, app: Flask) -> None:
