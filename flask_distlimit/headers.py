@@ -159,39 +159,45 @@ def policy_field(report: Report | None, applied: Iterable[Applied] = ()) -> str:
     """The ``RateLimit-Policy`` value: ``report``'s item first, then one item for each other
     quota policy of ``applied`` (each name once; no shadow limit, no fleet slot). A limit the
     local fallback divided is advertised with the quota it was decided against."""
-    items: list[str] = []
-    seen: set[str] = set()
-    if report is not None:
-        items.append(report.policy)
-        seen.add(report.name)
+    items: list[str] | None = None
+    seen: set[str] | None = None
+    first = report.name if report is not None else None
     for one in applied:
-        for c, b, d in zip(one.checks, one.bounds, one.decisions, strict=True):
-            if c.shadow or b.name in seen or b.limit_id == _FLEET_ID:
+        bounds = one.bounds
+        if len(bounds) == 1 and bounds[0].name == first:
+            continue  # the common case: the one limit is the one reported
+        for c, b, d in zip(one.checks, bounds, one.decisions, strict=True):
+            name = b.name
+            if name == first or c.shadow or b.limit_id == _FLEET_ID:
                 continue
-            seen.add(b.name)
+            if seen is None or items is None:
+                seen, items = set(), []
+            elif name in seen:
+                continue
+            seen.add(name)
             if c.algorithm == CONCURRENCY:
-                items.append(concurrency_policy_item(b.name, d.limit))
+                items.append(concurrency_policy_item(name, d.limit))
             elif d.limit != c.limit:
-                items.append(policy_item(b.name, d.limit, c.period))
+                items.append(policy_item(name, d.limit, c.period))
             else:
                 items.append(b.policy)
-    return ", ".join(items)
+    if report is None:
+        return ", ".join(items) if items else ""
+    return report.policy if not items else ", ".join((report.policy, *items))
 
 
 def window_reset(report: Report) -> float:
     """Seconds until ``report``'s quota next resets, at most one window (0: nothing counted)."""
     reset = report.reset_after
-    if not math.isfinite(reset) or reset <= 0:
+    if not 0 < reset < math.inf:
         return 0.0
     period = report.period
-    if report.algorithm == "sliding_window_counter" and reset > period:
-        # Whole again at the end of the NEXT window; the current one ends a window earlier.
-        reset -= period
-    return min(reset, float(period))
-
-
-def _up(seconds: float) -> int:
-    return math.ceil(seconds - 1e-9)
+    if reset > period:
+        if report.algorithm == "sliding_window_counter":
+            # Whole again at the end of the NEXT window; the current one ends a window earlier.
+            reset -= period
+        return reset if reset < period else float(period)
+    return reset
 
 
 def rate_limit_headers(
@@ -220,19 +226,25 @@ def rate_limit_headers(
         instant = now_s + (max(retry, reset) if math.isfinite(retry) else reset)
         remaining = 0
     else:
-        wait = min(_up(reset), report.period)
+        wait = math.ceil(reset - 1e-9)
         instant = now_s + reset
         remaining = report.remaining
-    headers: list[tuple[str, str]] = []
-    if mode != "ietf":
-        headers += [
+    reset_at = str(math.ceil(instant - 1e-9))
+    if mode == "both":  # the default: one list, no concatenation
+        return [
             ("X-RateLimit-Limit", str(report.limit)),
             ("X-RateLimit-Remaining", str(remaining)),
-            ("X-RateLimit-Reset", str(_up(instant))),
-        ]
-    if mode != "legacy":
-        headers += [
+            ("X-RateLimit-Reset", reset_at),
             ("RateLimit-Policy", policy_field(report, applied)),
             ("RateLimit", f"{report.quoted};r={remaining};t={wait}"),
         ]
-    return headers
+    if mode == "legacy":
+        return [
+            ("X-RateLimit-Limit", str(report.limit)),
+            ("X-RateLimit-Remaining", str(remaining)),
+            ("X-RateLimit-Reset", reset_at),
+        ]
+    return [
+        ("RateLimit-Policy", policy_field(report, applied)),
+        ("RateLimit", f"{report.quoted};r={remaining};t={wait}"),
+    ]

@@ -155,3 +155,29 @@ def test_t_never_exceeds_the_window_and_reset_never_moves_backwards(
         last_reset = reset
         clock.advance(steps[i % len(steps)])
     assert statuses == {200, 429}
+
+
+def test_the_fleet_capacity_is_not_a_client_policy_and_503s_keep_their_types(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """The fleet's slots are the server's load: never in RateLimit-Policy. A shed 503 and a
+    fail-closed 503 keep the draft's problem type (issue 27 item 4)."""
+    app, limiter, _ = make_app(backend(), clock, DISTLIMIT_FLEET_CAPACITY=1)
+    inner: list[Any] = []
+
+    @app.get("/")
+    @limiter.limit("5/minute")
+    def index() -> str:
+        if not inner:
+            inner.append(app.test_client().get("/"))
+        return "ok"
+
+    outer = app.test_client().get("/")
+    assert outer.status_code == 200
+    ((name, params),) = _sf_list(outer.headers["RateLimit-Policy"])
+    assert (name, params) == ("index:5/minute", {"q": 5, "w": 60})
+    (shed,) = inner
+    assert shed.status_code == 503
+    problem = json.loads(shed.get_data(as_text=True))
+    assert problem["type"].endswith("#temporary-reduced-capacity")
+    assert "RateLimit-Policy" not in shed.headers or "fleet" not in shed.headers["RateLimit-Policy"]
