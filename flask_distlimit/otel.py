@@ -67,6 +67,9 @@ SINK_METHODS = (
 )
 
 
+_PROBLEM = "application/problem+json"
+
+
 def available() -> bool:
     """Whether the OpenTelemetry API is installed (nothing is imported to tell)."""
     try:
@@ -304,10 +307,12 @@ class OTelHook:
         status = response.status_code
         report = data.report
         policy: str | None = report.name if report is not None else None
+        if status == 503 and not data.degraded and response.mimetype == _PROBLEM:
+            # Shed (by the fleet, or by this worker before any limit: its global limits are
+            # still counted after it); counted by the sink's shed(), not twice.
+            return
         if not data.denied:
             result = "admitted"
-        elif status == 503 and not data.degraded:
-            return  # shed by the fleet: counted by the sink's shed()
         elif status == 503 or (data.degraded and report is None and _refused(data) is None):
             result, policy = "unavailable", None  # (or the app's own answer to that 503)
         else:

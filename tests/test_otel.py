@@ -316,3 +316,25 @@ def test_shared_instruments_are_made_once_per_provider(
     for t in threads:
         t.join()
     assert sum(v for _, v in points(found, "distlimit.requests")) == 2
+
+
+def test_a_request_shed_by_the_worker_is_counted_once(
+    clock: FakeClock, reader: tuple[InMemoryMetricReader, MeterProvider]
+) -> None:
+    from flask_distlimit.storage.memory import MemoryStorage
+
+    found, provider = reader
+    shed_at = {"critical": 0.5, "default": 0.5, "sheddable": 0.5}  # one thread: none gets in
+    app, _ = _instrumented(
+        MemoryStorage(clock=clock),
+        clock,
+        provider,
+        DISTLIMIT_GLOBAL_LIMITS="100/minute",
+        DISTLIMIT_WORKER_THREADS=1,
+        DISTLIMIT_WORKER_SHED_AT=shed_at,
+    )
+    app.add_url_rule("/", "index", lambda: "ok")
+    assert app.test_client().get("/").status_code == 503
+    ((attributes, value),) = points(found, "distlimit.requests")
+    assert value == 1 and attributes["distlimit.result"] == "shed"
+    assert attributes["distlimit.shed.reason"] == "worker"
