@@ -39,6 +39,7 @@ instruments of one provider are made once and shared by every app (as Prometheus
 from __future__ import annotations
 
 import importlib.util
+import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -66,6 +67,8 @@ SINK_METHODS = (
     "worker_in_flight",
 )
 
+
+log = logging.getLogger("flask_distlimit")
 
 _PROBLEM = "application/problem+json"
 
@@ -391,5 +394,19 @@ def instrument(state: _Instrumented, meter_provider: Any = None) -> OTelHook:
 
 
 def auto(state: _Instrumented) -> OTelHook | None:
-    """The hook of the global provider when the OpenTelemetry API is installed, else None."""
-    return instrument(state) if available() else None
+    """The hook of the global provider when the OpenTelemetry API is installed, else None.
+
+    An API too old for these instruments (or broken) never stops the app from starting: one
+    WARNING says how to fix it, and the limiter runs without OpenTelemetry metrics."""
+    if not available():
+        return None
+    try:
+        return instrument(state)
+    except (ImportError, AttributeError, TypeError) as exc:
+        log.warning(
+            "OpenTelemetry metrics are off: the installed opentelemetry-api cannot make the "
+            "limiter's instruments (%s: %s). Install a recent one: pip install "
+            "'Flask-DistLimit[otel]' (opentelemetry-api>=1.45), or uninstall it.",
+            type(exc).__name__, exc,
+        )  # fmt: skip
+        return None

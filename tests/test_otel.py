@@ -338,3 +338,22 @@ def test_a_request_shed_by_the_worker_is_counted_once(
     ((attributes, value),) = points(found, "distlimit.requests")
     assert value == 1 and attributes["distlimit.result"] == "shed"
     assert attributes["distlimit.shed.reason"] == "worker"
+
+
+def test_an_api_too_old_warns_and_the_app_still_starts(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """opentelemetry-api before 1.23 has no bucket advice: creating the histogram raises."""
+    from flask_distlimit.storage.memory import MemoryStorage
+
+    def too_old(self: otel.OTelMetrics, meter_provider: Any = None) -> None:
+        raise TypeError("create_histogram() got an unexpected keyword argument")
+
+    monkeypatch.setattr(otel.OTelMetrics, "__init__", too_old)
+    monkeypatch.setattr(otel, "_shared", {})
+    app, limiter, _ = make_app(MemoryStorage(clock=clock), clock)
+    app.add_url_rule("/", "index", limiter.limit("1/minute")(lambda: "ok"))
+    assert app.test_client().get("/").status_code == 200
+    with app.app_context():
+        assert limiter.state(app).otel is None
+    assert "opentelemetry-api>=1.45" in caplog.text and "metrics are off" in caplog.text
