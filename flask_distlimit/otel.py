@@ -302,6 +302,8 @@ class OTelHook:
 
     def request(self, data: Any, response: Response) -> None:
         """Count one request the limiter decided (``data``: the enforcer's request data)."""
+        if data.exempt or not (data.evaluated or data.report or data.denied or data.degraded):
+            return  # exempt, or no limit applied: nothing was decided
         instruments = self.instruments
         if data.slots is not None:  # given back when the response is closed
             taken = [c for one in data.evaluated if _allowed(one) for c in one.checks]

@@ -357,3 +357,20 @@ def test_an_api_too_old_warns_and_the_app_still_starts(
     with app.app_context():
         assert limiter.state(app).otel is None
     assert "opentelemetry-api>=1.45" in caplog.text and "metrics are off" in caplog.text
+
+
+def test_exempt_requests_are_not_counted(
+    clock: FakeClock, reader: tuple[InMemoryMetricReader, MeterProvider]
+) -> None:
+    from flask_distlimit.storage.memory import MemoryStorage
+
+    found, provider = reader
+    app, limiter = _instrumented(
+        MemoryStorage(clock=clock), clock, provider, DISTLIMIT_GLOBAL_LIMITS="10/minute"
+    )
+    app.add_url_rule("/free", "free", limiter.exempt(lambda: "ok"))
+    app.add_url_rule("/", "index", lambda: "ok")
+    client = app.test_client()
+    assert client.get("/free").status_code == 200
+    assert client.get("/").status_code == 200
+    assert requests_by(found) == {("admitted", False, "global:10/minute"): 1}
