@@ -47,10 +47,18 @@ class Denial:
     limit: int  #: the limit's amount, for the response headers
     period: int  #: the limit's period in seconds
     name: str  #: the policy name, for the response headers and the problem body
+    #: local time by which the quota the refusal saw resets (its ``reset_after``), so that the
+    #: cached 429's ``X-RateLimit-Reset`` is the storage's, never earlier
+    reset_us: int = 0
 
     def retry_after(self, now_us: int) -> float:
         """Seconds until a request of :attr:`cost` can pass (an upper bound, for Retry-After)."""
         return max(0.0, (self.retry_us - now_us) / 1_000_000)
+
+    def reset_after(self, now_us: int) -> float:
+        """Seconds until the quota resets, as the refusal reported it (at least
+        :meth:`retry_after`)."""
+        return max(0.0, (max(self.reset_us, self.retry_us) - now_us) / 1_000_000)
 
 
 class DenyCache:
@@ -102,11 +110,13 @@ class DenyCache:
         limit: int,
         period: int,
         name: str,
+        reset_after: float = 0.0,
     ) -> None:
         """Remember that ``key`` refused ``cost`` for ``retry_after`` seconds.
 
         ``started_us`` and ``finished_us`` are this clock's times taken before and after the
-        storage call that refused (``finished_us`` defaults to ``started_us``).
+        storage call that refused (``finished_us`` defaults to ``started_us``); ``reset_after``
+        the refusal's seconds until the quota resets (for the headers).
         """
         if cost < 1 or retry_after <= 0:
             return
@@ -117,7 +127,10 @@ class DenyCache:
             return
         finished = started_us if finished_us is None else max(finished_us, started_us)
         retry_us = finished + math.ceil(seconds * 1_000_000)
-        denial = Denial(cost, started_us + ttl_us, retry_us, limit, period, name)
+        reset_us = 0
+        if math.isfinite(reset_after):
+            reset_us = finished + math.ceil(reset_after * 1_000_000)
+        denial = Denial(cost, started_us + ttl_us, retry_us, limit, period, name, reset_us)
         with self._lock:
             self._entries[key] = denial
             self._entries.move_to_end(key)

@@ -236,6 +236,7 @@ def _report(b: BoundLimit, d: Decision, *, denied: bool, spent: bool = False) ->
         retry_after=(d.reset_after if spent else d.retry_after) if denied else 0.0,
         policy=None if reduced else b.policy,
         quoted=b.quoted,
+        algorithm=b.algorithm,
     )
 
 
@@ -617,10 +618,11 @@ class Enforcer:
                         limit=denial.limit,
                         period=denial.period,
                         remaining=0,
-                        reset_after=wait,
+                        reset_after=denial.reset_after(now),
                         retry_after=wait,
                         policy=b.policy,
                         quoted=b.quoted,
+                        algorithm=b.algorithm,
                     )
                     self._refuse(
                         [report], [c.key], identity, data, from_cache=True, denied_bounds=[b]
@@ -717,6 +719,7 @@ class Enforcer:
                         limit=d.limit,
                         period=b.rate.period,
                         name=b.name,
+                        reset_after=d.reset_after,
                     )
             self._refuse(
                 denied_reports,
@@ -939,12 +942,13 @@ class Enforcer:
             # A response object that passed here before (a view returns one object every time,
             # or a cached copy): ours from then go, or they would be sent twice, stale first.
             _drop_our_headers(headers, retry_after=marks[_HEADERS_ADDED])
-        if data.report is not None and self._headers != "none":
+        if (data.report is not None or data.evaluated) and self._headers != "none":
             # The names are ours alone: appended (werkzeug checks each value), no scan for an
             # existing one, one call for all of them.
             headers[len(headers) :] = rate_limit_headers(
-                self._headers, data.report, self.state.wall(), denied=data.denied
-            )
+                self._headers, data.report, self.state.wall(), denied=data.denied,
+                applied=data.evaluated,
+            )  # fmt: skip
         if data.degraded:
             headers["X-RateLimit-Degraded"] = "true"
         marks[_HEADERS_ADDED] = False  # True: Retry-After is ours too
@@ -955,6 +959,8 @@ class Enforcer:
         ):
             headers["Retry-After"] = str(data.retry_after)
             marks[_HEADERS_ADDED] = True
+        if self.state.otel is not None:  # OpenTelemetry's count of requests (flask_distlimit.otel)
+            self.state.otel.request(data, response)
         return response
 
     def hook_teardown(self, app: Flask) -> None:

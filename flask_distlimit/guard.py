@@ -87,6 +87,7 @@ from .frozen import slot_setters
 from .instances import Instances, InstancesSetting
 from .last_known import LastKnown
 from .metrics import Metrics
+from .otel import storage_outcome
 from .storage.base import Storage
 
 __all__ = [
@@ -200,6 +201,9 @@ class Guard:
         self.reset_timeout = float(reset_timeout)
         self.key_prefix = key_prefix
         self.metrics = metrics
+        #: given what use_metrics is handed, answers the sink to keep (flask_distlimit.otel
+        #: keeps its instruments beside the Prometheus metrics with it)
+        self.compose_metrics: Callable[[Metrics | None], Metrics | None] | None = None
         self._clock = clock
         self._log_lock = threading.Lock()
         self._refusal_logged_at: float | None = None  # clock() of the last ERROR line
@@ -338,7 +342,7 @@ class Guard:
             return self._degraded(checks, self._refused_write(exc, policy), now_us)
         except StorageUnavailable as exc:
             if metrics is not None:
-                metrics.storage_call(time.perf_counter() - started)
+                metrics.storage_call(time.perf_counter() - started, storage_outcome(exc))
             if self._follows and self._node == DEFAULT_NODE:
                 # The storage had not named its node yet (a Sentinel master before the first
                 # connection): the outage is that of the node it names now.
@@ -361,7 +365,7 @@ class Guard:
         except StorageResponseError as exc:
             breaker.success()  # the store answered: not an outage
             if metrics is not None:
-                metrics.storage_call(time.perf_counter() - started)
+                metrics.storage_call(time.perf_counter() - started, "error")
             self.unreadable(exc)
             return self._degraded(checks, policy, now_us)
         except BaseException:
@@ -424,7 +428,11 @@ class Guard:
                     breaker.release()
                 raise
             if metrics is not None:
-                metrics.storage_call(time.perf_counter() - started)
+                failed_parts = [r for r in results if isinstance(r, StorageError)]
+                metrics.storage_call(
+                    time.perf_counter() - started,
+                    storage_outcome(failed_parts[0] if failed_parts else None),
+                )
         # Each node's breaker hears once: an outage if any of its groups met one.
         self._tell(trying, [node for node, _ in live], results)
         full = next((r for r in results if isinstance(r, StorageFull)), None)
@@ -947,6 +955,8 @@ class Guard:
     def use_metrics(self, metrics: Metrics | None) -> None:
         """Start (or, with ``None``, stop) recording Prometheus metrics, e.g. on a guard the
         Flask extension built: ``limiter.state(app).guard.use_metrics(metrics_for())``."""
+        if self.compose_metrics is not None:
+            metrics = self.compose_metrics(metrics)
         if metrics is not None:
             for breaker in self.breakers.all():
                 metrics.breaker_changed(breaker.name, breaker.state)

@@ -192,8 +192,8 @@ class Metrics:
     def worker_in_flight(self, value: int) -> None:
         self.worker_in_flight_gauge.set(value)
 
-    def storage_call(self, seconds: float) -> None:
-        self._observe(seconds)
+    def storage_call(self, seconds: float, outcome: str = "ok") -> None:
+        self._observe(seconds)  # outcome (ok | timeout | error): OpenTelemetry's attribute
 
     def evaluated(self, checks: Sequence[Check], evaluation: Evaluation) -> None:
         for check, decision in zip(checks, evaluation.decisions, strict=False):

@@ -50,7 +50,7 @@ from .decision import Check
 from .declarations import LimitRegistry, LimitSpec
 from .dynamic_limits import DynamicLimit
 from .errors import ConfigurationError
-from .headers import policy_item, sf_string
+from .headers import concurrency_policy_item, policy_item, sf_string
 from .keys import key_parts
 from .limits import Rate
 
@@ -258,7 +258,11 @@ def _bind_rates(
                 keyed_on=keyed_on,
                 key_head=head,
                 key_tail=tail,
-                policy=policy_item(name, rate.amount, rate.period),
+                policy=(
+                    concurrency_policy_item(name, rate.amount)
+                    if algorithm == CONCURRENCY
+                    else policy_item(name, rate.amount, rate.period)
+                ),
                 quoted=sf_string(name),
                 key_func=spec.key_func,
                 cost=spec.cost,

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from . import admin
+from . import admin, otel
 from .algorithms import check_limit_count
 from .config import Settings
 from .decision import Check
@@ -168,6 +168,9 @@ class LimiterState:
             else None,
         )
         self.enforcer = Enforcer(self)
+        #: OpenTelemetry metrics (flask_distlimit.otel): on when the API is installed
+        self.otel: otel.OTelHook | None = None
+        otel.auto(self)
         _states.add(self)
 
     def storage_now(self) -> int | None:

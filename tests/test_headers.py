@@ -43,7 +43,7 @@ def test_both_header_families_when_allowed() -> None:
     assert headers == {
         "X-RateLimit-Limit": "10",
         "X-RateLimit-Remaining": "5",
-        "X-RateLimit-Reset": str(1_700_000_001 + 17),
+        "X-RateLimit-Reset": str(1_700_000_017),  # ceil(now + 16.2): one rounding, not two
         "RateLimit-Policy": '"p";q=10;w=60',
         "RateLimit": '"p";r=5;t=17',
     }
@@ -54,7 +54,8 @@ def test_denied_reports_zero_and_the_retry_time_rounded_up() -> None:
     report = _report(remaining=3, reset_after=50, retry_after=4.01)
     headers = dict(rate_limit_headers("both", report, 100.0, denied=True))
     assert headers["X-RateLimit-Remaining"] == "0"
-    assert headers["X-RateLimit-Reset"] == "105"
+    # the later of the window's reset (what a 200 said) and the retry time: never earlier
+    assert headers["X-RateLimit-Reset"] == "150"
     assert headers["RateLimit"] == '"p";r=0;t=5'
 
 
@@ -94,7 +95,10 @@ def test_headers_report_the_limit_closest_to_denial(backend: Backend, clock: Fak
     client = app.test_client()
     first = client.get("/")
     assert first.headers["X-RateLimit-Limit"] == "4"
-    assert first.headers["RateLimit-Policy"] == '"global:4/minute";q=4;w=60'
+    # every policy that applied, the one reported first
+    assert first.headers["RateLimit-Policy"] == (
+        '"global:4/minute";q=4;w=60, "index:10/minute";q=10;w=60'
+    )
     assert first.headers["RateLimit"] == '"global:4/minute";r=3;t=60'
     assert first.headers["X-RateLimit-Reset"] == str(1_700_000_040 + 60)
     assert "Retry-After" not in first.headers

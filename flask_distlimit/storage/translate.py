@@ -167,6 +167,7 @@ def _refusal(exc: BaseException) -> str | None:
         isinstance(exc, rx.NoPermissionError)
         or answer.startswith("NOPERM")
         or "user executing the script can't" in text  # an ACL refusal inside a script
+        or text.startswith("ACL failure in script")  # the same refusal, in Valkey 8's words
     ):
         return _PERMISSIONS.format(answer=answer)
     if bare.startswith("DB index is out of range"):

@@ -8,6 +8,8 @@ Accepted forms::
     unix://[[user]:password@]/path/to/redis.sock[?db=N]
     redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]
     redis+cluster://[[user]:password@]host:port[,host:port...]
+    valkey://  valkeys://  valkey+sentinel://  valkey+cluster://   (the same as the redis ones:
+                                                                   Valkey speaks the protocol)
 
 Query parameters: ``db``, ``username``, ``password``, ``client_name``, ``max_connections``,
 ``ssl_cert_reqs``, ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname``;
@@ -43,7 +45,16 @@ ACCEPTED_FORMS: Final = (
     "unix:///path/to/redis.sock[?db=N]",
     "redis+sentinel://[:password@]host:port[,host:port...]/service[/db]",
     "redis+cluster://[:password@]host:port[,host:port...]",
+    "valkey://, valkeys://, valkey+sentinel://, valkey+cluster:// (as the redis ones)",
 )
+
+#: Valkey's schemes (as ``limits`` spells them), read as the Redis ones they are twins of.
+_VALKEY_SCHEMES: Final = {
+    "valkey": "redis",
+    "valkeys": "rediss",
+    "valkey+sentinel": "redis+sentinel",
+    "valkey+cluster": "redis+cluster",
+}
 
 _TRUE: Final = {"1", "true", "yes", "on"}
 _FALSE: Final = {"0", "false", "no", "off"}
@@ -178,6 +189,9 @@ def _build(url: str, timeout: float, request_tokens: str, options: dict[str, Any
     scheme = scheme.lower()
     if not sep:
         raise _BadURL("it has no scheme (such as redis://)")
+    if scheme in _VALKEY_SCHEMES:
+        scheme = _VALKEY_SCHEMES[scheme]
+        url = scheme + url[url.index("://") :]
     if scheme == "memory":
         if rest.strip("/"):
             raise _BadURL("memory:// takes nothing after the scheme")
