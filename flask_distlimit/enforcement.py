@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from flask import Flask, Request, current_app, request
-from flask import signals as flask_signals
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as WerkzeugResponse
 
@@ -154,7 +153,8 @@ class _RequestData:
         self.evaluated: list[Evaluated] = []
         #: ``deduct_when`` limits to charge after the response, by key
         self.deferred: dict[str, deduction.Deferred] = {}
-        self.slots: SlotRelease | None = None  #: concurrency slots to give back at the end
+        #: concurrency slots, held by the request's ledger (flask_distlimit.lifecycle)
+        self.slots: SlotRelease | None = None
 
 
 class _Served:
@@ -246,8 +246,6 @@ class Enforcer:
         self._conditional_cost = settings.conditional_cost
         self._retry_unavailable = retry_after_seconds(settings.breaker_reset_timeout)
         self._lock = threading.Lock()
-        #: teardown_request is called at the end of each request (see hook_teardown)
-        self._teardown_hooked = False
         #: the app's view functions as registered, by endpoint; None until the first request
         self._views: dict[str, object] | None = None
         self._served: _Served | None = None
@@ -628,8 +626,8 @@ class Enforcer:
         if slots:  # given back when the response ends, whatever happens from here
             if data.slots is None:
                 data.slots = SlotRelease(state)
-                if not self._teardown_hooked:
-                    self._hook_teardown()
+                # given back when the response ends, however (flask_distlimit.lifecycle)
+                state.lifecycle.ledger(request.environ).take(data.slots)
             data.slots.add(slots)
         if self._leasing and any(b.lease for b in bounds):  # flask_distlimit.leases
             started = state.local_clock()
@@ -921,9 +919,6 @@ class Enforcer:
                 report = _report(later.bound, charged, denied=False)
                 if data.report is None or report.remaining < data.report.remaining:
                     data.report = report  # the count after the charge, not the peek's
-        if data.slots is not None and response.is_streamed and not data.slots.scheduled:
-            data.slots.scheduled = True  # given back after the last chunk, not at teardown
-            response.call_on_close(data.slots)
         headers = response.headers
         marks = response.__dict__
         if _HEADERS_ADDED in marks:
@@ -947,34 +942,6 @@ class Enforcer:
             headers["Retry-After"] = str(data.retry_after)
             marks[_HEADERS_ADDED] = True
         return response
-
-    def hook_teardown(self, app: Flask) -> None:
-        """Called by ``init_app``. Without blinker (Flask 2.2 makes it optional) the teardown
-        hook is registered now; with it, :meth:`teardown_request` listens to Flask's
-        ``request_tearing_down`` signal from the first request that takes a concurrency slot
-        on: until then there is nothing to give back, and no request pays for a hook."""
-        if not getattr(flask_signals, "signals_available", True):
-            app.teardown_request(self.teardown_request)
-            self._teardown_hooked = True
-
-    def _hook_teardown(self) -> None:
-        with self._lock:
-            if not self._teardown_hooked:
-                app = current_app._get_current_object()  # type: ignore[attr-defined]
-                # weak=False: the bound method lives as long as the app (blinker drops the
-                # receivers of a sender that is gone)
-                flask_signals.request_tearing_down.connect(self._torn_down, app, weak=False)
-                self._teardown_hooked = True
-
-    def _torn_down(self, sender: Flask, exc: BaseException | None = None, **_: Any) -> None:
-        self.teardown_request(exc)
-
-    def teardown_request(self, exc: BaseException | None = None) -> None:
-        """Give back the request's concurrency slots (a streamed response gives them back
-        when the server closes it, after its last chunk)."""
-        data: _RequestData | None = request.environ.get(self.environ_key)
-        if data is not None and data.slots is not None and not data.slots.scheduled:
-            data.slots()
 
     def _view_never_ran(
         self, response: WerkzeugResponse
