@@ -273,6 +273,7 @@ class Enforcer:
         self._charge_preflights = settings.charge_preflights
         self._dynamic_ttl = ttl_us(settings.dynamic_limit_ttl)
         self._filters = state.limiter.request_filters
+        self._worker_shedding = state.shedding.load is not None
         self._shadow_all = settings.shadow is True
         self._shadow_log = ShadowLog(state.local_clock)
         self._lease = settings.concurrency_lease
@@ -286,9 +287,25 @@ class Enforcer:
     # -- the first request -----------------------------------------------------------------------
 
     def before_request(self) -> None:
-        """Finalize on the app's first request; nothing after that."""
+        """Finalize on the app's first request; shed the request when this process is too busy
+        and its priority is known before the app's hooks (:mod:`flask_distlimit.shedding`)."""
         if self._views is None:
             self.finalize(current_app._get_current_object())  # type: ignore[attr-defined]
+        shedding = self.state.shedding
+        if shedding.load is None:
+            return
+        req: Request = request._get_current_object()  # type: ignore[attr-defined]
+        endpoint = req.endpoint
+        view: object | None = None
+        if endpoint is not None:
+            view = self.original_view(endpoint)
+            plan = self._plans.get((endpoint, req.method)) or self.plan(endpoint, req.method, view)
+            if plan.exempt:  # exempt (static files too): never counted, never shed
+                return
+        # A request filter or the priority resolver may read what the app's hooks set: then
+        # the gate decides, after them.
+        if not self._filters and shedding.known_before_hooks(view):
+            shedding.admit()
 
     def finalize(self, app: Flask) -> None:
         """Wrap every view function of ``app`` in a gate, close declarations on what it serves,
@@ -417,9 +434,13 @@ class Enforcer:
         refusal. Answers the request's data (None when nothing applies to the route)."""
         req: Request = request._get_current_object()  # type: ignore[attr-defined]
         plan = self._plans.get((endpoint, req.method)) or self.plan(endpoint, req.method, view)
+        exempt = plan.exempt
+        if not exempt and self._filters:
+            exempt = filtered(self._filters)
+        if not exempt and self._worker_shedding:
+            self.state.shedding.admit()  # after every hook, unless it was decided before them
         if plan.idle and not self._every_request:
             return None  # nothing to count, nothing a wrapper could need to know
-        exempt = plan.exempt or bool(self._filters and filtered(self._filters))
         data = _RequestData(plan.covered, exempt=exempt)
         req.environ[self.environ_key] = data
         if not exempt:

@@ -186,8 +186,7 @@ class Limiter(Declarations):
         if settings.enabled:
             # what a request takes is given back however its response ends, at the WSGI level
             state.lifecycle.install(app)
-            if state.shedding.load is not None:  # first: before anything else is done
-                app.before_request(state.shedding.before_request)
+            # first: worker shedding decides before anything else is done
             app.before_request(state.enforcer.before_request)
             app.after_request(state.enforcer.after_request)
 

@@ -208,6 +208,7 @@ class Shedding:
         self.load = load
         self._lifecycle = lifecycle
         self._key = f"flask_distlimit.priority.{id(self):x}"
+        self._admitted = f"flask_distlimit.admitted.{id(self):x}"
 
     def priority(self) -> Priority:
         """The current request's priority (computed once per request)."""
@@ -220,20 +221,29 @@ class Shedding:
             environ[self._key] = found
         return found
 
-    def before_request(self) -> None:
-        """Shed the request if this process is too busy for its priority."""
+    def known_before_hooks(self, view: object | None) -> bool:
+        """Whether the request's priority can be known before the app's ``before_request``
+        hooks run (it cannot when the Limiter-wide resolver decides it: the resolver may read
+        what the hooks set, e.g. the authenticated user)."""
+        return True
+
+    def admit(self) -> None:
+        """Count the current request into this process's load, or shed it (503
+        :class:`~flask_distlimit.problem.Overloaded`); once per request, a no-op when worker
+        shedding is off. The caller has checked that the request is not exempt."""
         load = self.load
         if load is None:
             return
-        endpoint = request.endpoint
-        if endpoint is not None and (endpoint == "static" or endpoint.endswith(".static")):
+        environ = request.environ
+        if self._admitted in environ:
             return
+        environ[self._admitted] = True
         priority = self.priority()
         place = load.enter(priority)
         if place is None:
             raise Overloaded(priority=priority, instance=request.path, reason="worker")
         # counted out when the response ends, however it ends (flask_distlimit.lifecycle)
-        self._lifecycle.ledger(request.environ).take(place)
+        self._lifecycle.ledger(environ).take(place)
 
 
 def overload_health(report: dict[str, object], state: LimiterState) -> dict[str, object]:

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-from flask import Flask, Response, request
+from flask import Blueprint, Flask, Response, request
 from prometheus_client import CollectorRegistry
 
 from flask_distlimit import ConfigurationError, Limiter
@@ -131,6 +131,42 @@ def test_a_shed_request_is_charged_to_no_limit(
     held.release()
     response = client.get("/report")
     assert response.headers["X-RateLimit-Remaining"] == "99"  # the shed one was not counted
+
+
+def test_exempt_requests_are_never_shed(
+    worker_app: tuple[Flask, Limiter, Held, CountingStorage],
+) -> None:
+    """Issue 24, finding 3: a health probe got 503 when 3 of 4 threads were busy."""
+    app, limiter, held, _ = worker_app
+
+    @app.get("/healthz")
+    @limiter.exempt
+    def healthz() -> str:
+        return "ok"
+
+    probes = Blueprint("probes", __name__)
+
+    @probes.get("/ready")
+    def ready() -> str:
+        return "ready"
+
+    limiter.exempt(probes)
+    app.register_blueprint(probes)
+
+    @limiter.request_filter
+    def internal() -> bool:
+        return request.headers.get("X-Internal") == "yes"
+
+    client = app.test_client()
+    held.hold(client, "/hold", 3)  # 3 of 4 busy: every default request is shed
+    assert client.get("/page").status_code == 503
+    assert client.get("/healthz").status_code == 200
+    assert client.get("/ready").status_code == 200
+    assert client.get("/page", headers={"X-Internal": "yes"}).status_code == 200
+    state = Limiter.state(app)
+    assert state.shedding.load is not None and state.shedding.load.in_flight == 3
+    held.release()
+    assert state.shedding.load.in_flight == 0
 
 
 def test_a_streamed_response_holds_its_thread_until_it_is_closed(clock: FakeClock) -> None:
