@@ -15,7 +15,9 @@ at most 2 do, and the last thread is kept for critical requests. In flight means
 extension's first ``before_request`` hook until the response ends, as the request's ledger says
 (:mod:`flask_distlimit.lifecycle`): when the app returns a complete body (the server only writes
 it then), else when the server closes the body (a stream or a ``send_file`` body holds its thread
-until its last chunk), or when an exception escapes the app.
+until its last chunk), or when an exception escapes the app. A place in flight has a deadline,
+``DISTLIMIT_CONCURRENCY_LEASE`` after it was taken (renewed while a body streams): a place
+nobody gave back is dropped once its deadline has passed, before a request would be shed.
 The count is this process's alone (a lock and an integer: no storage call), so it protects the
 process even when Redis is the slow part. It runs in the extension's ``before_request`` hook,
 before the app's own hooks registered after ``init_app``, and before any limit is counted: a

@@ -164,3 +164,68 @@ def test_a_file_like_object_download_gives_back(clock: FakeClock, download: Path
         with client.get("/memory") as response:
             assert response.get_data() == b"in memory"
     assert _held(app) == (0, 0)
+
+
+# -- deadlines and renewal ---------------------------------------------------------------------
+
+
+def _long_stream_app(storage: Storage, clock: FakeClock) -> tuple[Flask, Limiter]:
+    """Lease 30 s; ``/long`` streams 4 chunks, 20 s apart (the stream outlives its lease)."""
+    app, limiter, _ = make_app(
+        storage, clock, DISTLIMIT_CONCURRENCY_LEASE=30, DISTLIMIT_WORKER_THREADS=2
+    )
+
+    @app.get("/long")
+    @limiter.concurrency(1)
+    @limiter.priority("critical")
+    def long() -> Response:
+        def body() -> Iterator[bytes]:
+            yield b"0"
+            for i in range(1, 4):
+                clock.advance(20)
+                yield str(i).encode()
+
+        return Response(body())
+
+    @app.get("/page")
+    @limiter.priority("sheddable")
+    def page() -> str:
+        return "page"
+
+    return app, limiter
+
+
+def test_a_long_stream_renews_its_slot_and_place_while_it_streams(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Issue 24, finding 7: a stream's slot was never renewed, so past the lease a second
+    stream got in under concurrency(1)."""
+    app, _ = _long_stream_app(backend(), clock)
+    client = app.test_client()
+    first = client.get("/long")
+    body = iter(first.response)
+    assert [next(body), next(body), next(body)] == [b"0", b"1", b"2"]  # 40 s in: past its lease
+    with client.get("/long") as second:
+        assert second.status_code == 429  # the stream still holds its one slot
+    with client.get("/page") as page:
+        assert page.status_code == 503  # and its place among the 2 threads
+    assert list(body) == [b"3"]
+    first.close()
+    with client.get("/long") as third:
+        assert third.status_code == 200 and third.get_data() == b"0123"
+
+
+def test_a_place_nobody_gives_back_ends_at_its_deadline(clock: FakeClock) -> None:
+    """A request whose end never comes (its thread was killed, a server that never closes the
+    body) holds its place in flight only until its deadline, the lease."""
+    app, _ = _long_stream_app(MemoryStorage(clock=clock), clock)
+    client = app.test_client()
+    abandoned = client.get("/long")  # never iterated further, never closed
+    assert abandoned.status_code == 200
+    assert client.get("/page").status_code == 503
+    clock.advance(29)
+    assert client.get("/page").status_code == 503
+    clock.advance(1)
+    assert client.get("/page").status_code == 200  # the lost place was dropped
+    state = Limiter.state(app)
+    assert state.shedding.load is not None and state.shedding.load.in_flight == 0
