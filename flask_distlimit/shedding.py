@@ -18,10 +18,21 @@ it then), else when the server closes the body (a stream or a ``send_file`` body
 until its last chunk), or when an exception escapes the app. A place in flight has a deadline,
 ``DISTLIMIT_CONCURRENCY_LEASE`` after it was taken (renewed while a body streams): a place
 nobody gave back is dropped once its deadline has passed, before a request would be shed.
-The count is this process's alone (a lock and an integer: no storage call), so it protects the
-process even when Redis is the slow part. It runs in the extension's ``before_request`` hook,
-before the app's own hooks registered after ``init_app``, and before any limit is counted: a
-shed request is charged to no limit. Static files are never shed.
+The count is this process's alone (a lock and a dict: no storage call), so it protects the
+process even when Redis is the slow part. It is decided before any limit is counted (a shed
+request is charged to no limit), as early as its inputs allow:
+
+- in the extension's ``before_request`` hook, before the app's own hooks registered after
+  ``init_app``, when the request's priority is declared on its view (``@limiter.priority``) or
+  no priority resolver is registered, and no request filter is: nothing the app's hooks set can
+  change the answer, and a shed request costs no hook's work (an authentication lookup);
+- otherwise when Flask calls the view (the gate of :mod:`flask_distlimit.enforcement`), after
+  every ``before_request`` hook, so the priority resolver and the request filters see what the
+  hooks set (``g.user``). A request no view answers then (no route matched, a hook answered,
+  Flask's own ``OPTIONS``) is neither shed nor counted in flight.
+
+Exempt routes (``@limiter.exempt``, static files) and requests a filter exempts are never shed
+nor counted.
 """
 
 from __future__ import annotations
@@ -227,7 +238,8 @@ class Shedding:
         """Whether the request's priority can be known before the app's ``before_request``
         hooks run (it cannot when the Limiter-wide resolver decides it: the resolver may read
         what the hooks set, e.g. the authenticated user)."""
-        return True
+        priorities = self.priorities
+        return priorities.resolver is None or priorities.of_view(view) is not None
 
     def admit(self) -> None:
         """Count the current request into this process's load, or shed it (503
