@@ -274,6 +274,7 @@ class Enforcer:
         self._dynamic_ttl = ttl_us(settings.dynamic_limit_ttl)
         self._filters = state.limiter.request_filters
         self._worker_shedding = state.shedding.load is not None
+        self._ledger_key = state.lifecycle.key
         self._shadow_all = settings.shadow is True
         self._shadow_log = ShadowLog(state.local_clock)
         self._lease = settings.concurrency_lease
@@ -928,6 +929,13 @@ class Enforcer:
         """Count a request whose view never ran; add the rate-limit headers (and
         ``Retry-After`` on a 429/503 the app replaced)."""
         req: Request = request._get_current_object()  # type: ignore[attr-defined]
+        response = self._after_request(req, response)
+        environ = req.environ
+        if self._ledger_key in environ:  # the request holds something: when does it end?
+            self.state.lifecycle.response_made(environ, response)
+        return response
+
+    def _after_request(self, req: Request, response: WerkzeugResponse) -> WerkzeugResponse:
         data: _RequestData | None = req.environ.get(self.environ_key)
         if data is None:
             response, data = self._view_never_ran(response)

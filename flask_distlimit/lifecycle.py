@@ -16,9 +16,11 @@ decided at the WSGI level, by :class:`Lifecycle`, which ``init_app`` installs ar
 1. The app raised (an exception that escaped Flask, e.g. under ``PROPAGATE_EXCEPTIONS``): the
    ledger ends, the exception goes on.
 2. The app returned, and the response it made was complete (not streamed: Flask made its whole
-   body; ``request_finished`` or, without blinker, the extension's ``after_request`` says which):
-   the ledger ends now, before the server writes the bytes. This is the common case, and it
-   ends also under a test client that never closes its responses.
+   body, as the extension's ``after_request`` hook saw it): the ledger ends now, before the
+   server writes the bytes. This is the common case, and it ends also under a test client that
+   never closes its responses. (An ``after_request`` hook registered before ``init_app`` runs
+   after the extension's: one that swaps a complete response for a streamed one gives that
+   stream's holdings back before it streams.)
 3. Otherwise (a streamed body, a ``send_file`` body, anything not known to be complete), the
    ledger ends when the server closes the iterable it got, as PEP 3333 requires of every server,
    after its last chunk, after a generator that raised, after a client that went away
@@ -47,12 +49,10 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from flask import Flask, request
-from flask import signals as flask_signals
-from werkzeug.wrappers import Response as WerkzeugResponse
-
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+    from flask import Flask
+    from werkzeug.wrappers import Response as WerkzeugResponse
 
 __all__ = ["Holding", "Ledger", "Lifecycle"]
 
@@ -205,23 +205,9 @@ class Lifecycle:
         self._server_file_wrapper = f"flask_distlimit.file_wrapper.{id(self):x}"
 
     def install(self, app: Flask) -> None:
-        """Wrap ``app.wsgi_app``, and hear from Flask whether each response is complete:
-        ``request_finished`` (sent with the response every ``after_request`` hook made), or
-        without blinker (Flask 2.2 makes it optional) an ``after_request`` hook."""
+        """Wrap ``app.wsgi_app``."""
         self.wsgi_app = app.wsgi_app
         app.wsgi_app = self  # type: ignore[method-assign]
-        if getattr(flask_signals, "signals_available", True):
-            # weak=False: the bound method lives as long as the app
-            flask_signals.request_finished.connect(self._finished, app, weak=False)
-        else:
-            app.after_request(self._after_request)
-
-    def _finished(self, sender: Flask, response: WerkzeugResponse, **_: Any) -> None:
-        self.response_made(request.environ, response.is_streamed)
-
-    def _after_request(self, response: WerkzeugResponse) -> WerkzeugResponse:
-        self.response_made(request.environ, response.is_streamed)
-        return response
 
     def ledger(self, environ: WSGIEnvironment) -> Ledger:
         """The request's ledger, made on its first holding."""
@@ -234,11 +220,12 @@ class Lifecycle:
                 environ[_FILE_WRAPPER] = _file_wrapper(server_wrapper, ledger)
         return ledger
 
-    def response_made(self, environ: WSGIEnvironment, streamed: bool) -> None:
-        """Flask finished a response: whether its body still has to be made."""
+    def response_made(self, environ: WSGIEnvironment, response: WerkzeugResponse) -> None:
+        """Flask made ``response`` (the extension's ``after_request`` hook): whether its body is
+        complete, or still to be made while the server sends it."""
         ledger: Ledger | None = environ.get(self.key)
         if ledger is not None:
-            ledger.complete = not streamed
+            ledger.complete = not response.is_streamed
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         wsgi_app = self.wsgi_app
