@@ -97,18 +97,18 @@ class SlotRelease:
         self()
 
     def renew(self) -> None:
-        """Take the slots again under their tokens: each live slot's lease starts again (a slot
-        whose lease ended is taken again if there is room). Never raises an Exception."""
-        if self._done or not self._checks:
+        """Take the slots again under their tokens, in the storage: each live slot's lease
+        starts again (a slot whose lease ended is taken again if there is room). Slots the
+        local fallback holds (the request was decided during an outage) are not renewed: they
+        end at their lease, since a local evaluation would count as a failure and keep the
+        process on local limits. Never raises an Exception."""
+        if self._done or not self._checks or self._degraded:
             return
         state = self._state
-        guard = state.guard
-        now = state.storage_now()
         again = [dataclasses.replace(c, release=False) for c in self._checks]
-        for fallback, part in guard.fallbacks_for(again):
-            if self._degraded or fallback.holding:
-                fallback.evaluate(part, instances=guard.instances.divisor, now_us=now)
-        guard.evaluate_beside(again, "a concurrency slot's renewal", now_us=now)
+        state.guard.evaluate_beside(
+            again, "a concurrency slot's renewal", now_us=state.storage_now()
+        )
 
     def __call__(self) -> None:
         if self._done or not self._checks:
