@@ -436,12 +436,16 @@ class Enforcer:
         req: Request = request._get_current_object()  # type: ignore[attr-defined]
         plan = self._plans.get((endpoint, req.method)) or self.plan(endpoint, req.method, view)
         exempt = plan.exempt
-        if not exempt and self._filters:
-            exempt = filtered(self._filters)
-        if not exempt and self._worker_shedding:
-            self.state.shedding.admit()  # after every hook, unless it was decided before them
+        asked = False  # the request filters
+        if self._worker_shedding and not exempt:
+            asked = True
+            exempt = bool(self._filters and filtered(self._filters))
+            if not exempt:  # after every hook, unless it was decided before them
+                self.state.shedding.admit()
         if plan.idle and not self._every_request:
             return None  # nothing to count, nothing a wrapper could need to know
+        if not (exempt or asked) and self._filters:
+            exempt = filtered(self._filters)
         data = _RequestData(plan.covered, exempt=exempt)
         req.environ[self.environ_key] = data
         if not exempt:
