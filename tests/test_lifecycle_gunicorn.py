@@ -119,10 +119,12 @@ def server(request: pytest.FixtureRequest, redis_server: RedisProcess) -> Iterat
             running.stop()
 
 
-def _call(port: int, method: str, path: str) -> tuple[int, bytes]:
+def _call(
+    port: int, method: str, path: str, headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
-        conn.request(method, path)
+        conn.request(method, path, headers=headers or {})
         response = conn.getresponse()
         try:
             body = response.read()
@@ -164,6 +166,7 @@ def _idle(state: dict[str, object]) -> bool:
 CELLS = [
     ("plain", "GET", "/plain", 200, 1, 1, 0),
     ("send_file", "GET", "/file", 200, 1, 1, 0),
+    ("send_file, a byte range", "RANGE", "/file", 206, 1, 1, 0),
     ("streamed", "GET", "/stream", 200, 1, 1, 0),
     ("streamed and raising", "GET", "/stream-raises", 200, 1, 1, 0),
     ("view raising", "GET", "/raises", 500, 1, 1, 1),
@@ -192,6 +195,8 @@ def test_every_response_gives_back_what_it_took_and_is_charged_as_documented(
         for cell, method, path, status, every, route, deducted in CELLS:
             if method == "DISCONNECT":
                 got, body = _disconnect_mid_body(port, path)
+            elif method == "RANGE":
+                got, body = _call(port, "GET", path, {"Range": "bytes=100-199"})
             else:
                 got, body = _call(port, method, path)
             if got != status:
