@@ -935,7 +935,7 @@ class Enforcer:
         req: Request = request._get_current_object()  # type: ignore[attr-defined]
         response = self._after_request(req, response)
         environ = req.environ
-        if self._ledger_key in environ:  # the request holds something: when does it end?
+        if environ.get(self._ledger_key):  # the request holds something: when does it end?
             self.state.lifecycle.response_made(environ, response)
         return response
 

@@ -39,7 +39,7 @@ lease has passed, so a long stream keeps its slot while it streams. A file sent 
 ``sendfile(2)`` and a view that runs longer than the lease are not renewed (no Python code
 runs meanwhile, and there is no background thread): their holdings end at the lease.
 
-Requests that take nothing get no ledger: the wrapper costs them one environ lookup.
+Requests that take nothing get no ledger: the wrapper costs them an empty list in the environ.
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ class Ledger:
         "_renew_every",
         "complete",
         "files",
+        "lent",
     )
 
     def __init__(self, clock: Callable[[], int], renew_every_us: int) -> None:
@@ -94,10 +95,20 @@ class Ledger:
         self.files: list[object] = []
         #: the response Flask made is complete (its body made): end when the app returns
         self.complete = False
+        #: the environ whose ``wsgi.file_wrapper`` was swapped for ours, and the server's own
+        self.lent: tuple[WSGIEnvironment, object] | None = None
 
     @property
     def ended(self) -> bool:
         return self._ended
+
+    def give_back_file_wrapper(self) -> None:
+        """Put the server's ``wsgi.file_wrapper`` back, before the server checks the body
+        against it."""
+        if self.lent is not None:
+            environ, server_wrapper = self.lent
+            self.lent = None
+            environ[_FILE_WRAPPER] = server_wrapper
 
     def made_file(self, body: object) -> bool:
         """Whether ``body`` is a server's file wrapper made around a proxy of ours."""
@@ -202,7 +213,6 @@ class Lifecycle:
         self._clock = clock
         self._renew_every = lease_seconds * 1_000_000 // 2
         self.key = f"flask_distlimit.ledger.{id(self):x}"
-        self._server_file_wrapper = f"flask_distlimit.file_wrapper.{id(self):x}"
 
     def install(self, app: Flask) -> None:
         """Wrap ``app.wsgi_app``."""
@@ -211,48 +221,50 @@ class Lifecycle:
 
     def ledger(self, environ: WSGIEnvironment) -> Ledger:
         """The request's ledger, made on its first holding."""
-        ledger: Ledger | None = environ.get(self.key)
-        if ledger is None:
-            ledger = environ[self.key] = Ledger(self._clock, self._renew_every)
-            server_wrapper = environ.get(_FILE_WRAPPER)
-            if server_wrapper is not None:
-                environ[self._server_file_wrapper] = server_wrapper
-                environ[_FILE_WRAPPER] = _file_wrapper(server_wrapper, ledger)
+        cell: list[Ledger] | None = environ.get(self.key)
+        if cell is None:  # outside the wrapper (a request context made by hand): deadlines only
+            cell = environ[self.key] = []
+        if cell:
+            return cell[0]
+        ledger = Ledger(self._clock, self._renew_every)
+        cell.append(ledger)
+        server_wrapper = environ.get(_FILE_WRAPPER)
+        if server_wrapper is not None:
+            ledger.lent = (environ, server_wrapper)
+            environ[_FILE_WRAPPER] = _file_wrapper(server_wrapper, ledger)
         return ledger
 
     def response_made(self, environ: WSGIEnvironment, response: WerkzeugResponse) -> None:
         """Flask made ``response`` (the extension's ``after_request`` hook): whether its body is
         complete, or still to be made while the server sends it."""
-        ledger: Ledger | None = environ.get(self.key)
-        if ledger is not None:
-            ledger.complete = not response.is_streamed
+        cell: list[Ledger] | None = environ.get(self.key)
+        if cell:
+            cell[0].complete = not response.is_streamed
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         wsgi_app = self.wsgi_app
         assert wsgi_app is not None, "Lifecycle.install(app) first"
+        # A cell, not the ledger: a middleware inside this wrapper that copies the environ
+        # hands the app a copy that still holds this same cell.
+        cell: list[Ledger] = []
+        environ[self.key] = cell
         try:
             body = wsgi_app(environ, start_response)
         except BaseException:
-            ledger: Ledger | None = environ.get(self.key)
-            if ledger is not None:
-                self._give_back_file_wrapper(environ)
-                ledger.end()
+            if cell:
+                cell[0].give_back_file_wrapper()
+                cell[0].end()
             raise
-        ledger = environ.get(self.key)
-        if ledger is None:
+        if not cell:
             return body
-        self._give_back_file_wrapper(environ)
+        ledger = cell[0]
+        ledger.give_back_file_wrapper()
         if ledger.complete or ledger.ended:
             ledger.end()
             return body
         if ledger.made_file(body):
             return body  # the server's own file wrapper: its close() ends the ledger
         return _ClosingBody(body, ledger)
-
-    def _give_back_file_wrapper(self, environ: WSGIEnvironment) -> None:
-        server_wrapper = environ.pop(self._server_file_wrapper, None)
-        if server_wrapper is not None:
-            environ[_FILE_WRAPPER] = server_wrapper
 
 
 def _file_wrapper(server_wrapper: Any, ledger: Ledger) -> Callable[..., object]:

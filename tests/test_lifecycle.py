@@ -20,7 +20,7 @@ from flask_distlimit import Limiter
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.memory import MemoryStorage
 from flask_distlimit.testing import FakeClock
-from tests.distlimit_fixtures import backend, clock, make_app
+from tests.distlimit_fixtures import QUIET, backend, clock, make_app
 
 __all__ = ["backend", "clock"]  # fixtures used below
 
@@ -229,3 +229,38 @@ def test_a_place_nobody_gives_back_ends_at_its_deadline(clock: FakeClock) -> Non
     assert client.get("/page").status_code == 200  # the lost place was dropped
     state = Limiter.state(app)
     assert state.shedding.load is not None and state.shedding.load.in_flight == 0
+
+
+def test_a_middleware_that_copies_the_environ_inside_the_wrapper(
+    clock: FakeClock, download: Path
+) -> None:
+    """A middleware wrapped around ``wsgi_app`` before ``init_app`` runs inside the lifecycle's
+    wrapper; one that hands the app a copy of the environ must not hide the request's ledger."""
+    app = Flask(__name__)
+    app.config.update(QUIET)
+    inner = app.wsgi_app
+
+    def copying(environ: dict[str, object], start_response: Callable[..., object]) -> object:
+        return inner(dict(environ), start_response)  # type: ignore[arg-type]
+
+    app.wsgi_app = copying  # type: ignore[assignment]
+    limiter = Limiter(app, storage=MemoryStorage(clock=clock), clock=clock)
+
+    @app.get("/one")
+    @limiter.concurrency(1)
+    def one() -> str:
+        return "one"
+
+    @app.get("/download")
+    @limiter.concurrency(1, scope="download")
+    def fetch() -> Response:
+        return send_file(download)
+
+    client = app.test_client()
+    assert [client.get("/one").status_code for _ in range(3)] == [200] * 3
+    environ = EnvironBuilder(path="/download").get_environ()
+    environ["wsgi.file_wrapper"] = FileWrapper
+    for _ in range(3):
+        body = app(environ.copy(), lambda status, headers, exc_info=None: lambda data: None)
+        assert type(body) is FileWrapper  # still the server's own, for sendfile
+        body.close()
