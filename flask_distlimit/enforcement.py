@@ -22,6 +22,10 @@
    first) is counted here against the limits of every request (global and tier); then the
    rate-limit headers of the limit closest to denial are added (and
    ``X-RateLimit-Degraded: true`` when the storage was down).
+6. What a request takes (concurrency and fleet slots; a worker's place in flight, taken in
+   ``before_request`` or the gate by :mod:`flask_distlimit.shedding`) is kept by the request's
+   ledger, which :mod:`flask_distlimit.lifecycle` ends once, however the response ends;
+   ``after_request`` tells it whether the response's body is complete.
 
 What ``after_request`` needs is kept in the request's WSGI environ (under a key of this app's
 limiter), not on ``g``: the environ lives exactly as long as the request, and an app context

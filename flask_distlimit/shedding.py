@@ -1,5 +1,5 @@
 """Worker-utilization load shedding: each process sheds its least important traffic when its
-request threads are nearly all busy, before anything else happens and without a storage call.
+request threads are nearly all busy, before any limit is counted and without a storage call.
 
 ``DISTLIMIT_WORKER_THREADS`` (the request threads of one process, e.g. gunicorn's
 ``--threads``; 0, the default, turns it off) and ``DISTLIMIT_WORKER_SHED_AT`` (the utilization
@@ -12,7 +12,7 @@ is shed only if given a threshold). A request of priority p
 
 so with 4 threads a sheddable request runs only while at most 1 other runs, a default one while
 at most 2 do, and the last thread is kept for critical requests. In flight means from the
-extension's first ``before_request`` hook until the response ends, as the request's ledger says
+request's admission (below) until the response ends, as the request's ledger says
 (:mod:`flask_distlimit.lifecycle`): when the app returns a complete body (the server only writes
 it then), else when the server closes the body (a stream or a ``send_file`` body holds its thread
 until its last chunk), or when an exception escapes the app. A place in flight has a deadline,
