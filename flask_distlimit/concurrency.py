@@ -15,9 +15,11 @@ slot is taken in the request's one storage call, all-or-nothing with the request
   and that breaker hears how it ended, as it hears a request's call: an outage counts toward
   opening it, an answer resets its count, an error reply is an answer
   (:meth:`Guard.evaluate_beside <flask_distlimit.guard.Guard.evaluate_beside>`). The lease
-  gives back the slots not given back. A streamed response gives them back when the WSGI
-  server closes it (after its last chunk); any other at ``teardown_request`` (its body is made
-  then, and an exception that escaped Flask ends there too);
+  gives back the slots not given back. When the response ends is the request's ledger's to say
+  (:mod:`flask_distlimit.lifecycle`): when the app returns a complete body, else when the WSGI
+  server closes the body (after its last chunk, a ``send_file`` body too), or when an exception
+  escapes the app; a body the server iterates renews the slots' lease while it lasts (the same
+  tokens taken again: the script renews a live slot's lease);
 - a slot whose process died (SIGKILL, OOM) is given back by its lease: the next request of that
   identity removes the slots whose lease ended, in the same script call. No background thread;
 - a refusal is a 429 :class:`~flask_distlimit.problem.ConcurrencyLimitExceeded` (problem type
@@ -25,9 +27,9 @@ slot is taken in the request's one storage call, all-or-nothing with the request
 - failure policies apply: ``open`` admits, ``closed`` answers 503, ``local`` holds the slots in
   the process at N divided by the instances (``DISTLIMIT_INSTANCES``) and gives them back there.
 
-A request that outlives the lease loses its slot early (it is then under-counted): set the lease
-a little above the longest request you serve (gunicorn's ``--timeout``, 30 s by default, kills a
-worker's request by then). Rate-limit headers never describe a concurrency limit.
+A view that runs longer than the lease, or a file sent with ``sendfile(2)`` for longer, loses its
+slot early (it is then under-counted): nothing renews it meanwhile. Rate-limit headers never
+describe a concurrency limit.
 """
 
 from __future__ import annotations
@@ -65,19 +67,18 @@ def is_slot_key(key: str) -> bool:
 
 
 class SlotRelease:
-    """Gives back the slots one request took, once: at teardown, or when a streamed response
-    closes. Safe to call for slots that were never taken (a
-    refused request): releasing an absent token changes nothing."""
+    """The slots one request took: a holding of its ledger (:mod:`flask_distlimit.lifecycle`),
+    given back once when the response ends, renewed while a long body is sent. Safe to call
+    for slots that were never taken (a refused request): releasing an absent token changes
+    nothing."""
 
-    __slots__ = ("_checks", "_degraded", "_done", "_state", "scheduled")
+    __slots__ = ("_checks", "_degraded", "_done", "_state")
 
     def __init__(self, state: LimiterState) -> None:
         self._state = state
         self._checks: list[Check] = []
         self._degraded = False
         self._done = False
-        #: a streamed response will call it when it closes (teardown must not, then)
-        self.scheduled = False
 
     def add(self, checks: Sequence[Check]) -> None:
         """Slots a storage call is about to take."""
@@ -91,6 +92,23 @@ class SlotRelease:
     def degraded(self) -> None:
         """The local fallback decided the request: its slots are held in this process."""
         self._degraded = True
+
+    def release(self) -> None:
+        self()
+
+    def renew(self) -> None:
+        """Take the slots again under their tokens, in the storage: each live slot's lease
+        starts again (a slot whose lease ended is taken again if there is room). Slots the
+        local fallback holds (the request was decided during an outage) are not renewed: they
+        end at their lease, since a local evaluation would count as a failure and keep the
+        process on local limits. Never raises an Exception."""
+        if self._done or not self._checks or self._degraded:
+            return
+        state = self._state
+        again = [dataclasses.replace(c, release=False) for c in self._checks]
+        state.guard.evaluate_beside(
+            again, "a concurrency slot's renewal", now_us=state.storage_now()
+        )
 
     def __call__(self) -> None:
         if self._done or not self._checks:

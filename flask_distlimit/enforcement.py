@@ -22,6 +22,10 @@
    first) is counted here against the limits of every request (global and tier); then the
    rate-limit headers of the limit closest to denial are added (and
    ``X-RateLimit-Degraded: true`` when the storage was down).
+6. What a request takes (concurrency and fleet slots; a worker's place in flight, taken in
+   ``before_request`` or the gate by :mod:`flask_distlimit.shedding`) is kept by the request's
+   ledger, which :mod:`flask_distlimit.lifecycle` ends once, however the response ends;
+   ``after_request`` tells it whether the response's body is complete.
 
 What ``after_request`` needs is kept in the request's WSGI environ (under a key of this app's
 limiter), not on ``g``: the environ lives exactly as long as the request, and an app context
@@ -41,7 +45,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from flask import Flask, Request, current_app, request
-from flask import signals as flask_signals
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as WerkzeugResponse
 
@@ -160,7 +163,8 @@ class _RequestData:
         self.evaluated: list[Evaluated] = []
         #: ``deduct_when`` limits to charge after the response, by key
         self.deferred: dict[str, deduction.Deferred] = {}
-        self.slots: SlotRelease | None = None  #: concurrency slots to give back at the end
+        #: concurrency slots, held by the request's ledger (flask_distlimit.lifecycle)
+        self.slots: SlotRelease | None = None
 
 
 class _Served:
@@ -253,8 +257,6 @@ class Enforcer:
         self._conditional_cost = settings.conditional_cost
         self._retry_unavailable = retry_after_seconds(settings.breaker_reset_timeout)
         self._lock = threading.Lock()
-        #: teardown_request is called at the end of each request (see hook_teardown)
-        self._teardown_hooked = False
         #: the app's view functions as registered, by endpoint; None until the first request
         self._views: dict[str, object] | None = None
         self._served: _Served | None = None
@@ -282,6 +284,8 @@ class Enforcer:
         self._charge_preflights = settings.charge_preflights
         self._dynamic_ttl = ttl_us(settings.dynamic_limit_ttl)
         self._filters = state.limiter.request_filters
+        self._worker_shedding = state.shedding.load is not None
+        self._ledger_key = state.lifecycle.key
         self._shadow_all = settings.shadow is True
         self._shadow_log = ShadowLog(state.local_clock)
         self._lease = settings.concurrency_lease
@@ -295,9 +299,25 @@ class Enforcer:
     # -- the first request -----------------------------------------------------------------------
 
     def before_request(self) -> None:
-        """Finalize on the app's first request; nothing after that."""
+        """Finalize on the app's first request; shed the request when this process is too busy
+        and its priority is known before the app's hooks (:mod:`flask_distlimit.shedding`)."""
         if self._views is None:
             self.finalize(current_app._get_current_object())  # type: ignore[attr-defined]
+        shedding = self.state.shedding
+        if shedding.load is None:
+            return
+        req: Request = request._get_current_object()  # type: ignore[attr-defined]
+        endpoint = req.endpoint
+        view: object | None = None
+        if endpoint is not None:
+            view = self.original_view(endpoint)
+            plan = self._plans.get((endpoint, req.method)) or self.plan(endpoint, req.method, view)
+            if plan.exempt:  # exempt (static files too): never counted, never shed
+                return
+        # A request filter or the priority resolver may read what the app's hooks set: then
+        # the gate decides, after them.
+        if not self._filters and shedding.known_before_hooks(view):
+            shedding.admit()
 
     def finalize(self, app: Flask) -> None:
         """Wrap every view function of ``app`` in a gate, close declarations on what it serves,
@@ -426,9 +446,17 @@ class Enforcer:
         refusal. Answers the request's data (None when nothing applies to the route)."""
         req: Request = request._get_current_object()  # type: ignore[attr-defined]
         plan = self._plans.get((endpoint, req.method)) or self.plan(endpoint, req.method, view)
+        exempt = plan.exempt
+        asked = False  # the request filters
+        if self._worker_shedding and not exempt:
+            asked = True
+            exempt = bool(self._filters and filtered(self._filters))
+            if not exempt:  # after every hook, unless it was decided before them
+                self.state.shedding.admit()
         if plan.idle and not self._every_request:
             return None  # nothing to count, nothing a wrapper could need to know
-        exempt = plan.exempt or bool(self._filters and filtered(self._filters))
+        if not (exempt or asked) and self._filters:
+            exempt = filtered(self._filters)
         data = _RequestData(plan.covered, exempt=exempt)
         req.environ[self.environ_key] = data
         if not exempt:
@@ -636,8 +664,8 @@ class Enforcer:
         if slots:  # given back when the response ends, whatever happens from here
             if data.slots is None:
                 data.slots = SlotRelease(state)
-                if not self._teardown_hooked:
-                    self._hook_teardown()
+                # given back when the response ends, however (flask_distlimit.lifecycle)
+                state.lifecycle.ledger(request.environ).take(data.slots)
             data.slots.add(slots)
         if self._leasing and any(b.lease for b in bounds):  # flask_distlimit.leases
             started = state.local_clock()
@@ -921,6 +949,13 @@ class Enforcer:
         """Count a request whose view never ran; add the rate-limit headers (and
         ``Retry-After`` on a 429/503 the app replaced)."""
         req: Request = request._get_current_object()  # type: ignore[attr-defined]
+        response = self._after_request(req, response)
+        environ = req.environ
+        if environ.get(self._ledger_key):  # the request holds something: when does it end?
+            self.state.lifecycle.response_made(environ, response)
+        return response
+
+    def _after_request(self, req: Request, response: WerkzeugResponse) -> WerkzeugResponse:
         data: _RequestData | None = req.environ.get(self.environ_key)
         if data is None:
             response, data = self._view_never_ran(response)
@@ -933,9 +968,6 @@ class Enforcer:
                 report = _report(later.bound, charged, denied=False)
                 if data.report is None or report.remaining < data.report.remaining:
                     data.report = report  # the count after the charge, not the peek's
-        if data.slots is not None and response.is_streamed and not data.slots.scheduled:
-            data.slots.scheduled = True  # given back after the last chunk, not at teardown
-            response.call_on_close(data.slots)
         headers = response.headers
         marks = response.__dict__
         if _HEADERS_ADDED in marks:
@@ -962,34 +994,6 @@ class Enforcer:
         if self.state.otel is not None:  # OpenTelemetry's count of requests (flask_distlimit.otel)
             self.state.otel.request(data, response)
         return response
-
-    def hook_teardown(self, app: Flask) -> None:
-        """Called by ``init_app``. Without blinker (Flask 2.2 makes it optional) the teardown
-        hook is registered now; with it, :meth:`teardown_request` listens to Flask's
-        ``request_tearing_down`` signal from the first request that takes a concurrency slot
-        on: until then there is nothing to give back, and no request pays for a hook."""
-        if not getattr(flask_signals, "signals_available", True):
-            app.teardown_request(self.teardown_request)
-            self._teardown_hooked = True
-
-    def _hook_teardown(self) -> None:
-        with self._lock:
-            if not self._teardown_hooked:
-                app = current_app._get_current_object()  # type: ignore[attr-defined]
-                # weak=False: the bound method lives as long as the app (blinker drops the
-                # receivers of a sender that is gone)
-                flask_signals.request_tearing_down.connect(self._torn_down, app, weak=False)
-                self._teardown_hooked = True
-
-    def _torn_down(self, sender: Flask, exc: BaseException | None = None, **_: Any) -> None:
-        self.teardown_request(exc)
-
-    def teardown_request(self, exc: BaseException | None = None) -> None:
-        """Give back the request's concurrency slots (a streamed response gives them back
-        when the server closes it, after its last chunk)."""
-        data: _RequestData | None = request.environ.get(self.environ_key)
-        if data is not None and data.slots is not None and not data.slots.scheduled:
-            data.slots()
 
     def _view_never_ran(
         self, response: WerkzeugResponse

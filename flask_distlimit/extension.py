@@ -185,13 +185,11 @@ class Limiter(Declarations):
         forks.warn_if_uwsgi_skips_fork_hooks()
         app.extensions[EXTENSION_KEY] = state
         if settings.enabled:
-            if state.shedding.load is not None:  # first: before anything else is done
-                app.before_request(state.shedding.before_request)
-                app.after_request(state.shedding.after_request)
-                app.teardown_request(state.shedding.teardown_request)
+            # what a request takes is given back however its response ends, at the WSGI level
+            state.lifecycle.install(app)
+            # first: worker shedding decides before anything else is done
             app.before_request(state.enforcer.before_request)
             app.after_request(state.enforcer.after_request)
-            state.enforcer.hook_teardown(app)  # a signal receiver once a slot is taken
 
     @staticmethod
     def state(app: Flask | None = None) -> LimiterState:

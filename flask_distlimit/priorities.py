@@ -5,6 +5,12 @@ A view gets its priority from ``@limiter.priority("critical")`` (on the view fun
 wrapper of it made with ``functools.wraps``), else from the Limiter-wide callable registered with
 ``@limiter.priority_resolver`` (called in the request, e.g. POST to payments is critical, an
 analytics listing is sheddable; answering ``None`` means ``default``), else ``default``.
+
+The resolver is called once per request, after every ``before_request`` hook of the app and of
+its blueprints (in the view gate), under worker shedding and fleet shedding alike: it sees what
+those hooks set, e.g. the authenticated user on ``g``. Only a declared priority, or the
+``default`` of an app without a resolver, is known before the hooks (worker shedding then
+decides before them: :mod:`flask_distlimit.shedding`).
 """
 
 from __future__ import annotations

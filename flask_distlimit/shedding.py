@@ -1,5 +1,5 @@
 """Worker-utilization load shedding: each process sheds its least important traffic when its
-request threads are nearly all busy, before anything else happens and without a storage call.
+request threads are nearly all busy, before any limit is counted and without a storage call.
 
 ``DISTLIMIT_WORKER_THREADS`` (the request threads of one process, e.g. gunicorn's
 ``--threads``; 0, the default, turns it off) and ``DISTLIMIT_WORKER_SHED_AT`` (the utilization
@@ -12,13 +12,27 @@ is shed only if given a threshold). A request of priority p
 
 so with 4 threads a sheddable request runs only while at most 1 other runs, a default one while
 at most 2 do, and the last thread is kept for critical requests. In flight means from the
-extension's first ``before_request`` hook until ``teardown_request`` (the body is made then; the
-server only writes it), or for a streamed response until the WSGI server closes it (it holds its
-thread until its last chunk).
-The count is this process's alone (a lock and an integer: no storage call), so it protects the
-process even when Redis is the slow part. It runs in the extension's ``before_request`` hook,
-before the app's own hooks registered after ``init_app``, and before any limit is counted: a
-shed request is charged to no limit. Static files are never shed.
+request's admission (below) until the response ends, as the request's ledger says
+(:mod:`flask_distlimit.lifecycle`): when the app returns a complete body (the server only writes
+it then), else when the server closes the body (a stream or a ``send_file`` body holds its thread
+until its last chunk), or when an exception escapes the app. A place in flight has a deadline,
+``DISTLIMIT_CONCURRENCY_LEASE`` after it was taken (renewed while a body streams): a place
+nobody gave back is dropped once its deadline has passed, before a request would be shed.
+The count is this process's alone (a lock and a dict: no storage call), so it protects the
+process even when Redis is the slow part. It is decided before any limit is counted (a shed
+request is charged to no limit), as early as its inputs allow:
+
+- in the extension's ``before_request`` hook, before the app's own hooks registered after
+  ``init_app``, when the request's priority is declared on its view (``@limiter.priority``) or
+  no priority resolver is registered, and no request filter is: nothing the app's hooks set can
+  change the answer, and a shed request costs no hook's work (an authentication lookup);
+- otherwise when Flask calls the view (the gate of :mod:`flask_distlimit.enforcement`), after
+  every ``before_request`` hook, so the priority resolver and the request filters see what the
+  hooks set (``g.user``). A request no view answers then (no route matched, a hook answered,
+  Flask's own ``OPTIONS``) is neither shed nor counted in flight.
+
+Exempt routes (``@limiter.exempt``, static files) and requests a filter exempts are never shed
+nor counted.
 """
 
 from __future__ import annotations
@@ -29,19 +43,21 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Final
 
 from flask import current_app, request
-from werkzeug.wrappers import Response as WerkzeugResponse
 
+from .deny_cache import monotonic_us
 from .errors import ConfigurationError, StorageError
 from .priorities import PRIORITIES, Priority, PriorityRegistry, validate_priority
 from .problem import Overloaded
 
 if TYPE_CHECKING:
+    from .lifecycle import Lifecycle
     from .metrics import Metrics
     from .state import LimiterState
 
 __all__ = [
     "DEFAULT_SHARES",
     "DEFAULT_SHED_AT",
+    "Place",
     "Shedding",
     "WorkerLoad",
     "overload_health",
@@ -103,13 +119,21 @@ def _check_order(key: str, values: dict[Priority, float], default: float) -> Non
 
 
 class WorkerLoad:
-    """This process's requests in flight against its threads (see the module docstring)."""
+    """This process's requests in flight against its threads (see the module docstring).
+
+    Each request admitted holds a *place* until its ledger ends (:mod:`flask_distlimit.lifecycle`),
+    with a deadline (``hold_us`` after it was taken or last renewed): a place whose deadline has
+    passed (a thread killed mid-request, a bug that lost the end) is dropped before a request
+    would be shed, never held for ever."""
 
     def __init__(
         self,
         threads: int,
         shed_at: Mapping[Priority, float],
         metrics: Callable[[], Metrics | None] = lambda: None,
+        *,
+        clock: Callable[[], int] = monotonic_us,
+        hold_us: int = 60_000_000,
     ) -> None:
         self.threads = threads
         #: the most requests in flight (this one included) a priority is admitted up to
@@ -117,42 +141,51 @@ class WorkerLoad:
             p: shed_at[p] * threads if p in shed_at else float("inf") for p in PRIORITIES
         }
         self._lock = threading.Lock()
-        self.in_flight = 0
+        #: place -> its deadline (us, ``clock``)
+        self._places: dict[Place, int] = {}
         self._metrics = metrics
+        self._clock = clock
+        self._hold = hold_us
 
-    def enter(self, priority: Priority) -> bool:
-        """Count a request in, or answer False (shed it: not counted)."""
+    @property
+    def in_flight(self) -> int:
+        return len(self._places)
+
+    def enter(self, priority: Priority) -> Place | None:
+        """Count a request in (its place), or answer None (shed it: not counted)."""
+        now = self._clock()
+        places = self._places
         with self._lock:
-            if self.in_flight + 1 > self._room[priority]:
-                admitted = False
+            room = self._room[priority]
+            if len(places) + 1 > room:
+                for gone in [p for p, deadline in places.items() if deadline <= now]:
+                    del places[gone]
+            if len(places) + 1 > room:
+                place = None
             else:
-                self.in_flight += 1
-                admitted = True
-            in_flight = self.in_flight
+                place = Place(self)
+                places[place] = now + self._hold
+            in_flight = len(places)
         metrics = self._metrics()
         if metrics is not None:
             metrics.worker_in_flight(in_flight)
-            if not admitted:
+            if place is None:
                 metrics.shed(priority, "worker")
-        return admitted
+        return place
 
-    def leaver(self) -> Callable[[], None]:
-        """A callable that counts one request out, once."""
-        done = False
+    def leave(self, place: Place) -> None:
+        with self._lock:
+            self._places.pop(place, None)
+            in_flight = len(self._places)
+        metrics = self._metrics()
+        if metrics is not None:
+            metrics.worker_in_flight(in_flight)
 
-        def leave() -> None:
-            nonlocal done
-            if done:
-                return
-            done = True
-            with self._lock:
-                self.in_flight -= 1
-                in_flight = self.in_flight
-            metrics = self._metrics()
-            if metrics is not None:
-                metrics.worker_in_flight(in_flight)
-
-        return leave
+    def renew(self, place: Place) -> None:
+        deadline = self._clock() + self._hold
+        with self._lock:
+            if place in self._places:
+                self._places[place] = deadline
 
     def utilization(self) -> float:
         return self.in_flight / self.threads
@@ -160,17 +193,35 @@ class WorkerLoad:
     def after_fork(self) -> None:
         """A forked child serves its own requests: none in flight yet."""
         self._lock = threading.Lock()
-        self.in_flight = 0
+        self._places = {}
+
+
+class Place:
+    """One request's place among its process's requests in flight: a holding of its ledger."""
+
+    __slots__ = ("_load",)
+
+    def __init__(self, load: WorkerLoad) -> None:
+        self._load = load
+
+    def release(self) -> None:
+        self._load.leave(self)
+
+    def renew(self) -> None:
+        self._load.renew(self)
 
 
 class Shedding:
     """One app's shedding hooks: the request's priority, and this process's load."""
 
-    def __init__(self, priorities: PriorityRegistry, load: WorkerLoad | None) -> None:
+    def __init__(
+        self, priorities: PriorityRegistry, load: WorkerLoad | None, lifecycle: Lifecycle
+    ) -> None:
         self.priorities = priorities
         self.load = load
+        self._lifecycle = lifecycle
         self._key = f"flask_distlimit.priority.{id(self):x}"
-        self._leave_key = f"flask_distlimit.leave.{id(self):x}"
+        self._admitted = f"flask_distlimit.admitted.{id(self):x}"
 
     def priority(self) -> Priority:
         """The current request's priority (computed once per request)."""
@@ -183,33 +234,30 @@ class Shedding:
             environ[self._key] = found
         return found
 
-    def before_request(self) -> None:
-        """Shed the request if this process is too busy for its priority."""
+    def known_before_hooks(self, view: object | None) -> bool:
+        """Whether the request's priority can be known before the app's ``before_request``
+        hooks run (it cannot when the Limiter-wide resolver decides it: the resolver may read
+        what the hooks set, e.g. the authenticated user)."""
+        priorities = self.priorities
+        return priorities.resolver is None or priorities.of_view(view) is not None
+
+    def admit(self) -> None:
+        """Count the current request into this process's load, or shed it (503
+        :class:`~flask_distlimit.problem.Overloaded`); once per request, a no-op when worker
+        shedding is off. The caller has checked that the request is not exempt."""
         load = self.load
         if load is None:
             return
-        endpoint = request.endpoint
-        if endpoint is not None and (endpoint == "static" or endpoint.endswith(".static")):
+        environ = request.environ
+        if self._admitted in environ:
             return
+        environ[self._admitted] = True
         priority = self.priority()
-        if not load.enter(priority):
+        place = load.enter(priority)
+        if place is None:
             raise Overloaded(priority=priority, instance=request.path, reason="worker")
-        request.environ[self._leave_key] = load.leaver()
-
-    def after_request(self, response: WerkzeugResponse) -> WerkzeugResponse:
-        """A streamed response counts its request out when the server closes it (after its
-        last chunk); any other at teardown."""
-        if response.is_streamed:
-            leave = request.environ.pop(self._leave_key, None)
-            if leave is not None:
-                response.call_on_close(leave)
-        return response
-
-    def teardown_request(self, exc: BaseException | None = None) -> None:
-        """Count the request out (its body is made; the server only writes it now)."""
-        leave = request.environ.pop(self._leave_key, None)
-        if leave is not None:
-            leave()
+        # counted out when the response ends, however it ends (flask_distlimit.lifecycle)
+        self._lifecycle.ledger(environ).take(place)
 
 
 def overload_health(report: dict[str, object], state: LimiterState) -> dict[str, object]:

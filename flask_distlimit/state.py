@@ -23,6 +23,7 @@ from .enforcement import Enforcer
 from .forks import AfterFork
 from .guard import Guard
 from .identity import IdentityResolver, IdentitySettings
+from .lifecycle import Lifecycle
 from .route_limits import BoundLimit, bind
 from .shadow import check_tiers as check_shadow_tiers
 from .shadow import spec_is_shadow
@@ -160,12 +161,21 @@ class LimiterState:
             for tier, rates in identity_settings.tiers.items()
             if rates
         }
+        #: what each request takes, and its one release (flask_distlimit.lifecycle)
+        self.lifecycle = Lifecycle(self.local_clock, settings.concurrency_lease)
         #: request priorities and worker-utilization shedding (flask_distlimit.shedding)
         self.shedding = Shedding(
             limiter.priorities,
-            WorkerLoad(settings.worker_threads, settings.worker_shed_at, lambda: guard.metrics)
+            WorkerLoad(
+                settings.worker_threads,
+                settings.worker_shed_at,
+                lambda: guard.metrics,
+                clock=self.local_clock,
+                hold_us=settings.concurrency_lease * 1_000_000,
+            )
             if settings.worker_threads
             else None,
+            self.lifecycle,
         )
         self.enforcer = Enforcer(self)
         #: OpenTelemetry metrics (flask_distlimit.otel): on when the API is installed

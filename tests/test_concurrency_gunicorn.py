@@ -210,3 +210,31 @@ def _held_count(client: redis.Redis) -> int:
     """Requests that reached the barrier so far (0 before the first)."""
     keys = list(client.scan_iter(match="cc-*:seen", count=1000))
     return int(client.llen(keys[0])) if keys else 0
+
+
+@pytest.mark.slow
+def test_a_stream_longer_than_its_lease_keeps_its_slot(
+    deploy: Callable[..., list[Gunicorn]], redis_server: RedisProcess
+) -> None:
+    """Issue 24, finding 7: gthread never times a request out, and a stream's slot was never
+    renewed, so past the lease a second stream got in under concurrency(1). Lease 2 s; the
+    stream sends 24 chunks 0.25 s apart (about 6 s): the second request comes once the first
+    has sent 12 chunks (past its first lease, counted in chunks, not seconds)."""
+    client = redis_server.client()
+    client.flushall()
+    (server,) = deploy(1, 2)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    try:
+        conn.request("GET", "/long-stream")
+        response = conn.getresponse()
+        assert response.status == 200
+        received = b""
+        while received.count(b"\n") < 12:
+            received += response.read1(64)
+        assert _get(server.port, "/long-stream") == 429  # the stream still holds its slot
+        received += response.read()
+        assert received.count(b"\n") == 24
+    finally:
+        conn.close()
+    _until(lambda: _get(server.port, "/long-stream") == 200, "the slot to come back", 30)
+    client.close()

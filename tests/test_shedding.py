@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-from flask import Flask, Response, request
+from flask import Blueprint, Flask, Response, g, request
 from prometheus_client import CollectorRegistry
 
 from flask_distlimit import ConfigurationError, Limiter
@@ -131,6 +131,98 @@ def test_a_shed_request_is_charged_to_no_limit(
     held.release()
     response = client.get("/report")
     assert response.headers["X-RateLimit-Remaining"] == "99"  # the shed one was not counted
+
+
+def test_exempt_requests_are_never_shed(
+    worker_app: tuple[Flask, Limiter, Held, CountingStorage],
+) -> None:
+    """Issue 24, finding 3: a health probe got 503 when 3 of 4 threads were busy."""
+    app, limiter, held, _ = worker_app
+
+    @app.get("/healthz")
+    @limiter.exempt
+    def healthz() -> str:
+        return "ok"
+
+    probes = Blueprint("probes", __name__)
+
+    @probes.get("/ready")
+    def ready() -> str:
+        return "ready"
+
+    limiter.exempt(probes)
+    app.register_blueprint(probes)
+
+    @limiter.request_filter
+    def internal() -> bool:
+        return request.headers.get("X-Internal") == "yes"
+
+    client = app.test_client()
+    held.hold(client, "/hold", 3)  # 3 of 4 busy: every default request is shed
+    assert client.get("/page").status_code == 503
+    assert client.get("/healthz").status_code == 200
+    assert client.get("/ready").status_code == 200
+    assert client.get("/page", headers={"X-Internal": "yes"}).status_code == 200
+    state = Limiter.state(app)
+    assert state.shedding.load is not None and state.shedding.load.in_flight == 3
+    held.release()
+    assert state.shedding.load.in_flight == 0
+
+
+def test_the_priority_resolver_sees_what_the_apps_hooks_set(
+    worker_app: tuple[Flask, Limiter, Held, CountingStorage],
+) -> None:
+    """Issue 24, finding 8: under worker shedding the resolver ran before the app's auth hook,
+    so an authenticated admin was shed as ``default``."""
+    app, limiter, held, _ = worker_app
+
+    @app.before_request
+    def authenticate() -> None:  # registered after init_app: runs after the extension's hook
+        g.user = request.headers.get("X-User")
+
+    @limiter.priority_resolver
+    def by_user() -> str | None:
+        return "critical" if getattr(g, "user", None) == "admin" else None
+
+    @app.get("/orders")
+    def orders() -> str:
+        return "orders"
+
+    client = app.test_client()
+    held.hold(client, "/hold", 3)  # 3 of 4 busy: default is shed, critical is not
+    assert client.get("/orders").status_code == 503
+    assert client.get("/orders", headers={"X-User": "admin"}).status_code == 200
+    held.release()
+
+
+def test_fleet_shedding_sees_the_hooks_priority_under_worker_shedding_too(
+    clock: FakeClock,
+) -> None:
+    app, limiter, _ = make_app(
+        MemoryStorage(clock=clock), clock, DISTLIMIT_WORKER_THREADS=100, DISTLIMIT_FLEET_CAPACITY=10
+    )
+
+    @app.before_request
+    def authenticate() -> None:
+        g.user = request.headers.get("X-User")
+
+    @limiter.priority_resolver
+    def by_user() -> str | None:
+        return "critical" if getattr(g, "user", None) == "admin" else None
+
+    @app.get("/stream")
+    def stream() -> Response:
+        return Response(iter(["chunk"]))
+
+    client = app.test_client()
+    held = [client.get("/stream") for _ in range(8)]  # default's share: 8 of 10
+    assert [r.status_code for r in held] == [200] * 8
+    with client.get("/stream") as shed:
+        assert shed.status_code == 503 and shed.get_json()["priority"] == "default"
+    with client.get("/stream", headers={"X-User": "admin"}) as admin:
+        assert admin.status_code == 200  # critical: the reserve
+    for response in held:
+        response.close()
 
 
 def test_a_streamed_response_holds_its_thread_until_it_is_closed(clock: FakeClock) -> None:

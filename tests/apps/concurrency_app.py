@@ -14,6 +14,8 @@ largest number in flight at once across every process, from the server side.
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Iterator
 
 import redis
 from flask import Flask, Response, request
@@ -81,3 +83,17 @@ def work() -> str:
 @limiter.concurrency(1, scope="one")
 def one() -> str:
     return _held()
+
+
+@app.get("/long-stream")
+@limiter.concurrency(1, scope="long")
+def long_stream() -> Response:
+    """24 chunks, 0.25 s apart: a stream that outlives a short lease several times."""
+
+    def body() -> Iterator[bytes]:
+        for i in range(24):
+            if i:
+                time.sleep(0.25)
+            yield b"%02d\n" % i
+
+    return Response(body(), mimetype="text/plain")
