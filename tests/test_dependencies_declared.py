@@ -32,8 +32,8 @@ THROUGH = {
 #: Which code needs which lists: (directory, extras it may use besides the dependencies, and
 #: distributions it may import undeclared, each only where it is already running).
 SCOPES = [
-    # The package's optional imports are guarded: the extras' (jwt, prometheus, otel), and gunicorn's,
-    # read only inside a process that gunicorn started.
+    # The package's optional imports are guarded: the extras' (jwt, prometheus, otel), and
+    # gunicorn's, read only inside a process that gunicorn started.
     ("flask_distlimit", ("jwt", "prometheus", "hiredis", "otel"), {"gunicorn"}),
     ("tests", ("test",), set()),
     ("example_app", ("example",), set()),
