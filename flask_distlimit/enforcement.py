@@ -567,7 +567,7 @@ class Enforcer:
             for r in resolved:
                 if r.deduct_when is not None or unproved:  # a peek now, charged after
                     check = r.check(tag, 1 if unproved else cost)
-                    data.deferred[check.key] = deduction.Deferred(check, r, unproved)
+                    data.deferred[check.key] = deduction.Deferred(check, r, unproved, policy)
                     checks.append(r.check(tag, 0))
                 else:
                     checks.append(r.check(tag, cost))

@@ -197,6 +197,19 @@ class LocalFallback:
                 self._sweep(now)
         return evaluation
 
+    def release(
+        self, checks: Sequence[Check], *, instances: int, now_us: int | None = None
+    ) -> None:
+        """Give back, in the in-process store, the concurrency slots ``checks`` took there
+        (:attr:`Check.release <flask_distlimit.decision.Check.release>` checks): the request
+        ended. Nothing else changes: a give-back is no failure of the storage, so it never
+        engages the fallback, holds a key or starts a store (a slot taken here before the
+        store was dropped is gone with it)."""
+        with self._lock:
+            storage = self._storage
+            if storage is not None and checks:
+                storage.evaluate([_divided(c, instances) for c in checks], now_us=now_us)
+
     def give_back(
         self, checks: Sequence[Check], *, instances: int, now_us: int | None = None
     ) -> None:

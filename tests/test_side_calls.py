@@ -1,0 +1,192 @@
+"""Side calls end with their own failure (issue 24, finding 2 and item 3): a concurrency slot's
+give-back, a refund or an after-response charge that fails is counted and logged, and never
+puts the process into the local fallback's engaged state nor changes another request's
+decision; an after-response charge goes through its route's own failure policy.
+
+The outages are injected in front of a real redis-server (:class:`tests.faults.FailingStorage`
+fails the calls the test picks, the others reach the server); one clock drives the limiter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+from flask import Flask
+
+from flask_distlimit import Limiter
+from flask_distlimit.storage.redis import RedisStorage
+from flask_distlimit.testing import FakeClock
+from tests.distlimit_fixtures import clock, make_app
+from tests.faults import FailingStorage
+
+__all__ = ["clock"]  # fixtures used below
+
+
+class Switch:
+    """Fails every call while ``down``."""
+
+    def __init__(self) -> None:
+        self.down = False
+
+    def __call__(self, _: int) -> bool:
+        return self.down
+
+
+@pytest.fixture
+def real(redis_client: redis.Redis) -> Iterator[RedisStorage]:
+    kwargs = redis_client.connection_pool.connection_kwargs
+    storage = RedisStorage(host=kwargs["host"], port=kwargs["port"], timeout=2.0)
+    yield storage
+    storage.close()
+
+
+def _export_app(
+    storage: RedisStorage, clock: FakeClock, switch: Switch, **config: object
+) -> tuple[Flask, Limiter]:
+    app, limiter, _ = make_app(
+        FailingStorage(storage, switch),
+        clock,
+        DISTLIMIT_FAILURE_POLICY="local",
+        DISTLIMIT_INSTANCES=4,
+        DISTLIMIT_BREAKER_RESET_TIMEOUT=30,
+        **config,
+    )
+
+    @app.get("/export")
+    @limiter.limit("40/minute")
+    @limiter.concurrency(4)
+    def export() -> str:
+        return "rows"
+
+    return app, limiter
+
+
+def test_a_slot_given_back_in_process_never_keeps_the_fallback_engaged(
+    real: RedisStorage, clock: FakeClock
+) -> None:
+    """One request decided locally during a blip; Redis is healthy from then on. Every later
+    request is Redis's to decide: 40 of 40 pass a 40/minute limit, not 40 / 4 instances."""
+    switch = Switch()
+    app, limiter = _export_app(real, clock, switch)
+    client = app.test_client()
+    switch.down = True
+    assert client.get("/export").status_code == 200  # decided locally (a share of 10)
+    switch.down = False
+    clock.advance(300)
+    assert client.get("/export").status_code == 200  # the first success: engaged 30 s more
+    clock.advance(300)
+    codes = [client.get("/export").status_code for _ in range(40)]
+    assert codes.count(200) == 40, codes
+    guard = limiter.state(app).guard
+    assert not guard.fallback.engaged
+    assert guard.health()["fallback_held_keys"] == 0
+
+
+def test_a_failed_give_back_is_counted_and_logged_once_a_minute_and_changes_nothing_else(
+    real: RedisStorage, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis admits each request; the slot's give-back meets an outage (the link drops while
+    the view runs) 30 times. Each is counted, one WARNING line says so, the lease gives the
+    slots back, and no other request is decided locally: the fallback is never engaged."""
+    switch = Switch()
+    app, limiter = _export_app(real, clock, switch, DISTLIMIT_CONCURRENCY_LEASE=5)
+
+    @app.get("/drop")
+    @limiter.concurrency(100, scope="drop")
+    def drop() -> str:
+        switch.down = True  # the give-back at teardown fails
+        return "dropped"
+
+    client = app.test_client()
+    guard = limiter.state(app).guard
+    with caplog.at_level("WARNING", logger="flask_distlimit"):
+        for _ in range(30):
+            assert client.get("/drop").status_code == 200
+            switch.down = False
+            assert guard.breaker.state == "closed"  # an answer in between resets its count
+            assert client.get("/export").status_code == 200
+    health = guard.health()
+    assert health["side_call_failures"] == 30
+    assert "give-back" in str(health["side_call_last"])
+    lines = [r for r in caplog.records if "failed and is skipped" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    assert not guard.fallback.holding  # nothing was ever decided or counted in-process
+    codes = [client.get("/export").status_code for _ in range(11)]
+    assert codes == [200] * 10 + [429]  # Redis's 40/minute, exact: 30 + 10
+    clock.advance(61)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="flask_distlimit"):
+        client.get("/drop")
+        switch.down = False
+    lines = [r.getMessage() for r in caplog.records if "failed and is skipped" in r.getMessage()]
+    assert len(lines) == 1 and " 30 call(s)" in lines[0], lines  # 29 unlogged, and this
+
+
+def _login_app(
+    storage: RedisStorage, clock: FakeClock, switch: Switch, **config: object
+) -> tuple[Flask, Limiter]:
+    app, limiter, _ = make_app(FailingStorage(storage, switch), clock, **config)
+
+    @app.post("/login")
+    @limiter.limit(
+        "5/minute", deduct_when=lambda response: response.status_code == 401, on_failure="local"
+    )
+    def login() -> tuple[str, int]:
+        return "wrong password", 401
+
+    @app.get("/page")
+    @limiter.limit("5/minute", on_failure="local")
+    def page() -> str:
+        return "a page, never a 304"
+
+    return app, limiter
+
+
+def test_an_after_response_charge_goes_through_the_routes_local_policy(
+    real: RedisStorage, clock: FakeClock
+) -> None:
+    """Redis down, on_failure="local" (the app's policy is open): 5 of 20 failed logins pass a
+    5/minute limit, as they would with Redis up; the 15 others are refused before the view."""
+    switch = Switch()
+    app, limiter = _login_app(real, clock, switch)
+    client = app.test_client()
+    switch.down = True
+    codes = [client.post("/login").status_code for _ in range(20)]
+    assert codes == [401] * 5 + [429] * 15
+    assert limiter.state(app).guard.health()["side_call_failures"] == 0  # none dropped
+
+
+def test_a_revalidation_under_conditional_cost_0_is_charged_locally_in_an_outage(
+    real: RedisStorage, clock: FakeClock
+) -> None:
+    switch = Switch()
+    app, _ = _login_app(real, clock, switch, DISTLIMIT_CONDITIONAL_COST=0)
+    client = app.test_client()
+    switch.down = True
+    codes = [
+        client.get("/page", headers={"If-None-Match": '"bogus"'}).status_code for _ in range(8)
+    ]
+    assert codes == [200] * 5 + [429] * 3
+
+
+def test_a_dropped_charge_under_policy_open_is_counted_and_logged_once(
+    real: RedisStorage, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    switch = Switch()
+    app, limiter, _ = make_app(FailingStorage(real, switch), clock)
+
+    @app.post("/open-login")
+    @limiter.limit("5/minute", deduct_when=lambda response: response.status_code == 401)
+    def open_login() -> tuple[str, int]:
+        return "wrong password", 401
+
+    client = app.test_client()
+    switch.down = True
+    with caplog.at_level("WARNING", logger="flask_distlimit"):
+        codes = [client.post("/open-login").status_code for _ in range(20)]
+    assert codes == [401] * 20  # open: admitted, the charges dropped
+    assert limiter.state(app).guard.health()["side_call_failures"] == 20
+    messages = [r.getMessage() for r in caplog.records]
+    assert len([m for m in messages if "after-response charge" in m]) == 1, messages
