@@ -501,6 +501,7 @@ class Enforcer:
             method == "OPTIONS"
             and not self._charge_preflights
             and "HTTP_ACCESS_CONTROL_REQUEST_METHOD" in environ
+            and not self._view_answers_options(req)
         ):
             # A CORS preflight: the browser's, not the client's request; global limits only.
             route_limits, needs_identity, tiers = (), False, False
@@ -582,6 +583,20 @@ class Enforcer:
         # no slot and no shadow limit among the checks: their scans are skipped
         simple = plain and (not every_request or self._every_plain)
         self._decide(checks, bounds, identity, policy, data, simple=simple)
+
+    def _view_answers_options(self, req: Request) -> bool:
+        """Does the route's own view answer ``OPTIONS`` (its methods list it: ``methods=[...,
+        "OPTIONS"]``, a ``MethodView`` with ``options``)? Then an ``OPTIONS`` with
+        ``Access-Control-Request-Method`` runs the view like any request, and is limited like
+        one. Not when Flask answers it (``provide_automatic_options``), nor when a decorator
+        asked Flask for ``OPTIONS`` to answer preflights itself (``required_methods``, as
+        flask-cors's ``cross_origin`` does): the view never runs for those."""
+        rule = req.url_rule
+        if rule is None or getattr(rule, "provide_automatic_options", False):
+            return False
+        endpoint = req.endpoint
+        view = self.original_view(endpoint) if endpoint is not None else None
+        return "OPTIONS" not in getattr(view, "required_methods", ())
 
     def _decide(
         self,
