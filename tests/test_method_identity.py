@@ -1,6 +1,7 @@
-"""HEAD counts as GET wherever a method is part of a limit's identity, and an OPTIONS that a
-view answers itself is limited like any other request (issue 24, findings 6 and 9), on memory,
-fakeredis and a real redis-server.
+"""HEAD counts as GET wherever a method is part of a limit's identity, an OPTIONS that a view
+answers itself is limited like any other request, and a request that costs more than its route
+limit still counts against the global and tier limits (issue 24, findings 6, 9 and 10), on
+memory, fakeredis and a real redis-server.
 
 Flask answers HEAD with the GET view (``MethodView.get`` when the class has no ``head``), so a
 limit counted per method would give HEAD a counter of its own and let the view run twice its
@@ -10,9 +11,11 @@ treatment: global limits only (``DISTLIMIT_CHARGE_PREFLIGHTS`` counts them on th
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
-from flask import Flask
+import pytest
+from flask import Flask, request
 from flask.views import MethodView
 
 from flask_distlimit.storage.base import Storage
@@ -123,3 +126,47 @@ def test_flask_and_flask_cors_preflights_keep_counting_against_the_global_limits
     assert counting.evaluations == 10  # each counted against the global limit
     for path in ("/auto", "/decorated"):  # the routes' quotas are whole
         assert [client.post(path).status_code for _ in range(4)] == [200] * 3 + [429], path
+
+
+def test_a_request_costing_more_than_its_limit_still_counts_against_global_and_tier_limits(
+    backend: Backend, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    app, limiter, _ = make_app(
+        backend(),
+        clock,
+        DISTLIMIT_GLOBAL_LIMITS="5/minute",
+        DISTLIMIT_TIERS={"anonymous": "8/minute"},
+    )
+
+    @app.post("/batch")
+    @limiter.limit("10/minute", cost=lambda: int(request.args.get("n", "1")))
+    def batch() -> str:
+        return "done"
+
+    client = app.test_client()
+    with caplog.at_level(logging.INFO, logger="flask_distlimit"):
+        refused = [client.post("/batch?n=100") for _ in range(20)]
+    assert [r.status_code for r in refused] == [429] * 20
+    assert "Retry-After" not in refused[0].headers  # it can never pass
+    assert "Retry-After" in refused[5].headers  # the global limit refuses from the 6th on
+    assert "global" in refused[5].get_json()["violated-policies"][0]
+    assert client.post("/batch?n=1").status_code == 429  # the flood spent the per-IP budget
+    lines = [r.getMessage() for r in caplog.records if "costing 100" in r.getMessage()]
+    assert len(lines) == 1, lines  # before: one INFO line per request
+
+
+def test_a_tier_limit_counts_requests_that_cost_more_than_their_route_limit(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock, DISTLIMIT_TIERS={"anonymous": "3/minute"})
+
+    @app.post("/batch")
+    @limiter.limit("10/minute", cost=lambda: int(request.args.get("n", "1")))
+    def batch() -> str:
+        return "done"
+
+    client = app.test_client()
+    assert [client.post("/batch?n=11").status_code for _ in range(3)] == [429] * 3
+    assert client.post("/batch?n=1").status_code == 429  # the tier's 3 are spent
+    clock.advance(120)
+    assert client.post("/batch?n=1").status_code == 200
