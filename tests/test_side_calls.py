@@ -9,13 +9,15 @@ fails the calls the test picks, the others reach the server); one clock drives t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 import redis
 from flask import Flask
 
 from flask_distlimit import Limiter
+from flask_distlimit.decision import Check, Evaluation
+from flask_distlimit.errors import StorageUnavailable
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.testing import FakeClock
 from tests.distlimit_fixtures import clock, make_app
@@ -190,3 +192,30 @@ def test_a_dropped_charge_under_policy_open_is_counted_and_logged_once(
     assert limiter.state(app).guard.health()["side_call_failures"] == 20
     messages = [r.getMessage() for r in caplog.records]
     assert len([m for m in messages if "after-response charge" in m]) == 1, messages
+
+
+def test_a_refund_across_cluster_nodes_that_fails_is_counted_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """In-process, beside the real-server tests above: a two-node fake cluster whose refund
+    fails (the node died between the call and the give-back). The refused request stays
+    refused, the failure is counted, and it logs one WARNING line (it logged at DEBUG)."""
+    from flask_distlimit.guard import Guard
+    from tests.guard_helpers import FakeClock as MonotonicClock
+    from tests.test_node_breakers import NOW, Shards, kinds, limit
+
+    class RefundFails(Shards):
+        def refund(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+            raise StorageUnavailable("the node died before the give-back")
+
+    storage = RefundFails()
+    guard = Guard(storage, policy="closed", fail_max=5, clock=MonotonicClock())
+    assert kinds(guard, [limit("bob", 1)], 1) == ["allowed"]  # bob's one unit: spent
+    with caplog.at_level("WARNING", logger="flask_distlimit"):
+        for _ in range(3):  # ann's node admits, bob's refuses: ann's unit should come back
+            outcome = guard.evaluate([limit("ann"), limit("bob", 1)], now_us=NOW)
+            assert outcome.evaluation is not None and not outcome.evaluation.allowed
+    assert guard.health()["side_call_failures"] == 3
+    assert "refund" in str(guard.health()["side_call_last"])
+    assert len([r for r in caplog.records if "refund" in r.getMessage()]) == 1
+    assert storage.remaining(limit("ann")) == 0  # consumed until the window ends, as documented
