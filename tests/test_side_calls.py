@@ -219,3 +219,35 @@ def test_a_refund_across_cluster_nodes_that_fails_is_counted_and_logged(
     assert "refund" in str(guard.health()["side_call_last"])
     assert len([r for r in caplog.records if "refund" in r.getMessage()]) == 1
     assert storage.remaining(limit("ann")) == 0  # consumed until the window ends, as documented
+
+
+def test_with_fleet_capacity_one_blip_never_keeps_every_route_on_local_limits(
+    real: RedisStorage, clock: FakeClock
+) -> None:
+    """The fleet's in-flight slot is given back after every request: with
+    DISTLIMIT_FLEET_CAPACITY set, one request decided locally kept every route of the
+    process on its local share with Redis healthy."""
+    switch = Switch()
+    app, limiter, _ = make_app(
+        FailingStorage(real, switch),
+        clock,
+        DISTLIMIT_FAILURE_POLICY="local",
+        DISTLIMIT_INSTANCES=4,
+        DISTLIMIT_FLEET_CAPACITY=100,
+    )
+
+    @app.get("/page")
+    @limiter.limit("40/minute")
+    def page() -> str:
+        return "a page"
+
+    client = app.test_client()
+    switch.down = True
+    assert client.get("/page").status_code == 200  # decided locally
+    switch.down = False
+    clock.advance(300)
+    assert client.get("/page").status_code == 200  # the first success: engaged 30 s more
+    clock.advance(300)
+    codes = [client.get("/page").status_code for _ in range(40)]
+    assert codes.count(200) == 40, codes
+    assert not limiter.state(app).guard.fallback.engaged
