@@ -964,6 +964,8 @@ class Guard:
         ``unreadable_replies`` counts the replies to requests this process could not read (an
         error reply or one of the wrong shape: the failure policy answered them, the breaker
         stayed closed), ``unreadable_last`` quotes the last in one line (``None``: none yet).
+        ``side_call_failures`` counts the calls beside requests that failed and were skipped
+        (:meth:`side_failed`), ``side_call_last`` names the last with its cause.
         """
         error: str | None = None
         error_type: str | None = None
