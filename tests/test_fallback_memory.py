@@ -10,36 +10,20 @@ The outage is injected in front of a real redis-server (:class:`tests.faults.Fai
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-import redis
 
 from flask_distlimit.decision import Check
 from flask_distlimit.guard import Guard
 from flask_distlimit.storage.redis import RedisStorage
-from tests.faults import FailingStorage
+from tests.distlimit_fixtures import redis_storage
+from tests.faults import FailingStorage, Switch
 from tests.guard_helpers import FakeClock
+
+__all__ = ["redis_storage"]  # fixtures used below
 
 RESET_TIMEOUT = 30.0
 PERIOD = 60
 RATE = 100  # new identities a second
-
-
-class Switch:
-    def __init__(self) -> None:
-        self.down = True
-
-    def __call__(self, _: int) -> bool:
-        return self.down
-
-
-@pytest.fixture
-def real(redis_client: redis.Redis) -> Iterator[RedisStorage]:
-    kwargs = redis_client.connection_pool.connection_kwargs
-    storage = RedisStorage(host=kwargs["host"], port=kwargs["port"], timeout=2.0)
-    yield storage
-    storage.close()
 
 
 def _login(i: int) -> list[Check]:
@@ -49,12 +33,15 @@ def _login(i: int) -> list[Check]:
 
 @pytest.mark.slow
 def test_an_outage_holds_the_keys_of_its_last_minutes_not_every_identity(
-    real: RedisStorage,
+    redis_storage: RedisStorage,
 ) -> None:
     clock = FakeClock(1_700_000_040.0)
-    switch = Switch()
+    switch = Switch(down=True)
     guard = Guard(
-        FailingStorage(real, switch), policy="local", clock=clock, reset_timeout=RESET_TIMEOUT
+        FailingStorage(redis_storage, switch),
+        policy="local",
+        clock=clock,
+        reset_timeout=RESET_TIMEOUT,
     )
     # decided here in the last 2 x 30 s, or within a window that ends by then: <= 2 minutes
     live = RATE * (2 * RESET_TIMEOUT + PERIOD)

@@ -9,10 +9,9 @@ fails the calls the test picks, the others reach the server); one clock drives t
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
-import redis
 from flask import Flask
 
 from flask_distlimit import Limiter
@@ -20,32 +19,14 @@ from flask_distlimit.decision import Check, Evaluation
 from flask_distlimit.errors import StorageUnavailable
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.testing import FakeClock
-from tests.distlimit_fixtures import clock, make_app
-from tests.faults import FailingStorage
+from tests.distlimit_fixtures import clock, make_app, redis_storage
+from tests.faults import FailingStorage, Switch
 
-__all__ = ["clock"]  # fixtures used below
-
-
-class Switch:
-    """Fails every call while ``down``."""
-
-    def __init__(self) -> None:
-        self.down = False
-
-    def __call__(self, _: int) -> bool:
-        return self.down
-
-
-@pytest.fixture
-def real(redis_client: redis.Redis) -> Iterator[RedisStorage]:
-    kwargs = redis_client.connection_pool.connection_kwargs
-    storage = RedisStorage(host=kwargs["host"], port=kwargs["port"], timeout=2.0)
-    yield storage
-    storage.close()
+__all__ = ["clock", "redis_storage"]  # fixtures used below
 
 
 def _export_app(
-    storage: RedisStorage, clock: FakeClock, switch: Switch, **config: object
+    storage: RedisStorage, clock: FakeClock, switch: Switch, *, slots: bool = True, **config: object
 ) -> tuple[Flask, Limiter]:
     app, limiter, _ = make_app(
         FailingStorage(storage, switch),
@@ -56,22 +37,25 @@ def _export_app(
         **config,
     )
 
-    @app.get("/export")
-    @limiter.limit("40/minute")
-    @limiter.concurrency(4)
     def export() -> str:
         return "rows"
 
+    limited = limiter.limit("40/minute")(export)
+    app.get("/export")(limiter.concurrency(4)(limited) if slots else limited)
     return app, limiter
 
 
-def test_a_slot_given_back_in_process_never_keeps_the_fallback_engaged(
-    real: RedisStorage, clock: FakeClock
+@pytest.mark.parametrize("slots", [True, False], ids=["slot", "fleet-capacity"])
+def test_one_blip_never_keeps_the_process_on_local_limits(
+    redis_storage: RedisStorage, clock: FakeClock, slots: bool
 ) -> None:
     """One request decided locally during a blip; Redis is healthy from then on. Every later
-    request is Redis's to decide: 40 of 40 pass a 40/minute limit, not 40 / 4 instances."""
+    request is Redis's to decide: 40 of 40 pass a 40/minute limit, not 40 / 4 instances. The
+    slot given back is the route's concurrency slot, or the fleet's in-flight slot
+    (DISTLIMIT_FLEET_CAPACITY, which every route takes)."""
     switch = Switch()
-    app, limiter = _export_app(real, clock, switch)
+    config = {} if slots else {"DISTLIMIT_FLEET_CAPACITY": 100}
+    app, limiter = _export_app(redis_storage, clock, switch, slots=slots, **config)
     client = app.test_client()
     switch.down = True
     assert client.get("/export").status_code == 200  # decided locally (a share of 10)
@@ -80,20 +64,20 @@ def test_a_slot_given_back_in_process_never_keeps_the_fallback_engaged(
     assert client.get("/export").status_code == 200  # the first success: engaged 30 s more
     clock.advance(300)
     codes = [client.get("/export").status_code for _ in range(40)]
-    assert codes.count(200) == 40, codes
+    assert codes.count(200) == 40, codes  # before: 10
     guard = limiter.state(app).guard
     assert not guard.fallback.engaged
     assert guard.health()["fallback_held_keys"] == 0
 
 
 def test_a_failed_give_back_is_counted_and_logged_once_a_minute_and_changes_nothing_else(
-    real: RedisStorage, clock: FakeClock, caplog: pytest.LogCaptureFixture
+    redis_storage: RedisStorage, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Redis admits each request; the slot's give-back meets an outage (the link drops while
     the view runs) 30 times. Each is counted, one WARNING line says so, the lease gives the
     slots back, and no other request is decided locally: the fallback is never engaged."""
     switch = Switch()
-    app, limiter = _export_app(real, clock, switch, DISTLIMIT_CONCURRENCY_LEASE=5)
+    app, limiter = _export_app(redis_storage, clock, switch, DISTLIMIT_CONCURRENCY_LEASE=5)
 
     @app.get("/drop")
     @limiter.concurrency(100, scope="drop")
@@ -147,12 +131,12 @@ def _login_app(
 
 
 def test_an_after_response_charge_goes_through_the_routes_local_policy(
-    real: RedisStorage, clock: FakeClock
+    redis_storage: RedisStorage, clock: FakeClock
 ) -> None:
     """Redis down, on_failure="local" (the app's policy is open): 5 of 20 failed logins pass a
     5/minute limit, as they would with Redis up; the 15 others are refused before the view."""
     switch = Switch()
-    app, limiter = _login_app(real, clock, switch)
+    app, limiter = _login_app(redis_storage, clock, switch)
     client = app.test_client()
     switch.down = True
     codes = [client.post("/login").status_code for _ in range(20)]
@@ -161,10 +145,10 @@ def test_an_after_response_charge_goes_through_the_routes_local_policy(
 
 
 def test_a_revalidation_under_conditional_cost_0_is_charged_locally_in_an_outage(
-    real: RedisStorage, clock: FakeClock
+    redis_storage: RedisStorage, clock: FakeClock
 ) -> None:
     switch = Switch()
-    app, _ = _login_app(real, clock, switch, DISTLIMIT_CONDITIONAL_COST=0)
+    app, _ = _login_app(redis_storage, clock, switch, DISTLIMIT_CONDITIONAL_COST=0)
     client = app.test_client()
     switch.down = True
     codes = [
@@ -174,10 +158,10 @@ def test_a_revalidation_under_conditional_cost_0_is_charged_locally_in_an_outage
 
 
 def test_a_dropped_charge_under_policy_open_is_counted_and_logged_once(
-    real: RedisStorage, clock: FakeClock, caplog: pytest.LogCaptureFixture
+    redis_storage: RedisStorage, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     switch = Switch()
-    app, limiter, _ = make_app(FailingStorage(real, switch), clock)
+    app, limiter, _ = make_app(FailingStorage(redis_storage, switch), clock)
 
     @app.post("/open-login")
     @limiter.limit("5/minute", deduct_when=lambda response: response.status_code == 401)
@@ -219,35 +203,3 @@ def test_a_refund_across_cluster_nodes_that_fails_is_counted_and_logged(
     assert "refund" in str(guard.health()["side_call_last"])
     assert len([r for r in caplog.records if "refund" in r.getMessage()]) == 1
     assert storage.remaining(limit("ann")) == 0  # consumed until the window ends, as documented
-
-
-def test_with_fleet_capacity_one_blip_never_keeps_every_route_on_local_limits(
-    real: RedisStorage, clock: FakeClock
-) -> None:
-    """The fleet's in-flight slot is given back after every request: with
-    DISTLIMIT_FLEET_CAPACITY set, one request decided locally kept every route of the
-    process on its local share with Redis healthy."""
-    switch = Switch()
-    app, limiter, _ = make_app(
-        FailingStorage(real, switch),
-        clock,
-        DISTLIMIT_FAILURE_POLICY="local",
-        DISTLIMIT_INSTANCES=4,
-        DISTLIMIT_FLEET_CAPACITY=100,
-    )
-
-    @app.get("/page")
-    @limiter.limit("40/minute")
-    def page() -> str:
-        return "a page"
-
-    client = app.test_client()
-    switch.down = True
-    assert client.get("/page").status_code == 200  # decided locally
-    switch.down = False
-    clock.advance(300)
-    assert client.get("/page").status_code == 200  # the first success: engaged 30 s more
-    clock.advance(300)
-    codes = [client.get("/page").status_code for _ in range(40)]
-    assert codes.count(200) == 40, codes
-    assert not limiter.state(app).guard.fallback.engaged
