@@ -184,7 +184,10 @@ def test_a_refund_across_cluster_nodes_that_fails_is_counted_and_logged(
     """In-process, beside the real-server tests above: a two-node fake cluster whose refund
     fails (the node died between the call and the give-back). The refused request stays
     refused, the failure is counted, and it logs one WARNING line (it logged at DEBUG)."""
+    from prometheus_client import CollectorRegistry
+
     from flask_distlimit.guard import Guard
+    from flask_distlimit.metrics import Metrics
     from tests.guard_helpers import FakeClock as MonotonicClock
     from tests.test_node_breakers import NOW, Shards, kinds, limit
 
@@ -193,13 +196,17 @@ def test_a_refund_across_cluster_nodes_that_fails_is_counted_and_logged(
             raise StorageUnavailable("the node died before the give-back")
 
     storage = RefundFails()
-    guard = Guard(storage, policy="closed", fail_max=5, clock=MonotonicClock())
+    registry = CollectorRegistry()
+    guard = Guard(
+        storage, policy="closed", fail_max=5, clock=MonotonicClock(), metrics=Metrics(registry)
+    )
     assert kinds(guard, [limit("bob", 1)], 1) == ["allowed"]  # bob's one unit: spent
     with caplog.at_level("WARNING", logger="flask_distlimit"):
         for _ in range(3):  # ann's node admits, bob's refuses: ann's unit should come back
             outcome = guard.evaluate([limit("ann"), limit("bob", 1)], now_us=NOW)
             assert outcome.evaluation is not None and not outcome.evaluation.allowed
     assert guard.health()["side_call_failures"] == 3
+    assert registry.get_sample_value("distlimit_side_call_failures_total") == 3
     assert "refund" in str(guard.health()["side_call_last"])
     assert len([r for r in caplog.records if "refund" in r.getMessage()]) == 1
     assert storage.remaining(limit("ann")) == 0  # consumed until the window ends, as documented
