@@ -119,7 +119,8 @@ class SlotRelease:
         now = state.storage_now()
         for fallback, part in guard.fallbacks_for(self._checks):
             if self._degraded or fallback.holding:
-                fallback.evaluate(part, instances=guard.instances.divisor, now_us=now)
+                # never fallback.evaluate: a give-back is no outage, and must not engage it
+                fallback.release(part, instances=guard.instances.divisor, now_us=now)
         # Only to the nodes whose breaker lets a call through (each slot group's own on a
         # Redis Cluster), which hear how it ended; the lease gives back the slots of the
         # others, and of a node that failed.

@@ -72,7 +72,8 @@ The keys read here, each ``key`` (default ``value``) followed by its meaning:
     of the 503 under policy ``closed``.
 ``DISTLIMIT_CHARGE_PREFLIGHTS`` (default ``False``)
     ``True`` counts CORS preflights (``OPTIONS`` with ``Access-Control-Request-Method``) against
-    route and tier limits too; by default only the global limits count them.
+    route and tier limits too; by default only the global limits count those the view never sees
+    (an ``OPTIONS`` to a view that answers it itself is always counted like any request).
 ``DISTLIMIT_DYNAMIC_LIMIT_TTL`` (default ``60``)
     Seconds the answer of a callable limit value (``limiter.limit(plan_of_tenant)``) is kept per
     identity before the callable is asked again (>= 0, <= 86400; 0 asks on every request).

@@ -18,8 +18,14 @@
    second storage call (only requests of routes with such a limit make it). The charge is
    all-or-nothing like every call: a charge that no longer fits (other requests filled the
    quota meanwhile) is not made, so a counter never exceeds its limit. A callable that raises
-   is logged and the request is charged (the safe side for a login limit). A storage outage
-   at charge time drops the charge (under every failure policy: the response is already made).
+   is logged and the request is charged (the safe side for a login limit). The charge goes
+   through the route's own failure policy (its ``on_failure``, else
+   ``DISTLIMIT_FAILURE_POLICY``), as the peek did: under ``local`` a storage outage charges
+   the local fallback (at this process's share), so the next peek there sees it; under
+   ``open`` and ``closed`` it drops the charge (the response is already made). A dropped
+   charge ends there: it is counted and logged as a failed side call
+   (:meth:`Guard.side_failed <flask_distlimit.guard.Guard.side_failed>`: ``health()``'s
+   ``side_call_failures``, one WARNING line a minute at most).
 
 Exactness under concurrency: N requests in flight at once can all pass the peek before any of
 them is charged, so up to ``limit + N - 1`` of them may reach the view in one window (with
@@ -40,6 +46,7 @@ from .decision import Check, Decision, Evaluation
 if TYPE_CHECKING:
     from werkzeug.wrappers import Response
 
+    from ._typing import FailurePolicy
     from .route_limits import BoundLimit
     from .state import LimiterState
 
@@ -53,11 +60,13 @@ class Deferred:
     """One limit of a request to charge after the response: ``check`` has the request's cost.
 
     ``free_if_not_modified``: a conditional request under ``DISTLIMIT_CONDITIONAL_COST=0``,
-    free only when its response is a 304 (the header alone is the client's claim)."""
+    free only when its response is a 304 (the header alone is the client's claim).
+    ``policy``: the failure policy of the route whose peek it follows (``None``: the app's)."""
 
     check: Check
     bound: BoundLimit
     free_if_not_modified: bool = False
+    policy: FailurePolicy | None = None
 
 
 def spent(
@@ -107,30 +116,43 @@ def charge(
     response's headers tell that, not the peek's count from before)."""
     due = [d for d in deferred.values() if d.check.cost > 0 and _wants_charge(d, response)]
     deferred.clear()
-    if not due:
-        return []
+    by_policy: dict[FailurePolicy | None, list[Deferred]] = {}
+    for d in due:  # one call per failure policy (a request's limits have one, almost always)
+        by_policy.setdefault(d.policy, []).append(d)
+    charged: list[tuple[Deferred, Decision]] = []
+    for policy, group in by_policy.items():
+        charged += _charge_group(state, group, policy)
+    return charged
+
+
+def _charge_group(
+    state: LimiterState, due: list[Deferred], policy: FailurePolicy | None
+) -> list[tuple[Deferred, Decision]]:
     try:
-        evaluation = _charge(state, [d.check for d in due])
+        evaluation = _charge(state, [d.check for d in due], policy)
         if evaluation is None:
             return []
         if evaluation.allowed:
             return list(zip(due, evaluation.decisions, strict=True))
         # Some limit filled up meanwhile: charge the ones that still fit, in one more call.
         fits = [d for d, e in zip(due, evaluation.decisions, strict=True) if e.allowed]
-        again = _charge(state, [d.check for d in fits]) if fits else None
+        again = _charge(state, [d.check for d in fits], policy) if fits else None
         return [] if again is None else list(zip(fits, again.decisions, strict=True))
     except Exception:  # the response is made: a failed charge must not turn it into a 500
         log.exception("A deferred rate-limit charge failed; %d charge(s) dropped.", len(due))
         return []
 
 
-def _charge(state: LimiterState, checks: list[Check]) -> Evaluation | None:
-    outcome = state.guard.evaluate(checks, policy="open", now_us=state.storage_now())
+def _charge(
+    state: LimiterState, checks: list[Check], policy: FailurePolicy | None
+) -> Evaluation | None:
+    guard = state.guard
+    outcome = guard.evaluate(checks, policy=policy, now_us=state.storage_now())
     if outcome.evaluation is None or outcome.unavailable:
-        log.warning(
-            "The storage did not decide (an outage, or a reply the limiter cannot read): "
-            "%d deferred rate-limit charge(s) dropped.",
-            len(checks),
+        guard.side_failed(
+            f"an after-response charge of {len(checks)} rate limit(s)",
+            "the storage did not decide (an outage, or a reply the limiter cannot read) and "
+            f"the failure policy {policy or guard.policy!r} drops it",
         )
         return None
     return outcome.evaluation

@@ -40,7 +40,7 @@ import logging
 import math
 import operator
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
@@ -536,6 +536,7 @@ class Enforcer:
             method == "OPTIONS"
             and not self._charge_preflights
             and "HTTP_ACCESS_CONTROL_REQUEST_METHOD" in environ
+            and not self._view_answers_options(req)
         ):
             # A CORS preflight: the browser's, not the client's request; global limits only.
             route_limits, needs_identity, tiers = (), False, False
@@ -602,7 +603,7 @@ class Enforcer:
             for r in resolved:
                 if r.deduct_when is not None or unproved:  # a peek now, charged after
                     check = r.check(tag, 1 if unproved else cost)
-                    data.deferred[check.key] = deduction.Deferred(check, r, unproved)
+                    data.deferred[check.key] = deduction.Deferred(check, r, unproved, policy)
                     checks.append(r.check(tag, 0))
                 else:
                     checks.append(r.check(tag, cost))
@@ -611,12 +612,26 @@ class Enforcer:
             return
         for c, b in zip(checks, bounds, strict=True):
             if c.cost > c.limit:
-                self._refuse_unaffordable(c, b, identity, data)
+                self._refuse_unaffordable(c, b, identity, data, checks, bounds, policy)
         if len(checks) > 1 and len(set(map(_KEY, checks))) != len(checks):
             checks, bounds = _dedupe(checks, bounds)
         # no slot and no shadow limit among the checks: their scans are skipped
         simple = plain and (not every_request or self._every_plain)
         self._decide(checks, bounds, identity, policy, data, simple=simple)
+
+    def _view_answers_options(self, req: Request) -> bool:
+        """Does the route's own view answer ``OPTIONS`` (its methods list it: ``methods=[...,
+        "OPTIONS"]``, a ``MethodView`` with ``options``)? Then an ``OPTIONS`` with
+        ``Access-Control-Request-Method`` runs the view like any request, and is limited like
+        one. Not when Flask answers it (``provide_automatic_options``), nor when a decorator
+        asked Flask for ``OPTIONS`` to answer preflights itself (``required_methods``, as
+        flask-cors's ``cross_origin`` does): the view never runs for those."""
+        rule = req.url_rule
+        if rule is None or getattr(rule, "provide_automatic_options", False):
+            return False
+        endpoint = req.endpoint
+        view = self.original_view(endpoint) if endpoint is not None else None
+        return "OPTIONS" not in getattr(view, "required_methods", ())
 
     def _decide(
         self,
@@ -844,20 +859,41 @@ class Enforcer:
         raise Overloaded(priority=priority, reason="fleet", instance=request.path)
 
     def _refuse_unaffordable(
-        self, check: Check, b: BoundLimit, identity: Identity | None, data: _RequestData
+        self,
+        check: Check,
+        b: BoundLimit,
+        identity: Identity | None,
+        data: _RequestData,
+        checks: Sequence[Check],
+        bounds: Sequence[BoundLimit],
+        policy: FailurePolicy | None,
     ) -> None:
-        """Refuse at once a request that costs more than the limit allows in a whole window:
-        it can never pass, so no ``Retry-After`` promises that it will."""
+        """Refuse a request that costs more than the limit ``b`` allows in a whole window: it
+        can never pass, so no ``Retry-After`` promises that it will. It still counts against
+        the request's global and tier limits among ``checks`` (decided first, in one storage
+        call: one of them may refuse it instead), as every refused request that reaches no
+        view does, so such requests cannot flood past them; its INFO line is logged once per
+        client and limit per window at most, as breaches are."""
+        data.deferred.clear()  # a refused request is never charged after its response
+        every = [
+            (c, e)
+            for c, e in zip(checks, bounds, strict=True)
+            if e.limit_id.startswith(("g:", "t:")) and c.cost <= c.limit
+        ]
+        if every:  # raises the 429 (or 503) of a global or tier limit that refuses
+            self._decide([c for c, _ in every], [e for _, e in every], identity, policy, data)
         data.report, data.denied, data.retry_after = None, True, None
-        data.deferred.clear()
         names = (b.name,)
         tag = check.key[check.key.index("{") + 1 : check.key.index("}")]
         digest = self.state.identity_tag(identity.value) if identity is not None else tag
-        log.info(
-            "Rate limit %s refused a request costing %d (more than %d in a whole window) from "
-            "client %s, %s %s",
-            b.name, check.cost, check.limit, digest, request.method, request.endpoint,
-        )  # fmt: skip
+        now = self.state.local_clock()
+        if self._breaches.get(check.key, 0) <= now:
+            self._logged(((check.key, b.rate.period),), now)
+            log.info(
+                "Rate limit %s refused a request costing %d (more than %d in a whole window) "
+                "from client %s, %s %s (logged once per client and limit per window)",
+                b.name, check.cost, check.limit, digest, request.method, request.endpoint,
+            )  # fmt: skip
         detail = (
             f"This request costs {check.cost} units, more than the limit {b.name} allows in a "
             f"whole window ({check.limit} per {b.rate.period} s): it can never be admitted. "
@@ -925,13 +961,7 @@ class Enforcer:
         ]
         if not fresh:
             return
-        if len(logged) >= _BREACHES_KEPT:
-            for k in [k for k, until in logged.items() if until <= now]:
-                del logged[k]
-            if len(logged) >= _BREACHES_KEPT:
-                logged.clear()
-        for r, k in zip(reports, keys, strict=True):
-            logged[k] = now + int(r.period * 1_000_000)
+        self._logged(((k, r.period) for r, k in zip(reports, keys, strict=True)), now)
         log.info(
             "Rate limit exceeded: %s; identity %s, tier %s, %s %s; retry in %s s "
             "(logged once per client and limit per window)",
@@ -942,6 +972,18 @@ class Enforcer:
             endpoint,
             retry,
         )
+
+    def _logged(self, marks: Iterable[tuple[str, float]], now: int) -> None:
+        """Note that the limits under these keys (with their periods, seconds) were logged at
+        ``now``: not again within their window. At most ``_BREACHES_KEPT`` keys are kept."""
+        logged = self._breaches
+        if len(logged) >= _BREACHES_KEPT:
+            for k in [k for k, until in logged.items() if until <= now]:
+                del logged[k]
+            if len(logged) >= _BREACHES_KEPT:
+                logged.clear()
+        for k, period in marks:
+            logged[k] = now + int(period * 1_000_000)
 
     # -- after the view ------------------------------------------------------------------------
 

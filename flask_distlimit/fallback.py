@@ -27,9 +27,15 @@ the local counts must outlive the calls that succeed in between:
 - **Handing back**: a key decided here (a failure) is held, beyond its quota's reset, until the
   window that contains the end of the engagement has ended (that fixed window's end; one period
   after the engagement for the sliding window log, the token bucket and GCRA, two for the
-  sliding window counter); a key counted only because Redis answered it while engaged is
-  handed back when the engagement ends. When no key is held any more, the in-process store is
-  dropped.
+  sliding window counter), or sooner, as a key never decided here, when its last local
+  decision is older: once its own local count has expired and the window that contains two
+  settling periods after that decision has ended; a key counted only because Redis answered
+  it while engaged is handed back when the engagement ends. When no key is held any more, the
+  in-process store is dropped.
+- **Memory**: a key no longer held is forgotten (swept once the keys have doubled), so the
+  keys kept through an outage of any length are at most twice those decided or answered here
+  in the last two settling periods and two periods, plus 1024 (docs/failure-modes.md, "Memory
+  of the local fallback"; tests/test_fallback_memory.py).
 
 The bound (docs/failure-modes.md, "The bound"; tests/test_fleet_bound.py,
 tests/test_local_bounds.py), for ``N`` processes, a limit ``L``, share ``S``:
@@ -130,8 +136,9 @@ class LocalFallback:
         self._storage: Storage | None = None
         #: key -> clock() until which its local count is known complete (see _cover).
         self._covered: dict[str, float] = {}
-        #: keys decided here (a failure), with their kind: held to the end of a window (_hold).
-        self._decided: dict[str, _Kind] = {}
+        #: keys decided here (a failure), with their kind and clock() of their last local
+        #: decision: held to the end of a window (_hold, _holds).
+        self._decided: dict[str, tuple[_Kind, float]] = {}
         #: kind -> clock() until which a key of that kind decided here is held (see _engage).
         self._hold: dict[_Kind, float] = {}
         self._engaged_until = -_FOREVER  # last failure, or first success after it, + settle
@@ -181,7 +188,7 @@ class LocalFallback:
             self._observe(now, now_us)
             self._engage(now + self.settle)
             for check in checks:
-                self._decide(check)
+                self._decide(check, now)
             divided = [_divided(c, instances) for c in checks]
             for check, local in zip(checks, divided, strict=True):
                 if check.key not in self._covered:
@@ -196,6 +203,19 @@ class LocalFallback:
             if len(self._covered) >= self._sweep_at:
                 self._sweep(now)
         return evaluation
+
+    def release(
+        self, checks: Sequence[Check], *, instances: int, now_us: int | None = None
+    ) -> None:
+        """Give back, in the in-process store, the concurrency slots ``checks`` took there
+        (:attr:`Check.release <flask_distlimit.decision.Check.release>` checks): the request
+        ended. Nothing else changes: a give-back is no failure of the storage, so it never
+        engages the fallback, holds a key or starts a store (a slot taken here before the
+        store was dropped is gone with it)."""
+        with self._lock:
+            storage = self._storage
+            if storage is not None and checks:
+                storage.evaluate([_divided(c, instances) for c in checks], now_us=now_us)
 
     def give_back(
         self, checks: Sequence[Check], *, instances: int, now_us: int | None = None
@@ -348,11 +368,12 @@ class LocalFallback:
         if until > self._until:
             self._until = until
 
-    def _decide(self, check: Check) -> None:
-        """``check``'s key is decided here: hold it until the end of the window that contains
-        the end of this process's engagement."""
+    def _decide(self, check: Check, now: float) -> None:
+        """``check``'s key is decided here at ``now``: hold it until the end of the window
+        that contains the end of this process's engagement (at most two settling periods
+        after ``now``: :meth:`_holds`)."""
         kind = (check.algorithm, check.period)
-        self._decided[check.key] = kind
+        self._decided[check.key] = (kind, now)
         if kind not in self._hold:
             self._hold[kind] = end = self._window_end(kind, self._engaged_until)
             if end > self._until:
@@ -372,11 +393,25 @@ class LocalFallback:
         return moment + (2 * period if algorithm == "sliding_window_counter" else period)
 
     def _holds(self, key: str, until: float, now: float) -> bool:
-        """Whether ``key`` (counted here until ``until``) still counts here at ``now``."""
+        """Whether ``key`` (counted here until ``until``) still counts here at ``now``.
+
+        Past ``until`` (its local admissions have left every window), a key decided here is
+        held to the end of the window that contains the end of the engagement, but no later
+        than the end of the window that contains two settling periods after its last local
+        decision: a process whose breaker was open when this one last decided the key admits
+        locally at most until then (Redis back at once; its trial one reset timeout later,
+        this process engaged one more), and a key this process has not decided since is held
+        no longer than one it never decided (docs/failure-modes.md, "The bound"). So the
+        keys held, through an outage of any length, are those decided or answered in the last
+        two settling periods and two periods: memory is bounded by the traffic of that time,
+        never by the outage's length."""
         if until > now:
             return True
-        kind = self._decided.get(key)
-        return kind is not None and now < self._hold[kind]
+        decided = self._decided.get(key)
+        if decided is None:
+            return False
+        kind, at = decided
+        return now < self._hold[kind] and now < self._window_end(kind, at + 2 * self.settle)
 
     def _cover(self, key: str, until: float) -> None:
         """Count ``key`` here until ``until`` at least (longer while this process is engaged).

@@ -94,6 +94,7 @@ __all__ = [
     "FAILURE_POLICIES",
     "MISCONFIGURED_LOG_INTERVAL",
     "REDISCOVER_INTERVAL",
+    "SIDE_FAILURE_LOG_INTERVAL",
     "FailurePolicy",
     "Guard",
     "Outcome",
@@ -105,6 +106,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two ERROR lines about a storage that refuses the limiter (per guard).
 MISCONFIGURED_LOG_INTERVAL: Final = 60.0
+
+#: Seconds between two WARNING lines about calls beside a request's that failed (per guard).
+SIDE_FAILURE_LOG_INTERVAL: Final = 60.0
 
 #: While the breaker of the node a storage goes to is open, the storage is asked at most this
 #: often (seconds of the injected clock) whether its node moved (a Sentinel failover).
@@ -212,6 +216,10 @@ class Guard:
         self._full = False  # a refused write was decided locally (until the fallback lets go)
         self._unreadable_count = 0  # error replies answered by the policy (health())
         self._unreadable_last: str | None = None  # the last one, in one line
+        self._side_failures = 0  # calls beside a request's that failed (side_failed)
+        self._side_unlogged = 0  # ... since the last WARNING line about them
+        self._side_logged_at: float | None = None  # clock() of that line
+        self._side_last: str | None = None  # the last one, in one line
         # What health() evaluates: cost 0 consumes nothing and writes no key, but needs what a
         # request needs (EVALSHA, the script's commands, access to keys under the prefix).
         self._probe = Check(f"{key_prefix}:{{health}}:probe:fixed_window", "fixed_window", 1, 1, 0)
@@ -635,7 +643,7 @@ class Guard:
         try:
             refunded = self.storage.refund(given, now_us=now_us)
         except StorageError as exc:  # the node died in between: consumed until the window ends
-            log.debug("Refund of %d rate-limit check(s) failed: %s", len(given), exc)
+            self.side_failed(f"the refund of {len(given)} rate-limit check(s)", exc)
         else:
             for i, decision in zip(spent, refunded.decisions, strict=True):
                 decisions[i] = decision
@@ -748,6 +756,8 @@ class Guard:
             repaired = call(self.storage)
         except StorageError as exc:
             heard(exc)
+            if not isinstance(exc, StorageResponseError):  # those are counted as unreadable
+                self.side_failed(what, exc)
             return
         except BaseException as exc:
             heard(exc)
@@ -798,7 +808,7 @@ class Guard:
             if isinstance(result, StorageResponseError):
                 self.unreadable(result, what)
             elif isinstance(result, StorageError):
-                log.debug("%s failed (skipped): %s", what.capitalize(), result)
+                self.side_failed(what, result)
 
     def _tell(
         self,
@@ -908,6 +918,39 @@ class Guard:
             )
         return "closed" if chosen == "closed" else "local"
 
+    def side_failed(self, what: str, cause: BaseException | str) -> None:
+        """Count and log a call beside a request's that did not complete (``what`` names it:
+        a concurrency slot's give-back, a refund, a lease's give-back, an after-response
+        charge; ``cause`` the error or why it was not made). Such a call ends with its own
+        failure: its node's breaker has heard of an outage already (:meth:`beside`), and
+        nothing else changes, no failure policy answers it and the local fallback is not
+        engaged, so no other request's decision moves. Every one is counted (``health()``'s
+        ``side_call_failures``, the ``side_call_failures_total`` metric); the first logs one
+        WARNING line, then at most one every :data:`SIDE_FAILURE_LOG_INTERVAL` seconds, which
+        says how many failed since the previous line."""
+        now = self._clock()
+        if self.metrics is not None:
+            self.metrics.side_call_failed()
+        text = _one_line(str(cause) or type(cause).__name__)
+        with self._log_lock:
+            self._side_failures += 1
+            self._side_unlogged += 1
+            self._side_last = f"{what}: {text}"
+            last = self._side_logged_at
+            if last is not None and now - last < SIDE_FAILURE_LOG_INTERVAL:
+                return
+            self._side_logged_at = now
+            count, self._side_unlogged = self._side_unlogged, 0
+        log.warning(
+            "Rate-limit storage %s: %s failed and is skipped (%s); %d call(s) beside requests "
+            "failed since the last such line (logged at most once a minute; every request "
+            "is still decided as usual)",
+            self.name,
+            what,
+            text,
+            count,
+        )
+
     def _refused(self, exc: StorageMisconfigured) -> None:
         """Log that the storage refuses the limiter: once, then at most once a minute."""
         now = self._clock()
@@ -991,6 +1034,8 @@ class Guard:
         ``unreadable_replies`` counts the replies to requests this process could not read (an
         error reply or one of the wrong shape: the failure policy answered them, the breaker
         stayed closed), ``unreadable_last`` quotes the last in one line (``None``: none yet).
+        ``side_call_failures`` counts the calls beside requests that failed and were skipped
+        (:meth:`side_failed`), ``side_call_last`` names the last with its cause.
         """
         error: str | None = None
         error_type: str | None = None
@@ -1036,6 +1081,8 @@ class Guard:
             "fallback_held_keys": sum(f.held() for f in self._fallbacks_all()),
             "unreadable_replies": self._unreadable_count,
             "unreadable_last": self._unreadable_last,
+            "side_call_failures": self._side_failures,
+            "side_call_last": self._side_last,
             "leases": _leases_held(self),
         }
 
@@ -1046,6 +1093,8 @@ class Guard:
         self._unreadable_logged_at = None
         self._full_logged_at = None
         self._unreadable_count, self._unreadable_last = 0, None
+        self._side_failures = self._side_unlogged = 0
+        self._side_logged_at = self._side_last = None
         self.breakers._after_fork()
         self.instances._after_fork()
         self.last_known._after_fork()

@@ -20,6 +20,9 @@ needs it. Series (all prefixed ``distlimit_``):
 - ``unreadable_replies_total``: storage replies the limiter could not read (an error reply or
   a reply of the wrong shape: a bug, data it does not expect), each answered by the failure
   policy and counted ``degraded`` above while the breaker stays closed; alert on any;
+- ``side_call_failures_total``: calls beside a request's (a concurrency slot's give-back, a
+  refund, a lease's give-back, an after-response charge) that failed and were skipped; each
+  ends there, no request's decision changes;
 - ``storage_latency_seconds``: histogram of storage calls (successful or not);
 - ``breaker_state{breaker}``: 0 closed, 1 half-open, 2 open; one series per storage node's
   breaker (:mod:`flask_distlimit.breakers`): ``breaker`` is the guard's name
@@ -146,6 +149,11 @@ class Metrics:
             "distlimit_unreadable_replies",
             "Storage replies the limiter could not read, answered by the failure policy", **kw,
         )  # fmt: skip
+        self.side_call_failures = pc.Counter(
+            "distlimit_side_call_failures",
+            "Calls beside requests (a slot's give-back, a refund, an after-response charge) "
+            "that failed and were skipped", **kw,
+        )  # fmt: skip
         self._lease_gauges: set[str] = set()
         self._children: dict[tuple[bool, str, str], Any] = {}
         self._labels: set[str] = set()  # the limit label values given out
@@ -239,6 +247,11 @@ class Metrics:
     def unreadable(self) -> None:
         """A storage reply the limiter could not read (the failure policy answered)."""
         self.unreadable_replies.inc()
+
+    def side_call_failed(self) -> None:
+        """A call beside a request's failed and was skipped (:meth:`Guard.side_failed
+        <flask_distlimit.guard.Guard.side_failed>`)."""
+        self.side_call_failures.inc()
 
     def breaker_changed(self, breaker: str, state: str) -> None:
         if breaker not in self._breakers:

@@ -21,7 +21,8 @@ Limit ids make the same declared limit hit the same key from every worker and re
 
 - route, blueprint and default limits: ``r:<endpoint>[:<METHOD>]:<amount>/<period>``, one counter
   per route (a view registered under two endpoints has the same limits, counted per endpoint;
-  a limit declared on a class-based view's method is counted per method);
+  a limit declared on a class-based view's method is counted per method); ``HEAD`` is counted
+  as ``GET`` (Flask answers it with the GET view), so it never has a counter of its own;
 - a ``scope`` (``shared_limit`` or ``limit(..., scope=...)``): ``s:<scope>[:<METHOD>]:...``, one
   counter for every route that names the scope;
 - global: ``g:<amount>/<period>``; tier: ``t:<tier>:<amount>/<period>``.
@@ -191,8 +192,10 @@ def bind(
         else:
             id_head, name_head = f"r:{label}", label
         if spec.per_method and method is not None:
-            id_head += f":{method}"
-            name_head += f":{method}"
+            # Flask answers HEAD with the GET view: one counter for both, or it runs twice
+            counted = "GET" if method == "HEAD" else method
+            id_head += f":{counted}"
+            name_head += f":{counted}"
         if spec.key_func is not None:
             keyed_on = "func"
     if spec.dynamic is not None:

@@ -61,6 +61,17 @@ def backend(request: pytest.FixtureRequest, clock: FakeClock) -> Iterator[Callab
             storage.close()
 
 
+@pytest.fixture
+def redis_storage(redis_client: Any) -> Iterator[RedisStorage]:
+    """A storage on the session's real redis-server (flushed by ``redis_client``), with a
+    generous timeout, closed after the test: put a fault in front of it
+    (:class:`tests.faults.FailingStorage`) to inject an outage."""
+    kwargs = redis_client.connection_pool.connection_kwargs
+    storage = RedisStorage(host=kwargs["host"], port=kwargs["port"], timeout=2.0)
+    yield storage
+    storage.close()
+
+
 def make_app(
     storage: Storage,
     clock: FakeClock,

@@ -24,6 +24,7 @@ __all__ = [
     "FailingStorage",
     "Load",
     "Sample",
+    "Switch",
     "cut_under_the_request",
     "kind_of",
     "opened",
@@ -136,6 +137,16 @@ def guard_request(
         return kind_of(guard.evaluate(checks))
 
     return request
+
+
+class Switch:
+    """A ``fails`` of :class:`FailingStorage`: every call fails while ``down``."""
+
+    def __init__(self, *, down: bool = False) -> None:
+        self.down = down
+
+    def __call__(self, _: int) -> bool:
+        return self.down
 
 
 class FailingStorage(Storage):
