@@ -61,6 +61,7 @@ SINK_METHODS = (
     "leased",
     "shadow_would_deny",
     "shed",
+    "side_call_failed",
     "storage_call",
     "unreadable",
     "watch_lease_units",
@@ -132,6 +133,10 @@ class OTelMetrics:
         self.unreadable_replies = meter.create_counter(
             "distlimit.storage.unreadable", unit="{reply}",
             description="Storage replies the limiter could not read (the policy answered)",
+        )  # fmt: skip
+        self.side_call_failures = meter.create_counter(
+            "distlimit.side_call.failures", unit="{call}",
+            description="Calls beside a request's that failed and were skipped",
         )  # fmt: skip
         self.slots = meter.create_up_down_counter(
             "distlimit.concurrency.slots", unit="{slot}",
@@ -235,6 +240,9 @@ class OTelMetrics:
 
     def unreadable(self) -> None:
         self.unreadable_replies.add(1)
+
+    def side_call_failed(self) -> None:
+        self.side_call_failures.add(1)
 
     def breaker_changed(self, breaker: str, state: str) -> None:
         with self._lock:
