@@ -8,6 +8,7 @@ from .decision import Check, Decision, Evaluation
 from .errors import (
     ConfigurationError,
     DistLimitError,
+    StorageBusy,
     StorageError,
     StorageMisconfigured,
     StorageReplyLost,
@@ -40,6 +41,7 @@ __all__ = [
     "RateLimitExceeded",
     "RateLimitUnavailable",
     "RequestLimit",
+    "StorageBusy",
     "StorageError",
     "StorageMisconfigured",
     "StorageReplyLost",

@@ -27,9 +27,13 @@ refused elsewhere (:meth:`ClusterStorage.refund`). :meth:`ClusterStorage.nodes` 
 primaries the topology knows, so the breakers of nodes gone from it are dropped.
 
 **What one request may wait** (:meth:`ClusterStorage._run_all`, the path of every guarded
-request): one deadline, ``timeout`` from the start of the call, bounds every group's pool wait,
-connect and handshake, send and read. The hot path runs on a :class:`~.pool.DeadlinePool` per
-primary (the single node's pool, on redis-py's public connection API), whose connections are
+request): as on a single node (:mod:`.pool`), a wait for a primary's pooled connection is this
+process's load, bounded by the queue budget (then
+:class:`~flask_distlimit.errors.StorageBusy`, which says nothing of the node); a connect and
+its handshake get a ``timeout`` of their own, and each group's Redis deadline, ``timeout``,
+starts when its command is sent and bounds its read. The hot path runs on a
+:class:`~.pool.DeadlinePool` per primary (the single node's pool, on redis-py's public
+connection API), whose connections are
 made as redis-py makes that node's (its pool's public ``connection_class`` and
 ``connection_kwargs``). Bounded by ``timeout`` per operation rather than by the deadline: a group
 answered ``NOSCRIPT``/``MOVED``/``ASK`` is sent again through redis-py's cluster path, and after
@@ -85,16 +89,13 @@ from .lease_records import (
     records_key,
     repaired_from_reply,
 )
-from .pool import DeadlinePool, NoConnectionAvailable
+from .pool import LAST_LOOK, DeadlinePool, NoConnectionAvailable, busy, queue_budget
 from .redis import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT, _pool_connections, connection_options
 from .shared_value import SHARED_VALUE_SOURCE
 from .tokens import RequestTokens, repeat_call
 from .translate import REDIS_FAILURES, storage_error
 
 __all__ = ["ClusterStorage", "slot_of"]
-
-#: How long a group's reply is waited for when the deadline is already spent, seconds.
-_LAST_LOOK: Final = 0.001
 
 #: Replies that mean the script did not run on that node (safe to send again).
 _NOT_RUN: Final = (rx.NoScriptError, rx.AskError, rx.TryAgainError)
@@ -117,7 +118,7 @@ def _read_or_repeat(
     try:
         # At least a moment for each reply: the replies of the other groups may be waiting in
         # their sockets when one slow group has spent the deadline.
-        return pool.read(connection, max(deadline, time.monotonic() + _LAST_LOOK))
+        return pool.read(connection, max(deadline, time.monotonic() + LAST_LOOK))
     except rx.ConnectionError as exc:
         lost = exc
     tokens.arm()
@@ -162,6 +163,8 @@ def _failed(exc: Exception, pool: DeadlinePool | None, connection: Any) -> Stora
     if pool is not None and connection is not None:
         pool.broken(connection)
         pool.release(connection)
+    if isinstance(exc, NoConnectionAvailable):  # load (StorageBusy): not the node's failure
+        return busy(pool.queue_timeout if pool is not None else 0.0)
     error = storage_error(exc)
     # A refusal (e.g. WRONGPASS, an AuthenticationError) stays StorageMisconfigured: the node
     # answered, so the topology need not be refreshed, and the log must name the cause.
@@ -209,16 +212,19 @@ class ClusterStorage(Storage):
         timeout: float = DEFAULT_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         request_tokens: str = "auto",
+        queue_timeout: float | None = None,
         **connection: Any,
     ) -> None:
         """``nodes``: startup nodes (any reachable node finds the others). ``connection``:
         redis-py connection keywords (``password``, ``ssl``, ...). ``client`` replaces all of
         them with a ready :class:`~redis.cluster.RedisCluster` (not closed by :meth:`close`).
         ``request_tokens``: ``"auto"`` or ``"always"`` (``DISTLIMIT_REQUEST_TOKENS``, module
-        docstring)."""
+        docstring). ``queue_timeout``: how long a call may wait for a pooled connection
+        (:mod:`.pool`; default :func:`~.pool.queue_budget`)."""
         if client is None and not nodes:
             raise ValueError("ClusterStorage needs startup nodes or a RedisCluster client")
         self.timeout = timeout
+        self.queue_timeout = queue_budget(timeout) if queue_timeout is None else queue_timeout
         self._nodes = [(str(h), int(p)) for h, p in nodes]
         self._max_connections = max_connections
         self._connection = connection
@@ -435,23 +441,25 @@ class ClusterStorage(Storage):
         redis-py's cluster pipeline sends to several nodes); parts that one primary serves go
         in rounds, one per round, so a call holds one connection of a pool at a time (taken
         in the order of the primaries' names: two calls never wait on each other), and the
-        replies are read within
-        one shared deadline, ``timeout`` from now, taken before the first pool wait (the module
-        docstring says what it bounds, and when a failed send is made once more). A part
+        replies are read each within its group's Redis deadline; the waits for connections end
+        by one queue budget from now (the module docstring says what each bounds, and when a
+        failed send is made once more). A part
         answered ``NOSCRIPT``, ``MOVED``, ``ASK`` or ``TRYAGAIN`` did not run: it is sent again
         through redis-py's own cluster path, which loads the script and follows the redirection.
         """
         client = self.client  # built on first use, before the deadline starts
         now = time.monotonic()
-        deadline = now + self.timeout
+        wait_until = now + self.queue_timeout
         packer, tokens = self._packer, self.tokens
         # a refund always carries a token: repeated twice, it would give back twice
         armed = refund or now < tokens.armed_until
         results: list[Evaluation | StorageError | None] = [None] * len(parts)
         #: part -> the request token its first try carried (None: none)
         sent: dict[int, str | None] = {}
-        # (part, its pool, the connection, keys, args, token)
-        in_flight: list[tuple[int, DeadlinePool, Any, list[str], list[str | int], str | None]] = []
+        # (part, its pool, the connection, keys, args, token, its Redis deadline)
+        in_flight: list[
+            tuple[int, DeadlinePool, Any, list[str], list[str | int], str | None, float]
+        ] = []
         try:
             # At most one connection of a primary's pool at a time, the primaries taken in one
             # order: a request never waits for a connection it holds itself, and two requests
@@ -468,26 +476,30 @@ class ClusterStorage(Storage):
                         # not probed: a closed connection fails the send or loses the reply,
                         # and both are made again below, as in RedisStorage
                         command = [packer.pack(keys, args, token, tokens.first)]
-                        connection = pool.checkout(deadline, probe=False)
+                        # the wait by the queue budget, a connect by a timeout of its own
+                        connection = pool.checkout(wait_until, probe=False)
                         # in flight from here: on an unexpected exception (not a Redis failure:
                         # a signal handler's, a timeout's), the finally below closes it, so no
                         # reply is left unread in the pool, and gives it back
-                        in_flight.append((n, pool, connection, keys, args, token))
+                        in_flight.append((n, pool, connection, keys, args, token, 0.0))
                         try:
-                            pool.send(connection, command, deadline)
+                            pool.send(connection, command)
                         except rx.ConnectionError:
                             # The send failed, so Redis never had the whole command: the script did
-                            # not run. Once more on a fresh connection, within the same deadline.
+                            # not run. Once more on a fresh connection.
                             tokens.arm()
-                            pool.renew(connection, deadline)
-                            pool.send(connection, command, deadline)
+                            pool.renew(connection, time.monotonic() + self.timeout)
+                            pool.send(connection, command)
+                        # the group's Redis deadline: from when Redis has its command
+                        deadline = time.monotonic() + self.timeout
+                        in_flight[-1] = (n, pool, connection, keys, args, token, deadline)
                     except REDIS_FAILURES as exc:
                         if connection is not None:
                             in_flight.pop()
                         results[n] = _failed(exc, pool, connection)
                         continue
                 while in_flight:
-                    n, pool, connection, keys, args, token = in_flight[0]
+                    n, pool, connection, keys, args, token, deadline = in_flight[0]
                     try:
                         reply = _read_or_repeat(
                             pool, connection, packer, keys, args, token, tokens, deadline
@@ -549,6 +561,7 @@ class ClusterStorage(Storage):
                 if pool is None:
                     pool = self._pools[name] = DeadlinePool(
                         timeout=self.timeout,
+                        queue_timeout=self.queue_timeout,
                         max_connections=self._max_connections,
                         connection_class=stock.connection_class,
                         **stock.connection_kwargs,

@@ -2,11 +2,21 @@
 
 The hot call (:meth:`RedisStorage.evaluate`) runs on our own :class:`~.pool.DeadlinePool`, built
 on redis-py's public connection API (``send_packed_command``, ``read_response``, ``can_read``,
-``connect``, ``disconnect``; the EVALSHA bytes come from :mod:`.evalsha`):
-``DISTLIMIT_REDIS_TIMEOUT`` (100 ms by default) is ONE deadline per request that the pool wait,
-the connect and handshake, the send and the read (and, after ``NOSCRIPT``, the ``SCRIPT LOAD``
-and the second ``EVALSHA``) all share. For Sentinel, the same pool asks
-``Sentinel.discover_master`` for the address before every connect, within the same deadline.
+``connect``, ``disconnect``; the EVALSHA bytes come from :mod:`.evalsha`). The pool keeps two
+clocks (:mod:`.pool`): a wait for a pooled connection is this process's load, bounded by a
+**queue budget** of its own (then :class:`~flask_distlimit.errors.StorageBusy`: a 503, never an
+outage, never the failure policy); ``DISTLIMIT_REDIS_TIMEOUT`` (100 ms by default) is ONE
+**Redis deadline** per request, from the moment Redis has its command (the send), that the
+read (and, after ``NOSCRIPT``, the ``SCRIPT LOAD`` and the second ``EVALSHA``) and the repeats
+after a lost reply all share; a connect and its handshake, when the call has to make one, get a
+timeout of their own. A reply that came while this process was busy elsewhere is read, not
+timed out. For Sentinel, the same pool asks ``Sentinel.discover_master`` for the address
+before every connect.
+
+**Cold start.** The first call of a storage sends ``SCRIPT LOAD`` in the same write as its
+``EVALSHA``, so that the first requests of a fresh process (and of a flushed or new server)
+cost one round trip, not a ``NOSCRIPT`` and two more; after a ``NOSCRIPT`` reply the script is
+loaded and the call sent again in one write.
 
 **One retry.** A request is made once more, on a fresh connection and within the same
 deadline, in two cases:
@@ -80,7 +90,7 @@ from .lease_records import (
     records_key,
     repaired_from_reply,
 )
-from .pool import DeadlinePool, NoConnectionAvailable
+from .pool import DeadlinePool, NoConnectionAvailable, busy
 from .shared_value import SHARED_VALUE_SOURCE
 from .tokens import RequestTokens, repeat_call
 from .translate import REDIS_FAILURES, storage_error
@@ -148,15 +158,23 @@ class RedisStorage(Storage):
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         scheme: str = "redis",
         request_tokens: str = "auto",
+        queue_timeout: float | None = None,
         **connection: Any,
     ) -> None:
         """``connection`` holds redis-py connection keywords (``host``, ``port``, ``db``,
         ``password``, ``connection_class``, ...) used when no ``client`` is given.
         ``request_tokens``: ``"auto"`` or ``"always"`` (``DISTLIMIT_REQUEST_TOKENS``, module
-        docstring)."""
+        docstring). ``queue_timeout``: the queue budget of a call (:mod:`.pool`; default
+        :func:`~.pool.queue_budget`)."""
+        self._queue_timeout = queue_timeout
         if client is None:
             options = {**connection, **connection_options(timeout)}
-            self.pool = DeadlinePool(timeout=timeout, max_connections=max_connections, **options)
+            self.pool = DeadlinePool(
+                timeout=timeout,
+                max_connections=max_connections,
+                queue_timeout=queue_timeout,
+                **options,
+            )
             admin = redis.BlockingConnectionPool(  # type: ignore[no-untyped-call]
                 timeout=timeout, max_connections=max_connections, **options
             )
@@ -175,6 +193,10 @@ class RedisStorage(Storage):
         self._give_back: Script = client.register_script(GIVE_BACK_SOURCE)
         #: The request tokens of the hot call (module docstring, "One retry").
         self.tokens = RequestTokens(timeout, request_tokens)
+        #: ``SCRIPT LOAD`` of the script, packed (made on the first call); ``None`` once a
+        #: call found the script loaded (module docstring, "Cold start")
+        self._preload: bytes | None = None
+        self._loaded = False
 
     @classmethod
     def sentinel(
@@ -186,6 +208,7 @@ class RedisStorage(Storage):
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         sentinel_options: dict[str, Any] | None = None,
         request_tokens: str = "auto",
+        queue_timeout: float | None = None,
         **connection: Any,
     ) -> RedisStorage:
         """The master of ``service_name`` as the Sentinels report it; follows failovers.
@@ -208,7 +231,11 @@ class RedisStorage(Storage):
             service_name, max_connections=max_connections
         )
         storage = cls(
-            client, timeout=timeout, scheme="redis+sentinel", request_tokens=request_tokens
+            client,
+            timeout=timeout,
+            scheme="redis+sentinel",
+            request_tokens=request_tokens,
+            queue_timeout=queue_timeout,
         )
         storage._owns_client = True
         storage._sentinel = manager
@@ -219,6 +246,7 @@ class RedisStorage(Storage):
             timeout=timeout,
             max_connections=max_connections,
             locate=lambda: manager.discover_master(service_name),  # type: ignore[no-untyped-call]
+            queue_timeout=queue_timeout,
             **{**master, **options},
         )
         storage._packer = _packer(storage._script, master)
@@ -237,10 +265,10 @@ class RedisStorage(Storage):
                 reply = self._run(self.pool, self._script, keys, args)
             else:  # a client passed in: redis-py's Script (EVALSHA, SCRIPT LOAD on NOSCRIPT)
                 reply = self._script(keys, args)
+        except NoConnectionAvailable as exc:  # load: nothing was sent, nothing is armed
+            raise busy(self.pool.queue_timeout if self.pool else 0.0) from exc
         except REDIS_FAILURES as exc:
-            if isinstance(exc, redis.ConnectionError) and not isinstance(
-                exc, NoConnectionAvailable
-            ):
+            if isinstance(exc, redis.ConnectionError):
                 self.tokens.arm()  # connections fail: the next calls carry tokens
             raise storage_error(exc) from exc
         return parse_reply(reply, checks)
@@ -249,43 +277,50 @@ class RedisStorage(Storage):
         self, pool: DeadlinePool, script: Script, keys: list[str], args: list[str | int]
     ) -> Any:
         """``script``'s EVALSHA of ``keys`` and ``args`` on a pooled connection, with a request
-        token while the storage's tokens are armed, everything by one deadline (module
-        docstring)."""
+        token while the storage's tokens are armed: the wait for the connection by the queue
+        budget, the rest by one Redis deadline (module docstring)."""
         now = time.monotonic()
-        deadline = now + self.timeout
+        wait_until = now + pool.queue_timeout
         token = self.tokens.key_if_armed(keys[0], now)
-        command = [self._packer.pack(keys, args, token, self.tokens.first)]
+        command = self._packer.pack(keys, args, token, self.tokens.first)
         try:
-            return self._run_once(pool, script, command, deadline, (keys, args, token))
+            return self._run_once(pool, script, command, wait_until, (keys, args, token))
         except ReadOnlyError:
             if self._sentinel is None:
                 raise
             # A demoted master (a failover): it wrote nothing. Every connection goes to the
             # master the Sentinels name now, and the request is made there once.
             pool.disconnect()
-            return self._run_once(pool, script, command, deadline, (keys, args, token))
+            return self._run_once(pool, script, command, wait_until, (keys, args, token))
 
     def _run_once(
         self,
         pool: DeadlinePool,
         script: Script,
-        command: list[bytes],
-        deadline: float,
+        command: bytes,
+        wait_until: float,
         call: tuple[list[str], list[str | int], str | None],
     ) -> Any:
         # Not probed: a connection the server closed fails the send (sent again on a fresh
         # one) or loses the reply (made again, marked as a repeat), both below.
-        connection = pool.checkout(deadline, probe=False)
+        connection = pool.checkout(wait_until, probe=False)
         try:
+            preload = None if self._loaded else self._preload_of(connection, script)
+            payload = [command if preload is None else preload + command]
             try:
-                pool.send(connection, command, deadline)
+                pool.send(connection, payload)
             except redis.ConnectionError:
                 # The send failed, so Redis never had the whole command: the script did not
-                # run. Once more on a fresh connection, within the same deadline.
+                # run. Once more on a fresh connection.
                 self.tokens.arm()
-                pool.renew(connection, deadline)
-                pool.send(connection, command, deadline)
+                pool.renew(connection, time.monotonic() + self.timeout)
+                pool.send(connection, payload)
+            # Redis's time starts once it has the command (module docstring)
+            deadline = time.monotonic() + self.timeout
             try:
+                if preload is not None:
+                    _preloaded(pool, connection, deadline)
+                    self._loaded = True  # tried once: a NOSCRIPT reply loads it again
                 return _reply(pool, connection, script, command, deadline)
             except redis.ConnectionError as exc:
                 lost = exc
@@ -304,7 +339,7 @@ class RedisStorage(Storage):
                 again,
                 deadline,
                 lost,
-                lambda c: _reply(pool, c, script, again, deadline),
+                lambda c: _reply(pool, c, script, again[0], deadline),
             )
         except redis.ResponseError:
             raise  # an error reply, read whole: nothing is left unread
@@ -316,6 +351,12 @@ class RedisStorage(Storage):
             raise
         finally:
             pool.release(connection)
+
+    def _preload_of(self, connection: Any, script: Script) -> bytes:
+        """``SCRIPT LOAD`` of ``script`` as bytes, packed by ``connection`` (once)."""
+        if self._preload is None:
+            self._preload = b"".join(connection.pack_command("SCRIPT", "LOAD", script.script))
+        return self._preload
 
     def ping(self) -> float:
         started = time.perf_counter()
@@ -441,18 +482,26 @@ class RedisStorage(Storage):
 
 
 def _reply(
-    pool: DeadlinePool, connection: Any, script: Script, command: list[bytes], deadline: float
+    pool: DeadlinePool, connection: Any, script: Script, command: bytes, deadline: float
 ) -> Any:
     """The reply to ``command``, just sent on ``connection``; after ``NOSCRIPT`` (Redis flushed,
-    restarted or failed over) the script is loaded and ``command`` sent once more."""
+    restarted or failed over) the script is loaded and ``command`` sent once more, both in one
+    write."""
     try:
         return pool.read(connection, deadline)
     except NoScriptError:  # the script did not run: load it, run it again
-        load = connection.pack_command("SCRIPT", "LOAD", script.script)
-        pool.send(connection, load, deadline)
+        load = b"".join(connection.pack_command("SCRIPT", "LOAD", script.script))
+        pool.send(connection, [load + command])
         pool.read(connection, deadline)
-        pool.send(connection, command, deadline)
         return pool.read(connection, deadline)
+
+
+def _preloaded(pool: DeadlinePool, connection: Any, deadline: float) -> None:
+    """Read the reply to a ``SCRIPT LOAD`` sent ahead of a call. An error reply (e.g. an ACL
+    without ``SCRIPT LOAD``) is left to the call's own reply to tell: its ``EVALSHA`` ran if the
+    script was there, or answers ``NOSCRIPT``, and loading it then raises the refusal."""
+    with contextlib.suppress(redis.ResponseError):
+        pool.read(connection, deadline)
 
 
 def _packer(script: Script, connection: dict[str, Any]) -> EvalshaPacker:
