@@ -160,8 +160,8 @@ class DeadlinePool:
         """A connection ready for a command, waited for at most one queue budget from now."""
         return self.checkout(time.monotonic() + self.queue_timeout)
 
-    def checkout(self, wait_until: float, *, probe: bool = True) -> Any:
-        """A connected connection.
+    def checkout(self, wait_until: float, *, probe: bool = True, connect: bool = True) -> Any:
+        """A connected connection (any, with ``connect=False``: the caller connects it).
 
         A wait for a connection ends by ``wait_until`` (the queue budget), then
         :class:`NoConnectionAvailable`; a connect gets a whole Redis timeout of its own.
@@ -188,18 +188,29 @@ class DeadlinePool:
             else:
                 raise NoConnectionAvailable("No connection available.")
         try:
-            if connection not in self._live or (probe and not self._fresh(connection)):
-                deadline = time.monotonic() + self.timeout
-                try:
-                    self.renew(connection, deadline)
-                except redis.ConnectionError:
-                    # Closed during the handshake (a CLIENT KILL, a proxy reset): no command
-                    # was sent yet, so once more within the same deadline.
-                    self.renew(connection, deadline)
+            if connect and (
+                connection not in self._live or (probe and not self._fresh(connection))
+            ):
+                self.connect(connection)
         except BaseException:
             self.release(connection)
             raise
         return connection
+
+    def ready(self, connection: Any) -> None:
+        """Connect ``connection``, held by the caller, unless it is connected."""
+        if connection not in self._live:
+            self.connect(connection)
+
+    def connect(self, connection: Any) -> None:
+        """(Re)connect ``connection`` within a Redis timeout of its own."""
+        deadline = time.monotonic() + self.timeout
+        try:
+            self.renew(connection, deadline)
+        except redis.ConnectionError:
+            # Closed during the handshake (a CLIENT KILL, a proxy reset): no command was sent
+            # yet, so once more within the same deadline.
+            self.renew(connection, deadline)
 
     def release(self, connection: Any) -> None:
         """Give ``connection`` back (connected or not)."""

@@ -90,6 +90,7 @@ from .lease_records import (
     records_key,
     repaired_from_reply,
 )
+from .pipeline import Call, Pipeline
 from .pool import DeadlinePool, NoConnectionAvailable, busy
 from .shared_value import SHARED_VALUE_SOURCE
 from .tokens import RequestTokens, repeat_call
@@ -166,14 +167,17 @@ class RedisStorage(Storage):
         ``request_tokens``: ``"auto"`` or ``"always"`` (``DISTLIMIT_REQUEST_TOKENS``, module
         docstring). ``queue_timeout``: the queue budget of a call (:mod:`.pool`; default
         :func:`~.pool.queue_budget`)."""
-        self._queue_timeout = queue_timeout
+        #: The request tokens of the hot call (module docstring, "One retry").
+        self.tokens = RequestTokens(timeout, request_tokens)
         if client is None:
             options = {**connection, **connection_options(timeout)}
-            self.pool = DeadlinePool(
-                timeout=timeout,
-                max_connections=max_connections,
-                queue_timeout=queue_timeout,
-                **options,
+            self._use(
+                DeadlinePool(
+                    timeout=timeout,
+                    max_connections=max_connections,
+                    queue_timeout=queue_timeout,
+                    **options,
+                )
             )
             admin = redis.BlockingConnectionPool(  # type: ignore[no-untyped-call]
                 timeout=timeout, max_connections=max_connections, **options
@@ -191,12 +195,8 @@ class RedisStorage(Storage):
         self._shared_value: Script = client.register_script(SHARED_VALUE_SOURCE)
         self._lease_records: Script = client.register_script(LEASE_RECORDS_SOURCE)
         self._give_back: Script = client.register_script(GIVE_BACK_SOURCE)
-        #: The request tokens of the hot call (module docstring, "One retry").
-        self.tokens = RequestTokens(timeout, request_tokens)
-        #: ``SCRIPT LOAD`` of the script, packed (made on the first call); ``None`` once a
-        #: call found the script loaded (module docstring, "Cold start")
+        #: ``SCRIPT LOAD`` of the script, packed (made on the first call)
         self._preload: bytes | None = None
-        self._loaded = False
 
     @classmethod
     def sentinel(
@@ -242,15 +242,22 @@ class RedisStorage(Storage):
         master = dict(connection)
         if master.pop("ssl", False):
             master["connection_class"] = redis.SSLConnection
-        storage.pool = DeadlinePool(
-            timeout=timeout,
-            max_connections=max_connections,
-            locate=lambda: manager.discover_master(service_name),  # type: ignore[no-untyped-call]
-            queue_timeout=queue_timeout,
-            **{**master, **options},
+        storage._use(
+            DeadlinePool(
+                timeout=timeout,
+                max_connections=max_connections,
+                locate=lambda: manager.discover_master(service_name),  # type: ignore[no-untyped-call]
+                queue_timeout=queue_timeout,
+                **{**master, **options},
+            )
         )
         storage._packer = _packer(storage._script, master)
         return storage
+
+    def _use(self, pool: DeadlinePool) -> None:
+        """Make the hot call's calls on ``pool``, batched (:mod:`.pipeline`)."""
+        self.pool = pool
+        self.pipeline = Pipeline(pool, load=self._preload_of, trouble=self.tokens.arm)
 
     @property
     def request_tokens(self) -> str:
@@ -276,86 +283,69 @@ class RedisStorage(Storage):
     def _run(
         self, pool: DeadlinePool, script: Script, keys: list[str], args: list[str | int]
     ) -> Any:
-        """``script``'s EVALSHA of ``keys`` and ``args`` on a pooled connection, with a request
-        token while the storage's tokens are armed: the wait for the connection by the queue
-        budget, the rest by one Redis deadline (module docstring)."""
+        """``script``'s EVALSHA of ``keys`` and ``args`` in a batch of the pipeline, with a
+        request token while the storage's tokens are armed: the wait for a batch by the queue
+        budget, the reply by one Redis deadline (module docstring)."""
         now = time.monotonic()
         wait_until = now + pool.queue_timeout
         token = self.tokens.key_if_armed(keys[0], now)
         command = self._packer.pack(keys, args, token, self.tokens.first)
-        try:
-            return self._run_once(pool, script, command, wait_until, (keys, args, token))
-        except ReadOnlyError:
-            if self._sentinel is None:
-                raise
+        call = self.pipeline.call(command, wait_until)
+        if isinstance(call.error, ReadOnlyError) and self._sentinel is not None:
             # A demoted master (a failover): it wrote nothing. Every connection goes to the
             # master the Sentinels name now, and the request is made there once.
             pool.disconnect()
-            return self._run_once(pool, script, command, wait_until, (keys, args, token))
+            call = self.pipeline.call(command, wait_until)
+        if call.lost:
+            return self._repeat(pool, script, call, (keys, args, token), wait_until)
+        if call.error is not None:
+            raise call.error
+        return call.reply
 
-    def _run_once(
+    def _repeat(
         self,
         pool: DeadlinePool,
         script: Script,
-        command: bytes,
+        call: Call,
+        made: tuple[list[str], list[str | int], str | None],
         wait_until: float,
-        call: tuple[list[str], list[str | int], str | None],
     ) -> Any:
-        # Not probed: a connection the server closed fails the send (sent again on a fresh
-        # one) or loses the reply (made again, marked as a repeat), both below.
-        connection = pool.checkout(wait_until, probe=False)
+        """A call whose connection closed under it after the send (the script may have run),
+        made once more on a connection of its own, marked as a repeat: the script answers the
+        reply it kept under the token if it ran, and runs if it did not. A call sent without a
+        token (calm, module docstring) gets one now, for its repeats."""
+        assert isinstance(call.error, redis.ConnectionError)
+        self.tokens.arm()
+        keys, args, token = made
+        if token is None:
+            token = self.tokens.key(keys[0])
+        again = [self._packer.pack(keys, args, token, self.tokens.again)]
+        # Redis's time for the repeats starts now: the batch's may be spent by this thread's
+        # wait to be woken
+        deadline = max(call.deadline, time.monotonic() + self.timeout)
+        connection = pool.checkout(wait_until, connect=False)  # repeat_call connects it
         try:
-            preload = None if self._loaded else self._preload_of(connection, script)
-            payload = [command if preload is None else preload + command]
-            try:
-                pool.send(connection, payload)
-            except redis.ConnectionError:
-                # The send failed, so Redis never had the whole command: the script did not
-                # run. Once more on a fresh connection.
-                self.tokens.arm()
-                pool.renew(connection, time.monotonic() + self.timeout)
-                pool.send(connection, payload)
-            # Redis's time starts once it has the command (module docstring)
-            deadline = time.monotonic() + self.timeout
-            try:
-                if preload is not None:
-                    _preloaded(pool, connection, deadline)
-                    self._loaded = True  # tried once: a NOSCRIPT reply loads it again
-                return _reply(pool, connection, script, command, deadline)
-            except redis.ConnectionError as exc:
-                lost = exc
-            # Closed under the request after the send: the script may have run. Once more on
-            # a fresh connection, within the same deadline, marked as a repeat: the script
-            # answers the reply it kept under the token if it ran, and runs if it did not. A
-            # call sent without a token (calm, module docstring) gets one now, for its repeats.
-            self.tokens.arm()
-            keys, args, token = call
-            if token is None:
-                token = self.tokens.key(keys[0])
-            again = [self._packer.pack(keys, args, token, self.tokens.again)]
             return repeat_call(
                 pool,
                 connection,
                 again,
                 deadline,
-                lost,
+                call.error,
                 lambda c: _reply(pool, c, script, again[0], deadline),
             )
         except redis.ResponseError:
             raise  # an error reply, read whole: nothing is left unread
         except BaseException:
-            # Anything else may have come between a send and its read (a signal handler's
-            # exception, a gevent-style timeout, KeyboardInterrupt) and left a reply unread:
-            # the connection is closed, or the next call on it would read this call's reply.
-            pool.broken(connection)
+            pool.broken(connection)  # a reply may be left unread
             raise
         finally:
             pool.release(connection)
 
-    def _preload_of(self, connection: Any, script: Script) -> bytes:
-        """``SCRIPT LOAD`` of ``script`` as bytes, packed by ``connection`` (once)."""
+    def _preload_of(self, connection: Any) -> bytes:
+        """``SCRIPT LOAD`` of the rate-limit script as bytes, packed by ``connection`` (once)."""
         if self._preload is None:
-            self._preload = b"".join(connection.pack_command("SCRIPT", "LOAD", script.script))
+            load = connection.pack_command("SCRIPT", "LOAD", self._script.script)
+            self._preload = b"".join(load)
         return self._preload
 
     def ping(self) -> float:
@@ -465,6 +455,7 @@ class RedisStorage(Storage):
             pool.reset()
         if self.pool is not None:
             self.pool.forget_inherited()
+            self.pipeline.reset()
         self.tokens.reset()
 
     def node(self, refresh: bool = False) -> str:
@@ -494,14 +485,6 @@ def _reply(
         pool.send(connection, [load + command])
         pool.read(connection, deadline)
         return pool.read(connection, deadline)
-
-
-def _preloaded(pool: DeadlinePool, connection: Any, deadline: float) -> None:
-    """Read the reply to a ``SCRIPT LOAD`` sent ahead of a call. An error reply (e.g. an ACL
-    without ``SCRIPT LOAD``) is left to the call's own reply to tell: its ``EVALSHA`` ran if the
-    script was there, or answers ``NOSCRIPT``, and loading it then raises the refusal."""
-    with contextlib.suppress(redis.ResponseError):
-        pool.read(connection, deadline)
 
 
 def _packer(script: Script, connection: dict[str, Any]) -> EvalshaPacker:

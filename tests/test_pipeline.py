@@ -1,0 +1,141 @@
+"""The hot call's batches (flask_distlimit/storage/pipeline.py) on a real redis-server: many
+calls in flight share a few connections, each reads its own reply, and a queued call's wait is
+this process's load."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from flask_distlimit.decision import Check
+from flask_distlimit.errors import StorageBusy
+from flask_distlimit.storage.pipeline import Pipeline
+from flask_distlimit.storage.pool import DeadlinePool, NoConnectionAvailable
+from flask_distlimit.storage.redis import RedisStorage
+from tests.servers import RedisProcess
+from tests.test_deadline import DelayingProxy
+
+pytestmark = pytest.mark.redis
+
+
+def _pack(*args: str) -> bytes:
+    return b"".join(redis.Connection().pack_command(*args))
+
+
+def _on_threads(threads: int, work: object) -> list[BaseException]:
+    """Run ``work(i)`` on ``threads`` threads released at once; what they raised."""
+    start = threading.Barrier(threads)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            work(i)  # type: ignore[operator]
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return errors
+
+
+@pytest.fixture
+def storage(redis_server: RedisProcess, redis_client: redis.Redis) -> Iterator[RedisStorage]:
+    made = RedisStorage(host="127.0.0.1", port=redis_server.port, timeout=5.0)
+    yield made
+    made.close()
+
+
+def _ours(client: redis.Redis) -> int:
+    """Connections to the server but the test's own client."""
+    return len(client.client_list()) - 1
+
+
+def test_many_threads_share_few_connections_each_reading_its_own_reply(
+    storage: RedisStorage, redis_client: redis.Redis
+) -> None:
+    threads, calls = 150, 4
+    seen: dict[int, list[tuple[int, int]]] = {}
+
+    def work(i: int) -> None:
+        check = Check(f"t:{{client-{i}}}:route:fixed_window", "fixed_window", 10 + i, 3600)
+        seen[i] = [
+            (d.limit, d.remaining)
+            for _ in range(calls)
+            for d in storage.evaluate([check]).decisions
+        ]
+
+    assert _on_threads(threads, work) == []
+    for i, decisions in seen.items():
+        assert decisions == [(10 + i, 10 + i - n) for n in range(1, calls + 1)]
+    # a pipeline's few connections, not one per call in flight (old code: up to 50)
+    assert _ours(redis_client) <= storage.pipeline.width
+
+
+def test_an_error_reply_in_a_batch_is_its_call_s_alone(
+    redis_server: RedisProcess, redis_client: redis.Redis
+) -> None:
+    pool = DeadlinePool(timeout=5.0, max_connections=4, host="127.0.0.1", port=redis_server.port)
+    pipeline = Pipeline(pool, load=lambda c: _pack("PING"), width=1)
+    for i in range(0, 60, 3):
+        redis_client.set(f"word-{i}", "not a number", ex=60)
+    answers: dict[int, object] = {}
+
+    def work(i: int) -> None:
+        call = pipeline.call(_pack("INCR", f"word-{i}"), time.monotonic() + 5.0)
+        answers[i] = call.error if call.error is not None else call.reply
+
+    assert _on_threads(60, work) == []
+    for i, answer in answers.items():
+        if i % 3 == 0:
+            assert isinstance(answer, redis.ResponseError)  # read whole, its own
+        else:
+            assert answer == 1
+    pool.disconnect()
+    redis_client.delete(*[f"word-{i}" for i in range(60)])
+
+
+def test_a_call_queued_past_its_budget_leaves_the_queue_unsent(
+    redis_server: RedisProcess, redis_client: redis.Redis
+) -> None:
+    proxy = DelayingProxy(redis_server.port, 0.0)
+    storage = RedisStorage(host="127.0.0.1", port=proxy.port, timeout=2.0, queue_timeout=0.1)
+    try:
+        storage.pipeline.width = 1
+        check = Check("t:{queued}:route:fixed_window", "fixed_window", 10, 3600)
+        assert storage.evaluate([check]).allowed
+        proxy.delay = 0.6  # the one batch in flight takes that long; the next call queues
+        slow = threading.Thread(target=storage.evaluate, args=([check],))
+        slow.start()
+        time.sleep(0.1)  # the slow call leads its batch
+        with pytest.raises(StorageBusy):
+            storage.evaluate([check])
+        slow.join()
+        proxy.delay = 0.0
+        # the busy call was never sent: two counted (the first and the slow one)
+        assert storage.evaluate([check]).decisions[0].remaining == 7
+    finally:
+        storage.close()
+        proxy.close()
+
+
+def test_no_batch_taking_a_call_is_no_connection_available(
+    redis_server: RedisProcess,
+) -> None:
+    pool = DeadlinePool(timeout=5.0, max_connections=1, host="127.0.0.1", port=redis_server.port)
+    pipeline = Pipeline(pool, load=lambda c: _pack("PING"))
+    held = pool.get_connection()  # the pipeline's leader finds no connection in time
+    try:
+        call = pipeline.call(_pack("PING"), time.monotonic() + 0.05)
+        assert isinstance(call.error, NoConnectionAvailable)
+    finally:
+        pool.release(held)
+    assert pipeline.call(_pack("PING"), time.monotonic() + 5.0).reply == b"PONG"
+    pool.disconnect()
