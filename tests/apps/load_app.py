@@ -10,6 +10,7 @@ the default: ``DISTLIMIT_REDIS_TIMEOUT`` 0.1 s, the breaker's five failures, fai
 - ``/limited``: ``LOAD_TEST_LIMIT/hour`` per client (fixed window), then sleeps;
 - ``/cpu``: the same limit on its own key, then spends ``LOAD_TEST_CPU`` seconds of CPU in
   Python (holding the GIL or the event loop), so that the workers keep every core busy;
+- ``/health``: exempt, for the test to wait on;
 - ``/breaker``: exempt; this process's breaker state and consecutive failures, and its PID.
 """
 
@@ -49,6 +50,12 @@ def cpu() -> str:
     while time.perf_counter() < until:
         spins += 1
     return f"ok {spins}"
+
+
+@app.get("/health")
+@limiter.exempt
+def health() -> str:
+    return f"ok {os.getpid()}"
 
 
 @app.get("/breaker")
