@@ -56,10 +56,12 @@ from redis.exceptions import NoScriptError
 
 from .pool import DeadlinePool, NoConnectionAvailable
 
-__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WIDTH", "Call", "Pipeline"]
+__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_ROUNDS", "DEFAULT_WIDTH", "Call", "Pipeline"]
 
 #: Batches in flight at once per pipeline (each on a connection of its own).
 DEFAULT_WIDTH: Final = 4
+#: The most batches a leader sends in a row while calls are queued, its own first.
+DEFAULT_ROUNDS: Final = 1
 #: The most calls in one batch: Redis runs a batch's scripts one after another (about 30 us
 #: each), so a batch's last reply comes at most a few milliseconds after its first.
 DEFAULT_MAX_BATCH: Final = 128
@@ -110,10 +112,12 @@ class Pipeline:
         trouble: Callable[[], None] = lambda: None,
         width: int = DEFAULT_WIDTH,
         max_batch: int = DEFAULT_MAX_BATCH,
+        rounds: int = DEFAULT_ROUNDS,
     ) -> None:
         self.pool = pool
         self.width = max(1, min(width, pool.max_connections))
         self.max_batch = max(1, max_batch)
+        self.rounds = max(1, rounds)
         self._load = load
         self._trouble = trouble
         #: the script is known loaded (else the next batch sends ``SCRIPT LOAD`` first)
@@ -164,31 +168,37 @@ class Pipeline:
     # -- leading a batch -----------------------------------------------------------------------
 
     def _lead(self, call: Call, wait_until: float) -> None:
-        """Lead a batch from ``call``: on the connection handed over (or one from the pool),
-        then hand the connection to the next queued call, or give it back."""
+        """Lead batches from ``call``: on the connection handed over (or one from the pool),
+        ``call``'s batch and, while calls are queued, up to :attr:`rounds` in all; then hand
+        the connection to the next queued call, or give it back."""
         connection = call.connection
         call.connection = None
         batch = [call]
+        rounds = self.rounds
         try:
             if connection is None:
                 connection = self.pool.checkout(wait_until, probe=False)
             else:
                 self.pool.ready(connection)
-            batch = self._take(call)
-            self._run(connection, batch)
+            batch = self._take([call])
+            while batch:
+                self._run(connection, batch)
+                self._wake(batch, call)
+                rounds -= 1
+                batch = self._take([]) if rounds > 0 else []
         except BaseException as exc:
             if connection is not None:
                 self.pool.broken(connection)  # a reply may be left unread
-            self._fail(batch, exc)
-            self._hand_on(connection, batch, call)
+            self._fail(batch, exc, call)
+            self._wake(batch, call)
+            self._hand_on(connection)
             if not isinstance(exc, Exception):
                 raise  # an interrupt of the leader's own (a signal handler's, a timeout's)
             return
-        self._hand_on(connection, batch, call)
+        self._hand_on(connection)
 
-    def _take(self, call: Call) -> list[Call]:
-        """``call`` and the calls queued after it, up to :attr:`max_batch`, taken."""
-        batch = [call]
+    def _take(self, batch: list[Call]) -> list[Call]:
+        """``batch`` and the calls queued, up to :attr:`max_batch`, taken."""
         with self._lock:
             queue = self._queue
             while queue and len(batch) < self.max_batch:
@@ -266,7 +276,7 @@ class Pipeline:
         for call in calls:
             call.error, call.lost, call.deadline = copy.copy(exc), True, deadline
 
-    def _fail(self, batch: list[Call], exc: BaseException) -> None:
+    def _fail(self, batch: list[Call], exc: BaseException, leader: Call) -> None:
         """``exc`` ended the batch. An outage (a timeout, a send that failed twice) is the
         error of every call not answered; an interrupt of the leader (not an ``Exception``)
         leaves them lost (they may have run: each is made again) and is the leader's own."""
@@ -279,16 +289,18 @@ class Pipeline:
                 else:
                     call.error = copy.copy(exc)  # each raises its own
         if interrupted:
-            batch[0].error = exc
+            leader.error, leader.lost = exc, False
 
-    def _hand_on(self, connection: Any, batch: list[Call], leader: Call) -> None:
-        """Wake the batch's followers, and hand the connection to the oldest queued call (it
-        leads next), or give it back."""
-        leader.state = _DONE
+    def _wake(self, batch: list[Call], leader: Call) -> None:
+        """Wake the followers of ``batch``: each is answered."""
         for call in batch:
             if call is not leader:
                 call.state = _DONE
                 call.wake.release()
+        leader.state = _DONE
+
+    def _hand_on(self, connection: Any) -> None:
+        """Hand the connection to the oldest queued call (it leads next), or give it back."""
         with self._lock:
             nxt = self._queue.popleft() if self._queue else None
             if nxt is None:
