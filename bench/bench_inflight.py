@@ -128,15 +128,13 @@ def create_app(kind: str) -> Any:
         _decided()
         return "ok"
 
-    if kind in ("ours", "ours-pool") or kind.startswith("ours-r"):
+    if kind in ("ours", "ours-pool"):
         from flask_distlimit import Limiter
 
         app.config.update(DISTLIMIT_STORAGE_URL=url, DISTLIMIT_KEY_PREFIX="bench-inflight")
         holder: dict[str, Any] = {}
         _timed(app, lambda: holder.setdefault("limiter", Limiter(app)), hold)
         limiter = holder["limiter"]
-        if kind.startswith("ours-r"):  # an experiment: a leader sends up to N batches in a row
-            limiter.state(app).storage.pipeline.rounds = int(kind.removeprefix("ours-r"))
         if kind == "ours-pool":  # no batching: one connection per call in flight
             storage = limiter.state(app).storage
             concurrency = int(os.environ["BENCH_LEVEL"])
@@ -186,7 +184,7 @@ def create_app(kind: str) -> Any:
         _timed(app, install, hold)
         app.add_url_rule("/", view_func=view)
     else:
-        raise ValueError(f"unknown kind {kind!r}: one of {KINDS} (or ours-rN)")
+        raise ValueError(f"unknown kind {kind!r}: one of {KINDS}")
     return app
 
 

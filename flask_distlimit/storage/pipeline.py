@@ -26,15 +26,20 @@ not yet answered, each an outage for the breaker as it was one call per connecti
 the first batch of a pipeline sends the script first (``SCRIPT LOAD`` ahead of the calls), so
 the first requests of a fresh process cost one round trip.
 
-**Why batching, by measurement** (docs/benchmarks.md, "Many requests in flight"): sizing the
-pool from the worker's concurrency keeps one connection per call in flight: at 300 gevent
-connections the event loop then resumes 300 readers one by one, and Redis spends a read, a
-parse and a write per call. One write of many calls costs Redis a fraction of that per call
-(``redis-benchmark`` runs the minimal limiter's script at about 77,000 calls/s one at a time
-and 260,000/s pipelined 16 deep on the project's 2-core VM), and the process one resumption per
-batch. A connection carries at most one batch at a time: the replies of a batch are read before
-the next is sent, so a slow reply never holds later calls' replies behind it beyond their own
-batch, and ``width`` connections carry batches side by side (:data:`DEFAULT_WIDTH`).
+**Why batching, by measurement** (``bench/bench_inflight.py``, docs/benchmarks.md, "Many
+requests in flight"): the alternative, a pool sized from the worker's concurrency (one
+connection per call in flight), served as many requests per second on the project's 2-core VM
+(within its noise) but cost Redis 1.6x (gthread) to 4.6x (gevent) the CPU per decision at 300 in
+flight, held 300 connections instead of four, and its 300 concurrent reads were what a busy
+Redis answered late: in one run it timed out often enough to open the breaker. One write of many
+calls costs Redis a read, a parse and a write per batch, not per call (``redis-benchmark`` runs
+the minimal limiter's script at about 77,000 calls/s one at a time and 260,000/s pipelined 16
+deep on that VM). Its price is latency at high concurrency under gevent (a batch's replies are
+handed out by its leader, and the next leader must first be resumed by the event loop).
+Leaders sending up to 4 or 16 batches in a row, instead of handing the connection on, measured
+no better and are not kept. A connection carries one batch at a time: a batch's replies are
+read before the next is sent, so a slow reply holds back only its own batch, and ``width``
+connections carry batches side by side (:data:`DEFAULT_WIDTH`).
 
 gevent and eventlet: their monkey-patched ``threading`` locks make the waits cooperative (a
 follower yields to the event loop); nothing here blocks outside the pool's sockets and those
@@ -56,12 +61,10 @@ from redis.exceptions import NoScriptError
 
 from .pool import DeadlinePool, NoConnectionAvailable
 
-__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_ROUNDS", "DEFAULT_WIDTH", "Call", "Pipeline"]
+__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WIDTH", "Call", "Pipeline"]
 
 #: Batches in flight at once per pipeline (each on a connection of its own).
 DEFAULT_WIDTH: Final = 4
-#: The most batches a leader sends in a row while calls are queued, its own first.
-DEFAULT_ROUNDS: Final = 1
 #: The most calls in one batch: Redis runs a batch's scripts one after another (about 30 us
 #: each), so a batch's last reply comes at most a few milliseconds after its first.
 DEFAULT_MAX_BATCH: Final = 128
@@ -112,12 +115,10 @@ class Pipeline:
         trouble: Callable[[], None] = lambda: None,
         width: int = DEFAULT_WIDTH,
         max_batch: int = DEFAULT_MAX_BATCH,
-        rounds: int = DEFAULT_ROUNDS,
     ) -> None:
         self.pool = pool
         self.width = max(1, min(width, pool.max_connections))
         self.max_batch = max(1, max_batch)
-        self.rounds = max(1, rounds)
         self._load = load
         self._trouble = trouble
         #: the script is known loaded (else the next batch sends ``SCRIPT LOAD`` first)
@@ -168,24 +169,19 @@ class Pipeline:
     # -- leading a batch -----------------------------------------------------------------------
 
     def _lead(self, call: Call, wait_until: float) -> None:
-        """Lead batches from ``call``: on the connection handed over (or one from the pool),
-        ``call``'s batch and, while calls are queued, up to :attr:`rounds` in all; then hand
-        the connection to the next queued call, or give it back."""
+        """Lead a batch from ``call``: on the connection handed over (or one from the pool),
+        then hand the connection to the next queued call, or give it back."""
         connection = call.connection
         call.connection = None
         batch = [call]
-        rounds = self.rounds
         try:
             if connection is None:
                 connection = self.pool.checkout(wait_until, probe=False)
             else:
                 self.pool.ready(connection)
             batch = self._take([call])
-            while batch:
-                self._run(connection, batch)
-                self._wake(batch, call)
-                rounds -= 1
-                batch = self._take([]) if rounds > 0 else []
+            self._run(connection, batch)
+            self._wake(batch, call)
         except BaseException as exc:
             if connection is not None:
                 self.pool.broken(connection)  # a reply may be left unread
