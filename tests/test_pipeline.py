@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
 import redis
 
-from flask_distlimit.decision import Check
+from flask_distlimit.decision import Check, Evaluation
 from flask_distlimit.errors import StorageBusy
+from flask_distlimit.storage.cluster import ClusterStorage
 from flask_distlimit.storage.pipeline import Pipeline
 from flask_distlimit.storage.pool import DeadlinePool, NoConnectionAvailable
 from flask_distlimit.storage.redis import RedisStorage
-from tests.servers import RedisProcess
+from tests.servers import ClusterServers, RedisProcess
 from tests.test_deadline import DelayingProxy
 
 pytestmark = pytest.mark.redis
@@ -139,3 +141,35 @@ def test_no_batch_taking_a_call_is_no_connection_available(
         pool.release(held)
     assert pipeline.call(_pack("PING"), time.monotonic() + 5.0).reply == b"PONG"
     pool.disconnect()
+
+
+@pytest.mark.cluster
+def test_cluster_one_group_calls_are_batched_per_primary_each_reading_its_own(
+    redis_cluster: ClusterServers,
+) -> None:
+    storage = ClusterStorage(redis_cluster.startup_nodes, timeout=5.0)
+    threads, calls = 120, 3
+    seen: dict[int, list[tuple[int, int]]] = {}
+    route = uuid.uuid4().hex
+
+    def work(i: int) -> None:
+        check = Check(f"t:{{c-{i}}}:{route}:fixed_window", "fixed_window", 10 + i, 3600)
+        seen[i] = []
+        for _ in range(calls):
+            (result,) = storage.evaluate_parts([[check]])  # the guarded path
+            assert isinstance(result, Evaluation), result
+            seen[i] += [(d.limit, d.remaining) for d in result.decisions]
+
+    try:
+        assert _on_threads(threads, work) == []
+        for i, decisions in seen.items():
+            assert decisions == [(10 + i, 10 + i - n) for n in range(1, calls + 1)]
+        # every primary's calls went in its pipeline: at most its width of connections
+        assert storage._pipelines
+        for name, pipeline in storage._pipelines.items():
+            host, port = name.rsplit(":", 1)
+            with redis.Redis(host=host, port=int(port)) as node:
+                clients = [c for c in node.client_list() if c.get("cmd") == "evalsha"]
+                assert len(clients) <= pipeline.width, name
+    finally:
+        storage.close()

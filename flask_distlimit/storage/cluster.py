@@ -41,6 +41,12 @@ a lost node the topology is refreshed (``nodes_manager.initialize()``, each star
 with the timeout). Giving back what some groups consumed when the request is refused (a
 refund) is one more such call, with a deadline of its own.
 
+**Batches.** A request whose checks are one slot group (every key of one identity shares a
+hash tag: the usual request) goes in a batch of its primary's pipeline (:mod:`.pipeline`, as
+on a single node): the script calls of the requests in flight to one primary share one write
+on a few connections. A request of several groups sends each on a connection of its own, all
+in flight at once, as below.
+
 **One retry**, as on a single node (:mod:`flask_distlimit.storage.redis`): a connect or a
 send that fails is made once more within the deadline (Redis never had the whole command), and
 a group whose connection is closed under it after the send (or was closed while idle in the
@@ -89,6 +95,7 @@ from .lease_records import (
     records_key,
     repaired_from_reply,
 )
+from .pipeline import Call, Pipeline
 from .pool import LAST_LOOK, DeadlinePool, NoConnectionAvailable, busy, queue_budget
 from .redis import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT, _pool_connections, connection_options
 from .shared_value import SHARED_VALUE_SOURCE
@@ -241,6 +248,8 @@ class ClusterStorage(Storage):
         self._give_back: Script | None = None
         #: The hot path's pool of each primary (``host:port``), built on first use.
         self._pools: dict[str, DeadlinePool] = {}
+        #: The batches of each primary's pool (:mod:`.pipeline`), for one-group calls.
+        self._pipelines: dict[str, Pipeline] = {}
         #: The request tokens of the hot path (module docstring, "One retry").
         self.tokens = RequestTokens(timeout, request_tokens)
         if client is not None:
@@ -456,6 +465,11 @@ class ClusterStorage(Storage):
         results: list[Evaluation | StorageError | None] = [None] * len(parts)
         #: part -> the request token its first try carried (None: none)
         sent: dict[int, str | None] = {}
+        if len(parts) == 1:  # the usual request: one slot group, batched with others
+            results[0] = self._one(client, parts[0], now_us, refund, armed, wait_until, sent)
+            parts_rounds: list[list[tuple[int, ClusterNode]]] = []
+        else:
+            parts_rounds = _rounds(client, parts, results)
         # (part, its pool, the connection, keys, args, token, its Redis deadline)
         in_flight: list[
             tuple[int, DeadlinePool, Any, list[str], list[str | int], str | None, float]
@@ -465,7 +479,7 @@ class ClusterStorage(Storage):
             # order: a request never waits for a connection it holds itself, and two requests
             # never each hold one that the other waits for (slot groups a primary serves go in
             # rounds, one per round).
-            for round_ in _rounds(client, parts, results):
+            for round_ in parts_rounds:
                 for n, node in round_:
                     keys, args = script_args(parts[n], now_us, refund=refund)
                     token = sent[n] = tokens.key(keys[0]) if armed else None
@@ -547,6 +561,113 @@ class ClusterStorage(Storage):
                     # twice would let its limits admit that much more)
                     results[n] = self._call_or_error(parts[n], now_us, refund, sent.get(n))
         return [r if r is not None else StorageUnavailable("no reply") for r in results]
+
+    def _one(
+        self,
+        client: RedisCluster,
+        part: list[Check],
+        now_us: int | None,
+        refund: bool,
+        armed: bool,
+        wait_until: float,
+        sent: dict[int, str | None],
+    ) -> Evaluation | StorageError:
+        """One slot group's call in a batch of its primary's pipeline (:mod:`.pipeline`, as on
+        a single node); what :meth:`_run_all` does for a group, otherwise: a reply lost is made
+        again as a repeat of its token on a connection of its own, a ``NOSCRIPT`` the batch
+        did not mend, ``MOVED``, ``ASK`` or ``TRYAGAIN`` through redis-py's cluster path."""
+        found: list[Any] = [None]
+        rounds = _rounds(client, [part], found)
+        if not rounds:
+            return found[0]  # type: ignore[no-any-return]
+        node = rounds[0][0][1]
+        keys, args = script_args(part, now_us, refund=refund)
+        tokens = self.tokens
+        token = sent[0] = tokens.key(keys[0]) if armed else None
+        pool: DeadlinePool | None = None
+        try:
+            pool = self._pool_of(client, node)
+            command = self._packer.pack(keys, args, token, tokens.first)
+            call = self._pipeline_of(str(node.name), pool).call(command, wait_until)
+        except REDIS_FAILURES as exc:
+            return _failed(exc, None, None)
+        error = call.error
+        if call.lost:
+            assert isinstance(error, rx.ConnectionError)
+            return self._repeat(pool, part, keys, args, token, call, wait_until)
+        if isinstance(error, _NOT_RUN):
+            return self._call_or_error(part, now_us, refund, token)
+        if isinstance(error, Exception):
+            return _failed(error, None, None)
+        if error is not None:
+            raise error  # not an Exception: an interrupt of this call's own
+        try:
+            return parse_reply(call.reply, part)
+        except StorageError as exc:
+            return exc
+
+    def _repeat(
+        self,
+        pool: DeadlinePool,
+        part: list[Check],
+        keys: list[str],
+        args: list[str | int],
+        token: str | None,
+        call: Call,
+        wait_until: float,
+    ) -> Evaluation | StorageError:
+        """A batched call whose connection closed after the send, made again as a repeat of
+        its token (one drawn now when it carried none) on a connection of its own."""
+        tokens = self.tokens
+        tokens.arm()
+        if token is None:
+            token = tokens.key(keys[0])
+        again = [self._packer.pack(keys, args, token, tokens.again)]
+        deadline = max(call.deadline, time.monotonic() + self.timeout)
+        lost = call.error
+        assert isinstance(lost, rx.ConnectionError)
+        try:
+            connection = pool.checkout(wait_until, connect=False)  # repeat_call connects it
+        except REDIS_FAILURES as exc:
+            return _failed(exc, None, None)
+        try:
+            reply = repeat_call(
+                pool, connection, again, deadline, lost, lambda c: pool.read(c, deadline)
+            )
+        except StorageReplyLost as exc:
+            pool.release(connection)
+            return exc
+        except rx.ResponseError as exc:
+            pool.release(connection)  # read whole
+            return _failed(exc, None, None)
+        except REDIS_FAILURES as exc:
+            return _failed(exc, pool, connection)
+        except BaseException:
+            pool.broken(connection)
+            pool.release(connection)
+            raise
+        pool.release(connection)
+        try:
+            return parse_reply(reply, part)
+        except StorageError as exc:
+            return exc
+
+    def _pipeline_of(self, name: str, pool: DeadlinePool) -> Pipeline:
+        """The batches of primary ``name``'s pool, built on first use."""
+        pipeline = self._pipelines.get(name)
+        if pipeline is None or pipeline.pool is not pool:
+            with self._lock:
+                pipeline = self._pipelines.get(name)
+                if pipeline is None or pipeline.pool is not pool:
+                    pipeline = self._pipelines[name] = Pipeline(
+                        pool, load=self._preload_of, trouble=self.tokens.arm
+                    )
+        return pipeline
+
+    def _preload_of(self, connection: Any) -> bytes:
+        """``SCRIPT LOAD`` of the rate-limit script as bytes, packed by ``connection``."""
+        assert self._script is not None
+        return b"".join(connection.pack_command("SCRIPT", "LOAD", self._script.script))
 
     def _pool_of(self, client: RedisCluster, node: ClusterNode) -> DeadlinePool:
         """The hot path's pool of ``node``: a :class:`~.pool.DeadlinePool` of connections
@@ -739,6 +860,8 @@ class ClusterStorage(Storage):
         self.tokens.reset()
         for deadline_pool in list(self._pools.values()):
             deadline_pool.forget_inherited()
+        for pipeline in list(self._pipelines.values()):
+            pipeline.reset()
         client = self._client
         if client is None:
             return

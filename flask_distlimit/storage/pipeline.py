@@ -137,7 +137,8 @@ class Pipeline:
     def call(self, command: bytes, wait_until: float) -> Call:
         """Send ``command`` (one packed ``EVALSHA``) in a batch and wait for its reply; a wait
         for a batch ends by ``wait_until`` (the queue budget), then
-        :class:`~.pool.NoConnectionAvailable`. The answer is on the returned :class:`Call`."""
+        :class:`~.pool.NoConnectionAvailable` is raised. The answer is on the returned
+        :class:`Call`."""
         if self.pid != os.getpid():
             self.reset()
         call = Call(command)
@@ -156,15 +157,30 @@ class Pipeline:
         return call
 
     def _follow(self, call: Call, wait_until: float) -> None:
-        """Wait until ``call`` is answered or handed the lead."""
-        if call.wake.acquire(timeout=max(0.0, wait_until - time.monotonic())):
-            return
-        with self._lock:
-            if call.state == _QUEUED:  # never taken: it leaves, nothing was sent
-                self._queue.remove(call)
-                raise NoConnectionAvailable("No batch took the call in time.")
-        # taken into a batch (or handed the lead) meanwhile: its leader answers it
-        call.wake.acquire()
+        """Wait until ``call`` is answered or handed the lead; raise
+        :class:`~.pool.NoConnectionAvailable` when no batch took it by ``wait_until``."""
+        try:
+            if call.wake.acquire(timeout=max(0.0, wait_until - time.monotonic())):
+                return
+            with self._lock:
+                if call.state == _QUEUED:  # never taken: it leaves, nothing was sent
+                    self._queue.remove(call)
+                    raise NoConnectionAvailable("No batch took the call in time.")
+            # taken into a batch (or handed the lead) meanwhile: its leader answers it
+            call.wake.acquire()
+        except NoConnectionAvailable:
+            raise
+        except BaseException:
+            # Interrupted while it waited (a signal handler's exception, a gevent Timeout): it
+            # leaves the queue, and a lead handed to it goes on to the next call, or the
+            # pipeline would lose a connection for good. A batch that took it answers nobody.
+            with self._lock:
+                state = call.state
+                if state == _QUEUED:
+                    self._queue.remove(call)
+            if state == _LEAD:
+                self._hand_on(call.connection)
+            raise
 
     # -- leading a batch -----------------------------------------------------------------------
 
