@@ -97,7 +97,13 @@ from .lease_records import (
 )
 from .pipeline import Call, Pipeline
 from .pool import LAST_LOOK, DeadlinePool, NoConnectionAvailable, busy, queue_budget
-from .redis import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT, _pool_connections, connection_options
+from .redis import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_TIMEOUT,
+    HANDSHAKE_FREE,
+    _pool_connections,
+    connection_options,
+)
 from .shared_value import SHARED_VALUE_SOURCE
 from .tokens import RequestTokens, repeat_call
 from .translate import REDIS_FAILURES, storage_error
@@ -288,7 +294,7 @@ class ClusterStorage(Storage):
             retry=Retry(NoBackoff(), 0),
             connection_pool_class=_bounded_wait_pool(self.timeout),
             max_connections=self._max_connections,
-            **{**self._connection, **options, "timeout": self.timeout},
+            **{**HANDSHAKE_FREE, **self._connection, **options, "timeout": self.timeout},
         )
 
     @property

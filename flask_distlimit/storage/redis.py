@@ -100,8 +100,12 @@ __all__ = ["DEFAULT_TIMEOUT", "RedisStorage", "connection_options"]
 
 #: Connect/read timeout and pool wait, seconds (``DISTLIMIT_REDIS_TIMEOUT``).
 DEFAULT_TIMEOUT: Final = 0.1
-#: Pool size per process: more than any gthread worker's threads.
+#: Pool size per process (the hot call's batches use a few: :mod:`.pipeline`).
 DEFAULT_MAX_CONNECTIONS: Final = 50
+#: Connection keywords our clients default to unless given: RESP2, so that a new connection
+#: costs no ``HELLO`` round trip (redis-py 8 defaults to RESP3; none of our commands needs it,
+#: and a connect that asks Redis nothing leaves a reply the whole timeout: :mod:`.pool`).
+HANDSHAKE_FREE: Final[dict[str, Any]] = {"protocol": 2}
 _DELETE_CHUNK: Final = 500
 #: Every keyword a redis-py connection takes, along its classes (redis-py 5.x to 8.x differ).
 _CONNECTION_PARAMETERS: Final = frozenset(
@@ -170,7 +174,7 @@ class RedisStorage(Storage):
         #: The request tokens of the hot call (module docstring, "One retry").
         self.tokens = RequestTokens(timeout, request_tokens)
         if client is None:
-            options = {**connection, **connection_options(timeout)}
+            options = {**HANDSHAKE_FREE, **connection, **connection_options(timeout)}
             self._use(
                 DeadlinePool(
                     timeout=timeout,
@@ -222,7 +226,7 @@ class RedisStorage(Storage):
         manager = Sentinel(  # type: ignore[no-untyped-call]
             list(sentinels),
             sentinel_kwargs={**options, **(sentinel_options or {})},
-            **{**connection, **options},
+            **{**HANDSHAKE_FREE, **connection, **options},
         )
         # The admin client: redis-py's own Sentinel pool, at most max_connections (it raises
         # rather than waits past them; admin commands are few). Its blocking variant cannot be
@@ -248,7 +252,7 @@ class RedisStorage(Storage):
                 max_connections=max_connections,
                 locate=lambda: manager.discover_master(service_name),  # type: ignore[no-untyped-call]
                 queue_timeout=queue_timeout,
-                **{**master, **options},
+                **{**HANDSHAKE_FREE, **master, **options},
             )
         )
         storage._packer = _packer(storage._script, master)
