@@ -95,7 +95,7 @@ from .lease_records import (
     records_key,
     repaired_from_reply,
 )
-from .pipeline import Call, Pipeline
+from .pipeline import Call, Pipeline, script_load
 from .pool import LAST_LOOK, DeadlinePool, NoConnectionAvailable, busy, queue_budget
 from .redis import (
     DEFAULT_MAX_CONNECTIONS,
@@ -666,14 +666,9 @@ class ClusterStorage(Storage):
                 pipeline = self._pipelines.get(name)
                 if pipeline is None or pipeline.pool is not pool:
                     pipeline = self._pipelines[name] = Pipeline(
-                        pool, load=self._preload_of, trouble=self.tokens.arm
+                        pool, load=script_load(SCRIPT_SOURCE), trouble=self.tokens.arm
                     )
         return pipeline
-
-    def _preload_of(self, connection: Any) -> bytes:
-        """``SCRIPT LOAD`` of the rate-limit script as bytes, packed by ``connection``."""
-        assert self._script is not None
-        return b"".join(connection.pack_command("SCRIPT", "LOAD", self._script.script))
 
     def _pool_of(self, client: RedisCluster, node: ClusterNode) -> DeadlinePool:
         """The hot path's pool of ``node``: a :class:`~.pool.DeadlinePool` of connections

@@ -61,7 +61,7 @@ from redis.exceptions import NoScriptError
 
 from .pool import DeadlinePool, NoConnectionAvailable
 
-__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WIDTH", "Call", "Pipeline"]
+__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WIDTH", "Call", "Pipeline", "script_load"]
 
 #: Batches in flight at once per pipeline (each on a connection of its own).
 DEFAULT_WIDTH: Final = 4
@@ -70,6 +70,21 @@ DEFAULT_WIDTH: Final = 4
 DEFAULT_MAX_BATCH: Final = 128
 
 _QUEUED, _TAKEN, _LEAD, _DONE = range(4)
+
+
+def script_load(source: str) -> Callable[[Any], bytes]:
+    """A pipeline's ``load`` for the script ``source``: its ``SCRIPT LOAD``, packed by the first
+    connection that asks (its encoder), then kept."""
+    packed: list[bytes] = []
+
+    def load(connection: Any) -> bytes:
+        if not packed:
+            packed.append(b"".join(connection.pack_command("SCRIPT", "LOAD", source)))
+        return packed[0]
+
+    return load
+
+
 #: A call's reply before one is read.
 _UNREAD: Final = object()
 

@@ -1,25 +1,27 @@
-"""Redis single node and Sentinel: one EVALSHA per request, within one deadline.
+"""Redis single node and Sentinel: one EVALSHA per request, batched with the requests in flight.
 
-The hot call (:meth:`RedisStorage.evaluate`) runs on our own :class:`~.pool.DeadlinePool`, built
+The hot call (:meth:`RedisStorage.evaluate`) goes in a batch of the storage's
+:class:`~.pipeline.Pipeline` (the script calls of the requests in flight share one write on a
+few connections, each call with its own reply) on our own :class:`~.pool.DeadlinePool`, built
 on redis-py's public connection API (``send_packed_command``, ``read_response``, ``can_read``,
-``connect``, ``disconnect``; the EVALSHA bytes come from :mod:`.evalsha`). The pool keeps two
-clocks (:mod:`.pool`): a wait for a pooled connection is this process's load, bounded by a
+``connect``, ``disconnect``; the EVALSHA bytes come from :mod:`.evalsha`). Two clocks
+(:mod:`.pool`): a wait for a batch or a pooled connection is this process's load, bounded by a
 **queue budget** of its own (then :class:`~flask_distlimit.errors.StorageBusy`: a 503, never an
-outage, never the failure policy); ``DISTLIMIT_REDIS_TIMEOUT`` (100 ms by default) is ONE
-**Redis deadline** per request, from the moment Redis has its command (the send), that the
-read (and, after ``NOSCRIPT``, the ``SCRIPT LOAD`` and the second ``EVALSHA``) and the repeats
-after a lost reply all share; a connect and its handshake, when the call has to make one, get a
-timeout of their own. A reply that came while this process was busy elsewhere is read, not
-timed out. For Sentinel, the same pool asks ``Sentinel.discover_master`` for the address
-before every connect.
+outage, never the failure policy); ``DISTLIMIT_REDIS_TIMEOUT`` (100 ms by default) is the
+**Redis deadline** of a call, from the moment Redis has its command (the batch's send), that
+the read (and, after ``NOSCRIPT``, the ``SCRIPT LOAD`` and the second ``EVALSHA``, one write)
+shares; a connect and its handshake, when one has to be made, get a timeout of their own (our
+connections default to RESP2, :data:`HANDSHAKE_FREE`: a connect then asks Redis nothing), and
+a call made again after a lost reply gets one from when it is made. A reply that came while
+this process was busy elsewhere is read, not timed out. For Sentinel, the same pool asks
+``Sentinel.discover_master`` for the address before every connect.
 
-**Cold start.** The first call of a storage sends ``SCRIPT LOAD`` in the same write as its
-``EVALSHA``, so that the first requests of a fresh process (and of a flushed or new server)
-cost one round trip, not a ``NOSCRIPT`` and two more; after a ``NOSCRIPT`` reply the script is
-loaded and the call sent again in one write.
+**Cold start.** The first batch of a storage sends ``SCRIPT LOAD`` in the same write as its
+calls, so that the first requests of a fresh process (and of a flushed or new server) cost one
+round trip, not a ``NOSCRIPT`` and two more; after a ``NOSCRIPT`` reply the script is loaded
+and those calls sent again in one write.
 
-**One retry.** A request is made once more, on a fresh connection and within the same
-deadline, in two cases:
+**One retry.** A request is made once more, on a fresh connection, in two cases:
 
 - sending fails (``send_packed_command`` raises ``ConnectionError``): a send that fails has not
   handed the whole command to the kernel, so Redis cannot have parsed, let alone run, it;
@@ -29,8 +31,8 @@ deadline, in two cases:
   :func:`~flask_distlimit.scripts.with_token`): Redis keeps a call's reply under
   ``<prefix>:rq:{<tag>}:<token>`` for ``max(1 s, 2 x timeout)``, and the call made again,
   marked as a repeat, answers that kept reply when the first one ran and runs when it did not.
-  A repeat is idempotent, so a repeat cut too is made again, up to three times within the
-  deadline (:func:`~.tokens.repeat_call`).
+  A repeat is idempotent, so a repeat cut too is made again, up to three times within its
+  deadline (:func:`~.tokens.repeat_call`), on a connection of its own (not in a batch).
 
 Which calls carry a token (:mod:`.tokens`): under ``request_tokens="auto"`` (the default), every
 call for a minute after the storage's connections failed, and none while they are calm, so the
@@ -90,7 +92,7 @@ from .lease_records import (
     records_key,
     repaired_from_reply,
 )
-from .pipeline import Call, Pipeline
+from .pipeline import Call, Pipeline, script_load
 from .pool import DeadlinePool, NoConnectionAvailable, busy
 from .shared_value import SHARED_VALUE_SOURCE
 from .tokens import RequestTokens, repeat_call
@@ -199,8 +201,6 @@ class RedisStorage(Storage):
         self._shared_value: Script = client.register_script(SHARED_VALUE_SOURCE)
         self._lease_records: Script = client.register_script(LEASE_RECORDS_SOURCE)
         self._give_back: Script = client.register_script(GIVE_BACK_SOURCE)
-        #: ``SCRIPT LOAD`` of the script, packed (made on the first call)
-        self._preload: bytes | None = None
 
     @classmethod
     def sentinel(
@@ -261,7 +261,7 @@ class RedisStorage(Storage):
     def _use(self, pool: DeadlinePool) -> None:
         """Make the hot call's calls on ``pool``, batched (:mod:`.pipeline`)."""
         self.pool = pool
-        self.pipeline = Pipeline(pool, load=self._preload_of, trouble=self.tokens.arm)
+        self.pipeline = Pipeline(pool, load=script_load(SCRIPT_SOURCE), trouble=self.tokens.arm)
 
     @property
     def request_tokens(self) -> str:
@@ -344,13 +344,6 @@ class RedisStorage(Storage):
             raise
         finally:
             pool.release(connection)
-
-    def _preload_of(self, connection: Any) -> bytes:
-        """``SCRIPT LOAD`` of the rate-limit script as bytes, packed by ``connection`` (once)."""
-        if self._preload is None:
-            load = connection.pack_command("SCRIPT", "LOAD", self._script.script)
-            self._preload = b"".join(load)
-        return self._preload
 
     def ping(self) -> float:
         started = time.perf_counter()
