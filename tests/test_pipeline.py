@@ -173,3 +173,53 @@ def test_cluster_one_group_calls_are_batched_per_primary_each_reading_its_own(
                 assert len(clients) <= pipeline.width, name
     finally:
         storage.close()
+
+
+class Interrupt(BaseException):
+    """What a signal handler or a gevent-style timeout raises: not an ``Exception``."""
+
+
+def test_a_leader_interrupted_after_its_send_leaves_its_followers_answered(
+    redis_server: RedisProcess, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # width 1: the first batch is held up, the others queue; the second batch's leader is
+    # interrupted after its send. Its followers are lost, each made again as a repeat on a
+    # connection of its own: answered, and the next calls read their own replies.
+    storage = RedisStorage(
+        host="127.0.0.1", port=redis_server.port, timeout=5.0, request_tokens="always"
+    )
+    storage.pipeline.width = 1
+    real = DeadlinePool.send
+    sends = [0]
+    interrupted: list[int] = []
+
+    def send(self: DeadlinePool, connection: object, command: object) -> None:
+        sends[0] += 1
+        n = sends[0]
+        if n == 1:
+            time.sleep(0.3)  # the others queue behind this batch
+        real(self, connection, command)
+        if n == 2:
+            interrupted.append(command[0].count(b"EVALSHA"))  # type: ignore[index]
+            raise Interrupt
+
+    monkeypatch.setattr(DeadlinePool, "send", send)
+    checks = [Check(f"t:{{f-{i}}}:route:fixed_window", "fixed_window", 5, 3600) for i in range(30)]
+    answered: dict[int, int] = {}
+
+    def work(i: int) -> None:
+        answered[i] = storage.evaluate([checks[i]]).decisions[0].remaining
+
+    first = threading.Thread(target=work, args=(0,))
+    first.start()  # leads the first batch, alone, held up in its send
+    time.sleep(0.1)
+    errors = _on_threads(29, lambda i: work(i + 1))  # queued: the second batch
+    first.join()
+    monkeypatch.undo()
+    assert [type(e) for e in errors] == [Interrupt], (sends, interrupted)  # the leader's own
+    assert interrupted and interrupted[0] > 1  # its batch had followers
+    assert sorted(answered.values()) == [4] * 29  # each counted once ("always": a token)
+    for i, check in enumerate(checks):
+        remaining = storage.evaluate([check]).decisions[0].remaining
+        assert remaining == (3 if i in answered else 4 - (redis_client.exists(check.key) > 0))
+    storage.close()
