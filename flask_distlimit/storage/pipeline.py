@@ -29,9 +29,10 @@ the first requests of a fresh process cost one round trip.
 **Why batching, by measurement** (``bench/bench_inflight.py``, docs/benchmarks.md, "Many
 requests in flight"): the alternative, a pool sized from the worker's concurrency (one
 connection per call in flight), served as many requests per second on the project's 2-core VM
-(within its noise) but cost Redis 1.6x (gthread) to 4.6x (gevent) the CPU per decision at 300 in
-flight, held 300 connections instead of four, and its 300 concurrent reads were what a busy
-Redis answered late: in one run it timed out often enough to open the breaker. One write of many
+(within its noise) but cost Redis 3.3x-4.6x the CPU per decision under gevent at 300 in flight
+(about the same under gthread, where the GIL lets few calls reach Redis at once), held 300
+connections instead of four, and its 300 concurrent reads were what a busy Redis answered
+late: in one run it timed out often enough to open the breaker. One write of many
 calls costs Redis a read, a parse and a write per batch, not per call (``redis-benchmark`` runs
 the minimal limiter's script at about 77,000 calls/s one at a time and 260,000/s pipelined 16
 deep on that VM). Its price is latency at high concurrency under gevent (a batch's replies are
