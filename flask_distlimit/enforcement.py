@@ -699,8 +699,10 @@ class Enforcer:
                 data.slots.discard(slots)  # refused: the storage took none
         if outcome.unavailable:
             data.degraded = data.denied = True
-            data.retry_after = self._retry_unavailable
-            raise RateLimitUnavailable(retry_after=self._retry_unavailable, instance=request.path)
+            data.retry_after = 1 if outcome.busy else self._retry_unavailable  # busy: load
+            raise RateLimitUnavailable(
+                retry_after=data.retry_after, instance=request.path, busy=outcome.busy
+            )
         evaluation = outcome.evaluation
         if evaluation is None:  # storage down, policy "open"
             data.degraded = True

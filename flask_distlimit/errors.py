@@ -6,6 +6,11 @@ One small hierarchy; catch the branch you can act on::
      ├── ConfigurationError      (also a ValueError) bad limit string, URL or DISTLIMIT_* value;
      │                           raised when the app is configured, never per request
      └── StorageError            the rate-limit store failed
+          ├── StorageBusy            this process's own load: its limiter calls queued for a
+          │                          connection (or the event loop, the GIL) past their queue
+          │                          budget before anything was sent. Not an outage: the
+          │                          breaker is not told, no failure policy applies; answered
+          │                          503 with Retry-After: 1 (load shedding).
           ├── StorageUnavailable     an outage: connection refused or reset, timeout, cluster down,
           │    │                     Sentinel master not found. The circuit breaker counts these;
           │    │                     the failure policy answers the request.
@@ -40,6 +45,7 @@ __all__ = [
     "ClearedAddressWarning",
     "ConfigurationError",
     "DistLimitError",
+    "StorageBusy",
     "StorageError",
     "StorageFull",
     "StorageMisconfigured",
@@ -62,6 +68,17 @@ class ConfigurationError(DistLimitError, ValueError):
 
 class StorageError(DistLimitError):
     """The rate-limit storage failed."""
+
+
+class StorageBusy(StorageError):
+    """A call waited in this process's queue for a connection to Redis (every pooled one busy)
+    past its queue budget, and nothing was sent: this process is overloaded, Redis is not
+    known to be unwell (:mod:`.storage.pool`).
+
+    Never counted by the circuit breaker, never answered by the failure policy (which would
+    admit everything under ``open``): the request is refused with a 503 and ``Retry-After: 1``,
+    as load shedding refuses it, and charged to no limit.
+    """
 
 
 class StorageUnavailable(StorageError):

@@ -21,6 +21,11 @@ go through :meth:`Guard.evaluate`, which
    - ``"local"``: decide in-process at each limit's per-instance share
      (:mod:`flask_distlimit.fallback`, divisor from :mod:`flask_distlimit.instances`), degraded;
 
+   a call that queued in this process past its budget
+   (:class:`~flask_distlimit.errors.StorageBusy`: this process's load, not the storage's
+   health) is not an outage: its breaker is not told and no policy applies; it is answered
+   503 with ``Retry-After: 1``;
+
 4. under policy ``"local"``, when the storage answered: remembers what it said was left per key
    (:mod:`flask_distlimit.last_known`, where a key's local budget starts) and, while the fallback
    still holds some of the request's keys, counts the request against this process's share too,
@@ -74,6 +79,7 @@ from .breakers import DEFAULT_NODE, Breakers, worst
 from .decision import Check, Decision, Evaluation
 from .errors import (
     ConfigurationError,
+    StorageBusy,
     StorageError,
     StorageFull,
     StorageMisconfigured,
@@ -140,26 +146,36 @@ class Outcome:
       ``None`` when the storage failed under policy ``open`` or ``closed``.
     - ``degraded``: the storage failed; the answer comes from the failure policy.
     - ``unavailable``: policy ``closed`` and the storage failed: answer 503.
+    - ``busy``: (with ``unavailable``) this process's calls queued past their budget
+      (:class:`~flask_distlimit.errors.StorageBusy`): answer 503, ``Retry-After: 1``.
     """
 
     evaluation: Evaluation | None
     degraded: bool = False
     unavailable: bool = False
+    busy: bool = False
 
     def __init__(
-        self, evaluation: Evaluation | None, degraded: bool = False, unavailable: bool = False
+        self,
+        evaluation: Evaluation | None,
+        degraded: bool = False,
+        unavailable: bool = False,
+        busy: bool = False,
     ) -> None:  # frozen, at a plain class's cost (flask_distlimit.frozen)
         _outcome_evaluation(self, evaluation)
         _outcome_degraded(self, degraded)
         _outcome_unavailable(self, unavailable)
+        _outcome_busy(self, busy)
 
 
-_outcome_evaluation, _outcome_degraded, _outcome_unavailable = slot_setters(
-    Outcome, "evaluation", "degraded", "unavailable"
+_outcome_evaluation, _outcome_degraded, _outcome_unavailable, _outcome_busy = slot_setters(
+    Outcome, "evaluation", "degraded", "unavailable", "busy"
 )
 
 _OPEN_OUTCOME: Final = Outcome(None, degraded=True)
 _CLOSED_OUTCOME: Final = Outcome(None, degraded=True, unavailable=True)
+#: This process's load, whatever the policy (never unlimited admission): a 503 to retry soon.
+_BUSY_OUTCOME: Final = Outcome(None, degraded=True, unavailable=True, busy=True)
 
 _guards: AfterFork[Guard] = AfterFork(lambda guard: guard._after_fork())
 
@@ -211,6 +227,7 @@ class Guard:
         self._clock = clock
         self._log_lock = threading.Lock()
         self._refusal_logged_at: float | None = None  # clock() of the last ERROR line
+        self._busy_logged_at: float | None = None  # the same, for StorageBusy's WARNING
         self._unreadable_logged_at: float | None = None  # the same, for error replies
         self._full_logged_at: float | None = None  # the same, for refused writes
         self._full = False  # a refused write was decided locally (until the fallback lets go)
@@ -376,6 +393,9 @@ class Guard:
                 metrics.storage_call(time.perf_counter() - started, "error")
             self.unreadable(exc)
             return self._degraded(checks, policy, now_us)
+        except StorageBusy as exc:  # this process's load: the breaker hears nothing
+            breaker.release()
+            return self._busy(exc)
         except BaseException:
             breaker.release()
             raise
@@ -451,9 +471,12 @@ class Guard:
         spent: list[int] = []  # indexes of checks a group admitted and consumed
         answered: list[int] = []
         denied = False
+        busy: StorageBusy | None = None
         for (_, indexes), part, result in zip(live, parts, results, strict=True):
             if isinstance(result, StorageUnavailable):
                 failed.extend(indexes)
+            elif isinstance(result, StorageBusy):  # load: the whole request is refused
+                busy = result
             elif isinstance(result, StorageError):  # an error reply: the policy decides these
                 self.unreadable(result)
                 failed.extend(indexes)
@@ -474,6 +497,9 @@ class Guard:
                     )
         if repaired:
             self._repaired(repaired)
+        if busy is not None:
+            self._give_back(checks, spent, decisions, now_us)
+            return self._busy(busy)
         if not failed:
             # one group: its node's clock (the window a leased unit was taken in)
             node_now = results[0].now_us if len(results) == 1 else 0  # type: ignore[union-attr]
@@ -825,8 +851,11 @@ class Guard:
                 result, StorageReplyLost | StorageFull
             ):  # a lost reply and a refused write are answers: the node is up
                 heard[node] = result
-            else:
+            elif not isinstance(result, StorageBusy):  # this process's load: no evidence
                 heard.setdefault(node, None)
+        for node, breaker in trying.items():
+            if node not in heard:
+                breaker.release()
         for node, error in heard.items():
             if error is None:
                 trying[node].success()
@@ -950,6 +979,23 @@ class Guard:
             text,
             count,
         )
+
+    def _busy(self, exc: StorageBusy) -> Outcome:
+        """A call queued in this process past its budget: a 503 (``Retry-After: 1``), whatever
+        the policy; one WARNING line, then at most one a minute."""
+        now = self._clock()
+        with self._log_lock:
+            last = self._busy_logged_at
+            if last is None or now - last >= MISCONFIGURED_LOG_INTERVAL:
+                self._busy_logged_at = now
+                log.warning(
+                    "Rate-limit storage %s: this process's calls queue past their budget, so "
+                    "such requests are answered 503 (Retry-After: 1); the breaker is not told "
+                    "(logged at most once a minute): %s",
+                    self.name,
+                    exc,
+                )
+        return _BUSY_OUTCOME
 
     def _refused(self, exc: StorageMisconfigured) -> None:
         """Log that the storage refuses the limiter: once, then at most once a minute."""
@@ -1089,7 +1135,7 @@ class Guard:
     def _after_fork(self) -> None:
         self._log_lock = threading.Lock()
         self._fallbacks_lock = threading.Lock()
-        self._refusal_logged_at = None  # every process says it once
+        self._refusal_logged_at = self._busy_logged_at = None  # every process says it once
         self._unreadable_logged_at = None
         self._full_logged_at = None
         self._unreadable_count, self._unreadable_last = 0, None

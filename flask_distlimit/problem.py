@@ -207,7 +207,9 @@ class Overloaded(_Problem, ServiceUnavailable):
 
 
 class RateLimitUnavailable(_Problem, ServiceUnavailable):
-    """503: the rate-limit storage is unreachable and the failure policy is ``closed``."""
+    """503: the rate-limit storage is unreachable and the failure policy is ``closed``; or
+    (``busy``) this process's limiter calls queued past their budget, whatever the policy
+    (:class:`~flask_distlimit.errors.StorageBusy`)."""
 
     problem_type = TEMPORARY_REDUCED_CAPACITY
     status = 503
@@ -220,10 +222,16 @@ class RateLimitUnavailable(_Problem, ServiceUnavailable):
         violated_policies: Sequence[str] = (),
         instance: str | None = None,
         detail: str | None = None,
+        busy: bool = False,
     ) -> None:
         self.retry_after_s = retry_after_seconds(retry_after)
         self.violated_policies = tuple(violated_policies)
         self.instance = instance
+        if busy and detail is None:
+            detail = (
+                "This server is overloaded: its rate-limit decisions queue past their budget; "
+                f"retry in {self.retry_after_s} s."
+            )
         self.detail_text = detail or (
             "The rate-limit store is unavailable and this route refuses requests it cannot "
             f"count; retry in {self.retry_after_s} s."

@@ -17,7 +17,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from flask_distlimit.decision import Check, Decision, Evaluation
-from flask_distlimit.errors import StorageUnavailable
+from flask_distlimit.errors import StorageBusy, StorageUnavailable
 from flask_distlimit.storage import from_url
 from flask_distlimit.storage.cluster import ClusterStorage, slot_of
 from flask_distlimit.storage.heartbeat import Fleet
@@ -568,9 +568,11 @@ def test_a_calm_cluster_s_calls_carry_no_token_but_its_refunds_do(
 def test_a_primary_s_pool_with_every_connection_busy_neither_arms_nor_refreshes(
     redis_cluster: ClusterServers, cluster_client: RedisCluster, tags: list[str]
 ) -> None:
-    """A group that waited for a connection of its primary's pool until the deadline met load,
-    not a lost node: the tokens stay calm and the topology is not asked again."""
-    storage = ClusterStorage(redis_cluster.startup_nodes, timeout=0.05, max_connections=1)
+    """A group that waited for a connection of its primary's pool past its queue budget met
+    load, not a lost node: the tokens stay calm and the topology is not asked again."""
+    storage = ClusterStorage(
+        redis_cluster.startup_nodes, timeout=0.05, max_connections=1, queue_timeout=0.05
+    )
     checks = [Check(f"t:{{{tag}}}:ip:fixed_window", "fixed_window", 5, 60) for tag in tags]
     try:
         storage.evaluate(checks)  # every primary's pool holds its one connection
@@ -591,8 +593,8 @@ def test_a_primary_s_pool_with_every_connection_busy_neither_arms_nor_refreshes(
         finally:
             pool.release(held)
             client.nodes_manager.initialize = initialize  # type: ignore[method-assign]
-        assert isinstance(results[0], StorageUnavailable)
-        assert "No connection available" in str(results[0])
+        assert isinstance(results[0], StorageBusy)  # this process's load: not the node's
+        assert "queue budget" in str(results[0])
         assert storage.tokens.armed_until < time.monotonic()
         assert refreshed == []
     finally:

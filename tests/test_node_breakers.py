@@ -14,7 +14,12 @@ from prometheus_client import CollectorRegistry
 
 from flask_distlimit.breakers import DEFAULT_NODE, Breakers
 from flask_distlimit.decision import Check, Evaluation
-from flask_distlimit.errors import StorageError, StorageResponseError, StorageUnavailable
+from flask_distlimit.errors import (
+    StorageBusy,
+    StorageError,
+    StorageResponseError,
+    StorageUnavailable,
+)
 from flask_distlimit.guard import REDISCOVER_INTERVAL, Guard
 from flask_distlimit.metrics import Metrics
 from flask_distlimit.storage.memory import MemoryStorage
@@ -525,3 +530,29 @@ def test_a_node_answering_error_replies_gets_the_policy_for_its_keys_only(
     assert kind == ("unavailable" if policy == "closed" else "degraded allowed")
     assert storage.remaining(limit("anna")) == (3 if policy == "closed" else 2)
     assert guard.breakers.states() == {A: "closed", B: "closed"}
+
+
+class BusyShards(Shards):
+    """Node b's calls queue past their budget in this process (every pooled connection busy)."""
+
+    def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+        if any(self.serving(c.key) == B for c in checks):
+            raise StorageBusy("every connection busy (fake)")
+        return super().evaluate(checks, now_us=now_us)
+
+
+@pytest.mark.parametrize("policy", ["open", "local", "closed"])
+def test_a_node_whose_calls_queue_is_neither_failed_nor_answered_by_the_policy(
+    policy: str,
+) -> None:
+    # This process's load on one primary's pool: the request is refused (busy, a 503) under
+    # every policy, the node's breaker hears nothing, and node a gives back what it took.
+    storage = BusyShards()
+    guard = Guard(storage, policy=policy, fail_max=1, reset_timeout=RESET)  # type: ignore[arg-type]
+    both = [limit("alice", 2), limit("bob", 2)]
+    for _ in range(3):
+        outcome = guard.evaluate(both, now_us=NOW)
+        assert (outcome.busy, outcome.unavailable, outcome.evaluation) == (True, True, None)
+    assert guard.breakers.states() == {A: "closed", B: "closed"}
+    assert [b.failures for b in guard.breakers.all()] == [0, 0]
+    assert storage.remaining(both[0]) == 2  # given back each time

@@ -31,7 +31,7 @@ import redis
 
 from bench.fault_proxy import FaultProxy
 from flask_distlimit.decision import Check
-from flask_distlimit.errors import StorageReplyLost, StorageUnavailable
+from flask_distlimit.errors import StorageBusy, StorageReplyLost, StorageUnavailable
 from flask_distlimit.guard import Guard
 from flask_distlimit.scripts import SCRIPT_SOURCE, script_args, token_key, with_token
 from flask_distlimit.storage.memory import MemoryStorage
@@ -415,13 +415,19 @@ def test_a_pool_with_every_connection_busy_does_not_arm_the_tokens(
     """Every connection busy until the deadline is load, not connection trouble: no reply can
     have been lost. Arming then would add the token's SET to every call for a minute exactly
     when Redis is busiest (and a flood of requests could keep it armed)."""
-    calm = RedisStorage(host="127.0.0.1", port=redis_server.port, timeout=0.05, max_connections=1)
+    calm = RedisStorage(
+        host="127.0.0.1",
+        port=redis_server.port,
+        timeout=0.05,
+        max_connections=1,
+        queue_timeout=0.05,
+    )
     try:
         calm.evaluate([CHECK])
         assert calm.pool is not None
         held = calm.pool.checkout(time.monotonic() + 5.0)
         try:
-            with pytest.raises(StorageUnavailable, match="No connection available"):
+            with pytest.raises(StorageBusy, match="queue budget"):
                 calm.evaluate([CHECK])
         finally:
             calm.pool.release(held)

@@ -27,15 +27,25 @@ refused elsewhere (:meth:`ClusterStorage.refund`). :meth:`ClusterStorage.nodes` 
 primaries the topology knows, so the breakers of nodes gone from it are dropped.
 
 **What one request may wait** (:meth:`ClusterStorage._run_all`, the path of every guarded
-request): one deadline, ``timeout`` from the start of the call, bounds every group's pool wait,
-connect and handshake, send and read. The hot path runs on a :class:`~.pool.DeadlinePool` per
-primary (the single node's pool, on redis-py's public connection API), whose connections are
+request): as on a single node (:mod:`.pool`), a wait for a primary's pooled connection is this
+process's load, bounded by the queue budget (then
+:class:`~flask_distlimit.errors.StorageBusy`, which says nothing of the node); a connect and
+its handshake get a ``timeout`` of their own, and each group's Redis deadline, ``timeout``,
+starts when its command is sent and bounds its read. The hot path runs on a
+:class:`~.pool.DeadlinePool` per primary (the single node's pool, on redis-py's public
+connection API), whose connections are
 made as redis-py makes that node's (its pool's public ``connection_class`` and
 ``connection_kwargs``). Bounded by ``timeout`` per operation rather than by the deadline: a group
 answered ``NOSCRIPT``/``MOVED``/``ASK`` is sent again through redis-py's cluster path, and after
 a lost node the topology is refreshed (``nodes_manager.initialize()``, each startup node tried
 with the timeout). Giving back what some groups consumed when the request is refused (a
 refund) is one more such call, with a deadline of its own.
+
+**Batches.** A request whose checks are one slot group (every key of one identity shares a
+hash tag: the usual request) goes in a batch of its primary's pipeline (:mod:`.pipeline`, as
+on a single node): the script calls of the requests in flight to one primary share one write
+on a few connections. A request of several groups sends each on a connection of its own, all
+in flight at once, as below.
 
 **One retry**, as on a single node (:mod:`flask_distlimit.storage.redis`): a connect or a
 send that fails is made once more within the deadline (Redis never had the whole command), and
@@ -85,16 +95,20 @@ from .lease_records import (
     records_key,
     repaired_from_reply,
 )
-from .pool import DeadlinePool, NoConnectionAvailable
-from .redis import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT, _pool_connections, connection_options
+from .pipeline import Call, Pipeline, script_load
+from .pool import LAST_LOOK, DeadlinePool, NoConnectionAvailable, busy, queue_budget
+from .redis import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_TIMEOUT,
+    HANDSHAKE_FREE,
+    _pool_connections,
+    connection_options,
+)
 from .shared_value import SHARED_VALUE_SOURCE
 from .tokens import RequestTokens, repeat_call
 from .translate import REDIS_FAILURES, storage_error
 
 __all__ = ["ClusterStorage", "slot_of"]
-
-#: How long a group's reply is waited for when the deadline is already spent, seconds.
-_LAST_LOOK: Final = 0.001
 
 #: Replies that mean the script did not run on that node (safe to send again).
 _NOT_RUN: Final = (rx.NoScriptError, rx.AskError, rx.TryAgainError)
@@ -117,7 +131,7 @@ def _read_or_repeat(
     try:
         # At least a moment for each reply: the replies of the other groups may be waiting in
         # their sockets when one slow group has spent the deadline.
-        return pool.read(connection, max(deadline, time.monotonic() + _LAST_LOOK))
+        return pool.read(connection, max(deadline, time.monotonic() + LAST_LOOK))
     except rx.ConnectionError as exc:
         lost = exc
     tokens.arm()
@@ -162,6 +176,8 @@ def _failed(exc: Exception, pool: DeadlinePool | None, connection: Any) -> Stora
     if pool is not None and connection is not None:
         pool.broken(connection)
         pool.release(connection)
+    if isinstance(exc, NoConnectionAvailable):  # load (StorageBusy): not the node's failure
+        return busy(pool.queue_timeout if pool is not None else 0.0)
     error = storage_error(exc)
     # A refusal (e.g. WRONGPASS, an AuthenticationError) stays StorageMisconfigured: the node
     # answered, so the topology need not be refreshed, and the log must name the cause.
@@ -209,16 +225,19 @@ class ClusterStorage(Storage):
         timeout: float = DEFAULT_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         request_tokens: str = "auto",
+        queue_timeout: float | None = None,
         **connection: Any,
     ) -> None:
         """``nodes``: startup nodes (any reachable node finds the others). ``connection``:
         redis-py connection keywords (``password``, ``ssl``, ...). ``client`` replaces all of
         them with a ready :class:`~redis.cluster.RedisCluster` (not closed by :meth:`close`).
         ``request_tokens``: ``"auto"`` or ``"always"`` (``DISTLIMIT_REQUEST_TOKENS``, module
-        docstring)."""
+        docstring). ``queue_timeout``: how long a call may wait for a pooled connection
+        (:mod:`.pool`; default :func:`~.pool.queue_budget`)."""
         if client is None and not nodes:
             raise ValueError("ClusterStorage needs startup nodes or a RedisCluster client")
         self.timeout = timeout
+        self.queue_timeout = queue_budget(timeout) if queue_timeout is None else queue_timeout
         self._nodes = [(str(h), int(p)) for h, p in nodes]
         self._max_connections = max_connections
         self._connection = connection
@@ -235,6 +254,8 @@ class ClusterStorage(Storage):
         self._give_back: Script | None = None
         #: The hot path's pool of each primary (``host:port``), built on first use.
         self._pools: dict[str, DeadlinePool] = {}
+        #: The batches of each primary's pool (:mod:`.pipeline`), for one-group calls.
+        self._pipelines: dict[str, Pipeline] = {}
         #: The request tokens of the hot path (module docstring, "One retry").
         self.tokens = RequestTokens(timeout, request_tokens)
         if client is not None:
@@ -273,7 +294,7 @@ class ClusterStorage(Storage):
             retry=Retry(NoBackoff(), 0),
             connection_pool_class=_bounded_wait_pool(self.timeout),
             max_connections=self._max_connections,
-            **{**self._connection, **options, "timeout": self.timeout},
+            **{**HANDSHAKE_FREE, **self._connection, **options, "timeout": self.timeout},
         )
 
     @property
@@ -435,29 +456,36 @@ class ClusterStorage(Storage):
         redis-py's cluster pipeline sends to several nodes); parts that one primary serves go
         in rounds, one per round, so a call holds one connection of a pool at a time (taken
         in the order of the primaries' names: two calls never wait on each other), and the
-        replies are read within
-        one shared deadline, ``timeout`` from now, taken before the first pool wait (the module
-        docstring says what it bounds, and when a failed send is made once more). A part
+        replies are read each within its group's Redis deadline; the waits for connections end
+        by one queue budget from now (the module docstring says what each bounds, and when a
+        failed send is made once more). A part
         answered ``NOSCRIPT``, ``MOVED``, ``ASK`` or ``TRYAGAIN`` did not run: it is sent again
         through redis-py's own cluster path, which loads the script and follows the redirection.
         """
         client = self.client  # built on first use, before the deadline starts
         now = time.monotonic()
-        deadline = now + self.timeout
+        wait_until = now + self.queue_timeout
         packer, tokens = self._packer, self.tokens
         # a refund always carries a token: repeated twice, it would give back twice
         armed = refund or now < tokens.armed_until
         results: list[Evaluation | StorageError | None] = [None] * len(parts)
         #: part -> the request token its first try carried (None: none)
         sent: dict[int, str | None] = {}
-        # (part, its pool, the connection, keys, args, token)
-        in_flight: list[tuple[int, DeadlinePool, Any, list[str], list[str | int], str | None]] = []
+        if len(parts) == 1:  # the usual request: one slot group, batched with others
+            results[0] = self._one(client, parts[0], now_us, refund, armed, wait_until, sent)
+            parts_rounds: list[list[tuple[int, ClusterNode]]] = []
+        else:
+            parts_rounds = _rounds(client, parts, results)
+        # (part, its pool, the connection, keys, args, token, its Redis deadline)
+        in_flight: list[
+            tuple[int, DeadlinePool, Any, list[str], list[str | int], str | None, float]
+        ] = []
         try:
             # At most one connection of a primary's pool at a time, the primaries taken in one
             # order: a request never waits for a connection it holds itself, and two requests
             # never each hold one that the other waits for (slot groups a primary serves go in
             # rounds, one per round).
-            for round_ in _rounds(client, parts, results):
+            for round_ in parts_rounds:
                 for n, node in round_:
                     keys, args = script_args(parts[n], now_us, refund=refund)
                     token = sent[n] = tokens.key(keys[0]) if armed else None
@@ -468,26 +496,30 @@ class ClusterStorage(Storage):
                         # not probed: a closed connection fails the send or loses the reply,
                         # and both are made again below, as in RedisStorage
                         command = [packer.pack(keys, args, token, tokens.first)]
-                        connection = pool.checkout(deadline, probe=False)
+                        # the wait by the queue budget, a connect by a timeout of its own
+                        connection = pool.checkout(wait_until, probe=False)
                         # in flight from here: on an unexpected exception (not a Redis failure:
                         # a signal handler's, a timeout's), the finally below closes it, so no
                         # reply is left unread in the pool, and gives it back
-                        in_flight.append((n, pool, connection, keys, args, token))
+                        in_flight.append((n, pool, connection, keys, args, token, 0.0))
                         try:
-                            pool.send(connection, command, deadline)
+                            pool.send(connection, command)
                         except rx.ConnectionError:
                             # The send failed, so Redis never had the whole command: the script did
-                            # not run. Once more on a fresh connection, within the same deadline.
+                            # not run. Once more on a fresh connection.
                             tokens.arm()
-                            pool.renew(connection, deadline)
-                            pool.send(connection, command, deadline)
+                            pool.renew(connection, time.monotonic() + self.timeout)
+                            pool.send(connection, command)
+                        # the group's Redis deadline: from when Redis has its command
+                        deadline = time.monotonic() + self.timeout
+                        in_flight[-1] = (n, pool, connection, keys, args, token, deadline)
                     except REDIS_FAILURES as exc:
                         if connection is not None:
                             in_flight.pop()
                         results[n] = _failed(exc, pool, connection)
                         continue
                 while in_flight:
-                    n, pool, connection, keys, args, token = in_flight[0]
+                    n, pool, connection, keys, args, token, deadline = in_flight[0]
                     try:
                         reply = _read_or_repeat(
                             pool, connection, packer, keys, args, token, tokens, deadline
@@ -536,6 +568,108 @@ class ClusterStorage(Storage):
                     results[n] = self._call_or_error(parts[n], now_us, refund, sent.get(n))
         return [r if r is not None else StorageUnavailable("no reply") for r in results]
 
+    def _one(
+        self,
+        client: RedisCluster,
+        part: list[Check],
+        now_us: int | None,
+        refund: bool,
+        armed: bool,
+        wait_until: float,
+        sent: dict[int, str | None],
+    ) -> Evaluation | StorageError:
+        """One slot group's call in a batch of its primary's pipeline (:mod:`.pipeline`, as on
+        a single node); what :meth:`_run_all` does for a group, otherwise: a reply lost is made
+        again as a repeat of its token on a connection of its own, a ``NOSCRIPT`` the batch
+        did not mend, ``MOVED``, ``ASK`` or ``TRYAGAIN`` through redis-py's cluster path."""
+        found: list[Any] = [None]
+        rounds = _rounds(client, [part], found)
+        if not rounds:
+            return found[0]  # type: ignore[no-any-return]
+        node = rounds[0][0][1]
+        keys, args = script_args(part, now_us, refund=refund)
+        tokens = self.tokens
+        token = sent[0] = tokens.key(keys[0]) if armed else None
+        pool: DeadlinePool | None = None
+        try:
+            pool = self._pool_of(client, node)
+            command = self._packer.pack(keys, args, token, tokens.first)
+            call = self._pipeline_of(str(node.name), pool).call(command, wait_until)
+        except REDIS_FAILURES as exc:
+            return _failed(exc, None, None)
+        error = call.error
+        if call.lost:
+            assert isinstance(error, rx.ConnectionError)
+            return self._repeat(pool, part, keys, args, token, call, wait_until)
+        if isinstance(error, _NOT_RUN):
+            return self._call_or_error(part, now_us, refund, token)
+        if isinstance(error, Exception):
+            return _failed(error, None, None)
+        if error is not None:
+            raise error  # not an Exception: an interrupt of this call's own
+        try:
+            return parse_reply(call.reply, part)
+        except StorageError as exc:
+            return exc
+
+    def _repeat(
+        self,
+        pool: DeadlinePool,
+        part: list[Check],
+        keys: list[str],
+        args: list[str | int],
+        token: str | None,
+        call: Call,
+        wait_until: float,
+    ) -> Evaluation | StorageError:
+        """A batched call whose connection closed after the send, made again as a repeat of
+        its token (one drawn now when it carried none) on a connection of its own."""
+        tokens = self.tokens
+        tokens.arm()
+        if token is None:
+            token = tokens.key(keys[0])
+        again = [self._packer.pack(keys, args, token, tokens.again)]
+        deadline = max(call.deadline, time.monotonic() + self.timeout)
+        lost = call.error
+        assert isinstance(lost, rx.ConnectionError)
+        try:
+            connection = pool.checkout(wait_until, connect=False)  # repeat_call connects it
+        except REDIS_FAILURES as exc:
+            return _failed(exc, None, None)
+        try:
+            reply = repeat_call(
+                pool, connection, again, deadline, lost, lambda c: pool.read(c, deadline)
+            )
+        except StorageReplyLost as exc:
+            pool.release(connection)
+            return exc
+        except rx.ResponseError as exc:
+            pool.release(connection)  # read whole
+            return _failed(exc, None, None)
+        except REDIS_FAILURES as exc:
+            return _failed(exc, pool, connection)
+        except BaseException:
+            pool.broken(connection)
+            pool.release(connection)
+            raise
+        pool.release(connection)
+        try:
+            return parse_reply(reply, part)
+        except StorageError as exc:
+            return exc
+
+    def _pipeline_of(self, name: str, pool: DeadlinePool) -> Pipeline:
+        """The batches of primary ``name``'s pool, built on first use."""
+        pipeline = self._pipelines.get(name)
+        if pipeline is None or pipeline.pool is not pool:
+            with self._lock:
+                pipeline = self._pipelines.get(name)
+                if pipeline is None or pipeline.pool is not pool:
+                    pipeline = self._pipelines[name] = Pipeline(
+                        pool, load=script_load(SCRIPT_SOURCE), trouble=self.tokens.arm
+                    )
+        return pipeline
+
     def _pool_of(self, client: RedisCluster, node: ClusterNode) -> DeadlinePool:
         """The hot path's pool of ``node``: a :class:`~.pool.DeadlinePool` of connections
         made as redis-py makes that node's (its pool's public ``connection_class`` and
@@ -549,6 +683,7 @@ class ClusterStorage(Storage):
                 if pool is None:
                     pool = self._pools[name] = DeadlinePool(
                         timeout=self.timeout,
+                        queue_timeout=self.queue_timeout,
                         max_connections=self._max_connections,
                         connection_class=stock.connection_class,
                         **stock.connection_kwargs,
@@ -726,6 +861,8 @@ class ClusterStorage(Storage):
         self.tokens.reset()
         for deadline_pool in list(self._pools.values()):
             deadline_pool.forget_inherited()
+        for pipeline in list(self._pipelines.values()):
+            pipeline.reset()
         client = self._client
         if client is None:
             return

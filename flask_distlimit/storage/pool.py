@@ -1,26 +1,45 @@
-"""The hot path's connection pool: one deadline per request, on redis-py's public API only.
+"""The hot path's connection pool: a queue budget and a Redis deadline, on redis-py's public API.
 
 redis-py's ``BlockingConnectionPool`` bounds each wait by its own timeout (the pool wait, the
 connect, every read), knows nothing of a request's deadline, and spends more per checkout and
 release than the call needs (a ``LifoQueue`` with a lock and two conditions, a ``connect()``
 through the retry helper even when connected, redis-py 8's observability counters).
 :class:`DeadlinePool` keeps only what a rate limiter's one EVALSHA needs, on public
-``redis.Connection`` methods and attributes:
+``redis.Connection`` methods and attributes.
+
+**Two clocks: this process's load, and Redis's health.** What a call spends waiting in this
+process (for a pooled connection while every one is busy, for the CPU, the GIL or the event
+loop between two steps) is load, not a sign that Redis is unwell; what it spends waiting on a
+socket for Redis (the connect and handshake, a reply) is Redis's time. They are bounded apart:
+
+- **the queue budget** (``queue_timeout``, by default :func:`queue_budget`: ten times the Redis
+  timeout and at least 1 s): a wait for a pooled connection ends by it, then
+  :class:`NoConnectionAvailable` (nothing was sent, no reply was lost: it arms no request token,
+  :mod:`.tokens`; the storages raise :class:`~flask_distlimit.errors.StorageBusy`, which the
+  breaker never hears and no failure policy answers);
+- **the Redis timeout** (``timeout``, ``DISTLIMIT_REDIS_TIMEOUT``) bounds each thing asked of
+  Redis from the moment it is asked: a connect and its handshake (when :meth:`checkout` has to
+  make one: a timeout of its own, however long the wait before it), and a reply, whose
+  deadline the caller takes right after the command is handed to the kernel (:meth:`send`).
+  **Only a socket found empty** ends a wait: a reply that arrived while this thread (or
+  greenlet) waited for the CPU is read, however late it woke (:meth:`read` looks once more,
+  without waiting, before it gives up; a connect gets at least :data:`LAST_LOOK`). A Redis
+  that stalls, refuses or resets still fails the call within one timeout (two for a call that
+  had to connect to a server that answers its handshake slowly), as the breaker needs.
+
+The rest of the pool:
 
 - idle connections on a ``deque`` under one ``Condition``; a new connection while fewer than
-  ``max_connections`` exist; when all are busy, a wait bounded by the request's deadline, then
-  :class:`NoConnectionAvailable` (a ``ConnectionError("No connection available.")`` as in
-  redis-py; load, not a failed connection: it arms no request token, :mod:`.tokens`);
-- **one deadline** (a :func:`time.monotonic` time) for the pool wait, the connect and handshake
-  (``socket_connect_timeout`` / ``socket_timeout``, public settings, are set to what is left
-  before ``connect()`` and put back after), the send and the read: :meth:`read` waits with
-  ``can_read(left)`` (public) when the socket's own timeout would end too early or too late,
-  and plainly (``read_response``) on the usual path where it ends within ``slack`` of the
-  deadline;
+  ``max_connections`` exist; when all are busy, a wait bounded by the queue budget;
 - **freshness**: an idle connection is checked with ``can_read(0)`` (public: one ``recv`` that
   would block) at checkout; readable (unread bytes) or closed by the server (``CLIENT KILL``, an
   idle timeout, a restart) means it is reconnected before anything is sent; a connect or
   handshake the server closes is tried once more (no command was sent yet);
+- the socket's own timeout is the Redis timeout's remainder when it connected; :meth:`read`
+  waits with ``can_read(left)`` (public) when it would end too early or too late, and always
+  under gevent or eventlet (a timer of a busy event loop can fire before the reply that came
+  in time is seen), and plainly (``read_response``) on the usual path where it ends within
+  ``slack`` of the deadline;
 - **state of our own**: a connection is "connected" here from its successful ``connect()`` until
   any exception while we use it (redis-py itself disconnects on a failed send or read; we then
   disconnect too and forget it), so no private ``_sock`` is read;
@@ -38,6 +57,7 @@ pool for its occasional admin commands). No pub/sub, no RESP3 pushes, no client-
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections import deque
@@ -46,26 +66,54 @@ from typing import Any, Final
 
 import redis
 
-__all__ = ["DeadlinePool", "NoConnectionAvailable"]
+from ..errors import StorageBusy
+
+__all__ = ["LAST_LOOK", "DeadlinePool", "NoConnectionAvailable", "busy", "queue_budget"]
 
 #: How far a socket's own timeout may end from the deadline before a read waits explicitly, as
 #: a share of the timeout (at least 1 ms): a read then ends at most this early or late.
 _SLACK_SHARE: Final = 0.02
 _MIN_SLACK: Final = 0.001
+#: The least time a connect is given, seconds, however late this process got to it (a
+#: loopback or LAN connect takes microseconds; a refused one fails at once).
+LAST_LOOK: Final = 0.001
+#: The least queue budget, seconds (:func:`queue_budget`).
+_MIN_QUEUE: Final = 1.0
+
+
+def queue_budget(timeout: float) -> float:
+    """The default queue budget of a pool whose Redis timeout is ``timeout``: ten times it, and
+    at least 1 s. A call queues that long only in a process far past its capacity."""
+    return max(_MIN_QUEUE, 10 * timeout)
+
+
+def cooperative() -> bool:
+    """Are sockets cooperative (gevent's or eventlet's monkey-patched ``socket.socket``)?"""
+    return socket.socket.__module__ != "socket"
 
 
 class NoConnectionAvailable(redis.ConnectionError):
-    """Every connection of the pool stayed busy until the deadline: the request met load, not
-    a failed connection (nothing was sent, no reply was lost), so it arms no request token and
-    says nothing of a Cluster's topology."""
+    """Every connection of the pool stayed busy until the queue budget was spent: the request
+    met load, not a failed connection (nothing was sent, no reply was lost), so it arms no
+    request token, says nothing of a Cluster's topology, and is
+    :class:`~flask_distlimit.errors.StorageBusy` to the guard."""
+
+
+def busy(queue_timeout: float) -> StorageBusy:
+    """The error of a call that waited its whole queue budget, ``queue_timeout`` seconds."""
+    return StorageBusy(
+        f"every connection to Redis stayed busy for this call's queue budget "
+        f"({queue_timeout:g} s): this process is overloaded; nothing was sent to Redis"
+    )
 
 
 class DeadlinePool:
     """A blocking pool of ``connection_class`` connections whose every wait ends by a deadline.
 
     ``connection_kwargs`` are the keywords of each connection (``host``, ``port``,
-    ``socket_timeout``, ...); ``timeout`` is the whole budget of one request
-    (``DISTLIMIT_REDIS_TIMEOUT``), used by :meth:`get_connection`.
+    ``socket_timeout``, ...); ``timeout`` is the Redis deadline of one call
+    (``DISTLIMIT_REDIS_TIMEOUT``), ``queue_timeout`` its queue budget (module docstring;
+    default :func:`queue_budget`).
     """
 
     def __init__(
@@ -75,9 +123,13 @@ class DeadlinePool:
         max_connections: int,
         connection_class: type[redis.Connection] | Any = redis.Connection,
         locate: Callable[[], tuple[str, int]] | None = None,
+        queue_timeout: float | None = None,
         **connection_kwargs: Any,
     ) -> None:
         self.timeout = timeout
+        self.queue_timeout = queue_budget(timeout) if queue_timeout is None else queue_timeout
+        #: sockets are gevent's or eventlet's: every read waits explicitly (module docstring)
+        self.cooperative = cooperative()
         self.max_connections = max_connections
         self.connection_class = connection_class
         self.connection_kwargs = connection_kwargs
@@ -105,12 +157,14 @@ class DeadlinePool:
     # -- checkout and release ----------------------------------------------------------------
 
     def get_connection(self) -> Any:
-        """A connection ready for a command within one ``timeout`` from now."""
-        return self.checkout(time.monotonic() + self.timeout)
+        """A connection ready for a command, waited for at most one queue budget from now."""
+        return self.checkout(time.monotonic() + self.queue_timeout)
 
-    def checkout(self, deadline: float, *, probe: bool = True) -> Any:
-        """A connected connection; every wait on the way ends by ``deadline``.
+    def checkout(self, wait_until: float, *, probe: bool = True, connect: bool = True) -> Any:
+        """A connected connection (any, with ``connect=False``: the caller connects it).
 
+        A wait for a connection ends by ``wait_until`` (the queue budget), then
+        :class:`NoConnectionAvailable`; a connect gets a whole Redis timeout of its own.
         ``probe``: an idle connection is first checked fresh (``can_read(0)``: nothing unread,
         not closed by the server) and replaced if not. A caller whose call survives a closed
         connection on its own (the hot call: a failed send is sent again, a lost reply is
@@ -123,7 +177,7 @@ class DeadlinePool:
             if not self._idle and len(self._made) >= self.max_connections:
                 self._waiting += 1
                 try:
-                    self._ready.wait_for(self._can_take, deadline - time.monotonic())
+                    self._ready.wait_for(self._can_take, wait_until - time.monotonic())
                 finally:
                     self._waiting -= 1
             if self._idle:
@@ -134,17 +188,29 @@ class DeadlinePool:
             else:
                 raise NoConnectionAvailable("No connection available.")
         try:
-            if connection not in self._live or (probe and not self._fresh(connection)):
-                try:
-                    self.renew(connection, deadline)
-                except redis.ConnectionError:
-                    # Closed during the handshake (a CLIENT KILL, a proxy reset): no command
-                    # was sent yet, so once more within the same deadline.
-                    self.renew(connection, deadline)
+            if connect and (
+                connection not in self._live or (probe and not self._fresh(connection))
+            ):
+                self.connect(connection)
         except BaseException:
             self.release(connection)
             raise
         return connection
+
+    def ready(self, connection: Any) -> None:
+        """Connect ``connection``, held by the caller, unless it is connected."""
+        if connection not in self._live:
+            self.connect(connection)
+
+    def connect(self, connection: Any) -> None:
+        """(Re)connect ``connection`` within a Redis timeout of its own."""
+        deadline = time.monotonic() + self.timeout
+        try:
+            self.renew(connection, deadline)
+        except redis.ConnectionError:
+            # Closed during the handshake (a CLIENT KILL, a proxy reset): no command was sent
+            # yet, so once more within the same deadline.
+            self.renew(connection, deadline)
 
     def release(self, connection: Any) -> None:
         """Give ``connection`` back (connected or not)."""
@@ -176,17 +242,15 @@ class DeadlinePool:
     def renew(self, connection: Any, deadline: float) -> None:
         """(Re)connect ``connection`` and shake hands by ``deadline``.
 
-        With ``locate`` (Sentinel), the address is asked first, within the same deadline.
+        With ``locate`` (Sentinel), the address is asked first (the Sentinels' own timeout is
+        the Redis timeout). The connect gets what is left, and at least :data:`LAST_LOOK`:
+        time this process lost before it (waiting for the CPU) is not Redis's.
         """
         self._live.pop(connection, None)
         connection.disconnect()  # redis-py's connect() keeps a socket it still has
         if self.locate is not None:
-            if deadline <= time.monotonic():
-                raise redis.TimeoutError("DISTLIMIT_REDIS_TIMEOUT spent before asking Sentinel.")
             self.located = connection.host, connection.port = self.locate()
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise redis.TimeoutError("DISTLIMIT_REDIS_TIMEOUT spent before connecting to Redis.")
+        left = max(LAST_LOOK, deadline - time.monotonic())
         connection.socket_connect_timeout = left
         connection.socket_timeout = left  # the handshake's replies, and the socket after it
         try:
@@ -202,17 +266,23 @@ class DeadlinePool:
     def read(self, connection: Any, deadline: float) -> Any:
         """The reply to what was sent on ``connection``, by ``deadline``.
 
-        An error reply is raised as redis-py raises it, the connection staying usable; on any
-        other failure it is disconnected (what is left in its socket is unknown).
+        Only a socket found empty times out: after a wait that ended (or with ``deadline``
+        passed already, this process having come late), one more look that does not wait; a
+        reply that arrived meanwhile is read. An error reply is raised as redis-py raises it,
+        the connection staying usable; on any other failure it is disconnected (what is left in
+        its socket is unknown).
         """
         try:
             left = deadline - time.monotonic()
             # the socket's timeout; None once :meth:`disconnect` forgot the connection (in use
             # by this thread meanwhile): its timeout is unknown
             live = self._live.get(connection)
-            # When the socket's own timeout would end too early or too late: wait explicitly.
-            if (live is None or abs(live - left) > self.slack) and (
-                left <= 0 or not connection.can_read(left)
+            # When the socket's own timeout would end too early or too late, or an event
+            # loop's timer may fire first: wait explicitly, then look once more.
+            if (
+                (self.cooperative or live is None or abs(live - left) > self.slack)
+                and not connection.can_read(max(left, 0.0))
+                and (left <= 0 or not connection.can_read(0))
             ):
                 raise redis.TimeoutError("Timeout reading from Redis (DISTLIMIT_REDIS_TIMEOUT)")
             return connection.read_response()
@@ -230,8 +300,10 @@ class DeadlinePool:
         except redis.RedisError:
             return False
         try:
-            self.send(connection, connection.pack_command("PING"), deadline)
-            return self.read(connection, deadline) in (b"PONG", "PONG", True)
+            self.send(connection, connection.pack_command("PING"))
+            # at least a moment for the answer, however late this process is
+            last = max(deadline, time.monotonic() + LAST_LOOK)
+            return self.read(connection, last) in (b"PONG", "PONG", True)
         except redis.ResponseError:
             return False  # an error reply, read whole
         except redis.RedisError:
@@ -243,10 +315,11 @@ class DeadlinePool:
         finally:
             self.release(connection)
 
-    def send(self, connection: Any, command: Any, deadline: float) -> None:
-        """Send a packed ``command``; redis-py disconnects the connection if that fails."""
-        if deadline <= time.monotonic():
-            raise redis.TimeoutError("DISTLIMIT_REDIS_TIMEOUT spent before sending to Redis.")
+    def send(self, connection: Any, command: Any) -> None:
+        """Send a packed ``command``; redis-py disconnects the connection if that fails. Never
+        refused for the time this process spent before it: a send hands bytes to the kernel
+        (bounded by the socket's timeout when Redis reads nothing), and the Redis deadline of
+        a call on a connected connection starts when it returns."""
         try:
             connection.send_packed_command(command, check_health=False)
         except BaseException:

@@ -1,15 +1,27 @@
-"""Redis single node and Sentinel: one EVALSHA per request, within one deadline.
+"""Redis single node and Sentinel: one EVALSHA per request, batched with the requests in flight.
 
-The hot call (:meth:`RedisStorage.evaluate`) runs on our own :class:`~.pool.DeadlinePool`, built
+The hot call (:meth:`RedisStorage.evaluate`) goes in a batch of the storage's
+:class:`~.pipeline.Pipeline` (the script calls of the requests in flight share one write on a
+few connections, each call with its own reply) on our own :class:`~.pool.DeadlinePool`, built
 on redis-py's public connection API (``send_packed_command``, ``read_response``, ``can_read``,
-``connect``, ``disconnect``; the EVALSHA bytes come from :mod:`.evalsha`):
-``DISTLIMIT_REDIS_TIMEOUT`` (100 ms by default) is ONE deadline per request that the pool wait,
-the connect and handshake, the send and the read (and, after ``NOSCRIPT``, the ``SCRIPT LOAD``
-and the second ``EVALSHA``) all share. For Sentinel, the same pool asks
-``Sentinel.discover_master`` for the address before every connect, within the same deadline.
+``connect``, ``disconnect``; the EVALSHA bytes come from :mod:`.evalsha`). Two clocks
+(:mod:`.pool`): a wait for a batch or a pooled connection is this process's load, bounded by a
+**queue budget** of its own (then :class:`~flask_distlimit.errors.StorageBusy`: a 503, never an
+outage, never the failure policy); ``DISTLIMIT_REDIS_TIMEOUT`` (100 ms by default) is the
+**Redis deadline** of a call, from the moment Redis has its command (the batch's send), that
+the read (and, after ``NOSCRIPT``, the ``SCRIPT LOAD`` and the second ``EVALSHA``, one write)
+shares; a connect and its handshake, when one has to be made, get a timeout of their own (our
+connections default to RESP2, :data:`HANDSHAKE_FREE`: a connect then asks Redis nothing), and
+a call made again after a lost reply gets one from when it is made. A reply that came while
+this process was busy elsewhere is read, not timed out. For Sentinel, the same pool asks
+``Sentinel.discover_master`` for the address before every connect.
 
-**One retry.** A request is made once more, on a fresh connection and within the same
-deadline, in two cases:
+**Cold start.** The first batch of a storage sends ``SCRIPT LOAD`` in the same write as its
+calls, so that the first requests of a fresh process (and of a flushed or new server) cost one
+round trip, not a ``NOSCRIPT`` and two more; after a ``NOSCRIPT`` reply the script is loaded
+and those calls sent again in one write.
+
+**One retry.** A request is made once more, on a fresh connection, in two cases:
 
 - sending fails (``send_packed_command`` raises ``ConnectionError``): a send that fails has not
   handed the whole command to the kernel, so Redis cannot have parsed, let alone run, it;
@@ -19,8 +31,8 @@ deadline, in two cases:
   :func:`~flask_distlimit.scripts.with_token`): Redis keeps a call's reply under
   ``<prefix>:rq:{<tag>}:<token>`` for ``max(1 s, 2 x timeout)``, and the call made again,
   marked as a repeat, answers that kept reply when the first one ran and runs when it did not.
-  A repeat is idempotent, so a repeat cut too is made again, up to three times within the
-  deadline (:func:`~.tokens.repeat_call`).
+  A repeat is idempotent, so a repeat cut too is made again, up to three times within its
+  deadline (:func:`~.tokens.repeat_call`), on a connection of its own (not in a batch).
 
 Which calls carry a token (:mod:`.tokens`): under ``request_tokens="auto"`` (the default), every
 call for a minute after the storage's connections failed, and none while they are calm, so the
@@ -80,7 +92,8 @@ from .lease_records import (
     records_key,
     repaired_from_reply,
 )
-from .pool import DeadlinePool, NoConnectionAvailable
+from .pipeline import Call, Pipeline, script_load
+from .pool import DeadlinePool, NoConnectionAvailable, busy
 from .shared_value import SHARED_VALUE_SOURCE
 from .tokens import RequestTokens, repeat_call
 from .translate import REDIS_FAILURES, storage_error
@@ -89,8 +102,12 @@ __all__ = ["DEFAULT_TIMEOUT", "RedisStorage", "connection_options"]
 
 #: Connect/read timeout and pool wait, seconds (``DISTLIMIT_REDIS_TIMEOUT``).
 DEFAULT_TIMEOUT: Final = 0.1
-#: Pool size per process: more than any gthread worker's threads.
+#: Pool size per process (the hot call's batches use a few: :mod:`.pipeline`).
 DEFAULT_MAX_CONNECTIONS: Final = 50
+#: Connection keywords our clients default to unless given: RESP2, so that a new connection
+#: costs no ``HELLO`` round trip (redis-py 8 defaults to RESP3; none of our commands needs it,
+#: and a connect that asks Redis nothing leaves a reply the whole timeout: :mod:`.pool`).
+HANDSHAKE_FREE: Final[dict[str, Any]] = {"protocol": 2}
 _DELETE_CHUNK: Final = 500
 #: Every keyword a redis-py connection takes, along its classes (redis-py 5.x to 8.x differ).
 _CONNECTION_PARAMETERS: Final = frozenset(
@@ -148,15 +165,26 @@ class RedisStorage(Storage):
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         scheme: str = "redis",
         request_tokens: str = "auto",
+        queue_timeout: float | None = None,
         **connection: Any,
     ) -> None:
         """``connection`` holds redis-py connection keywords (``host``, ``port``, ``db``,
         ``password``, ``connection_class``, ...) used when no ``client`` is given.
         ``request_tokens``: ``"auto"`` or ``"always"`` (``DISTLIMIT_REQUEST_TOKENS``, module
-        docstring)."""
+        docstring). ``queue_timeout``: the queue budget of a call (:mod:`.pool`; default
+        :func:`~.pool.queue_budget`)."""
+        #: The request tokens of the hot call (module docstring, "One retry").
+        self.tokens = RequestTokens(timeout, request_tokens)
         if client is None:
-            options = {**connection, **connection_options(timeout)}
-            self.pool = DeadlinePool(timeout=timeout, max_connections=max_connections, **options)
+            options = {**HANDSHAKE_FREE, **connection, **connection_options(timeout)}
+            self._use(
+                DeadlinePool(
+                    timeout=timeout,
+                    max_connections=max_connections,
+                    queue_timeout=queue_timeout,
+                    **options,
+                )
+            )
             admin = redis.BlockingConnectionPool(  # type: ignore[no-untyped-call]
                 timeout=timeout, max_connections=max_connections, **options
             )
@@ -173,8 +201,6 @@ class RedisStorage(Storage):
         self._shared_value: Script = client.register_script(SHARED_VALUE_SOURCE)
         self._lease_records: Script = client.register_script(LEASE_RECORDS_SOURCE)
         self._give_back: Script = client.register_script(GIVE_BACK_SOURCE)
-        #: The request tokens of the hot call (module docstring, "One retry").
-        self.tokens = RequestTokens(timeout, request_tokens)
 
     @classmethod
     def sentinel(
@@ -186,6 +212,7 @@ class RedisStorage(Storage):
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         sentinel_options: dict[str, Any] | None = None,
         request_tokens: str = "auto",
+        queue_timeout: float | None = None,
         **connection: Any,
     ) -> RedisStorage:
         """The master of ``service_name`` as the Sentinels report it; follows failovers.
@@ -199,7 +226,7 @@ class RedisStorage(Storage):
         manager = Sentinel(  # type: ignore[no-untyped-call]
             list(sentinels),
             sentinel_kwargs={**options, **(sentinel_options or {})},
-            **{**connection, **options},
+            **{**HANDSHAKE_FREE, **connection, **options},
         )
         # The admin client: redis-py's own Sentinel pool, at most max_connections (it raises
         # rather than waits past them; admin commands are few). Its blocking variant cannot be
@@ -208,21 +235,33 @@ class RedisStorage(Storage):
             service_name, max_connections=max_connections
         )
         storage = cls(
-            client, timeout=timeout, scheme="redis+sentinel", request_tokens=request_tokens
+            client,
+            timeout=timeout,
+            scheme="redis+sentinel",
+            request_tokens=request_tokens,
+            queue_timeout=queue_timeout,
         )
         storage._owns_client = True
         storage._sentinel = manager
         master = dict(connection)
         if master.pop("ssl", False):
             master["connection_class"] = redis.SSLConnection
-        storage.pool = DeadlinePool(
-            timeout=timeout,
-            max_connections=max_connections,
-            locate=lambda: manager.discover_master(service_name),  # type: ignore[no-untyped-call]
-            **{**master, **options},
+        storage._use(
+            DeadlinePool(
+                timeout=timeout,
+                max_connections=max_connections,
+                locate=lambda: manager.discover_master(service_name),  # type: ignore[no-untyped-call]
+                queue_timeout=queue_timeout,
+                **{**HANDSHAKE_FREE, **master, **options},
+            )
         )
         storage._packer = _packer(storage._script, master)
         return storage
+
+    def _use(self, pool: DeadlinePool) -> None:
+        """Make the hot call's calls on ``pool``, batched (:mod:`.pipeline`)."""
+        self.pool = pool
+        self.pipeline = Pipeline(pool, load=script_load(SCRIPT_SOURCE), trouble=self.tokens.arm)
 
     @property
     def request_tokens(self) -> str:
@@ -237,10 +276,10 @@ class RedisStorage(Storage):
                 reply = self._run(self.pool, self._script, keys, args)
             else:  # a client passed in: redis-py's Script (EVALSHA, SCRIPT LOAD on NOSCRIPT)
                 reply = self._script(keys, args)
+        except NoConnectionAvailable as exc:  # load: nothing was sent, nothing is armed
+            raise busy(self.pool.queue_timeout if self.pool else 0.0) from exc
         except REDIS_FAILURES as exc:
-            if isinstance(exc, redis.ConnectionError) and not isinstance(
-                exc, NoConnectionAvailable
-            ):
+            if isinstance(exc, redis.ConnectionError):
                 self.tokens.arm()  # connections fail: the next calls carry tokens
             raise storage_error(exc) from exc
         return parse_reply(reply, checks)
@@ -248,71 +287,60 @@ class RedisStorage(Storage):
     def _run(
         self, pool: DeadlinePool, script: Script, keys: list[str], args: list[str | int]
     ) -> Any:
-        """``script``'s EVALSHA of ``keys`` and ``args`` on a pooled connection, with a request
-        token while the storage's tokens are armed, everything by one deadline (module
-        docstring)."""
+        """``script``'s EVALSHA of ``keys`` and ``args`` in a batch of the pipeline, with a
+        request token while the storage's tokens are armed: the wait for a batch by the queue
+        budget, the reply by one Redis deadline (module docstring)."""
         now = time.monotonic()
-        deadline = now + self.timeout
+        wait_until = now + pool.queue_timeout
         token = self.tokens.key_if_armed(keys[0], now)
-        command = [self._packer.pack(keys, args, token, self.tokens.first)]
-        try:
-            return self._run_once(pool, script, command, deadline, (keys, args, token))
-        except ReadOnlyError:
-            if self._sentinel is None:
-                raise
+        command = self._packer.pack(keys, args, token, self.tokens.first)
+        call = self.pipeline.call(command, wait_until)
+        if isinstance(call.error, ReadOnlyError) and self._sentinel is not None:
             # A demoted master (a failover): it wrote nothing. Every connection goes to the
             # master the Sentinels name now, and the request is made there once.
             pool.disconnect()
-            return self._run_once(pool, script, command, deadline, (keys, args, token))
+            call = self.pipeline.call(command, wait_until)
+        if call.lost:
+            return self._repeat(pool, script, call, (keys, args, token), wait_until)
+        if call.error is not None:
+            raise call.error
+        return call.reply
 
-    def _run_once(
+    def _repeat(
         self,
         pool: DeadlinePool,
         script: Script,
-        command: list[bytes],
-        deadline: float,
-        call: tuple[list[str], list[str | int], str | None],
+        call: Call,
+        made: tuple[list[str], list[str | int], str | None],
+        wait_until: float,
     ) -> Any:
-        # Not probed: a connection the server closed fails the send (sent again on a fresh
-        # one) or loses the reply (made again, marked as a repeat), both below.
-        connection = pool.checkout(deadline, probe=False)
+        """A call whose connection closed under it after the send (the script may have run),
+        made once more on a connection of its own, marked as a repeat: the script answers the
+        reply it kept under the token if it ran, and runs if it did not. A call sent without a
+        token (calm, module docstring) gets one now, for its repeats."""
+        assert isinstance(call.error, redis.ConnectionError)
+        self.tokens.arm()
+        keys, args, token = made
+        if token is None:
+            token = self.tokens.key(keys[0])
+        again = [self._packer.pack(keys, args, token, self.tokens.again)]
+        # Redis's time for the repeats starts now: the batch's may be spent by this thread's
+        # wait to be woken
+        deadline = max(call.deadline, time.monotonic() + self.timeout)
+        connection = pool.checkout(wait_until, connect=False)  # repeat_call connects it
         try:
-            try:
-                pool.send(connection, command, deadline)
-            except redis.ConnectionError:
-                # The send failed, so Redis never had the whole command: the script did not
-                # run. Once more on a fresh connection, within the same deadline.
-                self.tokens.arm()
-                pool.renew(connection, deadline)
-                pool.send(connection, command, deadline)
-            try:
-                return _reply(pool, connection, script, command, deadline)
-            except redis.ConnectionError as exc:
-                lost = exc
-            # Closed under the request after the send: the script may have run. Once more on
-            # a fresh connection, within the same deadline, marked as a repeat: the script
-            # answers the reply it kept under the token if it ran, and runs if it did not. A
-            # call sent without a token (calm, module docstring) gets one now, for its repeats.
-            self.tokens.arm()
-            keys, args, token = call
-            if token is None:
-                token = self.tokens.key(keys[0])
-            again = [self._packer.pack(keys, args, token, self.tokens.again)]
             return repeat_call(
                 pool,
                 connection,
                 again,
                 deadline,
-                lost,
-                lambda c: _reply(pool, c, script, again, deadline),
+                call.error,
+                lambda c: _reply(pool, c, script, again[0], deadline),
             )
         except redis.ResponseError:
             raise  # an error reply, read whole: nothing is left unread
         except BaseException:
-            # Anything else may have come between a send and its read (a signal handler's
-            # exception, a gevent-style timeout, KeyboardInterrupt) and left a reply unread:
-            # the connection is closed, or the next call on it would read this call's reply.
-            pool.broken(connection)
+            pool.broken(connection)  # a reply may be left unread
             raise
         finally:
             pool.release(connection)
@@ -424,6 +452,7 @@ class RedisStorage(Storage):
             pool.reset()
         if self.pool is not None:
             self.pool.forget_inherited()
+            self.pipeline.reset()
         self.tokens.reset()
 
     def node(self, refresh: bool = False) -> str:
@@ -441,17 +470,17 @@ class RedisStorage(Storage):
 
 
 def _reply(
-    pool: DeadlinePool, connection: Any, script: Script, command: list[bytes], deadline: float
+    pool: DeadlinePool, connection: Any, script: Script, command: bytes, deadline: float
 ) -> Any:
     """The reply to ``command``, just sent on ``connection``; after ``NOSCRIPT`` (Redis flushed,
-    restarted or failed over) the script is loaded and ``command`` sent once more."""
+    restarted or failed over) the script is loaded and ``command`` sent once more, both in one
+    write."""
     try:
         return pool.read(connection, deadline)
     except NoScriptError:  # the script did not run: load it, run it again
-        load = connection.pack_command("SCRIPT", "LOAD", script.script)
-        pool.send(connection, load, deadline)
+        load = b"".join(connection.pack_command("SCRIPT", "LOAD", script.script))
+        pool.send(connection, [load + command])
         pool.read(connection, deadline)
-        pool.send(connection, command, deadline)
         return pool.read(connection, deadline)
 
 

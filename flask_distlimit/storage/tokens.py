@@ -164,7 +164,7 @@ def repeat_call(
     for _ in range(REPEATS):
         try:
             pool.renew(connection, deadline)
-            pool.send(connection, again, deadline)
+            pool.send(connection, again)
             return read(connection)
         except redis.ConnectionError as exc:
             errors.append(exc)

@@ -1,0 +1,342 @@
+"""Many calls in flight, few connections: the script calls of concurrent requests share one write.
+
+A process with hundreds of requests in flight (a gevent worker with ``--worker-connections
+1000``, a gthread worker with 128 threads) would need as many pooled connections, one per call
+in flight, and Redis would read, parse and answer each call on its own. :class:`Pipeline`
+batches them instead, leader and followers, with no thread of its own and no timer:
+
+- a call finds fewer than ``width`` batches in flight: it **leads**. It takes a connection from
+  the :class:`~.pool.DeadlinePool`, then every call queued meanwhile (up to ``max_batch``),
+  sends all their ``EVALSHA`` in **one write**, reads one reply per call in order, and hands
+  each its own; then it hands the connection to the oldest call queued since, which leads the
+  next batch (or gives it back to the pool when none is);
+- else it **follows**: it queues and waits to be answered, or to be handed the connection and
+  lead. A call still queued when its queue budget is spent (``wait_until``) leaves the queue
+  and the storage raises :class:`~flask_distlimit.errors.StorageBusy`: nothing was sent.
+
+What each call keeps: one script call of its own (all-or-nothing, its own reply, its own error
+reply read whole: a ``WRONGTYPE`` or a ``NOSCRIPT`` of one call is that call's alone); the
+Redis deadline, ``timeout`` from the batch's send (:mod:`.pool`: a queued call's wait is this
+process's load, never Redis's time); a batch sent twice only when its send failed (nothing
+ran); after a reply lost under the batch (the connection closed after the send) every call not
+yet answered is told so (:attr:`Call.lost`) and is made again by its storage, marked as a repeat
+of its request token (:mod:`.tokens`), on a connection of its own. A timeout fails the calls
+not yet answered, each an outage for the breaker as it was one call per connection. On a
+``NOSCRIPT`` reply the leader loads the script and sends those calls once more, in one write;
+the first batch of a pipeline sends the script first (``SCRIPT LOAD`` ahead of the calls), so
+the first requests of a fresh process cost one round trip.
+
+**Why batching, by measurement** (``bench/bench_inflight.py``, docs/benchmarks.md, "Many
+requests in flight"): the alternative, a pool sized from the worker's concurrency (one
+connection per call in flight), served as many requests per second on the project's 2-core VM
+(within its noise) but cost Redis 3.3x-4.6x the CPU per decision under gevent at 300 in flight
+(about the same under gthread, where the GIL lets few calls reach Redis at once), held 300
+connections instead of four, and its 300 concurrent reads were what a busy Redis answered
+late: in one run it timed out often enough to open the breaker. One write of many
+calls costs Redis a read, a parse and a write per batch, not per call (``redis-benchmark`` runs
+the minimal limiter's script at about 77,000 calls/s one at a time and 260,000/s pipelined 16
+deep on that VM). Its price is latency at high concurrency under gevent (a batch's replies are
+handed out by its leader, and the next leader must first be resumed by the event loop).
+Leaders sending up to 4 or 16 batches in a row, instead of handing the connection on, measured
+no better and are not kept. A connection carries one batch at a time: a batch's replies are
+read before the next is sent, so a slow reply holds back only its own batch, and ``width``
+connections carry batches side by side (:data:`DEFAULT_WIDTH`).
+
+gevent and eventlet: their monkey-patched ``threading`` locks make the waits cooperative (a
+follower yields to the event loop); nothing here blocks outside the pool's sockets and those
+locks. Forked children start with an empty queue (the pid is checked on every call).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Final
+
+import redis
+from redis.exceptions import NoScriptError
+
+from .pool import DeadlinePool, NoConnectionAvailable
+
+__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WIDTH", "Call", "Pipeline", "script_load"]
+
+#: Batches in flight at once per pipeline (each on a connection of its own).
+DEFAULT_WIDTH: Final = 4
+#: The most calls in one batch: Redis runs a batch's scripts one after another (about 30 us
+#: each), so a batch's last reply comes at most a few milliseconds after its first.
+DEFAULT_MAX_BATCH: Final = 128
+
+_QUEUED, _TAKEN, _LEAD, _DONE = range(4)
+
+
+def script_load(source: str) -> Callable[[Any], bytes]:
+    """A pipeline's ``load`` for the script ``source``: its ``SCRIPT LOAD``, packed by the first
+    connection that asks (its encoder), then kept."""
+    packed: list[bytes] = []
+
+    def load(connection: Any) -> bytes:
+        if not packed:
+            packed.append(b"".join(connection.pack_command("SCRIPT", "LOAD", source)))
+        return packed[0]
+
+    return load
+
+
+#: A call's reply before one is read.
+_UNREAD: Final = object()
+
+
+class Call:
+    """One request's packed script call, and how it ended.
+
+    After :meth:`Pipeline.call`: ``reply`` (when ``error`` is ``None``), else ``error``: an
+    error reply (a ``redis.ResponseError``, read whole), or a failure; ``lost`` when the
+    connection was closed after the send (the script may have run: make it again as a repeat);
+    ``deadline``, the Redis deadline of the batch it went in (for a repeat).
+    """
+
+    __slots__ = ("command", "connection", "deadline", "error", "lost", "reply", "state", "wake")
+
+    def __init__(self, command: bytes) -> None:
+        self.command = command
+        self.reply: Any = _UNREAD
+        self.error: BaseException | None = None
+        self.lost = False
+        self.deadline = 0.0
+        self.state = _QUEUED
+        self.connection: Any = None  # handed to a follower promoted to lead
+        self.wake: Any = None  # a held lock a follower waits on
+
+    @property
+    def answered(self) -> bool:
+        return self.error is not None or self.reply is not _UNREAD
+
+
+class Pipeline:
+    """Batches the calls of one pool's connections (module docstring).
+
+    ``load`` packs the script's ``SCRIPT LOAD`` for a connection (its encoder); ``trouble`` is
+    called when a connection failed under a batch (the storage arms its request tokens).
+    """
+
+    def __init__(
+        self,
+        pool: DeadlinePool,
+        *,
+        load: Callable[[Any], bytes],
+        trouble: Callable[[], None] = lambda: None,
+        width: int = DEFAULT_WIDTH,
+        max_batch: int = DEFAULT_MAX_BATCH,
+    ) -> None:
+        self.pool = pool
+        self.width = max(1, min(width, pool.max_connections))
+        self.max_batch = max(1, max_batch)
+        self._load = load
+        self._trouble = trouble
+        #: the script is known loaded (else the next batch sends ``SCRIPT LOAD`` first)
+        self.loaded = False
+        self.reset()
+
+    def reset(self) -> None:
+        """An empty queue and no batch in flight (a new pipeline, or a forked child's)."""
+        self._lock = threading.Lock()
+        self._queue: deque[Call] = deque()
+        self._leading = 0  # batches in flight: calls leading one
+        self.pid = os.getpid()
+
+    # -- a call --------------------------------------------------------------------------------
+
+    def call(self, command: bytes, wait_until: float) -> Call:
+        """Send ``command`` (one packed ``EVALSHA``) in a batch and wait for its reply; a wait
+        for a batch ends by ``wait_until`` (the queue budget), then
+        :class:`~.pool.NoConnectionAvailable` is raised. The answer is on the returned
+        :class:`Call`."""
+        if self.pid != os.getpid():
+            self.reset()
+        call = Call(command)
+        with self._lock:
+            if self._leading < self.width:
+                self._leading += 1
+                call.state = _LEAD
+            else:
+                call.wake = threading.Lock()
+                call.wake.acquire()
+                self._queue.append(call)
+        if call.state != _LEAD:
+            self._follow(call, wait_until)
+        if call.state == _LEAD:
+            self._lead(call, wait_until)
+        return call
+
+    def _follow(self, call: Call, wait_until: float) -> None:
+        """Wait until ``call`` is answered or handed the lead; raise
+        :class:`~.pool.NoConnectionAvailable` when no batch took it by ``wait_until``."""
+        try:
+            if call.wake.acquire(timeout=max(0.0, wait_until - time.monotonic())):
+                return
+            with self._lock:
+                if call.state == _QUEUED:  # never taken: it leaves, nothing was sent
+                    self._queue.remove(call)
+                    raise NoConnectionAvailable("No batch took the call in time.")
+            # taken into a batch (or handed the lead) meanwhile: its leader answers it
+            call.wake.acquire()
+        except NoConnectionAvailable:
+            raise
+        except BaseException:
+            # Interrupted while it waited (a signal handler's exception, a gevent Timeout): it
+            # leaves the queue, and a lead handed to it goes on to the next call, or the
+            # pipeline would lose a connection for good. A batch that took it answers nobody.
+            with self._lock:
+                state = call.state
+                if state == _QUEUED:
+                    self._queue.remove(call)
+            if state == _LEAD:
+                self._hand_on(call.connection)
+            raise
+
+    # -- leading a batch -----------------------------------------------------------------------
+
+    def _lead(self, call: Call, wait_until: float) -> None:
+        """Lead a batch from ``call``: on the connection handed over (or one from the pool),
+        then hand the connection to the next queued call, or give it back."""
+        connection = call.connection
+        call.connection = None
+        batch = [call]
+        try:
+            if connection is None:
+                connection = self.pool.checkout(wait_until, probe=False)
+            else:
+                self.pool.ready(connection)
+            batch = self._take([call])
+            self._run(connection, batch)
+            self._wake(batch, call)
+        except BaseException as exc:
+            if connection is not None:
+                self.pool.broken(connection)  # a reply may be left unread
+            self._fail(batch, exc, call)
+            self._wake(batch, call)
+            self._hand_on(connection)
+            if not isinstance(exc, Exception):
+                raise  # an interrupt of the leader's own (a signal handler's, a timeout's)
+            return
+        self._hand_on(connection)
+
+    def _take(self, batch: list[Call]) -> list[Call]:
+        """``batch`` and the calls queued, up to :attr:`max_batch`, taken."""
+        with self._lock:
+            queue = self._queue
+            while queue and len(batch) < self.max_batch:
+                taken = queue.popleft()
+                taken.state = _TAKEN
+                batch.append(taken)
+        return batch
+
+    def _run(self, connection: Any, batch: list[Call]) -> None:
+        """Send ``batch`` in one write, read one reply per call (module docstring)."""
+        pool = self.pool
+        preload = None if self.loaded else self._load(connection)
+        payload = b"".join([c.command for c in batch])
+        if preload is not None:
+            payload = preload + payload
+        try:
+            pool.send(connection, [payload])
+        except redis.ConnectionError:
+            # Redis never had the whole write: nothing ran. Once more on a fresh connection.
+            self._trouble()
+            pool.renew(connection, time.monotonic() + pool.timeout)
+            pool.send(connection, [payload])
+        deadline = time.monotonic() + pool.timeout  # Redis's time starts once it has them
+        if preload is not None:
+            if not self._loaded_reply(connection, batch, deadline):
+                return
+            self.loaded = True
+        missing = self._read(connection, batch, deadline)
+        if missing:  # NOSCRIPT: load the script, send those calls once more, in one write
+            self.loaded = False
+            load = self._load(connection)
+            pool.send(connection, [load + b"".join([c.command for c in missing])])
+            if self._loaded_reply(connection, missing, deadline):
+                self.loaded = True
+                self._read(connection, missing, deadline, again=True)
+
+    def _loaded_reply(self, connection: Any, batch: list[Call], deadline: float) -> bool:
+        """Read a ``SCRIPT LOAD``'s reply sent ahead of ``batch``: ``False`` when the
+        connection closed under it (``batch`` is lost). An error reply (an ACL without
+        ``SCRIPT LOAD``) is left to the calls' own replies to tell."""
+        try:
+            self.pool.read(connection, deadline)
+        except redis.ResponseError:
+            pass
+        except redis.ConnectionError as exc:
+            self._lost(batch, exc, deadline)
+            return False
+        return True
+
+    def _read(
+        self, connection: Any, batch: list[Call], deadline: float, again: bool = False
+    ) -> list[Call]:
+        """Each call's reply, in order; the calls answered ``NOSCRIPT`` (none when ``again``:
+        then it is their error)."""
+        missing: list[Call] = []
+        for n, call in enumerate(batch):
+            call.deadline = deadline
+            try:
+                call.reply = self.pool.read(connection, deadline)
+            except NoScriptError as exc:
+                if again:
+                    call.error = exc
+                else:
+                    missing.append(call)
+            except redis.ResponseError as exc:
+                call.error = exc  # read whole: the next reply is the next call's
+            except redis.ConnectionError as exc:
+                self._lost(batch[n:], exc, deadline)
+                return []
+        return missing
+
+    def _lost(self, calls: list[Call], exc: redis.ConnectionError, deadline: float) -> None:
+        """The connection closed under ``calls``, sent: each may have run."""
+        self._trouble()
+        for call in calls:
+            call.error, call.lost, call.deadline = copy.copy(exc), True, deadline
+
+    def _fail(self, batch: list[Call], exc: BaseException, leader: Call) -> None:
+        """``exc`` ended the batch. An outage (a timeout, a send that failed twice) is the
+        error of every call not answered; an interrupt of the leader (not an ``Exception``)
+        leaves them lost (they may have run: each is made again) and is the leader's own."""
+        interrupted = not isinstance(exc, Exception)
+        for call in batch:
+            if not call.answered:
+                if interrupted:
+                    call.error = redis.ConnectionError(f"the batch was interrupted: {exc!r}")
+                    call.lost = True
+                else:
+                    call.error = copy.copy(exc)  # each raises its own
+        if interrupted:
+            leader.error, leader.lost = exc, False
+
+    def _wake(self, batch: list[Call], leader: Call) -> None:
+        """Wake the followers of ``batch``: each is answered."""
+        for call in batch:
+            if call is not leader:
+                call.state = _DONE
+                call.wake.release()
+        leader.state = _DONE
+
+    def _hand_on(self, connection: Any) -> None:
+        """Hand the connection to the oldest queued call (it leads next), or give it back."""
+        with self._lock:
+            nxt = self._queue.popleft() if self._queue else None
+            if nxt is None:
+                self._leading -= 1
+            else:
+                nxt.state = _LEAD
+                nxt.connection = connection
+        if nxt is not None:
+            nxt.wake.release()
+        elif connection is not None:
+            self.pool.release(connection)

@@ -1,0 +1,69 @@
+"""The app :mod:`tests.test_load` runs under gunicorn: the default configuration under load.
+
+Configured from the environment: ``DISTLIMIT_STORAGE_URL`` (a real Redis), ``LOAD_TEST_LIMIT``
+(the N of every limited route, per hour, so nothing refills during a test),
+``LOAD_TEST_PREFIX`` (the key prefix) and ``LOAD_TEST_SLEEP`` (seconds ``/limited`` holds its
+request after the limiter admitted it, so that many are in flight at once). Everything else is
+the default: ``DISTLIMIT_REDIS_TIMEOUT`` 0.1 s, the breaker's five failures, failure policy
+``open`` (a request the policy answers is marked ``X-RateLimit-Degraded``, which the test counts).
+
+- ``/limited``: ``LOAD_TEST_LIMIT/hour`` per client (fixed window), then sleeps;
+- ``/cpu``: the same limit on its own key, then spends ``LOAD_TEST_CPU`` seconds of CPU in
+  Python (holding the GIL or the event loop), so that the workers keep every core busy;
+- ``/health``: exempt, for the test to wait on;
+- ``/breaker``: exempt; this process's breaker state and consecutive failures, and its PID.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from flask import Flask
+
+from flask_distlimit import Limiter
+
+LIMIT = int(os.environ.get("LOAD_TEST_LIMIT", "50"))
+SLEEP = float(os.environ.get("LOAD_TEST_SLEEP", "0.05"))
+CPU = float(os.environ.get("LOAD_TEST_CPU", "0.002"))
+
+app = Flask(__name__)
+app.config.update(
+    DISTLIMIT_STORAGE_URL=os.environ["DISTLIMIT_STORAGE_URL"],
+    DISTLIMIT_KEY_PREFIX=os.environ.get("LOAD_TEST_PREFIX", "load-test"),
+)
+limiter = Limiter(app)
+
+
+@app.get("/limited")
+@limiter.limit(f"{LIMIT}/hour", algorithm="fixed_window")
+def limited() -> str:
+    time.sleep(SLEEP)  # gevent's under -k gevent (monkey-patched)
+    return "ok"
+
+
+@app.get("/cpu")
+@limiter.limit(f"{LIMIT}/hour", algorithm="fixed_window")
+def cpu() -> str:
+    until = time.perf_counter() + CPU
+    spins = 0
+    while time.perf_counter() < until:
+        spins += 1
+    return f"ok {spins}"
+
+
+@app.get("/health")
+@limiter.exempt
+def health() -> str:
+    return f"ok {os.getpid()}"
+
+
+@app.get("/breaker")
+@limiter.exempt
+def breaker() -> dict[str, object]:
+    guard = limiter.state(app).guard
+    return {
+        "pid": os.getpid(),
+        "state": guard.breakers.state,
+        "failures": sum(b.failures for b in guard.breakers.all()),
+    }
