@@ -32,7 +32,8 @@ RECORDS: list[tuple[type, dict[str, Any]]] = [
         ),
     ),
     (Evaluation, dict(decisions=(_DECISION,), repaired_keys=("k",), now_us=12)),
-    (Outcome, dict(evaluation=Evaluation((_DECISION,)), degraded=True, unavailable=True)),
+    (Outcome, dict(evaluation=Evaluation((_DECISION,)), degraded=True, unavailable=True,
+              busy=True)),
 ]  # fmt: skip
 
 
@@ -67,7 +68,7 @@ def test_defaults_apply() -> None:
     assert Check("k", "gcra", 1, 2) == Check("k", "gcra", 1, 2, 1, False, 0, False)
     assert Decision(True, 1, 0, 1.0, 0.0).shadow_denied is False
     assert Evaluation((_DECISION,)).repaired_keys == ()
-    assert Outcome(None) == Outcome(None, False, False)
+    assert Outcome(None) == Outcome(None, False, False, False)
 
 
 @pytest.mark.parametrize(("cls", "values"), RECORDS, ids=lambda v: getattr(v, "__name__", ""))
