@@ -1051,6 +1051,8 @@ class Enforcer:
         charge_route = self._charge_preflights and req.method == "OPTIONS" and endpoint
         if not (self._every_request or charge_route):
             return response, None
+        if self._worker_shedding and self.state.shedding.shed_here(req.environ):
+            return response, None  # shed before the app's hooks: charged to no limit
         if self._filters and filtered(self._filters):
             return response, None
         app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]

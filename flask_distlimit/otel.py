@@ -321,8 +321,8 @@ class OTelHook:
         report = data.report
         policy: str | None = report.name if report is not None else None
         if status == 503 and not data.degraded and response.mimetype == _PROBLEM:
-            # Shed (by the fleet, or by this worker before any limit: its global limits are
-            # still counted after it); counted by the sink's shed(), not twice.
+            # Shed (by the fleet, or by this worker, before any limit counted it); counted by
+            # the sink's shed(), not twice.
             return
         if not data.denied:
             result = "admitted"

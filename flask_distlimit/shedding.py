@@ -234,6 +234,11 @@ class Shedding:
             environ[self._key] = found
         return found
 
+    def shed_here(self, environ: dict[str, object]) -> bool:
+        """Whether this process shed the request of ``environ`` (:meth:`admit`): its 503 is
+        charged to no limit, the global ones included."""
+        return environ.get(self._admitted) is False
+
     def known_before_hooks(self, view: object | None) -> bool:
         """Whether the request's priority can be known before the app's ``before_request``
         hooks run (it cannot when the Limiter-wide resolver decides it: the resolver may read
@@ -255,6 +260,7 @@ class Shedding:
         priority = self.priority()
         place = load.enter(priority)
         if place is None:
+            environ[self._admitted] = False  # shed: charged to no limit (shed_here)
             raise Overloaded(priority=priority, instance=request.path, reason="worker")
         # counted out when the response ends, however it ends (flask_distlimit.lifecycle)
         self._lifecycle.ledger(environ).take(place)

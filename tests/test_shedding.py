@@ -133,6 +133,32 @@ def test_a_shed_request_is_charged_to_no_limit(
     assert response.headers["X-RateLimit-Remaining"] == "99"  # the shed one was not counted
 
 
+def test_a_request_shed_before_the_apps_hooks_is_charged_to_no_global_limit(
+    clock: FakeClock,
+) -> None:
+    """Shed in ``before_request`` (its priority is known before the hooks), the view never
+    runs: the global limits, counted for requests no view answers, must not count it either
+    (docs/defences.md: a shed request "is charged to no limit")."""
+    app, limiter, _ = make_app(
+        MemoryStorage(clock=clock), clock,
+        DISTLIMIT_WORKER_THREADS=4, DISTLIMIT_GLOBAL_LIMITS="100/minute",
+    )  # fmt: skip
+    held = Held()
+    app.add_url_rule("/hold", "hold", limiter.priority("critical")(held.view))
+    app.add_url_rule("/page", "page", lambda: "page")  # default priority, global limits only
+    client = app.test_client()
+    try:
+        held.hold(client, "/hold", 3)  # 3 of 4 busy, each counted by the global limit
+        shed = client.get("/page")
+        assert shed.status_code == 503
+        assert "X-RateLimit-Remaining" not in shed.headers  # no limit decided it
+    finally:
+        held.release()
+    response = client.get("/page")
+    assert response.status_code == 200
+    assert response.headers["X-RateLimit-Remaining"] == "96"  # 3 held + this one, not the shed
+
+
 def test_exempt_requests_are_never_shed(
     worker_app: tuple[Flask, Limiter, Held, CountingStorage],
 ) -> None:
