@@ -444,6 +444,24 @@ class SentinelServers:
     def servers(self) -> list[RedisProcess]:
         return [self.master, self.replica]
 
+    def _named_ports(self) -> list[int]:
+        """The master's port as each live Sentinel names it."""
+        ports: list[int] = []
+        for sentinel in self.sentinels:
+            if sentinel.proc is None:
+                continue
+            client = sentinel.client(socket_timeout=1)
+            try:
+                _, port = client.execute_command(
+                    "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service
+                )
+            except redis.exceptions.RedisError:
+                continue
+            finally:
+                client.close()
+            ports.append(int(port))
+        return ports
+
     def current_master(self) -> RedisProcess:
         """The server the Sentinels name as master now."""
         for sentinel in self.sentinels:
@@ -483,13 +501,14 @@ class SentinelServers:
         _wait(ready, timeout, "Sentinels that know each other and the replica", 0.1)
 
     def wait_for_failover(self, old: RedisProcess, timeout: float = 60.0) -> RedisProcess:
-        """After ``old`` (the master) died: until the Sentinels name the other server and it
-        has become a master; answer it."""
+        """After ``old`` (the master) died: until every live Sentinel names the other server
+        (a client may ask any of them: one that has not heard of the failover yet still names
+        ``old``) and it has become a master; answer it."""
         holder: list[RedisProcess] = []
 
         def promoted() -> bool:
             current = self.current_master()
-            if current is old:
+            if current is old or any(port != current.port for port in self._named_ports()):
                 return False
             info = current.client(socket_timeout=1).info("replication")
             holder[:] = [current]
