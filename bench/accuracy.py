@@ -32,9 +32,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from flask_distlimit.decision import Check
-from flask_distlimit.digests import IdentityTags
-from flask_distlimit.keys import limit_key
+from flask_distlimit.core.decision import Check
+from flask_distlimit.declare.keys import limit_key
+from flask_distlimit.identity.digests import IdentityTags
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.memory import MemoryStorage
 

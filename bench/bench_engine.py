@@ -63,11 +63,11 @@ if __name__ == "__main__":  # run from a checkout: this checkout's package, what
 
 from intervals import median_ci  # beside this file
 
-from flask_distlimit.algorithms import ALGORITHMS, Algorithm
-from flask_distlimit.decision import Check
-from flask_distlimit.digests import IdentityTags
-from flask_distlimit.keys import limit_key
-from flask_distlimit.scripts import SCRIPT_SOURCE, script_args
+from flask_distlimit.core.algorithms import ALGORITHMS, Algorithm
+from flask_distlimit.core.decision import Check
+from flask_distlimit.declare.keys import limit_key
+from flask_distlimit.engine.scripts import SCRIPT_SOURCE, script_args
+from flask_distlimit.identity.digests import IdentityTags
 from flask_distlimit.storage.cluster import ClusterStorage
 from flask_distlimit.storage.redis import RedisStorage
 
@@ -332,9 +332,11 @@ def function_library() -> str:
     """
     from importlib import resources
 
-    from flask_distlimit.scripts import _FILES  # the bench reads the package's own file order
+    from flask_distlimit.engine.scripts import (
+        _FILES,  # the bench reads the package's own file order
+    )
 
-    lua = resources.files("flask_distlimit") / "lua"
+    lua = resources.files("flask_distlimit.engine") / "lua"
     # the fast paths (*_fast.lua, first) build nothing: they run per call; evaluate.lua is last
     fast = [(lua / name).read_text(encoding="utf-8") for name in _FILES if "_fast." in name]
     *helpers, driver = (
@@ -391,7 +393,7 @@ def functions(port: int, rounds: int, batch: int) -> list[FunctionsRow]:
     from flask import Flask
     from werkzeug.test import EnvironBuilder
 
-    from flask_distlimit.scripts import parse_reply
+    from flask_distlimit.engine.scripts import parse_reply
 
     connection = redis.Connection(host="127.0.0.1", port=port, socket_timeout=5.0)
     admin = redis.Redis(host="127.0.0.1", port=port)
@@ -672,12 +674,12 @@ def script_source_at(revision: str) -> str:
     order that the revision has (so a file added since is left out, as it was then)."""
     import subprocess
 
-    from flask_distlimit.scripts import _FILES  # the bench's own package: its file order
+    from flask_distlimit.engine.scripts import _FILES  # the bench's own package: its file order
 
     texts = []
     for name in _FILES:
         shown = subprocess.run(
-            ["git", "show", f"{revision}:flask_distlimit/lua/{name}"],
+            ["git", "show", f"{revision}:flask_distlimit/engine/lua/{name}"],
             cwd=ROOT,
             capture_output=True,
             text=True,

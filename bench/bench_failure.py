@@ -41,9 +41,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from flask_distlimit import Limiter  # noqa: E402
-from flask_distlimit.decision import Check, Decision, Evaluation  # noqa: E402
+from flask_distlimit.core.decision import Check, Decision, Evaluation  # noqa: E402
 from flask_distlimit.errors import StorageUnavailable  # noqa: E402
-from flask_distlimit.guard import Guard  # noqa: E402
+from flask_distlimit.resilience.guard import Guard  # noqa: E402
 from flask_distlimit.storage.base import Storage  # noqa: E402
 from flask_distlimit.storage.urls import from_url  # noqa: E402
 from tests.servers import RedisProcess, start_redis  # noqa: E402

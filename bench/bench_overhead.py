@@ -532,7 +532,7 @@ def breakdown(spec: str, rounds: int, batch: int) -> str:
     """
     algorithm, _, n = spec.partition(":")
     sys.path.insert(0, str(ROOT))
-    from flask_distlimit.scripts import script_args
+    from flask_distlimit.engine.scripts import script_args
     from tests.servers import start_redis
 
     server = start_redis()

@@ -26,7 +26,7 @@ after the other rows' work) and *warm* (the same call ran once just before on a 
 state, as on a busy server, where a long call makes others wait). The tables give the median and
 the maximum over the rounds, and how many calls of all went over the bound.
 
-The largest accepted limits and costs are read from ``flask_distlimit.algorithms`` (and
+The largest accepted limits and costs are read from ``flask_distlimit.core.algorithms`` (and
 ``limits.py``'s bounds: 10**12 units, 366 days), so the same file measures any version. Calls
 inject their time (the states are built at chosen times); a production call reads Redis's
 ``TIME`` instead, one command more.
@@ -54,9 +54,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the checkout this file is in, before any installed copy
 
 from flask_distlimit import algorithms  # noqa: E402
-from flask_distlimit.algorithms import Algorithm  # noqa: E402
-from flask_distlimit.decision import Check  # noqa: E402
-from flask_distlimit.scripts import SCRIPT_SOURCE, script_args  # noqa: E402
+from flask_distlimit.core.algorithms import Algorithm  # noqa: E402
+from flask_distlimit.core.decision import Check  # noqa: E402
+from flask_distlimit.engine.scripts import SCRIPT_SOURCE, script_args  # noqa: E402
 
 ROUNDS = 30
 BOUND_US = 1000

@@ -29,9 +29,9 @@ from collections.abc import Callable
 from flask import Flask, request
 
 from flask_distlimit import Limiter
-from flask_distlimit.decision import Check
-from flask_distlimit.fallback import LocalFallback
-from flask_distlimit.guard import Guard
+from flask_distlimit.core.decision import Check
+from flask_distlimit.resilience.fallback import LocalFallback
+from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.storage.memory import MemoryStorage
 from flask_distlimit.testing import FakeClock as EpochClock
 from tests.faults import FailingStorage

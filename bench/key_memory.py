@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the checkout this file is in, before any installed copy
 
-from flask_distlimit.decision import Check  # noqa: E402
+from flask_distlimit.core.decision import Check  # noqa: E402
 from flask_distlimit.storage.redis import RedisStorage  # noqa: E402
 from tests.servers import start_redis  # noqa: E402
 

@@ -66,8 +66,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_overhead import Ratio, bare_app, wsgi_caller  # noqa: E402
 
-from flask_distlimit.leases import auto_cap  # noqa: E402
-from flask_distlimit.limits import parse_rates  # noqa: E402
+from flask_distlimit.core.limits import parse_rates  # noqa: E402
+from flask_distlimit.resilience.leases import auto_cap  # noqa: E402
 
 LIMIT = "100000000/minute"  # never reached in measurements 1 and 3
 TIGHT = "200/second"
@@ -234,7 +234,7 @@ def run_overhead(rounds: int, batch: int, limit: str, seed: int = 7) -> Overhead
     client = redis_server.client()
     result = Overhead()
     try:
-        from flask_distlimit.decision import Decision
+        from flask_distlimit.core.decision import Decision
 
         stub = _app(redis_server.url, limit, True, "stub")
         answer = Decision(True, 10**8, 10**8 - 1, 30.0, 0.0)

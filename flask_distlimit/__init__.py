@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from ._version import __version__
-from .algorithms import ALGORITHMS, Algorithm
-from .current_limits import RequestLimit
-from .decision import Check, Decision, Evaluation
-from .errors import (
+from flask_distlimit._version import __version__
+from flask_distlimit.core.algorithms import ALGORITHMS, Algorithm
+from flask_distlimit.core.decision import Check, Decision, Evaluation
+from flask_distlimit.core.limits import Rate, parse_rates
+from flask_distlimit.core.problem import (
+    ConcurrencyLimitExceeded,
+    Overloaded,
+    RateLimitExceeded,
+    RateLimitUnavailable,
+)
+from flask_distlimit.errors import (
     ClearedAddressWarning,
     ConfigurationError,
     DistLimitError,
@@ -18,14 +24,8 @@ from .errors import (
     StorageResponseError,
     StorageUnavailable,
 )
-from .extension import Breach, Limiter, LimiterState
-from .limits import Rate, parse_rates
-from .problem import (
-    ConcurrencyLimitExceeded,
-    Overloaded,
-    RateLimitExceeded,
-    RateLimitUnavailable,
-)
+from flask_distlimit.extension import Breach, Limiter, LimiterState
+from flask_distlimit.request.current_limits import RequestLimit
 
 __all__ = [
     "ALGORITHMS",

@@ -37,14 +37,14 @@ import click
 from flask import current_app
 from flask.cli import AppGroup
 
-from .decision import Check, Decision
-from .enforcement import is_static
-from .errors import StorageError
-from .extension import Limiter, LimiterState
-from .keys import IDENTITY_KINDS, client_pattern, identity_kind
-from .leases import Holding, read_holdings
-from .route_limits import BoundLimit
-from .storage.urls import mask_url
+from flask_distlimit.core.decision import Check, Decision
+from flask_distlimit.declare.keys import IDENTITY_KINDS, client_pattern, identity_kind
+from flask_distlimit.declare.route_limits import BoundLimit
+from flask_distlimit.errors import StorageError
+from flask_distlimit.extension import Limiter, LimiterState
+from flask_distlimit.request.enforcement import is_static
+from flask_distlimit.resilience.leases import Holding, read_holdings
+from flask_distlimit.storage.urls import mask_url
 
 __all__ = ["distlimit_cli"]
 

@@ -25,7 +25,7 @@ The keys read here, each ``key`` (default ``value``) followed by its meaning:
     (``"100/minute;2000/hour"``), a callable answering one per request (kept
     ``DISTLIMIT_DYNAMIC_LIMIT_TTL`` seconds; one that fails means no default limit), or a mapping
     tier -> limit string (``{"free": "10/minute", "*": "100/minute"}``):
-    :mod:`flask_distlimit.dynamic_limits`.
+    :mod:`flask_distlimit.declare.dynamic_limits`.
 ``DISTLIMIT_GLOBAL_LIMITS`` (default ``""``)
     Per-client-IP safety limits on every non-exempt request (404s included), in addition to all
     other limits, e.g. ``"50/second"``. They always key on the client IP, whatever the identity.
@@ -80,16 +80,16 @@ The keys read here, each ``key`` (default ``value``) followed by its meaning:
 ``DISTLIMIT_SHADOW`` (default ``False``)
     ``True`` makes every limit a shadow limit (counted, never refusing); a list names the limits
     declared in config that are: ``"global"``, ``"default"``, ``"tier:<name>"``
-    (:mod:`flask_distlimit.shadow`).
+    (:mod:`flask_distlimit.defences.shadow`).
 ``DISTLIMIT_CONCURRENCY_LEASE`` (default ``60``)
     Seconds a concurrency slot is held at most: the slot of a request whose process died comes
-    back then (an int from 1 to 86400; :mod:`flask_distlimit.concurrency`).
+    back then (an int from 1 to 86400; :mod:`flask_distlimit.defences.concurrency`).
 ``DISTLIMIT_WORKER_THREADS`` (default ``0``: off), ``DISTLIMIT_WORKER_SHED_AT`` (default
 ``{"sheddable": 0.5, "default": 0.75}``)
-    Worker-utilization shedding (:mod:`flask_distlimit.shedding`).
+    Worker-utilization shedding (:mod:`flask_distlimit.defences.shedding`).
 ``DISTLIMIT_FLEET_CAPACITY`` (default ``0``: off), ``DISTLIMIT_FLEET_SHARES`` (default
 ``{"critical": 1.0, "default": 0.8, "sheddable": 0.6}``)
-    Fleet-usage shedding (:mod:`flask_distlimit.fleet`).
+    Fleet-usage shedding (:mod:`flask_distlimit.defences.fleet`).
 """
 
 from __future__ import annotations
@@ -101,20 +101,25 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Literal, TypeVar
 
-from . import serving
-from ._typing import FailurePolicy, HeaderMode
-from .algorithms import ALGORITHMS, MAX_CONCURRENCY, Algorithm
-from .dynamic_limits import DynamicValue, read_value
-from .errors import ConfigurationError
-from .identity import IDENTITY_KEYS
-from .limits import Rate, parse_rates
-from .priorities import Priority
-from .shadow import ShadowSetting, parse_shadow
-from .shedding import DEFAULT_SHARES, DEFAULT_SHED_AT, parse_shares, parse_shed_at
-from .storage.tokens import TOKEN_MODES
+from flask_distlimit._typing import FailurePolicy, HeaderMode
+from flask_distlimit.core.algorithms import ALGORITHMS, MAX_CONCURRENCY, Algorithm
+from flask_distlimit.core.limits import Rate, parse_rates
+from flask_distlimit.core.priorities import Priority
+from flask_distlimit.declare.dynamic_limits import DynamicValue, read_value
+from flask_distlimit.defences.shadow import ShadowSetting, parse_shadow
+from flask_distlimit.defences.shedding import (
+    DEFAULT_SHARES,
+    DEFAULT_SHED_AT,
+    parse_shares,
+    parse_shed_at,
+)
+from flask_distlimit.errors import ConfigurationError
+from flask_distlimit.identity import IDENTITY_KEYS
+from flask_distlimit.ops import serving
+from flask_distlimit.storage.tokens import TOKEN_MODES
 
 if TYPE_CHECKING:
-    from .storage.base import Storage
+    from flask_distlimit.storage.base import Storage
 
 __all__ = ["DEFAULTS", "KNOWN_KEYS", "STORAGE_SCHEMES", "HeaderMode", "Settings"]
 
@@ -325,7 +330,7 @@ class Settings:
     def check_serving(self, storage: Storage | None = None) -> None:
         """Warn (once per process) when ``memory://``, the storage of these settings or the
         ready ``storage`` an app passed, is served by several processes: every limit would be
-        multiplied by their number (:mod:`flask_distlimit.serving`). Called by ``init_app``."""
+        multiplied by their number (:mod:`flask_distlimit.ops.serving`). Called by ``init_app``."""
         serving.warn_if_memory_per_process(self.storage_url, storage)
 
     def check_request_tokens(self, storage: Storage) -> None:

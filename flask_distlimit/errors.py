@@ -35,7 +35,7 @@ deletes a counter keyed on the client's address (anyone behind that address, an 
 an account of their own included, could then reset it).
 
 A denied request is not an exception of this tree: it is
-:class:`flask_distlimit.problem.RateLimitExceeded`, a werkzeug ``TooManyRequests`` subclass, so
+:class:`flask_distlimit.core.problem.RateLimitExceeded`, a werkzeug ``TooManyRequests`` subclass, so
 ordinary Flask error handling (``@app.errorhandler(429)``) applies to it.
 """
 

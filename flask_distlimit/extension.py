@@ -10,9 +10,9 @@
     def orders(): ...
 
 The ``Limiter`` holds only what is declared in code (limits and exemptions:
-:mod:`flask_distlimit.declarations`; identity hooks) and may serve several apps. Everything an
-app configures lives in its :class:`~flask_distlimit.state.LimiterState`; the request path is
-:mod:`flask_distlimit.enforcement`.
+:mod:`flask_distlimit.declare.declarations`; identity hooks) and may serve several apps. Everything
+an app configures lives in its :class:`~flask_distlimit.state.LimiterState`; the request path is
+:mod:`flask_distlimit.request.enforcement`.
 """
 
 from __future__ import annotations
@@ -23,22 +23,23 @@ from typing import Final, TypeVar
 
 from flask import Flask, current_app, has_request_context
 
-from . import current_limits as _current
-from . import forks, migration
-from ._typing import RequestFilter
-from .config import Settings
-from .declarations import Declarations, LimitRegistry
-from .deny_cache import DenyCache, monotonic_us
-from .enforcement import Breach, BreachHook
-from .errors import ConfigurationError
-from .guard import Guard
-from .identity import Identity, IdentityHooks, IdentityResolver, IdentitySettings
-from .identity.api_keys import ApiKeyVerifier
-from .priorities import PriorityRegistry, PriorityResolver
-from .state import LimiterState
-from .storage.base import Storage
-from .storage.client_retries import warn_if_client_retries, warn_if_client_waits_long
-from .storage.urls import from_url
+from flask_distlimit import forks
+from flask_distlimit._typing import RequestFilter
+from flask_distlimit.config import Settings
+from flask_distlimit.core.priorities import PriorityRegistry, PriorityResolver
+from flask_distlimit.declare.declarations import Declarations, LimitRegistry
+from flask_distlimit.defences.deny_cache import DenyCache, monotonic_us
+from flask_distlimit.errors import ConfigurationError
+from flask_distlimit.identity import Identity, IdentityHooks, IdentityResolver, IdentitySettings
+from flask_distlimit.identity.api_keys import ApiKeyVerifier
+from flask_distlimit.ops import migration
+from flask_distlimit.request import current_limits as _current
+from flask_distlimit.request.enforcement import Breach, BreachHook
+from flask_distlimit.resilience.guard import Guard
+from flask_distlimit.state import LimiterState
+from flask_distlimit.storage.base import Storage
+from flask_distlimit.storage.client_retries import warn_if_client_retries, warn_if_client_waits_long
+from flask_distlimit.storage.urls import from_url
 
 __all__ = ["EXTENSION_KEY", "Breach", "Limiter", "LimiterState"]
 
@@ -55,7 +56,7 @@ class Limiter(Declarations):
     ``Limiter(app)`` (or ``Limiter(app=app)``) or ``Limiter()`` then ``limiter.init_app(app)``;
     one Limiter may serve several apps, each with its own configuration. Flask-Limiter's
     ``Limiter(key_func, ...)`` and its other arguments raise :class:`TypeError` saying how to
-    port them (:mod:`flask_distlimit.migration`).
+    port them (:mod:`flask_distlimit.ops.migration`).
 
     - ``storage``: a ready :class:`~flask_distlimit.storage.base.Storage` used instead of
       ``DISTLIMIT_STORAGE_URL`` (e.g. ``RedisStorage(fakeredis.FakeRedis())`` in tests);
@@ -105,7 +106,8 @@ class Limiter(Declarations):
                 "arguments answering True for requests that are not limited."
             )
         self.registry = LimitRegistry()
-        #: callables exempting a request from every limit (:mod:`flask_distlimit.request_filters`)
+        #: callables exempting a request from every limit
+        #: (:mod:`flask_distlimit.declare.request_filters`)
         self.request_filters: list[RequestFilter] = [request_filter] if request_filter else []
         self.priorities = PriorityRegistry()
         self.hooks = IdentityHooks()
@@ -251,7 +253,7 @@ class Limiter(Declarations):
     @property
     def current_limits(self) -> list[_current.RequestLimit]:
         """The limits the current request's storage calls evaluated so far, with their numbers
-        (:mod:`flask_distlimit.current_limits`); empty outside a request."""
+        (:mod:`flask_distlimit.request.current_limits`); empty outside a request."""
         if not has_request_context() or EXTENSION_KEY not in current_app.extensions:
             return []
         return _current.current_limits(self.state())
@@ -264,8 +266,9 @@ class Limiter(Declarations):
 
     def priority(self, priority: str) -> Callable[[_F], _F]:
         """Give a view a priority: ``"critical"``, ``"default"`` or ``"sheddable"``; the least
-        important is shed first when the service is overloaded (:mod:`flask_distlimit.shedding`,
-        :mod:`flask_distlimit.fleet`)."""
+        important is shed first when the service is overloaded
+        (:mod:`flask_distlimit.defences.shedding`,
+        :mod:`flask_distlimit.defences.fleet`)."""
         return self.priorities.declare(priority)
 
     def priority_resolver(self, func: PriorityResolver) -> PriorityResolver:

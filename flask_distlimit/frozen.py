@@ -2,7 +2,7 @@
 
 A ``@dataclass(frozen=True, slots=True)`` sets each field in its generated ``__init__`` through
 ``object.__setattr__(self, name, value)``: about 0.25 us a field on a slow machine, 1.5 us for a
-:class:`~flask_distlimit.decision.Decision`, and the request path builds several such records
+:class:`~flask_distlimit.core.decision.Decision`, and the request path builds several such records
 per request (a decision per limit, the evaluation, the guard's outcome). A class that writes its
 own ``__init__`` (``dataclass`` keeps it) can set each slot through the slot's own descriptor
 instead, for half the cost, and stays exactly as frozen, comparable and hashable::

@@ -2,8 +2,8 @@
 
 Everything an app configures lives here: settings, storage, guard, identity resolver, deny
 cache, the bound global and tier limits, and the app's request path
-(:class:`~flask_distlimit.enforcement.Enforcer`). The ``Limiter`` holds only what is declared in
-code and may serve several apps.
+(:class:`~flask_distlimit.request.enforcement.Enforcer`). The ``Limiter`` holds only what is
+declared in code and may serve several apps.
 """
 
 from __future__ import annotations
@@ -12,26 +12,27 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from . import admin, otel
-from .algorithms import check_limit_count
-from .config import Settings
-from .decision import Check
-from .declarations import LimitRegistry, LimitSpec
-from .deny_cache import DenyCache, monotonic_us
-from .digests import IdentityTags, digest_key
-from .enforcement import Enforcer
-from .forks import AfterFork
-from .guard import Guard
-from .identity import IdentityResolver, IdentitySettings
-from .lifecycle import Lifecycle
-from .route_limits import BoundLimit, bind
-from .shadow import check_tiers as check_shadow_tiers
-from .shadow import spec_is_shadow
-from .shedding import Shedding, WorkerLoad, overload_health
-from .storage.base import Storage
+from flask_distlimit.config import Settings
+from flask_distlimit.core.algorithms import check_limit_count
+from flask_distlimit.core.decision import Check
+from flask_distlimit.declare.declarations import LimitRegistry, LimitSpec
+from flask_distlimit.declare.route_limits import BoundLimit, bind
+from flask_distlimit.defences.deny_cache import DenyCache, monotonic_us
+from flask_distlimit.defences.lifecycle import Lifecycle
+from flask_distlimit.defences.shadow import check_tiers as check_shadow_tiers
+from flask_distlimit.defences.shadow import spec_is_shadow
+from flask_distlimit.defences.shedding import Shedding, WorkerLoad, overload_health
+from flask_distlimit.forks import AfterFork
+from flask_distlimit.identity import IdentityResolver, IdentitySettings
+from flask_distlimit.identity.digests import IdentityTags, digest_key
+from flask_distlimit.ops import admin
+from flask_distlimit.request.enforcement import Enforcer
+from flask_distlimit.resilience.guard import Guard
+from flask_distlimit.storage.base import Storage
+from flask_distlimit.telemetry import otel
 
 if TYPE_CHECKING:
-    from .extension import Limiter
+    from flask_distlimit.extension import Limiter
 
 __all__ = ["LimiterState"]
 
@@ -69,7 +70,7 @@ class LimiterState:
     Attributes: ``limiter``, ``settings``, ``identity_settings``, ``storage``, ``guard``,
     ``resolver``, ``hooks`` (shared with the ``Limiter``), ``deny_cache`` (``None`` when
     disabled), ``global_limits`` and ``tier_limits`` (bound), ``enforcer`` (the request path),
-    ``tags`` (:class:`~flask_distlimit.digests.IdentityTags`) and ``identity_tag``, its
+    ``tags`` (:class:`~flask_distlimit.identity.digests.IdentityTags`) and ``identity_tag``, its
     ``tag`` function: the keyed digest of an identity text in this app's keys.
     """
 
@@ -161,9 +162,9 @@ class LimiterState:
             for tier, rates in identity_settings.tiers.items()
             if rates
         }
-        #: what each request takes, and its one release (flask_distlimit.lifecycle)
+        #: what each request takes, and its one release (flask_distlimit.defences.lifecycle)
         self.lifecycle = Lifecycle(self.local_clock, settings.concurrency_lease)
-        #: request priorities and worker-utilization shedding (flask_distlimit.shedding)
+        #: request priorities and worker-utilization shedding (flask_distlimit.defences.shedding)
         self.shedding = Shedding(
             limiter.priorities,
             WorkerLoad(
@@ -178,7 +179,7 @@ class LimiterState:
             self.lifecycle,
         )
         self.enforcer = Enforcer(self)
-        #: OpenTelemetry metrics (flask_distlimit.otel): on when the API is installed
+        #: OpenTelemetry metrics (flask_distlimit.telemetry.otel): on when the API is installed
         self.otel: otel.OTelHook | None = None
         otel.auto(self)
         _states.add(self)
@@ -188,7 +189,8 @@ class LimiterState:
         clock = self._storage_clock
         return clock() if clock is not None else None
 
-    # -- tools (see flask_distlimit.admin) -------------------------------------------------------
+    # -- tools (see flask_distlimit.ops.admin)
+    # -------------------------------------------------------
 
     def health(self) -> dict[str, object]:
         """The guard's health report (storage latency, breaker state, scripts, instances), with
@@ -199,7 +201,7 @@ class LimiterState:
     def reset(self) -> int:
         """Delete every count of this app (its clients' keys and its leases' records) and
         forget local denials; answer how many keys were deleted. For tests and operators, not
-        the request path (:func:`flask_distlimit.admin.reset`)."""
+        the request path (:func:`flask_distlimit.ops.admin.reset`)."""
         return admin.reset(self)
 
     def reset_identity(self, identity: str) -> int:
@@ -209,7 +211,7 @@ class LimiterState:
 
     def checks_for(self, identity: str, cost: int = 0) -> list[tuple[str, Check]]:
         """Every configured limit that can apply to ``identity``, named, as checks of ``cost``
-        (see :func:`flask_distlimit.admin.checks_for`)."""
+        (see :func:`flask_distlimit.ops.admin.checks_for`)."""
         return admin.checks_for(self, identity, cost)
 
     def after_fork(self) -> None:

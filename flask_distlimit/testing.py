@@ -18,11 +18,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Collection, Iterable, Iterator, Sequence
 
-from .decision import Check, Evaluation
-from .errors import StorageError
-from .storage.base import Storage
-from .storage.heartbeat import Fleet
-from .storage.lease_records import Record
+from flask_distlimit.core.decision import Check, Evaluation
+from flask_distlimit.errors import StorageError
+from flask_distlimit.storage.base import Storage
+from flask_distlimit.storage.heartbeat import Fleet
+from flask_distlimit.storage.lease_records import Record
 
 __all__ = ["CountingStorage", "FakeClock"]
 

@@ -42,7 +42,7 @@ def redis_server() -> Iterator[RedisProcess]:
 def redis_client(redis_server: RedisProcess) -> Iterator[redis.Redis]:
     """A client of the session's server, flushed before the test and checked after it:
     every key a test leaves behind must carry a TTL (but the identity digest key, which must
-    never expire: flask_distlimit.digests)."""
+    never expire: flask_distlimit.identity.digests)."""
     client = redis_server.client()
     client.flushall()
     yield client

@@ -15,8 +15,8 @@ import fakeredis
 import pytest
 import redis
 
-from flask_distlimit.decision import Check, Evaluation
-from flask_distlimit.scripts import SCRIPT_SOURCE, parse_reply, script_args
+from flask_distlimit.core.decision import Check, Evaluation
+from flask_distlimit.engine.scripts import SCRIPT_SOURCE, parse_reply, script_args
 from flask_distlimit.storage.memory import MemoryStorage
 from flask_distlimit.storage.redis import RedisStorage
 

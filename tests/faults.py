@@ -13,9 +13,9 @@ from types import TracebackType
 
 import redis
 
-from flask_distlimit.decision import Check, Evaluation
+from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.errors import StorageUnavailable
-from flask_distlimit.guard import Guard, Outcome
+from flask_distlimit.resilience.guard import Guard, Outcome
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.heartbeat import Fleet
 

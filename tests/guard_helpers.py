@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Literal
 
-from flask_distlimit.decision import Check, Decision, Evaluation
+from flask_distlimit.core.decision import Check, Decision, Evaluation
 from flask_distlimit.errors import StorageMisconfigured, StorageResponseError, StorageUnavailable
 from flask_distlimit.storage.base import Storage
 

@@ -18,10 +18,10 @@ import pytest
 from flask import Flask, request
 from prometheus_client import CollectorRegistry
 
-from flask_distlimit.decision import Check, Decision, Evaluation
-from flask_distlimit.dynamic_limits import LOG_TEXT_MAX, log_text
-from flask_distlimit.metrics import MAX_BREAKER_LABELS, MAX_LIMIT_LABELS, OTHER, Metrics
+from flask_distlimit.core.decision import Check, Decision, Evaluation
+from flask_distlimit.declare.dynamic_limits import LOG_TEXT_MAX, log_text
 from flask_distlimit.storage.memory import MemoryStorage
+from flask_distlimit.telemetry.metrics import MAX_BREAKER_LABELS, MAX_LIMIT_LABELS, OTHER, Metrics
 from flask_distlimit.testing import FakeClock
 from tests.distlimit_fixtures import clock, make_app
 

@@ -17,17 +17,17 @@ import redis
 from flask import Flask
 
 from flask_distlimit import ConfigurationError, Limiter
-from flask_distlimit.algorithms import (
+from flask_distlimit.core.algorithms import (
     MAX_GCRA_RATE,
     MAX_LIMITS_PER_REQUEST,
     MAX_LOG_LIMIT,
     Algorithm,
     max_cost,
 )
-from flask_distlimit.decision import Check
-from flask_distlimit.limits import parse_rates
-from flask_distlimit.scripts import SCRIPT_SOURCE, script_args
-from flask_distlimit.storage.twins import SWL_BATCH
+from flask_distlimit.core.decision import Check
+from flask_distlimit.core.limits import parse_rates
+from flask_distlimit.engine.scripts import SCRIPT_SOURCE, script_args
+from flask_distlimit.engine.twins import SWL_BATCH
 from tests.distlimit_fixtures import QUIET
 from tests.vectors import T0
 

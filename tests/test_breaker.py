@@ -9,8 +9,8 @@ import time
 import pybreaker
 import pytest
 
-from flask_distlimit.breaker import Breaker
 from flask_distlimit.errors import StorageUnavailable
+from flask_distlimit.resilience.breaker import Breaker
 from tests.guard_helpers import FakeClock
 
 OUTAGE = StorageUnavailable("connection refused")

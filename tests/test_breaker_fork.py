@@ -3,8 +3,8 @@ lock) on the same state storage and listeners, so the state and the hooks carry 
 
 from __future__ import annotations
 
-from flask_distlimit.breaker import Breaker, BreakerState
 from flask_distlimit.errors import StorageUnavailable
+from flask_distlimit.resilience.breaker import Breaker, BreakerState
 
 
 class FakeClock:

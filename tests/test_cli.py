@@ -14,7 +14,7 @@ from flask.testing import FlaskCliRunner
 
 from flask_distlimit import Limiter
 from flask_distlimit.cli import distlimit_cli
-from flask_distlimit.decision import Check, Evaluation
+from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.errors import StorageResponseError
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.memory import MemoryStorage

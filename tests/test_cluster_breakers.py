@@ -17,10 +17,10 @@ from flask import Flask, request
 from redis.cluster import RedisCluster
 
 from flask_distlimit import Limiter
-from flask_distlimit.decision import Check
-from flask_distlimit.digests import digest_key
+from flask_distlimit.core.decision import Check
 from flask_distlimit.errors import StorageUnavailable
-from flask_distlimit.guard import Guard
+from flask_distlimit.identity.digests import digest_key
+from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.storage import from_url
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.cluster import ClusterStorage

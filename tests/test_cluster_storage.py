@@ -16,7 +16,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from flask_distlimit.decision import Check, Decision, Evaluation
+from flask_distlimit.core.decision import Check, Decision, Evaluation
 from flask_distlimit.errors import StorageBusy, StorageUnavailable
 from flask_distlimit.storage import from_url
 from flask_distlimit.storage.cluster import ClusterStorage, slot_of

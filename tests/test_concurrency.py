@@ -13,9 +13,9 @@ import pytest
 from flask import Response
 
 from flask_distlimit import ConfigurationError, Limiter
-from flask_distlimit.decision import Check
-from flask_distlimit.fallback import LocalFallback
-from flask_distlimit.problem import CONCURRENCY_LIMIT_EXCEEDED
+from flask_distlimit.core.decision import Check
+from flask_distlimit.core.problem import CONCURRENCY_LIMIT_EXCEEDED
+from flask_distlimit.resilience.fallback import LocalFallback
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.testing import FakeClock
 from tests.distlimit_fixtures import backend, clock, make_app

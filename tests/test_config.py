@@ -12,8 +12,8 @@ from flask import Flask
 
 from flask_distlimit import ConfigurationError, Limiter
 from flask_distlimit.config import DEFAULTS, KNOWN_KEYS, Settings
+from flask_distlimit.core.limits import Rate
 from flask_distlimit.identity import IdentitySettings
-from flask_distlimit.limits import Rate
 from tests.servers import RedisProcess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -264,7 +264,7 @@ def test_always_request_tokens_refuse_a_storage_that_can_carry_none(
     """A RedisStorage given a ready client calls through redis-py's Script: no call of it ever
     carries a token, whatever its ``request_tokens`` says, so ``"always"`` cannot hold for it.
     A testing wrapper (CountingStorage) is judged by the storage it wraps."""
-    from flask_distlimit.decision import Check
+    from flask_distlimit.core.decision import Check
     from flask_distlimit.storage.redis import RedisStorage
     from flask_distlimit.testing import CountingStorage
 

@@ -23,9 +23,9 @@ import redis
 from flask import Flask
 
 from flask_distlimit import Limiter
-from flask_distlimit.decision import Check
+from flask_distlimit.core.decision import Check
+from flask_distlimit.engine.scripts import SCRIPT_SOURCE
 from flask_distlimit.errors import StorageReplyLost, StorageUnavailable
-from flask_distlimit.scripts import SCRIPT_SOURCE
 from flask_distlimit.storage.pool import NoConnectionAvailable
 from flask_distlimit.storage.redis import RedisStorage
 from tests.servers import RedisProcess

@@ -14,7 +14,7 @@ import redis
 from flask import request
 
 from flask_distlimit import ALGORITHMS, Limiter
-from flask_distlimit.deny_cache import DenyCache
+from flask_distlimit.defences.deny_cache import DenyCache
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.testing import FakeClock
@@ -224,8 +224,8 @@ def test_never_refuses_what_the_storage_would_admit(
 def test_cached_refusals_are_counted_in_the_metrics(clock: FakeClock) -> None:
     from prometheus_client import CollectorRegistry
 
-    from flask_distlimit.metrics import metrics_for
     from flask_distlimit.storage.memory import MemoryStorage
+    from flask_distlimit.telemetry.metrics import metrics_for
 
     app, limiter, counting = make_app(MemoryStorage(clock=clock), clock)
     registry = CollectorRegistry()

@@ -1,5 +1,5 @@
 """Identity tags: keyed digests, and the digest key a deployment without a secret keeps in its
-storage (``flask_distlimit.digests``)."""
+storage (``flask_distlimit.identity.digests``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,13 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from flask_distlimit.digests import RETRY_INTERVAL, SHARED_KEY_TTL, IdentityTags, tag_secret
 from flask_distlimit.errors import StorageUnavailable
+from flask_distlimit.identity.digests import (
+    RETRY_INTERVAL,
+    SHARED_KEY_TTL,
+    IdentityTags,
+    tag_secret,
+)
 from flask_distlimit.storage.cluster import ClusterStorage
 from flask_distlimit.storage.memory import MemoryStorage
 from flask_distlimit.storage.redis import RedisStorage

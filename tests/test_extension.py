@@ -12,9 +12,9 @@ import pytest
 from flask import Blueprint, Flask, Response, g, jsonify, make_response, request
 
 from flask_distlimit import ALGORITHMS, ConfigurationError, Limiter, StorageUnavailable
-from flask_distlimit.decision import Check, Evaluation
+from flask_distlimit.core.decision import Check, Evaluation
+from flask_distlimit.declare.keys import identity_tag, limit_key
 from flask_distlimit.extension import Breach, LimiterState
-from flask_distlimit.keys import identity_tag, limit_key
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.testing import FakeClock

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from flask_distlimit.decision import Check
-from flask_distlimit.guard import Guard
+from flask_distlimit.core.decision import Check
+from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.storage.redis import RedisStorage
 from tests.distlimit_fixtures import redis_storage
 from tests.faults import FailingStorage, Switch

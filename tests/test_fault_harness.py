@@ -29,8 +29,8 @@ import redis
 
 from bench import faults
 from bench.fault_proxy import FaultProxy
-from flask_distlimit.decision import Check
-from flask_distlimit.guard import Guard
+from flask_distlimit.core.decision import Check
+from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.urls import from_url
 from tests.faults import opened

@@ -21,9 +21,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from flask_distlimit.decision import Check, Evaluation
+from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.errors import StorageUnavailable
-from flask_distlimit.guard import FailurePolicy, Guard
+from flask_distlimit.resilience.guard import FailurePolicy, Guard
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.urls import from_url
 from tests.faults import Load, guard_request, kind_of, opened, percentile, wait_until

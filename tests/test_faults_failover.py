@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import pytest
 
-from flask_distlimit.decision import Check
-from flask_distlimit.guard import Guard
+from flask_distlimit.core.decision import Check
+from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.storage.urls import from_url
 from tests.faults import Load, guard_request, kind_of, percentile, wait_until
 from tests.servers import ClusterServers, SentinelServers

@@ -21,9 +21,9 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from flask_distlimit.algorithms import Algorithm
-from flask_distlimit.decision import Check
-from flask_distlimit.guard import Guard
+from flask_distlimit.core.algorithms import Algorithm
+from flask_distlimit.core.decision import Check
+from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.storage.urls import from_url
 from tests.faults import FailingStorage, opened
 from tests.guard_helpers import FakeClock

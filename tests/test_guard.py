@@ -13,10 +13,15 @@ from collections.abc import Sequence
 import pytest
 from prometheus_client import CollectorRegistry
 
-from flask_distlimit.decision import Check, Evaluation
+from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.errors import ConfigurationError, StorageMisconfigured
-from flask_distlimit.guard import MISCONFIGURED_LOG_INTERVAL, Guard, Outcome, validate_policy
-from flask_distlimit.metrics import Metrics
+from flask_distlimit.resilience.guard import (
+    MISCONFIGURED_LOG_INTERVAL,
+    Guard,
+    Outcome,
+    validate_policy,
+)
+from flask_distlimit.telemetry.metrics import Metrics
 from tests.guard_helpers import REFUSAL, FakeClock, ScriptedStorage, check
 
 NOW = 1_700_000_000_000_000  # microseconds; one fixed window for every call of a test

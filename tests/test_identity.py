@@ -20,8 +20,8 @@ from redis.crc import key_slot
 from werkzeug.middleware.proxy_fix import ProxyFix
 from werkzeug.test import EnvironBuilder
 
-from flask_distlimit.algorithms import Algorithm
-from flask_distlimit.digests import IdentityTags
+from flask_distlimit.core.algorithms import Algorithm
+from flask_distlimit.declare.keys import limit_key
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity import (
     ANONYMOUS,
@@ -32,7 +32,7 @@ from flask_distlimit.identity import (
     IdentityResolver,
     IdentitySettings,
 )
-from flask_distlimit.keys import limit_key
+from flask_distlimit.identity.digests import IdentityTags
 
 SECRET = "s3cret-for-hs256-tokens-0123456789abcdef"  # 40 bytes: long enough for HS256
 AUDIENCE = "https://api.example.test"

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from flask_distlimit.decision import Check
+from flask_distlimit.core.decision import Check
 from flask_distlimit.errors import ConfigurationError
-from flask_distlimit.guard import Guard
-from flask_distlimit.instances import Instances, validate_instances
+from flask_distlimit.resilience.guard import Guard
+from flask_distlimit.resilience.instances import Instances, validate_instances
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.urls import from_url
 from tests.faults import opened

@@ -19,7 +19,7 @@ from flask import Flask, request
 from redis.crc import key_slot
 
 from flask_distlimit import Limiter
-from flask_distlimit.digests import REFRESH_INTERVAL, SHARED_KEY_TTL
+from flask_distlimit.identity.digests import REFRESH_INTERVAL, SHARED_KEY_TTL
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.memory import MemoryStorage
 from flask_distlimit.storage.redis import RedisStorage

@@ -18,9 +18,9 @@ from flask import Flask, request
 from redis import Redis
 
 from flask_distlimit import ConfigurationError, Limiter
-from flask_distlimit.decision import Check, Evaluation
+from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.errors import StorageUnavailable
-from flask_distlimit.leases import LEASE_SPAN_US
+from flask_distlimit.resilience.leases import LEASE_SPAN_US
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.testing import CountingStorage, FakeClock
 from tests.distlimit_fixtures import backend, clock
@@ -431,7 +431,7 @@ def test_metrics_count_leased_decisions_and_the_units_held(
 ) -> None:
     import prometheus_client
 
-    from flask_distlimit.metrics import Metrics
+    from flask_distlimit.telemetry.metrics import Metrics
 
     registry = prometheus_client.CollectorRegistry()
     app, limiter, _ = _app(backend(), clock, "100/minute", lease=10)
@@ -659,8 +659,8 @@ def test_units_a_lease_leaves_unspent_go_back_on_a_later_storage_call(
 
 
 def test_units_given_back_are_never_put_back_by_a_request_refused_meanwhile() -> None:
-    from flask_distlimit.decision import Decision
-    from flask_distlimit.leases import GIVE_BACK_AFTER_US, Lease
+    from flask_distlimit.core.decision import Decision
+    from flask_distlimit.resilience.leases import GIVE_BACK_AFTER_US, Lease
 
     now = 1_700_000_040_000_000  # a whole minute
     lease = Lease(Check("k", "fixed_window", 100, 60), 10, now)
@@ -854,7 +854,7 @@ def test_many_identities_keep_the_lease_table_bounded_and_never_evict_held_units
     stays at most MAX_LEASES; the leases it drops first are those that hold nothing (a client
     with a few requests holds none), not a hot tenant's, whose units would be stranded in the
     shared count until their window ends."""
-    from flask_distlimit.leases import MAX_LEASES
+    from flask_distlimit.resilience.leases import MAX_LEASES
 
     app = Flask("many")
     app.config.update({"DISTLIMIT_TIERS": {"anonymous": ""}})

@@ -12,7 +12,7 @@ import pytest
 from flask import Flask
 
 from flask_distlimit import Limiter
-from flask_distlimit.migration import CONFIG_KEYS, leftover_keys_message
+from flask_distlimit.ops.migration import CONFIG_KEYS, leftover_keys_message
 
 
 def _app(**config: object) -> Flask:

@@ -19,9 +19,9 @@ import redis
 from flask import Flask
 
 from flask_distlimit import Limiter
-from flask_distlimit.decision import Check
+from flask_distlimit.core.decision import Check
 from flask_distlimit.errors import StorageBusy, StorageUnavailable
-from flask_distlimit.guard import Guard
+from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.storage.redis import RedisStorage
 from tests.servers import RedisProcess
 

@@ -4,7 +4,7 @@ gunicorn).
 
 - **A stale remaining**: a key's local budget started from what THIS process last heard from
   Redis, however old; the others had spent since. A reading is now trusted only while fresh
-  (:data:`flask_distlimit.fallback.FRESHNESS` of the key's period).
+  (:data:`flask_distlimit.resilience.fallback.FRESHNESS` of the key's period).
 - **Breakers closing out of phase**: a process handed its keys back to Redis in the middle of a
   window in which another, its breaker still open, admitted locally. A process now counts
   locally until a reset timeout after its first success following a failure, and a key it
@@ -21,8 +21,8 @@ from collections import defaultdict
 import pytest
 import redis
 
-from flask_distlimit.decision import Check
-from flask_distlimit.guard import Guard
+from flask_distlimit.core.decision import Check
+from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.urls import from_url
 from tests.faults import FailingStorage, opened

@@ -18,8 +18,8 @@ import pytest
 import redis
 
 from flask_distlimit import ALGORITHMS, Algorithm, Rate, parse_rates
-from flask_distlimit.decision import Check, Decision
-from flask_distlimit.fallback import LocalFallback
+from flask_distlimit.core.decision import Check, Decision
+from flask_distlimit.resilience.fallback import LocalFallback
 from flask_distlimit.storage.memory import MemoryStorage
 from tests.engines import ENGINE_PARAMS, Engine, make_engine
 

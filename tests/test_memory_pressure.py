@@ -16,8 +16,8 @@ from flask import Flask, request
 from redis import exceptions as rx
 
 from flask_distlimit import Limiter, StorageFull, StorageUnavailable
-from flask_distlimit.decision import Check
-from flask_distlimit.guard import Guard
+from flask_distlimit.core.decision import Check
+from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.storage.cluster import ClusterStorage
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.storage.translate import storage_error

@@ -22,7 +22,7 @@ from flask import Blueprint, Flask, request
 from flask.typing import ResponseReturnValue
 
 from flask_distlimit import Limiter
-from flask_distlimit.migration import CONSTRUCTOR
+from flask_distlimit.ops.migration import CONSTRUCTOR
 from flask_distlimit.testing import FakeClock
 
 GUIDE = Path(__file__).resolve().parent.parent / "docs" / "migrating-from-flask-limiter.md"

@@ -12,17 +12,17 @@ from dataclasses import replace
 import pytest
 from prometheus_client import CollectorRegistry
 
-from flask_distlimit.breakers import DEFAULT_NODE, Breakers
-from flask_distlimit.decision import Check, Evaluation
+from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.errors import (
     StorageBusy,
     StorageError,
     StorageResponseError,
     StorageUnavailable,
 )
-from flask_distlimit.guard import REDISCOVER_INTERVAL, Guard
-from flask_distlimit.metrics import Metrics
+from flask_distlimit.resilience.breakers import DEFAULT_NODE, Breakers
+from flask_distlimit.resilience.guard import REDISCOVER_INTERVAL, Guard
 from flask_distlimit.storage.memory import MemoryStorage
+from flask_distlimit.telemetry.metrics import Metrics
 from tests.faults import kind_of
 from tests.guard_helpers import FakeClock
 
@@ -352,7 +352,7 @@ def test_a_lease_is_renewed_only_while_its_own_nodes_breaker_is_closed() -> None
     """A lease's top-up asks the breaker of the node serving the lease's key, not the process's
     first one (the heartbeat's): with node b's open, a lease on b takes no top-up to the failure
     policy, while one on a still renews."""
-    from flask_distlimit.leases import _renewable
+    from flask_distlimit.resilience.leases import _renewable
 
     guard, storage, _ = make("local")
     storage.down.add(B)

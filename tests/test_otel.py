@@ -1,4 +1,4 @@
-"""OpenTelemetry metrics (flask_distlimit.otel, issue 27): read back with the SDK's
+"""OpenTelemetry metrics (flask_distlimit.telemetry.otel, issue 27): read back with the SDK's
 InMemoryMetricReader, on memory, fakeredis and a real redis-server; on by itself when the API is
 installed and a global provider is set (a subprocess: the global provider is set once per
 process); nothing at all without the API; beside the Prometheus metrics."""
@@ -20,11 +20,12 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry
 
-from flask_distlimit import Limiter, otel
-from flask_distlimit.decision import Evaluation
+from flask_distlimit import Limiter
+from flask_distlimit.core.decision import Evaluation
 from flask_distlimit.errors import StorageReplyLost, StorageUnavailable
-from flask_distlimit.metrics import Metrics, metrics_for
 from flask_distlimit.storage.base import Storage
+from flask_distlimit.telemetry import otel
+from flask_distlimit.telemetry.metrics import Metrics, metrics_for
 from flask_distlimit.testing import FakeClock
 from tests.distlimit_fixtures import backend, clock, make_app
 

@@ -21,9 +21,9 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from flask_distlimit.decision import Check
+from flask_distlimit.core.decision import Check
 from flask_distlimit.errors import StorageResponseError, StorageUnavailable
-from flask_distlimit.guard import Guard
+from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.storage.urls import from_url
 from tests.faults import FailingStorage
@@ -307,7 +307,7 @@ def test_no_rate_the_library_accepts_makes_the_script_refuse(server: RedisProces
     accept (10^12 units, 366 days, one second; the log up to 1,000, GCRA up to 1,000,000 a
     second), at a cost of 1 and of the whole limit, alone (the script's fast path) and two at
     once (its general path), three calls each: every one answered, with numbers in range."""
-    from flask_distlimit.algorithms import ALGORITHMS, MAX_GCRA_RATE, MAX_LOG_LIMIT
+    from flask_distlimit.core.algorithms import ALGORITHMS, MAX_GCRA_RATE, MAX_LOG_LIMIT
 
     storage = RedisStorage(host="127.0.0.1", port=server.port, timeout=3.0)
     calls = 0

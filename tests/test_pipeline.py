@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from flask_distlimit.decision import Check, Evaluation
+from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.errors import StorageBusy
 from flask_distlimit.storage.cluster import ClusterStorage
 from flask_distlimit.storage.pipeline import Pipeline

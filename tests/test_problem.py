@@ -8,7 +8,7 @@ import math
 from flask import Flask
 from werkzeug.exceptions import ServiceUnavailable, TooManyRequests
 
-from flask_distlimit.problem import (
+from flask_distlimit.core.problem import (
     QUOTA_EXCEEDED,
     TEMPORARY_REDUCED_CAPACITY,
     RateLimitExceeded,

@@ -21,9 +21,9 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flask_distlimit.algorithms import ALGORITHMS, Algorithm
-from flask_distlimit.decision import Check, Evaluation
-from flask_distlimit.scripts import SCRIPT_SOURCE, parse_reply, script_args
+from flask_distlimit.core.algorithms import ALGORITHMS, Algorithm
+from flask_distlimit.core.decision import Check, Evaluation
+from flask_distlimit.engine.scripts import SCRIPT_SOURCE, parse_reply, script_args
 from flask_distlimit.storage.memory import MemoryStorage
 from tests.engines import NeverExpires
 from tests.vectors import T0

@@ -34,7 +34,7 @@ def test_package_ships_type_marker_and_lua() -> None:
     package = ROOT / "flask_distlimit"
     assert (package / "py.typed").exists()
     assert shutil.which("redis-server"), "redis-server must be installed for the suite"
-    shipped = {p.stem for p in (package / "lua").glob("*.lua")}
+    shipped = {p.stem for p in (package / "engine" / "lua").glob("*.lua")}
     assert shipped >= {
         "evaluate", "fixed_window", "gcra", "sliding_window_counter", "sliding_window_log",
         "token_bucket",

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import redis
 
-from flask_distlimit.algorithms import EXACT_ALGORITHMS, Algorithm
-from flask_distlimit.decision import Check
+from flask_distlimit.core.algorithms import EXACT_ALGORITHMS, Algorithm
+from flask_distlimit.core.decision import Check
 from flask_distlimit.storage.redis import RedisStorage
 from tests.servers import RedisProcess
 

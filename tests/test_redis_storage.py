@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from redis import exceptions as rx
 from redis.sentinel import MasterNotFoundError
 
-from flask_distlimit.decision import Check
+from flask_distlimit.core.decision import Check
+from flask_distlimit.engine.scripts import with_token
 from flask_distlimit.errors import (
     StorageBusy,
     StorageFull,
@@ -28,7 +29,6 @@ from flask_distlimit.errors import (
     StorageResponseError,
     StorageUnavailable,
 )
-from flask_distlimit.scripts import with_token
 from flask_distlimit.storage import from_url
 from flask_distlimit.storage.evalsha import EvalshaPacker
 from flask_distlimit.storage.heartbeat import Fleet

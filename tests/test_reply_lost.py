@@ -30,10 +30,10 @@ import pytest
 import redis
 
 from bench.fault_proxy import FaultProxy
-from flask_distlimit.decision import Check
+from flask_distlimit.core.decision import Check
+from flask_distlimit.engine.scripts import SCRIPT_SOURCE, script_args, token_key, with_token
 from flask_distlimit.errors import StorageBusy, StorageReplyLost, StorageUnavailable
-from flask_distlimit.guard import Guard
-from flask_distlimit.scripts import SCRIPT_SOURCE, script_args, token_key, with_token
+from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.storage.memory import MemoryStorage
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.storage.tokens import ARMED_FOR, REPEATS, RequestTokens

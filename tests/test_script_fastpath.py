@@ -17,8 +17,8 @@ import re
 import pytest
 import redis
 
-from flask_distlimit.scripts import ALGORITHM_CODES, RELEASE_FLAG, SCRIPT_SOURCE, SHADOW_FLAG
-from flask_distlimit.storage.twins import SWL_BATCH
+from flask_distlimit.engine.scripts import ALGORITHM_CODES, RELEASE_FLAG, SCRIPT_SOURCE, SHADOW_FLAG
+from flask_distlimit.engine.twins import SWL_BATCH
 from tests.vectors import T0
 
 pytestmark = pytest.mark.redis

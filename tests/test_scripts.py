@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import redis
 
-from flask_distlimit.algorithms import ALGORITHMS, Algorithm
-from flask_distlimit.decision import NEVER, Check, Decision, Evaluation
+from flask_distlimit.core.algorithms import ALGORITHMS, Algorithm
+from flask_distlimit.core.decision import NEVER, Check, Decision, Evaluation
+from flask_distlimit.engine.scripts import SCRIPT_SOURCE, parse_reply, script_args
+from flask_distlimit.engine.twins import SWL_BATCH
 from flask_distlimit.errors import StorageResponseError
-from flask_distlimit.scripts import SCRIPT_SOURCE, parse_reply, script_args
 from flask_distlimit.storage.memory import MemoryStorage
 from flask_distlimit.storage.redis import RedisStorage
-from flask_distlimit.storage.twins import SWL_BATCH
 from tests.vectors import T0
 
 pytestmark = pytest.mark.redis

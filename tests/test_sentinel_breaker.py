@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from flask_distlimit.decision import Check
-from flask_distlimit.guard import REDISCOVER_INTERVAL, Guard
+from flask_distlimit.core.decision import Check
+from flask_distlimit.resilience.guard import REDISCOVER_INTERVAL, Guard
 from flask_distlimit.storage import from_url
 from tests.faults import kind_of
 from tests.guard_helpers import FakeClock

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from flask_distlimit.decision import Check
+from flask_distlimit.core.decision import Check
 from flask_distlimit.errors import StorageBusy, StorageUnavailable
 from flask_distlimit.storage import from_url
 from flask_distlimit.storage.pool import DeadlinePool

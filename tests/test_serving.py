@@ -20,8 +20,9 @@ import fakeredis
 import pytest
 from flask import Flask
 
-from flask_distlimit import Limiter, serving
-from flask_distlimit.serving import Server, detect_server
+from flask_distlimit import Limiter
+from flask_distlimit.ops import serving
+from flask_distlimit.ops.serving import Server, detect_server
 from flask_distlimit.storage.memory import MemoryStorage
 from flask_distlimit.storage.redis import RedisStorage
 from tests.servers import free_port, gunicorn_command

@@ -16,10 +16,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from flask_distlimit import ConfigurationError, Limiter
-from flask_distlimit.algorithms import ALGORITHMS, Algorithm
-from flask_distlimit.decision import Check, Decision
-from flask_distlimit.metrics import metrics_for
+from flask_distlimit.core.algorithms import ALGORITHMS, Algorithm
+from flask_distlimit.core.decision import Check, Decision
 from flask_distlimit.storage.base import Storage
+from flask_distlimit.telemetry.metrics import metrics_for
 from flask_distlimit.testing import FakeClock
 from tests.distlimit_fixtures import backend, clock, make_app
 from tests.engines import ENGINE_PARAMS, Engine, make_engine

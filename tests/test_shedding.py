@@ -13,9 +13,9 @@ from flask import Blueprint, Flask, Response, g, request
 from prometheus_client import CollectorRegistry
 
 from flask_distlimit import ConfigurationError, Limiter
-from flask_distlimit.metrics import metrics_for
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.memory import MemoryStorage
+from flask_distlimit.telemetry.metrics import metrics_for
 from flask_distlimit.testing import CountingStorage, FakeClock
 from tests.distlimit_fixtures import backend, clock, make_app
 

@@ -15,7 +15,7 @@ import pytest
 from flask import Flask
 
 from flask_distlimit import Limiter
-from flask_distlimit.decision import Check, Evaluation
+from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.errors import StorageUnavailable
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.testing import FakeClock
@@ -186,8 +186,8 @@ def test_a_refund_across_cluster_nodes_that_fails_is_counted_and_logged(
     refused, the failure is counted, and it logs one WARNING line (it logged at DEBUG)."""
     from prometheus_client import CollectorRegistry
 
-    from flask_distlimit.guard import Guard
-    from flask_distlimit.metrics import Metrics
+    from flask_distlimit.resilience.guard import Guard
+    from flask_distlimit.telemetry.metrics import Metrics
     from tests.guard_helpers import FakeClock as MonotonicClock
     from tests.test_node_breakers import NOW, Shards, kinds, limit
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from flask_distlimit.decision import Check
+from flask_distlimit.core.decision import Check
 from flask_distlimit.errors import StorageMisconfigured, StorageResponseError
 from flask_distlimit.storage import from_url
 from flask_distlimit.storage.base import Storage

@@ -1,6 +1,6 @@
 """The shared test vectors: sequences of (time, costs) over a set of limits -> expected decisions.
 
-Written by hand from the math in the header comments of ``flask_distlimit/lua/*.lua``; every
+Written by hand from the math in the header comments of ``flask_distlimit/engine/lua/*.lua``; every
 storage (memory, fakeredis, real Redis, Redis Cluster) must answer exactly these integers.
 
 Redis expires keys on its own clock, not the injected one: a vector must never read state whose
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flask_distlimit.algorithms import ALGORITHMS, Algorithm
-from flask_distlimit.decision import NEVER, Check, Decision
+from flask_distlimit.core.algorithms import ALGORITHMS, Algorithm
+from flask_distlimit.core.decision import NEVER, Check, Decision
 
 #: 20,000 days after the epoch, in us: a multiple of every period in the table.
 T0 = 20_000 * 86_400 * 1_000_000

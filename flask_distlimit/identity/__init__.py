@@ -22,12 +22,12 @@ and reads no configuration.
 
 from __future__ import annotations
 
-from .addresses import INVALID_IP, UNIDENTIFIED_VIA
-from .api_keys import MAX_API_KEY_LENGTH
-from .jwt import MAX_TOKEN_LENGTH, JwtSettings
-from .resolver import Identity, IdentityHooks, IdentityResolver
-from .settings import IDENTITY_KEYS, IdentitySettings
-from .tiers import ANONYMOUS, DEFAULT_TIERS, EXAMPLE_TIERS
+from flask_distlimit.identity.addresses import INVALID_IP, UNIDENTIFIED_VIA
+from flask_distlimit.identity.api_keys import MAX_API_KEY_LENGTH
+from flask_distlimit.identity.jwt import MAX_TOKEN_LENGTH, JwtSettings
+from flask_distlimit.identity.resolver import Identity, IdentityHooks, IdentityResolver
+from flask_distlimit.identity.settings import IDENTITY_KEYS, IdentitySettings
+from flask_distlimit.identity.tiers import ANONYMOUS, DEFAULT_TIERS, EXAMPLE_TIERS
 
 __all__ = [
     "ANONYMOUS",

@@ -28,7 +28,7 @@ import hmac
 from collections.abc import Callable, Mapping
 from typing import Final, TypeAlias
 
-from ..errors import ConfigurationError
+from flask_distlimit.errors import ConfigurationError
 
 __all__ = [
     "MAX_API_KEY_LENGTH",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
-from ..errors import ConfigurationError
+from flask_distlimit.errors import ConfigurationError
 
 __all__ = ["MAX_TOKEN_LENGTH", "JwtSettings", "JwtVerifier", "read_jwt"]
 

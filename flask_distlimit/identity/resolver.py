@@ -11,11 +11,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .addresses import ClientAddresses
-from .api_keys import ApiKeys, ApiKeyVerifier
-from .jwt import JwtVerifier
-from .settings import IdentitySettings
-from .tiers import ANONYMOUS, TierTable
+from flask_distlimit.identity.addresses import ClientAddresses
+from flask_distlimit.identity.api_keys import ApiKeys, ApiKeyVerifier
+from flask_distlimit.identity.jwt import JwtVerifier
+from flask_distlimit.identity.settings import IdentitySettings
+from flask_distlimit.identity.tiers import ANONYMOUS, TierTable
 
 if TYPE_CHECKING:
     import flask
@@ -28,7 +28,7 @@ class Identity:
     """The identity one request is counted under.
 
     - ``kind``: ``"user"``, ``"jwt"``, ``"api_key"`` or ``"ip"``;
-    - ``value``: the identity text, its kind first (:mod:`flask_distlimit.keys`), e.g.
+    - ``value``: the identity text, its kind first (:mod:`flask_distlimit.declare.keys`), e.g.
       ``"user:42"``, ``"jwt:sub:alice"``, ``"apikey:<hmac hex>"``, ``"ip:203.0.113.9"``,
       ``"ip:2001:db8:1:2::/64"``, ``"ip:invalid-via:10.0.0.1"``. Never a raw API key; it may
       hold any character (storage keys carry only a keyed digest of it);

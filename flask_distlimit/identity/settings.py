@@ -7,12 +7,12 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from ..digests import tag_secret
-from ..errors import ConfigurationError
-from ..limits import Rate
-from .api_keys import api_key_digest_key
-from .jwt import JwtSettings, read_jwt
-from .tiers import DEFAULT_TIERS, default_tiers, read_tiers
+from flask_distlimit.core.limits import Rate
+from flask_distlimit.errors import ConfigurationError
+from flask_distlimit.identity.api_keys import api_key_digest_key
+from flask_distlimit.identity.digests import tag_secret
+from flask_distlimit.identity.jwt import JwtSettings, read_jwt
+from flask_distlimit.identity.tiers import DEFAULT_TIERS, default_tiers, read_tiers
 
 __all__ = ["IDENTITY_KEYS", "IdentitySettings"]
 
@@ -68,8 +68,8 @@ class IdentitySettings:
     api_key_header: str = "X-Api-Key"
     api_key_secret: bytes | None = field(default=None, repr=False)
     jwt: JwtSettings | None = None
-    #: the key of identity tags derived from the same secret (:mod:`flask_distlimit.digests`);
-    #: ``None``: the storage keeps one for the deployment
+    #: the key of identity tags derived from the same secret
+    #: (:mod:`flask_distlimit.identity.digests`); ``None``: the storage keeps one for the deployment
     tag_secret: bytes | None = field(default=None, repr=False)
 
     @classmethod

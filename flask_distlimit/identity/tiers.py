@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-from ..errors import ConfigurationError
-from ..limits import Rate, parse_rates
+from flask_distlimit.core.limits import Rate, parse_rates
+from flask_distlimit.errors import ConfigurationError
 
 __all__ = ["ANONYMOUS", "DEFAULT_TIERS", "EXAMPLE_TIERS", "TierTable", "read_tiers"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Storage
-from .urls import from_url
+from flask_distlimit.storage.base import Storage
+from flask_distlimit.storage.urls import from_url
 
 __all__ = ["Storage", "from_url"]

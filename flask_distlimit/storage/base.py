@@ -9,9 +9,9 @@ credentials, commands, keys or database) and
 never raise a backend library's own exception types.
 
 Each backend also names the *node* a call goes to, so that the guard keeps one circuit breaker
-per node (:mod:`flask_distlimit.breakers`): :meth:`Storage.node` for a storage with one node at a
-time (a single node and memory: always ``"redis"``; Sentinel: the master's address), and, for a
-storage whose checks are spread over several nodes (``routed = True``: Redis Cluster),
+per node (:mod:`flask_distlimit.resilience.breakers`): :meth:`Storage.node` for a storage with one
+node at a time (a single node and memory: always ``"redis"``; Sentinel: the master's address), and,
+for a storage whose checks are spread over several nodes (``routed = True``: Redis Cluster),
 :meth:`Storage.route`, :meth:`Storage.evaluate_parts` and :meth:`Storage.refund` let the guard
 send each group to Redis or to the failure policy by its node's breaker.
 """
@@ -24,10 +24,10 @@ import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import ClassVar
 
-from ..decision import Check, Evaluation
-from ..errors import StorageError
-from .heartbeat import Fleet
-from .lease_records import Record
+from flask_distlimit.core.decision import Check, Evaluation
+from flask_distlimit.errors import StorageError
+from flask_distlimit.storage.heartbeat import Fleet
+from flask_distlimit.storage.lease_records import Record
 
 __all__ = ["Storage"]
 
@@ -48,7 +48,8 @@ class Storage(abc.ABC):
         production leaves it ``None`` and the store uses its own clock (Redis ``TIME``).
         """
 
-    # -- nodes, for one circuit breaker per node (flask_distlimit.breakers) ---------------------
+    # -- nodes, for one circuit breaker per node (flask_distlimit.resilience.breakers)
+    # ---------------------
 
     #: True when one request's checks may go to several nodes (Redis Cluster): the guard then
     #: routes them with :meth:`route` and calls :meth:`evaluate_parts`, never :meth:`evaluate`.
@@ -125,8 +126,8 @@ class Storage(abc.ABC):
         it never expires, and a TTL it had is removed).
 
         Used for the identity digest key when the app sets no secret
-        (:mod:`flask_distlimit.digests`). This default keeps the value in the storage object,
-        as suits a store private to one process (``memory://``); a store shared by several
+        (:mod:`flask_distlimit.identity.digests`). This default keeps the value in the storage
+        object, as suits a store private to one process (``memory://``); a store shared by several
         processes must override it (the Redis storages do: :mod:`.shared_value`).
         """
         with _shared_lock:

@@ -48,7 +48,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from .base import Storage
+from flask_distlimit.storage.base import Storage
 
 __all__ = [
     "client_read_timeout",
@@ -86,13 +86,13 @@ class _Probe(Exception):
 def passed_client(storage: Storage) -> redis.Redis | RedisCluster | None:
     """The ready client ``storage`` was given, or ``None`` when it built its own (from a URL
     or connection keywords) or is not a Redis storage."""
-    from .redis import RedisStorage
+    from flask_distlimit.storage.redis import RedisStorage
 
     if isinstance(storage, RedisStorage):
         # the storage's own pool exists only on clients it built (Sentinel's included)
         return storage.client if storage.pool is None else None
     if storage.scheme == "redis+cluster":
-        from .cluster import ClusterStorage
+        from flask_distlimit.storage.cluster import ClusterStorage
 
         if isinstance(storage, ClusterStorage):
             return storage.given_client

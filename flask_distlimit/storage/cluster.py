@@ -1,7 +1,7 @@
 """Redis Cluster: the checks of one request grouped per hash slot, the groups sent concurrently.
 
-Every key of one client shares a hash tag (:mod:`flask_distlimit.keys`), so the limits of one
-identity always land in one slot and are decided in one atomic script call. A request whose
+Every key of one client shares a hash tag (:mod:`flask_distlimit.declare.keys`), so the limits of
+one identity always land in one slot and are decided in one atomic script call. A request whose
 limits belong to several identities (say a per-IP limit and a per-tenant limit) spans several
 slots: one script call per slot group, all groups in flight at once: every group's ``EVALSHA``
 is written to its primary's connection before any reply is read (no threads: nothing to
@@ -9,10 +9,10 @@ serialize on the GIL, nothing to lose in a fork), and the replies are read withi
 
 All-or-nothing across groups is best effort: each group is atomic on its own, and when one group
 denies while others already consumed, those are called again in refund mode and give their units
-back (:func:`flask_distlimit.scripts.script_args` with ``refund=True``). Between the consumption
-and the refund (one round trip) a concurrent request of the same client may see the units taken;
-if the refund itself fails (the node died in between), the units stay consumed until the window
-passes. A single-slot request is exactly atomic, as on a single node.
+back (:func:`flask_distlimit.engine.scripts.script_args` with ``refund=True``). Between the
+consumption and the refund (one round trip) a concurrent request of the same client may see the
+units taken; if the refund itself fails (the node died in between), the units stay consumed until
+the window passes. A single-slot request is exactly atomic, as on a single node.
 
 The client has the same policy as :mod:`flask_distlimit.storage.redis`: connect/read timeouts and
 pool wait = ``timeout``, no retries (neither the nodes' nor the cluster client's own), no health
@@ -76,37 +76,48 @@ from redis.commands.core import Script
 from redis.crc import key_slot
 from redis.retry import Retry
 
-from ..decision import Check, Decision, Evaluation
-from ..errors import (
+from flask_distlimit.core.decision import Check, Decision, Evaluation
+from flask_distlimit.engine.scripts import SCRIPT_SOURCE, parse_reply, script_args, with_token
+from flask_distlimit.errors import (
     StorageError,
     StorageMisconfigured,
     StorageReplyLost,
     StorageUnavailable,
 )
-from ..scripts import SCRIPT_SOURCE, parse_reply, script_args, with_token
-from .base import Storage
-from .evalsha import EvalshaPacker
-from .give_back import GIVE_BACK_SOURCE, give_back_args, give_back_keys, given_back
-from .heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
-from .lease_records import (
+from flask_distlimit.storage.base import Storage
+from flask_distlimit.storage.evalsha import EvalshaPacker
+from flask_distlimit.storage.give_back import (
+    GIVE_BACK_SOURCE,
+    give_back_args,
+    give_back_keys,
+    given_back,
+)
+from flask_distlimit.storage.heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
+from flask_distlimit.storage.lease_records import (
     LEASE_RECORDS_SOURCE,
     Record,
     records_from_reply,
     records_key,
     repaired_from_reply,
 )
-from .pipeline import Call, Pipeline, script_load
-from .pool import LAST_LOOK, DeadlinePool, NoConnectionAvailable, busy, queue_budget
-from .redis import (
+from flask_distlimit.storage.pipeline import Call, Pipeline, script_load
+from flask_distlimit.storage.pool import (
+    LAST_LOOK,
+    DeadlinePool,
+    NoConnectionAvailable,
+    busy,
+    queue_budget,
+)
+from flask_distlimit.storage.redis import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_TIMEOUT,
     HANDSHAKE_FREE,
     _pool_connections,
     connection_options,
 )
-from .shared_value import SHARED_VALUE_SOURCE
-from .tokens import RequestTokens, repeat_call
-from .translate import REDIS_FAILURES, storage_error
+from flask_distlimit.storage.shared_value import SHARED_VALUE_SOURCE
+from flask_distlimit.storage.tokens import RequestTokens, repeat_call
+from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error
 
 __all__ = ["ClusterStorage", "slot_of"]
 
@@ -377,7 +388,8 @@ class ClusterStorage(Storage):
             by_slot.setdefault(slot_of(check.key), []).append(index)
         return list(by_slot.values())
 
-    # -- nodes, for one breaker per primary (flask_distlimit.breakers) ----------------------
+    # -- nodes, for one breaker per primary (flask_distlimit.resilience.breakers)
+    # ----------------------
 
     def _node_name(self, key: str) -> str:
         """The primary serving ``key`` in the cached topology (no I/O); before the client knows

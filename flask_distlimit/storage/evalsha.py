@@ -42,7 +42,7 @@ class EvalshaPacker:
     ) -> bytes:
         """``keys`` then ``args``; with a request ``token`` (its key) and its ``mark`` (the
         argument that goes with it), the same bytes as ``with_token(keys, args, ...)`` would
-        give (:func:`flask_distlimit.scripts.with_token`), without building those lists."""
+        give (:func:`flask_distlimit.engine.scripts.with_token`), without building those lists."""
         extra = token is not None
         n = len(keys) + extra
         values = (*keys, token, *args, mark) if extra else (*keys, *args)

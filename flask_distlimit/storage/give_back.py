@@ -1,11 +1,11 @@
 """Leased units given back to the window they were taken in, and to no other.
 
 A process that holds units of a fixed window or sliding window counter lease and has stopped
-spending them gives them back (:mod:`flask_distlimit.leases`), so that the fleet can spend them
-before the window ends. Giving back is only safe into the window the units were taken in: one
-that ran in the next window (sent near the end of a window, delayed in the network or behind a
-slow command on the server) would take units off the next window's count, which would then admit
-the limit plus those units. So the call carries the window, as the server numbered it when it
+spending them gives them back (:mod:`flask_distlimit.resilience.leases`), so that the fleet can
+spend them before the window ends. Giving back is only safe into the window the units were taken
+in: one that ran in the next window (sent near the end of a window, delayed in the network or
+behind a slow command on the server) would take units off the next window's count, which would then
+admit the limit plus those units. So the call carries the window, as the server numbered it when it
 granted the units, and the script compares it with the stored window and with its own clock.
 
 ``KEYS[1]`` the leased key; ``ARGV[1]`` the algorithm (1 fixed window, 3 sliding window
@@ -33,8 +33,8 @@ from __future__ import annotations
 import secrets
 from typing import Final
 
-from ..errors import StorageResponseError
-from ..scripts import token_key
+from flask_distlimit.engine.scripts import token_key
+from flask_distlimit.errors import StorageResponseError
 
 __all__ = [
     "GIVE_BACK_CODES",

@@ -11,7 +11,7 @@ Atomically, in one round trip, the script records the member, drops expired memb
 the TTL and answers ``{live count, largest size reported within the TTL, KEYS[1] repaired (0/1),
 KEYS[2] repaired (0/1)}``. The sizes outlive a Redis restart or an expiry in the processes that
 report them, so the first process to beat after one learns the fleet it knew, not 1, and so does
-every process that beats after it (:mod:`flask_distlimit.instances`).
+every process that beats after it (:mod:`flask_distlimit.resilience.instances`).
 
 A key that holds another type (``WRONGTYPE``), or a size that is not a whole number from 1 to
 100,000, is garbage that something else wrote under our prefix: the key is replaced and reported

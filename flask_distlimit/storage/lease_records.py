@@ -15,18 +15,19 @@ each process's record, stored as ``<published at, ms>:<record>``.
   the records whose time is not up (at most 1,000), and writes nothing; a key of another type
   reads as none.
 
-A record is JSON written by :mod:`flask_distlimit.leases`; the reader parses it defensively
-(:func:`records_from_reply`): anything else is skipped, never an error. The script uses only
-commands the limiter's ACL user already has (:data:`~flask_distlimit.storage.translate.ACL_GRANTS`:
-``ZADD``, ``ZCOUNT``, ``ZRANGE``, ``ZREMRANGEBYSCORE``, ``HSET``, ``HMGET``, ``PEXPIRE``, ``DEL``,
-``TIME``): no ``HDEL``, hence the rebuild.
+A record is JSON written by :mod:`flask_distlimit.resilience.leases`; the reader parses it
+defensively (:func:`records_from_reply`): anything else is skipped, never an error. The script uses
+only commands the limiter's ACL user already has
+(:data:`~flask_distlimit.storage.translate.ACL_GRANTS`: ``ZADD``, ``ZCOUNT``, ``ZRANGE``,
+``ZREMRANGEBYSCORE``, ``HSET``, ``HMGET``, ``PEXPIRE``, ``DEL``, ``TIME``): no ``HDEL``, hence the
+rebuild.
 """
 
 from __future__ import annotations
 
 from typing import Final, NamedTuple
 
-from ..errors import StorageResponseError
+from flask_distlimit.errors import StorageResponseError
 
 __all__ = [
     "LEASE_RECORDS_SOURCE",
@@ -139,7 +140,7 @@ class Record(NamedTuple):
 
     process: str
     age: float  #: seconds since it was published (the storage's clock)
-    text: str  #: the record as published (JSON written by :mod:`flask_distlimit.leases`)
+    text: str  #: the record as published (JSON written by :mod:`flask_distlimit.resilience.leases`)
 
 
 def _text(value: object) -> str | None:

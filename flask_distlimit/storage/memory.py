@@ -1,4 +1,4 @@
-"""``memory://``: the five algorithms (:mod:`flask_distlimit.storage.twins`) in this process.
+"""``memory://``: the five algorithms (:mod:`flask_distlimit.engine.twins`) in this process.
 
 :class:`MemoryStorage` keeps the twins' states in a dict under a lock, with an injected clock
 (microseconds since the epoch) and no background thread: a key is dropped when read after its TTL,
@@ -17,10 +17,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Final
 
-from ..decision import NEVER, Check, Decision, Evaluation
-from ..errors import StorageResponseError
-from .base import Storage
-from .twins import (
+from flask_distlimit.core.decision import NEVER, Check, Decision, Evaluation
+from flask_distlimit.engine.twins import (
     ALGORITHM_STEPS,
     KEEP_TTL,
     CounterState,
@@ -31,6 +29,8 @@ from .twins import (
     refund,
     step,
 )
+from flask_distlimit.errors import StorageResponseError
+from flask_distlimit.storage.base import Storage
 
 __all__ = ["MemoryStorage", "system_clock_us"]
 

@@ -60,7 +60,7 @@ from typing import Any, Final
 import redis
 from redis.exceptions import NoScriptError
 
-from .pool import DeadlinePool, NoConnectionAvailable
+from flask_distlimit.storage.pool import DeadlinePool, NoConnectionAvailable
 
 __all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WIDTH", "Call", "Pipeline", "script_load"]
 

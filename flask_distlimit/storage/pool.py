@@ -66,7 +66,7 @@ from typing import Any, Final
 
 import redis
 
-from ..errors import StorageBusy
+from flask_distlimit.errors import StorageBusy
 
 __all__ = ["LAST_LOOK", "DeadlinePool", "NoConnectionAvailable", "busy", "queue_budget"]
 

@@ -28,7 +28,7 @@ and those calls sent again in one write.
 - the connection is closed under the request after the send (a ``CLIENT KILL`` or a reset
   while Redis held the command): the script may have run, and its reply is lost. The call is
   made again under a **request token** (``lua/replay.lua``,
-  :func:`~flask_distlimit.scripts.with_token`): Redis keeps a call's reply under
+  :func:`~flask_distlimit.engine.scripts.with_token`): Redis keeps a call's reply under
   ``<prefix>:rq:{<tag>}:<token>`` for ``max(1 s, 2 x timeout)``, and the call made again,
   marked as a repeat, answers that kept reply when the first one ran and runs when it did not.
   A repeat is idempotent, so a repeat cut too is made again, up to three times within its
@@ -79,24 +79,29 @@ from redis.exceptions import NoScriptError, ReadOnlyError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from ..decision import Check, Evaluation
-from ..scripts import SCRIPT_SOURCE, parse_reply, script_args
-from .base import Storage
-from .evalsha import EvalshaPacker
-from .give_back import GIVE_BACK_SOURCE, give_back_args, give_back_keys, given_back
-from .heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
-from .lease_records import (
+from flask_distlimit.core.decision import Check, Evaluation
+from flask_distlimit.engine.scripts import SCRIPT_SOURCE, parse_reply, script_args
+from flask_distlimit.storage.base import Storage
+from flask_distlimit.storage.evalsha import EvalshaPacker
+from flask_distlimit.storage.give_back import (
+    GIVE_BACK_SOURCE,
+    give_back_args,
+    give_back_keys,
+    given_back,
+)
+from flask_distlimit.storage.heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
+from flask_distlimit.storage.lease_records import (
     LEASE_RECORDS_SOURCE,
     Record,
     records_from_reply,
     records_key,
     repaired_from_reply,
 )
-from .pipeline import Call, Pipeline, script_load
-from .pool import DeadlinePool, NoConnectionAvailable, busy
-from .shared_value import SHARED_VALUE_SOURCE
-from .tokens import RequestTokens, repeat_call
-from .translate import REDIS_FAILURES, storage_error
+from flask_distlimit.storage.pipeline import Call, Pipeline, script_load
+from flask_distlimit.storage.pool import DeadlinePool, NoConnectionAvailable, busy
+from flask_distlimit.storage.shared_value import SHARED_VALUE_SOURCE
+from flask_distlimit.storage.tokens import RequestTokens, repeat_call
+from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error
 
 __all__ = ["DEFAULT_TIMEOUT", "RedisStorage", "connection_options"]
 
@@ -458,7 +463,7 @@ class RedisStorage(Storage):
     def node(self, refresh: bool = False) -> str:
         """Sentinel: the master's ``host:port`` as last discovered (``refresh``: ask the
         Sentinels now; a failure keeps the last one); ``"redis"`` before any, and always on a
-        single node (one breaker per node: flask_distlimit/breakers.py)."""
+        single node (one breaker per node: flask_distlimit/resilience/breakers.py)."""
         pool = self.pool
         if self._sentinel is None or pool is None or pool.locate is None:
             return super().node(refresh)

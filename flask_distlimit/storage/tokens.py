@@ -1,9 +1,9 @@
 """Request tokens: what makes a call safe to make again after its reply was lost.
 
 A hot call of the Redis storages (single node, Sentinel, each Cluster slot group) may carry a
-token (``lua/replay.lua``, :func:`flask_distlimit.scripts.with_token`): Redis keeps the call's
-reply under the token's key for :attr:`RequestTokens.ttl_ms`, and the call made once more after
-its connection was closed under it answers that kept reply when the first one ran. A token is
+token (``lua/replay.lua``, :func:`flask_distlimit.engine.scripts.with_token`): Redis keeps the
+call's reply under the token's key for :attr:`RequestTokens.ttl_ms`, and the call made once more
+after its connection was closed under it answers that kept reply when the first one ran. A token is
 unique in the fleet: random per process (drawn again in a forked child), the process id, and a
 counter. A repeat is idempotent, so it may be made up to :data:`REPEATS` times within the call's
 deadline (:func:`repeat_call`): a ``CLIENT KILL`` storm can cut a repeat too.
@@ -41,10 +41,10 @@ from typing import Any, Final
 
 import redis
 
-from ..errors import StorageReplyLost
-from ..forks import AfterFork
-from ..scripts import token_key
-from .pool import DeadlinePool
+from flask_distlimit.engine.scripts import token_key
+from flask_distlimit.errors import StorageReplyLost
+from flask_distlimit.forks import AfterFork
+from flask_distlimit.storage.pool import DeadlinePool
 
 __all__ = [
     "ARMED_FOR",
@@ -104,7 +104,7 @@ class RequestTokens:
         #: how long Redis keeps a reply: the retry comes within the same deadline
         self.ttl_ms = max(TOKEN_TTL_MS, math.ceil(2000 * timeout))
         #: the argument that goes with the token on a first try and on a repeat
-        #: (:func:`~flask_distlimit.scripts.with_token`)
+        #: (:func:`~flask_distlimit.engine.scripts.with_token`)
         self.first = str(self.ttl_ms)
         self.again = f"{self.ttl_ms},1"
         self.reset()

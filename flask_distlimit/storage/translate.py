@@ -34,7 +34,7 @@ from typing import Final
 from redis import exceptions as rx
 from redis.sentinel import MasterNotFoundError
 
-from ..errors import (
+from flask_distlimit.errors import (
     StorageError,
     StorageFull,
     StorageMisconfigured,

@@ -31,10 +31,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 
-from ..errors import ConfigurationError
-from .base import Storage
-from .redis import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT
-from .tokens import token_mode
+from flask_distlimit.errors import ConfigurationError
+from flask_distlimit.storage.base import Storage
+from flask_distlimit.storage.redis import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT
+from flask_distlimit.storage.tokens import token_mode
 
 __all__ = ["ACCEPTED_FORMS", "from_url", "mask_url"]
 
@@ -269,7 +269,7 @@ def _build(url: str, timeout: float, request_tokens: str, options: dict[str, Any
             value = connection.pop(f"sentinel_{name}", None)
             if value is not None:
                 sentinel_options[name] = value
-        from .redis import RedisStorage
+        from flask_distlimit.storage.redis import RedisStorage
 
         return RedisStorage.sentinel(
             sentinels,
@@ -282,7 +282,7 @@ def _build(url: str, timeout: float, request_tokens: str, options: dict[str, Any
     nodes = _hosts(hostlist, scheme, many=True)
     if parts.path.strip("/"):
         raise _BadURL("redis+cluster:// takes no path (a cluster has only database 0)")
-    from .cluster import ClusterStorage
+    from flask_distlimit.storage.cluster import ClusterStorage
 
     return ClusterStorage(
         nodes, timeout=timeout, **{**connection, **options, **({"ssl": True} if tls else {})}
@@ -292,7 +292,7 @@ def _build(url: str, timeout: float, request_tokens: str, options: dict[str, Any
 def _redis(
     timeout: float, connection: dict[str, Any], options: dict[str, Any], **extra: Any
 ) -> Storage:
-    from .redis import RedisStorage
+    from flask_distlimit.storage.redis import RedisStorage
 
     return RedisStorage(timeout=timeout, **{**connection, **options, **extra})
 

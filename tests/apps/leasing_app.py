@@ -25,7 +25,7 @@ import redis
 from flask import Flask, g
 
 from flask_distlimit import Limiter
-from flask_distlimit.limits import parse_rates
+from flask_distlimit.core.limits import parse_rates
 
 LIMIT = os.environ.get("LEASING_LIMIT", "300/minute")
 LEASE = os.environ.get("LEASING_LEASE", "true")

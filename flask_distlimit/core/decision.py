@@ -1,0 +1,167 @@
+"""What goes into a storage call and what comes out of it.
+
+A request's limits become :class:`Check` values; one storage call evaluates all of them atomically
+(all-or-nothing: if any check is denied, nothing is consumed anywhere) and answers an
+:class:`Evaluation` with one :class:`Decision` per check, in the same order.
+
+All times inside the storage are integer microseconds; a :class:`Decision` exposes seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+
+from flask_distlimit.core.algorithms import Algorithm
+from flask_distlimit.frozen import slot_setters
+
+__all__ = ["NEVER", "Check", "Decision", "Evaluation"]
+
+#: ``retry_after`` of a request that can never pass: its cost is larger than the limit.
+NEVER = math.inf
+_ALLOWED = operator.attrgetter("allowed")
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One limit to apply to one request.
+
+    ``key`` is the storage key of this limit for this client, built by
+    :func:`flask_distlimit.declare.keys.limit_key` (``<prefix>:{<tag>}:<limit id>:<algorithm>``).
+    ``cost`` is how many units the request consumes; 0 is a peek that consumes nothing.
+    ``shadow``: decided and counted as if enforced, but never denies the request
+    (:mod:`flask_distlimit.defences.shadow`); its :class:`Decision` says whether it would have.
+    """
+
+    key: str
+    algorithm: Algorithm
+    limit: int
+    period: int  # seconds
+    cost: int = 1
+    shadow: bool = False
+    #: a concurrency slot's token (:mod:`flask_distlimit.defences.concurrency`), drawn per request;
+    #: 0 for a rate limit
+    token: int = 0
+    #: give back the slot ``token`` took (the request ended) instead of taking one
+    release: bool = False
+
+    def __init__(
+        self,
+        key: str,
+        algorithm: Algorithm,
+        limit: int,
+        period: int,
+        cost: int = 1,
+        shadow: bool = False,
+        token: int = 0,
+        release: bool = False,
+    ) -> None:  # frozen, at a plain class's cost (flask_distlimit.frozen)
+        _check_key(self, key)
+        _check_algorithm(self, algorithm)
+        _check_limit(self, limit)
+        _check_period(self, period)
+        _check_cost(self, cost)
+        _check_shadow(self, shadow)
+        _check_token(self, token)
+        _check_release(self, release)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The state of one limit after (or, when denied, instead of) consuming the request's cost.
+
+    - ``allowed``: this limit alone would admit the request. In an :class:`Evaluation` that is
+      denied overall, nothing was consumed, even for the checks whose ``allowed`` is true.
+    - ``remaining``: whole units left now (after consumption when the evaluation was allowed).
+    - ``reset_after``: seconds until the quota is whole again.
+    - ``retry_after``: seconds until a request of this cost could pass; 0 when allowed;
+      :data:`NEVER` (``math.inf``) when the cost exceeds the limit.
+    - ``shadow_denied``: a shadow check that would have denied the request. Its ``allowed`` is
+      true (a shadow limit never refuses), nothing was consumed on it, and ``remaining``,
+      ``reset_after`` and ``retry_after`` are those of the refusal it would have been.
+    """
+
+    allowed: bool
+    limit: int
+    remaining: int
+    reset_after: float
+    retry_after: float
+    shadow_denied: bool = False
+
+    def __init__(
+        self,
+        allowed: bool,
+        limit: int,
+        remaining: int,
+        reset_after: float,
+        retry_after: float,
+        shadow_denied: bool = False,
+    ) -> None:  # frozen, at a plain class's cost (flask_distlimit.frozen)
+        _decision_allowed(self, allowed)
+        _decision_limit(self, limit)
+        _decision_remaining(self, remaining)
+        _decision_reset_after(self, reset_after)
+        _decision_retry_after(self, retry_after)
+        _decision_shadow_denied(self, shadow_denied)
+
+    @property
+    def impossible(self) -> bool:
+        """True when the request's cost is larger than the limit: it can never pass."""
+        return self.retry_after == NEVER
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """The answer of one storage call: one decision per check, in order."""
+
+    decisions: tuple[Decision, ...]
+    #: Keys that held data of the wrong type or shape; the storage replaced them with fresh state.
+    repaired_keys: tuple[str, ...] = ()
+    #: The storage's clock when it decided (us since the epoch: one node's, so the window a
+    #: unit was taken in is known, :mod:`flask_distlimit.resilience.leases`); 0 when not known
+    #: (answers of several nodes put together, the local fallback). Not compared.
+    now_us: int = field(default=0, compare=False)
+
+    def __init__(
+        self,
+        decisions: tuple[Decision, ...],
+        repaired_keys: tuple[str, ...] = (),
+        now_us: int = 0,
+    ) -> None:  # frozen, at a plain class's cost (flask_distlimit.frozen)
+        _evaluation_decisions(self, decisions)
+        _evaluation_repaired_keys(self, repaired_keys)
+        _evaluation_now_us(self, now_us)
+
+    @property
+    def allowed(self) -> bool:
+        return all(map(_ALLOWED, self.decisions))  # no generator frame on the request path
+
+    def denied_indexes(self) -> list[int]:
+        """Indexes of the checks that denied the request."""
+        return [i for i, d in enumerate(self.decisions) if not d.allowed]
+
+
+(
+    _check_key,
+    _check_algorithm,
+    _check_limit,
+    _check_period,
+    _check_cost,
+    _check_shadow,
+    _check_token,
+    _check_release,
+) = slot_setters(Check, "key", "algorithm", "limit", "period", "cost", "shadow", "token", "release")
+(
+    _decision_allowed,
+    _decision_limit,
+    _decision_remaining,
+    _decision_reset_after,
+    _decision_retry_after,
+    _decision_shadow_denied,
+) = slot_setters(
+    Decision, "allowed", "limit", "remaining", "reset_after", "retry_after", "shadow_denied"
+)
+_evaluation_decisions, _evaluation_repaired_keys, _evaluation_now_us = slot_setters(
+    Evaluation, "decisions", "repaired_keys", "now_us"
+)

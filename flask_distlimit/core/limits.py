@@ -1,0 +1,123 @@
+"""Limit strings: ``"10/second"``, ``"100 per minute"``, ``"5/30 seconds"``, joined by ``;``.
+
+The units are Flask-Limiter's (its ``limits`` package's ``TIME_TYPES``): second, minute, hour,
+day, ``month`` (30 days, 2 592 000 s) and ``year`` (12 of those months: 360 days, 31 104 000 s),
+never calendar months or years. A period is at most 366 days (``"1/year"`` fits, ``"1/2 years"``
+does not): every key of a limit, and the digest key its identity tags come from
+(:mod:`flask_distlimit.identity.digests`), must outlive one window.
+
+:func:`parse_rates` turns a string into :class:`Rate` values, or raises
+:class:`~flask_distlimit.errors.ConfigurationError` naming the bad part and the accepted forms.
+Strings are parsed when the app is configured, never per request.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from flask_distlimit.errors import ConfigurationError
+
+__all__ = ["Rate", "parse_rates"]
+
+_UNITS: Final[dict[str, int]] = {
+    "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
+    "m": 60, "min": 60, "mins": 60, "minute": 60, "minutes": 60,
+    "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600,
+    "d": 86400, "day": 86400, "days": 86400,
+    "month": 30 * 86400, "months": 30 * 86400,
+    "year": 360 * 86400, "years": 360 * 86400,
+}  # fmt: skip
+
+#: How :class:`Rate` names a period, largest unit first (a whole number of it).
+_NAMES: Final = (
+    ("year", 360 * 86400), ("month", 30 * 86400), ("day", 86400), ("hour", 3600),
+    ("minute", 60), ("second", 1),
+)  # fmt: skip
+
+_RATE: Final = re.compile(
+    r"^\s*(?P<amount>\d+)\s*(?:/|\s+per\s+)\s*(?P<multiple>\d+)?\s*(?P<unit>[a-z]+)\s*$",
+    re.IGNORECASE,
+)
+
+_ACCEPTED: Final = (
+    "Write '<count>/<unit>' or '<count> per <unit>', optionally '<count>/<n> <unit>', with a "
+    "count >= 1 and a unit of second, minute, hour, day, month (30 days) or year (360 days) "
+    "(e.g. '10/second', '100 per minute', '5/30 seconds', '1000/hour', '10000/month'); join "
+    "several with ';' (e.g. '10/second;1000/hour')."
+)
+
+#: Largest accepted period (a leap year; ``"1/year"`` is 360 days), a guard against typos such
+#: as '1/99999999 days', and the longest a key must live.
+_MAX_PERIOD: Final = 366 * 86400
+#: Largest accepted count; larger counts cannot be represented exactly by every algorithm.
+_MAX_AMOUNT: Final = 10**12
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """``amount`` units per ``period`` seconds, e.g. ``Rate(100, 60)`` for ``"100/minute"``."""
+
+    amount: int
+    period: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.amount <= _MAX_AMOUNT:
+            raise ConfigurationError(
+                f"A rate needs a count from 1 to {_MAX_AMOUNT}, got {self.amount!r}. {_ACCEPTED}"
+            )
+        if not 1 <= self.period <= _MAX_PERIOD:
+            raise ConfigurationError(
+                f"A rate needs a period from 1 second to 366 days (a year is 360 days, a "
+                f"month 30), got {self.period!r} seconds. {_ACCEPTED}"
+            )
+
+    @property
+    def period_us(self) -> int:
+        """The period in microseconds (the unit the storage computes in)."""
+        return self.period * 1_000_000
+
+    def __str__(self) -> str:
+        for unit, seconds in _NAMES:
+            if self.period % seconds == 0:
+                n = self.period // seconds
+                return f"{self.amount}/{unit}" if n == 1 else f"{self.amount}/{n} {unit}s"
+        raise AssertionError("unreachable: every period is a whole number of seconds")
+
+
+def _parse_one(text: str, whole: str) -> Rate:
+    match = _RATE.match(text)
+    if match is None:
+        raise ConfigurationError(
+            f"Cannot read the rate limit {text.strip()!r} in {whole!r}. {_ACCEPTED}"
+        )
+    unit = match["unit"].lower()
+    if unit not in _UNITS:
+        raise ConfigurationError(
+            f"Unknown time unit {match['unit']!r} in rate limit {text.strip()!r}. {_ACCEPTED}"
+        )
+    amount = int(match["amount"])
+    multiple = int(match["multiple"]) if match["multiple"] is not None else 1
+    if amount < 1 or multiple < 1:
+        raise ConfigurationError(
+            f"Rate limit {text.strip()!r} must have a count and a period of at least 1. {_ACCEPTED}"
+        )
+    return Rate(amount, multiple * _UNITS[unit])
+
+
+def parse_rates(value: str) -> tuple[Rate, ...]:
+    """Parse ``"10/second;1000/hour"`` into rates; ``""`` gives ``()``.
+
+    Raises :class:`ConfigurationError` for anything else, naming the value and the accepted forms.
+    """
+    if not isinstance(value, str):
+        raise ConfigurationError(f"A rate limit must be a string, got {value!r}. {_ACCEPTED}")
+    if not value.strip():
+        return ()
+    rates: list[Rate] = []
+    for part in value.split(";"):
+        if not part.strip():
+            raise ConfigurationError(f"Empty rate limit between ';' in {value!r}. {_ACCEPTED}")
+        rates.append(_parse_one(part, value))
+    return tuple(rates)

@@ -1,0 +1,99 @@
+"""Request priorities: ``critical``, ``default``, ``sheddable``: which traffic goes first when
+the service is overloaded (:mod:`flask_distlimit.defences.shedding`).
+
+A view gets its priority from ``@limiter.priority("critical")`` (on the view function, or on a
+wrapper of it made with ``functools.wraps``), else from the Limiter-wide callable registered with
+``@limiter.priority_resolver`` (called in the request, e.g. POST to payments is critical, an
+analytics listing is sheddable; answering ``None`` means ``default``), else ``default``.
+
+The resolver is called once per request, after every ``before_request`` hook of the app and of
+its blueprints (in the view gate), under worker shedding and fleet shedding alike: it sees what
+those hooks set, e.g. the authenticated user on ``g``. Only a declared priority, or the
+``default`` of an app without a resolver, is known before the hooks (worker shedding then
+decides before them: :mod:`flask_distlimit.defences.shedding`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final, Literal, TypeVar
+
+from flask_distlimit.errors import ConfigurationError
+
+__all__ = [
+    "PRIORITIES",
+    "Priority",
+    "PriorityRegistry",
+    "PriorityResolver",
+    "validate_priority",
+]
+
+Priority = Literal["critical", "default", "sheddable"]
+#: From the most to the least important.
+PRIORITIES: Final[tuple[Priority, ...]] = ("critical", "default", "sheddable")
+#: ``() -> priority or None``, called inside the request.
+PriorityResolver = Callable[[], str | None]
+
+F = TypeVar("F")
+_MAX_DEPTH: Final = 32
+
+
+def validate_priority(value: object, where: str = "priority") -> Priority:
+    """``value`` as a :data:`Priority`, or :class:`ConfigurationError`."""
+    if isinstance(value, str) and value in PRIORITIES:
+        return value
+    raise ConfigurationError(
+        f"{where}={value!r} is not a priority. Use one of: {', '.join(PRIORITIES)}."
+    )
+
+
+class PriorityRegistry:
+    """The priorities declared on views (by identity) and the Limiter-wide resolver."""
+
+    def __init__(self) -> None:
+        self.views: dict[object, Priority] = {}
+        self.resolver: PriorityResolver | None = None
+
+    def declare(self, priority: str) -> Callable[[F], F]:
+        checked = validate_priority(priority)
+
+        def decorator(view: F) -> F:
+            if not callable(view):
+                raise ConfigurationError(
+                    f"limiter.priority({priority!r}) decorates a view function; got {view!r}."
+                )
+            self.views[view] = checked
+            return view
+
+        return decorator
+
+    def of_view(self, view: object) -> Priority | None:
+        """The priority declared on ``view`` or on a function it wraps (``__wrapped__``)."""
+        views = self.views
+        if not views:
+            return None
+        obj: object | None = view
+        for _ in range(_MAX_DEPTH):
+            if obj is None:
+                return None
+            try:
+                found = views.get(obj)
+            except TypeError:  # unhashable
+                return None
+            if found is not None:
+                return found
+            obj = getattr(obj, "__wrapped__", None)
+        return None
+
+    def of_request(self, view: object | None) -> Priority:
+        """The request's priority: its view's, else the resolver's, else ``default``."""
+        if view is not None:
+            found = self.of_view(view)
+            if found is not None:
+                return found
+        resolver = self.resolver
+        if resolver is not None:
+            answer = resolver()
+            if answer is not None:
+                return validate_priority(answer, "the priority resolver's answer")
+        return "default"

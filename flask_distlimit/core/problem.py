@@ -1,0 +1,241 @@
+"""Refusals as RFC 9457 problem details (``application/problem+json``).
+
+- :class:`RateLimitExceeded` (429): a werkzeug ``TooManyRequests``, so ordinary Flask error
+  handling applies and ``@app.errorhandler(429)`` can replace the body.
+- :class:`RateLimitUnavailable` (503): the storage is down and the failure policy is ``closed``.
+
+Both carry ``Retry-After`` (whole seconds, rounded up) and ``Cache-Control: no-store``, except a
+429 for a request that can never pass (its cost exceeds the limit's whole window): no
+``Retry-After`` promises a success that cannot come. Their
+problem types are the ones registered with IANA by draft-ietf-httpapi-ratelimit-headers
+(section 5): ``#quota-exceeded`` and ``#temporary-reduced-capacity``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from werkzeug.exceptions import ServiceUnavailable, TooManyRequests
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIEnvironment
+
+__all__ = [
+    "CONCURRENCY_LIMIT_EXCEEDED",
+    "QUOTA_EXCEEDED",
+    "TEMPORARY_REDUCED_CAPACITY",
+    "ConcurrencyLimitExceeded",
+    "Overloaded",
+    "RateLimitExceeded",
+    "RateLimitUnavailable",
+    "retry_after_seconds",
+]
+
+QUOTA_EXCEEDED: Final = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+TEMPORARY_REDUCED_CAPACITY: Final = (
+    "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+)
+#: Not an IANA-registered type (none says "too many in flight"): this project's own, whose page
+#: (docs/defences.md) explains it.
+CONCURRENCY_LIMIT_EXCEEDED: Final = (
+    "https://github.com/flask-distlimit/flask-distlimit/blob/main/docs/defences.md"
+    "#concurrency-limit-exceeded"
+)
+_MEDIA_TYPE: Final = "application/problem+json"
+#: Retry-After for a request that can never pass (its cost exceeds the limit): one day.
+_NEVER_SECONDS: Final = 86400
+
+
+def retry_after_seconds(seconds: float) -> int:
+    """``seconds`` as a ``Retry-After`` value: an integer rounded up, at least 1.
+
+    Rounding up keeps the advertised time no earlier than the real one; ``inf`` (a cost larger
+    than the limit) becomes one day.
+    """
+    if not math.isfinite(seconds):
+        return _NEVER_SECONDS
+    return max(1, math.ceil(seconds - 1e-9))
+
+
+class _Problem:
+    """Body and headers of the two problem exceptions (mixed in before the werkzeug class)."""
+
+    problem_type: str
+    title: str
+    retry_after_s: int | None  #: None: the request can never pass, so no Retry-After
+    violated_policies: tuple[str, ...]
+    instance: str | None
+    detail_text: str
+    status: int
+
+    def problem(self) -> dict[str, Any]:
+        """The problem object, as sent in the body."""
+        body: dict[str, Any] = {
+            "type": self.problem_type,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail_text,
+        }
+        if self.instance is not None:
+            body["instance"] = self.instance
+        body["violated-policies"] = list(self.violated_policies)
+        if self.retry_after_s is not None:
+            body["retry_after"] = self.retry_after_s
+        return body
+
+    def get_body(
+        self,
+        environ: WSGIEnvironment | None = None,
+        scope: dict[str, Any] | None = None,
+    ) -> str:
+        return json.dumps(self.problem(), separators=(",", ":"))
+
+    def get_headers(
+        self,
+        environ: WSGIEnvironment | None = None,
+        scope: dict[str, Any] | None = None,
+    ) -> list[tuple[str, str]]:
+        headers = [("Content-Type", _MEDIA_TYPE), ("Cache-Control", "no-store")]
+        if self.retry_after_s is not None:
+            headers.append(("Retry-After", str(self.retry_after_s)))
+        return headers
+
+
+class RateLimitExceeded(_Problem, TooManyRequests):
+    """429: the request exceeds one or more rate limits; nothing was consumed.
+
+    ``violated_policies`` names the limits that denied (as in the ``RateLimit`` header);
+    ``retry_after`` is the seconds until the request could pass, rounded up.
+    """
+
+    problem_type = QUOTA_EXCEEDED
+    status = 429
+    title = "Request cannot be satisfied as the assigned quota has been exceeded"
+
+    def __init__(
+        self,
+        *,
+        retry_after: float | None,
+        violated_policies: Sequence[str],
+        instance: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        self.retry_after_s = (
+            retry_after_seconds(retry_after)
+            if retry_after is not None and math.isfinite(retry_after)
+            else None
+        )
+        self.violated_policies = tuple(violated_policies)
+        self.instance = instance
+        self.detail_text = detail or (
+            f"Rate limit {', '.join(self.violated_policies) or 'exceeded'}: "
+            + (
+                f"retry in {self.retry_after_s} s."
+                if self.retry_after_s is not None
+                else "this request can never be admitted."
+            )
+        )
+        TooManyRequests.__init__(self, description=self.detail_text, retry_after=self.retry_after_s)
+
+
+class ConcurrencyLimitExceeded(RateLimitExceeded):
+    """429: the client has as many requests in flight as its concurrency limit allows
+    (:mod:`flask_distlimit.defences.concurrency`); not a rate: one ending frees a slot."""
+
+    problem_type = CONCURRENCY_LIMIT_EXCEEDED
+    title = "Too many requests in flight at the same time"
+
+    def __init__(
+        self,
+        *,
+        retry_after: float | None,
+        violated_policies: Sequence[str],
+        instance: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        super().__init__(
+            retry_after=retry_after,
+            violated_policies=violated_policies,
+            instance=instance,
+            detail=detail
+            or (
+                f"Concurrency limit {', '.join(violated_policies)}: too many of your requests are "
+                "in progress at once. Retry when one of them has finished."
+            ),
+        )
+
+
+class Overloaded(_Problem, ServiceUnavailable):
+    """503: the service sheds this request's priority to keep capacity for more important
+    traffic (:mod:`flask_distlimit.defences.shedding`: this process is busy;
+    :mod:`flask_distlimit.defences.fleet`: the fleet is)."""
+
+    problem_type = TEMPORARY_REDUCED_CAPACITY
+    status = 503
+    title = "Request cannot be satisfied due to temporary server capacity constraints"
+
+    def __init__(
+        self,
+        *,
+        priority: str,
+        reason: str,
+        retry_after: float = 1.0,
+        instance: str | None = None,
+    ) -> None:
+        self.retry_after_s = retry_after_seconds(retry_after)
+        self.violated_policies = ()
+        self.instance = instance
+        self.priority = priority
+        self.reason = reason  #: "worker" or "fleet"
+        where = "this server is" if reason == "worker" else "the service is"
+        self.detail_text = (
+            f"Overloaded: {where} near capacity and sheds {priority} requests first, to keep "
+            f"room for more important ones; retry in {self.retry_after_s} s."
+        )
+        ServiceUnavailable.__init__(
+            self, description=self.detail_text, retry_after=self.retry_after_s
+        )
+
+    def problem(self) -> dict[str, Any]:
+        body = super().problem()
+        del body["violated-policies"]
+        body["priority"] = self.priority
+        return body
+
+
+class RateLimitUnavailable(_Problem, ServiceUnavailable):
+    """503: the rate-limit storage is unreachable and the failure policy is ``closed``; or
+    (``busy``) this process's limiter calls queued past their budget, whatever the policy
+    (:class:`~flask_distlimit.errors.StorageBusy`)."""
+
+    problem_type = TEMPORARY_REDUCED_CAPACITY
+    status = 503
+    title = "Request cannot be satisfied due to temporary server capacity constraints"
+
+    def __init__(
+        self,
+        *,
+        retry_after: float,
+        violated_policies: Sequence[str] = (),
+        instance: str | None = None,
+        detail: str | None = None,
+        busy: bool = False,
+    ) -> None:
+        self.retry_after_s = retry_after_seconds(retry_after)
+        self.violated_policies = tuple(violated_policies)
+        self.instance = instance
+        if busy and detail is None:
+            detail = (
+                "This server is overloaded: its rate-limit decisions queue past their budget; "
+                f"retry in {self.retry_after_s} s."
+            )
+        self.detail_text = detail or (
+            "The rate-limit store is unavailable and this route refuses requests it cannot "
+            f"count; retry in {self.retry_after_s} s."
+        )
+        ServiceUnavailable.__init__(
+            self, description=self.detail_text, retry_after=self.retry_after_s
+        )

@@ -1,0 +1,296 @@
+"""Limit values decided per request: a callable answering a limit string, or a mapping
+tier -> limit string.
+
+::
+
+    @limiter.limit(lambda: plans.limit_of(g.tenant_id), key_func=lambda: g.tenant_id)
+    @limiter.limit({"free": "10/minute", "pro": "100/minute", "*": "5/minute"})
+
+- A **callable** is called inside the request, after the app's ``before_request`` hooks (in the
+  view gate, like every ``key_func``). Its answer is kept per identity (the limit's key: its
+  ``key_func`` value, else the request's identity) for ``DISTLIMIT_DYNAMIC_LIMIT_TTL`` seconds.
+  It answers a limit string (``"100/minute"``, ``"10/second;1000/hour"``), or ``None`` / ``""``
+  for "no limit for this identity". An exception, or an answer that is none of these (not a
+  string, a string that is no limit, a rate the limit's algorithm cannot enforce, more rates
+  than a request may carry), is logged at ERROR and the limit's ``fallback`` applies: the limit
+  string given with ``limiter.limit(func, fallback="10/minute")``, else no limit. Never a 500.
+  The ERROR line comes at most once every :data:`LOG_INTERVAL` seconds per limit (with the
+  count of failures since the last one), not once per identity: fresh identities cost nothing
+  to make, so a client could otherwise have every request log one. The exception's text, which
+  may quote what the client sent (a header, a tenant id), is logged escaped (:func:`log_text`:
+  ``repr``, so a newline or an ANSI escape cannot forge a log line) and cut to
+  :data:`LOG_TEXT_MAX` characters.
+- A **mapping** is read at declaration (every value parsed then; a bad one raises
+  :class:`~flask_distlimit.errors.ConfigurationError`) and resolved against the request's tier
+  (:mod:`flask_distlimit.identity.tiers`); a tier missing from it takes the ``"*"`` entry, and
+  with no ``"*"`` entry the request is not limited by this limit.
+
+Each value has its own counter: the storage key carries the rate (``...:dyn:100/60``), so a
+changed value takes effect on the next request on every algorithm, starting from the new
+value's own counter. No algorithm is asked to reinterpret a key written under another rate (a
+GCRA key holds a theoretical arrival time in units of the old emission interval; reading it
+under a new one would be wrong, so it would have to be reset; per-value keys make that
+unnecessary). A client switching back to a value within its window finds that value's counter
+where it left it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Final, Generic, TypeVar
+
+from flask_distlimit.core.algorithms import MAX_LIMITS_PER_REQUEST, Algorithm, check_rate
+from flask_distlimit.core.limits import Rate, parse_rates
+from flask_distlimit.errors import ConfigurationError
+
+__all__ = [
+    "ANY_TIER",
+    "LOG_INTERVAL",
+    "LOG_TEXT_MAX",
+    "DynamicLimit",
+    "DynamicValue",
+    "LimitSource",
+    "log_text",
+    "read_value",
+    "ttl_us",
+]
+
+log = logging.getLogger("flask_distlimit")
+
+#: The mapping entry for every tier the mapping does not name.
+ANY_TIER: Final = "*"
+#: Answers kept per dynamic limit (identities); emptied when full.
+_KEPT: Final = 10_000
+#: Seconds (of the request clock) between two ERROR lines of one dynamic limit.
+LOG_INTERVAL: Final = 60.0
+#: The most characters of an exception's text, or of a tier, that a log line quotes.
+LOG_TEXT_MAX: Final = 200
+_US: Final = 1_000_000
+
+
+def log_text(value: object, limit: int = LOG_TEXT_MAX) -> str:
+    """``value`` as a log line may quote it when a client may have chosen it: ``repr`` of its
+    text cut to ``limit`` characters (with ``...`` and the full length), so control
+    characters, newlines and ANSI escapes come out escaped and a line stays short."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > limit:
+        return repr(text[:limit]) + f"... ({len(text)} characters)"
+    return repr(text)
+
+
+#: A limit value: a limit string, a callable answering one, or a mapping tier -> limit string.
+LimitSource = str | Callable[[], object] | Mapping[str, str]
+
+B = TypeVar("B")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class DynamicValue:
+    """A declared limit value that is not a plain string."""
+
+    source: Callable[[], object] | None  #: the callable, or None for a mapping
+    table: Mapping[str, tuple[Rate, ...]] | None  #: the mapping, parsed
+    fallback: tuple[Rate, ...]  #: when the callable fails
+    described: str  #: how messages and ``flask distlimit limits`` show it
+
+    @property
+    def by_tier(self) -> bool:
+        return self.table is not None
+
+    def most_rates(self) -> int:
+        """The most rates one request may get from this value, as known at declaration (a
+        callable's answer is checked when it comes)."""
+        if self.table is not None:
+            return max((len(r) for r in self.table.values()), default=0)
+        return max(len(self.fallback), 1)
+
+    def known_rates(self) -> tuple[Rate, ...]:
+        """Every rate known at declaration (the mapping's values, the fallback)."""
+        rates = [r for rs in (self.table or {}).values() for r in rs]
+        return (*rates, *self.fallback)
+
+    def check_algorithm(self, algorithm: Algorithm) -> None:
+        """Raise if ``algorithm`` cannot enforce a rate known at declaration."""
+        for rate in self.known_rates():
+            check_rate(algorithm, rate)
+
+
+def _name_of(func: object) -> str:
+    return str(getattr(func, "__qualname__", None) or repr(func))
+
+
+def read_value(value: object, fallback: str | None) -> tuple[tuple[Rate, ...], DynamicValue | None]:
+    """(the static rates, None) of a limit string, or ((), the dynamic value) of a callable or
+    a mapping; :class:`ConfigurationError` for anything else or a bad mapping value."""
+    if isinstance(value, str):
+        if fallback is not None:
+            raise ConfigurationError(
+                f"fallback={fallback!r} is only for a callable limit value; {value!r} is a "
+                "string. Drop fallback."
+            )
+        return parse_rates(value), None
+    fallback_rates: tuple[Rate, ...] = ()
+    if fallback is not None:
+        try:
+            fallback_rates = parse_rates(fallback)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"fallback={fallback!r}: {exc}") from None
+    if isinstance(value, Mapping):
+        if fallback is not None:
+            raise ConfigurationError(
+                f"fallback={fallback!r} is only for a callable limit value: a mapping's "
+                f"fallback is its {ANY_TIER!r} entry."
+            )
+        if not value:
+            raise ConfigurationError(
+                "A limit mapping needs at least one tier, e.g. "
+                "{'free': '10/minute', 'pro': '100/minute', '*': '5/minute'}."
+            )
+        table: dict[str, tuple[Rate, ...]] = {}
+        for tier, text in value.items():
+            if not isinstance(tier, str) or not tier:
+                raise ConfigurationError(
+                    f"A limit mapping has the key {tier!r}: use tier names (strings), and "
+                    f"{ANY_TIER!r} for every other tier."
+                )
+            try:
+                table[tier] = parse_rates(text)
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"The limit mapping's entry {tier!r}: {exc}") from None
+        shown = ", ".join(f"{t}={';'.join(map(str, r)) or 'none'}" for t, r in table.items())
+        return (), DynamicValue(None, table, (), "{" + shown + "}")
+    if callable(value):
+        return (), DynamicValue(value, None, fallback_rates, f"{_name_of(value)}()")
+    raise ConfigurationError(
+        f"A limit value must be a limit string ('100/minute'), a callable returning one, or a "
+        f"mapping tier -> limit string; got {value!r}."
+    )
+
+
+def _answer(raw: object) -> tuple[Rate, ...]:
+    """A callable's answer as rates; ``None`` and ``""`` are no limit."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, str):
+        raise TypeError(f"it returned {raw!r}, not a limit string")
+    return parse_rates(raw)
+
+
+class DynamicLimit(Generic[B]):
+    """One dynamic value bound to one route (or scope): resolves it per request and keeps the
+    answers per identity and the bound limits per value. ``make`` binds rates."""
+
+    __slots__ = (
+        "_answers",
+        "_logged_at",
+        "_made",
+        "_unlogged",
+        "algorithm",
+        "make",
+        "name",
+        "value",
+    )
+
+    def __init__(
+        self,
+        value: DynamicValue,
+        make: Callable[[tuple[Rate, ...]], tuple[B, ...]],
+        *,
+        algorithm: Algorithm,
+        name: str,
+    ) -> None:
+        self.value = value
+        self.make = make
+        self.algorithm = algorithm
+        self.name = name
+        self._answers: dict[str, tuple[int, tuple[Rate, ...]]] = {}
+        self._made: dict[tuple[Rate, ...], tuple[B, ...]] = {}
+        self._logged_at: int | None = None  # now_us of the last ERROR line
+        self._unlogged = 0  # failures since then, not logged
+
+    def _may_log(self, now_us: int) -> int | None:
+        """``None`` when an ERROR line was logged less than :data:`LOG_INTERVAL` seconds ago
+        (the failure is counted), else the failures left unlogged since the last line."""
+        last = self._logged_at
+        if last is not None and 0 <= now_us - last < LOG_INTERVAL * _US:
+            self._unlogged += 1
+            return None
+        self._logged_at = now_us
+        skipped, self._unlogged = self._unlogged, 0
+        return skipped
+
+    def _bound(self, rates: tuple[Rate, ...]) -> tuple[B, ...]:
+        made = self._made.get(rates)
+        if made is None:
+            if len(self._made) >= _KEPT:
+                self._made.clear()
+            made = self._made[rates] = self.make(rates)
+        return made
+
+    def resolve(
+        self, tag: str, tier: str | None, now_us: int, ttl_us: int, room: int
+    ) -> tuple[B, ...]:
+        """The bound limits of this request. ``tag`` names the counted identity, ``tier`` its
+        tier, ``room`` how many more limits the request may carry."""
+        table = self.value.table
+        if table is not None:
+            found = table.get(tier or ANY_TIER)
+            rates = found if found is not None else table.get(ANY_TIER, ())
+            if len(rates) > room:  # init_app counted the largest value: only a carried wrapper
+                skipped = self._may_log(now_us)
+                if skipped is not None:
+                    log.error(
+                        "The rate limit %s has %d rates for tier %s where the request has room "
+                        "for %d; the first %d apply (logged at most once a minute; %d since the "
+                        "last line).",
+                        self.name, len(rates), log_text(tier), room, room, skipped,
+                    )  # fmt: skip
+                rates = rates[:room]
+            return self._bound(rates) if rates else ()
+        kept = self._answers.get(tag)
+        if kept is not None and kept[0] > now_us:
+            rates = kept[1]
+        else:
+            rates = self._ask(room, now_us)
+            if ttl_us > 0:
+                if len(self._answers) >= _KEPT:
+                    self._answers.clear()
+                self._answers[tag] = (now_us + ttl_us, rates)
+        if len(rates) > room:  # the request gained limits since the answer was kept
+            rates = self.value.fallback[:room]
+        return self._bound(rates) if rates else ()
+
+    def _ask(self, room: int, now_us: int) -> tuple[Rate, ...]:
+        source = self.value.source
+        assert source is not None
+        try:
+            rates = _answer(source())
+            for rate in rates:
+                check_rate(self.algorithm, rate)
+            if len(rates) > room:
+                raise ConfigurationError(
+                    f"it returned {len(rates)} rates where this request has room for {room} "
+                    f"(at most {MAX_LIMITS_PER_REQUEST} limits per request)"
+                )
+            return rates
+        except Exception as exc:  # the app's code: any failure falls back, never a 500
+            fallback = self.value.fallback
+            skipped = self._may_log(now_us)
+            if skipped is not None:
+                log.error(
+                    "The limit value %s of the rate limit %s failed (%s: %s); using its "
+                    "fallback %s until it is asked again. Return a limit string such as "
+                    "'100/minute', or None for no limit. (Logged at most once a minute per "
+                    "limit; %d failure(s) since the last line.)",
+                    self.value.described, self.name, type(exc).__name__, log_text(exc),
+                    ";".join(map(str, fallback)) or "(no limit)", skipped,
+                )  # fmt: skip
+            return fallback
+
+
+def ttl_us(seconds: float) -> int:
+    """``DISTLIMIT_DYNAMIC_LIMIT_TTL`` in microseconds."""
+    return 0 if seconds <= 0 or not math.isfinite(seconds) else int(seconds * 1_000_000)

@@ -1,0 +1,107 @@
+"""Storage keys: ``<prefix>:{<identity tag>}:<limit id>:<algorithm>``.
+
+- The identity is a text ``<kind>:<value>``; each kind of identity is a key space of its own:
+
+  =========  ====================================================  ============================
+  kind       identity text                                         from
+  =========  ====================================================  ============================
+  ``ip``     ``ip:203.0.113.9``, ``ip:2001:db8::/64``,              the client address
+             ``ip:invalid``, ``ip:invalid-via:<proxy address>``
+  ``user``   ``user:<id>``                                         the ``identity_loader``
+  ``jwt``    ``jwt:sub:<subject>``, ``jwt:client_id:<id>``         a verified bearer token
+  ``apikey`` ``apikey:<HMAC hex>``                                 a verified API key
+  ``func``   ``func:<value>``                                      a limit's ``key_func``
+  =========  ====================================================  ============================
+
+  No kind's head (``ip:``, ``user:``, ...) begins another's, so two kinds never share a text,
+  hence never a tag nor a bucket: a ``key_func`` that returns ``"ip:203.0.113.9"`` counts under
+  ``func:ip:203.0.113.9``, never in that address's bucket.
+- The identity tag is a keyed digest of the identity text
+(:mod:`flask_distlimit.identity.digests`), so
+  braces, spaces, newlines or a 10 KB value cannot break a key or move it to another Redis
+  Cluster slot, every key of one client sits in one slot (Redis hashes only the part between
+  the first ``{`` and ``}``), and no client can choose that slot without the app's key.
+- The algorithm ends the key, so switching a limit's algorithm never reads a key of another type.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from flask import current_app, has_app_context
+
+from flask_distlimit.core.algorithms import Algorithm
+from flask_distlimit.identity.digests import IdentityTags
+
+__all__ = [
+    "IDENTITY_KINDS",
+    "client_pattern",
+    "identity_kind",
+    "identity_tag",
+    "key_parts",
+    "limit_key",
+]
+
+#: The head of every kind of identity text (see the module docstring).
+IDENTITY_KINDS: Final = ("ip:", "user:", "jwt:", "apikey:", "func:")
+
+_UNSAFE: Final = re.compile(r"[^A-Za-z0-9_.,;=/+\-]")
+
+
+def identity_tag(identity: str, tags: IdentityTags | None = None) -> str:
+    """The tag of an identity text in keys (``"ip:203.0.113.9"`` -> 20 hex characters): a
+    keyed digest (:mod:`flask_distlimit.identity.digests`), so it depends on the app.
+
+    ``tags``: the app's :class:`~flask_distlimit.identity.digests.IdentityTags`
+    (``limiter.state(app).tags``); by default the current app's, which needs an app context.
+    """
+    return (tags if tags is not None else _current_tags()).tag(identity)
+
+
+def _current_tags() -> IdentityTags:
+    state = current_app.extensions.get("distlimit") if has_app_context() else None
+    tags = getattr(state, "tags", None)
+    if not isinstance(tags, IdentityTags):
+        raise RuntimeError(
+            "Identity tags are keyed per app, and there is no app with a Limiter here. Call "
+            "this inside `with app.app_context():` of an app that called limiter.init_app(app), "
+            "or pass tags=limiter.state(app).tags."
+        )
+    return tags
+
+
+def identity_kind(identity: str) -> str | None:
+    """The kind of an identity text (``"ip"``, ``"user"``, ``"jwt"``, ``"apikey"``, ``"func"``),
+    ``None`` when it names none."""
+    for head in IDENTITY_KINDS:
+        if identity.startswith(head):
+            return head[:-1]
+    return None
+
+
+def _safe(part: str) -> str:
+    return _UNSAFE.sub("_", part)[:200]
+
+
+def key_parts(prefix: str, limit_id: str, algorithm: Algorithm) -> tuple[str, str]:
+    """``("<prefix>:{", "}:<limit id>:<algorithm>")``: a key is ``head + tag + tail``."""
+    return f"{prefix}:{{", f"}}:{_safe(limit_id)}:{algorithm}"
+
+
+def limit_key(
+    prefix: str,
+    identity: str,
+    limit_id: str,
+    algorithm: Algorithm,
+    tags: IdentityTags | None = None,
+) -> str:
+    """The storage key of one limit for one client identity (``tags`` as in
+    :func:`identity_tag`)."""
+    head, tail = key_parts(prefix, limit_id, algorithm)
+    return head + identity_tag(identity, tags) + tail
+
+
+def client_pattern(prefix: str, identity: str, tags: IdentityTags | None = None) -> str:
+    """A SCAN ``MATCH`` pattern for every key of one client (for inspect/reset)."""
+    return f"{prefix}:{{{identity_tag(identity, tags)}}}:*"

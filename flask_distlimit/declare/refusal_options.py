@@ -1,0 +1,52 @@
+"""What a refused limit answers with: its own ``on_breach`` hook and ``error_message``.
+
+``@limiter.limit("5/minute", on_breach=hook, error_message="Too many login attempts")``: when
+this limit is among those that refused a request, its hook is called instead of the Limiter's
+(the first denied limit that has one wins) and its message becomes the 429's ``detail``. A
+message callable that raises or answers no string is logged and the standard detail is used.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from flask_distlimit._typing import LimitBreachHook
+
+if TYPE_CHECKING:
+    from flask_distlimit.declare.route_limits import BoundLimit
+
+__all__ = ["breach_hook", "error_message"]
+
+log = logging.getLogger("flask_distlimit")
+
+
+def breach_hook(
+    denied: Sequence[BoundLimit], default: LimitBreachHook | None
+) -> LimitBreachHook | None:
+    """The hook of the first denied limit that has one, else ``default``."""
+    for b in denied:
+        if b.on_breach is not None:
+            return b.on_breach
+    return default
+
+
+def error_message(denied: Sequence[BoundLimit]) -> str | None:
+    """The ``error_message`` of the first denied limit that has one, if it answers a string."""
+    for b in denied:
+        message = b.error_message
+        if message is None:
+            continue
+        if isinstance(message, str):
+            return message
+        try:
+            text = message()
+        except Exception:
+            log.exception("The error_message callable of the rate limit %s raised.", b.name)
+            return None
+        if isinstance(text, str):
+            return text
+        log.error("The error_message callable of the rate limit %s answered %r.", b.name, text)
+        return None
+    return None

@@ -1,0 +1,413 @@
+"""What the declared limits become for one route: bound limits and the route's plan.
+
+For one app, endpoint and method, :func:`build_plan` binds the declarations
+(:mod:`flask_distlimit.declare.declarations`) once into a :class:`RoutePlan` of :class:`BoundLimit`
+values: rate, algorithm, limit id, storage-key parts and header strings all computed then, so a
+request only hashes its identity and formats keys.
+
+Which limits apply to a request (documented in the user guide too):
+
+1. ``DISTLIMIT_GLOBAL_LIMITS``, keyed on the client IP, on every non-exempt request (also those
+   that reach no view: a 404, or a ``before_request`` hook that answered first);
+2. the tier limits (``DISTLIMIT_TIERS``) of the request's identity, on every non-exempt request;
+3. the route's own limits (declared on its view function, its view class or the class's handler
+   of the request method); if it has none, the limits of its innermost limited blueprint; if
+   none either, ``DISTLIMIT_DEFAULT_LIMITS``.
+
+An exemption (of the view, its class, the method's handler, or a blueprint it is registered
+through, nested ones included) wins over every limit.
+
+Limit ids make the same declared limit hit the same key from every worker and replica:
+
+- route, blueprint and default limits: ``r:<endpoint>[:<METHOD>]:<amount>/<period>``, one counter
+  per route (a view registered under two endpoints has the same limits, counted per endpoint;
+  a limit declared on a class-based view's method is counted per method); ``HEAD`` is counted
+  as ``GET`` (Flask answers it with the GET view), so it never has a counter of its own;
+- a ``scope`` (``shared_limit`` or ``limit(..., scope=...)``): ``s:<scope>[:<METHOD>]:...``, one
+  counter for every route that names the scope;
+- global: ``g:<amount>/<period>``; tier: ``t:<tier>:<amount>/<period>``.
+- a second (third...) ``key_func`` limit of the same rate and algorithm on one route: its id
+  ends in ``:k2`` (``:k3``...), so two key functions that answer the same text never share a
+  count (:func:`distinct`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from flask_distlimit._typing import (
+    CostFunc,
+    DeductWhen,
+    ErrorMessage,
+    ExemptWhen,
+    FailurePolicy,
+    KeyFunc,
+    LimitBreachHook,
+)
+from flask_distlimit.core.algorithms import CONCURRENCY, Algorithm
+from flask_distlimit.core.decision import Check
+from flask_distlimit.core.limits import Rate
+from flask_distlimit.declare.declarations import LimitRegistry, LimitSpec
+from flask_distlimit.declare.dynamic_limits import DynamicLimit
+from flask_distlimit.declare.keys import key_parts
+from flask_distlimit.errors import ConfigurationError
+from flask_distlimit.request.headers import concurrency_policy_item, policy_item, sf_string
+
+__all__ = ["EXEMPT", "BoundLimit", "RoutePlan", "bind", "build_plan", "distinct", "strictest"]
+
+KeyedOn = Literal["ip", "identity", "func"]
+
+#: How strict each failure policy is, to pick one when several limits of a route set one.
+_STRICTNESS: dict[FailurePolicy, int] = {"open": 0, "local": 1, "closed": 2}
+#: Checks of cost 1 kept per bound limit, by identity tag (the same clients come back; a frozen
+#: Check and its key cost ~0.7 us to build). Emptied when full: at most this many per limit.
+_CHECKS_KEPT = 512
+
+
+@dataclass(frozen=True, slots=True)
+class BoundLimit:
+    """One rate of one spec, bound to an app's settings and (for route limits) an endpoint."""
+
+    name: str  #: policy name in headers, logs and ``violated-policies``, e.g. ``orders:100/minute``
+    limit_id: str
+    rate: Rate
+    algorithm: Algorithm
+    keyed_on: KeyedOn
+    key_head: str  #: ``<prefix>:{``
+    key_tail: str  #: ``}:<limit id>:<algorithm>``
+    policy: str  #: the ``RateLimit-Policy`` item
+    quoted: str  #: the name as a structured-field string
+    key_func: KeyFunc | None = None
+    cost: int | CostFunc | None = None
+    exempt_when: ExemptWhen | None = None
+    #: a callable or mapping value: the limits of a request come from ``dynamic.resolve``
+    #: (this one is a placeholder, never checked itself)
+    dynamic: DynamicLimit[BoundLimit] | None = None
+    deduct_when: DeductWhen | None = None
+    on_breach: LimitBreachHook | None = None
+    error_message: ErrorMessage | None = None
+    shown: str = ""  #: the declared value, for listings
+    shadow: bool = False  #: counted, never refuses (:mod:`flask_distlimit.defences.shadow`)
+    #: quota leasing (:mod:`flask_distlimit.resilience.leases`): False, True (sized) or units
+    lease: bool | int = False
+    _unit_checks: dict[str, Check] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    @property
+    def plain(self) -> bool:
+        """A rate limit on the request's identity with nothing to call or resolve per request
+        (no ``key_func``, cost function, ``exempt_when``, dynamic value or ``deduct_when``),
+        neither a concurrency limit nor a shadow one: the request path's common case."""
+        return (
+            self.key_func is None
+            and self.cost is None
+            and self.exempt_when is None
+            and self.dynamic is None
+            and self.deduct_when is None
+            and not self.shadow
+            and self.algorithm != CONCURRENCY
+        )
+
+    @property
+    def most_rates(self) -> int:
+        """The most limits this one puts in a request (a dynamic value's largest known)."""
+        return 1 if self.dynamic is None else self.dynamic.value.most_rates()
+
+    @property
+    def needs_identity(self) -> bool:
+        """The request's identity is needed: for the key, or for a mapping's tier."""
+        return self.key_func is None or (self.dynamic is not None and self.dynamic.value.by_tier)
+
+    def key(self, tag: str) -> str:
+        """The storage key for an identity tag (the app's
+        :attr:`~flask_distlimit.state.LimiterState.identity_tag` of an identity text, whose kind
+        comes first: :mod:`flask_distlimit.declare.keys`)."""
+        return self.key_head + tag + self.key_tail
+
+    def check(self, tag: str, cost: int) -> Check:
+        """The :class:`~flask_distlimit.core.decision.Check` of this limit for an identity tag."""
+        if cost != 1:
+            return Check(
+                self.key(tag), self.algorithm, self.rate.amount, self.rate.period, cost, self.shadow
+            )
+        kept = self._unit_checks
+        found = kept.get(tag)
+        if found is None:
+            if len(kept) >= _CHECKS_KEPT:
+                kept.clear()
+            found = Check(
+                self.key(tag), self.algorithm, self.rate.amount, self.rate.period, 1, self.shadow
+            )
+            kept[tag] = found
+        return found
+
+
+def _call_scope(spec: LimitSpec, endpoint: str) -> str:
+    """A ``scope`` callable's answer for ``endpoint``, or ``ConfigurationError``."""
+    func = spec.scope
+    assert callable(func)
+    name = getattr(func, "__qualname__", func)
+    try:
+        scope = func(endpoint)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"The scope callable {name!r} of the limit on {spec.declared_on} raised "
+            f"{type(exc).__name__}: {exc} for the endpoint {endpoint!r}. It is called with the "
+            "endpoint when the route's limits are bound and must answer a non-empty string."
+        ) from exc
+    if not isinstance(scope, str) or not scope:
+        raise ConfigurationError(
+            f"The scope callable {name!r} of the limit on {spec.declared_on} answered "
+            f"{scope!r} for the endpoint {endpoint!r}: it must answer a non-empty string."
+        )
+    return scope
+
+
+def bind(
+    spec: LimitSpec,
+    *,
+    prefix: str,
+    default_algorithm: Algorithm,
+    label: str,
+    method: str | None = None,
+    shadow: bool = False,
+) -> list[BoundLimit]:
+    """The bound limits of ``spec``; ``label`` is the endpoint (ignored when scoped);
+    ``shadow`` makes them shadow limits whatever the spec says (``DISTLIMIT_SHADOW = True``)."""
+    if shadow and not spec.shadow:
+        spec = replace(spec, shadow=True)
+    algorithm = spec.algorithm or default_algorithm
+    keyed_on: KeyedOn = "identity"
+    if spec.kind == "global":
+        id_head, name_head, keyed_on = "g", "global", "ip"
+    elif spec.kind == "tier":
+        id_head, name_head = f"t:{spec.tier}", f"tier-{spec.tier}"
+    else:
+        if spec.scope is not None:
+            scope = spec.scope if isinstance(spec.scope, str) else _call_scope(spec, label)
+            id_head, name_head = f"s:{scope}", scope
+        else:
+            id_head, name_head = f"r:{label}", label
+        if spec.per_method and method is not None:
+            # Flask answers HEAD with the GET view: one counter for both, or it runs twice
+            counted = "GET" if method == "HEAD" else method
+            id_head += f":{counted}"
+            name_head += f":{counted}"
+        if spec.key_func is not None:
+            keyed_on = "func"
+    if spec.dynamic is not None:
+        static = replace(spec, dynamic=None)
+
+        def make(rates: tuple[Rate, ...]) -> tuple[BoundLimit, ...]:
+            return tuple(
+                _bind_rates(replace(static, rates=rates), algorithm, keyed_on, id_head + ":dyn",
+                            name_head, prefix)
+            )  # fmt: skip
+
+        resolver = DynamicLimit(
+            spec.dynamic, make, algorithm=algorithm, name=f"{name_head}:{spec.dynamic.described}"
+        )
+        head, tail = key_parts(prefix, id_head + ":dyn", algorithm)
+        return [
+            BoundLimit(
+                name=resolver.name,
+                limit_id=id_head + ":dyn",
+                rate=Rate(1, 1),  # a placeholder: the request's rates come from the resolver
+                algorithm=algorithm,
+                keyed_on=keyed_on,
+                key_head=head,
+                key_tail=tail,
+                policy="",
+                quoted=sf_string(resolver.name),
+                key_func=spec.key_func,
+                cost=spec.cost,
+                exempt_when=spec.exempt_when,
+                dynamic=resolver,
+                deduct_when=spec.deduct_when,
+                on_breach=spec.on_breach,
+                error_message=spec.error_message,
+                shown=spec.dynamic.described,
+                shadow=spec.shadow,
+            )
+        ]
+    return _bind_rates(spec, algorithm, keyed_on, id_head, name_head, prefix)
+
+
+def _bind_rates(
+    spec: LimitSpec,
+    algorithm: Algorithm,
+    keyed_on: KeyedOn,
+    id_head: str,
+    name_head: str,
+    prefix: str,
+) -> list[BoundLimit]:
+    bound: list[BoundLimit] = []
+    for rate in spec.rates:
+        limit_id = f"{id_head}:{rate.amount}/{rate.period}"
+        name = f"{name_head}:{rate}"
+        if algorithm == CONCURRENCY:  # not a rate: N in flight (defences.concurrency)
+            limit_id, name = f"{id_head}:c{rate.amount}", f"{name_head}:{rate.amount} in flight"
+        # The key parts come from keys.key_parts, so keys stay in one format.
+        head, tail = key_parts(prefix, limit_id, algorithm)
+        bound.append(
+            BoundLimit(
+                name=name,
+                limit_id=limit_id,
+                rate=rate,
+                algorithm=algorithm,
+                keyed_on=keyed_on,
+                key_head=head,
+                key_tail=tail,
+                policy=(
+                    concurrency_policy_item(name, rate.amount)
+                    if algorithm == CONCURRENCY
+                    else policy_item(name, rate.amount, rate.period)
+                ),
+                quoted=sf_string(name),
+                key_func=spec.key_func,
+                cost=spec.cost,
+                exempt_when=spec.exempt_when,
+                deduct_when=spec.deduct_when,
+                on_breach=spec.on_breach,
+                error_message=spec.error_message,
+                shown=str(rate),
+                shadow=spec.shadow,
+                lease=spec.lease,
+            )
+        )
+    return bound
+
+
+def distinct(bound: Iterable[BoundLimit], prefix: str) -> tuple[BoundLimit, ...]:
+    """``bound`` with a key space of its own for each ``key_func`` limit of one rate and
+    algorithm: the second and later of them get ``:k2``, ``:k3``... after their limit id.
+
+    A ``key_func``'s answer is tagged ``func:<value>`` whatever the function, so without this a
+    per-tenant and a per-user limit of ``2/minute`` on one route would count tenant ``x`` and
+    user ``x`` together. Declaration order is the same in every process, so are the ids.
+    """
+    out: list[BoundLimit] = []
+    seen: dict[tuple[str, str], int] = {}
+    for b in bound:
+        if b.key_func is not None and b.dynamic is None:
+            n = seen[(b.limit_id, b.algorithm)] = seen.get((b.limit_id, b.algorithm), 0) + 1
+            if n > 1:
+                limit_id = f"{b.limit_id}:k{n}"
+                head, tail = key_parts(prefix, limit_id, b.algorithm)
+                b = replace(b, limit_id=limit_id, key_head=head, key_tail=tail)
+        out.append(b)
+    return tuple(out)
+
+
+def strictest(policies: Iterable[FailurePolicy | None]) -> FailurePolicy | None:
+    """The strictest of the ``on_failure`` policies a route's limits set, if any."""
+    found: FailurePolicy | None = None
+    for policy in policies:
+        if policy is not None and (found is None or _STRICTNESS[policy] > _STRICTNESS[found]):
+            found = policy
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class RoutePlan:
+    """The route-layer limits of one endpoint and method (global and tier limits come apart)."""
+
+    exempt: bool
+    limits: tuple[BoundLimit, ...] = ()
+    policy: FailurePolicy | None = None  #: the strictest ``on_failure`` of the limits, if any
+    needs_identity: bool = False  #: some limit keys on the request's identity (no key_func)
+    #: the objects (wrappers) whose limits this plan holds: they need not enforce them again
+    covered: frozenset[object] = frozenset()
+    #: every limit is a plain rate limit on the identity (see :attr:`BoundLimit.plain`)
+    plain: bool = False
+
+    @property
+    def idle(self) -> bool:
+        """No route limit, no exemption, no limit wrapper: only global and tier limits apply."""
+        return not (self.limits or self.exempt or self.covered)
+
+
+EXEMPT = RoutePlan(exempt=True)
+
+
+def build_plan(
+    registry: LimitRegistry,
+    *,
+    endpoint: str | None,
+    view: object | None,
+    blueprints: Sequence[object],
+    method: str,
+    default_limits: Iterable[LimitSpec],
+    prefix: str,
+    default_algorithm: Algorithm,
+    shadow: bool = False,
+) -> RoutePlan:
+    """Bind the limits of one endpoint and method.
+
+    ``view`` is the app's view function for the endpoint (as registered, before the extension
+    wrapped it); ``blueprints`` the blueprint objects the endpoint is registered through,
+    innermost first. ``endpoint`` None (no route matched: a 404 or 405) gets no route limits.
+    """
+    if endpoint is None:
+        return RoutePlan(exempt=False)
+    every, one = registry.attached(view, method) if view is not None else ([], [])
+    found = [*every, *one]
+    covered = frozenset(o for o in found if o in registry.views)  # limit wrappers among them
+    if any(o in registry.exempt_views for o in found) or any(
+        bp in registry.exempt_blueprints for bp in blueprints
+    ):
+        return RoutePlan(exempt=True, covered=covered)
+    specs: list[LimitSpec] = []
+    seen_specs: set[int] = set()
+    for objects, per_method in ((every, False), (one, True)):
+        for o in objects:
+            for spec in registry.views.get(o, ()):
+                if id(spec) not in seen_specs:
+                    seen_specs.add(id(spec))
+                    specs.append(spec.with_kind(spec.kind, per_method=True) if per_method else spec)
+    # methods=[...]: a limit applies to those methods only; a route none of whose limits
+    # applies to this method falls back to its blueprint's, then to the defaults.
+    # override_defaults=False on every limit found so far: the next layer's limits (the
+    # innermost limited blueprint's, then the defaults) apply beside them, as in Flask-Limiter.
+    specs = [s for s in specs if s.methods is None or method in s.methods]
+    if not specs or all(not spec.override_defaults for spec in specs):
+        for bp in blueprints:  # innermost first
+            bp_specs = [
+                s
+                for s in registry.blueprints.get(bp, ())
+                if s.methods is None or method in s.methods
+            ]
+            if bp_specs:
+                specs.extend(bp_specs)
+                break
+    if not specs:
+        specs = list(default_limits)
+    elif all(not spec.override_defaults for spec in specs):
+        specs.extend(default_limits)
+    bound: list[BoundLimit] = []
+    seen: set[str] = set()
+    for spec in specs:
+        for b in bind(
+            spec,
+            prefix=prefix,
+            default_algorithm=default_algorithm,
+            label=endpoint,
+            method=method,
+            shadow=shadow,
+        ):
+            dedupe = f"{b.limit_id}|{b.algorithm}|{id(b.key_func)}"
+            if dedupe not in seen:
+                seen.add(dedupe)
+                bound.append(b)
+    limits = distinct(bound, prefix)
+    return RoutePlan(
+        exempt=False,
+        limits=limits,
+        policy=strictest(spec.on_failure for spec in specs),
+        needs_identity=any(b.needs_identity for b in bound),
+        covered=covered,
+        plain=all(b.plain for b in limits),
+    )

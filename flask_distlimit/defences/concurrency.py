@@ -1,0 +1,127 @@
+"""Concurrent-requests limits: at most N requests of one identity in flight, fleet-wide.
+
+``@limiter.concurrency(20)`` declares one (``key_func=`` and ``scope=`` as for a rate limit). Its
+slot is taken in the request's one storage call, all-or-nothing with the request's rate limits
+(the algorithm ``concurrency`` of the script, ``lua/concurrency.lua``, and its twin in
+:mod:`flask_distlimit.engine.twins` for ``memory://`` and the local fallback):
+
+- each request draws a random *token*; the key is a sorted set of the tokens in flight, scored by
+  when their *lease* ends (``DISTLIMIT_CONCURRENCY_LEASE``, seconds);
+- when the response ends, the slot is given back in a second, small storage call: a *release*
+  check (:attr:`~flask_distlimit.core.decision.Check.release`) through the ordinary evaluation
+  (``evaluate_parts``, each part on its own), so every storage sends it as it sends any check.
+  It is not sent to a node whose circuit breaker lets no call through (on a Redis Cluster each
+  slot group asks its own primary's breaker, and the groups on live primaries are given back),
+  and that breaker hears how it ended, as it hears a request's call: an outage counts toward
+  opening it, an answer resets its count, an error reply is an answer
+  (:meth:`Guard.evaluate_beside <flask_distlimit.resilience.guard.Guard.evaluate_beside>`). The
+  lease gives back the slots not given back. When the response ends is the request's ledger's to say
+  (:mod:`flask_distlimit.defences.lifecycle`): when the app returns a complete body, else when the
+  WSGI server closes the body (after its last chunk, a ``send_file`` body too), or when an exception
+  escapes the app; a body the server iterates renews the slots' lease while it lasts (the same
+  tokens taken again: the script renews a live slot's lease);
+- a slot whose process died (SIGKILL, OOM) is given back by its lease: the next request of that
+  identity removes the slots whose lease ended, in the same script call. No background thread;
+- a refusal is a 429 :class:`~flask_distlimit.core.problem.ConcurrencyLimitExceeded` (problem type
+  ``.../concurrency-limit-exceeded``), never cached by the deny cache: a slot may free any moment;
+- failure policies apply: ``open`` admits, ``closed`` answers 503, ``local`` holds the slots in
+  the process at N divided by the instances (``DISTLIMIT_INSTANCES``) and gives them back there.
+
+A view that runs longer than the lease, or a file sent with ``sendfile(2)`` for longer, loses its
+slot early (it is then under-counted): nothing renews it meanwhile. Rate-limit headers never
+describe a concurrency limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
+
+from flask_distlimit.core.algorithms import CONCURRENCY
+from flask_distlimit.core.decision import Check
+
+if TYPE_CHECKING:
+    from flask_distlimit.declare.route_limits import BoundLimit
+    from flask_distlimit.state import LimiterState
+
+__all__ = ["SlotRelease", "is_slot_key", "slot_check"]
+
+#: Tokens are drawn below 2^53: the script keeps them exact as Lua numbers.
+_TOKEN_LIMIT: Final = 2**53 - 1
+_SUFFIX: Final = ":" + CONCURRENCY
+
+
+def slot_check(b: BoundLimit, tag: str, lease: int) -> Check:
+    """A check taking one slot of the concurrency limit ``b`` for an identity tag, under a
+    fresh token, for ``lease`` seconds."""
+    return Check(
+        b.key(tag), CONCURRENCY, b.rate.amount, lease, 1, token=secrets.randbelow(_TOKEN_LIMIT) + 1
+    )
+
+
+def is_slot_key(key: str) -> bool:
+    """Whether a storage key is a concurrency limit's (keys end with their algorithm)."""
+    return key.endswith(_SUFFIX)
+
+
+class SlotRelease:
+    """The slots one request took: a holding of its ledger
+    (:mod:`flask_distlimit.defences.lifecycle`), given back once when the response ends, renewed
+    while a long body is sent. Safe to call for slots that were never taken (a refused request):
+    releasing an absent token changes nothing."""
+
+    __slots__ = ("_checks", "_degraded", "_done", "_state")
+
+    def __init__(self, state: LimiterState) -> None:
+        self._state = state
+        self._checks: list[Check] = []
+        self._degraded = False
+        self._done = False
+
+    def add(self, checks: Sequence[Check]) -> None:
+        """Slots a storage call is about to take."""
+        self._checks.extend(dataclasses.replace(c, release=True) for c in checks)
+
+    def discard(self, checks: Sequence[Check]) -> None:
+        """Slots the storage refused to take (the request was denied): nothing to give back."""
+        tokens = {c.token for c in checks}
+        self._checks = [c for c in self._checks if c.token not in tokens]
+
+    def degraded(self) -> None:
+        """The local fallback decided the request: its slots are held in this process."""
+        self._degraded = True
+
+    def release(self) -> None:
+        self()
+
+    def renew(self) -> None:
+        """Take the slots again under their tokens, in the storage: each live slot's lease
+        starts again (a slot whose lease ended is taken again if there is room). Slots the
+        local fallback holds (the request was decided during an outage) are not renewed: they
+        end at their lease, since a local evaluation would count as a failure and keep the
+        process on local limits. Never raises an Exception."""
+        if self._done or not self._checks or self._degraded:
+            return
+        state = self._state
+        again = [dataclasses.replace(c, release=False) for c in self._checks]
+        state.guard.evaluate_beside(
+            again, "a concurrency slot's renewal", now_us=state.storage_now()
+        )
+
+    def __call__(self) -> None:
+        if self._done or not self._checks:
+            return
+        self._done = True
+        state = self._state
+        guard = state.guard
+        now = state.storage_now()
+        for fallback, part in guard.fallbacks_for(self._checks):
+            if self._degraded or fallback.holding:
+                # never fallback.evaluate: a give-back is no outage, and must not engage it
+                fallback.release(part, instances=guard.instances.divisor, now_us=now)
+        # Only to the nodes whose breaker lets a call through (each slot group's own on a
+        # Redis Cluster), which hear how it ended; the lease gives back the slots of the
+        # others, and of a node that failed.
+        guard.evaluate_beside(self._checks, "a concurrency slot's give-back", now_us=now)

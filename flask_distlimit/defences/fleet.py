@@ -1,0 +1,96 @@
+"""Fleet-usage load shedding: capacity in flight across every instance, with a reserve for the
+most important traffic.
+
+``DISTLIMIT_FLEET_CAPACITY`` = C (requests in flight across the fleet; 0, the default, turns it
+off) and ``DISTLIMIT_FLEET_SHARES`` (default ``{"critical": 1.0, "default": 0.8,
+"sheddable": 0.6}``): a request of priority p (:mod:`flask_distlimit.core.priorities`) is admitted
+while fewer than ``floor(C * share[p])`` requests are in flight fleet-wide. So with the defaults
+sheddable traffic may fill 60% of the capacity, default traffic 80%, and the last 20% is kept
+for critical requests.
+
+It is a concurrency slot (:mod:`flask_distlimit.defences.concurrency`) on ONE key for the whole
+fleet (``<prefix>:{fleet}:fleet:concurrency``), whose limit depends on the request's priority, taken
+in the request's one storage call with its rate limits (all-or-nothing), and given back when the
+request ends; a slot of a dead process comes back after ``DISTLIMIT_CONCURRENCY_LEASE``. Over
+its share, a request gets a 503 :class:`~flask_distlimit.core.problem.Overloaded` with
+``Retry-After: 1``. Exempt routes (``@limiter.exempt``, static files) are not counted, so keep
+health checks exempt. Failure policies apply: ``open`` admits when Redis is down, ``closed``
+answers 503, ``local`` holds each process's part (C divided by the instances).
+
+The key is one Redis key: every request of the fleet writes it twice (the slot, its release).
+That is cheap (a sorted-set add and remove), but in a Redis Cluster it lives on one node.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Final
+
+from flask_distlimit.core.algorithms import CONCURRENCY
+from flask_distlimit.core.decision import Check
+from flask_distlimit.core.limits import Rate
+from flask_distlimit.core.priorities import PRIORITIES, Priority
+from flask_distlimit.declare.keys import key_parts
+from flask_distlimit.declare.route_limits import BoundLimit
+from flask_distlimit.defences.concurrency import slot_check
+from flask_distlimit.request.headers import policy_item, sf_string
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from flask_distlimit.storage.base import Storage
+
+__all__ = ["FLEET_TAG", "Fleet"]
+
+#: The hash tag of the fleet's key: never an identity tag (those are hex digests).
+FLEET_TAG: Final = "fleet"
+
+
+class Fleet:
+    """The fleet's capacity and each priority's part of it (see the module docstring)."""
+
+    def __init__(
+        self, prefix: str, capacity: int, shares: Mapping[Priority, float], lease: int
+    ) -> None:
+        self.capacity = capacity
+        self.lease = lease
+        head, tail = key_parts(prefix, "fleet", CONCURRENCY)
+        self.key = head + FLEET_TAG + tail
+        #: one bound "limit" per priority: the same key, each its own number of slots
+        self._bounds: dict[Priority, BoundLimit] = {}
+        for p in PRIORITIES:
+            slots = max(1, math.floor(capacity * shares[p]))
+            name = f"fleet:{p}"
+            self._bounds[p] = BoundLimit(
+                name=name,
+                limit_id="fleet",
+                rate=Rate(slots, 1),
+                algorithm=CONCURRENCY,
+                keyed_on="ip",
+                key_head=head,
+                key_tail=tail,
+                policy=policy_item(name, slots, 1),
+                quoted=sf_string(name),
+            )
+
+    def slots(self, priority: Priority) -> int:
+        return self._bounds[priority].rate.amount
+
+    def bound(self, priority: Priority) -> BoundLimit:
+        return self._bounds[priority]
+
+    def check(self, priority: Priority) -> Check:
+        """A check taking one of ``priority``'s slots of the fleet, under a fresh token."""
+        return slot_check(self._bounds[priority], FLEET_TAG, self.lease)
+
+    def usage(self, storage: Storage, now_us: int | None = None) -> dict[str, object]:
+        """Requests in flight across the fleet now (a peek; expired slots are removed)."""
+        peek = Check(self.key, CONCURRENCY, self.capacity, self.lease, 0)
+        decision = storage.evaluate([peek], now_us=now_us).decisions[0]
+        in_flight = self.capacity - decision.remaining
+        return {
+            "capacity": self.capacity,
+            "in_flight": in_flight,
+            "utilization": round(in_flight / self.capacity, 4),
+            "slots": {p: self.slots(p) for p in PRIORITIES},
+        }

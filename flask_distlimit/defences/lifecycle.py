@@ -1,0 +1,277 @@
+"""What a request takes, and the one release that gives it all back, however the response ends.
+
+A request may take a place among its process's requests in flight (worker shedding,
+:mod:`flask_distlimit.defences.shedding`) and concurrency slots, the fleet's among them
+(:mod:`flask_distlimit.defences.concurrency`, :mod:`flask_distlimit.defences.fleet`). Each is a
+*holding*: it can be released (once) and renewed. The request's holdings are kept in one
+:class:`Ledger`, in the request's WSGI environ, and :meth:`Ledger.end` releases them all, exactly
+once.
+
+Where the end comes from: Flask hooks do not see every end. ``teardown_request`` runs before a
+streamed body is iterated; a response's ``close()`` is never called for a ``send_file``
+response, which werkzeug serves with ``direct_passthrough`` (the server's
+``wsgi.file_wrapper`` goes to the server as it is, not the response object). So the end is
+decided at the WSGI level, by :class:`Lifecycle`, which ``init_app`` installs around
+``app.wsgi_app`` (outside Flask, inside every middleware wrapped around it later):
+
+1. The app raised (an exception that escaped Flask, e.g. under ``PROPAGATE_EXCEPTIONS``): the
+   ledger ends, the exception goes on.
+2. The app returned, and the response it made was complete (not streamed: Flask made its whole
+   body, as the extension's ``after_request`` hook saw it): the ledger ends now, before the
+   server writes the bytes. This is the common case, and it ends also under a test client that
+   never closes its responses. (An ``after_request`` hook registered before ``init_app`` runs
+   after the extension's: one that swaps a complete response for a streamed one gives that
+   stream's holdings back before it streams.)
+3. Otherwise (a streamed body, a ``send_file`` body, anything not known to be complete), the
+   ledger ends when the server closes the iterable it got, as PEP 3333 requires of every server,
+   after its last chunk, after a generator that raised, after a client that went away
+   mid-body. The iterable is wrapped so that its ``close()`` calls the ledger's end after the
+   inner ``close()``. A ``send_file`` body under a server with ``wsgi.file_wrapper`` (gunicorn)
+   is not wrapped, so the server still recognises its own wrapper and sends the file with
+   ``sendfile(2)``: while the app runs, ``environ["wsgi.file_wrapper"]`` wraps the file it is
+   given in a proxy whose ``close()`` (which the server's wrapper calls) ends the ledger; the
+   server's own wrapper is put back before the server sees the environ again.
+
+Deadlines: nothing taken is held for ever. A slot carries its lease in the storage
+(``DISTLIMIT_CONCURRENCY_LEASE``), a place in flight the same deadline in the process (a place
+past it is dropped when the process would otherwise shed). A body iterated through the wrapper
+(a stream, a file the server reads through Python) renews every holding each time half the
+lease has passed, so a long stream keeps its slot while it streams. A file sent with
+``sendfile(2)`` and a view that runs longer than the lease are not renewed (no Python code
+runs meanwhile, and there is no background thread): their holdings end at the lease.
+
+Requests that take nothing get no ledger: the wrapper costs them an empty list in the environ.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+    from flask import Flask
+    from werkzeug.wrappers import Response as WerkzeugResponse
+
+__all__ = ["Holding", "Ledger", "Lifecycle"]
+
+log = logging.getLogger("flask_distlimit")
+
+_FILE_WRAPPER: Final = "wsgi.file_wrapper"
+
+
+class Holding(Protocol):
+    """Something a request took: given back once by :meth:`release`, kept by :meth:`renew`."""
+
+    def release(self) -> None: ...
+
+    def renew(self) -> None: ...
+
+
+class Ledger:
+    """One request's holdings, released together, once (see the module docstring)."""
+
+    __slots__ = (
+        "_clock",
+        "_ended",
+        "_holdings",
+        "_lock",
+        "_renew_at",
+        "_renew_every",
+        "complete",
+        "files",
+        "lent",
+    )
+
+    def __init__(self, clock: Callable[[], int], renew_every_us: int) -> None:
+        self._clock = clock
+        self._renew_every = renew_every_us
+        self._renew_at = clock() + renew_every_us
+        self._holdings: list[Holding] = []
+        self._lock = threading.Lock()
+        self._ended = False
+        #: the server's file wrappers made around a proxy of ours while the app ran
+        self.files: list[object] = []
+        #: the response Flask made is complete (its body made): end when the app returns
+        self.complete = False
+        #: the environ whose ``wsgi.file_wrapper`` was swapped for ours, and the server's own
+        self.lent: tuple[WSGIEnvironment, object] | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def give_back_file_wrapper(self) -> None:
+        """Put the server's ``wsgi.file_wrapper`` back, before the server checks the body
+        against it."""
+        if self.lent is not None:
+            environ, server_wrapper = self.lent
+            self.lent = None
+            environ[_FILE_WRAPPER] = server_wrapper
+
+    def made_file(self, body: object) -> bool:
+        """Whether ``body`` is a server's file wrapper made around a proxy of ours."""
+        return any(body is made for made in self.files)
+
+    def take(self, holding: Holding) -> None:
+        """Keep ``holding`` until the end (released at once if the end has passed)."""
+        with self._lock:
+            if not self._ended:
+                self._holdings.append(holding)
+                return
+        _release(holding)
+
+    def end(self) -> None:
+        """Release every holding, once; never raises an :class:`Exception`."""
+        with self._lock:
+            if self._ended:
+                return
+            self._ended = True
+            holdings, self._holdings = self._holdings, []
+        for holding in holdings:
+            _release(holding)
+
+    def renew_if_due(self) -> None:
+        """Renew every holding when half the lease has passed since they were taken or last
+        renewed (called per chunk of a body: one clock read when nothing is due)."""
+        now = self._clock()
+        if now < self._renew_at:
+            return
+        self._renew_at = now + self._renew_every
+        with self._lock:
+            holdings = [] if self._ended else list(self._holdings)
+        for holding in holdings:
+            try:
+                holding.renew()
+            except Exception:
+                log.exception("Renewing what a streamed request holds failed; it is not renewed.")
+
+
+def _release(holding: Holding) -> None:
+    try:
+        holding.release()
+    except Exception:  # after the response is made: never turn it into a 500
+        log.exception("Giving back what a request held failed; its deadline gives it back.")
+
+
+class _ClosingFile:
+    """The file a ``send_file`` response hands the server's ``wsgi.file_wrapper``: every
+    attribute is the file's (``fileno`` too, for ``sendfile(2)``), but ``close()`` also ends the
+    request's ledger, and ``read()`` renews what it holds."""
+
+    def __init__(self, file: Any, ledger: Ledger) -> None:
+        self._file = file
+        self._ledger = ledger
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._file, name)
+
+    def read(self, *args: Any) -> Any:
+        self._ledger.renew_if_due()
+        return self._file.read(*args)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._file, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._ledger.end()
+
+
+class _ClosingBody:
+    """A response body whose ``close()`` ends the request's ledger after the body's own
+    ``close()``; each chunk renews what the request holds when that is due."""
+
+    __slots__ = ("_body", "_ledger")
+
+    def __init__(self, body: Iterable[bytes], ledger: Ledger) -> None:
+        self._body = body
+        self._ledger = ledger
+
+    def __iter__(self) -> Iterator[bytes]:
+        ledger = self._ledger
+        for chunk in self._body:
+            ledger.renew_if_due()
+            yield chunk
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._ledger.end()
+
+
+class Lifecycle:
+    """The WSGI wrapper around one app's ``wsgi_app`` (see the module docstring)."""
+
+    def __init__(self, clock: Callable[[], int], lease_seconds: int) -> None:
+        self.wsgi_app: WSGIApplication | None = None
+        self._clock = clock
+        self._renew_every = lease_seconds * 1_000_000 // 2
+        self.key = f"flask_distlimit.ledger.{id(self):x}"
+
+    def install(self, app: Flask) -> None:
+        """Wrap ``app.wsgi_app``."""
+        self.wsgi_app = app.wsgi_app
+        app.wsgi_app = self  # type: ignore[method-assign]
+
+    def ledger(self, environ: WSGIEnvironment) -> Ledger:
+        """The request's ledger, made on its first holding."""
+        cell: list[Ledger] | None = environ.get(self.key)
+        if cell is None:  # outside the wrapper (a request context made by hand): deadlines only
+            cell = environ[self.key] = []
+        if cell:
+            return cell[0]
+        ledger = Ledger(self._clock, self._renew_every)
+        cell.append(ledger)
+        server_wrapper = environ.get(_FILE_WRAPPER)
+        if server_wrapper is not None:
+            ledger.lent = (environ, server_wrapper)
+            environ[_FILE_WRAPPER] = _file_wrapper(server_wrapper, ledger)
+        return ledger
+
+    def response_made(self, environ: WSGIEnvironment, response: WerkzeugResponse) -> None:
+        """Flask made ``response`` (the extension's ``after_request`` hook): whether its body is
+        complete, or still to be made while the server sends it."""
+        cell: list[Ledger] | None = environ.get(self.key)
+        if cell:
+            cell[0].complete = not response.is_streamed
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        wsgi_app = self.wsgi_app
+        assert wsgi_app is not None, "Lifecycle.install(app) first"
+        # A cell, not the ledger: a middleware inside this wrapper that copies the environ
+        # hands the app a copy that still holds this same cell.
+        cell: list[Ledger] = []
+        environ[self.key] = cell
+        try:
+            body = wsgi_app(environ, start_response)
+        except BaseException:
+            if cell:
+                cell[0].give_back_file_wrapper()
+                cell[0].end()
+            raise
+        if not cell:
+            return body
+        ledger = cell[0]
+        ledger.give_back_file_wrapper()
+        if ledger.complete or ledger.ended:
+            ledger.end()
+            return body
+        if ledger.made_file(body):
+            return body  # the server's own file wrapper: its close() ends the ledger
+        return _ClosingBody(body, ledger)
+
+
+def _file_wrapper(server_wrapper: Any, ledger: Ledger) -> Callable[..., object]:
+    def file_wrapper(file: Any, *args: Any, **kwargs: Any) -> object:
+        made = server_wrapper(_ClosingFile(file, ledger), *args, **kwargs)
+        ledger.files.append(made)
+        return made
+
+    return file_wrapper

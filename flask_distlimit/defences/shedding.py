@@ -1,0 +1,293 @@
+"""Worker-utilization load shedding: each process sheds its least important traffic when its
+request threads are nearly all busy, before any limit is counted and without a storage call.
+
+``DISTLIMIT_WORKER_THREADS`` (the request threads of one process, e.g. gunicorn's
+``--threads``; 0, the default, turns it off) and ``DISTLIMIT_WORKER_SHED_AT`` (the utilization
+above which each priority is shed, default ``{"sheddable": 0.5, "default": 0.75}``; ``critical``
+is shed only if given a threshold). A request of priority p
+(:mod:`flask_distlimit.core.priorities`) is refused with a 503
+(:class:`~flask_distlimit.core.problem.Overloaded`, ``Retry-After: 1``) when
+
+    (requests in flight in this process + 1) / DISTLIMIT_WORKER_THREADS > shed_at[p]
+
+so with 4 threads a sheddable request runs only while at most 1 other runs, a default one while
+at most 2 do, and the last thread is kept for critical requests. In flight means from the
+request's admission (below) until the response ends, as the request's ledger says
+(:mod:`flask_distlimit.defences.lifecycle`): when the app returns a complete body (the server only
+writes it then), else when the server closes the body (a stream or a ``send_file`` body holds its
+thread until its last chunk), or when an exception escapes the app. A place in flight has a
+deadline, ``DISTLIMIT_CONCURRENCY_LEASE`` after it was taken (renewed while a body streams): a place
+nobody gave back is dropped once its deadline has passed, before a request would be shed.
+The count is this process's alone (a lock and a dict: no storage call), so it protects the
+process even when Redis is the slow part. It is decided before any limit is counted (a shed
+request is charged to no limit), as early as its inputs allow:
+
+- in the extension's ``before_request`` hook, before the app's own hooks registered after
+  ``init_app``, when the request's priority is declared on its view (``@limiter.priority``) or
+  no priority resolver is registered, and no request filter is: nothing the app's hooks set can
+  change the answer, and a shed request costs no hook's work (an authentication lookup);
+- otherwise when Flask calls the view (the gate of :mod:`flask_distlimit.request.enforcement`),
+after
+  every ``before_request`` hook, so the priority resolver and the request filters see what the
+  hooks set (``g.user``). A request no view answers then (no route matched, a hook answered,
+  Flask's own ``OPTIONS``) is neither shed nor counted in flight.
+
+Exempt routes (``@limiter.exempt``, static files) and requests a filter exempts are never shed
+nor counted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Final
+
+from flask import current_app, request
+
+from flask_distlimit.core.priorities import (
+    PRIORITIES,
+    Priority,
+    PriorityRegistry,
+    validate_priority,
+)
+from flask_distlimit.core.problem import Overloaded
+from flask_distlimit.defences.deny_cache import monotonic_us
+from flask_distlimit.errors import ConfigurationError, StorageError
+
+if TYPE_CHECKING:
+    from flask_distlimit.defences.lifecycle import Lifecycle
+    from flask_distlimit.state import LimiterState
+    from flask_distlimit.telemetry.metrics import Metrics
+
+__all__ = [
+    "DEFAULT_SHARES",
+    "DEFAULT_SHED_AT",
+    "Place",
+    "Shedding",
+    "WorkerLoad",
+    "overload_health",
+    "parse_shares",
+    "parse_shed_at",
+]
+
+#: Utilization above which each priority is shed (no entry: never shed).
+DEFAULT_SHED_AT: Final[dict[Priority, float]] = {"sheddable": 0.5, "default": 0.75}
+#: The share of ``DISTLIMIT_FLEET_CAPACITY`` each priority may use
+#: (:mod:`flask_distlimit.defences.fleet`).
+DEFAULT_SHARES: Final[dict[Priority, float]] = {"critical": 1.0, "default": 0.8, "sheddable": 0.6}
+
+
+def _fractions(key: str, value: object, what: str) -> dict[Priority, float]:
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(
+            f"{key}={value!r} is not valid: use a dict of priority -> {what}, e.g. "
+            "{'sheddable': 0.5, 'default': 0.75}."
+        )
+    out: dict[Priority, float] = {}
+    for name, share in value.items():
+        priority = validate_priority(name, f"a key of {key}")
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+            raise ConfigurationError(
+                f"{key}[{name!r}]={share!r} is not valid: use a number > 0 and <= 1 ({what})."
+            )
+        out[priority] = float(share)
+    return out
+
+
+def parse_shed_at(key: str, value: object) -> dict[Priority, float]:
+    """``DISTLIMIT_WORKER_SHED_AT``: a less important priority must not be shed later than a
+    more important one."""
+    shed_at = _fractions(key, value, "the utilization above which it is shed")
+    _check_order(key, shed_at, default=2.0)
+    return shed_at
+
+
+def parse_shares(key: str, value: object) -> dict[Priority, float]:
+    """``DISTLIMIT_FLEET_SHARES``: every priority needs a share; less important, no larger."""
+    shares = _fractions(key, value, "the share of the fleet's capacity it may use")
+    missing = [p for p in PRIORITIES if p not in shares]
+    if missing:
+        raise ConfigurationError(
+            f"{key} has no share for {', '.join(missing)}: give every priority one, e.g. "
+            "{'critical': 1.0, 'default': 0.8, 'sheddable': 0.6}."
+        )
+    _check_order(key, shares, default=2.0)
+    return shares
+
+
+def _check_order(key: str, values: dict[Priority, float], default: float) -> None:
+    ordered = [values.get(p, default) for p in PRIORITIES]  # critical first
+    if any(a < b for a, b in itertools.pairwise(ordered)):
+        raise ConfigurationError(
+            f"{key}={values!r}: a less important priority must not get more than a more "
+            "important one (critical >= default >= sheddable)."
+        )
+
+
+class WorkerLoad:
+    """This process's requests in flight against its threads (see the module docstring).
+
+    Each request admitted holds a *place* until its ledger ends
+    (:mod:`flask_distlimit.defences.lifecycle`), with a deadline (``hold_us`` after it was taken or
+    last renewed): a place whose deadline has passed (a thread killed mid-request, a bug that lost
+    the end) is dropped before a request would be shed, never held for ever."""
+
+    def __init__(
+        self,
+        threads: int,
+        shed_at: Mapping[Priority, float],
+        metrics: Callable[[], Metrics | None] = lambda: None,
+        *,
+        clock: Callable[[], int] = monotonic_us,
+        hold_us: int = 60_000_000,
+    ) -> None:
+        self.threads = threads
+        #: the most requests in flight (this one included) a priority is admitted up to
+        self._room: dict[Priority, float] = {
+            p: shed_at[p] * threads if p in shed_at else float("inf") for p in PRIORITIES
+        }
+        self._lock = threading.Lock()
+        #: place -> its deadline (us, ``clock``)
+        self._places: dict[Place, int] = {}
+        self._metrics = metrics
+        self._clock = clock
+        self._hold = hold_us
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._places)
+
+    def enter(self, priority: Priority) -> Place | None:
+        """Count a request in (its place), or answer None (shed it: not counted)."""
+        now = self._clock()
+        places = self._places
+        with self._lock:
+            room = self._room[priority]
+            if len(places) + 1 > room:
+                for gone in [p for p, deadline in places.items() if deadline <= now]:
+                    del places[gone]
+            if len(places) + 1 > room:
+                place = None
+            else:
+                place = Place(self)
+                places[place] = now + self._hold
+            in_flight = len(places)
+        metrics = self._metrics()
+        if metrics is not None:
+            metrics.worker_in_flight(in_flight)
+            if place is None:
+                metrics.shed(priority, "worker")
+        return place
+
+    def leave(self, place: Place) -> None:
+        with self._lock:
+            self._places.pop(place, None)
+            in_flight = len(self._places)
+        metrics = self._metrics()
+        if metrics is not None:
+            metrics.worker_in_flight(in_flight)
+
+    def renew(self, place: Place) -> None:
+        deadline = self._clock() + self._hold
+        with self._lock:
+            if place in self._places:
+                self._places[place] = deadline
+
+    def utilization(self) -> float:
+        return self.in_flight / self.threads
+
+    def after_fork(self) -> None:
+        """A forked child serves its own requests: none in flight yet."""
+        self._lock = threading.Lock()
+        self._places = {}
+
+
+class Place:
+    """One request's place among its process's requests in flight: a holding of its ledger."""
+
+    __slots__ = ("_load",)
+
+    def __init__(self, load: WorkerLoad) -> None:
+        self._load = load
+
+    def release(self) -> None:
+        self._load.leave(self)
+
+    def renew(self) -> None:
+        self._load.renew(self)
+
+
+class Shedding:
+    """One app's shedding hooks: the request's priority, and this process's load."""
+
+    def __init__(
+        self, priorities: PriorityRegistry, load: WorkerLoad | None, lifecycle: Lifecycle
+    ) -> None:
+        self.priorities = priorities
+        self.load = load
+        self._lifecycle = lifecycle
+        self._key = f"flask_distlimit.priority.{id(self):x}"
+        self._admitted = f"flask_distlimit.admitted.{id(self):x}"
+
+    def priority(self) -> Priority:
+        """The current request's priority (computed once per request)."""
+        environ = request.environ
+        found: Priority | None = environ.get(self._key)
+        if found is None:
+            endpoint = request.endpoint
+            view = current_app.view_functions.get(endpoint) if endpoint is not None else None
+            found = self.priorities.of_request(view)
+            environ[self._key] = found
+        return found
+
+    def shed_here(self, environ: dict[str, object]) -> bool:
+        """Whether this process shed the request of ``environ`` (:meth:`admit`): its 503 is
+        charged to no limit, the global ones included."""
+        return environ.get(self._admitted) is False
+
+    def known_before_hooks(self, view: object | None) -> bool:
+        """Whether the request's priority can be known before the app's ``before_request``
+        hooks run (it cannot when the Limiter-wide resolver decides it: the resolver may read
+        what the hooks set, e.g. the authenticated user)."""
+        priorities = self.priorities
+        return priorities.resolver is None or priorities.of_view(view) is not None
+
+    def admit(self) -> None:
+        """Count the current request into this process's load, or shed it (503
+        :class:`~flask_distlimit.core.problem.Overloaded`); once per request, a no-op when worker
+        shedding is off. The caller has checked that the request is not exempt."""
+        load = self.load
+        if load is None:
+            return
+        environ = request.environ
+        if self._admitted in environ:
+            return
+        environ[self._admitted] = True
+        priority = self.priority()
+        place = load.enter(priority)
+        if place is None:
+            environ[self._admitted] = False  # shed: charged to no limit (shed_here)
+            raise Overloaded(priority=priority, instance=request.path, reason="worker")
+        # counted out when the response ends, however it ends (flask_distlimit.defences.lifecycle)
+        self._lifecycle.ledger(environ).take(place)
+
+
+def overload_health(report: dict[str, object], state: LimiterState) -> dict[str, object]:
+    """Add to a health ``report`` the fleet's usage (``fleet``: capacity, in flight,
+    utilization, each priority's slots; ``error`` when the storage cannot say) and this
+    process's load (``worker``: in flight, threads, utilization), when each is on."""
+    fleet = state.enforcer.fleet
+    if fleet is not None:
+        try:
+            report["fleet"] = fleet.usage(state.storage, now_us=state.storage_now())
+        except StorageError as exc:
+            report["fleet"] = {"capacity": fleet.capacity, "error": str(exc)[:200]}
+    load = state.shedding.load
+    if load is not None:
+        report["worker"] = {
+            "in_flight": load.in_flight,
+            "threads": load.threads,
+            "utilization": round(load.utilization(), 4),
+        }
+    return report

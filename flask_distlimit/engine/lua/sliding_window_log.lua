@@ -1,0 +1,239 @@
+-- SLIDING WINDOW LOG. Key: a sorted set, ONE member per admitted request of cost > 0:
+--
+-- KEEP IN STEP with sliding_window_log_fast.lua, which decides one such check inline (the common request,
+-- 15 us less per call): a change here is made there too; tests/test_script_fastpath.py compares
+-- the two paths on twin keys.
+--   score  = the request's time (us);
+--   member = "<start>:<end>": the request's units are numbers start + 1 .. end of a running
+--            count of the units the key has admitted (end - start = its cost; start = the end
+--            of the member before it, 0 for a key's first member).
+-- So a request of any cost writes one member, and the units in the window are
+-- end(newest) - start(oldest live), read by rank in two lookups, whatever the limit and cost.
+--
+--   L = limit (units), P = period (us), c = cost (units), now (us since the epoch)
+--   A member with score s counts while s > now - P. Expired members are removed oldest first,
+--   at most SWL_BATCH of them per call (the rest in later calls, or with the key's TTL).
+--   Scores are unique and increasing: a request is dated f = max(now, newest + 1) (never earlier
+--   than the request; more than one request per microsecond on one key date later, which only
+--   makes the log stricter), and each member's start is the newest member's end.
+--   base = start(oldest live); a log holding more than L units (the limit was lowered) counts
+--          only its newest L: base = max(base, end(newest) - L)
+--   k = end(newest) - base, 0 when no member is live
+--   allowed      = c <= L and k + c <= L
+--   k' = k + c if allowed else k;  remaining = L - k'
+--   reset_after  = newest' + P - now if k' > 0 else 0      (when the last member expires)
+--   retry_after  = 0 if allowed; -1 if c > L; else s + P - now where s is the score of the
+--                  oldest live member whose end >= base + (k + c - L) (once it expires, c units
+--                  fit), looked for among the SWL_BATCH oldest live members; when they do not
+--                  hold enough units, s is the score of the last of them (no earlier can c
+--                  units fit; the request is decided again then). Exact whenever the units
+--                  to free are in the SWL_BATCH oldest requests (always when at most SWL_BATCH
+--                  requests are live, and for a cost of 1).
+--   TTL          = newest' + P - now
+--   refund:      take back the c newest units: target = end(newest) - c, but no lower than the
+--                end of the (SWL_BATCH + 1)-th newest live member (a refund touches at most
+--                SWL_BATCH members: the rest of it is not given back, which only makes the log
+--                stricter); members wholly above target go, the one across it keeps its units up
+--                to target. Approximation: on a busy key the newest units may be another
+--                request's, written since; the count is right, only which of them go is not.
+--   A key whose newest score is ahead of now by more than P + L (garbage, or a clock jump back
+--   by more than a period), or whose newest or oldest live member does not read as
+--   "<start>:<end>" with start < end, is reset.
+--
+-- Bound per call and key, whatever L and c: at most 6 Redis commands (9 in a refund, which
+-- evaluates again after giving back), at most SWL_BATCH members removed (expired ones; again in
+-- a refund) and SWL_BATCH + 1 read, one written (bench/bench_script_time.py measures it).
+
+-- The most members one call removes from one key (pruning; again in a refund), and reads to find
+-- a retry time. Also in flask_distlimit/engine/twins.py: the twin does exactly as much.
+local SWL_BATCH = 4
+
+-- A loader: the functions are built only when a request uses this algorithm.
+local function LOAD_SLIDING_WINDOW_LOG()
+  local SLIDING_WINDOW_LOG = {}
+  local match = string.match
+
+  -- A member's (start, end), or nil for anything but "<start>:<end>" with start < end < 2^53.
+  local function swl_span(member)
+    if type(member) ~= 'string' then
+      return nil
+    end
+    local a, b = match(member, '^(%d+):(%d+)$')
+    if a == nil then
+      return nil
+    end
+    local s, e = tonumber(a), tonumber(b)
+    if whole(s) and whole(e) and s < e then
+      return s, e
+    end
+    return nil
+  end
+
+  -- retry_after of a denied request: when the oldest live member whose end reaches goal expires,
+  -- looked for among the SWL_BATCH oldest live members (from rank `oldest`); if they do not reach
+  -- goal, when the last of them expires: no earlier can the request pass. Ends grow with rank; a
+  -- member that does not read ends the search.
+  local function swl_retry(key, oldest, goal, period, now)
+    local block = redis.call('ZRANGE', key, oldest, oldest + SWL_BATCH - 1, 'WITHSCORES')
+    local score
+    for i = 1, #block, 2 do
+      score = tonumber(block[i + 1])
+      local _, e = swl_span(block[i])
+      if e == nil or e >= goal then
+        break
+      end
+    end
+    return score + period - now
+  end
+
+  -- The key's state after pruning: (k, newest score or nil, end(newest) (0 when empty), base,
+  -- rank of the oldest live member, repaired 0/1).
+  local function swl_read(key, limit, period, now)
+    local cut = now - period
+    local expired = redis.pcall('ZCOUNT', key, '-inf', cut)
+    if failed(expired) then
+      redis.call('UNLINK', key)
+      return 0, nil, 0, 0, 0, 1
+    end
+    if expired > 0 then
+      local drop = expired
+      if drop > SWL_BATCH then
+        drop = SWL_BATCH
+      end
+      redis.call('ZREMRANGEBYRANK', key, 0, drop - 1)
+      expired = expired - drop
+    end
+    local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    if top[1] == nil then
+      return 0, nil, 0, 0, 0, 0
+    end
+    local newest = tonumber(top[2])
+    local _, last = swl_span(top[1])
+    if not (last and whole(newest) and newest <= now + period + limit) then
+      redis.call('UNLINK', key)
+      return 0, nil, 0, 0, 0, 1
+    end
+    if newest <= cut then  -- nothing live, only expired members still to remove: start afresh
+      redis.call('UNLINK', key)
+      return 0, nil, 0, 0, 0, 0
+    end
+    local base, first_end = swl_span(redis.call('ZRANGE', key, expired, expired)[1])
+    if not (base and first_end <= last) then
+      redis.call('UNLINK', key)
+      return 0, nil, 0, 0, 0, 1
+    end
+    if last - base > limit then
+      base = last - limit
+    end
+    return last - base, newest, last, base, expired, 0
+  end
+
+  function SLIDING_WINDOW_LOG.decide(key, limit, period, cost, now)
+    local count, newest, last, base, oldest, repaired = swl_read(key, limit, period, now)
+    local first = now
+    if newest and newest >= now then
+      first = newest + 1
+    end
+    local allowed = cost <= limit and count + cost <= limit
+    local after, latest, retry = count, newest, 0
+    if allowed then
+      if cost > 0 then
+        after, latest = count + cost, first
+      end
+    elseif cost > limit then
+      retry = -1
+    else
+      retry = swl_retry(key, oldest, base + count + cost - limit, period, now)
+    end
+    local reset, reset_now = 0, 0
+    if after > 0 then
+      reset = latest + period - now
+    end
+    if count > 0 then
+      reset_now = newest + period - now
+    end
+    return {allowed and 1 or 0, limit - after, reset, retry, repaired, limit - count, reset_now,
+      first, last}
+  end
+
+  function SLIDING_WINDOW_LOG.commit(key, r, limit, period, cost, now)
+    local first, last = r[8], r[9]
+    redis.call('ZADD', key, first, string.format('%d:%d', last, last + cost))
+    expire_in(key, first + period - now)
+  end
+
+  -- Refund: reads only the SWL_BATCH + 1 newest members (no pruning: the evaluation that
+  -- follows in the same call prunes).
+  function SLIDING_WINDOW_LOG.refund(key, limit, period, cost, now)
+    local block = redis.pcall('ZRANGE', key, -(SWL_BATCH + 1), -1, 'WITHSCORES')
+    if failed(block) then
+      redis.call('UNLINK', key)
+      return 1
+    end
+    if #block == 0 then
+      return 0
+    end
+    local newest = tonumber(block[#block])
+    local _, last = swl_span(block[#block - 1])
+    if not (last and whole(newest) and newest <= now + period + limit) then
+      redis.call('UNLINK', key)
+      return 1
+    end
+    -- the live ones, oldest first: all the live members when at most SWL_BATCH are live
+    local cut = now - period
+    local members, scores = {}, {}
+    for i = 1, #block, 2 do
+      local score = tonumber(block[i + 1])
+      if score > cut then
+        members[#members + 1], scores[#scores + 1] = block[i], score
+      end
+    end
+    if #members == 0 or cost == 0 then
+      return 0
+    end
+    local target, lo, base = last - cost, 1, last - limit
+    if #members > SWL_BATCH then  -- more live members than a call touches: the lowest is a floor
+      lo = 2
+      local _, floor_end = swl_span(members[1])
+      if floor_end and target < floor_end then
+        target = floor_end
+      end
+    else
+      local start = swl_span(members[1])
+      if start == nil then
+        redis.call('UNLINK', key)
+        return 1
+      end
+      if start > base then
+        base = start
+      end
+    end
+    if target <= base then  -- every unit counted goes back
+      redis.call('UNLINK', key)
+      return 0
+    end
+    -- the lowest member holding a unit above target: it stays, cut down to target
+    local r = #members
+    for i = lo, #members do
+      local _, e = swl_span(members[i])
+      if e == nil or e > target then
+        r = i
+        break
+      end
+    end
+    if r < #members then
+      redis.call('ZREMRANGEBYRANK', key, r - #members, -1)
+    end
+    local start = swl_span(members[r])
+    newest = scores[r]
+    redis.call('ZREM', key, members[r])
+    if start and start < target then
+      redis.call('ZADD', key, newest, string.format('%d:%d', start, target))
+    else  -- nothing of it stays: the member below is the newest now
+      newest = scores[r - 1]
+    end
+    expire_in(key, newest + period - now)
+    return 0
+  end
+  return SLIDING_WINDOW_LOG
+end

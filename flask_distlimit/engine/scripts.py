@@ -1,0 +1,248 @@
+"""The Lua side of the storage: the script source and its KEYS/ARGV/reply contract.
+
+``lua/<algorithm>.lua`` each define the functions of one algorithm (``lua/common.lua`` holds their
+helpers); ``lua/evaluate.lua`` is the driver that evaluates every check of a request in two phases
+(decide all, then write all only if all allow). ``lua/fixed_window_fast.lua`` and
+``lua/sliding_window_log_fast.lua``, first, decide the commonest requests (one check of either)
+inline before anything else is built, for exactly the same result. :data:`SCRIPT_SOURCE` is
+their concatenation, registered once per Redis client with ``register_script`` (redis-py's
+``Script`` re-sends it on ``NOSCRIPT``).
+
+Every Redis backend (single node, Sentinel, each Cluster slot group) calls the script through
+:func:`script_args` and :func:`parse_reply` only, so the wire contract lives in this one module:
+
+- ``KEYS``: one key per check, in order.
+- ``ARGV``: ONE string of comma-separated decimal integers: ``now_us`` (or ``-1``), mode
+  (0 evaluate, 1 refund), then four per check: algorithm code (:data:`ALGORITHM_CODES`, plus
+  :data:`SHADOW_FLAG` for a shadow check, :data:`RELEASE_FLAG` for a release), limit, period in
+  microseconds, cost (a concurrency slot's token). E.g.
+  ``-1,0,1,100,60000000,1``.
+- reply: ONE bulk string of comma-separated decimal integers: ``now_us``, then six per check:
+  allowed (0/1, 2 = a shadow check that would deny), limit, remaining, reset_after_us,
+  retry_after_us (``-1`` = never), repaired (0/1).
+
+- an optional REQUEST TOKEN (:func:`with_token`, ``lua/replay.lua``): one key more (the token's,
+  ``<prefix>:rq:{<tag>}:<token>``, in the first key's Cluster slot) and ``ARGV[2]`` =
+  ``"<ttl_ms>"``, or ``"<ttl_ms>,1"`` when the call is made again after its reply was lost: the
+  reply is kept under the token for ``ttl_ms`` and a repeated call answers it instead of
+  running again.
+
+Why strings and not RESP arrays of integers: redis-py packs every argument and parses every reply
+element in pure Python, one at a time; one argument and one bulk string (split here with one
+``split`` and ``int``) cost a fraction of ``4n + 2`` arguments and a ``6n + 1``-integer array
+(``docs/bench/overhead.md``).
+"""
+
+from __future__ import annotations
+
+from binascii import crc_hqx
+from collections.abc import Sequence
+from importlib import resources
+from itertools import count
+from typing import Final
+
+from flask_distlimit.core.algorithms import Algorithm
+from flask_distlimit.core.decision import NEVER, Check, Decision, Evaluation
+from flask_distlimit.errors import StorageResponseError
+
+__all__ = [
+    "ALGORITHM_CODES",
+    "RELEASE_FLAG",
+    "SCRIPT_SOURCE",
+    "SHADOW_FLAG",
+    "is_token_key",
+    "parse_reply",
+    "script_args",
+    "token_key",
+    "with_token",
+]
+
+#: The number each algorithm is sent as (``ARGV``); the order of ``ALGORITHMS`` in evaluate.lua.
+ALGORITHM_CODES: Final[dict[Algorithm, int]] = {
+    "fixed_window": 1,
+    "sliding_window_log": 2,
+    "sliding_window_counter": 3,
+    "token_bucket": 4,
+    "gcra": 5,
+    "concurrency": 6,
+}
+
+#: Added to the algorithm code of a shadow check: decided and counted, never denies.
+SHADOW_FLAG: Final = 16
+#: Added to the algorithm code of a release: give back what the check took (a slot), then peek.
+RELEASE_FLAG: Final = 32
+
+_FILES: Final = (
+    # first: one fixed-window, sliding-window-log or sliding-window-counter check is decided
+    # before anything is built
+    "fixed_window_fast.lua",
+    "sliding_window_log_fast.lua",
+    "sliding_window_counter_fast.lua",
+    "common.lua",
+    "fixed_window.lua",
+    "sliding_window_log.lua",
+    "sliding_window_counter.lua",
+    "token_bucket.lua",
+    "gcra.lua",
+    "concurrency.lua",
+    "evaluate.lua",  # the driver, last
+)
+
+
+#: The wrapper of the whole script: an optional request token (lua/replay.lua).
+_REPLAY: Final = "replay.lua"
+_BODY: Final = "--@@ BODY @@--"
+
+
+def _read_source() -> str:
+    package = resources.files("flask_distlimit.engine") / "lua"
+    body = "\n".join((package / name).read_text(encoding="utf-8") for name in _FILES)
+    head, marker, tail = (package / _REPLAY).read_text(encoding="utf-8").partition(_BODY)
+    assert marker, f"{_REPLAY} lost its {_BODY} marker"
+    return f"{head}{body}{tail}"
+
+
+#: The whole script: the helpers and algorithms, then the driver.
+SCRIPT_SOURCE: Final[str] = _read_source()
+
+_US: Final = 1_000_000
+_FIELDS: Final = 6
+#: The only bytes of a well-formed reply: decimal integers separated by commas.
+_INTEGER_BYTES: Final = b"0123456789-,"
+
+
+def script_args(
+    checks: Sequence[Check], now_us: int | None = None, *, refund: bool = False
+) -> tuple[list[str], list[str | int]]:
+    """KEYS and ARGV for one script call over ``checks``.
+
+    ``now_us`` injects the time (tests only); ``None`` makes the script use Redis ``TIME``.
+    ``refund=True`` undoes a previous consumption of the same checks (Redis Cluster: when a group
+    in another slot denied, the groups that consumed give their units back).
+    """
+    head = f"{-1 if now_us is None else now_us},{1 if refund else 0}"
+    if len(checks) == 1:  # the usual request: no lists to join
+        check = checks[0]
+        return [check.key], [f"{head},{_fields(check)}"]
+    keys = [check.key for check in checks]
+    return keys, [",".join([head, *map(_fields, checks)])]
+
+
+def token_key(first_key: str, token: str) -> str:
+    """The key a call's reply is kept under, in ``first_key``'s Cluster slot:
+    ``<prefix>:rq:{<tag>}:<token>`` for ``<prefix>:{<tag>}:...`` (under the prefix, so ACL key
+    patterns allow it; outside the client's own keys, which inspect and reset list).
+
+    A key without a hash tag (none, ``{}``, a ``{`` without ``}``) is hashed whole by Redis:
+    its token is ``<key up to its first "{">:rq:{<key>}:<token>``, the whole key as the tag, or,
+    for a key that holds a ``}`` (or is empty) and so cannot be a tag, a short text hashed to the
+    same slot (its UTF-8 bytes, as :func:`~flask_distlimit.storage.cluster.slot_of` hashes)."""
+    start = first_key.find("{")
+    end = first_key.find("}", start + 1) if start >= 0 else -1
+    if end > start + 1:  # Redis hashes what is between the first "{" and the "}" after it
+        return f"{first_key[:start]}rq:{first_key[start : end + 1]}:{token}"
+    head = first_key if start < 0 else first_key[:start]  # no "{" in it: the tag's is first
+    tag = first_key if first_key and "}" not in first_key else _same_slot_tag(first_key)
+    return f"{head}:rq:{{{tag}}}:{token}"
+
+
+_SLOTS: Final = 16384
+#: slot -> a decimal text hashed to it (crc16 as Redis Cluster's), found when first needed
+_SLOT_TAGS: dict[int, str] = {}
+
+
+def _same_slot_tag(key: str) -> str:
+    """A text that Redis Cluster hashes to the slot of ``key`` (a key hashed whole)."""
+    slot = crc_hqx(key.encode("utf-8", "surrogatepass"), 0) % _SLOTS
+    tag = _SLOT_TAGS.get(slot)
+    if tag is None:  # some 16,000 tries on average, once per slot
+        tag = next(t for n in count() if crc_hqx((t := str(n)).encode(), 0) % _SLOTS == slot)
+        _SLOT_TAGS[slot] = tag
+    return tag
+
+
+def is_token_key(prefix: str, key: str) -> bool:
+    """Is ``key`` a request token's (a kept reply, not a limit's state) under ``prefix``?"""
+    return key.startswith(f"{prefix}:rq:{{")
+
+
+def with_token(
+    keys: list[str], args: list[str | int], key: str, ttl_ms: int, *, again: bool = False
+) -> tuple[list[str], list[str | int]]:
+    """``keys`` and ``args`` of one call (:func:`script_args`) carrying a request token whose
+    key is ``key`` (:func:`token_key`): the reply is kept ``ttl_ms`` there; ``again``: this is
+    the call made once more after its reply was lost (answer the kept reply if it ran)."""
+    return [*keys, key], [*args, f"{ttl_ms},1" if again else str(ttl_ms)]
+
+
+def _fields(check: Check) -> str:
+    """The four ARGV fields of one check: algorithm code, limit, period (us), cost."""
+    code = ALGORITHM_CODES[check.algorithm] + (SHADOW_FLAG if check.shadow else 0)
+    units = check.cost
+    if check.token:  # a concurrency slot: its token is sent instead of the cost of 1
+        units = check.token if units else 0
+        if check.release:
+            code += RELEASE_FLAG
+    return f"{code},{check.limit},{check.period * _US},{units}"
+
+
+def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
+    """Turn the script's reply into an :class:`Evaluation`.
+
+    Raises :class:`~flask_distlimit.errors.StorageResponseError` for a reply of the wrong shape.
+    """
+    expected = 1 + _FIELDS * len(checks)
+    raw = reply.encode("ascii", "replace") if isinstance(reply, str) else reply  # decode_responses
+    values: list[int] = []
+    # Only digits, commas and minus signs; int() then refuses empty fields and stray signs.
+    if type(raw) is bytes and not raw.translate(None, _INTEGER_BYTES):
+        try:
+            values = list(map(int, raw.split(b",")))
+        except ValueError:  # an empty field or a stray sign
+            values = []
+    if len(values) != expected:
+        raise _wrong_reply(reply, expected)
+    # a time too large for a float (hundreds of digits) raises OverflowError: not our script
+    try:
+        if len(checks) == 1:  # the usual request: no slices, no lists
+            _, allowed, limit, remaining, reset_us, retry_us, bad = values
+            decision = Decision(
+                allowed != 0,
+                limit,
+                remaining,
+                reset_us / _US,
+                NEVER if retry_us < 0 else retry_us / _US,
+                allowed == 2,
+            )
+            return Evaluation((decision,), (checks[0].key,) if bad else (), values[0])
+        decisions = []
+        repaired: list[str] = []
+        fields = iter(values)
+        next(fields)  # now_us
+        # six fields at a time, in order (zip draws from the same iterator six times per check)
+        for check, allowed, limit, remaining, reset_us, retry_us, bad in zip(
+            checks, fields, fields, fields, fields, fields, fields, strict=True
+        ):
+            decisions.append(
+                Decision(
+                    allowed != 0,
+                    limit,
+                    remaining,
+                    reset_us / _US,
+                    NEVER if retry_us < 0 else retry_us / _US,
+                    allowed == 2,
+                )
+            )
+            if bad:
+                repaired.append(check.key)
+    except OverflowError:
+        raise _wrong_reply(reply, expected) from None
+    return Evaluation(tuple(decisions), tuple(repaired), values[0])
+
+
+def _wrong_reply(reply: object, expected: int) -> StorageResponseError:
+    return StorageResponseError(
+        f"The rate-limit script answered {reply!r:.200}, not {expected} comma-separated "
+        "integers: the script in Redis does not match this version of Flask-DistLimit. "
+        "Run SCRIPT FLUSH on the Redis server (it is reloaded on the next request)."
+    )

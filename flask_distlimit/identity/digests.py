@@ -1,0 +1,242 @@
+"""Identity tags: keyed digests of identity texts, and where their key comes from.
+
+A storage key holds its client only as a tag, ``BLAKE2b-80(key=K, identity text)`` in hex (20
+characters). The key ``K`` is secret, so a client cannot compute, offline, which Redis Cluster
+slot its keys land on: it cannot grind chosen ``key_func`` inputs (usernames, tenant ids) into one
+slot to load one shard. Every worker and replica of a deployment computes the same tags; ``K``
+is, by order of preference:
+
+1. derived from ``DISTLIMIT_API_KEY_SECRET``, else the app's ``SECRET_KEY``:
+   ``HMAC-SHA256(secret, "flask-distlimit identity-tag")`` (never the same key as the API-key
+   digests'). No storage round trip. Changing the secret restarts every counter;
+2. else a random value the storage keeps for the deployment, at ``<prefix>:identity-digest-key``,
+   with **no TTL** (:data:`SHARED_KEY_TTL` is 0): it never expires, and no ``volatile-*``
+   eviction policy (nor ``noeviction``) ever evicts it, however full client-made keys make the
+   server. (It used to live 400 days with a TTL: under ``volatile-lru`` it was evicted after
+   1,476 requests, a process started afterwards wrote a new one, and every limit counted each
+   client twice until the hourly refresh; a TTL'd key left by an older version is made
+   persistent by the first read.) The first process to ask sets it (``SET NX``), every process
+   reads it, and each one reads it again at most every :data:`REFRESH_INTERVAL` seconds, riding
+   on a request (no background thread). Should the key vanish all the same (``FLUSHALL``, an
+   ``allkeys-*`` eviction policy, a restart without persistence: all of which lose the counters
+   too), the next read writes back the value every running process holds, and a process that
+   finds another value there adopts it, so two values live side by side for at most
+   :data:`REFRESH_INTERVAL` seconds. Until a process has read the value (the storage down at
+   start-up, or refusing the limiter), it tags with a key of its own and tries again every
+   :data:`RETRY_INTERVAL` seconds: its requests then fall to the failure policy anyway, or are
+   counted in buckets of their own for those seconds. A WARNING at start-up says that no secret
+   is set. ``memory://`` keeps the value in the process (one per storage object), as it keeps
+   everything else.
+
+Tags of identities up to 128 characters are cached (4096 per app): most requests come from
+clients seen before, and a cached tag costs a dictionary look-up.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import hmac
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from typing import Final
+
+from flask_distlimit.errors import StorageError
+from flask_distlimit.storage.base import Storage
+
+__all__ = [
+    "REFRESH_INTERVAL",
+    "RETRY_INTERVAL",
+    "SHARED_KEY_TTL",
+    "IdentityTags",
+    "digest_key",
+    "tag_secret",
+]
+
+log = logging.getLogger("flask_distlimit.digests")  # a public name (docs/failure-modes.md), kept
+
+#: The time to live of the storage-kept digest key: 0, none. A key with a TTL is a candidate for
+#: every ``volatile-*`` eviction policy, and its loss keys every client two ways.
+SHARED_KEY_TTL: Final = 0
+#: Seconds between two reads of the storage-kept key by one process: how long two processes can
+#: key a client two ways after the key was lost (``FLUSHALL``, ``allkeys-*`` eviction). The
+#: instance heartbeat's pace: one small script call per process every 5 s, riding on a request.
+REFRESH_INTERVAL: Final = 5.0
+#: Seconds before a process that could not read the storage-kept key tries again.
+RETRY_INTERVAL: Final = 5.0
+
+#: Identities up to this length have their tag cached (most requests come from clients seen
+#: before); longer ones (a key_func may return kilobytes) are hashed every time.
+_CACHED_LENGTH: Final = 128
+_CACHE_SIZE: Final = 4096
+_CONTEXT: Final = b"flask-distlimit identity-tag"
+
+
+def _unheard(error: BaseException | None) -> None:
+    """The default ``gate``'s report: nobody is told."""
+
+
+def digest_key(key_prefix: str) -> str:
+    """The storage key of the deployment's tag key under ``key_prefix`` (its node's breaker
+    is the one :class:`IdentityTags` asks about on a Redis Cluster)."""
+    return f"{key_prefix}:identity-digest-key"
+
+
+def tag_secret(secret: bytes) -> bytes:
+    """The tag key derived from an app secret (``DISTLIMIT_API_KEY_SECRET`` or ``SECRET_KEY``)."""
+    return hmac.new(secret, _CONTEXT, hashlib.sha256).digest()
+
+
+class IdentityTags:
+    """The identity tags of one app's keys (see the module docstring).
+
+    - ``secret``: the tag key from :func:`tag_secret`; ``None`` reads (and sets) the deployment's
+      key in ``storage`` under ``<key_prefix>:identity-digest-key``;
+    - ``clock``: monotonic seconds, for the refresh and retry intervals;
+    - ``gate``: asked when a read or refresh is due (never per request), before the storage
+      is tried: ``None`` to skip it (retried after :data:`RETRY_INTERVAL`), or a function
+      to call once with how the read ended, ``None`` when the storage answered, else the
+      exception it raised. The extension passes :meth:`Guard.beside
+      <flask_distlimit.resilience.guard.Guard.beside>` on :func:`digest_key`: the read is made only
+      while the circuit breaker of the node serving that key lets calls through (an outage costs no
+      extra timeouts), and that breaker hears how it ended (an outage counts toward opening
+      it, an answer resets its count, as for a request's call). Default: always try, tell
+      nobody.
+
+    :attr:`tag` is what the request path calls.
+    """
+
+    def __init__(
+        self,
+        secret: bytes | None = None,
+        *,
+        storage: Storage | None = None,
+        key_prefix: str = "ratelimit",
+        clock: Callable[[], float] = time.monotonic,
+        gate: Callable[[], Callable[[BaseException | None], None] | None] = lambda: _unheard,
+    ) -> None:
+        if secret is None and storage is None:
+            raise ValueError("IdentityTags needs a secret or a storage to keep its key in")
+        self.storage_key = digest_key(key_prefix)
+        self._storage = storage
+        self._clock = clock
+        self._gate = gate
+        self._lock = threading.Lock()
+        self._warned = False
+        #: ``"secret"`` (from the app's secret) or ``"storage"`` (kept by the storage)
+        self.source = "secret" if secret is not None else "storage"
+        #: the storage has answered (always true with a secret)
+        self.settled = secret is not None
+        self._due = float("inf") if secret is not None else float("-inf")
+        # The value offered to the storage: this process's own until it has read the shared one.
+        self._value = secrets.token_hex(32)
+        self._base = hashlib.blake2b(digest_size=10, key=secret or tag_secret(self._value.encode()))
+        self._cached: Callable[[str], str] = functools.lru_cache(maxsize=_CACHE_SIZE)(self._digest)
+        #: ``tag(identity text) -> 20 hex characters``
+        self.tag: Callable[[str], str] = self._tag if secret is not None else self._kept_tag
+        if secret is None and storage is not None and storage.scheme != "memory":
+            log.warning(
+                "Neither DISTLIMIT_API_KEY_SECRET nor SECRET_KEY is set, so the identity digests "
+                "are keyed with a random value kept in Redis at %r (no TTL). Redis must never "
+                "evict it (maxmemory-policy noeviction, or volatile-*; never allkeys-*): if it "
+                "is lost, processes key each client two ways for up to %.0f s. Set SECRET_KEY "
+                "(or DISTLIMIT_API_KEY_SECRET), the same in every process, to derive the key "
+                "from it instead (docs/identity.md, \"Keyed digests\").",
+                self.storage_key,
+                REFRESH_INTERVAL,
+            )
+
+    @classmethod
+    def fixed(cls, secret: bytes) -> IdentityTags:
+        """Tags under a key derived from ``secret`` (for tools, tests and benchmarks)."""
+        return cls(tag_secret(secret))
+
+    # -- the request path --------------------------------------------------------------------
+
+    def _tag(self, identity: str) -> str:
+        if len(identity) <= _CACHED_LENGTH:
+            return self._cached(identity)
+        return self._digest(identity)
+
+    def _kept_tag(self, identity: str) -> str:
+        if self._clock() >= self._due:
+            self._maintain(wait=not self.settled)
+        if len(identity) <= _CACHED_LENGTH:
+            return self._cached(identity)
+        return self._digest(identity)
+
+    def _digest(self, identity: str) -> str:
+        digest = self._base.copy()
+        digest.update(identity.encode("utf-8", "surrogatepass"))
+        return digest.hexdigest()
+
+    # -- the storage-kept key ----------------------------------------------------------------
+
+    def require(self) -> None:
+        """Read the storage-kept key now unless it was read: for tools (``flask distlimit``,
+        ``reset_identity``), which must name the keys requests use. Raises the storage's
+        :class:`~flask_distlimit.errors.StorageError` when it cannot be read."""
+        if self.source == "storage" and not self.settled:
+            self._read(raise_errors=True)
+
+    def _maintain(self, *, wait: bool) -> None:
+        """Read (or refresh) the storage-kept key when due; one thread at a time. Before the
+        first read, the others wait for it (their requests would be counted apart otherwise)."""
+        if not self._lock.acquire(blocking=wait):
+            return
+        try:
+            if self._clock() < self._due:
+                return  # another thread did it
+            heard = self._gate()
+            if heard is None:
+                self._due = self._clock() + RETRY_INTERVAL
+                return
+            self._read(raise_errors=False, heard=heard)
+        finally:
+            self._lock.release()
+
+    def _read(
+        self, *, raise_errors: bool, heard: Callable[[BaseException | None], None] = lambda e: None
+    ) -> None:
+        assert self._storage is not None
+        try:
+            value = self._storage.shared_value(self.storage_key, self._value, SHARED_KEY_TTL)
+        except StorageError as exc:
+            heard(exc)
+            self._due = self._clock() + RETRY_INTERVAL
+            if raise_errors:
+                raise
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "Cannot read the identity digest key %r from the storage (%s); until it "
+                    "can, this process tags identities with a key of its own and tries again "
+                    "every %.0f s. Set DISTLIMIT_API_KEY_SECRET or SECRET_KEY to derive the key "
+                    "from a secret instead. (Logged once.)",
+                    self.storage_key, exc, RETRY_INTERVAL,
+                )  # fmt: skip
+            return
+        except BaseException as exc:
+            heard(exc)
+            raise
+        heard(None)
+        if value != self._value or not self.settled:
+            if self.settled:
+                log.warning(
+                    "The identity digest key %r changed in the storage (flushed, or set by "
+                    "another deployment with the same key prefix?); this process adopts it, and "
+                    "counts its clients in fresh buckets.",
+                    self.storage_key,
+                )
+            self._value = value
+            self._base = hashlib.blake2b(digest_size=10, key=tag_secret(value.encode()))
+            self._cached = functools.lru_cache(maxsize=_CACHE_SIZE)(self._digest)
+        self.settled = True
+        self._due = self._clock() + REFRESH_INTERVAL
+
+    def after_fork(self) -> None:
+        """In a forked child: a fresh lock (a parent's thread may have held it)."""
+        self._lock = threading.Lock()

@@ -1,0 +1,100 @@
+"""Operator tools on one app's limiter: reset counters, and list the limits an identity meets.
+
+Used by ``flask distlimit`` (:mod:`flask_distlimit.cli`) and ``limiter.reset()``; never on the
+request path.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from flask import current_app
+
+from flask_distlimit.core.decision import Check
+from flask_distlimit.declare.keys import IDENTITY_KINDS, client_pattern, identity_kind
+from flask_distlimit.declare.route_limits import BoundLimit
+from flask_distlimit.request.enforcement import is_static
+from flask_distlimit.storage.lease_records import records_key
+
+if TYPE_CHECKING:
+    from flask_distlimit.state import LimiterState
+
+__all__ = ["checks_for", "reset", "reset_identity"]
+
+
+def reset(state: LimiterState) -> int:
+    """Delete every count of the app (every client's keys, ``<prefix>:{<tag>}:...``, and the
+    leases' records) and forget local denials; answer how many keys were deleted.
+
+    Only the app's own keys: a prefix may hold ``:`` (``myapp:rl``), so another app's prefix may
+    start with this one's (``myapp:rl:admin``) and ``<prefix>:*`` would take its keys too. Kept:
+    the deployment's identity digest key (every running process holds it:
+    :mod:`flask_distlimit.identity.digests`), the instance heartbeat (who is serving, not a count)
+    and request tokens (``<prefix>:rq:{...}``: a reply kept a second for a retry; a give-back's id,
+    kept for up to five minutes)."""
+    if state.deny_cache is not None:
+        state.deny_cache.clear()
+    state.enforcer.leases.drop()  # units leased from the counts deleted below
+    prefix = state.settings.key_prefix
+    records = state.enforcer.leases.records_key
+    keys = [*state.storage.scan(f"{prefix}:{{*"), records, records_key(records)]
+    return state.storage.delete(keys)
+
+
+def _check_kind(identity: str) -> None:
+    if identity_kind(identity) is None:
+        raise ValueError(
+            f"The identity {identity!r} names no kind of identity: start it with one of "
+            f"{', '.join(IDENTITY_KINDS)} (what a limit's key_func returns is func:<value>, "
+            f"e.g. 'func:{identity}')."
+        )
+
+
+def reset_identity(state: LimiterState, identity: str) -> int:
+    """Delete every key of one identity (e.g. ``"ip:203.0.113.9"``, ``"func:alice"``); answer
+    how many. Raises :class:`ValueError` for a text that names no kind of identity."""
+    _check_kind(identity)
+    state.tags.require()
+    if state.deny_cache is not None:
+        state.deny_cache.clear()
+    keys = list(state.storage.scan(client_pattern(state.settings.key_prefix, identity, state.tags)))
+    state.enforcer.leases.drop(keys)  # units leased from the counts deleted below
+    return state.storage.delete(keys) if keys else 0
+
+
+def checks_for(state: LimiterState, identity: str, cost: int = 0) -> list[tuple[str, Check]]:
+    """Every configured limit that can apply to ``identity``, named, as checks of ``cost``.
+
+    ``identity`` is an identity text (``"ip:203.0.113.9"``, ``"user:42"``, or ``"func:<value>"``
+    for what a limit's ``key_func`` returns: :mod:`flask_distlimit.declare.keys`). Cost 0 peeks
+    without consuming: ``guard.evaluate(checks)`` then tells where the client stands. Includes the
+    global limits, every tier's limits and the limits of every route (per method where
+    ``per_method``); one entry per storage key.
+    Needs an app context (it reads the app's URL map). Raises :class:`ValueError` for a text
+    that names no kind of identity.
+    """
+    _check_kind(identity)
+    state.tags.require()
+    tag = state.identity_tag(identity)
+    found: dict[str, tuple[str, Check]] = {}
+
+    def add(b: BoundLimit) -> None:
+        key = b.key(tag)
+        found.setdefault(key, (b.name, Check(key, b.algorithm, b.rate.amount, b.rate.period, cost)))
+
+    for b in state.global_limits:
+        add(b)
+    for bounds in state.tier_limits.values():
+        for b in bounds:
+            add(b)
+    enforcer = state.enforcer
+    for rule in current_app.url_map.iter_rules():
+        endpoint = rule.endpoint
+        if is_static(endpoint):
+            continue
+        view = enforcer.original_view(endpoint)
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            for b in enforcer.plan(endpoint, method, view).limits:
+                if b.dynamic is None:  # a dynamic value's rates are known per request only
+                    add(b)
+    return list(found.values())

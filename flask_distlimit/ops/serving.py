@@ -1,0 +1,166 @@
+"""Who serves the app, with how many processes: ``memory://`` must not be split among several.
+
+``memory://`` keeps the counters inside the process. Under a server that runs N worker processes
+every process counts alone, so every limit is multiplied by N (and the local deny cache, the
+breaker and the fallback are per process too, which is fine: the counters are the problem).
+:func:`warn_if_memory_per_process`, called by ``init_app``, logs one WARNING per process when the
+app is configured that way, saying so and how to fix it (a ``redis://`` URL).
+
+Detection happens once, at start (``init_app``), and never raises:
+
+- gunicorn: its arbiter sets ``SERVER_SOFTWARE`` to ``gunicorn/<version>`` in its environment,
+  which every worker inherits. The number of workers is then computed the way gunicorn computes
+  it, by its own :class:`gunicorn.app.wsgiapp.WSGIApplication` (what the ``gunicorn`` command
+  runs, without ``run()``): the command line (``sys.argv``, inherited from the master),
+  ``GUNICORN_CMD_ARGS``, the config file (``-c``, or ``./gunicorn.conf.py``, executed again as
+  gunicorn executes it) and ``WEB_CONCURRENCY`` (the default of ``workers``). Only for a process
+  started by the ``gunicorn`` command (or ``python -m gunicorn``): a program that embeds gunicorn
+  has a command line of its own, and the count is then unknown. Workers added later with
+  ``SIGTTIN`` are not seen. The working directory, ``sys.path`` and ``sys.modules["__config__"]``
+  are put back as they were, and what gunicorn would print is logged at DEBUG instead.
+- uWSGI: the ``numproc`` of the ``uwsgi`` module it embeds in its workers.
+
+An unknown count under a pre-forking server is warned about as "may run several processes".
+With gunicorn's ``preload_app`` the app is configured once, in the master, so the warning is
+logged once, before the workers fork.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from flask_distlimit.storage.base import Storage
+
+__all__ = ["Server", "detect_server", "warn_if_memory_per_process"]
+
+log = logging.getLogger("flask_distlimit.serving")  # a public name (docs/failure-modes.md), kept
+
+_MEMORY: Final = "memory"
+#: The pid of the process that has logged the warning (one line per process).
+_warned_in: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    """The server running this process: ``name`` and its worker ``processes`` (``None``:
+    unknown, with the ``reason``)."""
+
+    name: str
+    processes: int | None
+    reason: str = ""
+
+
+def detect_server() -> Server | None:
+    """The pre-forking server this process runs under (gunicorn or uWSGI), or ``None``."""
+    if os.environ.get("SERVER_SOFTWARE", "").startswith("gunicorn"):
+        return _gunicorn()
+    try:
+        uwsgi = importlib.import_module("uwsgi")  # only importable inside uWSGI
+    except ImportError:
+        return None
+    processes = getattr(uwsgi, "numproc", None)
+    if isinstance(processes, int) and not isinstance(processes, bool) and processes > 0:
+        return Server("uWSGI", processes)
+    return Server("uWSGI", None, "uwsgi.numproc is not a positive integer")
+
+
+def _started_by_gunicorn_command() -> bool:
+    program = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    return program.name == "gunicorn" or (
+        program.name == "__main__.py" and program.parent.name == "gunicorn"
+    )
+
+
+def _gunicorn() -> Server:
+    if not _started_by_gunicorn_command():
+        return Server("gunicorn", None, f"started by {sys.argv[0]!r}, not the gunicorn command")
+    try:
+        from gunicorn.app.wsgiapp import WSGIApplication
+    except ImportError as exc:  # SERVER_SOFTWARE set by something else
+        return Server("gunicorn", None, f"gunicorn is not importable ({exc})")
+    printed = io.StringIO()
+    try:
+        with _undone_side_effects(), contextlib.redirect_stderr(printed):
+            config = WSGIApplication("%(prog)s [OPTIONS] [APP_MODULE]", prog="gunicorn").cfg
+            workers = config.workers
+    except (Exception, SystemExit) as exc:  # gunicorn exits on a configuration it refuses
+        log.debug("gunicorn's configuration could not be read: %r %s", exc, printed.getvalue())
+        return Server("gunicorn", None, "its configuration could not be read")
+    if printed.getvalue():
+        log.debug("gunicorn printed while its configuration was read: %s", printed.getvalue())
+    if isinstance(workers, int) and not isinstance(workers, bool) and workers > 0:
+        return Server("gunicorn", workers)
+    return Server("gunicorn", None, f"its workers setting is {workers!r}")
+
+
+@contextlib.contextmanager
+def _undone_side_effects() -> Iterator[None]:
+    """Loading gunicorn's configuration changes to its ``chdir`` directory, may add it to
+    ``sys.path`` and executes the config file as the module ``__config__``: undo all three."""
+    cwd = os.getcwd()
+    path = list(sys.path)
+    missing = object()
+    module = sys.modules.get("__config__", missing)
+    try:
+        yield
+    finally:
+        if os.getcwd() != cwd:
+            os.chdir(cwd)
+        if sys.path != path:
+            sys.path[:] = path
+        if module is missing:
+            sys.modules.pop("__config__", None)
+        else:
+            sys.modules["__config__"] = module  # type: ignore[assignment]
+
+
+def warn_if_memory_per_process(storage_url: str, storage: Storage | None = None) -> None:
+    """Log one WARNING per process when ``memory://`` is served by several processes.
+
+    ``storage`` is the ready storage an app passed (it wins over ``storage_url``, the value of
+    ``DISTLIMIT_STORAGE_URL``). Never raises.
+    """
+    global _warned_in
+    scheme = storage.scheme if storage is not None else storage_url.partition("://")[0].lower()
+    if scheme != _MEMORY or _warned_in == os.getpid():
+        return
+    try:
+        server = detect_server()
+    except Exception:  # never break an app's start for a warning
+        log.debug("Could not tell which server runs this process", exc_info=True)
+        return
+    if server is None or server.processes == 1:
+        return
+    _warned_in = os.getpid()
+    fix = (
+        "Point DISTLIMIT_STORAGE_URL at a Redis all processes share, e.g. "
+        "redis://localhost:6379/0 (memory:// is for tests and one-process development)."
+    )
+    if server.processes is None:
+        log.warning(
+            "The rate-limit storage is memory:// and this app is served by %s, which may run "
+            "several worker processes (their number is unknown: %s). Each process keeps its own "
+            "counters: with several, every limit is multiplied by the number of processes. %s",
+            server.name,
+            server.reason,
+            fix,
+        )
+    else:
+        log.warning(
+            "The rate-limit storage is memory:// and this app is served by %s with %d worker "
+            "processes. Each process keeps its own counters, so every limit is multiplied by "
+            "the number of processes (%d here). %s",
+            server.name,
+            server.processes,
+            server.processes,
+            fix,
+        )

@@ -1,0 +1,213 @@
+"""The request's limits in hand: ``limiter.current_limits`` and ``limiter.clear(name)``.
+
+::
+
+    @app.post("/login")
+    @limiter.limit("5/minute", deduct_when=lambda r: r.status_code == 401)
+    def login():
+        if check_password(...):
+            limiter.clear("login")      # a successful login forgets the failed ones
+            return "welcome"
+        return "no", 401
+
+    @app.get("/quota")
+    def quota():
+        return {l.name: l.remaining for l in limiter.current_limits}
+
+``current_limits`` lists every limit the request's storage calls evaluated so far (global, tier,
+route; a ``deduct_when`` limit as its peek), in order: its ``name`` (as in the headers and
+``violated-policies``), ``limit`` (the count in effect) and ``period`` (its window, seconds:
+``limit=5, period=60`` for ``5/minute``; ``rate`` has both as a :class:`~flask_distlimit.Rate`),
+``remaining``, ``reset_after`` (seconds) and ``reset_at`` (epoch seconds), and ``denied``.
+Outside a request, or for a request no limit applied to, it is empty. A request refused from
+the local deny cache lists nothing (no storage call was made).
+
+``clear(name)`` deletes the storage key of the current identity for the evaluated limits whose
+name is ``name``, or ``name`` without its rate (``"login"`` clears ``"login:5/minute"`` and
+``"login:20/hour"``), and drops a pending ``deduct_when`` charge of them. It answers how many
+keys it deleted: 0 when no such limit was counted for the request (limits disabled, the storage
+down under policy ``open``, an ``exempt_when`` that skipped it). A name that none of the
+request's limits has (a typo) raises :class:`ValueError` listing them.
+
+Clearing a counter keyed on the client's **address** (an anonymous client's own identity, or a
+``key_func`` that answers the address) warns, :class:`~flask_distlimit.errors.ClearedAddressWarning`
+(a ``UserWarning``, shown once per call site by Python's default filter): everyone behind that
+address shares it, so one who can succeed (an attacker with an account of their own) resets it
+for all. Clear what is keyed on the authenticated account; keep an address limit uncleared.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+from flask import has_request_context, request
+
+from flask_distlimit.core.algorithms import CONCURRENCY
+from flask_distlimit.core.limits import Rate
+from flask_distlimit.errors import ClearedAddressWarning
+
+if TYPE_CHECKING:
+    from flask_distlimit.core.decision import Check, Decision
+    from flask_distlimit.declare.route_limits import BoundLimit
+    from flask_distlimit.state import LimiterState
+
+__all__ = ["Evaluated", "RequestLimit", "breached_rates", "clear", "current_limits"]
+
+
+class Evaluated(NamedTuple):
+    """The limits one storage call of the request evaluated (kept with the request as they
+    are: read only when asked). A named tuple: every request builds one, and a frozen
+    dataclass costs a microsecond more to build."""
+
+    checks: Sequence[Check]
+    bounds: Sequence[BoundLimit]
+    decisions: Sequence[Decision]
+    spent: Sequence[int]  #: indexes of ``deduct_when`` peeks that refused
+    wall: float  #: the wall clock (seconds) when they were decided
+
+
+@dataclass(frozen=True, slots=True)
+class _One:
+    check: Check
+    bound: BoundLimit
+    decision: Decision
+    denied: bool
+    wall: float
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimit:
+    """One limit of the current request, as ``limiter.current_limits`` lists it."""
+
+    name: str
+    limit: int  #: the count in effect (divided among the instances under the local fallback)
+    remaining: int
+    reset_after: float  #: seconds until the quota is whole again
+    reset_at: float  #: the same, as epoch seconds
+    denied: bool
+    #: the window of ``limit``, in seconds (60 for ``5/minute``; a concurrency limit's lease)
+    period: int = 0
+
+    @property
+    def rate(self) -> Rate | None:
+        """``limit`` per ``period`` as a :class:`~flask_distlimit.Rate` (None for a count of
+        0, which a divided local limit may come to)."""
+        if self.limit < 1 or self.period < 1:
+            return None
+        return Rate(self.limit, self.period)
+
+
+def breached_rates(denied: Sequence[BoundLimit], lease: int) -> tuple[Rate, ...]:
+    """The declared rate of each denied limit, for :class:`~flask_distlimit.Breach`: its count
+    and its window; a concurrency limit's slots and their ``lease`` (seconds)."""
+    return tuple(
+        Rate(b.rate.amount, lease) if b.algorithm == CONCURRENCY else b.rate for b in denied
+    )
+
+
+def _evaluated(state: LimiterState) -> list[_One]:
+    if not has_request_context():
+        return []
+    data = request.environ.get(state.enforcer.environ_key)
+    if data is None:
+        return []
+    batches: list[Evaluated] = data.evaluated
+    return [
+        _One(c, b, d, not d.allowed or i in e.spent, e.wall)
+        for e in batches
+        for i, (c, b, d) in enumerate(zip(e.checks, e.bounds, e.decisions, strict=True))
+    ]
+
+
+def current_limits(state: LimiterState) -> list[RequestLimit]:
+    """The limits the current request's storage calls evaluated (see the module docstring)."""
+    return [
+        RequestLimit(
+            name=e.bound.name,
+            limit=e.decision.limit,
+            remaining=e.decision.remaining,
+            reset_after=e.decision.reset_after,
+            reset_at=e.wall + e.decision.reset_after,
+            denied=e.denied,
+            period=e.check.period,
+        )
+        for e in _evaluated(state)
+    ]
+
+
+def _matches(name: str, wanted: str) -> bool:
+    return name == wanted or name.rpartition(":")[0] == wanted
+
+
+def _known_names(state: LimiterState) -> set[str]:
+    """The names (with and without the rate) of every limit the current request can meet."""
+    enforcer = state.enforcer
+    endpoint = request.endpoint
+    bounds = [*state.global_limits, *(b for t in state.tier_limits.values() for b in t)]
+    if endpoint is not None:
+        bounds += enforcer.plan(endpoint, request.method, enforcer.original_view(endpoint)).limits
+    bounds += [e.bound for e in _evaluated(state)]
+    return {n for b in bounds for n in (b.name, b.name.rpartition(":")[0])}
+
+
+def clear(state: LimiterState, name: str) -> int:
+    """Delete the current identity's counters of the evaluated limits named ``name``."""
+    if not has_request_context():
+        raise RuntimeError(
+            "limiter.clear(name) clears the current request's identity: call it inside a "
+            "request (a view). To reset a client from outside, use "
+            "'flask distlimit reset <identity> --limit <name>'."
+        )
+    data = request.environ.get(state.enforcer.environ_key)
+    found = [e for e in _evaluated(state) if _matches(e.bound.name, name)]
+    if not found:
+        # Nothing of that name was counted for this request (limits disabled, the storage down
+        # under policy open, an exempt_when that skipped it): nothing to clear. A name that no
+        # limit of this request has is a mistake in the app: say so.
+        if not state.settings.enabled or name in _known_names(state):
+            return 0
+        names = sorted(n for n in _known_names(state) if n)
+        raise ValueError(
+            f"No limit of this request is named {name!r} (its limits: "
+            f"{', '.join(names) or 'none'}). Pass a name from limiter.current_limits, with or "
+            "without its rate."
+        )
+    keys = sorted({e.check.key for e in found})
+    _warn_if_address(state, name, keys)
+    if data is not None:
+        for key in keys:
+            data.deferred.pop(key, None)
+    if state.deny_cache is not None:
+        for key in keys:
+            state.deny_cache.forget(key)
+    state.enforcer.leases.drop(keys)  # units leased from the counts deleted below
+    return state.storage.delete(keys)
+
+
+def _tag_of(key: str) -> str:
+    start, end = key.find("{"), key.find("}")
+    return key[start + 1 : end] if 0 <= start < end else ""
+
+
+def _warn_if_address(state: LimiterState, name: str, keys: Sequence[str]) -> None:
+    """Warn when a key to clear is the client address's: its tag is that of the request's
+    address, as its own identity (``ip:<address>``) or as a ``key_func`` value (``func:<address>``,
+    e.g. ``lambda: request.remote_addr``)."""
+    address = state.resolver.client_ip(request.environ)  # "ip:<address>"
+    bare = address.removeprefix("ip:")
+    tags = {state.identity_tag(address), state.identity_tag(f"func:{bare}")}
+    if request.remote_addr:
+        tags.add(state.identity_tag(f"func:{request.remote_addr}"))
+    if any(_tag_of(key) in tags for key in keys):
+        warnings.warn(
+            f"limiter.clear({name!r}) deletes a counter keyed on the client's address: whoever "
+            "succeeds from that address resets it for everyone behind it (an attacker with an "
+            "account of their own could try, log in, and try again without end). Key the limit "
+            "you clear on the authenticated account (key_func=...), and keep an address limit "
+            "that is never cleared (docs/limits.md, 'Counting only some responses').",
+            ClearedAddressWarning,
+            stacklevel=3,
+        )

@@ -1,0 +1,251 @@
+"""Rate-limit response headers: every quota policy that applied, and the numbers of the one
+closest to denial.
+
+- ``ietf`` (draft-ietf-httpapi-ratelimit-headers-10, RFC 9651 structured fields)::
+
+      RateLimit-Policy: "orders:10/second";q=10;w=1, "orders:1000/hour";q=1000;w=3600,
+                        "orders:5 in flight";q=5;qu="concurrent-requests"
+      RateLimit: "orders:10/second";r=0;t=1
+
+  ``RateLimit-Policy`` is a List with one Item per quota policy the request was decided
+  against (global, tier, route and shared rates, and concurrency limits as
+  ``qu="concurrent-requests"`` with no ``w``): a String name, ``q`` the quota, ``w`` its window in
+  seconds. The policy ``RateLimit`` reports comes first; shadow limits and the fleet's capacity
+  (:mod:`flask_distlimit.defences.fleet`) are not quota policies of the client and never appear.
+
+  ``RateLimit`` carries ONE item, the rate policy closest to denial: the numbers of the others
+  would cost a Redis reply field each and up to eight items of ~40 bytes on every response,
+  while a client can act only on the binding one (the draft lets a server send the policy "with
+  the lower remaining quota units" alone). ``r`` the units left; ``t`` (see below).
+- ``legacy``: ``X-RateLimit-Limit``, ``X-RateLimit-Remaining``, ``X-RateLimit-Reset``, for the
+  same one policy as ``RateLimit``.
+
+What ``t`` and ``X-RateLimit-Reset`` mean (docs/algorithms.md, "What the headers say"):
+
+- ``t`` on an admitted response: the seconds until the policy's quota next resets, never more
+  than ``w``. For the fixed window, the end of the window; for the sliding window counter, the
+  end of the CURRENT window (the quota is whole only one window later, up to ``2w`` away, which
+  no client can act on); for the sliding window log, token bucket and GCRA, when the quota is
+  whole again (at most ``w`` by construction).
+- ``t`` on a 429: the seconds until the request could pass, the ``Retry-After`` value.
+- ``X-RateLimit-Reset``: the Unix time (one rounding up of the exact instant) of ``t`` on an
+  admitted response; on a 429 the later of that and the ``Retry-After`` instant. Every algorithm's
+  reset instant only moves forward as requests are counted, so for one policy and client it never
+  moves backwards between two responses (within the clock offset between the app and Redis).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from typing import Final, Protocol
+
+from flask_distlimit.config import HeaderMode
+from flask_distlimit.core.algorithms import CONCURRENCY
+from flask_distlimit.core.decision import Check, Decision
+from flask_distlimit.core.problem import retry_after_seconds
+
+__all__ = [
+    "Applied",
+    "Report",
+    "closest_to_denial",
+    "concurrency_policy_item",
+    "policy_field",
+    "policy_item",
+    "rate_limit_headers",
+    "sf_string",
+]
+
+_NOT_SF: Final = re.compile(r"[^\x20-\x7e]")
+#: The ``limit_id`` of the fleet's capacity slots (:mod:`flask_distlimit.defences.fleet`): the
+#: server's load, not a quota of the client, so never advertised.
+_FLEET_ID: Final = "fleet"
+
+
+def sf_string(text: str) -> str:
+    """``text`` as a structured-field String (RFC 9651): quoted, ``\\`` and ``"`` escaped,
+    anything outside printable ASCII replaced by ``?``."""
+    text = _NOT_SF.sub("?", text).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'
+
+
+def policy_item(name: str, quota: int, window: int) -> str:
+    """One ``RateLimit-Policy`` item, e.g. ``"orders:100/minute";q=100;w=60``."""
+    return f"{sf_string(name)};q={quota};w={window}"
+
+
+def concurrency_policy_item(name: str, quota: int) -> str:
+    """The ``RateLimit-Policy`` item of a limit of requests in flight:
+    ``"orders:5 in flight";q=5;qu="concurrent-requests"`` (no window: a slot is held for as
+    long as its request runs)."""
+    return f'{sf_string(name)};q={quota};qu="concurrent-requests"'
+
+
+class Report:
+    """The numbers of one limit, as the headers tell them."""
+
+    __slots__ = (
+        "algorithm",
+        "limit",
+        "name",
+        "period",
+        "policy",
+        "quoted",
+        "remaining",
+        "reset_after",
+        "retry_after",
+    )
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        limit: int,
+        period: int,
+        remaining: int,
+        reset_after: float,
+        retry_after: float = 0.0,
+        policy: str | None = None,
+        quoted: str | None = None,
+        algorithm: str | None = None,
+    ) -> None:
+        self.name = name
+        self.limit = limit
+        self.period = period
+        self.remaining = max(0, remaining)
+        self.reset_after = reset_after
+        self.retry_after = retry_after
+        #: the ``RateLimit-Policy`` item (precomputed at registration when possible)
+        self.policy = policy or policy_item(name, limit, period)
+        #: the name as a structured-field String
+        self.quoted = quoted or sf_string(name)
+        #: the algorithm whose numbers these are (None: unknown, read as a window that ends
+        #: when the quota is whole)
+        self.algorithm = algorithm
+
+
+class _Bound(Protocol):
+    """What the headers read of a bound limit
+    (:class:`flask_distlimit.declare.route_limits.BoundLimit`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def limit_id(self) -> str: ...
+    @property
+    def policy(self) -> str: ...
+
+
+class Applied(Protocol):
+    """One storage call's limits (:class:`flask_distlimit.request.current_limits.Evaluated`)."""
+
+    @property
+    def checks(self) -> Sequence[Check]: ...
+    @property
+    def bounds(self) -> Sequence[_Bound]: ...
+    @property
+    def decisions(self) -> Sequence[Decision]: ...
+
+
+def closest_to_denial(reports: Sequence[Report]) -> Report:
+    """The report to send: the longest wait among denials, else the fewest units left."""
+    denied = [r for r in reports if r.retry_after > 0]
+    if denied:
+        return max(denied, key=lambda r: r.retry_after)
+    return min(reports, key=lambda r: (r.remaining, -r.reset_after))
+
+
+def policy_field(report: Report | None, applied: Iterable[Applied] = ()) -> str:
+    """The ``RateLimit-Policy`` value: ``report``'s item first, then one item for each other
+    quota policy of ``applied`` (each name once; no shadow limit, no fleet slot). A limit the
+    local fallback divided is advertised with the quota it was decided against."""
+    items: list[str] | None = None
+    seen: set[str] | None = None
+    first = report.name if report is not None else None
+    for one in applied:
+        bounds = one.bounds
+        if len(bounds) == 1 and bounds[0].name == first:
+            continue  # the common case: the one limit is the one reported
+        for c, b, d in zip(one.checks, bounds, one.decisions, strict=True):
+            name = b.name
+            if name == first or c.shadow or b.limit_id == _FLEET_ID:
+                continue
+            if seen is None or items is None:
+                seen, items = set(), []
+            elif name in seen:
+                continue
+            seen.add(name)
+            if c.algorithm == CONCURRENCY:
+                items.append(concurrency_policy_item(name, d.limit))
+            elif d.limit != c.limit:
+                items.append(policy_item(name, d.limit, c.period))
+            else:
+                items.append(b.policy)
+    if report is None:
+        return ", ".join(items) if items else ""
+    return report.policy if not items else ", ".join((report.policy, *items))
+
+
+def window_reset(report: Report) -> float:
+    """Seconds until ``report``'s quota next resets, at most one window (0: nothing counted)."""
+    reset = report.reset_after
+    if not 0 < reset < math.inf:
+        return 0.0
+    period = report.period
+    if reset > period:
+        if report.algorithm == "sliding_window_counter":
+            # Whole again at the end of the NEXT window; the current one ends a window earlier.
+            reset -= period
+        return reset if reset < period else float(period)
+    return reset
+
+
+def rate_limit_headers(
+    mode: HeaderMode,
+    report: Report | None,
+    now_s: float,
+    *,
+    denied: bool,
+    applied: Iterable[Applied] = (),
+) -> list[tuple[str, str]]:
+    """The headers of ``mode`` for ``report`` (``None``: no rate policy to report, e.g. a
+    refusal by a concurrency limit: ``RateLimit-Policy`` alone, when some policy applied);
+    ``applied``: every storage call of the request, for ``RateLimit-Policy``; ``now_s`` is the
+    Unix time in seconds."""
+    if mode == "none":
+        return []
+    if report is None:
+        if mode == "legacy":
+            return []
+        policies = policy_field(None, applied)
+        return [("RateLimit-Policy", policies)] if policies else []
+    reset = window_reset(report)
+    if denied:
+        wait = retry_after_seconds(report.retry_after)
+        retry = report.retry_after
+        instant = now_s + (max(retry, reset) if math.isfinite(retry) else reset)
+        remaining = 0
+    else:
+        wait = math.ceil(reset - 1e-9)
+        instant = now_s + reset
+        remaining = report.remaining
+    reset_at = str(math.ceil(instant - 1e-9))
+    if mode == "both":  # the default: one list, no concatenation
+        return [
+            ("X-RateLimit-Limit", str(report.limit)),
+            ("X-RateLimit-Remaining", str(remaining)),
+            ("X-RateLimit-Reset", reset_at),
+            ("RateLimit-Policy", policy_field(report, applied)),
+            ("RateLimit", f"{report.quoted};r={remaining};t={wait}"),
+        ]
+    if mode == "legacy":
+        return [
+            ("X-RateLimit-Limit", str(report.limit)),
+            ("X-RateLimit-Remaining", str(remaining)),
+            ("X-RateLimit-Reset", reset_at),
+        ]
+    return [
+        ("RateLimit-Policy", policy_field(report, applied)),
+        ("RateLimit", f"{report.quoted};r={remaining};t={wait}"),
+    ]

@@ -1,0 +1,231 @@
+"""The circuit breaker in front of the storage: stop asking a sick Redis, ask again later.
+
+One :class:`Breaker` per process, app and storage node (the
+:class:`~flask_distlimit.resilience.guard.Guard` owns them through
+:class:`~flask_distlimit.resilience.breakers.Breakers`; its ``name`` names the node). It keeps its
+state in a pybreaker :class:`pybreaker.CircuitBreaker` (state, failure counter, listeners), but
+never lets pybreaker run the protected call: ``CircuitBreaker.call()`` holds one lock for the whole
+call, which would serialize every Redis round trip of a gthread worker. The caller asks
+:meth:`Breaker.allow`, makes the call itself, and reports :meth:`Breaker.success` or
+:meth:`Breaker.failure`; the lock is taken only around state changes, so concurrent calls overlap.
+The reset timeout is timed here too, on an injected monotonic ``clock``: pybreaker's open state
+compares ``datetime.now()`` (wall clock, not injectable), so tests would have to sleep.
+
+- closed: every call goes through; ``fail_max`` consecutive outages open the breaker.
+- open: :meth:`allow` answers ``False`` in well under a microsecond, without touching the storage,
+  until ``reset_timeout`` seconds (of the injected ``clock``) have passed.
+- half-open: exactly one caller gets the trial; its success closes the breaker, its failure opens
+  it again for another ``reset_timeout``. A trial that never reports (its thread died) is given
+  up after ``reset_timeout`` and another caller gets a trial.
+
+Only outages count (:class:`~flask_distlimit.errors.StorageUnavailable`). An answer that is an
+error (:class:`~flask_distlimit.errors.StorageResponseError`) proves the store is reachable: report
+it as a success; the caller raises it as the bug it is.
+
+Opening is logged at WARNING, closing at INFO (logger ``flask_distlimit.resilience.breaker``), each
+line naming the breaker (``redis:ratelimit``, or ``redis+cluster:ratelimit@127.0.0.1:7001`` for one
+node of several).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Literal, cast
+
+import pybreaker
+
+__all__ = ["Breaker", "BreakerState"]
+
+log = logging.getLogger("flask_distlimit.breaker")  # a public name (docs/failure-modes.md), kept
+
+BreakerState = Literal["closed", "open", "half-open"]
+
+_CLOSED = pybreaker.STATE_CLOSED
+_OPEN = pybreaker.STATE_OPEN
+_HALF_OPEN = pybreaker.STATE_HALF_OPEN
+
+
+class _Listener(pybreaker.CircuitBreakerListener):
+    """Logs state changes and forwards them to the breaker's ``on_change`` hook."""
+
+    def __init__(self, owner: Breaker) -> None:
+        self._owner = owner
+
+    def state_change(self, cb: Any, old_state: Any, new_state: Any) -> None:
+        old = None if old_state is None else str(old_state.name)
+        new = str(new_state.name)
+        owner = self._owner
+        if new == _OPEN:
+            log.warning(
+                "Rate-limit storage %s is unavailable after %d consecutive failure(s): "
+                "circuit breaker %s opened; applying the failure policy for %.3g s before a "
+                "trial call (last error: %s)",
+                owner.name,
+                owner.fail_max,
+                owner.name,
+                owner.reset_timeout,
+                owner.last_error,
+            )
+        elif new == _CLOSED and old is not None:
+            log.info("Rate-limit storage %s answers again: circuit breaker closed", owner.name)
+        elif new == _HALF_OPEN:
+            log.info("Circuit breaker %s half-open: trying the storage once", owner.name)
+        if owner.on_change is not None:
+            owner.on_change(new)  # type: ignore[arg-type]
+
+
+class Breaker:
+    """A circuit breaker whose protected calls run outside its lock.
+
+    ``clock`` is a monotonic clock in seconds (tests inject a fake one). ``on_change`` is called
+    with the new state name after every transition (used for the metrics gauge).
+    """
+
+    def __init__(
+        self,
+        *,
+        fail_max: int = 5,
+        reset_timeout: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        name: str = "storage",
+        on_change: Callable[[BreakerState], None] | None = None,
+    ) -> None:
+        if fail_max < 1:
+            raise ValueError(f"fail_max must be at least 1, got {fail_max!r}")
+        if reset_timeout < 0:
+            raise ValueError(f"reset_timeout must be >= 0 seconds, got {reset_timeout!r}")
+        self.fail_max = fail_max
+        self.reset_timeout = reset_timeout
+        self.name = name
+        self.on_change = on_change
+        self.last_error: BaseException | None = None
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._store = pybreaker.CircuitMemoryStorage(_CLOSED)
+        self._cb = pybreaker.CircuitBreaker(
+            fail_max=fail_max,
+            reset_timeout=reset_timeout,
+            state_storage=self._store,
+            listeners=[_Listener(self)],
+            name=name,
+        )
+        self._opened_at = 0.0  # clock() when last opened
+        self._trial_since: float | None = None  # clock() when the running trial began
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> BreakerState:
+        return cast(BreakerState, self._store.state)
+
+    @property
+    def failures(self) -> int:
+        """Consecutive outages counted while closed."""
+        return int(self._store.counter)
+
+    @property
+    def circuit_breaker(self) -> pybreaker.CircuitBreaker:
+        """The underlying pybreaker breaker (state, counter and listeners live there)."""
+        return self._cb
+
+    def opened_for(self) -> float | None:
+        """Seconds since the breaker opened, or ``None`` when it is closed."""
+        if self._store.state == _CLOSED:
+            return None
+        return self._clock() - self._opened_at
+
+    # -- the protocol around a call ----------------------------------------------------------
+
+    def allow(self) -> bool:
+        """May the caller try the storage now? ``False``: apply the failure policy instead.
+
+        A ``True`` obliges the caller to report :meth:`success` or :meth:`failure` (or
+        :meth:`release` when the call ended in an unrelated exception).
+        """
+        if self._store.state == _CLOSED:  # the hot path: one attribute read, no lock
+            return True
+        now = self._clock()
+        with self._lock:
+            state = self._store.state
+            if state == _CLOSED:
+                return True
+            if state == _OPEN:
+                if now - self._opened_at < self.reset_timeout:
+                    return False
+                self._trial_since = now
+                self._cb.half_open()
+                return True
+            # half-open: one trial at a time; a trial that never reported is given up
+            if self._trial_since is not None and now - self._trial_since < self.reset_timeout:
+                return False
+            self._trial_since = now
+            return True
+
+    def success(self) -> None:
+        """The storage answered (a value or an error reply)."""
+        store = self._store
+        if store.state == _CLOSED and store.counter == 0:  # hot path
+            return
+        with self._lock:
+            if store.state == _CLOSED:
+                store.reset_counter()
+                return
+            self._trial_since = None
+            self.last_error = None
+            self._cb.close()
+
+    def failure(self, error: BaseException) -> None:
+        """The storage could not be reached (an outage)."""
+        now = self._clock()
+        with self._lock:
+            self.last_error = error
+            store = self._store
+            state = store.state
+            if state == _CLOSED:
+                store.increment_counter()
+                if store.counter < self.fail_max:
+                    return
+            elif state == _OPEN:
+                return  # a call that started before the breaker opened
+            self._trial_since = None
+            self._opened_at = now
+            self._cb.open()
+
+    def release(self) -> None:
+        """The call ended in neither an answer nor an outage (e.g. an unrelated exception):
+        free the half-open trial slot without deciding anything."""
+        if self._store.state != _HALF_OPEN:
+            return
+        with self._lock:
+            self._trial_since = None
+
+    def reset(self) -> None:
+        """Close the breaker and forget the failures (tests, manual recovery)."""
+        with self._lock:
+            self._trial_since = None
+            self.last_error = None
+            if self._store.state != _CLOSED:
+                self._cb.close()
+            self._store.reset_counter()
+
+    def _after_fork(self) -> None:
+        # A lock copied from the parent may be held by a thread that does not exist here: ours
+        # is replaced, and so is pybreaker's breaker (whose own lock open()/close() take), by a
+        # new one on the same state storage and listeners (public constructor and properties;
+        # a breaker built on an existing storage takes its state without notifying anyone).
+        self._lock = threading.Lock()
+        inherited = self._cb
+        self._cb = pybreaker.CircuitBreaker(
+            fail_max=inherited.fail_max,
+            reset_timeout=inherited.reset_timeout,
+            state_storage=self._store,
+            listeners=cast(Any, inherited.listeners),  # a tuple of the same listeners
+            name=inherited.name,
+        )
+        self._trial_since = None
+
+    def __repr__(self) -> str:
+        return f"<Breaker {self.name} {self.state} failures={self.failures}/{self.fail_max}>"

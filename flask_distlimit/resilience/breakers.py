@@ -1,0 +1,168 @@
+"""One circuit breaker per storage node: a dead Cluster shard degrades only its own keys.
+
+The :class:`~flask_distlimit.resilience.guard.Guard` asks :class:`Breakers` for the breaker of the
+node a request's checks go to (:meth:`Storage.node <flask_distlimit.storage.base.Storage.node>` and
+:meth:`Storage.route <flask_distlimit.storage.base.Storage.route>`):
+
+- a single node and ``memory://`` have one node, :data:`DEFAULT_NODE`: one breaker, as always;
+- Sentinel: the address of the master the Sentinels named last, so that after a failover the new
+  master starts with a closed breaker instead of waiting out the old one's reset timeout;
+- Cluster: each primary's ``host:port``.
+
+Breakers are made on first use and the set stays bounded: when a new node appears, the breakers
+of nodes the storage's topology no longer lists (:meth:`Storage.nodes
+<flask_distlimit.storage.base.Storage.nodes>`) are dropped, and never more than
+:data:`MAX_NODES` are kept (the oldest closed ones go first). Looking up a known node is one
+dictionary read, no lock.
+
+The aggregate :attr:`Breakers.state` is the worst state of any node's breaker (open, then
+half-open, then closed): with one node it is that node's state, as before per-node breakers.
+:func:`worst` picks the breaker that aggregate describes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Collection
+from typing import Final
+
+from flask_distlimit.resilience.breaker import Breaker, BreakerState
+
+__all__ = ["DEFAULT_NODE", "MAX_NODES", "Breakers", "worst"]
+
+#: The node of a storage that has only one (single node, memory; Sentinel before it connected).
+DEFAULT_NODE: Final = "redis"
+#: At most this many breakers are kept (a Redis Cluster has at most a few hundred primaries).
+MAX_NODES: Final = 1024
+
+_RANK: Final[dict[str, int]] = {"closed": 0, "half-open": 1, "open": 2}
+
+
+class Breakers:
+    """The breakers of one guard, one per node, with shared settings.
+
+    ``name`` is the guard's name: the breaker of :data:`DEFAULT_NODE` is called ``name`` (as the
+    one breaker always was: logs and metric labels do not change for a single node), any other
+    ``name@node``. ``on_change(breaker_name, state)`` is called after every transition and, with
+    state ``None``, when a breaker is dropped. ``known`` answers the nodes the topology lists
+    now (``None``: unknown, nothing is dropped for being absent).
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        fail_max: int,
+        reset_timeout: float,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[str, BreakerState | None], None] | None = None,
+        known: Callable[[], Collection[str] | None] = lambda: None,
+        limit: int = MAX_NODES,
+    ) -> None:
+        self.name = name
+        self.fail_max = fail_max
+        self.reset_timeout = reset_timeout
+        self._clock = clock
+        self._on_change = on_change
+        self._known = known
+        self._limit = max(1, limit)
+        self._lock = threading.Lock()
+        self._by_node: dict[str, Breaker] = {}
+
+    def breaker_name(self, node: str) -> str:
+        return self.name if node == DEFAULT_NODE else f"{self.name}@{node}"
+
+    def get(self, node: str) -> Breaker:
+        """The breaker of ``node``, made (and the set pruned) when it is new."""
+        breaker = self._by_node.get(node)
+        if breaker is None:
+            breaker = self._make(node)
+        return breaker
+
+    def _make(self, node: str) -> Breaker:
+        known = self._known()
+        dropped: list[str] = []
+        with self._lock:
+            breaker = self._by_node.get(node)
+            if breaker is not None:
+                return breaker
+            if known is not None:
+                for other in [n for n in self._by_node if n not in known]:
+                    del self._by_node[other]
+                    dropped.append(other)
+            while len(self._by_node) >= self._limit:
+                closed = [n for n, b in self._by_node.items() if b.state == "closed"]
+                oldest = (closed or list(self._by_node))[0]
+                del self._by_node[oldest]
+                dropped.append(oldest)
+            name = self.breaker_name(node)
+            on_change = self._on_change
+            breaker = Breaker(
+                fail_max=self.fail_max,
+                reset_timeout=self.reset_timeout,
+                clock=self._clock,
+                name=name,
+                on_change=None if on_change is None else lambda s: on_change(name, s),
+            )
+            self._by_node[node] = breaker
+        self._dropped(dropped)
+        if on_change is not None:
+            on_change(name, breaker.state)
+        return breaker
+
+    def retain(self, nodes: Collection[str]) -> None:
+        """Drop the breakers of every node not in ``nodes``."""
+        with self._lock:
+            gone = [n for n in self._by_node if n not in nodes]
+            for node in gone:
+                del self._by_node[node]
+        self._dropped(gone)
+
+    def prune(self) -> None:
+        """Drop the breakers of nodes the storage's topology no longer lists."""
+        known = self._known()
+        if known is not None:
+            self.retain(known)
+
+    def _dropped(self, nodes: list[str]) -> None:
+        if self._on_change is not None:
+            for node in nodes:
+                self._on_change(self.breaker_name(node), None)
+
+    def states(self) -> dict[str, BreakerState]:
+        """Each node's breaker state, by node name."""
+        return {node: b.state for node, b in list(self._by_node.items())}
+
+    def by_node(self) -> dict[str, Breaker]:
+        """Each node's breaker, by node name (a copy)."""
+        return dict(list(self._by_node.items()))
+
+    @property
+    def state(self) -> BreakerState:
+        """The worst state of any node's breaker (``closed`` when there is none yet)."""
+        worst: BreakerState = "closed"
+        for breaker in list(self._by_node.values()):
+            state = breaker.state
+            if _RANK[state] > _RANK[worst]:
+                worst = state
+        return worst
+
+    def all(self) -> list[Breaker]:
+        return list(self._by_node.values())
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+        for breaker in self._by_node.values():
+            breaker._after_fork()
+
+
+def worst(breakers: Collection[Breaker]) -> Breaker | None:
+    """The breaker in the worst state (open, then half-open, then closed); among equals, the
+    one open longest, then the one with the most consecutive failures. ``None`` for none."""
+
+    def badness(breaker: Breaker) -> tuple[int, float, int]:
+        opened_for = breaker.opened_for()
+        return (_RANK[breaker.state], -1.0 if opened_for is None else opened_for, breaker.failures)
+
+    return max(breakers, key=badness, default=None)

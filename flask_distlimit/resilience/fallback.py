@@ -1,0 +1,459 @@
+"""The local fallback: limits enforced in-process while the shared storage fails.
+
+Under ``DISTLIMIT_FAILURE_POLICY = "local"`` every check of a request the storage could not
+answer is decided by an in-process :class:`~flask_distlimit.storage.memory.MemoryStorage` (the
+same five algorithms as the Lua, decided the same way) at ``floor(limit / instances)``, at least 1:
+this process's *share*. Each of ``instances`` processes admits its share, so the fleet as a whole
+stays near the configured limit instead of multiplying it by the number of processes.
+
+Failures are often partial (a flapping link, a slow Redis that times out every other call), so
+the local counts must outlive the calls that succeed in between:
+
+- **A key's local budget starts from what Redis last said was left** (:class:`LastKnown`): its
+  first local decision finds ``min(share, remaining // instances)`` units, not a whole share,
+  when Redis said it at most :data:`FRESHNESS` (a tenth) of the key's period earlier. An older
+  figure says nothing of what the other processes spent since (they may have spent it all), so
+  the key gets nothing here until its quota would be whole again. A key Redis said nothing about
+  since its quota was last whole gets a whole share (docs/failure-modes.md says why).
+- **Every admission counts while a key is held.** A key is *held* from its local decision until
+  the quota that decision saw would be whole again (``reset_after``; at most one period for every
+  algorithm but the sliding window counter, two for that one). While it is held, a request Redis
+  admits is counted here too (:meth:`LocalFallback.charge`), and refused if it exceeds the share:
+  Redis never learns of the admissions made locally, so without this a process could add Redis's
+  full quota to its local share within one window.
+- **Engaged**: ``settle`` seconds (the breaker's reset timeout) after each failure, and after the
+  first success that follows a failure, every request is counted here, and a key Redis answers
+  enters the count from what it has just said was left.
+- **Handing back**: a key decided here (a failure) is held, beyond its quota's reset, until the
+  window that contains the end of the engagement has ended (that fixed window's end; one period
+  after the engagement for the sliding window log, the token bucket and GCRA, two for the
+  sliding window counter), or sooner, as a key never decided here, when its last local
+  decision is older: once its own local count has expired and the window that contains two
+  settling periods after that decision has ended; a key counted only because Redis answered
+  it while engaged is handed back when the engagement ends. When no key is held any more, the
+  in-process store is dropped.
+- **Memory**: a key no longer held is forgotten (swept once the keys have doubled), so the
+  keys kept through an outage of any length are at most twice those decided or answered here
+  in the last two settling periods and two periods, plus 1024 (docs/failure-modes.md, "Memory
+  of the local fallback"; tests/test_fallback_memory.py).
+
+The bound (docs/failure-modes.md, "The bound"; tests/test_fleet_bound.py,
+tests/test_local_bounds.py), for ``N`` processes, a limit ``L``, share ``S``:
+
+- per window, while failures go on, each process admits at most ``S``, the fleet ``N x S <= L``;
+- in the window where an outage starts, at most ``L + A``: each fresh figure ``R_p`` exceeds what
+  was really left, ``R``, by what the fleet admitted after Redis said it, at most ``A``, what it
+  admitted in the last tenth of a period; ``sum(R_p // N) <= R + A``. ``A <= L / 10`` when the
+  key's admissions are spread over its window;
+- after Redis is back at ``T``: every breaker still open opened before ``T`` and closes within
+  one reset timeout of opening, so nobody admits locally after ``T`` + one reset timeout; every
+  process that failed has its first success at ``T`` or later, so it stays engaged until then and
+  holds each key it decided until that window ends. In every window, either every process that
+  decided a key is held to its share of it, or no process admits it locally.
+
+Nothing is ever written back to Redis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from flask_distlimit.core.algorithms import Algorithm
+from flask_distlimit.core.decision import NEVER, Check, Evaluation
+from flask_distlimit.resilience.last_known import LastKnown
+from flask_distlimit.storage.base import Storage
+
+# Imported here, not on the first local decision: an import in the middle of an outage held every
+# other thread of the worker for as long as it took (16 ms idle, 180-340 ms on a busy machine).
+from flask_distlimit.storage.memory import MemoryStorage
+
+__all__ = ["FRESHNESS", "LocalFallback", "divided_limit"]
+
+#: What Redis said was left for a key is trusted for this fraction of the key's period after it
+#: said it; an older figure gives the key no local budget until its quota is whole again.
+FRESHNESS: Final = 0.1
+
+_FOREVER = float("inf")
+_SWEEP_MIN = 1024
+_US = 1_000_000
+
+#: A key's algorithm and period: how long its local admissions stay in the windows Redis sees.
+_Kind = tuple[Algorithm, int]
+
+
+def _wall_us() -> int:
+    return time.time_ns() // 1_000
+
+
+def divided_limit(limit: int, instances: int) -> int:
+    """One instance's share of ``limit``: ``floor(limit / instances)``, at least 1."""
+    if instances <= 1:
+        return limit
+    return max(1, limit // instances)
+
+
+def _memory_storage() -> Storage:
+    return MemoryStorage()
+
+
+def _divided(check: Check, instances: int) -> Check:
+    if instances <= 1:
+        return check
+    return dataclasses.replace(check, limit=divided_limit(check.limit, instances))
+
+
+class LocalFallback:
+    """Decides checks in-process at each limit's per-instance share, and keeps those counts
+    while they matter (see the module docstring).
+
+    ``factory`` builds the in-process store (default: a fresh ``MemoryStorage``); it is called
+    lazily, on the first local decision after the store was dropped. ``clock`` (monotonic
+    seconds) times the settling. ``settle``: seconds after this process's last failure, and
+    after its first success following a failure, during which every request is counted here too
+    (the guard passes the breaker's reset timeout).
+    ``last_known`` tells where a key's local budget starts; without it, from a whole share.
+    """
+
+    def __init__(
+        self,
+        factory: Callable[[], Storage] | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        settle: float = 30.0,
+        last_known: LastKnown | None = None,
+    ) -> None:
+        if not settle >= 0:
+            raise ValueError(f"settle must be >= 0 seconds, got {settle!r}")
+        self._factory = factory or _memory_storage
+        self._clock = clock
+        self.settle = settle
+        self.last_known = last_known
+        self._storage: Storage | None = None
+        #: key -> clock() until which its local count is known complete (see _cover).
+        self._covered: dict[str, float] = {}
+        #: keys decided here (a failure), with their kind and clock() of their last local
+        #: decision: held to the end of a window (_hold, _holds).
+        self._decided: dict[str, tuple[_Kind, float]] = {}
+        #: kind -> clock() until which a key of that kind decided here is held (see _engage).
+        self._hold: dict[_Kind, float] = {}
+        self._engaged_until = -_FOREVER  # last failure, or first success after it, + settle
+        self._failed = False  # a failure since the last success: the next success engages
+        self._wall_offset_us = 0  # the storage's time (now_us) minus clock(), in microseconds
+        self._until = -_FOREVER  # the latest of the above: the store is dropped then
+        self._sweep_at = _SWEEP_MIN
+        self._lock = threading.Lock()
+
+    @property
+    def active(self) -> bool:
+        """True while the fallback holds counts that still matter."""
+        return self._storage is not None and self._clock() < self._until
+
+    @property
+    def holding(self) -> bool:
+        """True while the in-process store exists (cheap: no clock, no lock)."""
+        return self._storage is not None
+
+    @property
+    def engaged(self) -> bool:
+        """True within ``settle`` seconds of this process's last failure, or of its first
+        success after a failure."""
+        return self._clock() < self._engaged_until
+
+    def covers(self, key: str) -> bool:
+        """Is ``key`` counted here (every admission of it since it entered)? Cheap: no lock."""
+        return key in self._covered
+
+    def held(self) -> int:
+        """How many keys are counted here now."""
+        now = self._clock()
+        with self._lock:
+            return sum(1 for key, until in self._covered.items() if self._holds(key, until, now))
+
+    def evaluate(
+        self, checks: Sequence[Check], *, instances: int, now_us: int | None = None
+    ) -> Evaluation:
+        """Decide ``checks`` locally (the storage failed), each limit divided by ``instances``."""
+        with self._lock:
+            now = self._clock()
+            storage = self._storage
+            if storage is None or now >= self._until:
+                self._drop_locked()
+                storage = self._storage = self._factory()
+            self._failed = True
+            self._observe(now, now_us)
+            self._engage(now + self.settle)
+            for check in checks:
+                self._decide(check, now)
+            divided = [_divided(c, instances) for c in checks]
+            for check, local in zip(checks, divided, strict=True):
+                if check.key not in self._covered:
+                    self._enter(storage, check, local, instances, now_us)
+            evaluation = storage.evaluate(divided, now_us=now_us)
+            for check, decision in zip(checks, evaluation.decisions, strict=True):
+                # Its local admissions leave every window when the quota it saw is whole.
+                settle = decision.reset_after
+                if not math.isfinite(settle) or settle > 2 * check.period:
+                    settle = 2 * check.period
+                self._cover(check.key, max(now + settle, self._engaged_until))
+            if len(self._covered) >= self._sweep_at:
+                self._sweep(now)
+        return evaluation
+
+    def release(
+        self, checks: Sequence[Check], *, instances: int, now_us: int | None = None
+    ) -> None:
+        """Give back, in the in-process store, the concurrency slots ``checks`` took there
+        (:attr:`Check.release <flask_distlimit.core.decision.Check.release>` checks): the request
+        ended. Nothing else changes: a give-back is no failure of the storage, so it never
+        engages the fallback, holds a key or starts a store (a slot taken here before the
+        store was dropped is gone with it)."""
+        with self._lock:
+            storage = self._storage
+            if storage is not None and checks:
+                storage.evaluate([_divided(c, instances) for c in checks], now_us=now_us)
+
+    def give_back(
+        self, checks: Sequence[Check], *, instances: int, now_us: int | None = None
+    ) -> None:
+        """Undo a local admission of ``checks`` (:meth:`evaluate` admitted them, but the request
+        was refused elsewhere: by another node's fallback on a Redis Cluster)."""
+        with self._lock:
+            storage = self._storage
+            if storage is not None and checks:
+                storage.refund([_divided(c, instances) for c in checks], now_us=now_us)
+
+    def refusal(
+        self, checks: Sequence[Check], *, instances: int, now_us: int | None = None
+    ) -> Evaluation | None:
+        """The local refusal of a request over this process's share of a key counted here, or
+        ``None``: ask Redis. Decided before the call, so that Redis never counts a request that
+        :meth:`charge` would refuse (a sliding window would hold that phantom for a whole period
+        and admit less and less). A pure read: the local counts are peeked at cost 0; a refused
+        check's ``retry_after`` is its ``reset_after``, when the quota is whole again (an upper
+        bound)."""
+        if self._storage is None:  # nothing held: the path of every healthy request
+            return None
+        with self._lock:
+            storage = self._storage
+            if storage is None:
+                return None
+            now = self._clock()
+            if now >= self._until:
+                return None
+            engaged = now < self._engaged_until
+            covered = [
+                i
+                for i, c in enumerate(checks)
+                if (until := self._covered.get(c.key)) is not None
+                and (engaged or self._holds(c.key, until, now))
+            ]
+            if not covered:
+                return None
+            peek = storage.evaluate(
+                [dataclasses.replace(_divided(c, instances), cost=0) for c in checks],
+                now_us=now_us,
+            )
+        decisions = list(peek.decisions)
+        refused = False
+        for i in covered:
+            decision, cost = decisions[i], checks[i].cost
+            if decision.remaining < cost:
+                if checks[i].shadow:  # counted here too, but never refuses
+                    decisions[i] = dataclasses.replace(decision, shadow_denied=True)
+                    continue
+                refused = True
+                wait = NEVER if cost > decision.limit else decision.reset_after
+                decisions[i] = dataclasses.replace(decision, allowed=False, retry_after=wait)
+        return Evaluation(tuple(decisions)) if refused else None
+
+    def charge(
+        self,
+        checks: Sequence[Check],
+        evaluation: Evaluation,
+        *,
+        instances: int,
+        now_us: int | None = None,
+    ) -> Evaluation | None:
+        """Redis admitted ``checks`` (its ``evaluation``; the guard has shown it to
+        ``last_known``): count them here too while they matter.
+
+        Answers ``None`` when the request stays admitted, or the evaluation refusing it (the
+        local decision for the keys counted here, Redis's for the others) when it exceeds this
+        process's share. Redis has counted it then: the error is on the strict side.
+        """
+        if self._storage is None:  # nothing held: the path of every healthy request
+            return None
+        with self._lock:
+            storage = self._storage
+            if storage is None:
+                return None
+            now = self._clock()
+            if self._failed:
+                # The first success after a failure: Redis is back for this process, not yet
+                # for those whose breakers are still open (they try again at most a reset
+                # timeout after opening, before Redis came back): count everything here until
+                # then (see "Handing back" in the module docstring).
+                self._failed = False
+                self._observe(now, now_us)
+                self._engage(now + self.settle)
+            if now >= self._until:
+                self._drop_locked()  # settled: Redis alone is exact again
+                return None
+            engaged = now < self._engaged_until
+            counted: list[int] = []
+            for i, check in enumerate(checks):
+                until = self._covered.get(check.key)
+                if until is not None and (engaged or self._holds(check.key, until, now)):
+                    counted.append(i)  # every admission of it since it entered is counted here
+                elif engaged:
+                    # Failures go on: from now on this key counts here too, starting from what
+                    # Redis just said was left (this request included).
+                    self._enter(storage, check, _divided(check, instances), instances, now_us)
+                    self._cover(check.key, self._engaged_until)
+                elif until is not None:
+                    # Settled: Redis alone is exact for it, and this admission is not counted
+                    # here, so its local count is incomplete from now on.
+                    del self._covered[check.key]
+                    self._decided.pop(check.key, None)
+                    storage.delete([check.key])
+            if not counted:
+                return None
+            local = storage.evaluate(
+                [_divided(checks[i], instances) for i in counted], now_us=now_us
+            )
+            for i in counted:
+                if engaged:
+                    self._cover(checks[i].key, self._engaged_until)
+        if local.allowed:
+            return None
+        decisions = list(evaluation.decisions)
+        for i, decision in zip(counted, local.decisions, strict=True):
+            decisions[i] = decision
+        return Evaluation(tuple(decisions))
+
+    def _enter(
+        self, storage: Storage, check: Check, local: Check, instances: int, now_us: int | None
+    ) -> None:
+        """Start counting ``check``'s key here from what Redis last said was left: this
+        process's part of it, ``remaining // instances``, at most the share."""
+        storage.delete([check.key])  # counts of an earlier spell no longer matter
+        reading = None if self.last_known is None else self.last_known.reading(check)
+        if reading is None:
+            return  # nothing said since the quota was whole: a whole share (module docstring)
+        # An older figure says nothing of what the others spent since: nothing is left here.
+        left = reading.remaining if reading.age <= FRESHNESS * check.period else 0
+        spent = local.limit - min(local.limit, max(0, left) // max(1, instances))
+        if spent > 0:
+            storage.evaluate([dataclasses.replace(local, cost=spent)], now_us=now_us)
+
+    def _observe(self, now: float, now_us: int | None) -> None:
+        """Remember how the storage's time (``now_us``, else the wall clock) maps onto clock()."""
+        self._wall_offset_us = (_wall_us() if now_us is None else now_us) - round(now * _US)
+
+    def _engage(self, until: float) -> None:
+        """Count every request here until ``until`` at least, and every key decided here until
+        the end of the window that contains that moment (:meth:`_window_end`)."""
+        if until <= self._engaged_until:
+            return
+        self._engaged_until = until
+        for kind in self._hold:
+            self._hold[kind] = end = self._window_end(kind, until)
+            if end > self._until:
+                self._until = end
+        if until > self._until:
+            self._until = until
+
+    def _decide(self, check: Check, now: float) -> None:
+        """``check``'s key is decided here at ``now``: hold it until the end of the window
+        that contains the end of this process's engagement (at most two settling periods
+        after ``now``: :meth:`_holds`)."""
+        kind = (check.algorithm, check.period)
+        self._decided[check.key] = (kind, now)
+        if kind not in self._hold:
+            self._hold[kind] = end = self._window_end(kind, self._engaged_until)
+            if end > self._until:
+                self._until = end
+
+    def _window_end(self, kind: _Kind, moment: float) -> float:
+        """clock() when admissions made by ``moment`` have left every window of a key of
+        ``kind`` that Redis will look at: the end of the fixed window that contains ``moment``
+        (windows are aligned on the storage's time), one period after it for the sliding window
+        log, the token bucket and GCRA, two for the sliding window counter."""
+        algorithm, period = kind
+        if algorithm == "fixed_window":
+            period_us = period * _US
+            at_us = round(moment * _US) + self._wall_offset_us
+            end_us = (at_us // period_us + 1) * period_us
+            return (end_us - self._wall_offset_us) / _US
+        return moment + (2 * period if algorithm == "sliding_window_counter" else period)
+
+    def _holds(self, key: str, until: float, now: float) -> bool:
+        """Whether ``key`` (counted here until ``until``) still counts here at ``now``.
+
+        Past ``until`` (its local admissions have left every window), a key decided here is
+        held to the end of the window that contains the end of the engagement, but no later
+        than the end of the window that contains two settling periods after its last local
+        decision: a process whose breaker was open when this one last decided the key admits
+        locally at most until then (Redis back at once; its trial one reset timeout later,
+        this process engaged one more), and a key this process has not decided since is held
+        no longer than one it never decided (docs/failure-modes.md, "The bound"). So the
+        keys held, through an outage of any length, are those decided or answered in the last
+        two settling periods and two periods: memory is bounded by the traffic of that time,
+        never by the outage's length."""
+        if until > now:
+            return True
+        decided = self._decided.get(key)
+        if decided is None:
+            return False
+        kind, at = decided
+        return now < self._hold[kind] and now < self._window_end(kind, at + 2 * self.settle)
+
+    def _cover(self, key: str, until: float) -> None:
+        """Count ``key`` here until ``until`` at least (longer while this process is engaged).
+        A key stays in ``_covered`` as long as every admission of it in this process since it
+        entered was counted here; one that was not is removed (and its local count deleted),
+        and starts again from what Redis last said when it enters again."""
+        if until > self._covered.get(key, -_FOREVER):
+            self._covered[key] = until
+            if until > self._until:
+                self._until = until
+
+    def drop(self) -> None:
+        """Forget every local count (nothing is written back to the storage)."""
+        with self._lock:
+            self._drop_locked()
+
+    def _drop_locked(self) -> None:
+        storage, self._storage = self._storage, None
+        self._covered.clear()
+        self._decided.clear()
+        self._hold.clear()
+        self._failed = False
+        self._engaged_until = self._until = -_FOREVER
+        self._sweep_at = _SWEEP_MIN
+        if storage is not None:
+            storage.close()
+
+    def _sweep(self, now: float) -> None:
+        """Forget keys whose count has ended (amortized: once per doubling of the keys); they
+        start again from what Redis last said when they enter again."""
+        for key in [k for k, until in self._covered.items() if not self._holds(k, until, now)]:
+            del self._covered[key]
+            self._decided.pop(key, None)
+        self._sweep_at = max(_SWEEP_MIN, 2 * len(self._covered))
+
+    def _after_fork(self) -> None:
+        # A forked process admits its own share: it starts again from what Redis last said.
+        self._lock = threading.Lock()
+        self._storage = None
+        self._covered = {}
+        self._decided = {}
+        self._hold = {}
+        self._failed = False
+        self._engaged_until = self._until = -_FOREVER
+        self._sweep_at = _SWEEP_MIN

@@ -1,0 +1,96 @@
+"""What the storage last said was left, per key: where the local fallback starts from.
+
+When the storage fails, the ``local`` policy decides in-process
+(:mod:`flask_distlimit.resilience.fallback`). If each key's local budget started from a whole
+share, the first window of an outage would add a fresh quota on top of what Redis had already
+counted in that window (a client that had used 25 of 30 before the outage could get 10 more per
+process). So the guard shows every answer of the storage to a :class:`LastKnown`, which keeps, per
+key, the units left and until when that figure means anything: the moment the quota is whole again
+(``reset_after`` later, on the guard's monotonic clock), and when it was said: the other processes
+may have spent since, so the fallback trusts a figure only while it is fresh
+(:data:`flask_distlimit.resilience.fallback.FRESHNESS`). The fallback asks it when a key first
+needs a local decision.
+
+Bounded: at most ``max_entries`` keys (default 10,000, about 1 MB), the least recently answered
+dropped first; a key it forgot starts from a whole share, as before. Thread-safe, with an injected
+clock in seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from flask_distlimit.core.decision import Check, Evaluation
+
+__all__ = ["LastKnown", "Reading"]
+
+
+class _Entry(NamedTuple):
+    limit: int  # the limit the figure is for: a changed limit makes it meaningless
+    remaining: int  # units left for the whole fleet, as the storage said
+    read_at: float  # clock() when the storage said it: the others may have spent since
+    whole_at: float  # clock() when the quota is whole again: the figure is stale from then on
+
+
+class Reading(NamedTuple):
+    """What the storage last said was left for a key, and how long ago (seconds)."""
+
+    remaining: int
+    age: float
+
+
+class LastKnown:
+    """The units the storage last said were left for each key, while that figure holds."""
+
+    def __init__(
+        self, *, clock: Callable[[], float] = time.monotonic, max_entries: int = 10_000
+    ) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1, got {max_entries!r}")
+        self.max_entries = max_entries
+        self._clock = clock
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def record(self, checks: Sequence[Check], evaluation: Evaluation) -> None:
+        """Remember what the storage answered for each of ``checks``."""
+        now = self._clock()
+        entries = self._entries
+        with self._lock:
+            for check, decision in zip(checks, evaluation.decisions, strict=False):
+                entries[check.key] = _Entry(
+                    check.limit, decision.remaining, now, now + decision.reset_after
+                )
+                entries.move_to_end(check.key)
+            while len(entries) > self.max_entries:
+                entries.popitem(last=False)
+
+    def remaining(self, check: Check) -> int | None:
+        """Units left for ``check``'s key as the storage last said, or ``None`` when it said
+        nothing since the quota was last whole (or for another limit)."""
+        reading = self.reading(check)
+        return None if reading is None else reading.remaining
+
+    def reading(self, check: Check) -> Reading | None:
+        """What the storage last said was left for ``check``'s key and how long ago, or
+        ``None`` when it said nothing since the quota was last whole (or for another limit)."""
+        with self._lock:
+            entry = self._entries.get(check.key)
+        now = self._clock()
+        if entry is None or entry.limit != check.limit or now >= entry.whole_at:
+            return None
+        return Reading(entry.remaining, max(0.0, now - entry.read_at))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()  # what the parent knew still holds for the fleet

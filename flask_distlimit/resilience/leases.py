@@ -1,0 +1,915 @@
+"""Quota leasing: a process takes units of a hot limit in advance and spends them in-process.
+
+``@limiter.limit("5000/second", scope="tenant", lease=True)`` (or ``lease=<units>``). A *lease*
+is units consumed from the shared key by the ordinary script with ``cost`` = the lease's size,
+in the request's one storage call; the process then admits requests of that key out of the
+lease under a lock (a :class:`threading.Lock` per lease: gthread workers are threaded), with no
+storage call. The fleet never admits more than the limit: every unit a process spends was
+consumed from the shared count first. The price is under-admission: a process may refuse while
+another holds unspent units, at most *processes x lease size* units per window
+(``docs/leasing.md``).
+
+- **Renewal** is on the request path, by the one request that finds the lease at or below its
+  low-water mark (a quarter of its size) or empty: its storage call carries the leased check
+  with ``cost`` = what the request itself needs from the storage (0 when the lease covered it)
+  plus the top-up (up to the lease size), beside the request's other limits. If that is refused
+  while the request's own needs would pass, it asks again for what the reply says remains, then
+  for nothing but the request's own needs, before the request is refused. Other threads keep
+  spending meanwhile; one that finds the lease empty while it renews asks the storage for its
+  own cost only. No background thread; the clock is the app's injected one.
+- **Validity**: units are good for the window they were taken in (fixed window, sliding window
+  counter: a lease expires at its window's end; spent later they would be admissions of the next
+  window counted in the previous one: the fleet could admit the limit and the leftover in one
+  window). Token bucket and GCRA: units are spendable for the time the limit takes to earn them
+  back (``size x period / limit``), so an interval of any length admits at most one lease more
+  than the bucket alone would; unspent, the bucket earns them back within that time.
+- **Giving back**: fixed window and counter units a lease has not spent from for
+  :data:`GIVE_BACK_AFTER_US` go back to the shared count after a later storage call of this
+  process (:meth:`Leases.housekeeping`, at most once a second), each lease's in a script call of
+  its own that takes them off only the window they were taken in, as the server numbered it
+  (:mod:`flask_distlimit.storage.give_back`); the units leave the lease first. A process that
+  makes no storage call gives nothing back: its units expire with their window. Nor while the
+  breaker of the key's node is not closed: the units stay in the lease, spent first.
+- **Sizing** (``lease=True``): about 100 ms of this process's observed demand on the key (an
+  EWMA), at most ``limit // 20`` (at least 1); 0 (no lease, every request asks the storage)
+  while the key sees fewer than about 10 units a second: leasing pays off for a hot, shared key,
+  not for a per-client key with a few requests. A process keeps at most :data:`MAX_LEASES`;
+  past that, half are dropped, those holding no unit first (the units of one that holds some
+  expire), the least recently used first.
+- **All-or-nothing**: a request whose other limits refuse gives its leased units back to the
+  lease (nothing left the process).
+- **Failure**: units still held are spent first; the failure policy decides only what the lease
+  cannot cover. A call that fails grants no lease (under ``local`` the fallback charged the
+  request's check, top-up included, to this process's share).
+- **Headers** of a leased limit: the shared count as last seen plus the units this process still
+  holds (``remaining``), and the reset as last seen minus the time since: other processes'
+  spending since is not seen.
+- **Published** for ``flask distlimit inspect``, which runs in a process of its own: after a
+  storage call, at most once a second (:data:`PUBLISH_INTERVAL_US`), when a renewal was granted
+  or units went back since it last did, the process writes what it holds (at most
+  :data:`RECORD_LEASES` leases, the most units first) to ``<prefix>:leases`` in a separate
+  storage call (:mod:`flask_distlimit.storage.lease_records`), kept as long as its
+  longest-lived units: a process that dies vanishes with them. A request its lease covers never
+  makes that call.
+
+A lease is per storage key (identity + limit). A fork drops every lease in the child.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Final
+
+from flask_distlimit._typing import FailurePolicy
+from flask_distlimit.core.algorithms import Algorithm
+from flask_distlimit.core.decision import Check, Decision, Evaluation
+from flask_distlimit.errors import ConfigurationError
+from flask_distlimit.forks import AfterFork
+from flask_distlimit.resilience.guard import Guard, Outcome
+from flask_distlimit.resilience.instances import process_member
+from flask_distlimit.storage.give_back import GIVE_BACK_CODES
+from flask_distlimit.storage.lease_records import Record
+from flask_distlimit.telemetry.metrics import limit_label
+
+if TYPE_CHECKING:
+    from flask_distlimit.core.limits import Rate
+    from flask_distlimit.declare.route_limits import BoundLimit
+    from flask_distlimit.storage.base import Storage
+
+__all__ = [
+    "GIVE_BACK_AFTER_US",
+    "LEASABLE",
+    "LEASE_SPAN_US",
+    "MAX_LEASES",
+    "PUBLISH_INTERVAL_US",
+    "RECORD_LEASES",
+    "Holding",
+    "Leases",
+    "auto_cap",
+    "check_lease",
+    "check_lease_algorithm",
+    "holdings",
+    "leases_of",
+    "read_holdings",
+]
+
+log = logging.getLogger("flask_distlimit")
+
+#: The algorithms a lease is defined for. Not the sliding window log: it stores the time of use of
+#: every unit, and a leased unit's time of use is unknown when it is taken.
+LEASABLE: Final[frozenset[Algorithm]] = frozenset(
+    {"fixed_window", "sliding_window_counter", "token_bucket", "gcra"}
+)
+#: ``lease=True`` sizes a lease to this much of the process's demand on the key (microseconds).
+LEASE_SPAN_US: Final = 100_000
+#: ``lease=True`` caps a lease at the limit divided by this.
+AUTO_CAP_DIVISOR: Final = 20
+#: The most leases one process keeps per app; the least recently used go first.
+MAX_LEASES: Final = 1024
+#: A process publishes what it holds, and gives back units it left unspent, at most this often,
+#: after a storage call (microseconds).
+PUBLISH_INTERVAL_US: Final = 1_000_000
+#: Fixed window and counter units a lease has not spent from for this long go back to the
+#: shared count (microseconds): ten times the traffic a sized lease is taken for.
+GIVE_BACK_AFTER_US: Final = 1_000_000
+#: The most leases one pass gives back (each a storage call of its own).
+GIVE_BACK_PER_PASS: Final = 8
+#: The most leases one process's published record lists (the most units held first).
+RECORD_LEASES: Final = 64
+#: The demand rate is sampled over at least this long (microseconds).
+_SAMPLE_US: Final = 50_000
+_US: Final = 1_000_000
+
+
+def _renewable(guard: Guard, key: str) -> bool:
+    """May a lease of ``key`` be renewed: the breaker of its node is closed."""
+    return guard.breaker_of(key).state == "closed"
+
+
+# -- declaration ---------------------------------------------------------------------------------
+
+
+def check_lease_algorithm(algorithm: Algorithm, where: str) -> None:
+    """Raise ``ConfigurationError`` if ``algorithm`` cannot be leased."""
+    if algorithm not in LEASABLE:
+        raise ConfigurationError(
+            f"lease= on the limit on {where or 'a view'} with the algorithm {algorithm!r}: a "
+            "lease is defined for fixed_window, sliding_window_counter, token_bucket and gcra. "
+            "The sliding window log stores the time each unit is used, and a leased unit's time "
+            "of use is not known when it is taken. Use another algorithm, or drop lease=."
+        )
+
+
+def check_lease(
+    lease: object,
+    rates: Sequence[Rate],
+    what: str,
+    *,
+    algorithm: Algorithm | None,
+    dynamic: bool,
+    deduct_when: bool,
+    shadow: bool,
+) -> None:
+    """Validate ``lease=`` of a declaration (start-up errors, never request-time ones)."""
+    if lease is False:
+        return
+    if lease is not True and (not isinstance(lease, int) or isinstance(lease, bool) or lease < 1):
+        raise ConfigurationError(
+            f"{what}: lease={lease!r}: use True (sized from the traffic), False, or a number of "
+            "units >= 1, e.g. lease=10."
+        )
+    for option, present in (
+        ("a callable or mapping value", dynamic),
+        ("deduct_when=", deduct_when),
+        ("shadow=True", shadow),
+    ):
+        if present:
+            raise ConfigurationError(
+                f"{what}: lease= cannot be combined with {option} (a lease spends units taken "
+                "in advance; use lease= on a plain, enforced limit)."
+            )
+    if algorithm is not None:
+        check_lease_algorithm(algorithm, what)
+    if lease is not True:
+        assert isinstance(lease, int)
+        for rate in rates:
+            if lease > rate.amount:
+                raise ConfigurationError(
+                    f"{what}: lease={lease} is more than the limit {rate}: a lease is a part of "
+                    f"the limit; use at most {max(1, rate.amount // AUTO_CAP_DIVISOR)} units or "
+                    "lease=True."
+                )
+
+
+def auto_cap(limit: int) -> int:
+    """The largest lease ``lease=True`` takes of ``limit``."""
+    return max(1, limit // AUTO_CAP_DIVISOR)
+
+
+# -- one lease -----------------------------------------------------------------------------------
+
+
+class _Chunk:
+    __slots__ = ("expires", "units", "window")
+
+    def __init__(self, units: int, expires: int, window: int = -1) -> None:
+        self.units = units
+        self.expires = expires  # local clock, us; 0: given back to the storage
+        #: a fixed window or counter's window index as the storage numbered it (-1: unknown,
+        #: or a bucket: never given back)
+        self.window = window
+
+
+def _expiry(chunk: _Chunk) -> int:
+    return chunk.expires
+
+
+class Lease:
+    """The units this process holds of one storage key, and what it last saw of the key."""
+
+    __slots__ = (
+        "algorithm",
+        "cap",
+        "chunks",
+        "demand",
+        "fixed",
+        "key",
+        "limit",
+        "lock",
+        "low",
+        "mark",
+        "period_us",
+        "rate",
+        "renewing",
+        "seen_at",
+        "seen_remaining",
+        "seen_reset_us",
+        "units",
+        "used",
+    )
+
+    def __init__(self, check: Check, size: bool | int, now: int) -> None:
+        self.key = check.key
+        self.algorithm = check.algorithm
+        self.limit = check.limit
+        self.period_us = check.period * _US
+        self.fixed = 0 if size is True else int(size)
+        self.cap = auto_cap(check.limit)
+        self.lock = threading.Lock()
+        self.chunks: list[_Chunk] = []  #: by expiry; none empty
+        self.units = 0  #: the units of ``chunks``
+        #: the low-water mark: a quarter of the size last computed (renew at or below it)
+        self.low = 0
+        self.renewing = False
+        self.demand = 0  #: units asked for since ``mark``
+        self.mark = now
+        self.rate = -1.0  #: EWMA of the demand, units per second (-1: not measured yet)
+        self.seen_remaining = 0  #: the shared count's remaining, lease excluded, as last seen
+        self.seen_reset_us = 0
+        self.seen_at = now
+        self.used = now
+
+    # all under self.lock
+    def _held(self, now: int) -> int:
+        chunks = self.chunks
+        if chunks and chunks[0].expires <= now:
+            chunks[:] = [c for c in chunks if c.expires > now and c.units > 0]
+            self.units = sum(c.units for c in chunks)
+        return self.units
+
+    def size(self, now: int) -> int:
+        """The lease this process should hold now."""
+        if self.fixed:
+            return self.fixed
+        elapsed = now - self.mark
+        if elapsed >= _SAMPLE_US:
+            sample = self.demand * _US / elapsed
+            self.rate = sample if self.rate < 0 else (self.rate + sample) / 2
+            self.demand, self.mark = 0, now
+        if self.rate < 0:
+            return 0
+        return min(self.cap, int(self.rate * LEASE_SPAN_US / _US))
+
+    def take(
+        self, cost: int, now: int, renew_allowed: Callable[[], bool]
+    ) -> tuple[list[tuple[_Chunk, int]] | None, int]:
+        """Spend ``cost`` units if held (``None`` if not: nothing is spent; else the chunks
+        spent from and how much of each), and the top-up this request asks for (0: none;
+        more: this request claimed the renewal)."""
+        with self.lock:
+            self.used = now
+            self.demand += cost
+            held = self._held(now)
+            spent: list[tuple[_Chunk, int]] | None = None
+            if held >= cost:
+                chunks = self.chunks
+                first = chunks[0]  # the oldest first: they expire first
+                if first.units > cost:  # the usual spend
+                    first.units -= cost
+                    spent = [(first, cost)]
+                else:
+                    spent = []
+                    left = cost
+                    while left:
+                        chunk = chunks[0]
+                        n = min(left, chunk.units)
+                        chunk.units -= n
+                        left -= n
+                        spent.append((chunk, n))
+                        if not chunk.units:
+                            del chunks[0]
+                held -= cost
+                self.units = held
+            renew = 0
+            if not self.renewing:
+                target = self.size(now)
+                self.low = target // 4
+                if target and (spent is None or held <= self.low) and renew_allowed():
+                    renew = target - held if spent is not None else target
+                    if renew > 0:
+                        self.renewing = True
+            return spent, max(renew, 0)
+
+    def spend(self, cost: int, now: int) -> Decision | None:
+        """The usual request: ``cost`` spent out of the lease, which needs no renewal (or
+        another request renews it): its decision. ``None``, and nothing changed, otherwise."""
+        with self.lock:
+            chunks = self.chunks
+            if not chunks:
+                return None
+            first = chunks[0]
+            if first.expires <= now or first.units <= cost:
+                return None  # expired, or spending it all: the general path
+            held = self.units - cost
+            if held <= self.low and not self.renewing:
+                return None  # time to renew
+            first.units -= cost
+            self.units = held
+            self.used = now
+            self.demand += cost
+            remaining = self.seen_remaining + held
+            reset = self.seen_reset_us - (now - self.seen_at)
+        return Decision(
+            True,
+            self.limit,
+            remaining if remaining < self.limit else self.limit,
+            reset / _US if reset > 0 else 0.0,
+            0.0,
+        )
+
+    def give_back(self, spent: list[tuple[_Chunk, int]], now: int) -> None:
+        """A request refused by another limit: the units it took from the lease return."""
+        with self.lock:
+            for chunk, n in spent:
+                if chunk.expires > now:
+                    if not chunk.units:  # it was emptied and dropped
+                        self.chunks.append(chunk)
+                        self.chunks.sort(key=_expiry)
+                    chunk.units += n
+                    self.units += n
+
+    def granted(
+        self, units: int, d: Decision, started: int, now: int, storage_now: int = 0
+    ) -> None:
+        """The storage consumed ``units`` more for this lease (``d``: the leased check's
+        decision; ``started``: the local time before the call; ``storage_now``: the storage's
+        clock when it decided, us, 0 if unknown)."""
+        window = -1
+        if storage_now > 0 and self.algorithm in GIVE_BACK_CODES:
+            window = storage_now // self.period_us
+        reset_us = round(d.reset_after * _US)
+        if self.algorithm == "fixed_window":
+            ends = started + reset_us  # the window's end: no sooner on the server's clock
+        elif self.algorithm == "sliding_window_counter":
+            ends = started + reset_us - self.period_us  # reset: the end of the next window
+        else:  # token bucket, GCRA: the time the limit takes to earn the units back
+            ends = started + units * self.period_us // self.limit
+        with self.lock:
+            if units > 0 and ends > now:
+                chunks = self.chunks
+                last = chunks[-1] if chunks else None
+                if last is not None and abs(last.expires - ends) <= self.period_us // 100:
+                    # the same window (its end seen through another round trip): one chunk,
+                    # expiring at the sooner of the two ends (given back only if both name
+                    # the same window)
+                    last.units += units
+                    last.expires = min(last.expires, ends)
+                    if last.window != window:
+                        last.window = -1
+                else:
+                    chunks.append(_Chunk(units, ends, window))
+                    chunks.sort(key=_expiry)
+                self.units += units
+            self.renewing = False
+            self.seen(d, now)
+
+    def unspent(self, now: int) -> list[tuple[int, int]]:
+        """Units of a known window this lease has not spent from for
+        :data:`GIVE_BACK_AFTER_US`, taken out of the lease (no request can spend them, nor a
+        refused one put units back into their chunk): ``(window, units)`` to give back."""
+        with self.lock:
+            if self.renewing or now - self.used < GIVE_BACK_AFTER_US or not self.chunks:
+                return []
+            out: dict[int, int] = {}
+            kept: list[_Chunk] = []
+            for chunk in self.chunks:
+                if chunk.window >= 0 and chunk.units > 0 and chunk.expires > now:
+                    out[chunk.window] = out.get(chunk.window, 0) + chunk.units
+                    self.units -= chunk.units
+                    chunk.units, chunk.expires = 0, 0
+                else:
+                    kept.append(chunk)
+            self.chunks[:] = kept
+            return sorted(out.items())
+
+    def seen(self, d: Decision, now: int) -> None:
+        self.seen_remaining = d.remaining
+        self.seen_reset_us = round(d.reset_after * _US)
+        self.seen_at = now
+
+    def decision(self, now: int) -> Decision:
+        """A leased check decided in-process: the shared count as last seen, plus the units
+        still held."""
+        with self.lock:
+            held = self._held(now)
+            remaining = min(self.limit, self.seen_remaining + held)
+            reset = max(0, self.seen_reset_us - (now - self.seen_at))
+        return Decision(True, self.limit, remaining, reset / _US, 0.0)
+
+    def report(self, now: int) -> dict[str, object]:
+        with self.lock:
+            held = self._held(now)
+            expires = min((c.expires for c in self.chunks), default=now)
+            return {
+                "held": held,
+                "size": self.fixed or self.size(now),
+                "limit": self.limit,
+                "algorithm": self.algorithm,
+                "expires_in": round((expires - now) / _US, 3),
+                "renewing": self.renewing,
+            }
+
+
+# -- the leases of one app's limiter ------------------------------------------------------------
+
+
+class _Ask:
+    __slots__ = ("claimed", "index", "lease", "need", "renew")
+
+    def __init__(self, index: int, lease: Lease, need: int, renew: int) -> None:
+        self.index = index
+        self.lease = lease
+        self.need = need  #: units the request needs from the storage (0: the lease covered it)
+        self.renew = renew  #: the top-up asked for (less on a second try)
+        self.claimed = renew > 0  #: this request renews the lease: it clears ``renewing``
+
+
+_all: AfterFork[Leases] = AfterFork(lambda leases: leases.after_fork())
+_by_guard: weakref.WeakKeyDictionary[Guard, Leases] = weakref.WeakKeyDictionary()
+
+
+def leases_of(guard: Guard) -> Leases | None:
+    """The leases decided through ``guard`` (for its health report)."""
+    return _by_guard.get(guard)
+
+
+class Leases:
+    """Every lease of one app's limiter in this process; :meth:`evaluate` stands in for
+    :meth:`Guard.evaluate <flask_distlimit.resilience.guard.Guard.evaluate>` when a request has a
+    leased limit."""
+
+    def __init__(
+        self,
+        guard: Guard,
+        clock: Callable[[], int],
+        storage_now: Callable[[], int | None] = lambda: None,
+    ) -> None:
+        self.guard = guard
+        self.clock = clock
+        self.storage_now = storage_now  #: the injected time for the storage (tests)
+        self._lock = threading.Lock()
+        self._leases: dict[str, Lease] = {}
+        #: the leased limits bound so far: key tail -> the largest lease of it, in units
+        self._declared: dict[str, int] = {}
+        #: where every process of the app publishes what it holds (for ``inspect``)
+        self.records_key = f"{guard.key_prefix}:leases"
+        self.process = process_member()
+        self._look_at = 0  #: the local time (us) from which leases are looked at again
+        self._publish_at = 0  #: the local time (us) from which a publication may be made again
+        #: a renewal was granted (or a reset dropped units) since the last publication
+        self._renewed = False
+        _all.add(self)
+        _by_guard[guard] = self
+
+    def declare(self, bounds: Sequence[BoundLimit]) -> bool:
+        """Note the leased limits among ``bounds`` (bound for a route); true if any."""
+        found = False
+        for b in bounds:
+            if b.lease is not False:
+                found = True
+                size = auto_cap(b.rate.amount) if b.lease is True else int(b.lease)
+                self._declared[b.key_tail] = size
+        return found
+
+    def largest(self, key: str) -> int | None:
+        """The most units a process leases of the limit stored under ``key`` (``None``: not
+        a leased limit, or none of its routes bound yet)."""
+        for tail, size in list(self._declared.items()):  # declare() may add meanwhile
+            if key.endswith(tail):
+                return size
+        return None
+
+    def after_fork(self) -> None:
+        """A forked child holds nothing: the parent's units are the parent's."""
+        self._lock = threading.Lock()
+        self._leases = {}
+        self.process = process_member()
+        self._look_at = self._publish_at = 0
+        self._renewed = False
+
+    def drop(self, keys: Iterable[str] | None = None) -> None:
+        """Forget the leases of ``keys`` (``None``: every lease), whose counts were just
+        deleted (``limiter.reset()``, a client's reset, ``limiter.clear()``): their units were
+        counted in the deleted count, so spent after it, or given back into the count that
+        follows, they would be admissions the fresh count never sees. A renewal in flight
+        meanwhile grants its units to a lease no request finds again (they are lost, never
+        spent twice)."""
+        with self._lock:
+            if keys is None:
+                dropped = list(self._leases.values())
+                self._leases = {}
+            else:
+                dropped = [lease for key in keys if (lease := self._leases.pop(key, None))]
+        for lease in dropped:
+            with lease.lock:
+                if lease.units:
+                    # published again after the next storage call: inspect counts what a
+                    # record lists as used, for as long as the units would have been good
+                    self._renewed = True
+                lease.chunks.clear()
+                lease.units = 0
+
+    def _lease(self, check: Check, size: bool | int, now: int) -> Lease:
+        lease = self._leases.get(check.key)
+        if lease is not None:
+            return lease
+        with self._lock:
+            lease = self._leases.get(check.key)
+            if lease is None:
+                if len(self._leases) >= MAX_LEASES:
+                    self._evict(now)
+                lease = self._leases[check.key] = Lease(check, size, now)
+        return lease
+
+    def _evict(self, now: int) -> None:
+        """Drop half the leases: those that hold no unit first (a client with a few requests
+        holds none), the least recently used first. A lease that holds units goes only when
+        fewer than half hold none: its units stay counted in the shared count until their
+        window or bucket period ends, so a flood of fresh identities would otherwise strand a
+        hot key's units again and again."""
+
+        def order(lease: Lease) -> tuple[bool, int]:
+            with lease.lock:
+                return lease._held(now) > 0, lease.used
+
+        ordered = sorted(self._leases.values(), key=order)
+        for lease in ordered[: len(ordered) // 2 or 1]:
+            del self._leases[lease.key]
+
+    def units_of(self, label: str) -> float:
+        """Units held in the leases of one limit (its metrics label), every identity's."""
+        now = self.clock()
+        total = 0
+        for lease in list(self._leases.values()):
+            if limit_label(lease.key) == label:
+                with lease.lock:
+                    total += lease._held(now)
+        return total
+
+    def record(self, now: int) -> tuple[str, float]:
+        """What this process holds as published (JSON: ``{"leases": {key: [units, seconds
+        they stay good]}, "more": leases left out}``), and how long the record holds: as long
+        as its longest-lived units (seconds, at least 1)."""
+        held: list[tuple[int, str, int]] = []
+        for lease in list(self._leases.values()):
+            with lease.lock:
+                units = lease._held(now)
+                if units:
+                    held.append((units, lease.key, lease.chunks[-1].expires - now))
+        held.sort(reverse=True)
+        shown = held[:RECORD_LEASES]
+        record = {
+            "leases": {key: [units, round(valid / _US, 3)] for units, key, valid in shown},
+            "more": len(held) - len(shown),
+        }
+        hold = max((valid for _, _, valid in shown), default=0) / _US
+        return json.dumps(record, separators=(",", ":")), max(1.0, hold)
+
+    def housekeeping(self) -> None:
+        """After a storage call of this process: at most once a second, give back the units
+        of fixed windows and counters that leases left unspent; and, at most once a second,
+        publish what the process holds if a renewal was granted or units went back since it
+        last did (each a storage call of its own, beside the request's)."""
+        now = self.clock()
+        gave = False
+        if now >= self._look_at:
+            with self._lock:
+                look, self._look_at = now >= self._look_at, now + PUBLISH_INTERVAL_US
+            gave = look and self._give_back(now)
+        if (gave or self._renewed) and now >= self._publish_at:
+            with self._lock:
+                if now < self._publish_at:
+                    return
+                self._publish_at, self._renewed = now + PUBLISH_INTERVAL_US, False
+            self._publish(now)
+
+    def _give_back(self, now: int) -> bool:
+        """Give back what leases left unspent (:meth:`Lease.unspent`); true if any."""
+        passes = 0
+        for lease in list(self._leases.values()):
+            if passes >= GIVE_BACK_PER_PASS:
+                break
+            if lease.algorithm not in GIVE_BACK_CODES or now - lease.used < GIVE_BACK_AFTER_US:
+                continue  # (read without its lock: unspent() looks again under it)
+            if not _renewable(self.guard, lease.key):
+                # no call can be made (the breaker of its node is open, or trying): the units
+                # stay in the lease, spent first when its traffic comes back, instead of being
+                # taken out for a give-back that is never made
+                continue
+            for window, units in lease.unspent(now):
+                passes += 1
+                self.guard.side_call(
+                    lease.key,
+                    self._giving(lease, window, units, self.storage_now()),
+                    "a lease's give-back",
+                )
+        return passes > 0
+
+    @staticmethod
+    def _giving(
+        lease: Lease, window: int, units: int, storage_now: int | None
+    ) -> Callable[[Storage], tuple[str, ...]]:
+        key, algorithm, period = lease.key, lease.algorithm, lease.period_us // _US
+
+        def give(storage: Storage) -> tuple[str, ...]:
+            # an error reply: the side call counts and logs it (the units are not given back)
+            storage.give_back(key, algorithm, period, window, units, now_us=storage_now)
+            return ()
+
+        return give
+
+    def _publish(self, now: int) -> None:
+        """Publish what this process holds (a storage call of its own)."""
+        record, hold = self.record(now)
+        key, process = self.records_key, self.process
+
+        def publish(storage: Storage) -> tuple[str, ...]:
+            # an error reply: the side call counts and logs it
+            return storage.publish_leases(key, process, record, hold)
+
+        self.guard.side_call(key, publish, "the lease records")
+
+    def held(self) -> dict[str, dict[str, object]]:
+        """The leases this process holds, by storage key (``health()["leases"]``)."""
+        now = self.clock()
+        return {key: lease.report(now) for key, lease in list(self._leases.items())}
+
+    def spend_one(self, check: Check) -> Decision | None:
+        """The usual leased request, its only limit ``check``: spent out of the lease, which
+        needs no renewal, with no storage call; its decision. ``None``, and nothing spent, when
+        :meth:`evaluate` must decide (no lease yet, not enough held, time to renew)."""
+        lease = self._leases.get(check.key)
+        if lease is None or check.cost <= 0 or check.shadow:
+            return None
+        decision = lease.spend(check.cost, self.clock())
+        if decision is not None:
+            metrics = self.guard.metrics
+            if metrics is not None:
+                metrics.leased((check.key,))
+        return decision
+
+    def evaluate(
+        self,
+        checks: Sequence[Check],
+        bounds: Sequence[BoundLimit],
+        *,
+        policy: FailurePolicy | None,
+        now_us: int | None,
+    ) -> Outcome:
+        """Decide ``checks`` (those of a leased limit out of its lease where it holds enough)
+        with at most the storage calls the rest and the renewals need; the answer is
+        :meth:`Guard.evaluate`'s, with one decision per check of ``checks``."""
+        guard = self.guard
+        now = self.clock()
+
+        local: dict[int, tuple[Lease, list[tuple[_Chunk, int]]]] = {}
+        asks: list[_Ask] = []
+        plain: list[int] = []
+        for i, (c, b) in enumerate(zip(checks, bounds, strict=True)):
+            if b.lease is False or c.cost <= 0 or c.shadow:
+                plain.append(i)
+                continue
+            lease = self._lease(c, b.lease, now)
+            # renewed only while the breaker of the lease key's own node (Redis Cluster) is
+            # closed: a top-up never goes to the failure policy (asked only when one is due)
+            spent, renew = lease.take(c.cost, now, functools.partial(_renewable, guard, c.key))
+            if spent is not None:
+                local[i] = (lease, spent)
+            if spent is None or renew:
+                asks.append(_Ask(i, lease, 0 if spent is not None else c.cost, renew))
+        try:
+            outcome = self._call(checks, plain, asks, policy, now_us)
+        except BaseException:
+            for lease, spent in local.values():
+                lease.give_back(spent, now)
+            raise
+        finally:
+            for ask in asks:
+                if ask.claimed:
+                    with ask.lease.lock:
+                        ask.lease.renewing = False
+        if plain or any(a.need or a.renew for a in asks):  # the storage was called
+            self.housekeeping()
+        after = self.clock()
+        evaluation = outcome.evaluation
+        if outcome.unavailable or (evaluation is not None and not evaluation.allowed):
+            for lease, spent in local.values():
+                lease.give_back(spent, after)
+        elif local:
+            metrics = guard.metrics
+            if metrics is not None:
+                metrics.leased([checks[i].key for i in local])
+        if evaluation is None:
+            return outcome
+        merged = list(evaluation.decisions)
+        for i, (lease, _) in local.items():
+            if not merged[i].allowed:
+                continue  # refused (its top-up): the request is, and its units went back
+            merged[i] = lease.decision(after)
+        return Outcome(
+            Evaluation(tuple(merged), evaluation.repaired_keys),
+            degraded=outcome.degraded,
+            unavailable=outcome.unavailable,
+        )
+
+    def _call(
+        self,
+        checks: Sequence[Check],
+        plain: list[int],
+        asks: list[_Ask],
+        policy: FailurePolicy | None,
+        now_us: int | None,
+    ) -> Outcome:
+        """The storage calls: the request's checks with the top-ups; asked again for less when
+        only top-ups refused. The answer holds one decision per check of ``checks`` (those
+        decided in-process: a placeholder the caller replaces)."""
+        guard = self.guard
+        placeholder = Decision(True, 0, 0, 0.0, 0.0)
+        for attempt in range(3):
+            sent = [a for a in asks if a.need + a.renew > 0]
+            if not plain and not sent:  # every check decided in-process
+                return Outcome(Evaluation((placeholder,) * len(checks)))
+            call = [checks[i] for i in plain]
+            call += [
+                replace(checks[a.index], cost=a.need + a.renew)
+                if a.need + a.renew != checks[a.index].cost
+                else checks[a.index]
+                for a in sent
+            ]
+            started = self.clock()
+            # Only top-ups: if the storage fails, the leases covered the request, and no failure
+            # policy is to charge the local fallback with a lease it never grants.
+            renewing_only = not plain and all(a.need == 0 for a in sent)
+            outcome = guard.evaluate(
+                call, policy="open" if renewing_only else policy, now_us=now_us
+            )
+            evaluation = outcome.evaluation
+            if outcome.degraded or evaluation is None:
+                if renewing_only:
+                    # only top-ups were asked for: the leases covered the request
+                    return Outcome(Evaluation((placeholder,) * len(checks)))
+                if (
+                    attempt < 2
+                    and evaluation is not None
+                    and not evaluation.allowed
+                    and any(
+                        a.renew and not d.allowed
+                        for a, d in zip(sent, evaluation.decisions[len(plain) :], strict=True)
+                    )
+                ):
+                    # The local fallback refused a top-up (over this process's share): a top-up
+                    # is never granted while the storage fails, and never what refuses a
+                    # request. Ask again for the request's own needs alone (all-or-nothing: the
+                    # refused call charged nothing).
+                    for a in sent:
+                        a.renew = 0
+                    continue
+                return self._spread(outcome, checks, plain, sent, placeholder)
+            decisions = evaluation.decisions
+            by_ask = dict(zip((a.index for a in sent), decisions[len(plain) :], strict=True))
+            if evaluation.allowed:
+                after = self.clock()
+                metrics = guard.metrics
+                for a in sent:
+                    if a.renew:
+                        self._renewed = True
+                        a.lease.granted(a.renew, by_ask[a.index], started, after, evaluation.now_us)
+                        if metrics is not None:
+                            metrics.watch_lease_units(a.lease.key, self.units_of)
+                    else:
+                        with a.lease.lock:
+                            a.lease.seen(by_ask[a.index], after)
+                return self._spread(outcome, checks, plain, sent, placeholder)
+            # Refused. A refused check that carried a top-up answered for its cost with the
+            # top-up: if the request's own needs fit, ask again for what the reply says remains,
+            # then for nothing but them; if they do not, ask once more for them alone, so that the
+            # refusal (its Retry-After, and the deny cache's wait) is for what the request needs:
+            # a bucket's wait for 1 + 6 units is 7 times its wait for 1.
+            refused = [a for a in sent if not by_ask[a.index].allowed]
+            if attempt == 2 or not any(a.renew for a in refused):
+                return self._spread(outcome, checks, plain, sent, placeholder)
+            fits = attempt == 0 and all(d.allowed for d in decisions[: len(plain)])
+            for a in refused:
+                if a.need > by_ask[a.index].remaining or not a.renew:
+                    fits = False
+            for a in sent:
+                if a.renew:
+                    remaining = by_ask[a.index].remaining
+                    a.renew = max(0, min(a.renew, remaining - a.need)) if fits else 0
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @staticmethod
+    def _spread(
+        outcome: Outcome,
+        checks: Sequence[Check],
+        plain: list[int],
+        sent: list[_Ask],
+        placeholder: Decision,
+    ) -> Outcome:
+        """``outcome`` with its decisions put back at the indexes of ``checks``."""
+        evaluation = outcome.evaluation
+        if evaluation is None:
+            return outcome
+        merged = [placeholder] * len(checks)
+        decisions = evaluation.decisions
+        for k, i in enumerate(plain):
+            merged[i] = decisions[k]
+        for k, a in enumerate(sent, start=len(plain)):
+            d = decisions[k]
+            if not outcome.degraded and d.allowed and a.renew:
+                # the request's part of it: the shared count plus what the lease holds
+                d = replace(d, remaining=min(d.limit, d.remaining + a.renew))
+            merged[a.index] = d
+        return Outcome(
+            Evaluation(tuple(merged), evaluation.repaired_keys),
+            degraded=outcome.degraded,
+            unavailable=outcome.unavailable,
+        )
+
+
+# -- what every process holds, as published (flask distlimit inspect) ----------------------------
+
+
+class Holding:
+    """The units of one leased key one process held when it last published."""
+
+    __slots__ = ("age", "process", "units", "valid_for")
+
+    def __init__(self, process: str, units: int, valid_for: float, age: float) -> None:
+        self.process = process  #: ``host:pid:token``
+        self.units = units
+        self.valid_for = valid_for  #: seconds the units stay good, counted from now
+        self.age = age  #: seconds since the process published them
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "process": self.process,
+            "units": self.units,
+            "valid_for": self.valid_for,
+            "published_ago": self.age,
+        }
+
+
+def holdings(records: Sequence[Record]) -> dict[str, list[Holding]]:
+    """By storage key, what each process published that it holds and is still good; a record
+    or an entry that is not what :meth:`Leases.record` writes is skipped (garbage under the
+    prefix is never an error)."""
+    found: dict[str, list[Holding]] = {}
+    for r in records:
+        try:
+            record = json.loads(r.text)
+        except ValueError:
+            continue
+        leases = record.get("leases") if isinstance(record, dict) else None
+        if not isinstance(leases, dict):
+            continue
+        for key, entry in leases.items():
+            if not (isinstance(entry, list) and len(entry) == 2):
+                continue
+            units, valid = entry
+            if (
+                isinstance(units, bool)
+                or not isinstance(units, int)
+                or units <= 0
+                or isinstance(valid, bool)
+                or not isinstance(valid, int | float)
+            ):
+                continue
+            left = round(valid - r.age, 3)
+            if left > 0:
+                found.setdefault(key, []).append(Holding(r.process, units, left, r.age))
+    for held in found.values():
+        held.sort(key=lambda h: (-h.units, h.process))
+    return found
+
+
+def read_holdings(storage: Storage, key: str) -> dict[str, list[Holding]]:
+    """:func:`holdings` of the records under ``key``; raises ``StorageError`` as the storage
+    does."""
+    return holdings(storage.lease_records(key))

@@ -1,0 +1,2 @@
+"""What the limiter tells the operator: Prometheus metrics and their OpenTelemetry twins.
+"""
