@@ -67,7 +67,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_overhead import Ratio, bare_app, wsgi_caller  # noqa: E402
 
 from flask_distlimit.core.limits import parse_rates  # noqa: E402
-from flask_distlimit.resilience.leases import auto_cap  # noqa: E402
+from flask_distlimit.declare.lease_options import auto_cap  # noqa: E402
 
 LIMIT = "100000000/minute"  # never reached in measurements 1 and 3
 TIGHT = "200/second"

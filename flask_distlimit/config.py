@@ -104,6 +104,7 @@ from typing import TYPE_CHECKING, Final, Literal, TypeVar
 from flask_distlimit._typing import FailurePolicy, HeaderMode
 from flask_distlimit.core.algorithms import ALGORITHMS, MAX_CONCURRENCY, Algorithm
 from flask_distlimit.core.limits import Rate, parse_rates
+from flask_distlimit.core.policies import FAILURE_POLICIES
 from flask_distlimit.core.priorities import Priority
 from flask_distlimit.declare.dynamic_limits import DynamicValue, read_value
 from flask_distlimit.defences.shadow import ShadowSetting, parse_shadow
@@ -124,7 +125,6 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULTS", "KNOWN_KEYS", "STORAGE_SCHEMES", "HeaderMode", "Settings"]
 
 _HEADER_MODES: Final[tuple[HeaderMode, ...]] = ("legacy", "ietf", "both", "none")
-_POLICIES: Final[tuple[FailurePolicy, ...]] = ("open", "closed", "local")
 
 #: URL schemes ``DISTLIMIT_STORAGE_URL`` may use.
 STORAGE_SCHEMES: Final = (
@@ -401,7 +401,7 @@ class Settings:
             ),
             enabled=_bool("DISTLIMIT_ENABLED", get("DISTLIMIT_ENABLED")),
             failure_policy=_choice(
-                "DISTLIMIT_FAILURE_POLICY", get("DISTLIMIT_FAILURE_POLICY"), _POLICIES
+                "DISTLIMIT_FAILURE_POLICY", get("DISTLIMIT_FAILURE_POLICY"), FAILURE_POLICIES
             ),
             instances=_instances("DISTLIMIT_INSTANCES", get("DISTLIMIT_INSTANCES")),
             instances_min=int(

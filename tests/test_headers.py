@@ -9,7 +9,8 @@ from collections.abc import Callable
 import pytest
 from flask import Response
 
-from flask_distlimit.request.headers import Report, closest_to_denial, rate_limit_headers, sf_string
+from flask_distlimit.declare.policy_items import sf_string
+from flask_distlimit.request.headers import Report, closest_to_denial, rate_limit_headers
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.testing import FakeClock
 from tests.distlimit_fixtures import backend, clock, make_app

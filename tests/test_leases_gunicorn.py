@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from flask_distlimit.resilience.leases import auto_cap
+from flask_distlimit.declare.lease_options import auto_cap
 from tests.servers import RedisProcess
 from tests.test_gunicorn import ROOT, Gunicorn, launch, wait_ready
 

@@ -68,10 +68,10 @@ from flask_distlimit.core.algorithms import (
     validate_algorithm,
 )
 from flask_distlimit.core.limits import Rate
+from flask_distlimit.core.policies import validate_policy
 from flask_distlimit.declare.dynamic_limits import DynamicValue, LimitSource, read_value
+from flask_distlimit.declare.lease_options import check_lease, check_lease_algorithm
 from flask_distlimit.errors import ConfigurationError
-from flask_distlimit.resilience.guard import validate_policy
-from flask_distlimit.resilience.leases import check_lease, check_lease_algorithm
 
 __all__ = [
     "Declarations",

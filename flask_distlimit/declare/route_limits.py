@@ -52,8 +52,8 @@ from flask_distlimit.core.limits import Rate
 from flask_distlimit.declare.declarations import LimitRegistry, LimitSpec
 from flask_distlimit.declare.dynamic_limits import DynamicLimit
 from flask_distlimit.declare.keys import key_parts
+from flask_distlimit.declare.policy_items import concurrency_policy_item, policy_item, sf_string
 from flask_distlimit.errors import ConfigurationError
-from flask_distlimit.request.headers import concurrency_policy_item, policy_item, sf_string
 
 __all__ = ["EXEMPT", "BoundLimit", "RoutePlan", "bind", "build_plan", "distinct", "strictest"]
 

@@ -31,9 +31,9 @@ from flask_distlimit.core.decision import Check
 from flask_distlimit.core.limits import Rate
 from flask_distlimit.core.priorities import PRIORITIES, Priority
 from flask_distlimit.declare.keys import key_parts
+from flask_distlimit.declare.policy_items import policy_item, sf_string
 from flask_distlimit.declare.route_limits import BoundLimit
 from flask_distlimit.defences.concurrency import slot_check
-from flask_distlimit.request.headers import policy_item, sf_string
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

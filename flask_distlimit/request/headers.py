@@ -37,49 +37,26 @@ What ``t`` and ``X-RateLimit-Reset`` mean (docs/algorithms.md, "What the headers
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Sequence
 from typing import Final, Protocol
 
-from flask_distlimit.config import HeaderMode
+from flask_distlimit._typing import HeaderMode
 from flask_distlimit.core.algorithms import CONCURRENCY
 from flask_distlimit.core.decision import Check, Decision
 from flask_distlimit.core.problem import retry_after_seconds
+from flask_distlimit.declare.policy_items import concurrency_policy_item, policy_item, sf_string
 
 __all__ = [
     "Applied",
     "Report",
     "closest_to_denial",
-    "concurrency_policy_item",
     "policy_field",
-    "policy_item",
     "rate_limit_headers",
-    "sf_string",
 ]
 
-_NOT_SF: Final = re.compile(r"[^\x20-\x7e]")
 #: The ``limit_id`` of the fleet's capacity slots (:mod:`flask_distlimit.defences.fleet`): the
 #: server's load, not a quota of the client, so never advertised.
 _FLEET_ID: Final = "fleet"
-
-
-def sf_string(text: str) -> str:
-    """``text`` as a structured-field String (RFC 9651): quoted, ``\\`` and ``"`` escaped,
-    anything outside printable ASCII replaced by ``?``."""
-    text = _NOT_SF.sub("?", text).replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{text}"'
-
-
-def policy_item(name: str, quota: int, window: int) -> str:
-    """One ``RateLimit-Policy`` item, e.g. ``"orders:100/minute";q=100;w=60``."""
-    return f"{sf_string(name)};q={quota};w={window}"
-
-
-def concurrency_policy_item(name: str, quota: int) -> str:
-    """The ``RateLimit-Policy`` item of a limit of requests in flight:
-    ``"orders:5 in flight";q=5;qu="concurrent-requests"`` (no window: a slot is held for as
-    long as its request runs)."""
-    return f'{sf_string(name)};q={quota};qu="concurrent-requests"'
 
 
 class Report:

@@ -73,10 +73,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, get_args
+from typing import Final
 
 from flask_distlimit._typing import FailurePolicy
 from flask_distlimit.core.decision import Check, Decision, Evaluation
+from flask_distlimit.core.policies import validate_policy
 from flask_distlimit.errors import (
     ConfigurationError,
     StorageBusy,
@@ -99,7 +100,6 @@ from flask_distlimit.telemetry.metrics import Metrics
 from flask_distlimit.telemetry.otel import storage_outcome
 
 __all__ = [
-    "FAILURE_POLICIES",
     "MISCONFIGURED_LOG_INTERVAL",
     "REDISCOVER_INTERVAL",
     "SIDE_FAILURE_LOG_INTERVAL",
@@ -107,7 +107,6 @@ __all__ = [
     "Guard",
     "Outcome",
     "SideReport",
-    "validate_policy",
 ]
 
 log = logging.getLogger("flask_distlimit.guard")  # a public name (docs/failure-modes.md), kept
@@ -122,22 +121,9 @@ SIDE_FAILURE_LOG_INTERVAL: Final = 60.0
 #: often (seconds of the injected clock) whether its node moved (a Sentinel failover).
 REDISCOVER_INTERVAL: Final = 1.0
 
-FAILURE_POLICIES: Final[tuple[FailurePolicy, ...]] = get_args(FailurePolicy)
-
 #: How a call beside the request's ended, told to its node's breaker (:meth:`Guard.beside`):
 #: ``None`` when the storage answered, else the exception the call raised.
 SideReport = Callable[[BaseException | None], None]
-
-
-def validate_policy(value: object) -> FailurePolicy:
-    """``value`` as a :data:`FailurePolicy`, or :class:`ConfigurationError`."""
-    if isinstance(value, str) and value in FAILURE_POLICIES:
-        return value
-    raise ConfigurationError(
-        f"Unknown failure policy {value!r} (DISTLIMIT_FAILURE_POLICY or on_failure=). Use "
-        '"open" (allow, marked degraded), "closed" (answer 503) or "local" (enforce each limit '
-        "in-process, divided by DISTLIMIT_INSTANCES)."
-    )
 
 
 @dataclass(frozen=True, slots=True)

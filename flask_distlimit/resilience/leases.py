@@ -67,9 +67,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
 from flask_distlimit._typing import FailurePolicy
-from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.decision import Check, Decision, Evaluation
-from flask_distlimit.errors import ConfigurationError
+from flask_distlimit.declare.lease_options import LEASABLE, auto_cap
 from flask_distlimit.forks import AfterFork
 from flask_distlimit.resilience.guard import Guard, Outcome
 from flask_distlimit.resilience.instances import process_member
@@ -78,7 +77,6 @@ from flask_distlimit.storage.lease_records import Record
 from flask_distlimit.telemetry.metrics import limit_label
 
 if TYPE_CHECKING:
-    from flask_distlimit.core.limits import Rate
     from flask_distlimit.declare.route_limits import BoundLimit
     from flask_distlimit.storage.base import Storage
 
@@ -91,9 +89,6 @@ __all__ = [
     "RECORD_LEASES",
     "Holding",
     "Leases",
-    "auto_cap",
-    "check_lease",
-    "check_lease_algorithm",
     "holdings",
     "leases_of",
     "read_holdings",
@@ -101,15 +96,8 @@ __all__ = [
 
 log = logging.getLogger("flask_distlimit")
 
-#: The algorithms a lease is defined for. Not the sliding window log: it stores the time of use of
-#: every unit, and a leased unit's time of use is unknown when it is taken.
-LEASABLE: Final[frozenset[Algorithm]] = frozenset(
-    {"fixed_window", "sliding_window_counter", "token_bucket", "gcra"}
-)
 #: ``lease=True`` sizes a lease to this much of the process's demand on the key (microseconds).
 LEASE_SPAN_US: Final = 100_000
-#: ``lease=True`` caps a lease at the limit divided by this.
-AUTO_CAP_DIVISOR: Final = 20
 #: The most leases one process keeps per app; the least recently used go first.
 MAX_LEASES: Final = 1024
 #: A process publishes what it holds, and gives back units it left unspent, at most this often,
@@ -130,66 +118,6 @@ _US: Final = 1_000_000
 def _renewable(guard: Guard, key: str) -> bool:
     """May a lease of ``key`` be renewed: the breaker of its node is closed."""
     return guard.breaker_of(key).state == "closed"
-
-
-# -- declaration ---------------------------------------------------------------------------------
-
-
-def check_lease_algorithm(algorithm: Algorithm, where: str) -> None:
-    """Raise ``ConfigurationError`` if ``algorithm`` cannot be leased."""
-    if algorithm not in LEASABLE:
-        raise ConfigurationError(
-            f"lease= on the limit on {where or 'a view'} with the algorithm {algorithm!r}: a "
-            "lease is defined for fixed_window, sliding_window_counter, token_bucket and gcra. "
-            "The sliding window log stores the time each unit is used, and a leased unit's time "
-            "of use is not known when it is taken. Use another algorithm, or drop lease=."
-        )
-
-
-def check_lease(
-    lease: object,
-    rates: Sequence[Rate],
-    what: str,
-    *,
-    algorithm: Algorithm | None,
-    dynamic: bool,
-    deduct_when: bool,
-    shadow: bool,
-) -> None:
-    """Validate ``lease=`` of a declaration (start-up errors, never request-time ones)."""
-    if lease is False:
-        return
-    if lease is not True and (not isinstance(lease, int) or isinstance(lease, bool) or lease < 1):
-        raise ConfigurationError(
-            f"{what}: lease={lease!r}: use True (sized from the traffic), False, or a number of "
-            "units >= 1, e.g. lease=10."
-        )
-    for option, present in (
-        ("a callable or mapping value", dynamic),
-        ("deduct_when=", deduct_when),
-        ("shadow=True", shadow),
-    ):
-        if present:
-            raise ConfigurationError(
-                f"{what}: lease= cannot be combined with {option} (a lease spends units taken "
-                "in advance; use lease= on a plain, enforced limit)."
-            )
-    if algorithm is not None:
-        check_lease_algorithm(algorithm, what)
-    if lease is not True:
-        assert isinstance(lease, int)
-        for rate in rates:
-            if lease > rate.amount:
-                raise ConfigurationError(
-                    f"{what}: lease={lease} is more than the limit {rate}: a lease is a part of "
-                    f"the limit; use at most {max(1, rate.amount // AUTO_CAP_DIVISOR)} units or "
-                    "lease=True."
-                )
-
-
-def auto_cap(limit: int) -> int:
-    """The largest lease ``lease=True`` takes of ``limit``."""
-    return max(1, limit // AUTO_CAP_DIVISOR)
 
 
 # -- one lease -----------------------------------------------------------------------------------

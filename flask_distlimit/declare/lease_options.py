@@ -1,0 +1,83 @@
+"""``lease=`` on a declaration: which algorithms and values a quota lease accepts (start-up errors).
+
+The leases themselves are :mod:`flask_distlimit.resilience.leases`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
+
+from flask_distlimit.core.algorithms import Algorithm
+from flask_distlimit.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from flask_distlimit.core.limits import Rate
+
+__all__ = ["AUTO_CAP_DIVISOR", "LEASABLE", "auto_cap", "check_lease", "check_lease_algorithm"]
+
+#: The algorithms a lease is defined for. Not the sliding window log: it stores the time of use of
+#: every unit, and a leased unit's time of use is unknown when it is taken.
+LEASABLE: Final[frozenset[Algorithm]] = frozenset(
+    {"fixed_window", "sliding_window_counter", "token_bucket", "gcra"}
+)
+#: ``lease=True`` caps a lease at the limit divided by this.
+AUTO_CAP_DIVISOR: Final = 20
+
+
+
+def check_lease_algorithm(algorithm: Algorithm, where: str) -> None:
+    """Raise ``ConfigurationError`` if ``algorithm`` cannot be leased."""
+    if algorithm not in LEASABLE:
+        raise ConfigurationError(
+            f"lease= on the limit on {where or 'a view'} with the algorithm {algorithm!r}: a "
+            "lease is defined for fixed_window, sliding_window_counter, token_bucket and gcra. "
+            "The sliding window log stores the time each unit is used, and a leased unit's time "
+            "of use is not known when it is taken. Use another algorithm, or drop lease=."
+        )
+
+
+def check_lease(
+    lease: object,
+    rates: Sequence[Rate],
+    what: str,
+    *,
+    algorithm: Algorithm | None,
+    dynamic: bool,
+    deduct_when: bool,
+    shadow: bool,
+) -> None:
+    """Validate ``lease=`` of a declaration (start-up errors, never request-time ones)."""
+    if lease is False:
+        return
+    if lease is not True and (not isinstance(lease, int) or isinstance(lease, bool) or lease < 1):
+        raise ConfigurationError(
+            f"{what}: lease={lease!r}: use True (sized from the traffic), False, or a number of "
+            "units >= 1, e.g. lease=10."
+        )
+    for option, present in (
+        ("a callable or mapping value", dynamic),
+        ("deduct_when=", deduct_when),
+        ("shadow=True", shadow),
+    ):
+        if present:
+            raise ConfigurationError(
+                f"{what}: lease= cannot be combined with {option} (a lease spends units taken "
+                "in advance; use lease= on a plain, enforced limit)."
+            )
+    if algorithm is not None:
+        check_lease_algorithm(algorithm, what)
+    if lease is not True:
+        assert isinstance(lease, int)
+        for rate in rates:
+            if lease > rate.amount:
+                raise ConfigurationError(
+                    f"{what}: lease={lease} is more than the limit {rate}: a lease is a part of "
+                    f"the limit; use at most {max(1, rate.amount // AUTO_CAP_DIVISOR)} units or "
+                    "lease=True."
+                )
+
+
+def auto_cap(limit: int) -> int:
+    """The largest lease ``lease=True`` takes of ``limit``."""
+    return max(1, limit // AUTO_CAP_DIVISOR)
