@@ -213,6 +213,9 @@ class Guard:
         #: (flask_distlimit.telemetry.otel keeps its instruments beside the Prometheus metrics with
         #: it)
         self.compose_metrics: Callable[[Metrics | None], Metrics | None] | None = None
+        #: the quota leases this process holds through this guard, by key: set by the app's
+        #: :class:`~flask_distlimit.resilience.leases.Leases` when it has some
+        self.held_leases: Callable[[], dict[str, dict[str, object]]] = dict
         self._clock = clock
         self._log_lock = threading.Lock()
         self._refusal_logged_at: float | None = None  # clock() of the last ERROR line
@@ -1118,7 +1121,7 @@ class Guard:
             "unreadable_last": self._unreadable_last,
             "side_call_failures": self._side_failures,
             "side_call_last": self._side_last,
-            "leases": _leases_held(self),
+            "leases": self.held_leases(),
         }
 
     def _after_fork(self) -> None:
@@ -1135,15 +1138,6 @@ class Guard:
         self.last_known._after_fork()
         for fallback in self._fallbacks_all():
             fallback._after_fork()
-
-
-def _leases_held(guard: Guard) -> dict[str, dict[str, object]]:
-    """The quota leases this process holds through ``guard``, by key
-    (flask_distlimit.resilience.leases)."""
-    from flask_distlimit.resilience.leases import leases_of  # leases.py builds on this module
-
-    leases = leases_of(guard)
-    return leases.held() if leases is not None else {}
 
 
 def _figures(breaker: Breaker) -> dict[str, object]:

@@ -61,7 +61,6 @@ import functools
 import json
 import logging
 import threading
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final
@@ -90,7 +89,6 @@ __all__ = [
     "Holding",
     "Leases",
     "holdings",
-    "leases_of",
     "read_holdings",
 ]
 
@@ -379,14 +377,6 @@ class _Ask:
 
 
 _all: AfterFork[Leases] = AfterFork(lambda leases: leases.after_fork())
-_by_guard: weakref.WeakKeyDictionary[Guard, Leases] = weakref.WeakKeyDictionary()
-
-
-def leases_of(guard: Guard) -> Leases | None:
-    """The leases decided through ``guard`` (for its health report)."""
-    return _by_guard.get(guard)
-
-
 class Leases:
     """Every lease of one app's limiter in this process; :meth:`evaluate` stands in for
     :meth:`Guard.evaluate <flask_distlimit.resilience.guard.Guard.evaluate>` when a request has a
@@ -413,7 +403,7 @@ class Leases:
         #: a renewal was granted (or a reset dropped units) since the last publication
         self._renewed = False
         _all.add(self)
-        _by_guard[guard] = self
+        guard.held_leases = self.held  # what the guard's health report lists
 
     def declare(self, bounds: Sequence[BoundLimit]) -> bool:
         """Note the leased limits among ``bounds`` (bound for a route); true if any."""
