@@ -25,7 +25,7 @@ from flask_distlimit.core.decision import Evaluation
 from flask_distlimit.errors import StorageReplyLost, StorageUnavailable
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.telemetry import otel
-from flask_distlimit.telemetry.metrics import Metrics, metrics_for
+from flask_distlimit.telemetry.metrics import Metrics, OnePer, metrics_for
 from flask_distlimit.testing import FakeClock
 from tests.distlimit_fixtures import backend, clock, make_app
 
@@ -351,7 +351,7 @@ def test_an_api_too_old_warns_and_the_app_still_starts(
         raise TypeError("create_histogram() got an unexpected keyword argument")
 
     monkeypatch.setattr(otel.OTelMetrics, "__init__", too_old)
-    monkeypatch.setattr(otel, "_shared", {})
+    monkeypatch.setattr(otel, "_instruments_for", OnePer(otel.OTelMetrics))  # none made yet
     app, limiter, _ = make_app(MemoryStorage(clock=clock), clock)
     app.add_url_rule("/", "index", limiter.limit("1/minute")(lambda: "ok"))
     assert app.test_client().get("/").status_code == 200

@@ -130,15 +130,16 @@ class RateLimitExceeded(_Problem, TooManyRequests):
         )
         self.violated_policies = tuple(violated_policies)
         self.instance = instance
-        self.detail_text = detail or (
-            f"Rate limit {', '.join(self.violated_policies) or 'exceeded'}: "
-            + (
-                f"retry in {self.retry_after_s} s."
-                if self.retry_after_s is not None
-                else "this request can never be admitted."
-            )
-        )
+        self.detail_text = detail or self._default_detail()
         TooManyRequests.__init__(self, description=self.detail_text, retry_after=self.retry_after_s)
+
+    def _default_detail(self) -> str:
+        """The detail when the limit gives no ``error_message``."""
+        return f"Rate limit {', '.join(self.violated_policies) or 'exceeded'}: " + (
+            f"retry in {self.retry_after_s} s."
+            if self.retry_after_s is not None
+            else "this request can never be admitted."
+        )
 
 
 class ConcurrencyLimitExceeded(RateLimitExceeded):
@@ -148,23 +149,10 @@ class ConcurrencyLimitExceeded(RateLimitExceeded):
     problem_type = CONCURRENCY_LIMIT_EXCEEDED
     title = "Too many requests in flight at the same time"
 
-    def __init__(
-        self,
-        *,
-        retry_after: float | None,
-        violated_policies: Sequence[str],
-        instance: str | None = None,
-        detail: str | None = None,
-    ) -> None:
-        super().__init__(
-            retry_after=retry_after,
-            violated_policies=violated_policies,
-            instance=instance,
-            detail=detail
-            or (
-                f"Concurrency limit {', '.join(violated_policies)}: too many of your requests are "
-                "in progress at once. Retry when one of them has finished."
-            ),
+    def _default_detail(self) -> str:
+        return (
+            f"Concurrency limit {', '.join(self.violated_policies)}: too many of your requests "
+            "are in progress at once. Retry when one of them has finished."
         )
 
 

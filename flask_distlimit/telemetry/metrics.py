@@ -53,11 +53,13 @@ import contextlib
 import re
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
 from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.core.priorities import PRIORITIES
 from flask_distlimit.errors import ConfigurationError
+
+_T = TypeVar("_T")
 
 __all__ = [
     "BREAKER_STATE_VALUES",
@@ -65,6 +67,7 @@ __all__ = [
     "MAX_LIMIT_LABELS",
     "OTHER",
     "Metrics",
+    "OnePer",
     "limit_label",
     "metrics_for",
 ]
@@ -269,15 +272,27 @@ class Metrics:
             self.breaker_state.remove(breaker)
 
 
-_shared: dict[int, tuple[Any, Metrics]] = {}
-_shared_lock = threading.Lock()
+class OnePer(Generic[_T]):
+    """One object made per owner (a registry, a meter provider): instruments are registered
+    once per owner, so every app of the process shares them."""
+
+    def __init__(self, make: Callable[[Any], _T]) -> None:
+        self._make = make
+        self._made: dict[int, tuple[Any, _T]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, owner: Any) -> _T:
+        with self._lock:
+            entry = self._made.get(id(owner))
+            if entry is None or entry[0] is not owner:  # an id reused by a new owner
+                entry = (owner, self._make(owner))
+                self._made[id(owner)] = entry
+            return entry[1]
+
+
+_shared: Final = OnePer(lambda registry: Metrics(registry))
 
 
 def metrics_for(registry: Any = None) -> Metrics:
     """The one :class:`Metrics` of ``registry`` (default: prometheus_client's global registry)."""
-    with _shared_lock:
-        entry = _shared.get(id(registry))
-        if entry is None or entry[0] is not registry:
-            entry = (registry, Metrics(registry))
-            _shared[id(registry)] = entry
-        return entry[1]
+    return _shared(registry)

@@ -42,13 +42,14 @@ import importlib.util
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.telemetry.metrics import (
     BREAKER_STATE_VALUES,
     LATENCY_BUCKETS,
     Metrics,
+    OnePer,
     limit_label,
 )
 
@@ -102,51 +103,55 @@ def storage_outcome(exc: BaseException | None) -> str:
     return "error"
 
 
+#: The instruments an :class:`OTelMetrics` records into: attribute, kind, name, unit, description.
+_INSTRUMENTS: Final = (
+    ("requests", "counter", "distlimit.requests", "{request}",
+     "Requests the rate limiter decided, by result"),
+    ("decisions", "counter", "distlimit.decisions", "{decision}",
+     "Rate-limit decisions by limit and outcome"),
+    ("fallback_decisions", "counter", "distlimit.fallback.decisions", "{decision}",
+     "Decisions of the in-process local fallback"),
+    ("leased_decisions", "counter", "distlimit.leased.decisions", "{request}",
+     "Requests admitted in-process out of a quota lease"),
+    ("shadow_refusals", "counter", "distlimit.shadow.refusals", "{request}",
+     "Requests a shadow limit would have refused, by limit"),
+    ("storage_duration", "histogram", "distlimit.storage.duration", "s",
+     "Duration of rate-limit storage calls"),
+    ("unreadable_replies", "counter", "distlimit.storage.unreadable", "{reply}",
+     "Storage replies the limiter could not read (the policy answered)"),
+    ("side_call_failures", "counter", "distlimit.side_call.failures", "{call}",
+     "Calls beside a request's that failed and were skipped"),
+    ("slots", "up_down_counter", "distlimit.concurrency.slots", "{slot}",
+     "Concurrency slots this process holds for requests in flight"),
+)  # fmt: skip
+
+
 class OTelMetrics:
     """The instruments of one ``MeterProvider`` (default: the global one); a metrics sink."""
+
+    requests: Any
+    decisions: Any
+    fallback_decisions: Any
+    leased_decisions: Any
+    shadow_refusals: Any
+    storage_duration: Any
+    unreadable_replies: Any
+    side_call_failures: Any
+    slots: Any
 
     def __init__(self, meter_provider: Any = None) -> None:
         from opentelemetry import metrics as otel_metrics
 
         provider = meter_provider or otel_metrics.get_meter_provider()
         meter = provider.get_meter("flask_distlimit")
-        self.requests = meter.create_counter(
-            "distlimit.requests", unit="{request}",
-            description="Requests the rate limiter decided, by result",
-        )  # fmt: skip
-        self.decisions = meter.create_counter(
-            "distlimit.decisions", unit="{decision}",
-            description="Rate-limit decisions by limit and outcome",
-        )  # fmt: skip
-        self.fallback_decisions = meter.create_counter(
-            "distlimit.fallback.decisions", unit="{decision}",
-            description="Decisions of the in-process local fallback",
-        )  # fmt: skip
-        self.leased_decisions = meter.create_counter(
-            "distlimit.leased.decisions", unit="{request}",
-            description="Requests admitted in-process out of a quota lease",
-        )  # fmt: skip
-        self.shadow_refusals = meter.create_counter(
-            "distlimit.shadow.refusals", unit="{request}",
-            description="Requests a shadow limit would have refused, by limit",
-        )  # fmt: skip
-        self.storage_duration = meter.create_histogram(
-            "distlimit.storage.duration", unit="s",
-            description="Duration of rate-limit storage calls",
-            explicit_bucket_boundaries_advisory=list(LATENCY_BUCKETS),
-        )  # fmt: skip
-        self.unreadable_replies = meter.create_counter(
-            "distlimit.storage.unreadable", unit="{reply}",
-            description="Storage replies the limiter could not read (the policy answered)",
-        )  # fmt: skip
-        self.side_call_failures = meter.create_counter(
-            "distlimit.side_call.failures", unit="{call}",
-            description="Calls beside a request's that failed and were skipped",
-        )  # fmt: skip
-        self.slots = meter.create_up_down_counter(
-            "distlimit.concurrency.slots", unit="{slot}",
-            description="Concurrency slots this process holds for requests in flight",
-        )  # fmt: skip
+        for attribute, kind, name, unit, description in _INSTRUMENTS:
+            create = getattr(meter, f"create_{kind}")
+            advisory = (
+                {"explicit_bucket_boundaries_advisory": list(LATENCY_BUCKETS)}
+                if kind == "histogram"
+                else {}
+            )
+            setattr(self, attribute, create(name, unit=unit, description=description, **advisory))
         self._lock = threading.Lock()
         self._breakers: dict[str, int] = {}
         self._in_flight: int | None = None
@@ -372,17 +377,7 @@ def _refused(data: Any) -> str | None:
     return None
 
 
-_shared: dict[int, tuple[Any, OTelMetrics]] = {}
-_shared_lock = threading.Lock()
-
-
-def _instruments_for(meter_provider: Any) -> OTelMetrics:
-    with _shared_lock:
-        entry = _shared.get(id(meter_provider))
-        if entry is None or entry[0] is not meter_provider:
-            entry = (meter_provider, OTelMetrics(meter_provider))
-            _shared[id(meter_provider)] = entry
-        return entry[1]
+_instruments_for: Final = OnePer(OTelMetrics)
 
 
 class _Instrumented(Protocol):
