@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 if TYPE_CHECKING:
     from flask_distlimit.resilience.lease import Lease
@@ -47,24 +47,17 @@ def record_of(leases: Iterable[Lease], now: int) -> tuple[str, float]:
     return json.dumps(text, separators=(",", ":")), max(1.0, hold)
 
 
-class Holding:
+class Holding(NamedTuple):
     """The units of one leased key one process held when it last published."""
 
-    __slots__ = ("age", "process", "units", "valid_for")
-
-    def __init__(self, process: str, units: int, valid_for: float, age: float) -> None:
-        self.process = process  #: ``host:pid:token``
-        self.units = units
-        self.valid_for = valid_for  #: seconds the units stay good, counted from now
-        self.age = age  #: seconds since the process published them
+    process: str  #: ``host:pid:token``
+    units: int
+    valid_for: float  #: seconds the units stay good, counted from now
+    age: float  #: seconds since the process published them
 
     def as_dict(self) -> dict[str, object]:
-        return {
-            "process": self.process,
-            "units": self.units,
-            "valid_for": self.valid_for,
-            "published_ago": self.age,
-        }
+        process, units, valid_for, age = self
+        return {"process": process, "units": units, "valid_for": valid_for, "published_ago": age}
 
 
 def holdings(records: Sequence[Record]) -> dict[str, list[Holding]]:
