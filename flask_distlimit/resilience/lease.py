@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable
 from typing import Final, TypeAlias
 
+from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.decision import Check, Decision
 from flask_distlimit.declare.lease_options import auto_cap
 from flask_distlimit.storage.give_back import GIVE_BACK_CODES
@@ -43,7 +44,7 @@ _US: Final = 1_000_000
 
 
 # algorithm-specific: to ask the engine registry
-def _gives_back(algorithm: str) -> bool:
+def _gives_back(algorithm: Algorithm) -> bool:
     """Are unspent units of ``algorithm`` given back to the shared count (a window's count the
     storage numbers), rather than earned back by a bucket?"""
     return algorithm in GIVE_BACK_CODES
@@ -51,7 +52,7 @@ def _gives_back(algorithm: str) -> bool:
 
 # algorithm-specific: to ask the engine registry
 def _good_until(
-    algorithm: str, units: int, reset_us: int, started: int, period_us: int, limit: int
+    algorithm: Algorithm, units: int, reset_us: int, started: int, period_us: int, limit: int
 ) -> int:
     """Until when ``units`` granted by a call started at ``started`` (local clock, us) that
     answered ``reset_us`` stay spendable."""
