@@ -20,7 +20,7 @@ from redis import Redis
 from flask_distlimit import ConfigurationError, Limiter
 from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.errors import StorageUnavailable
-from flask_distlimit.resilience.leases import LEASE_SPAN_US
+from flask_distlimit.resilience.lease import LEASE_SPAN_US
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.testing import CountingStorage, FakeClock
 from tests.distlimit_fixtures import backend, clock
@@ -660,7 +660,7 @@ def test_units_a_lease_leaves_unspent_go_back_on_a_later_storage_call(
 
 def test_units_given_back_are_never_put_back_by_a_request_refused_meanwhile() -> None:
     from flask_distlimit.core.decision import Decision
-    from flask_distlimit.resilience.leases import GIVE_BACK_AFTER_US, Lease
+    from flask_distlimit.resilience.lease import GIVE_BACK_AFTER_US, Lease
 
     now = 1_700_000_040_000_000  # a whole minute
     lease = Lease(Check("k", "fixed_window", 100, 60), 10, now)

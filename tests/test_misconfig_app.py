@@ -278,7 +278,7 @@ def test_calls_beside_and_after_the_request_never_raise_on_replies_the_limiter_c
     one ERROR line a minute, as the request's own do (they logged a traceback each: a heartbeat
     every 5 s, a lease's give-back up to 8 a second)."""
     from flask_distlimit.errors import StorageResponseError
-    from flask_distlimit.resilience.leases import GIVE_BACK_AFTER_US
+    from flask_distlimit.resilience.lease import GIVE_BACK_AFTER_US
     from flask_distlimit.storage import redis as redis_storage
 
     clock = FakeClock(start=1_700_000_040.0)

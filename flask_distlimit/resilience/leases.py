@@ -1,13 +1,14 @@
 """Quota leasing: a process takes units of a hot limit in advance and spends them in-process.
 
 ``@limiter.limit("5000/second", scope="tenant", lease=True)`` (or ``lease=<units>``). A *lease*
-is units consumed from the shared key by the ordinary script with ``cost`` = the lease's size,
-in the request's one storage call; the process then admits requests of that key out of the
-lease under a lock (a :class:`threading.Lock` per lease: gthread workers are threaded), with no
-storage call. The fleet never admits more than the limit: every unit a process spends was
+(:mod:`flask_distlimit.resilience.lease`: its units, how long they stay good, its sizing) is units
+consumed from the shared key by the ordinary script with ``cost`` = the lease's size, in the
+request's one storage call; the process then admits requests of that key out of the lease, with
+no storage call. The fleet never admits more than the limit: every unit a process spends was
 consumed from the shared count first. The price is under-admission: a process may refuse while
 another holds unspent units, at most *processes x lease size* units per window
-(``docs/leasing.md``).
+(``docs/leasing.md``). :class:`Leases` is every lease of one app in this process;
+:meth:`Leases.evaluate` stands in for the guard's when a request has a leased limit.
 
 - **Renewal** is on the request path, by the one request that finds the lease at or below its
   low-water mark (a quarter of its size) or empty: its storage call carries the leased check
@@ -17,40 +18,24 @@ another holds unspent units, at most *processes x lease size* units per window
   for nothing but the request's own needs, before the request is refused. Other threads keep
   spending meanwhile; one that finds the lease empty while it renews asks the storage for its
   own cost only. No background thread; the clock is the app's injected one.
-- **Validity**: units are good for the window they were taken in (fixed window, sliding window
-  counter: a lease expires at its window's end; spent later they would be admissions of the next
-  window counted in the previous one: the fleet could admit the limit and the leftover in one
-  window). Token bucket and GCRA: units are spendable for the time the limit takes to earn them
-  back (``size x period / limit``), so an interval of any length admits at most one lease more
-  than the bucket alone would; unspent, the bucket earns them back within that time.
 - **Giving back**: fixed window and counter units a lease has not spent from for
-  :data:`GIVE_BACK_AFTER_US` go back to the shared count after a later storage call of this
-  process (:meth:`Leases.housekeeping`, at most once a second), each lease's in a script call of
-  its own that takes them off only the window they were taken in, as the server numbered it
-  (:mod:`flask_distlimit.storage.give_back`); the units leave the lease first. A process that
-  makes no storage call gives nothing back: its units expire with their window. Nor while the
-  breaker of the key's node is not closed: the units stay in the lease, spent first.
-- **Sizing** (``lease=True``): about 100 ms of this process's observed demand on the key (an
-  EWMA), at most ``limit // 20`` (at least 1); 0 (no lease, every request asks the storage)
-  while the key sees fewer than about 10 units a second: leasing pays off for a hot, shared key,
-  not for a per-client key with a few requests. A process keeps at most :data:`MAX_LEASES`;
-  past that, half are dropped, those holding no unit first (the units of one that holds some
-  expire), the least recently used first.
+  :data:`~flask_distlimit.resilience.lease.GIVE_BACK_AFTER_US` go back to the shared count after
+  a later storage call of this process (:meth:`Leases.housekeeping`, at most once a second), each
+  lease's in a script call of its own that takes them off only the window they were taken in, as
+  the server numbered it (:mod:`flask_distlimit.storage.give_back`); the units leave the lease
+  first. A process that makes no storage call gives nothing back: its units expire with their
+  window. Nor while the breaker of the key's node is not closed: the units stay in the lease,
+  spent first.
+- **How many**: a process keeps at most :data:`MAX_LEASES`; past that, half are dropped, those
+  holding no unit first (the units of one that holds some expire), the least recently used first.
 - **All-or-nothing**: a request whose other limits refuse gives its leased units back to the
   lease (nothing left the process).
 - **Failure**: units still held are spent first; the failure policy decides only what the lease
   cannot cover. A call that fails grants no lease (under ``local`` the fallback charged the
   request's check, top-up included, to this process's share).
-- **Headers** of a leased limit: the shared count as last seen plus the units this process still
-  holds (``remaining``), and the reset as last seen minus the time since: other processes'
-  spending since is not seen.
-- **Published** for ``flask distlimit inspect``, which runs in a process of its own: after a
-  storage call, at most once a second (:data:`PUBLISH_INTERVAL_US`), when a renewal was granted
-  or units went back since it last did, the process writes what it holds (at most
-  :data:`RECORD_LEASES` leases, the most units first) to ``<prefix>:leases`` in a separate
-  storage call (:mod:`flask_distlimit.storage.lease_records`), kept as long as its
-  longest-lived units: a process that dies vanishes with them. A request its lease covers never
-  makes that call.
+- **Published** for ``flask distlimit inspect`` (:mod:`flask_distlimit.resilience.holdings`):
+  what the process holds, after a storage call that granted a renewal or gave units back, at
+  most once a second.
 
 A lease is per storage key (identity + limit). A fork drops every lease in the child.
 """
@@ -58,8 +43,6 @@ A lease is per storage key (identity + limit). A fork drops every lease in the c
 from __future__ import annotations
 
 import functools
-import json
-import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
@@ -67,49 +50,27 @@ from typing import TYPE_CHECKING, Final
 
 from flask_distlimit._typing import FailurePolicy
 from flask_distlimit.core.decision import Check, Decision, Evaluation
-from flask_distlimit.declare.lease_options import LEASABLE, auto_cap
+from flask_distlimit.declare.lease_options import auto_cap
 from flask_distlimit.forks import AfterFork
 from flask_distlimit.resilience.guard import Guard, Outcome
+from flask_distlimit.resilience.holdings import record_of
 from flask_distlimit.resilience.instances import process_member
-from flask_distlimit.storage.give_back import GIVE_BACK_CODES
-from flask_distlimit.storage.lease_records import Record
+from flask_distlimit.resilience.lease import GIVE_BACK_AFTER_US, Lease, Spent
 from flask_distlimit.telemetry.metrics import limit_label
 
 if TYPE_CHECKING:
     from flask_distlimit.declare.route_limits import BoundLimit
     from flask_distlimit.storage.base import Storage
 
-__all__ = [
-    "GIVE_BACK_AFTER_US",
-    "LEASABLE",
-    "LEASE_SPAN_US",
-    "MAX_LEASES",
-    "PUBLISH_INTERVAL_US",
-    "RECORD_LEASES",
-    "Holding",
-    "Leases",
-    "holdings",
-    "read_holdings",
-]
+__all__ = ["MAX_LEASES", "PUBLISH_INTERVAL_US", "Leases"]
 
-log = logging.getLogger("flask_distlimit")
-
-#: ``lease=True`` sizes a lease to this much of the process's demand on the key (microseconds).
-LEASE_SPAN_US: Final = 100_000
 #: The most leases one process keeps per app; the least recently used go first.
 MAX_LEASES: Final = 1024
 #: A process publishes what it holds, and gives back units it left unspent, at most this often,
 #: after a storage call (microseconds).
 PUBLISH_INTERVAL_US: Final = 1_000_000
-#: Fixed window and counter units a lease has not spent from for this long go back to the
-#: shared count (microseconds): ten times the traffic a sized lease is taken for.
-GIVE_BACK_AFTER_US: Final = 1_000_000
 #: The most leases one pass gives back (each a storage call of its own).
 GIVE_BACK_PER_PASS: Final = 8
-#: The most leases one process's published record lists (the most units held first).
-RECORD_LEASES: Final = 64
-#: The demand rate is sampled over at least this long (microseconds).
-_SAMPLE_US: Final = 50_000
 _US: Final = 1_000_000
 
 
@@ -118,251 +79,13 @@ def _renewable(guard: Guard, key: str) -> bool:
     return guard.breaker_of(key).state == "closed"
 
 
-# -- one lease -----------------------------------------------------------------------------------
-
-
-class _Chunk:
-    __slots__ = ("expires", "units", "window")
-
-    def __init__(self, units: int, expires: int, window: int = -1) -> None:
-        self.units = units
-        self.expires = expires  # local clock, us; 0: given back to the storage
-        #: a fixed window or counter's window index as the storage numbered it (-1: unknown,
-        #: or a bucket: never given back)
-        self.window = window
-
-
-def _expiry(chunk: _Chunk) -> int:
-    return chunk.expires
-
-
-class Lease:
-    """The units this process holds of one storage key, and what it last saw of the key."""
-
-    __slots__ = (
-        "algorithm",
-        "cap",
-        "chunks",
-        "demand",
-        "fixed",
-        "key",
-        "limit",
-        "lock",
-        "low",
-        "mark",
-        "period_us",
-        "rate",
-        "renewing",
-        "seen_at",
-        "seen_remaining",
-        "seen_reset_us",
-        "units",
-        "used",
+def _placed(outcome: Outcome, evaluation: Evaluation, decisions: list[Decision]) -> Outcome:
+    """``outcome`` with ``decisions`` in place of those of its ``evaluation``."""
+    return Outcome(
+        Evaluation(tuple(decisions), evaluation.repaired_keys),
+        degraded=outcome.degraded,
+        unavailable=outcome.unavailable,
     )
-
-    def __init__(self, check: Check, size: bool | int, now: int) -> None:
-        self.key = check.key
-        self.algorithm = check.algorithm
-        self.limit = check.limit
-        self.period_us = check.period * _US
-        self.fixed = 0 if size is True else int(size)
-        self.cap = auto_cap(check.limit)
-        self.lock = threading.Lock()
-        self.chunks: list[_Chunk] = []  #: by expiry; none empty
-        self.units = 0  #: the units of ``chunks``
-        #: the low-water mark: a quarter of the size last computed (renew at or below it)
-        self.low = 0
-        self.renewing = False
-        self.demand = 0  #: units asked for since ``mark``
-        self.mark = now
-        self.rate = -1.0  #: EWMA of the demand, units per second (-1: not measured yet)
-        self.seen_remaining = 0  #: the shared count's remaining, lease excluded, as last seen
-        self.seen_reset_us = 0
-        self.seen_at = now
-        self.used = now
-
-    # all under self.lock
-    def _held(self, now: int) -> int:
-        chunks = self.chunks
-        if chunks and chunks[0].expires <= now:
-            chunks[:] = [c for c in chunks if c.expires > now and c.units > 0]
-            self.units = sum(c.units for c in chunks)
-        return self.units
-
-    def size(self, now: int) -> int:
-        """The lease this process should hold now."""
-        if self.fixed:
-            return self.fixed
-        elapsed = now - self.mark
-        if elapsed >= _SAMPLE_US:
-            sample = self.demand * _US / elapsed
-            self.rate = sample if self.rate < 0 else (self.rate + sample) / 2
-            self.demand, self.mark = 0, now
-        if self.rate < 0:
-            return 0
-        return min(self.cap, int(self.rate * LEASE_SPAN_US / _US))
-
-    def take(
-        self, cost: int, now: int, renew_allowed: Callable[[], bool]
-    ) -> tuple[list[tuple[_Chunk, int]] | None, int]:
-        """Spend ``cost`` units if held (``None`` if not: nothing is spent; else the chunks
-        spent from and how much of each), and the top-up this request asks for (0: none;
-        more: this request claimed the renewal)."""
-        with self.lock:
-            self.used = now
-            self.demand += cost
-            held = self._held(now)
-            spent: list[tuple[_Chunk, int]] | None = None
-            if held >= cost:
-                chunks = self.chunks
-                first = chunks[0]  # the oldest first: they expire first
-                if first.units > cost:  # the usual spend
-                    first.units -= cost
-                    spent = [(first, cost)]
-                else:
-                    spent = []
-                    left = cost
-                    while left:
-                        chunk = chunks[0]
-                        n = min(left, chunk.units)
-                        chunk.units -= n
-                        left -= n
-                        spent.append((chunk, n))
-                        if not chunk.units:
-                            del chunks[0]
-                held -= cost
-                self.units = held
-            renew = 0
-            if not self.renewing:
-                target = self.size(now)
-                self.low = target // 4
-                if target and (spent is None or held <= self.low) and renew_allowed():
-                    renew = target - held if spent is not None else target
-                    if renew > 0:
-                        self.renewing = True
-            return spent, max(renew, 0)
-
-    def spend(self, cost: int, now: int) -> Decision | None:
-        """The usual request: ``cost`` spent out of the lease, which needs no renewal (or
-        another request renews it): its decision. ``None``, and nothing changed, otherwise."""
-        with self.lock:
-            chunks = self.chunks
-            if not chunks:
-                return None
-            first = chunks[0]
-            if first.expires <= now or first.units <= cost:
-                return None  # expired, or spending it all: the general path
-            held = self.units - cost
-            if held <= self.low and not self.renewing:
-                return None  # time to renew
-            first.units -= cost
-            self.units = held
-            self.used = now
-            self.demand += cost
-            remaining = self.seen_remaining + held
-            reset = self.seen_reset_us - (now - self.seen_at)
-        return Decision(
-            True,
-            self.limit,
-            remaining if remaining < self.limit else self.limit,
-            reset / _US if reset > 0 else 0.0,
-            0.0,
-        )
-
-    def give_back(self, spent: list[tuple[_Chunk, int]], now: int) -> None:
-        """A request refused by another limit: the units it took from the lease return."""
-        with self.lock:
-            for chunk, n in spent:
-                if chunk.expires > now:
-                    if not chunk.units:  # it was emptied and dropped
-                        self.chunks.append(chunk)
-                        self.chunks.sort(key=_expiry)
-                    chunk.units += n
-                    self.units += n
-
-    def granted(
-        self, units: int, d: Decision, started: int, now: int, storage_now: int = 0
-    ) -> None:
-        """The storage consumed ``units`` more for this lease (``d``: the leased check's
-        decision; ``started``: the local time before the call; ``storage_now``: the storage's
-        clock when it decided, us, 0 if unknown)."""
-        window = -1
-        if storage_now > 0 and self.algorithm in GIVE_BACK_CODES:
-            window = storage_now // self.period_us
-        reset_us = round(d.reset_after * _US)
-        if self.algorithm == "fixed_window":
-            ends = started + reset_us  # the window's end: no sooner on the server's clock
-        elif self.algorithm == "sliding_window_counter":
-            ends = started + reset_us - self.period_us  # reset: the end of the next window
-        else:  # token bucket, GCRA: the time the limit takes to earn the units back
-            ends = started + units * self.period_us // self.limit
-        with self.lock:
-            if units > 0 and ends > now:
-                chunks = self.chunks
-                last = chunks[-1] if chunks else None
-                if last is not None and abs(last.expires - ends) <= self.period_us // 100:
-                    # the same window (its end seen through another round trip): one chunk,
-                    # expiring at the sooner of the two ends (given back only if both name
-                    # the same window)
-                    last.units += units
-                    last.expires = min(last.expires, ends)
-                    if last.window != window:
-                        last.window = -1
-                else:
-                    chunks.append(_Chunk(units, ends, window))
-                    chunks.sort(key=_expiry)
-                self.units += units
-            self.renewing = False
-            self.seen(d, now)
-
-    def unspent(self, now: int) -> list[tuple[int, int]]:
-        """Units of a known window this lease has not spent from for
-        :data:`GIVE_BACK_AFTER_US`, taken out of the lease (no request can spend them, nor a
-        refused one put units back into their chunk): ``(window, units)`` to give back."""
-        with self.lock:
-            if self.renewing or now - self.used < GIVE_BACK_AFTER_US or not self.chunks:
-                return []
-            out: dict[int, int] = {}
-            kept: list[_Chunk] = []
-            for chunk in self.chunks:
-                if chunk.window >= 0 and chunk.units > 0 and chunk.expires > now:
-                    out[chunk.window] = out.get(chunk.window, 0) + chunk.units
-                    self.units -= chunk.units
-                    chunk.units, chunk.expires = 0, 0
-                else:
-                    kept.append(chunk)
-            self.chunks[:] = kept
-            return sorted(out.items())
-
-    def seen(self, d: Decision, now: int) -> None:
-        self.seen_remaining = d.remaining
-        self.seen_reset_us = round(d.reset_after * _US)
-        self.seen_at = now
-
-    def decision(self, now: int) -> Decision:
-        """A leased check decided in-process: the shared count as last seen, plus the units
-        still held."""
-        with self.lock:
-            held = self._held(now)
-            remaining = min(self.limit, self.seen_remaining + held)
-            reset = max(0, self.seen_reset_us - (now - self.seen_at))
-        return Decision(True, self.limit, remaining, reset / _US, 0.0)
-
-    def report(self, now: int) -> dict[str, object]:
-        with self.lock:
-            held = self._held(now)
-            expires = min((c.expires for c in self.chunks), default=now)
-            return {
-                "held": held,
-                "size": self.fixed or self.size(now),
-                "limit": self.limit,
-                "algorithm": self.algorithm,
-                "expires_in": round((expires - now) / _US, 3),
-                "renewing": self.renewing,
-            }
-
-
-# -- the leases of one app's limiter ------------------------------------------------------------
 
 
 class _Ask:
@@ -377,6 +100,8 @@ class _Ask:
 
 
 _all: AfterFork[Leases] = AfterFork(lambda leases: leases.after_fork())
+
+
 class Leases:
     """Every lease of one app's limiter in this process; :meth:`evaluate` stands in for
     :meth:`Guard.evaluate <flask_distlimit.resilience.guard.Guard.evaluate>` when a request has a
@@ -445,13 +170,10 @@ class Leases:
             else:
                 dropped = [lease for key in keys if (lease := self._leases.pop(key, None))]
         for lease in dropped:
-            with lease.lock:
-                if lease.units:
-                    # published again after the next storage call: inspect counts what a
-                    # record lists as used, for as long as the units would have been good
-                    self._renewed = True
-                lease.chunks.clear()
-                lease.units = 0
+            if lease.clear():
+                # published again after the next storage call: inspect counts what a record
+                # lists as used, for as long as the units would have been good
+                self._renewed = True
 
     def _lease(self, check: Check, size: bool | int, now: int) -> Lease:
         lease = self._leases.get(check.key)
@@ -473,8 +195,7 @@ class Leases:
         hot key's units again and again."""
 
         def order(lease: Lease) -> tuple[bool, int]:
-            with lease.lock:
-                return lease._held(now) > 0, lease.used
+            return lease.holds(now)[0] > 0, lease.used
 
         ordered = sorted(self._leases.values(), key=order)
         for lease in ordered[: len(ordered) // 2 or 1]:
@@ -486,28 +207,8 @@ class Leases:
         total = 0
         for lease in list(self._leases.values()):
             if limit_label(lease.key) == label:
-                with lease.lock:
-                    total += lease._held(now)
+                total += lease.holds(now)[0]
         return total
-
-    def record(self, now: int) -> tuple[str, float]:
-        """What this process holds as published (JSON: ``{"leases": {key: [units, seconds
-        they stay good]}, "more": leases left out}``), and how long the record holds: as long
-        as its longest-lived units (seconds, at least 1)."""
-        held: list[tuple[int, str, int]] = []
-        for lease in list(self._leases.values()):
-            with lease.lock:
-                units = lease._held(now)
-                if units:
-                    held.append((units, lease.key, lease.chunks[-1].expires - now))
-        held.sort(reverse=True)
-        shown = held[:RECORD_LEASES]
-        record = {
-            "leases": {key: [units, round(valid / _US, 3)] for units, key, valid in shown},
-            "more": len(held) - len(shown),
-        }
-        hold = max((valid for _, _, valid in shown), default=0) / _US
-        return json.dumps(record, separators=(",", ":")), max(1.0, hold)
 
     def housekeeping(self) -> None:
         """After a storage call of this process: at most once a second, give back the units
@@ -533,7 +234,7 @@ class Leases:
         for lease in list(self._leases.values()):
             if passes >= GIVE_BACK_PER_PASS:
                 break
-            if lease.algorithm not in GIVE_BACK_CODES or now - lease.used < GIVE_BACK_AFTER_US:
+            if not lease.gives_back or now - lease.used < GIVE_BACK_AFTER_US:
                 continue  # (read without its lock: unspent() looks again under it)
             if not _renewable(self.guard, lease.key):
                 # no call can be made (the breaker of its node is open, or trying): the units
@@ -564,7 +265,7 @@ class Leases:
 
     def _publish(self, now: int) -> None:
         """Publish what this process holds (a storage call of its own)."""
-        record, hold = self.record(now)
+        record, hold = record_of(list(self._leases.values()), now)
         key, process = self.records_key, self.process
 
         def publish(storage: Storage) -> tuple[str, ...]:
@@ -606,7 +307,7 @@ class Leases:
         guard = self.guard
         now = self.clock()
 
-        local: dict[int, tuple[Lease, list[tuple[_Chunk, int]]]] = {}
+        local: dict[int, tuple[Lease, Spent]] = {}
         asks: list[_Ask] = []
         plain: list[int] = []
         for i, (c, b) in enumerate(zip(checks, bounds, strict=True)):
@@ -650,11 +351,7 @@ class Leases:
             if not merged[i].allowed:
                 continue  # refused (its top-up): the request is, and its units went back
             merged[i] = lease.decision(after)
-        return Outcome(
-            Evaluation(tuple(merged), evaluation.repaired_keys),
-            degraded=outcome.degraded,
-            unavailable=outcome.unavailable,
-        )
+        return _placed(outcome, evaluation, merged)
 
     def _call(
         self,
@@ -764,70 +461,4 @@ class Leases:
                 # the request's part of it: the shared count plus what the lease holds
                 d = replace(d, remaining=min(d.limit, d.remaining + a.renew))
             merged[a.index] = d
-        return Outcome(
-            Evaluation(tuple(merged), evaluation.repaired_keys),
-            degraded=outcome.degraded,
-            unavailable=outcome.unavailable,
-        )
-
-
-# -- what every process holds, as published (flask distlimit inspect) ----------------------------
-
-
-class Holding:
-    """The units of one leased key one process held when it last published."""
-
-    __slots__ = ("age", "process", "units", "valid_for")
-
-    def __init__(self, process: str, units: int, valid_for: float, age: float) -> None:
-        self.process = process  #: ``host:pid:token``
-        self.units = units
-        self.valid_for = valid_for  #: seconds the units stay good, counted from now
-        self.age = age  #: seconds since the process published them
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "process": self.process,
-            "units": self.units,
-            "valid_for": self.valid_for,
-            "published_ago": self.age,
-        }
-
-
-def holdings(records: Sequence[Record]) -> dict[str, list[Holding]]:
-    """By storage key, what each process published that it holds and is still good; a record
-    or an entry that is not what :meth:`Leases.record` writes is skipped (garbage under the
-    prefix is never an error)."""
-    found: dict[str, list[Holding]] = {}
-    for r in records:
-        try:
-            record = json.loads(r.text)
-        except ValueError:
-            continue
-        leases = record.get("leases") if isinstance(record, dict) else None
-        if not isinstance(leases, dict):
-            continue
-        for key, entry in leases.items():
-            if not (isinstance(entry, list) and len(entry) == 2):
-                continue
-            units, valid = entry
-            if (
-                isinstance(units, bool)
-                or not isinstance(units, int)
-                or units <= 0
-                or isinstance(valid, bool)
-                or not isinstance(valid, int | float)
-            ):
-                continue
-            left = round(valid - r.age, 3)
-            if left > 0:
-                found.setdefault(key, []).append(Holding(r.process, units, left, r.age))
-    for held in found.values():
-        held.sort(key=lambda h: (-h.units, h.process))
-    return found
-
-
-def read_holdings(storage: Storage, key: str) -> dict[str, list[Holding]]:
-    """:func:`holdings` of the records under ``key``; raises ``StorageError`` as the storage
-    does."""
-    return holdings(storage.lease_records(key))
+        return _placed(outcome, evaluation, merged)

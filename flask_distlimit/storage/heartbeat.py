@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Final, NamedTuple
 
+from flask_distlimit.storage.slot_keys import beside
+
 __all__ = ["HEARTBEAT_SOURCE", "MAX_FLEET", "Fleet", "fleet_from_reply", "peak_key"]
 
 #: The largest fleet size a heartbeat accepts (``DISTLIMIT_INSTANCES`` accepts as much).
@@ -90,14 +92,7 @@ def peak_key(key: str) -> str:
     """The key of the fleet sizes reported beside the heartbeat ``key``, in its Redis Cluster
     slot: ``<key>:peak`` when ``key`` has a hash tag, else ``<key>:peak:{<key>}`` (Redis then
     hashes ``<key>`` for both), e.g. ``ratelimit:instances:peak:{ratelimit:instances}``."""
-    start = key.find("{")
-    if start != -1:
-        end = key.find("}", start + 1)
-        if end > start + 1:
-            return f"{key}:peak"
-    if "{" in key or "}" in key:
-        raise ValueError(f"heartbeat key {key!r} has a brace but no hash tag")
-    return f"{key}:peak:{{{key}}}"
+    return beside(key, "peak", "heartbeat")
 
 
 def fleet_from_reply(reply: object, key: str) -> Fleet:

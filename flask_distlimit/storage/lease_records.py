@@ -15,7 +15,7 @@ each process's record, stored as ``<published at, ms>:<record>``.
   the records whose time is not up (at most 1,000), and writes nothing; a key of another type
   reads as none.
 
-A record is JSON written by :mod:`flask_distlimit.resilience.leases`; the reader parses it
+A record is JSON written by :mod:`flask_distlimit.resilience.holdings`; the reader parses it
 defensively (:func:`records_from_reply`): anything else is skipped, never an error. The script uses
 only commands the limiter's ACL user already has
 (:data:`~flask_distlimit.storage.translate.ACL_GRANTS`: ``ZADD``, ``ZCOUNT``, ``ZRANGE``,
@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Final, NamedTuple
 
 from flask_distlimit.errors import StorageResponseError
+from flask_distlimit.storage.slot_keys import beside
 
 __all__ = [
     "LEASE_RECORDS_SOURCE",
@@ -52,6 +53,17 @@ local function live_members(ranked)
   return live
 end
 
+-- each member of `live` and its value in `values` appended to `into` (one without: skipped)
+local function with_values(into, live, values)
+  for i, member in ipairs(live) do
+    if values[i] then
+      into[#into + 1] = member
+      into[#into + 1] = values[i]
+    end
+  end
+  return into
+end
+
 if ARGV[1] == '' then  -- read: the soonest 1,000 by rank, those not expired
   local ranked = redis.pcall('ZRANGE', KEYS[1], 0, 999, 'WITHSCORES')
   if type(ranked) ~= 'table' or ranked.err then
@@ -66,13 +78,7 @@ if ARGV[1] == '' then  -- read: the soonest 1,000 by rank, those not expired
   if type(values) ~= 'table' or values.err then
     return reply
   end
-  for i, member in ipairs(live) do
-    if values[i] then
-      reply[#reply + 1] = member
-      reply[#reply + 1] = values[i]
-    end
-  end
-  return reply
+  return with_values(reply, live, values)
 end
 
 local hold_ms = tonumber(ARGV[3])
@@ -101,13 +107,7 @@ if redis.call('ZCOUNT', KEYS[1], '-inf', now_ms) > 0 then
   local live = redis.call('ZRANGE', KEYS[1], 0, 999)
   local values = redis.call('HMGET', KEYS[2], unpack(live))
   redis.call('DEL', KEYS[2])
-  local kept = {}
-  for i, member in ipairs(live) do
-    if values[i] then
-      kept[#kept + 1] = member
-      kept[#kept + 1] = values[i]
-    end
-  end
+  local kept = with_values({}, live, values)
   if #kept > 0 then
     redis.call('HSET', KEYS[2], unpack(kept))
   end
@@ -125,14 +125,7 @@ def records_key(key: str) -> str:
     """The hash of the records beside the sorted set ``key``, in its Redis Cluster slot:
     ``<key>:records:{<key>}`` (Redis hashes ``<key>`` for both when ``key`` has no braces),
     ``<key>:records`` when ``key`` has a hash tag of its own."""
-    start = key.find("{")
-    if start != -1:
-        end = key.find("}", start + 1)
-        if end > start + 1:
-            return f"{key}:records"
-    if "{" in key or "}" in key:
-        raise ValueError(f"lease records key {key!r} has a brace but no hash tag")
-    return f"{key}:records:{{{key}}}"
+    return beside(key, "records", "lease records")
 
 
 class Record(NamedTuple):
@@ -140,7 +133,7 @@ class Record(NamedTuple):
 
     process: str
     age: float  #: seconds since it was published (the storage's clock)
-    text: str  #: the record as published (JSON written by :mod:`flask_distlimit.resilience.leases`)
+    text: str  #: the record as published (JSON: :mod:`flask_distlimit.resilience.holdings`)
 
 
 def _text(value: object) -> str | None:

@@ -1,0 +1,99 @@
+"""What the processes of an app hold in their leases, as published for ``flask distlimit inspect``.
+
+``inspect`` runs in a process of its own: it sees no lease but what the serving processes
+publish. After a storage call, at most once a second
+(:data:`~flask_distlimit.resilience.leases.PUBLISH_INTERVAL_US`), when a renewal was granted or
+units went back since it last did, a process writes what it holds (:func:`record_of`: at most
+:data:`RECORD_LEASES` leases, the most units first) to ``<prefix>:leases`` in a separate storage
+call (:mod:`flask_distlimit.storage.lease_records`), kept as long as its longest-lived units: a
+process that dies vanishes with them. A request its lease covers never makes that call.
+:func:`read_holdings` reads them back (:class:`Holding`), skipping whatever is not a record.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Final, NamedTuple
+
+if TYPE_CHECKING:
+    from flask_distlimit.resilience.lease import Lease
+    from flask_distlimit.storage.base import Storage
+    from flask_distlimit.storage.lease_records import Record
+
+__all__ = ["RECORD_LEASES", "Holding", "holdings", "read_holdings", "record_of"]
+
+#: The most leases one process's published record lists (the most units held first).
+RECORD_LEASES: Final = 64
+_US: Final = 1_000_000
+
+
+def record_of(leases: Iterable[Lease], now: int) -> tuple[str, float]:
+    """What a process holds in ``leases`` as published (JSON: ``{"leases": {key: [units,
+    seconds they stay good]}, "more": leases left out}``), and how long the record holds: as
+    long as its longest-lived units (seconds, at least 1)."""
+    held: list[tuple[int, str, int]] = []
+    for lease in leases:
+        units, valid = lease.holds(now)
+        if units:
+            held.append((units, lease.key, valid))
+    held.sort(reverse=True)
+    shown = held[:RECORD_LEASES]
+    text = {
+        "leases": {key: [units, round(valid / _US, 3)] for units, key, valid in shown},
+        "more": len(held) - len(shown),
+    }
+    hold = max((valid for _, _, valid in shown), default=0) / _US
+    return json.dumps(text, separators=(",", ":")), max(1.0, hold)
+
+
+class Holding(NamedTuple):
+    """The units of one leased key one process held when it last published."""
+
+    process: str  #: ``host:pid:token``
+    units: int
+    valid_for: float  #: seconds the units stay good, counted from now
+    age: float  #: seconds since the process published them
+
+    def as_dict(self) -> dict[str, object]:
+        process, units, valid_for, age = self
+        return {"process": process, "units": units, "valid_for": valid_for, "published_ago": age}
+
+
+def holdings(records: Sequence[Record]) -> dict[str, list[Holding]]:
+    """By storage key, what each process published that it holds and is still good; a record
+    or an entry that is not what :func:`record_of` writes is skipped (garbage under the
+    prefix is never an error)."""
+    found: dict[str, list[Holding]] = {}
+    for r in records:
+        try:
+            record = json.loads(r.text)
+        except ValueError:
+            continue
+        leases = record.get("leases") if isinstance(record, dict) else None
+        if not isinstance(leases, dict):
+            continue
+        for key, entry in leases.items():
+            if not (isinstance(entry, list) and len(entry) == 2):
+                continue
+            units, valid = entry
+            if (
+                isinstance(units, bool)
+                or not isinstance(units, int)
+                or units <= 0
+                or isinstance(valid, bool)
+                or not isinstance(valid, int | float)
+            ):
+                continue
+            left = round(valid - r.age, 3)
+            if left > 0:
+                found.setdefault(key, []).append(Holding(r.process, units, left, r.age))
+    for held in found.values():
+        held.sort(key=lambda h: (-h.units, h.process))
+    return found
+
+
+def read_holdings(storage: Storage, key: str) -> dict[str, list[Holding]]:
+    """:func:`holdings` of the records under ``key``; raises ``StorageError`` as the storage
+    does."""
+    return holdings(storage.lease_records(key))

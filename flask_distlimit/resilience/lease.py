@@ -1,0 +1,319 @@
+"""One quota lease: the units this process holds of one storage key, and how it spends them.
+
+A :class:`Lease` holds its units in chunks, one per grant, by expiry; a request spends from the
+oldest first, under the lease's :class:`threading.Lock` (gthread workers are threaded). The set
+of an app's leases, their renewal through the storage and their give-backs are
+:mod:`flask_distlimit.resilience.leases`.
+
+- **Validity**: units are good for the window they were taken in (fixed window, sliding window
+  counter: a lease expires at its window's end; spent later they would be admissions of the next
+  window counted in the previous one: the fleet could admit the limit and the leftover in one
+  window). Token bucket and GCRA: units are spendable for the time the limit takes to earn them
+  back (``size x period / limit``), so an interval of any length admits at most one lease more
+  than the bucket alone would; unspent, the bucket earns them back within that time.
+- **Sizing** (``lease=True``): about 100 ms (:data:`LEASE_SPAN_US`) of this process's observed
+  demand on the key (an EWMA), at most ``limit // 20`` (at least 1); 0 (no lease, every request
+  asks the storage) while the key sees fewer than about 10 units a second: leasing pays off for
+  a hot, shared key, not for a per-client key with a few requests.
+- **Headers** of a leased limit: the shared count as last seen plus the units this process still
+  holds (``remaining``), and the reset as last seen minus the time since: other processes'
+  spending since is not seen.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Final, TypeAlias
+
+from flask_distlimit.core.algorithms import Algorithm
+from flask_distlimit.core.decision import Check, Decision
+from flask_distlimit.declare.lease_options import auto_cap
+from flask_distlimit.storage.give_back import GIVE_BACK_CODES
+
+__all__ = ["GIVE_BACK_AFTER_US", "LEASE_SPAN_US", "Lease", "Spent"]
+
+#: ``lease=True`` sizes a lease to this much of the process's demand on the key (microseconds).
+LEASE_SPAN_US: Final = 100_000
+#: Fixed window and counter units a lease has not spent from for this long go back to the
+#: shared count (microseconds): ten times the traffic a sized lease is taken for.
+GIVE_BACK_AFTER_US: Final = 1_000_000
+#: The demand rate is sampled over at least this long (microseconds).
+_SAMPLE_US: Final = 50_000
+_US: Final = 1_000_000
+
+
+# algorithm-specific: to ask the engine registry
+def _gives_back(algorithm: Algorithm) -> bool:
+    """Are unspent units of ``algorithm`` given back to the shared count (a window's count the
+    storage numbers), rather than earned back by a bucket?"""
+    return algorithm in GIVE_BACK_CODES
+
+
+# algorithm-specific: to ask the engine registry
+def _good_until(
+    algorithm: Algorithm, units: int, reset_us: int, started: int, period_us: int, limit: int
+) -> int:
+    """Until when ``units`` granted by a call started at ``started`` (local clock, us) that
+    answered ``reset_us`` stay spendable."""
+    if algorithm == "fixed_window":
+        return started + reset_us  # the window's end: no sooner on the server's clock
+    if algorithm == "sliding_window_counter":
+        return started + reset_us - period_us  # reset: the end of the next window
+    # token bucket, GCRA: the time the limit takes to earn the units back
+    return started + units * period_us // limit
+
+
+class _Chunk:
+    __slots__ = ("expires", "units", "window")
+
+    def __init__(self, units: int, expires: int, window: int = -1) -> None:
+        self.units = units
+        self.expires = expires  # local clock, us; 0: given back to the storage
+        #: a fixed window or counter's window index as the storage numbered it (-1: unknown,
+        #: or a bucket: never given back)
+        self.window = window
+
+
+def _expiry(chunk: _Chunk) -> int:
+    return chunk.expires
+
+
+#: the chunks a request spent from, and how much of each (:meth:`Lease.give_back` returns them)
+Spent: TypeAlias = list[tuple[_Chunk, int]]
+
+
+class Lease:
+    """The units this process holds of one storage key, and what it last saw of the key."""
+
+    __slots__ = (
+        "algorithm",
+        "cap",
+        "chunks",
+        "demand",
+        "fixed",
+        "gives_back",
+        "key",
+        "limit",
+        "lock",
+        "low",
+        "mark",
+        "period_us",
+        "rate",
+        "renewing",
+        "seen_at",
+        "seen_remaining",
+        "seen_reset_us",
+        "units",
+        "used",
+    )
+
+    def __init__(self, check: Check, size: bool | int, now: int) -> None:
+        self.key = check.key
+        self.algorithm = check.algorithm
+        #: unspent units go back to the shared count (:meth:`unspent`; a bucket earns them back)
+        self.gives_back = _gives_back(check.algorithm)
+        self.limit = check.limit
+        self.period_us = check.period * _US
+        self.fixed = 0 if size is True else int(size)
+        self.cap = auto_cap(check.limit)
+        self.lock = threading.Lock()
+        self.chunks: list[_Chunk] = []  #: by expiry; none empty
+        self.units = 0  #: the units of ``chunks``
+        #: the low-water mark: a quarter of the size last computed (renew at or below it)
+        self.low = 0
+        self.renewing = False
+        self.demand = 0  #: units asked for since ``mark``
+        self.mark = now
+        self.rate = -1.0  #: EWMA of the demand, units per second (-1: not measured yet)
+        self.seen_remaining = 0  #: the shared count's remaining, lease excluded, as last seen
+        self.seen_reset_us = 0
+        self.seen_at = now
+        self.used = now
+
+    # all under self.lock
+    def _held(self, now: int) -> int:
+        chunks = self.chunks
+        if chunks and chunks[0].expires <= now:
+            chunks[:] = [c for c in chunks if c.expires > now and c.units > 0]
+            self.units = sum(c.units for c in chunks)
+        return self.units
+
+    def size(self, now: int) -> int:
+        """The lease this process should hold now."""
+        if self.fixed:
+            return self.fixed
+        elapsed = now - self.mark
+        if elapsed >= _SAMPLE_US:
+            sample = self.demand * _US / elapsed
+            self.rate = sample if self.rate < 0 else (self.rate + sample) / 2
+            self.demand, self.mark = 0, now
+        if self.rate < 0:
+            return 0
+        return min(self.cap, int(self.rate * LEASE_SPAN_US / _US))
+
+    def take(
+        self, cost: int, now: int, renew_allowed: Callable[[], bool]
+    ) -> tuple[Spent | None, int]:
+        """Spend ``cost`` units if held (``None`` if not: nothing is spent; else the chunks
+        spent from and how much of each), and the top-up this request asks for (0: none;
+        more: this request claimed the renewal)."""
+        with self.lock:
+            self.used = now
+            self.demand += cost
+            held = self._held(now)
+            spent: Spent | None = None
+            if held >= cost:
+                chunks = self.chunks
+                first = chunks[0]  # the oldest first: they expire first
+                if first.units > cost:  # the usual spend
+                    first.units -= cost
+                    spent = [(first, cost)]
+                else:
+                    spent = []
+                    left = cost
+                    while left:
+                        chunk = chunks[0]
+                        n = min(left, chunk.units)
+                        chunk.units -= n
+                        left -= n
+                        spent.append((chunk, n))
+                        if not chunk.units:
+                            del chunks[0]
+                held -= cost
+                self.units = held
+            renew = 0
+            if not self.renewing:
+                target = self.size(now)
+                self.low = target // 4
+                if target and (spent is None or held <= self.low) and renew_allowed():
+                    renew = target - held if spent is not None else target
+                    if renew > 0:
+                        self.renewing = True
+            return spent, max(renew, 0)
+
+    def spend(self, cost: int, now: int) -> Decision | None:
+        """The usual request: ``cost`` spent out of the lease, which needs no renewal (or
+        another request renews it): its decision. ``None``, and nothing changed, otherwise."""
+        with self.lock:
+            chunks = self.chunks
+            if not chunks:
+                return None
+            first = chunks[0]
+            if first.expires <= now or first.units <= cost:
+                return None  # expired, or spending it all: the general path
+            held = self.units - cost
+            if held <= self.low and not self.renewing:
+                return None  # time to renew
+            first.units -= cost
+            self.units = held
+            self.used = now
+            self.demand += cost
+            remaining = self.seen_remaining + held
+            reset = self.seen_reset_us - (now - self.seen_at)
+        return Decision(
+            True,
+            self.limit,
+            remaining if remaining < self.limit else self.limit,
+            reset / _US if reset > 0 else 0.0,
+            0.0,
+        )
+
+    def give_back(self, spent: Spent, now: int) -> None:
+        """A request refused by another limit: the units it took from the lease return."""
+        with self.lock:
+            for chunk, n in spent:
+                if chunk.expires > now:
+                    if not chunk.units:  # it was emptied and dropped
+                        self.chunks.append(chunk)
+                        self.chunks.sort(key=_expiry)
+                    chunk.units += n
+                    self.units += n
+
+    def granted(
+        self, units: int, d: Decision, started: int, now: int, storage_now: int = 0
+    ) -> None:
+        """The storage consumed ``units`` more for this lease (``d``: the leased check's
+        decision; ``started``: the local time before the call; ``storage_now``: the storage's
+        clock when it decided, us, 0 if unknown)."""
+        window = storage_now // self.period_us if storage_now > 0 and self.gives_back else -1
+        reset_us = round(d.reset_after * _US)
+        ends = _good_until(self.algorithm, units, reset_us, started, self.period_us, self.limit)
+        with self.lock:
+            if units > 0 and ends > now:
+                chunks = self.chunks
+                last = chunks[-1] if chunks else None
+                if last is not None and abs(last.expires - ends) <= self.period_us // 100:
+                    # the same window (its end seen through another round trip): one chunk,
+                    # expiring at the sooner of the two ends (given back only if both name
+                    # the same window)
+                    last.units += units
+                    last.expires = min(last.expires, ends)
+                    if last.window != window:
+                        last.window = -1
+                else:
+                    chunks.append(_Chunk(units, ends, window))
+                    chunks.sort(key=_expiry)
+                self.units += units
+            self.renewing = False
+            self.seen(d, now)
+
+    def unspent(self, now: int) -> list[tuple[int, int]]:
+        """Units of a known window this lease has not spent from for
+        :data:`GIVE_BACK_AFTER_US`, taken out of the lease (no request can spend them, nor a
+        refused one put units back into their chunk): ``(window, units)`` to give back."""
+        with self.lock:
+            if self.renewing or now - self.used < GIVE_BACK_AFTER_US or not self.chunks:
+                return []
+            out: dict[int, int] = {}
+            kept: list[_Chunk] = []
+            for chunk in self.chunks:
+                if chunk.window >= 0 and chunk.units > 0 and chunk.expires > now:
+                    out[chunk.window] = out.get(chunk.window, 0) + chunk.units
+                    self.units -= chunk.units
+                    chunk.units, chunk.expires = 0, 0
+                else:
+                    kept.append(chunk)
+            self.chunks[:] = kept
+            return sorted(out.items())
+
+    def holds(self, now: int) -> tuple[int, int]:
+        """The units held now, and how long the longest-lived stay good (us; 0: none held)."""
+        with self.lock:
+            units = self._held(now)
+            return units, self.chunks[-1].expires - now if units else 0
+
+    def clear(self) -> bool:
+        """Drop every unit (their count was deleted); true if it held some."""
+        with self.lock:
+            held = self.units > 0
+            self.chunks.clear()
+            self.units = 0
+        return held
+
+    def seen(self, d: Decision, now: int) -> None:
+        self.seen_remaining = d.remaining
+        self.seen_reset_us = round(d.reset_after * _US)
+        self.seen_at = now
+
+    def decision(self, now: int) -> Decision:
+        """A leased check decided in-process: the shared count as last seen, plus the units
+        still held."""
+        with self.lock:
+            held = self._held(now)
+            remaining = min(self.limit, self.seen_remaining + held)
+            reset = max(0, self.seen_reset_us - (now - self.seen_at))
+        return Decision(True, self.limit, remaining, reset / _US, 0.0)
+
+    def report(self, now: int) -> dict[str, object]:
+        with self.lock:
+            held = self._held(now)
+            expires = min((c.expires for c in self.chunks), default=now)
+            return {
+                "held": held,
+                "size": self.fixed or self.size(now),
+                "limit": self.limit,
+                "algorithm": self.algorithm,
+                "expires_in": round((expires - now) / _US, 3),
+                "renewing": self.renewing,
+            }
