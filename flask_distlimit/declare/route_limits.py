@@ -1,7 +1,7 @@
 """What the declared limits become for one route: bound limits and the route's plan.
 
 For one app, endpoint and method, :func:`build_plan` binds the declarations
-(:mod:`flask_distlimit.declare.declarations`) once into a :class:`RoutePlan` of :class:`BoundLimit`
+(:mod:`flask_distlimit.declare.decorators`) once into a :class:`RoutePlan` of :class:`BoundLimit`
 values: rate, algorithm, limit id, storage-key parts and header strings all computed then, so a
 request only hashes its identity and formats keys.
 
@@ -49,10 +49,11 @@ from flask_distlimit._typing import (
 from flask_distlimit.core.algorithms import CONCURRENCY, Algorithm
 from flask_distlimit.core.decision import Check
 from flask_distlimit.core.limits import Rate
-from flask_distlimit.declare.declarations import LimitRegistry, LimitSpec
 from flask_distlimit.declare.dynamic_limits import DynamicLimit
 from flask_distlimit.declare.keys import key_parts
 from flask_distlimit.declare.policy_items import concurrency_policy_item, policy_item, sf_string
+from flask_distlimit.declare.registry import LimitRegistry
+from flask_distlimit.declare.specs import LimitSpec
 from flask_distlimit.errors import ConfigurationError
 
 __all__ = ["EXEMPT", "BoundLimit", "RoutePlan", "bind", "build_plan", "distinct", "strictest"]
