@@ -211,29 +211,13 @@ def bind(
         resolver = DynamicLimit(
             spec.dynamic, make, algorithm=algorithm, name=f"{name_head}:{spec.dynamic.described}"
         )
-        head, tail = key_parts(prefix, id_head + ":dyn", algorithm)
         return [
-            BoundLimit(
-                name=resolver.name,
-                limit_id=id_head + ":dyn",
+            _bound(
+                spec, algorithm, keyed_on, prefix, name=resolver.name, limit_id=id_head + ":dyn",
                 rate=Rate(1, 1),  # a placeholder: the request's rates come from the resolver
-                algorithm=algorithm,
-                keyed_on=keyed_on,
-                key_head=head,
-                key_tail=tail,
-                policy="",
-                quoted=sf_string(resolver.name),
-                key_func=spec.key_func,
-                cost=spec.cost,
-                exempt_when=spec.exempt_when,
-                dynamic=resolver,
-                deduct_when=spec.deduct_when,
-                on_breach=spec.on_breach,
-                error_message=spec.error_message,
-                shown=spec.dynamic.described,
-                shadow=spec.shadow,
+                policy="", shown=spec.dynamic.described, dynamic=resolver,
             )
-        ]
+        ]  # fmt: skip
     return _bind_rates(spec, algorithm, keyed_on, id_head, name_head, prefix)
 
 
@@ -247,39 +231,60 @@ def _bind_rates(
 ) -> list[BoundLimit]:
     bound: list[BoundLimit] = []
     for rate in spec.rates:
-        limit_id = f"{id_head}:{rate.amount}/{rate.period}"
-        name = f"{name_head}:{rate}"
         if algorithm == CONCURRENCY:  # not a rate: N in flight (defences.concurrency)
-            limit_id, name = f"{id_head}:c{rate.amount}", f"{name_head}:{rate.amount} in flight"
-        # The key parts come from keys.key_parts, so keys stay in one format.
-        head, tail = key_parts(prefix, limit_id, algorithm)
+            name = f"{name_head}:{rate.amount} in flight"
+            limit_id = f"{id_head}:c{rate.amount}"
+            policy = concurrency_policy_item(name, rate.amount)
+        else:
+            name = f"{name_head}:{rate}"
+            limit_id = f"{id_head}:{rate.amount}/{rate.period}"
+            policy = policy_item(name, rate.amount, rate.period)
         bound.append(
-            BoundLimit(
-                name=name,
-                limit_id=limit_id,
-                rate=rate,
-                algorithm=algorithm,
-                keyed_on=keyed_on,
-                key_head=head,
-                key_tail=tail,
-                policy=(
-                    concurrency_policy_item(name, rate.amount)
-                    if algorithm == CONCURRENCY
-                    else policy_item(name, rate.amount, rate.period)
-                ),
-                quoted=sf_string(name),
-                key_func=spec.key_func,
-                cost=spec.cost,
-                exempt_when=spec.exempt_when,
-                deduct_when=spec.deduct_when,
-                on_breach=spec.on_breach,
-                error_message=spec.error_message,
-                shown=str(rate),
-                shadow=spec.shadow,
-                lease=spec.lease,
+            _bound(
+                spec, algorithm, keyed_on, prefix, name=name, limit_id=limit_id, rate=rate,
+                policy=policy, shown=str(rate),
             )
-        )
+        )  # fmt: skip
     return bound
+
+
+def _bound(
+    spec: LimitSpec,
+    algorithm: Algorithm,
+    keyed_on: KeyedOn,
+    prefix: str,
+    *,
+    name: str,
+    limit_id: str,
+    rate: Rate,
+    policy: str,
+    shown: str,
+    dynamic: DynamicLimit[BoundLimit] | None = None,
+) -> BoundLimit:
+    """One bound limit of ``spec``; its key parts come from :func:`~.keys.key_parts`, so keys
+    stay in one format."""
+    head, tail = key_parts(prefix, limit_id, algorithm)
+    return BoundLimit(
+        name=name,
+        limit_id=limit_id,
+        rate=rate,
+        algorithm=algorithm,
+        keyed_on=keyed_on,
+        key_head=head,
+        key_tail=tail,
+        policy=policy,
+        quoted=sf_string(name),
+        key_func=spec.key_func,
+        cost=spec.cost,
+        exempt_when=spec.exempt_when,
+        dynamic=dynamic,
+        deduct_when=spec.deduct_when,
+        on_breach=spec.on_breach,
+        error_message=spec.error_message,
+        shown=shown,
+        shadow=spec.shadow,
+        lease=spec.lease,
+    )
 
 
 def distinct(bound: Iterable[BoundLimit], prefix: str) -> tuple[BoundLimit, ...]:
