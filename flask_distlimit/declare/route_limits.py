@@ -37,15 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from flask_distlimit._typing import (
-    CostFunc,
-    DeductWhen,
-    ErrorMessage,
-    ExemptWhen,
-    FailurePolicy,
-    KeyFunc,
-    LimitBreachHook,
-)
+from flask_distlimit import _typing
 from flask_distlimit.core.algorithms import CONCURRENCY, Algorithm
 from flask_distlimit.core.decision import Check
 from flask_distlimit.core.limits import Rate
@@ -61,7 +53,7 @@ __all__ = ["EXEMPT", "BoundLimit", "RoutePlan", "bind", "build_plan", "distinct"
 KeyedOn = Literal["ip", "identity", "func"]
 
 #: How strict each failure policy is, to pick one when several limits of a route set one.
-_STRICTNESS: dict[FailurePolicy, int] = {"open": 0, "local": 1, "closed": 2}
+_STRICTNESS: dict[_typing.FailurePolicy, int] = {"open": 0, "local": 1, "closed": 2}
 #: Checks of cost 1 kept per bound limit, by identity tag (the same clients come back; a frozen
 #: Check and its key cost ~0.7 us to build). Emptied when full: at most this many per limit.
 _CHECKS_KEPT = 512
@@ -80,15 +72,15 @@ class BoundLimit:
     key_tail: str  #: ``}:<limit id>:<algorithm>``
     policy: str  #: the ``RateLimit-Policy`` item
     quoted: str  #: the name as a structured-field string
-    key_func: KeyFunc | None = None
-    cost: int | CostFunc | None = None
-    exempt_when: ExemptWhen | None = None
+    key_func: _typing.KeyFunc | None = None
+    cost: int | _typing.CostFunc | None = None
+    exempt_when: _typing.ExemptWhen | None = None
     #: a callable or mapping value: the limits of a request come from ``dynamic.resolve``
     #: (this one is a placeholder, never checked itself)
     dynamic: DynamicLimit[BoundLimit] | None = None
-    deduct_when: DeductWhen | None = None
-    on_breach: LimitBreachHook | None = None
-    error_message: ErrorMessage | None = None
+    deduct_when: _typing.DeductWhen | None = None
+    on_breach: _typing.LimitBreachHook | None = None
+    error_message: _typing.ErrorMessage | None = None
     shown: str = ""  #: the declared value, for listings
     shadow: bool = False  #: counted, never refuses (:mod:`flask_distlimit.defences.shadow`)
     #: quota leasing (:mod:`flask_distlimit.resilience.leases`): False, True (sized) or units
@@ -308,9 +300,9 @@ def distinct(bound: Iterable[BoundLimit], prefix: str) -> tuple[BoundLimit, ...]
     return tuple(out)
 
 
-def strictest(policies: Iterable[FailurePolicy | None]) -> FailurePolicy | None:
+def strictest(policies: Iterable[_typing.FailurePolicy | None]) -> _typing.FailurePolicy | None:
     """The strictest of the ``on_failure`` policies a route's limits set, if any."""
-    found: FailurePolicy | None = None
+    found: _typing.FailurePolicy | None = None
     for policy in policies:
         if policy is not None and (found is None or _STRICTNESS[policy] > _STRICTNESS[found]):
             found = policy
@@ -323,7 +315,8 @@ class RoutePlan:
 
     exempt: bool
     limits: tuple[BoundLimit, ...] = ()
-    policy: FailurePolicy | None = None  #: the strictest ``on_failure`` of the limits, if any
+    #: the strictest ``on_failure`` of the limits, if any
+    policy: _typing.FailurePolicy | None = None
     needs_identity: bool = False  #: some limit keys on the request's identity (no key_func)
     #: the objects (wrappers) whose limits this plan holds: they need not enforce them again
     covered: frozenset[object] = frozenset()
