@@ -2,11 +2,11 @@
 ``concurrency`` and ``exempt`` (:class:`Declarations`), and the registry they fill
 (:mod:`flask_distlimit.declare.registry`).
 
-A declaration attaches to exactly the object it decorates, found again by identity
-(:mod:`flask_distlimit.declare.targets`):
+A declaration attaches to exactly the object it decorates, found again by identity, never by
+name (:mod:`flask_distlimit.declare.targets`):
 
 - a view function: ``@limiter.limit`` returns a ``functools.wraps`` wrapper that carries the
-  limits (:mod:`flask_distlimit.declare.carriers`); stacked declarations share one wrapper;
+  limits; stacked declarations share one wrapper;
 - a method of a class-based view (``def post(self)``): the same wrapper; the limit applies to
   that HTTP method only and is counted per method;
 - a ``View``/``MethodView`` class: the class itself (its subclasses inherit it, as they inherit
@@ -46,12 +46,11 @@ from flask_distlimit._typing import (
     ScopeFunc,
 )
 from flask_distlimit.core.algorithms import MAX_CONCURRENCY
-from flask_distlimit.declare.carriers import carries, make_carrier
 from flask_distlimit.declare.dynamic_limits import LimitSource
 from flask_distlimit.declare.options import check_options
 from flask_distlimit.declare.registry import LimitRegistry
 from flask_distlimit.declare.specs import LimitOptions
-from flask_distlimit.declare.targets import describe, hashable
+from flask_distlimit.declare.targets import carries, describe, hashable, make_carrier
 from flask_distlimit.errors import ConfigurationError
 
 __all__ = ["Declarations"]

@@ -1,24 +1,45 @@
-"""What a declaration attaches to, and the objects a view is known by, by identity.
+"""What a declaration attaches to, and how it is found again: by identity, never by name.
 
-A declaration attaches to exactly the object it decorates and is found again by identity, never
-by name: many views share a ``__qualname__`` (every ``View.as_view()`` function, every wrapper
-written without ``functools.wraps``). For one view and HTTP method, :func:`view_objects` lists
-the objects whose declarations apply: the view, what it wraps (``__wrapped__``), its
-``view_class`` and the class's bases, and the class's handler for the method.
-:func:`describe` names a decorated object in messages.
+Many views share a ``__qualname__`` (every ``View.as_view()`` function, every wrapper written
+without ``functools.wraps``). For one view and HTTP method, :func:`view_objects` lists the
+objects whose declarations apply: the view, what it wraps (``__wrapped__``), its ``view_class``
+and the class's bases, and the class's handler for the method. :func:`describe` names a
+decorated object in messages.
+
+The limit wrapper (:func:`make_carrier`) is what ``@limiter.limit`` returns for a function: a
+``functools.wraps`` wrapper (async for a coroutine function) marked with its limiter. Where the
+view gate finds it before the view runs, the request's plan decides its limits and the gate
+calls the wrapped function directly (:func:`carried_function`). A wrapper the chain does not
+reach (a decorator above it that skips ``functools.wraps``) tells the limiter when it runs,
+inside a request, so that its limits are still enforced, in a call of their own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from flask import Blueprint
+from flask import Blueprint, has_request_context
 from flask.views import View
 
-__all__ = ["describe", "hashable", "view_objects"]
+__all__ = [
+    "carried_function",
+    "carries",
+    "describe",
+    "hashable",
+    "make_carrier",
+    "view_objects",
+]
 
 #: How deep a ``__wrapped__`` chain is followed.
 _MAX_DEPTH = 32
+#: The attribute naming the limiter whose limits a wrapper carries.
+_CARRIER = "__distlimit_limiter__"
+#: The attribute holding ``(wrapper, function)`` of a limit wrapper (the wrapper itself first:
+#: a decorator using ``functools.wraps`` copies the attribute onto its own wrapper).
+_CARRIED = "__distlimit_carried__"
 
 
 def describe(target: object) -> str:
@@ -85,3 +106,47 @@ def view_objects(view: object, method: str) -> tuple[list[object], list[object]]
             every.extend(all_methods)
             one.extend(this_method)
     return [o for o in every if hashable(o)], [o for o in one if hashable(o)]
+
+
+def make_carrier(
+    func: Callable[..., Any], limiter: object, reached: Callable[[object], None]
+) -> Callable[..., Any]:
+    """A wrapper of ``func`` carrying ``limiter``'s limits; it calls ``reached(wrapper)`` when it
+    runs inside a request (after the app's before_request hooks)."""
+    if inspect.iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def async_carrier(*args: Any, **kwargs: Any) -> Any:
+            if has_request_context():
+                reached(async_carrier)
+            return await func(*args, **kwargs)
+
+        setattr(async_carrier, _CARRIER, limiter)
+        setattr(async_carrier, _CARRIED, (async_carrier, func))
+        return async_carrier
+
+    @functools.wraps(func)
+    def carrier(*args: Any, **kwargs: Any) -> Any:
+        if has_request_context():
+            reached(carrier)
+        return func(*args, **kwargs)
+
+    setattr(carrier, _CARRIER, limiter)
+    setattr(carrier, _CARRIED, (carrier, func))
+    return carrier
+
+
+def carries(func: object, limiter: object) -> bool:
+    """Whether ``func`` (or the wrapper it was copied from by ``functools.wraps``) carries
+    ``limiter``'s limits."""
+    return getattr(func, _CARRIER, None) is limiter
+
+
+def carried_function(view: object, limiter: object) -> Callable[..., Any] | None:
+    """The function ``view`` wraps when ``view`` is itself a limit wrapper of ``limiter`` (not a
+    decorator's wrapper around one), else None. The view gate calls it directly when the
+    request's plan already decided the wrapper's limits: the wrapper would only check that."""
+    carried = getattr(view, _CARRIED, None)
+    if isinstance(carried, tuple) and carried[0] is view and carries(view, limiter):
+        return carried[1]  # type: ignore[no-any-return]
+    return None
