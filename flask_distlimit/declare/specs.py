@@ -96,9 +96,10 @@ class LimitSpec:
 
 @dataclass(frozen=True, slots=True)
 class LimitOptions:
-    """The keyword options of ``limit`` and ``shared_limit`` as the caller gave them (unchecked:
-    :func:`check_options` checks them). The fields are the methods' keyword parameters, with
-    their defaults; :meth:`given` reads them from the method's arguments."""
+    """The keyword options of ``limit`` and ``shared_limit`` as the caller gave them, unchecked
+    (:func:`~flask_distlimit.declare.options.check_options` checks them). The fields are the
+    methods' keyword parameters, with their defaults; :meth:`given` reads them from the
+    method's arguments."""
 
     algorithm: str | None = None
     key_func: KeyFunc | None = None
