@@ -15,11 +15,8 @@ name (:mod:`flask_distlimit.declare.targets`):
 - ``decorators=[limiter.limit(...)]`` in a class body: the wrapper of the view ``as_view`` makes;
 - a ``Blueprint``: the blueprint object, whatever name it is registered under and however often.
 
-Where the limits are found before the view runs (a view's ``__wrapped__`` chain, its
-``view_class`` and the class's handler for the request method), every limit of the request goes
-to the storage in one call. A wrapper the chain does not reach (a decorator above it that skips
-``functools.wraps``) still enforces its limits when it is called, in a call of its own; the
-first request logs a WARNING naming it.
+Where the limits are found before the view runs, every limit of the request goes to the storage
+in one call (a wrapper that cannot be found: :mod:`flask_distlimit.declare.targets`).
 
 The options are checked when the decorator is made (:mod:`flask_distlimit.declare.options`,
 which also says why a ``scope`` callable that reads the request is refused). Declarations close

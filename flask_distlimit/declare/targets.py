@@ -11,7 +11,8 @@ The limit wrapper (:func:`make_carrier`) is what ``@limiter.limit`` returns for 
 view gate finds it before the view runs, the request's plan decides its limits and the gate
 calls the wrapped function directly (:func:`carried_function`). A wrapper the chain does not
 reach (a decorator above it that skips ``functools.wraps``) tells the limiter when it runs,
-inside a request, so that its limits are still enforced, in a call of their own.
+inside a request, so that its limits are still enforced, in a call of their own; the first
+request logs a WARNING naming it.
 """
 
 from __future__ import annotations
