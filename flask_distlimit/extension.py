@@ -27,7 +27,8 @@ from flask_distlimit import forks
 from flask_distlimit._typing import RequestFilter
 from flask_distlimit.config import Settings
 from flask_distlimit.core.priorities import PriorityRegistry, PriorityResolver
-from flask_distlimit.declare.declarations import Declarations, LimitRegistry
+from flask_distlimit.declare.decorators import Declarations
+from flask_distlimit.declare.registry import LimitRegistry
 from flask_distlimit.defences.deny_cache import DenyCache, monotonic_us
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity import Identity, IdentityHooks, IdentityResolver, IdentitySettings

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 from flask_distlimit.config import Settings
 from flask_distlimit.core.algorithms import check_limit_count
 from flask_distlimit.core.decision import Check
-from flask_distlimit.declare.declarations import LimitRegistry, LimitSpec
+from flask_distlimit.declare.registry import LimitRegistry
 from flask_distlimit.declare.route_limits import BoundLimit, bind
+from flask_distlimit.declare.specs import LimitSpec
 from flask_distlimit.defences.deny_cache import DenyCache, monotonic_us
 from flask_distlimit.defences.lifecycle import Lifecycle
 from flask_distlimit.defences.shadow import check_tiers as check_shadow_tiers

@@ -87,7 +87,8 @@ def test_the_default_algorithm_is_checked_at_init_app() -> None:
 
 def test_a_bound_limit_keeps_its_unit_checks_per_client_and_bounds_them() -> None:
     from flask_distlimit.core.decision import Check
-    from flask_distlimit.declare.route_limits import _CHECKS_KEPT, LimitSpec, bind
+    from flask_distlimit.declare.route_limits import _CHECKS_KEPT, bind
+    from flask_distlimit.declare.specs import LimitSpec
 
     (bound,) = bind(
         LimitSpec("route", tuple(parse_rates("5/minute"))),

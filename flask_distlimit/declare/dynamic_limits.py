@@ -45,6 +45,7 @@ from typing import Final, Generic, TypeVar
 from flask_distlimit.core.algorithms import MAX_LIMITS_PER_REQUEST, Algorithm, check_rate
 from flask_distlimit.core.limits import Rate, parse_rates
 from flask_distlimit.errors import ConfigurationError
+from flask_distlimit.identity.tiers import parse_tier_table
 
 __all__ = [
     "ANY_TIER",
@@ -149,17 +150,15 @@ def read_value(value: object, fallback: str | None) -> tuple[tuple[Rate, ...], D
                 "A limit mapping needs at least one tier, e.g. "
                 "{'free': '10/minute', 'pro': '100/minute', '*': '5/minute'}."
             )
-        table: dict[str, tuple[Rate, ...]] = {}
-        for tier, text in value.items():
+
+        def check_tier(tier: object) -> None:
             if not isinstance(tier, str) or not tier:
                 raise ConfigurationError(
                     f"A limit mapping has the key {tier!r}: use tier names (strings), and "
                     f"{ANY_TIER!r} for every other tier."
                 )
-            try:
-                table[tier] = parse_rates(text)
-            except ConfigurationError as exc:
-                raise ConfigurationError(f"The limit mapping's entry {tier!r}: {exc}") from None
+
+        table = parse_tier_table(value, check_tier, "The limit mapping's entry {!r}")
         shown = ", ".join(f"{t}={';'.join(map(str, r)) or 'none'}" for t, r in table.items())
         return (), DynamicValue(None, table, (), "{" + shown + "}")
     if callable(value):

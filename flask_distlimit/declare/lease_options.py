@@ -25,7 +25,6 @@ LEASABLE: Final[frozenset[Algorithm]] = frozenset(
 AUTO_CAP_DIVISOR: Final = 20
 
 
-
 def check_lease_algorithm(algorithm: Algorithm, where: str) -> None:
     """Raise ``ConfigurationError`` if ``algorithm`` cannot be leased."""
     if algorithm not in LEASABLE:

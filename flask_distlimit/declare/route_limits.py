@@ -1,7 +1,7 @@
 """What the declared limits become for one route: bound limits and the route's plan.
 
 For one app, endpoint and method, :func:`build_plan` binds the declarations
-(:mod:`flask_distlimit.declare.declarations`) once into a :class:`RoutePlan` of :class:`BoundLimit`
+(:mod:`flask_distlimit.declare.decorators`) once into a :class:`RoutePlan` of :class:`BoundLimit`
 values: rate, algorithm, limit id, storage-key parts and header strings all computed then, so a
 request only hashes its identity and formats keys.
 
@@ -37,22 +37,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from flask_distlimit._typing import (
-    CostFunc,
-    DeductWhen,
-    ErrorMessage,
-    ExemptWhen,
-    FailurePolicy,
-    KeyFunc,
-    LimitBreachHook,
-)
+from flask_distlimit import _typing
 from flask_distlimit.core.algorithms import CONCURRENCY, Algorithm
 from flask_distlimit.core.decision import Check
 from flask_distlimit.core.limits import Rate
-from flask_distlimit.declare.declarations import LimitRegistry, LimitSpec
 from flask_distlimit.declare.dynamic_limits import DynamicLimit
 from flask_distlimit.declare.keys import key_parts
 from flask_distlimit.declare.policy_items import concurrency_policy_item, policy_item, sf_string
+from flask_distlimit.declare.registry import LimitRegistry
+from flask_distlimit.declare.specs import LimitSpec
 from flask_distlimit.errors import ConfigurationError
 
 __all__ = ["EXEMPT", "BoundLimit", "RoutePlan", "bind", "build_plan", "distinct", "strictest"]
@@ -60,7 +53,7 @@ __all__ = ["EXEMPT", "BoundLimit", "RoutePlan", "bind", "build_plan", "distinct"
 KeyedOn = Literal["ip", "identity", "func"]
 
 #: How strict each failure policy is, to pick one when several limits of a route set one.
-_STRICTNESS: dict[FailurePolicy, int] = {"open": 0, "local": 1, "closed": 2}
+_STRICTNESS: dict[_typing.FailurePolicy, int] = {"open": 0, "local": 1, "closed": 2}
 #: Checks of cost 1 kept per bound limit, by identity tag (the same clients come back; a frozen
 #: Check and its key cost ~0.7 us to build). Emptied when full: at most this many per limit.
 _CHECKS_KEPT = 512
@@ -79,15 +72,15 @@ class BoundLimit:
     key_tail: str  #: ``}:<limit id>:<algorithm>``
     policy: str  #: the ``RateLimit-Policy`` item
     quoted: str  #: the name as a structured-field string
-    key_func: KeyFunc | None = None
-    cost: int | CostFunc | None = None
-    exempt_when: ExemptWhen | None = None
+    key_func: _typing.KeyFunc | None = None
+    cost: int | _typing.CostFunc | None = None
+    exempt_when: _typing.ExemptWhen | None = None
     #: a callable or mapping value: the limits of a request come from ``dynamic.resolve``
     #: (this one is a placeholder, never checked itself)
     dynamic: DynamicLimit[BoundLimit] | None = None
-    deduct_when: DeductWhen | None = None
-    on_breach: LimitBreachHook | None = None
-    error_message: ErrorMessage | None = None
+    deduct_when: _typing.DeductWhen | None = None
+    on_breach: _typing.LimitBreachHook | None = None
+    error_message: _typing.ErrorMessage | None = None
     shown: str = ""  #: the declared value, for listings
     shadow: bool = False  #: counted, never refuses (:mod:`flask_distlimit.defences.shadow`)
     #: quota leasing (:mod:`flask_distlimit.resilience.leases`): False, True (sized) or units
@@ -210,29 +203,13 @@ def bind(
         resolver = DynamicLimit(
             spec.dynamic, make, algorithm=algorithm, name=f"{name_head}:{spec.dynamic.described}"
         )
-        head, tail = key_parts(prefix, id_head + ":dyn", algorithm)
         return [
-            BoundLimit(
-                name=resolver.name,
-                limit_id=id_head + ":dyn",
+            _bound(
+                spec, algorithm, keyed_on, prefix, name=resolver.name, limit_id=id_head + ":dyn",
                 rate=Rate(1, 1),  # a placeholder: the request's rates come from the resolver
-                algorithm=algorithm,
-                keyed_on=keyed_on,
-                key_head=head,
-                key_tail=tail,
-                policy="",
-                quoted=sf_string(resolver.name),
-                key_func=spec.key_func,
-                cost=spec.cost,
-                exempt_when=spec.exempt_when,
-                dynamic=resolver,
-                deduct_when=spec.deduct_when,
-                on_breach=spec.on_breach,
-                error_message=spec.error_message,
-                shown=spec.dynamic.described,
-                shadow=spec.shadow,
+                policy="", shown=spec.dynamic.described, dynamic=resolver,
             )
-        ]
+        ]  # fmt: skip
     return _bind_rates(spec, algorithm, keyed_on, id_head, name_head, prefix)
 
 
@@ -246,39 +223,60 @@ def _bind_rates(
 ) -> list[BoundLimit]:
     bound: list[BoundLimit] = []
     for rate in spec.rates:
-        limit_id = f"{id_head}:{rate.amount}/{rate.period}"
-        name = f"{name_head}:{rate}"
         if algorithm == CONCURRENCY:  # not a rate: N in flight (defences.concurrency)
-            limit_id, name = f"{id_head}:c{rate.amount}", f"{name_head}:{rate.amount} in flight"
-        # The key parts come from keys.key_parts, so keys stay in one format.
-        head, tail = key_parts(prefix, limit_id, algorithm)
+            name = f"{name_head}:{rate.amount} in flight"
+            limit_id = f"{id_head}:c{rate.amount}"
+            policy = concurrency_policy_item(name, rate.amount)
+        else:
+            name = f"{name_head}:{rate}"
+            limit_id = f"{id_head}:{rate.amount}/{rate.period}"
+            policy = policy_item(name, rate.amount, rate.period)
         bound.append(
-            BoundLimit(
-                name=name,
-                limit_id=limit_id,
-                rate=rate,
-                algorithm=algorithm,
-                keyed_on=keyed_on,
-                key_head=head,
-                key_tail=tail,
-                policy=(
-                    concurrency_policy_item(name, rate.amount)
-                    if algorithm == CONCURRENCY
-                    else policy_item(name, rate.amount, rate.period)
-                ),
-                quoted=sf_string(name),
-                key_func=spec.key_func,
-                cost=spec.cost,
-                exempt_when=spec.exempt_when,
-                deduct_when=spec.deduct_when,
-                on_breach=spec.on_breach,
-                error_message=spec.error_message,
-                shown=str(rate),
-                shadow=spec.shadow,
-                lease=spec.lease,
+            _bound(
+                spec, algorithm, keyed_on, prefix, name=name, limit_id=limit_id, rate=rate,
+                policy=policy, shown=str(rate),
             )
-        )
+        )  # fmt: skip
     return bound
+
+
+def _bound(
+    spec: LimitSpec,
+    algorithm: Algorithm,
+    keyed_on: KeyedOn,
+    prefix: str,
+    *,
+    name: str,
+    limit_id: str,
+    rate: Rate,
+    policy: str,
+    shown: str,
+    dynamic: DynamicLimit[BoundLimit] | None = None,
+) -> BoundLimit:
+    """One bound limit of ``spec``; its key parts come from :func:`~.keys.key_parts`, so keys
+    stay in one format."""
+    head, tail = key_parts(prefix, limit_id, algorithm)
+    return BoundLimit(
+        name=name,
+        limit_id=limit_id,
+        rate=rate,
+        algorithm=algorithm,
+        keyed_on=keyed_on,
+        key_head=head,
+        key_tail=tail,
+        policy=policy,
+        quoted=sf_string(name),
+        key_func=spec.key_func,
+        cost=spec.cost,
+        exempt_when=spec.exempt_when,
+        dynamic=dynamic,
+        deduct_when=spec.deduct_when,
+        on_breach=spec.on_breach,
+        error_message=spec.error_message,
+        shown=shown,
+        shadow=spec.shadow,
+        lease=spec.lease,
+    )
 
 
 def distinct(bound: Iterable[BoundLimit], prefix: str) -> tuple[BoundLimit, ...]:
@@ -302,9 +300,9 @@ def distinct(bound: Iterable[BoundLimit], prefix: str) -> tuple[BoundLimit, ...]
     return tuple(out)
 
 
-def strictest(policies: Iterable[FailurePolicy | None]) -> FailurePolicy | None:
+def strictest(policies: Iterable[_typing.FailurePolicy | None]) -> _typing.FailurePolicy | None:
     """The strictest of the ``on_failure`` policies a route's limits set, if any."""
-    found: FailurePolicy | None = None
+    found: _typing.FailurePolicy | None = None
     for policy in policies:
         if policy is not None and (found is None or _STRICTNESS[policy] > _STRICTNESS[found]):
             found = policy
@@ -317,7 +315,8 @@ class RoutePlan:
 
     exempt: bool
     limits: tuple[BoundLimit, ...] = ()
-    policy: FailurePolicy | None = None  #: the strictest ``on_failure`` of the limits, if any
+    #: the strictest ``on_failure`` of the limits, if any
+    policy: _typing.FailurePolicy | None = None
     needs_identity: bool = False  #: some limit keys on the request's identity (no key_func)
     #: the objects (wrappers) whose limits this plan holds: they need not enforce them again
     covered: frozenset[object] = frozenset()

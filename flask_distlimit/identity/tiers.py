@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final
 
 from flask_distlimit.core.limits import Rate, parse_rates
 from flask_distlimit.errors import ConfigurationError
@@ -47,6 +47,22 @@ def default_tiers() -> Mapping[str, tuple[Rate, ...]]:
     return MappingProxyType({name: parse_rates(value) for name, value in DEFAULT_TIERS.items()})
 
 
+def parse_tier_table(
+    value: Mapping[Any, Any], check_name: Callable[[object], None], entry: str
+) -> dict[str, tuple[Rate, ...]]:
+    """``value``, a mapping of tier name -> limit string, with each string parsed: the names
+    checked by ``check_name`` (it raises), a bad string's error prefixed ``entry.format(name)``.
+    ``DISTLIMIT_TIERS`` and a limit mapping (``limiter.limit({"free": ...})``) both read so."""
+    table: dict[str, tuple[Rate, ...]] = {}
+    for name, text in value.items():
+        check_name(name)
+        try:
+            table[name] = parse_rates(text)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{entry.format(name)}: {exc}") from None
+    return table
+
+
 def read_tiers(value: object) -> Mapping[str, tuple[Rate, ...]]:
     """``DISTLIMIT_TIERS`` parsed, or :class:`ConfigurationError` naming the fix."""
     accepted = (
@@ -57,17 +73,15 @@ def read_tiers(value: object) -> Mapping[str, tuple[Rate, ...]]:
         raise ConfigurationError(f"DISTLIMIT_TIERS must be a dict, got {value!r}. {accepted}")
     if not value:
         return MappingProxyType({})
-    tiers: dict[str, tuple[Rate, ...]] = {}
-    for name, rates in value.items():
+
+    def check_name(name: object) -> None:
         if not isinstance(name, str) or not _TIER_NAME.fullmatch(name):
             raise ConfigurationError(
                 f"DISTLIMIT_TIERS has the tier name {name!r}; a tier name is 1-64 letters, digits, "
                 f"'_', '.' or '-'. {accepted}"
             )
-        try:
-            tiers[name] = parse_rates(rates)
-        except ConfigurationError as exc:
-            raise ConfigurationError(f"DISTLIMIT_TIERS[{name!r}]: {exc}") from None
+
+    tiers = parse_tier_table(value, check_name, "DISTLIMIT_TIERS[{!r}]")
     if ANONYMOUS not in tiers:
         raise ConfigurationError(
             f"DISTLIMIT_TIERS has no 'anonymous' tier (got {sorted(tiers)}): every client that is "

@@ -60,7 +60,6 @@ from flask_distlimit.core.problem import (
     retry_after_seconds,
 )
 from flask_distlimit.declare import refusal_options
-from flask_distlimit.declare.declarations import carried_function, describe
 from flask_distlimit.declare.dynamic_limits import ttl_us
 from flask_distlimit.declare.request_filters import filtered
 from flask_distlimit.declare.route_limits import (
@@ -71,6 +70,7 @@ from flask_distlimit.declare.route_limits import (
     distinct,
     strictest,
 )
+from flask_distlimit.declare.targets import carried_function, describe
 from flask_distlimit.defences.concurrency import SlotRelease, is_slot_key, slot_check
 from flask_distlimit.defences.fleet import Fleet
 from flask_distlimit.defences.shadow import ShadowLog

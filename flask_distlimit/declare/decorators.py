@@ -1,0 +1,267 @@
+"""The decorators of a :class:`~flask_distlimit.Limiter`: ``limit``, ``shared_limit``,
+``concurrency`` and ``exempt`` (:class:`Declarations`), and the registry they fill
+(:mod:`flask_distlimit.declare.registry`).
+
+A declaration attaches to exactly the object it decorates, found again by identity, never by
+name (:mod:`flask_distlimit.declare.targets`):
+
+- a view function: ``@limiter.limit`` returns a ``functools.wraps`` wrapper that carries the
+  limits; stacked declarations share one wrapper;
+- a method of a class-based view (``def post(self)``): the same wrapper; the limit applies to
+  that HTTP method only and is counted per method;
+- a ``View``/``MethodView`` class: the class itself (its subclasses inherit it, as they inherit
+  ``decorators``), and a wrapper appended to the class's ``decorators`` so that ``as_view``
+  carries it;
+- ``decorators=[limiter.limit(...)]`` in a class body: the wrapper of the view ``as_view`` makes;
+- a ``Blueprint``: the blueprint object, whatever name it is registered under and however often.
+
+Where the limits are found before the view runs, every limit of the request goes to the storage
+in one call (a wrapper that cannot be found: :mod:`flask_distlimit.declare.targets`).
+
+The options are checked when the decorator is made (:mod:`flask_distlimit.declare.options`,
+which also says why a ``scope`` callable that reads the request is refused). Declarations close
+for an object once an app serves it (:mod:`flask_distlimit.declare.registry`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any, TypeVar, overload
+
+from flask import Blueprint
+from flask.views import View
+
+from flask_distlimit._typing import (
+    CostFunc,
+    DeductWhen,
+    ErrorMessage,
+    ExemptWhen,
+    KeyFunc,
+    LimitBreachHook,
+    LimitKind,
+    ScopeFunc,
+)
+from flask_distlimit.core.algorithms import MAX_CONCURRENCY
+from flask_distlimit.declare.dynamic_limits import LimitSource
+from flask_distlimit.declare.options import check_options
+from flask_distlimit.declare.registry import LimitRegistry
+from flask_distlimit.declare.specs import LimitOptions
+from flask_distlimit.declare.targets import carries, describe, hashable, make_carrier
+from flask_distlimit.errors import ConfigurationError
+
+__all__ = ["Declarations"]
+
+F = TypeVar("F", bound=Callable[..., object])
+Decorated = TypeVar("Decorated")
+
+
+class Declarations:
+    """The declaration API of :class:`~flask_distlimit.Limiter`: ``limit``, ``shared_limit``
+    and ``exempt``. The registry it fills is ``self.registry``."""
+
+    registry: LimitRegistry
+
+    def _reached(self, carrier: object) -> None:
+        """Called by a wrapper when its view runs inside a request (the extension enforces)."""
+        raise NotImplementedError
+
+    def limit(
+        self,
+        value: LimitSource,
+        *,
+        algorithm: str | None = None,
+        key_func: KeyFunc | None = None,
+        cost: int | CostFunc | None = None,
+        scope: str | ScopeFunc | None = None,
+        per_method: bool = False,
+        exempt_when: ExemptWhen | None = None,
+        on_failure: str | None = None,
+        fallback: str | None = None,
+        deduct_when: DeductWhen | None = None,
+        methods: Iterable[str] | None = None,
+        override_defaults: bool = True,
+        on_breach: LimitBreachHook | None = None,
+        error_message: ErrorMessage | None = None,
+        shadow: bool = False,
+        lease: bool | int = False,
+    ) -> Callable[[Decorated], Decorated]:
+        """Limit a view function, a view class, one method of a class-based view, or every
+        route of a Blueprint; stackable.
+
+        - ``value``: ``"100/minute"``, several joined by ``;`` (``"10/second;1000/hour"``); or
+          a callable answering such a string per identity (kept
+          ``DISTLIMIT_DYNAMIC_LIMIT_TTL`` seconds), or a mapping tier -> limit string
+          (``{"free": "10/minute", "pro": "100/minute", "*": "5/minute"}``):
+          :mod:`flask_distlimit.declare.dynamic_limits`;
+        - ``algorithm``: one of :data:`~flask_distlimit.ALGORITHMS` (default
+          ``DISTLIMIT_ALGORITHM``);
+        - ``key_func``: who is counted, e.g. ``lambda: g.tenant_id`` (default: the request's
+          identity: verified user, JWT or API key, else the client IP); it answers a ``str`` or
+          ``int``, or ``None``/``""`` for the request's own identity, and runs after the app's
+          and the blueprints' ``before_request`` hooks, so it sees what they set;
+        - ``cost``: units per request, an int >= 0 or a callable answering one (default 1, or
+          ``DISTLIMIT_CONDITIONAL_COST`` for conditional requests);
+        - ``scope``: share one counter among every route naming the same scope; a callable is
+          called with the endpoint when the route's limits are bound (its first request), so
+          one that reads the request is refused when declared, with the port (the module
+          docstring says why);
+        - ``per_method``: count each HTTP method separately;
+        - ``exempt_when``: a callable; when it answers true the limit is skipped;
+        - ``on_failure``: ``"open"``, ``"closed"`` or ``"local"``: this route's policy when the
+          storage is down (the strictest wins when several limits of a route set one);
+        - ``fallback``: for a callable ``value``: the limit string used when it fails (default:
+          no limit);
+        - ``deduct_when``: ``(response) -> bool``: the request is refused before the view when
+          the quota is spent, and charged after the response only when it answers true (a
+          second storage call): :mod:`flask_distlimit.request.deduction`;
+        - ``methods``: the HTTP methods the limit applies to (default: every one; ``GET``
+          includes ``HEAD``, which Flask answers with the GET view);
+        - ``override_defaults``: False keeps ``DISTLIMIT_DEFAULT_LIMITS`` beside this limit;
+        - ``on_breach``: called with a :class:`~flask_distlimit.Breach` when this limit
+          refuses, instead of the Limiter's hook; may return a response;
+        - ``error_message``: the 429's ``detail`` when this limit refuses (a string, or a
+          callable answering one).
+        - ``shadow``: count as if enforced but never refuse; log and count what it would have
+          refused (:mod:`flask_distlimit.defences.shadow`).
+        - ``lease``: ``True`` (sized from this process's traffic) or a number of units: take
+          units from the shared count in advance and spend them in-process, so most requests
+          need no storage call (:mod:`flask_distlimit.resilience.leases`, ``docs/leasing.md``); for
+          a hot key shared by many clients. Not with ``sliding_window_log``.
+        """
+        options = LimitOptions.given(locals())  # first: only the arguments are local yet
+        return self._declare("shared" if scope is not None else "route", value, options)
+
+    def shared_limit(
+        self,
+        value: LimitSource,
+        scope: str | ScopeFunc,
+        *,
+        algorithm: str | None = None,
+        key_func: KeyFunc | None = None,
+        cost: int | CostFunc | None = None,
+        per_method: bool = False,
+        exempt_when: ExemptWhen | None = None,
+        on_failure: str | None = None,
+        fallback: str | None = None,
+        deduct_when: DeductWhen | None = None,
+        methods: Iterable[str] | None = None,
+        override_defaults: bool = True,
+        on_breach: LimitBreachHook | None = None,
+        error_message: ErrorMessage | None = None,
+        shadow: bool = False,
+        lease: bool | int = False,
+    ) -> Callable[[Decorated], Decorated]:
+        """A limit whose one counter (per client) is shared by every route that names ``scope``
+        (the options are :meth:`limit`'s)."""
+        if not callable(scope) and (not isinstance(scope, str) or not scope):
+            raise ConfigurationError(
+                f"shared_limit needs a non-empty scope string, got {scope!r}: e.g. "
+                "limiter.shared_limit('100/minute', scope='search')."
+            )
+        return self._declare("shared", value, LimitOptions.given(locals()))
+
+    def concurrency(
+        self,
+        limit: int,
+        *,
+        key_func: KeyFunc | None = None,
+        scope: str | None = None,
+        on_failure: str | None = None,
+    ) -> Callable[[Decorated], Decorated]:
+        """At most ``limit`` requests of one client in flight at once, across every process
+        and instance (:mod:`flask_distlimit.defences.concurrency`); ``key_func``, ``scope`` and
+        ``on_failure`` as for :meth:`limit`. Decided in the request's one storage call with its
+        rate limits; the slot is given back when the response ends, or by its lease
+        (``DISTLIMIT_CONCURRENCY_LEASE``) if the process died."""
+        whole = isinstance(limit, int) and not isinstance(limit, bool)
+        if not whole or not 0 < limit <= MAX_CONCURRENCY:
+            raise ConfigurationError(
+                f"limiter.concurrency({limit!r}): use an int from 1 to {MAX_CONCURRENCY} (the "
+                "requests of one client in flight at once), e.g. limiter.concurrency(20)."
+            )
+        options = LimitOptions(key_func=key_func, scope=scope, on_failure=on_failure)
+        kind: LimitKind = "shared" if scope is not None else "route"
+        # the period is the lease, set at init_app
+        return self._declare(kind, f"{limit}/second", options, concurrency=True)
+
+    def _declare(
+        self,
+        kind: LimitKind,
+        value: LimitSource,
+        options: LimitOptions,
+        *,
+        concurrency: bool = False,
+    ) -> Callable[[Decorated], Decorated]:
+        checked, what = check_options(kind, value, options, concurrency=concurrency)
+
+        def decorator(target: Decorated) -> Decorated:
+            spec = replace(
+                checked,
+                kind="blueprint" if kind == "route" and isinstance(target, Blueprint) else kind,
+                declared_on=describe(target),
+            )
+            self.registry.check_open(target, what)
+            if isinstance(target, Blueprint):
+                self.registry.add_blueprint(target, spec)
+                return target
+            if isinstance(target, type) and issubclass(target, View):
+                self.registry.add_view(target, spec)
+                self._carry_in_decorators(target)
+                return target
+            if not callable(target):
+                raise ConfigurationError(
+                    f"{what} decorates a view function, a View class, a method of one, or a "
+                    f"Blueprint; got {target!r}."
+                )
+            carrier = self._carrier(target)
+            if carrier is not target and hashable(target):
+                self.registry.wrapped_by.setdefault(target, []).append(carrier)
+            self.registry.add_view(carrier, spec)
+            return carrier  # type: ignore[return-value]
+
+        return decorator
+
+    def _carrier(self, func: Callable[..., Any], *, reuse: bool = True) -> Callable[..., Any]:
+        """``func`` itself when it already carries this limiter's limits (and ``reuse``), else a
+        wrapper that tells the limiter when it runs (after the app's before_request hooks)."""
+        if reuse and self.registry.views.get(func) is not None and carries(func, self):
+            return func
+        return make_carrier(func, self, self._reached)
+
+    def _carry_in_decorators(self, view_class: type[View]) -> None:
+        """Append, once, a decorator to the class's ``decorators`` whose wrapper carries the
+        class's limits (for an ``as_view()`` result wrapped by a decorator without
+        ``functools.wraps``)."""
+        marker = f"__distlimit_decorates_{id(self):x}__"
+        if view_class.__dict__.get(marker):
+            return
+        registry = self.registry
+        specs = registry.views[view_class]
+
+        def carry(view: F) -> F:
+            carrier = self._carrier(view, reuse=False)
+            registry.views[carrier] = specs  # the class's list: later declarations show too
+            return carrier  # type: ignore[return-value]
+
+        setattr(view_class, marker, True)
+        view_class.decorators = [*view_class.decorators, carry]
+
+    @overload
+    def exempt(self, target: F) -> F: ...
+    @overload
+    def exempt(self, target: Blueprint) -> Blueprint: ...
+    def exempt(self, target: object) -> object:
+        """No limits and no headers for this view, view class, method of a class-based view
+        (that HTTP method), or Blueprint (and the blueprints nested in it)."""
+        self.registry.check_open(target, "limiter.exempt")
+        if isinstance(target, Blueprint):
+            self.registry.exempt_blueprints.add(target)
+        elif hashable(target):
+            self.registry.exempt_views.add(target)
+        else:
+            raise ConfigurationError(
+                f"limiter.exempt decorates a view function, a View class, a method of one, or a "
+                f"Blueprint; got {target!r}."
+            )
+        return target

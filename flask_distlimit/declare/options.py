@@ -1,0 +1,177 @@
+"""Checking a declaration's options: :func:`check_options` makes a
+:class:`~flask_distlimit.declare.specs.LimitOptions` (as the caller gave them) a
+:class:`~flask_distlimit.declare.specs.LimitSpec`, when the decorator is made (outside any
+request). Every error is a :class:`~flask_distlimit.errors.ConfigurationError` naming the fix.
+
+A ``scope`` callable is called with the endpoint once, when the route's limits are bound (its
+first request), never per request. Flask-Limiter calls it on every request, and its "dynamic
+shared limit" recipe (``scope=lambda endpoint: request.host``) relies on that: bound once here,
+every host would share the first host's counter, without a word. So a scope callable is tried
+at declaration, outside any request, with a sample endpoint (:func:`check_scope`): one that
+needs a request or app context (it raises Flask's ``RuntimeError``) is refused with the port
+spelled out (the value it reads goes in ``key_func``, the scope becomes a string); one that
+answers from the endpoint alone is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from flask import has_request_context
+
+from flask_distlimit._typing import LimitKind
+from flask_distlimit.core.algorithms import (
+    CONCURRENCY,
+    check_cost,
+    check_limit_count,
+    check_rate,
+    validate_algorithm,
+)
+from flask_distlimit.core.policies import validate_policy
+from flask_distlimit.declare.dynamic_limits import LimitSource, read_value
+from flask_distlimit.declare.lease_options import check_lease
+from flask_distlimit.declare.specs import LimitOptions, LimitSpec
+from flask_distlimit.errors import ConfigurationError
+
+__all__ = ["check_options", "check_scope"]
+
+#: The endpoint a ``scope`` callable is tried with at declaration.
+_SAMPLE_ENDPOINT = "distlimit_scope_probe.view"
+
+
+def check_scope(scope: object) -> None:
+    """Refuse a ``scope`` callable that reads the request (see the module docstring); a string
+    or None passes. Raises :class:`ConfigurationError` with the port."""
+    if not callable(scope):
+        return
+    name = getattr(scope, "__qualname__", None) or repr(scope)
+    port = (
+        "Flask-Limiter calls a scope callable on every request (its dynamic shared limit: "
+        "scope=lambda endpoint: request.host); here a scope is bound once per route, so every "
+        "request would share the first one's counter. Port it: name the scope with a string "
+        "and put what the callable reads in key_func, e.g. limiter.shared_limit('100/hour', "
+        "scope='per-host', key_func=lambda: request.host) for one counter per host, or "
+        "key_func=lambda: f'{request.host}|{g.user_id}' for one per client of each host. A "
+        "scope callable that answers from the endpoint it is given alone is accepted. See "
+        "docs/migrating-from-flask-limiter.md."
+    )
+    if has_request_context():
+        raise ConfigurationError(
+            f"scope={name} is declared inside a request, where it cannot be told whether it "
+            "reads the request. Declare limits at import time or in the app factory, outside "
+            f"any request. {port}"
+        )
+    try:
+        scope(_SAMPLE_ENDPOINT)  # its answer for a real endpoint is checked when bound
+    except RuntimeError as exc:  # Flask's "Working outside of request/application context."
+        raise ConfigurationError(
+            f"scope={name} reads the request or the app context (called with an endpoint "
+            f"outside any request, it raised RuntimeError: {exc}). {port}"
+        ) from None
+    except Exception:  # it may need a real endpoint: checked when bound, as before
+        return
+
+
+def _check_methods(methods: Iterable[str] | None) -> frozenset[str] | None:
+    """``methods=`` as a set of upper-case HTTP method names (``GET`` brings ``HEAD``)."""
+    if methods is None:
+        return None
+    if isinstance(methods, str) or not all(isinstance(m, str) and m.strip() for m in methods):
+        raise ConfigurationError(
+            f"methods={methods!r}: use a list of HTTP method names, e.g. ['POST']."
+        )
+    method_set = frozenset(m.strip().upper() for m in methods)
+    if not method_set:
+        raise ConfigurationError("methods=[] would never apply: name at least one method.")
+    if "GET" in method_set:  # Flask runs the GET view for HEAD: one limit, one quota
+        method_set |= {"HEAD"}
+    return method_set
+
+
+def check_options(
+    kind: LimitKind, value: LimitSource, options: LimitOptions, *, concurrency: bool = False
+) -> tuple[LimitSpec, str]:
+    """The spec a declaration makes (``declared_on`` still empty: the decorator sets it and
+    the kind of a blueprint's), and how messages name the declaration."""
+    rates, dynamic = read_value(value, options.fallback)
+    if not isinstance(options.shadow, bool):
+        raise ConfigurationError(f"shadow={options.shadow!r}: use True or False.")
+    if not rates and dynamic is None:
+        raise ConfigurationError(
+            f"limiter.limit needs at least one rate, got {value!r}: e.g. '100/minute'."
+        )
+    cost = options.cost
+    if (
+        cost is not None
+        and not callable(cost)
+        and (isinstance(cost, bool) or not isinstance(cost, int) or cost < 0)
+    ):
+        raise ConfigurationError(f"cost={cost!r}: use an int >= 0 or a callable returning one.")
+    if isinstance(cost, int) and rates:  # a callable's value is checked when it answers
+        check_cost(cost, rates, f"limiter.limit({value!r})")
+    count = dynamic.most_rates() if dynamic is not None else len(rates)
+    check_limit_count(count, f"The rates of limiter.limit({value!r})")
+    scope = options.scope
+    if scope is not None and not callable(scope) and (not isinstance(scope, str) or not scope):
+        raise ConfigurationError(
+            f"scope={scope!r}: use a non-empty string, or a callable (endpoint) -> str."
+        )
+    check_scope(scope)
+    for name, func in (
+        ("key_func", options.key_func),
+        ("exempt_when", options.exempt_when),
+        ("deduct_when", options.deduct_when),
+        ("on_breach", options.on_breach),
+    ):
+        if func is not None and not callable(func):
+            raise ConfigurationError(
+                f"{name}={func!r} is not callable: pass a function, e.g. "
+                "deduct_when=lambda response: response.status_code == 401."
+            )
+    if options.error_message is not None and not (
+        isinstance(options.error_message, str) or callable(options.error_message)
+    ):
+        raise ConfigurationError(
+            f"error_message={options.error_message!r}: use a string or a callable returning one."
+        )
+    method_set = _check_methods(options.methods)
+    algorithm = validate_algorithm(options.algorithm) if options.algorithm is not None else None
+    if concurrency:
+        algorithm = CONCURRENCY
+    if algorithm is not None:
+        for rate in rates:
+            check_rate(algorithm, rate)
+        if dynamic is not None:
+            dynamic.check_algorithm(algorithm)
+    policy = validate_policy(options.on_failure) if options.on_failure is not None else None
+    shown = value if isinstance(value, str) else (dynamic.described if dynamic else "")
+    what = f"limiter.limit({shown!r})"
+    check_lease(
+        options.lease,
+        rates,
+        what,
+        algorithm=algorithm,
+        dynamic=dynamic is not None,
+        deduct_when=options.deduct_when is not None,
+        shadow=options.shadow,
+    )
+    spec = LimitSpec(
+        kind,
+        rates,
+        algorithm=algorithm,
+        key_func=options.key_func,
+        cost=cost,
+        scope=scope,
+        per_method=options.per_method,
+        exempt_when=options.exempt_when,
+        on_failure=policy,
+        dynamic=dynamic,
+        deduct_when=options.deduct_when,
+        methods=method_set,
+        override_defaults=options.override_defaults,
+        on_breach=options.on_breach,
+        error_message=options.error_message,
+        shadow=options.shadow,
+        lease=options.lease,
+    )
+    return spec, what

@@ -1,0 +1,77 @@
+"""The registry of one :class:`~flask_distlimit.Limiter`: every limit and exemption declared
+through it, by the identity of the object declared on (:mod:`flask_distlimit.declare.targets`).
+
+The decorators (:mod:`flask_distlimit.declare.decorators`) fill it; the route's plan
+(:mod:`flask_distlimit.declare.route_limits`) reads it. Declarations close for an object once
+an app serves it: :meth:`LimitRegistry.check_open` raises
+:class:`~flask_distlimit.errors.ConfigurationError` for a declaration on a view, class or
+blueprint that an app already served a request for, as Flask's own setup methods do.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from flask import Blueprint
+
+from flask_distlimit.declare.specs import LimitSpec
+from flask_distlimit.declare.targets import describe, hashable, view_objects
+from flask_distlimit.errors import ConfigurationError
+
+__all__ = ["LimitRegistry"]
+
+
+@dataclass
+class LimitRegistry:
+    """Every limit and exemption declared through one ``Limiter``, by object identity."""
+
+    views: dict[object, list[LimitSpec]] = field(default_factory=dict)
+    exempt_views: set[object] = field(default_factory=set)
+    #: a decorated function -> the limit wrappers made of it (``@limiter.limit`` above
+    #: ``@app.route`` registers the function itself: its limits still apply)
+    wrapped_by: dict[object, list[object]] = field(default_factory=dict)
+    blueprints: dict[object, list[LimitSpec]] = field(default_factory=dict)
+    exempt_blueprints: set[object] = field(default_factory=set)
+    #: the objects each app served (held by the app's state; dropped with it)
+    _served: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
+
+    def watch(self, served: Any) -> None:
+        """``served.objects`` is the set of objects an app serves: declaring on one of them
+        from now on raises."""
+        self._served.add(served)
+
+    def check_open(self, target: object, what: str) -> None:
+        """Raise if an app already serves ``target``: a declaration on it would never apply."""
+        if not hashable(target):
+            return
+        for served in list(self._served):
+            if target in served.objects:
+                raise ConfigurationError(
+                    f"{what} on {describe(target)} comes after the app {served.app_name!r} "
+                    "served its first request, so it would never apply: that app bound its "
+                    "limits then. Declare every limit and exemption before the app serves "
+                    "(at import time or in the app factory), as Flask requires for app.route."
+                )
+
+    def add_view(self, view: object, spec: LimitSpec) -> None:
+        self.views.setdefault(view, []).append(spec)
+
+    def attached(self, view: object, method: str) -> tuple[list[object], list[object]]:
+        """:func:`~flask_distlimit.declare.targets.view_objects` of ``view`` and ``method``,
+        with the limit wrappers made of each of them."""
+        every, one = view_objects(view, method)
+        wrapped_by = self.wrapped_by
+        if wrapped_by:
+            every += [w for o in every for w in wrapped_by.get(o, ())]
+            one += [w for o in one for w in wrapped_by.get(o, ())]
+        return every, one
+
+    def add_blueprint(self, blueprint: Blueprint, spec: LimitSpec) -> None:
+        self.blueprints.setdefault(blueprint, []).append(spec)
+
+    def declared(self) -> list[LimitSpec]:
+        """Every spec declared so far, on views and blueprints."""
+        tables: tuple[dict[Any, list[LimitSpec]], ...] = (self.views, self.blueprints)
+        return [spec for table in tables for specs in table.values() for spec in specs]

@@ -1,0 +1,153 @@
+"""What a declaration attaches to, and how it is found again: by identity, never by name.
+
+Many views share a ``__qualname__`` (every ``View.as_view()`` function, every wrapper written
+without ``functools.wraps``). For one view and HTTP method, :func:`view_objects` lists the
+objects whose declarations apply: the view, what it wraps (``__wrapped__``), its ``view_class``
+and the class's bases, and the class's handler for the method. :func:`describe` names a
+decorated object in messages.
+
+The limit wrapper (:func:`make_carrier`) is what ``@limiter.limit`` returns for a function: a
+``functools.wraps`` wrapper (async for a coroutine function) marked with its limiter. Where the
+view gate finds it before the view runs, the request's plan decides its limits and the gate
+calls the wrapped function directly (:func:`carried_function`). A wrapper the chain does not
+reach (a decorator above it that skips ``functools.wraps``) tells the limiter when it runs,
+inside a request, so that its limits are still enforced, in a call of their own; the first
+request logs a WARNING naming it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from flask import Blueprint, has_request_context
+from flask.views import View
+
+__all__ = [
+    "carried_function",
+    "carries",
+    "describe",
+    "hashable",
+    "make_carrier",
+    "view_objects",
+]
+
+#: How deep a ``__wrapped__`` chain is followed.
+_MAX_DEPTH = 32
+#: The attribute naming the limiter whose limits a wrapper carries.
+_CARRIER = "__distlimit_limiter__"
+#: The attribute holding ``(wrapper, function)`` of a limit wrapper (the wrapper itself first:
+#: a decorator using ``functools.wraps`` copies the attribute onto its own wrapper).
+_CARRIED = "__distlimit_carried__"
+
+
+def describe(target: object) -> str:
+    """How messages name a decorated object."""
+    if isinstance(target, Blueprint):
+        return f"blueprint {target.name!r} (import name {target.import_name!r})"
+    module = getattr(target, "__module__", None) or "?"
+    qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    what = "view class" if isinstance(target, type) else "view"
+    return f"{what} {module}.{qualname or repr(target)}"
+
+
+def hashable(obj: object) -> bool:
+    """Whether ``obj`` can be looked up by identity in a dict or set (a declaration's target)."""
+    try:
+        hash(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def _chain(obj: object) -> Iterator[object]:
+    """``obj`` and what it wraps through ``functools.wraps`` (``__wrapped__``)."""
+    seen: list[object] = []
+    current: object | None = obj
+    while current is not None and len(seen) < _MAX_DEPTH and not any(current is s for s in seen):
+        seen.append(current)
+        yield current
+        current = getattr(current, "__wrapped__", None)
+
+
+def _handlers(view_class: type, method: str) -> tuple[list[object], list[object]]:
+    """(every-method handlers, this-method handlers) of a class-based view: its
+    ``dispatch_request``, and a ``MethodView``'s method for ``method`` (HEAD falls back to
+    ``get``, as ``MethodView.dispatch_request`` does)."""
+    every = [getattr(view_class, "dispatch_request", None)]
+    one: list[object] = []
+    if method:
+        handler = getattr(view_class, method.lower(), None)
+        if handler is None and method == "HEAD":
+            handler = getattr(view_class, "get", None)
+        if handler is not None and handler is not every[0]:
+            one.append(handler)
+    return [o for h in every if h is not None for o in _chain(h)], [
+        o for h in one for o in _chain(h)
+    ]
+
+
+def view_objects(view: object, method: str) -> tuple[list[object], list[object]]:
+    """The objects a view function is known by, for one HTTP method: (objects whose limits
+    apply to every method, objects whose limits apply to ``method`` only).
+
+    The view, what it wraps (``__wrapped__``), its ``view_class`` and the class's bases, and
+    the class's handlers; hashable objects only (they are looked up by identity).
+    """
+    every: list[object] = []
+    one: list[object] = []
+    for obj in _chain(view):
+        every.append(obj)
+        view_class = getattr(obj, "view_class", None)
+        if isinstance(view_class, type) and issubclass(view_class, View):
+            every.extend(c for c in view_class.__mro__ if c not in (View, object))
+            all_methods, this_method = _handlers(view_class, method)
+            every.extend(all_methods)
+            one.extend(this_method)
+    return [o for o in every if hashable(o)], [o for o in one if hashable(o)]
+
+
+def make_carrier(
+    func: Callable[..., Any], limiter: object, reached: Callable[[object], None]
+) -> Callable[..., Any]:
+    """A wrapper of ``func`` carrying ``limiter``'s limits; it calls ``reached(wrapper)`` when it
+    runs inside a request (after the app's before_request hooks)."""
+    if inspect.iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def async_carrier(*args: Any, **kwargs: Any) -> Any:
+            if has_request_context():
+                reached(async_carrier)
+            return await func(*args, **kwargs)
+
+        setattr(async_carrier, _CARRIER, limiter)
+        setattr(async_carrier, _CARRIED, (async_carrier, func))
+        return async_carrier
+
+    @functools.wraps(func)
+    def carrier(*args: Any, **kwargs: Any) -> Any:
+        if has_request_context():
+            reached(carrier)
+        return func(*args, **kwargs)
+
+    setattr(carrier, _CARRIER, limiter)
+    setattr(carrier, _CARRIED, (carrier, func))
+    return carrier
+
+
+def carries(func: object, limiter: object) -> bool:
+    """Whether ``func`` (or the wrapper it was copied from by ``functools.wraps``) carries
+    ``limiter``'s limits."""
+    return getattr(func, _CARRIER, None) is limiter
+
+
+def carried_function(view: object, limiter: object) -> Callable[..., Any] | None:
+    """The function ``view`` wraps when ``view`` is itself a limit wrapper of ``limiter`` (not a
+    decorator's wrapper around one), else None. The view gate calls it directly when the
+    request's plan already decided the wrapper's limits: the wrapper would only check that."""
+    carried = getattr(view, _CARRIED, None)
+    if isinstance(carried, tuple) and carried[0] is view and carries(view, limiter):
+        return carried[1]  # type: ignore[no-any-return]
+    return None
