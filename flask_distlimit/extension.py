@@ -10,7 +10,7 @@
     def orders(): ...
 
 The ``Limiter`` holds only what is declared in code (limits and exemptions:
-:mod:`flask_distlimit.declare.declarations`; identity hooks) and may serve several apps. Everything
+:mod:`flask_distlimit.declare.decorators`; identity hooks) and may serve several apps. Everything
 an app configures lives in its :class:`~flask_distlimit.state.LimiterState`; the request path is
 :mod:`flask_distlimit.request.enforcement`.
 """
