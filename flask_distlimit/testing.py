@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 
 from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.errors import StorageError
-from flask_distlimit.storage.base import Storage
+from flask_distlimit.storage.base import GiveBack, Storage
 from flask_distlimit.storage.heartbeat import Fleet
 from flask_distlimit.storage.lease_records import Record
 
@@ -128,16 +128,8 @@ class CountingStorage(Storage):
     def lease_records(self, key: str) -> list[Record]:
         return self.inner.lease_records(key)
 
-    def give_back(
-        self,
-        key: str,
-        algorithm: str,
-        period: int,
-        window: int,
-        units: int,
-        *,
-        now_us: int | None = None,
-    ) -> int:
+    def _give_back(self, back: GiveBack) -> int:
+        key, algorithm, period, window, units, now_us = back
         return self.inner.give_back(key, algorithm, period, window, units, now_us=now_us)
 
     def scripts_loaded(self) -> bool:

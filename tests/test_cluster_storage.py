@@ -19,7 +19,8 @@ from redis.cluster import RedisCluster
 from flask_distlimit.core.decision import Check, Decision, Evaluation
 from flask_distlimit.errors import StorageBusy, StorageUnavailable
 from flask_distlimit.storage import from_url
-from flask_distlimit.storage.cluster import ClusterStorage, slot_of
+from flask_distlimit.storage.cluster import ClusterStorage
+from flask_distlimit.storage.cluster_nodes import slot_of
 from flask_distlimit.storage.heartbeat import Fleet
 from tests.faults import cut_under_the_request
 from tests.servers import ClusterServers

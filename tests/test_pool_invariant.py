@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from flask_distlimit.core.decision import Check
-from flask_distlimit.storage.cluster import ClusterStorage, slot_of
+from flask_distlimit.storage.cluster import ClusterStorage
+from flask_distlimit.storage.cluster_nodes import slot_of
 from flask_distlimit.storage.pool import DeadlinePool
 from flask_distlimit.storage.redis import RedisStorage
 from tests.servers import ClusterServers, RedisProcess

@@ -22,16 +22,27 @@ import abc
 import threading
 import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.errors import StorageError
 from flask_distlimit.storage.heartbeat import Fleet
 from flask_distlimit.storage.lease_records import Record
 
-__all__ = ["Storage"]
+__all__ = ["GiveBack", "Storage"]
 
 _shared_lock = threading.Lock()
+
+
+class GiveBack(NamedTuple):
+    """The arguments of one :meth:`Storage.give_back` call."""
+
+    key: str
+    algorithm: str
+    period: int  #: seconds
+    window: int  #: the window's index (the time in ``period`` since the epoch)
+    units: int
+    now_us: int | None  #: the time injected (tests only), else ``None``: the store's clock
 
 
 class Storage(abc.ABC):
@@ -179,9 +190,14 @@ class Storage(abc.ABC):
         storage's current one and the key holds it; answer the units taken off
         (:mod:`.give_back`). ``now_us`` injects the time, for tests only.
 
-        This default gives nothing back (the units expire with their window), as suits a store
-        that cannot; the memory and Redis storages override it.
-        """
+        A storage that can give back overrides :meth:`_give_back`, which this method calls with
+        the arguments as one :class:`GiveBack`."""
+        return self._give_back(GiveBack(key, algorithm, period, window, units, now_us))
+
+    def _give_back(self, back: GiveBack) -> int:
+        """:meth:`give_back` of ``back``. This default gives nothing back (the units expire
+        with their window), as suits a store that cannot; the memory and Redis storages
+        override it."""
         return 0
 
     def scripts_loaded(self) -> bool:

@@ -42,8 +42,8 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import redis
 from redis.cluster import RedisCluster
@@ -57,6 +57,8 @@ __all__ = [
     "warn_if_client_retries",
     "warn_if_client_waits_long",
 ]
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 #: The warning of :func:`warn_if_client_waits_long` (a logger of its own: another setting).
@@ -97,6 +99,22 @@ def passed_client(storage: Storage) -> redis.Redis | RedisCluster | None:
         if isinstance(storage, ClusterStorage):
             return storage.given_client
     return None
+
+
+def _read_passed_client(
+    storage: Storage, read: Callable[[redis.Redis | RedisCluster], _T], failure: str
+) -> tuple[redis.Redis | RedisCluster, _T] | None:
+    """The client ``storage`` was given and what ``read`` says of it; ``None`` when it was given
+    none, or when ``read`` fails (``failure`` logged at DEBUG): a warning never breaks an app's
+    start."""
+    client = passed_client(storage)
+    if client is None:
+        return None
+    try:
+        return client, read(client)
+    except Exception:
+        log.debug(failure, exc_info=True)
+        return None
 
 
 def client_retries(client: redis.Redis | RedisCluster) -> list[str]:
@@ -170,16 +188,12 @@ def _described(count: int | None) -> str:
 def warn_if_client_retries(storage: Storage) -> None:
     """Log one WARNING when ``storage`` was given a client that retries (module docstring).
     Called by ``init_app``; never raises."""
-    client = passed_client(storage)
-    if client is None:
+    read = _read_passed_client(
+        storage, client_retries, "Could not tell whether the Redis client passed in retries"
+    )
+    if read is None or not read[1]:
         return
-    try:
-        found = client_retries(client)
-    except Exception:  # never break an app's start for a warning
-        log.debug("Could not tell whether the Redis client passed in retries", exc_info=True)
-        return
-    if not found:
-        return
+    client, found = read
     if isinstance(client, RedisCluster):
         old = isinstance(getattr(client, "cluster_error_retry_attempts", None), int)
         fix = _FIX_CLUSTER_5 if old else _FIX_CLUSTER
@@ -213,14 +227,12 @@ def warn_if_client_waits_long(storage: Storage, budget: float) -> None:
     """Log one WARNING when ``storage`` was given a single-node client that waits for a reply
     longer than ``budget`` (``DISTLIMIT_REDIS_TIMEOUT``, seconds), or forever (module
     docstring). Called by ``init_app``; never raises."""
-    client = passed_client(storage)
-    if client is None:
+    read = _read_passed_client(
+        storage, client_read_timeout, "Could not read the timeouts of the Redis client passed in"
+    )
+    if read is None:
         return
-    try:
-        timeout = client_read_timeout(client)
-    except Exception:  # never break an app's start for a warning
-        log.debug("Could not read the timeouts of the Redis client passed in", exc_info=True)
-        return
+    timeout = read[1]
     if timeout is not None and timeout <= budget:
         return
     waits = "no socket_timeout" if timeout is None else f"socket_timeout={timeout:g}"

@@ -12,7 +12,8 @@ once; anything else is encoded value by value. Replies are read by redis-py (``r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 __all__ = ["EvalshaPacker"]
 
@@ -32,6 +33,16 @@ class EvalshaPacker:
         #: the encoding writes ASCII text as itself (utf-8, latin-1...): ASCII values are
         #: framed as one string, encoded once
         self._as_text = _ASCII.encode(encoding, errors) == _ASCII.encode("ascii")
+
+    @classmethod
+    def of(cls, sha: str, connection: Mapping[str, Any]) -> EvalshaPacker:
+        """The packer of script ``sha`` for connections made with the redis-py keywords
+        ``connection`` (their ``encoding`` and ``encoding_errors``)."""
+        return cls(
+            sha,
+            encoding=connection.get("encoding", "utf-8"),
+            errors=connection.get("encoding_errors", "strict"),
+        )
 
     def pack(
         self,

@@ -30,7 +30,7 @@ from flask_distlimit.engine.twins import (
     step,
 )
 from flask_distlimit.errors import StorageResponseError
-from flask_distlimit.storage.base import Storage
+from flask_distlimit.storage.base import GiveBack, Storage
 
 __all__ = ["MemoryStorage", "system_clock_us"]
 
@@ -209,17 +209,9 @@ class MemoryStorage(Storage):
             now,
         )
 
-    def give_back(
-        self,
-        key: str,
-        algorithm: str,
-        period: int,
-        window: int,
-        units: int,
-        *,
-        now_us: int | None = None,
-    ) -> int:
+    def _give_back(self, back: GiveBack) -> int:
         """As the Redis storages' script (:mod:`.give_back`) does."""
+        key, algorithm, period, window, units, now_us = back
         with self._lock:
             now = self._clock() if now_us is None else now_us
             if math.floor(now / (period * _US)) != window or units < 1:

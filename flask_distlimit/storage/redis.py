@@ -56,8 +56,8 @@ has written nothing.
 A client we build makes no retries of its own and no health-check ``PING``
 (:func:`connection_options`), and announces no maintenance (redis-py 7+ would relax the read
 timeout to 10 s). The occasional admin commands (``PING``, ``SCAN``, ``DEL``, the heartbeat,
-the shared value, ``SCRIPT EXISTS``) go through a stock ``redis.Redis`` client on a
-``BlockingConnectionPool`` with the same settings (:attr:`RedisStorage.client`).
+the shared value, ``SCRIPT EXISTS``: :mod:`.side_calls`) go through a stock ``redis.Redis``
+client on a ``BlockingConnectionPool`` with the same settings (:attr:`RedisStorage.client`).
 
 Fork safety: both pools check the process id and never hand a parent's connection to a forked
 child; :meth:`RedisStorage.reset_after_fork` drops them explicitly, closing only the child's
@@ -69,7 +69,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 import redis
@@ -81,27 +81,12 @@ from redis.sentinel import Sentinel
 
 from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.engine.scripts import SCRIPT_SOURCE, parse_reply, script_args
-from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.evalsha import EvalshaPacker
-from flask_distlimit.storage.give_back import (
-    GIVE_BACK_SOURCE,
-    give_back_args,
-    give_back_keys,
-    given_back,
-)
-from flask_distlimit.storage.heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
-from flask_distlimit.storage.lease_records import (
-    LEASE_RECORDS_SOURCE,
-    Record,
-    records_from_reply,
-    records_key,
-    repaired_from_reply,
-)
 from flask_distlimit.storage.pipeline import Call, Pipeline, script_load
 from flask_distlimit.storage.pool import DeadlinePool, NoConnectionAvailable, busy
-from flask_distlimit.storage.shared_value import SHARED_VALUE_SOURCE
+from flask_distlimit.storage.side_calls import RedisSideCalls, SideScripts
 from flask_distlimit.storage.tokens import RequestTokens, repeat_call
-from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error
+from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error, translated
 
 __all__ = ["DEFAULT_TIMEOUT", "RedisStorage", "connection_options"]
 
@@ -113,7 +98,6 @@ DEFAULT_MAX_CONNECTIONS: Final = 50
 #: costs no ``HELLO`` round trip (redis-py 8 defaults to RESP3; none of our commands needs it,
 #: and a connect that asks Redis nothing leaves a reply the whole timeout: :mod:`.pool`).
 HANDSHAKE_FREE: Final[dict[str, Any]] = {"protocol": 2}
-_DELETE_CHUNK: Final = 500
 #: Every keyword a redis-py connection takes, along its classes (redis-py 5.x to 8.x differ).
 _CONNECTION_PARAMETERS: Final = frozenset(
     name
@@ -147,7 +131,7 @@ def connection_options(timeout: float) -> dict[str, Any]:
     return options
 
 
-class RedisStorage(Storage):
+class RedisStorage(RedisSideCalls):
     """Rate limits in one Redis (a single node, or the master a Sentinel names).
 
     Build it from a URL with :func:`flask_distlimit.storage.from_url`, or pass a ready client
@@ -200,12 +184,9 @@ class RedisStorage(Storage):
         self.scheme = scheme
         self.timeout = timeout
         self.client: redis.Redis = client
-        self._script: Script = client.register_script(SCRIPT_SOURCE)
-        self._packer = _packer(self._script, connection)
-        self._heartbeat: Script = client.register_script(HEARTBEAT_SOURCE)
-        self._shared_value: Script = client.register_script(SHARED_VALUE_SOURCE)
-        self._lease_records: Script = client.register_script(LEASE_RECORDS_SOURCE)
-        self._give_back: Script = client.register_script(GIVE_BACK_SOURCE)
+        self._scripts = SideScripts(client)
+        self._script: Script = self._scripts.limit
+        self._packer = EvalshaPacker.of(self._script.sha, connection)
 
     @classmethod
     def sentinel(
@@ -260,7 +241,7 @@ class RedisStorage(Storage):
                 **{**HANDSHAKE_FREE, **master, **options},
             )
         )
-        storage._packer = _packer(storage._script, master)
+        storage._packer = EvalshaPacker.of(storage._script.sha, master)
         return storage
 
     def _use(self, pool: DeadlinePool) -> None:
@@ -324,11 +305,7 @@ class RedisStorage(Storage):
         reply it kept under the token if it ran, and runs if it did not. A call sent without a
         token (calm, module docstring) gets one now, for its repeats."""
         assert isinstance(call.error, redis.ConnectionError)
-        self.tokens.arm()
-        keys, args, token = made
-        if token is None:
-            token = self.tokens.key(keys[0])
-        again = [self._packer.pack(keys, args, token, self.tokens.again)]
+        again = self.tokens.repeat(self._packer, *made)
         # Redis's time for the repeats starts now: the batch's may be spent by this thread's
         # wait to be woken
         deadline = max(call.deadline, time.monotonic() + self.timeout)
@@ -352,10 +329,7 @@ class RedisStorage(Storage):
 
     def ping(self) -> float:
         started = time.perf_counter()
-        try:
-            self.client.ping()
-        except REDIS_FAILURES as exc:
-            raise storage_error(exc) from exc
+        translated(self.client.ping)
         return time.perf_counter() - started
 
     def scan(self, match: str) -> Iterator[str]:
@@ -365,73 +339,8 @@ class RedisStorage(Storage):
         except REDIS_FAILURES as exc:
             raise storage_error(exc) from exc
 
-    def delete(self, keys: Iterable[str]) -> int:
-        batch = list(keys)
-        deleted = 0
-        try:
-            for start in range(0, len(batch), _DELETE_CHUNK):
-                deleted += int(self.client.delete(*batch[start : start + _DELETE_CHUNK]))
-        except REDIS_FAILURES as exc:
-            raise storage_error(exc) from exc
-        return deleted
-
-    def heartbeat(self, key: str, member: str, ttl: float) -> int:
-        return self.heartbeat_fleet(key, member, ttl).live
-
-    def heartbeat_fleet(self, key: str, member: str, ttl: float, known: int = 0) -> Fleet:
-        try:
-            reply = self._heartbeat(
-                [key, peak_key(key)], [member, max(1, round(ttl * 1000)), max(0, int(known))]
-            )
-        except REDIS_FAILURES as exc:
-            raise storage_error(exc) from exc
-        return fleet_from_reply(reply, key)
-
-    def publish_leases(self, key: str, process: str, record: str, hold: float) -> tuple[str, ...]:
-        try:  # both keys in one slot (records_key)
-            reply = self._lease_records(
-                [key, records_key(key)], [process, record, max(1, round(hold * 1000))]
-            )
-        except REDIS_FAILURES as exc:
-            raise storage_error(exc) from exc
-        return repaired_from_reply(reply, key)
-
-    def give_back(
-        self,
-        key: str,
-        algorithm: str,
-        period: int,
-        window: int,
-        units: int,
-        *,
-        now_us: int | None = None,
-    ) -> int:
-        args = give_back_args(algorithm, period, window, units, now_us)
-        try:
-            reply = self._give_back(give_back_keys(key), args)
-        except REDIS_FAILURES as exc:
-            raise storage_error(exc) from exc
-        return given_back(reply)
-
-    def lease_records(self, key: str) -> list[Record]:
-        try:
-            reply = self._lease_records([key, records_key(key)], ["", "", 0])
-        except REDIS_FAILURES as exc:
-            raise storage_error(exc) from exc
-        return records_from_reply(reply)
-
-    def shared_value(self, key: str, candidate: str, ttl: int) -> str:
-        try:
-            value = self._shared_value([key], [candidate, int(ttl)])
-        except REDIS_FAILURES as exc:
-            raise storage_error(exc) from exc
-        return value.decode() if isinstance(value, bytes) else str(value)
-
-    def scripts_loaded(self) -> bool:
-        try:
-            return bool(self.client.script_exists(self._script.sha)[0])
-        except REDIS_FAILURES as exc:
-            raise storage_error(exc) from exc
+    def _side(self) -> SideScripts:
+        return self._scripts
 
     def close(self) -> None:
         if self._owns_client:
@@ -487,19 +396,3 @@ def _reply(
         pool.send(connection, [load + command])
         pool.read(connection, deadline)
         return pool.read(connection, deadline)
-
-
-def _packer(script: Script, connection: dict[str, Any]) -> EvalshaPacker:
-    """The EVALSHA packer of ``script`` for connections made with keywords ``connection``."""
-    return EvalshaPacker(
-        script.sha,
-        encoding=connection.get("encoding", "utf-8"),
-        errors=connection.get("encoding_errors", "strict"),
-    )
-
-
-def _pool_connections(pool: redis.ConnectionPool) -> list[Any]:
-    """Connections of a redis-py pool to close before ``pool.reset()``: none, as redis-py has
-    no public list of them. ``reset()`` drops them and redis-py's ``Connection.__del__``
-    closes each (without ``shutdown()`` in a forked child). Kept for storage/cluster.py."""
-    return []

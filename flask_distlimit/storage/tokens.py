@@ -44,6 +44,7 @@ import redis
 from flask_distlimit.engine.scripts import token_key
 from flask_distlimit.errors import StorageReplyLost
 from flask_distlimit.forks import AfterFork
+from flask_distlimit.storage.evalsha import EvalshaPacker
 from flask_distlimit.storage.pool import DeadlinePool
 
 __all__ = [
@@ -129,6 +130,14 @@ class RequestTokens:
         """A new token's key (:meth:`key`) when calls carry one at ``now`` (``time.monotonic()``),
         else ``None``."""
         return self.key(first_key) if now < self.armed_until else None
+
+    def repeat(
+        self, packer: EvalshaPacker, keys: list[str], args: list[str | int], token: str | None
+    ) -> list[bytes]:
+        """A call whose reply was lost, packed as a repeat for :func:`repeat_call`, under its
+        ``token`` (a new one when it carried none); the tokens are armed (connections fail)."""
+        self.arm()
+        return [packer.pack(keys, args, self.key(keys[0]) if token is None else token, self.again)]
 
     def key(self, first_key: str) -> str:
         """A new token's key, in the Cluster slot of ``first_key`` (a call's first key)."""

@@ -29,7 +29,8 @@ Everything else the server answers (a script error, ``WRONGTYPE``) is a bug or b
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
 
 from redis import exceptions as rx
 from redis.sentinel import MasterNotFoundError
@@ -48,6 +49,7 @@ __all__ = [
     "misconfiguration",
     "refused_write",
     "storage_error",
+    "translated",
 ]
 
 #: What the limiter's ACL user needs, besides its keys (``~<DISTLIMIT_KEY_PREFIX>:*``): the
@@ -61,6 +63,8 @@ ACL_GRANTS: Final = (
 )
 
 #: What a storage catches around a Redis call and passes to :func:`storage_error`.
+_T = TypeVar("_T")
+
 REDIS_FAILURES: Final[tuple[type[Exception], ...]] = (
     rx.RedisError,
     rx.RedisClusterException,
@@ -226,6 +230,14 @@ def storage_error(exc: BaseException) -> StorageError:
             f"Redis answered with an error (a script bug or bad data, not an outage): {text}"
         )
     return StorageResponseError(f"Redis client error: {type(exc).__name__}: {exc}")
+
+
+def translated(call: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """``call(*args, **kwargs)``; a redis-py failure raised as :func:`storage_error` of it."""
+    try:
+        return call(*args, **kwargs)
+    except REDIS_FAILURES as exc:
+        raise storage_error(exc) from exc
 
 
 def _one_line(exc: BaseException) -> str:

@@ -1,0 +1,412 @@
+"""The Cluster storage's client and nodes, everything of :class:`~.cluster.ClusterStorage` but
+its script calls (:mod:`.cluster`).
+
+The client has the same policy as :mod:`flask_distlimit.storage.redis`: connect/read timeouts and
+pool wait = ``timeout``, no retries (neither the nodes' nor the cluster client's own), no health
+check PING. It is built on first use, so a configured but unreachable cluster fails requests
+(``StorageUnavailable``, the breaker's business), not the app's start-up.
+
+**Nodes and breakers.** The storage is ``routed``: :meth:`ClusterNodes.route` names the
+primary (``host:port``, from the cached topology, no I/O) of each slot group, so that the guard
+keeps one circuit breaker per primary and sends only the groups of live primaries
+(:meth:`~.cluster.ClusterStorage.evaluate_parts`); it gives back what they consumed when the
+request is refused elsewhere (:meth:`~.cluster.ClusterStorage.refund`).
+:meth:`ClusterNodes.nodes` lists the primaries the topology knows, so the breakers of nodes gone
+from it are dropped.
+
+The hot path runs on a :class:`~.pool.DeadlinePool` per primary, whose connections are made
+as redis-py makes that node's (its pool's public ``connection_class`` and
+``connection_kwargs``), with the batches of each (:mod:`.pipeline`).
+
+**A call on a primary's connection** (for :mod:`.cluster`'s hot path): :func:`rounds` orders
+a request's slot groups so that it holds one connection of a pool at a time;
+:func:`read_or_repeat` reads a group's reply within its Redis deadline or, when the connection
+is closed under it after the send, makes the call again as a repeat of its request token
+(:mod:`.tokens`); :func:`failed` closes a failed connection and translates its error, a
+connection error or timeout as :class:`LostNode` (the caller refreshes the topology). A reply in
+:data:`NOT_RUN` means the script did not run on that node, so the call is safe to make again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Final
+
+import redis
+from redis import exceptions as rx
+from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.crc import key_slot
+from redis.retry import Retry
+
+from flask_distlimit.core.decision import Check
+from flask_distlimit.engine.scripts import SCRIPT_SOURCE
+from flask_distlimit.errors import StorageError, StorageMisconfigured, StorageUnavailable
+from flask_distlimit.storage.evalsha import EvalshaPacker
+from flask_distlimit.storage.pipeline import Pipeline, script_load
+from flask_distlimit.storage.pool import (
+    LAST_LOOK,
+    DeadlinePool,
+    NoConnectionAvailable,
+    busy,
+    queue_budget,
+)
+from flask_distlimit.storage.redis import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_TIMEOUT,
+    HANDSHAKE_FREE,
+    connection_options,
+)
+from flask_distlimit.storage.side_calls import RedisSideCalls, SideScripts
+from flask_distlimit.storage.tokens import RequestTokens, repeat_call
+from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error, translated
+
+__all__ = [
+    "NOT_RUN",
+    "ClusterNodes",
+    "LostNode",
+    "by_slot",
+    "failed",
+    "read_or_repeat",
+    "rounds",
+    "slot_of",
+]
+
+#: Replies that mean the script did not run on that node (safe to send again).
+NOT_RUN: Final = (rx.NoScriptError, rx.AskError, rx.TryAgainError)
+
+
+def read_or_repeat(
+    pool: DeadlinePool,
+    connection: Any,
+    packer: EvalshaPacker,
+    keys: list[str],
+    args: list[str | int],
+    token: str | None,
+    tokens: RequestTokens,
+    deadline: float,
+) -> Any:
+    """The reply to the call just sent on ``connection``; when the connection is closed under
+    it, the call is made again, marked as a repeat (its reply, kept under ``token``, is answered
+    if it ran; a call sent without one gets one now), within the same deadline
+    (:func:`~.tokens.repeat_call`), and ``tokens`` are armed."""
+    try:
+        # At least a moment for each reply: the replies of the other groups may be waiting in
+        # their sockets when one slow group has spent the deadline.
+        return pool.read(connection, max(deadline, time.monotonic() + LAST_LOOK))
+    except rx.ConnectionError as exc:
+        lost = exc
+    again = tokens.repeat(packer, keys, args, token)
+    return repeat_call(pool, connection, again, deadline, lost, lambda c: pool.read(c, deadline))
+
+
+def rounds(
+    client: RedisCluster, parts: list[list[Check]], results: list[Any]
+) -> list[list[tuple[int, ClusterNode]]]:
+    """The parts (their indexes, with their primaries) in rounds of at most one part per
+    primary, each round's primaries in the order of their names; a part whose primary is not
+    known gets its error in ``results``."""
+    by_node: dict[str, list[tuple[int, ClusterNode]]] = {}
+    for n, part in enumerate(parts):
+        try:
+            node = client.get_node_from_key(part[0].key)  # type: ignore[no-untyped-call]
+        except REDIS_FAILURES as exc:
+            results[n] = failed(exc, None, None)
+            continue
+        by_node.setdefault(str(node.name), []).append((n, node))
+    queues = [by_node[name] for name in sorted(by_node)]
+    return [
+        [queue[depth] for queue in queues if depth < len(queue)]
+        for depth in range(max(map(len, queues), default=0))
+    ]
+
+
+class LostNode(StorageUnavailable):
+    """A connection error or timeout on a node: the topology may have changed. ``closed``: a
+    connection failed (arms the request tokens); a timeout is a slow node, and arms nothing."""
+
+    def __init__(self, message: str, *, closed: bool) -> None:
+        super().__init__(message)
+        self.closed = closed
+
+
+def failed(exc: Exception, pool: DeadlinePool | None, connection: Any) -> StorageError:
+    """Close a failed connection, give it back, and translate the error."""
+    if pool is not None and connection is not None:
+        pool.broken(connection)
+        pool.release(connection)
+    if isinstance(exc, NoConnectionAvailable):  # load (StorageBusy): not the node's failure
+        return busy(pool.queue_timeout if pool is not None else 0.0)
+    error = storage_error(exc)
+    # A refusal (e.g. WRONGPASS, an AuthenticationError) stays StorageMisconfigured: the node
+    # answered, so the topology need not be refreshed, and the log must name the cause.
+    # Every connection of the primary's pool busy (NoConnectionAvailable) is load: the node
+    # is not lost, and the tokens are not armed.
+    if (
+        isinstance(exc, rx.ConnectionError | rx.TimeoutError)
+        and not isinstance(exc, NoConnectionAvailable)
+        and not isinstance(error, StorageMisconfigured)
+    ):
+        return LostNode(str(error), closed=isinstance(exc, rx.ConnectionError))
+    return error
+
+
+def _bounded_wait_pool(timeout: float) -> type[redis.BlockingConnectionPool]:
+    """redis-py's :class:`~redis.BlockingConnectionPool` whose wait for a free connection lasts
+    ``timeout`` by default: redis-py before 8.0 drops ``RedisCluster(timeout=)`` on its way to
+    the nodes' pools, which then wait 20 s (the calls off the hot path use them: topology,
+    ``PING``, heartbeats, admin)."""
+
+    class BoundedWaitPool(redis.BlockingConnectionPool):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("timeout", timeout)
+            super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+    return BoundedWaitPool
+
+
+def slot_of(key: str) -> int:
+    """The Redis Cluster hash slot of a key (honours ``{hash tags}``)."""
+    return key_slot(key.encode("utf-8"))
+
+
+def by_slot(keys: Iterable[str]) -> list[list[int]]:
+    """Indexes of ``keys`` grouped by hash slot, in order of first appearance."""
+    groups: dict[int, list[int]] = {}
+    for index, key in enumerate(keys):
+        groups.setdefault(slot_of(key), []).append(index)
+    return list(groups.values())
+
+
+class ClusterNodes(RedisSideCalls):
+    """The client, nodes and pools of a Redis Cluster storage (module docstring); its script
+    calls are :class:`~.cluster.ClusterStorage`'s."""
+
+    scheme = "redis+cluster"
+    routed = True
+
+    def __init__(
+        self,
+        nodes: Sequence[tuple[str, int]] = (),
+        *,
+        client: RedisCluster | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        request_tokens: str = "auto",
+        queue_timeout: float | None = None,
+        **connection: Any,
+    ) -> None:
+        """``nodes``: startup nodes (any reachable node finds the others). ``connection``:
+        redis-py connection keywords (``password``, ``ssl``, ...). ``client`` replaces all of
+        them with a ready :class:`~redis.cluster.RedisCluster` (not closed by :meth:`close`).
+        ``request_tokens``: ``"auto"`` or ``"always"`` (``DISTLIMIT_REQUEST_TOKENS``, module
+        docstring). ``queue_timeout``: how long a call may wait for a pooled connection
+        (:mod:`.pool`; default :func:`~.pool.queue_budget`)."""
+        if client is None and not nodes:
+            raise ValueError("ClusterStorage needs startup nodes or a RedisCluster client")
+        self.timeout = timeout
+        self.queue_timeout = queue_budget(timeout) if queue_timeout is None else queue_timeout
+        self._nodes = [(str(h), int(p)) for h, p in nodes]
+        self._max_connections = max_connections
+        self._connection = connection
+        self._owns_client = client is None
+        #: The client passed in, ``None`` when built from ``nodes`` (init_app warns when it
+        #: retries: :mod:`~flask_distlimit.storage.client_retries`).
+        self.given_client = client
+        self._lock = threading.Lock()
+        self._client: RedisCluster | None = None
+        self._scripts: SideScripts | None = None
+        #: The hot path's pool of each primary (``host:port``), built on first use.
+        self._pools: dict[str, DeadlinePool] = {}
+        #: The batches of each primary's pool (:mod:`.pipeline`), for one-group calls.
+        self._pipelines: dict[str, Pipeline] = {}
+        #: The request tokens of the hot path (module docstring, "One retry").
+        self.tokens = RequestTokens(timeout, request_tokens)
+        if client is not None:
+            self._attach(client)
+
+    # -- the client, built lazily (start-up must not need the cluster) ----------------------
+
+    def _attach(self, client: RedisCluster) -> None:
+        self._scripts = scripts = SideScripts(client)
+        self._packer = EvalshaPacker.of(scripts.limit.sha, self._connection)
+        self._client = client
+
+    def _connect(self) -> RedisCluster:
+        options = connection_options(self.timeout)
+        options.pop("retry")  # RedisCluster sets its nodes' retries to 0 itself
+        if not hasattr(Retry, "get_retries"):
+            # redis-py < 6 retries the whole command this many times (3 by default), whatever
+            # retry= says; from 6 it is retry's count, and this argument is deprecated
+            options["cluster_error_retry_attempts"] = 0
+        (first_host, first_port), *others = self._nodes
+        if ":" in first_host:  # IPv6
+            first_host = f"[{first_host}]"
+        # A URL (not host=) makes RedisCluster build each node's pool from
+        # connection_pool_class, so the pool wait is bounded by the timeout too.
+        return RedisCluster(
+            url=f"redis://{first_host}:{first_port}",
+            startup_nodes=[ClusterNode(h, p) for h, p in others],  # type: ignore[no-untyped-call]
+            retry=Retry(NoBackoff(), 0),
+            connection_pool_class=_bounded_wait_pool(self.timeout),
+            max_connections=self._max_connections,
+            **{**HANDSHAKE_FREE, **self._connection, **options, "timeout": self.timeout},
+        )
+
+    @property
+    def client(self) -> RedisCluster:
+        """The :class:`~redis.cluster.RedisCluster` (connects on first use)."""
+        client = self._client
+        if client is None:
+            with self._lock:
+                if self._client is None:
+                    self._attach(translated(self._connect))
+                client = self._client
+                assert client is not None
+        return client
+
+    def _side(self) -> SideScripts:
+        self.client  # noqa: B018 - connects and registers the scripts on first use
+        assert self._scripts is not None
+        return self._scripts
+
+    def _same_slot(self, keys: list[str]) -> list[list[str]]:
+        return [[keys[i] for i in group] for group in by_slot(keys)]
+
+    def _primary_of(self, key: str) -> str | None:
+        """The name (``host:port``) of the primary that serves ``key`` in the cached topology."""
+        try:
+            node = self.client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        except REDIS_FAILURES:
+            return None
+        except (StorageError, LookupError):
+            return None
+        return str(node.name) if node is not None else None
+
+    def groups(self, checks: Sequence[Check]) -> list[list[int]]:
+        """Indexes of ``checks`` grouped by hash slot, in order of first appearance."""
+        return by_slot(c.key for c in checks)
+
+    # -- nodes, for one breaker per primary (flask_distlimit.resilience.breakers)
+    # ----------------------
+
+    def _node_name(self, key: str) -> str:
+        """The primary serving ``key`` in the cached topology (no I/O); before the client knows
+        the topology, or when it does not cover the slot, the first startup node."""
+        client = self._client
+        if client is not None:
+            try:
+                node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+            except REDIS_FAILURES:  # e.g. SlotNotCoveredError
+                node = None
+            if node is not None:
+                return str(node.name)
+        if not self._nodes:
+            return "cluster"
+        host, port = self._nodes[0]
+        return f"{host}:{port}"
+
+    def node(self, refresh: bool = False) -> str:
+        """The primary of slot 0 (the first startup node before the topology is known).
+
+        ``refresh`` first reloads the slot map from the cluster (the guard asks for it, at most
+        once a second, while a primary's breaker is open: a promoted replica then gets the
+        slots, and a breaker of its own); a failure keeps the map it had."""
+        client = self._client
+        if refresh and client is not None:
+            with contextlib.suppress(*REDIS_FAILURES):
+                client.nodes_manager.initialize()
+        return self._node_name("")
+
+    def nodes(self) -> frozenset[str] | None:
+        """The primaries of the cached topology (``None`` before the client connected)."""
+        client = self._client
+        if client is None:
+            return None
+        try:
+            return frozenset(str(n.name) for n in client.get_primaries())  # type: ignore[no-untyped-call]
+        except REDIS_FAILURES:
+            return None
+
+    def route(self, checks: Sequence[Check]) -> list[tuple[str, list[int]]]:
+        """The slot groups (:meth:`groups`), each with the name of its primary."""
+        return [(self._node_name(checks[g[0]].key), g) for g in self.groups(checks)]
+
+    def _pipeline_of(self, name: str, pool: DeadlinePool) -> Pipeline:
+        """The batches of primary ``name``'s pool, built on first use."""
+        pipeline = self._pipelines.get(name)
+        if pipeline is None or pipeline.pool is not pool:
+            with self._lock:
+                pipeline = self._pipelines.get(name)
+                if pipeline is None or pipeline.pool is not pool:
+                    pipeline = self._pipelines[name] = Pipeline(
+                        pool, load=script_load(SCRIPT_SOURCE), trouble=self.tokens.arm
+                    )
+        return pipeline
+
+    def _pool_of(self, client: RedisCluster, node: ClusterNode) -> DeadlinePool:
+        """The hot path's pool of ``node``: a :class:`~.pool.DeadlinePool` of connections
+        made as redis-py makes that node's (its pool's public ``connection_class`` and
+        ``connection_kwargs``), so every wait of a call ends by the call's deadline."""
+        name = str(node.name)
+        pool = self._pools.get(name)
+        if pool is None:
+            stock = client.get_redis_connection(node).connection_pool
+            with self._lock:
+                pool = self._pools.get(name)
+                if pool is None:
+                    pool = self._pools[name] = DeadlinePool(
+                        timeout=self.timeout,
+                        queue_timeout=self.queue_timeout,
+                        max_connections=self._max_connections,
+                        connection_class=stock.connection_class,
+                        **stock.connection_kwargs,
+                    )
+        return pool
+
+    @property
+    def request_tokens(self) -> str:
+        """When a hot call carries a request token (module docstring, "One retry")."""
+        return self.tokens.mode
+
+    def ping(self) -> float:
+        client = self.client
+        started = time.perf_counter()
+        translated(client.ping, target_nodes=RedisCluster.PRIMARIES)
+        return time.perf_counter() - started
+
+    def scan(self, match: str) -> Iterator[str]:
+        client = self.client
+        try:
+            for node in client.get_primaries():  # type: ignore[no-untyped-call]
+                node_client = client.get_redis_connection(node)
+                for key in node_client.scan_iter(match=match, count=1000):
+                    yield key.decode() if isinstance(key, bytes) else str(key)
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
+
+    def close(self) -> None:
+        if self._owns_client and self._client is not None:
+            self._client.close()
+            self._client = None
+        for pool in list(self._pools.values()):
+            pool.disconnect()
+
+    def reset_after_fork(self) -> None:
+        """Forget the connections inherited from the parent (call in a forked child)."""
+        self.tokens.reset()
+        for deadline_pool in list(self._pools.values()):
+            deadline_pool.forget_inherited()
+        for pipeline in list(self._pipelines.values()):
+            pipeline.reset()
+        client = self._client
+        if client is None:
+            return
+        for node in client.get_nodes():  # type: ignore[no-untyped-call]
+            node_client = node.redis_connection
+            if node_client is None:
+                continue
+            node_client.connection_pool.reset()

@@ -1,0 +1,119 @@
+"""The Redis storages' calls off the hot path: the small scripts and ``SCRIPT EXISTS``, ``DEL``.
+
+A single node, a Sentinel's master and a Cluster make them alike, through a stock redis-py client
+(``redis.Redis`` or ``RedisCluster``) and redis-py's ``Script`` (``EVALSHA``, then ``SCRIPT
+LOAD`` and ``EVALSHA`` again on ``NOSCRIPT``): the instance heartbeat (:mod:`.heartbeat`), the
+shared value (:mod:`.shared_value`), the lease records (:mod:`.lease_records`) and the give-back
+(:mod:`.give_back`), each one round trip on the keys' node. :class:`RedisSideCalls` writes them
+once for every Redis storage; a storage gives it the :class:`SideScripts` of its client
+(:meth:`RedisSideCalls._side`: a Cluster connects there on first use) and, for ``DEL``, its keys
+in groups that one command may delete (:meth:`RedisSideCalls._same_slot`). Failures are raised
+as :class:`~flask_distlimit.errors.StorageError` only (:mod:`.translate`).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable
+from typing import Final
+
+import redis
+from redis.cluster import RedisCluster
+from redis.commands.core import Script
+
+from flask_distlimit.engine.scripts import SCRIPT_SOURCE
+from flask_distlimit.storage.base import GiveBack, Storage
+from flask_distlimit.storage.give_back import (
+    GIVE_BACK_SOURCE,
+    give_back_args,
+    give_back_keys,
+    given_back,
+)
+from flask_distlimit.storage.heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
+from flask_distlimit.storage.lease_records import (
+    LEASE_RECORDS_SOURCE,
+    Record,
+    records_from_reply,
+    records_key,
+    repaired_from_reply,
+)
+from flask_distlimit.storage.shared_value import SHARED_VALUE_SOURCE
+from flask_distlimit.storage.translate import translated
+
+__all__ = ["RedisSideCalls", "SideScripts"]
+
+#: Keys per ``DEL`` command.
+_DELETE_CHUNK: Final = 500
+
+
+class SideScripts:
+    """The limiter's scripts registered on one redis-py client (no I/O: a ``Script`` only
+    hashes its source)."""
+
+    __slots__ = ("client", "give_back", "heartbeat", "lease_records", "limit", "shared_value")
+
+    def __init__(self, client: redis.Redis | RedisCluster) -> None:
+        self.client = client
+        #: the limit script (:mod:`flask_distlimit.engine.scripts`): its ``sha``, and the
+        #: Cluster's calls through redis-py's own path
+        self.limit: Script = client.register_script(SCRIPT_SOURCE)
+        self.heartbeat: Script = client.register_script(HEARTBEAT_SOURCE)
+        self.shared_value: Script = client.register_script(SHARED_VALUE_SOURCE)
+        self.lease_records: Script = client.register_script(LEASE_RECORDS_SOURCE)
+        self.give_back: Script = client.register_script(GIVE_BACK_SOURCE)
+
+
+class RedisSideCalls(Storage):
+    """The side calls of :class:`~flask_distlimit.storage.base.Storage` on a Redis storage."""
+
+    @abc.abstractmethod
+    def _side(self) -> SideScripts:
+        """The scripts of the storage's client (connecting it first if need be); raises
+        ``StorageError`` when it cannot be had."""
+
+    def _same_slot(self, keys: list[str]) -> Iterable[list[str]]:
+        """``keys`` in groups that one ``DEL`` may delete: this default, one group (a single
+        node; a Cluster groups them by slot)."""
+        return [keys]
+
+    def heartbeat(self, key: str, member: str, ttl: float) -> int:
+        return self.heartbeat_fleet(key, member, ttl).live
+
+    def heartbeat_fleet(self, key: str, member: str, ttl: float, known: int = 0) -> Fleet:
+        # both keys in the heartbeat key's slot (peak_key)
+        args: list[str | int] = [member, max(1, round(ttl * 1000)), max(0, int(known))]
+        return fleet_from_reply(translated(self._side().heartbeat, [key, peak_key(key)], args), key)
+
+    def publish_leases(self, key: str, process: str, record: str, hold: float) -> tuple[str, ...]:
+        # both keys in one slot (records_key)
+        args: list[str | int] = [process, record, max(1, round(hold * 1000))]
+        reply = translated(self._side().lease_records, [key, records_key(key)], args)
+        return repaired_from_reply(reply, key)
+
+    def lease_records(self, key: str) -> list[Record]:
+        reply = translated(self._side().lease_records, [key, records_key(key)], ["", "", 0])
+        return records_from_reply(reply)
+
+    def _give_back(self, back: GiveBack) -> int:
+        key, algorithm, period, window, units, now_us = back
+        args = give_back_args(algorithm, period, window, units, now_us)
+        return given_back(translated(self._side().give_back, give_back_keys(key), args))
+
+    def shared_value(self, key: str, candidate: str, ttl: int) -> str:
+        value = translated(self._side().shared_value, [key], [candidate, int(ttl)])
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    def scripts_loaded(self) -> bool:
+        """True when the limit script is loaded (on every primary of a Cluster)."""
+        side = self._side()
+        found = translated(side.client.script_exists, side.limit.sha)
+        return bool(found) and all(found)
+
+    def delete(self, keys: Iterable[str]) -> int:
+        groups = self._same_slot(list(keys))
+        client = self._side().client
+        deleted = 0
+        for group in groups:
+            for start in range(0, len(group), _DELETE_CHUNK):
+                deleted += int(translated(client.delete, *group[start : start + _DELETE_CHUNK]))
+        return deleted
