@@ -69,8 +69,9 @@ from flask_distlimit._typing import FailurePolicy
 from flask_distlimit.core.decision import Check, Decision, Evaluation
 from flask_distlimit.declare.lease_options import LEASABLE, auto_cap
 from flask_distlimit.forks import AfterFork
-from flask_distlimit.resilience.guard import Guard, Outcome
+from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.resilience.instances import process_member
+from flask_distlimit.resilience.outcome import Outcome
 from flask_distlimit.storage.give_back import GIVE_BACK_CODES
 from flask_distlimit.storage.lease_records import Record
 from flask_distlimit.telemetry.metrics import limit_label
