@@ -4,8 +4,7 @@
 go through :meth:`Guard.evaluate`, which
 
 1. asks the circuit breaker (:mod:`flask_distlimit.resilience.breaker`) of the storage node the
-checks go
-   to whether to try the storage at all: one breaker per node
+   checks go to whether to try the storage at all: one breaker per node
    (:mod:`flask_distlimit.resilience.breakers`), i.e. one for a single node or memory, one for the
    master a Sentinel names (a failover moves to the new master's breaker, closed, without waiting
    out the old one's reset timeout), one per primary on a Redis Cluster;

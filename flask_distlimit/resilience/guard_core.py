@@ -8,14 +8,9 @@ single-node path (:mod:`flask_distlimit.resilience.guard`), the Cluster path
 (:mod:`flask_distlimit.resilience.node_fallbacks`), the instance count, the node a storage of one
 node at a time goes to now (a Sentinel master, followed on failures and while its breaker is
 open), the paced log (:mod:`flask_distlimit.resilience.storage_log`), and the answer of the failure
-policy to checks the storage did not decide (:meth:`GuardCore.degraded`):
-
-- ``"open"``: allow, marked degraded;
-- ``"closed"``: refuse: the extension turns ``unavailable`` into a problem+json 503;
-- ``"local"``: decide in-process at each limit's per-instance share, degraded.
-
-A refused write (:class:`~flask_distlimit.errors.StorageFull`) turns ``"open"`` into ``"local"``
-until the fallbacks let go of the keys it decided (:meth:`GuardCore.chosen`).
+policy to checks the storage did not decide (:meth:`GuardCore.degraded`). A refused write
+(:class:`~flask_distlimit.errors.StorageFull`) turns ``"open"`` into ``"local"`` until the fallbacks
+let go of the keys it decided (:meth:`GuardCore.chosen`).
 """
 
 from __future__ import annotations
