@@ -5,7 +5,8 @@ hears how it ended, because it is the same evidence as a request's call: the sam
 the same way within the same timeout. No failure policy answers it and the local fallback is not
 engaged: a side call that fails is counted and logged
 (:meth:`GuardCore.side_failed <flask_distlimit.resilience.guard_core.GuardCore.side_failed>`) and
-skipped. :class:`SideCalls` is the guard's part that makes them; the public entry points are
+skipped. The functions here take the guard's shared state
+(:class:`~flask_distlimit.resilience.guard_core.GuardCore`); the public entry points are
 :meth:`Guard.beside <flask_distlimit.resilience.guard.Guard.beside>`, :meth:`Guard.side_call
 <flask_distlimit.resilience.guard.Guard.side_call>` and :meth:`Guard.evaluate_beside
 <flask_distlimit.resilience.guard.Guard.evaluate_beside>`.
