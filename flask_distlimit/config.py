@@ -99,7 +99,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Final, Literal, NamedTuple, TypeVar
 
 from flask_distlimit._typing import FailurePolicy, HeaderMode
 from flask_distlimit.core.algorithms import ALGORITHMS, MAX_CONCURRENCY, Algorithm
@@ -107,16 +107,13 @@ from flask_distlimit.core.limits import Rate, parse_rates
 from flask_distlimit.core.policies import FAILURE_POLICIES
 from flask_distlimit.core.priorities import Priority
 from flask_distlimit.declare.dynamic_limits import DynamicValue, read_value
+from flask_distlimit.defences import shedding
 from flask_distlimit.defences.shadow import ShadowSetting, parse_shadow
-from flask_distlimit.defences.shedding import (
-    DEFAULT_SHARES,
-    DEFAULT_SHED_AT,
-    parse_shares,
-    parse_shed_at,
-)
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity import IDENTITY_KEYS
 from flask_distlimit.ops import serving
+from flask_distlimit.resilience.breaker import check_fail_max, check_reset_timeout
+from flask_distlimit.storage.heartbeat import MAX_FLEET
 from flask_distlimit.storage.tokens import TOKEN_MODES
 
 if TYPE_CHECKING:
@@ -158,9 +155,9 @@ DEFAULTS: Final[dict[str, object]] = {
     "DISTLIMIT_SHADOW": False,
     "DISTLIMIT_CONCURRENCY_LEASE": 60,
     "DISTLIMIT_WORKER_THREADS": 0,
-    "DISTLIMIT_WORKER_SHED_AT": DEFAULT_SHED_AT,
+    "DISTLIMIT_WORKER_SHED_AT": shedding.DEFAULT_SHED_AT,
     "DISTLIMIT_FLEET_CAPACITY": 0,
-    "DISTLIMIT_FLEET_SHARES": DEFAULT_SHARES,
+    "DISTLIMIT_FLEET_SHARES": shedding.DEFAULT_SHARES,
 }
 
 #: Every ``DISTLIMIT_*`` key the extension reads: those above and the identity keys.
@@ -185,18 +182,48 @@ def _choice(key: str, value: object, choices: tuple[T, ...]) -> T:
     raise _bad(key, value, "Use one of: " + ", ".join(repr(c) for c in choices) + ".")
 
 
-def _number(
-    key: str,
-    value: object,
-    *,
-    integer: bool,
-    minimum: float,
-    maximum: float,
-    strict: bool = False,
-    meaning: str = "",
-) -> float:
-    """A finite number >= minimum (> minimum when strict) and <= maximum; bools and strings
-    are refused."""
+class _Range(NamedTuple):
+    """The values a numeric key accepts: ``minimum`` (excluded when ``strict``) to ``maximum``;
+    ``meaning`` ends the message of a bad value."""
+
+    integer: bool
+    minimum: float
+    maximum: float
+    meaning: str = ""
+    strict: bool = False
+
+
+#: The numeric keys this module checks itself (the breaker's are checked by the breaker).
+_RANGES: Final[dict[str, _Range]] = {
+    "DISTLIMIT_REDIS_TIMEOUT": _Range(
+        False, 0, 10, " seconds (every request may wait this long for Redis)", strict=True
+    ),
+    "DISTLIMIT_CONDITIONAL_COST": _Range(True, 0, 1000),
+    "DISTLIMIT_INSTANCES_MIN": _Range(
+        True, 1, MAX_FLEET, " (the smallest divisor of the local fallback)"
+    ),
+    "DISTLIMIT_DYNAMIC_LIMIT_TTL": _Range(
+        False, 0, 86400, " seconds (how long a callable limit's answer is kept per identity)"
+    ),
+    "DISTLIMIT_CONCURRENCY_LEASE": _Range(
+        True, 1, 86_400, " seconds (a little over the longest request served)"
+    ),
+    "DISTLIMIT_WORKER_THREADS": _Range(
+        True, 0, 10_000, " (the request threads of one process; 0 turns worker shedding off)"
+    ),
+    "DISTLIMIT_FLEET_CAPACITY": _Range(
+        True,
+        0,
+        MAX_CONCURRENCY,
+        " (requests in flight across the fleet; 0 turns fleet shedding off)",
+    ),
+}
+
+
+def _number(key: str, value: object) -> float:
+    """``value`` of the numeric ``key``: a finite number in its :data:`_RANGES`; bools and
+    strings are refused."""
+    integer, minimum, maximum, meaning, strict = _RANGES[key]
     kind = "an integer" if integer else "a number"
     bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
     accepted = f"Use {kind} {bound} and <= {maximum:g}{meaning}."
@@ -248,9 +275,9 @@ def _storage_url(key: str, value: object) -> str:
 def _instances(key: str, value: object) -> int | Literal["auto"]:
     if value == "auto":
         return "auto"
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_FLEET:
         raise _bad(
-            key, value, "Use an integer from 1 to 100000 (the number of processes) or 'auto'."
+            key, value, f"Use an integer from 1 to {MAX_FLEET} (the number of processes) or 'auto'."
         )
     return value
 
@@ -323,9 +350,11 @@ class Settings:
     shadow: ShadowSetting = False
     concurrency_lease: int = 60
     worker_threads: int = 0
-    worker_shed_at: Mapping[Priority, float] = field(default_factory=lambda: DEFAULT_SHED_AT)
+    worker_shed_at: Mapping[Priority, float] = field(
+        default_factory=lambda: shedding.DEFAULT_SHED_AT
+    )
     fleet_capacity: int = 0
-    fleet_shares: Mapping[Priority, float] = field(default_factory=lambda: DEFAULT_SHARES)
+    fleet_shares: Mapping[Priority, float] = field(default_factory=lambda: shedding.DEFAULT_SHARES)
 
     def check_serving(self, storage: Storage | None = None) -> None:
         """Warn (once per process) when ``memory://``, the storage of these settings or the
@@ -365,6 +394,10 @@ class Settings:
             # a dict default is copied: an app that edits its config never edits ours
             config.setdefault(key, dict(default) if isinstance(default, dict) else default)
         get: Callable[[str], object] = config.__getitem__
+
+        def number(key: str) -> float:
+            return _number(key, get(key))
+
         default_limits, default_dynamic = _limit_value(
             "DISTLIMIT_DEFAULT_LIMITS", get("DISTLIMIT_DEFAULT_LIMITS")
         )
@@ -376,111 +409,31 @@ class Settings:
             global_limits=_rates("DISTLIMIT_GLOBAL_LIMITS", get("DISTLIMIT_GLOBAL_LIMITS")),
             headers=_choice("DISTLIMIT_HEADERS", get("DISTLIMIT_HEADERS"), _HEADER_MODES),
             key_prefix=_prefix("DISTLIMIT_KEY_PREFIX", get("DISTLIMIT_KEY_PREFIX")),
-            redis_timeout=float(
-                _number(
-                    "DISTLIMIT_REDIS_TIMEOUT",
-                    get("DISTLIMIT_REDIS_TIMEOUT"),
-                    integer=False,
-                    minimum=0,
-                    maximum=10,
-                    strict=True,
-                    meaning=" seconds (every request may wait this long for Redis)",
-                )
-            ),
+            redis_timeout=float(number("DISTLIMIT_REDIS_TIMEOUT")),
             request_tokens=_choice(
                 "DISTLIMIT_REQUEST_TOKENS", get("DISTLIMIT_REQUEST_TOKENS"), TOKEN_MODES
             ),
-            conditional_cost=int(
-                _number(
-                    "DISTLIMIT_CONDITIONAL_COST",
-                    get("DISTLIMIT_CONDITIONAL_COST"),
-                    integer=True,
-                    minimum=0,
-                    maximum=1000,
-                )
-            ),
+            conditional_cost=int(number("DISTLIMIT_CONDITIONAL_COST")),
             enabled=_bool("DISTLIMIT_ENABLED", get("DISTLIMIT_ENABLED")),
             failure_policy=_choice(
                 "DISTLIMIT_FAILURE_POLICY", get("DISTLIMIT_FAILURE_POLICY"), FAILURE_POLICIES
             ),
             instances=_instances("DISTLIMIT_INSTANCES", get("DISTLIMIT_INSTANCES")),
-            instances_min=int(
-                _number(
-                    "DISTLIMIT_INSTANCES_MIN",
-                    get("DISTLIMIT_INSTANCES_MIN"),
-                    integer=True,
-                    minimum=1,
-                    maximum=100_000,
-                    meaning=" (the smallest divisor of the local fallback)",
-                )
-            ),
-            breaker_fail_max=int(
-                _number(
-                    "DISTLIMIT_BREAKER_FAIL_MAX",
-                    get("DISTLIMIT_BREAKER_FAIL_MAX"),
-                    integer=True,
-                    minimum=1,
-                    maximum=10_000,
-                    meaning=" consecutive failures",
-                )
-            ),
-            breaker_reset_timeout=float(
-                _number(
-                    "DISTLIMIT_BREAKER_RESET_TIMEOUT",
-                    get("DISTLIMIT_BREAKER_RESET_TIMEOUT"),
-                    integer=False,
-                    minimum=0,
-                    maximum=3600,
-                    strict=True,
-                    meaning=" seconds",
-                )
-            ),
+            instances_min=int(number("DISTLIMIT_INSTANCES_MIN")),
+            breaker_fail_max=check_fail_max(get("DISTLIMIT_BREAKER_FAIL_MAX")),
+            breaker_reset_timeout=check_reset_timeout(get("DISTLIMIT_BREAKER_RESET_TIMEOUT")),
             charge_preflights=_bool(
                 "DISTLIMIT_CHARGE_PREFLIGHTS", get("DISTLIMIT_CHARGE_PREFLIGHTS")
             ),
-            dynamic_limit_ttl=float(
-                _number(
-                    "DISTLIMIT_DYNAMIC_LIMIT_TTL",
-                    get("DISTLIMIT_DYNAMIC_LIMIT_TTL"),
-                    integer=False,
-                    minimum=0,
-                    maximum=86400,
-                    meaning=" seconds (how long a callable limit's answer is kept per identity)",
-                )
-            ),
+            dynamic_limit_ttl=float(number("DISTLIMIT_DYNAMIC_LIMIT_TTL")),
             shadow=parse_shadow("DISTLIMIT_SHADOW", get("DISTLIMIT_SHADOW")),
-            concurrency_lease=int(
-                _number(
-                    "DISTLIMIT_CONCURRENCY_LEASE",
-                    get("DISTLIMIT_CONCURRENCY_LEASE"),
-                    integer=True,
-                    minimum=1,
-                    maximum=86_400,
-                    meaning=" seconds (a little over the longest request served)",
-                )
-            ),
-            worker_threads=int(
-                _number(
-                    "DISTLIMIT_WORKER_THREADS",
-                    get("DISTLIMIT_WORKER_THREADS"),
-                    integer=True,
-                    minimum=0,
-                    maximum=10_000,
-                    meaning=" (the request threads of one process; 0 turns worker shedding off)",
-                )
-            ),
-            worker_shed_at=parse_shed_at(
+            concurrency_lease=int(number("DISTLIMIT_CONCURRENCY_LEASE")),
+            worker_threads=int(number("DISTLIMIT_WORKER_THREADS")),
+            worker_shed_at=shedding.parse_shed_at(
                 "DISTLIMIT_WORKER_SHED_AT", get("DISTLIMIT_WORKER_SHED_AT")
             ),
-            fleet_capacity=int(
-                _number(
-                    "DISTLIMIT_FLEET_CAPACITY",
-                    get("DISTLIMIT_FLEET_CAPACITY"),
-                    integer=True,
-                    minimum=0,
-                    maximum=MAX_CONCURRENCY,
-                    meaning=" (requests in flight across the fleet; 0 turns fleet shedding off)",
-                )
+            fleet_capacity=int(number("DISTLIMIT_FLEET_CAPACITY")),
+            fleet_shares=shedding.parse_shares(
+                "DISTLIMIT_FLEET_SHARES", get("DISTLIMIT_FLEET_SHARES")
             ),
-            fleet_shares=parse_shares("DISTLIMIT_FLEET_SHARES", get("DISTLIMIT_FLEET_SHARES")),
         )

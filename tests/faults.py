@@ -15,7 +15,8 @@ import redis
 
 from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.errors import StorageUnavailable
-from flask_distlimit.resilience.guard import Guard, Outcome
+from flask_distlimit.resilience.guard import Guard
+from flask_distlimit.resilience.outcome import Outcome
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.heartbeat import Fleet
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from flask_distlimit.core.decision import Check, Decision, Evaluation
-from flask_distlimit.resilience.guard import Outcome
+from flask_distlimit.resilience.outcome import Outcome
 
 _DECISION = Decision(True, 10, 9, 1.5, 0.0)
 RECORDS: list[tuple[type, dict[str, Any]]] = [

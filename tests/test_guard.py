@@ -16,11 +16,9 @@ from prometheus_client import CollectorRegistry
 from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.core.policies import validate_policy
 from flask_distlimit.errors import ConfigurationError, StorageMisconfigured
-from flask_distlimit.resilience.guard import (
-    MISCONFIGURED_LOG_INTERVAL,
-    Guard,
-    Outcome,
-)
+from flask_distlimit.resilience.guard import Guard
+from flask_distlimit.resilience.outcome import Outcome
+from flask_distlimit.resilience.storage_log import MISCONFIGURED_LOG_INTERVAL
 from flask_distlimit.telemetry.metrics import Metrics
 from tests.guard_helpers import REFUSAL, FakeClock, ScriptedStorage, check
 

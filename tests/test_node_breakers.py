@@ -20,7 +20,8 @@ from flask_distlimit.errors import (
     StorageUnavailable,
 )
 from flask_distlimit.resilience.breakers import DEFAULT_NODE, Breakers
-from flask_distlimit.resilience.guard import REDISCOVER_INTERVAL, Guard
+from flask_distlimit.resilience.guard import Guard
+from flask_distlimit.resilience.guard_core import REDISCOVER_INTERVAL
 from flask_distlimit.storage.memory import MemoryStorage
 from flask_distlimit.telemetry.metrics import Metrics
 from tests.faults import kind_of

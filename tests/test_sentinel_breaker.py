@@ -10,7 +10,8 @@ from collections.abc import Callable
 import pytest
 
 from flask_distlimit.core.decision import Check
-from flask_distlimit.resilience.guard import REDISCOVER_INTERVAL, Guard
+from flask_distlimit.resilience.guard import Guard
+from flask_distlimit.resilience.guard_core import REDISCOVER_INTERVAL
 from flask_distlimit.storage import from_url
 from tests.faults import kind_of
 from tests.guard_helpers import FakeClock

@@ -22,6 +22,11 @@ Only outages count (:class:`~flask_distlimit.errors.StorageUnavailable`). An ans
 error (:class:`~flask_distlimit.errors.StorageResponseError`) proves the store is reachable: report
 it as a success; the caller raises it as the bug it is.
 
+The settings are checked here, once, against the bounds :data:`FAIL_MAX_RANGE` and
+:data:`MAX_RESET_TIMEOUT` (:func:`check_fail_max`, :func:`check_reset_timeout`), by ``init_app``
+for ``DISTLIMIT_BREAKER_FAIL_MAX`` and ``DISTLIMIT_BREAKER_RESET_TIMEOUT`` and by every breaker
+built: a bad value is a :class:`~flask_distlimit.errors.ConfigurationError` naming the key.
+
 Opening is logged at WARNING, closing at INFO (logger ``flask_distlimit.resilience.breaker``), each
 line naming the breaker (``redis:ratelimit``, or ``redis+cluster:ratelimit@127.0.0.1:7001`` for one
 node of several).
@@ -33,11 +38,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Literal, cast
+from typing import Any, Final, Literal, cast
 
 import pybreaker
 
-__all__ = ["Breaker", "BreakerState"]
+from flask_distlimit.errors import ConfigurationError
+
+__all__ = [
+    "FAIL_MAX_RANGE",
+    "MAX_RESET_TIMEOUT",
+    "Breaker",
+    "BreakerState",
+    "check_fail_max",
+    "check_reset_timeout",
+]
 
 log = logging.getLogger("flask_distlimit.breaker")  # a public name (docs/failure-modes.md), kept
 
@@ -46,6 +60,39 @@ BreakerState = Literal["closed", "open", "half-open"]
 _CLOSED = pybreaker.STATE_CLOSED
 _OPEN = pybreaker.STATE_OPEN
 _HALF_OPEN = pybreaker.STATE_HALF_OPEN
+
+#: ``fail_max`` (``DISTLIMIT_BREAKER_FAIL_MAX``): consecutive outages that open the breaker.
+FAIL_MAX_RANGE: Final = (1, 10_000)
+#: ``reset_timeout`` (``DISTLIMIT_BREAKER_RESET_TIMEOUT``): seconds open before a trial call,
+#: more than 0 and at most this.
+MAX_RESET_TIMEOUT: Final = 3600.0
+
+
+def check_fail_max(value: object) -> int:
+    """``value`` as a breaker's ``fail_max``, or a :class:`ConfigurationError` naming the key."""
+    low, high = FAIL_MAX_RANGE
+    if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
+        return value
+    raise ConfigurationError(
+        f"DISTLIMIT_BREAKER_FAIL_MAX = {value!r} is not valid. Use an integer >= {low} and "
+        f"<= {high} (consecutive storage outages that open the circuit breaker; default 5)."
+    )
+
+
+def check_reset_timeout(value: object) -> float:
+    """``value`` as a breaker's ``reset_timeout`` in seconds, or a :class:`ConfigurationError`
+    naming the key."""
+    if (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and 0 < value <= MAX_RESET_TIMEOUT  # NaN compares False
+    ):
+        return float(value)
+    raise ConfigurationError(
+        f"DISTLIMIT_BREAKER_RESET_TIMEOUT = {value!r} is not valid. Use a number > 0 and "
+        f"<= {MAX_RESET_TIMEOUT:g} seconds (how long the breaker stays open before a trial "
+        "call; default 30)."
+    )
 
 
 class _Listener(pybreaker.CircuitBreakerListener):
@@ -93,12 +140,8 @@ class Breaker:
         name: str = "storage",
         on_change: Callable[[BreakerState], None] | None = None,
     ) -> None:
-        if fail_max < 1:
-            raise ValueError(f"fail_max must be at least 1, got {fail_max!r}")
-        if reset_timeout < 0:
-            raise ValueError(f"reset_timeout must be >= 0 seconds, got {reset_timeout!r}")
-        self.fail_max = fail_max
-        self.reset_timeout = reset_timeout
+        self.fail_max = check_fail_max(fail_max)
+        self.reset_timeout = check_reset_timeout(reset_timeout)
         self.name = name
         self.on_change = on_change
         self.last_error: BaseException | None = None
@@ -106,8 +149,8 @@ class Breaker:
         self._lock = threading.Lock()
         self._store = pybreaker.CircuitMemoryStorage(_CLOSED)
         self._cb = pybreaker.CircuitBreaker(
-            fail_max=fail_max,
-            reset_timeout=reset_timeout,
+            fail_max=self.fail_max,
+            reset_timeout=self.reset_timeout,
             state_storage=self._store,
             listeners=[_Listener(self)],
             name=name,

@@ -18,18 +18,38 @@ dictionary read, no lock.
 The aggregate :attr:`Breakers.state` is the worst state of any node's breaker (open, then
 half-open, then closed): with one node it is that node's state, as before per-node breakers.
 :func:`worst` picks the breaker that aggregate describes.
+
+A request (or a call beside one) whose parts go to several nodes asks each node's breaker once
+(:meth:`Breakers.gate`), and each node's breaker then hears once how its parts ended
+(:func:`tell`): an outage if any of them met one, else an answer; so does the breaker of a single
+call beside a request's (:func:`hear`).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Final
 
-from flask_distlimit.resilience.breaker import Breaker, BreakerState
+from flask_distlimit.core.decision import Evaluation
+from flask_distlimit.errors import (
+    StorageBusy,
+    StorageError,
+    StorageFull,
+    StorageMisconfigured,
+    StorageReplyLost,
+    StorageResponseError,
+    StorageUnavailable,
+)
+from flask_distlimit.resilience.breaker import (
+    Breaker,
+    BreakerState,
+    check_fail_max,
+    check_reset_timeout,
+)
 
-__all__ = ["DEFAULT_NODE", "MAX_NODES", "Breakers", "worst"]
+__all__ = ["DEFAULT_NODE", "MAX_NODES", "Breakers", "hear", "tell", "worst"]
 
 #: The node of a storage that has only one (single node, memory; Sentinel before it connected).
 DEFAULT_NODE: Final = "redis"
@@ -46,7 +66,8 @@ class Breakers:
     one breaker always was: logs and metric labels do not change for a single node), any other
     ``name@node``. ``on_change(breaker_name, state)`` is called after every transition and, with
     state ``None``, when a breaker is dropped. ``known`` answers the nodes the topology lists
-    now (``None``: unknown, nothing is dropped for being absent).
+    now (``None``: unknown, nothing is dropped for being absent). The settings are checked here
+    (:func:`~flask_distlimit.resilience.breaker.check_fail_max`, ...), before any breaker is made.
     """
 
     def __init__(
@@ -61,8 +82,8 @@ class Breakers:
         limit: int = MAX_NODES,
     ) -> None:
         self.name = name
-        self.fail_max = fail_max
-        self.reset_timeout = reset_timeout
+        self.fail_max = check_fail_max(fail_max)
+        self.reset_timeout = check_reset_timeout(reset_timeout)
         self._clock = clock
         self._on_change = on_change
         self._known = known
@@ -111,6 +132,20 @@ class Breakers:
             on_change(name, breaker.state)
         return breaker
 
+    def gate(self, nodes: Iterable[str]) -> tuple[dict[str, Breaker], set[str]]:
+        """Ask each node's breaker once: the nodes to try (with their breakers), the others."""
+        trying: dict[str, Breaker] = {}
+        blocked: set[str] = set()
+        for node in nodes:
+            if node in trying or node in blocked:
+                continue  # one allow() per node and request: it may hand out the one trial
+            breaker = self.get(node)
+            if breaker.allow():
+                trying[node] = breaker
+            else:
+                blocked.add(node)
+        return trying, blocked
+
     def retain(self, nodes: Collection[str]) -> None:
         """Drop the breakers of every node not in ``nodes``."""
         with self._lock:
@@ -155,6 +190,50 @@ class Breakers:
         self._lock = threading.Lock()
         for breaker in self._by_node.values():
             breaker._after_fork()
+
+
+def hear(breaker: Breaker, error: BaseException | None) -> None:
+    """``breaker`` hears how one call ended (``error``: ``None`` when the storage answered):
+    an answer (an error reply, a lost reply and a refused write are answers: the node is up) is
+    a success, an outage a failure; any other exception frees a trial it held."""
+    if error is None or isinstance(error, StorageReplyLost | StorageFull | StorageResponseError):
+        breaker.success()
+    elif isinstance(error, StorageUnavailable):
+        breaker.failure(error)
+    else:
+        breaker.release()
+
+
+def tell(
+    trying: dict[str, Breaker],
+    nodes: Sequence[str],
+    results: Sequence[Evaluation | StorageError],
+) -> list[StorageMisconfigured]:
+    """Each node's breaker of ``trying`` (:meth:`Breakers.gate`) hears once how the parts sent
+    to it (``nodes``, one per result) ended: an outage if any of them met one, else an answer (an
+    error reply, a lost reply and a refused write are answers: the node is up); a node that
+    only met this process's load (:class:`~flask_distlimit.errors.StorageBusy`) or was sent
+    nothing has its trial released. Answers the outages that are misconfigurations (to log)."""
+    heard: dict[str, StorageUnavailable | None] = {}
+    for node, result in zip(nodes, results, strict=True):
+        if isinstance(result, StorageUnavailable) and not isinstance(
+            result, StorageReplyLost | StorageFull
+        ):
+            heard[node] = result
+        elif not isinstance(result, StorageBusy):  # this process's load: no evidence
+            heard.setdefault(node, None)
+    for node, breaker in trying.items():
+        if node not in heard:
+            breaker.release()
+    refused: list[StorageMisconfigured] = []
+    for node, error in heard.items():
+        if error is None:
+            trying[node].success()
+        else:
+            trying[node].failure(error)
+            if isinstance(error, StorageMisconfigured):
+                refused.append(error)
+    return refused
 
 
 def worst(breakers: Collection[Breaker]) -> Breaker | None:

@@ -52,10 +52,11 @@ from flask_distlimit._typing import FailurePolicy
 from flask_distlimit.core.decision import Check, Decision, Evaluation
 from flask_distlimit.declare.lease_options import auto_cap
 from flask_distlimit.forks import AfterFork
-from flask_distlimit.resilience.guard import Guard, Outcome
+from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.resilience.holdings import record_of
 from flask_distlimit.resilience.instances import process_member
 from flask_distlimit.resilience.lease import GIVE_BACK_AFTER_US, Lease, Spent
+from flask_distlimit.resilience.outcome import Outcome
 from flask_distlimit.telemetry.metrics import limit_label
 
 if TYPE_CHECKING:

@@ -1,0 +1,95 @@
+"""The local fallbacks of one guard: one, or one per node on a Redis Cluster.
+
+Under policy ``"local"`` a failing storage's checks are decided in-process
+(:class:`~flask_distlimit.resilience.fallback.LocalFallback`). On a storage whose checks are
+routed to nodes of their own (``routed``: Redis Cluster), each node fails, engages its fallback
+and settles on its own, so the keys of a healthy shard are never counted locally because another
+shard failed; elsewhere there is one fallback, :attr:`NodeFallbacks.default`.
+
+The per-node fallbacks are made on first use and copied on write (under a lock): request threads
+read them without one.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Sequence
+
+from flask_distlimit.core.decision import Check
+from flask_distlimit.resilience.fallback import LocalFallback
+from flask_distlimit.resilience.last_known import LastKnown
+from flask_distlimit.storage.base import Storage
+
+__all__ = ["NodeFallbacks"]
+
+
+class NodeFallbacks:
+    """The fallbacks of one guard. ``route`` is the storage's :meth:`Storage.route
+    <flask_distlimit.storage.base.Storage.route>`, ``routed`` whether it spreads checks over
+    nodes; ``factory``, ``clock``, ``settle`` and ``last_known`` build each
+    :class:`~flask_distlimit.resilience.fallback.LocalFallback`."""
+
+    def __init__(
+        self,
+        factory: Callable[[], Storage] | None,
+        *,
+        clock: Callable[[], float],
+        settle: float,
+        last_known: LastKnown,
+        routed: bool,
+        route: Callable[[Sequence[Check]], list[tuple[str, list[int]]]],
+    ) -> None:
+        self._new = functools.partial(
+            LocalFallback, factory, clock=clock, settle=settle, last_known=last_known
+        )
+        self._routed = routed
+        self._route = route
+        #: The fallback of a storage with one node (on a Cluster: of the checks of no node).
+        self.default = self._new()
+        # Copied on write (under _lock): request threads iterate it without a lock.
+        self._by_node: dict[str, LocalFallback] = {}
+        self._lock = threading.Lock()
+
+    def of(self, node: str) -> LocalFallback:
+        """The fallback of the checks that go to ``node`` (:attr:`default` but on a Cluster)."""
+        if not self._routed:
+            return self.default
+        fallback = self._by_node.get(node)
+        if fallback is None:
+            with self._lock:
+                fallback = self._by_node.get(node)
+                if fallback is None:
+                    fallback = self._new()
+                    self._by_node = {**self._by_node, node: fallback}
+        return fallback
+
+    def split(self, checks: Sequence[Check]) -> list[tuple[LocalFallback, list[Check]]]:
+        """``checks`` split by the fallback that decides them (one part but on a Cluster)."""
+        if not self._routed:
+            return [(self.default, list(checks))]
+        return [
+            (self.of(node), [checks[i] for i in indexes]) for node, indexes in self._route(checks)
+        ]
+
+    def counting(self, key: str, node: str) -> LocalFallback:
+        """The fallback that counts ``key``: one that counts it already (its slot may have
+        moved since: a replica promoted in place of the dead primary knows nothing of the
+        admissions decided locally), else ``node``'s."""
+        for fallback in self._by_node.values():
+            if fallback.holding and fallback.covers(key):
+                return fallback
+        return self.of(node)
+
+    def per_node_holding(self) -> bool:
+        """Does any node's own fallback hold counts (never on the path of a healthy Cluster)?"""
+        return any(f.holding for f in self._by_node.values())
+
+    def all(self) -> list[LocalFallback]:
+        """Every fallback: :attr:`default`, then each node's."""
+        return [self.default, *self._by_node.values()]
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()
+        for fallback in self.all():
+            fallback._after_fork()

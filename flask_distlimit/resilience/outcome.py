@@ -1,0 +1,59 @@
+"""What a guarded storage call decided: :class:`Outcome`, and the answers of the failure policies.
+
+:meth:`Guard.evaluate <flask_distlimit.resilience.guard.Guard.evaluate>` answers every request's
+checks with an :class:`Outcome`: the storage's evaluation, or the failure policy's answer when the
+storage failed. The policies that know nothing about the checks share one frozen outcome each
+(:data:`OPEN_OUTCOME`, :data:`CLOSED_OUTCOME`, :data:`BUSY_OUTCOME`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from flask_distlimit.core.decision import Evaluation
+from flask_distlimit.frozen import slot_setters
+
+__all__ = ["BUSY_OUTCOME", "CLOSED_OUTCOME", "OPEN_OUTCOME", "Outcome"]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the guarded storage call decided.
+
+    - ``evaluation``: the decisions (from the storage, or from the local fallback when degraded);
+      ``None`` when the storage failed under policy ``open`` or ``closed``.
+    - ``degraded``: the storage failed; the answer comes from the failure policy.
+    - ``unavailable``: policy ``closed`` and the storage failed: answer 503.
+    - ``busy``: (with ``unavailable``) this process's calls queued past their budget
+      (:class:`~flask_distlimit.errors.StorageBusy`): answer 503, ``Retry-After: 1``.
+    """
+
+    evaluation: Evaluation | None
+    degraded: bool = False
+    unavailable: bool = False
+    busy: bool = False
+
+    def __init__(
+        self,
+        evaluation: Evaluation | None,
+        degraded: bool = False,
+        unavailable: bool = False,
+        busy: bool = False,
+    ) -> None:  # frozen, at a plain class's cost (flask_distlimit.frozen)
+        _outcome_evaluation(self, evaluation)
+        _outcome_degraded(self, degraded)
+        _outcome_unavailable(self, unavailable)
+        _outcome_busy(self, busy)
+
+
+_outcome_evaluation, _outcome_degraded, _outcome_unavailable, _outcome_busy = slot_setters(
+    Outcome, "evaluation", "degraded", "unavailable", "busy"
+)
+
+#: Policy ``"open"`` (or nothing known about any check): allow, marked degraded.
+OPEN_OUTCOME: Final = Outcome(None, degraded=True)
+#: Policy ``"closed"``: a 503.
+CLOSED_OUTCOME: Final = Outcome(None, degraded=True, unavailable=True)
+#: This process's load, whatever the policy (never unlimited admission): a 503 to retry soon.
+BUSY_OUTCOME: Final = Outcome(None, degraded=True, unavailable=True, busy=True)

@@ -1,0 +1,274 @@
+"""A request's checks on a Redis Cluster: grouped per node, each group through its own breaker.
+
+On a ``routed`` storage the checks are grouped per slot (:meth:`Storage.route
+<flask_distlimit.storage.base.Storage.route>`) and each group goes to its primary's breaker: the
+groups whose breaker is open (or whose node fails during the call) get the failure policy, the
+others are decided by Redis in the same request. All-or-nothing then holds as on one node: a
+request refused by the policy, by the local fallback or by Redis spends nothing, the units a Redis
+group already consumed being given back (the script's refund mode; best effort, as between slot
+groups: a refund that fails leaves them consumed until the window passes). Under ``"closed"`` a
+request with a check on an open breaker is answered 503 before any Redis call, so nothing is spent
+on the live shards. Under ``"open"`` the live groups still count the request (their limits stay
+exact) and can deny it. Under ``"local"`` each node's fallback decides and counts the checks of its
+node only. While some primary's breaker is open, the slot map is reloaded at most every
+:data:`~flask_distlimit.resilience.guard_core.REDISCOVER_INTERVAL` seconds, so a replica promoted
+in its place gets the slots and a closed breaker of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from flask_distlimit._typing import FailurePolicy
+from flask_distlimit.core.decision import Check, Decision, Evaluation
+from flask_distlimit.core.policies import validate_policy
+from flask_distlimit.errors import StorageBusy, StorageError, StorageFull, StorageUnavailable
+from flask_distlimit.resilience.breakers import tell
+from flask_distlimit.resilience.fallback import LocalFallback
+from flask_distlimit.resilience.guard_core import GuardCore
+from flask_distlimit.resilience.outcome import OPEN_OUTCOME, Outcome
+from flask_distlimit.resilience.side_calls import heartbeat_if_due
+from flask_distlimit.telemetry.otel import storage_outcome
+
+__all__ = ["evaluate_routed"]
+
+
+def evaluate_routed(
+    core: GuardCore, checks: Sequence[Check], policy: FailurePolicy | None, now_us: int | None
+) -> Outcome:
+    """:meth:`Guard.evaluate <flask_distlimit.resilience.guard.Guard.evaluate>` on a storage whose
+    groups of checks go to nodes of their own (``core``: the guard's shared state)."""
+    chosen: FailurePolicy = policy or core.policy
+    storage = core.storage
+    routes = storage.route(checks)
+    trying, blocked = core.breakers.gate(node for node, _ in routes)
+    if blocked and core.rediscover_due():
+        # A replica may have been promoted in place of a dead primary: refresh the slot map
+        # (at most once a second) so that its slots go to the new primary's breaker.
+        for breaker in trying.values():
+            breaker.release()
+        storage.node(refresh=True)
+        routes = storage.route(checks)
+        trying, blocked = core.breakers.gate(node for node, _ in routes)
+    if blocked and chosen == "closed":  # answered 503 whatever the live nodes say
+        for breaker in trying.values():
+            breaker.release()
+        return core.degraded(checks, policy, now_us)
+    node_of = {i: node for node, indexes in routes for i in indexes}
+    live = [(node, indexes) for node, indexes in routes if node in trying]
+    parts = [[checks[i] for i in indexes] for _, indexes in live]
+    failed = [i for node, indexes in routes if node in blocked for i in indexes]
+    metrics = core.metrics
+    results: list[Evaluation | StorageError] = []
+    if parts:
+        started = time.perf_counter()
+        try:
+            results = storage.evaluate_parts(parts, now_us=now_us)
+        except BaseException:
+            for breaker in trying.values():
+                breaker.release()
+            raise
+        if metrics is not None:
+            failed_parts = [r for r in results if isinstance(r, StorageError)]
+            metrics.storage_call(
+                time.perf_counter() - started,
+                storage_outcome(failed_parts[0] if failed_parts else None),
+            )
+    # Each node's breaker hears once: an outage if any of its groups met one.
+    for refused in tell(trying, [node for node, _ in live], results):
+        core.storage_log.refused(refused)
+    full = next((r for r in results if isinstance(r, StorageFull)), None)
+    if full is not None:  # decided at the local share ("closed": 503), never "open"
+        chosen = core.refused_write(full, chosen)
+    decisions: list[Decision | None] = [None] * len(checks)
+    repaired: list[str] = []
+    spent: list[int] = []  # indexes of checks a group admitted and consumed
+    answered: list[int] = []
+    denied = False
+    busy: StorageBusy | None = None
+    for (_, indexes), part, result in zip(live, parts, results, strict=True):
+        if isinstance(result, StorageUnavailable):
+            failed.extend(indexes)
+        elif isinstance(result, StorageBusy):  # load: the whole request is refused
+            busy = result
+        elif isinstance(result, StorageError):  # an error reply: the policy decides these
+            core.unreadable(result)
+            failed.extend(indexes)
+        else:
+            decisions_of_part = result.decisions
+            for i, decision in zip(indexes, decisions_of_part, strict=True):
+                decisions[i] = decision
+            repaired.extend(result.repaired_keys)
+            answered.extend(indexes)
+            if not result.allowed:
+                denied = True
+            elif any(c.cost for c in part):
+                # a shadow check that would deny was not charged: nothing to give back
+                spent.extend(
+                    i
+                    for i, d in zip(indexes, decisions_of_part, strict=True)
+                    if not d.shadow_denied
+                )
+    if repaired:
+        core.storage_log.repaired(repaired)
+    if busy is not None:
+        _give_back(core, checks, spent, decisions, now_us)
+        return core.busy(busy)
+    if not failed:
+        # one group: its node's clock (the window a leased unit was taken in)
+        node_now = results[0].now_us if len(results) == 1 else 0  # type: ignore[union-attr]
+        evaluation = Evaluation(
+            tuple(d for d in decisions if d is not None), tuple(repaired), node_now
+        )
+        if denied:
+            _give_back(core, checks, spent, decisions, now_us)
+            evaluation = Evaluation(tuple(d for d in decisions if d is not None))
+        return _answered(core, checks, live, evaluation, chosen, now_us)
+    # Some groups' nodes are down: the failure policy decides those checks only.
+    failed.sort()
+    lost = [checks[i] for i in failed]
+    if chosen == "closed":  # a node failed during this call
+        _give_back(core, checks, spent, decisions, now_us)
+        return core.degraded(lost, policy, now_us)
+    local: Evaluation | None = None
+    if chosen == "local" and not denied:
+        local = _local_by_node(core, checks, failed, node_of, now_us)
+        for i, decision in zip(failed, local.decisions, strict=True):
+            decisions[i] = decision
+        if not local.allowed:
+            denied = True
+            _give_back(core, checks, spent, decisions, now_us)
+    elif chosen not in ("open", "local"):
+        validate_policy(chosen)
+    if denied and local is None:
+        _give_back(core, checks, spent, decisions, now_us)
+    by_redis = [checks[i] for i in answered]
+    redis_said = Evaluation(tuple(d for i in answered if (d := decisions[i]) is not None))
+    if metrics is not None:
+        metrics.degraded(lost, local)
+        if answered:
+            metrics.evaluated(by_redis, redis_said)
+    if not answered and local is None:
+        return OPEN_OUTCOME  # nothing is known about any check: as for one node
+    for i in failed:
+        if decisions[i] is None:  # not decided (policy open, or Redis denied first)
+            # Nothing known: the least restrictive, so it never drives the headers.
+            c = checks[i]
+            decisions[i] = Decision(True, c.limit, c.limit, 0.0, 0.0)
+    evaluation = Evaluation(tuple(d for d in decisions if d is not None))
+    if chosen == "local" and answered:
+        core.last_known.record(by_redis, redis_said)
+    return Outcome(evaluation, degraded=True)
+
+
+def _local_by_node(
+    core: GuardCore,
+    checks: Sequence[Check],
+    failed: list[int],
+    node_of: dict[int, str],
+    now_us: int | None,
+) -> Evaluation:
+    """The checks ``failed`` (indexes, sorted) decided by their nodes' fallbacks, all or
+    nothing: when one node's fallback refuses, the others give back what they admitted."""
+    fallbacks = core.fallbacks
+    by_fallback: dict[LocalFallback, list[int]] = {}
+    for i in failed:
+        fallback = fallbacks.counting(checks[i].key, node_of[i])
+        by_fallback.setdefault(fallback, []).append(i)
+    instances = core.instances.divisor
+    decided: dict[int, Decision] = {}
+    admitted: list[tuple[LocalFallback, list[Check]]] = []
+    allowed = True
+    for fallback, indexes in by_fallback.items():
+        part = [checks[i] for i in indexes]
+        evaluation = fallback.evaluate(part, instances=instances, now_us=now_us)
+        decided.update(zip(indexes, evaluation.decisions, strict=True))
+        if evaluation.allowed:
+            pairs = zip(part, evaluation.decisions, strict=True)
+            admitted.append((fallback, [c for c, d in pairs if not d.shadow_denied]))
+        else:
+            allowed = False
+    if not allowed:
+        for fallback, spent in admitted:
+            fallback.give_back(spent, instances=instances, now_us=now_us)
+    return Evaluation(tuple(decided[i] for i in failed))
+
+
+def _answered(
+    core: GuardCore,
+    checks: Sequence[Check],
+    live: list[tuple[str, list[int]]],
+    evaluation: Evaluation,
+    chosen: FailurePolicy,
+    now_us: int | None,
+) -> Outcome:
+    """What the single-node path does after Redis answered every check (``live``: the
+    nodes that answered and the indexes of their checks); each node's fallback counts the
+    checks of its node only."""
+    outcome: Outcome | None = None
+    if chosen == "local":
+        core.last_known.record(checks, evaluation)
+        if evaluation.allowed:
+            outcome = _charge_by_node(core, checks, live, evaluation, now_us)
+    metrics = core.metrics
+    if metrics is not None:
+        if outcome is None:
+            metrics.evaluated(checks, evaluation)
+        else:
+            metrics.degraded(checks, outcome.evaluation)
+    heartbeat_if_due(core)
+    return Outcome(evaluation) if outcome is None else outcome
+
+
+def _charge_by_node(
+    core: GuardCore,
+    checks: Sequence[Check],
+    live: list[tuple[str, list[int]]],
+    evaluation: Evaluation,
+    now_us: int | None,
+) -> Outcome | None:
+    """:meth:`LocalFallback.charge` of each check by the fallback that counts its key, else
+    by its node's, when that holds counts; the local refusal of any refuses the request."""
+    fallbacks = core.fallbacks
+    if not fallbacks.per_node_holding():
+        return None  # the path of every healthy cluster
+    by_fallback: dict[LocalFallback, list[int]] = {}
+    for node, indexes in live:
+        for i in indexes:
+            fallback = fallbacks.counting(checks[i].key, node)
+            if fallback.holding:
+                by_fallback.setdefault(fallback, []).append(i)
+    decisions = list(evaluation.decisions)
+    refused = False
+    divisor = core.instances.divisor
+    for fallback, indexes in by_fallback.items():
+        part = [checks[i] for i in indexes]
+        said = Evaluation(tuple(decisions[i] for i in indexes))
+        local = fallback.charge(part, said, instances=divisor, now_us=now_us)
+        if local is not None:  # over this process's share while failures go on
+            refused = True
+            for i, decision in zip(indexes, local.decisions, strict=True):
+                decisions[i] = decision
+    return Outcome(Evaluation(tuple(decisions)), degraded=True) if refused else None
+
+
+def _give_back(
+    core: GuardCore,
+    checks: Sequence[Check],
+    spent: list[int],
+    decisions: list[Decision | None],
+    now_us: int | None,
+) -> None:
+    """Give back what the groups that admitted a refused request consumed (best effort)."""
+    if not spent:
+        return
+    given = [checks[i] for i in spent]
+    try:
+        refunded = core.storage.refund(given, now_us=now_us)
+    except StorageError as exc:  # the node died in between: consumed until the window ends
+        core.side_failed(f"the refund of {len(given)} rate-limit check(s)", exc)
+    else:
+        for i, decision in zip(spent, refunded.decisions, strict=True):
+            decisions[i] = decision
+    spent.clear()

@@ -1,0 +1,223 @@
+"""What a guard tells the operator about its storage: paced log lines, and the counts behind them.
+
+One :class:`StorageLog` per guard, i.e. per app and process. Each kind of trouble is logged once,
+then at most once every interval of the guard's injected clock, so that a storage failing every
+call costs one line a minute, not one per request (logger ``flask_distlimit.guard``, a public
+name: docs/failure-modes.md):
+
+- a storage that refuses the limiter (:class:`~flask_distlimit.errors.StorageMisconfigured`:
+  NOPERM, WRONGPASS, a bad database index, an unknown command): ERROR, every
+  :data:`MISCONFIGURED_LOG_INTERVAL` seconds;
+- this process's calls queueing past their budget (:class:`~flask_distlimit.errors.StorageBusy`):
+  WARNING, as often;
+- a refused write (:class:`~flask_distlimit.errors.StorageFull`): WARNING, as often;
+- an error reply, a reply the limiter cannot read
+  (:class:`~flask_distlimit.errors.StorageResponseError`): ERROR, as often, each one counted
+  (``health()``'s ``unreadable_replies``, the ``unreadable_replies_total`` metric);
+- a call beside a request's that failed and was skipped: WARNING, every
+  :data:`SIDE_FAILURE_LOG_INTERVAL` seconds, saying how many failed since the previous line,
+  each one counted (``side_call_failures``, ``side_call_failures_total``);
+- keys the storage found holding garbage and reset: one WARNING line per key.
+
+Logging takes one lock around the pacing only (no I/O under it). A forked child starts afresh:
+every process says each thing once (:meth:`StorageLog.after_fork`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from flask_distlimit._typing import FailurePolicy
+from flask_distlimit.errors import StorageBusy, StorageError, StorageFull, StorageMisconfigured
+from flask_distlimit.telemetry.metrics import Metrics
+
+__all__ = ["MISCONFIGURED_LOG_INTERVAL", "SIDE_FAILURE_LOG_INTERVAL", "StorageLog", "one_line"]
+
+log = logging.getLogger("flask_distlimit.guard")  # a public name (docs/failure-modes.md), kept
+
+#: Seconds between two ERROR lines about a storage that refuses the limiter (per guard).
+MISCONFIGURED_LOG_INTERVAL: Final = 60.0
+
+#: Seconds between two WARNING lines about calls beside a request's that failed (per guard).
+SIDE_FAILURE_LOG_INTERVAL: Final = 60.0
+
+
+def one_line(text: str) -> str:
+    """``text`` with every run of whitespace (newlines included) made one space."""
+    return " ".join(text.split())
+
+
+def _said(exc: BaseException | str) -> str:
+    return one_line(str(exc) or type(exc).__name__)
+
+
+class _Pace:
+    """At most one line every ``interval`` seconds: the first at once (callers hold the lock)."""
+
+    __slots__ = ("interval", "logged_at")
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.logged_at: float | None = None  # clock() of the last line
+
+    def due(self, now: float) -> bool:
+        if self.logged_at is not None and now - self.logged_at < self.interval:
+            return False
+        self.logged_at = now
+        return True
+
+
+class StorageLog:
+    """The paced log lines and counts of one guard (see the module docstring).
+
+    ``name`` names the storage in every line, ``policy`` is the guard's default failure policy,
+    ``key_prefix`` the prefix of the limiter's keys, ``clock`` the guard's monotonic clock.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        policy: FailurePolicy,
+        key_prefix: str,
+        clock: Callable[[], float],
+    ) -> None:
+        self.name = name
+        self.policy: FailurePolicy = policy
+        self.key_prefix = key_prefix
+        self._clock = clock
+        self.after_fork()
+
+    def after_fork(self) -> None:
+        """Start afresh (a new lock, nothing logged nor counted yet): also the initial state."""
+        self._lock = threading.Lock()
+        self._refused = _Pace(MISCONFIGURED_LOG_INTERVAL)
+        self._busy = _Pace(MISCONFIGURED_LOG_INTERVAL)
+        self._full = _Pace(MISCONFIGURED_LOG_INTERVAL)
+        self._unreadable = _Pace(MISCONFIGURED_LOG_INTERVAL)
+        self._side = _Pace(SIDE_FAILURE_LOG_INTERVAL)
+        #: error replies answered by the failure policy, and the last one in one line
+        self.unreadable_count = 0
+        self.unreadable_last: str | None = None
+        #: calls beside requests' that failed, and the last one (what: cause) in one line
+        self.side_failures = 0
+        self.side_last: str | None = None
+        self._side_unlogged = 0  # ... since the last WARNING line about them
+
+    def _paced(self, pace: _Pace, level: int, message: str, *args: object) -> None:
+        now = self._clock()
+        with self._lock:
+            due = pace.due(now)
+        if due:
+            log.log(level, message, self.name, *args)
+
+    def refused(self, exc: StorageMisconfigured) -> None:
+        """Log that the storage refuses the limiter: once, then at most once a minute."""
+        self._paced(
+            self._refused,
+            logging.ERROR,
+            "Rate-limit storage %s refuses the limiter, so every request is answered by the "
+            "failure policy (%r unless its route sets one) until the configuration is fixed "
+            "(logged at most once a minute): %s",
+            self.policy,
+            exc,
+        )
+
+    def busy(self, exc: StorageBusy) -> None:
+        """Log that this process's calls queue past their budget: once, then once a minute."""
+        self._paced(
+            self._busy,
+            logging.WARNING,
+            "Rate-limit storage %s: this process's calls queue past their budget, so "
+            "such requests are answered 503 (Retry-After: 1); the breaker is not told "
+            "(logged at most once a minute): %s",
+            exc,
+        )
+
+    def full(self, exc: StorageFull, divisor: int) -> None:
+        """Log that the storage refuses writes (requests go to the local share ``limit /
+        divisor``): once, then at most once a minute."""
+        self._paced(
+            self._full,
+            logging.WARNING,
+            "Rate-limit storage %s refuses writes, so requests are decided at each "
+            "process's local share of their limits (limit / %d, DISTLIMIT_INSTANCES; 503 "
+            'under policy "closed") until it has room; its breaker stays closed (logged at '
+            "most once a minute): %s",
+            divisor,
+            exc,
+        )
+
+    def unreadable(
+        self, exc: StorageError, call: str | None = None, metrics: Metrics | None = None
+    ) -> None:
+        """Count and log an error reply to a request's call, or to the side call ``call``
+        names (skipped): every one counted, one ERROR line, then at most one a minute."""
+        now = self._clock()
+        if metrics is not None:
+            metrics.unreadable()
+        with self._lock:
+            self.unreadable_count += 1
+            self.unreadable_last = _said(exc)
+            if not self._unreadable.due(now):
+                return
+        if call is not None:
+            log.error(
+                "Rate-limit storage %s answered %s with what the limiter cannot read (a bug, "
+                "data it does not expect, or a Redis-compatible server that runs Lua "
+                "otherwise); it is skipped; logged at most once a minute: %s",
+                self.name,
+                call,
+                exc,
+            )
+            return
+        log.error(
+            "Rate-limit storage %s answered what the limiter cannot read (a bug, data it does not "
+            "expect, or a Redis-compatible server that runs Lua otherwise), so such requests are "
+            "answered by the failure policy (%r unless their route sets one); logged at most "
+            "once a minute: %s",
+            self.name,
+            self.policy,
+            exc,
+        )
+
+    def side_failed(
+        self, what: str, cause: BaseException | str, metrics: Metrics | None = None
+    ) -> None:
+        """Count and log a call beside a request's that did not complete (``what`` names it,
+        ``cause`` the error or why it was not made): every one counted; the first logs one
+        WARNING line, then at most one every :data:`SIDE_FAILURE_LOG_INTERVAL` seconds, which
+        says how many failed since the previous line."""
+        now = self._clock()
+        if metrics is not None:
+            metrics.side_call_failed()
+        text = _said(cause)
+        with self._lock:
+            self.side_failures += 1
+            self._side_unlogged += 1
+            self.side_last = f"{what}: {text}"
+            if not self._side.due(now):
+                return
+            count, self._side_unlogged = self._side_unlogged, 0
+        log.warning(
+            "Rate-limit storage %s: %s failed and is skipped (%s); %d call(s) beside requests "
+            "failed since the last such line (logged at most once a minute; every request "
+            "is still decided as usual)",
+            self.name,
+            what,
+            text,
+            count,
+        )
+
+    def repaired(self, keys: Sequence[str]) -> None:
+        """Log each key the storage found holding data of the wrong type or shape, and reset."""
+        for key in keys:
+            log.warning(
+                "Rate-limit key %s held data of the wrong type or shape; it was reset to a "
+                "fresh state (something else writes under the key prefix %r?)",
+                key,
+                self.key_prefix,
+            )
