@@ -280,6 +280,7 @@ def test_calls_beside_and_after_the_request_never_raise_on_replies_the_limiter_c
     from flask_distlimit.errors import StorageResponseError
     from flask_distlimit.resilience.lease import GIVE_BACK_AFTER_US
     from flask_distlimit.storage import redis as redis_storage
+    from flask_distlimit.storage import side_calls  # where the side calls read their replies
 
     clock = FakeClock(start=1_700_000_040.0)
     app = Flask("unreadable-side-calls")
@@ -333,7 +334,7 @@ def test_calls_beside_and_after_the_request_never_raise_on_replies_the_limiter_c
     seen = dict.fromkeys(["release", "charge", *WRONG_SHAPES], 0)
     monkeypatch.setattr(redis_storage, "script_args", charges_and_releases_err)
     for name in WRONG_SHAPES:
-        monkeypatch.setattr(redis_storage, name, wrong_shape(name))
+        monkeypatch.setattr(side_calls, name, wrong_shape(name))
     client = app.test_client()
     statuses = []
     caplog.set_level(logging.WARNING)
