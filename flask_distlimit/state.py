@@ -82,9 +82,9 @@ class LimiterState:
     ``settings``, ``identity_settings``, ``storage``, ``guard`` (made here: the storage behind
     its breakers), ``resolver``, ``hooks`` (shared with the ``Limiter``), ``deny_cache``
     (``None`` when disabled), ``global_limits`` and ``tier_limits`` (bound), ``enforcer`` (the
-    request path),
-    ``tags`` (:class:`~flask_distlimit.identity.digests.IdentityTags`) and ``identity_tag``, its
-    ``tag`` function: the keyed digest of an identity text in this app's keys.
+    request path), ``tags`` (:class:`~flask_distlimit.identity.digests.IdentityTags`) and
+    ``identity_tag``, its ``tag`` function: the keyed digest of an identity text in this app's
+    keys.
     """
 
     def __init__(
@@ -118,7 +118,8 @@ class LimiterState:
         self.resolver = resolver
         self.hooks = limiter.hooks
         self.registry = limiter.registry
-        self._storage_clock = clock
+        #: the injected clock's time for the storage (``None``: the Redis server's clock)
+        self.storage_now: Callable[[], int | None] = clock if clock is not None else lambda: None
         #: the local clock, in microseconds (the deny cache's and the breach log's)
         self.local_clock: Callable[[], int] = clock or monotonic_us
         self.deny_cache: DenyCache | None = None  # deny_cache_size None: off
@@ -199,11 +200,6 @@ class LimiterState:
         self.otel: otel.OTelHook | None = None
         otel.auto(self)
         _states.add(self)
-
-    def storage_now(self) -> int | None:
-        """The injected clock's time for the storage (``None``: the Redis server's clock)."""
-        clock = self._storage_clock
-        return clock() if clock is not None else None
 
     # -- tools (see flask_distlimit.ops.admin)
     # -------------------------------------------------------
