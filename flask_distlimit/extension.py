@@ -17,7 +17,6 @@ an app configures lives in its :class:`~flask_distlimit.state.LimiterState`; the
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Final, TypeVar
 
@@ -29,14 +28,12 @@ from flask_distlimit.config import Settings
 from flask_distlimit.core.priorities import PriorityRegistry, PriorityResolver
 from flask_distlimit.declare.decorators import Declarations
 from flask_distlimit.declare.registry import LimitRegistry
-from flask_distlimit.defences.deny_cache import DenyCache, monotonic_us
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity import Identity, IdentityHooks, IdentityResolver, IdentitySettings
 from flask_distlimit.identity.api_keys import ApiKeyVerifier
 from flask_distlimit.ops import migration
 from flask_distlimit.request import current_limits as _current
 from flask_distlimit.request.enforcement import Breach, BreachHook
-from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.state import LimiterState
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.client_retries import warn_if_client_retries, warn_if_client_waits_long
@@ -151,33 +148,13 @@ class Limiter(Declarations):
             )
         else:
             settings.check_request_tokens(chosen)
-        clock = self._clock
-        guard_clock: Callable[[], float] = (
-            (lambda: clock() / 1_000_000) if clock is not None else time.monotonic
-        )
-        guard = Guard(
-            chosen,
-            policy=settings.failure_policy,
-            fail_max=settings.breaker_fail_max,
-            reset_timeout=settings.breaker_reset_timeout,
-            instances=settings.instances,
-            instances_min=settings.instances_min,
-            key_prefix=settings.key_prefix,
-            clock=guard_clock,  # an injected clock drives the breaker's reset timeout too
-        )
-        cache = (
-            DenyCache(clock=self._clock or monotonic_us, max_entries=self._deny_cache_size)
-            if self._deny_cache
-            else None
-        )
         state = LimiterState(
             limiter=self,
             settings=settings,
             identity_settings=identity_settings,
             storage=chosen,
-            guard=guard,
             resolver=resolver,
-            deny_cache=cache,
+            deny_cache_size=self._deny_cache_size if self._deny_cache else None,
             clock=self._clock,
         )
         # start-up warnings (one line each): a client passed in that retries, or that waits

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from flask_distlimit._typing import RequestFilter
 from flask_distlimit.config import Settings
 from flask_distlimit.core.algorithms import check_limit_count
 from flask_distlimit.core.decision import Check
+from flask_distlimit.core.priorities import PriorityRegistry
 from flask_distlimit.declare.registry import LimitRegistry
 from flask_distlimit.declare.route_limits import BoundLimit, bind
 from flask_distlimit.declare.specs import LimitSpec
@@ -22,20 +24,17 @@ from flask_distlimit.defences.deny_cache import DenyCache, monotonic_us
 from flask_distlimit.defences.lifecycle import Lifecycle
 from flask_distlimit.defences.shadow import check_tiers as check_shadow_tiers
 from flask_distlimit.defences.shadow import spec_is_shadow
-from flask_distlimit.defences.shedding import Shedding, WorkerLoad, overload_health
+from flask_distlimit.defences.shedding import Shedding, WorkerLoad
 from flask_distlimit.forks import AfterFork
-from flask_distlimit.identity import IdentityResolver, IdentitySettings
+from flask_distlimit.identity import IdentityHooks, IdentityResolver, IdentitySettings
 from flask_distlimit.identity.digests import IdentityTags, digest_key
 from flask_distlimit.ops import admin
-from flask_distlimit.request.enforcement import Enforcer
+from flask_distlimit.request.enforcement import BreachHook, Enforcer
 from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.telemetry import otel
 
-if TYPE_CHECKING:
-    from flask_distlimit.extension import Limiter
-
-__all__ = ["LimiterState"]
+__all__ = ["Declared", "LimiterState"]
 
 _states: AfterFork[LimiterState] = AfterFork(lambda state: state.after_fork())
 
@@ -65,42 +64,70 @@ def _check_limits_per_request(
             check_limit_count(every + count, f"{head} and the limits on {where} ({count})")
 
 
+class Declared(Protocol):
+    """What one app's limiter reads of the :class:`~flask_distlimit.Limiter` serving it: what
+    is declared in code (limits and exemptions, priorities, identity hooks, request filters,
+    the breach hook), read as the app serves, so declared before or after ``init_app``."""
+
+    registry: LimitRegistry
+    priorities: PriorityRegistry
+    hooks: IdentityHooks
+    request_filters: list[RequestFilter]
+    breach_hook: BreachHook | None
+
+
 class LimiterState:
     """Everything one app's limiter needs: ``app.extensions["distlimit"]``.
 
-    Attributes: ``limiter``, ``settings``, ``identity_settings``, ``storage``, ``guard``,
-    ``resolver``, ``hooks`` (shared with the ``Limiter``), ``deny_cache`` (``None`` when
-    disabled), ``global_limits`` and ``tier_limits`` (bound), ``enforcer`` (the request path),
-    ``tags`` (:class:`~flask_distlimit.identity.digests.IdentityTags`) and ``identity_tag``, its
-    ``tag`` function: the keyed digest of an identity text in this app's keys.
+    Attributes: ``limiter`` (the :class:`~flask_distlimit.Limiter`, as :class:`Declared`),
+    ``settings``, ``identity_settings``, ``storage``, ``guard`` (made here: the storage behind
+    its breakers), ``resolver``, ``hooks`` (shared with the ``Limiter``), ``deny_cache``
+    (``None`` when disabled), ``global_limits`` and ``tier_limits`` (bound), ``enforcer`` (the
+    request path), ``tags`` (:class:`~flask_distlimit.identity.digests.IdentityTags`) and
+    ``identity_tag``, its ``tag`` function: the keyed digest of an identity text in this app's
+    keys.
     """
 
     def __init__(
         self,
         *,
-        limiter: Limiter,
+        limiter: Declared,
         settings: Settings,
         identity_settings: IdentitySettings,
         storage: Storage,
-        guard: Guard,
         resolver: IdentityResolver,
-        deny_cache: DenyCache | None,
+        deny_cache_size: int | None,
         clock: Callable[[], int] | None,
     ) -> None:
+        seconds = (lambda: clock() / 1_000_000) if clock is not None else None
+        # an injected clock drives the breakers' reset timeout and the tags' refreshes too
+        monotonic = seconds or time.monotonic
         self.limiter = limiter
         self.settings = settings
         self.identity_settings = identity_settings
         self.storage = storage
-        self.guard = guard
+        self.guard = guard = Guard(
+            storage,
+            policy=settings.failure_policy,
+            clock=monotonic,
+            fail_max=settings.breaker_fail_max,
+            reset_timeout=settings.breaker_reset_timeout,
+            instances=settings.instances,
+            instances_min=settings.instances_min,
+            key_prefix=settings.key_prefix,
+        )
         self.resolver = resolver
         self.hooks = limiter.hooks
         self.registry = limiter.registry
-        self.deny_cache = deny_cache
-        self._storage_clock = clock
+        #: the injected clock's time for the storage (``None``: the Redis server's clock)
+        self.storage_now: Callable[[], int | None] = clock if clock is not None else lambda: None
         #: the local clock, in microseconds (the deny cache's and the breach log's)
         self.local_clock: Callable[[], int] = clock or monotonic_us
+        self.deny_cache: DenyCache | None = None  # deny_cache_size None: off
+        if deny_cache_size is not None:
+            self.deny_cache = DenyCache(clock=self.local_clock, max_entries=deny_cache_size)
         #: the wall clock, in seconds (for header reset times)
-        self.wall: Callable[[], float] = (lambda: clock() / 1_000_000) if clock else time.time
+        self.wall: Callable[[], float] = seconds or time.time
         #: this app's identity tags: keyed with its secret, else a key the storage keeps; read
         #: while the breaker of the node serving that key (on a Redis Cluster) lets calls
         #: through, and that breaker hears how the read ended
@@ -109,12 +136,11 @@ class LimiterState:
             identity_settings.tag_secret,
             storage=storage,
             key_prefix=settings.key_prefix,
-            clock=(lambda: clock() / 1_000_000) if clock else time.monotonic,
+            clock=monotonic,
             gate=lambda: guard.beside(tag_key, "the identity tag key's read"),
         )
         self.identity_tag: Callable[[str], str] = self.tags.tag
-        prefix, algorithm = settings.key_prefix, settings.algorithm
-        shadow = settings.shadow
+        algorithm, shadow = settings.algorithm, settings.shadow
         check_shadow_tiers(shadow, identity_settings.tiers)
         self.default_specs: tuple[LimitSpec, ...] = (
             (
@@ -128,41 +154,32 @@ class LimiterState:
             if settings.default_limits or settings.default_dynamic is not None
             else ()
         )
+        global_spec = LimitSpec(
+            "global", settings.global_limits, shadow=spec_is_shadow(shadow, "global")
+        )
+        tier_specs = {
+            tier: LimitSpec("tier", rates, tier=tier, shadow=spec_is_shadow(shadow, "tier", tier))
+            for tier, rates in identity_settings.tiers.items()
+        }
         # Limits that take the app's default algorithm are checked against it now, at start-up
         # (those declared with an algorithm of their own were checked when declared).
         for spec in (
             *self.default_specs,
-            LimitSpec("global", settings.global_limits),
-            *(LimitSpec("tier", r, tier=t) for t, r in identity_settings.tiers.items()),
+            global_spec,
+            *tier_specs.values(),
             *self.registry.declared(),
         ):
             if spec.algorithm is None:
                 spec.check_rates(algorithm)
         _check_limits_per_request(settings, identity_settings, self.default_specs, self.registry)
-        self.global_limits: tuple[BoundLimit, ...] = tuple(
-            bind(
-                LimitSpec(
-                    "global", settings.global_limits, shadow=spec_is_shadow(shadow, "global")
-                ),
-                prefix=prefix,
-                default_algorithm=algorithm,
-                label="global",
+
+        def bound(spec: LimitSpec, label: str) -> tuple[BoundLimit, ...]:
+            return tuple(
+                bind(spec, prefix=settings.key_prefix, default_algorithm=algorithm, label=label)
             )
-        )
-        self.tier_limits: dict[str, tuple[BoundLimit, ...]] = {
-            tier: tuple(
-                bind(
-                    LimitSpec(
-                        "tier", rates, tier=tier, shadow=spec_is_shadow(shadow, "tier", tier)
-                    ),
-                    prefix=prefix,
-                    default_algorithm=algorithm,
-                    label=tier,
-                )
-            )
-            for tier, rates in identity_settings.tiers.items()
-            if rates
-        }
+
+        self.global_limits = bound(global_spec, "global")
+        self.tier_limits = {t: bound(spec, t) for t, spec in tier_specs.items() if spec.rates}
         #: what each request takes, and its one release (flask_distlimit.defences.lifecycle)
         self.lifecycle = Lifecycle(self.local_clock, settings.concurrency_lease)
         #: request priorities and worker-utilization shedding (flask_distlimit.defences.shedding)
@@ -185,11 +202,6 @@ class LimiterState:
         otel.auto(self)
         _states.add(self)
 
-    def storage_now(self) -> int | None:
-        """The injected clock's time for the storage (``None``: the Redis server's clock)."""
-        clock = self._storage_clock
-        return clock() if clock is not None else None
-
     # -- tools (see flask_distlimit.ops.admin)
     # -------------------------------------------------------
 
@@ -197,7 +209,12 @@ class LimiterState:
         """The guard's health report (storage latency, breaker state, scripts, instances), with
         the fleet's usage and this process's load when shedding is on."""
         report = self.guard.health()
-        return overload_health(report, self)
+        fleet, load = self.enforcer.fleet, self.shedding.load
+        if fleet is not None:
+            report["fleet"] = fleet.health(self.storage, now_us=self.storage_now())
+        if load is not None:
+            report["worker"] = load.health()
+        return report
 
     def reset(self) -> int:
         """Delete every count of this app (its clients' keys and its leases' records) and

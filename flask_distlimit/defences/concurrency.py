@@ -37,16 +37,18 @@ from __future__ import annotations
 import dataclasses
 import secrets
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from flask_distlimit.core.algorithms import CONCURRENCY
 from flask_distlimit.core.decision import Check
 
 if TYPE_CHECKING:
-    from flask_distlimit.declare.route_limits import BoundLimit
-    from flask_distlimit.state import LimiterState
+    from collections.abc import Callable
 
-__all__ = ["SlotRelease", "is_slot_key", "slot_check"]
+    from flask_distlimit.declare.route_limits import BoundLimit
+    from flask_distlimit.resilience.guard import Guard
+
+__all__ = ["SideCalls", "SlotRelease", "is_slot_key", "slot_check"]
 
 #: Tokens are drawn below 2^53: the script keeps them exact as Lua numbers.
 _TOKEN_LIMIT: Final = 2**53 - 1
@@ -66,16 +68,28 @@ def is_slot_key(key: str) -> bool:
     return key.endswith(_SUFFIX)
 
 
+class SideCalls(Protocol):
+    """What a storage call beside the request's own (a slot's give-back or renewal, an
+    after-response charge) needs of one app's limiter: its guard, and the storage's time
+    (``None``: the Redis server's clock). The app's ``LimiterState`` has both."""
+
+    @property
+    def guard(self) -> Guard: ...
+
+    def storage_now(self) -> int | None: ...
+
+
 class SlotRelease:
     """The slots one request took: a holding of its ledger
     (:mod:`flask_distlimit.defences.lifecycle`), given back once when the response ends, renewed
     while a long body is sent. Safe to call for slots that were never taken (a refused request):
     releasing an absent token changes nothing."""
 
-    __slots__ = ("_checks", "_degraded", "_done", "_state")
+    __slots__ = ("_checks", "_degraded", "_done", "_guard", "_now")
 
-    def __init__(self, state: LimiterState) -> None:
-        self._state = state
+    def __init__(self, calls: SideCalls) -> None:
+        self._guard = calls.guard
+        self._now: Callable[[], int | None] = calls.storage_now
         self._checks: list[Check] = []
         self._degraded = False
         self._done = False
@@ -93,9 +107,6 @@ class SlotRelease:
         """The local fallback decided the request: its slots are held in this process."""
         self._degraded = True
 
-    def release(self) -> None:
-        self()
-
     def renew(self) -> None:
         """Take the slots again under their tokens, in the storage: each live slot's lease
         starts again (a slot whose lease ended is taken again if there is room). Slots the
@@ -104,19 +115,15 @@ class SlotRelease:
         process on local limits. Never raises an Exception."""
         if self._done or not self._checks or self._degraded:
             return
-        state = self._state
         again = [dataclasses.replace(c, release=False) for c in self._checks]
-        state.guard.evaluate_beside(
-            again, "a concurrency slot's renewal", now_us=state.storage_now()
-        )
+        self._guard.evaluate_beside(again, "a concurrency slot's renewal", now_us=self._now())
 
-    def __call__(self) -> None:
+    def release(self) -> None:
         if self._done or not self._checks:
             return
         self._done = True
-        state = self._state
-        guard = state.guard
-        now = state.storage_now()
+        guard = self._guard
+        now = self._now()
         for fallback, part in guard.fallbacks_for(self._checks):
             if self._degraded or fallback.holding:
                 # never fallback.evaluate: a give-back is no outage, and must not engage it

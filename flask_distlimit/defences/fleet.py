@@ -34,6 +34,7 @@ from flask_distlimit.declare.keys import key_parts
 from flask_distlimit.declare.policy_items import policy_item, sf_string
 from flask_distlimit.declare.route_limits import BoundLimit
 from flask_distlimit.defences.concurrency import slot_check
+from flask_distlimit.errors import StorageError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -94,3 +95,11 @@ class Fleet:
             "utilization": round(in_flight / self.capacity, 4),
             "slots": {p: self.slots(p) for p in PRIORITIES},
         }
+
+    def health(self, storage: Storage, now_us: int | None = None) -> dict[str, object]:
+        """:meth:`usage`, for the health report: the capacity and the ``error`` when the
+        storage cannot say."""
+        try:
+            return self.usage(storage, now_us=now_us)
+        except StorageError as exc:
+            return {"capacity": self.capacity, "error": str(exc)[:200]}

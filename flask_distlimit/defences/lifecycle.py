@@ -133,6 +133,16 @@ class Ledger:
         for holding in holdings:
             _release(holding)
 
+    def end_after_closing(self, inner: object) -> None:
+        """Close ``inner`` (the body or file the app made, when it has a ``close()``), then
+        end, even when that close raised."""
+        try:
+            close = getattr(inner, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self.end()
+
     def renew_if_due(self) -> None:
         """Renew every holding when half the lease has passed since they were taken or last
         renewed (called per chunk of a body: one clock read when nothing is due)."""
@@ -173,12 +183,7 @@ class _ClosingFile:
         return self._file.read(*args)
 
     def close(self) -> None:
-        try:
-            close = getattr(self._file, "close", None)
-            if close is not None:
-                close()
-        finally:
-            self._ledger.end()
+        self._ledger.end_after_closing(self._file)
 
 
 class _ClosingBody:
@@ -198,12 +203,7 @@ class _ClosingBody:
             yield chunk
 
     def close(self) -> None:
-        try:
-            close = getattr(self._body, "close", None)
-            if close is not None:
-                close()
-        finally:
-            self._ledger.end()
+        self._ledger.end_after_closing(self._body)
 
 
 class Lifecycle:

@@ -53,11 +53,10 @@ from flask_distlimit.core.priorities import (
 )
 from flask_distlimit.core.problem import Overloaded
 from flask_distlimit.defences.deny_cache import monotonic_us
-from flask_distlimit.errors import ConfigurationError, StorageError
+from flask_distlimit.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from flask_distlimit.defences.lifecycle import Lifecycle
-    from flask_distlimit.state import LimiterState
     from flask_distlimit.telemetry.metrics import Metrics
 
 __all__ = [
@@ -66,7 +65,6 @@ __all__ = [
     "Place",
     "Shedding",
     "WorkerLoad",
-    "overload_health",
     "parse_shares",
     "parse_shed_at",
 ]
@@ -197,6 +195,14 @@ class WorkerLoad:
     def utilization(self) -> float:
         return self.in_flight / self.threads
 
+    def health(self) -> dict[str, object]:
+        """This process's load, for the health report: in flight, threads, utilization."""
+        return {
+            "in_flight": self.in_flight,
+            "threads": self.threads,
+            "utilization": round(self.utilization(), 4),
+        }
+
     def after_fork(self) -> None:
         """A forked child serves its own requests: none in flight yet."""
         self._lock = threading.Lock()
@@ -271,23 +277,3 @@ class Shedding:
             raise Overloaded(priority=priority, instance=request.path, reason="worker")
         # counted out when the response ends, however it ends (flask_distlimit.defences.lifecycle)
         self._lifecycle.ledger(environ).take(place)
-
-
-def overload_health(report: dict[str, object], state: LimiterState) -> dict[str, object]:
-    """Add to a health ``report`` the fleet's usage (``fleet``: capacity, in flight,
-    utilization, each priority's slots; ``error`` when the storage cannot say) and this
-    process's load (``worker``: in flight, threads, utilization), when each is on."""
-    fleet = state.enforcer.fleet
-    if fleet is not None:
-        try:
-            report["fleet"] = fleet.usage(state.storage, now_us=state.storage_now())
-        except StorageError as exc:
-            report["fleet"] = {"capacity": fleet.capacity, "error": str(exc)[:200]}
-    load = state.shedding.load
-    if load is not None:
-        report["worker"] = {
-            "in_flight": load.in_flight,
-            "threads": load.threads,
-            "utilization": round(load.utilization(), 4),
-        }
-    return report

@@ -41,7 +41,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from flask import has_request_context, request
 
@@ -50,11 +50,67 @@ from flask_distlimit.core.limits import Rate
 from flask_distlimit.errors import ClearedAddressWarning
 
 if TYPE_CHECKING:
-    from flask_distlimit.core.decision import Check, Decision
-    from flask_distlimit.declare.route_limits import BoundLimit
-    from flask_distlimit.state import LimiterState
+    from collections.abc import Callable
 
-__all__ = ["Evaluated", "RequestLimit", "breached_rates", "clear", "current_limits"]
+    from flask_distlimit.core.decision import Check, Decision
+    from flask_distlimit.declare.route_limits import BoundLimit, RoutePlan
+    from flask_distlimit.defences.deny_cache import DenyCache
+    from flask_distlimit.identity import IdentityResolver
+    from flask_distlimit.resilience.leases import Leases
+    from flask_distlimit.storage.base import Storage
+
+__all__ = [
+    "AppLimits",
+    "Clearable",
+    "Evaluated",
+    "RequestLimit",
+    "RoutePlans",
+    "breached_rates",
+    "clear",
+    "current_limits",
+]
+
+
+class RoutePlans(Protocol):
+    """What is read here of an app's request path (its ``Enforcer``): the key of a request's
+    data in its environ, the leases, and each route's plan."""
+
+    environ_key: str
+    leases: Leases
+
+    def original_view(self, endpoint: str) -> object | None: ...
+
+    def plan(self, endpoint: str | None, method: str, view: object | None) -> RoutePlan: ...
+
+
+class AppLimits(Protocol):
+    """What is read here and by the operator tools (:mod:`flask_distlimit.ops.admin`) of one
+    app's limiter (its ``LimiterState``): its limits and request path, where they are counted,
+    and its cache of denials."""
+
+    @property
+    def enforcer(self) -> RoutePlans: ...
+
+    global_limits: tuple[BoundLimit, ...]
+    tier_limits: dict[str, tuple[BoundLimit, ...]]
+    deny_cache: DenyCache | None
+    storage: Storage
+
+
+class _Enabled(Protocol):
+    @property
+    def enabled(self) -> bool: ...
+
+
+class Clearable(AppLimits, Protocol):
+    """What :func:`clear` reads beside: whether limits are on, and how the client's address is
+    tagged (it warns when a counter to clear is keyed on that address)."""
+
+    @property
+    def settings(self) -> _Enabled: ...
+
+    resolver: IdentityResolver
+    identity_tag: Callable[[str], str]
 
 
 class Evaluated(NamedTuple):
@@ -108,7 +164,7 @@ def breached_rates(denied: Sequence[BoundLimit], lease: int) -> tuple[Rate, ...]
     )
 
 
-def _evaluated(state: LimiterState) -> list[_One]:
+def _evaluated(state: AppLimits) -> list[_One]:
     if not has_request_context():
         return []
     data = request.environ.get(state.enforcer.environ_key)
@@ -122,7 +178,7 @@ def _evaluated(state: LimiterState) -> list[_One]:
     ]
 
 
-def current_limits(state: LimiterState) -> list[RequestLimit]:
+def current_limits(state: AppLimits) -> list[RequestLimit]:
     """The limits the current request's storage calls evaluated (see the module docstring)."""
     return [
         RequestLimit(
@@ -142,7 +198,7 @@ def _matches(name: str, wanted: str) -> bool:
     return name == wanted or name.rpartition(":")[0] == wanted
 
 
-def _known_names(state: LimiterState) -> set[str]:
+def _known_names(state: Clearable) -> set[str]:
     """The names (with and without the rate) of every limit the current request can meet."""
     enforcer = state.enforcer
     endpoint = request.endpoint
@@ -153,7 +209,7 @@ def _known_names(state: LimiterState) -> set[str]:
     return {n for b in bounds for n in (b.name, b.name.rpartition(":")[0])}
 
 
-def clear(state: LimiterState, name: str) -> int:
+def clear(state: Clearable, name: str) -> int:
     """Delete the current identity's counters of the evaluated limits named ``name``."""
     if not has_request_context():
         raise RuntimeError(
@@ -192,7 +248,7 @@ def _tag_of(key: str) -> str:
     return key[start + 1 : end] if 0 <= start < end else ""
 
 
-def _warn_if_address(state: LimiterState, name: str, keys: Sequence[str]) -> None:
+def _warn_if_address(state: Clearable, name: str, keys: Sequence[str]) -> None:
     """Warn when a key to clear is the client address's: its tag is that of the request's
     address, as its own identity (``ip:<address>``) or as a ``key_func`` value (``func:<address>``,
     e.g. ``lambda: request.remote_addr``)."""

@@ -37,7 +37,7 @@ with N concurrent failed logins held at a barrier inside the view, on a real red
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -48,7 +48,8 @@ if TYPE_CHECKING:
 
     from flask_distlimit._typing import FailurePolicy
     from flask_distlimit.declare.route_limits import BoundLimit
-    from flask_distlimit.state import LimiterState
+    from flask_distlimit.defences.concurrency import SideCalls
+    from flask_distlimit.resilience.guard import Guard
 
 __all__ = ["Deferred", "charge", "spent"]
 
@@ -109,11 +110,12 @@ def _wants_charge(later: Deferred, response: Response) -> bool:
 
 
 def charge(
-    state: LimiterState, deferred: dict[str, Deferred], response: Response
+    calls: SideCalls, deferred: dict[str, Deferred], response: Response
 ) -> list[tuple[Deferred, Decision]]:
-    """Charge the limits whose ``deduct_when`` answers true for ``response``; answer each
-    charged limit with the storage's decision of its charge (what is left after it: the
-    response's headers tell that, not the peek's count from before)."""
+    """Charge the limits whose ``deduct_when`` answers true for ``response``, through
+    ``calls.guard`` at ``calls.storage_now()``; answer each charged limit with the storage's
+    decision of its charge (what is left after it: the response's headers tell that, not the
+    peek's count from before)."""
     due = [d for d in deferred.values() if d.check.cost > 0 and _wants_charge(d, response)]
     deferred.clear()
     by_policy: dict[FailurePolicy | None, list[Deferred]] = {}
@@ -121,22 +123,22 @@ def charge(
         by_policy.setdefault(d.policy, []).append(d)
     charged: list[tuple[Deferred, Decision]] = []
     for policy, group in by_policy.items():
-        charged += _charge_group(state, group, policy)
+        charged += _charge_group(calls.guard, calls.storage_now, group, policy)
     return charged
 
 
 def _charge_group(
-    state: LimiterState, due: list[Deferred], policy: FailurePolicy | None
+    guard: Guard, now: Callable[[], int | None], due: list[Deferred], policy: FailurePolicy | None
 ) -> list[tuple[Deferred, Decision]]:
     try:
-        evaluation = _charge(state, [d.check for d in due], policy)
+        evaluation = _charge(guard, now, [d.check for d in due], policy)
         if evaluation is None:
             return []
         if evaluation.allowed:
             return list(zip(due, evaluation.decisions, strict=True))
         # Some limit filled up meanwhile: charge the ones that still fit, in one more call.
         fits = [d for d, e in zip(due, evaluation.decisions, strict=True) if e.allowed]
-        again = _charge(state, [d.check for d in fits], policy) if fits else None
+        again = _charge(guard, now, [d.check for d in fits], policy) if fits else None
         return [] if again is None else list(zip(fits, again.decisions, strict=True))
     except Exception:  # the response is made: a failed charge must not turn it into a 500
         log.exception("A deferred rate-limit charge failed; %d charge(s) dropped.", len(due))
@@ -144,10 +146,9 @@ def _charge_group(
 
 
 def _charge(
-    state: LimiterState, checks: list[Check], policy: FailurePolicy | None
+    guard: Guard, now: Callable[[], int | None], checks: list[Check], policy: FailurePolicy | None
 ) -> Evaluation | None:
-    guard = state.guard
-    outcome = guard.evaluate(checks, policy=policy, now_us=state.storage_now())
+    outcome = guard.evaluate(checks, policy=policy, now_us=now())
     if outcome.evaluation is None or outcome.unavailable:
         guard.side_failed(
             f"an after-response charge of {len(checks)} rate limit(s)",
