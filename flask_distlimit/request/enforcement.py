@@ -72,31 +72,30 @@ _NO_ROUTE = RoutePlan(exempt=False)
 
 
 class _Settings(Protocol):
-    """The ``DISTLIMIT_*`` settings the request path reads
-    (:class:`flask_distlimit.config.Settings`)."""
+    """The settings the request path reads (:class:`flask_distlimit.config.Settings`)."""
 
     @property
-    def key_prefix(self) -> str: ...
+    def key_prefix(self) -> str: ...  #: DISTLIMIT_KEY_PREFIX
     @property
-    def algorithm(self) -> Algorithm: ...
+    def algorithm(self) -> Algorithm: ...  #: DISTLIMIT_ALGORITHM (the default)
     @property
-    def headers(self) -> HeaderMode: ...
+    def headers(self) -> HeaderMode: ...  #: DISTLIMIT_HEADERS
     @property
-    def conditional_cost(self) -> int: ...
+    def conditional_cost(self) -> int: ...  #: DISTLIMIT_CONDITIONAL_COST
     @property
-    def breaker_reset_timeout(self) -> float: ...
+    def breaker_reset_timeout(self) -> float: ...  #: DISTLIMIT_BREAKER_RESET_TIMEOUT
     @property
-    def charge_preflights(self) -> bool: ...
+    def charge_preflights(self) -> bool: ...  #: DISTLIMIT_CHARGE_PREFLIGHTS
     @property
-    def dynamic_limit_ttl(self) -> float: ...
+    def dynamic_limit_ttl(self) -> float: ...  #: DISTLIMIT_DYNAMIC_LIMIT_TTL
     @property
-    def shadow(self) -> ShadowSetting: ...
+    def shadow(self) -> ShadowSetting: ...  #: DISTLIMIT_SHADOW
     @property
-    def concurrency_lease(self) -> int: ...
+    def concurrency_lease(self) -> int: ...  #: DISTLIMIT_CONCURRENCY_LEASE
     @property
-    def fleet_capacity(self) -> int: ...
+    def fleet_capacity(self) -> int: ...  #: DISTLIMIT_FLEET_CAPACITY
     @property
-    def fleet_shares(self) -> Mapping[Priority, float]: ...
+    def fleet_shares(self) -> Mapping[Priority, float]: ...  #: DISTLIMIT_FLEET_SHARES
 
 
 class _Declared(Protocol):
