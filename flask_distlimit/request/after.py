@@ -63,7 +63,9 @@ class AfterResponse:
             for later, charged in self._charge(data.deferred, response):
                 if later.check.shadow:  # never reported (clients would slow down for it)
                     continue
-                data.keep(report_of(later.bound, charged, denied=False))  # after the charge
+                report = report_of(later.bound, charged, denied=False)
+                if data.report is None or report.remaining < data.report.remaining:
+                    data.report = report  # the count after the charge, not the peek's
         headers = response.headers
         marks = response.__dict__
         if _HEADERS_ADDED in marks:

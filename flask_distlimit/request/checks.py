@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from flask import Request
 
@@ -37,14 +36,9 @@ from flask_distlimit.request.plans import Plans
 __all__ = ["Built", "Checks"]
 
 
-class Built(NamedTuple):
-    """The checks of one storage call, each with its bound limit, and who was identified.
-    ``simple``: no slot and no shadow limit among them (their scans are skipped)."""
-
-    checks: list[Check]
-    bounds: list[BoundLimit]
-    identity: Identity | None
-    simple: bool
+#: The checks of one storage call, each with its bound limit, who was identified, and whether
+#: the call is simple: no slot and no shadow limit among them (their scans are skipped).
+Built = tuple[list[Check], list[BoundLimit], Identity | None, bool]
 
 
 def _cost_value(b: BoundLimit, default: int) -> int:
@@ -108,12 +102,6 @@ class Checks:
         every = (*self.global_limits, *(b for t in self.tier_limits.values() for b in t))
         self.every_plain = self.fleet is None and not any(b.shadow for b in every)
 
-    def _identify(self, req: Request, data: RequestData) -> Identity:
-        identity = self.resolver.identify(req, self.hooks)
-        if identity.kind == "ip":  # an anonymous client: its identity is its address
-            data.client_ip = identity.value
-        return identity
-
     def build(
         self,
         req: Request,
@@ -156,7 +144,9 @@ class Checks:
             bounds.append(self.fleet.bound(priority))
         identity: Identity | None = None
         if (tiers and self.tier_limits) or needs_identity:
-            identity = self._identify(req, data)  # an anonymous one answers the address too
+            identity = self.resolver.identify(req, self.hooks)
+            if identity.kind == "ip":  # an anonymous client: its identity is its address
+                data.client_ip = identity.value
         if every_request and self.global_limits:
             address = data.client_ip
             if address is None:
@@ -193,7 +183,7 @@ class Checks:
                 if text is not None:
                     tag = self.identity_tag(text)
                 elif identity is None:  # no key: counted under the request's identity
-                    identity = self._identify(req, data)
+                    identity = self.resolver.identify(req, self.hooks)
                     tag = itag = self.identity_tag(identity.value)
             if b.algorithm == CONCURRENCY:  # a slot, not a cost (defences.concurrency)
                 checks.append(slot_check(b, tag, self.lease))
@@ -222,7 +212,7 @@ class Checks:
                 bounds.append(r)
         if not checks:
             return None
-        return Built(checks, bounds, identity, plain and (not every_request or self.every_plain))
+        return checks, bounds, identity, plain and (not every_request or self.every_plain)
 
     def _view_answers_options(self, req: Request) -> bool:
         """Does the route's own view answer ``OPTIONS`` (its methods list it: ``methods=[...,

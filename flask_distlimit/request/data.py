@@ -52,11 +52,6 @@ class RequestData:
         #: concurrency slots, held by the request's ledger (flask_distlimit.defences.lifecycle)
         self.slots: SlotRelease | None = None
 
-    def keep(self, report: Report) -> None:
-        """Report ``report`` in the headers if it has fewer units left than the one so far."""
-        if self.report is None or report.remaining < self.report.remaining:
-            self.report = report
-
 
 def report_of(b: BoundLimit, d: Decision, *, denied: bool, spent: bool = False) -> Report:
     """The headers' numbers of one decision (``spent``: a ``deduct_when`` peek that refuses:

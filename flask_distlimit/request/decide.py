@@ -34,7 +34,6 @@ from flask_distlimit.defences.lifecycle import Lifecycle
 from flask_distlimit.defences.shadow import ShadowLog
 from flask_distlimit.identity import Identity
 from flask_distlimit.request import deduction
-from flask_distlimit.request.checks import Built
 from flask_distlimit.request.current_limits import Evaluated
 from flask_distlimit.request.data import RequestData, report_of
 from flask_distlimit.request.headers import Report
@@ -67,16 +66,6 @@ class Decider:
     def __post_init__(self) -> None:
         self.shadow_log = ShadowLog(self.local_clock)
 
-    def decide(self, built: Built, policy: FailurePolicy | None, data: RequestData) -> None:
-        """Decide ``built`` under the failure policy ``policy``; raise on a refusal."""
-        checks, bounds, identity = built.checks, built.bounds, built.identity
-        for c, b in zip(checks, bounds, strict=True):
-            if c.cost > c.limit:
-                self._unaffordable(c, b, identity, data, checks, bounds, policy)
-        if len(checks) > 1 and len(set(map(_KEY, checks))) != len(checks):
-            checks, bounds = _dedupe(checks, bounds)
-        self._decide(checks, bounds, identity, policy, data, simple=built.simple)
-
     def _unaffordable(
         self,
         check: Check,
@@ -97,7 +86,7 @@ class Decider:
             if e.limit_id.startswith(("g:", "t:")) and c.cost <= c.limit
         ]
         if every:  # raises the 429 (or 503) of a global or tier limit that refuses
-            self._decide([c for c, _ in every], [e for _, e in every], identity, policy, data)
+            self.decide([c for c, _ in every], [e for _, e in every], identity, policy, data)
         self.refusals.unaffordable(check, b, identity, data)
 
     def _from_cache(
@@ -133,7 +122,7 @@ class Decider:
                 [report], [c.key], identity, data, from_cache=True, denied_bounds=[b]
             )
 
-    def _decide(
+    def decide(
         self,
         checks: list[Check],
         bounds: list[BoundLimit],
@@ -143,6 +132,13 @@ class Decider:
         *,
         simple: bool = False,
     ) -> None:
+        """Decide ``checks`` (``bounds``: their limits) under the failure policy ``policy``;
+        raise on a refusal. ``simple``: no slot and no shadow limit among them."""
+        for c, b in zip(checks, bounds, strict=True):
+            if c.cost > c.limit:
+                self._unaffordable(c, b, identity, data, checks, bounds, policy)
+        if len(checks) > 1 and len(set(map(_KEY, checks))) != len(checks):
+            checks, bounds = _dedupe(checks, bounds)
         cache = self.deny_cache
         if cache is not None and len(cache):
             self._from_cache(checks, bounds, identity, data, cache)
@@ -152,7 +148,9 @@ class Decider:
             if leased is not None:  # the usual leased request: no storage call
                 # no slot, shadow or deduct_when limit can be leased
                 data.evaluated.append(Evaluated(checks, bounds, (leased,), (), self.wall()))
-                data.keep(report_of(bounds[0], leased, denied=False))
+                report = report_of(bounds[0], leased, denied=False)
+                if data.report is None or report.remaining < data.report.remaining:
+                    data.report = report
                 return
         slots = [] if simple else [c for c in checks if c.token]
         if slots:  # given back when the response ends, whatever happens from here
@@ -227,10 +225,28 @@ class Decider:
                 degraded=outcome.degraded,
                 denied_bounds=denied_bounds,
             )
+        # allowed: report the limit with the fewest units left (ties: the latest reset); never
+        # a shadow limit (clients would slow down for a limit that is not enforced)
+        best = 0
+        if not simple and any(c.shadow or c.token for c in checks):
+            best = next((i for i, c in enumerate(checks) if not (c.shadow or c.token)), -1)
+            if best < 0:
+                data.degraded = data.degraded or outcome.degraded
+                return
+        if len(decisions) > 1:
+            best_d = decisions[best]
+            for i in range(best + 1, len(decisions)):
+                d = decisions[i]
+                if checks[i].shadow or checks[i].token:
+                    continue
+                if d.remaining < best_d.remaining or (
+                    d.remaining == best_d.remaining and d.reset_after > best_d.reset_after
+                ):
+                    best, best_d = i, d
+        report = report_of(bounds[best], decisions[best], denied=False)
+        if data.report is None or report.remaining < data.report.remaining:
+            data.report = report
         data.degraded = data.degraded or outcome.degraded
-        best = _closest(checks, decisions, simple=simple)
-        if best is not None:
-            data.keep(report_of(bounds[best], decisions[best], denied=False))
 
     def _shadow(
         self,
@@ -264,28 +280,6 @@ class Decider:
                 request.method,
                 request.endpoint,
             )
-
-
-def _closest(checks: list[Check], decisions: Sequence[Decision], *, simple: bool) -> int | None:
-    """The allowed limit to report: the one with the fewest units left (ties: the latest
-    reset); never a shadow limit (clients would slow down for a limit that is not enforced)
-    nor a concurrency slot. None when every check is one of those."""
-    best = 0
-    if not simple and any(c.shadow or c.token for c in checks):
-        best = next((i for i, c in enumerate(checks) if not (c.shadow or c.token)), -1)
-        if best < 0:
-            return None
-    if len(decisions) > 1:
-        best_d = decisions[best]
-        for i in range(best + 1, len(decisions)):
-            d = decisions[i]
-            if checks[i].shadow or checks[i].token:
-                continue
-            if d.remaining < best_d.remaining or (
-                d.remaining == best_d.remaining and d.reset_after > best_d.reset_after
-            ):
-                best, best_d = i, d
-    return best
 
 
 def _dedupe(checks: list[Check], bounds: list[BoundLimit]) -> tuple[list[Check], list[BoundLimit]]:

@@ -286,8 +286,11 @@ class Enforcer:
             exempt = filtered(self._filters)
         data = RequestData(plan.covered, exempt=exempt)
         req.environ[self.environ_key] = data
-        if not exempt:
-            self._evaluate(req, data, plan)
+        if not exempt:  # self._evaluate(req, data, plan), one call fewer on every request
+            built = self._checks.build(req, data, plan, True)
+            if built is not None:
+                checks, bounds, identity, simple = built
+                self._decider.decide(checks, bounds, identity, plan.policy, data, simple=simple)
         return data
 
     def reached(self, carrier: object, specs: Sequence[Any]) -> None:
@@ -325,7 +328,8 @@ class Enforcer:
         ``every``, with the fleet's slot when ``fleet``)."""
         built = self._checks.build(req, data, plan, every, fleet=fleet)
         if built is not None:
-            self._decider.decide(built, plan.policy, data)
+            checks, bounds, identity, simple = built
+            self._decider.decide(checks, bounds, identity, plan.policy, data, simple=simple)
 
     # -- after the view ------------------------------------------------------------------------
 
