@@ -10,8 +10,9 @@ limit as a peek charged after the response, :mod:`flask_distlimit.request.deduct
 What a check costs: 1, a limit's ``cost``, or ``DISTLIMIT_CONDITIONAL_COST`` on a conditional
 ``GET``/``HEAD`` (route limits only; the global and tier limits always cost at least 1). A CORS
 preflight is counted against the global limits alone, unless ``DISTLIMIT_CHARGE_PREFLIGHTS`` or
-the route's own view answers ``OPTIONS``. The client address is computed once per request and
-kept on its :class:`~flask_distlimit.request.data.RequestData`.
+the route's own view answers ``OPTIONS``. The client address is kept on the request's
+:class:`~flask_distlimit.request.data.RequestData`: an anonymous client's identity, resolved
+first, is its address, so the global limits do not compute it again.
 """
 
 from __future__ import annotations
