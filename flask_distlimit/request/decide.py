@@ -80,6 +80,7 @@ class Decider:
         tier limits among ``checks`` (decided first, in one storage call: one of them may
         refuse it instead), as every refused request that reaches no view does, so such
         requests cannot flood past them."""
+        data.deferred.clear()  # a refused request is never charged after its response
         every = [
             (c, e)
             for c, e in zip(checks, bounds, strict=True)
