@@ -42,7 +42,7 @@ from flask_distlimit.declare.keys import IDENTITY_KINDS, client_pattern, identit
 from flask_distlimit.declare.route_limits import BoundLimit
 from flask_distlimit.errors import StorageError
 from flask_distlimit.extension import Limiter, LimiterState
-from flask_distlimit.request.enforcement import is_static
+from flask_distlimit.request.plans import is_static
 from flask_distlimit.resilience.holdings import Holding, read_holdings
 from flask_distlimit.storage.urls import mask_url
 

@@ -33,7 +33,7 @@ from flask_distlimit.identity import Identity, IdentityHooks, IdentityResolver, 
 from flask_distlimit.identity.api_keys import ApiKeyVerifier
 from flask_distlimit.ops import migration
 from flask_distlimit.request import current_limits as _current
-from flask_distlimit.request.enforcement import Breach, BreachHook
+from flask_distlimit.request.refuse import Breach, BreachHook
 from flask_distlimit.state import LimiterState
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.client_retries import warn_if_client_retries, warn_if_client_waits_long

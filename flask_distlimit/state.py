@@ -29,7 +29,8 @@ from flask_distlimit.forks import AfterFork
 from flask_distlimit.identity import IdentityHooks, IdentityResolver, IdentitySettings
 from flask_distlimit.identity.digests import IdentityTags, digest_key
 from flask_distlimit.ops import admin
-from flask_distlimit.request.enforcement import BreachHook, Enforcer
+from flask_distlimit.request.enforcement import Enforcer
+from flask_distlimit.request.refuse import BreachHook
 from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.telemetry import otel

@@ -188,6 +188,30 @@ def test_global_limits_key_on_client_ip_and_cover_404s(backend: Backend, clock: 
     assert other.status_code == 200
 
 
+def test_the_client_address_is_computed_once_per_request(
+    backend: Backend, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app, limiter, counting = make_app(
+        backend(), clock, DISTLIMIT_GLOBAL_LIMITS="100/minute", DISTLIMIT_TRUSTED_PROXIES=1
+    )
+
+    @app.get("/")
+    @limiter.limit("5/minute")
+    def index() -> str:
+        return "ok"
+
+    resolver = limiter.state(app).resolver
+    asked: list[object] = []
+    address = resolver.client_ip
+    monkeypatch.setattr(resolver, "client_ip", lambda environ: asked.append(1) or address(environ))
+    client = app.test_client()
+    forwarded = {"X-Forwarded-For": "203.0.113.9"}
+    for _ in range(3):  # an anonymous client under a global and a route limit
+        assert client.get("/", headers=forwarded).status_code == 200
+    assert len(asked) == 3
+    assert counting.evaluations == 3  # one storage call each, all of them decided there
+
+
 def test_key_func_cost_and_exempt_when(backend: Backend, clock: FakeClock) -> None:
     app, limiter, _ = make_app(backend(), clock, DISTLIMIT_ALGORITHM="fixed_window")
 

@@ -14,7 +14,7 @@ from flask_distlimit.core.decision import Check
 from flask_distlimit.declare.keys import IDENTITY_KINDS, client_pattern, identity_kind
 from flask_distlimit.declare.route_limits import BoundLimit
 from flask_distlimit.request.current_limits import AppLimits
-from flask_distlimit.request.enforcement import is_static
+from flask_distlimit.request.plans import is_static
 from flask_distlimit.storage.lease_records import records_key
 
 if TYPE_CHECKING:

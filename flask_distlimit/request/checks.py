@@ -1,0 +1,230 @@
+"""Building a request's checks: one :class:`~flask_distlimit.core.decision.Check` per limit.
+
+:meth:`Checks.build` turns the limits of one storage call into checks, in the order the
+storage sees them: the fleet's slot (:mod:`flask_distlimit.defences.fleet`), the global limits
+(counted under the client address), the tier limits of the request's identity, then the route
+and shared limits (each under the identity, or under what its ``key_func`` answers; a
+concurrency limit as a slot, a ``dynamic`` limit as this request's rates, a ``deduct_when``
+limit as a peek charged after the response, :mod:`flask_distlimit.request.deduction`).
+
+What a check costs: 1, a limit's ``cost``, or ``DISTLIMIT_CONDITIONAL_COST`` on a conditional
+``GET``/``HEAD`` (route limits only; the global and tier limits always cost at least 1). A CORS
+preflight is counted against the global limits alone, unless ``DISTLIMIT_CHARGE_PREFLIGHTS`` or
+the route's own view answers ``OPTIONS``. The client address is kept on the request's
+:class:`~flask_distlimit.request.data.RequestData`: an anonymous client's identity, resolved
+first, is its address, so the global limits do not compute it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from flask import Request
+
+from flask_distlimit._typing import KeyFunc
+from flask_distlimit.core.algorithms import CONCURRENCY, MAX_LIMITS_PER_REQUEST
+from flask_distlimit.core.decision import Check
+from flask_distlimit.core.priorities import Priority
+from flask_distlimit.declare.route_limits import BoundLimit, RoutePlan
+from flask_distlimit.defences.concurrency import slot_check
+from flask_distlimit.defences.fleet import Fleet
+from flask_distlimit.identity import Identity, IdentityHooks, IdentityResolver
+from flask_distlimit.request import deduction
+from flask_distlimit.request.data import RequestData
+from flask_distlimit.request.plans import Plans
+
+__all__ = ["Built", "Checks"]
+
+
+#: The checks of one storage call, each with its bound limit, who was identified, and whether
+#: the call is simple: no slot and no shadow limit among them (their scans are skipped).
+Built = tuple[list[Check], list[BoundLimit], Identity | None, bool]
+
+
+def _cost_value(b: BoundLimit, default: int) -> int:
+    cost = b.cost
+    if cost is None:
+        return default
+    if isinstance(cost, int):
+        return cost
+    value = cost()
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TypeError(
+            f"The cost function {getattr(cost, '__qualname__', cost)!r} of the rate limit "
+            f"{b.name!r} returned {value!r}; it must return an int >= 0 (0 consumes nothing)."
+        )
+    return value
+
+
+def _key_text(b: BoundLimit, key_func: KeyFunc) -> str | None:
+    """``func:<value>``: what a ``key_func`` returns, in a key space of its own (never the
+    bucket of an address, a user, a token or an API key; see :mod:`flask_distlimit.declare.keys`).
+
+    ``None`` when it answers no key (``None`` or ``""``): the request is counted under its own
+    identity, never every keyless request in one shared bucket. A ``str`` or an ``int`` is a
+    key; anything else raises ``TypeError``: the text of a model object holds its memory address
+    (a fresh quota on every request) and bytes read ``"b'...'"``."""
+    value: object = key_func()
+    if isinstance(value, str):
+        return "func:" + value if value else None
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"func:{value}"
+    raise TypeError(
+        f"The key_func {getattr(key_func, '__qualname__', key_func)!r} of the rate limit "
+        f"{b.name!r} returned a {type(value).__name__}; it must return a str or int (e.g. "
+        "str(current_user.id)), or None to count the request under its own identity."
+    )
+
+
+@dataclass(slots=True, kw_only=True)
+class Checks:
+    """Builds the checks of one app's requests (see the module docstring)."""
+
+    plans: Plans
+    resolver: IdentityResolver
+    hooks: IdentityHooks
+    identity_tag: Callable[[str], str]
+    local_clock: Callable[[], int]  #: microseconds (a dynamic limit's cached values)
+    global_limits: tuple[BoundLimit, ...]
+    tier_limits: dict[str, tuple[BoundLimit, ...]]
+    fleet: Fleet | None
+    priority: Callable[[], Priority]  #: the request's (flask_distlimit.defences.shedding)
+    conditional_cost: int
+    charge_preflights: bool
+    lease: int  #: a concurrency slot's, seconds
+    dynamic_ttl_us: int
+    #: the global and tier limits hold no shadow limit, and no fleet slot rides along
+    every_plain: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        every = (*self.global_limits, *(b for t in self.tier_limits.values() for b in t))
+        self.every_plain = self.fleet is None and not any(b.shadow for b in every)
+
+    def build(
+        self,
+        req: Request,
+        data: RequestData,
+        plan: RoutePlan,
+        every_request: bool,
+        *,
+        fleet: bool = True,
+    ) -> Built | None:
+        """The checks of ``plan``'s limits (and the global and tier limits when
+        ``every_request``; the fleet's slot too when ``fleet``), or None when there are none.
+        The ``deduct_when`` peeks are noted in ``data.deferred``."""
+        route_limits: Sequence[BoundLimit] = plan.limits
+        needs_identity, plain = plan.needs_identity, plan.plain
+        environ = req.environ
+        method = req.method
+        # A conditional GET or HEAD may cost less on route limits (DISTLIMIT_CONDITIONAL_COST);
+        # the global and tier limits always cost at least 1.
+        default_cost = (
+            self.conditional_cost
+            if (method == "GET" or method == "HEAD")
+            and ("HTTP_IF_NONE_MATCH" in environ or "HTTP_IF_MODIFIED_SINCE" in environ)
+            else 1
+        )
+        every_cost = default_cost or 1
+        tiers = every_request
+        if (
+            method == "OPTIONS"
+            and not self.charge_preflights
+            and "HTTP_ACCESS_CONTROL_REQUEST_METHOD" in environ
+            and not self._view_answers_options(req)
+        ):
+            # A CORS preflight: the browser's, not the client's request; global limits only.
+            route_limits, needs_identity, tiers = (), False, False
+        checks: list[Check] = []
+        bounds: list[BoundLimit] = []
+        if every_request and fleet and self.fleet is not None:
+            priority = self.priority()
+            checks.append(self.fleet.check(priority))
+            bounds.append(self.fleet.bound(priority))
+        identity: Identity | None = None
+        if (tiers and self.tier_limits) or needs_identity:
+            identity = self.resolver.identify(req, self.hooks)
+            if identity.kind == "ip":  # an anonymous client: its identity is its address
+                data.client_ip = identity.value
+        if every_request and self.global_limits:
+            address = data.client_ip
+            if address is None:
+                address = data.client_ip = self.resolver.client_ip(environ)
+            tag = self.identity_tag(address)
+            for b in self.global_limits:
+                checks.append(b.check(tag, every_cost))
+                bounds.append(b)
+        itag = ""
+        # DISTLIMIT_CONDITIONAL_COST=0: the request claims to revalidate, but only a 304 proves
+        # it; route limits peek now and charge the whole cost after a response that is not 304.
+        revalidation = default_cost == 0 and bool(route_limits)
+        if revalidation:
+            plain = False
+        if identity is not None:
+            itag = self.identity_tag(identity.value)
+            if tiers:
+                for b in self.tier_limits.get(identity.tier, ()):
+                    checks.append(b.check(itag, every_cost))
+                    bounds.append(b)
+        if plain:  # the common case: no option of a limit to call or resolve
+            for b in route_limits:
+                checks.append(b.check(itag, default_cost))
+            bounds += route_limits
+            route_limits = ()
+        fixed = len(route_limits)  # route limits not yet added (a room for dynamic values)
+        for b in route_limits:
+            fixed -= 1
+            if b.exempt_when is not None and b.exempt_when():
+                continue
+            tag = itag
+            if b.key_func is not None:
+                text = _key_text(b, b.key_func)
+                if text is not None:
+                    tag = self.identity_tag(text)
+                elif identity is None:  # no key: counted under the request's identity
+                    identity = self.resolver.identify(req, self.hooks)
+                    tag = itag = self.identity_tag(identity.value)
+            if b.algorithm == CONCURRENCY:  # a slot, not a cost (defences.concurrency)
+                checks.append(slot_check(b, tag, self.lease))
+                bounds.append(b)
+                continue
+            cost = default_cost if b.cost is None else _cost_value(b, default_cost)
+            unproved = revalidation and b.cost is None  # free only if the answer is a 304
+            if b.dynamic is None and b.deduct_when is None and not unproved:  # the common case
+                checks.append(b.check(tag, cost))
+                bounds.append(b)
+                continue
+            resolved: Sequence[BoundLimit] = (b,)
+            if b.dynamic is not None:  # a callable or mapping value: this request's rates
+                room = MAX_LIMITS_PER_REQUEST - len(checks) - fixed
+                tier = identity.tier if identity is not None else None
+                resolved = b.dynamic.resolve(
+                    tag, tier, self.local_clock(), self.dynamic_ttl_us, room
+                )
+            for r in resolved:
+                if r.deduct_when is not None or unproved:  # a peek now, charged after
+                    check = r.check(tag, 1 if unproved else cost)
+                    data.deferred[check.key] = deduction.Deferred(check, r, unproved, plan.policy)
+                    checks.append(r.check(tag, 0))
+                else:
+                    checks.append(r.check(tag, cost))
+                bounds.append(r)
+        if not checks:
+            return None
+        return checks, bounds, identity, plain and (not every_request or self.every_plain)
+
+    def _view_answers_options(self, req: Request) -> bool:
+        """Does the route's own view answer ``OPTIONS`` (its methods list it: ``methods=[...,
+        "OPTIONS"]``, a ``MethodView`` with ``options``)? Then an ``OPTIONS`` with
+        ``Access-Control-Request-Method`` runs the view like any request, and is limited like
+        one. Not when Flask answers it (``provide_automatic_options``), nor when a decorator
+        asked Flask for ``OPTIONS`` to answer preflights itself (``required_methods``, as
+        flask-cors's ``cross_origin`` does): the view never runs for those."""
+        rule = req.url_rule
+        if rule is None or getattr(rule, "provide_automatic_options", False):
+            return False
+        endpoint = req.endpoint
+        view = self.plans.original_view(endpoint) if endpoint is not None else None
+        return "OPTIONS" not in getattr(view, "required_methods", ())

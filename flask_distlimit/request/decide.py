@@ -1,0 +1,296 @@
+"""Deciding a request's checks: the local deny cache, a quota lease, else ONE storage call.
+
+:meth:`Decider.decide` takes the checks :mod:`flask_distlimit.request.checks` built and, in
+this order:
+
+1. refuses a check that costs more than its limit allows in a whole window (after deciding the
+   request's global and tier limits, which may refuse it instead);
+2. keeps one check per key, then asks the deny cache (:mod:`flask_distlimit.defences.deny_cache`):
+   a client refused moments ago is refused again without a storage call;
+3. spends from the quota lease of a request's one leased limit
+   (:mod:`flask_distlimit.resilience.leases`), else makes the one ``guard.evaluate`` call for
+   every check (the leases' when some limit leases), concurrency slots included: those are given
+   back when the response ends (the request's ledger, :mod:`flask_distlimit.defences.lifecycle`);
+4. refuses (:mod:`flask_distlimit.request.refuse`) a denial, a ``deduct_when`` peek whose quota
+   is spent, or an outage under policy ``closed``; logs what shadow limits would have refused;
+5. keeps what the headers report: the limit with the fewest units left, never a shadow limit.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from flask import request
+
+from flask_distlimit._typing import FailurePolicy
+from flask_distlimit.core.decision import Check, Decision, Evaluation
+from flask_distlimit.declare.route_limits import BoundLimit
+from flask_distlimit.defences.concurrency import SlotRelease
+from flask_distlimit.defences.deny_cache import DenyCache
+from flask_distlimit.defences.lifecycle import Lifecycle
+from flask_distlimit.defences.shadow import ShadowLog
+from flask_distlimit.identity import Identity
+from flask_distlimit.request import deduction
+from flask_distlimit.request.current_limits import Evaluated
+from flask_distlimit.request.data import RequestData, report_of
+from flask_distlimit.request.headers import Report
+from flask_distlimit.request.plans import Plans
+from flask_distlimit.request.refuse import Refusals
+from flask_distlimit.resilience.guard import Guard
+from flask_distlimit.resilience.leases import Leases
+
+__all__ = ["Decider"]
+
+_KEY: Final = operator.attrgetter("key")
+
+
+@dataclass(slots=True, kw_only=True)
+class Decider:
+    """Decides the checks of one app's requests (see the module docstring)."""
+
+    guard: Guard
+    leases: Leases
+    plans: Plans  #: whether some limit leases
+    refusals: Refusals
+    lifecycle: Lifecycle
+    deny_cache: DenyCache | None
+    local_clock: Callable[[], int]  #: microseconds
+    storage_now: Callable[[], int | None]  #: the storage's ``now_us`` (None: its own clock)
+    wall: Callable[[], float]  #: Unix seconds
+    new_slots: Callable[[], SlotRelease]  #: a request's holding of concurrency slots
+    shadow_log: ShadowLog = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.shadow_log = ShadowLog(self.local_clock)
+
+    def _unaffordable(
+        self,
+        check: Check,
+        b: BoundLimit,
+        identity: Identity | None,
+        data: RequestData,
+        checks: Sequence[Check],
+        bounds: Sequence[BoundLimit],
+        policy: FailurePolicy | None,
+    ) -> None:
+        """A request that can never pass ``b`` still counts against the request's global and
+        tier limits among ``checks`` (decided first, in one storage call: one of them may
+        refuse it instead), as every refused request that reaches no view does, so such
+        requests cannot flood past them."""
+        data.deferred.clear()  # a refused request is never charged after its response
+        every = [
+            (c, e)
+            for c, e in zip(checks, bounds, strict=True)
+            if e.limit_id.startswith(("g:", "t:")) and c.cost <= c.limit
+        ]
+        if every:  # raises the 429 (or 503) of a global or tier limit that refuses
+            self.decide([c for c, _ in every], [e for _, e in every], identity, policy, data)
+        self.refusals.unaffordable(check, b, identity, data)
+
+    def _from_cache(
+        self,
+        checks: list[Check],
+        bounds: list[BoundLimit],
+        identity: Identity | None,
+        data: RequestData,
+        cache: DenyCache,
+    ) -> None:
+        """Refuse the request if the deny cache holds a denial of one of its checks."""
+        now = self.local_clock()
+        for c, b in zip(checks, bounds, strict=True):
+            denial = cache.lookup(c.key, c.cost, now)
+            if denial is None:
+                continue
+            wait = denial.retry_after(now)
+            metrics = self.guard.metrics
+            if metrics is not None:  # count the refusal as if the storage had made it
+                metrics.evaluated([c], Evaluation((Decision(False, denial.limit, 0, wait, wait),)))
+            report = Report(
+                name=denial.name,
+                limit=denial.limit,
+                period=denial.period,
+                remaining=0,
+                reset_after=denial.reset_after(now),
+                retry_after=wait,
+                policy=b.policy,
+                quoted=b.quoted,
+                algorithm=b.algorithm,
+            )
+            self.refusals.refuse(
+                [report], [c.key], identity, data, from_cache=True, denied_bounds=[b]
+            )
+
+    def decide(
+        self,
+        checks: list[Check],
+        bounds: list[BoundLimit],
+        identity: Identity | None,
+        policy: FailurePolicy | None,
+        data: RequestData,
+        *,
+        simple: bool = False,
+    ) -> None:
+        """Decide ``checks`` (``bounds``: their limits) under the failure policy ``policy``;
+        raise on a refusal. ``simple``: no slot and no shadow limit among them."""
+        for c, b in zip(checks, bounds, strict=True):
+            if c.cost > c.limit:
+                self._unaffordable(c, b, identity, data, checks, bounds, policy)
+        if len(checks) > 1 and len(set(map(_KEY, checks))) != len(checks):
+            checks, bounds = _dedupe(checks, bounds)
+        cache = self.deny_cache
+        if cache is not None and len(cache):
+            self._from_cache(checks, bounds, identity, data, cache)
+        leasing = self.plans.leasing
+        if leasing and len(checks) == 1 and bounds[0].lease:  # resilience.leases
+            leased = self.leases.spend_one(checks[0])
+            if leased is not None:  # the usual leased request: no storage call
+                # no slot, shadow or deduct_when limit can be leased
+                data.evaluated.append(Evaluated(checks, bounds, (leased,), (), self.wall()))
+                report = report_of(bounds[0], leased, denied=False)
+                if data.report is None or report.remaining < data.report.remaining:
+                    data.report = report
+                return
+        slots = [] if simple else [c for c in checks if c.token]
+        if slots:  # given back when the response ends, whatever happens from here
+            if data.slots is None:
+                data.slots = self.new_slots()
+                # given back when the response ends, however (flask_distlimit.defences.lifecycle)
+                self.lifecycle.ledger(request.environ).take(data.slots)
+            data.slots.add(slots)
+        started = self.local_clock()
+        if leasing and any(b.lease for b in bounds):  # flask_distlimit.resilience.leases
+            outcome = self.leases.evaluate(checks, bounds, policy=policy, now_us=self.storage_now())
+        else:
+            outcome = self.guard.evaluate(checks, policy=policy, now_us=self.storage_now())
+            if leasing:  # after a storage call: leased units left unspent go back
+                self.leases.housekeeping()
+        if slots and data.slots is not None:
+            if outcome.degraded and outcome.evaluation is not None:
+                data.slots.degraded()  # held by the local fallback
+            elif outcome.evaluation is not None and not outcome.evaluation.allowed:
+                data.slots.discard(slots)  # refused: the storage took none
+        if outcome.unavailable:
+            self.refusals.unavailable(data, busy=outcome.busy)
+        evaluation = outcome.evaluation
+        if evaluation is None:  # storage down, policy "open"
+            data.degraded = True
+            return
+        decisions = evaluation.decisions
+        spent = deduction.spent(checks, decisions, data.deferred) if data.deferred else []
+        # kept as they are; limiter.current_limits reads them only when asked
+        data.evaluated.append(Evaluated(checks, bounds, decisions, spent, self.wall()))
+        if spent and evaluation.allowed:  # a deduct_when limit whose quota is already spent
+            self.refusals.refuse(
+                [report_of(bounds[i], decisions[i], denied=True, spent=True) for i in spent],
+                [checks[i].key for i in spent],
+                identity,
+                data,
+                from_cache=False,
+                degraded=outcome.degraded,
+                denied_bounds=[bounds[i] for i in spent],
+            )
+        if data.deferred or not simple:
+            self._shadow(checks, bounds, decisions, data, simple=simple)
+        if not evaluation.allowed:
+            finished = self.local_clock()
+            denied_reports: list[Report] = []
+            denied_keys: list[str] = []
+            denied_bounds: list[BoundLimit] = []
+            for c, b, d in zip(checks, bounds, decisions, strict=True):
+                if d.allowed:
+                    continue
+                denied_reports.append(report_of(b, d, denied=True))
+                denied_keys.append(c.key)
+                denied_bounds.append(b)
+                if cache is not None and not outcome.degraded and not c.token:
+                    cache.record(
+                        c.key,
+                        cost=c.cost,
+                        retry_after=d.retry_after,
+                        started_us=started,
+                        finished_us=finished,
+                        limit=d.limit,
+                        period=b.rate.period,
+                        name=b.name,
+                        reset_after=d.reset_after,
+                    )
+            self.refusals.refuse(
+                denied_reports,
+                denied_keys,
+                identity,
+                data,
+                from_cache=False,
+                degraded=outcome.degraded,
+                denied_bounds=denied_bounds,
+            )
+        # allowed: report the limit with the fewest units left (ties: the latest reset); never
+        # a shadow limit (clients would slow down for a limit that is not enforced)
+        best = 0
+        if not simple and any(c.shadow or c.token for c in checks):
+            best = next((i for i, c in enumerate(checks) if not (c.shadow or c.token)), -1)
+            if best < 0:
+                data.degraded = data.degraded or outcome.degraded
+                return
+        if len(decisions) > 1:
+            best_d = decisions[best]
+            for i in range(best + 1, len(decisions)):
+                d = decisions[i]
+                if checks[i].shadow or checks[i].token:
+                    continue
+                if d.remaining < best_d.remaining or (
+                    d.remaining == best_d.remaining and d.reset_after > best_d.reset_after
+                ):
+                    best, best_d = i, d
+        report = report_of(bounds[best], decisions[best], denied=False)
+        if data.report is None or report.remaining < data.report.remaining:
+            data.report = report
+        data.degraded = data.degraded or outcome.degraded
+
+    def _shadow(
+        self,
+        checks: list[Check],
+        bounds: list[BoundLimit],
+        decisions: Sequence[Decision],
+        data: RequestData,
+        *,
+        simple: bool,
+    ) -> None:
+        """Count and log what the shadow limits would have refused (never refused)."""
+        shadow_spent = (
+            deduction.spent(checks, decisions, data.deferred, shadow=True) if data.deferred else []
+        )
+        if shadow_spent:
+            # Would have refused here, before the view: counted now, like every shadow limit's
+            # would-be refusal, and not charged after the response (the refusal it stands for
+            # would have charged nothing, and the charge would count it a second time).
+            keys = [checks[i].key for i in shadow_spent]
+            for key in keys:
+                data.deferred.pop(key, None)
+            if self.guard.metrics is not None:
+                self.guard.metrics.shadow_would_deny(keys)
+        if not simple and (shadow_spent or any(d.shadow_denied for d in decisions)):
+            self.shadow_log.would_deny(
+                [
+                    (c.key, b.name, b.rate.period)
+                    for i, (c, b, d) in enumerate(zip(checks, bounds, decisions, strict=True))
+                    if d.shadow_denied or i in shadow_spent
+                ],
+                request.method,
+                request.endpoint,
+            )
+
+
+def _dedupe(checks: list[Check], bounds: list[BoundLimit]) -> tuple[list[Check], list[BoundLimit]]:
+    """One check per key (the first), with its bound limit."""
+    seen: set[str] = set()
+    kept_checks: list[Check] = []
+    kept_bounds: list[BoundLimit] = []
+    for c, b in zip(checks, bounds, strict=True):
+        if c.key not in seen:
+            seen.add(c.key)
+            kept_checks.append(c)
+            kept_bounds.append(b)
+    return kept_checks, kept_bounds

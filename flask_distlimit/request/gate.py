@@ -1,0 +1,136 @@
+"""The view gate: where Flask calls the view, after every ``before_request`` hook.
+
+On the app's first request, :func:`finalize` wraps each view function of the app in a gate
+(once; Flask forbids new routes from then on, so the set is final), binds every route's plan
+(a route that would carry too many limits fails there, loudly), closes the registry on what
+the app serves, and logs one WARNING naming the declarations that match none of its endpoints.
+
+Flask has no hook between the last ``before_request`` function and the view, and an extension's
+``before_request`` hook runs before every hook registered after ``init_app`` and before every
+blueprint's: wrapping the view is the one place that follows them all. So every ``key_func``,
+``cost``, ``exempt_when`` and identity loader sees what those hooks set. The gate calls
+``enforce(endpoint, view)`` (which raises on a refusal), then the view; a view that is this
+limiter's own limit wrapper is skipped for the function it wraps when the plan decided its
+limits already.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any, Final
+
+from flask import Flask
+
+from flask_distlimit.core.algorithms import check_limit_count
+from flask_distlimit.declare.registry import LimitRegistry
+from flask_distlimit.declare.targets import carried_function, describe
+from flask_distlimit.request.data import RequestData
+from flask_distlimit.request.plans import Plans, is_static
+
+__all__ = ["Enforce", "finalize"]
+
+log = logging.getLogger("flask_distlimit")
+
+#: Declarations named in the first request's WARNING, at most.
+_UNMATCHED_SHOWN: Final = 20
+
+#: What the gate calls before the view: decide the request's limits (raise on a refusal) and
+#: answer its data (None when nothing applies to the route).
+Enforce = Callable[[str, object], "RequestData | None"]
+
+
+class _Served:
+    """The objects one app serves: declaring a limit on them from now on raises."""
+
+    __slots__ = ("__weakref__", "app_name", "objects")
+
+    def __init__(self, app_name: str, objects: set[object]) -> None:
+        self.app_name = app_name
+        self.objects = objects
+
+
+def finalize(
+    app: Flask, plans: Plans, every_request: int, enforce: Enforce, limiter: object
+) -> object:
+    """Bind every route's plan, wrap every view function of ``app`` in a gate calling
+    ``enforce``, close the registry on what it serves and warn about declarations that match
+    none of its endpoints. ``every_request``: how many limits every request carries. Answers
+    what the app serves: the registry watches it while the caller keeps it."""
+    registry = plans.registry
+    views: dict[str, object] = dict(app.view_functions)
+    methods: dict[str, set[str]] = {}
+    for rule in app.url_map.iter_rules():
+        methods.setdefault(rule.endpoint, set()).update(rule.methods or ())
+    served: set[object] = set(app.blueprints.values())
+    routed = [(e, v) for e, v in views.items() if not is_static(e)]
+    for endpoint, view in routed:
+        for method in sorted(methods.get(endpoint, {""})):
+            every, one = registry.attached(view, method)
+            served.update(every, one)
+            # Bound now: a route that would carry too many limits fails here, loudly.
+            route = plans.plan(endpoint, method, view).limits
+            check_limit_count(
+                every_request + sum(b.most_rates for b in route),
+                f"The global, tier and route limits of {endpoint!r} ({method})",
+            )
+    for endpoint, view in routed:
+        app.view_functions[endpoint] = _gate(endpoint, view, enforce, limiter)
+    closed = _Served(app.name, served)
+    registry.watch(closed)
+    _warn_unmatched(app, registry, served)
+    plans.views = views
+    return closed
+
+
+def _warn_unmatched(app: Flask, registry: LimitRegistry, served: set[object]) -> None:
+    unmatched = [
+        f"limit {spec.shown()} on {spec.declared_on}"
+        for target, specs in (*registry.views.items(), *registry.blueprints.items())
+        if target not in served
+        for spec in specs[:1]
+    ] + [
+        f"exemption of {describe(target)}"
+        for target in (*registry.exempt_views, *registry.exempt_blueprints)
+        if target not in served
+    ]
+    if not unmatched:
+        return
+    shown = sorted(set(unmatched))
+    more = len(shown) - _UNMATCHED_SHOWN
+    log.warning(
+        "%d rate-limit declaration(s) match no endpoint of the app %r: %s%s. A limit on a "
+        "view the app does not serve never applies; one behind a decorator without "
+        "functools.wraps is enforced only when that view runs, in a storage call of its own; "
+        "an exemption there is not applied. Register the view, or use functools.wraps in "
+        "your decorators.",
+        len(shown), app.name, "; ".join(shown[:_UNMATCHED_SHOWN]),
+        f" and {more} more" if more > 0 else "",
+    )  # fmt: skip
+
+
+def _gate(endpoint: str, view: Any, enforce: Enforce, limiter: object) -> Callable[..., Any]:
+    # A view that is this limiter's limit wrapper: when the plan decided its limits, the
+    # function it wraps is called directly (the wrapper would only check that).
+    inner = carried_function(view, limiter)
+    if inspect.iscoroutinefunction(view):
+
+        @functools.wraps(view)
+        async def async_gate(*args: Any, **kwargs: Any) -> Any:
+            data = enforce(endpoint, view)
+            if inner is not None and data is not None and (data.exempt or view in data.covered):
+                return await inner(*args, **kwargs)
+            return await view(*args, **kwargs)
+
+        return async_gate
+
+    @functools.wraps(view)
+    def gate(*args: Any, **kwargs: Any) -> Any:
+        data = enforce(endpoint, view)
+        if inner is not None and data is not None and (data.exempt or view in data.covered):
+            return inner(*args, **kwargs)
+        return view(*args, **kwargs)
+
+    return gate

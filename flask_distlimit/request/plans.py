@@ -1,0 +1,124 @@
+"""The plan cache: a route's limits, bound once per endpoint and method.
+
+:class:`Plans` binds what the registry declares for a route (its view, class and blueprints, or
+the app's default limits) into a :class:`~flask_distlimit.declare.route_limits.RoutePlan` the
+first time a request reaches it (:func:`~flask_distlimit.declare.route_limits.build_plan`), and
+the limits of a limit wrapper the plan did not reach (behind a decorator that skips
+``functools.wraps``) the first time that wrapper runs. Static-file endpoints are never limited.
+Every limit bound here is declared to the quota leases, which say whether any of them leases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from flask import Flask, current_app
+
+from flask_distlimit.core.algorithms import Algorithm
+from flask_distlimit.declare.registry import LimitRegistry
+from flask_distlimit.declare.route_limits import BoundLimit, RoutePlan, bind, build_plan, distinct
+from flask_distlimit.declare.specs import LimitSpec
+from flask_distlimit.resilience.leases import Leases
+
+__all__ = ["Plans", "is_static"]
+
+
+def is_static(endpoint: str) -> bool:
+    """Flask's static-file endpoints: never limited."""
+    return endpoint == "static" or endpoint.endswith(".static")
+
+
+def _blueprints_of(app: Flask, endpoint: str) -> list[object]:
+    """The blueprint objects ``endpoint`` is registered through, innermost first (the objects
+    behind ``request.blueprints``, whatever names they were registered under)."""
+    found: list[object] = []
+    name = endpoint.rpartition(".")[0]
+    while name:
+        bp = app.blueprints.get(name)
+        if bp is not None:
+            found.append(bp)
+        name = name.rpartition(".")[0]
+    return found
+
+
+@dataclass(slots=True, kw_only=True)
+class Plans:
+    """The bound limits of one app's routes and limit wrappers (see the module docstring)."""
+
+    registry: LimitRegistry
+    default_specs: tuple[LimitSpec, ...]  #: DISTLIMIT_DEFAULT_LIMITS
+    leases: Leases  #: told every bound limit (flask_distlimit.resilience.leases)
+    prefix: str
+    algorithm: Algorithm  #: the app's default
+    shadow: bool  #: every limit is a shadow limit (``DISTLIMIT_SHADOW = True``)
+    #: the plans bound so far, by (endpoint, method)
+    routes: dict[tuple[str | None, str], RoutePlan] = field(default_factory=dict, init=False)
+    _carried: dict[tuple[object, str | None, str], tuple[BoundLimit, ...]] = field(
+        default_factory=dict, init=False
+    )
+    #: the app's view functions as registered, by endpoint; None until the first request
+    views: dict[str, object] | None = field(default=None, init=False)
+    #: some bound limit has ``lease=`` (flask_distlimit.resilience.leases)
+    leasing: bool = field(default=False, init=False)
+
+    def original_view(self, endpoint: str) -> object | None:
+        """The view function registered for ``endpoint``, before the gate wrapped it."""
+        views = self.views
+        if views is not None:
+            return views.get(endpoint)
+        return current_app.view_functions.get(endpoint)
+
+    def plan(self, endpoint: str | None, method: str, view: object | None) -> RoutePlan:
+        """The route's limits for ``endpoint`` and ``method``, bound once."""
+        plan = self.routes.get((endpoint, method))
+        if plan is not None:
+            return plan
+        if endpoint is not None and is_static(endpoint):
+            plan = RoutePlan(exempt=True)
+        else:
+            plan = build_plan(
+                self.registry,
+                endpoint=endpoint,
+                view=view,
+                blueprints=_blueprints_of(current_app, endpoint) if endpoint else (),
+                method=method,
+                default_limits=self.default_specs,
+                prefix=self.prefix,
+                default_algorithm=self.algorithm,
+                shadow=self.shadow,
+            )
+        if self.leases.declare(plan.limits):
+            self.leasing = True
+        self.routes[(endpoint, method)] = plan
+        return plan
+
+    def carried(
+        self, carrier: object, specs: Sequence[Any], endpoint: str | None, method: str
+    ) -> tuple[BoundLimit, ...]:
+        """The limits ``specs`` of the limit wrapper ``carrier``, bound once per endpoint and
+        method."""
+        bounds = self._carried.get((carrier, endpoint, method))
+        if bounds is not None:
+            return bounds
+        label = endpoint or str(getattr(carrier, "__qualname__", "view"))
+        bounds = distinct(
+            (
+                b
+                for spec in specs
+                for b in bind(
+                    spec,
+                    prefix=self.prefix,
+                    default_algorithm=self.algorithm,
+                    label=label,
+                    method=method,
+                    shadow=self.shadow,
+                )
+            ),
+            self.prefix,
+        )
+        self._carried[(carrier, endpoint, method)] = bounds
+        if self.leases.declare(bounds):
+            self.leasing = True
+        return bounds

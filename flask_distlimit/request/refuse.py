@@ -1,0 +1,264 @@
+"""Refusing a request: the 429 and 503 problem details, the ``on_breach`` hooks, the breach log.
+
+A denial raises :class:`~flask_distlimit.core.problem.RateLimitExceeded` (429; a concurrency
+limit's :class:`~flask_distlimit.core.problem.ConcurrencyLimitExceeded`), an outage under policy
+``closed`` :class:`~flask_distlimit.core.problem.RateLimitUnavailable` (503) and a fleet over a
+priority's share :class:`~flask_distlimit.core.problem.Overloaded` (503): ordinary Flask error
+handling turns them into responses. Before a 429, the denied limit's own ``on_breach`` (else the
+app's) is told a :class:`Breach`, and may answer the response. Each refusal is logged at INFO
+once per client and limit per window at most, never once per request. What the headers of the
+refusal say is noted on the request's :class:`~flask_distlimit.request.data.RequestData`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final, NoReturn
+
+from flask import request
+from werkzeug.wrappers import Response as WerkzeugResponse
+
+from flask_distlimit.core.decision import Check
+from flask_distlimit.core.limits import Rate
+from flask_distlimit.core.priorities import Priority
+from flask_distlimit.core.problem import (
+    ConcurrencyLimitExceeded,
+    Overloaded,
+    RateLimitExceeded,
+    RateLimitUnavailable,
+    retry_after_seconds,
+)
+from flask_distlimit.declare import refusal_options
+from flask_distlimit.declare.route_limits import BoundLimit
+from flask_distlimit.defences.concurrency import is_slot_key
+from flask_distlimit.identity import Identity
+from flask_distlimit.request.current_limits import breached_rates
+from flask_distlimit.request.data import RequestData
+from flask_distlimit.request.headers import Report
+from flask_distlimit.resilience.guard import Guard
+
+if TYPE_CHECKING:
+    from werkzeug.sansio.response import Response as SansIOResponse
+
+__all__ = ["Breach", "BreachHook", "Refusals"]
+
+log = logging.getLogger("flask_distlimit")
+
+#: Clients and limits whose breach was logged, kept until their window ends (bounded).
+_BREACHES_KEPT: Final = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Breach:
+    """What the ``on_breach`` hook is told about a refused request (no raw identity)."""
+
+    endpoint: str | None
+    method: str
+    path: str
+    #: :func:`flask_distlimit.declare.keys.identity_tag` of the request's identity (when only
+    #: global or ``key_func`` limits applied: the hash tag of the first denied limit's key)
+    identity_digest: str
+    tier: str | None
+    violated_policies: tuple[str, ...]
+    #: seconds, rounded up; None when the request can never pass (its cost exceeds the limit)
+    retry_after: int | None
+    from_cache: bool  #: answered by the local deny cache, without a storage call
+    #: the first denied limit as declared: its count and its window (``Rate(5, 60)`` for
+    #: ``5/minute``; for a concurrency limit, the slots and their lease)
+    limit: Rate | None = None
+    #: every denied limit's, in the order of ``violated_policies``
+    limits: tuple[Rate, ...] = ()
+
+
+BreachHook = Callable[[Breach], "SansIOResponse | None"]
+
+
+def _tag(key: str) -> str:
+    """The hash tag of a storage key: the digest of who was counted, never the identity."""
+    return key[key.index("{") + 1 : key.index("}")]
+
+
+@dataclass(slots=True, kw_only=True)
+class Refusals:
+    """How one app's limiter refuses requests (see the module docstring)."""
+
+    guard: Guard
+    local_clock: Callable[[], int]  #: microseconds
+    identity_tag: Callable[[str], str]
+    breach_hook: Callable[[], BreachHook | None]  #: the app's ``on_breach``, asked each time
+    priority: Callable[[], Priority]  #: the request's (flask_distlimit.defences.shedding)
+    fleet_key: str | None
+    lease: int  #: a concurrency slot's, seconds
+    retry_unavailable: int  #: ``Retry-After`` of a 503 under policy ``closed``
+    #: when each client and limit's breach may be logged again (local clock), by key
+    breaches: dict[str, int] = field(default_factory=dict, init=False)
+
+    def _digest(self, identity: Identity | None, tag: str) -> str:
+        return self.identity_tag(identity.value) if identity is not None else tag
+
+    def refuse(
+        self,
+        reports: list[Report],
+        keys: list[str],
+        identity: Identity | None,
+        data: RequestData,
+        *,
+        from_cache: bool,
+        degraded: bool = False,
+        denied_bounds: Sequence[BoundLimit] = (),
+    ) -> NoReturn:
+        """Log, call the breach hook and raise the 429 for the denied limits ``reports``
+        (stored under ``keys``)."""
+        data.deferred.clear()  # a refused request is never charged after its response
+        concurrency = all(map(is_slot_key, keys))
+        if concurrency and self.fleet_key is not None and self.fleet_key in keys:
+            self.shed(data)
+        binding = max(reports, key=lambda r: r.retry_after)
+        # Not finite: the cost exceeds a limit the local fallback divided; it cannot pass now.
+        retry = (
+            retry_after_seconds(binding.retry_after) if math.isfinite(binding.retry_after) else None
+        )
+        data.report, data.denied, data.retry_after = binding, True, retry
+        data.degraded = data.degraded or degraded
+        names = tuple(r.name for r in reports)
+        tags = [_tag(key) for key in keys]
+        digest = self._digest(identity, tags[0])
+        tier = identity.tier if identity is not None else None
+        self._log_breach(reports, keys, tags, digest, tier, retry)
+        if concurrency:  # the rate-limit headers describe rates, never slots in flight
+            data.report = None
+        self._raise(
+            names,
+            retry,
+            digest,
+            tier,
+            from_cache=from_cache,
+            denied=denied_bounds,
+            concurrency=concurrency,
+        )
+
+    def shed(self, data: RequestData) -> NoReturn:
+        """The fleet is over this request's priority's share: 503
+        (flask_distlimit.defences.fleet)."""
+        priority = self.priority()
+        data.report, data.denied, data.retry_after = None, True, 1
+        metrics = self.guard.metrics
+        if metrics is not None:
+            metrics.shed(priority, "fleet")
+        raise Overloaded(priority=priority, reason="fleet", instance=request.path)
+
+    def unavailable(self, data: RequestData, *, busy: bool) -> NoReturn:
+        """The storage did not decide and the failure policy is ``closed``: 503."""
+        data.degraded = data.denied = True
+        data.retry_after = 1 if busy else self.retry_unavailable  # busy: load, not an outage
+        raise RateLimitUnavailable(retry_after=data.retry_after, instance=request.path, busy=busy)
+
+    def unaffordable(
+        self, check: Check, b: BoundLimit, identity: Identity | None, data: RequestData
+    ) -> NoReturn:
+        """Refuse a request that costs more than the limit ``b`` allows in a whole window: it
+        can never pass, so no ``Retry-After`` promises that it will. Its INFO line is logged
+        once per client and limit per window at most, as breaches are."""
+        data.deferred.clear()  # a refused request is never charged after its response
+        data.report, data.denied, data.retry_after = None, True, None
+        digest = self._digest(identity, _tag(check.key))
+        now = self.local_clock()
+        if self.breaches.get(check.key, 0) <= now:
+            self._logged(((check.key, b.rate.period),), now)
+            log.info(
+                "Rate limit %s refused a request costing %d (more than %d in a whole window) "
+                "from client %s, %s %s (logged once per client and limit per window)",
+                b.name, check.cost, check.limit, digest, request.method, request.endpoint,
+            )  # fmt: skip
+        detail = (
+            f"This request costs {check.cost} units, more than the limit {b.name} allows in a "
+            f"whole window ({check.limit} per {b.rate.period} s): it can never be admitted. "
+            "Send it in smaller parts."
+        )
+        tier = identity.tier if identity is not None else None
+        self._raise((b.name,), None, digest, tier, from_cache=False, detail=detail, denied=(b,))
+
+    def _raise(
+        self,
+        names: tuple[str, ...],
+        retry: int | None,
+        digest: str,
+        tier: str | None,
+        *,
+        from_cache: bool,
+        detail: str | None = None,
+        denied: Sequence[BoundLimit] = (),
+        concurrency: bool = False,
+    ) -> NoReturn:
+        """Tell the ``on_breach`` hook, then raise the 429 (the hook's response, if any)."""
+        response: SansIOResponse | None = None
+        hook = refusal_options.breach_hook(denied, self.breach_hook())
+        if denied:
+            detail = refusal_options.error_message(denied) or detail
+        if hook is not None:
+            rates = breached_rates(denied, self.lease)
+            response = hook(
+                Breach(
+                    endpoint=request.endpoint,
+                    method=request.method,
+                    path=request.path,
+                    identity_digest=digest,
+                    tier=tier,
+                    violated_policies=names,
+                    retry_after=retry,
+                    from_cache=from_cache,
+                    limit=rates[0] if rates else None,
+                    limits=rates,
+                )
+            )
+        problem = ConcurrencyLimitExceeded if concurrency else RateLimitExceeded
+        exc = problem(
+            retry_after=retry, violated_policies=names, instance=request.path, detail=detail
+        )
+        if isinstance(response, WerkzeugResponse):
+            exc.response = response
+        raise exc
+
+    def _log_breach(
+        self,
+        reports: list[Report],
+        keys: list[str],
+        tags: list[str],
+        digest: str,
+        tier: str | None,
+        retry: int | None,
+    ) -> None:
+        """One INFO line per client and limit per window at most, never one per request."""
+        now = self.local_clock()
+        logged = self.breaches
+        fresh = [
+            (r, t) for r, k, t in zip(reports, keys, tags, strict=True) if logged.get(k, 0) <= now
+        ]
+        if not fresh:
+            return
+        self._logged(((k, r.period) for r, k in zip(reports, keys, strict=True)), now)
+        log.info(
+            "Rate limit exceeded: %s; identity %s, tier %s, %s %s; retry in %s s "
+            "(logged once per client and limit per window)",
+            ", ".join(f"{r.name} (client {t})" for r, t in fresh),
+            digest,
+            tier or "-",
+            request.method,
+            request.endpoint,
+            retry,
+        )
+
+    def _logged(self, marks: Iterable[tuple[str, float]], now: int) -> None:
+        """Note that the limits under these keys (with their periods, seconds) were logged at
+        ``now``: not again within their window. At most ``_BREACHES_KEPT`` keys are kept."""
+        logged = self.breaches
+        if len(logged) >= _BREACHES_KEPT:
+            for k in [k for k, until in logged.items() if until <= now]:
+                del logged[k]
+            if len(logged) >= _BREACHES_KEPT:
+                logged.clear()
+        for k, period in marks:
+            logged[k] = now + int(period * 1_000_000)
