@@ -102,7 +102,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Literal, TypeVar
 
 from flask_distlimit._typing import FailurePolicy, HeaderMode
-from flask_distlimit.core.algorithms import ALGORITHMS, MAX_CONCURRENCY, Algorithm
+from flask_distlimit.core.algorithms import ALGORITHMS, Algorithm
 from flask_distlimit.core.limits import Rate, parse_rates
 from flask_distlimit.core.policies import FAILURE_POLICIES
 from flask_distlimit.core.priorities import Priority
@@ -114,6 +114,7 @@ from flask_distlimit.defences.shedding import (
     parse_shares,
     parse_shed_at,
 )
+from flask_distlimit.engine.concurrency import MAX_CONCURRENCY
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity import IDENTITY_KEYS
 from flask_distlimit.ops import serving

@@ -60,17 +60,17 @@ from flask_distlimit._typing import (
 )
 from flask_distlimit.core.algorithms import (
     CONCURRENCY,
-    MAX_CONCURRENCY,
     Algorithm,
     check_cost,
     check_limit_count,
-    check_rate,
     validate_algorithm,
 )
 from flask_distlimit.core.limits import Rate
 from flask_distlimit.core.policies import validate_policy
 from flask_distlimit.declare.dynamic_limits import DynamicValue, LimitSource, read_value
 from flask_distlimit.declare.lease_options import check_lease, check_lease_algorithm
+from flask_distlimit.engine.concurrency import MAX_CONCURRENCY
+from flask_distlimit.engine.registry import check_rate
 from flask_distlimit.errors import ConfigurationError
 
 __all__ = [
