@@ -15,7 +15,9 @@ hold the two to that. Each twin module gives, over a state value of its own:
   and usable at ``now_us`` (the script's garbage bounds: state from more than a period in the
   future, after a clock jump back, is reset here exactly as in Redis).
 
-:mod:`flask_distlimit.engine.registry` holds one entry per algorithm, naming these functions.
+Shared here: :class:`Step`, :func:`adjust` (the scripts' correction of a wait computed in
+doubles) and :func:`take_back` (a give-back into a windowed count). The twin module of each
+algorithm is named by its entry in :mod:`flask_distlimit.engine.registry`.
 """
 
 from __future__ import annotations
