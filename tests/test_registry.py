@@ -38,6 +38,14 @@ def test_the_exact_algorithms_are_the_rate_algorithms_that_never_admit_more() ->
     assert {"fixed_window", "sliding_window_log", "token_bucket", "gcra"} == EXACT_ALGORITHMS
 
 
+def test_a_lease_ends_with_the_window_or_when_the_rate_has_earned_its_units_back() -> None:
+    # what resilience/leases.py computes per algorithm (Lease.granted): one of the three
+    for name, entry in REGISTRY.items():
+        if entry.leasable:
+            assert [entry.aligned, entry.span > 1, entry.refills].count(True) == 1, name
+    assert {n for n, e in REGISTRY.items() if e.refills} == {"token_bucket", "gcra"}
+
+
 def test_units_are_given_back_to_the_windowed_counts_only() -> None:
     assert GIVE_BACK_CODES == {"fixed_window": 1, "sliding_window_counter": 3}
     assert "local FIELDS = {[1] = 'n', [3] = 'c'}" in GIVE_BACK_SOURCE

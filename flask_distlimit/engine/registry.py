@@ -71,6 +71,9 @@ class AlgorithmEntry:
     #: Its windows are aligned on the storage's clock (the fixed window): an admission leaves
     #: them at the end of the window it was made in, sooner than ``span`` periods.
     aligned: bool = False
+    #: Units come back at a steady rate, ``limit`` per period (token bucket, GCRA), not when a
+    #: window ends: a leased unit is earned back ``period / limit`` after it was taken.
+    refills: bool = False
     #: The field of the key's hash holding the window's count, which a give-back of leased units
     #: takes units off (:mod:`flask_distlimit.storage.give_back`); None: never given back.
     give_back_field: str | None = None
@@ -131,9 +134,9 @@ REGISTRY: Final[Mapping[Algorithm, AlgorithmEntry]] = {
             "sliding_window_counter", 3, sliding_window_counter, exact=False, leasable=True,
             span=2, give_back_field="c", take_back=sliding_window_counter.take_back,
         ),
-        AlgorithmEntry("token_bucket", 4, token_bucket, exact=True, leasable=True),
+        AlgorithmEntry("token_bucket", 4, token_bucket, exact=True, leasable=True, refills=True),
         AlgorithmEntry(
-            "gcra", 5, gcra, exact=True, leasable=True, refusal=gcra.refusal,
+            "gcra", 5, gcra, exact=True, leasable=True, refills=True, refusal=gcra.refusal,
             max_rate=gcra.MAX_GCRA_RATE, too_large=_GCRA_TOO_LARGE,
         ),
         AlgorithmEntry(
