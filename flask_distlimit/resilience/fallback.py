@@ -366,10 +366,8 @@ class LocalFallback:
         self._engaged_until = until
         for kind in self._hold:
             self._hold[kind] = end = self._window_end(kind, until)
-            if end > self._until:
-                self._until = end
-        if until > self._until:
-            self._until = until
+            self._until = max(self._until, end)
+        self._until = max(self._until, until)
 
     def _decide(self, check: Check, now: float) -> None:
         """``check``'s key is decided here at ``now``: hold it until the end of the window
@@ -379,8 +377,7 @@ class LocalFallback:
         self._decided[check.key] = (kind, now)
         if kind not in self._hold:
             self._hold[kind] = end = self._window_end(kind, self._engaged_until)
-            if end > self._until:
-                self._until = end
+            self._until = max(self._until, end)
 
     def _window_end(self, kind: _Kind, moment: float) -> float:
         """clock() when admissions made by ``moment`` have left every window of a key of
@@ -424,8 +421,7 @@ class LocalFallback:
         and starts again from what Redis last said when it enters again."""
         if until > self._covered.get(key, -_FOREVER):
             self._covered[key] = until
-            if until > self._until:
-                self._until = until
+            self._until = max(self._until, until)
 
     def drop(self) -> None:
         """Forget every local count (nothing is written back to the storage)."""
