@@ -26,8 +26,9 @@ after the other rows' work) and *warm* (the same call ran once just before on a 
 state, as on a busy server, where a long call makes others wait). The tables give the median and
 the maximum over the rounds, and how many calls of all went over the bound.
 
-The largest accepted limits and costs are read from ``flask_distlimit.core.algorithms`` (and
-``limits.py``'s bounds: 10**12 units, 366 days), so the same file measures any version. Calls
+The largest accepted limits and costs are read from ``flask_distlimit.core.algorithms`` and the
+twins' modules (and ``limits.py``'s bounds: 10**12 units, 366 days), so the same file measures any
+version. Calls
 inject their time (the states are built at chosen times); a production call reads Redis's
 ``TIME`` instead, one command more.
 
@@ -53,9 +54,10 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the checkout this file is in, before any installed copy
 
-from flask_distlimit import algorithms  # noqa: E402
+from flask_distlimit.core import algorithms  # noqa: E402
 from flask_distlimit.core.algorithms import Algorithm  # noqa: E402
 from flask_distlimit.core.decision import Check  # noqa: E402
+from flask_distlimit.engine import gcra, sliding_window_log  # noqa: E402
 from flask_distlimit.engine.scripts import SCRIPT_SOURCE, script_args  # noqa: E402
 
 ROUNDS = 30
@@ -66,9 +68,9 @@ YEAR = 366 * DAY  # the longest period limits.py accepts
 HUGE = 10**12  # the largest amount limits.py accepts
 HUGE_TEXT = "10^12"
 #: The log's limit, the number of limits one request may carry (read from the version measured).
-LOG_LIMIT: int = algorithms.MAX_LOG_LIMIT
+LOG_LIMIT: int = sliding_window_log.MAX_LOG_LIMIT
 MANY: int = getattr(algorithms, "MAX_LIMITS_PER_REQUEST", 16)
-FASTEST_GCRA: int = algorithms.MAX_GCRA_RATE  # per second
+FASTEST_GCRA: int = gcra.MAX_GCRA_RATE  # per second
 #: The four algorithms whose state is a few numbers whatever the limit.
 COUNTERS: tuple[Algorithm, ...] = ("fixed_window", "sliding_window_counter", "token_bucket", "gcra")
 #: The bench's own commands, left out of "commands the script ran".

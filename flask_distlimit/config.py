@@ -102,13 +102,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Literal, NamedTuple, TypeVar
 
 from flask_distlimit._typing import FailurePolicy, HeaderMode
-from flask_distlimit.core.algorithms import ALGORITHMS, MAX_CONCURRENCY, Algorithm
+from flask_distlimit.core.algorithms import ALGORITHMS, Algorithm
 from flask_distlimit.core.limits import Rate, parse_rates
 from flask_distlimit.core.policies import FAILURE_POLICIES
 from flask_distlimit.core.priorities import Priority
 from flask_distlimit.declare.dynamic_limits import DynamicValue, read_value
 from flask_distlimit.defences import shedding
 from flask_distlimit.defences.shadow import ShadowSetting, parse_shadow
+from flask_distlimit.engine.concurrency import MAX_CONCURRENCY
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity import IDENTITY_KEYS
 from flask_distlimit.ops import serving

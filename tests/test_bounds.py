@@ -17,17 +17,12 @@ import redis
 from flask import Flask
 
 from flask_distlimit import ConfigurationError, Limiter
-from flask_distlimit.core.algorithms import (
-    MAX_GCRA_RATE,
-    MAX_LIMITS_PER_REQUEST,
-    MAX_LOG_LIMIT,
-    Algorithm,
-    max_cost,
-)
+from flask_distlimit.core.algorithms import MAX_LIMITS_PER_REQUEST, Algorithm, max_cost
 from flask_distlimit.core.decision import Check
 from flask_distlimit.core.limits import parse_rates
+from flask_distlimit.engine.gcra import MAX_GCRA_RATE
 from flask_distlimit.engine.scripts import SCRIPT_SOURCE, script_args
-from flask_distlimit.engine.twins import SWL_BATCH
+from flask_distlimit.engine.sliding_window_log import MAX_LOG_LIMIT, SWL_BATCH
 from tests.distlimit_fixtures import QUIET
 from tests.vectors import T0
 

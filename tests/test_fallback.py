@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flask_distlimit.core.algorithms import ALGORITHMS, EXACT_ALGORITHMS, Algorithm
+from flask_distlimit.core.algorithms import ALGORITHMS, Algorithm
 from flask_distlimit.core.decision import Check, Decision, Evaluation
+from flask_distlimit.engine.registry import EXACT_ALGORITHMS
 from flask_distlimit.resilience.fallback import LocalFallback, divided_limit
 from flask_distlimit.resilience.last_known import LastKnown
 from flask_distlimit.storage.memory import MemoryStorage

@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flask_distlimit.core.algorithms import ALGORITHMS, EXACT_ALGORITHMS, Algorithm
+from flask_distlimit.core.algorithms import ALGORITHMS, Algorithm
 from flask_distlimit.core.decision import NEVER, Check
+from flask_distlimit.engine.registry import EXACT_ALGORITHMS
 from flask_distlimit.errors import StorageResponseError
 from flask_distlimit.storage.memory import MemoryStorage, system_clock_us
 from tests.engines import NeverExpires

@@ -307,7 +307,9 @@ def test_no_rate_the_library_accepts_makes_the_script_refuse(server: RedisProces
     accept (10^12 units, 366 days, one second; the log up to 1,000, GCRA up to 1,000,000 a
     second), at a cost of 1 and of the whole limit, alone (the script's fast path) and two at
     once (its general path), three calls each: every one answered, with numbers in range."""
-    from flask_distlimit.core.algorithms import ALGORITHMS, MAX_GCRA_RATE, MAX_LOG_LIMIT
+    from flask_distlimit.core.algorithms import ALGORITHMS
+    from flask_distlimit.engine.gcra import MAX_GCRA_RATE
+    from flask_distlimit.engine.sliding_window_log import MAX_LOG_LIMIT
 
     storage = RedisStorage(host="127.0.0.1", port=server.port, timeout=3.0)
     calls = 0

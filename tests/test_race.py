@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 import redis
 
-from flask_distlimit.core.algorithms import EXACT_ALGORITHMS, Algorithm
+from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.decision import Check
+from flask_distlimit.engine.registry import EXACT_ALGORITHMS
 from flask_distlimit.storage.redis import RedisStorage
 from tests.servers import RedisProcess
 

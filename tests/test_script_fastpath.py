@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from flask_distlimit.engine.scripts import ALGORITHM_CODES, RELEASE_FLAG, SCRIPT_SOURCE, SHADOW_FLAG
-from flask_distlimit.engine.twins import SWL_BATCH
+from flask_distlimit.engine.sliding_window_log import SWL_BATCH
 from tests.vectors import T0
 
 pytestmark = pytest.mark.redis

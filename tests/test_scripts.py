@@ -14,7 +14,7 @@ import redis
 from flask_distlimit.core.algorithms import ALGORITHMS, Algorithm
 from flask_distlimit.core.decision import NEVER, Check, Decision, Evaluation
 from flask_distlimit.engine.scripts import SCRIPT_SOURCE, parse_reply, script_args
-from flask_distlimit.engine.twins import SWL_BATCH
+from flask_distlimit.engine.sliding_window_log import SWL_BATCH
 from flask_distlimit.errors import StorageResponseError
 from flask_distlimit.storage.memory import MemoryStorage
 from flask_distlimit.storage.redis import RedisStorage

@@ -42,12 +42,12 @@ from flask_distlimit._typing import (
     LimitKind,
     ScopeFunc,
 )
-from flask_distlimit.core.algorithms import MAX_CONCURRENCY
 from flask_distlimit.declare.dynamic_limits import LimitSource
 from flask_distlimit.declare.options import check_options
 from flask_distlimit.declare.registry import LimitRegistry
 from flask_distlimit.declare.specs import LimitOptions
 from flask_distlimit.declare.targets import carries, describe, hashable, make_carrier
+from flask_distlimit.engine.concurrency import MAX_CONCURRENCY
 from flask_distlimit.errors import ConfigurationError
 
 __all__ = ["Declarations"]

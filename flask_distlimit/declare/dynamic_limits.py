@@ -42,8 +42,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, Generic, TypeVar
 
-from flask_distlimit.core.algorithms import MAX_LIMITS_PER_REQUEST, Algorithm, check_rate
+from flask_distlimit.core.algorithms import MAX_LIMITS_PER_REQUEST, Algorithm
 from flask_distlimit.core.limits import Rate, parse_rates
+from flask_distlimit.engine.registry import check_rate
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity.tiers import parse_tier_table
 

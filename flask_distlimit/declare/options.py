@@ -24,13 +24,13 @@ from flask_distlimit.core.algorithms import (
     CONCURRENCY,
     check_cost,
     check_limit_count,
-    check_rate,
     validate_algorithm,
 )
 from flask_distlimit.core.policies import validate_policy
 from flask_distlimit.declare.dynamic_limits import LimitSource, read_value
 from flask_distlimit.declare.lease_options import check_lease
 from flask_distlimit.declare.specs import LimitOptions, LimitSpec
+from flask_distlimit.engine.registry import check_rate
 from flask_distlimit.errors import ConfigurationError
 
 __all__ = ["check_options", "check_scope"]

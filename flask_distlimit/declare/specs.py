@@ -27,10 +27,11 @@ from flask_distlimit._typing import (
     LimitKind,
     ScopeFunc,
 )
-from flask_distlimit.core.algorithms import Algorithm, check_rate
+from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.limits import Rate
 from flask_distlimit.declare.dynamic_limits import DynamicValue
 from flask_distlimit.declare.lease_options import check_lease_algorithm
+from flask_distlimit.engine.registry import check_rate
 
 __all__ = ["LimitOptions", "LimitSpec"]
 

@@ -3,7 +3,7 @@
 ``@limiter.concurrency(20)`` declares one (``key_func=`` and ``scope=`` as for a rate limit). Its
 slot is taken in the request's one storage call, all-or-nothing with the request's rate limits
 (the algorithm ``concurrency`` of the script, ``lua/concurrency.lua``, and its twin in
-:mod:`flask_distlimit.engine.twins` for ``memory://`` and the local fallback):
+:mod:`flask_distlimit.engine.concurrency` for ``memory://`` and the local fallback):
 
 - each request draws a random *token*; the key is a sorted set of the tokens in flight, scored by
   when their *lease* ends (``DISTLIMIT_CONCURRENCY_LEASE``, seconds);

@@ -65,6 +65,7 @@ from typing import Final
 
 from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.decision import NEVER, Check, Evaluation
+from flask_distlimit.engine.registry import REGISTRY
 from flask_distlimit.resilience.last_known import LastKnown
 from flask_distlimit.storage.base import Storage
 
@@ -212,20 +213,24 @@ class LocalFallback:
         ended. Nothing else changes: a give-back is no failure of the storage, so it never
         engages the fallback, holds a key or starts a store (a slot taken here before the
         store was dropped is gone with it)."""
-        with self._lock:
-            storage = self._storage
-            if storage is not None and checks:
-                storage.evaluate([_divided(c, instances) for c in checks], now_us=now_us)
+        self._held_only(checks, instances, now_us, refund=False)
 
     def give_back(
         self, checks: Sequence[Check], *, instances: int, now_us: int | None = None
     ) -> None:
         """Undo a local admission of ``checks`` (:meth:`evaluate` admitted them, but the request
         was refused elsewhere: by another node's fallback on a Redis Cluster)."""
+        self._held_only(checks, instances, now_us, refund=True)
+
+    def _held_only(
+        self, checks: Sequence[Check], instances: int, now_us: int | None, *, refund: bool
+    ) -> None:
+        """Evaluate (a release) or refund ``checks`` in the store, if there is one."""
         with self._lock:
             storage = self._storage
             if storage is not None and checks:
-                storage.refund([_divided(c, instances) for c in checks], now_us=now_us)
+                run = storage.refund if refund else storage.evaluate
+                run([_divided(c, instances) for c in checks], now_us=now_us)
 
     def refusal(
         self, checks: Sequence[Check], *, instances: int, now_us: int | None = None
@@ -239,11 +244,9 @@ class LocalFallback:
         if self._storage is None:  # nothing held: the path of every healthy request
             return None
         with self._lock:
-            storage = self._storage
-            if storage is None:
-                return None
             now = self._clock()
-            if now >= self._until:
+            storage = self._storage
+            if storage is None or now >= self._until:
                 return None
             engaged = now < self._engaged_until
             covered = [
@@ -363,10 +366,8 @@ class LocalFallback:
         self._engaged_until = until
         for kind in self._hold:
             self._hold[kind] = end = self._window_end(kind, until)
-            if end > self._until:
-                self._until = end
-        if until > self._until:
-            self._until = until
+            self._until = max(self._until, end)
+        self._until = max(self._until, until)
 
     def _decide(self, check: Check, now: float) -> None:
         """``check``'s key is decided here at ``now``: hold it until the end of the window
@@ -376,8 +377,7 @@ class LocalFallback:
         self._decided[check.key] = (kind, now)
         if kind not in self._hold:
             self._hold[kind] = end = self._window_end(kind, self._engaged_until)
-            if end > self._until:
-                self._until = end
+            self._until = max(self._until, end)
 
     def _window_end(self, kind: _Kind, moment: float) -> float:
         """clock() when admissions made by ``moment`` have left every window of a key of
@@ -385,12 +385,13 @@ class LocalFallback:
         (windows are aligned on the storage's time), one period after it for the sliding window
         log, the token bucket and GCRA, two for the sliding window counter."""
         algorithm, period = kind
-        if algorithm == "fixed_window":
+        entry = REGISTRY[algorithm]
+        if entry.aligned:
             period_us = period * _US
             at_us = round(moment * _US) + self._wall_offset_us
             end_us = (at_us // period_us + 1) * period_us
             return (end_us - self._wall_offset_us) / _US
-        return moment + (2 * period if algorithm == "sliding_window_counter" else period)
+        return moment + entry.span * period
 
     def _holds(self, key: str, until: float, now: float) -> bool:
         """Whether ``key`` (counted here until ``until``) still counts here at ``now``.
@@ -420,8 +421,7 @@ class LocalFallback:
         and starts again from what Redis last said when it enters again."""
         if until > self._covered.get(key, -_FOREVER):
             self._covered[key] = until
-            if until > self._until:
-                self._until = until
+            self._until = max(self._until, until)
 
     def drop(self) -> None:
         """Forget every local count (nothing is written back to the storage)."""
@@ -450,10 +450,5 @@ class LocalFallback:
     def _after_fork(self) -> None:
         # A forked process admits its own share: it starts again from what Redis last said.
         self._lock = threading.Lock()
-        self._storage = None
-        self._covered = {}
-        self._decided = {}
-        self._hold = {}
-        self._failed = False
-        self._engaged_until = self._until = -_FOREVER
-        self._sweep_at = _SWEEP_MIN
+        self._storage = None  # the parent's store: dropped without closing it
+        self._drop_locked()

@@ -33,6 +33,7 @@ from __future__ import annotations
 import secrets
 from typing import Final
 
+from flask_distlimit.engine.registry import REGISTRY
 from flask_distlimit.engine.scripts import token_key
 from flask_distlimit.errors import StorageResponseError
 
@@ -45,17 +46,26 @@ __all__ = [
     "given_back",
 ]
 
-#: The algorithms whose units are given back, by the limit script's code.
-GIVE_BACK_CODES: Final = {"fixed_window": 1, "sliding_window_counter": 3}
+#: The algorithms whose units are given back (those with a ``give_back_field`` in the registry),
+#: by the limit script's code.
+GIVE_BACK_CODES: Final[dict[str, int]] = {
+    n: e.code for n, e in REGISTRY.items() if e.give_back_field
+}
+#: The script's table of the hash field each of those codes takes units off.
+_FIELDS: Final = ", ".join(
+    f"[{e.code}] = '{e.give_back_field}'" for e in REGISTRY.values() if e.give_back_field
+)
 
 #: How long at most a give-back's id keeps what it took off, ms (in GIVE_BACK_SOURCE): longer
 #: than any repeat of the call (redis-py's backoff between its retries included).
 ID_KEPT_MS: Final = 300_000
 
 GIVE_BACK_SOURCE: Final = """
+local FIELDS = {FIELDS}
 local code, period = tonumber(ARGV[1]), tonumber(ARGV[2])
 local window, units, now = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-if not (code == 1 or code == 3) or not period or period < 1 or not window or not units
+local field = code and FIELDS[code]
+if not field or not period or period < 1 or not window or not units
     or units < 1 or not now then
   return redis.error_reply('ERR distlimit: bad give-back arguments')
 end
@@ -76,7 +86,6 @@ local function give()
   if math.floor(now / period) ~= window then
     return 0  -- the window is over (or, on a clock behind, not begun): the units stay counted
   end
-  local field = code == 1 and 'n' or 'c'
   local raw = redis.pcall('HMGET', KEYS[1], 'w', field)
   if type(raw) ~= 'table' or raw.err then
     return 0
@@ -94,7 +103,7 @@ if id then
   redis.call('SET', id, taken, 'PX', math.min(math.ceil(period / 1000), ID_KEPT_MS))
 end
 return taken
-""".replace("ID_KEPT_MS", str(ID_KEPT_MS))
+""".replace("ID_KEPT_MS", str(ID_KEPT_MS)).replace("{FIELDS}", f"{{{_FIELDS}}}")
 
 
 def give_back_keys(key: str) -> list[str]:

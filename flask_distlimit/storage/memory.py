@@ -1,4 +1,5 @@
-"""``memory://``: the five algorithms (:mod:`flask_distlimit.engine.twins`) in this process.
+"""``memory://``: the algorithms' Python twins (:mod:`flask_distlimit.engine.registry`) in this
+process.
 
 :class:`MemoryStorage` keeps the twins' states in a dict under a lock, with an injected clock
 (microseconds since the epoch) and no background thread: a key is dropped when read after its TTL,
@@ -15,20 +16,12 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Final
+from typing import Final, cast
 
+from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.decision import NEVER, Check, Decision, Evaluation
-from flask_distlimit.engine.twins import (
-    ALGORITHM_STEPS,
-    KEEP_TTL,
-    CounterState,
-    FixedWindowState,
-    State,
-    Step,
-    plausible,
-    refund,
-    step,
-)
+from flask_distlimit.engine.common import KEEP_TTL, State, Step
+from flask_distlimit.engine.registry import REGISTRY
 from flask_distlimit.errors import StorageResponseError
 from flask_distlimit.storage.base import GiveBack, Storage
 
@@ -48,24 +41,18 @@ def _ms_ceil_us(us: int) -> int:
     return (us + 1999) // 1000 * 1000
 
 
-#: now / T must stay below 2^52 for GCRA (see lua/gcra.lua).
-_GCRA_MAX_UNITS: Final = 2**52
-
-
 def _validate(checks: Sequence[Check], now: int) -> None:
     if now < 0:
         raise StorageResponseError(f"distlimit: bad time {now!r}: microseconds since the epoch")
     for i, c in enumerate(checks, 1):
-        if c.algorithm not in ALGORITHM_STEPS or c.limit < 1 or c.period < 1 or c.cost < 0:
+        if c.algorithm not in REGISTRY or c.limit < 1 or c.period < 1 or c.cost < 0:
             raise StorageResponseError(
                 f"distlimit: bad arguments for check {i} ({c!r}): a known algorithm, "
                 "limit >= 1, period >= 1 and cost >= 0 are required"
             )
-        if c.algorithm == "gcra" and now / (c.period * _US / c.limit) >= _GCRA_MAX_UNITS:
-            raise StorageResponseError(
-                f"distlimit: check {i}: a GCRA rate above 2,000,000 per second cannot be "
-                "computed exactly; use token_bucket"
-            )
+        refusal = REGISTRY[c.algorithm].refusal(c.limit, c.period * _US, now)
+        if refusal:
+            raise StorageResponseError(f"distlimit: check {i}: {refusal}")
 
 
 class _Entry:
@@ -144,14 +131,14 @@ class MemoryStorage(Storage):
         entry = self._get(check.key, now)
         if entry is None:
             return None, False
-        if not plausible(check.algorithm, entry.state, check.limit, check.period * _US, now):
+        spec = REGISTRY[check.algorithm]
+        if not spec.twin.plausible(entry.state, check.limit, check.period * _US, now):
             del self._data[check.key]
             return None, True
-        state: State = entry.state  # type: ignore[assignment]
-        if isinstance(state, list) and not state:
+        if spec.empty(entry.state):
             del self._data[check.key]
             return None, False
-        return state, False
+        return entry.state, False
 
     # -- Storage --
 
@@ -171,17 +158,18 @@ class MemoryStorage(Storage):
             steps: list[Step] = []
             repaired: list[str] = []
             for check in checks:
+                spec = REGISTRY[check.algorithm]
                 state, bad = self._state(check, now)
                 cost = check.cost
                 if refund_ or check.release:
-                    new, ttl = refund(check.algorithm, state, check, now)
+                    new, ttl = spec.undo(state, check, now)
                     if ttl >= 0:
                         self._put(check.key, check.algorithm, new, ttl, now)
                     state, _ = self._state(check, now)
                     cost = 0
-                s = step(check.algorithm, state, check, cost, now)
-                if isinstance(state, list) and not state:
-                    self._data.pop(check.key, None)  # the log was pruned empty
+                s = spec.decide(state, check, cost, now)
+                if state is not None and spec.empty(state):
+                    self._data.pop(check.key, None)  # pruned to nothing (the log)
                 steps.append(s)
                 if bad:
                     repaired.append(check.key)
@@ -217,22 +205,14 @@ class MemoryStorage(Storage):
             if math.floor(now / (period * _US)) != window or units < 1:
                 return 0
             entry = self._get(key, now)
-            state = None if entry is None else entry.state
-            if isinstance(state, FixedWindowState) and algorithm == "fixed_window":
-                if state.window != window or state.used < 1:
-                    return 0
-                taken = min(units, state.used)
-                new: State = state._replace(used=state.used - taken)
-            elif isinstance(state, CounterState) and algorithm == "sliding_window_counter":
-                if state.window != window or state.current < 1:
-                    return 0
-                taken = min(units, state.current)
-                new = state._replace(current=state.current - taken)
-            else:
+            spec = REGISTRY.get(cast("Algorithm", algorithm))
+            if entry is None or spec is None or spec.take_back is None:
                 return 0
-            assert entry is not None
-            self._set(key, _Entry(algorithm, new, entry.expires))
-            return taken
+            taken = spec.take_back(entry.state, window, units)
+            if taken is None:
+                return 0
+            self._set(key, _Entry(algorithm, taken[0], entry.expires))
+            return taken[1]
 
     def __len__(self) -> int:
         """Keys held, including expired ones not yet dropped (memory use, for tests)."""

@@ -1,0 +1,99 @@
+"""What every Python twin shares, as ``lua/common.lua`` is what every Lua algorithm shares.
+
+A twin (one module per algorithm: ``fixed_window``, ``sliding_window_log``,
+``sliding_window_counter``, ``token_bucket``, ``gcra``, ``concurrency``) decides exactly as its
+script does (``lua/<name>.lua``, whose header comments give the math), integer for integer: the
+same formulas, with every double operation in the same order (an ``int * int`` that Lua computes
+in doubles is computed here as ``float(a) * b``). The shared test vectors and the property tests
+hold the two to that. Each twin module gives, over a state value of its own:
+
+- ``step(state, limit, period_us, cost, now_us) -> Step``: the decision, without changing
+  anything (except that the log's expired entries are pruned in place, as the script does);
+- ``refund(state, limit, period_us, cost, now_us) -> (state or None, ttl_us)``: units given back
+  (``ttl_us`` -1: the state is unchanged, or changed in place with its TTL standing);
+- ``plausible(state, limit, period_us, now_us) -> bool``: whether stored state is the twin's own
+  and usable at ``now_us`` (the script's garbage bounds: state from more than a period in the
+  future, after a clock jump back, is reset here exactly as in Redis).
+
+Shared here: :class:`Step`, :func:`adjust` (the scripts' correction of a wait computed in
+doubles) and :func:`take_back` (a give-back into a windowed count). The twin module of each
+algorithm is named by its entry in :mod:`flask_distlimit.engine.registry`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final, NamedTuple, Protocol, TypeVar
+
+__all__ = ["KEEP_TTL", "NEVER_US", "US", "Counted", "State", "Step", "adjust", "take_back"]
+
+#: Microseconds in a second: periods arrive in seconds, every twin computes in microseconds.
+US: Final = 1_000_000
+
+#: A twin's stored state for one key: each twin's own record (a named tuple, a list, a float, a
+#: dict). Any object, so that a new algorithm brings its own without changing this module.
+State = object
+
+#: ``Step.retry_us`` of a request that can never pass (its cost is above the limit).
+NEVER_US: Final = -1
+
+#: ``Step.ttl_us`` of a write into the window a key already holds (fixed window, sliding window
+#: counter): the script sets the TTL when a key's window starts and leaves it on later writes
+#: into that window, since it ends at the same time.
+KEEP_TTL: Final = -1
+
+
+class Step(NamedTuple):
+    """One algorithm's decision for one check, and what to store if the request is admitted."""
+
+    allowed: bool
+    remaining: int  # after consuming the cost (when allowed)
+    reset_us: int  # likewise
+    retry_us: int  # 0 when allowed, NEVER_US when never (cost > limit)
+    state: State | None  # the state to store when committed (None: nothing to write)
+    ttl_us: int  # how long to keep `state`; KEEP_TTL: the key's TTL stands
+    remaining_now: int  # without consuming (what a denied evaluation reports)
+    reset_now_us: int
+
+
+def adjust(guess: int, lowest: int, highest: float, fits: Callable[[int], bool]) -> int:
+    """The scripts' correction of a wait computed in doubles, step for step: at most three steps
+    down while one less still ``fits`` (never below ``lowest``), then at most three up until it
+    ``fits`` (never past ``highest``)."""
+    d = guess
+    for _ in range(3):
+        if d > lowest and fits(d - 1):
+            d -= 1
+        else:
+            break
+    for _ in range(3):
+        if d >= highest or fits(d):
+            break
+        d += 1
+    return d
+
+
+class Counted(Protocol):
+    """A windowed state (fixed window, sliding window counter): a named tuple with the window's
+    index and the units counted in it."""
+
+    @property
+    def window(self) -> int: ...
+
+    @property
+    def used(self) -> int: ...
+
+    def _replace(self: _C, *, used: int) -> _C: ...
+
+
+_C = TypeVar("_C", bound=Counted)
+
+
+def take_back(kind: type[_C], state: object, window: int, units: int) -> tuple[_C, int] | None:
+    """``units`` (at most those counted) off ``window``'s count, if ``state`` is a ``kind`` of
+    that window (else ``None``): the memory store's give-back of leased units, as the give-back
+    script (:mod:`flask_distlimit.storage.give_back`) takes them off in Redis."""
+    if not isinstance(state, kind) or state.window != window or state.used < 1:
+        return None
+    taken = min(units, state.used)
+    return state._replace(used=state.used - taken), taken

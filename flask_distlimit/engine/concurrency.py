@@ -1,0 +1,78 @@
+"""Concurrency's twin (``lua/concurrency.lua``): at most ``limit`` requests in flight, each
+holding a slot (its token; the check's ``cost``) for at most ``period`` (the lease).
+
+The functions are those every twin gives (:mod:`flask_distlimit.engine.common`); the refund is
+the release of a slot.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from flask_distlimit.engine.common import State, Step
+
+__all__ = ["MAX_CONCURRENCY", "SlotState", "plausible", "refund", "step"]
+
+#: The most slots one concurrency limit may hold (each is a sorted-set member in Redis).
+MAX_CONCURRENCY: Final = 10_000
+
+#: The slots in use, token -> when its lease ends (us).
+SlotState = dict[int, int]
+
+_RETRY_HINT: Final = 1_000_000  # us: when a slot frees is unknown; the script's hint
+
+
+def _live(state: State | None, now: int) -> SlotState:
+    """The live slots, the expired ones removed in place (as the script's ZREMRANGEBYSCORE)."""
+    if not isinstance(state, dict):
+        return {}
+    for token in [t for t, until in state.items() if until <= now]:
+        del state[token]
+    return state
+
+
+def step(state: State | None, limit: int, period: int, cost: int, now: int) -> Step:
+    """``cost`` is the slot's token (0: a peek); ``period`` the lease."""
+    slots = _live(state, now)
+    k = len(slots)
+    allowed, taken = True, k
+    own = cost > 0 and cost in slots  # its own live slot (its call made again): renewed
+    if cost > 0 and not own:
+        if k + 1 <= limit:
+            taken = k + 1
+        else:
+            allowed = False
+    reset_now = max(slots.values()) - now if slots else 0
+    reset = period if taken > k or own else reset_now
+    retry = 0
+    if not allowed:
+        retry = min(slots.values()) - now
+        if retry > _RETRY_HINT or retry <= 0:
+            retry = _RETRY_HINT
+    new: SlotState | None = None
+    if cost > 0 and allowed:
+        new = {**slots, cost: now + period}
+    return Step(
+        allowed,
+        max(0, limit - taken),
+        reset,
+        retry,
+        new,
+        period,
+        max(0, limit - k),
+        reset_now,
+    )
+
+
+def refund(
+    state: State | None, limit: int, period: int, cost: int, now: int
+) -> tuple[State | None, int]:
+    """The release: the token's slot goes (the key's TTL stands)."""
+    if not isinstance(state, dict) or cost not in state:
+        return state, -1  # nothing to give back: unchanged
+    del state[cost]  # in place, as the script's ZREM; the key's TTL stands
+    return (state, -1) if state else (None, 0)
+
+
+def plausible(state: object, limit: int, period: int, now: int) -> bool:
+    return isinstance(state, dict)

@@ -1,0 +1,132 @@
+"""The sliding window log's twin (``lua/sliding_window_log.lua``): at most ``limit`` units in
+any ``period``, one entry per admitted request.
+
+The functions are those every twin gives (:mod:`flask_distlimit.engine.common`); :func:`step`
+prunes the log (a list) in place, as the script does in its first phase, and :func:`empty` says
+when the key is to be deleted (the script deletes a log with nothing left).
+"""
+
+from __future__ import annotations
+
+import bisect
+import operator
+from typing import Final
+
+from flask_distlimit.engine.common import NEVER_US, State, Step
+
+__all__ = ["MAX_LOG_LIMIT", "SWL_BATCH", "LogEntry", "empty", "plausible", "refund", "step"]
+
+#: The log keeps one sorted-set member per admitted request: up to this many per client and
+#: limit. A call touches a few of them whatever the limit, but memory grows with it (about 100
+#: bytes a member) and Redis frees a key's members in one go when its TTL ends.
+MAX_LOG_LIMIT: Final = 1_000
+
+#: The most members one call removes from one log key, and reads to find a retry time:
+#: ``SWL_BATCH`` in ``lua/sliding_window_log.lua`` (the twin prunes exactly as much, so that a
+#: clock that goes back finds the same members in both; tests/test_scripts.py checks the two).
+SWL_BATCH: Final = 4
+
+#: One entry of the log, one per admitted request: (time in us, start, end), its units being
+#: start + 1 .. end of the key's running count (see lua/sliding_window_log.lua).
+LogEntry = tuple[int, int, int]
+
+_time = operator.itemgetter(0)
+_end = operator.itemgetter(2)
+
+
+def _read(
+    state: State | None, limit: int, period: int, now: int
+) -> tuple[list[LogEntry], int, int, int]:
+    """(the log, units in the window k, base, index of the oldest live entry), after removing
+    at most :data:`SWL_BATCH` expired entries in place, as the script does."""
+    if not isinstance(state, list) or not state:
+        return [], 0, 0, 0
+    cut = now - period
+    expired = bisect.bisect_right(state, cut, key=_time)
+    drop = min(expired, SWL_BATCH)
+    if drop:
+        del state[:drop]
+        expired -= drop
+    if not state:
+        return state, 0, 0, 0
+    newest, _, last = state[-1]
+    if newest <= cut:  # nothing live: the script deletes the key
+        state.clear()
+        return state, 0, 0, 0
+    base = state[expired][1]
+    if last - base > limit:
+        base = last - limit
+    return state, last - base, base, expired
+
+
+def step(state: State | None, limit: int, period: int, cost: int, now: int) -> Step:
+    log, count, base, oldest = _read(state, limit, period, now)
+    newest = log[-1][0] if count else None
+    last = log[-1][2] if count else 0
+    first = newest + 1 if newest is not None and newest >= now else now
+    allowed = cost <= limit and count + cost <= limit
+    after, latest, retry = count, newest, 0
+    if allowed:
+        if cost > 0:
+            after, latest = count + cost, first
+    elif cost > limit:
+        retry = NEVER_US
+    else:
+        # among the SWL_BATCH oldest live entries; past them, when the last of them expires
+        goal = base + count + cost - limit
+        block_end = min(len(log), oldest + SWL_BATCH)
+        found = bisect.bisect_left(log, goal, oldest, block_end, key=_end)
+        retry = log[min(found, block_end - 1)][0] + period - now
+    reset = latest + period - now if after > 0 and latest is not None else 0
+    reset_now = newest + period - now if newest is not None else 0
+    new = [*log, (first, last, last + cost)] if allowed and cost > 0 else None
+    return Step(
+        allowed,
+        limit - after,
+        reset,
+        retry,
+        new,
+        first + period - now,
+        limit - count,
+        reset_now,
+    )
+
+
+def refund(
+    state: State | None, limit: int, period: int, cost: int, now: int
+) -> tuple[State | None, int]:
+    """Reads the log without pruning it, as the script does (the evaluation after it prunes)."""
+    if not isinstance(state, list):
+        return None, 0
+    live = bisect.bisect_right(state, now - period, key=_time)  # index of the oldest live entry
+    if live == len(state):
+        return None, 0
+    if cost == 0:
+        return state, -1
+    last = state[-1][2]
+    target, lo, base = last - cost, live, last - limit
+    if len(state) - live > SWL_BATCH:  # more live entries than one call may touch
+        lo = len(state) - SWL_BATCH
+        target = max(target, state[lo - 1][2])
+    else:
+        base = max(base, state[live][1])
+    if target <= base:
+        return None, 0
+    # the lowest entry holding a unit above target; it stays, cut down to target
+    r = bisect.bisect_left(state, target + 1, lo, len(state), key=_end)
+    time_r, start, _ = state[r]
+    del state[r + 1 :]
+    if start < target:
+        state[r] = (time_r, start, target)
+    else:
+        del state[r]
+    return state, state[-1][0] + period - now
+
+
+def plausible(state: object, limit: int, period: int, now: int) -> bool:
+    return isinstance(state, list) and (not state or state[-1][0] <= now + period + limit)
+
+
+def empty(state: object) -> bool:
+    """Whether the (plausible) log holds nothing: the key is deleted, as the script does."""
+    return not state
