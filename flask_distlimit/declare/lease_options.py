@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 from flask_distlimit.core.algorithms import Algorithm
+from flask_distlimit.engine.registry import REGISTRY
 from flask_distlimit.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -18,9 +19,7 @@ __all__ = ["AUTO_CAP_DIVISOR", "LEASABLE", "auto_cap", "check_lease", "check_lea
 
 #: The algorithms a lease is defined for. Not the sliding window log: it stores the time of use of
 #: every unit, and a leased unit's time of use is unknown when it is taken.
-LEASABLE: Final[frozenset[Algorithm]] = frozenset(
-    {"fixed_window", "sliding_window_counter", "token_bucket", "gcra"}
-)
+LEASABLE: Final[frozenset[Algorithm]] = frozenset(n for n, e in REGISTRY.items() if e.leasable)
 #: ``lease=True`` caps a lease at the limit divided by this.
 AUTO_CAP_DIVISOR: Final = 20
 

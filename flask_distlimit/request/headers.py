@@ -45,6 +45,7 @@ from flask_distlimit.core.algorithms import CONCURRENCY
 from flask_distlimit.core.decision import Check, Decision
 from flask_distlimit.core.problem import retry_after_seconds
 from flask_distlimit.declare.policy_items import concurrency_policy_item, policy_item, sf_string
+from flask_distlimit.engine.registry import REGISTRY
 
 __all__ = [
     "Applied",
@@ -164,6 +165,10 @@ def policy_field(report: Report | None, applied: Iterable[Applied] = ()) -> str:
     return report.policy if not items else ", ".join((report.policy, *items))
 
 
+#: The periods an admission stays in each algorithm's windows (the engine registry's ``span``).
+_SPANS: Final[dict[str | None, int]] = {name: e.span for name, e in REGISTRY.items()}
+
+
 def window_reset(report: Report) -> float:
     """Seconds until ``report``'s quota next resets, at most one window (0: nothing counted)."""
     reset = report.reset_after
@@ -171,9 +176,9 @@ def window_reset(report: Report) -> float:
         return 0.0
     period = report.period
     if reset > period:
-        if report.algorithm == "sliding_window_counter":
-            # Whole again at the end of the NEXT window; the current one ends a window earlier.
-            reset -= period
+        # A counter weighs the previous window too (its span is 2): whole again at the end of
+        # the NEXT window; the current one ends a window earlier.
+        reset -= (_SPANS.get(report.algorithm, 1) - 1) * period
         return reset if reset < period else float(period)
     return reset
 

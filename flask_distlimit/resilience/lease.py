@@ -29,7 +29,7 @@ from typing import Final, TypeAlias
 from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.decision import Check, Decision
 from flask_distlimit.declare.lease_options import auto_cap
-from flask_distlimit.storage.give_back import GIVE_BACK_CODES
+from flask_distlimit.engine.registry import REGISTRY
 
 __all__ = ["GIVE_BACK_AFTER_US", "LEASE_SPAN_US", "Lease", "Spent"]
 
@@ -43,25 +43,23 @@ _SAMPLE_US: Final = 50_000
 _US: Final = 1_000_000
 
 
-# algorithm-specific: to ask the engine registry
 def _gives_back(algorithm: Algorithm) -> bool:
     """Are unspent units of ``algorithm`` given back to the shared count (a window's count the
     storage numbers), rather than earned back by a bucket?"""
-    return algorithm in GIVE_BACK_CODES
+    return REGISTRY[algorithm].give_back_field is not None
 
 
-# algorithm-specific: to ask the engine registry
 def _good_until(
     algorithm: Algorithm, units: int, reset_us: int, started: int, period_us: int, limit: int
 ) -> int:
     """Until when ``units`` granted by a call started at ``started`` (local clock, us) that
     answered ``reset_us`` stay spendable."""
-    if algorithm == "fixed_window":
-        return started + reset_us  # the window's end: no sooner on the server's clock
-    if algorithm == "sliding_window_counter":
-        return started + reset_us - period_us  # reset: the end of the next window
-    # token bucket, GCRA: the time the limit takes to earn the units back
-    return started + units * period_us // limit
+    entry = REGISTRY[algorithm]
+    if entry.refills:  # token bucket, GCRA: the time the limit takes to earn the units back
+        return started + units * period_us // limit
+    # a window's end, no sooner on the server's clock: the reset of a counter, which weighs the
+    # previous window too, is the end of the next window
+    return started + reset_us - (entry.span - 1) * period_us
 
 
 class _Chunk:
