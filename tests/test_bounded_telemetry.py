@@ -50,6 +50,7 @@ def _values(registry: CollectorRegistry, label: str) -> set[str]:
     }
 
 
+@pytest.mark.slow
 def test_twenty_thousand_distinct_values_through_every_label_keep_the_series_bounded() -> None:
     registry = CollectorRegistry()
     metrics = Metrics(registry)
@@ -91,6 +92,7 @@ def test_a_removed_breaker_frees_its_place() -> None:
     assert "late" in _values(registry, "breaker") and "b0" not in _values(registry, "breaker")
 
 
+@pytest.mark.slow
 def test_a_dynamic_limit_of_many_quotas_is_one_series_per_outcome(clock: FakeClock) -> None:
     """Through the extension: 2,000 tenants, each with a quota of its own."""
     registry = CollectorRegistry()

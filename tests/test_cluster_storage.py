@@ -69,6 +69,7 @@ def evalsha_calls(cluster: ClusterServers) -> dict[int, int]:
     return calls
 
 
+@pytest.mark.slow
 def test_checks_are_grouped_by_slot_in_order_of_appearance(tags: list[str]) -> None:
     a, b, c = tags
     checks = [
@@ -380,6 +381,7 @@ class ClusterEngine:
         return Evaluation(tuple(decisions[i] for i in range(len(keyed))))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spread", [False, True], ids=["one slot", "one slot per limit"])
 @pytest.mark.parametrize("vector", VECTORS, ids=[v.name for v in VECTORS])
 def test_shared_vectors_on_the_cluster(

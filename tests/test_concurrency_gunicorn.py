@@ -94,6 +94,7 @@ def _prefix(client: redis.Redis) -> str:
     return keys[0].rsplit(":", 1)[0]
 
 
+@pytest.mark.slow
 def test_exactly_n_in_flight_across_instances_workers_and_threads(
     deploy: Callable[..., list[Gunicorn]], redis_server: RedisProcess
 ) -> None:
@@ -126,6 +127,7 @@ def test_exactly_n_in_flight_across_instances_workers_and_threads(
     client.close()
 
 
+@pytest.mark.slow
 def test_a_killed_workers_slot_comes_back_after_its_lease(
     deploy: Callable[..., list[Gunicorn]], redis_server: RedisProcess
 ) -> None:
@@ -162,6 +164,7 @@ def _server_us(client: redis.Redis) -> int:
     return int(seconds) * 1_000_000 + int(micros)
 
 
+@pytest.mark.slow
 def test_the_fleet_sheds_priorities_in_order_across_instances(
     deploy: Callable[..., list[Gunicorn]], redis_server: RedisProcess
 ) -> None:

@@ -123,6 +123,7 @@ def test_one_delayed_reply_fits_in_the_timeout(proxy: DelayingProxy) -> None:
     storage.close()
 
 
+@pytest.mark.slow
 def test_a_connect_and_the_reply_each_get_one_timeout(proxy: DelayingProxy) -> None:
     # A new connection waits for HELLO's reply (RESP3, redis-py 8's default), then EVALSHA's:
     # each within the timeout, together more. The time the connect took, like any wait before
@@ -367,6 +368,7 @@ def _storm_app(url: str) -> tuple[Flask, Limiter]:
     return app, limiter
 
 
+@pytest.mark.slow
 def test_a_client_kill_storm_between_requests_costs_no_answer_under_policy_closed(
     redis_server: RedisProcess, redis_client: redis.Redis
 ) -> None:
@@ -386,6 +388,7 @@ def test_a_client_kill_storm_between_requests_costs_no_answer_under_policy_close
     state.storage.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("request_tokens", ["always", "auto"])
 def test_a_client_kill_storm_anywhere_never_runs_a_request_twice(
     redis_server: RedisProcess, redis_client: redis.Redis, request_tokens: str

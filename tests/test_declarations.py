@@ -393,6 +393,7 @@ def test_a_request_a_hook_answers_still_meets_the_global_limit(
 # -- nothing implicit --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["memory", "redis"])
 def test_an_app_with_only_a_storage_url_limits_nothing(
     kind: str, request: pytest.FixtureRequest

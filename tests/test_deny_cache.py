@@ -183,6 +183,7 @@ def test_a_flood_sends_no_command_to_redis(redis_client: redis.Redis, clock: Fak
     assert changed <= {"cmdstat_info"}, changed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_never_refuses_what_the_storage_would_admit(
     backend: Backend, clock: FakeClock, algorithm: str

@@ -86,6 +86,7 @@ def distributions(module: str) -> set[str]:
     return {_canonical(d) for d in provided} if provided else {_canonical(module)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("directory", "extras", "running"), SCOPES, ids=[s[0] for s in SCOPES])
 def test_every_import_is_declared(
     directory: str, extras: tuple[str, ...], running: set[str]

@@ -32,6 +32,8 @@ from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parent.parent / "flask_distlimit"
 DEPENDENCIES = ("redis", "pybreaker", "flask", "werkzeug")
 _ACCESSORS = {"getattr", "setattr", "hasattr", "delattr"}
@@ -226,6 +228,7 @@ def findings(package: Path = PACKAGE) -> Iterator[str]:
             yield f"{path.relative_to(package.parent)}:{line}: {what}"
 
 
+@pytest.mark.slow
 def test_no_module_touches_a_private_attribute_of_a_dependency() -> None:
     found = list(findings())
     assert not found, "private attributes of dependencies used:\n" + "\n".join(found)

@@ -61,6 +61,7 @@ def _pressure(client: redis.Redis, megabytes: int) -> None:
 @pytest.mark.parametrize(
     "policy", ["volatile-lru", "volatile-lfu", "volatile-ttl", "volatile-random", "noeviction"]
 )
+@pytest.mark.slow
 def test_the_digest_key_survives_eviction_and_a_new_process_counts_with_the_old(
     policy: str,
 ) -> None:

@@ -304,6 +304,7 @@ def run_and_check(block: Block, storage_url: str, monkeypatch: pytest.MonkeyPatc
     assert not unreached, f"{block.name} limits {unreached}, which the test could not request"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("storage_url", STORAGES, indirect=True)
 @pytest.mark.parametrize("block", RUNNABLE)
 def test_block_runs(block: Block, pointed_at: str, monkeypatch: pytest.MonkeyPatch) -> None:

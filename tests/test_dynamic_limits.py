@@ -67,6 +67,7 @@ def test_a_callable_limit_is_asked_per_tenant_after_the_hooks(
     assert response.headers["X-RateLimit-Limit"] == "2"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_a_changed_value_takes_effect_when_its_answer_expires(
     backend: Backend, clock: FakeClock, algorithm: str

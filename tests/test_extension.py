@@ -719,6 +719,7 @@ def test_forked_children_reset_the_storage_connections(clock: FakeClock) -> None
     assert Limiter.state(app).deny_cache is not None
 
 
+@pytest.mark.slow
 def test_unrouted_requests_with_random_methods_do_not_grow_the_plans(
     backend: Backend, clock: FakeClock
 ) -> None:

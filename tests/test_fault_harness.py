@@ -144,6 +144,7 @@ SHARE = LIMIT // PROCESSES
 EPOCH_US = 1_700_000_000 * 1_000_000
 
 
+@pytest.mark.slow
 def test_local_keeps_the_fleet_bound_when_replies_are_late(
     redis_server: RedisProcess, redis_client: redis.Redis
 ) -> None:

@@ -72,6 +72,7 @@ def report(name: str, latencies: list[float], recovered: float | None = None) ->
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["open", "closed", "local"])
 def test_kill_9_during_load_then_restart_on_the_same_port(
     server: RedisProcess, policy: FailurePolicy
@@ -111,6 +112,7 @@ def test_kill_9_during_load_then_restart_on_the_same_port(
     assert again == ["allowed"] * 5 + ["denied"] * 3
 
 
+@pytest.mark.slow
 def test_sigstop_stall_during_load_then_sigcont(server: RedisProcess) -> None:
     guard = make_guard(server, "open")
     with Load(guard_request(guard)) as load:
@@ -214,6 +216,7 @@ class _Clock:
         return self.now
 
 
+@pytest.mark.slow
 def test_no_fd_or_thread_leak_across_1000_breaker_cycles(server: RedisProcess) -> None:
     up = from_url(server.url, timeout=TIMEOUT)
     down = from_url(f"redis://127.0.0.1:{free_port()}/0", timeout=TIMEOUT)  # refused at once

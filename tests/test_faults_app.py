@@ -102,6 +102,7 @@ def kill_during_load(server: RedisProcess, app: Flask) -> tuple[Load, float, flo
     return load, killed_at, restart_at, recovered
 
 
+@pytest.mark.slow
 def test_policy_open_serves_everything_marked_degraded(server: RedisProcess) -> None:
     app, _ = make_app(server, "open")
     load, killed_at, restart_at, recovered = kill_during_load(server, app)
@@ -120,6 +121,7 @@ def test_policy_open_serves_everything_marked_degraded(server: RedisProcess) -> 
     assert statuses(app, "/exact/a", 12) == [200] * 10 + [429] * 2
 
 
+@pytest.mark.slow
 def test_policy_closed_answers_503_problem_with_retry_after(server: RedisProcess) -> None:
     app, _ = make_app(server, "closed")
     assert get(app, "/busy").status_code == 200
@@ -177,6 +179,7 @@ def test_policy_local_enforces_the_divided_limit_with_reduced_headers(
     assert "X-RateLimit-Degraded" not in get(app, "/busy").headers
 
 
+@pytest.mark.slow
 def test_stalled_redis_policy_closed_answers_503_within_the_timeout(server: RedisProcess) -> None:
     app, _ = make_app(server, "closed")
 

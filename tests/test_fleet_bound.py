@@ -115,6 +115,7 @@ def run_fleet(
     return admitted, degraded, answered
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window_log"])
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_local_stays_within_the_limit_fleet_wide_and_per_process(

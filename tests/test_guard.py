@@ -483,6 +483,7 @@ def test_concurrent_storage_calls_overlap_through_the_guard() -> None:
     assert storage.calls == 3
 
 
+@pytest.mark.slow
 def test_closed_breaker_path_adds_only_microseconds() -> None:
     storage = ScriptedStorage()
     guard = Guard(storage)

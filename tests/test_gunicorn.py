@@ -157,6 +157,7 @@ def fire(
     return Counter(status for status, _ in results)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_exactly_n_pass_across_instances_workers_and_threads(
     servers: tuple[redis.Redis, list[Gunicorn]], algorithm: str
@@ -183,6 +184,7 @@ def test_forged_x_forwarded_for_rotation_buys_no_quota(
     assert statuses == Counter({200: LIMIT, 429: REQUESTS - LIMIT})
 
 
+@pytest.mark.slow
 def test_class_based_views_and_a_late_hook_keep_their_limits_across_workers(
     servers: tuple[redis.Redis, list[Gunicorn]],
 ) -> None:

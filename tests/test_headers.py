@@ -158,6 +158,7 @@ def _assert_each_header_once(response: object, mode: str) -> None:
     assert len(headers.getlist("Retry-After")) == (response.status_code == 429)  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["legacy", "ietf", "both", "none"])
 def test_each_header_once_with_several_limits_in_every_mode(
     backend: Backend, clock: FakeClock, mode: str

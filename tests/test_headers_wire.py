@@ -60,6 +60,7 @@ def _app(storage: Storage, clock: FakeClock, **config: Any) -> tuple[Flask, Limi
     return app, limiter
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ietf", "both", "legacy"])
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_every_policy_on_the_wire_as_valid_lists(
@@ -119,6 +120,7 @@ def test_a_concurrency_refusal_advertises_the_slot_policy(
     assert "X-RateLimit-Limit" not in outer.headers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("rate", ["20/minute", "2/second"])
 def test_t_never_exceeds_the_window_and_reset_never_moves_backwards(

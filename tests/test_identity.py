@@ -366,6 +366,7 @@ def _proxyfix_remote_addr(environ: dict[str, Any], hops: int) -> str | None:
     return captured.get("REMOTE_ADDR")
 
 
+@pytest.mark.slow
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(hops=st.integers(0, 4), remote=st.one_of(st.none(), _ADDRESSES), xff=_XFF)
 def test_forwarded_for_follows_the_rule(hops: int, remote: str | None, xff: str | None) -> None:
@@ -385,6 +386,7 @@ def test_forwarded_for_follows_the_rule(hops: int, remote: str | None, xff: str 
     entries=st.lists(_IPS, min_size=4, max_size=6),
     sep=st.sampled_from([",", ", ", " , "]),
 )
+@pytest.mark.slow
 def test_addresses_only_pick_the_client_proxyfix_picks(
     hops: int, remote: str, entries: list[str], sep: str
 ) -> None:
@@ -501,6 +503,7 @@ def _hs256_with(public_pem: str) -> str:
     return (signing_input + b"." + jwt.utils.base64url_encode(sig)).decode()
 
 
+@pytest.mark.slow
 def test_forged_or_invalid_jwts_are_never_an_identity(rsa_pair: tuple[Any, str]) -> None:
     private, public_pem = rsa_pair
     app = jwt_app(
@@ -543,6 +546,7 @@ def test_forged_jwts_get_no_fresh_quota_end_to_end(rsa_pair: tuple[Any, str]) ->
     assert list(seen) == [f"ip:{CLIENT}"]
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=200) | st.binary(max_size=200).map(lambda b: b.decode("latin-1")))
 def test_garbage_authorization_never_raises(value: str) -> None:

@@ -162,6 +162,7 @@ def fuzz_app(redis_server: RedisProcess, redis_client: redis.Redis) -> Iterator[
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+@pytest.mark.slow
 @given(batch=st.lists(attempts(), min_size=1, max_size=4))
 def test_no_input_errs_or_lands_in_another_clients_bucket(
     fuzz_app: tuple[Flask, CountingStorage], redis_client: redis.Redis, batch: list[Attempt]

@@ -113,6 +113,7 @@ def _get(port: int, path: str) -> str:
         conn.close()
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 @pytest.mark.gunicorn
 def test_each_gunicorn_worker_is_an_instance(redis_server: RedisProcess, tmp_path: Path) -> None:

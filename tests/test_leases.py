@@ -94,6 +94,7 @@ def _held(limiter: Limiter, app: Flask) -> int:
 # -- acquire, spend, renew ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", LEASABLE)
 def test_a_lease_is_taken_once_and_spent_in_process(
     backend: Backend, clock: FakeClock, algorithm: str
@@ -159,6 +160,7 @@ def test_a_request_the_lease_covers_is_decided_by_the_lease_alone(
 # -- the limit holds: several processes on one store ----------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", LEASABLE)
 def test_apps_sharing_a_leased_limit_never_admit_more_than_it(
     backend: Backend, clock: FakeClock, algorithm: str
@@ -188,6 +190,7 @@ def test_a_refused_lease_asks_for_what_remains(backend: Backend, clock: FakeCloc
     assert _shared_used(storage, "fixed_window", 10, 60, clock.now_us) == 10
 
 
+@pytest.mark.slow
 def test_threads_of_two_processes_never_spend_more_than_the_limit(
     backend: Backend, clock: FakeClock
 ) -> None:
@@ -307,6 +310,7 @@ def test_the_deny_cache_still_answers_for_a_spent_leased_limit(
 # -- sizing ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_lease_true_sizes_from_the_traffic(backend: Backend, clock: FakeClock) -> None:
     app, limiter, storage = _app(backend(), clock, "100000/minute", lease=True)
     client = app.test_client()
@@ -326,6 +330,7 @@ def test_lease_true_sizes_from_the_traffic(backend: Backend, clock: FakeClock) -
     assert 20 <= sizes[0] <= 1000 * LEASE_SPAN_US / 1_000_000  # type: ignore[operator]
 
 
+@pytest.mark.slow
 def test_a_sized_lease_is_capped_at_a_twentieth_of_the_limit(
     backend: Backend, clock: FakeClock
 ) -> None:
@@ -525,6 +530,7 @@ def test_a_process_publishes_on_a_renewal_at_most_once_a_second(
         '{"leases": {"KEY": [3, -1]}}',
     ],
 )
+@pytest.mark.slow
 def test_inspect_skips_a_record_it_cannot_read(
     backend: Backend, clock: FakeClock, text: str
 ) -> None:
@@ -727,6 +733,7 @@ def test_a_client_reset_drops_its_leases_and_no_other(backend: Backend, clock: F
     assert codes.count(200) == 20
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["token_bucket", "gcra"])
 def test_a_refusal_waits_for_the_request_s_own_cost_not_its_top_up(
     backend: Backend, clock: FakeClock, algorithm: str
@@ -779,6 +786,7 @@ def test_two_apps_of_one_limiter_keep_leases_of_their_own(
     assert _shared_used(storage, "fixed_window", 40, 60, clock.now_us) == admitted + held
 
 
+@pytest.mark.slow
 def test_a_method_view_and_a_blueprint_registered_twice_lease(
     backend: Backend, clock: FakeClock
 ) -> None:
@@ -847,6 +855,7 @@ def test_a_client_chosen_identity_never_spends_another_identity_s_lease(
     assert client.get("/t?tenant=a").status_code == 429  # and a's lease gained nothing
 
 
+@pytest.mark.slow
 def test_many_identities_keep_the_lease_table_bounded_and_never_evict_held_units(
     backend: Backend, clock: FakeClock
 ) -> None:
@@ -971,6 +980,7 @@ class Flaky(CountingStorage):
         raise AssertionError("every give-back fails here")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window_counter"])
 def test_flapping_redis_never_gives_a_500_nor_admits_past_the_limit(
     backend: Backend, clock: FakeClock, algorithm: str
@@ -1196,6 +1206,7 @@ def test_a_blueprint_s_leased_limit_and_exempt_views_spend_nothing_of_it(
     assert codes.count(200) == 8  # 10 in the window: 2 admitted before, 8 now
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fail_max", [100, 5])
 def test_a_local_fallback_that_refuses_a_top_up_admits_no_more_than_its_share(
     backend: Backend, clock: FakeClock, fail_max: int

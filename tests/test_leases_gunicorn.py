@@ -82,6 +82,7 @@ def _start_in_one_window(client: redis.Redis) -> int:
     return int(client.time()[0]) // 60
 
 
+@pytest.mark.slow
 def test_inspect_lists_the_leases_each_worker_holds(
     instances: list[Gunicorn], redis_server: RedisProcess
 ) -> None:
@@ -114,6 +115,7 @@ def test_inspect_lists_the_leases_each_worker_holds(
     client.close()
 
 
+@pytest.mark.slow
 def test_a_flooded_leased_limit_admits_at_most_the_limit_and_at_least_limit_minus_the_bound(
     instances: list[Gunicorn], redis_server: RedisProcess
 ) -> None:

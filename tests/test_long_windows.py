@@ -72,6 +72,7 @@ def _run(engine: Engine, algorithm: Algorithm, period: int, limit: int) -> list[
     return got
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("period", [MONTH, YEAR, 366 * 86_400], ids=["month", "year", "366d"])
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_every_algorithm_counts_a_long_window(
@@ -105,6 +106,7 @@ def _scaled(engine: Engine, algorithm: Algorithm, period: int) -> list[Decision]
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_a_long_window_decides_as_a_short_one_scaled(engine: Engine, algorithm: Algorithm) -> None:
     """The same calls on a minute and on a month (or a year), at times scaled alike, get the

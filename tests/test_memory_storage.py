@@ -50,6 +50,7 @@ def _checks(limits: Sequence[tuple[Algorithm, int, int]], cost: int) -> list[Che
     ]
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(limits=st.lists(limit_st, min_size=1, max_size=3), steps=steps_st)
 def test_expiry_never_changes_a_decision(
@@ -65,6 +66,7 @@ def test_expiry_never_changes_a_decision(
         assert expiring.evaluate(checks, now_us=now) == forever.evaluate(checks, now_us=now)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(limit=limit_st, steps=steps_st)
 def test_ttl_is_the_time_until_the_quota_is_whole(
@@ -93,6 +95,7 @@ def test_ttl_is_the_time_until_the_quota_is_whole(
             assert whole.decisions[0].remaining == check.limit
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(limit=limit_st, steps=steps_st)
 def test_retry_after_is_the_first_moment_the_request_passes(

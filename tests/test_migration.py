@@ -225,6 +225,7 @@ def test_the_ported_app_admits_the_expected_sequence_on_redis(redis_url: str) ->
         Limiter.state(app).storage.close()
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 def test_the_port_admits_what_flask_limiter_admits(redis_url: str) -> None:
     import flask_limiter  # the test extra installs it: the guide is checked against it

@@ -288,6 +288,7 @@ print(json.dumps({"codes": codes, "requests": found}))
 """
 
 
+@pytest.mark.slow
 def test_on_by_itself_with_the_global_provider() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(

@@ -12,6 +12,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 import flask_distlimit
 
 PACKAGE = Path(flask_distlimit.__file__).parent
@@ -85,6 +87,7 @@ def test_the_docstring_names_twelve_layers_and_every_top_level_name() -> None:
     assert tops <= set(ranks), tops - set(ranks)
 
 
+@pytest.mark.slow
 def test_no_module_imports_a_higher_layer() -> None:
     ranks = layers()
     upward = [

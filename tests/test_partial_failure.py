@@ -122,6 +122,7 @@ def test_a_restart_between_requests_under_threads_costs_no_answer(server: RedisP
         storage.close()
 
 
+@pytest.mark.slow
 def test_the_server_idle_timeout_closing_every_pooled_connection_costs_no_answer(
     server: RedisProcess,
 ) -> None:
@@ -154,6 +155,7 @@ def test_the_server_idle_timeout_closing_every_pooled_connection_costs_no_answer
         storage.close()
 
 
+@pytest.mark.slow
 def test_maxclients_refusing_the_reconnect_gets_the_policy_and_leaks_nothing(
     server: RedisProcess,
 ) -> None:
@@ -247,6 +249,7 @@ def test_error_replies_that_come_and_go_keep_the_local_bounds(server: RedisProce
             guard.storage.close()
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_error_replies_for_one_cluster_slot_group_get_the_local_share_for_its_keys_only(
     redis_cluster: ClusterServers, cluster_client: RedisCluster, monkeypatch: pytest.MonkeyPatch

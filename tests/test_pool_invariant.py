@@ -259,6 +259,7 @@ ODD_KEYS = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_cluster_groups_whose_keys_have_no_tag_or_an_odd_one_are_counted(
     redis_cluster: ClusterServers,

@@ -80,6 +80,7 @@ def _checks(limits: Sequence[Limit], costs: Sequence[int]) -> list[Check]:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+@pytest.mark.slow
 @given(scenario=scenarios())
 def test_lua_on_redis_and_the_twin_agree(
     redis_client: redis.Redis, scenario: tuple[list[Limit], list[Step], int]
@@ -140,6 +141,7 @@ _PINNED_MS = 10**10
         max_size=25,
     ),
 )
+@pytest.mark.slow
 def test_time_going_backwards_agrees_and_stays_sane(
     redis_client: redis.Redis, limits: list[Limit], steps: list[tuple[int, list[int]]]
 ) -> None:
@@ -206,6 +208,7 @@ def log_histories(draw: st.DrawFn) -> tuple[int, list[tuple[int, int, int, bool,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+@pytest.mark.slow
 @given(history=log_histories())
 def test_the_log_bounded_per_call_agrees_with_its_twin(
     redis_client: redis.Redis, history: tuple[int, list[tuple[int, int, int, bool, int]]]

@@ -334,6 +334,7 @@ def test_a_waiter_gets_the_connection_released_within_the_timeout(storage: Redis
     small.close()
 
 
+@pytest.mark.slow
 def test_the_pool_never_exceeds_max_connections(storage: RedisStorage) -> None:
     small = _small(storage, max_connections=3, timeout=5.0)
     seen: list[int] = []
@@ -775,6 +776,7 @@ def _packed_or_error(pack: Callable[[], Any]) -> Any:
     encoding=_ENCODINGS,
     errors=_ERRORS,
 )
+@pytest.mark.slow
 def test_the_evalsha_bytes_are_what_redis_py_packs_for_any_text_and_encoding(
     keys: list[str],
     args: list[str | int],

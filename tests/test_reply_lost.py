@@ -216,6 +216,7 @@ def _storm(storage: RedisStorage, redis_client: redis.Redis) -> tuple[int, int, 
 THREADS = 4
 
 
+@pytest.mark.slow
 def test_a_client_kill_storm_costs_no_answer_and_counts_each_request_once(
     storage: RedisStorage, redis_client: redis.Redis
 ) -> None:
@@ -319,6 +320,7 @@ def test_connections_closed_while_idle_cost_a_calm_storage_no_count(
         calm.close()
 
 
+@pytest.mark.slow
 def test_a_client_kill_storm_on_a_calm_storage_counts_twice_at_most_its_first_cuts(
     redis_server: RedisProcess, redis_client: redis.Redis
 ) -> None:

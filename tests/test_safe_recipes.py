@@ -60,6 +60,7 @@ def run_doc(clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     yield run
 
 
+@pytest.mark.slow
 def test_the_login_recipe_cannot_be_reset_by_an_attacker_with_an_account(
     run_doc: Any, clock: FakeClock
 ) -> None:
@@ -89,6 +90,7 @@ def test_the_login_recipe_keeps_an_address_limit_over_every_account(run_doc: Any
     assert statuses.count(401) == 20 and statuses[20:] == [429] * 10
 
 
+@pytest.mark.slow
 def test_the_tenant_recipe_takes_the_tenant_from_authentication(run_doc: Any) -> None:
     app: Flask = run_doc("def plan_of_tenant")["app"]
     client = app.test_client()

@@ -36,6 +36,7 @@ def master_client(redis_sentinel: SentinelServers) -> Iterator[redis.Redis]:
     client.close()
 
 
+@pytest.mark.slow
 def test_evaluates_on_the_master_the_sentinels_name(
     redis_sentinel: SentinelServers, master_client: redis.Redis
 ) -> None:

@@ -81,6 +81,7 @@ def test_one_gunicorn_worker_is_fine(
     assert warnings_of(caplog) == []
 
 
+@pytest.mark.slow
 def test_several_gunicorn_workers_warn_once_per_process(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -225,6 +226,7 @@ def warned_pids(log: Path, expected: int, timeout: float = 30.0) -> set[str]:
     [(("-w", "2"), {}), ((), {"WEB_CONCURRENCY": "2"})],
     ids=["-w 2", "WEB_CONCURRENCY=2"],
 )
+@pytest.mark.slow
 def test_two_gunicorn_workers_on_memory_warn_once_each(
     tmp_path: Path, args: tuple[str, ...], env: dict[str, str]
 ) -> None:

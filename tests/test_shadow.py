@@ -49,6 +49,7 @@ def _would_deny(d: Decision) -> bool:
     return d.shadow_denied if d.allowed else True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_shadow_counts_equal_enforced_counts_on_the_same_traffic(
     engine: Engine, algorithm: Algorithm

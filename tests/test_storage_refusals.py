@@ -227,6 +227,7 @@ def cluster_hosts(cluster: ClusterServers) -> str:
     return ",".join(f"127.0.0.1:{n.port}" for n in cluster.nodes[: cluster.primaries])
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_cluster_refusals_are_misconfigured(redis_cluster: ClusterServers) -> None:
     hosts = cluster_hosts(redis_cluster)

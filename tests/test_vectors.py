@@ -15,6 +15,7 @@ def engine(request: pytest.FixtureRequest) -> Engine:
     return make_engine(request.param, request)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vector", VECTORS, ids=[v.name for v in VECTORS])
 def test_vector(engine: Engine, vector: Vector) -> None:
     prefix = f"vec:{{{zlib.crc32(vector.name.encode())}}}"
