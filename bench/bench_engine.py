@@ -801,7 +801,7 @@ def render_compare(
         "more checks take the general path unchanged: for them `string.match` with a "
         "`tonumber` per field measured slower than cjson, and formatting the reply check by "
         "check no faster than one `string.format`. Same Redis commands in the same order, same "
-        "replies, state and TTLs: `tests/test_script_fastpath.py` runs every case, stored "
+        "replies, state and TTLs: `tests/engine/test_script_fastpath.py` runs every case, stored "
         "garbage and malformed arguments included, on a fast path and on the general path and "
         "compares.",
         _COMPARE_END,

@@ -1,7 +1,7 @@
 """A fault-injecting TCP proxy on loopback, between the limiter and redis-server.
 
-Used by ``bench/faults.py`` and ``tests/test_fault_harness.py``. It forwards every byte both
-ways, and on request:
+Used by ``bench/faults.py`` and ``tests/resilience/test_fault_harness.py``. It forwards every byte
+both ways, and on request:
 
 - **delays** what the server sends back: each chunk read from the server is delivered to the
   client ``uniform(low, high)`` seconds later (a seeded RNG), in order; a round trip then takes the

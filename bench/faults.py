@@ -103,14 +103,14 @@ import redis  # noqa: E402
 
 from bench.bench_failure import write  # noqa: E402
 from bench.fault_proxy import FaultProxy  # noqa: E402
+from tests.extension.test_gunicorn import Gunicorn, launch  # noqa: E402
 from tests.servers import ClusterServers, RedisProcess, start_cluster, start_redis  # noqa: E402
-from tests.test_gunicorn import Gunicorn, launch  # noqa: E402
 
 POLICIES = ("open", "closed", "local")
 LIMIT = 30  # per client and second
 CLIENTS = 4
 RATE = 51.0  # requests a second per client
-WORKERS = 3  # as tests/test_gunicorn.py's launch() starts it
+WORKERS = 3  # as tests/extension/test_gunicorn.py's launch() starts it
 SHARE = LIMIT // WORKERS
 TIMEOUT = 0.1  # DISTLIMIT_REDIS_TIMEOUT
 RESET = 2.0  # DISTLIMIT_BREAKER_RESET_TIMEOUT
@@ -147,7 +147,7 @@ class Cleanup:
 
 
 def start_gunicorn(env: dict[str, str], logdir: Path, cleanup: Cleanup) -> Gunicorn:
-    """``bench/faults_app.py`` under gunicorn (tests/test_gunicorn.py's launcher: WORKERS
+    """``bench/faults_app.py`` under gunicorn (tests/extension/test_gunicorn.py's launcher: WORKERS
     gthread workers x 4 threads), stopped by ``cleanup``; answers once every worker answers."""
     server = launch("bench.faults_app:app", env, logdir)
     proc, log = server.proc, server.log

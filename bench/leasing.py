@@ -9,10 +9,10 @@ highest round in round brackets):
 
 1. **Storage calls per request, under gunicorn.** A private redis-server on loopback and one
    gunicorn instance of ``tests/apps/leasing_app.py`` (3 gthread workers x 4 threads, as
-   ``tests/test_gunicorn.py`` launches it): ``/leased`` is a shared fixed window ``lease=True``,
-   ``/plain`` the same limit on its own key, unleased; the limit (``--limit``, 10^8/minute) is
-   never reached, so every request is admitted. ``wrk`` (1 thread, 16 connections) loads one
-   route at a time for ``--seconds`` at its full rate. Storage calls are the server's
+   ``tests/extension/test_gunicorn.py`` launches it): ``/leased`` is a shared fixed window
+   ``lease=True``, ``/plain`` the same limit on its own key, unleased; the limit (``--limit``,
+   10^8/minute) is never reached, so every request is admitted. ``wrk`` (1 thread, 16 connections)
+   loads one route at a time for ``--seconds`` at its full rate. Storage calls are the server's
    ``EVALSHA`` calls (``INFO commandstats``: renewals, and the lease records each worker
    publishes at most once a second), divided by the requests ``wrk`` completed; also
    requests per second and wrk's median latency.
@@ -131,8 +131,8 @@ class Gunicorn:
 def run_gunicorn(rounds: int, seconds: float, limit: str, tight: str, seed: int = 5) -> Gunicorn:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install -y wrk")
+    from tests.extension.test_gunicorn import launch, wait_ready
     from tests.servers import start_redis
-    from tests.test_gunicorn import launch, wait_ready
 
     redis_server = start_redis()
     client = redis_server.client()

@@ -457,7 +457,7 @@ def log_reading(limited: Sequence[Run]) -> str:
         text + f"; where a row shows one more, the quota + 1 requests span {closest:.4f} s by"
         f" their half-way times, {short_ms:.1f} ms short of {WINDOW} s: closer than a round trip"
         " (about 2.5 ms here) lets the client place a decision. The server's own count is exact"
-        " (`tests/test_race.py`, `tests/test_gunicorn.py`)."
+        " (`tests/engine/test_race.py`, `tests/extension/test_gunicorn.py`)."
     )
 
 

@@ -6,8 +6,8 @@ one request through the modules below.
 
 The package is laid out in layers, lowest first. A module imports only from its own layer or
 a lower one, at any time (module level, ``TYPE_CHECKING`` and function-local imports alike),
-and no two modules import each other, directly or through others (tests/test_package_layout.py
-walks every import and holds the package to this list):
+and no two modules import each other, directly or through others
+(tests/project/test_package_layout.py walks every import and holds the package to this list):
 
 1. foundation: ``_typing``, ``_version``, ``errors``, ``frozen``, ``forks``
 2. ``core``: limit strings, algorithm names, checks and decisions, failure policies,

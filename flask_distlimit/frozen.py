@@ -18,8 +18,8 @@ instead, for half the cost, and stays exactly as frozen, comparable and hashable
 
     _set_a, _set_b = slot_setters(Pair, "a", "b")
 
-tests/test_frozen_records.py checks that every such ``__init__`` takes exactly its class's fields,
-with their defaults, and sets every one.
+tests/core/test_frozen_records.py checks that every such ``__init__`` takes exactly its class's
+fields, with their defaults, and sets every one.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Load and measurement helpers of the fault-injection tests (tests/test_faults*.py) and of
-bench/bench_failure.py: a few threads calling one request function in a loop, timestamped; and
-:class:`FailingStorage`, a storage that fails the calls a test picks (tests/test_fleet_bound.py)."""
+"""Load and measurement helpers of the fault-injection tests (tests/resilience/test_faults*.py) and
+of bench/bench_failure.py: a few threads calling one request function in a loop, timestamped; and
+:class:`FailingStorage`, a storage that fails the calls a test picks
+(tests/defences/test_fleet_bound.py)."""
 
 from __future__ import annotations
 

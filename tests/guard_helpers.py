@@ -1,7 +1,7 @@
 """Test doubles for the guard's tests: a fake clock and a scriptable storage.
 
-These are for the Python-layer unit tests only; the fault tests (tests/test_faults*.py) run
-against real redis-server processes.
+These are for the Python-layer unit tests only; the fault tests (tests/resilience/test_faults*.py)
+run against real redis-server processes.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 ``.ci/run`` runs the suite's core a second time with that venv's python
 (``python tests/lowest_versions.py`` builds it if needed and prints its python), and
-``tests/test_proxy_headers.py`` runs its oldest-werkzeug checks there. The package itself is not
-installed in the venv: it comes from this checkout through ``PYTHONPATH``.
+``tests/identity/test_proxy_headers.py`` runs its oldest-werkzeug checks there. The package itself
+is not installed in the venv: it comes from this checkout through ``PYTHONPATH``.
 
 The venv lives in ``<tmp>/flask-distlimit-lowest-<digest>`` (it outlives a checkout: CI clones
 afresh), the digest naming its pins and test tools, so a change of a floor builds a new one.

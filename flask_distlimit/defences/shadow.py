@@ -12,7 +12,7 @@ like any other, with the flag :attr:`~flask_distlimit.core.decision.Check.shadow
 - it is charged exactly when the enforced limit would have been: when the request is admitted
   and it would have admitted it too. A would-be refusal is NOT charged to it, since an enforced
   limit that refuses charges nothing; so its stored count equals the count of the same limit
-  enforced on the same traffic (``tests/test_shadow.py`` holds the two equal);
+  enforced on the same traffic (``tests/defences/test_shadow.py`` holds the two equal);
 - a would-be refusal is logged at INFO (once per client and limit per window, as breaches are)
   and counted in ``distlimit_shadow_denials_total{limit}``;
 - it never shows in the rate-limit headers: clients would otherwise slow down for a limit that

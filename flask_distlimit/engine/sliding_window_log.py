@@ -23,7 +23,8 @@ MAX_LOG_LIMIT: Final = 1_000
 
 #: The most members one call removes from one log key, and reads to find a retry time:
 #: ``SWL_BATCH`` in ``lua/sliding_window_log.lua`` (the twin prunes exactly as much, so that a
-#: clock that goes back finds the same members in both; tests/test_scripts.py checks the two).
+#: clock that goes back finds the same members in both; tests/engine/test_scripts.py checks the
+#: two).
 SWL_BATCH: Final = 4
 
 #: One entry of the log, one per admitted request: (time in us, start, end), its units being

@@ -30,7 +30,7 @@
 Exactness under concurrency: N requests in flight at once can all pass the peek before any of
 them is charged, so up to ``limit + N - 1`` of them may reach the view in one window (with
 ``limit`` already counted, the next peek refuses). Sequential requests are exact: the
-``limit + 1``-th counted request is refused. ``tests/test_deduction.py`` measures the bound
+``limit + 1``-th counted request is refused. ``tests/request/test_deduction.py`` measures the bound
 with N concurrent failed logins held at a barrier inside the view, on a real redis-server.
 """
 

@@ -35,10 +35,10 @@ the local counts must outlive the calls that succeed in between:
 - **Memory**: a key no longer held is forgotten (swept once the keys have doubled), so the
   keys kept through an outage of any length are at most twice those decided or answered here
   in the last two settling periods and two periods, plus 1024 (docs/failure-modes.md, "Memory
-  of the local fallback"; tests/test_fallback_memory.py).
+  of the local fallback"; tests/resilience/test_fallback_memory.py).
 
-The bound (docs/failure-modes.md, "The bound"; tests/test_fleet_bound.py,
-tests/test_local_bounds.py), for ``N`` processes, a limit ``L``, share ``S``:
+The bound (docs/failure-modes.md, "The bound"; tests/defences/test_fleet_bound.py,
+tests/resilience/test_local_bounds.py), for ``N`` processes, a limit ``L``, share ``S``:
 
 - per window, while failures go on, each process admits at most ``S``, the fleet ``N x S <= L``;
 - in the window where an outage starts, at most ``L + A``: each fresh figure ``R_p`` exceeds what

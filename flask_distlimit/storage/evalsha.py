@@ -3,7 +3,7 @@
 redis-py's public ``Connection.pack_command`` packs any command in pure Python (an
 ``isinstance`` ladder per argument, a buffer of chunks): about 7 us per call here, where our
 call always has the same shape. :class:`EvalshaPacker` builds the same RESP bytes (checked byte
-for byte against ``pack_command`` in tests/test_redis_storage.py) in about 2 us, for
+for byte against ``pack_command`` in tests/storage/test_redis_storage.py) in about 2 us, for
 ``send_packed_command`` (public). Encoding and its error handler are the connection's own
 (redis-py's ``encoding`` / ``encoding_errors`` keywords). The usual call (keys and arguments
 all ASCII text, an encoding that writes ASCII as itself) is framed as one string and encoded

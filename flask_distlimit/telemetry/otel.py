@@ -310,7 +310,8 @@ class OTelHook:
         others = _others(metrics, self.instruments)
         sink: Any = self.instruments if others is None else _Fanout(others, self.instruments)
         # The guard's attribute is typed with the Prometheus class; the fan-out and the
-        # instruments answer every method it calls (SINK_METHODS; tests/test_otel.py checks).
+        # instruments answer every method it calls (SINK_METHODS; tests/telemetry/test_otel.py
+        # checks).
         return cast(Metrics, sink)
 
     def detach(self) -> None:

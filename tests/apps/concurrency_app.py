@@ -1,4 +1,4 @@
-"""The app :mod:`tests.test_concurrency_gunicorn` runs under gunicorn.
+"""The app :mod:`tests.defences.test_concurrency_gunicorn` runs under gunicorn.
 
 Configured from the environment: ``DISTLIMIT_STORAGE_URL`` (a real Redis),
 ``CONCURRENCY_TEST_N`` (the N of ``/slow``), ``DISTLIMIT_CONCURRENCY_LEASE`` (seconds) and

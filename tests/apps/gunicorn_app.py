@@ -1,4 +1,5 @@
-"""The app :mod:`tests.test_gunicorn` runs under gunicorn (``tests.apps.gunicorn_app:app``).
+"""The app :mod:`tests.extension.test_gunicorn` runs under gunicorn
+(``tests.apps.gunicorn_app:app``).
 
 Configured from the environment: ``DISTLIMIT_STORAGE_URL`` (a real Redis) and
 ``GUNICORN_TEST_LIMIT`` (the N of every limited route, per hour, so nothing refills during a test).

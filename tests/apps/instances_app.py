@@ -1,5 +1,5 @@
-"""The app :mod:`tests.test_instances` runs under gunicorn (``--preload``): one limited route,
-``DISTLIMIT_INSTANCES = "auto"``, every worker a heartbeat member of its own.
+"""The app :mod:`tests.resilience.test_instances` runs under gunicorn (``--preload``): one limited
+route, ``DISTLIMIT_INSTANCES = "auto"``, every worker a heartbeat member of its own.
 
 Configured from the environment: ``DISTLIMIT_STORAGE_URL`` and ``INSTANCES_TEST_PREFIX``.
 """

@@ -1,4 +1,4 @@
-"""The app :mod:`tests.test_leases_gunicorn` and ``bench/leasing.py`` run under gunicorn.
+"""The app :mod:`tests.resilience.test_leases_gunicorn` and ``bench/leasing.py`` run under gunicorn.
 
 Configured from the environment: ``DISTLIMIT_STORAGE_URL`` (a real Redis), ``LEASING_LIMIT``
 (the value of both limits, default ``300/minute``), ``LEASING_PREFIX`` (the key prefix) and

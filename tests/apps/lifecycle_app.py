@@ -1,5 +1,5 @@
-"""The app :mod:`tests.test_lifecycle_gunicorn` serves: one route per way a response can end, each
-behind every defence (issue 24, item 2).
+"""The app :mod:`tests.defences.test_lifecycle_gunicorn` serves: one route per way a response can
+end, each behind every defence (issue 24, item 2).
 
 Configured from the environment: ``DISTLIMIT_STORAGE_URL`` (a real Redis) and
 ``LIFECYCLE_TEST_PREFIX`` (the key prefix). Every defence is on: worker shedding (4 threads),

@@ -1,4 +1,5 @@
-"""The app :mod:`tests.test_load` runs under gunicorn: the default configuration under load.
+"""The app :mod:`tests.extension.test_load` runs under gunicorn: the default configuration under
+load.
 
 Configured from the environment: ``DISTLIMIT_STORAGE_URL`` (a real Redis), ``LOAD_TEST_LIMIT``
 (the N of every limited route, per hour, so nothing refills during a test),

@@ -1,4 +1,4 @@
-"""The app :mod:`tests.test_serving` runs under gunicorn (``tests.apps.memory_app:app``): the
+"""The app :mod:`tests.ops.test_serving` runs under gunicorn (``tests.apps.memory_app:app``): the
 default storage, ``memory://``, and a log line per record with the pid that wrote it."""
 
 from __future__ import annotations

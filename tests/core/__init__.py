@@ -1,0 +1,1 @@
+"""Tests of flask_distlimit.core: limit strings, bounds, records, problem details."""

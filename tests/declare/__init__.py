@@ -1,0 +1,1 @@
+"""Tests of flask_distlimit.declare: what the decorators accept and record."""

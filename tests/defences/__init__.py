@@ -1,0 +1,1 @@
+"""Tests of flask_distlimit.defences: shadow, concurrency, shedding, deny cache, the ledger."""

@@ -1,0 +1,266 @@
+"""What a request takes is given back once, however its response ends (issue 24, finding 1 and
+item 1): ``send_file`` bodies (werkzeug serves them with ``direct_passthrough``, never calling
+the response's ``close()``), streams, generators that raise, exceptions that escape Flask. In one
+process with the test client; ``tests/defences/test_lifecycle_gunicorn.py`` is the matrix on real
+gunicorn.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from flask import Flask, Response, send_file
+from gunicorn.http.wsgi import FileWrapper
+from werkzeug.test import EnvironBuilder
+
+from flask_distlimit import Limiter
+from flask_distlimit.storage.base import Storage
+from flask_distlimit.storage.memory import MemoryStorage
+from flask_distlimit.testing import FakeClock
+from tests.distlimit_fixtures import QUIET, backend, clock, make_app
+
+__all__ = ["backend", "clock"]  # fixtures used below
+
+Backend = Callable[[], Storage]
+
+
+@pytest.fixture
+def download(tmp_path: Path) -> Path:
+    path = tmp_path / "report.csv"
+    path.write_bytes(b"a,b\n" * 10_000)
+    return path
+
+
+def _app(storage: Storage, clock: FakeClock, download: Path) -> tuple[Flask, Limiter]:
+    app, limiter, _ = make_app(
+        storage, clock, DISTLIMIT_WORKER_THREADS=4, DISTLIMIT_FLEET_CAPACITY=10
+    )
+
+    @app.get("/download")
+    @limiter.concurrency(2)
+    def fetch() -> Response:
+        return send_file(download)
+
+    @app.get("/stream")
+    @limiter.concurrency(2, scope="stream")
+    def stream() -> Response:
+        return Response(iter([b"a", b"b"]))
+
+    @app.get("/broken")
+    @limiter.concurrency(1, scope="broken")
+    def broken() -> Response:
+        def body() -> Iterator[bytes]:
+            yield b"first"
+            raise RuntimeError("the generator failed")
+
+        return Response(body())
+
+    return app, limiter
+
+
+def _held(app: Flask) -> tuple[int, int]:
+    """(this process's requests in flight, the fleet's slots in use)."""
+    state = Limiter.state(app)
+    assert state.shedding.load is not None
+    health = state.health()
+    return state.shedding.load.in_flight, health["fleet"]["in_flight"]  # type: ignore[index]
+
+
+def test_sequential_downloads_give_back_their_slot_place_and_fleet_slot(
+    backend: Backend, clock: FakeClock, download: Path
+) -> None:
+    """Today's code: the 3rd download is refused (concurrency 2) and the worker's count stays
+    at 3 (with 4 threads every default request is then shed)."""
+    app, _ = _app(backend(), clock, download)
+    client = app.test_client()
+    for _ in range(4):
+        with client.get("/download") as response:  # closed, as a server closes it
+            assert response.status_code == 200
+            assert response.get_data() == download.read_bytes()
+    assert _held(app) == (0, 0)
+
+
+def test_a_download_holds_until_the_server_closes_it(
+    backend: Backend, clock: FakeClock, download: Path
+) -> None:
+    app, _ = _app(backend(), clock, download)
+    client = app.test_client()
+    open_ = [client.get("/download") for _ in range(2)]
+    assert [r.status_code for r in open_] == [200, 200]
+    assert _held(app) == (2, 2)
+    with client.get("/download") as refused:
+        assert refused.status_code == 429  # two downloads in flight: the limit
+    for response in open_:
+        response.close()
+    assert _held(app) == (0, 0)
+
+
+def test_the_servers_file_wrapper_is_kept_for_sendfile_and_its_close_gives_back(
+    backend: Backend, clock: FakeClock, download: Path
+) -> None:
+    """gunicorn sends a body with sendfile(2) only when it is its own wsgi.file_wrapper: the
+    body must reach it unwrapped, and the server's close() of it must give everything back."""
+    app, _ = _app(backend(), clock, download)
+    app.test_client().get("/stream").close()  # the first request finalizes the app
+    environ = EnvironBuilder(path="/download").get_environ()
+    environ["wsgi.file_wrapper"] = FileWrapper
+    body = app.wsgi_app(environ, lambda status, headers, exc_info=None: lambda data: None)
+    assert type(body) is FileWrapper  # the server's own: sendfile stays possible
+    assert environ["wsgi.file_wrapper"] is FileWrapper  # put back for the server's check
+    assert body.filelike.fileno() > 0  # the proxy keeps the file's descriptor for sendfile
+    assert _held(app) == (1, 1)
+    assert b"".join(body) == download.read_bytes()
+    body.close()
+    assert _held(app) == (0, 0)
+
+
+def test_a_stream_and_a_raising_generator_give_back_when_closed(
+    backend: Backend, clock: FakeClock, download: Path
+) -> None:
+    app, _ = _app(backend(), clock, download)
+    client = app.test_client()
+    with client.get("/stream") as response:
+        assert _held(app) == (1, 1)
+        assert response.get_data() == b"ab"
+    assert _held(app) == (0, 0)
+    for _ in range(3):  # concurrency 1: a slot kept by a failed stream would refuse the next
+        response = client.get("/broken")
+        assert response.status_code == 200
+        with pytest.raises(RuntimeError, match="the generator failed"):
+            response.get_data()
+        response.close()
+    assert _held(app) == (0, 0)
+
+
+def test_an_exception_that_escapes_flask_gives_back(clock: FakeClock, download: Path) -> None:
+    app, limiter = _app(MemoryStorage(clock=clock), clock, download)
+    app.testing = True  # the exception propagates out of the WSGI app
+
+    @app.get("/fails")
+    @limiter.concurrency(1, scope="fails")
+    def fails() -> str:
+        raise RuntimeError("the view failed")
+
+    client = app.test_client()
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="the view failed"):
+            client.get("/fails")
+    assert _held(app) == (0, 0)
+
+
+def test_a_file_like_object_download_gives_back(clock: FakeClock, download: Path) -> None:
+    app, limiter = _app(MemoryStorage(clock=clock), clock, download)
+
+    @app.get("/memory")
+    @limiter.concurrency(1, scope="memory")
+    def memory() -> Response:
+        return send_file(io.BytesIO(b"in memory"), mimetype="text/plain")
+
+    client = app.test_client()
+    for _ in range(3):
+        with client.get("/memory") as response:
+            assert response.get_data() == b"in memory"
+    assert _held(app) == (0, 0)
+
+
+# -- deadlines and renewal ---------------------------------------------------------------------
+
+
+def _long_stream_app(storage: Storage, clock: FakeClock) -> tuple[Flask, Limiter]:
+    """Lease 30 s; ``/long`` streams 4 chunks, 20 s apart (the stream outlives its lease)."""
+    app, limiter, _ = make_app(
+        storage, clock, DISTLIMIT_CONCURRENCY_LEASE=30, DISTLIMIT_WORKER_THREADS=2
+    )
+
+    @app.get("/long")
+    @limiter.concurrency(1)
+    @limiter.priority("critical")
+    def long() -> Response:
+        def body() -> Iterator[bytes]:
+            yield b"0"
+            for i in range(1, 4):
+                clock.advance(20)
+                yield str(i).encode()
+
+        return Response(body())
+
+    @app.get("/page")
+    @limiter.priority("sheddable")
+    def page() -> str:
+        return "page"
+
+    return app, limiter
+
+
+def test_a_long_stream_renews_its_slot_and_place_while_it_streams(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Issue 24, finding 7: a stream's slot was never renewed, so past the lease a second
+    stream got in under concurrency(1)."""
+    app, _ = _long_stream_app(backend(), clock)
+    client = app.test_client()
+    first = client.get("/long")
+    body = iter(first.response)
+    assert [next(body), next(body), next(body)] == [b"0", b"1", b"2"]  # 40 s in: past its lease
+    with client.get("/long") as second:
+        assert second.status_code == 429  # the stream still holds its one slot
+    with client.get("/page") as page:
+        assert page.status_code == 503  # and its place among the 2 threads
+    assert list(body) == [b"3"]
+    first.close()
+    with client.get("/long") as third:
+        assert third.status_code == 200 and third.get_data() == b"0123"
+
+
+def test_a_place_nobody_gives_back_ends_at_its_deadline(clock: FakeClock) -> None:
+    """A request whose end never comes (its thread was killed, a server that never closes the
+    body) holds its place in flight only until its deadline, the lease."""
+    app, _ = _long_stream_app(MemoryStorage(clock=clock), clock)
+    client = app.test_client()
+    abandoned = client.get("/long")  # never iterated further, never closed
+    assert abandoned.status_code == 200
+    assert client.get("/page").status_code == 503
+    clock.advance(29)
+    assert client.get("/page").status_code == 503
+    clock.advance(1)
+    assert client.get("/page").status_code == 200  # the lost place was dropped
+    state = Limiter.state(app)
+    assert state.shedding.load is not None and state.shedding.load.in_flight == 0
+
+
+def test_a_middleware_that_copies_the_environ_inside_the_wrapper(
+    clock: FakeClock, download: Path
+) -> None:
+    """A middleware wrapped around ``wsgi_app`` before ``init_app`` runs inside the lifecycle's
+    wrapper; one that hands the app a copy of the environ must not hide the request's ledger."""
+    app = Flask(__name__)
+    app.config.update(QUIET)
+    inner = app.wsgi_app
+
+    def copying(environ: dict[str, object], start_response: Callable[..., object]) -> object:
+        return inner(dict(environ), start_response)  # type: ignore[arg-type]
+
+    app.wsgi_app = copying  # type: ignore[assignment]
+    limiter = Limiter(app, storage=MemoryStorage(clock=clock), clock=clock)
+
+    @app.get("/one")
+    @limiter.concurrency(1)
+    def one() -> str:
+        return "one"
+
+    @app.get("/download")
+    @limiter.concurrency(1, scope="download")
+    def fetch() -> Response:
+        return send_file(download)
+
+    client = app.test_client()
+    assert [client.get("/one").status_code for _ in range(3)] == [200] * 3
+    environ = EnvironBuilder(path="/download").get_environ()
+    environ["wsgi.file_wrapper"] = FileWrapper
+    for _ in range(3):
+        body = app(environ.copy(), lambda status, headers, exc_info=None: lambda data: None)
+        assert type(body) is FileWrapper  # still the server's own, for sendfile
+        body.close()

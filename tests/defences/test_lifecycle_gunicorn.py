@@ -1,0 +1,233 @@
+"""The lifecycle matrix on real gunicorn (issue 24, item 2): every way a response can end x every
+defence. One gunicorn (1 worker process, so ``/_debug`` reads the process that served each cell)
+serves ``tests/apps/lifecycle_app.py``, where every defended route carries all of them at once:
+worker shedding, fleet shedding, a global limit, one concurrency slot shared by every route, a
+rate limit, a ``deduct_when`` limit and a leased limit. After each cell, this process's requests
+in flight, the shared slot and the fleet's slots are back to zero (waited for: the server closes
+a body just after its last bytes), and each limit was charged what the docs say:
+
+- the global limit: every request but an exempt one (404s, hooks' answers and Flask's own
+  ``OPTIONS`` too, counted after the response);
+- the route's rate limit and its leased limit: every request whose view gate ran (not a hook's
+  answer, not Flask's own ``OPTIONS``); a leased limit's count in Redis is what was spent plus
+  what the lease holds;
+- the ``deduct_when`` limit: when its callable says so on the response Flask made (status >= 400
+  here), before the body is sent: a stream that fails midway was a 200.
+
+gthread, and gevent (``-k gevent --worker-connections 1000``) when it is installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.servers import RedisProcess, free_port, gunicorn_command
+
+pytestmark = [pytest.mark.gunicorn, pytest.mark.redis, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKERS = [
+    pytest.param(("--worker-class", "gthread", "--threads", "4"), id="gthread"),
+    # gevent comes with the [test] extra: without it this cell fails, it never skips.
+    pytest.param(("--worker-class", "gevent", "--worker-connections", "1000"), id="gevent"),
+]
+
+
+@dataclass
+class Server:
+    port: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+
+def _until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture(params=WORKERS)
+def server(request: pytest.FixtureRequest, redis_server: RedisProcess) -> Iterator[Server]:
+    worker: tuple[str, ...] = request.param
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="distlimit-lifecycle-") as logdir:
+        log = Path(logdir) / "gunicorn.log"
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "DISTLIMIT_STORAGE_URL": redis_server.url,
+            "LIFECYCLE_TEST_PREFIX": f"lc-{os.getpid()}-{port}",
+        }
+        cmd = gunicorn_command(
+            "--bind", f"127.0.0.1:{port}",
+            "--workers", "1",
+            *worker,
+            "--graceful-timeout", "5",
+            "--log-level", "warning",
+            "tests.apps.lifecycle_app:app",
+        )  # fmt: skip
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        running = Server(port, proc, log)
+        try:
+
+            def ready() -> bool:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"gunicorn exited at start:\n{log.read_text()[-3000:]}")
+                try:
+                    return _call(port, "GET", "/exempt")[0] == 200
+                except OSError:
+                    return False
+
+            _until(ready, "gunicorn to answer")
+            yield running
+        finally:
+            running.stop()
+
+
+def _call(
+    port: int, method: str, path: str, headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request(method, path, headers=headers or {})
+        response = conn.getresponse()
+        try:
+            body = response.read()
+        except http.client.IncompleteRead as cut:  # a stream that failed midway
+            body = cut.partial
+        return response.status, body
+    finally:
+        conn.close()
+
+
+def _disconnect_mid_body(port: int, path: str) -> tuple[int, bytes]:
+    """Read the status line and some of the body, then go away."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        received = b""
+        while len(received) < 200_000:
+            chunk = sock.recv(65_536)
+            if not chunk:
+                break
+            received += chunk
+    return int(received.split(b" ", 2)[1]), received
+
+
+def _debug(port: int) -> dict[str, object]:
+    status, body = _call(port, "GET", "/_debug")
+    assert status == 200, body
+    found: dict[str, object] = json.loads(body)
+    return found
+
+
+def _idle(state: dict[str, object]) -> bool:
+    used = state["used"]
+    assert isinstance(used, dict)
+    return state["in_flight"] == 0 and state["fleet"] == 0 and used["slot:1 in flight"] == 0
+
+
+#: (cell, method, path, status, charged to global, to the route's rate and leased limits,
+#: to the deduct_when limit)
+CELLS = [
+    ("plain", "GET", "/plain", 200, 1, 1, 0),
+    ("send_file", "GET", "/file", 200, 1, 1, 0),
+    ("send_file, a byte range", "RANGE", "/file", 206, 1, 1, 0),
+    ("streamed", "GET", "/stream", 200, 1, 1, 0),
+    ("streamed and raising", "GET", "/stream-raises", 200, 1, 1, 0),
+    ("view raising", "GET", "/raises", 500, 1, 1, 1),
+    ("abort(403)", "GET", "/aborts", 403, 1, 1, 1),
+    ("error handler", "GET", "/teapot", 418, 1, 1, 1),
+    ("client disconnects mid-body", "DISCONNECT", "/endless", 200, 1, 1, 0),
+    ("HEAD", "HEAD", "/plain", 200, 1, 1, 0),
+    ("HEAD of send_file", "HEAD", "/file", 200, 1, 1, 0),
+    ("OPTIONS, Flask's own", "OPTIONS", "/plain", 200, 1, 0, 0),
+    ("OPTIONS, the view's", "OPTIONS", "/own-options", 204, 1, 1, 0),
+    ("exempt view", "GET", "/exempt", 200, 0, 0, 0),
+    ("before_request hook answers", "GET", "/hooked", 401, 1, 0, 0),
+    ("no route (404)", "GET", "/nowhere", 404, 1, 0, 0),
+]
+
+
+def test_every_response_gives_back_what_it_took_and_is_charged_as_documented(
+    server: Server,
+) -> None:
+    port = server.port
+    before = _debug(port)
+    assert _idle(before)
+    pid = before["pid"]
+    failures: list[str] = []
+    for _ in range(2):  # twice: a slot a cell kept would refuse its second round (1 slot)
+        for cell, method, path, status, every, route, deducted in CELLS:
+            if method == "DISCONNECT":
+                got, body = _disconnect_mid_body(port, path)
+            elif method == "RANGE":
+                got, body = _call(port, "GET", path, {"Range": "bytes=100-199"})
+            else:
+                got, body = _call(port, method, path)
+            if got != status:
+                failures.append(f"{cell}: status {got}, not {status}: {body[:300]!r}")
+            state: dict[str, object] = {}
+
+            def settled(holder: dict[str, object] = state) -> bool:
+                holder.clear()
+                holder.update(_debug(port))
+                return _idle(holder)
+
+            try:
+                _until(settled, f"{cell} to give back what it took", timeout=15)
+            except AssertionError:
+                failures.append(f"{cell}: still held after its end: {state}")
+                continue
+            used, was = state["used"], before["used"]
+            assert isinstance(used, dict) and isinstance(was, dict)
+            charged = {name: used[name] - was[name] for name in used}
+            leased = charged["leased:99998/day"] - (
+                int(state["lease_held"]) - int(before["lease_held"])  # type: ignore[call-overload]
+            )
+            expected = {
+                "global:100000/day": every,
+                "rate:100000/day": route,
+                "deducted:99999/day": deducted,
+                "leased (spent)": route,
+            }
+            seen = {
+                "global:100000/day": charged["global:100000/day"],
+                "rate:100000/day": charged["rate:100000/day"],
+                "deducted:99999/day": charged["deducted:99999/day"],
+                "leased (spent)": leased,
+            }
+            if seen != expected:
+                failures.append(f"{cell}: charged {seen}, documented {expected}")
+            if state["pid"] != pid:
+                failures.append(f"{cell}: the worker was replaced ({pid} -> {state['pid']})")
+            before = state
+    assert not failures, "\n".join(failures) + "\n" + server.log.read_text()[-3000:]

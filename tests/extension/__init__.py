@@ -1,0 +1,1 @@
+"""Tests of the app layer: the extension, its configuration, apps served by gunicorn."""

@@ -1,0 +1,205 @@
+"""Black box: 2 gunicorn instances x 3 gthread workers x 4 threads on one real Redis.
+
+Concurrent requests from many client threads, spread over both instances: for every exact
+algorithm exactly N pass (the limits are per hour, so nothing refills during the test), every
+other request is a 429, and there is no 5xx. Rotating a forged ``X-Forwarded-For`` buys nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.conftest import assert_every_key_has_ttl
+from tests.servers import RedisProcess, free_port, gunicorn_command
+
+pytestmark = [pytest.mark.gunicorn, pytest.mark.redis]
+
+ROOT = Path(__file__).resolve().parents[2]
+LIMIT = 20  # N of every limited route
+REQUESTS = 3 * LIMIT  # per route: N pass, 2N are refused
+CLIENT_THREADS = 16
+#: The exact algorithms, as routed by ``tests/apps/gunicorn_app.py``.
+ALGORITHMS = ("fixed_window", "sliding_window_log", "token_bucket", "gcra")
+
+
+@dataclass
+class Gunicorn:
+    port: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)  # master and workers: one group
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+
+def start_gunicorn(storage_url: str, prefix: str, logdir: Path) -> Gunicorn:
+    return launch(
+        "tests.apps.gunicorn_app:app",
+        {
+            "DISTLIMIT_STORAGE_URL": storage_url,
+            "GUNICORN_TEST_LIMIT": str(LIMIT),
+            "GUNICORN_TEST_PREFIX": prefix,
+        },
+        logdir,
+    )
+
+
+def launch(app: str, env: dict[str, str], logdir: Path) -> Gunicorn:
+    """gunicorn serving ``app`` (3 gthread workers x 4 threads, on a free port), with ``env``
+    added to this process's environment and this checkout on its PYTHONPATH."""
+    port = free_port()
+    log = logdir / f"gunicorn-{port}.log"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        **env,
+    }
+    cmd = gunicorn_command(
+        "--bind", f"127.0.0.1:{port}",
+        "--workers", "3",
+        "--worker-class", "gthread",
+        "--threads", "4",
+        "--graceful-timeout", "5",
+        "--log-level", "warning",
+        app,
+    )  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    return Gunicorn(port, proc, log)
+
+
+def request(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    """(status, body) of one GET; a degraded answer (storage outage) fails the test."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        response = conn.getresponse()
+        body = response.read().decode()
+        assert response.getheader("X-RateLimit-Degraded") is None, (response.status, body)
+        return response.status, body
+    finally:
+        conn.close()
+
+
+def wait_ready(server: Gunicorn, timeout: float = 30.0) -> None:
+    """Until the instance answers ``/health`` (an exempt route)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"gunicorn exited at start:\n{server.log.read_text()[-3000:]}")
+        try:
+            if request(server.port, "/health")[0] == 200:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"gunicorn did not answer in time:\n{server.log.read_text()[-3000:]}"
+            )
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def servers(redis_server: RedisProcess) -> Iterator[tuple[redis.Redis, list[Gunicorn]]]:
+    client = redis_server.client()
+    prefix = f"gunicorn-{os.getpid()}"
+    client.flushall()
+    with tempfile.TemporaryDirectory(prefix="distlimit-gunicorn-") as logdir:
+        started: list[Gunicorn] = []
+        try:
+            for _ in range(2):
+                started.append(start_gunicorn(redis_server.url, prefix, Path(logdir)))
+            for server in started:
+                wait_ready(server)
+            yield client, started
+        finally:
+            for server in started:
+                server.stop()
+            client.close()
+
+
+def fire(
+    servers: list[Gunicorn], path: str, headers: list[dict[str, str]], pids: set[str] | None = None
+) -> Counter[int]:
+    """``len(headers)`` concurrent requests to ``path``, alternating between the instances.
+
+    Answers the count of each status; ``pids`` collects the worker PIDs that answered 200.
+    """
+    jobs = [(servers[i % len(servers)].port, h) for i, h in enumerate(headers)]
+    with ThreadPoolExecutor(max_workers=CLIENT_THREADS) as pool:
+        results = list(pool.map(lambda job: request(job[0], path, job[1]), jobs))
+    if pids is not None:
+        pids.update(body.split()[-1] for status, body in results if status == 200)
+    return Counter(status for status, _ in results)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_exactly_n_pass_across_instances_workers_and_threads(
+    servers: tuple[redis.Redis, list[Gunicorn]], algorithm: str
+) -> None:
+    client, instances = servers
+    pids: set[str] = set()
+    statuses = fire(instances, f"/{algorithm}", [{}] * REQUESTS, pids)
+    assert statuses == Counter({200: LIMIT, 429: REQUESTS - LIMIT})
+    assert len(pids) >= 2  # the quota was shared by several processes
+    # More requests later still find the quota spent: nothing refilled, nothing leaked.
+    assert fire(instances, f"/{algorithm}", [{}] * 6) == Counter({429: 6})
+    assert_every_key_has_ttl(client)  # but the digest key of an app without SECRET_KEY
+
+
+def test_forged_x_forwarded_for_rotation_buys_no_quota(
+    servers: tuple[redis.Redis, list[Gunicorn]],
+) -> None:
+    _, instances = servers
+    forged = [
+        {"X-Forwarded-For": f"203.0.{i // 250}.{i % 250 + 1}, 2001:db8:{i:x}::1"}
+        for i in range(REQUESTS)
+    ]
+    statuses = fire(instances, "/by-ip", forged)
+    assert statuses == Counter({200: LIMIT, 429: REQUESTS - LIMIT})
+
+
+@pytest.mark.slow
+def test_class_based_views_and_a_late_hook_keep_their_limits_across_workers(
+    servers: tuple[redis.Redis, list[Gunicorn]],
+) -> None:
+    """MethodView decorators= limit its own class only; a key_func reads what a hook registered
+    after Limiter(app) set: exactly N per tenant, on every worker."""
+    _, instances = servers
+    assert fire(instances, "/login", [{}] * REQUESTS) == Counter(
+        {200: LIMIT, 429: REQUESTS - LIMIT}
+    )
+    assert fire(instances, "/catalogue", [{}] * REQUESTS) == Counter({200: REQUESTS})
+    tenants = [{"X-Tenant": "acme" if i % 2 else "globex"} for i in range(2 * REQUESTS)]
+    pids: set[str] = set()
+    assert fire(instances, "/tenant", tenants, pids) == Counter(
+        {200: 2 * LIMIT, 429: 2 * (REQUESTS - LIMIT)}
+    )
+    assert len(pids) >= 2
+    for name in ("acme", "globex"):
+        assert fire(instances, "/tenant", [{"X-Tenant": name}] * 3) == Counter({429: 3})

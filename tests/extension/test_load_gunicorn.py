@@ -1,0 +1,138 @@
+"""Load never switches the limiter off, served as users serve it (issue 23): real gunicorn, real
+Redis, ``wrk`` on loopback, and the DEFAULT configuration (``DISTLIMIT_REDIS_TIMEOUT`` 0.1 s,
+five failures open the breaker, policy ``open``: a request the policy answers is marked
+``X-RateLimit-Degraded``, which the Lua script of ``wrk`` counts).
+
+Each deployment starts a fresh gunicorn (an empty pool, the script not loaded: the burst is
+its cold start) and must admit exactly the limit (a fixed window of an hour: nothing refills),
+answer no 5xx, mark no answer degraded, and log no breaker opening. On the old code the gevent
+worker at 320 connections admitted about three times its limit and opened the breaker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.extension.test_gunicorn import ROOT, Gunicorn, wait_ready
+from tests.servers import RedisProcess
+
+pytestmark = [pytest.mark.gunicorn, pytest.mark.redis, pytest.mark.slow]
+
+LIMIT = 50
+STATUSES = ROOT / "tests" / "apps" / "statuses.lua"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """How gunicorn serves ``tests.apps.load_app``, and how ``wrk`` loads it."""
+
+    args: tuple[str, ...]
+    connections: int
+    path: str = "/limited"
+    env: tuple[tuple[str, str], ...] = ()
+
+
+DEPLOYMENTS = {
+    "gevent-320": Deployment(("-k", "gevent", "--worker-connections", "1000", "-w", "1"), 320),
+    "gthread-128": Deployment(("-k", "gthread", "--threads", "128", "-w", "1"), 200),
+    "threads-300": Deployment(("-k", "gthread", "--threads", "300", "-w", "1"), 300),
+    # a view that spends 5 ms of CPU holding the GIL, two workers: both cores busy
+    "cpu-bound": Deployment(
+        ("-k", "gthread", "--threads", "32", "-w", "2"), 64, "/cpu", (("LOAD_TEST_CPU", "0.005"),)
+    ),
+}
+
+
+def serve(deployment: Deployment, storage_url: str, prefix: str, logdir: Path) -> Gunicorn:
+    from tests.servers import free_port, gunicorn_command
+
+    port = free_port()
+    log = logdir / f"gunicorn-{port}.log"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "DISTLIMIT_STORAGE_URL": storage_url,
+        "LOAD_TEST_LIMIT": str(LIMIT),
+        "LOAD_TEST_PREFIX": prefix,
+        **dict(deployment.env),
+    }
+    cmd = gunicorn_command(
+        "--bind", f"127.0.0.1:{port}",
+        *deployment.args,
+        "--graceful-timeout", "5",
+        "--log-level", "warning",
+        "tests.apps.load_app:app",
+    )  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    return Gunicorn(port, proc, log)
+
+
+@dataclass(frozen=True)
+class Load:
+    """What ``wrk`` counted (tests/apps/statuses.lua)."""
+
+    statuses: dict[int, int]
+    degraded: int
+    errors: tuple[int, ...]  # connect, read, write, timeout
+
+    @property
+    def fivexx(self) -> int:
+        return sum(n for status, n in self.statuses.items() if status >= 500)
+
+
+def load(port: int, path: str, connections: int, seconds: int = 3) -> Load:
+    out = subprocess.run(
+        [
+            "wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s",
+            "-s", str(STATUSES), f"http://127.0.0.1:{port}{path}",
+        ],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    statuses = {int(s): int(n) for s, n in re.findall(r"^status (\d+) (\d+)$", out, re.M)}
+    degraded = int(re.search(r"^degraded (\d+)$", out, re.M).group(1))  # type: ignore[union-attr]
+    errors = re.search(r"^errors (\d+) (\d+) (\d+) (\d+)$", out, re.M)
+    assert errors is not None, out
+    return Load(statuses, degraded, tuple(int(n) for n in errors.groups()))
+
+
+@pytest.fixture(scope="module")
+def logdir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="distlimit-load-") as made:
+        yield Path(made)
+
+
+@pytest.mark.parametrize("name", DEPLOYMENTS)
+def test_load_admits_the_limit_with_no_5xx_and_the_breaker_closed(
+    name: str, redis_server: RedisProcess, redis_client: redis.Redis, logdir: Path
+) -> None:
+    deployment = DEPLOYMENTS[name]
+    server = serve(deployment, redis_server.url, f"load-{name}", logdir)
+    try:
+        wait_ready(server)
+        seen = load(server.port, deployment.path, deployment.connections)
+        breaker = json.loads(
+            urllib.request.urlopen(f"http://127.0.0.1:{server.port}/breaker", timeout=10).read()
+        )
+    finally:
+        server.stop()
+    log = server.log.read_text()
+    assert seen.statuses.get(200) == LIMIT, (seen, log[-2000:])
+    assert seen.fivexx == 0 and seen.degraded == 0, (seen, log[-2000:])
+    assert seen.statuses.get(429, 0) > LIMIT  # the load went well past the limit
+    assert seen.errors[1:] == (0, 0, 0), seen  # no read or write error, no timeout
+    assert (breaker["state"], breaker["failures"]) == ("closed", 0)
+    assert "circuit breaker" not in log and "Traceback" not in log, log[-2000:]

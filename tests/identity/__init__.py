@@ -1,0 +1,2 @@
+"""Tests of flask_distlimit.identity: identities an attacker cannot forge, client addresses,
+tags."""

@@ -1,0 +1,1 @@
+"""Tests of the project itself: docs, packaging, dependencies, layering, lint and types."""

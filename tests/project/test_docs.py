@@ -1,0 +1,66 @@
+"""The documentation: the site builds with ``mkdocs build --strict`` (every warning is an error:
+broken links, missing pages, bad anchors, API reference that no longer matches the code), every
+``DISTLIMIT_*`` key the package reads is documented exactly once, and the README keeps its two
+commands."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = re.compile(r"[\"'](DISTLIMIT_[A-Z0-9_]+)[\"']")
+HEADING = re.compile(r"^### `(DISTLIMIT_[A-Z0-9_]+)`\s*$", re.MULTILINE)
+
+
+@pytest.mark.slow
+def test_site_builds_strict(tmp_path: Path) -> None:
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "index.html").exists()
+    assert (tmp_path / "api" / "index.html").read_text().count("Limiter") > 5
+
+
+def test_every_setting_is_documented_once() -> None:
+    read = {
+        key
+        for path in (ROOT / "flask_distlimit").rglob("*.py")
+        for key in KEY.findall(path.read_text())
+    }
+    documented = HEADING.findall((ROOT / "docs" / "configuration.md").read_text())
+    assert read, "no DISTLIMIT_ keys found in the package"
+    missing = sorted(read - set(documented))
+    assert not missing, f"settings read by the package but not in docs/configuration.md: {missing}"
+    twice = sorted({k for k in documented if documented.count(k) > 1})
+    assert not twice, f"settings documented more than once: {twice}"
+    unknown = sorted(set(documented) - read)
+    assert not unknown, f"documented settings the package does not read: {unknown}"
+
+
+def test_readme_has_its_two_commands() -> None:
+    commands = [
+        line.strip()
+        for line in (ROOT / "README.md").read_text().splitlines()
+        if line.startswith("    python -m pip install")
+    ]
+    assert commands == [
+        'python -m pip install -q -e ".[example]" && python -m example_app',
+        'python -m pip install -q -e ".[test]" && python -m pytest',
+    ]
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    example = re.search(r"^example = \[(.*?)\]", pyproject, re.MULTILINE | re.DOTALL)
+    assert example, "pyproject.toml has no 'example' extra"
+    assert '"pyjwt' in example[1] and '"gunicorn' in example[1]

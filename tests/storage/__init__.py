@@ -1,0 +1,2 @@
+"""Tests of flask_distlimit.storage: memory, Redis single node, Sentinel, Cluster, pools,
+pipelines."""

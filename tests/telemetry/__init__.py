@@ -1,0 +1,1 @@
+"""Tests of flask_distlimit.telemetry: Prometheus and OpenTelemetry metrics, bounded labels."""

@@ -1,0 +1,378 @@
+"""OpenTelemetry metrics (flask_distlimit.telemetry.otel, issue 27): read back with the SDK's
+InMemoryMetricReader, on memory, fakeredis and a real redis-server; on by itself when the API is
+installed and a global provider is set (a subprocess: the global provider is set once per
+process); nothing at all without the API; beside the Prometheus metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from prometheus_client import CollectorRegistry
+
+from flask_distlimit import Limiter
+from flask_distlimit.core.decision import Evaluation
+from flask_distlimit.errors import StorageReplyLost, StorageUnavailable
+from flask_distlimit.storage.base import Storage
+from flask_distlimit.telemetry import otel
+from flask_distlimit.telemetry.metrics import Metrics, OnePer, metrics_for
+from flask_distlimit.testing import FakeClock
+from tests.distlimit_fixtures import backend, clock, make_app
+
+__all__ = ["backend", "clock"]
+
+Backend = Callable[[], Storage]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def reader() -> Iterator[tuple[InMemoryMetricReader, MeterProvider]]:
+    found = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[found])
+    yield found, provider
+    provider.shutdown()
+
+
+def points(reader: InMemoryMetricReader, name: str) -> list[tuple[dict[str, Any], Any]]:
+    """``(attributes, value)`` of each data point of ``name`` (a histogram's value: its
+    count)."""
+    data = reader.get_metrics_data()
+    found: list[tuple[dict[str, Any], Any]] = []
+    if data is None:
+        return found
+    for resource in data.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name != name:
+                    continue
+                for p in metric.data.data_points:
+                    value = getattr(p, "value", None)
+                    found.append(
+                        (
+                            dict(p.attributes or {}),
+                            getattr(p, "count", None) if value is None else value,
+                        )
+                    )
+    return found
+
+
+def requests_by(reader: InMemoryMetricReader) -> dict[tuple[str, bool, str | None], int]:
+    return {
+        (a["distlimit.result"], a["distlimit.degraded"], a.get("distlimit.policy")): v
+        for a, v in points(reader, "distlimit.requests")
+    }
+
+
+def _instrumented(
+    storage: Storage, clock: FakeClock, provider: MeterProvider, **config: Any
+) -> tuple[Flask, Limiter]:
+    app, limiter, _ = make_app(storage, clock, **config)
+    with app.app_context():
+        otel.instrument(limiter.state(app), meter_provider=provider)
+    return app, limiter
+
+
+def test_requests_are_counted_by_result_and_declared_policy(
+    backend: Backend, clock: FakeClock, reader: tuple[InMemoryMetricReader, MeterProvider]
+) -> None:
+    found, provider = reader
+    app, limiter = _instrumented(backend(), clock, provider, DISTLIMIT_ALGORITHM="fixed_window")
+
+    @app.get("/orders/<int:n>")
+    @limiter.limit("2/minute", key_func=lambda: "tenant-a")
+    @limiter.limit("5/minute;2/second", shadow=True)
+    def orders(n: int) -> str:
+        return "ok"
+
+    client = app.test_client()
+    assert [client.get(f"/orders/{n}").status_code for n in range(4)] == [200, 200, 429, 429]
+    assert requests_by(found) == {
+        ("admitted", False, "orders:2/minute"): 2,
+        ("refused", False, "orders:2/minute"): 2,
+    }
+    # the client's values (key_func's "tenant-a", the path's numbers) are in no attribute
+    every = [a for name in ("distlimit.requests", "distlimit.decisions")
+             for a, _ in points(found, name)]  # fmt: skip
+    assert every and not any("tenant-a" in str(a) or "/orders/" in str(a) for a in every)
+    shadow = {a["distlimit.limit"]: v for a, v in points(found, "distlimit.shadow.refusals")}
+    assert list(shadow.values()) == [1]  # the third request: the shadow 2/second would refuse
+    assert "2/1" in next(iter(shadow))
+    durations = points(found, "distlimit.storage.duration")
+    assert [a for a, _ in durations] == [{"distlimit.outcome": "ok"}]
+    assert durations[0][1] == 3  # the 4th was answered by the deny cache, without a call
+
+
+class _Down(Storage):
+    scheme = "down"
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    def evaluate(self, checks: object, *, now_us: int | None = None) -> Evaluation:
+        raise self.exc
+
+    def ping(self) -> float:
+        raise self.exc
+
+    def scan(self, match: str) -> list[str]:  # type: ignore[override]
+        return []
+
+    def delete(self, keys: object) -> int:
+        return 0
+
+    def heartbeat(self, key: str, member: str, ttl: float) -> int:
+        raise self.exc
+
+
+def test_an_outage_is_unavailable_or_degraded_and_the_breaker_is_a_gauge(
+    clock: FakeClock, reader: tuple[InMemoryMetricReader, MeterProvider]
+) -> None:
+    found, provider = reader
+    timeout = StorageUnavailable("Redis is unavailable: TimeoutError: Timeout reading")
+    timeout.__cause__ = TimeoutError("Timeout reading from 127.0.0.1:6379")
+    app, limiter = _instrumented(_Down(timeout), clock, provider, DISTLIMIT_BREAKER_FAIL_MAX=2)
+    app.add_url_rule("/open", "open", limiter.limit("5/minute")(lambda: "ok"))
+    app.add_url_rule(
+        "/closed", "closed", limiter.limit("5/minute", on_failure="closed")(lambda: "ok")
+    )
+    client = app.test_client()
+    assert client.get("/open").status_code == 200
+    assert client.get("/closed").status_code == 503
+    assert client.get("/closed").status_code == 503  # the breaker is open now: no call
+    assert requests_by(found) == {
+        ("admitted", True, None): 1,  # the open policy answered: no limit decided it
+        ("unavailable", True, None): 2,
+    }
+    durations = points(found, "distlimit.storage.duration")
+    assert [(a, n) for a, n in durations] == [({"distlimit.outcome": "timeout"}, 2)]
+    assert points(found, "distlimit.breaker.state") == [({"distlimit.node": "down:ratelimit"}, 2)]
+
+
+def test_storage_outcomes() -> None:
+    assert otel.storage_outcome(None) == "ok"
+    refused = StorageUnavailable("Redis is unavailable: ConnectionError")
+    refused.__cause__ = ConnectionRefusedError()
+    assert otel.storage_outcome(refused) == "error"
+    lost = StorageReplyLost("reply lost")
+    assert otel.storage_outcome(lost) == "error"
+    import redis
+
+    timed = StorageUnavailable("Redis is unavailable")
+    timed.__cause__ = redis.exceptions.TimeoutError("Timeout reading")
+    assert otel.storage_outcome(timed) == "timeout"
+
+
+def test_concurrency_slots_held_go_up_and_come_back(
+    backend: Backend, clock: FakeClock, reader: tuple[InMemoryMetricReader, MeterProvider]
+) -> None:
+    found, provider = reader
+    app, limiter = _instrumented(backend(), clock, provider)
+    during: list[list[tuple[dict[str, Any], Any]]] = []
+
+    @app.get("/slow")
+    @limiter.concurrency(2)
+    def slow() -> str:
+        during.append(points(found, "distlimit.concurrency.slots"))
+        return "ok"
+
+    client = app.test_client()
+    response = client.get("/slow")
+    assert response.status_code == 200
+    response.close()  # what the WSGI server does once the body is sent
+    ((attributes, held),) = during[0]
+    assert held == 1 and attributes["distlimit.limit"].endswith(":concurrency")
+    ((_, after),) = points(found, "distlimit.concurrency.slots")
+    assert after == 0
+
+
+def test_a_concurrency_refusal_names_the_slot_limit(
+    backend: Backend, clock: FakeClock, reader: tuple[InMemoryMetricReader, MeterProvider]
+) -> None:
+    found, provider = reader
+    app, limiter = _instrumented(backend(), clock, provider)
+    inner: list[int] = []
+
+    @app.get("/one")
+    @limiter.concurrency(1)
+    def one() -> str:
+        if not inner:
+            inner.append(app.test_client().get("/one").status_code)
+        return "ok"
+
+    assert app.test_client().get("/one").status_code == 200 and inner == [429]
+    assert requests_by(found) == {
+        ("refused", False, "one:1 in flight"): 1,
+        ("admitted", False, None): 1,  # no rate limit: nothing closest to denial
+    }
+
+
+def test_beside_prometheus_both_are_told(
+    clock: FakeClock, reader: tuple[InMemoryMetricReader, MeterProvider]
+) -> None:
+    """``use_metrics(metrics_for(...))`` after init_app (the documented way) keeps OTel on."""
+    from flask_distlimit.storage.memory import MemoryStorage
+
+    found, provider = reader
+    app, limiter = _instrumented(MemoryStorage(clock=clock), clock, provider)
+    registry = CollectorRegistry()
+    with app.app_context():
+        limiter.state(app).guard.use_metrics(metrics_for(registry))
+    app.add_url_rule("/", "index", limiter.limit("1/minute")(lambda: "ok"))
+    client = app.test_client()
+    assert [client.get("/").status_code for _ in range(2)] == [200, 429]
+    assert registry.get_sample_value("distlimit_storage_latency_seconds_count") == 2
+    decided = {a["distlimit.outcome"]: v for a, v in points(found, "distlimit.decisions")}
+    assert decided == {"allowed": 1, "denied": 1}
+    assert sum(v for _, v in points(found, "distlimit.requests")) == 2
+
+
+def test_the_sink_answers_every_method_the_prometheus_metrics_answer() -> None:
+    """The guard is typed with the Prometheus class; what it calls must exist on both."""
+    public = {n for n in vars(Metrics) if not n.startswith("_") and callable(vars(Metrics)[n])}
+    assert public == set(otel.SINK_METHODS)
+    for name in otel.SINK_METHODS:
+        assert callable(getattr(otel.OTelMetrics, name))
+
+
+def test_nothing_runs_without_the_api(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> None:
+    import importlib.util
+
+    from flask_distlimit.storage.memory import MemoryStorage
+
+    real = importlib.util.find_spec
+
+    def hidden(name: str, *args: Any) -> Any:
+        return None if name.startswith("opentelemetry") else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", hidden)
+    app, limiter, _ = make_app(MemoryStorage(clock=clock), clock)
+    with app.app_context():
+        state = limiter.state(app)
+    assert state.otel is None and state.guard.metrics is None
+
+
+_GLOBAL_PROVIDER = """
+import json
+from flask import Flask
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from flask_distlimit import Limiter
+
+app = Flask("auto")
+app.config.update(DISTLIMIT_STORAGE_URL="memory://", DISTLIMIT_ALGORITHM="fixed_window")
+limiter = Limiter(app)          # before the provider is set: the API's proxy takes it later
+reader = InMemoryMetricReader()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+app.add_url_rule("/", "index", limiter.limit("1/minute")(lambda: "ok"))
+client = app.test_client()
+codes = [client.get("/").status_code for _ in range(2)]
+found = {}
+for rm in reader.get_metrics_data().resource_metrics:
+    for sm in rm.scope_metrics:
+        for m in sm.metrics:
+            if m.name == "distlimit.requests":
+                for p in m.data.data_points:
+                    found[p.attributes["distlimit.result"]] = p.value
+print(json.dumps({"codes": codes, "requests": found}))
+"""
+
+
+@pytest.mark.slow
+def test_on_by_itself_with_the_global_provider() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", _GLOBAL_PROVIDER],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got == {"codes": [200, 429], "requests": {"admitted": 1, "refused": 1}}
+
+
+def test_shared_instruments_are_made_once_per_provider(
+    clock: FakeClock, reader: tuple[InMemoryMetricReader, MeterProvider]
+) -> None:
+    """Two apps, one provider: one set of instruments, each request counted once."""
+    from flask_distlimit.storage.memory import MemoryStorage
+
+    found, provider = reader
+    apps = [
+        _instrumented(MemoryStorage(clock=clock), clock, provider, name=f"a{i}") for i in range(2)
+    ]
+    for app, limiter in apps:
+        app.add_url_rule("/", "index", limiter.limit("5/minute")(lambda: "ok"))
+    threads = [threading.Thread(target=lambda a=app: a.test_client().get("/")) for app, _ in apps]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(v for _, v in points(found, "distlimit.requests")) == 2
+
+
+def test_a_request_shed_by_the_worker_is_counted_once(
+    clock: FakeClock, reader: tuple[InMemoryMetricReader, MeterProvider]
+) -> None:
+    from flask_distlimit.storage.memory import MemoryStorage
+
+    found, provider = reader
+    shed_at = {"critical": 0.5, "default": 0.5, "sheddable": 0.5}  # one thread: none gets in
+    app, _ = _instrumented(
+        MemoryStorage(clock=clock),
+        clock,
+        provider,
+        DISTLIMIT_GLOBAL_LIMITS="100/minute",
+        DISTLIMIT_WORKER_THREADS=1,
+        DISTLIMIT_WORKER_SHED_AT=shed_at,
+    )
+    app.add_url_rule("/", "index", lambda: "ok")
+    assert app.test_client().get("/").status_code == 503
+    ((attributes, value),) = points(found, "distlimit.requests")
+    assert value == 1 and attributes["distlimit.result"] == "shed"
+    assert attributes["distlimit.shed.reason"] == "worker"
+
+
+def test_an_api_too_old_warns_and_the_app_still_starts(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """opentelemetry-api before 1.23 has no bucket advice: creating the histogram raises."""
+    from flask_distlimit.storage.memory import MemoryStorage
+
+    def too_old(self: otel.OTelMetrics, meter_provider: Any = None) -> None:
+        raise TypeError("create_histogram() got an unexpected keyword argument")
+
+    monkeypatch.setattr(otel.OTelMetrics, "__init__", too_old)
+    monkeypatch.setattr(otel, "_instruments_for", OnePer(otel.OTelMetrics))  # none made yet
+    app, limiter, _ = make_app(MemoryStorage(clock=clock), clock)
+    app.add_url_rule("/", "index", limiter.limit("1/minute")(lambda: "ok"))
+    assert app.test_client().get("/").status_code == 200
+    with app.app_context():
+        assert limiter.state(app).otel is None
+    assert "opentelemetry-api>=1.45" in caplog.text and "metrics are off" in caplog.text
+
+
+def test_exempt_requests_are_not_counted(
+    clock: FakeClock, reader: tuple[InMemoryMetricReader, MeterProvider]
+) -> None:
+    from flask_distlimit.storage.memory import MemoryStorage
+
+    found, provider = reader
+    app, limiter = _instrumented(
+        MemoryStorage(clock=clock), clock, provider, DISTLIMIT_GLOBAL_LIMITS="10/minute"
+    )
+    app.add_url_rule("/free", "free", limiter.exempt(lambda: "ok"))
+    app.add_url_rule("/", "index", lambda: "ok")
+    client = app.test_client()
+    assert client.get("/free").status_code == 200
+    assert client.get("/").status_code == 200
+    assert requests_by(found) == {("admitted", False, "global:10/minute"): 1}
