@@ -53,7 +53,7 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the checkout this file is in, before any installed copy
 
-from flask_distlimit import algorithms  # noqa: E402
+from flask_distlimit.core import algorithms  # noqa: E402
 from flask_distlimit.core.algorithms import Algorithm  # noqa: E402
 from flask_distlimit.core.decision import Check  # noqa: E402
 from flask_distlimit.engine.scripts import SCRIPT_SOURCE, script_args  # noqa: E402

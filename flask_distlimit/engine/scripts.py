@@ -2,11 +2,16 @@
 
 ``lua/<algorithm>.lua`` each define the functions of one algorithm (``lua/common.lua`` holds their
 helpers); ``lua/evaluate.lua`` is the driver that evaluates every check of a request in two phases
-(decide all, then write all only if all allow). ``lua/fixed_window_fast.lua`` and
-``lua/sliding_window_log_fast.lua``, first, decide the commonest requests (one check of either)
-inline before anything else is built, for exactly the same result. :data:`SCRIPT_SOURCE` is
-their concatenation, registered once per Redis client with ``register_script`` (redis-py's
-``Script`` re-sends it on ``NOSCRIPT``).
+(decide all, then write all only if all allow). :data:`SCRIPT_SOURCE` is built from them once, at
+import, by the rules below (deterministic: the same files give the same text, so the same SHA for
+``SCRIPT LOAD`` / ``EVALSHA``), and registered once per Redis client with ``register_script``
+(redis-py's ``Script`` re-sends it on ``NOSCRIPT``):
+
+- the FAST PATH first (``lua/fast_path.lua``, after common.lua's constants): one check of an
+  algorithm whose file marks ``--@read``, ``--@decide`` and ``--@commit`` regions (the fixed
+  window, the sliding window log and counter) is decided inline before any function is built;
+  each branch is that file's own regions, copied here, so each algorithm is written once;
+- common.lua's helper functions are INLINED at each call (no closure built for them per call).
 
 Every Redis backend (single node, Sentinel, each Cluster slot group) calls the script through
 :func:`script_args` and :func:`parse_reply` only, so the wire contract lives in this one module:
@@ -35,6 +40,8 @@ element in pure Python, one at a time; one argument and one bulk string (split h
 
 from __future__ import annotations
 
+import re
+import textwrap
 from binascii import crc_hqx
 from collections.abc import Sequence
 from importlib import resources
@@ -72,38 +79,151 @@ SHADOW_FLAG: Final = 16
 #: Added to the algorithm code of a release: give back what the check took (a slot), then peek.
 RELEASE_FLAG: Final = 32
 
-_FILES: Final = (
-    # first: one fixed-window, sliding-window-log or sliding-window-counter check is decided
-    # before anything is built
-    "fixed_window_fast.lua",
-    "sliding_window_log_fast.lua",
-    "sliding_window_counter_fast.lua",
-    "common.lua",
-    "fixed_window.lua",
-    "sliding_window_log.lua",
-    "sliding_window_counter.lua",
-    "token_bucket.lua",
-    "gcra.lua",
-    "concurrency.lua",
-    "evaluate.lua",  # the driver, last
-)
-
-
+_LUA: Final = "flask_distlimit.engine"
+#: The helpers, first: their constants stay, their functions are inlined everywhere.
+_COMMON: Final = "common.lua"
+#: The fast path's template (filled from the algorithms' regions), second.
+_FAST_PATH: Final = "fast_path.lua"
+#: Then the algorithms (``<name>.lua``, in the order of their codes), and the driver, last.
+_DRIVER: Final = "evaluate.lua"
 #: The wrapper of the whole script: an optional request token (lua/replay.lua).
 _REPLAY: Final = "replay.lua"
 _BODY: Final = "--@@ BODY @@--"
 
+#: A marker line: ``--@name`` (a region's start, or a template's place for one) or ``--@end``.
+_MARKER: Final = re.compile(r"^[ \t]*--@(\w+)[ \t]*$", re.MULTILINE)
+#: One of common.lua's helpers, at column 0, with its comment: name, parameters, body.
+_HELPER: Final = re.compile(
+    r"^(?:--[^\n]*\n)*local function (\w+)\(([\w, ]*)\)\n(.*?)^end\n", re.M | re.S
+)
+_NAME: Final = re.compile(r"[A-Za-z_]\w*")
 
-def _read_source() -> str:
-    package = resources.files("flask_distlimit.engine") / "lua"
-    body = "\n".join((package / name).read_text(encoding="utf-8") for name in _FILES)
-    head, marker, tail = (package / _REPLAY).read_text(encoding="utf-8").partition(_BODY)
+
+def _indent(text: str, indent: str) -> str:
+    """``text`` (dedented) with every non-empty line indented by ``indent``."""
+    return "".join(
+        indent + line if line.strip() else line
+        for line in textwrap.dedent(text).splitlines(keepends=True)
+    )
+
+
+def _regions(text: str) -> dict[str, str]:
+    """The marked regions of an algorithm file: name -> the lines from ``--@name`` to
+    ``--@end`` (several regions of one name joined in order), dedented."""
+    found: dict[str, str] = {}
+    markers = list(_MARKER.finditer(text))
+    for start, end in zip(markers[::2], markers[1::2], strict=True):
+        assert end[1] == "end" != start[1], f"a region starting with {start[0]!r} lacks --@end"
+        body = textwrap.dedent(text[start.end() + 1 : end.start()])
+        found[start[1]] = found.get(start[1], "") + body
+    return found
+
+
+def _fill(template: str, places: dict[str, str]) -> str:
+    """``template`` with each ``--@name`` line of ``places`` replaced by its text, indented as
+    that line (an unnamed place is left out)."""
+
+    def put(line: re.Match[str]) -> str:
+        indent = line[0][: len(line[0]) - len(line[0].lstrip())]
+        return _indent(places.get(line[1], ""), indent).rstrip("\n")
+
+    return _MARKER.sub(put, template)
+
+
+def _fast_path(template: str, algorithms: dict[Algorithm, str]) -> str:
+    """The fast path: one branch per algorithm whose file has a ``--@read`` region."""
+    head, marker, branch = template.partition("\n--@branch\n")
+    assert marker, f"{_FAST_PATH} lost its --@branch line"
+    chain = ""
+    for name, text in algorithms.items():
+        regions = _regions(text)
+        if "read" in regions:
+            chain += f"{'elseif' if chain else 'if'} code == {ALGORITHM_CODES[name]} then\n"
+            chain += _indent(_fill(branch, regions), "  ")
+    return _fill(head, {"branches": chain + "end\n"})
+
+
+def _inline(text: str, helpers: dict[str, tuple[list[str], str]]) -> str:
+    """``text`` with every call of a helper replaced by its body (see ``lua/common.lua``)."""
+    calls = re.compile(rf"\b({'|'.join(helpers)})\(")
+    lines = []
+    for line in text.splitlines():
+        code, dash, comment = line.partition("--")
+        while found := calls.search(code):
+            params, body = helpers[found[1]]
+            close, args = _arguments(code, found.end())
+            if body.startswith("return "):  # an expression, of plain names only
+                assert all(_NAME.fullmatch(a) for a in args), f"inline {found[1]}: {line}"
+                expression = _substitute(body.removeprefix("return "), params, args)
+                code = f"{code[: found.start()]}({expression}){code[close:]}"
+            else:  # a statement, alone on its line: its arguments bound once
+                indent = code[: found.start()]
+                assert not indent.strip() and not code[close:].strip(), f"inline: {line}"
+                bound = f"local {', '.join(params)} = {', '.join(args)}\n{body}\n"
+                code = f"{indent}do\n{_indent(bound, indent + '  ')}{indent}end"
+        lines.append(code + dash + comment)
+    return "\n".join(lines) + "\n"
+
+
+def _substitute(expression: str, params: list[str], args: list[str]) -> str:
+    """``expression`` with each parameter's name replaced by its argument's."""
+    named = dict(zip(params, args, strict=True))
+    return re.sub(r"\b\w+\b", lambda word: named.get(word[0], word[0]), expression)
+
+
+def _arguments(code: str, start: int) -> tuple[int, list[str]]:
+    """The index after the ``)`` closing a call whose arguments begin at ``start``, and the
+    arguments' texts (split at the commas outside brackets)."""
+    depth, args, begin = 0, [], start
+    for at, char in enumerate(code[start:], start):
+        if char in "([{":
+            depth += 1
+        elif char in ")]}" and depth:
+            depth -= 1
+        elif char == ")" or (char == "," and not depth):
+            args.append(code[begin:at].strip())
+            begin = at + 1
+            if char == ")":
+                return at + 1, args
+    raise AssertionError(f"an unclosed call in {code!r}")
+
+
+def _build() -> tuple[str, str, str, str]:
+    """The script's parts, in order: the helpers' constants, the fast path, the algorithms,
+    the driver, every helper inlined."""
+    package = resources.files(_LUA) / "lua"
+
+    def read(name: str) -> str:
+        return (package / name).read_text(encoding="utf-8")
+
+    common = read(_COMMON)
+    helpers = {
+        name: ([p.strip() for p in params.split(",")], textwrap.dedent(body).strip("\n"))
+        for name, params, body in _HELPER.findall(common)
+    }
+    algorithms = {name: read(f"{name}.lua") for name in ALGORITHM_CODES}
+    parts = (
+        _HELPER.sub("", common),
+        _fast_path(read(_FAST_PATH), algorithms),
+        "\n".join(algorithms.values()),
+        read(_DRIVER),
+    )
+    built = tuple(_inline(part, helpers) for part in parts)
+    return built[0], built[1], built[2], built[3]
+
+
+def _read_source(parts: tuple[str, ...]) -> str:
+    head, marker, tail = (
+        (resources.files(_LUA) / "lua" / _REPLAY).read_text(encoding="utf-8").partition(_BODY)
+    )
     assert marker, f"{_REPLAY} lost its {_BODY} marker"
-    return f"{head}{body}{tail}"
+    return f"{head}{''.join(parts)}{tail}"
 
 
-#: The whole script: the helpers and algorithms, then the driver.
-SCRIPT_SOURCE: Final[str] = _read_source()
+#: The script's parts as built (the benchmarks take them apart).
+_PARTS: Final = _build()
+#: The whole script: the helpers' constants, the fast path, the algorithms, then the driver.
+SCRIPT_SOURCE: Final[str] = _read_source(_PARTS)
 
 _US: Final = 1_000_000
 _FIELDS: Final = 6
@@ -206,14 +326,7 @@ def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
     try:
         if len(checks) == 1:  # the usual request: no slices, no lists
             _, allowed, limit, remaining, reset_us, retry_us, bad = values
-            decision = Decision(
-                allowed != 0,
-                limit,
-                remaining,
-                reset_us / _US,
-                NEVER if retry_us < 0 else retry_us / _US,
-                allowed == 2,
-            )
+            decision = _decision(allowed, limit, remaining, reset_us, retry_us)
             return Evaluation((decision,), (checks[0].key,) if bad else (), values[0])
         decisions = []
         repaired: list[str] = []
@@ -223,21 +336,25 @@ def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
         for check, allowed, limit, remaining, reset_us, retry_us, bad in zip(
             checks, fields, fields, fields, fields, fields, fields, strict=True
         ):
-            decisions.append(
-                Decision(
-                    allowed != 0,
-                    limit,
-                    remaining,
-                    reset_us / _US,
-                    NEVER if retry_us < 0 else retry_us / _US,
-                    allowed == 2,
-                )
-            )
+            decisions.append(_decision(allowed, limit, remaining, reset_us, retry_us))
             if bad:
                 repaired.append(check.key)
     except OverflowError:
         raise _wrong_reply(reply, expected) from None
     return Evaluation(tuple(decisions), tuple(repaired), values[0])
+
+
+def _decision(allowed: int, limit: int, remaining: int, reset_us: int, retry_us: int) -> Decision:
+    """One check's :class:`Decision` from its reply fields (allowed 2: a shadow check that
+    would deny; retry_after -1: never)."""
+    return Decision(
+        allowed != 0,
+        limit,
+        remaining,
+        reset_us / _US,
+        NEVER if retry_us < 0 else retry_us / _US,
+        allowed == 2,
+    )
 
 
 def _wrong_reply(reply: object, expected: int) -> StorageResponseError:
