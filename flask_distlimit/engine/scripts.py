@@ -2,16 +2,12 @@
 
 ``lua/<algorithm>.lua`` each define the functions of one algorithm (``lua/common.lua`` holds their
 helpers); ``lua/evaluate.lua`` is the driver that evaluates every check of a request in two phases
-(decide all, then write all only if all allow). :data:`SCRIPT_SOURCE` is built from them once, at
-import, by the rules below (deterministic: the same files give the same text, so the same SHA for
-``SCRIPT LOAD`` / ``EVALSHA``), and registered once per Redis client with ``register_script``
-(redis-py's ``Script`` re-sends it on ``NOSCRIPT``):
-
-- the FAST PATH first (``lua/fast_path.lua``, after common.lua's constants): one check of an
-  algorithm whose file marks ``--@read``, ``--@decide`` and ``--@commit`` regions (the fixed
-  window, the sliding window log and counter) is decided inline before any function is built;
-  each branch is that file's own regions, copied here, so each algorithm is written once;
-- common.lua's helper functions are INLINED at each call (no closure built for them per call).
+(decide all, then write all only if all allow); first of all, ``lua/fast_path.lua`` decides the
+commonest request (one check of a windowed algorithm) inline, from each algorithm's own text.
+:data:`SCRIPT_SOURCE` is built from them once, at import, by
+:mod:`~flask_distlimit.engine.lua_source` (deterministic: the same files give the same text, so
+the same SHA for ``SCRIPT LOAD`` / ``EVALSHA``), and registered once per Redis client with
+``register_script`` (redis-py's ``Script`` re-sends it on ``NOSCRIPT``).
 
 Every Redis backend (single node, Sentinel, each Cluster slot group) calls the script through
 :func:`script_args` and :func:`parse_reply` only, so the wire contract lives in this one module:
@@ -40,16 +36,14 @@ element in pure Python, one at a time; one argument and one bulk string (split h
 
 from __future__ import annotations
 
-import re
-import textwrap
 from binascii import crc_hqx
 from collections.abc import Sequence
-from importlib import resources
 from itertools import count
 from typing import Final
 
 from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.decision import NEVER, Check, Decision, Evaluation
+from flask_distlimit.engine.lua_source import script_parts, script_source
 from flask_distlimit.errors import StorageResponseError
 
 __all__ = [
@@ -79,151 +73,10 @@ SHADOW_FLAG: Final = 16
 #: Added to the algorithm code of a release: give back what the check took (a slot), then peek.
 RELEASE_FLAG: Final = 32
 
-_LUA: Final = "flask_distlimit.engine"
-#: The helpers, first: their constants stay, their functions are inlined everywhere.
-_COMMON: Final = "common.lua"
-#: The fast path's template (filled from the algorithms' regions), second.
-_FAST_PATH: Final = "fast_path.lua"
-#: Then the algorithms (``<name>.lua``, in the order of their codes), and the driver, last.
-_DRIVER: Final = "evaluate.lua"
-#: The wrapper of the whole script: an optional request token (lua/replay.lua).
-_REPLAY: Final = "replay.lua"
-_BODY: Final = "--@@ BODY @@--"
-
-#: A marker line: ``--@name`` (a region's start, or a template's place for one) or ``--@end``.
-_MARKER: Final = re.compile(r"^[ \t]*--@(\w+)[ \t]*$", re.MULTILINE)
-#: One of common.lua's helpers, at column 0, with its comment: name, parameters, body.
-_HELPER: Final = re.compile(
-    r"^(?:--[^\n]*\n)*local function (\w+)\(([\w, ]*)\)\n(.*?)^end\n", re.M | re.S
-)
-_NAME: Final = re.compile(r"[A-Za-z_]\w*")
-
-
-def _indent(text: str, indent: str) -> str:
-    """``text`` (dedented) with every non-empty line indented by ``indent``."""
-    return "".join(
-        indent + line if line.strip() else line
-        for line in textwrap.dedent(text).splitlines(keepends=True)
-    )
-
-
-def _regions(text: str) -> dict[str, str]:
-    """The marked regions of an algorithm file: name -> the lines from ``--@name`` to
-    ``--@end`` (several regions of one name joined in order), dedented."""
-    found: dict[str, str] = {}
-    markers = list(_MARKER.finditer(text))
-    for start, end in zip(markers[::2], markers[1::2], strict=True):
-        assert end[1] == "end" != start[1], f"a region starting with {start[0]!r} lacks --@end"
-        body = textwrap.dedent(text[start.end() + 1 : end.start()])
-        found[start[1]] = found.get(start[1], "") + body
-    return found
-
-
-def _fill(template: str, places: dict[str, str]) -> str:
-    """``template`` with each ``--@name`` line of ``places`` replaced by its text, indented as
-    that line (an unnamed place is left out)."""
-
-    def put(line: re.Match[str]) -> str:
-        indent = line[0][: len(line[0]) - len(line[0].lstrip())]
-        return _indent(places.get(line[1], ""), indent).rstrip("\n")
-
-    return _MARKER.sub(put, template)
-
-
-def _fast_path(template: str, algorithms: dict[Algorithm, str]) -> str:
-    """The fast path: one branch per algorithm whose file has a ``--@read`` region."""
-    head, marker, branch = template.partition("\n--@branch\n")
-    assert marker, f"{_FAST_PATH} lost its --@branch line"
-    chain = ""
-    for name, text in algorithms.items():
-        regions = _regions(text)
-        if "read" in regions:
-            chain += f"{'elseif' if chain else 'if'} code == {ALGORITHM_CODES[name]} then\n"
-            chain += _indent(_fill(branch, regions), "  ")
-    return _fill(head, {"branches": chain + "end\n"})
-
-
-def _inline(text: str, helpers: dict[str, tuple[list[str], str]]) -> str:
-    """``text`` with every call of a helper replaced by its body (see ``lua/common.lua``)."""
-    calls = re.compile(rf"\b({'|'.join(helpers)})\(")
-    lines = []
-    for line in text.splitlines():
-        code, dash, comment = line.partition("--")
-        while found := calls.search(code):
-            params, body = helpers[found[1]]
-            close, args = _arguments(code, found.end())
-            if body.startswith("return "):  # an expression, of plain names only
-                assert all(_NAME.fullmatch(a) for a in args), f"inline {found[1]}: {line}"
-                expression = _substitute(body.removeprefix("return "), params, args)
-                code = f"{code[: found.start()]}({expression}){code[close:]}"
-            else:  # a statement, alone on its line: its arguments bound once
-                indent = code[: found.start()]
-                assert not indent.strip() and not code[close:].strip(), f"inline: {line}"
-                bound = f"local {', '.join(params)} = {', '.join(args)}\n{body}\n"
-                code = f"{indent}do\n{_indent(bound, indent + '  ')}{indent}end"
-        lines.append(code + dash + comment)
-    return "\n".join(lines) + "\n"
-
-
-def _substitute(expression: str, params: list[str], args: list[str]) -> str:
-    """``expression`` with each parameter's name replaced by its argument's."""
-    named = dict(zip(params, args, strict=True))
-    return re.sub(r"\b\w+\b", lambda word: named.get(word[0], word[0]), expression)
-
-
-def _arguments(code: str, start: int) -> tuple[int, list[str]]:
-    """The index after the ``)`` closing a call whose arguments begin at ``start``, and the
-    arguments' texts (split at the commas outside brackets)."""
-    depth, args, begin = 0, [], start
-    for at, char in enumerate(code[start:], start):
-        if char in "([{":
-            depth += 1
-        elif char in ")]}" and depth:
-            depth -= 1
-        elif char == ")" or (char == "," and not depth):
-            args.append(code[begin:at].strip())
-            begin = at + 1
-            if char == ")":
-                return at + 1, args
-    raise AssertionError(f"an unclosed call in {code!r}")
-
-
-def _build() -> tuple[str, str, str, str]:
-    """The script's parts, in order: the helpers' constants, the fast path, the algorithms,
-    the driver, every helper inlined."""
-    package = resources.files(_LUA) / "lua"
-
-    def read(name: str) -> str:
-        return (package / name).read_text(encoding="utf-8")
-
-    common = read(_COMMON)
-    helpers = {
-        name: ([p.strip() for p in params.split(",")], textwrap.dedent(body).strip("\n"))
-        for name, params, body in _HELPER.findall(common)
-    }
-    algorithms = {name: read(f"{name}.lua") for name in ALGORITHM_CODES}
-    parts = (
-        _HELPER.sub("", common),
-        _fast_path(read(_FAST_PATH), algorithms),
-        "\n".join(algorithms.values()),
-        read(_DRIVER),
-    )
-    built = tuple(_inline(part, helpers) for part in parts)
-    return built[0], built[1], built[2], built[3]
-
-
-def _read_source(parts: tuple[str, ...]) -> str:
-    head, marker, tail = (
-        (resources.files(_LUA) / "lua" / _REPLAY).read_text(encoding="utf-8").partition(_BODY)
-    )
-    assert marker, f"{_REPLAY} lost its {_BODY} marker"
-    return f"{head}{''.join(parts)}{tail}"
-
-
 #: The script's parts as built (the benchmarks take them apart).
-_PARTS: Final = _build()
+_PARTS: Final = script_parts(ALGORITHM_CODES)
 #: The whole script: the helpers' constants, the fast path, the algorithms, then the driver.
-SCRIPT_SOURCE: Final[str] = _read_source(_PARTS)
+SCRIPT_SOURCE: Final[str] = script_source(_PARTS)
 
 _US: Final = 1_000_000
 _FIELDS: Final = 6
