@@ -327,14 +327,14 @@ def test_the_script_is_built_from_every_shipped_lua_file_and_the_same_each_time(
     from importlib import resources
 
     from flask_distlimit.engine.lua_source import script_parts, script_source
-    from flask_distlimit.engine.scripts import ALGORITHM_CODES
+    from flask_distlimit.engine.scripts import ALGORITHM_CODES, SHADOW_FLAG
 
     lua = resources.files("flask_distlimit.engine") / "lua"
     shipped = [f for f in lua.iterdir() if f.name.endswith(".lua")]
     assert len(shipped) >= len(ALGORITHM_CODES) + 4
     for file in shipped:
         assert file.read_text(encoding="utf-8").splitlines()[0] in SCRIPT_SOURCE, file.name
-    assert script_source(script_parts(ALGORITHM_CODES)) == SCRIPT_SOURCE
+    assert script_source(script_parts(ALGORITHM_CODES, SHADOW_FLAG)) == SCRIPT_SOURCE
 
 
 def test_common_helpers_are_inlined_not_built_on_every_call() -> None:

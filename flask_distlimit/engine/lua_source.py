@@ -82,16 +82,21 @@ def _fill(template: str, places: dict[str, str]) -> str:
 
 
 def _fast_path(
-    template: str, algorithms: dict[Algorithm, str], codes: Mapping[Algorithm, int]
+    template: str, algorithms: dict[Algorithm, str], codes: Mapping[Algorithm, int], shadow: int
 ) -> str:
-    """The fast path: one branch per algorithm whose file has a ``--@read`` region."""
+    """The fast path: one branch per algorithm whose file has a ``--@read`` region, taken for
+    its code and its code plus ``shadow`` (a shadow check)."""
     head, marker, branch = template.partition("\n--@branch\n")
     assert marker, f"{_FAST_PATH} lost its --@branch line"
     chain = ""
     for name, text in algorithms.items():
         regions = _regions(text)
         if "read" in regions:
-            chain += f"{'elseif' if chain else 'if'} code == {codes[name]} then\n"
+            plain, shadowed = f"'{codes[name]}'", f"'{codes[name] + shadow}'"
+            chain += (
+                f"{'elseif' if chain else 'if'} code_s == {plain} or code_s == {shadowed} then\n"
+            )
+            chain += f"  local shadow = code_s == {shadowed}\n"
             chain += _indent(_fill(branch, regions), "  ")
     return _fill(head, {"branches": chain + "end\n"})
 
@@ -141,10 +146,10 @@ def _arguments(code: str, start: int) -> tuple[int, list[str]]:
     raise AssertionError(f"an unclosed call in {code!r}")
 
 
-def script_parts(codes: Mapping[Algorithm, int]) -> tuple[str, str, str, str]:
+def script_parts(codes: Mapping[Algorithm, int], shadow: int) -> tuple[str, str, str, str]:
     """The script's parts, in order: the helpers' constants, the fast path, the algorithms
-    (``<name>.lua`` for each of ``codes``, in its order, the fast path's branches tested with
-    its numbers), the driver; every helper inlined."""
+    (``<name>.lua`` for each of ``codes``, in its order; the fast path's branches taken for
+    its numbers, and plus ``shadow``), the driver; every helper inlined."""
     package = resources.files(_LUA) / "lua"
 
     def read(name: str) -> str:
@@ -158,7 +163,7 @@ def script_parts(codes: Mapping[Algorithm, int]) -> tuple[str, str, str, str]:
     algorithms = {name: read(f"{name}.lua") for name in codes}
     parts = (
         _HELPER.sub("", common),
-        _fast_path(read(_FAST_PATH), algorithms, codes),
+        _fast_path(read(_FAST_PATH), algorithms, codes, shadow),
         "\n".join(algorithms.values()),
         read(_DRIVER),
     )

@@ -74,7 +74,7 @@ SHADOW_FLAG: Final = 16
 RELEASE_FLAG: Final = 32
 
 #: The script's parts as built (the benchmarks take them apart).
-_PARTS: Final = script_parts(ALGORITHM_CODES)
+_PARTS: Final = script_parts(ALGORITHM_CODES, SHADOW_FLAG)
 #: The whole script: the helpers' constants, the fast path, the algorithms, then the driver.
 SCRIPT_SOURCE: Final[str] = script_source(_PARTS)
 

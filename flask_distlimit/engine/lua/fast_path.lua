@@ -5,8 +5,10 @@
 -- closure made again on every call, and building them was a sixth of the script's time
 -- (docs/bench/engine.md, "The script's own time").
 --
--- GENERATED at import by flask_distlimit/engine/scripts.py, never kept by hand: the line
--- `--@branches` becomes `if code == <code> then <branch> elseif ...  end`, one branch per such
+-- GENERATED at import by flask_distlimit/engine/lua_source.py, never kept by hand: the line
+-- `--@branches` becomes `if code_s == '<code>' or code_s == '<code + 16>' then local shadow =
+-- code_s == '<code + 16>' <branch> elseif ... end` (the code compared as the text it came as:
+-- no number to make), one branch per such
 -- algorithm, each the template after `--@branch` below with its file's regions in place of
 -- `--@setup`, `--@read`, `--@decide` and `--@commit` (the very text of its general functions; an
 -- algorithm without a region has none). So the fast path decides, stores, expires and calls
@@ -24,15 +26,11 @@
 -- with its message).
 if #KEYS == 1 and #ARGV == 1 then
   local now_s, code_s, limit_s, period_s, cost_s = string.match(ARGV[1],
-    '^(%-?%d+),0,(1?%d),([1-9]%d*),([1-9]%d*),(%d+)$')
-  local now, code, shadow, limit, period, cost
+    '^(%-?%d+),0,(%d+),([1-9]%d*),([1-9]%d*),(%d+)$')
+  local now, limit, period, cost
   if now_s then
-    now, code, limit, period, cost = tonumber(now_s), tonumber(code_s), tonumber(limit_s),
-      tonumber(period_s), tonumber(cost_s)
-    shadow = code > 16
-    if shadow then
-      code = code - 16
-    end
+    now, limit, period, cost = tonumber(now_s), tonumber(limit_s), tonumber(period_s),
+      tonumber(cost_s)
   end
   if now_s and (now == -1 or now >= 0 and now < MAX_EXACT) and limit < MAX_EXACT
       and period < MAX_EXACT and cost < MAX_EXACT then
@@ -51,11 +49,13 @@ end
 if allowed and cost > 0 then
   --@commit
 end
-local state = 1
+-- allowed and repaired as strings, the limit as it came: each number formatted costs
+local state = '1'
 if not allowed then  -- denied, or a shadow check that would deny: as it stands, nothing written
-  state, left, reset = 0, left_now, reset_now
+  state, left, reset = '0', left_now, reset_now
   if shadow then
-    state = 2
+    state = '2'
   end
 end
-return string.format('%d,%d,%s,%d,%d,%d,%d', now, state, limit_s, left, reset, retry, repaired)
+return string.format('%d,%s,%s,%d,%d,%d,%s', now, state, limit_s, left, reset, retry,
+  repaired == 1 and '1' or '0')

@@ -25,7 +25,7 @@ local function LOAD_FIXED_WINDOW()
     --@read
     local window, count, repaired, kept = floor(now / period), 0, 0, false
     local raw = redis.pcall('HMGET', key, 'w', 'n')
-    if failed(raw) then
+    if raw.err then  -- an error (HMGET answers a table: failed(raw) is this)
       repaired = 1
       redis.call('DEL', key)
     elseif raw[1] or raw[2] then

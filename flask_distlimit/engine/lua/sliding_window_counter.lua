@@ -31,7 +31,7 @@ local function LOAD_SLIDING_WINDOW_COUNTER()
     --@read
     local window, t, cur, prev, current, repaired = floor(now / period), now, 0, 0, false, 0
     local raw = redis.pcall('HMGET', key, 'w', 'c', 'p')
-    if failed(raw) then
+    if raw.err then  -- an error (HMGET answers a table: failed(raw) is this)
       repaired = 1
       redis.call('DEL', key)
     elseif raw[1] or raw[2] or raw[3] then
