@@ -6,10 +6,10 @@
 -- exact and the two fractional values (token bucket tokens, GCRA TAT) read back bit-exact.
 --
 -- INLINED: every `local function` below is written into the script at each of its calls by
--- flask_distlimit/engine/scripts.py, not defined (a function in a script is a closure built again
--- on every call: docs/bench/engine.md, "The script's own time"). One whose body is a single
--- `return` is an expression, called with plain names only (each is read more than once); any
--- other is a statement, called on a line of its own, its arguments bound once (`do local ...`).
+-- flask_distlimit/engine/lua_source.py, not defined (a function in a script is a closure built
+-- again on every call: docs/bench/engine.md, "The script's own time"). One whose body is a
+-- single `return` is an expression, called with plain names only (each is read more than once);
+-- any other is a statement, called on a line of its own, its arguments bound once (`do local`).
 
 local floor = math.floor
 local ceil = math.ceil

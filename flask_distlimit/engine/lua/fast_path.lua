@@ -6,14 +6,13 @@
 -- (docs/bench/engine.md, "The script's own time").
 --
 -- GENERATED at import by flask_distlimit/engine/lua_source.py, never kept by hand: the line
--- `--@branches` becomes `if code_s == '<code>' or code_s == '<code + 16>' then local shadow =
--- code_s == '<code + 16>' <branch> elseif ... end` (the code compared as the text it came as:
--- no number to make), one branch per such
--- algorithm, each the template after `--@branch` below with its file's regions in place of
--- `--@setup`, `--@read`, `--@decide` and `--@commit` (the very text of its general functions; an
--- algorithm without a region has none). So the fast path decides, stores, expires and calls
--- Redis exactly as the general path does; tests/test_script_fastpath.py runs every case on both
--- paths and compares.
+-- `--@branches` becomes one branch per such algorithm, `if code_s == '<code>' or code_s ==
+-- '<code + 16>' then local shadow = code_s == '<code + 16>' <branch> elseif ... end` (the code
+-- compared as the text it came as: no number to make), each <branch> the template after
+-- `--@branch` below with its file's regions in place of `--@setup`, `--@read`, `--@decide` and
+-- `--@commit` (the very text of its general functions; a region a file lacks is left out). So
+-- the fast path decides, stores, expires and calls Redis exactly as the general path does;
+-- tests/test_script_fastpath.py runs every case on both paths and compares.
 --
 -- The regions' contract: they read key, limit, period, cost and now (and what `--@setup` defines);
 -- `--@read` sets repaired (0/1); `--@decide` sets allowed (a boolean), retry (us, -1 = never),

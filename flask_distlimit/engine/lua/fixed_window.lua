@@ -15,8 +15,8 @@
 
 -- A loader: the functions are built only when a request uses this algorithm. The regions from
 -- --@read, --@decide and --@commit to --@end are also the script's fast path for one such check
--- (engine/scripts.py copies them into fast_path.lua's branch): blocks without a `return`, which
--- set the locals that branch reads (see fast_path.lua).
+-- (engine/lua_source.py copies them into fast_path.lua's branch): blocks without a `return`,
+-- which set the locals that branch reads (see fast_path.lua).
 local function LOAD_FIXED_WINDOW()
   local FIXED_WINDOW = {}
 

@@ -23,7 +23,7 @@
 
 -- A loader: the functions are built only when a request uses this algorithm. The regions from
 -- --@read, --@decide and --@commit to --@end are also the script's fast path for one such check
--- (engine/scripts.py copies them into fast_path.lua's branch; see fixed_window.lua).
+-- (engine/lua_source.py copies them into fast_path.lua's branch; see fixed_window.lua).
 local function LOAD_SLIDING_WINDOW_COUNTER()
   local SLIDING_WINDOW_COUNTER = {}
 

@@ -49,7 +49,8 @@ local SWL_BATCH = 4
 
 -- A loader: the functions are built only when a request uses this algorithm. The regions from
 -- --@setup, --@read, --@decide and --@commit to --@end are also the script's fast path for one
--- such check (engine/scripts.py copies them into fast_path.lua's branch; see fixed_window.lua).
+-- such check (engine/lua_source.py copies them into fast_path.lua's branch; see
+-- fixed_window.lua).
 local function LOAD_SLIDING_WINDOW_LOG()
   local SLIDING_WINDOW_LOG = {}
   --@setup
