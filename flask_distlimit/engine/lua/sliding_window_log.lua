@@ -66,7 +66,7 @@ local function LOAD_SLIDING_WINDOW_LOG()
       return nil
     end
     local s, e = tonumber(a), tonumber(b)
-    if whole(s) and whole(e) and s < e then
+    if s < MAX_EXACT and e < MAX_EXACT and s < e then  -- digits: whole(s) and whole(e) are this
       return s, e
     end
     return nil
