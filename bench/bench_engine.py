@@ -330,22 +330,14 @@ def function_library() -> str:
     the library, the algorithm loaders' results too; the driver runs per call. (Redis 7.0 runs a
     library's top level without ``math``, so building is deferred to the first call.)
     """
-    from importlib import resources
+    from flask_distlimit.engine.scripts import _PARTS  # the bench takes the script apart
 
-    from flask_distlimit.engine.scripts import (
-        _FILES,  # the bench reads the package's own file order
-    )
-
-    lua = resources.files("flask_distlimit.engine") / "lua"
-    # the fast paths (*_fast.lua, first) build nothing: they run per call; evaluate.lua is last
-    fast = [(lua / name).read_text(encoding="utf-8") for name in _FILES if "_fast." in name]
-    *helpers, driver = (
-        (lua / name).read_text(encoding="utf-8") for name in _FILES if "_fast." not in name
-    )
+    # the constants and the fast path build nothing: they run per call; the driver is last
+    constants, fast, algorithms, driver = _PARTS
     if driver.count("local loaded = {}") != 1:
         raise SystemExit("evaluate.lua changed: update function_library() in bench_engine.py")
-    # Everything the files before the driver define at top level, handed to the driver.
-    names = ", ".join(dict.fromkeys(_TOP_LEVEL_LOCAL.findall("\n".join(helpers))))
+    # Everything the parts before the fast path and the driver define at top level, handed on.
+    names = ", ".join(dict.fromkeys(_TOP_LEVEL_LOCAL.findall(constants + algorithms)))
     return "\n".join(
         [
             "#!lua name=distlimit_bench",
@@ -355,12 +347,14 @@ def function_library() -> str:
             "local BUILT = nil",
             "local LOADED = {}",
             "local function build()",
-            *helpers,
+            constants,
+            algorithms,
             f"return {{{names}}}",
             "end",
             "local function built_once(KEYS, ARGV)",
             "if BUILT == nil then BUILT = build() end",
-            *fast,
+            constants,
+            fast,
             f"local {names} = unpack(BUILT)",
             driver.replace("local loaded = {}", "local loaded = LOADED"),
             "end",
@@ -607,22 +601,22 @@ def lua_parts(port: int, passes: int = 9, calls: int = 1000) -> str:
     Inner commands: their time per script call, over every pass (a command a pass did not run
     counts 0 there).
     """
-    # the general path: the script without its fast paths (its first file, the fixed window's;
-    # the driver's for one check of any algorithm)
-    general = SCRIPT_SOURCE[SCRIPT_SOURCE.index("-- Helpers shared by every algorithm file") :]
-    general = general.replace("if n == 1 and #ARGV == 1 then", "if false then", 1)
+    from flask_distlimit.engine.scripts import _PARTS
+
+    # the general path: the script without its fast paths (the inlined one of the windowed
+    # algorithms; the driver's for one check of any algorithm), and without the request token
+    constants, _, algorithms, driver = _PARTS
+    defined = constants + algorithms
+    general = defined + driver.replace("if n == 1 and #ARGV == 1 then", "if false then", 1)
     cut = general.index("local now, mode = args[1], args[2]")
     variants = {
         "`return 1` (EVALSHA itself)": "return 1",
-        "+ the helpers and algorithm loaders defined": general[: general.index("local n = #KEYS")]
-        + "\nreturn 1",
+        "+ the helpers and algorithm loaders defined": defined + "\nreturn 1",
         "+ cjson.decode and the argument checks": general[:cut] + "\nreturn 1",
         "+ the fixed window's functions built": general[:cut]
         + "\nlocal fw = LOADERS[1]()\nreturn 1",
         "general path, whole (TIME, HMGET, decide, HSET, reply)": general,
-        "the driver's one-check fast path, whole": SCRIPT_SOURCE[
-            SCRIPT_SOURCE.index("-- Helpers shared by every algorithm file") :
-        ],
+        "the driver's one-check fast path, whole": defined + driver,
         "ours, whole: the fixed-window fast path": SCRIPT_SOURCE,
         "ours as a Redis Function, built once (FCALL)": "",
         "the minimal limiter's script (INCR, PTTL)": MINIMAL_SCRIPT,
@@ -670,23 +664,39 @@ def lua_parts(port: int, passes: int = 9, calls: int = 1000) -> str:
 
 
 def script_source_at(revision: str) -> str:
-    """:data:`SCRIPT_SOURCE` at a git revision of this checkout: the files of this checkout's
-    order that the revision has (so a file added since is left out, as it was then)."""
+    """:data:`SCRIPT_SOURCE` as the package at a git revision of this checkout builds it (its
+    ``flask_distlimit/`` extracted with ``git archive`` and imported in a child process)."""
+    import os
     import subprocess
+    import tarfile
+    import tempfile
 
-    from flask_distlimit.engine.scripts import _FILES  # the bench's own package: its file order
-
-    texts = []
-    for name in _FILES:
-        shown = subprocess.run(
-            ["git", "show", f"{revision}:flask_distlimit/engine/lua/{name}"],
+    show = (
+        "import sys\n"
+        "try:\n"
+        "    from flask_distlimit.engine.scripts import SCRIPT_SOURCE\n"
+        "except ImportError:  # before the subpackages\n"
+        "    from flask_distlimit.scripts import SCRIPT_SOURCE\n"
+        "sys.stdout.write(SCRIPT_SOURCE)\n"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = Path(tmp) / "package.tar"
+        subprocess.run(
+            ["git", "archive", "-o", str(archive), revision, "flask_distlimit"],
             cwd=ROOT,
+            check=True,
+        )
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        shown = subprocess.run(
+            [sys.executable, "-c", show],
+            cwd=tmp,
+            env={**os.environ, "PYTHONPATH": tmp},
             capture_output=True,
             text=True,
+            check=True,
         )
-        if shown.returncode == 0:
-            texts.append(shown.stdout)
-    return "\n".join(texts)
+    return shown.stdout
 
 
 def compare_scripts(
@@ -791,19 +801,19 @@ def render_compare(
         "What changed, and why it pays: every function in the script is a closure built again "
         "on every call (`EVALSHA` runs the whole chunk), and building the helpers, the algorithm "
         "loaders and one algorithm's functions cost as much as the three Redis commands of a "
-        "check; so did cjson and the argument checks. One fixed-window or sliding-window-log "
-        "check (the commonest request, and the two algorithms at or over issue 14's line) is "
-        "now decided by a fast path written out inline at the top of the script "
-        "(`lua/fixed_window_fast.lua`, `lua/sliding_window_log_fast.lua`), before anything is "
-        "built: one `string.match` parses the argument, and the reply is formatted once with "
-        "the small fields as strings. One check of another algorithm takes the driver's "
-        "one-check path (the same parse and reply, no cjson or per-request tables). Two or "
-        "more checks take the general path unchanged: for them `string.match` with a "
-        "`tonumber` per field measured slower than cjson, and formatting the reply check by "
-        "check no faster than one `string.format`. Same Redis commands in the same order, same "
-        "replies, state and TTLs: `tests/engine/test_script_fastpath.py` runs every case, stored "
-        "garbage and malformed arguments included, on a fast path and on the general path and "
-        "compares.",
+        "check; so did cjson and the argument checks. One fixed-window, sliding-window-log or "
+        "sliding-window-counter check (the commonest request) is decided by a fast path inline "
+        "at the top of the script, before anything is built, generated at import from each "
+        "algorithm's own file (its `--@read`, `--@decide` and `--@commit` regions, copied into "
+        "`lua/fast_path.lua`'s branch; common.lua's helpers are inlined at every call): one "
+        "`string.match` parses the argument, and the reply is formatted once. One check of "
+        "another algorithm takes the driver's one-check path (the same parse and reply, no "
+        "cjson or per-request tables). Two or more checks take the general path: for them "
+        "`string.match` with a `tonumber` per field measured slower than cjson, and formatting "
+        "the reply check by check no faster than one `string.format`. Same Redis commands in "
+        "the same order, same replies, state and TTLs: `tests/engine/test_script_fastpath.py` runs "
+        "every case, stored garbage and malformed arguments included, on a fast path and on the "
+        "general path and compares.",
         _COMPARE_END,
     ]
     return "\n".join(lines)

@@ -2,11 +2,12 @@
 
 ``lua/<algorithm>.lua`` each define the functions of one algorithm (``lua/common.lua`` holds their
 helpers); ``lua/evaluate.lua`` is the driver that evaluates every check of a request in two phases
-(decide all, then write all only if all allow). ``lua/fixed_window_fast.lua`` and
-``lua/sliding_window_log_fast.lua``, first, decide the commonest requests (one check of either)
-inline before anything else is built, for exactly the same result. :data:`SCRIPT_SOURCE` is
-their concatenation, registered once per Redis client with ``register_script`` (redis-py's
-``Script`` re-sends it on ``NOSCRIPT``).
+(decide all, then write all only if all allow); first of all, ``lua/fast_path.lua`` decides the
+commonest request (one check of a windowed algorithm) inline, from each algorithm's own text.
+:data:`SCRIPT_SOURCE` is built from them once, at import, by
+:mod:`~flask_distlimit.engine.lua_source` (deterministic: the same files give the same text, so
+the same SHA for ``SCRIPT LOAD`` / ``EVALSHA``), and registered once per Redis client with
+``register_script`` (redis-py's ``Script`` re-sends it on ``NOSCRIPT``).
 
 Every Redis backend (single node, Sentinel, each Cluster slot group) calls the script through
 :func:`script_args` and :func:`parse_reply` only, so the wire contract lives in this one module:
@@ -37,12 +38,13 @@ from __future__ import annotations
 
 from binascii import crc_hqx
 from collections.abc import Sequence
-from importlib import resources
 from itertools import count
 from typing import Final
 
 from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.decision import NEVER, Check, Decision, Evaluation
+from flask_distlimit.engine.lua_source import script_parts, script_source
+from flask_distlimit.engine.registry import REGISTRY
 from flask_distlimit.errors import StorageResponseError
 
 __all__ = [
@@ -57,53 +59,19 @@ __all__ = [
     "with_token",
 ]
 
-#: The number each algorithm is sent as (``ARGV``); the order of ``ALGORITHMS`` in evaluate.lua.
-ALGORITHM_CODES: Final[dict[Algorithm, int]] = {
-    "fixed_window": 1,
-    "sliding_window_log": 2,
-    "sliding_window_counter": 3,
-    "token_bucket": 4,
-    "gcra": 5,
-    "concurrency": 6,
-}
+#: The number each algorithm is sent as (``ARGV``): its registry entry's code, which is also
+#: its place in the driver's table of loaders (written from these codes).
+ALGORITHM_CODES: Final[dict[Algorithm, int]] = {name: e.code for name, e in REGISTRY.items()}
 
 #: Added to the algorithm code of a shadow check: decided and counted, never denies.
 SHADOW_FLAG: Final = 16
 #: Added to the algorithm code of a release: give back what the check took (a slot), then peek.
 RELEASE_FLAG: Final = 32
 
-_FILES: Final = (
-    # first: one fixed-window, sliding-window-log or sliding-window-counter check is decided
-    # before anything is built
-    "fixed_window_fast.lua",
-    "sliding_window_log_fast.lua",
-    "sliding_window_counter_fast.lua",
-    "common.lua",
-    "fixed_window.lua",
-    "sliding_window_log.lua",
-    "sliding_window_counter.lua",
-    "token_bucket.lua",
-    "gcra.lua",
-    "concurrency.lua",
-    "evaluate.lua",  # the driver, last
-)
-
-
-#: The wrapper of the whole script: an optional request token (lua/replay.lua).
-_REPLAY: Final = "replay.lua"
-_BODY: Final = "--@@ BODY @@--"
-
-
-def _read_source() -> str:
-    package = resources.files("flask_distlimit.engine") / "lua"
-    body = "\n".join((package / name).read_text(encoding="utf-8") for name in _FILES)
-    head, marker, tail = (package / _REPLAY).read_text(encoding="utf-8").partition(_BODY)
-    assert marker, f"{_REPLAY} lost its {_BODY} marker"
-    return f"{head}{body}{tail}"
-
-
-#: The whole script: the helpers and algorithms, then the driver.
-SCRIPT_SOURCE: Final[str] = _read_source()
+#: The script's parts as built (the benchmarks take them apart).
+_PARTS: Final = script_parts(ALGORITHM_CODES, SHADOW_FLAG)
+#: The whole script: the helpers' constants, the fast path, the algorithms, then the driver.
+SCRIPT_SOURCE: Final[str] = script_source(_PARTS)
 
 _US: Final = 1_000_000
 _FIELDS: Final = 6
@@ -207,14 +175,7 @@ def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
     try:
         if len(checks) == 1:  # the usual request: no slices, no lists
             _, allowed, limit, remaining, reset_us, retry_us, bad = values
-            decision = Decision(
-                allowed != 0,
-                limit,
-                remaining,
-                reset_us / _US,
-                NEVER if retry_us < 0 else retry_us / _US,
-                allowed == 2,
-            )
+            decision = _decision(allowed, limit, remaining, reset_us, retry_us)
             return Evaluation((decision,), (checks[0].key,) if bad else (), values[0])
         decisions = []
         repaired: list[str] = []
@@ -224,21 +185,25 @@ def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
         for check, allowed, limit, remaining, reset_us, retry_us, bad in zip(
             checks, fields, fields, fields, fields, fields, fields, strict=True
         ):
-            decisions.append(
-                Decision(
-                    allowed != 0,
-                    limit,
-                    remaining,
-                    reset_us / _US,
-                    NEVER if retry_us < 0 else retry_us / _US,
-                    allowed == 2,
-                )
-            )
+            decisions.append(_decision(allowed, limit, remaining, reset_us, retry_us))
             if bad:
                 repaired.append(check.key)
     except OverflowError:
         raise _wrong_reply(reply, expected) from None
     return Evaluation(tuple(decisions), tuple(repaired), values[0])
+
+
+def _decision(allowed: int, limit: int, remaining: int, reset_us: int, retry_us: int) -> Decision:
+    """One check's :class:`Decision` from its reply fields (allowed 2: a shadow check that
+    would deny; retry_after -1: never)."""
+    return Decision(
+        allowed != 0,
+        limit,
+        remaining,
+        reset_us / _US,
+        NEVER if retry_us < 0 else retry_us / _US,
+        allowed == 2,
+    )
 
 
 def _wrong_reply(reply: object, expected: int) -> StorageResponseError:

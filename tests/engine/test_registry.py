@@ -16,7 +16,7 @@ from flask_distlimit.declare.lease_options import LEASABLE
 from flask_distlimit.engine.concurrency import MAX_CONCURRENCY
 from flask_distlimit.engine.gcra import MAX_GCRA_RATE
 from flask_distlimit.engine.registry import EXACT_ALGORITHMS, REGISTRY, check_rate
-from flask_distlimit.engine.scripts import ALGORITHM_CODES
+from flask_distlimit.engine.scripts import ALGORITHM_CODES, SCRIPT_SOURCE
 from flask_distlimit.engine.sliding_window_log import MAX_LOG_LIMIT
 from flask_distlimit.storage.give_back import GIVE_BACK_CODES, GIVE_BACK_SOURCE
 
@@ -26,8 +26,22 @@ def test_every_algorithm_has_one_entry_under_its_name() -> None:
     assert all(entry.name == name for name, entry in REGISTRY.items())
 
 
-def test_the_codes_are_those_the_script_is_sent() -> None:
-    assert {name: entry.code for name, entry in REGISTRY.items()} == ALGORITHM_CODES
+def test_each_code_is_its_algorithms_place_in_the_script() -> None:
+    """The code a check is sent as picks the loader of its algorithm in the driver (the table
+    is written from the codes: a code out of order would run another algorithm's Lua)."""
+    assert ALGORITHM_CODES == {
+        "fixed_window": 1,
+        "sliding_window_log": 2,
+        "sliding_window_counter": 3,
+        "token_bucket": 4,
+        "gcra": 5,
+        "concurrency": 6,
+    }  # on the wire: stored scripts' callers use them
+    [line] = [ln for ln in SCRIPT_SOURCE.splitlines() if ln.startswith("local LOADERS = {")]
+    loaders = line.removeprefix("local LOADERS = {").removesuffix("}").split(", ")
+    assert loaders == [f"LOAD_{name.upper()}" for name in sorted(REGISTRY, key=ALGORITHM_CODES.get)]
+    for name in REGISTRY:  # each loader is defined by its algorithm's own file
+        assert f"local function LOAD_{name.upper()}()" in SCRIPT_SOURCE
 
 
 def test_the_leasable_algorithms_are_those_the_lease_options_accept() -> None:

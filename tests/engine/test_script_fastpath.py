@@ -1,8 +1,8 @@
 """The script's fast paths decide and refuse exactly as its general path does.
 
 One check whose argument is six plain decimal integers takes a fast path in the script (the fixed
-window's, the sliding window log's and the sliding window counter's, inlined; the driver's for
-every algorithm); anything else
+window's, the sliding window log's and the sliding window counter's, inlined: generated from each
+algorithm's own file; the driver's for every algorithm); anything else
 (here: the same numbers with a space before each, which cjson still reads) goes through cjson and
 the general path. So each scenario runs twice on twin keys, once per path, and the replies and
 what is stored must match. Several checks always take the general path: their tests pin that it
@@ -17,7 +17,13 @@ import re
 import pytest
 import redis
 
-from flask_distlimit.engine.scripts import ALGORITHM_CODES, RELEASE_FLAG, SCRIPT_SOURCE, SHADOW_FLAG
+from flask_distlimit.engine.scripts import (
+    _PARTS,
+    ALGORITHM_CODES,
+    RELEASE_FLAG,
+    SCRIPT_SOURCE,
+    SHADOW_FLAG,
+)
 from flask_distlimit.engine.sliding_window_log import SWL_BATCH
 from tests.vectors import T0
 
@@ -197,10 +203,15 @@ def test_malformed_arguments_are_refused_as_on_the_general_path(
     assert redis_client.dbsize() == 0
 
 
-def test_the_inlined_log_batch_is_the_log_batch() -> None:
-    # the log's fast path removes and reads as many members per call as sliding_window_log.lua
-    inlined = re.search(r"^    local batch = (\d+)  -- SWL_BATCH", SCRIPT_SOURCE, re.MULTILINE)
-    assert inlined is not None and int(inlined[1]) == SWL_BATCH
+def test_the_fast_path_is_built_from_each_algorithm_s_own_text() -> None:
+    # one source per algorithm: each windowed one has a branch, every placeholder of the template
+    # is filled, and the log's branch removes and reads as many members per call as its file says
+    fast = _PARTS[1]
+    for algorithm in ("fixed_window", "sliding_window_log", "sliding_window_counter"):
+        assert f"code_s == '{ALGORITHM_CODES[algorithm]}' or" in fast  # type: ignore[index]
+    assert not re.search(r"^\s*--@", fast, re.MULTILINE)
+    batches = re.findall(r"^ *local SWL_BATCH = (\d+)$", SCRIPT_SOURCE, re.MULTILINE)
+    assert len(batches) == 2 and {int(b) for b in batches} == {SWL_BATCH}
 
 
 GARBAGE = {

@@ -319,3 +319,25 @@ def test_every_command_the_scripts_run_is_in_the_acl_grants() -> None:
     )
     granted = {g.removeprefix("+") for g in ACL_GRANTS.split() if g.startswith("+")}
     assert called and {c.lower() for c in called} <= granted
+
+
+def test_the_script_is_built_from_every_shipped_lua_file_and_the_same_each_time() -> None:
+    # every file of engine/lua is in the script (none shipped unused), and building it again
+    # gives the same text: the same SHA for SCRIPT LOAD / EVALSHA
+    from importlib import resources
+
+    from flask_distlimit.engine.lua_source import script_parts, script_source
+    from flask_distlimit.engine.scripts import ALGORITHM_CODES, SHADOW_FLAG
+
+    lua = resources.files("flask_distlimit.engine") / "lua"
+    shipped = [f for f in lua.iterdir() if f.name.endswith(".lua")]
+    assert len(shipped) >= len(ALGORITHM_CODES) + 4
+    for file in shipped:
+        assert file.read_text(encoding="utf-8").splitlines()[0] in SCRIPT_SOURCE, file.name
+    assert script_source(script_parts(ALGORITHM_CODES, SHADOW_FLAG)) == SCRIPT_SOURCE
+
+
+def test_common_helpers_are_inlined_not_built_on_every_call() -> None:
+    code = "\n".join(line.partition("--")[0] for line in SCRIPT_SOURCE.splitlines())
+    assert not re.search(r"\b(whole|finite|failed|expire_in)\b", code)
+    assert "(type(raw) == 'table' and raw.err ~= nil)" in code

@@ -1,10 +1,15 @@
--- Helpers shared by every algorithm file (concatenated after fixed_window_fast.lua, which uses
--- none of them; evaluate.lua last).
+-- Helpers shared by every algorithm file (first in the script, before the fast path).
 --
 -- Units: every time is an integer number of MICROSECONDS since the epoch (now, period, the
 -- durations in replies); Redis TTLs are set in milliseconds, rounded UP from microseconds.
 -- Numbers go to Redis as Lua numbers: Redis writes them with %.17g, so integers below 2^53 stay
 -- exact and the two fractional values (token bucket tokens, GCRA TAT) read back bit-exact.
+--
+-- INLINED: every `local function` below is written into the script at each of its calls by
+-- flask_distlimit/engine/lua_source.py, not defined (a function in a script is a closure built
+-- again on every call: docs/bench/engine.md, "The script's own time"). One whose body is a
+-- single `return` is an expression, called with plain names only (each is read more than once);
+-- any other is a statement, called on a line of its own, its arguments bound once (`do local`).
 
 local floor = math.floor
 local ceil = math.ceil

@@ -34,8 +34,9 @@
 --   allowed (0/1; 2 = a shadow check that would deny), limit, remaining, reset_after_us,
 --   retry_after_us (0 when allowed, -1 = never: cost > limit), repaired (0/1). E.g. "1700000000000000,1,100,99,60000000,0,0".
 
-local LOADERS = {LOAD_FIXED_WINDOW, LOAD_SLIDING_WINDOW_LOG, LOAD_SLIDING_WINDOW_COUNTER,
-  LOAD_TOKEN_BUCKET, LOAD_GCRA, LOAD_CONCURRENCY}
+-- LOADERS[code]: each algorithm's loader (LOAD_<NAME>, in its file), by its code; the line is
+-- written by engine/lua_source.py from the registry's codes.
+--@@ LOADERS @@--
 local loaded = {}
 -- The reply's small fields as the strings %d writes.
 local SMALL = {[0] = '0', '1', '2'}

@@ -1,9 +1,5 @@
 -- FIXED WINDOW. Key: a hash {w = window index, n = units consumed in that window}.
 --
--- KEEP IN STEP with fixed_window_fast.lua, which decides one such check inline (the common request,
--- 15 us less per call): a change here is made there too; tests/test_script_fastpath.py compares
--- the two paths on twin keys.
---
 --   L = limit (units), P = period (us), c = cost (units), now (us since the epoch)
 --   w_now = floor(now / P); window w = max(w_now, stored w)   (a stored window ahead of the
 --           clock, after a failover to a server whose clock is behind, is kept: time is clamped)
@@ -17,69 +13,78 @@
 --                  leaves the TTL it already has, which ends at the same E (one command less)
 --   refund:      n = max(0, n - c) only while the stored window is still the current one.
 
--- A loader: the functions are built only when a request uses this algorithm.
+-- A loader: the functions are built only when a request uses this algorithm. The regions from
+-- --@read, --@decide and --@commit to --@end are also the script's fast path for one such check
+-- (engine/lua_source.py copies them into fast_path.lua's branch): blocks without a `return`,
+-- which set the locals that branch reads (see fast_path.lua).
 local function LOAD_FIXED_WINDOW()
   local FIXED_WINDOW = {}
 
-  -- (window, count, repaired, kept: 1 when the stored window is the one in use, its TTL set)
+  -- (window, count, repaired, kept: true when the stored window is the one in use, its TTL set)
   local function fw_read(key, period, now)
-    local window, count, repaired, kept = floor(now / period), 0, 0, 0
+    --@read
+    local window, count, repaired, kept = floor(now / period), 0, 0, false
     local raw = redis.pcall('HMGET', key, 'w', 'n')
-    if failed(raw) then
+    if raw.err then  -- an error (HMGET answers a table: failed(raw) is this)
       repaired = 1
       redis.call('DEL', key)
     elseif raw[1] or raw[2] then
       local w, n = tonumber(raw[1]), tonumber(raw[2])
       if whole(w) and whole(n) and w * period <= now + period then
         if w >= window then
-          window, count, kept = w, n, 1
+          window, count, kept = w, n, true
         end
       else
         repaired = 1
         redis.call('DEL', key)
       end
     end
+    --@end
     return window, count, repaired, kept
-  end
-
-  local function fw_left(limit, n)
-    if n < limit then
-      return limit - n
-    end
-    return 0
-  end
-
-  local function fw_reset(n, to_end)
-    if n > 0 then
-      return to_end
-    end
-    return 0
   end
 
   function FIXED_WINDOW.decide(key, limit, period, cost, now)
     local window, count, repaired, kept = fw_read(key, period, now)
-    local window_end = (window + 1) * period
+    --@decide
+    local to_end = (window + 1) * period - now
     local allowed = cost <= limit and count + cost <= limit
-    local after = count
-    local retry = 0
+    local after, retry = count, 0
     if allowed then
       after = count + cost
     elseif cost > limit then
       retry = -1
     else
-      retry = window_end - now
+      retry = to_end
     end
-    return {allowed and 1 or 0, fw_left(limit, after), fw_reset(after, window_end - now), retry,
-      repaired, fw_left(limit, count), fw_reset(count, window_end - now), window, after, kept}
+    -- remaining and reset_after with the request counted, and as the window stands
+    local left, reset, left_now, reset_now = 0, 0, 0, 0
+    if after < limit then
+      left = limit - after
+    end
+    if after > 0 then
+      reset = to_end
+    end
+    if count < limit then
+      left_now = limit - count
+    end
+    if count > 0 then
+      reset_now = to_end
+    end
+    --@end
+    return {allowed and 1 or 0, left, reset, retry, repaired, left_now, reset_now, window, after,
+      kept}
   end
 
   function FIXED_WINDOW.commit(key, r, limit, period, cost, now)
-    if r[10] == 1 then  -- the stored window: w stands, and so does the TTL
-      redis.call('HSET', key, 'n', r[9])
+    local window, after, kept = r[8], r[9], r[10]
+    --@commit
+    if kept then  -- the stored window: w stands, and so does the TTL
+      redis.call('HSET', key, 'n', after)
     else
-      redis.call('HSET', key, 'w', r[8], 'n', r[9])
-      expire_in(key, (r[8] + 1) * period - now)
+      redis.call('HSET', key, 'w', window, 'n', after)
+      expire_in(key, (window + 1) * period - now)
     end
+    --@end
   end
 
   function FIXED_WINDOW.refund(key, limit, period, cost, now)

@@ -1,10 +1,6 @@
 -- SLIDING WINDOW COUNTER (Cloudflare's estimate). Key: a hash {w = window index,
 -- c = units in window w, p = units in window w - 1}.
 --
--- KEEP IN STEP with sliding_window_counter_fast.lua, which decides one such check inline (the
--- common request): a change here is made there too; tests/test_script_fastpath.py compares the
--- two paths on twin keys.
---
 --   L = limit (units), P = period (us), c = cost (units), now (us since the epoch)
 --   w_now = floor(now / P). A stored window ahead of w_now (clock went back) is kept and time is
 --   clamped to its start: t = max(now, w * P). Otherwise t = now, w = w_now, and the stored
@@ -25,14 +21,17 @@
 --   It is an estimate: it may admit a little more or less than L in a true sliding window.
 --   refund:     cur = max(0, cur - c) while the stored window is still the current one.
 
--- A loader: the functions are built only when a request uses this algorithm.
+-- A loader: the functions are built only when a request uses this algorithm. The regions from
+-- --@read, --@decide and --@commit to --@end are also the script's fast path for one such check
+-- (engine/lua_source.py copies them into fast_path.lua's branch; see fixed_window.lua).
 local function LOAD_SLIDING_WINDOW_COUNTER()
   local SLIDING_WINDOW_COUNTER = {}
 
   local function swc_read(key, period, now)
+    --@read
     local window, t, cur, prev, current, repaired = floor(now / period), now, 0, 0, false, 0
     local raw = redis.pcall('HMGET', key, 'w', 'c', 'p')
-    if failed(raw) then
+    if raw.err then  -- an error (HMGET answers a table: failed(raw) is this)
       repaired = 1
       redis.call('DEL', key)
     elseif raw[1] or raw[2] or raw[3] then
@@ -50,33 +49,15 @@ local function LOAD_SLIDING_WINDOW_COUNTER()
         redis.call('DEL', key)
       end
     end
+    --@end
     return window, t, cur, prev, current, repaired
   end
 
-  -- Would `cost` fit at `elapsed` into a window holding `cur` after one holding `prev`?
-  local function swc_fits(limit, period, prev, cur, cost, elapsed)
-    return (prev * (period - elapsed)) / period + (cur + cost) <= limit
-  end
-
-  local function swc_left(limit, weighted, cur)
-    local left = floor(limit - (weighted + cur))
-    if left < 0 then
-      return 0
-    end
-    return left
-  end
-
-  local function swc_reset(period, prev, cur, shift, elapsed)
-    if cur > 0 then
-      return shift + 2 * period - elapsed
-    elseif prev > 0 then
-      return shift + period - elapsed
-    end
-    return 0
-  end
-
+  -- Would `cost` fit at `elapsed` into a window holding `cur` after one holding `prev`? That is
+  -- (prev * (period - elapsed)) / period + (cur + cost) <= limit, written out where it is asked.
   function SLIDING_WINDOW_COUNTER.decide(key, limit, period, cost, now)
     local window, t, cur, prev, current, repaired = swc_read(key, period, now)
+    --@decide
     local elapsed = t - window * period
     local shift = t - now
     local weighted = (prev * (period - elapsed)) / period
@@ -93,14 +74,15 @@ local function LOAD_SLIDING_WINDOW_COUNTER()
         d = 1
       end
       for _ = 1, 3 do
-        if d > 1 and swc_fits(limit, period, prev, cur, cost, elapsed + d - 1) then
+        if d > 1 and (prev * (period - (elapsed + d - 1))) / period + (cur + cost) <= limit then
           d = d - 1
         else
           break
         end
       end
       for _ = 1, 3 do
-        if d >= period - elapsed or swc_fits(limit, period, prev, cur, cost, elapsed + d) then
+        if d >= period - elapsed
+            or (prev * (period - (elapsed + d))) / period + (cur + cost) <= limit then
           break
         end
         d = d + 1
@@ -113,34 +95,54 @@ local function LOAD_SLIDING_WINDOW_COUNTER()
         e = 0
       end
       for _ = 1, 3 do
-        if e > 0 and swc_fits(limit, period, cur, 0, cost, e - 1) then
+        if e > 0 and (cur * (period - (e - 1))) / period + (0 + cost) <= limit then
           e = e - 1
         else
           break
         end
       end
       for _ = 1, 3 do
-        if e >= period or swc_fits(limit, period, cur, 0, cost, e) then
+        if e >= period or (cur * (period - e)) / period + (0 + cost) <= limit then
           break
         end
         e = e + 1
       end
       retry = shift + (period - elapsed) + e
     end
-    return {allowed and 1 or 0, swc_left(limit, weighted, after),
-      swc_reset(period, prev, after, shift, elapsed), retry, repaired,
-      swc_left(limit, weighted, cur), swc_reset(period, prev, cur, shift, elapsed),
-      window, after, prev, current}
+    -- remaining and reset_after with the request counted (cur' = after), and as the key stands
+    local left, left_now = floor(limit - (weighted + after)), floor(limit - (weighted + cur))
+    if left < 0 then
+      left = 0
+    end
+    if left_now < 0 then
+      left_now = 0
+    end
+    local reset, reset_now = 0, 0
+    if after > 0 then
+      reset = shift + 2 * period - elapsed
+    elseif prev > 0 then
+      reset = shift + period - elapsed
+    end
+    if cur > 0 then
+      reset_now = shift + 2 * period - elapsed
+    elseif prev > 0 then
+      reset_now = shift + period - elapsed
+    end
+    --@end
+    return {allowed and 1 or 0, left, reset, retry, repaired, left_now, reset_now, window, after,
+      prev, current}
   end
 
   function SLIDING_WINDOW_COUNTER.commit(key, r, limit, period, cost, now)
-    local window = r[8]
-    if r[11] then  -- the stored window: w and p stand, and so does the TTL
-      redis.call('HSET', key, 'c', r[9])
+    local window, after, prev, current = r[8], r[9], r[10], r[11]
+    --@commit
+    if current then  -- the stored window: w and p stand, and so does the TTL
+      redis.call('HSET', key, 'c', after)
     else
-      redis.call('HSET', key, 'w', window, 'c', r[9], 'p', r[10])
+      redis.call('HSET', key, 'w', window, 'c', after, 'p', prev)
       expire_in(key, (window + 2) * period - now)
     end
+    --@end
   end
 
   function SLIDING_WINDOW_COUNTER.refund(key, limit, period, cost, now)

@@ -1,8 +1,5 @@
 -- SLIDING WINDOW LOG. Key: a sorted set, ONE member per admitted request of cost > 0:
 --
--- KEEP IN STEP with sliding_window_log_fast.lua, which decides one such check inline (the common request,
--- 15 us less per call): a change here is made there too; tests/test_script_fastpath.py compares
--- the two paths on twin keys.
 --   score  = the request's time (us);
 --   member = "<start>:<end>": the request's units are numbers start + 1 .. end of a running
 --            count of the units the key has admitted (end - start = its cost; start = the end
@@ -45,12 +42,18 @@
 -- a refund) and SWL_BATCH + 1 read, one written (bench/bench_script_time.py measures it).
 
 -- The most members one call removes from one key (pruning; again in a refund), and reads to find
--- a retry time. Also in flask_distlimit/engine/twins.py: the twin does exactly as much.
+-- a retry time. Also in flask_distlimit/engine/sliding_window_log.py: the twin does exactly as much.
+--@setup
 local SWL_BATCH = 4
+--@end
 
--- A loader: the functions are built only when a request uses this algorithm.
+-- A loader: the functions are built only when a request uses this algorithm. The regions from
+-- --@setup, --@read, --@decide and --@commit to --@end are also the script's fast path for one
+-- such check (engine/lua_source.py copies them into fast_path.lua's branch; see
+-- fixed_window.lua).
 local function LOAD_SLIDING_WINDOW_LOG()
   local SLIDING_WINDOW_LOG = {}
+  --@setup
   local match = string.match
 
   -- A member's (start, end), or nil for anything but "<start>:<end>" with start < end < 2^53.
@@ -63,73 +66,62 @@ local function LOAD_SLIDING_WINDOW_LOG()
       return nil
     end
     local s, e = tonumber(a), tonumber(b)
-    if whole(s) and whole(e) and s < e then
+    if s < MAX_EXACT and e < MAX_EXACT and s < e then  -- digits: whole(s) and whole(e) are this
       return s, e
     end
     return nil
   end
-
-  -- retry_after of a denied request: when the oldest live member whose end reaches goal expires,
-  -- looked for among the SWL_BATCH oldest live members (from rank `oldest`); if they do not reach
-  -- goal, when the last of them expires: no earlier can the request pass. Ends grow with rank; a
-  -- member that does not read ends the search.
-  local function swl_retry(key, oldest, goal, period, now)
-    local block = redis.call('ZRANGE', key, oldest, oldest + SWL_BATCH - 1, 'WITHSCORES')
-    local score
-    for i = 1, #block, 2 do
-      score = tonumber(block[i + 1])
-      local _, e = swl_span(block[i])
-      if e == nil or e >= goal then
-        break
-      end
-    end
-    return score + period - now
-  end
+  --@end
 
   -- The key's state after pruning: (k, newest score or nil, end(newest) (0 when empty), base,
   -- rank of the oldest live member, repaired 0/1).
   local function swl_read(key, limit, period, now)
+    --@read
+    local count, newest, last, base, oldest, repaired = 0, nil, 0, 0, 0, 0
     local cut = now - period
     local expired = redis.pcall('ZCOUNT', key, '-inf', cut)
     if failed(expired) then
       redis.call('UNLINK', key)
-      return 0, nil, 0, 0, 0, 1
-    end
-    if expired > 0 then
-      local drop = expired
-      if drop > SWL_BATCH then
-        drop = SWL_BATCH
+      repaired = 1
+    else
+      if expired > 0 then
+        local drop = expired
+        if drop > SWL_BATCH then
+          drop = SWL_BATCH
+        end
+        redis.call('ZREMRANGEBYRANK', key, 0, drop - 1)
+        expired = expired - drop
       end
-      redis.call('ZREMRANGEBYRANK', key, 0, drop - 1)
-      expired = expired - drop
+      local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      if top[1] ~= nil then
+        local score = tonumber(top[2])
+        local _, top_end = swl_span(top[1])
+        if not (top_end and whole(score) and score <= now + period + limit) then
+          redis.call('UNLINK', key)
+          repaired = 1
+        elseif score <= cut then  -- nothing live, only expired members still to remove: afresh
+          redis.call('UNLINK', key)
+        else
+          local start, first_end = swl_span(redis.call('ZRANGE', key, expired, expired)[1])
+          if not (start and first_end <= top_end) then
+            redis.call('UNLINK', key)
+            repaired = 1
+          else
+            if top_end - start > limit then
+              start = top_end - limit
+            end
+            count, newest, last, base, oldest = top_end - start, score, top_end, start, expired
+          end
+        end
+      end
     end
-    local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    if top[1] == nil then
-      return 0, nil, 0, 0, 0, 0
-    end
-    local newest = tonumber(top[2])
-    local _, last = swl_span(top[1])
-    if not (last and whole(newest) and newest <= now + period + limit) then
-      redis.call('UNLINK', key)
-      return 0, nil, 0, 0, 0, 1
-    end
-    if newest <= cut then  -- nothing live, only expired members still to remove: start afresh
-      redis.call('UNLINK', key)
-      return 0, nil, 0, 0, 0, 0
-    end
-    local base, first_end = swl_span(redis.call('ZRANGE', key, expired, expired)[1])
-    if not (base and first_end <= last) then
-      redis.call('UNLINK', key)
-      return 0, nil, 0, 0, 0, 1
-    end
-    if last - base > limit then
-      base = last - limit
-    end
-    return last - base, newest, last, base, expired, 0
+    --@end
+    return count, newest, last, base, oldest, repaired
   end
 
   function SLIDING_WINDOW_LOG.decide(key, limit, period, cost, now)
     local count, newest, last, base, oldest, repaired = swl_read(key, limit, period, now)
+    --@decide
     local first = now
     if newest and newest >= now then
       first = newest + 1
@@ -143,23 +135,39 @@ local function LOAD_SLIDING_WINDOW_LOG()
     elseif cost > limit then
       retry = -1
     else
-      retry = swl_retry(key, oldest, base + count + cost - limit, period, now)
+      -- when the oldest live member whose end reaches the goal expires, looked for among the
+      -- SWL_BATCH oldest live members (from rank `oldest`); if they do not reach the goal, when
+      -- the last of them expires: no earlier can the request pass. Ends grow with rank; a member
+      -- that does not read ends the search.
+      local goal = base + count + cost - limit
+      local block = redis.call('ZRANGE', key, oldest, oldest + SWL_BATCH - 1, 'WITHSCORES')
+      local score
+      for i = 1, #block, 2 do
+        score = tonumber(block[i + 1])
+        local _, e = swl_span(block[i])
+        if e == nil or e >= goal then
+          break
+        end
+      end
+      retry = score + period - now
     end
-    local reset, reset_now = 0, 0
+    local left, reset, left_now, reset_now = limit - after, 0, limit - count, 0
     if after > 0 then
       reset = latest + period - now
     end
     if count > 0 then
       reset_now = newest + period - now
     end
-    return {allowed and 1 or 0, limit - after, reset, retry, repaired, limit - count, reset_now,
-      first, last}
+    --@end
+    return {allowed and 1 or 0, left, reset, retry, repaired, left_now, reset_now, first, last}
   end
 
   function SLIDING_WINDOW_LOG.commit(key, r, limit, period, cost, now)
     local first, last = r[8], r[9]
+    --@commit
     redis.call('ZADD', key, first, string.format('%d:%d', last, last + cost))
     expire_in(key, first + period - now)
+    --@end
   end
 
   -- Refund: reads only the SWL_BATCH + 1 newest members (no pruning: the evaluation that
