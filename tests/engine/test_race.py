@@ -69,6 +69,7 @@ def _race(pool: Any, port: int, checks: list[Check], per_thread: int) -> int:
     return sum(pool.starmap(_hammer, jobs, chunksize=1))
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 @pytest.mark.parametrize("algorithm", sorted(EXACT_ALGORITHMS))
 def test_exactly_the_limit_is_admitted(
@@ -80,6 +81,7 @@ def test_exactly_the_limit_is_admitted(
     assert RedisStorage(redis_client).evaluate([check]).decisions[0].remaining == 0
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 def test_three_limits_all_or_nothing_under_contention(
     pool: Any, redis_server: RedisProcess, redis_client: redis.Redis

@@ -96,6 +96,7 @@ def _steps(
     return steps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", [a for a in ALGORITHM_CODES if a != "concurrency"])
 @pytest.mark.parametrize("shadow", [False, True])
 def test_one_check_decides_as_the_general_path(

@@ -196,6 +196,7 @@ def test_a_denying_group_refunds_the_groups_that_consumed(
     assert [d.remaining for d in peek.decisions] == [3, 0, 8]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "algorithm", ["fixed_window", "sliding_window_log", "token_bucket", "gcra"]
 )
