@@ -1,3 +1,7 @@
-"""One request's path: the gate that decides every limit of a request in one storage call, the
-response headers, charging after the response, and the request's limits in hand.
+"""One request's path, in the order a request meets its modules: ``enforcement`` (the app's
+request path, wiring the rest), ``gate`` (where Flask calls the view), ``plans`` (a route's
+limits, bound once), ``data`` (the request's record), ``checks`` (one check per limit),
+``decide`` (the deny cache, a lease, or one storage call), ``refuse`` (429 and 503), ``after``
+(``after_request``: ``deduction``'s charges, ``headers``, telemetry); ``current_limits`` is the
+request's limits in hand.
 """

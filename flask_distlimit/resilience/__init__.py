@@ -1,3 +1,6 @@
-"""Calm when the storage is sick: circuit breakers (one per node), the guard every storage call goes
-through, the local fallback and its divisor (live instances), and quota leasing.
+"""Calm when the storage is sick: circuit breakers (``breaker``, one per node: ``breakers``), the
+guard every storage call goes through (``guard``, on ``guard_core``; a Cluster's groups:
+``routing``; calls beside a request's: ``side_calls``; its log and health: ``storage_log``,
+``guard_health``), the local fallback (``fallback``, ``node_fallbacks``, ``last_known``) and its
+divisor (``instances``), and quota leasing (``lease``, ``leases``, ``holdings``).
 """
