@@ -103,7 +103,7 @@ import redis  # noqa: E402
 
 from bench.bench_failure import write  # noqa: E402
 from bench.fault_proxy import FaultProxy  # noqa: E402
-from tests.extension.test_gunicorn import Gunicorn, launch  # noqa: E402
+from tests.gunicorn_servers import Gunicorn, launch  # noqa: E402
 from tests.servers import ClusterServers, RedisProcess, start_cluster, start_redis  # noqa: E402
 
 POLICIES = ("open", "closed", "local")

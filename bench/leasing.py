@@ -131,7 +131,7 @@ class Gunicorn:
 def run_gunicorn(rounds: int, seconds: float, limit: str, tight: str, seed: int = 5) -> Gunicorn:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install -y wrk")
-    from tests.extension.test_gunicorn import launch, wait_ready
+    from tests.gunicorn_servers import launch, wait_ready
     from tests.servers import start_redis
 
     redis_server = start_redis()

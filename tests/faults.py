@@ -1,11 +1,14 @@
 """Load and measurement helpers of the fault-injection tests (tests/resilience/test_faults*.py) and
 of bench/bench_failure.py: a few threads calling one request function in a loop, timestamped; and
 :class:`FailingStorage`, a storage that fails the calls a test picks
-(tests/defences/test_fleet_bound.py)."""
+(tests/defences/test_fleet_bound.py); and :class:`DelayingProxy`, a TCP proxy that holds every
+reply for a while (tests/storage/test_deadline.py, tests/storage/test_pipeline.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -213,3 +216,57 @@ def cut_under_the_request(admin: redis.Redis) -> threading.Thread:
     thread = threading.Thread(target=cut)
     thread.start()
     return thread
+
+
+class DelayingProxy:
+    """A TCP proxy to ``port`` that forwards requests at once and each reply after ``delay``."""
+
+    def __init__(self, port: int, delay: float) -> None:
+        self.target = ("127.0.0.1", port)
+        self.delay = delay
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sockets: list[socket.socket] = [self.listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            self.sockets += [client, server]
+            threading.Thread(target=self._pipe, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, True), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, replies: bool) -> None:
+        try:
+            while data := source.recv(65536):
+                if replies:
+                    time.sleep(self.delay)  # read now: a test may change it on a live connection
+                    data += _more(source)  # what came meanwhile: delayed once, not again
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+
+
+def _more(source: socket.socket) -> bytes:
+    """What ``source`` holds now, without waiting."""
+    source.setblocking(False)
+    data = b""
+    try:
+        while more := source.recv(65536):
+            data += more
+    except BlockingIOError:
+        pass
+    finally:
+        source.setblocking(True)
+    return data

@@ -380,6 +380,27 @@ class ClusterServers:
         _stop_all(self.nodes)
 
 
+def tags_on_distinct_primaries(cluster: ClusterServers, count: int) -> list[str]:
+    """Hash tags whose slots are served by ``count`` different primaries."""
+    found: dict[int, str] = {}
+    for n in range(1000):
+        tag = f"client-{n}"
+        port = cluster.primary_for(f"{{{tag}}}").port
+        found.setdefault(port, tag)
+        if len(found) == count:
+            return list(found.values())
+    raise AssertionError("could not spread tags over the primaries")
+
+
+def node_name(cluster: ClusterServers, key: str) -> str:
+    """The breaker's name of the primary serving ``key`` (from the cluster, not the guard)."""
+    return f"127.0.0.1:{cluster.primary_for(key).port}"
+
+
+def primaries(cluster: ClusterServers) -> list[str]:
+    return [f"127.0.0.1:{p.port}" for p in cluster.primary_nodes()]
+
+
 def start_cluster(
     primaries: int = 3,
     replicas: int = 1,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.extension.test_gunicorn import Gunicorn, launch, wait_ready
+from tests.gunicorn_servers import Gunicorn, launch, wait_ready
 from tests.servers import RedisProcess
 
 pytestmark = [pytest.mark.gunicorn, pytest.mark.redis]

@@ -19,49 +19,28 @@ gthread, and gevent (``-k gevent --worker-connections 1000``) when it is install
 
 from __future__ import annotations
 
-import contextlib
 import http.client
+import itertools
 import json
 import os
-import signal
 import socket
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.servers import RedisProcess, free_port, gunicorn_command
+from tests.gunicorn_servers import Gunicorn, launch, wait_ready
+from tests.servers import RedisProcess
 
 pytestmark = [pytest.mark.gunicorn, pytest.mark.redis, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKERS = [
     pytest.param(("--worker-class", "gthread", "--threads", "4"), id="gthread"),
     # gevent comes with the [test] extra: without it this cell fails, it never skips.
     pytest.param(("--worker-class", "gevent", "--worker-connections", "1000"), id="gevent"),
 ]
-
-
-@dataclass
-class Server:
-    port: int
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
 
 
 def _until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
@@ -73,44 +52,23 @@ def _until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> N
 
 
 @pytest.fixture(params=WORKERS)
-def server(request: pytest.FixtureRequest, redis_server: RedisProcess) -> Iterator[Server]:
+def server(request: pytest.FixtureRequest, redis_server: RedisProcess) -> Iterator[Gunicorn]:
     worker: tuple[str, ...] = request.param
-    port = free_port()
     with tempfile.TemporaryDirectory(prefix="distlimit-lifecycle-") as logdir:
-        log = Path(logdir) / "gunicorn.log"
         env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
             "DISTLIMIT_STORAGE_URL": redis_server.url,
-            "LIFECYCLE_TEST_PREFIX": f"lc-{os.getpid()}-{port}",
+            "LIFECYCLE_TEST_PREFIX": f"lc-{os.getpid()}-{next(_prefixes)}",
         }
-        cmd = gunicorn_command(
-            "--bind", f"127.0.0.1:{port}",
-            "--workers", "1",
-            *worker,
-            "--graceful-timeout", "5",
-            "--log-level", "warning",
-            "tests.apps.lifecycle_app:app",
-        )  # fmt: skip
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        running = Server(port, proc, log)
+        workers = ("--workers", "1", *worker)
+        running = launch("tests.apps.lifecycle_app:app", env, Path(logdir), workers)
         try:
-
-            def ready() -> bool:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"gunicorn exited at start:\n{log.read_text()[-3000:]}")
-                try:
-                    return _call(port, "GET", "/exempt")[0] == 200
-                except OSError:
-                    return False
-
-            _until(ready, "gunicorn to answer")
+            wait_ready(running, path="/exempt")
             yield running
         finally:
             running.stop()
+
+
+_prefixes = itertools.count()
 
 
 def _call(
@@ -178,7 +136,7 @@ CELLS = [
 
 
 def test_every_response_gives_back_what_it_took_and_is_charged_as_documented(
-    server: Server,
+    server: Gunicorn,
 ) -> None:
     port = server.port
     before = _debug(port)

@@ -7,51 +7,27 @@ other request is a 429, and there is no 5xx. Rotating a forged ``X-Forwarded-For
 
 from __future__ import annotations
 
-import contextlib
-import http.client
 import os
-import signal
-import subprocess
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import redis
 
 from tests.conftest import assert_every_key_has_ttl
-from tests.servers import RedisProcess, free_port, gunicorn_command
+from tests.gunicorn_servers import Gunicorn, launch, request, wait_ready
+from tests.servers import RedisProcess
 
 pytestmark = [pytest.mark.gunicorn, pytest.mark.redis]
 
-ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 20  # N of every limited route
 REQUESTS = 3 * LIMIT  # per route: N pass, 2N are refused
 CLIENT_THREADS = 16
 #: The exact algorithms, as routed by ``tests/apps/gunicorn_app.py``.
 ALGORITHMS = ("fixed_window", "sliding_window_log", "token_bucket", "gcra")
-
-
-@dataclass
-class Gunicorn:
-    port: int
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)  # master and workers: one group
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
 
 
 def start_gunicorn(storage_url: str, prefix: str, logdir: Path) -> Gunicorn:
@@ -64,63 +40,6 @@ def start_gunicorn(storage_url: str, prefix: str, logdir: Path) -> Gunicorn:
         },
         logdir,
     )
-
-
-def launch(app: str, env: dict[str, str], logdir: Path) -> Gunicorn:
-    """gunicorn serving ``app`` (3 gthread workers x 4 threads, on a free port), with ``env``
-    added to this process's environment and this checkout on its PYTHONPATH."""
-    port = free_port()
-    log = logdir / f"gunicorn-{port}.log"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        **env,
-    }
-    cmd = gunicorn_command(
-        "--bind", f"127.0.0.1:{port}",
-        "--workers", "3",
-        "--worker-class", "gthread",
-        "--threads", "4",
-        "--graceful-timeout", "5",
-        "--log-level", "warning",
-        app,
-    )  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    return Gunicorn(port, proc, log)
-
-
-def request(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
-    """(status, body) of one GET; a degraded answer (storage outage) fails the test."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        conn.request("GET", path, headers=headers or {})
-        response = conn.getresponse()
-        body = response.read().decode()
-        assert response.getheader("X-RateLimit-Degraded") is None, (response.status, body)
-        return response.status, body
-    finally:
-        conn.close()
-
-
-def wait_ready(server: Gunicorn, timeout: float = 30.0) -> None:
-    """Until the instance answers ``/health`` (an exempt route)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"gunicorn exited at start:\n{server.log.read_text()[-3000:]}")
-        try:
-            if request(server.port, "/health")[0] == 200:
-                return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(
-                f"gunicorn did not answer in time:\n{server.log.read_text()[-3000:]}"
-            )
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ worker at 320 connections admitted about three times its limit and opened the br
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import tempfile
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.extension.test_gunicorn import ROOT, Gunicorn, wait_ready
+from tests.gunicorn_servers import ROOT, Gunicorn, launch, wait_ready
 from tests.servers import RedisProcess
 
 pytestmark = [pytest.mark.gunicorn, pytest.mark.redis, pytest.mark.slow]
@@ -55,30 +54,13 @@ DEPLOYMENTS = {
 
 
 def serve(deployment: Deployment, storage_url: str, prefix: str, logdir: Path) -> Gunicorn:
-    from tests.servers import free_port, gunicorn_command
-
-    port = free_port()
-    log = logdir / f"gunicorn-{port}.log"
     env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         "DISTLIMIT_STORAGE_URL": storage_url,
         "LOAD_TEST_LIMIT": str(LIMIT),
         "LOAD_TEST_PREFIX": prefix,
         **dict(deployment.env),
     }
-    cmd = gunicorn_command(
-        "--bind", f"127.0.0.1:{port}",
-        *deployment.args,
-        "--graceful-timeout", "5",
-        "--log-level", "warning",
-        "tests.apps.load_app:app",
-    )  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    return Gunicorn(port, proc, log)
+    return launch("tests.apps.load_app:app", env, logdir, deployment.args)
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,7 @@ from flask_distlimit.testing import CountingStorage
 from tests.distlimit_fixtures import QUIET
 from tests.faults import kind_of
 from tests.guard_helpers import FakeClock
-from tests.servers import ClusterServers
-from tests.storage.test_cluster_storage import tags_on_distinct_primaries
+from tests.servers import ClusterServers, node_name, primaries, tags_on_distinct_primaries
 
 pytestmark = [pytest.mark.redis, pytest.mark.cluster, pytest.mark.slow]
 
@@ -182,15 +181,6 @@ class Counted(CountingStorage):
     def shared_value(self, key: str, candidate: str, ttl: int) -> str:
         self.shared_reads += 1
         return super().shared_value(key, candidate, ttl)
-
-
-def node_name(cluster: ClusterServers, key: str) -> str:
-    """The breaker's name of the primary serving ``key`` (from the cluster, not the guard)."""
-    return f"127.0.0.1:{cluster.primary_for(key).port}"
-
-
-def primaries(cluster: ClusterServers) -> list[str]:
-    return [f"127.0.0.1:{p.port}" for p in cluster.primary_nodes()]
 
 
 def concurrency_app(

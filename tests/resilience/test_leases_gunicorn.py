@@ -22,7 +22,7 @@ import pytest
 import redis
 
 from flask_distlimit.declare.lease_options import auto_cap
-from tests.extension.test_gunicorn import ROOT, Gunicorn, launch, wait_ready
+from tests.gunicorn_servers import ROOT, Gunicorn, launch, wait_ready
 from tests.servers import RedisProcess
 
 pytestmark = [pytest.mark.gunicorn, pytest.mark.redis]

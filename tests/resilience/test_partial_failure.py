@@ -28,8 +28,7 @@ from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.storage.urls import from_url
 from tests.faults import FailingStorage
 from tests.guard_helpers import FakeClock
-from tests.servers import ClusterServers, RedisProcess, start_redis
-from tests.storage.test_cluster_storage import tags_on_distinct_primaries
+from tests.servers import ClusterServers, RedisProcess, start_redis, tags_on_distinct_primaries
 
 pytestmark = pytest.mark.redis
 

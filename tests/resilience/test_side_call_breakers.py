@@ -26,8 +26,7 @@ from flask_distlimit.storage import from_url
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.testing import CountingStorage
 from tests.distlimit_fixtures import QUIET
-from tests.resilience.test_cluster_breakers import node_name, primaries
-from tests.servers import ClusterServers, RedisProcess, start_redis
+from tests.servers import ClusterServers, RedisProcess, node_name, primaries, start_redis
 
 pytestmark = [pytest.mark.redis]
 

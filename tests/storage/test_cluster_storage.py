@@ -23,22 +23,10 @@ from flask_distlimit.storage.cluster import ClusterStorage
 from flask_distlimit.storage.cluster_nodes import slot_of
 from flask_distlimit.storage.heartbeat import Fleet
 from tests.faults import cut_under_the_request
-from tests.servers import ClusterServers
+from tests.servers import ClusterServers, tags_on_distinct_primaries
 from tests.vectors import T0, VECTORS, Vector
 
 pytestmark = [pytest.mark.redis, pytest.mark.cluster]
-
-
-def tags_on_distinct_primaries(cluster: ClusterServers, count: int) -> list[str]:
-    """Hash tags whose slots are served by ``count`` different primaries."""
-    found: dict[int, str] = {}
-    for n in range(1000):
-        tag = f"client-{n}"
-        port = cluster.primary_for(f"{{{tag}}}").port
-        found.setdefault(port, tag)
-        if len(found) == count:
-            return list(found.values())
-    raise AssertionError("could not spread tags over the primaries")
 
 
 @pytest.fixture

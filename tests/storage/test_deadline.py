@@ -12,7 +12,6 @@ being tight. The retry tests count what Redis ran.
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from flask_distlimit.engine.scripts import SCRIPT_SOURCE
 from flask_distlimit.errors import StorageReplyLost, StorageUnavailable
 from flask_distlimit.storage.pool import NoConnectionAvailable
 from flask_distlimit.storage.redis import RedisStorage
+from tests.faults import DelayingProxy
 from tests.servers import RedisProcess
 
 pytestmark = pytest.mark.redis
@@ -37,60 +37,6 @@ pytestmark = pytest.mark.redis
 ONE = [Check("t:{alice}:per-ip:fixed_window", "fixed_window", 5, 365 * 86400)]
 TIMEOUT = 0.5
 DELAY = 0.3  # one delayed reply fits in TIMEOUT, two do not
-
-
-class DelayingProxy:
-    """A TCP proxy to ``port`` that forwards requests at once and each reply after ``delay``."""
-
-    def __init__(self, port: int, delay: float) -> None:
-        self.target = ("127.0.0.1", port)
-        self.delay = delay
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.sockets: list[socket.socket] = [self.listener]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.target)
-            self.sockets += [client, server]
-            threading.Thread(target=self._pipe, args=(client, server, False), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(server, client, True), daemon=True).start()
-
-    def _pipe(self, source: socket.socket, sink: socket.socket, replies: bool) -> None:
-        try:
-            while data := source.recv(65536):
-                if replies:
-                    time.sleep(self.delay)  # read now: a test may change it on a live connection
-                    data += _more(source)  # what came meanwhile: delayed once, not again
-                sink.sendall(data)
-        except OSError:
-            pass
-        for sock in (source, sink):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        for sock in self.sockets:
-            sock.close()
-
-
-def _more(source: socket.socket) -> bytes:
-    """What ``source`` holds now, without waiting."""
-    source.setblocking(False)
-    data = b""
-    try:
-        while more := source.recv(65536):
-            data += more
-    except BlockingIOError:
-        pass
-    finally:
-        source.setblocking(True)
-    return data
 
 
 @pytest.fixture

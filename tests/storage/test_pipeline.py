@@ -18,8 +18,8 @@ from flask_distlimit.storage.cluster import ClusterStorage
 from flask_distlimit.storage.pipeline import Pipeline
 from flask_distlimit.storage.pool import DeadlinePool, NoConnectionAvailable
 from flask_distlimit.storage.redis import RedisStorage
+from tests.faults import DelayingProxy
 from tests.servers import ClusterServers, RedisProcess
-from tests.storage.test_deadline import DelayingProxy
 
 pytestmark = pytest.mark.redis
 

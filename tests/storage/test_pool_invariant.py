@@ -26,8 +26,7 @@ from flask_distlimit.storage.cluster import ClusterStorage
 from flask_distlimit.storage.cluster_nodes import slot_of
 from flask_distlimit.storage.pool import DeadlinePool
 from flask_distlimit.storage.redis import RedisStorage
-from tests.servers import ClusterServers, RedisProcess
-from tests.storage.test_cluster_storage import tags_on_distinct_primaries
+from tests.servers import ClusterServers, RedisProcess, tags_on_distinct_primaries
 
 pytestmark = pytest.mark.redis
 
