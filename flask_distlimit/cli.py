@@ -30,8 +30,9 @@ in one line (``error: ...``), without a traceback, and exits with status 1; ``in
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import click
 from flask import current_app
@@ -52,6 +53,13 @@ distlimit_cli = AppGroup(
     "distlimit",
     help="Inspect and reset Flask-DistLimit rate limits (status, limits, inspect, reset).",
 )
+_Command = TypeVar("_Command", bound=Callable[..., None])
+
+
+def _command(name: str) -> Callable[[_Command], click.Command]:
+    """``distlimit_cli.command(name)``, typed: Flask 2.2 leaves ``AppGroup.command`` unannotated."""
+    decorator: Callable[[_Command], click.Command] = distlimit_cli.command(name)
+    return decorator
 
 
 def _state() -> LimiterState:
@@ -132,7 +140,7 @@ def _loaded_text(loaded: object) -> str:
 # -- status ------------------------------------------------------------------------------------
 
 
-@distlimit_cli.command("status")
+@_command("status")
 @click.option("--json", "as_json", is_flag=True, help="Print the health report as JSON.")
 def status(as_json: bool) -> None:
     """Storage, latency, breaker and scripts.
@@ -257,7 +265,7 @@ def _scan(state: LimiterState, identity: str) -> set[str]:
         raise click.ClickException(f"The storage did not answer: {exc}") from None
 
 
-@distlimit_cli.command("inspect")
+@_command("inspect")
 @_identity_options
 @click.option("--all", "show_all", is_flag=True, help="Also list limits the client has not used.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
@@ -326,7 +334,7 @@ def _select(rows: Sequence[tuple[str, Check]], wanted: Sequence[str]) -> set[str
     return keys
 
 
-@distlimit_cli.command("reset")
+@_command("reset")
 @_identity_options
 @click.option(
     "--limit",
@@ -432,7 +440,7 @@ def _limit_rows(state: LimiterState) -> list[dict[str, object]]:
     return rows
 
 
-@distlimit_cli.command("limits")
+@_command("limits")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def limits(as_json: bool) -> None:
     """Every endpoint with its limits (like 'flask routes').

@@ -144,7 +144,7 @@ class IdentityTags:
                 "evict it (maxmemory-policy noeviction, or volatile-*; never allkeys-*): if it "
                 "is lost, processes key each client two ways for up to %.0f s. Set SECRET_KEY "
                 "(or DISTLIMIT_API_KEY_SECRET), the same in every process, to derive the key "
-                "from it instead (docs/identity.md, \"Keyed digests\").",
+                'from it instead (docs/identity.md, "Keyed digests").',
                 self.storage_key,
                 REFRESH_INTERVAL,
             )

@@ -1,2 +1,1 @@
-"""Operator tools: resetting and listing limits, porting from Flask-Limiter, and who serves the app.
-"""
+"""Operator tools: resetting and listing limits, porting from Flask-Limiter, who serves the app."""

@@ -130,7 +130,7 @@ def client_retries(client: redis.Redis | RedisCluster) -> list[str]:
             count = _retries(client.retry)
             if count != 0:
                 found.append(f"retry={_described(count)} (the whole command's retries)")
-        nodes = client.get_nodes()  # type: ignore[no-untyped-call]
+        nodes = client.get_nodes()
         if nodes:  # every node's connections are made alike: the first tells
             node_client = client.get_redis_connection(nodes[0])
             found += [f"{s} (its nodes' connections)" for s in client_retries(node_client)]

@@ -33,7 +33,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import redis
 from redis import exceptions as rx
@@ -112,7 +112,7 @@ def rounds(
     by_node: dict[str, list[tuple[int, ClusterNode]]] = {}
     for n, part in enumerate(parts):
         try:
-            node = client.get_node_from_key(part[0].key)  # type: ignore[no-untyped-call]
+            node = client.get_node_from_key(part[0].key)
         except REDIS_FAILURES as exc:
             results[n] = failed(exc, None, None)
             continue
@@ -247,14 +247,16 @@ class ClusterNodes(RedisSideCalls):
             first_host = f"[{first_host}]"
         # A URL (not host=) makes RedisCluster build each node's pool from
         # connection_pool_class, so the pool wait is bounded by the timeout too.
-        return RedisCluster(
+        # cast: redis-py 5.0 declares RedisCluster abstract (connection_pool), which it is not
+        cluster: RedisCluster = cast(Any, RedisCluster)(
             url=f"redis://{first_host}:{first_port}",
-            startup_nodes=[ClusterNode(h, p) for h, p in others],  # type: ignore[no-untyped-call]
+            startup_nodes=[ClusterNode(h, p) for h, p in others],
             retry=Retry(NoBackoff(), 0),
             connection_pool_class=_bounded_wait_pool(self.timeout),
             max_connections=self._max_connections,
             **{**HANDSHAKE_FREE, **self._connection, **options, "timeout": self.timeout},
         )
+        return cluster
 
     @property
     def client(self) -> RedisCluster:
@@ -279,7 +281,7 @@ class ClusterNodes(RedisSideCalls):
     def _primary_of(self, key: str) -> str | None:
         """The name (``host:port``) of the primary that serves ``key`` in the cached topology."""
         try:
-            node = self.client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+            node = self.client.get_node_from_key(key)
         except REDIS_FAILURES:
             return None
         except (StorageError, LookupError):
@@ -299,7 +301,7 @@ class ClusterNodes(RedisSideCalls):
         client = self._client
         if client is not None:
             try:
-                node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+                node = client.get_node_from_key(key)
             except REDIS_FAILURES:  # e.g. SlotNotCoveredError
                 node = None
             if node is not None:
@@ -327,7 +329,7 @@ class ClusterNodes(RedisSideCalls):
         if client is None:
             return None
         try:
-            return frozenset(str(n.name) for n in client.get_primaries())  # type: ignore[no-untyped-call]
+            return frozenset(str(n.name) for n in client.get_primaries())
         except REDIS_FAILURES:
             return None
 
@@ -381,7 +383,7 @@ class ClusterNodes(RedisSideCalls):
     def scan(self, match: str) -> Iterator[str]:
         client = self.client
         try:
-            for node in client.get_primaries():  # type: ignore[no-untyped-call]
+            for node in client.get_primaries():
                 node_client = client.get_redis_connection(node)
                 for key in node_client.scan_iter(match=match, count=1000):
                     yield key.decode() if isinstance(key, bytes) else str(key)
@@ -405,7 +407,7 @@ class ClusterNodes(RedisSideCalls):
         client = self._client
         if client is None:
             return
-        for node in client.get_nodes():  # type: ignore[no-untyped-call]
+        for node in client.get_nodes():
             node_client = node.redis_connection
             if node_client is None:
                 continue

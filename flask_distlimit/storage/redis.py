@@ -67,6 +67,7 @@ copies of the sockets.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import time
 from collections.abc import Iterator, Sequence
@@ -125,9 +126,10 @@ def connection_options(timeout: float) -> dict[str, Any]:
     elif "lib_name" in _CONNECTION_PARAMETERS:
         options["lib_name"] = options["lib_version"] = None
     if "maint_notifications_config" in _CONNECTION_PARAMETERS:  # redis-py 7+
-        from redis.maint_notifications import MaintNotificationsConfig
-
-        options["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+        notifications = importlib.import_module("redis.maint_notifications")
+        options["maint_notifications_config"] = notifications.MaintNotificationsConfig(
+            enabled=False
+        )
     return options
 
 
@@ -174,7 +176,7 @@ class RedisStorage(RedisSideCalls):
                     **options,
                 )
             )
-            admin = redis.BlockingConnectionPool(  # type: ignore[no-untyped-call]
+            admin = redis.BlockingConnectionPool(
                 timeout=timeout, max_connections=max_connections, **options
             )
             client = redis.Redis(connection_pool=admin)
@@ -209,7 +211,7 @@ class RedisStorage(RedisSideCalls):
         the Sentinels name now. The admin client is redis-py's ``master_for``.
         """
         options = connection_options(timeout)
-        manager = Sentinel(  # type: ignore[no-untyped-call]
+        manager = Sentinel(
             list(sentinels),
             sentinel_kwargs={**options, **(sentinel_options or {})},
             **{**HANDSHAKE_FREE, **connection, **options},
@@ -217,9 +219,7 @@ class RedisStorage(RedisSideCalls):
         # The admin client: redis-py's own Sentinel pool, at most max_connections (it raises
         # rather than waits past them; admin commands are few). Its blocking variant cannot be
         # combined with the Sentinel pool before redis-py 7 (disconnect() differs).
-        client = manager.master_for(  # type: ignore[no-untyped-call]
-            service_name, max_connections=max_connections
-        )
+        client = manager.master_for(service_name, max_connections=max_connections)
         storage = cls(
             client,
             timeout=timeout,
@@ -236,7 +236,7 @@ class RedisStorage(RedisSideCalls):
             DeadlinePool(
                 timeout=timeout,
                 max_connections=max_connections,
-                locate=lambda: manager.discover_master(service_name),  # type: ignore[no-untyped-call]
+                locate=lambda: manager.discover_master(service_name),
                 queue_timeout=queue_timeout,
                 **{**HANDSHAKE_FREE, **master, **options},
             )

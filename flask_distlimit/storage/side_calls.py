@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable
-from typing import Final
+from typing import Any, Final, Protocol, cast
 
 import redis
 from redis.cluster import RedisCluster
@@ -46,6 +46,18 @@ __all__ = ["RedisSideCalls", "SideScripts"]
 _DELETE_CHUNK: Final = 500
 
 
+class ScriptClient(Protocol):
+    """What the side calls use of a redis-py client, typed here: redis-py's own annotations of
+    these methods differ between the releases the project supports (5.0 types a Cluster's
+    ``register_script`` for ``Redis`` only and its replies as ``Awaitable | Any``)."""
+
+    def register_script(self, script: str) -> Script: ...
+
+    def script_exists(self, *shas: str) -> Any: ...
+
+    def delete(self, *names: str) -> int: ...
+
+
 class SideScripts:
     """The limiter's scripts registered on one redis-py client (no I/O: a ``Script`` only
     hashes its source)."""
@@ -53,14 +65,14 @@ class SideScripts:
     __slots__ = ("client", "give_back", "heartbeat", "lease_records", "limit", "shared_value")
 
     def __init__(self, client: redis.Redis | RedisCluster) -> None:
-        self.client = client
+        self.client = cast(ScriptClient, client)
         #: the limit script (:mod:`flask_distlimit.engine.scripts`): its ``sha``, and the
         #: Cluster's calls through redis-py's own path
-        self.limit: Script = client.register_script(SCRIPT_SOURCE)
-        self.heartbeat: Script = client.register_script(HEARTBEAT_SOURCE)
-        self.shared_value: Script = client.register_script(SHARED_VALUE_SOURCE)
-        self.lease_records: Script = client.register_script(LEASE_RECORDS_SOURCE)
-        self.give_back: Script = client.register_script(GIVE_BACK_SOURCE)
+        self.limit = self.client.register_script(SCRIPT_SOURCE)
+        self.heartbeat = self.client.register_script(HEARTBEAT_SOURCE)
+        self.shared_value = self.client.register_script(SHARED_VALUE_SOURCE)
+        self.lease_records = self.client.register_script(LEASE_RECORDS_SOURCE)
+        self.give_back = self.client.register_script(GIVE_BACK_SOURCE)
 
 
 class RedisSideCalls(Storage):

@@ -1,2 +1,1 @@
-"""What the limiter tells the operator: Prometheus metrics and their OpenTelemetry twins.
-"""
+"""What the limiter tells the operator: Prometheus metrics and their OpenTelemetry twins."""

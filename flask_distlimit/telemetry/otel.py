@@ -140,9 +140,9 @@ class OTelMetrics:
     slots: Any
 
     def __init__(self, meter_provider: Any = None) -> None:
-        from opentelemetry import metrics as otel_metrics
+        from opentelemetry.metrics import Observation, get_meter_provider
 
-        provider = meter_provider or otel_metrics.get_meter_provider()
+        provider = meter_provider or get_meter_provider()
         meter = provider.get_meter("flask_distlimit")
         for attribute, kind, name, unit, description in _INSTRUMENTS:
             create = getattr(meter, f"create_{kind}")
@@ -156,7 +156,7 @@ class OTelMetrics:
         self._breakers: dict[str, int] = {}
         self._in_flight: int | None = None
         self._lease_units: dict[str, Callable[[str], float]] = {}
-        observation = otel_metrics.Observation
+        observation = Observation
         self._observation = observation
         meter.create_observable_gauge(
             "distlimit.breaker.state", callbacks=[self._observe_breakers],

@@ -126,8 +126,8 @@ def test_the_wheel_holds_every_package_file_and_the_right_version(built: Built) 
     assert packaged == package_files(), sorted(packaged - package_files())
     assert "flask_distlimit/py.typed" in names
     assert {n for n in names if n.startswith("flask_distlimit/engine/lua/")} == {
-        f"flask_distlimit/engine/lua/{p.name}" for p in (ROOT / "flask_distlimit" / "engine" /
-        "lua").glob("*.lua")
+        f"flask_distlimit/engine/lua/{p.name}"
+        for p in (ROOT / "flask_distlimit" / "engine" / "lua").glob("*.lua")
     }
     dist_info = f"flask_distlimit-{written_version}.dist-info"
     assert f"{dist_info}/licenses/LICENSE" in names
