@@ -9,6 +9,7 @@
     flask --app myapp distlimit reset user:42 --limit tier-pro --dry-run
     flask --app myapp distlimit inspect func:alice          # a key_func that returned "alice"
     flask --app myapp distlimit limits                      # every endpoint's limits
+    flask --app myapp distlimit limits --path /orders --method POST   # one route's
 
 An identity is the text the limiter counts a client under, its kind first: ``ip:<address>``
 (IPv6 as its /64; ``ip:invalid-via:<proxy>`` for requests whose forwarded client entry was no
@@ -32,10 +33,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import click
 from flask import current_app
 from flask.cli import AppGroup
+from werkzeug.exceptions import HTTPException
 
 from flask_distlimit.core.decision import Check, Decision
 from flask_distlimit.declare.keys import IDENTITY_KINDS, client_pattern, identity_kind
@@ -137,8 +140,9 @@ def _loaded_text(loaded: object) -> str:
 def status(as_json: bool) -> None:
     """Storage, latency, breaker and scripts.
 
-    Shows the storage URL (password masked), a PING round trip, whether the rate-limit scripts
-    are loaded, the circuit breaker and the failure settings, after a check that costs nothing
+    Shows whether limiting is enabled (DISTLIMIT_ENABLED), the storage URL (password masked),
+    a PING round trip, whether the rate-limit scripts are loaded, the circuit breaker and the
+    failure settings, after a check that costs nothing
     (a PING and an evaluation of cost 0). Exits with status 1 when the storage does not answer,
     refuses the limiter (misconfigured) or fails otherwise, with the cause on one line
     ("error: ..."), or when the breaker is not closed.
@@ -147,6 +151,7 @@ def status(as_json: bool) -> None:
     settings = state.settings
     health = state.health()
     report = {
+        "enabled": settings.enabled,
         "storage_url": mask_url(settings.storage_url),
         "key_prefix": settings.key_prefix,
         "algorithm": settings.algorithm,
@@ -158,6 +163,7 @@ def status(as_json: bool) -> None:
         latency = health.get("latency_ms")
         loaded = health.get("scripts_loaded")
         lines = [
+            ("enabled", "yes" if settings.enabled else "no (DISTLIMIT_ENABLED is False)"),
             ("storage", f"{report['storage_url']} ({health.get('storage')})"),
             ("latency", _latency_text(latency, health.get("error_type"))),
             ("error", health.get("error")),
@@ -389,7 +395,10 @@ def _notes(b: BoundLimit) -> str:
     return ", ".join(notes)
 
 
-def _limit_rows(state: LimiterState) -> list[dict[str, object]]:
+def _limit_rows(
+    state: LimiterState, endpoint: str | None, method: str | None
+) -> list[dict[str, object]]:
+    """Every limit's row, or one ``endpoint``'s and/or ``method``'s (global and tier: always)."""
     rows: list[dict[str, object]] = []
     default_policy = state.settings.failure_policy
 
@@ -415,36 +424,67 @@ def _limit_rows(state: LimiterState) -> list[dict[str, object]]:
         for b in bounds:
             row("*", "*", f"every request of tier {tier}", b)
     enforcer = state.enforcer
-    rules = sorted(current_app.url_map.iter_rules(), key=lambda r: (r.endpoint, r.rule))
+    rules = sorted(current_app.url_map.iter_rules(endpoint), key=lambda r: (r.endpoint, r.rule))
     for rule in rules:
-        endpoint = rule.endpoint
-        if is_static(endpoint):
+        if is_static(rule.endpoint):
             continue
-        view = enforcer.original_view(endpoint)
-        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
-            plan = enforcer.plan(endpoint, method, view)
+        view = enforcer.original_view(rule.endpoint)
+        for m in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            if method is not None and m != method:
+                continue
+            plan = enforcer.plan(rule.endpoint, m, view)
             if plan.exempt:
-                row(endpoint, method, rule.rule, None, limit="exempt")
+                row(rule.endpoint, m, rule.rule, None, limit="exempt")
             elif not plan.limits:
-                row(endpoint, method, rule.rule, None)
+                row(rule.endpoint, m, rule.rule, None)
             for b in plan.limits:
-                row(endpoint, method, rule.rule, b, policy=plan.policy or default_policy)
+                row(rule.endpoint, m, rule.rule, b, policy=plan.policy or default_policy)
     return rows
 
 
+def _endpoint_of(endpoint: str | None, path: str | None, method: str | None) -> str | None:
+    """The endpoint ``--endpoint`` names or ``--path`` (with ``--method``, else GET) reaches."""
+    if endpoint is not None and path is not None:
+        raise click.UsageError("Use either --endpoint or --path, not both.")
+    if endpoint is not None:
+        if endpoint not in current_app.view_functions:
+            raise click.BadParameter(
+                f"The app has no endpoint {endpoint!r} ('flask routes' lists them).",
+                param_hint="--endpoint",
+            )
+        return endpoint
+    if path is None:
+        return None
+    adapter = current_app.url_map.bind("localhost")
+    try:
+        found, _ = adapter.match(urlsplit(path).path, method=method or "GET")
+    except HTTPException as exc:  # 404, 405, or 308 (the rule ends in "/": give it so)
+        raise click.BadParameter(
+            f"{method or 'GET'} {path} reaches no view of the app ({exc.code} "
+            f"{exc.name}); 'flask routes' lists the routes.",
+            param_hint="--path",
+        ) from None
+    return str(found)
+
+
 @distlimit_cli.command("limits")
+@click.option("--endpoint", default=None, help="Only this endpoint (e.g. api.items).")
+@click.option("--path", default=None, help="Only the endpoint this path reaches (e.g. /orders/7).")
+@click.option("--method", default=None, help="Only this HTTP method (with --path: matched).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-def limits(as_json: bool) -> None:
+def limits(endpoint: str | None, path: str | None, method: str | None, as_json: bool) -> None:
     """Every endpoint with its limits (like 'flask routes').
 
     Lists, from the app's own declarations, the limits of every request (global, tier) and of
     every endpoint and method: limit name and value, kind (route, shared, blueprint or default
     limits show as route), algorithm, who is counted, the failure policy, and options
     (callable or per-tier values, deduct_when, cost, exempt_when). Exempt endpoints say so.
-    Nothing is read from the storage.
+    Nothing is read from the storage. --endpoint, --path and --method narrow the endpoints and
+    methods listed; the global and tier limits, which apply to every request, stay.
     """
     state = _state()
-    rows = _limit_rows(state)
+    method = method.upper() if method else None
+    rows = _limit_rows(state, _endpoint_of(endpoint, path, method), method)
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
         return
