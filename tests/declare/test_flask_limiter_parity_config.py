@@ -5,7 +5,7 @@ migration guide names, pinned; every refusal happens at declaration or ``init_ap
 from __future__ import annotations
 
 import pytest
-from flask import Flask
+from flask import Blueprint, Flask
 
 from flask_distlimit import Limiter
 from flask_distlimit.core.limits import Rate, parse_rates
@@ -39,3 +39,81 @@ def test_an_unreadable_default_limit_stops_init_app_instead_of_falling_back() ->
     app.config.update(DISTLIMIT_STORAGE_URL="memory://", DISTLIMIT_DEFAULT_LIMITS="2/fortnight")
     with pytest.raises(ConfigurationError, match="Unknown time unit 'fortnight'"):
         Limiter(app)
+
+
+# -- item 8: which layers of limits a route meets --------------------------------------------
+
+
+def policies(app: Flask, path: str) -> list[str]:
+    """The names of the limits a request to ``path`` was decided against."""
+    field = app.test_client().get(path).headers["RateLimit-Policy"]
+    return sorted(item.split(";")[0].strip().strip('"') for item in field.split(","))
+
+
+def nested_app(*, child_override: bool, parent_override: bool) -> Flask:
+    app = Flask(__name__)
+    app.config.update(
+        DISTLIMIT_STORAGE_URL="memory://",
+        DISTLIMIT_DEFAULT_LIMITS="100/hour",
+        DISTLIMIT_HEADERS="ietf",
+        DISTLIMIT_TIERS={"anonymous": ""},
+    )
+    limiter = Limiter(app)
+    parent, child = Blueprint("parent", __name__), Blueprint("child", __name__)
+    limiter.limit("30/hour", override_defaults=parent_override)(parent)
+    limiter.limit("20/hour", override_defaults=child_override)(child)
+
+    @child.get("/items")
+    def items() -> str:
+        return "ok"
+
+    parent.register_blueprint(child, url_prefix="/child")
+    app.register_blueprint(parent, url_prefix="/parent")
+    return app
+
+
+@pytest.mark.parametrize(
+    ("child_override", "parent_override", "applied"),
+    [
+        (True, True, ["parent.child.items:20/hour"]),
+        # as Flask-Limiter: the parent's limits join; the defaults only if the parent lets them
+        (False, True, ["parent.child.items:20/hour", "parent.child.items:30/hour"]),
+        (
+            False,
+            False,
+            [
+                "parent.child.items:100/hour",
+                "parent.child.items:20/hour",
+                "parent.child.items:30/hour",
+            ],
+        ),
+    ],
+)
+def test_a_nested_blueprint_lets_the_next_layer_in_only_when_its_limits_say_so(
+    child_override: bool, parent_override: bool, applied: list[str]
+) -> None:
+    app = nested_app(child_override=child_override, parent_override=parent_override)
+    assert policies(app, "/parent/child/items") == applied
+
+
+def test_a_limit_on_a_helper_the_view_calls_adds_to_the_routes_defaults() -> None:
+    app = Flask(__name__)
+    app.config.update(
+        DISTLIMIT_STORAGE_URL="memory://",
+        DISTLIMIT_DEFAULT_LIMITS="2/hour",
+        DISTLIMIT_TIERS={"anonymous": ""},
+    )
+    limiter = Limiter(app)
+
+    @limiter.limit("5/hour")
+    def expensive_lookup() -> str:
+        return "found"
+
+    @app.get("/lookup")
+    def lookup() -> str:
+        return expensive_lookup()
+
+    client = app.test_client()
+    # Flask-Limiter drops the route's defaults once it has seen the helper's limit (from the
+    # second request on) and admits 5; here the defaults stay: the third is refused.
+    assert [client.get("/lookup").status_code for _ in range(3)] == [200, 200, 429]
