@@ -7,10 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from flask import Flask, request
 from werkzeug.exceptions import TooManyRequests
 
 from flask_distlimit import Limiter
+from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.testing import FakeClock
 from tests.distlimit_fixtures import backend, clock, make_app
@@ -167,3 +169,65 @@ def test_remaining_is_the_admissions_figure_not_recounted_after_the_view(
     response = app.test_client().get("/report")
     assert response.status_code == 200
     assert response.headers["X-RateLimit-Remaining"] == "4"  # Flask-Limiter would say 3
+
+
+# -- item 14: default limits with options ------------------------------------------------------
+
+
+def test_a_default_limit_declared_on_the_app_takes_exempt_when_and_cost(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """``default_limits_exempt_when`` / ``default_limits_cost``, ported as a limit declared on
+    the app: its exemption lifts the default limit only, never the route's own limit (which
+    ``request_filter`` would also lift)."""
+    app, limiter = app_with(backend, clock)
+    internal = lambda: request.headers.get("X-Internal") == "1"  # noqa: E731
+    limiter.limit("4/hour", exempt_when=internal, cost=lambda: 2)(app)
+
+    @app.get("/default")
+    def default() -> str:
+        return "ok"
+
+    @app.get("/own")
+    @limiter.limit("3/hour")
+    def own() -> str:
+        return "ok"
+
+    client = app.test_client()
+    # the default costs 2: two requests spend it
+    assert [client.get("/default").status_code for _ in range(3)] == [200, 200, 429]
+    # exempt from the default limit, not from limits at all
+    assert [client.get("/default", headers={"X-Internal": "1"}).status_code] == [200]
+    # a route with limits of its own does not meet the default; exempt_when does not lift them
+    codes = [client.get("/own", headers={"X-Internal": "1"}).status_code for _ in range(4)]
+    assert codes == [200, 200, 200, 429]
+
+
+def test_a_default_limit_declared_on_the_app_can_count_only_some_responses(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """``default_limits_deduct_when``, ported as a limit declared on the app."""
+    app, limiter = app_with(backend, clock)
+    limiter.limit("2/hour", deduct_when=lambda r: r.status_code >= 400)(app)
+
+    @app.get("/item/<int:n>")
+    def item(n: int) -> tuple[str, int]:
+        return "ok", 200 if n else 404
+
+    client = app.test_client()
+    assert [client.get("/item/1").status_code for _ in range(3)] == [200, 200, 200]
+    assert [client.get("/item/0").status_code for _ in range(3)] == [404, 404, 429]
+
+
+def test_a_limit_declared_on_the_app_after_it_served_is_refused(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter = app_with(backend, clock)
+
+    @app.get("/")
+    def index() -> str:
+        return "ok"
+
+    app.test_client().get("/")
+    with pytest.raises(ConfigurationError, match=r"app .app. .* served its first request"):
+        limiter.limit("1/hour")(app)
