@@ -197,10 +197,9 @@ class Declarations:
         checked, what = check_options(kind, value, options, concurrency=concurrency)
 
         def decorator(target: Decorated) -> Decorated:
+            kind_on: LimitKind = kind
             if kind == "route" and isinstance(target, (Blueprint, Flask)):
                 kind_on = "blueprint" if isinstance(target, Blueprint) else "default"
-            else:
-                kind_on = kind
             spec = replace(checked, kind=kind_on, declared_on=describe(target))
             self.registry.check_open(target, what)
             if isinstance(target, (Blueprint, Flask)):  # an app's limits: default limits
