@@ -117,3 +117,28 @@ def test_a_limit_on_a_helper_the_view_calls_adds_to_the_routes_defaults() -> Non
     # Flask-Limiter drops the route's defaults once it has seen the helper's limit (from the
     # second request on) and admits 5; here the defaults stay: the third is refused.
     assert [client.get("/lookup").status_code for _ in range(3)] == [200, 200, 429]
+
+
+# -- item 7: what stops init_app -------------------------------------------------------------
+
+
+def test_a_second_limiter_on_one_app_stops_init_app_with_the_port() -> None:
+    app = Flask(__name__)
+    app.config.update(DISTLIMIT_STORAGE_URL="memory://")
+    Limiter(app)
+    with pytest.raises(ConfigurationError, match="already registered"):
+        Limiter(app)
+
+
+def test_a_callable_global_limit_stops_init_app() -> None:
+    app = Flask(__name__)
+    app.config.update(DISTLIMIT_STORAGE_URL="memory://", DISTLIMIT_GLOBAL_LIMITS=lambda: "1/hour")
+    with pytest.raises(ConfigurationError, match="DISTLIMIT_GLOBAL_LIMITS"):
+        Limiter(app)
+
+
+def test_a_bad_storage_url_stops_init_app_even_with_limiting_disabled() -> None:
+    app = Flask(__name__)
+    app.config.update(DISTLIMIT_STORAGE_URL="memcached://localhost", DISTLIMIT_ENABLED=False)
+    with pytest.raises(ConfigurationError, match="memcached"):
+        Limiter(app)
