@@ -23,7 +23,8 @@ and no two modules import each other, directly or through others
    request's ledger of what it holds
 10. ``request``: one request's path, from the gate before the view to the headers after it
 11. ``ops``: operator tools (admin, migration from Flask-Limiter, who serves the app)
-12. app: ``extension``, ``state``, ``config``, ``cli``, ``testing``, and this module
+12. app: ``extension``, ``state``, ``config``, ``cli`` (and ``cli_limits``), ``testing``, and
+   this module
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@
     flask --app myapp distlimit reset user:42 --limit tier-pro --dry-run
     flask --app myapp distlimit inspect func:alice          # a key_func that returned "alice"
     flask --app myapp distlimit limits                      # every endpoint's limits
+    flask --app myapp distlimit limits --path /orders --method POST   # one route's
 
 An identity is the text the limiter counts a client under, its kind first: ``ip:<address>``
 (IPv6 as its /64; ``ip:invalid-via:<proxy>`` for requests whose forwarded client entry was no
@@ -38,12 +39,11 @@ import click
 from flask import current_app
 from flask.cli import AppGroup
 
+from flask_distlimit.cli_limits import endpoint_of, limit_rows
 from flask_distlimit.core.decision import Check, Decision
 from flask_distlimit.declare.keys import IDENTITY_KINDS, client_pattern, identity_kind
-from flask_distlimit.declare.route_limits import BoundLimit
 from flask_distlimit.errors import StorageError
 from flask_distlimit.extension import Limiter, LimiterState
-from flask_distlimit.request.plans import is_static
 from flask_distlimit.resilience.holdings import Holding, read_holdings
 from flask_distlimit.storage.urls import mask_url
 
@@ -145,8 +145,9 @@ def _loaded_text(loaded: object) -> str:
 def status(as_json: bool) -> None:
     """Storage, latency, breaker and scripts.
 
-    Shows the storage URL (password masked), a PING round trip, whether the rate-limit scripts
-    are loaded, the circuit breaker and the failure settings, after a check that costs nothing
+    Shows whether limiting is enabled (DISTLIMIT_ENABLED), the storage URL (password masked),
+    a PING round trip, whether the rate-limit scripts are loaded, the circuit breaker and the
+    failure settings, after a check that costs nothing
     (a PING and an evaluation of cost 0). Exits with status 1 when the storage does not answer,
     refuses the limiter (misconfigured) or fails otherwise, with the cause on one line
     ("error: ..."), or when the breaker is not closed.
@@ -155,6 +156,7 @@ def status(as_json: bool) -> None:
     settings = state.settings
     health = state.health()
     report = {
+        "enabled": settings.enabled,
         "storage_url": mask_url(settings.storage_url),
         "key_prefix": settings.key_prefix,
         "algorithm": settings.algorithm,
@@ -166,6 +168,7 @@ def status(as_json: bool) -> None:
         latency = health.get("latency_ms")
         loaded = health.get("scripts_loaded")
         lines = [
+            ("enabled", "yes" if settings.enabled else "no (DISTLIMIT_ENABLED is False)"),
             ("storage", f"{report['storage_url']} ({health.get('storage')})"),
             ("latency", _latency_text(latency, health.get("error_type"))),
             ("error", health.get("error")),
@@ -370,89 +373,27 @@ def reset(identity: str, ip: bool, api_key: bool, limits: tuple[str, ...], dry_r
     click.echo(f"Deleted {deleted} key(s) of {who}.")
 
 
-# -- limits --------------------------------------------------------------------------------------
-
-
-def _kind(b: BoundLimit) -> str:
-    return {"g": "global", "t": "tier", "s": "shared", "r": "route"}.get(b.limit_id[:1], "route")
-
-
-def _key_kind(b: BoundLimit) -> str:
-    if b.keyed_on == "func":
-        func = b.key_func
-        return f"key_func {getattr(func, '__qualname__', func)}"
-    return "client ip" if b.keyed_on == "ip" else "identity"
-
-
-def _notes(b: BoundLimit) -> str:
-    notes: list[str] = []
-    if b.dynamic is not None:
-        notes.append("per tier" if b.dynamic.value.by_tier else "per identity (callable)")
-    if b.deduct_when is not None:
-        notes.append("deduct_when")
-    if b.cost is not None and b.cost != 1:
-        notes.append(f"cost {b.cost if isinstance(b.cost, int) else 'callable'}")
-    if b.exempt_when is not None:
-        notes.append("exempt_when")
-    return ", ".join(notes)
-
-
-def _limit_rows(state: LimiterState) -> list[dict[str, object]]:
-    rows: list[dict[str, object]] = []
-    default_policy = state.settings.failure_policy
-
-    def row(endpoint: str, methods: str, rule: str, b: BoundLimit | None, **extra: object) -> None:
-        rows.append(
-            {
-                "endpoint": endpoint,
-                "methods": methods,
-                "rule": rule,
-                "limit": b.name if b is not None else extra.get("limit", "-"),
-                "value": b.shown if b is not None else "",
-                "kind": _kind(b) if b is not None else "",
-                "algorithm": b.algorithm if b is not None else "",
-                "key": _key_kind(b) if b is not None else "",
-                "on_failure": extra.get("policy", default_policy) if b is not None else "",
-                "notes": _notes(b) if b is not None else "",
-            }
-        )
-
-    for b in state.global_limits:
-        row("*", "*", "every request", b)
-    for tier, bounds in state.tier_limits.items():
-        for b in bounds:
-            row("*", "*", f"every request of tier {tier}", b)
-    enforcer = state.enforcer
-    rules = sorted(current_app.url_map.iter_rules(), key=lambda r: (r.endpoint, r.rule))
-    for rule in rules:
-        endpoint = rule.endpoint
-        if is_static(endpoint):
-            continue
-        view = enforcer.original_view(endpoint)
-        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
-            plan = enforcer.plan(endpoint, method, view)
-            if plan.exempt:
-                row(endpoint, method, rule.rule, None, limit="exempt")
-            elif not plan.limits:
-                row(endpoint, method, rule.rule, None)
-            for b in plan.limits:
-                row(endpoint, method, rule.rule, b, policy=plan.policy or default_policy)
-    return rows
+# -- limits ------------------------------------------------------------------------------------
 
 
 @_command("limits")
+@click.option("--endpoint", default=None, help="Only this endpoint (e.g. api.items).")
+@click.option("--path", default=None, help="Only the endpoint this path reaches (e.g. /orders/7).")
+@click.option("--method", default=None, help="Only this HTTP method (with --path: matched).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-def limits(as_json: bool) -> None:
+def limits(endpoint: str | None, path: str | None, method: str | None, as_json: bool) -> None:
     """Every endpoint with its limits (like 'flask routes').
 
     Lists, from the app's own declarations, the limits of every request (global, tier) and of
     every endpoint and method: limit name and value, kind (route, shared, blueprint or default
     limits show as route), algorithm, who is counted, the failure policy, and options
     (callable or per-tier values, deduct_when, cost, exempt_when). Exempt endpoints say so.
-    Nothing is read from the storage.
+    Nothing is read from the storage. --endpoint, --path and --method narrow the endpoints and
+    methods listed; the global and tier limits, which apply to every request, stay.
     """
     state = _state()
-    rows = _limit_rows(state)
+    method = method.upper() if method else None
+    rows = limit_rows(state, endpoint_of(endpoint, path, method), method)
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
         return

@@ -2,9 +2,10 @@
 
 The units are Flask-Limiter's (its ``limits`` package's ``TIME_TYPES``): second, minute, hour,
 day, ``month`` (30 days, 2 592 000 s) and ``year`` (12 of those months: 360 days, 31 104 000 s),
-never calendar months or years. A period is at most 366 days (``"1/year"`` fits, ``"1/2 years"``
-does not): every key of a limit, and the digest key its identity tags come from
-(:mod:`flask_distlimit.identity.digests`), must outlive one window.
+never calendar months or years; also ``s``/``sec``, ``min``, ``h``/``hr`` and ``d`` (which
+Flask-Limiter refuses), never ``m`` (minute or month?). A period is at most 366 days
+(``"1/year"`` fits, ``"1/2 years"`` does not): every key of a limit, and the digest key its
+identity tags come from (:mod:`flask_distlimit.identity.digests`), must outlive one window.
 
 :func:`parse_rates` turns a string into :class:`Rate` values, or raises
 :class:`~flask_distlimit.errors.ConfigurationError` naming the bad part and the accepted forms.
@@ -23,7 +24,7 @@ __all__ = ["Rate", "parse_rates"]
 
 _UNITS: Final[dict[str, int]] = {
     "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
-    "m": 60, "min": 60, "mins": 60, "minute": 60, "minutes": 60,
+    "min": 60, "mins": 60, "minute": 60, "minutes": 60,
     "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600,
     "d": 86400, "day": 86400, "days": 86400,
     "month": 30 * 86400, "months": 30 * 86400,
@@ -43,7 +44,8 @@ _RATE: Final = re.compile(
 
 _ACCEPTED: Final = (
     "Write '<count>/<unit>' or '<count> per <unit>', optionally '<count>/<n> <unit>', with a "
-    "count >= 1 and a unit of second, minute, hour, day, month (30 days) or year (360 days) "
+    "count >= 1 and a unit of second (s, sec), minute (min), hour (h, hr), day (d), month "
+    "(30 days) or year (360 days), singular or plural "
     "(e.g. '10/second', '100 per minute', '5/30 seconds', '1000/hour', '10000/month'); join "
     "several with ';' (e.g. '10/second;1000/hour')."
 )
@@ -85,6 +87,12 @@ class Rate:
                 return f"{self.amount}/{unit}" if n == 1 else f"{self.amount}/{n} {unit}s"
         raise AssertionError("unreachable: every period is a whole number of seconds")
 
+    def in_words(self) -> str:
+        """Flask-Limiter's wording, e.g. ``"1 per 1 day"``, ``"5 per 30 second"``: what its
+        ``RateLimitExceeded.description`` says, so ours says the same."""
+        unit, seconds = next((u, s) for u, s in _NAMES if self.period % s == 0)
+        return f"{self.amount} per {self.period // seconds} {unit}"
+
 
 def _parse_one(text: str, whole: str) -> Rate:
     match = _RATE.match(text)
@@ -93,6 +101,11 @@ def _parse_one(text: str, whole: str) -> Rate:
             f"Cannot read the rate limit {text.strip()!r} in {whole!r}. {_ACCEPTED}"
         )
     unit = match["unit"].lower()
+    if unit == "m":
+        raise ConfigurationError(
+            f"The unit 'm' in rate limit {text.strip()!r} could mean minute or month: write "
+            f"'min' or 'minute' (or 'month'). {_ACCEPTED}"
+        )
     if unit not in _UNITS:
         raise ConfigurationError(
             f"Unknown time unit {match['unit']!r} in rate limit {text.strip()!r}. {_ACCEPTED}"

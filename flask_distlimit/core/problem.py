@@ -108,7 +108,10 @@ class RateLimitExceeded(_Problem, TooManyRequests):
     """429: the request exceeds one or more rate limits; nothing was consumed.
 
     ``violated_policies`` names the limits that denied (as in the ``RateLimit`` header);
-    ``retry_after`` is the seconds until the request could pass, rounded up.
+    ``retry_after`` is the seconds until the request could pass, rounded up; ``detail`` is the
+    body's ``detail``; ``description`` (``e.description`` in an ``errorhandler(429)``) is what
+    Flask-Limiter's says: the limit's ``error_message``, else its rate (``"1 per 1 day"``),
+    else the detail.
     """
 
     problem_type = QUOTA_EXCEEDED
@@ -122,6 +125,7 @@ class RateLimitExceeded(_Problem, TooManyRequests):
         violated_policies: Sequence[str],
         instance: str | None = None,
         detail: str | None = None,
+        description: str | None = None,
     ) -> None:
         self.retry_after_s = (
             retry_after_seconds(retry_after)
@@ -131,7 +135,9 @@ class RateLimitExceeded(_Problem, TooManyRequests):
         self.violated_policies = tuple(violated_policies)
         self.instance = instance
         self.detail_text = detail or self._default_detail()
-        TooManyRequests.__init__(self, description=self.detail_text, retry_after=self.retry_after_s)
+        TooManyRequests.__init__(
+            self, description=description or self.detail_text, retry_after=self.retry_after_s
+        )
 
     def _default_detail(self) -> str:
         """The detail when the limit gives no ``error_message``."""

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar, overload
 
-from flask import Blueprint
+from flask import Blueprint, Flask
 from flask.views import View
 
 from flask_distlimit._typing import (
@@ -87,7 +87,8 @@ class Declarations:
         lease: bool | int = False,
     ) -> Callable[[Decorated], Decorated]:
         """Limit a view function, a view class, one method of a class-based view, or every
-        route of a Blueprint; stackable.
+        route of a Blueprint; stackable. On the Flask app itself (``limiter.limit(...)(app)``),
+        a default limit with every option here, beside ``DISTLIMIT_DEFAULT_LIMITS``.
 
         - ``value``: ``"100/minute"``, several joined by ``;`` (``"10/second;1000/hour"``); or
           a callable answering such a string per identity (kept
@@ -196,13 +197,12 @@ class Declarations:
         checked, what = check_options(kind, value, options, concurrency=concurrency)
 
         def decorator(target: Decorated) -> Decorated:
-            spec = replace(
-                checked,
-                kind="blueprint" if kind == "route" and isinstance(target, Blueprint) else kind,
-                declared_on=describe(target),
-            )
+            kind_on: LimitKind = kind
+            if kind == "route" and isinstance(target, (Blueprint, Flask)):
+                kind_on = "blueprint" if isinstance(target, Blueprint) else "default"
+            spec = replace(checked, kind=kind_on, declared_on=describe(target))
             self.registry.check_open(target, what)
-            if isinstance(target, Blueprint):
+            if isinstance(target, (Blueprint, Flask)):  # an app's limits: default limits
                 self.registry.add_blueprint(target, spec)
                 return target
             if isinstance(target, type) and issubclass(target, View):

@@ -14,7 +14,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from flask import Blueprint
+from flask import Blueprint, Flask
 
 from flask_distlimit.declare.specs import LimitSpec
 from flask_distlimit.declare.targets import describe, hashable, view_objects
@@ -68,7 +68,8 @@ class LimitRegistry:
             one += [w for o in one for w in wrapped_by.get(o, ())]
         return every, one
 
-    def add_blueprint(self, blueprint: Blueprint, spec: LimitSpec) -> None:
+    def add_blueprint(self, blueprint: Blueprint | Flask, spec: LimitSpec) -> None:
+        """A Blueprint's limit, or (on the app) a default limit."""
         self.blueprints.setdefault(blueprint, []).append(spec)
 
     def declared(self) -> list[LimitSpec]:

@@ -12,7 +12,9 @@ Which limits apply to a request (documented in the user guide too):
 2. the tier limits (``DISTLIMIT_TIERS``) of the request's identity, on every non-exempt request;
 3. the route's own limits (declared on its view function, its view class or the class's handler
    of the request method); if it has none, the limits of its innermost limited blueprint; if
-   none either, ``DISTLIMIT_DEFAULT_LIMITS``.
+   none either, ``DISTLIMIT_DEFAULT_LIMITS``. While every limit found says
+   ``override_defaults=False``, the next layer outwards (a parent blueprint's, then the
+   defaults) applies beside them.
 
 An exemption (of the view, its class, the method's handler, or a blueprint it is registered
 through, nested ones included) wins over every limit.
@@ -370,18 +372,15 @@ def build_plan(
     # methods=[...]: a limit applies to those methods only; a route none of whose limits
     # applies to this method falls back to its blueprint's, then to the defaults.
     # override_defaults=False on every limit found so far: the next layer's limits (the
-    # innermost limited blueprint's, then the defaults) apply beside them, as in Flask-Limiter.
+    # innermost limited blueprint's, its limited parents' outwards, then the defaults) apply
+    # beside them, as in Flask-Limiter.
     specs = [s for s in specs if s.methods is None or method in s.methods]
-    if not specs or all(not spec.override_defaults for spec in specs):
-        for bp in blueprints:  # innermost first
-            bp_specs = [
-                s
-                for s in registry.blueprints.get(bp, ())
-                if s.methods is None or method in s.methods
-            ]
-            if bp_specs:
-                specs.extend(bp_specs)
-                break
+    for bp in blueprints:  # innermost first
+        if any(spec.override_defaults for spec in specs):
+            break
+        specs += [
+            s for s in registry.blueprints.get(bp, ()) if s.methods is None or method in s.methods
+        ]
     if not specs:
         specs = list(default_limits)
     elif all(not spec.override_defaults for spec in specs):

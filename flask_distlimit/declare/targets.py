@@ -22,7 +22,7 @@ import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from flask import Blueprint, has_request_context
+from flask import Blueprint, Flask, has_request_context
 from flask.views import View
 
 __all__ = [
@@ -47,6 +47,8 @@ def describe(target: object) -> str:
     """How messages name a decorated object."""
     if isinstance(target, Blueprint):
         return f"blueprint {target.name!r} (import name {target.import_name!r})"
+    if isinstance(target, Flask):
+        return f"app {target.name!r} (its default limits)"
     module = getattr(target, "__module__", None) or "?"
     qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
     what = "view class" if isinstance(target, type) else "view"

@@ -64,7 +64,7 @@ def finalize(
     methods: dict[str, set[str]] = {}
     for rule in app.url_map.iter_rules():
         methods.setdefault(rule.endpoint, set()).update(rule.methods or ())
-    served: set[object] = set(app.blueprints.values())
+    served: set[object] = {app, *app.blueprints.values()}  # the app: its default limits
     routed = [(e, v) for e, v in views.items() if not is_static(e)]
     for endpoint, view in routed:
         for method in sorted(methods.get(endpoint, {""})):

@@ -84,7 +84,11 @@ class Plans:
                 view=view,
                 blueprints=_blueprints_of(current_app, endpoint) if endpoint else (),
                 method=method,
-                default_limits=self.default_specs,
+                # DISTLIMIT_DEFAULT_LIMITS, then limits declared on the app itself
+                default_limits=(
+                    *self.default_specs,
+                    *self.registry.blueprints.get(current_app, ()),
+                ),
                 prefix=self.prefix,
                 default_algorithm=self.algorithm,
                 shadow=self.shadow,

@@ -196,8 +196,10 @@ class Refusals:
         """Tell the ``on_breach`` hook, then raise the 429 (the hook's response, if any)."""
         response: SansIOResponse | None = None
         hook = refusal_options.breach_hook(denied, self.breach_hook())
-        if denied:
-            detail = refusal_options.error_message(denied) or detail
+        message = refusal_options.error_message(denied) if denied else None
+        detail = message or detail
+        # e.description as Flask-Limiter's: the error_message, else "1 per 1 day"
+        said = message or (denied[0].rate.in_words() if denied and not concurrency else None)
         if hook is not None:
             rates = breached_rates(denied, self.lease)
             response = hook(
@@ -216,7 +218,11 @@ class Refusals:
             )
         problem = ConcurrencyLimitExceeded if concurrency else RateLimitExceeded
         exc = problem(
-            retry_after=retry, violated_policies=names, instance=request.path, detail=detail
+            retry_after=retry,
+            violated_policies=names,
+            instance=request.path,
+            detail=detail,
+            description=said,
         )
         if isinstance(response, WerkzeugResponse):
             exc.response = response

@@ -309,3 +309,15 @@ def test_an_app_without_a_limiter_gets_a_clear_error() -> None:
     result = Flask(__name__).test_cli_runner().invoke(distlimit_cli, ["status"])
     assert result.exit_code == 1
     assert "has no Limiter" in result.output
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_status_says_whether_limiting_is_enabled(enabled: bool) -> None:
+    app = make_app("memory://", DISTLIMIT_ENABLED=enabled)
+    runner = app.test_cli_runner()
+    result = runner.invoke(distlimit_cli, ["status"])
+    assert result.exit_code == 0, result.output
+    line = "yes" if enabled else "no (DISTLIMIT_ENABLED is False)"
+    assert result.output.splitlines()[0] == f"enabled:           {line}"
+    report = json.loads(runner.invoke(distlimit_cli, ["status", "--json"]).output)
+    assert report["enabled"] is enabled

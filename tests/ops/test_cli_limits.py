@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from flask import Blueprint, Flask, g
 
 from flask_distlimit import Limiter
@@ -107,3 +108,56 @@ def test_limits_without_a_limiter_says_how_to_set_it_up() -> None:
     result = app.test_cli_runner().invoke(distlimit_cli, ["limits"])
     assert result.exit_code == 1
     assert "init_app" in result.output
+
+
+def listed(app: Flask, *args: str) -> set[tuple[object, object, object]]:
+    result = app.test_cli_runner().invoke(distlimit_cli, ["limits", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    return {(r["endpoint"], r["methods"], r["limit"]) for r in json.loads(result.output)}
+
+
+EVERY_REQUEST = {
+    ("*", "*", "global:600/minute"),
+    ("*", "*", "tier-anonymous:60/minute"),
+    ("*", "*", "tier-pro:1000/minute"),
+}
+
+
+def test_limits_of_one_endpoint_keep_the_limits_of_every_request() -> None:
+    assert listed(make_app(), "--endpoint", "login") == {
+        *EVERY_REQUEST,
+        ("login", "POST", "login:5/minute"),
+    }
+
+
+def test_limits_of_a_path_are_those_of_the_endpoint_it_reaches() -> None:
+    app = make_app()
+    assert listed(app, "--path", "/api/items?page=2") == {
+        *EVERY_REQUEST,
+        ("api.items", "GET", "api.items:{free=10/minute, *=1/minute}"),
+    }
+    assert listed(app, "--path", "/login", "--method", "post") == {
+        *EVERY_REQUEST,
+        ("login", "POST", "login:5/minute"),
+    }
+
+
+def test_limits_of_one_method_list_only_that_method() -> None:
+    rows = listed(make_app(), "--method", "POST")
+    assert {r[1] for r in rows} == {"*", "POST"}
+    assert ("login", "POST", "login:5/minute") in rows
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--endpoint", "nope"], "no endpoint 'nope'"),
+        (["--path", "/nope"], "GET /nope reaches no view of the app (404 Not Found)"),
+        (["--path", "/login"], "GET /login reaches no view of the app (405 Method Not Allowed)"),
+        (["--path", "/login", "--endpoint", "login"], "either --endpoint or --path"),
+    ],
+)
+def test_limits_filters_that_match_nothing_say_so(args: list[str], said: str) -> None:
+    result = make_app().test_cli_runner().invoke(distlimit_cli, ["limits", *args])
+    assert result.exit_code == 2
+    assert said in " ".join(result.output.split())
