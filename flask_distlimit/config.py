@@ -131,6 +131,10 @@ STORAGE_SCHEMES: Final = (
     "unix",
     "redis+cluster",
     "redis+sentinel",
+    "valkey",
+    "valkeys",
+    "valkey+cluster",
+    "valkey+sentinel",
     "memory",
 )
 
@@ -267,7 +271,7 @@ def _storage_url(key: str, value: object) -> str:
     )
     if not isinstance(value, str):
         raise _bad(key, value, accepted)
-    match = _SCHEME.match(value)
+    match = _SCHEME.match(value.lower())
     if match is None or match[1] not in STORAGE_SCHEMES:
         raise _bad(key, value, accepted)
     return value

@@ -8,8 +8,10 @@ import os
 
 import pytest
 import redis
+from flask import Flask
 from redis.sentinel import SentinelConnectionPool
 
+from flask_distlimit import Limiter
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.storage import from_url
 from flask_distlimit.storage.cluster import ClusterStorage
@@ -52,6 +54,29 @@ def test_a_bad_valkey_url_is_refused_as_a_redis_one_would_be() -> None:
     with pytest.raises(ConfigurationError, match=r"unknown query parameter 'nope'") as info:
         from_url(f"valkey://:s3cret@{UNREACHABLE}?nope=1")
     assert "s3cret" not in str(info.value) and "valkey://" in str(info.value)
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("scheme", ["valkey", "VALKEY"])
+def test_an_app_configured_with_a_valkey_url_is_limited(
+    redis_server: RedisProcess, scheme: str
+) -> None:
+    """``DISTLIMIT_STORAGE_URL`` takes the Valkey schemes (init_app used to refuse them)."""
+    app = Flask(__name__)
+    app.config["DISTLIMIT_STORAGE_URL"] = f"{scheme}://127.0.0.1:{redis_server.port}/0"
+    app.config["DISTLIMIT_KEY_PREFIX"] = f"valkey-url-{scheme}"
+    limiter = Limiter(app)
+
+    @app.get("/")
+    @limiter.limit("2/minute")
+    def index() -> str:
+        return "ok"
+
+    client = app.test_client()
+    statuses = [client.get("/").status_code for _ in range(3)]
+    assert statuses == [200, 200, 429]
+    assert not any(r.headers.get("X-RateLimit-Degraded") for r in [client.get("/")])
+    Limiter.state(app).storage.close()
 
 
 @pytest.mark.redis
