@@ -97,8 +97,8 @@ _CREDENTIALS: Final = (
 _PERMISSIONS: Final = (
     "Redis refuses the limiter's commands ({answer}). Grant its ACL user the commands and keys "
     f"it uses: ACL SETUSER <user> {ACL_GRANTS} ~<DISTLIMIT_KEY_PREFIX>:* (add +select for a "
-    "database other than 0, +cluster|slots on Redis Cluster), or put such a user's credentials "
-    "in DISTLIMIT_STORAGE_URL."
+    "database other than 0, +cluster|slots +cluster|info on Redis Cluster), or put such a "
+    "user's credentials in DISTLIMIT_STORAGE_URL."
 )
 _DATABASE: Final = (
     "Redis refuses the database number of DISTLIMIT_STORAGE_URL ({answer}). Use one the server "
@@ -218,7 +218,7 @@ def storage_error(exc: BaseException) -> StorageError:
             f"Redis refuses to write ({_one_line(exc)}): it is out of memory under "
             "maxmemory-policy noeviction, or cannot persist (MISCONF). The limiter answers at "
             "each process's local share until it has room: raise maxmemory, or give the limiter "
-            "a Redis of its own (docs/deployment.md, \"Memory\")."
+            'a Redis of its own (docs/deployment.md, "Memory").'
         )
     if isinstance(exc, _OUTAGES):
         return StorageUnavailable(f"Redis is unavailable: {type(exc).__name__}: {exc}")
