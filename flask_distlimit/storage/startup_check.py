@@ -45,6 +45,8 @@ STARTUP_CHECKS: Final[tuple[StartupCheck, ...]] = ("warn", "error", "off")
 log = logging.getLogger(__name__)
 
 _SLOTS: Final = 16384
+#: What a call meeting a slot no primary serves is answered (redis-py's words too).
+_CLUSTER_DOWN: Final = ("CLUSTERDOWN", "ClusterDownError", "slot not served", "SlotNotCovered")
 _UNREACHABLE: Final = (
     "Check the host, port and scheme of DISTLIMIT_STORAGE_URL (rediss:// for TLS), that Redis "
     "runs, and that this host may reach it (firewall, security group); a Redis farther than "
@@ -83,9 +85,9 @@ def check_storage(
         if waits is None or waits > timeout:
             return  # could stall the start: warned about by client_retries
     try:
-        storage.evaluate([Check(f"{key_prefix}:{{startup}}:probe", "fixed_window", 1, 1, cost=0)])
-        if storage.routed:
+        if storage.routed:  # first: the slots not served, by primary
             _check_slots(storage)
+        storage.evaluate([Check(f"{key_prefix}:{{startup}}:probe", "fixed_window", 1, 1, cost=0)])
     except StorageError as exc:
         where = mask_url(url) if url else f"{type(storage).__name__} (passed in)"
         line = f"Rate-limit storage {where} {_said(exc, timeout)}"
@@ -114,7 +116,7 @@ def _said(exc: StorageError, timeout: float) -> str:
         return f"refuses the limiter at start-up: {text}"
     if isinstance(exc, StorageResponseError):
         return f"refuses the limiter's script at start-up: {text}. {_SCRIPT_REFUSED}"
-    if isinstance(exc, _NotCovered):
+    if isinstance(exc, _NotCovered) or any(t in text for t in _CLUSTER_DOWN):
         return f"does not serve every slot at start-up: {text}. {_UNCOVERED}"
     return (
         f"cannot be reached at start-up within DISTLIMIT_REDIS_TIMEOUT ({timeout:g} s): "

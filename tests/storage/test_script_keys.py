@@ -188,9 +188,9 @@ def _single_node_run(server: RedisProcess) -> tuple[set[str], set[int], redis.Re
 
 @pytest.mark.xfail(
     strict=True,
-    reason="on a single node a request whose limits belong to two identities (a global limit "
-    "per address beside a signed-in user's) sends both keys in one call: two slots "
-    "(docs/deployment.md, 'Managed services'); redis+cluster:// splits them",
+    reason="on a single endpoint one request's call holds keys of several slots: a signed-in "
+    "user's limits beside a per-address global limit, the fleet's key beside a client's "
+    "(docs/deployment.md, 'Managed services'); redis+cluster:// splits them per slot",
 )
 def test_every_script_call_on_a_single_node_declares_keys_of_one_slot(
     watched_server: RedisProcess,
