@@ -47,6 +47,9 @@ The keys read here, each ``key`` (default ``value``) followed by its meaning:
     passed in takes it as its own ``request_tokens`` argument (``"always"`` beside one built
     otherwise, or a ``RedisStorage`` on a ready client, which never carries one, fails at
     start-up).
+``DISTLIMIT_STARTUP_CHECK`` (default ``"warn"``)
+    ``init_app`` probes the Redis once (:mod:`flask_distlimit.storage.startup_check`): ``"warn"``
+    logs one WARNING line when it is unusable, ``"error"`` raises instead, ``"off"`` skips it.
 ``DISTLIMIT_CONDITIONAL_COST`` (default ``1``)
     Cost of a ``GET`` or ``HEAD`` carrying ``If-None-Match`` or ``If-Modified-Since``, for every
     route limit that does not set its own ``cost`` (an int from 0 to 1000; 0 makes revalidations
@@ -115,6 +118,7 @@ from flask_distlimit.identity import IDENTITY_KEYS
 from flask_distlimit.ops import serving
 from flask_distlimit.resilience.breaker import check_fail_max, check_reset_timeout
 from flask_distlimit.storage.heartbeat import MAX_FLEET
+from flask_distlimit.storage.startup_check import STARTUP_CHECKS, StartupCheck
 from flask_distlimit.storage.tokens import TOKEN_MODES
 
 if TYPE_CHECKING:
@@ -148,6 +152,7 @@ DEFAULTS: Final[dict[str, object]] = {
     "DISTLIMIT_KEY_PREFIX": "ratelimit",
     "DISTLIMIT_REDIS_TIMEOUT": 0.1,
     "DISTLIMIT_REQUEST_TOKENS": "auto",
+    "DISTLIMIT_STARTUP_CHECK": "warn",
     "DISTLIMIT_CONDITIONAL_COST": 1,
     "DISTLIMIT_ENABLED": True,
     "DISTLIMIT_FAILURE_POLICY": "open",
@@ -343,6 +348,7 @@ class Settings:
     key_prefix: str = "ratelimit"
     redis_timeout: float = 0.1
     request_tokens: str = "auto"
+    startup_check: StartupCheck = "warn"
     conditional_cost: int = 1
     enabled: bool = True
     failure_policy: FailurePolicy = "open"
@@ -417,6 +423,9 @@ class Settings:
             redis_timeout=float(number("DISTLIMIT_REDIS_TIMEOUT")),
             request_tokens=_choice(
                 "DISTLIMIT_REQUEST_TOKENS", get("DISTLIMIT_REQUEST_TOKENS"), TOKEN_MODES
+            ),
+            startup_check=_choice(
+                "DISTLIMIT_STARTUP_CHECK", get("DISTLIMIT_STARTUP_CHECK"), STARTUP_CHECKS
             ),
             conditional_cost=int(number("DISTLIMIT_CONDITIONAL_COST")),
             enabled=_bool("DISTLIMIT_ENABLED", get("DISTLIMIT_ENABLED")),

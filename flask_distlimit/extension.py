@@ -28,7 +28,7 @@ from flask_distlimit.config import Settings
 from flask_distlimit.core.priorities import PriorityRegistry, PriorityResolver
 from flask_distlimit.declare.decorators import Declarations
 from flask_distlimit.declare.registry import LimitRegistry
-from flask_distlimit.errors import ConfigurationError
+from flask_distlimit.errors import ConfigurationError, StorageError
 from flask_distlimit.identity import Identity, IdentityHooks, IdentityResolver, IdentitySettings
 from flask_distlimit.identity.api_keys import ApiKeyVerifier
 from flask_distlimit.ops import migration
@@ -37,6 +37,7 @@ from flask_distlimit.request.refuse import Breach, BreachHook
 from flask_distlimit.state import LimiterState
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.client_retries import warn_if_client_retries, warn_if_client_waits_long
+from flask_distlimit.storage.startup_check import check_storage
 from flask_distlimit.storage.urls import from_url
 
 __all__ = ["EXTENSION_KEY", "Breach", "Limiter", "LimiterState"]
@@ -123,7 +124,10 @@ class Limiter(Declarations):
         """Read and check the app's ``DISTLIMIT_*`` settings and hook the limiter into it.
 
         Raises :class:`~flask_distlimit.errors.ConfigurationError` for a bad setting or when
-        the app already has a limiter. ``storage`` overrides the Limiter's and the URL.
+        the app already has a limiter. ``storage`` overrides the Limiter's and the URL. Probes
+        the storage once (``DISTLIMIT_STARTUP_CHECK``,
+        :mod:`flask_distlimit.storage.startup_check`): a WARNING when it is unusable, or its
+        :class:`~flask_distlimit.errors.StorageError` under ``"error"``.
         """
         if EXTENSION_KEY in app.extensions:
             raise ConfigurationError(
@@ -163,6 +167,21 @@ class Limiter(Declarations):
         warn_if_client_retries(chosen)
         warn_if_client_waits_long(chosen, settings.redis_timeout)
         forks.warn_if_uwsgi_skips_fork_hooks()
+        if settings.enabled:
+            # one call, as a request makes it: unreachable, refused, slots not served?
+            try:
+                check_storage(
+                    chosen,
+                    mode=settings.startup_check,
+                    url=settings.storage_url if given is None else None,
+                    key_prefix=settings.key_prefix,
+                    timeout=settings.redis_timeout,
+                    policy=settings.failure_policy,
+                )
+            except StorageError:
+                if given is None:
+                    chosen.close()  # ours: the app does not start
+                raise
         app.extensions[EXTENSION_KEY] = state
         if settings.enabled:
             # what a request takes is given back however its response ends, at the WSGI level

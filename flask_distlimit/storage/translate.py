@@ -97,8 +97,8 @@ _CREDENTIALS: Final = (
 _PERMISSIONS: Final = (
     "Redis refuses the limiter's commands ({answer}). Grant its ACL user the commands and keys "
     f"it uses: ACL SETUSER <user> {ACL_GRANTS} ~<DISTLIMIT_KEY_PREFIX>:* (add +select for a "
-    "database other than 0, +cluster|slots on Redis Cluster), or put such a user's credentials "
-    "in DISTLIMIT_STORAGE_URL."
+    "database other than 0, +cluster|slots +cluster|info on Redis Cluster), or put such a "
+    "user's credentials in DISTLIMIT_STORAGE_URL."
 )
 _DATABASE: Final = (
     "Redis refuses the database number of DISTLIMIT_STORAGE_URL ({answer}). Use one the server "
