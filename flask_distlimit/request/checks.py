@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from flask import Request
+from werkzeug.exceptions import HTTPException
 
 from flask_distlimit._typing import FailurePolicy, KeyFunc
 from flask_distlimit.core.algorithms import CONCURRENCY, MAX_LIMITS_PER_REQUEST
@@ -201,7 +202,9 @@ class Checks:
                     if text is None:  # no key: this request is not counted by this limit
                         continue
                     tag = self.identity_tag(text)
-            except Exception as exc:  # the app's code: the failure policy answers
+            except HTTPException:  # the app's own answer (request.form["user"]: a 400)
+                raise
+            except Exception as exc:  # the app's code failed: the failure policy answers
                 self._unresolved(b, exc, plan, data)
                 continue
             if b.algorithm == CONCURRENCY:  # a slot, not a cost (defences.concurrency)

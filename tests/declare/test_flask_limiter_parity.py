@@ -263,9 +263,7 @@ def test_an_app_with_no_limiter_at_all_is_never_a_500(clock: FakeClock) -> None:
 # -- 6. the with form -----------------------------------------------------------------------------
 
 
-def test_a_with_block_decides_its_limit_where_it_starts(
-    backend: Backend, clock: FakeClock
-) -> None:
+def test_a_with_block_decides_its_limit_where_it_starts(backend: Backend, clock: FakeClock) -> None:
     app, limiter, _ = make_app(backend(), clock)
     reached: list[str] = []
     told: list[Breach] = []
