@@ -78,8 +78,9 @@ class Limiter(Declarations):
     Nothing is limited until it is declared: ``DISTLIMIT_GLOBAL_LIMITS`` (per client IP),
     ``DISTLIMIT_TIERS`` (per identity tier), ``DISTLIMIT_DEFAULT_LIMITS`` and the decorators.
     Every limit of a request is decided in one storage call, when Flask calls the view: after
-    the app's and the blueprints' ``before_request`` hooks, whatever their order. Declare limits
-    before the app serves its first request.
+    the app's and the blueprints' ``before_request`` hooks, whatever their order (a limit whose
+    callables may read what a decorator above it sets is decided where it sits, after it).
+    Declare limits before the app serves its first request.
     """
 
     def __init__(

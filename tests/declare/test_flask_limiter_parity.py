@@ -11,10 +11,11 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from flask import Flask, Response, g, request
+from flask.views import MethodView
 
 from flask_distlimit import Breach, Limiter
 from flask_distlimit.storage.base import Storage
@@ -64,6 +65,28 @@ def test_a_callable_limit_below_a_decorator_reads_what_the_decorator_set(
     assert statuses(app, "/translate", 4, headers={"X-Api-Key": "gold"}) == [200, 200, 200, 429]
     # The decorator answered first: the limit never ran, as in Flask-Limiter.
     assert statuses(app, "/translate", 3) == [401, 401, 401]
+
+
+def test_a_method_view_handler_limit_reads_what_the_class_decorators_set(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+
+    class Translate(MethodView):
+        decorators: ClassVar[list[Callable[..., Any]]] = [api_key_required]
+
+        @limiter.limit(lambda: g.rate_limit, key_func=lambda: g.api_key)
+        def get(self) -> str:
+            return "ok"
+
+        def post(self) -> str:
+            return "posted"
+
+    app.add_url_rule("/translate", view_func=Translate.as_view("translate"))
+    assert statuses(app, "/translate", 3, headers={"X-Api-Key": "basic"}) == [200, 200, 429]
+    client = app.test_client()
+    posts = [client.post("/translate", headers={"X-Api-Key": "basic"}) for _ in range(3)]
+    assert [r.status_code for r in posts] == [200, 200, 200]  # the limit is the GET handler's
 
 
 def test_global_limits_still_count_beside_a_limit_decided_below_a_decorator(
