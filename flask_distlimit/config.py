@@ -124,7 +124,7 @@ from flask_distlimit.storage.tokens import TOKEN_MODES
 if TYPE_CHECKING:
     from flask_distlimit.storage.base import Storage
 
-__all__ = ["DEFAULTS", "KNOWN_KEYS", "STORAGE_SCHEMES", "HeaderMode", "Settings"]
+__all__ = ["DEFAULTS", "KNOWN_KEYS", "STORAGE_SCHEMES", "HeaderMode", "Settings", "config_policy"]
 
 _HEADER_MODES: Final[tuple[HeaderMode, ...]] = ("legacy", "ietf", "both", "none")
 
@@ -182,6 +182,13 @@ T = TypeVar("T")
 
 def _bad(key: str, value: object, accepted: str) -> ConfigurationError:
     return ConfigurationError(f"{key} = {value!r} is not valid. {accepted}")
+
+
+def config_policy(config: Mapping[str, object]) -> FailurePolicy:
+    """``DISTLIMIT_FAILURE_POLICY`` of an app whose Limiter was never set up (so its settings
+    were never read): the value when it is a policy, else the default ``open``."""
+    value = config.get("DISTLIMIT_FAILURE_POLICY")
+    return next((p for p in FAILURE_POLICIES if p == value), "open")
 
 
 def _choice(key: str, value: object, choices: tuple[T, ...]) -> T:

@@ -17,17 +17,22 @@ an app configures lives in its :class:`~flask_distlimit.state.LimiterState`; the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from typing import Final, TypeVar
 
-from flask import Flask, current_app, has_request_context
+from flask import Flask, current_app, has_request_context, request
 
 from flask_distlimit import forks
 from flask_distlimit._typing import RequestFilter
-from flask_distlimit.config import Settings
+from flask_distlimit.config import Settings, config_policy
 from flask_distlimit.core.priorities import PriorityRegistry, PriorityResolver
+from flask_distlimit.core.problem import RateLimitUnavailable
 from flask_distlimit.declare.decorators import Declarations
 from flask_distlimit.declare.registry import LimitRegistry
+from flask_distlimit.declare.route_limits import strictest
+from flask_distlimit.declare.specs import LimitSpec
+from flask_distlimit.declare.targets import describe
 from flask_distlimit.errors import ConfigurationError, StorageError
 from flask_distlimit.identity import Identity, IdentityHooks, IdentityResolver, IdentitySettings
 from flask_distlimit.identity.api_keys import ApiKeyVerifier
@@ -44,6 +49,8 @@ __all__ = ["EXTENSION_KEY", "Breach", "Limiter", "LimiterState"]
 
 #: The key of the per-app state in ``app.extensions``.
 EXTENSION_KEY: Final = "distlimit"
+
+log = logging.getLogger("flask_distlimit")
 
 _Verifier = TypeVar("_Verifier", bound=ApiKeyVerifier)
 _F = TypeVar("_F")
@@ -72,8 +79,9 @@ class Limiter(Declarations):
     Nothing is limited until it is declared: ``DISTLIMIT_GLOBAL_LIMITS`` (per client IP),
     ``DISTLIMIT_TIERS`` (per identity tier), ``DISTLIMIT_DEFAULT_LIMITS`` and the decorators.
     Every limit of a request is decided in one storage call, when Flask calls the view: after
-    the app's and the blueprints' ``before_request`` hooks, whatever their order. Declare limits
-    before the app serves its first request.
+    the app's and the blueprints' ``before_request`` hooks, whatever their order (a limit whose
+    callables may read what a decorator above it sets is decided where it sits, after it).
+    Declare limits before the app serves its first request.
     """
 
     def __init__(
@@ -115,6 +123,8 @@ class Limiter(Declarations):
         self.breach_hook: BreachHook | None = on_breach
         self._deny_cache = deny_cache
         self._deny_cache_size = deny_cache_size
+        #: (app, view) whose limits were reached on an app this Limiter is not set up on
+        self._unset_logged: set[tuple[str, str]] = set()
         if app is not None:
             self.init_app(app)
 
@@ -206,17 +216,50 @@ class Limiter(Declarations):
     def _reached(self, carrier: object) -> None:
         """A view carrying this limiter's limits runs inside a request: enforce them (unless
         the request's plan already did)."""
+        specs = self.registry.views.get(carrier, ())
+        state = self._state_here(specs, describe(carrier))
+        if state is not None and state.settings.enabled:
+            state.enforcer.reached(carrier, specs)
+
+    def _entered(self, spec: LimitSpec) -> None:
+        """``with limiter.limit(...)`` inside a request: decide that limit now."""
+        if not has_request_context():
+            raise RuntimeError(
+                "with limiter.limit(...) decides a limit for the current request: use it "
+                "inside a view (or a function a view calls), not outside a request."
+            )
+        state = self._state_here((spec,), f"a with block in the endpoint {request.endpoint!r}")
+        if state is not None and state.settings.enabled:
+            state.enforcer.entered(spec)
+
+    def _state_here(self, specs: Sequence[LimitSpec], where: str) -> LimiterState | None:
+        """This limiter's state on the current app; None when it was never set up there: then
+        the limits cannot be evaluated, and their failure policy answers (``on_failure``, else
+        ``DISTLIMIT_FAILURE_POLICY``): admitted under ``open``, a 503 otherwise, with an ERROR
+        line naming the fix once per app and view. Never a 500."""
         app = current_app
         state = app.extensions.get(EXTENSION_KEY)
-        if not isinstance(state, LimiterState) or state.limiter is not self:
-            raise RuntimeError(
-                f"The view {getattr(carrier, '__qualname__', carrier)!r} carries rate limits of a "
-                f"Limiter that was never set up on the app {app.name!r}, so they cannot be "
-                "enforced. Call limiter.init_app(app) (or Limiter(app)) with that same Limiter "
-                "in the app factory, before the app serves."
+        if isinstance(state, LimiterState) and state.limiter is self:
+            return state
+        policy = strictest(spec.on_failure for spec in specs) or config_policy(app.config)
+        if (app.name, where) not in self._unset_logged:
+            self._unset_logged.add((app.name, where))
+            log.error(
+                "The rate limits of %s belong to a Limiter that was never set up on the app "
+                "%r, so they cannot be enforced; the failure policy %r answers (open: "
+                "admitted; closed or local: 503). Call limiter.init_app(app) (or Limiter(app)) "
+                "with that same Limiter in the app factory, before the app serves. (Logged once "
+                "per app and view.)",
+                where, app.name, policy,
+            )  # fmt: skip
+        if policy != "open":
+            raise RateLimitUnavailable(
+                retry_after=1,
+                instance=request.path,
+                detail="A rate limit of this route could not be evaluated and this route "
+                "refuses requests it cannot count; retry in 1 s.",
             )
-        if state.settings.enabled:
-            state.enforcer.reached(carrier, self.registry.views.get(carrier, ()))
+        return None
 
     # -- identity hooks --------------------------------------------------------------------------
 

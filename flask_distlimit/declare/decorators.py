@@ -13,7 +13,9 @@ name (:mod:`flask_distlimit.declare.targets`):
   ``decorators``), and a wrapper appended to the class's ``decorators`` so that ``as_view``
   carries it;
 - ``decorators=[limiter.limit(...)]`` in a class body: the wrapper of the view ``as_view`` makes;
-- a ``Blueprint``: the blueprint object, whatever name it is registered under and however often.
+- a ``Blueprint``: the blueprint object, whatever name it is registered under and however often;
+- nothing: ``with limiter.limit("1/second"):`` inside a view decides the limit there
+  (:class:`LimitDeclaration`).
 
 Where the limits are found before the view runs, every limit of the request goes to the storage
 in one call (a wrapper that cannot be found: :mod:`flask_distlimit.declare.targets`).
@@ -45,15 +47,35 @@ from flask_distlimit._typing import (
 from flask_distlimit.declare.dynamic_limits import LimitSource
 from flask_distlimit.declare.options import check_options
 from flask_distlimit.declare.registry import LimitRegistry
-from flask_distlimit.declare.specs import LimitOptions
+from flask_distlimit.declare.specs import LimitOptions, LimitSpec
 from flask_distlimit.declare.targets import carries, describe, hashable, make_carrier
 from flask_distlimit.engine.concurrency import MAX_CONCURRENCY
 from flask_distlimit.errors import ConfigurationError
 
-__all__ = ["Declarations"]
+__all__ = ["Declarations", "LimitDeclaration"]
 
 F = TypeVar("F", bound=Callable[..., object])
 Decorated = TypeVar("Decorated")
+
+
+class LimitDeclaration:
+    """What ``limit``, ``shared_limit`` and ``concurrency`` return: a decorator, and a context
+    manager deciding the limit where a ``with`` block in a view starts."""
+
+    __slots__ = ("_decorate", "_enter")
+
+    def __init__(self, decorate: Callable[[Any], Any], enter: Callable[[], None]) -> None:
+        self._decorate = decorate
+        self._enter = enter
+
+    def __call__(self, target: Decorated) -> Decorated:
+        return self._decorate(target)  # type: ignore[no-any-return]
+
+    def __enter__(self) -> None:
+        self._enter()
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
 
 
 class Declarations:
@@ -64,6 +86,10 @@ class Declarations:
 
     def _reached(self, carrier: object) -> None:
         """Called by a wrapper when its view runs inside a request (the extension enforces)."""
+        raise NotImplementedError
+
+    def _entered(self, spec: LimitSpec) -> None:
+        """Called when a ``with limiter.limit(...)`` block starts (the extension enforces)."""
         raise NotImplementedError
 
     def limit(
@@ -85,10 +111,13 @@ class Declarations:
         error_message: ErrorMessage | None = None,
         shadow: bool = False,
         lease: bool | int = False,
-    ) -> Callable[[Decorated], Decorated]:
+    ) -> LimitDeclaration:
         """Limit a view function, a view class, one method of a class-based view, or every
         route of a Blueprint; stackable. On the Flask app itself (``limiter.limit(...)(app)``),
-        a default limit with every option here, beside ``DISTLIMIT_DEFAULT_LIMITS``.
+        a default limit with every option here, beside ``DISTLIMIT_DEFAULT_LIMITS``. Or, inside
+        a view, ``with limiter.limit("1/second"):`` decides the limit when the block starts, in a
+        storage call of its own, and raises the 429 there (as Flask-Limiter's context-manager
+        form does); counted per endpoint, like a limit on the view.
 
         - ``value``: ``"100/minute"``, several joined by ``;`` (``"10/second;1000/hour"``); or
           a callable answering such a string per identity (kept
@@ -99,8 +128,9 @@ class Declarations:
           ``DISTLIMIT_ALGORITHM``);
         - ``key_func``: who is counted, e.g. ``lambda: g.tenant_id`` (default: the request's
           identity: verified user, JWT or API key, else the client IP); it answers a ``str`` or
-          ``int``, or ``None``/``""`` for the request's own identity, and runs after the app's
-          and the blueprints' ``before_request`` hooks, so it sees what they set;
+          ``int``, or ``None``/``""`` to skip this limit for the request (as in
+          Flask-Limiter); it runs after the app's and the blueprints' ``before_request`` hooks,
+          and, declared below another decorator, after that decorator too;
         - ``cost``: units per request, an int >= 0 or a callable answering one (default 1, or
           ``DISTLIMIT_CONDITIONAL_COST`` for conditional requests);
         - ``scope``: share one counter among every route naming the same scope; a callable is
@@ -120,7 +150,8 @@ class Declarations:
           includes ``HEAD``, which Flask answers with the GET view);
         - ``override_defaults``: False keeps ``DISTLIMIT_DEFAULT_LIMITS`` beside this limit;
         - ``on_breach``: called with a :class:`~flask_distlimit.Breach` when this limit
-          refuses, instead of the Limiter's hook; may return a response;
+          refuses, after the Limiter's hook; may return a response (sent instead of the
+          Limiter's hook's); one that raises is logged and the 429 sent all the same;
         - ``error_message``: the 429's ``detail`` when this limit refuses (a string, or a
           callable answering one).
         - ``shadow``: count as if enforced but never refuse; log and count what it would have
@@ -152,7 +183,7 @@ class Declarations:
         error_message: ErrorMessage | None = None,
         shadow: bool = False,
         lease: bool | int = False,
-    ) -> Callable[[Decorated], Decorated]:
+    ) -> LimitDeclaration:
         """A limit whose one counter (per client) is shared by every route that names ``scope``
         (the options are :meth:`limit`'s)."""
         if not callable(scope) and (not isinstance(scope, str) or not scope):
@@ -169,7 +200,7 @@ class Declarations:
         key_func: KeyFunc | None = None,
         scope: str | None = None,
         on_failure: str | None = None,
-    ) -> Callable[[Decorated], Decorated]:
+    ) -> LimitDeclaration:
         """At most ``limit`` requests of one client in flight at once, across every process
         and instance (:mod:`flask_distlimit.defences.concurrency`); ``key_func``, ``scope`` and
         ``on_failure`` as for :meth:`limit`. Decided in the request's one storage call with its
@@ -193,7 +224,7 @@ class Declarations:
         options: LimitOptions,
         *,
         concurrency: bool = False,
-    ) -> Callable[[Decorated], Decorated]:
+    ) -> LimitDeclaration:
         checked, what = check_options(kind, value, options, concurrency=concurrency)
 
         def decorator(target: Decorated) -> Decorated:
@@ -220,7 +251,15 @@ class Declarations:
             self.registry.add_view(carrier, spec)
             return carrier  # type: ignore[return-value]
 
-        return decorator
+        def enter() -> None:
+            if checked.lease is not False:
+                raise ConfigurationError(
+                    f"{what} with lease= cannot be a with block: a lease is held per route, "
+                    "bound once. Declare the limit on the view instead."
+                )
+            self._entered(replace(checked, declared_on="a with block"))
+
+        return LimitDeclaration(decorator, enter)
 
     def _carrier(self, func: Callable[..., Any], *, reuse: bool = True) -> Callable[..., Any]:
         """``func`` itself when it already carries this limiter's limits (and ``reuse``), else a

@@ -13,7 +13,10 @@ tier -> limit string.
   for "no limit for this identity". An exception, or an answer that is none of these (not a
   string, a string that is no limit, a rate the limit's algorithm cannot enforce, more rates
   than a request may carry), is logged at ERROR and the limit's ``fallback`` applies: the limit
-  string given with ``limiter.limit(func, fallback="10/minute")``, else no limit. Never a 500.
+  string given with ``limiter.limit(func, fallback="10/minute")``; without one, the limit
+  cannot be evaluated and :class:`LimitUnresolved` lets the route's failure policy answer (a
+  503 unless it is ``open``, :mod:`flask_distlimit.request.checks`). Never a 500, never a
+  limit that silently vanishes.
   The ERROR line comes at most once every :data:`LOG_INTERVAL` seconds per limit (with the
   count of failures since the last one), not once per identity: fresh identities cost nothing
   to make, so a client could otherwise have every request log one. The exception's text, which
@@ -55,6 +58,7 @@ __all__ = [
     "DynamicLimit",
     "DynamicValue",
     "LimitSource",
+    "LimitUnresolved",
     "log_text",
     "read_value",
     "ttl_us",
@@ -81,6 +85,11 @@ def log_text(value: object, limit: int = LOG_TEXT_MAX) -> str:
     if len(text) > limit:
         return repr(text[:limit]) + f"... ({len(text)} characters)"
     return repr(text)
+
+
+class LimitUnresolved(Exception):
+    """A limit of the request could not be evaluated (its app code raised, and it has no
+    ``fallback``): the route's failure policy answers. Never leaves the package."""
 
 
 #: A limit value: a limit string, a callable answering one, or a mapping tier -> limit string.
@@ -281,13 +290,18 @@ class DynamicLimit(Generic[B]):
             skipped = self._may_log(now_us)
             if skipped is not None:
                 log.error(
-                    "The limit value %s of the rate limit %s failed (%s: %s); using its "
-                    "fallback %s until it is asked again. Return a limit string such as "
-                    "'100/minute', or None for no limit. (Logged at most once a minute per "
-                    "limit; %d failure(s) since the last line.)",
+                    "The limit value %s of the rate limit %s failed (%s: %s); %s. Return a "
+                    "limit string such as '100/minute', or None for no limit. (Logged at most "
+                    "once a minute per limit; %d failure(s) since the last line.)",
                     self.value.described, self.name, type(exc).__name__, log_text(exc),
-                    ";".join(map(str, fallback)) or "(no limit)", skipped,
+                    f"using its fallback {';'.join(map(str, fallback))} until it is asked again"
+                    if fallback
+                    else "it has no fallback=, so the route's failure policy answers (open: "
+                    "admitted, marked degraded; closed or local: 503)",
+                    skipped,
                 )  # fmt: skip
+            if not fallback:
+                raise LimitUnresolved(self.name) from exc
             return fallback
 
 

@@ -1,8 +1,9 @@
 """What a refused limit answers with: its own ``on_breach`` hook and ``error_message``.
 
 ``@limiter.limit("5/minute", on_breach=hook, error_message="Too many login attempts")``: when
-this limit is among those that refused a request, its hook is called instead of the Limiter's
-(the first denied limit that has one wins) and its message becomes the 429's ``detail``. A
+this limit is among those that refused a request, the Limiter's hook is called, then this
+limit's (each hook once, as Flask-Limiter does); the response of the last hook that answered
+one is sent. The message of the first denied limit that has one becomes the 429's ``detail``. A
 message callable that raises or answers no string is logged and the standard detail is used.
 """
 
@@ -17,19 +18,17 @@ from flask_distlimit._typing import LimitBreachHook
 if TYPE_CHECKING:
     from flask_distlimit.declare.route_limits import BoundLimit
 
-__all__ = ["breach_hook", "error_message"]
+__all__ = ["breach_hooks", "error_message"]
 
 log = logging.getLogger("flask_distlimit")
 
 
-def breach_hook(
-    denied: Sequence[BoundLimit], default: LimitBreachHook | None
-) -> LimitBreachHook | None:
-    """The hook of the first denied limit that has one, else ``default``."""
-    for b in denied:
-        if b.on_breach is not None:
-            return b.on_breach
-    return default
+def breach_hooks(
+    denied: Sequence[BoundLimit], app_hook: LimitBreachHook | None
+) -> list[LimitBreachHook]:
+    """The hooks to call, in order: ``app_hook``, then each denied limit's own, each once."""
+    hooks = dict.fromkeys(h for h in (app_hook, *(b.on_breach for b in denied)) if h is not None)
+    return list(hooks)
 
 
 def error_message(denied: Sequence[BoundLimit]) -> str | None:

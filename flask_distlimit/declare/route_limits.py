@@ -12,9 +12,12 @@ Which limits apply to a request (documented in the user guide too):
 2. the tier limits (``DISTLIMIT_TIERS``) of the request's identity, on every non-exempt request;
 3. the route's own limits (declared on its view function, its view class or the class's handler
    of the request method); if it has none, the limits of its innermost limited blueprint; if
-   none either, ``DISTLIMIT_DEFAULT_LIMITS``. While every limit found says
-   ``override_defaults=False``, the next layer outwards (a parent blueprint's, then the
-   defaults) applies beside them.
+    none either, ``DISTLIMIT_DEFAULT_LIMITS``. While every limit found says
+    ``override_defaults=False``, the next layer outwards (a parent blueprint's, then the
+    defaults) applies beside them. A limit declared below another decorator whose options call
+    app code per request (a callable value, ``key_func``, ``cost`` or ``exempt_when``) is
+    decided where its wrapper runs, after that decorator (the plan's ``inner``), in a storage
+    call of its own.
 
 An exemption (of the view, its class, the method's handler, or a blueprint it is registered
 through, nested ones included) wins over every limit.
@@ -35,7 +38,7 @@ Limit ids make the same declared limit hit the same key from every worker and re
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -48,6 +51,7 @@ from flask_distlimit.declare.keys import key_parts
 from flask_distlimit.declare.policy_items import concurrency_policy_item, policy_item, sf_string
 from flask_distlimit.declare.registry import LimitRegistry
 from flask_distlimit.declare.specs import LimitSpec
+from flask_distlimit.declare.targets import is_carrier, view_objects
 from flask_distlimit.errors import ConfigurationError
 
 __all__ = ["EXEMPT", "BoundLimit", "RoutePlan", "bind", "build_plan", "distinct", "strictest"]
@@ -324,6 +328,9 @@ class RoutePlan:
     covered: frozenset[object] = frozenset()
     #: every limit is a plain rate limit on the identity (see :attr:`BoundLimit.plain`)
     plain: bool = False
+    #: limit wrappers below another decorator whose limits call app code: decided when the
+    #: wrapper runs, with these specs (as prepared for the method), not with the route's
+    inner: Mapping[object, tuple[LimitSpec, ...]] = field(default_factory=dict)
 
     @property
     def idle(self) -> bool:
@@ -361,29 +368,51 @@ def build_plan(
         bp in registry.exempt_blueprints for bp in blueprints
     ):
         return RoutePlan(exempt=True, covered=covered)
+    # A limit wrapper below another decorator, with an option that calls app code per request,
+    # is decided where it runs, after that decorator (which may set what the code reads), as
+    # Flask-Limiter decides it: its limits are the plan's ``inner``, not decided by the gate.
+    chain = (
+        {id(o) for part in view_objects(view, method) for o in part} if view is not None else set()
+    )
     specs: list[LimitSpec] = []
+    inner: dict[object, list[LimitSpec]] = {}
     seen_specs: set[int] = set()
     for objects, per_method in ((every, False), (one, True)):
         for o in objects:
-            for spec in registry.views.get(o, ()):
+            declared = registry.views.get(o, ())
+            nested = o is not view and id(o) in chain and is_carrier(o)
+            into = (
+                inner.setdefault(o, [])
+                if nested and any(s.reads_request for s in declared)
+                else specs
+            )
+            for spec in declared:
                 if id(spec) not in seen_specs:
                     seen_specs.add(id(spec))
-                    specs.append(spec.with_kind(spec.kind, per_method=True) if per_method else spec)
+                    into.append(spec.with_kind(spec.kind, per_method=True) if per_method else spec)
     # methods=[...]: a limit applies to those methods only; a route none of whose limits
     # applies to this method falls back to its blueprint's, then to the defaults.
     # override_defaults=False on every limit found so far: the next layer's limits (the
     # innermost limited blueprint's, its limited parents' outwards, then the defaults) apply
     # beside them, as in Flask-Limiter.
     specs = [s for s in specs if s.methods is None or method in s.methods]
+    inner_specs = {
+        o: tuple(s for s in ss if s.methods is None or method in s.methods)
+        for o, ss in inner.items()
+    }
+    inner_all = [s for ss in inner_specs.values() for s in ss]
+    route = [*specs, *inner_all]
     for bp in blueprints:  # innermost first
-        if any(spec.override_defaults for spec in specs):
+        if any(spec.override_defaults for spec in route):
             break
-        specs += [
+        bp_specs = [
             s for s in registry.blueprints.get(bp, ()) if s.methods is None or method in s.methods
         ]
-    if not specs:
+        specs += bp_specs
+        route += bp_specs
+    if not route:
         specs = list(default_limits)
-    elif all(not spec.override_defaults for spec in specs):
+    elif all(not spec.override_defaults for spec in route):
         specs.extend(default_limits)
     bound: list[BoundLimit] = []
     seen: set[str] = set()
@@ -404,8 +433,9 @@ def build_plan(
     return RoutePlan(
         exempt=False,
         limits=limits,
-        policy=strictest(spec.on_failure for spec in specs),
+        policy=strictest(spec.on_failure for spec in (*specs, *inner_all)),
         needs_identity=any(b.needs_identity for b in bound),
-        covered=covered,
+        covered=covered - inner_specs.keys(),
         plain=all(b.plain for b in limits),
+        inner=inner_specs,
     )

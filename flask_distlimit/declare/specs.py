@@ -82,6 +82,18 @@ class LimitSpec:
         """How many limits this spec puts in a request (at most, for a dynamic value)."""
         return self.dynamic.most_rates() if self.dynamic is not None else len(self.rates)
 
+    @property
+    def reads_request(self) -> bool:
+        """Some option is app code called per request before the view (a callable value, a
+        ``key_func``, a ``cost`` or ``exempt_when`` callable): it may read what a decorator
+        above the limit sets (``g.api_key``)."""
+        return bool(
+            (self.dynamic is not None and self.dynamic.source is not None)
+            or self.key_func is not None
+            or callable(self.cost)
+            or self.exempt_when is not None
+        )
+
     def shown(self) -> str:
         """The value as written, for messages and listings."""
         if self.dynamic is not None:

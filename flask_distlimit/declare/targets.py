@@ -30,6 +30,7 @@ __all__ = [
     "carries",
     "describe",
     "hashable",
+    "is_carrier",
     "make_carrier",
     "view_objects",
 ]
@@ -143,6 +144,12 @@ def carries(func: object, limiter: object) -> bool:
     """Whether ``func`` (or the wrapper it was copied from by ``functools.wraps``) carries
     ``limiter``'s limits."""
     return getattr(func, _CARRIER, None) is limiter
+
+
+def is_carrier(obj: object) -> bool:
+    """Whether ``obj`` is itself a limit wrapper (not a decorator's wrapper copied from one)."""
+    carried = getattr(obj, _CARRIED, None)
+    return isinstance(carried, tuple) and carried[0] is obj
 
 
 def carried_function(view: object, limiter: object) -> Callable[..., Any] | None:

@@ -5,7 +5,11 @@ storage sees them: the fleet's slot (:mod:`flask_distlimit.defences.fleet`), the
 (counted under the client address), the tier limits of the request's identity, then the route
 and shared limits (each under the identity, or under what its ``key_func`` answers; a
 concurrency limit as a slot, a ``dynamic`` limit as this request's rates, a ``deduct_when``
-limit as a peek charged after the response, :mod:`flask_distlimit.request.deduction`).
+limit as a peek charged after the response, :mod:`flask_distlimit.request.deduction`). A
+``key_func`` answering ``None`` or ``""`` skips its limit for the request (Flask-Limiter's
+opt-out). A limit whose app code raises (its value with no ``fallback``, ``key_func``,
+``exempt_when``) is never silently dropped: logged at ERROR, then under the failure policy
+``open`` skipped with the request marked degraded, else a 503.
 
 What a check costs: 1, a limit's ``cost``, or ``DISTLIMIT_CONDITIONAL_COST`` on a conditional
 ``GET``/``HEAD`` (route limits only; the global and tier limits always cost at least 1). A CORS
@@ -17,15 +21,19 @@ first, is its address, so the global limits do not compute it again.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from flask import Request
+from werkzeug.exceptions import HTTPException
 
-from flask_distlimit._typing import KeyFunc
+from flask_distlimit._typing import FailurePolicy, KeyFunc
 from flask_distlimit.core.algorithms import CONCURRENCY, MAX_LIMITS_PER_REQUEST
 from flask_distlimit.core.decision import Check
 from flask_distlimit.core.priorities import Priority
+from flask_distlimit.declare.dynamic_limits import LOG_INTERVAL, LimitUnresolved, log_text
 from flask_distlimit.declare.route_limits import BoundLimit, RoutePlan
 from flask_distlimit.defences.concurrency import slot_check
 from flask_distlimit.defences.fleet import Fleet
@@ -35,6 +43,11 @@ from flask_distlimit.request.data import RequestData
 from flask_distlimit.request.plans import Plans
 
 __all__ = ["Built", "Checks"]
+
+log = logging.getLogger("flask_distlimit")
+
+#: Limits whose failure is remembered for the once-a-minute ERROR line; emptied when full.
+_QUIET_KEPT: Final = 10_000
 
 
 #: The checks of one storage call, each with its bound limit, who was identified, and whether
@@ -61,10 +74,11 @@ def _key_text(b: BoundLimit, key_func: KeyFunc) -> str | None:
     """``func:<value>``: what a ``key_func`` returns, in a key space of its own (never the
     bucket of an address, a user, a token or an API key; see :mod:`flask_distlimit.declare.keys`).
 
-    ``None`` when it answers no key (``None`` or ``""``): the request is counted under its own
-    identity, never every keyless request in one shared bucket. A ``str`` or an ``int`` is a
-    key; anything else raises ``TypeError``: the text of a model object holds its memory address
-    (a fresh quota on every request) and bytes read ``"b'...'"``."""
+    ``None`` when it answers no key (``None`` or ``""``): the limit is skipped for this request,
+    as Flask-Limiter skips it (how a ``key_func`` opts a request out), never every keyless
+    request in one shared bucket. A ``str`` or an ``int`` is a key; anything else raises
+    ``TypeError``: the text of a model object holds its memory address (a fresh quota on every
+    request) and bytes read ``"b'...'"``."""
     value: object = key_func()
     if isinstance(value, str):
         return "func:" + value if value else None
@@ -75,7 +89,7 @@ def _key_text(b: BoundLimit, key_func: KeyFunc) -> str | None:
     raise TypeError(
         f"The key_func {getattr(key_func, '__qualname__', key_func)!r} of the rate limit "
         f"{b.name!r} returned a {type(value).__name__}; it must return a str or int (e.g. "
-        "str(current_user.id)), or None to count the request under its own identity."
+        "str(current_user.id)), or None to skip the limit for this request."
     )
 
 
@@ -96,6 +110,9 @@ class Checks:
     charge_preflights: bool
     lease: int  #: a concurrency slot's, seconds
     dynamic_ttl_us: int
+    failure_policy: FailurePolicy  #: DISTLIMIT_FAILURE_POLICY, for a route that sets none
+    #: when the failure of each limit's app code may be logged again (local clock), by name
+    quiet_until: dict[str, int] = field(default_factory=dict, init=False)
     #: the global and tier limits hold no shadow limit, and no fleet slot rides along
     every_plain: bool = field(init=False)
 
@@ -176,16 +193,20 @@ class Checks:
         fixed = len(route_limits)  # route limits not yet added (a room for dynamic values)
         for b in route_limits:
             fixed -= 1
-            if b.exempt_when is not None and b.exempt_when():
-                continue
             tag = itag
-            if b.key_func is not None:
-                text = _key_text(b, b.key_func)
-                if text is not None:
+            try:
+                if b.exempt_when is not None and b.exempt_when():
+                    continue
+                if b.key_func is not None:
+                    text = _key_text(b, b.key_func)
+                    if text is None:  # no key: this request is not counted by this limit
+                        continue
                     tag = self.identity_tag(text)
-                elif identity is None:  # no key: counted under the request's identity
-                    identity = self.resolver.identify(req, self.hooks)
-                    tag = itag = self.identity_tag(identity.value)
+            except HTTPException:  # the app's own answer (request.form["user"]: a 400)
+                raise
+            except Exception as exc:  # the app's code failed: the failure policy answers
+                self._unresolved(b, exc, plan, data)
+                continue
             if b.algorithm == CONCURRENCY:  # a slot, not a cost (defences.concurrency)
                 checks.append(slot_check(b, tag, self.lease))
                 bounds.append(b)
@@ -200,9 +221,13 @@ class Checks:
             if b.dynamic is not None:  # a callable or mapping value: this request's rates
                 room = MAX_LIMITS_PER_REQUEST - len(checks) - fixed
                 tier = identity.tier if identity is not None else None
-                resolved = b.dynamic.resolve(
-                    tag, tier, self.local_clock(), self.dynamic_ttl_us, room
-                )
+                try:
+                    resolved = b.dynamic.resolve(
+                        tag, tier, self.local_clock(), self.dynamic_ttl_us, room
+                    )
+                except LimitUnresolved:  # logged by the dynamic limit
+                    self._by_policy(plan, data)
+                    continue
             for r in resolved:
                 if r.deduct_when is not None or unproved:  # a peek now, charged after
                     check = r.check(tag, 1 if unproved else cost)
@@ -214,6 +239,34 @@ class Checks:
         if not checks:
             return None
         return checks, bounds, identity, plain and (not every_request or self.every_plain)
+
+    def _unresolved(
+        self, b: BoundLimit, exc: Exception, plan: RoutePlan, data: RequestData
+    ) -> None:
+        """The ``key_func`` or ``exempt_when`` of ``b`` raised: log it (at most once a minute per
+        limit), then let the failure policy answer (:meth:`_by_policy`)."""
+        now = self.local_clock()
+        if now >= self.quiet_until.get(b.name, 0):
+            if len(self.quiet_until) >= _QUIET_KEPT:
+                self.quiet_until.clear()
+            self.quiet_until[b.name] = now + int(LOG_INTERVAL * 1_000_000)
+            log.error(
+                "The rate limit %s could not be evaluated: its key_func or exempt_when raised "
+                "%s: %s. The failure policy %s answers (open: admitted, marked degraded; closed "
+                "or local: 503). (Logged at most once a minute per limit.)",
+                b.name, type(exc).__name__, log_text(exc), plan.policy or self.failure_policy,
+                exc_info=exc,
+            )  # fmt: skip
+        self._by_policy(plan, data)
+
+    def _by_policy(self, plan: RoutePlan, data: RequestData) -> None:
+        """A limit of the request cannot be evaluated: under the failure policy ``open`` it is
+        skipped for this request, which is marked degraded (``X-RateLimit-Degraded``); under
+        ``closed`` or ``local`` (no rate to enforce in-process) :class:`LimitUnresolved` makes
+        the request a 503."""
+        if (plan.policy or self.failure_policy) != "open":
+            raise LimitUnresolved
+        data.degraded = True
 
     def _view_answers_options(self, req: Request) -> bool:
         """Does the route's own view answer ``OPTIONS`` (its methods list it: ``methods=[...,

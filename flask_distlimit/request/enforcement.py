@@ -14,8 +14,11 @@ meets them, and hands each what it uses (a clock, the guard), never the app's wh
    a lease or ONE ``guard.evaluate`` call (:mod:`flask_distlimit.request.decide`).
 3. A refusal raises a 429 or 503 problem (:mod:`flask_distlimit.request.refuse`); ordinary
    Flask error handling turns it into a response.
-4. A limit wrapper the plan did not reach (behind a decorator that skips ``functools.wraps``)
-   enforces its own limits when it runs, in a second call (:meth:`Enforcer.reached`).
+4. A limit wrapper the plan did not reach (behind a decorator that skips ``functools.wraps``),
+   or left to run (below another decorator, with options that call app code), enforces its
+   own limits when it runs, in a second call (:meth:`Enforcer.reached`); so does ``with
+   limiter.limit(...)`` in a view (:meth:`Enforcer.entered`). A limit whose app code raises
+   answers by the route's failure policy (:mod:`flask_distlimit.request.checks`).
 5. ``after_request``: a request whose view never ran (no route matched, or a hook answered
    first) is counted here against the limits of every request (global and tier); then the
    ``deduct_when`` charges, the rate-limit headers and telemetry
@@ -33,17 +36,17 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from flask import Flask, Request, current_app, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as WerkzeugResponse
 
-from flask_distlimit._typing import HeaderMode, RequestFilter
+from flask_distlimit._typing import FailurePolicy, HeaderMode, RequestFilter
 from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.priorities import Priority
 from flask_distlimit.core.problem import retry_after_seconds
-from flask_distlimit.declare.dynamic_limits import ttl_us
+from flask_distlimit.declare.dynamic_limits import LimitUnresolved, ttl_us
 from flask_distlimit.declare.registry import LimitRegistry
 from flask_distlimit.declare.request_filters import filtered
 from flask_distlimit.declare.route_limits import BoundLimit, RoutePlan, strictest
@@ -85,6 +88,8 @@ class _Settings(Protocol):
     def conditional_cost(self) -> int: ...  #: DISTLIMIT_CONDITIONAL_COST
     @property
     def breaker_reset_timeout(self) -> float: ...  #: DISTLIMIT_BREAKER_RESET_TIMEOUT
+    @property
+    def failure_policy(self) -> FailurePolicy: ...  #: DISTLIMIT_FAILURE_POLICY
     @property
     def charge_preflights(self) -> bool: ...  #: DISTLIMIT_CHARGE_PREFLIGHTS
     @property
@@ -184,8 +189,9 @@ class Enforcer:
             charge_preflights=settings.charge_preflights,
             lease=settings.concurrency_lease,
             dynamic_ttl_us=ttl_us(settings.dynamic_limit_ttl),
+            failure_policy=settings.failure_policy,
         )
-        refusals = Refusals(
+        self._refusals = refusals = Refusals(
             guard=state.guard,
             local_clock=state.local_clock,
             identity_tag=state.identity_tag,
@@ -287,31 +293,64 @@ class Enforcer:
         data = RequestData(plan.covered, exempt=exempt)
         req.environ[self.environ_key] = data
         if not exempt:  # self._evaluate(req, data, plan), one call fewer on every request
-            built = self._checks.build(req, data, plan, True)
+            try:
+                built = self._checks.build(req, data, plan, True)
+            except LimitUnresolved:
+                self._refusals.unavailable(data, busy=False, unresolved=True)
             if built is not None:
                 checks, bounds, identity, simple = built
                 self._decider.decide(checks, bounds, identity, plan.policy, data, simple=simple)
         return data
 
-    def reached(self, carrier: object, specs: Sequence[Any]) -> None:
-        """A limit wrapper runs: enforce its limits unless the request's plan already did."""
+    def reached(self, carrier: object, specs: Sequence[LimitSpec]) -> None:
+        """A limit wrapper runs: enforce its limits unless the request's plan already did (a
+        wrapper the plan left to run, :attr:`RoutePlan.inner`, with the route's policy)."""
         req: Request = request._get_current_object()  # type: ignore[attr-defined]
+        own = self._own_data(req)
+        if own is None or carrier in own[0].covered:
+            return
+        route = self._plans.get((req.endpoint, req.method))
+        if route is not None and carrier in route.inner:
+            specs, policy = route.inner[carrier], route.policy
+        else:
+            policy = strictest(spec.on_failure for spec in specs)
+        bounds = self._planner.carried(carrier, specs, req.endpoint, req.method)
+        self._decide_own(req, own, bounds, policy)
+
+    def entered(self, spec: LimitSpec) -> None:
+        """``with limiter.limit(...)`` in a view: decide that limit now, in a call of its own."""
+        req: Request = request._get_current_object()  # type: ignore[attr-defined]
+        own = self._own_data(req)
+        if own is not None:
+            bounds = self._planner.bind_now((spec,), req.endpoint, req.method)
+            self._decide_own(req, own, bounds, spec.on_failure)
+
+    def _own_data(self, req: Request) -> tuple[RequestData, bool] | None:
+        """The request's data for limits decided apart from the gate's call, and whether the
+        gate has not run (its work, the limits of every request, is then to do too); None when
+        the request is exempt."""
         environ = req.environ
         data: RequestData | None = environ.get(self.environ_key)
-        if data is not None and (data.exempt or carrier in data.covered):
-            return
-        every_request = data is None  # called outside the gate: do the gate's work too
-        if data is None:
-            if self._filters and filtered(self._filters):
-                environ[self.environ_key] = RequestData(frozenset(), exempt=True)
-                return
-            data = RequestData(frozenset())
-            environ[self.environ_key] = data
-        bounds = self._planner.carried(carrier, specs, req.endpoint, req.method)
+        if data is not None:
+            return None if data.exempt else (data, False)
+        if self._filters and filtered(self._filters):
+            environ[self.environ_key] = RequestData(frozenset(), exempt=True)
+            return None
+        data = environ[self.environ_key] = RequestData(frozenset())
+        return data, True
+
+    def _decide_own(
+        self,
+        req: Request,
+        own: tuple[RequestData, bool],
+        bounds: tuple[BoundLimit, ...],
+        policy: FailurePolicy | None,
+    ) -> None:
+        data, every_request = own
         plan = RoutePlan(
             exempt=False,
             limits=bounds,
-            policy=strictest(spec.on_failure for spec in specs),
+            policy=policy,
             needs_identity=any(b.needs_identity for b in bounds),
         )
         self._evaluate(req, data, plan, every_request)
@@ -326,7 +365,10 @@ class Enforcer:
     ) -> None:
         """One storage call for ``plan``'s limits (and the global and tier limits when
         ``every``, with the fleet's slot when ``fleet``)."""
-        built = self._checks.build(req, data, plan, every, fleet=fleet)
+        try:
+            built = self._checks.build(req, data, plan, every, fleet=fleet)
+        except LimitUnresolved:
+            self._refusals.unavailable(data, busy=False, unresolved=True)
         if built is not None:
             checks, bounds, identity, simple = built
             self._decider.decide(checks, bounds, identity, plan.policy, data, simple=simple)

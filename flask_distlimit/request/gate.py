@@ -71,11 +71,16 @@ def finalize(
             every, one = registry.attached(view, method)
             served.update(every, one)
             # Bound now: a route that would carry too many limits fails here, loudly.
-            route = plans.plan(endpoint, method, view).limits
+            plan = plans.plan(endpoint, method, view)
             check_limit_count(
-                every_request + sum(b.most_rates for b in route),
+                every_request + sum(b.most_rates for b in plan.limits),
                 f"The global, tier and route limits of {endpoint!r} ({method})",
             )
+            for specs in plan.inner.values():  # decided in a call of their own
+                check_limit_count(
+                    sum(s.rate_count for s in specs),
+                    f"The limits under a decorator of {endpoint!r} ({method})",
+                )
     for endpoint, view in routed:
         app.view_functions[endpoint] = _gate(endpoint, view, enforce, limiter)
     closed = _Served(app.name, served)

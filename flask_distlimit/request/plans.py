@@ -107,7 +107,18 @@ class Plans:
         if bounds is not None:
             return bounds
         label = endpoint or str(getattr(carrier, "__qualname__", "view"))
-        bounds = distinct(
+        bounds = self.bind_now(specs, label, method)
+        self._carried[(carrier, endpoint, method)] = bounds
+        if self.leases.declare(bounds):
+            self.leasing = True
+        return bounds
+
+    def bind_now(
+        self, specs: Sequence[LimitSpec], label: str | None, method: str
+    ) -> tuple[BoundLimit, ...]:
+        """``specs`` bound for ``label`` (the endpoint) and ``method``, neither kept nor told to
+        the leases (``with limiter.limit(...)``, whose spec is made anew by every request)."""
+        return distinct(
             (
                 b
                 for spec in specs
@@ -115,14 +126,10 @@ class Plans:
                     spec,
                     prefix=self.prefix,
                     default_algorithm=self.algorithm,
-                    label=label,
+                    label=label or "view",
                     method=method,
                     shadow=self.shadow,
                 )
             ),
             self.prefix,
         )
-        self._carried[(carrier, endpoint, method)] = bounds
-        if self.leases.declare(bounds):
-            self.leasing = True
-        return bounds

@@ -4,8 +4,9 @@ A denial raises :class:`~flask_distlimit.core.problem.RateLimitExceeded` (429; a
 limit's :class:`~flask_distlimit.core.problem.ConcurrencyLimitExceeded`), an outage under policy
 ``closed`` :class:`~flask_distlimit.core.problem.RateLimitUnavailable` (503) and a fleet over a
 priority's share :class:`~flask_distlimit.core.problem.Overloaded` (503): ordinary Flask error
-handling turns them into responses. Before a 429, the denied limit's own ``on_breach`` (else the
-app's) is told a :class:`Breach`, and may answer the response. Each refusal is logged at INFO
+handling turns them into responses. Before a 429, the app's ``on_breach`` and then the denied
+limits' own are told a :class:`Breach` (:mod:`flask_distlimit.declare.refusal_options`); one
+may answer the response, and one that raises is logged, never a 500. Each refusal is logged at INFO
 once per client and limit per window at most, never once per request. What the headers of the
 refusal say is noted on the request's :class:`~flask_distlimit.request.data.RequestData`.
 """
@@ -150,11 +151,21 @@ class Refusals:
             metrics.shed(priority, "fleet")
         raise Overloaded(priority=priority, reason="fleet", instance=request.path)
 
-    def unavailable(self, data: RequestData, *, busy: bool) -> NoReturn:
-        """The storage did not decide and the failure policy is ``closed``: 503."""
+    def unavailable(self, data: RequestData, *, busy: bool, unresolved: bool = False) -> NoReturn:
+        """The storage did not decide and the failure policy is ``closed``: 503. ``unresolved``:
+        a limit of the route could not be evaluated (its app code raised) and the route's
+        policy is not ``open``."""
         data.degraded = data.denied = True
         data.retry_after = 1 if busy else self.retry_unavailable  # busy: load, not an outage
-        raise RateLimitUnavailable(retry_after=data.retry_after, instance=request.path, busy=busy)
+        detail = (
+            "A rate limit of this route could not be evaluated and this route refuses requests "
+            f"it cannot count; retry in {data.retry_after} s."
+            if unresolved
+            else None
+        )
+        raise RateLimitUnavailable(
+            retry_after=data.retry_after, instance=request.path, busy=busy, detail=detail
+        )
 
     def unaffordable(
         self, check: Check, b: BoundLimit, identity: Identity | None, data: RequestData
@@ -193,29 +204,40 @@ class Refusals:
         denied: Sequence[BoundLimit] = (),
         concurrency: bool = False,
     ) -> NoReturn:
-        """Tell the ``on_breach`` hook, then raise the 429 (the hook's response, if any)."""
+        """Tell the ``on_breach`` hooks, then raise the 429 (the response of the last hook that
+        answered one, if any). A hook that raises is logged and the 429 is sent all the same."""
         response: SansIOResponse | None = None
-        hook = refusal_options.breach_hook(denied, self.breach_hook())
+        hooks = refusal_options.breach_hooks(denied, self.breach_hook())
         message = refusal_options.error_message(denied) if denied else None
         detail = message or detail
         # e.description as Flask-Limiter's: the error_message, else "1 per 1 day"
         said = message or (denied[0].rate.in_words() if denied and not concurrency else None)
-        if hook is not None:
+        if hooks:
             rates = breached_rates(denied, self.lease)
-            response = hook(
-                Breach(
-                    endpoint=request.endpoint,
-                    method=request.method,
-                    path=request.path,
-                    identity_digest=digest,
-                    tier=tier,
-                    violated_policies=names,
-                    retry_after=retry,
-                    from_cache=from_cache,
-                    limit=rates[0] if rates else None,
-                    limits=rates,
-                )
+            breach = Breach(
+                endpoint=request.endpoint,
+                method=request.method,
+                path=request.path,
+                identity_digest=digest,
+                tier=tier,
+                violated_policies=names,
+                retry_after=retry,
+                from_cache=from_cache,
+                limit=rates[0] if rates else None,
+                limits=rates,
             )
+            for hook in hooks:
+                try:
+                    answer = hook(breach)
+                except Exception:  # the app's code: the refusal stands, never a 500
+                    log.exception(
+                        "The on_breach hook %s raised while refusing %s %s; the 429 is sent "
+                        "without it.",
+                        getattr(hook, "__qualname__", hook), request.method, request.endpoint,
+                    )  # fmt: skip
+                    continue
+                if isinstance(answer, WerkzeugResponse):
+                    response = answer
         problem = ConcurrencyLimitExceeded if concurrency else RateLimitExceeded
         exc = problem(
             retry_after=retry,

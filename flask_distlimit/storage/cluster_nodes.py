@@ -163,7 +163,7 @@ def _bounded_wait_pool(timeout: float) -> type[redis.BlockingConnectionPool]:
     class BoundedWaitPool(redis.BlockingConnectionPool):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs.setdefault("timeout", timeout)
-            super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+            cast(Any, super()).__init__(*args, **kwargs)  # redis-py leaves it unannotated
 
     return BoundedWaitPool
 

@@ -21,7 +21,7 @@ parent's connection to a forked child (:mod:`flask_distlimit.forks`, ``reset_aft
 from __future__ import annotations
 
 import logging
-from typing import Final, Literal
+from typing import Any, Final, Literal, cast
 
 from flask_distlimit.core.decision import Check
 from flask_distlimit.errors import (
@@ -136,9 +136,9 @@ def _check_slots(storage: RedisSideCalls) -> None:
     assert isinstance(storage, ClusterNodes)
     client = storage.client
     bad = []
-    for node in client.get_primaries():  # type: ignore[no-untyped-call]
+    for node in client.get_primaries():
         try:
-            info = client.cluster_info(target_nodes=node)
+            info: dict[str, Any] = cast(Any, client).cluster_info(target_nodes=node)
         except REDIS_FAILURES as exc:
             if misconfiguration(exc) is not None:
                 return  # an ACL without CLUSTER INFO: the script's call was answered

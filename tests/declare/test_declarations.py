@@ -485,22 +485,6 @@ def test_the_first_request_warns_once_about_limits_that_match_no_endpoint(
     assert "3/minute" in warnings[0] and "5/minute" in warnings[0]
 
 
-def test_limits_of_a_limiter_never_set_up_on_the_app_raise(
-    backend: Backend, clock: FakeClock
-) -> None:
-    app, _, _ = make_app(backend(), clock)
-    stray = Limiter(clock=clock)  # never init_app'd
-
-    @app.get("/orders")
-    @stray.limit("1/minute")
-    def orders() -> str:
-        return "orders"
-
-    app.testing = True  # let the error reach the test instead of a 500 page
-    with pytest.raises(RuntimeError, match=r"init_app"):
-        app.test_client().get("/orders")
-
-
 def test_a_declaration_that_cannot_be_a_view_is_refused() -> None:
     limiter = Limiter()
     with pytest.raises(ConfigurationError, match="view function"):

@@ -135,6 +135,9 @@ def compiled(block: Block, code: str | None = None) -> types.CodeType:
 class Declared:
     rates: list[str] = field(default_factory=list)
     exempt: bool = False
+    #: the route has limits with a key_func: one answering None skips its limit for a request
+    #: (Flask-Limiter's opt-out), so they are not counted on to refuse an anonymous client
+    keyed: bool = False
 
 
 ROUTE_DECORATORS = {"route", "get", "post", "put", "patch", "delete"}
@@ -169,7 +172,10 @@ def declared_routes(code: str) -> dict[str, Declared]:
             if dec.func.attr in ROUTE_DECORATORS:
                 paths.append(first.value)
             elif dec.func.attr in ("limit", "shared_limit"):
-                declared.rates.append(first.value)
+                if any(k.arg == "key_func" for k in dec.keywords):
+                    declared.keyed = True
+                else:
+                    declared.rates.append(first.value)
         for path in paths:
             routes[path] = declared
     return routes
@@ -180,8 +186,10 @@ def smallest_count(app: Flask, declared: Declared | None) -> int | None:
     config = app.config
     if not config.get("DISTLIMIT_ENABLED", True):
         return None
-    texts = list(declared.rates) if declared and declared.rates else []
-    texts = texts or [config.get("DISTLIMIT_DEFAULT_LIMITS") or ""]
+    if declared and (declared.rates or declared.keyed):
+        texts = list(declared.rates)
+    else:
+        texts = [config.get("DISTLIMIT_DEFAULT_LIMITS") or ""]
     texts.append(config.get("DISTLIMIT_GLOBAL_LIMITS") or "")
     texts.append((config.get("DISTLIMIT_TIERS") or {}).get("anonymous") or "")
     counts = [rate.amount for text in texts if text for rate in parse_rates(text)]

@@ -1,0 +1,329 @@
+"""What a team coming from Flask-Limiter 4.1.1 expects of the forms it already writes (issue 33,
+items 1-6): a callable limit under an outer decorator, both ``on_breach`` hooks, a hook that
+raises, a ``key_func`` opting a request out, a Limiter never set up, the ``with`` form.
+
+Each case runs on memory, fakeredis and a real redis-server (the ``backend`` fixture); each
+pins the behaviour ``docs/migrating-from-flask-limiter.md`` describes.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import pytest
+from flask import Flask, Response, g, request
+from flask.views import MethodView
+
+from flask_distlimit import Breach, Limiter
+from flask_distlimit.storage.base import Storage
+from flask_distlimit.testing import FakeClock
+from tests.distlimit_fixtures import backend, clock, make_app
+
+__all__ = ["backend", "clock"]  # fixtures used below
+
+Backend = Callable[[], Storage]
+
+
+def statuses(app: Flask, path: str, n: int, **kwargs: Any) -> list[int]:
+    client = app.test_client()
+    return [client.get(path, **kwargs).status_code for _ in range(n)]
+
+
+def api_key_required(view: Callable[..., Any]) -> Callable[..., Any]:
+    """An app's own decorator, above the limit: it sets what the limit's callables read."""
+
+    @functools.wraps(view)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        key = request.headers.get("X-Api-Key")
+        if key is None:
+            return "no key", 401
+        g.api_key = key
+        g.rate_limit = "3/minute" if key == "gold" else "2/minute"
+        return view(*args, **kwargs)
+
+    return wrapper
+
+
+# -- 1. a limit whose callables read what an outer decorator sets ---------------------------------
+
+
+def test_a_callable_limit_below_a_decorator_reads_what_the_decorator_set(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.get("/translate")
+    @api_key_required
+    @limiter.limit(lambda: g.rate_limit, key_func=lambda: g.api_key)
+    def translate() -> str:
+        return "ok"
+
+    assert statuses(app, "/translate", 3, headers={"X-Api-Key": "basic"}) == [200, 200, 429]
+    assert statuses(app, "/translate", 4, headers={"X-Api-Key": "gold"}) == [200, 200, 200, 429]
+    # The decorator answered first: the limit never ran, as in Flask-Limiter.
+    assert statuses(app, "/translate", 3) == [401, 401, 401]
+
+
+def test_a_method_view_handler_limit_reads_what_the_class_decorators_set(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+
+    class Translate(MethodView):
+        decorators: ClassVar[list[Callable[..., Any]]] = [api_key_required]
+
+        @limiter.limit(lambda: g.rate_limit, key_func=lambda: g.api_key)
+        def get(self) -> str:
+            return "ok"
+
+        def post(self) -> str:
+            return "posted"
+
+    app.add_url_rule("/translate", view_func=Translate.as_view("translate"))
+    assert statuses(app, "/translate", 3, headers={"X-Api-Key": "basic"}) == [200, 200, 429]
+    client = app.test_client()
+    posts = [client.post("/translate", headers={"X-Api-Key": "basic"}) for _ in range(3)]
+    assert [r.status_code for r in posts] == [200, 200, 200]  # the limit is the GET handler's
+
+
+def test_global_limits_still_count_beside_a_limit_decided_below_a_decorator(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, counting = make_app(backend(), clock, DISTLIMIT_GLOBAL_LIMITS="10/minute")
+
+    @app.get("/translate")
+    @api_key_required
+    @limiter.limit(lambda: g.rate_limit, key_func=lambda: g.api_key)
+    def translate() -> str:
+        return "ok"
+
+    assert statuses(app, "/translate", 4, headers={"X-Api-Key": "gold"}) == [200, 200, 200, 429]
+    # per request: the global limit at the gate, then the route's limit where it runs
+    assert [[c.key.rsplit(":", 2)[-2] for c in checks] for checks in counting.checks[:2]] == [
+        ["g_10/60"],
+        ["r_translate_dyn_3/60"],
+    ]
+    assert statuses(app, "/translate", 7, headers={"X-Api-Key": "basic"})[-1] == 429
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [("open", 200), ("closed", 503), ("local", 503)],
+)
+def test_a_limit_that_cannot_be_evaluated_answers_by_the_failure_policy(
+    backend: Backend,
+    clock: FakeClock,
+    caplog: pytest.LogCaptureFixture,
+    policy: str,
+    expected: int,
+) -> None:
+    app, limiter, _ = make_app(backend(), clock, DISTLIMIT_FAILURE_POLICY=policy)
+
+    @app.get("/orders")
+    @limiter.limit(lambda: g.missing)  # nothing sets g.missing: AttributeError
+    def orders() -> str:
+        return "ok"
+
+    @app.get("/keyed")
+    @limiter.limit("5/minute", key_func=lambda: g.missing)
+    def keyed() -> str:
+        return "ok"
+
+    with caplog.at_level(logging.ERROR, logger="flask_distlimit"):
+        for path in ("/orders", "/keyed"):
+            response = app.test_client().get(path)
+            assert response.status_code == expected
+            if expected == 200:  # admitted, but never silently: marked degraded
+                assert response.headers["X-RateLimit-Degraded"] == "true"
+            else:
+                assert "could not be evaluated" in response.get_json()["detail"]
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("AttributeError" in e and "failure policy" in e for e in errors), errors
+    assert len(errors) == 2  # one line per limit
+
+
+def test_a_limit_own_on_failure_decides_for_an_unevaluable_limit(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock)  # DISTLIMIT_FAILURE_POLICY: open
+
+    @app.get("/orders")
+    @limiter.limit(lambda: g.missing, on_failure="closed")
+    def orders() -> str:
+        return "ok"
+
+    assert statuses(app, "/orders", 2) == [503, 503]
+
+
+# -- 2 and 3. on_breach ---------------------------------------------------------------------------
+
+
+def test_the_app_hook_and_the_limit_hook_are_both_told(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+    told: list[str] = []
+
+    @limiter.on_breach
+    def audit(breach: Breach) -> Response:
+        told.append("app")
+        return Response("from the app hook", status=429)
+
+    def route_hook(breach: Breach) -> None:
+        told.append("route")
+
+    def route_answers(breach: Breach) -> Response:
+        told.append("route answers")
+        return Response("from the route hook", status=429)
+
+    @app.get("/quiet")
+    @limiter.limit("1/minute", on_breach=route_hook)
+    def quiet() -> str:
+        return "ok"
+
+    @app.get("/loud")
+    @limiter.limit("1/minute", on_breach=route_answers)
+    def loud() -> str:
+        return "ok"
+
+    client = app.test_client()
+    client.get("/quiet")
+    refused = client.get("/quiet")
+    # The route's hook answered None: the app hook's response is sent.
+    assert (refused.status_code, refused.get_data(as_text=True)) == (429, "from the app hook")
+    assert told == ["app", "route"]
+    client.get("/loud")
+    refused = client.get("/loud")
+    assert (refused.status_code, refused.get_data(as_text=True)) == (429, "from the route hook")
+    assert told == ["app", "route", "app", "route answers"]
+
+
+def test_a_breach_hook_that_raises_still_gives_the_429(
+    backend: Backend, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+
+    @limiter.on_breach
+    def broken(breach: Breach) -> None:
+        raise RuntimeError("alerting is down")
+
+    @app.get("/orders")
+    @limiter.limit("1/minute", on_breach=broken)
+    def orders() -> str:
+        return "ok"
+
+    with caplog.at_level(logging.ERROR, logger="flask_distlimit"):
+        assert statuses(app, "/orders", 2) == [200, 429]
+    response = app.test_client().get("/orders")
+    assert response.status_code == 429
+    assert response.mimetype == "application/problem+json"
+    logged = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert logged and "on_breach hook" in logged[0].getMessage() and logged[0].exc_info
+
+
+# -- 4. a key_func answering None -----------------------------------------------------------------
+
+
+def test_a_key_func_answering_none_skips_the_limit(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, counting = make_app(backend(), clock)
+
+    @app.get("/orders")
+    @limiter.limit("1/minute", key_func=lambda: request.headers.get("X-Tenant"))
+    def orders() -> str:
+        return "ok"
+
+    assert statuses(app, "/orders", 3) == [200, 200, 200]  # opted out: never counted
+    assert counting.checks == []
+    assert statuses(app, "/orders", 2, headers={"X-Tenant": "acme"}) == [200, 429]
+    assert statuses(app, "/orders", 1, headers={"X-Tenant": ""}) == [200]
+
+
+# -- 5. a Limiter never set up on the app ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("on_failure", "expected"), [(None, 200), ("closed", 503)])
+def test_limits_of_a_limiter_never_set_up_answer_by_policy_and_say_so(
+    backend: Backend,
+    clock: FakeClock,
+    caplog: pytest.LogCaptureFixture,
+    on_failure: str | None,
+    expected: int,
+) -> None:
+    app, _, _ = make_app(backend(), clock)
+    stray = Limiter(clock=clock)  # never init_app'd
+
+    @app.get("/orders")
+    @stray.limit("1/minute", on_failure=on_failure)
+    def orders() -> str:
+        return "ok"
+
+    with caplog.at_level(logging.ERROR, logger="flask_distlimit"):
+        assert statuses(app, "/orders", 3) == [expected] * 3
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1  # once per app and view
+    assert "never set up" in errors[0] and "limiter.init_app(app)" in errors[0]
+
+
+def test_an_app_with_no_limiter_at_all_is_never_a_500(clock: FakeClock) -> None:
+    app = Flask("bare")
+    stray = Limiter(clock=clock)
+
+    @app.get("/orders")
+    @stray.limit("1/minute")
+    def orders() -> str:
+        return "ok"
+
+    @app.get("/inline")
+    def inline() -> str:
+        with stray.limit("1/minute"):
+            return "ok"
+
+    assert statuses(app, "/orders", 2) == [200, 200]
+    assert statuses(app, "/inline", 2) == [200, 200]
+
+
+# -- 6. the with form -----------------------------------------------------------------------------
+
+
+def test_a_with_block_decides_its_limit_where_it_starts(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+    reached: list[str] = []
+    told: list[Breach] = []
+    limiter.on_breach(told.append)
+
+    @app.get("/report")
+    def report() -> str:
+        reached.append("before")
+        with limiter.limit("2/minute"):
+            reached.append("inside")
+        return "ok"
+
+    assert statuses(app, "/report", 3) == [200, 200, 429]
+    assert reached == ["before", "inside", "before", "inside", "before"]
+    refused = app.test_client().get("/report")
+    assert refused.mimetype == "application/problem+json"
+    assert refused.get_json()["violated-policies"] == ["report:2/minute"]
+    assert len(told) == 2
+
+
+def test_a_with_block_in_an_exempt_view_or_a_filtered_request_is_not_counted(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+    limiter.request_filter(lambda: request.headers.get("X-Internal") == "yes")
+
+    @app.get("/health")
+    @limiter.exempt
+    def health() -> str:
+        with limiter.limit("1/minute"):
+            return "ok"
+
+    @app.get("/report")
+    def report() -> str:
+        with limiter.shared_limit("1/minute", scope="reports"):
+            return "ok"
+
+    assert statuses(app, "/health", 2) == [200, 200]
+    assert statuses(app, "/report", 2, headers={"X-Internal": "yes"}) == [200, 200]
+    assert statuses(app, "/report", 2) == [200, 429]
