@@ -15,11 +15,11 @@ slot is taken in the request's one storage call, all-or-nothing with the request
   and that breaker hears how it ended, as it hears a request's call: an outage counts toward
   opening it, an answer resets its count, an error reply is an answer
   (:meth:`Guard.evaluate_beside <flask_distlimit.resilience.guard.Guard.evaluate_beside>`). The
-  lease gives back the slots not given back. When the response ends is the request's ledger's to say
-  (:mod:`flask_distlimit.defences.lifecycle`): when the app returns a complete body, else when the
-  WSGI server closes the body (after its last chunk, a ``send_file`` body too), or when an exception
-  escapes the app; a body the server iterates renews the slots' lease while it lasts (the same
-  tokens taken again: the script renews a live slot's lease);
+  lease gives back the slots not given back. When the response ends is the request's ledger's to
+  say (:mod:`flask_distlimit.defences.lifecycle`): when the WSGI server has written the body
+  (whole, streamed or ``send_file``), or when an exception escapes the app; a body the server
+  iterates renews the slots' lease while it lasts (the same tokens taken again: the script
+  renews a live slot's lease);
 - a slot whose process died (SIGKILL, OOM) is given back by its lease: the next request of that
   identity removes the slots whose lease ended, in the same script call. No background thread;
 - a refusal is a 429 :class:`~flask_distlimit.core.problem.ConcurrencyLimitExceeded` (problem type

@@ -1,50 +1,39 @@
-"""What a request takes, and the one release that gives it all back, however the response ends.
+"""What a request takes, and the one release that gives it all back when its body is sent.
 
 A request may take a place among its process's requests in flight (worker shedding,
 :mod:`flask_distlimit.defences.shedding`) and concurrency slots, the fleet's among them
-(:mod:`flask_distlimit.defences.concurrency`, :mod:`flask_distlimit.defences.fleet`). Each is a
-*holding*: it can be released (once) and renewed. The request's holdings are kept in one
-:class:`Ledger`, in the request's WSGI environ, and :meth:`Ledger.end` releases them all, exactly
-once.
+(:mod:`flask_distlimit.defences.concurrency`, :mod:`flask_distlimit.defences.fleet`); an
+OpenTelemetry figure that follows them rides along. Each is a *holding*: released once, renewed
+while held. The request's holdings are kept in one :class:`Ledger`, in its WSGI environ, and
+:meth:`Ledger.end` releases them all, exactly once.
 
-Where the end comes from: Flask hooks do not see every end. ``teardown_request`` runs before a
-streamed body is iterated; a response's ``close()`` is never called for a ``send_file``
-response, which werkzeug serves with ``direct_passthrough`` (the server's
-``wsgi.file_wrapper`` goes to the server as it is, not the response object). So the end is
-decided at the WSGI level, by :class:`Lifecycle`, which ``init_app`` installs around
-``app.wsgi_app`` (outside Flask, inside every middleware wrapped around it later):
+The end is decided at the WSGI level, by :class:`Lifecycle`, which ``init_app`` installs
+around ``app.wsgi_app``, for every kind of response alike (a complete body, a stream, a
+``send_file``, a HEAD, an error page): Flask hooks run before the server writes the body.
+The ledger ends at the first of:
 
-1. The app raised (an exception that escaped Flask, e.g. under ``PROPAGATE_EXCEPTIONS``): the
-   ledger ends, the exception goes on.
-2. The app returned, and the response it made was complete (not streamed: Flask made its whole
-   body, as the extension's ``after_request`` hook saw it): the ledger ends now, before the
-   server writes the bytes. This is the common case, and it ends also under a test client that
-   never closes its responses. (An ``after_request`` hook registered before ``init_app`` runs
-   after the extension's: one that swaps a complete response for a streamed one gives that
-   stream's holdings back before it streams.)
-3. Otherwise (a streamed body, a ``send_file`` body, anything not known to be complete), the
-   ledger ends when the server closes the iterable it got, as PEP 3333 requires of every server,
-   after its last chunk, after a generator that raised, after a client that went away
-   mid-body. The iterable is wrapped so that its ``close()`` calls the ledger's end after the
-   inner ``close()``. A ``send_file`` body under a server with ``wsgi.file_wrapper`` (gunicorn)
-   is not wrapped, so the server still recognises its own wrapper and sends the file with
-   ``sendfile(2)``: while the app runs, ``environ["wsgi.file_wrapper"]`` wraps the file it is
-   given in a proxy whose ``close()`` (which the server's wrapper calls) ends the ledger; the
-   server's own wrapper is put back before the server sees the environ again.
+- the app raised (an exception that escaped Flask), or its body raised: at once;
+- the server asked the body for the chunk after its last (it has written every byte);
+- the server closed the body (``close()``, as PEP 3333 requires: after its last chunk, after a
+  client that went away);
+- the server let go of the body unfinished without closing it (asgiref's ``WsgiToAsgi``
+  stops at Content-Length and never closes; a test client's response nobody read): at once,
+  or, when the garbage collector let go of it, at the start of the app's next request.
 
-Deadlines: nothing taken is held for ever. A slot carries its lease in the storage
-(``DISTLIMIT_CONCURRENCY_LEASE``), a place in flight the same deadline in the process (a place
-past it is dropped when the process would otherwise shed). A body iterated through the wrapper
-(a stream, a file the server reads through Python) renews every holding each time half the
-lease has passed, so a long stream keeps its slot while it streams. A file sent with
-``sendfile(2)`` and a view that runs longer than the lease are not renewed (no Python code
-runs meanwhile, and there is no background thread): their holdings end at the lease.
+So a client that reads slowly keeps what its request took until it has read all but what the
+kernel buffers. The body is wrapped for this; a ``send_file`` body under a server with
+``wsgi.file_wrapper`` (gunicorn) is not, so the server still sends it with ``sendfile(2)``:
+the file the app hands that wrapper is proxied, and the proxy's ``close()`` ends the ledger.
 
-Requests that take nothing get no ledger: the wrapper costs them an empty list in the environ.
+Deadlines: a slot carries its lease in the storage (``DISTLIMIT_CONCURRENCY_LEASE``), a place
+in flight the same deadline in the process. A body the wrapper iterates renews every holding
+each time half the lease has passed; a file sent with ``sendfile(2)`` and a view that runs
+longer than the lease are not renewed (no Python code runs meanwhile): they end at the lease.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -53,7 +42,6 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
     from flask import Flask
-    from werkzeug.wrappers import Response as WerkzeugResponse
 
 __all__ = ["Holding", "Ledger", "Lifecycle"]
 
@@ -80,7 +68,6 @@ class Ledger:
         "_lock",
         "_renew_at",
         "_renew_every",
-        "complete",
         "files",
         "lent",
     )
@@ -94,8 +81,6 @@ class Ledger:
         self._ended = False
         #: the server's file wrappers made around a proxy of ours while the app ran
         self.files: list[object] = []
-        #: the response Flask made is complete (its body made): end when the app returns
-        self.complete = False
         #: the environ whose ``wsgi.file_wrapper`` was swapped for ours, and the server's own
         self.lent: tuple[WSGIEnvironment, object] | None = None
 
@@ -186,24 +171,52 @@ class _ClosingFile:
         self._ledger.end_after_closing(self._file)
 
 
+_collecting = False  #: the garbage collector is running
+
+
+def _gc_phase(phase: str, _info: dict[str, int]) -> None:
+    global _collecting
+    _collecting = phase == "start"
+
+
+gc.callbacks.append(_gc_phase)
+
+
 class _ClosingBody:
-    """A response body whose ``close()`` ends the request's ledger after the body's own
-    ``close()``; each chunk renews what the request holds when that is due."""
+    """A response body whose ``close()`` (once) ends the request's ledger after the body's own
+    ``close()``; its iterator ends the ledger once the server asks past the last chunk, and
+    closes the body when let go of unfinished (into ``dropped`` when the garbage collector
+    lets go). Each chunk renews what the request holds when that is due."""
 
-    __slots__ = ("_body", "_ledger")
+    __slots__ = ("_body", "_closed", "_dropped", "_ledger")
 
-    def __init__(self, body: Iterable[bytes], ledger: Ledger) -> None:
+    def __init__(self, body: Iterable[bytes], ledger: Ledger, dropped: list[_ClosingBody]) -> None:
         self._body = body
         self._ledger = ledger
+        self._dropped = dropped
+        self._closed = False
 
     def __iter__(self) -> Iterator[bytes]:
         ledger = self._ledger
-        for chunk in self._body:
-            ledger.renew_if_due()
-            yield chunk
+        try:
+            for chunk in self._body:
+                ledger.renew_if_due()
+                yield chunk
+        except GeneratorExit:  # let go of unfinished, and maybe never to be closed (asgiref)
+            if _collecting:  # by the garbage collector, anywhere: no I/O (no lock) here
+                self._dropped.append(self)
+            else:
+                self.close()
+            raise
+        except BaseException:  # the body raised: the server may never close it
+            ledger.end()
+            raise
+        ledger.end()  # the server asked past the last chunk: every byte is written
 
     def close(self) -> None:
-        self._ledger.end_after_closing(self._body)
+        if not self._closed:
+            self._closed = True
+            self._ledger.end_after_closing(self._body)
 
 
 class Lifecycle:
@@ -214,6 +227,8 @@ class Lifecycle:
         self._clock = clock
         self._renew_every = lease_seconds * 1_000_000 // 2
         self.key = f"flask_distlimit.ledger.{id(self):x}"
+        #: bodies the garbage collector let go of unclosed, closed when the next request comes
+        self._dropped: list[_ClosingBody] = []
 
     def install(self, app: Flask) -> None:
         """Wrap ``app.wsgi_app``."""
@@ -235,16 +250,14 @@ class Lifecycle:
             environ[_FILE_WRAPPER] = _file_wrapper(server_wrapper, ledger)
         return ledger
 
-    def response_made(self, environ: WSGIEnvironment, response: WerkzeugResponse) -> None:
-        """Flask made ``response`` (the extension's ``after_request`` hook): whether its body is
-        complete, or still to be made while the server sends it."""
-        cell: list[Ledger] | None = environ.get(self.key)
-        if cell:
-            cell[0].complete = not response.is_streamed
-
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         wsgi_app = self.wsgi_app
         assert wsgi_app is not None, "Lifecycle.install(app) first"
+        while self._dropped:
+            try:
+                self._dropped.pop().close()
+            except IndexError:  # another thread took the last one
+                break
         # A cell, not the ledger: a middleware inside this wrapper that copies the environ
         # hands the app a copy that still holds this same cell.
         cell: list[Ledger] = []
@@ -260,12 +273,11 @@ class Lifecycle:
             return body
         ledger = cell[0]
         ledger.give_back_file_wrapper()
-        if ledger.complete or ledger.ended:
-            ledger.end()
+        if ledger.ended:
             return body
         if ledger.made_file(body):
             return body  # the server's own file wrapper: its close() ends the ledger
-        return _ClosingBody(body, ledger)
+        return _ClosingBody(body, ledger, self._dropped)
 
 
 def _file_wrapper(server_wrapper: Any, ledger: Ledger) -> Callable[..., object]:

@@ -13,9 +13,9 @@ is shed only if given a threshold). A request of priority p
 so with 4 threads a sheddable request runs only while at most 1 other runs, a default one while
 at most 2 do, and the last thread is kept for critical requests. In flight means from the
 request's admission (below) until the response ends, as the request's ledger says
-(:mod:`flask_distlimit.defences.lifecycle`): when the app returns a complete body (the server only
-writes it then), else when the server closes the body (a stream or a ``send_file`` body holds its
-thread until its last chunk), or when an exception escapes the app. A place in flight has a
+(:mod:`flask_distlimit.defences.lifecycle`): when the server has written the body (whole,
+streamed or ``send_file``: each holds its thread until its last chunk), or when an exception
+escapes the app. A place in flight has a
 deadline, ``DISTLIMIT_CONCURRENCY_LEASE`` after it was taken (renewed while a body streams): a place
 nobody gave back is dropped once its deadline has passed, before a request would be shed.
 The count is this process's alone (a lock and a dict: no storage call), so it protects the

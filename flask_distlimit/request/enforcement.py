@@ -24,8 +24,8 @@ meets them, and hands each what it uses (a clock, the guard), never the app's wh
    ``deduct_when`` charges, the rate-limit headers and telemetry
    (:mod:`flask_distlimit.request.after`).
 6. What a request takes (concurrency and fleet slots; a worker's place in flight) is kept by the
-   request's ledger, which :mod:`flask_distlimit.defences.lifecycle` ends once, however the
-   response ends; ``after_request`` tells it whether the response's body is complete.
+   request's ledger, which :mod:`flask_distlimit.defences.lifecycle` ends once, when the
+   server has written the body, however the response ends.
 
 :class:`AppLimiter` names what the request path reads of the app's limiter state
 (:class:`flask_distlimit.state.LimiterState`, which builds the ``Enforcer``).
@@ -163,7 +163,6 @@ class Enforcer:
         self._charge_preflights = settings.charge_preflights
         self._filters = state.limiter.request_filters
         self._worker_shedding = state.shedding.load is not None
-        self._ledger_key = state.lifecycle.key
         #: quota leases (flask_distlimit.resilience.leases)
         self.leases = Leases(state.guard, state.local_clock, state.storage_now)
         self._planner = Plans(
@@ -385,8 +384,6 @@ class Enforcer:
             response, data = self._view_never_ran(req, response)
         if data is not None:
             self._after.finish(response, data, self._state.otel)
-        if environ.get(self._ledger_key):  # the request holds something: when does it end?
-            self._state.lifecycle.response_made(environ, response)
         return response
 
     def _view_never_ran(

@@ -26,7 +26,7 @@ is imported and nothing runs. Instruments (meter ``flask_distlimit``):
   ``distlimit.node`` (a breaker's name, as in the logs); a node that left the topology goes;
 - ``distlimit.concurrency.slots`` (up-down counter, ``{slot}``): concurrency slots this process
   holds for requests in flight, per ``distlimit.limit`` (taken when the storage admits, given
-  back when the response is closed);
+  back with the request's other holdings, by its ledger: when the server has sent the body);
 - ``distlimit.worker.in_flight`` (observable gauge, ``{request}``), ``distlimit.lease.units``
   (observable gauge, ``{unit}``, per ``distlimit.limit``).
 
@@ -43,6 +43,8 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast
+
+import flask
 
 from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.telemetry.metrics import (
@@ -293,15 +295,40 @@ class Guard(Protocol):
     def use_metrics(self, metrics: Metrics | None) -> None: ...
 
 
+class Ledgers(Protocol):
+    """What the hook needs of the app's :class:`~flask_distlimit.defences.lifecycle.Lifecycle`:
+    a request's ledger, which holds the slot gauge's give-back with the slots themselves."""
+
+    def ledger(self, environ: Any) -> Any: ...
+
+
+class _SlotsGiven:
+    """A holding of the request's ledger: the slot gauge goes down when the slots are given
+    back, whatever the response (a ``send_file`` one never reaches its ``close()``)."""
+
+    __slots__ = ("_checks", "_instruments")
+
+    def __init__(self, instruments: OTelMetrics, checks: list[Check]) -> None:
+        self._instruments = instruments
+        self._checks = checks
+
+    def release(self) -> None:
+        self._instruments.slots_taken(self._checks, -1)
+
+    def renew(self) -> None:
+        pass
+
+
 class OTelHook:
     """One app's link to the instruments: keeps them in ``guard``'s metrics sink beside
     whatever Prometheus :class:`~flask_distlimit.telemetry.metrics.Metrics` the app sets (before or
     after: the guard composes what ``use_metrics`` is handed through :meth:`compose`), and
     counts each request in ``after_request``."""
 
-    def __init__(self, guard: Guard, instruments: OTelMetrics) -> None:
+    def __init__(self, guard: Guard, instruments: OTelMetrics, ledgers: Ledgers) -> None:
         self.guard = guard
         self.instruments = instruments
+        self._ledgers = ledgers
         guard.compose_metrics = self.compose
         guard.use_metrics(_others(guard.metrics, instruments))
 
@@ -326,10 +353,11 @@ class OTelHook:
         if data.exempt or not (data.evaluated or data.report or data.denied or data.degraded):
             return  # exempt, or no limit applied: nothing was decided
         instruments = self.instruments
-        if data.slots is not None:  # given back when the response is closed
+        if data.slots is not None:  # given back with the slots, by the request's ledger
             taken = [c for one in data.evaluated if _allowed(one) for c in one.checks]
             if taken:
-                response.call_on_close(lambda: instruments.slots_taken(taken, -1))
+                ledger = self._ledgers.ledger(flask.request.environ)
+                ledger.take(_SlotsGiven(instruments, taken))
         status = response.status_code
         report = data.report
         policy: str | None = report.name if report is not None else None
@@ -387,6 +415,9 @@ class _Instrumented(Protocol):
     @property
     def guard(self) -> Guard: ...
 
+    @property
+    def lifecycle(self) -> Ledgers: ...
+
     otel: OTelHook | None
 
 
@@ -401,7 +432,7 @@ def instrument(state: _Instrumented, meter_provider: Any = None) -> OTelHook:
         if previous.instruments is instruments:
             return previous
         previous.detach()
-    hook = OTelHook(state.guard, instruments)
+    hook = OTelHook(state.guard, instruments, state.lifecycle)
     state.otel = hook
     return hook
 

@@ -48,6 +48,8 @@ limiter = Limiter(app, clock=clock)
 DOWNLOAD = Path(tempfile.mkdtemp(prefix="distlimit-lifecycle-")) / "download.bin"
 DOWNLOAD.write_bytes(os.urandom(256 * 1024))
 CHUNK = b"x" * 65_536
+#: a large export made in memory: more than the kernel buffers between server and client
+EXPORT = b"e" * (16 * 1024 * 1024)
 
 
 def defended(view: F) -> F:
@@ -81,6 +83,13 @@ def hook_answers() -> Response | None:
 @defended
 def plain() -> str:
     return "plain"
+
+
+@app.get("/export")
+@defended
+def export() -> Response:
+    """A complete body (not streamed), sent as long as the client takes to read it."""
+    return Response(EXPORT, mimetype="text/csv")
 
 
 @app.get("/file")

@@ -7,11 +7,15 @@ gunicorn.
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import io
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from asgiref.wsgi import WsgiToAsgi
 from flask import Flask, Response, send_file
 from gunicorn.http.wsgi import FileWrapper
 from werkzeug.test import EnvironBuilder
@@ -264,3 +268,130 @@ def test_a_middleware_that_copies_the_environ_inside_the_wrapper(
         body = app(environ.copy(), lambda status, headers, exc_info=None: lambda data: None)
         assert type(body) is FileWrapper  # still the server's own, for sendfile
         body.close()
+
+
+# -- held until sent (issue 34, finding 1 and item 1; finding 7 and item 5) ---------------------
+
+
+def _export_app(storage: Storage, clock: FakeClock, download: Path) -> Flask:
+    """``/export``: a complete body (made in memory); ``/feed``: a stream; ``/download``: a
+    ``send_file``; one slot each."""
+    app, limiter, _ = make_app(
+        storage, clock, DISTLIMIT_WORKER_THREADS=4, DISTLIMIT_FLEET_CAPACITY=10
+    )
+
+    @app.get("/export")
+    @limiter.concurrency(1)
+    def export() -> Response:
+        return Response([b"a,b\n" * 1000, b"c,d\n" * 1000], mimetype="text/csv")
+
+    @app.get("/feed")
+    @limiter.concurrency(1, scope="feed")
+    def feed() -> Response:
+        return Response(iter([b"one", b"two"]))
+
+    @app.get("/download")
+    @limiter.concurrency(1, scope="download")
+    def fetch() -> Response:
+        return send_file(download)
+
+    return app
+
+
+def _serve(app: Flask, method: str = "GET", path: str = "/export") -> Iterable[bytes]:
+    """The body a WSGI server gets for one request, before it writes any of it."""
+    environ = EnvironBuilder(path=path, method=method).get_environ()
+    environ["REMOTE_ADDR"] = "127.0.0.1"  # the test client's: one identity
+    return app(environ, lambda status, headers, exc_info=None: lambda data: None)  # type: ignore[no-any-return]
+
+
+def test_a_complete_body_holds_until_the_server_has_written_it(
+    backend: Backend, clock: FakeClock, download: Path
+) -> None:
+    """Issue 34, finding 1: a body Flask made whole gave back its slot, its place in flight and
+    its fleet slot when the app returned, before the server wrote a byte of it: a client that
+    read a large export slowly ran any number of them at once."""
+    app = _export_app(backend(), clock, download)
+    body = _serve(app)
+    assert _held(app) == (1, 1)
+    with app.test_client().get("/export") as refused:  # the first is still being sent
+        assert refused.status_code == 429
+        assert refused.get_json()["type"].endswith("#concurrency-limit-exceeded")
+    chunks = iter(body)
+    assert len(next(chunks)) == len(next(chunks)) == 4000  # the last chunk, being written
+    assert _held(app) == (1, 1)
+    assert next(chunks, None) is None  # the server asks past it: every byte is written
+    assert _held(app) == (0, 0)
+    body.close()  # type: ignore[attr-defined]
+    assert _held(app) == (0, 0)
+
+
+@pytest.mark.parametrize("method", ["HEAD", "GET"])
+def test_a_body_closed_unread_gives_back(
+    backend: Backend, clock: FakeClock, download: Path, method: str
+) -> None:
+    """A HEAD, or a client gone before the body: the server closes it (PEP 3333)."""
+    app = _export_app(backend(), clock, download)
+    for _ in range(3):  # one slot: a kept one would refuse the next round
+        body = _serve(app, method)
+        assert _held(app) == (1, 1)
+        body.close()  # type: ignore[attr-defined]
+        assert _held(app) == (0, 0)
+
+
+def test_a_body_let_go_of_unfinished_gives_back(
+    backend: Backend, clock: FakeClock, download: Path
+) -> None:
+    """A server that never closes the body (asgiref's WsgiToAsgi stops at Content-Length): the
+    end comes when it lets go of the body; in the garbage collector, at the next request."""
+    app = _export_app(backend(), clock, download)
+    chunks = iter(_serve(app))
+    next(chunks)
+    assert _held(app) == (1, 1)
+    del chunks  # dropped (reference counting): at once
+    assert _held(app) == (0, 0)
+    cycle: list[object] = [iter(_serve(app))]
+    next(cycle[0])  # type: ignore[call-overload]
+    cycle.append(cycle)
+    del cycle
+    gc.collect()  # no storage call from inside the collector
+    assert _held(app) == (1, 1)
+    with app.test_client().get("/export") as next_request:  # given back first
+        assert next_request.status_code == 200
+    assert _held(app) == (0, 0)
+
+
+def _asgi_call(app: Flask, path: str) -> list[tuple[dict[str, Any], tuple[int, int]]]:
+    """One request through asgiref's ``WsgiToAsgi``, as uvicorn calls it: each message sent,
+    with what the app held when it was sent."""
+    sent: list[tuple[dict[str, Any], tuple[int, int]]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append((message, _held(app)))
+
+    scope = {
+        "type": "http", "http_version": "1.1", "method": "GET", "scheme": "http",
+        "path": path, "root_path": "", "query_string": b"", "headers": [],
+        "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 50000),
+    }  # fmt: skip
+    asyncio.run(WsgiToAsgi(app)(scope, receive, send))
+    return sent
+
+
+@pytest.mark.parametrize("path", ["/export", "/feed", "/download"])
+def test_served_through_asgiref_every_body_gives_back_once_sent(
+    backend: Backend, clock: FakeClock, download: Path, path: str
+) -> None:
+    """Issue 34, finding 7: asgiref's WsgiToAsgi never calls the body's close(), so a stream or
+    a download kept its slot until the lease: the second request of each was refused."""
+    app = _export_app(backend(), clock, download)
+    for _ in range(3):
+        sent = _asgi_call(app, path)
+        statuses = [m["status"] for m, _ in sent if m["type"] == "http.response.start"]
+        assert statuses == [200]
+        bodies = [held for m, held in sent if m.get("body")]
+        assert bodies and all(held == (1, 1) for held in bodies)  # held while it is sent
+        assert _held(app) == (0, 0)

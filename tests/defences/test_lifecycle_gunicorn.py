@@ -125,6 +125,8 @@ CELLS = [
     ("abort(403)", "GET", "/aborts", 403, 1, 1, 1),
     ("error handler", "GET", "/teapot", 418, 1, 1, 1),
     ("client disconnects mid-body", "DISCONNECT", "/endless", 200, 1, 1, 0),
+    ("client disconnects mid-export", "DISCONNECT", "/export", 200, 1, 1, 0),
+    ("HEAD of an export", "HEAD", "/export", 200, 1, 1, 0),
     ("HEAD", "HEAD", "/plain", 200, 1, 1, 0),
     ("HEAD of send_file", "HEAD", "/file", 200, 1, 1, 0),
     ("OPTIONS, Flask's own", "OPTIONS", "/plain", 200, 1, 0, 0),
@@ -189,3 +191,61 @@ def test_every_response_gives_back_what_it_took_and_is_charged_as_documented(
                 failures.append(f"{cell}: the worker was replaced ({pid} -> {state['pid']})")
             before = state
     assert not failures, "\n".join(failures) + "\n" + server.log.read_text()[-3000:]
+
+
+EXPORT_BYTES = 16 * 1024 * 1024  # tests/apps/lifecycle_app.py's /export
+
+
+def _start_export(port: int) -> tuple[socket.socket, int]:
+    """Ask for ``/export`` with a small receive buffer and read its headers only: a client
+    that then stalls. Answers the socket and the body bytes read with the headers."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65_536)
+    sock.settimeout(30)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(b"GET /export HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    received = b""
+    while b"\r\n\r\n" not in received:
+        chunk = sock.recv(65_536)
+        assert chunk, received
+        received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert f"content-length: {EXPORT_BYTES}".encode() in head.lower(), head
+    return sock, len(body)
+
+
+def _holding_the_export(port: int) -> None:
+    """While the export is being read: another request of the client is refused by the
+    concurrency limit (one slot), and the worker and the fleet count it in flight."""
+    got, body = _call(port, "GET", "/plain")
+    assert got == 429 and b"concurrency-limit-exceeded" in body, (got, body[:300])
+    state = _debug(port)
+    used = state["used"]
+    assert isinstance(used, dict)
+    assert (state["in_flight"], state["fleet"], used["slot:1 in flight"]) == (1, 1, 1), state
+
+
+def test_a_complete_body_holds_while_a_slow_client_reads_it(server: Gunicorn) -> None:
+    """Issue 34, finding 1: a 16 MB body made in memory gave back its slot, its place in flight
+    and its fleet slot before the server wrote it, so a client reading it slowly (or not at
+    all) ran any number of exports at once and worker shedding saw 0 in flight. Now they are
+    held until the server has written the body, under a stalled and then a slow reader."""
+    port = server.port
+    assert _idle(_debug(port))
+    sock, read = _start_export(port)
+    try:
+        _holding_the_export(port)  # stalled: headers read, no body
+        checked = False
+        while read < EXPORT_BYTES:  # slow: in small reads, checked once a quarter is in
+            chunk = sock.recv(16_384)
+            assert chunk, f"the export ended after {read} bytes"
+            read += len(chunk)
+            if not checked and read > EXPORT_BYTES // 4:  # 12 MB left: more than buffered
+                _holding_the_export(port)
+                checked = True
+        assert read == EXPORT_BYTES and checked
+    finally:
+        sock.close()
+    _until(lambda: _idle(_debug(port)), "the export to give back what it took", timeout=15)
+    assert _call(port, "GET", "/plain")[0] == 200

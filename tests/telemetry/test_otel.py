@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flask import Flask
+from flask import Flask, send_file
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry
@@ -193,6 +193,33 @@ def test_concurrency_slots_held_go_up_and_come_back(
     assert held == 1 and attributes["distlimit.limit"].endswith(":concurrency")
     ((_, after),) = points(found, "distlimit.concurrency.slots")
     assert after == 0
+
+
+def test_the_slot_gauge_comes_back_after_send_file_downloads(
+    backend: Backend,
+    clock: FakeClock,
+    reader: tuple[InMemoryMetricReader, MeterProvider],
+    tmp_path: Path,
+) -> None:
+    """Issue 34, finding 2: the gauge went down in the response's ``close()``, which a
+    ``send_file`` response never reaches (werkzeug serves its file directly): after 10
+    downloads it read 10 with no slot held. It now goes down with the slots, by the ledger."""
+    found, provider = reader
+    app, limiter = _instrumented(backend(), clock, provider)
+    download = tmp_path / "report.csv"
+    download.write_bytes(b"a,b\n" * 1000)
+
+    @app.get("/download")
+    @limiter.concurrency(2)
+    def fetch() -> Any:
+        return send_file(download)
+
+    client = app.test_client()
+    for _ in range(10):
+        with client.get("/download") as response:  # closed, as a server closes it
+            assert response.get_data() == download.read_bytes()
+    ((attributes, after),) = points(found, "distlimit.concurrency.slots")
+    assert after == 0 and attributes["distlimit.limit"].endswith(":concurrency")
 
 
 def test_a_concurrency_refusal_names_the_slot_limit(
