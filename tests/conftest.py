@@ -28,6 +28,15 @@ from tests.servers import (
 )
 
 
+def pytest_report_header() -> str:
+    """The releases the run tests, first thing in its output (CI follows the newest)."""
+    from importlib.metadata import version
+
+    return "dependencies: " + ", ".join(
+        f"{name} {version(name)}" for name in ("flask", "werkzeug", "redis", "pybreaker")
+    )
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisProcess]:
     """One real redis-server for the session; tests flush what they use via ``redis_client``."""
