@@ -209,7 +209,7 @@ _RANGES: Final[dict[str, _Range]] = {
         True, 1, MAX_FLEET, " (the smallest divisor of the local fallback)"
     ),
     "DISTLIMIT_FALLBACK_MAX_KEYS": _Range(
-        True, 1, 10_000_000, " (keys the local fallback counts: about 650 bytes each)"
+        True, 1, 10_000_000, " (keys the local fallback counts: up to 1 KB each)"
     ),
     "DISTLIMIT_DYNAMIC_LIMIT_TTL": _Range(
         False, 0, 86400, " seconds (how long a callable limit's answer is kept per identity)"
@@ -235,7 +235,7 @@ def _number(key: str, value: object) -> float:
     integer, minimum, maximum, meaning, strict = _RANGES[key]
     kind = "an integer" if integer else "a number"
     bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-    accepted = f"Use {kind} {bound} and <= {maximum:g}{meaning}."
+    accepted = f"Use {kind} {bound} and <= {maximum:.15g}{meaning}."
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _bad(key, value, accepted)
     if integer and not isinstance(value, int):

@@ -69,7 +69,7 @@ log = logging.getLogger("flask_distlimit.guard")  # a public name (docs/failure-
 #: said it; an older figure gives the key no local budget until its quota is whole again.
 FRESHNESS: Final = 0.1
 
-#: The most keys one fallback counts (``DISTLIMIT_FALLBACK_MAX_KEYS``): about 32 MB.
+#: The most keys one fallback counts (``DISTLIMIT_FALLBACK_MAX_KEYS``): up to 50 MB.
 DEFAULT_MAX_KEYS: Final = 50_000
 
 _FOREVER = float("inf")
