@@ -68,6 +68,9 @@ The keys read here, each ``key`` (default ``value``) followed by its meaning:
     The smallest divisor of the ``local`` fallback (an int from 1 to 100000): what a process
     divides by before it has counted the fleet (e.g. one that starts during an outage), and a
     floor under every count.
+``DISTLIMIT_FALLBACK_MAX_KEYS`` (default ``50000``)
+    The most keys the ``local`` fallback counts in this process (an int from 1 to 10000000);
+    identities past it share one strict bucket per limit.
 ``DISTLIMIT_BREAKER_FAIL_MAX`` (default ``5``)
     Consecutive storage outages that open the circuit breaker (an int from 1 to 10000).
 ``DISTLIMIT_BREAKER_RESET_TIMEOUT`` (default ``30``)
@@ -117,6 +120,7 @@ from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity import IDENTITY_KEYS
 from flask_distlimit.ops import serving
 from flask_distlimit.resilience.breaker import check_fail_max, check_reset_timeout
+from flask_distlimit.resilience.fallback import DEFAULT_MAX_KEYS
 from flask_distlimit.storage.heartbeat import MAX_FLEET
 from flask_distlimit.storage.startup_check import STARTUP_CHECKS, StartupCheck
 from flask_distlimit.storage.tokens import TOKEN_MODES
@@ -158,6 +162,7 @@ DEFAULTS: Final[dict[str, object]] = {
     "DISTLIMIT_FAILURE_POLICY": "open",
     "DISTLIMIT_INSTANCES": 1,
     "DISTLIMIT_INSTANCES_MIN": 1,
+    "DISTLIMIT_FALLBACK_MAX_KEYS": DEFAULT_MAX_KEYS,
     "DISTLIMIT_BREAKER_FAIL_MAX": 5,
     "DISTLIMIT_BREAKER_RESET_TIMEOUT": 30,
     "DISTLIMIT_CHARGE_PREFLIGHTS": False,
@@ -219,6 +224,9 @@ _RANGES: Final[dict[str, _Range]] = {
     "DISTLIMIT_INSTANCES_MIN": _Range(
         True, 1, MAX_FLEET, " (the smallest divisor of the local fallback)"
     ),
+    "DISTLIMIT_FALLBACK_MAX_KEYS": _Range(
+        True, 1, 10_000_000, " (keys the local fallback counts: up to 1 KB each)"
+    ),
     "DISTLIMIT_DYNAMIC_LIMIT_TTL": _Range(
         False, 0, 86400, " seconds (how long a callable limit's answer is kept per identity)"
     ),
@@ -243,7 +251,7 @@ def _number(key: str, value: object) -> float:
     integer, minimum, maximum, meaning, strict = _RANGES[key]
     kind = "an integer" if integer else "a number"
     bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-    accepted = f"Use {kind} {bound} and <= {maximum:g}{meaning}."
+    accepted = f"Use {kind} {bound} and <= {maximum:.15g}{meaning}."
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _bad(key, value, accepted)
     if integer and not isinstance(value, int):
@@ -361,6 +369,7 @@ class Settings:
     failure_policy: FailurePolicy = "open"
     instances: int | Literal["auto"] = 1
     instances_min: int = 1
+    fallback_max_keys: int = DEFAULT_MAX_KEYS
     breaker_fail_max: int = 5
     breaker_reset_timeout: float = 30.0
     charge_preflights: bool = False
@@ -441,6 +450,7 @@ class Settings:
             ),
             instances=_instances("DISTLIMIT_INSTANCES", get("DISTLIMIT_INSTANCES")),
             instances_min=int(number("DISTLIMIT_INSTANCES_MIN")),
+            fallback_max_keys=int(number("DISTLIMIT_FALLBACK_MAX_KEYS")),
             breaker_fail_max=check_fail_max(get("DISTLIMIT_BREAKER_FAIL_MAX")),
             breaker_reset_timeout=check_reset_timeout(get("DISTLIMIT_BREAKER_RESET_TIMEOUT")),
             charge_preflights=_bool(

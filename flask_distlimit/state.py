@@ -116,6 +116,7 @@ class LimiterState:
             instances=settings.instances,
             instances_min=settings.instances_min,
             key_prefix=settings.key_prefix,
+            fallback_max_keys=settings.fallback_max_keys,
         )
         self.resolver = resolver
         self.hooks = limiter.hooks

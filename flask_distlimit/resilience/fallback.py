@@ -24,39 +24,27 @@ the local counts must outlive the calls that succeed in between:
 - **Engaged**: ``settle`` seconds (the breaker's reset timeout) after each failure, and after the
   first success that follows a failure, every request is counted here, and a key Redis answers
   enters the count from what it has just said was left.
-- **Handing back**: a key decided here (a failure) is held, beyond its quota's reset, until the
-  window that contains the end of the engagement has ended (that fixed window's end; one period
-  after the engagement for the sliding window log, the token bucket and GCRA, two for the
-  sliding window counter), or sooner, as a key never decided here, when its last local
-  decision is older: once its own local count has expired and the window that contains two
-  settling periods after that decision has ended; a key counted only because Redis answered
-  it while engaged is handed back when the engagement ends. When no key is held any more, the
-  in-process store is dropped.
-- **Memory**: a key no longer held is forgotten (swept once the keys have doubled), so the
-  keys kept through an outage of any length are at most twice those decided or answered here
-  in the last two settling periods and two periods, plus 1024 (docs/failure-modes.md, "Memory
-  of the local fallback"; tests/resilience/test_fallback_memory.py).
+- **Handing back**: a key decided here is held to the end of the window that contains the end
+  of the engagement, or sooner if its last local decision is older (:meth:`LocalFallback._holds`);
+  one only answered by Redis while engaged, until the engagement ends. When no key is held any
+  more, the in-process store is dropped.
+- **Memory**: a key no longer held is forgotten (swept once the keys have doubled): the keys kept
+  are at most twice those decided or answered here in the last two settling periods and two
+  periods, plus 1024, and at most ``max_keys`` (``DISTLIMIT_FALLBACK_MAX_KEYS``). None is evicted
+  for a new one (a flood must give nobody a fresh quota): a key past the cap is decided on its
+  limit's *overflow key*, one share for them all, and one entering later starts from what that
+  has left (a paced WARNING says so; docs/failure-modes.md, "Memory of the local fallback").
 
-The bound (docs/failure-modes.md, "The bound"; tests/defences/test_fleet_bound.py,
-tests/resilience/test_local_bounds.py), for ``N`` processes, a limit ``L``, share ``S``:
-
-- per window, while failures go on, each process admits at most ``S``, the fleet ``N x S <= L``;
-- in the window where an outage starts, at most ``L + A``: each fresh figure ``R_p`` exceeds what
-  was really left, ``R``, by what the fleet admitted after Redis said it, at most ``A``, what it
-  admitted in the last tenth of a period; ``sum(R_p // N) <= R + A``. ``A <= L / 10`` when the
-  key's admissions are spread over its window;
-- after Redis is back at ``T``: every breaker still open opened before ``T`` and closes within
-  one reset timeout of opening, so nobody admits locally after ``T`` + one reset timeout; every
-  process that failed has its first success at ``T`` or later, so it stays engaged until then and
-  holds each key it decided until that window ends. In every window, either every process that
-  decided a key is held to its share of it, or no process admits it locally.
-
+The bound, for ``N`` processes and a limit ``L``: at most ``L`` per window, plus, in an outage's
+first window, what the fleet admitted in the tenth of a period before it (docs/failure-modes.md,
+"The bound"; tests/defences/test_fleet_bound.py, tests/resilience/test_local_bounds.py).
 Nothing is ever written back to Redis.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import threading
 import time
@@ -73,11 +61,16 @@ from flask_distlimit.storage.base import Storage
 # other thread of the worker for as long as it took (16 ms idle, 180-340 ms on a busy machine).
 from flask_distlimit.storage.memory import MemoryStorage
 
-__all__ = ["FRESHNESS", "LocalFallback", "divided_limit"]
+__all__ = ["DEFAULT_MAX_KEYS", "FRESHNESS", "LocalFallback", "divided_limit"]
+
+log = logging.getLogger("flask_distlimit.guard")  # a public name (docs/failure-modes.md), kept
 
 #: What Redis said was left for a key is trusted for this fraction of the key's period after it
 #: said it; an older figure gives the key no local budget until its quota is whole again.
 FRESHNESS: Final = 0.1
+
+#: The most keys one fallback counts (``DISTLIMIT_FALLBACK_MAX_KEYS``): up to 50 MB.
+DEFAULT_MAX_KEYS: Final = 50_000
 
 _FOREVER = float("inf")
 _SWEEP_MIN = 1024
@@ -102,6 +95,13 @@ def _memory_storage() -> Storage:
     return MemoryStorage()
 
 
+def _overflow(check: Check) -> Check:
+    """``check`` on its limit's overflow key: its key without the identity tag, and its rate."""
+    tail = check.key.rpartition("}")[2] if "}" in check.key else ""
+    key = f"overflow{tail}:{check.algorithm}:{check.limit}/{check.period}"
+    return dataclasses.replace(check, key=key)
+
+
 def _divided(check: Check, instances: int) -> Check:
     if instances <= 1:
         return check
@@ -118,6 +118,7 @@ class LocalFallback:
     after its first success following a failure, during which every request is counted here too
     (the guard passes the breaker's reset timeout).
     ``last_known`` tells where a key's local budget starts; without it, from a whole share.
+    ``max_keys``: the most keys counted here (the module docstring's "Memory").
     """
 
     def __init__(
@@ -127,9 +128,15 @@ class LocalFallback:
         clock: Callable[[], float] = time.monotonic,
         settle: float = 30.0,
         last_known: LastKnown | None = None,
+        max_keys: int = DEFAULT_MAX_KEYS,
     ) -> None:
         if not settle >= 0:
             raise ValueError(f"settle must be >= 0 seconds, got {settle!r}")
+        if max_keys < 1:
+            raise ValueError(f"max_keys must be >= 1, got {max_keys!r}")
+        self.max_keys = max_keys
+        self._full_sweep_at = self._warned_at = -_FOREVER
+        self._overflowed = 0  # decisions made on an overflow key since the last WARNING
         self._factory = factory or _memory_storage
         self._clock = clock
         self.settle = settle
@@ -188,6 +195,7 @@ class LocalFallback:
             self._failed = True
             self._observe(now, now_us)
             self._engage(now + self.settle)
+            checks = self._placed(checks, now)
             for check in checks:
                 self._decide(check, now)
             divided = [_divided(c, instances) for c in checks]
@@ -204,6 +212,37 @@ class LocalFallback:
             if len(self._covered) >= self._sweep_at:
                 self._sweep(now)
         return evaluation
+
+    def _placed(self, checks: Sequence[Check], now: float) -> Sequence[Check]:
+        """``checks``, each on its own key if counted here or if there is room, else on its
+        limit's overflow key (the module docstring's "Memory")."""
+        covered = self._covered
+        room = self.max_keys - len(covered)
+        if room >= len(checks):
+            return checks
+        if now >= self._full_sweep_at:  # full: forget the keys no longer held, once a second
+            self._full_sweep_at = now + 1.0
+            self._sweep(now)
+            room = self.max_keys - len(covered)
+        placed: list[Check] = []
+        for check in checks:
+            if check.key in covered or room > 0:
+                room -= check.key not in covered
+                placed.append(check)
+            else:
+                placed.append(_overflow(check))
+                self._overflowed += 1
+        if self._overflowed and now >= self._warned_at + 60.0:  # once a minute at most
+            self._warned_at = now
+            log.warning(
+                "distlimit: the local fallback is full (DISTLIMIT_FALLBACK_MAX_KEYS = %d keys): "
+                "%d decisions since the last such line shared their limits' overflow keys. Raise "
+                "the setting if an outage's real traffic needs more (docs/failure-modes.md).",
+                self.max_keys,
+                self._overflowed,
+            )
+            self._overflowed = 0
+        return placed
 
     def release(
         self, checks: Sequence[Check], *, instances: int, now_us: int | None = None
@@ -230,7 +269,9 @@ class LocalFallback:
             storage = self._storage
             if storage is not None and checks:
                 run = storage.refund if refund else storage.evaluate
-                run([_divided(c, instances) for c in checks], now_us=now_us)
+                covered = self._covered  # a key not counted here was decided on its overflow key
+                on = [c if c.key in covered else _overflow(c) for c in checks]
+                run([_divided(c, instances) for c in on], now_us=now_us)
 
     def refusal(
         self, checks: Sequence[Check], *, instances: int, now_us: int | None = None
@@ -313,7 +354,7 @@ class LocalFallback:
                 until = self._covered.get(check.key)
                 if until is not None and (engaged or self._holds(check.key, until, now)):
                     counted.append(i)  # every admission of it since it entered is counted here
-                elif engaged:
+                elif engaged and len(self._covered) < self.max_keys:
                     # Failures go on: from now on this key counts here too, starting from what
                     # Redis just said was left (this request included).
                     self._enter(storage, check, _divided(check, instances), instances, now_us)
@@ -346,11 +387,19 @@ class LocalFallback:
         process's part of it, ``remaining // instances``, at most the share."""
         storage.delete([check.key])  # counts of an earlier spell no longer matter
         reading = None if self.last_known is None else self.last_known.reading(check)
-        if reading is None:
-            return  # nothing said since the quota was whole: a whole share (module docstring)
-        # An older figure says nothing of what the others spent since: nothing is left here.
-        left = reading.remaining if reading.age <= FRESHNESS * check.period else 0
-        spent = local.limit - min(local.limit, max(0, left) // max(1, instances))
+        # Nothing said since the quota was whole: a whole share (module docstring); an older
+        # figure says nothing of what the others spent since: nothing is left here.
+        spent = 0
+        if reading is not None:
+            left = reading.remaining if reading.age <= FRESHNESS * check.period else 0
+            spent = local.limit - min(local.limit, max(0, left) // max(1, instances))
+        overflow = _overflow(check).key
+        if not check.token and overflow in self._covered:
+            # it may have spent there: no more than what its limit's overflow key has left
+            peek = storage.evaluate(
+                [dataclasses.replace(local, key=overflow, cost=0)], now_us=now_us
+            )
+            spent = max(spent, local.limit - max(0, peek.decisions[0].remaining))
         if spent > 0:
             storage.evaluate([dataclasses.replace(local, cost=spent)], now_us=now_us)
 
@@ -402,10 +451,7 @@ class LocalFallback:
         decision: a process whose breaker was open when this one last decided the key admits
         locally at most until then (Redis back at once; its trial one reset timeout later,
         this process engaged one more), and a key this process has not decided since is held
-        no longer than one it never decided (docs/failure-modes.md, "The bound"). So the
-        keys held, through an outage of any length, are those decided or answered in the last
-        two settling periods and two periods: memory is bounded by the traffic of that time,
-        never by the outage's length."""
+        no longer than one it never decided (docs/failure-modes.md, "The bound")."""
         if until > now:
             return True
         decided = self._decided.get(key)

@@ -99,7 +99,8 @@ class Guard(GuardCore):
     fallback's settling and the pace of the misconfiguration log; tests inject a fake one.
     ``instances_min`` (``DISTLIMIT_INSTANCES_MIN``) is the smallest fallback divisor. ``metrics``
     (:func:`flask_distlimit.telemetry.metrics.metrics_for`) is optional.
-    ``fallback_factory`` builds the in-process store of the ``local`` policy (default: memory).
+    ``fallback_factory`` builds the in-process store of the ``local`` policy (default: memory),
+    ``fallback_max_keys`` caps the keys it counts (``DISTLIMIT_FALLBACK_MAX_KEYS``).
     ``policy``, ``fail_max``, ``reset_timeout`` (the breakers' settings, checked by
     :mod:`flask_distlimit.resilience.breaker`), ``instances`` and ``key_prefix`` are the
     ``DISTLIMIT_*`` settings of those names; ``heartbeat_interval`` paces the instance heartbeat.

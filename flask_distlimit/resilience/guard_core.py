@@ -27,7 +27,7 @@ from flask_distlimit.errors import StorageBusy, StorageError, StorageFull
 from flask_distlimit.forks import AfterFork
 from flask_distlimit.resilience.breaker import Breaker, BreakerState
 from flask_distlimit.resilience.breakers import Breakers
-from flask_distlimit.resilience.fallback import LocalFallback
+from flask_distlimit.resilience.fallback import DEFAULT_MAX_KEYS, LocalFallback
 from flask_distlimit.resilience.instances import Instances, InstancesSetting
 from flask_distlimit.resilience.last_known import LastKnown
 from flask_distlimit.resilience.node_fallbacks import NodeFallbacks
@@ -70,6 +70,7 @@ class GuardCore:
         metrics: Metrics | None = None,
         heartbeat_interval: float = 5.0,
         fallback_factory: Callable[[], Storage] | None = None,
+        fallback_max_keys: int = DEFAULT_MAX_KEYS,
     ) -> None:
         self.storage = storage
         self.policy: FailurePolicy = validate_policy(policy)
@@ -122,6 +123,7 @@ class GuardCore:
             last_known=self.last_known,
             routed=self.routed,
             route=storage.route,
+            max_keys=fallback_max_keys,
         )
         #: The local fallback (one per node on a Redis Cluster: :meth:`fallback_of`).
         self.fallback = self.fallbacks.default

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from flask_distlimit.core.decision import Check
-from flask_distlimit.resilience.fallback import LocalFallback
+from flask_distlimit.resilience.fallback import DEFAULT_MAX_KEYS, LocalFallback
 from flask_distlimit.resilience.last_known import LastKnown
 from flask_distlimit.storage.base import Storage
 
@@ -27,7 +27,7 @@ __all__ = ["NodeFallbacks"]
 class NodeFallbacks:
     """The fallbacks of one guard. ``route`` is the storage's :meth:`Storage.route
     <flask_distlimit.storage.base.Storage.route>`, ``routed`` whether it spreads checks over
-    nodes; ``factory``, ``clock``, ``settle`` and ``last_known`` build each
+    nodes; ``factory``, ``clock``, ``settle``, ``last_known`` and ``max_keys`` build each
     :class:`~flask_distlimit.resilience.fallback.LocalFallback`."""
 
     def __init__(
@@ -39,9 +39,15 @@ class NodeFallbacks:
         last_known: LastKnown,
         routed: bool,
         route: Callable[[Sequence[Check]], list[tuple[str, list[int]]]],
+        max_keys: int = DEFAULT_MAX_KEYS,
     ) -> None:
         self._new = functools.partial(
-            LocalFallback, factory, clock=clock, settle=settle, last_known=last_known
+            LocalFallback,
+            factory,
+            clock=clock,
+            settle=settle,
+            last_known=last_known,
+            max_keys=max_keys,
         )
         self._routed = routed
         self._route = route

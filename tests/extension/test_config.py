@@ -64,6 +64,13 @@ def test_instances_min_reaches_the_fallback() -> None:
     assert guard.health()["instances_min"] == 4
 
 
+def test_fallback_max_keys_reaches_every_fallback() -> None:
+    guard = _init(DISTLIMIT_FALLBACK_MAX_KEYS=1234).extensions["distlimit"].guard
+    assert guard.fallback.max_keys == 1234
+    assert guard.fallbacks.of("node-2").max_keys == 1234  # a Cluster node's own, made later
+    assert _init().extensions["distlimit"].guard.fallback.max_keys == 50_000
+
+
 def test_config_is_read_once() -> None:
     app = Flask("once")
     limiter = Limiter(app)
@@ -108,6 +115,9 @@ def test_config_is_read_once() -> None:
         ("DISTLIMIT_INSTANCES_MIN", "3", "integer"),
         ("DISTLIMIT_INSTANCES_MIN", 2.5, "integer"),
         ("DISTLIMIT_INSTANCES_MIN", 100_001, "<= 100000"),
+        ("DISTLIMIT_FALLBACK_MAX_KEYS", 0, ">= 1"),
+        ("DISTLIMIT_FALLBACK_MAX_KEYS", "50000", "integer"),
+        ("DISTLIMIT_FALLBACK_MAX_KEYS", 10_000_001, "<= 10000000"),
         ("DISTLIMIT_BREAKER_FAIL_MAX", 0, ">= 1"),
         ("DISTLIMIT_BREAKER_RESET_TIMEOUT", -5, "> 0"),
         ("DISTLIMIT_STORAGE_URL", "mongodb://localhost", "redis://"),
