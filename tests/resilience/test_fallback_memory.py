@@ -5,7 +5,7 @@ length holds the keys of its last minutes, never every identity it met.
 
 The outage is injected in front of a real redis-server (:class:`tests.faults.FailingStorage`);
 100,000 identities log in once each, 100 a second on a fake clock. docs/failure-modes.md
-("Memory") states the bound; ``bench/bench_fallback_memory.py`` measures the bytes per key.
+("Memory") states the bound; ``bench/fallback_memory.py`` measures the bytes per key.
 """
 
 from __future__ import annotations
