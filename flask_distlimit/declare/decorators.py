@@ -133,7 +133,8 @@ class Declarations:
           and, declared below another decorator, after that decorator too;
         - ``cost``: units per request, an int >= 0 or a callable answering one (default 1, or
           ``DISTLIMIT_CONDITIONAL_COST`` for conditional requests);
-        - ``scope``: share one counter among every route naming the same scope; a callable is
+        - ``scope``: share one counter among every route naming the same scope (an int, such as
+          a view argument in a ``with`` block, is its string); a callable is
           called with the endpoint when the route's limits are bound (its first request), so
           one that reads the request is refused when declared, with the port (the module
           docstring says why);
@@ -161,6 +162,8 @@ class Declarations:
           need no storage call (:mod:`flask_distlimit.resilience.leases`, ``docs/leasing.md``); for
           a hot key shared by many clients. Not with ``sliding_window_log``.
         """
+        if isinstance(scope, int) and not isinstance(scope, bool):
+            scope = str(scope)  # a view argument, as in Flask-Limiter: ``scope=order_id``
         options = LimitOptions.given(locals())  # first: only the arguments are local yet
         return self._declare("shared" if scope is not None else "route", value, options)
 

@@ -327,3 +327,17 @@ def test_a_with_block_in_an_exempt_view_or_a_filtered_request_is_not_counted(
     assert statuses(app, "/health", 2) == [200, 200]
     assert statuses(app, "/report", 2, headers={"X-Internal": "yes"}) == [200, 200]
     assert statuses(app, "/report", 2) == [200, 429]
+
+
+def test_a_with_block_scoped_by_a_view_argument_counts_each_value_apart(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.get("/orders/<int:order>")
+    def order(order: int) -> str:
+        with limiter.limit("1/minute", scope=order):
+            return "ok"
+
+    assert statuses(app, "/orders/1", 2) == [200, 429]
+    assert statuses(app, "/orders/2", 2) == [200, 429]
