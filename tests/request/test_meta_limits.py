@@ -6,8 +6,8 @@ request's own script call, so concurrent breaches are counted exactly."""
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
