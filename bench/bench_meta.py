@@ -7,15 +7,15 @@ A private redis-server (loopback, no persistence). Rows: 1 check and 2 checks wi
 limit (this tree's script, and main's when ``--main`` names a checkout: the price of the
 meta code for apps that configure none), and 2 checks plus 1 meta check (admitted requests:
 the meta check is decided, never written). Clients rotate over 1,000 identities with limits
-never reached. Each of 15 rounds runs 1,000 calls of every row, in a shuffled order; the median of the
-rounds' ``usec_per_call`` is reported (docs/bench/engine.md, "Meta limits").
+never reached. Each of 15 rounds runs 1,000 calls of every row, in a shuffled order; the
+median of the rounds' ``usec_per_call`` is reported (docs/bench/engine.md, "Meta limits").
 """
 
 from __future__ import annotations
 
 import argparse
-import random
 import importlib.util
+import random
 import statistics
 import subprocess
 import sys
