@@ -24,7 +24,7 @@ FailurePolicy = Literal["open", "closed", "local"]
 #: Which rate-limit headers responses carry (``DISTLIMIT_HEADERS``).
 HeaderMode = Literal["legacy", "ietf", "both", "none"]
 #: Where a declared limit comes from.
-LimitKind = Literal["route", "shared", "blueprint", "default", "global", "tier"]
+LimitKind = Literal["route", "shared", "blueprint", "default", "global", "tier", "meta"]
 #: ``key_func=``: who is counted, called inside the request after the app's hooks; ``None`` (or
 #: ``""``): the request's own identity.
 KeyFunc = Callable[[], str | int | None]

@@ -29,6 +29,10 @@ The keys read here, each ``key`` (default ``value``) followed by its meaning:
 ``DISTLIMIT_GLOBAL_LIMITS`` (default ``""``)
     Per-client-IP safety limits on every non-exempt request (404s included), in addition to all
     other limits, e.g. ``"50/second"``. They always key on the client IP, whatever the identity.
+``DISTLIMIT_META_LIMITS`` (default ``""``)
+    Refuse outright, until the limit frees, a client that breached its limits too often: each
+    limit counts the requests of one identity that some other limit refused, e.g. ``"2/hour"``
+    (Flask-Limiter's ``meta_limits``; docs/limits.md, "Meta limits").
 ``DISTLIMIT_HEADERS`` (default ``"both"``)
     Rate-limit response headers: ``legacy`` (``X-RateLimit-Limit``, ``-Remaining``, ``-Reset``),
     ``ietf`` (``RateLimit-Policy`` and ``RateLimit``), ``both`` or ``none``. ``Retry-After`` is
@@ -152,6 +156,7 @@ DEFAULTS: Final[dict[str, object]] = {
     "DISTLIMIT_ALGORITHM": "sliding_window_counter",
     "DISTLIMIT_DEFAULT_LIMITS": "",
     "DISTLIMIT_GLOBAL_LIMITS": "",
+    "DISTLIMIT_META_LIMITS": "",
     "DISTLIMIT_HEADERS": "both",
     "DISTLIMIT_KEY_PREFIX": "ratelimit",
     "DISTLIMIT_REDIS_TIMEOUT": 0.1,
@@ -359,6 +364,7 @@ class Settings:
     #: ``DISTLIMIT_DEFAULT_LIMITS`` as a callable or a mapping (then ``default_limits`` is empty)
     default_dynamic: DynamicValue | None = None
     global_limits: tuple[Rate, ...] = ()
+    meta_limits: tuple[Rate, ...] = ()
     headers: HeaderMode = "both"
     key_prefix: str = "ratelimit"
     redis_timeout: float = 0.1
@@ -434,6 +440,7 @@ class Settings:
             default_limits=default_limits,
             default_dynamic=default_dynamic,
             global_limits=_rates("DISTLIMIT_GLOBAL_LIMITS", get("DISTLIMIT_GLOBAL_LIMITS")),
+            meta_limits=_rates("DISTLIMIT_META_LIMITS", get("DISTLIMIT_META_LIMITS")),
             headers=_choice("DISTLIMIT_HEADERS", get("DISTLIMIT_HEADERS"), _HEADER_MODES),
             key_prefix=_prefix("DISTLIMIT_KEY_PREFIX", get("DISTLIMIT_KEY_PREFIX")),
             redis_timeout=float(number("DISTLIMIT_REDIS_TIMEOUT")),

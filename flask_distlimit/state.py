@@ -51,8 +51,10 @@ def _check_limits_per_request(
     default limits or those declared so far on one view, class or blueprint."""
     tiers = [(len(rates), tier) for tier, rates in identity_settings.tiers.items()]
     most, tier = max(tiers, default=(0, ""))
-    every = len(settings.global_limits) + most
+    every = len(settings.global_limits) + len(settings.meta_limits) + most
     head = f"DISTLIMIT_GLOBAL_LIMITS ({len(settings.global_limits)})"
+    if settings.meta_limits:
+        head += f", DISTLIMIT_META_LIMITS ({len(settings.meta_limits)})"
     if most:
         head += f", the tier {tier!r} of DISTLIMIT_TIERS ({most})"
     check_limit_count(every, head)
@@ -83,10 +85,10 @@ class LimiterState:
     Attributes: ``limiter`` (the :class:`~flask_distlimit.Limiter`, as :class:`Declared`),
     ``settings``, ``identity_settings``, ``storage``, ``guard`` (made here: the storage behind
     its breakers), ``resolver``, ``hooks`` (shared with the ``Limiter``), ``deny_cache``
-    (``None`` when disabled), ``global_limits`` and ``tier_limits`` (bound), ``enforcer`` (the
-    request path), ``tags`` (:class:`~flask_distlimit.identity.digests.IdentityTags`) and
-    ``identity_tag``, its ``tag`` function: the keyed digest of an identity text in this app's
-    keys.
+    (``None`` when disabled), ``global_limits``, ``meta_limits`` and ``tier_limits`` (bound),
+    ``enforcer`` (the request path), ``tags``
+    (:class:`~flask_distlimit.identity.digests.IdentityTags`) and ``identity_tag``, its ``tag``
+    function: the keyed digest of an identity text in this app's keys.
     """
 
     def __init__(
@@ -159,6 +161,7 @@ class LimiterState:
         global_spec = LimitSpec(
             "global", settings.global_limits, shadow=spec_is_shadow(shadow, "global")
         )
+        meta_spec = LimitSpec("meta", settings.meta_limits)
         tier_specs = {
             tier: LimitSpec("tier", rates, tier=tier, shadow=spec_is_shadow(shadow, "tier", tier))
             for tier, rates in identity_settings.tiers.items()
@@ -168,6 +171,7 @@ class LimiterState:
         for spec in (
             *self.default_specs,
             global_spec,
+            meta_spec,
             *tier_specs.values(),
             *self.registry.declared(),
         ):
@@ -181,6 +185,7 @@ class LimiterState:
             )
 
         self.global_limits = bound(global_spec, "global")
+        self.meta_limits = bound(meta_spec, "meta")  # never shadow: DISTLIMIT_SHADOW names none
         self.tier_limits = {t: bound(spec, t) for t, spec in tier_specs.items() if spec.rates}
         #: what each request takes, and its one release (flask_distlimit.defences.lifecycle)
         self.lifecycle = Lifecycle(self.local_clock, settings.concurrency_lease)

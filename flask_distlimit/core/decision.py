@@ -45,6 +45,9 @@ class Check:
     token: int = 0
     #: give back the slot ``token`` took (the request ended) instead of taking one
     release: bool = False
+    #: a meta limit (``DISTLIMIT_META_LIMITS``): counts one breach when another check of the
+    #: call denies the request, refuses it when exhausted, and is never charged otherwise
+    meta: bool = False
 
     def __init__(
         self,
@@ -56,6 +59,7 @@ class Check:
         shadow: bool = False,
         token: int = 0,
         release: bool = False,
+        meta: bool = False,
     ) -> None:  # frozen, at a plain class's cost (flask_distlimit.frozen)
         _check_key(self, key)
         _check_algorithm(self, algorithm)
@@ -65,6 +69,7 @@ class Check:
         _check_shadow(self, shadow)
         _check_token(self, token)
         _check_release(self, release)
+        _check_meta(self, meta)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +156,10 @@ class Evaluation:
     _check_shadow,
     _check_token,
     _check_release,
-) = slot_setters(Check, "key", "algorithm", "limit", "period", "cost", "shadow", "token", "release")
+    _check_meta,
+) = slot_setters(
+    Check, "key", "algorithm", "limit", "period", "cost", "shadow", "token", "release", "meta"
+)
 (
     _decision_allowed,
     _decision_limit,

@@ -184,6 +184,8 @@ def bind(
         id_head, name_head, keyed_on = "g", "global", "ip"
     elif spec.kind == "tier":
         id_head, name_head = f"t:{spec.tier}", f"tier-{spec.tier}"
+    elif spec.kind == "meta":  # DISTLIMIT_META_LIMITS: breaches counted per identity
+        id_head, name_head = "m", "meta"
     else:
         if spec.scope is not None:
             scope = spec.scope if isinstance(spec.scope, str) else _call_scope(spec, label)

@@ -15,7 +15,8 @@ Every Redis backend (single node, Sentinel, each Cluster slot group) calls the s
 - ``KEYS``: one key per check, in order.
 - ``ARGV``: ONE string of comma-separated decimal integers: ``now_us`` (or ``-1``), mode
   (0 evaluate, 1 refund), then four per check: algorithm code (:data:`ALGORITHM_CODES`, plus
-  :data:`SHADOW_FLAG` for a shadow check, :data:`RELEASE_FLAG` for a release), limit, period in
+  :data:`SHADOW_FLAG` for a shadow check, :data:`RELEASE_FLAG` for a release, :data:`META_FLAG`
+  for a meta limit's check), limit, period in
   microseconds, cost (a concurrency slot's token). E.g.
   ``-1,0,1,100,60000000,1``.
 - reply: ONE bulk string of comma-separated decimal integers: ``now_us``, then six per check:
@@ -49,6 +50,7 @@ from flask_distlimit.errors import StorageResponseError
 
 __all__ = [
     "ALGORITHM_CODES",
+    "META_FLAG",
     "RELEASE_FLAG",
     "SCRIPT_SOURCE",
     "SHADOW_FLAG",
@@ -67,6 +69,9 @@ ALGORITHM_CODES: Final[dict[Algorithm, int]] = {name: e.code for name, e in REGI
 SHADOW_FLAG: Final = 16
 #: Added to the algorithm code of a release: give back what the check took (a slot), then peek.
 RELEASE_FLAG: Final = 32
+#: Added to the algorithm code of a meta limit's check (:attr:`Check.meta
+#: <flask_distlimit.core.decision.Check.meta>`): three digits, so never on the fast paths.
+META_FLAG: Final = 128
 
 #: The script's parts as built (the benchmarks take them apart).
 _PARTS: Final = script_parts(ALGORITHM_CODES, SHADOW_FLAG)
@@ -152,6 +157,8 @@ def _fields(check: Check) -> str:
         units = check.token if units else 0
         if check.release:
             code += RELEASE_FLAG
+    elif check.meta:
+        code += META_FLAG
     return f"{code},{check.limit},{check.period * _US},{units}"
 
 

@@ -98,7 +98,7 @@ def checks_for(state: Operated, identity: str, cost: int = 0) -> list[tuple[str,
         key = b.key(tag)
         found.setdefault(key, (b.name, Check(key, b.algorithm, b.rate.amount, b.rate.period, cost)))
 
-    for b in state.global_limits:
+    for b in (*state.global_limits, *state.meta_limits):
         add(b)
     for bounds in state.tier_limits.values():
         for b in bounds:

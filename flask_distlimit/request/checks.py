@@ -103,6 +103,8 @@ class Checks:
     identity_tag: Callable[[str], str]
     local_clock: Callable[[], int]  #: microseconds (a dynamic limit's cached values)
     global_limits: tuple[BoundLimit, ...]
+    #: DISTLIMIT_META_LIMITS: ride every call that has a check, under the request's identity
+    meta_limits: tuple[BoundLimit, ...]
     tier_limits: dict[str, tuple[BoundLimit, ...]]
     fleet: Fleet | None
     priority: Callable[[], Priority]  #: the request's (flask_distlimit.defences.shedding)
@@ -161,7 +163,7 @@ class Checks:
             checks.append(self.fleet.check(priority))
             bounds.append(self.fleet.bound(priority))
         identity: Identity | None = None
-        if (tiers and self.tier_limits) or needs_identity:
+        if (tiers and self.tier_limits) or needs_identity or self.meta_limits:
             identity = self.resolver.identify(req, self.hooks)
             if identity.kind == "ip":  # an anonymous client: its identity is its address
                 data.client_ip = identity.value
@@ -238,6 +240,15 @@ class Checks:
                 bounds.append(r)
         if not checks:
             return None
+        if self.meta_limits and identity is not None:
+            # After the others: a breach of any of them is counted in the same script call.
+            itag = itag or self.identity_tag(identity.value)
+            for b in self.meta_limits:
+                checks.append(
+                    Check(b.key(itag), b.algorithm, b.rate.amount, b.rate.period, meta=True)
+                )
+                bounds.append(b)
+            return checks, bounds, identity, False
         return checks, bounds, identity, plain and (not every_request or self.every_plain)
 
     def _unresolved(

@@ -92,6 +92,7 @@ class AppLimits(Protocol):
     def enforcer(self) -> RoutePlans: ...
 
     global_limits: tuple[BoundLimit, ...]
+    meta_limits: tuple[BoundLimit, ...]
     tier_limits: dict[str, tuple[BoundLimit, ...]]
     deny_cache: DenyCache | None
     storage: Storage

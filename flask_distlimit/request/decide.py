@@ -13,7 +13,11 @@ this order:
    back when the response ends (the request's ledger, :mod:`flask_distlimit.defences.lifecycle`);
 4. refuses (:mod:`flask_distlimit.request.refuse`) a denial, a ``deduct_when`` peek whose quota
    is spent, or an outage under policy ``closed``; logs what shadow limits would have refused;
-5. keeps what the headers report: the limit with the fewest units left, never a shadow limit.
+   a request that an exhausted meta limit denied is refused by it alone, and when meta limits
+   ride the call only their denials are cached (every other refusal must reach the storage,
+   which counts it as a breach);
+5. keeps what the headers report: the limit with the fewest units left, never a shadow or
+   meta limit.
 """
 
 from __future__ import annotations
@@ -199,13 +203,17 @@ class Decider:
             denied_reports: list[Report] = []
             denied_keys: list[str] = []
             denied_bounds: list[BoundLimit] = []
+            meta = not simple and checks[-1].meta  # meta checks come last (request.checks)
+            by_meta = meta and any(
+                c.meta and not d.allowed for c, d in zip(checks, decisions, strict=True)
+            )
             for c, b, d in zip(checks, bounds, decisions, strict=True):
-                if d.allowed:
+                if d.allowed or c.meta != by_meta:
                     continue
                 denied_reports.append(report_of(b, d, denied=True))
                 denied_keys.append(c.key)
                 denied_bounds.append(b)
-                if cache is not None and not outcome.degraded and not c.token:
+                if cache is not None and not outcome.degraded and not c.token and by_meta == meta:
                     cache.record(
                         c.key,
                         cost=c.cost,
@@ -229,8 +237,10 @@ class Decider:
         # allowed: report the limit with the fewest units left (ties: the latest reset); never
         # a shadow limit (clients would slow down for a limit that is not enforced)
         best = 0
-        if not simple and any(c.shadow or c.token for c in checks):
-            best = next((i for i, c in enumerate(checks) if not (c.shadow or c.token)), -1)
+        if not simple and any(c.shadow or c.token or c.meta for c in checks):
+            best = next(
+                (i for i, c in enumerate(checks) if not (c.shadow or c.token or c.meta)), -1
+            )
             if best < 0:
                 data.degraded = data.degraded or outcome.degraded
                 return
@@ -238,7 +248,7 @@ class Decider:
             best_d = decisions[best]
             for i in range(best + 1, len(decisions)):
                 d = decisions[i]
-                if checks[i].shadow or checks[i].token:
+                if checks[i].shadow or checks[i].token or checks[i].meta:
                     continue
                 if d.remaining < best_d.remaining or (
                     d.remaining == best_d.remaining and d.reset_after > best_d.reset_after

@@ -127,6 +127,7 @@ class AppLimiter(Protocol):
     deny_cache: DenyCache | None
     default_specs: tuple[LimitSpec, ...]
     global_limits: tuple[BoundLimit, ...]
+    meta_limits: tuple[BoundLimit, ...]
     tier_limits: dict[str, tuple[BoundLimit, ...]]
     identity_tag: Callable[[str], str]
     local_clock: Callable[[], int]  #: microseconds
@@ -181,6 +182,7 @@ class Enforcer:
             identity_tag=state.identity_tag,
             local_clock=state.local_clock,
             global_limits=state.global_limits,
+            meta_limits=state.meta_limits,
             tier_limits=state.tier_limits,
             fleet=self.fleet,
             priority=state.shedding.priority,
@@ -254,6 +256,7 @@ class Enforcer:
             state = self._state
             every_request = (
                 len(state.global_limits)
+                + len(state.meta_limits)
                 + max((len(t) for t in state.tier_limits.values()), default=0)
                 + (self.fleet is not None)  # the fleet's slot rides the same call
             )

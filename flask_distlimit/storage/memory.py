@@ -161,7 +161,9 @@ class MemoryStorage(Storage):
                 spec = REGISTRY[check.algorithm]
                 state, bad = self._state(check, now)
                 cost = check.cost
-                if refund_ or check.release:
+                if check.meta and refund_:  # took nothing from an admitted request: a peek
+                    cost = 0
+                elif refund_ or check.release:
                     new, ttl = spec.undo(state, check, now)
                     if ttl >= 0:
                         self._put(check.key, check.algorithm, new, ttl, now)
@@ -175,9 +177,13 @@ class MemoryStorage(Storage):
                     repaired.append(check.key)
             # A shadow check never denies the request; one that would is not written.
             admitted = all(s.allowed or c.shadow for c, s in zip(checks, steps, strict=True))
-            if admitted and not refund_:
+            # A meta check is written only for a breach: denied by another check (the script's).
+            breach = not admitted and all(
+                s.allowed for c, s in zip(checks, steps, strict=True) if c.meta
+            )
+            if (admitted or breach) and not refund_:
                 for check, s in zip(checks, steps, strict=True):
-                    if check.cost > 0 and s.allowed and not check.release:
+                    if check.cost > 0 and s.allowed and not check.release and check.meta == breach:
                         self._put(check.key, check.algorithm, s.state, s.ttl_us, now)
         # A denied request reports every limit as it stands, without the consumption that did
         # not happen (so does a shadow check that would deny).
@@ -186,8 +192,8 @@ class MemoryStorage(Storage):
                 Decision(
                     s.allowed or c.shadow,
                     c.limit,
-                    s.remaining if admitted and s.allowed else s.remaining_now,
-                    (s.reset_us if admitted and s.allowed else s.reset_now_us) / _US,
+                    s.remaining if admitted and s.allowed and not c.meta else s.remaining_now,
+                    (s.reset_us if admitted and s.allowed and not c.meta else s.reset_now_us) / _US,
                     NEVER if s.retry_us < 0 else s.retry_us / _US,
                     c.shadow and not s.allowed,
                 )

@@ -8,7 +8,8 @@
 --   2      0 = evaluate, 1 = refund (give back the costs consumed earlier by the same checks).
 --   3 + 4(i-1) ..  per check: algorithm (1 fixed_window, 2 sliding_window_log,
 --          3 sliding_window_counter, 4 token_bucket, 5 gcra, 6 concurrency), plus 16 for a
---          SHADOW check, plus 32 for a RELEASE (refund this one check, then peek at it);
+--          SHADOW check, plus 32 for a RELEASE (refund this one check, then peek at it), plus 128
+--          for a META check (below);
 --          limit (units), period (us), cost (units; for concurrency: the slot's token).
 --   A release check gives back what the same check took earlier (a concurrency slot when its
 --   request ends) and never denies; it rides the ordinary evaluate call, so every storage
@@ -22,6 +23,10 @@
 -- would deny, the others still decide alone, and it is not written (exactly as an enforced limit
 -- that refuses is not charged), so its count is what it would be if it were enforced alone.
 -- Refund: each check gives its cost back, then reports its state as a peek (cost 0).
+-- A META check (code + 128) counts the request's breaches of the other checks: decided like any
+-- check (its cost is 1, one breach), it denies the request when it is exhausted; it is written
+-- only when the request is denied by another, non-shadow check (one breach, however many
+-- denied), never when admitted; a refund leaves it alone; it reports itself as it stands.
 --
 -- Each algorithm file defines a loader LOAD_<NAME>() that builds its functions (only for the
 -- algorithms a request uses). decide(key, limit, period, cost, now) returns {allowed (0/1),
@@ -50,7 +55,7 @@ local n = #KEYS
 -- strtod); anything else, well-formed or not, goes to the general path, which decides or refuses.
 if n == 1 and #ARGV == 1 then
   local now_s, mode_s, code_s, limit_s, period_s, cost_s = string.match(ARGV[1],
-    '^(%-?%d+),(%d+),(%d+),([1-9]%d*),(%d+),(%d+)$')
+    '^(%-?%d+),(%d+),(%d%d?),([1-9]%d*),(%d+),(%d+)$')  -- code: 2 digits (no meta check)
   if now_s then
     local now, mode, code = tonumber(now_s), tonumber(mode_s), tonumber(code_s)
     local limit, period, cost = tonumber(limit_s), tonumber(period_s), tonumber(cost_s)
@@ -137,9 +142,13 @@ if now == -1 then
 end
 
 -- Check i: algorithm args[4i - 1], limit args[4i], period args[4i + 1], cost args[4i + 2].
-local algos, shadow, release = {}, {}, {}
+local algos, shadow, release, meta = {}, {}, {}, {}
 for i = 1, n do
   local code, limit, period, cost = args[4 * i - 1], args[4 * i], args[4 * i + 1], args[4 * i + 2]
+  if type(code) == 'number' and code > 128 then
+    code = code - 128
+    meta[i] = true
+  end
   if type(code) == 'number' and code > 32 then
     code = code - 32
     release[i] = true
@@ -164,11 +173,13 @@ for i = 1, n do
   algos[i] = algo
 end
 
-local results, all = {}, true
+local results, all, metadenied = {}, true, false
 for i = 1, n do
   local repaired = 0
   if mode == 1 or release[i] then
-    repaired = algos[i].refund(KEYS[i], args[4 * i], args[4 * i + 1], args[4 * i + 2], now)
+    if not meta[i] then  -- a meta check took nothing from an admitted request: a peek
+      repaired = algos[i].refund(KEYS[i], args[4 * i], args[4 * i + 1], args[4 * i + 2], now)
+    end
     args[4 * i + 2] = 0
   end
   local r = algos[i].decide(KEYS[i], args[4 * i], args[4 * i + 1], args[4 * i + 2], now)
@@ -177,6 +188,9 @@ for i = 1, n do
   end
   results[i] = r
   if r[1] == 0 then
+    if meta[i] then
+      metadenied = true
+    end
     if shadow[i] then
       r[1] = 2  -- would deny: reported, never refuses, not written
     else
@@ -188,8 +202,14 @@ end
 if all then
   for i = 1, n do
     local cost = args[4 * i + 2]
-    if cost > 0 and results[i][1] == 1 then
+    if cost > 0 and results[i][1] == 1 and not meta[i] then
       algos[i].commit(KEYS[i], results[i], args[4 * i], args[4 * i + 1], cost, now)
+    end
+  end
+elseif not metadenied and next(meta) then  -- a breach: counted by every meta check
+  for i = 1, n do
+    if meta[i] then
+      algos[i].commit(KEYS[i], results[i], args[4 * i], args[4 * i + 1], args[4 * i + 2], now)
     end
   end
 end
@@ -202,7 +222,7 @@ end
 -- A shadow check that would deny was not written either: it reports itself as it stands.
 if n == 1 then  -- the usual request: no reply table (measured: ~1 us less in a request)
   local r = results[1]
-  if r[1] == 2 then
+  if r[1] == 2 or meta[1] then
     left, reset = 6, 7
   end
   return string.format('%d,%d,%d,%d,%d,%d,%d', now, r[1], args[4], r[left], r[reset], r[4], r[5])
@@ -211,7 +231,7 @@ local reply = {now}
 for i = 1, n do
   local r, j = results[i], 6 * i - 4
   local l, t = left, reset
-  if r[1] == 2 then
+  if r[1] == 2 or meta[i] then
     l, t = 6, 7
   end
   reply[j], reply[j + 1], reply[j + 2] = r[1], args[4 * i], r[l]
