@@ -263,7 +263,8 @@ def test_a_release_skips_the_dead_node_whose_breaker_is_open_and_releases_on_the
     client = app.test_client()
 
     def get(who: str) -> int:
-        return client.get("/", headers={"X-Client": who, "X-Team": team}).status_code
+        with client.get("/", headers={"X-Client": who, "X-Team": team}) as response:
+            return response.status_code
 
     def released_on_dead(since: int) -> list[Check]:
         return [

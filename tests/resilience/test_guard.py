@@ -466,22 +466,29 @@ def test_bad_settings_are_configuration_errors(kwargs: dict[str, object]) -> Non
 
 
 def test_concurrent_storage_calls_overlap_through_the_guard() -> None:
-    """Two threads each blocked ~100 ms inside the storage finish in ~100 ms, not ~200 ms."""
-    storage = ScriptedStorage(delay=0.1)
+    """Two threads are inside the storage at once: the guard holds no lock around the call.
+    Counted, not timed: each call waits at a barrier for the other, which a guard that ran
+    calls one at a time would never let it meet (the barrier breaks after 5 s)."""
+    barrier = threading.Barrier(2, timeout=5)
+
+    class Meeting(ScriptedStorage):
+        def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+            barrier.wait()  # raises BrokenBarrierError when the other call never comes
+            return super().evaluate(checks, now_us=now_us)
+
+    storage = Meeting()
     guard = Guard(storage)
-
-    def run(threads: int) -> float:
-        ts = [threading.Thread(target=guard.evaluate, args=([check()],)) for _ in range(threads)]
-        started = time.perf_counter()
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        return time.perf_counter() - started
-
-    single = run(1)
-    assert run(2) < 1.6 * single
-    assert storage.calls == 3
+    results: list[bool] = []
+    ts = [
+        threading.Thread(target=lambda: results.append(not guard.evaluate([check()]).degraded))
+        for _ in range(2)
+    ]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert results == [True, True] and not barrier.broken
+    assert storage.calls == 2
 
 
 @pytest.mark.slow
