@@ -112,9 +112,10 @@ class Declarations:
           storage is down (the strictest wins when several limits of a route set one);
         - ``fallback``: for a callable ``value``: the limit string used when it fails (default:
           no limit);
-        - ``deduct_when``: ``(response) -> bool``: the request is refused before the view when
-          the quota is spent, and charged after the response only when it answers true (a
-          second storage call): :mod:`flask_distlimit.request.deduction`;
+        - ``deduct_when``: ``(response) -> bool``: the cost is reserved before the view (refused
+          when it does not fit) and given back after the response when it answers false (a
+          second storage call); a callable ``cost`` is then called after the response:
+          :mod:`flask_distlimit.request.deduction`;
         - ``methods``: the HTTP methods the limit applies to (default: every one; ``GET``
           includes ``HEAD``, which Flask answers with the GET view);
         - ``override_defaults``: False keeps ``DISTLIMIT_DEFAULT_LIMITS`` beside this limit;

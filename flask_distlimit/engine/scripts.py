@@ -65,7 +65,8 @@ ALGORITHM_CODES: Final[dict[Algorithm, int]] = {name: e.code for name, e in REGI
 
 #: Added to the algorithm code of a shadow check: decided and counted, never denies.
 SHADOW_FLAG: Final = 16
-#: Added to the algorithm code of a release: give back what the check took (a slot), then peek.
+#: Added to the algorithm code of a release: give back what the check took (a slot, or its
+#: cost), then peek.
 RELEASE_FLAG: Final = 32
 
 #: The script's parts as built (the benchmarks take them apart).
@@ -150,8 +151,8 @@ def _fields(check: Check) -> str:
     units = check.cost
     if check.token:  # a concurrency slot: its token is sent instead of the cost of 1
         units = check.token if units else 0
-        if check.release:
-            code += RELEASE_FLAG
+    if check.release:  # a slot's, or a rate limit's units given back (request.deduction)
+        code += RELEASE_FLAG
     return f"{code},{check.limit},{check.period * _US},{units}"
 
 

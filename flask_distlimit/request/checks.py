@@ -5,7 +5,7 @@ storage sees them: the fleet's slot (:mod:`flask_distlimit.defences.fleet`), the
 (counted under the client address), the tier limits of the request's identity, then the route
 and shared limits (each under the identity, or under what its ``key_func`` answers; a
 concurrency limit as a slot, a ``dynamic`` limit as this request's rates, a ``deduct_when``
-limit as a peek charged after the response, :mod:`flask_distlimit.request.deduction`).
+limit as a reservation settled after the response, :mod:`flask_distlimit.request.deduction`).
 
 What a check costs: 1, a limit's ``cost``, or ``DISTLIMIT_CONDITIONAL_COST`` on a conditional
 ``GET``/``HEAD`` (route limits only; the global and tier limits always cost at least 1). A CORS
@@ -114,7 +114,7 @@ class Checks:
     ) -> Built | None:
         """The checks of ``plan``'s limits (and the global and tier limits when
         ``every_request``; the fleet's slot too when ``fleet``), or None when there are none.
-        The ``deduct_when`` peeks are noted in ``data.deferred``."""
+        The ``deduct_when`` reservations are noted in ``data.deferred``."""
         route_limits: Sequence[BoundLimit] = plan.limits
         needs_identity, plain = plan.needs_identity, plan.plain
         environ = req.environ
@@ -158,7 +158,7 @@ class Checks:
                 bounds.append(b)
         itag = ""
         # DISTLIMIT_CONDITIONAL_COST=0: the request claims to revalidate, but only a 304 proves
-        # it; route limits peek now and charge the whole cost after a response that is not 304.
+        # it; route limits reserve the cost now and give it back after a response that is a 304.
         revalidation = default_cost == 0 and bool(route_limits)
         if revalidation:
             plain = False
@@ -190,7 +190,14 @@ class Checks:
                 checks.append(slot_check(b, tag, self.lease))
                 bounds.append(b)
                 continue
-            cost = default_cost if b.cost is None else _cost_value(b, default_cost)
+            # Flask-Limiter's order: with deduct_when, a callable cost is called after the
+            # response (it may read what the view sets); 1 is reserved meanwhile.
+            cost_after = b.deduct_when is not None and callable(b.cost)
+            cost = (
+                1 if cost_after
+                else default_cost if b.cost is None
+                else _cost_value(b, default_cost)
+            )  # fmt: skip
             unproved = revalidation and b.cost is None  # free only if the answer is a 304
             if b.dynamic is None and b.deduct_when is None and not unproved:  # the common case
                 checks.append(b.check(tag, cost))
@@ -204,12 +211,12 @@ class Checks:
                     tag, tier, self.local_clock(), self.dynamic_ttl_us, room
                 )
             for r in resolved:
-                if r.deduct_when is not None or unproved:  # a peek now, charged after
-                    check = r.check(tag, 1 if unproved else cost)
-                    data.deferred[check.key] = deduction.Deferred(check, r, unproved, plan.policy)
-                    checks.append(r.check(tag, 0))
-                else:
-                    checks.append(r.check(tag, cost))
+                check = r.check(tag, 1 if unproved else cost)
+                if deduction.reserved(r, unproved=unproved):  # reserved now, settled after
+                    data.deferred[check.key] = deduction.Deferred(
+                        check, r, unproved, plan.policy, cost_after
+                    )
+                checks.append(check)
                 bounds.append(r)
         if not checks:
             return None

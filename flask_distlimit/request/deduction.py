@@ -1,4 +1,4 @@
-"""Charging after the response: limits declared with ``deduct_when=callable(response) -> bool``.
+"""Conditional charges: limits declared with ``deduct_when=callable(response) -> bool``.
 
 ::
 
@@ -6,38 +6,37 @@
     @limiter.limit("5/minute", deduct_when=lambda response: response.status_code == 401)
     def login(): ...
 
-1. Before the view, in the request's one storage call, such a limit is a *peek* (cost 0: it
-   reads the counter and consumes nothing). When fewer units are left than the request would
-   cost, the request is refused (429) and nothing is charged to that limit (its
-   ``Retry-After`` is the time until the quota is whole again: a peek does not tell when one
-   unit frees, so it is an upper bound). The request's other
-   limits in that same call are ordinary checks: they were charged already (the peek is not
-   a denial inside the all-or-nothing script call). A shadow limit's peek never refuses: it is
-   logged as a would-be refusal (:mod:`flask_distlimit.defences.shadow`).
-2. After the response, the callable is asked; when it answers true, the limit is charged in a
-   second storage call (only requests of routes with such a limit make it). The charge is
-   all-or-nothing like every call: a charge that no longer fits (other requests filled the
-   quota meanwhile) is not made, so a counter never exceeds its limit. A callable that raises
-   is logged and the request is charged (the safe side for a login limit). The charge goes
-   through the route's own failure policy (its ``on_failure``, else
-   ``DISTLIMIT_FAILURE_POLICY``), as the peek did: under ``local`` a storage outage charges
-   the local fallback (at this process's share), so the next peek there sees it; under
-   ``open`` and ``closed`` it drops the charge (the response is already made). A dropped
-   charge ends there: it is counted and logged as a failed side call
-   (:meth:`Guard.side_failed <flask_distlimit.resilience.guard.Guard.side_failed>`: ``health()``'s
-   ``side_call_failures``, one WARNING line a minute at most).
+1. Before the view, in the request's one storage call, such a limit is *reserved*: charged like
+   any other limit of the request, all-or-nothing with them, and refused (429) when it does not
+   fit. So N concurrent requests can never take more than the limit to the view: exact, as
+   sequential requests are.
+2. After the response, the callable is asked. When it answers false, the reservation is given
+   back in a second storage call (a *release* check,
+   :attr:`Check.release <flask_distlimit.core.decision.Check.release>`: each algorithm's refund,
+   the one a concurrency slot's give-back uses). A callable that raises is logged and the request
+   stays charged (the safe side for a login limit).
+3. Flask-Limiter's order for a callable ``cost``: with ``deduct_when`` it is called after the
+   response (it may read what the view set, ``cost=lambda: g.batch``). The reservation is then
+   1 unit, and after the response the difference to the real cost is charged, or given back.
+   A charge that no longer fits whole charges the units left (a counter never exceeds its
+   limit), so a request that went over the quota leaves it spent. A conditional ``GET`` under
+   ``DISTLIMIT_CONDITIONAL_COST=0`` likewise reserves 1 and gets it back when it is a 304.
 
-Exactness under concurrency: N requests in flight at once can all pass the peek before any of
-them is charged, so up to ``limit + N - 1`` of them may reach the view in one window (with
-``limit`` already counted, the next peek refuses). Sequential requests are exact: the
-``limit + 1``-th counted request is refused. ``tests/request/test_deduction.py`` measures the bound
-with N concurrent failed logins held at a barrier inside the view, on a real redis-server.
+The second call goes through the route's own failure policy (its ``on_failure``, else
+``DISTLIMIT_FAILURE_POLICY``), as the reservation did: under ``local`` a storage outage settles
+in the local fallback; under ``open`` and ``closed`` it is dropped (the response is already made)
+and counted and logged as a failed side call
+(:meth:`Guard.side_failed <flask_distlimit.resilience.guard.Guard.side_failed>`). A dropped
+give-back leaves the reservation charged, as does a process that dies before it: a request is
+never counted less than it used. A reservation that charged nothing (a refused request, a storage
+down under ``open``, a shadow limit that would have refused) is never given back.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -51,46 +50,33 @@ if TYPE_CHECKING:
     from flask_distlimit.defences.concurrency import SideCalls
     from flask_distlimit.resilience.guard import Guard
 
-__all__ = ["Deferred", "charge", "spent"]
+__all__ = ["Deferred", "charge", "reserved"]
 
 log = logging.getLogger("flask_distlimit")
 
 
 @dataclass(frozen=True, slots=True)
 class Deferred:
-    """One limit of a request to charge after the response: ``check`` has the request's cost.
+    """One limit of a request reserved before the view, settled after the response: ``check``
+    is the reservation charged with the request.
 
     ``free_if_not_modified``: a conditional request under ``DISTLIMIT_CONDITIONAL_COST=0``,
     free only when its response is a 304 (the header alone is the client's claim).
-    ``policy``: the failure policy of the route whose peek it follows (``None``: the app's)."""
+    ``cost_after``: the limit's callable ``cost`` is called after the response (Flask-Limiter's
+    order with ``deduct_when``), the reservation being 1.
+    ``policy``: the failure policy of the route (``None``: the app's)."""
 
     check: Check
     bound: BoundLimit
     free_if_not_modified: bool = False
     policy: FailurePolicy | None = None
+    cost_after: bool = False
 
 
-def spent(
-    checks: Sequence[Check],
-    decisions: Sequence[Decision],
-    deferred: dict[str, Deferred],
-    *,
-    shadow: bool = False,
-) -> list[int]:
-    """Indexes of the peeks whose limit has fewer units left than the request would cost: the
-    enforced limits' (they refuse the request), or with ``shadow`` the shadow limits' (they
-    never refuse: they are only logged as would-be refusals)."""
-    found: list[int] = []
-    for i, (c, d) in enumerate(zip(checks, decisions, strict=True)):
-        later = deferred.get(c.key)
-        if (
-            later is not None
-            and c.cost == 0
-            and c.shadow is shadow
-            and d.remaining < later.check.cost
-        ):
-            found.append(i)
-    return found
+def reserved(bound: BoundLimit, *, unproved: bool) -> bool:
+    """Whether ``bound`` is reserved before the view and settled after (module docstring):
+    a ``deduct_when`` limit, or a conditional request that is free only on a 304."""
+    return bound.deduct_when is not None or unproved
 
 
 def _wants_charge(later: Deferred, response: Response) -> bool:
@@ -109,39 +95,93 @@ def _wants_charge(later: Deferred, response: Response) -> bool:
         return True
 
 
+def _real_cost(later: Deferred) -> int:
+    """The cost a ``cost_after`` limit's callable answers now; the reservation when it fails."""
+    cost = later.bound.cost
+    assert callable(cost)
+    try:
+        value = cost()
+    except Exception:
+        log.exception(
+            "The cost callable of the rate limit %s raised after the response; the request "
+            "is charged its reservation.",
+            later.bound.name,
+        )
+        return later.check.cost
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        log.error(
+            "The cost callable of the rate limit %s returned %r after the response; it must "
+            "return an int >= 0. The request is charged its reservation.",
+            later.bound.name,
+            value,
+        )
+        return later.check.cost
+    return value
+
+
+def _difference(later: Deferred, response: Response) -> Check | None:
+    """The check that settles ``later``: a charge of what it cost beyond its reservation, a
+    release of what it did not use, or ``None`` when the reservation was its cost."""
+    check = later.check
+    real = 0
+    if _wants_charge(later, response):
+        # at most the whole limit: more can never fit
+        real = min(_real_cost(later), check.limit) if later.cost_after else check.cost
+    if real == check.cost:
+        return None
+    if real > check.cost:
+        return dataclasses.replace(check, cost=real - check.cost)
+    return dataclasses.replace(check, cost=check.cost - real, release=True)
+
+
 def charge(
     calls: SideCalls, deferred: dict[str, Deferred], response: Response
 ) -> list[tuple[Deferred, Decision]]:
-    """Charge the limits whose ``deduct_when`` answers true for ``response``, through
-    ``calls.guard`` at ``calls.storage_now()``; answer each charged limit with the storage's
-    decision of its charge (what is left after it: the response's headers tell that, not the
-    peek's count from before)."""
-    due = [d for d in deferred.values() if d.check.cost > 0 and _wants_charge(d, response)]
+    """Settle the reservations of ``deferred`` for ``response`` (module docstring), through
+    ``calls.guard`` at ``calls.storage_now()``; answer each settled limit with the storage's
+    decision (what is left after it: the response's headers tell that)."""
+    due = [(d, c) for d in deferred.values() if (c := _difference(d, response)) is not None]
     deferred.clear()
-    by_policy: dict[FailurePolicy | None, list[Deferred]] = {}
-    for d in due:  # one call per failure policy (a request's limits have one, almost always)
-        by_policy.setdefault(d.policy, []).append(d)
+    by_policy: dict[FailurePolicy | None, list[tuple[Deferred, Check]]] = {}
+    for item in due:  # one call per failure policy (a request's limits have one, almost always)
+        by_policy.setdefault(item[0].policy, []).append(item)
     charged: list[tuple[Deferred, Decision]] = []
     for policy, group in by_policy.items():
-        charged += _charge_group(calls.guard, calls.storage_now, group, policy)
+        # Releases and charges in calls of their own: a release is made even in a call that a
+        # charge denies, and on a Redis Cluster such a call's admitted parts are refunded.
+        for part in ([x for x in group if x[1].release], [x for x in group if not x[1].release]):
+            if part:
+                charged += _charge_group(calls.guard, calls.storage_now, part, policy)
     return charged
 
 
 def _charge_group(
-    guard: Guard, now: Callable[[], int | None], due: list[Deferred], policy: FailurePolicy | None
+    guard: Guard,
+    now: Callable[[], int | None],
+    due: list[tuple[Deferred, Check]],
+    policy: FailurePolicy | None,
 ) -> list[tuple[Deferred, Decision]]:
     try:
-        evaluation = _charge(guard, now, [d.check for d in due], policy)
+        evaluation = _charge(guard, now, [c for _, c in due], policy)
         if evaluation is None:
             return []
         if evaluation.allowed:
-            return list(zip(due, evaluation.decisions, strict=True))
-        # Some limit filled up meanwhile: charge the ones that still fit, in one more call.
-        fits = [d for d, e in zip(due, evaluation.decisions, strict=True) if e.allowed]
-        again = _charge(guard, now, [d.check for d in fits], policy) if fits else None
-        return [] if again is None else list(zip(fits, again.decisions, strict=True))
+            return [(d, e) for (d, _), e in zip(due, evaluation.decisions, strict=True)]
+        # Some limit filled up meanwhile: charge what still fits, in one more call (the units
+        # left of a limit that no longer has room for the whole difference).
+        fits = [
+            (d, c if e.allowed else dataclasses.replace(c, cost=e.remaining))
+            for (d, c), e in zip(due, evaluation.decisions, strict=True)
+            if e.allowed or e.remaining > 0
+        ]
+        again = _charge(guard, now, [c for _, c in fits], policy) if fits else None
+        return (
+            []
+            if again is None
+            else [(d, e) for (d, _), e in zip(fits, again.decisions, strict=True)]
+        )
     except Exception:  # the response is made: a failed charge must not turn it into a 500
-        log.exception("A deferred rate-limit charge failed; %d charge(s) dropped.", len(due))
+        log.exception("A rate-limit settlement failed; %d settlement(s) dropped.", len(due))
         return []
 
 
@@ -151,7 +191,7 @@ def _charge(
     outcome = guard.evaluate(checks, policy=policy, now_us=now())
     if outcome.evaluation is None or outcome.unavailable:
         guard.side_failed(
-            f"an after-response charge of {len(checks)} rate limit(s)",
+            f"an after-response charge or give-back of {len(checks)} rate limit(s)",
             "the storage did not decide (an outage, or a reply the limiter cannot read) and "
             f"the failure policy {policy or guard.policy!r} drops it",
         )

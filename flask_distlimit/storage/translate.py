@@ -218,7 +218,7 @@ def storage_error(exc: BaseException) -> StorageError:
             f"Redis refuses to write ({_one_line(exc)}): it is out of memory under "
             "maxmemory-policy noeviction, or cannot persist (MISCONF). The limiter answers at "
             "each process's local share until it has room: raise maxmemory, or give the limiter "
-            "a Redis of its own (docs/deployment.md, \"Memory\")."
+            'a Redis of its own (docs/deployment.md, "Memory").'
         )
     if isinstance(exc, _OUTAGES):
         return StorageUnavailable(f"Redis is unavailable: {type(exc).__name__}: {exc}")
