@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redis
-from flask import Flask, request
+from flask import Flask, g, request
 from flask.typing import ResponseReturnValue
 
 from flask_distlimit import Limiter
@@ -186,3 +186,31 @@ def test_the_headers_of_a_charged_response_count_its_charge(
     assert [r.headers["X-RateLimit-Remaining"] for r in failed] == ["4", "3", "2", "1", "0"]
     assert all(r.status_code == 401 for r in failed)
     assert ";r=0;" in failed[-1].headers["RateLimit"] + ";"
+
+
+def test_a_callable_cost_with_deduct_when_is_the_batch_the_view_set(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Flask-Limiter's order, as LibreTranslate uses it: with ``deduct_when``, a callable cost is
+    called after the response, so it reads the batch size the view set. After 3 batches of 3
+    against 10/minute, one more batch is admitted (9 < 10), and it spends the quota; a failed
+    batch is charged nothing."""
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.post("/translate")
+    @limiter.limit(
+        "10/minute", cost=lambda: g.batch, deduct_when=lambda response: response.status_code == 200
+    )
+    def translate() -> ResponseReturnValue:
+        g.batch = len(request.form.getlist("q"))
+        return ("bad language", 400) if request.form.get("lang") == "xx" else "ok"
+
+    client = app.test_client()
+
+    def batch(size: int, lang: str = "en") -> int:
+        return client.post("/translate", data={"q": ["a"] * size, "lang": lang}).status_code
+
+    assert [batch(3) for _ in range(3)] == [200] * 3
+    assert batch(3, lang="xx") == 400  # refused by the view: its reservation is given back
+    assert batch(3) == 200  # 9 of 10 spent: admitted, as Flask-Limiter admits it
+    assert batch(1) == 429  # the batch spent the quota (charged up to the limit)
