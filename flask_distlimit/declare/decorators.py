@@ -41,6 +41,7 @@ from flask_distlimit._typing import (
     LimitBreachHook,
     LimitKind,
     ScopeFunc,
+    Settle,
 )
 from flask_distlimit.declare.dynamic_limits import LimitSource
 from flask_distlimit.declare.options import check_options
@@ -79,6 +80,7 @@ class Declarations:
         on_failure: str | None = None,
         fallback: str | None = None,
         deduct_when: DeductWhen | None = None,
+        settle: Settle | None = None,
         methods: Iterable[str] | None = None,
         override_defaults: bool = True,
         on_breach: LimitBreachHook | None = None,
@@ -116,6 +118,10 @@ class Declarations:
           when it does not fit) and given back after the response when it answers false (a
           second storage call); a callable ``cost`` is then called after the response:
           :mod:`flask_distlimit.request.deduction`;
+        - ``settle``: ``(response) -> int``: the units the request really cost, known after the
+          response (tokens used, rows scanned); ``cost`` is then the reservation made before the
+          view, and the difference is charged (up to the limit) or given back:
+          :mod:`flask_distlimit.request.deduction`;
         - ``methods``: the HTTP methods the limit applies to (default: every one; ``GET``
           includes ``HEAD``, which Flask answers with the GET view);
         - ``override_defaults``: False keeps ``DISTLIMIT_DEFAULT_LIMITS`` beside this limit;
@@ -146,6 +152,7 @@ class Declarations:
         on_failure: str | None = None,
         fallback: str | None = None,
         deduct_when: DeductWhen | None = None,
+        settle: Settle | None = None,
         methods: Iterable[str] | None = None,
         override_defaults: bool = True,
         on_breach: LimitBreachHook | None = None,

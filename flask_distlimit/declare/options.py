@@ -121,6 +121,7 @@ def check_options(
         ("key_func", options.key_func),
         ("exempt_when", options.exempt_when),
         ("deduct_when", options.deduct_when),
+        ("settle", options.settle),
         ("on_breach", options.on_breach),
     ):
         if func is not None and not callable(func):
@@ -152,7 +153,7 @@ def check_options(
         what,
         algorithm=algorithm,
         dynamic=dynamic is not None,
-        deduct_when=options.deduct_when is not None,
+        deduct_when=options.deduct_when is not None or options.settle is not None,
         shadow=options.shadow,
     )
     spec = LimitSpec(
@@ -167,6 +168,7 @@ def check_options(
         on_failure=policy,
         dynamic=dynamic,
         deduct_when=options.deduct_when,
+        settle=options.settle,
         methods=method_set,
         override_defaults=options.override_defaults,
         on_breach=options.on_breach,

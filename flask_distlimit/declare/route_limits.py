@@ -79,6 +79,7 @@ class BoundLimit:
     #: (this one is a placeholder, never checked itself)
     dynamic: DynamicLimit[BoundLimit] | None = None
     deduct_when: _typing.DeductWhen | None = None
+    settle: _typing.Settle | None = None
     on_breach: _typing.LimitBreachHook | None = None
     error_message: _typing.ErrorMessage | None = None
     shown: str = ""  #: the declared value, for listings
@@ -92,7 +93,8 @@ class BoundLimit:
     @property
     def plain(self) -> bool:
         """A rate limit on the request's identity with nothing to call or resolve per request
-        (no ``key_func``, cost function, ``exempt_when``, dynamic value or ``deduct_when``),
+        (no ``key_func``, cost function, ``exempt_when``, dynamic value, ``deduct_when`` or
+        ``settle``),
         neither a concurrency limit nor a shadow one: the request path's common case."""
         return (
             self.key_func is None
@@ -100,6 +102,7 @@ class BoundLimit:
             and self.exempt_when is None
             and self.dynamic is None
             and self.deduct_when is None
+            and self.settle is None
             and not self.shadow
             and self.algorithm != CONCURRENCY
         )
@@ -271,6 +274,7 @@ def _bound(
         exempt_when=spec.exempt_when,
         dynamic=dynamic,
         deduct_when=spec.deduct_when,
+        settle=spec.settle,
         on_breach=spec.on_breach,
         error_message=spec.error_message,
         shown=shown,

@@ -192,14 +192,14 @@ class Checks:
                 continue
             # Flask-Limiter's order: with deduct_when, a callable cost is called after the
             # response (it may read what the view sets); 1 is reserved meanwhile.
-            cost_after = b.deduct_when is not None and callable(b.cost)
+            cost_after = b.deduct_when is not None and b.settle is None and callable(b.cost)
             cost = (
                 1 if cost_after
                 else default_cost if b.cost is None
                 else _cost_value(b, default_cost)
             )  # fmt: skip
             unproved = revalidation and b.cost is None  # free only if the answer is a 304
-            if b.dynamic is None and b.deduct_when is None and not unproved:  # the common case
+            if b.dynamic is None and not deduction.reserved(b, unproved=unproved):  # common case
                 checks.append(b.check(tag, cost))
                 bounds.append(b)
                 continue

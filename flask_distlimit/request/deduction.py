@@ -35,6 +35,7 @@ down under ``open``, a shadow limit that would have refused) is never given back
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,7 +77,7 @@ class Deferred:
 def reserved(bound: BoundLimit, *, unproved: bool) -> bool:
     """Whether ``bound`` is reserved before the view and settled after (module docstring):
     a ``deduct_when`` limit, or a conditional request that is free only on a 304."""
-    return bound.deduct_when is not None or unproved
+    return bound.deduct_when is not None or bound.settle is not None or unproved
 
 
 def _wants_charge(later: Deferred, response: Response) -> bool:
@@ -95,24 +96,33 @@ def _wants_charge(later: Deferred, response: Response) -> bool:
         return True
 
 
-def _real_cost(later: Deferred) -> int:
-    """The cost a ``cost_after`` limit's callable answers now; the reservation when it fails."""
-    cost = later.bound.cost
-    assert callable(cost)
+def _real_cost(later: Deferred, response: Response) -> int:
+    """What the request really cost: ``settle(response)``, or the ``cost_after`` limit's
+    callable called now, or the reservation (also when the callable fails: logged)."""
+    bound = later.bound
+    call: Callable[[], object]
+    if bound.settle is not None:
+        name, call = "settle", functools.partial(bound.settle, response)
+    elif later.cost_after and callable(bound.cost):
+        name, call = "cost", bound.cost
+    else:
+        return later.check.cost
     try:
-        value = cost()
+        value = call()
     except Exception:
         log.exception(
-            "The cost callable of the rate limit %s raised after the response; the request "
+            "The %s callable of the rate limit %s raised after the response; the request "
             "is charged its reservation.",
-            later.bound.name,
+            name,
+            bound.name,
         )
         return later.check.cost
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         log.error(
-            "The cost callable of the rate limit %s returned %r after the response; it must "
+            "The %s callable of the rate limit %s returned %r after the response; it must "
             "return an int >= 0. The request is charged its reservation.",
-            later.bound.name,
+            name,
+            bound.name,
             value,
         )
         return later.check.cost
@@ -125,8 +135,7 @@ def _difference(later: Deferred, response: Response) -> Check | None:
     check = later.check
     real = 0
     if _wants_charge(later, response):
-        # at most the whole limit: more can never fit
-        real = min(_real_cost(later), check.limit) if later.cost_after else check.cost
+        real = min(_real_cost(later, response), check.limit)  # more can never fit
     if real == check.cost:
         return None
     if real > check.cost:

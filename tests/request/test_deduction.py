@@ -13,7 +13,7 @@ import redis
 from flask import Flask, g, request
 from flask.typing import ResponseReturnValue
 
-from flask_distlimit import Limiter
+from flask_distlimit import ALGORITHMS, Limiter
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.testing import CountingStorage, FakeClock
@@ -214,3 +214,57 @@ def test_a_callable_cost_with_deduct_when_is_the_batch_the_view_set(
     assert batch(3, lang="xx") == 400  # refused by the view: its reservation is given back
     assert batch(3) == 200  # 9 of 10 spent: admitted, as Flask-Limiter admits it
     assert batch(1) == 429  # the batch spent the quota (charged up to the limit)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_settle_charges_or_gives_back_the_difference_to_the_real_cost(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    """Issue 35's tokens per tenant: ``cost`` is reserved before the view (refused when it does
+    not fit), ``settle(response)`` is the real cost, and the difference is given back or
+    charged after the response, on every algorithm; a charge beyond the limit fills it."""
+    app, limiter, counting = make_app(backend(), clock)
+
+    @app.post("/complete")
+    @limiter.limit(
+        "100/day",
+        algorithm=algorithm,
+        key_func=lambda: request.headers["X-Tenant"],
+        cost=lambda: request.get_json()["max_tokens"],
+        settle=lambda response: g.tokens_used,
+    )
+    def complete() -> ResponseReturnValue:
+        g.tokens_used = request.get_json()["use"]
+        return {"tokens": g.tokens_used}
+
+    client = app.test_client()
+
+    def ask(max_tokens: int, use: int, tenant: str = "acme") -> tuple[int, str | None]:
+        response = client.post(
+            "/complete", json={"max_tokens": max_tokens, "use": use}, headers={"X-Tenant": tenant}
+        )
+        return response.status_code, response.headers.get("X-RateLimit-Remaining")
+
+    assert ask(50, 20) == (200, "80")  # 50 reserved, 30 given back
+    assert [c.release for c in counting.checks[-1]] == [True]
+    assert ask(90, 1)[0] == 429  # the reservation does not fit: the view never ran
+    assert ask(30, 60) == (200, "20")  # 30 reserved, 30 more charged
+    assert ask(10, 50) == (200, "0")  # 10 reserved; of 40 more, the 10 left are charged
+    assert ask(1, 0)[0] == 429
+    assert ask(1, 0, tenant="other") == (200, "100")  # another tenant's quota
+
+
+def test_a_settle_that_fails_leaves_the_reservation_charged(
+    backend: Backend, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.post("/complete")
+    @limiter.limit("10/day", cost=3, settle=lambda response: g.tokens_used)
+    def complete() -> ResponseReturnValue:
+        return "the view forgot to set g.tokens_used"
+
+    client = app.test_client()
+    with caplog.at_level(logging.ERROR, logger="flask_distlimit"):
+        assert [client.post("/complete").status_code for _ in range(4)] == [200] * 3 + [429]
+    assert any("settle callable" in r.getMessage() for r in caplog.records)
