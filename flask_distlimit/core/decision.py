@@ -43,8 +43,12 @@ class Check:
     #: a concurrency slot's token (:mod:`flask_distlimit.defences.concurrency`), drawn per request;
     #: 0 for a rate limit
     token: int = 0
-    #: give back the slot ``token`` took (the request ended) instead of taking one
+    #: give back the slot ``token`` took (the request ended) instead of taking one, or a rate
+    #: limit's ``cost`` units (a reservation settled lower); never denies
     release: bool = False
+    #: charge ``cost`` whatever is left, past the limit if need be (a reservation settled
+    #: higher: the quota goes into debt); never denies
+    debt: bool = False
 
     def __init__(
         self,
@@ -56,6 +60,7 @@ class Check:
         shadow: bool = False,
         token: int = 0,
         release: bool = False,
+        debt: bool = False,
     ) -> None:  # frozen, at a plain class's cost (flask_distlimit.frozen)
         _check_key(self, key)
         _check_algorithm(self, algorithm)
@@ -65,6 +70,7 @@ class Check:
         _check_shadow(self, shadow)
         _check_token(self, token)
         _check_release(self, release)
+        _check_debt(self, debt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +157,10 @@ class Evaluation:
     _check_shadow,
     _check_token,
     _check_release,
-) = slot_setters(Check, "key", "algorithm", "limit", "period", "cost", "shadow", "token", "release")
+    _check_debt,
+) = slot_setters(
+    Check, "key", "algorithm", "limit", "period", "cost", "shadow", "token", "release", "debt"
+)
 (
     _decision_allowed,
     _decision_limit,

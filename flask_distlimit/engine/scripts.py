@@ -15,7 +15,8 @@ Every Redis backend (single node, Sentinel, each Cluster slot group) calls the s
 - ``KEYS``: one key per check, in order.
 - ``ARGV``: ONE string of comma-separated decimal integers: ``now_us`` (or ``-1``), mode
   (0 evaluate, 1 refund), then four per check: algorithm code (:data:`ALGORITHM_CODES`, plus
-  :data:`SHADOW_FLAG` for a shadow check, :data:`RELEASE_FLAG` for a release), limit, period in
+  :data:`SHADOW_FLAG` for a shadow check, :data:`RELEASE_FLAG` for a release, :data:`DEBT_FLAG`
+  for a debt), limit, period in
   microseconds, cost (a concurrency slot's token). E.g.
   ``-1,0,1,100,60000000,1``.
 - reply: ONE bulk string of comma-separated decimal integers: ``now_us``, then six per check:
@@ -49,6 +50,7 @@ from flask_distlimit.errors import StorageResponseError
 
 __all__ = [
     "ALGORITHM_CODES",
+    "DEBT_FLAG",
     "RELEASE_FLAG",
     "SCRIPT_SOURCE",
     "SHADOW_FLAG",
@@ -68,6 +70,8 @@ SHADOW_FLAG: Final = 16
 #: Added to the algorithm code of a release: give back what the check took (a slot, or its
 #: cost), then peek.
 RELEASE_FLAG: Final = 32
+#: Added to the algorithm code of a debt: charge the cost past the limit if need be, then peek.
+DEBT_FLAG: Final = 64
 
 #: The script's parts as built (the benchmarks take them apart).
 _PARTS: Final = script_parts(ALGORITHM_CODES, SHADOW_FLAG)
@@ -153,6 +157,8 @@ def _fields(check: Check) -> str:
         units = check.token if units else 0
     if check.release:  # a slot's, or a rate limit's units given back (request.deduction)
         code += RELEASE_FLAG
+    elif check.debt:  # units charged past the limit (request.deduction)
+        code += DEBT_FLAG
     return f"{code},{check.limit},{check.period * _US},{units}"
 
 

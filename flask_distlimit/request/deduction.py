@@ -1,35 +1,41 @@
-"""Conditional charges: limits declared with ``deduct_when=callable(response) -> bool``.
+"""Reservations settled after the response: ``deduct_when`` and ``settle`` limits.
 
 ::
 
-    @app.post("/login")
     @limiter.limit("5/minute", deduct_when=lambda response: response.status_code == 401)
-    def login(): ...
+    @limiter.limit("100000/day", cost=lambda: request.json["max_tokens"],
+                   settle=lambda response: g.tokens_used)
 
-1. Before the view, in the request's one storage call, such a limit is *reserved*: charged like
-   any other limit of the request, all-or-nothing with them, and refused (429) when it does not
-   fit. So N concurrent requests can never take more than the limit to the view: exact, as
-   sequential requests are.
-2. After the response, the callable is asked. When it answers false, the reservation is given
-   back in a second storage call (a *release* check,
-   :attr:`Check.release <flask_distlimit.core.decision.Check.release>`: each algorithm's refund,
-   the one a concurrency slot's give-back uses). A callable that raises is logged and the request
-   stays charged (the safe side for a login limit).
-3. Flask-Limiter's order for a callable ``cost``: with ``deduct_when`` it is called after the
-   response (it may read what the view set, ``cost=lambda: g.batch``). The reservation is then
-   1 unit, and after the response the difference to the real cost is charged, or given back.
-   A charge that no longer fits whole charges the units left (a counter never exceeds its
-   limit), so a request that went over the quota leaves it spent. A conditional ``GET`` under
-   ``DISTLIMIT_CONDITIONAL_COST=0`` likewise reserves 1 and gets it back when it is a 304.
+1. Before the view, in the request's one storage call, such a limit is *reserved*: its cost is
+   charged like any other limit of the request, all-or-nothing with them, and the request is
+   refused (429) when it does not fit. So concurrent requests never take more than the limit to
+   the view.
+2. After the response (``after_request``), the request's real cost is worked out: 0 when
+   ``deduct_when`` answers false, else ``settle(response)``, else (Flask-Limiter's order for a
+   callable ``cost`` with ``deduct_when``, which may read what the view set: the reservation
+   is then 1) the ``cost`` callable called now, else the reservation. A conditional ``GET``
+   under ``DISTLIMIT_CONDITIONAL_COST=0`` reserves 1 and costs 0 when its answer is a 304.
+   A callable that raises, or answers anything but an int >= 0, is logged and the reservation
+   is the cost (the safe side for a login limit).
+3. The difference goes to the storage in one more call: less than reserved, a *release* check
+   gives the rest back (each algorithm's refund, as a concurrency slot's give-back); more, a
+   *debt* check charges it whatever is left (:attr:`Check.debt
+   <flask_distlimit.core.decision.Check.debt>`): the quota goes into debt, and later requests
+   are refused until it is repaid (a window's end; a bucket's refill). A debt is at most one
+   limit per request, and a key holds at most about one limit of it (the log counts at most
+   L units, a bucket goes down to -L, a GCRA TAT up to 2L - 1 units ahead). Neither denies;
+   both always carry a request token, so a repeat after a lost reply is made once. The
+   overshoot past the limit is at most what the requests in flight use beyond their
+   reservations.
 
-The second call goes through the route's own failure policy (its ``on_failure``, else
+The settlement goes through the route's own failure policy (its ``on_failure``, else
 ``DISTLIMIT_FAILURE_POLICY``), as the reservation did: under ``local`` a storage outage settles
-in the local fallback; under ``open`` and ``closed`` it is dropped (the response is already made)
-and counted and logged as a failed side call
+in the local fallback; under ``open`` and ``closed`` it is dropped (the response is already
+made) and counted and logged as a failed side call
 (:meth:`Guard.side_failed <flask_distlimit.resilience.guard.Guard.side_failed>`). A dropped
-give-back leaves the reservation charged, as does a process that dies before it: a request is
-never counted less than it used. A reservation that charged nothing (a refused request, a storage
-down under ``open``, a shadow limit that would have refused) is never given back.
+settlement leaves the reservation charged, as does a process that dies before it. A reservation
+that charged nothing (a refused request, a storage down under ``open``, a shadow limit that
+would have refused) is never settled.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from flask_distlimit.core.decision import Check, Decision, Evaluation
+from flask_distlimit.core.decision import Check, Decision
 
 if TYPE_CHECKING:
     from werkzeug.wrappers import Response
@@ -49,7 +55,6 @@ if TYPE_CHECKING:
     from flask_distlimit._typing import FailurePolicy
     from flask_distlimit.declare.route_limits import BoundLimit
     from flask_distlimit.defences.concurrency import SideCalls
-    from flask_distlimit.resilience.guard import Guard
 
 __all__ = ["Deferred", "charge", "reserved"]
 
@@ -130,16 +135,14 @@ def _real_cost(later: Deferred, response: Response) -> int:
 
 
 def _difference(later: Deferred, response: Response) -> Check | None:
-    """The check that settles ``later``: a charge of what it cost beyond its reservation, a
+    """The check that settles ``later``: a debt of what it cost beyond its reservation, a
     release of what it did not use, or ``None`` when the reservation was its cost."""
     check = later.check
-    real = 0
-    if _wants_charge(later, response):
-        real = min(_real_cost(later, response), check.limit)  # more can never fit
+    real = _real_cost(later, response) if _wants_charge(later, response) else 0
     if real == check.cost:
         return None
-    if real > check.cost:
-        return dataclasses.replace(check, cost=real - check.cost)
+    if real > check.cost:  # a debt of at most one whole limit per request
+        return dataclasses.replace(check, cost=min(real - check.cost, check.limit), debt=True)
     return dataclasses.replace(check, cost=check.cost - real, release=True)
 
 
@@ -147,62 +150,28 @@ def charge(
     calls: SideCalls, deferred: dict[str, Deferred], response: Response
 ) -> list[tuple[Deferred, Decision]]:
     """Settle the reservations of ``deferred`` for ``response`` (module docstring), through
-    ``calls.guard`` at ``calls.storage_now()``; answer each settled limit with the storage's
-    decision (what is left after it: the response's headers tell that)."""
+    ``calls.guard`` at ``calls.storage_now()``, in one call per failure policy (a request's
+    limits have one, almost always); answer each settled limit with the storage's decision
+    (what is left after it: the response's headers tell that)."""
     due = [(d, c) for d in deferred.values() if (c := _difference(d, response)) is not None]
     deferred.clear()
     by_policy: dict[FailurePolicy | None, list[tuple[Deferred, Check]]] = {}
-    for item in due:  # one call per failure policy (a request's limits have one, almost always)
+    for item in due:
         by_policy.setdefault(item[0].policy, []).append(item)
-    charged: list[tuple[Deferred, Decision]] = []
+    settled: list[tuple[Deferred, Decision]] = []
     for policy, group in by_policy.items():
-        # Releases and charges in calls of their own: a release is made even in a call that a
-        # charge denies, and on a Redis Cluster such a call's admitted parts are refunded.
-        for part in ([x for x in group if x[1].release], [x for x in group if not x[1].release]):
-            if part:
-                charged += _charge_group(calls.guard, calls.storage_now, part, policy)
-    return charged
-
-
-def _charge_group(
-    guard: Guard,
-    now: Callable[[], int | None],
-    due: list[tuple[Deferred, Check]],
-    policy: FailurePolicy | None,
-) -> list[tuple[Deferred, Decision]]:
-    try:
-        evaluation = _charge(guard, now, [c for _, c in due], policy)
-        if evaluation is None:
-            return []
-        if evaluation.allowed:
-            return [(d, e) for (d, _), e in zip(due, evaluation.decisions, strict=True)]
-        # Some limit filled up meanwhile: charge what still fits, in one more call (the units
-        # left of a limit that no longer has room for the whole difference).
-        fits = [
-            (d, c if e.allowed else dataclasses.replace(c, cost=e.remaining))
-            for (d, c), e in zip(due, evaluation.decisions, strict=True)
-            if e.allowed or e.remaining > 0
-        ]
-        again = _charge(guard, now, [c for _, c in fits], policy) if fits else None
-        return (
-            []
-            if again is None
-            else [(d, e) for (d, _), e in zip(fits, again.decisions, strict=True)]
-        )
-    except Exception:  # the response is made: a failed charge must not turn it into a 500
-        log.exception("A rate-limit settlement failed; %d settlement(s) dropped.", len(due))
-        return []
-
-
-def _charge(
-    guard: Guard, now: Callable[[], int | None], checks: list[Check], policy: FailurePolicy | None
-) -> Evaluation | None:
-    outcome = guard.evaluate(checks, policy=policy, now_us=now())
-    if outcome.evaluation is None or outcome.unavailable:
-        guard.side_failed(
-            f"an after-response charge or give-back of {len(checks)} rate limit(s)",
-            "the storage did not decide (an outage, or a reply the limiter cannot read) and "
-            f"the failure policy {policy or guard.policy!r} drops it",
-        )
-        return None
-    return outcome.evaluation
+        checks = [c for _, c in group]
+        try:  # releases and debts never deny: the call is all or nothing only on an outage
+            outcome = calls.guard.evaluate(checks, policy=policy, now_us=calls.storage_now())
+        except Exception:  # the response is made: a failed settlement must not make a 500
+            log.exception("A rate-limit settlement failed; %d settlement(s) dropped.", len(group))
+            continue
+        if outcome.evaluation is None or outcome.unavailable:
+            calls.guard.side_failed(
+                f"an after-response charge or give-back of {len(checks)} rate limit(s)",
+                "the storage did not decide (an outage, or a reply the limiter cannot read) and "
+                f"the failure policy {policy or calls.guard.policy!r} drops it",
+            )
+            continue
+        settled += [(d, e) for (d, _), e in zip(group, outcome.evaluation.decisions, strict=True)]
+    return settled

@@ -161,13 +161,15 @@ class MemoryStorage(Storage):
                 spec = REGISTRY[check.algorithm]
                 state, bad = self._state(check, now)
                 cost = check.cost
-                if refund_ or check.release:
+                if refund_ or check.release or check.debt:
                     new, ttl = spec.undo(state, check, now)
                     if ttl >= 0:
                         self._put(check.key, check.algorithm, new, ttl, now)
                     state, _ = self._state(check, now)
                     cost = 0
                 s = spec.decide(state, check, cost, now)
+                if check.release or check.debt:  # never denies, as in the script
+                    s = s._replace(allowed=True, retry_us=0)
                 if state is not None and spec.empty(state):
                     self._data.pop(check.key, None)  # pruned to nothing (the log)
                 steps.append(s)
@@ -177,7 +179,7 @@ class MemoryStorage(Storage):
             admitted = all(s.allowed or c.shadow for c, s in zip(checks, steps, strict=True))
             if admitted and not refund_:
                 for check, s in zip(checks, steps, strict=True):
-                    if check.cost > 0 and s.allowed and not check.release:
+                    if check.cost > 0 and s.allowed and not (check.release or check.debt):
                         self._put(check.key, check.algorithm, s.state, s.ttl_us, now)
         # A denied request reports every limit as it stands, without the consumption that did
         # not happen (so does a shadow check that would deny).

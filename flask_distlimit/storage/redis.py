@@ -85,7 +85,7 @@ from flask_distlimit.storage.evalsha import EvalshaPacker
 from flask_distlimit.storage.pipeline import Call, Pipeline, script_load
 from flask_distlimit.storage.pool import DeadlinePool, NoConnectionAvailable, busy
 from flask_distlimit.storage.side_calls import RedisSideCalls, SideScripts
-from flask_distlimit.storage.tokens import RequestTokens, gives_back, repeat_call
+from flask_distlimit.storage.tokens import RequestTokens, repeat_call, settles
 from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error, translated
 
 __all__ = ["DEFAULT_TIMEOUT", "RedisStorage", "connection_options"]
@@ -259,7 +259,7 @@ class RedisStorage(RedisSideCalls):
         keys, args = script_args(checks, now_us)
         try:
             if self.pool is not None:
-                reply = self._run(self.pool, self._script, keys, args, gives_back(checks))
+                reply = self._run(self.pool, self._script, keys, args, settles(checks))
             else:  # a client passed in: redis-py's Script (EVALSHA, SCRIPT LOAD on NOSCRIPT)
                 reply = self._script(keys, args)
         except NoConnectionAvailable as exc:  # load: nothing was sent, nothing is armed
@@ -279,8 +279,8 @@ class RedisStorage(RedisSideCalls):
         once: bool = False,
     ) -> Any:
         """``script``'s EVALSHA of ``keys`` and ``args`` in a batch of the pipeline, with a
-        request token while the storage's tokens are armed or ``once`` (units given back: made
-        once, :func:`~.tokens.gives_back`): the wait for a batch by the queue
+        request token while the storage's tokens are armed or ``once`` (a settlement: made
+        once, :func:`~.tokens.settles`): the wait for a batch by the queue
         budget, the reply by one Redis deadline (module docstring)."""
         now = time.monotonic()
         wait_until = now + pool.queue_timeout

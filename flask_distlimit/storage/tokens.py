@@ -24,9 +24,9 @@ deadline (:func:`repeat_call`): a ``CLIENT KILL`` storm can cut a repeat too.
   client), never admits more than the limit; a connection closed while idle (an idle timeout, a
   restart) never ran the script, so its repeat counts once. A refund repeated twice would give
   back twice, so refunds always carry one.
-- A call that gives a rate limit's units back (a release check without a slot's token: a
-  ``deduct_when`` reservation, :mod:`flask_distlimit.request.deduction`) carries one too, for
-  the same reason (:func:`gives_back`).
+- A call that settles a reservation (:mod:`flask_distlimit.request.deduction`: a rate limit's
+  units given back, a release check without a slot's token, or charged past the limit, a debt
+  check) carries one too, for the same reason (:func:`settles`).
 - ``"always"``: every call carries one; a lost reply is never counted twice (a Cluster group
   made again on a promoted replica goes there as a repeat of its token:
   :meth:`~.cluster.ClusterStorage._call`).
@@ -57,8 +57,8 @@ __all__ = [
     "TOKEN_MODES",
     "TOKEN_TTL_MS",
     "RequestTokens",
-    "gives_back",
     "repeat_call",
+    "settles",
     "token_mode",
 ]
 
@@ -76,10 +76,11 @@ TOKEN_MODES: Final = ("auto", "always")
 _HEADS_KEPT: Final = 1024
 
 
-def gives_back(checks: Sequence[Check]) -> bool:
-    """Whether a call over ``checks`` gives a rate limit's units back: it always carries a
-    token (module docstring). A slot's release needs none: removing a token twice is once."""
-    return any(c.release and not c.token for c in checks)
+def settles(checks: Sequence[Check]) -> bool:
+    """Whether a call over ``checks`` settles a reservation (gives a rate limit's units back,
+    or charges a debt): it always carries a token (module docstring). A slot's release needs
+    none: removing a token twice is once."""
+    return any(c.debt or (c.release and not c.token) for c in checks)
 
 
 def token_mode(mode: object) -> str:

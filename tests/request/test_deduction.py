@@ -222,7 +222,8 @@ def test_settle_charges_or_gives_back_the_difference_to_the_real_cost(
 ) -> None:
     """Issue 35's tokens per tenant: ``cost`` is reserved before the view (refused when it does
     not fit), ``settle(response)`` is the real cost, and the difference is given back or
-    charged after the response, on every algorithm; a charge beyond the limit fills it."""
+    charged after the response, on every algorithm; a real cost beyond what is left puts the
+    quota in debt: refused until it is repaid (two periods at most)."""
     app, limiter, counting = make_app(backend(), clock)
 
     @app.post("/complete")
@@ -249,9 +250,36 @@ def test_settle_charges_or_gives_back_the_difference_to_the_real_cost(
     assert [c.release for c in counting.checks[-1]] == [True]
     assert ask(90, 1)[0] == 429  # the reservation does not fit: the view never ran
     assert ask(30, 60) == (200, "20")  # 30 reserved, 30 more charged
-    assert ask(10, 50) == (200, "0")  # 10 reserved; of 40 more, the 10 left are charged
+    assert ask(10, 50) == (200, "0")  # 10 reserved, 40 more: 30 in debt
     assert ask(1, 0)[0] == 429
     assert ask(1, 0, tenant="other") == (200, "100")  # another tenant's quota
+    clock.advance(2 * 86_400)
+    assert ask(1, 0)[0] == 200  # repaid
+
+
+@pytest.mark.parametrize("algorithm", ["token_bucket", "gcra"])
+def test_a_debt_is_repaid_by_the_refill(backend: Backend, clock: FakeClock, algorithm: str) -> None:
+    """The refilling algorithms carry a debt: 30 units over a 100/day quota are repaid by the
+    refill before a request passes again (a quota that stopped at the limit would admit one
+    after a fifth of a day, with 20 units earned back)."""
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.post("/complete")
+    @limiter.limit(
+        "100/day",
+        algorithm=algorithm,
+        cost=lambda: int(request.args["reserve"]),
+        settle=lambda response: int(request.args["used"]),
+    )
+    def complete() -> str:
+        return "ok"
+
+    client = app.test_client()
+    assert client.post("/complete?reserve=100&used=130").status_code == 200  # 30 in debt
+    clock.advance(86_400 * 0.2)  # 20 units earned back: 10 still owed
+    assert client.post("/complete?reserve=1&used=1").status_code == 429
+    clock.advance(86_400 * 0.3)  # 50 earned back: 20 left after the debt
+    assert client.post("/complete?reserve=1&used=1").status_code == 200
 
 
 def test_a_settle_that_fails_leaves_the_reservation_charged(
