@@ -1,11 +1,11 @@
 """Property: the Lua scripts on a real Redis and the Python twin decide identically.
 
-Random sequences of (time step, costs, refund, release or debt checks?) over 1 to 3 limits of any algorithms, with an
-injected, non-decreasing time. Redis expires keys on its own clock, not the injected one, so each
-script call runs in a MULTI with ``PTTL`` (every key the script left must carry a TTL, after peeks
-and denials too) and ``PERSIST`` (so no key vanishes in real time while it still matters in
-injected time). The twin expires its keys on the injected clock; that this never changes a
-decision is proved in ``test_memory_storage.py``.
+Random sequences of (time step, costs, kind: evaluate, refund, release or debt checks) over 1 to 3
+limits of any algorithms, with an injected, non-decreasing time. Redis expires keys on its own
+clock, not the injected one, so each script call runs in a MULTI with ``PTTL`` (every key the
+script left must carry a TTL, after peeks and denials too) and ``PERSIST`` (so no key vanishes
+in real time while it still matters in injected time). The twin expires its keys on the injected
+clock; that this never changes a decision is proved in ``test_memory_storage.py``.
 
 ``PROPERTY_SCALE=10 python -m pytest tests/engine/test_properties.py`` runs ten times as many
 examples (by hand, after changing a script or a twin).
