@@ -1,0 +1,63 @@
+"""The app :mod:`tests.request.test_settle_gunicorn` runs under gunicorn.
+
+Configured from the environment: ``DISTLIMIT_STORAGE_URL`` (a real Redis) and
+``SETTLE_TEST_PREFIX`` (the key prefix, and the head of the test's own bookkeeping keys).
+Each view counts itself in (``INCR <prefix>:entered:<view>``) and holds on a server-side
+barrier (``BLPOP <prefix>:go``) that the test opens, so every request of a burst is in flight
+at once.
+"""
+
+from __future__ import annotations
+
+import os
+
+import redis
+from flask import Flask, request
+from flask.typing import ResponseReturnValue
+
+from flask_distlimit import Limiter
+
+PREFIX = os.environ.get("SETTLE_TEST_PREFIX", "settle-test")
+
+app = Flask(__name__)
+app.config.update(
+    DISTLIMIT_STORAGE_URL=os.environ["DISTLIMIT_STORAGE_URL"],
+    DISTLIMIT_KEY_PREFIX=PREFIX,
+    # Exactness, not outages: a slow answer on a busy machine must not become an outage.
+    DISTLIMIT_REDIS_TIMEOUT=5.0,
+    DISTLIMIT_FAILURE_POLICY="closed",
+    SECRET_KEY="settle-test-" + "x" * 20,  # one identity digest key in every process at once
+)
+limiter = Limiter(app)
+book = redis.Redis.from_url(os.environ["DISTLIMIT_STORAGE_URL"])
+
+
+def _held(view: str) -> None:
+    book.incr(f"{PREFIX}:entered:{view}")
+    book.blpop([f"{PREFIX}:go"], timeout=60)
+
+
+@app.get("/health")
+@limiter.exempt
+def health() -> str:
+    return "ok"
+
+
+@app.post("/login")
+@limiter.limit("5/minute", deduct_when=lambda response: response.status_code == 401)
+def login() -> ResponseReturnValue:
+    _held("login")
+    return "wrong password", 401
+
+
+@app.post("/complete")
+@limiter.limit(
+    "100/day",
+    algorithm="fixed_window",
+    key_func=lambda: "tenant",
+    cost=lambda: int(request.args["reserve"]),
+    settle=lambda response: int(request.args["used"]),
+)
+def complete() -> ResponseReturnValue:
+    _held("complete")
+    return "ok"
