@@ -81,6 +81,7 @@ class Declarations:
         fallback: str | None = None,
         deduct_when: DeductWhen | None = None,
         settle: Settle | None = None,
+        unit: str = "requests",
         methods: Iterable[str] | None = None,
         override_defaults: bool = True,
         on_breach: LimitBreachHook | None = None,
@@ -122,6 +123,10 @@ class Declarations:
           response (tokens used, rows scanned); ``cost`` is then the reservation made before the
           view, and the difference is charged (up to the limit) or given back:
           :mod:`flask_distlimit.request.deduction`;
+        - ``unit``: ``"requests"`` (the default), or ``"content-bytes"``: the limit counts the
+          bytes of the response bodies the server sent (``send_file``, byte ranges and streams
+          included; a ``HEAD`` costs 0), settled when the body ends; ``cost`` is then the
+          reservation before the view (default 1);
         - ``methods``: the HTTP methods the limit applies to (default: every one; ``GET``
           includes ``HEAD``, which Flask answers with the GET view);
         - ``override_defaults``: False keeps ``DISTLIMIT_DEFAULT_LIMITS`` beside this limit;
@@ -153,6 +158,7 @@ class Declarations:
         fallback: str | None = None,
         deduct_when: DeductWhen | None = None,
         settle: Settle | None = None,
+        unit: str = "requests",
         methods: Iterable[str] | None = None,
         override_defaults: bool = True,
         on_breach: LimitBreachHook | None = None,

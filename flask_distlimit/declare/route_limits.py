@@ -80,6 +80,8 @@ class BoundLimit:
     dynamic: DynamicLimit[BoundLimit] | None = None
     deduct_when: _typing.DeductWhen | None = None
     settle: _typing.Settle | None = None
+    #: what it counts: requests, or the bytes of the bodies sent (settled when the body ends)
+    unit: _typing.Unit = "requests"
     on_breach: _typing.LimitBreachHook | None = None
     error_message: _typing.ErrorMessage | None = None
     shown: str = ""  #: the declared value, for listings
@@ -103,6 +105,7 @@ class BoundLimit:
             and self.dynamic is None
             and self.deduct_when is None
             and self.settle is None
+            and self.unit == "requests"
             and not self.shadow
             and self.algorithm != CONCURRENCY
         )
@@ -233,7 +236,9 @@ def _bind_rates(
         else:
             name = f"{name_head}:{rate}"
             limit_id = f"{id_head}:{rate.amount}/{rate.period}"
-            policy = policy_item(name, rate.amount, rate.period)
+            if spec.unit != "requests":  # its own counter beside a limit of requests
+                limit_id += ":bytes"
+            policy = policy_item(name, rate.amount, rate.period, spec.unit)
         bound.append(
             _bound(
                 spec, algorithm, keyed_on, prefix, name=name, limit_id=limit_id, rate=rate,
@@ -275,6 +280,7 @@ def _bound(
         dynamic=dynamic,
         deduct_when=spec.deduct_when,
         settle=spec.settle,
+        unit=spec.unit,
         on_breach=spec.on_breach,
         error_message=spec.error_message,
         shown=shown,

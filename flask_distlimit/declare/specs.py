@@ -27,6 +27,7 @@ from flask_distlimit._typing import (
     LimitKind,
     ScopeFunc,
     Settle,
+    Unit,
 )
 from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.limits import Rate
@@ -57,6 +58,7 @@ class LimitSpec:
     dynamic: DynamicValue | None = None
     deduct_when: DeductWhen | None = None  #: reserved before the view, given back if false
     settle: Settle | None = None  #: the real cost, settled after the response
+    unit: Unit = "requests"  #: "content-bytes": the bytes of the body sent, settled after it
     methods: frozenset[str] | None = None  #: the HTTP methods it applies to (None: every one)
     override_defaults: bool = True  #: False: DISTLIMIT_DEFAULT_LIMITS apply beside it
     on_breach: LimitBreachHook | None = None  #: this limit's own breach hook
@@ -114,6 +116,7 @@ class LimitOptions:
     fallback: str | None = None
     deduct_when: DeductWhen | None = None
     settle: Settle | None = None
+    unit: str = "requests"
     methods: Iterable[str] | None = None
     override_defaults: bool = True
     on_breach: LimitBreachHook | None = None

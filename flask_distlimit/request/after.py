@@ -20,6 +20,7 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 
 from flask_distlimit._typing import HeaderMode
 from flask_distlimit.core.decision import Decision
+from flask_distlimit.defences.lifecycle import Holding
 from flask_distlimit.request.data import RequestData, report_of
 from flask_distlimit.request.deduction import Deferred
 from flask_distlimit.request.headers import rate_limit_headers
@@ -39,8 +40,12 @@ _OUR_HEADERS: Final = (
     "X-RateLimit-Degraded",
 )
 
-#: Settles the reservations of a response's request; answers each settled with its decision.
-Charge = Callable[[dict[str, Deferred], WerkzeugResponse], list[tuple[Deferred, Decision]]]
+#: Settles the reservations of a response's request (those settled when its body ends go to
+#: the holding function: the request's ledger); answers each settled with its decision.
+Charge = Callable[
+    [dict[str, Deferred], WerkzeugResponse, Callable[[Holding], None]],
+    list[tuple[Deferred, Decision]],
+]
 
 
 def _drop_our_headers(headers: Any, *, retry_after: bool) -> None:
@@ -52,15 +57,22 @@ def _drop_our_headers(headers: Any, *, retry_after: bool) -> None:
 class AfterResponse:
     """What one app's limiter does to each response (see the module docstring)."""
 
-    def __init__(self, mode: HeaderMode, wall: Callable[[], float], charge: Charge) -> None:
+    def __init__(
+        self,
+        mode: HeaderMode,
+        wall: Callable[[], float],
+        charge: Charge,
+        hold: Callable[[Holding], None],
+    ) -> None:
         self._mode = mode
         self._wall = wall  #: the wall clock, in seconds (for the reset instants)
         self._charge = charge
+        self._hold = hold  #: gives a holding to the current request's ledger
 
     def finish(self, response: WerkzeugResponse, data: RequestData, otel: OTelHook | None) -> None:
         """Charge, add the headers to ``response`` and count it (``otel``: when on)."""
         if data.deferred:  # deduct_when reservations: settled now, as the response says
-            for later, charged in self._charge(data.deferred, response):
+            for later, charged in self._charge(data.deferred, response, self._hold):
                 if later.check.shadow:  # never reported (clients would slow down for it)
                     continue
                 report = report_of(later.bound, charged, denied=False)

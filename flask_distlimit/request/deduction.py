@@ -43,9 +43,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from flask import request
 
 from flask_distlimit.core.decision import Check, Decision
 
@@ -55,8 +57,9 @@ if TYPE_CHECKING:
     from flask_distlimit._typing import FailurePolicy
     from flask_distlimit.declare.route_limits import BoundLimit
     from flask_distlimit.defences.concurrency import SideCalls
+    from flask_distlimit.defences.lifecycle import Holding
 
-__all__ = ["Deferred", "charge", "reserved"]
+__all__ = ["BodySettlement", "Deferred", "charge", "reserved"]
 
 log = logging.getLogger("flask_distlimit")
 
@@ -80,9 +83,14 @@ class Deferred:
 
 
 def reserved(bound: BoundLimit, *, unproved: bool) -> bool:
-    """Whether ``bound`` is reserved before the view and settled after (module docstring):
-    a ``deduct_when`` limit, or a conditional request that is free only on a 304."""
-    return bound.deduct_when is not None or bound.settle is not None or unproved
+    """Whether ``bound`` is reserved before the view and settled after (module docstring): a
+    ``deduct_when``, ``settle`` or bytes limit, or a conditional request free only on a 304."""
+    return (
+        bound.deduct_when is not None
+        or bound.settle is not None
+        or bound.unit != "requests"
+        or unproved
+    )
 
 
 def _wants_charge(later: Deferred, response: Response) -> bool:
@@ -101,10 +109,13 @@ def _wants_charge(later: Deferred, response: Response) -> bool:
         return True
 
 
-def _real_cost(later: Deferred, response: Response) -> int:
-    """What the request really cost: ``settle(response)``, or the ``cost_after`` limit's
-    callable called now, or the reservation (also when the callable fails: logged)."""
+def _real_cost(later: Deferred, response: Response, sent: int | None) -> int:
+    """What the request really cost: the body's bytes ``sent`` for a bytes limit, else
+    ``settle(response)``, else the ``cost_after`` limit's callable called now, else the
+    reservation (also when the callable fails: logged)."""
     bound = later.bound
+    if bound.unit != "requests":
+        return later.check.cost if sent is None else sent
     call: Callable[[], object]
     if bound.settle is not None:
         name, call = "settle", functools.partial(bound.settle, response)
@@ -134,11 +145,9 @@ def _real_cost(later: Deferred, response: Response) -> int:
     return value
 
 
-def _difference(later: Deferred, response: Response) -> Check | None:
-    """The check that settles ``later``: a debt of what it cost beyond its reservation, a
-    release of what it did not use, or ``None`` when the reservation was its cost."""
-    check = later.check
-    real = _real_cost(later, response) if _wants_charge(later, response) else 0
+def _difference(check: Check, real: int) -> Check | None:
+    """The check that settles the reservation ``check`` to ``real``: a debt of what it cost
+    beyond, a release of what it did not use, or ``None`` when the reservation was its cost."""
     if real == check.cost:
         return None
     if real > check.cost:  # a debt of at most one whole limit per request
@@ -146,15 +155,45 @@ def _difference(later: Deferred, response: Response) -> Check | None:
     return dataclasses.replace(check, cost=check.cost - real, release=True)
 
 
+def _after_body(later: Deferred, response: Response) -> bool:
+    """Is ``later`` settled when a body not yet made ends (a stream, a file): its bytes, or
+    what ``settle`` reads of the response then?"""
+    streamed = response.is_streamed or response.direct_passthrough
+    return streamed and (later.bound.unit != "requests" or later.bound.settle is not None)
+
+
 def charge(
-    calls: SideCalls, deferred: dict[str, Deferred], response: Response
+    calls: SideCalls,
+    deferred: dict[str, Deferred],
+    response: Response,
+    hold: Callable[[Holding], None],
 ) -> list[tuple[Deferred, Decision]]:
     """Settle the reservations of ``deferred`` for ``response`` (module docstring), through
     ``calls.guard`` at ``calls.storage_now()``, in one call per failure policy (a request's
     limits have one, almost always); answer each settled limit with the storage's decision
-    (what is left after it: the response's headers tell that)."""
-    due = [(d, c) for d in deferred.values() if (c := _difference(d, response)) is not None]
+    (what is left after it: the response's headers tell that). Those settled when a streamed
+    or file body ends go to ``hold`` (the request's ledger) as one holding."""
+    head = request.method == "HEAD"  # no body is sent
+    due: list[tuple[Deferred, Check]] = []
+    later: list[Deferred] = []
+    for d in deferred.values():
+        if not _wants_charge(d, response):
+            real = 0
+        elif _after_body(d, response):
+            later.append(d)
+            continue
+        else:
+            real = _real_cost(d, response, 0 if head else len(response.get_data()))
+        settlement = _difference(d.check, real)
+        if settlement is not None:
+            due.append((d, settlement))
     deferred.clear()
+    if later:
+        hold(BodySettlement(calls, later, response, head=head))
+    return _settle(calls, due)
+
+
+def _settle(calls: SideCalls, due: list[tuple[Deferred, Check]]) -> list[tuple[Deferred, Decision]]:
     by_policy: dict[FailurePolicy | None, list[tuple[Deferred, Check]]] = {}
     for item in due:
         by_policy.setdefault(item[0].policy, []).append(item)
@@ -175,3 +214,65 @@ def charge(
             continue
         settled += [(d, e) for (d, _), e in zip(group, outcome.evaluation.decisions, strict=True)]
     return settled
+
+
+class _Counted:
+    """A streamed body that counts the bytes of the chunks it hands the server."""
+
+    __slots__ = ("_body", "sent")
+
+    def __init__(self, body: Iterable[str] | Iterable[bytes]) -> None:
+        self._body = body
+        self.sent = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self._body:  # a str chunk is sent as UTF-8, as werkzeug encodes it
+            data = chunk if isinstance(chunk, bytes) else chunk.encode()
+            self.sent += len(data)
+            yield data
+
+    def close(self) -> None:
+        close = getattr(self._body, "close", None)
+        if close is not None:
+            close()
+
+
+class BodySettlement:
+    """A holding of the request's ledger (:mod:`flask_distlimit.defences.lifecycle`): the
+    reservations settled when a streamed or file body ends, once. A bytes limit counts the
+    chunks of a stream as the server takes them (a client that went away: what was taken);
+    a file the server sends itself (``send_file``, a byte range) counts its
+    ``Content-Length``; ``settle`` is called then, with the response."""
+
+    __slots__ = ("_calls", "_counted", "_done", "_due", "_length", "_response")
+
+    def __init__(
+        self, calls: SideCalls, due: list[Deferred], response: Response, *, head: bool
+    ) -> None:
+        self._calls = calls
+        self._due = due
+        self._response = response
+        self._done = False
+        self._counted: _Counted | None = None
+        self._length: int | None = 0 if head else None
+        if not head and any(d.bound.unit != "requests" for d in due):
+            if response.direct_passthrough:  # the server's file wrapper: left for sendfile(2)
+                self._length = response.content_length or 0
+            else:
+                self._counted = _Counted(response.response)
+                response.response = self._counted
+
+    def renew(self) -> None:
+        """Nothing to renew: the reservation holds until the body ends."""
+
+    def release(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        sent = self._counted.sent if self._counted is not None else self._length
+        due = [
+            (d, c)
+            for d in self._due
+            if (c := _difference(d.check, _real_cost(d, self._response, sent))) is not None
+        ]
+        _settle(self._calls, due)
