@@ -2,6 +2,8 @@
 
 Configured from the environment: ``DISTLIMIT_STORAGE_URL`` (a real Redis) and
 ``SETTLE_TEST_PREFIX`` (the key prefix, and the head of the test's own bookkeeping keys).
+``/download`` sends a file of 1000 bytes (gunicorn sends it with ``sendfile(2)``), ``/stream``
+streams 300 bytes, ``/left`` sends none: all three count against one bytes limit.
 Each view counts itself in (``INCR <prefix>:entered:<view>``) and holds on a server-side
 barrier (``BLPOP <prefix>:go``) that the test opens, so every request of a burst is in flight
 at once.
@@ -10,9 +12,12 @@ at once.
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import redis
-from flask import Flask, request
+from flask import Flask, Response, request, send_file
 from flask.typing import ResponseReturnValue
 
 from flask_distlimit import Limiter
@@ -61,3 +66,29 @@ def login() -> ResponseReturnValue:
 def complete() -> ResponseReturnValue:
     _held("complete")
     return "ok"
+
+
+FILE = Path(tempfile.mkdtemp(prefix="settle-app-")) / "download.bin"
+FILE.write_bytes(b"d" * 1000)
+
+
+@app.get("/download")
+@limiter.shared_limit("5000/hour", scope="bytes", unit="content-bytes")
+def download() -> Response:
+    return send_file(FILE, mimetype="application/octet-stream")
+
+
+@app.get("/stream")
+@limiter.shared_limit("5000/hour", scope="bytes", unit="content-bytes")
+def stream() -> Response:
+    def chunks() -> Iterator[bytes]:
+        for _ in range(3):
+            yield b"s" * 100
+
+    return Response(chunks())
+
+
+@app.get("/left")
+@limiter.shared_limit("5000/hour", scope="bytes", unit="content-bytes")
+def left() -> str:
+    return ""

@@ -106,3 +106,44 @@ def test_debt_is_what_the_requests_in_flight_used_beyond_their_reservations(
     (key,) = [k for k in book.scan_iter(match=f"{prefix}:*fixed_window", count=1000)]
     assert int(book.hget(key, "n") or 0) == 160
     assert _post(one.port, "/complete?reserve=1&used=0") == 429  # in debt: refused
+
+
+def _get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=90)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, response.read(), response.getheader("RateLimit-Policy") or ""
+    finally:
+        conn.close()
+
+
+def test_bytes_sent_by_sendfile_and_by_a_stream_are_charged(
+    deployed: tuple[list[Gunicorn], str], redis_server: RedisProcess
+) -> None:
+    """Issue 35 item 2 as served: a ``send_file`` body gunicorn sends with ``sendfile(2)``, a
+    byte range of it and a stream each charge the bytes of their body, settled when gunicorn
+    closes it; HEAD charges nothing."""
+    (one, two), prefix = deployed
+    book = redis_server.client()
+
+    def counted() -> int:
+        (key,) = [k for k in book.scan_iter(match=f"{prefix}:*bytes*", count=1000)]
+        return int(book.hget(key, "c") or 0)  # the sliding window counter's current count
+
+    status, body, policy = _get(one.port, "/download")
+    assert (status, len(body)) == (200, 1000)
+    assert 'qu="content-bytes"' in policy
+    _until(lambda: counted() == 1000, "the file's bytes settled")
+    status, body, _ = _get(two.port, "/download", {"Range": "bytes=0-99"})
+    assert (status, len(body)) == (206, 100)
+    _until(lambda: counted() == 1100, "the range's bytes settled")
+    status, body, _ = _get(one.port, "/stream")
+    assert (status, len(body)) == (200, 300)
+    _until(lambda: counted() == 1400, "the stream's bytes settled")
+    conn = http.client.HTTPConnection("127.0.0.1", two.port, timeout=90)
+    conn.request("HEAD", "/download")
+    assert conn.getresponse().status == 200
+    conn.close()
+    assert _get(one.port, "/left")[0] == 200
+    assert counted() == 1400
