@@ -240,11 +240,13 @@ class _Counted:
 class BodySettlement:
     """A holding of the request's ledger (:mod:`flask_distlimit.defences.lifecycle`): the
     reservations settled when a streamed or file body ends, once. A bytes limit counts the
-    chunks of a stream as the server takes them (a client that went away: what was taken);
-    a file the server sends itself (``send_file``, a byte range) counts its
-    ``Content-Length``; ``settle`` is called then, with the response."""
+    chunks of a stream as the server takes them (a client that went away: what was taken),
+    and while a long stream lasts, charges what it sent beyond what is charged each time the
+    ledger renews its holdings (half ``DISTLIMIT_CONCURRENCY_LEASE``); a file the server
+    sends itself (``send_file``, a byte range) counts its ``Content-Length``; ``settle`` is
+    called when the body ends, with the response."""
 
-    __slots__ = ("_calls", "_counted", "_done", "_due", "_length", "_response")
+    __slots__ = ("_calls", "_charged", "_counted", "_done", "_due", "_length", "_response")
 
     def __init__(
         self, calls: SideCalls, due: list[Deferred], response: Response, *, head: bool
@@ -255,6 +257,8 @@ class BodySettlement:
         self._done = False
         self._counted: _Counted | None = None
         self._length: int | None = 0 if head else None
+        #: what each reservation has charged so far (a long stream's partial settlements)
+        self._charged = [d.check.cost for d in due]
         if not head and any(d.bound.unit != "requests" for d in due):
             if response.direct_passthrough:  # the server's file wrapper: left for sendfile(2)
                 self._length = response.content_length or 0
@@ -263,16 +267,31 @@ class BodySettlement:
                 response.response = self._counted
 
     def renew(self) -> None:
-        """Nothing to renew: the reservation holds until the body ends."""
+        """A long stream: charge the bytes sent beyond what its bytes limits have charged."""
+        counted = self._counted
+        if self._done or counted is None:
+            return
+        due: list[tuple[Deferred, Check]] = []
+        for i, d in enumerate(self._due):
+            if d.bound.unit != "requests" and counted.sent > self._charged[i]:
+                debt = _difference(
+                    dataclasses.replace(d.check, cost=self._charged[i]), counted.sent
+                )
+                if debt is not None:
+                    due.append((d, debt))
+                    self._charged[i] += debt.cost
+        if due:
+            _settle(self._calls, due)
 
     def release(self) -> None:
         if self._done:
             return
         self._done = True
         sent = self._counted.sent if self._counted is not None else self._length
-        due = [
-            (d, c)
-            for d in self._due
-            if (c := _difference(d.check, _real_cost(d, self._response, sent))) is not None
-        ]
+        due: list[tuple[Deferred, Check]] = []
+        for d, charged in zip(self._due, self._charged, strict=True):
+            check = dataclasses.replace(d.check, cost=charged)
+            settlement = _difference(check, _real_cost(d, self._response, sent))
+            if settlement is not None:
+                due.append((d, settlement))
         _settle(self._calls, due)

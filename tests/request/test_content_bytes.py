@@ -114,3 +114,30 @@ def test_settle_of_a_streamed_body_reads_the_response_when_the_body_ends(
         assert streamed.data == b"one two three"
     with client.get("/complete") as again:
         assert again.headers["X-RateLimit-Remaining"] == "87"  # 3 used, 7 given back
+
+
+def test_a_long_stream_is_charged_while_it_lasts(backend: Backend, clock: FakeClock) -> None:
+    """Each time the request's ledger renews what it holds (half the concurrency lease), the
+    bytes a stream sent so far are charged; the rest when it ends."""
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.get("/long")
+    @limiter.limit("1000/hour", unit="content-bytes", scope="bytes")
+    def long() -> Response:
+        return Response(b"l" * 100 for _ in range(5))
+
+    @app.get("/left")
+    @limiter.limit("1000/hour", unit="content-bytes", scope="bytes")
+    def left() -> str:
+        return ""
+
+    client = app.test_client()
+    response = client.get("/long", buffered=False)
+    body = iter(response.response)
+    next(body)
+    clock.advance(31)  # past half the default lease (60 s): the next chunk renews
+    next(body)
+    assert client.get("/left").headers["X-RateLimit-Remaining"] == "800"  # 200 sent so far
+    assert sum(len(chunk) for chunk in body) == 300
+    response.close()
+    assert client.get("/left").headers["X-RateLimit-Remaining"] == "500"
