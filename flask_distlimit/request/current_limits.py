@@ -18,7 +18,8 @@
 route; a ``deduct_when`` limit as its reservation), in order: its ``name`` (as in the headers and
 ``violated-policies``), ``limit`` (the count in effect) and ``period`` (its window, seconds:
 ``limit=5, period=60`` for ``5/minute``; ``rate`` has both as a :class:`~flask_distlimit.Rate`),
-``remaining``, ``reset_after`` (seconds) and ``reset_at`` (epoch seconds), and ``denied``.
+``remaining``, ``reset_after`` (seconds) and ``reset_at`` (epoch seconds), ``denied``, and
+``unit`` (``"requests"``, or ``"content-bytes"`` for a limit of bytes).
 Outside a request, or for a request no limit applied to, it is empty. A request refused from
 the local deny cache lists nothing (no storage call was made).
 
@@ -145,6 +146,9 @@ class RequestLimit:
     denied: bool
     #: the window of ``limit``, in seconds (60 for ``5/minute``; a concurrency limit's lease)
     period: int = 0
+    #: what ``limit`` and ``remaining`` count: ``"requests"`` (units of cost), or
+    #: ``"content-bytes"``
+    unit: str = "requests"
 
     @property
     def rate(self) -> Rate | None:
@@ -188,6 +192,7 @@ def current_limits(state: AppLimits) -> list[RequestLimit]:
             reset_at=e.wall + e.decision.reset_after,
             denied=e.denied,
             period=e.check.period,
+            unit=e.bound.unit,
         )
         for e in _evaluated(state)
     ]

@@ -141,3 +141,13 @@ def test_a_long_stream_is_charged_while_it_lasts(backend: Backend, clock: FakeCl
     assert sum(len(chunk) for chunk in body) == 300
     response.close()
     assert client.get("/left").headers["X-RateLimit-Remaining"] == "500"
+
+
+def test_current_limits_tell_the_unit(backend: Backend, clock: FakeClock, tmp_path: Path) -> None:
+    app, limiter = bytes_app(backend(), clock, tmp_path / "f.bin")
+    with app.test_request_context("/page"):
+        app.preprocess_request()
+        app.view_functions["page"]()
+        assert [(x.unit, x.limit, x.remaining) for x in limiter.current_limits] == [
+            ("content-bytes", 1000, 999)  # the reservation, before the body is known
+        ]
