@@ -34,7 +34,9 @@ app.config.update(
     SECRET_KEY="settle-test-" + "x" * 20,  # one identity digest key in every process at once
 )
 limiter = Limiter(app)
-book = redis.Redis.from_url(os.environ["DISTLIMIT_STORAGE_URL"])
+# The barrier's BLPOP waits up to 60 s: longer than redis-py 8's default socket timeout (5 s),
+# after which a held view would fail (a 500, whose reservation is given back).
+book = redis.Redis.from_url(os.environ["DISTLIMIT_STORAGE_URL"], socket_timeout=90)
 
 
 def _held(view: str) -> None:
