@@ -17,6 +17,8 @@ __all__ = [
     "LimitKind",
     "RequestFilter",
     "ScopeFunc",
+    "Settle",
+    "Unit",
 ]
 
 #: What a storage outage means for a request: allow, refuse (503) or limit in-process.
@@ -35,6 +37,12 @@ ExemptWhen = Callable[[], bool]
 #: ``deduct_when=``: called with the view's response; the limit is charged only when it answers
 #: true.
 DeductWhen = Callable[[Any], bool]
+#: ``settle=``: called with the view's response; the units the request really cost (an int >=
+#: 0), charged or given back against the ``cost`` reserved before the view.
+Settle = Callable[[Any], int]
+#: ``unit=``: what a limit counts: requests (each its ``cost``), or the bytes of the response
+#: bodies the server sent (the IETF draft's quota units).
+Unit = Literal["requests", "content-bytes"]
 #: ``error_message=``: the 429's ``detail``, or a callable answering it.
 ErrorMessage = str | Callable[[], str]
 #: A limit's own ``on_breach=`` (called with a :class:`~flask_distlimit.Breach`; may answer a

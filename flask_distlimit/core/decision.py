@@ -43,11 +43,15 @@ class Check:
     #: a concurrency slot's token (:mod:`flask_distlimit.defences.concurrency`), drawn per request;
     #: 0 for a rate limit
     token: int = 0
-    #: give back the slot ``token`` took (the request ended) instead of taking one
+    #: give back the slot ``token`` took (the request ended) instead of taking one, or a rate
+    #: limit's ``cost`` units (a reservation settled lower); never denies
     release: bool = False
     #: a meta limit (``DISTLIMIT_META_LIMITS``): counts one breach when another check of the
     #: call denies the request, refuses it when exhausted, and is never charged otherwise
     meta: bool = False
+    #: charge ``cost`` whatever is left, past the limit if need be (a reservation settled
+    #: higher: the quota goes into debt); never denies
+    debt: bool = False
 
     def __init__(
         self,
@@ -60,6 +64,7 @@ class Check:
         token: int = 0,
         release: bool = False,
         meta: bool = False,
+        debt: bool = False,
     ) -> None:  # frozen, at a plain class's cost (flask_distlimit.frozen)
         _check_key(self, key)
         _check_algorithm(self, algorithm)
@@ -70,6 +75,7 @@ class Check:
         _check_token(self, token)
         _check_release(self, release)
         _check_meta(self, meta)
+        _check_debt(self, debt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,8 +163,19 @@ class Evaluation:
     _check_token,
     _check_release,
     _check_meta,
+    _check_debt,
 ) = slot_setters(
-    Check, "key", "algorithm", "limit", "period", "cost", "shadow", "token", "release", "meta"
+    Check,
+    "key",
+    "algorithm",
+    "limit",
+    "period",
+    "cost",
+    "shadow",
+    "token",
+    "release",
+    "meta",
+    "debt",
 )
 (
     _decision_allowed,

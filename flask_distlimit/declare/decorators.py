@@ -43,6 +43,7 @@ from flask_distlimit._typing import (
     LimitBreachHook,
     LimitKind,
     ScopeFunc,
+    Settle,
 )
 from flask_distlimit.declare.dynamic_limits import LimitSource
 from flask_distlimit.declare.options import check_options
@@ -105,6 +106,8 @@ class Declarations:
         on_failure: str | None = None,
         fallback: str | None = None,
         deduct_when: DeductWhen | None = None,
+        settle: Settle | None = None,
+        unit: str = "requests",
         methods: Iterable[str] | None = None,
         override_defaults: bool = True,
         on_breach: LimitBreachHook | None = None,
@@ -144,9 +147,18 @@ class Declarations:
           storage is down (the strictest wins when several limits of a route set one);
         - ``fallback``: for a callable ``value``: the limit string used when it fails (default:
           no limit);
-        - ``deduct_when``: ``(response) -> bool``: the request is refused before the view when
-          the quota is spent, and charged after the response only when it answers true (a
-          second storage call): :mod:`flask_distlimit.request.deduction`;
+        - ``deduct_when``: ``(response) -> bool``: the cost is reserved before the view (refused
+          when it does not fit) and given back after the response when it answers false (a
+          second storage call); a callable ``cost`` is then called after the response:
+          :mod:`flask_distlimit.request.deduction`;
+        - ``settle``: ``(response) -> int``: the units the request really cost, known after the
+          response (tokens used, rows scanned); ``cost`` is then the reservation made before the
+          view, and the difference is charged (up to the limit) or given back:
+          :mod:`flask_distlimit.request.deduction`;
+        - ``unit``: ``"requests"`` (the default), or ``"content-bytes"``: the limit counts the
+          bytes of the response bodies the server sent (``send_file``, byte ranges and streams
+          included; a ``HEAD`` costs 0), settled when the body ends; ``cost`` is then the
+          reservation before the view (default 1);
         - ``methods``: the HTTP methods the limit applies to (default: every one; ``GET``
           includes ``HEAD``, which Flask answers with the GET view);
         - ``override_defaults``: False keeps ``DISTLIMIT_DEFAULT_LIMITS`` beside this limit;
@@ -180,6 +192,8 @@ class Declarations:
         on_failure: str | None = None,
         fallback: str | None = None,
         deduct_when: DeductWhen | None = None,
+        settle: Settle | None = None,
+        unit: str = "requests",
         methods: Iterable[str] | None = None,
         override_defaults: bool = True,
         on_breach: LimitBreachHook | None = None,

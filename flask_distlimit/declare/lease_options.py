@@ -59,7 +59,7 @@ def check_lease(
         )
     for option, present in (
         ("a callable or mapping value", dynamic),
-        ("deduct_when=", deduct_when),
+        ("deduct_when=, settle= or unit=", deduct_when),
         ("shadow=True", shadow),
     ):
         if present:

@@ -16,10 +16,11 @@ answers from the endpoint alone is kept.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Final, cast, get_args
 
 from flask import has_request_context
 
-from flask_distlimit._typing import LimitKind
+from flask_distlimit._typing import LimitKind, Unit
 from flask_distlimit.core.algorithms import (
     CONCURRENCY,
     check_cost,
@@ -32,6 +33,9 @@ from flask_distlimit.declare.lease_options import check_lease
 from flask_distlimit.declare.specs import LimitOptions, LimitSpec
 from flask_distlimit.engine.registry import check_rate
 from flask_distlimit.errors import ConfigurationError
+
+#: The values of ``unit=``.
+UNITS: Final[tuple[str, ...]] = get_args(Unit)
 
 __all__ = ["check_options", "check_scope"]
 
@@ -121,6 +125,7 @@ def check_options(
         ("key_func", options.key_func),
         ("exempt_when", options.exempt_when),
         ("deduct_when", options.deduct_when),
+        ("settle", options.settle),
         ("on_breach", options.on_breach),
     ):
         if func is not None and not callable(func):
@@ -133,6 +138,11 @@ def check_options(
     ):
         raise ConfigurationError(
             f"error_message={options.error_message!r}: use a string or a callable returning one."
+        )
+    if options.unit not in UNITS:
+        raise ConfigurationError(
+            f"unit={options.unit!r}: use one of {', '.join(map(repr, UNITS))} (what the limit "
+            "counts: requests, or the bytes of the response bodies sent)."
         )
     method_set = _check_methods(options.methods)
     algorithm = validate_algorithm(options.algorithm) if options.algorithm is not None else None
@@ -152,7 +162,11 @@ def check_options(
         what,
         algorithm=algorithm,
         dynamic=dynamic is not None,
-        deduct_when=options.deduct_when is not None,
+        deduct_when=(
+            options.deduct_when is not None
+            or options.settle is not None
+            or options.unit != "requests"
+        ),
         shadow=options.shadow,
     )
     spec = LimitSpec(
@@ -167,6 +181,8 @@ def check_options(
         on_failure=policy,
         dynamic=dynamic,
         deduct_when=options.deduct_when,
+        settle=options.settle,
+        unit=cast(Unit, options.unit),  # checked above
         methods=method_set,
         override_defaults=options.override_defaults,
         on_breach=options.on_breach,

@@ -22,9 +22,12 @@ def sf_string(text: str) -> str:
     return f'"{text}"'
 
 
-def policy_item(name: str, quota: int, window: int) -> str:
-    """One ``RateLimit-Policy`` item, e.g. ``"orders:100/minute";q=100;w=60``."""
-    return f"{sf_string(name)};q={quota};w={window}"
+def policy_item(name: str, quota: int, window: int, unit: str = "requests") -> str:
+    """One ``RateLimit-Policy`` item, e.g. ``"orders:100/minute";q=100;w=60``; a limit of
+    another unit than requests names it: ``"files:500000000/day";q=500000000;w=86400;
+    qu="content-bytes"``."""
+    item = f"{sf_string(name)};q={quota};w={window}"
+    return item if unit == "requests" else f'{item};qu="{unit}"'
 
 
 def concurrency_policy_item(name: str, quota: int) -> str:

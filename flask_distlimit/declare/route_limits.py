@@ -85,6 +85,9 @@ class BoundLimit:
     #: (this one is a placeholder, never checked itself)
     dynamic: DynamicLimit[BoundLimit] | None = None
     deduct_when: _typing.DeductWhen | None = None
+    settle: _typing.Settle | None = None
+    #: what it counts: requests, or the bytes of the bodies sent (settled when the body ends)
+    unit: _typing.Unit = "requests"
     on_breach: _typing.LimitBreachHook | None = None
     error_message: _typing.ErrorMessage | None = None
     shown: str = ""  #: the declared value, for listings
@@ -98,7 +101,8 @@ class BoundLimit:
     @property
     def plain(self) -> bool:
         """A rate limit on the request's identity with nothing to call or resolve per request
-        (no ``key_func``, cost function, ``exempt_when``, dynamic value or ``deduct_when``),
+        (no ``key_func``, cost function, ``exempt_when``, dynamic value, ``deduct_when`` or
+        ``settle``),
         neither a concurrency limit nor a shadow one: the request path's common case."""
         return (
             self.key_func is None
@@ -106,6 +110,8 @@ class BoundLimit:
             and self.exempt_when is None
             and self.dynamic is None
             and self.deduct_when is None
+            and self.settle is None
+            and self.unit == "requests"
             and not self.shadow
             and self.algorithm != CONCURRENCY
         )
@@ -238,7 +244,9 @@ def _bind_rates(
         else:
             name = f"{name_head}:{rate}"
             limit_id = f"{id_head}:{rate.amount}/{rate.period}"
-            policy = policy_item(name, rate.amount, rate.period)
+            if spec.unit != "requests":  # its own counter beside a limit of requests
+                limit_id += ":bytes"
+            policy = policy_item(name, rate.amount, rate.period, spec.unit)
         bound.append(
             _bound(
                 spec, algorithm, keyed_on, prefix, name=name, limit_id=limit_id, rate=rate,
@@ -279,6 +287,8 @@ def _bound(
         exempt_when=spec.exempt_when,
         dynamic=dynamic,
         deduct_when=spec.deduct_when,
+        settle=spec.settle,
+        unit=spec.unit,
         on_breach=spec.on_breach,
         error_message=spec.error_message,
         shown=shown,

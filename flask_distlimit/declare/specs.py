@@ -26,6 +26,8 @@ from flask_distlimit._typing import (
     LimitBreachHook,
     LimitKind,
     ScopeFunc,
+    Settle,
+    Unit,
 )
 from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.limits import Rate
@@ -54,7 +56,9 @@ class LimitSpec:
     #: a callable or mapping value (then ``rates`` is empty):
     #: :mod:`~flask_distlimit.declare.dynamic_limits`
     dynamic: DynamicValue | None = None
-    deduct_when: DeductWhen | None = None  #: checked before the view, charged after it
+    deduct_when: DeductWhen | None = None  #: reserved before the view, given back if false
+    settle: Settle | None = None  #: the real cost, settled after the response
+    unit: Unit = "requests"  #: "content-bytes": the bytes of the body sent, settled after it
     methods: frozenset[str] | None = None  #: the HTTP methods it applies to (None: every one)
     override_defaults: bool = True  #: False: DISTLIMIT_DEFAULT_LIMITS apply beside it
     on_breach: LimitBreachHook | None = None  #: this limit's own breach hook
@@ -123,6 +127,8 @@ class LimitOptions:
     on_failure: str | None = None
     fallback: str | None = None
     deduct_when: DeductWhen | None = None
+    settle: Settle | None = None
+    unit: str = "requests"
     methods: Iterable[str] | None = None
     override_defaults: bool = True
     on_breach: LimitBreachHook | None = None

@@ -52,7 +52,7 @@ def refund(
     state: State | None, limit: int, period: int, cost: int, now: int
 ) -> tuple[State | None, int]:
     window, count, _ = _read(state, period, now)
-    if count <= 0:
+    if count <= 0 and cost >= 0:  # a negative cost is a debit: written into the window
         return state, -1
     count -= cost
     if count > 0:

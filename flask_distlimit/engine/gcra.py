@@ -70,10 +70,10 @@ def step(state: State | None, limit: int, period: int, cost: int, now: int) -> S
 def refund(
     state: State | None, limit: int, period: int, cost: int, now: int
 ) -> tuple[State | None, int]:
-    if not isinstance(state, float):
+    if not isinstance(state, float) and cost >= 0:  # a negative cost is a debit
         return None, 0
     interval, now_u, tat = _read(state, limit, period, now)
-    tat -= cost
+    tat = min(tat - cost, now_u + (2 * limit - 1))
     if tat > now_u:
         return tat, _until(interval, now, now_u, tat)
     return None, 0

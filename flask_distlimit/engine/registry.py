@@ -96,9 +96,11 @@ class AlgorithmEntry:
         return self.twin.step(state, check.limit, check.period * US, cost, now_us)
 
     def undo(self, state: State | None, check: Check, now_us: int) -> tuple[State | None, int]:
-        """Give ``check.cost`` back: ``(new state or None to delete, ttl_us)``; ttl -1 =
-        unchanged."""
+        """Give ``check.cost`` back (a debt: charge it): ``(new state or None to delete,
+        ttl_us)``; ttl -1 = unchanged."""
         cost = check.token or check.cost  # a concurrency slot is given back by its token
+        if check.debt:  # charged past the limit: a twin's refund of a negative cost
+            cost = -cost
         return self.twin.refund(state, check.limit, check.period * US, cost, now_us)
 
 

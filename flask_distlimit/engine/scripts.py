@@ -15,8 +15,8 @@ Every Redis backend (single node, Sentinel, each Cluster slot group) calls the s
 - ``KEYS``: one key per check, in order.
 - ``ARGV``: ONE string of comma-separated decimal integers: ``now_us`` (or ``-1``), mode
   (0 evaluate, 1 refund), then four per check: algorithm code (:data:`ALGORITHM_CODES`, plus
-  :data:`SHADOW_FLAG` for a shadow check, :data:`RELEASE_FLAG` for a release, :data:`META_FLAG`
-  for a meta limit's check), limit, period in
+  :data:`SHADOW_FLAG` for a shadow check, :data:`RELEASE_FLAG` for a release, :data:`DEBT_FLAG`
+  for a debt, :data:`META_FLAG` for a meta limit's check), limit, period in
   microseconds, cost (a concurrency slot's token). E.g.
   ``-1,0,1,100,60000000,1``.
 - reply: ONE bulk string of comma-separated decimal integers: ``now_us``, then six per check:
@@ -50,6 +50,7 @@ from flask_distlimit.errors import StorageResponseError
 
 __all__ = [
     "ALGORITHM_CODES",
+    "DEBT_FLAG",
     "META_FLAG",
     "RELEASE_FLAG",
     "SCRIPT_SOURCE",
@@ -67,8 +68,11 @@ ALGORITHM_CODES: Final[dict[Algorithm, int]] = {name: e.code for name, e in REGI
 
 #: Added to the algorithm code of a shadow check: decided and counted, never denies.
 SHADOW_FLAG: Final = 16
-#: Added to the algorithm code of a release: give back what the check took (a slot), then peek.
+#: Added to the algorithm code of a release: give back what the check took (a slot, or its
+#: cost), then peek.
 RELEASE_FLAG: Final = 32
+#: Added to the algorithm code of a debt: charge the cost past the limit if need be, then peek.
+DEBT_FLAG: Final = 64
 #: Added to the algorithm code of a meta limit's check (:attr:`Check.meta
 #: <flask_distlimit.core.decision.Check.meta>`): three digits, so never on the fast paths.
 META_FLAG: Final = 128
@@ -155,8 +159,10 @@ def _fields(check: Check) -> str:
     units = check.cost
     if check.token:  # a concurrency slot: its token is sent instead of the cost of 1
         units = check.token if units else 0
-        if check.release:
-            code += RELEASE_FLAG
+    if check.release:  # a slot's, or a rate limit's units given back (request.deduction)
+        code += RELEASE_FLAG
+    elif check.debt:  # units charged past the limit (request.deduction)
+        code += DEBT_FLAG
     elif check.meta:
         code += META_FLAG
     return f"{code},{check.limit},{check.period * _US},{units}"

@@ -93,7 +93,7 @@ def refund(
     state: State | None, limit: int, period: int, cost: int, now: int
 ) -> tuple[State | None, int]:
     window, _, cur, prev, current = _read(state, period, now)
-    if not current or cur <= 0:
+    if (not current or cur <= 0) and cost >= 0:  # a negative cost is a debit: written
         return state, -1
     cur = max(0, cur - cost)
     if cur > 0 or prev > 0:

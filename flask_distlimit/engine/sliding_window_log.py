@@ -96,7 +96,15 @@ def step(state: State | None, limit: int, period: int, cost: int, now: int) -> S
 def refund(
     state: State | None, limit: int, period: int, cost: int, now: int
 ) -> tuple[State | None, int]:
-    """Reads the log without pruning it, as the script does (the evaluation after it prunes)."""
+    """Reads the log without pruning it, as the script does (the evaluation after it prunes).
+    A negative ``cost`` is a debit: one more entry of ``-cost`` units, as an admission writes."""
+    if cost < 0:
+        log = state if isinstance(state, list) else []
+        newest = log[-1][0] if log else None
+        last = log[-1][2] if log else 0
+        first = newest + 1 if newest is not None and newest >= now else now
+        log.append((first, last, last - cost))
+        return log, first + period - now
     if not isinstance(state, list):
         return None, 0
     live = bisect.bisect_right(state, now - period, key=_time)  # index of the oldest live entry

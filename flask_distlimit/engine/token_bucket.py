@@ -54,25 +54,19 @@ def step(state: State | None, limit: int, period: int, cost: int, now: int) -> S
     reset = reset_now
     if allowed and cost > 0:
         reset = shift + _wait(limit, period, after, t0, t0, after, limit)
-    return Step(
-        allowed,
-        math.floor(after),
-        reset,
-        retry,
-        BucketState(after, t0),
-        reset,
-        math.floor(tokens),
-        reset_now,
-    )
+    left, left_now = math.floor(after), math.floor(tokens)
+    if left_now < 0:  # a debit's debt: nothing left
+        left = left_now = 0
+    return Step(allowed, left, reset, retry, BucketState(after, t0), reset, left_now, reset_now)
 
 
 def refund(
     state: State | None, limit: int, period: int, cost: int, now: int
 ) -> tuple[State | None, int]:
     stored, t0, tokens = _read(state, limit, period, now)
-    if stored is None:
+    if stored is None and cost >= 0:  # a negative cost is a debit: from a full bucket
         return None, 0
-    tokens += cost
+    tokens = max(tokens + cost, float(-limit))  # a debit's debt: at most the limit
     if tokens < limit:
         return BucketState(tokens, t0), t0 - now + _wait(
             limit, period, tokens, t0, t0, tokens, limit

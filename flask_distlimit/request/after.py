@@ -1,10 +1,10 @@
 """After the response is made (``after_request``): charges, headers, telemetry.
 
 :meth:`AfterResponse.finish` takes the response and the request's
-:class:`~flask_distlimit.request.data.RequestData` and, in this order: charges the
-``deduct_when`` limits whose callable says so (:mod:`flask_distlimit.request.deduction`; the
-headers then tell the count after the charge), adds the rate-limit headers of the limit closest
-to denial (:mod:`flask_distlimit.request.headers`; ``X-RateLimit-Degraded: true`` when the
+:class:`~flask_distlimit.request.data.RequestData` and, in this order: settles the
+``deduct_when`` reservations as the callable says (:mod:`flask_distlimit.request.deduction`;
+the headers then tell the count after the settlement), adds the rate-limit headers of the limit
+closest to denial (:mod:`flask_distlimit.request.headers`; ``X-RateLimit-Degraded: true`` when the
 storage was down, and ``Retry-After`` on a 429/503 the app replaced without one), and counts the
 request in OpenTelemetry's metrics (:mod:`flask_distlimit.telemetry.otel`). A response object
 that passes here twice (a view returning one object every time) has its earlier headers of
@@ -20,6 +20,7 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 
 from flask_distlimit._typing import HeaderMode
 from flask_distlimit.core.decision import Decision
+from flask_distlimit.defences.lifecycle import Holding
 from flask_distlimit.request.data import RequestData, report_of
 from flask_distlimit.request.deduction import Deferred
 from flask_distlimit.request.headers import rate_limit_headers
@@ -39,8 +40,12 @@ _OUR_HEADERS: Final = (
     "X-RateLimit-Degraded",
 )
 
-#: Charges the deferred limits a response says to charge; answers each with its decision.
-Charge = Callable[[dict[str, Deferred], WerkzeugResponse], list[tuple[Deferred, Decision]]]
+#: Settles the reservations of a response's request (those settled when its body ends go to
+#: the holding function: the request's ledger); answers each settled with its decision.
+Charge = Callable[
+    [dict[str, Deferred], WerkzeugResponse, Callable[[Holding], None]],
+    list[tuple[Deferred, Decision]],
+]
 
 
 def _drop_our_headers(headers: Any, *, retry_after: bool) -> None:
@@ -52,20 +57,28 @@ def _drop_our_headers(headers: Any, *, retry_after: bool) -> None:
 class AfterResponse:
     """What one app's limiter does to each response (see the module docstring)."""
 
-    def __init__(self, mode: HeaderMode, wall: Callable[[], float], charge: Charge) -> None:
+    def __init__(
+        self,
+        mode: HeaderMode,
+        wall: Callable[[], float],
+        charge: Charge,
+        hold: Callable[[Holding], None],
+    ) -> None:
         self._mode = mode
         self._wall = wall  #: the wall clock, in seconds (for the reset instants)
         self._charge = charge
+        self._hold = hold  #: gives a holding to the current request's ledger
 
     def finish(self, response: WerkzeugResponse, data: RequestData, otel: OTelHook | None) -> None:
         """Charge, add the headers to ``response`` and count it (``otel``: when on)."""
-        if data.deferred:  # deduct_when limits: charged now, if the response says so
-            for later, charged in self._charge(data.deferred, response):
+        if data.deferred:  # deduct_when reservations: settled now, as the response says
+            for later, charged in self._charge(data.deferred, response, self._hold):
                 if later.check.shadow:  # never reported (clients would slow down for it)
                     continue
                 report = report_of(later.bound, charged, denied=False)
-                if data.report is None or report.remaining < data.report.remaining:
-                    data.report = report  # the count after the charge, not the peek's
+                now = data.report
+                if now is None or now.name == report.name or report.remaining < now.remaining:
+                    data.report = report  # the count after the settlement, not the reservation's
         headers = response.headers
         marks = response.__dict__
         if _HEADERS_ADDED in marks:

@@ -5,8 +5,8 @@ storage sees them: the fleet's slot (:mod:`flask_distlimit.defences.fleet`), the
 (counted under the client address), the tier limits of the request's identity, then the route
 and shared limits (each under the identity, or under what its ``key_func`` answers; a
 concurrency limit as a slot, a ``dynamic`` limit as this request's rates, a ``deduct_when``
-limit as a peek charged after the response, :mod:`flask_distlimit.request.deduction`). A
-``key_func`` answering ``None`` or ``""`` skips its limit for the request (Flask-Limiter's
+limit as a reservation settled after the response, :mod:`flask_distlimit.request.deduction`).
+A ``key_func`` answering ``None`` or ``""`` skips its limit for the request (Flask-Limiter's
 opt-out). A limit whose app code raises (its value with no ``fallback``, ``key_func``,
 ``exempt_when``) is never silently dropped: logged at ERROR, then under the failure policy
 ``open`` skipped with the request marked degraded, else a 503.
@@ -133,7 +133,7 @@ class Checks:
     ) -> Built | None:
         """The checks of ``plan``'s limits (and the global and tier limits when
         ``every_request``; the fleet's slot too when ``fleet``), or None when there are none.
-        The ``deduct_when`` peeks are noted in ``data.deferred``."""
+        The ``deduct_when`` reservations are noted in ``data.deferred``."""
         route_limits: Sequence[BoundLimit] = plan.limits
         needs_identity, plain = plan.needs_identity, plan.plain
         environ = req.environ
@@ -177,7 +177,7 @@ class Checks:
                 bounds.append(b)
         itag = ""
         # DISTLIMIT_CONDITIONAL_COST=0: the request claims to revalidate, but only a 304 proves
-        # it; route limits peek now and charge the whole cost after a response that is not 304.
+        # it; route limits reserve the cost now and give it back after a response that is a 304.
         revalidation = default_cost == 0 and bool(route_limits)
         if revalidation:
             plain = False
@@ -213,9 +213,16 @@ class Checks:
                 checks.append(slot_check(b, tag, self.lease))
                 bounds.append(b)
                 continue
-            cost = default_cost if b.cost is None else _cost_value(b, default_cost)
+            # Flask-Limiter's order: with deduct_when, a callable cost is called after the
+            # response (it may read what the view sets); 1 is reserved meanwhile.
+            cost_after = b.deduct_when is not None and b.settle is None and callable(b.cost)
+            cost = (
+                1 if cost_after
+                else default_cost if b.cost is None
+                else _cost_value(b, default_cost)
+            )  # fmt: skip
             unproved = revalidation and b.cost is None  # free only if the answer is a 304
-            if b.dynamic is None and b.deduct_when is None and not unproved:  # the common case
+            if b.dynamic is None and not deduction.reserved(b, unproved=unproved):  # common case
                 checks.append(b.check(tag, cost))
                 bounds.append(b)
                 continue
@@ -231,12 +238,12 @@ class Checks:
                     self._by_policy(plan, data)
                     continue
             for r in resolved:
-                if r.deduct_when is not None or unproved:  # a peek now, charged after
-                    check = r.check(tag, 1 if unproved else cost)
-                    data.deferred[check.key] = deduction.Deferred(check, r, unproved, plan.policy)
-                    checks.append(r.check(tag, 0))
-                else:
-                    checks.append(r.check(tag, cost))
+                check = r.check(tag, 1 if unproved else cost)
+                if deduction.reserved(r, unproved=unproved):  # reserved now, settled after
+                    data.deferred[check.key] = deduction.Deferred(
+                        check, r, unproved, plan.policy, cost_after
+                    )
+                checks.append(check)
                 bounds.append(r)
         if not checks:
             return None

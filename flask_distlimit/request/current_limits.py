@@ -15,16 +15,17 @@
         return {l.name: l.remaining for l in limiter.current_limits}
 
 ``current_limits`` lists every limit the request's storage calls evaluated so far (global, tier,
-route; a ``deduct_when`` limit as its peek), in order: its ``name`` (as in the headers and
+route; a ``deduct_when`` limit as its reservation), in order: its ``name`` (as in the headers and
 ``violated-policies``), ``limit`` (the count in effect) and ``period`` (its window, seconds:
 ``limit=5, period=60`` for ``5/minute``; ``rate`` has both as a :class:`~flask_distlimit.Rate`),
-``remaining``, ``reset_after`` (seconds) and ``reset_at`` (epoch seconds), and ``denied``.
+``remaining``, ``reset_after`` (seconds) and ``reset_at`` (epoch seconds), ``denied``, and
+``unit`` (``"requests"``, or ``"content-bytes"`` for a limit of bytes).
 Outside a request, or for a request no limit applied to, it is empty. A request refused from
 the local deny cache lists nothing (no storage call was made).
 
 ``clear(name)`` deletes the storage key of the current identity for the evaluated limits whose
 name is ``name``, or ``name`` without its rate (``"login"`` clears ``"login:5/minute"`` and
-``"login:20/hour"``), and drops a pending ``deduct_when`` charge of them. It answers how many
+``"login:20/hour"``), and drops a pending ``deduct_when`` settlement of them. It answers how many
 keys it deleted: 0 when no such limit was counted for the request (limits disabled, the storage
 down under policy ``open``, an ``exempt_when`` that skipped it). A name that none of the
 request's limits has (a typo) raises :class:`ValueError` listing them.
@@ -122,7 +123,6 @@ class Evaluated(NamedTuple):
     checks: Sequence[Check]
     bounds: Sequence[BoundLimit]
     decisions: Sequence[Decision]
-    spent: Sequence[int]  #: indexes of ``deduct_when`` peeks that refused
     wall: float  #: the wall clock (seconds) when they were decided
 
 
@@ -147,6 +147,9 @@ class RequestLimit:
     denied: bool
     #: the window of ``limit``, in seconds (60 for ``5/minute``; a concurrency limit's lease)
     period: int = 0
+    #: what ``limit`` and ``remaining`` count: ``"requests"`` (units of cost), or
+    #: ``"content-bytes"``
+    unit: str = "requests"
 
     @property
     def rate(self) -> Rate | None:
@@ -173,9 +176,9 @@ def _evaluated(state: AppLimits) -> list[_One]:
         return []
     batches: list[Evaluated] = data.evaluated
     return [
-        _One(c, b, d, not d.allowed or i in e.spent, e.wall)
+        _One(c, b, d, not d.allowed, e.wall)
         for e in batches
-        for i, (c, b, d) in enumerate(zip(e.checks, e.bounds, e.decisions, strict=True))
+        for c, b, d in zip(e.checks, e.bounds, e.decisions, strict=True)
     ]
 
 
@@ -190,6 +193,7 @@ def current_limits(state: AppLimits) -> list[RequestLimit]:
             reset_at=e.wall + e.decision.reset_after,
             denied=e.denied,
             period=e.check.period,
+            unit=e.bound.unit,
         )
         for e in _evaluated(state)
     ]

@@ -53,9 +53,8 @@ class RequestData:
         self.slots: SlotRelease | None = None
 
 
-def report_of(b: BoundLimit, d: Decision, *, denied: bool, spent: bool = False) -> Report:
-    """The headers' numbers of one decision (``spent``: a ``deduct_when`` peek that refuses:
-    retry when the quota is whole again)."""
+def report_of(b: BoundLimit, d: Decision, *, denied: bool) -> Report:
+    """The headers' numbers of one decision."""
     reduced = d.limit != b.rate.amount  # the local fallback divides limits
     return Report(
         name=b.name,
@@ -63,7 +62,7 @@ def report_of(b: BoundLimit, d: Decision, *, denied: bool, spent: bool = False) 
         period=b.rate.period,
         remaining=d.remaining,
         reset_after=d.reset_after,
-        retry_after=(d.reset_after if spent else d.retry_after) if denied else 0.0,
+        retry_after=d.retry_after if denied else 0.0,
         policy=None if reduced else b.policy,
         quoted=b.quoted,
         algorithm=b.algorithm,

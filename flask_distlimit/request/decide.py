@@ -11,11 +11,11 @@ this order:
    (:mod:`flask_distlimit.resilience.leases`), else makes the one ``guard.evaluate`` call for
    every check (the leases' when some limit leases), concurrency slots included: those are given
    back when the response ends (the request's ledger, :mod:`flask_distlimit.defences.lifecycle`);
-4. refuses (:mod:`flask_distlimit.request.refuse`) a denial, a ``deduct_when`` peek whose quota
-   is spent, or an outage under policy ``closed``; logs what shadow limits would have refused;
-   a request that an exhausted meta limit denied is refused by it alone, and when meta limits
-   ride the call only their denials are cached (every other refusal must reach the storage,
-   which counts it as a breach);
+4. refuses (:mod:`flask_distlimit.request.refuse`) a denial (a ``deduct_when`` reservation that
+   does not fit among them), or an outage under policy ``closed``; logs what shadow limits would
+   have refused; a request that an exhausted meta limit denied is refused by it alone, and when
+   meta limits ride the call only their denials are cached (every other refusal must reach the
+   storage, which counts it as a breach);
 5. keeps what the headers report: the limit with the fewest units left, never a shadow or
    meta limit.
 """
@@ -37,7 +37,6 @@ from flask_distlimit.defences.deny_cache import DenyCache
 from flask_distlimit.defences.lifecycle import Lifecycle
 from flask_distlimit.defences.shadow import ShadowLog
 from flask_distlimit.identity import Identity
-from flask_distlimit.request import deduction
 from flask_distlimit.request.current_limits import Evaluated
 from flask_distlimit.request.data import RequestData, report_of
 from flask_distlimit.request.headers import Report
@@ -152,7 +151,7 @@ class Decider:
             leased = self.leases.spend_one(checks[0])
             if leased is not None:  # the usual leased request: no storage call
                 # no slot, shadow or deduct_when limit can be leased
-                data.evaluated.append(Evaluated(checks, bounds, (leased,), (), self.wall()))
+                data.evaluated.append(Evaluated(checks, bounds, (leased,), self.wall()))
                 report = report_of(bounds[0], leased, denied=False)
                 if data.report is None or report.remaining < data.report.remaining:
                     data.report = report
@@ -181,21 +180,11 @@ class Decider:
         evaluation = outcome.evaluation
         if evaluation is None:  # storage down, policy "open"
             data.degraded = True
+            data.deferred.clear()  # nothing was reserved: nothing to give back
             return
         decisions = evaluation.decisions
-        spent = deduction.spent(checks, decisions, data.deferred) if data.deferred else []
         # kept as they are; limiter.current_limits reads them only when asked
-        data.evaluated.append(Evaluated(checks, bounds, decisions, spent, self.wall()))
-        if spent and evaluation.allowed:  # a deduct_when limit whose quota is already spent
-            self.refusals.refuse(
-                [report_of(bounds[i], decisions[i], denied=True, spent=True) for i in spent],
-                [checks[i].key for i in spent],
-                identity,
-                data,
-                from_cache=False,
-                degraded=outcome.degraded,
-                denied_bounds=[bounds[i] for i in spent],
-            )
+        data.evaluated.append(Evaluated(checks, bounds, decisions, self.wall()))
         if data.deferred or not simple:
             self._shadow(checks, bounds, decisions, data, simple=simple)
         if not evaluation.allowed:
@@ -269,24 +258,15 @@ class Decider:
         simple: bool,
     ) -> None:
         """Count and log what the shadow limits would have refused (never refused)."""
-        shadow_spent = (
-            deduction.spent(checks, decisions, data.deferred, shadow=True) if data.deferred else []
-        )
-        if shadow_spent:
-            # Would have refused here, before the view: counted now, like every shadow limit's
-            # would-be refusal, and not charged after the response (the refusal it stands for
-            # would have charged nothing, and the charge would count it a second time).
-            keys = [checks[i].key for i in shadow_spent]
-            for key in keys:
-                data.deferred.pop(key, None)
-            if self.guard.metrics is not None:
-                self.guard.metrics.shadow_would_deny(keys)
-        if not simple and (shadow_spent or any(d.shadow_denied for d in decisions)):
+        for c, d in zip(checks, decisions, strict=True):
+            if d.shadow_denied:  # not written: its reservation is not given back
+                data.deferred.pop(c.key, None)
+        if not simple and any(d.shadow_denied for d in decisions):
             self.shadow_log.would_deny(
                 [
                     (c.key, b.name, b.rate.period)
-                    for i, (c, b, d) in enumerate(zip(checks, bounds, decisions, strict=True))
-                    if d.shadow_denied or i in shadow_spent
+                    for c, b, d in zip(checks, bounds, decisions, strict=True)
+                    if d.shadow_denied
                 ],
                 request.method,
                 request.endpoint,

@@ -1,47 +1,55 @@
-"""Charging after the response: limits declared with ``deduct_when=callable(response) -> bool``.
+"""Reservations settled after the response: ``deduct_when`` and ``settle`` limits.
 
 ::
 
-    @app.post("/login")
     @limiter.limit("5/minute", deduct_when=lambda response: response.status_code == 401)
-    def login(): ...
+    @limiter.limit("100000/day", cost=lambda: request.json["max_tokens"],
+                   settle=lambda response: g.tokens_used)
 
-1. Before the view, in the request's one storage call, such a limit is a *peek* (cost 0: it
-   reads the counter and consumes nothing). When fewer units are left than the request would
-   cost, the request is refused (429) and nothing is charged to that limit (its
-   ``Retry-After`` is the time until the quota is whole again: a peek does not tell when one
-   unit frees, so it is an upper bound). The request's other
-   limits in that same call are ordinary checks: they were charged already (the peek is not
-   a denial inside the all-or-nothing script call). A shadow limit's peek never refuses: it is
-   logged as a would-be refusal (:mod:`flask_distlimit.defences.shadow`).
-2. After the response, the callable is asked; when it answers true, the limit is charged in a
-   second storage call (only requests of routes with such a limit make it). The charge is
-   all-or-nothing like every call: a charge that no longer fits (other requests filled the
-   quota meanwhile) is not made, so a counter never exceeds its limit. A callable that raises
-   is logged and the request is charged (the safe side for a login limit). The charge goes
-   through the route's own failure policy (its ``on_failure``, else
-   ``DISTLIMIT_FAILURE_POLICY``), as the peek did: under ``local`` a storage outage charges
-   the local fallback (at this process's share), so the next peek there sees it; under
-   ``open`` and ``closed`` it drops the charge (the response is already made). A dropped
-   charge ends there: it is counted and logged as a failed side call
-   (:meth:`Guard.side_failed <flask_distlimit.resilience.guard.Guard.side_failed>`: ``health()``'s
-   ``side_call_failures``, one WARNING line a minute at most).
+1. Before the view, in the request's one storage call, such a limit is *reserved*: its cost is
+   charged like any other limit of the request, all-or-nothing with them, and the request is
+   refused (429) when it does not fit. So concurrent requests never take more than the limit to
+   the view.
+2. After the response (``after_request``), the request's real cost is worked out: 0 when
+   ``deduct_when`` answers false, else ``settle(response)``, else (Flask-Limiter's order for a
+   callable ``cost`` with ``deduct_when``, which may read what the view set: the reservation
+   is then 1) the ``cost`` callable called now, else the reservation. A conditional ``GET``
+   under ``DISTLIMIT_CONDITIONAL_COST=0`` reserves 1 and costs 0 when its answer is a 304.
+   A callable that raises, or answers anything but an int >= 0, is logged and the reservation
+   is the cost (the safe side for a login limit).
+3. The difference goes to the storage in one more call: less than reserved, a *release* check
+   gives the rest back (each algorithm's refund, as a concurrency slot's give-back); more, a
+   *debt* check charges it whatever is left (:attr:`Check.debt
+   <flask_distlimit.core.decision.Check.debt>`): the quota goes into debt, and later requests
+   are refused until it is repaid (a window's end; a bucket's refill). A debt is at most one
+   limit per request, and a key holds at most about one limit of it (the log counts at most
+   L units, a bucket goes down to -L, a GCRA TAT up to 2L - 1 units ahead). Neither denies;
+   both always carry a request token, so a repeat after a lost reply is made once. The
+   overshoot past the limit is at most what the requests in flight use beyond their
+   reservations.
 
-Exactness under concurrency: N requests in flight at once can all pass the peek before any of
-them is charged, so up to ``limit + N - 1`` of them may reach the view in one window (with
-``limit`` already counted, the next peek refuses). Sequential requests are exact: the
-``limit + 1``-th counted request is refused. ``tests/request/test_deduction.py`` measures the bound
-with N concurrent failed logins held at a barrier inside the view, on a real redis-server.
+The settlement goes through the route's own failure policy (its ``on_failure``, else
+``DISTLIMIT_FAILURE_POLICY``), as the reservation did: under ``local`` a storage outage settles
+in the local fallback; under ``open`` and ``closed`` it is dropped (the response is already
+made) and counted and logged as a failed side call
+(:meth:`Guard.side_failed <flask_distlimit.resilience.guard.Guard.side_failed>`). A dropped
+settlement leaves the reservation charged, as does a process that dies before it. A reservation
+that charged nothing (a refused request, a storage down under ``open``, a shadow limit that
+would have refused) is never settled.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from flask_distlimit.core.decision import Check, Decision, Evaluation
+from flask import request
+
+from flask_distlimit.core.decision import Check, Decision
 
 if TYPE_CHECKING:
     from werkzeug.wrappers import Response
@@ -49,48 +57,40 @@ if TYPE_CHECKING:
     from flask_distlimit._typing import FailurePolicy
     from flask_distlimit.declare.route_limits import BoundLimit
     from flask_distlimit.defences.concurrency import SideCalls
-    from flask_distlimit.resilience.guard import Guard
+    from flask_distlimit.defences.lifecycle import Holding
 
-__all__ = ["Deferred", "charge", "spent"]
+__all__ = ["BodySettlement", "Deferred", "charge", "reserved"]
 
 log = logging.getLogger("flask_distlimit")
 
 
 @dataclass(frozen=True, slots=True)
 class Deferred:
-    """One limit of a request to charge after the response: ``check`` has the request's cost.
+    """One limit of a request reserved before the view, settled after the response: ``check``
+    is the reservation charged with the request.
 
     ``free_if_not_modified``: a conditional request under ``DISTLIMIT_CONDITIONAL_COST=0``,
     free only when its response is a 304 (the header alone is the client's claim).
-    ``policy``: the failure policy of the route whose peek it follows (``None``: the app's)."""
+    ``cost_after``: the limit's callable ``cost`` is called after the response (Flask-Limiter's
+    order with ``deduct_when``), the reservation being 1.
+    ``policy``: the failure policy of the route (``None``: the app's)."""
 
     check: Check
     bound: BoundLimit
     free_if_not_modified: bool = False
     policy: FailurePolicy | None = None
+    cost_after: bool = False
 
 
-def spent(
-    checks: Sequence[Check],
-    decisions: Sequence[Decision],
-    deferred: dict[str, Deferred],
-    *,
-    shadow: bool = False,
-) -> list[int]:
-    """Indexes of the peeks whose limit has fewer units left than the request would cost: the
-    enforced limits' (they refuse the request), or with ``shadow`` the shadow limits' (they
-    never refuse: they are only logged as would-be refusals)."""
-    found: list[int] = []
-    for i, (c, d) in enumerate(zip(checks, decisions, strict=True)):
-        later = deferred.get(c.key)
-        if (
-            later is not None
-            and c.cost == 0
-            and c.shadow is shadow
-            and d.remaining < later.check.cost
-        ):
-            found.append(i)
-    return found
+def reserved(bound: BoundLimit, *, unproved: bool) -> bool:
+    """Whether ``bound`` is reserved before the view and settled after (module docstring): a
+    ``deduct_when``, ``settle`` or bytes limit, or a conditional request free only on a 304."""
+    return (
+        bound.deduct_when is not None
+        or bound.settle is not None
+        or bound.unit != "requests"
+        or unproved
+    )
 
 
 def _wants_charge(later: Deferred, response: Response) -> bool:
@@ -109,51 +109,189 @@ def _wants_charge(later: Deferred, response: Response) -> bool:
         return True
 
 
-def charge(
-    calls: SideCalls, deferred: dict[str, Deferred], response: Response
-) -> list[tuple[Deferred, Decision]]:
-    """Charge the limits whose ``deduct_when`` answers true for ``response``, through
-    ``calls.guard`` at ``calls.storage_now()``; answer each charged limit with the storage's
-    decision of its charge (what is left after it: the response's headers tell that, not the
-    peek's count from before)."""
-    due = [d for d in deferred.values() if d.check.cost > 0 and _wants_charge(d, response)]
-    deferred.clear()
-    by_policy: dict[FailurePolicy | None, list[Deferred]] = {}
-    for d in due:  # one call per failure policy (a request's limits have one, almost always)
-        by_policy.setdefault(d.policy, []).append(d)
-    charged: list[tuple[Deferred, Decision]] = []
-    for policy, group in by_policy.items():
-        charged += _charge_group(calls.guard, calls.storage_now, group, policy)
-    return charged
-
-
-def _charge_group(
-    guard: Guard, now: Callable[[], int | None], due: list[Deferred], policy: FailurePolicy | None
-) -> list[tuple[Deferred, Decision]]:
+def _real_cost(later: Deferred, response: Response, sent: int | None) -> int:
+    """What the request really cost: the body's bytes ``sent`` for a bytes limit, else
+    ``settle(response)``, else the ``cost_after`` limit's callable called now, else the
+    reservation (also when the callable fails: logged)."""
+    bound = later.bound
+    if bound.unit != "requests":
+        return later.check.cost if sent is None else sent
+    call: Callable[[], object]
+    if bound.settle is not None:
+        name, call = "settle", functools.partial(bound.settle, response)
+    elif later.cost_after and callable(bound.cost):
+        name, call = "cost", bound.cost
+    else:
+        return later.check.cost
     try:
-        evaluation = _charge(guard, now, [d.check for d in due], policy)
-        if evaluation is None:
-            return []
-        if evaluation.allowed:
-            return list(zip(due, evaluation.decisions, strict=True))
-        # Some limit filled up meanwhile: charge the ones that still fit, in one more call.
-        fits = [d for d, e in zip(due, evaluation.decisions, strict=True) if e.allowed]
-        again = _charge(guard, now, [d.check for d in fits], policy) if fits else None
-        return [] if again is None else list(zip(fits, again.decisions, strict=True))
-    except Exception:  # the response is made: a failed charge must not turn it into a 500
-        log.exception("A deferred rate-limit charge failed; %d charge(s) dropped.", len(due))
-        return []
-
-
-def _charge(
-    guard: Guard, now: Callable[[], int | None], checks: list[Check], policy: FailurePolicy | None
-) -> Evaluation | None:
-    outcome = guard.evaluate(checks, policy=policy, now_us=now())
-    if outcome.evaluation is None or outcome.unavailable:
-        guard.side_failed(
-            f"an after-response charge of {len(checks)} rate limit(s)",
-            "the storage did not decide (an outage, or a reply the limiter cannot read) and "
-            f"the failure policy {policy or guard.policy!r} drops it",
+        value = call()
+    except Exception:
+        log.exception(
+            "The %s callable of the rate limit %s raised after the response; the request "
+            "is charged its reservation.",
+            name,
+            bound.name,
         )
+        return later.check.cost
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        log.error(
+            "The %s callable of the rate limit %s returned %r after the response; it must "
+            "return an int >= 0. The request is charged its reservation.",
+            name,
+            bound.name,
+            value,
+        )
+        return later.check.cost
+    return value
+
+
+def _difference(check: Check, real: int) -> Check | None:
+    """The check that settles the reservation ``check`` to ``real``: a debt of what it cost
+    beyond, a release of what it did not use, or ``None`` when the reservation was its cost."""
+    if real == check.cost:
         return None
-    return outcome.evaluation
+    if real > check.cost:  # a debt of at most one whole limit per request
+        return dataclasses.replace(check, cost=min(real - check.cost, check.limit), debt=True)
+    return dataclasses.replace(check, cost=check.cost - real, release=True)
+
+
+def _after_body(later: Deferred, response: Response) -> bool:
+    """Is ``later`` settled when a body not yet made ends (a stream, a file): its bytes, or
+    what ``settle`` reads of the response then?"""
+    streamed = response.is_streamed or response.direct_passthrough
+    return streamed and (later.bound.unit != "requests" or later.bound.settle is not None)
+
+
+def charge(
+    calls: SideCalls,
+    deferred: dict[str, Deferred],
+    response: Response,
+    hold: Callable[[Holding], None],
+) -> list[tuple[Deferred, Decision]]:
+    """Settle the reservations of ``deferred`` for ``response`` (module docstring), through
+    ``calls.guard`` at ``calls.storage_now()``, in one call per failure policy (a request's
+    limits have one, almost always); answer each settled limit with the storage's decision
+    (what is left after it: the response's headers tell that). Those settled when a streamed
+    or file body ends go to ``hold`` (the request's ledger) as one holding."""
+    head = request.method == "HEAD"  # no body is sent
+    due: list[tuple[Deferred, Check]] = []
+    later: list[Deferred] = []
+    for d in deferred.values():
+        if not _wants_charge(d, response):
+            real = 0
+        elif _after_body(d, response):
+            later.append(d)
+            continue
+        else:
+            real = _real_cost(d, response, 0 if head else len(response.get_data()))
+        settlement = _difference(d.check, real)
+        if settlement is not None:
+            due.append((d, settlement))
+    deferred.clear()
+    if later:
+        hold(BodySettlement(calls, later, response, head=head))
+    return _settle(calls, due)
+
+
+def _settle(calls: SideCalls, due: list[tuple[Deferred, Check]]) -> list[tuple[Deferred, Decision]]:
+    by_policy: dict[FailurePolicy | None, list[tuple[Deferred, Check]]] = {}
+    for item in due:
+        by_policy.setdefault(item[0].policy, []).append(item)
+    settled: list[tuple[Deferred, Decision]] = []
+    for policy, group in by_policy.items():
+        checks = [c for _, c in group]
+        try:  # releases and debts never deny: the call is all or nothing only on an outage
+            outcome = calls.guard.evaluate(checks, policy=policy, now_us=calls.storage_now())
+        except Exception:  # the response is made: a failed settlement must not make a 500
+            log.exception("A rate-limit settlement failed; %d settlement(s) dropped.", len(group))
+            continue
+        if outcome.evaluation is None or outcome.unavailable:
+            calls.guard.side_failed(
+                f"an after-response charge or give-back of {len(checks)} rate limit(s)",
+                "the storage did not decide (an outage, or a reply the limiter cannot read) and "
+                f"the failure policy {policy or calls.guard.policy!r} drops it",
+            )
+            continue
+        settled += [(d, e) for (d, _), e in zip(group, outcome.evaluation.decisions, strict=True)]
+    return settled
+
+
+class _Counted:
+    """A streamed body that counts the bytes of the chunks it hands the server."""
+
+    __slots__ = ("_body", "sent")
+
+    def __init__(self, body: Iterable[str] | Iterable[bytes]) -> None:
+        self._body = body
+        self.sent = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self._body:  # a str chunk is sent as UTF-8, as werkzeug encodes it
+            data = chunk if isinstance(chunk, bytes) else chunk.encode()
+            self.sent += len(data)
+            yield data
+
+    def close(self) -> None:
+        close = getattr(self._body, "close", None)
+        if close is not None:
+            close()
+
+
+class BodySettlement:
+    """A holding of the request's ledger (:mod:`flask_distlimit.defences.lifecycle`): the
+    reservations settled when a streamed or file body ends, once. A bytes limit counts the
+    chunks of a stream as the server takes them (a client that went away: what was taken),
+    and while a long stream lasts, charges what it sent beyond what is charged each time the
+    ledger renews its holdings (half ``DISTLIMIT_CONCURRENCY_LEASE``); a file the server
+    sends itself (``send_file``, a byte range) counts its ``Content-Length``; ``settle`` is
+    called when the body ends, with the response."""
+
+    __slots__ = ("_calls", "_charged", "_counted", "_done", "_due", "_length", "_response")
+
+    def __init__(
+        self, calls: SideCalls, due: list[Deferred], response: Response, *, head: bool
+    ) -> None:
+        self._calls = calls
+        self._due = due
+        self._response = response
+        self._done = False
+        self._counted: _Counted | None = None
+        self._length: int | None = 0 if head else None
+        #: what each reservation has charged so far (a long stream's partial settlements)
+        self._charged = [d.check.cost for d in due]
+        if not head and any(d.bound.unit != "requests" for d in due):
+            if response.direct_passthrough:  # the server's file wrapper: left for sendfile(2)
+                self._length = response.content_length or 0
+            else:
+                self._counted = _Counted(response.response)
+                response.response = self._counted
+
+    def renew(self) -> None:
+        """A long stream: charge the bytes sent beyond what its bytes limits have charged."""
+        counted = self._counted
+        if self._done or counted is None:
+            return
+        due: list[tuple[Deferred, Check]] = []
+        for i, d in enumerate(self._due):
+            if d.bound.unit != "requests" and counted.sent > self._charged[i]:
+                debt = _difference(
+                    dataclasses.replace(d.check, cost=self._charged[i]), counted.sent
+                )
+                if debt is not None:
+                    due.append((d, debt))
+                    self._charged[i] += debt.cost
+        if due:
+            _settle(self._calls, due)
+
+    def release(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        sent = self._counted.sent if self._counted is not None else self._length
+        due: list[tuple[Deferred, Check]] = []
+        for d, charged in zip(self._due, self._charged, strict=True):
+            check = dataclasses.replace(d.check, cost=charged)
+            settlement = _difference(check, _real_cost(d, self._response, sent))
+            if settlement is not None:
+                due.append((d, settlement))
+        _settle(self._calls, due)

@@ -218,6 +218,7 @@ class Enforcer:
             settings.headers,
             state.wall,
             functools.partial(deduction.charge, state),
+            lambda holding: state.lifecycle.ledger(request.environ).take(holding),
         )
         #: The request environ key of this limiter's per-request data (one per app's limiter:
         #: a WSGI app may hand its environ to another app with a limiter of its own).

@@ -74,7 +74,7 @@ from flask_distlimit.storage.cluster_nodes import (
 )
 from flask_distlimit.storage.pipeline import Call
 from flask_distlimit.storage.pool import DeadlinePool
-from flask_distlimit.storage.tokens import repeat_call
+from flask_distlimit.storage.tokens import repeat_call, settles
 from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error
 
 __all__ = ["ClusterStorage"]
@@ -103,7 +103,9 @@ class ClusterStorage(ClusterNodes):
         again = token is not None
         if token is None:
             token = (
-                tokens.key(keys[0]) if refund else tokens.key_if_armed(keys[0], time.monotonic())
+                tokens.key(keys[0])
+                if refund or settles(checks)
+                else tokens.key_if_armed(keys[0], time.monotonic())
             )
 
         def run(repeat: bool) -> Any:
@@ -175,7 +177,7 @@ class ClusterStorage(ClusterNodes):
         wait_until = now + self.queue_timeout
         packer, tokens = self._packer, self.tokens
         # a refund always carries a token: repeated twice, it would give back twice
-        armed = refund or now < tokens.armed_until
+        armed = refund or now < tokens.armed_until or any(settles(p) for p in parts)
         results: list[Evaluation | StorageError | None] = [None] * len(parts)
         #: part -> the request token its first try carried (None: none)
         sent: dict[int, str | None] = {}

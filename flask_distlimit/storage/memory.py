@@ -163,13 +163,15 @@ class MemoryStorage(Storage):
                 cost = check.cost
                 if check.meta and refund_:  # took nothing from an admitted request: a peek
                     cost = 0
-                elif refund_ or check.release:
+                elif refund_ or check.release or check.debt:
                     new, ttl = spec.undo(state, check, now)
                     if ttl >= 0:
                         self._put(check.key, check.algorithm, new, ttl, now)
                     state, _ = self._state(check, now)
                     cost = 0
                 s = spec.decide(state, check, cost, now)
+                if check.release or check.debt:  # never denies, as in the script
+                    s = s._replace(allowed=True, retry_us=0)
                 if state is not None and spec.empty(state):
                     self._data.pop(check.key, None)  # pruned to nothing (the log)
                 steps.append(s)
@@ -183,7 +185,12 @@ class MemoryStorage(Storage):
             )
             if (admitted or breach) and not refund_:
                 for check, s in zip(checks, steps, strict=True):
-                    if check.cost > 0 and s.allowed and not check.release and check.meta == breach:
+                    if (
+                        check.cost > 0
+                        and s.allowed
+                        and not (check.release or check.debt)
+                        and check.meta == breach
+                    ):
                         self._put(check.key, check.algorithm, s.state, s.ttl_us, now)
         # A denied request reports every limit as it stands, without the consumption that did
         # not happen (so does a shadow check that would deny).

@@ -86,7 +86,7 @@ from flask_distlimit.storage.evalsha import EvalshaPacker
 from flask_distlimit.storage.pipeline import Call, Pipeline, script_load
 from flask_distlimit.storage.pool import DeadlinePool, NoConnectionAvailable, busy
 from flask_distlimit.storage.side_calls import RedisSideCalls, SideScripts
-from flask_distlimit.storage.tokens import RequestTokens, repeat_call
+from flask_distlimit.storage.tokens import RequestTokens, repeat_call, settles
 from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error, translated
 
 __all__ = ["DEFAULT_TIMEOUT", "RedisStorage", "connection_options"]
@@ -259,7 +259,7 @@ class RedisStorage(RedisSideCalls):
         keys, args = script_args(checks, now_us)
         try:
             if self.pool is not None:
-                reply = self._run(self.pool, self._script, keys, args)
+                reply = self._run(self.pool, self._script, keys, args, settles(checks))
             else:  # a client passed in: redis-py's Script (EVALSHA, SCRIPT LOAD on NOSCRIPT)
                 reply = self._script(keys, args)
         except NoConnectionAvailable as exc:  # load: nothing was sent, nothing is armed
@@ -271,14 +271,20 @@ class RedisStorage(RedisSideCalls):
         return parse_reply(reply, checks)
 
     def _run(
-        self, pool: DeadlinePool, script: Script, keys: list[str], args: list[str | int]
+        self,
+        pool: DeadlinePool,
+        script: Script,
+        keys: list[str],
+        args: list[str | int],
+        once: bool = False,
     ) -> Any:
         """``script``'s EVALSHA of ``keys`` and ``args`` in a batch of the pipeline, with a
-        request token while the storage's tokens are armed: the wait for a batch by the queue
+        request token while the storage's tokens are armed or ``once`` (a settlement: made
+        once, :func:`~.tokens.settles`): the wait for a batch by the queue
         budget, the reply by one Redis deadline (module docstring)."""
         now = time.monotonic()
         wait_until = now + pool.queue_timeout
-        token = self.tokens.key_if_armed(keys[0], now)
+        token = self.tokens.key(keys[0]) if once else self.tokens.key_if_armed(keys[0], now)
         command = self._packer.pack(keys, args, token, self.tokens.first)
         call = self.pipeline.call(command, wait_until)
         if isinstance(call.error, ReadOnlyError) and self._sentinel is not None:

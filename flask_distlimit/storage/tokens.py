@@ -24,6 +24,9 @@ deadline (:func:`repeat_call`): a ``CLIENT KILL`` storm can cut a repeat too.
   client), never admits more than the limit; a connection closed while idle (an idle timeout, a
   restart) never ran the script, so its repeat counts once. A refund repeated twice would give
   back twice, so refunds always carry one.
+- A call that settles a reservation (:mod:`flask_distlimit.request.deduction`: a rate limit's
+  units given back, a release check without a slot's token, or charged past the limit, a debt
+  check) carries one too, for the same reason (:func:`settles`).
 - ``"always"``: every call carries one; a lost reply is never counted twice (a Cluster group
   made again on a promoted replica goes there as a repeat of its token:
   :meth:`~.cluster.ClusterStorage._call`).
@@ -36,11 +39,12 @@ import math
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import redis
 
+from flask_distlimit.core.decision import Check
 from flask_distlimit.engine.scripts import token_key
 from flask_distlimit.errors import StorageReplyLost
 from flask_distlimit.forks import AfterFork
@@ -54,6 +58,7 @@ __all__ = [
     "TOKEN_TTL_MS",
     "RequestTokens",
     "repeat_call",
+    "settles",
     "token_mode",
 ]
 
@@ -69,6 +74,13 @@ ARMED_FOR: Final = 60.0
 TOKEN_MODES: Final = ("auto", "always")
 #: First keys whose token heads are kept (a few hundred bytes each).
 _HEADS_KEPT: Final = 1024
+
+
+def settles(checks: Sequence[Check]) -> bool:
+    """Whether a call over ``checks`` settles a reservation (gives a rate limit's units back,
+    or charges a debt): it always carries a token (module docstring). A slot's release needs
+    none: removing a token twice is once."""
+    return any(c.debt or (c.release and not c.token) for c in checks)
 
 
 def token_mode(mode: object) -> str:

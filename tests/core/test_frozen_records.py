@@ -21,7 +21,7 @@ RECORDS: list[tuple[type, dict[str, Any]]] = [
         Check,
         dict(
             key="k", algorithm="fixed_window", limit=5, period=60, cost=2, shadow=True,
-            token=7, release=True, meta=True,
+            token=7, release=True, meta=True, debt=True,
         ),
     ),
     (

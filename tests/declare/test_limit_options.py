@@ -241,6 +241,10 @@ def test_scope_as_a_callable_of_the_endpoint(backend: Backend, clock: FakeClock)
         ({"deduct_when": 3}, "deduct_when"),
         ({"on_breach": "x"}, "on_breach"),
         ({"error_message": 5}, "error_message"),
+        ({"settle": 7}, "settle"),
+        ({"unit": "bytes"}, "unit='bytes'.*content-bytes"),
+        ({"settle": lambda r: 1, "lease": True}, "lease= cannot be combined with .*settle="),
+        ({"unit": "content-bytes", "lease": 5}, "lease= cannot be combined with .*unit="),
     ],
 )
 def test_bad_options_are_refused_at_declaration(kwargs: dict[str, Any], message: str) -> None:

@@ -206,9 +206,11 @@ def test_under_policy_open_no_client_chosen_cost_makes_the_storage_fail(
 ) -> None:
     """An error reply gets the failure policy: under ``open``, a client who could make the
     script refuse its arguments would switch the limiter off for itself. A cost the client
-    chooses beyond what the script computes exactly (2^53) is refused before any call, on a
-    plain limit and on a ``deduct_when`` one (charged after the response): 429, never a
-    degraded 200, and the storage never answered an error."""
+    chooses beyond what the script computes exactly (2^53) is refused before any call on a
+    plain limit: 429, never a degraded 200. With ``deduct_when`` the callable cost is called
+    after the response (Flask-Limiter's order): the view ran on a reservation of 1, and the
+    cost is charged up to the whole limit, which it leaves spent. The storage never answered
+    an error."""
     app, limiter, _ = make_app(backend(), clock, DISTLIMIT_FAILURE_POLICY="open")
 
     def cost() -> int:
@@ -225,10 +227,14 @@ def test_under_policy_open_no_client_chosen_cost_makes_the_storage_fail(
         return "ok"
 
     client = app.test_client()
-    for path in ("/batch", "/login"):
-        response = client.post(f"{path}?n={n}")
-        assert response.status_code == 429
-        assert "X-RateLimit-Degraded" not in response.headers
-        assert client.post(f"{path}?n=100").status_code == 200  # the quota was not touched
-        assert client.post(f"{path}?n=1").status_code == 429
+    response = client.post(f"/batch?n={n}")
+    assert response.status_code == 429
+    assert "X-RateLimit-Degraded" not in response.headers
+    assert client.post("/batch?n=100").status_code == 200  # the quota was not touched
+    assert client.post("/batch?n=1").status_code == 429
+    response = client.post(f"/login?n={n}")
+    assert response.status_code == 200
+    assert "X-RateLimit-Degraded" not in response.headers
+    assert response.headers["X-RateLimit-Remaining"] == "0"  # charged the whole limit
+    assert client.post("/login?n=1").status_code == 429
     assert limiter.state(app).guard.health()["unreadable_replies"] == 0

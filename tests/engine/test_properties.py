@@ -1,11 +1,11 @@
 """Property: the Lua scripts on a real Redis and the Python twin decide identically.
 
-Random sequences of (time step, costs, refund?) over 1 to 3 limits of any algorithms, with an
-injected, non-decreasing time. Redis expires keys on its own clock, not the injected one, so each
-script call runs in a MULTI with ``PTTL`` (every key the script left must carry a TTL, after peeks
-and denials too) and ``PERSIST`` (so no key vanishes in real time while it still matters in
-injected time). The twin expires its keys on the injected clock; that this never changes a
-decision is proved in ``test_memory_storage.py``.
+Random sequences of (time step, costs, kind: evaluate, refund, release or debt checks) over 1 to 3
+limits of any algorithms, with an injected, non-decreasing time. Redis expires keys on its own
+clock, not the injected one, so each script call runs in a MULTI with ``PTTL`` (every key the
+script left must carry a TTL, after peeks and denials too) and ``PERSIST`` (so no key vanishes
+in real time while it still matters in injected time). The twin expires its keys on the injected
+clock; that this never changes a decision is proved in ``test_memory_storage.py``.
 
 ``PROPERTY_SCALE=10 python -m pytest tests/engine/test_properties.py`` runs ten times as many
 examples (by hand, after changing a script or a twin).
@@ -32,7 +32,10 @@ from tests.vectors import T0
 _SCALE = int(os.environ.get("PROPERTY_SCALE", "1"))
 
 Limit = tuple[Algorithm, int, int]  # algorithm, limit, period (s)
-Step = tuple[int, list[int], bool]  # time step (us), costs, refund
+Step = tuple[int, list[int], int]  # time step (us), costs, kind (_KINDS)
+#: What a step's call is: a refund of its checks, release checks or debt checks (the settlement
+#: of a reservation, request/deduction.py), else an evaluation.
+_KINDS = {0: "refund", 1: "release", 2: "debt"}
 
 limits_st = st.tuples(
     st.sampled_from(ALGORITHMS),
@@ -57,7 +60,7 @@ def scenarios(draw: st.DrawFn) -> tuple[list[Limit], list[Step], int]:
             st.tuples(
                 time_step_st,
                 st.lists(cost_st, min_size=len(limits), max_size=len(limits)),
-                st.integers(0, 11).map(lambda x: x == 0),
+                st.integers(0, 13),
             ),
             min_size=1,
             max_size=25,
@@ -67,11 +70,14 @@ def scenarios(draw: st.DrawFn) -> tuple[list[Limit], list[Step], int]:
     return limits, steps, start
 
 
-def _checks(limits: Sequence[Limit], costs: Sequence[int]) -> list[Check]:
+def _checks(limits: Sequence[Limit], costs: Sequence[int], kind: str = "") -> list[Check]:
     return [
-        Check(f"prop:{{t}}:{i}:{algorithm}", algorithm, limit, period, cost)
+        Check(
+            f"prop:{{t}}:{i}:{algorithm}", algorithm, limit, period, cost,
+            release=kind == "release", debt=kind == "debt",
+        )
         for i, ((algorithm, limit, period), cost) in enumerate(zip(limits, costs, strict=True))
-    ]
+    ]  # fmt: skip
 
 
 @pytest.mark.redis
@@ -91,9 +97,11 @@ def test_lua_on_redis_and_the_twin_agree(
     twin = MemoryStorage(clock=lambda: 0)
     now = T0 + start
     try:
-        for n, (delta, costs, refund) in enumerate(steps):
+        for n, (delta, costs, code) in enumerate(steps):
+            kind = _KINDS.get(code, "")
+            refund = kind == "refund"
             now += delta
-            checks = _checks(limits, costs)
+            checks = _checks(limits, costs, kind)
             keys, args = script_args(checks, now, refund=refund)
             before = [twin.expires_at(key) for key in keys]
             pipe = redis_client.pipeline(transaction=True)
@@ -105,7 +113,7 @@ def test_lua_on_redis_and_the_twin_agree(
             reply, *ttls = pipe.execute()[: 1 + len(keys)]
             lua = parse_reply(reply, checks)
             py: Evaluation = (twin.refund if refund else twin.evaluate)(checks, now_us=now)
-            where = f"step {n}: +{delta} us, costs {costs}, refund {refund}"
+            where = f"step {n}: +{delta} us, costs {costs}, {kind or 'evaluate'}"
             assert lua == py, where
             for key, ttl, old in zip(keys, ttls, before, strict=True):
                 assert ttl != -1, f"{where}: {key} has no TTL"

@@ -127,7 +127,7 @@ GARBAGE: list[tuple[Algorithm, Callable[[redis.Redis, str], object]]] = [
     ("sliding_window_counter", lambda r, k: r.hset(k, "c", "inf")),
     ("token_bucket", lambda r, k: r.sadd(k, "x")),
     ("token_bucket", lambda r, k: r.hset(k, mapping={"t": "nan", "s": "1"})),
-    ("token_bucket", lambda r, k: r.hset(k, mapping={"t": "-1", "s": "1"})),
+    ("token_bucket", lambda r, k: r.hset(k, mapping={"t": "-1e9", "s": "1"})),  # past any debt
     ("token_bucket", lambda r, k: r.hset(k, mapping={"t": "1", "s": "9e18"})),
     ("gcra", lambda r, k: r.hset(k, "a", "b")),
     ("gcra", lambda r, k: r.set(k, "banana")),
@@ -179,7 +179,7 @@ def test_bad_arguments_are_script_errors(redis_client: redis.Redis) -> None:
         (["k"], ["-1,0,7,10,60000000,1"]),  # algorithm 7 (6 is concurrency)
         (["k"], ["-1,0,16,10,60000000,1"]),  # the shadow flag alone
         (["k"], ["-1,0,55,10,60000000,1"]),  # release + shadow flags on algorithm 7
-        (["k"], ["-1,0,65,10,60000000,1"]),  # an unknown flag
+        (["k"], ["-1,0,257,10,60000000,1"]),  # an unknown flag (64 is a debt, 128 a meta check)
         (["k"], ["-1,0,1,0,60000000,1"]),  # limit 0
         (["k"], ["-1,0,1,10,1.5,1"]),  # fractional period
         (["k"], ["-1,0,1,10,60000000,-1"]),  # negative cost

@@ -689,3 +689,17 @@ def test_a_refund_made_again_on_a_promoted_replica_is_given_back_once(
         LoseRefundReply.armed = LoseRefundReply.refusing = False
         admin.close()
         storage.close()
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window_counter", "gcra"])
+def test_a_reservation_is_given_back_on_the_node_of_each_key(
+    storage: ClusterStorage, tags: list[str], algorithm: str
+) -> None:
+    """Issue 35: a settlement's release checks on keys of two primaries, in one call, give
+    back what was reserved there (each always under a request token: made once)."""
+    ip, tenant, _ = tags
+    keys = [f"t:{{{ip}}}:settle:{algorithm}", f"t:{{{tenant}}}:settle:{algorithm}"]
+    reserve = [Check(k, algorithm, 10, 60, 4) for k in keys]  # type: ignore[arg-type]
+    assert [d.remaining for d in storage.evaluate(reserve).decisions] == [6, 6]
+    back = [replace(c, cost=3, release=True) for c in reserve]
+    assert [d.remaining for d in storage.evaluate(back).decisions] == [9, 9]

@@ -613,3 +613,20 @@ def test_request_tokens_of_a_storage_used_without_the_extension_change_in_a_fork
     assert child and child != parent
     assert child.rsplit(":", 1)[1].split(".")[1:] == [str(pid), "0"]
     storage.close()
+
+
+@pytest.mark.parametrize("kind", ["release", "debt"])
+def test_a_settlement_whose_reply_was_lost_is_made_once_even_when_calm(
+    calm: RedisStorage, proxy: FaultProxy, redis_client: redis.Redis, kind: str
+) -> None:
+    """Issue 35: a reservation's give-back (a release) or its debt carries a request token even
+    on a calm storage, so a reply lost after its script ran is answered from the kept reply:
+    given back, or charged, once."""
+    calm.evaluate([dataclasses.replace(CHECK, cost=5)])
+    assert calm.tokens.key_if_armed(CHECK.key, time.monotonic()) is None  # calm
+    proxy.lose_replies(1)
+    settled = calm.evaluate([dataclasses.replace(CHECK, cost=3, **{kind: True})])
+    assert proxy.stats["lost"] == 1
+    expected = 2 if kind == "release" else 8
+    assert _count(redis_client) == expected  # once, not twice
+    assert settled.decisions[0].remaining == 10 - expected

@@ -8,12 +8,13 @@
 --   2      0 = evaluate, 1 = refund (give back the costs consumed earlier by the same checks).
 --   3 + 4(i-1) ..  per check: algorithm (1 fixed_window, 2 sliding_window_log,
 --          3 sliding_window_counter, 4 token_bucket, 5 gcra, 6 concurrency), plus 16 for a
---          SHADOW check, plus 32 for a RELEASE (refund this one check, then peek at it), plus 128
---          for a META check (below);
+--          SHADOW check, plus 32 for a RELEASE (refund this one check, then peek at it), or
+--          plus 64 for a DEBT (charge its cost past the limit if need be: its algorithm's refund
+--          of minus the cost, then peek at it); plus 128 for a META check (below);
 --          limit (units), period (us), cost (units; for concurrency: the slot's token).
 --   A release check gives back what the same check took earlier (a concurrency slot when its
 --   request ends) and never denies; it rides the ordinary evaluate call, so every storage
---   sends it like any other check.
+--   sends it like any other check. A release or a debt is always allowed.
 --   Anything else (a wrong count, an empty field, a bad number) is refused before any write.
 --
 -- Evaluate: phase 1 reads and decides every check (pruning expired log entries and deleting
@@ -63,10 +64,14 @@ if n == 1 and #ARGV == 1 then
     if not (now == -1 or now >= 0 and now < MAX_EXACT) or not (mode == 0 or mode == 1) then
       return redis.error_reply('ERR distlimit: bad time or mode argument')
     end
-    local shadow, release = false, mode == 1
+    local shadow, release, debt, flagged = false, mode == 1, false, false
+    if code > 64 then
+      code = code - 64
+      debt, flagged = true, true
+    end
     if code > 32 then
       code = code - 32
-      release = true
+      release, flagged = true, true
     end
     if code > 16 then
       code = code - 16
@@ -89,10 +94,16 @@ if n == 1 and #ARGV == 1 then
     if release then
       repaired = algo.refund(key, limit, period, cost, now)
       cost = 0
+    elseif debt then
+      repaired = algo.refund(key, limit, period, -cost, now)
+      cost = 0
     end
     local r = algo.decide(key, limit, period, cost, now)
     if repaired == 1 then
       r[5] = 1
+    end
+    if flagged then  -- a release or a debt never denies
+      r[1], r[4] = 1, 0
     end
     local allowed, left, reset = r[1], r[2], r[3]
     if allowed == 1 then
@@ -142,12 +153,16 @@ if now == -1 then
 end
 
 -- Check i: algorithm args[4i - 1], limit args[4i], period args[4i + 1], cost args[4i + 2].
-local algos, shadow, release, meta = {}, {}, {}, {}
+local algos, shadow, release, debt, meta = {}, {}, {}, {}, {}
 for i = 1, n do
   local code, limit, period, cost = args[4 * i - 1], args[4 * i], args[4 * i + 1], args[4 * i + 2]
   if type(code) == 'number' and code > 128 then
     code = code - 128
     meta[i] = true
+  end
+  if type(code) == 'number' and code > 64 then
+    code = code - 64
+    debt[i] = true
   end
   if type(code) == 'number' and code > 32 then
     code = code - 32
@@ -181,10 +196,16 @@ for i = 1, n do
       repaired = algos[i].refund(KEYS[i], args[4 * i], args[4 * i + 1], args[4 * i + 2], now)
     end
     args[4 * i + 2] = 0
+  elseif debt[i] then
+    repaired = algos[i].refund(KEYS[i], args[4 * i], args[4 * i + 1], -args[4 * i + 2], now)
+    args[4 * i + 2] = 0
   end
   local r = algos[i].decide(KEYS[i], args[4 * i], args[4 * i + 1], args[4 * i + 2], now)
   if repaired == 1 then
     r[5] = 1
+  end
+  if release[i] or debt[i] then  -- never denies
+    r[1], r[4] = 1, 0
   end
   results[i] = r
   if r[1] == 0 then

@@ -12,6 +12,8 @@
 --                  starts (a new key, a new window, a repaired key): a write into the stored window
 --                  leaves the TTL it already has, which ends at the same E (one command less)
 --   refund:      n = max(0, n - c) only while the stored window is still the current one.
+--                A negative c is a debit (a settlement past the limit): n = n - c in the
+--                current window, over L if need be (refused until the window ends).
 
 -- A loader: the functions are built only when a request uses this algorithm. The regions from
 -- --@read, --@decide and --@commit to --@end are also the script's fast path for one such check
@@ -89,7 +91,7 @@ local function LOAD_FIXED_WINDOW()
 
   function FIXED_WINDOW.refund(key, limit, period, cost, now)
     local window, count, repaired = fw_read(key, period, now)
-    if count > 0 then
+    if count > 0 or cost < 0 then
       count = count - cost
       if count > 0 then
         redis.call('HSET', key, 'w', window, 'n', count)

@@ -15,7 +15,9 @@
 --   retry_after  = 0 if allowed; -1 if c > L; else the first whole us d with
 --                  (tat - (now + d) / T) + c <= L
 --   TTL          = reset_after after the write
---   refund:      tat = max(tat - c, now_u).
+--   refund:      tat = max(tat - c, now_u). A negative c is a debit (a settlement past the
+--                limit): tat = tat - c (now_u for a missing key), at most now_u + 2L - 1 (the
+--                debt a key can hold: under the garbage bound below).
 --   A stored TAT more than 2L units ahead (garbage, a clock jump back by more than a period, or a
 --   changed rate: T changed, so the units mean another time) resets the key.
 
@@ -122,8 +124,11 @@ local function LOAD_GCRA()
 
   function GCRA.refund(key, limit, period, cost, now)
     local interval, now_u, tat, present, repaired = gcra_read(key, limit, period, now)
-    if present then
+    if present or cost < 0 then
       tat = tat - cost
+      if tat > now_u + (2 * limit - 1) then
+        tat = now_u + (2 * limit - 1)
+      end
       if tat > now_u then
         redis.call('SET', key, tat, 'PX',
           floor((gcra_until(interval, now, now_u, tat) + 1999) / 1000))

@@ -20,6 +20,8 @@
 --                 write into the stored window keeps the TTL it has, which ends at the same time
 --   It is an estimate: it may admit a little more or less than L in a true sliding window.
 --   refund:     cur = max(0, cur - c) while the stored window is still the current one.
+--               A negative c is a debit (a settlement past the limit): cur = cur - c in the
+--               current window, over L if need be.
 
 -- A loader: the functions are built only when a request uses this algorithm. The regions from
 -- --@read, --@decide and --@commit to --@end are also the script's fast path for one such check
@@ -147,7 +149,7 @@ local function LOAD_SLIDING_WINDOW_COUNTER()
 
   function SLIDING_WINDOW_COUNTER.refund(key, limit, period, cost, now)
     local window, _, cur, prev, current, repaired = swc_read(key, period, now)
-    if current and cur > 0 then
+    if current and cur > 0 or cost < 0 then
       cur = cur - cost
       if cur < 0 then
         cur = 0

@@ -33,6 +33,8 @@
 --                stricter); members wholly above target go, the one across it keeps its units up
 --                to target. Approximation: on a busy key the newest units may be another
 --                request's, written since; the count is right, only which of them go is not.
+--                A negative c is a debit (a settlement past the limit): one more member of
+--                -c units, as an admission writes it; the log counts at most L of them.
 --   A key whose newest score is ahead of now by more than P + L (garbage, or a clock jump back
 --   by more than a period), or whose newest or oldest live member does not read as
 --   "<start>:<end>" with start < end, is reset.
@@ -178,14 +180,29 @@ local function LOAD_SLIDING_WINDOW_LOG()
       redis.call('UNLINK', key)
       return 1
     end
+    local newest, last, repaired = nil, 0, 0
+    if #block > 0 then
+      local _, top_end = swl_span(block[#block - 1])
+      newest, last = tonumber(block[#block]), top_end
+      if not (last and whole(newest) and newest <= now + period + limit) then
+        redis.call('UNLINK', key)
+        if cost >= 0 then
+          return 1
+        end
+        newest, last, repaired = nil, 0, 1
+      end
+    end
+    if cost < 0 then  -- a debit: one more member of -c units, dated as an admission is
+      local first = now
+      if newest and newest >= now then
+        first = newest + 1
+      end
+      redis.call('ZADD', key, first, string.format('%d:%d', last, last - cost))
+      expire_in(key, first + period - now)
+      return repaired
+    end
     if #block == 0 then
       return 0
-    end
-    local newest = tonumber(block[#block])
-    local _, last = swl_span(block[#block - 1])
-    if not (last and whole(newest) and newest <= now + period + limit) then
-      redis.call('UNLINK', key)
-      return 1
     end
     -- the live ones, oldest first: all the live members when at most SWL_BATCH are live
     local cut = now - period

@@ -15,7 +15,9 @@
 --   retry_after  = 0 if allowed; -1 if c > L; else (t0 - now) + d, d likewise the first whole
 --                  us with tokens(t0 + d) >= c
 --   TTL          = reset_after after the write (a full bucket and a missing key are the same)
---   refund:      t = min(L, k + c) at t0.
+--   refund:      t = min(L, k + c) at t0. A negative c is a debit (a settlement past the
+--                limit): t = k + c, below 0 if need be, down to -L (a missing key is
+--                full); the refill repays it. remaining is never below 0.
 
 -- A loader: the functions are built only when a request uses this algorithm.
 local function LOAD_TOKEN_BUCKET()
@@ -29,7 +31,8 @@ local function LOAD_TOKEN_BUCKET()
     end
     if raw[1] or raw[2] then
       local t, s = tonumber(raw[1]), tonumber(raw[2])
-      if finite(t) and whole(s) and s <= now + period then
+      -- t below 0 is a debit's debt, at most L
+      if t and t == t and t >= -limit and t < MAX_EXACT and whole(s) and s <= now + period then
         local t0 = now
         if s > now then
           t0 = s
@@ -88,8 +91,11 @@ local function LOAD_TOKEN_BUCKET()
     else
       reset = reset_now
     end
-    return {allowed and 1 or 0, floor(after), reset, retry, repaired, floor(k), reset_now,
-      after, t0}
+    local left, left_now = floor(after), floor(k)
+    if left_now < 0 then  -- a debit's debt: nothing left
+      left, left_now = 0, 0
+    end
+    return {allowed and 1 or 0, left, reset, retry, repaired, left_now, reset_now, after, t0}
   end
 
   function TOKEN_BUCKET.commit(key, r, limit, period, cost, now)
@@ -99,8 +105,11 @@ local function LOAD_TOKEN_BUCKET()
 
   function TOKEN_BUCKET.refund(key, limit, period, cost, now)
     local b, _, t0, k, repaired = tb_read(key, limit, period, now)
-    if b then
+    if b or cost < 0 then
       k = k + cost
+      if k < -limit then  -- the most debt a key holds
+        k = -limit
+      end
       if k < limit then
         redis.call('HSET', key, 't', k, 's', t0)
         expire_in(key, t0 - now + tb_wait(limit, period, k, t0, t0, k, limit))
