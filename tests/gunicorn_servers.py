@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -78,6 +78,27 @@ def request(port: int, path: str, headers: dict[str, str] | None = None) -> tupl
         return response.status, body
     finally:
         conn.close()
+
+
+def status_of(port: int, path: str, method: str = "GET") -> int:
+    """The status of one request, its body read (a degraded answer too)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=90)
+    try:
+        conn.request(method, path)
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+def until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Poll ``condition`` until it holds; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
 
 
 def wait_ready(server: Gunicorn, timeout: float = 30.0, path: str = "/health") -> None:

@@ -11,7 +11,6 @@ import http.client
 import os
 import signal
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.gunicorn_servers import Gunicorn, launch, wait_ready
+from tests.gunicorn_servers import Gunicorn, launch, status_of, until, wait_ready
 from tests.servers import RedisProcess
 
 pytestmark = [pytest.mark.gunicorn, pytest.mark.redis]
@@ -69,25 +68,6 @@ def deploy(redis_server: RedisProcess) -> Iterator[Callable[..., list[Gunicorn]]
                 server.stop()
 
 
-def _get(port: int, path: str) -> int:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=90)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        response.read()
-        return response.status
-    finally:
-        conn.close()
-
-
-def _until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def _prefix(client: redis.Redis) -> str:
     keys = [k.decode() for k in client.scan_iter(match="cc-*:pids", count=1000)]
     assert len(keys) == 1, keys
@@ -103,17 +83,17 @@ def test_exactly_n_in_flight_across_instances_workers_and_threads(
     instances = deploy(2, 60)
     with ThreadPoolExecutor(max_workers=REQUESTS) as pool:
         futures: list[Future[int]] = [
-            pool.submit(_get, instances[i % 2].port, "/slow") for i in range(REQUESTS)
+            pool.submit(status_of, instances[i % 2].port, "/slow") for i in range(REQUESTS)
         ]
         # Every request is decided: N are held on the barrier, the others were refused.
-        _until(lambda: sum(f.done() for f in futures) == REQUESTS - N, "the refusals")
-        _until(lambda: client.llen(_prefix(client) + ":seen") == N, "the held handlers")
+        until(lambda: sum(f.done() for f in futures) == REQUESTS - N, "the refusals")
+        until(lambda: client.llen(_prefix(client) + ":seen") == N, "the held handlers")
         prefix = _prefix(client)
         assert int(client.get(f"{prefix}:inflight") or 0) == N
         early = Counter(f.result() for f in futures if f.done())
         assert early == Counter({429: REQUESTS - N})
         # While the N are held, nobody else gets in, from either instance.
-        assert [_get(instances[i % 2].port, "/slow") for i in range(4)] == [429] * 4
+        assert [status_of(instances[i % 2].port, "/slow") for i in range(4)] == [429] * 4
         client.rpush(f"{prefix}:go", *["go"] * REQUESTS)  # the barrier opens
         statuses = Counter(f.result() for f in futures)
     assert statuses == Counter({200: N, 429: REQUESTS - N})
@@ -136,8 +116,8 @@ def test_a_killed_workers_slot_comes_back_after_its_lease(
     lease = 4
     (server,) = deploy(1, lease)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        held = pool.submit(_get, server.port, "/one")
-        _until(lambda: bool(client.keys("cc-*:pids")), "the held request")
+        held = pool.submit(status_of, server.port, "/one")
+        until(lambda: bool(client.keys("cc-*:pids")), "the held request")
         prefix = _prefix(client)
         pid = int(client.lindex(f"{prefix}:pids", 0) or 0)
         (slot_key,) = client.scan_iter(match=f"{prefix}:*concurrency", count=1000)
@@ -149,12 +129,12 @@ def test_a_killed_workers_slot_comes_back_after_its_lease(
     # runs (checked only with a second of margin: the machine may be slow).
     seconds, micros = client.time()
     if seconds * 1_000_000 + micros < lease_end_us - 1_000_000:
-        assert _get(server.port, "/one") == 429
+        assert status_of(server.port, "/one") == 429
     assert client.zscore(slot_key, token) is not None
     # Once the lease has ended, the slot is free again: the next request gets in.
-    _until(lambda: _server_us(client) > lease_end_us, "the lease's end")
+    until(lambda: _server_us(client) > lease_end_us, "the lease's end")
     client.rpush(f"{prefix}:go", "go")  # the request admitted next must not hold forever
-    assert _get(server.port, "/one") == 200
+    assert status_of(server.port, "/one") == 200
     assert client.zscore(slot_key, token) is None
     client.close()
 
@@ -184,9 +164,9 @@ def test_the_fleet_sheds_priorities_in_order_across_instances(
             nonlocal sent
             port = instances[sent % 2].port
             sent += 1
-            future = pool.submit(_get, port, f"/work?p={priority}")
+            future = pool.submit(status_of, port, f"/work?p={priority}")
             before = len(held)
-            _until(
+            until(
                 lambda: future.done() or _held_count(client) > before,
                 "the request to be held or refused",
             )
@@ -234,10 +214,10 @@ def test_a_stream_longer_than_its_lease_keeps_its_slot(
         received = b""
         while received.count(b"\n") < 12:
             received += response.read1(64)
-        assert _get(server.port, "/long-stream") == 429  # the stream still holds its slot
+        assert status_of(server.port, "/long-stream") == 429  # the stream still holds its slot
         received += response.read()
         assert received.count(b"\n") == 24
     finally:
         conn.close()
-    _until(lambda: _get(server.port, "/long-stream") == 200, "the slot to come back", 30)
+    until(lambda: status_of(server.port, "/long-stream") == 200, "the slot to come back", 30)
     client.close()

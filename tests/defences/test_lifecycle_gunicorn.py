@@ -25,13 +25,12 @@ import json
 import os
 import socket
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.gunicorn_servers import Gunicorn, launch, wait_ready
+from tests.gunicorn_servers import Gunicorn, launch, until, wait_ready
 from tests.servers import RedisProcess
 
 pytestmark = [pytest.mark.gunicorn, pytest.mark.redis, pytest.mark.slow]
@@ -41,14 +40,6 @@ WORKERS = [
     # gevent comes with the [test] extra: without it this cell fails, it never skips.
     pytest.param(("--worker-class", "gevent", "--worker-connections", "1000"), id="gevent"),
 ]
-
-
-def _until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture(params=WORKERS)
@@ -163,7 +154,7 @@ def test_every_response_gives_back_what_it_took_and_is_charged_as_documented(
                 return _idle(holder)
 
             try:
-                _until(settled, f"{cell} to give back what it took", timeout=15)
+                until(settled, f"{cell} to give back what it took", timeout=15)
             except AssertionError:
                 failures.append(f"{cell}: still held after its end: {state}")
                 continue
@@ -247,5 +238,5 @@ def test_a_complete_body_holds_while_a_slow_client_reads_it(server: Gunicorn) ->
         assert read == EXPORT_BYTES and checked
     finally:
         sock.close()
-    _until(lambda: _idle(_debug(port)), "the export to give back what it took", timeout=15)
+    until(lambda: _idle(_debug(port)), "the export to give back what it took", timeout=15)
     assert _call(port, "GET", "/plain")[0] == 200

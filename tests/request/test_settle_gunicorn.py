@@ -8,15 +8,14 @@ from __future__ import annotations
 import http.client
 import os
 import tempfile
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.gunicorn_servers import Gunicorn, launch, wait_ready
+from tests.gunicorn_servers import Gunicorn, launch, status_of, until, wait_ready
 from tests.servers import RedisProcess
 
 pytestmark = [pytest.mark.gunicorn, pytest.mark.redis, pytest.mark.slow]
@@ -43,25 +42,6 @@ def deployed(redis_server: RedisProcess) -> Iterator[tuple[list[Gunicorn], str]]
             client.close()
 
 
-def _post(port: int, path: str) -> int:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=90)
-    try:
-        conn.request("POST", path)
-        response = conn.getresponse()
-        response.read()
-        return response.status
-    finally:
-        conn.close()
-
-
-def _until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def test_thirty_simultaneous_wrong_passwords_admit_at_most_five(
     deployed: tuple[list[Gunicorn], str], redis_server: RedisProcess
 ) -> None:
@@ -69,7 +49,9 @@ def test_thirty_simultaneous_wrong_passwords_admit_at_most_five(
     book = redis_server.client()
     n = 30
     with ThreadPoolExecutor(max_workers=n) as pool:
-        futures = [pool.submit(_post, (one, two)[i % 2].port, "/login") for i in range(n)]
+        futures = [
+            pool.submit(status_of, (one, two)[i % 2].port, "/login", "POST") for i in range(n)
+        ]
 
         def entered() -> int:
             return int(book.get(f"{prefix}:entered:login") or 0)
@@ -77,12 +59,12 @@ def test_thirty_simultaneous_wrong_passwords_admit_at_most_five(
         # The limit's 5 are in the view, held: every other request must be refused, now and
         # after the barrier opens (their failures stay charged). A worker whose 4 threads are
         # all held answers its next connections only then.
-        _until(lambda: entered() >= 5, "5 requests in the view")
+        until(lambda: entered() >= 5, "5 requests in the view")
         book.rpush(f"{prefix}:go", *["go"] * n)
         statuses = Counter(f.result() for f in futures)
     assert entered() == 5  # a peek before the view let 8 to 11 in (measured on main)
     assert statuses == Counter({401: 5, 429: n - 5})
-    assert _post(one.port, "/login") == 429
+    assert status_of(one.port, "/login", "POST") == 429
 
 
 def test_debt_is_what_the_requests_in_flight_used_beyond_their_reservations(
@@ -96,15 +78,15 @@ def test_debt_is_what_the_requests_in_flight_used_beyond_their_reservations(
     n = 8
     with ThreadPoolExecutor(max_workers=n) as pool:
         futures = [
-            pool.submit(_post, (one, two)[i % 2].port, "/complete?reserve=10&used=20")
+            pool.submit(status_of, (one, two)[i % 2].port, "/complete?reserve=10&used=20", "POST")
             for i in range(n)
         ]
-        _until(lambda: int(book.get(f"{prefix}:entered:complete") or 0) == n, "8 in flight")
+        until(lambda: int(book.get(f"{prefix}:entered:complete") or 0) == n, "8 in flight")
         book.rpush(f"{prefix}:go", *["go"] * n)
         assert [f.result() for f in futures] == [200] * n
     (key,) = [k for k in book.scan_iter(match=f"{prefix}:*fixed_window", count=1000)]
     assert int(book.hget(key, "n") or 0) == 160
-    assert _post(one.port, "/complete?reserve=1&used=0") == 429  # in debt: refused
+    assert status_of(one.port, "/complete?reserve=1&used=0", "POST") == 429  # in debt: refused
 
 
 def _get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, str]:
@@ -133,16 +115,16 @@ def test_bytes_sent_by_sendfile_and_by_a_stream_are_charged(
     status, body, policy = _get(one.port, "/download")
     assert (status, len(body)) == (200, 1000)
     assert 'qu="content-bytes"' in policy
-    _until(lambda: counted() == 1000, "the file's bytes settled")
+    until(lambda: counted() == 1000, "the file's bytes settled")
     status, body, _ = _get(two.port, "/download", {"Range": "bytes=0-99"})
     assert (status, len(body)) == (206, 100)
-    _until(lambda: counted() == 1100, "the range's bytes settled")
+    until(lambda: counted() == 1100, "the range's bytes settled")
     status, body, _ = _get(one.port, "/stream")
     assert (status, len(body)) == (200, 300)
-    _until(lambda: counted() == 1400, "the stream's bytes settled")
+    until(lambda: counted() == 1400, "the stream's bytes settled")
     conn = http.client.HTTPConnection("127.0.0.1", two.port, timeout=90)
     conn.request("HEAD", "/download")
     assert conn.getresponse().status == 200
     conn.close()
     assert _get(one.port, "/left")[0] == 200
-    _until(lambda: counted() == 1400, "the reservations of HEAD and /left given back")
+    until(lambda: counted() == 1400, "the reservations of HEAD and /left given back")
