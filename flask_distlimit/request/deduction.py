@@ -187,6 +187,7 @@ def charge(
             continue
         else:
             real = _real_cost(d, response, 0 if head else len(response.get_data()))
+        _count(calls, d, real)
         settlement = _difference(d.check, real)
         if settlement is not None:
             due.append((d, settlement))
@@ -194,6 +195,13 @@ def charge(
     if later:
         hold(BodySettlement(calls, later, response, head=head))
     return _settle(calls, due)
+
+
+def _count(calls: SideCalls, later: Deferred, units: int) -> None:
+    """Tell the metrics (when set) that a request really cost ``units`` more on ``later``."""
+    metrics = calls.guard.metrics
+    if metrics is not None and units > 0:
+        metrics.settled(later.check.key, later.bound.unit, units)
 
 
 def _settle(calls: SideCalls, due: list[tuple[Deferred, Check]]) -> list[tuple[Deferred, Decision]]:
@@ -302,6 +310,7 @@ class BodySettlement:
                 if debt is not None:
                     due.append((d, debt))
                     self._charged[i] += debt.cost
+                    _count(self._calls, d, debt.cost)
         if due:
             _settle(self._calls, due)
 
@@ -313,7 +322,9 @@ class BodySettlement:
         due: list[tuple[Deferred, Check]] = []
         for d, charged in zip(self._due, self._charged, strict=True):
             check = dataclasses.replace(d.check, cost=charged)
-            settlement = _difference(check, _real_cost(d, self._response, sent))
+            real = _real_cost(d, self._response, sent)
+            _count(self._calls, d, real - (charged - d.check.cost))  # less what renew() told
+            settlement = _difference(check, real)
             if settlement is not None:
                 due.append((d, settlement))
         _settle(self._calls, due)
