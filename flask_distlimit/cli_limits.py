@@ -31,8 +31,12 @@ def _notes(b: BoundLimit) -> str:
     notes: list[str] = []
     if b.dynamic is not None:
         notes.append("per tier" if b.dynamic.value.by_tier else "per identity (callable)")
+    if b.unit != "requests":
+        notes.append(b.unit)
     if b.deduct_when is not None:
         notes.append("deduct_when")
+    if b.settle is not None:
+        notes.append("settle")
     if b.cost is not None and b.cost != 1:
         notes.append(f"cost {b.cost if isinstance(b.cost, int) else 'callable'}")
     if b.exempt_when is not None:

@@ -70,11 +70,15 @@ def is_slot_key(key: str) -> bool:
 
 class SideCalls(Protocol):
     """What a storage call beside the request's own (a slot's give-back or renewal, an
-    after-response charge) needs of one app's limiter: its guard, and the storage's time
-    (``None``: the Redis server's clock). The app's ``LimiterState`` has both."""
+    after-response charge) needs of one app's limiter: its guard, the storage's time
+    (``None``: the Redis server's clock) and the local clock (microseconds). The app's
+    ``LimiterState`` has them."""
 
     @property
     def guard(self) -> Guard: ...
+
+    @property
+    def local_clock(self) -> Callable[[], int]: ...
 
     def storage_now(self) -> int | None: ...
 

@@ -23,7 +23,8 @@ The ledger ends at the first of:
 So a client that reads slowly keeps what its request took until it has read all but what the
 kernel buffers. The body is wrapped for this; a ``send_file`` body under a server with
 ``wsgi.file_wrapper`` (gunicorn) is not, so the server still sends it with ``sendfile(2)``:
-the file the app hands that wrapper is proxied, and the proxy's ``close()`` ends the ledger.
+the file the app hands that wrapper is proxied, and the proxy's ``close()`` ends the ledger
+(unless a bytes limit counts the body: :mod:`flask_distlimit.request.deduction`).
 
 Deadlines: a slot carries its lease in the storage (``DISTLIMIT_CONCURRENCY_LEASE``), a place
 in flight the same deadline in the process. A body the wrapper iterates renews every holding

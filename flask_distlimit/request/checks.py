@@ -8,7 +8,7 @@ concurrency limit as a slot, a ``dynamic`` limit as this request's rates, a ``de
 limit as a reservation settled after the response, :mod:`flask_distlimit.request.deduction`).
 A ``key_func`` answering ``None`` or ``""`` skips its limit for the request (Flask-Limiter's
 opt-out). A limit whose app code raises (its value with no ``fallback``, ``key_func``,
-``exempt_when``) is never silently dropped: logged at ERROR, then under the failure policy
+``exempt_when``, ``cost``) is never silently dropped: logged at ERROR, then under the failure policy
 ``open`` skipped with the request marked degraded, else a 503.
 
 What a check costs: 1, a limit's ``cost``, or ``DISTLIMIT_CONDITIONAL_COST`` on a conditional
@@ -204,6 +204,14 @@ class Checks:
                     if text is None:  # no key: this request is not counted by this limit
                         continue
                     tag = self.identity_tag(text)
+                # Flask-Limiter's order: with deduct_when, a callable cost is called after the
+                # response (it may read what the view sets); 1 is reserved meanwhile.
+                cost_after = b.deduct_when is not None and b.settle is None and callable(b.cost)
+                cost = (
+                    1 if cost_after
+                    else default_cost if b.cost is None or b.algorithm == CONCURRENCY
+                    else _cost_value(b, default_cost)
+                )  # fmt: skip
             except HTTPException:  # the app's own answer (request.form["user"]: a 400)
                 raise
             except Exception as exc:  # the app's code failed: the failure policy answers
@@ -213,14 +221,6 @@ class Checks:
                 checks.append(slot_check(b, tag, self.lease))
                 bounds.append(b)
                 continue
-            # Flask-Limiter's order: with deduct_when, a callable cost is called after the
-            # response (it may read what the view sets); 1 is reserved meanwhile.
-            cost_after = b.deduct_when is not None and b.settle is None and callable(b.cost)
-            cost = (
-                1 if cost_after
-                else default_cost if b.cost is None
-                else _cost_value(b, default_cost)
-            )  # fmt: skip
             unproved = revalidation and b.cost is None  # free only if the answer is a 304
             if b.dynamic is None and not deduction.reserved(b, unproved=unproved):  # common case
                 checks.append(b.check(tag, cost))
@@ -261,17 +261,18 @@ class Checks:
     def _unresolved(
         self, b: BoundLimit, exc: Exception, plan: RoutePlan, data: RequestData
     ) -> None:
-        """The ``key_func`` or ``exempt_when`` of ``b`` raised: log it (at most once a minute per
-        limit), then let the failure policy answer (:meth:`_by_policy`)."""
+        """The ``key_func``, ``exempt_when`` or ``cost`` of ``b`` raised (or answered what is not
+        a key or a cost): log it (at most once a minute per limit), then let the failure policy
+        answer (:meth:`_by_policy`)."""
         now = self.local_clock()
         if now >= self.quiet_until.get(b.name, 0):
             if len(self.quiet_until) >= _QUIET_KEPT:
                 self.quiet_until.clear()
             self.quiet_until[b.name] = now + int(LOG_INTERVAL * 1_000_000)
             log.error(
-                "The rate limit %s could not be evaluated: its key_func or exempt_when raised "
-                "%s: %s. The failure policy %s answers (open: admitted, marked degraded; closed "
-                "or local: 503). (Logged at most once a minute per limit.)",
+                "The rate limit %s could not be evaluated: its key_func, exempt_when or cost "
+                "raised %s: %s. The failure policy %s answers (open: admitted, marked degraded; "
+                "closed or local: 503). (Logged at most once a minute per limit.)",
                 b.name, type(exc).__name__, log_text(exc), plan.policy or self.failure_policy,
                 exc_info=exc,
             )  # fmt: skip

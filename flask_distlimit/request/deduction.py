@@ -45,7 +45,7 @@ import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from flask import request
 
@@ -59,9 +59,12 @@ if TYPE_CHECKING:
     from flask_distlimit.defences.concurrency import SideCalls
     from flask_distlimit.defences.lifecycle import Holding
 
-__all__ = ["BodySettlement", "Deferred", "charge", "reserved"]
+__all__ = ["SETTLE_EVERY_US", "BodySettlement", "Deferred", "charge", "reserved"]
 
 log = logging.getLogger("flask_distlimit")
+
+#: A long body's bytes are charged at least this often while it is sent (microseconds).
+SETTLE_EVERY_US: Final = 5_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +187,7 @@ def charge(
             continue
         else:
             real = _real_cost(d, response, 0 if head else len(response.get_data()))
+        _count(calls, d, real)
         settlement = _difference(d.check, real)
         if settlement is not None:
             due.append((d, settlement))
@@ -191,6 +195,13 @@ def charge(
     if later:
         hold(BodySettlement(calls, later, response, head=head))
     return _settle(calls, due)
+
+
+def _count(calls: SideCalls, later: Deferred, units: int) -> None:
+    """Tell the metrics (when set) that a request really cost ``units`` more on ``later``."""
+    metrics = calls.guard.metrics
+    if metrics is not None and units > 0:
+        metrics.settled(later.check.key, later.bound.unit, units)
 
 
 def _settle(calls: SideCalls, due: list[tuple[Deferred, Check]]) -> list[tuple[Deferred, Decision]]:
@@ -217,18 +228,21 @@ def _settle(calls: SideCalls, due: list[tuple[Deferred, Check]]) -> list[tuple[D
 
 
 class _Counted:
-    """A streamed body that counts the bytes of the chunks it hands the server."""
+    """A body that counts the bytes of the chunks it hands the server, and calls ``tick``
+    after each."""
 
-    __slots__ = ("_body", "sent")
+    __slots__ = ("_body", "_tick", "sent")
 
-    def __init__(self, body: Iterable[str] | Iterable[bytes]) -> None:
+    def __init__(self, body: Iterable[str] | Iterable[bytes], tick: Callable[[], None]) -> None:
         self._body = body
+        self._tick = tick
         self.sent = 0
 
     def __iter__(self) -> Iterator[bytes]:
         for chunk in self._body:  # a str chunk is sent as UTF-8, as werkzeug encodes it
             data = chunk if isinstance(chunk, bytes) else chunk.encode()
             self.sent += len(data)
+            self._tick()
             yield data
 
     def close(self) -> None:
@@ -240,13 +254,23 @@ class _Counted:
 class BodySettlement:
     """A holding of the request's ledger (:mod:`flask_distlimit.defences.lifecycle`): the
     reservations settled when a streamed or file body ends, once. A bytes limit counts the
-    chunks of a stream as the server takes them (a client that went away: what was taken),
-    and while a long stream lasts, charges what it sent beyond what is charged each time the
-    ledger renews its holdings (half ``DISTLIMIT_CONCURRENCY_LEASE``); a file the server
-    sends itself (``send_file``, a byte range) counts its ``Content-Length``; ``settle`` is
-    called when the body ends, with the response."""
+    chunks of the body as the server takes them (a client that went away: what was taken), a
+    ``send_file`` body too (so the server iterates it rather than use ``sendfile(2)``), and
+    while a long body is sent, charges what it sent beyond what is charged at least every
+    :data:`SETTLE_EVERY_US` (the local clock, read at each chunk) and each time the ledger
+    renews its holdings; ``settle`` is called when the body ends, with the response."""
 
-    __slots__ = ("_calls", "_charged", "_counted", "_done", "_due", "_length", "_response")
+    __slots__ = (
+        "_calls",
+        "_charged",
+        "_clock",
+        "_counted",
+        "_done",
+        "_due",
+        "_length",
+        "_response",
+        "_settle_at",
+    )
 
     def __init__(
         self, calls: SideCalls, due: list[Deferred], response: Response, *, head: bool
@@ -259,15 +283,21 @@ class BodySettlement:
         self._length: int | None = 0 if head else None
         #: what each reservation has charged so far (a long stream's partial settlements)
         self._charged = [d.check.cost for d in due]
+        self._clock = calls.local_clock
+        self._settle_at = self._clock() + SETTLE_EVERY_US
         if not head and any(d.bound.unit != "requests" for d in due):
-            if response.direct_passthrough:  # the server's file wrapper: left for sendfile(2)
-                self._length = response.content_length or 0
-            else:
-                self._counted = _Counted(response.response)
-                response.response = self._counted
+            # A file too (the server's file wrapper): counted as sent, not by its length.
+            self._counted = _Counted(response.response, self._tick)
+            response.response = self._counted
+
+    def _tick(self) -> None:
+        now = self._clock()
+        if now >= self._settle_at:
+            self._settle_at = now + SETTLE_EVERY_US
+            self.renew()
 
     def renew(self) -> None:
-        """A long stream: charge the bytes sent beyond what its bytes limits have charged."""
+        """A long body: charge the bytes sent beyond what its bytes limits have charged."""
         counted = self._counted
         if self._done or counted is None:
             return
@@ -280,6 +310,7 @@ class BodySettlement:
                 if debt is not None:
                     due.append((d, debt))
                     self._charged[i] += debt.cost
+                    _count(self._calls, d, debt.cost)
         if due:
             _settle(self._calls, due)
 
@@ -291,7 +322,9 @@ class BodySettlement:
         due: list[tuple[Deferred, Check]] = []
         for d, charged in zip(self._due, self._charged, strict=True):
             check = dataclasses.replace(d.check, cost=charged)
-            settlement = _difference(check, _real_cost(d, self._response, sent))
+            real = _real_cost(d, self._response, sent)
+            _count(self._calls, d, real - (charged - d.check.cost))  # less what renew() told
+            settlement = _difference(check, real)
             if settlement is not None:
                 due.append((d, settlement))
         _settle(self._calls, due)

@@ -23,6 +23,10 @@ needs it. Series (all prefixed ``distlimit_``):
 - ``side_call_failures_total``: calls beside a request's (a concurrency slot's give-back, a
   refund, a lease's give-back, an after-response charge) that failed and were skipped; each
   ends there, no request's decision changes;
+- ``settled_units_total{limit, unit}``: what requests really cost on the limits settled after
+  the response (``deduct_when``, ``settle``, ``unit="content-bytes"``;
+  :mod:`flask_distlimit.request.deduction`), in the limit's unit (``requests`` or
+  ``content-bytes``): tokens used, bytes sent; a long body's bytes while it is sent;
 - ``storage_latency_seconds``: histogram of storage calls (successful or not);
 - ``breaker_state{breaker}``: 0 closed, 1 half-open, 2 open; one series per storage node's
   breaker (:mod:`flask_distlimit.resilience.breakers`): ``breaker`` is the guard's name
@@ -40,6 +44,7 @@ Every label takes values from a set that does not grow with clients or quotas:
 - ``outcome`` is one of ``allowed``, ``denied``, ``degraded``; ``priority`` one of
   :data:`~flask_distlimit.core.priorities.PRIORITIES` (anything else is counted as ``default``);
   ``reason`` one of ``worker``, ``fleet`` (anything else: ``other``);
+- ``unit`` is a declared unit (``requests``, ``content-bytes``);
 - ``breaker`` has one value per storage node; past :data:`MAX_BREAKER_LABELS` live nodes (more
   than a Redis Cluster has), further nodes get no series.
 
@@ -157,6 +162,11 @@ class Metrics:
             "Calls beside requests (a slot's give-back, a refund, an after-response charge) "
             "that failed and were skipped", **kw,
         )  # fmt: skip
+        self.settled_units = pc.Counter(
+            "distlimit_settled_units",
+            "Units requests really cost on limits settled after the response, by limit and unit",
+            ["limit", "unit"], **kw,
+        )  # fmt: skip
         self._lease_gauges: set[str] = set()
         self._children: dict[tuple[bool, str, str], Any] = {}
         self._labels: set[str] = set()  # the limit label values given out
@@ -237,6 +247,11 @@ class Metrics:
             return
         self._lease_gauges.add(label)
         self.lease_units.labels(limit=label).set_function(lambda: held(label))
+
+    def settled(self, key: str, unit: str, units: int) -> None:
+        """``units`` more that requests really cost on the limit of ``key``, settled after the
+        response (their bytes, the ``settle`` callable's answer)."""
+        self.settled_units.labels(limit=self._label(key), unit=unit).inc(units)
 
     def degraded(self, checks: Sequence[Check], evaluation: Evaluation | None) -> None:
         for check in checks:

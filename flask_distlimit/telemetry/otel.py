@@ -22,6 +22,9 @@ is imported and nothing runs. Instruments (meter ``flask_distlimit``):
 - ``distlimit.storage.duration`` (histogram, ``s``): each storage call, ``distlimit.outcome`` =
   ``ok`` | ``timeout`` | ``error``;
 - ``distlimit.storage.unreadable`` (counter): replies the limiter could not read;
+- ``distlimit.settled.units`` (counter, ``{unit}``): what requests really cost on limits settled
+  after the response, per ``distlimit.limit`` and ``distlimit.unit`` (``requests`` |
+  ``content-bytes``);
 - ``distlimit.breaker.state`` (observable gauge): 0 closed, 1 half-open, 2 open, per
   ``distlimit.node`` (a breaker's name, as in the logs); a node that left the topology goes;
 - ``distlimit.concurrency.slots`` (up-down counter, ``{slot}``): concurrency slots this process
@@ -67,6 +70,7 @@ SINK_METHODS = (
     "degraded",
     "evaluated",
     "leased",
+    "settled",
     "shadow_would_deny",
     "shed",
     "side_call_failed",
@@ -125,6 +129,8 @@ _INSTRUMENTS: Final = (
      "Calls beside a request's that failed and were skipped"),
     ("slots", "up_down_counter", "distlimit.concurrency.slots", "{slot}",
      "Concurrency slots this process holds for requests in flight"),
+    ("settled_units", "counter", "distlimit.settled.units", "{unit}",
+     "Units requests really cost on limits settled after the response, by limit and unit"),
 )  # fmt: skip
 
 
@@ -140,6 +146,7 @@ class OTelMetrics:
     unreadable_replies: Any
     side_call_failures: Any
     slots: Any
+    settled_units: Any
 
     def __init__(self, meter_provider: Any = None) -> None:
         from opentelemetry.metrics import Observation, get_meter_provider
@@ -222,6 +229,9 @@ class OTelMetrics:
         for check in checks:
             if check.token and not check.release and not check.shadow:
                 self.slots.add(sign, {"distlimit.limit": limit_label(check.key)})
+
+    def settled(self, key: str, unit: str, units: int) -> None:
+        self.settled_units.add(units, {"distlimit.limit": limit_label(key), "distlimit.unit": unit})
 
     def shadow_would_deny(self, keys: Sequence[str]) -> None:
         for key in keys:

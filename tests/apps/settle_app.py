@@ -2,8 +2,9 @@
 
 Configured from the environment: ``DISTLIMIT_STORAGE_URL`` (a real Redis) and
 ``SETTLE_TEST_PREFIX`` (the key prefix, and the head of the test's own bookkeeping keys).
-``/download`` sends a file of 1000 bytes (gunicorn sends it with ``sendfile(2)``), ``/stream``
-streams 300 bytes, ``/left`` sends none: all three count against one bytes limit.
+``/download`` sends a file of 1000 bytes, ``/stream`` streams 300 bytes, ``/left`` sends none: all
+three count against one bytes limit; ``/big`` sends a file of 64 MiB against a bytes limit of its
+own (scope ``huge``).
 Each view counts itself in (``INCR <prefix>:entered:<view>``) and holds on a server-side
 barrier (``BLPOP <prefix>:go``) that the test opens, so every request of a burst is in flight
 at once.
@@ -78,6 +79,17 @@ FILE.write_bytes(b"d" * 1000)
 @limiter.shared_limit("5000/hour", scope="bytes", unit="content-bytes")
 def download() -> Response:
     return send_file(FILE, mimetype="application/octet-stream")
+
+
+BIG = FILE.with_name("big.bin")
+with BIG.open("wb") as big:
+    big.truncate(64 << 20)  # sparse: nothing is written
+
+
+@app.get("/big")
+@limiter.shared_limit("10000000000/hour", scope="huge", unit="content-bytes")
+def big() -> Response:
+    return send_file(BIG, mimetype="application/octet-stream")
 
 
 @app.get("/stream")

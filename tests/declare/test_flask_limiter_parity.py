@@ -132,8 +132,18 @@ def test_a_limit_that_cannot_be_evaluated_answers_by_the_failure_policy(
     def keyed() -> str:
         return "ok"
 
+    @app.get("/costly")
+    @limiter.limit("5/minute", cost=lambda: g.missing)  # a 500 before
+    def costly() -> str:
+        return "ok"
+
+    @app.get("/negative")
+    @limiter.limit("5/minute", cost=lambda: -1)  # not a cost: a 500 before
+    def negative() -> str:
+        return "ok"
+
     with caplog.at_level(logging.ERROR, logger="flask_distlimit"):
-        for path in ("/orders", "/keyed"):
+        for path in ("/orders", "/keyed", "/costly", "/negative"):
             response = app.test_client().get(path)
             assert response.status_code == expected
             if expected == 200:  # admitted, but never silently: marked degraded
@@ -142,7 +152,8 @@ def test_a_limit_that_cannot_be_evaluated_answers_by_the_failure_policy(
                 assert "could not be evaluated" in response.get_json()["detail"]
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any("AttributeError" in e and "failure policy" in e for e in errors), errors
-    assert len(errors) == 2  # one line per limit
+    assert any("TypeError" in e and "int >= 0" in e for e in errors), errors
+    assert len(errors) == 4  # one line per limit
 
 
 def test_a_limit_own_on_failure_decides_for_an_unevaluable_limit(

@@ -8,6 +8,8 @@ CORS preflights are not charged to route quotas. On memory, fakeredis and a real
 from __future__ import annotations
 
 import json
+import logging
+import re
 from collections.abc import Callable
 
 import pytest
@@ -105,8 +107,10 @@ def test_a_request_that_costs_more_than_the_limit_is_refused_at_once_and_honestl
 
 
 def test_a_cost_function_returning_a_bad_value_names_the_limit(
-    backend: Backend, clock: FakeClock
+    backend: Backend, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Logged at ERROR with the limit and the value, then the failure policy answers (here
+    ``open``: admitted without that limit, marked degraded); never a 500."""
     app, limiter, counting = make_app(backend(), clock)
 
     @app.get("/report")
@@ -118,9 +122,11 @@ def test_a_cost_function_returning_a_bad_value_names_the_limit(
     def rows() -> None:
         g.rows = request.args.get("rows", "1")  # a string: a bug in the app
 
-    app.testing = True
-    with pytest.raises(TypeError, match=r"report:10/minute.*'7'"):
-        app.test_client().get("/report?rows=7")
+    app.testing = True  # an exception would propagate to the test
+    with caplog.at_level(logging.ERROR, logger="flask_distlimit"):
+        response = app.test_client().get("/report?rows=7")
+    assert (response.status_code, response.headers["X-RateLimit-Degraded"]) == (200, "true")
+    assert re.search(r"report:10/minute.*'7'", caplog.text), caplog.text
     assert counting.evaluations == 0
 
 

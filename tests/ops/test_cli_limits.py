@@ -38,6 +38,16 @@ def make_app() -> Flask:
     def orders() -> str:
         return "ok"
 
+    @app.post("/complete")
+    @limiter.limit("100000/day", cost=lambda: 500, settle=lambda response: g.tokens_used)
+    def complete() -> str:
+        return "ok"
+
+    @app.get("/download")
+    @limiter.limit("2000000000/hour", unit="content-bytes")
+    def download() -> str:
+        return "ok"
+
     @app.get("/health")
     @limiter.exempt
     def health() -> str:
@@ -79,6 +89,9 @@ def test_limits_lists_every_endpoint_with_its_limits() -> None:
     items = by[("api.items", "GET", "api.items:{free=10/minute, *=1/minute}")]
     assert (items["algorithm"], items["notes"]) == ("gcra", "per tier")
     assert ("health", "GET", "exempt") in by
+    complete = by[("complete", "POST", "complete:100000/day")]
+    assert complete["notes"] == "settle, cost callable"
+    assert by[("download", "GET", "download:2000000000/hour")]["notes"] == "content-bytes"
     assert by[("plain", "GET", "plain:100/hour")]["algorithm"] == "sliding_window_counter"
     assert by[("*", "*", "global:600/minute")]["key"] == "client ip"
     assert ("*", "*", "tier-pro:1000/minute") in by

@@ -10,6 +10,7 @@ from pathlib import Path
 from flask import Flask, Response, send_file
 
 from flask_distlimit import Limiter
+from flask_distlimit.request.deduction import SETTLE_EVERY_US
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.testing import FakeClock
 from tests.distlimit_fixtures import backend, clock, make_app
@@ -117,8 +118,9 @@ def test_settle_of_a_streamed_body_reads_the_response_when_the_body_ends(
 
 
 def test_a_long_stream_is_charged_while_it_lasts(backend: Backend, clock: FakeClock) -> None:
-    """Each time the request's ledger renews what it holds (half the concurrency lease), the
-    bytes a stream sent so far are charged; the rest when it ends."""
+    """At least every few seconds (SETTLE_EVERY_US, on the local clock read at each chunk), the
+    bytes a stream sent so far are charged; the rest when it ends. No thread: a stream that
+    sends nothing has nothing to charge."""
     app, limiter, _ = make_app(backend(), clock)
 
     @app.get("/long")
@@ -135,10 +137,17 @@ def test_a_long_stream_is_charged_while_it_lasts(backend: Backend, clock: FakeCl
     response = client.get("/long", buffered=False)
     body = iter(response.response)
     next(body)
-    clock.advance(31)  # past half the default lease (60 s): the next chunk renews
+    clock.advance(SETTLE_EVERY_US / 1e6 - 0.5)  # not yet due
     next(body)
-    assert client.get("/left").headers["X-RateLimit-Remaining"] == "800"  # 200 sent so far
-    assert sum(len(chunk) for chunk in body) == 300
+    assert client.get("/left").headers["X-RateLimit-Remaining"] == "999"  # the reservation
+    clock.advance(1)  # due (main settled only at half the 60 s lease)
+    next(body)
+    assert client.get("/left").headers["X-RateLimit-Remaining"] == "700"  # 300 sent so far
+    next(body)
+    clock.advance(SETTLE_EVERY_US / 1e6)
+    next(body)
+    assert client.get("/left").headers["X-RateLimit-Remaining"] == "500"  # 500 sent so far
+    assert list(body) == []
     response.close()
     assert client.get("/left").headers["X-RateLimit-Remaining"] == "500"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import socket
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
@@ -102,9 +103,8 @@ def _get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[i
 def test_bytes_sent_by_sendfile_and_by_a_stream_are_charged(
     deployed: tuple[list[Gunicorn], str], redis_server: RedisProcess
 ) -> None:
-    """Issue 35 item 2 as served: a ``send_file`` body gunicorn sends with ``sendfile(2)``, a
-    byte range of it and a stream each charge the bytes of their body, settled when gunicorn
-    closes it; HEAD charges nothing."""
+    """Issue 35 item 2 as served: a ``send_file`` body, a byte range of it and a stream each
+    charge the bytes of their body, settled when gunicorn closes it; HEAD charges nothing."""
     (one, two), prefix = deployed
     book = redis_server.client()
 
@@ -128,3 +128,34 @@ def test_bytes_sent_by_sendfile_and_by_a_stream_are_charged(
     conn.close()
     assert _get(one.port, "/left")[0] == 200
     until(lambda: counted() == 1400, "the reservations of HEAD and /left given back")
+
+
+def test_a_client_that_leaves_a_file_part_way_is_charged_about_what_it_was_sent(
+    deployed: tuple[list[Gunicorn], str], redis_server: RedisProcess
+) -> None:
+    """A client reads 256 KiB of a 64 MiB ``send_file`` body and closes its connection: the
+    bytes limit is charged what gunicorn took of the body before its write failed, bounded by
+    the socket buffers between them (a client buffer of 64 KiB, the server's of at most 4 MiB
+    on Linux), never the file's whole ``Content-Length``."""
+    (one, _), prefix = deployed
+    book = redis_server.client()
+    size = 64 << 20
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)  # before connect: no tuning
+    sock.settimeout(90)
+    sock.connect(("127.0.0.1", one.port))
+    sock.sendall(b"GET /big HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+    received = b""
+    while len(received) < 256 << 10:
+        chunk = sock.recv(65536)
+        assert chunk, received[:200]
+        received += chunk
+    assert received.startswith(b"HTTP/1.1 200")
+    sock.close()  # unread data: a reset, gunicorn's next write fails and it closes the body
+
+    def counted() -> int:
+        keys = list(book.scan_iter(match=f"{prefix}:*huge*", count=1000))
+        return int(book.hget(keys[0], "c") or 0) if keys else -1
+
+    until(lambda: counted() > 1, "the reservation settled")
+    assert 256 << 10 <= counted() < size // 4  # the file's whole length before (measured: 64 MiB)

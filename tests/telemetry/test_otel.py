@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flask import Flask, send_file
+from flask import Flask, Response, send_file
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry
@@ -403,3 +403,44 @@ def test_exempt_requests_are_not_counted(
     assert client.get("/free").status_code == 200
     assert client.get("/").status_code == 200
     assert requests_by(found) == {("admitted", False, "global:10/minute"): 1}
+
+
+def test_units_settled_are_counted_by_limit_and_unit(
+    backend: Backend, clock: FakeClock, reader: tuple[InMemoryMetricReader, MeterProvider]
+) -> None:
+    """Issue 35: what requests really cost on limits settled after the response, in the limit's
+    unit, on both sinks: tokens a ``settle`` answers, bytes a body sent (a stream's too)."""
+    found, provider = reader
+    app, limiter = _instrumented(backend(), clock, provider)
+    registry = CollectorRegistry()
+    with app.app_context():
+        limiter.state(app).guard.use_metrics(metrics_for(registry))
+
+    @app.get("/complete")
+    @limiter.limit("100/day", cost=10, settle=lambda response: 3)
+    def complete() -> str:
+        return "ok"
+
+    @app.get("/page")
+    @limiter.limit("1000/hour", unit="content-bytes")
+    def page() -> Response:
+        return Response(iter([b"x" * 100, b"y" * 50]))
+
+    client = app.test_client()
+    for path in ("/complete", "/complete", "/page"):
+        with client.get(path) as response:
+            assert response.status_code == 200
+            response.get_data()
+    expected = {"requests": 6, "content-bytes": 150}
+    settled = {a["distlimit.unit"]: v for a, v in points(found, "distlimit.settled.units")}
+    assert settled == expected
+    prometheus = {
+        unit: sum(
+            s.value
+            for metric in registry.collect()
+            for s in metric.samples
+            if s.name == "distlimit_settled_units_total" and s.labels["unit"] == unit
+        )
+        for unit in expected
+    }
+    assert prometheus == expected
