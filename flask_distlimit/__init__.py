@@ -39,6 +39,7 @@ from flask_distlimit.core.problem import (
     RateLimitExceeded,
     RateLimitUnavailable,
 )
+from flask_distlimit.declare.registry import ExemptionScope
 from flask_distlimit.errors import (
     ClearedAddressWarning,
     ConfigurationError,
@@ -65,6 +66,7 @@ __all__ = [
     "Decision",
     "DistLimitError",
     "Evaluation",
+    "ExemptionScope",
     "Limiter",
     "LimiterState",
     "Overloaded",

@@ -47,7 +47,8 @@ class Check:
     #: limit's ``cost`` units (a reservation settled lower); never denies
     release: bool = False
     #: a meta limit (``DISTLIMIT_META_LIMITS``): counts one breach when another check of the
-    #: call denies the request, refuses it when exhausted, and is never charged otherwise
+    #: call denies the request (or, in a refund, another slot group did), refuses it when
+    #: exhausted, and is never charged otherwise
     meta: bool = False
     #: charge ``cost`` whatever is left, past the limit if need be (a reservation settled
     #: higher: the quota goes into debt); never denies

@@ -47,7 +47,7 @@ from flask_distlimit._typing import (
 )
 from flask_distlimit.declare.dynamic_limits import LimitSource
 from flask_distlimit.declare.options import check_options
-from flask_distlimit.declare.registry import LimitRegistry
+from flask_distlimit.declare.registry import ExemptionScope, LimitRegistry
 from flask_distlimit.declare.specs import LimitOptions, LimitSpec
 from flask_distlimit.declare.targets import carries, describe, hashable, make_carrier
 from flask_distlimit.engine.concurrency import MAX_CONCURRENCY
@@ -304,20 +304,39 @@ class Declarations:
         view_class.decorators = [*view_class.decorators, carry]
 
     @overload
-    def exempt(self, target: F) -> F: ...
+    def exempt(self, target: F, *, flags: ExemptionScope | None = None) -> F: ...
     @overload
-    def exempt(self, target: Blueprint) -> Blueprint: ...
-    def exempt(self, target: object) -> object:
+    def exempt(self, target: Blueprint, *, flags: ExemptionScope | None = None) -> Blueprint: ...
+    @overload
+    def exempt(self, *, flags: ExemptionScope) -> Callable[[F], F]: ...
+    def exempt(self, target: object = None, *, flags: ExemptionScope | None = None) -> object:
         """No limits and no headers for this view, view class, method of a class-based view
-        (that HTTP method), or Blueprint (and the blueprints nested in it)."""
+        (that HTTP method), or Blueprint (and the blueprints nested in it); with ``flags``, only
+        what they name (:class:`~flask_distlimit.ExemptionScope`): ``@limiter.exempt(flags=
+        ExemptionScope.DEFAULT)``, or ``limiter.exempt(bp, flags=...)``."""
+        if flags is not None and (not isinstance(flags, ExemptionScope) or not flags):
+            raise ConfigurationError(
+                f"limiter.exempt(flags={flags!r}): flags must be one or more ExemptionScope "
+                "members, e.g. ExemptionScope.DEFAULT | ExemptionScope.APPLICATION; leave "
+                "flags out for a whole exemption."
+            )
+        if target is None:
+            if flags is None:
+                raise ConfigurationError(
+                    "limiter.exempt() needs a view or blueprint: use @limiter.exempt, "
+                    "or limiter.exempt(flags=...) for an exemption in part."
+                )
+            return lambda view: self.exempt(view, flags=flags)
         self.registry.check_open(target, "limiter.exempt")
-        if isinstance(target, Blueprint):
-            self.registry.exempt_blueprints.add(target)
-        elif hashable(target):
-            self.registry.exempt_views.add(target)
-        else:
+        if not (isinstance(target, Blueprint) or hashable(target)):
             raise ConfigurationError(
                 f"limiter.exempt decorates a view function, a View class, a method of one, or a "
                 f"Blueprint; got {target!r}."
             )
+        if flags is not None:
+            self.registry.scopes[target] = self.registry.scopes.get(target, flags) | flags
+        elif isinstance(target, Blueprint):
+            self.registry.exempt_blueprints.add(target)
+        else:
+            self.registry.exempt_views.add(target)
         return target

@@ -10,6 +10,7 @@ blueprint that an app already served a request for, as Flask's own setup methods
 
 from __future__ import annotations
 
+import enum
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,25 @@ from flask_distlimit.declare.specs import LimitSpec
 from flask_distlimit.declare.targets import describe, hashable, view_objects
 from flask_distlimit.errors import ConfigurationError
 
-__all__ = ["LimitRegistry"]
+__all__ = ["ExemptionScope", "LimitRegistry"]
+
+
+class ExemptionScope(enum.Flag):
+    """What ``limiter.exempt(target, flags=...)`` lifts from a view or blueprint (Flask-Limiter's
+    flags, by name); limits declared on the target itself still apply. Without ``flags`` an
+    exemption is whole: no limit at all, nested blueprints included."""
+
+    NONE = 0
+    #: ``DISTLIMIT_GLOBAL_LIMITS`` and the identity's ``DISTLIMIT_TIERS`` limits
+    APPLICATION = enum.auto()
+    #: ``DISTLIMIT_META_LIMITS``
+    META = enum.auto()
+    #: ``DISTLIMIT_DEFAULT_LIMITS`` and the limits declared on the app itself
+    DEFAULT = enum.auto()
+    #: a blueprint's flags reach the blueprints nested in it too
+    DESCENDENTS = enum.auto()
+    #: no limits of the blueprints the target is nested in (a view: of its blueprints)
+    ANCESTORS = enum.auto()
 
 
 @dataclass
@@ -34,6 +53,8 @@ class LimitRegistry:
     wrapped_by: dict[object, list[object]] = field(default_factory=dict)
     blueprints: dict[object, list[LimitSpec]] = field(default_factory=dict)
     exempt_blueprints: set[object] = field(default_factory=set)
+    #: views and blueprints exempt in part (``exempt(flags=...)``): their flags
+    scopes: dict[object, ExemptionScope] = field(default_factory=dict)
     #: the objects each app served (held by the app's state; dropped with it)
     _served: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
 

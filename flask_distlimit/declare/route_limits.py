@@ -49,7 +49,7 @@ from flask_distlimit.core.limits import Rate
 from flask_distlimit.declare.dynamic_limits import DynamicLimit
 from flask_distlimit.declare.keys import key_parts
 from flask_distlimit.declare.policy_items import concurrency_policy_item, policy_item, sf_string
-from flask_distlimit.declare.registry import LimitRegistry
+from flask_distlimit.declare.registry import ExemptionScope, LimitRegistry
 from flask_distlimit.declare.specs import LimitSpec
 from flask_distlimit.declare.targets import is_carrier, view_objects
 from flask_distlimit.errors import ConfigurationError
@@ -343,6 +343,10 @@ class RoutePlan:
     #: limit wrappers below another decorator whose limits call app code: decided when the
     #: wrapper runs, with these specs (as prepared for the method), not with the route's
     inner: Mapping[object, tuple[LimitSpec, ...]] = field(default_factory=dict)
+    #: the global and tier limits apply (not lifted by ``ExemptionScope.APPLICATION``)
+    app_limits: bool = True
+    #: the meta limits apply (not lifted by ``ExemptionScope.META``)
+    meta_limits: bool = True
 
     @property
     def idle(self) -> bool:
@@ -380,6 +384,9 @@ def build_plan(
         bp in registry.exempt_blueprints for bp in blueprints
     ):
         return RoutePlan(exempt=True, covered=covered)
+    scope, inherited = _scope(registry, found, blueprints)
+    if scope & ExemptionScope.DEFAULT:
+        default_limits = ()
     # A limit wrapper below another decorator, with an option that calls app code per request,
     # is decided where it runs, after that decorator (which may set what the code reads), as
     # Flask-Limiter decides it: its limits are the plan's ``inner``, not decided by the gate.
@@ -414,7 +421,7 @@ def build_plan(
     }
     inner_all = [s for ss in inner_specs.values() for s in ss]
     route = [*specs, *inner_all]
-    for bp in blueprints:  # innermost first
+    for bp in inherited:  # innermost first
         if any(spec.override_defaults for spec in route):
             break
         bp_specs = [
@@ -450,4 +457,27 @@ def build_plan(
         covered=covered - inner_specs.keys(),
         plain=all(b.plain for b in limits),
         inner=inner_specs,
+        app_limits=not scope & ExemptionScope.APPLICATION,
+        meta_limits=not scope & ExemptionScope.META,
     )
+
+
+def _scope(
+    registry: LimitRegistry, found: Sequence[object], blueprints: Sequence[object]
+) -> tuple[ExemptionScope, Sequence[object]]:
+    """The partial exemptions that reach a route (its view's, its blueprint's, and those of
+    outer blueprints marked ``DESCENDENTS``), and the blueprints whose limits it inherits."""
+    none = ExemptionScope.NONE
+    scope = none
+    for o in found:
+        scope |= registry.scopes.get(o, none)
+    inherited = () if scope & ExemptionScope.ANCESTORS else blueprints
+    for i, bp in enumerate(blueprints):
+        flags = registry.scopes.get(bp, none)
+        if i == 0:
+            if flags & ExemptionScope.ANCESTORS:
+                inherited = inherited[:1]
+            scope |= flags
+        elif flags & ExemptionScope.DESCENDENTS:
+            scope |= flags & ~ExemptionScope.ANCESTORS
+    return scope, inherited

@@ -147,7 +147,8 @@ class Checks:
             else 1
         )
         every_cost = default_cost or 1
-        tiers = every_request
+        app_wide = every_request and plan.app_limits  # else ExemptionScope.APPLICATION
+        tiers = app_wide
         if (
             method == "OPTIONS"
             and not self.charge_preflights
@@ -167,7 +168,7 @@ class Checks:
             identity = self.resolver.identify(req, self.hooks)
             if identity.kind == "ip":  # an anonymous client: its identity is its address
                 data.client_ip = identity.value
-        if every_request and self.global_limits:
+        if app_wide and self.global_limits:
             address = data.client_ip
             if address is None:
                 address = data.client_ip = self.resolver.client_ip(environ)
@@ -247,7 +248,7 @@ class Checks:
                 bounds.append(r)
         if not checks:
             return None
-        if self.meta_limits and identity is not None:
+        if self.meta_limits and identity is not None and plan.meta_limits:
             # After the others: a breach of any of them is counted in the same script call.
             itag = itag or self.identity_tag(identity.value)
             for b in self.meta_limits:

@@ -411,7 +411,7 @@ class Enforcer:
         plan: RoutePlan | None = None
         if endpoint is not None:
             plan = self.plan(endpoint, req.method, self.original_view(endpoint))
-            if plan.exempt:
+            if plan.exempt or not (plan.app_limits or charge_route):  # ExemptionScope
                 return response, None
         data = RequestData(frozenset())
         req.environ[self.environ_key] = data

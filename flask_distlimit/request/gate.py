@@ -98,7 +98,7 @@ def _warn_unmatched(app: Flask, registry: LimitRegistry, served: set[object]) ->
         for spec in specs[:1]
     ] + [
         f"exemption of {describe(target)}"
-        for target in (*registry.exempt_views, *registry.exempt_blueprints)
+        for target in (*registry.exempt_views, *registry.exempt_blueprints, *registry.scopes)
         if target not in served
     ]
     if not unmatched:

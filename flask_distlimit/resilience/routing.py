@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from flask_distlimit._typing import FailurePolicy
 from flask_distlimit.core.decision import Check, Decision, Evaluation
@@ -113,7 +114,7 @@ def evaluate_routed(
     if repaired:
         core.storage_log.repaired(repaired)
     if busy is not None:
-        _give_back(core, checks, spent, decisions, now_us)
+        _give_back(core, checks, spent, decisions, now_us, breach=False)
         return core.busy(busy)
     if not failed:
         # one group: its node's clock (the window a leased unit was taken in)
@@ -122,14 +123,14 @@ def evaluate_routed(
             tuple(d for d in decisions if d is not None), tuple(repaired), node_now
         )
         if denied:
-            _give_back(core, checks, spent, decisions, now_us)
+            _give_back(core, checks, spent, decisions, now_us, breach=True)
             evaluation = Evaluation(tuple(d for d in decisions if d is not None))
         return _answered(core, checks, live, evaluation, chosen, now_us)
     # Some groups' nodes are down: the failure policy decides those checks only.
     failed.sort()
     lost = [checks[i] for i in failed]
     if chosen == "closed":  # a node failed during this call
-        _give_back(core, checks, spent, decisions, now_us)
+        _give_back(core, checks, spent, decisions, now_us, breach=False)  # a 503
         return core.degraded(lost, policy, now_us)
     local: Evaluation | None = None
     if chosen == "local" and not denied:
@@ -138,11 +139,11 @@ def evaluate_routed(
             decisions[i] = decision
         if not local.allowed:
             denied = True
-            _give_back(core, checks, spent, decisions, now_us)
+            _give_back(core, checks, spent, decisions, now_us, breach=True)
     elif chosen not in ("open", "local"):
         validate_policy(chosen)
     if denied and local is None:
-        _give_back(core, checks, spent, decisions, now_us)
+        _give_back(core, checks, spent, decisions, now_us, breach=True)
     by_redis = [checks[i] for i in answered]
     redis_said = Evaluation(tuple(d for i in answered if (d := decisions[i]) is not None))
     if metrics is not None:
@@ -259,11 +260,17 @@ def _give_back(
     spent: list[int],
     decisions: list[Decision | None],
     now_us: int | None,
+    *,
+    breach: bool,
 ) -> None:
-    """Give back what the groups that admitted a refused request consumed (best effort)."""
+    """Give back what the groups that admitted a refused request consumed (best effort).
+    ``breach``: a limit refused it, so the meta checks among them count it (in the same
+    atomic call as their group's refund); else they are sent at cost 0 and count nothing."""
     if not spent:
         return
-    given = [checks[i] for i in spent]
+    given = [
+        checks[i] if breach or not checks[i].meta else replace(checks[i], cost=0) for i in spent
+    ]
     try:
         refunded = core.storage.refund(given, now_us=now_us)
     except StorageError as exc:  # the node died in between: consumed until the window ends

@@ -9,7 +9,8 @@ serialize on the GIL, nothing to lose in a fork), and the replies are read withi
 
 All-or-nothing across groups is best effort: each group is atomic on its own, and when one group
 denies while others already consumed, those are called again in refund mode and give their units
-back (:func:`flask_distlimit.engine.scripts.script_args` with ``refund=True``). Between the
+back (:func:`flask_distlimit.engine.scripts.script_args` with ``refund=True``; a meta check
+in them counts the refusal there, one breach). Between the
 consumption and the refund (one round trip) a concurrent request of the same client may see the
 units taken; if the refund itself fails (the node died in between), the units stay consumed until
 the window passes. A single-slot request is exactly atomic, as on a single node.
@@ -388,10 +389,11 @@ class ClusterStorage(ClusterNodes):
                 if isinstance(r, Evaluation) and r.allowed and any(c.cost for c in parts[n])
             ]
             if consumed:
-                # a shadow check that would deny was not charged: give it nothing back
+                # a shadow check that would deny was not charged: give it nothing back; a
+                # meta check counts the refusal (a breach), not a failure
                 given = [
                     [
-                        replace(c, cost=0) if d.shadow_denied else c
+                        replace(c, cost=0) if d.shadow_denied or (c.meta and not denied) else c
                         for c, d in zip(parts[n], results[n].decisions, strict=True)  # type: ignore[union-attr]
                     ]
                     for n in consumed

@@ -8,10 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from flask import Flask, request
+from flask import Blueprint, Flask, request
 from werkzeug.exceptions import TooManyRequests
 
-from flask_distlimit import Limiter
+from flask_distlimit import ExemptionScope, Limiter
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.testing import FakeClock
@@ -231,3 +231,130 @@ def test_a_limit_declared_on_the_app_after_it_served_is_refused(
     app.test_client().get("/")
     with pytest.raises(ConfigurationError, match=r"app .app. .* served its first request"):
         limiter.limit("1/hour")(app)
+
+
+# -- exempt(flags=ExemptionScope...): an exemption in part ---------------------------------------
+
+
+def test_a_route_exempt_from_the_global_limits_only_keeps_the_defaults(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter = app_with(
+        backend, clock, DISTLIMIT_DEFAULT_LIMITS="1/minute", DISTLIMIT_GLOBAL_LIMITS="2/minute"
+    )
+
+    @app.get("/health")
+    @limiter.exempt(flags=ExemptionScope.APPLICATION)
+    def health() -> str:
+        return "ok"
+
+    @app.get("/other")
+    def other() -> str:
+        return "ok"
+
+    client = app.test_client()
+    assert client.get("/health").status_code == 200
+    assert client.get("/health").status_code == 429  # the default limit
+    assert client.get("/other").status_code == 200  # the global limit never counted /health
+    assert client.get("/other").status_code == 429  # the default limit of /other
+
+
+def test_a_route_exempt_from_the_defaults_only_keeps_the_global_and_its_own_limits(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter = app_with(
+        backend, clock, DISTLIMIT_DEFAULT_LIMITS="1/minute", DISTLIMIT_GLOBAL_LIMITS="3/minute"
+    )
+
+    @app.get("/free")
+    @limiter.exempt(flags=ExemptionScope.DEFAULT)
+    def free() -> str:
+        return "ok"
+
+    @app.get("/own")
+    @limiter.limit("2/minute", override_defaults=False)
+    @limiter.exempt(flags=ExemptionScope.DEFAULT)
+    def own() -> str:
+        return "ok"
+
+    client = app.test_client()
+    assert client.get("/own").status_code == 200
+    assert client.get("/own").status_code == 200  # no default limit beside its own
+    assert client.get("/own").status_code == 429  # its own 2/minute
+    assert client.get("/free").status_code == 200  # the global limit: 3 counted so far
+    assert client.get("/free").status_code == 429  # the global limit, not a default
+
+
+def test_a_blueprint_exemption_in_part_reaches_nested_blueprints_only_when_asked(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter = app_with(backend, clock, DISTLIMIT_DEFAULT_LIMITS="1/minute")
+    parent, child = Blueprint("parent", __name__), Blueprint("child", __name__)
+    other, nested = Blueprint("other", __name__), Blueprint("nested", __name__)
+    limiter.exempt(parent, flags=ExemptionScope.DEFAULT | ExemptionScope.DESCENDENTS)
+    limiter.exempt(other, flags=ExemptionScope.DEFAULT)
+    for bp, rule in ((parent, "/p"), (child, "/c"), (other, "/o"), (nested, "/n")):
+        bp.add_url_rule(rule, view_func=lambda: "ok")
+    parent.register_blueprint(child, url_prefix="/parent")
+    other.register_blueprint(nested, url_prefix="/other")
+    app.register_blueprint(parent)
+    app.register_blueprint(other)
+    client = app.test_client()
+    for path in ("/p", "/parent/c", "/o"):
+        assert [client.get(path).status_code for _ in range(3)] == [200, 200, 200]
+    assert [client.get("/other/n").status_code for _ in range(2)] == [200, 429]
+
+
+def test_a_blueprint_exempt_from_its_ancestors_keeps_its_own_limits_and_the_defaults(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter = app_with(backend, clock, DISTLIMIT_DEFAULT_LIMITS="1/minute")
+    outer, own, bare = (Blueprint(n, __name__) for n in ("outer", "own", "bare"))
+    limiter.limit("5/minute")(outer)
+    limiter.limit("2/minute")(own)
+    limiter.exempt(own, flags=ExemptionScope.ANCESTORS)
+    limiter.exempt(bare, flags=ExemptionScope.ANCESTORS)
+    own.add_url_rule("/own", view_func=lambda: "ok")
+    bare.add_url_rule("/bare", view_func=lambda: "ok")
+    outer.register_blueprint(own)
+    outer.register_blueprint(bare)
+    app.register_blueprint(outer)
+    client = app.test_client()
+    assert [client.get("/own").status_code for _ in range(3)] == [200, 200, 429]
+    assert [client.get("/bare").status_code for _ in range(2)] == [200, 429]  # the default
+
+
+def test_a_route_exempt_from_meta_limits_is_served_to_a_client_they_refuse(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter = app_with(backend, clock, DISTLIMIT_META_LIMITS="1/hour")
+
+    @app.get("/tight")
+    @limiter.limit("1/minute")
+    def tight() -> str:
+        return "ok"
+
+    @app.get("/status")
+    @limiter.limit("100/minute")
+    @limiter.exempt(flags=ExemptionScope.META)
+    def status() -> str:
+        return "ok"
+
+    @app.get("/roomy")
+    @limiter.limit("100/minute")
+    def roomy() -> str:
+        return "ok"
+
+    client = app.test_client()
+    client.get("/tight")
+    assert client.get("/tight").status_code == 429  # the one breach the meta limit allows
+    assert client.get("/roomy").status_code == 429  # refused by the meta limit
+    served = client.get("/status")
+    assert served.status_code == 200
+    assert served.headers["X-RateLimit-Remaining"] == "99"  # its own limit still counts
+
+
+@pytest.mark.parametrize("flags", [ExemptionScope.NONE, 3, "DEFAULT"])
+def test_exempt_with_flags_that_are_not_exemption_scopes_is_refused(flags: Any) -> None:
+    with pytest.raises(ConfigurationError, match="ExemptionScope"):
+        Limiter().exempt(flags=flags)

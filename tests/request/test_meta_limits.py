@@ -252,22 +252,91 @@ def test_concurrent_breaches_are_counted_exactly_and_nothing_passes_after(
     "kind",
     ["memory", pytest.param("cluster", marks=pytest.mark.redis)],  # the stores that refund
 )
-def test_a_refund_never_touches_a_meta_check(
+def test_a_refund_gives_a_meta_check_nothing_back_and_counts_the_breach(
     kind: str, request: pytest.FixtureRequest, clock: FakeClock
 ) -> None:
     """A Cluster gives back what an admitting slot group consumed when another group refused:
-    the meta check in it consumed nothing, so it gives nothing back."""
+    the meta check in it consumed nothing, so it gets nothing back; it counts that refusal, one
+    breach, in the same call; sent at cost 0 (a 503, not a refusal), it counts nothing."""
     storage = _storage(kind, request, clock)
-    meta = Check("t:{c2}:m:2/3600:fixed_window", "fixed_window", 2, HOUR, meta=True)
+    meta = Check("t:{c2}:m:3/3600:fixed_window", "fixed_window", 3, HOUR, meta=True)
     full = Check("t:{c2}:r:1/60:fixed_window", "fixed_window", 1, 60)
     now = clock.now_us
     try:
         storage.evaluate([full, meta], now_us=now)
         storage.evaluate([full, meta], now_us=now)  # one breach
-        refunded = storage.refund([full, meta], now_us=now)
-        assert refunded.allowed and refunded.decisions[1].remaining == 1
+        refunded = storage.refund([full, replace(meta, cost=0)], now_us=now)
+        assert refunded.allowed and refunded.decisions[1].remaining == 2
         assert storage.evaluate([full, meta], now_us=now).allowed  # the unit came back
+        refunded = storage.refund([full, meta], now_us=now)  # refused elsewhere: breach 2
+        assert refunded.allowed and refunded.decisions[1].remaining == 2  # as it stood
+        assert storage.evaluate([full, meta], now_us=now).allowed  # the unit, once more
+        assert not storage.evaluate([full, meta], now_us=now).allowed  # breach 3
+        refused = storage.evaluate([full, meta], now_us=now)
+        assert not refused.decisions[1].allowed and refused.decisions[1].remaining == 0
+        assert storage.refund([full, meta], now_us=now).allowed  # exhausted: never denies
     finally:
         if kind != "memory":
             storage.delete([meta.key, full.key])
             storage.close()
+
+
+# -- refusals decided in another slot group (Redis Cluster) -------------------------------------
+
+
+def _elsewhere_app(backend: Backend, clock: FakeClock) -> tuple[Flask, Limiter]:
+    """An app whose /login limit is counted per account (a ``key_func``: on a Cluster, a slot
+    group apart from the client's address, where the meta check sits)."""
+    app, limiter = meta_app(backend, clock, DISTLIMIT_GLOBAL_LIMITS="100/minute")
+
+    @app.get("/login")
+    @limiter.limit("1/minute", key_func=lambda: "alice")
+    def login() -> str:
+        return "ok"
+
+    @app.get("/both")  # refused at once in the address's group and in the account's
+    @limiter.limit("1/minute")
+    @limiter.limit("1/hour", key_func=lambda: "alice")
+    def both() -> str:
+        return "ok"
+
+    @app.get("/twice")  # refused at once in two account groups, none of them the address's
+    @limiter.limit("1/minute", key_func=lambda: "alice")
+    @limiter.limit("1/hour", key_func=lambda: "bob")
+    def twice() -> str:
+        return "ok"
+
+    return app, limiter
+
+
+@pytest.mark.parametrize("route", ["/login", "/both", "/twice"])
+def test_a_refusal_in_another_slot_group_is_one_breach(
+    backend: Backend, clock: FakeClock, route: str
+) -> None:
+    app, _ = _elsewhere_app(backend, clock)
+    client = app.test_client()
+    assert client.get(route).status_code == 200
+    assert client.get(route).status_code == 429  # breach 1, however many groups refused it
+    assert client.get("/roomy").status_code == 200  # one breach is not enough
+    assert client.get(route).status_code == 429  # breach 2: the meta limit is exhausted
+    refused = client.get("/roomy")
+    assert refused.status_code == 429
+    assert refused.get_json()["violated-policies"] == ["meta:2/hour"]
+
+
+def test_a_refusal_in_another_group_is_no_breach_when_the_meta_limit_refused(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, _ = _elsewhere_app(backend, clock)
+    client = app.test_client()
+    client.get("/login")
+    client.get("/login")
+    client.get("/login")  # two breaches: exhausted
+    for _ in range(3):
+        refused = client.get("/login")  # refused by the meta limit, and by the account's
+        assert refused.get_json()["violated-policies"] == ["meta:2/hour"]
+    clock.advance(HOUR - (clock.now_us // 1_000_000) % HOUR)
+    # those refusals were not breaches: the new hour holds none, so two more are needed
+    assert client.get("/login").status_code == 200
+    assert client.get("/login").status_code == 429
+    assert client.get("/roomy").status_code == 200

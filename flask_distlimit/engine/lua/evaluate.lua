@@ -27,7 +27,9 @@
 -- A META check (code + 128) counts the request's breaches of the other checks: decided like any
 -- check (its cost is 1, one breach), it denies the request when it is exhausted; it is written
 -- only when the request is denied by another, non-shadow check (one breach, however many
--- denied), never when admitted; a refund leaves it alone; it reports itself as it stands.
+-- denied), never when admitted; it reports itself as it stands. In a refund (a Cluster group
+-- that admitted a request another group refused) it counts that breach, unless its cost is 0
+-- (the request was not refused by a limit) or it is exhausted meanwhile; it never denies then.
 --
 -- Each algorithm file defines a loader LOAD_<NAME>() that builds its functions (only for the
 -- algorithms a request uses). decide(key, limit, period, cost, now) returns {allowed (0/1),
@@ -191,10 +193,10 @@ end
 local results, all, metadenied = {}, true, false
 for i = 1, n do
   local repaired = 0
-  if mode == 1 or release[i] then
-    if not meta[i] then  -- a meta check took nothing from an admitted request: a peek
-      repaired = algos[i].refund(KEYS[i], args[4 * i], args[4 * i + 1], args[4 * i + 2], now)
-    end
+  if meta[i] and mode == 1 then
+    -- a refund of a group that admitted a request refused in another: a breach (written below)
+  elseif mode == 1 or release[i] then
+    repaired = algos[i].refund(KEYS[i], args[4 * i], args[4 * i + 1], args[4 * i + 2], now)
     args[4 * i + 2] = 0
   elseif debt[i] then
     repaired = algos[i].refund(KEYS[i], args[4 * i], args[4 * i + 1], -args[4 * i + 2], now)
@@ -205,6 +207,11 @@ for i = 1, n do
     r[5] = 1
   end
   if release[i] or debt[i] then  -- never denies
+    r[1], r[4] = 1, 0
+  elseif meta[i] and mode == 1 then  -- never denies a refund; exhausted meanwhile: no write
+    if r[1] == 0 then
+      args[4 * i + 2] = 0
+    end
     r[1], r[4] = 1, 0
   end
   results[i] = r
@@ -223,7 +230,7 @@ end
 if all then
   for i = 1, n do
     local cost = args[4 * i + 2]
-    if cost > 0 and results[i][1] == 1 and not meta[i] then
+    if cost > 0 and results[i][1] == 1 and (mode == 1 or not meta[i]) then
       algos[i].commit(KEYS[i], results[i], args[4 * i], args[4 * i + 1], cost, now)
     end
   end
