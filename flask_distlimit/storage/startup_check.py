@@ -4,11 +4,12 @@
 ``SCRIPT LOAD`` in the same write, on the real keys ``<prefix>:{startup}:probe`` and
 ``<prefix>:{startup:slots}:probe``, of two hash slots, a peek of cost 0 that writes nothing: an
 endpoint that refuses keys of several slots in one call, ``CROSSSLOT``, is found) and, on a
-Cluster, asks each primary ``CLUSTER INFO`` whether it serves every slot. What it finds (unreachable, credentials or ACL refused, scripting disabled, the
-script refused, slots not covered) is one line naming the storage (its URL, password masked)
-and the fix: a WARNING under ``DISTLIMIT_STARTUP_CHECK = "warn"`` (the default; requests then
-meet the failure policy), the error itself under ``"error"`` (the app does not start); ``"off"``
-makes no call. A healthy storage logs nothing.
+Cluster, asks each primary ``CLUSTER INFO`` whether it serves every slot. What it finds
+(unreachable, credentials or ACL refused, scripting disabled, the script refused, keys of
+several slots refused, slots not covered) is one line naming the storage (its URL, password
+masked) and the fix: a WARNING under ``DISTLIMIT_STARTUP_CHECK = "warn"`` (the default;
+requests then meet the failure policy), the error itself under ``"error"`` (the app does not
+start); ``"off"`` makes no call. A healthy storage logs nothing.
 
 Bounded: the storages built from a URL end every call by ``DISTLIMIT_REDIS_TIMEOUT`` (a connect,
 then the reply; a Cluster's topology query and each primary's ``CLUSTER INFO`` one each). A
