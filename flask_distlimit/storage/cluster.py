@@ -56,7 +56,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from redis import exceptions as rx
@@ -75,6 +74,7 @@ from flask_distlimit.storage.cluster_nodes import (
 )
 from flask_distlimit.storage.pipeline import Call
 from flask_distlimit.storage.pool import DeadlinePool
+from flask_distlimit.storage.slot_keys import across_slots
 from flask_distlimit.storage.tokens import repeat_call, settles
 from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error
 
@@ -377,39 +377,6 @@ class ClusterStorage(ClusterNodes):
         groups = self.groups(checks)
         if len(groups) <= 1:
             return self._call(checks, now_us)
-        parts = [[checks[i] for i in group] for group in groups]
-        results = self._run_all(parts, now_us)
-        failure = next((r for r in results if isinstance(r, StorageError)), None)
-        denied = any(isinstance(r, Evaluation) and not r.allowed for r in results)
-        if failure is not None or denied:
-            # Give back what the groups that admitted the request consumed.
-            consumed = [
-                n
-                for n, r in enumerate(results)
-                if isinstance(r, Evaluation) and r.allowed and any(c.cost for c in parts[n])
-            ]
-            if consumed:
-                # a shadow check that would deny was not charged: give it nothing back; a
-                # meta check counts the refusal (a breach), not a failure
-                given = [
-                    [
-                        replace(c, cost=0) if d.shadow_denied or (c.meta and not denied) else c
-                        for c, d in zip(parts[n], results[n].decisions, strict=True)  # type: ignore[union-attr]
-                    ]
-                    for n in consumed
-                ]
-                refunds = self._run_all(given, now_us, refund=True)
-                for n, refunded in zip(consumed, refunds, strict=True):
-                    if isinstance(refunded, Evaluation):
-                        results[n] = refunded
-            if failure is not None:
-                raise failure
-        decisions: list[Decision | None] = [None] * len(checks)
-        repaired: list[str] = []
-        for group, result in zip(groups, results, strict=True):
-            assert isinstance(result, Evaluation)
-            for index, decision in zip(group, result.decisions, strict=True):
-                decisions[index] = decision
-            repaired.extend(result.repaired_keys)
-        node_now = results[0].now_us if len(results) == 1 else 0  # type: ignore[union-attr]
-        return Evaluation(tuple(d for d in decisions if d is not None), tuple(repaired), node_now)
+        return across_slots(
+            checks, groups, lambda parts, refund: self._run_all(parts, now_us, refund)
+        )

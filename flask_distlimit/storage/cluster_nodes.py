@@ -32,14 +32,13 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Final, cast
 
 import redis
 from redis import exceptions as rx
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
-from redis.crc import key_slot
 from redis.retry import Retry
 
 from flask_distlimit.core.decision import Check
@@ -61,6 +60,7 @@ from flask_distlimit.storage.redis import (
     connection_options,
 )
 from flask_distlimit.storage.side_calls import RedisSideCalls, SideScripts
+from flask_distlimit.storage.slot_keys import by_slot, slot_of
 from flask_distlimit.storage.tokens import RequestTokens, repeat_call
 from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error, translated
 
@@ -166,19 +166,6 @@ def _bounded_wait_pool(timeout: float) -> type[redis.BlockingConnectionPool]:
             cast(Any, super()).__init__(*args, **kwargs)  # redis-py leaves it unannotated
 
     return BoundedWaitPool
-
-
-def slot_of(key: str) -> int:
-    """The Redis Cluster hash slot of a key (honours ``{hash tags}``)."""
-    return key_slot(key.encode("utf-8"))
-
-
-def by_slot(keys: Iterable[str]) -> list[list[int]]:
-    """Indexes of ``keys`` grouped by hash slot, in order of first appearance."""
-    groups: dict[int, list[int]] = {}
-    for index, key in enumerate(keys):
-        groups.setdefault(slot_of(key), []).append(index)
-    return list(groups.values())
 
 
 class ClusterNodes(RedisSideCalls):

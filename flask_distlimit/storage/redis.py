@@ -82,10 +82,13 @@ from redis.sentinel import Sentinel
 
 from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.engine.scripts import SCRIPT_SOURCE, parse_reply, script_args
+from flask_distlimit.errors import StorageError
 from flask_distlimit.storage.evalsha import EvalshaPacker
 from flask_distlimit.storage.pipeline import Call, Pipeline, script_load
 from flask_distlimit.storage.pool import DeadlinePool, NoConnectionAvailable, busy
 from flask_distlimit.storage.side_calls import RedisSideCalls, SideScripts
+from flask_distlimit.storage.slot_keys import across_slots, by_slot
+from flask_distlimit.storage.split_slots import outcome, send_parts
 from flask_distlimit.storage.tokens import RequestTokens, repeat_call, settles
 from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error, translated
 
@@ -157,13 +160,17 @@ class RedisStorage(RedisSideCalls):
         scheme: str = "redis",
         request_tokens: str = "auto",
         queue_timeout: float | None = None,
+        split_slots: bool = False,
         **connection: Any,
     ) -> None:
         """``connection`` holds redis-py connection keywords (``host``, ``port``, ``db``,
         ``password``, ``connection_class``, ...) used when no ``client`` is given.
         ``request_tokens``: ``"auto"`` or ``"always"`` (``DISTLIMIT_REQUEST_TOKENS``, module
         docstring). ``queue_timeout``: the queue budget of a call (:mod:`.pool`; default
-        :func:`~.pool.queue_budget`)."""
+        :func:`~.pool.queue_budget`). ``split_slots``: one script call per hash slot (module
+        docstring, "Split slots")."""
+        #: One script call per hash slot of a request's keys (module docstring).
+        self.split_slots = split_slots
         #: The request tokens of the hot call (module docstring, "One retry").
         self.tokens = RequestTokens(timeout, request_tokens)
         if client is None:
@@ -201,6 +208,7 @@ class RedisStorage(RedisSideCalls):
         sentinel_options: dict[str, Any] | None = None,
         request_tokens: str = "auto",
         queue_timeout: float | None = None,
+        split_slots: bool = False,
         **connection: Any,
     ) -> RedisStorage:
         """The master of ``service_name`` as the Sentinels report it; follows failovers.
@@ -226,6 +234,7 @@ class RedisStorage(RedisSideCalls):
             scheme="redis+sentinel",
             request_tokens=request_tokens,
             queue_timeout=queue_timeout,
+            split_slots=split_slots,
         )
         storage._owns_client = True
         storage._sentinel = manager
@@ -256,6 +265,12 @@ class RedisStorage(RedisSideCalls):
         return self.tokens.mode if self.pool is not None else "never"
 
     def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+        if self.split_slots:
+            groups = by_slot(c.key for c in checks)
+            if len(groups) > 1:
+                return across_slots(
+                    checks, groups, lambda parts, refund: self._run_parts(parts, now_us, refund)
+                )
         keys, args = script_args(checks, now_us)
         try:
             if self.pool is not None:
@@ -297,6 +312,45 @@ class RedisStorage(RedisSideCalls):
         if call.error is not None:
             raise call.error
         return call.reply
+
+    def _run_parts(
+        self, parts: list[list[Check]], now_us: int | None, refund: bool
+    ) -> list[Evaluation | StorageError]:
+        """One script call per part (a slot group, ``split_slots``): on our pool, all in one
+        write on one connection (:func:`~.split_slots.send_parts`: one round trip); on a
+        client passed in, one after another. Tokens as on a Cluster's groups (:mod:`.cluster`)."""
+        tokens = self.tokens
+        now = time.monotonic()
+        armed = refund or now < tokens.armed_until or any(settles(p) for p in parts)
+        made = []
+        for part in parts:
+            keys, args = script_args(part, now_us, refund=refund)
+            made.append((keys, args, tokens.key(keys[0]) if armed and self.pool else None))
+        replies: list[Any]
+        pool = self.pool
+        if pool is None:
+            replies = [outcome(self._script, keys, args) for keys, args, _ in made]
+        else:
+            send = (pool, self._packer, tokens, self._script, made, now + pool.queue_timeout)
+            replies = send_parts(*send)
+            if self._sentinel is not None and all(isinstance(r, ReadOnlyError) for r in replies):
+                pool.disconnect()  # a demoted master wrote nothing: once more on the new one
+                replies = send_parts(*send)
+        results: list[Evaluation | StorageError] = []
+        for part, reply in zip(parts, replies, strict=True):
+            try:
+                if isinstance(reply, Exception):
+                    raise reply
+                results.append(parse_reply(reply, part))
+            except NoConnectionAvailable:
+                results.append(busy(pool.queue_timeout if pool else 0.0))
+            except REDIS_FAILURES as exc:
+                if isinstance(exc, redis.ConnectionError):
+                    tokens.arm()
+                results.append(storage_error(exc))
+            except StorageError as exc:
+                results.append(exc)
+        return results
 
     def _repeat(
         self,

@@ -1,13 +1,15 @@
 """What ``init_app`` says about its Redis before the app serves: one probe, one line.
 
 :func:`check_storage` makes the call a request makes (the limit script's ``EVALSHA``, with its
-``SCRIPT LOAD`` in the same write, on the real key ``<prefix>:{startup}:probe``, a peek of cost 0
-that writes nothing) and, on a Cluster, asks each primary ``CLUSTER INFO`` whether it serves
-every slot. What it finds (unreachable, credentials or ACL refused, scripting disabled, the
-script refused, slots not covered) is one line naming the storage (its URL, password masked)
-and the fix: a WARNING under ``DISTLIMIT_STARTUP_CHECK = "warn"`` (the default; requests then
-meet the failure policy), the error itself under ``"error"`` (the app does not start); ``"off"``
-makes no call. A healthy storage logs nothing.
+``SCRIPT LOAD`` in the same write, on the real keys ``<prefix>:{startup}:probe`` and
+``<prefix>:{startup:slots}:probe``, of two hash slots, a peek of cost 0 that writes nothing: an
+endpoint that refuses keys of several slots in one call, ``CROSSSLOT``, is found) and, on a
+Cluster, asks each primary ``CLUSTER INFO`` whether it serves every slot. What it finds
+(unreachable, credentials or ACL refused, scripting disabled, the script refused, keys of
+several slots refused, slots not covered) is one line naming the storage (its URL, password
+masked) and the fix: a WARNING under ``DISTLIMIT_STARTUP_CHECK = "warn"`` (the default;
+requests then meet the failure policy), the error itself under ``"error"`` (the app does not
+start); ``"off"`` makes no call. A healthy storage logs nothing.
 
 Bounded: the storages built from a URL end every call by ``DISTLIMIT_REDIS_TIMEOUT`` (a connect,
 then the reply; a Cluster's topology query and each primary's ``CLUSTER INFO`` one each). A
@@ -45,6 +47,8 @@ STARTUP_CHECKS: Final[tuple[StartupCheck, ...]] = ("warn", "error", "off")
 log = logging.getLogger(__name__)
 
 _SLOTS: Final = 16384
+#: The probe's hash tags: two slots (3773 and 10958).
+_TAGS: Final = ("startup", "startup:slots")
 #: What a call meeting a slot no primary serves is answered (redis-py's words too).
 _CLUSTER_DOWN: Final = ("CLUSTERDOWN", "ClusterDownError", "slot not served", "SlotNotCovered")
 _UNREACHABLE: Final = (
@@ -87,7 +91,11 @@ def check_storage(
     try:
         if storage.routed:  # first: the slots not served, by primary
             _check_slots(storage)
-        storage.evaluate([Check(f"{key_prefix}:{{startup}}:probe", "fixed_window", 1, 1, cost=0)])
+        # two keys of two slots, as a request's limits of two clients: an endpoint that
+        # refuses CROSSSLOT says so now (unless split_slots splits them, as a Cluster does)
+        storage.evaluate(
+            [Check(f"{key_prefix}:{{{tag}}}:probe", "fixed_window", 1, 1, cost=0) for tag in _TAGS]
+        )
     except StorageError as exc:
         where = mask_url(url) if url else f"{type(storage).__name__} (passed in)"
         line = f"Rate-limit storage {where} {_said(exc, timeout)}"

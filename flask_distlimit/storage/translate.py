@@ -6,8 +6,9 @@ refuses the limiter's credentials (``WRONGPASS``, ``NOAUTH``, redis-py's ``Authe
 also from the Sentinels), its ACL user lacks a command or the keys (``NOPERM``, also from inside a
 script), the database index is out of range (``SELECT``, when a connection is made), the server
 does not know a command (``ERR unknown command``: disabled or renamed, or blocked by a proxy or a
-managed service; also inside a script), or a ``redis+cluster://`` URL names a server without
-cluster mode. :func:`misconfiguration` tells them apart.
+managed service; also inside a script), a ``redis+cluster://`` URL names a server without
+cluster mode, or a single endpoint refuses a call whose keys span slots (``CROSSSLOT``: its URL
+needs ``split_slots=true``). :func:`misconfiguration` tells them apart.
 
 Outages (:class:`~flask_distlimit.errors.StorageUnavailable`, counted by the circuit breaker):
 connection refused or reset, timeouts, no free pooled connection in time, a Sentinel that knows
@@ -119,6 +120,13 @@ _SENTINEL_CREDENTIALS: Final = (
     "DISTLIMIT_STORAGE_URL's user name and password are sent to the Sentinels too: give the "
     "Sentinels' own as the query parameters sentinel_username and sentinel_password, or fix them."
 )
+_CROSS_SLOT: Final = (
+    "Redis refuses a script call whose keys span hash slots ({answer}): DISTLIMIT_STORAGE_URL "
+    "names one endpoint of a sharded database (a clustering proxy: Redis Enterprise or Cloud, "
+    "an Enterprise tier of Azure). Add split_slots=true to its query (e.g. "
+    "rediss://host:port/0?split_slots=true): one call per slot, all or nothing across them; "
+    "or use its OSS Cluster API as redis+cluster://."
+)
 #: How deep :func:`misconfiguration` looks into the causes of a redis-py cluster error.
 _MAX_CHAIN: Final = 5
 
@@ -179,6 +187,8 @@ def _refusal(exc: BaseException) -> str | None:
     if bare.startswith("unknown command") or "Unknown Redis command called from script" in text:
         # "..., with args beginning with: <keys and arguments>": not for a log line.
         return _UNKNOWN_COMMAND.format(answer=answer.split(", with args", 1)[0])
+    if answer.startswith("CROSSSLOT") or isinstance(exc, rx.ClusterCrossSlotError):
+        return _CROSS_SLOT.format(answer=answer)
     if "cluster support disabled" in bare:
         return _NOT_A_CLUSTER.format(answer=answer)
     return None

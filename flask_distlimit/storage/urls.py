@@ -13,7 +13,9 @@ Accepted forms::
 
 Query parameters: ``db``, ``username``, ``password``, ``client_name``, ``max_connections``,
 ``ssl_cert_reqs``, ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname``;
-for Sentinel and Cluster also ``ssl=true``; for Sentinel ``sentinel_username`` and
+for Sentinel and Cluster also ``ssl=true``; for every scheme but Cluster ``split_slots=true``
+(one script call per hash slot of a request's keys, for an endpoint that refuses ``CROSSSLOT``:
+:mod:`.split_slots`); for Sentinel ``sentinel_username`` and
 ``sentinel_password`` (credentials of the Sentinels, when they differ from the master's; by
 default the URL's credentials are used for both, as limits does). Timeouts are not URL
 parameters: they come from ``timeout`` (``DISTLIMIT_REDIS_TIMEOUT``).
@@ -78,13 +80,18 @@ _COMMON_QUERY: Final[dict[str, Callable[[str], Any]]] = {
     "ssl_keyfile": str,
     "ssl_check_hostname": _bool,
 }
+#: One endpoint's: a request's checks in one script call per hash slot (RedisStorage's).
+_ENDPOINT_QUERY: Final[dict[str, Callable[[str], Any]]] = {
+    **_COMMON_QUERY,
+    "db": int,
+    "split_slots": _bool,
+}
 _QUERY: Final[dict[str, dict[str, Callable[[str], Any]]]] = {
-    "redis": {**_COMMON_QUERY, "db": int},
-    "rediss": {**_COMMON_QUERY, "db": int},
-    "unix": {**_COMMON_QUERY, "db": int},
+    "redis": _ENDPOINT_QUERY,
+    "rediss": _ENDPOINT_QUERY,
+    "unix": _ENDPOINT_QUERY,
     "redis+sentinel": {
-        **_COMMON_QUERY,
-        "db": int,
+        **_ENDPOINT_QUERY,
         "ssl": _bool,
         "sentinel_username": str,
         "sentinel_password": str,

@@ -2,7 +2,9 @@
 require (ElastiCache Serverless refuses a script without keys, cluster services a call whose keys
 span slots, Upstash locks per declared key).
 
-A representative run (every algorithm, a leased limit, a concurrency slot, request tokens, the
+On a single endpoint this holds under ``split_slots=true`` only (the default sends a request's
+keys of several slots in one call, which a plain Redis accepts). A representative run (every
+algorithm, a leased limit, a concurrency slot, request tokens, the
 fleet heartbeat and capacity, the shared digest key, a deducted charge, lease give-backs and
 records, health, reset and clear) watched by ``MONITOR`` on real servers: each ``EVAL``,
 ``EVALSHA`` (and their ``_RO`` forms) and ``FCALL`` seen is checked, with redis-py's public
@@ -178,25 +180,37 @@ def watched_server() -> Iterator[RedisProcess]:
     server.stop()
 
 
-def _single_node_run(server: RedisProcess) -> tuple[set[str], set[int], redis.Redis]:
+def _single_node_run(server: RedisProcess, query: str) -> tuple[set[str], set[int], redis.Redis]:
     watcher = server.client(socket_timeout=10)
     with watcher.monitor() as monitor:
-        representative_run(server.url, f"keys-{uuid.uuid4().hex[:8]}")
+        representative_run(server.url + query, f"keys-{uuid.uuid4().hex[:8]}")
         calls = script_calls([monitor], [lambda: watcher.echo(END)])
     return (*check(calls), watcher)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="on a single endpoint one request's call holds keys of several slots: a signed-in "
-    "user's limits beside a per-address global limit, the fleet's key beside a client's "
-    "(docs/deployment.md, 'Managed services'); redis+cluster:// splits them per slot",
+@pytest.mark.parametrize(
+    "query",
+    [
+        pytest.param(
+            "",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="on a single endpoint one request's call holds keys of several slots by "
+                "default: a signed-in user's limits beside a per-address global limit, the "
+                "fleet's key beside a client's (docs/deployment.md, 'Managed services'); "
+                "split_slots=true splits them per slot, as redis+cluster:// does",
+            ),
+            id="default",
+        ),
+        pytest.param("?split_slots=true", id="split_slots"),
+    ],
 )
 def test_every_script_call_on_a_single_node_declares_keys_of_one_slot(
-    watched_server: RedisProcess,
+    watched_server: RedisProcess, query: str
 ) -> None:
-    shas, _, watcher = _single_node_run(watched_server)
+    shas, counts, watcher = _single_node_run(watched_server, query)
     assert shas == every_script(watcher)
+    assert max(counts) >= 2  # calls of several keys were among them (tokens, side keys)
 
 
 def test_every_script_call_on_a_cluster_declares_keys_of_one_slot(

@@ -1,0 +1,117 @@
+"""A request's slot groups on one endpoint, one script call each, all in one write.
+
+Under ``split_slots`` (a single endpoint that refuses a script call whose keys span hash slots,
+``CROSSSLOT``: a clustering proxy) :class:`~.redis.RedisStorage` makes one call per slot group
+of a request (:func:`~.slot_keys.across_slots` keeps all or nothing across them) and
+:func:`send_parts` sends them on one connection of its pool in one write, reading the replies
+in order within one Redis deadline: one round trip, as the single call it replaces. A reply lost
+is made again as a repeat of its request token (:mod:`.tokens`); ``NOSCRIPT`` loads the script
+and sends those calls once more, in one write. It answers per call, never raises a Redis
+failure: a call's reply, its error reply, or the failure that ended it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
+
+from flask_distlimit.errors import StorageError
+from flask_distlimit.storage.evalsha import EvalshaPacker
+from flask_distlimit.storage.pool import DeadlinePool
+from flask_distlimit.storage.tokens import RequestTokens, repeat_call
+from flask_distlimit.storage.translate import REDIS_FAILURES
+
+__all__ = ["outcome", "send_parts"]
+
+#: A call to make: its keys, its arguments and its request token (``None``: none).
+Made = tuple[list[str], list[str | int], str | None]
+
+
+def outcome(call: Callable[..., Any], *args: Any) -> Any:
+    """``call(*args)``, or the Redis failure or :class:`StorageError` it raised."""
+    try:
+        return call(*args)
+    except REDIS_FAILURES as exc:
+        return exc
+    except StorageError as exc:
+        return exc
+
+
+def send_parts(
+    pool: DeadlinePool,
+    packer: EvalshaPacker,
+    tokens: RequestTokens,
+    script: Script,
+    made: list[Made],
+    wait_until: float,
+) -> list[Any]:
+    """The reply to each call of ``made`` (module docstring); the wait for a connection ends by
+    ``wait_until`` (the queue budget: then each call's reply is the pool's
+    ``NoConnectionAvailable``)."""
+    commands = [packer.pack(keys, args, token, tokens.first) for keys, args, token in made]
+    try:
+        connection = pool.checkout(wait_until, probe=False)
+    except REDIS_FAILURES as exc:
+        return [exc] * len(made)
+    replies: list[Any] = []
+    lost: redis.ConnectionError | None = None
+    try:
+        try:
+            pool.send(connection, [b"".join(commands)])
+        except redis.ConnectionError:  # Redis never had the whole write: nothing ran
+            tokens.arm()
+            pool.renew(connection, time.monotonic() + pool.timeout)
+            pool.send(connection, [b"".join(commands)])
+        deadline = time.monotonic() + pool.timeout
+        for keys, args, token in made:
+            if lost is None:
+                try:
+                    replies.append(pool.read(connection, deadline))
+                    continue
+                except redis.ResponseError as exc:  # read whole: the next is the next call's
+                    replies.append(exc)
+                    continue
+                except redis.ConnectionError as exc:  # the calls from here may have run
+                    lost = exc
+            again = tokens.repeat(packer, keys, args, token)
+            replies.append(
+                outcome(
+                    repeat_call,
+                    pool,
+                    connection,
+                    again,
+                    deadline,
+                    lost,
+                    lambda c: pool.read(c, deadline),
+                )
+            )
+        missing = [n for n, r in enumerate(replies) if isinstance(r, NoScriptError)]
+        if missing:  # the script did not run: load it, those calls once more, in one write
+            load = b"".join(connection.pack_command("SCRIPT", "LOAD", script.script))
+            pool.send(connection, [load + b"".join([commands[n] for n in missing])])
+            with contextlib.suppress(redis.ResponseError):  # else each call's reply tells it
+                pool.read(connection, deadline)
+            for n in missing:
+                try:
+                    replies[n] = pool.read(connection, deadline)
+                except redis.ResponseError as exc:
+                    replies[n] = exc
+    except REDIS_FAILURES as exc:
+        lost = lost or redis.ConnectionError(str(exc))
+        # every call not answered (or not since its NOSCRIPT) ends with it
+        replies = [exc if isinstance(r, NoScriptError) else r for r in replies]
+        replies += [exc] * (len(made) - len(replies))
+    except BaseException:
+        pool.broken(connection)  # a reply may be left unread
+        raise
+    finally:
+        if lost is not None:
+            pool.broken(connection)  # renewed by repeats, or failed: nothing is known of it
+        pool.release(connection)
+    return replies
