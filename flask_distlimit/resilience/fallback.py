@@ -293,7 +293,8 @@ class LocalFallback:
             covered = [
                 i
                 for i, c in enumerate(checks)
-                if (until := self._covered.get(c.key)) is not None
+                if not (c.release or c.debt)  # a settlement never denies
+                and (until := self._covered.get(c.key)) is not None
                 and (engaged or self._holds(c.key, until, now))
             ]
             if not covered:
@@ -386,6 +387,9 @@ class LocalFallback:
         """Start counting ``check``'s key here from what Redis last said was left: this
         process's part of it, ``remaining // instances``, at most the share."""
         storage.delete([check.key])  # counts of an earlier spell no longer matter
+        # What was spent is charged, even when ``check`` settles a reservation (a release would
+        # give it back, and the reservation it settles would be forgotten).
+        local = dataclasses.replace(local, release=False, debt=False)
         reading = None if self.last_known is None else self.last_known.reading(check)
         # Nothing said since the quota was whole: a whole share (module docstring); an older
         # figure says nothing of what the others spent since: nothing is left here.
