@@ -2,7 +2,8 @@
 redis-server behind a switch that fails every call while down (:class:`tests.faults.Switch`).
 Under ``local`` the settlement is made in the local count that counted the reservation, during
 an outage and while that count still holds the key after it; under ``open`` and ``closed`` it
-is dropped, counted as a failed side call, and the reservation stays charged in Redis."""
+is dropped, counted as a failed side call, and the reservation stays charged in Redis. And
+reserve/settle on a ``redis+sentinel://`` app, every algorithm (issue 35 item 1)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import redis
 from flask import Flask, request
 from flask.typing import ResponseReturnValue
 
-from flask_distlimit import Limiter
+from flask_distlimit import ALGORITHMS, Limiter
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.testing import FakeClock
-from tests.distlimit_fixtures import clock, make_app, redis_storage
+from tests.conftest import assert_every_key_has_ttl
+from tests.distlimit_fixtures import QUIET, clock, make_app, redis_storage
 from tests.faults import FailingStorage, Switch
+from tests.servers import SentinelServers
 
 __all__ = ["clock", "redis_storage"]  # fixtures used below
 
@@ -137,3 +140,43 @@ def test_under_open_or_closed_a_settlement_during_an_outage_is_dropped_and_count
     assert ask(app, "reserve=10&used=40&cut=1")[0] == 200
     assert state.guard.health()["side_call_failures"] == 3
     assert counted(redis_client) == 70  # the debt of 30 was dropped too
+
+
+@pytest.mark.sentinel
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_settle_on_sentinel_charges_or_gives_back_the_difference(
+    redis_sentinel: SentinelServers, clock: FakeClock, algorithm: str
+) -> None:
+    """Issue 35 item 1 on a ``redis+sentinel://`` app, every algorithm: a reservation settled
+    lower gives the rest back, one settled higher charges the difference, past the limit (a
+    debt that refuses the next request)."""
+    master = redis_sentinel.current_master().client()
+    master.flushall()
+    app = Flask(f"sentinel-settle-{algorithm}")
+    app.config.update(QUIET, DISTLIMIT_STORAGE_URL=redis_sentinel.url, DISTLIMIT_REDIS_TIMEOUT=2.0)
+    limiter = Limiter(app, clock=clock)
+
+    @app.post("/complete")
+    @limiter.limit(
+        "100/day",
+        algorithm=algorithm,
+        key_func=lambda: "tenant",
+        cost=lambda: int(request.args["reserve"]),
+        settle=lambda response: int(request.args["used"]),
+    )
+    def complete() -> str:
+        return "ok"
+
+    try:
+        assert ask(app, "reserve=50&used=20") == (200, "80")  # 30 given back
+        assert ask(app, "reserve=90&used=0")[0] == 429  # does not fit
+        assert ask(app, "reserve=30&used=60") == (200, "20")  # 30 more charged
+        assert ask(app, "reserve=10&used=50") == (200, "0")  # 40 more: 30 in debt
+        assert ask(app, "reserve=1&used=0")[0] == 429
+        assert Limiter.state(app).guard.health()["side_call_failures"] == 0
+        assert any(master.scan_iter(match=f"*{algorithm}*"))  # counted on the master
+        assert_every_key_has_ttl(master)
+    finally:
+        Limiter.state(app).storage.close()
+        master.flushall()
+        master.close()
