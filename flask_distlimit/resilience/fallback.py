@@ -91,10 +91,6 @@ def divided_limit(limit: int, instances: int) -> int:
     return max(1, limit // instances)
 
 
-def _memory_storage() -> Storage:
-    return MemoryStorage()
-
-
 def _overflow(check: Check) -> Check:
     """``check`` on its limit's overflow key: its key without the identity tag, and its rate."""
     tail = check.key.rpartition("}")[2] if "}" in check.key else ""
@@ -137,7 +133,7 @@ class LocalFallback:
         self.max_keys = max_keys
         self._full_sweep_at = self._warned_at = -_FOREVER
         self._overflowed = 0  # decisions made on an overflow key since the last WARNING
-        self._factory = factory or _memory_storage
+        self._factory: Callable[[], Storage] = factory or MemoryStorage
         self._clock = clock
         self.settle = settle
         self.last_known = last_known
@@ -293,7 +289,8 @@ class LocalFallback:
             covered = [
                 i
                 for i, c in enumerate(checks)
-                if (until := self._covered.get(c.key)) is not None
+                if not (c.release or c.debt)
+                and (until := self._covered.get(c.key)) is not None
                 and (engaged or self._holds(c.key, until, now))
             ]
             if not covered:
@@ -386,6 +383,7 @@ class LocalFallback:
         """Start counting ``check``'s key here from what Redis last said was left: this
         process's part of it, ``remaining // instances``, at most the share."""
         storage.delete([check.key])  # counts of an earlier spell no longer matter
+        local = dataclasses.replace(local, release=False, debt=False)  # spent: charged, not settled
         reading = None if self.last_known is None else self.last_known.reading(check)
         # Nothing said since the quota was whole: a whole share (module docstring); an older
         # figure says nothing of what the others spent since: nothing is left here.
