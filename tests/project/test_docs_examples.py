@@ -35,13 +35,15 @@ Then:
   ``init_app``), the first request must pass, and one of the next, at most the smallest declared
   count plus 2, must be refused: a 429 with ``Retry-After``;
 - an ``@limiter.exempt`` route is never refused and carries no rate-limit headers;
-- every route the block limits at module level or in ``create_app`` must have been requested, so
-  that a limit the test cannot reach fails here rather than passing unseen.
+- every route the block limits at module level or in ``create_app`` must have been requested (a
+  route with variables, by the block's own ``test_*`` function), so that a limit the test cannot
+  reach fails here rather than passing unseen.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 import os
 import re
@@ -54,7 +56,9 @@ from typing import Any
 
 import pytest
 from flask import Flask
+from flask.testing import FlaskClient
 from werkzeug.datastructures import ImmutableDict
+from werkzeug.exceptions import HTTPException
 
 from flask_distlimit import Limiter, parse_rates
 
@@ -303,10 +307,24 @@ def check_apps(block: Block, namespace: dict[str, Any], storage_url: str) -> set
 
 def run_and_check(block: Block, storage_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     namespace = execute(block, storage_url, monkeypatch)
-    for name, func in own_functions(namespace):
-        if name.startswith("test_"):
-            func()
+    asked: list[tuple[Flask, str, str]] = []  # what the block's own tests request
+    opened = FlaskClient.open
+
+    def recording(client: FlaskClient, *args: Any, **kwargs: Any) -> Any:
+        if args and isinstance(args[0], str):
+            asked.append((client.application, args[0], kwargs.get("method", "GET")))
+        return opened(client, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(FlaskClient, "open", recording)
+        for name, func in own_functions(namespace):
+            if name.startswith("test_"):
+                func()
     probed = check_apps(block, namespace, storage_url)
+    for app, path, method in asked:  # a route with variables is reached by a test's request
+        with contextlib.suppress(HTTPException):
+            adapter = app.url_map.bind("localhost")
+            probed.add(adapter.match(path, method=method, return_rule=True)[0].rule)
     limited = {path for path, d in declared_routes(block.code).items() if d.rates}
     unreached = sorted(limited - probed)
     assert not unreached, f"{block.name} limits {unreached}, which the test could not request"
