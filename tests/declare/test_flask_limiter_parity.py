@@ -233,6 +233,32 @@ def test_a_breach_hook_that_raises_still_gives_the_429(
     assert logged and "on_breach hook" in logged[0].getMessage() and logged[0].exc_info
 
 
+def test_a_breach_words_its_rate_as_flask_limiter_does_on_request(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """``on_breach`` gets a ``Breach``: ``str(breach.limit)`` is ``1/second``, the form limits
+    are written in; ``breach.limit.in_words()`` is Flask-Limiter's ``"1 per 1 second"``, the
+    guide's port for a hook that shows ``request_limit.limit``."""
+    app, limiter, _ = make_app(backend(), clock)
+
+    @limiter.on_breach
+    def explain(breach: Breach) -> Response:
+        return Response(f"{breach.limit.in_words()} @ {request.path} ({breach.limit})", 429)
+
+    @app.get("/t1")
+    @limiter.limit("1/second")
+    def t1() -> str:
+        return "ok"
+
+    client = app.test_client()
+    assert client.get("/t1").status_code == 200
+    refused = client.get("/t1")
+    assert (refused.status_code, refused.get_data(as_text=True)) == (
+        429,
+        "1 per 1 second @ /t1 (1/second)",
+    )
+
+
 # -- 4. a key_func answering None -----------------------------------------------------------------
 
 
