@@ -29,6 +29,7 @@ from flask_distlimit.config import Settings, config_policy
 from flask_distlimit.core.priorities import PriorityRegistry, PriorityResolver
 from flask_distlimit.core.problem import RateLimitUnavailable
 from flask_distlimit.declare.decorators import Declarations
+from flask_distlimit.declare.options import check_callable
 from flask_distlimit.declare.registry import LimitRegistry
 from flask_distlimit.declare.route_limits import strictest
 from flask_distlimit.declare.specs import LimitSpec
@@ -120,6 +121,8 @@ class Limiter(Declarations):
         self.hooks = IdentityHooks()
         self._storage = storage
         self._clock = clock
+        if on_breach is not None:
+            check_callable("on_breach", on_breach)
         self.breach_hook: BreachHook | None = on_breach
         self._deny_cache = deny_cache
         self._deny_cache_size = deny_cache_size
@@ -319,6 +322,7 @@ class Limiter(Declarations):
 
     def on_breach(self, func: BreachHook) -> BreachHook:
         """Register the hook called with a :class:`Breach` on every refused request."""
+        check_callable("on_breach", func)
         self.breach_hook = func
         return func
 

@@ -15,6 +15,7 @@ answers from the endpoint alone is kept.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
 from typing import Final, cast, get_args
 
@@ -37,7 +38,7 @@ from flask_distlimit.errors import ConfigurationError
 #: The values of ``unit=``.
 UNITS: Final[tuple[str, ...]] = get_args(Unit)
 
-__all__ = ["check_options", "check_scope"]
+__all__ = ["check_callable", "check_options", "check_scope"]
 
 #: The endpoint a ``scope`` callable is tried with at declaration.
 _SAMPLE_ENDPOINT = "distlimit_scope_probe.view"
@@ -74,6 +75,39 @@ def check_scope(scope: object) -> None:
         ) from None
     except Exception:  # it may need a real endpoint: checked when bound, as before
         return
+
+
+#: What each callable option is called with, and a working example of it.
+_CALLS: Final[dict[str, tuple[int, str]]] = {
+    "key_func": (0, "key_func=lambda: g.user_id"),
+    "exempt_when": (0, "exempt_when=lambda: request.remote_addr in TRUSTED"),
+    "cost": (0, "cost=lambda: len(request.get_json())"),
+    "deduct_when": (1, "deduct_when=lambda response: response.status_code == 401"),
+    "settle": (1, "settle=lambda response: int(response.headers['X-Tokens'])"),
+    "on_breach": (1, "on_breach=lambda breach: log.warning('refused: %s', breach.limit)"),
+}
+
+
+def check_callable(name: str, func: object) -> None:
+    """Refuse a ``name=`` option (a key of ``_CALLS``) that is not callable, or whose signature
+    cannot take the arguments the limiter calls it with: found here, not on a request."""
+    args, example = _CALLS[name]
+    if not callable(func):
+        raise ConfigurationError(
+            f"{name}={func!r} is not callable: pass a function, e.g. {example}."
+        )
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):  # a builtin without one: found out when called
+        return
+    try:
+        signature.bind(*([None] * args))
+    except TypeError:
+        called = "no argument" if args == 0 else "one argument"
+        raise ConfigurationError(
+            f"{name}={getattr(func, '__qualname__', func)!r} takes {signature}, but it is "
+            f"called with {called}: e.g. {example}."
+        ) from None
 
 
 def _check_methods(methods: Iterable[str] | None) -> frozenset[str] | None:
@@ -127,12 +161,10 @@ def check_options(
         ("deduct_when", options.deduct_when),
         ("settle", options.settle),
         ("on_breach", options.on_breach),
+        ("cost", cost if callable(cost) else None),
     ):
-        if func is not None and not callable(func):
-            raise ConfigurationError(
-                f"{name}={func!r} is not callable: pass a function, e.g. "
-                "deduct_when=lambda response: response.status_code == 401."
-            )
+        if func is not None:
+            check_callable(name, func)
     if options.error_message is not None and not (
         isinstance(options.error_message, str) or callable(options.error_message)
     ):

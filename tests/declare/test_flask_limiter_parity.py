@@ -17,7 +17,7 @@ import pytest
 from flask import Flask, Response, g, request
 from flask.views import MethodView
 
-from flask_distlimit import Breach, Limiter
+from flask_distlimit import Breach, ConfigurationError, Limiter
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.testing import FakeClock
 from tests.distlimit_fixtures import backend, clock, make_app
@@ -231,6 +231,71 @@ def test_a_breach_hook_that_raises_still_gives_the_429(
     assert response.mimetype == "application/problem+json"
     logged = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert logged and "on_breach hook" in logged[0].getMessage() and logged[0].exc_info
+
+
+def test_a_breach_words_its_rate_as_flask_limiter_does_on_request(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """``on_breach`` gets a ``Breach``: ``str(breach.limit)`` is ``1/second``, the form limits
+    are written in; ``breach.limit.in_words()`` is Flask-Limiter's ``"1 per 1 second"``, the
+    guide's port for a hook that shows ``request_limit.limit``."""
+    app, limiter, _ = make_app(backend(), clock)
+
+    @limiter.on_breach
+    def explain(breach: Breach) -> Response:
+        return Response(f"{breach.limit.in_words()} @ {request.path} ({breach.limit})", 429)
+
+    @app.get("/t1")
+    @limiter.limit("1/second")
+    def t1() -> str:
+        return "ok"
+
+    client = app.test_client()
+    assert client.get("/t1").status_code == 200
+    refused = client.get("/t1")
+    assert (refused.status_code, refused.get_data(as_text=True)) == (
+        429,
+        "1 per 1 second @ /t1 (1/second)",
+    )
+
+
+@pytest.mark.parametrize(
+    ("option", "wrong"),
+    [
+        ("on_breach", lambda: None),  # Flask-Limiter answers 500 on each refusal
+        ("deduct_when", lambda: True),
+        ("settle", lambda: 1),
+        ("key_func", lambda request: "x"),
+        ("exempt_when", lambda request: False),
+        ("cost", lambda response: 2),
+    ],
+)
+def test_a_callable_option_that_cannot_take_its_arguments_is_refused_when_declared(
+    option: str, wrong: Callable[..., Any]
+) -> None:
+    with pytest.raises(ConfigurationError, match=rf"{option}=.* is called with"):
+        Limiter().limit("1/second", **{option: wrong})
+
+
+def test_an_app_breach_hook_that_cannot_take_the_breach_is_refused_when_set() -> None:
+    with pytest.raises(ConfigurationError, match=r"on_breach=.* is called with one argument"):
+        Limiter(on_breach=lambda: None)
+    with pytest.raises(ConfigurationError, match=r"on_breach=.* is called with one argument"):
+        Limiter().on_breach(lambda: None)
+
+
+class _Hook:
+    def __call__(self, breach: Breach) -> None:
+        return None
+
+
+@pytest.mark.parametrize(
+    "hook",
+    [lambda breach: None, lambda *args: None, functools.partial(lambda a, b: None, 1), _Hook()],
+)
+def test_a_breach_hook_that_takes_the_breach_is_accepted(hook: Callable[..., Any]) -> None:
+    Limiter(on_breach=hook)
+    Limiter().limit("1/second", on_breach=hook)
 
 
 # -- 4. a key_func answering None -----------------------------------------------------------------

@@ -89,3 +89,37 @@ def test_the_port_counts_each_host_apart_shared_among_its_routes(
     ]
     assert [get("/b", "two.example"), get("/a", "two.example")] == [200, 200]  # its own
     assert get("/b", "two.example") == 429
+
+
+def test_a_scope_callable_of_the_endpoint_is_asked_when_bound_not_per_request(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Flask-Limiter asks a scope callable on every request; here it is asked when a route's
+    limits are bound (and once at declaration, to find one that reads the request), so its
+    count does not grow with the traffic. The endpoints it names share the counter."""
+    app, limiter, _ = make_app(backend(), clock)
+    asked: list[str] = []
+
+    def family(endpoint: str) -> str:
+        asked.append(endpoint)
+        return "family"
+
+    shared = limiter.shared_limit("3/minute", scope=family)
+
+    @app.get("/t1")
+    @shared
+    def t1() -> str:
+        return "t1"
+
+    @app.get("/t2")
+    @shared
+    def t2() -> str:
+        return "t2"
+
+    client = app.test_client()
+    assert [client.get("/t1").status_code for _ in range(2)] == [200, 200]
+    after_first_requests = len(asked)
+    assert {"t1", "t2"} <= set(asked)
+    assert [client.get("/t2").status_code for _ in range(2)] == [200, 429]  # one counter
+    assert [client.get("/t1").status_code for _ in range(5)] == [429] * 5
+    assert len(asked) == after_first_requests

@@ -219,6 +219,29 @@ def test_a_default_limit_declared_on_the_app_can_count_only_some_responses(
     assert [client.get("/item/0").status_code for _ in range(3)] == [404, 404, 429]
 
 
+def test_default_limits_per_method_port_as_a_default_limit_declared_per_method(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """``default_limits_per_method``, ported as a limit declared on the app with
+    ``per_method=True``: each method has its own counter, beside a route's own limit that
+    says ``override_defaults=False`` (for GET only)."""
+    app, limiter = app_with(backend, clock)
+    limiter.limit("2/minute", per_method=True)(app)
+
+    @app.route("/", methods=["GET", "PUT"])
+    @limiter.limit("1/second", override_defaults=False, methods=["GET"])
+    def root() -> str:
+        return "root"
+
+    client = app.test_client()
+    assert [client.get("/").status_code for _ in range(2)] == [200, 429]
+    assert [client.put("/").status_code for _ in range(3)] == [200, 200, 429]
+    clock.advance(1)
+    assert [client.get("/").status_code for _ in range(2)] == [200, 429]  # GET's 2/minute
+    clock.advance(1)
+    assert client.get("/").status_code == 429
+
+
 def test_a_limit_declared_on_the_app_after_it_served_is_refused(
     backend: Backend, clock: FakeClock
 ) -> None:
