@@ -246,12 +246,11 @@ def _peek(state: LimiterState, identity: str) -> list[_Row]:
         evaluation = state.storage.evaluate(checks)
     except StorageError as exc:
         raise click.ClickException(f"The storage did not answer: {exc}") from None
-    leases = state.enforcer.leases
-    sizes = [leases.largest(check.key) for check in checks]
+    sizes = [state.lease_size(check.key) for check in checks]
     held: dict[str, list[Holding]] = {}
     if any(size is not None for size in sizes):  # what the serving processes published
         try:
-            held = read_holdings(state.storage, leases.records_key)
+            held = read_holdings(state.storage, state.lease_records_key())
         except StorageError as exc:
             raise click.ClickException(f"The storage did not answer: {exc}") from None
     return [

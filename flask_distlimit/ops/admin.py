@@ -37,6 +37,8 @@ class Operated(AppLimits, Protocol):
 
     tags: IdentityTags
 
+    def lease_records_key(self) -> str: ...
+
 
 def reset(state: Operated) -> int:
     """Delete every count of the app (every client's keys, ``<prefix>:{<tag>}:...``, and the
@@ -50,9 +52,9 @@ def reset(state: Operated) -> int:
     kept for up to five minutes)."""
     if state.deny_cache is not None:
         state.deny_cache.clear()
-    state.enforcer.leases.drop()  # units leased from the counts deleted below
+    state.drop_leases()  # units leased from the counts deleted below
     prefix = state.settings.key_prefix
-    records = state.enforcer.leases.records_key
+    records = state.lease_records_key()
     keys = [*state.storage.scan(f"{prefix}:{{*"), records, records_key(records)]
     return state.storage.delete(keys)
 
@@ -74,7 +76,7 @@ def reset_identity(state: Operated, identity: str) -> int:
     if state.deny_cache is not None:
         state.deny_cache.clear()
     keys = list(state.storage.scan(client_pattern(state.settings.key_prefix, identity, state.tags)))
-    state.enforcer.leases.drop(keys)  # units leased from the counts deleted below
+    state.drop_leases(keys)  # units leased from the counts deleted below
     return state.storage.delete(keys) if keys else 0
 
 

@@ -40,7 +40,7 @@ for all. Clear what is keyed on the authenticated account; keep an address limit
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -97,6 +97,8 @@ class AppLimits(Protocol):
     tier_limits: dict[str, tuple[BoundLimit, ...]]
     deny_cache: DenyCache | None
     storage: Storage
+
+    def drop_leases(self, keys: Iterable[str] | None = None) -> None: ...
 
 
 class _Enabled(Protocol):
@@ -244,7 +246,7 @@ def clear(state: Clearable, name: str) -> int:
     if state.deny_cache is not None:
         for key in keys:
             state.deny_cache.forget(key)
-    state.enforcer.leases.drop(keys)  # units leased from the counts deleted below
+    state.drop_leases(keys)  # units leased from the counts deleted below
     return state.storage.delete(keys)
 
 

@@ -67,7 +67,7 @@ def health(guard: GuardCore) -> dict[str, object]:
         error = one_line(f"unexpected {type(exc).__name__} from the storage: {exc}")
         error_type = type(exc).__name__
     if guard.follows:
-        guard.follow(refresh=False)  # name the master the storage found, if it connected
+        guard.follow_node(refresh=False)  # name the master the storage found, if it connected
     guard.breakers.prune()
     current = guard.breaker  # made if new: the heartbeat key's node is always shown
     by_node = guard.breakers.by_node()
@@ -99,7 +99,6 @@ def health(guard: GuardCore) -> dict[str, object]:
         "unreadable_last": told.unreadable_last,
         "side_call_failures": told.side_failures,
         "side_call_last": told.side_last,
-        "leases": guard.held_leases(),
     }
 
 

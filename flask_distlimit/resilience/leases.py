@@ -129,7 +129,6 @@ class Leases:
         #: a renewal was granted (or a reset dropped units) since the last publication
         self._renewed = False
         _all.add(self)
-        guard.held_leases = self.held  # what the guard's health report lists
 
     def declare(self, bounds: Sequence[BoundLimit]) -> bool:
         """Note the leased limits among ``bounds`` (bound for a route); true if any."""
@@ -196,7 +195,7 @@ class Leases:
         hot key's units again and again."""
 
         def order(lease: Lease) -> tuple[bool, int]:
-            return lease.holds(now)[0] > 0, lease.used
+            return lease.holds(now).units > 0, lease.used
 
         ordered = sorted(self._leases.values(), key=order)
         for lease in ordered[: len(ordered) // 2 or 1]:
@@ -208,7 +207,7 @@ class Leases:
         total = 0
         for lease in list(self._leases.values()):
             if limit_label(lease.key) == label:
-                total += lease.holds(now)[0]
+                total += lease.holds(now).units
         return total
 
     def housekeeping(self) -> None:
