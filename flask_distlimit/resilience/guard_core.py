@@ -1,15 +1,12 @@
 """What every path of a guard shares: its settings and parts, and the failure policy's answers.
 
 :class:`GuardCore` is the part of :class:`~flask_distlimit.resilience.guard.Guard` that the
-single-node path (:mod:`flask_distlimit.resilience.guard`), the Cluster path
-(:mod:`flask_distlimit.resilience.routing`) and the calls beside a request's
-(:mod:`flask_distlimit.resilience.side_calls`) all read: the storage, the per-node breakers
-(:mod:`flask_distlimit.resilience.breakers`) and local fallbacks
-(:mod:`flask_distlimit.resilience.node_fallbacks`), the instance count, the node a storage of one
-node at a time goes to now (a Sentinel master, followed on failures and while its breaker is
-open), the paced log (:mod:`flask_distlimit.resilience.storage_log`), and the answer of the failure
-policy to checks the storage did not decide (:meth:`GuardCore.answer_by_policy`). A refused write
-(:class:`~flask_distlimit.errors.StorageFull`) turns ``"open"`` into ``"local"`` until the fallbacks
+single-node path, the Cluster path (:mod:`flask_distlimit.resilience.routing`) and the calls beside
+a request's (:mod:`flask_distlimit.resilience.side_calls`) read: the storage, the per-node breakers
+and local fallbacks, the instance count, the node the storage goes to now (a Sentinel master is
+followed: :meth:`GuardCore.follow_node`), the paced log, and the failure policy's answer to checks
+the storage did not decide (:meth:`GuardCore.answer_by_policy`). After a refused write
+(:class:`~flask_distlimit.errors.StorageFull`), ``"open"`` reads as ``"local"`` until the fallbacks
 let go of the keys it decided (:meth:`GuardCore.policy_for`).
 """
 
