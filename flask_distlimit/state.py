@@ -15,7 +15,6 @@ from typing import Protocol
 from flask_distlimit._typing import RequestFilter
 from flask_distlimit.config import Settings
 from flask_distlimit.core.algorithms import check_limit_count
-from flask_distlimit.core.decision import Check
 from flask_distlimit.core.priorities import PriorityRegistry
 from flask_distlimit.declare.registry import LimitRegistry
 from flask_distlimit.declare.route_limits import BoundLimit, bind
@@ -234,7 +233,7 @@ class LimiterState:
         a ``key_func`` that returned ``"alice"``); answer how many."""
         return admin.reset_identity(self, identity)
 
-    def checks_for(self, identity: str, cost: int = 0) -> list[tuple[str, Check]]:
+    def checks_for(self, identity: str, cost: int = 0) -> list[admin.NamedCheck]:
         """Every configured limit that can apply to ``identity``, named, as checks of ``cost``
         (see :func:`flask_distlimit.ops.admin.checks_for`)."""
         return admin.checks_for(self, identity, cost)

@@ -25,7 +25,7 @@ from flask_distlimit._typing import FailurePolicy
 from flask_distlimit.core.decision import Check, Decision, Evaluation
 from flask_distlimit.core.policies import validate_policy
 from flask_distlimit.errors import StorageBusy, StorageError, StorageFull, StorageUnavailable
-from flask_distlimit.resilience.breakers import tell
+from flask_distlimit.resilience.breakers import report_parts
 from flask_distlimit.resilience.fallback import LocalFallback
 from flask_distlimit.resilience.guard_core import GuardCore
 from flask_distlimit.resilience.outcome import OPEN_OUTCOME, Outcome
@@ -43,7 +43,7 @@ def evaluate_routed(
     chosen: FailurePolicy = policy or core.policy
     storage = core.storage
     routes = storage.route(checks)
-    trying, blocked = core.breakers.gate(node for node, _ in routes)
+    trying, blocked = core.breakers.admit(node for node, _ in routes)
     if blocked and core.rediscover_due():
         # A replica may have been promoted in place of a dead primary: refresh the slot map
         # (at most once a second) so that its slots go to the new primary's breaker.
@@ -51,7 +51,7 @@ def evaluate_routed(
             breaker.release()
         storage.node(refresh=True)
         routes = storage.route(checks)
-        trying, blocked = core.breakers.gate(node for node, _ in routes)
+        trying, blocked = core.breakers.admit(node for node, _ in routes)
     if blocked and chosen == "closed":  # answered 503 whatever the live nodes say
         for breaker in trying.values():
             breaker.release()
@@ -77,7 +77,7 @@ def evaluate_routed(
                 storage_outcome(failed_parts[0] if failed_parts else None),
             )
     # Each node's breaker hears once: an outage if any of its groups met one.
-    for refused in tell(trying, [node for node, _ in live], results):
+    for refused in report_parts(trying, [node for node, _ in live], results):
         core.storage_log.refused(refused)
     full = next((r for r in results if isinstance(r, StorageFull)), None)
     if full is not None:  # decided at the local share ("closed": 503), never "open"

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from flask_distlimit.core.decision import Check
 from flask_distlimit.errors import StorageError, StorageMisconfigured, StorageResponseError
 from flask_distlimit.resilience.breaker import Breaker
-from flask_distlimit.resilience.breakers import hear, tell
+from flask_distlimit.resilience.breakers import report_call, report_parts
 from flask_distlimit.resilience.guard_core import GuardCore
 from flask_distlimit.storage.base import Storage
 
@@ -46,7 +46,7 @@ def open_side_call(core: GuardCore, key: str, what: str) -> SideReport | None:
 def _heard(core: GuardCore, breaker: Breaker, what: str, error: BaseException | None) -> None:
     """Tell ``breaker`` how a call beside the request's ended (:func:`open_side_call`), and the
     operator what it should know."""
-    hear(breaker, error)
+    report_call(breaker, error)
     if isinstance(error, StorageMisconfigured):
         core.storage_log.refused(error)
     elif isinstance(error, StorageResponseError):
@@ -92,7 +92,7 @@ def evaluate_beside(
     never raises an :class:`Exception`."""
     if core.routed:
         routes = core.storage.route(checks)
-        trying, _ = core.breakers.gate(node for node, _ in routes)
+        trying, _ = core.breakers.admit(node for node, _ in routes)
         live = [(n, [checks[i] for i in indexes]) for n, indexes in routes if n in trying]
     else:
         if not core.node_breaker.allow():
@@ -110,7 +110,7 @@ def evaluate_beside(
             raise
         log.error("%s failed unexpectedly; it is skipped", what.capitalize(), exc_info=True)
         return
-    for refused in tell(trying, [node for node, _ in live], results):
+    for refused in report_parts(trying, [node for node, _ in live], results):
         core.storage_log.refused(refused)
     for result in results:
         if isinstance(result, StorageResponseError):
