@@ -112,3 +112,9 @@ def test_subclasses_keep_the_fields_set(cls: type, values: dict[str, Any]) -> No
     assert copy.deepcopy(more) == more
     with pytest.raises(dataclasses.FrozenInstanceError):
         more.extra = 6
+
+
+def test_outcome_flags_are_keyword_only() -> None:
+    with pytest.raises(TypeError):
+        Outcome(None, True)  # type: ignore[misc]
+    assert Outcome(None, degraded=True).degraded
