@@ -57,7 +57,6 @@ if TYPE_CHECKING:
     from flask_distlimit.declare.route_limits import BoundLimit, RoutePlan
     from flask_distlimit.defences.deny_cache import DenyCache
     from flask_distlimit.identity import IdentityResolver
-    from flask_distlimit.resilience.leases import Leases
     from flask_distlimit.storage.base import Storage
 
 __all__ = [
@@ -74,10 +73,9 @@ __all__ = [
 
 class RoutePlans(Protocol):
     """What is read here of an app's request path (its ``Enforcer``): the key of a request's
-    data in its environ, the leases, and each route's plan."""
+    data in its environ, and each route's plan."""
 
     environ_key: str
-    leases: Leases
 
     def original_view(self, endpoint: str) -> object | None: ...
 
