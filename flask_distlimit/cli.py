@@ -44,6 +44,7 @@ from flask_distlimit.core.decision import Check, Decision
 from flask_distlimit.declare.keys import IDENTITY_KINDS, client_pattern, identity_kind
 from flask_distlimit.errors import StorageError
 from flask_distlimit.extension import Limiter, LimiterState
+from flask_distlimit.ops.admin import NamedCheck
 from flask_distlimit.resilience.holdings import Holding, read_holdings
 from flask_distlimit.storage.urls import mask_url
 
@@ -241,22 +242,28 @@ def _peek(state: LimiterState, identity: str) -> list[_Row]:
     if not named:
         return []
     stored = _scan(state, identity)
-    checks = [check for _, check in named]
+    checks = [row.check for row in named]
     try:
         evaluation = state.storage.evaluate(checks)
     except StorageError as exc:
         raise click.ClickException(f"The storage did not answer: {exc}") from None
-    leases = state.enforcer.leases
-    sizes = [leases.largest(check.key) for check in checks]
+    sizes = [state.lease_size(check.key) for check in checks]
     held: dict[str, list[Holding]] = {}
     if any(size is not None for size in sizes):  # what the serving processes published
         try:
-            held = read_holdings(state.storage, leases.records_key)
+            held = read_holdings(state.storage, state.lease_records_key())
         except StorageError as exc:
             raise click.ClickException(f"The storage did not answer: {exc}") from None
     return [
-        _Row(name, check, decision, check.key in stored, size, tuple(held.get(check.key, ())))
-        for (name, check), decision, size in zip(named, evaluation.decisions, sizes, strict=True)
+        _Row(
+            row.name,
+            row.check,
+            d,
+            row.check.key in stored,
+            size,
+            tuple(held.get(row.check.key, ())),
+        )
+        for row, d, size in zip(named, evaluation.decisions, sizes, strict=True)
     ]
 
 
@@ -321,13 +328,11 @@ def inspect(identity: str, ip: bool, api_key: bool, show_all: bool, as_json: boo
 # -- reset ---------------------------------------------------------------------------------------
 
 
-def _select(rows: Sequence[tuple[str, Check]], wanted: Sequence[str]) -> set[str]:
-    names = sorted({name for name, _ in rows})
+def _select(rows: Sequence[NamedCheck], wanted: Sequence[str]) -> set[str]:
+    names = sorted({row.name for row in rows})
     keys: set[str] = set()
     for want in wanted:
-        matched = [
-            check.key for name, check in rows if name == want or name.split(":", 1)[0] == want
-        ]
+        matched = [row.check.key for row in rows if want in (row.name, row.name.split(":", 1)[0])]
         if not matched:
             raise click.BadParameter(
                 f"No limit named {want!r} applies to this identity. Names: {', '.join(names)}.",

@@ -9,13 +9,12 @@ declared in code and may serve several apps.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from flask_distlimit._typing import RequestFilter
 from flask_distlimit.config import Settings
 from flask_distlimit.core.algorithms import check_limit_count
-from flask_distlimit.core.decision import Check
 from flask_distlimit.core.priorities import PriorityRegistry
 from flask_distlimit.declare.registry import LimitRegistry
 from flask_distlimit.declare.route_limits import BoundLimit, bind
@@ -27,7 +26,7 @@ from flask_distlimit.defences.shadow import spec_is_shadow
 from flask_distlimit.defences.shedding import Shedding, WorkerLoad
 from flask_distlimit.forks import AfterFork
 from flask_distlimit.identity import IdentityHooks, IdentityResolver, IdentitySettings
-from flask_distlimit.identity.digests import IdentityTags, digest_key
+from flask_distlimit.identity.digests import IdentityTags
 from flask_distlimit.ops import admin
 from flask_distlimit.request.enforcement import Enforcer
 from flask_distlimit.request.refuse import BreachHook
@@ -135,13 +134,12 @@ class LimiterState:
         #: this app's identity tags: keyed with its secret, else a key the storage keeps; read
         #: while the breaker of the node serving that key (on a Redis Cluster) lets calls
         #: through, and that breaker hears how the read ended
-        tag_key = digest_key(settings.key_prefix)
         self.tags = IdentityTags(
             identity_settings.tag_secret,
             storage=storage,
             key_prefix=settings.key_prefix,
             clock=monotonic,
-            gate=lambda: guard.beside(tag_key, "the identity tag key's read"),
+            guard=guard,
         )
         self.identity_tag: Callable[[str], str] = self.tags.tag
         algorithm, shadow = settings.algorithm, settings.shadow
@@ -216,6 +214,7 @@ class LimiterState:
         """The guard's health report (storage latency, breaker state, scripts, instances), with
         the fleet's usage and this process's load when shedding is on."""
         report = self.guard.health()
+        report["leases"] = self.lease_report()
         fleet, load = self.enforcer.fleet, self.shedding.load
         if fleet is not None:
             report["fleet"] = fleet.health(self.storage, now_us=self.storage_now())
@@ -234,10 +233,29 @@ class LimiterState:
         a ``key_func`` that returned ``"alice"``); answer how many."""
         return admin.reset_identity(self, identity)
 
-    def checks_for(self, identity: str, cost: int = 0) -> list[tuple[str, Check]]:
+    def checks_for(self, identity: str, cost: int = 0) -> list[admin.NamedCheck]:
         """Every configured limit that can apply to ``identity``, named, as checks of ``cost``
         (see :func:`flask_distlimit.ops.admin.checks_for`)."""
         return admin.checks_for(self, identity, cost)
+
+    def lease_report(self) -> dict[str, dict[str, object]]:
+        """The quota leases this process holds, by storage key (``health()["leases"]``)."""
+        return self.enforcer.leases.held()
+
+    def drop_leases(self, keys: Iterable[str] | None = None) -> None:
+        """Forget this process's leases of ``keys`` (``None``: all), whose counts were just
+        deleted (:meth:`Leases.drop <flask_distlimit.resilience.leases.Leases.drop>`)."""
+        self.enforcer.leases.drop(keys)
+
+    def lease_size(self, key: str) -> int | None:
+        """The most units a process leases of the limit stored under ``key`` (``None``: not
+        leased, or none of its routes bound yet)."""
+        return self.enforcer.leases.largest(key)
+
+    def lease_records_key(self) -> str:
+        """The key where every process of the app publishes the leases it holds (read by
+        ``flask distlimit inspect``, deleted by :meth:`reset`)."""
+        return self.enforcer.leases.records_key
 
     def after_fork(self) -> None:
         """In a forked child (gunicorn): new connections and a fresh deny-cache lock."""

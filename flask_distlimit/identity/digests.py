@@ -42,7 +42,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Protocol
 
 from flask_distlimit.errors import StorageError
 from flask_distlimit.storage.base import Storage
@@ -52,6 +52,7 @@ __all__ = [
     "RETRY_INTERVAL",
     "SHARED_KEY_TTL",
     "IdentityTags",
+    "SideCallGuard",
     "digest_key",
     "tag_secret",
 ]
@@ -75,8 +76,18 @@ _CACHE_SIZE: Final = 4096
 _CONTEXT: Final = b"flask-distlimit identity-tag"
 
 
+class SideCallGuard(Protocol):
+    """What the tags ask before reading their key: the app's
+    :class:`~flask_distlimit.resilience.guard.Guard` (its
+    :meth:`~flask_distlimit.resilience.guard.Guard.open_side_call`)."""
+
+    def open_side_call(
+        self, key: str, what: str
+    ) -> Callable[[BaseException | None], None] | None: ...
+
+
 def _unheard(error: BaseException | None) -> None:
-    """The default ``gate``'s report: nobody is told."""
+    """The report of a read no guard watches: nobody is told."""
 
 
 def digest_key(key_prefix: str) -> str:
@@ -96,15 +107,12 @@ class IdentityTags:
     - ``secret``: the tag key from :func:`tag_secret`; ``None`` reads (and sets) the deployment's
       key in ``storage`` under ``<key_prefix>:identity-digest-key``;
     - ``clock``: monotonic seconds, for the refresh and retry intervals;
-    - ``gate``: asked when a read or refresh is due (never per request), before the storage
-      is tried: ``None`` to skip it (retried after :data:`RETRY_INTERVAL`), or a function
-      to call once with how the read ended, ``None`` when the storage answered, else the
-      exception it raised. The extension passes :meth:`Guard.beside
-      <flask_distlimit.resilience.guard.Guard.beside>` on :func:`digest_key`: the read is made only
-      while the circuit breaker of the node serving that key lets calls through (an outage costs no
-      extra timeouts), and that breaker hears how it ended (an outage counts toward opening
-      it, an answer resets its count, as for a request's call). Default: always try, tell
-      nobody.
+    - ``guard``: asked when a read or refresh is due (never per request), before the storage
+      is tried (:meth:`SideCallGuard.open_side_call` on :func:`digest_key`): the read is made
+      only while the circuit breaker of the node serving that key lets calls through (else it
+      is retried after :data:`RETRY_INTERVAL`), and that breaker hears how it ended (an outage
+      counts toward opening it, an answer resets its count, as for a request's call). Default
+      (``None``): always try, tell nobody.
 
     :attr:`tag` is what the request path calls.
     """
@@ -116,14 +124,14 @@ class IdentityTags:
         storage: Storage | None = None,
         key_prefix: str = "ratelimit",
         clock: Callable[[], float] = time.monotonic,
-        gate: Callable[[], Callable[[BaseException | None], None] | None] = lambda: _unheard,
+        guard: SideCallGuard | None = None,
     ) -> None:
         if secret is None and storage is None:
             raise ValueError("IdentityTags needs a secret or a storage to keep its key in")
         self.storage_key = digest_key(key_prefix)
         self._storage = storage
         self._clock = clock
-        self._gate = gate
+        self._guard = guard
         self._lock = threading.Lock()
         self._warned = False
         #: ``"secret"`` (from the app's secret) or ``"storage"`` (kept by the storage)
@@ -190,7 +198,12 @@ class IdentityTags:
         try:
             if self._clock() < self._due:
                 return  # another thread did it
-            heard = self._gate()
+            guard = self._guard
+            heard = (
+                _unheard
+                if guard is None
+                else guard.open_side_call(self.storage_key, "the identity tag key's read")
+            )
             if heard is None:
                 self._due = self._clock() + RETRY_INTERVAL
                 return

@@ -6,7 +6,7 @@ request path.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from flask import current_app
 
@@ -20,7 +20,15 @@ from flask_distlimit.storage.lease_records import records_key
 if TYPE_CHECKING:
     from flask_distlimit.identity.digests import IdentityTags
 
-__all__ = ["Operated", "checks_for", "reset", "reset_identity"]
+__all__ = ["NamedCheck", "Operated", "checks_for", "reset", "reset_identity"]
+
+
+class NamedCheck(NamedTuple):
+    """One limit an identity meets (:func:`checks_for`): its name, as ``current_limits`` and
+    ``flask distlimit`` show it, and its check."""
+
+    name: str
+    check: Check
 
 
 class _KeyPrefix(Protocol):
@@ -37,6 +45,8 @@ class Operated(AppLimits, Protocol):
 
     tags: IdentityTags
 
+    def lease_records_key(self) -> str: ...
+
 
 def reset(state: Operated) -> int:
     """Delete every count of the app (every client's keys, ``<prefix>:{<tag>}:...``, and the
@@ -50,9 +60,9 @@ def reset(state: Operated) -> int:
     kept for up to five minutes)."""
     if state.deny_cache is not None:
         state.deny_cache.clear()
-    state.enforcer.leases.drop()  # units leased from the counts deleted below
+    state.drop_leases()  # units leased from the counts deleted below
     prefix = state.settings.key_prefix
-    records = state.enforcer.leases.records_key
+    records = state.lease_records_key()
     keys = [*state.storage.scan(f"{prefix}:{{*"), records, records_key(records)]
     return state.storage.delete(keys)
 
@@ -74,11 +84,11 @@ def reset_identity(state: Operated, identity: str) -> int:
     if state.deny_cache is not None:
         state.deny_cache.clear()
     keys = list(state.storage.scan(client_pattern(state.settings.key_prefix, identity, state.tags)))
-    state.enforcer.leases.drop(keys)  # units leased from the counts deleted below
+    state.drop_leases(keys)  # units leased from the counts deleted below
     return state.storage.delete(keys) if keys else 0
 
 
-def checks_for(state: Operated, identity: str, cost: int = 0) -> list[tuple[str, Check]]:
+def checks_for(state: Operated, identity: str, cost: int = 0) -> list[NamedCheck]:
     """Every configured limit that can apply to ``identity``, named, as checks of ``cost``.
 
     ``identity`` is an identity text (``"ip:203.0.113.9"``, ``"user:42"``, or ``"func:<value>"``
@@ -92,11 +102,12 @@ def checks_for(state: Operated, identity: str, cost: int = 0) -> list[tuple[str,
     _check_kind(identity)
     state.tags.require()
     tag = state.tags.tag(identity)
-    found: dict[str, tuple[str, Check]] = {}
+    found: dict[str, NamedCheck] = {}
 
     def add(b: BoundLimit) -> None:
         key = b.key(tag)
-        found.setdefault(key, (b.name, Check(key, b.algorithm, b.rate.amount, b.rate.period, cost)))
+        check = Check(key, b.algorithm, b.rate.amount, b.rate.period, cost)
+        found.setdefault(key, NamedCheck(b.name, check))
 
     for b in (*state.global_limits, *state.meta_limits):
         add(b)

@@ -40,7 +40,7 @@ for all. Clear what is keyed on the authenticated account; keep an address limit
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -57,7 +57,6 @@ if TYPE_CHECKING:
     from flask_distlimit.declare.route_limits import BoundLimit, RoutePlan
     from flask_distlimit.defences.deny_cache import DenyCache
     from flask_distlimit.identity import IdentityResolver
-    from flask_distlimit.resilience.leases import Leases
     from flask_distlimit.storage.base import Storage
 
 __all__ = [
@@ -74,10 +73,9 @@ __all__ = [
 
 class RoutePlans(Protocol):
     """What is read here of an app's request path (its ``Enforcer``): the key of a request's
-    data in its environ, the leases, and each route's plan."""
+    data in its environ, and each route's plan."""
 
     environ_key: str
-    leases: Leases
 
     def original_view(self, endpoint: str) -> object | None: ...
 
@@ -97,6 +95,8 @@ class AppLimits(Protocol):
     tier_limits: dict[str, tuple[BoundLimit, ...]]
     deny_cache: DenyCache | None
     storage: Storage
+
+    def drop_leases(self, keys: Iterable[str] | None = None) -> None: ...
 
 
 class _Enabled(Protocol):
@@ -244,7 +244,7 @@ def clear(state: Clearable, name: str) -> int:
     if state.deny_cache is not None:
         for key in keys:
             state.deny_cache.forget(key)
-    state.enforcer.leases.drop(keys)  # units leased from the counts deleted below
+    state.drop_leases(keys)  # units leased from the counts deleted below
     return state.storage.delete(keys)
 
 

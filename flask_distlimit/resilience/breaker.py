@@ -1,35 +1,13 @@
 """The circuit breaker in front of the storage: stop asking a sick Redis, ask again later.
 
-One :class:`Breaker` per process, app and storage node (the
-:class:`~flask_distlimit.resilience.guard.Guard` owns them through
-:class:`~flask_distlimit.resilience.breakers.Breakers`; its ``name`` names the node). It keeps its
-state in a pybreaker :class:`pybreaker.CircuitBreaker` (state, failure counter, listeners), but
-never lets pybreaker run the protected call: ``CircuitBreaker.call()`` holds one lock for the whole
-call, which would serialize every Redis round trip of a gthread worker. The caller asks
-:meth:`Breaker.allow`, makes the call itself, and reports :meth:`Breaker.success` or
-:meth:`Breaker.failure`; the lock is taken only around state changes, so concurrent calls overlap.
-The reset timeout is timed here too, on an injected monotonic ``clock``: pybreaker's open state
-compares ``datetime.now()`` (wall clock, not injectable), so tests would have to sleep.
-
-- closed: every call goes through; ``fail_max`` consecutive outages open the breaker.
-- open: :meth:`allow` answers ``False`` in well under a microsecond, without touching the storage,
-  until ``reset_timeout`` seconds (of the injected ``clock``) have passed.
-- half-open: exactly one caller gets the trial; its success closes the breaker, its failure opens
-  it again for another ``reset_timeout``. A trial that never reports (its thread died) is given
-  up after ``reset_timeout`` and another caller gets a trial.
-
-Only outages count (:class:`~flask_distlimit.errors.StorageUnavailable`). An answer that is an
-error (:class:`~flask_distlimit.errors.StorageResponseError`) proves the store is reachable: report
-it as a success; the caller raises it as the bug it is.
-
-The settings are checked here, once, against the bounds :data:`FAIL_MAX_RANGE` and
-:data:`MAX_RESET_TIMEOUT` (:func:`check_fail_max`, :func:`check_reset_timeout`), by ``init_app``
-for ``DISTLIMIT_BREAKER_FAIL_MAX`` and ``DISTLIMIT_BREAKER_RESET_TIMEOUT`` and by every breaker
-built: a bad value is a :class:`~flask_distlimit.errors.ConfigurationError` naming the key.
-
-Opening is logged at WARNING, closing at INFO (logger ``flask_distlimit.resilience.breaker``), each
-line naming the breaker (``redis:ratelimit``, or ``redis+cluster:ratelimit@127.0.0.1:7001`` for one
-node of several).
+One :class:`Breaker` per process, app and storage node (owned by the guard's
+:class:`~flask_distlimit.resilience.breakers.Breakers`). The caller asks :meth:`Breaker.allow`,
+makes the call itself (outside any lock) and reports :meth:`~Breaker.success`,
+:meth:`~Breaker.failure` or :meth:`~Breaker.release`. Only outages count; an error reply is an
+answer. Closed, open for ``reset_timeout`` seconds of the injected ``clock``, then half-open with
+exactly one trial. :func:`check_fail_max` and :func:`check_reset_timeout` check the settings (a
+:class:`~flask_distlimit.errors.ConfigurationError` naming the key). Transitions are logged
+(logger ``flask_distlimit.breaker``). docs/failure-modes.md, "The circuit breaker", says more.
 """
 
 from __future__ import annotations
@@ -126,6 +104,11 @@ class _Listener(pybreaker.CircuitBreakerListener):
 
 class Breaker:
     """A circuit breaker whose protected calls run outside its lock.
+
+    Why pybreaker's state but not its ``call()``: ``call()`` holds one lock for the whole
+    protected call (every Redis round trip of a gthread worker would wait for the previous one),
+    and its open state is timed on ``datetime.now()``, which tests cannot inject. So pybreaker
+    keeps the state, counter and listeners (public API only); the timing and the trial are here.
 
     ``clock`` is a monotonic clock in seconds (tests inject a fake one). ``on_change`` is called
     with the new state name after every transition (used for the metrics gauge).

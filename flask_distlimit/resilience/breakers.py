@@ -20,9 +20,9 @@ half-open, then closed): with one node it is that node's state, as before per-no
 :func:`worst` picks the breaker that aggregate describes.
 
 A request (or a call beside one) whose parts go to several nodes asks each node's breaker once
-(:meth:`Breakers.gate`), and each node's breaker then hears once how its parts ended
-(:func:`tell`): an outage if any of them met one, else an answer; so does the breaker of a single
-call beside a request's (:func:`hear`).
+(:meth:`Breakers.admit`), and each node's breaker then hears once how its parts ended
+(:func:`report_parts`): an outage if any of them met one, else an answer; so does the breaker of
+a single call beside a request's (:func:`report_call`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from flask_distlimit.resilience.breaker import (
     check_reset_timeout,
 )
 
-__all__ = ["DEFAULT_NODE", "MAX_NODES", "Breakers", "hear", "tell", "worst"]
+__all__ = ["DEFAULT_NODE", "MAX_NODES", "Breakers", "report_call", "report_parts", "worst"]
 
 #: The node of a storage that has only one (single node, memory; Sentinel before it connected).
 DEFAULT_NODE: Final = "redis"
@@ -132,7 +132,7 @@ class Breakers:
             on_change(name, breaker.state)
         return breaker
 
-    def gate(self, nodes: Iterable[str]) -> tuple[dict[str, Breaker], set[str]]:
+    def admit(self, nodes: Iterable[str]) -> tuple[dict[str, Breaker], set[str]]:
         """Ask each node's breaker once: the nodes to try (with their breakers), the others."""
         trying: dict[str, Breaker] = {}
         blocked: set[str] = set()
@@ -192,7 +192,7 @@ class Breakers:
             breaker._after_fork()
 
 
-def hear(breaker: Breaker, error: BaseException | None) -> None:
+def report_call(breaker: Breaker, error: BaseException | None) -> None:
     """``breaker`` hears how one call ended (``error``: ``None`` when the storage answered):
     an answer (an error reply, a lost reply and a refused write are answers: the node is up) is
     a success, an outage a failure; any other exception frees a trial it held."""
@@ -204,12 +204,12 @@ def hear(breaker: Breaker, error: BaseException | None) -> None:
         breaker.release()
 
 
-def tell(
+def report_parts(
     trying: dict[str, Breaker],
     nodes: Sequence[str],
     results: Sequence[Evaluation | StorageError],
 ) -> list[StorageMisconfigured]:
-    """Each node's breaker of ``trying`` (:meth:`Breakers.gate`) hears once how the parts sent
+    """Each node's breaker of ``trying`` (:meth:`Breakers.admit`) hears once how the parts sent
     to it (``nodes``, one per result) ended: an outage if any of them met one, else an answer (an
     error reply, a lost reply and a refused write are answers: the node is up); a node that
     only met this process's load (:class:`~flask_distlimit.errors.StorageBusy`) or was sent

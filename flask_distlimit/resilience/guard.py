@@ -44,8 +44,8 @@ A refused write (:class:`~flask_distlimit.errors.StorageFull`: Redis out of memo
 (another client filling Redis must not switch the limiter to its policy for everyone), and the
 request is decided at the local share whatever the policy (``"closed"``: 503). Under ``"open"``,
 requests keep being counted at the local share while the fallback holds keys it decided so
-(:meth:`GuardCore.chosen <flask_distlimit.resilience.guard_core.GuardCore.chosen>`), so nobody
-gets a share and then a full quota in one window. Logged at WARNING at most once a minute.
+(:meth:`GuardCore.policy_for <flask_distlimit.resilience.guard_core.GuardCore.policy_for>`), so
+nobody gets a share and then a full quota in one window. Logged at WARNING at most once a minute.
 
 An error reply (:class:`~flask_distlimit.errors.StorageResponseError`: a bug, data the limiter does
 not expect, a Redis-compatible server that runs Lua otherwise) is never counted as an outage (the
@@ -54,9 +54,10 @@ ERROR line a minute names it.
 
 :meth:`Guard.health` never raises: whatever the storage does, it reports ``ok: False`` and the
 cause in ``error`` (:mod:`flask_distlimit.resilience.guard_health`). The calls beside a request's
-(the heartbeat, lease records, give-backs) go through :meth:`Guard.beside`, :meth:`Guard.side_call`
-and :meth:`Guard.evaluate_beside` (:mod:`flask_distlimit.resilience.side_calls`); the state every
-path shares, and the failure policy's answers, are in :mod:`flask_distlimit.resilience.guard_core`.
+(the heartbeat, lease records, give-backs) go through :meth:`Guard.open_side_call`,
+:meth:`Guard.side_call` and :meth:`Guard.evaluate_beside`
+(:mod:`flask_distlimit.resilience.side_calls`); the state every path shares, and the failure
+policy's answers, are in :mod:`flask_distlimit.resilience.guard_core`.
 """
 
 from __future__ import annotations
@@ -81,9 +82,9 @@ from flask_distlimit.resilience.outcome import OPEN_OUTCOME, Outcome
 from flask_distlimit.resilience.routing import evaluate_routed
 from flask_distlimit.resilience.side_calls import (
     SideReport,
-    beside,
     evaluate_beside,
     heartbeat_if_due,
+    open_side_call,
     side_call,
 )
 from flask_distlimit.storage.base import Storage
@@ -118,7 +119,7 @@ class Guard(GuardCore):
     ) -> Outcome:
         """Evaluate ``checks``; ``policy`` overrides the default for one route."""
         if self.refusing_writes:
-            policy = self.chosen(policy)
+            policy = self.policy_for(policy)
         if self.routed:
             return evaluate_routed(self, checks, policy, now_us)
         breaker = self.node_breaker
@@ -130,9 +131,9 @@ class Guard(GuardCore):
                     self.metrics.degraded(checks, refusal)
                 return Outcome(refusal, degraded=True)
         if not breaker.allow():
-            moved = self.follow(refresh=True) if self.follows else None
+            moved = self.follow_node(refresh=True) if self.follows else None
             if moved is None or not moved.allow():
-                return self.degraded(checks, policy, now_us)
+                return self.answer_by_policy(checks, policy, now_us)
             breaker = moved
         metrics = self.metrics
         started = time.perf_counter() if metrics is not None else 0.0
@@ -142,14 +143,16 @@ class Guard(GuardCore):
             breaker.success()  # the node answered: not an outage
             if metrics is not None:
                 metrics.storage_call(time.perf_counter() - started)
-            return self.degraded(checks, self.refused_write(exc, policy), now_us)
+            return self.answer_by_policy(
+                checks, self.policy_after_refused_write(exc, policy), now_us
+            )
         except StorageUnavailable as exc:
             if metrics is not None:
                 metrics.storage_call(time.perf_counter() - started, storage_outcome(exc))
             if self.follows and self.node == DEFAULT_NODE:
                 # The storage had not named its node yet (a Sentinel master before the first
                 # connection): the outage is that of the node it names now.
-                breaker = self.follow(refresh=False) or breaker
+                breaker = self.follow_node(refresh=False) or breaker
             if isinstance(exc, StorageReplyLost):
                 breaker.success()  # a fresh connection answered: not an outage
                 if not fallback.holding and (policy or self.policy) == "local":
@@ -163,17 +166,17 @@ class Guard(GuardCore):
             if isinstance(exc, StorageMisconfigured):
                 self.storage_log.refused(exc)
             if self.follows:
-                self.follow(refresh=False)  # the failed call may have found a new master
-            return self.degraded(checks, policy, now_us)
+                self.follow_node(refresh=False)  # the failed call may have found a new master
+            return self.answer_by_policy(checks, policy, now_us)
         except StorageResponseError as exc:
             breaker.success()  # the store answered: not an outage
             if metrics is not None:
                 metrics.storage_call(time.perf_counter() - started, "error")
-            self.unreadable(exc)
-            return self.degraded(checks, policy, now_us)
+            self.count_unreadable(exc)
+            return self.answer_by_policy(checks, policy, now_us)
         except StorageBusy as exc:  # this process's load: the breaker hears nothing
             breaker.release()
-            return self.busy(exc)
+            return self.answer_busy(exc)
         except BaseException:
             breaker.release()
             raise
@@ -200,7 +203,7 @@ class Guard(GuardCore):
 
     # -- calls beside the request's ----------------------------------------------------------
 
-    def beside(self, key: str, what: str) -> SideReport | None:
+    def open_side_call(self, key: str, what: str) -> SideReport | None:
         """Open a call beside the request's own on ``key`` (``what`` names it in the log): the
         function to tell how it ended, or ``None`` when the breaker of ``key``'s node lets no
         call through now (open, or half-open with its one trial out): skip the call then.
@@ -221,13 +224,13 @@ class Guard(GuardCore):
           never answers for a trial another call holds);
         - an error reply (:class:`~flask_distlimit.errors.StorageResponseError`) is an answer
           too (the node is up: never a failure, so a side call cannot open the breaker of a
-          healthy node), counted and logged as :meth:`unreadable` says; so is a lost reply
+          healthy node), counted and logged as :meth:`count_unreadable` says; so is a lost reply
           (:class:`~flask_distlimit.errors.StorageReplyLost`: a fresh connection answered);
         - any other exception frees a trial it held and decides nothing.
 
         The report takes the breaker's lock at most (no I/O): it never delays the request.
         """
-        return beside(self, key, what)
+        return open_side_call(self, key, what)
 
     def side_call(
         self, key: str, call: Callable[[Storage], Sequence[str]], what: str = "a side call"
@@ -235,9 +238,10 @@ class Guard(GuardCore):
         """One separate, cheap storage call beside the request's own, on ``key`` (the instance
         heartbeat, the lease records), ``what`` naming it in the log: made only while the
         breaker of ``key``'s node lets calls through, which hears how it ended
-        (:meth:`beside`); the keys it answers (found holding garbage and replaced) are
+        (:meth:`open_side_call`); the keys it answers (found holding garbage and replaced) are
         logged. An error reply is an answer (the breaker hears a success) that the request it
-        rides on, decided already, never sees: counted and logged as :meth:`unreadable` says."""
+        rides on, decided already, never sees: counted and logged as :meth:`count_unreadable`
+        says."""
         side_call(self, key, call, what)
 
     def evaluate_beside(
@@ -255,8 +259,8 @@ class Guard(GuardCore):
         <flask_distlimit.resilience.breaker.Breaker.allow>`): the parts of a node that lets no call
         through are not sent (no wait on a node known to be down; a slot's lease gives it
         back), the others are, together (one deadline on a Cluster), and each node's breaker
-        then hears once how its parts ended, as :meth:`beside` says: an outage if any of them
-        met one, else an answer."""
+        then hears once how its parts ended, as :meth:`open_side_call` says: an outage if any of
+        them met one, else an answer."""
         evaluate_beside(self, checks, what, now_us)
 
     # -- inspection --------------------------------------------------------------------------

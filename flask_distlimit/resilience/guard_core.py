@@ -1,16 +1,13 @@
 """What every path of a guard shares: its settings and parts, and the failure policy's answers.
 
 :class:`GuardCore` is the part of :class:`~flask_distlimit.resilience.guard.Guard` that the
-single-node path (:mod:`flask_distlimit.resilience.guard`), the Cluster path
-(:mod:`flask_distlimit.resilience.routing`) and the calls beside a request's
-(:mod:`flask_distlimit.resilience.side_calls`) all read: the storage, the per-node breakers
-(:mod:`flask_distlimit.resilience.breakers`) and local fallbacks
-(:mod:`flask_distlimit.resilience.node_fallbacks`), the instance count, the node a storage of one
-node at a time goes to now (a Sentinel master, followed on failures and while its breaker is
-open), the paced log (:mod:`flask_distlimit.resilience.storage_log`), and the answer of the failure
-policy to checks the storage did not decide (:meth:`GuardCore.degraded`). A refused write
-(:class:`~flask_distlimit.errors.StorageFull`) turns ``"open"`` into ``"local"`` until the fallbacks
-let go of the keys it decided (:meth:`GuardCore.chosen`).
+single-node path, the Cluster path (:mod:`flask_distlimit.resilience.routing`) and the calls beside
+a request's (:mod:`flask_distlimit.resilience.side_calls`) read: the storage, the per-node breakers
+and local fallbacks, the instance count, the node the storage goes to now (a Sentinel master is
+followed: :meth:`GuardCore.follow_node`), the paced log, and the failure policy's answer to checks
+the storage did not decide (:meth:`GuardCore.answer_by_policy`). After a refused write
+(:class:`~flask_distlimit.errors.StorageFull`), ``"open"`` reads as ``"local"`` until the fallbacks
+let go of the keys it decided (:meth:`GuardCore.policy_for`).
 """
 
 from __future__ import annotations
@@ -93,9 +90,6 @@ class GuardCore:
         #: (flask_distlimit.telemetry.otel keeps its instruments beside the Prometheus metrics with
         #: it)
         self.compose_metrics: Callable[[Metrics | None], Metrics | None] | None = None
-        #: the quota leases this process holds through this guard, by key: set by the app's
-        #: :class:`~flask_distlimit.resilience.leases.Leases` when it has some
-        self.held_leases: Callable[[], dict[str, dict[str, object]]] = dict
         self.clock = clock
         #: The paced log lines about the storage, and the counts ``health()`` shows.
         self.storage_log = StorageLog(
@@ -204,7 +198,7 @@ class GuardCore:
         self._asked_at = now
         return True
 
-    def follow(self, refresh: bool) -> Breaker | None:
+    def follow_node(self, *, refresh: bool) -> Breaker | None:
         """The breaker of the node the storage goes to now, when it moved (else ``None``).
 
         ``refresh`` (the current node's breaker is open) lets the storage ask its topology
@@ -229,7 +223,7 @@ class GuardCore:
 
     # -- the failure policy's answers --------------------------------------------------------
 
-    def degraded(
+    def answer_by_policy(
         self, checks: Sequence[Check], policy: FailurePolicy | None, now_us: int | None
     ) -> Outcome:
         """The failure policy's answer to ``checks`` the storage did not decide."""
@@ -249,13 +243,13 @@ class GuardCore:
             validate_policy(chosen)  # raises ConfigurationError naming the bad value
         return OPEN_OUTCOME
 
-    def busy(self, exc: StorageBusy) -> Outcome:
+    def answer_busy(self, exc: StorageBusy) -> Outcome:
         """A call queued in this process past its budget: a 503 (``Retry-After: 1``), whatever
         the policy; one WARNING line, then at most one a minute."""
         self.storage_log.busy(exc)
         return BUSY_OUTCOME
 
-    def chosen(self, policy: FailurePolicy | None) -> FailurePolicy:
+    def policy_for(self, policy: FailurePolicy | None) -> FailurePolicy:
         """The policy that answers a request: its route's or the default, but ``"local"`` in
         place of ``"open"`` while a local fallback holds keys it decided because the storage
         refused a write (:class:`~flask_distlimit.errors.StorageFull`): Redis never counted
@@ -269,7 +263,9 @@ class GuardCore:
         self.refusing_writes = False  # every key decided locally was handed back
         return chosen
 
-    def refused_write(self, exc: StorageFull, policy: FailurePolicy | None) -> FailurePolicy:
+    def policy_after_refused_write(
+        self, exc: StorageFull, policy: FailurePolicy | None
+    ) -> FailurePolicy:
         """The policy that answers a request whose write the storage refused: ``"closed"``
         stays (503), any other is ``"local"`` (this process's share, never unlimited). Logs
         at WARNING, at most once a minute."""
@@ -281,7 +277,7 @@ class GuardCore:
 
     # -- what is told to the operator --------------------------------------------------------
 
-    def unreadable(self, exc: StorageError, call: str | None = None) -> None:
+    def count_unreadable(self, exc: StorageError, call: str | None = None) -> None:
         """Count and log an error reply (a reply the limiter cannot read) to a request's call,
         or to the side call ``call`` names (a heartbeat, a slot's give-back: skipped): every
         one is counted (``health()``, the ``unreadable_replies_total`` metric), since the
@@ -294,10 +290,10 @@ class GuardCore:
         """Count and log a call beside a request's that did not complete (``what`` names it:
         a concurrency slot's give-back, a refund, a lease's give-back, an after-response
         charge; ``cause`` the error or why it was not made). Such a call ends with its own
-        failure: its node's breaker has heard of an outage already (:meth:`Guard.beside
-        <flask_distlimit.resilience.guard.Guard.beside>`), and nothing else changes, no failure
-        policy answers it and the local fallback is not engaged, so no other request's decision
-        moves. Every one is counted (``health()``'s ``side_call_failures``, the
+        failure: its node's breaker has heard of an outage already (:meth:`Guard.open_side_call
+        <flask_distlimit.resilience.guard.Guard.open_side_call>`), and nothing else changes, no
+        failure policy answers it and the local fallback is not engaged, so no other request's
+        decision moves. Every one is counted (``health()``'s ``side_call_failures``, the
         ``side_call_failures_total`` metric); the first logs one WARNING line, then at most one
         every :data:`~flask_distlimit.resilience.storage_log.SIDE_FAILURE_LOG_INTERVAL`
         seconds, which says how many failed since the previous line."""

@@ -1,33 +1,12 @@
 """A guard's health report: the storage checked, its breakers, fallbacks and troubles; never raises.
 
-:func:`health` answers :meth:`Guard.health <flask_distlimit.resilience.guard.Guard.health>`:
-storage ping latency, breaker states, scripts loaded, instances seen.
-
-``breakers`` maps each storage node (``"redis"`` for a single node or memory, the master's
-``host:port`` on Sentinel, each primary's on a Cluster) to its breaker's state; ``breaker_nodes``
-maps each to its breaker's figures: ``state``, ``failures`` (the consecutive outages counted, which
-stays at the count that opened it while it is not closed) and ``open_seconds`` (since it opened;
-``None`` while closed). ``breaker``, ``breaker_failures`` and ``breaker_open_seconds`` are those of
-the worst node's breaker (:func:`~flask_distlimit.resilience.breakers.worst`: open, then half-open,
-then closed; among equals the one open longest, then the one with the most failures). With one node
-they are that node's, as they always were; on a Cluster they describe one primary, the one that
-degrades requests, whichever serves the instance heartbeat key (they used to be that primary's, and
-read ``0`` and ``None`` while another primary's breaker was open).
-
-The storage is checked even while the breaker is open (it is an explicit check, not a request),
-but the answer does not move the breaker: a PING, whether the scripts are loaded, then one
-evaluation of cost 0 (it consumes nothing and leaves no key, but it runs the script, so a server
-that refuses the limiter's commands, keys or credentials shows here; it loads the script when the
-server has none). Any failure, expected (:class:`~flask_distlimit.errors.StorageError`) or not,
-gives ``ok: False``, its cause in one line in ``error`` and its class name in ``error_type``
-(``StorageUnavailable``, ``StorageMisconfigured``, ``StorageResponseError``, or any other).
-
-``unreadable_replies`` counts the replies to requests this process could not read (an error reply
-or one of the wrong shape: the failure policy answered them, the breaker stayed closed),
-``unreadable_last`` quotes the last in one line (``None``: none yet). ``side_call_failures`` counts
-the calls beside requests that failed and were skipped (:meth:`GuardCore.side_failed
-<flask_distlimit.resilience.guard_core.GuardCore.side_failed>`), ``side_call_last`` names the last
-with its cause.
+:func:`health` answers :meth:`Guard.health <flask_distlimit.resilience.guard.Guard.health>`. The
+storage is checked even while a breaker is open, without moving it: a PING, whether the scripts
+are loaded, one evaluation of cost 0 (consumes nothing, writes no key). Any failure gives
+``ok: False``, its cause in one line in ``error`` and its class name in ``error_type``.
+``breaker``, ``breaker_failures`` and ``breaker_open_seconds`` are the worst node's
+(:func:`~flask_distlimit.resilience.breakers.worst`). Every entry is documented in
+docs/failure-modes.md, "Observability".
 """
 
 from __future__ import annotations
@@ -67,7 +46,7 @@ def health(guard: GuardCore) -> dict[str, object]:
         error = one_line(f"unexpected {type(exc).__name__} from the storage: {exc}")
         error_type = type(exc).__name__
     if guard.follows:
-        guard.follow(refresh=False)  # name the master the storage found, if it connected
+        guard.follow_node(refresh=False)  # name the master the storage found, if it connected
     guard.breakers.prune()
     current = guard.breaker  # made if new: the heartbeat key's node is always shown
     by_node = guard.breakers.by_node()
@@ -99,7 +78,6 @@ def health(guard: GuardCore) -> dict[str, object]:
         "unreadable_last": told.unreadable_last,
         "side_call_failures": told.side_failures,
         "side_call_last": told.side_last,
-        "leases": guard.held_leases(),
     }
 
 

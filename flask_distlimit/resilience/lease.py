@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Final, TypeAlias
+from typing import Final, NamedTuple, TypeAlias
 
 from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.decision import Check, Decision
 from flask_distlimit.declare.lease_options import auto_cap
 from flask_distlimit.engine.registry import REGISTRY
 
-__all__ = ["GIVE_BACK_AFTER_US", "LEASE_SPAN_US", "Lease", "Spent"]
+__all__ = ["GIVE_BACK_AFTER_US", "LEASE_SPAN_US", "Held", "Lease", "Spent"]
 
 #: ``lease=True`` sizes a lease to this much of the process's demand on the key (microseconds).
 LEASE_SPAN_US: Final = 100_000
@@ -60,6 +60,13 @@ def _good_until(
     # a window's end, no sooner on the server's clock: the reset of a counter, which weighs the
     # previous window too, is the end of the next window
     return started + reset_us - (entry.span - 1) * period_us
+
+
+class Held(NamedTuple):
+    """What a lease holds now (:meth:`Lease.holds`)."""
+
+    units: int
+    good_for_us: int  #: how long the longest-lived units stay good (0: none held)
 
 
 class _Chunk:
@@ -275,11 +282,11 @@ class Lease:
             self.chunks[:] = kept
             return sorted(out.items())
 
-    def holds(self, now: int) -> tuple[int, int]:
-        """The units held now, and how long the longest-lived stay good (us; 0: none held)."""
+    def holds(self, now: int) -> Held:
+        """The units held now, and how long the longest-lived stay good."""
         with self.lock:
             units = self._held(now)
-            return units, self.chunks[-1].expires - now if units else 0
+            return Held(units, self.chunks[-1].expires - now if units else 0)
 
     def clear(self) -> bool:
         """Drop every unit (their count was deleted); true if it held some."""

@@ -1,43 +1,12 @@
 """Quota leasing: a process takes units of a hot limit in advance and spends them in-process.
 
-``@limiter.limit("5000/second", scope="tenant", lease=True)`` (or ``lease=<units>``). A *lease*
-(:mod:`flask_distlimit.resilience.lease`: its units, how long they stay good, its sizing) is units
-consumed from the shared key by the ordinary script with ``cost`` = the lease's size, in the
-request's one storage call; the process then admits requests of that key out of the lease, with
-no storage call. The fleet never admits more than the limit: every unit a process spends was
-consumed from the shared count first. The price is under-admission: a process may refuse while
-another holds unspent units, at most *processes x lease size* units per window
-(``docs/leasing.md``). :class:`Leases` is every lease of one app in this process;
-:meth:`Leases.evaluate` stands in for the guard's when a request has a leased limit.
-
-- **Renewal** is on the request path, by the one request that finds the lease at or below its
-  low-water mark (a quarter of its size) or empty: its storage call carries the leased check
-  with ``cost`` = what the request itself needs from the storage (0 when the lease covered it)
-  plus the top-up (up to the lease size), beside the request's other limits. If that is refused
-  while the request's own needs would pass, it asks again for what the reply says remains, then
-  for nothing but the request's own needs, before the request is refused. Other threads keep
-  spending meanwhile; one that finds the lease empty while it renews asks the storage for its
-  own cost only. No background thread; the clock is the app's injected one.
-- **Giving back**: fixed window and counter units a lease has not spent from for
-  :data:`~flask_distlimit.resilience.lease.GIVE_BACK_AFTER_US` go back to the shared count after
-  a later storage call of this process (:meth:`Leases.housekeeping`, at most once a second), each
-  lease's in a script call of its own that takes them off only the window they were taken in, as
-  the server numbered it (:mod:`flask_distlimit.storage.give_back`); the units leave the lease
-  first. A process that makes no storage call gives nothing back: its units expire with their
-  window. Nor while the breaker of the key's node is not closed: the units stay in the lease,
-  spent first.
-- **How many**: a process keeps at most :data:`MAX_LEASES`; past that, half are dropped, those
-  holding no unit first (the units of one that holds some expire), the least recently used first.
-- **All-or-nothing**: a request whose other limits refuse gives its leased units back to the
-  lease (nothing left the process).
-- **Failure**: units still held are spent first; the failure policy decides only what the lease
-  cannot cover. A call that fails grants no lease (under ``local`` the fallback charged the
-  request's check, top-up included, to this process's share).
-- **Published** for ``flask distlimit inspect`` (:mod:`flask_distlimit.resilience.holdings`):
-  what the process holds, after a storage call that granted a renewal or gave units back, at
-  most once a second.
-
-A lease is per storage key (identity + limit). A fork drops every lease in the child.
+:class:`Leases` is every lease (:mod:`flask_distlimit.resilience.lease`) of one app in this
+process; :meth:`Leases.evaluate` stands in for the guard's when a request has a leased limit
+(``lease=True`` or ``lease=<units>``). Every unit spent was consumed from the shared count first,
+so the fleet never admits more than the limit; renewal rides on a request's one storage call;
+units left unspent go back to the window they were taken in (:meth:`Leases.housekeeping`);
+a refused request puts its units back; a fork, or a reset of their counts (:meth:`Leases.drop`),
+drops them. No background thread; the clock is the app's. docs/leasing.md says how and why.
 """
 
 from __future__ import annotations
@@ -129,7 +98,6 @@ class Leases:
         #: a renewal was granted (or a reset dropped units) since the last publication
         self._renewed = False
         _all.add(self)
-        guard.held_leases = self.held  # what the guard's health report lists
 
     def declare(self, bounds: Sequence[BoundLimit]) -> bool:
         """Note the leased limits among ``bounds`` (bound for a route); true if any."""
@@ -196,7 +164,7 @@ class Leases:
         hot key's units again and again."""
 
         def order(lease: Lease) -> tuple[bool, int]:
-            return lease.holds(now)[0] > 0, lease.used
+            return lease.holds(now).units > 0, lease.used
 
         ordered = sorted(self._leases.values(), key=order)
         for lease in ordered[: len(ordered) // 2 or 1]:
@@ -208,7 +176,7 @@ class Leases:
         total = 0
         for lease in list(self._leases.values()):
             if limit_label(lease.key) == label:
-                total += lease.holds(now)[0]
+                total += lease.holds(now).units
         return total
 
     def housekeeping(self) -> None:

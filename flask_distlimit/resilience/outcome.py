@@ -8,7 +8,7 @@ storage failed. The policies that know nothing about the checks share one frozen
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Final
 
 from flask_distlimit.core.decision import Evaluation
@@ -30,6 +30,7 @@ class Outcome:
     """
 
     evaluation: Evaluation | None
+    _: KW_ONLY
     degraded: bool = False
     unavailable: bool = False
     busy: bool = False
@@ -37,6 +38,7 @@ class Outcome:
     def __init__(
         self,
         evaluation: Evaluation | None,
+        *,
         degraded: bool = False,
         unavailable: bool = False,
         busy: bool = False,

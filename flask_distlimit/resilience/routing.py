@@ -25,7 +25,7 @@ from flask_distlimit._typing import FailurePolicy
 from flask_distlimit.core.decision import Check, Decision, Evaluation
 from flask_distlimit.core.policies import validate_policy
 from flask_distlimit.errors import StorageBusy, StorageError, StorageFull, StorageUnavailable
-from flask_distlimit.resilience.breakers import tell
+from flask_distlimit.resilience.breakers import report_parts
 from flask_distlimit.resilience.fallback import LocalFallback
 from flask_distlimit.resilience.guard_core import GuardCore
 from flask_distlimit.resilience.outcome import OPEN_OUTCOME, Outcome
@@ -43,7 +43,7 @@ def evaluate_routed(
     chosen: FailurePolicy = policy or core.policy
     storage = core.storage
     routes = storage.route(checks)
-    trying, blocked = core.breakers.gate(node for node, _ in routes)
+    trying, blocked = core.breakers.admit(node for node, _ in routes)
     if blocked and core.rediscover_due():
         # A replica may have been promoted in place of a dead primary: refresh the slot map
         # (at most once a second) so that its slots go to the new primary's breaker.
@@ -51,11 +51,11 @@ def evaluate_routed(
             breaker.release()
         storage.node(refresh=True)
         routes = storage.route(checks)
-        trying, blocked = core.breakers.gate(node for node, _ in routes)
+        trying, blocked = core.breakers.admit(node for node, _ in routes)
     if blocked and chosen == "closed":  # answered 503 whatever the live nodes say
         for breaker in trying.values():
             breaker.release()
-        return core.degraded(checks, policy, now_us)
+        return core.answer_by_policy(checks, policy, now_us)
     node_of = {i: node for node, indexes in routes for i in indexes}
     live = [(node, indexes) for node, indexes in routes if node in trying]
     parts = [[checks[i] for i in indexes] for _, indexes in live]
@@ -77,11 +77,11 @@ def evaluate_routed(
                 storage_outcome(failed_parts[0] if failed_parts else None),
             )
     # Each node's breaker hears once: an outage if any of its groups met one.
-    for refused in tell(trying, [node for node, _ in live], results):
+    for refused in report_parts(trying, [node for node, _ in live], results):
         core.storage_log.refused(refused)
     full = next((r for r in results if isinstance(r, StorageFull)), None)
     if full is not None:  # decided at the local share ("closed": 503), never "open"
-        chosen = core.refused_write(full, chosen)
+        chosen = core.policy_after_refused_write(full, chosen)
     decisions: list[Decision | None] = [None] * len(checks)
     repaired: list[str] = []
     spent: list[int] = []  # indexes of checks a group admitted and consumed
@@ -94,7 +94,7 @@ def evaluate_routed(
         elif isinstance(result, StorageBusy):  # load: the whole request is refused
             busy = result
         elif isinstance(result, StorageError):  # an error reply: the policy decides these
-            core.unreadable(result)
+            core.count_unreadable(result)
             failed.extend(indexes)
         else:
             decisions_of_part = result.decisions
@@ -115,7 +115,7 @@ def evaluate_routed(
         core.storage_log.repaired(repaired)
     if busy is not None:
         _give_back(core, checks, spent, decisions, now_us, breach=False)
-        return core.busy(busy)
+        return core.answer_busy(busy)
     if not failed:
         # one group: its node's clock (the window a leased unit was taken in)
         node_now = results[0].now_us if len(results) == 1 else 0  # type: ignore[union-attr]
@@ -131,7 +131,7 @@ def evaluate_routed(
     lost = [checks[i] for i in failed]
     if chosen == "closed":  # a node failed during this call
         _give_back(core, checks, spent, decisions, now_us, breach=False)  # a 503
-        return core.degraded(lost, policy, now_us)
+        return core.answer_by_policy(lost, policy, now_us)
     local: Evaluation | None = None
     if chosen == "local" and not denied:
         local = _local_by_node(core, checks, failed, node_of, now_us)

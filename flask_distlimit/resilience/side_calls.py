@@ -7,9 +7,9 @@ engaged: a side call that fails is counted and logged
 (:meth:`GuardCore.side_failed <flask_distlimit.resilience.guard_core.GuardCore.side_failed>`) and
 skipped. The functions here take the guard's shared state
 (:class:`~flask_distlimit.resilience.guard_core.GuardCore`); the public entry points are
-:meth:`Guard.beside <flask_distlimit.resilience.guard.Guard.beside>`, :meth:`Guard.side_call
-<flask_distlimit.resilience.guard.Guard.side_call>` and :meth:`Guard.evaluate_beside
-<flask_distlimit.resilience.guard.Guard.evaluate_beside>`.
+:meth:`Guard.open_side_call <flask_distlimit.resilience.guard.Guard.open_side_call>`,
+:meth:`Guard.side_call <flask_distlimit.resilience.guard.Guard.side_call>` and
+:meth:`Guard.evaluate_beside <flask_distlimit.resilience.guard.Guard.evaluate_beside>`.
 """
 
 from __future__ import annotations
@@ -21,22 +21,22 @@ from collections.abc import Callable, Sequence
 from flask_distlimit.core.decision import Check
 from flask_distlimit.errors import StorageError, StorageMisconfigured, StorageResponseError
 from flask_distlimit.resilience.breaker import Breaker
-from flask_distlimit.resilience.breakers import hear, tell
+from flask_distlimit.resilience.breakers import report_call, report_parts
 from flask_distlimit.resilience.guard_core import GuardCore
 from flask_distlimit.storage.base import Storage
 
-__all__ = ["SideReport", "beside", "evaluate_beside", "heartbeat_if_due", "side_call"]
+__all__ = ["SideReport", "evaluate_beside", "heartbeat_if_due", "open_side_call", "side_call"]
 
 log = logging.getLogger("flask_distlimit.guard")  # a public name (docs/failure-modes.md), kept
 
-#: How a call beside the request's ended, told to its node's breaker (:func:`beside`):
+#: How a call beside the request's ended, told to its node's breaker (:func:`open_side_call`):
 #: ``None`` when the storage answered, else the exception the call raised.
 SideReport = Callable[[BaseException | None], None]
 
 
-def beside(core: GuardCore, key: str, what: str) -> SideReport | None:
-    """Open a call beside the request's own on ``key`` (:meth:`Guard.beside
-    <flask_distlimit.resilience.guard.Guard.beside>`)."""
+def open_side_call(core: GuardCore, key: str, what: str) -> SideReport | None:
+    """Open a call beside the request's own on ``key`` (:meth:`Guard.open_side_call
+    <flask_distlimit.resilience.guard.Guard.open_side_call>`)."""
     breaker = core.breaker_of(key)
     if not breaker.allow():
         return None
@@ -44,13 +44,13 @@ def beside(core: GuardCore, key: str, what: str) -> SideReport | None:
 
 
 def _heard(core: GuardCore, breaker: Breaker, what: str, error: BaseException | None) -> None:
-    """Tell ``breaker`` how a call beside the request's ended (:func:`beside`), and the operator
-    what it should know."""
-    hear(breaker, error)
+    """Tell ``breaker`` how a call beside the request's ended (:func:`open_side_call`), and the
+    operator what it should know."""
+    report_call(breaker, error)
     if isinstance(error, StorageMisconfigured):
         core.storage_log.refused(error)
     elif isinstance(error, StorageResponseError):
-        core.unreadable(error, what)
+        core.count_unreadable(error, what)
 
 
 def side_call(
@@ -58,7 +58,7 @@ def side_call(
 ) -> None:
     """One separate, cheap storage call on ``key`` (:meth:`Guard.side_call
     <flask_distlimit.resilience.guard.Guard.side_call>`)."""
-    heard = beside(core, key, what)
+    heard = open_side_call(core, key, what)
     if heard is None:
         return
     try:
@@ -92,7 +92,7 @@ def evaluate_beside(
     never raises an :class:`Exception`."""
     if core.routed:
         routes = core.storage.route(checks)
-        trying, _ = core.breakers.gate(node for node, _ in routes)
+        trying, _ = core.breakers.admit(node for node, _ in routes)
         live = [(n, [checks[i] for i in indexes]) for n, indexes in routes if n in trying]
     else:
         if not core.node_breaker.allow():
@@ -110,10 +110,10 @@ def evaluate_beside(
             raise
         log.error("%s failed unexpectedly; it is skipped", what.capitalize(), exc_info=True)
         return
-    for refused in tell(trying, [node for node, _ in live], results):
+    for refused in report_parts(trying, [node for node, _ in live], results):
         core.storage_log.refused(refused)
     for result in results:
         if isinstance(result, StorageResponseError):
-            core.unreadable(result, what)
+            core.count_unreadable(result, what)
         elif isinstance(result, StorageError):
             core.side_failed(what, result)

@@ -1,26 +1,12 @@
 """Storage URLs (``DISTLIMIT_STORAGE_URL``) -> a :class:`~flask_distlimit.storage.Storage`.
 
-Accepted forms::
-
-    memory://
-    redis://[[user]:password@]host[:port][/db]
-    rediss://[[user]:password@]host[:port][/db]          (TLS)
-    unix://[[user]:password@]/path/to/redis.sock[?db=N]
-    redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]
-    redis+cluster://[[user]:password@]host:port[,host:port...]
-    valkey://  valkeys://  valkey+sentinel://  valkey+cluster://   (the same as the redis ones:
-                                                                   Valkey speaks the protocol)
-
-Query parameters: ``db``, ``username``, ``password``, ``client_name``, ``max_connections``,
-``ssl_cert_reqs``, ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname``;
-for Sentinel and Cluster also ``ssl=true``; for every scheme but Cluster ``split_slots=true``
-(one script call per hash slot of a request's keys, for an endpoint that refuses ``CROSSSLOT``:
-:mod:`.split_slots`); for Sentinel ``sentinel_username`` and
-``sentinel_password`` (credentials of the Sentinels, when they differ from the master's; by
-default the URL's credentials are used for both, as limits does). Timeouts are not URL
-parameters: they come from ``timeout`` (``DISTLIMIT_REDIS_TIMEOUT``).
-
-The URL is validated here, when the app is configured; nothing connects until the first call.
+:func:`from_url` accepts :data:`ACCEPTED_FORMS` (``memory://``, ``redis://``, ``rediss://``,
+``unix://``, ``redis+sentinel://``, ``redis+cluster://`` and their ``valkey`` twins) with the
+query parameters docs/configuration.md lists; anything else, an unknown parameter included, is a
+:class:`~flask_distlimit.errors.ConfigurationError` at ``init_app`` that names the URL with its
+passwords masked (:func:`mask_url`) and the accepted forms. Timeouts come from ``timeout``, not
+the URL. Nothing connects until the first call. Why this is not redis-py's ``from_url``:
+docs/deployment.md, "Storage URLs".
 """
 
 from __future__ import annotations

@@ -43,7 +43,8 @@ def test_init_takes_the_fields_with_their_defaults(cls: type, values: dict[str, 
     params = list(inspect.signature(cls.__init__).parameters.values())[1:]
     assert [p.name for p in params] == [f.name for f in fields]
     for p, f in zip(params, fields, strict=True):
-        assert p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+        keyword_only = inspect.Parameter.KEYWORD_ONLY if f.kw_only else None
+        assert p.kind is (keyword_only or inspect.Parameter.POSITIONAL_OR_KEYWORD)
         assert p.default == (
             inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
         )
@@ -54,7 +55,10 @@ def test_init_takes_the_fields_with_their_defaults(cls: type, values: dict[str, 
 def test_record_is_set_frozen_and_whole(cls: type, values: dict[str, Any]) -> None:
     record = cls(**values)
     assert {f.name: getattr(record, f.name) for f in dataclasses.fields(cls)} == values
-    assert record == cls(*values.values())  # positionally too
+    fields = dataclasses.fields(cls)
+    positional = [values[f.name] for f in fields if not f.kw_only]
+    keywords = {f.name: values[f.name] for f in fields if f.kw_only}
+    assert record == cls(*positional, **keywords)  # positionally too, but keyword-only fields
     assert hash(record) == hash(cls(**values))
     assert copy.copy(record) == record and pickle.loads(pickle.dumps(record)) == record
     first = dataclasses.fields(cls)[0].name
@@ -68,7 +72,7 @@ def test_defaults_apply() -> None:
     assert Check("k", "gcra", 1, 2) == Check("k", "gcra", 1, 2, 1, False, 0, False)
     assert Decision(True, 1, 0, 1.0, 0.0).shadow_denied is False
     assert Evaluation((_DECISION,)).repaired_keys == ()
-    assert Outcome(None) == Outcome(None, False, False, False)
+    assert Outcome(None) == Outcome(None, degraded=False, unavailable=False, busy=False)
 
 
 @pytest.mark.parametrize(("cls", "values"), RECORDS, ids=lambda v: getattr(v, "__name__", ""))
@@ -108,3 +112,9 @@ def test_subclasses_keep_the_fields_set(cls: type, values: dict[str, Any]) -> No
     assert copy.deepcopy(more) == more
     with pytest.raises(dataclasses.FrozenInstanceError):
         more.extra = 6
+
+
+def test_outcome_flags_are_keyword_only() -> None:
+    with pytest.raises(TypeError):
+        Outcome(None, True)  # type: ignore[misc]
+    assert Outcome(None, degraded=True).degraded

@@ -626,6 +626,7 @@ def test_checks_for_names_the_keys_requests_use(backend: Backend, clock: FakeClo
     with app.app_context():
         named = state.checks_for("ip:127.0.0.1")
     assert all(isinstance(c, Check) and c.cost == 0 for _, c in named)
+    assert [(row.name, row.check) for row in named] == [tuple(row) for row in named]
     names = {n for n, _ in named}
     assert names == {
         "global:100/minute",

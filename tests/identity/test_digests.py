@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -16,6 +17,7 @@ from flask_distlimit.identity.digests import (
     RETRY_INTERVAL,
     SHARED_KEY_TTL,
     IdentityTags,
+    digest_key,
     tag_secret,
 )
 from flask_distlimit.storage.cluster import ClusterStorage
@@ -113,9 +115,16 @@ def test_no_attempt_while_the_breaker_is_open() -> None:
     storage = _Flaky(failures=0)
     open_ = [True]
     heard: list[BaseException | None] = []
-    tags = IdentityTags(
-        storage=storage, clock=clock, gate=lambda: None if open_[0] else heard.append
-    )
+    asked: list[tuple[str, str]] = []
+
+    class Guard:
+        def open_side_call(
+            self, key: str, what: str
+        ) -> Callable[[BaseException | None], None] | None:
+            asked.append((key, what))
+            return None if open_[0] else heard.append
+
+    tags = IdentityTags(storage=storage, clock=clock, guard=Guard())
     tags.tag("ip:1.2.3.4")
     assert storage.calls == 0 and not tags.settled
     open_[0] = False
@@ -123,6 +132,7 @@ def test_no_attempt_while_the_breaker_is_open() -> None:
     tags.tag("ip:1.2.3.4")
     assert storage.calls == 1 and tags.settled
     assert heard == [None]  # the breaker hears the answer
+    assert asked == [(digest_key("ratelimit"), "the identity tag key's read")] * 2
 
 
 def test_tools_require_the_key_or_fail() -> None:

@@ -88,7 +88,7 @@ def _shared_used(storage: Storage, algorithm: str, limit: int, period: int, now:
 
 
 def _held(limiter: Limiter, app: Flask) -> int:
-    return sum(int(v["held"]) for v in limiter.state(app).enforcer.leases.held().values())  # type: ignore[call-overload]
+    return sum(int(v["held"]) for v in limiter.state(app).lease_report().values())  # type: ignore[call-overload]
 
 
 # -- acquire, spend, renew ------------------------------------------------------------------------
@@ -326,7 +326,7 @@ def test_lease_true_sizes_from_the_traffic(backend: Backend, clock: FakeClock) -
         client.get("/hot")
         clock.advance(0.001)
     assert storage.evaluations - calls <= 100 // 10
-    sizes = [v["size"] for v in limiter.state(app).enforcer.leases.held().values()]
+    sizes = [v["size"] for v in limiter.state(app).lease_report().values()]
     assert 20 <= sizes[0] <= 1000 * LEASE_SPAN_US / 1_000_000  # type: ignore[operator]
 
 
@@ -339,7 +339,7 @@ def test_a_sized_lease_is_capped_at_a_twentieth_of_the_limit(
     for _ in range(200):  # 1000 requests a second: 100 ms of it would be 100 units
         client.get("/hot")
         clock.advance(0.001)
-    sizes = [v["size"] for v in limiter.state(app).enforcer.leases.held().values()]
+    sizes = [v["size"] for v in limiter.state(app).lease_report().values()]
     assert sizes == [600 // 20]
     assert _held(limiter, app) <= 600 // 20
 
@@ -826,7 +826,7 @@ def test_a_method_view_and_a_blueprint_registered_twice_lease(
         assert codes.count(200) == 30
         assert storage.evaluations - calls < 30 // 2  # leased: most requests made no call
         assert client.get(path).status_code == 429  # and never past the limit
-    held = limiter.state(app).enforcer.leases.held()
+    held = limiter.state(app).lease_report()
     assert len(held) == 3  # one lease per key: the view class and each registration
 
 
