@@ -1,105 +1,11 @@
 """The ``DISTLIMIT_*`` settings: read once in ``init_app``, validated, frozen in :class:`Settings`.
 
-Every key is set with ``app.config.setdefault`` (so ``app.config`` shows the value in effect) and
-checked before the app serves a request: a bad value raises
-:class:`~flask_distlimit.errors.ConfigurationError` naming the key, the value and the accepted
-forms, and so does a ``DISTLIMIT_*`` key the extension does not know (a typo would otherwise be
-ignored in silence), naming the closest valid key: ``DISTLIMIT_STORAGE_URI`` -> "did you mean
-DISTLIMIT_STORAGE_URL?". Nothing here is read again per request.
-
-The identity keys (``DISTLIMIT_TRUSTED_PROXIES``, ``DISTLIMIT_IPV6_PREFIX``, ``DISTLIMIT_TIERS``,
-``DISTLIMIT_API_KEY_HEADER``, ``DISTLIMIT_API_KEY_SECRET``, ``DISTLIMIT_JWT_*``) are read the same
-way by :meth:`flask_distlimit.identity.IdentitySettings.from_config` and documented there.
-
-The keys read here, each ``key`` (default ``value``) followed by its meaning:
-
-``DISTLIMIT_STORAGE_URL`` (default ``"memory://"``)
-    Where the counters live: ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``,
-    ``redis+sentinel://`` or ``memory://`` (one process only: tests and development).
-``DISTLIMIT_ALGORITHM`` (default ``"sliding_window_counter"``)
-    Algorithm of every limit that names none: ``fixed_window``, ``sliding_window_log``,
-    ``sliding_window_counter``, ``token_bucket`` or ``gcra``.
-``DISTLIMIT_DEFAULT_LIMITS`` (default ``""``)
-    Limits of every non-exempt route that has none of its own (nor from its blueprint), counted
-    per route and client: what ``limiter.limit`` takes, a limit string
-    (``"100/minute;2000/hour"``), a callable answering one per request (kept
-    ``DISTLIMIT_DYNAMIC_LIMIT_TTL`` seconds; one that fails means no default limit), or a mapping
-    tier -> limit string (``{"free": "10/minute", "*": "100/minute"}``):
-    :mod:`flask_distlimit.declare.dynamic_limits`.
-``DISTLIMIT_GLOBAL_LIMITS`` (default ``""``)
-    Per-client-IP safety limits on every non-exempt request (404s included), in addition to all
-    other limits, e.g. ``"50/second"``. They always key on the client IP, whatever the identity.
-``DISTLIMIT_META_LIMITS`` (default ``""``)
-    Refuse outright, until the limit frees, a client that breached its limits too often: each
-    limit counts the requests of one identity that some other limit refused, e.g. ``"2/hour"``
-    (Flask-Limiter's ``meta_limits``; docs/limits.md, "Meta limits").
-``DISTLIMIT_HEADERS`` (default ``"both"``)
-    Rate-limit response headers: ``legacy`` (``X-RateLimit-Limit``, ``-Remaining``, ``-Reset``),
-    ``ietf`` (``RateLimit-Policy`` and ``RateLimit``), ``both`` or ``none``. ``Retry-After`` is
-    sent on every 429 and 503 whatever this says.
-``DISTLIMIT_KEY_PREFIX`` (default ``"ratelimit"``)
-    First part of every storage key: 1 to 64 letters, digits or ``_ - . : /`` (no glob
-    characters, braces or spaces).
-``DISTLIMIT_REDIS_TIMEOUT`` (default ``0.1``)
-    Connect and read timeout of the storage, in seconds (> 0, <= 10).
-``DISTLIMIT_REQUEST_TOKENS`` (default ``"auto"``)
-    When a storage call carries a request token, which makes it safe to repeat after its reply
-    was lost (:mod:`flask_distlimit.storage.tokens`): ``"auto"`` for a minute after the storage's
-    connections failed (a reply lost in a calm period may then be counted twice, never
-    admitting more than the limit), or ``"always"`` (never counted twice; costs Redis one
-    ``SET`` per call). Applies to the storages built from ``DISTLIMIT_STORAGE_URL``; a storage
-    passed in takes it as its own ``request_tokens`` argument (``"always"`` beside one built
-    otherwise, or a ``RedisStorage`` on a ready client, which never carries one, fails at
-    start-up).
-``DISTLIMIT_STARTUP_CHECK`` (default ``"warn"``)
-    ``init_app`` probes the Redis once (:mod:`flask_distlimit.storage.startup_check`): ``"warn"``
-    logs one WARNING line when it is unusable, ``"error"`` raises instead, ``"off"`` skips it.
-``DISTLIMIT_CONDITIONAL_COST`` (default ``1``)
-    Cost of a ``GET`` or ``HEAD`` carrying ``If-None-Match`` or ``If-Modified-Since``, for every
-    route limit that does not set its own ``cost`` (an int from 0 to 1000; 0 makes revalidations
-    free on route limits: only those answered with a 304, the others are charged 1 after the
-    response). The global and tier limits always count at least 1.
-``DISTLIMIT_ENABLED`` (default ``True``)
-    ``False`` turns every limit off: no storage calls, no headers.
-``DISTLIMIT_FAILURE_POLICY`` (default ``"open"``)
-    What a storage outage means: ``open`` (allow, with ``X-RateLimit-Degraded: true``),
-    ``closed`` (503 problem+json with ``Retry-After``) or ``local`` (in-process limits divided by
-    ``DISTLIMIT_INSTANCES``). A route may override it with ``@limiter.limit(..., on_failure=...)``.
-``DISTLIMIT_INSTANCES`` (default ``1``)
-    Processes sharing the limits, the divisor of the ``local`` fallback: an int from 1 to 100000,
-    or ``"auto"`` (counted by heartbeats while the storage is up).
-``DISTLIMIT_INSTANCES_MIN`` (default ``1``)
-    The smallest divisor of the ``local`` fallback (an int from 1 to 100000): what a process
-    divides by before it has counted the fleet (e.g. one that starts during an outage), and a
-    floor under every count.
-``DISTLIMIT_FALLBACK_MAX_KEYS`` (default ``50000``)
-    The most keys the ``local`` fallback counts in this process (an int from 1 to 10000000);
-    identities past it share one strict bucket per limit.
-``DISTLIMIT_BREAKER_FAIL_MAX`` (default ``5``)
-    Consecutive storage outages that open the circuit breaker (an int from 1 to 10000).
-``DISTLIMIT_BREAKER_RESET_TIMEOUT`` (default ``30``)
-    Seconds the breaker stays open before a trial call (> 0, <= 3600); also the ``Retry-After``
-    of the 503 under policy ``closed``.
-``DISTLIMIT_CHARGE_PREFLIGHTS`` (default ``False``)
-    ``True`` counts CORS preflights (``OPTIONS`` with ``Access-Control-Request-Method``) against
-    route and tier limits too; by default only the global limits count those the view never sees
-    (an ``OPTIONS`` to a view that answers it itself is always counted like any request).
-``DISTLIMIT_DYNAMIC_LIMIT_TTL`` (default ``60``)
-    Seconds the answer of a callable limit value (``limiter.limit(plan_of_tenant)``) is kept per
-    identity before the callable is asked again (>= 0, <= 86400; 0 asks on every request).
-``DISTLIMIT_SHADOW`` (default ``False``)
-    ``True`` makes every limit a shadow limit (counted, never refusing); a list names the limits
-    declared in config that are: ``"global"``, ``"default"``, ``"tier:<name>"``
-    (:mod:`flask_distlimit.defences.shadow`).
-``DISTLIMIT_CONCURRENCY_LEASE`` (default ``60``)
-    Seconds a concurrency slot is held at most: the slot of a request whose process died comes
-    back then (an int from 1 to 86400; :mod:`flask_distlimit.defences.concurrency`).
-``DISTLIMIT_WORKER_THREADS`` (default ``0``: off), ``DISTLIMIT_WORKER_SHED_AT`` (default
-``{"sheddable": 0.5, "default": 0.75}``)
-    Worker-utilization shedding (:mod:`flask_distlimit.defences.shedding`).
-``DISTLIMIT_FLEET_CAPACITY`` (default ``0``: off), ``DISTLIMIT_FLEET_SHARES`` (default
-``{"critical": 1.0, "default": 0.8, "sheddable": 0.6}``)
-    Fleet-usage shedding (:mod:`flask_distlimit.defences.fleet`).
+Every key is set with ``app.config.setdefault`` and checked before the app serves a request: a
+bad value, or an unknown ``DISTLIMIT_*`` key (``DISTLIMIT_STORAGE_URI`` -> "did you mean
+DISTLIMIT_STORAGE_URL?"), raises :class:`~flask_distlimit.errors.ConfigurationError` naming the
+key and the accepted forms. Nothing is read again per request. Every key is documented once, in
+docs/configuration.md; the identity keys are read by
+:meth:`flask_distlimit.identity.IdentitySettings.from_config`.
 """
 
 from __future__ import annotations

@@ -9,10 +9,9 @@
     @limiter.limit("100/minute")
     def orders(): ...
 
-The ``Limiter`` holds only what is declared in code (limits and exemptions:
-:mod:`flask_distlimit.declare.decorators`; identity hooks) and may serve several apps. Everything
-an app configures lives in its :class:`~flask_distlimit.state.LimiterState`; the request path is
-:mod:`flask_distlimit.request.enforcement`.
+The ``Limiter`` holds only what is declared in code (limits, exemptions, identity hooks) and may
+serve several apps; what an app configures lives in its
+:class:`~flask_distlimit.state.LimiterState`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@
 
     clock = FakeClock()
     limiter = Limiter(clock=clock)          # the storage and the deny cache follow this clock
-    ...
     clock.advance(60)                       # a minute passes, instantly
     limiter.reset(app)                      # forget every counter between tests
 
