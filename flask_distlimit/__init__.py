@@ -1,12 +1,10 @@
 """Flask-DistLimit: exact distributed rate limiting for Flask on Redis.
 
 The public API is what this module exports, with :mod:`flask_distlimit.testing` and
-:mod:`flask_distlimit.storage`; docs/request-flow.md follows one request through the modules.
-
-The package is laid out in layers, lowest first. A module imports only from its own layer or a
-lower one, at any time (``TYPE_CHECKING`` and function-local imports too), and no two modules
-import each other, directly or through others (tests/project/test_package_layout.py holds the
-package to this list):
+:mod:`flask_distlimit.storage`. The package is laid out in layers, lowest first: a module
+imports only from its own layer or a lower one, at any time (``TYPE_CHECKING`` and
+function-local imports too), and no two modules import each other, directly or through others
+(tests/project/test_package_layout.py holds the package to this list):
 
 1. foundation: ``_typing``, ``_version``, ``errors``, ``frozen``, ``forks``
 2. ``core``: limit strings, algorithm names, checks and decisions, policies, priorities, refusals

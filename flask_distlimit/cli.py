@@ -1,11 +1,9 @@
 """``flask distlimit``: the operator's commands ``status``, ``limits``, ``inspect`` and ``reset``
 (docs/cli.md shows each).
 
-An identity is named as the limiter counts it, its kind first (``ip:203.0.113.9``, ``user:42``,
-``jwt:sub:alice``, ``apikey:<digest>``, ``func:alice``). ``inspect`` peeks with cost 0 (nothing is
-consumed) in one storage call; ``reset`` finds the client's keys with ``SCAN``, never ``KEYS``.
-The commands talk to the storage directly, not through the circuit breaker; a storage failure is
-one ``error: ...`` line and exit status 1, never a traceback.
+``inspect`` peeks with cost 0 in one storage call; ``reset`` finds a client's keys with ``SCAN``,
+never ``KEYS``. The commands talk to the storage directly, not through the circuit breaker; a
+storage failure is one ``error: ...`` line and exit status 1, never a traceback.
 """
 
 from __future__ import annotations

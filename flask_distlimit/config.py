@@ -1,11 +1,9 @@
 """The ``DISTLIMIT_*`` settings: read once in ``init_app``, validated, frozen in :class:`Settings`.
 
-Every key is set with ``app.config.setdefault`` and checked before the app serves a request: a
-bad value, or an unknown ``DISTLIMIT_*`` key (``DISTLIMIT_STORAGE_URI`` -> "did you mean
-DISTLIMIT_STORAGE_URL?"), raises :class:`~flask_distlimit.errors.ConfigurationError` naming the
-key and the accepted forms. Nothing is read again per request. Every key is documented once, in
-docs/configuration.md; the identity keys are read by
-:meth:`flask_distlimit.identity.IdentitySettings.from_config`.
+A bad value, or an unknown ``DISTLIMIT_*`` key (``DISTLIMIT_STORAGE_URI`` -> "did you mean
+DISTLIMIT_STORAGE_URL?"), raises :class:`~flask_distlimit.errors.ConfigurationError` before the
+app serves a request; nothing is read again per request. Every key is documented once, in
+docs/configuration.md (the identity keys are read by :mod:`flask_distlimit.identity`).
 """
 
 from __future__ import annotations

@@ -9,15 +9,12 @@
           ├── StorageUnavailable       an outage: the breaker counts it, the failure policy answers
           │    ├── StorageReplyLost      the reply was lost but the store is up: breaker not told
           │    ├── StorageFull           OOM or MISCONF: decided at the local share, never unlimited
-          │    └── StorageMisconfigured  NOPERM, WRONGPASS, NOAUTH, a bad database, no scripting:
-          │                              logged at ERROR with the fix
-          └── StorageResponseError     an error reply (a script bug, bad data): never counted as
-                                       an outage, never swallowed
+          │    └── StorageMisconfigured  NOPERM, WRONGPASS, NOAUTH, a bad database, no scripting
+          └── StorageResponseError     an error reply (a script bug, bad data): never an outage
 
-:class:`ClearedAddressWarning` (a ``UserWarning``): ``limiter.clear(name)`` deleted a counter
-keyed on the client's address. A denied request is no exception of this tree:
-:class:`flask_distlimit.core.problem.RateLimitExceeded` is a werkzeug ``TooManyRequests``, so
-``@app.errorhandler(429)`` applies to it.
+:class:`ClearedAddressWarning` warns of ``limiter.clear(name)`` on an address's counter. A
+denial is no exception of this tree: it is a werkzeug ``TooManyRequests``
+(:mod:`flask_distlimit.core.problem`), so ``@app.errorhandler(429)`` applies to it.
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
-"""The Flask extension: :class:`Limiter`.
-
-::
-
-    limiter = Limiter()            # or Limiter(app)
-    limiter.init_app(app)          # reads DISTLIMIT_*, state in app.extensions["distlimit"]
-
-    @app.get("/orders")
-    @limiter.limit("100/minute")
-    def orders(): ...
+"""The Flask extension, :class:`Limiter`: ``Limiter(app)`` or ``limiter.init_app(app)``, which
+reads ``DISTLIMIT_*`` once and keeps the app's state in ``app.extensions["distlimit"]``.
 
 The ``Limiter`` holds only what is declared in code (limits, exemptions, identity hooks) and may
 serve several apps; what an app configures lives in its

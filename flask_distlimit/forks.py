@@ -1,11 +1,9 @@
 """What a forked child does again: the live objects of one kind, each reset in the child.
 
-A worker forked from a master that built the app inherits its connections, locks and counters.
-Each kind of object that must not share them keeps an :class:`AfterFork` and adds every instance
-to it; ``os.register_at_fork`` resets each in the child. uWSGI runs these hooks only when told
-to: :func:`warn_if_uwsgi_skips_fork_hooks`, called by ``init_app``, logs one WARNING when its
-options show none of the settings that make it (docs/deployment.md; docs/design-notes.md, "Forked
-workers and uWSGI").
+Each kind of object that must not share its connections, locks or counters with the parent
+keeps an :class:`AfterFork` and adds every instance to it; ``os.register_at_fork`` resets each
+in the child. :func:`warn_if_uwsgi_skips_fork_hooks` warns when uWSGI will not run these hooks
+(docs/design-notes.md, "Forked workers and uWSGI").
 """
 
 from __future__ import annotations

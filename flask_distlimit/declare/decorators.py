@@ -1,13 +1,10 @@
-"""The decorators of a :class:`~flask_distlimit.Limiter`: ``limit``, ``shared_limit``,
-``concurrency`` and ``exempt`` (:class:`Declarations`), and ``with limiter.limit(...)`` inside a
-view (:class:`LimitDeclaration`).
+"""The decorators of a :class:`~flask_distlimit.Limiter` (:class:`Declarations`), and ``with
+limiter.limit(...)`` inside a view (:class:`LimitDeclaration`).
 
-A declaration attaches to exactly the object it decorates (a view function, a method of a
-class-based view, a view class, a blueprint), found again by identity, never by name
-(:mod:`flask_distlimit.declare.targets`; docs/limits.md, "What a declaration attaches to"). The
-options are checked when the decorator is made (:mod:`flask_distlimit.declare.options`, which
-says why a ``scope`` callable that reads the request is refused); declarations close for an
-object once an app serves it (:mod:`flask_distlimit.declare.registry`).
+A declaration attaches to exactly the object it decorates, found again by identity
+(:mod:`flask_distlimit.declare.targets`; docs/limits.md, "What a declaration attaches to"). Its
+options are checked when it is made (:mod:`flask_distlimit.declare.options`, which says why a
+``scope`` callable that reads the request is refused).
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Limit values decided per request: a callable answering a limit string, or a mapping
 tier -> limit string (docs/limits.md, "Limits that depend on who is asking").
 
-A callable's answer is kept per identity for ``DISTLIMIT_DYNAMIC_LIMIT_TTL`` seconds. One that
-raises or answers no limit is logged at ERROR (at most once per :data:`LOG_INTERVAL` seconds per
-limit, its text escaped by :func:`log_text`) and the limit's ``fallback`` applies, else
-:class:`LimitUnresolved` lets the route's failure policy answer: never a 500, never a limit that
-silently vanishes. Each value counts on a key of its own (docs/design-notes.md, "Per-request
-limit values").
+A callable's answer is kept per identity for ``DISTLIMIT_DYNAMIC_LIMIT_TTL`` seconds; one that
+fails is logged (rate-limited, escaped) and the limit's ``fallback`` applies, else
+:class:`LimitUnresolved` lets the failure policy answer: never a 500, never a limit silently
+gone. Each value counts on a key of its own (docs/design-notes.md, "Per-request limit values").
 """
 
 from __future__ import annotations

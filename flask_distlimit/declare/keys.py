@@ -1,11 +1,9 @@
 """Storage keys: ``<prefix>:{<identity tag>}:<limit id>:<algorithm>``.
 
-The identity is a text ``<kind>:<value>`` (``ip``, ``user``, ``jwt``, ``apikey``, ``func``); no
-kind's head begins another's, so two kinds never share a bucket (docs/identity.md, "Key spaces").
-The tag is a keyed digest of it (:mod:`flask_distlimit.identity.digests`): any value makes a
-well-formed key, every key of one client sits in one Cluster slot, and no client can choose
-that slot. The algorithm ends the key, so a limit that changes algorithm never reads a key of
-another type.
+The identity is ``<kind>:<value>``, no kind's head beginning another's, so kinds never share a
+bucket (docs/identity.md, "Key spaces"); the tag is its keyed digest
+(:mod:`flask_distlimit.identity.digests`), so any value makes a well-formed key in one Cluster
+slot per client. The algorithm ends the key: a changed algorithm never reads another's key.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Checking a declaration's options: :func:`check_options` makes a
-:class:`~flask_distlimit.declare.specs.LimitOptions` (as the caller gave them) a
-:class:`~flask_distlimit.declare.specs.LimitSpec` when the decorator is made, outside any request.
-Every error is a :class:`~flask_distlimit.errors.ConfigurationError` naming the fix.
-
-A ``scope`` callable is called once per route, when its limits are bound, never per request: one
-that needs a request or app context is refused at declaration (:func:`check_scope`), with the
-port to ``key_func`` spelled out (docs/design-notes.md, "Scope callables").
+"""Checking a declaration's options when the decorator is made: :func:`check_options` makes a
+:class:`~flask_distlimit.declare.specs.LimitOptions` a ``LimitSpec``, or raises a
+:class:`~flask_distlimit.errors.ConfigurationError` naming the fix. A ``scope`` callable that
+needs a request is refused there (:func:`check_scope`; docs/design-notes.md, "Scope callables").
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """What declared limits become for one route: :class:`BoundLimit` values in a :class:`RoutePlan`.
 
-:func:`build_plan` binds the declarations of one endpoint and method once (rate, algorithm,
-limit id, key parts, header strings), so a request only hashes its identity and formats keys.
-Which limits apply (global, tier, then the route's, its blueprint's or the defaults; an
-exemption wins) is docs/limits.md, "Which limits a request meets"; a limit below a decorator
-whose options call app code is left to its wrapper (the plan's ``inner``). Limit ids make one
-declared limit hit one key from every worker and replica (docs/design-notes.md, "Limit ids").
+:func:`build_plan` binds an endpoint and method's declarations once (rate, algorithm, limit id,
+key parts, header strings), so a request only hashes its identity and formats keys. Which
+limits apply: docs/limits.md, "Which limits a request meets"; the ids: docs/design-notes.md,
+"Limit ids".
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """What a declaration attaches to, and how it is found again: by identity, never by name.
 
-:func:`view_objects` lists the objects whose declarations apply to one view and method (the view,
-what it wraps, its class and bases, the class's handler of the method); :func:`make_carrier`
-makes the ``functools.wraps`` wrapper that ``@limiter.limit`` returns. A wrapper the view gate
-cannot find (behind a decorator that skips ``functools.wraps``) enforces its limits when it
-runs, in a call of their own, and the first request logs a WARNING naming it.
+:func:`view_objects` lists the objects whose declarations apply to one view and method;
+:func:`make_carrier` makes the ``functools.wraps`` wrapper ``@limiter.limit`` returns. A wrapper
+the view gate cannot find (below a decorator that skips ``functools.wraps``) enforces its limits
+when it runs, in a call of their own; the first request logs a WARNING naming it.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Concurrent-requests limits: at most N requests of one identity in flight, fleet-wide.
 
-``@limiter.concurrency(20)`` takes a slot (a random token in a sorted set, scored by when its
-``DISTLIMIT_CONCURRENCY_LEASE`` ends) in the request's one storage call, all-or-nothing with its
-rate limits. The slot is given back when the request's ledger ends
-(:mod:`flask_distlimit.defences.lifecycle`), in a small *release* call through the guard
-(docs/design-notes.md, "Giving a slot back"), or by its lease if its process died: no background
-thread. A refusal is a 429 the deny cache never keeps (docs/defences.md, "Concurrent-requests
-limits").
+A slot (a random token in a sorted set, scored by when its ``DISTLIMIT_CONCURRENCY_LEASE`` ends)
+is taken in the request's one storage call, all-or-nothing with its rate limits, and given back
+when the request's ledger ends (:mod:`flask_distlimit.defences.lifecycle`) through the guard,
+or by its lease if its process died: no background thread (docs/defences.md,
+"Concurrent-requests limits"; docs/design-notes.md, "Giving a slot back").
 """
 
 from __future__ import annotations

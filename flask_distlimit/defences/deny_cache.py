@@ -1,11 +1,9 @@
 """The local deny cache: a flooding client costs the storage nothing.
 
-After the storage denies a key for ``T`` seconds, this process answers that key's requests of
-the same or a larger cost itself until then, without a round trip. It never refuses a request
-the storage would admit, nor answers an earlier ``Retry-After`` than the storage's
-(docs/design-notes.md, "The deny cache"). An entry lives at most ``max_ttl`` seconds, so a reset
-made elsewhere reaches this process within that time. Bounded (least recently used go first),
-thread-safe, with an injected clock in microseconds.
+After the storage denies a key for ``T`` seconds, this process refuses that key's requests of
+the same or a larger cost itself until then, never one the storage would admit
+(docs/design-notes.md, "The deny cache"). Entries live at most ``max_ttl`` seconds. Bounded
+(LRU), thread-safe, with an injected clock in microseconds.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Fleet-usage load shedding: capacity in flight across every instance, with a reserve for the
 most important traffic.
 
-With ``DISTLIMIT_FLEET_CAPACITY`` = C, a request of priority p is admitted while fewer than
-``floor(C * DISTLIMIT_FLEET_SHARES[p])`` requests are in flight fleet-wide, else refused with a
-503 :class:`~flask_distlimit.core.problem.Overloaded`. It is a concurrency slot on ONE key for the
-fleet, taken in the request's one storage call (docs/defences.md, "Fleet usage").
+A request of priority p is admitted while fewer than ``floor(DISTLIMIT_FLEET_CAPACITY *
+DISTLIMIT_FLEET_SHARES[p])`` are in flight fleet-wide, else a 503: one concurrency slot on ONE
+key for the fleet, in the request's one storage call (docs/defences.md, "Fleet usage").
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """What a request takes, and the one release that gives it all back when its body is sent.
 
-A request's *holdings* (a place in flight, concurrency and fleet slots, an OpenTelemetry figure
-that follows them) are kept in one :class:`Ledger` in its WSGI environ; :meth:`Ledger.end`
-releases them all, exactly once. :class:`Lifecycle`, installed around ``app.wsgi_app``, ends the
-ledger at the first of: the app or its body raised; the server asked past the last chunk, closed
-the body, or let go of it. A body it iterates renews every holding each half lease; a
-``send_file`` body keeps ``sendfile(2)`` (docs/design-notes.md, "The request's ledger").
+A request's *holdings* (a place in flight, concurrency and fleet slots) are kept in one
+:class:`Ledger` in its WSGI environ; :meth:`Ledger.end` releases them all, exactly once.
+:class:`Lifecycle`, around ``app.wsgi_app``, ends the ledger when the server has written the
+body, however the response ends (docs/design-notes.md, "The request's ledger").
 """
 
 from __future__ import annotations

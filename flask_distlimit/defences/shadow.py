@@ -1,10 +1,9 @@
 """Shadow limits: decided and counted as if enforced, never refusing (a dark launch).
 
-A shadow limit (``shadow=True``, or ``DISTLIMIT_SHADOW``) rides the request's one storage call on
-the key and algorithm it would have if enforced, is charged exactly when the enforced limit would
-have been, never denies and never shows in the headers; a would-be refusal is logged at INFO
-(once per client and limit per window) and counted. This module holds ``DISTLIMIT_SHADOW``'s
-form and that bounded log (docs/defences.md, "What a shadow limit does, exactly").
+A shadow limit rides the request's one storage call on the key it would have if enforced, is
+charged exactly when the enforced limit would have been, never denies and never shows in the
+headers. This module holds ``DISTLIMIT_SHADOW``'s form and the bounded INFO log of would-be
+refusals (docs/defences.md, "What a shadow limit does, exactly").
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
-"""Worker-utilization load shedding: each process sheds its least important traffic when its
-request threads are nearly all busy, before any limit is counted and without a storage call.
+"""Worker-utilization load shedding: a process sheds its least important traffic when its request
+threads are nearly all busy, before any limit is counted and without a storage call.
 
-A request of priority p is refused with a 503 :class:`~flask_distlimit.core.problem.Overloaded`
-when ``(in flight + 1) / DISTLIMIT_WORKER_THREADS > DISTLIMIT_WORKER_SHED_AT[p]``. A request is
-in flight until its ledger ends (:mod:`flask_distlimit.defences.lifecycle`), or its place's
-deadline (``DISTLIMIT_CONCURRENCY_LEASE``, renewed while a body streams) passes. It is decided
-in ``before_request`` when the priority is known before the app's hooks, else in the view gate;
-exempt and filtered requests are never shed nor counted (docs/defences.md, "Worker utilization").
+A request of priority p gets a 503 :class:`~flask_distlimit.core.problem.Overloaded` when
+``(in flight + 1) / DISTLIMIT_WORKER_THREADS > DISTLIMIT_WORKER_SHED_AT[p]``; it stays in flight
+until its ledger ends (:mod:`flask_distlimit.defences.lifecycle`) or its lease passes. Exempt
+and filtered requests are never shed nor counted (docs/defences.md, "Worker utilization").
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Who is asking: the identity a request is counted under, and its tier.
 
-Secure by default: a request is counted as the first that holds of ``user`` (the app's
-``identity_loader``), ``jwt`` (a verified bearer token, :mod:`.jwt`), ``apikey`` (only when the
-app's verifier accepts it, :mod:`.api_keys`), else ``ip``, the client address trusted proxies
-vouch for (:mod:`.addresses`); a limit's ``key_func`` comes before them all. Tiers come from
-``DISTLIMIT_TIERS`` (:mod:`.tiers`), the ``tier_resolver`` hook having the last word. Every
-setting is read once by :meth:`IdentitySettings.from_config`; :meth:`IdentityResolver.identify`
-reads none per request.
+A request counts as the first that holds of ``user`` (the app's ``identity_loader``), ``jwt``
+(:mod:`.jwt`), ``apikey`` (only when the app's verifier accepts it, :mod:`.api_keys`), else
+``ip``, the address trusted proxies vouch for (:mod:`.addresses`); a limit's ``key_func`` comes
+first. Tiers: :mod:`.tiers`. Settings are read once (:meth:`IdentitySettings.from_config`).
 """
 
 from __future__ import annotations

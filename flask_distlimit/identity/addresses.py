@@ -1,11 +1,9 @@
 """Client addresses: ``REMOTE_ADDR``, or the ``X-Forwarded-For`` entry trusted proxies vouch for.
 
-The client is the entry ``DISTLIMIT_TRUSTED_PROXIES`` hops from the right, read exactly as the
-proxies wrote it (split on commas, never parsed, so a client's junk cannot move their entries);
-``Forwarded`` is never read. An entry that is no address counts as ``ip:invalid-via:<nearest
-trusted hop>``, one bucket per proxy; an unreadable ``REMOTE_ADDR`` as ``ip:invalid``. IPv6
-clients count by their ``/DISTLIMIT_IPV6_PREFIX`` network, an IPv4-mapped address as its IPv4
-address (docs/identity.md, "Trusted proxies").
+The client is the entry ``DISTLIMIT_TRUSTED_PROXIES`` hops from the right, read as the proxies
+wrote it (split on commas, never parsed); ``Forwarded`` is never read. An entry that is no
+address counts as ``ip:invalid-via:<nearest trusted hop>``; IPv6 clients count by their
+``/DISTLIMIT_IPV6_PREFIX`` network, IPv4-mapped ones as IPv4 (docs/identity.md, "Trusted proxies").
 """
 
 from __future__ import annotations

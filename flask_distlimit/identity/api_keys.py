@@ -1,11 +1,9 @@
 """API keys: the ``DISTLIMIT_API_KEY_HEADER`` header, an identity only when the app's verifier
 accepts it (its answers: :data:`VerifierAnswer`; docs/identity.md, "API keys").
 
-The key, or the canonical id the verifier answers, is kept only as an HMAC-SHA256 digest
-(``apikey:<hex>``), never in keys, logs or exceptions; an unknown key, or one longer than
-:data:`MAX_API_KEY_LENGTH`, is anonymous. The digest key comes from ``DISTLIMIT_API_KEY_SECRET``,
-else ``SECRET_KEY``; with neither, :meth:`ApiKeys.check` raises
-:class:`~flask_distlimit.errors.ConfigurationError`.
+A key, or the canonical id the verifier answers, is kept only as an HMAC-SHA256 digest, never in
+keys, logs or exceptions; an unknown or over-long key is anonymous. With neither
+``DISTLIMIT_API_KEY_SECRET`` nor ``SECRET_KEY``, :meth:`ApiKeys.check` raises.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Identity tags: keyed digests of identity texts, and where their key comes from.
 
-A storage key holds its client only as a tag, a keyed BLAKE2b-80 digest: without the key no
-client can compute which Cluster slot its keys land on, and every worker and replica computes
-the same tags. The key is derived from ``DISTLIMIT_API_KEY_SECRET`` or ``SECRET_KEY``, else a
-random value the storage keeps for the deployment (no TTL), read again at most every
-:data:`REFRESH_INTERVAL` seconds on a request (no background thread). How that value is kept and
-recovered: docs/identity.md, "Keyed digests".
+A storage key holds its client only as a keyed BLAKE2b-80 tag, so no client can compute its
+Cluster slot, and every worker and replica computes the same tags. The digest key is derived
+from the app's secret, else a value the storage keeps for the deployment, re-read at most every
+:data:`REFRESH_INTERVAL` seconds on a request (docs/identity.md, "Keyed digests").
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """After the response is made (``after_request``): charges, headers, telemetry.
 
-:meth:`AfterResponse.finish` settles the ``deduct_when`` reservations
-(:mod:`flask_distlimit.request.deduction`), so the headers tell the count after it; adds the
-headers of the limit closest to denial (:mod:`flask_distlimit.request.headers`, and
-``Retry-After`` on a 429/503 the app replaced without one); counts the request in OpenTelemetry.
-A response object that passes twice has our earlier headers replaced, never sent twice.
+:meth:`AfterResponse.finish` settles ``deduct_when`` reservations (:mod:`.deduction`), adds the
+headers of the limit closest to denial (:mod:`.headers`; ``Retry-After`` on a 429/503 the app
+replaced without one) and counts the request in OpenTelemetry. A response object that passes
+twice has our headers replaced, never doubled.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Building a request's checks: one :class:`~flask_distlimit.core.decision.Check` per limit.
 
 :meth:`Checks.build` orders them as the storage sees them: the fleet's slot, the global limits
-(under the client address, computed once per request), the identity's tier limits, then route
-and shared limits (under the identity, or what a ``key_func`` answers: ``None`` or ``""`` skips
-the limit). A limit whose app code raises is never silently dropped: logged at ERROR, then
-skipped as degraded under policy ``open``, else a 503. What a check costs (``cost``,
-``DISTLIMIT_CONDITIONAL_COST``, CORS preflights): docs/limits.md.
+(under the client address), the tier limits, then route and shared limits (under the identity,
+or the ``key_func``'s answer: ``None`` or ``""`` skips the limit). A limit whose app code raises
+is logged at ERROR, then skipped as degraded under policy ``open``, else a 503: never dropped.
 """
 
 from __future__ import annotations

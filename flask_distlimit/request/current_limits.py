@@ -1,11 +1,10 @@
 """The request's limits in hand: ``limiter.current_limits`` and ``limiter.clear(name)``
 (docs/limits.md, "The request's limits in hand").
 
-``current_limits`` lists, in order, every limit the request's storage calls evaluated so far;
-it is empty outside a request and for a refusal from the deny cache. ``clear(name)`` deletes the
-current identity's keys of the evaluated limits named ``name`` (with or without the rate) and
-answers how many; a name none of them has raises :class:`ValueError`. Clearing a counter keyed
-on the client's address warns (:class:`~flask_distlimit.errors.ClearedAddressWarning`).
+``current_limits`` lists the limits the request's storage calls evaluated so far, in order
+(none outside a request). ``clear(name)`` deletes the current identity's keys of those named
+``name`` and answers how many; an unknown name raises :class:`ValueError`, and clearing a
+counter keyed on an address warns (:class:`~flask_distlimit.errors.ClearedAddressWarning`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""One request's limiter data, :class:`RequestData`: kept in the request's WSGI environ (under
+"""One request's limiter data, :class:`RequestData`, kept in the request's WSGI environ (under
 :attr:`~flask_distlimit.request.enforcement.Enforcer.environ_key`), which lives exactly as long
-as the request, never on ``g``, which an app context shared by several requests would hand on.
+as the request; not on ``g``, which an app context shared by several requests would hand on.
 """
 
 from __future__ import annotations

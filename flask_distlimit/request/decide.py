@@ -1,12 +1,10 @@
 """Deciding a request's checks: the local deny cache, a quota lease, else ONE storage call.
 
-:meth:`Decider.decide`, in order: refuses a check that costs more than a whole window allows;
-keeps one check per key and asks the deny cache (:mod:`flask_distlimit.defences.deny_cache`);
-spends from the request's one leased limit, else makes one ``guard.evaluate`` call for every
-check, concurrency slots included; refuses a denial or an outage under ``closed``
-(:mod:`flask_distlimit.request.refuse`) and logs what shadow limits would have refused; keeps
-for the headers the limit with the fewest units left, never a shadow or meta limit. A meta
-limit's denial refuses alone (docs/limits.md, "Meta limits").
+:meth:`Decider.decide` refuses a check that costs more than a whole window allows, keeps one
+check per key, asks the deny cache (:mod:`flask_distlimit.defences.deny_cache`), spends from the
+request's one leased limit or else makes one ``guard.evaluate`` call for every check, refuses a
+denial or an outage under ``closed`` (:mod:`flask_distlimit.request.refuse`), and keeps for the
+headers the limit with the fewest units left, never a shadow or meta limit.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Reservations settled after the response: ``deduct_when`` and ``settle`` limits.
 
-Before the view such a limit is *reserved* in the request's one storage call, all-or-nothing
-with its other limits, so concurrent requests never take more than the limit to the view. After
-the response its real cost is worked out, and the difference goes to the storage in one more
-call, through the route's failure policy: a *release* gives back, a *debt* check charges the
-rest; both carry a request token. A dropped settlement leaves the reservation charged; one that
-charged nothing is never settled. docs/limits.md, "Counting only some responses", is the user's
-account; docs/design-notes.md, "Reserve, then settle", gives the order of the rules and bounds.
+Such a limit is *reserved* in the request's one storage call, all-or-nothing with its other
+limits, so concurrent requests never take more than the limit to the view. After the response
+the difference from its real cost is given back or charged as a debt in one more call, through
+the route's failure policy; a dropped settlement leaves the reservation charged (docs/limits.md,
+"Counting only some responses"; the rules: docs/design-notes.md, "Reserve, then settle").
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The request path: every limit of a request decided in one storage call, after the app's hooks.
 
 :class:`Enforcer` is one app's request path: it holds this subpackage's pieces and hands each
-what it uses (a clock, the guard), never the app's whole state. ``before_request`` installs the
-view gates and may shed early; the gate decides the route's limits in one call; a limit wrapper
-the plan did not reach, or ``with limiter.limit(...)``, decides in a call of its own
-(:meth:`Enforcer.reached`, :meth:`Enforcer.entered`); ``after_request`` counts a request no view
-answered and finishes the response. The steps in order: docs/request-flow.md. :class:`AppLimiter`
-names what the request path reads of :class:`flask_distlimit.state.LimiterState`.
+what it uses (a clock, the guard), never the app's whole state; docs/request-flow.md follows
+the steps. A limit wrapper the plan did not reach, or ``with limiter.limit(...)``, decides in a
+call of its own (:meth:`Enforcer.reached`, :meth:`Enforcer.entered`). :class:`AppLimiter` names
+what the request path reads of :class:`flask_distlimit.state.LimiterState`.
 """
 
 from __future__ import annotations

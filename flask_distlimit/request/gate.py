@@ -1,10 +1,9 @@
 """The view gate: where Flask calls the view, after every ``before_request`` hook.
 
-On the app's first request :func:`finalize` wraps each view function in a gate (once: Flask
-forbids new routes from then on), binds every route's plan (too many limits fail loudly there),
-closes the registry and warns of declarations that match no endpoint. The gate calls
-``enforce(endpoint, view)``, which raises on a refusal, then the view; so every ``key_func``,
-``cost`` and identity loader sees what the app's hooks set (docs/design-notes.md, "The view gate").
+On the app's first request :func:`finalize` wraps each view in a gate, binds every route's plan
+(too many limits fail loudly there) and warns of declarations that match no endpoint. The gate
+enforces, then calls the view, so every ``key_func``, ``cost`` and identity loader sees what the
+app's hooks set (docs/design-notes.md, "The view gate").
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Rate-limit response headers: every quota policy that applied, and the numbers of the one
 closest to denial.
 
-``ietf``: ``RateLimit-Policy`` has one item per quota policy (rates and concurrency limits, never
-a shadow limit or the fleet's capacity), the reported one first; ``RateLimit`` carries ONE item,
-the rate policy closest to denial. ``legacy``: ``X-RateLimit-Limit``, ``-Remaining`` and
-``-Reset``, for that same policy. What each number means, per algorithm, and why one item:
+``ietf``: ``RateLimit-Policy`` has one item per quota policy (never a shadow limit or the
+fleet's capacity), the reported one first, and ``RateLimit`` ONE item, the rate policy closest
+to denial; ``legacy``: ``X-RateLimit-*`` for that same policy. What each number means:
 docs/algorithms.md, "What the headers say".
 """
 
