@@ -1,26 +1,20 @@
 """Flask-DistLimit: exact distributed rate limiting for Flask on Redis.
 
-The public API is what this module exports (``from flask_distlimit import Limiter``), with
-:mod:`flask_distlimit.testing` and :mod:`flask_distlimit.storage`; docs/request-flow.md follows
-one request through the modules below.
-
-The package is laid out in layers, lowest first. A module imports only from its own layer or
-a lower one, at any time (module level, ``TYPE_CHECKING`` and function-local imports alike),
-and no two modules import each other, directly or through others
-(tests/project/test_package_layout.py walks every import and holds the package to this list):
+The public API is what this module exports, with :mod:`flask_distlimit.testing` and
+:mod:`flask_distlimit.storage`. The package is laid out in layers, lowest first: a module
+imports only from its own layer or a lower one, at any time (``TYPE_CHECKING`` and
+function-local imports too), and no two modules import each other, directly or through others
+(tests/project/test_package_layout.py holds the package to this list):
 
 1. foundation: ``_typing``, ``_version``, ``errors``, ``frozen``, ``forks``
-2. ``core``: limit strings, algorithm names, checks and decisions, failure policies,
-   priorities, refusals as problem details
+2. ``core``: limit strings, algorithm names, checks and decisions, policies, priorities, refusals
 3. ``engine``: each algorithm's Lua and its Python twin, the script a storage loads
 4. ``storage``: ``memory://``, Redis single node, Sentinel and Cluster, their pools
 5. ``telemetry``: Prometheus and OpenTelemetry metrics
-6. ``identity``: who is asking (users, tokens, API keys, client addresses), identity tags
+6. ``identity``: who is asking, and the identity tags
 7. ``declare``: declared limits, their registry and decorators, a route's bound limits
-8. ``resilience``: circuit breakers, the guard around every storage call, the local
-   fallback and its divisor, quota leasing
-9. ``defences``: shadow limits, concurrency limits, load shedding, the deny cache, the
-   request's ledger of what it holds
+8. ``resilience``: circuit breakers, the guard around storage calls, the local fallback, leases
+9. ``defences``: shadow and concurrency limits, load shedding, the deny cache, the ledger
 10. ``request``: one request's path, from the gate before the view to the headers after it
 11. ``ops``: operator tools (admin, migration from Flask-Limiter, who serves the app)
 12. app: ``extension``, ``state``, ``config``, ``cli`` (and ``cli_limits``), ``testing``, and

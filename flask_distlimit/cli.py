@@ -1,31 +1,9 @@
-"""``flask distlimit``: the operator's commands.
+"""``flask distlimit``: the operator's commands ``status``, ``limits``, ``inspect`` and ``reset``
+(docs/cli.md shows each).
 
-::
-
-    flask --app myapp distlimit status                      # storage, latency, breaker, scripts
-    flask --app myapp distlimit inspect ip:203.0.113.9      # where one client stands, per limit
-    flask --app myapp distlimit inspect --ip 2001:db8::7    # the same, from an address
-    flask --app myapp distlimit reset jwt:sub:alice         # forget one client's counters
-    flask --app myapp distlimit reset user:42 --limit tier-pro --dry-run
-    flask --app myapp distlimit inspect func:alice          # a key_func that returned "alice"
-    flask --app myapp distlimit limits                      # every endpoint's limits
-    flask --app myapp distlimit limits --path /orders --method POST   # one route's
-
-An identity is the text the limiter counts a client under, its kind first: ``ip:<address>``
-(IPv6 as its /64; ``ip:invalid-via:<proxy>`` for requests whose forwarded client entry was no
-address), ``user:<id>`` (an ``identity_loader``), ``jwt:sub:<subject>`` or
-``jwt:client_id:<id>``, ``apikey:<digest>`` (pass the key's canonical id with ``--api-key``, or
-the key itself when the verifier answers only a tier, and it is digested as the limiter does),
-or ``func:<value>`` for what a limit's ``key_func`` returns (e.g. ``func:alice``): each kind is a
-key space of its own.
-
-``inspect`` peeks with cost 0 (nothing is consumed) at every limit that can apply to the identity,
-in one storage call. ``reset`` finds the client's keys with ``SCAN`` (never ``KEYS``, which would
-block Redis) and deletes them. The commands talk to the storage directly, not through the circuit
-breaker. ``status`` reports an unreachable storage, one that refuses the limiter (bad credentials,
-missing ACL permissions, a database index out of range, scripting disabled) or any other failure
-in one line (``error: ...``), without a traceback, and exits with status 1; ``inspect`` and
-``reset`` stop with the storage's error, also with status 1.
+``inspect`` peeks with cost 0 in one storage call; ``reset`` finds a client's keys with ``SCAN``,
+never ``KEYS``. The commands talk to the storage directly, not through the circuit breaker; a
+storage failure is one ``error: ...`` line and exit status 1, never a traceback.
 """
 
 from __future__ import annotations

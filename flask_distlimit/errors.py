@@ -1,42 +1,20 @@
-"""The exceptions Flask-DistLimit raises.
-
-One small hierarchy; catch the branch you can act on::
+"""The exceptions Flask-DistLimit raises. One small hierarchy; catch the branch you can act on::
 
     DistLimitError
-     ├── ConfigurationError      (also a ValueError) bad limit string, URL or DISTLIMIT_* value;
-     │                           raised when the app is configured, never per request
-     └── StorageError            the rate-limit store failed
-          ├── StorageBusy            this process's own load: its limiter calls queued for a
-          │                          connection (or the event loop, the GIL) past their queue
-          │                          budget before anything was sent. Not an outage: the
-          │                          breaker is not told, no failure policy applies; answered
-          │                          503 with Retry-After: 1 (load shedding).
-          ├── StorageUnavailable     an outage: connection refused or reset, timeout, cluster down,
-          │    │                     Sentinel master not found. The circuit breaker counts these;
-          │    │                     the failure policy answers the request.
-          │    ├── StorageReplyLost   the server closed the connection after the request was
-          │    │                     sent (a CLIENT KILL, an idle timeout, a proxy reset) but a
-          │    │                     fresh connection answers: the store is up. The failure
-          │    │                     policy answers this request; the breaker is not told.
-          │    ├── StorageFull        the store is up but refuses writes: out of memory (OOM
-          │    │                     under maxmemory with noeviction) or unable to persist
-          │    │                     (MISCONF). Not an outage (the breaker hears an answer);
-          │    │                     the request is decided at the local share, never
-          │    │                     admitted unlimited (docs/failure-modes.md, "Memory").
-          │    └── StorageMisconfigured   the store refuses us: NOPERM (ACL), WRONGPASS or NOAUTH
-          │                               (credentials), a database index out of range, an
-          │                               unknown command (scripting disabled). An outage until
-          │                               the configuration is fixed; logged at ERROR with the fix.
-          └── StorageResponseError   the store answered, but with an error: a bug in a script or
-                                     bad data. Never counted as an outage, never swallowed.
+     ├── ConfigurationError        (also a ValueError) a bad limit string, URL or DISTLIMIT_*
+     │                             value; raised when the app is configured, never per request
+     └── StorageError              the rate-limit store failed
+          ├── StorageBusy              this process's own load (a call queued past its budget):
+          │                            no outage, no failure policy; a 503 with Retry-After: 1
+          ├── StorageUnavailable       an outage: the breaker counts it, the failure policy answers
+          │    ├── StorageReplyLost      the reply was lost but the store is up: breaker not told
+          │    ├── StorageFull           OOM or MISCONF: decided at the local share, never unlimited
+          │    └── StorageMisconfigured  NOPERM, WRONGPASS, NOAUTH, a bad database, no scripting
+          └── StorageResponseError     an error reply (a script bug, bad data): never an outage
 
-One warning, a ``UserWarning``: :class:`ClearedAddressWarning`, when ``limiter.clear(name)``
-deletes a counter keyed on the client's address (anyone behind that address, an attacker with
-an account of their own included, could then reset it).
-
-A denied request is not an exception of this tree: it is
-:class:`flask_distlimit.core.problem.RateLimitExceeded`, a werkzeug ``TooManyRequests`` subclass, so
-ordinary Flask error handling (``@app.errorhandler(429)``) applies to it.
+:class:`ClearedAddressWarning` warns of ``limiter.clear(name)`` on an address's counter. A
+denial is no exception of this tree: it is a werkzeug ``TooManyRequests``
+(:mod:`flask_distlimit.core.problem`), so ``@app.errorhandler(429)`` applies to it.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
-"""The Flask extension: :class:`Limiter`.
+"""The Flask extension, :class:`Limiter`: ``Limiter(app)`` or ``limiter.init_app(app)``, which
+reads ``DISTLIMIT_*`` once and keeps the app's state in ``app.extensions["distlimit"]``.
 
-::
-
-    limiter = Limiter()            # or Limiter(app)
-    limiter.init_app(app)          # reads DISTLIMIT_*, state in app.extensions["distlimit"]
-
-    @app.get("/orders")
-    @limiter.limit("100/minute")
-    def orders(): ...
-
-The ``Limiter`` holds only what is declared in code (limits and exemptions:
-:mod:`flask_distlimit.declare.decorators`; identity hooks) and may serve several apps. Everything
-an app configures lives in its :class:`~flask_distlimit.state.LimiterState`; the request path is
-:mod:`flask_distlimit.request.enforcement`.
+The ``Limiter`` holds only what is declared in code (limits, exemptions, identity hooks) and may
+serve several apps; what an app configures lives in its
+:class:`~flask_distlimit.state.LimiterState`.
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """What a forked child does again: the live objects of one kind, each reset in the child.
 
-A worker forked from a master that already built the app (gunicorn's ``preload_app``, a
-``multiprocessing`` fork, ``os.fork``) inherits its parent's connections, locks and counters.
-Each kind of object that must not share them with the parent keeps an :class:`AfterFork` and
-adds every instance to it; ``os.register_at_fork`` then resets each in the child.
-
-uWSGI forks its workers from C and runs these hooks only when told to:
-:func:`warn_if_uwsgi_skips_fork_hooks`, called by ``init_app``, logs one WARNING per process
-when it runs under uWSGI (its ``uwsgi`` module is importable only there) and ``uwsgi.opt``, the
-options uWSGI was given, shows none of these (docs/deployment.md):
-
-- ``lazy-apps`` (or the older ``lazy``): each worker loads the app after the fork, so nothing of
-  ours exists before it;
-- ``py-call-osafterfork``: every worker calls ``PyOS_AfterFork_Child``, which runs the hooks;
-- ``py-call-uwsgi-fork-hooks`` (uWSGI 2.0.21+) with threads: the same around every fork. uWSGI
-  then ignores ``py-call-osafterfork``, and calls nothing when threads are off (before 2.0.27
-  they are off unless ``enable-threads`` or ``threads`` is set; ``uwsgi.has_threads`` says).
-
-``uwsgi.opt`` maps each option's name (``str``; ``bytes`` is accepted too) to ``True`` for a
-bare flag, the value as ``bytes`` (``b"true"``), or a list of them when it is given several
-times (the last one wins). A value is off when it is ``false``, ``off``, ``no`` (in any case)
-or ``0``, as uWSGI reads it, and on otherwise.
+Each kind of object that must not share its connections, locks or counters with the parent
+keeps an :class:`AfterFork` and adds every instance to it; ``os.register_at_fork`` resets each
+in the child. :func:`warn_if_uwsgi_skips_fork_hooks` warns when uWSGI will not run these hooks
+(docs/design-notes.md, "Forked workers and uWSGI").
 """
 
 from __future__ import annotations

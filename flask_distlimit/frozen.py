@@ -1,25 +1,9 @@
 """Frozen records built at nearly the cost of plain ones.
 
-A ``@dataclass(frozen=True, slots=True)`` sets each field in its generated ``__init__`` through
-``object.__setattr__(self, name, value)``: about 0.25 us a field on a slow machine, 1.5 us for a
-:class:`~flask_distlimit.core.decision.Decision`, and the request path builds several such records
-per request (a decision per limit, the evaluation, the guard's outcome). A class that writes its
-own ``__init__`` (``dataclass`` keeps it) can set each slot through the slot's own descriptor
-instead, for half the cost, and stays exactly as frozen, comparable and hashable::
-
-    @dataclass(frozen=True, slots=True)
-    class Pair:
-        a: int
-        b: int = 0
-
-        def __init__(self, a: int, b: int = 0) -> None:
-            _set_a(self, a)
-            _set_b(self, b)
-
-    _set_a, _set_b = slot_setters(Pair, "a", "b")
-
-tests/core/test_frozen_records.py checks that every such ``__init__`` takes exactly its class's
-fields, with their defaults, and sets every one.
+:func:`slot_setters` answers setters for a frozen slotted dataclass's fields, which an
+``__init__`` of the class's own uses instead of ``object.__setattr__``: the record stays exactly
+as frozen, comparable and hashable (docs/design-notes.md, "Frozen records").
+tests/core/test_frozen_records.py checks that each such ``__init__`` sets every field.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
 Everything an app configures lives here: settings, storage, guard, identity resolver, deny
 cache, the bound global and tier limits, and the app's request path
-(:class:`~flask_distlimit.request.enforcement.Enforcer`). The ``Limiter`` holds only what is
-declared in code and may serve several apps.
+(:class:`~flask_distlimit.request.enforcement.Enforcer`).
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""Helpers for testing an app that uses Flask-DistLimit.
-
-::
-
-    from flask_distlimit.testing import FakeClock
+"""Helpers for testing an app that uses Flask-DistLimit::
 
     clock = FakeClock()
-    limiter = Limiter(clock=clock)          # the storage and the deny cache follow this clock
-    ...
-    clock.advance(60)                       # a minute passes, instantly
-    limiter.reset(app)                      # forget every counter between tests
+    limiter = Limiter(clock=clock)   # the storage and the deny cache follow this clock
+    clock.advance(60)                # a minute passes, instantly
+    limiter.reset(app)               # forget every counter between tests
 
 :class:`CountingStorage` wraps a storage and counts its calls, to assert round trips.
 """

@@ -1,8 +1,6 @@
 """The rate-limit algorithms by name, and the bounds of a request whatever its algorithms.
 
-Each has a Lua implementation (``engine/lua/<name>.lua``, run atomically in Redis), a pure-Python
-twin (``flask_distlimit.engine.<name>``) that decides exactly as the Lua does, and an entry in
-:mod:`flask_distlimit.engine.registry` (its code, bounds and facts).
+Each algorithm's Lua, Python twin and facts are its entry in :mod:`flask_distlimit.engine.registry`.
 """
 
 from __future__ import annotations

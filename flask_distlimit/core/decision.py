@@ -1,10 +1,8 @@
-"""What goes into a storage call and what comes out of it.
+"""What goes into a storage call (:class:`Check`) and what comes out (:class:`Evaluation`).
 
-A request's limits become :class:`Check` values; one storage call evaluates all of them atomically
-(all-or-nothing: if any check is denied, nothing is consumed anywhere) and answers an
-:class:`Evaluation` with one :class:`Decision` per check, in the same order.
-
-All times inside the storage are integer microseconds; a :class:`Decision` exposes seconds.
+One call evaluates a request's checks atomically (all-or-nothing: if any is denied, nothing is
+consumed anywhere) and answers one :class:`Decision` per check, in the same order. Times inside
+the storage are integer microseconds; a :class:`Decision` exposes seconds.
 """
 
 from __future__ import annotations

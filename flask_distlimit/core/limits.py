@@ -1,15 +1,9 @@
 """Limit strings: ``"10/second"``, ``"100 per minute"``, ``"5/30 seconds"``, joined by ``;``.
 
-The units are Flask-Limiter's (its ``limits`` package's ``TIME_TYPES``): second, minute, hour,
-day, ``month`` (30 days, 2 592 000 s) and ``year`` (12 of those months: 360 days, 31 104 000 s),
-never calendar months or years; also ``s``/``sec``, ``min``, ``h``/``hr`` and ``d`` (which
-Flask-Limiter refuses), never ``m`` (minute or month?). A period is at most 366 days
-(``"1/year"`` fits, ``"1/2 years"`` does not): every key of a limit, and the digest key its
-identity tags come from (:mod:`flask_distlimit.identity.digests`), must outlive one window.
-
-:func:`parse_rates` turns a string into :class:`Rate` values, or raises
-:class:`~flask_distlimit.errors.ConfigurationError` naming the bad part and the accepted forms.
-Strings are parsed when the app is configured, never per request.
+:func:`parse_rates` turns one into :class:`Rate` values when the app is configured, never per
+request, or raises :class:`~flask_distlimit.errors.ConfigurationError` naming the bad part and
+the accepted forms. Units are Flask-Limiter's (a month is 30 days, a year 360), a period is at
+most 366 days: docs/design-notes.md, "Limit strings".
 """
 
 from __future__ import annotations

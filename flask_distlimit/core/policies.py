@@ -1,6 +1,6 @@
 """Failure policies, what answers while the storage fails: ``open``, ``closed``, ``local``.
 
-Defined once here; ``DISTLIMIT_FAILURE_POLICY``, ``on_failure=`` and the guard all check with
+Defined once; ``DISTLIMIT_FAILURE_POLICY``, ``on_failure=`` and the guard all check with
 :func:`validate_policy`.
 """
 

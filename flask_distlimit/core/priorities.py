@@ -1,16 +1,9 @@
-"""Request priorities: ``critical``, ``default``, ``sheddable``: which traffic goes first when
+"""Request priorities, ``critical``, ``default``, ``sheddable``: which traffic goes first when
 the service is overloaded (:mod:`flask_distlimit.defences.shedding`).
 
-A view gets its priority from ``@limiter.priority("critical")`` (on the view function, or on a
-wrapper of it made with ``functools.wraps``), else from the Limiter-wide callable registered with
-``@limiter.priority_resolver`` (called in the request, e.g. POST to payments is critical, an
-analytics listing is sheddable; answering ``None`` means ``default``), else ``default``.
-
-The resolver is called once per request, after every ``before_request`` hook of the app and of
-its blueprints (in the view gate), under worker shedding and fleet shedding alike: it sees what
-those hooks set, e.g. the authenticated user on ``g``. Only a declared priority, or the
-``default`` of an app without a resolver, is known before the hooks (worker shedding then
-decides before them: :mod:`flask_distlimit.defences.shedding`).
+A view's priority is its ``@limiter.priority(...)``, else the answer of the Limiter's
+``@limiter.priority_resolver`` (called once per request, after every ``before_request`` hook;
+``None`` is ``default``), else ``default`` (docs/defences.md, "Load shedding by priority").
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Refusals as RFC 9457 problem details (``application/problem+json``).
 
-- :class:`RateLimitExceeded` (429): a werkzeug ``TooManyRequests``, so ordinary Flask error
-  handling applies and ``@app.errorhandler(429)`` can replace the body.
-- :class:`RateLimitUnavailable` (503): the storage is down and the failure policy is ``closed``.
-
-Both carry ``Retry-After`` (whole seconds, rounded up) and ``Cache-Control: no-store``, except a
-429 for a request that can never pass (its cost exceeds the limit's whole window): no
-``Retry-After`` promises a success that cannot come. Their
-problem types are the ones registered with IANA by draft-ietf-httpapi-ratelimit-headers
-(section 5): ``#quota-exceeded`` and ``#temporary-reduced-capacity``.
+:class:`RateLimitExceeded` (429) is a werkzeug ``TooManyRequests``, so ordinary Flask error
+handling applies and ``@app.errorhandler(429)`` can replace it; :class:`RateLimitUnavailable`
+(503) answers an outage under policy ``closed``. Both carry ``Cache-Control: no-store`` and
+``Retry-After`` (whole seconds, rounded up), except a 429 that can never pass (its cost exceeds
+the limit's window). Problem types: draft-ietf-httpapi-ratelimit-headers, section 5.
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
-"""The decorators of a :class:`~flask_distlimit.Limiter`: ``limit``, ``shared_limit``,
-``concurrency`` and ``exempt`` (:class:`Declarations`), and the registry they fill
-(:mod:`flask_distlimit.declare.registry`).
+"""The decorators of a :class:`~flask_distlimit.Limiter` (:class:`Declarations`), and ``with
+limiter.limit(...)`` inside a view (:class:`LimitDeclaration`).
 
-A declaration attaches to exactly the object it decorates, found again by identity, never by
-name (:mod:`flask_distlimit.declare.targets`):
-
-- a view function: ``@limiter.limit`` returns a ``functools.wraps`` wrapper that carries the
-  limits; stacked declarations share one wrapper;
-- a method of a class-based view (``def post(self)``): the same wrapper; the limit applies to
-  that HTTP method only and is counted per method;
-- a ``View``/``MethodView`` class: the class itself (its subclasses inherit it, as they inherit
-  ``decorators``), and a wrapper appended to the class's ``decorators`` so that ``as_view``
-  carries it;
-- ``decorators=[limiter.limit(...)]`` in a class body: the wrapper of the view ``as_view`` makes;
-- a ``Blueprint``: the blueprint object, whatever name it is registered under and however often;
-- nothing: ``with limiter.limit("1/second"):`` inside a view decides the limit there
-  (:class:`LimitDeclaration`).
-
-Where the limits are found before the view runs, every limit of the request goes to the storage
-in one call (a wrapper that cannot be found: :mod:`flask_distlimit.declare.targets`).
-
-The options are checked when the decorator is made (:mod:`flask_distlimit.declare.options`,
-which also says why a ``scope`` callable that reads the request is refused). Declarations close
-for an object once an app serves it (:mod:`flask_distlimit.declare.registry`).
+A declaration attaches to exactly the object it decorates, found again by identity
+(:mod:`flask_distlimit.declare.targets`; docs/limits.md, "What a declaration attaches to"). Its
+options are checked when it is made (:mod:`flask_distlimit.declare.options`, which says why a
+``scope`` callable that reads the request is refused).
 """
 
 from __future__ import annotations

@@ -1,40 +1,10 @@
 """Limit values decided per request: a callable answering a limit string, or a mapping
-tier -> limit string.
+tier -> limit string (docs/limits.md, "Limits that depend on who is asking").
 
-::
-
-    @limiter.limit(lambda: plans.limit_of(g.tenant_id), key_func=lambda: g.tenant_id)
-    @limiter.limit({"free": "10/minute", "pro": "100/minute", "*": "5/minute"})
-
-- A **callable** is called inside the request, after the app's ``before_request`` hooks (in the
-  view gate, like every ``key_func``). Its answer is kept per identity (the limit's key: its
-  ``key_func`` value, else the request's identity) for ``DISTLIMIT_DYNAMIC_LIMIT_TTL`` seconds.
-  It answers a limit string (``"100/minute"``, ``"10/second;1000/hour"``), or ``None`` / ``""``
-  for "no limit for this identity". An exception, or an answer that is none of these (not a
-  string, a string that is no limit, a rate the limit's algorithm cannot enforce, more rates
-  than a request may carry), is logged at ERROR and the limit's ``fallback`` applies: the limit
-  string given with ``limiter.limit(func, fallback="10/minute")``; without one, the limit
-  cannot be evaluated and :class:`LimitUnresolved` lets the route's failure policy answer (a
-  503 unless it is ``open``, :mod:`flask_distlimit.request.checks`). Never a 500, never a
-  limit that silently vanishes.
-  The ERROR line comes at most once every :data:`LOG_INTERVAL` seconds per limit (with the
-  count of failures since the last one), not once per identity: fresh identities cost nothing
-  to make, so a client could otherwise have every request log one. The exception's text, which
-  may quote what the client sent (a header, a tenant id), is logged escaped (:func:`log_text`:
-  ``repr``, so a newline or an ANSI escape cannot forge a log line) and cut to
-  :data:`LOG_TEXT_MAX` characters.
-- A **mapping** is read at declaration (every value parsed then; a bad one raises
-  :class:`~flask_distlimit.errors.ConfigurationError`) and resolved against the request's tier
-  (:mod:`flask_distlimit.identity.tiers`); a tier missing from it takes the ``"*"`` entry, and
-  with no ``"*"`` entry the request is not limited by this limit.
-
-Each value has its own counter: the storage key carries the rate (``...:dyn:100/60``), so a
-changed value takes effect on the next request on every algorithm, starting from the new
-value's own counter. No algorithm is asked to reinterpret a key written under another rate (a
-GCRA key holds a theoretical arrival time in units of the old emission interval; reading it
-under a new one would be wrong, so it would have to be reset; per-value keys make that
-unnecessary). A client switching back to a value within its window finds that value's counter
-where it left it.
+A callable's answer is kept per identity for ``DISTLIMIT_DYNAMIC_LIMIT_TTL`` seconds; one that
+fails is logged (rate-limited, escaped) and the limit's ``fallback`` applies, else
+:class:`LimitUnresolved` lets the failure policy answer: never a 500, never a limit silently
+gone. Each value counts on a key of its own (docs/design-notes.md, "Per-request limit values").
 """
 
 from __future__ import annotations

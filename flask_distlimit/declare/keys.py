@@ -1,27 +1,9 @@
 """Storage keys: ``<prefix>:{<identity tag>}:<limit id>:<algorithm>``.
 
-- The identity is a text ``<kind>:<value>``; each kind of identity is a key space of its own:
-
-  =========  ====================================================  ============================
-  kind       identity text                                         from
-  =========  ====================================================  ============================
-  ``ip``     ``ip:203.0.113.9``, ``ip:2001:db8::/64``,              the client address
-             ``ip:invalid``, ``ip:invalid-via:<proxy address>``
-  ``user``   ``user:<id>``                                         the ``identity_loader``
-  ``jwt``    ``jwt:sub:<subject>``, ``jwt:client_id:<id>``         a verified bearer token
-  ``apikey`` ``apikey:<HMAC hex>``                                 a verified API key
-  ``func``   ``func:<value>``                                      a limit's ``key_func``
-  =========  ====================================================  ============================
-
-  No kind's head (``ip:``, ``user:``, ...) begins another's, so two kinds never share a text,
-  hence never a tag nor a bucket: a ``key_func`` that returns ``"ip:203.0.113.9"`` counts under
-  ``func:ip:203.0.113.9``, never in that address's bucket.
-- The identity tag is a keyed digest of the identity text
-(:mod:`flask_distlimit.identity.digests`), so
-  braces, spaces, newlines or a 10 KB value cannot break a key or move it to another Redis
-  Cluster slot, every key of one client sits in one slot (Redis hashes only the part between
-  the first ``{`` and ``}``), and no client can choose that slot without the app's key.
-- The algorithm ends the key, so switching a limit's algorithm never reads a key of another type.
+The identity is ``<kind>:<value>``, no kind's head beginning another's, so kinds never share a
+bucket (docs/identity.md, "Key spaces"); the tag is its keyed digest
+(:mod:`flask_distlimit.identity.digests`), so any value makes a well-formed key in one Cluster
+slot per client. The algorithm ends the key: a changed algorithm never reads another's key.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""``lease=`` on a declaration: which algorithms and values a quota lease accepts (start-up errors).
-
-The leases themselves are :mod:`flask_distlimit.resilience.leases`.
-"""
+"""``lease=`` on a declaration: which algorithms and values a quota lease accepts (start-up
+errors); the leases themselves are :mod:`flask_distlimit.resilience.leases`."""
 
 from __future__ import annotations
 

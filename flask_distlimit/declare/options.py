@@ -1,16 +1,7 @@
-"""Checking a declaration's options: :func:`check_options` makes a
-:class:`~flask_distlimit.declare.specs.LimitOptions` (as the caller gave them) a
-:class:`~flask_distlimit.declare.specs.LimitSpec`, when the decorator is made (outside any
-request). Every error is a :class:`~flask_distlimit.errors.ConfigurationError` naming the fix.
-
-A ``scope`` callable is called with the endpoint once, when the route's limits are bound (its
-first request), never per request. Flask-Limiter calls it on every request, and its "dynamic
-shared limit" recipe (``scope=lambda endpoint: request.host``) relies on that: bound once here,
-every host would share the first host's counter, without a word. So a scope callable is tried
-at declaration, outside any request, with a sample endpoint (:func:`check_scope`): one that
-needs a request or app context (it raises Flask's ``RuntimeError``) is refused with the port
-spelled out (the value it reads goes in ``key_func``, the scope becomes a string); one that
-answers from the endpoint alone is kept.
+"""Checking a declaration's options when the decorator is made: :func:`check_options` makes a
+:class:`~flask_distlimit.declare.specs.LimitOptions` a ``LimitSpec``, or raises a
+:class:`~flask_distlimit.errors.ConfigurationError` naming the fix. A ``scope`` callable that
+needs a request is refused there (:func:`check_scope`; docs/design-notes.md, "Scope callables").
 """
 
 from __future__ import annotations

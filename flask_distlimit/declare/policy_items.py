@@ -1,9 +1,6 @@
-"""``RateLimit-Policy`` items (the IETF rate-limit headers draft), written once per bound limit.
-
-A limit's item never changes, so :mod:`~flask_distlimit.declare.route_limits` writes it when
-it binds the limit, and :mod:`~flask_distlimit.request.headers` only joins the items of a
-response.
-"""
+"""``RateLimit-Policy`` items (the IETF rate-limit headers draft): written once, when
+:mod:`~flask_distlimit.declare.route_limits` binds a limit; :mod:`~flask_distlimit.request.headers`
+only joins the items of a response."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """What a refused limit answers with: its own ``on_breach`` hook and ``error_message``.
 
-``@limiter.limit("5/minute", on_breach=hook, error_message="Too many login attempts")``: when
-this limit is among those that refused a request, the Limiter's hook is called, then this
-limit's (each hook once, as Flask-Limiter does); the response of the last hook that answered
-one is sent. The message of the first denied limit that has one becomes the 429's ``detail``. A
-message callable that raises or answers no string is logged and the standard detail is used.
+The Limiter's hook is called, then each refusing limit's (each hook once); the response of the
+last hook that answered one is sent. The first refusing limit's message becomes the 429's
+``detail``; a message callable that raises or answers no string is logged, and the standard
+detail is used.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The registry of one :class:`~flask_distlimit.Limiter`: every limit and exemption declared
 through it, by the identity of the object declared on (:mod:`flask_distlimit.declare.targets`).
 
-The decorators (:mod:`flask_distlimit.declare.decorators`) fill it; the route's plan
-(:mod:`flask_distlimit.declare.route_limits`) reads it. Declarations close for an object once
-an app serves it: :meth:`LimitRegistry.check_open` raises
-:class:`~flask_distlimit.errors.ConfigurationError` for a declaration on a view, class or
-blueprint that an app already served a request for, as Flask's own setup methods do.
+Declarations close for an object once an app serves it: :meth:`LimitRegistry.check_open` raises
+:class:`~flask_distlimit.errors.ConfigurationError` for a later one, as Flask's setup methods do.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Limiter-wide request filters: ``Limiter(request_filter=...)`` or ``@limiter.request_filter``.
 
-A filter is a callable of no arguments, called inside the request after the app's
-``before_request`` hooks (in the view gate; for a request no view answers, in
-``after_request``). When any filter answers true the request is not limited at all: no global,
-tier or route limit, no headers (e.g. internal health probes). A filter that raises is logged
-and does not exempt the request.
+A filter is called inside the request, after the app's ``before_request`` hooks; when any
+answers true the request is not limited at all (no limit, no headers). A filter that raises is
+logged and does not exempt the request.
 """
 
 from __future__ import annotations

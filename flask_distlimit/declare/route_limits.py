@@ -1,39 +1,9 @@
-"""What the declared limits become for one route: bound limits and the route's plan.
+"""What declared limits become for one route: :class:`BoundLimit` values in a :class:`RoutePlan`.
 
-For one app, endpoint and method, :func:`build_plan` binds the declarations
-(:mod:`flask_distlimit.declare.decorators`) once into a :class:`RoutePlan` of :class:`BoundLimit`
-values: rate, algorithm, limit id, storage-key parts and header strings all computed then, so a
-request only hashes its identity and formats keys.
-
-Which limits apply to a request (documented in the user guide too):
-
-1. ``DISTLIMIT_GLOBAL_LIMITS``, keyed on the client IP, on every non-exempt request (also those
-   that reach no view: a 404, or a ``before_request`` hook that answered first);
-2. the tier limits (``DISTLIMIT_TIERS``) of the request's identity, on every non-exempt request;
-3. the route's own limits (declared on its view function, its view class or the class's handler
-   of the request method); if it has none, the limits of its innermost limited blueprint; if
-    none either, ``DISTLIMIT_DEFAULT_LIMITS``. While every limit found says
-    ``override_defaults=False``, the next layer outwards (a parent blueprint's, then the
-    defaults) applies beside them. A limit declared below another decorator whose options call
-    app code per request (a callable value, ``key_func``, ``cost`` or ``exempt_when``) is
-    decided where its wrapper runs, after that decorator (the plan's ``inner``), in a storage
-    call of its own.
-
-An exemption (of the view, its class, the method's handler, or a blueprint it is registered
-through, nested ones included) wins over every limit.
-
-Limit ids make the same declared limit hit the same key from every worker and replica:
-
-- route, blueprint and default limits: ``r:<endpoint>[:<METHOD>]:<amount>/<period>``, one counter
-  per route (a view registered under two endpoints has the same limits, counted per endpoint;
-  a limit declared on a class-based view's method is counted per method); ``HEAD`` is counted
-  as ``GET`` (Flask answers it with the GET view), so it never has a counter of its own;
-- a ``scope`` (``shared_limit`` or ``limit(..., scope=...)``): ``s:<scope>[:<METHOD>]:...``, one
-  counter for every route that names the scope;
-- global: ``g:<amount>/<period>``; tier: ``t:<tier>:<amount>/<period>``.
-- a second (third...) ``key_func`` limit of the same rate and algorithm on one route: its id
-  ends in ``:k2`` (``:k3``...), so two key functions that answer the same text never share a
-  count (:func:`distinct`).
+:func:`build_plan` binds an endpoint and method's declarations once (rate, algorithm, limit id,
+key parts, header strings), so a request only hashes its identity and formats keys. Which
+limits apply: docs/limits.md, "Which limits a request meets"; the ids: docs/design-notes.md,
+"Limit ids".
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """The records of a declaration: its options as given (:class:`LimitOptions`) and the limit it
-declares (:class:`LimitSpec`).
+declares (:class:`LimitSpec`: its rates or per-request value, its options checked, its target).
 
-``limit`` and ``shared_limit`` take the same keyword options; both gather them into one
-:class:`LimitOptions`, which :mod:`flask_distlimit.declare.options` checks into a spec.
-A spec is what a declaration (``limit``, ``shared_limit``, ``concurrency``: the decorators of
-:mod:`flask_distlimit.declare.decorators`), a ``DISTLIMIT_*`` limit key or a tier leaves behind:
-its rates (or a per-request value), its options checked, and what it was declared on. It is
-frozen and known by identity (``eq=False``): the same limit declared twice is two specs. The
-route's plan (:mod:`flask_distlimit.declare.route_limits`) binds specs into limits.
+A spec comes from a decorator, a ``DISTLIMIT_*`` limit key or a tier. It is frozen and known by
+identity (``eq=False``): the same limit declared twice is two specs.
 """
 
 from __future__ import annotations

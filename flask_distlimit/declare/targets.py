@@ -1,18 +1,9 @@
 """What a declaration attaches to, and how it is found again: by identity, never by name.
 
-Many views share a ``__qualname__`` (every ``View.as_view()`` function, every wrapper written
-without ``functools.wraps``). For one view and HTTP method, :func:`view_objects` lists the
-objects whose declarations apply: the view, what it wraps (``__wrapped__``), its ``view_class``
-and the class's bases, and the class's handler for the method. :func:`describe` names a
-decorated object in messages.
-
-The limit wrapper (:func:`make_carrier`) is what ``@limiter.limit`` returns for a function: a
-``functools.wraps`` wrapper (async for a coroutine function) marked with its limiter. Where the
-view gate finds it before the view runs, the request's plan decides its limits and the gate
-calls the wrapped function directly (:func:`carried_function`). A wrapper the chain does not
-reach (a decorator above it that skips ``functools.wraps``) tells the limiter when it runs,
-inside a request, so that its limits are still enforced, in a call of their own; the first
-request logs a WARNING naming it.
+:func:`view_objects` lists the objects whose declarations apply to one view and method;
+:func:`make_carrier` makes the ``functools.wraps`` wrapper ``@limiter.limit`` returns. A wrapper
+the view gate cannot find (below a decorator that skips ``functools.wraps``) enforces its limits
+when it runs, in a call of their own; the first request logs a WARNING naming it.
 """
 
 from __future__ import annotations

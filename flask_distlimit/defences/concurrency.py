@@ -1,35 +1,10 @@
 """Concurrent-requests limits: at most N requests of one identity in flight, fleet-wide.
 
-``@limiter.concurrency(20)`` declares one (``key_func=`` and ``scope=`` as for a rate limit). Its
-slot is taken in the request's one storage call, all-or-nothing with the request's rate limits
-(the algorithm ``concurrency`` of the script, ``lua/concurrency.lua``, and its twin in
-:mod:`flask_distlimit.engine.concurrency` for ``memory://`` and the local fallback):
-
-- each request draws a random *token*; the key is a sorted set of the tokens in flight, scored by
-  when their *lease* ends (``DISTLIMIT_CONCURRENCY_LEASE``, seconds);
-- when the response ends, the slot is given back in a second, small storage call: a *release*
-  check (:attr:`~flask_distlimit.core.decision.Check.release`) through the ordinary evaluation
-  (``evaluate_parts``, each part on its own), so every storage sends it as it sends any check.
-  It is not sent to a node whose circuit breaker lets no call through (on a Redis Cluster each
-  slot group asks its own primary's breaker, and the groups on live primaries are given back),
-  and that breaker hears how it ended, as it hears a request's call: an outage counts toward
-  opening it, an answer resets its count, an error reply is an answer
-  (:meth:`Guard.evaluate_beside <flask_distlimit.resilience.guard.Guard.evaluate_beside>`). The
-  lease gives back the slots not given back. When the response ends is the request's ledger's to
-  say (:mod:`flask_distlimit.defences.lifecycle`): when the WSGI server has written the body
-  (whole, streamed or ``send_file``), or when an exception escapes the app; a body the server
-  iterates renews the slots' lease while it lasts (the same tokens taken again: the script
-  renews a live slot's lease);
-- a slot whose process died (SIGKILL, OOM) is given back by its lease: the next request of that
-  identity removes the slots whose lease ended, in the same script call. No background thread;
-- a refusal is a 429 :class:`~flask_distlimit.core.problem.ConcurrencyLimitExceeded` (problem type
-  ``.../concurrency-limit-exceeded``), never cached by the deny cache: a slot may free any moment;
-- failure policies apply: ``open`` admits, ``closed`` answers 503, ``local`` holds the slots in
-  the process at N divided by the instances (``DISTLIMIT_INSTANCES``) and gives them back there.
-
-A view that runs longer than the lease, or a file sent with ``sendfile(2)`` for longer, loses its
-slot early (it is then under-counted): nothing renews it meanwhile. Rate-limit headers never
-describe a concurrency limit.
+A slot (a random token in a sorted set, scored by when its ``DISTLIMIT_CONCURRENCY_LEASE`` ends)
+is taken in the request's one storage call, all-or-nothing with its rate limits, and given back
+when the request's ledger ends (:mod:`flask_distlimit.defences.lifecycle`) through the guard,
+or by its lease if its process died: no background thread (docs/defences.md,
+"Concurrent-requests limits"; docs/design-notes.md, "Giving a slot back").
 """
 
 from __future__ import annotations

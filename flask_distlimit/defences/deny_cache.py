@@ -1,23 +1,9 @@
 """The local deny cache: a flooding client costs the storage nothing.
 
-When the storage says a check was denied and a request of that cost cannot pass for ``T``
-seconds, this process remembers ``(key, cost, deadline)`` and answers the key's next requests
-itself until the deadline, without a round trip. It never refuses a request the storage would
-admit:
-
-- it only answers a request carrying the same key with a cost >= the denied cost (a larger cost
-  is refused longer by every algorithm), before the deadline;
-- the deadline is measured from the local time taken *before* the storage call, so it cannot
-  fall after the storage's own retry time (the storage decided later than that); the
-  ``Retry-After`` it answers is measured from the time taken *after* the call, so it is never
-  earlier than the real one; and it ends ``margin`` (1 ms) early, as the stores compute times
-  in floating point and whole microseconds and may round a retry time up by a microsecond;
-- an impossible request (cost larger than the limit) is remembered for one period at most;
-- every entry lives at most ``max_ttl`` seconds (default 60), so a reset made by another process
-  (``flask distlimit reset``) reaches this one within that time; :meth:`clear` forgets at once.
-
-Bounded (least recently used entries go first), thread-safe, with an injected clock in
-microseconds.
+After the storage denies a key for ``T`` seconds, this process refuses that key's requests of
+the same or a larger cost itself until then, never one the storage would admit
+(docs/design-notes.md, "The deny cache"). Entries live at most ``max_ttl`` seconds. Bounded
+(LRU), thread-safe, with an injected clock in microseconds.
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """Fleet-usage load shedding: capacity in flight across every instance, with a reserve for the
 most important traffic.
 
-``DISTLIMIT_FLEET_CAPACITY`` = C (requests in flight across the fleet; 0, the default, turns it
-off) and ``DISTLIMIT_FLEET_SHARES`` (default ``{"critical": 1.0, "default": 0.8,
-"sheddable": 0.6}``): a request of priority p (:mod:`flask_distlimit.core.priorities`) is admitted
-while fewer than ``floor(C * share[p])`` requests are in flight fleet-wide. So with the defaults
-sheddable traffic may fill 60% of the capacity, default traffic 80%, and the last 20% is kept
-for critical requests.
-
-It is a concurrency slot (:mod:`flask_distlimit.defences.concurrency`) on ONE key for the whole
-fleet (``<prefix>:{fleet}:fleet:concurrency``), whose limit depends on the request's priority, taken
-in the request's one storage call with its rate limits (all-or-nothing), and given back when the
-request ends; a slot of a dead process comes back after ``DISTLIMIT_CONCURRENCY_LEASE``. Over
-its share, a request gets a 503 :class:`~flask_distlimit.core.problem.Overloaded` with
-``Retry-After: 1``. Exempt routes (``@limiter.exempt``, static files) are not counted, so keep
-health checks exempt. Failure policies apply: ``open`` admits when Redis is down, ``closed``
-answers 503, ``local`` holds each process's part (C divided by the instances).
-
-The key is one Redis key: every request of the fleet writes it twice (the slot, its release).
-That is cheap (a sorted-set add and remove), but in a Redis Cluster it lives on one node.
+A request of priority p is admitted while fewer than ``floor(DISTLIMIT_FLEET_CAPACITY *
+DISTLIMIT_FLEET_SHARES[p])`` are in flight fleet-wide, else a 503: one concurrency slot on ONE
+key for the fleet, in the request's one storage call (docs/defences.md, "Fleet usage").
 """
 
 from __future__ import annotations

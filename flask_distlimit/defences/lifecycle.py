@@ -1,35 +1,9 @@
 """What a request takes, and the one release that gives it all back when its body is sent.
 
-A request may take a place among its process's requests in flight (worker shedding,
-:mod:`flask_distlimit.defences.shedding`) and concurrency slots, the fleet's among them
-(:mod:`flask_distlimit.defences.concurrency`, :mod:`flask_distlimit.defences.fleet`); an
-OpenTelemetry figure that follows them rides along. Each is a *holding*: released once, renewed
-while held. The request's holdings are kept in one :class:`Ledger`, in its WSGI environ, and
-:meth:`Ledger.end` releases them all, exactly once.
-
-The end is decided at the WSGI level, by :class:`Lifecycle`, which ``init_app`` installs
-around ``app.wsgi_app``, for every kind of response alike (a complete body, a stream, a
-``send_file``, a HEAD, an error page): Flask hooks run before the server writes the body.
-The ledger ends at the first of:
-
-- the app raised (an exception that escaped Flask), or its body raised: at once;
-- the server asked the body for the chunk after its last (it has written every byte);
-- the server closed the body (``close()``, as PEP 3333 requires: after its last chunk, after a
-  client that went away);
-- the server let go of the body unfinished without closing it (asgiref's ``WsgiToAsgi``
-  stops at Content-Length and never closes; a test client's response nobody read): at once,
-  or, when the garbage collector let go of it, at the start of the app's next request.
-
-So a client that reads slowly keeps what its request took until it has read all but what the
-kernel buffers. The body is wrapped for this; a ``send_file`` body under a server with
-``wsgi.file_wrapper`` (gunicorn) is not, so the server still sends it with ``sendfile(2)``:
-the file the app hands that wrapper is proxied, and the proxy's ``close()`` ends the ledger
-(unless a bytes limit counts the body: :mod:`flask_distlimit.request.deduction`).
-
-Deadlines: a slot carries its lease in the storage (``DISTLIMIT_CONCURRENCY_LEASE``), a place
-in flight the same deadline in the process. A body the wrapper iterates renews every holding
-each time half the lease has passed; a file sent with ``sendfile(2)`` and a view that runs
-longer than the lease are not renewed (no Python code runs meanwhile): they end at the lease.
+A request's *holdings* (a place in flight, concurrency and fleet slots) are kept in one
+:class:`Ledger` in its WSGI environ; :meth:`Ledger.end` releases them all, exactly once.
+:class:`Lifecycle`, around ``app.wsgi_app``, ends the ledger when the server has written the
+body, however the response ends (docs/design-notes.md, "The request's ledger").
 """
 
 from __future__ import annotations

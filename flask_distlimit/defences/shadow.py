@@ -1,25 +1,9 @@
 """Shadow limits: decided and counted as if enforced, never refusing (a dark launch).
 
-A limit declared with ``shadow=True`` (``limiter.limit``, ``limiter.shared_limit``), or made a
-shadow by ``DISTLIMIT_SHADOW`` (``True``: every limit; or a list naming the limits declared in
-config: ``"global"``, ``"default"``, ``"tier:<name>"``), goes into the request's one storage call
-like any other, with the flag :attr:`~flask_distlimit.core.decision.Check.shadow`:
-
-- it is decided by the same algorithm on the same key as the enforced limit would be, so turning
-  shadow off enforces from the next request with the counts already in place;
-- it never denies the request: the enforced limits of the request decide alone, all-or-nothing
-  among themselves;
-- it is charged exactly when the enforced limit would have been: when the request is admitted
-  and it would have admitted it too. A would-be refusal is NOT charged to it, since an enforced
-  limit that refuses charges nothing; so its stored count equals the count of the same limit
-  enforced on the same traffic (``tests/defences/test_shadow.py`` holds the two equal);
-- a would-be refusal is logged at INFO (once per client and limit per window, as breaches are)
-  and counted in ``distlimit_shadow_denials_total{limit}``;
-- it never shows in the rate-limit headers: clients would otherwise slow down for a limit that
-  is not enforced (``RateLimit``/``X-RateLimit-*`` describe the enforced limit closest to denial;
-  a request with only shadow limits carries none).
-
-This module holds the configuration form of ``DISTLIMIT_SHADOW`` and the bounded log.
+A shadow limit rides the request's one storage call on the key it would have if enforced, is
+charged exactly when the enforced limit would have been, never denies and never shows in the
+headers. This module holds ``DISTLIMIT_SHADOW``'s form and the bounded INFO log of would-be
+refusals (docs/defences.md, "What a shadow limit does, exactly").
 """
 
 from __future__ import annotations

@@ -1,39 +1,10 @@
-"""Worker-utilization load shedding: each process sheds its least important traffic when its
-request threads are nearly all busy, before any limit is counted and without a storage call.
+"""Worker-utilization load shedding: a process sheds its least important traffic when its request
+threads are nearly all busy, before any limit is counted and without a storage call.
 
-``DISTLIMIT_WORKER_THREADS`` (the request threads of one process, e.g. gunicorn's
-``--threads``; 0, the default, turns it off) and ``DISTLIMIT_WORKER_SHED_AT`` (the utilization
-above which each priority is shed, default ``{"sheddable": 0.5, "default": 0.75}``; ``critical``
-is shed only if given a threshold). A request of priority p
-(:mod:`flask_distlimit.core.priorities`) is refused with a 503
-(:class:`~flask_distlimit.core.problem.Overloaded`, ``Retry-After: 1``) when
-
-    (requests in flight in this process + 1) / DISTLIMIT_WORKER_THREADS > shed_at[p]
-
-so with 4 threads a sheddable request runs only while at most 1 other runs, a default one while
-at most 2 do, and the last thread is kept for critical requests. In flight means from the
-request's admission (below) until the response ends, as the request's ledger says
-(:mod:`flask_distlimit.defences.lifecycle`): when the server has written the body (whole,
-streamed or ``send_file``: each holds its thread until its last chunk), or when an exception
-escapes the app. A place in flight has a
-deadline, ``DISTLIMIT_CONCURRENCY_LEASE`` after it was taken (renewed while a body streams): a place
-nobody gave back is dropped once its deadline has passed, before a request would be shed.
-The count is this process's alone (a lock and a dict: no storage call), so it protects the
-process even when Redis is the slow part. It is decided before any limit is counted (a shed
-request is charged to no limit), as early as its inputs allow:
-
-- in the extension's ``before_request`` hook, before the app's own hooks registered after
-  ``init_app``, when the request's priority is declared on its view (``@limiter.priority``) or
-  no priority resolver is registered, and no request filter is: nothing the app's hooks set can
-  change the answer, and a shed request costs no hook's work (an authentication lookup);
-- otherwise when Flask calls the view (the gate of :mod:`flask_distlimit.request.enforcement`),
-after
-  every ``before_request`` hook, so the priority resolver and the request filters see what the
-  hooks set (``g.user``). A request no view answers then (no route matched, a hook answered,
-  Flask's own ``OPTIONS``) is neither shed nor counted in flight.
-
-Exempt routes (``@limiter.exempt``, static files) and requests a filter exempts are never shed
-nor counted.
+A request of priority p gets a 503 :class:`~flask_distlimit.core.problem.Overloaded` when
+``(in flight + 1) / DISTLIMIT_WORKER_THREADS > DISTLIMIT_WORKER_SHED_AT[p]``; it stays in flight
+until its ledger ends (:mod:`flask_distlimit.defences.lifecycle`) or its lease passes. Exempt
+and filtered requests are never shed nor counted (docs/defences.md, "Worker utilization").
 """
 
 from __future__ import annotations

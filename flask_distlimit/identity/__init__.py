@@ -1,23 +1,9 @@
 """Who is asking: the identity a request is counted under, and its tier.
 
-Secure by default. A request is identified by the first of these that holds (an app-given
-``key_func`` on a limit is applied by the extension before any of them):
-
-1. ``user``: a verified identity from the app's ``identity_loader`` hook (e.g. Flask-Login's
-   ``current_user``), as ``(id, tier or None)``;
-2. ``jwt``: ``Authorization: Bearer <token>`` verified by PyJWT (:mod:`.jwt`);
-3. ``api_key``: the ``X-Api-Key`` header, only when the app's ``api_key_verifier`` accepts it,
-   kept only as an HMAC digest (:mod:`.api_keys`);
-4. ``ip``: the client address, ``REMOTE_ADDR`` or the ``X-Forwarded-For`` entry that
-   ``DISTLIMIT_TRUSTED_PROXIES`` hops vouch for, read exactly as the proxies wrote it; where
-   that entry is no address, ``ip:invalid-via:<nearest trusted hop>`` (:mod:`.addresses`).
-
-Tiers come from ``DISTLIMIT_TIERS`` (:mod:`.tiers`); the app's ``tier_resolver`` hook, when set,
-has the last word.
-
-Every setting is read and checked once, by :meth:`IdentitySettings.from_config`
-(:mod:`.settings`); :meth:`IdentityResolver.identify` (:mod:`.resolver`) runs on every request
-and reads no configuration.
+A request counts as the first that holds of ``user`` (the app's ``identity_loader``), ``jwt``
+(:mod:`.jwt`), ``apikey`` (only when the app's verifier accepts it, :mod:`.api_keys`), else
+``ip``, the address trusted proxies vouch for (:mod:`.addresses`); a limit's ``key_func`` comes
+first. Tiers: :mod:`.tiers`. Settings are read once (:meth:`IdentitySettings.from_config`).
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """Client addresses: ``REMOTE_ADDR``, or the ``X-Forwarded-For`` entry trusted proxies vouch for.
 
-Each proxy appends the address it saw to ``X-Forwarded-For``, on the right; a client can write
-anything to the left. So the header is split on commas and each entry stripped, exactly as the
-proxies wrote it (never parsed as a quoted-string list: a quote or any other junk a client puts
-in its own entries can neither move nor swallow the entries the proxies appended), and the
-client is the entry ``DISTLIMIT_TRUSTED_PROXIES`` hops from the right. With no header at all
-(an empty one counts as present), the connecting peer (``REMOTE_ADDR``) is the client.
-``Forwarded`` (RFC 7239) is never read.
-
-When that entry is not an IP address (junk, ``unknown``, an obfuscated identifier, or missing
-because the header has fewer entries than there are trusted hops), the request is counted as
-``ip:invalid-via:<address>``: the address of the nearest trusted hop (the hop that handed the
-request on: the entry to the right, or ``REMOTE_ADDR``) behind a marker that no real client's
-address can carry. Such requests share one bucket per proxy, apart from every client and from
-the proxy's own requests (its health checks): junk never buys a fresh quota, and never spends
-someone else's.
-
-IPv6 clients are grouped by their ``/DISTLIMIT_IPV6_PREFIX`` network so one host cannot rotate
-through its addresses; an IPv4-mapped IPv6 address counts as its IPv4 address; a ``REMOTE_ADDR``
-that cannot be read shares the bucket ``ip:invalid``.
+The client is the entry ``DISTLIMIT_TRUSTED_PROXIES`` hops from the right, read as the proxies
+wrote it (split on commas, never parsed); ``Forwarded`` is never read. An entry that is no
+address counts as ``ip:invalid-via:<nearest trusted hop>``; IPv6 clients count by their
+``/DISTLIMIT_IPV6_PREFIX`` network, IPv4-mapped ones as IPv4 (docs/identity.md, "Trusted proxies").
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """API keys: the ``DISTLIMIT_API_KEY_HEADER`` header, an identity only when the app's verifier
-accepts it.
+accepts it (its answers: :data:`VerifierAnswer`; docs/identity.md, "API keys").
 
-The verifier answers (:data:`VerifierAnswer`):
-
-- ``None``: an unknown key (the request counts as anonymous);
-- ``tier``: a valid key, counted by its spelling as sent;
-- ``(key_id, tier or None)``: a valid key, counted by ``key_id``, its canonical id (a ``str`` or
-  ``int``: the key as your store spells it, or its database id). A verifier that accepts several
-  spellings of one key (any letter case, padding, a prefix) must answer this form, or each
-  spelling counts apart: with 32 hex digits and a case-insensitive check, up to 2**16 buckets
-  for one key.
-
-The key (or its id) is kept only as an HMAC-SHA256 digest (``apikey:<hex>``) and never appears in
-keys, logs or exceptions. An unknown key, or one longer than :data:`MAX_API_KEY_LENGTH`, is
-anonymous.
-
-The digest key is derived from ``DISTLIMIT_API_KEY_SECRET``, else the app's ``SECRET_KEY``:
-``HMAC-SHA256(HMAC-SHA256(secret, "flask-distlimit api-key"), key)``, so the same secret never
-signs two kinds of data. When neither is set, an API key verifier cannot be used:
-:meth:`ApiKeys.check` raises :class:`~flask_distlimit.errors.ConfigurationError` saying so.
+A key, or the canonical id the verifier answers, is kept only as an HMAC-SHA256 digest, never in
+keys, logs or exceptions; an unknown or over-long key is anonymous. With neither
+``DISTLIMIT_API_KEY_SECRET`` nor ``SECRET_KEY``, :meth:`ApiKeys.check` raises.
 """
 
 from __future__ import annotations

@@ -1,35 +1,9 @@
 """Identity tags: keyed digests of identity texts, and where their key comes from.
 
-A storage key holds its client only as a tag, ``BLAKE2b-80(key=K, identity text)`` in hex (20
-characters). The key ``K`` is secret, so a client cannot compute, offline, which Redis Cluster
-slot its keys land on: it cannot grind chosen ``key_func`` inputs (usernames, tenant ids) into one
-slot to load one shard. Every worker and replica of a deployment computes the same tags; ``K``
-is, by order of preference:
-
-1. derived from ``DISTLIMIT_API_KEY_SECRET``, else the app's ``SECRET_KEY``:
-   ``HMAC-SHA256(secret, "flask-distlimit identity-tag")`` (never the same key as the API-key
-   digests'). No storage round trip. Changing the secret restarts every counter;
-2. else a random value the storage keeps for the deployment, at ``<prefix>:identity-digest-key``,
-   with **no TTL** (:data:`SHARED_KEY_TTL` is 0): it never expires, and no ``volatile-*``
-   eviction policy (nor ``noeviction``) ever evicts it, however full client-made keys make the
-   server. (It used to live 400 days with a TTL: under ``volatile-lru`` it was evicted after
-   1,476 requests, a process started afterwards wrote a new one, and every limit counted each
-   client twice until the hourly refresh; a TTL'd key left by an older version is made
-   persistent by the first read.) The first process to ask sets it (``SET NX``), every process
-   reads it, and each one reads it again at most every :data:`REFRESH_INTERVAL` seconds, riding
-   on a request (no background thread). Should the key vanish all the same (``FLUSHALL``, an
-   ``allkeys-*`` eviction policy, a restart without persistence: all of which lose the counters
-   too), the next read writes back the value every running process holds, and a process that
-   finds another value there adopts it, so two values live side by side for at most
-   :data:`REFRESH_INTERVAL` seconds. Until a process has read the value (the storage down at
-   start-up, or refusing the limiter), it tags with a key of its own and tries again every
-   :data:`RETRY_INTERVAL` seconds: its requests then fall to the failure policy anyway, or are
-   counted in buckets of their own for those seconds. A WARNING at start-up says that no secret
-   is set. ``memory://`` keeps the value in the process (one per storage object), as it keeps
-   everything else.
-
-Tags of identities up to 128 characters are cached (4096 per app): most requests come from
-clients seen before, and a cached tag costs a dictionary look-up.
+A storage key holds its client only as a keyed BLAKE2b-80 tag, so no client can compute its
+Cluster slot, and every worker and replica computes the same tags. The digest key is derived
+from the app's secret, else a value the storage keeps for the deployment, re-read at most every
+:data:`REFRESH_INTERVAL` seconds on a request (docs/identity.md, "Keyed digests").
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The built-in JWT path: ``DISTLIMIT_JWT_*`` read once, bearer tokens verified with PyJWT.
 
 A token is an identity only when its signature, ``exp``, ``aud`` (and ``iss`` when configured)
-were verified with the configured keys, and only with the algorithms the app lists (never
-``none``). Its ``sub`` (else ``client_id``) claim names the client, its ``tier`` claim the tier.
-A forged, unverified, expired, wrong-audience or garbage token is not an identity: the request
-falls through, never a 500. PyJWT is imported only when ``DISTLIMIT_JWT_KEYS`` is set.
+were verified with the configured keys and algorithms (never ``none``); any other token is no
+identity, never a 500. PyJWT is imported only when ``DISTLIMIT_JWT_KEYS`` is set.
 """
 
 from __future__ import annotations

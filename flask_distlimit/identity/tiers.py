@@ -1,7 +1,7 @@
 """Tiers: the ``DISTLIMIT_TIERS`` table, and the tier names hooks, tokens and keys answer.
 
-A tier name that is not in the table counts as ``anonymous`` (logged at WARNING once per name);
-with no table at all, a tier only names the client's plan in reports.
+A tier name not in the table counts as ``anonymous`` (logged at WARNING once per name); with no
+table, a tier only names the client's plan in reports.
 """
 
 from __future__ import annotations

@@ -2,6 +2,5 @@
 request path, wiring the rest), ``gate`` (where Flask calls the view), ``plans`` (a route's
 limits, bound once), ``data`` (the request's record), ``checks`` (one check per limit),
 ``decide`` (the deny cache, a lease, or one storage call), ``refuse`` (429 and 503), ``after``
-(``after_request``: ``deduction``'s charges, ``headers``, telemetry); ``current_limits`` is the
-request's limits in hand.
+(``deduction``'s charges, ``headers``, telemetry); ``current_limits``, the limits in hand.
 """

@@ -1,14 +1,9 @@
 """After the response is made (``after_request``): charges, headers, telemetry.
 
-:meth:`AfterResponse.finish` takes the response and the request's
-:class:`~flask_distlimit.request.data.RequestData` and, in this order: settles the
-``deduct_when`` reservations as the callable says (:mod:`flask_distlimit.request.deduction`;
-the headers then tell the count after the settlement), adds the rate-limit headers of the limit
-closest to denial (:mod:`flask_distlimit.request.headers`; ``X-RateLimit-Degraded: true`` when the
-storage was down, and ``Retry-After`` on a 429/503 the app replaced without one), and counts the
-request in OpenTelemetry's metrics (:mod:`flask_distlimit.telemetry.otel`). A response object
-that passes here twice (a view returning one object every time) has its earlier headers of
-ours replaced, never sent twice.
+:meth:`AfterResponse.finish` settles ``deduct_when`` reservations (:mod:`.deduction`), adds the
+headers of the limit closest to denial (:mod:`.headers`; ``Retry-After`` on a 429/503 the app
+replaced without one) and counts the request in OpenTelemetry. A response object that passes
+twice has our headers replaced, never doubled.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """Building a request's checks: one :class:`~flask_distlimit.core.decision.Check` per limit.
 
-:meth:`Checks.build` turns the limits of one storage call into checks, in the order the
-storage sees them: the fleet's slot (:mod:`flask_distlimit.defences.fleet`), the global limits
-(counted under the client address), the tier limits of the request's identity, then the route
-and shared limits (each under the identity, or under what its ``key_func`` answers; a
-concurrency limit as a slot, a ``dynamic`` limit as this request's rates, a ``deduct_when``
-limit as a reservation settled after the response, :mod:`flask_distlimit.request.deduction`).
-A ``key_func`` answering ``None`` or ``""`` skips its limit for the request (Flask-Limiter's
-opt-out). A limit whose app code raises (its value with no ``fallback``, ``key_func``,
-``exempt_when``, ``cost``) is never silently dropped: logged at ERROR, then under the failure policy
-``open`` skipped with the request marked degraded, else a 503.
-
-What a check costs: 1, a limit's ``cost``, or ``DISTLIMIT_CONDITIONAL_COST`` on a conditional
-``GET``/``HEAD`` (route limits only; the global and tier limits always cost at least 1). A CORS
-preflight is counted against the global limits alone, unless ``DISTLIMIT_CHARGE_PREFLIGHTS`` or
-the route's own view answers ``OPTIONS``. The client address is kept on the request's
-:class:`~flask_distlimit.request.data.RequestData`: an anonymous client's identity, resolved
-first, is its address, so the global limits do not compute it again.
+:meth:`Checks.build` orders them as the storage sees them: the fleet's slot, the global limits
+(under the client address), the tier limits, then route and shared limits (under the identity,
+or the ``key_func``'s answer: ``None`` or ``""`` skips the limit). A limit whose app code raises
+is logged at ERROR, then skipped as degraded under policy ``open``, else a 503: never dropped.
 """
 
 from __future__ import annotations

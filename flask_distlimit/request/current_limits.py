@@ -1,40 +1,10 @@
-"""The request's limits in hand: ``limiter.current_limits`` and ``limiter.clear(name)``.
+"""The request's limits in hand: ``limiter.current_limits`` and ``limiter.clear(name)``
+(docs/limits.md, "The request's limits in hand").
 
-::
-
-    @app.post("/login")
-    @limiter.limit("5/minute", deduct_when=lambda r: r.status_code == 401)
-    def login():
-        if check_password(...):
-            limiter.clear("login")      # a successful login forgets the failed ones
-            return "welcome"
-        return "no", 401
-
-    @app.get("/quota")
-    def quota():
-        return {l.name: l.remaining for l in limiter.current_limits}
-
-``current_limits`` lists every limit the request's storage calls evaluated so far (global, tier,
-route; a ``deduct_when`` limit as its reservation), in order: its ``name`` (as in the headers and
-``violated-policies``), ``limit`` (the count in effect) and ``period`` (its window, seconds:
-``limit=5, period=60`` for ``5/minute``; ``rate`` has both as a :class:`~flask_distlimit.Rate`),
-``remaining``, ``reset_after`` (seconds) and ``reset_at`` (epoch seconds), ``denied``, and
-``unit`` (``"requests"``, or ``"content-bytes"`` for a limit of bytes).
-Outside a request, or for a request no limit applied to, it is empty. A request refused from
-the local deny cache lists nothing (no storage call was made).
-
-``clear(name)`` deletes the storage key of the current identity for the evaluated limits whose
-name is ``name``, or ``name`` without its rate (``"login"`` clears ``"login:5/minute"`` and
-``"login:20/hour"``), and drops a pending ``deduct_when`` settlement of them. It answers how many
-keys it deleted: 0 when no such limit was counted for the request (limits disabled, the storage
-down under policy ``open``, an ``exempt_when`` that skipped it). A name that none of the
-request's limits has (a typo) raises :class:`ValueError` listing them.
-
-Clearing a counter keyed on the client's **address** (an anonymous client's own identity, or a
-``key_func`` that answers the address) warns, :class:`~flask_distlimit.errors.ClearedAddressWarning`
-(a ``UserWarning``, shown once per call site by Python's default filter): everyone behind that
-address shares it, so one who can succeed (an attacker with an account of their own) resets it
-for all. Clear what is keyed on the authenticated account; keep an address limit uncleared.
+``current_limits`` lists the limits the request's storage calls evaluated so far, in order
+(none outside a request). ``clear(name)`` deletes the current identity's keys of those named
+``name`` and answers how many; an unknown name raises :class:`ValueError`, and clearing a
+counter keyed on an address warns (:class:`~flask_distlimit.errors.ClearedAddressWarning`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""One request's limiter data: :class:`RequestData`, kept in the request's WSGI environ.
-
-What the view gate decided is kept for ``after_request`` in the environ (under a key of this
-app's limiter, :attr:`~flask_distlimit.request.enforcement.Enforcer.environ_key`), not on
-``g``: the environ lives exactly as long as the request, and an app context shared by several
-requests cannot hand one request's numbers to the next. The client address is kept here too,
-so a request computes it once however many of its limits are counted under it.
+"""One request's limiter data, :class:`RequestData`, kept in the request's WSGI environ (under
+:attr:`~flask_distlimit.request.enforcement.Enforcer.environ_key`), which lives exactly as long
+as the request; not on ``g``, which an app context shared by several requests would hand on.
 """
 
 from __future__ import annotations

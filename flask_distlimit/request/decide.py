@@ -1,23 +1,10 @@
 """Deciding a request's checks: the local deny cache, a quota lease, else ONE storage call.
 
-:meth:`Decider.decide` takes the checks :mod:`flask_distlimit.request.checks` built and, in
-this order:
-
-1. refuses a check that costs more than its limit allows in a whole window (after deciding the
-   request's global and tier limits, which may refuse it instead);
-2. keeps one check per key, then asks the deny cache (:mod:`flask_distlimit.defences.deny_cache`):
-   a client refused moments ago is refused again without a storage call;
-3. spends from the quota lease of a request's one leased limit
-   (:mod:`flask_distlimit.resilience.leases`), else makes the one ``guard.evaluate`` call for
-   every check (the leases' when some limit leases), concurrency slots included: those are given
-   back when the response ends (the request's ledger, :mod:`flask_distlimit.defences.lifecycle`);
-4. refuses (:mod:`flask_distlimit.request.refuse`) a denial (a ``deduct_when`` reservation that
-   does not fit among them), or an outage under policy ``closed``; logs what shadow limits would
-   have refused; a request that an exhausted meta limit denied is refused by it alone, and when
-   meta limits ride the call only their denials are cached (every other refusal must reach the
-   storage, which counts it as a breach);
-5. keeps what the headers report: the limit with the fewest units left, never a shadow or
-   meta limit.
+:meth:`Decider.decide` refuses a check that costs more than a whole window allows, keeps one
+check per key, asks the deny cache (:mod:`flask_distlimit.defences.deny_cache`), spends from the
+request's one leased limit or else makes one ``guard.evaluate`` call for every check, refuses a
+denial or an outage under ``closed`` (:mod:`flask_distlimit.request.refuse`), and keeps for the
+headers the limit with the fewest units left, never a shadow or meta limit.
 """
 
 from __future__ import annotations

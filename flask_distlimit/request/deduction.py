@@ -1,41 +1,10 @@
 """Reservations settled after the response: ``deduct_when`` and ``settle`` limits.
 
-::
-
-    @limiter.limit("5/minute", deduct_when=lambda response: response.status_code == 401)
-    @limiter.limit("100000/day", cost=lambda: request.json["max_tokens"],
-                   settle=lambda response: g.tokens_used)
-
-1. Before the view, in the request's one storage call, such a limit is *reserved*: its cost is
-   charged like any other limit of the request, all-or-nothing with them, and the request is
-   refused (429) when it does not fit. So concurrent requests never take more than the limit to
-   the view.
-2. After the response (``after_request``), the request's real cost is worked out: 0 when
-   ``deduct_when`` answers false, else ``settle(response)``, else (Flask-Limiter's order for a
-   callable ``cost`` with ``deduct_when``, which may read what the view set: the reservation
-   is then 1) the ``cost`` callable called now, else the reservation. A conditional ``GET``
-   under ``DISTLIMIT_CONDITIONAL_COST=0`` reserves 1 and costs 0 when its answer is a 304.
-   A callable that raises, or answers anything but an int >= 0, is logged and the reservation
-   is the cost (the safe side for a login limit).
-3. The difference goes to the storage in one more call: less than reserved, a *release* check
-   gives the rest back (each algorithm's refund, as a concurrency slot's give-back); more, a
-   *debt* check charges it whatever is left (:attr:`Check.debt
-   <flask_distlimit.core.decision.Check.debt>`): the quota goes into debt, and later requests
-   are refused until it is repaid (a window's end; a bucket's refill). A debt is at most one
-   limit per request, and a key holds at most about one limit of it (the log counts at most
-   L units, a bucket goes down to -L, a GCRA TAT up to 2L - 1 units ahead). Neither denies;
-   both always carry a request token, so a repeat after a lost reply is made once. The
-   overshoot past the limit is at most what the requests in flight use beyond their
-   reservations.
-
-The settlement goes through the route's own failure policy (its ``on_failure``, else
-``DISTLIMIT_FAILURE_POLICY``), as the reservation did: under ``local`` a storage outage settles
-in the local fallback; under ``open`` and ``closed`` it is dropped (the response is already
-made) and counted and logged as a failed side call
-(:meth:`Guard.side_failed <flask_distlimit.resilience.guard.Guard.side_failed>`). A dropped
-settlement leaves the reservation charged, as does a process that dies before it. A reservation
-that charged nothing (a refused request, a storage down under ``open``, a shadow limit that
-would have refused) is never settled.
+Such a limit is *reserved* in the request's one storage call, all-or-nothing with its other
+limits, so concurrent requests never take more than the limit to the view. After the response
+the difference from its real cost is given back or charged as a debt in one more call, through
+the route's failure policy; a dropped settlement leaves the reservation charged (docs/limits.md,
+"Counting only some responses"; the rules: docs/design-notes.md, "Reserve, then settle").
 """
 
 from __future__ import annotations

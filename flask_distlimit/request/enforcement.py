@@ -1,34 +1,10 @@
 """The request path: every limit of a request decided in one storage call, after the app's hooks.
 
-:class:`Enforcer` is one app's request path; it holds the pieces below, in the order a request
-meets them, and hands each what it uses (a clock, the guard), never the app's whole state:
-
-1. ``before_request``: on the app's first request, :func:`~flask_distlimit.request.gate.finalize`
-   wraps each view function in a *gate* (:mod:`flask_distlimit.request.gate`); a request is
-   shed here when this process is too busy and its priority is known before the app's hooks
-   (:mod:`flask_distlimit.defences.shedding`).
-2. The gate, where Flask calls the view, after every ``before_request`` hook: the route's plan
-   (:mod:`flask_distlimit.request.plans`), the request filters, the request's data
-   (:mod:`flask_distlimit.request.data`), one check per limit
-   (:mod:`flask_distlimit.request.checks`: global, tier, route, shared), then the deny cache,
-   a lease or ONE ``guard.evaluate`` call (:mod:`flask_distlimit.request.decide`).
-3. A refusal raises a 429 or 503 problem (:mod:`flask_distlimit.request.refuse`); ordinary
-   Flask error handling turns it into a response.
-4. A limit wrapper the plan did not reach (behind a decorator that skips ``functools.wraps``),
-   or left to run (below another decorator, with options that call app code), enforces its
-   own limits when it runs, in a second call (:meth:`Enforcer.reached`); so does ``with
-   limiter.limit(...)`` in a view (:meth:`Enforcer.entered`). A limit whose app code raises
-   answers by the route's failure policy (:mod:`flask_distlimit.request.checks`).
-5. ``after_request``: a request whose view never ran (no route matched, or a hook answered
-   first) is counted here against the limits of every request (global and tier); then the
-   ``deduct_when`` charges, the rate-limit headers and telemetry
-   (:mod:`flask_distlimit.request.after`).
-6. What a request takes (concurrency and fleet slots; a worker's place in flight) is kept by the
-   request's ledger, which :mod:`flask_distlimit.defences.lifecycle` ends once, when the
-   server has written the body, however the response ends.
-
-:class:`AppLimiter` names what the request path reads of the app's limiter state
-(:class:`flask_distlimit.state.LimiterState`, which builds the ``Enforcer``).
+:class:`Enforcer` is one app's request path: it holds this subpackage's pieces and hands each
+what it uses (a clock, the guard), never the app's whole state; docs/request-flow.md follows
+the steps. A limit wrapper the plan did not reach, or ``with limiter.limit(...)``, decides in a
+call of its own (:meth:`Enforcer.reached`, :meth:`Enforcer.entered`). :class:`AppLimiter` names
+what the request path reads of :class:`flask_distlimit.state.LimiterState`.
 """
 
 from __future__ import annotations

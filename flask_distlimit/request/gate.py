@@ -1,17 +1,9 @@
 """The view gate: where Flask calls the view, after every ``before_request`` hook.
 
-On the app's first request, :func:`finalize` wraps each view function of the app in a gate
-(once; Flask forbids new routes from then on, so the set is final), binds every route's plan
-(a route that would carry too many limits fails there, loudly), closes the registry on what
-the app serves, and logs one WARNING naming the declarations that match none of its endpoints.
-
-Flask has no hook between the last ``before_request`` function and the view, and an extension's
-``before_request`` hook runs before every hook registered after ``init_app`` and before every
-blueprint's: wrapping the view is the one place that follows them all. So every ``key_func``,
-``cost``, ``exempt_when`` and identity loader sees what those hooks set. The gate calls
-``enforce(endpoint, view)`` (which raises on a refusal), then the view; a view that is this
-limiter's own limit wrapper is skipped for the function it wraps when the plan decided its
-limits already.
+On the app's first request :func:`finalize` wraps each view in a gate, binds every route's plan
+(too many limits fail loudly there) and warns of declarations that match no endpoint. The gate
+enforces, then calls the view, so every ``key_func``, ``cost`` and identity loader sees what the
+app's hooks set (docs/design-notes.md, "The view gate").
 """
 
 from __future__ import annotations

@@ -1,37 +1,10 @@
 """Rate-limit response headers: every quota policy that applied, and the numbers of the one
 closest to denial.
 
-- ``ietf`` (draft-ietf-httpapi-ratelimit-headers-10, RFC 9651 structured fields)::
-
-      RateLimit-Policy: "orders:10/second";q=10;w=1, "orders:1000/hour";q=1000;w=3600,
-                        "orders:5 in flight";q=5;qu="concurrent-requests"
-      RateLimit: "orders:10/second";r=0;t=1
-
-  ``RateLimit-Policy`` is a List with one Item per quota policy the request was decided
-  against (global, tier, route and shared rates, and concurrency limits as
-  ``qu="concurrent-requests"`` with no ``w``): a String name, ``q`` the quota, ``w`` its window in
-  seconds. The policy ``RateLimit`` reports comes first; shadow limits and the fleet's capacity
-  (:mod:`flask_distlimit.defences.fleet`) are not quota policies of the client and never appear.
-
-  ``RateLimit`` carries ONE item, the rate policy closest to denial: the numbers of the others
-  would cost a Redis reply field each and up to eight items of ~40 bytes on every response,
-  while a client can act only on the binding one (the draft lets a server send the policy "with
-  the lower remaining quota units" alone). ``r`` the units left; ``t`` (see below).
-- ``legacy``: ``X-RateLimit-Limit``, ``X-RateLimit-Remaining``, ``X-RateLimit-Reset``, for the
-  same one policy as ``RateLimit``.
-
-What ``t`` and ``X-RateLimit-Reset`` mean (docs/algorithms.md, "What the headers say"):
-
-- ``t`` on an admitted response: the seconds until the policy's quota next resets, never more
-  than ``w``. For the fixed window, the end of the window; for the sliding window counter, the
-  end of the CURRENT window (the quota is whole only one window later, up to ``2w`` away, which
-  no client can act on); for the sliding window log, token bucket and GCRA, when the quota is
-  whole again (at most ``w`` by construction).
-- ``t`` on a 429: the seconds until the request could pass, the ``Retry-After`` value.
-- ``X-RateLimit-Reset``: the Unix time (one rounding up of the exact instant) of ``t`` on an
-  admitted response; on a 429 the later of that and the ``Retry-After`` instant. Every algorithm's
-  reset instant only moves forward as requests are counted, so for one policy and client it never
-  moves backwards between two responses (within the clock offset between the app and Redis).
+``ietf``: ``RateLimit-Policy`` has one item per quota policy (never a shadow limit or the
+fleet's capacity), the reported one first, and ``RateLimit`` ONE item, the rate policy closest
+to denial; ``legacy``: ``X-RateLimit-*`` for that same policy. What each number means:
+docs/algorithms.md, "What the headers say".
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The plan cache: a route's limits, bound once per endpoint and method.
 
-:class:`Plans` binds what the registry declares for a route (its view, class and blueprints, or
-the app's default limits) into a :class:`~flask_distlimit.declare.route_limits.RoutePlan` the
-first time a request reaches it (:func:`~flask_distlimit.declare.route_limits.build_plan`), and
-the limits of a limit wrapper the plan did not reach (behind a decorator that skips
-``functools.wraps``) the first time that wrapper runs. Static-file endpoints are never limited.
-Every limit bound here is declared to the quota leases, which say whether any of them leases.
+:class:`Plans` binds a route's declarations into a
+:class:`~flask_distlimit.declare.route_limits.RoutePlan` the first time a request reaches it, and
+a limit wrapper the plan did not reach the first time that wrapper runs. Static-file endpoints
+are never limited. Every limit bound here is declared to the quota leases.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Refusing a request: the 429 and 503 problem details, the ``on_breach`` hooks, the breach log.
 
-A denial raises :class:`~flask_distlimit.core.problem.RateLimitExceeded` (429; a concurrency
-limit's :class:`~flask_distlimit.core.problem.ConcurrencyLimitExceeded`), an outage under policy
-``closed`` :class:`~flask_distlimit.core.problem.RateLimitUnavailable` (503) and a fleet over a
-priority's share :class:`~flask_distlimit.core.problem.Overloaded` (503): ordinary Flask error
-handling turns them into responses. Before a 429, the app's ``on_breach`` and then the denied
-limits' own are told a :class:`Breach` (:mod:`flask_distlimit.declare.refusal_options`); one
-may answer the response, and one that raises is logged, never a 500. Each refusal is logged at INFO
-once per client and limit per window at most, never once per request. What the headers of the
-refusal say is noted on the request's :class:`~flask_distlimit.request.data.RequestData`.
+A denial raises a 429, an outage under ``closed`` or a fleet over a priority's share a 503
+(:mod:`flask_distlimit.core.problem`); Flask's error handling makes the response. Before a 429
+the ``on_breach`` hooks are told a :class:`Breach` (one that raises is logged, never a 500). A
+refusal is logged at INFO at most once per client and limit per window, never once per request.
 """
 
 from __future__ import annotations
