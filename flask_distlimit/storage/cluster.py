@@ -1,54 +1,13 @@
 """Redis Cluster: the checks of one request grouped per hash slot, the groups sent concurrently.
 
-Every key of one client shares a hash tag (:mod:`flask_distlimit.declare.keys`), so the limits of
-one identity always land in one slot and are decided in one atomic script call. A request whose
-limits belong to several identities (say a per-IP limit and a per-tenant limit) spans several
-slots: one script call per slot group, all groups in flight at once: every group's ``EVALSHA``
-is written to its primary's connection before any reply is read (no threads: nothing to
-serialize on the GIL, nothing to lose in a fork), and the replies are read within one deadline.
-
-All-or-nothing across groups is best effort: each group is atomic on its own, and when one group
-denies while others already consumed, those are called again in refund mode and give their units
-back (:func:`flask_distlimit.engine.scripts.script_args` with ``refund=True``; a meta check
-in them counts the refusal there, one breach). Between the
-consumption and the refund (one round trip) a concurrent request of the same client may see the
-units taken; if the refund itself fails (the node died in between), the units stay consumed until
-the window passes. A single-slot request is exactly atomic, as on a single node.
-
-The client, the nodes (one circuit breaker per primary), the pools and a group's call on its
-primary's connection are :mod:`.cluster_nodes`'s.
-
-**What one request may wait** (:meth:`ClusterStorage._run_all`, the path of every guarded
-request): as on a single node (:mod:`.pool`), a wait for a primary's pooled connection is this
-process's load, bounded by the queue budget (then
-:class:`~flask_distlimit.errors.StorageBusy`, which says nothing of the node); a connect and
-its handshake get a ``timeout`` of their own, and each group's Redis deadline, ``timeout``,
-starts when its command is sent and bounds its read. The hot path runs on a
-:class:`~.pool.DeadlinePool` per primary (the single node's pool, on redis-py's public
-connection API), whose connections are
-made as redis-py makes that node's (its pool's public ``connection_class`` and
-``connection_kwargs``). Bounded by ``timeout`` per operation rather than by the deadline: a group
-answered ``NOSCRIPT``/``MOVED``/``ASK`` is sent again through redis-py's cluster path, and after
-a lost node the topology is refreshed (``nodes_manager.initialize()``, each startup node tried
-with the timeout). Giving back what some groups consumed when the request is refused (a
-refund) is one more such call, with a deadline of its own.
-
-**Batches.** A request whose checks are one slot group (every key of one identity shares a
-hash tag: the usual request) goes in a batch of its primary's pipeline (:mod:`.pipeline`, as
-on a single node): the script calls of the requests in flight to one primary share one write
-on a few connections. A request of several groups sends each on a connection of its own, all
-in flight at once, as below.
-
-**One retry**, as on a single node (:mod:`flask_distlimit.storage.redis`): a connect or a
-send that fails is made once more within the deadline (Redis never had the whole command), and
-a group whose connection is closed under it after the send (or was closed while idle in the
-pool: it is not probed at checkout) is made once more, marked as a repeat of its request token
-(up to three times within the deadline): the script answers the reply it kept if the first try
-ran. Calls carry a token while the storage's connections have lately failed, and refunds
-always (:mod:`.tokens`: the first reply lost in a calm period may be counted twice;
-``request_tokens="always"``: never). Lost every time while the node answers a fresh connection:
-that group is :class:`~flask_distlimit.errors.StorageReplyLost` (the guard does not count it
-against the node's breaker).
+Promises: the limits of one identity share a hash tag, so they are decided in one atomic call, as
+on a single node; a request of several slot groups sends every group before reading any reply,
+within the request's deadline; when one group denies, the groups that consumed are given back
+(refund mode), best effort; a call left unsent by this process's load is
+:class:`~flask_distlimit.errors.StorageBusy`; a group lost every time while its node answers is
+:class:`~flask_distlimit.errors.StorageReplyLost`, not counted against the node's breaker. The
+nodes, pools and breakers are :mod:`.cluster_nodes`'s. Design: docs/design-notes.md, "Redis
+Cluster".
 """
 
 from __future__ import annotations

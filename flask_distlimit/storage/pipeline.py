@@ -1,50 +1,16 @@
 """Many calls in flight, few connections: the script calls of concurrent requests share one write.
 
-A process with hundreds of requests in flight (a gevent worker with ``--worker-connections
-1000``, a gthread worker with 128 threads) would need as many pooled connections, one per call
-in flight, and Redis would read, parse and answer each call on its own. :class:`Pipeline`
-batches them instead, leader and followers, with no thread of its own and no timer:
+A call finds fewer than ``width`` batches in flight and **leads**: it takes a connection and every
+call queued meanwhile (up to ``max_batch``), sends them in one write, reads one reply per call in
+order and hands each its own, then hands the connection to the oldest call queued since (or gives
+it back); else it **follows**, queued until answered or handed the connection to lead.
 
-- a call finds fewer than ``width`` batches in flight: it **leads**. It takes a connection from
-  the :class:`~.pool.DeadlinePool`, then every call queued meanwhile (up to ``max_batch``),
-  sends all their ``EVALSHA`` in **one write**, reads one reply per call in order, and hands
-  each its own; then it hands the connection to the oldest call queued since, which leads the
-  next batch (or gives it back to the pool when none is);
-- else it **follows**: it queues and waits to be answered, or to be handed the connection and
-  lead. A call still queued when its queue budget is spent (``wait_until``) leaves the queue
-  and the storage raises :class:`~flask_distlimit.errors.StorageBusy`: nothing was sent.
-
-What each call keeps: one script call of its own (all-or-nothing, its own reply, its own error
-reply read whole: a ``WRONGTYPE`` or a ``NOSCRIPT`` of one call is that call's alone); the
-Redis deadline, ``timeout`` from the batch's send (:mod:`.pool`: a queued call's wait is this
-process's load, never Redis's time); a batch sent twice only when its send failed (nothing
-ran); after a reply lost under the batch (the connection closed after the send) every call not
-yet answered is told so (:attr:`Call.lost`) and is made again by its storage, marked as a repeat
-of its request token (:mod:`.tokens`), on a connection of its own. A timeout fails the calls
-not yet answered, each an outage for the breaker as it was one call per connection. On a
-``NOSCRIPT`` reply the leader loads the script and sends those calls once more, in one write;
-the first batch of a pipeline sends the script first (``SCRIPT LOAD`` ahead of the calls), so
-the first requests of a fresh process cost one round trip.
-
-**Why batching, by measurement** (``bench/bench_inflight.py``, docs/benchmarks.md, "Many
-requests in flight"): the alternative, a pool sized from the worker's concurrency (one
-connection per call in flight), served as many requests per second on the project's 2-core VM
-(within its noise) but cost Redis 3.3x-4.6x the CPU per decision under gevent at 300 in flight
-(about the same under gthread, where the GIL lets few calls reach Redis at once), held 300
-connections instead of four, and its 300 concurrent reads were what a busy Redis answered
-late: in one run it timed out often enough to open the breaker. One write of many
-calls costs Redis a read, a parse and a write per batch, not per call (``redis-benchmark`` runs
-the minimal limiter's script at about 77,000 calls/s one at a time and 260,000/s pipelined 16
-deep on that VM). Its price is latency at high concurrency under gevent (a batch's replies are
-handed out by its leader, and the next leader must first be resumed by the event loop).
-Leaders sending up to 4 or 16 batches in a row, instead of handing the connection on, measured
-no better and are not kept. A connection carries one batch at a time: a batch's replies are
-read before the next is sent, so a slow reply holds back only its own batch, and ``width``
-connections carry batches side by side (:data:`DEFAULT_WIDTH`).
-
-gevent and eventlet: their monkey-patched ``threading`` locks make the waits cooperative (a
-follower yields to the event loop); nothing here blocks outside the pool's sockets and those
-locks. Forked children start with an empty queue (the pid is checked on every call).
+Promises: each call gets its own reply or its own error (one call's ``NOSCRIPT`` or ``WRONGTYPE``
+is its alone); every call's Redis deadline runs from its batch's send, a wait before it being this
+process's load, bounded by ``wait_until`` (then :class:`~.pool.NoConnectionAvailable`); a batch is
+sent twice only when its send failed; after a reply lost under the batch every unanswered call is
+told so (:attr:`Call.lost`); no thread, no timer; gevent-safe through monkey-patched locks; a
+forked child starts with an empty queue. Design: docs/design-notes.md, "The pipeline".
 """
 
 from __future__ import annotations

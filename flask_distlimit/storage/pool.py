@@ -1,57 +1,12 @@
 """The hot path's connection pool: a queue budget and a Redis deadline, on redis-py's public API.
 
-redis-py's ``BlockingConnectionPool`` bounds each wait by its own timeout (the pool wait, the
-connect, every read), knows nothing of a request's deadline, and spends more per checkout and
-release than the call needs (a ``LifoQueue`` with a lock and two conditions, a ``connect()``
-through the retry helper even when connected, redis-py 8's observability counters).
-:class:`DeadlinePool` keeps only what a rate limiter's one EVALSHA needs, on public
-``redis.Connection`` methods and attributes.
-
-**Two clocks: this process's load, and Redis's health.** What a call spends waiting in this
-process (for a pooled connection while every one is busy, for the CPU, the GIL or the event
-loop between two steps) is load, not a sign that Redis is unwell; what it spends waiting on a
-socket for Redis (the connect and handshake, a reply) is Redis's time. They are bounded apart:
-
-- **the queue budget** (``queue_timeout``, by default :func:`queue_budget`: ten times the Redis
-  timeout and at least 1 s): a wait for a pooled connection ends by it, then
-  :class:`NoConnectionAvailable` (nothing was sent, no reply was lost: it arms no request token,
-  :mod:`.tokens`; the storages raise :class:`~flask_distlimit.errors.StorageBusy`, which the
-  breaker never hears and no failure policy answers);
-- **the Redis timeout** (``timeout``, ``DISTLIMIT_REDIS_TIMEOUT``) bounds each thing asked of
-  Redis from the moment it is asked: a connect and its handshake (when :meth:`checkout` has to
-  make one: a timeout of its own, however long the wait before it), and a reply, whose
-  deadline the caller takes right after the command is handed to the kernel (:meth:`send`).
-  **Only a socket found empty** ends a wait: a reply that arrived while this thread (or
-  greenlet) waited for the CPU is read, however late it woke (:meth:`read` looks once more,
-  without waiting, before it gives up; a connect gets at least :data:`LAST_LOOK`). A Redis
-  that stalls, refuses or resets still fails the call within one timeout (two for a call that
-  had to connect to a server that answers its handshake slowly), as the breaker needs.
-
-The rest of the pool:
-
-- idle connections on a ``deque`` under one ``Condition``; a new connection while fewer than
-  ``max_connections`` exist; when all are busy, a wait bounded by the queue budget;
-- **freshness**: an idle connection is checked with ``can_read(0)`` (public: one ``recv`` that
-  would block) at checkout; readable (unread bytes) or closed by the server (``CLIENT KILL``, an
-  idle timeout, a restart) means it is reconnected before anything is sent; a connect or
-  handshake the server closes is tried once more (no command was sent yet);
-- the socket's own timeout is the Redis timeout's remainder when it connected; :meth:`read`
-  waits with ``can_read(left)`` (public) when it would end too early or too late, and always
-  under gevent or eventlet (a timer of a busy event loop can fire before the reply that came
-  in time is seen), and plainly (``read_response``) on the usual path where it ends within
-  ``slack`` of the deadline;
-- **state of our own**: a connection is "connected" here from its successful ``connect()`` until
-  any exception while we use it (redis-py itself disconnects on a failed send or read; we then
-  disconnect too and forget it), so no private ``_sock`` is read;
-- **fork safety**: the pid is checked on every checkout and release; a child disconnects every
-  connection it inherited (redis-py closes a parent's socket without ``shutdown()`` in another
-  process, so the parent's connection stays intact) and starts empty; a connection made in
-  another process is never put back;
-- ``locate`` (Sentinel): called before every connect for the address to use, and
-  :meth:`disconnect` after a failover drops the connections to the old master.
-
-Not a redis-py pool: a ``redis.Redis`` client cannot use it (the storage keeps one on a stock
-pool for its occasional admin commands). No pub/sub, no RESP3 pushes, no client-side cache.
+Promises: a wait for a pooled connection ends by the queue budget (then
+:class:`NoConnectionAvailable`: nothing was sent, this process's load); a connect with its
+handshake ends by a Redis timeout of its own, and a reply by the deadline the caller takes once the
+command is sent (Redis's time); only a socket found empty ends a wait (a reply that came while this
+process was busy is read); a connection is disconnected on any failure while in use; a forked child
+starts empty and never puts back a connection made in another process. Not a redis-py pool: a
+``redis.Redis`` client cannot use it. Design: docs/design-notes.md, "The connection pool".
 """
 
 from __future__ import annotations

@@ -1,67 +1,13 @@
 """Redis single node and Sentinel: one EVALSHA per request, batched with the requests in flight.
 
-The hot call (:meth:`RedisStorage.evaluate`) goes in a batch of the storage's
-:class:`~.pipeline.Pipeline` (the script calls of the requests in flight share one write on a
-few connections, each call with its own reply) on our own :class:`~.pool.DeadlinePool`, built
-on redis-py's public connection API (``send_packed_command``, ``read_response``, ``can_read``,
-``connect``, ``disconnect``; the EVALSHA bytes come from :mod:`.evalsha`). Two clocks
-(:mod:`.pool`): a wait for a batch or a pooled connection is this process's load, bounded by a
-**queue budget** of its own (then :class:`~flask_distlimit.errors.StorageBusy`: a 503, never an
-outage, never the failure policy); ``DISTLIMIT_REDIS_TIMEOUT`` (100 ms by default) is the
-**Redis deadline** of a call, from the moment Redis has its command (the batch's send), that
-the read (and, after ``NOSCRIPT``, the ``SCRIPT LOAD`` and the second ``EVALSHA``, one write)
-shares; a connect and its handshake, when one has to be made, get a timeout of their own (our
-connections default to RESP2, :data:`HANDSHAKE_FREE`: a connect then asks Redis nothing), and
-a call made again after a lost reply gets one from when it is made. A reply that came while
-this process was busy elsewhere is read, not timed out. For Sentinel, the same pool asks
-``Sentinel.discover_master`` for the address before every connect.
-
-**Cold start.** The first batch of a storage sends ``SCRIPT LOAD`` in the same write as its
-calls, so that the first requests of a fresh process (and of a flushed or new server) cost one
-round trip, not a ``NOSCRIPT`` and two more; after a ``NOSCRIPT`` reply the script is loaded
-and those calls sent again in one write.
-
-**One retry.** A request is made once more, on a fresh connection, in two cases:
-
-- sending fails (``send_packed_command`` raises ``ConnectionError``): a send that fails has not
-  handed the whole command to the kernel, so Redis cannot have parsed, let alone run, it;
-- the connection is closed under the request after the send (a ``CLIENT KILL`` or a reset
-  while Redis held the command): the script may have run, and its reply is lost. The call is
-  made again under a **request token** (``lua/replay.lua``,
-  :func:`~flask_distlimit.engine.scripts.with_token`): Redis keeps a call's reply under
-  ``<prefix>:rq:{<tag>}:<token>`` for ``max(1 s, 2 x timeout)``, and the call made again,
-  marked as a repeat, answers that kept reply when the first one ran and runs when it did not.
-  A repeat is idempotent, so a repeat cut too is made again, up to three times within its
-  deadline (:func:`~.tokens.repeat_call`), on a connection of its own (not in a batch).
-
-Which calls carry a token (:mod:`.tokens`): under ``request_tokens="auto"`` (the default), every
-call for a minute after the storage's connections failed, and none while they are calm, so the
-first reply lost in a calm period, if its script had run, is counted twice (never admitting
-more than the limit); under ``"always"``, every call (the cost: one ``SET`` of about 60 bytes
-per call, kept a second, and 17.6 us of Redis time per call under gunicorn), and a request is
-never counted twice.
-
-A pooled connection the server closed while it was idle (``CLIENT KILL``, an idle timeout, a
-restart, a proxy reset) is not looked for at checkout: redis-py's stock pool probes every
-checkout with ``can_read(0)`` (three system calls and about 5 us), but here the call itself
-finds it, as a failed send or a lost reply, and is made again as above. No connection goes back
-to the pool with bytes unread: any failure while one is in use disconnects it.
-
-When every repeat is lost too and a fresh connection answers a ``PING``, the storage raises
-:class:`~flask_distlimit.errors.StorageReplyLost` (the failure policy answers that one request,
-the breaker is not told); when nothing answers, the outage it is. On Sentinel, ``READONLY``
-from a demoted master is retried once too, on the newly discovered master: a read-only replica
-has written nothing.
-
-A client we build makes no retries of its own and no health-check ``PING``
-(:func:`connection_options`), and announces no maintenance (redis-py 7+ would relax the read
-timeout to 10 s). The occasional admin commands (``PING``, ``SCAN``, ``DEL``, the heartbeat,
-the shared value, ``SCRIPT EXISTS``: :mod:`.side_calls`) go through a stock ``redis.Redis``
-client on a ``BlockingConnectionPool`` with the same settings (:attr:`RedisStorage.client`).
-
-Fork safety: both pools check the process id and never hand a parent's connection to a forked
-child; :meth:`RedisStorage.reset_after_fork` drops them explicitly, closing only the child's
-copies of the sockets.
+Promises: a call waits for a batch at most its queue budget, and for Redis at most
+``DISTLIMIT_REDIS_TIMEOUT`` from the moment Redis has its command (docs/failure-modes.md); a call
+left unsent by this process's own load is :class:`~flask_distlimit.errors.StorageBusy` (a 503,
+never the failure policy); a reply lost after the send is made again once as a repeat of its
+request token, never counted twice while tokens are on (:mod:`.tokens`); no connection goes back to
+a pool with bytes unread; a forked child never uses its parent's connections. Admin commands go
+through a stock ``redis.Redis`` client (:attr:`RedisStorage.client`). Design: docs/design-notes.md,
+"The Redis storage".
 """
 
 from __future__ import annotations
