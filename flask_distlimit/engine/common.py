@@ -1,23 +1,10 @@
 """What every Python twin shares, as ``lua/common.lua`` is what every Lua algorithm shares.
 
-A twin (one module per algorithm: ``fixed_window``, ``sliding_window_log``,
-``sliding_window_counter``, ``token_bucket``, ``gcra``, ``concurrency``) decides exactly as its
-script does (``lua/<name>.lua``, whose header comments give the math), integer for integer: the
-same formulas, with every double operation in the same order (an ``int * int`` that Lua computes
-in doubles is computed here as ``float(a) * b``). The shared test vectors and the property tests
-hold the two to that. Each twin module gives, over a state value of its own:
-
-- ``step(state, limit, period_us, cost, now_us) -> Step``: the decision, without changing
-  anything (except that the log's expired entries are pruned in place, as the script does);
-- ``refund(state, limit, period_us, cost, now_us) -> (state or None, ttl_us)``: units given back
-  (``ttl_us`` -1: the state is unchanged, or changed in place with its TTL standing);
-- ``plausible(state, limit, period_us, now_us) -> bool``: whether stored state is the twin's own
-  and usable at ``now_us`` (the script's garbage bounds: state from more than a period in the
-  future, after a clock jump back, is reset here exactly as in Redis).
-
-Shared here: :class:`Step`, :func:`adjust` (the scripts' correction of a wait computed in
-doubles) and :func:`take_back` (a give-back into a windowed count). The twin module of each
-algorithm is named by its entry in :mod:`flask_distlimit.engine.registry`.
+A twin (one module per algorithm) decides exactly as its script, integer for integer, every double
+operation in the same order; each gives ``step`` (the decision, changing nothing), ``refund``
+(units given back) and ``plausible`` (whether stored state is its own and usable now). Shared here:
+:class:`Step`, :func:`adjust` and :func:`take_back`. The shared test vectors and property tests
+hold twins and scripts together.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """The rate-limit script's text, built once at import from the files of ``lua/``.
 
-The script is ``lua/common.lua`` (the helpers), ``lua/fast_path.lua`` (filled here), one
-``lua/<algorithm>.lua`` per algorithm, then ``lua/evaluate.lua`` (the driver), all inside
-``lua/replay.lua``. Two rules make each algorithm's Lua exist once and cost nothing to build:
-
-- REGIONS: an algorithm file marks blocks of its general functions (``--@read`` ... ``--@end``,
-  likewise ``--@setup``, ``--@decide``, ``--@commit``); the fast path gets one branch per file
-  with a ``--@read`` region, its template's ``--@<name>`` lines replaced by the file's regions
-  (the contract the regions keep is in ``lua/fast_path.lua``). The general path is the file
-  as written, so both paths run the same text.
-- INLINING: every call of a helper of common.lua is replaced by the helper's body (an
-  expression's ``return`` value, of plain names; a statement's lines in a ``do ... end`` that
-  binds its arguments once), and the helpers are not defined: a function in a script is a
-  closure built again on every call.
-
-Deterministic: the same files give the same text, so the same SHA. A malformed region or call
-fails the import with an ``AssertionError`` that names it.
+``common.lua``, ``fast_path.lua`` (filled from each algorithm's ``--@read``/``--@setup``/
+``--@decide``/``--@commit`` regions), one ``<algorithm>.lua`` each and ``evaluate.lua``, all inside
+``replay.lua``; every helper call of ``common.lua`` is inlined (a function in a script is a closure
+rebuilt on every call). Promises: deterministic (same files, same SHA); a malformed region or call
+fails the import with an ``AssertionError`` naming it. Design: docs/bench/engine.md.
 """
 
 from __future__ import annotations

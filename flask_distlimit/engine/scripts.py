@@ -1,38 +1,11 @@
 """The Lua side of the storage: the script source and its KEYS/ARGV/reply contract.
 
-``lua/<algorithm>.lua`` each define the functions of one algorithm (``lua/common.lua`` holds their
-helpers); ``lua/evaluate.lua`` is the driver that evaluates every check of a request in two phases
-(decide all, then write all only if all allow); first of all, ``lua/fast_path.lua`` decides the
-commonest request (one check of a windowed algorithm) inline, from each algorithm's own text.
-:data:`SCRIPT_SOURCE` is built from them once, at import, by
-:mod:`~flask_distlimit.engine.lua_source` (deterministic: the same files give the same text, so
-the same SHA for ``SCRIPT LOAD`` / ``EVALSHA``), and registered once per Redis client with
-``register_script`` (redis-py's ``Script`` re-sends it on ``NOSCRIPT``).
-
-Every Redis backend (single node, Sentinel, each Cluster slot group) calls the script through
-:func:`script_args` and :func:`parse_reply` only, so the wire contract lives in this one module:
-
-- ``KEYS``: one key per check, in order.
-- ``ARGV``: ONE string of comma-separated decimal integers: ``now_us`` (or ``-1``), mode
-  (0 evaluate, 1 refund), then four per check: algorithm code (:data:`ALGORITHM_CODES`, plus
-  :data:`SHADOW_FLAG` for a shadow check, :data:`RELEASE_FLAG` for a release, :data:`DEBT_FLAG`
-  for a debt, :data:`META_FLAG` for a meta limit's check), limit, period in
-  microseconds, cost (a concurrency slot's token). E.g.
-  ``-1,0,1,100,60000000,1``.
-- reply: ONE bulk string of comma-separated decimal integers: ``now_us``, then six per check:
-  allowed (0/1, 2 = a shadow check that would deny), limit, remaining, reset_after_us,
-  retry_after_us (``-1`` = never), repaired (0/1).
-
-- an optional REQUEST TOKEN (:func:`with_token`, ``lua/replay.lua``): one key more (the token's,
-  ``<prefix>:rq:{<tag>}:<token>``, in the first key's Cluster slot) and ``ARGV[2]`` =
-  ``"<ttl_ms>"``, or ``"<ttl_ms>,1"`` when the call is made again after its reply was lost: the
-  reply is kept under the token for ``ttl_ms`` and a repeated call answers it instead of
-  running again.
-
-Why strings and not RESP arrays of integers: redis-py packs every argument and parses every reply
-element in pure Python, one at a time; one argument and one bulk string (split here with one
-``split`` and ``int``) cost a fraction of ``4n + 2`` arguments and a ``6n + 1``-integer array
-(``docs/bench/overhead.md``).
+Every Redis backend calls the script through :func:`script_args` and :func:`parse_reply` only: KEYS
+one per check; ARGV one string of comma-separated integers (``now_us`` or -1, the mode, then
+algorithm code with its flags, limit, period in us and cost per check); the reply one string
+(``now_us``, then allowed, limit, remaining, reset_after_us, retry_after_us, repaired per check).
+:func:`with_token` adds a request token (``lua/replay.lua``). :data:`SCRIPT_SOURCE` is built once,
+deterministically. Design: docs/design-notes.md, "The script's wire contract".
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
 """Porting from Flask-Limiter: what ``Limiter(...)`` says when given Flask-Limiter's arguments.
 
-``Limiter(get_remote_address, app=app)`` and ``Limiter(key_func, default_limits=[...])`` raise
-:class:`TypeError` naming, for each Flask-Limiter argument, what replaces it here. The guide
-``docs/migrating-from-flask-limiter.md`` has the whole table, with the decorator arguments and
-the ``RATELIMIT_*`` keys.
-
-Leftover ``RATELIMIT_*`` keys (:data:`CONFIG_KEYS`, Flask-Limiter's own) are not read here:
-:func:`warn_leftover_keys` logs one WARNING at ``init_app`` naming each and what replaces it
-(``RATELIMIT_DEFAULT = "1/minute"`` would otherwise limit nothing, without a word). A WARNING,
-not the ``ConfigurationError`` a mistyped ``DISTLIMIT_*`` key gets: ``RATELIMIT_*`` is
-Flask-Limiter's namespace, not ours, and an app migrating route by route runs both extensions on
-one app (or shares one config module among apps that have not moved yet), where those keys are
-read and right. A ``DISTLIMIT_*`` key that nothing reads is always a mistake; a ``RATELIMIT_*``
-key may be Flask-Limiter's, so it is named loudly, never refused.
-
-Why a positional ``key_func`` is refused rather than accepted: Flask-Limiter's ``key_func``
-decides who is counted for every limit of the app. Here that is the identity layer (a verified
-user, a JWT, an API key, else the client address behind ``DISTLIMIT_TRUSTED_PROXIES``), which
-the breaker, the local fallback, the CLI and the headers all rely on. Taking
-``get_remote_address`` silently would count ``REMOTE_ADDR`` as is, which behind a load balancer
-is the balancer's address: every client in one bucket. Refusing with the port spelled out costs
-one edit; accepting it would change who is counted without a word.
+``Limiter(get_remote_address, app=app)`` and every other Flask-Limiter argument raise
+:class:`TypeError` naming what replaces it; leftover ``RATELIMIT_*`` keys (:data:`CONFIG_KEYS`) get
+one WARNING at ``init_app`` each (:func:`warn_leftover_keys`), not an error: an app migrating route
+by route may run both extensions. docs/migrating-from-flask-limiter.md has the whole table and the
+reasons.
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
 """Who serves the app, with how many processes: ``memory://`` must not be split among several.
 
-``memory://`` keeps the counters inside the process. Under a server that runs N worker processes
-every process counts alone, so every limit is multiplied by N (and the local deny cache, the
-breaker and the fallback are per process too, which is fine: the counters are the problem).
-:func:`warn_if_memory_per_process`, called by ``init_app``, logs one WARNING per process when the
-app is configured that way, saying so and how to fix it (a ``redis://`` URL).
-
-Detection happens once, at start (``init_app``), and never raises:
-
-- gunicorn: its arbiter sets ``SERVER_SOFTWARE`` to ``gunicorn/<version>`` in its environment,
-  which every worker inherits. The number of workers is then computed the way gunicorn computes
-  it, by its own :class:`gunicorn.app.wsgiapp.WSGIApplication` (what the ``gunicorn`` command
-  runs, without ``run()``): the command line (``sys.argv``, inherited from the master),
-  ``GUNICORN_CMD_ARGS``, the config file (``-c``, or ``./gunicorn.conf.py``, executed again as
-  gunicorn executes it) and ``WEB_CONCURRENCY`` (the default of ``workers``). Only for a process
-  started by the ``gunicorn`` command (or ``python -m gunicorn``): a program that embeds gunicorn
-  has a command line of its own, and the count is then unknown. Workers added later with
-  ``SIGTTIN`` are not seen. The working directory, ``sys.path`` and ``sys.modules["__config__"]``
-  are put back as they were, and what gunicorn would print is logged at DEBUG instead.
-- uWSGI: the ``numproc`` of the ``uwsgi`` module it embeds in its workers.
-
-An unknown count under a pre-forking server is warned about as "may run several processes".
-With gunicorn's ``preload_app`` the app is configured once, in the master, so the warning is
-logged once, before the workers fork.
+:func:`warn_if_memory_per_process`, called by ``init_app``, logs one WARNING per process when
+``memory://`` counts under a server of several worker processes (every limit multiplied by their
+number), with the fix. It reads gunicorn's worker count the way gunicorn computes it, and uWSGI's
+``numproc``; an unknown count under a pre-forking server is "may run several processes". Runs once
+and never raises. Design: docs/design-notes.md, "Who serves the app".
 """
 
 from __future__ import annotations

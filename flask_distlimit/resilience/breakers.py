@@ -1,28 +1,11 @@
 """One circuit breaker per storage node: a dead Cluster shard degrades only its own keys.
 
-The :class:`~flask_distlimit.resilience.guard.Guard` asks :class:`Breakers` for the breaker of the
-node a request's checks go to (:meth:`Storage.node <flask_distlimit.storage.base.Storage.node>` and
-:meth:`Storage.route <flask_distlimit.storage.base.Storage.route>`):
-
-- a single node and ``memory://`` have one node, :data:`DEFAULT_NODE`: one breaker, as always;
-- Sentinel: the address of the master the Sentinels named last, so that after a failover the new
-  master starts with a closed breaker instead of waiting out the old one's reset timeout;
-- Cluster: each primary's ``host:port``.
-
-Breakers are made on first use and the set stays bounded: when a new node appears, the breakers
-of nodes the storage's topology no longer lists (:meth:`Storage.nodes
-<flask_distlimit.storage.base.Storage.nodes>`) are dropped, and never more than
-:data:`MAX_NODES` are kept (the oldest closed ones go first). Looking up a known node is one
-dictionary read, no lock.
-
-The aggregate :attr:`Breakers.state` is the worst state of any node's breaker (open, then
-half-open, then closed): with one node it is that node's state, as before per-node breakers.
-:func:`worst` picks the breaker that aggregate describes.
-
-A request (or a call beside one) whose parts go to several nodes asks each node's breaker once
-(:meth:`Breakers.admit`), and each node's breaker then hears once how its parts ended
-(:func:`report_parts`): an outage if any of them met one, else an answer; so does the breaker of
-a single call beside a request's (:func:`report_call`).
+A single node and ``memory://`` have one node (:data:`DEFAULT_NODE`); Sentinel, the master named
+last (a failover starts the new master closed); Cluster, each primary's ``host:port``. Promises:
+breakers of nodes gone from the topology are dropped, never more than :data:`MAX_NODES` kept; a
+known node is one dictionary read; :attr:`Breakers.state` is the worst state of any node; a call of
+several nodes asks each breaker once (:meth:`Breakers.admit`) and each hears once how its parts
+ended (:func:`report_parts`, :func:`report_call`).
 """
 
 from __future__ import annotations

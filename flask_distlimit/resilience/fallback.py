@@ -1,44 +1,12 @@
 """The local fallback: limits enforced in-process while the shared storage fails.
 
-Under ``DISTLIMIT_FAILURE_POLICY = "local"`` every check of a request the storage could not
-answer is decided by an in-process :class:`~flask_distlimit.storage.memory.MemoryStorage` (the
-same five algorithms as the Lua, decided the same way) at ``floor(limit / instances)``, at least 1:
-this process's *share*. Each of ``instances`` processes admits its share, so the fleet as a whole
-stays near the configured limit instead of multiplying it by the number of processes.
-
-Failures are often partial (a flapping link, a slow Redis that times out every other call), so
-the local counts must outlive the calls that succeed in between:
-
-- **A key's local budget starts from what Redis last said was left** (:class:`LastKnown`): its
-  first local decision finds ``min(share, remaining // instances)`` units, not a whole share,
-  when Redis said it at most :data:`FRESHNESS` (a tenth) of the key's period earlier. An older
-  figure says nothing of what the other processes spent since (they may have spent it all), so
-  the key gets nothing here until its quota would be whole again. A key Redis said nothing about
-  since its quota was last whole gets a whole share (docs/failure-modes.md says why).
-- **Every admission counts while a key is held.** A key is *held* from its local decision until
-  the quota that decision saw would be whole again (``reset_after``; at most one period for every
-  algorithm but the sliding window counter, two for that one). While it is held, a request Redis
-  admits is counted here too (:meth:`LocalFallback.charge`), and refused if it exceeds the share:
-  Redis never learns of the admissions made locally, so without this a process could add Redis's
-  full quota to its local share within one window.
-- **Engaged**: ``settle`` seconds (the breaker's reset timeout) after each failure, and after the
-  first success that follows a failure, every request is counted here, and a key Redis answers
-  enters the count from what it has just said was left.
-- **Handing back**: a key decided here is held to the end of the window that contains the end
-  of the engagement, or sooner if its last local decision is older (:meth:`LocalFallback._holds`);
-  one only answered by Redis while engaged, until the engagement ends. When no key is held any
-  more, the in-process store is dropped.
-- **Memory**: a key no longer held is forgotten (swept once the keys have doubled): the keys kept
-  are at most twice those decided or answered here in the last two settling periods and two
-  periods, plus 1024, and at most ``max_keys`` (``DISTLIMIT_FALLBACK_MAX_KEYS``). None is evicted
-  for a new one (a flood must give nobody a fresh quota): a key past the cap is decided on its
-  limit's *overflow key*, one share for them all, and one entering later starts from what that
-  has left (a paced WARNING says so; docs/failure-modes.md, "Memory of the local fallback").
-
-The bound, for ``N`` processes and a limit ``L``: at most ``L`` per window, plus, in an outage's
-first window, what the fleet admitted in the tenth of a period before it (docs/failure-modes.md,
-"The bound"; tests/defences/test_fleet_bound.py, tests/resilience/test_local_bounds.py).
-Nothing is ever written back to Redis.
+Under ``DISTLIMIT_FAILURE_POLICY = "local"`` a check the storage could not answer is decided by an
+in-process :class:`~flask_distlimit.storage.memory.MemoryStorage` at this process's share,
+``floor(limit / instances)`` (at least 1). Promises: a key's budget starts from what Redis last
+said was left (:class:`LastKnown`); while a key is held every admission counts here too; at most
+``L`` per window fleet-wide, plus what the fleet admitted in the tenth of a period before an
+outage; memory bounded by ``DISTLIMIT_FALLBACK_MAX_KEYS`` (keys past the cap share one overflow
+key: limits never lifted); nothing is written back to Redis. Design: docs/failure-modes.md.
 """
 
 from __future__ import annotations

@@ -1,63 +1,12 @@
 """The storage as the extension sees it: every call guarded against outages.
 
-:class:`Guard` is the one seam between the request path and the storage. Each request's checks
-go through :meth:`Guard.evaluate`, which
-
-1. asks the circuit breaker (:mod:`flask_distlimit.resilience.breaker`) of the storage node the
-   checks go to whether to try the storage at all: one breaker per node
-   (:mod:`flask_distlimit.resilience.breakers`), i.e. one for a single node or memory, one for the
-   master a Sentinel names (a failover moves to the new master's breaker, closed, without waiting
-   out the old one's reset timeout), one per primary on a Redis Cluster;
-2. makes the one storage call (outside any lock: concurrent requests' calls overlap);
-3. on an outage (:class:`~flask_distlimit.errors.StorageUnavailable`) counts it and applies the
-   failure policy (``DISTLIMIT_FAILURE_POLICY``, or a route's own); a storage that refuses the
-   limiter (:class:`~flask_distlimit.errors.StorageMisconfigured`: NOPERM, WRONGPASS, a bad
-   database index, an unknown command) is such an outage, and is logged at ERROR, naming the
-   cause and the fix, at most once a minute (of the injected clock) per guard, i.e. per app and
-   process (:mod:`flask_distlimit.resilience.storage_log`):
-
-   - ``"open"``: allow, marked degraded;
-   - ``"closed"``: refuse: the extension turns ``unavailable`` into a problem+json 503;
-   - ``"local"``: decide in-process at each limit's per-instance share
-     (:mod:`flask_distlimit.resilience.fallback`, divisor from
-     :mod:`flask_distlimit.resilience.instances`), degraded;
-
-   a call that queued in this process past its budget
-   (:class:`~flask_distlimit.errors.StorageBusy`: this process's load, not the storage's
-   health) is not an outage: its breaker is not told and no policy applies; it is answered
-   503 with ``Retry-After: 1``;
-
-4. under policy ``"local"``, when the storage answered: remembers what it said was left per key
-   (:mod:`flask_distlimit.resilience.last_known`, where a key's local budget starts) and, while the
-   fallback still holds some of the request's keys, counts the request against this process's share
-   too, so that a storage failing every other call cannot double the limit
-   (:meth:`~flask_distlimit.resilience.fallback.LocalFallback.charge`);
-5. when healthy and due, refreshes this process's instance heartbeat (``DISTLIMIT_INSTANCES =
-   "auto"``), and logs keys the storage found corrupt and repaired (the heartbeat's included).
-
-On a Redis Cluster (a ``routed`` storage) the checks are grouped per node, each group through its
-own breaker, and only the groups of failed nodes get the failure policy
-(:mod:`flask_distlimit.resilience.routing`).
-
-A refused write (:class:`~flask_distlimit.errors.StorageFull`: Redis out of memory under
-``noeviction``, or ``MISCONF``) is an answer, not an outage: the node's breaker hears a success
-(another client filling Redis must not switch the limiter to its policy for everyone), and the
-request is decided at the local share whatever the policy (``"closed"``: 503). Under ``"open"``,
-requests keep being counted at the local share while the fallback holds keys it decided so
-(:meth:`GuardCore.policy_for <flask_distlimit.resilience.guard_core.GuardCore.policy_for>`), so
-nobody gets a share and then a full quota in one window. Logged at WARNING at most once a minute.
-
-An error reply (:class:`~flask_distlimit.errors.StorageResponseError`: a bug, data the limiter does
-not expect, a Redis-compatible server that runs Lua otherwise) is never counted as an outage (the
-store answered) and never a 500: the failure policy answers the checks it concerns, and one
-ERROR line a minute names it.
-
-:meth:`Guard.health` never raises: whatever the storage does, it reports ``ok: False`` and the
-cause in ``error`` (:mod:`flask_distlimit.resilience.guard_health`). The calls beside a request's
-(the heartbeat, lease records, give-backs) go through :meth:`Guard.open_side_call`,
-:meth:`Guard.side_call` and :meth:`Guard.evaluate_beside`
-(:mod:`flask_distlimit.resilience.side_calls`); the state every path shares, and the failure
-policy's answers, are in :mod:`flask_distlimit.resilience.guard_core`.
+:meth:`Guard.evaluate` asks the breaker of the node the checks go to, makes the one storage call
+outside any lock, and on an outage counts it and answers by the failure policy (``open``,
+``closed``, ``local``). Promises: never a 500 from the storage; a call queued past its budget
+(``StorageBusy``) is load, not an outage (503, breaker not told); a refused write (``StorageFull``)
+is decided at the local share and heard as an answer; an error reply is never an outage; on a
+Cluster only the groups of failed nodes get the policy (:mod:`.routing`). :meth:`Guard.health`
+never raises. Design: docs/design-notes.md, "The guard"; docs/failure-modes.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """How many processes share the limits: the divisor of the local fallback.
 
-``DISTLIMIT_INSTANCES`` is a fixed count or ``"auto"``. With ``"auto"``, while the storage is
-healthy each process (each gunicorn worker is one) keeps a heartbeat: a member
-``<hostname>:<pid>:<random>`` in the sorted set ``<key_prefix>:instances``, refreshed at most every
-``interval`` seconds and expiring after ``ttl`` (three intervals). The refresh piggy-backs on a
-request (one extra, cheap storage call, only when due; no background thread, which would not
-survive gunicorn's fork).
-
-The fleet size must survive what empties that set (a Redis restart, an outage longer than the
-TTL, a whole fleet restarting), or the first process to beat afterwards would learn 1, the next 2,
-and an outage then would divide by 1, 2, 3 (30 + 15 + 10 = 55 admitted against 30). So:
-
-- each process keeps the live counts of its last ``ceil(ttl / interval)`` beats (one TTL of
-  beating, however long the gaps between them) and reports the largest with every beat;
-- Redis keeps the sizes reported within the TTL beside the set
-  (:mod:`flask_distlimit.storage.heartbeat`), so a process that knows nothing learns the fleet from
-  the first process that beats;
-- the divisor is the largest size this process was told in its last beats, never less than
-  ``minimum`` (``DISTLIMIT_INSTANCES_MIN``), which is also what a process that has never reached
-  the storage divides by.
-
-A process reports only live counts it saw itself, never a size Redis told it, so when the fleet
-really shrinks the reports stop within one TTL of beating, the sizes in Redis expire one TTL later
-and the divisor follows one TTL after that.
+``DISTLIMIT_INSTANCES`` is a count or ``"auto"``: each process keeps a heartbeat in
+``<key_prefix>:instances`` while the storage is healthy, piggy-backed on a request (no thread).
+Promises: the divisor is the largest fleet size this process was told in its last beats, never less
+than ``DISTLIMIT_INSTANCES_MIN``; it survives a Redis restart or an emptied set (Redis keeps the
+sizes reported within the TTL); it follows a shrinking fleet within about three TTLs. Design:
+docs/design-notes.md, "Counting the instances".
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """What the storage last said was left, per key: where the local fallback starts from.
 
-When the storage fails, the ``local`` policy decides in-process
-(:mod:`flask_distlimit.resilience.fallback`). If each key's local budget started from a whole
-share, the first window of an outage would add a fresh quota on top of what Redis had already
-counted in that window (a client that had used 25 of 30 before the outage could get 10 more per
-process). So the guard shows every answer of the storage to a :class:`LastKnown`, which keeps, per
-key, the units left and until when that figure means anything: the moment the quota is whole again
-(``reset_after`` later, on the guard's monotonic clock), and when it was said: the other processes
-may have spent since, so the fallback trusts a figure only while it is fresh
-(:data:`flask_distlimit.resilience.fallback.FRESHNESS`). The fallback asks it when a key first
-needs a local decision.
-
-Bounded: at most ``max_entries`` keys (default 10,000, about 1 MB), the least recently answered
-dropped first; a key it forgot starts from a whole share, as before. Thread-safe, with an injected
-clock in seconds.
+The guard shows every storage answer to a :class:`LastKnown`, which keeps per key the units left,
+when that was said and when the quota is whole again, so an outage's first window does not add a
+fresh quota on top of what Redis counted (:mod:`.fallback`). Bounded to ``max_entries`` keys
+(default 10,000, least recently answered dropped first); thread-safe; injected clock in seconds.
 """
 
 from __future__ import annotations

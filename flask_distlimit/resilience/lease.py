@@ -1,23 +1,10 @@
 """One quota lease: the units this process holds of one storage key, and how it spends them.
 
-A :class:`Lease` holds its units in chunks, one per grant, by expiry; a request spends from the
-oldest first, under the lease's :class:`threading.Lock` (gthread workers are threaded). The set
-of an app's leases, their renewal through the storage and their give-backs are
-:mod:`flask_distlimit.resilience.leases`.
-
-- **Validity**: units are good for the window they were taken in (fixed window, sliding window
-  counter: a lease expires at its window's end; spent later they would be admissions of the next
-  window counted in the previous one: the fleet could admit the limit and the leftover in one
-  window). Token bucket and GCRA: units are spendable for the time the limit takes to earn them
-  back (``size x period / limit``), so an interval of any length admits at most one lease more
-  than the bucket alone would; unspent, the bucket earns them back within that time.
-- **Sizing** (``lease=True``): about 100 ms (:data:`LEASE_SPAN_US`) of this process's observed
-  demand on the key (an EWMA), at most ``limit // 20`` (at least 1); 0 (no lease, every request
-  asks the storage) while the key sees fewer than about 10 units a second: leasing pays off for
-  a hot, shared key, not for a per-client key with a few requests.
-- **Headers** of a leased limit: the shared count as last seen plus the units this process still
-  holds (``remaining``), and the reset as last seen minus the time since: other processes'
-  spending since is not seen.
+A :class:`Lease` holds units in chunks by expiry and spends the oldest first under its lock.
+Promises: units of a windowed limit are spent only in the window they were taken in; token bucket
+and GCRA units only for the time the limit takes to earn them back; a lease is about 100 ms of this
+process's demand, at most ``limit // 20``, none for a key below about 10 units a second. The set of
+leases, renewals and give-backs are :mod:`.leases`'s (docs/leasing.md).
 """
 
 from __future__ import annotations

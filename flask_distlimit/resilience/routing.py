@@ -1,18 +1,10 @@
 """A request's checks on a Redis Cluster: grouped per node, each group through its own breaker.
 
-On a ``routed`` storage the checks are grouped per slot (:meth:`Storage.route
-<flask_distlimit.storage.base.Storage.route>`) and each group goes to its primary's breaker: the
-groups whose breaker is open (or whose node fails during the call) get the failure policy, the
-others are decided by Redis in the same request. All-or-nothing then holds as on one node: a
-request refused by the policy, by the local fallback or by Redis spends nothing, the units a Redis
-group already consumed being given back (the script's refund mode; best effort, as between slot
-groups: a refund that fails leaves them consumed until the window passes). Under ``"closed"`` a
-request with a check on an open breaker is answered 503 before any Redis call, so nothing is spent
-on the live shards. Under ``"open"`` the live groups still count the request (their limits stay
-exact) and can deny it. Under ``"local"`` each node's fallback decides and counts the checks of its
-node only. While some primary's breaker is open, the slot map is reloaded at most every
-:data:`~flask_distlimit.resilience.guard_core.REDISCOVER_INTERVAL` seconds, so a replica promoted
-in its place gets the slots and a closed breaker of its own.
+Groups on an open breaker (or a node failing during the call) get the failure policy, the others
+are decided by Redis in the same request. Promises: a refused request spends nothing (what a group
+consumed is given back, best effort); under ``"closed"`` a check on an open breaker is a 503 before
+any Redis call; under ``"open"`` live groups still count and can deny; the slot map is reloaded at
+most every :data:`~.guard_core.REDISCOVER_INTERVAL` while a breaker is open.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Calls beside a request's own: the heartbeat, lease records, give-backs, the tag key's read.
 
-Such a call is made only while the breaker of its key's node lets calls through, and that breaker
-hears how it ended, because it is the same evidence as a request's call: the same node, reached
-the same way within the same timeout. No failure policy answers it and the local fallback is not
-engaged: a side call that fails is counted and logged
-(:meth:`GuardCore.side_failed <flask_distlimit.resilience.guard_core.GuardCore.side_failed>`) and
-skipped. The functions here take the guard's shared state
-(:class:`~flask_distlimit.resilience.guard_core.GuardCore`); the public entry points are
-:meth:`Guard.open_side_call <flask_distlimit.resilience.guard.Guard.open_side_call>`,
-:meth:`Guard.side_call <flask_distlimit.resilience.guard.Guard.side_call>` and
-:meth:`Guard.evaluate_beside <flask_distlimit.resilience.guard.Guard.evaluate_beside>`.
+Promises: made only while the breaker of its key's node lets calls through, which then hears how it
+ended (the same evidence as a request's call); no failure policy answers it and the fallback is not
+engaged: a side call that fails is counted, logged and skipped. Entry points:
+:meth:`Guard.open_side_call`, :meth:`Guard.side_call`, :meth:`Guard.evaluate_beside`.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The storage interface every backend implements.
 
-A backend evaluates all the checks of one request atomically (all-or-nothing) and answers in one
-round trip (one per Redis Cluster slot group). Backends raise
-:class:`~flask_distlimit.errors.StorageUnavailable` for outages (its subclass
-:class:`~flask_distlimit.errors.StorageMisconfigured` when the store refuses the limiter's
-credentials, commands, keys or database) and
-:class:`~flask_distlimit.errors.StorageResponseError` for errors the store answered with; they
-never raise a backend library's own exception types.
-
-Each backend also names the *node* a call goes to, so that the guard keeps one circuit breaker
-per node (:mod:`flask_distlimit.resilience.breakers`): :meth:`Storage.node` for a storage with one
-node at a time (a single node and memory: always ``"redis"``; Sentinel: the master's address), and,
-for a storage whose checks are spread over several nodes (``routed = True``: Redis Cluster),
-:meth:`Storage.route`, :meth:`Storage.evaluate_parts` and :meth:`Storage.refund` let the guard
-send each group to Redis or to the failure policy by its node's breaker.
+A backend evaluates all the checks of one request atomically (all-or-nothing) in one round trip
+(one per Cluster slot group), raises only the project's errors (``StorageUnavailable``,
+``StorageMisconfigured``, ``StorageResponseError``, never a library's), and names the node a call
+goes to (:meth:`Storage.node`; a ``routed`` storage: :meth:`Storage.route`,
+:meth:`Storage.evaluate_parts`, :meth:`Storage.refund`) so the guard keeps a breaker per node.
 """
 
 from __future__ import annotations

@@ -1,41 +1,9 @@
-"""A Redis client passed in: does redis-py retry on it? One WARNING at start-up if it does.
+"""A Redis client passed in: does redis-py retry on it, or wait longer than the timeout?
 
-A storage built from a URL (or from connection keywords) makes its own clients, and they never
-retry (:func:`~flask_distlimit.storage.redis.connection_options`): a call whose reply was lost
-is made again only under its request token, which cannot count it twice
-(:mod:`flask_distlimit.storage.redis`, "One retry"). A ready client passed in
-(``RedisStorage(client)``, a Sentinel's ``master_for(...)`` included, or
-``ClusterStorage(client=RedisCluster(...))``) is used as it is built, and since redis-py 6.0
-both ``redis.Redis()`` and ``RedisCluster()`` retry a failed command by default, several times
-with a backoff (before 6.0, ``RedisCluster`` already retried the whole command 3 times). Such a
-retry costs twice:
-
-- a command sent again after its reply was lost (a read timeout, a connection reset) may have
-  run already: the ``EVALSHA`` is counted twice, and nothing tells the retry it is a repeat;
-- against a dead Redis, every request waits for every retry and its backoff, until the circuit
-  breaker opens.
-
-:func:`warn_if_client_retries`, called by ``init_app``, logs one WARNING naming the setting
-and the fix. It reads redis-py's public API only, 5.0 to 8.x:
-
-- a single node or a Sentinel-managed client: its pool's ``connection_kwargs``. A connection
-  retries when it gets a ``retry`` whose count is not 0, or no ``retry`` and ``retry_on_error``
-  or ``retry_on_timeout`` (redis-py then gives it ``Retry(NoBackoff(), 1)``);
-- a ``Retry``'s count: ``Retry.get_retries()`` (redis-py 6+). redis-py 5 has no public getter:
-  ``Retry.call_with_retry`` is asked instead, on a copy, with an operation that fails once; a
-  ``Retry`` of 0 answers the failure at once, any other waits one step of its backoff and
-  tries again (so a client that retries costs that one step once, at start-up, on redis-py 5);
-- a Cluster client: the retries of the whole command (``retry.get_retries()`` from redis-py 6,
-  ``cluster_error_retry_attempts`` before), and its nodes' connections as above (redis-py 6+
-  sets them to 0 itself; before, the client's ``retry`` goes to every node).
-
-A ready single-node client is used with its own timeouts too (``DISTLIMIT_REDIS_TIMEOUT`` does
-not reach it), and redis-py's default is none before 8.0 and 5 s since: a Redis that stalls
-(``SIGSTOP``, a full buffer, a host gone behind a firewall) holds every request that long (or
-until the operating system gives up) until the breaker opens. :func:`warn_if_client_waits_long`
-logs one WARNING for a client that waits longer than ``DISTLIMIT_REDIS_TIMEOUT``. (A
-``RedisCluster`` passed in is not concerned: the hot path goes through the storage's own pools,
-whose waits end by the deadline.)
+:func:`warn_if_client_retries` and :func:`warn_if_client_waits_long`, called by ``init_app``, log
+one WARNING each, naming the setting and the fix, reading redis-py's public API only (5.0 to 8.x).
+Clients the storages build from a URL never retry: a retried ``EVALSHA`` whose reply was lost may
+be counted twice. Never raises. Design: docs/design-notes.md, "Clients passed in".
 """
 
 from __future__ import annotations

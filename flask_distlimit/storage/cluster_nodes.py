@@ -1,30 +1,11 @@
-"""The Cluster storage's client and nodes, everything of :class:`~.cluster.ClusterStorage` but
-its script calls (:mod:`.cluster`).
+"""The Cluster storage's client and nodes: everything of :class:`~.cluster.ClusterStorage`
+but its script calls (:mod:`.cluster`).
 
-The client has the same policy as :mod:`flask_distlimit.storage.redis`: connect/read timeouts and
-pool wait = ``timeout``, no retries (neither the nodes' nor the cluster client's own), no health
-check PING. It is built on first use, so a configured but unreachable cluster fails requests
-(``StorageUnavailable``, the breaker's business), not the app's start-up.
-
-**Nodes and breakers.** The storage is ``routed``: :meth:`ClusterNodes.route` names the
-primary (``host:port``, from the cached topology, no I/O) of each slot group, so that the guard
-keeps one circuit breaker per primary and sends only the groups of live primaries
-(:meth:`~.cluster.ClusterStorage.evaluate_parts`); it gives back what they consumed when the
-request is refused elsewhere (:meth:`~.cluster.ClusterStorage.refund`).
-:meth:`ClusterNodes.nodes` lists the primaries the topology knows, so the breakers of nodes gone
-from it are dropped.
-
-The hot path runs on a :class:`~.pool.DeadlinePool` per primary, whose connections are made
-as redis-py makes that node's (its pool's public ``connection_class`` and
-``connection_kwargs``), with the batches of each (:mod:`.pipeline`).
-
-**A call on a primary's connection** (for :mod:`.cluster`'s hot path): :func:`rounds` orders
-a request's slot groups so that it holds one connection of a pool at a time;
-:func:`read_or_repeat` reads a group's reply within its Redis deadline or, when the connection
-is closed under it after the send, makes the call again as a repeat of its request token
-(:mod:`.tokens`); :func:`failed` closes a failed connection and translates its error, a
-connection error or timeout as :class:`LostNode` (the caller refreshes the topology). A reply in
-:data:`NOT_RUN` means the script did not run on that node, so the call is safe to make again.
+Promises: the client never retries and sends no health-check PING; it is built on first use, so an
+unreachable cluster fails requests (the breaker's business), not start-up;
+:meth:`ClusterNodes.route` names each slot group's primary without I/O, one breaker per primary;
+one :class:`~.pool.DeadlinePool` and pipeline per primary; a reply in :data:`NOT_RUN` means the
+script did not run there, so the call is safe to make again.
 """
 
 from __future__ import annotations

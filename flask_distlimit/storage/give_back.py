@@ -1,31 +1,11 @@
 """Leased units given back to the window they were taken in, and to no other.
 
-A process that holds units of a fixed window or sliding window counter lease and has stopped
-spending them gives them back (:mod:`flask_distlimit.resilience.leases`), so that the fleet can
-spend them before the window ends. Giving back is only safe into the window the units were taken
-in: one that ran in the next window (sent near the end of a window, delayed in the network or
-behind a slow command on the server) would take units off the next window's count, which would then
-admit the limit plus those units. So the call carries the window, as the server numbered it when it
-granted the units, and the script compares it with the stored window and with its own clock.
-
-``KEYS[1]`` the leased key; ``ARGV[1]`` the algorithm (1 fixed window, 3 sliding window
-counter, the limit script's codes), ``ARGV[2]`` the period (us), ``ARGV[3]`` the window index
-the units were taken in, ``ARGV[4]`` the units, ``ARGV[5]`` the time in us since the epoch, or
--1 to read the server's clock (only tests inject a time). Only while the server's window is that
-window *and* the key holds that window does the script take the units (at most the count) off
-the window's count (``n`` of a fixed window, ``c`` of a counter), keeping the key's TTL; it
-answers the units taken off (0 when the window is over, the key holds another window, no count
-or something that is not one: garbage is left to the limit script, which repairs it). Commands:
-``HMGET``, ``HSET``, ``TIME``, ``GET``, ``SET``, ``DEL`` (in the ACL grants).
-
-**Given back once**, whoever makes the call again: ``KEYS[2]`` (optional, :func:`give_back_keys`)
-is the give-back's own id, drawn per call, in the key's Cluster slot; the script keeps what it
-took off under it for the rest of the period (at most :data:`ID_KEPT_MS`), and a call under an
-id already kept answers that, taking nothing more. A call whose reply was lost may be made again
-by redis-py itself (a ready client passed to ``RedisStorage``: redis-py 6+ repeats a call after
-a connection error or a timeout by default; a Cluster client's redirections), by no request
-token of ours; taken off twice, the units would let the window admit that many more than its
-limit.
+One Lua script: ``KEYS[1]`` the leased key, ``KEYS[2]`` (optional, :func:`give_back_keys`) the
+give-back's own id; ``ARGV`` the algorithm code (1 or 3), the period (us), the window index the
+units were taken in, the units, and the time (-1: the server's clock). Promises: units are taken
+off only while the server's window and the key's are that window, at most the count, the key's TTL
+kept; a give-back made again under the same id takes nothing more; garbage is left to the limit
+script. Design: docs/design-notes.md, "Giving leased units back".
 """
 
 from __future__ import annotations

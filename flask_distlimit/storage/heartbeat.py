@@ -1,23 +1,11 @@
 """The instance heartbeat: one small Lua script on the Redis server's clock.
 
-``KEYS[1]`` is a sorted set of live instances scored by their expiry (milliseconds, server time):
-one member per process. ``KEYS[2]`` (:func:`peak_key`, in the same Redis Cluster slot) is a sorted
-set of the fleet sizes reported within the TTL: each member a size (``"3"``), scored by its expiry.
-``ARGV[1]`` is the member, ``ARGV[2]`` the time to live in milliseconds, ``ARGV[3]`` the largest
-live count the calling process saw in its last beats (0 when it knows none).
-
-Atomically, in one round trip, the script records the member, drops expired members, reports
-``max(live count, ARGV[3])`` as a fleet size, drops expired sizes, bounds both keys' lifetimes to
-the TTL and answers ``{live count, largest size reported within the TTL, KEYS[1] repaired (0/1),
-KEYS[2] repaired (0/1)}``. The sizes outlive a Redis restart or an expiry in the processes that
-report them, so the first process to beat after one learns the fleet it knew, not 1, and so does
-every process that beats after it (:mod:`flask_distlimit.resilience.instances`).
-
-A key that holds another type (``WRONGTYPE``), or a size that is not a whole number from 1 to
-100,000, is garbage that something else wrote under our prefix: the key is replaced and reported
-as repaired, as the limit scripts do. (Members may carry different TTLs: a process's own.)
-It uses only the commands the limiter's ACL user already has (``ZADD``, ``ZREMRANGEBYSCORE``,
-``ZCARD``, ``ZRANGE``, ``PEXPIRE``, ``DEL``, ``TIME``).
+``KEYS[1]`` the live instances by expiry, ``KEYS[2]`` (:func:`peak_key`, same slot) the fleet sizes
+reported within the TTL; ``ARGV``: the member, the TTL in ms, the largest live count the caller
+saw. Atomically it records the member, drops expired members and sizes, reports ``max(live,
+ARGV[3])`` and answers ``{live, largest size, KEYS[1] repaired, KEYS[2] repaired}``. Garbage is
+replaced and reported as repaired; only the ACL's commands are used
+(:mod:`flask_distlimit.resilience.instances`).
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """The leases each process holds, published where ``flask distlimit inspect`` reads them.
 
-One Lua script on the Redis server's clock, on two keys in one Redis Cluster slot:
-``KEYS[1]`` (``<prefix>:leases``) is a sorted set of the publishing processes scored by the
-expiry of their record (milliseconds, server time); ``KEYS[2]`` (:func:`records_key`) a hash of
-each process's record, stored as ``<published at, ms>:<record>``.
-
-- **Publish** (``ARGV[1]`` the process, ``ARGV[2]`` its record, ``ARGV[3]`` how long it holds,
-  in milliseconds): stores the record, drops the processes whose time is up (a process that died
-  vanishes with its units; their records go when the hash is rebuilt from the live ones'), and
-  keeps both keys until the last record's expiry. Answers ``{KEYS[1] repaired (0/1), KEYS[2]
-  repaired (0/1)}``: a key of another type (``WRONGTYPE``) is garbage something else wrote under
-  our prefix, replaced, as the limit scripts do.
-- **Read** (``ARGV[1]`` empty): answers ``{now (ms), process, value, process, value, ...}`` for
-  the records whose time is not up (at most 1,000), and writes nothing; a key of another type
-  reads as none.
-
-A record is JSON written by :mod:`flask_distlimit.resilience.holdings`; the reader parses it
-defensively (:func:`records_from_reply`): anything else is skipped, never an error. The script uses
-only commands the limiter's ACL user already has
-(:data:`~flask_distlimit.storage.translate.ACL_GRANTS`: ``ZADD``, ``ZCOUNT``, ``ZRANGE``,
-``ZREMRANGEBYSCORE``, ``HSET``, ``HMGET``, ``PEXPIRE``, ``DEL``, ``TIME``): no ``HDEL``, hence the
-rebuild.
+One Lua script on the server's clock, on two keys in one Cluster slot: ``<prefix>:leases`` (the
+publishing processes by expiry) and :func:`records_key` (each process's record). Publish (``ARGV``:
+process, record, ms held) stores the record and drops expired processes; read (``ARGV[1]`` empty)
+answers the live records, at most 1,000, writing nothing. Garbage of another type is replaced on
+publish, read as none; a record that is not ours is skipped (:func:`records_from_reply`), never an
+error. Design: docs/design-notes.md, "Lease records".
 """
 
 from __future__ import annotations

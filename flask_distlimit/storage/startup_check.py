@@ -1,23 +1,11 @@
 """What ``init_app`` says about its Redis before the app serves: one probe, one line.
 
-:func:`check_storage` makes the call a request makes (the limit script's ``EVALSHA``, with its
-``SCRIPT LOAD`` in the same write, on the real keys ``<prefix>:{startup}:probe`` and
-``<prefix>:{startup:slots}:probe``, of two hash slots, a peek of cost 0 that writes nothing: an
-endpoint that refuses keys of several slots in one call, ``CROSSSLOT``, is found) and, on a
-Cluster, asks each primary ``CLUSTER INFO`` whether it serves every slot. What it finds
-(unreachable, credentials or ACL refused, scripting disabled, the script refused, keys of
-several slots refused, slots not covered) is one line naming the storage (its URL, password
-masked) and the fix: a WARNING under ``DISTLIMIT_STARTUP_CHECK = "warn"`` (the default;
-requests then meet the failure policy), the error itself under ``"error"`` (the app does not
-start); ``"off"`` makes no call. A healthy storage logs nothing.
-
-Bounded: the storages built from a URL end every call by ``DISTLIMIT_REDIS_TIMEOUT`` (a connect,
-then the reply; a Cluster's topology query and each primary's ``CLUSTER INFO`` one each). A
-client passed in that waits longer is not probed (``init_app`` warns about it already:
-:mod:`.client_retries`). Not probed: ``memory://`` and storages that are not Redis ones.
-
-Fork-safe: the connections opened here belong to this process; the storages never hand a
-parent's connection to a forked child (:mod:`flask_distlimit.forks`, ``reset_after_fork``).
+:func:`check_storage` makes the call a request makes (a cost-0 peek on keys of two hash slots,
+writing nothing) and, on a Cluster, asks each primary whether it serves every slot. Anything wrong
+is one line naming the masked URL and the fix: a WARNING under ``DISTLIMIT_STARTUP_CHECK =
+"warn"``, the error under ``"error"``, nothing under ``"off"``. Promises: bounded by
+``DISTLIMIT_REDIS_TIMEOUT`` per call; a client passed in that waits longer, ``memory://`` and non-
+Redis storages are not probed; fork-safe.
 """
 
 from __future__ import annotations

@@ -1,35 +1,11 @@
 """Request tokens: what makes a call safe to make again after its reply was lost.
 
-A hot call of the Redis storages (single node, Sentinel, each Cluster slot group) may carry a
-token (``lua/replay.lua``, :func:`flask_distlimit.engine.scripts.with_token`): Redis keeps the
-call's reply under the token's key for :attr:`RequestTokens.ttl_ms`, and the call made once more
-after its connection was closed under it answers that kept reply when the first one ran. A token is
-unique in the fleet: random per process (drawn again in a forked child), the process id, and a
-counter. A repeat is idempotent, so it may be made up to :data:`REPEATS` times within the call's
-deadline (:func:`repeat_call`): a ``CLIENT KILL`` storm can cut a repeat too.
-
-**When a call carries one** (``DISTLIMIT_REQUEST_TOKENS``):
-
-- ``"auto"`` (the default): while the storage has seen its connections fail in the last
-  :data:`ARMED_FOR` seconds (:meth:`RequestTokens.arm`: a failed send or connect, a reply lost,
-  an outage; not a timeout, a slow node, nor a pool whose connections all stayed busy, which are
-  load: :class:`~.pool.NoConnectionAvailable`), and on every Cluster refund. A calm storage's
-  call carries none: the token's ``SET`` is most of what Redis spends on a call beyond the
-  limits' own work (17.6 us of 57 us of ``EVALSHA`` under gunicorn, docs/bench/overhead.md). The
-  first reply lost in a calm period is then repeated under a fresh token: it is answered, and
-  counted twice if its script had run (the server closed the connection after running it, before
-  the reply arrived), at most once per call in flight at that moment; connection failures come
-  in bursts, so the failure that costs that arms every call after it for :data:`ARMED_FOR`
-  seconds. A count made twice only ever refuses early (the call's cost, charged twice to one
-  client), never admits more than the limit; a connection closed while idle (an idle timeout, a
-  restart) never ran the script, so its repeat counts once. A refund repeated twice would give
-  back twice, so refunds always carry one.
-- A call that settles a reservation (:mod:`flask_distlimit.request.deduction`: a rate limit's
-  units given back, a release check without a slot's token, or charged past the limit, a debt
-  check) carries one too, for the same reason (:func:`settles`).
-- ``"always"``: every call carries one; a lost reply is never counted twice (a Cluster group
-  made again on a promoted replica goes there as a repeat of its token:
-  :meth:`~.cluster.ClusterStorage._call`).
+A call carrying a token has its reply kept by Redis for :attr:`RequestTokens.ttl_ms`; made again as
+a repeat (up to :data:`REPEATS` times within its deadline, :func:`repeat_call`) it answers the kept
+reply when the first ran. Tokens are unique in the fleet. Under ``DISTLIMIT_REQUEST_TOKENS =
+"auto"`` calls carry one for :data:`ARMED_FOR` seconds after a connection failure, settlements and
+refunds always; under ``"always"`` every call, and no request is counted twice. Design:
+docs/design-notes.md, "The Redis storage".
 """
 
 from __future__ import annotations

@@ -1,31 +1,13 @@
 """redis-py exceptions translated into the project's error tree.
 
-Misconfigurations (:class:`~flask_distlimit.errors.StorageMisconfigured`, an outage too: the
-breaker counts them and the failure policy answers, but the message names the fix): the server
-refuses the limiter's credentials (``WRONGPASS``, ``NOAUTH``, redis-py's ``AuthenticationError``,
-also from the Sentinels), its ACL user lacks a command or the keys (``NOPERM``, also from inside a
-script), the database index is out of range (``SELECT``, when a connection is made), the server
-does not know a command (``ERR unknown command``: disabled or renamed, or blocked by a proxy or a
-managed service; also inside a script), a ``redis+cluster://`` URL names a server without
-cluster mode, or a single endpoint refuses a call whose keys span slots (``CROSSSLOT``: its URL
-needs ``split_slots=true``). :func:`misconfiguration` tells them apart.
-
-Outages (:class:`~flask_distlimit.errors.StorageUnavailable`, counted by the circuit breaker):
-connection refused or reset, timeouts, no free pooled connection in time, a Sentinel that knows
-no master, a cluster that is down or resharding (``CLUSTERDOWN``, ``MASTERDOWN``, ``TRYAGAIN``,
-uncovered slots), a server still loading its data (``LOADING``), busy with another script
-(``BUSY``) or demoted to a replica mid-failover (``READONLY``).
-
-Refused writes (:class:`~flask_distlimit.errors.StorageFull`, a ``StorageUnavailable`` that the
-breaker does not count: the server is up and answering): out of memory (``OOM command not
-allowed when used memory > 'maxmemory'``, from the command or from inside a script: redis-py's
-``OutOfMemoryError`` or a script error quoting it) or unable to persist (``MISCONF``). Other
-clients' keys can fill a shared Redis, so one such answer must neither open the breaker for the
-node nor admit a request unlimited: the guard decides it at the local share
-(docs/failure-modes.md, "Memory"). :func:`refused_write` tells them apart.
-
-Everything else the server answers (a script error, ``WRONGTYPE``) is a bug or bad data:
-:class:`~flask_distlimit.errors.StorageResponseError`, never an outage.
+Misconfigurations (credentials, ACL, database index, unknown command, ``CROSSSLOT``) become
+:class:`~flask_distlimit.errors.StorageMisconfigured` naming the fix (:func:`misconfiguration`);
+outages (refused, reset, timeouts, ``CLUSTERDOWN``, ``LOADING``, ``BUSY``, ``READONLY``)
+:class:`~flask_distlimit.errors.StorageUnavailable`; refused writes (``OOM``, ``MISCONF``)
+:class:`~flask_distlimit.errors.StorageFull`, which the breaker does not count
+(:func:`refused_write`); everything else the server answers
+:class:`~flask_distlimit.errors.StorageResponseError`, never an outage. Design: docs/design-
+notes.md, "What a storage error means".
 """
 
 from __future__ import annotations
