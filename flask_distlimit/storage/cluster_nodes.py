@@ -1,9 +1,9 @@
 """The Cluster storage's client and nodes: :class:`~.cluster.ClusterStorage` but its scripts.
 
-Promises: the client never retries nor pings, and is built on first use (an unreachable cluster
-fails requests, not start-up); :meth:`ClusterNodes.route` names each slot group's primary without
-I/O; a reply in :data:`NOT_RUN` means the script did not run there, so the call may be made
-again. Design: docs/design-notes.md, "The Cluster's nodes".
+Promises: the client never retries, sends no health-check PING and is built on first use (an
+unreachable cluster fails requests, not start-up); :meth:`ClusterNodes.route` names each slot
+group's primary without I/O; a reply in :data:`NOT_RUN` means the script did not run there, so the
+call may be made again. Design: docs/design-notes.md, "The Cluster's nodes".
 """
 
 from __future__ import annotations
