@@ -1,10 +1,8 @@
 """What every Python twin shares, as ``lua/common.lua`` is what every Lua algorithm shares.
 
-A twin (one module per algorithm) decides exactly as its script, integer for integer, every double
-operation in the same order; each gives ``step`` (the decision, changing nothing), ``refund``
-(units given back) and ``plausible`` (whether stored state is its own and usable now). Shared here:
-:class:`Step`, :func:`adjust` and :func:`take_back`. The shared test vectors and property tests
-hold twins and scripts together.
+A twin decides exactly as its script, integer for integer, and gives ``step``, ``refund`` and
+``plausible``; shared here: :class:`Step`, :func:`adjust`, :func:`take_back`. Design:
+docs/design-notes.md, "The Python twins".
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Concurrency's twin (``lua/concurrency.lua``): at most ``limit`` requests in flight, each
-holding a slot (its token; the check's ``cost``) for at most ``period`` (the lease).
-
-The functions are those every twin gives (:mod:`flask_distlimit.engine.common`); the refund is
-the release of a slot.
+"""Concurrency's twin (``lua/concurrency.lua``): at most ``limit`` requests in flight, each holding
+a slot (the check's ``cost`` is its token) for at most ``period``; the refund releases a slot.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """The fixed window's twin (``lua/fixed_window.lua``): ``limit`` units per window of ``period``,
-the windows aligned on the storage's clock (window ``floor(now / period)``).
-
-The functions are those every twin gives (:mod:`flask_distlimit.engine.common`), and
-:data:`take_back`, the memory store's give-back of leased units.
+aligned on the storage's clock; :data:`take_back` is the memory store's give-back of leased units.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""GCRA's twin (``lua/gcra.lua``): the theoretical arrival time (TAT), kept in emission
-intervals of ``period / limit``, at most ``limit`` intervals ahead of now.
-
-The functions are those every twin gives (:mod:`flask_distlimit.engine.common`), and
-:func:`refusal`: the times and rates whose intervals cannot be computed exactly.
+"""GCRA's twin (``lua/gcra.lua``): the theoretical arrival time, in emission intervals of
+``period / limit``, at most ``limit`` intervals ahead of now; :func:`refusal` names the times and
+rates whose intervals cannot be computed exactly.
 """
 
 from __future__ import annotations

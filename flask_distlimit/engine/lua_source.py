@@ -1,10 +1,8 @@
 """The rate-limit script's text, built once at import from the files of ``lua/``.
 
-``common.lua``, ``fast_path.lua`` (filled from each algorithm's ``--@read``/``--@setup``/
-``--@decide``/``--@commit`` regions), one ``<algorithm>.lua`` each and ``evaluate.lua``, all inside
-``replay.lua``; every helper call of ``common.lua`` is inlined (a function in a script is a closure
-rebuilt on every call). Promises: deterministic (same files, same SHA); a malformed region or call
-fails the import with an ``AssertionError`` naming it. Design: docs/bench/engine.md.
+Promises: deterministic (same files, same SHA); a malformed region or helper call fails the import
+with an ``AssertionError`` naming it. Regions and inlining: docs/design-notes.md, "Building the
+script".
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """One entry per algorithm: everything the layers above need to know of it, in one place.
 
-:data:`REGISTRY` maps each name (:data:`flask_distlimit.core.algorithms.Algorithm`) to an
-:class:`AlgorithmEntry`: its code on the wire (``ARGV``, equal to
-:data:`flask_distlimit.engine.scripts.ALGORITHM_CODES`), its Python twin (a module of its own,
-:mod:`flask_distlimit.engine.common`), its bounds, and the facts the memory store, the local
-fallback, the leases and the give-backs ask instead of switching on names. Adding an algorithm
-is its Lua, its twin module, its entry here, and its tests. :func:`check_rate` refuses, when a
-limit is declared, a rate an algorithm cannot enforce exactly or with bounded work per call.
+:data:`REGISTRY` maps each name to an :class:`AlgorithmEntry`: its wire code, its Python twin, its
+bounds, and the facts the memory store, the fallback, the leases and the give-backs ask instead of
+switching on names. Adding an algorithm is its Lua, its twin, its entry here and its tests.
+:func:`check_rate` refuses, when a limit is declared, a rate an algorithm cannot enforce exactly.
 """
 
 from __future__ import annotations

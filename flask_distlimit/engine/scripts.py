@@ -1,11 +1,8 @@
 """The Lua side of the storage: the script source and its KEYS/ARGV/reply contract.
 
-Every Redis backend calls the script through :func:`script_args` and :func:`parse_reply` only: KEYS
-one per check; ARGV one string of comma-separated integers (``now_us`` or -1, the mode, then
-algorithm code with its flags, limit, period in us and cost per check); the reply one string
-(``now_us``, then allowed, limit, remaining, reset_after_us, retry_after_us, repaired per check).
-:func:`with_token` adds a request token (``lua/replay.lua``). :data:`SCRIPT_SOURCE` is built once,
-deterministically. Design: docs/design-notes.md, "The script's wire contract".
+Every Redis backend calls the script through :func:`script_args` and :func:`parse_reply` only
+(:func:`with_token` adds a request token); :data:`SCRIPT_SOURCE` is built once, deterministically.
+The wire format: docs/design-notes.md, "The script's wire contract".
 """
 
 from __future__ import annotations

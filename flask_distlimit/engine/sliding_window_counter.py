@@ -1,9 +1,6 @@
-"""The sliding window counter's twin (``lua/sliding_window_counter.lua``): the units of the
-current window plus the previous window's, weighted by how much of it the sliding window still
-covers, at most ``limit`` (an approximation: it may err either way).
-
-The functions are those every twin gives (:mod:`flask_distlimit.engine.common`), and
-:data:`take_back`, the memory store's give-back of leased units.
+"""The sliding window counter's twin (``lua/sliding_window_counter.lua``): the current window's
+units plus the previous window's, weighted by how much of it the window still covers (an
+approximation either way); :data:`take_back` is the memory store's give-back of leased units.
 """
 
 from __future__ import annotations

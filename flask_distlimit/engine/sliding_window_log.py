@@ -1,9 +1,6 @@
-"""The sliding window log's twin (``lua/sliding_window_log.lua``): at most ``limit`` units in
-any ``period``, one entry per admitted request.
-
-The functions are those every twin gives (:mod:`flask_distlimit.engine.common`); :func:`step`
-prunes the log (a list) in place, as the script does in its first phase, and :func:`empty` says
-when the key is to be deleted (the script deletes a log with nothing left).
+"""The sliding window log's twin (``lua/sliding_window_log.lua``): at most ``limit`` units in any
+``period``, one entry per admitted request; :func:`step` prunes the log in place, as the script
+does, and :func:`empty` says when the key is to be deleted.
 """
 
 from __future__ import annotations

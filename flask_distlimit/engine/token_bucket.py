@@ -1,7 +1,5 @@
-"""The token bucket's twin (``lua/token_bucket.lua``): a bucket of ``limit`` tokens, refilled
-at ``limit`` per ``period``; a request takes ``cost`` tokens.
-
-The functions are those every twin gives (:mod:`flask_distlimit.engine.common`).
+"""The token bucket's twin (``lua/token_bucket.lua``): ``limit`` tokens, refilled at ``limit`` per
+``period``; a request takes ``cost`` tokens.
 """
 
 from __future__ import annotations

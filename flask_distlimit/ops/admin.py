@@ -1,7 +1,5 @@
-"""Operator tools on one app's limiter: reset counters, and list the limits an identity meets.
-
-Used by ``flask distlimit`` (:mod:`flask_distlimit.cli`) and ``limiter.reset()``; never on the
-request path.
+"""Operator tools on one app's limiter: reset counters, list the limits an identity meets. Used by
+``flask distlimit`` (:mod:`flask_distlimit.cli`) and ``limiter.reset()``; never on the request path.
 """
 
 from __future__ import annotations

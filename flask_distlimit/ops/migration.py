@@ -1,10 +1,9 @@
 """Porting from Flask-Limiter: what ``Limiter(...)`` says when given Flask-Limiter's arguments.
 
-``Limiter(get_remote_address, app=app)`` and every other Flask-Limiter argument raise
-:class:`TypeError` naming what replaces it; leftover ``RATELIMIT_*`` keys (:data:`CONFIG_KEYS`) get
-one WARNING at ``init_app`` each (:func:`warn_leftover_keys`), not an error: an app migrating route
-by route may run both extensions. docs/migrating-from-flask-limiter.md has the whole table and the
-reasons.
+Each Flask-Limiter argument raises :class:`TypeError` naming what replaces it; each leftover
+``RATELIMIT_*`` key (:data:`CONFIG_KEYS`) gets one WARNING at ``init_app``
+(:func:`warn_leftover_keys`), not an error, so both extensions may run while an app migrates. The
+whole table: docs/migrating-from-flask-limiter.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Who serves the app, with how many processes: ``memory://`` must not be split among several.
 
-:func:`warn_if_memory_per_process`, called by ``init_app``, logs one WARNING per process when
-``memory://`` counts under a server of several worker processes (every limit multiplied by their
-number), with the fix. It reads gunicorn's worker count the way gunicorn computes it, and uWSGI's
-``numproc``; an unknown count under a pre-forking server is "may run several processes". Runs once
-and never raises. Design: docs/design-notes.md, "Who serves the app".
+:func:`warn_if_memory_per_process`, called by ``init_app``, logs one WARNING per process, with the
+fix, when ``memory://`` counts under several gunicorn or uWSGI workers. It runs once and never
+raises. Design: docs/design-notes.md, "Who serves the app".
 """
 
 from __future__ import annotations

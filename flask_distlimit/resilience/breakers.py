@@ -1,11 +1,9 @@
 """One circuit breaker per storage node: a dead Cluster shard degrades only its own keys.
 
-A single node and ``memory://`` have one node (:data:`DEFAULT_NODE`); Sentinel, the master named
-last (a failover starts the new master closed); Cluster, each primary's ``host:port``. Promises:
-breakers of nodes gone from the topology are dropped, never more than :data:`MAX_NODES` kept; a
-known node is one dictionary read; :attr:`Breakers.state` is the worst state of any node; a call of
-several nodes asks each breaker once (:meth:`Breakers.admit`) and each hears once how its parts
-ended (:func:`report_parts`, :func:`report_call`).
+Promises: a known node's breaker is one dictionary read; breakers of nodes gone from the topology
+are dropped, at most :data:`MAX_NODES` kept; :attr:`Breakers.state` is the worst node's state; a
+call over several nodes asks each breaker once, and each hears once how its parts ended. Design:
+docs/design-notes.md, "One breaker per node".
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The local fallback: limits enforced in-process while the shared storage fails.
 
-Under ``DISTLIMIT_FAILURE_POLICY = "local"`` a check the storage could not answer is decided by an
-in-process :class:`~flask_distlimit.storage.memory.MemoryStorage` at this process's share,
-``floor(limit / instances)`` (at least 1). Promises: a key's budget starts from what Redis last
-said was left (:class:`LastKnown`); while a key is held every admission counts here too; at most
-``L`` per window fleet-wide, plus what the fleet admitted in the tenth of a period before an
-outage; memory bounded by ``DISTLIMIT_FALLBACK_MAX_KEYS`` (keys past the cap share one overflow
-key: limits never lifted); nothing is written back to Redis. Design: docs/failure-modes.md.
+Under policy ``"local"`` unanswered checks are decided by an in-process
+:class:`~flask_distlimit.storage.memory.MemoryStorage` at this process's share, ``floor(limit /
+instances)``, at least 1. Promises: at most ``L`` per window fleet-wide, plus what the fleet
+admitted in the tenth of a period before an outage; memory bounded by ``max_keys``, never by
+lifting a limit; nothing written back to Redis. Design: docs/design-notes.md, "The local fallback".
 """
 
 from __future__ import annotations

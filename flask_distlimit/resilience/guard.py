@@ -1,12 +1,9 @@
 """The storage as the extension sees it: every call guarded against outages.
 
-:meth:`Guard.evaluate` asks the breaker of the node the checks go to, makes the one storage call
-outside any lock, and on an outage counts it and answers by the failure policy (``open``,
-``closed``, ``local``). Promises: never a 500 from the storage; a call queued past its budget
-(``StorageBusy``) is load, not an outage (503, breaker not told); a refused write (``StorageFull``)
-is decided at the local share and heard as an answer; an error reply is never an outage; on a
-Cluster only the groups of failed nodes get the policy (:mod:`.routing`). :meth:`Guard.health`
-never raises. Design: docs/design-notes.md, "The guard"; docs/failure-modes.md.
+:meth:`Guard.evaluate` asks the node's breaker, makes the one storage call outside any lock and,
+on an outage, answers by the failure policy. Promises: never a 500 from the storage; this
+process's own queueing (``StorageBusy``) is a 503, not an outage; an error reply is never an
+outage; :meth:`Guard.health` never raises. Design: docs/design-notes.md, "The guard".
 """
 
 from __future__ import annotations

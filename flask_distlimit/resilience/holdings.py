@@ -1,13 +1,9 @@
 """What the processes of an app hold in their leases, as published for ``flask distlimit inspect``.
 
-``inspect`` runs in a process of its own: it sees no lease but what the serving processes
-publish. After a storage call, at most once a second
-(:data:`~flask_distlimit.resilience.leases.PUBLISH_INTERVAL_US`), when a renewal was granted or
-units went back since it last did, a process writes what it holds (:func:`record_of`: at most
-:data:`RECORD_LEASES` leases, the most units first) to ``<prefix>:leases`` in a separate storage
-call (:mod:`flask_distlimit.storage.lease_records`), kept as long as its longest-lived units: a
-process that dies vanishes with them. A request its lease covers never makes that call.
-:func:`read_holdings` reads them back (:class:`Holding`), skipping whatever is not a record.
+At most once a second, after a storage call that changed its leases, a process publishes
+:func:`record_of` (its :data:`RECORD_LEASES` largest leases) in a call of its own, kept as long as
+its longest-lived units; a request its lease covers never makes that call. :func:`read_holdings`
+reads them back, skipping whatever is not a record. Design: docs/design-notes.md, "Lease records".
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """How many processes share the limits: the divisor of the local fallback.
 
-``DISTLIMIT_INSTANCES`` is a count or ``"auto"``: each process keeps a heartbeat in
-``<key_prefix>:instances`` while the storage is healthy, piggy-backed on a request (no thread).
-Promises: the divisor is the largest fleet size this process was told in its last beats, never less
-than ``DISTLIMIT_INSTANCES_MIN``; it survives a Redis restart or an emptied set (Redis keeps the
-sizes reported within the TTL); it follows a shrinking fleet within about three TTLs. Design:
-docs/design-notes.md, "Counting the instances".
+``DISTLIMIT_INSTANCES`` is a count or ``"auto"``: a heartbeat piggy-backed on requests, no thread.
+Promises: the divisor is the largest fleet size this process was told in its last beats, at least
+``DISTLIMIT_INSTANCES_MIN``; it survives a Redis restart and follows a shrinking fleet within
+about three TTLs. Design: docs/design-notes.md, "Counting the instances".
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """What the storage last said was left, per key: where the local fallback starts from.
 
-The guard shows every storage answer to a :class:`LastKnown`, which keeps per key the units left,
-when that was said and when the quota is whole again, so an outage's first window does not add a
-fresh quota on top of what Redis counted (:mod:`.fallback`). Bounded to ``max_entries`` keys
-(default 10,000, least recently answered dropped first); thread-safe; injected clock in seconds.
+:class:`LastKnown` keeps per key the units left, when that was said and when the quota is whole
+again; at most ``max_entries`` keys, the least recently answered dropped first; thread-safe;
+injected clock in seconds. Design: docs/design-notes.md, "What Redis last said".
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """One quota lease: the units this process holds of one storage key, and how it spends them.
 
-A :class:`Lease` holds units in chunks by expiry and spends the oldest first under its lock.
-Promises: units of a windowed limit are spent only in the window they were taken in; token bucket
-and GCRA units only for the time the limit takes to earn them back; a lease is about 100 ms of this
-process's demand, at most ``limit // 20``, none for a key below about 10 units a second. The set of
-leases, renewals and give-backs are :mod:`.leases`'s (docs/leasing.md).
+Thread-safe, oldest units first. Promises: windowed units are spent only in their window, token
+bucket and GCRA units only within the time the limit takes to earn them back; a lease is about
+100 ms of this process's demand, at most ``limit // 20``, none for a cold key. Design:
+docs/design-notes.md, "One lease"; docs/leasing.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """The local fallbacks of one guard: one, or one per node on a Redis Cluster.
 
-Under policy ``"local"`` a failing storage's checks are decided in-process
-(:class:`~flask_distlimit.resilience.fallback.LocalFallback`). On a storage whose checks are
-routed to nodes of their own (``routed``: Redis Cluster), each node fails, engages its fallback
-and settles on its own, so the keys of a healthy shard are never counted locally because another
-shard failed; elsewhere there is one fallback, :attr:`NodeFallbacks.default`.
-
-The per-node fallbacks are made on first use and copied on write (under a lock): request threads
-read them without one.
+On a ``routed`` storage each node engages and settles a fallback of its own, so a healthy shard's
+keys are never counted locally because another shard failed. Made on first use and copied on
+write under a lock: request threads read them without one.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""What a guarded storage call decided: :class:`Outcome`, and the answers of the failure policies.
+"""What a guarded storage call decided: :class:`Outcome`, and the failure policies' answers.
 
-:meth:`Guard.evaluate <flask_distlimit.resilience.guard.Guard.evaluate>` answers every request's
-checks with an :class:`Outcome`: the storage's evaluation, or the failure policy's answer when the
-storage failed. The policies that know nothing about the checks share one frozen outcome each
-(:data:`OPEN_OUTCOME`, :data:`CLOSED_OUTCOME`, :data:`BUSY_OUTCOME`).
+:meth:`Guard.evaluate <flask_distlimit.resilience.guard.Guard.evaluate>` answers with an
+:class:`Outcome`; the policies that know nothing of the checks share one frozen outcome each.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """A request's checks on a Redis Cluster: grouped per node, each group through its own breaker.
 
-Groups on an open breaker (or a node failing during the call) get the failure policy, the others
-are decided by Redis in the same request. Promises: a refused request spends nothing (what a group
-consumed is given back, best effort); under ``"closed"`` a check on an open breaker is a 503 before
-any Redis call; under ``"open"`` live groups still count and can deny; the slot map is reloaded at
-most every :data:`~.guard_core.REDISCOVER_INTERVAL` while a breaker is open.
+Groups on an open or failing node get the failure policy, the others Redis's answer, in the same
+request. Promises: a refused request spends nothing (best effort: consumed units are given back);
+the slot map is reloaded at most every :data:`~.guard_core.REDISCOVER_INTERVAL` while a breaker
+is open. Each policy's answer: docs/design-notes.md, "Routing on a Cluster".
 """
 
 from __future__ import annotations

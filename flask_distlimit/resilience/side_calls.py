@@ -1,8 +1,7 @@
 """Calls beside a request's own: the heartbeat, lease records, give-backs, the tag key's read.
 
-Promises: made only while the breaker of its key's node lets calls through, which then hears how it
-ended (the same evidence as a request's call); no failure policy answers it and the fallback is not
-engaged: a side call that fails is counted, logged and skipped. Entry points:
+Made only while its node's breaker lets calls through, which then hears how it ended; no failure
+policy and no fallback: a failed side call is counted, logged and skipped. Entry points:
 :meth:`Guard.open_side_call`, :meth:`Guard.side_call`, :meth:`Guard.evaluate_beside`.
 """
 

@@ -1,10 +1,9 @@
 """The storage interface every backend implements.
 
-A backend evaluates all the checks of one request atomically (all-or-nothing) in one round trip
-(one per Cluster slot group), raises only the project's errors (``StorageUnavailable``,
-``StorageMisconfigured``, ``StorageResponseError``, never a library's), and names the node a call
-goes to (:meth:`Storage.node`; a ``routed`` storage: :meth:`Storage.route`,
-:meth:`Storage.evaluate_parts`, :meth:`Storage.refund`) so the guard keeps a breaker per node.
+A backend evaluates all the checks of one request atomically in one round trip (one per Cluster
+slot group), raises only the project's storage errors (never a library's), and names the node
+each call goes to, so that the guard keeps one breaker per node. Design: docs/design-notes.md,
+"The storage interface".
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""A Redis client passed in: does redis-py retry on it, or wait longer than the timeout?
+"""A Redis client passed in: warn when redis-py would retry on it or wait past the timeout.
 
 :func:`warn_if_client_retries` and :func:`warn_if_client_waits_long`, called by ``init_app``, log
-one WARNING each, naming the setting and the fix, reading redis-py's public API only (5.0 to 8.x).
-Clients the storages build from a URL never retry: a retried ``EVALSHA`` whose reply was lost may
-be counted twice. Never raises. Design: docs/design-notes.md, "Clients passed in".
+one WARNING each naming the setting and the fix; redis-py's public API only (5.0 to 8.x); they
+never raise. Design: docs/design-notes.md, "Clients passed in".
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
-"""The Cluster storage's client and nodes: everything of :class:`~.cluster.ClusterStorage`
-but its script calls (:mod:`.cluster`).
+"""The Cluster storage's client and nodes: :class:`~.cluster.ClusterStorage` but its scripts.
 
-Promises: the client never retries and sends no health-check PING; it is built on first use, so an
-unreachable cluster fails requests (the breaker's business), not start-up;
-:meth:`ClusterNodes.route` names each slot group's primary without I/O, one breaker per primary;
-one :class:`~.pool.DeadlinePool` and pipeline per primary; a reply in :data:`NOT_RUN` means the
-script did not run there, so the call is safe to make again.
+Promises: the client never retries, sends no health-check PING and is built on first use (an
+unreachable cluster fails requests, not start-up); :meth:`ClusterNodes.route` names each slot
+group's primary without I/O; a reply in :data:`NOT_RUN` means the script did not run there, so the
+call may be made again. Design: docs/design-notes.md, "The Cluster's nodes".
 """
 
 from __future__ import annotations

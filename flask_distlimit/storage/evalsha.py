@@ -1,13 +1,8 @@
-"""The hot call's command as bytes: ``EVALSHA sha numkeys key... arg...`` packed once per call.
+"""The hot call's command as bytes: ``EVALSHA sha numkeys key... arg...``, packed per call.
 
-redis-py's public ``Connection.pack_command`` packs any command in pure Python (an
-``isinstance`` ladder per argument, a buffer of chunks): about 7 us per call here, where our
-call always has the same shape. :class:`EvalshaPacker` builds the same RESP bytes (checked byte
-for byte against ``pack_command`` in tests/storage/test_redis_storage.py) in about 2 us, for
-``send_packed_command`` (public). Encoding and its error handler are the connection's own
-(redis-py's ``encoding`` / ``encoding_errors`` keywords). The usual call (keys and arguments
-all ASCII text, an encoding that writes ASCII as itself) is framed as one string and encoded
-once; anything else is encoded value by value. Replies are read by redis-py (``read_response``).
+:class:`EvalshaPacker` builds exactly the bytes of redis-py's public ``pack_command`` (tested byte
+for byte), in the connection's own encoding, for ``send_packed_command``; redis-py reads the
+replies. Design: docs/design-notes.md, "Packing the hot call".
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
-"""Leased units given back to the window they were taken in, and to no other.
+"""Leased units given back to the window they were taken in, and to no other: one Lua script.
 
-One Lua script: ``KEYS[1]`` the leased key, ``KEYS[2]`` (optional, :func:`give_back_keys`) the
-give-back's own id; ``ARGV`` the algorithm code (1 or 3), the period (us), the window index the
-units were taken in, the units, and the time (-1: the server's clock). Promises: units are taken
-off only while the server's window and the key's are that window, at most the count, the key's TTL
-kept; a give-back made again under the same id takes nothing more; garbage is left to the limit
-script. Design: docs/design-notes.md, "Giving leased units back".
+Promises: units come off only while the server's window and the key's are both the one they were
+taken in, at most the count, the key's TTL kept; made again under the same id
+(:func:`give_back_keys`) it takes nothing more; garbage is left to the limit script. KEYS and
+ARGV: docs/design-notes.md, "Giving leased units back".
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The instance heartbeat: one small Lua script on the Redis server's clock.
 
-``KEYS[1]`` the live instances by expiry, ``KEYS[2]`` (:func:`peak_key`, same slot) the fleet sizes
-reported within the TTL; ``ARGV``: the member, the TTL in ms, the largest live count the caller
-saw. Atomically it records the member, drops expired members and sizes, reports ``max(live,
-ARGV[3])`` and answers ``{live, largest size, KEYS[1] repaired, KEYS[2] repaired}``. Garbage is
-replaced and reported as repaired; only the ACL's commands are used
-(:mod:`flask_distlimit.resilience.instances`).
+Atomically it records this process, drops expired members and fleet sizes, and answers the live
+count and the largest size reported within the TTL (:func:`peak_key`, same slot); garbage is
+replaced and reported as repaired; only the ACL's commands are used. KEYS and ARGV:
+docs/design-notes.md, "The heartbeat script".
 """
 
 from __future__ import annotations

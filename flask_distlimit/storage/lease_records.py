@@ -1,11 +1,9 @@
 """The leases each process holds, published where ``flask distlimit inspect`` reads them.
 
-One Lua script on the server's clock, on two keys in one Cluster slot: ``<prefix>:leases`` (the
-publishing processes by expiry) and :func:`records_key` (each process's record). Publish (``ARGV``:
-process, record, ms held) stores the record and drops expired processes; read (``ARGV[1]`` empty)
-answers the live records, at most 1,000, writing nothing. Garbage of another type is replaced on
-publish, read as none; a record that is not ours is skipped (:func:`records_from_reply`), never an
-error. Design: docs/design-notes.md, "Lease records".
+One Lua script on the server's clock, on two keys of one Cluster slot: publish stores a process's
+record and drops the expired ones; read answers the live records (at most 1,000), writing nothing.
+Garbage is replaced on publish, read as none; a record not ours is skipped
+(:func:`records_from_reply`). KEYS and ARGV: docs/design-notes.md, "Lease records".
 """
 
 from __future__ import annotations

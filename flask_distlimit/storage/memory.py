@@ -1,11 +1,8 @@
-"""``memory://``: the algorithms' Python twins (:mod:`flask_distlimit.engine.registry`) in this
-process.
+"""``memory://``: the algorithms' Python twins, run in this process.
 
-:class:`MemoryStorage` keeps the twins' states in a dict under a lock, with an injected clock
-(microseconds since the epoch) and no background thread: a key is dropped when read after its TTL,
-and every call also drops up to ``sweep_batch`` keys whose TTL ended, oldest first, from a heap
-that holds one entry per key. So memory stays bounded by the keys alive within their TTL, and no
-call ever pays for a sweep of the whole store.
+:class:`MemoryStorage` is thread-safe, takes an injected clock (microseconds since the epoch) and
+runs no thread. Memory stays bounded by the keys alive within their TTL, and no call pays for a
+sweep of the whole store. Design: docs/design-notes.md, "The in-process store".
 """
 
 from __future__ import annotations

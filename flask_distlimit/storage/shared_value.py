@@ -1,13 +1,10 @@
-"""The shared value of a deployment: one small Lua script (``Storage.shared_value``).
+"""The shared value of a deployment (``Storage.shared_value``): one small Lua script.
 
-``KEYS[1]`` is the key, ``ARGV[1]`` the value to store when the key is absent, ``ARGV[2]`` its
-time to live in seconds, ``0`` for none: the key then never expires, and a TTL it had is removed
-(``PERSIST``), so that ``volatile-*`` eviction policies never evict it either. The script sets
-the value only if the key is absent, sets the key's lifetime and answers the value stored,
-atomically, in one round trip. Reading a value that is there writes nothing that needs memory
-(``PERSIST`` and ``PEXPIRE`` are allowed under ``maxmemory``), so a full Redis still answers it.
-A key of another type is ours and garbage: it is replaced, as the limit keys are repaired. Only
-commands of :data:`~flask_distlimit.storage.translate.ACL_GRANTS` are used.
+Atomically, in one round trip, it stores the value when the key is absent, sets the key's lifetime
+(``0``: none, so no ``volatile-*`` policy evicts it) and answers the value stored. A read needs no
+memory, so a full Redis still answers it; a key of another type is replaced; only commands of
+:data:`~flask_distlimit.storage.translate.ACL_GRANTS`. Design: docs/design-notes.md, "The shared
+value".
 """
 
 from __future__ import annotations

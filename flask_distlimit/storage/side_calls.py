@@ -1,14 +1,9 @@
-"""The Redis storages' calls off the hot path: the small scripts and ``SCRIPT EXISTS``, ``DEL``.
+"""The Redis storages' calls off the hot path: the small scripts, ``SCRIPT EXISTS`` and ``DEL``.
 
-A single node, a Sentinel's master and a Cluster make them alike, through a stock redis-py client
-(``redis.Redis`` or ``RedisCluster``) and redis-py's ``Script`` (``EVALSHA``, then ``SCRIPT
-LOAD`` and ``EVALSHA`` again on ``NOSCRIPT``): the instance heartbeat (:mod:`.heartbeat`), the
-shared value (:mod:`.shared_value`), the lease records (:mod:`.lease_records`) and the give-back
-(:mod:`.give_back`), each one round trip on the keys' node. :class:`RedisSideCalls` writes them
-once for every Redis storage; a storage gives it the :class:`SideScripts` of its client
-(:meth:`RedisSideCalls._side`: a Cluster connects there on first use) and, for ``DEL``, its keys
-in groups that one command may delete (:meth:`RedisSideCalls._same_slot`). Failures are raised
-as :class:`~flask_distlimit.errors.StorageError` only (:mod:`.translate`).
+:class:`RedisSideCalls` makes them for a single node, a Sentinel's master and a Cluster alike,
+through a stock redis-py client and its ``Script`` (which reloads on ``NOSCRIPT``): one round trip
+each on its keys' node, ``DEL`` in groups one command may delete. It raises only
+:class:`~flask_distlimit.errors.StorageError` (:mod:`.translate`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Keys and their hash slots: a key kept beside another in its slot (a script's second key,
-e.g. the fleet sizes beside the heartbeat, :mod:`.heartbeat`; the records beside the lease
-publishers, :mod:`.lease_records`), and a request's checks in slot groups, one script call each,
-all or nothing across them (:func:`across_slots`: a Redis Cluster, and a single endpoint under
-``split_slots``)."""
+"""Keys and their hash slots: a script's second key kept in its first key's slot, and a request's
+checks in slot groups, one script call each, all or nothing across them (:func:`across_slots`).
+"""
 
 from __future__ import annotations
 

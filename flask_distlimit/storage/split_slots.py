@@ -1,13 +1,9 @@
-"""A request's slot groups on one endpoint, one script call each, all in one write.
+"""A request's slot groups on one endpoint that refuses ``CROSSSLOT`` (``split_slots``).
 
-Under ``split_slots`` (a single endpoint that refuses a script call whose keys span hash slots,
-``CROSSSLOT``: a clustering proxy) :class:`~.redis.RedisStorage` makes one call per slot group
-of a request (:func:`~.slot_keys.across_slots` keeps all or nothing across them) and
-:func:`send_parts` sends them on one connection of its pool in one write, reading the replies
-in order within one Redis deadline: one round trip, as the single call it replaces. A reply lost
-is made again as a repeat of its request token (:mod:`.tokens`); ``NOSCRIPT`` loads the script
-and sends those calls once more, in one write. It answers per call, never raises a Redis
-failure: a call's reply, its error reply, or the failure that ended it.
+:func:`send_parts` sends one script call per group on one pooled connection, in one write, within
+one Redis deadline: one round trip. A lost reply is repeated under its request token
+(:mod:`.tokens`); ``NOSCRIPT`` loads the script and sends once more. It never raises a Redis
+failure: it answers per call a reply, an error reply, or the failure that ended it.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """What ``init_app`` says about its Redis before the app serves: one probe, one line.
 
-:func:`check_storage` makes the call a request makes (a cost-0 peek on keys of two hash slots,
-writing nothing) and, on a Cluster, asks each primary whether it serves every slot. Anything wrong
-is one line naming the masked URL and the fix: a WARNING under ``DISTLIMIT_STARTUP_CHECK =
-"warn"``, the error under ``"error"``, nothing under ``"off"``. Promises: bounded by
-``DISTLIMIT_REDIS_TIMEOUT`` per call; a client passed in that waits longer, ``memory://`` and non-
-Redis storages are not probed; fork-safe.
+:func:`check_storage` makes a request's call (a cost-0 peek on two hash slots, writing nothing)
+and, on a Cluster, asks each primary whether it covers every slot; a fault is one line naming the
+masked URL and the fix, as ``DISTLIMIT_STARTUP_CHECK`` says. Bounded by
+``DISTLIMIT_REDIS_TIMEOUT`` per call; fork-safe. Design: docs/design-notes.md, "The start-up probe".
 """
 
 from __future__ import annotations

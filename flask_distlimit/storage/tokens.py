@@ -1,11 +1,9 @@
 """Request tokens: what makes a call safe to make again after its reply was lost.
 
-A call carrying a token has its reply kept by Redis for :attr:`RequestTokens.ttl_ms`; made again as
-a repeat (up to :data:`REPEATS` times within its deadline, :func:`repeat_call`) it answers the kept
-reply when the first ran. Tokens are unique in the fleet. Under ``DISTLIMIT_REQUEST_TOKENS =
-"auto"`` calls carry one for :data:`ARMED_FOR` seconds after a connection failure, settlements and
-refunds always; under ``"always"`` every call, and no request is counted twice. Design:
-docs/design-notes.md, "The Redis storage".
+Redis keeps the reply of a call carrying a token for :attr:`RequestTokens.ttl_ms`; its repeat
+(:func:`repeat_call`, at most :data:`REPEATS` within its deadline) answers that reply when the
+first ran. Tokens are unique in the fleet. Which calls carry one: docs/design-notes.md,
+"Request tokens".
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """redis-py exceptions translated into the project's error tree.
 
-Misconfigurations (credentials, ACL, database index, unknown command, ``CROSSSLOT``) become
-:class:`~flask_distlimit.errors.StorageMisconfigured` naming the fix (:func:`misconfiguration`);
-outages (refused, reset, timeouts, ``CLUSTERDOWN``, ``LOADING``, ``BUSY``, ``READONLY``)
-:class:`~flask_distlimit.errors.StorageUnavailable`; refused writes (``OOM``, ``MISCONF``)
-:class:`~flask_distlimit.errors.StorageFull`, which the breaker does not count
-(:func:`refused_write`); everything else the server answers
-:class:`~flask_distlimit.errors.StorageResponseError`, never an outage. Design: docs/design-
-notes.md, "What a storage error means".
+Misconfigurations become ``StorageMisconfigured`` naming the fix (:func:`misconfiguration`),
+outages ``StorageUnavailable``, refused writes ``StorageFull`` (:func:`refused_write`: the
+breaker does not count them), and anything else the server answers ``StorageResponseError``,
+never an outage. Which reply is which: docs/design-notes.md, "What a storage error means".
 """
 
 from __future__ import annotations
