@@ -118,8 +118,8 @@ class Pipeline:
         self._trouble = trouble
         #: the script is known loaded (else the next batch sends ``SCRIPT LOAD`` first)
         self.loaded = False
-        #: Redis was seen late: the last batch timed out or took over half a timeout; then a
-        #: call's whole wait counts against its one deadline (module docstring)
+        #: Redis was seen late: the last batch timed out, or its socket was empty half a
+        #: timeout after its send; then a call's whole wait counts against its one deadline
         self.late = False
         self.reset()
 
@@ -259,12 +259,20 @@ class Pipeline:
         deadline = sent + pool.timeout  # Redis's time starts once it has them
         if due is not None:
             deadline = min(deadline, max(due, sent + pool.slack))
+        try:  # Redis is late when its first reply is not there half a timeout after the send
+            # (a reader that came late, for the GIL or a busy loop, finds one that came in time)
+            self.late = not connection.can_read(
+                max(0.0, sent + pool.timeout / 2 - time.monotonic())
+            )
+        except redis.ConnectionError as exc:
+            pool.broken(connection)
+            self._lost(batch, exc, deadline)
+            return
         if preload is not None:
             if not self._loaded_reply(connection, batch, deadline):
                 return
             self.loaded = True
         missing = self._read(connection, batch, deadline)
-        self.late = time.monotonic() - sent > pool.timeout / 2
         if missing:  # NOSCRIPT: load the script, send those calls once more, in one write
             self.loaded = False
             load = self._load(connection)
