@@ -5,17 +5,19 @@
     python bench/faults.py --quick                 # short faults: a smoke run (~6 min)
     python bench/faults.py --only flap --policy local --quick
     python bench/faults.py --dump DIR              # also keep every request's sample (JSON)
+    python bench/faults.py --only delay --policy local --threads 8 --clients 16  # calls queue
     python bench/faults.py --analyse DIR           # judge dumped runs again, running nothing
 
 For each scenario and policy the harness starts, on loopback only, a private redis-server (a
-3-primary Redis Cluster with one replica each for ``cluster-primary``), gunicorn
-(``-w 3 -k gthread --threads 4``, ``bench/faults_app.py``: one route limited to ``30/second``
-fixed window per client, ``DISTLIMIT_INSTANCES=3`` unless the scenario says ``auto``,
-``DISTLIMIT_REDIS_TIMEOUT`` 0.1 s, ``DISTLIMIT_BREAKER_FAIL_MAX`` 5, reset timeout 2 s instead of
-30 s to keep runs short) and, for the network faults, a fault-injecting TCP proxy between the
-workers and Redis (``bench/fault_proxy.py``). Four clients each send ~51 requests a second (a new
-connection per request, so gunicorn spreads them over its workers), healthy for a warm-up, then
-through the fault (started mid-window), then for reset timeout + 3 s after it ends.
+3-primary Redis Cluster with one replica each for ``cluster-primary``), gunicorn (``-w 3 -k
+gthread --threads 4``, or ``--threads N``; ``bench/faults_app.py``: one route limited to
+``30/second`` fixed window per client, ``DISTLIMIT_INSTANCES=3`` unless the scenario says
+``auto``, ``DISTLIMIT_REDIS_TIMEOUT`` 0.1 s, ``DISTLIMIT_BREAKER_FAIL_MAX`` 5, reset timeout 2 s
+instead of 30 s to keep runs short) and, for the network faults, a fault-injecting TCP proxy
+between the workers and Redis (``bench/fault_proxy.py``). Four clients (or ``--clients N``) each
+send ~51 requests a second (a new connection per request, so gunicorn spreads them over its
+workers), healthy for a warm-up, then through the fault (started mid-window), then for reset
+timeout + 3 s after it ends.
 
 Scenarios (``--only``):
 
@@ -108,9 +110,13 @@ from tests.servers import ClusterServers, RedisProcess, start_cluster, start_red
 
 POLICIES = ("open", "closed", "local")
 LIMIT = 30  # per client and second
-CLIENTS = 4
+CLIENTS = 4  # (``--clients``; ``cluster-primary`` places CLUSTER_CLIENTS)
+CLUSTER_CLIENTS = 4
 RATE = 51.0  # requests a second per client
 WORKERS = 3  # as tests/extension/test_gunicorn.py's launch() starts it
+#: gthread threads per worker (``--threads``): more than the pipeline's 4 batches side by side
+#: make calls queue behind a batch (docs/bench/failure.md, "One deadline per request")
+THREADS = 4
 SHARE = LIMIT // WORKERS
 TIMEOUT = 0.1  # DISTLIMIT_REDIS_TIMEOUT
 RESET = 2.0  # DISTLIMIT_BREAKER_RESET_TIMEOUT
@@ -148,8 +154,10 @@ class Cleanup:
 
 def start_gunicorn(env: dict[str, str], logdir: Path, cleanup: Cleanup) -> Gunicorn:
     """``bench/faults_app.py`` under gunicorn (tests/extension/test_gunicorn.py's launcher: WORKERS
-    gthread workers x 4 threads), stopped by ``cleanup``; answers once every worker answers."""
-    server = launch("bench.faults_app:app", env, logdir)
+    gthread workers x THREADS threads), stopped by ``cleanup``; answers once every worker
+    answers."""
+    workers = ("--workers", str(WORKERS), "--worker-class", "gthread", "--threads", str(THREADS))
+    server = launch("bench.faults_app:app", env, logdir, workers)
     proc, log = server.proc, server.log
     cleanup.push(f"gunicorn {proc.pid}", server.stop)
     deadline = time.monotonic() + 60
@@ -460,11 +468,11 @@ def place_clients(port: int, cluster: ClusterServers) -> tuple[list[str], str]:
         if victim_port is None:
             victim_port = owner
             chosen.append(name)
-        elif owner != victim_port and others[owner] < 2 and len(chosen) < CLIENTS:
+        elif owner != victim_port and others[owner] < 2 and len(chosen) < CLUSTER_CLIENTS:
             others[owner] += 1
             chosen.append(name)
         tags[name] = tag
-        if len(chosen) == CLIENTS:
+        if len(chosen) == CLUSTER_CLIENTS:
             break
     return chosen, tags[chosen[0]]
 
@@ -759,7 +767,7 @@ def healthy_p99(runs: list[Run]) -> str:
 def render(lines: list[str], commands: list[str], quick: bool, started: float, healthy: str) -> str:
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started))
     setup = (
-        f"gunicorn `-w {WORKERS} -k gthread --threads 4`, {CLIENTS} clients x ~{RATE:.0f} "
+        f"gunicorn `-w {WORKERS} -k gthread --threads {THREADS}`, {CLIENTS} clients x ~{RATE:.0f} "
         f"requests/s against `{LIMIT}/second` (fixed window) per client, DISTLIMIT_INSTANCES=3 "
         f"(`restart-stall`: auto), DISTLIMIT_REDIS_TIMEOUT {TIMEOUT:.1f} s, fail_max 5, reset "
         f"timeout {RESET:.0f} s (30 by default; short here to keep the runs short)."
@@ -814,6 +822,7 @@ def load(path: Path) -> Run:
 
 
 def main() -> None:
+    global THREADS, CLIENTS  # read by start_gunicorn, run_one and render
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="short faults: a smoke run")
     parser.add_argument(
@@ -821,6 +830,16 @@ def main() -> None:
     )
     parser.add_argument("--policy", action="append", choices=POLICIES, help="(repeatable)")
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument(
+        "--threads", type=int, default=THREADS, help="gthread threads per worker (default 4)"
+    )
+    parser.add_argument(
+        "--clients",
+        type=int,
+        default=CLIENTS,
+        help="clients of the single-node scenarios (default 4); each waits for its answers, so "
+        "this bounds the requests in flight",
+    )
     parser.add_argument(
         "--dump", type=Path, help="also write each run's samples here (JSON, for diagnosis)"
     )
@@ -836,6 +855,7 @@ def main() -> None:
         help="write the table here (default: docs/bench/failure.md on a full run only)",
     )
     args = parser.parse_args()
+    THREADS, CLIENTS = args.threads, args.clients
     names = args.only or list(SCENARIOS)
     policies = args.policy or list(POLICIES)
     target = args.write

@@ -219,11 +219,15 @@ def cut_under_the_request(admin: redis.Redis) -> threading.Thread:
 
 
 class DelayingProxy:
-    """A TCP proxy to ``port`` that forwards requests at once and each reply after ``delay``."""
+    """A TCP proxy to ``port`` that forwards requests at once and each reply after ``delay``,
+    and while ``released`` is clear, only once it is set (a test holds replies as long as it
+    needs, then lets them go)."""
 
     def __init__(self, port: int, delay: float) -> None:
         self.target = ("127.0.0.1", port)
         self.delay = delay
+        self.released = threading.Event()
+        self.released.set()
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.sockets: list[socket.socket] = [self.listener]
@@ -245,6 +249,7 @@ class DelayingProxy:
             while data := source.recv(65536):
                 if replies:
                     time.sleep(self.delay)  # read now: a test may change it on a live connection
+                    self.released.wait()
                     data += _more(source)  # what came meanwhile: delayed once, not again
                 sink.sendall(data)
         except OSError:

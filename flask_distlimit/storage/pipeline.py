@@ -7,7 +7,9 @@ it back); else it **follows**, queued until answered or handed the connection to
 
 Promises: each call gets its own reply or its own error (one call's ``NOSCRIPT`` or ``WRONGTYPE``
 is its alone); every call's Redis deadline runs from its batch's send, a wait before it being this
-process's load, bounded by ``wait_until`` (then :class:`~.pool.NoConnectionAvailable`); a batch is
+process's load, bounded by ``wait_until`` (then :class:`~.pool.NoConnectionAvailable`), until
+Redis is seen late (:attr:`Pipeline.late`): then a call's whole wait ends by one timeout from its
+ask, a call not sent by then answered with a timeout; a batch is
 sent twice only when its send failed; after a reply lost under the batch every unanswered call is
 told so (:attr:`Call.lost`); no thread, no timer; gevent-safe through monkey-patched locks; a
 forked child starts with an empty queue. Design: docs/design-notes.md, "The pipeline".
@@ -65,10 +67,21 @@ class Call:
     ``deadline``, the Redis deadline of the batch it went in (for a repeat).
     """
 
-    __slots__ = ("command", "connection", "deadline", "error", "lost", "reply", "state", "wake")
+    __slots__ = (
+        "asked",
+        "command",
+        "connection",
+        "deadline",
+        "error",
+        "lost",
+        "reply",
+        "state",
+        "wake",
+    )
 
     def __init__(self, command: bytes) -> None:
         self.command = command
+        self.asked = time.monotonic()
         self.reply: Any = _UNREAD
         self.error: BaseException | None = None
         self.lost = False
@@ -105,6 +118,9 @@ class Pipeline:
         self._trouble = trouble
         #: the script is known loaded (else the next batch sends ``SCRIPT LOAD`` first)
         self.loaded = False
+        #: Redis was seen late: the last batch timed out, or its socket was empty half a
+        #: timeout after its send; then a call's whole wait counts against its one deadline
+        self.late = False
         self.reset()
 
     def reset(self) -> None:
@@ -173,16 +189,24 @@ class Pipeline:
         call.connection = None
         batch = [call]
         try:
+            # Redis late: the batch answers by its oldest call's deadline (the leader's)
+            due = call.asked + self.pool.timeout if self.late else None
             if connection is None:
-                connection = self.pool.checkout(wait_until, probe=False)
+                connection = self.pool.checkout(wait_until, probe=False, connect_by=due)
             else:
-                self.pool.ready(connection)
+                self.pool.ready(connection, due)
             batch = self._take([call])
-            self._run(connection, batch)
+            sent = batch if due is None else self._expire(batch)
+            if sent:
+                self._run(
+                    connection, sent, None if due is None else sent[0].asked + self.pool.timeout
+                )
             self._wake(batch, call)
         except BaseException as exc:
             if connection is not None:
                 self.pool.broken(connection)  # a reply may be left unread
+            if isinstance(exc, redis.TimeoutError):
+                self.late = True
             self._fail(batch, exc, call)
             self._wake(batch, call)
             self._hand_on(connection)
@@ -201,8 +225,24 @@ class Pipeline:
                 batch.append(taken)
         return batch
 
-    def _run(self, connection: Any, batch: list[Call]) -> None:
-        """Send ``batch`` in one write, read one reply per call (module docstring)."""
+    def _expire(self, batch: list[Call]) -> list[Call]:
+        """Redis late: the calls of ``batch`` whose deadline has passed are answered with a
+        timeout, unsent; the others, oldest first."""
+        now = time.monotonic()
+        sent = []
+        for call in batch:
+            if call.asked + self.pool.timeout > now:
+                sent.append(call)
+            else:
+                call.error = redis.TimeoutError(
+                    "Timeout: Redis was late and this call waited its whole deadline "
+                    "(DISTLIMIT_REDIS_TIMEOUT) for a batch; it was not sent"
+                )
+        return sent
+
+    def _run(self, connection: Any, batch: list[Call], due: float | None) -> None:
+        """Send ``batch`` in one write, read one reply per call by ``due``, the oldest call's
+        deadline (but a moment after the send at least), else a timeout after the send."""
         pool = self.pool
         preload = None if self.loaded else self._load(connection)
         payload = b"".join([c.command for c in batch])
@@ -215,7 +255,19 @@ class Pipeline:
             self._trouble()
             pool.renew(connection, time.monotonic() + pool.timeout)
             pool.send(connection, [payload])
-        deadline = time.monotonic() + pool.timeout  # Redis's time starts once it has them
+        sent = time.monotonic()
+        deadline = sent + pool.timeout  # Redis's time starts once it has them
+        if due is not None:
+            deadline = min(deadline, max(due, sent + pool.slack))
+        try:  # Redis is late when its first reply is not there half a timeout after the send
+            # (a reader that came late, for the GIL or a busy loop, finds one that came in time)
+            self.late = not connection.can_read(
+                max(0.0, sent + pool.timeout / 2 - time.monotonic())
+            )
+        except redis.ConnectionError as exc:
+            pool.broken(connection)
+            self._lost(batch, exc, deadline)
+            return
         if preload is not None:
             if not self._loaded_reply(connection, batch, deadline):
                 return

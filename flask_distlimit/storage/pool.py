@@ -115,11 +115,19 @@ class DeadlinePool:
         """A connection ready for a command, waited for at most one queue budget from now."""
         return self.checkout(time.monotonic() + self.queue_timeout)
 
-    def checkout(self, wait_until: float, *, probe: bool = True, connect: bool = True) -> Any:
+    def checkout(
+        self,
+        wait_until: float,
+        *,
+        probe: bool = True,
+        connect: bool = True,
+        connect_by: float | None = None,
+    ) -> Any:
         """A connected connection (any, with ``connect=False``: the caller connects it).
 
         A wait for a connection ends by ``wait_until`` (the queue budget), then
-        :class:`NoConnectionAvailable`; a connect gets a whole Redis timeout of its own.
+        :class:`NoConnectionAvailable`; a connect ends by ``connect_by``, by default a whole
+        Redis timeout of its own.
         ``probe``: an idle connection is first checked fresh (``can_read(0)``: nothing unread,
         not closed by the server) and replaced if not. A caller whose call survives a closed
         connection on its own (the hot call: a failed send is sent again, a lost reply is
@@ -146,20 +154,21 @@ class DeadlinePool:
             if connect and (
                 connection not in self._live or (probe and not self._fresh(connection))
             ):
-                self.connect(connection)
+                self.connect(connection, connect_by)
         except BaseException:
             self.release(connection)
             raise
         return connection
 
-    def ready(self, connection: Any) -> None:
+    def ready(self, connection: Any, connect_by: float | None = None) -> None:
         """Connect ``connection``, held by the caller, unless it is connected."""
         if connection not in self._live:
-            self.connect(connection)
+            self.connect(connection, connect_by)
 
-    def connect(self, connection: Any) -> None:
-        """(Re)connect ``connection`` within a Redis timeout of its own."""
-        deadline = time.monotonic() + self.timeout
+    def connect(self, connection: Any, deadline: float | None = None) -> None:
+        """(Re)connect ``connection`` by ``deadline``, by default a Redis timeout of its own."""
+        if deadline is None:
+            deadline = time.monotonic() + self.timeout
         try:
             self.renew(connection, deadline)
         except redis.ConnectionError:

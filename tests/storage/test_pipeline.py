@@ -15,7 +15,7 @@ import redis
 from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.errors import StorageBusy
 from flask_distlimit.storage.cluster import ClusterStorage
-from flask_distlimit.storage.pipeline import Pipeline
+from flask_distlimit.storage.pipeline import Call, Pipeline
 from flask_distlimit.storage.pool import DeadlinePool, NoConnectionAvailable
 from flask_distlimit.storage.redis import RedisStorage
 from tests.faults import DelayingProxy
@@ -149,6 +149,92 @@ def test_no_batch_taking_a_call_is_no_connection_available(
         pool.release(held)
     assert pipeline.call(_pack("PING"), time.monotonic() + 5.0).reply == b"PONG"
     pool.disconnect()
+
+
+def _ran(client: redis.Redis, key: str, count: int) -> None:
+    """Wait until Redis ran ``count`` INCRs of ``key`` (sent, whatever happens to the reply)."""
+    deadline = time.monotonic() + 10
+    while int(client.get(key) or 0) < count:
+        assert time.monotonic() < deadline, "the call was never sent"
+        time.sleep(0.005)
+
+
+def test_a_call_queued_behind_a_late_batch_answers_by_its_own_deadline(
+    redis_server: RedisProcess, redis_client: redis.Redis
+) -> None:
+    # One batch at a time; the first batch's reply is held, so it times out. The call queued
+    # behind it asked while Redis was late: its batch reads until its own deadline (from its
+    # ask), not a whole timeout after its send (old code: its send came a timeout after the
+    # first batch's, and it could wait two timeouts in all).
+    proxy = DelayingProxy(redis_server.port, 0.0)
+    storage = RedisStorage(host="127.0.0.1", port=proxy.port, timeout=0.5, max_connections=1)
+    pool, pipeline = storage.pool, storage.pipeline
+    assert pool is not None
+    pipeline.loaded = True  # these calls are INCRs
+    key = f"late-{uuid.uuid4().hex}"
+    try:
+        assert pipeline.call(_pack("INCR", key), time.monotonic() + 5.0).reply == 1
+        proxy.released.clear()  # Redis runs what it gets; no reply comes back
+        calls: dict[str, object] = {}
+        asked: dict[str, float] = {}
+
+        def ask(name: str) -> None:
+            asked[name] = time.monotonic()
+            calls[name] = pipeline.call(_pack("INCR", key), asked[name] + 10.0)
+
+        first = threading.Thread(target=ask, args=("first",))
+        first.start()
+        _ran(redis_client, key, 2)  # the first batch is in flight
+        queued = threading.Thread(target=ask, args=("queued",))
+        queued.start()
+        first.join()
+        queued.join()
+        proxy.released.set()
+        late = calls["queued"]
+        assert isinstance(late, Call) and isinstance(late.error, redis.TimeoutError)
+        assert late.deadline <= asked["queued"] + pool.timeout + pool.slack
+    finally:
+        proxy.released.set()
+        storage.close()
+        proxy.close()
+        redis_client.delete(key)
+
+
+class _LateSends(redis.Connection):
+    """A connection whose thread is held up (the GIL, a busy process) before each send."""
+
+    def send_packed_command(self, command: object, check_health: bool = True) -> None:
+        time.sleep(0.4)
+        super().send_packed_command(command, check_health)
+
+
+def test_a_call_queued_behind_a_busy_process_keeps_a_whole_timeout(
+    redis_server: RedisProcess, redis_client: redis.Redis
+) -> None:
+    # The batch ahead was slow to be sent (this process's load), not slow in Redis: the call
+    # queued behind it waits longer than a timeout in all, yet is sent and answered.
+    pool = DeadlinePool(
+        timeout=0.3,
+        max_connections=1,
+        connection_class=_LateSends,
+        host="127.0.0.1",
+        port=redis_server.port,
+    )
+    pipeline = Pipeline(pool, load=lambda c: _pack("PING"))
+    pipeline.loaded = True
+    key = f"busy-{uuid.uuid4().hex}"
+    try:
+        answers: dict[int, object] = {}
+
+        def work(i: int) -> None:
+            call = pipeline.call(_pack("INCR", key), time.monotonic() + 10.0)
+            answers[i] = call.error if call.error is not None else call.reply
+
+        assert _on_threads(3, work) == []
+        assert sorted(answers.values()) == [1, 2, 3]  # type: ignore[type-var]
+    finally:
+        pool.disconnect()
+        redis_client.delete(key)
 
 
 @pytest.mark.cluster
