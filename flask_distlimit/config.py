@@ -268,6 +268,7 @@ class Settings:
     #: ``DISTLIMIT_DEFAULT_LIMITS`` as a callable or a mapping (then ``default_limits`` is empty)
     default_dynamic: DynamicValue | None = None
     global_limits: tuple[Rate, ...] = ()
+    global_dynamic: DynamicValue | None = None  #: a callable DISTLIMIT_GLOBAL_LIMITS
     meta_limits: tuple[Rate, ...] = ()
     headers: HeaderMode = "both"
     key_prefix: str = "ratelimit"
@@ -338,12 +339,22 @@ class Settings:
         default_limits, default_dynamic = _limit_value(
             "DISTLIMIT_DEFAULT_LIMITS", get("DISTLIMIT_DEFAULT_LIMITS")
         )
+        global_limits, global_dynamic = _limit_value(
+            "DISTLIMIT_GLOBAL_LIMITS", get("DISTLIMIT_GLOBAL_LIMITS")
+        )
+        if global_dynamic is not None and global_dynamic.by_tier:
+            raise ConfigurationError(
+                "DISTLIMIT_GLOBAL_LIMITS is a mapping: the global limits count every request "
+                "per client address, whatever its tier. Give a limit string or a callable "
+                "answering one; per-tier limits go in DISTLIMIT_TIERS."
+            )
         return cls(
             storage_url=_storage_url("DISTLIMIT_STORAGE_URL", get("DISTLIMIT_STORAGE_URL")),
             algorithm=_choice("DISTLIMIT_ALGORITHM", get("DISTLIMIT_ALGORITHM"), ALGORITHMS),
             default_limits=default_limits,
             default_dynamic=default_dynamic,
-            global_limits=_rates("DISTLIMIT_GLOBAL_LIMITS", get("DISTLIMIT_GLOBAL_LIMITS")),
+            global_limits=global_limits,
+            global_dynamic=global_dynamic,
             meta_limits=_rates("DISTLIMIT_META_LIMITS", get("DISTLIMIT_META_LIMITS")),
             headers=_choice("DISTLIMIT_HEADERS", get("DISTLIMIT_HEADERS"), _HEADER_MODES),
             key_prefix=_prefix("DISTLIMIT_KEY_PREFIX", get("DISTLIMIT_KEY_PREFIX")),

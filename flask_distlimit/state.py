@@ -49,8 +49,10 @@ def _check_limits_per_request(
     default limits or those declared so far on one view, class or blueprint."""
     tiers = [(len(rates), tier) for tier, rates in identity_settings.tiers.items()]
     most, tier = max(tiers, default=(0, ""))
-    every = len(settings.global_limits) + len(settings.meta_limits) + most
-    head = f"DISTLIMIT_GLOBAL_LIMITS ({len(settings.global_limits)})"
+    dynamic = settings.global_dynamic
+    global_count = dynamic.most_rates() if dynamic is not None else len(settings.global_limits)
+    every = global_count + len(settings.meta_limits) + most
+    head = f"DISTLIMIT_GLOBAL_LIMITS ({global_count})"
     if settings.meta_limits:
         head += f", DISTLIMIT_META_LIMITS ({len(settings.meta_limits)})"
     if most:
@@ -156,7 +158,10 @@ class LimiterState:
             else ()
         )
         global_spec = LimitSpec(
-            "global", settings.global_limits, shadow=spec_is_shadow(shadow, "global")
+            "global",
+            settings.global_limits,
+            shadow=spec_is_shadow(shadow, "global"),
+            dynamic=settings.global_dynamic,  # a callable: its answer per request
         )
         meta_spec = LimitSpec("meta", settings.meta_limits)
         tier_specs = {

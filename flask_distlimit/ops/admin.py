@@ -103,6 +103,8 @@ def checks_for(state: Operated, identity: str, cost: int = 0) -> list[NamedCheck
     found: dict[str, NamedCheck] = {}
 
     def add(b: BoundLimit) -> None:
+        if b.dynamic is not None:  # a dynamic value's rates are known per request only
+            return
         key = b.key(tag)
         check = Check(key, b.algorithm, b.rate.amount, b.rate.period, cost)
         found.setdefault(key, NamedCheck(b.name, check))
@@ -120,6 +122,5 @@ def checks_for(state: Operated, identity: str, cost: int = 0) -> list[NamedCheck
         view = enforcer.original_view(endpoint)
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
             for b in enforcer.plan(endpoint, method, view).limits:
-                if b.dynamic is None:  # a dynamic value's rates are known per request only
-                    add(b)
+                add(b)
     return list(found.values())

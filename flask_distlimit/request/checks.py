@@ -161,8 +161,19 @@ class Checks:
                 address = data.client_ip = self.resolver.client_ip(environ)
             tag = self.identity_tag(address)
             for b in self.global_limits:
-                checks.append(b.check(tag, every_cost))
-                bounds.append(b)
+                resolved: Sequence[BoundLimit] = (b,)
+                if b.dynamic is not None:  # a callable DISTLIMIT_GLOBAL_LIMITS
+                    room = MAX_LIMITS_PER_REQUEST - len(checks) - len(route_limits)
+                    try:
+                        resolved = b.dynamic.resolve(
+                            tag, None, self.local_clock(), self.dynamic_ttl_us, room
+                        )
+                    except LimitUnresolved:  # logged by the dynamic limit
+                        self._by_policy(plan, data)
+                        continue
+                for r in resolved:
+                    checks.append(r.check(tag, every_cost))
+                    bounds.append(r)
         itag = ""
         # DISTLIMIT_CONDITIONAL_COST=0: the request claims to revalidate, but only a 304 proves
         # it; route limits reserve the cost now and give it back after a response that is a 304.
@@ -214,7 +225,7 @@ class Checks:
                 checks.append(b.check(tag, cost))
                 bounds.append(b)
                 continue
-            resolved: Sequence[BoundLimit] = (b,)
+            resolved = (b,)
             if b.dynamic is not None:  # a callable or mapping value: this request's rates
                 room = MAX_LIMITS_PER_REQUEST - len(checks) - fixed
                 tier = identity.tier if identity is not None else None

@@ -13,6 +13,7 @@ import pytest
 from flask import Flask, g, request
 
 from flask_distlimit import ALGORITHMS, ConfigurationError, Limiter
+from flask_distlimit.cli import distlimit_cli
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.testing import FakeClock
 from tests.distlimit_fixtures import backend, clock, make_app
@@ -245,3 +246,75 @@ def test_a_mapping_counts_as_its_largest_value_at_start_up() -> None:
 
     with pytest.raises(ConfigurationError, match="make 9 limits"):
         limiter.init_app(app)
+
+
+# -- a callable DISTLIMIT_GLOBAL_LIMITS (Flask-Limiter's callable application_limits) ----------
+
+
+def plan_app(backend: Backend, clock: FakeClock, value: object, **config: Any) -> Flask:
+    """``/a`` and ``/b``, unlimited themselves, under ``DISTLIMIT_GLOBAL_LIMITS = value``."""
+    app, _, _ = make_app(
+        backend(), clock, DISTLIMIT_GLOBAL_LIMITS=value, DISTLIMIT_DYNAMIC_LIMIT_TTL=0, **config
+    )
+    app.get("/a")(lambda: "a")
+    app.get("/b", endpoint="b")(lambda: "b")
+    return app
+
+
+def test_a_callable_global_limit_is_asked_per_request_and_counts_every_route(
+    backend: Backend, clock: FakeClock
+) -> None:
+    def by_plan() -> str | None:
+        plan = request.headers.get("X-Plan")
+        return None if plan == "none" else "2/minute" if plan == "low" else "4/minute"
+
+    app = plan_app(backend, clock, by_plan)
+    client = app.test_client()
+    low = {"X-Plan": "low"}
+    assert [client.get(p, headers=low).status_code for p in ("/a", "/b", "/a")] == [200, 200, 429]
+    assert [client.get(p).status_code for p in ("/a", "/b", "/a", "/b", "/a")] == [200] * 4 + [429]
+    assert statuses(app, "/a", 3, headers={"X-Plan": "none"}) == [200] * 3  # None: no limit
+    assert client.get("/b").headers["X-RateLimit-Limit"] == "4"
+
+
+@pytest.mark.parametrize(("policy", "status"), [("open", 200), ("closed", 503)])
+def test_a_global_limit_callable_that_raises_takes_the_failure_policy_loudly(
+    backend: Backend,
+    clock: FakeClock,
+    caplog: pytest.LogCaptureFixture,
+    policy: str,
+    status: int,
+) -> None:
+    def broken() -> str:
+        raise LookupError("no plan table")
+
+    app = plan_app(backend, clock, broken, DISTLIMIT_FAILURE_POLICY=policy)
+    with caplog.at_level(logging.ERROR, logger="flask_distlimit"):
+        answers = [app.test_client().get("/a") for _ in range(3)]
+    assert [r.status_code for r in answers] == [status] * 3  # never silently unlimited
+    if policy == "open":
+        assert all(r.headers.get("X-RateLimit-Degraded") for r in answers)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert errors and "LookupError" in errors[0] and "no plan table" in errors[0]
+
+
+def test_a_mapping_as_global_limits_stops_init_app() -> None:
+    app = Flask(__name__)
+    app.config.update(DISTLIMIT_STORAGE_URL="memory://", DISTLIMIT_GLOBAL_LIMITS={"*": "1/hour"})
+    with pytest.raises(ConfigurationError, match="DISTLIMIT_TIERS"):
+        Limiter(app)
+
+
+def test_the_cli_lists_a_callable_global_limit_and_reset_skips_it(
+    backend: Backend, clock: FakeClock
+) -> None:
+    def plan() -> str:
+        return "3/minute"
+
+    app = plan_app(backend, clock, plan)
+    assert statuses(app, "/a", 4) == [200] * 3 + [429]
+    listed = app.test_cli_runner().invoke(distlimit_cli, ["limits"])
+    assert listed.exit_code == 0, listed.output
+    assert "every request" in listed.output and "plan" in listed.output
+    reset = app.test_cli_runner().invoke(distlimit_cli, ["reset", "--ip", "127.0.0.1"])
+    assert reset.exit_code == 0, reset.output

@@ -130,13 +130,6 @@ def test_a_second_limiter_on_one_app_stops_init_app_with_the_port() -> None:
         Limiter(app)
 
 
-def test_a_callable_global_limit_stops_init_app() -> None:
-    app = Flask(__name__)
-    app.config.update(DISTLIMIT_STORAGE_URL="memory://", DISTLIMIT_GLOBAL_LIMITS=lambda: "1/hour")
-    with pytest.raises(ConfigurationError, match="DISTLIMIT_GLOBAL_LIMITS"):
-        Limiter(app)
-
-
 def test_a_bad_storage_url_stops_init_app_even_with_limiting_disabled() -> None:
     app = Flask(__name__)
     app.config.update(DISTLIMIT_STORAGE_URL="memcached://localhost", DISTLIMIT_ENABLED=False)
