@@ -17,6 +17,7 @@ from typing import Final, Generic, TypeVar
 
 from flask_distlimit.core.algorithms import MAX_LIMITS_PER_REQUEST, Algorithm
 from flask_distlimit.core.limits import Rate, parse_rates
+from flask_distlimit.core.pacing import Pace
 from flask_distlimit.engine.registry import check_rate
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity.tiers import parse_tier_table
@@ -164,9 +165,8 @@ class DynamicLimit(Generic[B]):
 
     __slots__ = (
         "_answers",
-        "_logged_at",
         "_made",
-        "_unlogged",
+        "_pace",
         "algorithm",
         "make",
         "name",
@@ -187,19 +187,12 @@ class DynamicLimit(Generic[B]):
         self.name = name
         self._answers: dict[str, tuple[int, tuple[Rate, ...]]] = {}
         self._made: dict[tuple[Rate, ...], tuple[B, ...]] = {}
-        self._logged_at: int | None = None  # now_us of the last ERROR line
-        self._unlogged = 0  # failures since then, not logged
+        self._pace = Pace(LOG_INTERVAL * _US)  # its ERROR lines
 
     def _may_log(self, now_us: int) -> int | None:
         """``None`` when an ERROR line was logged less than :data:`LOG_INTERVAL` seconds ago
         (the failure is counted), else the failures left unlogged since the last line."""
-        last = self._logged_at
-        if last is not None and 0 <= now_us - last < LOG_INTERVAL * _US:
-            self._unlogged += 1
-            return None
-        self._logged_at = now_us
-        skipped, self._unlogged = self._unlogged, 0
-        return skipped
+        return self._pace.due(now_us)
 
     def _bound(self, rates: tuple[Rate, ...]) -> tuple[B, ...]:
         made = self._made.get(rates)

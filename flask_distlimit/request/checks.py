@@ -19,6 +19,7 @@ from werkzeug.exceptions import HTTPException
 from flask_distlimit._typing import FailurePolicy, KeyFunc
 from flask_distlimit.core.algorithms import CONCURRENCY, MAX_LIMITS_PER_REQUEST
 from flask_distlimit.core.decision import Check
+from flask_distlimit.core.pacing import Pace
 from flask_distlimit.core.priorities import Priority
 from flask_distlimit.declare.dynamic_limits import LOG_INTERVAL, LimitUnresolved, log_text
 from flask_distlimit.declare.route_limits import BoundLimit, RoutePlan
@@ -100,8 +101,8 @@ class Checks:
     lease: int  #: a concurrency slot's, seconds
     dynamic_ttl_us: int
     failure_policy: FailurePolicy  #: DISTLIMIT_FAILURE_POLICY, for a route that sets none
-    #: when the failure of each limit's app code may be logged again (local clock), by name
-    quiet_until: dict[str, int] = field(default_factory=dict, init=False)
+    #: the pace of the ERROR lines about each limit's app code failing (local clock), by name
+    paces: dict[str, Pace] = field(default_factory=dict, init=False)
     #: the global and tier limits hold no shadow limit, and no fleet slot rides along
     every_plain: bool = field(init=False)
 
@@ -264,10 +265,12 @@ class Checks:
         a key or a cost): log it (at most once a minute per limit), then let the failure policy
         answer (:meth:`_by_policy`)."""
         now = self.local_clock()
-        if now >= self.quiet_until.get(b.name, 0):
-            if len(self.quiet_until) >= _QUIET_KEPT:
-                self.quiet_until.clear()
-            self.quiet_until[b.name] = now + int(LOG_INTERVAL * 1_000_000)
+        pace = self.paces.get(b.name)
+        if pace is None:
+            if len(self.paces) >= _QUIET_KEPT:
+                self.paces.clear()
+            pace = self.paces[b.name] = Pace(LOG_INTERVAL * 1_000_000)
+        if pace.due(now) is not None:
             log.error(
                 "The rate limit %s could not be evaluated: its key_func, exempt_when or cost "
                 "raised %s: %s. The failure policy %s answers (open: admitted, marked degraded; "

@@ -19,6 +19,7 @@ from typing import Final
 
 from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.decision import NEVER, Check, Evaluation
+from flask_distlimit.core.pacing import Pace
 from flask_distlimit.engine.registry import REGISTRY
 from flask_distlimit.resilience.last_known import LastKnown
 from flask_distlimit.storage.base import Storage
@@ -97,7 +98,8 @@ class LocalFallback:
         if max_keys < 1:
             raise ValueError(f"max_keys must be >= 1, got {max_keys!r}")
         self.max_keys = max_keys
-        self._full_sweep_at = self._warned_at = -_FOREVER
+        self._full_sweep_at = -_FOREVER
+        self._full_pace = Pace(60.0)  # the WARNING that the fallback is full
         self._overflowed = 0  # decisions made on an overflow key since the last WARNING
         self._factory: Callable[[], Storage] = factory or MemoryStorage
         self._clock = clock
@@ -194,8 +196,7 @@ class LocalFallback:
             else:
                 placed.append(_overflow(check))
                 self._overflowed += 1
-        if self._overflowed and now >= self._warned_at + 60.0:  # once a minute at most
-            self._warned_at = now
+        if self._overflowed and self._full_pace.due(now) is not None:  # once a minute at most
             log.warning(
                 "distlimit: the local fallback is full (DISTLIMIT_FALLBACK_MAX_KEYS = %d keys): "
                 "%d decisions since the last such line shared their limits' overflow keys. Raise "

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Final, cast
 
 from flask_distlimit._typing import FailurePolicy
 from flask_distlimit.core.decision import Check
@@ -36,7 +36,7 @@ from flask_distlimit.resilience.outcome import (
 )
 from flask_distlimit.resilience.storage_log import StorageLog
 from flask_distlimit.storage.base import Storage
-from flask_distlimit.telemetry.metrics import Metrics
+from flask_distlimit.telemetry.metrics import Metrics, Sinks
 
 __all__ = ["REDISCOVER_INTERVAL", "GuardCore"]
 
@@ -85,11 +85,11 @@ class GuardCore:
         self.fail_max = self.breakers.fail_max
         self.reset_timeout = self.breakers.reset_timeout
         self.key_prefix = key_prefix
-        self.metrics = metrics
-        #: given what use_metrics is handed, answers the sink to keep
-        #: (flask_distlimit.telemetry.otel keeps its instruments beside the Prometheus metrics with
-        #: it)
-        self.compose_metrics: Callable[[Metrics | None], Metrics | None] | None = None
+        #: what is told of every decision: the Prometheus metrics and the sinks added beside
+        #: them (OpenTelemetry's instruments), or None
+        self.metrics: Metrics | None = None
+        self._prometheus = metrics
+        self._sinks: list[Metrics] = []
         self.clock = clock
         #: The paced log lines about the storage, and the counts ``health()`` shows.
         self.storage_log = StorageLog(
@@ -128,7 +128,7 @@ class GuardCore:
         self.node_breaker = self.breakers.get(self.node)
         self._asked_at = -float("inf")  # clock() when the storage was last asked to rediscover
         self.heartbeat_check = Check(self.instances.key, "fixed_window", 1, 1, 0)
-        self.use_metrics(metrics)
+        self._tell_sinks()
         _guards.add(self)
 
     # -- the parts ---------------------------------------------------------------------------
@@ -181,12 +181,28 @@ class GuardCore:
     def use_metrics(self, metrics: Metrics | None) -> None:
         """Start (or, with ``None``, stop) recording Prometheus metrics, e.g. on a guard the
         Flask extension built: ``limiter.state(app).guard.use_metrics(metrics_for())``."""
-        if self.compose_metrics is not None:
-            metrics = self.compose_metrics(metrics)
-        if metrics is not None:
+        self._prometheus = metrics
+        self._tell_sinks()
+
+    def add_sink(self, sink: Metrics) -> None:
+        """Tell ``sink`` too (a metrics sink beside the Prometheus metrics: OpenTelemetry's)."""
+        if sink not in self._sinks:
+            self._sinks.append(sink)
+        self._tell_sinks()
+
+    def remove_sink(self, sink: Metrics) -> None:
+        """Stop telling ``sink`` (:meth:`add_sink`)."""
+        if sink in self._sinks:
+            self._sinks.remove(sink)
+        self._tell_sinks()
+
+    def _tell_sinks(self) -> None:
+        sinks = [s for s in (self._prometheus, *self._sinks) if s is not None]
+        for sink in sinks:
             for breaker in self.breakers.all():
-                metrics.breaker_changed(breaker.name, breaker.state)
-        self.metrics = metrics
+                sink.breaker_changed(breaker.name, breaker.state)
+        # one sink is told directly; several through a fan-out that answers the same methods
+        self.metrics = cast(Metrics, Sinks(sinks)) if len(sinks) > 1 else next(iter(sinks), None)
 
     # -- where the storage goes --------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from flask_distlimit._typing import FailurePolicy
+from flask_distlimit.core.pacing import Pace
 from flask_distlimit.errors import StorageBusy, StorageError, StorageFull, StorageMisconfigured
 from flask_distlimit.telemetry.metrics import Metrics
 
@@ -52,22 +53,6 @@ def one_line(text: str) -> str:
 
 def _said(exc: BaseException | str) -> str:
     return one_line(str(exc) or type(exc).__name__)
-
-
-class _Pace:
-    """At most one line every ``interval`` seconds: the first at once (callers hold the lock)."""
-
-    __slots__ = ("interval", "logged_at")
-
-    def __init__(self, interval: float) -> None:
-        self.interval = interval
-        self.logged_at: float | None = None  # clock() of the last line
-
-    def due(self, now: float) -> bool:
-        if self.logged_at is not None and now - self.logged_at < self.interval:
-            return False
-        self.logged_at = now
-        return True
 
 
 class StorageLog:
@@ -94,23 +79,22 @@ class StorageLog:
     def after_fork(self) -> None:
         """Start afresh (a new lock, nothing logged nor counted yet): also the initial state."""
         self._lock = threading.Lock()
-        self._refused = _Pace(MISCONFIGURED_LOG_INTERVAL)
-        self._busy = _Pace(MISCONFIGURED_LOG_INTERVAL)
-        self._full = _Pace(MISCONFIGURED_LOG_INTERVAL)
-        self._unreadable = _Pace(MISCONFIGURED_LOG_INTERVAL)
-        self._side = _Pace(SIDE_FAILURE_LOG_INTERVAL)
+        self._refused = Pace(MISCONFIGURED_LOG_INTERVAL)
+        self._busy = Pace(MISCONFIGURED_LOG_INTERVAL)
+        self._full = Pace(MISCONFIGURED_LOG_INTERVAL)
+        self._unreadable = Pace(MISCONFIGURED_LOG_INTERVAL)
+        self._side = Pace(SIDE_FAILURE_LOG_INTERVAL)
         #: error replies answered by the failure policy, and the last one in one line
         self.unreadable_count = 0
         self.unreadable_last: str | None = None
         #: calls beside requests' that failed, and the last one (what: cause) in one line
         self.side_failures = 0
         self.side_last: str | None = None
-        self._side_unlogged = 0  # ... since the last WARNING line about them
 
-    def _paced(self, pace: _Pace, level: int, message: str, *args: object) -> None:
+    def _paced(self, pace: Pace, level: int, message: str, *args: object) -> None:
         now = self._clock()
         with self._lock:
-            due = pace.due(now)
+            due = pace.due(now) is not None
         if due:
             log.log(level, message, self.name, *args)
 
@@ -162,7 +146,7 @@ class StorageLog:
         with self._lock:
             self.unreadable_count += 1
             self.unreadable_last = _said(exc)
-            if not self._unreadable.due(now):
+            if self._unreadable.due(now) is None:
                 return
         if call is not None:
             log.error(
@@ -197,11 +181,11 @@ class StorageLog:
         text = _said(cause)
         with self._lock:
             self.side_failures += 1
-            self._side_unlogged += 1
             self.side_last = f"{what}: {text}"
-            if not self._side.due(now):
+            held = self._side.due(now)
+            if held is None:
                 return
-            count, self._side_unlogged = self._side_unlogged, 0
+            count = held + 1
         log.warning(
             "Rate-limit storage %s: %s failed and is skipped (%s); %d call(s) beside requests "
             "failed since the last such line (logged at most once a minute; every request "

@@ -1,55 +1,13 @@
-"""Optional Prometheus metrics (the ``prometheus`` extra of Flask-DistLimit).
+"""Prometheus metrics (the ``prometheus`` extra), and the one table of every instrument.
 
-``prometheus_client`` is imported only when a :class:`Metrics` is built; nothing else in the package
-needs it. Series (all prefixed ``distlimit_``):
-
-- ``decisions_total{limit, outcome}``: per limit of each request; outcome ``allowed``, ``denied``
-  or ``degraded`` (the storage failed and the failure policy answered);
-- ``fallback_decisions_total{limit, outcome}``: decisions of the local fallback (``allowed`` /
-  ``denied``), also counted as ``degraded`` above;
-- ``shadow_denials_total{limit}``: requests a shadow limit would have refused (it did not;
-  :mod:`flask_distlimit.defences.shadow`), whether the storage or the local fallback decided;
-- ``shed_total{priority, reason}``: requests shed with a 503 (reason ``worker``: this
-  process was busy, :mod:`flask_distlimit.defences.shedding`; ``fleet``: the fleet was,
-  :mod:`flask_distlimit.defences.fleet`);
-- ``leased_decisions_total{limit}``: requests a quota lease admitted in-process, without a
-  storage call (:mod:`flask_distlimit.resilience.leases`; also counted as ``allowed`` above);
-- ``lease_units{limit}``: units this process holds in quota leases of the limit (every identity's
-  lease of it summed), read when scraped;
-- ``worker_in_flight``: requests in flight in this process (when worker shedding is on);
-- ``unreadable_replies_total``: storage replies the limiter could not read (an error reply or
-  a reply of the wrong shape: a bug, data it does not expect), each answered by the failure
-  policy and counted ``degraded`` above while the breaker stays closed; alert on any;
-- ``side_call_failures_total``: calls beside a request's (a concurrency slot's give-back, a
-  refund, a lease's give-back, an after-response charge) that failed and were skipped; each
-  ends there, no request's decision changes;
-- ``settled_units_total{limit, unit}``: what requests really cost on the limits settled after
-  the response (``deduct_when``, ``settle``, ``unit="content-bytes"``;
-  :mod:`flask_distlimit.request.deduction`), in the limit's unit (``requests`` or
-  ``content-bytes``): tokens used, bytes sent; a long body's bytes while it is sent;
-- ``storage_latency_seconds``: histogram of storage calls (successful or not);
-- ``breaker_state{breaker}``: 0 closed, 1 half-open, 2 open; one series per storage node's
-  breaker (:mod:`flask_distlimit.resilience.breakers`): ``breaker`` is the guard's name
-  (``<scheme>:<key prefix>``) for a single node, ``<guard name>@<host:port>`` for a Sentinel
-  master or a Cluster primary; a node's series is removed when it leaves the topology.
-
-Every label takes values from a set that does not grow with clients or quotas:
-
-- ``limit`` is the part of the storage key after the client's hash tag (``<limit id>:<algorithm>``),
-  one per configured limit, never per client; a dynamic limit's rate is dropped from it
-  (``r_orders_dyn_100/60:gcra`` is counted as ``r_orders_dyn:gcra``), since a callable may
-  answer a different quota per tenant (12,000 quotas once made 12,000 series). Past
-  :data:`MAX_LIMIT_LABELS` distinct values (more limits than any app declares) the rest are
-  counted under ``limit="other"``;
-- ``outcome`` is one of ``allowed``, ``denied``, ``degraded``; ``priority`` one of
-  :data:`~flask_distlimit.core.priorities.PRIORITIES` (anything else is counted as ``default``);
-  ``reason`` one of ``worker``, ``fleet`` (anything else: ``other``);
-- ``unit`` is a declared unit (``requests``, ``content-bytes``);
-- ``breaker`` has one value per storage node; past :data:`MAX_BREAKER_LABELS` live nodes (more
-  than a Redis Cluster has), further nodes get no series.
-
-Metric objects are registered once per registry; :func:`metrics_for` answers the same
-:class:`Metrics` for the same registry, so two apps in one process share the series.
+:data:`INSTRUMENTS` declares each instrument once, for Prometheus (:class:`Metrics`) and
+OpenTelemetry (:mod:`.otel`); :class:`Sinks` tells every sink a guard has. ``prometheus_client``
+is imported only when a :class:`Metrics` is built. Every label takes values from a set that does
+not grow with clients or quotas: ``limit`` is :func:`limit_label` (past
+:data:`MAX_LIMIT_LABELS` values, :data:`OTHER`), ``breaker`` one per live node (at most
+:data:`MAX_BREAKER_LABELS`). :func:`metrics_for` answers one :class:`Metrics` per registry, so two
+apps in one process share the series. The series and their meaning: docs/failure-modes.md,
+"Observability".
 """
 
 from __future__ import annotations
@@ -68,11 +26,15 @@ _T = TypeVar("_T")
 
 __all__ = [
     "BREAKER_STATE_VALUES",
+    "INSTRUMENTS",
     "MAX_BREAKER_LABELS",
     "MAX_LIMIT_LABELS",
     "OTHER",
+    "SINK_METHODS",
+    "Instruments",
     "Metrics",
     "OnePer",
+    "Sinks",
     "limit_label",
     "metrics_for",
 ]
@@ -96,6 +58,47 @@ LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 )  # fmt: skip
 
+#: Every instrument, once: attribute, kind, Prometheus name and labels, OpenTelemetry name and
+#: unit, description. A side without the instrument has ``None`` for its name (OpenTelemetry
+#: counts shed requests in ``distlimit.requests``; Prometheus counts no requests, no slots). A
+#: gauge is an observable gauge on OpenTelemetry, read by its ``_observe_<attribute>``.
+INSTRUMENTS: Final = (
+    ("requests", "counter", None, (), "distlimit.requests", "{request}",
+     "Requests the rate limiter decided, by result"),
+    ("decisions", "counter", "distlimit_decisions", ("limit", "outcome"),
+     "distlimit.decisions", "{decision}", "Rate-limit decisions by limit and outcome"),
+    ("fallback_decisions", "counter", "distlimit_fallback_decisions", ("limit", "outcome"),
+     "distlimit.fallback.decisions", "{decision}", "Decisions of the in-process local fallback"),
+    ("shadow_denials", "counter", "distlimit_shadow_denials", ("limit",),
+     "distlimit.shadow.refusals", "{request}",
+     "Requests a shadow limit would have refused, by limit"),
+    ("shed_requests", "counter", "distlimit_shed", ("priority", "reason"), None, "",
+     "Requests shed with a 503, by priority and reason"),
+    ("leased_decisions", "counter", "distlimit_leased_decisions", ("limit",),
+     "distlimit.leased.decisions", "{request}",
+     "Requests admitted in-process out of a quota lease"),
+    ("unreadable_replies", "counter", "distlimit_unreadable_replies", (),
+     "distlimit.storage.unreadable", "{reply}",
+     "Storage replies the limiter could not read, answered by the failure policy"),
+    ("side_call_failures", "counter", "distlimit_side_call_failures", (),
+     "distlimit.side_call.failures", "{call}",
+     "Calls beside requests (a slot's give-back, a refund, an after-response charge) "
+     "that failed and were skipped"),
+    ("settled_units", "counter", "distlimit_settled_units", ("limit", "unit"),
+     "distlimit.settled.units", "{unit}",
+     "Units requests really cost on limits settled after the response, by limit and unit"),
+    ("slots", "up_down_counter", None, (), "distlimit.concurrency.slots", "{slot}",
+     "Concurrency slots this process holds for requests in flight"),
+    ("storage_latency", "histogram", "distlimit_storage_latency_seconds", (),
+     "distlimit.storage.duration", "s", "Latency of rate-limit storage calls"),
+    ("in_flight", "gauge", "distlimit_worker_in_flight", (), "distlimit.worker.in_flight",
+     "{request}", "Requests in flight in this process"),
+    ("lease_units", "gauge", "distlimit_lease_units", ("limit",), "distlimit.lease.units",
+     "{unit}", "Units this process holds in quota leases, by limit"),
+    ("breaker_state", "gauge", "distlimit_breaker_state", ("breaker",),
+     "distlimit.breaker.state", "", "Circuit breaker state: 0 closed, 1 half-open, 2 open"),
+)  # fmt: skip
+
 
 def limit_label(key: str) -> str:
     """``ratelimit:{tag}:r_orders_100/60:gcra`` -> ``r_orders_100/60:gcra``; a dynamic limit's
@@ -106,7 +109,26 @@ def limit_label(key: str) -> str:
     return _DYNAMIC_RATE.sub("", rest) if "_dyn_" in rest else rest
 
 
-class Metrics:
+class Instruments:
+    """The instruments of :data:`INSTRUMENTS`, as a sink holds them (each side has its own)."""
+
+    requests: Any
+    decisions: Any
+    fallback_decisions: Any
+    shadow_denials: Any
+    shed_requests: Any
+    leased_decisions: Any
+    unreadable_replies: Any
+    side_call_failures: Any
+    settled_units: Any
+    slots: Any
+    storage_latency: Any
+    in_flight: Any
+    lease_units: Any
+    breaker_state: Any
+
+
+class Metrics(Instruments):
     """The Prometheus series of the guard, in ``registry`` (default: the global registry)."""
 
     def __init__(self, registry: Any = None) -> None:
@@ -118,55 +140,11 @@ class Metrics:
                 "pip install 'Flask-DistLimit[prometheus]'"
             ) from exc
         kw: dict[str, Any] = {} if registry is None else {"registry": registry}
-        self.decisions = pc.Counter(
-            "distlimit_decisions", "Rate-limit decisions by limit and outcome",
-            ["limit", "outcome"], **kw,
-        )  # fmt: skip
-        self.fallback_decisions = pc.Counter(
-            "distlimit_fallback_decisions", "Decisions of the in-process local fallback",
-            ["limit", "outcome"], **kw,
-        )  # fmt: skip
-        self.shadow_denials = pc.Counter(
-            "distlimit_shadow_denials", "Requests a shadow limit would have refused, by limit",
-            ["limit"], **kw,
-        )  # fmt: skip
-        self.shed_requests = pc.Counter(
-            "distlimit_shed", "Requests shed with a 503, by priority and reason",
-            ["priority", "reason"], **kw,
-        )  # fmt: skip
-        self.worker_in_flight_gauge = pc.Gauge(
-            "distlimit_worker_in_flight", "Requests in flight in this process", **kw,
-        )  # fmt: skip
-        self.storage_latency = pc.Histogram(
-            "distlimit_storage_latency_seconds", "Latency of rate-limit storage calls",
-            buckets=LATENCY_BUCKETS, **kw,
-        )  # fmt: skip
-        self.breaker_state = pc.Gauge(
-            "distlimit_breaker_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open",
-            ["breaker"], **kw,
-        )  # fmt: skip
-        self.leased_decisions = pc.Counter(
-            "distlimit_leased_decisions", "Requests admitted in-process out of a quota lease",
-            ["limit"], **kw,
-        )  # fmt: skip
-        self.lease_units = pc.Gauge(
-            "distlimit_lease_units", "Units this process holds in quota leases, by limit",
-            ["limit"], **kw,
-        )  # fmt: skip
-        self.unreadable_replies = pc.Counter(
-            "distlimit_unreadable_replies",
-            "Storage replies the limiter could not read, answered by the failure policy", **kw,
-        )  # fmt: skip
-        self.side_call_failures = pc.Counter(
-            "distlimit_side_call_failures",
-            "Calls beside requests (a slot's give-back, a refund, an after-response charge) "
-            "that failed and were skipped", **kw,
-        )  # fmt: skip
-        self.settled_units = pc.Counter(
-            "distlimit_settled_units",
-            "Units requests really cost on limits settled after the response, by limit and unit",
-            ["limit", "unit"], **kw,
-        )  # fmt: skip
+        make = {"counter": pc.Counter, "gauge": pc.Gauge, "histogram": pc.Histogram}
+        for attribute, kind, name, labels, _, _, description in INSTRUMENTS:
+            if name is not None:
+                extra = {"buckets": LATENCY_BUCKETS} if kind == "histogram" else {}
+                setattr(self, attribute, make[kind](name, description, labels, **extra, **kw))
         self._lease_gauges: set[str] = set()
         self._children: dict[tuple[bool, str, str], Any] = {}
         self._labels: set[str] = set()  # the limit label values given out
@@ -211,7 +189,7 @@ class Metrics:
         self.shed_requests.labels(priority=priority, reason=reason).inc()
 
     def worker_in_flight(self, value: int) -> None:
-        self.worker_in_flight_gauge.set(value)
+        self.in_flight.set(value)
 
     def storage_call(self, seconds: float, outcome: str = "ok") -> None:
         self._observe(seconds)  # outcome (ok | timeout | error): OpenTelemetry's attribute
@@ -285,6 +263,29 @@ class Metrics:
             self._breakers.discard(breaker)
         with contextlib.suppress(KeyError):  # never set in this registry
             self.breaker_state.remove(breaker)
+
+
+#: What a guard (and the shedding, leases and deny-cache paths) tell a metrics sink.
+SINK_METHODS: Final = tuple(
+    name for name, value in vars(Metrics).items() if not name.startswith("_") and callable(value)
+)
+
+
+class Sinks:
+    """Tells each of ``sinks`` (Prometheus's, OpenTelemetry's) what one sink is told."""
+
+    def __init__(self, sinks: Sequence[Any]) -> None:
+        self.sinks = tuple(sinks)
+        for name in SINK_METHODS:
+            setattr(self, name, _tell_all([getattr(s, name) for s in sinks]))
+
+
+def _tell_all(methods: list[Callable[..., None]]) -> Callable[..., None]:
+    def tell(*args: Any) -> None:
+        for method in methods:
+            method(*args)
+
+    return tell
 
 
 class OnePer(Generic[_T]):

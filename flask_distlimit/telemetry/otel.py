@@ -1,42 +1,13 @@
-"""OpenTelemetry metrics (the ``otel`` extra): the Prometheus series' twins, and one count per
-request, through the OpenTelemetry API only.
+"""OpenTelemetry metrics (the ``otel`` extra): the instruments of the one table
+(:data:`~.metrics.INSTRUMENTS`), and one count per request, through the OpenTelemetry API only.
 
-Nothing to configure: when ``opentelemetry-api`` is importable, every app's limiter records into
-the global ``MeterProvider`` (through the API's proxy, so a provider set after ``init_app``
-is used from then on); :func:`instrument` passes another provider. Without the package nothing
-is imported and nothing runs. Instruments (meter ``flask_distlimit``):
-
-- ``distlimit.requests`` (counter, ``{request}``): one per request the limiter decided, with
-  ``distlimit.result`` = ``admitted`` | ``refused`` (429) | ``unavailable`` (503 of the
-  ``closed`` failure policy) | ``shed`` (503 of load shedding, with ``distlimit.shed.reason``
-  ``worker`` | ``fleet`` and ``distlimit.priority``), ``distlimit.degraded`` (the storage was
-  down and the failure policy answered) and ``distlimit.policy``: the declared name of the
-  policy that decided it (the refused one; for an admitted request the one closest to denial,
-  as the ``RateLimit`` header reports it), never a client's value; absent when none did;
-- ``distlimit.decisions`` (counter, ``{decision}``): per limit of each storage call,
-  ``distlimit.limit`` (the limit's id and algorithm: ``limit_label``) and ``distlimit.outcome``
-  = ``allowed`` | ``denied`` | ``degraded``;
-- ``distlimit.fallback.decisions`` (counter): the local fallback's, ``allowed`` | ``denied``;
-- ``distlimit.leased.decisions`` (counter): admitted in-process out of a quota lease;
-- ``distlimit.shadow.refusals`` (counter, ``{request}``): would-be refusals of shadow limits;
-- ``distlimit.storage.duration`` (histogram, ``s``): each storage call, ``distlimit.outcome`` =
-  ``ok`` | ``timeout`` | ``error``;
-- ``distlimit.storage.unreadable`` (counter): replies the limiter could not read;
-- ``distlimit.settled.units`` (counter, ``{unit}``): what requests really cost on limits settled
-  after the response, per ``distlimit.limit`` and ``distlimit.unit`` (``requests`` |
-  ``content-bytes``);
-- ``distlimit.breaker.state`` (observable gauge): 0 closed, 1 half-open, 2 open, per
-  ``distlimit.node`` (a breaker's name, as in the logs); a node that left the topology goes;
-- ``distlimit.concurrency.slots`` (up-down counter, ``{slot}``): concurrency slots this process
-  holds for requests in flight, per ``distlimit.limit`` (taken when the storage admits, given
-  back with the request's other holdings, by its ledger: when the server has sent the body);
-- ``distlimit.worker.in_flight`` (observable gauge, ``{request}``), ``distlimit.lease.units``
-  (observable gauge, ``{unit}``, per ``distlimit.limit``).
-
-How it is hooked: the guard's metrics sink (:mod:`flask_distlimit.telemetry.metrics`' interface)
-becomes a fan-out to the Prometheus :class:`~flask_distlimit.telemetry.metrics.Metrics` (when set)
-and these instruments, and ``after_request`` tells :meth:`OTelHook.request` each request's result.
-The instruments of one provider are made once and shared by every app (as Prometheus series are).
+When ``opentelemetry-api`` is importable, every app's limiter records into the global
+``MeterProvider`` (through the API's proxy: a provider set later is used from then on);
+:func:`instrument` passes another one. Without the package nothing is imported and nothing runs.
+The instruments of one provider are made once and shared by every app; the guard tells them
+beside the Prometheus metrics (:meth:`~flask_distlimit.resilience.guard.Guard.add_sink`), and
+``after_request`` tells :meth:`OTelHook.request` each request's result. The instruments and their
+attributes: docs/failure-modes.md, "Observability".
 """
 
 from __future__ import annotations
@@ -45,15 +16,17 @@ import importlib.util
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Final, Protocol, cast
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import flask
 
 from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.telemetry.metrics import (
     BREAKER_STATE_VALUES,
+    INSTRUMENTS,
     LATENCY_BUCKETS,
-    Metrics,
+    SINK_METHODS,
+    Instruments,
     OnePer,
     limit_label,
 )
@@ -61,25 +34,14 @@ from flask_distlimit.telemetry.metrics import (
 if TYPE_CHECKING:
     from werkzeug.wrappers import Response
 
-__all__ = ["OTelHook", "OTelMetrics", "available", "instrument", "storage_outcome"]
-
-#: The methods the guard (and the shedding, leases and deny-cache paths) call on its metrics.
-SINK_METHODS = (
-    "breaker_changed",
-    "breaker_removed",
-    "degraded",
-    "evaluated",
-    "leased",
-    "settled",
-    "shadow_would_deny",
-    "shed",
-    "side_call_failed",
-    "storage_call",
-    "unreadable",
-    "watch_lease_units",
-    "worker_in_flight",
-)
-
+__all__ = [
+    "SINK_METHODS",
+    "OTelHook",
+    "OTelMetrics",
+    "available",
+    "instrument",
+    "storage_outcome",
+]
 
 log = logging.getLogger("flask_distlimit")
 
@@ -109,80 +71,33 @@ def storage_outcome(exc: BaseException | None) -> str:
     return "error"
 
 
-#: The instruments an :class:`OTelMetrics` records into: attribute, kind, name, unit, description.
-_INSTRUMENTS: Final = (
-    ("requests", "counter", "distlimit.requests", "{request}",
-     "Requests the rate limiter decided, by result"),
-    ("decisions", "counter", "distlimit.decisions", "{decision}",
-     "Rate-limit decisions by limit and outcome"),
-    ("fallback_decisions", "counter", "distlimit.fallback.decisions", "{decision}",
-     "Decisions of the in-process local fallback"),
-    ("leased_decisions", "counter", "distlimit.leased.decisions", "{request}",
-     "Requests admitted in-process out of a quota lease"),
-    ("shadow_refusals", "counter", "distlimit.shadow.refusals", "{request}",
-     "Requests a shadow limit would have refused, by limit"),
-    ("storage_duration", "histogram", "distlimit.storage.duration", "s",
-     "Duration of rate-limit storage calls"),
-    ("unreadable_replies", "counter", "distlimit.storage.unreadable", "{reply}",
-     "Storage replies the limiter could not read (the policy answered)"),
-    ("side_call_failures", "counter", "distlimit.side_call.failures", "{call}",
-     "Calls beside a request's that failed and were skipped"),
-    ("slots", "up_down_counter", "distlimit.concurrency.slots", "{slot}",
-     "Concurrency slots this process holds for requests in flight"),
-    ("settled_units", "counter", "distlimit.settled.units", "{unit}",
-     "Units requests really cost on limits settled after the response, by limit and unit"),
-)  # fmt: skip
-
-
-class OTelMetrics:
+class OTelMetrics(Instruments):
     """The instruments of one ``MeterProvider`` (default: the global one); a metrics sink."""
-
-    requests: Any
-    decisions: Any
-    fallback_decisions: Any
-    leased_decisions: Any
-    shadow_refusals: Any
-    storage_duration: Any
-    unreadable_replies: Any
-    side_call_failures: Any
-    slots: Any
-    settled_units: Any
 
     def __init__(self, meter_provider: Any = None) -> None:
         from opentelemetry.metrics import Observation, get_meter_provider
 
         provider = meter_provider or get_meter_provider()
         meter = provider.get_meter("flask_distlimit")
-        for attribute, kind, name, unit, description in _INSTRUMENTS:
-            create = getattr(meter, f"create_{kind}")
-            advisory = (
-                {"explicit_bucket_boundaries_advisory": list(LATENCY_BUCKETS)}
-                if kind == "histogram"
-                else {}
-            )
-            setattr(self, attribute, create(name, unit=unit, description=description, **advisory))
         self._lock = threading.Lock()
         self._breakers: dict[str, int] = {}
         self._in_flight: int | None = None
         self._lease_units: dict[str, Callable[[str], float]] = {}
-        observation = Observation
-        self._observation = observation
-        meter.create_observable_gauge(
-            "distlimit.breaker.state", callbacks=[self._observe_breakers],
-            description="Circuit breaker state per storage node: 0 closed, 1 half-open, 2 open",
-        )  # fmt: skip
-        meter.create_observable_gauge(
-            "distlimit.worker.in_flight", callbacks=[self._observe_in_flight], unit="{request}",
-            description="Requests in flight in this process (worker shedding on)",
-        )  # fmt: skip
-        meter.create_observable_gauge(
-            "distlimit.lease.units", callbacks=[self._observe_lease_units], unit="{unit}",
-            description="Units this process holds in quota leases, by limit",
-        )  # fmt: skip
+        self._observation = Observation
+        for attribute, kind, _, _, name, unit, description in INSTRUMENTS:
+            if name is None:
+                continue
+            advisory: dict[str, Any] = {"unit": unit, "description": description}
+            if kind == "histogram":
+                advisory["explicit_bucket_boundaries_advisory"] = list(LATENCY_BUCKETS)
+            if kind == "gauge":
+                kind = "observable_gauge"
+                advisory["callbacks"] = [getattr(self, f"_observe_{attribute}")]
+            setattr(self, attribute, getattr(meter, f"create_{kind}")(name, **advisory))
 
     # -- observable gauges -------------------------------------------------------------------
 
-    def _observe_breakers(self, _options: Any) -> Iterable[Any]:
+    def _observe_breaker_state(self, _options: Any) -> Iterable[Any]:
         with self._lock:
             states = list(self._breakers.items())
         return [self._observation(v, {"distlimit.node": n}) for n, v in states]
@@ -200,7 +115,7 @@ class OTelMetrics:
     # -------------------------
 
     def storage_call(self, seconds: float, outcome: str = "ok") -> None:
-        self.storage_duration.record(seconds, {"distlimit.outcome": outcome})
+        self.storage_latency.record(seconds, {"distlimit.outcome": outcome})
 
     def _decided(self, fallback: bool, checks: Sequence[Check], evaluation: Evaluation) -> None:
         counter = self.fallback_decisions if fallback else self.decisions
@@ -209,7 +124,7 @@ class OTelMetrics:
             outcome = "allowed" if decision.allowed else "denied"
             counter.add(1, {"distlimit.limit": label, "distlimit.outcome": outcome})
             if decision.shadow_denied:
-                self.shadow_refusals.add(1, {"distlimit.limit": label})
+                self.shadow_denials.add(1, {"distlimit.limit": label})
         if evaluation.allowed:
             self.slots_taken(checks, 1)
 
@@ -235,7 +150,7 @@ class OTelMetrics:
 
     def shadow_would_deny(self, keys: Sequence[str]) -> None:
         for key in keys:
-            self.shadow_refusals.add(1, {"distlimit.limit": limit_label(key)})
+            self.shadow_denials.add(1, {"distlimit.limit": limit_label(key)})
 
     def leased(self, keys: Sequence[str]) -> None:
         for key in keys:
@@ -276,33 +191,13 @@ class OTelMetrics:
             self._breakers.pop(breaker, None)
 
 
-class _Fanout:
-    """A metrics sink that tells each of ``sinks`` (Prometheus's and OpenTelemetry's)."""
-
-    def __init__(self, *sinks: Any) -> None:
-        self.sinks = sinks
-        for name in SINK_METHODS:
-            setattr(self, name, _tell_all([getattr(s, name) for s in sinks]))
-
-
-def _tell_all(methods: list[Callable[..., None]]) -> Callable[..., None]:
-    def tell(*args: Any) -> None:
-        for m in methods:
-            m(*args)
-
-    return tell
-
-
 class Guard(Protocol):
     """What the hook needs of a :class:`~flask_distlimit.resilience.guard.Guard` (its metrics
     sink)."""
 
-    @property
-    def metrics(self) -> Metrics | None: ...
+    def add_sink(self, sink: Any) -> None: ...
 
-    compose_metrics: Callable[[Metrics | None], Metrics | None] | None
-
-    def use_metrics(self, metrics: Metrics | None) -> None: ...
+    def remove_sink(self, sink: Any) -> None: ...
 
 
 class Ledgers(Protocol):
@@ -339,24 +234,11 @@ class OTelHook:
         self.guard = guard
         self.instruments = instruments
         self._ledgers = ledgers
-        guard.compose_metrics = self.compose
-        guard.use_metrics(_others(guard.metrics, instruments))
-
-    def compose(self, metrics: Metrics | None) -> Metrics | None:
-        """The sink to keep when ``metrics`` is set: it and the instruments."""
-        others = _others(metrics, self.instruments)
-        sink: Any = self.instruments if others is None else _Fanout(others, self.instruments)
-        # The guard's attribute is typed with the Prometheus class; the fan-out and the
-        # instruments answer every method it calls (SINK_METHODS; tests/telemetry/test_otel.py
-        # checks).
-        return cast(Metrics, sink)
+        guard.add_sink(instruments)
 
     def detach(self) -> None:
-        """Take the instruments out of the guard's sink (the Prometheus metrics stay)."""
-        guard = self.guard
-        if guard.compose_metrics == self.compose:
-            guard.compose_metrics = None
-        guard.use_metrics(_others(guard.metrics, self.instruments))
+        """Take the instruments out of the guard's sinks (the Prometheus metrics stay)."""
+        self.guard.remove_sink(self.instruments)
 
     def request(self, data: Any, response: Response) -> None:
         """Count one request the limiter decided (``data``: the enforcer's request data)."""
@@ -389,18 +271,6 @@ class OTelHook:
         if policy is not None:
             attributes["distlimit.policy"] = policy
         instruments.requests.add(1, attributes)
-
-
-def _others(sink: Any, instruments: OTelMetrics) -> Metrics | None:
-    """``sink`` without ``instruments`` (a fan-out's other sinks; None when nothing is left)."""
-    if sink is instruments or sink is None:
-        return None
-    if isinstance(sink, _Fanout):
-        rest = [s for s in sink.sinks if s is not instruments]
-        if not rest:
-            return None
-        return cast(Metrics, rest[0] if len(rest) == 1 else _Fanout(*rest))
-    return cast(Metrics, sink)
 
 
 def _allowed(one: Any) -> bool:

@@ -263,6 +263,49 @@ def test_beside_prometheus_both_are_told(
     assert sum(v for _, v in points(found, "distlimit.requests")) == 2
 
 
+def test_instrumenting_and_detaching_write_nothing_onto_the_guard(
+    reader: tuple[InMemoryMetricReader, MeterProvider],
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys as _sys
+
+    from flask_distlimit.storage.memory import MemoryStorage
+
+    found, provider = reader
+    app, limiter = _instrumented(MemoryStorage(clock=clock), clock, provider)
+    with app.app_context():
+        state = limiter.state(app)
+    guard = state.guard
+    written: list[tuple[str, str]] = []  # (the writing module, the attribute) from outside
+    real = type(guard).__setattr__
+
+    def spy(self: Any, name: str, value: Any) -> None:
+        writer = _sys._getframe(1).f_globals["__name__"]
+        if not writer.startswith("flask_distlimit.resilience."):
+            written.append((writer, name))
+        real(self, name, value)
+
+    monkeypatch.setattr(type(guard), "__setattr__", spy)
+    prometheus = metrics_for(CollectorRegistry())
+    guard.use_metrics(prometheus)
+    otel.instrument(state, meter_provider=MeterProvider())  # another provider: a new hook
+    state.otel.detach()  # type: ignore[union-attr]
+    assert written == []  # old code: otel wrote guard.compose_metrics
+    assert guard.metrics is prometheus
+
+
+def test_each_instrument_is_declared_once_for_both_sides() -> None:
+    from flask_distlimit.telemetry.metrics import INSTRUMENTS
+
+    attributes = [row[0] for row in INSTRUMENTS]
+    assert len(attributes) == len(set(attributes))
+    registry = CollectorRegistry()
+    Metrics(registry)
+    exported = {m.name for m in registry.collect()}
+    assert exported == {row[2] for row in INSTRUMENTS if row[2] is not None}
+
+
 def test_the_sink_answers_every_method_the_prometheus_metrics_answer() -> None:
     """The guard is typed with the Prometheus class; what it calls must exist on both."""
     public = {n for n in vars(Metrics) if not n.startswith("_") and callable(vars(Metrics)[n])}
