@@ -81,7 +81,7 @@ class Call:
 
     def __init__(self, command: bytes) -> None:
         self.command = command
-        self.asked = time.monotonic()
+        self.asked = 0.0  # when it queued (a call that leads at once: when Redis is late)
         self.reply: Any = _UNREAD
         self.error: BaseException | None = None
         self.lost = False
@@ -145,6 +145,7 @@ class Pipeline:
                 self._leading += 1
                 call.state = _LEAD
             else:
+                call.asked = time.monotonic()
                 call.wake = threading.Lock()
                 call.wake.acquire()
                 self._queue.append(call)
@@ -189,8 +190,10 @@ class Pipeline:
         call.connection = None
         batch = [call]
         try:
-            # Redis late: the batch answers by its oldest call's deadline (the leader's)
-            due = call.asked + self.pool.timeout if self.late else None
+            due = None
+            if self.late:  # the batch answers by its oldest call's deadline (the leader's)
+                call.asked = call.asked or time.monotonic()
+                due = call.asked + self.pool.timeout
             if connection is None:
                 connection = self.pool.checkout(wait_until, probe=False, connect_by=due)
             else:
@@ -259,20 +262,25 @@ class Pipeline:
         deadline = sent + pool.timeout  # Redis's time starts once it has them
         if due is not None:
             deadline = min(deadline, max(due, sent + pool.slack))
-        try:  # Redis is late when its first reply is not there half a timeout after the send
-            # (a reader that came late, for the GIL or a busy loop, finds one that came in time)
-            self.late = not connection.can_read(
-                max(0.0, sent + pool.timeout / 2 - time.monotonic())
-            )
-        except redis.ConnectionError as exc:
-            pool.broken(connection)
-            self._lost(batch, exc, deadline)
-            return
+        # calls in flight beside this one (a queue forms only then): is Redis late?
+        watched = self._leading > 1 or len(batch) > 1 or bool(self._queue)
+        if watched:  # Redis is late when its first reply is not there half a timeout after
+            # the send (a reader that came late, for the GIL, finds one that came in time)
+            try:
+                self.late = not connection.can_read(
+                    max(0.0, sent + pool.timeout / 2 - time.monotonic())
+                )
+            except redis.ConnectionError as exc:
+                pool.broken(connection)
+                self._lost(batch, exc, deadline)
+                return
         if preload is not None:
             if not self._loaded_reply(connection, batch, deadline):
                 return
             self.loaded = True
         missing = self._read(connection, batch, deadline)
+        if not watched and self.late and time.monotonic() - sent < pool.timeout / 2:
+            self.late = False  # answered in time: Redis is not late (now)
         if missing:  # NOSCRIPT: load the script, send those calls once more, in one write
             self.loaded = False
             load = self._load(connection)
