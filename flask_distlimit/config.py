@@ -12,25 +12,25 @@ import difflib
 import math
 import re
 from collections.abc import Callable, Mapping, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal, NamedTuple, TypeVar
 
 from flask_distlimit._typing import FailurePolicy, HeaderMode
-from flask_distlimit.core.algorithms import ALGORITHMS, Algorithm
+from flask_distlimit.core.algorithms import ALGORITHMS
 from flask_distlimit.core.limits import Rate, parse_rates
 from flask_distlimit.core.policies import FAILURE_POLICIES
-from flask_distlimit.core.priorities import Priority
 from flask_distlimit.declare.dynamic_limits import DynamicValue, read_value
 from flask_distlimit.defences import shedding
-from flask_distlimit.defences.shadow import ShadowSetting, parse_shadow
+from flask_distlimit.defences.shadow import parse_shadow
 from flask_distlimit.engine.concurrency import MAX_CONCURRENCY
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity import IDENTITY_KEYS
 from flask_distlimit.ops import serving
+from flask_distlimit.request.settings import LimiterSettings
 from flask_distlimit.resilience.breaker import check_fail_max, check_reset_timeout
 from flask_distlimit.resilience.fallback import DEFAULT_MAX_KEYS
 from flask_distlimit.storage.heartbeat import MAX_FLEET
-from flask_distlimit.storage.startup_check import STARTUP_CHECKS, StartupCheck
+from flask_distlimit.storage.startup_check import STARTUP_CHECKS
 from flask_distlimit.storage.tokens import TOKEN_MODES
 
 if TYPE_CHECKING:
@@ -259,40 +259,9 @@ def _bool(key: str, value: object) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class Settings:
-    """The validated ``DISTLIMIT_*`` settings of one app (see the module docstring)."""
-
-    storage_url: str = "memory://"
-    algorithm: Algorithm = "sliding_window_counter"
-    default_limits: tuple[Rate, ...] = ()
-    #: ``DISTLIMIT_DEFAULT_LIMITS`` as a callable or a mapping (then ``default_limits`` is empty)
-    default_dynamic: DynamicValue | None = None
-    global_limits: tuple[Rate, ...] = ()
-    global_dynamic: DynamicValue | None = None  #: a callable DISTLIMIT_GLOBAL_LIMITS
-    meta_limits: tuple[Rate, ...] = ()
-    headers: HeaderMode = "both"
-    key_prefix: str = "ratelimit"
-    redis_timeout: float = 0.1
-    request_tokens: str = "auto"
-    startup_check: StartupCheck = "warn"
-    conditional_cost: int = 1
-    enabled: bool = True
-    failure_policy: FailurePolicy = "open"
-    instances: int | Literal["auto"] = 1
-    instances_min: int = 1
-    fallback_max_keys: int = DEFAULT_MAX_KEYS
-    breaker_fail_max: int = 5
-    breaker_reset_timeout: float = 30.0
-    charge_preflights: bool = False
-    dynamic_limit_ttl: float = 60.0
-    shadow: ShadowSetting = False
-    concurrency_lease: int = 60
-    worker_threads: int = 0
-    worker_shed_at: Mapping[Priority, float] = field(
-        default_factory=lambda: shedding.DEFAULT_SHED_AT
-    )
-    fleet_capacity: int = 0
-    fleet_shares: Mapping[Priority, float] = field(default_factory=lambda: shedding.DEFAULT_SHARES)
+class Settings(LimiterSettings):
+    """The validated ``DISTLIMIT_*`` settings of one app (see the module docstring): the record
+    the request path reads, and how ``init_app`` reads and checks it."""
 
     def check_serving(self, storage: Storage | None = None) -> None:
         """Warn (once per process) when ``memory://``, the storage of these settings or the

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from flask import Flask, Request, current_app, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as WerkzeugResponse
 
-from flask_distlimit._typing import FailurePolicy, HeaderMode, RequestFilter
-from flask_distlimit.core.algorithms import Algorithm
-from flask_distlimit.core.priorities import Priority
+from flask_distlimit._typing import FailurePolicy, RequestFilter
 from flask_distlimit.core.problem import retry_after_seconds
 from flask_distlimit.declare.dynamic_limits import LimitUnresolved, ttl_us
 from flask_distlimit.declare.registry import LimitRegistry
@@ -31,7 +29,6 @@ from flask_distlimit.defences.concurrency import SlotRelease
 from flask_distlimit.defences.deny_cache import DenyCache
 from flask_distlimit.defences.fleet import Fleet
 from flask_distlimit.defences.lifecycle import Lifecycle
-from flask_distlimit.defences.shadow import ShadowSetting
 from flask_distlimit.defences.shedding import Shedding
 from flask_distlimit.identity import IdentityHooks, IdentityResolver
 from flask_distlimit.request import deduction, gate
@@ -41,6 +38,7 @@ from flask_distlimit.request.data import RequestData
 from flask_distlimit.request.decide import Decider
 from flask_distlimit.request.plans import Plans
 from flask_distlimit.request.refuse import BreachHook, Refusals
+from flask_distlimit.request.settings import LimiterSettings
 from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.resilience.leases import Leases
 from flask_distlimit.telemetry.otel import OTelHook
@@ -49,35 +47,6 @@ __all__ = ["AppLimiter", "Enforcer"]
 
 #: The route limits of a request counted after its response, against every request's only.
 _NO_ROUTE = RoutePlan(exempt=False)
-
-
-class _Settings(Protocol):
-    """The settings the request path reads (:class:`flask_distlimit.config.Settings`)."""
-
-    @property
-    def key_prefix(self) -> str: ...  #: DISTLIMIT_KEY_PREFIX
-    @property
-    def algorithm(self) -> Algorithm: ...  #: DISTLIMIT_ALGORITHM (the default)
-    @property
-    def headers(self) -> HeaderMode: ...  #: DISTLIMIT_HEADERS
-    @property
-    def conditional_cost(self) -> int: ...  #: DISTLIMIT_CONDITIONAL_COST
-    @property
-    def breaker_reset_timeout(self) -> float: ...  #: DISTLIMIT_BREAKER_RESET_TIMEOUT
-    @property
-    def failure_policy(self) -> FailurePolicy: ...  #: DISTLIMIT_FAILURE_POLICY
-    @property
-    def charge_preflights(self) -> bool: ...  #: DISTLIMIT_CHARGE_PREFLIGHTS
-    @property
-    def dynamic_limit_ttl(self) -> float: ...  #: DISTLIMIT_DYNAMIC_LIMIT_TTL
-    @property
-    def shadow(self) -> ShadowSetting: ...  #: DISTLIMIT_SHADOW
-    @property
-    def concurrency_lease(self) -> int: ...  #: DISTLIMIT_CONCURRENCY_LEASE
-    @property
-    def fleet_capacity(self) -> int: ...  #: DISTLIMIT_FLEET_CAPACITY
-    @property
-    def fleet_shares(self) -> Mapping[Priority, float]: ...  #: DISTLIMIT_FLEET_SHARES
 
 
 class _Declared(Protocol):
@@ -95,7 +64,7 @@ class AppLimiter(Protocol):
     @property
     def limiter(self) -> _Declared: ...
     @property
-    def settings(self) -> _Settings: ...
+    def settings(self) -> LimiterSettings: ...
 
     guard: Guard
     resolver: IdentityResolver
