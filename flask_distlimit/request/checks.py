@@ -162,17 +162,8 @@ class Checks:
                 address = data.client_ip = self.resolver.client_ip(environ)
             tag = self.identity_tag(address)
             for b in self.global_limits:
-                resolved: Sequence[BoundLimit] = (b,)
-                if b.dynamic is not None:  # a callable DISTLIMIT_GLOBAL_LIMITS
-                    room = MAX_LIMITS_PER_REQUEST - len(checks) - len(route_limits)
-                    try:
-                        resolved = b.dynamic.resolve(
-                            tag, None, self.local_clock(), self.dynamic_ttl_us, room
-                        )
-                    except LimitUnresolved:  # logged by the dynamic limit
-                        self._by_policy(plan, data)
-                        continue
-                for r in resolved:
+                room = MAX_LIMITS_PER_REQUEST - len(checks) - len(route_limits)
+                for r in self._resolved(b, tag, None, room, plan, data):  # callable: its answer
                     checks.append(r.check(tag, every_cost))
                     bounds.append(r)
         itag = ""
@@ -226,18 +217,9 @@ class Checks:
                 checks.append(b.check(tag, cost))
                 bounds.append(b)
                 continue
-            resolved = (b,)
-            if b.dynamic is not None:  # a callable or mapping value: this request's rates
-                room = MAX_LIMITS_PER_REQUEST - len(checks) - fixed
-                tier = identity.tier if identity is not None else None
-                try:
-                    resolved = b.dynamic.resolve(
-                        tag, tier, self.local_clock(), self.dynamic_ttl_us, room
-                    )
-                except LimitUnresolved:  # logged by the dynamic limit
-                    self._by_policy(plan, data)
-                    continue
-            for r in resolved:
+            room = MAX_LIMITS_PER_REQUEST - len(checks) - fixed
+            tier = identity.tier if identity is not None else None
+            for r in self._resolved(b, tag, tier, room, plan, data):  # a dynamic value's rates
                 check = r.check(tag, 1 if unproved else cost)
                 if deduction.reserved(r, unproved=unproved):  # reserved now, settled after
                     data.deferred[check.key] = deduction.Deferred(
@@ -257,6 +239,25 @@ class Checks:
                 bounds.append(b)
             return checks, bounds, identity, False
         return checks, bounds, identity, plain and (not every_request or self.every_plain)
+
+    def _resolved(
+        self,
+        b: BoundLimit,
+        tag: str,
+        tier: str | None,
+        room: int,
+        plan: RoutePlan,
+        data: RequestData,
+    ) -> Sequence[BoundLimit]:
+        """``b``, or this request's limits of its callable or mapping value (none when it cannot
+        be resolved: logged by the dynamic limit, then the failure policy answers)."""
+        if b.dynamic is None:
+            return (b,)
+        try:
+            return b.dynamic.resolve(tag, tier, self.local_clock(), self.dynamic_ttl_us, room)
+        except LimitUnresolved:
+            self._by_policy(plan, data)
+            return ()
 
     def _unresolved(
         self, b: BoundLimit, exc: Exception, plan: RoutePlan, data: RequestData

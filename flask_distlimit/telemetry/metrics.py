@@ -146,7 +146,7 @@ class Metrics(Instruments):
                 extra = {"buckets": LATENCY_BUCKETS} if kind == "histogram" else {}
                 setattr(self, attribute, make[kind](name, description, labels, **extra, **kw))
         self._lease_gauges: set[str] = set()
-        self._children: dict[tuple[bool, str, str], Any] = {}
+        self._children: dict[tuple[str, str, str | None], Any] = {}
         self._labels: set[str] = set()  # the limit label values given out
         self._breakers: set[str] = set()  # the breaker label values with a series
         self._lock = threading.Lock()
@@ -164,24 +164,16 @@ class Metrics(Instruments):
                 return label
         return OTHER
 
-    def _child(self, fallback: bool, key: str, outcome: str) -> Any:
+    def _child(self, family: str, key: str, outcome: str | None = None) -> Any:
+        """The series of the instrument ``family`` for the limit of ``key`` (and ``outcome``)."""
         label = self._label(key)
-        child = self._children.get((fallback, label, outcome))
+        child = self._children.get((family, label, outcome))
         if child is None:
-            family = self.fallback_decisions if fallback else self.decisions
-            child = family.labels(limit=label, outcome=outcome)
+            labels = {"limit": label} if outcome is None else {"limit": label, "outcome": outcome}
+            child = getattr(self, family).labels(**labels)
             if len(self._children) < _MAX_CHILDREN:
-                self._children[(fallback, label, outcome)] = child
+                self._children[(family, label, outcome)] = child
         return child
-
-    def _shadow_denied(self, key: str) -> None:
-        label = self._label(key)
-        child = self._children.get((True, label, "shadow"))
-        if child is None:
-            child = self.shadow_denials.labels(limit=label)
-            if len(self._children) < _MAX_CHILDREN:
-                self._children[(True, label, "shadow")] = child
-        child.inc()
 
     def shed(self, priority: str, reason: str) -> None:
         priority = priority if priority in PRIORITIES else "default"
@@ -196,27 +188,21 @@ class Metrics(Instruments):
 
     def evaluated(self, checks: Sequence[Check], evaluation: Evaluation) -> None:
         for check, decision in zip(checks, evaluation.decisions, strict=False):
-            self._child(False, check.key, "allowed" if decision.allowed else "denied").inc()
+            self._child("decisions", check.key, "allowed" if decision.allowed else "denied").inc()
             if decision.shadow_denied:
-                self._shadow_denied(check.key)
+                self._child("shadow_denials", check.key).inc()
 
     def shadow_would_deny(self, keys: Sequence[str]) -> None:
         """Shadow limits (by storage key) that would have refused a request in a check the
         storage does not decide itself (a ``deduct_when`` limit's peek before the view)."""
         for key in keys:
-            self._shadow_denied(key)
+            self._child("shadow_denials", key).inc()
 
     def leased(self, keys: Sequence[str]) -> None:
         """Limits (by storage key) a quota lease admitted a request on, in-process."""
         for key in keys:
-            self._child(False, key, "allowed").inc()
-            label = self._label(key)
-            child = self._children.get((False, label, "leased"))
-            if child is None:
-                child = self.leased_decisions.labels(limit=label)
-                if len(self._children) < _MAX_CHILDREN:
-                    self._children[(False, label, "leased")] = child
-            child.inc()
+            self._child("decisions", key, "allowed").inc()
+            self._child("leased_decisions", key).inc()
 
     def watch_lease_units(self, key: str, held: Callable[[str], float]) -> None:
         """Report ``held(label)`` as ``lease_units`` of the limit of ``key`` when scraped."""
@@ -233,12 +219,13 @@ class Metrics(Instruments):
 
     def degraded(self, checks: Sequence[Check], evaluation: Evaluation | None) -> None:
         for check in checks:
-            self._child(False, check.key, "degraded").inc()
+            self._child("decisions", check.key, "degraded").inc()
         if evaluation is not None:
             for check, decision in zip(checks, evaluation.decisions, strict=False):
-                self._child(True, check.key, "allowed" if decision.allowed else "denied").inc()
+                outcome = "allowed" if decision.allowed else "denied"
+                self._child("fallback_decisions", check.key, outcome).inc()
                 if decision.shadow_denied:
-                    self._shadow_denied(check.key)
+                    self._child("shadow_denials", check.key).inc()
 
     def unreadable(self) -> None:
         """A storage reply the limiter could not read (the failure policy answered)."""

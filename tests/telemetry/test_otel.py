@@ -272,7 +272,7 @@ def test_instrumenting_and_detaching_write_nothing_onto_the_guard(
 
     from flask_distlimit.storage.memory import MemoryStorage
 
-    found, provider = reader
+    _, provider = reader
     app, limiter = _instrumented(MemoryStorage(clock=clock), clock, provider)
     with app.app_context():
         state = limiter.state(app)
