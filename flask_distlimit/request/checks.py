@@ -162,8 +162,11 @@ class Checks:
                 address = data.client_ip = self.resolver.client_ip(environ)
             tag = self.identity_tag(address)
             for b in self.global_limits:
-                room = MAX_LIMITS_PER_REQUEST - len(checks) - len(route_limits)
-                for r in self._resolved(b, tag, None, room, plan, data):  # callable: its answer
+                resolved: Sequence[BoundLimit] = (b,)
+                if b.dynamic is not None:  # a callable DISTLIMIT_GLOBAL_LIMITS: its answer
+                    room = MAX_LIMITS_PER_REQUEST - len(checks) - len(route_limits)
+                    resolved = self._resolved(b, tag, None, room, plan, data)
+                for r in resolved:
                     checks.append(r.check(tag, every_cost))
                     bounds.append(r)
         itag = ""

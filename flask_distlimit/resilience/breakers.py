@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import Final
+from typing import Final, NamedTuple
 
 from flask_distlimit.core.decision import Evaluation
 from flask_distlimit.errors import (
@@ -30,7 +30,15 @@ from flask_distlimit.resilience.breaker import (
     check_reset_timeout,
 )
 
-__all__ = ["DEFAULT_NODE", "MAX_NODES", "Breakers", "report_call", "report_parts", "worst"]
+__all__ = [
+    "DEFAULT_NODE",
+    "MAX_NODES",
+    "Admitted",
+    "Breakers",
+    "report_call",
+    "report_parts",
+    "worst",
+]
 
 #: The node of a storage that has only one (single node, memory; Sentinel before it connected).
 DEFAULT_NODE: Final = "redis"
@@ -38,6 +46,13 @@ DEFAULT_NODE: Final = "redis"
 MAX_NODES: Final = 1024
 
 _RANK: Final[dict[str, int]] = {"closed": 0, "half-open": 1, "open": 2}
+
+
+class Admitted(NamedTuple):
+    """The answer of :meth:`Breakers.admit`: each node's breaker asked once."""
+
+    trying: dict[str, Breaker]  #: the nodes to try, with their breakers
+    blocked: set[str]  #: the nodes whose breaker refused the call
 
 
 class Breakers:
@@ -113,8 +128,8 @@ class Breakers:
             on_change(name, breaker.state)
         return breaker
 
-    def admit(self, nodes: Iterable[str]) -> tuple[dict[str, Breaker], set[str]]:
-        """Ask each node's breaker once: the nodes to try (with their breakers), the others."""
+    def admit(self, nodes: Iterable[str]) -> Admitted:
+        """Ask each node's breaker once (:class:`Admitted`)."""
         trying: dict[str, Breaker] = {}
         blocked: set[str] = set()
         for node in nodes:
@@ -125,7 +140,7 @@ class Breakers:
                 trying[node] = breaker
             else:
                 blocked.add(node)
-        return trying, blocked
+        return Admitted(trying, blocked)
 
     def retain(self, nodes: Collection[str]) -> None:
         """Drop the breakers of every node not in ``nodes``."""

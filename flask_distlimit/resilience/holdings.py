@@ -17,17 +17,22 @@ if TYPE_CHECKING:
     from flask_distlimit.storage.base import Storage
     from flask_distlimit.storage.lease_records import Record
 
-__all__ = ["RECORD_LEASES", "Holding", "holdings", "read_holdings", "record_of"]
+__all__ = ["RECORD_LEASES", "Holding", "LeaseRecord", "holdings", "read_holdings", "record_of"]
 
 #: The most leases one process's published record lists (the most units held first).
 RECORD_LEASES: Final = 64
 _US: Final = 1_000_000
 
 
-def record_of(leases: Iterable[Lease], now: int) -> tuple[str, float]:
-    """What a process holds in ``leases`` as published (JSON: ``{"leases": {key: [units,
-    seconds they stay good]}, "more": leases left out}``), and how long the record holds: as
-    long as its longest-lived units (seconds, at least 1)."""
+class LeaseRecord(NamedTuple):
+    """What a process publishes of the leases it holds (:func:`record_of`)."""
+
+    text: str  #: JSON: ``{"leases": {key: [units, seconds good]}, "more": leases left out}``
+    hold: float  #: seconds it holds: as long as its longest-lived units (at least 1)
+
+
+def record_of(leases: Iterable[Lease], now: int) -> LeaseRecord:
+    """What a process holds in ``leases``, as published (:class:`LeaseRecord`)."""
     held: list[tuple[int, str, int]] = []
     for lease in leases:
         units, valid = lease.holds(now)
@@ -40,7 +45,7 @@ def record_of(leases: Iterable[Lease], now: int) -> tuple[str, float]:
         "more": len(held) - len(shown),
     }
     hold = max((valid for _, _, valid in shown), default=0) / _US
-    return json.dumps(text, separators=(",", ":")), max(1.0, hold)
+    return LeaseRecord(json.dumps(text, separators=(",", ":")), max(1.0, hold))
 
 
 class Holding(NamedTuple):

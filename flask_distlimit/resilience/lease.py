@@ -17,7 +17,7 @@ from flask_distlimit.core.decision import Check, Decision
 from flask_distlimit.declare.lease_options import auto_cap
 from flask_distlimit.engine.registry import REGISTRY
 
-__all__ = ["GIVE_BACK_AFTER_US", "LEASE_SPAN_US", "Held", "Lease", "Spent"]
+__all__ = ["GIVE_BACK_AFTER_US", "LEASE_SPAN_US", "Held", "Lease", "Spent", "Taken"]
 
 #: ``lease=True`` sizes a lease to this much of the process's demand on the key (microseconds).
 LEASE_SPAN_US: Final = 100_000
@@ -72,6 +72,13 @@ def _expiry(chunk: _Chunk) -> int:
 
 #: the chunks a request spent from, and how much of each (:meth:`Lease.give_back` returns them)
 Spent: TypeAlias = list[tuple[_Chunk, int]]
+
+
+class Taken(NamedTuple):
+    """What :meth:`Lease.take` did."""
+
+    spent: Spent | None  #: the chunks spent from and how much of each (None: not held)
+    top_up: int  #: the units this request asks for (0: none; more: it claimed the renewal)
 
 
 class Lease:
@@ -143,12 +150,8 @@ class Lease:
             return 0
         return min(self.cap, int(self.rate * LEASE_SPAN_US / _US))
 
-    def take(
-        self, cost: int, now: int, renew_allowed: Callable[[], bool]
-    ) -> tuple[Spent | None, int]:
-        """Spend ``cost`` units if held (``None`` if not: nothing is spent; else the chunks
-        spent from and how much of each), and the top-up this request asks for (0: none;
-        more: this request claimed the renewal)."""
+    def take(self, cost: int, now: int, renew_allowed: Callable[[], bool]) -> Taken:
+        """Spend ``cost`` units if held, and ask for a top-up when due (:class:`Taken`)."""
         with self.lock:
             self.used = now
             self.demand += cost
@@ -181,7 +184,7 @@ class Lease:
                     renew = target - held if spent is not None else target
                     if renew > 0:
                         self.renewing = True
-            return spent, max(renew, 0)
+            return Taken(spent, max(renew, 0))
 
     def spend(self, cost: int, now: int) -> Decision | None:
         """The usual request: ``cost`` spent out of the lease, which needs no renewal (or
