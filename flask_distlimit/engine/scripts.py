@@ -71,8 +71,11 @@ def script_args(
     if len(checks) == 1:  # the usual request: no lists to join
         check = checks[0]
         return [check.key], [f"{head},{_fields(check)}"]
-    keys = [check.key for check in checks]
-    return keys, [",".join([head, *map(_fields, checks)])]
+    keys, fields = [], [head]
+    for check in checks:
+        keys.append(check.key)
+        fields.append(_fields(check))
+    return keys, [",".join(fields)]
 
 
 def token_key(first_key: str, token: str) -> str:

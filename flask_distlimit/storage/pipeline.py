@@ -248,7 +248,7 @@ class Pipeline:
         deadline (but a moment after the send at least), else a timeout after the send."""
         pool = self.pool
         preload = None if self.loaded else self._load(connection)
-        payload = b"".join([c.command for c in batch])
+        payload = batch[0].command if len(batch) == 1 else b"".join([c.command for c in batch])
         if preload is not None:
             payload = preload + payload
         try:
