@@ -155,15 +155,6 @@ class Instances:
         finally:
             self._beating = False
 
-    def snapshot(self) -> dict[str, object]:
-        return {
-            "setting": self.setting,
-            "minimum": self.minimum,
-            "seen": self.seen,
-            "divisor": self.divisor,
-            "member": self.member,
-        }
-
     def _after_fork(self) -> None:
         # A gunicorn worker is an instance of its own: new member, beat on its first request.
         # What the parent knew of the fleet still holds for it.

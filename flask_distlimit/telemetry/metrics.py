@@ -192,12 +192,6 @@ class Metrics(Instruments):
             if decision.shadow_denied:
                 self._child("shadow_denials", check.key).inc()
 
-    def shadow_would_deny(self, keys: Sequence[str]) -> None:
-        """Shadow limits (by storage key) that would have refused a request in a check the
-        storage does not decide itself (a ``deduct_when`` limit's peek before the view)."""
-        for key in keys:
-            self._child("shadow_denials", key).inc()
-
     def leased(self, keys: Sequence[str]) -> None:
         """Limits (by storage key) a quota lease admitted a request on, in-process."""
         for key in keys:

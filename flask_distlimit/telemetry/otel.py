@@ -148,10 +148,6 @@ class OTelMetrics(Instruments):
     def settled(self, key: str, unit: str, units: int) -> None:
         self.settled_units.add(units, {"distlimit.limit": limit_label(key), "distlimit.unit": unit})
 
-    def shadow_would_deny(self, keys: Sequence[str]) -> None:
-        for key in keys:
-            self.shadow_denials.add(1, {"distlimit.limit": limit_label(key)})
-
     def leased(self, keys: Sequence[str]) -> None:
         for key in keys:
             label = limit_label(key)

@@ -55,6 +55,7 @@ def test_twenty_thousand_distinct_values_through_every_label_keep_the_series_bou
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     allowed = Decision(True, 10, 9, 0.0, 0.0)
+    shadowed = Decision(True, 10, 9, 0.0, 0.0, shadow_denied=True)
     for i in range(DISTINCT):
         dynamic = Check(f"ratelimit:{{t{i}}}:r_orders_dyn_{i + 1}/60:gcra", "gcra", i + 1, 60)
         static = Check(f"ratelimit:{{t{i}}}:r_route{i}_10/60:fixed_window", "fixed_window", 10, 60)
@@ -62,7 +63,7 @@ def test_twenty_thousand_distinct_values_through_every_label_keep_the_series_bou
         metrics.evaluated(checks, Evaluation((allowed, allowed)))
         metrics.degraded(checks, Evaluation((allowed, allowed)))
         metrics.leased([dynamic.key, static.key])
-        metrics.shadow_would_deny([dynamic.key, static.key])
+        metrics.evaluated(checks, Evaluation((shadowed, shadowed)))
         metrics.watch_lease_units(dynamic.key, lambda label: 0.0)
         metrics.watch_lease_units(static.key, lambda label: 0.0)
         metrics.shed(f"priority-{i}", f"reason-{i}\n")
