@@ -70,7 +70,7 @@ class Guard(GuardCore):
             return evaluate_routed(self, checks, policy, now_us)
         breaker = self.node_breaker
         fallback = self.fallback
-        if fallback.holding and breaker.state == "closed" and (policy or self.policy) == "local":
+        if (policy or self.policy) == "local" and fallback.holding and breaker.state == "closed":
             refusal = fallback.refusal(checks, instances=self.instances.divisor, now_us=now_us)
             if refusal is not None:  # over this process's share while failures go on
                 if self.metrics is not None:
@@ -144,7 +144,8 @@ class Guard(GuardCore):
                 metrics.degraded(checks, outcome.evaluation)
         if evaluation.repaired_keys:
             self.storage_log.repaired(evaluation.repaired_keys)
-        heartbeat_if_due(self)
+        if self.instances.auto:  # DISTLIMIT_INSTANCES = "auto": a heartbeat may be due
+            heartbeat_if_due(self)
         return Outcome(evaluation) if outcome is None else outcome
 
     # -- calls beside the request's ----------------------------------------------------------
