@@ -231,6 +231,8 @@ class DelayingProxy:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.sockets: list[socket.socket] = [self.listener]
+        self._lock = threading.Lock()  # a connection accepted as the proxy closes is closed too
+        self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -239,8 +241,17 @@ class DelayingProxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            server = socket.create_connection(self.target)
-            self.sockets += [client, server]
+            try:
+                server = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._closed:
+                    client.close()
+                    server.close()
+                    return
+                self.sockets += [client, server]
             threading.Thread(target=self._pipe, args=(client, server, False), daemon=True).start()
             threading.Thread(target=self._pipe, args=(server, client, True), daemon=True).start()
 
@@ -259,7 +270,10 @@ class DelayingProxy:
                 sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
-        for sock in self.sockets:
+        with self._lock:
+            self._closed = True
+            sockets = list(self.sockets)
+        for sock in sockets:
             sock.close()
 
 
