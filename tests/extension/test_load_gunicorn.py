@@ -4,7 +4,7 @@ five failures open the breaker, policy ``open``: a request the policy answers is
 ``X-RateLimit-Degraded``, which the Lua script of ``wrk`` counts).
 
 Each deployment starts a fresh gunicorn (an empty pool, the script not loaded: the burst is
-its cold start) and must admit exactly the limit (a fixed window of an hour: nothing refills),
+its cold start) and must admit exactly the limit (a sliding log of an hour: nothing leaves it),
 answer no 5xx, mark no answer degraded, and log no breaker opening. On the old code the gevent
 worker at 320 connections admitted about three times its limit and opened the breaker.
 """
