@@ -1,7 +1,7 @@
 """Black box: 2 gunicorn instances x 3 gthread workers x 4 threads on one real Redis.
 
 Concurrent requests from many client threads, spread over both instances: for every exact
-algorithm exactly N pass (the limits are per hour, so nothing refills during the test), every
+algorithm exactly N pass (the limits are per day, so nothing refills during the test), every
 other request is a 429, and there is no 5xx. Rotating a forged ``X-Forwarded-For`` buys nothing.
 """
 
