@@ -87,10 +87,12 @@ def free_port() -> int:
 
 
 def free_cluster_port() -> int:
-    """A free port whose cluster bus port (port + 10000) is free and valid too."""
+    """A free port whose cluster bus port (port + 10000) is free and valid too, both below the
+    kernel's ephemeral range (from 32768 by default): there, a client's outgoing connection could
+    take the bus port between this check and the server's bind (a CI run lost a node so)."""
     rng = random.Random()
     for _ in range(200):
-        port = rng.randrange(20000, 45000)
+        port = rng.randrange(10000, 22700)
         try:
             with socket.socket() as a, socket.socket() as b:
                 a.bind(("127.0.0.1", port))
@@ -151,8 +153,13 @@ class RedisProcess:
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                raise RuntimeError(f"redis-server on port {self.port} exited at start: {err}")
+                err = ""
+                if self.proc.stderr:
+                    err = self.proc.stderr.read().decode()
+                    self.proc.stderr.close()
+                log = Path(self.workdir) / "redis.log"
+                tail = log.read_text(errors="replace")[-500:] if log.exists() else ""
+                raise RuntimeError(f"redis-server on port {self.port} exited at start: {err}{tail}")
             try:
                 if self.client(socket_timeout=0.5).ping():
                     return self
@@ -424,7 +431,13 @@ def start_cluster(
     nodes: list[RedisProcess] = []
     try:
         for _ in range(primaries * (1 + replicas)):
-            nodes.append(RedisProcess(port=free_cluster_port(), args=list(args)).start())
+            for attempt in range(3):  # a port taken between its check and the bind: another
+                try:
+                    nodes.append(RedisProcess(port=free_cluster_port(), args=list(args)).start())
+                    break
+                except RuntimeError:
+                    if attempt == 2:
+                        raise
         addresses = [f"127.0.0.1:{n.port}" for n in nodes]
         command = [cli, "--cluster", "create", *addresses, "--cluster-replicas", str(replicas)]
         created = subprocess.run(
