@@ -162,11 +162,12 @@ class Checks:
                 address = data.client_ip = self.resolver.client_ip(environ)
             tag = self.identity_tag(address)
             for b in self.global_limits:
-                resolved: Sequence[BoundLimit] = (b,)
-                if b.dynamic is not None:  # a callable DISTLIMIT_GLOBAL_LIMITS: its answer
-                    room = MAX_LIMITS_PER_REQUEST - len(checks) - len(route_limits)
-                    resolved = self._resolved(b, tag, None, room, plan, data)
-                for r in resolved:
+                if b.dynamic is None:  # the common case: no tuple to make per request
+                    checks.append(b.check(tag, every_cost))
+                    bounds.append(b)
+                    continue
+                room = MAX_LIMITS_PER_REQUEST - len(checks) - len(route_limits)
+                for r in self._resolved(b, tag, None, room, plan, data):  # a callable's answer
                     checks.append(r.check(tag, every_cost))
                     bounds.append(r)
         itag = ""
