@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, field
+from typing import Any
 
 from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.frozen import slot_setters
@@ -51,6 +52,9 @@ class Check:
     #: charge ``cost`` whatever is left, past the limit if need be (a reservation settled
     #: higher: the quota goes into debt); never denies
     debt: bool = False
+    #: the declared limit it applies (a :class:`~flask_distlimit.declare.route_limits.BoundLimit`)
+    #: on the request path, for its name, policy and headers; ``None`` elsewhere. Not compared.
+    bound: Any = field(default=None, compare=False, repr=False)
 
     def __init__(
         self,
@@ -64,6 +68,7 @@ class Check:
         release: bool = False,
         meta: bool = False,
         debt: bool = False,
+        bound: Any = None,
     ) -> None:  # frozen, at a plain class's cost (flask_distlimit.frozen)
         _check_key(self, key)
         _check_algorithm(self, algorithm)
@@ -75,6 +80,7 @@ class Check:
         _check_release(self, release)
         _check_meta(self, meta)
         _check_debt(self, debt)
+        _check_bound(self, bound)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +169,7 @@ class Evaluation:
     _check_release,
     _check_meta,
     _check_debt,
+    _check_bound,
 ) = slot_setters(
     Check,
     "key",
@@ -175,6 +182,7 @@ class Evaluation:
     "release",
     "meta",
     "debt",
+    "bound",
 )
 (
     _decision_allowed,

@@ -103,21 +103,27 @@ class BoundLimit:
         return self.key_head + tag + self.key_tail
 
     def check(self, tag: str, cost: int) -> Check:
-        """The :class:`~flask_distlimit.core.decision.Check` of this limit for an identity tag."""
-        if cost != 1:
-            return Check(
-                self.key(tag), self.algorithm, self.rate.amount, self.rate.period, cost, self.shadow
-            )
+        """The :class:`~flask_distlimit.core.decision.Check` of this limit for an identity tag
+        (a cost of 1, the usual one, kept per tag)."""
         kept = self._unit_checks
-        found = kept.get(tag)
-        if found is None:
+        if cost == 1:
+            found = kept.get(tag)
+            if found is not None:
+                return found
+        check = Check(
+            self.key(tag),
+            self.algorithm,
+            self.rate.amount,
+            self.rate.period,
+            cost,
+            self.shadow,
+            bound=self,
+        )
+        if cost == 1:
             if len(kept) >= _CHECKS_KEPT:
                 kept.clear()
-            found = Check(
-                self.key(tag), self.algorithm, self.rate.amount, self.rate.period, 1, self.shadow
-            )
-            kept[tag] = found
-        return found
+            kept[tag] = check
+        return check
 
 
 def _call_scope(spec: LimitSpec, endpoint: str) -> str:

@@ -33,9 +33,8 @@ _SUFFIX: Final = ":" + CONCURRENCY
 def slot_check(b: BoundLimit, tag: str, lease: int) -> Check:
     """A check taking one slot of the concurrency limit ``b`` for an identity tag, under a
     fresh token, for ``lease`` seconds."""
-    return Check(
-        b.key(tag), CONCURRENCY, b.rate.amount, lease, 1, token=secrets.randbelow(_TOKEN_LIMIT) + 1
-    )
+    token = secrets.randbelow(_TOKEN_LIMIT) + 1
+    return Check(b.key(tag), CONCURRENCY, b.rate.amount, lease, 1, token=token, bound=b)
 
 
 def is_slot_key(key: str) -> bool:

@@ -62,9 +62,6 @@ class Fleet:
     def slots(self, priority: Priority) -> int:
         return self._bounds[priority].rate.amount
 
-    def bound(self, priority: Priority) -> BoundLimit:
-        return self._bounds[priority]
-
     def check(self, priority: Priority) -> Check:
         """A check taking one of ``priority``'s slots of the fleet, under a fresh token."""
         return slot_check(self._bounds[priority], FLEET_TAG, self.lease)

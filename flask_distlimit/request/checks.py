@@ -38,9 +38,9 @@ log = logging.getLogger("flask_distlimit")
 _QUIET_KEPT: Final = 10_000
 
 
-#: The checks of one storage call, each with its bound limit, who was identified, and whether
-#: the call is simple: no slot and no shadow limit among them (their scans are skipped).
-Built = tuple[list[Check], list[BoundLimit], Identity | None, bool]
+#: The checks of one storage call (each carries its bound limit), who was identified, and
+#: whether the call is simple: no slot and no shadow limit among them (their scans are skipped).
+Built = tuple[list[Check], Identity | None, bool]
 
 
 def _cost_value(b: BoundLimit, default: int) -> int:
@@ -146,11 +146,8 @@ class Checks:
             # A CORS preflight: the browser's, not the client's request; global limits only.
             route_limits, needs_identity, tiers = (), False, False
         checks: list[Check] = []
-        bounds: list[BoundLimit] = []
         if every_request and fleet and self.fleet is not None:
-            priority = self.priority()
-            checks.append(self.fleet.check(priority))
-            bounds.append(self.fleet.bound(priority))
+            checks.append(self.fleet.check(self.priority()))
         identity: Identity | None = None
         if (tiers and self.tier_limits) or needs_identity or self.meta_limits:
             identity = self.resolver.identify(req, self.hooks)
@@ -164,12 +161,10 @@ class Checks:
             for b in self.global_limits:
                 if b.dynamic is None:  # the common case: no tuple to make per request
                     checks.append(b.check(tag, every_cost))
-                    bounds.append(b)
                     continue
                 room = MAX_LIMITS_PER_REQUEST - len(checks) - len(route_limits)
                 for r in self._resolved(b, tag, None, room, plan, data):  # a callable's answer
                     checks.append(r.check(tag, every_cost))
-                    bounds.append(r)
         itag = ""
         # DISTLIMIT_CONDITIONAL_COST=0: the request claims to revalidate, but only a 304 proves
         # it; route limits reserve the cost now and give it back after a response that is a 304.
@@ -181,11 +176,9 @@ class Checks:
             if tiers:
                 for b in self.tier_limits.get(identity.tier, ()):
                     checks.append(b.check(itag, every_cost))
-                    bounds.append(b)
         if plain:  # the common case: no option of a limit to call or resolve
             for b in route_limits:
                 checks.append(b.check(itag, default_cost))
-            bounds += route_limits
             route_limits = ()
         fixed = len(route_limits)  # route limits not yet added (a room for dynamic values)
         for b in route_limits:
@@ -214,12 +207,10 @@ class Checks:
                 continue
             if b.algorithm == CONCURRENCY:  # a slot, not a cost (defences.concurrency)
                 checks.append(slot_check(b, tag, self.lease))
-                bounds.append(b)
                 continue
             unproved = revalidation and b.cost is None  # free only if the answer is a 304
             if b.dynamic is None and not deduction.reserved(b, unproved=unproved):  # common case
                 checks.append(b.check(tag, cost))
-                bounds.append(b)
                 continue
             room = MAX_LIMITS_PER_REQUEST - len(checks) - fixed
             tier = identity.tier if identity is not None else None
@@ -230,19 +221,18 @@ class Checks:
                         check, r, unproved, plan.policy, cost_after
                     )
                 checks.append(check)
-                bounds.append(r)
         if not checks:
             return None
         if self.meta_limits and identity is not None and plan.meta_limits:
             # After the others: a breach of any of them is counted in the same script call.
             itag = itag or self.identity_tag(identity.value)
             for b in self.meta_limits:
+                key = b.key(itag)
                 checks.append(
-                    Check(b.key(itag), b.algorithm, b.rate.amount, b.rate.period, meta=True)
+                    Check(key, b.algorithm, b.rate.amount, b.rate.period, meta=True, bound=b)
                 )
-                bounds.append(b)
-            return checks, bounds, identity, False
-        return checks, bounds, identity, plain and (not every_request or self.every_plain)
+            return checks, identity, False
+        return checks, identity, plain and (not every_request or self.every_plain)
 
     def _resolved(
         self,

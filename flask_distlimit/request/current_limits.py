@@ -12,13 +12,14 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from flask import has_request_context, request
 
 from flask_distlimit.core.algorithms import CONCURRENCY
 from flask_distlimit.core.limits import Rate
 from flask_distlimit.errors import ClearedAddressWarning
+from flask_distlimit.request.headers import Evaluated
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 __all__ = [
     "AppLimits",
     "Clearable",
-    "Evaluated",
     "RequestLimit",
     "RoutePlans",
     "breached_rates",
@@ -85,17 +85,6 @@ class Clearable(AppLimits, Protocol):
     identity_tag: Callable[[str], str]
 
 
-class Evaluated(NamedTuple):
-    """The limits one storage call of the request evaluated (kept with the request as they
-    are: read only when asked). A named tuple: every request builds one, and a frozen
-    dataclass costs a microsecond more to build."""
-
-    checks: Sequence[Check]
-    bounds: Sequence[BoundLimit]
-    decisions: Sequence[Decision]
-    wall: float  #: the wall clock (seconds) when they were decided
-
-
 @dataclass(frozen=True, slots=True)
 class _One:
     check: Check
@@ -146,9 +135,9 @@ def _evaluated(state: AppLimits) -> list[_One]:
         return []
     batches: list[Evaluated] = data.evaluated
     return [
-        _One(c, b, d, not d.allowed, e.wall)
+        _One(c, c.bound, d, not d.allowed, e.wall)
         for e in batches
-        for c, b, d in zip(e.checks, e.bounds, e.decisions, strict=True)
+        for c, d in zip(e.checks, e.decisions, strict=True)
     ]
 
 

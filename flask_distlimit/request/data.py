@@ -9,8 +9,7 @@ from flask_distlimit.core.decision import Decision
 from flask_distlimit.declare.route_limits import BoundLimit
 from flask_distlimit.defences.concurrency import SlotRelease
 from flask_distlimit.request import deduction
-from flask_distlimit.request.current_limits import Evaluated
-from flask_distlimit.request.headers import Report
+from flask_distlimit.request.headers import Evaluated, Report
 
 __all__ = ["RequestData", "report_of"]
 

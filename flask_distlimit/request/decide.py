@@ -24,9 +24,8 @@ from flask_distlimit.defences.deny_cache import DenyCache
 from flask_distlimit.defences.lifecycle import Lifecycle
 from flask_distlimit.defences.shadow import ShadowLog
 from flask_distlimit.identity import Identity
-from flask_distlimit.request.current_limits import Evaluated
 from flask_distlimit.request.data import RequestData, report_of
-from flask_distlimit.request.headers import Report
+from flask_distlimit.request.headers import Evaluated, Report
 from flask_distlimit.request.plans import Plans
 from flask_distlimit.request.refuse import Refusals
 from flask_distlimit.resilience.guard import Guard
@@ -59,38 +58,33 @@ class Decider:
     def _unaffordable(
         self,
         check: Check,
-        b: BoundLimit,
         identity: Identity | None,
         data: RequestData,
         checks: Sequence[Check],
-        bounds: Sequence[BoundLimit],
         policy: FailurePolicy | None,
     ) -> None:
-        """A request that can never pass ``b`` still counts against the request's global and
+        """A request that can never pass ``check`` still counts against the request's global and
         tier limits among ``checks`` (decided first, in one storage call: one of them may
         refuse it instead), as every refused request that reaches no view does, so such
         requests cannot flood past them."""
         data.deferred.clear()  # a refused request is never charged after its response
         every = [
-            (c, e)
-            for c, e in zip(checks, bounds, strict=True)
-            if e.limit_id.startswith(("g:", "t:")) and c.cost <= c.limit
+            c for c in checks if c.bound.limit_id.startswith(("g:", "t:")) and c.cost <= c.limit
         ]
         if every:  # raises the 429 (or 503) of a global or tier limit that refuses
-            self.decide([c for c, _ in every], [e for _, e in every], identity, policy, data)
-        self.refusals.unaffordable(check, b, identity, data)
+            self.decide(every, identity, policy, data)
+        self.refusals.unaffordable(check, identity, data)
 
     def _from_cache(
         self,
         checks: list[Check],
-        bounds: list[BoundLimit],
         identity: Identity | None,
         data: RequestData,
         cache: DenyCache,
     ) -> None:
         """Refuse the request if the deny cache holds a denial of one of its checks."""
         now = self.local_clock()
-        for c, b in zip(checks, bounds, strict=True):
+        for c in checks:
             denial = cache.lookup(c.key, c.cost, now)
             if denial is None:
                 continue
@@ -98,6 +92,7 @@ class Decider:
             metrics = self.guard.metrics
             if metrics is not None:  # count the refusal as if the storage had made it
                 metrics.evaluated([c], Evaluation((Decision(False, denial.limit, 0, wait, wait),)))
+            b: BoundLimit = c.bound
             report = Report(
                 name=denial.name,
                 limit=denial.limit,
@@ -109,37 +104,37 @@ class Decider:
                 quoted=b.quoted,
                 algorithm=b.algorithm,
             )
-            self.refusals.refuse(
-                [report], [c.key], identity, data, from_cache=True, denied_bounds=[b]
-            )
+            self.refusals.refuse([report], [c], identity, data, from_cache=True)
 
     def decide(
         self,
         checks: list[Check],
-        bounds: list[BoundLimit],
         identity: Identity | None,
         policy: FailurePolicy | None,
         data: RequestData,
         *,
         simple: bool = False,
     ) -> None:
-        """Decide ``checks`` (``bounds``: their limits) under the failure policy ``policy``;
-        raise on a refusal. ``simple``: no slot and no shadow limit among them."""
-        for c, b in zip(checks, bounds, strict=True):
+        """Decide ``checks`` under the failure policy ``policy``; raise on a refusal.
+        ``simple``: no slot and no shadow limit among them."""
+        for c in checks:
             if c.cost > c.limit:
-                self._unaffordable(c, b, identity, data, checks, bounds, policy)
+                self._unaffordable(c, identity, data, checks, policy)
         if len(checks) > 1 and len(set(map(_KEY, checks))) != len(checks):
-            checks, bounds = _dedupe(checks, bounds)
+            first: dict[str, Check] = {}
+            for c in checks:
+                first.setdefault(c.key, c)  # one check per key: the first
+            checks = list(first.values())
         cache = self.deny_cache
         if cache is not None and len(cache):
-            self._from_cache(checks, bounds, identity, data, cache)
+            self._from_cache(checks, identity, data, cache)
         leasing = self.plans.leasing
-        if leasing and len(checks) == 1 and bounds[0].lease:  # resilience.leases
+        if leasing and len(checks) == 1 and checks[0].bound.lease:  # resilience.leases
             leased = self.leases.spend_one(checks[0])
             if leased is not None:  # the usual leased request: no storage call
                 # no slot, shadow or deduct_when limit can be leased
-                data.evaluated.append(Evaluated(checks, bounds, (leased,), self.wall()))
-                report = report_of(bounds[0], leased, denied=False)
+                data.evaluated.append(Evaluated(checks, (leased,), self.wall()))
+                report = report_of(checks[0].bound, leased, denied=False)
                 if data.report is None or report.remaining < data.report.remaining:
                     data.report = report
                 return
@@ -151,8 +146,8 @@ class Decider:
                 self.lifecycle.ledger(request.environ).take(data.slots)
             data.slots.add(slots)
         started = self.local_clock()
-        if leasing and any(b.lease for b in bounds):  # flask_distlimit.resilience.leases
-            outcome = self.leases.evaluate(checks, bounds, policy=policy, now_us=self.storage_now())
+        if leasing and any(c.bound.lease for c in checks):  # flask_distlimit.resilience.leases
+            outcome = self.leases.evaluate(checks, policy=policy, now_us=self.storage_now())
         else:
             outcome = self.guard.evaluate(checks, policy=policy, now_us=self.storage_now())
             if leasing:  # after a storage call: leased units left unspent go back
@@ -171,24 +166,23 @@ class Decider:
             return
         decisions = evaluation.decisions
         # kept as they are; limiter.current_limits reads them only when asked
-        data.evaluated.append(Evaluated(checks, bounds, decisions, self.wall()))
+        data.evaluated.append(Evaluated(checks, decisions, self.wall()))
         if data.deferred or not simple:
-            self._shadow(checks, bounds, decisions, data, simple=simple)
+            self._shadow(checks, decisions, data, simple=simple)
         if not evaluation.allowed:
             finished = self.local_clock()
             denied_reports: list[Report] = []
-            denied_keys: list[str] = []
-            denied_bounds: list[BoundLimit] = []
+            denied: list[Check] = []
             meta = not simple and checks[-1].meta  # meta checks come last (request.checks)
             by_meta = meta and any(
                 c.meta and not d.allowed for c, d in zip(checks, decisions, strict=True)
             )
-            for c, b, d in zip(checks, bounds, decisions, strict=True):
+            for c, d in zip(checks, decisions, strict=True):
                 if d.allowed or c.meta != by_meta:
                     continue
+                b = c.bound
                 denied_reports.append(report_of(b, d, denied=True))
-                denied_keys.append(c.key)
-                denied_bounds.append(b)
+                denied.append(c)
                 if cache is not None and not outcome.degraded and not c.token and by_meta == meta:
                     cache.record(
                         c.key,
@@ -202,13 +196,7 @@ class Decider:
                         reset_after=d.reset_after,
                     )
             self.refusals.refuse(
-                denied_reports,
-                denied_keys,
-                identity,
-                data,
-                from_cache=False,
-                degraded=outcome.degraded,
-                denied_bounds=denied_bounds,
+                denied_reports, denied, identity, data, from_cache=False, degraded=outcome.degraded
             )
         # allowed: report the limit with the fewest units left (ties: the latest reset); never
         # a shadow limit (clients would slow down for a limit that is not enforced)
@@ -230,7 +218,7 @@ class Decider:
                     d.remaining == best_d.remaining and d.reset_after > best_d.reset_after
                 ):
                     best, best_d = i, d
-        report = report_of(bounds[best], decisions[best], denied=False)
+        report = report_of(checks[best].bound, decisions[best], denied=False)
         if data.report is None or report.remaining < data.report.remaining:
             data.report = report
         data.degraded = data.degraded or outcome.degraded
@@ -238,7 +226,6 @@ class Decider:
     def _shadow(
         self,
         checks: list[Check],
-        bounds: list[BoundLimit],
         decisions: Sequence[Decision],
         data: RequestData,
         *,
@@ -251,23 +238,10 @@ class Decider:
         if not simple and any(d.shadow_denied for d in decisions):
             self.shadow_log.would_deny(
                 [
-                    (c.key, b.name, b.rate.period)
-                    for c, b, d in zip(checks, bounds, decisions, strict=True)
+                    (c.key, c.bound.name, c.bound.rate.period)
+                    for c, d in zip(checks, decisions, strict=True)
                     if d.shadow_denied
                 ],
                 request.method,
                 request.endpoint,
             )
-
-
-def _dedupe(checks: list[Check], bounds: list[BoundLimit]) -> tuple[list[Check], list[BoundLimit]]:
-    """One check per key (the first), with its bound limit."""
-    seen: set[str] = set()
-    kept_checks: list[Check] = []
-    kept_bounds: list[BoundLimit] = []
-    for c, b in zip(checks, bounds, strict=True):
-        if c.key not in seen:
-            seen.add(c.key)
-            kept_checks.append(c)
-            kept_bounds.append(b)
-    return kept_checks, kept_bounds

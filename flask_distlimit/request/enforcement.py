@@ -234,7 +234,7 @@ class Enforcer:
             exempt = bool(self._filters and filtered(self._filters))
             if not exempt:  # after every hook, unless it was decided before them
                 self._state.shedding.admit()
-        if plan.idle and not self._every_request:
+        if not self._every_request and plan.idle:
             return None  # nothing to count, nothing a wrapper could need to know
         if not (exempt or asked) and self._filters:
             exempt = filtered(self._filters)
@@ -246,8 +246,8 @@ class Enforcer:
             except LimitUnresolved:
                 self._refusals.unavailable(data, busy=False, unresolved=True)
             if built is not None:
-                checks, bounds, identity, simple = built
-                self._decider.decide(checks, bounds, identity, plan.policy, data, simple=simple)
+                checks, identity, simple = built
+                self._decider.decide(checks, identity, plan.policy, data, simple=simple)
         return data
 
     def reached(self, carrier: object, specs: Sequence[LimitSpec]) -> None:
@@ -318,8 +318,8 @@ class Enforcer:
         except LimitUnresolved:
             self._refusals.unavailable(data, busy=False, unresolved=True)
         if built is not None:
-            checks, bounds, identity, simple = built
-            self._decider.decide(checks, bounds, identity, plan.policy, data, simple=simple)
+            checks, identity, simple = built
+            self._decider.decide(checks, identity, plan.policy, data, simple=simple)
 
     # -- after the view ------------------------------------------------------------------------
 

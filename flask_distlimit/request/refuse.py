@@ -98,17 +98,17 @@ class Refusals:
     def refuse(
         self,
         reports: list[Report],
-        keys: list[str],
+        denied: Sequence[Check],
         identity: Identity | None,
         data: RequestData,
         *,
         from_cache: bool,
         degraded: bool = False,
-        denied_bounds: Sequence[BoundLimit] = (),
     ) -> NoReturn:
-        """Log, call the breach hook and raise the 429 for the denied limits ``reports``
-        (stored under ``keys``)."""
+        """Log, call the breach hook and raise the 429 for the denied checks ``denied``
+        (``reports``: what each says)."""
         data.deferred.clear()  # a refused request is never charged after its response
+        keys = [c.key for c in denied]
         concurrency = all(map(is_slot_key, keys))
         if concurrency and self.fleet_key is not None and self.fleet_key in keys:
             self.shed(data)
@@ -132,7 +132,7 @@ class Refusals:
             digest,
             tier,
             from_cache=from_cache,
-            denied=denied_bounds,
+            denied=[c.bound for c in denied],
             concurrency=concurrency,
         )
 
@@ -162,12 +162,11 @@ class Refusals:
             retry_after=data.retry_after, instance=request.path, busy=busy, detail=detail
         )
 
-    def unaffordable(
-        self, check: Check, b: BoundLimit, identity: Identity | None, data: RequestData
-    ) -> NoReturn:
-        """Refuse a request that costs more than the limit ``b`` allows in a whole window: it
-        can never pass, so no ``Retry-After`` promises that it will. Its INFO line is logged
-        once per client and limit per window at most, as breaches are."""
+    def unaffordable(self, check: Check, identity: Identity | None, data: RequestData) -> NoReturn:
+        """Refuse a request that costs more than the limit of ``check`` allows in a whole
+        window: it can never pass, so no ``Retry-After`` promises that it will. Its INFO line
+        is logged once per client and limit per window at most, as breaches are."""
+        b: BoundLimit = check.bound
         data.deferred.clear()  # a refused request is never charged after its response
         data.report, data.denied, data.retry_after = None, True, None
         digest = self._digest(identity, _tag(check.key))

@@ -265,7 +265,6 @@ class Leases:
     def evaluate(
         self,
         checks: Sequence[Check],
-        bounds: Sequence[BoundLimit],
         *,
         policy: FailurePolicy | None,
         now_us: int | None,
@@ -279,11 +278,12 @@ class Leases:
         local: dict[int, tuple[Lease, Spent]] = {}
         asks: list[_Ask] = []
         plain: list[int] = []
-        for i, (c, b) in enumerate(zip(checks, bounds, strict=True)):
-            if b.lease is False or c.cost <= 0 or c.shadow:
+        for i, c in enumerate(checks):
+            leased = c.bound.lease if c.bound is not None else False
+            if leased is False or c.cost <= 0 or c.shadow:
                 plain.append(i)
                 continue
-            lease = self._lease(c, b.lease, now)
+            lease = self._lease(c, leased, now)
             # renewed only while the breaker of the lease key's own node (Redis Cluster) is
             # closed: a top-up never goes to the failure policy (asked only when one is due)
             spent, renew = lease.take(c.cost, now, functools.partial(_renewable, guard, c.key))

@@ -52,12 +52,15 @@ class EvalshaPacker:
         extra = token is not None
         n = len(keys) + extra
         values = (*keys, token, *args, mark) if extra else (*keys, *args)
-        if self._as_text:
-            body = _ascii_body(values)
-            if body is not None:  # one string, encoded once
-                return (
-                    f"*{3 + len(values)}\r\n{self._text_head}${len(str(n))}\r\n{n}\r\n{body}"
-                ).encode("ascii")
+        if self._as_text:  # ASCII text values: one string, encoded once (a character a byte)
+            body = f"*{3 + len(values)}\r\n{self._text_head}${len(str(n))}\r\n{n}\r\n"
+            for value in values:
+                if not isinstance(value, str):  # an int argument
+                    break
+                body += f"${len(value)}\r\n{value}\r\n"
+            else:
+                if body.isascii():
+                    return body.encode("ascii")
         count = str(n).encode("ascii")
         parts = [
             b"*%d\r\n" % (3 + len(values)),
@@ -69,13 +72,3 @@ class EvalshaPacker:
             data = str(value).encode(encoding, errors)
             parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
         return b"".join(parts)
-
-
-def _ascii_body(values: Sequence[object]) -> str | None:
-    """The RESP bulk strings of ``values`` as one string; ``None`` unless every value is ASCII
-    text (then a character is a byte)."""
-    try:
-        body = "".join([f"${len(value)}\r\n{value}\r\n" for value in values])  # type: ignore[arg-type]
-    except TypeError:  # an int argument (no len())
-        return None
-    return body if body.isascii() else None

@@ -198,7 +198,12 @@ class Pipeline:
                 connection = self.pool.checkout(wait_until, probe=False, connect_by=due)
             else:
                 self.pool.ready(connection, due)
-            batch = self._take([call])
+            with self._lock:  # the calls queued meanwhile, up to max_batch, are taken
+                queue = self._queue
+                while queue and len(batch) < self.max_batch:
+                    taken = queue.popleft()
+                    taken.state = _TAKEN
+                    batch.append(taken)
             sent = batch if due is None else self._expire(batch)
             if sent:
                 self._run(
@@ -217,16 +222,6 @@ class Pipeline:
                 raise  # an interrupt of the leader's own (a signal handler's, a timeout's)
             return
         self._hand_on(connection)
-
-    def _take(self, batch: list[Call]) -> list[Call]:
-        """``batch`` and the calls queued, up to :attr:`max_batch`, taken."""
-        with self._lock:
-            queue = self._queue
-            while queue and len(batch) < self.max_batch:
-                taken = queue.popleft()
-                taken.state = _TAKEN
-                batch.append(taken)
-        return batch
 
     def _expire(self, batch: list[Call]) -> list[Call]:
         """Redis late: the calls of ``batch`` whose deadline has passed are answered with a

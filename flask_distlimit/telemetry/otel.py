@@ -276,9 +276,9 @@ def _allowed(one: Any) -> bool:
 def _refused(data: Any) -> str | None:
     """The declared name of the first limit a storage call of the request refused."""
     for one in data.evaluated:
-        for c, b, d in zip(one.checks, one.bounds, one.decisions, strict=True):
+        for c, d in zip(one.checks, one.decisions, strict=True):
             if not d.allowed and not c.shadow:
-                return str(b.name)
+                return str(c.bound.name)
     return None
 
 

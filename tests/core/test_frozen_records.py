@@ -21,7 +21,7 @@ RECORDS: list[tuple[type, dict[str, Any]]] = [
         Check,
         dict(
             key="k", algorithm="fixed_window", limit=5, period=60, cost=2, shadow=True,
-            token=7, release=True, meta=True, debt=True,
+            token=7, release=True, meta=True, debt=True, bound="g:5/minute",
         ),
     ),
     (
@@ -85,7 +85,7 @@ def test_record_copies_pickles_and_shows_as_a_generated_one(
     for protocol in range(pickle.HIGHEST_PROTOCOL + 1):  # caches, Celery: any protocol
         again = pickle.loads(pickle.dumps(record, protocol))
         assert again == record and type(again) is cls
-    shown = ", ".join(f"{name}={value!r}" for name, value in values.items())
+    shown = ", ".join(f"{f.name}={values[f.name]!r}" for f in dataclasses.fields(cls) if f.repr)
     assert repr(record) == f"{cls.__qualname__}({shown})"
     for field in dataclasses.fields(cls):  # every field stays frozen, set or deleted
         with pytest.raises(dataclasses.FrozenInstanceError):
