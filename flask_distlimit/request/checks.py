@@ -149,15 +149,21 @@ class Checks:
         if every_request and fleet and self.fleet is not None:
             checks.append(self.fleet.check(self.priority()))
         identity: Identity | None = None
+        itag = ""  # the identity's tag
         if (tiers and self.tier_limits) or needs_identity or self.meta_limits:
             identity = self.resolver.identify(req, self.hooks)
+            itag = self.identity_tag(identity.value)
             if identity.kind == "ip":  # an anonymous client: its identity is its address
                 data.client_ip = identity.value
         if app_wide and self.global_limits:
             address = data.client_ip
             if address is None:
                 address = data.client_ip = self.resolver.client_ip(environ)
-            tag = self.identity_tag(address)
+            tag = (
+                itag
+                if identity is not None and identity.kind == "ip"
+                else self.identity_tag(address)
+            )
             for b in self.global_limits:
                 if b.dynamic is None:  # the common case: no tuple to make per request
                     checks.append(b.check(tag, every_cost))
@@ -165,17 +171,14 @@ class Checks:
                 room = MAX_LIMITS_PER_REQUEST - len(checks) - len(route_limits)
                 for r in self._resolved(b, tag, None, room, plan, data):  # a callable's answer
                     checks.append(r.check(tag, every_cost))
-        itag = ""
         # DISTLIMIT_CONDITIONAL_COST=0: the request claims to revalidate, but only a 304 proves
         # it; route limits reserve the cost now and give it back after a response that is a 304.
         revalidation = default_cost == 0 and bool(route_limits)
         if revalidation:
             plain = False
-        if identity is not None:
-            itag = self.identity_tag(identity.value)
-            if tiers:
-                for b in self.tier_limits.get(identity.tier, ()):
-                    checks.append(b.check(itag, every_cost))
+        if identity is not None and tiers:
+            for b in self.tier_limits.get(identity.tier, ()):
+                checks.append(b.check(itag, every_cost))
         if plain:  # the common case: no option of a limit to call or resolve
             for b in route_limits:
                 checks.append(b.check(itag, default_cost))
@@ -225,7 +228,6 @@ class Checks:
             return None
         if self.meta_limits and identity is not None and plan.meta_limits:
             # After the others: a breach of any of them is counted in the same script call.
-            itag = itag or self.identity_tag(identity.value)
             for b in self.meta_limits:
                 key = b.key(itag)
                 checks.append(

@@ -209,7 +209,8 @@ class Pipeline:
                 self._run(
                     connection, sent, None if due is None else sent[0].asked + self.pool.timeout
                 )
-            self._wake(batch, call)
+            if len(batch) > 1:
+                self._wake(batch, call)
         except BaseException as exc:
             if connection is not None:
                 self.pool.broken(connection)  # a reply may be left unread
@@ -341,12 +342,11 @@ class Pipeline:
             leader.error, leader.lost = exc, False
 
     def _wake(self, batch: list[Call], leader: Call) -> None:
-        """Wake the followers of ``batch``: each is answered."""
+        """Wake the followers of ``batch`` (all but its ``leader``): each is answered."""
         for call in batch:
             if call is not leader:
                 call.state = _DONE
                 call.wake.release()
-        leader.state = _DONE
 
     def _hand_on(self, connection: Any) -> None:
         """Hand the connection to the oldest queued call (it leads next), or give it back."""

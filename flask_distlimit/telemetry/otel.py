@@ -117,19 +117,20 @@ class OTelMetrics(Instruments):
     def storage_call(self, seconds: float, outcome: str = "ok") -> None:
         self.storage_latency.record(seconds, {"distlimit.outcome": outcome})
 
-    def _decided(self, fallback: bool, checks: Sequence[Check], evaluation: Evaluation) -> None:
+    def evaluated(
+        self, checks: Sequence[Check], evaluation: Evaluation, fallback: bool = False
+    ) -> None:
         counter = self.fallback_decisions if fallback else self.decisions
+        allowed = True
         for check, decision in zip(checks, evaluation.decisions, strict=False):
             label = limit_label(check.key)
             outcome = "allowed" if decision.allowed else "denied"
+            allowed = allowed and decision.allowed
             counter.add(1, {"distlimit.limit": label, "distlimit.outcome": outcome})
             if decision.shadow_denied:
                 self.shadow_denials.add(1, {"distlimit.limit": label})
-        if evaluation.allowed:
+        if allowed:  # the slots taken
             self.slots_taken(checks, 1)
-
-    def evaluated(self, checks: Sequence[Check], evaluation: Evaluation) -> None:
-        self._decided(False, checks, evaluation)
 
     def degraded(self, checks: Sequence[Check], evaluation: Evaluation | None) -> None:
         for check in checks:
@@ -137,7 +138,7 @@ class OTelMetrics(Instruments):
                 1, {"distlimit.limit": limit_label(check.key), "distlimit.outcome": "degraded"}
             )
         if evaluation is not None:
-            self._decided(True, checks, evaluation)
+            self.evaluated(checks, evaluation, fallback=True)
 
     def slots_taken(self, checks: Iterable[Check], sign: int) -> None:
         """Count the concurrency slots of ``checks`` taken (``sign`` 1) or given back (-1)."""
