@@ -22,24 +22,25 @@ def _kind(b: BoundLimit) -> str:
 
 def _key_kind(b: BoundLimit) -> str:
     if b.keyed_on == "func":
-        func = b.key_func
+        func = b.spec.key_func
         return f"key_func {getattr(func, '__qualname__', func)}"
     return "client ip" if b.keyed_on == "ip" else "identity"
 
 
 def _notes(b: BoundLimit) -> str:
     notes: list[str] = []
+    spec = b.spec
     if b.dynamic is not None:
         notes.append("per tier" if b.dynamic.value.by_tier else "per identity (callable)")
-    if b.unit != "requests":
-        notes.append(b.unit)
-    if b.deduct_when is not None:
+    if spec.unit != "requests":
+        notes.append(spec.unit)
+    if spec.deduct_when is not None:
         notes.append("deduct_when")
-    if b.settle is not None:
+    if spec.settle is not None:
         notes.append("settle")
-    if b.cost is not None and b.cost != 1:
-        notes.append(f"cost {b.cost if isinstance(b.cost, int) else 'callable'}")
-    if b.exempt_when is not None:
+    if spec.cost is not None and spec.cost != 1:
+        notes.append(f"cost {spec.cost if isinstance(spec.cost, int) else 'callable'}")
+    if spec.exempt_when is not None:
         notes.append("exempt_when")
     return ", ".join(notes)
 

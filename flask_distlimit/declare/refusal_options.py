@@ -26,14 +26,16 @@ def breach_hooks(
     denied: Sequence[BoundLimit], app_hook: LimitBreachHook | None
 ) -> list[LimitBreachHook]:
     """The hooks to call, in order: ``app_hook``, then each denied limit's own, each once."""
-    hooks = dict.fromkeys(h for h in (app_hook, *(b.on_breach for b in denied)) if h is not None)
+    hooks = dict.fromkeys(
+        h for h in (app_hook, *(b.spec.on_breach for b in denied)) if h is not None
+    )
     return list(hooks)
 
 
 def error_message(denied: Sequence[BoundLimit]) -> str | None:
     """The ``error_message`` of the first denied limit that has one, if it answers a string."""
     for b in denied:
-        message = b.error_message
+        message = b.spec.error_message
         if message is None:
             continue
         if isinstance(message, str):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Final, Literal
 
 from flask_distlimit import _typing
 from flask_distlimit.core.algorithms import CONCURRENCY, Algorithm
@@ -35,6 +35,10 @@ _STRICTNESS: dict[_typing.FailurePolicy, int] = {"open": 0, "local": 1, "closed"
 _CHECKS_KEPT = 512
 
 
+#: The options of a bound limit declared without any (the fleet's slots).
+NO_OPTIONS: Final = LimitSpec(kind="global", rates=())
+
+
 @dataclass(frozen=True, slots=True)
 class BoundLimit:
     """One rate of one spec, bound to an app's settings and (for route limits) an endpoint."""
@@ -48,22 +52,13 @@ class BoundLimit:
     key_tail: str  #: ``}:<limit id>:<algorithm>``
     policy: str  #: the ``RateLimit-Policy`` item
     quoted: str  #: the name as a structured-field string
-    key_func: _typing.KeyFunc | None = None
-    cost: int | _typing.CostFunc | None = None
-    exempt_when: _typing.ExemptWhen | None = None
+    #: the declared limit it is a rate of: its options (``key_func``, ``cost``, ``shadow``,
+    #: ``lease``...) are read there, stated once
+    spec: LimitSpec = NO_OPTIONS
     #: a callable or mapping value: the limits of a request come from ``dynamic.resolve``
     #: (this one is a placeholder, never checked itself)
     dynamic: DynamicLimit[BoundLimit] | None = None
-    deduct_when: _typing.DeductWhen | None = None
-    settle: _typing.Settle | None = None
-    #: what it counts: requests, or the bytes of the bodies sent (settled when the body ends)
-    unit: _typing.Unit = "requests"
-    on_breach: _typing.LimitBreachHook | None = None
-    error_message: _typing.ErrorMessage | None = None
     shown: str = ""  #: the declared value, for listings
-    shadow: bool = False  #: counted, never refuses (:mod:`flask_distlimit.defences.shadow`)
-    #: quota leasing (:mod:`flask_distlimit.resilience.leases`): False, True (sized) or units
-    lease: bool | int = False
     _unit_checks: dict[str, Check] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -74,15 +69,16 @@ class BoundLimit:
         (no ``key_func``, cost function, ``exempt_when``, dynamic value, ``deduct_when`` or
         ``settle``),
         neither a concurrency limit nor a shadow one: the request path's common case."""
+        spec = self.spec
         return (
-            self.key_func is None
-            and self.cost is None
-            and self.exempt_when is None
+            spec.key_func is None
+            and spec.cost is None
+            and spec.exempt_when is None
             and self.dynamic is None
-            and self.deduct_when is None
-            and self.settle is None
-            and self.unit == "requests"
-            and not self.shadow
+            and spec.deduct_when is None
+            and spec.settle is None
+            and spec.unit == "requests"
+            and not spec.shadow
             and self.algorithm != CONCURRENCY
         )
 
@@ -94,7 +90,9 @@ class BoundLimit:
     @property
     def needs_identity(self) -> bool:
         """The request's identity is needed: for the key, or for a mapping's tier."""
-        return self.key_func is None or (self.dynamic is not None and self.dynamic.value.by_tier)
+        return self.spec.key_func is None or (
+            self.dynamic is not None and self.dynamic.value.by_tier
+        )
 
     def key(self, tag: str) -> str:
         """The storage key for an identity tag (the app's
@@ -116,7 +114,7 @@ class BoundLimit:
             self.rate.amount,
             self.rate.period,
             cost,
-            self.shadow,
+            self.spec.shadow,
             bound=self,
         )
         if cost == 1:
@@ -258,18 +256,9 @@ def _bound(
         key_tail=tail,
         policy=policy,
         quoted=sf_string(name),
-        key_func=spec.key_func,
-        cost=spec.cost,
-        exempt_when=spec.exempt_when,
+        spec=spec,
         dynamic=dynamic,
-        deduct_when=spec.deduct_when,
-        settle=spec.settle,
-        unit=spec.unit,
-        on_breach=spec.on_breach,
-        error_message=spec.error_message,
         shown=shown,
-        shadow=spec.shadow,
-        lease=spec.lease,
     )
 
 
@@ -284,7 +273,7 @@ def distinct(bound: Iterable[BoundLimit], prefix: str) -> tuple[BoundLimit, ...]
     out: list[BoundLimit] = []
     seen: dict[tuple[str, str], int] = {}
     for b in bound:
-        if b.key_func is not None and b.dynamic is None:
+        if b.spec.key_func is not None and b.dynamic is None:
             n = seen[(b.limit_id, b.algorithm)] = seen.get((b.limit_id, b.algorithm), 0) + 1
             if n > 1:
                 limit_id = f"{b.limit_id}:k{n}"
@@ -420,7 +409,7 @@ def build_plan(
             method=method,
             shadow=shadow,
         ):
-            dedupe = f"{b.limit_id}|{b.algorithm}|{id(b.key_func)}"
+            dedupe = f"{b.limit_id}|{b.algorithm}|{id(b.spec.key_func)}"
             if dedupe not in seen:
                 seen.add(dedupe)
                 bound.append(b)

@@ -44,7 +44,7 @@ Built = tuple[list[Check], Identity | None, bool]
 
 
 def _cost_value(b: BoundLimit, default: int) -> int:
-    cost = b.cost
+    cost = b.spec.cost
     if cost is None:
         return default
     if isinstance(cost, int):
@@ -108,7 +108,7 @@ class Checks:
 
     def __post_init__(self) -> None:
         every = (*self.global_limits, *(b for t in self.tier_limits.values() for b in t))
-        self.every_plain = self.fleet is None and not any(b.shadow for b in every)
+        self.every_plain = self.fleet is None and not any(b.spec.shadow for b in every)
 
     def build(
         self,
@@ -187,20 +187,23 @@ class Checks:
         for b in route_limits:
             fixed -= 1
             tag = itag
+            spec = b.spec
             try:
-                if b.exempt_when is not None and b.exempt_when():
+                if spec.exempt_when is not None and spec.exempt_when():
                     continue
-                if b.key_func is not None:
-                    text = _key_text(b, b.key_func)
+                if spec.key_func is not None:
+                    text = _key_text(b, spec.key_func)
                     if text is None:  # no key: this request is not counted by this limit
                         continue
                     tag = self.identity_tag(text)
                 # Flask-Limiter's order: with deduct_when, a callable cost is called after the
                 # response (it may read what the view sets); 1 is reserved meanwhile.
-                cost_after = b.deduct_when is not None and b.settle is None and callable(b.cost)
+                cost_after = (
+                    spec.deduct_when is not None and spec.settle is None and callable(spec.cost)
+                )
                 cost = (
                     1 if cost_after
-                    else default_cost if b.cost is None or b.algorithm == CONCURRENCY
+                    else default_cost if spec.cost is None or b.algorithm == CONCURRENCY
                     else _cost_value(b, default_cost)
                 )  # fmt: skip
             except HTTPException:  # the app's own answer (request.form["user"]: a 400)
@@ -211,7 +214,7 @@ class Checks:
             if b.algorithm == CONCURRENCY:  # a slot, not a cost (defences.concurrency)
                 checks.append(slot_check(b, tag, self.lease))
                 continue
-            unproved = revalidation and b.cost is None  # free only if the answer is a 304
+            unproved = revalidation and spec.cost is None  # free only if the answer is a 304
             if b.dynamic is None and not deduction.reserved(b, unproved=unproved):  # common case
                 checks.append(b.check(tag, cost))
                 continue

@@ -152,7 +152,7 @@ def current_limits(state: AppLimits) -> list[RequestLimit]:
             reset_at=e.wall + e.decision.reset_after,
             denied=e.denied,
             period=e.check.period,
-            unit=e.bound.unit,
+            unit=e.bound.spec.unit,
         )
         for e in _evaluated(state)
     ]

@@ -129,7 +129,7 @@ class Decider:
         if cache is not None and len(cache):
             self._from_cache(checks, identity, data, cache)
         leasing = self.plans.leasing
-        if leasing and len(checks) == 1 and checks[0].bound.lease:  # resilience.leases
+        if leasing and len(checks) == 1 and checks[0].bound.spec.lease:  # resilience.leases
             leased = self.leases.spend_one(checks[0])
             if leased is not None:  # the usual leased request: no storage call
                 # no slot, shadow or deduct_when limit can be leased
@@ -146,7 +146,7 @@ class Decider:
                 self.lifecycle.ledger(request.environ).take(data.slots)
             data.slots.add(slots)
         started = self.local_clock()
-        if leasing and any(c.bound.lease for c in checks):  # flask_distlimit.resilience.leases
+        if leasing and any(c.bound.spec.lease for c in checks):  # flask_distlimit.resilience.leases
             outcome = self.leases.evaluate(checks, policy=policy, now_us=self.storage_now())
         else:
             outcome = self.guard.evaluate(checks, policy=policy, now_us=self.storage_now())

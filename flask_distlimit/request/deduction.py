@@ -57,10 +57,11 @@ class Deferred:
 def reserved(bound: BoundLimit, *, unproved: bool) -> bool:
     """Whether ``bound`` is reserved before the view and settled after (module docstring): a
     ``deduct_when``, ``settle`` or bytes limit, or a conditional request free only on a 304."""
+    spec = bound.spec
     return (
-        bound.deduct_when is not None
-        or bound.settle is not None
-        or bound.unit != "requests"
+        spec.deduct_when is not None
+        or spec.settle is not None
+        or spec.unit != "requests"
         or unproved
     )
 
@@ -68,7 +69,7 @@ def reserved(bound: BoundLimit, *, unproved: bool) -> bool:
 def _wants_charge(later: Deferred, response: Response) -> bool:
     if later.free_if_not_modified and response.status_code == 304:
         return False
-    when = later.bound.deduct_when
+    when = later.bound.spec.deduct_when
     if when is None:
         return True
     try:
@@ -85,14 +86,14 @@ def _real_cost(later: Deferred, response: Response, sent: int | None) -> int:
     """What the request really cost: the body's bytes ``sent`` for a bytes limit, else
     ``settle(response)``, else the ``cost_after`` limit's callable called now, else the
     reservation (also when the callable fails: logged)."""
-    bound = later.bound
-    if bound.unit != "requests":
+    spec = later.bound.spec
+    if spec.unit != "requests":
         return later.check.cost if sent is None else sent
     call: Callable[[], object]
-    if bound.settle is not None:
-        name, call = "settle", functools.partial(bound.settle, response)
-    elif later.cost_after and callable(bound.cost):
-        name, call = "cost", bound.cost
+    if spec.settle is not None:
+        name, call = "settle", functools.partial(spec.settle, response)
+    elif later.cost_after and callable(spec.cost):
+        name, call = "cost", spec.cost
     else:
         return later.check.cost
     try:
@@ -102,7 +103,7 @@ def _real_cost(later: Deferred, response: Response, sent: int | None) -> int:
             "The %s callable of the rate limit %s raised after the response; the request "
             "is charged its reservation.",
             name,
-            bound.name,
+            later.bound.name,
         )
         return later.check.cost
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -110,7 +111,7 @@ def _real_cost(later: Deferred, response: Response, sent: int | None) -> int:
             "The %s callable of the rate limit %s returned %r after the response; it must "
             "return an int >= 0. The request is charged its reservation.",
             name,
-            bound.name,
+            later.bound.name,
             value,
         )
         return later.check.cost
@@ -131,7 +132,7 @@ def _after_body(later: Deferred, response: Response) -> bool:
     """Is ``later`` settled when a body not yet made ends (a stream, a file): its bytes, or
     what ``settle`` reads of the response then?"""
     streamed = response.is_streamed or response.direct_passthrough
-    return streamed and (later.bound.unit != "requests" or later.bound.settle is not None)
+    return streamed and (later.bound.spec.unit != "requests" or later.bound.spec.settle is not None)
 
 
 def charge(
@@ -170,7 +171,7 @@ def _count(calls: SideCalls, later: Deferred, units: int) -> None:
     """Tell the metrics (when set) that a request really cost ``units`` more on ``later``."""
     metrics = calls.guard.metrics
     if metrics is not None and units > 0:
-        metrics.settled(later.check.key, later.bound.unit, units)
+        metrics.settled(later.check.key, later.bound.spec.unit, units)
 
 
 def _settle(calls: SideCalls, due: list[tuple[Deferred, Check]]) -> list[tuple[Deferred, Decision]]:
@@ -254,7 +255,7 @@ class BodySettlement:
         self._charged = [d.check.cost for d in due]
         self._clock = calls.local_clock
         self._settle_at = self._clock() + SETTLE_EVERY_US
-        if not head and any(d.bound.unit != "requests" for d in due):
+        if not head and any(d.bound.spec.unit != "requests" for d in due):
             # A file too (the server's file wrapper): counted as sent, not by its length.
             self._counted = _Counted(response.response, self._tick)
             response.response = self._counted
@@ -272,7 +273,7 @@ class BodySettlement:
             return
         due: list[tuple[Deferred, Check]] = []
         for i, d in enumerate(self._due):
-            if d.bound.unit != "requests" and counted.sent > self._charged[i]:
+            if d.bound.spec.unit != "requests" and counted.sent > self._charged[i]:
                 debt = _difference(
                     dataclasses.replace(d.check, cost=self._charged[i]), counted.sent
                 )

@@ -103,9 +103,9 @@ class Leases:
         """Note the leased limits among ``bounds`` (bound for a route); true if any."""
         found = False
         for b in bounds:
-            if b.lease is not False:
+            if b.spec.lease is not False:
                 found = True
-                size = auto_cap(b.rate.amount) if b.lease is True else int(b.lease)
+                size = auto_cap(b.rate.amount) if b.spec.lease is True else int(b.spec.lease)
                 self._declared[b.key_tail] = size
         return found
 
@@ -279,7 +279,7 @@ class Leases:
         asks: list[_Ask] = []
         plain: list[int] = []
         for i, c in enumerate(checks):
-            leased = c.bound.lease if c.bound is not None else False
+            leased = c.bound.spec.lease if c.bound is not None else False
             if leased is False or c.cost <= 0 or c.shadow:
                 plain.append(i)
                 continue
