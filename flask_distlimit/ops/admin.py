@@ -4,21 +4,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple
 
 from flask import current_app
 
 from flask_distlimit.core.decision import Check
 from flask_distlimit.declare.keys import IDENTITY_KINDS, client_pattern, identity_kind
 from flask_distlimit.declare.route_limits import BoundLimit
-from flask_distlimit.request.current_limits import AppLimits
+from flask_distlimit.request.enforcement import AppLimiter
 from flask_distlimit.request.plans import is_static
 from flask_distlimit.storage.lease_records import records_key
 
 if TYPE_CHECKING:
-    from flask_distlimit.identity.digests import IdentityTags
+    pass
 
-__all__ = ["NamedCheck", "Operated", "checks_for", "reset", "reset_identity"]
+__all__ = ["AppLimiter", "NamedCheck", "checks_for", "reset", "reset_identity"]
 
 
 class NamedCheck(NamedTuple):
@@ -29,24 +29,7 @@ class NamedCheck(NamedTuple):
     check: Check
 
 
-class _KeyPrefix(Protocol):
-    @property
-    def key_prefix(self) -> str: ...
-
-
-class Operated(AppLimits, Protocol):
-    """What these tools read of one app's limiter (its ``LimiterState``) beside its limits:
-    its keys' prefix and identity tags."""
-
-    @property
-    def settings(self) -> _KeyPrefix: ...
-
-    tags: IdentityTags
-
-    def lease_records_key(self) -> str: ...
-
-
-def reset(state: Operated) -> int:
+def reset(state: AppLimiter) -> int:
     """Delete every count of the app (every client's keys, ``<prefix>:{<tag>}:...``, and the
     leases' records) and forget local denials; answer how many keys were deleted.
 
@@ -74,7 +57,7 @@ def _check_kind(identity: str) -> None:
         )
 
 
-def reset_identity(state: Operated, identity: str) -> int:
+def reset_identity(state: AppLimiter, identity: str) -> int:
     """Delete every key of one identity (e.g. ``"ip:203.0.113.9"``, ``"func:alice"``); answer
     how many. Raises :class:`ValueError` for a text that names no kind of identity."""
     _check_kind(identity)
@@ -86,7 +69,7 @@ def reset_identity(state: Operated, identity: str) -> int:
     return state.storage.delete(keys) if keys else 0
 
 
-def checks_for(state: Operated, identity: str, cost: int = 0) -> list[NamedCheck]:
+def checks_for(state: AppLimiter, identity: str, cost: int = 0) -> list[NamedCheck]:
     """Every configured limit that can apply to ``identity``, named, as checks of ``cost``.
 
     ``identity`` is an identity text (``"ip:203.0.113.9"``, ``"user:42"``, or ``"func:<value>"``

@@ -10,79 +10,26 @@ counter keyed on an address warns (:class:`~flask_distlimit.errors.ClearedAddres
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from flask import has_request_context, request
 
-from flask_distlimit.core.algorithms import CONCURRENCY
 from flask_distlimit.core.limits import Rate
 from flask_distlimit.errors import ClearedAddressWarning
 from flask_distlimit.request.headers import Evaluated
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from flask_distlimit.core.decision import Check, Decision
-    from flask_distlimit.declare.route_limits import BoundLimit, RoutePlan
-    from flask_distlimit.defences.deny_cache import DenyCache
-    from flask_distlimit.identity import IdentityResolver
-    from flask_distlimit.storage.base import Storage
+    from flask_distlimit.declare.route_limits import BoundLimit
+    from flask_distlimit.request.enforcement import AppLimiter
 
 __all__ = [
-    "AppLimits",
-    "Clearable",
     "RequestLimit",
-    "RoutePlans",
-    "breached_rates",
     "clear",
     "current_limits",
 ]
-
-
-class RoutePlans(Protocol):
-    """What is read here of an app's request path (its ``Enforcer``): the key of a request's
-    data in its environ, and each route's plan."""
-
-    environ_key: str
-
-    def original_view(self, endpoint: str) -> object | None: ...
-
-    def plan(self, endpoint: str | None, method: str, view: object | None) -> RoutePlan: ...
-
-
-class AppLimits(Protocol):
-    """What is read here and by the operator tools (:mod:`flask_distlimit.ops.admin`) of one
-    app's limiter (its ``LimiterState``): its limits and request path, where they are counted,
-    and its cache of denials."""
-
-    @property
-    def enforcer(self) -> RoutePlans: ...
-
-    global_limits: tuple[BoundLimit, ...]
-    meta_limits: tuple[BoundLimit, ...]
-    tier_limits: dict[str, tuple[BoundLimit, ...]]
-    deny_cache: DenyCache | None
-    storage: Storage
-
-    def drop_leases(self, keys: Iterable[str] | None = None) -> None: ...
-
-
-class _Enabled(Protocol):
-    @property
-    def enabled(self) -> bool: ...
-
-
-class Clearable(AppLimits, Protocol):
-    """What :func:`clear` reads beside: whether limits are on, and how the client's address is
-    tagged (it warns when a counter to clear is keyed on that address)."""
-
-    @property
-    def settings(self) -> _Enabled: ...
-
-    resolver: IdentityResolver
-    identity_tag: Callable[[str], str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,15 +66,7 @@ class RequestLimit:
         return Rate(self.limit, self.period)
 
 
-def breached_rates(denied: Sequence[BoundLimit], lease: int) -> tuple[Rate, ...]:
-    """The declared rate of each denied limit, for :class:`~flask_distlimit.Breach`: its count
-    and its window; a concurrency limit's slots and their ``lease`` (seconds)."""
-    return tuple(
-        Rate(b.rate.amount, lease) if b.algorithm == CONCURRENCY else b.rate for b in denied
-    )
-
-
-def _evaluated(state: AppLimits) -> list[_One]:
+def _evaluated(state: AppLimiter) -> list[_One]:
     if not has_request_context():
         return []
     data = request.environ.get(state.enforcer.environ_key)
@@ -141,7 +80,7 @@ def _evaluated(state: AppLimits) -> list[_One]:
     ]
 
 
-def current_limits(state: AppLimits) -> list[RequestLimit]:
+def current_limits(state: AppLimiter) -> list[RequestLimit]:
     """The limits the current request's storage calls evaluated (see the module docstring)."""
     return [
         RequestLimit(
@@ -162,7 +101,7 @@ def _matches(name: str, wanted: str) -> bool:
     return name == wanted or name.rpartition(":")[0] == wanted
 
 
-def _known_names(state: Clearable) -> set[str]:
+def _known_names(state: AppLimiter) -> set[str]:
     """The names (with and without the rate) of every limit the current request can meet."""
     enforcer = state.enforcer
     endpoint = request.endpoint
@@ -173,7 +112,7 @@ def _known_names(state: Clearable) -> set[str]:
     return {n for b in bounds for n in (b.name, b.name.rpartition(":")[0])}
 
 
-def clear(state: Clearable, name: str) -> int:
+def clear(state: AppLimiter, name: str) -> int:
     """Delete the current identity's counters of the evaluated limits named ``name``."""
     if not has_request_context():
         raise RuntimeError(
@@ -212,7 +151,7 @@ def _tag_of(key: str) -> str:
     return key[start + 1 : end] if 0 <= start < end else ""
 
 
-def _warn_if_address(state: Clearable, name: str, keys: Sequence[str]) -> None:
+def _warn_if_address(state: AppLimiter, name: str, keys: Sequence[str]) -> None:
     """Warn when a key to clear is the client address's: its tag is that of the request's
     address, as its own identity (``ip:<address>``) or as a ``key_func`` value (``func:<address>``,
     e.g. ``lambda: request.remote_addr``)."""

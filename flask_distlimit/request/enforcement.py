@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from flask import Flask, Request, current_app, request
@@ -31,6 +31,7 @@ from flask_distlimit.defences.fleet import Fleet
 from flask_distlimit.defences.lifecycle import Lifecycle
 from flask_distlimit.defences.shedding import Shedding
 from flask_distlimit.identity import IdentityHooks, IdentityResolver
+from flask_distlimit.identity.digests import IdentityTags
 from flask_distlimit.request import deduction, gate
 from flask_distlimit.request.after import AfterResponse
 from flask_distlimit.request.checks import Checks
@@ -41,6 +42,7 @@ from flask_distlimit.request.refuse import BreachHook, Refusals
 from flask_distlimit.request.settings import LimiterSettings
 from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.resilience.leases import Leases
+from flask_distlimit.storage.base import Storage
 from flask_distlimit.telemetry.otel import OTelHook
 
 __all__ = ["AppLimiter", "Enforcer"]
@@ -58,8 +60,8 @@ class _Declared(Protocol):
 
 
 class AppLimiter(Protocol):
-    """What the request path uses of one app's limiter state
-    (:class:`flask_distlimit.state.LimiterState`)."""
+    """What the request path, ``limiter.current_limits`` and the operator tools use of one
+    app's limiter state (:class:`flask_distlimit.state.LimiterState`)."""
 
     @property
     def limiter(self) -> _Declared: ...
@@ -80,8 +82,15 @@ class AppLimiter(Protocol):
     lifecycle: Lifecycle
     shedding: Shedding
     otel: OTelHook | None
+    storage: Storage
+    tags: IdentityTags
+
+    @property
+    def enforcer(self) -> Enforcer: ...
 
     def storage_now(self) -> int | None: ...
+    def drop_leases(self, keys: Iterable[str] | None = None) -> None: ...
+    def lease_records_key(self) -> str: ...
 
 
 class Enforcer:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Final, NoReturn
 from flask import request
 from werkzeug.wrappers import Response as WerkzeugResponse
 
+from flask_distlimit.core.algorithms import CONCURRENCY
 from flask_distlimit.core.decision import Check
 from flask_distlimit.core.limits import Rate
 from flask_distlimit.core.priorities import Priority
@@ -31,7 +32,6 @@ from flask_distlimit.declare import refusal_options
 from flask_distlimit.declare.route_limits import BoundLimit
 from flask_distlimit.defences.concurrency import is_slot_key
 from flask_distlimit.identity import Identity
-from flask_distlimit.request.current_limits import breached_rates
 from flask_distlimit.request.data import RequestData
 from flask_distlimit.request.headers import Report
 from flask_distlimit.resilience.guard import Guard
@@ -75,6 +75,14 @@ BreachHook = Callable[[Breach], "SansIOResponse | None"]
 def _tag(key: str) -> str:
     """The hash tag of a storage key: the digest of who was counted, never the identity."""
     return key[key.index("{") + 1 : key.index("}")]
+
+
+def breached_rates(denied: Sequence[BoundLimit], lease: int) -> tuple[Rate, ...]:
+    """The declared rate of each denied limit, for :class:`~flask_distlimit.Breach`: its count
+    and its window; a concurrency limit's slots and their ``lease`` (seconds)."""
+    return tuple(
+        Rate(b.rate.amount, lease) if b.algorithm == CONCURRENCY else b.rate for b in denied
+    )
 
 
 @dataclass(slots=True, kw_only=True)
