@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NamedTuple
 
 from flask import Request
 from werkzeug.exceptions import HTTPException
@@ -38,9 +38,13 @@ log = logging.getLogger("flask_distlimit")
 _QUIET_KEPT: Final = 10_000
 
 
-#: The checks of one storage call (each carries its bound limit), who was identified, and
-#: whether the call is simple: no slot and no shadow limit among them (their scans are skipped).
-Built = tuple[list[Check], Identity | None, bool]
+class Built(NamedTuple):
+    """The checks of one storage call (each carries its bound limit), and who was identified."""
+
+    checks: list[Check]
+    identity: Identity | None
+    #: no slot and no shadow limit among the checks (their scans are skipped)
+    simple: bool
 
 
 def _cost_value(b: BoundLimit, default: int) -> int:
@@ -115,8 +119,8 @@ class Checks:
         req: Request,
         data: RequestData,
         plan: RoutePlan,
-        every_request: bool,
         *,
+        every_request: bool,
         fleet: bool = True,
     ) -> Built | None:
         """The checks of ``plan``'s limits (and the global and tier limits when
@@ -236,8 +240,8 @@ class Checks:
                 checks.append(
                     Check(key, b.algorithm, b.rate.amount, b.rate.period, meta=True, bound=b)
                 )
-            return checks, identity, False
-        return checks, identity, plain and (not every_request or self.every_plain)
+            return Built(checks, identity, simple=False)
+        return Built(checks, identity, simple=plain and (not every_request or self.every_plain))
 
     def _resolved(
         self,

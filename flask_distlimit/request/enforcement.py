@@ -251,7 +251,7 @@ class Enforcer:
         req.environ[self.environ_key] = data
         if not exempt:  # self._evaluate(req, data, plan), one call fewer on every request
             try:
-                built = self._checks.build(req, data, plan, True)
+                built = self._checks.build(req, data, plan, every_request=True)
             except LimitUnresolved:
                 self._refusals.unavailable(data, busy=False, unresolved=True)
             if built is not None:
@@ -323,7 +323,7 @@ class Enforcer:
         """One storage call for ``plan``'s limits (and the global and tier limits when
         ``every``, with the fleet's slot when ``fleet``)."""
         try:
-            built = self._checks.build(req, data, plan, every, fleet=fleet)
+            built = self._checks.build(req, data, plan, every_request=every, fleet=fleet)
         except LimitUnresolved:
             self._refusals.unavailable(data, busy=False, unresolved=True)
         if built is not None:
