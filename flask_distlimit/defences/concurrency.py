@@ -81,7 +81,7 @@ class SlotRelease:
         tokens = {c.token for c in checks}
         self._checks = [c for c in self._checks if c.token not in tokens]
 
-    def degraded(self) -> None:
+    def held_locally(self) -> None:
         """The local fallback decided the request: its slots are held in this process."""
         self._degraded = True
 

@@ -154,7 +154,7 @@ class Decider:
                 self.leases.housekeeping()
         if slots and data.slots is not None:
             if outcome.degraded and outcome.evaluation is not None:
-                data.slots.degraded()  # held by the local fallback
+                data.slots.held_locally()  # decided by the local fallback
             elif outcome.evaluation is not None and not outcome.evaluation.allowed:
                 data.slots.discard(slots)  # refused: the storage took none
         if outcome.unavailable:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Final, NamedTuple
 
-from flask_distlimit.storage.slot_keys import beside
+from flask_distlimit.storage.slot_keys import same_slot_key
 
 __all__ = ["HEARTBEAT_SOURCE", "MAX_FLEET", "Fleet", "fleet_from_reply", "peak_key"]
 
@@ -78,7 +78,7 @@ def peak_key(key: str) -> str:
     """The key of the fleet sizes reported beside the heartbeat ``key``, in its Redis Cluster
     slot: ``<key>:peak`` when ``key`` has a hash tag, else ``<key>:peak:{<key>}`` (Redis then
     hashes ``<key>`` for both), e.g. ``ratelimit:instances:peak:{ratelimit:instances}``."""
-    return beside(key, "peak", "heartbeat")
+    return same_slot_key(key, "peak", "heartbeat")
 
 
 def fleet_from_reply(reply: object, key: str) -> Fleet:

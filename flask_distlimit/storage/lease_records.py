@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Final, NamedTuple
 
 from flask_distlimit.errors import StorageResponseError
-from flask_distlimit.storage.slot_keys import beside
+from flask_distlimit.storage.slot_keys import same_slot_key
 
 __all__ = [
     "LEASE_RECORDS_SOURCE",
@@ -108,7 +108,7 @@ def records_key(key: str) -> str:
     """The hash of the records beside the sorted set ``key``, in its Redis Cluster slot:
     ``<key>:records:{<key>}`` (Redis hashes ``<key>`` for both when ``key`` has no braces),
     ``<key>:records`` when ``key`` has a hash tag of its own."""
-    return beside(key, "records", "lease records")
+    return same_slot_key(key, "records", "lease records")
 
 
 class Record(NamedTuple):

@@ -12,10 +12,10 @@ from redis.crc import key_slot
 from flask_distlimit.core.decision import Check, Decision, Evaluation
 from flask_distlimit.errors import StorageError
 
-__all__ = ["across_slots", "beside", "by_slot", "slot_of"]
+__all__ = ["across_slots", "by_slot", "same_slot_key", "slot_of"]
 
 
-def beside(key: str, name: str, what: str) -> str:
+def same_slot_key(key: str, name: str, what: str) -> str:
     """The key ``name`` beside ``key`` in its slot: ``<key>:<name>`` when ``key`` has a hash tag
     of its own, else ``<key>:<name>:{<key>}`` (Redis then hashes ``<key>`` for both). A ``key``
     with a brace but no hash tag is a ``ValueError`` that calls it a ``what`` key."""
