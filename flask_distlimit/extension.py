@@ -104,6 +104,8 @@ class Limiter(Declarations):
                 f"request_filter={request_filter!r} is not callable: pass a function of no "
                 "arguments answering True for requests that are not limited."
             )
+        #: the logger of every line the limiter writes (Flask-Limiter's ``limiter.logger``)
+        self.logger = log
         self.registry = LimitRegistry()
         #: callables exempting a request from every limit
         #: (:mod:`flask_distlimit.declare.request_filters`)

@@ -417,3 +417,29 @@ def test_a_with_block_scoped_by_a_view_argument_counts_each_value_apart(
 
     assert statuses(app, "/orders/1", 2) == [200, 429]
     assert statuses(app, "/orders/2", 2) == [200, 429]
+
+
+def test_a_handler_on_limiter_logger_hears_each_breach_once_a_window(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Flask-Limiter's ``limiter.logger``: a handler added there hears the limiter's lines."""
+    app, limiter, _ = make_app(backend(), clock)
+    heard: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = heard.append  # type: ignore[method-assign]
+    limiter.logger.addHandler(handler)
+    level = limiter.logger.level
+    limiter.logger.setLevel(logging.INFO)
+
+    @app.get("/t1")
+    @limiter.limit("1/minute")
+    def t1() -> str:
+        return "42"
+
+    try:
+        assert statuses(app, "/t1", 3) == [200, 429, 429]
+    finally:
+        limiter.logger.removeHandler(handler)
+        limiter.logger.setLevel(level)
+    assert limiter.logger is logging.getLogger("flask_distlimit")
+    assert [r.getMessage().split(":")[0] for r in heard] == ["Rate limit exceeded"]
