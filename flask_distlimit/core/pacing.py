@@ -1,8 +1,11 @@
-"""Log pacing: at most one line per interval, with a count of the lines held back."""
+"""Log pacing: at most one line per interval, with a count of the lines held back; at most one
+per key (a client and limit) per window."""
 
 from __future__ import annotations
 
-__all__ = ["Pace"]
+from collections.abc import Iterable
+
+__all__ = ["OncePerWindow", "Pace"]
 
 
 class Pace:
@@ -26,3 +29,30 @@ class Pace:
         self.last = now
         held, self.held = self.held, 0
         return held
+
+
+class OncePerWindow:
+    """Keys (a client and limit's storage key) told of at most once per their window: each is
+    kept until its window ends (microseconds), at most ``kept`` of them (the ended ones go
+    first, then all). Not locked: a lost mark costs one line more."""
+
+    __slots__ = ("_kept", "until")
+
+    def __init__(self, kept: int = 10_000) -> None:
+        self._kept = kept
+        self.until: dict[str, int] = {}
+
+    def due(self, key: str, now: int) -> bool:
+        """Whether ``key`` may be told of at ``now``."""
+        return self.until.get(key, 0) <= now
+
+    def mark(self, marks: Iterable[tuple[str, float]], now: int) -> None:
+        """Note that these keys (with their windows, seconds) were told of at ``now``."""
+        until = self.until
+        if len(until) >= self._kept:
+            for key in [k for k, end in until.items() if end <= now]:
+                del until[key]
+            if len(until) >= self._kept:
+                until.clear()
+        for key, window in marks:
+            until[key] = now + int(window * 1_000_000)

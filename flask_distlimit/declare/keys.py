@@ -22,6 +22,7 @@ __all__ = [
     "identity_kind",
     "identity_tag",
     "key_parts",
+    "key_tag",
     "limit_key",
 ]
 
@@ -64,6 +65,14 @@ def identity_kind(identity: str) -> str | None:
 
 def _safe(part: str) -> str:
     return _UNSAFE.sub("_", part)[:200]
+
+
+def key_tag(key: str) -> str:
+    """The hash tag of a storage key: the digest of who is counted, never the identity in
+    clear (``""`` for a key without one)."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    return key[start + 1 : end] if 0 <= start < end else ""
 
 
 def key_parts(prefix: str, limit_id: str, algorithm: Algorithm) -> tuple[str, str]:

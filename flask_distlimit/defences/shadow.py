@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Sequence
-from typing import Final
 
+from flask_distlimit.core.pacing import OncePerWindow
+from flask_distlimit.declare.keys import key_tag
 from flask_distlimit.errors import ConfigurationError
 
 __all__ = ["ShadowLog", "ShadowSetting", "check_tiers", "parse_shadow", "spec_is_shadow"]
@@ -20,9 +21,6 @@ log = logging.getLogger("flask_distlimit")
 
 #: ``DISTLIMIT_SHADOW``: every limit (True), none (False), or the config-declared limits named.
 ShadowSetting = bool | frozenset[str]
-
-#: Clients and limits whose would-be refusal was logged, kept until their window ends.
-_KEPT: Final = 10_000
 
 
 def parse_shadow(key: str, value: object) -> ShadowSetting:
@@ -75,7 +73,7 @@ class ShadowLog:
 
     def __init__(self, clock: Callable[[], int]) -> None:
         self._clock = clock  # microseconds
-        self._logged: dict[str, int] = {}
+        self._logged = OncePerWindow()
 
     def would_deny(
         self,
@@ -86,27 +84,14 @@ class ShadowLog:
         """``denied``: (key, limit name, period in seconds) of each shadow limit that would have
         refused the request."""
         now = self._clock()
-        logged = self._logged
-        fresh = [(k, name) for k, name, _ in denied if logged.get(k, 0) <= now]
+        fresh = [(k, name) for k, name, _ in denied if self._logged.due(k, now)]
         if not fresh:
             return
-        if len(logged) >= _KEPT:
-            for k in [k for k, until in logged.items() if until <= now]:
-                del logged[k]
-            if len(logged) >= _KEPT:
-                logged.clear()
-        for k, _, period in denied:
-            logged[k] = now + int(period * 1_000_000)
+        self._logged.mark(((k, period) for k, _, period in denied), now)
         log.info(
             "Shadow rate limit would have refused a request (not enforced): %s; %s %s "
             "(logged once per client and limit per window)",
-            ", ".join(f"{name} (client {_tag(k)})" for k, name in fresh),
+            ", ".join(f"{name} (client {key_tag(k)})" for k, name in fresh),
             method,
             endpoint,
         )
-
-
-def _tag(key: str) -> str:
-    """The hash tag of a storage key (the client's digest, never the identity in clear)."""
-    start, end = key.find("{"), key.find("}")
-    return key[start + 1 : end] if 0 <= start < end else "?"

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from flask import has_request_context, request
 
 from flask_distlimit.core.limits import Rate
+from flask_distlimit.declare.keys import key_tag
 from flask_distlimit.errors import ClearedAddressWarning
 from flask_distlimit.request.headers import Evaluated
 
@@ -146,11 +147,6 @@ def clear(state: AppLimiter, name: str) -> int:
     return state.storage.delete(keys)
 
 
-def _tag_of(key: str) -> str:
-    start, end = key.find("{"), key.find("}")
-    return key[start + 1 : end] if 0 <= start < end else ""
-
-
 def _warn_if_address(state: AppLimiter, name: str, keys: Sequence[str]) -> None:
     """Warn when a key to clear is the client address's: its tag is that of the request's
     address, as its own identity (``ip:<address>``) or as a ``key_func`` value (``func:<address>``,
@@ -160,7 +156,7 @@ def _warn_if_address(state: AppLimiter, name: str, keys: Sequence[str]) -> None:
     tags = {state.identity_tag(address), state.identity_tag(f"func:{bare}")}
     if request.remote_addr:
         tags.add(state.identity_tag(f"func:{request.remote_addr}"))
-    if any(_tag_of(key) in tags for key in keys):
+    if any(key_tag(key) in tags for key in keys):
         warnings.warn(
             f"limiter.clear({name!r}) deletes a counter keyed on the client's address: whoever "
             "succeeds from that address resets it for everyone behind it (an attacker with an "

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from flask import request
 from werkzeug.wrappers import Response as WerkzeugResponse
@@ -20,6 +20,7 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 from flask_distlimit.core.algorithms import CONCURRENCY
 from flask_distlimit.core.decision import Check
 from flask_distlimit.core.limits import Rate
+from flask_distlimit.core.pacing import OncePerWindow
 from flask_distlimit.core.priorities import Priority
 from flask_distlimit.core.problem import (
     ConcurrencyLimitExceeded,
@@ -29,6 +30,7 @@ from flask_distlimit.core.problem import (
     retry_after_seconds,
 )
 from flask_distlimit.declare import refusal_options
+from flask_distlimit.declare.keys import key_tag
 from flask_distlimit.declare.route_limits import BoundLimit
 from flask_distlimit.defences.concurrency import is_slot_key
 from flask_distlimit.identity import Identity
@@ -42,9 +44,6 @@ if TYPE_CHECKING:
 __all__ = ["Breach", "BreachHook", "Refusals"]
 
 log = logging.getLogger("flask_distlimit")
-
-#: Clients and limits whose breach was logged, kept until their window ends (bounded).
-_BREACHES_KEPT: Final = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,11 +71,6 @@ class Breach:
 BreachHook = Callable[[Breach], "SansIOResponse | None"]
 
 
-def _tag(key: str) -> str:
-    """The hash tag of a storage key: the digest of who was counted, never the identity."""
-    return key[key.index("{") + 1 : key.index("}")]
-
-
 def breached_rates(denied: Sequence[BoundLimit], lease: int) -> tuple[Rate, ...]:
     """The declared rate of each denied limit, for :class:`~flask_distlimit.Breach`: its count
     and its window; a concurrency limit's slots and their ``lease`` (seconds)."""
@@ -97,8 +91,8 @@ class Refusals:
     fleet_key: str | None
     lease: int  #: a concurrency slot's, seconds
     retry_unavailable: int  #: ``Retry-After`` of a 503 under policy ``closed``
-    #: when each client and limit's breach may be logged again (local clock), by key
-    breaches: dict[str, int] = field(default_factory=dict, init=False)
+    #: the clients and limits whose breach was logged, until their window ends (local clock)
+    logged: OncePerWindow = field(default_factory=OncePerWindow, init=False)
 
     def _digest(self, identity: Identity | None, tag: str) -> str:
         return self.identity_tag(identity.value) if identity is not None else tag
@@ -128,7 +122,7 @@ class Refusals:
         data.report, data.denied, data.retry_after = binding, True, retry
         data.degraded = data.degraded or degraded
         names = tuple(r.name for r in reports)
-        tags = [_tag(key) for key in keys]
+        tags = [key_tag(key) for key in keys]
         digest = self._digest(identity, tags[0])
         tier = identity.tier if identity is not None else None
         self._log_breach(reports, keys, tags, digest, tier, retry)
@@ -177,10 +171,10 @@ class Refusals:
         b: BoundLimit = check.bound
         data.deferred.clear()  # a refused request is never charged after its response
         data.report, data.denied, data.retry_after = None, True, None
-        digest = self._digest(identity, _tag(check.key))
+        digest = self._digest(identity, key_tag(check.key))
         now = self.local_clock()
-        if self.breaches.get(check.key, 0) <= now:
-            self._logged(((check.key, b.rate.period),), now)
+        if self.logged.due(check.key, now):
+            self.logged.mark(((check.key, b.rate.period),), now)
             log.info(
                 "Rate limit %s refused a request costing %d (more than %d in a whole window) "
                 "from client %s, %s %s (logged once per client and limit per window)",
@@ -263,13 +257,11 @@ class Refusals:
     ) -> None:
         """One INFO line per client and limit per window at most, never one per request."""
         now = self.local_clock()
-        logged = self.breaches
-        fresh = [
-            (r, t) for r, k, t in zip(reports, keys, tags, strict=True) if logged.get(k, 0) <= now
-        ]
+        logged = self.logged
+        fresh = [(r, t) for r, k, t in zip(reports, keys, tags, strict=True) if logged.due(k, now)]
         if not fresh:
             return
-        self._logged(((k, r.period) for r, k in zip(reports, keys, strict=True)), now)
+        logged.mark(((k, r.period) for r, k in zip(reports, keys, strict=True)), now)
         log.info(
             "Rate limit exceeded: %s; identity %s, tier %s, %s %s; retry in %s s "
             "(logged once per client and limit per window)",
@@ -280,15 +272,3 @@ class Refusals:
             request.endpoint,
             retry,
         )
-
-    def _logged(self, marks: Iterable[tuple[str, float]], now: int) -> None:
-        """Note that the limits under these keys (with their periods, seconds) were logged at
-        ``now``: not again within their window. At most ``_BREACHES_KEPT`` keys are kept."""
-        logged = self.breaches
-        if len(logged) >= _BREACHES_KEPT:
-            for k in [k for k, until in logged.items() if until <= now]:
-                del logged[k]
-            if len(logged) >= _BREACHES_KEPT:
-                logged.clear()
-        for k, period in marks:
-            logged[k] = now + int(period * 1_000_000)
