@@ -118,7 +118,7 @@ class OTelMetrics(Instruments):
         self.storage_latency.record(seconds, {"distlimit.outcome": outcome})
 
     def evaluated(
-        self, checks: Sequence[Check], evaluation: Evaluation, fallback: bool = False
+        self, checks: Sequence[Check], evaluation: Evaluation, *, fallback: bool = False
     ) -> None:
         counter = self.fallback_decisions if fallback else self.decisions
         allowed = True
