@@ -35,8 +35,6 @@ from flask_distlimit.declare.targets import carries, describe, hashable, make_ca
 from flask_distlimit.engine.concurrency import MAX_CONCURRENCY
 from flask_distlimit.errors import ConfigurationError
 
-__all__ = ["Declarations", "LimitDeclaration"]
-
 F = TypeVar("F", bound=Callable[..., object])
 Decorated = TypeVar("Decorated")
 

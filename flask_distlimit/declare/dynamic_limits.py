@@ -22,19 +22,6 @@ from flask_distlimit.engine.registry import check_rate
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity.tiers import parse_tier_table
 
-__all__ = [
-    "ANY_TIER",
-    "LOG_INTERVAL",
-    "LOG_TEXT_MAX",
-    "DynamicLimit",
-    "DynamicValue",
-    "LimitSource",
-    "LimitUnresolved",
-    "log_text",
-    "read_value",
-    "ttl_us",
-]
-
 log = logging.getLogger("flask_distlimit")
 
 #: The mapping entry for every tier the mapping does not name.

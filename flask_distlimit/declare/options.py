@@ -29,7 +29,6 @@ from flask_distlimit.errors import ConfigurationError
 #: The values of ``unit=``.
 UNITS: Final[tuple[str, ...]] = get_args(Unit)
 
-__all__ = ["check_callable", "check_options", "check_scope"]
 
 #: The endpoint a ``scope`` callable is tried with at declaration.
 _SAMPLE_ENDPOINT = "distlimit_scope_probe.view"

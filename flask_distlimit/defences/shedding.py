@@ -30,15 +30,6 @@ if TYPE_CHECKING:
     from flask_distlimit.defences.lifecycle import Lifecycle
     from flask_distlimit.telemetry.metrics import Metrics
 
-__all__ = [
-    "DEFAULT_SHARES",
-    "DEFAULT_SHED_AT",
-    "Place",
-    "Shedding",
-    "WorkerLoad",
-    "parse_shares",
-    "parse_shed_at",
-]
 
 #: Utilization above which each priority is shed (no entry: never shed).
 DEFAULT_SHED_AT: Final[dict[Priority, float]] = {"sheddable": 0.5, "default": 0.75}

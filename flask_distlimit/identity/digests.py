@@ -21,16 +21,6 @@ from typing import Final, Protocol
 from flask_distlimit.errors import StorageError
 from flask_distlimit.storage.base import Storage
 
-__all__ = [
-    "REFRESH_INTERVAL",
-    "RETRY_INTERVAL",
-    "SHARED_KEY_TTL",
-    "IdentityTags",
-    "SideCallGuard",
-    "digest_key",
-    "tag_secret",
-]
-
 log = logging.getLogger("flask_distlimit.digests")  # a public name (docs/failure-modes.md), kept
 
 #: The time to live of the storage-kept digest key: 0, none. A key with a TTL is a candidate for

@@ -16,8 +16,6 @@ from typing import Any, Final
 
 from flask_distlimit.errors import ConfigurationError
 
-__all__ = ["MAX_TOKEN_LENGTH", "JwtSettings", "JwtVerifier", "read_jwt"]
-
 #: Longest bearer token verified; a longer one is ignored as unverifiable.
 MAX_TOKEN_LENGTH: Final = 8192
 

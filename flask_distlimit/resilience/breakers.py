@@ -30,16 +30,6 @@ from flask_distlimit.resilience.breaker import (
     check_reset_timeout,
 )
 
-__all__ = [
-    "DEFAULT_NODE",
-    "MAX_NODES",
-    "Admitted",
-    "Breakers",
-    "report_call",
-    "report_parts",
-    "worst",
-]
-
 #: The node of a storage that has only one (single node, memory; Sentinel before it connected).
 DEFAULT_NODE: Final = "redis"
 #: At most this many breakers are kept (a Redis Cluster has at most a few hundred primaries).

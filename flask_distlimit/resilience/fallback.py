@@ -28,8 +28,6 @@ from flask_distlimit.storage.base import Storage
 # other thread of the worker for as long as it took (16 ms idle, 180-340 ms on a busy machine).
 from flask_distlimit.storage.memory import MemoryStorage
 
-__all__ = ["DEFAULT_MAX_KEYS", "FRESHNESS", "LocalFallback", "divided_limit"]
-
 log = logging.getLogger("flask_distlimit.guard")  # a public name (docs/failure-modes.md), kept
 
 #: What Redis said was left for a key is trusted for this fraction of the key's period after it

@@ -38,8 +38,6 @@ from flask_distlimit.resilience.storage_log import StorageLog
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.telemetry.metrics import Metrics, Sinks
 
-__all__ = ["REDISCOVER_INTERVAL", "GuardCore"]
-
 log = logging.getLogger("flask_distlimit.guard")  # a public name (docs/failure-modes.md), kept
 
 #: While the breaker of the node a storage goes to is open, the storage is asked at most this

@@ -17,8 +17,6 @@ from flask_distlimit.core.decision import Check, Decision
 from flask_distlimit.declare.lease_options import auto_cap
 from flask_distlimit.engine.registry import REGISTRY
 
-__all__ = ["GIVE_BACK_AFTER_US", "LEASE_SPAN_US", "Held", "Lease", "Spent", "Taken"]
-
 #: ``lease=True`` sizes a lease to this much of the process's demand on the key (microseconds).
 LEASE_SPAN_US: Final = 100_000
 #: Fixed window and counter units a lease has not spent from for this long go back to the

@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from flask_distlimit.declare.route_limits import BoundLimit
     from flask_distlimit.storage.base import Storage
 
-__all__ = ["MAX_LEASES", "PUBLISH_INTERVAL_US", "Leases"]
 
 #: The most leases one process keeps per app; the least recently used go first.
 MAX_LEASES: Final = 1024

@@ -23,8 +23,6 @@ from flask_distlimit.resilience.outcome import OPEN_OUTCOME, Outcome
 from flask_distlimit.resilience.side_calls import heartbeat_if_due
 from flask_distlimit.telemetry.otel import storage_outcome
 
-__all__ = ["evaluate_routed"]
-
 
 def evaluate_routed(
     core: GuardCore, checks: Sequence[Check], policy: FailurePolicy | None, now_us: int | None
