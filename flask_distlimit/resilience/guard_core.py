@@ -155,9 +155,7 @@ class GuardCore:
         memory, the current master's on Sentinel; on a Redis Cluster, that of the primary
         serving the instance heartbeat key (each request uses its groups' own,
         :attr:`breakers`)."""
-        if self.routed:
-            return self.breakers.get(self.storage.route([self.heartbeat_check])[0][0])
-        return self.node_breaker
+        return self.breaker_of(self.heartbeat_check.key)
 
     def breaker_of(self, key: str) -> Breaker:
         """The breaker of the node serving ``key`` (:attr:`breaker` but on a Redis Cluster)."""
@@ -251,11 +249,7 @@ class GuardCore:
             return Outcome(evaluation, degraded=True)
         if self.metrics is not None:
             self.metrics.degraded(checks, None)
-        if chosen == "closed":
-            return CLOSED_OUTCOME
-        if chosen != "open":
-            validate_policy(chosen)  # raises ConfigurationError naming the bad value
-        return OPEN_OUTCOME
+        return CLOSED_OUTCOME if chosen == "closed" else OPEN_OUTCOME
 
     def answer_busy(self, exc: StorageBusy) -> Outcome:
         """A call queued in this process past its budget: a 503 (``Retry-After: 1``), whatever
