@@ -76,19 +76,11 @@ class DynamicValue:
             return max((len(r) for r in self.table.values()), default=0)
         return max(len(self.fallback), 1)
 
-    def known_rates(self) -> tuple[Rate, ...]:
-        """Every rate known at declaration (the mapping's values, the fallback)."""
-        rates = [r for rs in (self.table or {}).values() for r in rs]
-        return (*rates, *self.fallback)
-
     def check_algorithm(self, algorithm: Algorithm) -> None:
-        """Raise if ``algorithm`` cannot enforce a rate known at declaration."""
-        for rate in self.known_rates():
+        """Raise if ``algorithm`` cannot enforce a rate known at declaration (the mapping's
+        values, the fallback)."""
+        for rate in [r for rs in (self.table or {}).values() for r in rs] + list(self.fallback):
             check_rate(algorithm, rate)
-
-
-def _name_of(func: object) -> str:
-    return str(getattr(func, "__qualname__", None) or repr(func))
 
 
 def read_value(value: object, fallback: str | None) -> tuple[tuple[Rate, ...], DynamicValue | None]:
@@ -130,7 +122,8 @@ def read_value(value: object, fallback: str | None) -> tuple[tuple[Rate, ...], D
         shown = ", ".join(f"{t}={';'.join(map(str, r)) or 'none'}" for t, r in table.items())
         return (), DynamicValue(None, table, (), "{" + shown + "}")
     if callable(value):
-        return (), DynamicValue(value, None, fallback_rates, f"{_name_of(value)}()")
+        name = getattr(value, "__qualname__", None) or repr(value)
+        return (), DynamicValue(value, None, fallback_rates, f"{name}()")
     raise ConfigurationError(
         f"A limit value must be a limit string ('100/minute'), a callable returning one, or a "
         f"mapping tier -> limit string; got {value!r}."
@@ -176,11 +169,6 @@ class DynamicLimit(Generic[B]):
         self._made: dict[tuple[Rate, ...], tuple[B, ...]] = {}
         self._pace = Pace(LOG_INTERVAL * _US)  # its ERROR lines
 
-    def _may_log(self, now_us: int) -> int | None:
-        """``None`` when an ERROR line was logged less than :data:`LOG_INTERVAL` seconds ago
-        (the failure is counted), else the failures left unlogged since the last line."""
-        return self._pace.due(now_us)
-
     def _bound(self, rates: tuple[Rate, ...]) -> tuple[B, ...]:
         made = self._made.get(rates)
         if made is None:
@@ -199,7 +187,7 @@ class DynamicLimit(Generic[B]):
             found = table.get(tier or ANY_TIER)
             rates = found if found is not None else table.get(ANY_TIER, ())
             if len(rates) > room:  # init_app counted the largest value: only a carried wrapper
-                skipped = self._may_log(now_us)
+                skipped = self._pace.due(now_us)  # None: logged less than LOG_INTERVAL ago
                 if skipped is not None:
                     log.error(
                         "The rate limit %s has %d rates for tier %s where the request has room "
@@ -237,7 +225,7 @@ class DynamicLimit(Generic[B]):
             return rates
         except Exception as exc:  # the app's code: any failure falls back, never a 500
             fallback = self.value.fallback
-            skipped = self._may_log(now_us)
+            skipped = self._pace.due(now_us)  # None: logged less than LOG_INTERVAL ago
             if skipped is not None:
                 log.error(
                     "The limit value %s of the rate limit %s failed (%s: %s); %s. Return a "

@@ -145,15 +145,9 @@ def check_options(
             f"scope={scope!r}: use a non-empty string, or a callable (endpoint) -> str."
         )
     check_scope(scope)
-    for name, func in (
-        ("key_func", options.key_func),
-        ("exempt_when", options.exempt_when),
-        ("deduct_when", options.deduct_when),
-        ("settle", options.settle),
-        ("on_breach", options.on_breach),
-        ("cost", cost if callable(cost) else None),
-    ):
-        if func is not None:
+    for name in _CALLS:
+        func = getattr(options, name)
+        if func is not None and (name != "cost" or callable(func)):  # an int cost: checked above
             check_callable(name, func)
     if options.error_message is not None and not (
         isinstance(options.error_message, str) or callable(options.error_message)

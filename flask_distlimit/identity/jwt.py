@@ -42,11 +42,7 @@ class JwtSettings:
 
 
 def _as_list(value: object) -> list[object]:
-    if isinstance(value, (str, bytes)):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    return [value]
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def read_jwt(config: MutableMapping[str, object]) -> JwtSettings | None:

@@ -45,10 +45,6 @@ _US = 1_000_000
 _Kind = tuple[Algorithm, int]
 
 
-def _wall_us() -> int:
-    return time.time_ns() // 1_000
-
-
 def divided_limit(limit: int, instances: int) -> int:
     """One instance's share of ``limit``: ``floor(limit / instances)``, at least 1."""
     if instances <= 1:
@@ -368,7 +364,9 @@ class LocalFallback:
 
     def _observe(self, now: float, now_us: int | None) -> None:
         """Remember how the storage's time (``now_us``, else the wall clock) maps onto clock()."""
-        self._wall_offset_us = (_wall_us() if now_us is None else now_us) - round(now * _US)
+        self._wall_offset_us = (time.time_ns() // 1_000 if now_us is None else now_us) - round(
+            now * _US
+        )
 
     def _engage(self, until: float) -> None:
         """Count every request here until ``until`` at least, and every key decided here until

@@ -8,6 +8,7 @@ docs/design-notes.md, "One lease"; docs/leasing.md.
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Callable
 from typing import Final, NamedTuple, TypeAlias
@@ -25,12 +26,6 @@ GIVE_BACK_AFTER_US: Final = 1_000_000
 #: The demand rate is sampled over at least this long (microseconds).
 _SAMPLE_US: Final = 50_000
 _US: Final = 1_000_000
-
-
-def _gives_back(algorithm: Algorithm) -> bool:
-    """Are unspent units of ``algorithm`` given back to the shared count (a window's count the
-    storage numbers), rather than earned back by a bucket?"""
-    return REGISTRY[algorithm].give_back_field is not None
 
 
 def _good_until(
@@ -64,8 +59,7 @@ class _Chunk:
         self.window = window
 
 
-def _expiry(chunk: _Chunk) -> int:
-    return chunk.expires
+_expiry = operator.attrgetter("expires")
 
 
 #: the chunks a request spent from, and how much of each (:meth:`Lease.give_back` returns them)
@@ -107,8 +101,9 @@ class Lease:
     def __init__(self, check: Check, size: bool | int, now: int) -> None:
         self.key = check.key
         self.algorithm = check.algorithm
-        #: unspent units go back to the shared count (:meth:`unspent`; a bucket earns them back)
-        self.gives_back = _gives_back(check.algorithm)
+        #: unspent units go back to the shared count, a window's count the storage numbers
+        #: (:meth:`unspent`; a bucket earns them back)
+        self.gives_back = REGISTRY[check.algorithm].give_back_field is not None
         self.limit = check.limit
         self.period_us = check.period * _US
         self.fixed = 0 if size is True else int(size)

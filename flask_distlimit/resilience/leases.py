@@ -85,17 +85,11 @@ class Leases:
         self.guard = guard
         self.clock = clock
         self.storage_now = storage_now  #: the injected time for the storage (tests)
-        self._lock = threading.Lock()
-        self._leases: dict[str, Lease] = {}
         #: the leased limits bound so far: key tail -> the largest lease of it, in units
         self._declared: dict[str, int] = {}
         #: where every process of the app publishes what it holds (for ``inspect``)
         self.records_key = f"{guard.key_prefix}:leases"
-        self.process = process_member()
-        self._look_at = 0  #: the local time (us) from which leases are looked at again
-        self._publish_at = 0  #: the local time (us) from which a publication may be made again
-        #: a renewal was granted (or a reset dropped units) since the last publication
-        self._renewed = False
+        self.after_fork()
         _all.add(self)
 
     def declare(self, bounds: Sequence[BoundLimit]) -> bool:
@@ -111,17 +105,18 @@ class Leases:
     def largest(self, key: str) -> int | None:
         """The most units a process leases of the limit stored under ``key`` (``None``: not
         a leased limit, or none of its routes bound yet)."""
-        for tail, size in list(self._declared.items()):  # declare() may add meanwhile
-            if key.endswith(tail):
-                return size
-        return None
+        declared = list(self._declared.items())  # declare() may add meanwhile
+        return next((size for tail, size in declared if key.endswith(tail)), None)
 
     def after_fork(self) -> None:
-        """A forked child holds nothing: the parent's units are the parent's."""
+        """A forked child holds nothing: the parent's units are the parent's (also the initial
+        state)."""
         self._lock = threading.Lock()
-        self._leases = {}
+        self._leases: dict[str, Lease] = {}
         self.process = process_member()
-        self._look_at = self._publish_at = 0
+        self._look_at = 0  #: the local time (us) from which leases are looked at again
+        self._publish_at = 0  #: the local time (us) from which a publication may be made again
+        #: a renewal was granted (or a reset dropped units) since the last publication
         self._renewed = False
 
     def drop(self, keys: Iterable[str] | None = None) -> None:
@@ -172,11 +167,8 @@ class Leases:
     def units_of(self, label: str) -> float:
         """Units held in the leases of one limit (its metrics label), every identity's."""
         now = self.clock()
-        total = 0
-        for lease in list(self._leases.values()):
-            if limit_label(lease.key) == label:
-                total += lease.holds(now).units
-        return total
+        leases = list(self._leases.values())
+        return sum(lease.holds(now).units for lease in leases if limit_label(lease.key) == label)
 
     def housekeeping(self) -> None:
         """After a storage call of this process: at most once a second, give back the units
