@@ -86,16 +86,12 @@ class Breakers:
         return breaker
 
     def _make(self, node: str) -> Breaker:
-        known = self._known()
+        self.prune()
         dropped: list[str] = []
         with self._lock:
             breaker = self._by_node.get(node)
             if breaker is not None:
                 return breaker
-            if known is not None:
-                for other in [n for n in self._by_node if n not in known]:
-                    del self._by_node[other]
-                    dropped.append(other)
             while len(self._by_node) >= self._limit:
                 closed = [n for n, b in self._by_node.items() if b.state == "closed"]
                 oldest = (closed or list(self._by_node))[0]

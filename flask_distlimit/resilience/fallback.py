@@ -375,8 +375,7 @@ class LocalFallback:
             return
         self._engaged_until = until
         for kind in self._hold:
-            self._hold[kind] = end = self._window_end(kind, until)
-            self._until = max(self._until, end)
+            self._hold_kind(kind, until)
         self._until = max(self._until, until)
 
     def _decide(self, check: Check, now: float) -> None:
@@ -386,8 +385,13 @@ class LocalFallback:
         kind = (check.algorithm, check.period)
         self._decided[check.key] = (kind, now)
         if kind not in self._hold:
-            self._hold[kind] = end = self._window_end(kind, self._engaged_until)
-            self._until = max(self._until, end)
+            self._hold_kind(kind, self._engaged_until)
+
+    def _hold_kind(self, kind: _Kind, moment: float) -> None:
+        """Hold the keys of ``kind`` decided here until the end of the window that contains
+        ``moment``."""
+        self._hold[kind] = end = self._window_end(kind, moment)
+        self._until = max(self._until, end)
 
     def _window_end(self, kind: _Kind, moment: float) -> float:
         """clock() when admissions made by ``moment`` have left every window of a key of

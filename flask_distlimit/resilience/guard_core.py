@@ -117,7 +117,7 @@ class GuardCore:
             route=storage.route,
             max_keys=fallback_max_keys,
         )
-        #: The local fallback (one per node on a Redis Cluster: :meth:`fallback_of`).
+        #: The local fallback (one per node on a Redis Cluster: :attr:`fallbacks`).
         self.fallback = self.fallbacks.default
         #: One node at a time, which may move (Sentinel): followed on failures and while open.
         self.follows = not self.routed and type(storage).node is not Storage.node
@@ -130,13 +130,6 @@ class GuardCore:
         _guards.add(self)
 
     # -- the parts ---------------------------------------------------------------------------
-
-    def fallback_of(self, node: str) -> LocalFallback:
-        """The local fallback of the checks that go to ``node``: on a storage whose checks are
-        routed to nodes of their own (Redis Cluster), each node fails, engages its fallback and
-        settles on its own, so the keys of a healthy shard are never counted locally because
-        another shard failed; elsewhere, :attr:`fallback`."""
-        return self.fallbacks.of(node)
 
     def fallbacks_for(self, checks: Sequence[Check]) -> list[tuple[LocalFallback, list[Check]]]:
         """``checks`` split by the fallback that decides them (one part but on a Cluster)."""

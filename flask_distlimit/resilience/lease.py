@@ -196,15 +196,7 @@ class Lease:
             self.units = held
             self.used = now
             self.demand += cost
-            remaining = self.seen_remaining + held
-            reset = self.seen_reset_us - (now - self.seen_at)
-        return Decision(
-            True,
-            self.limit,
-            remaining if remaining < self.limit else self.limit,
-            reset / _US if reset > 0 else 0.0,
-            0.0,
-        )
+            return self._decision(held, now)
 
     def give_back(self, spent: Spent, now: int) -> None:
         """A request refused by another limit: the units it took from the lease return."""
@@ -287,9 +279,11 @@ class Lease:
         """A leased check decided in-process: the shared count as last seen, plus the units
         still held."""
         with self.lock:
-            held = self._held(now)
-            remaining = min(self.limit, self.seen_remaining + held)
-            reset = max(0, self.seen_reset_us - (now - self.seen_at))
+            return self._decision(self._held(now), now)
+
+    def _decision(self, held: int, now: int) -> Decision:  # under self.lock
+        reset = max(0, self.seen_reset_us - (now - self.seen_at))
+        remaining = min(self.limit, self.seen_remaining + held)
         return Decision(True, self.limit, remaining, reset / _US, 0.0)
 
     def report(self, now: int) -> dict[str, object]:
