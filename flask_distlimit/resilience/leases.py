@@ -41,6 +41,8 @@ PUBLISH_INTERVAL_US: Final = 1_000_000
 #: The most leases one pass gives back (each a storage call of its own).
 GIVE_BACK_PER_PASS: Final = 8
 _US: Final = 1_000_000
+#: The storage call's answer for a check decided in-process, which the caller replaces.
+_IN_PROCESS: Final = Decision(True, 0, 0, 0.0, 0.0)
 
 
 def _renewable(guard: Guard, key: str) -> bool:
@@ -55,6 +57,16 @@ def _placed(outcome: Outcome, evaluation: Evaluation, decisions: list[Decision])
         degraded=outcome.degraded,
         unavailable=outcome.unavailable,
     )
+
+
+def _give(
+    lease: Lease, window: int, units: int, now_us: int | None, storage: Storage
+) -> tuple[str, ...]:
+    """Give back ``units`` of ``lease`` left unspent in ``window`` (a side call: an error
+    reply is counted and logged there, and the units are not given back)."""
+    period = lease.period_us // _US
+    storage.give_back(lease.key, lease.algorithm, period, window, units, now_us=now_us)
+    return ()
 
 
 class _Ask:
@@ -203,25 +215,9 @@ class Leases:
                 continue
             for window, units in lease.unspent(now):
                 passes += 1
-                self.guard.side_call(
-                    lease.key,
-                    self._giving(lease, window, units, self.storage_now()),
-                    "a lease's give-back",
-                )
+                give = functools.partial(_give, lease, window, units, self.storage_now())
+                self.guard.side_call(lease.key, give, "a lease's give-back")
         return passes > 0
-
-    @staticmethod
-    def _giving(
-        lease: Lease, window: int, units: int, storage_now: int | None
-    ) -> Callable[[Storage], tuple[str, ...]]:
-        key, algorithm, period = lease.key, lease.algorithm, lease.period_us // _US
-
-        def give(storage: Storage) -> tuple[str, ...]:
-            # an error reply: the side call counts and logs it (the units are not given back)
-            storage.give_back(key, algorithm, period, window, units, now_us=storage_now)
-            return ()
-
-        return give
 
     def _publish(self, now: int) -> None:
         """Publish what this process holds (a storage call of its own)."""
@@ -325,18 +321,12 @@ class Leases:
         only top-ups refused. The answer holds one decision per check of ``checks`` (those
         decided in-process: a placeholder the caller replaces)."""
         guard = self.guard
-        placeholder = Decision(True, 0, 0, 0.0, 0.0)
         for attempt in range(3):
             sent = [a for a in asks if a.need + a.renew > 0]
             if not plain and not sent:  # every check decided in-process
-                return Outcome(Evaluation((placeholder,) * len(checks)))
+                return Outcome(Evaluation((_IN_PROCESS,) * len(checks)))
             call = [checks[i] for i in plain]
-            call += [
-                replace(checks[a.index], cost=a.need + a.renew)
-                if a.need + a.renew != checks[a.index].cost
-                else checks[a.index]
-                for a in sent
-            ]
+            call += [replace(checks[a.index], cost=a.need + a.renew) for a in sent]
             started = self.clock()
             # Only top-ups: if the storage fails, the leases covered the request, and no failure
             # policy is to charge the local fallback with a lease it never grants.
@@ -348,7 +338,7 @@ class Leases:
             if outcome.degraded or evaluation is None:
                 if renewing_only:
                     # only top-ups were asked for: the leases covered the request
-                    return Outcome(Evaluation((placeholder,) * len(checks)))
+                    return Outcome(Evaluation((_IN_PROCESS,) * len(checks)))
                 if (
                     attempt < 2
                     and evaluation is not None
@@ -365,7 +355,7 @@ class Leases:
                     for a in sent:
                         a.renew = 0
                     continue
-                return self._spread(outcome, checks, plain, sent, placeholder)
+                return self._spread(outcome, checks, plain, sent)
             decisions = evaluation.decisions
             by_ask = dict(zip((a.index for a in sent), decisions[len(plain) :], strict=True))
             if evaluation.allowed:
@@ -380,7 +370,7 @@ class Leases:
                     else:
                         with a.lease.lock:
                             a.lease.seen(by_ask[a.index], after)
-                return self._spread(outcome, checks, plain, sent, placeholder)
+                return self._spread(outcome, checks, plain, sent)
             # Refused. A refused check that carried a top-up answered for its cost with the
             # top-up: if the request's own needs fit, ask again for what the reply says remains,
             # then for nothing but them; if they do not, ask once more for them alone, so that the
@@ -388,7 +378,7 @@ class Leases:
             # a bucket's wait for 1 + 6 units is 7 times its wait for 1.
             refused = [a for a in sent if not by_ask[a.index].allowed]
             if attempt == 2 or not any(a.renew for a in refused):
-                return self._spread(outcome, checks, plain, sent, placeholder)
+                return self._spread(outcome, checks, plain, sent)
             fits = attempt == 0 and all(d.allowed for d in decisions[: len(plain)])
             for a in refused:
                 if a.need > by_ask[a.index].remaining or not a.renew:
@@ -405,13 +395,12 @@ class Leases:
         checks: Sequence[Check],
         plain: list[int],
         sent: list[_Ask],
-        placeholder: Decision,
     ) -> Outcome:
         """``outcome`` with its decisions put back at the indexes of ``checks``."""
         evaluation = outcome.evaluation
         if evaluation is None:
             return outcome
-        merged = [placeholder] * len(checks)
+        merged = [_IN_PROCESS] * len(checks)
         decisions = evaluation.decisions
         for k, i in enumerate(plain):
             merged[i] = decisions[k]

@@ -59,11 +59,8 @@ def evaluate_routed(
                 breaker.release()
             raise
         if metrics is not None:
-            failed_parts = [r for r in results if isinstance(r, StorageError)]
-            metrics.storage_call(
-                time.perf_counter() - started,
-                storage_outcome(failed_parts[0] if failed_parts else None),
-            )
+            error = next((r for r in results if isinstance(r, StorageError)), None)
+            metrics.storage_call(time.perf_counter() - started, storage_outcome(error))
     # Each node's breaker hears once: an outage if any of its groups met one.
     for refused in report_parts(trying, [node for node, _ in live], results):
         core.storage_log.refused(refused)
