@@ -151,22 +151,16 @@ class Lease:
             held = self._held(now)
             spent: Spent | None = None
             if held >= cost:
-                chunks = self.chunks
-                first = chunks[0]  # the oldest first: they expire first
-                if first.units > cost:  # the usual spend
-                    first.units -= cost
-                    spent = [(first, cost)]
-                else:
-                    spent = []
-                    left = cost
-                    while left:
-                        chunk = chunks[0]
-                        n = min(left, chunk.units)
-                        chunk.units -= n
-                        left -= n
-                        spent.append((chunk, n))
-                        if not chunk.units:
-                            del chunks[0]
+                spent = []
+                left = cost
+                while left:
+                    chunk = self.chunks[0]  # the oldest first: they expire first
+                    n = min(left, chunk.units)
+                    chunk.units -= n
+                    left -= n
+                    spent.append((chunk, n))
+                    if not chunk.units:
+                        del self.chunks[0]
                 held -= cost
                 self.units = held
             renew = 0

@@ -41,22 +41,13 @@ PUBLISH_INTERVAL_US: Final = 1_000_000
 #: The most leases one pass gives back (each a storage call of its own).
 GIVE_BACK_PER_PASS: Final = 8
 _US: Final = 1_000_000
-#: The storage call's answer for a check decided in-process, which the caller replaces.
+#: A leased check decided in-process, until its lease's decision replaces it.
 _IN_PROCESS: Final = Decision(True, 0, 0, 0.0, 0.0)
 
 
 def _renewable(guard: Guard, key: str) -> bool:
     """May a lease of ``key`` be renewed: the breaker of its node is closed."""
     return guard.breaker_of(key).state == "closed"
-
-
-def _placed(outcome: Outcome, evaluation: Evaluation, decisions: list[Decision]) -> Outcome:
-    """``outcome`` with ``decisions`` in place of those of its ``evaluation``."""
-    return Outcome(
-        Evaluation(tuple(decisions), evaluation.repaired_keys),
-        degraded=outcome.degraded,
-        unavailable=outcome.unavailable,
-    )
 
 
 def _give(
@@ -279,7 +270,7 @@ class Leases:
             if spent is None or renew:
                 asks.append(_Ask(i, lease, 0 if spent is not None else c.cost, renew))
         try:
-            outcome = self._call(checks, plain, asks, policy, now_us)
+            outcome, sent = self._call(checks, plain, asks, policy, now_us)
         except BaseException:
             for lease, spent in local.values():
                 lease.give_back(spent, now)
@@ -302,12 +293,22 @@ class Leases:
                 metrics.leased([checks[i].key for i in local])
         if evaluation is None:
             return outcome
-        merged = list(evaluation.decisions)
+        # the decisions put back at the indexes of checks
+        merged = [_IN_PROCESS] * len(checks)
+        decisions = evaluation.decisions
+        for k, i in enumerate(plain):
+            merged[i] = decisions[k]
+        for k, a in enumerate(sent, start=len(plain)):
+            d = decisions[k]
+            if not outcome.degraded and d.allowed and a.renew:
+                # the request's part of it: the shared count plus what the lease holds
+                d = replace(d, remaining=min(d.limit, d.remaining + a.renew))
+            merged[a.index] = d
         for i, (lease, _) in local.items():
-            if not merged[i].allowed:
-                continue  # refused (its top-up): the request is, and its units went back
-            merged[i] = lease.decision(after)
-        return _placed(outcome, evaluation, merged)
+            if merged[i].allowed:  # else refused (its top-up): so is the request, units back
+                merged[i] = lease.decision(after)
+        merged_evaluation = Evaluation(tuple(merged), evaluation.repaired_keys)
+        return replace(outcome, evaluation=merged_evaluation)
 
     def _call(
         self,
@@ -316,15 +317,15 @@ class Leases:
         asks: list[_Ask],
         policy: FailurePolicy | None,
         now_us: int | None,
-    ) -> Outcome:
+    ) -> tuple[Outcome, list[_Ask]]:
         """The storage calls: the request's checks with the top-ups; asked again for less when
-        only top-ups refused. The answer holds one decision per check of ``checks`` (those
-        decided in-process: a placeholder the caller replaces)."""
+        only top-ups refused. Answers the last call's outcome (its decisions: those of
+        ``plain``, then those of the asks sent with it), and those asks."""
         guard = self.guard
         for attempt in range(3):
             sent = [a for a in asks if a.need + a.renew > 0]
             if not plain and not sent:  # every check decided in-process
-                return Outcome(Evaluation((_IN_PROCESS,) * len(checks)))
+                return Outcome(Evaluation(())), []
             call = [checks[i] for i in plain]
             call += [replace(checks[a.index], cost=a.need + a.renew) for a in sent]
             started = self.clock()
@@ -338,7 +339,7 @@ class Leases:
             if outcome.degraded or evaluation is None:
                 if renewing_only:
                     # only top-ups were asked for: the leases covered the request
-                    return Outcome(Evaluation((_IN_PROCESS,) * len(checks)))
+                    return Outcome(Evaluation(())), []
                 if (
                     attempt < 2
                     and evaluation is not None
@@ -355,7 +356,7 @@ class Leases:
                     for a in sent:
                         a.renew = 0
                     continue
-                return self._spread(outcome, checks, plain, sent)
+                return outcome, sent
             decisions = evaluation.decisions
             by_ask = dict(zip((a.index for a in sent), decisions[len(plain) :], strict=True))
             if evaluation.allowed:
@@ -370,7 +371,7 @@ class Leases:
                     else:
                         with a.lease.lock:
                             a.lease.seen(by_ask[a.index], after)
-                return self._spread(outcome, checks, plain, sent)
+                return outcome, sent
             # Refused. A refused check that carried a top-up answered for its cost with the
             # top-up: if the request's own needs fit, ask again for what the reply says remains,
             # then for nothing but them; if they do not, ask once more for them alone, so that the
@@ -378,7 +379,7 @@ class Leases:
             # a bucket's wait for 1 + 6 units is 7 times its wait for 1.
             refused = [a for a in sent if not by_ask[a.index].allowed]
             if attempt == 2 or not any(a.renew for a in refused):
-                return self._spread(outcome, checks, plain, sent)
+                return outcome, sent
             fits = attempt == 0 and all(d.allowed for d in decisions[: len(plain)])
             for a in refused:
                 if a.need > by_ask[a.index].remaining or not a.renew:
@@ -388,26 +389,3 @@ class Leases:
                     remaining = by_ask[a.index].remaining
                     a.renew = max(0, min(a.renew, remaining - a.need)) if fits else 0
         raise AssertionError("unreachable")  # pragma: no cover
-
-    @staticmethod
-    def _spread(
-        outcome: Outcome,
-        checks: Sequence[Check],
-        plain: list[int],
-        sent: list[_Ask],
-    ) -> Outcome:
-        """``outcome`` with its decisions put back at the indexes of ``checks``."""
-        evaluation = outcome.evaluation
-        if evaluation is None:
-            return outcome
-        merged = [_IN_PROCESS] * len(checks)
-        decisions = evaluation.decisions
-        for k, i in enumerate(plain):
-            merged[i] = decisions[k]
-        for k, a in enumerate(sent, start=len(plain)):
-            d = decisions[k]
-            if not outcome.degraded and d.allowed and a.renew:
-                # the request's part of it: the shared count plus what the lease holds
-                d = replace(d, remaining=min(d.limit, d.remaining + a.renew))
-            merged[a.index] = d
-        return _placed(outcome, evaluation, merged)
