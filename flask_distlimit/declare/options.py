@@ -23,7 +23,6 @@ from flask_distlimit.core.policies import validate_policy
 from flask_distlimit.declare.dynamic_limits import LimitSource, read_value
 from flask_distlimit.declare.lease_options import check_lease
 from flask_distlimit.declare.specs import LimitOptions, LimitSpec
-from flask_distlimit.engine.registry import check_rate
 from flask_distlimit.errors import ConfigurationError
 
 #: The values of ``unit=``.
@@ -163,12 +162,7 @@ def check_options(
     method_set = _check_methods(options.methods)
     algorithm = validate_algorithm(options.algorithm) if options.algorithm is not None else None
     if concurrency:
-        algorithm = CONCURRENCY
-    if algorithm is not None:
-        for rate in rates:
-            check_rate(algorithm, rate)
-        if dynamic is not None:
-            dynamic.check_algorithm(algorithm)
+        algorithm = CONCURRENCY  # LimitSpec checks the rates against the algorithm
     policy = validate_policy(options.on_failure) if options.on_failure is not None else None
     shown = value if isinstance(value, str) else (dynamic.described if dynamic else "")
     what = f"limiter.limit({shown!r})"
