@@ -9,6 +9,7 @@ gone. Each value counts on a key of its own (docs/design-notes.md, "Per-request 
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -26,7 +27,7 @@ log = logging.getLogger("flask_distlimit")
 
 #: The mapping entry for every tier the mapping does not name.
 ANY_TIER: Final = "*"
-#: Answers kept per dynamic limit (identities); emptied when full.
+#: Answers kept per dynamic limit (identities; emptied when full), and bound values.
 _KEPT: Final = 10_000
 #: Seconds (of the request clock) between two ERROR lines of one dynamic limit.
 LOG_INTERVAL: Final = 60.0
@@ -145,10 +146,9 @@ class DynamicLimit(Generic[B]):
 
     __slots__ = (
         "_answers",
-        "_made",
+        "_bound",
         "_pace",
         "algorithm",
-        "make",
         "name",
         "value",
     )
@@ -162,20 +162,12 @@ class DynamicLimit(Generic[B]):
         name: str,
     ) -> None:
         self.value = value
-        self.make = make
         self.algorithm = algorithm
         self.name = name
         self._answers: dict[str, tuple[int, tuple[Rate, ...]]] = {}
-        self._made: dict[tuple[Rate, ...], tuple[B, ...]] = {}
+        #: the bound limits of each value answered, made once
+        self._bound = functools.lru_cache(maxsize=_KEPT)(make)
         self._pace = Pace(LOG_INTERVAL * _US)  # its ERROR lines
-
-    def _bound(self, rates: tuple[Rate, ...]) -> tuple[B, ...]:
-        made = self._made.get(rates)
-        if made is None:
-            if len(self._made) >= _KEPT:
-                self._made.clear()
-            made = self._made[rates] = self.make(rates)
-        return made
 
     def resolve(
         self, tag: str, tier: str | None, now_us: int, ttl_us: int, room: int
