@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -162,10 +161,9 @@ class LocalFallback:
                     self._enter(storage, check, local, instances, now_us)
             evaluation = storage.evaluate(divided, now_us=now_us)
             for check, decision in zip(checks, evaluation.decisions, strict=True):
-                # Its local admissions leave every window when the quota it saw is whole.
-                settle = decision.reset_after
-                if not math.isfinite(settle) or settle > 2 * check.period:
-                    settle = 2 * check.period
+                # Its local admissions leave every window when the quota it saw is whole: at
+                # most two periods (min() keeps its first argument over an inf or NaN second).
+                settle = min(2 * check.period, decision.reset_after)
                 self._cover(check.key, max(now + settle, self._engaged_until))
             if len(self._covered) >= self._sweep_at:
                 self._sweep(now)
