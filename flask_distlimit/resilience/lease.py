@@ -13,7 +13,6 @@ import threading
 from collections.abc import Callable
 from typing import Final, NamedTuple, TypeAlias
 
-from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.decision import Check, Decision
 from flask_distlimit.declare.lease_options import auto_cap
 from flask_distlimit.engine.registry import REGISTRY
@@ -26,19 +25,6 @@ GIVE_BACK_AFTER_US: Final = 1_000_000
 #: The demand rate is sampled over at least this long (microseconds).
 _SAMPLE_US: Final = 50_000
 _US: Final = 1_000_000
-
-
-def _good_until(
-    algorithm: Algorithm, units: int, reset_us: int, started: int, period_us: int, limit: int
-) -> int:
-    """Until when ``units`` granted by a call started at ``started`` (local clock, us) that
-    answered ``reset_us`` stay spendable."""
-    entry = REGISTRY[algorithm]
-    if entry.refills:  # token bucket, GCRA: the time the limit takes to earn the units back
-        return started + units * period_us // limit
-    # a window's end, no sooner on the server's clock: the reset of a counter, which weighs the
-    # previous window too, is the end of the next window
-    return started + reset_us - (entry.span - 1) * period_us
 
 
 class Held(NamedTuple):
@@ -211,7 +197,7 @@ class Lease:
         clock when it decided, us, 0 if unknown)."""
         window = storage_now // self.period_us if storage_now > 0 and self.gives_back else -1
         reset_us = round(d.reset_after * _US)
-        ends = _good_until(self.algorithm, units, reset_us, started, self.period_us, self.limit)
+        ends = self._good_until(units, reset_us, started)
         with self.lock:
             if units > 0 and ends > now:
                 chunks = self.chunks
@@ -230,6 +216,16 @@ class Lease:
                 self.units += units
             self.renewing = False
             self.seen(d, now)
+
+    def _good_until(self, units: int, reset_us: int, started: int) -> int:
+        """Until when ``units`` granted by a call started at ``started`` (local clock, us) that
+        answered ``reset_us`` stay spendable."""
+        entry = REGISTRY[self.algorithm]
+        if entry.refills:  # token bucket, GCRA: the time the limit takes to earn the units back
+            return started + units * self.period_us // self.limit
+        # a window's end, no sooner on the server's clock: the reset of a counter, which weighs
+        # the previous window too, is the end of the next window
+        return started + reset_us - (entry.span - 1) * self.period_us
 
     def unspent(self, now: int) -> list[tuple[int, int]]:
         """Units of a known window this lease has not spent from for
