@@ -64,14 +64,10 @@ class Declarations:
     and ``exempt``. The registry it fills is ``self.registry``."""
 
     registry: LimitRegistry
-
-    def _reached(self, carrier: object) -> None:
-        """Called by a wrapper when its view runs inside a request (the extension enforces)."""
-        raise NotImplementedError
-
-    def _entered(self, spec: LimitSpec) -> None:
-        """Called when a ``with limiter.limit(...)`` block starts (the extension enforces)."""
-        raise NotImplementedError
+    #: called by a wrapper when its view runs inside a request (the extension enforces)
+    _reached: Callable[[object], None]
+    #: called when a ``with limiter.limit(...)`` block starts (the extension enforces)
+    _entered: Callable[[LimitSpec], None]
 
     def limit(
         self,
