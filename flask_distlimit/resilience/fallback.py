@@ -155,11 +155,10 @@ class LocalFallback:
             checks = self._placed(checks, now)
             for check in checks:
                 self._decide(check, now)
-            divided = [_divided(c, instances) for c in checks]
-            for check, local in zip(checks, divided, strict=True):
+            for check in checks:
                 if check.key not in self._covered:
-                    self._enter(storage, check, local, instances, now_us)
-            evaluation = storage.evaluate(divided, now_us=now_us)
+                    self._enter(storage, check, instances, now_us)
+            evaluation = storage.evaluate([_divided(c, instances) for c in checks], now_us=now_us)
             for check, decision in zip(checks, evaluation.decisions, strict=True):
                 # Its local admissions leave every window when the quota it saw is whole: at
                 # most two periods (min() keeps its first argument over an inf or NaN second).
@@ -313,7 +312,7 @@ class LocalFallback:
                 elif engaged and len(self._covered) < self.max_keys:
                     # Failures go on: from now on this key counts here too, starting from what
                     # Redis just said was left (this request included).
-                    self._enter(storage, check, _divided(check, instances), instances, now_us)
+                    self._enter(storage, check, instances, now_us)
                     self._cover(check.key, self._engaged_until)
                 elif until is not None:
                     # Settled: Redis alone is exact for it, and this admission is not counted
@@ -336,13 +335,12 @@ class LocalFallback:
             decisions[i] = decision
         return Evaluation(tuple(decisions))
 
-    def _enter(
-        self, storage: Storage, check: Check, local: Check, instances: int, now_us: int | None
-    ) -> None:
+    def _enter(self, storage: Storage, check: Check, instances: int, now_us: int | None) -> None:
         """Start counting ``check``'s key here from what Redis last said was left: this
         process's part of it, ``remaining // instances``, at most the share."""
         storage.delete([check.key])  # counts of an earlier spell no longer matter
-        local = dataclasses.replace(local, release=False, debt=False)  # spent: charged, not settled
+        # this process's share of it, spent: charged, not settled
+        local = dataclasses.replace(_divided(check, instances), release=False, debt=False)
         reading = None if self.last_known is None else self.last_known.reading(check)
         # Nothing said since the quota was whole: a whole share (module docstring); an older
         # figure says nothing of what the others spent since: nothing is left here.
