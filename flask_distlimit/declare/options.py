@@ -12,7 +12,7 @@ from typing import Final, cast, get_args
 
 from flask import has_request_context
 
-from flask_distlimit._typing import LimitKind, Unit
+from flask_distlimit._typing import Unit
 from flask_distlimit.core.algorithms import (
     CONCURRENCY,
     check_cost,
@@ -116,10 +116,11 @@ def _check_methods(methods: Iterable[str] | None) -> frozenset[str] | None:
 
 
 def check_options(
-    kind: LimitKind, value: LimitSource, options: LimitOptions, *, concurrency: bool = False
+    value: LimitSource, options: LimitOptions, *, concurrency: bool = False
 ) -> tuple[LimitSpec, str]:
-    """The spec a declaration makes (``declared_on`` still empty: the decorator sets it and
-    the kind of a blueprint's), and how messages name the declaration."""
+    """The spec a declaration makes, ``shared`` when it names a scope, else ``route``
+    (``declared_on`` still empty: the decorator sets it and the kind of a blueprint's), and how
+    messages name the declaration."""
     rates, dynamic = read_value(value, options.fallback)
     if not isinstance(options.shadow, bool):
         raise ConfigurationError(f"shadow={options.shadow!r}: use True or False.")
@@ -180,7 +181,7 @@ def check_options(
         shadow=options.shadow,
     )
     spec = LimitSpec(
-        kind,
+        "shared" if scope is not None else "route",
         rates,
         algorithm=algorithm,
         key_func=options.key_func,
