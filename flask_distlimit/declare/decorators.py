@@ -35,8 +35,6 @@ from flask_distlimit.declare.targets import carries, describe, hashable, make_ca
 from flask_distlimit.engine.concurrency import MAX_CONCURRENCY
 from flask_distlimit.errors import ConfigurationError
 
-__all__ = ["Declarations", "LimitDeclaration"]
-
 F = TypeVar("F", bound=Callable[..., object])
 Decorated = TypeVar("Decorated")
 
@@ -66,14 +64,10 @@ class Declarations:
     and ``exempt``. The registry it fills is ``self.registry``."""
 
     registry: LimitRegistry
-
-    def _reached(self, carrier: object) -> None:
-        """Called by a wrapper when its view runs inside a request (the extension enforces)."""
-        raise NotImplementedError
-
-    def _entered(self, spec: LimitSpec) -> None:
-        """Called when a ``with limiter.limit(...)`` block starts (the extension enforces)."""
-        raise NotImplementedError
+    #: called by a wrapper when its view runs inside a request (the extension enforces)
+    _reached: Callable[[object], None]
+    #: called when a ``with limiter.limit(...)`` block starts (the extension enforces)
+    _entered: Callable[[LimitSpec], None]
 
     def limit(
         self,
@@ -159,7 +153,7 @@ class Declarations:
         if isinstance(scope, int) and not isinstance(scope, bool):
             scope = str(scope)  # a view argument, as in Flask-Limiter: ``scope=order_id``
         options = LimitOptions.given(locals())  # first: only the arguments are local yet
-        return self._declare("shared" if scope is not None else "route", value, options)
+        return self._declare(value, options)
 
     def shared_limit(
         self,
@@ -190,7 +184,7 @@ class Declarations:
                 f"shared_limit needs a non-empty scope string, got {scope!r}: e.g. "
                 "limiter.shared_limit('100/minute', scope='search')."
             )
-        return self._declare("shared", value, LimitOptions.given(locals()))
+        return self._declare(value, LimitOptions.given(locals()))
 
     def concurrency(
         self,
@@ -212,23 +206,17 @@ class Declarations:
                 "requests of one client in flight at once), e.g. limiter.concurrency(20)."
             )
         options = LimitOptions(key_func=key_func, scope=scope, on_failure=on_failure)
-        kind: LimitKind = "shared" if scope is not None else "route"
         # the period is the lease, set at init_app
-        return self._declare(kind, f"{limit}/second", options, concurrency=True)
+        return self._declare(f"{limit}/second", options, concurrency=True)
 
     def _declare(
-        self,
-        kind: LimitKind,
-        value: LimitSource,
-        options: LimitOptions,
-        *,
-        concurrency: bool = False,
+        self, value: LimitSource, options: LimitOptions, *, concurrency: bool = False
     ) -> LimitDeclaration:
-        checked, what = check_options(kind, value, options, concurrency=concurrency)
+        checked, what = check_options(value, options, concurrency=concurrency)
 
         def decorator(target: Decorated) -> Decorated:
-            kind_on: LimitKind = kind
-            if kind == "route" and isinstance(target, (Blueprint, Flask)):
+            kind_on: LimitKind = checked.kind
+            if kind_on == "route" and isinstance(target, (Blueprint, Flask)):
                 kind_on = "blueprint" if isinstance(target, Blueprint) else "default"
             spec = replace(checked, kind=kind_on, declared_on=describe(target))
             self.registry.check_open(target, what)

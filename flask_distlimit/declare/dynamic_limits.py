@@ -9,6 +9,7 @@ gone. Each value counts on a key of its own (docs/design-notes.md, "Per-request 
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -22,24 +23,11 @@ from flask_distlimit.engine.registry import check_rate
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity.tiers import parse_tier_table
 
-__all__ = [
-    "ANY_TIER",
-    "LOG_INTERVAL",
-    "LOG_TEXT_MAX",
-    "DynamicLimit",
-    "DynamicValue",
-    "LimitSource",
-    "LimitUnresolved",
-    "log_text",
-    "read_value",
-    "ttl_us",
-]
-
 log = logging.getLogger("flask_distlimit")
 
 #: The mapping entry for every tier the mapping does not name.
 ANY_TIER: Final = "*"
-#: Answers kept per dynamic limit (identities); emptied when full.
+#: Answers kept per dynamic limit (identities; emptied when full), and bound values.
 _KEPT: Final = 10_000
 #: Seconds (of the request clock) between two ERROR lines of one dynamic limit.
 LOG_INTERVAL: Final = 60.0
@@ -89,19 +77,11 @@ class DynamicValue:
             return max((len(r) for r in self.table.values()), default=0)
         return max(len(self.fallback), 1)
 
-    def known_rates(self) -> tuple[Rate, ...]:
-        """Every rate known at declaration (the mapping's values, the fallback)."""
-        rates = [r for rs in (self.table or {}).values() for r in rs]
-        return (*rates, *self.fallback)
-
     def check_algorithm(self, algorithm: Algorithm) -> None:
-        """Raise if ``algorithm`` cannot enforce a rate known at declaration."""
-        for rate in self.known_rates():
+        """Raise if ``algorithm`` cannot enforce a rate known at declaration (the mapping's
+        values, the fallback)."""
+        for rate in [r for rs in (self.table or {}).values() for r in rs] + list(self.fallback):
             check_rate(algorithm, rate)
-
-
-def _name_of(func: object) -> str:
-    return str(getattr(func, "__qualname__", None) or repr(func))
 
 
 def read_value(value: object, fallback: str | None) -> tuple[tuple[Rate, ...], DynamicValue | None]:
@@ -143,7 +123,8 @@ def read_value(value: object, fallback: str | None) -> tuple[tuple[Rate, ...], D
         shown = ", ".join(f"{t}={';'.join(map(str, r)) or 'none'}" for t, r in table.items())
         return (), DynamicValue(None, table, (), "{" + shown + "}")
     if callable(value):
-        return (), DynamicValue(value, None, fallback_rates, f"{_name_of(value)}()")
+        name = getattr(value, "__qualname__", None) or repr(value)
+        return (), DynamicValue(value, None, fallback_rates, f"{name}()")
     raise ConfigurationError(
         f"A limit value must be a limit string ('100/minute'), a callable returning one, or a "
         f"mapping tier -> limit string; got {value!r}."
@@ -165,10 +146,9 @@ class DynamicLimit(Generic[B]):
 
     __slots__ = (
         "_answers",
-        "_made",
+        "_bound",
         "_pace",
         "algorithm",
-        "make",
         "name",
         "value",
     )
@@ -182,25 +162,12 @@ class DynamicLimit(Generic[B]):
         name: str,
     ) -> None:
         self.value = value
-        self.make = make
         self.algorithm = algorithm
         self.name = name
         self._answers: dict[str, tuple[int, tuple[Rate, ...]]] = {}
-        self._made: dict[tuple[Rate, ...], tuple[B, ...]] = {}
+        #: the bound limits of each value answered, made once
+        self._bound = functools.lru_cache(maxsize=_KEPT)(make)
         self._pace = Pace(LOG_INTERVAL * _US)  # its ERROR lines
-
-    def _may_log(self, now_us: int) -> int | None:
-        """``None`` when an ERROR line was logged less than :data:`LOG_INTERVAL` seconds ago
-        (the failure is counted), else the failures left unlogged since the last line."""
-        return self._pace.due(now_us)
-
-    def _bound(self, rates: tuple[Rate, ...]) -> tuple[B, ...]:
-        made = self._made.get(rates)
-        if made is None:
-            if len(self._made) >= _KEPT:
-                self._made.clear()
-            made = self._made[rates] = self.make(rates)
-        return made
 
     def resolve(
         self, tag: str, tier: str | None, now_us: int, ttl_us: int, room: int
@@ -212,7 +179,7 @@ class DynamicLimit(Generic[B]):
             found = table.get(tier or ANY_TIER)
             rates = found if found is not None else table.get(ANY_TIER, ())
             if len(rates) > room:  # init_app counted the largest value: only a carried wrapper
-                skipped = self._may_log(now_us)
+                skipped = self._pace.due(now_us)  # None: logged less than LOG_INTERVAL ago
                 if skipped is not None:
                     log.error(
                         "The rate limit %s has %d rates for tier %s where the request has room "
@@ -250,7 +217,7 @@ class DynamicLimit(Generic[B]):
             return rates
         except Exception as exc:  # the app's code: any failure falls back, never a 500
             fallback = self.value.fallback
-            skipped = self._may_log(now_us)
+            skipped = self._pace.due(now_us)  # None: logged less than LOG_INTERVAL ago
             if skipped is not None:
                 log.error(
                     "The limit value %s of the rate limit %s failed (%s: %s); %s. Return a "

@@ -12,7 +12,7 @@ from typing import Final, cast, get_args
 
 from flask import has_request_context
 
-from flask_distlimit._typing import LimitKind, Unit
+from flask_distlimit._typing import Unit
 from flask_distlimit.core.algorithms import (
     CONCURRENCY,
     check_cost,
@@ -23,13 +23,11 @@ from flask_distlimit.core.policies import validate_policy
 from flask_distlimit.declare.dynamic_limits import LimitSource, read_value
 from flask_distlimit.declare.lease_options import check_lease
 from flask_distlimit.declare.specs import LimitOptions, LimitSpec
-from flask_distlimit.engine.registry import check_rate
 from flask_distlimit.errors import ConfigurationError
 
 #: The values of ``unit=``.
 UNITS: Final[tuple[str, ...]] = get_args(Unit)
 
-__all__ = ["check_callable", "check_options", "check_scope"]
 
 #: The endpoint a ``scope`` callable is tried with at declaration.
 _SAMPLE_ENDPOINT = "distlimit_scope_probe.view"
@@ -118,10 +116,11 @@ def _check_methods(methods: Iterable[str] | None) -> frozenset[str] | None:
 
 
 def check_options(
-    kind: LimitKind, value: LimitSource, options: LimitOptions, *, concurrency: bool = False
+    value: LimitSource, options: LimitOptions, *, concurrency: bool = False
 ) -> tuple[LimitSpec, str]:
-    """The spec a declaration makes (``declared_on`` still empty: the decorator sets it and
-    the kind of a blueprint's), and how messages name the declaration."""
+    """The spec a declaration makes, ``shared`` when it names a scope, else ``route``
+    (``declared_on`` still empty: the decorator sets it and the kind of a blueprint's), and how
+    messages name the declaration."""
     rates, dynamic = read_value(value, options.fallback)
     if not isinstance(options.shadow, bool):
         raise ConfigurationError(f"shadow={options.shadow!r}: use True or False.")
@@ -146,15 +145,9 @@ def check_options(
             f"scope={scope!r}: use a non-empty string, or a callable (endpoint) -> str."
         )
     check_scope(scope)
-    for name, func in (
-        ("key_func", options.key_func),
-        ("exempt_when", options.exempt_when),
-        ("deduct_when", options.deduct_when),
-        ("settle", options.settle),
-        ("on_breach", options.on_breach),
-        ("cost", cost if callable(cost) else None),
-    ):
-        if func is not None:
+    for name in _CALLS:
+        func = getattr(options, name)
+        if func is not None and (name != "cost" or callable(func)):  # an int cost: checked above
             check_callable(name, func)
     if options.error_message is not None and not (
         isinstance(options.error_message, str) or callable(options.error_message)
@@ -170,12 +163,7 @@ def check_options(
     method_set = _check_methods(options.methods)
     algorithm = validate_algorithm(options.algorithm) if options.algorithm is not None else None
     if concurrency:
-        algorithm = CONCURRENCY
-    if algorithm is not None:
-        for rate in rates:
-            check_rate(algorithm, rate)
-        if dynamic is not None:
-            dynamic.check_algorithm(algorithm)
+        algorithm = CONCURRENCY  # LimitSpec checks the rates against the algorithm
     policy = validate_policy(options.on_failure) if options.on_failure is not None else None
     shown = value if isinstance(value, str) else (dynamic.described if dynamic else "")
     what = f"limiter.limit({shown!r})"
@@ -193,7 +181,7 @@ def check_options(
         shadow=options.shadow,
     )
     spec = LimitSpec(
-        kind,
+        "shared" if scope is not None else "route",
         rates,
         algorithm=algorithm,
         key_func=options.key_func,

@@ -30,15 +30,6 @@ if TYPE_CHECKING:
     from flask_distlimit.defences.lifecycle import Lifecycle
     from flask_distlimit.telemetry.metrics import Metrics
 
-__all__ = [
-    "DEFAULT_SHARES",
-    "DEFAULT_SHED_AT",
-    "Place",
-    "Shedding",
-    "WorkerLoad",
-    "parse_shares",
-    "parse_shed_at",
-]
 
 #: Utilization above which each priority is shed (no entry: never shed).
 DEFAULT_SHED_AT: Final[dict[Priority, float]] = {"sheddable": 0.5, "default": 0.75}
@@ -68,7 +59,7 @@ def parse_shed_at(key: str, value: object) -> dict[Priority, float]:
     """``DISTLIMIT_WORKER_SHED_AT``: a less important priority must not be shed later than a
     more important one."""
     shed_at = _fractions(key, value, "the utilization above which it is shed")
-    _check_order(key, shed_at, default=2.0)
+    _check_order(key, shed_at)
     return shed_at
 
 
@@ -81,12 +72,12 @@ def parse_shares(key: str, value: object) -> dict[Priority, float]:
             f"{key} has no share for {', '.join(missing)}: give every priority one, e.g. "
             "{'critical': 1.0, 'default': 0.8, 'sheddable': 0.6}."
         )
-    _check_order(key, shares, default=2.0)
+    _check_order(key, shares)
     return shares
 
 
-def _check_order(key: str, values: dict[Priority, float], default: float) -> None:
-    ordered = [values.get(p, default) for p in PRIORITIES]  # critical first
+def _check_order(key: str, values: dict[Priority, float]) -> None:
+    ordered = [values.get(p, 2.0) for p in PRIORITIES]  # critical first; none: never shed
     if any(a < b for a, b in itertools.pairwise(ordered)):
         raise ConfigurationError(
             f"{key}={values!r}: a less important priority must not get more than a more "
@@ -163,15 +154,12 @@ class WorkerLoad:
             if place in self._places:
                 self._places[place] = deadline
 
-    def utilization(self) -> float:
-        return self.in_flight / self.threads
-
     def health(self) -> dict[str, object]:
         """This process's load, for the health report: in flight, threads, utilization."""
         return {
             "in_flight": self.in_flight,
             "threads": self.threads,
-            "utilization": round(self.utilization(), 4),
+            "utilization": round(self.in_flight / self.threads, 4),
         }
 
     def after_fork(self) -> None:

@@ -21,16 +21,6 @@ from typing import Final, Protocol
 from flask_distlimit.errors import StorageError
 from flask_distlimit.storage.base import Storage
 
-__all__ = [
-    "REFRESH_INTERVAL",
-    "RETRY_INTERVAL",
-    "SHARED_KEY_TTL",
-    "IdentityTags",
-    "SideCallGuard",
-    "digest_key",
-    "tag_secret",
-]
-
 log = logging.getLogger("flask_distlimit.digests")  # a public name (docs/failure-modes.md), kept
 
 #: The time to live of the storage-kept digest key: 0, none. A key with a TTL is a candidate for
@@ -146,9 +136,7 @@ class IdentityTags:
     def _kept_tag(self, identity: str) -> str:
         if self._clock() >= self._due:
             self._maintain(wait=not self.settled)
-        if len(identity) <= _CACHED_LENGTH:
-            return self._cached(identity)
-        return self._digest(identity)
+        return self._tag(identity)
 
     def _digest(self, identity: str) -> str:
         digest = self._base.copy()
@@ -186,7 +174,7 @@ class IdentityTags:
             self._lock.release()
 
     def _read(
-        self, *, raise_errors: bool, heard: Callable[[BaseException | None], None] = lambda e: None
+        self, *, raise_errors: bool, heard: Callable[[BaseException | None], None] = _unheard
     ) -> None:
         assert self._storage is not None
         try:

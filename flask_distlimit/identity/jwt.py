@@ -16,8 +16,6 @@ from typing import Any, Final
 
 from flask_distlimit.errors import ConfigurationError
 
-__all__ = ["MAX_TOKEN_LENGTH", "JwtSettings", "JwtVerifier", "read_jwt"]
-
 #: Longest bearer token verified; a longer one is ignored as unverifiable.
 MAX_TOKEN_LENGTH: Final = 8192
 
@@ -44,11 +42,7 @@ class JwtSettings:
 
 
 def _as_list(value: object) -> list[object]:
-    if isinstance(value, (str, bytes)):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    return [value]
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def read_jwt(config: MutableMapping[str, object]) -> JwtSettings | None:
@@ -157,12 +151,11 @@ def _prepare_key(jwt_algorithms: Any, alg: str, key: object, index: int) -> obje
 class JwtVerifier:
     """Verifies bearer tokens with PyJWT; answers an identity or ``None``, never raises."""
 
-    __slots__ = ("_decode", "_errors", "_header", "_keys", "_kwargs", "_settings")
+    __slots__ = ("_decode", "_errors", "_header", "_kwargs", "_settings")
 
     def __init__(self, settings: JwtSettings) -> None:
         jwt = importlib.import_module("jwt")
         self._settings = settings
-        self._keys = settings.keys
         self._header: Callable[[str], dict[str, Any]] = jwt.get_unverified_header
         self._decode: Callable[..., dict[str, Any]] = jwt.PyJWT(
             options={"enforce_minimum_key_length": True}
@@ -188,16 +181,14 @@ class JwtVerifier:
             return None
         try:
             alg = self._header(token).get("alg")
-            keys = self._keys.get(alg) if isinstance(alg, str) else None
-            if not keys:
-                return None  # 'none', or an algorithm not configured: never trusted
-            for key in keys:
-                try:
-                    return self._decode(token, key, algorithms=[alg], **self._kwargs)
-                except self._errors:
-                    continue
         except self._errors:
             return None
+        # 'none', or an algorithm not configured: no key, never trusted
+        for key in self._settings.keys.get(alg, ()) if isinstance(alg, str) else ():
+            try:
+                return self._decode(token, key, algorithms=[alg], **self._kwargs)
+            except self._errors:
+                continue
         return None
 
     def identify(self, authorization: object) -> tuple[str, object] | None:

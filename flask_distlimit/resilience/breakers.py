@@ -15,8 +15,6 @@ from typing import Final, NamedTuple
 
 from flask_distlimit.core.decision import Evaluation
 from flask_distlimit.errors import (
-    StorageBusy,
-    StorageError,
     StorageFull,
     StorageMisconfigured,
     StorageReplyLost,
@@ -29,16 +27,6 @@ from flask_distlimit.resilience.breaker import (
     check_fail_max,
     check_reset_timeout,
 )
-
-__all__ = [
-    "DEFAULT_NODE",
-    "MAX_NODES",
-    "Admitted",
-    "Breakers",
-    "report_call",
-    "report_parts",
-    "worst",
-]
 
 #: The node of a storage that has only one (single node, memory; Sentinel before it connected).
 DEFAULT_NODE: Final = "redis"
@@ -98,16 +86,12 @@ class Breakers:
         return breaker
 
     def _make(self, node: str) -> Breaker:
-        known = self._known()
+        self.prune()
         dropped: list[str] = []
         with self._lock:
             breaker = self._by_node.get(node)
             if breaker is not None:
                 return breaker
-            if known is not None:
-                for other in [n for n in self._by_node if n not in known]:
-                    del self._by_node[other]
-                    dropped.append(other)
             while len(self._by_node) >= self._limit:
                 closed = [n for n, b in self._by_node.items() if b.state == "closed"]
                 oldest = (closed or list(self._by_node))[0]
@@ -172,12 +156,8 @@ class Breakers:
     @property
     def state(self) -> BreakerState:
         """The worst state of any node's breaker (``closed`` when there is none yet)."""
-        worst: BreakerState = "closed"
-        for breaker in list(self._by_node.values()):
-            state = breaker.state
-            if _RANK[state] > _RANK[worst]:
-                worst = state
-        return worst
+        breaker = worst(self.all())
+        return "closed" if breaker is None else breaker.state
 
     def all(self) -> list[Breaker]:
         return list(self._by_node.values())
@@ -189,35 +169,30 @@ class Breakers:
 
 
 def report_call(breaker: Breaker, error: BaseException | None) -> None:
-    """``breaker`` hears how one call ended (``error``: ``None`` when the storage answered):
-    an answer (an error reply, a lost reply and a refused write are answers: the node is up) is
-    a success, an outage a failure; any other exception frees a trial it held."""
-    if error is None or isinstance(error, StorageReplyLost | StorageFull | StorageResponseError):
-        breaker.success()
-    elif isinstance(error, StorageUnavailable):
-        breaker.failure(error)
-    else:
-        breaker.release()
+    """``breaker`` hears how one call ended (``error``: ``None`` when the storage answered), as
+    :func:`report_parts` tells a node's breaker."""
+    report_parts({DEFAULT_NODE: breaker}, [DEFAULT_NODE], [error])
 
 
 def report_parts(
     trying: dict[str, Breaker],
     nodes: Sequence[str],
-    results: Sequence[Evaluation | StorageError],
+    results: Sequence[Evaluation | BaseException | None],
 ) -> list[StorageMisconfigured]:
     """Each node's breaker of ``trying`` (:meth:`Breakers.admit`) hears once how the parts sent
-    to it (``nodes``, one per result) ended: an outage if any of them met one, else an answer (an
-    error reply, a lost reply and a refused write are answers: the node is up); a node that
-    only met this process's load (:class:`~flask_distlimit.errors.StorageBusy`) or was sent
-    nothing has its trial released. Answers the outages that are misconfigurations (to log)."""
+    to it (``nodes``, one per result; ``None`` or an evaluation: answered) ended: an outage if
+    any of them met one, else an answer (an error reply, a lost reply and a refused write are
+    answers: the node is up); a node that only met this process's load
+    (:class:`~flask_distlimit.errors.StorageBusy`) or another exception, or was sent nothing,
+    has its trial released. Answers the outages that are misconfigurations (to log)."""
     heard: dict[str, StorageUnavailable | None] = {}
     for node, result in zip(nodes, results, strict=True):
-        if isinstance(result, StorageUnavailable) and not isinstance(
-            result, StorageReplyLost | StorageFull
+        if result is None or isinstance(
+            result, Evaluation | StorageReplyLost | StorageFull | StorageResponseError
         ):
-            heard[node] = result
-        elif not isinstance(result, StorageBusy):  # this process's load: no evidence
             heard.setdefault(node, None)
+        elif isinstance(result, StorageUnavailable):
+            heard[node] = result
     for node, breaker in trying.items():
         if node not in heard:
             breaker.release()

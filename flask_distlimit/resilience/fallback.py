@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -28,8 +27,6 @@ from flask_distlimit.storage.base import Storage
 # other thread of the worker for as long as it took (16 ms idle, 180-340 ms on a busy machine).
 from flask_distlimit.storage.memory import MemoryStorage
 
-__all__ = ["DEFAULT_MAX_KEYS", "FRESHNESS", "LocalFallback", "divided_limit"]
-
 log = logging.getLogger("flask_distlimit.guard")  # a public name (docs/failure-modes.md), kept
 
 #: What Redis said was left for a key is trusted for this fraction of the key's period after it
@@ -45,10 +42,6 @@ _US = 1_000_000
 
 #: A key's algorithm and period: how long its local admissions stay in the windows Redis sees.
 _Kind = tuple[Algorithm, int]
-
-
-def _wall_us() -> int:
-    return time.time_ns() // 1_000
 
 
 def divided_limit(limit: int, instances: int) -> int:
@@ -162,16 +155,14 @@ class LocalFallback:
             checks = self._placed(checks, now)
             for check in checks:
                 self._decide(check, now)
-            divided = [_divided(c, instances) for c in checks]
-            for check, local in zip(checks, divided, strict=True):
+            for check in checks:
                 if check.key not in self._covered:
-                    self._enter(storage, check, local, instances, now_us)
-            evaluation = storage.evaluate(divided, now_us=now_us)
+                    self._enter(storage, check, instances, now_us)
+            evaluation = storage.evaluate([_divided(c, instances) for c in checks], now_us=now_us)
             for check, decision in zip(checks, evaluation.decisions, strict=True):
-                # Its local admissions leave every window when the quota it saw is whole.
-                settle = decision.reset_after
-                if not math.isfinite(settle) or settle > 2 * check.period:
-                    settle = 2 * check.period
+                # Its local admissions leave every window when the quota it saw is whole: at
+                # most two periods (min() keeps its first argument over an inf or NaN second).
+                settle = min(2 * check.period, decision.reset_after)
                 self._cover(check.key, max(now + settle, self._engaged_until))
             if len(self._covered) >= self._sweep_at:
                 self._sweep(now)
@@ -321,7 +312,7 @@ class LocalFallback:
                 elif engaged and len(self._covered) < self.max_keys:
                     # Failures go on: from now on this key counts here too, starting from what
                     # Redis just said was left (this request included).
-                    self._enter(storage, check, _divided(check, instances), instances, now_us)
+                    self._enter(storage, check, instances, now_us)
                     self._cover(check.key, self._engaged_until)
                 elif until is not None:
                     # Settled: Redis alone is exact for it, and this admission is not counted
@@ -344,13 +335,12 @@ class LocalFallback:
             decisions[i] = decision
         return Evaluation(tuple(decisions))
 
-    def _enter(
-        self, storage: Storage, check: Check, local: Check, instances: int, now_us: int | None
-    ) -> None:
+    def _enter(self, storage: Storage, check: Check, instances: int, now_us: int | None) -> None:
         """Start counting ``check``'s key here from what Redis last said was left: this
         process's part of it, ``remaining // instances``, at most the share."""
         storage.delete([check.key])  # counts of an earlier spell no longer matter
-        local = dataclasses.replace(local, release=False, debt=False)  # spent: charged, not settled
+        # this process's share of it, spent: charged, not settled
+        local = dataclasses.replace(_divided(check, instances), release=False, debt=False)
         reading = None if self.last_known is None else self.last_known.reading(check)
         # Nothing said since the quota was whole: a whole share (module docstring); an older
         # figure says nothing of what the others spent since: nothing is left here.
@@ -370,7 +360,9 @@ class LocalFallback:
 
     def _observe(self, now: float, now_us: int | None) -> None:
         """Remember how the storage's time (``now_us``, else the wall clock) maps onto clock()."""
-        self._wall_offset_us = (_wall_us() if now_us is None else now_us) - round(now * _US)
+        self._wall_offset_us = (time.time_ns() // 1_000 if now_us is None else now_us) - round(
+            now * _US
+        )
 
     def _engage(self, until: float) -> None:
         """Count every request here until ``until`` at least, and every key decided here until
@@ -379,8 +371,7 @@ class LocalFallback:
             return
         self._engaged_until = until
         for kind in self._hold:
-            self._hold[kind] = end = self._window_end(kind, until)
-            self._until = max(self._until, end)
+            self._hold_kind(kind, until)
         self._until = max(self._until, until)
 
     def _decide(self, check: Check, now: float) -> None:
@@ -390,8 +381,13 @@ class LocalFallback:
         kind = (check.algorithm, check.period)
         self._decided[check.key] = (kind, now)
         if kind not in self._hold:
-            self._hold[kind] = end = self._window_end(kind, self._engaged_until)
-            self._until = max(self._until, end)
+            self._hold_kind(kind, self._engaged_until)
+
+    def _hold_kind(self, kind: _Kind, moment: float) -> None:
+        """Hold the keys of ``kind`` decided here until the end of the window that contains
+        ``moment``."""
+        self._hold[kind] = end = self._window_end(kind, moment)
+        self._until = max(self._until, end)
 
     def _window_end(self, kind: _Kind, moment: float) -> float:
         """clock() when admissions made by ``moment`` have left every window of a key of

@@ -38,8 +38,6 @@ from flask_distlimit.resilience.storage_log import StorageLog
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.telemetry.metrics import Metrics, Sinks
 
-__all__ = ["REDISCOVER_INTERVAL", "GuardCore"]
-
 log = logging.getLogger("flask_distlimit.guard")  # a public name (docs/failure-modes.md), kept
 
 #: While the breaker of the node a storage goes to is open, the storage is asked at most this
@@ -119,7 +117,7 @@ class GuardCore:
             route=storage.route,
             max_keys=fallback_max_keys,
         )
-        #: The local fallback (one per node on a Redis Cluster: :meth:`fallback_of`).
+        #: The local fallback (one per node on a Redis Cluster: :attr:`fallbacks`).
         self.fallback = self.fallbacks.default
         #: One node at a time, which may move (Sentinel): followed on failures and while open.
         self.follows = not self.routed and type(storage).node is not Storage.node
@@ -132,13 +130,6 @@ class GuardCore:
         _guards.add(self)
 
     # -- the parts ---------------------------------------------------------------------------
-
-    def fallback_of(self, node: str) -> LocalFallback:
-        """The local fallback of the checks that go to ``node``: on a storage whose checks are
-        routed to nodes of their own (Redis Cluster), each node fails, engages its fallback and
-        settles on its own, so the keys of a healthy shard are never counted locally because
-        another shard failed; elsewhere, :attr:`fallback`."""
-        return self.fallbacks.of(node)
 
     def fallbacks_for(self, checks: Sequence[Check]) -> list[tuple[LocalFallback, list[Check]]]:
         """``checks`` split by the fallback that decides them (one part but on a Cluster)."""
@@ -157,9 +148,7 @@ class GuardCore:
         memory, the current master's on Sentinel; on a Redis Cluster, that of the primary
         serving the instance heartbeat key (each request uses its groups' own,
         :attr:`breakers`)."""
-        if self.routed:
-            return self.breakers.get(self.storage.route([self.heartbeat_check])[0][0])
-        return self.node_breaker
+        return self.breaker_of(self.heartbeat_check.key)
 
     def breaker_of(self, key: str) -> Breaker:
         """The breaker of the node serving ``key`` (:attr:`breaker` but on a Redis Cluster)."""
@@ -253,11 +242,7 @@ class GuardCore:
             return Outcome(evaluation, degraded=True)
         if self.metrics is not None:
             self.metrics.degraded(checks, None)
-        if chosen == "closed":
-            return CLOSED_OUTCOME
-        if chosen != "open":
-            validate_policy(chosen)  # raises ConfigurationError naming the bad value
-        return OPEN_OUTCOME
+        return CLOSED_OUTCOME if chosen == "closed" else OPEN_OUTCOME
 
     def answer_busy(self, exc: StorageBusy) -> Outcome:
         """A call queued in this process past its budget: a 503 (``Retry-After: 1``), whatever

@@ -8,16 +8,14 @@ docs/design-notes.md, "One lease"; docs/leasing.md.
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Callable
 from typing import Final, NamedTuple, TypeAlias
 
-from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.decision import Check, Decision
 from flask_distlimit.declare.lease_options import auto_cap
 from flask_distlimit.engine.registry import REGISTRY
-
-__all__ = ["GIVE_BACK_AFTER_US", "LEASE_SPAN_US", "Held", "Lease", "Spent", "Taken"]
 
 #: ``lease=True`` sizes a lease to this much of the process's demand on the key (microseconds).
 LEASE_SPAN_US: Final = 100_000
@@ -27,25 +25,6 @@ GIVE_BACK_AFTER_US: Final = 1_000_000
 #: The demand rate is sampled over at least this long (microseconds).
 _SAMPLE_US: Final = 50_000
 _US: Final = 1_000_000
-
-
-def _gives_back(algorithm: Algorithm) -> bool:
-    """Are unspent units of ``algorithm`` given back to the shared count (a window's count the
-    storage numbers), rather than earned back by a bucket?"""
-    return REGISTRY[algorithm].give_back_field is not None
-
-
-def _good_until(
-    algorithm: Algorithm, units: int, reset_us: int, started: int, period_us: int, limit: int
-) -> int:
-    """Until when ``units`` granted by a call started at ``started`` (local clock, us) that
-    answered ``reset_us`` stay spendable."""
-    entry = REGISTRY[algorithm]
-    if entry.refills:  # token bucket, GCRA: the time the limit takes to earn the units back
-        return started + units * period_us // limit
-    # a window's end, no sooner on the server's clock: the reset of a counter, which weighs the
-    # previous window too, is the end of the next window
-    return started + reset_us - (entry.span - 1) * period_us
 
 
 class Held(NamedTuple):
@@ -66,8 +45,7 @@ class _Chunk:
         self.window = window
 
 
-def _expiry(chunk: _Chunk) -> int:
-    return chunk.expires
+_expiry = operator.attrgetter("expires")
 
 
 #: the chunks a request spent from, and how much of each (:meth:`Lease.give_back` returns them)
@@ -109,8 +87,9 @@ class Lease:
     def __init__(self, check: Check, size: bool | int, now: int) -> None:
         self.key = check.key
         self.algorithm = check.algorithm
-        #: unspent units go back to the shared count (:meth:`unspent`; a bucket earns them back)
-        self.gives_back = _gives_back(check.algorithm)
+        #: unspent units go back to the shared count, a window's count the storage numbers
+        #: (:meth:`unspent`; a bucket earns them back)
+        self.gives_back = REGISTRY[check.algorithm].give_back_field is not None
         self.limit = check.limit
         self.period_us = check.period * _US
         self.fixed = 0 if size is True else int(size)
@@ -158,22 +137,16 @@ class Lease:
             held = self._held(now)
             spent: Spent | None = None
             if held >= cost:
-                chunks = self.chunks
-                first = chunks[0]  # the oldest first: they expire first
-                if first.units > cost:  # the usual spend
-                    first.units -= cost
-                    spent = [(first, cost)]
-                else:
-                    spent = []
-                    left = cost
-                    while left:
-                        chunk = chunks[0]
-                        n = min(left, chunk.units)
-                        chunk.units -= n
-                        left -= n
-                        spent.append((chunk, n))
-                        if not chunk.units:
-                            del chunks[0]
+                spent = []
+                left = cost
+                while left:
+                    chunk = self.chunks[0]  # the oldest first: they expire first
+                    n = min(left, chunk.units)
+                    chunk.units -= n
+                    left -= n
+                    spent.append((chunk, n))
+                    if not chunk.units:
+                        del self.chunks[0]
                 held -= cost
                 self.units = held
             renew = 0
@@ -203,15 +176,7 @@ class Lease:
             self.units = held
             self.used = now
             self.demand += cost
-            remaining = self.seen_remaining + held
-            reset = self.seen_reset_us - (now - self.seen_at)
-        return Decision(
-            True,
-            self.limit,
-            remaining if remaining < self.limit else self.limit,
-            reset / _US if reset > 0 else 0.0,
-            0.0,
-        )
+            return self._decision(held, now)
 
     def give_back(self, spent: Spent, now: int) -> None:
         """A request refused by another limit: the units it took from the lease return."""
@@ -232,7 +197,7 @@ class Lease:
         clock when it decided, us, 0 if unknown)."""
         window = storage_now // self.period_us if storage_now > 0 and self.gives_back else -1
         reset_us = round(d.reset_after * _US)
-        ends = _good_until(self.algorithm, units, reset_us, started, self.period_us, self.limit)
+        ends = self._good_until(units, reset_us, started)
         with self.lock:
             if units > 0 and ends > now:
                 chunks = self.chunks
@@ -251,6 +216,16 @@ class Lease:
                 self.units += units
             self.renewing = False
             self.seen(d, now)
+
+    def _good_until(self, units: int, reset_us: int, started: int) -> int:
+        """Until when ``units`` granted by a call started at ``started`` (local clock, us) that
+        answered ``reset_us`` stay spendable."""
+        entry = REGISTRY[self.algorithm]
+        if entry.refills:  # token bucket, GCRA: the time the limit takes to earn the units back
+            return started + units * self.period_us // self.limit
+        # a window's end, no sooner on the server's clock: the reset of a counter, which weighs
+        # the previous window too, is the end of the next window
+        return started + reset_us - (entry.span - 1) * self.period_us
 
     def unspent(self, now: int) -> list[tuple[int, int]]:
         """Units of a known window this lease has not spent from for
@@ -294,9 +269,11 @@ class Lease:
         """A leased check decided in-process: the shared count as last seen, plus the units
         still held."""
         with self.lock:
-            held = self._held(now)
-            remaining = min(self.limit, self.seen_remaining + held)
-            reset = max(0, self.seen_reset_us - (now - self.seen_at))
+            return self._decision(self._held(now), now)
+
+    def _decision(self, held: int, now: int) -> Decision:  # under self.lock
+        reset = max(0, self.seen_reset_us - (now - self.seen_at))
+        remaining = min(self.limit, self.seen_remaining + held)
         return Decision(True, self.limit, remaining, reset / _US, 0.0)
 
     def report(self, now: int) -> dict[str, object]:

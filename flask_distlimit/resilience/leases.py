@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from flask_distlimit.declare.route_limits import BoundLimit
     from flask_distlimit.storage.base import Storage
 
-__all__ = ["MAX_LEASES", "PUBLISH_INTERVAL_US", "Leases"]
 
 #: The most leases one process keeps per app; the least recently used go first.
 MAX_LEASES: Final = 1024
@@ -42,6 +41,8 @@ PUBLISH_INTERVAL_US: Final = 1_000_000
 #: The most leases one pass gives back (each a storage call of its own).
 GIVE_BACK_PER_PASS: Final = 8
 _US: Final = 1_000_000
+#: A leased check decided in-process, until its lease's decision replaces it.
+_IN_PROCESS: Final = Decision(True, 0, 0, 0.0, 0.0)
 
 
 def _renewable(guard: Guard, key: str) -> bool:
@@ -49,13 +50,14 @@ def _renewable(guard: Guard, key: str) -> bool:
     return guard.breaker_of(key).state == "closed"
 
 
-def _placed(outcome: Outcome, evaluation: Evaluation, decisions: list[Decision]) -> Outcome:
-    """``outcome`` with ``decisions`` in place of those of its ``evaluation``."""
-    return Outcome(
-        Evaluation(tuple(decisions), evaluation.repaired_keys),
-        degraded=outcome.degraded,
-        unavailable=outcome.unavailable,
-    )
+def _give(
+    lease: Lease, window: int, units: int, now_us: int | None, storage: Storage
+) -> tuple[str, ...]:
+    """Give back ``units`` of ``lease`` left unspent in ``window`` (a side call: an error
+    reply is counted and logged there, and the units are not given back)."""
+    period = lease.period_us // _US
+    storage.give_back(lease.key, lease.algorithm, period, window, units, now_us=now_us)
+    return ()
 
 
 class _Ask:
@@ -86,17 +88,11 @@ class Leases:
         self.guard = guard
         self.clock = clock
         self.storage_now = storage_now  #: the injected time for the storage (tests)
-        self._lock = threading.Lock()
-        self._leases: dict[str, Lease] = {}
         #: the leased limits bound so far: key tail -> the largest lease of it, in units
         self._declared: dict[str, int] = {}
         #: where every process of the app publishes what it holds (for ``inspect``)
         self.records_key = f"{guard.key_prefix}:leases"
-        self.process = process_member()
-        self._look_at = 0  #: the local time (us) from which leases are looked at again
-        self._publish_at = 0  #: the local time (us) from which a publication may be made again
-        #: a renewal was granted (or a reset dropped units) since the last publication
-        self._renewed = False
+        self.after_fork()
         _all.add(self)
 
     def declare(self, bounds: Sequence[BoundLimit]) -> bool:
@@ -112,17 +108,18 @@ class Leases:
     def largest(self, key: str) -> int | None:
         """The most units a process leases of the limit stored under ``key`` (``None``: not
         a leased limit, or none of its routes bound yet)."""
-        for tail, size in list(self._declared.items()):  # declare() may add meanwhile
-            if key.endswith(tail):
-                return size
-        return None
+        declared = list(self._declared.items())  # declare() may add meanwhile
+        return next((size for tail, size in declared if key.endswith(tail)), None)
 
     def after_fork(self) -> None:
-        """A forked child holds nothing: the parent's units are the parent's."""
+        """A forked child holds nothing: the parent's units are the parent's (also the initial
+        state)."""
         self._lock = threading.Lock()
-        self._leases = {}
+        self._leases: dict[str, Lease] = {}
         self.process = process_member()
-        self._look_at = self._publish_at = 0
+        self._look_at = 0  #: the local time (us) from which leases are looked at again
+        self._publish_at = 0  #: the local time (us) from which a publication may be made again
+        #: a renewal was granted (or a reset dropped units) since the last publication
         self._renewed = False
 
     def drop(self, keys: Iterable[str] | None = None) -> None:
@@ -173,11 +170,8 @@ class Leases:
     def units_of(self, label: str) -> float:
         """Units held in the leases of one limit (its metrics label), every identity's."""
         now = self.clock()
-        total = 0
-        for lease in list(self._leases.values()):
-            if limit_label(lease.key) == label:
-                total += lease.holds(now).units
-        return total
+        leases = list(self._leases.values())
+        return sum(lease.holds(now).units for lease in leases if limit_label(lease.key) == label)
 
     def housekeeping(self) -> None:
         """After a storage call of this process: at most once a second, give back the units
@@ -212,25 +206,9 @@ class Leases:
                 continue
             for window, units in lease.unspent(now):
                 passes += 1
-                self.guard.side_call(
-                    lease.key,
-                    self._giving(lease, window, units, self.storage_now()),
-                    "a lease's give-back",
-                )
+                give = functools.partial(_give, lease, window, units, self.storage_now())
+                self.guard.side_call(lease.key, give, "a lease's give-back")
         return passes > 0
-
-    @staticmethod
-    def _giving(
-        lease: Lease, window: int, units: int, storage_now: int | None
-    ) -> Callable[[Storage], tuple[str, ...]]:
-        key, algorithm, period = lease.key, lease.algorithm, lease.period_us // _US
-
-        def give(storage: Storage) -> tuple[str, ...]:
-            # an error reply: the side call counts and logs it (the units are not given back)
-            storage.give_back(key, algorithm, period, window, units, now_us=storage_now)
-            return ()
-
-        return give
 
     def _publish(self, now: int) -> None:
         """Publish what this process holds (a storage call of its own)."""
@@ -292,7 +270,7 @@ class Leases:
             if spent is None or renew:
                 asks.append(_Ask(i, lease, 0 if spent is not None else c.cost, renew))
         try:
-            outcome = self._call(checks, plain, asks, policy, now_us)
+            outcome, sent = self._call(checks, plain, asks, policy, now_us)
         except BaseException:
             for lease, spent in local.values():
                 lease.give_back(spent, now)
@@ -315,12 +293,22 @@ class Leases:
                 metrics.leased([checks[i].key for i in local])
         if evaluation is None:
             return outcome
-        merged = list(evaluation.decisions)
+        # the decisions put back at the indexes of checks
+        merged = [_IN_PROCESS] * len(checks)
+        decisions = evaluation.decisions
+        for k, i in enumerate(plain):
+            merged[i] = decisions[k]
+        for k, a in enumerate(sent, start=len(plain)):
+            d = decisions[k]
+            if not outcome.degraded and d.allowed and a.renew:
+                # the request's part of it: the shared count plus what the lease holds
+                d = replace(d, remaining=min(d.limit, d.remaining + a.renew))
+            merged[a.index] = d
         for i, (lease, _) in local.items():
-            if not merged[i].allowed:
-                continue  # refused (its top-up): the request is, and its units went back
-            merged[i] = lease.decision(after)
-        return _placed(outcome, evaluation, merged)
+            if merged[i].allowed:  # else refused (its top-up): so is the request, units back
+                merged[i] = lease.decision(after)
+        merged_evaluation = Evaluation(tuple(merged), evaluation.repaired_keys)
+        return replace(outcome, evaluation=merged_evaluation)
 
     def _call(
         self,
@@ -329,23 +317,17 @@ class Leases:
         asks: list[_Ask],
         policy: FailurePolicy | None,
         now_us: int | None,
-    ) -> Outcome:
+    ) -> tuple[Outcome, list[_Ask]]:
         """The storage calls: the request's checks with the top-ups; asked again for less when
-        only top-ups refused. The answer holds one decision per check of ``checks`` (those
-        decided in-process: a placeholder the caller replaces)."""
+        only top-ups refused. Answers the last call's outcome (its decisions: those of
+        ``plain``, then those of the asks sent with it), and those asks."""
         guard = self.guard
-        placeholder = Decision(True, 0, 0, 0.0, 0.0)
         for attempt in range(3):
             sent = [a for a in asks if a.need + a.renew > 0]
             if not plain and not sent:  # every check decided in-process
-                return Outcome(Evaluation((placeholder,) * len(checks)))
+                return Outcome(Evaluation(())), []
             call = [checks[i] for i in plain]
-            call += [
-                replace(checks[a.index], cost=a.need + a.renew)
-                if a.need + a.renew != checks[a.index].cost
-                else checks[a.index]
-                for a in sent
-            ]
+            call += [replace(checks[a.index], cost=a.need + a.renew) for a in sent]
             started = self.clock()
             # Only top-ups: if the storage fails, the leases covered the request, and no failure
             # policy is to charge the local fallback with a lease it never grants.
@@ -357,7 +339,7 @@ class Leases:
             if outcome.degraded or evaluation is None:
                 if renewing_only:
                     # only top-ups were asked for: the leases covered the request
-                    return Outcome(Evaluation((placeholder,) * len(checks)))
+                    return Outcome(Evaluation(())), []
                 if (
                     attempt < 2
                     and evaluation is not None
@@ -374,7 +356,7 @@ class Leases:
                     for a in sent:
                         a.renew = 0
                     continue
-                return self._spread(outcome, checks, plain, sent, placeholder)
+                return outcome, sent
             decisions = evaluation.decisions
             by_ask = dict(zip((a.index for a in sent), decisions[len(plain) :], strict=True))
             if evaluation.allowed:
@@ -389,7 +371,7 @@ class Leases:
                     else:
                         with a.lease.lock:
                             a.lease.seen(by_ask[a.index], after)
-                return self._spread(outcome, checks, plain, sent, placeholder)
+                return outcome, sent
             # Refused. A refused check that carried a top-up answered for its cost with the
             # top-up: if the request's own needs fit, ask again for what the reply says remains,
             # then for nothing but them; if they do not, ask once more for them alone, so that the
@@ -397,7 +379,7 @@ class Leases:
             # a bucket's wait for 1 + 6 units is 7 times its wait for 1.
             refused = [a for a in sent if not by_ask[a.index].allowed]
             if attempt == 2 or not any(a.renew for a in refused):
-                return self._spread(outcome, checks, plain, sent, placeholder)
+                return outcome, sent
             fits = attempt == 0 and all(d.allowed for d in decisions[: len(plain)])
             for a in refused:
                 if a.need > by_ask[a.index].remaining or not a.renew:
@@ -407,27 +389,3 @@ class Leases:
                     remaining = by_ask[a.index].remaining
                     a.renew = max(0, min(a.renew, remaining - a.need)) if fits else 0
         raise AssertionError("unreachable")  # pragma: no cover
-
-    @staticmethod
-    def _spread(
-        outcome: Outcome,
-        checks: Sequence[Check],
-        plain: list[int],
-        sent: list[_Ask],
-        placeholder: Decision,
-    ) -> Outcome:
-        """``outcome`` with its decisions put back at the indexes of ``checks``."""
-        evaluation = outcome.evaluation
-        if evaluation is None:
-            return outcome
-        merged = [placeholder] * len(checks)
-        decisions = evaluation.decisions
-        for k, i in enumerate(plain):
-            merged[i] = decisions[k]
-        for k, a in enumerate(sent, start=len(plain)):
-            d = decisions[k]
-            if not outcome.degraded and d.allowed and a.renew:
-                # the request's part of it: the shared count plus what the lease holds
-                d = replace(d, remaining=min(d.limit, d.remaining + a.renew))
-            merged[a.index] = d
-        return _placed(outcome, evaluation, merged)

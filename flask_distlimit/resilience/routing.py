@@ -9,12 +9,11 @@ is open. Each policy's answer: docs/design-notes.md, "Routing on a Cluster".
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from flask_distlimit._typing import FailurePolicy
 from flask_distlimit.core.decision import Check, Decision, Evaluation
-from flask_distlimit.core.policies import validate_policy
 from flask_distlimit.errors import StorageBusy, StorageError, StorageFull, StorageUnavailable
 from flask_distlimit.resilience.breakers import report_parts
 from flask_distlimit.resilience.fallback import LocalFallback
@@ -22,8 +21,6 @@ from flask_distlimit.resilience.guard_core import GuardCore
 from flask_distlimit.resilience.outcome import OPEN_OUTCOME, Outcome
 from flask_distlimit.resilience.side_calls import heartbeat_if_due
 from flask_distlimit.telemetry.otel import storage_outcome
-
-__all__ = ["evaluate_routed"]
 
 
 def evaluate_routed(
@@ -62,11 +59,8 @@ def evaluate_routed(
                 breaker.release()
             raise
         if metrics is not None:
-            failed_parts = [r for r in results if isinstance(r, StorageError)]
-            metrics.storage_call(
-                time.perf_counter() - started,
-                storage_outcome(failed_parts[0] if failed_parts else None),
-            )
+            error = next((r for r in results if isinstance(r, StorageError)), None)
+            metrics.storage_call(time.perf_counter() - started, storage_outcome(error))
     # Each node's breaker hears once: an outage if any of its groups met one.
     for refused in report_parts(trying, [node for node, _ in live], results):
         core.storage_log.refused(refused)
@@ -116,7 +110,7 @@ def evaluate_routed(
         if denied:
             _give_back(core, checks, spent, decisions, now_us, breach=True)
             evaluation = Evaluation(tuple(d for d in decisions if d is not None))
-        return _answered(core, checks, live, evaluation, chosen, now_us)
+        return _answered(core, checks, node_of, evaluation, chosen, now_us)
     # Some groups' nodes are down: the failure policy decides those checks only.
     failed.sort()
     lost = [checks[i] for i in failed]
@@ -128,12 +122,8 @@ def evaluate_routed(
         local = _local_by_node(core, checks, failed, node_of, now_us)
         for i, decision in zip(failed, local.decisions, strict=True):
             decisions[i] = decision
-        if not local.allowed:
-            denied = True
-            _give_back(core, checks, spent, decisions, now_us, breach=True)
-    elif chosen not in ("open", "local"):
-        validate_policy(chosen)
-    if denied and local is None:
+        denied = not local.allowed
+    if denied:
         _give_back(core, checks, spent, decisions, now_us, breach=True)
     by_redis = [checks[i] for i in answered]
     redis_said = Evaluation(tuple(d for i in answered if (d := decisions[i]) is not None))
@@ -163,16 +153,11 @@ def _local_by_node(
 ) -> Evaluation:
     """The checks ``failed`` (indexes, sorted) decided by their nodes' fallbacks, all or
     nothing: when one node's fallback refuses, the others give back what they admitted."""
-    fallbacks = core.fallbacks
-    by_fallback: dict[LocalFallback, list[int]] = {}
-    for i in failed:
-        fallback = fallbacks.counting(checks[i].key, node_of[i])
-        by_fallback.setdefault(fallback, []).append(i)
     instances = core.instances.divisor
     decided: dict[int, Decision] = {}
     admitted: list[tuple[LocalFallback, list[Check]]] = []
     allowed = True
-    for fallback, indexes in by_fallback.items():
+    for fallback, indexes in _by_fallback(core, checks, failed, node_of).items():
         part = [checks[i] for i in indexes]
         evaluation = fallback.evaluate(part, instances=instances, now_us=now_us)
         decided.update(zip(indexes, evaluation.decisions, strict=True))
@@ -187,22 +172,31 @@ def _local_by_node(
     return Evaluation(tuple(decided[i] for i in failed))
 
 
+def _by_fallback(
+    core: GuardCore, checks: Sequence[Check], indexes: Iterable[int], node_of: dict[int, str]
+) -> dict[LocalFallback, list[int]]:
+    """``indexes`` of ``checks`` by the fallback that counts each key, else by its node's."""
+    by_fallback: dict[LocalFallback, list[int]] = {}
+    for i in indexes:
+        by_fallback.setdefault(core.fallbacks.counting(checks[i].key, node_of[i]), []).append(i)
+    return by_fallback
+
+
 def _answered(
     core: GuardCore,
     checks: Sequence[Check],
-    live: list[tuple[str, list[int]]],
+    node_of: dict[int, str],
     evaluation: Evaluation,
     chosen: FailurePolicy,
     now_us: int | None,
 ) -> Outcome:
-    """What the single-node path does after Redis answered every check (``live``: the
-    nodes that answered and the indexes of their checks); each node's fallback counts the
-    checks of its node only."""
+    """What the single-node path does after Redis answered every check (``node_of``: each
+    check's node); each node's fallback counts the checks of its node only."""
     outcome: Outcome | None = None
     if chosen == "local":
         core.last_known.record(checks, evaluation)
         if evaluation.allowed:
-            outcome = _charge_by_node(core, checks, live, evaluation, now_us)
+            outcome = _charge_by_node(core, checks, node_of, evaluation, now_us)
     metrics = core.metrics
     if metrics is not None:
         if outcome is None:
@@ -216,25 +210,21 @@ def _answered(
 def _charge_by_node(
     core: GuardCore,
     checks: Sequence[Check],
-    live: list[tuple[str, list[int]]],
+    node_of: dict[int, str],
     evaluation: Evaluation,
     now_us: int | None,
 ) -> Outcome | None:
     """:meth:`LocalFallback.charge` of each check by the fallback that counts its key, else
     by its node's, when that holds counts; the local refusal of any refuses the request."""
-    fallbacks = core.fallbacks
-    if not fallbacks.per_node_holding():
+    if not core.fallbacks.per_node_holding():
         return None  # the path of every healthy cluster
-    by_fallback: dict[LocalFallback, list[int]] = {}
-    for node, indexes in live:
-        for i in indexes:
-            fallback = fallbacks.counting(checks[i].key, node)
-            if fallback.holding:
-                by_fallback.setdefault(fallback, []).append(i)
     decisions = list(evaluation.decisions)
     refused = False
     divisor = core.instances.divisor
+    by_fallback = _by_fallback(core, checks, range(len(checks)), node_of)
     for fallback, indexes in by_fallback.items():
+        if not fallback.holding:
+            continue
         part = [checks[i] for i in indexes]
         said = Evaluation(tuple(decisions[i] for i in indexes))
         local = fallback.charge(part, said, instances=divisor, now_us=now_us)

@@ -35,8 +35,6 @@ from flask_distlimit.core.pacing import Pace
 from flask_distlimit.errors import StorageBusy, StorageError, StorageFull, StorageMisconfigured
 from flask_distlimit.telemetry.metrics import Metrics
 
-__all__ = ["MISCONFIGURED_LOG_INTERVAL", "SIDE_FAILURE_LOG_INTERVAL", "StorageLog", "one_line"]
-
 log = logging.getLogger("flask_distlimit.guard")  # a public name (docs/failure-modes.md), kept
 
 #: Seconds between two ERROR lines about a storage that refuses the limiter (per guard).

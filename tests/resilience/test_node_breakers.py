@@ -310,10 +310,10 @@ def test_local_counts_locally_only_the_keys_of_the_failed_node() -> None:
     storage.down.add(B)
     # bob's node is down: decided locally at this process's share, 9 // 3 = 3
     assert kinds(guard, [limit("bob", 9)], 4) == ["degraded allowed"] * 3 + ["degraded denied"]
-    assert guard.fallback_of(B).engaged and not guard.fallback_of(A).holding
+    assert guard.fallbacks.of(B).engaged and not guard.fallbacks.of(A).holding
     # alice's node answers: Redis decides her whole limit, no share, nothing degraded
     assert kinds(guard, [limit("alice", 9)], 10) == ["allowed"] * 9 + ["denied"]
-    assert not guard.fallback_of(A).holding
+    assert not guard.fallbacks.of(A).holding
     health = guard.health()
     assert health["fallback_active"] is True and health["fallback_held_keys"] == 1
     # node b back: its fallback still counts bob (held to its window), alice is untouched
