@@ -39,20 +39,9 @@ from flask_distlimit.storage.redis import (
     connection_options,
 )
 from flask_distlimit.storage.side_calls import RedisSideCalls, SideScripts
-from flask_distlimit.storage.slot_keys import by_slot, slot_of
+from flask_distlimit.storage.slot_keys import by_slot
 from flask_distlimit.storage.tokens import RequestTokens, repeat_call
 from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error, translated
-
-__all__ = [
-    "NOT_RUN",
-    "ClusterNodes",
-    "LostNode",
-    "by_slot",
-    "failed",
-    "read_or_repeat",
-    "rounds",
-    "slot_of",
-]
 
 #: Replies that mean the script did not run on that node (safe to send again).
 NOT_RUN: Final = (rx.NoScriptError, rx.AskError, rx.TryAgainError)
@@ -245,12 +234,15 @@ class ClusterNodes(RedisSideCalls):
         return [[keys[i] for i in group] for group in by_slot(keys)]
 
     def _primary_of(self, key: str) -> str | None:
-        """The name (``host:port``) of the primary that serves ``key`` in the cached topology."""
-        try:
-            node = self.client.get_node_from_key(key)
-        except REDIS_FAILURES:
+        """The name (``host:port``) of the primary that serves ``key`` in the cached topology
+        (no I/O); ``None`` before the client connected, or when the topology does not cover
+        the slot."""
+        client = self._client
+        if client is None:
             return None
-        except (StorageError, LookupError):
+        try:
+            node = client.get_node_from_key(key)
+        except REDIS_FAILURES:  # e.g. SlotNotCoveredError
             return None
         return str(node.name) if node is not None else None
 
@@ -264,14 +256,9 @@ class ClusterNodes(RedisSideCalls):
     def _node_name(self, key: str) -> str:
         """The primary serving ``key`` in the cached topology (no I/O); before the client knows
         the topology, or when it does not cover the slot, the first startup node."""
-        client = self._client
-        if client is not None:
-            try:
-                node = client.get_node_from_key(key)
-            except REDIS_FAILURES:  # e.g. SlotNotCoveredError
-                node = None
-            if node is not None:
-                return str(node.name)
+        name = self._primary_of(key)
+        if name is not None:
+            return name
         if not self._nodes:
             return "cluster"
         host, port = self._nodes[0]
