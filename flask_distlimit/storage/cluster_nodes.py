@@ -111,12 +111,8 @@ def failed(exc: Exception, pool: DeadlinePool | None, connection: Any) -> Storag
     error = storage_error(exc)
     # A refusal (e.g. WRONGPASS, an AuthenticationError) stays StorageMisconfigured: the node
     # answered, so the topology need not be refreshed, and the log must name the cause.
-    # Every connection of the primary's pool busy (NoConnectionAvailable) is load: the node
-    # is not lost, and the tokens are not armed.
-    if (
-        isinstance(exc, rx.ConnectionError | rx.TimeoutError)
-        and not isinstance(exc, NoConnectionAvailable)
-        and not isinstance(error, StorageMisconfigured)
+    if isinstance(exc, rx.ConnectionError | rx.TimeoutError) and not isinstance(
+        error, StorageMisconfigured
     ):
         return LostNode(str(error), closed=isinstance(exc, rx.ConnectionError))
     return error
@@ -361,7 +357,5 @@ class ClusterNodes(RedisSideCalls):
         if client is None:
             return
         for node in client.get_nodes():
-            node_client = node.redis_connection
-            if node_client is None:
-                continue
-            node_client.connection_pool.reset()
+            if node.redis_connection is not None:
+                node.redis_connection.connection_pool.reset()

@@ -182,7 +182,7 @@ def refused_write(exc: BaseException) -> bool:
     if not isinstance(exc, rx.ResponseError):
         return False
     text = str(exc)
-    return text.startswith(("OOM ", "MISCONF ")) or any(t in text for t in _FULL_TEXTS)
+    return text.startswith("OOM ") or any(t in text for t in _FULL_TEXTS)
 
 
 def storage_error(exc: BaseException) -> StorageError:

@@ -126,9 +126,9 @@ def _masked_reason(url: str, reason: str) -> str:
     """``reason`` with every quoted piece of ``url`` that :func:`mask_url` hides replaced by
     ``'***'``: a URL whose password holds an unencoded ``/``, ``?`` or ``#`` is split there by
     the parser, and the error would quote the piece (a "port", a "query string")."""
-    if mask_url(url) == url:
-        return reason
     shown = mask_url(url)
+    if shown == url:
+        return reason
 
     def hide(match: re.Match[str]) -> str:
         return match.group(0) if match.group(0)[1:-1] in shown else "'***'"
