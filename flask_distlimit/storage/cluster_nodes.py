@@ -287,12 +287,13 @@ class ClusterNodes(RedisSideCalls):
         return [(self._node_name(checks[g[0]].key), g) for g in self.groups(checks)]
 
     def _pipeline_of(self, name: str, pool: DeadlinePool) -> Pipeline:
-        """The batches of primary ``name``'s pool, built on first use."""
+        """The batches of primary ``name``'s pool (one pool a name: :meth:`_pool_of`), built on
+        first use."""
         pipeline = self._pipelines.get(name)
-        if pipeline is None or pipeline.pool is not pool:
+        if pipeline is None:
             with self._lock:
                 pipeline = self._pipelines.get(name)
-                if pipeline is None or pipeline.pool is not pool:
+                if pipeline is None:
                     pipeline = self._pipelines[name] = Pipeline(
                         pool, load=script_load(SCRIPT_SOURCE), trouble=self.tokens.arm
                     )
