@@ -8,8 +8,9 @@ storage failure is one ``error: ...`` line and exit status 1, never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -25,8 +26,6 @@ from flask_distlimit.extension import Limiter, LimiterState
 from flask_distlimit.ops.admin import NamedCheck
 from flask_distlimit.resilience.holdings import Holding, read_holdings
 from flask_distlimit.storage.urls import mask_url
-
-__all__ = ["distlimit_cli"]
 
 distlimit_cli = AppGroup(
     "distlimit",
@@ -48,6 +47,15 @@ def _state() -> LimiterState:
         raise click.ClickException(str(exc)) from None
 
 
+@contextlib.contextmanager
+def _storage_answers() -> Iterator[None]:
+    """A storage failure inside is one ``error: The storage did not answer: ...`` line."""
+    try:
+        yield
+    except StorageError as exc:
+        raise click.ClickException(f"The storage did not answer: {exc}") from None
+
+
 def _seconds(value: float) -> str:
     if value == float("inf"):
         return "never"
@@ -57,10 +65,8 @@ def _seconds(value: float) -> str:
 
 
 def _identity(state: LimiterState, identity: str, *, ip: bool, api_key: bool) -> str:
-    try:
+    with _storage_answers():
         state.tags.require()  # the storage-kept digest key, when the app sets no secret
-    except StorageError as exc:
-        raise click.ClickException(f"The storage did not answer: {exc}") from None
     if ip and api_key:
         raise click.UsageError("Use either --ip or --api-key, not both.")
     if ip:
@@ -108,13 +114,8 @@ def _latency_text(latency: object, error_type: object) -> str:
     return "no answer"
 
 
-def _loaded_text(loaded: object) -> str:
-    if loaded is True:
-        return "yes"
-    if loaded is False:
-        return "no (sent again on first use)"
-    return "unknown"
-
+#: The "scripts loaded" line, by health()'s ``scripts_loaded`` (``None``: could not tell).
+_LOADED_TEXT: dict[object, str] = {True: "yes", False: "no (sent again on first use)"}
 
 # -- status ------------------------------------------------------------------------------------
 
@@ -144,14 +145,12 @@ def status(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report, indent=2, sort_keys=True, default=str))
     else:
-        latency = health.get("latency_ms")
-        loaded = health.get("scripts_loaded")
         lines = [
             ("enabled", "yes" if settings.enabled else "no (DISTLIMIT_ENABLED is False)"),
             ("storage", f"{report['storage_url']} ({health.get('storage')})"),
-            ("latency", _latency_text(latency, health.get("error_type"))),
+            ("latency", _latency_text(health.get("latency_ms"), health.get("error_type"))),
             ("error", health.get("error")),
-            ("scripts loaded", _loaded_text(loaded)),
+            ("scripts loaded", _LOADED_TEXT.get(health.get("scripts_loaded"), "unknown")),
             ("breaker", _breaker_text(health)),
             ("failure policy", health.get("policy")),
             (
@@ -221,17 +220,12 @@ def _peek(state: LimiterState, identity: str) -> list[_Row]:
         return []
     stored = _scan(state, identity)
     checks = [row.check for row in named]
-    try:
-        evaluation = state.storage.evaluate(checks)
-    except StorageError as exc:
-        raise click.ClickException(f"The storage did not answer: {exc}") from None
     sizes = [state.lease_size(check.key) for check in checks]
     held: dict[str, list[Holding]] = {}
-    if any(size is not None for size in sizes):  # what the serving processes published
-        try:
+    with _storage_answers():
+        evaluation = state.storage.evaluate(checks)
+        if any(size is not None for size in sizes):  # what the serving processes published
             held = read_holdings(state.storage, state.lease_records_key())
-        except StorageError as exc:
-            raise click.ClickException(f"The storage did not answer: {exc}") from None
     return [
         _Row(
             row.name,
@@ -246,11 +240,9 @@ def _peek(state: LimiterState, identity: str) -> list[_Row]:
 
 
 def _scan(state: LimiterState, identity: str) -> set[str]:
-    try:
+    with _storage_answers():
         pattern = client_pattern(state.settings.key_prefix, identity, state.tags)
         return set(state.storage.scan(pattern))
-    except StorageError as exc:
-        raise click.ClickException(f"The storage did not answer: {exc}") from None
 
 
 @_command("inspect")
@@ -347,10 +339,8 @@ def reset(identity: str, ip: bool, api_key: bool, limits: tuple[str, ...], dry_r
             click.echo(key)
         click.echo(f"{len(stored)} key(s) would be deleted for {who}.")
         return
-    try:
+    with _storage_answers():
         deleted = state.storage.delete(sorted(stored)) if stored else 0
-    except StorageError as exc:
-        raise click.ClickException(f"The storage did not answer: {exc}") from None
     if state.deny_cache is not None:
         state.deny_cache.clear()
     click.echo(f"Deleted {deleted} key(s) of {who}.")

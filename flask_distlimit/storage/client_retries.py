@@ -16,14 +16,8 @@ import redis
 from redis.cluster import RedisCluster
 
 from flask_distlimit.storage.base import Storage
-
-__all__ = [
-    "client_read_timeout",
-    "client_retries",
-    "passed_client",
-    "warn_if_client_retries",
-    "warn_if_client_waits_long",
-]
+from flask_distlimit.storage.cluster_nodes import ClusterNodes
+from flask_distlimit.storage.redis import RedisStorage
 
 _T = TypeVar("_T")
 
@@ -55,17 +49,10 @@ class _Probe(Exception):
 def passed_client(storage: Storage) -> redis.Redis | RedisCluster | None:
     """The ready client ``storage`` was given, or ``None`` when it built its own (from a URL
     or connection keywords) or is not a Redis storage."""
-    from flask_distlimit.storage.redis import RedisStorage
-
     if isinstance(storage, RedisStorage):
         # the storage's own pool exists only on clients it built (Sentinel's included)
         return storage.client if storage.pool is None else None
-    if storage.scheme == "redis+cluster":
-        from flask_distlimit.storage.cluster import ClusterStorage
-
-        if isinstance(storage, ClusterStorage):
-            return storage.given_client
-    return None
+    return storage.given_client if isinstance(storage, ClusterNodes) else None
 
 
 def _read_passed_client(

@@ -37,8 +37,6 @@ from flask_distlimit.storage.slot_keys import across_slots
 from flask_distlimit.storage.tokens import repeat_call, settles
 from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error
 
-__all__ = ["ClusterStorage"]
-
 
 class ClusterStorage(ClusterNodes):
     """Rate limits in a Redis Cluster (``redis+cluster://host:port[,host:port]``): the script
@@ -211,10 +209,7 @@ class ClusterStorage(ClusterNodes):
                     # (an unexpected exception leaves it in flight, for the finally below)
                     in_flight.pop(0)
                     pool.release(connection)
-                    try:
-                        results[n] = parse_reply(reply, parts[n])
-                    except StorageError as exc:
-                        results[n] = exc
+                    results[n] = _parsed(reply, parts[n])
         finally:
             for _, pool, connection, *_ in in_flight:  # only after an unexpected exception
                 pool.broken(connection)
@@ -252,16 +247,11 @@ class ClusterStorage(ClusterNodes):
         a single node); what :meth:`_run_all` does for a group, otherwise: a reply lost is made
         again as a repeat of its token on a connection of its own, a ``NOSCRIPT`` the batch
         did not mend, ``MOVED``, ``ASK`` or ``TRYAGAIN`` through redis-py's cluster path."""
-        found: list[Any] = [None]
-        primary = rounds(client, [part], found)
-        if not primary:
-            return found[0]  # type: ignore[no-any-return]
-        node = primary[0][0][1]
         keys, args = script_args(part, now_us, refund=refund)
         tokens = self.tokens
         token = sent[0] = tokens.key(keys[0]) if armed else None
-        pool: DeadlinePool | None = None
         try:
+            node = client.get_node_from_key(keys[0])
             pool = self._pool_of(client, node)
             command = self._packer.pack(keys, args, token, tokens.first)
             call = self._pipeline_of(str(node.name), pool).call(command, wait_until)
@@ -277,10 +267,7 @@ class ClusterStorage(ClusterNodes):
             return failed(error, None, None)
         if error is not None:
             raise error  # not an Exception: an interrupt of this call's own
-        try:
-            return parse_reply(call.reply, part)
-        except StorageError as exc:
-            return exc
+        return _parsed(call.reply, part)
 
     def _repeat(
         self,
@@ -319,10 +306,7 @@ class ClusterStorage(ClusterNodes):
             pool.release(connection)
             raise
         pool.release(connection)
-        try:
-            return parse_reply(reply, part)
-        except StorageError as exc:
-            return exc
+        return _parsed(reply, part)
 
     def _call_or_error(
         self, part: list[Check], now_us: int | None, refund: bool, token: str | None = None
@@ -339,3 +323,11 @@ class ClusterStorage(ClusterNodes):
         return across_slots(
             checks, groups, lambda parts, refund: self._run_all(parts, now_us, refund)
         )
+
+
+def _parsed(reply: Any, part: list[Check]) -> Evaluation | StorageError:
+    """The evaluation of ``part`` a script's reply holds, or the error a bad reply is."""
+    try:
+        return parse_reply(reply, part)
+    except StorageError as exc:
+        return exc

@@ -39,20 +39,9 @@ from flask_distlimit.storage.redis import (
     connection_options,
 )
 from flask_distlimit.storage.side_calls import RedisSideCalls, SideScripts
-from flask_distlimit.storage.slot_keys import by_slot, slot_of
+from flask_distlimit.storage.slot_keys import by_slot
 from flask_distlimit.storage.tokens import RequestTokens, repeat_call
 from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error, translated
-
-__all__ = [
-    "NOT_RUN",
-    "ClusterNodes",
-    "LostNode",
-    "by_slot",
-    "failed",
-    "read_or_repeat",
-    "rounds",
-    "slot_of",
-]
 
 #: Replies that mean the script did not run on that node (safe to send again).
 NOT_RUN: Final = (rx.NoScriptError, rx.AskError, rx.TryAgainError)
@@ -122,12 +111,8 @@ def failed(exc: Exception, pool: DeadlinePool | None, connection: Any) -> Storag
     error = storage_error(exc)
     # A refusal (e.g. WRONGPASS, an AuthenticationError) stays StorageMisconfigured: the node
     # answered, so the topology need not be refreshed, and the log must name the cause.
-    # Every connection of the primary's pool busy (NoConnectionAvailable) is load: the node
-    # is not lost, and the tokens are not armed.
-    if (
-        isinstance(exc, rx.ConnectionError | rx.TimeoutError)
-        and not isinstance(exc, NoConnectionAvailable)
-        and not isinstance(error, StorageMisconfigured)
+    if isinstance(exc, rx.ConnectionError | rx.TimeoutError) and not isinstance(
+        error, StorageMisconfigured
     ):
         return LostNode(str(error), closed=isinstance(exc, rx.ConnectionError))
     return error
@@ -245,12 +230,15 @@ class ClusterNodes(RedisSideCalls):
         return [[keys[i] for i in group] for group in by_slot(keys)]
 
     def _primary_of(self, key: str) -> str | None:
-        """The name (``host:port``) of the primary that serves ``key`` in the cached topology."""
-        try:
-            node = self.client.get_node_from_key(key)
-        except REDIS_FAILURES:
+        """The name (``host:port``) of the primary that serves ``key`` in the cached topology
+        (no I/O); ``None`` before the client connected, or when the topology does not cover
+        the slot."""
+        client = self._client
+        if client is None:
             return None
-        except (StorageError, LookupError):
+        try:
+            node = client.get_node_from_key(key)
+        except REDIS_FAILURES:  # e.g. SlotNotCoveredError
             return None
         return str(node.name) if node is not None else None
 
@@ -264,14 +252,9 @@ class ClusterNodes(RedisSideCalls):
     def _node_name(self, key: str) -> str:
         """The primary serving ``key`` in the cached topology (no I/O); before the client knows
         the topology, or when it does not cover the slot, the first startup node."""
-        client = self._client
-        if client is not None:
-            try:
-                node = client.get_node_from_key(key)
-            except REDIS_FAILURES:  # e.g. SlotNotCoveredError
-                node = None
-            if node is not None:
-                return str(node.name)
+        name = self._primary_of(key)
+        if name is not None:
+            return name
         if not self._nodes:
             return "cluster"
         host, port = self._nodes[0]
@@ -304,12 +287,13 @@ class ClusterNodes(RedisSideCalls):
         return [(self._node_name(checks[g[0]].key), g) for g in self.groups(checks)]
 
     def _pipeline_of(self, name: str, pool: DeadlinePool) -> Pipeline:
-        """The batches of primary ``name``'s pool, built on first use."""
+        """The batches of primary ``name``'s pool (one pool a name: :meth:`_pool_of`), built on
+        first use."""
         pipeline = self._pipelines.get(name)
-        if pipeline is None or pipeline.pool is not pool:
+        if pipeline is None:
             with self._lock:
                 pipeline = self._pipelines.get(name)
-                if pipeline is None or pipeline.pool is not pool:
+                if pipeline is None:
                     pipeline = self._pipelines[name] = Pipeline(
                         pool, load=script_load(SCRIPT_SOURCE), trouble=self.tokens.arm
                     )
@@ -374,7 +358,5 @@ class ClusterNodes(RedisSideCalls):
         if client is None:
             return
         for node in client.get_nodes():
-            node_client = node.redis_connection
-            if node_client is None:
-                continue
-            node_client.connection_pool.reset()
+            if node.redis_connection is not None:
+                node.redis_connection.connection_pool.reset()

@@ -13,6 +13,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Final, cast
 
 from flask_distlimit.core.algorithms import Algorithm
@@ -21,8 +22,6 @@ from flask_distlimit.engine.common import KEEP_TTL, State, Step
 from flask_distlimit.engine.registry import REGISTRY
 from flask_distlimit.errors import StorageResponseError
 from flask_distlimit.storage.base import GiveBack, Storage
-
-__all__ = ["MemoryStorage", "system_clock_us"]
 
 _US: Final = 1_000_000
 
@@ -52,13 +51,11 @@ def _validate(checks: Sequence[Check], now: int) -> None:
             raise StorageResponseError(f"distlimit: check {i}: {refusal}")
 
 
+@dataclass(slots=True)
 class _Entry:
-    __slots__ = ("algorithm", "expires", "state")
-
-    def __init__(self, algorithm: str, state: object, expires: int) -> None:
-        self.algorithm = algorithm
-        self.state = state
-        self.expires = expires
+    algorithm: str
+    state: object
+    expires: int
 
 
 class MemoryStorage(Storage):

@@ -22,15 +22,6 @@ from flask_distlimit.errors import (
     StorageUnavailable,
 )
 
-__all__ = [
-    "ACL_GRANTS",
-    "REDIS_FAILURES",
-    "misconfiguration",
-    "refused_write",
-    "storage_error",
-    "translated",
-]
-
 #: What the limiter's ACL user needs, besides its keys (``~<DISTLIMIT_KEY_PREFIX>:*``): the
 #: commands it sends (EVALSHA, SCRIPT LOAD when a script is missing, SCRIPT EXISTS and PING for
 #: health, SCAN and DEL for resets), and those its scripts run inside Redis (PERSIST: the
@@ -41,9 +32,9 @@ ACL_GRANTS: Final = (
     "+zscore"
 )
 
-#: What a storage catches around a Redis call and passes to :func:`storage_error`.
 _T = TypeVar("_T")
 
+#: What a storage catches around a Redis call and passes to :func:`storage_error`.
 REDIS_FAILURES: Final[tuple[type[Exception], ...]] = (
     rx.RedisError,
     rx.RedisClusterException,
@@ -191,7 +182,7 @@ def refused_write(exc: BaseException) -> bool:
     if not isinstance(exc, rx.ResponseError):
         return False
     text = str(exc)
-    return text.startswith(("OOM ", "MISCONF ")) or any(t in text for t in _FULL_TEXTS)
+    return text.startswith("OOM ") or any(t in text for t in _FULL_TEXTS)
 
 
 def storage_error(exc: BaseException) -> StorageError:

@@ -21,10 +21,9 @@ import redis
 
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.storage.base import Storage
-from flask_distlimit.storage.redis import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT
+from flask_distlimit.storage.cluster import ClusterStorage
+from flask_distlimit.storage.redis import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT, RedisStorage
 from flask_distlimit.storage.tokens import token_mode
-
-__all__ = ["ACCEPTED_FORMS", "from_url", "mask_url"]
 
 ACCEPTED_FORMS: Final = (
     "memory://",
@@ -127,9 +126,9 @@ def _masked_reason(url: str, reason: str) -> str:
     """``reason`` with every quoted piece of ``url`` that :func:`mask_url` hides replaced by
     ``'***'``: a URL whose password holds an unencoded ``/``, ``?`` or ``#`` is split there by
     the parser, and the error would quote the piece (a "port", a "query string")."""
-    if mask_url(url) == url:
-        return reason
     shown = mask_url(url)
+    if shown == url:
+        return reason
 
     def hide(match: re.Match[str]) -> str:
         return match.group(0) if match.group(0)[1:-1] in shown else "'***'"
@@ -210,42 +209,33 @@ def _build(url: str, timeout: float, request_tokens: str, options: dict[str, Any
         raise _BadURL("max_connections must be at least 1")
     if "db" in connection and connection["db"] < 0:
         raise _BadURL("db must be 0 or more")
-    options = {"max_connections": max_connections, "request_tokens": request_tokens, **options}
-    tls = scheme == "rediss" or bool(connection.pop("ssl", False))
+    if connection.get("ssl") is False:
+        del connection["ssl"]  # ssl=false is as if not given
+    tls = scheme == "rediss" or "ssl" in connection
     tls_options = sorted(k for k in connection if k.startswith("ssl_"))
     if tls_options and not tls:
         raise _BadURL(f"{', '.join(tls_options)} need TLS (rediss://, or ssl=true)")
+    # what the backend's constructor is given: the URL's, then the caller's options
+    given = {**connection, "max_connections": max_connections, "request_tokens": request_tokens}
+    given.update(options)
 
     if scheme == "unix":
         if hostlist:
             raise _BadURL("unix:// takes a path, e.g. unix:///run/redis/redis.sock")
         if not parts.path or parts.path == "/":
             raise _BadURL("unix:// needs the socket's path")
-        return _redis(
-            timeout,
-            connection,
-            options,
-            connection_class=redis.UnixDomainSocketConnection,
-            path=unquote(parts.path),
-            scheme="unix",
-        )
+        socket = {"connection_class": redis.UnixDomainSocketConnection, "scheme": "unix"}
+        return RedisStorage(timeout=timeout, **{**given, **socket, "path": unquote(parts.path)})
     if scheme in ("redis", "rediss"):
         [(host, port)] = _hosts(hostlist, scheme, many=False)
         path = parts.path.strip("/")
         if path:
             if "db" in query:
                 raise _BadURL("db is given both in the path and as a query parameter")
-            connection["db"] = _int(path, "the path must be a database number")
+            given["db"] = _int(path, "the path must be a database number")
         connection_class = redis.SSLConnection if tls else redis.Connection
-        return _redis(
-            timeout,
-            connection,
-            options,
-            connection_class=connection_class,
-            host=host,
-            port=port,
-            scheme=scheme,
-        )
+        endpoint = {"connection_class": connection_class, "host": host, "port": port}
+        return RedisStorage(timeout=timeout, **{**given, **endpoint, "scheme": scheme})
     if scheme == "redis+sentinel":
         sentinels = _hosts(hostlist, scheme, many=True)
         segments = [unquote(s) for s in parts.path.split("/") if s]
@@ -256,38 +246,20 @@ def _build(url: str, timeout: float, request_tokens: str, options: dict[str, Any
         if len(segments) == 2:
             if "db" in query:
                 raise _BadURL("db is given both in the path and as a query parameter")
-            connection["db"] = _int(segments[1], "the path's second part must be a db number")
+            given["db"] = _int(segments[1], "the path's second part must be a db number")
         sentinel_options = dict(credentials)
         for name in ("username", "password"):
-            value = connection.pop(f"sentinel_{name}", None)
+            value = given.pop(f"sentinel_{name}", None)
             if value is not None:
                 sentinel_options[name] = value
-        from flask_distlimit.storage.redis import RedisStorage
-
         return RedisStorage.sentinel(
-            sentinels,
-            segments[0],
-            timeout=timeout,
-            sentinel_options=sentinel_options,
-            **{**connection, **options, **({"ssl": True} if tls else {})},
+            sentinels, segments[0], timeout=timeout, sentinel_options=sentinel_options, **given
         )
     # redis+cluster
     nodes = _hosts(hostlist, scheme, many=True)
     if parts.path.strip("/"):
         raise _BadURL("redis+cluster:// takes no path (a cluster has only database 0)")
-    from flask_distlimit.storage.cluster import ClusterStorage
-
-    return ClusterStorage(
-        nodes, timeout=timeout, **{**connection, **options, **({"ssl": True} if tls else {})}
-    )
-
-
-def _redis(
-    timeout: float, connection: dict[str, Any], options: dict[str, Any], **extra: Any
-) -> Storage:
-    from flask_distlimit.storage.redis import RedisStorage
-
-    return RedisStorage(timeout=timeout, **{**connection, **options, **extra})
+    return ClusterStorage(nodes, timeout=timeout, **given)
 
 
 def _parse_query(scheme: str, query: str) -> dict[str, Any]:
@@ -315,15 +287,8 @@ def _parse_query(scheme: str, query: str) -> dict[str, Any]:
 
 
 def _credentials(userinfo: str) -> dict[str, str]:
-    if not userinfo:
-        return {}
-    user, has_password, password = userinfo.partition(":")
-    found: dict[str, str] = {}
-    if user:
-        found["username"] = unquote(user)
-    if has_password and password:
-        found["password"] = unquote(password)
-    return found
+    user, _, password = userinfo.partition(":")
+    return {k: unquote(v) for k, v in (("username", user), ("password", password)) if v}
 
 
 def _hosts(hostlist: str, scheme: str, *, many: bool) -> list[tuple[str, int]]:

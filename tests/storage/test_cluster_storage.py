@@ -20,8 +20,8 @@ from flask_distlimit.core.decision import Check, Decision, Evaluation
 from flask_distlimit.errors import StorageBusy, StorageUnavailable
 from flask_distlimit.storage import from_url
 from flask_distlimit.storage.cluster import ClusterStorage
-from flask_distlimit.storage.cluster_nodes import slot_of
 from flask_distlimit.storage.heartbeat import Fleet
+from flask_distlimit.storage.slot_keys import slot_of
 from tests.faults import cut_under_the_request
 from tests.servers import ClusterServers, tags_on_distinct_primaries
 from tests.vectors import T0, VECTORS, Vector

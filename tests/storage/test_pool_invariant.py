@@ -23,9 +23,9 @@ import pytest
 
 from flask_distlimit.core.decision import Check
 from flask_distlimit.storage.cluster import ClusterStorage
-from flask_distlimit.storage.cluster_nodes import slot_of
 from flask_distlimit.storage.pool import DeadlinePool
 from flask_distlimit.storage.redis import RedisStorage
+from flask_distlimit.storage.slot_keys import slot_of
 from tests.servers import ClusterServers, RedisProcess, tags_on_distinct_primaries
 
 pytestmark = pytest.mark.redis
