@@ -86,7 +86,7 @@ def token_key(first_key: str, token: str) -> str:
     A key without a hash tag (none, ``{}``, a ``{`` without ``}``) is hashed whole by Redis:
     its token is ``<key up to its first "{">:rq:{<key>}:<token>``, the whole key as the tag, or,
     for a key that holds a ``}`` (or is empty) and so cannot be a tag, a short text hashed to the
-    same slot (its UTF-8 bytes, as :func:`~flask_distlimit.storage.cluster_nodes.slot_of`
+    same slot (its UTF-8 bytes, as :func:`~flask_distlimit.storage.slot_keys.slot_of`
     hashes)."""
     start = first_key.find("{")
     end = first_key.find("}", start + 1) if start >= 0 else -1
