@@ -179,14 +179,12 @@ class DynamicLimit(Generic[B]):
             found = table.get(tier or ANY_TIER)
             rates = found if found is not None else table.get(ANY_TIER, ())
             if len(rates) > room:  # init_app counted the largest value: only a carried wrapper
-                skipped = self._pace.due(now_us)  # None: logged less than LOG_INTERVAL ago
-                if skipped is not None:
-                    log.error(
-                        "The rate limit %s has %d rates for tier %s where the request has room "
-                        "for %d; the first %d apply (logged at most once a minute; %d since the "
-                        "last line).",
-                        self.name, len(rates), log_text(tier), room, room, skipped,
-                    )  # fmt: skip
+                self._error(
+                    "The rate limit %s has %d rates for tier %s where the request has room "
+                    "for %d; the first %d apply (logged at most once a minute; %d since the "
+                    "last line).",
+                    self.name, len(rates), log_text(tier), room, room, now_us=now_us,
+                )  # fmt: skip
                 rates = rates[:room]
             return self._bound(rates) if rates else ()
         kept = self._answers.get(tag)
@@ -201,6 +199,13 @@ class DynamicLimit(Generic[B]):
         if len(rates) > room:  # the request gained limits since the answer was kept
             rates = self.value.fallback[:room]
         return self._bound(rates) if rates else ()
+
+    def _error(self, message: str, *args: object, now_us: int) -> None:
+        """Log ``message`` at ERROR with ``args`` and the count of lines not logged since the
+        last one: at most once every :data:`LOG_INTERVAL` seconds."""
+        skipped = self._pace.due(now_us)
+        if skipped is not None:
+            log.error(message, *args, skipped)
 
     def _ask(self, room: int, now_us: int) -> tuple[Rate, ...]:
         source = self.value.source
@@ -217,19 +222,17 @@ class DynamicLimit(Generic[B]):
             return rates
         except Exception as exc:  # the app's code: any failure falls back, never a 500
             fallback = self.value.fallback
-            skipped = self._pace.due(now_us)  # None: logged less than LOG_INTERVAL ago
-            if skipped is not None:
-                log.error(
-                    "The limit value %s of the rate limit %s failed (%s: %s); %s. Return a "
-                    "limit string such as '100/minute', or None for no limit. (Logged at most "
-                    "once a minute per limit; %d failure(s) since the last line.)",
-                    self.value.described, self.name, type(exc).__name__, log_text(exc),
-                    f"using its fallback {';'.join(map(str, fallback))} until it is asked again"
-                    if fallback
-                    else "it has no fallback=, so the route's failure policy answers (open: "
-                    "admitted, marked degraded; closed or local: 503)",
-                    skipped,
-                )  # fmt: skip
+            self._error(
+                "The limit value %s of the rate limit %s failed (%s: %s); %s. Return a "
+                "limit string such as '100/minute', or None for no limit. (Logged at most "
+                "once a minute per limit; %d failure(s) since the last line.)",
+                self.value.described, self.name, type(exc).__name__, log_text(exc),
+                f"using its fallback {';'.join(map(str, fallback))} until it is asked again"
+                if fallback
+                else "it has no fallback=, so the route's failure policy answers (open: "
+                "admitted, marked degraded; closed or local: 503)",
+                now_us=now_us,
+            )  # fmt: skip
             if not fallback:
                 raise LimitUnresolved(self.name) from exc
             return fallback
