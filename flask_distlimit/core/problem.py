@@ -130,14 +130,16 @@ class RateLimitExceeded(_Problem, TooManyRequests):
         )
         self.violated_policies = tuple(violated_policies)
         self.instance = instance
-        self.detail_text = detail or self._default_detail()
+        self.detail_text = detail or self._default_detail(description)
         TooManyRequests.__init__(
             self, description=description or self.detail_text, retry_after=self.retry_after_s
         )
 
-    def _default_detail(self) -> str:
-        """The detail when the limit gives no ``error_message``."""
-        return f"Rate limit {', '.join(self.violated_policies) or 'exceeded'}: " + (
+    def _default_detail(self, in_words: str | None) -> str:
+        """The detail when the limit gives no ``error_message``: its name, then its rate in
+        words as Flask-Limiter's 429 says it (``null:1/day (1 per 1 day)``)."""
+        words = f" ({in_words})" if in_words else ""
+        return f"Rate limit {', '.join(self.violated_policies) or 'exceeded'}{words}: " + (
             f"retry in {self.retry_after_s} s."
             if self.retry_after_s is not None
             else "this request can never be admitted."
@@ -151,7 +153,7 @@ class ConcurrencyLimitExceeded(RateLimitExceeded):
     problem_type = CONCURRENCY_LIMIT_EXCEEDED
     title = "Too many requests in flight at the same time"
 
-    def _default_detail(self) -> str:
+    def _default_detail(self, in_words: str | None) -> str:
         return (
             f"Concurrency limit {', '.join(self.violated_policies)}: too many of your requests "
             "are in progress at once. Retry when one of them has finished."

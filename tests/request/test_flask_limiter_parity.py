@@ -94,7 +94,8 @@ def test_the_problem_body_keeps_its_detail_beside_the_description(
     client = app.test_client()
     client.get("/search")
     body = client.get("/search").get_json()
-    assert body["detail"].startswith("Rate limit search:1/hour: retry in ")
+    # Flask-Limiter's body says "1 per 1 hour"; ours names the policy, then the same words
+    assert body["detail"].startswith("Rate limit search:1/hour (1 per 1 hour): retry in ")
     assert body["violated-policies"] == ["search:1/hour"]
 
 
