@@ -113,11 +113,11 @@ class RedisStorage(RedisSideCalls):
         ``password``, ``connection_class``, ...) used when no ``client`` is given.
         ``request_tokens``: ``"auto"`` or ``"always"`` (``DISTLIMIT_REQUEST_TOKENS``, module
         docstring). ``queue_timeout``: the queue budget of a call (:mod:`.pool`; default
-        :func:`~.pool.queue_budget`). ``split_slots``: one script call per hash slot (module
-        docstring, "Split slots")."""
-        #: One script call per hash slot of a request's keys (module docstring).
+        :func:`~.pool.queue_budget`). ``split_slots``: one script call per hash slot
+        (:mod:`.split_slots`)."""
+        #: One script call per hash slot of a request's keys (:mod:`.split_slots`).
         self.split_slots = split_slots
-        #: The request tokens of the hot call (module docstring, "One retry").
+        #: The request tokens of the hot call (docs/design-notes.md, "One retry").
         self.tokens = RequestTokens(timeout, request_tokens)
         if client is None:
             options = {**HANDSHAKE_FREE, **connection, **connection_options(timeout)}
