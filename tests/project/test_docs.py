@@ -1,10 +1,11 @@
 """The documentation: the site builds with ``mkdocs build --strict`` (every warning is an error:
 broken links, missing pages, bad anchors, API reference that no longer matches the code), every
-``DISTLIMIT_*`` key the package reads is documented exactly once, and the README keeps its two
-commands."""
+``DISTLIMIT_*`` key the package reads is documented exactly once, the README keeps its two
+commands, and every pointer from the code to a named part of a page or docstring finds it."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -64,3 +65,36 @@ def test_readme_has_its_two_commands() -> None:
     example = re.search(r"^example = \[(.*?)\]", pyproject, re.MULTILINE | re.DOTALL)
     assert example, "pyproject.toml has no 'example' extra"
     assert '"pyjwt' in example[1] and '"gunicorn' in example[1]
+
+
+#: A pointer from the code to a named part of a page (``docs/failure-modes.md, "One retry"``) or
+#: of its own module's docstring (``module docstring, "Memory"``, ``"Memory" in the module
+#: docstring``).
+PAGE_SECTION = re.compile(r'(docs/[a-z_/-]+\.md),? "([^"]+)"')
+DOCSTRING_SECTION = re.compile(
+    r'module docstring(?:\'s|,) ?"([^"]+)"|"([^"]+)" in the module docstring'
+)
+
+
+def test_every_pointer_from_the_code_finds_what_it_names() -> None:
+    """Rationale moves from module docstrings to docs/: a comment that still sends a reader to
+    a part of a docstring or page that is gone fails here."""
+
+    def flat(text: str) -> str:
+        return " ".join(text.split()).lower()
+
+    lost = []
+    for path in sorted((ROOT / "flask_distlimit").rglob("*.py")):
+        source = path.read_text()
+        text = " ".join(source.split())
+        doc = flat(ast.get_docstring(ast.parse(source)) or "")
+        where = path.relative_to(ROOT)
+        for page, part in PAGE_SECTION.findall(text):
+            target = ROOT / page
+            if not target.exists() or flat(part) not in flat(target.read_text()):
+                lost.append(f"{where}: {page}, {part!r}")
+        for first, second in DOCSTRING_SECTION.findall(text):
+            part = first or second
+            if flat(part) not in doc:
+                lost.append(f"{where}: its module docstring, {part!r}")
+    assert not lost, "pointers to parts that are not there:\n" + "\n".join(lost)
