@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final, Generic, TypeVar
 
 from flask_distlimit.core.decision import Check, Evaluation
@@ -110,7 +110,9 @@ def limit_label(key: str) -> str:
 
 
 class Instruments:
-    """The instruments of :data:`INSTRUMENTS`, as a sink holds them (each side has its own)."""
+    """The instruments of :data:`INSTRUMENTS`, as a sink holds them (each side has its own;
+    ``None`` where its side has no such instrument), and what every sink is told about
+    decisions, written once: each side counts through its own :meth:`add`."""
 
     requests: Any
     decisions: Any
@@ -127,6 +129,58 @@ class Instruments:
     lease_units: Any
     breaker_state: Any
 
+    def add(self, family: str, amount: float = 1, key: str | None = None, **labels: str) -> None:
+        """Count ``amount`` on the instrument ``family``, for the limit of the storage ``key``
+        (its ``limit`` label) and ``labels``."""
+        raise NotImplementedError
+
+    def evaluated(
+        self, checks: Sequence[Check], evaluation: Evaluation, *, fallback: bool = False
+    ) -> None:
+        """A storage call's (or, ``fallback``, the local fallback's) decisions on ``checks``."""
+        family = "fallback_decisions" if fallback else "decisions"
+        slots = False
+        for check, decision in zip(checks, evaluation.decisions, strict=False):
+            self.add(family, 1, check.key, outcome="allowed" if decision.allowed else "denied")
+            if decision.shadow_denied:
+                self.add("shadow_denials", 1, check.key)
+            slots = slots or bool(check.token)
+        if slots and evaluation.allowed:
+            self.slots_taken(checks, 1)
+
+    def degraded(self, checks: Sequence[Check], evaluation: Evaluation | None) -> None:
+        """``checks`` the storage did not decide; ``evaluation``, the local fallback's answer."""
+        for check in checks:
+            self.add("decisions", 1, check.key, outcome="degraded")
+        if evaluation is not None:
+            self.evaluated(checks, evaluation, fallback=True)
+
+    def slots_taken(self, checks: Iterable[Check], sign: int) -> None:
+        """Count the concurrency slots of ``checks`` taken (``sign`` 1) or given back (-1)."""
+        for check in checks:
+            if check.token and not check.release and not check.shadow:
+                self.add("slots", sign, check.key)
+
+    def leased(self, keys: Sequence[str]) -> None:
+        """Limits (by storage key) a quota lease admitted a request on, in-process."""
+        for key in keys:
+            self.add("decisions", 1, key, outcome="allowed")
+            self.add("leased_decisions", 1, key)
+
+    def settled(self, key: str, unit: str, units: int) -> None:
+        """``units`` more that requests really cost on the limit of ``key``, settled after the
+        response (their bytes, the ``settle`` callable's answer)."""
+        self.add("settled_units", units, key, unit=unit)
+
+    def unreadable(self) -> None:
+        """A storage reply the limiter could not read (the failure policy answered)."""
+        self.add("unreadable_replies")
+
+    def side_call_failed(self) -> None:
+        """A call beside a request's failed and was skipped (:meth:`Guard.side_failed
+        <flask_distlimit.resilience.guard.Guard.side_failed>`)."""
+        self.add("side_call_failures")
+
 
 class Metrics(Instruments):
     """The Prometheus series of the guard, in ``registry`` (default: the global registry)."""
@@ -142,11 +196,11 @@ class Metrics(Instruments):
         kw: dict[str, Any] = {} if registry is None else {"registry": registry}
         make = {"counter": pc.Counter, "gauge": pc.Gauge, "histogram": pc.Histogram}
         for attribute, kind, name, labels, _, _, description in INSTRUMENTS:
-            if name is not None:
-                extra = {"buckets": LATENCY_BUCKETS} if kind == "histogram" else {}
-                setattr(self, attribute, make[kind](name, description, labels, **extra, **kw))
+            extra = {"buckets": LATENCY_BUCKETS} if kind == "histogram" else {}
+            made = None if name is None else make[kind](name, description, labels, **extra, **kw)
+            setattr(self, attribute, made)
         self._lease_gauges: set[str] = set()
-        self._children: dict[tuple[str, str, str | None], Any] = {}
+        self._children: dict[tuple[str, ...], Any] = {}
         self._labels: set[str] = set()  # the limit label values given out
         self._breakers: set[str] = set()  # the breaker label values with a series
         self._lock = threading.Lock()
@@ -164,16 +218,21 @@ class Metrics(Instruments):
                 return label
         return OTHER
 
-    def _child(self, family: str, key: str, outcome: str | None = None) -> Any:
-        """The series of the instrument ``family`` for the limit of ``key`` (and ``outcome``)."""
+    def add(self, family: str, amount: float = 1, key: str | None = None, **labels: str) -> None:
+        instrument = getattr(self, family)
+        if instrument is None:  # not a Prometheus series (the slots)
+            return
+        if key is None:
+            instrument.inc(amount)
+            return
         label = self._label(key)
-        child = self._children.get((family, label, outcome))
+        series = (family, label, *labels.values())
+        child = self._children.get(series)
         if child is None:
-            labels = {"limit": label} if outcome is None else {"limit": label, "outcome": outcome}
-            child = getattr(self, family).labels(**labels)
+            child = instrument.labels(limit=label, **labels)
             if len(self._children) < _MAX_CHILDREN:
-                self._children[(family, label, outcome)] = child
-        return child
+                self._children[series] = child
+        child.inc(amount)
 
     def shed(self, priority: str, reason: str) -> None:
         priority = priority if priority in PRIORITIES else "default"
@@ -186,18 +245,6 @@ class Metrics(Instruments):
     def storage_call(self, seconds: float, outcome: str = "ok") -> None:
         self._observe(seconds)  # outcome (ok | timeout | error): OpenTelemetry's attribute
 
-    def evaluated(self, checks: Sequence[Check], evaluation: Evaluation) -> None:
-        for check, decision in zip(checks, evaluation.decisions, strict=False):
-            self._child("decisions", check.key, "allowed" if decision.allowed else "denied").inc()
-            if decision.shadow_denied:
-                self._child("shadow_denials", check.key).inc()
-
-    def leased(self, keys: Sequence[str]) -> None:
-        """Limits (by storage key) a quota lease admitted a request on, in-process."""
-        for key in keys:
-            self._child("decisions", key, "allowed").inc()
-            self._child("leased_decisions", key).inc()
-
     def watch_lease_units(self, key: str, held: Callable[[str], float]) -> None:
         """Report ``held(label)`` as ``lease_units`` of the limit of ``key`` when scraped."""
         label = self._label(key)
@@ -205,30 +252,6 @@ class Metrics(Instruments):
             return
         self._lease_gauges.add(label)
         self.lease_units.labels(limit=label).set_function(lambda: held(label))
-
-    def settled(self, key: str, unit: str, units: int) -> None:
-        """``units`` more that requests really cost on the limit of ``key``, settled after the
-        response (their bytes, the ``settle`` callable's answer)."""
-        self.settled_units.labels(limit=self._label(key), unit=unit).inc(units)
-
-    def degraded(self, checks: Sequence[Check], evaluation: Evaluation | None) -> None:
-        for check in checks:
-            self._child("decisions", check.key, "degraded").inc()
-        if evaluation is not None:
-            for check, decision in zip(checks, evaluation.decisions, strict=False):
-                outcome = "allowed" if decision.allowed else "denied"
-                self._child("fallback_decisions", check.key, outcome).inc()
-                if decision.shadow_denied:
-                    self._child("shadow_denials", check.key).inc()
-
-    def unreadable(self) -> None:
-        """A storage reply the limiter could not read (the failure policy answered)."""
-        self.unreadable_replies.inc()
-
-    def side_call_failed(self) -> None:
-        """A call beside a request's failed and was skipped (:meth:`Guard.side_failed
-        <flask_distlimit.resilience.guard.Guard.side_failed>`)."""
-        self.side_call_failures.inc()
 
     def breaker_changed(self, breaker: str, state: str) -> None:
         if breaker not in self._breakers:
@@ -248,7 +271,9 @@ class Metrics(Instruments):
 
 #: What a guard (and the shedding, leases and deny-cache paths) tell a metrics sink.
 SINK_METHODS: Final = tuple(
-    name for name, value in vars(Metrics).items() if not name.startswith("_") and callable(value)
+    name
+    for name in sorted({*vars(Instruments), *vars(Metrics)} - {"add"})
+    if not name.startswith("_") and callable(getattr(Metrics, name))
 )
 
 

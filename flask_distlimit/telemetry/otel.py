@@ -15,12 +15,12 @@ from __future__ import annotations
 import importlib.util
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import flask
 
-from flask_distlimit.core.decision import Check, Evaluation
+from flask_distlimit.core.decision import Check
 from flask_distlimit.telemetry.metrics import (
     BREAKER_STATE_VALUES,
     INSTRUMENTS,
@@ -111,49 +111,16 @@ class OTelMetrics(Instruments):
             held = list(self._lease_units.items())
         return [self._observation(f(label), {"distlimit.limit": label}) for label, f in held]
 
-    # -- the metrics sink (what flask_distlimit.telemetry.metrics.Metrics is told)
-    # -------------------------
+    # -- the metrics sink: this side's count, and what only it does ---------------------------
+
+    def add(self, family: str, amount: float = 1, key: str | None = None, **labels: str) -> None:
+        attributes = {} if key is None else {"distlimit.limit": limit_label(key)}
+        for name, value in labels.items():
+            attributes[f"distlimit.{name}"] = value
+        getattr(self, family).add(amount, attributes)
 
     def storage_call(self, seconds: float, outcome: str = "ok") -> None:
         self.storage_latency.record(seconds, {"distlimit.outcome": outcome})
-
-    def evaluated(
-        self, checks: Sequence[Check], evaluation: Evaluation, *, fallback: bool = False
-    ) -> None:
-        counter = self.fallback_decisions if fallback else self.decisions
-        allowed = True
-        for check, decision in zip(checks, evaluation.decisions, strict=False):
-            label = limit_label(check.key)
-            outcome = "allowed" if decision.allowed else "denied"
-            allowed = allowed and decision.allowed
-            counter.add(1, {"distlimit.limit": label, "distlimit.outcome": outcome})
-            if decision.shadow_denied:
-                self.shadow_denials.add(1, {"distlimit.limit": label})
-        if allowed:  # the slots taken
-            self.slots_taken(checks, 1)
-
-    def degraded(self, checks: Sequence[Check], evaluation: Evaluation | None) -> None:
-        for check in checks:
-            self.decisions.add(
-                1, {"distlimit.limit": limit_label(check.key), "distlimit.outcome": "degraded"}
-            )
-        if evaluation is not None:
-            self.evaluated(checks, evaluation, fallback=True)
-
-    def slots_taken(self, checks: Iterable[Check], sign: int) -> None:
-        """Count the concurrency slots of ``checks`` taken (``sign`` 1) or given back (-1)."""
-        for check in checks:
-            if check.token and not check.release and not check.shadow:
-                self.slots.add(sign, {"distlimit.limit": limit_label(check.key)})
-
-    def settled(self, key: str, unit: str, units: int) -> None:
-        self.settled_units.add(units, {"distlimit.limit": limit_label(key), "distlimit.unit": unit})
-
-    def leased(self, keys: Sequence[str]) -> None:
-        for key in keys:
-            label = limit_label(key)
-            self.decisions.add(1, {"distlimit.limit": label, "distlimit.outcome": "allowed"})
-            self.leased_decisions.add(1, {"distlimit.limit": label})
 
     def watch_lease_units(self, key: str, held: Callable[[str], float]) -> None:
         with self._lock:
@@ -172,12 +139,6 @@ class OTelMetrics(Instruments):
 
     def worker_in_flight(self, value: int) -> None:
         self._in_flight = value
-
-    def unreadable(self) -> None:
-        self.unreadable_replies.add(1)
-
-    def side_call_failed(self) -> None:
-        self.side_call_failures.add(1)
 
     def breaker_changed(self, breaker: str, state: str) -> None:
         with self._lock:
