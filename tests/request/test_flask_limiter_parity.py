@@ -378,6 +378,57 @@ def test_a_route_exempt_from_meta_limits_is_served_to_a_client_they_refuse(
     assert served.headers["X-RateLimit-Remaining"] == "99"  # its own limit still counts
 
 
+def test_a_shut_out_client_still_reaches_a_route_no_limit_counts(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Flask-Limiter's kitchensink exempts its health blueprint from the defaults and the
+    application limits but not from META: there a shut-out client is refused at /health/, here
+    it is served (the meta limit watches the limits a request meets; the guide's meta_limits
+    row)."""
+    app, limiter = app_with(
+        backend, clock, DISTLIMIT_META_LIMITS="1/hour", DISTLIMIT_DEFAULT_LIMITS="100/minute"
+    )
+
+    @app.get("/tight")
+    @limiter.limit("1/minute")
+    def tight() -> str:
+        return "ok"
+
+    @app.get("/health")
+    @limiter.exempt(flags=ExemptionScope.DEFAULT | ExemptionScope.APPLICATION)
+    def health() -> str:
+        return "ok"
+
+    @app.get("/plain")
+    def plain() -> str:
+        return "ok"
+
+    client = app.test_client()
+    client.get("/tight")
+    assert client.get("/tight").status_code == 429  # the one breach the meta limit allows
+    assert client.get("/plain").status_code == 429  # its default limit: the meta limit refuses
+    served = client.get("/health")
+    assert served.status_code == 200
+    assert "X-RateLimit-Limit" not in served.headers  # no limit counted it
+
+
+def test_the_global_limit_counts_requests_no_route_answers(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Flask-Limiter counts its application limits on routed requests only; here a 404 spends
+    the global limit too (the guide's application_limits row)."""
+    app, _ = app_with(backend, clock, DISTLIMIT_GLOBAL_LIMITS="2/minute")
+
+    client = app.test_client()
+    first = client.get("/nowhere")
+    assert first.status_code == 404
+    assert first.headers["X-RateLimit-Remaining"] == "1"
+    assert client.get("/nowhere/else").status_code == 404
+    refused = client.get("/nowhere")
+    assert refused.status_code == 429
+    assert refused.headers["Retry-After"]
+
+
 @pytest.mark.parametrize("flags", [ExemptionScope.NONE, 3, "DEFAULT"])
 def test_exempt_with_flags_that_are_not_exemption_scopes_is_refused(flags: Any) -> None:
     with pytest.raises(ConfigurationError, match="ExemptionScope"):
