@@ -8,6 +8,7 @@ docs/configuration.md (the identity keys are read by :mod:`flask_distlimit.ident
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import re
@@ -28,7 +29,6 @@ from flask_distlimit.identity import IDENTITY_KEYS
 from flask_distlimit.ops import serving
 from flask_distlimit.request.settings import LimiterSettings
 from flask_distlimit.resilience.breaker import check_fail_max, check_reset_timeout
-from flask_distlimit.resilience.fallback import DEFAULT_MAX_KEYS
 from flask_distlimit.storage.heartbeat import MAX_FLEET
 from flask_distlimit.storage.startup_check import STARTUP_CHECKS
 from flask_distlimit.storage.tokens import TOKEN_MODES
@@ -54,35 +54,21 @@ STORAGE_SCHEMES: Final = (
     "memory",
 )
 
-#: The default of every ``DISTLIMIT_*`` key this module reads.
-DEFAULTS: Final[dict[str, object]] = {
-    "DISTLIMIT_STORAGE_URL": "memory://",
-    "DISTLIMIT_ALGORITHM": "sliding_window_counter",
-    "DISTLIMIT_DEFAULT_LIMITS": "",
-    "DISTLIMIT_GLOBAL_LIMITS": "",
-    "DISTLIMIT_META_LIMITS": "",
-    "DISTLIMIT_HEADERS": "both",
-    "DISTLIMIT_KEY_PREFIX": "ratelimit",
-    "DISTLIMIT_REDIS_TIMEOUT": 0.1,
-    "DISTLIMIT_REQUEST_TOKENS": "auto",
-    "DISTLIMIT_STARTUP_CHECK": "warn",
-    "DISTLIMIT_CONDITIONAL_COST": 1,
-    "DISTLIMIT_ENABLED": True,
-    "DISTLIMIT_FAILURE_POLICY": "open",
-    "DISTLIMIT_INSTANCES": 1,
-    "DISTLIMIT_INSTANCES_MIN": 1,
-    "DISTLIMIT_FALLBACK_MAX_KEYS": DEFAULT_MAX_KEYS,
-    "DISTLIMIT_BREAKER_FAIL_MAX": 5,
-    "DISTLIMIT_BREAKER_RESET_TIMEOUT": 30,
-    "DISTLIMIT_CHARGE_PREFLIGHTS": False,
-    "DISTLIMIT_DYNAMIC_LIMIT_TTL": 60,
-    "DISTLIMIT_SHADOW": False,
-    "DISTLIMIT_CONCURRENCY_LEASE": 60,
-    "DISTLIMIT_WORKER_THREADS": 0,
-    "DISTLIMIT_WORKER_SHED_AT": shedding.DEFAULT_SHED_AT,
-    "DISTLIMIT_FLEET_CAPACITY": 0,
-    "DISTLIMIT_FLEET_SHARES": shedding.DEFAULT_SHARES,
-}
+
+def _defaults() -> dict[str, object]:
+    """The default of every ``DISTLIMIT_*`` key this module reads: :class:`LimiterSettings`'s
+    own, each field its key (``redis_timeout`` is ``DISTLIMIT_REDIS_TIMEOUT``), a limit key's as
+    text (``""``: no limit); a callable limit value's parsed form has no key of its own."""
+    unset = LimiterSettings()
+    return {
+        f"DISTLIMIT_{f.name.upper()}": "" if f.name.endswith("_limits") else getattr(unset, f.name)
+        for f in dataclasses.fields(unset)
+        if not f.name.endswith("_dynamic")
+    }
+
+
+#: The default of every ``DISTLIMIT_*`` key this module reads (:func:`_defaults`).
+DEFAULTS: Final[dict[str, object]] = _defaults()
 
 #: Every ``DISTLIMIT_*`` key the extension reads: those above and the identity keys.
 KNOWN_KEYS: Final[tuple[str, ...]] = (*DEFAULTS, *IDENTITY_KEYS)
