@@ -296,7 +296,7 @@ class LocalFallback:
                 # The first success after a failure: Redis is back for this process, not yet
                 # for those whose breakers are still open (they try again at most a reset
                 # timeout after opening, before Redis came back): count everything here until
-                # then (see "Handing back" in the module docstring).
+                # then (docs/design-notes.md, "Handing back").
                 self._failed = False
                 self._observe(now, now_us)
                 self._engage(now + self.settle)

@@ -174,7 +174,7 @@ class ClusterNodes(RedisSideCalls):
         self._pools: dict[str, DeadlinePool] = {}
         #: The batches of each primary's pool (:mod:`.pipeline`), for one-group calls.
         self._pipelines: dict[str, Pipeline] = {}
-        #: The request tokens of the hot path (module docstring, "One retry").
+        #: The request tokens of the hot path (docs/design-notes.md, "One retry").
         self.tokens = RequestTokens(timeout, request_tokens)
         if client is not None:
             self._attach(client)
@@ -321,7 +321,7 @@ class ClusterNodes(RedisSideCalls):
 
     @property
     def request_tokens(self) -> str:
-        """When a hot call carries a request token (module docstring, "One retry")."""
+        """When a hot call carries a request token (docs/design-notes.md, "One retry")."""
         return self.tokens.mode
 
     def ping(self) -> float:

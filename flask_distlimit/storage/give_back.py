@@ -85,8 +85,8 @@ return taken
 
 
 def give_back_keys(key: str) -> list[str]:
-    """``KEYS`` of one give-back: ``key`` and a fresh id in its Cluster slot (module
-    docstring, "Given back once")."""
+    """``KEYS`` of one give-back: ``key`` and a fresh id in its Cluster slot (docs/design-notes.md,
+    "Given back once")."""
     return [key, token_key(key, f"gb.{secrets.token_hex(10)}")]
 
 
