@@ -1,7 +1,9 @@
 """Prometheus metrics (the ``prometheus`` extra), and the one table of every instrument.
 
 :data:`INSTRUMENTS` declares each instrument once, for Prometheus (:class:`Metrics`) and
-OpenTelemetry (:mod:`.otel`); :class:`Sinks` tells every sink a guard has. ``prometheus_client``
+OpenTelemetry (:mod:`.otel`); what a sink is told about decisions is written once, in
+:class:`Instruments`, and each side only counts (``add``); :class:`Sinks` tells every sink a
+guard has. ``prometheus_client``
 is imported only when a :class:`Metrics` is built. Every label takes values from a set that does
 not grow with clients or quotas: ``limit`` is :func:`limit_label` (past
 :data:`MAX_LIMIT_LABELS` values, :data:`OTHER`), ``breaker`` one per live node (at most
