@@ -13,8 +13,6 @@ from flask_distlimit.declare.route_limits import BoundLimit
 from flask_distlimit.extension import LimiterState
 from flask_distlimit.request.plans import is_static
 
-__all__ = ["endpoint_of", "limit_rows"]
-
 
 def _kind(b: BoundLimit) -> str:
     return {"g": "global", "t": "tier", "s": "shared", "r": "route"}.get(b.limit_id[:1], "route")

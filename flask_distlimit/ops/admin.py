@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from flask import current_app
 
@@ -14,11 +14,6 @@ from flask_distlimit.declare.route_limits import BoundLimit
 from flask_distlimit.request.enforcement import AppLimiter
 from flask_distlimit.request.plans import is_static
 from flask_distlimit.storage.lease_records import records_key
-
-if TYPE_CHECKING:
-    pass
-
-__all__ = ["AppLimiter", "NamedCheck", "checks_for", "reset", "reset_identity"]
 
 
 class NamedCheck(NamedTuple):

@@ -20,8 +20,6 @@ from typing import Final
 
 from flask_distlimit.storage.base import Storage
 
-__all__ = ["Server", "detect_server", "warn_if_memory_per_process"]
-
 log = logging.getLogger("flask_distlimit.serving")  # a public name (docs/failure-modes.md), kept
 
 _MEMORY: Final = "memory"
