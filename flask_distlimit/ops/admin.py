@@ -43,7 +43,8 @@ def reset(state: AppLimiter) -> int:
     return state.storage.delete(keys)
 
 
-def _check_kind(identity: str) -> None:
+def check_kind(identity: str) -> None:
+    """Raise :class:`ValueError`, with the fix, for a text that names no kind of identity."""
     if identity_kind(identity) is None:
         raise ValueError(
             f"The identity {identity!r} names no kind of identity: start it with one of "
@@ -55,7 +56,7 @@ def _check_kind(identity: str) -> None:
 def reset_identity(state: AppLimiter, identity: str) -> int:
     """Delete every key of one identity (e.g. ``"ip:203.0.113.9"``, ``"func:alice"``); answer
     how many. Raises :class:`ValueError` for a text that names no kind of identity."""
-    _check_kind(identity)
+    check_kind(identity)
     state.tags.require()
     if state.deny_cache is not None:
         state.deny_cache.clear()
@@ -75,7 +76,7 @@ def checks_for(state: AppLimiter, identity: str, cost: int = 0) -> list[NamedChe
     Needs an app context (it reads the app's URL map). Raises :class:`ValueError` for a text
     that names no kind of identity.
     """
-    _check_kind(identity)
+    check_kind(identity)
     state.tags.require()
     tag = state.tags.tag(identity)
     found: dict[str, NamedCheck] = {}
