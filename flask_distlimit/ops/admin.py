@@ -4,13 +4,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from flask import current_app
 
 from flask_distlimit.core.decision import Check
 from flask_distlimit.declare.keys import IDENTITY_KINDS, client_pattern, identity_kind
-from flask_distlimit.declare.route_limits import BoundLimit
+from flask_distlimit.declare.route_limits import BoundLimit, RoutePlan
 from flask_distlimit.request.enforcement import AppLimiter
 from flask_distlimit.request.plans import is_static
 from flask_distlimit.storage.lease_records import records_key
@@ -93,13 +94,23 @@ def checks_for(state: AppLimiter, identity: str, cost: int = 0) -> list[NamedChe
     for bounds in state.tier_limits.values():
         for b in bounds:
             add(b)
-    enforcer = state.enforcer
-    for rule in current_app.url_map.iter_rules():
-        endpoint = rule.endpoint
-        if is_static(endpoint):
-            continue
-        view = enforcer.original_view(endpoint)
-        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
-            for b in enforcer.plan(endpoint, method, view).limits:
-                add(b)
+    for _, _, _, plan in route_plans(state):
+        for b in plan.limits:
+            add(b)
     return list(found.values())
+
+
+def route_plans(
+    state: AppLimiter, endpoint: str | None = None
+) -> Iterator[tuple[str, str, str, RoutePlan]]:
+    """``(endpoint, rule, method, plan)`` of every URL rule per method (HEAD and OPTIONS aside,
+    static files skipped), by endpoint and rule; only ``endpoint``'s rules when given. Needs an
+    app context."""
+    enforcer = state.enforcer
+    rules = sorted(current_app.url_map.iter_rules(endpoint), key=lambda r: (r.endpoint, r.rule))
+    for rule in rules:
+        if is_static(rule.endpoint):
+            continue
+        view = enforcer.original_view(rule.endpoint)
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            yield rule.endpoint, rule.rule, method, enforcer.plan(rule.endpoint, method, view)
