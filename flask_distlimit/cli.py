@@ -20,10 +20,10 @@ from flask.cli import AppGroup
 
 from flask_distlimit.cli_limits import endpoint_of, limit_rows
 from flask_distlimit.core.decision import Check, Decision
-from flask_distlimit.declare.keys import IDENTITY_KINDS, client_pattern, identity_kind
+from flask_distlimit.declare.keys import client_pattern
 from flask_distlimit.errors import StorageError
 from flask_distlimit.extension import Limiter, LimiterState
-from flask_distlimit.ops.admin import NamedCheck
+from flask_distlimit.ops.admin import NamedCheck, check_kind
 from flask_distlimit.resilience.holdings import Holding, read_holdings
 from flask_distlimit.storage.urls import mask_url
 
@@ -75,13 +75,11 @@ def _identity(state: LimiterState, identity: str, *, ip: bool, api_key: bool) ->
         return state.resolver.api_key_identity(identity)
     if not identity.strip():
         raise click.UsageError("IDENTITY is empty: give e.g. ip:203.0.113.9 or user:42.")
-    if identity_kind(identity) is None:
-        heads = ", ".join(IDENTITY_KINDS)
-        raise click.UsageError(
-            f"IDENTITY {identity!r} names no kind of identity: start it with one of {heads} "
-            f"(what a limit's key_func returns is func:<value>, e.g. func:{identity}), or give "
-            "an address with --ip or an API key with --api-key."
-        )
+    try:
+        check_kind(identity)
+    except ValueError as exc:
+        advice = "Or give an address with --ip or an API key with --api-key."
+        raise click.UsageError(f"{exc} {advice}") from None
     return identity
 
 

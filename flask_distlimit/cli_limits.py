@@ -11,9 +11,7 @@ from werkzeug.exceptions import HTTPException
 
 from flask_distlimit.declare.route_limits import BoundLimit
 from flask_distlimit.extension import LimiterState
-from flask_distlimit.request.plans import is_static
-
-__all__ = ["endpoint_of", "limit_rows"]
+from flask_distlimit.ops.admin import route_plans
 
 
 def _kind(b: BoundLimit) -> str:
@@ -73,22 +71,15 @@ def limit_rows(
     for tier, bounds in state.tier_limits.items():
         for b in bounds:
             row("*", "*", f"every request of tier {tier}", b)
-    enforcer = state.enforcer
-    rules = sorted(current_app.url_map.iter_rules(endpoint), key=lambda r: (r.endpoint, r.rule))
-    for rule in rules:
-        if is_static(rule.endpoint):
+    for name, rule, m, plan in route_plans(state, endpoint):
+        if method is not None and m != method:
             continue
-        view = enforcer.original_view(rule.endpoint)
-        for m in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
-            if method is not None and m != method:
-                continue
-            plan = enforcer.plan(rule.endpoint, m, view)
-            if plan.exempt:
-                row(rule.endpoint, m, rule.rule, None, limit="exempt")
-            elif not plan.limits:
-                row(rule.endpoint, m, rule.rule, None)
-            for b in plan.limits:
-                row(rule.endpoint, m, rule.rule, b, policy=plan.policy or default_policy)
+        if plan.exempt:
+            row(name, m, rule, None, limit="exempt")
+        elif not plan.limits:
+            row(name, m, rule, None)
+        for b in plan.limits:
+            row(name, m, rule, b, policy=plan.policy or default_policy)
     return rows
 
 

@@ -4,21 +4,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple
 
 from flask import current_app
 
 from flask_distlimit.core.decision import Check
 from flask_distlimit.declare.keys import IDENTITY_KINDS, client_pattern, identity_kind
-from flask_distlimit.declare.route_limits import BoundLimit
+from flask_distlimit.declare.route_limits import BoundLimit, RoutePlan
 from flask_distlimit.request.enforcement import AppLimiter
 from flask_distlimit.request.plans import is_static
 from flask_distlimit.storage.lease_records import records_key
-
-if TYPE_CHECKING:
-    pass
-
-__all__ = ["AppLimiter", "NamedCheck", "checks_for", "reset", "reset_identity"]
 
 
 class NamedCheck(NamedTuple):
@@ -48,7 +44,8 @@ def reset(state: AppLimiter) -> int:
     return state.storage.delete(keys)
 
 
-def _check_kind(identity: str) -> None:
+def check_kind(identity: str) -> None:
+    """Raise :class:`ValueError`, with the fix, for a text that names no kind of identity."""
     if identity_kind(identity) is None:
         raise ValueError(
             f"The identity {identity!r} names no kind of identity: start it with one of "
@@ -60,7 +57,7 @@ def _check_kind(identity: str) -> None:
 def reset_identity(state: AppLimiter, identity: str) -> int:
     """Delete every key of one identity (e.g. ``"ip:203.0.113.9"``, ``"func:alice"``); answer
     how many. Raises :class:`ValueError` for a text that names no kind of identity."""
-    _check_kind(identity)
+    check_kind(identity)
     state.tags.require()
     if state.deny_cache is not None:
         state.deny_cache.clear()
@@ -80,7 +77,7 @@ def checks_for(state: AppLimiter, identity: str, cost: int = 0) -> list[NamedChe
     Needs an app context (it reads the app's URL map). Raises :class:`ValueError` for a text
     that names no kind of identity.
     """
-    _check_kind(identity)
+    check_kind(identity)
     state.tags.require()
     tag = state.tags.tag(identity)
     found: dict[str, NamedCheck] = {}
@@ -97,13 +94,23 @@ def checks_for(state: AppLimiter, identity: str, cost: int = 0) -> list[NamedChe
     for bounds in state.tier_limits.values():
         for b in bounds:
             add(b)
-    enforcer = state.enforcer
-    for rule in current_app.url_map.iter_rules():
-        endpoint = rule.endpoint
-        if is_static(endpoint):
-            continue
-        view = enforcer.original_view(endpoint)
-        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
-            for b in enforcer.plan(endpoint, method, view).limits:
-                add(b)
+    for _, _, _, plan in route_plans(state):
+        for b in plan.limits:
+            add(b)
     return list(found.values())
+
+
+def route_plans(
+    state: AppLimiter, endpoint: str | None = None
+) -> Iterator[tuple[str, str, str, RoutePlan]]:
+    """``(endpoint, rule, method, plan)`` of every URL rule per method (HEAD and OPTIONS aside,
+    static files skipped), by endpoint and rule; only ``endpoint``'s rules when given. Needs an
+    app context."""
+    enforcer = state.enforcer
+    rules = sorted(current_app.url_map.iter_rules(endpoint), key=lambda r: (r.endpoint, r.rule))
+    for rule in rules:
+        if is_static(rule.endpoint):
+            continue
+        view = enforcer.original_view(rule.endpoint)
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            yield rule.endpoint, rule.rule, method, enforcer.plan(rule.endpoint, method, view)

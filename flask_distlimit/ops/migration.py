@@ -12,15 +12,6 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-__all__ = [
-    "CONFIG_KEYS",
-    "CONSTRUCTOR",
-    "key_func_message",
-    "leftover_keys_message",
-    "options_message",
-    "warn_leftover_keys",
-]
-
 log = logging.getLogger("flask_distlimit")
 
 #: Flask-Limiter 4.x ``Limiter(...)`` arguments -> what to write here instead.

@@ -20,8 +20,6 @@ from typing import Final
 
 from flask_distlimit.storage.base import Storage
 
-__all__ = ["Server", "detect_server", "warn_if_memory_per_process"]
-
 log = logging.getLogger("flask_distlimit.serving")  # a public name (docs/failure-modes.md), kept
 
 _MEMORY: Final = "memory"
@@ -47,10 +45,15 @@ def detect_server() -> Server | None:
         uwsgi = importlib.import_module("uwsgi")  # only importable inside uWSGI
     except ImportError:
         return None
-    processes = getattr(uwsgi, "numproc", None)
+    numproc = getattr(uwsgi, "numproc", None)
+    return _counted("uWSGI", numproc, "uwsgi.numproc is not a positive integer")
+
+
+def _counted(name: str, processes: object, reason: str) -> Server:
+    """``name`` with its ``processes`` if a positive integer, else unknown by ``reason``."""
     if isinstance(processes, int) and not isinstance(processes, bool) and processes > 0:
-        return Server("uWSGI", processes)
-    return Server("uWSGI", None, "uwsgi.numproc is not a positive integer")
+        return Server(name, processes)
+    return Server(name, None, reason)
 
 
 def _started_by_gunicorn_command() -> bool:
@@ -77,9 +80,7 @@ def _gunicorn() -> Server:
         return Server("gunicorn", None, "its configuration could not be read")
     if printed.getvalue():
         log.debug("gunicorn printed while its configuration was read: %s", printed.getvalue())
-    if isinstance(workers, int) and not isinstance(workers, bool) and workers > 0:
-        return Server("gunicorn", workers)
-    return Server("gunicorn", None, f"its workers setting is {workers!r}")
+    return _counted("gunicorn", workers, f"its workers setting is {workers!r}")
 
 
 @contextlib.contextmanager
