@@ -15,8 +15,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Denial", "DenyCache", "monotonic_us"]
-
 
 def monotonic_us() -> int:
     """The local monotonic clock in microseconds (the default clock of the cache)."""

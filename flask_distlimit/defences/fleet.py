@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
     from flask_distlimit.storage.base import Storage
 
-__all__ = ["FLEET_TAG", "Fleet"]
 
 #: The hash tag of the fleet's key: never an identity tag (those are hex digests).
 FLEET_TAG: Final = "fleet"

@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
     from flask import Flask
 
-__all__ = ["Holding", "Ledger", "Lifecycle"]
 
 log = logging.getLogger("flask_distlimit")
 

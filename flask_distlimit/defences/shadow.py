@@ -15,8 +15,6 @@ from flask_distlimit.core.pacing import OncePerWindow
 from flask_distlimit.declare.keys import key_tag
 from flask_distlimit.errors import ConfigurationError
 
-__all__ = ["ShadowLog", "ShadowSetting", "check_tiers", "parse_shadow", "spec_is_shadow"]
-
 log = logging.getLogger("flask_distlimit")
 
 #: ``DISTLIMIT_SHADOW``: every limit (True), none (False), or the config-declared limits named.

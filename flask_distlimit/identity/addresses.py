@@ -14,8 +14,6 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Final
 
-__all__ = ["INVALID_IP", "UNIDENTIFIED_VIA", "ClientAddresses"]
-
 logger = logging.getLogger(__name__)
 
 #: The one bucket shared by every request whose client address cannot be read.

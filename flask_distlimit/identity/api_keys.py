@@ -15,14 +15,6 @@ from typing import Final, TypeAlias
 
 from flask_distlimit.errors import ConfigurationError
 
-__all__ = [
-    "MAX_API_KEY_LENGTH",
-    "ApiKeyVerifier",
-    "ApiKeys",
-    "VerifierAnswer",
-    "api_key_digest_key",
-]
-
 #: What an API key verifier answers: ``None`` (unknown), a tier, or ``(key_id, tier or None)``.
 VerifierAnswer: TypeAlias = str | tuple[str | int, str | None] | None
 #: ``(raw_key) -> VerifierAnswer``

@@ -20,8 +20,6 @@ from flask_distlimit.identity.tiers import ANONYMOUS, TierTable
 if TYPE_CHECKING:
     import flask
 
-__all__ = ["Identity", "IdentityHooks", "IdentityResolver"]
-
 
 @dataclass(frozen=True, slots=True)
 class Identity:

@@ -14,8 +14,6 @@ from flask_distlimit.identity.digests import tag_secret
 from flask_distlimit.identity.jwt import JwtSettings, read_jwt
 from flask_distlimit.identity.tiers import DEFAULT_TIERS, default_tiers, read_tiers
 
-__all__ = ["IDENTITY_KEYS", "IdentitySettings"]
-
 #: Every key :meth:`IdentitySettings.from_config` reads (the others: ``config.DEFAULTS``); an
 #: app's other ``DISTLIMIT_*`` keys are refused as unknown (``Settings.from_config``).
 IDENTITY_KEYS: Final = (

@@ -15,8 +15,6 @@ from typing import Any, Final
 from flask_distlimit.core.limits import Rate, parse_rates
 from flask_distlimit.errors import ConfigurationError
 
-__all__ = ["ANONYMOUS", "DEFAULT_TIERS", "EXAMPLE_TIERS", "TierTable", "read_tiers"]
-
 logger = logging.getLogger(__name__)
 
 #: The tier of every client that no hook, token or key places in another one.
@@ -25,16 +23,6 @@ ANONYMOUS: Final = "anonymous"
 #: ``DISTLIMIT_TIERS`` when the app sets none: no tier limits. Nothing is limited that the app
 #: did not declare.
 DEFAULT_TIERS: Final[Mapping[str, str]] = MappingProxyType({})
-
-#: A tier table to start from (documented; never applied unless the app sets it).
-EXAMPLE_TIERS: Final[Mapping[str, str]] = MappingProxyType(
-    {
-        "anonymous": "60/minute",
-        "free": "300/minute",
-        "pro": "1800/minute",
-        "internal": "10000/minute",
-    }
-)
 
 #: How many distinct unknown tier names are warned about (bounds the memory of "warned once").
 _MAX_WARNED: Final = 256

@@ -25,7 +25,6 @@ from flask_distlimit.declare.keys import limit_key
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity import (
     ANONYMOUS,
-    EXAMPLE_TIERS,
     INVALID_IP,
     Identity,
     IdentityHooks,
@@ -38,6 +37,13 @@ SECRET = "s3cret-for-hs256-tokens-0123456789abcdef"  # 40 bytes: long enough for
 AUDIENCE = "https://api.example.test"
 ISSUER = "https://issuer.example.test"
 CLIENT = "198.51.100.7"
+#: The tier table docs/configuration.md starts from (DISTLIMIT_TIERS)
+EXAMPLE_TIERS = {
+    "anonymous": "60/minute",
+    "free": "300/minute",
+    "pro": "1800/minute",
+    "internal": "10000/minute",
+}
 
 
 def make_app(**config: object) -> flask.Flask:
