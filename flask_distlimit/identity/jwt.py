@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
@@ -34,32 +34,25 @@ class JwtSettings:
     keys: Mapping[str, tuple[object, ...]] = field(repr=False)
     algorithms: tuple[str, ...]
     audience: tuple[str, ...]
-    issuer: str | None = None
-    leeway: float = 0.0
-    subject_claim: str = "sub"
-    client_claim: str = "client_id"
-    tier_claim: str = "tier"
+    issuer: str | None
+    leeway: float
+    subject_claim: str
+    client_claim: str
+    tier_claim: str
 
 
 def _as_list(value: object) -> list[object]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def read_jwt(config: MutableMapping[str, object]) -> JwtSettings | None:
-    """Read (``setdefault``) and check every ``DISTLIMIT_JWT_*`` key; ``None``: no JWT path."""
-    keys = config.setdefault("DISTLIMIT_JWT_KEYS", None)
-    algorithms = config.setdefault("DISTLIMIT_JWT_ALGORITHMS", None)
-    audience = config.setdefault("DISTLIMIT_JWT_AUDIENCE", None)
-    issuer = config.setdefault("DISTLIMIT_JWT_ISSUER", None)
-    leeway = config.setdefault("DISTLIMIT_JWT_LEEWAY", 0)
-    claims = {
-        key: config.setdefault(key, default)
-        for key, default in (
-            ("DISTLIMIT_JWT_SUBJECT_CLAIM", "sub"),
-            ("DISTLIMIT_JWT_CLIENT_CLAIM", "client_id"),
-            ("DISTLIMIT_JWT_TIER_CLAIM", "tier"),
-        )
-    }
+def read_jwt(config: Mapping[str, object]) -> JwtSettings | None:
+    """Check every ``DISTLIMIT_JWT_*`` key of ``config`` (each set, to its default when absent,
+    by :meth:`~flask_distlimit.identity.IdentitySettings.from_config`); ``None``: no JWT path."""
+    keys = config["DISTLIMIT_JWT_KEYS"]
+    algorithms = config["DISTLIMIT_JWT_ALGORITHMS"]
+    audience = config["DISTLIMIT_JWT_AUDIENCE"]
+    issuer = config["DISTLIMIT_JWT_ISSUER"]
+    leeway = config["DISTLIMIT_JWT_LEEWAY"]
     if keys is None or keys == [] or keys == ():
         return None
     try:
@@ -95,9 +88,6 @@ def read_jwt(config: MutableMapping[str, object]) -> JwtSettings | None:
             f"DISTLIMIT_JWT_LEEWAY must be a number of seconds from 0 to 300 (clock skew allowed "
             f"on exp/nbf/iat), got {leeway!r}."
         )
-    for setting, name in claims.items():
-        if not isinstance(name, str) or not _CLAIM_NAME.fullmatch(name):
-            raise ConfigurationError(f"{setting} must be a claim name such as 'sub', got {name!r}.")
 
     prepared: dict[str, list[object]] = {str(a): [] for a in algs}
     for index, key in enumerate(_as_list(keys)):
@@ -119,10 +109,17 @@ def read_jwt(config: MutableMapping[str, object]) -> JwtSettings | None:
         audience=tuple(str(a) for a in auds),
         issuer=issuer,
         leeway=float(leeway),
-        subject_claim=str(claims["DISTLIMIT_JWT_SUBJECT_CLAIM"]),
-        client_claim=str(claims["DISTLIMIT_JWT_CLIENT_CLAIM"]),
-        tier_claim=str(claims["DISTLIMIT_JWT_TIER_CLAIM"]),
+        subject_claim=_claim(config, "DISTLIMIT_JWT_SUBJECT_CLAIM"),
+        client_claim=_claim(config, "DISTLIMIT_JWT_CLIENT_CLAIM"),
+        tier_claim=_claim(config, "DISTLIMIT_JWT_TIER_CLAIM"),
     )
+
+
+def _claim(config: Mapping[str, object], setting: str) -> str:
+    name = config[setting]
+    if not isinstance(name, str) or not _CLAIM_NAME.fullmatch(name):
+        raise ConfigurationError(f"{setting} must be a claim name such as 'sub', got {name!r}.")
+    return name
 
 
 def _prepare_key(jwt_algorithms: Any, alg: str, key: object, index: int) -> object | None:

@@ -20,19 +20,10 @@ logger = logging.getLogger(__name__)
 #: The tier of every client that no hook, token or key places in another one.
 ANONYMOUS: Final = "anonymous"
 
-#: ``DISTLIMIT_TIERS`` when the app sets none: no tier limits. Nothing is limited that the app
-#: did not declare.
-DEFAULT_TIERS: Final[Mapping[str, str]] = MappingProxyType({})
-
 #: How many distinct unknown tier names are warned about (bounds the memory of "warned once").
 _MAX_WARNED: Final = 256
 
 _TIER_NAME: Final = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
-
-
-def default_tiers() -> Mapping[str, tuple[Rate, ...]]:
-    """:data:`DEFAULT_TIERS`, parsed."""
-    return MappingProxyType({name: parse_rates(value) for name, value in DEFAULT_TIERS.items()})
 
 
 def parse_tier_table(
