@@ -50,11 +50,6 @@ class ApiKeys:
             hmac.new(digest_key, digestmod=hashlib.sha256) if digest_key is not None else None
         )
 
-    @property
-    def ready(self) -> bool:
-        """A secret to digest keys with is set."""
-        return self._mac is not None
-
     def check(self, verifier: object) -> None:
         """Raise :class:`ConfigurationError` when a verifier is set but no secret is."""
         if verifier is not None and self._mac is None:

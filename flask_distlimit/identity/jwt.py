@@ -32,7 +32,6 @@ class JwtSettings:
     """
 
     keys: Mapping[str, tuple[object, ...]] = field(repr=False)
-    algorithms: tuple[str, ...]
     audience: tuple[str, ...]
     issuer: str | None
     leeway: float
@@ -105,7 +104,6 @@ def read_jwt(config: Mapping[str, object]) -> JwtSettings | None:
             )
     return JwtSettings(
         keys=MappingProxyType({alg: tuple(ks) for alg, ks in prepared.items() if ks}),
-        algorithms=tuple(str(a) for a in algs),
         audience=tuple(str(a) for a in auds),
         issuer=issuer,
         leeway=float(leeway),

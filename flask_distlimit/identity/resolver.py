@@ -88,8 +88,8 @@ class IdentityResolver:
         """The identity of ``request``: user, JWT, API key or client IP, in that order."""
         environ = request.environ
         verifier = hooks.api_key_verifier
-        if verifier is not None and not self._api_keys.ready:
-            self.check_hooks(hooks)
+        if verifier is not None and self.settings.api_key_secret is None:
+            self.check_hooks(hooks)  # raises
         identity: Identity | None = None
         if hooks.identity_loader is not None:
             loaded = hooks.identity_loader()
