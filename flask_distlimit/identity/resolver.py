@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from flask_distlimit.identity.addresses import ClientAddresses
 from flask_distlimit.identity.api_keys import ApiKeys, ApiKeyVerifier
-from flask_distlimit.identity.jwt import JwtVerifier
 from flask_distlimit.identity.settings import IdentitySettings
 from flask_distlimit.identity.tiers import ANONYMOUS, TierTable
 
@@ -66,7 +65,7 @@ class IdentityResolver:
         self._tiers = TierTable(settings.tiers)
         self._addresses = ClientAddresses(settings.trusted_proxies, settings.ipv6_prefix)
         self._api_keys = ApiKeys(settings.api_key_header, settings.api_key_secret)
-        self._jwt = JwtVerifier(settings.jwt) if settings.jwt is not None else None
+        self._jwt = settings.jwt
         # An anonymous client's Identity per address (a frozen dataclass costs ~0.6 us to build).
         self._anonymous: Callable[[str], Identity] = functools.lru_cache(maxsize=4096)(
             functools.partial(Identity, "ip", tier=ANONYMOUS)

@@ -11,7 +11,7 @@ from flask_distlimit.core.limits import Rate
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity.api_keys import api_key_digest_key
 from flask_distlimit.identity.digests import tag_secret
-from flask_distlimit.identity.jwt import JwtSettings, read_jwt
+from flask_distlimit.identity.jwt import JwtVerifier, read_jwt
 from flask_distlimit.identity.tiers import read_tiers
 
 #: Every key :meth:`IdentitySettings.from_config` reads, with its default (the others:
@@ -47,7 +47,7 @@ class IdentitySettings:
     api_key_header: str
     #: the key of API-key digests derived from the secret; ``None``: no secret is set
     api_key_secret: bytes | None = field(repr=False)
-    jwt: JwtSettings | None
+    jwt: JwtVerifier | None
     #: the key of identity tags derived from the same secret
     #: (:mod:`flask_distlimit.identity.digests`); ``None``: the storage keeps one for the deployment
     tag_secret: bytes | None = field(repr=False)
