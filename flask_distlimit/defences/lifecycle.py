@@ -204,9 +204,8 @@ class Lifecycle:
 
     def ledger(self, environ: WSGIEnvironment) -> Ledger:
         """The request's ledger, made on its first holding."""
-        cell: list[Ledger] | None = environ.get(self.key)
-        if cell is None:  # outside the wrapper (a request context made by hand): deadlines only
-            cell = environ[self.key] = []
+        # outside the wrapper (a request context made by hand), a cell of its own: deadlines only
+        cell: list[Ledger] = environ.setdefault(self.key, [])
         if cell:
             return cell[0]
         ledger = Ledger(self._clock, self._renew_every)

@@ -50,8 +50,6 @@ def read_tiers(value: object) -> Mapping[str, tuple[Rate, ...]]:
     )
     if not isinstance(value, Mapping):
         raise ConfigurationError(f"DISTLIMIT_TIERS must be a dict, got {value!r}. {accepted}")
-    if not value:
-        return MappingProxyType({})
 
     def check_name(name: object) -> None:
         if not isinstance(name, str) or not _TIER_NAME.fullmatch(name):
@@ -61,7 +59,7 @@ def read_tiers(value: object) -> Mapping[str, tuple[Rate, ...]]:
             )
 
     tiers = parse_tier_table(value, check_name, "DISTLIMIT_TIERS[{!r}]")
-    if ANONYMOUS not in tiers:
+    if tiers and ANONYMOUS not in tiers:
         raise ConfigurationError(
             f"DISTLIMIT_TIERS has no 'anonymous' tier (got {sorted(tiers)}): every client that is "
             f"not identified, or whose tier is unknown, is counted in it. {accepted}"
