@@ -214,8 +214,7 @@ class Shedding:
         """Whether the request's priority can be known before the app's ``before_request``
         hooks run (it cannot when the Limiter-wide resolver decides it: the resolver may read
         what the hooks set, e.g. the authenticated user)."""
-        priorities = self.priorities
-        return priorities.resolver is None or priorities.of_view(view) is not None
+        return self.priorities.resolver is None or self.priorities.of_view(view) is not None
 
     def admit(self) -> None:
         """Count the current request into this process's load, or shed it (503
