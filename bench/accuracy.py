@@ -34,12 +34,12 @@ from pathlib import Path
 
 from flask_distlimit.core.decision import Check
 from flask_distlimit.declare.keys import limit_key
-from flask_distlimit.identity.digests import IdentityTags
+from flask_distlimit.identity.digests import IdentityTags, tag_secret
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.memory import MemoryStorage
 
 #: Keys need well-formed tags only: any fixed digest key will do.
-TAGS = IdentityTags.fixed(b"accuracy")
+TAGS = IdentityTags(tag_secret(b"accuracy"))
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -67,12 +67,12 @@ from flask_distlimit.core.algorithms import ALGORITHMS, Algorithm
 from flask_distlimit.core.decision import Check
 from flask_distlimit.declare.keys import limit_key
 from flask_distlimit.engine.scripts import SCRIPT_SOURCE, script_args
-from flask_distlimit.identity.digests import IdentityTags
+from flask_distlimit.identity.digests import IdentityTags, tag_secret
 from flask_distlimit.storage.cluster import ClusterStorage
 from flask_distlimit.storage.redis import RedisStorage
 
 #: Keys need well-formed tags only: any fixed digest key will do.
-TAGS = IdentityTags.fixed(b"bench")
+TAGS = IdentityTags(tag_secret(b"bench"))
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENTS = 10_000

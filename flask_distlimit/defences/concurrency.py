@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from flask_distlimit.declare.route_limits import BoundLimit
     from flask_distlimit.resilience.guard import Guard
 
-__all__ = ["SideCalls", "SlotRelease", "is_slot_key", "slot_check"]
 
 #: Tokens are drawn below 2^53: the script keeps them exact as Lua numbers.
 _TOKEN_LIMIT: Final = 2**53 - 1

@@ -14,8 +14,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
-__all__ = ["Denial", "DenyCache", "monotonic_us"]
+#: Microseconds a remembered denial ends before the storage's retry time.
+_MARGIN_US: Final = 1_000
 
 
 def monotonic_us() -> int:
@@ -56,14 +58,12 @@ class DenyCache:
         clock: Callable[[], int] = monotonic_us,
         max_entries: int = 10_000,
         max_ttl: float = 60.0,
-        margin: float = 0.001,
     ) -> None:
         if max_entries < 1:
             raise ValueError(f"max_entries must be >= 1, got {max_entries!r}")
         self.clock = clock
         self.max_entries = max_entries
         self.max_ttl_us = int(max_ttl * 1_000_000)
-        self.margin_us = int(margin * 1_000_000)
         self._entries: OrderedDict[str, Denial] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -108,7 +108,7 @@ class DenyCache:
             return
         seconds = period if math.isinf(retry_after) else retry_after
         # floor, minus the margin: never past the real time
-        ttl_us = min(int(seconds * 1_000_000) - self.margin_us, self.max_ttl_us)
+        ttl_us = min(int(seconds * 1_000_000) - _MARGIN_US, self.max_ttl_us)
         if ttl_us <= 0:
             return
         finished = started_us if finished_us is None else max(finished_us, started_us)

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
     from flask_distlimit.storage.base import Storage
 
-__all__ = ["FLEET_TAG", "Fleet"]
 
 #: The hash tag of the fleet's key: never an identity tag (those are hex digests).
 FLEET_TAG: Final = "fleet"
@@ -59,9 +58,6 @@ class Fleet:
                 quoted=sf_string(name),
             )
 
-    def slots(self, priority: Priority) -> int:
-        return self._bounds[priority].rate.amount
-
     def check(self, priority: Priority) -> Check:
         """A check taking one of ``priority``'s slots of the fleet, under a fresh token."""
         return slot_check(self._bounds[priority], FLEET_TAG, self.lease)
@@ -75,7 +71,7 @@ class Fleet:
             "capacity": self.capacity,
             "in_flight": in_flight,
             "utilization": round(in_flight / self.capacity, 4),
-            "slots": {p: self.slots(p) for p in PRIORITIES},
+            "slots": {p: bound.rate.amount for p, bound in self._bounds.items()},
         }
 
     def health(self, storage: Storage, now_us: int | None = None) -> dict[str, object]:

@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
     from flask import Flask
 
-__all__ = ["Holding", "Ledger", "Lifecycle"]
 
 log = logging.getLogger("flask_distlimit")
 
@@ -38,11 +37,11 @@ class Ledger:
 
     __slots__ = (
         "_clock",
-        "_ended",
         "_holdings",
         "_lock",
         "_renew_at",
         "_renew_every",
+        "ended",
         "files",
         "lent",
     )
@@ -53,15 +52,12 @@ class Ledger:
         self._renew_at = clock() + renew_every_us
         self._holdings: list[Holding] = []
         self._lock = threading.Lock()
-        self._ended = False
+        #: the holdings were released (or the end passed with none)
+        self.ended = False
         #: the server's file wrappers made around a proxy of ours while the app ran
         self.files: list[object] = []
         #: the environ whose ``wsgi.file_wrapper`` was swapped for ours, and the server's own
         self.lent: tuple[WSGIEnvironment, object] | None = None
-
-    @property
-    def ended(self) -> bool:
-        return self._ended
 
     def give_back_file_wrapper(self) -> None:
         """Put the server's ``wsgi.file_wrapper`` back, before the server checks the body
@@ -71,14 +67,10 @@ class Ledger:
             self.lent = None
             environ[_FILE_WRAPPER] = server_wrapper
 
-    def made_file(self, body: object) -> bool:
-        """Whether ``body`` is a server's file wrapper made around a proxy of ours."""
-        return any(body is made for made in self.files)
-
     def take(self, holding: Holding) -> None:
         """Keep ``holding`` until the end (released at once if the end has passed)."""
         with self._lock:
-            if not self._ended:
+            if not self.ended:
                 self._holdings.append(holding)
                 return
         _release(holding)
@@ -86,9 +78,9 @@ class Ledger:
     def end(self) -> None:
         """Release every holding, once; never raises an :class:`Exception`."""
         with self._lock:
-            if self._ended:
+            if self.ended:
                 return
-            self._ended = True
+            self.ended = True
             holdings, self._holdings = self._holdings, []
         for holding in holdings:
             _release(holding)
@@ -111,7 +103,7 @@ class Ledger:
             return
         self._renew_at = now + self._renew_every
         with self._lock:
-            holdings = [] if self._ended else list(self._holdings)
+            holdings = [] if self.ended else list(self._holdings)
         for holding in holdings:
             try:
                 holding.renew()
@@ -212,9 +204,8 @@ class Lifecycle:
 
     def ledger(self, environ: WSGIEnvironment) -> Ledger:
         """The request's ledger, made on its first holding."""
-        cell: list[Ledger] | None = environ.get(self.key)
-        if cell is None:  # outside the wrapper (a request context made by hand): deadlines only
-            cell = environ[self.key] = []
+        # outside the wrapper (a request context made by hand), a cell of its own: deadlines only
+        cell: list[Ledger] = environ.setdefault(self.key, [])
         if cell:
             return cell[0]
         ledger = Ledger(self._clock, self._renew_every)
@@ -240,19 +231,16 @@ class Lifecycle:
         try:
             body = wsgi_app(environ, start_response)
         except BaseException:
-            if cell:
-                cell[0].give_back_file_wrapper()
-                cell[0].end()
+            for ledger in cell:
+                ledger.end()
             raise
-        if not cell:
+        finally:
+            for ledger in cell:
+                ledger.give_back_file_wrapper()
+        # A server's own file wrapper made around a proxy of ours: its close() ends the ledger.
+        if not cell or cell[0].ended or any(body is made for made in cell[0].files):
             return body
-        ledger = cell[0]
-        ledger.give_back_file_wrapper()
-        if ledger.ended:
-            return body
-        if ledger.made_file(body):
-            return body  # the server's own file wrapper: its close() ends the ledger
-        return _ClosingBody(body, ledger, self._dropped)
+        return _ClosingBody(body, cell[0], self._dropped)
 
 
 def _file_wrapper(server_wrapper: Any, ledger: Ledger) -> Callable[..., object]:

@@ -15,8 +15,6 @@ from flask_distlimit.core.pacing import OncePerWindow
 from flask_distlimit.declare.keys import key_tag
 from flask_distlimit.errors import ConfigurationError
 
-__all__ = ["ShadowLog", "ShadowSetting", "check_tiers", "parse_shadow", "spec_is_shadow"]
-
 log = logging.getLogger("flask_distlimit")
 
 #: ``DISTLIMIT_SHADOW``: every limit (True), none (False), or the config-declared limits named.
@@ -29,16 +27,12 @@ def parse_shadow(key: str, value: object) -> ShadowSetting:
     by :func:`check_tiers`)."""
     if isinstance(value, bool):
         return value
-    if isinstance(value, (list, tuple, set, frozenset)):
-        names: set[str] = set()
-        for item in value:
-            if not isinstance(item, str) or not (
-                item in ("global", "default") or (item.startswith("tier:") and len(item) > 5)
-            ):
-                break
-            names.add(item)
-        else:
-            return frozenset(names)
+    if isinstance(value, (list, tuple, set, frozenset)) and all(
+        isinstance(item, str)
+        and (item in ("global", "default") or (item.startswith("tier:") and len(item) > 5))
+        for item in value
+    ):
+        return frozenset(value)
     raise ConfigurationError(
         f"{key}={value!r} is not valid. Use True (every limit is a shadow limit), False, or a "
         "list naming the limits declared in config that are: 'global' "

@@ -38,7 +38,11 @@ DEFAULT_SHED_AT: Final[dict[Priority, float]] = {"sheddable": 0.5, "default": 0.
 DEFAULT_SHARES: Final[dict[Priority, float]] = {"critical": 1.0, "default": 0.8, "sheddable": 0.6}
 
 
-def _fractions(key: str, value: object, what: str) -> dict[Priority, float]:
+def _fractions(
+    key: str, value: object, what: str, *, every_priority: bool = False
+) -> dict[Priority, float]:
+    """A priority -> fraction table: each in (0, 1], a less important priority never above a
+    more important one; with ``every_priority``, each priority named."""
     if not isinstance(value, Mapping):
         raise ConfigurationError(
             f"{key}={value!r} is not valid: use a dict of priority -> {what}, e.g. "
@@ -52,37 +56,32 @@ def _fractions(key: str, value: object, what: str) -> dict[Priority, float]:
                 f"{key}[{name!r}]={share!r} is not valid: use a number > 0 and <= 1 ({what})."
             )
         out[priority] = float(share)
+    missing = [p for p in PRIORITIES if p not in out] if every_priority else []
+    if missing:
+        raise ConfigurationError(
+            f"{key} has no share for {', '.join(missing)}: give every priority one, e.g. "
+            "{'critical': 1.0, 'default': 0.8, 'sheddable': 0.6}."
+        )
+    ordered = [out.get(p, 2.0) for p in PRIORITIES]  # critical first; none: never shed
+    if any(a < b for a, b in itertools.pairwise(ordered)):
+        raise ConfigurationError(
+            f"{key}={out!r}: a less important priority must not get more than a more "
+            "important one (critical >= default >= sheddable)."
+        )
     return out
 
 
 def parse_shed_at(key: str, value: object) -> dict[Priority, float]:
     """``DISTLIMIT_WORKER_SHED_AT``: a less important priority must not be shed later than a
     more important one."""
-    shed_at = _fractions(key, value, "the utilization above which it is shed")
-    _check_order(key, shed_at)
-    return shed_at
+    return _fractions(key, value, "the utilization above which it is shed")
 
 
 def parse_shares(key: str, value: object) -> dict[Priority, float]:
     """``DISTLIMIT_FLEET_SHARES``: every priority needs a share; less important, no larger."""
-    shares = _fractions(key, value, "the share of the fleet's capacity it may use")
-    missing = [p for p in PRIORITIES if p not in shares]
-    if missing:
-        raise ConfigurationError(
-            f"{key} has no share for {', '.join(missing)}: give every priority one, e.g. "
-            "{'critical': 1.0, 'default': 0.8, 'sheddable': 0.6}."
-        )
-    _check_order(key, shares)
-    return shares
-
-
-def _check_order(key: str, values: dict[Priority, float]) -> None:
-    ordered = [values.get(p, 2.0) for p in PRIORITIES]  # critical first; none: never shed
-    if any(a < b for a, b in itertools.pairwise(ordered)):
-        raise ConfigurationError(
-            f"{key}={values!r}: a less important priority must not get more than a more "
-            "important one (critical >= default >= sheddable)."
-        )
+    return _fractions(
+        key, value, "the share of the fleet's capacity it may use", every_priority=True
+    )
 
 
 class WorkerLoad:
@@ -215,8 +214,7 @@ class Shedding:
         """Whether the request's priority can be known before the app's ``before_request``
         hooks run (it cannot when the Limiter-wide resolver decides it: the resolver may read
         what the hooks set, e.g. the authenticated user)."""
-        priorities = self.priorities
-        return priorities.resolver is None or priorities.of_view(view) is not None
+        return self.priorities.resolver is None or self.priorities.of_view(view) is not None
 
     def admit(self) -> None:
         """Count the current request into this process's load, or shed it (503

@@ -8,25 +8,17 @@ first. Tiers: :mod:`.tiers`. Settings are read once (:meth:`IdentitySettings.fro
 
 from __future__ import annotations
 
-from flask_distlimit.identity.addresses import INVALID_IP, UNIDENTIFIED_VIA
-from flask_distlimit.identity.api_keys import MAX_API_KEY_LENGTH
-from flask_distlimit.identity.jwt import MAX_TOKEN_LENGTH, JwtSettings
+from flask_distlimit.identity.addresses import INVALID_IP
 from flask_distlimit.identity.resolver import Identity, IdentityHooks, IdentityResolver
 from flask_distlimit.identity.settings import IDENTITY_KEYS, IdentitySettings
-from flask_distlimit.identity.tiers import ANONYMOUS, DEFAULT_TIERS, EXAMPLE_TIERS
+from flask_distlimit.identity.tiers import ANONYMOUS
 
 __all__ = [
     "ANONYMOUS",
-    "DEFAULT_TIERS",
-    "EXAMPLE_TIERS",
     "IDENTITY_KEYS",
     "INVALID_IP",
-    "MAX_API_KEY_LENGTH",
-    "MAX_TOKEN_LENGTH",
-    "UNIDENTIFIED_VIA",
     "Identity",
     "IdentityHooks",
     "IdentityResolver",
     "IdentitySettings",
-    "JwtSettings",
 ]

@@ -14,8 +14,6 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Final
 
-__all__ = ["INVALID_IP", "UNIDENTIFIED_VIA", "ClientAddresses"]
-
 logger = logging.getLogger(__name__)
 
 #: The one bucket shared by every request whose client address cannot be read.
@@ -56,32 +54,27 @@ class ClientAddresses:
                         return chosen
                 # No address where the client's should be: count it at the nearest trusted hop.
                 return self._unidentified(parts[max(0, len(parts) - trusted + 1) :], remote)
-        if not isinstance(remote, str):
-            return self._invalid(remote)
-        value = self._address(remote)
-        if value == INVALID_IP:
-            return self._invalid(remote)
-        return value
+        value = self._address(remote) if isinstance(remote, str) else INVALID_IP
+        return value if value != INVALID_IP else self._invalid(remote)
 
     def _unidentified(self, hops: list[str], remote: object) -> str:
         """``ip:invalid-via:<address>`` of the first readable trusted hop, nearest to the
         client first (``hops``, then ``REMOTE_ADDR``)."""
         for hop in (*hops, remote):
-            if isinstance(hop, str):
-                value = self._address(hop)
-                if value != INVALID_IP:
-                    marked = UNIDENTIFIED_VIA + value[3:]
-                    if not self._warned_unidentified:
-                        self._warned_unidentified = True
-                        logger.warning(
-                            "X-Forwarded-For holds no client address %d hop(s) from the right; "
-                            "such requests are counted as %r, apart from every client. A client "
-                            "that sends junk does this; if every request does, "
-                            "DISTLIMIT_TRUSTED_PROXIES (%d) is more than the proxies that append "
-                            "to X-Forwarded-For. (Logged once.)",
-                            self._trusted, marked, self._trusted,
-                        )  # fmt: skip
-                    return marked
+            value = self._address(hop) if isinstance(hop, str) else INVALID_IP
+            if value != INVALID_IP:
+                marked = UNIDENTIFIED_VIA + value[3:]
+                if not self._warned_unidentified:
+                    self._warned_unidentified = True
+                    logger.warning(
+                        "X-Forwarded-For holds no client address %d hop(s) from the right; "
+                        "such requests are counted as %r, apart from every client. A client "
+                        "that sends junk does this; if every request does, "
+                        "DISTLIMIT_TRUSTED_PROXIES (%d) is more than the proxies that append "
+                        "to X-Forwarded-For. (Logged once.)",
+                        self._trusted, marked, self._trusted,
+                    )  # fmt: skip
+                return marked
         return self._invalid(remote)
 
     def _invalid(self, address: object) -> str:

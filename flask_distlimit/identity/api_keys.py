@@ -15,14 +15,6 @@ from typing import Final, TypeAlias
 
 from flask_distlimit.errors import ConfigurationError
 
-__all__ = [
-    "MAX_API_KEY_LENGTH",
-    "ApiKeyVerifier",
-    "ApiKeys",
-    "VerifierAnswer",
-    "api_key_digest_key",
-]
-
 #: What an API key verifier answers: ``None`` (unknown), a tier, or ``(key_id, tier or None)``.
 VerifierAnswer: TypeAlias = str | tuple[str | int, str | None] | None
 #: ``(raw_key) -> VerifierAnswer``
@@ -57,11 +49,6 @@ class ApiKeys:
         self._mac = (
             hmac.new(digest_key, digestmod=hashlib.sha256) if digest_key is not None else None
         )
-
-    @property
-    def ready(self) -> bool:
-        """A secret to digest keys with is set."""
-        return self._mac is not None
 
     def check(self, verifier: object) -> None:
         """Raise :class:`ConfigurationError` when a verifier is set but no secret is."""

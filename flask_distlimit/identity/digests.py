@@ -121,11 +121,6 @@ class IdentityTags:
                 REFRESH_INTERVAL,
             )
 
-    @classmethod
-    def fixed(cls, secret: bytes) -> IdentityTags:
-        """Tags under a key derived from ``secret`` (for tools, tests and benchmarks)."""
-        return cls(tag_secret(secret))
-
     # -- the request path --------------------------------------------------------------------
 
     def _tag(self, identity: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
@@ -24,42 +24,65 @@ _JWT_HINT: Final = "Install it with `pip install Flask-DistLimit[jwt]`."
 
 
 @dataclass(frozen=True)
-class JwtSettings:
-    """The built-in JWT path, read from ``DISTLIMIT_JWT_*``.
+class JwtVerifier:
+    """The built-in JWT path, made from ``DISTLIMIT_JWT_*`` by :func:`read_jwt`: verifies bearer
+    tokens with PyJWT; answers an identity or ``None``, never raises.
 
     ``keys`` pairs every configured algorithm with each key that can verify it, already prepared
-    by PyJWT (a PEM key is parsed once, at start-up).
+    by PyJWT (a PEM key is parsed once, at start-up); ``decode_options``: the keywords of PyJWT's
+    ``decode`` (audience, issuer, leeway, required claims).
     """
 
     keys: Mapping[str, tuple[object, ...]] = field(repr=False)
-    algorithms: tuple[str, ...]
-    audience: tuple[str, ...]
-    issuer: str | None = None
-    leeway: float = 0.0
-    subject_claim: str = "sub"
-    client_claim: str = "client_id"
-    tier_claim: str = "tier"
+    decode_options: Mapping[str, Any]
+    subject_claim: str
+    client_claim: str
+    tier_claim: str
+    header: Callable[[str], dict[str, Any]] = field(repr=False)
+    decode: Callable[..., dict[str, Any]] = field(repr=False)
+    errors: tuple[type[BaseException], ...] = field(repr=False)
+
+    def identify(self, authorization: object) -> tuple[str, object] | None:
+        """``(identity text, tier claim)`` of the verified ``Authorization: Bearer <token>``
+        when it names a client, else ``None``."""
+        if not isinstance(authorization, str) or len(authorization) > MAX_TOKEN_LENGTH + 16:
+            return None
+        scheme, _, token = authorization.strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return None
+        try:
+            alg = self.header(token).get("alg")
+        except self.errors:
+            return None
+        # 'none', or an algorithm not configured: no key, never trusted
+        for key in self.keys.get(alg, ()) if isinstance(alg, str) else ():
+            try:
+                claims = self.decode(token, key, algorithms=[alg], **self.decode_options)
+            except self.errors:
+                continue
+            subject = claims.get(self.subject_claim)
+            if isinstance(subject, str) and subject:
+                return f"jwt:sub:{subject}", claims.get(self.tier_claim)
+            client = claims.get(self.client_claim)
+            if isinstance(client, bool) or not isinstance(client, (str, int)) or client == "":
+                return None  # verified, but it names no one
+            return f"jwt:client_id:{client}", claims.get(self.tier_claim)
+        return None
 
 
 def _as_list(value: object) -> list[object]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def read_jwt(config: MutableMapping[str, object]) -> JwtSettings | None:
-    """Read (``setdefault``) and check every ``DISTLIMIT_JWT_*`` key; ``None``: no JWT path."""
-    keys = config.setdefault("DISTLIMIT_JWT_KEYS", None)
-    algorithms = config.setdefault("DISTLIMIT_JWT_ALGORITHMS", None)
-    audience = config.setdefault("DISTLIMIT_JWT_AUDIENCE", None)
-    issuer = config.setdefault("DISTLIMIT_JWT_ISSUER", None)
-    leeway = config.setdefault("DISTLIMIT_JWT_LEEWAY", 0)
-    claims = {
-        key: config.setdefault(key, default)
-        for key, default in (
-            ("DISTLIMIT_JWT_SUBJECT_CLAIM", "sub"),
-            ("DISTLIMIT_JWT_CLIENT_CLAIM", "client_id"),
-            ("DISTLIMIT_JWT_TIER_CLAIM", "tier"),
-        )
-    }
+def read_jwt(config: Mapping[str, object]) -> JwtVerifier | None:
+    """Check every ``DISTLIMIT_JWT_*`` key of ``config`` (each set, to its default when absent,
+    by :meth:`~flask_distlimit.identity.IdentitySettings.from_config`); ``None``: no JWT path."""
+    keys = config["DISTLIMIT_JWT_KEYS"]
+    algorithms = config["DISTLIMIT_JWT_ALGORITHMS"]
+    audience = config["DISTLIMIT_JWT_AUDIENCE"]
+    issuer = config["DISTLIMIT_JWT_ISSUER"]
+    leeway = config["DISTLIMIT_JWT_LEEWAY"]
     if keys is None or keys == [] or keys == ():
         return None
     try:
@@ -95,9 +118,6 @@ def read_jwt(config: MutableMapping[str, object]) -> JwtSettings | None:
             f"DISTLIMIT_JWT_LEEWAY must be a number of seconds from 0 to 300 (clock skew allowed "
             f"on exp/nbf/iat), got {leeway!r}."
         )
-    for setting, name in claims.items():
-        if not isinstance(name, str) or not _CLAIM_NAME.fullmatch(name):
-            raise ConfigurationError(f"{setting} must be a claim name such as 'sub', got {name!r}.")
 
     prepared: dict[str, list[object]] = {str(a): [] for a in algs}
     for index, key in enumerate(_as_list(keys)):
@@ -113,16 +133,31 @@ def read_jwt(config: MutableMapping[str, object]) -> JwtSettings | None:
                 f"{list(prepared)}: an HMAC secret (str/bytes) needs HS256/HS384/HS512, a PEM "
                 "public key ('-----BEGIN PUBLIC KEY-----...') needs RS*/PS*/ES*/EdDSA."
             )
-    return JwtSettings(
+    jwt = importlib.import_module("jwt")
+    errors = (jwt.PyJWTError, ValueError, TypeError, LookupError, OverflowError, RecursionError)
+    require = ["exp", "aud"] + (["iss"] if issuer is not None else [])
+    return JwtVerifier(
         keys=MappingProxyType({alg: tuple(ks) for alg, ks in prepared.items() if ks}),
-        algorithms=tuple(str(a) for a in algs),
-        audience=tuple(str(a) for a in auds),
-        issuer=issuer,
-        leeway=float(leeway),
-        subject_claim=str(claims["DISTLIMIT_JWT_SUBJECT_CLAIM"]),
-        client_claim=str(claims["DISTLIMIT_JWT_CLIENT_CLAIM"]),
-        tier_claim=str(claims["DISTLIMIT_JWT_TIER_CLAIM"]),
+        decode_options={
+            "audience": [str(a) for a in auds],
+            "issuer": issuer,
+            "leeway": float(leeway),
+            "options": {"require": require, "verify_signature": True, "strict_aud": False},
+        },
+        subject_claim=_claim(config, "DISTLIMIT_JWT_SUBJECT_CLAIM"),
+        client_claim=_claim(config, "DISTLIMIT_JWT_CLIENT_CLAIM"),
+        tier_claim=_claim(config, "DISTLIMIT_JWT_TIER_CLAIM"),
+        header=jwt.get_unverified_header,
+        decode=jwt.PyJWT(options={"enforce_minimum_key_length": True}).decode,
+        errors=errors,
     )
+
+
+def _claim(config: Mapping[str, object], setting: str) -> str:
+    name = config[setting]
+    if not isinstance(name, str) or not _CLAIM_NAME.fullmatch(name):
+        raise ConfigurationError(f"{setting} must be a claim name such as 'sub', got {name!r}.")
+    return name
 
 
 def _prepare_key(jwt_algorithms: Any, alg: str, key: object, index: int) -> object | None:
@@ -146,64 +181,3 @@ def _prepare_key(jwt_algorithms: Any, alg: str, key: object, index: int) -> obje
     if short:
         raise ConfigurationError(f"DISTLIMIT_JWT_KEYS[{index}] is too weak for {alg}: {short}")
     return ready
-
-
-class JwtVerifier:
-    """Verifies bearer tokens with PyJWT; answers an identity or ``None``, never raises."""
-
-    __slots__ = ("_decode", "_errors", "_header", "_kwargs", "_settings")
-
-    def __init__(self, settings: JwtSettings) -> None:
-        jwt = importlib.import_module("jwt")
-        self._settings = settings
-        self._header: Callable[[str], dict[str, Any]] = jwt.get_unverified_header
-        self._decode: Callable[..., dict[str, Any]] = jwt.PyJWT(
-            options={"enforce_minimum_key_length": True}
-        ).decode
-        self._errors: tuple[type[BaseException], ...] = (
-            jwt.PyJWTError, ValueError, TypeError, LookupError, OverflowError, RecursionError,
-        )  # fmt: skip
-        require = ["exp", "aud"] + (["iss"] if settings.issuer is not None else [])
-        self._kwargs: dict[str, Any] = {
-            "audience": list(settings.audience),
-            "issuer": settings.issuer,
-            "leeway": settings.leeway,
-            "options": {"require": require, "verify_signature": True, "strict_aud": False},
-        }
-
-    def claims(self, authorization: object) -> dict[str, Any] | None:
-        """The verified claims of ``Authorization: Bearer <token>``, else ``None``."""
-        if not isinstance(authorization, str) or len(authorization) > MAX_TOKEN_LENGTH + 16:
-            return None
-        scheme, _, token = authorization.strip().partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            return None
-        try:
-            alg = self._header(token).get("alg")
-        except self._errors:
-            return None
-        # 'none', or an algorithm not configured: no key, never trusted
-        for key in self._settings.keys.get(alg, ()) if isinstance(alg, str) else ():
-            try:
-                return self._decode(token, key, algorithms=[alg], **self._kwargs)
-            except self._errors:
-                continue
-        return None
-
-    def identify(self, authorization: object) -> tuple[str, object] | None:
-        """``(identity text, tier claim)`` of a verified token that names a client, else
-        ``None``."""
-        claims = self.claims(authorization)
-        if claims is None:
-            return None
-        s = self._settings
-        subject = claims.get(s.subject_claim)
-        if isinstance(subject, str) and subject:
-            value = f"jwt:sub:{subject}"
-        else:
-            client = claims.get(s.client_claim)
-            if isinstance(client, bool) or not isinstance(client, (str, int)) or client == "":
-                return None  # verified, but it names no one
-            value = f"jwt:client_id:{client}"
-        return value, claims.get(s.tier_claim)

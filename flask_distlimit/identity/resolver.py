@@ -13,14 +13,11 @@ from typing import TYPE_CHECKING
 
 from flask_distlimit.identity.addresses import ClientAddresses
 from flask_distlimit.identity.api_keys import ApiKeys, ApiKeyVerifier
-from flask_distlimit.identity.jwt import JwtVerifier
 from flask_distlimit.identity.settings import IdentitySettings
 from flask_distlimit.identity.tiers import ANONYMOUS, TierTable
 
 if TYPE_CHECKING:
     import flask
-
-__all__ = ["Identity", "IdentityHooks", "IdentityResolver"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +63,16 @@ class IdentityResolver:
     def __init__(self, settings: IdentitySettings) -> None:
         self.settings = settings
         self._tiers = TierTable(settings.tiers)
-        self._addresses = ClientAddresses(settings.trusted_proxies, settings.ipv6_prefix)
         self._api_keys = ApiKeys(settings.api_key_header, settings.api_key_secret)
-        self._jwt = JwtVerifier(settings.jwt) if settings.jwt is not None else None
+        addresses = ClientAddresses(settings.trusted_proxies, settings.ipv6_prefix)
+        #: ``client_ip(environ) -> "ip:<address>"`` of the client (see
+        #: :mod:`flask_distlimit.identity.addresses`)
+        self.client_ip: Callable[[Mapping[str, object]], str] = addresses.client_ip
+        #: ``api_key_identity(key_id) -> "apikey:<hex>"``: the identity of a verified API key,
+        #: without the key itself; ``key_id`` is the canonical id the verifier answered, or the
+        #: key when it answers only a tier
+        self.api_key_identity: Callable[[str], str] = self._api_keys.identity
+        self._jwt = settings.jwt
         # An anonymous client's Identity per address (a frozen dataclass costs ~0.6 us to build).
         self._anonymous: Callable[[str], Identity] = functools.lru_cache(maxsize=4096)(
             functools.partial(Identity, "ip", tier=ANONYMOUS)
@@ -90,8 +94,8 @@ class IdentityResolver:
         """The identity of ``request``: user, JWT, API key or client IP, in that order."""
         environ = request.environ
         verifier = hooks.api_key_verifier
-        if verifier is not None and not self._api_keys.ready:
-            self.check_hooks(hooks)
+        if verifier is not None and self.settings.api_key_secret is None:
+            self.check_hooks(hooks)  # raises
         identity: Identity | None = None
         if hooks.identity_loader is not None:
             loaded = hooks.identity_loader()
@@ -131,13 +135,3 @@ class IdentityResolver:
         if user_id == "":
             return None
         return Identity("user", f"user:{user_id}", self._tiers.known(tier, "the identity loader"))
-
-    def api_key_identity(self, key_id: str) -> str:
-        """``"apikey:<hex>"``: the identity of a verified API key, without the key itself.
-        ``key_id`` is the canonical id the verifier answered, or the key when it answers only
-        a tier."""
-        return self._api_keys.identity(key_id)
-
-    def client_ip(self, environ: Mapping[str, object]) -> str:
-        """``"ip:<address>"`` of the client (see :mod:`flask_distlimit.identity.addresses`)."""
-        return self._addresses.client_ip(environ)

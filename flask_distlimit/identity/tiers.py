@@ -15,36 +15,15 @@ from typing import Any, Final
 from flask_distlimit.core.limits import Rate, parse_rates
 from flask_distlimit.errors import ConfigurationError
 
-__all__ = ["ANONYMOUS", "DEFAULT_TIERS", "EXAMPLE_TIERS", "TierTable", "read_tiers"]
-
 logger = logging.getLogger(__name__)
 
 #: The tier of every client that no hook, token or key places in another one.
 ANONYMOUS: Final = "anonymous"
 
-#: ``DISTLIMIT_TIERS`` when the app sets none: no tier limits. Nothing is limited that the app
-#: did not declare.
-DEFAULT_TIERS: Final[Mapping[str, str]] = MappingProxyType({})
-
-#: A tier table to start from (documented; never applied unless the app sets it).
-EXAMPLE_TIERS: Final[Mapping[str, str]] = MappingProxyType(
-    {
-        "anonymous": "60/minute",
-        "free": "300/minute",
-        "pro": "1800/minute",
-        "internal": "10000/minute",
-    }
-)
-
 #: How many distinct unknown tier names are warned about (bounds the memory of "warned once").
 _MAX_WARNED: Final = 256
 
 _TIER_NAME: Final = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
-
-
-def default_tiers() -> Mapping[str, tuple[Rate, ...]]:
-    """:data:`DEFAULT_TIERS`, parsed."""
-    return MappingProxyType({name: parse_rates(value) for name, value in DEFAULT_TIERS.items()})
 
 
 def parse_tier_table(
@@ -71,8 +50,6 @@ def read_tiers(value: object) -> Mapping[str, tuple[Rate, ...]]:
     )
     if not isinstance(value, Mapping):
         raise ConfigurationError(f"DISTLIMIT_TIERS must be a dict, got {value!r}. {accepted}")
-    if not value:
-        return MappingProxyType({})
 
     def check_name(name: object) -> None:
         if not isinstance(name, str) or not _TIER_NAME.fullmatch(name):
@@ -82,7 +59,7 @@ def read_tiers(value: object) -> Mapping[str, tuple[Rate, ...]]:
             )
 
     tiers = parse_tier_table(value, check_name, "DISTLIMIT_TIERS[{!r}]")
-    if ANONYMOUS not in tiers:
+    if tiers and ANONYMOUS not in tiers:
         raise ConfigurationError(
             f"DISTLIMIT_TIERS has no 'anonymous' tier (got {sorted(tiers)}): every client that is "
             f"not identified, or whose tier is unknown, is counted in it. {accepted}"

@@ -52,7 +52,9 @@ class _Flaky(MemoryStorage):
 
 
 def test_tags_are_keyed_fixed_size_and_depend_on_the_secret() -> None:
-    one, same, other = (IdentityTags.fixed(s) for s in (b"secret-1", b"secret-1", b"secret-2"))
+    one, same, other = (
+        IdentityTags(tag_secret(s)) for s in (b"secret-1", b"secret-1", b"secret-2")
+    )
     for text in ("ip:203.0.113.9", "func:" + "x" * 10_000, "user:\ud800{}\n"):
         assert HEX20.fullmatch(one.tag(text))
         assert one.tag(text) == same.tag(text) != other.tag(text)
@@ -142,7 +144,7 @@ def test_tools_require_the_key_or_fail() -> None:
         tags.require()
     tags.require()
     assert tags.settled
-    IdentityTags.fixed(b"s").require()  # a secret needs no storage
+    IdentityTags(tag_secret(b"s")).require()  # a secret needs no storage
 
 
 def test_threads_arriving_first_wait_for_the_shared_key() -> None:

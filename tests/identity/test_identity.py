@@ -25,19 +25,25 @@ from flask_distlimit.declare.keys import limit_key
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity import (
     ANONYMOUS,
-    EXAMPLE_TIERS,
     INVALID_IP,
     Identity,
     IdentityHooks,
     IdentityResolver,
     IdentitySettings,
 )
-from flask_distlimit.identity.digests import IdentityTags
+from flask_distlimit.identity.digests import IdentityTags, tag_secret
 
 SECRET = "s3cret-for-hs256-tokens-0123456789abcdef"  # 40 bytes: long enough for HS256
 AUDIENCE = "https://api.example.test"
 ISSUER = "https://issuer.example.test"
 CLIENT = "198.51.100.7"
+#: The tier table docs/configuration.md starts from (DISTLIMIT_TIERS)
+EXAMPLE_TIERS = {
+    "anonymous": "60/minute",
+    "free": "300/minute",
+    "pro": "1800/minute",
+    "internal": "10000/minute",
+}
 
 
 def make_app(**config: object) -> flask.Flask:
@@ -730,7 +736,7 @@ def test_keys_of_any_identity_stay_in_one_cluster_slot(value: str) -> None:
         ("route:/orders {x}", "token_bucket"),
         ("shared:reports\n", "gcra"),
     ]
-    tags = IdentityTags.fixed(b"test-secret")
+    tags = IdentityTags(tag_secret(b"test-secret"))
     keys = [limit_key("ratelimit", identity.value, lid, a, tags) for lid, a in limits]
     slots = {key_slot(key.encode("utf-8", "surrogatepass")) for key in keys}
     assert len(slots) == 1
