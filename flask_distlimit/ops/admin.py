@@ -17,6 +17,15 @@ from flask_distlimit.request.plans import is_static
 from flask_distlimit.storage.lease_records import records_key
 
 
+class RouteMethod(NamedTuple):
+    """One URL rule's limits for one method (:func:`route_plans`)."""
+
+    endpoint: str
+    rule: str
+    method: str
+    plan: RoutePlan
+
+
 class NamedCheck(NamedTuple):
     """One limit an identity meets (:func:`checks_for`): its name, as ``current_limits`` and
     ``flask distlimit`` show it, and its check."""
@@ -94,16 +103,14 @@ def checks_for(state: AppLimiter, identity: str, cost: int = 0) -> list[NamedChe
     for bounds in state.tier_limits.values():
         for b in bounds:
             add(b)
-    for _, _, _, plan in route_plans(state):
-        for b in plan.limits:
+    for route in route_plans(state):
+        for b in route.plan.limits:
             add(b)
     return list(found.values())
 
 
-def route_plans(
-    state: AppLimiter, endpoint: str | None = None
-) -> Iterator[tuple[str, str, str, RoutePlan]]:
-    """``(endpoint, rule, method, plan)`` of every URL rule per method (HEAD and OPTIONS aside,
+def route_plans(state: AppLimiter, endpoint: str | None = None) -> Iterator[RouteMethod]:
+    """The :class:`RouteMethod` of every URL rule per method (HEAD and OPTIONS aside,
     static files skipped), by endpoint and rule; only ``endpoint``'s rules when given. Needs an
     app context."""
     enforcer = state.enforcer
@@ -113,4 +120,5 @@ def route_plans(
             continue
         view = enforcer.original_view(rule.endpoint)
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
-            yield rule.endpoint, rule.rule, method, enforcer.plan(rule.endpoint, method, view)
+            plan = enforcer.plan(rule.endpoint, method, view)
+            yield RouteMethod(rule.endpoint, rule.rule, method, plan)
