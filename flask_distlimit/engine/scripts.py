@@ -67,14 +67,21 @@ def script_args(
     ``refund=True`` undoes a previous consumption of the same checks (Redis Cluster: when a group
     in another slot denied, the groups that consumed give their units back).
     """
-    head = f"{-1 if now_us is None else now_us},{1 if refund else 0}"
-    if len(checks) == 1:  # the usual request: no lists to join
-        check = checks[0]
-        return [check.key], [f"{head},{_fields(check)}"]
-    keys, fields = [], [head]
-    for check in checks:
+    keys: list[str] = []
+    fields = [f"{-1 if now_us is None else now_us},{1 if refund else 0}"]
+    for check in checks:  # four fields each: algorithm code, limit, period (us), units
+        code = ALGORITHM_CODES[check.algorithm] + (SHADOW_FLAG if check.shadow else 0)
+        units = check.cost
+        if check.token:  # a concurrency slot: its token is sent instead of the cost of 1
+            units = check.token if units else 0
+        if check.release:  # a slot's, or a rate limit's units given back (request.deduction)
+            code += RELEASE_FLAG
+        elif check.debt:  # units charged past the limit (request.deduction)
+            code += DEBT_FLAG
+        elif check.meta:
+            code += META_FLAG
         keys.append(check.key)
-        fields.append(_fields(check))
+        fields.append(f"{code},{check.limit},{check.period * _US},{units}")
     return keys, [",".join(fields)]
 
 
@@ -126,21 +133,6 @@ def with_token(
     return [*keys, key], [*args, f"{ttl_ms},1" if again else str(ttl_ms)]
 
 
-def _fields(check: Check) -> str:
-    """The four ARGV fields of one check: algorithm code, limit, period (us), cost."""
-    code = ALGORITHM_CODES[check.algorithm] + (SHADOW_FLAG if check.shadow else 0)
-    units = check.cost
-    if check.token:  # a concurrency slot: its token is sent instead of the cost of 1
-        units = check.token if units else 0
-    if check.release:  # a slot's, or a rate limit's units given back (request.deduction)
-        code += RELEASE_FLAG
-    elif check.debt:  # units charged past the limit (request.deduction)
-        code += DEBT_FLAG
-    elif check.meta:
-        code += META_FLAG
-    return f"{code},{check.limit},{check.period * _US},{units}"
-
-
 def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
     """Turn the script's reply into an :class:`Evaluation`.
 
@@ -157,39 +149,32 @@ def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
             values = []
     if len(values) != expected:
         raise _wrong_reply(reply, expected)
-    # a time too large for a float (hundreds of digits) raises OverflowError: not our script
+    decisions = []
+    repaired: list[str] = []
+    fields = iter(values)
+    next(fields)  # now_us
+    # Six fields per check, in order (zip draws from the same iterator six times per check);
+    # allowed 2: a shadow check that would deny; retry -1: never. A time too large for a float
+    # (hundreds of digits) raises OverflowError: not our script.
     try:
-        if len(checks) == 1:  # the usual request: no slices, no lists
-            _, allowed, limit, remaining, reset_us, retry_us, bad = values
-            decision = _decision(allowed, limit, remaining, reset_us, retry_us)
-            return Evaluation((decision,), (checks[0].key,) if bad else (), values[0])
-        decisions = []
-        repaired: list[str] = []
-        fields = iter(values)
-        next(fields)  # now_us
-        # six fields at a time, in order (zip draws from the same iterator six times per check)
         for check, allowed, limit, remaining, reset_us, retry_us, bad in zip(
             checks, fields, fields, fields, fields, fields, fields, strict=True
         ):
-            decisions.append(_decision(allowed, limit, remaining, reset_us, retry_us))
+            decisions.append(
+                Decision(
+                    allowed != 0,
+                    limit,
+                    remaining,
+                    reset_us / _US,
+                    NEVER if retry_us < 0 else retry_us / _US,
+                    allowed == 2,
+                )
+            )
             if bad:
                 repaired.append(check.key)
     except OverflowError:
         raise _wrong_reply(reply, expected) from None
     return Evaluation(tuple(decisions), tuple(repaired), values[0])
-
-
-def _decision(allowed: int, limit: int, remaining: int, reset_us: int, retry_us: int) -> Decision:
-    """One check's :class:`Decision` from its reply fields (allowed 2: a shadow check that
-    would deny; retry_after -1: never)."""
-    return Decision(
-        allowed != 0,
-        limit,
-        remaining,
-        reset_us / _US,
-        NEVER if retry_us < 0 else retry_us / _US,
-        allowed == 2,
-    )
 
 
 def _wrong_reply(reply: object, expected: int) -> StorageResponseError:
