@@ -17,8 +17,9 @@ log = logging.getLogger("flask_distlimit")
 #: Flask-Limiter 4.x ``Limiter(...)`` arguments -> what to write here instead.
 CONSTRUCTOR: Final[dict[str, str]] = {
     "key_func": (
-        "drop it: the default identity is the verified user, JWT or API key, else the client IP "
-        "(set DISTLIMIT_TRUSTED_PROXIES behind a proxy); for another key pass key_func= per limit"
+        "none app-wide, drop it: the identity is the verified user, JWT or API key, else the "
+        "client IP (set DISTLIMIT_TRUSTED_PROXIES behind a proxy); for another key pass "
+        "key_func= per limit"
     ),
     "app": "Limiter(app) or Limiter(app=app)",
     "default_limits": "DISTLIMIT_DEFAULT_LIMITS = '100/hour;10/minute' (one string, ';'-joined), "
@@ -27,7 +28,8 @@ CONSTRUCTOR: Final[dict[str, str]] = {
     "default_limits_exempt_when": "a default limit on the app: "
     "limiter.limit('100/hour', exempt_when=...)(app)",
     "default_limits_deduct_when": "limiter.limit('100/hour', deduct_when=...)(app)",
-    "default_limits_cost": "limiter.limit('100/hour', cost=...)(app)",
+    "default_limits_cost": "limiter.limit('100/hour', cost=...)(app); "
+    "DISTLIMIT_CONDITIONAL_COST for conditional GETs",
     "application_limits": "DISTLIMIT_GLOBAL_LIMITS (per client IP, every route)",
     "application_limits_per_method": "none: global limits count every method together",
     "application_limits_exempt_when": "Limiter(request_filter=...) (exempts every limit)",
@@ -39,12 +41,15 @@ CONSTRUCTOR: Final[dict[str, str]] = {
     "sliding_window_log, sliding-window-counter -> sliding_window_counter)",
     "storage_uri": "DISTLIMIT_STORAGE_URL (redis://, rediss://, redis+sentinel://, "
     "redis+cluster://, memory://)",
-    "storage_options": "options in the URL query, or Limiter(storage=RedisStorage(...))",
+    "storage_options": "options in the URL query, DISTLIMIT_REDIS_TIMEOUT, or "
+    "Limiter(storage=RedisStorage(...))",
     "swallow_errors": "DISTLIMIT_FAILURE_POLICY = 'open' (the default) with the breaker",
     "fail_on_first_breach": "none: every limit of a request is decided in one atomic call",
     "on_breach": "Limiter(on_breach=...) or @limiter.on_breach: called with a Breach",
-    "meta_limits": "none (see the guide)",
-    "on_meta_breach": "none (see the guide)",
+    "meta_limits": "DISTLIMIT_META_LIMITS = '2/hour;5/day' (a limit string per identity, "
+    "watching every limit of the request)",
+    "on_meta_breach": "Limiter(on_breach=...): a meta refusal's violated_policies start with "
+    "'meta:'",
     "in_memory_fallback": "DISTLIMIT_FAILURE_POLICY = 'local' (the same limits, divided among "
     "DISTLIMIT_INSTANCES)",
     "in_memory_fallback_enabled": "DISTLIMIT_FAILURE_POLICY = 'local'",
@@ -70,7 +75,7 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "RATELIMIT_APPLICATION_DEDUCT_WHEN": "none: global limits are charged before the view",
     "RATELIMIT_APPLICATION_COST": "none: a global limit costs 1 per request",
     "RATELIMIT_DEFAULT": "DISTLIMIT_DEFAULT_LIMITS",
-    "RATELIMIT_DEFAULTS_PER_METHOD": "none: per_method=True on the limits that need it",
+    "RATELIMIT_DEFAULTS_PER_METHOD": "limiter.limit(..., per_method=True)(app)",
     "RATELIMIT_DEFAULTS_EXEMPT_WHEN": "limiter.limit(..., exempt_when=...)(app)",
     "RATELIMIT_DEFAULTS_DEDUCT_WHEN": "limiter.limit(..., deduct_when=...)(app)",
     "RATELIMIT_DEFAULTS_COST": "limiter.limit(..., cost=...)(app)",
@@ -86,8 +91,8 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "RATELIMIT_HEADER_RETRY_AFTER_VALUE": "none: Retry-After is always delta-seconds",
     "RATELIMIT_IN_MEMORY_FALLBACK": "DISTLIMIT_FAILURE_POLICY = 'local'",
     "RATELIMIT_IN_MEMORY_FALLBACK_ENABLED": "DISTLIMIT_FAILURE_POLICY = 'local'",
-    "RATELIMIT_META": "none (no meta limits)",
-    "RATELIMIT_ON_META_BREACH_CALLBACK": "none (no meta limits)",
+    "RATELIMIT_META": "DISTLIMIT_META_LIMITS (a limit string per identity)",
+    "RATELIMIT_ON_META_BREACH_CALLBACK": "Limiter(on_breach=...), told meta refusals too",
 }
 
 _GUIDE: Final = "See docs/migrating-from-flask-limiter.md."

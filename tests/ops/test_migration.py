@@ -22,7 +22,7 @@ from flask import Blueprint, Flask, request
 from flask.typing import ResponseReturnValue
 
 from flask_distlimit import Limiter
-from flask_distlimit.ops.migration import CONSTRUCTOR
+from flask_distlimit.ops.migration import CONFIG_KEYS, CONSTRUCTOR
 from flask_distlimit.testing import FakeClock
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "migrating-from-flask-limiter.md"
@@ -85,6 +85,28 @@ def test_the_guide_maps_every_decorator_argument() -> None:
 def test_the_guide_maps_every_config_key() -> None:
     rows = guide_rows("The `RATELIMIT_*` keys")
     assert [k for k in FL_CONFIG if k not in rows] == []
+
+
+@pytest.mark.parametrize(
+    ("heading", "said"), [("The constructor", CONSTRUCTOR), ("The `RATELIMIT_*` keys", CONFIG_KEYS)]
+)
+def test_what_limiter_says_at_start_up_is_what_the_guide_says(
+    heading: str, said: dict[str, str]
+) -> None:
+    """The port ``Limiter()`` and ``init_app`` print for each Flask-Limiter argument and key names
+    the same settings as the guide's row, and says "none" exactly where the guide does."""
+    text = GUIDE.read_text().split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, str] = {}
+    for row in text.splitlines():
+        if row.startswith("| `"):
+            cells = row.split("|")
+            for name in re.findall(r"`([A-Za-z_]+)[`(]", cells[1]):
+                rows.setdefault(name, cells[2].strip())
+    for name, message in said.items():
+        guide = rows[name]
+        settings = re.compile(r"DISTLIMIT_[A-Z_]+")
+        assert set(settings.findall(message)) == set(settings.findall(guide)), name
+        assert message.startswith("none") == guide.startswith("none"), name
 
 
 def test_the_lists_above_are_flask_limiters_own() -> None:
