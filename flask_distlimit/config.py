@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Literal, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, TypeVar
 
 from flask_distlimit._typing import FailurePolicy, HeaderMode
 from flask_distlimit.core.algorithms import ALGORITHMS
@@ -99,6 +99,10 @@ def _choice(key: str, value: object, choices: tuple[T, ...]) -> T:
     raise _bad(key, value, "Use one of: " + ", ".join(repr(c) for c in choices) + ".")
 
 
+def _one_of(choices: tuple[T, ...]) -> Callable[[str, object], T]:
+    return lambda key, value: _choice(key, value, choices)
+
+
 class _Range(NamedTuple):
     """The values a numeric key accepts: ``minimum`` (excluded when ``strict``) to ``maximum``;
     ``meaning`` ends the message of a bad value."""
@@ -109,53 +113,20 @@ class _Range(NamedTuple):
     meaning: str = ""
     strict: bool = False
 
-
-#: The numeric keys this module checks itself (the breaker's are checked by the breaker).
-_RANGES: Final[dict[str, _Range]] = {
-    "DISTLIMIT_REDIS_TIMEOUT": _Range(
-        False, 0, 10, " seconds (every request may wait this long for Redis)", strict=True
-    ),
-    "DISTLIMIT_CONDITIONAL_COST": _Range(True, 0, 1000),
-    "DISTLIMIT_INSTANCES_MIN": _Range(
-        True, 1, MAX_FLEET, " (the smallest divisor of the local fallback)"
-    ),
-    "DISTLIMIT_FALLBACK_MAX_KEYS": _Range(
-        True, 1, 10_000_000, " (keys the local fallback counts: up to 1 KB each)"
-    ),
-    "DISTLIMIT_DYNAMIC_LIMIT_TTL": _Range(
-        False, 0, 86400, " seconds (how long a callable limit's answer is kept per identity)"
-    ),
-    "DISTLIMIT_CONCURRENCY_LEASE": _Range(
-        True, 1, 86_400, " seconds (a little over the longest request served)"
-    ),
-    "DISTLIMIT_WORKER_THREADS": _Range(
-        True, 0, 10_000, " (the request threads of one process; 0 turns worker shedding off)"
-    ),
-    "DISTLIMIT_FLEET_CAPACITY": _Range(
-        True,
-        0,
-        MAX_CONCURRENCY,
-        " (requests in flight across the fleet; 0 turns fleet shedding off)",
-    ),
-}
-
-
-def _number(key: str, value: object) -> float:
-    """``value`` of the numeric ``key``: a finite number in its :data:`_RANGES`; bools and
-    strings are refused."""
-    integer, minimum, maximum, meaning, strict = _RANGES[key]
-    kind = "an integer" if integer else "a number"
-    bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-    accepted = f"Use {kind} {bound} and <= {maximum:.15g}{meaning}."
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _bad(key, value, accepted)
-    if integer and not isinstance(value, int):
-        raise _bad(key, value, accepted)
-    if not math.isfinite(value) or value < minimum or (strict and value == minimum):
-        raise _bad(key, value, accepted)
-    if value > maximum:
-        raise _bad(key, value, accepted)
-    return value
+    def read(self, key: str, value: object) -> float:
+        """``value``: a finite number in this range (an ``int`` for an integer key); bools and
+        strings are refused."""
+        integer, minimum, maximum, meaning, strict = self
+        kind = "an integer" if integer else "a number"
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        accepted = f"Use {kind} {bound} and <= {maximum:.15g}{meaning}."
+        if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+            raise _bad(key, value, accepted)
+        if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+            raise _bad(key, value, accepted)
+        if value > maximum:
+            raise _bad(key, value, accepted)
+        return value if integer else float(value)
 
 
 def _rates(key: str, value: object) -> tuple[Rate, ...]:
@@ -244,6 +215,54 @@ def _bool(key: str, value: object) -> bool:
     raise _bad(key, value, "Use True or False.")
 
 
+#: How each setting is read and checked: its field of :class:`LimiterSettings` -> a reader of
+#: ``(key, value)``, the key being ``DISTLIMIT_<FIELD>``. The limit keys, each read into two
+#: fields (its rates, or a callable's or mapping's value), are read apart.
+_READERS: Final[dict[str, Callable[[str, object], object]]] = {
+    "storage_url": _storage_url,
+    "algorithm": _one_of(ALGORITHMS),
+    "meta_limits": _rates,
+    "headers": _one_of(_HEADER_MODES),
+    "key_prefix": _prefix,
+    "redis_timeout": _Range(
+        False, 0, 10, " seconds (every request may wait this long for Redis)", strict=True
+    ).read,
+    "request_tokens": _one_of(TOKEN_MODES),
+    "startup_check": _one_of(STARTUP_CHECKS),
+    "conditional_cost": _Range(True, 0, 1000).read,
+    "enabled": _bool,
+    "failure_policy": _one_of(FAILURE_POLICIES),
+    "instances": _instances,
+    "instances_min": _Range(
+        True, 1, MAX_FLEET, " (the smallest divisor of the local fallback)"
+    ).read,
+    "fallback_max_keys": _Range(
+        True, 1, 10_000_000, " (keys the local fallback counts: up to 1 KB each)"
+    ).read,
+    "breaker_fail_max": lambda _, value: check_fail_max(value),
+    "breaker_reset_timeout": lambda _, value: check_reset_timeout(value),
+    "charge_preflights": _bool,
+    "dynamic_limit_ttl": _Range(
+        False, 0, 86400, " seconds (how long a callable limit's answer is kept per identity)"
+    ).read,
+    "shadow": parse_shadow,
+    "concurrency_lease": _Range(
+        True, 1, 86_400, " seconds (a little over the longest request served)"
+    ).read,
+    "worker_threads": _Range(
+        True, 0, 10_000, " (the request threads of one process; 0 turns worker shedding off)"
+    ).read,
+    "worker_shed_at": shedding.parse_shed_at,
+    "fleet_capacity": _Range(
+        True,
+        0,
+        MAX_CONCURRENCY,
+        " (requests in flight across the fleet; 0 turns fleet shedding off)",
+    ).read,
+    "fleet_shares": shedding.parse_shares,
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Settings(LimiterSettings):
     """The validated ``DISTLIMIT_*`` settings of one app (see the module docstring): the record
@@ -286,16 +305,11 @@ class Settings(LimiterSettings):
         for key, default in DEFAULTS.items():
             # a dict default is copied: an app that edits its config never edits ours
             config.setdefault(key, dict(default) if isinstance(default, dict) else default)
-        get: Callable[[str], object] = config.__getitem__
-
-        def number(key: str) -> float:
-            return _number(key, get(key))
-
         default_limits, default_dynamic = _limit_value(
-            "DISTLIMIT_DEFAULT_LIMITS", get("DISTLIMIT_DEFAULT_LIMITS")
+            "DISTLIMIT_DEFAULT_LIMITS", config["DISTLIMIT_DEFAULT_LIMITS"]
         )
         global_limits, global_dynamic = _limit_value(
-            "DISTLIMIT_GLOBAL_LIMITS", get("DISTLIMIT_GLOBAL_LIMITS")
+            "DISTLIMIT_GLOBAL_LIMITS", config["DISTLIMIT_GLOBAL_LIMITS"]
         )
         if global_dynamic is not None and global_dynamic.by_tier:
             raise ConfigurationError(
@@ -303,45 +317,15 @@ class Settings(LimiterSettings):
                 "per client address, whatever its tier. Give a limit string or a callable "
                 "answering one; per-tier limits go in DISTLIMIT_TIERS."
             )
+        read: dict[str, Any] = {
+            name: reader(key, config[key])
+            for name, reader in _READERS.items()
+            for key in (f"DISTLIMIT_{name.upper()}",)
+        }
         return cls(
-            storage_url=_storage_url("DISTLIMIT_STORAGE_URL", get("DISTLIMIT_STORAGE_URL")),
-            algorithm=_choice("DISTLIMIT_ALGORITHM", get("DISTLIMIT_ALGORITHM"), ALGORITHMS),
             default_limits=default_limits,
             default_dynamic=default_dynamic,
             global_limits=global_limits,
             global_dynamic=global_dynamic,
-            meta_limits=_rates("DISTLIMIT_META_LIMITS", get("DISTLIMIT_META_LIMITS")),
-            headers=_choice("DISTLIMIT_HEADERS", get("DISTLIMIT_HEADERS"), _HEADER_MODES),
-            key_prefix=_prefix("DISTLIMIT_KEY_PREFIX", get("DISTLIMIT_KEY_PREFIX")),
-            redis_timeout=float(number("DISTLIMIT_REDIS_TIMEOUT")),
-            request_tokens=_choice(
-                "DISTLIMIT_REQUEST_TOKENS", get("DISTLIMIT_REQUEST_TOKENS"), TOKEN_MODES
-            ),
-            startup_check=_choice(
-                "DISTLIMIT_STARTUP_CHECK", get("DISTLIMIT_STARTUP_CHECK"), STARTUP_CHECKS
-            ),
-            conditional_cost=int(number("DISTLIMIT_CONDITIONAL_COST")),
-            enabled=_bool("DISTLIMIT_ENABLED", get("DISTLIMIT_ENABLED")),
-            failure_policy=_choice(
-                "DISTLIMIT_FAILURE_POLICY", get("DISTLIMIT_FAILURE_POLICY"), FAILURE_POLICIES
-            ),
-            instances=_instances("DISTLIMIT_INSTANCES", get("DISTLIMIT_INSTANCES")),
-            instances_min=int(number("DISTLIMIT_INSTANCES_MIN")),
-            fallback_max_keys=int(number("DISTLIMIT_FALLBACK_MAX_KEYS")),
-            breaker_fail_max=check_fail_max(get("DISTLIMIT_BREAKER_FAIL_MAX")),
-            breaker_reset_timeout=check_reset_timeout(get("DISTLIMIT_BREAKER_RESET_TIMEOUT")),
-            charge_preflights=_bool(
-                "DISTLIMIT_CHARGE_PREFLIGHTS", get("DISTLIMIT_CHARGE_PREFLIGHTS")
-            ),
-            dynamic_limit_ttl=float(number("DISTLIMIT_DYNAMIC_LIMIT_TTL")),
-            shadow=parse_shadow("DISTLIMIT_SHADOW", get("DISTLIMIT_SHADOW")),
-            concurrency_lease=int(number("DISTLIMIT_CONCURRENCY_LEASE")),
-            worker_threads=int(number("DISTLIMIT_WORKER_THREADS")),
-            worker_shed_at=shedding.parse_shed_at(
-                "DISTLIMIT_WORKER_SHED_AT", get("DISTLIMIT_WORKER_SHED_AT")
-            ),
-            fleet_capacity=int(number("DISTLIMIT_FLEET_CAPACITY")),
-            fleet_shares=shedding.parse_shares(
-                "DISTLIMIT_FLEET_SHARES", get("DISTLIMIT_FLEET_SHARES")
-            ),
+            **read,
         )

@@ -242,6 +242,17 @@ def test_known_keys_are_exactly_the_keys_the_extension_reads() -> None:
     assert len(set(KNOWN_KEYS)) == len(KNOWN_KEYS)
 
 
+@pytest.mark.parametrize("key", sorted(DEFAULTS))
+def test_every_key_is_read_and_checked(key: str) -> None:
+    """No setting is stored unread: a value no key accepts is refused, naming its key."""
+
+    class Nothing:
+        pass
+
+    with pytest.raises(ConfigurationError, match=key):
+        Settings.from_config({key: Nothing()})
+
+
 #: The typo the docs show being refused (flask_distlimit/config.py's docstring too).
 EXAMPLE_TYPO = "DISTLIMIT_STORAGE_URI"
 
