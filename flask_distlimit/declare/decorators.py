@@ -9,9 +9,9 @@ options are checked when it is made (:mod:`flask_distlimit.declare.options`, whi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any, TypeVar, overload
+from typing import Any, Final, TypeVar, overload
 
 from flask import Blueprint, Flask
 from flask.views import View
@@ -30,7 +30,7 @@ from flask_distlimit._typing import (
 from flask_distlimit.declare.dynamic_limits import LimitSource
 from flask_distlimit.declare.options import check_options
 from flask_distlimit.declare.registry import ExemptionScope, LimitRegistry
-from flask_distlimit.declare.specs import LimitOptions, LimitSpec
+from flask_distlimit.declare.specs import LimitSpec
 from flask_distlimit.declare.targets import carries, describe, hashable, make_carrier
 from flask_distlimit.engine.concurrency import MAX_CONCURRENCY
 from flask_distlimit.errors import ConfigurationError
@@ -152,8 +152,7 @@ class Declarations:
         """
         if isinstance(scope, int) and not isinstance(scope, bool):
             scope = str(scope)  # a view argument, as in Flask-Limiter: ``scope=order_id``
-        options = LimitOptions.given(locals())  # first: only the arguments are local yet
-        return self._declare(value, options)
+        return self._declare(value, locals())  # only the arguments are local yet
 
     def shared_limit(
         self,
@@ -184,7 +183,7 @@ class Declarations:
                 f"shared_limit needs a non-empty scope string, got {scope!r}: e.g. "
                 "limiter.shared_limit('100/minute', scope='search')."
             )
-        return self._declare(value, LimitOptions.given(locals()))
+        return self._declare(value, locals())
 
     def concurrency(
         self,
@@ -205,13 +204,14 @@ class Declarations:
                 f"limiter.concurrency({limit!r}): use an int from 1 to {MAX_CONCURRENCY} (the "
                 "requests of one client in flight at once), e.g. limiter.concurrency(20)."
             )
-        options = LimitOptions(key_func=key_func, scope=scope, on_failure=on_failure)
+        options = dict(_LIMIT_DEFAULTS, key_func=key_func, scope=scope, on_failure=on_failure)
         # the period is the lease, set at init_app
         return self._declare(f"{limit}/second", options, concurrency=True)
 
     def _declare(
-        self, value: LimitSource, options: LimitOptions, *, concurrency: bool = False
+        self, value: LimitSource, options: Mapping[str, Any], *, concurrency: bool = False
     ) -> LimitDeclaration:
+        """``options``: :meth:`limit`'s keyword arguments, as given."""
         checked, what = check_options(value, options, concurrency=concurrency)
 
         def decorator(target: Decorated) -> Decorated:
@@ -310,3 +310,7 @@ class Declarations:
         else:
             self.registry.exempt_views.add(target)
         return target
+
+
+#: :meth:`Declarations.limit`'s options and their defaults, for :meth:`Declarations.concurrency`.
+_LIMIT_DEFAULTS: Final[dict[str, Any]] = dict(Declarations.limit.__kwdefaults__ or {})

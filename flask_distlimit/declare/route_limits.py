@@ -24,7 +24,7 @@ from flask_distlimit.declare.specs import LimitSpec
 from flask_distlimit.declare.targets import is_carrier, view_objects
 from flask_distlimit.errors import ConfigurationError
 
-__all__ = ["EXEMPT", "BoundLimit", "RoutePlan", "bind", "build_plan", "distinct", "strictest"]
+__all__ = ["BoundLimit", "RoutePlan", "bind", "build_plan", "distinct", "strictest"]
 
 KeyedOn = Literal["ip", "identity", "func"]
 
@@ -319,9 +319,6 @@ class RoutePlan:
         return not (self.limits or self.exempt or self.covered)
 
 
-EXEMPT = RoutePlan(exempt=True)
-
-
 def build_plan(
     registry: LimitRegistry,
     *,
@@ -373,25 +370,20 @@ def build_plan(
             for spec in declared:
                 if id(spec) not in seen_specs:
                     seen_specs.add(id(spec))
-                    into.append(spec.with_kind(spec.kind, per_method=True) if per_method else spec)
+                    into.append(replace(spec, per_method=True) if per_method else spec)
     # methods=[...]: a limit applies to those methods only; a route none of whose limits
     # applies to this method falls back to its blueprint's, then to the defaults.
     # override_defaults=False on every limit found so far: the next layer's limits (the
     # innermost limited blueprint's, its limited parents' outwards, then the defaults) apply
     # beside them, as in Flask-Limiter.
-    specs = [s for s in specs if s.methods is None or method in s.methods]
-    inner_specs = {
-        o: tuple(s for s in ss if s.methods is None or method in s.methods)
-        for o, ss in inner.items()
-    }
+    specs = [s for s in specs if s.applies_to(method)]
+    inner_specs = {o: tuple(s for s in ss if s.applies_to(method)) for o, ss in inner.items()}
     inner_all = [s for ss in inner_specs.values() for s in ss]
     route = [*specs, *inner_all]
     for bp in inherited:  # innermost first
         if any(spec.override_defaults for spec in route):
             break
-        bp_specs = [
-            s for s in registry.blueprints.get(bp, ()) if s.methods is None or method in s.methods
-        ]
+        bp_specs = [s for s in registry.blueprints.get(bp, ()) if s.applies_to(method)]
         specs += bp_specs
         route += bp_specs
     if not route:
