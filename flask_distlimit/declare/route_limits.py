@@ -285,11 +285,7 @@ def distinct(bound: Iterable[BoundLimit], prefix: str) -> tuple[BoundLimit, ...]
 
 def strictest(policies: Iterable[_typing.FailurePolicy | None]) -> _typing.FailurePolicy | None:
     """The strictest of the ``on_failure`` policies a route's limits set, if any."""
-    found: _typing.FailurePolicy | None = None
-    for policy in policies:
-        if policy is not None and (found is None or _STRICTNESS[policy] > _STRICTNESS[found]):
-            found = policy
-    return found
+    return max((p for p in policies if p is not None), key=_STRICTNESS.__getitem__, default=None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,10 +28,8 @@ __all__ = [
 
 #: How deep a ``__wrapped__`` chain is followed.
 _MAX_DEPTH = 32
-#: The attribute naming the limiter whose limits a wrapper carries.
-_CARRIER = "__distlimit_limiter__"
-#: The attribute holding ``(wrapper, function)`` of a limit wrapper (the wrapper itself first:
-#: a decorator using ``functools.wraps`` copies the attribute onto its own wrapper).
+#: The attribute holding ``(wrapper, function, limiter)`` of a limit wrapper (the wrapper itself
+#: first: a decorator using ``functools.wraps`` copies the attribute onto its own wrapper).
 _CARRIED = "__distlimit_carried__"
 
 
@@ -108,46 +106,50 @@ def make_carrier(
 ) -> Callable[..., Any]:
     """A wrapper of ``func`` carrying ``limiter``'s limits; it calls ``reached(wrapper)`` when it
     runs inside a request (after the app's before_request hooks)."""
+    carrier: Callable[..., Any]
     if inspect.iscoroutinefunction(func):
 
-        @functools.wraps(func)
-        async def async_carrier(*args: Any, **kwargs: Any) -> Any:
+        async def call_async(*args: Any, **kwargs: Any) -> Any:
             if has_request_context():
-                reached(async_carrier)
+                reached(carrier)
             return await func(*args, **kwargs)
 
-        setattr(async_carrier, _CARRIER, limiter)
-        setattr(async_carrier, _CARRIED, (async_carrier, func))
-        return async_carrier
+        carrier = functools.wraps(func)(call_async)
+    else:
 
-    @functools.wraps(func)
-    def carrier(*args: Any, **kwargs: Any) -> Any:
-        if has_request_context():
-            reached(carrier)
-        return func(*args, **kwargs)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if has_request_context():
+                reached(carrier)
+            return func(*args, **kwargs)
 
-    setattr(carrier, _CARRIER, limiter)
-    setattr(carrier, _CARRIED, (carrier, func))
+        carrier = functools.wraps(func)(call)
+    setattr(carrier, _CARRIED, (carrier, func, limiter))
     return carrier
+
+
+def _carried(obj: object) -> tuple[object, Callable[..., Any], object] | None:
+    carried = getattr(obj, _CARRIED, None)
+    return carried if isinstance(carried, tuple) else None
 
 
 def carries(func: object, limiter: object) -> bool:
     """Whether ``func`` (or the wrapper it was copied from by ``functools.wraps``) carries
     ``limiter``'s limits."""
-    return getattr(func, _CARRIER, None) is limiter
+    carried = _carried(func)
+    return carried is not None and carried[2] is limiter
 
 
 def is_carrier(obj: object) -> bool:
     """Whether ``obj`` is itself a limit wrapper (not a decorator's wrapper copied from one)."""
-    carried = getattr(obj, _CARRIED, None)
-    return isinstance(carried, tuple) and carried[0] is obj
+    carried = _carried(obj)
+    return carried is not None and carried[0] is obj
 
 
 def carried_function(view: object, limiter: object) -> Callable[..., Any] | None:
     """The function ``view`` wraps when ``view`` is itself a limit wrapper of ``limiter`` (not a
     decorator's wrapper around one), else None. The view gate calls it directly when the
     request's plan already decided the wrapper's limits: the wrapper would only check that."""
-    carried = getattr(view, _CARRIED, None)
-    if isinstance(carried, tuple) and carried[0] is view and carries(view, limiter):
-        return carried[1]  # type: ignore[no-any-return]
+    carried = _carried(view)
+    if carried is not None and carried[0] is view and carried[2] is limiter:
+        return carried[1]
     return None
