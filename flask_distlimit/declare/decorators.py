@@ -10,7 +10,7 @@ options are checked when it is made (:mod:`flask_distlimit.declare.options`, whi
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Final, TypeVar, overload
 
 from flask import Blueprint, Flask
@@ -39,15 +39,13 @@ F = TypeVar("F", bound=Callable[..., object])
 Decorated = TypeVar("Decorated")
 
 
+@dataclass(frozen=True, slots=True)
 class LimitDeclaration:
     """What ``limit``, ``shared_limit`` and ``concurrency`` return: a decorator, and a context
     manager deciding the limit where a ``with`` block in a view starts."""
 
-    __slots__ = ("_decorate", "_enter")
-
-    def __init__(self, decorate: Callable[[Any], Any], enter: Callable[[], None]) -> None:
-        self._decorate = decorate
-        self._enter = enter
+    _decorate: Callable[[Any], Any]
+    _enter: Callable[[], None]
 
     def __call__(self, target: Decorated) -> Decorated:
         return self._decorate(target)  # type: ignore[no-any-return]
@@ -221,10 +219,10 @@ class Declarations:
             spec = replace(checked, kind=kind_on, declared_on=describe(target))
             self.registry.check_open(target, what)
             if isinstance(target, (Blueprint, Flask)):  # an app's limits: default limits
-                self.registry.add_blueprint(target, spec)
+                self.registry.blueprints.setdefault(target, []).append(spec)
                 return target
             if isinstance(target, type) and issubclass(target, View):
-                self.registry.add_view(target, spec)
+                self.registry.views.setdefault(target, []).append(spec)
                 self._carry_in_decorators(target)
                 return target
             if not callable(target):
@@ -235,7 +233,7 @@ class Declarations:
             carrier = self._carrier(target)
             if carrier is not target and hashable(target):
                 self.registry.wrapped_by.setdefault(target, []).append(carrier)
-            self.registry.add_view(carrier, spec)
+            self.registry.views.setdefault(carrier, []).append(spec)
             return carrier  # type: ignore[return-value]
 
         def enter() -> None:

@@ -16,16 +16,6 @@ from flask import current_app, has_app_context
 from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.identity.digests import IdentityTags
 
-__all__ = [
-    "IDENTITY_KINDS",
-    "client_pattern",
-    "identity_kind",
-    "identity_tag",
-    "key_parts",
-    "key_tag",
-    "limit_key",
-]
-
 #: The head of every kind of identity text (see the module docstring).
 IDENTITY_KINDS: Final = ("ip:", "user:", "jwt:", "apikey:", "func:")
 

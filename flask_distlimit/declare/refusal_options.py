@@ -17,7 +17,6 @@ from flask_distlimit._typing import LimitBreachHook
 if TYPE_CHECKING:
     from flask_distlimit.declare.route_limits import BoundLimit
 
-__all__ = ["breach_hooks", "error_message"]
 
 log = logging.getLogger("flask_distlimit")
 

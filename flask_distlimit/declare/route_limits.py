@@ -24,8 +24,6 @@ from flask_distlimit.declare.specs import LimitSpec
 from flask_distlimit.declare.targets import is_carrier, view_objects
 from flask_distlimit.errors import ConfigurationError
 
-__all__ = ["BoundLimit", "RoutePlan", "bind", "build_plan", "distinct", "strictest"]
-
 KeyedOn = Literal["ip", "identity", "func"]
 
 #: How strict each failure policy is, to pick one when several limits of a route set one.

@@ -16,16 +16,6 @@ from typing import Any
 from flask import Blueprint, Flask, has_request_context
 from flask.views import View
 
-__all__ = [
-    "carried_function",
-    "carries",
-    "describe",
-    "hashable",
-    "is_carrier",
-    "make_carrier",
-    "view_objects",
-]
-
 #: How deep a ``__wrapped__`` chain is followed.
 _MAX_DEPTH = 32
 #: The attribute holding ``(wrapper, function, limiter)`` of a limit wrapper (the wrapper itself
