@@ -56,7 +56,6 @@ class BoundLimit:
     #: a callable or mapping value: the limits of a request come from ``dynamic.resolve``
     #: (this one is a placeholder, never checked itself)
     dynamic: DynamicLimit[BoundLimit] | None = None
-    shown: str = ""  #: the declared value, for listings
     _unit_checks: dict[str, Check] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -79,6 +78,11 @@ class BoundLimit:
             and not spec.shadow
             and self.algorithm != CONCURRENCY
         )
+
+    @property
+    def shown(self) -> str:
+        """The declared value, for listings."""
+        return str(self.rate) if self.dynamic is None else self.dynamic.value.described
 
     @property
     def most_rates(self) -> int:
@@ -177,87 +181,57 @@ def bind(
             name_head += f":{counted}"
         if spec.key_func is not None:
             keyed_on = "func"
-    if spec.dynamic is not None:
-        static = replace(spec, dynamic=None)
 
-        def make(rates: tuple[Rate, ...]) -> tuple[BoundLimit, ...]:
-            return tuple(
-                _bind_rates(replace(static, rates=rates), algorithm, keyed_on, id_head + ":dyn",
-                            name_head, prefix)
-            )  # fmt: skip
-
-        resolver = DynamicLimit(
-            spec.dynamic, make, algorithm=algorithm, name=f"{name_head}:{spec.dynamic.described}"
+    def bound(
+        spec: LimitSpec,
+        rate: Rate,
+        name: str,
+        limit_id: str,
+        policy: str,
+        dynamic: DynamicLimit[BoundLimit] | None = None,
+    ) -> BoundLimit:
+        head, tail = key_parts(prefix, limit_id, algorithm)  # so keys stay in one format
+        return BoundLimit(
+            name=name,
+            limit_id=limit_id,
+            rate=rate,
+            algorithm=algorithm,
+            keyed_on=keyed_on,
+            key_head=head,
+            key_tail=tail,
+            policy=policy,
+            quoted=sf_string(name),
+            spec=spec,
+            dynamic=dynamic,
         )
-        return [
-            _bound(
-                spec, algorithm, keyed_on, prefix, name=resolver.name, limit_id=id_head + ":dyn",
-                rate=Rate(1, 1),  # a placeholder: the request's rates come from the resolver
-                policy="", shown=spec.dynamic.described, dynamic=resolver,
-            )
-        ]  # fmt: skip
-    return _bind_rates(spec, algorithm, keyed_on, id_head, name_head, prefix)
 
-
-def _bind_rates(
-    spec: LimitSpec,
-    algorithm: Algorithm,
-    keyed_on: KeyedOn,
-    id_head: str,
-    name_head: str,
-    prefix: str,
-) -> list[BoundLimit]:
-    bound: list[BoundLimit] = []
-    for rate in spec.rates:
-        if algorithm == CONCURRENCY:  # not a rate: N in flight (defences.concurrency)
-            name = f"{name_head}:{rate.amount} in flight"
-            limit_id = f"{id_head}:c{rate.amount}"
-            policy = concurrency_policy_item(name, rate.amount)
-        else:
+    def each_rate(spec: LimitSpec, id_head: str) -> tuple[BoundLimit, ...]:
+        rates: list[BoundLimit] = []
+        for rate in spec.rates:
+            if algorithm == CONCURRENCY:  # not a rate: N in flight (defences.concurrency)
+                name = f"{name_head}:{rate.amount} in flight"
+                policy = concurrency_policy_item(name, rate.amount)
+                rates.append(bound(spec, rate, name, f"{id_head}:c{rate.amount}", policy))
+                continue
             name = f"{name_head}:{rate}"
             limit_id = f"{id_head}:{rate.amount}/{rate.period}"
             if spec.unit != "requests":  # its own counter beside a limit of requests
                 limit_id += ":bytes"
             policy = policy_item(name, rate.amount, rate.period, spec.unit)
-        bound.append(
-            _bound(
-                spec, algorithm, keyed_on, prefix, name=name, limit_id=limit_id, rate=rate,
-                policy=policy, shown=str(rate),
-            )
-        )  # fmt: skip
-    return bound
+            rates.append(bound(spec, rate, name, limit_id, policy))
+        return tuple(rates)
 
-
-def _bound(
-    spec: LimitSpec,
-    algorithm: Algorithm,
-    keyed_on: KeyedOn,
-    prefix: str,
-    *,
-    name: str,
-    limit_id: str,
-    rate: Rate,
-    policy: str,
-    shown: str,
-    dynamic: DynamicLimit[BoundLimit] | None = None,
-) -> BoundLimit:
-    """One bound limit of ``spec``; its key parts come from :func:`~.keys.key_parts`, so keys
-    stay in one format."""
-    head, tail = key_parts(prefix, limit_id, algorithm)
-    return BoundLimit(
-        name=name,
-        limit_id=limit_id,
-        rate=rate,
+    if spec.dynamic is None:
+        return list(each_rate(spec, id_head))
+    static = replace(spec, dynamic=None)
+    resolver: DynamicLimit[BoundLimit] = DynamicLimit(
+        spec.dynamic,
+        lambda rates: each_rate(replace(static, rates=rates), id_head + ":dyn"),
         algorithm=algorithm,
-        keyed_on=keyed_on,
-        key_head=head,
-        key_tail=tail,
-        policy=policy,
-        quoted=sf_string(name),
-        spec=spec,
-        dynamic=dynamic,
-        shown=shown,
+        name=f"{name_head}:{spec.dynamic.described}",
     )
+    # Rate(1, 1) is a placeholder: the request's rates come from the resolver
+    return [bound(spec, Rate(1, 1), resolver.name, id_head + ":dyn", "", resolver)]
 
 
 def distinct(bound: Iterable[BoundLimit], prefix: str) -> tuple[BoundLimit, ...]:
