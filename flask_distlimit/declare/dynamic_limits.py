@@ -36,13 +36,13 @@ LOG_TEXT_MAX: Final = 200
 _US: Final = 1_000_000
 
 
-def log_text(value: object, limit: int = LOG_TEXT_MAX) -> str:
+def log_text(value: object) -> str:
     """``value`` as a log line may quote it when a client may have chosen it: ``repr`` of its
-    text cut to ``limit`` characters (with ``...`` and the full length), so control
+    text cut to :data:`LOG_TEXT_MAX` characters (with ``...`` and the full length), so control
     characters, newlines and ANSI escapes come out escaped and a line stays short."""
     text = value if isinstance(value, str) else str(value)
-    if len(text) > limit:
-        return repr(text[:limit]) + f"... ({len(text)} characters)"
+    if len(text) > LOG_TEXT_MAX:
+        return repr(text[:LOG_TEXT_MAX]) + f"... ({len(text)} characters)"
     return repr(text)
 
 

@@ -54,29 +54,14 @@ def _chain(obj: object) -> Iterator[object]:
         current = getattr(current, "__wrapped__", None)
 
 
-def _handlers(view_class: type, method: str) -> tuple[list[object], list[object]]:
-    """(every-method handlers, this-method handlers) of a class-based view: its
-    ``dispatch_request``, and a ``MethodView``'s method for ``method`` (HEAD falls back to
-    ``get``, as ``MethodView.dispatch_request`` does)."""
-    every = [getattr(view_class, "dispatch_request", None)]
-    one: list[object] = []
-    if method:
-        handler = getattr(view_class, method.lower(), None)
-        if handler is None and method == "HEAD":
-            handler = getattr(view_class, "get", None)
-        if handler is not None and handler is not every[0]:
-            one.append(handler)
-    return [o for h in every if h is not None for o in _chain(h)], [
-        o for h in one for o in _chain(h)
-    ]
-
-
 def view_objects(view: object, method: str) -> tuple[list[object], list[object]]:
     """The objects a view function is known by, for one HTTP method: (objects whose limits
     apply to every method, objects whose limits apply to ``method`` only).
 
     The view, what it wraps (``__wrapped__``), its ``view_class`` and the class's bases, and
-    the class's handlers; hashable objects only (they are looked up by identity).
+    the class's handlers: its ``dispatch_request`` (every method) and a ``MethodView``'s method
+    for ``method`` (HEAD falls back to ``get``, as ``MethodView.dispatch_request`` does);
+    hashable objects only (they are looked up by identity).
     """
     every: list[object] = []
     one: list[object] = []
@@ -85,9 +70,13 @@ def view_objects(view: object, method: str) -> tuple[list[object], list[object]]
         view_class = getattr(obj, "view_class", None)
         if isinstance(view_class, type) and issubclass(view_class, View):
             every.extend(c for c in view_class.__mro__ if c not in (View, object))
-            all_methods, this_method = _handlers(view_class, method)
-            every.extend(all_methods)
-            one.extend(this_method)
+            dispatch = getattr(view_class, "dispatch_request", None)
+            handler = getattr(view_class, method.lower(), None)
+            if handler is None and method == "HEAD":
+                handler = getattr(view_class, "get", None)
+            every.extend(_chain(dispatch))
+            if handler is not dispatch:
+                one.extend(_chain(handler))
     return [o for o in every if hashable(o)], [o for o in one if hashable(o)]
 
 
