@@ -131,15 +131,6 @@ def read_value(value: object, fallback: str | None) -> tuple[tuple[Rate, ...], D
     )
 
 
-def _answer(raw: object) -> tuple[Rate, ...]:
-    """A callable's answer as rates; ``None`` and ``""`` are no limit."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, str):
-        raise TypeError(f"it returned {raw!r}, not a limit string")
-    return parse_rates(raw)
-
-
 class DynamicLimit(Generic[B]):
     """One dynamic value bound to one route (or scope): resolves it per request and keeps the
     answers per identity and the bound limits per value. ``make`` binds rates."""
@@ -211,7 +202,10 @@ class DynamicLimit(Generic[B]):
         source = self.value.source
         assert source is not None
         try:
-            rates = _answer(source())
+            answer = source()  # None and "" are no limit
+            if answer is not None and not isinstance(answer, str):
+                raise TypeError(f"it returned {answer!r}, not a limit string")
+            rates = parse_rates(answer or "")
             for rate in rates:
                 check_rate(self.algorithm, rate)
             if len(rates) > room:

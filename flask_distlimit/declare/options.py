@@ -155,8 +155,6 @@ def check_options(
         raise ConfigurationError(f"cost={cost!r}: use an int >= 0 or a callable returning one.")
     if isinstance(cost, int) and rates:  # a callable's value is checked when it answers
         check_cost(cost, rates, f"limiter.limit({value!r})")
-    count = dynamic.most_rates() if dynamic is not None else len(rates)
-    check_limit_count(count, f"The rates of limiter.limit({value!r})")
     if scope is not None and not callable(scope) and (not isinstance(scope, str) or not scope):
         raise ConfigurationError(
             f"scope={scope!r}: use a non-empty string, or a callable (endpoint) -> str."
@@ -207,4 +205,5 @@ def check_options(
         methods=method_set,
         **{name: options[name] for name in _AS_GIVEN},
     )
+    check_limit_count(spec.rate_count, f"The rates of limiter.limit({value!r})")
     return spec, what
