@@ -74,10 +74,8 @@ class LimitRegistry:
         """:func:`~flask_distlimit.declare.targets.view_objects` of ``view`` and ``method``,
         with the limit wrappers made of each of them."""
         every, one = view_objects(view, method)
-        wrapped_by = self.wrapped_by
-        if wrapped_by:
-            every += [w for o in every for w in wrapped_by.get(o, ())]
-            one += [w for o in one for w in wrapped_by.get(o, ())]
+        every += [w for o in every for w in self.wrapped_by.get(o, ())]
+        one += [w for o in one for w in self.wrapped_by.get(o, ())]
         return every, one
 
     def declared(self) -> list[LimitSpec]:

@@ -307,7 +307,7 @@ def build_plan(
     """
     if endpoint is None:
         return RoutePlan(exempt=False)
-    every, one = registry.attached(view, method) if view is not None else ([], [])
+    every, one = registry.attached(view, method)  # none for no view
     found = [*every, *one]
     covered = frozenset(o for o in found if o in registry.views)  # limit wrappers among them
     if any(o in registry.exempt_views for o in found) or any(
@@ -320,9 +320,7 @@ def build_plan(
     # A limit wrapper below another decorator, with an option that calls app code per request,
     # is decided where it runs, after that decorator (which may set what the code reads), as
     # Flask-Limiter decides it: its limits are the plan's ``inner``, not decided by the gate.
-    chain = (
-        {id(o) for part in view_objects(view, method) for o in part} if view is not None else set()
-    )
+    chain = {id(o) for part in view_objects(view, method) for o in part}
     specs: list[LimitSpec] = []
     inner: dict[object, list[LimitSpec]] = {}
     seen_specs: set[int] = set()
