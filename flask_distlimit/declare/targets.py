@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Final
 
 from flask import Blueprint, Flask, has_request_context
 from flask.views import View
@@ -21,6 +21,8 @@ _MAX_DEPTH = 32
 #: The attribute holding ``(wrapper, function, limiter)`` of a limit wrapper (the wrapper itself
 #: first: a decorator using ``functools.wraps`` copies the attribute onto its own wrapper).
 _CARRIED = "__distlimit_carried__"
+#: What an object that carries no limits answers: no wrapper and no limiter is ever one of these.
+_NOT_CARRIED: Final = (object(), None, object())
 
 
 def describe(target: object) -> str:
@@ -106,29 +108,27 @@ def make_carrier(
     return carrier
 
 
-def _carried(obj: object) -> tuple[object, Callable[..., Any], object] | None:
-    carried = getattr(obj, _CARRIED, None)
-    return carried if isinstance(carried, tuple) else None
+def _carried(obj: object) -> tuple[object, Callable[..., Any] | None, object]:
+    """``(wrapper, function, limiter)`` of a limit wrapper or a copy of it."""
+    carried: tuple[object, Callable[..., Any] | None, object]
+    carried = getattr(obj, _CARRIED, _NOT_CARRIED)
+    return carried
 
 
 def carries(func: object, limiter: object) -> bool:
     """Whether ``func`` (or the wrapper it was copied from by ``functools.wraps``) carries
     ``limiter``'s limits."""
-    carried = _carried(func)
-    return carried is not None and carried[2] is limiter
+    return _carried(func)[2] is limiter
 
 
 def is_carrier(obj: object) -> bool:
     """Whether ``obj`` is itself a limit wrapper (not a decorator's wrapper copied from one)."""
-    carried = _carried(obj)
-    return carried is not None and carried[0] is obj
+    return _carried(obj)[0] is obj
 
 
 def carried_function(view: object, limiter: object) -> Callable[..., Any] | None:
     """The function ``view`` wraps when ``view`` is itself a limit wrapper of ``limiter`` (not a
     decorator's wrapper around one), else None. The view gate calls it directly when the
     request's plan already decided the wrapper's limits: the wrapper would only check that."""
-    carried = _carried(view)
-    if carried is not None and carried[0] is view and carried[2] is limiter:
-        return carried[1]
-    return None
+    wrapper, function, carrier_of = _carried(view)
+    return function if wrapper is view and carrier_of is limiter else None
