@@ -87,25 +87,14 @@ class DynamicValue:
 def read_value(value: object, fallback: str | None) -> tuple[tuple[Rate, ...], DynamicValue | None]:
     """(the static rates, None) of a limit string, or ((), the dynamic value) of a callable or
     a mapping; :class:`ConfigurationError` for anything else or a bad mapping value."""
+    if fallback is not None and isinstance(value, (str, Mapping)):
+        raise ConfigurationError(
+            f"fallback={fallback!r} is only for a callable limit value, not {value!r}: drop "
+            f"fallback (a mapping's fallback is its {ANY_TIER!r} entry)."
+        )
     if isinstance(value, str):
-        if fallback is not None:
-            raise ConfigurationError(
-                f"fallback={fallback!r} is only for a callable limit value; {value!r} is a "
-                "string. Drop fallback."
-            )
         return parse_rates(value), None
-    fallback_rates: tuple[Rate, ...] = ()
-    if fallback is not None:
-        try:
-            fallback_rates = parse_rates(fallback)
-        except ConfigurationError as exc:
-            raise ConfigurationError(f"fallback={fallback!r}: {exc}") from None
     if isinstance(value, Mapping):
-        if fallback is not None:
-            raise ConfigurationError(
-                f"fallback={fallback!r} is only for a callable limit value: a mapping's "
-                f"fallback is its {ANY_TIER!r} entry."
-            )
         if not value:
             raise ConfigurationError(
                 "A limit mapping needs at least one tier, e.g. "
@@ -123,6 +112,10 @@ def read_value(value: object, fallback: str | None) -> tuple[tuple[Rate, ...], D
         shown = ", ".join(f"{t}={';'.join(map(str, r)) or 'none'}" for t, r in table.items())
         return (), DynamicValue(None, table, (), "{" + shown + "}")
     if callable(value):
+        try:
+            fallback_rates = parse_rates(fallback or "")
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"fallback={fallback!r}: {exc}") from None
         name = getattr(value, "__qualname__", None) or repr(value)
         return (), DynamicValue(value, None, fallback_rates, f"{name}()")
     raise ConfigurationError(
