@@ -9,9 +9,9 @@ options are checked when it is made (:mod:`flask_distlimit.declare.options`, whi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import replace
-from typing import Any, TypeVar, overload
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Final, TypeVar, overload
 
 from flask import Blueprint, Flask
 from flask.views import View
@@ -30,7 +30,7 @@ from flask_distlimit._typing import (
 from flask_distlimit.declare.dynamic_limits import LimitSource
 from flask_distlimit.declare.options import check_options
 from flask_distlimit.declare.registry import ExemptionScope, LimitRegistry
-from flask_distlimit.declare.specs import LimitOptions, LimitSpec
+from flask_distlimit.declare.specs import LimitSpec
 from flask_distlimit.declare.targets import carries, describe, hashable, make_carrier
 from flask_distlimit.engine.concurrency import MAX_CONCURRENCY
 from flask_distlimit.errors import ConfigurationError
@@ -39,15 +39,13 @@ F = TypeVar("F", bound=Callable[..., object])
 Decorated = TypeVar("Decorated")
 
 
+@dataclass(frozen=True, slots=True)
 class LimitDeclaration:
     """What ``limit``, ``shared_limit`` and ``concurrency`` return: a decorator, and a context
     manager deciding the limit where a ``with`` block in a view starts."""
 
-    __slots__ = ("_decorate", "_enter")
-
-    def __init__(self, decorate: Callable[[Any], Any], enter: Callable[[], None]) -> None:
-        self._decorate = decorate
-        self._enter = enter
+    _decorate: Callable[[Any], Any]
+    _enter: Callable[[], None]
 
     def __call__(self, target: Decorated) -> Decorated:
         return self._decorate(target)  # type: ignore[no-any-return]
@@ -152,8 +150,7 @@ class Declarations:
         """
         if isinstance(scope, int) and not isinstance(scope, bool):
             scope = str(scope)  # a view argument, as in Flask-Limiter: ``scope=order_id``
-        options = LimitOptions.given(locals())  # first: only the arguments are local yet
-        return self._declare(value, options)
+        return self._declare(value, locals())  # only the arguments are local yet
 
     def shared_limit(
         self,
@@ -184,7 +181,7 @@ class Declarations:
                 f"shared_limit needs a non-empty scope string, got {scope!r}: e.g. "
                 "limiter.shared_limit('100/minute', scope='search')."
             )
-        return self._declare(value, LimitOptions.given(locals()))
+        return self._declare(value, locals())
 
     def concurrency(
         self,
@@ -205,13 +202,14 @@ class Declarations:
                 f"limiter.concurrency({limit!r}): use an int from 1 to {MAX_CONCURRENCY} (the "
                 "requests of one client in flight at once), e.g. limiter.concurrency(20)."
             )
-        options = LimitOptions(key_func=key_func, scope=scope, on_failure=on_failure)
+        options = dict(_LIMIT_DEFAULTS, key_func=key_func, scope=scope, on_failure=on_failure)
         # the period is the lease, set at init_app
         return self._declare(f"{limit}/second", options, concurrency=True)
 
     def _declare(
-        self, value: LimitSource, options: LimitOptions, *, concurrency: bool = False
+        self, value: LimitSource, options: Mapping[str, Any], *, concurrency: bool = False
     ) -> LimitDeclaration:
+        """``options``: :meth:`limit`'s keyword arguments, as given."""
         checked, what = check_options(value, options, concurrency=concurrency)
 
         def decorator(target: Decorated) -> Decorated:
@@ -221,10 +219,10 @@ class Declarations:
             spec = replace(checked, kind=kind_on, declared_on=describe(target))
             self.registry.check_open(target, what)
             if isinstance(target, (Blueprint, Flask)):  # an app's limits: default limits
-                self.registry.add_blueprint(target, spec)
+                self.registry.blueprints.setdefault(target, []).append(spec)
                 return target
             if isinstance(target, type) and issubclass(target, View):
-                self.registry.add_view(target, spec)
+                self.registry.views.setdefault(target, []).append(spec)
                 self._carry_in_decorators(target)
                 return target
             if not callable(target):
@@ -235,7 +233,7 @@ class Declarations:
             carrier = self._carrier(target)
             if carrier is not target and hashable(target):
                 self.registry.wrapped_by.setdefault(target, []).append(carrier)
-            self.registry.add_view(carrier, spec)
+            self.registry.views.setdefault(carrier, []).append(spec)
             return carrier  # type: ignore[return-value]
 
         def enter() -> None:
@@ -310,3 +308,7 @@ class Declarations:
         else:
             self.registry.exempt_views.add(target)
         return target
+
+
+#: :meth:`Declarations.limit`'s options and their defaults, for :meth:`Declarations.concurrency`.
+_LIMIT_DEFAULTS: Final[dict[str, Any]] = dict(Declarations.limit.__kwdefaults__ or {})

@@ -36,13 +36,13 @@ LOG_TEXT_MAX: Final = 200
 _US: Final = 1_000_000
 
 
-def log_text(value: object, limit: int = LOG_TEXT_MAX) -> str:
+def log_text(value: object) -> str:
     """``value`` as a log line may quote it when a client may have chosen it: ``repr`` of its
-    text cut to ``limit`` characters (with ``...`` and the full length), so control
+    text cut to :data:`LOG_TEXT_MAX` characters (with ``...`` and the full length), so control
     characters, newlines and ANSI escapes come out escaped and a line stays short."""
     text = value if isinstance(value, str) else str(value)
-    if len(text) > limit:
-        return repr(text[:limit]) + f"... ({len(text)} characters)"
+    if len(text) > LOG_TEXT_MAX:
+        return repr(text[:LOG_TEXT_MAX]) + f"... ({len(text)} characters)"
     return repr(text)
 
 
@@ -87,25 +87,14 @@ class DynamicValue:
 def read_value(value: object, fallback: str | None) -> tuple[tuple[Rate, ...], DynamicValue | None]:
     """(the static rates, None) of a limit string, or ((), the dynamic value) of a callable or
     a mapping; :class:`ConfigurationError` for anything else or a bad mapping value."""
+    if fallback is not None and isinstance(value, (str, Mapping)):
+        raise ConfigurationError(
+            f"fallback={fallback!r} is only for a callable limit value, not {value!r}: drop "
+            f"fallback (a mapping's fallback is its {ANY_TIER!r} entry)."
+        )
     if isinstance(value, str):
-        if fallback is not None:
-            raise ConfigurationError(
-                f"fallback={fallback!r} is only for a callable limit value; {value!r} is a "
-                "string. Drop fallback."
-            )
         return parse_rates(value), None
-    fallback_rates: tuple[Rate, ...] = ()
-    if fallback is not None:
-        try:
-            fallback_rates = parse_rates(fallback)
-        except ConfigurationError as exc:
-            raise ConfigurationError(f"fallback={fallback!r}: {exc}") from None
     if isinstance(value, Mapping):
-        if fallback is not None:
-            raise ConfigurationError(
-                f"fallback={fallback!r} is only for a callable limit value: a mapping's "
-                f"fallback is its {ANY_TIER!r} entry."
-            )
         if not value:
             raise ConfigurationError(
                 "A limit mapping needs at least one tier, e.g. "
@@ -123,21 +112,16 @@ def read_value(value: object, fallback: str | None) -> tuple[tuple[Rate, ...], D
         shown = ", ".join(f"{t}={';'.join(map(str, r)) or 'none'}" for t, r in table.items())
         return (), DynamicValue(None, table, (), "{" + shown + "}")
     if callable(value):
+        try:
+            fallback_rates = parse_rates(fallback or "")
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"fallback={fallback!r}: {exc}") from None
         name = getattr(value, "__qualname__", None) or repr(value)
         return (), DynamicValue(value, None, fallback_rates, f"{name}()")
     raise ConfigurationError(
         f"A limit value must be a limit string ('100/minute'), a callable returning one, or a "
         f"mapping tier -> limit string; got {value!r}."
     )
-
-
-def _answer(raw: object) -> tuple[Rate, ...]:
-    """A callable's answer as rates; ``None`` and ``""`` are no limit."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, str):
-        raise TypeError(f"it returned {raw!r}, not a limit string")
-    return parse_rates(raw)
 
 
 class DynamicLimit(Generic[B]):
@@ -211,7 +195,10 @@ class DynamicLimit(Generic[B]):
         source = self.value.source
         assert source is not None
         try:
-            rates = _answer(source())
+            answer = source()  # None and "" are no limit
+            if answer is not None and not isinstance(answer, str):
+                raise TypeError(f"it returned {answer!r}, not a limit string")
+            rates = parse_rates(answer or "")
             for rate in rates:
                 check_rate(self.algorithm, rate)
             if len(rates) > room:

@@ -16,16 +16,6 @@ from flask import current_app, has_app_context
 from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.identity.digests import IdentityTags
 
-__all__ = [
-    "IDENTITY_KINDS",
-    "client_pattern",
-    "identity_kind",
-    "identity_tag",
-    "key_parts",
-    "key_tag",
-    "limit_key",
-]
-
 #: The head of every kind of identity text (see the module docstring).
 IDENTITY_KINDS: Final = ("ip:", "user:", "jwt:", "apikey:", "func:")
 
@@ -57,14 +47,7 @@ def _current_tags() -> IdentityTags:
 def identity_kind(identity: str) -> str | None:
     """The kind of an identity text (``"ip"``, ``"user"``, ``"jwt"``, ``"apikey"``, ``"func"``),
     ``None`` when it names none."""
-    for head in IDENTITY_KINDS:
-        if identity.startswith(head):
-            return head[:-1]
-    return None
-
-
-def _safe(part: str) -> str:
-    return _UNSAFE.sub("_", part)[:200]
+    return next((head[:-1] for head in IDENTITY_KINDS if identity.startswith(head)), None)
 
 
 def key_tag(key: str) -> str:
@@ -77,7 +60,7 @@ def key_tag(key: str) -> str:
 
 def key_parts(prefix: str, limit_id: str, algorithm: Algorithm) -> tuple[str, str]:
     """``("<prefix>:{", "}:<limit id>:<algorithm>")``: a key is ``head + tag + tail``."""
-    return f"{prefix}:{{", f"}}:{_safe(limit_id)}:{algorithm}"
+    return f"{prefix}:{{", f"}}:{_UNSAFE.sub('_', limit_id)[:200]}:{algorithm}"
 
 
 def limit_key(

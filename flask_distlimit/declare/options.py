@@ -1,5 +1,5 @@
-"""Checking a declaration's options when the decorator is made: :func:`check_options` makes a
-:class:`~flask_distlimit.declare.specs.LimitOptions` a ``LimitSpec``, or raises a
+"""Checking a declaration's options when the decorator is made: :func:`check_options` makes the
+decorator's keyword arguments a :class:`~flask_distlimit.declare.specs.LimitSpec`, or raises a
 :class:`~flask_distlimit.errors.ConfigurationError` naming the fix. A ``scope`` callable that
 needs a request is refused there (:func:`check_scope`; docs/design-notes.md, "Scope callables").
 """
@@ -7,8 +7,8 @@ needs a request is refused there (:func:`check_scope`; docs/design-notes.md, "Sc
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable
-from typing import Final, cast, get_args
+from collections.abc import Iterable, Mapping
+from typing import Any, Final, get_args
 
 from flask import has_request_context
 
@@ -22,7 +22,7 @@ from flask_distlimit.core.algorithms import (
 from flask_distlimit.core.policies import validate_policy
 from flask_distlimit.declare.dynamic_limits import LimitSource, read_value
 from flask_distlimit.declare.lease_options import check_lease
-from flask_distlimit.declare.specs import LimitOptions, LimitSpec
+from flask_distlimit.declare.specs import LimitSpec
 from flask_distlimit.errors import ConfigurationError
 
 #: The values of ``unit=``.
@@ -115,20 +115,38 @@ def _check_methods(methods: Iterable[str] | None) -> frozenset[str] | None:
     return method_set
 
 
+#: The options a :class:`LimitSpec` keeps as given (the others are read into another form).
+_AS_GIVEN: Final = (
+    "key_func",
+    "cost",
+    "scope",
+    "per_method",
+    "exempt_when",
+    "deduct_when",
+    "settle",
+    "override_defaults",
+    "on_breach",
+    "error_message",
+    "shadow",
+    "lease",
+)
+
+
 def check_options(
-    value: LimitSource, options: LimitOptions, *, concurrency: bool = False
+    value: LimitSource, options: Mapping[str, Any], *, concurrency: bool = False
 ) -> tuple[LimitSpec, str]:
-    """The spec a declaration makes, ``shared`` when it names a scope, else ``route``
-    (``declared_on`` still empty: the decorator sets it and the kind of a blueprint's), and how
-    messages name the declaration."""
-    rates, dynamic = read_value(value, options.fallback)
-    if not isinstance(options.shadow, bool):
-        raise ConfigurationError(f"shadow={options.shadow!r}: use True or False.")
+    """The spec a declaration makes from ``options``, the keyword arguments of
+    :meth:`~flask_distlimit.Limiter.limit` as given: ``shared`` when it names a scope, else
+    ``route`` (``declared_on`` still empty: the decorator sets it and the kind of a
+    blueprint's); and how messages name the declaration."""
+    rates, dynamic = read_value(value, options["fallback"])
+    shadow, cost, scope, unit = (options[n] for n in ("shadow", "cost", "scope", "unit"))
+    if not isinstance(shadow, bool):
+        raise ConfigurationError(f"shadow={shadow!r}: use True or False.")
     if not rates and dynamic is None:
         raise ConfigurationError(
             f"limiter.limit needs at least one rate, got {value!r}: e.g. '100/minute'."
         )
-    cost = options.cost
     if (
         cost is not None
         and not callable(cost)
@@ -137,68 +155,55 @@ def check_options(
         raise ConfigurationError(f"cost={cost!r}: use an int >= 0 or a callable returning one.")
     if isinstance(cost, int) and rates:  # a callable's value is checked when it answers
         check_cost(cost, rates, f"limiter.limit({value!r})")
-    count = dynamic.most_rates() if dynamic is not None else len(rates)
-    check_limit_count(count, f"The rates of limiter.limit({value!r})")
-    scope = options.scope
     if scope is not None and not callable(scope) and (not isinstance(scope, str) or not scope):
         raise ConfigurationError(
             f"scope={scope!r}: use a non-empty string, or a callable (endpoint) -> str."
         )
     check_scope(scope)
     for name in _CALLS:
-        func = getattr(options, name)
+        func = options[name]
         if func is not None and (name != "cost" or callable(func)):  # an int cost: checked above
             check_callable(name, func)
-    if options.error_message is not None and not (
-        isinstance(options.error_message, str) or callable(options.error_message)
-    ):
+    message = options["error_message"]
+    if message is not None and not (isinstance(message, str) or callable(message)):
         raise ConfigurationError(
-            f"error_message={options.error_message!r}: use a string or a callable returning one."
+            f"error_message={message!r}: use a string or a callable returning one."
         )
-    if options.unit not in UNITS:
+    if unit not in UNITS:
         raise ConfigurationError(
-            f"unit={options.unit!r}: use one of {', '.join(map(repr, UNITS))} (what the limit "
+            f"unit={unit!r}: use one of {', '.join(map(repr, UNITS))} (what the limit "
             "counts: requests, or the bytes of the response bodies sent)."
         )
-    method_set = _check_methods(options.methods)
-    algorithm = validate_algorithm(options.algorithm) if options.algorithm is not None else None
+    method_set = _check_methods(options["methods"])
+    algorithm, policy = options["algorithm"], options["on_failure"]
+    algorithm = validate_algorithm(algorithm) if algorithm is not None else None
     if concurrency:
         algorithm = CONCURRENCY  # LimitSpec checks the rates against the algorithm
-    policy = validate_policy(options.on_failure) if options.on_failure is not None else None
+    policy = validate_policy(policy) if policy is not None else None
     shown = value if isinstance(value, str) else (dynamic.described if dynamic else "")
     what = f"limiter.limit({shown!r})"
     check_lease(
-        options.lease,
+        options["lease"],
         rates,
         what,
         algorithm=algorithm,
         dynamic=dynamic is not None,
         deduct_when=(
-            options.deduct_when is not None
-            or options.settle is not None
-            or options.unit != "requests"
+            options["deduct_when"] is not None
+            or options["settle"] is not None
+            or unit != "requests"
         ),
-        shadow=options.shadow,
+        shadow=shadow,
     )
     spec = LimitSpec(
         "shared" if scope is not None else "route",
         rates,
         algorithm=algorithm,
-        key_func=options.key_func,
-        cost=cost,
-        scope=scope,
-        per_method=options.per_method,
-        exempt_when=options.exempt_when,
         on_failure=policy,
         dynamic=dynamic,
-        deduct_when=options.deduct_when,
-        settle=options.settle,
-        unit=cast(Unit, options.unit),  # checked above
+        unit=unit,
         methods=method_set,
-        override_defaults=options.override_defaults,
-        on_breach=options.on_breach,
-        error_message=options.error_message,
-        shadow=options.shadow,
-        lease=options.lease,
+        **{name: options[name] for name in _AS_GIVEN},
     )
+    check_limit_count(spec.rate_count, f"The rates of limiter.limit({value!r})")
     return spec, what

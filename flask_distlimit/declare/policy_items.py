@@ -7,8 +7,6 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["concurrency_policy_item", "policy_item", "sf_string"]
-
 _NOT_SF: Final = re.compile(r"[^\x20-\x7e]")
 
 

@@ -17,7 +17,6 @@ from flask_distlimit._typing import LimitBreachHook
 if TYPE_CHECKING:
     from flask_distlimit.declare.route_limits import BoundLimit
 
-__all__ = ["breach_hooks", "error_message"]
 
 log = logging.getLogger("flask_distlimit")
 
@@ -26,10 +25,8 @@ def breach_hooks(
     denied: Sequence[BoundLimit], app_hook: LimitBreachHook | None
 ) -> list[LimitBreachHook]:
     """The hooks to call, in order: ``app_hook``, then each denied limit's own, each once."""
-    hooks = dict.fromkeys(
-        h for h in (app_hook, *(b.spec.on_breach for b in denied)) if h is not None
-    )
-    return list(hooks)
+    hooks = (app_hook, *(b.spec.on_breach for b in denied))
+    return list(dict.fromkeys(h for h in hooks if h is not None))
 
 
 def error_message(denied: Sequence[BoundLimit]) -> str | None:

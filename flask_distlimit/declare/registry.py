@@ -12,13 +12,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from flask import Blueprint, Flask
-
 from flask_distlimit.declare.specs import LimitSpec
 from flask_distlimit.declare.targets import describe, hashable, view_objects
 from flask_distlimit.errors import ConfigurationError
-
-__all__ = ["ExemptionScope", "LimitRegistry"]
 
 
 class ExemptionScope(enum.Flag):
@@ -48,6 +44,7 @@ class LimitRegistry:
     #: a decorated function -> the limit wrappers made of it (``@limiter.limit`` above
     #: ``@app.route`` registers the function itself: its limits still apply)
     wrapped_by: dict[object, list[object]] = field(default_factory=dict)
+    #: a Blueprint's limits, and (on the app) its default limits
     blueprints: dict[object, list[LimitSpec]] = field(default_factory=dict)
     exempt_blueprints: set[object] = field(default_factory=set)
     #: views and blueprints exempt in part (``exempt(flags=...)``): their flags
@@ -73,22 +70,13 @@ class LimitRegistry:
                     "(at import time or in the app factory), as Flask requires for app.route."
                 )
 
-    def add_view(self, view: object, spec: LimitSpec) -> None:
-        self.views.setdefault(view, []).append(spec)
-
     def attached(self, view: object, method: str) -> tuple[list[object], list[object]]:
         """:func:`~flask_distlimit.declare.targets.view_objects` of ``view`` and ``method``,
         with the limit wrappers made of each of them."""
         every, one = view_objects(view, method)
-        wrapped_by = self.wrapped_by
-        if wrapped_by:
-            every += [w for o in every for w in wrapped_by.get(o, ())]
-            one += [w for o in one for w in wrapped_by.get(o, ())]
+        every += [w for o in every for w in self.wrapped_by.get(o, ())]
+        one += [w for o in one for w in self.wrapped_by.get(o, ())]
         return every, one
-
-    def add_blueprint(self, blueprint: Blueprint | Flask, spec: LimitSpec) -> None:
-        """A Blueprint's limit, or (on the app) a default limit."""
-        self.blueprints.setdefault(blueprint, []).append(spec)
 
     def declared(self) -> list[LimitSpec]:
         """Every spec declared so far, on views and blueprints."""

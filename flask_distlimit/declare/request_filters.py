@@ -12,8 +12,6 @@ from collections.abc import Sequence
 
 from flask_distlimit._typing import RequestFilter
 
-__all__ = ["filtered"]
-
 log = logging.getLogger("flask_distlimit")
 
 

@@ -24,8 +24,6 @@ from flask_distlimit.declare.specs import LimitSpec
 from flask_distlimit.declare.targets import is_carrier, view_objects
 from flask_distlimit.errors import ConfigurationError
 
-__all__ = ["EXEMPT", "BoundLimit", "RoutePlan", "bind", "build_plan", "distinct", "strictest"]
-
 KeyedOn = Literal["ip", "identity", "func"]
 
 #: How strict each failure policy is, to pick one when several limits of a route set one.
@@ -58,7 +56,6 @@ class BoundLimit:
     #: a callable or mapping value: the limits of a request come from ``dynamic.resolve``
     #: (this one is a placeholder, never checked itself)
     dynamic: DynamicLimit[BoundLimit] | None = None
-    shown: str = ""  #: the declared value, for listings
     _unit_checks: dict[str, Check] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -81,6 +78,11 @@ class BoundLimit:
             and not spec.shadow
             and self.algorithm != CONCURRENCY
         )
+
+    @property
+    def shown(self) -> str:
+        """The declared value, for listings."""
+        return str(self.rate) if self.dynamic is None else self.dynamic.value.described
 
     @property
     def most_rates(self) -> int:
@@ -179,87 +181,57 @@ def bind(
             name_head += f":{counted}"
         if spec.key_func is not None:
             keyed_on = "func"
-    if spec.dynamic is not None:
-        static = replace(spec, dynamic=None)
 
-        def make(rates: tuple[Rate, ...]) -> tuple[BoundLimit, ...]:
-            return tuple(
-                _bind_rates(replace(static, rates=rates), algorithm, keyed_on, id_head + ":dyn",
-                            name_head, prefix)
-            )  # fmt: skip
-
-        resolver = DynamicLimit(
-            spec.dynamic, make, algorithm=algorithm, name=f"{name_head}:{spec.dynamic.described}"
+    def bound(
+        spec: LimitSpec,
+        rate: Rate,
+        name: str,
+        limit_id: str,
+        policy: str,
+        dynamic: DynamicLimit[BoundLimit] | None = None,
+    ) -> BoundLimit:
+        head, tail = key_parts(prefix, limit_id, algorithm)  # so keys stay in one format
+        return BoundLimit(
+            name=name,
+            limit_id=limit_id,
+            rate=rate,
+            algorithm=algorithm,
+            keyed_on=keyed_on,
+            key_head=head,
+            key_tail=tail,
+            policy=policy,
+            quoted=sf_string(name),
+            spec=spec,
+            dynamic=dynamic,
         )
-        return [
-            _bound(
-                spec, algorithm, keyed_on, prefix, name=resolver.name, limit_id=id_head + ":dyn",
-                rate=Rate(1, 1),  # a placeholder: the request's rates come from the resolver
-                policy="", shown=spec.dynamic.described, dynamic=resolver,
-            )
-        ]  # fmt: skip
-    return _bind_rates(spec, algorithm, keyed_on, id_head, name_head, prefix)
 
-
-def _bind_rates(
-    spec: LimitSpec,
-    algorithm: Algorithm,
-    keyed_on: KeyedOn,
-    id_head: str,
-    name_head: str,
-    prefix: str,
-) -> list[BoundLimit]:
-    bound: list[BoundLimit] = []
-    for rate in spec.rates:
-        if algorithm == CONCURRENCY:  # not a rate: N in flight (defences.concurrency)
-            name = f"{name_head}:{rate.amount} in flight"
-            limit_id = f"{id_head}:c{rate.amount}"
-            policy = concurrency_policy_item(name, rate.amount)
-        else:
+    def each_rate(spec: LimitSpec, id_head: str) -> tuple[BoundLimit, ...]:
+        rates: list[BoundLimit] = []
+        for rate in spec.rates:
+            if algorithm == CONCURRENCY:  # not a rate: N in flight (defences.concurrency)
+                name = f"{name_head}:{rate.amount} in flight"
+                policy = concurrency_policy_item(name, rate.amount)
+                rates.append(bound(spec, rate, name, f"{id_head}:c{rate.amount}", policy))
+                continue
             name = f"{name_head}:{rate}"
             limit_id = f"{id_head}:{rate.amount}/{rate.period}"
             if spec.unit != "requests":  # its own counter beside a limit of requests
                 limit_id += ":bytes"
             policy = policy_item(name, rate.amount, rate.period, spec.unit)
-        bound.append(
-            _bound(
-                spec, algorithm, keyed_on, prefix, name=name, limit_id=limit_id, rate=rate,
-                policy=policy, shown=str(rate),
-            )
-        )  # fmt: skip
-    return bound
+            rates.append(bound(spec, rate, name, limit_id, policy))
+        return tuple(rates)
 
-
-def _bound(
-    spec: LimitSpec,
-    algorithm: Algorithm,
-    keyed_on: KeyedOn,
-    prefix: str,
-    *,
-    name: str,
-    limit_id: str,
-    rate: Rate,
-    policy: str,
-    shown: str,
-    dynamic: DynamicLimit[BoundLimit] | None = None,
-) -> BoundLimit:
-    """One bound limit of ``spec``; its key parts come from :func:`~.keys.key_parts`, so keys
-    stay in one format."""
-    head, tail = key_parts(prefix, limit_id, algorithm)
-    return BoundLimit(
-        name=name,
-        limit_id=limit_id,
-        rate=rate,
+    if spec.dynamic is None:
+        return list(each_rate(spec, id_head))
+    static = replace(spec, dynamic=None)
+    resolver: DynamicLimit[BoundLimit] = DynamicLimit(
+        spec.dynamic,
+        lambda rates: each_rate(replace(static, rates=rates), id_head + ":dyn"),
         algorithm=algorithm,
-        keyed_on=keyed_on,
-        key_head=head,
-        key_tail=tail,
-        policy=policy,
-        quoted=sf_string(name),
-        spec=spec,
-        dynamic=dynamic,
-        shown=shown,
+        name=f"{name_head}:{spec.dynamic.described}",
     )
+    # Rate(1, 1) is a placeholder: the request's rates come from the resolver
+    return [bound(spec, Rate(1, 1), resolver.name, id_head + ":dyn", "", resolver)]
 
 
 def distinct(bound: Iterable[BoundLimit], prefix: str) -> tuple[BoundLimit, ...]:
@@ -285,11 +257,7 @@ def distinct(bound: Iterable[BoundLimit], prefix: str) -> tuple[BoundLimit, ...]
 
 def strictest(policies: Iterable[_typing.FailurePolicy | None]) -> _typing.FailurePolicy | None:
     """The strictest of the ``on_failure`` policies a route's limits set, if any."""
-    found: _typing.FailurePolicy | None = None
-    for policy in policies:
-        if policy is not None and (found is None or _STRICTNESS[policy] > _STRICTNESS[found]):
-            found = policy
-    return found
+    return max((p for p in policies if p is not None), key=_STRICTNESS.__getitem__, default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,9 +287,6 @@ class RoutePlan:
         return not (self.limits or self.exempt or self.covered)
 
 
-EXEMPT = RoutePlan(exempt=True)
-
-
 def build_plan(
     registry: LimitRegistry,
     *,
@@ -342,7 +307,7 @@ def build_plan(
     """
     if endpoint is None:
         return RoutePlan(exempt=False)
-    every, one = registry.attached(view, method) if view is not None else ([], [])
+    every, one = registry.attached(view, method)  # none for no view
     found = [*every, *one]
     covered = frozenset(o for o in found if o in registry.views)  # limit wrappers among them
     if any(o in registry.exempt_views for o in found) or any(
@@ -355,9 +320,7 @@ def build_plan(
     # A limit wrapper below another decorator, with an option that calls app code per request,
     # is decided where it runs, after that decorator (which may set what the code reads), as
     # Flask-Limiter decides it: its limits are the plan's ``inner``, not decided by the gate.
-    chain = (
-        {id(o) for part in view_objects(view, method) for o in part} if view is not None else set()
-    )
+    chain = {id(o) for part in view_objects(view, method) for o in part}
     specs: list[LimitSpec] = []
     inner: dict[object, list[LimitSpec]] = {}
     seen_specs: set[int] = set()
@@ -373,25 +336,20 @@ def build_plan(
             for spec in declared:
                 if id(spec) not in seen_specs:
                     seen_specs.add(id(spec))
-                    into.append(spec.with_kind(spec.kind, per_method=True) if per_method else spec)
+                    into.append(replace(spec, per_method=True) if per_method else spec)
     # methods=[...]: a limit applies to those methods only; a route none of whose limits
     # applies to this method falls back to its blueprint's, then to the defaults.
     # override_defaults=False on every limit found so far: the next layer's limits (the
     # innermost limited blueprint's, its limited parents' outwards, then the defaults) apply
     # beside them, as in Flask-Limiter.
-    specs = [s for s in specs if s.methods is None or method in s.methods]
-    inner_specs = {
-        o: tuple(s for s in ss if s.methods is None or method in s.methods)
-        for o, ss in inner.items()
-    }
+    specs = [s for s in specs if s.applies_to(method)]
+    inner_specs = {o: tuple(s for s in ss if s.applies_to(method)) for o, ss in inner.items()}
     inner_all = [s for ss in inner_specs.values() for s in ss]
     route = [*specs, *inner_all]
     for bp in inherited:  # innermost first
         if any(spec.override_defaults for spec in route):
             break
-        bp_specs = [
-            s for s in registry.blueprints.get(bp, ()) if s.methods is None or method in s.methods
-        ]
+        bp_specs = [s for s in registry.blueprints.get(bp, ()) if s.applies_to(method)]
         specs += bp_specs
         route += bp_specs
     if not route:

@@ -1,5 +1,5 @@
-"""The records of a declaration: its options as given (:class:`LimitOptions`) and the limit it
-declares (:class:`LimitSpec`: its rates or per-request value, its options checked, its target).
+"""The record of a declared limit (:class:`LimitSpec`: its rates or per-request value, its
+options checked, its target), the one object its options live in from the decorator to the check.
 
 A spec comes from a decorator, a ``DISTLIMIT_*`` limit key or a tier. It is frozen and known by
 identity (``eq=False``): the same limit declared twice is two specs.
@@ -7,9 +7,7 @@ identity (``eq=False``): the same limit declared twice is two specs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass
 
 from flask_distlimit._typing import (
     CostFunc,
@@ -29,8 +27,6 @@ from flask_distlimit.core.limits import Rate
 from flask_distlimit.declare.dynamic_limits import DynamicValue
 from flask_distlimit.declare.lease_options import check_lease_algorithm
 from flask_distlimit.engine.registry import check_rate
-
-__all__ = ["LimitOptions", "LimitSpec"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -99,52 +95,6 @@ class LimitSpec:
             return self.dynamic.described
         return "; ".join(str(r) for r in self.rates)
 
-    def with_kind(self, kind: LimitKind, *, per_method: bool | None = None) -> LimitSpec:
-        """This spec as another kind (and maybe counted per method)."""
-        return replace(
-            self, kind=kind, per_method=self.per_method if per_method is None else per_method
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class LimitOptions:
-    """The keyword options of ``limit`` and ``shared_limit`` as the caller gave them, unchecked
-    (:func:`~flask_distlimit.declare.options.check_options` checks them). The fields are the
-    methods' keyword parameters, with their defaults; :meth:`given` reads them from the
-    method's arguments."""
-
-    algorithm: str | None = None
-    key_func: KeyFunc | None = None
-    cost: int | CostFunc | None = None
-    scope: str | ScopeFunc | None = None
-    per_method: bool = False
-    exempt_when: ExemptWhen | None = None
-    on_failure: str | None = None
-    fallback: str | None = None
-    deduct_when: DeductWhen | None = None
-    settle: Settle | None = None
-    unit: str = "requests"
-    methods: Iterable[str] | None = None
-    override_defaults: bool = True
-    on_breach: LimitBreachHook | None = None
-    error_message: ErrorMessage | None = None
-    shadow: bool = False
-    lease: bool | int = False
-
-    @classmethod
-    def given(cls, arguments: Mapping[str, Any]) -> LimitOptions:
-        """The options among a decorator method's arguments (its ``locals()`` on entry: ``self``,
-        the limit value and one value per field). The method's signature types them for callers
-        and mypy; this reads them without listing them again. A parameter that is not a field,
-        or a field that is not a parameter, is a bug of this package: ``TypeError``."""
-        unknown = arguments.keys() - _FIELDS - {"self", "value"}
-        missing = _FIELDS - arguments.keys()
-        if unknown or missing:
-            raise TypeError(
-                f"LimitOptions: parameters without a field {sorted(unknown)}, fields without a "
-                f"parameter {sorted(missing)}"
-            )
-        return cls(**{name: arguments[name] for name in _FIELDS})
-
-
-_FIELDS = frozenset(f.name for f in fields(LimitOptions))
+    def applies_to(self, method: str) -> bool:
+        """Whether the limit applies to requests of this HTTP method (``methods=``)."""
+        return self.methods is None or method in self.methods

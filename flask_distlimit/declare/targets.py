@@ -11,28 +11,18 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Final
 
 from flask import Blueprint, Flask, has_request_context
 from flask.views import View
 
-__all__ = [
-    "carried_function",
-    "carries",
-    "describe",
-    "hashable",
-    "is_carrier",
-    "make_carrier",
-    "view_objects",
-]
-
 #: How deep a ``__wrapped__`` chain is followed.
 _MAX_DEPTH = 32
-#: The attribute naming the limiter whose limits a wrapper carries.
-_CARRIER = "__distlimit_limiter__"
-#: The attribute holding ``(wrapper, function)`` of a limit wrapper (the wrapper itself first:
-#: a decorator using ``functools.wraps`` copies the attribute onto its own wrapper).
+#: The attribute holding ``(wrapper, function, limiter)`` of a limit wrapper (the wrapper itself
+#: first: a decorator using ``functools.wraps`` copies the attribute onto its own wrapper).
 _CARRIED = "__distlimit_carried__"
+#: What an object that carries no limits answers: no wrapper and no limiter is ever one of these.
+_NOT_CARRIED: Final = (object(), None, object())
 
 
 def describe(target: object) -> str:
@@ -66,29 +56,14 @@ def _chain(obj: object) -> Iterator[object]:
         current = getattr(current, "__wrapped__", None)
 
 
-def _handlers(view_class: type, method: str) -> tuple[list[object], list[object]]:
-    """(every-method handlers, this-method handlers) of a class-based view: its
-    ``dispatch_request``, and a ``MethodView``'s method for ``method`` (HEAD falls back to
-    ``get``, as ``MethodView.dispatch_request`` does)."""
-    every = [getattr(view_class, "dispatch_request", None)]
-    one: list[object] = []
-    if method:
-        handler = getattr(view_class, method.lower(), None)
-        if handler is None and method == "HEAD":
-            handler = getattr(view_class, "get", None)
-        if handler is not None and handler is not every[0]:
-            one.append(handler)
-    return [o for h in every if h is not None for o in _chain(h)], [
-        o for h in one for o in _chain(h)
-    ]
-
-
 def view_objects(view: object, method: str) -> tuple[list[object], list[object]]:
     """The objects a view function is known by, for one HTTP method: (objects whose limits
     apply to every method, objects whose limits apply to ``method`` only).
 
     The view, what it wraps (``__wrapped__``), its ``view_class`` and the class's bases, and
-    the class's handlers; hashable objects only (they are looked up by identity).
+    the class's handlers: its ``dispatch_request`` (every method) and a ``MethodView``'s method
+    for ``method`` (HEAD falls back to ``get``, as ``MethodView.dispatch_request`` does);
+    hashable objects only (they are looked up by identity).
     """
     every: list[object] = []
     one: list[object] = []
@@ -97,9 +72,13 @@ def view_objects(view: object, method: str) -> tuple[list[object], list[object]]
         view_class = getattr(obj, "view_class", None)
         if isinstance(view_class, type) and issubclass(view_class, View):
             every.extend(c for c in view_class.__mro__ if c not in (View, object))
-            all_methods, this_method = _handlers(view_class, method)
-            every.extend(all_methods)
-            one.extend(this_method)
+            dispatch = getattr(view_class, "dispatch_request", None)
+            handler = getattr(view_class, method.lower(), None)
+            if handler is None and method == "HEAD":
+                handler = getattr(view_class, "get", None)
+            every.extend(_chain(dispatch))
+            if handler is not dispatch:
+                one.extend(_chain(handler))
     return [o for o in every if hashable(o)], [o for o in one if hashable(o)]
 
 
@@ -108,46 +87,48 @@ def make_carrier(
 ) -> Callable[..., Any]:
     """A wrapper of ``func`` carrying ``limiter``'s limits; it calls ``reached(wrapper)`` when it
     runs inside a request (after the app's before_request hooks)."""
+    carrier: Callable[..., Any]
     if inspect.iscoroutinefunction(func):
 
-        @functools.wraps(func)
-        async def async_carrier(*args: Any, **kwargs: Any) -> Any:
+        async def call_async(*args: Any, **kwargs: Any) -> Any:
             if has_request_context():
-                reached(async_carrier)
+                reached(carrier)
             return await func(*args, **kwargs)
 
-        setattr(async_carrier, _CARRIER, limiter)
-        setattr(async_carrier, _CARRIED, (async_carrier, func))
-        return async_carrier
+        carrier = functools.wraps(func)(call_async)
+    else:
 
-    @functools.wraps(func)
-    def carrier(*args: Any, **kwargs: Any) -> Any:
-        if has_request_context():
-            reached(carrier)
-        return func(*args, **kwargs)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if has_request_context():
+                reached(carrier)
+            return func(*args, **kwargs)
 
-    setattr(carrier, _CARRIER, limiter)
-    setattr(carrier, _CARRIED, (carrier, func))
+        carrier = functools.wraps(func)(call)
+    setattr(carrier, _CARRIED, (carrier, func, limiter))
     return carrier
+
+
+def _carried(obj: object) -> tuple[object, Callable[..., Any] | None, object]:
+    """``(wrapper, function, limiter)`` of a limit wrapper or a copy of it."""
+    carried: tuple[object, Callable[..., Any] | None, object]
+    carried = getattr(obj, _CARRIED, _NOT_CARRIED)
+    return carried
 
 
 def carries(func: object, limiter: object) -> bool:
     """Whether ``func`` (or the wrapper it was copied from by ``functools.wraps``) carries
     ``limiter``'s limits."""
-    return getattr(func, _CARRIER, None) is limiter
+    return _carried(func)[2] is limiter
 
 
 def is_carrier(obj: object) -> bool:
     """Whether ``obj`` is itself a limit wrapper (not a decorator's wrapper copied from one)."""
-    carried = getattr(obj, _CARRIED, None)
-    return isinstance(carried, tuple) and carried[0] is obj
+    return _carried(obj)[0] is obj
 
 
 def carried_function(view: object, limiter: object) -> Callable[..., Any] | None:
     """The function ``view`` wraps when ``view`` is itself a limit wrapper of ``limiter`` (not a
     decorator's wrapper around one), else None. The view gate calls it directly when the
     request's plan already decided the wrapper's limits: the wrapper would only check that."""
-    carried = getattr(view, _CARRIED, None)
-    if isinstance(carried, tuple) and carried[0] is view and carries(view, limiter):
-        return carried[1]  # type: ignore[no-any-return]
-    return None
+    wrapper, function, carrier_of = _carried(view)
+    return function if wrapper is view and carrier_of is limiter else None

@@ -5,6 +5,7 @@ callable, and the Limiter-wide ``request_filter``; on memory, fakeredis and a re
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -250,6 +251,34 @@ def test_scope_as_a_callable_of_the_endpoint(backend: Backend, clock: FakeClock)
 def test_bad_options_are_refused_at_declaration(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         Limiter().limit("1/minute", **kwargs)
+
+
+def test_shared_limit_and_concurrency_take_limit_s_options_with_its_defaults() -> None:
+    """The options are read by name from the method's arguments (declare.options), so the
+    three signatures must agree: a stray parameter would be ignored, a missing one a KeyError."""
+
+    def options(method: Callable[..., object]) -> dict[str, object]:
+        parameters = inspect.signature(method).parameters.values()
+        return {p.name: p.default for p in parameters if p.kind is p.KEYWORD_ONLY}
+
+    limit = options(Limiter.limit)
+    assert options(Limiter.shared_limit) == {k: v for k, v in limit.items() if k != "scope"}
+    assert options(Limiter.concurrency).keys() <= limit.keys()
+    limiter = Limiter()
+    view = limiter.concurrency(3, scope="pool", on_failure="closed")(lambda: "x")
+    (spec,) = limiter.registry.views[view]
+    assert (spec.kind, spec.algorithm, spec.scope, spec.on_failure) == (
+        "shared",
+        "concurrency",
+        "pool",
+        "closed",
+    )
+    assert (spec.unit, spec.per_method, spec.lease, spec.shadow) == (
+        "requests",
+        False,
+        False,
+        False,
+    )
 
 
 def test_a_request_filter_must_be_callable() -> None:
