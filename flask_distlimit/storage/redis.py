@@ -16,7 +16,7 @@ import contextlib
 import importlib
 import inspect
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 import redis
@@ -119,29 +119,20 @@ class RedisStorage(RedisSideCalls):
         self.split_slots = split_slots
         #: The request tokens of the hot call (docs/design-notes.md, "One retry").
         self.tokens = RequestTokens(timeout, request_tokens)
+        self.scheme = scheme
+        self.timeout = timeout
+        self._owns_client = client is None
         if client is None:
             options = {**HANDSHAKE_FREE, **connection, **connection_options(timeout)}
-            self._use(
-                DeadlinePool(
-                    timeout=timeout,
-                    max_connections=max_connections,
-                    queue_timeout=queue_timeout,
-                    **options,
-                )
-            )
             admin = redis.BlockingConnectionPool(
                 timeout=timeout, max_connections=max_connections, **options
             )
             client = redis.Redis(connection_pool=admin)
-            self._owns_client = True
-        else:
-            self._owns_client = False
-        self.scheme = scheme
-        self.timeout = timeout
         self.client: redis.Redis = client
         self._scripts = SideScripts(client)
         self._script: Script = self._scripts.limit
-        self._packer = EvalshaPacker.of(self._script.sha, connection)
+        if self._owns_client:
+            self._use(options, max_connections, queue_timeout)
 
     @classmethod
     def sentinel(
@@ -188,21 +179,31 @@ class RedisStorage(RedisSideCalls):
         if master.pop("ssl", False):
             master["connection_class"] = redis.SSLConnection
         storage._use(
-            DeadlinePool(
-                timeout=timeout,
-                max_connections=max_connections,
-                locate=lambda: manager.discover_master(service_name),
-                queue_timeout=queue_timeout,
-                **{**HANDSHAKE_FREE, **master, **options},
-            )
+            {**HANDSHAKE_FREE, **master, **options},
+            max_connections,
+            queue_timeout,
+            locate=lambda: manager.discover_master(service_name),
         )
-        storage._packer = EvalshaPacker.of(storage._script.sha, master)
         return storage
 
-    def _use(self, pool: DeadlinePool) -> None:
-        """Make the hot call's calls on ``pool``, batched (:mod:`.pipeline`)."""
-        self.pool = pool
+    def _use(
+        self,
+        connection: dict[str, Any],
+        max_connections: int,
+        queue_timeout: float | None,
+        locate: Callable[[], tuple[str, int]] | None = None,
+    ) -> None:
+        """Make the hot call's calls on a pool of ``connection`` connections (:mod:`.pool`;
+        ``locate``: where to connect, asked before each connect), batched (:mod:`.pipeline`)."""
+        pool = self.pool = DeadlinePool(
+            timeout=self.timeout,
+            max_connections=max_connections,
+            locate=locate,
+            queue_timeout=queue_timeout,
+            **connection,
+        )
         self.pipeline = Pipeline(pool, load=script_load(SCRIPT_SOURCE), trouble=self.tokens.arm)
+        self._packer = EvalshaPacker.of(self._script.sha, connection)
 
     @property
     def request_tokens(self) -> str:
@@ -220,26 +221,25 @@ class RedisStorage(RedisSideCalls):
         keys, args = script_args(checks, now_us)
         try:
             if self.pool is not None:
-                reply = self._run(self.pool, self._script, keys, args, settles(checks))
+                reply = self._run(self.pool, keys, args, settles(checks))
             else:  # a client passed in: redis-py's Script (EVALSHA, SCRIPT LOAD on NOSCRIPT)
                 reply = self._script(keys, args)
-        except NoConnectionAvailable as exc:  # load: nothing was sent, nothing is armed
-            raise busy(self.pool.queue_timeout if self.pool else 0.0) from exc
         except REDIS_FAILURES as exc:
-            if isinstance(exc, redis.ConnectionError):
-                self.tokens.arm()  # connections fail: the next calls carry tokens
-            raise storage_error(exc) from exc
+            raise self._failure(exc) from exc
         return parse_reply(reply, checks)
 
-    def _run(
-        self,
-        pool: DeadlinePool,
-        script: Script,
-        keys: list[str],
-        args: list[str | int],
-        once: bool = False,
-    ) -> Any:
-        """``script``'s EVALSHA of ``keys`` and ``args`` in a batch of the pipeline, with a
+    def _failure(self, exc: BaseException) -> StorageError:
+        """The error of a call that failed with ``exc``: a wait past the queue budget is load
+        (:func:`~.pool.busy`: nothing was sent, nothing is armed); a failed connection arms the
+        tokens (the next calls carry one)."""
+        if isinstance(exc, NoConnectionAvailable):
+            return busy(self.pool.queue_timeout if self.pool else 0.0)
+        if isinstance(exc, redis.ConnectionError):
+            self.tokens.arm()
+        return storage_error(exc)
+
+    def _run(self, pool: DeadlinePool, keys: list[str], args: list[str | int], once: bool) -> Any:
+        """The limit script's EVALSHA of ``keys`` and ``args`` in a batch of the pipeline, with a
         request token while the storage's tokens are armed or ``once`` (a settlement: made
         once, :func:`~.tokens.settles`): the wait for a batch by the queue
         budget, the reply by one Redis deadline (module docstring)."""
@@ -254,7 +254,7 @@ class RedisStorage(RedisSideCalls):
             pool.disconnect()
             call = self.pipeline.call(command, wait_until)
         if call.lost:
-            return self._repeat(pool, script, call, (keys, args, token), wait_until)
+            return self._repeat(pool, call, (keys, args, token), wait_until)
         if call.error is not None:
             raise call.error
         return call.reply
@@ -285,15 +285,8 @@ class RedisStorage(RedisSideCalls):
         results: list[Evaluation | StorageError] = []
         for part, reply in zip(parts, replies, strict=True):
             try:
-                if isinstance(reply, Exception):
-                    raise reply
-                results.append(parse_reply(reply, part))
-            except NoConnectionAvailable:
-                results.append(busy(pool.queue_timeout if pool else 0.0))
-            except REDIS_FAILURES as exc:
-                if isinstance(exc, redis.ConnectionError):
-                    tokens.arm()
-                results.append(storage_error(exc))
+                failed = isinstance(reply, BaseException)
+                results.append(self._failure(reply) if failed else parse_reply(reply, part))
             except StorageError as exc:
                 results.append(exc)
         return results
@@ -301,7 +294,6 @@ class RedisStorage(RedisSideCalls):
     def _repeat(
         self,
         pool: DeadlinePool,
-        script: Script,
         call: Call,
         made: tuple[list[str], list[str | int], str | None],
         wait_until: float,
@@ -323,7 +315,7 @@ class RedisStorage(RedisSideCalls):
                 again,
                 deadline,
                 call.error,
-                lambda c: _reply(pool, c, script, again[0], deadline),
+                lambda c: _reply(pool, c, again[0], deadline),
             )
         except redis.ResponseError:
             raise  # an error reply, read whole: nothing is left unread
@@ -389,16 +381,14 @@ class RedisStorage(RedisSideCalls):
         return super().node() if not address else f"{address[0]}:{address[1]}"
 
 
-def _reply(
-    pool: DeadlinePool, connection: Any, script: Script, command: bytes, deadline: float
-) -> Any:
+def _reply(pool: DeadlinePool, connection: Any, command: bytes, deadline: float) -> Any:
     """The reply to ``command``, just sent on ``connection``; after ``NOSCRIPT`` (Redis flushed,
     restarted or failed over) the script is loaded and ``command`` sent once more, both in one
     write."""
     try:
         return pool.read(connection, deadline)
     except NoScriptError:  # the script did not run: load it, run it again
-        load = b"".join(connection.pack_command("SCRIPT", "LOAD", script.script))
+        load = b"".join(connection.pack_command("SCRIPT", "LOAD", SCRIPT_SOURCE))
         pool.send(connection, [load + command])
         pool.read(connection, deadline)
         return pool.read(connection, deadline)
