@@ -11,6 +11,7 @@ starts empty and never puts back a connection made in another process. Not a red
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -137,7 +138,7 @@ class DeadlinePool:
         if self.pid != os.getpid():
             self.forget_inherited()
         with self._lock:
-            if not self._idle and len(self._made) >= self.max_connections:
+            if not self._can_take():
                 self._waiting += 1
                 try:
                     self._ready.wait_for(self._can_take, wait_until - time.monotonic())
@@ -151,24 +152,21 @@ class DeadlinePool:
             else:
                 raise NoConnectionAvailable("No connection available.")
         try:
-            if connect and (
-                connection not in self._live or (probe and not self._fresh(connection))
-            ):
-                self.connect(connection, connect_by)
+            if connect:
+                if probe and connection in self._live:
+                    self._drop_if_stale(connection)
+                self.ready(connection, connect_by)
         except BaseException:
             self.release(connection)
             raise
         return connection
 
     def ready(self, connection: Any, connect_by: float | None = None) -> None:
-        """Connect ``connection``, held by the caller, unless it is connected."""
-        if connection not in self._live:
-            self.connect(connection, connect_by)
-
-    def connect(self, connection: Any, deadline: float | None = None) -> None:
-        """(Re)connect ``connection`` by ``deadline``, by default a Redis timeout of its own."""
-        if deadline is None:
-            deadline = time.monotonic() + self.timeout
+        """Connect ``connection``, held by the caller, unless it is connected: by ``connect_by``,
+        by default a Redis timeout of its own."""
+        if connection in self._live:
+            return
+        deadline = time.monotonic() + self.timeout if connect_by is None else connect_by
         try:
             self.renew(connection, deadline)
         except redis.ConnectionError:
@@ -191,15 +189,13 @@ class DeadlinePool:
     def _can_take(self) -> bool:
         return bool(self._idle) or len(self._made) < self.max_connections
 
-    def _fresh(self, connection: Any) -> bool:
-        """Nothing to read and not closed by the server: ready for a command."""
-        try:
+    def _drop_if_stale(self, connection: Any) -> None:
+        """Forget that ``connection`` was connected unless it is ready for a command (nothing
+        to read, not closed by the server)."""
+        with contextlib.suppress(redis.ConnectionError, redis.TimeoutError, OSError):
             if not connection.can_read(0):
-                return True
-        except (redis.ConnectionError, redis.TimeoutError, OSError):
-            pass
+                return
         self.broken(connection)
-        return False
 
     # -- connecting, reading, failing ----------------------------------------------------------
 
