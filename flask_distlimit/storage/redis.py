@@ -282,14 +282,12 @@ class RedisStorage(RedisSideCalls):
             if self._sentinel is not None and all(isinstance(r, ReadOnlyError) for r in replies):
                 pool.disconnect()  # a demoted master wrote nothing: once more on the new one
                 replies = send_parts(*send)
-        results: list[Evaluation | StorageError] = []
-        for part, reply in zip(parts, replies, strict=True):
-            try:
-                failed = isinstance(reply, BaseException)
-                results.append(self._failure(reply) if failed else parse_reply(reply, part))
-            except StorageError as exc:
-                results.append(exc)
-        return results
+        return [
+            self._failure(reply)
+            if isinstance(reply, Exception)
+            else outcome(parse_reply, reply, part)
+            for part, reply in zip(parts, replies, strict=True)
+        ]
 
     def _repeat(
         self,
