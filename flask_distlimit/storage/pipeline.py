@@ -209,20 +209,17 @@ class Pipeline:
                 self._run(
                     connection, sent, None if due is None else sent[0].asked + self.pool.timeout
                 )
-            if len(batch) > 1:
-                self._wake(batch, call)
         except BaseException as exc:
             if connection is not None:
                 self.pool.broken(connection)  # a reply may be left unread
             if isinstance(exc, redis.TimeoutError):
                 self.late = True
             self._fail(batch, exc, call)
-            self._wake(batch, call)
-            self._hand_on(connection)
             if not isinstance(exc, Exception):
                 raise  # an interrupt of the leader's own (a signal handler's, a timeout's)
-            return
-        self._hand_on(connection)
+        finally:
+            self._wake(batch, call)
+            self._hand_on(connection)
 
     def _expire(self, batch: list[Call]) -> list[Call]:
         """Redis late: the calls of ``batch`` whose deadline has passed are answered with a

@@ -264,11 +264,8 @@ class DeadlinePool:
             # at least a moment for the answer, however late this process is
             last = max(deadline, time.monotonic() + LAST_LOOK)
             return self.read(connection, last) in (b"PONG", "PONG", True)
-        except redis.ResponseError:
-            return False  # an error reply, read whole
         except redis.RedisError:
-            self.broken(connection)
-            return False
+            return False  # an error reply read whole, or a failure: send and read broke it
         except BaseException:  # e.g. a signal handler's, between the send and the read
             self.broken(connection)
             raise
