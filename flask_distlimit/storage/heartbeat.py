@@ -12,8 +12,6 @@ from typing import Final, NamedTuple
 
 from flask_distlimit.storage.slot_keys import same_slot_key
 
-__all__ = ["HEARTBEAT_SOURCE", "MAX_FLEET", "Fleet", "fleet_from_reply", "peak_key"]
-
 #: The largest fleet size a heartbeat accepts (``DISTLIMIT_INSTANCES`` accepts as much).
 MAX_FLEET: Final = 100_000
 

@@ -30,8 +30,6 @@ from redis.exceptions import NoScriptError
 
 from flask_distlimit.storage.pool import DeadlinePool, NoConnectionAvailable
 
-__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WIDTH", "Call", "Pipeline", "script_load"]
-
 #: Batches in flight at once per pipeline (each on a connection of its own).
 DEFAULT_WIDTH: Final = 4
 #: The most calls in one batch: Redis runs a batch's scripts one after another (about 30 us

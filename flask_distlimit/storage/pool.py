@@ -24,8 +24,6 @@ import redis
 
 from flask_distlimit.errors import StorageBusy
 
-__all__ = ["LAST_LOOK", "DeadlinePool", "NoConnectionAvailable", "busy", "queue_budget"]
-
 #: How far a socket's own timeout may end from the deadline before a read waits explicitly, as
 #: a share of the timeout (at least 1 ms): a read then ends at most this early or late.
 _SLACK_SHARE: Final = 0.02

@@ -38,8 +38,6 @@ from flask_distlimit.storage.split_slots import outcome, send_parts
 from flask_distlimit.storage.tokens import RequestTokens, repeat_call, settles
 from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error, translated
 
-__all__ = ["DEFAULT_TIMEOUT", "RedisStorage", "connection_options"]
-
 #: Connect/read timeout and pool wait, seconds (``DISTLIMIT_REDIS_TIMEOUT``).
 DEFAULT_TIMEOUT: Final = 0.1
 #: Pool size per process (the hot call's batches use a few: :mod:`.pipeline`).

@@ -25,8 +25,6 @@ from flask_distlimit.storage.side_calls import RedisSideCalls
 from flask_distlimit.storage.translate import REDIS_FAILURES, misconfiguration, storage_error
 from flask_distlimit.storage.urls import mask_url
 
-__all__ = ["STARTUP_CHECKS", "StartupCheck", "check_storage"]
-
 StartupCheck = Literal["warn", "error", "off"]
 #: The values of ``DISTLIMIT_STARTUP_CHECK``.
 STARTUP_CHECKS: Final[tuple[StartupCheck, ...]] = ("warn", "error", "off")

@@ -25,17 +25,6 @@ from flask_distlimit.forks import AfterFork
 from flask_distlimit.storage.evalsha import EvalshaPacker
 from flask_distlimit.storage.pool import DeadlinePool
 
-__all__ = [
-    "ARMED_FOR",
-    "REPEATS",
-    "TOKEN_MODES",
-    "TOKEN_TTL_MS",
-    "RequestTokens",
-    "repeat_call",
-    "settles",
-    "token_mode",
-]
-
 #: How many times a call whose reply was lost is made again, within its deadline.
 REPEATS: Final = 3
 
