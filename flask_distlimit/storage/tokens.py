@@ -64,18 +64,6 @@ class RequestTokens:
     """Hands out the token keys of one storage's calls; ``timeout`` is the call's deadline,
     ``mode`` one of :data:`TOKEN_MODES` (module docstring)."""
 
-    __slots__ = (
-        "__weakref__",
-        "_count",
-        "_heads",
-        "_prefix",
-        "again",
-        "armed_until",
-        "first",
-        "mode",
-        "ttl_ms",
-    )
-
     def __init__(self, timeout: float, mode: str = "auto") -> None:
         self.mode = token_mode(mode)
         #: ``time.monotonic()`` until which every call carries a token (``inf``: ``"always"``)
