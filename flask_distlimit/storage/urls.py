@@ -116,20 +116,6 @@ def mask_url(url: str) -> str:
     return url
 
 
-def _masked_reason(url: str, reason: str) -> str:
-    """``reason`` with every quoted piece of ``url`` that :func:`mask_url` hides replaced by
-    ``'***'``: a URL whose password holds an unencoded ``/``, ``?`` or ``#`` is split there by
-    the parser, and the error would quote the piece (a "port", a "query string")."""
-    shown = mask_url(url)
-    if shown == url:
-        return reason
-
-    def hide(match: re.Match[str]) -> str:
-        return match.group(0) if match.group(0)[1:-1] in shown else "'***'"
-
-    return _QUOTED.sub(hide, reason)
-
-
 class _BadURL(ValueError):
     pass
 
@@ -163,8 +149,14 @@ def from_url(
 
 
 def _configuration_error(url: str, reason: str) -> ConfigurationError:
+    shown = mask_url(url)
+    if shown != url:
+        # A password holding an unencoded "/", "?" or "#" is split there by the parser, and
+        # ``reason`` may quote a piece of it (a "port", a "query string"): every quoted piece
+        # that the masked URL does not show is hidden.
+        reason = _QUOTED.sub(lambda m: m[0] if m[0][1:-1] in shown else "'***'", reason)
     return ConfigurationError(
-        f"Invalid storage URL {mask_url(url)!r}: {_masked_reason(url, reason)}. Accepted forms: "
+        f"Invalid storage URL {shown!r}: {reason}. Accepted forms: "
         + ", ".join(ACCEPTED_FORMS)
         + "."
     )
