@@ -299,8 +299,7 @@ class DeadlinePool:
         with self._lock:  # the idle ones are taken out while they are closed
             idle = list(self._idle)
             self._idle.clear()
-            for connection in self._made:
-                self._live.pop(connection, None)
+            self._live.clear()
         try:
             for connection in idle:
                 connection.disconnect()
