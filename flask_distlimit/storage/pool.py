@@ -41,11 +41,6 @@ def queue_budget(timeout: float) -> float:
     return max(_MIN_QUEUE, 10 * timeout)
 
 
-def cooperative() -> bool:
-    """Are sockets cooperative (gevent's or eventlet's monkey-patched ``socket.socket``)?"""
-    return socket.socket.__module__ != "socket"
-
-
 class NoConnectionAvailable(redis.ConnectionError):
     """Every connection of the pool stayed busy until the queue budget was spent: the request
     met load, not a failed connection (nothing was sent, no reply was lost), so it arms no
@@ -82,8 +77,9 @@ class DeadlinePool:
     ) -> None:
         self.timeout = timeout
         self.queue_timeout = queue_budget(timeout) if queue_timeout is None else queue_timeout
-        #: sockets are gevent's or eventlet's: every read waits explicitly (module docstring)
-        self.cooperative = cooperative()
+        #: sockets are gevent's or eventlet's (a monkey-patched ``socket.socket``): every read
+        #: waits explicitly (module docstring)
+        self.cooperative = socket.socket.__module__ != "socket"
         self.max_connections = max_connections
         self.connection_class = connection_class
         self.connection_kwargs = connection_kwargs
