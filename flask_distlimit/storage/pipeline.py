@@ -88,10 +88,6 @@ class Call:
         self.connection: Any = None  # handed to a follower promoted to lead
         self.wake: Any = None  # a held lock a follower waits on
 
-    @property
-    def answered(self) -> bool:
-        return self.error is not None or self.reply is not _UNREAD
-
 
 class Pipeline:
     """Batches the calls of one pool's connections (module docstring).
@@ -327,7 +323,7 @@ class Pipeline:
         leaves them lost (they may have run: each is made again) and is the leader's own."""
         interrupted = not isinstance(exc, Exception)
         for call in batch:
-            if not call.answered:
+            if call.error is None and call.reply is _UNREAD:  # not answered
                 if interrupted:
                     call.error = redis.ConnectionError(f"the batch was interrupted: {exc!r}")
                     call.lost = True
