@@ -133,9 +133,8 @@ def _check_slots(storage: ClusterNodes) -> None:
             if misconfiguration(exc) is not None:
                 return  # an ACL without CLUSTER INFO: the script's call was answered
             raise storage_error(exc) from exc
-        served = int(info.get("cluster_slots_ok", 0))
-        if info.get("cluster_state") != "ok" or served < _SLOTS:
-            state = info.get("cluster_state")
+        state, served = info.get("cluster_state"), int(info.get("cluster_slots_ok", 0))
+        if state != "ok" or served < _SLOTS:
             bad.append(
                 f"{node.name} answers cluster_state:{state}, {served} of {_SLOTS} slots served"
             )
