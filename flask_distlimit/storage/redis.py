@@ -119,7 +119,7 @@ class RedisStorage(RedisSideCalls):
         self.tokens = RequestTokens(timeout, request_tokens)
         self.scheme = scheme
         self.timeout = timeout
-        self._owns_client = client is None
+        own = client is None
         if client is None:
             options = {**HANDSHAKE_FREE, **connection, **connection_options(timeout)}
             admin = redis.BlockingConnectionPool(
@@ -129,7 +129,7 @@ class RedisStorage(RedisSideCalls):
         self.client: redis.Redis = client
         self._scripts = SideScripts(client)
         self._script: Script = self._scripts.limit
-        if self._owns_client:
+        if own:
             self._use(options, max_connections, queue_timeout)
 
     @classmethod
@@ -171,7 +171,6 @@ class RedisStorage(RedisSideCalls):
             queue_timeout=queue_timeout,
             split_slots=split_slots,
         )
-        storage._owns_client = True
         storage._sentinel = manager
         master = dict(connection)
         if master.pop("ssl", False):
@@ -337,11 +336,10 @@ class RedisStorage(RedisSideCalls):
         return self._scripts
 
     def close(self) -> None:
-        if self._owns_client:
+        if self.pool is not None:  # our own clients (a client passed in is the app's)
             self.client.close()
             self.client.connection_pool.disconnect()
-            if self.pool is not None:
-                self.pool.disconnect()
+            self.pool.disconnect()
             if self._sentinel is not None:  # Sentinel.close() is redis-py 7+
                 for sentinel in self._sentinel.sentinels:
                     sentinel.close()
@@ -368,7 +366,7 @@ class RedisStorage(RedisSideCalls):
         Sentinels now; a failure keeps the last one); ``"redis"`` before any, and always on a
         single node (one breaker per node: flask_distlimit/resilience/breakers.py)."""
         pool = self.pool
-        if self._sentinel is None or pool is None or pool.locate is None:
+        if pool is None or pool.locate is None:  # not Sentinel
             return super().node(refresh)
         address = pool.located
         if refresh:
