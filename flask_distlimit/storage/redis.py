@@ -269,7 +269,6 @@ class RedisStorage(RedisSideCalls):
         for part in parts:
             keys, args = script_args(part, now_us, refund=refund)
             made.append((keys, args, tokens.key(keys[0]) if armed and self.pool else None))
-        replies: list[Any]
         pool = self.pool
         if pool is None:
             replies = [outcome(self._script, keys, args) for keys, args, _ in made]
