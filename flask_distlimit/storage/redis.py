@@ -334,14 +334,17 @@ class RedisStorage(RedisSideCalls):
     def _side(self) -> SideScripts:
         return self._scripts
 
+    def _clients(self) -> list[redis.Redis]:
+        """The redis-py clients: the admin client, and the Sentinel manager's (Sentinel.close()
+        is redis-py 7+)."""
+        return [self.client, *(self._sentinel.sentinels if self._sentinel else ())]
+
     def close(self) -> None:
         if self.pool is not None:  # our own clients (a client passed in is the app's)
-            self.client.close()
-            self.client.connection_pool.disconnect()
             self.pool.disconnect()
-            if self._sentinel is not None:  # Sentinel.close() is redis-py 7+
-                for sentinel in self._sentinel.sentinels:
-                    sentinel.close()
+            for client in self._clients():
+                client.close()
+                client.connection_pool.disconnect()
 
     def reset_after_fork(self) -> None:
         """Forget the connections inherited from the parent process.
@@ -350,11 +353,8 @@ class RedisStorage(RedisSideCalls):
         connection's socket without ``shutdown()`` in a process other than its maker's, so the
         parent's connection stays intact. The child opens its own on first use.
         """
-        pools = [self.client.connection_pool]
-        if self._sentinel is not None:
-            pools += [s.connection_pool for s in self._sentinel.sentinels]
-        for pool in pools:
-            pool.reset()
+        for client in self._clients():
+            client.connection_pool.reset()
         if self.pool is not None:
             self.pool.forget_inherited()
             self.pipeline.reset()
