@@ -301,16 +301,21 @@ class RedisStorage(RedisSideCalls):
         # Redis's time for the repeats starts now: the batch's may be spent by this thread's
         # wait to be woken
         deadline = max(call.deadline, time.monotonic() + self.timeout)
+
+        def read(connection: Any) -> Any:
+            """The repeat's reply; after ``NOSCRIPT`` (Redis flushed, restarted or failed over)
+            the script is loaded and the repeat sent once more, both in one write."""
+            try:
+                return pool.read(connection, deadline)
+            except NoScriptError:  # the script did not run: load it, run it again
+                load = b"".join(connection.pack_command("SCRIPT", "LOAD", SCRIPT_SOURCE))
+                pool.send(connection, [load + again[0]])
+                pool.read(connection, deadline)
+                return pool.read(connection, deadline)
+
         connection = pool.checkout(wait_until, connect=False)  # repeat_call connects it
         try:
-            return repeat_call(
-                pool,
-                connection,
-                again,
-                deadline,
-                call.error,
-                lambda c: _reply(pool, c, again[0], deadline),
-            )
+            return repeat_call(pool, connection, again, deadline, call.error, read)
         except redis.ResponseError:
             raise  # an error reply, read whole: nothing is left unread
         except BaseException:
@@ -372,16 +377,3 @@ class RedisStorage(RedisSideCalls):
             with contextlib.suppress(*REDIS_FAILURES):  # none answers: keep the last master
                 address = pool.located = pool.locate()
         return super().node() if not address else f"{address[0]}:{address[1]}"
-
-
-def _reply(pool: DeadlinePool, connection: Any, command: bytes, deadline: float) -> Any:
-    """The reply to ``command``, just sent on ``connection``; after ``NOSCRIPT`` (Redis flushed,
-    restarted or failed over) the script is loaded and ``command`` sent once more, both in one
-    write."""
-    try:
-        return pool.read(connection, deadline)
-    except NoScriptError:  # the script did not run: load it, run it again
-        load = b"".join(connection.pack_command("SCRIPT", "LOAD", SCRIPT_SOURCE))
-        pool.send(connection, [load + command])
-        pool.read(connection, deadline)
-        return pool.read(connection, deadline)
