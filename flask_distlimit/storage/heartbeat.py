@@ -55,9 +55,7 @@ for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
     redis.call('ZADD', KEYS[2], until_ms, tostring(report))
     break
   end
-  if size > largest then
-    largest = size
-  end
+  largest = math.max(largest, size)
 end
 redis.call('PEXPIRE', KEYS[2], ttl_ms)
 return {live, largest, repaired_live, repaired_peak}
