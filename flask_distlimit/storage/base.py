@@ -19,8 +19,6 @@ from flask_distlimit.errors import StorageError
 from flask_distlimit.storage.heartbeat import Fleet
 from flask_distlimit.storage.lease_records import Record
 
-__all__ = ["GiveBack", "Storage"]
-
 _shared_lock = threading.Lock()
 
 

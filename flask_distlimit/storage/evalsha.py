@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["EvalshaPacker"]
-
 _ASCII = "".join(map(chr, range(128)))
 
 

@@ -12,8 +12,6 @@ from typing import Final, NamedTuple
 
 from flask_distlimit.storage.slot_keys import same_slot_key
 
-__all__ = ["HEARTBEAT_SOURCE", "MAX_FLEET", "Fleet", "fleet_from_reply", "peak_key"]
-
 #: The largest fleet size a heartbeat accepts (``DISTLIMIT_INSTANCES`` accepts as much).
 MAX_FLEET: Final = 100_000
 
@@ -57,9 +55,7 @@ for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
     redis.call('ZADD', KEYS[2], until_ms, tostring(report))
     break
   end
-  if size > largest then
-    largest = size
-  end
+  largest = math.max(largest, size)
 end
 redis.call('PEXPIRE', KEYS[2], ttl_ms)
 return {live, largest, repaired_live, repaired_peak}

@@ -155,18 +155,18 @@ class MemoryStorage(Storage):
                 spec = REGISTRY[check.algorithm]
                 state, bad = self._state(check, now)
                 cost = check.cost
-                if check.meta and refund_:
-                    pass  # the refund of a request refused elsewhere: a breach (below)
-                elif refund_ or check.release or check.debt:
+                # the refund of a meta check: a request refused elsewhere, a breach (below)
+                elsewhere = check.meta and refund_
+                if not elsewhere and (refund_ or check.release or check.debt):
                     new, ttl = spec.undo(state, check, now)
                     if ttl >= 0:
                         self._put(check.key, check.algorithm, new, ttl, now)
                     state, _ = self._state(check, now)
                     cost = 0
                 s = spec.decide(state, check, cost, now)
-                if check.meta and refund_ and s.allowed and cost > 0:  # exhausted: no write
+                if elsewhere and s.allowed and cost > 0:  # exhausted: no write
                     self._put(check.key, check.algorithm, s.state, s.ttl_us, now)
-                if check.release or check.debt or (check.meta and refund_):  # never denies
+                if check.release or check.debt or elsewhere:  # never denies
                     s = s._replace(allowed=True, retry_us=0)
                 if state is not None and spec.empty(state):
                     self._data.pop(check.key, None)  # pruned to nothing (the log)

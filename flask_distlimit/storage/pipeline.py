@@ -30,8 +30,6 @@ from redis.exceptions import NoScriptError
 
 from flask_distlimit.storage.pool import DeadlinePool, NoConnectionAvailable
 
-__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WIDTH", "Call", "Pipeline", "script_load"]
-
 #: Batches in flight at once per pipeline (each on a connection of its own).
 DEFAULT_WIDTH: Final = 4
 #: The most calls in one batch: Redis runs a batch's scripts one after another (about 30 us
@@ -89,10 +87,6 @@ class Call:
         self.state = _QUEUED
         self.connection: Any = None  # handed to a follower promoted to lead
         self.wake: Any = None  # a held lock a follower waits on
-
-    @property
-    def answered(self) -> bool:
-        return self.error is not None or self.reply is not _UNREAD
 
 
 class Pipeline:
@@ -209,20 +203,17 @@ class Pipeline:
                 self._run(
                     connection, sent, None if due is None else sent[0].asked + self.pool.timeout
                 )
-            if len(batch) > 1:
-                self._wake(batch, call)
         except BaseException as exc:
             if connection is not None:
                 self.pool.broken(connection)  # a reply may be left unread
             if isinstance(exc, redis.TimeoutError):
                 self.late = True
             self._fail(batch, exc, call)
-            self._wake(batch, call)
-            self._hand_on(connection)
             if not isinstance(exc, Exception):
                 raise  # an interrupt of the leader's own (a signal handler's, a timeout's)
-            return
-        self._hand_on(connection)
+        finally:
+            self._wake(batch, call)
+            self._hand_on(connection)
 
     def _expire(self, batch: list[Call]) -> list[Call]:
         """Redis late: the calls of ``batch`` whose deadline has passed are answered with a
@@ -332,7 +323,7 @@ class Pipeline:
         leaves them lost (they may have run: each is made again) and is the leader's own."""
         interrupted = not isinstance(exc, Exception)
         for call in batch:
-            if not call.answered:
+            if call.error is None and call.reply is _UNREAD:  # not answered
                 if interrupted:
                     call.error = redis.ConnectionError(f"the batch was interrupted: {exc!r}")
                     call.lost = True

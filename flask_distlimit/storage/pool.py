@@ -11,6 +11,7 @@ starts empty and never puts back a connection made in another process. Not a red
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -22,8 +23,6 @@ from typing import Any, Final
 import redis
 
 from flask_distlimit.errors import StorageBusy
-
-__all__ = ["LAST_LOOK", "DeadlinePool", "NoConnectionAvailable", "busy", "queue_budget"]
 
 #: How far a socket's own timeout may end from the deadline before a read waits explicitly, as
 #: a share of the timeout (at least 1 ms): a read then ends at most this early or late.
@@ -40,11 +39,6 @@ def queue_budget(timeout: float) -> float:
     """The default queue budget of a pool whose Redis timeout is ``timeout``: ten times it, and
     at least 1 s. A call queues that long only in a process far past its capacity."""
     return max(_MIN_QUEUE, 10 * timeout)
-
-
-def cooperative() -> bool:
-    """Are sockets cooperative (gevent's or eventlet's monkey-patched ``socket.socket``)?"""
-    return socket.socket.__module__ != "socket"
 
 
 class NoConnectionAvailable(redis.ConnectionError):
@@ -83,8 +77,9 @@ class DeadlinePool:
     ) -> None:
         self.timeout = timeout
         self.queue_timeout = queue_budget(timeout) if queue_timeout is None else queue_timeout
-        #: sockets are gevent's or eventlet's: every read waits explicitly (module docstring)
-        self.cooperative = cooperative()
+        #: sockets are gevent's or eventlet's (a monkey-patched ``socket.socket``): every read
+        #: waits explicitly (module docstring)
+        self.cooperative = socket.socket.__module__ != "socket"
         self.max_connections = max_connections
         self.connection_class = connection_class
         self.connection_kwargs = connection_kwargs
@@ -137,7 +132,7 @@ class DeadlinePool:
         if self.pid != os.getpid():
             self.forget_inherited()
         with self._lock:
-            if not self._idle and len(self._made) >= self.max_connections:
+            if not self._can_take():
                 self._waiting += 1
                 try:
                     self._ready.wait_for(self._can_take, wait_until - time.monotonic())
@@ -151,24 +146,21 @@ class DeadlinePool:
             else:
                 raise NoConnectionAvailable("No connection available.")
         try:
-            if connect and (
-                connection not in self._live or (probe and not self._fresh(connection))
-            ):
-                self.connect(connection, connect_by)
+            if connect:
+                if probe and connection in self._live:
+                    self._drop_if_stale(connection)
+                self.ready(connection, connect_by)
         except BaseException:
             self.release(connection)
             raise
         return connection
 
     def ready(self, connection: Any, connect_by: float | None = None) -> None:
-        """Connect ``connection``, held by the caller, unless it is connected."""
-        if connection not in self._live:
-            self.connect(connection, connect_by)
-
-    def connect(self, connection: Any, deadline: float | None = None) -> None:
-        """(Re)connect ``connection`` by ``deadline``, by default a Redis timeout of its own."""
-        if deadline is None:
-            deadline = time.monotonic() + self.timeout
+        """Connect ``connection``, held by the caller, unless it is connected: by ``connect_by``,
+        by default a Redis timeout of its own."""
+        if connection in self._live:
+            return
+        deadline = time.monotonic() + self.timeout if connect_by is None else connect_by
         try:
             self.renew(connection, deadline)
         except redis.ConnectionError:
@@ -191,15 +183,13 @@ class DeadlinePool:
     def _can_take(self) -> bool:
         return bool(self._idle) or len(self._made) < self.max_connections
 
-    def _fresh(self, connection: Any) -> bool:
-        """Nothing to read and not closed by the server: ready for a command."""
-        try:
+    def _drop_if_stale(self, connection: Any) -> None:
+        """Forget that ``connection`` was connected unless it is ready for a command (nothing
+        to read, not closed by the server)."""
+        with contextlib.suppress(redis.ConnectionError, redis.TimeoutError, OSError):
             if not connection.can_read(0):
-                return True
-        except (redis.ConnectionError, redis.TimeoutError, OSError):
-            pass
+                return
         self.broken(connection)
-        return False
 
     # -- connecting, reading, failing ----------------------------------------------------------
 
@@ -268,11 +258,8 @@ class DeadlinePool:
             # at least a moment for the answer, however late this process is
             last = max(deadline, time.monotonic() + LAST_LOOK)
             return self.read(connection, last) in (b"PONG", "PONG", True)
-        except redis.ResponseError:
-            return False  # an error reply, read whole
         except redis.RedisError:
-            self.broken(connection)
-            return False
+            return False  # an error reply read whole, or a failure: send and read broke it
         except BaseException:  # e.g. a signal handler's, between the send and the read
             self.broken(connection)
             raise
@@ -308,8 +295,7 @@ class DeadlinePool:
         with self._lock:  # the idle ones are taken out while they are closed
             idle = list(self._idle)
             self._idle.clear()
-            for connection in self._made:
-                self._live.pop(connection, None)
+            self._live.clear()
         try:
             for connection in idle:
                 connection.disconnect()

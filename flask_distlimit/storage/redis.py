@@ -16,7 +16,7 @@ import contextlib
 import importlib
 import inspect
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 import redis
@@ -37,8 +37,6 @@ from flask_distlimit.storage.slot_keys import across_slots, by_slot
 from flask_distlimit.storage.split_slots import outcome, send_parts
 from flask_distlimit.storage.tokens import RequestTokens, repeat_call, settles
 from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error, translated
-
-__all__ = ["DEFAULT_TIMEOUT", "RedisStorage", "connection_options"]
 
 #: Connect/read timeout and pool wait, seconds (``DISTLIMIT_REDIS_TIMEOUT``).
 DEFAULT_TIMEOUT: Final = 0.1
@@ -119,29 +117,20 @@ class RedisStorage(RedisSideCalls):
         self.split_slots = split_slots
         #: The request tokens of the hot call (docs/design-notes.md, "One retry").
         self.tokens = RequestTokens(timeout, request_tokens)
+        self.scheme = scheme
+        self.timeout = timeout
+        own = client is None
         if client is None:
             options = {**HANDSHAKE_FREE, **connection, **connection_options(timeout)}
-            self._use(
-                DeadlinePool(
-                    timeout=timeout,
-                    max_connections=max_connections,
-                    queue_timeout=queue_timeout,
-                    **options,
-                )
-            )
             admin = redis.BlockingConnectionPool(
                 timeout=timeout, max_connections=max_connections, **options
             )
             client = redis.Redis(connection_pool=admin)
-            self._owns_client = True
-        else:
-            self._owns_client = False
-        self.scheme = scheme
-        self.timeout = timeout
         self.client: redis.Redis = client
         self._scripts = SideScripts(client)
         self._script: Script = self._scripts.limit
-        self._packer = EvalshaPacker.of(self._script.sha, connection)
+        if own:
+            self._use(options, max_connections, queue_timeout)
 
     @classmethod
     def sentinel(
@@ -182,27 +171,36 @@ class RedisStorage(RedisSideCalls):
             queue_timeout=queue_timeout,
             split_slots=split_slots,
         )
-        storage._owns_client = True
         storage._sentinel = manager
         master = dict(connection)
         if master.pop("ssl", False):
             master["connection_class"] = redis.SSLConnection
         storage._use(
-            DeadlinePool(
-                timeout=timeout,
-                max_connections=max_connections,
-                locate=lambda: manager.discover_master(service_name),
-                queue_timeout=queue_timeout,
-                **{**HANDSHAKE_FREE, **master, **options},
-            )
+            {**HANDSHAKE_FREE, **master, **options},
+            max_connections,
+            queue_timeout,
+            locate=lambda: manager.discover_master(service_name),
         )
-        storage._packer = EvalshaPacker.of(storage._script.sha, master)
         return storage
 
-    def _use(self, pool: DeadlinePool) -> None:
-        """Make the hot call's calls on ``pool``, batched (:mod:`.pipeline`)."""
-        self.pool = pool
+    def _use(
+        self,
+        connection: dict[str, Any],
+        max_connections: int,
+        queue_timeout: float | None,
+        locate: Callable[[], tuple[str, int]] | None = None,
+    ) -> None:
+        """Make the hot call's calls on a pool of ``connection`` connections (:mod:`.pool`;
+        ``locate``: where to connect, asked before each connect), batched (:mod:`.pipeline`)."""
+        pool = self.pool = DeadlinePool(
+            timeout=self.timeout,
+            max_connections=max_connections,
+            locate=locate,
+            queue_timeout=queue_timeout,
+            **connection,
+        )
         self.pipeline = Pipeline(pool, load=script_load(SCRIPT_SOURCE), trouble=self.tokens.arm)
+        self._packer = EvalshaPacker.of(self._script.sha, connection)
 
     @property
     def request_tokens(self) -> str:
@@ -220,26 +218,25 @@ class RedisStorage(RedisSideCalls):
         keys, args = script_args(checks, now_us)
         try:
             if self.pool is not None:
-                reply = self._run(self.pool, self._script, keys, args, settles(checks))
+                reply = self._run(self.pool, keys, args, settles(checks))
             else:  # a client passed in: redis-py's Script (EVALSHA, SCRIPT LOAD on NOSCRIPT)
                 reply = self._script(keys, args)
-        except NoConnectionAvailable as exc:  # load: nothing was sent, nothing is armed
-            raise busy(self.pool.queue_timeout if self.pool else 0.0) from exc
         except REDIS_FAILURES as exc:
-            if isinstance(exc, redis.ConnectionError):
-                self.tokens.arm()  # connections fail: the next calls carry tokens
-            raise storage_error(exc) from exc
+            raise self._failure(exc) from exc
         return parse_reply(reply, checks)
 
-    def _run(
-        self,
-        pool: DeadlinePool,
-        script: Script,
-        keys: list[str],
-        args: list[str | int],
-        once: bool = False,
-    ) -> Any:
-        """``script``'s EVALSHA of ``keys`` and ``args`` in a batch of the pipeline, with a
+    def _failure(self, exc: BaseException) -> StorageError:
+        """The error of a call that failed with ``exc``: a wait past the queue budget is load
+        (:func:`~.pool.busy`: nothing was sent, nothing is armed); a failed connection arms the
+        tokens (the next calls carry one)."""
+        if isinstance(exc, NoConnectionAvailable):
+            return busy(self.pool.queue_timeout if self.pool else 0.0)
+        if isinstance(exc, redis.ConnectionError):
+            self.tokens.arm()
+        return storage_error(exc)
+
+    def _run(self, pool: DeadlinePool, keys: list[str], args: list[str | int], once: bool) -> Any:
+        """The limit script's EVALSHA of ``keys`` and ``args`` in a batch of the pipeline, with a
         request token while the storage's tokens are armed or ``once`` (a settlement: made
         once, :func:`~.tokens.settles`): the wait for a batch by the queue
         budget, the reply by one Redis deadline (module docstring)."""
@@ -254,7 +251,7 @@ class RedisStorage(RedisSideCalls):
             pool.disconnect()
             call = self.pipeline.call(command, wait_until)
         if call.lost:
-            return self._repeat(pool, script, call, (keys, args, token), wait_until)
+            return self._repeat(pool, call, (keys, args, token), wait_until)
         if call.error is not None:
             raise call.error
         return call.reply
@@ -272,7 +269,6 @@ class RedisStorage(RedisSideCalls):
         for part in parts:
             keys, args = script_args(part, now_us, refund=refund)
             made.append((keys, args, tokens.key(keys[0]) if armed and self.pool else None))
-        replies: list[Any]
         pool = self.pool
         if pool is None:
             replies = [outcome(self._script, keys, args) for keys, args, _ in made]
@@ -282,26 +278,16 @@ class RedisStorage(RedisSideCalls):
             if self._sentinel is not None and all(isinstance(r, ReadOnlyError) for r in replies):
                 pool.disconnect()  # a demoted master wrote nothing: once more on the new one
                 replies = send_parts(*send)
-        results: list[Evaluation | StorageError] = []
-        for part, reply in zip(parts, replies, strict=True):
-            try:
-                if isinstance(reply, Exception):
-                    raise reply
-                results.append(parse_reply(reply, part))
-            except NoConnectionAvailable:
-                results.append(busy(pool.queue_timeout if pool else 0.0))
-            except REDIS_FAILURES as exc:
-                if isinstance(exc, redis.ConnectionError):
-                    tokens.arm()
-                results.append(storage_error(exc))
-            except StorageError as exc:
-                results.append(exc)
-        return results
+        return [
+            self._failure(reply)
+            if isinstance(reply, Exception)
+            else outcome(parse_reply, reply, part)
+            for part, reply in zip(parts, replies, strict=True)
+        ]
 
     def _repeat(
         self,
         pool: DeadlinePool,
-        script: Script,
         call: Call,
         made: tuple[list[str], list[str | int], str | None],
         wait_until: float,
@@ -315,16 +301,21 @@ class RedisStorage(RedisSideCalls):
         # Redis's time for the repeats starts now: the batch's may be spent by this thread's
         # wait to be woken
         deadline = max(call.deadline, time.monotonic() + self.timeout)
+
+        def read(connection: Any) -> Any:
+            """The repeat's reply; after ``NOSCRIPT`` (Redis flushed, restarted or failed over)
+            the script is loaded and the repeat sent once more, both in one write."""
+            try:
+                return pool.read(connection, deadline)
+            except NoScriptError:  # the script did not run: load it, run it again
+                load = b"".join(connection.pack_command("SCRIPT", "LOAD", SCRIPT_SOURCE))
+                pool.send(connection, [load + again[0]])
+                pool.read(connection, deadline)
+                return pool.read(connection, deadline)
+
         connection = pool.checkout(wait_until, connect=False)  # repeat_call connects it
         try:
-            return repeat_call(
-                pool,
-                connection,
-                again,
-                deadline,
-                call.error,
-                lambda c: _reply(pool, c, script, again[0], deadline),
-            )
+            return repeat_call(pool, connection, again, deadline, call.error, read)
         except redis.ResponseError:
             raise  # an error reply, read whole: nothing is left unread
         except BaseException:
@@ -348,15 +339,17 @@ class RedisStorage(RedisSideCalls):
     def _side(self) -> SideScripts:
         return self._scripts
 
+    def _clients(self) -> list[redis.Redis]:
+        """The redis-py clients: the admin client, and the Sentinel manager's (Sentinel.close()
+        is redis-py 7+)."""
+        return [self.client, *(self._sentinel.sentinels if self._sentinel else ())]
+
     def close(self) -> None:
-        if self._owns_client:
-            self.client.close()
-            self.client.connection_pool.disconnect()
-            if self.pool is not None:
-                self.pool.disconnect()
-            if self._sentinel is not None:  # Sentinel.close() is redis-py 7+
-                for sentinel in self._sentinel.sentinels:
-                    sentinel.close()
+        if self.pool is not None:  # our own clients (a client passed in is the app's)
+            self.pool.disconnect()
+            for client in self._clients():
+                client.close()
+                client.connection_pool.disconnect()
 
     def reset_after_fork(self) -> None:
         """Forget the connections inherited from the parent process.
@@ -365,11 +358,8 @@ class RedisStorage(RedisSideCalls):
         connection's socket without ``shutdown()`` in a process other than its maker's, so the
         parent's connection stays intact. The child opens its own on first use.
         """
-        pools = [self.client.connection_pool]
-        if self._sentinel is not None:
-            pools += [s.connection_pool for s in self._sentinel.sentinels]
-        for pool in pools:
-            pool.reset()
+        for client in self._clients():
+            client.connection_pool.reset()
         if self.pool is not None:
             self.pool.forget_inherited()
             self.pipeline.reset()
@@ -380,25 +370,10 @@ class RedisStorage(RedisSideCalls):
         Sentinels now; a failure keeps the last one); ``"redis"`` before any, and always on a
         single node (one breaker per node: flask_distlimit/resilience/breakers.py)."""
         pool = self.pool
-        if self._sentinel is None or pool is None or pool.locate is None:
+        if pool is None or pool.locate is None:  # not Sentinel
             return super().node(refresh)
         address = pool.located
         if refresh:
             with contextlib.suppress(*REDIS_FAILURES):  # none answers: keep the last master
                 address = pool.located = pool.locate()
         return super().node() if not address else f"{address[0]}:{address[1]}"
-
-
-def _reply(
-    pool: DeadlinePool, connection: Any, script: Script, command: bytes, deadline: float
-) -> Any:
-    """The reply to ``command``, just sent on ``connection``; after ``NOSCRIPT`` (Redis flushed,
-    restarted or failed over) the script is loaded and ``command`` sent once more, both in one
-    write."""
-    try:
-        return pool.read(connection, deadline)
-    except NoScriptError:  # the script did not run: load it, run it again
-        load = b"".join(connection.pack_command("SCRIPT", "LOAD", script.script))
-        pool.send(connection, [load + command])
-        pool.read(connection, deadline)
-        return pool.read(connection, deadline)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["SHARED_VALUE_SOURCE"]
-
 SHARED_VALUE_SOURCE: Final = """
 local ok, value = pcall(redis.call, 'GET', KEYS[1])
 if not ok then

@@ -20,11 +20,10 @@ from flask_distlimit.errors import (
 )
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.client_retries import client_read_timeout, passed_client
+from flask_distlimit.storage.cluster_nodes import ClusterNodes
 from flask_distlimit.storage.side_calls import RedisSideCalls
 from flask_distlimit.storage.translate import REDIS_FAILURES, misconfiguration, storage_error
 from flask_distlimit.storage.urls import mask_url
-
-__all__ = ["STARTUP_CHECKS", "StartupCheck", "check_storage"]
 
 StartupCheck = Literal["warn", "error", "off"]
 #: The values of ``DISTLIMIT_STARTUP_CHECK``.
@@ -75,7 +74,7 @@ def check_storage(
         if waits is None or waits > timeout:
             return  # could stall the start: warned about by client_retries
     try:
-        if storage.routed:  # first: the slots not served, by primary
+        if isinstance(storage, ClusterNodes):  # first: the slots not served, by primary
             _check_slots(storage)
         # two keys of two slots, as a request's limits of two clients: an endpoint that
         # refuses CROSSSLOT says so now (unless split_slots splits them, as a Cluster does)
@@ -122,12 +121,9 @@ class _NotCovered(StorageUnavailable):
     """A Cluster primary that does not serve every slot."""
 
 
-def _check_slots(storage: RedisSideCalls) -> None:
+def _check_slots(storage: ClusterNodes) -> None:
     """Raise :class:`_NotCovered` naming each primary whose ``CLUSTER INFO`` is not ``ok`` with
     every slot served; a user not allowed ``CLUSTER INFO`` is not checked."""
-    from flask_distlimit.storage.cluster_nodes import ClusterNodes
-
-    assert isinstance(storage, ClusterNodes)
     client = storage.client
     bad = []
     for node in client.get_primaries():
@@ -137,9 +133,8 @@ def _check_slots(storage: RedisSideCalls) -> None:
             if misconfiguration(exc) is not None:
                 return  # an ACL without CLUSTER INFO: the script's call was answered
             raise storage_error(exc) from exc
-        served = int(info.get("cluster_slots_ok", 0))
-        if info.get("cluster_state") != "ok" or served < _SLOTS:
-            state = info.get("cluster_state")
+        state, served = info.get("cluster_state"), int(info.get("cluster_slots_ok", 0))
+        if state != "ok" or served < _SLOTS:
             bad.append(
                 f"{node.name} answers cluster_state:{state}, {served} of {_SLOTS} slots served"
             )

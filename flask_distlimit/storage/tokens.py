@@ -25,17 +25,6 @@ from flask_distlimit.forks import AfterFork
 from flask_distlimit.storage.evalsha import EvalshaPacker
 from flask_distlimit.storage.pool import DeadlinePool
 
-__all__ = [
-    "ARMED_FOR",
-    "REPEATS",
-    "TOKEN_MODES",
-    "TOKEN_TTL_MS",
-    "RequestTokens",
-    "repeat_call",
-    "settles",
-    "token_mode",
-]
-
 #: How many times a call whose reply was lost is made again, within its deadline.
 REPEATS: Final = 3
 
@@ -74,18 +63,6 @@ def token_mode(mode: object) -> str:
 class RequestTokens:
     """Hands out the token keys of one storage's calls; ``timeout`` is the call's deadline,
     ``mode`` one of :data:`TOKEN_MODES` (module docstring)."""
-
-    __slots__ = (
-        "__weakref__",
-        "_count",
-        "_heads",
-        "_prefix",
-        "again",
-        "armed_until",
-        "first",
-        "mode",
-        "ttl_ms",
-    )
 
     def __init__(self, timeout: float, mode: str = "auto") -> None:
         self.mode = token_mode(mode)

@@ -109,13 +109,11 @@ def misconfiguration(exc: BaseException) -> str | None:
     """
     for _ in range(_MAX_CHAIN):
         found = _refusal(exc)
-        if found is not None or not isinstance(exc, rx.RedisClusterException):
+        inner = exc.__cause__ or exc.__context__
+        if found is not None or inner is None or not isinstance(exc, rx.RedisClusterException):
             return found
         # The cluster client wraps the first node's error ("cannot be connected", "cluster
         # mode is not enabled"): the cause says what it was.
-        inner = exc.__cause__ or exc.__context__
-        if inner is None:
-            return None
         exc = inner
     return None
 

@@ -11,7 +11,6 @@ docs/deployment.md, "Storage URLs".
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable
 from typing import Any, Final
@@ -22,6 +21,7 @@ import redis
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.cluster import ClusterStorage
+from flask_distlimit.storage.memory import MemoryStorage
 from flask_distlimit.storage.redis import DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT, RedisStorage
 from flask_distlimit.storage.tokens import token_mode
 
@@ -83,12 +83,6 @@ _QUERY: Final[dict[str, dict[str, Callable[[str], Any]]]] = {
     },
     "redis+cluster": {**_COMMON_QUERY, "ssl": _bool},
 }
-_DEFAULT_PORT: Final = {
-    "redis": 6379,
-    "rediss": 6379,
-    "redis+sentinel": 26379,
-    "redis+cluster": 6379,
-}
 
 #: Every query parameter name the URLs accept: a password value ends only where one of them
 #: follows (an unencoded ``&`` or ``#`` inside a password is still the password's).
@@ -120,20 +114,6 @@ def mask_url(url: str) -> str:
             rest = f":***{rest[end:]}"
         url = f"{scheme}://{rest}"
     return url
-
-
-def _masked_reason(url: str, reason: str) -> str:
-    """``reason`` with every quoted piece of ``url`` that :func:`mask_url` hides replaced by
-    ``'***'``: a URL whose password holds an unencoded ``/``, ``?`` or ``#`` is split there by
-    the parser, and the error would quote the piece (a "port", a "query string")."""
-    shown = mask_url(url)
-    if shown == url:
-        return reason
-
-    def hide(match: re.Match[str]) -> str:
-        return match.group(0) if match.group(0)[1:-1] in shown else "'***'"
-
-    return _QUOTED.sub(hide, reason)
 
 
 class _BadURL(ValueError):
@@ -169,8 +149,14 @@ def from_url(
 
 
 def _configuration_error(url: str, reason: str) -> ConfigurationError:
+    shown = mask_url(url)
+    if shown != url:
+        # A password holding an unencoded "/", "?" or "#" is split there by the parser, and
+        # ``reason`` may quote a piece of it (a "port", a "query string"): every quoted piece
+        # that the masked URL does not show is hidden.
+        reason = _QUOTED.sub(lambda m: m[0] if m[0][1:-1] in shown else "'***'", reason)
     return ConfigurationError(
-        f"Invalid storage URL {mask_url(url)!r}: {_masked_reason(url, reason)}. Accepted forms: "
+        f"Invalid storage URL {shown!r}: {reason}. Accepted forms: "
         + ", ".join(ACCEPTED_FORMS)
         + "."
     )
@@ -178,24 +164,17 @@ def _configuration_error(url: str, reason: str) -> ConfigurationError:
 
 def _build(url: str, timeout: float, request_tokens: str, options: dict[str, Any]) -> Storage:
     scheme, sep, rest = url.partition("://")
-    scheme = scheme.lower()
     if not sep:
         raise _BadURL("it has no scheme (such as redis://)")
-    if scheme in _VALKEY_SCHEMES:
-        scheme = _VALKEY_SCHEMES[scheme]
-        url = scheme + url[url.index("://") :]
+    scheme = _VALKEY_SCHEMES.get(scheme.lower(), scheme.lower())
     if scheme == "memory":
         if rest.strip("/"):
             raise _BadURL("memory:// takes nothing after the scheme")
-        # Imported lazily: Redis users never load the in-process twin.
-        memory = importlib.import_module(".memory", __package__)
-        storage = memory.MemoryStorage(**options)
-        assert isinstance(storage, Storage)
-        return storage
+        return MemoryStorage(**options)
     if scheme not in _QUERY:
         raise _BadURL(f"unknown scheme {scheme!r}")
     try:
-        parts = urlsplit(url)
+        parts = urlsplit(f"{scheme}://{rest}")
     except ValueError as exc:  # e.g. an unbalanced IPv6 bracket
         raise _BadURL(f"malformed URL ({exc})") from None
     if parts.fragment:
@@ -203,21 +182,19 @@ def _build(url: str, timeout: float, request_tokens: str, options: dict[str, Any
     query = _parse_query(scheme, parts.query)
     userinfo, _, hostlist = parts.netloc.rpartition("@")
     credentials = _credentials(userinfo)
-    connection: dict[str, Any] = {**credentials, **query}
-    max_connections = int(connection.pop("max_connections", DEFAULT_MAX_CONNECTIONS))
-    if max_connections < 1:
+    # what the backend's constructor is given: the URL's, then the caller's options
+    given: dict[str, Any] = {"max_connections": DEFAULT_MAX_CONNECTIONS, **credentials, **query}
+    if given["max_connections"] < 1:
         raise _BadURL("max_connections must be at least 1")
-    if "db" in connection and connection["db"] < 0:
+    if given.get("db", 0) < 0:
         raise _BadURL("db must be 0 or more")
-    if connection.get("ssl") is False:
-        del connection["ssl"]  # ssl=false is as if not given
-    tls = scheme == "rediss" or "ssl" in connection
-    tls_options = sorted(k for k in connection if k.startswith("ssl_"))
+    if given.get("ssl") is False:
+        del given["ssl"]  # ssl=false is as if not given
+    tls = scheme == "rediss" or "ssl" in given
+    tls_options = sorted(k for k in given if k.startswith("ssl_"))
     if tls_options and not tls:
         raise _BadURL(f"{', '.join(tls_options)} need TLS (rediss://, or ssl=true)")
-    # what the backend's constructor is given: the URL's, then the caller's options
-    given = {**connection, "max_connections": max_connections, "request_tokens": request_tokens}
-    given.update(options)
+    given.update(request_tokens=request_tokens, **options)
 
     if scheme == "unix":
         if hostlist:
@@ -226,40 +203,33 @@ def _build(url: str, timeout: float, request_tokens: str, options: dict[str, Any
             raise _BadURL("unix:// needs the socket's path")
         socket = {"connection_class": redis.UnixDomainSocketConnection, "scheme": "unix"}
         return RedisStorage(timeout=timeout, **{**given, **socket, "path": unquote(parts.path)})
+    hosts = _hosts(hostlist, scheme)
     if scheme in ("redis", "rediss"):
-        [(host, port)] = _hosts(hostlist, scheme, many=False)
         path = parts.path.strip("/")
         if path:
-            if "db" in query:
-                raise _BadURL("db is given both in the path and as a query parameter")
-            given["db"] = _int(path, "the path must be a database number")
+            given["db"] = _path_db(path, query, "the path must be a database number")
         connection_class = redis.SSLConnection if tls else redis.Connection
-        endpoint = {"connection_class": connection_class, "host": host, "port": port}
+        endpoint = {"connection_class": connection_class, "host": hosts[0][0], "port": hosts[0][1]}
         return RedisStorage(timeout=timeout, **{**given, **endpoint, "scheme": scheme})
     if scheme == "redis+sentinel":
-        sentinels = _hosts(hostlist, scheme, many=True)
         segments = [unquote(s) for s in parts.path.split("/") if s]
         if not segments:
             raise _BadURL("redis+sentinel:// needs the service name as its path (/mymaster)")
         if len(segments) > 2:
             raise _BadURL("the path is /service or /service/db")
         if len(segments) == 2:
-            if "db" in query:
-                raise _BadURL("db is given both in the path and as a query parameter")
-            given["db"] = _int(segments[1], "the path's second part must be a db number")
+            given["db"] = _path_db(segments[1], query, "the path's second part must be a db number")
         sentinel_options = dict(credentials)
         for name in ("username", "password"):
             value = given.pop(f"sentinel_{name}", None)
             if value is not None:
                 sentinel_options[name] = value
         return RedisStorage.sentinel(
-            sentinels, segments[0], timeout=timeout, sentinel_options=sentinel_options, **given
+            hosts, segments[0], timeout=timeout, sentinel_options=sentinel_options, **given
         )
-    # redis+cluster
-    nodes = _hosts(hostlist, scheme, many=True)
-    if parts.path.strip("/"):
+    if parts.path.strip("/"):  # redis+cluster
         raise _BadURL("redis+cluster:// takes no path (a cluster has only database 0)")
-    return ClusterStorage(nodes, timeout=timeout, **given)
+    return ClusterStorage(hosts, timeout=timeout, **given)
 
 
 def _parse_query(scheme: str, query: str) -> dict[str, Any]:
@@ -291,11 +261,12 @@ def _credentials(userinfo: str) -> dict[str, str]:
     return {k: unquote(v) for k, v in (("username", user), ("password", password)) if v}
 
 
-def _hosts(hostlist: str, scheme: str, *, many: bool) -> list[tuple[str, int]]:
+def _hosts(hostlist: str, scheme: str) -> list[tuple[str, int]]:
+    """The hosts of the URL's authority (several only on redis+sentinel and redis+cluster)."""
     if not hostlist:
         raise _BadURL(f"{scheme}:// needs a host")
     entries = hostlist.split(",")
-    if not many and len(entries) > 1:
+    if not scheme.startswith("redis+") and len(entries) > 1:
         raise _BadURL(f"{scheme}:// takes one host (use redis+sentinel:// or redis+cluster://)")
     hosts = []
     for entry in entries:
@@ -308,13 +279,20 @@ def _hosts(hostlist: str, scheme: str, *, many: bool) -> list[tuple[str, int]]:
             host, _, port_text = entry.partition(":")
         if not host:
             raise _BadURL(f"empty host in {hostlist!r}")
-        port = _DEFAULT_PORT[scheme]
+        port = 26379 if scheme == "redis+sentinel" else 6379
         if port_text:
             port = _int(port_text, f"port {port_text!r} is not a number")
             if not 0 < port < 65536:
                 raise _BadURL(f"port {port} is out of range 1-65535")
         hosts.append((unquote(host), port))
     return hosts
+
+
+def _path_db(text: str, query: dict[str, Any], reason: str) -> int:
+    """The database number the URL's path gives (``reason``: what is wrong when it is none)."""
+    if "db" in query:
+        raise _BadURL("db is given both in the path and as a query parameter")
+    return _int(text, reason)
 
 
 def _int(text: str, reason: str) -> int:
