@@ -39,7 +39,8 @@ _states: AfterFork[LimiterState] = AfterFork(lambda state: state.after_fork())
 
 
 def _check_limits_per_request(
-    settings: Settings,
+    global_spec: LimitSpec,
+    meta_spec: LimitSpec,
     identity_settings: IdentitySettings,
     default_specs: tuple[LimitSpec, ...],
     registry: LimitRegistry,
@@ -49,12 +50,11 @@ def _check_limits_per_request(
     default limits or those declared so far on one view, class or blueprint."""
     tiers = [(len(rates), tier) for tier, rates in identity_settings.tiers.items()]
     most, tier = max(tiers, default=(0, ""))
-    dynamic = settings.global_dynamic
-    global_count = dynamic.most_rates() if dynamic is not None else len(settings.global_limits)
-    every = global_count + len(settings.meta_limits) + most
+    global_count, meta_count = global_spec.rate_count, meta_spec.rate_count
+    every = global_count + meta_count + most
     head = f"DISTLIMIT_GLOBAL_LIMITS ({global_count})"
-    if settings.meta_limits:
-        head += f", DISTLIMIT_META_LIMITS ({len(settings.meta_limits)})"
+    if meta_count:
+        head += f", DISTLIMIT_META_LIMITS ({meta_count})"
     if most:
         head += f", the tier {tier!r} of DISTLIMIT_TIERS ({most})"
     check_limit_count(every, head)
@@ -179,7 +179,9 @@ class LimiterState:
         ):
             if spec.algorithm is None:
                 spec.check_rates(algorithm)
-        _check_limits_per_request(settings, identity_settings, self.default_specs, self.registry)
+        _check_limits_per_request(
+            global_spec, meta_spec, identity_settings, self.default_specs, self.registry
+        )
 
         def bound(spec: LimitSpec, label: str) -> tuple[BoundLimit, ...]:
             return tuple(
