@@ -46,8 +46,10 @@ from flask_distlimit.errors import (
     StorageResponseError,
     StorageUnavailable,
 )
-from flask_distlimit.extension import Breach, Limiter, LimiterState
+from flask_distlimit.extension import Limiter
 from flask_distlimit.request.current_limits import RequestLimit
+from flask_distlimit.request.refuse import Breach
+from flask_distlimit.state import LimiterState
 
 __all__ = [
     "ALGORITHMS",

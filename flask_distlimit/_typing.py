@@ -5,22 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-__all__ = [
-    "CostFunc",
-    "DeductWhen",
-    "ErrorMessage",
-    "ExemptWhen",
-    "FailurePolicy",
-    "HeaderMode",
-    "KeyFunc",
-    "LimitBreachHook",
-    "LimitKind",
-    "RequestFilter",
-    "ScopeFunc",
-    "Settle",
-    "Unit",
-]
-
 #: What a storage outage means for a request: allow, refuse (503) or limit in-process.
 FailurePolicy = Literal["open", "closed", "local"]
 #: Which rate-limit headers responses carry (``DISTLIMIT_HEADERS``).

@@ -22,9 +22,10 @@ from flask_distlimit.cli_limits import endpoint_of, limit_rows
 from flask_distlimit.core.decision import Check, Decision
 from flask_distlimit.declare.keys import client_pattern
 from flask_distlimit.errors import StorageError
-from flask_distlimit.extension import Limiter, LimiterState
+from flask_distlimit.extension import Limiter
 from flask_distlimit.ops.admin import NamedCheck, check_kind
 from flask_distlimit.resilience.holdings import Holding, read_holdings
+from flask_distlimit.state import LimiterState
 from flask_distlimit.storage.urls import mask_url
 
 distlimit_cli = AppGroup(

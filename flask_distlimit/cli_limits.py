@@ -10,8 +10,8 @@ from flask import current_app
 from werkzeug.exceptions import HTTPException
 
 from flask_distlimit.declare.route_limits import BoundLimit
-from flask_distlimit.extension import LimiterState
 from flask_distlimit.ops.admin import route_plans
+from flask_distlimit.state import LimiterState
 
 
 def _kind(b: BoundLimit) -> str:

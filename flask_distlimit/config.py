@@ -36,8 +36,6 @@ from flask_distlimit.storage.tokens import TOKEN_MODES
 if TYPE_CHECKING:
     from flask_distlimit.storage.base import Storage
 
-__all__ = ["DEFAULTS", "KNOWN_KEYS", "STORAGE_SCHEMES", "HeaderMode", "Settings", "config_policy"]
-
 _HEADER_MODES: Final[tuple[HeaderMode, ...]] = ("legacy", "ietf", "both", "none")
 
 #: URL schemes ``DISTLIMIT_STORAGE_URL`` may use.

@@ -30,14 +30,12 @@ from flask_distlimit.identity import Identity, IdentityHooks, IdentityResolver, 
 from flask_distlimit.identity.api_keys import ApiKeyVerifier
 from flask_distlimit.ops import migration
 from flask_distlimit.request import current_limits as _current
-from flask_distlimit.request.refuse import Breach, BreachHook
+from flask_distlimit.request.refuse import BreachHook
 from flask_distlimit.state import LimiterState
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.client_retries import warn_if_client_retries, warn_if_client_waits_long
 from flask_distlimit.storage.startup_check import check_storage
 from flask_distlimit.storage.urls import from_url
-
-__all__ = ["EXTENSION_KEY", "Breach", "Limiter", "LimiterState"]
 
 #: The key of the per-app state in ``app.extensions``.
 EXTENSION_KEY: Final = "distlimit"

@@ -15,8 +15,6 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Final, Generic, TypeVar
 
-__all__ = ["AfterFork", "uwsgi_skips_fork_hooks", "warn_if_uwsgi_skips_fork_hooks"]
-
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)

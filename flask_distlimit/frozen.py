@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["slot_setters"]
-
 
 def slot_setters(cls: type, *names: str) -> tuple[Callable[[Any, Any], None], ...]:
     """The setters of the slots ``names`` of ``cls`` (a class with ``__slots__``), in order."""

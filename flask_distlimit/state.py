@@ -33,8 +33,6 @@ from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.telemetry import otel
 
-__all__ = ["Declared", "LimiterState"]
-
 _states: AfterFork[LimiterState] = AfterFork(lambda state: state.after_fork())
 
 

@@ -13,17 +13,6 @@ from flask_distlimit.errors import ConfigurationError
 if TYPE_CHECKING:
     from flask_distlimit.core.limits import Rate
 
-__all__ = [
-    "ALGORITHMS",
-    "CONCURRENCY",
-    "MAX_LIMITS_PER_REQUEST",
-    "Algorithm",
-    "check_cost",
-    "check_limit_count",
-    "max_cost",
-    "validate_algorithm",
-]
-
 Algorithm = Literal[
     "fixed_window",
     "sliding_window_log",

@@ -15,8 +15,6 @@ from typing import Any
 from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.frozen import slot_setters
 
-__all__ = ["NEVER", "Check", "Decision", "Evaluation"]
-
 #: ``retry_after`` of a request that can never pass: its cost is larger than the limit.
 NEVER = math.inf
 _ALLOWED = operator.attrgetter("allowed")

@@ -14,8 +14,6 @@ from typing import Final
 
 from flask_distlimit.errors import ConfigurationError
 
-__all__ = ["Rate", "parse_rates"]
-
 _UNITS: Final[dict[str, int]] = {
     "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
     "min": 60, "mins": 60, "minute": 60, "minutes": 60,

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["OncePerWindow", "Pace"]
-
 
 class Pace:
     """At most one line every ``interval`` (in the caller's clock units). Not locked: callers

@@ -11,8 +11,6 @@ from typing import Final, get_args
 from flask_distlimit._typing import FailurePolicy
 from flask_distlimit.errors import ConfigurationError
 
-__all__ = ["FAILURE_POLICIES", "validate_policy"]
-
 FAILURE_POLICIES: Final[tuple[FailurePolicy, ...]] = get_args(FailurePolicy)
 
 

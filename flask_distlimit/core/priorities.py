@@ -13,14 +13,6 @@ from typing import Final, Literal, TypeVar
 
 from flask_distlimit.errors import ConfigurationError
 
-__all__ = [
-    "PRIORITIES",
-    "Priority",
-    "PriorityRegistry",
-    "PriorityResolver",
-    "validate_priority",
-]
-
 Priority = Literal["critical", "default", "sheddable"]
 #: From the most to the least important.
 PRIORITIES: Final[tuple[Priority, ...]] = ("critical", "default", "sheddable")

@@ -19,17 +19,6 @@ from werkzeug.exceptions import ServiceUnavailable, TooManyRequests
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
 
-__all__ = [
-    "CONCURRENCY_LIMIT_EXCEEDED",
-    "QUOTA_EXCEEDED",
-    "TEMPORARY_REDUCED_CAPACITY",
-    "ConcurrencyLimitExceeded",
-    "Overloaded",
-    "RateLimitExceeded",
-    "RateLimitUnavailable",
-    "retry_after_seconds",
-]
-
 QUOTA_EXCEEDED: Final = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 TEMPORARY_REDUCED_CAPACITY: Final = (
     "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"

@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final, NamedTuple, Protocol, TypeVar
 
-__all__ = ["KEEP_TTL", "NEVER_US", "US", "Counted", "State", "Step", "adjust", "take_back"]
-
 #: Microseconds in a second: periods arrive in seconds, every twin computes in microseconds.
 US: Final = 1_000_000
 

@@ -8,8 +8,6 @@ from typing import Final
 
 from flask_distlimit.engine.common import State, Step
 
-__all__ = ["MAX_CONCURRENCY", "SlotState", "plausible", "refund", "step"]
-
 #: The most slots one concurrency limit may hold (each is a sorted-set member in Redis).
 MAX_CONCURRENCY: Final = 10_000
 

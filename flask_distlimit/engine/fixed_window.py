@@ -11,8 +11,6 @@ from typing import Final, NamedTuple
 from flask_distlimit.engine import common
 from flask_distlimit.engine.common import KEEP_TTL, NEVER_US, State, Step
 
-__all__ = ["FixedWindowState", "plausible", "refund", "step", "take_back"]
-
 
 class FixedWindowState(NamedTuple):
     window: int  # window index: floor(time_us / period_us)

@@ -10,8 +10,6 @@ from typing import Final
 
 from flask_distlimit.engine.common import NEVER_US, State, Step, adjust
 
-__all__ = ["MAX_GCRA_RATE", "plausible", "refund", "refusal", "step"]
-
 #: GCRA keeps its state in emission intervals of ``period / limit`` microseconds; faster than one
 #: unit per microsecond, the interval cannot be computed exactly.
 MAX_GCRA_RATE: Final = 1_000_000  # units per second

@@ -15,8 +15,6 @@ from typing import Final
 
 from flask_distlimit.core.algorithms import Algorithm
 
-__all__ = ["script_parts", "script_source"]
-
 _LUA: Final = "flask_distlimit.engine"
 #: The helpers, first: their constants stay, their functions are inlined everywhere.
 _COMMON: Final = "common.lua"

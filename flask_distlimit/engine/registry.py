@@ -26,8 +26,6 @@ from flask_distlimit.engine import (
 from flask_distlimit.engine.common import US, State, Step
 from flask_distlimit.errors import ConfigurationError
 
-__all__ = ["EXACT_ALGORITHMS", "REGISTRY", "AlgorithmEntry", "Twin", "check_rate"]
-
 
 class Twin(Protocol):
     """What every twin module gives (:mod:`flask_distlimit.engine.common` says what each does)."""

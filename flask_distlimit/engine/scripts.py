@@ -18,20 +18,6 @@ from flask_distlimit.engine.lua_source import script_parts, script_source
 from flask_distlimit.engine.registry import REGISTRY
 from flask_distlimit.errors import StorageResponseError
 
-__all__ = [
-    "ALGORITHM_CODES",
-    "DEBT_FLAG",
-    "META_FLAG",
-    "RELEASE_FLAG",
-    "SCRIPT_SOURCE",
-    "SHADOW_FLAG",
-    "is_token_key",
-    "parse_reply",
-    "script_args",
-    "token_key",
-    "with_token",
-]
-
 #: The number each algorithm is sent as (``ARGV``): its registry entry's code, which is also
 #: its place in the driver's table of loaders (written from these codes).
 ALGORITHM_CODES: Final[dict[Algorithm, int]] = {name: e.code for name, e in REGISTRY.items()}

@@ -12,8 +12,6 @@ from typing import Final, NamedTuple
 from flask_distlimit.engine import common
 from flask_distlimit.engine.common import KEEP_TTL, NEVER_US, State, Step, adjust
 
-__all__ = ["CounterState", "plausible", "refund", "step", "take_back"]
-
 
 class CounterState(NamedTuple):
     window: int

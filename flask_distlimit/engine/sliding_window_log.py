@@ -11,8 +11,6 @@ from typing import Final
 
 from flask_distlimit.engine.common import NEVER_US, State, Step
 
-__all__ = ["MAX_LOG_LIMIT", "SWL_BATCH", "LogEntry", "empty", "plausible", "refund", "step"]
-
 #: The log keeps one sorted-set member per admitted request: up to this many per client and
 #: limit. A call touches a few of them whatever the limit, but memory grows with it (about 100
 #: bytes a member) and Redis frees a key's members in one go when its TTL ends.

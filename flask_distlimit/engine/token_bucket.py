@@ -9,8 +9,6 @@ from typing import NamedTuple
 
 from flask_distlimit.engine.common import NEVER_US, State, Step, adjust
 
-__all__ = ["BucketState", "plausible", "refund", "step"]
-
 
 class BucketState(NamedTuple):
     tokens: float

@@ -26,21 +26,6 @@ from flask_distlimit.errors import ConfigurationError
 
 _T = TypeVar("_T")
 
-__all__ = [
-    "BREAKER_STATE_VALUES",
-    "INSTRUMENTS",
-    "MAX_BREAKER_LABELS",
-    "MAX_LIMIT_LABELS",
-    "OTHER",
-    "SINK_METHODS",
-    "Instruments",
-    "Metrics",
-    "OnePer",
-    "Sinks",
-    "limit_label",
-    "metrics_for",
-]
-
 BREAKER_STATE_VALUES = {"closed": 0, "half-open": 1, "open": 2}
 
 _MAX_CHILDREN = 10_000

@@ -25,7 +25,6 @@ from flask_distlimit.telemetry.metrics import (
     BREAKER_STATE_VALUES,
     INSTRUMENTS,
     LATENCY_BUCKETS,
-    SINK_METHODS,
     Instruments,
     OnePer,
     limit_label,
@@ -33,15 +32,6 @@ from flask_distlimit.telemetry.metrics import (
 
 if TYPE_CHECKING:
     from werkzeug.wrappers import Response
-
-__all__ = [
-    "SINK_METHODS",
-    "OTelHook",
-    "OTelMetrics",
-    "available",
-    "instrument",
-    "storage_outcome",
-]
 
 log = logging.getLogger("flask_distlimit")
 

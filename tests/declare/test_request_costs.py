@@ -15,8 +15,7 @@ from collections.abc import Callable
 import pytest
 from flask import Flask, Response, g, make_response, request
 
-from flask_distlimit import ConfigurationError, Limiter
-from flask_distlimit.extension import Breach
+from flask_distlimit import Breach, ConfigurationError, Limiter
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.testing import FakeClock
 from tests.distlimit_fixtures import backend, clock, make_app

@@ -11,10 +11,16 @@ from typing import Any
 import pytest
 from flask import Blueprint, Flask, Response, g, jsonify, make_response, request
 
-from flask_distlimit import ALGORITHMS, ConfigurationError, Limiter, StorageUnavailable
+from flask_distlimit import (
+    ALGORITHMS,
+    Breach,
+    ConfigurationError,
+    Limiter,
+    LimiterState,
+    StorageUnavailable,
+)
 from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.declare.keys import identity_tag, limit_key
-from flask_distlimit.extension import Breach, LimiterState
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.testing import FakeClock
