@@ -18,14 +18,13 @@ from flask import request
 
 from flask_distlimit._typing import FailurePolicy
 from flask_distlimit.core.decision import Check, Decision, Evaluation
-from flask_distlimit.declare.route_limits import BoundLimit
 from flask_distlimit.defences.concurrency import SlotRelease
 from flask_distlimit.defences.deny_cache import DenyCache
 from flask_distlimit.defences.lifecycle import Lifecycle
 from flask_distlimit.defences.shadow import ShadowLog
 from flask_distlimit.identity import Identity
-from flask_distlimit.request.data import RequestData, report_of
-from flask_distlimit.request.headers import Evaluated, Report
+from flask_distlimit.request.data import RequestData
+from flask_distlimit.request.headers import Evaluated, Report, report_of
 from flask_distlimit.request.plans import Plans
 from flask_distlimit.request.refuse import Refusals
 from flask_distlimit.resilience.guard import Guard
@@ -89,21 +88,11 @@ class Decider:
             if denial is None:
                 continue
             wait = denial.retry_after(now)
+            decision = Decision(False, denial.limit, 0, denial.reset_after(now), wait)
             metrics = self.guard.metrics
             if metrics is not None:  # count the refusal as if the storage had made it
-                metrics.evaluated([c], Evaluation((Decision(False, denial.limit, 0, wait, wait),)))
-            b: BoundLimit = c.bound
-            report = Report(
-                name=denial.name,
-                limit=denial.limit,
-                period=denial.period,
-                remaining=0,
-                reset_after=denial.reset_after(now),
-                retry_after=wait,
-                policy=b.policy,
-                quoted=b.quoted,
-                algorithm=b.algorithm,
-            )
+                metrics.evaluated([c], Evaluation((decision,)))
+            report = report_of(c.bound, decision, denied=True)
             self.refusals.refuse([report], [c], identity, data, from_cache=True)
 
     def decide(
