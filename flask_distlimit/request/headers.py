@@ -103,33 +103,24 @@ def policy_field(report: Report | None, applied: Iterable[Evaluated] = ()) -> st
     """The ``RateLimit-Policy`` value: ``report``'s item first, then one item for each other
     quota policy of ``applied`` (each name once; no shadow limit, no fleet slot). A limit the
     local fallback divided is advertised with the quota it was decided against."""
-    items: list[str] | None = None
-    seen: set[str] | None = None
-    first = report.name if report is not None else None
+    items: list[str] = []
+    seen: set[str] = set()
+    if report is not None:
+        items.append(report.policy or policy_item(report.name, report.limit, report.period))
+        seen.add(report.name)
     for one in applied:
-        checks = one.checks
-        if len(checks) == 1 and checks[0].bound.name == first:
-            continue  # the common case: the one limit is the one reported
-        for c, d in zip(checks, one.decisions, strict=True):
+        for c, d in zip(one.checks, one.decisions, strict=True):
             b: BoundLimit = c.bound
-            name = b.name
-            if name == first or c.shadow or b.limit_id == _FLEET_ID:
+            if b.name in seen or c.shadow or b.limit_id == _FLEET_ID:
                 continue
-            if seen is None or items is None:
-                seen, items = set(), []
-            elif name in seen:
-                continue
-            seen.add(name)
+            seen.add(b.name)
             if c.algorithm == CONCURRENCY:
-                items.append(concurrency_policy_item(name, d.limit))
+                items.append(concurrency_policy_item(b.name, d.limit))
             elif d.limit != c.limit:
-                items.append(policy_item(name, d.limit, c.period))
+                items.append(policy_item(b.name, d.limit, c.period))
             else:
                 items.append(b.policy)
-    if report is None:
-        return ", ".join(items) if items else ""
-    first_item = report.policy or policy_item(report.name, report.limit, report.period)
-    return first_item if not items else ", ".join((first_item, *items))
+    return ", ".join(items)
 
 
 #: The periods an admission stays in each algorithm's windows (the engine registry's ``span``).
