@@ -3,8 +3,9 @@
 :class:`Enforcer` is one app's request path: it holds this subpackage's pieces and hands each
 what it uses (a clock, the guard), never the app's whole state; docs/request-flow.md follows
 the steps. A limit wrapper the plan did not reach, or ``with limiter.limit(...)``, decides in a
-call of its own (:meth:`Enforcer.reached`, :meth:`Enforcer.entered`). :class:`AppLimiter` names
-what the request path reads of :class:`flask_distlimit.state.LimiterState`.
+call of its own (:meth:`Enforcer.reached`, :meth:`Enforcer.entered`). After the response,
+:meth:`Enforcer.after_request` settles reservations and adds the headers. :class:`AppLimiter`
+names what the request path reads of :class:`flask_distlimit.state.LimiterState`.
 """
 
 from __future__ import annotations
