@@ -170,7 +170,7 @@ class Enforcer:
             wall=state.wall,
             new_slots=lambda: SlotRelease(state),
         )
-        self._headers = settings.headers
+        self._header_mode = settings.headers
         #: The request environ key of this limiter's per-request data (one per app's limiter:
         #: a WSGI app may hand its environ to another app with a limiter of its own).
         self.environ_key = f"flask_distlimit.request.{id(self):x}"
@@ -349,11 +349,11 @@ class Enforcer:
             # or a cached copy): ours from then go, or they would be sent twice, stale first.
             for name in (*OUR_HEADERS, "Retry-After") if marks[_HEADERS_ADDED] else OUR_HEADERS:
                 headers.remove(name)
-        if (data.report is not None or data.evaluated) and self._headers != "none":
+        if (data.report is not None or data.evaluated) and self._header_mode != "none":
             # The names are ours alone: appended (werkzeug checks each value), no scan for an
             # existing one, one call for all of them.
             headers[len(headers) :] = rate_limit_headers(
-                self._headers, data.report, self._state.wall(), denied=data.denied,
+                self._header_mode, data.report, self._state.wall(), denied=data.denied,
                 applied=data.evaluated,
             )  # fmt: skip
         if data.degraded:
