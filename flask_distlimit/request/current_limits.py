@@ -23,23 +23,9 @@ from flask_distlimit.request.headers import Evaluated
 
 if TYPE_CHECKING:
     from flask_distlimit.core.decision import Check, Decision
-    from flask_distlimit.declare.route_limits import BoundLimit
     from flask_distlimit.request.enforcement import AppLimiter
 
-__all__ = [
-    "RequestLimit",
-    "clear",
-    "current_limits",
-]
-
-
-@dataclass(frozen=True, slots=True)
-class _One:
-    check: Check
-    bound: BoundLimit
-    decision: Decision
-    denied: bool
-    wall: float
+__all__ = ["RequestLimit", "clear", "current_limits"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,34 +53,30 @@ class RequestLimit:
         return Rate(self.limit, self.period)
 
 
-def _evaluated(state: AppLimiter) -> list[_One]:
-    if not has_request_context():
-        return []
-    data = request.environ.get(state.enforcer.environ_key)
+def _evaluated(state: AppLimiter) -> list[tuple[Check, Decision, float]]:
+    """Each limit the current request's storage calls evaluated: its check, its decision and
+    the wall clock (seconds) when it was decided."""
+    data = request.environ.get(state.enforcer.environ_key) if has_request_context() else None
     if data is None:
         return []
     batches: list[Evaluated] = data.evaluated
-    return [
-        _One(c, c.bound, d, not d.allowed, e.wall)
-        for e in batches
-        for c, d in zip(e.checks, e.decisions, strict=True)
-    ]
+    return [(c, d, e.wall) for e in batches for c, d in zip(e.checks, e.decisions, strict=True)]
 
 
 def current_limits(state: AppLimiter) -> list[RequestLimit]:
     """The limits the current request's storage calls evaluated (see the module docstring)."""
     return [
         RequestLimit(
-            name=e.bound.name,
-            limit=e.decision.limit,
-            remaining=e.decision.remaining,
-            reset_after=e.decision.reset_after,
-            reset_at=e.wall + e.decision.reset_after,
-            denied=e.denied,
-            period=e.check.period,
-            unit=e.bound.spec.unit,
+            name=c.bound.name,
+            limit=d.limit,
+            remaining=d.remaining,
+            reset_after=d.reset_after,
+            reset_at=wall + d.reset_after,
+            denied=not d.allowed,
+            period=c.period,
+            unit=c.bound.spec.unit,
         )
-        for e in _evaluated(state)
+        for c, d, wall in _evaluated(state)
     ]
 
 
@@ -109,7 +91,7 @@ def _known_names(state: AppLimiter) -> set[str]:
     bounds = [*state.global_limits, *(b for t in state.tier_limits.values() for b in t)]
     if endpoint is not None:
         bounds += enforcer.plan(endpoint, request.method, enforcer.original_view(endpoint)).limits
-    bounds += [e.bound for e in _evaluated(state)]
+    bounds += [c.bound for c, _, _ in _evaluated(state)]
     return {n for b in bounds for n in (b.name, b.name.rpartition(":")[0])}
 
 
@@ -122,7 +104,7 @@ def clear(state: AppLimiter, name: str) -> int:
             "'flask distlimit reset <identity> --limit <name>'."
         )
     data = request.environ.get(state.enforcer.environ_key)
-    found = [e for e in _evaluated(state) if _matches(e.bound.name, name)]
+    found = [c for c, _, _ in _evaluated(state) if _matches(c.bound.name, name)]
     if not found:
         # Nothing of that name was counted for this request (limits disabled, the storage down
         # under policy open, an exempt_when that skipped it): nothing to clear. A name that no
@@ -135,7 +117,7 @@ def clear(state: AppLimiter, name: str) -> int:
             f"{', '.join(names) or 'none'}). Pass a name from limiter.current_limits, with or "
             "without its rate."
         )
-    keys = sorted({e.check.key for e in found})
+    keys = sorted({c.key for c in found})
     _warn_if_address(state, name, keys)
     if data is not None:
         for key in keys:

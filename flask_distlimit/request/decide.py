@@ -18,14 +18,13 @@ from flask import request
 
 from flask_distlimit._typing import FailurePolicy
 from flask_distlimit.core.decision import Check, Decision, Evaluation
-from flask_distlimit.declare.route_limits import BoundLimit
 from flask_distlimit.defences.concurrency import SlotRelease
 from flask_distlimit.defences.deny_cache import DenyCache
 from flask_distlimit.defences.lifecycle import Lifecycle
 from flask_distlimit.defences.shadow import ShadowLog
 from flask_distlimit.identity import Identity
-from flask_distlimit.request.data import RequestData, report_of
-from flask_distlimit.request.headers import Evaluated, Report
+from flask_distlimit.request.data import RequestData
+from flask_distlimit.request.headers import Evaluated, Report, report_of
 from flask_distlimit.request.plans import Plans
 from flask_distlimit.request.refuse import Refusals
 from flask_distlimit.resilience.guard import Guard
@@ -89,21 +88,11 @@ class Decider:
             if denial is None:
                 continue
             wait = denial.retry_after(now)
+            decision = Decision(False, denial.limit, 0, denial.reset_after(now), wait)
             metrics = self.guard.metrics
             if metrics is not None:  # count the refusal as if the storage had made it
-                metrics.evaluated([c], Evaluation((Decision(False, denial.limit, 0, wait, wait),)))
-            b: BoundLimit = c.bound
-            report = Report(
-                name=denial.name,
-                limit=denial.limit,
-                period=denial.period,
-                remaining=0,
-                reset_after=denial.reset_after(now),
-                retry_after=wait,
-                policy=b.policy,
-                quoted=b.quoted,
-                algorithm=b.algorithm,
-            )
+                metrics.evaluated([c], Evaluation((decision,)))
+            report = report_of(c.bound, decision, denied=True)
             self.refusals.refuse([report], [c], identity, data, from_cache=True)
 
     def decide(
@@ -199,28 +188,21 @@ class Decider:
                 denied_reports, denied, identity, data, from_cache=False, degraded=outcome.degraded
             )
         # allowed: report the limit with the fewest units left (ties: the latest reset); never
-        # a shadow limit (clients would slow down for a limit that is not enforced)
-        best = 0
-        if not simple and any(c.shadow or c.token or c.meta for c in checks):
-            best = next(
-                (i for i, c in enumerate(checks) if not (c.shadow or c.token or c.meta)), -1
-            )
-            if best < 0:
-                data.degraded = data.degraded or outcome.degraded
-                return
-        if len(decisions) > 1:
-            best_d = decisions[best]
-            for i in range(best + 1, len(decisions)):
-                d = decisions[i]
-                if checks[i].shadow or checks[i].token or checks[i].meta:
-                    continue
-                if d.remaining < best_d.remaining or (
-                    d.remaining == best_d.remaining and d.reset_after > best_d.reset_after
-                ):
-                    best, best_d = i, d
-        report = report_of(checks[best].bound, decisions[best], denied=False)
-        if data.report is None or report.remaining < data.report.remaining:
-            data.report = report
+        # a shadow limit (clients would slow down for a limit that is not enforced), a slot or
+        # a meta limit
+        best: tuple[Check, Decision] | None = None
+        for c, d in zip(checks, decisions, strict=True):
+            if c.shadow or c.token or c.meta:
+                continue
+            if best is None or (d.remaining, -d.reset_after) < (
+                best[1].remaining,
+                -best[1].reset_after,
+            ):
+                best = c, d
+        if best is not None:
+            report = report_of(best[0].bound, best[1], denied=False)
+            if data.report is None or report.remaining < data.report.remaining:
+                data.report = report
         data.degraded = data.degraded or outcome.degraded
 
     def _shadow(

@@ -3,16 +3,16 @@
 :class:`Enforcer` is one app's request path: it holds this subpackage's pieces and hands each
 what it uses (a clock, the guard), never the app's whole state; docs/request-flow.md follows
 the steps. A limit wrapper the plan did not reach, or ``with limiter.limit(...)``, decides in a
-call of its own (:meth:`Enforcer.reached`, :meth:`Enforcer.entered`). :class:`AppLimiter` names
-what the request path reads of :class:`flask_distlimit.state.LimiterState`.
+call of its own (:meth:`Enforcer.reached`, :meth:`Enforcer.entered`). After the response,
+:meth:`Enforcer.after_request` settles reservations and adds the headers. :class:`AppLimiter`
+names what the request path reads of :class:`flask_distlimit.state.LimiterState`.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from typing import Final, Protocol
 
 from flask import Flask, Request, current_app, request
 from werkzeug.exceptions import HTTPException
@@ -33,10 +33,10 @@ from flask_distlimit.defences.shedding import Shedding
 from flask_distlimit.identity import IdentityHooks, IdentityResolver
 from flask_distlimit.identity.digests import IdentityTags
 from flask_distlimit.request import deduction, gate
-from flask_distlimit.request.after import AfterResponse
 from flask_distlimit.request.checks import Checks
 from flask_distlimit.request.data import RequestData
 from flask_distlimit.request.decide import Decider
+from flask_distlimit.request.headers import OUR_HEADERS, rate_limit_headers, report_of
 from flask_distlimit.request.plans import Plans
 from flask_distlimit.request.refuse import BreachHook, Refusals
 from flask_distlimit.request.settings import LimiterSettings
@@ -49,6 +49,8 @@ __all__ = ["AppLimiter", "Enforcer"]
 
 #: The route limits of a request counted after its response, against every request's only.
 _NO_ROUTE = RoutePlan(exempt=False)
+#: Set on a response the rate-limit headers were added to: whether ``Retry-After`` was too.
+_HEADERS_ADDED: Final = "_distlimit_headers_added"
 
 
 class _Declared(Protocol):
@@ -168,12 +170,7 @@ class Enforcer:
             wall=state.wall,
             new_slots=lambda: SlotRelease(state),
         )
-        self._after = AfterResponse(
-            settings.headers,
-            state.wall,
-            functools.partial(deduction.charge, state),
-            lambda holding: state.lifecycle.ledger(request.environ).take(holding),
-        )
+        self._header_mode = settings.headers
         #: The request environ key of this limiter's per-request data (one per app's limiter:
         #: a WSGI app may hand its environ to another app with a limiter of its own).
         self.environ_key = f"flask_distlimit.request.{id(self):x}"
@@ -291,9 +288,9 @@ class Enforcer:
         if data is not None:
             return None if data.exempt else (data, False)
         if self._filters and filtered(self._filters):
-            environ[self.environ_key] = RequestData(frozenset(), exempt=True)
+            environ[self.environ_key] = RequestData(exempt=True)
             return None
-        data = environ[self.environ_key] = RequestData(frozenset())
+        data = environ[self.environ_key] = RequestData()
         return data, True
 
     def _decide_own(
@@ -333,16 +330,57 @@ class Enforcer:
     # -- after the view ------------------------------------------------------------------------
 
     def after_request(self, response: WerkzeugResponse) -> WerkzeugResponse:
-        """Count a request whose view never ran; add the rate-limit headers (and
-        ``Retry-After`` on a 429/503 the app replaced)."""
+        """Count a request whose view never ran; settle its ``deduct_when`` reservations
+        (:mod:`.deduction`); add the headers of the limit closest to denial (:mod:`.headers`;
+        ``Retry-After`` on a 429/503 the app replaced without one); count it in OpenTelemetry.
+        A response object that passes twice has our headers replaced, never doubled."""
         req: Request = request._get_current_object()  # type: ignore[attr-defined]
-        environ = req.environ
-        data: RequestData | None = environ.get(self.environ_key)
+        data: RequestData | None = req.environ.get(self.environ_key)
         if data is None:
             response, data = self._view_never_ran(req, response)
-        if data is not None:
-            self._after.finish(response, data, self._state.otel)
+            if data is None:
+                return response
+        if data.deferred:  # deduct_when reservations: settled now, as the response says
+            self._settle(req, response, data)
+        headers = response.headers
+        marks = response.__dict__
+        if _HEADERS_ADDED in marks:
+            # A response object that passed here before (a view returns one object every time,
+            # or a cached copy): ours from then go, or they would be sent twice, stale first.
+            for name in (*OUR_HEADERS, "Retry-After") if marks[_HEADERS_ADDED] else OUR_HEADERS:
+                headers.remove(name)
+        if (data.report is not None or data.evaluated) and self._header_mode != "none":
+            # The names are ours alone: appended (werkzeug checks each value), no scan for an
+            # existing one, one call for all of them.
+            headers[len(headers) :] = rate_limit_headers(
+                self._header_mode, data.report, self._state.wall(), denied=data.denied,
+                applied=data.evaluated,
+            )  # fmt: skip
+        if data.degraded:
+            headers["X-RateLimit-Degraded"] = "true"
+        marks[_HEADERS_ADDED] = False  # True: Retry-After is ours too
+        if (
+            data.retry_after is not None
+            and response.status_code in (429, 503)
+            and "Retry-After" not in headers
+        ):
+            headers["Retry-After"] = str(data.retry_after)
+            marks[_HEADERS_ADDED] = True
+        otel = self._state.otel
+        if otel is not None:  # OpenTelemetry's count of requests (telemetry.otel)
+            otel.request(data, response)
         return response
+
+    def _settle(self, req: Request, response: WerkzeugResponse, data: RequestData) -> None:
+        """Settle the request's reservations; report each limit's count after its settlement,
+        not the reservation's (never a shadow limit's: clients would slow down for it)."""
+        hold = self._state.lifecycle.ledger(req.environ).take
+        for later, charged in deduction.charge(self._state, data.deferred, response, hold):
+            if not later.check.shadow:
+                report = report_of(later.bound, charged, denied=False)
+                now = data.report
+                if now is None or now.name == report.name or report.remaining < now.remaining:
+                    data.report = report
 
     def _view_never_ran(
         self, req: Request, response: WerkzeugResponse
@@ -367,7 +405,7 @@ class Enforcer:
             plan = self.plan(endpoint, req.method, self.original_view(endpoint))
             if plan.exempt or not (plan.app_limits or charge_route):  # ExemptionScope
                 return response, None
-        data = RequestData(frozenset())
+        data = RequestData()
         req.environ[self.environ_key] = data
         try:
             if charge_route and plan is not None:

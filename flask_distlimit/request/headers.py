@@ -22,59 +22,63 @@ from flask_distlimit.declare.route_limits import BoundLimit
 from flask_distlimit.engine.registry import REGISTRY
 
 __all__ = [
+    "OUR_HEADERS",
     "Evaluated",
     "Report",
     "closest_to_denial",
     "policy_field",
     "rate_limit_headers",
+    "report_of",
 ]
 
+#: Every header name an ``after_request`` adds but ``Retry-After`` (an earlier pass of the same
+#: response object's go before the new ones are added).
+OUR_HEADERS: Final = (
+    "X-RateLimit-Limit",
+    "X-RateLimit-Remaining",
+    "X-RateLimit-Reset",
+    "RateLimit-Policy",
+    "RateLimit",
+    "X-RateLimit-Degraded",
+)
 #: The ``limit_id`` of the fleet's capacity slots (:mod:`flask_distlimit.defences.fleet`): the
 #: server's load, not a quota of the client, so never advertised.
 _FLEET_ID: Final = "fleet"
 
 
-class Report:
-    """The numbers of one limit, as the headers tell them."""
+class Report(NamedTuple):
+    """The numbers of one limit, as the headers tell them (a named tuple: every request that
+    reports a rate makes one)."""
 
-    __slots__ = (
-        "algorithm",
-        "limit",
-        "name",
-        "period",
-        "policy",
-        "quoted",
-        "remaining",
-        "reset_after",
-        "retry_after",
+    name: str
+    limit: int
+    period: int
+    remaining: int  #: never below 0 (:func:`report_of`)
+    reset_after: float
+    retry_after: float = 0.0
+    #: the ``RateLimit-Policy`` item (None: made from the numbers above)
+    policy: str | None = None
+    #: the name as a structured-field String (None: quoted when sent)
+    quoted: str | None = None
+    #: the algorithm whose numbers these are (None: unknown, read as a window that ends
+    #: when the quota is whole)
+    algorithm: str | None = None
+
+
+def report_of(b: BoundLimit, d: Decision, *, denied: bool) -> Report:
+    """The headers' numbers of one decision."""
+    reduced = d.limit != b.rate.amount  # the local fallback divides limits
+    return Report(
+        name=b.name,
+        limit=d.limit,
+        period=b.rate.period,
+        remaining=max(0, d.remaining),
+        reset_after=d.reset_after,
+        retry_after=d.retry_after if denied else 0.0,
+        policy=None if reduced else b.policy,
+        quoted=b.quoted,
+        algorithm=b.algorithm,
     )
-
-    def __init__(
-        self,
-        *,
-        name: str,
-        limit: int,
-        period: int,
-        remaining: int,
-        reset_after: float,
-        retry_after: float = 0.0,
-        policy: str | None = None,
-        quoted: str | None = None,
-        algorithm: str | None = None,
-    ) -> None:
-        self.name = name
-        self.limit = limit
-        self.period = period
-        self.remaining = max(0, remaining)
-        self.reset_after = reset_after
-        self.retry_after = retry_after
-        #: the ``RateLimit-Policy`` item (precomputed at registration when possible)
-        self.policy = policy or policy_item(name, limit, period)
-        #: the name as a structured-field String
-        self.quoted = quoted or sf_string(name)
-        #: the algorithm whose numbers these are (None: unknown, read as a window that ends
-        #: when the quota is whole)
-        self.algorithm = algorithm
 
 
 class Evaluated(NamedTuple):
@@ -99,32 +103,24 @@ def policy_field(report: Report | None, applied: Iterable[Evaluated] = ()) -> st
     """The ``RateLimit-Policy`` value: ``report``'s item first, then one item for each other
     quota policy of ``applied`` (each name once; no shadow limit, no fleet slot). A limit the
     local fallback divided is advertised with the quota it was decided against."""
-    items: list[str] | None = None
-    seen: set[str] | None = None
-    first = report.name if report is not None else None
+    items: list[str] = []
+    seen: set[str] = set()
+    if report is not None:
+        items.append(report.policy or policy_item(report.name, report.limit, report.period))
+        seen.add(report.name)
     for one in applied:
-        checks = one.checks
-        if len(checks) == 1 and checks[0].bound.name == first:
-            continue  # the common case: the one limit is the one reported
-        for c, d in zip(checks, one.decisions, strict=True):
+        for c, d in zip(one.checks, one.decisions, strict=True):
             b: BoundLimit = c.bound
-            name = b.name
-            if name == first or c.shadow or b.limit_id == _FLEET_ID:
+            if b.name in seen or c.shadow or b.limit_id == _FLEET_ID:
                 continue
-            if seen is None or items is None:
-                seen, items = set(), []
-            elif name in seen:
-                continue
-            seen.add(name)
+            seen.add(b.name)
             if c.algorithm == CONCURRENCY:
-                items.append(concurrency_policy_item(name, d.limit))
+                items.append(concurrency_policy_item(b.name, d.limit))
             elif d.limit != c.limit:
-                items.append(policy_item(name, d.limit, c.period))
+                items.append(policy_item(b.name, d.limit, c.period))
             else:
                 items.append(b.policy)
-    if report is None:
-        return ", ".join(items) if items else ""
-    return report.policy if not items else ", ".join((report.policy, *items))
+    return ", ".join(items)
 
 
 #: The periods an admission stays in each algorithm's windows (the engine registry's ``span``).
@@ -174,22 +170,17 @@ def rate_limit_headers(
         wait = math.ceil(reset - 1e-9)
         instant = now_s + reset
         remaining = report.remaining
-    reset_at = str(math.ceil(instant - 1e-9))
-    if mode == "both":  # the default: one list, no concatenation
-        return [
+    headers: list[tuple[str, str]] = []
+    if mode != "ietf":
+        headers += [
             ("X-RateLimit-Limit", str(report.limit)),
             ("X-RateLimit-Remaining", str(remaining)),
-            ("X-RateLimit-Reset", reset_at),
+            ("X-RateLimit-Reset", str(math.ceil(instant - 1e-9))),
+        ]
+    if mode != "legacy":
+        quoted = report.quoted or sf_string(report.name)
+        headers += [
             ("RateLimit-Policy", policy_field(report, applied)),
-            ("RateLimit", f"{report.quoted};r={remaining};t={wait}"),
+            ("RateLimit", f"{quoted};r={remaining};t={wait}"),
         ]
-    if mode == "legacy":
-        return [
-            ("X-RateLimit-Limit", str(report.limit)),
-            ("X-RateLimit-Remaining", str(remaining)),
-            ("X-RateLimit-Reset", reset_at),
-        ]
-    return [
-        ("RateLimit-Policy", policy_field(report, applied)),
-        ("RateLimit", f"{report.quoted};r={remaining};t={wait}"),
-    ]
+    return headers

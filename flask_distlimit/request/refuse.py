@@ -71,14 +71,6 @@ class Breach:
 BreachHook = Callable[[Breach], "SansIOResponse | None"]
 
 
-def breached_rates(denied: Sequence[BoundLimit], lease: int) -> tuple[Rate, ...]:
-    """The declared rate of each denied limit, for :class:`~flask_distlimit.Breach`: its count
-    and its window; a concurrency limit's slots and their ``lease`` (seconds)."""
-    return tuple(
-        Rate(b.rate.amount, lease) if b.algorithm == CONCURRENCY else b.rate for b in denied
-    )
-
-
 @dataclass(slots=True, kw_only=True)
 class Refusals:
     """How one app's limiter refuses requests (see the module docstring)."""
@@ -119,24 +111,16 @@ class Refusals:
         retry = (
             retry_after_seconds(binding.retry_after) if math.isfinite(binding.retry_after) else None
         )
-        data.report, data.denied, data.retry_after = binding, True, retry
+        # the rate-limit headers describe rates, never slots in flight
+        data.report = None if concurrency else binding
+        data.denied, data.retry_after = True, retry
         data.degraded = data.degraded or degraded
-        names = tuple(r.name for r in reports)
         tags = [key_tag(key) for key in keys]
         digest = self._digest(identity, tags[0])
         tier = identity.tier if identity is not None else None
         self._log_breach(reports, keys, tags, digest, tier, retry)
-        if concurrency:  # the rate-limit headers describe rates, never slots in flight
-            data.report = None
-        self._raise(
-            names,
-            retry,
-            digest,
-            tier,
-            from_cache=from_cache,
-            denied=[c.bound for c in denied],
-            concurrency=concurrency,
-        )
+        bounds = [c.bound for c in denied]
+        self._raise(bounds, retry, digest, tier, from_cache=from_cache, concurrency=concurrency)
 
     def shed(self, data: RequestData) -> NoReturn:
         """The fleet is over this request's priority's share: 503
@@ -186,30 +170,34 @@ class Refusals:
             "Send it in smaller parts."
         )
         tier = identity.tier if identity is not None else None
-        self._raise((b.name,), None, digest, tier, from_cache=False, detail=detail, denied=(b,))
+        self._raise((b,), None, digest, tier, from_cache=False, detail=detail)
 
     def _raise(
         self,
-        names: tuple[str, ...],
+        denied: Sequence[BoundLimit],
         retry: int | None,
         digest: str,
         tier: str | None,
         *,
         from_cache: bool,
         detail: str | None = None,
-        denied: Sequence[BoundLimit] = (),
         concurrency: bool = False,
     ) -> NoReturn:
         """Tell the ``on_breach`` hooks, then raise the 429 (the response of the last hook that
         answered one, if any). A hook that raises is logged and the 429 is sent all the same."""
         response: SansIOResponse | None = None
+        names = tuple(b.name for b in denied)
         hooks = refusal_options.breach_hooks(denied, self.breach_hook())
-        message = refusal_options.error_message(denied) if denied else None
+        message = refusal_options.error_message(denied)
         detail = message or detail
         # e.description as Flask-Limiter's: the error_message, else "1 per 1 day"
-        said = message or (denied[0].rate.in_words() if denied and not concurrency else None)
+        said = message or (None if concurrency else denied[0].rate.in_words())
         if hooks:
-            rates = breached_rates(denied, self.lease)
+            # each denied limit's count and window; a concurrency limit's slots and their lease
+            rates = tuple(
+                Rate(b.rate.amount, self.lease) if b.algorithm == CONCURRENCY else b.rate
+                for b in denied
+            )
             breach = Breach(
                 endpoint=request.endpoint,
                 method=request.method,
@@ -219,7 +207,7 @@ class Refusals:
                 violated_policies=names,
                 retry_after=retry,
                 from_cache=from_cache,
-                limit=rates[0] if rates else None,
+                limit=rates[0],
                 limits=rates,
             )
             for hook in hooks:
