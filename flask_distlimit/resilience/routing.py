@@ -19,7 +19,6 @@ from flask_distlimit.resilience.breakers import report_parts
 from flask_distlimit.resilience.fallback import LocalFallback
 from flask_distlimit.resilience.guard_core import GuardCore
 from flask_distlimit.resilience.outcome import OPEN_OUTCOME, Outcome
-from flask_distlimit.resilience.side_calls import heartbeat_if_due
 from flask_distlimit.telemetry.otel import storage_outcome
 
 
@@ -203,7 +202,7 @@ def _answered(
             metrics.evaluated(checks, evaluation)
         else:
             metrics.degraded(checks, outcome.evaluation)
-    heartbeat_if_due(core)
+    core.heartbeat_if_due()
     return Outcome(evaluation) if outcome is None else outcome
 
 
