@@ -22,15 +22,6 @@ import pybreaker
 
 from flask_distlimit.errors import ConfigurationError
 
-__all__ = [
-    "FAIL_MAX_RANGE",
-    "MAX_RESET_TIMEOUT",
-    "Breaker",
-    "BreakerState",
-    "check_fail_max",
-    "check_reset_timeout",
-]
-
 log = logging.getLogger("flask_distlimit.breaker")  # a public name (docs/failure-modes.md), kept
 
 BreakerState = Literal["closed", "open", "half-open"]
@@ -80,8 +71,7 @@ class _Listener(pybreaker.CircuitBreakerListener):
         self._owner = owner
 
     def state_change(self, cb: Any, old_state: Any, new_state: Any) -> None:
-        old = None if old_state is None else str(old_state.name)
-        new = str(new_state.name)
+        new = str(new_state.name)  # pybreaker notifies changes only: old_state is never None
         owner = self._owner
         if new == _OPEN:
             log.warning(
@@ -94,7 +84,7 @@ class _Listener(pybreaker.CircuitBreakerListener):
                 owner.reset_timeout,
                 owner.last_error,
             )
-        elif new == _CLOSED and old is not None:
+        elif new == _CLOSED:
             log.info("Rate-limit storage %s answers again: circuit breaker closed", owner.name)
         elif new == _HALF_OPEN:
             log.info("Circuit breaker %s half-open: trying the storage once", owner.name)
@@ -131,13 +121,7 @@ class Breaker:
         self._clock = clock
         self._lock = threading.Lock()
         self._store = pybreaker.CircuitMemoryStorage(_CLOSED)
-        self._cb = pybreaker.CircuitBreaker(
-            fail_max=self.fail_max,
-            reset_timeout=self.reset_timeout,
-            state_storage=self._store,
-            listeners=[_Listener(self)],
-            name=name,
-        )
+        self._cb = self._circuit([_Listener(self)])
         self._opened_at = 0.0  # clock() when last opened
         self._trial_since: float | None = None  # clock() when the running trial began
 
@@ -237,20 +221,23 @@ class Breaker:
                 self._cb.close()
             self._store.reset_counter()
 
+    def _circuit(self, listeners: Any) -> pybreaker.CircuitBreaker:
+        """A pybreaker breaker on this breaker's state storage (built on an existing storage,
+        it takes the state without notifying anyone)."""
+        return pybreaker.CircuitBreaker(
+            fail_max=self.fail_max,
+            reset_timeout=self.reset_timeout,
+            state_storage=self._store,
+            listeners=listeners,
+            name=self.name,
+        )
+
     def _after_fork(self) -> None:
         # A lock copied from the parent may be held by a thread that does not exist here: ours
         # is replaced, and so is pybreaker's breaker (whose own lock open()/close() take), by a
-        # new one on the same state storage and listeners (public constructor and properties;
-        # a breaker built on an existing storage takes its state without notifying anyone).
+        # new one on the same state storage and listeners (public constructor and properties).
         self._lock = threading.Lock()
-        inherited = self._cb
-        self._cb = pybreaker.CircuitBreaker(
-            fail_max=inherited.fail_max,
-            reset_timeout=inherited.reset_timeout,
-            state_storage=self._store,
-            listeners=cast(Any, inherited.listeners),  # a tuple of the same listeners
-            name=inherited.name,
-        )
+        self._cb = self._circuit(self._cb.listeners)  # a tuple of the same listeners
         self._trial_since = None
 
     def __repr__(self) -> str:

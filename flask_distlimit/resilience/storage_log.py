@@ -146,23 +146,20 @@ class StorageLog:
             self.unreadable_last = _said(exc)
             if self._unreadable.due(now) is None:
                 return
-        if call is not None:
-            log.error(
-                "Rate-limit storage %s answered %s with what the limiter cannot read (a bug, "
-                "data it does not expect, or a Redis-compatible server that runs Lua "
-                "otherwise); it is skipped; logged at most once a minute: %s",
-                self.name,
-                call,
-                exc,
+        answered, then = f"answered {call} with", "; it is skipped"
+        if call is None:
+            answered = "answered"
+            then = (
+                ", so such requests are answered by the failure policy "
+                f"({self.policy!r} unless their route sets one)"
             )
-            return
         log.error(
-            "Rate-limit storage %s answered what the limiter cannot read (a bug, data it does not "
-            "expect, or a Redis-compatible server that runs Lua otherwise), so such requests are "
-            "answered by the failure policy (%r unless their route sets one); logged at most "
+            "Rate-limit storage %s %s what the limiter cannot read (a bug, data it does not "
+            "expect, or a Redis-compatible server that runs Lua otherwise)%s; logged at most "
             "once a minute: %s",
             self.name,
-            self.policy,
+            answered,
+            then,
             exc,
         )
 
