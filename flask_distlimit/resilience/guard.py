@@ -58,13 +58,14 @@ class Guard(GuardCore):
         now_us: int | None = None,
     ) -> Outcome:
         """Evaluate ``checks``; ``policy`` overrides the default for one route."""
+        chosen = policy or self.policy
         if self.refusing_writes:
-            policy = self.policy_for(policy)
+            chosen = self.policy_for(chosen)
         if self.routed:
-            return evaluate_routed(self, checks, policy, now_us)
+            return evaluate_routed(self, checks, chosen, now_us)
         breaker = self.node_breaker
         fallback = self.fallback
-        if (policy or self.policy) == "local" and fallback.holding and breaker.state == "closed":
+        if chosen == "local" and fallback.holding and breaker.state == "closed":
             refusal = fallback.refusal(checks, instances=self.instances.divisor, now_us=now_us)
             if refusal is not None:  # over this process's share while failures go on
                 if self.metrics is not None:
@@ -73,7 +74,7 @@ class Guard(GuardCore):
         if not breaker.allow():
             moved = self.follow_node(refresh=True) if self.follows else None
             if moved is None or not moved.allow():
-                return self.answer_by_policy(checks, policy, now_us)
+                return self.answer_by_policy(checks, chosen, now_us)
             breaker = moved
         metrics = self.metrics
         started = time.perf_counter() if metrics is not None else 0.0
@@ -84,7 +85,7 @@ class Guard(GuardCore):
             if metrics is not None:
                 metrics.storage_call(time.perf_counter() - started)
             return self.answer_by_policy(
-                checks, self.policy_after_refused_write(exc, policy), now_us
+                checks, self.policy_after_refused_write(exc, chosen), now_us
             )
         except StorageUnavailable as exc:
             if metrics is not None:
@@ -95,7 +96,7 @@ class Guard(GuardCore):
                 breaker = self.follow_node(refresh=False) or breaker
             if isinstance(exc, StorageReplyLost):
                 breaker.success()  # a fresh connection answered: not an outage
-                if not fallback.holding and (policy or self.policy) == "local":
+                if not fallback.holding and chosen == "local":
                     # Redis is up: this one request is admitted, and the local shares do not
                     # take over every key for a reset timeout (docs/failure-modes.md).
                     if metrics is not None:
@@ -107,13 +108,13 @@ class Guard(GuardCore):
                 self.storage_log.refused(exc)
             if self.follows:
                 self.follow_node(refresh=False)  # the failed call may have found a new master
-            return self.answer_by_policy(checks, policy, now_us)
+            return self.answer_by_policy(checks, chosen, now_us)
         except StorageResponseError as exc:
             breaker.success()  # the store answered: not an outage
             if metrics is not None:
                 metrics.storage_call(time.perf_counter() - started, "error")
             self.count_unreadable(exc)
-            return self.answer_by_policy(checks, policy, now_us)
+            return self.answer_by_policy(checks, chosen, now_us)
         except StorageBusy as exc:  # this process's load: the breaker hears nothing
             breaker.release()
             return self.answer_busy(exc)
@@ -122,7 +123,7 @@ class Guard(GuardCore):
             raise
         breaker.success()
         outcome: Outcome | None = None
-        if (policy or self.policy) == "local":
+        if chosen == "local":
             self.last_known.record(checks, evaluation)
             if evaluation.allowed:
                 refused = fallback.charge(

@@ -245,10 +245,9 @@ class GuardCore:
     # -- the failure policy's answers --------------------------------------------------------
 
     def answer_by_policy(
-        self, checks: Sequence[Check], policy: FailurePolicy | None, now_us: int | None
+        self, checks: Sequence[Check], chosen: FailurePolicy, now_us: int | None
     ) -> Outcome:
-        """The failure policy's answer to ``checks`` the storage did not decide."""
-        chosen = policy or self.policy
+        """The failure policy ``chosen``'s answer to ``checks`` the storage did not decide."""
         if chosen == "local":
             evaluation = self.fallback.evaluate(
                 checks, instances=self.instances.divisor, now_us=now_us
@@ -266,27 +265,22 @@ class GuardCore:
         self.storage_log.busy(exc)
         return BUSY_OUTCOME
 
-    def policy_for(self, policy: FailurePolicy | None) -> FailurePolicy:
-        """The policy that answers a request: its route's or the default, but ``"local"`` in
-        place of ``"open"`` while a local fallback holds keys it decided because the storage
-        refused a write (:class:`~flask_distlimit.errors.StorageFull`): Redis never counted
-        those admissions, so a client must not get its local share and then Redis's whole
-        quota in the same window. Asked only after a refused write."""
-        chosen: FailurePolicy = policy or self.policy
-        if not self.refusing_writes:
-            return chosen
+    def policy_for(self, chosen: FailurePolicy) -> FailurePolicy:
+        """The policy that answers a request whose route's (or the default) is ``chosen``, but
+        ``"local"`` in place of ``"open"`` while a local fallback holds keys it decided because
+        the storage refused a write (:class:`~flask_distlimit.errors.StorageFull`): Redis never
+        counted those admissions, so a client must not get its local share and then Redis's
+        whole quota in the same window. Asked only after a refused write
+        (:attr:`refusing_writes`)."""
         if any(f.holding for f in self.fallbacks.all()):
             return "local" if chosen == "open" else chosen
         self.refusing_writes = False  # every key decided locally was handed back
         return chosen
 
-    def policy_after_refused_write(
-        self, exc: StorageFull, policy: FailurePolicy | None
-    ) -> FailurePolicy:
-        """The policy that answers a request whose write the storage refused: ``"closed"``
-        stays (503), any other is ``"local"`` (this process's share, never unlimited). Logs
-        at WARNING, at most once a minute."""
-        chosen: FailurePolicy = policy or self.policy
+    def policy_after_refused_write(self, exc: StorageFull, chosen: FailurePolicy) -> FailurePolicy:
+        """The policy that answers a request whose write the storage refused, in place of
+        ``chosen``: ``"closed"`` stays (503), any other is ``"local"`` (this process's share,
+        never unlimited). Logs at WARNING, at most once a minute."""
         if chosen != "closed":
             self.refusing_writes = True
         self.storage_log.full(exc, self.instances.divisor)
@@ -408,15 +402,11 @@ class GuardCore:
         back), the others are, together (one deadline on a Cluster), and each node's breaker
         then hears once how its parts ended, as :meth:`open_side_call` says: an outage if any of
         them met one, else an answer."""
+        routes = [(self.node, list(range(len(checks))))]  # one node: the one the guard follows
         if self.routed:
             routes = self.storage.route(checks)
-            trying, _ = self.breakers.admit(node for node, _ in routes)
-            live = [(n, [checks[i] for i in indexes]) for n, indexes in routes if n in trying]
-        else:
-            if not self.node_breaker.allow():
-                return
-            trying = {self.node: self.node_breaker}
-            live = [(self.node, list(checks))]
+        trying, _ = self.breakers.admit(node for node, _ in routes)
+        live = [(n, [checks[i] for i in indexes]) for n, indexes in routes if n in trying]
         if not live:
             return
         try:

@@ -23,11 +23,11 @@ from flask_distlimit.telemetry.otel import storage_outcome
 
 
 def evaluate_routed(
-    core: GuardCore, checks: Sequence[Check], policy: FailurePolicy | None, now_us: int | None
+    core: GuardCore, checks: Sequence[Check], chosen: FailurePolicy, now_us: int | None
 ) -> Outcome:
     """:meth:`Guard.evaluate <flask_distlimit.resilience.guard.Guard.evaluate>` on a storage whose
-    groups of checks go to nodes of their own (``core``: the guard's shared state)."""
-    chosen: FailurePolicy = policy or core.policy
+    groups of checks go to nodes of their own (``core``: the guard's shared state), under the
+    failure policy ``chosen``."""
     storage = core.storage
     routes = storage.route(checks)
     trying, blocked = core.breakers.admit(node for node, _ in routes)
@@ -42,7 +42,7 @@ def evaluate_routed(
     if blocked and chosen == "closed":  # answered 503 whatever the live nodes say
         for breaker in trying.values():
             breaker.release()
-        return core.answer_by_policy(checks, policy, now_us)
+        return core.answer_by_policy(checks, chosen, now_us)
     node_of = {i: node for node, indexes in routes for i in indexes}
     live = [(node, indexes) for node, indexes in routes if node in trying]
     parts = [[checks[i] for i in indexes] for _, indexes in live]
@@ -115,7 +115,7 @@ def evaluate_routed(
     lost = [checks[i] for i in failed]
     if chosen == "closed":  # a node failed during this call
         _give_back(core, checks, spent, decisions, now_us, breach=False)  # a 503
-        return core.answer_by_policy(lost, policy, now_us)
+        return core.answer_by_policy(lost, chosen, now_us)
     local: Evaluation | None = None
     if chosen == "local" and not denied:
         local = _local_by_node(core, checks, failed, node_of, now_us)
