@@ -55,11 +55,6 @@ log = logging.getLogger("flask_distlimit.guard")  # a public name (docs/failure-
 #: often (seconds of the injected clock) whether its node moved (a Sentinel failover).
 REDISCOVER_INTERVAL: Final = 1.0
 
-#: How a call beside the request's ended, told to its node's breaker
-#: (:meth:`GuardCore.open_side_call`): ``None`` when the storage answered, else the exception
-#: the call raised.
-SideReport = Callable[[BaseException | None], None]
-
 _guards: AfterFork[GuardCore] = AfterFork(lambda guard: guard._after_fork())
 
 
@@ -141,7 +136,6 @@ class GuardCore:
         self.node = storage.node()
         self.node_breaker = self.breakers.get(self.node)
         self._asked_at = -float("inf")  # clock() when the storage was last asked to rediscover
-        self.heartbeat_check = Check(self.instances.key, "fixed_window", 1, 1, 0)
         self._tell_sinks()
         _guards.add(self)
 
@@ -164,7 +158,7 @@ class GuardCore:
         memory, the current master's on Sentinel; on a Redis Cluster, that of the primary
         serving the instance heartbeat key (each request uses its groups' own,
         :attr:`breakers`)."""
-        return self.breaker_of(self.heartbeat_check.key)
+        return self.breaker_of(self.instances.key)
 
     def breaker_of(self, key: str) -> Breaker:
         """The breaker of the node serving ``key`` (:attr:`breaker` but on a Redis Cluster)."""
@@ -312,7 +306,7 @@ class GuardCore:
 
     # -- calls beside the request's ----------------------------------------------------------
 
-    def open_side_call(self, key: str, what: str) -> SideReport | None:
+    def open_side_call(self, key: str, what: str) -> Callable[[BaseException | None], None] | None:
         """Open a call beside the request's own on ``key`` (``what`` names it in the log): the
         function to tell how it ended, or ``None`` when the breaker of ``key``'s node lets no
         call through now (open, or half-open with its one trial out): skip the call then.
@@ -383,7 +377,7 @@ class GuardCore:
         """Refresh this process's instance heartbeat when ``DISTLIMIT_INSTANCES = "auto"`` and
         it is due (after a request the storage answered)."""
         if self.instances.auto and self.instances.due():
-            self.side_call(self.heartbeat_check.key, self.instances.beat, "the instance heartbeat")
+            self.side_call(self.instances.key, self.instances.beat, "the instance heartbeat")
 
     def evaluate_beside(
         self, checks: Sequence[Check], what: str, *, now_us: int | None = None
