@@ -3,7 +3,10 @@
 :meth:`Guard.evaluate` asks the node's breaker, makes the one storage call outside any lock and,
 on an outage, answers by the failure policy. Promises: never a 500 from the storage; this
 process's own queueing (``StorageBusy``) is a 503, not an outage; an error reply is never an
-outage; :meth:`Guard.health` never raises. Design: docs/design-notes.md, "The guard".
+outage; :meth:`Guard.health` never raises. This module holds the single-node path and the health
+report; the state, the failure policy's answers and the calls beside a request's are
+:class:`~flask_distlimit.resilience.guard_core.GuardCore`'s, the Cluster path is
+:mod:`~flask_distlimit.resilience.routing`. Design: docs/design-notes.md, "The guard".
 """
 
 from __future__ import annotations
