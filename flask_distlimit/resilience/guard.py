@@ -33,8 +33,6 @@ from flask_distlimit.resilience.routing import evaluate_routed
 from flask_distlimit.resilience.storage_log import one_line
 from flask_distlimit.telemetry.otel import storage_outcome
 
-__all__ = ["FailurePolicy", "Guard"]
-
 
 class Guard(GuardCore):
     """Calls the storage through a circuit breaker and applies the failure policy on outages.
