@@ -190,48 +190,36 @@ def _answered(
     now_us: int | None,
 ) -> Outcome:
     """What the single-node path does after Redis answered every check (``node_of``: each
-    check's node); each node's fallback counts the checks of its node only."""
-    outcome: Outcome | None = None
+    check's node), each node's fallback counting the checks of its node only: under
+    ``"local"``, :meth:`LocalFallback.charge` of each check by the fallback that counts its key,
+    else by its node's, when that holds counts; the local refusal of any refuses the request."""
+    refused = False
     if chosen == "local":
         core.last_known.record(checks, evaluation)
-        if evaluation.allowed:
-            outcome = _charge_by_node(core, checks, node_of, evaluation, now_us)
+    # never on the path of a healthy cluster: no node's fallback holds counts
+    if chosen == "local" and evaluation.allowed and core.fallbacks.per_node_holding():
+        decisions = list(evaluation.decisions)
+        divisor = core.instances.divisor
+        for fallback, indexes in _by_fallback(core, checks, range(len(checks)), node_of).items():
+            if not fallback.holding:
+                continue
+            part = [checks[i] for i in indexes]
+            said = Evaluation(tuple(decisions[i] for i in indexes))
+            local = fallback.charge(part, said, instances=divisor, now_us=now_us)
+            if local is not None:  # over this process's share while failures go on
+                refused = True
+                for i, decision in zip(indexes, local.decisions, strict=True):
+                    decisions[i] = decision
+        if refused:
+            evaluation = Evaluation(tuple(decisions))
     metrics = core.metrics
     if metrics is not None:
-        if outcome is None:
-            metrics.evaluated(checks, evaluation)
+        if refused:
+            metrics.degraded(checks, evaluation)
         else:
-            metrics.degraded(checks, outcome.evaluation)
+            metrics.evaluated(checks, evaluation)
     core.heartbeat_if_due()
-    return Outcome(evaluation) if outcome is None else outcome
-
-
-def _charge_by_node(
-    core: GuardCore,
-    checks: Sequence[Check],
-    node_of: dict[int, str],
-    evaluation: Evaluation,
-    now_us: int | None,
-) -> Outcome | None:
-    """:meth:`LocalFallback.charge` of each check by the fallback that counts its key, else
-    by its node's, when that holds counts; the local refusal of any refuses the request."""
-    if not core.fallbacks.per_node_holding():
-        return None  # the path of every healthy cluster
-    decisions = list(evaluation.decisions)
-    refused = False
-    divisor = core.instances.divisor
-    by_fallback = _by_fallback(core, checks, range(len(checks)), node_of)
-    for fallback, indexes in by_fallback.items():
-        if not fallback.holding:
-            continue
-        part = [checks[i] for i in indexes]
-        said = Evaluation(tuple(decisions[i] for i in indexes))
-        local = fallback.charge(part, said, instances=divisor, now_us=now_us)
-        if local is not None:  # over this process's share while failures go on
-            refused = True
-            for i, decision in zip(indexes, local.decisions, strict=True):
-                decisions[i] = decision
-    return Outcome(Evaluation(tuple(decisions)), degraded=True) if refused else None
+    return Outcome(evaluation, degraded=refused)
 
 
 def _give_back(
