@@ -92,7 +92,6 @@ class GuardCore:
             known=storage.nodes,
         )
         self.fail_max = self.breakers.fail_max
-        self.reset_timeout = self.breakers.reset_timeout
         self.key_prefix = key_prefix
         #: what is told of every decision: the Prometheus metrics and the sinks added beside
         #: them (OpenTelemetry's instruments), or None
@@ -122,7 +121,7 @@ class GuardCore:
         self.fallbacks = NodeFallbacks(
             fallback_factory,
             clock=clock,
-            settle=self.reset_timeout,
+            settle=self.breakers.reset_timeout,
             last_known=self.last_known,
             routed=self.routed,
             route=storage.route,
