@@ -22,22 +22,10 @@ import pybreaker
 
 from flask_distlimit.errors import ConfigurationError
 
-__all__ = [
-    "FAIL_MAX_RANGE",
-    "MAX_RESET_TIMEOUT",
-    "Breaker",
-    "BreakerState",
-    "check_fail_max",
-    "check_reset_timeout",
-]
-
 log = logging.getLogger("flask_distlimit.breaker")  # a public name (docs/failure-modes.md), kept
 
+#: pybreaker's own state names (``pybreaker.STATE_CLOSED``, ...), which its state storage keeps.
 BreakerState = Literal["closed", "open", "half-open"]
-
-_CLOSED = pybreaker.STATE_CLOSED
-_OPEN = pybreaker.STATE_OPEN
-_HALF_OPEN = pybreaker.STATE_HALF_OPEN
 
 #: ``fail_max`` (``DISTLIMIT_BREAKER_FAIL_MAX``): consecutive outages that open the breaker.
 FAIL_MAX_RANGE: Final = (1, 10_000)
@@ -80,10 +68,9 @@ class _Listener(pybreaker.CircuitBreakerListener):
         self._owner = owner
 
     def state_change(self, cb: Any, old_state: Any, new_state: Any) -> None:
-        old = None if old_state is None else str(old_state.name)
-        new = str(new_state.name)
+        new = str(new_state.name)  # pybreaker notifies changes only: old_state is never None
         owner = self._owner
-        if new == _OPEN:
+        if new == "open":
             log.warning(
                 "Rate-limit storage %s is unavailable after %d consecutive failure(s): "
                 "circuit breaker %s opened; applying the failure policy for %.3g s before a "
@@ -94,9 +81,9 @@ class _Listener(pybreaker.CircuitBreakerListener):
                 owner.reset_timeout,
                 owner.last_error,
             )
-        elif new == _CLOSED and old is not None:
+        elif new == "closed":
             log.info("Rate-limit storage %s answers again: circuit breaker closed", owner.name)
-        elif new == _HALF_OPEN:
+        elif new == "half-open":
             log.info("Circuit breaker %s half-open: trying the storage once", owner.name)
         if owner.on_change is not None:
             owner.on_change(new)  # type: ignore[arg-type]
@@ -130,14 +117,8 @@ class Breaker:
         self.last_error: BaseException | None = None
         self._clock = clock
         self._lock = threading.Lock()
-        self._store = pybreaker.CircuitMemoryStorage(_CLOSED)
-        self._cb = pybreaker.CircuitBreaker(
-            fail_max=self.fail_max,
-            reset_timeout=self.reset_timeout,
-            state_storage=self._store,
-            listeners=[_Listener(self)],
-            name=name,
-        )
+        self._store = pybreaker.CircuitMemoryStorage("closed")
+        self._cb = self._circuit([_Listener(self)])
         self._opened_at = 0.0  # clock() when last opened
         self._trial_since: float | None = None  # clock() when the running trial began
 
@@ -159,7 +140,7 @@ class Breaker:
 
     def opened_for(self) -> float | None:
         """Seconds since the breaker opened, or ``None`` when it is closed."""
-        if self._store.state == _CLOSED:
+        if self._store.state == "closed":
             return None
         return self._clock() - self._opened_at
 
@@ -171,14 +152,14 @@ class Breaker:
         A ``True`` obliges the caller to report :meth:`success` or :meth:`failure` (or
         :meth:`release` when the call ended in an unrelated exception).
         """
-        if self._store.state == _CLOSED:  # the hot path: one attribute read, no lock
+        if self._store.state == "closed":  # the hot path: one attribute read, no lock
             return True
         now = self._clock()
         with self._lock:
             state = self._store.state
-            if state == _CLOSED:
+            if state == "closed":
                 return True
-            if state == _OPEN:
+            if state == "open":
                 if now - self._opened_at < self.reset_timeout:
                     return False
                 self._trial_since = now
@@ -193,10 +174,10 @@ class Breaker:
     def success(self) -> None:
         """The storage answered (a value or an error reply)."""
         store = self._store
-        if store.state == _CLOSED and store.counter == 0:  # hot path
+        if store.state == "closed" and store.counter == 0:  # hot path
             return
         with self._lock:
-            if store.state == _CLOSED:
+            if store.state == "closed":
                 store.reset_counter()
                 return
             self._trial_since = None
@@ -210,11 +191,11 @@ class Breaker:
             self.last_error = error
             store = self._store
             state = store.state
-            if state == _CLOSED:
+            if state == "closed":
                 store.increment_counter()
                 if store.counter < self.fail_max:
                     return
-            elif state == _OPEN:
+            elif state == "open":
                 return  # a call that started before the breaker opened
             self._trial_since = None
             self._opened_at = now
@@ -223,7 +204,7 @@ class Breaker:
     def release(self) -> None:
         """The call ended in neither an answer nor an outage (e.g. an unrelated exception):
         free the half-open trial slot without deciding anything."""
-        if self._store.state != _HALF_OPEN:
+        if self._store.state != "half-open":
             return
         with self._lock:
             self._trial_since = None
@@ -233,24 +214,27 @@ class Breaker:
         with self._lock:
             self._trial_since = None
             self.last_error = None
-            if self._store.state != _CLOSED:
+            if self._store.state != "closed":
                 self._cb.close()
             self._store.reset_counter()
+
+    def _circuit(self, listeners: Any) -> pybreaker.CircuitBreaker:
+        """A pybreaker breaker on this breaker's state storage (built on an existing storage,
+        it takes the state without notifying anyone)."""
+        return pybreaker.CircuitBreaker(
+            fail_max=self.fail_max,
+            reset_timeout=self.reset_timeout,
+            state_storage=self._store,
+            listeners=listeners,
+            name=self.name,
+        )
 
     def _after_fork(self) -> None:
         # A lock copied from the parent may be held by a thread that does not exist here: ours
         # is replaced, and so is pybreaker's breaker (whose own lock open()/close() take), by a
-        # new one on the same state storage and listeners (public constructor and properties;
-        # a breaker built on an existing storage takes its state without notifying anyone).
+        # new one on the same state storage and listeners (public constructor and properties).
         self._lock = threading.Lock()
-        inherited = self._cb
-        self._cb = pybreaker.CircuitBreaker(
-            fail_max=inherited.fail_max,
-            reset_timeout=inherited.reset_timeout,
-            state_storage=self._store,
-            listeners=cast(Any, inherited.listeners),  # a tuple of the same listeners
-            name=inherited.name,
-        )
+        self._cb = self._circuit(self._cb.listeners)  # a tuple of the same listeners
         self._trial_since = None
 
     def __repr__(self) -> str:

@@ -3,40 +3,35 @@
 :meth:`Guard.evaluate` asks the node's breaker, makes the one storage call outside any lock and,
 on an outage, answers by the failure policy. Promises: never a 500 from the storage; this
 process's own queueing (``StorageBusy``) is a 503, not an outage; an error reply is never an
-outage; :meth:`Guard.health` never raises. Design: docs/design-notes.md, "The guard".
+outage; :meth:`Guard.health` never raises. This module holds the single-node path and the health
+report; the state, the failure policy's answers and the calls beside a request's are
+:class:`~flask_distlimit.resilience.guard_core.GuardCore`'s, the Cluster path is
+:mod:`~flask_distlimit.resilience.routing`. Design: docs/design-notes.md, "The guard".
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from flask_distlimit._typing import FailurePolicy
 from flask_distlimit.core.decision import Check
 from flask_distlimit.errors import (
     StorageBusy,
+    StorageError,
     StorageFull,
     StorageMisconfigured,
     StorageReplyLost,
     StorageResponseError,
     StorageUnavailable,
 )
-from flask_distlimit.resilience.breakers import DEFAULT_NODE
-from flask_distlimit.resilience.guard_core import GuardCore
-from flask_distlimit.resilience.guard_health import health
+from flask_distlimit.resilience.breaker import Breaker
+from flask_distlimit.resilience.breakers import DEFAULT_NODE, worst
+from flask_distlimit.resilience.guard_core import GuardCore, log
 from flask_distlimit.resilience.outcome import OPEN_OUTCOME, Outcome
 from flask_distlimit.resilience.routing import evaluate_routed
-from flask_distlimit.resilience.side_calls import (
-    SideReport,
-    evaluate_beside,
-    heartbeat_if_due,
-    open_side_call,
-    side_call,
-)
-from flask_distlimit.storage.base import Storage
+from flask_distlimit.resilience.storage_log import one_line
 from flask_distlimit.telemetry.otel import storage_outcome
-
-__all__ = ["FailurePolicy", "Guard"]
 
 
 class Guard(GuardCore):
@@ -64,13 +59,14 @@ class Guard(GuardCore):
         now_us: int | None = None,
     ) -> Outcome:
         """Evaluate ``checks``; ``policy`` overrides the default for one route."""
+        chosen = policy or self.policy
         if self.refusing_writes:
-            policy = self.policy_for(policy)
+            chosen = self.policy_for(chosen)
         if self.routed:
-            return evaluate_routed(self, checks, policy, now_us)
+            return evaluate_routed(self, checks, chosen, now_us)
         breaker = self.node_breaker
         fallback = self.fallback
-        if (policy or self.policy) == "local" and fallback.holding and breaker.state == "closed":
+        if chosen == "local" and fallback.holding and breaker.state == "closed":
             refusal = fallback.refusal(checks, instances=self.instances.divisor, now_us=now_us)
             if refusal is not None:  # over this process's share while failures go on
                 if self.metrics is not None:
@@ -79,7 +75,7 @@ class Guard(GuardCore):
         if not breaker.allow():
             moved = self.follow_node(refresh=True) if self.follows else None
             if moved is None or not moved.allow():
-                return self.answer_by_policy(checks, policy, now_us)
+                return self.answer_by_policy(checks, chosen, now_us)
             breaker = moved
         metrics = self.metrics
         started = time.perf_counter() if metrics is not None else 0.0
@@ -90,7 +86,7 @@ class Guard(GuardCore):
             if metrics is not None:
                 metrics.storage_call(time.perf_counter() - started)
             return self.answer_by_policy(
-                checks, self.policy_after_refused_write(exc, policy), now_us
+                checks, self.policy_after_refused_write(exc, chosen), now_us
             )
         except StorageUnavailable as exc:
             if metrics is not None:
@@ -101,7 +97,7 @@ class Guard(GuardCore):
                 breaker = self.follow_node(refresh=False) or breaker
             if isinstance(exc, StorageReplyLost):
                 breaker.success()  # a fresh connection answered: not an outage
-                if not fallback.holding and (policy or self.policy) == "local":
+                if not fallback.holding and chosen == "local":
                     # Redis is up: this one request is admitted, and the local shares do not
                     # take over every key for a reset timeout (docs/failure-modes.md).
                     if metrics is not None:
@@ -113,13 +109,13 @@ class Guard(GuardCore):
                 self.storage_log.refused(exc)
             if self.follows:
                 self.follow_node(refresh=False)  # the failed call may have found a new master
-            return self.answer_by_policy(checks, policy, now_us)
+            return self.answer_by_policy(checks, chosen, now_us)
         except StorageResponseError as exc:
             breaker.success()  # the store answered: not an outage
             if metrics is not None:
                 metrics.storage_call(time.perf_counter() - started, "error")
             self.count_unreadable(exc)
-            return self.answer_by_policy(checks, policy, now_us)
+            return self.answer_by_policy(checks, chosen, now_us)
         except StorageBusy as exc:  # this process's load: the breaker hears nothing
             breaker.release()
             return self.answer_busy(exc)
@@ -128,7 +124,7 @@ class Guard(GuardCore):
             raise
         breaker.success()
         outcome: Outcome | None = None
-        if (policy or self.policy) == "local":
+        if chosen == "local":
             self.last_known.record(checks, evaluation)
             if evaluation.allowed:
                 refused = fallback.charge(
@@ -145,74 +141,77 @@ class Guard(GuardCore):
         if evaluation.repaired_keys:
             self.storage_log.repaired(evaluation.repaired_keys)
         if self.instances.auto:  # DISTLIMIT_INSTANCES = "auto": a heartbeat may be due
-            heartbeat_if_due(self)
+            self.heartbeat_if_due()
         return Outcome(evaluation) if outcome is None else outcome
-
-    # -- calls beside the request's ----------------------------------------------------------
-
-    def open_side_call(self, key: str, what: str) -> SideReport | None:
-        """Open a call beside the request's own on ``key`` (``what`` names it in the log): the
-        function to tell how it ended, or ``None`` when the breaker of ``key``'s node lets no
-        call through now (open, or half-open with its one trial out): skip the call then.
-
-        The function must be called exactly once, with ``None`` when the storage answered,
-        else with the exception the call raised. The breaker of the node hears it as it hears
-        a request's call (:meth:`evaluate`), because it is the same evidence: the same node,
-        reached the same way within the same timeout.
-
-        - an outage (:class:`~flask_distlimit.errors.StorageUnavailable`: refused, reset,
-          timed out, or :class:`~flask_distlimit.errors.StorageMisconfigured`) is a failure
-          of that node, counted toward its breaker's ``fail_max``: a dead shard found by a
-          slot's give-back or the tag key's read opens its breaker as a request would, and
-          only that node's;
-        - an answer is a success: it resets the node's count of consecutive failures, and it
-          closes a half-open breaker when the side call was its trial (granted by
-          :meth:`Breaker.allow <flask_distlimit.resilience.breaker.Breaker.allow>`, so a side call
-          never answers for a trial another call holds);
-        - an error reply (:class:`~flask_distlimit.errors.StorageResponseError`) is an answer
-          too (the node is up: never a failure, so a side call cannot open the breaker of a
-          healthy node), counted and logged as :meth:`count_unreadable` says; so is a lost reply
-          (:class:`~flask_distlimit.errors.StorageReplyLost`: a fresh connection answered);
-        - any other exception frees a trial it held and decides nothing.
-
-        The report takes the breaker's lock at most (no I/O): it never delays the request.
-        """
-        return open_side_call(self, key, what)
-
-    def side_call(
-        self, key: str, call: Callable[[Storage], Sequence[str]], what: str = "a side call"
-    ) -> None:
-        """One separate, cheap storage call beside the request's own, on ``key`` (the instance
-        heartbeat, the lease records), ``what`` naming it in the log: made only while the
-        breaker of ``key``'s node lets calls through, which hears how it ended
-        (:meth:`open_side_call`); the keys it answers (found holding garbage and replaced) are
-        logged. An error reply is an answer (the breaker hears a success) that the request it
-        rides on, decided already, never sees: counted and logged as :meth:`count_unreadable`
-        says."""
-        side_call(self, key, call, what)
-
-    def evaluate_beside(
-        self, checks: Sequence[Check], what: str, *, now_us: int | None = None
-    ) -> None:
-        """Evaluate ``checks`` in a call beside the request's that no failure policy answers
-        and whose answer nobody reads (a concurrency slot's give-back), ``what`` naming it in
-        the log. It never raises an :class:`Exception` (one the storage should not raise is
-        logged at ERROR): it runs after the response is made, at teardown or when a streamed
-        response closes, where it would turn a decided request into a 500.
-
-        The checks go in the parts the storage evaluates on their own (:meth:`Storage.route
-        <flask_distlimit.storage.base.Storage.route>`'s slot groups on a Redis Cluster, one
-        part elsewhere), each node's breaker asked once (:meth:`Breaker.allow
-        <flask_distlimit.resilience.breaker.Breaker.allow>`): the parts of a node that lets no call
-        through are not sent (no wait on a node known to be down; a slot's lease gives it
-        back), the others are, together (one deadline on a Cluster), and each node's breaker
-        then hears once how its parts ended, as :meth:`open_side_call` says: an outage if any of
-        them met one, else an answer."""
-        evaluate_beside(self, checks, what, now_us)
 
     # -- inspection --------------------------------------------------------------------------
 
     def health(self) -> dict[str, object]:
-        """Storage ping latency, breaker states, scripts loaded, instances seen; never raises
-        (:mod:`flask_distlimit.resilience.guard_health` says what each entry means)."""
-        return health(self)
+        """Storage ping latency, breaker states, scripts loaded, instances seen; never raises.
+
+        The storage is checked even while a breaker is open, without moving it: a PING, whether
+        the scripts are loaded, one evaluation of cost 0 (consumes nothing, writes no key). Any
+        failure gives ``ok: False``, its cause in one line in ``error`` and its class name in
+        ``error_type``. ``breaker``, ``breaker_failures`` and ``breaker_open_seconds`` are the
+        worst node's (:func:`~flask_distlimit.resilience.breakers.worst`). Every entry is
+        documented in docs/failure-modes.md, "Observability".
+        """
+        storage = self.storage
+        # What is evaluated: cost 0 consumes nothing and writes no key, but needs what a request
+        # needs (EVALSHA, the script's commands, access to keys under the prefix).
+        probe = Check(f"{self.key_prefix}:{{health}}:probe:fixed_window", "fixed_window", 1, 1, 0)
+        error: str | None = None
+        error_type: str | None = None
+        latency: float | None = None
+        loaded: bool | None = None
+        try:
+            latency = storage.ping()
+            loaded = storage.scripts_loaded()
+            storage.evaluate([probe])
+        except StorageError as exc:
+            error, error_type = one_line(str(exc) or type(exc).__name__), type(exc).__name__
+        except Exception as exc:  # a broken storage must not break the health check
+            log.debug("Health check of %s failed", self.name, exc_info=True)
+            error = one_line(f"unexpected {type(exc).__name__} from the storage: {exc}")
+            error_type = type(exc).__name__
+        if self.follows:
+            self.follow_node(refresh=False)  # name the master the storage found, if it connected
+        self.breakers.prune()
+        current = self.breaker  # made if new: the heartbeat key's node is always shown
+        by_node = self.breakers.by_node()
+        figures = {node: _figures(b) for node, b in by_node.items()}
+        shown = _figures(worst(list(by_node.values())) or current)
+        told = self.storage_log
+        instances = self.instances
+        return {
+            "ok": error is None and shown["state"] == "closed",
+            "storage": storage.scheme,
+            "latency_ms": None if latency is None else round(latency * 1000, 3),
+            "error": error,
+            "error_type": error_type,
+            "scripts_loaded": loaded,
+            "breaker": shown["state"],
+            "breakers": {node: f["state"] for node, f in figures.items()},
+            "breaker_nodes": figures,
+            "breaker_failures": shown["failures"],
+            "breaker_open_seconds": shown["open_seconds"],
+            "policy": self.policy,
+            "instances": instances.setting,
+            "instances_min": instances.minimum,
+            "instances_seen": instances.seen,
+            "fallback_divisor": instances.divisor,
+            "fallback_active": self.fallback_active,
+            "fallback_held_keys": sum(f.held() for f in self.fallbacks.all()),
+            "unreadable_replies": told.unreadable_count,
+            "unreadable_last": told.unreadable_last,
+            "side_call_failures": told.side_failures,
+            "side_call_last": told.side_last,
+        }
+
+
+def _figures(breaker: Breaker) -> dict[str, object]:
+    """One node's line of ``health()["breaker_nodes"]``: its state, consecutive failures, and
+    how long it has been open, to the millisecond (``None``: closed)."""
+    opened_for = breaker.opened_for()
+    open_seconds = None if opened_for is None else round(opened_for, 3)
+    return {"state": breaker.state, "failures": breaker.failures, "open_seconds": open_seconds}

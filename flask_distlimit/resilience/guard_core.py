@@ -1,17 +1,22 @@
-"""What every path of a guard shares: its settings and parts, and the failure policy's answers.
+"""The guard's state, the failure policy's answers, and the calls beside a request's.
 
-:class:`GuardCore` is the part of :class:`~flask_distlimit.resilience.guard.Guard` that the
-single-node path, the Cluster path (:mod:`flask_distlimit.resilience.routing`) and the calls beside
-a request's (:mod:`flask_distlimit.resilience.side_calls`) read: the storage, the per-node breakers
-and local fallbacks, the instance count, the node the storage goes to now (a Sentinel master is
-followed: :meth:`GuardCore.follow_node`), the paced log, and the failure policy's answer to checks
-the storage did not decide (:meth:`GuardCore.answer_by_policy`). After a refused write
+The guard is three modules: this one, the Cluster path (:mod:`~flask_distlimit.resilience.routing`)
+and :mod:`~flask_distlimit.resilience.guard`, whose :class:`~flask_distlimit.resilience.guard.Guard`
+adds the single-node path and the health report to :class:`GuardCore`. :class:`GuardCore` holds
+what both paths read: the storage, the per-node breakers and local fallbacks, the instance count,
+the node the storage goes to now (a Sentinel master is followed: :meth:`GuardCore.follow_node`),
+the paced log, and the failure policy's answer to checks the storage did not decide
+(:meth:`GuardCore.answer_by_policy`). After a refused write
 (:class:`~flask_distlimit.errors.StorageFull`), ``"open"`` reads as ``"local"`` until the fallbacks
-let go of the keys it decided (:meth:`GuardCore.policy_for`).
+let go of the keys it decided (:meth:`GuardCore.policy_for`). Calls beside a request's (the
+heartbeat, lease records, give-backs, the tag key's read) are made only while their node's breaker
+lets calls through, which then hears how they ended; no failure policy and no fallback answers
+them: a failed one is counted, logged and skipped (:meth:`GuardCore.open_side_call`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -20,10 +25,16 @@ from typing import Final, cast
 from flask_distlimit._typing import FailurePolicy
 from flask_distlimit.core.decision import Check
 from flask_distlimit.core.policies import validate_policy
-from flask_distlimit.errors import StorageBusy, StorageError, StorageFull
+from flask_distlimit.errors import (
+    StorageBusy,
+    StorageError,
+    StorageFull,
+    StorageMisconfigured,
+    StorageResponseError,
+)
 from flask_distlimit.forks import AfterFork
 from flask_distlimit.resilience.breaker import Breaker, BreakerState
-from flask_distlimit.resilience.breakers import Breakers
+from flask_distlimit.resilience.breakers import Breakers, report_call, report_parts
 from flask_distlimit.resilience.fallback import DEFAULT_MAX_KEYS, LocalFallback
 from flask_distlimit.resilience.instances import Instances, InstancesSetting
 from flask_distlimit.resilience.last_known import LastKnown
@@ -81,7 +92,6 @@ class GuardCore:
             known=storage.nodes,
         )
         self.fail_max = self.breakers.fail_max
-        self.reset_timeout = self.breakers.reset_timeout
         self.key_prefix = key_prefix
         #: what is told of every decision: the Prometheus metrics and the sinks added beside
         #: them (OpenTelemetry's instruments), or None
@@ -111,7 +121,7 @@ class GuardCore:
         self.fallbacks = NodeFallbacks(
             fallback_factory,
             clock=clock,
-            settle=self.reset_timeout,
+            settle=self.breakers.reset_timeout,
             last_known=self.last_known,
             routed=self.routed,
             route=storage.route,
@@ -125,7 +135,6 @@ class GuardCore:
         self.node = storage.node()
         self.node_breaker = self.breakers.get(self.node)
         self._asked_at = -float("inf")  # clock() when the storage was last asked to rediscover
-        self.heartbeat_check = Check(self.instances.key, "fixed_window", 1, 1, 0)
         self._tell_sinks()
         _guards.add(self)
 
@@ -148,7 +157,7 @@ class GuardCore:
         memory, the current master's on Sentinel; on a Redis Cluster, that of the primary
         serving the instance heartbeat key (each request uses its groups' own,
         :attr:`breakers`)."""
-        return self.breaker_of(self.heartbeat_check.key)
+        return self.breaker_of(self.instances.key)
 
     def breaker_of(self, key: str) -> Breaker:
         """The breaker of the node serving ``key`` (:attr:`breaker` but on a Redis Cluster)."""
@@ -229,10 +238,9 @@ class GuardCore:
     # -- the failure policy's answers --------------------------------------------------------
 
     def answer_by_policy(
-        self, checks: Sequence[Check], policy: FailurePolicy | None, now_us: int | None
+        self, checks: Sequence[Check], chosen: FailurePolicy, now_us: int | None
     ) -> Outcome:
-        """The failure policy's answer to ``checks`` the storage did not decide."""
-        chosen = policy or self.policy
+        """The failure policy ``chosen``'s answer to ``checks`` the storage did not decide."""
         if chosen == "local":
             evaluation = self.fallback.evaluate(
                 checks, instances=self.instances.divisor, now_us=now_us
@@ -250,27 +258,22 @@ class GuardCore:
         self.storage_log.busy(exc)
         return BUSY_OUTCOME
 
-    def policy_for(self, policy: FailurePolicy | None) -> FailurePolicy:
-        """The policy that answers a request: its route's or the default, but ``"local"`` in
-        place of ``"open"`` while a local fallback holds keys it decided because the storage
-        refused a write (:class:`~flask_distlimit.errors.StorageFull`): Redis never counted
-        those admissions, so a client must not get its local share and then Redis's whole
-        quota in the same window. Asked only after a refused write."""
-        chosen: FailurePolicy = policy or self.policy
-        if not self.refusing_writes:
-            return chosen
+    def policy_for(self, chosen: FailurePolicy) -> FailurePolicy:
+        """The policy that answers a request whose route's (or the default) is ``chosen``, but
+        ``"local"`` in place of ``"open"`` while a local fallback holds keys it decided because
+        the storage refused a write (:class:`~flask_distlimit.errors.StorageFull`): Redis never
+        counted those admissions, so a client must not get its local share and then Redis's
+        whole quota in the same window. Asked only after a refused write
+        (:attr:`refusing_writes`)."""
         if any(f.holding for f in self.fallbacks.all()):
             return "local" if chosen == "open" else chosen
         self.refusing_writes = False  # every key decided locally was handed back
         return chosen
 
-    def policy_after_refused_write(
-        self, exc: StorageFull, policy: FailurePolicy | None
-    ) -> FailurePolicy:
-        """The policy that answers a request whose write the storage refused: ``"closed"``
-        stays (503), any other is ``"local"`` (this process's share, never unlimited). Logs
-        at WARNING, at most once a minute."""
-        chosen: FailurePolicy = policy or self.policy
+    def policy_after_refused_write(self, exc: StorageFull, chosen: FailurePolicy) -> FailurePolicy:
+        """The policy that answers a request whose write the storage refused, in place of
+        ``chosen``: ``"closed"`` stays (503), any other is ``"local"`` (this process's share,
+        never unlimited). Logs at WARNING, at most once a minute."""
         if chosen != "closed":
             self.refusing_writes = True
         self.storage_log.full(exc, self.instances.divisor)
@@ -299,6 +302,122 @@ class GuardCore:
         every :data:`~flask_distlimit.resilience.storage_log.SIDE_FAILURE_LOG_INTERVAL`
         seconds, which says how many failed since the previous line."""
         self.storage_log.side_failed(what, cause, self.metrics)
+
+    # -- calls beside the request's ----------------------------------------------------------
+
+    def open_side_call(self, key: str, what: str) -> Callable[[BaseException | None], None] | None:
+        """Open a call beside the request's own on ``key`` (``what`` names it in the log): the
+        function to tell how it ended, or ``None`` when the breaker of ``key``'s node lets no
+        call through now (open, or half-open with its one trial out): skip the call then.
+
+        The function must be called exactly once, with ``None`` when the storage answered,
+        else with the exception the call raised. The breaker of the node hears it as it hears
+        a request's call (:meth:`Guard.evaluate
+        <flask_distlimit.resilience.guard.Guard.evaluate>`), because it is the same evidence:
+        the same node, reached the same way within the same timeout.
+
+        - an outage (:class:`~flask_distlimit.errors.StorageUnavailable`: refused, reset,
+          timed out, or :class:`~flask_distlimit.errors.StorageMisconfigured`) is a failure
+          of that node, counted toward its breaker's ``fail_max``: a dead shard found by a
+          slot's give-back or the tag key's read opens its breaker as a request would, and
+          only that node's;
+        - an answer is a success: it resets the node's count of consecutive failures, and it
+          closes a half-open breaker when the side call was its trial (granted by
+          :meth:`Breaker.allow <flask_distlimit.resilience.breaker.Breaker.allow>`, so a side call
+          never answers for a trial another call holds);
+        - an error reply (:class:`~flask_distlimit.errors.StorageResponseError`) is an answer
+          too (the node is up: never a failure, so a side call cannot open the breaker of a
+          healthy node), counted and logged as :meth:`count_unreadable` says; so is a lost reply
+          (:class:`~flask_distlimit.errors.StorageReplyLost`: a fresh connection answered);
+        - any other exception frees a trial it held and decides nothing.
+
+        The report takes the breaker's lock at most (no I/O): it never delays the request.
+        """
+        breaker = self.breaker_of(key)
+        if not breaker.allow():
+            return None
+        return functools.partial(self._heard, breaker, what)
+
+    def _heard(self, breaker: Breaker, what: str, error: BaseException | None) -> None:
+        report_call(breaker, error)
+        if isinstance(error, StorageMisconfigured):
+            self.storage_log.refused(error)
+        elif isinstance(error, StorageResponseError):
+            self.count_unreadable(error, what)
+
+    def side_call(
+        self, key: str, call: Callable[[Storage], Sequence[str]], what: str = "a side call"
+    ) -> None:
+        """One separate, cheap storage call beside the request's own, on ``key`` (the instance
+        heartbeat, the lease records), ``what`` naming it in the log: made only while the
+        breaker of ``key``'s node lets calls through, which hears how it ended
+        (:meth:`open_side_call`); the keys it answers (found holding garbage and replaced) are
+        logged. An error reply is an answer (the breaker hears a success) that the request it
+        rides on, decided already, never sees: counted and logged as :meth:`count_unreadable`
+        says."""
+        heard = self.open_side_call(key, what)
+        if heard is None:
+            return
+        try:
+            repaired = call(self.storage)
+        except StorageError as exc:
+            heard(exc)
+            if not isinstance(exc, StorageResponseError):  # those are counted as unreadable
+                self.side_failed(what, exc)
+            return
+        except BaseException as exc:
+            heard(exc)
+            raise
+        heard(None)
+        if repaired:
+            self.storage_log.repaired(repaired)
+
+    def heartbeat_if_due(self) -> None:
+        """Refresh this process's instance heartbeat when ``DISTLIMIT_INSTANCES = "auto"`` and
+        it is due (after a request the storage answered)."""
+        if self.instances.auto and self.instances.due():
+            self.side_call(self.instances.key, self.instances.beat, "the instance heartbeat")
+
+    def evaluate_beside(
+        self, checks: Sequence[Check], what: str, *, now_us: int | None = None
+    ) -> None:
+        """Evaluate ``checks`` in a call beside the request's that no failure policy answers
+        and whose answer nobody reads (a concurrency slot's give-back), ``what`` naming it in
+        the log. It never raises an :class:`Exception` (one the storage should not raise is
+        logged at ERROR): it runs after the response is made, at teardown or when a streamed
+        response closes, where it would turn a decided request into a 500.
+
+        The checks go in the parts the storage evaluates on their own (:meth:`Storage.route
+        <flask_distlimit.storage.base.Storage.route>`'s slot groups on a Redis Cluster, one
+        part elsewhere), each node's breaker asked once (:meth:`Breaker.allow
+        <flask_distlimit.resilience.breaker.Breaker.allow>`): the parts of a node that lets no call
+        through are not sent (no wait on a node known to be down; a slot's lease gives it
+        back), the others are, together (one deadline on a Cluster), and each node's breaker
+        then hears once how its parts ended, as :meth:`open_side_call` says: an outage if any of
+        them met one, else an answer."""
+        routes = [(self.node, list(range(len(checks))))]  # one node: the one the guard follows
+        if self.routed:
+            routes = self.storage.route(checks)
+        trying, _ = self.breakers.admit(node for node, _ in routes)
+        live = [(n, [checks[i] for i in indexes]) for n, indexes in routes if n in trying]
+        if not live:
+            return
+        try:
+            results = self.storage.evaluate_parts([part for _, part in live], now_us=now_us)
+        except BaseException as exc:
+            for breaker in trying.values():
+                breaker.release()
+            if not isinstance(exc, Exception):
+                raise
+            log.error("%s failed unexpectedly; it is skipped", what.capitalize(), exc_info=True)
+            return
+        for refused in report_parts(trying, [node for node, _ in live], results):
+            self.storage_log.refused(refused)
+        for result in results:
+            if isinstance(result, StorageResponseError):
+                self.count_unreadable(result, what)
+            elif isinstance(result, StorageError):
+                self.side_failed(what, result)
 
     def _after_fork(self) -> None:
         self.storage_log.after_fork()  # every process says it once

@@ -19,16 +19,15 @@ from flask_distlimit.resilience.breakers import report_parts
 from flask_distlimit.resilience.fallback import LocalFallback
 from flask_distlimit.resilience.guard_core import GuardCore
 from flask_distlimit.resilience.outcome import OPEN_OUTCOME, Outcome
-from flask_distlimit.resilience.side_calls import heartbeat_if_due
 from flask_distlimit.telemetry.otel import storage_outcome
 
 
 def evaluate_routed(
-    core: GuardCore, checks: Sequence[Check], policy: FailurePolicy | None, now_us: int | None
+    core: GuardCore, checks: Sequence[Check], chosen: FailurePolicy, now_us: int | None
 ) -> Outcome:
     """:meth:`Guard.evaluate <flask_distlimit.resilience.guard.Guard.evaluate>` on a storage whose
-    groups of checks go to nodes of their own (``core``: the guard's shared state)."""
-    chosen: FailurePolicy = policy or core.policy
+    groups of checks go to nodes of their own (``core``: the guard's shared state), under the
+    failure policy ``chosen``."""
     storage = core.storage
     routes = storage.route(checks)
     trying, blocked = core.breakers.admit(node for node, _ in routes)
@@ -43,7 +42,7 @@ def evaluate_routed(
     if blocked and chosen == "closed":  # answered 503 whatever the live nodes say
         for breaker in trying.values():
             breaker.release()
-        return core.answer_by_policy(checks, policy, now_us)
+        return core.answer_by_policy(checks, chosen, now_us)
     node_of = {i: node for node, indexes in routes for i in indexes}
     live = [(node, indexes) for node, indexes in routes if node in trying]
     parts = [[checks[i] for i in indexes] for _, indexes in live]
@@ -116,7 +115,7 @@ def evaluate_routed(
     lost = [checks[i] for i in failed]
     if chosen == "closed":  # a node failed during this call
         _give_back(core, checks, spent, decisions, now_us, breach=False)  # a 503
-        return core.answer_by_policy(lost, policy, now_us)
+        return core.answer_by_policy(lost, chosen, now_us)
     local: Evaluation | None = None
     if chosen == "local" and not denied:
         local = _local_by_node(core, checks, failed, node_of, now_us)
@@ -191,48 +190,36 @@ def _answered(
     now_us: int | None,
 ) -> Outcome:
     """What the single-node path does after Redis answered every check (``node_of``: each
-    check's node); each node's fallback counts the checks of its node only."""
-    outcome: Outcome | None = None
+    check's node), each node's fallback counting the checks of its node only: under
+    ``"local"``, :meth:`LocalFallback.charge` of each check by the fallback that counts its key,
+    else by its node's, when that holds counts; the local refusal of any refuses the request."""
+    refused = False
     if chosen == "local":
         core.last_known.record(checks, evaluation)
-        if evaluation.allowed:
-            outcome = _charge_by_node(core, checks, node_of, evaluation, now_us)
+    # never on the path of a healthy cluster: no node's fallback holds counts
+    if chosen == "local" and evaluation.allowed and core.fallbacks.per_node_holding():
+        decisions = list(evaluation.decisions)
+        divisor = core.instances.divisor
+        for fallback, indexes in _by_fallback(core, checks, range(len(checks)), node_of).items():
+            if not fallback.holding:
+                continue
+            part = [checks[i] for i in indexes]
+            said = Evaluation(tuple(decisions[i] for i in indexes))
+            local = fallback.charge(part, said, instances=divisor, now_us=now_us)
+            if local is not None:  # over this process's share while failures go on
+                refused = True
+                for i, decision in zip(indexes, local.decisions, strict=True):
+                    decisions[i] = decision
+        if refused:
+            evaluation = Evaluation(tuple(decisions))
     metrics = core.metrics
     if metrics is not None:
-        if outcome is None:
-            metrics.evaluated(checks, evaluation)
+        if refused:
+            metrics.degraded(checks, evaluation)
         else:
-            metrics.degraded(checks, outcome.evaluation)
-    heartbeat_if_due(core)
-    return Outcome(evaluation) if outcome is None else outcome
-
-
-def _charge_by_node(
-    core: GuardCore,
-    checks: Sequence[Check],
-    node_of: dict[int, str],
-    evaluation: Evaluation,
-    now_us: int | None,
-) -> Outcome | None:
-    """:meth:`LocalFallback.charge` of each check by the fallback that counts its key, else
-    by its node's, when that holds counts; the local refusal of any refuses the request."""
-    if not core.fallbacks.per_node_holding():
-        return None  # the path of every healthy cluster
-    decisions = list(evaluation.decisions)
-    refused = False
-    divisor = core.instances.divisor
-    by_fallback = _by_fallback(core, checks, range(len(checks)), node_of)
-    for fallback, indexes in by_fallback.items():
-        if not fallback.holding:
-            continue
-        part = [checks[i] for i in indexes]
-        said = Evaluation(tuple(decisions[i] for i in indexes))
-        local = fallback.charge(part, said, instances=divisor, now_us=now_us)
-        if local is not None:  # over this process's share while failures go on
-            refused = True
-            for i, decision in zip(indexes, local.decisions, strict=True):
-                decisions[i] = decision
-    return Outcome(Evaluation(tuple(decisions)), degraded=True) if refused else None
+            metrics.evaluated(checks, evaluation)
+    core.heartbeat_if_due()
+    return Outcome(evaluation, degraded=refused)
 
 
 def _give_back(

@@ -1,26 +1,13 @@
 """What a guard tells the operator about its storage: paced log lines, and the counts behind them.
 
-One :class:`StorageLog` per guard, i.e. per app and process. Each kind of trouble is logged once,
-then at most once every interval of the guard's injected clock, so that a storage failing every
-call costs one line a minute, not one per request (logger ``flask_distlimit.guard``, a public
-name: docs/failure-modes.md):
-
-- a storage that refuses the limiter (:class:`~flask_distlimit.errors.StorageMisconfigured`:
-  NOPERM, WRONGPASS, a bad database index, an unknown command): ERROR, every
-  :data:`MISCONFIGURED_LOG_INTERVAL` seconds;
-- this process's calls queueing past their budget (:class:`~flask_distlimit.errors.StorageBusy`):
-  WARNING, as often;
-- a refused write (:class:`~flask_distlimit.errors.StorageFull`): WARNING, as often;
-- an error reply, a reply the limiter cannot read
-  (:class:`~flask_distlimit.errors.StorageResponseError`): ERROR, as often, each one counted
-  (``health()``'s ``unreadable_replies``, the ``unreadable_replies_total`` metric);
-- a call beside a request's that failed and was skipped: WARNING, every
-  :data:`SIDE_FAILURE_LOG_INTERVAL` seconds, saying how many failed since the previous line,
-  each one counted (``side_call_failures``, ``side_call_failures_total``);
-- keys the storage found holding garbage and reset: one WARNING line per key.
-
-Logging takes one lock around the pacing only (no I/O under it). A forked child starts afresh:
-every process says each thing once (:meth:`StorageLog.after_fork`).
+One :class:`StorageLog` per guard, i.e. per app and process (logger ``flask_distlimit.guard``, a
+public name: docs/failure-modes.md). Each kind of trouble (a storage that refuses the limiter,
+calls queued past their budget, a refused write, an error reply, a failed call beside a request's)
+is logged once, then at most once every interval of the guard's injected clock, so that a storage
+failing every call costs one line a minute, not one per request; each method says its level.
+Error replies and failed side calls are also counted, for ``health()`` and the metrics; each key
+the storage found holding garbage and reset gets one WARNING line. Logging takes one lock around
+the pacing only (no I/O under it); a forked child starts afresh (:meth:`StorageLog.after_fork`).
 """
 
 from __future__ import annotations
@@ -97,7 +84,9 @@ class StorageLog:
             log.log(level, message, self.name, *args)
 
     def refused(self, exc: StorageMisconfigured) -> None:
-        """Log that the storage refuses the limiter: once, then at most once a minute."""
+        """Log at ERROR that the storage refuses the limiter
+        (:class:`~flask_distlimit.errors.StorageMisconfigured`: NOPERM, WRONGPASS, a bad database
+        index, an unknown command): once, then at most every :data:`MISCONFIGURED_LOG_INTERVAL`."""
         self._paced(
             self._refused,
             logging.ERROR,
@@ -109,7 +98,8 @@ class StorageLog:
         )
 
     def busy(self, exc: StorageBusy) -> None:
-        """Log that this process's calls queue past their budget: once, then once a minute."""
+        """Log at WARNING that this process's calls queue past their budget: once, then at most
+        once a minute."""
         self._paced(
             self._busy,
             logging.WARNING,
@@ -120,8 +110,8 @@ class StorageLog:
         )
 
     def full(self, exc: StorageFull, divisor: int) -> None:
-        """Log that the storage refuses writes (requests go to the local share ``limit /
-        divisor``): once, then at most once a minute."""
+        """Log at WARNING that the storage refuses writes (requests go to the local share
+        ``limit / divisor``): once, then at most once a minute."""
         self._paced(
             self._full,
             logging.WARNING,
@@ -146,23 +136,20 @@ class StorageLog:
             self.unreadable_last = _said(exc)
             if self._unreadable.due(now) is None:
                 return
-        if call is not None:
-            log.error(
-                "Rate-limit storage %s answered %s with what the limiter cannot read (a bug, "
-                "data it does not expect, or a Redis-compatible server that runs Lua "
-                "otherwise); it is skipped; logged at most once a minute: %s",
-                self.name,
-                call,
-                exc,
+        answered, then = f"answered {call} with", "; it is skipped"
+        if call is None:
+            answered = "answered"
+            then = (
+                ", so such requests are answered by the failure policy "
+                f"({self.policy!r} unless their route sets one)"
             )
-            return
         log.error(
-            "Rate-limit storage %s answered what the limiter cannot read (a bug, data it does not "
-            "expect, or a Redis-compatible server that runs Lua otherwise), so such requests are "
-            "answered by the failure policy (%r unless their route sets one); logged at most "
+            "Rate-limit storage %s %s what the limiter cannot read (a bug, data it does not "
+            "expect, or a Redis-compatible server that runs Lua otherwise)%s; logged at most "
             "once a minute: %s",
             self.name,
-            self.policy,
+            answered,
+            then,
             exc,
         )
 
