@@ -64,25 +64,27 @@ class DenyCache:
         self.clock = clock
         self.max_entries = max_entries
         self.max_ttl_us = int(max_ttl * 1_000_000)
-        self._entries: OrderedDict[str, Denial] = OrderedDict()
+        #: key -> its remembered denial, least recently used first (read it without the lock only
+        #: to tell whether it is empty, as the request path does before any lookup)
+        self.entries: OrderedDict[str, Denial] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.entries)
 
     def lookup(self, key: str, cost: int, now_us: int | None = None) -> Denial | None:
         """The remembered denial that certainly refuses ``cost`` on ``key`` now, if any."""
-        if not self._entries:  # the common case: no lock, no clock
+        if not self.entries:  # the common case: no lock, no clock
             return None
         now = self.clock() if now_us is None else now_us
         with self._lock:
-            denial = self._entries.get(key)
+            denial = self.entries.get(key)
             if denial is None:
                 return None
             if now >= denial.until_us:
-                del self._entries[key]
+                del self.entries[key]
                 return None
-            self._entries.move_to_end(key)
+            self.entries.move_to_end(key)
         return denial if cost >= denial.cost else None
 
     def record(
@@ -118,20 +120,20 @@ class DenyCache:
             reset_us = finished + math.ceil(reset_after * 1_000_000)
         denial = Denial(cost, started_us + ttl_us, retry_us, limit, period, name, reset_us)
         with self._lock:
-            self._entries[key] = denial
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+            self.entries[key] = denial
+            self.entries.move_to_end(key)
+            while len(self.entries) > self.max_entries:
+                self.entries.popitem(last=False)
 
     def forget(self, key: str) -> None:
         """Drop what is remembered of one key."""
         with self._lock:
-            self._entries.pop(key, None)
+            self.entries.pop(key, None)
 
     def clear(self) -> None:
         """Forget every denial (after the limits were reset)."""
         with self._lock:
-            self._entries.clear()
+            self.entries.clear()
 
     def reset_after_fork(self) -> None:
         """In a forked child: a fresh lock (the parent's may have been held by another thread)."""

@@ -115,7 +115,7 @@ class Decider:
                 first.setdefault(c.key, c)  # one check per key: the first
             checks = list(first.values())
         cache = self.deny_cache
-        if cache is not None and len(cache):
+        if cache is not None and cache.entries:
             self._from_cache(checks, identity, data, cache)
         leasing = self.plans.leasing
         if leasing and len(checks) == 1 and checks[0].bound.spec.lease:  # resilience.leases

@@ -212,7 +212,8 @@ class Pipeline:
             if not isinstance(exc, Exception):
                 raise  # an interrupt of the leader's own (a signal handler's, a timeout's)
         finally:
-            self._wake(batch, call)
+            if len(batch) > 1:  # a batch of one wakes nobody (the usual request: no call)
+                self._wake(batch, call)
             self._hand_on(connection)
 
     def _expire(self, batch: list[Call]) -> list[Call]:

@@ -132,7 +132,7 @@ class DeadlinePool:
         if self.pid != os.getpid():
             self.forget_inherited()
         with self._lock:
-            if not self._can_take():
+            if not self._idle and len(self._made) >= self.max_connections:  # not _can_take()
                 self._waiting += 1
                 try:
                     self._ready.wait_for(self._can_take, wait_until - time.monotonic())
@@ -149,7 +149,8 @@ class DeadlinePool:
             if connect:
                 if probe and connection in self._live:
                     self._drop_if_stale(connection)
-                self.ready(connection, connect_by)
+                if connection not in self._live:  # as ready() asks: no call on the hot path
+                    self.ready(connection, connect_by)
         except BaseException:
             self.release(connection)
             raise
