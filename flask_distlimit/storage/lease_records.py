@@ -13,28 +13,9 @@ from typing import Final, NamedTuple
 from flask_distlimit.errors import StorageResponseError
 from flask_distlimit.storage.slot_keys import same_slot_key
 
-__all__ = [
-    "LEASE_RECORDS_SOURCE",
-    "Record",
-    "records_from_reply",
-    "records_key",
-    "repaired_from_reply",
-]
-
 LEASE_RECORDS_SOURCE: Final = """
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
--- the members of a ZRANGE ... WITHSCORES reply whose time is not up
-local function live_members(ranked)
-  local live = {}
-  for i = 1, #ranked, 2 do
-    if tonumber(ranked[i + 1]) > now_ms then
-      live[#live + 1] = ranked[i]
-    end
-  end
-  return live
-end
 
 -- each member of `live` and its value in `values` appended to `into` (one without: skipped)
 local function with_values(into, live, values)
@@ -47,14 +28,10 @@ local function with_values(into, live, values)
   return into
 end
 
-if ARGV[1] == '' then  -- read: the soonest 1,000 by rank, those not expired
-  local ranked = redis.pcall('ZRANGE', KEYS[1], 0, 999, 'WITHSCORES')
-  if type(ranked) ~= 'table' or ranked.err then
-    return {now_ms}
-  end
-  local live = live_members(ranked)
+if ARGV[1] == '' then  -- read: the 1,000 whose time is up soonest, of those not expired
+  local live = redis.pcall('ZRANGE', KEYS[1], '(' .. now_ms, '+inf', 'BYSCORE', 'LIMIT', 0, 1000)
   local reply = {now_ms}
-  if #live == 0 then
+  if type(live) ~= 'table' or live.err or #live == 0 then
     return reply
   end
   local values = redis.pcall('HMGET', KEYS[2], unpack(live))
