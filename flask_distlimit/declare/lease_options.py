@@ -13,8 +13,6 @@ from flask_distlimit.errors import ConfigurationError
 if TYPE_CHECKING:
     from flask_distlimit.core.limits import Rate
 
-__all__ = ["AUTO_CAP_DIVISOR", "LEASABLE", "auto_cap", "check_lease", "check_lease_algorithm"]
-
 #: The algorithms a lease is defined for. Not the sliding window log: it stores the time of use of
 #: every unit, and a leased unit's time of use is unknown when it is taken.
 LEASABLE: Final[frozenset[Algorithm]] = frozenset(n for n, e in REGISTRY.items() if e.leasable)
@@ -73,8 +71,7 @@ def check_lease(
             if lease > rate.amount:
                 raise ConfigurationError(
                     f"{what}: lease={lease} is more than the limit {rate}: a lease is a part of "
-                    f"the limit; use at most {max(1, rate.amount // AUTO_CAP_DIVISOR)} units or "
-                    "lease=True."
+                    f"the limit; use at most {auto_cap(rate.amount)} units or lease=True."
                 )
 
 
