@@ -62,28 +62,6 @@ class Taken(NamedTuple):
 class Lease:
     """The units this process holds of one storage key, and what it last saw of the key."""
 
-    __slots__ = (
-        "algorithm",
-        "cap",
-        "chunks",
-        "demand",
-        "fixed",
-        "gives_back",
-        "key",
-        "limit",
-        "lock",
-        "low",
-        "mark",
-        "period_us",
-        "rate",
-        "renewing",
-        "seen_at",
-        "seen_remaining",
-        "seen_reset_us",
-        "units",
-        "used",
-    )
-
     def __init__(self, check: Check, size: bool | int, now: int) -> None:
         self.key = check.key
         self.algorithm = check.algorithm
@@ -96,7 +74,6 @@ class Lease:
         self.cap = auto_cap(check.limit)
         self.lock = threading.Lock()
         self.chunks: list[_Chunk] = []  #: by expiry; none empty
-        self.units = 0  #: the units of ``chunks``
         #: the low-water mark: a quarter of the size last computed (renew at or below it)
         self.low = 0
         self.renewing = False
@@ -113,8 +90,7 @@ class Lease:
         chunks = self.chunks
         if chunks and chunks[0].expires <= now:
             chunks[:] = [c for c in chunks if c.expires > now and c.units > 0]
-            self.units = sum(c.units for c in chunks)
-        return self.units
+        return sum(c.units for c in chunks)
 
     def size(self, now: int) -> int:
         """The lease this process should hold now."""
@@ -148,16 +124,15 @@ class Lease:
                     if not chunk.units:
                         del self.chunks[0]
                 held -= cost
-                self.units = held
             renew = 0
             if not self.renewing:
                 target = self.size(now)
                 self.low = target // 4
                 if target and (spent is None or held <= self.low) and renew_allowed():
+                    # more than none: what is held here is at most a quarter of the target
                     renew = target - held if spent is not None else target
-                    if renew > 0:
-                        self.renewing = True
-            return Taken(spent, max(renew, 0))
+                    self.renewing = True
+            return Taken(spent, renew)
 
     def spend(self, cost: int, now: int) -> Decision | None:
         """The usual request: ``cost`` spent out of the lease, which needs no renewal (or
@@ -169,11 +144,10 @@ class Lease:
             first = chunks[0]
             if first.expires <= now or first.units <= cost:
                 return None  # expired, or spending it all: the general path
-            held = self.units - cost
+            held = sum(c.units for c in chunks) - cost
             if held <= self.low and not self.renewing:
                 return None  # time to renew
             first.units -= cost
-            self.units = held
             self.used = now
             self.demand += cost
             return self._decision(held, now)
@@ -187,7 +161,6 @@ class Lease:
                         self.chunks.append(chunk)
                         self.chunks.sort(key=_expiry)
                     chunk.units += n
-                    self.units += n
 
     def granted(
         self, units: int, d: Decision, started: int, now: int, storage_now: int = 0
@@ -213,7 +186,6 @@ class Lease:
                 else:
                     chunks.append(_Chunk(units, ends, window))
                     chunks.sort(key=_expiry)
-                self.units += units
             self.renewing = False
             self.seen(d, now)
 
@@ -239,7 +211,6 @@ class Lease:
             for chunk in self.chunks:
                 if chunk.window >= 0 and chunk.units > 0 and chunk.expires > now:
                     out[chunk.window] = out.get(chunk.window, 0) + chunk.units
-                    self.units -= chunk.units
                     chunk.units, chunk.expires = 0, 0
                 else:
                     kept.append(chunk)
@@ -255,9 +226,8 @@ class Lease:
     def clear(self) -> bool:
         """Drop every unit (their count was deleted); true if it held some."""
         with self.lock:
-            held = self.units > 0
+            held = bool(self.chunks)  # none is empty
             self.chunks.clear()
-            self.units = 0
         return held
 
     def seen(self, d: Decision, now: int) -> None:
@@ -282,7 +252,7 @@ class Lease:
             expires = min((c.expires for c in self.chunks), default=now)
             return {
                 "held": held,
-                "size": self.fixed or self.size(now),
+                "size": self.size(now),
                 "limit": self.limit,
                 "algorithm": self.algorithm,
                 "expires_in": round((expires - now) / _US, 3),
