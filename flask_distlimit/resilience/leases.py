@@ -97,13 +97,11 @@ class Leases:
 
     def declare(self, bounds: Sequence[BoundLimit]) -> bool:
         """Note the leased limits among ``bounds`` (bound for a route); true if any."""
-        found = False
-        for b in bounds:
-            if b.spec.lease is not False:
-                found = True
-                size = auto_cap(b.rate.amount) if b.spec.lease is True else int(b.spec.lease)
-                self._declared[b.key_tail] = size
-        return found
+        leased = [b for b in bounds if b.spec.lease is not False]
+        for b in leased:
+            size = auto_cap(b.rate.amount) if b.spec.lease is True else int(b.spec.lease)
+            self._declared[b.key_tail] = size
+        return bool(leased)
 
     def largest(self, key: str) -> int | None:
         """The most units a process leases of the limit stored under ``key`` (``None``: not
@@ -211,12 +209,12 @@ class Leases:
         return passes > 0
 
     def _publish(self, now: int) -> None:
-        """Publish what this process holds (a storage call of its own)."""
+        """Publish what this process holds (a storage call of its own, which counts and logs
+        an error reply)."""
         record, hold = record_of(list(self._leases.values()), now)
         key, process = self.records_key, self.process
 
         def publish(storage: Storage) -> tuple[str, ...]:
-            # an error reply: the side call counts and logs it
             return storage.publish_leases(key, process, record, hold)
 
         self.guard.side_call(key, publish, "the lease records")
@@ -336,56 +334,43 @@ class Leases:
                 call, policy="open" if renewing_only else policy, now_us=now_us
             )
             evaluation = outcome.evaluation
-            if outcome.degraded or evaluation is None:
-                if renewing_only:
-                    # only top-ups were asked for: the leases covered the request
-                    return Outcome(Evaluation(())), []
-                if (
-                    attempt < 2
-                    and evaluation is not None
-                    and not evaluation.allowed
-                    and any(
-                        a.renew and not d.allowed
-                        for a, d in zip(sent, evaluation.decisions[len(plain) :], strict=True)
-                    )
-                ):
-                    # The local fallback refused a top-up (over this process's share): a top-up
-                    # is never granted while the storage fails, and never what refuses a
-                    # request. Ask again for the request's own needs alone (all-or-nothing: the
-                    # refused call charged nothing).
-                    for a in sent:
-                        a.renew = 0
-                    continue
+            if renewing_only and (outcome.degraded or evaluation is None):
+                return Outcome(Evaluation(())), []  # the leases covered the request
+            if evaluation is None:
                 return outcome, sent
-            decisions = evaluation.decisions
-            by_ask = dict(zip((a.index for a in sent), decisions[len(plain) :], strict=True))
-            if evaluation.allowed:
+            answers = list(zip(sent, evaluation.decisions[len(plain) :], strict=True))
+            if evaluation.allowed and not outcome.degraded:
                 after = self.clock()
                 metrics = guard.metrics
-                for a in sent:
+                for a, d in answers:
                     if a.renew:
                         self._renewed = True
-                        a.lease.granted(a.renew, by_ask[a.index], started, after, evaluation.now_us)
+                        a.lease.granted(a.renew, d, started, after, evaluation.now_us)
                         if metrics is not None:
                             metrics.watch_lease_units(a.lease.key, self.units_of)
                     else:
                         with a.lease.lock:
-                            a.lease.seen(by_ask[a.index], after)
+                            a.lease.seen(d, after)
                 return outcome, sent
-            # Refused. A refused check that carried a top-up answered for its cost with the
-            # top-up: if the request's own needs fit, ask again for what the reply says remains,
-            # then for nothing but them; if they do not, ask once more for them alone, so that the
-            # refusal (its Retry-After, and the deny cache's wait) is for what the request needs:
-            # a bucket's wait for 1 + 6 units is 7 times its wait for 1.
-            refused = [a for a in sent if not by_ask[a.index].allowed]
-            if attempt == 2 or not any(a.renew for a in refused):
+            refused = [(a, d) for a, d in answers if not d.allowed]
+            if attempt == 2 or not any(a.renew for a, _ in refused):
                 return outcome, sent
-            fits = attempt == 0 and all(d.allowed for d in decisions[: len(plain)])
-            for a in refused:
-                if a.need > by_ask[a.index].remaining or not a.renew:
-                    fits = False
-            for a in sent:
+            # Refused, and a refused check carried a top-up (it answered for its cost with the
+            # top-up). If the storage answered and the request's own needs fit, ask again for
+            # what the reply says remains, then for nothing but them; if they do not, ask once
+            # more for them alone, so that the refusal (its Retry-After, and the deny cache's
+            # wait) is for what the request needs: a bucket's wait for 1 + 6 units is 7 times its
+            # wait for 1. If the local fallback refused a top-up (the storage failing, over this
+            # process's share), ask again for the request's own needs alone: a top-up is never
+            # granted while the storage fails, and never what refuses a request (all-or-nothing:
+            # the refused call charged nothing).
+            fits = (
+                attempt == 0
+                and not outcome.degraded
+                and all(d.allowed for d in evaluation.decisions[: len(plain)])
+                and all(a.renew and a.need <= d.remaining for a, d in refused)
+            )
+            for a, d in answers:
                 if a.renew:
-                    remaining = by_ask[a.index].remaining
-                    a.renew = max(0, min(a.renew, remaining - a.need)) if fits else 0
+                    a.renew = max(0, min(a.renew, d.remaining - a.need)) if fits else 0
         raise AssertionError("unreachable")  # pragma: no cover
