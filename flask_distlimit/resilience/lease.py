@@ -113,16 +113,7 @@ class Lease:
             held = self._held(now)
             spent: Spent | None = None
             if held >= cost:
-                spent = []
-                left = cost
-                while left:
-                    chunk = self.chunks[0]  # the oldest first: they expire first
-                    n = min(left, chunk.units)
-                    chunk.units -= n
-                    left -= n
-                    spent.append((chunk, n))
-                    if not chunk.units:
-                        del self.chunks[0]
+                spent = self._spend(cost)
                 held -= cost
             renew = 0
             if not self.renewing:
@@ -136,21 +127,27 @@ class Lease:
 
     def spend(self, cost: int, now: int) -> Decision | None:
         """The usual request: ``cost`` spent out of the lease, which needs no renewal (or
-        another request renews it): its decision. ``None``, and nothing changed, otherwise."""
+        another request renews it): its decision. ``None``, and nothing spent, otherwise."""
         with self.lock:
-            chunks = self.chunks
-            if not chunks:
-                return None
-            first = chunks[0]
-            if first.expires <= now or first.units <= cost:
-                return None  # expired, or spending it all: the general path
-            held = sum(c.units for c in chunks) - cost
-            if held <= self.low and not self.renewing:
-                return None  # time to renew
-            first.units -= cost
+            held = self._held(now) - cost
+            if held < 0 or (held <= self.low and not self.renewing):
+                return None  # not enough held, or time to renew
+            self._spend(cost)
             self.used = now
             self.demand += cost
             return self._decision(held, now)
+
+    def _spend(self, cost: int) -> Spent:  # under self.lock, with at least ``cost`` held
+        spent: Spent = []
+        while cost:
+            chunk = self.chunks[0]  # the oldest first: they expire first
+            n = min(cost, chunk.units)
+            chunk.units -= n
+            cost -= n
+            spent.append((chunk, n))
+            if not chunk.units:
+                del self.chunks[0]
+        return spent
 
     def give_back(self, spent: Spent, now: int) -> None:
         """A request refused by another limit: the units it took from the lease return."""
