@@ -60,10 +60,9 @@ end
 
 local repaired_set = write('ZADD', KEYS[1], now_ms + hold_ms, ARGV[1])
 local repaired_records = write('HSET', KEYS[2], ARGV[1], now_ms .. ':' .. ARGV[2])
-if redis.call('ZCOUNT', KEYS[1], '-inf', now_ms) > 0 then
-  -- processes whose time is up: dropped, and the records rebuilt with the live ones' (the
+if redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms) > 0 then
+  -- processes whose time is up were dropped: the records rebuilt with the live ones' (the
   -- first 1,000 by expiry; one past them publishes again on its next renewal)
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
   local live = redis.call('ZRANGE', KEYS[1], 0, 999)
   local values = redis.call('HMGET', KEYS[2], unpack(live))
   redis.call('DEL', KEYS[2])
@@ -107,12 +106,9 @@ def _text(value: object) -> str | None:
 
 def records_from_reply(reply: object) -> list[Record]:
     """The read reply as records; a value that is not ``<ms>:<text>`` is skipped."""
-    if not isinstance(reply, list | tuple) or not reply:
+    if not isinstance(reply, list | tuple):
         return []
-    try:
-        now_ms = int(reply[0])
-    except (TypeError, ValueError):
-        return []
+    now_ms = int(reply[0])  # the script's TIME, first in each of its replies
     records: list[Record] = []
     for i in range(1, len(reply) - 1, 2):
         process, value = _text(reply[i]), _text(reply[i + 1])
