@@ -61,12 +61,17 @@ def _give(
 
 
 class _Ask:
-    __slots__ = ("claimed", "index", "lease", "need", "renew")
+    """A leased check of the request: what it spent of its lease, and asks of the storage."""
 
-    def __init__(self, index: int, lease: Lease, need: int, renew: int) -> None:
+    __slots__ = ("claimed", "index", "lease", "need", "renew", "spent")
+
+    def __init__(
+        self, index: int, lease: Lease, spent: Spent | None, cost: int, renew: int
+    ) -> None:
         self.index = index
         self.lease = lease
-        self.need = need  #: units the request needs from the storage (0: the lease covered it)
+        self.spent = spent or []  #: what it spent of the lease (none: it did not hold the cost)
+        self.need = 0 if spent else cost  #: units the request needs from the storage
         self.renew = renew  #: the top-up asked for (less on a second try)
         self.claimed = renew > 0  #: this request renews the lease: it clears ``renewing``
 
@@ -251,7 +256,6 @@ class Leases:
         guard = self.guard
         now = self.clock()
 
-        local: dict[int, tuple[Lease, Spent]] = {}
         asks: list[_Ask] = []
         plain: list[int] = []
         for i, c in enumerate(checks):
@@ -263,15 +267,12 @@ class Leases:
             # renewed only while the breaker of the lease key's own node (Redis Cluster) is
             # closed: a top-up never goes to the failure policy (asked only when one is due)
             spent, renew = lease.take(c.cost, now, functools.partial(_renewable, guard, c.key))
-            if spent is not None:
-                local[i] = (lease, spent)
-            if spent is None or renew:
-                asks.append(_Ask(i, lease, 0 if spent is not None else c.cost, renew))
+            asks.append(_Ask(i, lease, spent, c.cost, renew))
         try:
             outcome, sent = self._call(checks, plain, asks, policy, now_us)
         except BaseException:
-            for lease, spent in local.values():
-                lease.give_back(spent, now)
+            for a in asks:
+                a.lease.give_back(a.spent, now)
             raise
         finally:
             for ask in asks:
@@ -283,12 +284,10 @@ class Leases:
         after = self.clock()
         evaluation = outcome.evaluation
         if outcome.unavailable or (evaluation is not None and not evaluation.allowed):
-            for lease, spent in local.values():
-                lease.give_back(spent, after)
-        elif local:
-            metrics = guard.metrics
-            if metrics is not None:
-                metrics.leased([checks[i].key for i in local])
+            for a in asks:
+                a.lease.give_back(a.spent, after)
+        elif guard.metrics is not None and any(a.spent for a in asks):
+            guard.metrics.leased([checks[a.index].key for a in asks if a.spent])
         if evaluation is None:
             return outcome
         # the decisions put back at the indexes of checks
@@ -302,9 +301,9 @@ class Leases:
                 # the request's part of it: the shared count plus what the lease holds
                 d = replace(d, remaining=min(d.limit, d.remaining + a.renew))
             merged[a.index] = d
-        for i, (lease, _) in local.items():
-            if merged[i].allowed:  # else refused (its top-up): so is the request, units back
-                merged[i] = lease.decision(after)
+        for a in asks:
+            if a.spent and merged[a.index].allowed:  # else refused (its top-up): units back
+                merged[a.index] = a.lease.decision(after)
         merged_evaluation = Evaluation(tuple(merged), evaluation.repaired_keys)
         return replace(outcome, evaluation=merged_evaluation)
 
