@@ -162,9 +162,10 @@ class Lease:
     def granted(
         self, units: int, d: Decision, started: int, now: int, storage_now: int = 0
     ) -> None:
-        """The storage consumed ``units`` more for this lease (``d``: the leased check's
-        decision; ``started``: the local time before the call; ``storage_now``: the storage's
-        clock when it decided, us, 0 if unknown)."""
+        """The storage consumed ``units`` more for this lease, 0 or more (``d``: the leased
+        check's decision, what the lease last saw of the shared count; ``started``: the local
+        time before the call; ``storage_now``: the storage's clock when it decided, us, 0 if
+        unknown). The request that claimed the renewal clears ``renewing`` after its call."""
         window = storage_now // self.period_us if storage_now > 0 and self.gives_back else -1
         reset_us = round(d.reset_after * _US)
         ends = self._good_until(units, reset_us, started)
@@ -183,8 +184,9 @@ class Lease:
                 else:
                     chunks.append(_Chunk(units, ends, window))
                     chunks.sort(key=_expiry)
-            self.renewing = False
-            self.seen(d, now)
+            self.seen_remaining = d.remaining
+            self.seen_reset_us = reset_us
+            self.seen_at = now
 
     def _good_until(self, units: int, reset_us: int, started: int) -> int:
         """Until when ``units`` granted by a call started at ``started`` (local clock, us) that
@@ -226,11 +228,6 @@ class Lease:
             held = bool(self.chunks)  # none is empty
             self.chunks.clear()
         return held
-
-    def seen(self, d: Decision, now: int) -> None:
-        self.seen_remaining = d.remaining
-        self.seen_reset_us = round(d.reset_after * _US)
-        self.seen_at = now
 
     def decision(self, now: int) -> Decision:
         """A leased check decided in-process: the shared count as last seen, plus the units

@@ -342,14 +342,11 @@ class Leases:
                 after = self.clock()
                 metrics = guard.metrics
                 for a, d in answers:
+                    a.lease.granted(a.renew, d, started, after, evaluation.now_us)
                     if a.renew:
                         self._renewed = True
-                        a.lease.granted(a.renew, d, started, after, evaluation.now_us)
                         if metrics is not None:
                             metrics.watch_lease_units(a.lease.key, self.units_of)
-                    else:
-                        with a.lease.lock:
-                            a.lease.seen(d, after)
                 return outcome, sent
             refused = [(a, d) for a, d in answers if not d.allowed]
             if attempt == 2 or not any(a.renew for a, _ in refused):
