@@ -48,7 +48,7 @@ def check_lease(
     """Validate ``lease=`` of a declaration (start-up errors, never request-time ones)."""
     if lease is False:
         return
-    if lease is not True and (not isinstance(lease, int) or isinstance(lease, bool) or lease < 1):
+    if lease is not True and (not isinstance(lease, int) or lease < 1):
         raise ConfigurationError(
             f"{what}: lease={lease!r}: use True (sized from the traffic), False, or a number of "
             "units >= 1, e.g. lease=10."
