@@ -8,6 +8,7 @@ docs/design-notes.md, "One lease"; docs/leasing.md.
 
 from __future__ import annotations
 
+import bisect
 import operator
 import threading
 from collections.abc import Callable
@@ -37,7 +38,7 @@ class Held(NamedTuple):
 class _Chunk:
     __slots__ = ("expires", "units", "window")
 
-    def __init__(self, units: int, expires: int, window: int = -1) -> None:
+    def __init__(self, units: int, expires: int, window: int) -> None:
         self.units = units
         self.expires = expires  # local clock, us; 0: given back to the storage
         #: a fixed window or counter's window index as the storage numbered it (-1: unknown,
@@ -155,8 +156,7 @@ class Lease:
             for chunk, n in spent:
                 if chunk.expires > now:
                     if not chunk.units:  # it was emptied and dropped
-                        self.chunks.append(chunk)
-                        self.chunks.sort(key=_expiry)
+                        bisect.insort(self.chunks, chunk, key=_expiry)
                     chunk.units += n
 
     def granted(
@@ -182,8 +182,7 @@ class Lease:
                     if last.window != window:
                         last.window = -1
                 else:
-                    chunks.append(_Chunk(units, ends, window))
-                    chunks.sort(key=_expiry)
+                    bisect.insort(chunks, _Chunk(units, ends, window), key=_expiry)
             self.seen_remaining = d.remaining
             self.seen_reset_us = reset_us
             self.seen_at = now
