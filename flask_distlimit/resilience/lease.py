@@ -159,9 +159,7 @@ class Lease:
                         bisect.insort(self.chunks, chunk, key=_expiry)
                     chunk.units += n
 
-    def granted(
-        self, units: int, d: Decision, started: int, now: int, storage_now: int = 0
-    ) -> None:
+    def granted(self, units: int, d: Decision, started: int, now: int, storage_now: int) -> None:
         """The storage consumed ``units`` more for this lease, 0 or more (``d``: the leased
         check's decision, what the lease last saw of the shared count; ``started``: the local
         time before the call; ``storage_now``: the storage's clock when it decided, us, 0 if

@@ -85,10 +85,7 @@ class Leases:
     leased limit."""
 
     def __init__(
-        self,
-        guard: Guard,
-        clock: Callable[[], int],
-        storage_now: Callable[[], int | None] = lambda: None,
+        self, guard: Guard, clock: Callable[[], int], storage_now: Callable[[], int | None]
     ) -> None:
         self.guard = guard
         self.clock = clock
