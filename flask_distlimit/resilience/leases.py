@@ -289,17 +289,13 @@ class Leases:
             return outcome
         # the decisions put back at the indexes of checks
         merged = [_IN_PROCESS] * len(checks)
-        decisions = evaluation.decisions
-        for k, i in enumerate(plain):
-            merged[i] = decisions[k]
-        for k, a in enumerate(sent, start=len(plain)):
-            d = decisions[k]
-            if not outcome.degraded and d.allowed and a.renew:
-                # the request's part of it: the shared count plus what the lease holds
-                d = replace(d, remaining=min(d.limit, d.remaining + a.renew))
-            merged[a.index] = d
+        for i, d in zip([*plain, *(a.index for a in sent)], evaluation.decisions, strict=True):
+            merged[i] = d
+        granted = evaluation.allowed and not outcome.degraded  # the top-ups sent were granted
         for a in asks:
-            if a.spent and merged[a.index].allowed:  # else refused (its top-up): units back
+            # covered by its lease, or topped up (else refused with its top-up, so is the
+            # request): the shared count as last seen plus what the lease holds
+            if merged[a.index].allowed and (a.spent or (granted and a.renew)):
                 merged[a.index] = a.lease.decision(after)
         merged_evaluation = Evaluation(tuple(merged), evaluation.repaired_keys)
         return replace(outcome, evaluation=merged_evaluation)
