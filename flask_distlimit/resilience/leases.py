@@ -130,11 +130,8 @@ class Leases:
         meanwhile grants its units to a lease no request finds again (they are lost, never
         spent twice)."""
         with self._lock:
-            if keys is None:
-                dropped = list(self._leases.values())
-                self._leases = {}
-            else:
-                dropped = [lease for key in keys if (lease := self._leases.pop(key, None))]
+            gone = list(self._leases) if keys is None else keys
+            dropped = [lease for key in gone if (lease := self._leases.pop(key, None))]
         for lease in dropped:
             if lease.clear():
                 # published again after the next storage call: inspect counts what a record
@@ -234,10 +231,8 @@ class Leases:
         if lease is None or check.cost <= 0 or check.shadow:
             return None
         decision = lease.spend(check.cost, self.clock())
-        if decision is not None:
-            metrics = self.guard.metrics
-            if metrics is not None:
-                metrics.leased((check.key,))
+        if decision is not None and self.guard.metrics is not None:
+            self.guard.metrics.leased((check.key,))
         return decision
 
     def evaluate(

@@ -112,12 +112,9 @@ def records_from_reply(reply: object) -> list[Record]:
     records: list[Record] = []
     for i in range(1, len(reply) - 1, 2):
         process, value = _text(reply[i]), _text(reply[i + 1])
-        if process is None or value is None:
-            continue
-        stamp, sep, text = value.partition(":")
-        if not sep or not stamp.isdigit():
-            continue
-        records.append(Record(process, max(0, now_ms - int(stamp)) / 1000, text))
+        stamp, sep, text = (value or "").partition(":")
+        if process is not None and sep and stamp.isdigit():
+            records.append(Record(process, max(0, now_ms - int(stamp)) / 1000, text))
     return records
 
 
