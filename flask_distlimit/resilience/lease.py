@@ -200,17 +200,14 @@ class Lease:
         :data:`GIVE_BACK_AFTER_US`, taken out of the lease (no request can spend them, nor a
         refused one put units back into their chunk): ``(window, units)`` to give back."""
         with self.lock:
-            if self.renewing or now - self.used < GIVE_BACK_AFTER_US or not self.chunks:
+            if self.renewing or now - self.used < GIVE_BACK_AFTER_US:
                 return []
             out: dict[int, int] = {}
-            kept: list[_Chunk] = []
             for chunk in self.chunks:
-                if chunk.window >= 0 and chunk.units > 0 and chunk.expires > now:
+                if chunk.window >= 0 and chunk.expires > now:
                     out[chunk.window] = out.get(chunk.window, 0) + chunk.units
                     chunk.units, chunk.expires = 0, 0
-                else:
-                    kept.append(chunk)
-            self.chunks[:] = kept
+            self.chunks[:] = [c for c in self.chunks if c.units]  # none is left empty
             return sorted(out.items())
 
     def holds(self, now: int) -> Held:
