@@ -90,7 +90,7 @@ class Lease:
     def _held(self, now: int) -> int:
         chunks = self.chunks
         if chunks and chunks[0].expires <= now:
-            chunks[:] = [c for c in chunks if c.expires > now and c.units > 0]
+            chunks[:] = [c for c in chunks if c.expires > now]
         return sum(c.units for c in chunks)
 
     def size(self, now: int) -> int:

@@ -194,17 +194,16 @@ class Leases:
         for lease in list(self._leases.values()):
             if passes >= GIVE_BACK_PER_PASS:
                 break
-            if not lease.gives_back or now - lease.used < GIVE_BACK_AFTER_US:
-                continue  # (read without its lock: unspent() looks again under it)
-            if not _renewable(self.guard, lease.key):
-                # no call can be made (the breaker of its node is open, or trying): the units
-                # stay in the lease, spent first when its traffic comes back, instead of being
-                # taken out for a give-back that is never made
-                continue
-            for window, units in lease.unspent(now):
-                passes += 1
-                give = functools.partial(_give, lease, window, units, self.storage_now())
-                self.guard.side_call(lease.key, give, "a lease's give-back")
+            # (used is read without its lock: unspent() looks again under it)
+            idle = lease.gives_back and now - lease.used >= GIVE_BACK_AFTER_US
+            # while no call can be made (the breaker of its node is open, or trying) the units
+            # stay in the lease, spent first when its traffic comes back, instead of being
+            # taken out for a give-back that is never made
+            if idle and _renewable(self.guard, lease.key):
+                for window, units in lease.unspent(now):
+                    passes += 1
+                    give = functools.partial(_give, lease, window, units, self.storage_now())
+                    self.guard.side_call(lease.key, give, "a lease's give-back")
         return passes > 0
 
     def _publish(self, now: int) -> None:
