@@ -291,8 +291,7 @@ class Leases:
             # request): the shared count as last seen plus what the lease holds
             if merged[a.index].allowed and (a.spent or (granted and a.renew)):
                 merged[a.index] = a.lease.decision(after)
-        merged_evaluation = Evaluation(tuple(merged), evaluation.repaired_keys)
-        return replace(outcome, evaluation=merged_evaluation)
+        return replace(outcome, evaluation=Evaluation(tuple(merged), evaluation.repaired_keys))
 
     def _call(
         self,
@@ -305,7 +304,6 @@ class Leases:
         """The storage calls: the request's checks with the top-ups; asked again for less when
         only top-ups refused. Answers the last call's outcome (its decisions: those of
         ``plain``, then those of the asks sent with it), and those asks."""
-        guard = self.guard
         for attempt in range(3):
             sent = [a for a in asks if a.need + a.renew > 0]
             if not plain and not sent:  # every check decided in-process
@@ -316,7 +314,7 @@ class Leases:
             # Only top-ups: if the storage fails, the leases covered the request, and no failure
             # policy is to charge the local fallback with a lease it never grants.
             renewing_only = not plain and all(a.need == 0 for a in sent)
-            outcome = guard.evaluate(
+            outcome = self.guard.evaluate(
                 call, policy="open" if renewing_only else policy, now_us=now_us
             )
             evaluation = outcome.evaluation
@@ -327,7 +325,7 @@ class Leases:
             answers = list(zip(sent, evaluation.decisions[len(plain) :], strict=True))
             if evaluation.allowed and not outcome.degraded:
                 after = self.clock()
-                metrics = guard.metrics
+                metrics = self.guard.metrics
                 for a, d in answers:
                     a.lease.granted(a.renew, d, started, after, evaluation.now_us)
                     if a.renew:
