@@ -16,10 +16,6 @@ if TYPE_CHECKING:
 #: The algorithms a lease is defined for. Not the sliding window log: it stores the time of use of
 #: every unit, and a leased unit's time of use is unknown when it is taken.
 LEASABLE: Final[frozenset[Algorithm]] = frozenset(n for n, e in REGISTRY.items() if e.leasable)
-#: The same, as a message names them (in the registry's order: "a, b, c and d").
-_LEASABLE_TEXT: Final = " and ".join(
-    ", ".join(n for n in REGISTRY if n in LEASABLE).rsplit(", ", 1)
-)
 #: ``lease=True`` caps a lease at the limit divided by this.
 AUTO_CAP_DIVISOR: Final = 20
 
@@ -27,9 +23,10 @@ AUTO_CAP_DIVISOR: Final = 20
 def check_lease_algorithm(algorithm: Algorithm, where: str) -> None:
     """Raise ``ConfigurationError`` if ``algorithm`` cannot be leased."""
     if algorithm not in LEASABLE:
+        *names, last = (n for n in REGISTRY if n in LEASABLE)  # in the registry's order
         raise ConfigurationError(
             f"lease= on the limit on {where or 'a view'} with the algorithm {algorithm!r}: a "
-            f"lease is defined for {_LEASABLE_TEXT}. "
+            f"lease is defined for {', '.join(names)} and {last}. "
             "The sliding window log stores the time each unit is used, and a leased unit's time "
             "of use is not known when it is taken. Use another algorithm, or drop lease=."
         )
