@@ -169,8 +169,7 @@ class Lease:
         ends = self._good_until(units, reset_us, started)
         with self.lock:
             if units > 0 and ends > now:
-                chunks = self.chunks
-                last = chunks[-1] if chunks else None
+                last = self.chunks[-1] if self.chunks else None
                 if last is not None and abs(last.expires - ends) <= self.period_us // 100:
                     # the same window (its end seen through another round trip): one chunk,
                     # expiring at the sooner of the two ends (given back only if both name
@@ -180,7 +179,7 @@ class Lease:
                     if last.window != window:
                         last.window = -1
                 else:
-                    bisect.insort(chunks, _Chunk(units, ends, window), key=_expiry)
+                    bisect.insort(self.chunks, _Chunk(units, ends, window), key=_expiry)
             self.seen_remaining = d.remaining
             self.seen_reset_us = reset_us
             self.seen_at = now
@@ -219,9 +218,8 @@ class Lease:
     def clear(self) -> bool:
         """Drop every unit (their count was deleted); true if it held some."""
         with self.lock:
-            held = bool(self.chunks)  # none is empty
-            self.chunks.clear()
-        return held
+            dropped, self.chunks = self.chunks, []
+        return bool(dropped)  # none is empty
 
     def decision(self, now: int) -> Decision:
         """A leased check decided in-process: the shared count as last seen, plus the units
