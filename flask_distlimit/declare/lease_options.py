@@ -62,8 +62,7 @@ def check_lease(
             )
     if algorithm is not None:
         check_lease_algorithm(algorithm, what)
-    if lease is not True:
-        assert isinstance(lease, int)
+    if isinstance(lease, int) and lease is not True:  # a number of units, checked above
         for rate in rates:
             if lease > rate.amount:
                 raise ConfigurationError(
