@@ -244,7 +244,6 @@ class Leases:
         """Decide ``checks`` (those of a leased limit out of its lease where it holds enough)
         with at most the storage calls the rest and the renewals need; the answer is
         :meth:`Guard.evaluate`'s, with one decision per check of ``checks``."""
-        guard = self.guard
         now = self.clock()
 
         asks: list[_Ask] = []
@@ -257,7 +256,7 @@ class Leases:
             lease = self._lease(c, leased, now)
             # renewed only while the breaker of the lease key's own node (Redis Cluster) is
             # closed: a top-up never goes to the failure policy (asked only when one is due)
-            spent, renew = lease.take(c.cost, now, functools.partial(_renewable, guard, c.key))
+            spent, renew = lease.take(c.cost, now, functools.partial(_renewable, self.guard, c.key))
             asks.append(_Ask(i, lease, spent, c.cost, renew))
         try:
             outcome, sent = self._call(checks, plain, asks, policy, now_us)
@@ -277,8 +276,8 @@ class Leases:
         if outcome.unavailable or (evaluation is not None and not evaluation.allowed):
             for a in asks:
                 a.lease.give_back(a.spent, after)
-        elif guard.metrics is not None and any(a.spent for a in asks):
-            guard.metrics.leased([checks[a.index].key for a in asks if a.spent])
+        elif self.guard.metrics is not None and any(a.spent for a in asks):
+            self.guard.metrics.leased([checks[a.index].key for a in asks if a.spent])
         if evaluation is None:
             return outcome
         # the decisions put back at the indexes of checks
