@@ -13,15 +13,9 @@ from flask_distlimit.errors import ConfigurationError
 if TYPE_CHECKING:
     from flask_distlimit.core.limits import Rate
 
-__all__ = ["AUTO_CAP_DIVISOR", "LEASABLE", "auto_cap", "check_lease", "check_lease_algorithm"]
-
 #: The algorithms a lease is defined for. Not the sliding window log: it stores the time of use of
 #: every unit, and a leased unit's time of use is unknown when it is taken.
 LEASABLE: Final[frozenset[Algorithm]] = frozenset(n for n, e in REGISTRY.items() if e.leasable)
-#: The same, as a message names them (in the registry's order: "a, b, c and d").
-_LEASABLE_TEXT: Final = " and ".join(
-    ", ".join(n for n in REGISTRY if n in LEASABLE).rsplit(", ", 1)
-)
 #: ``lease=True`` caps a lease at the limit divided by this.
 AUTO_CAP_DIVISOR: Final = 20
 
@@ -29,9 +23,10 @@ AUTO_CAP_DIVISOR: Final = 20
 def check_lease_algorithm(algorithm: Algorithm, where: str) -> None:
     """Raise ``ConfigurationError`` if ``algorithm`` cannot be leased."""
     if algorithm not in LEASABLE:
+        *names, last = (n for n in REGISTRY if n in LEASABLE)  # in the registry's order
         raise ConfigurationError(
             f"lease= on the limit on {where or 'a view'} with the algorithm {algorithm!r}: a "
-            f"lease is defined for {_LEASABLE_TEXT}. "
+            f"lease is defined for {', '.join(names)} and {last}. "
             "The sliding window log stores the time each unit is used, and a leased unit's time "
             "of use is not known when it is taken. Use another algorithm, or drop lease=."
         )
@@ -50,7 +45,7 @@ def check_lease(
     """Validate ``lease=`` of a declaration (start-up errors, never request-time ones)."""
     if lease is False:
         return
-    if lease is not True and (not isinstance(lease, int) or isinstance(lease, bool) or lease < 1):
+    if lease is not True and (not isinstance(lease, int) or lease < 1):
         raise ConfigurationError(
             f"{what}: lease={lease!r}: use True (sized from the traffic), False, or a number of "
             "units >= 1, e.g. lease=10."
@@ -67,14 +62,12 @@ def check_lease(
             )
     if algorithm is not None:
         check_lease_algorithm(algorithm, what)
-    if lease is not True:
-        assert isinstance(lease, int)
+    if isinstance(lease, int) and lease is not True:  # a number of units, checked above
         for rate in rates:
             if lease > rate.amount:
                 raise ConfigurationError(
                     f"{what}: lease={lease} is more than the limit {rate}: a lease is a part of "
-                    f"the limit; use at most {max(1, rate.amount // AUTO_CAP_DIVISOR)} units or "
-                    "lease=True."
+                    f"the limit; use at most {auto_cap(rate.amount)} units or lease=True."
                 )
 
 

@@ -8,6 +8,7 @@ docs/design-notes.md, "One lease"; docs/leasing.md.
 
 from __future__ import annotations
 
+import bisect
 import operator
 import threading
 from collections.abc import Callable
@@ -37,7 +38,7 @@ class Held(NamedTuple):
 class _Chunk:
     __slots__ = ("expires", "units", "window")
 
-    def __init__(self, units: int, expires: int, window: int = -1) -> None:
+    def __init__(self, units: int, expires: int, window: int) -> None:
         self.units = units
         self.expires = expires  # local clock, us; 0: given back to the storage
         #: a fixed window or counter's window index as the storage numbered it (-1: unknown,
@@ -62,28 +63,6 @@ class Taken(NamedTuple):
 class Lease:
     """The units this process holds of one storage key, and what it last saw of the key."""
 
-    __slots__ = (
-        "algorithm",
-        "cap",
-        "chunks",
-        "demand",
-        "fixed",
-        "gives_back",
-        "key",
-        "limit",
-        "lock",
-        "low",
-        "mark",
-        "period_us",
-        "rate",
-        "renewing",
-        "seen_at",
-        "seen_remaining",
-        "seen_reset_us",
-        "units",
-        "used",
-    )
-
     def __init__(self, check: Check, size: bool | int, now: int) -> None:
         self.key = check.key
         self.algorithm = check.algorithm
@@ -96,7 +75,6 @@ class Lease:
         self.cap = auto_cap(check.limit)
         self.lock = threading.Lock()
         self.chunks: list[_Chunk] = []  #: by expiry; none empty
-        self.units = 0  #: the units of ``chunks``
         #: the low-water mark: a quarter of the size last computed (renew at or below it)
         self.low = 0
         self.renewing = False
@@ -112,9 +90,8 @@ class Lease:
     def _held(self, now: int) -> int:
         chunks = self.chunks
         if chunks and chunks[0].expires <= now:
-            chunks[:] = [c for c in chunks if c.expires > now and c.units > 0]
-            self.units = sum(c.units for c in chunks)
-        return self.units
+            chunks[:] = [c for c in chunks if c.expires > now]
+        return sum(c.units for c in chunks)
 
     def size(self, now: int) -> int:
         """The lease this process should hold now."""
@@ -137,46 +114,41 @@ class Lease:
             held = self._held(now)
             spent: Spent | None = None
             if held >= cost:
-                spent = []
-                left = cost
-                while left:
-                    chunk = self.chunks[0]  # the oldest first: they expire first
-                    n = min(left, chunk.units)
-                    chunk.units -= n
-                    left -= n
-                    spent.append((chunk, n))
-                    if not chunk.units:
-                        del self.chunks[0]
+                spent = self._spend(cost)
                 held -= cost
-                self.units = held
             renew = 0
             if not self.renewing:
                 target = self.size(now)
                 self.low = target // 4
                 if target and (spent is None or held <= self.low) and renew_allowed():
+                    # more than none: what is held here is at most a quarter of the target
                     renew = target - held if spent is not None else target
-                    if renew > 0:
-                        self.renewing = True
-            return Taken(spent, max(renew, 0))
+                    self.renewing = True
+            return Taken(spent, renew)
 
     def spend(self, cost: int, now: int) -> Decision | None:
         """The usual request: ``cost`` spent out of the lease, which needs no renewal (or
-        another request renews it): its decision. ``None``, and nothing changed, otherwise."""
+        another request renews it): its decision. ``None``, and nothing spent, otherwise."""
         with self.lock:
-            chunks = self.chunks
-            if not chunks:
-                return None
-            first = chunks[0]
-            if first.expires <= now or first.units <= cost:
-                return None  # expired, or spending it all: the general path
-            held = self.units - cost
-            if held <= self.low and not self.renewing:
-                return None  # time to renew
-            first.units -= cost
-            self.units = held
+            held = self._held(now) - cost
+            if held < 0 or (held <= self.low and not self.renewing):
+                return None  # not enough held, or time to renew
+            self._spend(cost)
             self.used = now
             self.demand += cost
             return self._decision(held, now)
+
+    def _spend(self, cost: int) -> Spent:  # under self.lock, with at least ``cost`` held
+        spent: Spent = []
+        while cost:
+            chunk = self.chunks[0]  # the oldest first: they expire first
+            n = min(cost, chunk.units)
+            chunk.units -= n
+            cost -= n
+            spent.append((chunk, n))
+            if not chunk.units:
+                del self.chunks[0]
+        return spent
 
     def give_back(self, spent: Spent, now: int) -> None:
         """A request refused by another limit: the units it took from the lease return."""
@@ -184,24 +156,20 @@ class Lease:
             for chunk, n in spent:
                 if chunk.expires > now:
                     if not chunk.units:  # it was emptied and dropped
-                        self.chunks.append(chunk)
-                        self.chunks.sort(key=_expiry)
+                        bisect.insort(self.chunks, chunk, key=_expiry)
                     chunk.units += n
-                    self.units += n
 
-    def granted(
-        self, units: int, d: Decision, started: int, now: int, storage_now: int = 0
-    ) -> None:
-        """The storage consumed ``units`` more for this lease (``d``: the leased check's
-        decision; ``started``: the local time before the call; ``storage_now``: the storage's
-        clock when it decided, us, 0 if unknown)."""
+    def granted(self, units: int, d: Decision, started: int, now: int, storage_now: int) -> None:
+        """The storage consumed ``units`` more for this lease, 0 or more (``d``: the leased
+        check's decision, what the lease last saw of the shared count; ``started``: the local
+        time before the call; ``storage_now``: the storage's clock when it decided, us, 0 if
+        unknown). The request that claimed the renewal clears ``renewing`` after its call."""
         window = storage_now // self.period_us if storage_now > 0 and self.gives_back else -1
         reset_us = round(d.reset_after * _US)
         ends = self._good_until(units, reset_us, started)
         with self.lock:
             if units > 0 and ends > now:
-                chunks = self.chunks
-                last = chunks[-1] if chunks else None
+                last = self.chunks[-1] if self.chunks else None
                 if last is not None and abs(last.expires - ends) <= self.period_us // 100:
                     # the same window (its end seen through another round trip): one chunk,
                     # expiring at the sooner of the two ends (given back only if both name
@@ -211,11 +179,10 @@ class Lease:
                     if last.window != window:
                         last.window = -1
                 else:
-                    chunks.append(_Chunk(units, ends, window))
-                    chunks.sort(key=_expiry)
-                self.units += units
-            self.renewing = False
-            self.seen(d, now)
+                    bisect.insort(self.chunks, _Chunk(units, ends, window), key=_expiry)
+            self.seen_remaining = d.remaining
+            self.seen_reset_us = reset_us
+            self.seen_at = now
 
     def _good_until(self, units: int, reset_us: int, started: int) -> int:
         """Until when ``units`` granted by a call started at ``started`` (local clock, us) that
@@ -232,18 +199,14 @@ class Lease:
         :data:`GIVE_BACK_AFTER_US`, taken out of the lease (no request can spend them, nor a
         refused one put units back into their chunk): ``(window, units)`` to give back."""
         with self.lock:
-            if self.renewing or now - self.used < GIVE_BACK_AFTER_US or not self.chunks:
+            if self.renewing or now - self.used < GIVE_BACK_AFTER_US:
                 return []
             out: dict[int, int] = {}
-            kept: list[_Chunk] = []
             for chunk in self.chunks:
-                if chunk.window >= 0 and chunk.units > 0 and chunk.expires > now:
+                if chunk.window >= 0 and chunk.expires > now:
                     out[chunk.window] = out.get(chunk.window, 0) + chunk.units
-                    self.units -= chunk.units
                     chunk.units, chunk.expires = 0, 0
-                else:
-                    kept.append(chunk)
-            self.chunks[:] = kept
+            self.chunks[:] = [c for c in self.chunks if c.units]  # none is left empty
             return sorted(out.items())
 
     def holds(self, now: int) -> Held:
@@ -255,15 +218,8 @@ class Lease:
     def clear(self) -> bool:
         """Drop every unit (their count was deleted); true if it held some."""
         with self.lock:
-            held = self.units > 0
-            self.chunks.clear()
-            self.units = 0
-        return held
-
-    def seen(self, d: Decision, now: int) -> None:
-        self.seen_remaining = d.remaining
-        self.seen_reset_us = round(d.reset_after * _US)
-        self.seen_at = now
+            dropped, self.chunks = self.chunks, []
+        return bool(dropped)  # none is empty
 
     def decision(self, now: int) -> Decision:
         """A leased check decided in-process: the shared count as last seen, plus the units
@@ -282,7 +238,7 @@ class Lease:
             expires = min((c.expires for c in self.chunks), default=now)
             return {
                 "held": held,
-                "size": self.fixed or self.size(now),
+                "size": self.size(now),
                 "limit": self.limit,
                 "algorithm": self.algorithm,
                 "expires_in": round((expires - now) / _US, 3),

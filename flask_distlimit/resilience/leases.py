@@ -61,12 +61,17 @@ def _give(
 
 
 class _Ask:
-    __slots__ = ("claimed", "index", "lease", "need", "renew")
+    """A leased check of the request: what it spent of its lease, and asks of the storage."""
 
-    def __init__(self, index: int, lease: Lease, need: int, renew: int) -> None:
+    __slots__ = ("claimed", "index", "lease", "need", "renew", "spent")
+
+    def __init__(
+        self, index: int, lease: Lease, spent: Spent | None, cost: int, renew: int
+    ) -> None:
         self.index = index
         self.lease = lease
-        self.need = need  #: units the request needs from the storage (0: the lease covered it)
+        self.spent = spent or []  #: what it spent of the lease (none: it did not hold the cost)
+        self.need = 0 if spent else cost  #: units the request needs from the storage
         self.renew = renew  #: the top-up asked for (less on a second try)
         self.claimed = renew > 0  #: this request renews the lease: it clears ``renewing``
 
@@ -80,10 +85,7 @@ class Leases:
     leased limit."""
 
     def __init__(
-        self,
-        guard: Guard,
-        clock: Callable[[], int],
-        storage_now: Callable[[], int | None] = lambda: None,
+        self, guard: Guard, clock: Callable[[], int], storage_now: Callable[[], int | None]
     ) -> None:
         self.guard = guard
         self.clock = clock
@@ -97,13 +99,11 @@ class Leases:
 
     def declare(self, bounds: Sequence[BoundLimit]) -> bool:
         """Note the leased limits among ``bounds`` (bound for a route); true if any."""
-        found = False
-        for b in bounds:
-            if b.spec.lease is not False:
-                found = True
-                size = auto_cap(b.rate.amount) if b.spec.lease is True else int(b.spec.lease)
-                self._declared[b.key_tail] = size
-        return found
+        leased = [b for b in bounds if b.spec.lease is not False]
+        for b in leased:
+            size = auto_cap(b.rate.amount) if b.spec.lease is True else int(b.spec.lease)
+            self._declared[b.key_tail] = size
+        return bool(leased)
 
     def largest(self, key: str) -> int | None:
         """The most units a process leases of the limit stored under ``key`` (``None``: not
@@ -130,11 +130,8 @@ class Leases:
         meanwhile grants its units to a lease no request finds again (they are lost, never
         spent twice)."""
         with self._lock:
-            if keys is None:
-                dropped = list(self._leases.values())
-                self._leases = {}
-            else:
-                dropped = [lease for key in keys if (lease := self._leases.pop(key, None))]
+            gone = list(self._leases) if keys is None else keys
+            dropped = [lease for key in gone if (lease := self._leases.pop(key, None))]
         for lease in dropped:
             if lease.clear():
                 # published again after the next storage call: inspect counts what a record
@@ -197,26 +194,25 @@ class Leases:
         for lease in list(self._leases.values()):
             if passes >= GIVE_BACK_PER_PASS:
                 break
-            if not lease.gives_back or now - lease.used < GIVE_BACK_AFTER_US:
-                continue  # (read without its lock: unspent() looks again under it)
-            if not _renewable(self.guard, lease.key):
-                # no call can be made (the breaker of its node is open, or trying): the units
-                # stay in the lease, spent first when its traffic comes back, instead of being
-                # taken out for a give-back that is never made
-                continue
-            for window, units in lease.unspent(now):
-                passes += 1
-                give = functools.partial(_give, lease, window, units, self.storage_now())
-                self.guard.side_call(lease.key, give, "a lease's give-back")
+            # (used is read without its lock: unspent() looks again under it)
+            idle = lease.gives_back and now - lease.used >= GIVE_BACK_AFTER_US
+            # while no call can be made (the breaker of its node is open, or trying) the units
+            # stay in the lease, spent first when its traffic comes back, instead of being
+            # taken out for a give-back that is never made
+            if idle and _renewable(self.guard, lease.key):
+                for window, units in lease.unspent(now):
+                    passes += 1
+                    give = functools.partial(_give, lease, window, units, self.storage_now())
+                    self.guard.side_call(lease.key, give, "a lease's give-back")
         return passes > 0
 
     def _publish(self, now: int) -> None:
-        """Publish what this process holds (a storage call of its own)."""
+        """Publish what this process holds (a storage call of its own, which counts and logs
+        an error reply)."""
         record, hold = record_of(list(self._leases.values()), now)
         key, process = self.records_key, self.process
 
         def publish(storage: Storage) -> tuple[str, ...]:
-            # an error reply: the side call counts and logs it
             return storage.publish_leases(key, process, record, hold)
 
         self.guard.side_call(key, publish, "the lease records")
@@ -234,10 +230,8 @@ class Leases:
         if lease is None or check.cost <= 0 or check.shadow:
             return None
         decision = lease.spend(check.cost, self.clock())
-        if decision is not None:
-            metrics = self.guard.metrics
-            if metrics is not None:
-                metrics.leased((check.key,))
+        if decision is not None and self.guard.metrics is not None:
+            self.guard.metrics.leased((check.key,))
         return decision
 
     def evaluate(
@@ -250,10 +244,8 @@ class Leases:
         """Decide ``checks`` (those of a leased limit out of its lease where it holds enough)
         with at most the storage calls the rest and the renewals need; the answer is
         :meth:`Guard.evaluate`'s, with one decision per check of ``checks``."""
-        guard = self.guard
         now = self.clock()
 
-        local: dict[int, tuple[Lease, Spent]] = {}
         asks: list[_Ask] = []
         plain: list[int] = []
         for i, c in enumerate(checks):
@@ -264,16 +256,13 @@ class Leases:
             lease = self._lease(c, leased, now)
             # renewed only while the breaker of the lease key's own node (Redis Cluster) is
             # closed: a top-up never goes to the failure policy (asked only when one is due)
-            spent, renew = lease.take(c.cost, now, functools.partial(_renewable, guard, c.key))
-            if spent is not None:
-                local[i] = (lease, spent)
-            if spent is None or renew:
-                asks.append(_Ask(i, lease, 0 if spent is not None else c.cost, renew))
+            spent, renew = lease.take(c.cost, now, functools.partial(_renewable, self.guard, c.key))
+            asks.append(_Ask(i, lease, spent, c.cost, renew))
         try:
             outcome, sent = self._call(checks, plain, asks, policy, now_us)
         except BaseException:
-            for lease, spent in local.values():
-                lease.give_back(spent, now)
+            for a in asks:
+                a.lease.give_back(a.spent, now)
             raise
         finally:
             for ask in asks:
@@ -285,30 +274,23 @@ class Leases:
         after = self.clock()
         evaluation = outcome.evaluation
         if outcome.unavailable or (evaluation is not None and not evaluation.allowed):
-            for lease, spent in local.values():
-                lease.give_back(spent, after)
-        elif local:
-            metrics = guard.metrics
-            if metrics is not None:
-                metrics.leased([checks[i].key for i in local])
+            for a in asks:
+                a.lease.give_back(a.spent, after)
+        elif self.guard.metrics is not None and any(a.spent for a in asks):
+            self.guard.metrics.leased([checks[a.index].key for a in asks if a.spent])
         if evaluation is None:
             return outcome
         # the decisions put back at the indexes of checks
         merged = [_IN_PROCESS] * len(checks)
-        decisions = evaluation.decisions
-        for k, i in enumerate(plain):
-            merged[i] = decisions[k]
-        for k, a in enumerate(sent, start=len(plain)):
-            d = decisions[k]
-            if not outcome.degraded and d.allowed and a.renew:
-                # the request's part of it: the shared count plus what the lease holds
-                d = replace(d, remaining=min(d.limit, d.remaining + a.renew))
-            merged[a.index] = d
-        for i, (lease, _) in local.items():
-            if merged[i].allowed:  # else refused (its top-up): so is the request, units back
-                merged[i] = lease.decision(after)
-        merged_evaluation = Evaluation(tuple(merged), evaluation.repaired_keys)
-        return replace(outcome, evaluation=merged_evaluation)
+        for i, d in zip([*plain, *(a.index for a in sent)], evaluation.decisions, strict=True):
+            merged[i] = d
+        granted = evaluation.allowed and not outcome.degraded  # the top-ups sent were granted
+        for a in asks:
+            # covered by its lease, or topped up (else refused with its top-up, so is the
+            # request): the shared count as last seen plus what the lease holds
+            if merged[a.index].allowed and (a.spent or (granted and a.renew)):
+                merged[a.index] = a.lease.decision(after)
+        return replace(outcome, evaluation=Evaluation(tuple(merged), evaluation.repaired_keys))
 
     def _call(
         self,
@@ -321,7 +303,6 @@ class Leases:
         """The storage calls: the request's checks with the top-ups; asked again for less when
         only top-ups refused. Answers the last call's outcome (its decisions: those of
         ``plain``, then those of the asks sent with it), and those asks."""
-        guard = self.guard
         for attempt in range(3):
             sent = [a for a in asks if a.need + a.renew > 0]
             if not plain and not sent:  # every check decided in-process
@@ -332,60 +313,44 @@ class Leases:
             # Only top-ups: if the storage fails, the leases covered the request, and no failure
             # policy is to charge the local fallback with a lease it never grants.
             renewing_only = not plain and all(a.need == 0 for a in sent)
-            outcome = guard.evaluate(
+            outcome = self.guard.evaluate(
                 call, policy="open" if renewing_only else policy, now_us=now_us
             )
             evaluation = outcome.evaluation
-            if outcome.degraded or evaluation is None:
-                if renewing_only:
-                    # only top-ups were asked for: the leases covered the request
-                    return Outcome(Evaluation(())), []
-                if (
-                    attempt < 2
-                    and evaluation is not None
-                    and not evaluation.allowed
-                    and any(
-                        a.renew and not d.allowed
-                        for a, d in zip(sent, evaluation.decisions[len(plain) :], strict=True)
-                    )
-                ):
-                    # The local fallback refused a top-up (over this process's share): a top-up
-                    # is never granted while the storage fails, and never what refuses a
-                    # request. Ask again for the request's own needs alone (all-or-nothing: the
-                    # refused call charged nothing).
-                    for a in sent:
-                        a.renew = 0
-                    continue
+            if renewing_only and (outcome.degraded or evaluation is None):
+                return Outcome(Evaluation(())), []  # the leases covered the request
+            if evaluation is None:
                 return outcome, sent
-            decisions = evaluation.decisions
-            by_ask = dict(zip((a.index for a in sent), decisions[len(plain) :], strict=True))
-            if evaluation.allowed:
+            answers = list(zip(sent, evaluation.decisions[len(plain) :], strict=True))
+            if evaluation.allowed and not outcome.degraded:
                 after = self.clock()
-                metrics = guard.metrics
-                for a in sent:
+                metrics = self.guard.metrics
+                for a, d in answers:
+                    a.lease.granted(a.renew, d, started, after, evaluation.now_us)
                     if a.renew:
                         self._renewed = True
-                        a.lease.granted(a.renew, by_ask[a.index], started, after, evaluation.now_us)
                         if metrics is not None:
                             metrics.watch_lease_units(a.lease.key, self.units_of)
-                    else:
-                        with a.lease.lock:
-                            a.lease.seen(by_ask[a.index], after)
                 return outcome, sent
-            # Refused. A refused check that carried a top-up answered for its cost with the
-            # top-up: if the request's own needs fit, ask again for what the reply says remains,
-            # then for nothing but them; if they do not, ask once more for them alone, so that the
-            # refusal (its Retry-After, and the deny cache's wait) is for what the request needs:
-            # a bucket's wait for 1 + 6 units is 7 times its wait for 1.
-            refused = [a for a in sent if not by_ask[a.index].allowed]
-            if attempt == 2 or not any(a.renew for a in refused):
+            refused = [(a, d) for a, d in answers if not d.allowed]
+            if attempt == 2 or not any(a.renew for a, _ in refused):
                 return outcome, sent
-            fits = attempt == 0 and all(d.allowed for d in decisions[: len(plain)])
-            for a in refused:
-                if a.need > by_ask[a.index].remaining or not a.renew:
-                    fits = False
-            for a in sent:
+            # Refused, and a refused check carried a top-up (it answered for its cost with the
+            # top-up). If the storage answered and the request's own needs fit, ask again for
+            # what the reply says remains, then for nothing but them; if they do not, ask once
+            # more for them alone, so that the refusal (its Retry-After, and the deny cache's
+            # wait) is for what the request needs: a bucket's wait for 1 + 6 units is 7 times its
+            # wait for 1. If the local fallback refused a top-up (the storage failing, over this
+            # process's share), ask again for the request's own needs alone: a top-up is never
+            # granted while the storage fails, and never what refuses a request (all-or-nothing:
+            # the refused call charged nothing).
+            fits = (
+                attempt == 0
+                and not outcome.degraded
+                and all(d.allowed for d in evaluation.decisions[: len(plain)])
+                and all(a.renew and a.need <= d.remaining for a, d in refused)
+            )
+            for a, d in answers:
                 if a.renew:
-                    remaining = by_ask[a.index].remaining
-                    a.renew = max(0, min(a.renew, remaining - a.need)) if fits else 0
+                    a.renew = max(0, min(a.renew, d.remaining - a.need)) if fits else 0
         raise AssertionError("unreachable")  # pragma: no cover

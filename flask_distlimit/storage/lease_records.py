@@ -13,28 +13,9 @@ from typing import Final, NamedTuple
 from flask_distlimit.errors import StorageResponseError
 from flask_distlimit.storage.slot_keys import same_slot_key
 
-__all__ = [
-    "LEASE_RECORDS_SOURCE",
-    "Record",
-    "records_from_reply",
-    "records_key",
-    "repaired_from_reply",
-]
-
 LEASE_RECORDS_SOURCE: Final = """
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
--- the members of a ZRANGE ... WITHSCORES reply whose time is not up
-local function live_members(ranked)
-  local live = {}
-  for i = 1, #ranked, 2 do
-    if tonumber(ranked[i + 1]) > now_ms then
-      live[#live + 1] = ranked[i]
-    end
-  end
-  return live
-end
 
 -- each member of `live` and its value in `values` appended to `into` (one without: skipped)
 local function with_values(into, live, values)
@@ -47,14 +28,10 @@ local function with_values(into, live, values)
   return into
 end
 
-if ARGV[1] == '' then  -- read: the soonest 1,000 by rank, those not expired
-  local ranked = redis.pcall('ZRANGE', KEYS[1], 0, 999, 'WITHSCORES')
-  if type(ranked) ~= 'table' or ranked.err then
-    return {now_ms}
-  end
-  local live = live_members(ranked)
+if ARGV[1] == '' then  -- read: the 1,000 whose time is up soonest, of those not expired
+  local live = redis.pcall('ZRANGE', KEYS[1], '(' .. now_ms, '+inf', 'BYSCORE', 'LIMIT', 0, 1000)
   local reply = {now_ms}
-  if #live == 0 then
+  if type(live) ~= 'table' or live.err or #live == 0 then
     return reply
   end
   local values = redis.pcall('HMGET', KEYS[2], unpack(live))
@@ -66,27 +43,24 @@ end
 
 local hold_ms = tonumber(ARGV[3])
 -- a write that meets a key of another type replaces the key (reported: 1); any other error
--- is raised as it is
+-- is raised as it is (the same write, made again, fails the same way)
 local function write(command, key, a, b)
   local reply = redis.pcall(command, key, a, b)
   if type(reply) ~= 'table' or not reply.err then
     return 0
   end
-  if string.sub(reply.err, 1, 9) ~= 'WRONGTYPE' then
-    redis.call(command, key, a, b)
-    return 0
+  if string.sub(reply.err, 1, 9) == 'WRONGTYPE' then
+    redis.call('DEL', key)
   end
-  redis.call('DEL', key)
   redis.call(command, key, a, b)
   return 1
 end
 
 local repaired_set = write('ZADD', KEYS[1], now_ms + hold_ms, ARGV[1])
 local repaired_records = write('HSET', KEYS[2], ARGV[1], now_ms .. ':' .. ARGV[2])
-if redis.call('ZCOUNT', KEYS[1], '-inf', now_ms) > 0 then
-  -- processes whose time is up: dropped, and the records rebuilt with the live ones' (the
+if redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms) > 0 then
+  -- processes whose time is up were dropped: the records rebuilt with the live ones' (the
   -- first 1,000 by expiry; one past them publishes again on its next renewal)
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
   local live = redis.call('ZRANGE', KEYS[1], 0, 999)
   local values = redis.call('HMGET', KEYS[2], unpack(live))
   redis.call('DEL', KEYS[2])
@@ -130,21 +104,15 @@ def _text(value: object) -> str | None:
 
 def records_from_reply(reply: object) -> list[Record]:
     """The read reply as records; a value that is not ``<ms>:<text>`` is skipped."""
-    if not isinstance(reply, list | tuple) or not reply:
+    if not isinstance(reply, list | tuple):
         return []
-    try:
-        now_ms = int(reply[0])
-    except (TypeError, ValueError):
-        return []
+    now_ms = int(reply[0])  # the script's TIME, first in each of its replies
     records: list[Record] = []
     for i in range(1, len(reply) - 1, 2):
         process, value = _text(reply[i]), _text(reply[i + 1])
-        if process is None or value is None:
-            continue
-        stamp, sep, text = value.partition(":")
-        if not sep or not stamp.isdigit():
-            continue
-        records.append(Record(process, max(0, now_ms - int(stamp)) / 1000, text))
+        stamp, sep, text = (value or "").partition(":")
+        if process is not None and sep and stamp.isdigit():
+            records.append(Record(process, max(0, now_ms - int(stamp)) / 1000, text))
     return records
 
 

@@ -572,6 +572,24 @@ def test_the_records_tolerate_garbage_and_drop_dead_processes(redis_client: Redi
     storage.close()
 
 
+def test_expired_records_never_crowd_a_live_one_out_of_a_read(redis_client: Redis) -> None:
+    """A read answers at most 1,000 records; those whose time is up (dropped only by the next
+    publication) do not count among them."""
+    from flask_distlimit.storage.lease_records import records_key
+    from flask_distlimit.storage.redis import RedisStorage
+
+    options = redis_client.connection_pool.connection_kwargs
+    storage = RedisStorage(host=options["host"], port=options["port"], timeout=2.0)
+    key, records = "crowded:leases", records_key("crowded:leases")
+    later = redis_client.time()[0] * 1000 + 60_000
+    redis_client.zadd(key, {f"dead{n}": 1 + n for n in range(1000)} | {"live": later})
+    redis_client.hset(records, mapping={f"dead{n}": "1:{}" for n in range(1000)} | {"live": "1:{}"})
+    for written in (key, records):
+        redis_client.pexpire(written, 60_000)  # as a publication would
+    assert [r.process for r in storage.lease_records(key)] == ["live"]
+    storage.close()
+
+
 # -- unspent windowed units go back ----------------------------------------------------------------
 
 
