@@ -29,7 +29,8 @@ local function with_values(into, live, values)
 end
 
 if ARGV[1] == '' then  -- read: the 1,000 whose time is up soonest, of those not expired
-  local live = redis.pcall('ZRANGE', KEYS[1], '(' .. now_ms, '+inf', 'BYSCORE', 'LIMIT', 0, 1000)
+  -- ZRANGEBYSCORE, not ZRANGE ... BYSCORE: that form needs Redis 6.2 (the docs promise 5.0)
+  local live = redis.pcall('ZRANGEBYSCORE', KEYS[1], '(' .. now_ms, '+inf', 'LIMIT', 0, 1000)
   local reply = {now_ms}
   if type(live) ~= 'table' or live.err or #live == 0 then
     return reply
