@@ -23,6 +23,7 @@ from flask_distlimit.declare.registry import ExemptionScope, LimitRegistry
 from flask_distlimit.declare.specs import LimitSpec
 from flask_distlimit.declare.targets import is_carrier, view_objects
 from flask_distlimit.errors import ConfigurationError
+from flask_distlimit.telemetry.metrics import limit_label
 
 KeyedOn = Literal["ip", "identity", "func"]
 
@@ -59,6 +60,12 @@ class BoundLimit:
     _unit_checks: dict[str, Check] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    #: the ``limit`` label of its metrics, as :func:`~flask_distlimit.telemetry.metrics.limit_label`
+    #: reads it from any of its keys (worked out once, not per decision)
+    label: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "label", limit_label(self.key_head + self.key_tail))
 
     @property
     def plain(self) -> bool:

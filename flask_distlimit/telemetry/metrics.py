@@ -96,6 +96,13 @@ def limit_label(key: str) -> str:
     return _DYNAMIC_RATE.sub("", rest) if "_dyn_" in rest else rest
 
 
+def _label_of(check: Check) -> str:
+    """The ``limit`` label of ``check``: its bound limit's, worked out once; else its key's."""
+    bound = check.bound
+    label: str = bound.label if bound is not None else limit_label(check.key)
+    return label
+
+
 class Instruments:
     """The instruments of :data:`INSTRUMENTS`, as a sink holds them (each side has its own;
     ``None`` where its side has no such instrument), and what every sink is told about
@@ -116,9 +123,9 @@ class Instruments:
     lease_units: Any
     breaker_state: Any
 
-    def add(self, family: str, amount: float = 1, key: str | None = None, **labels: str) -> None:
-        """Count ``amount`` on the instrument ``family``, for the limit of the storage ``key``
-        (its ``limit`` label) and ``labels``."""
+    def add(self, family: str, amount: float = 1, limit: str | None = None, **labels: str) -> None:
+        """Count ``amount`` on the instrument ``family``, for the limit labelled ``limit``
+        (:func:`limit_label`) and ``labels``."""
         raise NotImplementedError
 
     def evaluated(
@@ -128,9 +135,10 @@ class Instruments:
         family = "fallback_decisions" if fallback else "decisions"
         slots = False
         for check, decision in zip(checks, evaluation.decisions, strict=False):
-            self.add(family, 1, check.key, outcome="allowed" if decision.allowed else "denied")
+            label = _label_of(check)
+            self.add(family, 1, label, outcome="allowed" if decision.allowed else "denied")
             if decision.shadow_denied:
-                self.add("shadow_denials", 1, check.key)
+                self.add("shadow_denials", 1, label)
             slots = slots or bool(check.token)
         if slots and evaluation.allowed:
             self.slots_taken(checks, 1)
@@ -138,7 +146,7 @@ class Instruments:
     def degraded(self, checks: Sequence[Check], evaluation: Evaluation | None) -> None:
         """``checks`` the storage did not decide; ``evaluation``, the local fallback's answer."""
         for check in checks:
-            self.add("decisions", 1, check.key, outcome="degraded")
+            self.add("decisions", 1, _label_of(check), outcome="degraded")
         if evaluation is not None:
             self.evaluated(checks, evaluation, fallback=True)
 
@@ -146,18 +154,19 @@ class Instruments:
         """Count the concurrency slots of ``checks`` taken (``sign`` 1) or given back (-1)."""
         for check in checks:
             if check.token and not check.release and not check.shadow:
-                self.add("slots", sign, check.key)
+                self.add("slots", sign, _label_of(check))
 
     def leased(self, keys: Sequence[str]) -> None:
         """Limits (by storage key) a quota lease admitted a request on, in-process."""
         for key in keys:
-            self.add("decisions", 1, key, outcome="allowed")
-            self.add("leased_decisions", 1, key)
+            label = limit_label(key)
+            self.add("decisions", 1, label, outcome="allowed")
+            self.add("leased_decisions", 1, label)
 
     def settled(self, key: str, unit: str, units: int) -> None:
         """``units`` more that requests really cost on the limit of ``key``, settled after the
         response (their bytes, the ``settle`` callable's answer)."""
-        self.add("settled_units", units, key, unit=unit)
+        self.add("settled_units", units, limit_label(key), unit=unit)
 
     def unreadable(self) -> None:
         """A storage reply the limiter could not read (the failure policy answered)."""
@@ -193,10 +202,8 @@ class Metrics(Instruments):
         self._lock = threading.Lock()
         self._observe = self.storage_latency.observe
 
-    def _label(self, key: str) -> str:
-        """The ``limit`` label of ``key``: :func:`limit_label`, or :data:`OTHER` past
-        :data:`MAX_LIMIT_LABELS` distinct values."""
-        label = limit_label(key)
+    def _label(self, label: str) -> str:
+        """``label``, or :data:`OTHER` past :data:`MAX_LIMIT_LABELS` distinct values."""
         if label in self._labels:
             return label
         with self._lock:
@@ -205,14 +212,14 @@ class Metrics(Instruments):
                 return label
         return OTHER
 
-    def add(self, family: str, amount: float = 1, key: str | None = None, **labels: str) -> None:
+    def add(self, family: str, amount: float = 1, limit: str | None = None, **labels: str) -> None:
         instrument = getattr(self, family)
         if instrument is None:  # not a Prometheus series (the slots)
             return
-        if key is None:
+        if limit is None:
             instrument.inc(amount)
             return
-        label = self._label(key)
+        label = self._label(limit)
         series = (family, label, *labels.values())
         child = self._children.get(series)
         if child is None:
@@ -234,7 +241,7 @@ class Metrics(Instruments):
 
     def watch_lease_units(self, key: str, held: Callable[[str], float]) -> None:
         """Report ``held(label)`` as ``lease_units`` of the limit of ``key`` when scraped."""
-        label = self._label(key)
+        label = self._label(limit_label(key))
         if label == OTHER or label in self._lease_gauges:
             return
         self._lease_gauges.add(label)

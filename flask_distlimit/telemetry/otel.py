@@ -103,8 +103,8 @@ class OTelMetrics(Instruments):
 
     # -- the metrics sink: this side's count, and what only it does ---------------------------
 
-    def add(self, family: str, amount: float = 1, key: str | None = None, **labels: str) -> None:
-        attributes = {} if key is None else {"distlimit.limit": limit_label(key)}
+    def add(self, family: str, amount: float = 1, limit: str | None = None, **labels: str) -> None:
+        attributes = {} if limit is None else {"distlimit.limit": limit}
         for name, value in labels.items():
             attributes[f"distlimit.{name}"] = value
         getattr(self, family).add(amount, attributes)
