@@ -15,8 +15,6 @@ from typing import NamedTuple
 
 from flask_distlimit.core.decision import Check, Evaluation
 
-__all__ = ["LastKnown", "Reading"]
-
 
 class _Entry(NamedTuple):
     limit: int  # the limit the figure is for: a changed limit makes it meaningless
@@ -76,10 +74,6 @@ class LastKnown:
         if entry is None or entry.limit != check.limit or now >= entry.whole_at:
             return None
         return Reading(entry.remaining, max(0.0, now - entry.read_at))
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()  # what the parent knew still holds for the fleet

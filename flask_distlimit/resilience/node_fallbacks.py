@@ -16,8 +16,6 @@ from flask_distlimit.resilience.fallback import DEFAULT_MAX_KEYS, LocalFallback
 from flask_distlimit.resilience.last_known import LastKnown
 from flask_distlimit.storage.base import Storage
 
-__all__ = ["NodeFallbacks"]
-
 
 class NodeFallbacks:
     """The fallbacks of one guard. ``route`` is the storage's :meth:`Storage.route
