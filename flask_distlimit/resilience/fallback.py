@@ -93,7 +93,6 @@ class LocalFallback:
         self.max_keys = max_keys
         self._full_sweep_at = -_FOREVER
         self._full_pace = Pace(60.0)  # the WARNING that the fallback is full
-        self._overflowed = 0  # decisions made on an overflow key since the last WARNING
         self._factory: Callable[[], Storage] = factory or MemoryStorage
         self._clock = clock
         self.settle = settle
@@ -177,18 +176,18 @@ class LocalFallback:
             if check.key in covered or room > 0:
                 room -= check.key not in covered
                 placed.append(check)
-            else:
-                placed.append(_overflow(check))
-                self._overflowed += 1
-        if self._overflowed and self._full_pace.due(now) is not None:  # once a minute at most
-            log.warning(
-                "distlimit: the local fallback is full (DISTLIMIT_FALLBACK_MAX_KEYS = %d keys): "
-                "%d decisions since the last such line shared their limits' overflow keys. Raise "
-                "the setting if an outage's real traffic needs more (docs/failure-modes.md).",
-                self.max_keys,
-                self._overflowed,
-            )
-            self._overflowed = 0
+                continue
+            placed.append(_overflow(check))
+            held = self._full_pace.due(now)  # once a minute at most, with the decisions since
+            if held is not None:
+                log.warning(
+                    "distlimit: the local fallback is full (DISTLIMIT_FALLBACK_MAX_KEYS = %d "
+                    "keys): %d decisions since the last such line shared their limits' overflow "
+                    "keys. Raise the setting if an outage's real traffic needs more "
+                    "(docs/failure-modes.md).",
+                    self.max_keys,
+                    held + 1,
+                )
         return placed
 
     def release(
