@@ -102,6 +102,30 @@ class LocalFallback:
         self._storage: Storage | None = None
         self._drop_locked()
 
+    def drop(self) -> None:
+        """Forget every local count (nothing is written back to the storage)."""
+        with self._lock:
+            self._drop_locked()
+
+    def _drop_locked(self) -> None:
+        """Close the store and start afresh: nothing counted, engaged or held."""
+        storage, self._storage = self._storage, None
+        #: key -> clock() until which its local count is known complete (see _cover).
+        self._covered: dict[str, float] = {}
+        #: keys decided here (a failure), with their kind and clock() of their last local
+        #: decision: held to the end of a window (_hold, _holds).
+        self._decided: dict[str, tuple[_Kind, float]] = {}
+        #: kind -> clock() until which a key of that kind decided here is held (see _engage).
+        self._hold: dict[_Kind, float] = {}
+        self._failed = False  # a failure since the last success: the next success engages
+        #: clock() of the last failure (or first success after it) + settle
+        self._engaged_until: float = -_FOREVER
+        #: the latest of every moment above: the store is dropped then
+        self._until: float = -_FOREVER
+        self._sweep_at: int = _SWEEP_MIN
+        if storage is not None:
+            storage.close()
+
     @property
     def active(self) -> bool:
         """True while the fallback holds counts that still matter."""
@@ -410,29 +434,6 @@ class LocalFallback:
         if until > self._covered.get(key, -_FOREVER):
             self._covered[key] = until
             self._until = max(self._until, until)
-
-    def drop(self) -> None:
-        """Forget every local count (nothing is written back to the storage)."""
-        with self._lock:
-            self._drop_locked()
-
-    def _drop_locked(self) -> None:
-        """Close the store and start afresh: nothing counted, engaged or held."""
-        storage, self._storage = self._storage, None
-        #: key -> clock() until which its local count is known complete (see _cover).
-        self._covered: dict[str, float] = {}
-        #: keys decided here (a failure), with their kind and clock() of their last local
-        #: decision: held to the end of a window (_hold, _holds).
-        self._decided: dict[str, tuple[_Kind, float]] = {}
-        #: kind -> clock() until which a key of that kind decided here is held (see _engage).
-        self._hold: dict[_Kind, float] = {}
-        self._failed = False  # a failure since the last success: the next success engages
-        # clock() of the last failure (or first success after it) + settle; and the latest of
-        # every moment above, when the store is dropped
-        self._engaged_until = self._until = -_FOREVER
-        self._sweep_at = _SWEEP_MIN
-        if storage is not None:
-            storage.close()
 
     def _sweep(self, now: float) -> None:
         """Forget keys whose count has ended (amortized: once per doubling of the keys); they
