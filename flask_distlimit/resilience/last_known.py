@@ -59,12 +59,6 @@ class LastKnown:
             while len(entries) > self.max_entries:
                 entries.popitem(last=False)
 
-    def remaining(self, check: Check) -> int | None:
-        """Units left for ``check``'s key as the storage last said, or ``None`` when it said
-        nothing since the quota was last whole (or for another limit)."""
-        reading = self.reading(check)
-        return None if reading is None else reading.remaining
-
     def reading(self, check: Check) -> Reading | None:
         """What the storage last said was left for ``check``'s key and how long ago, or
         ``None`` when it said nothing since the quota was last whole (or for another limit)."""
