@@ -64,9 +64,8 @@ class NodeFallbacks:
         return fallback
 
     def split(self, checks: Sequence[Check]) -> list[tuple[LocalFallback, list[Check]]]:
-        """``checks`` split by the fallback that decides them (one part but on a Cluster)."""
-        if not self._routed:
-            return [(self.default, list(checks))]
+        """``checks`` split by the fallback that decides them (one part, :attr:`default`'s, but
+        on a Cluster)."""
         return [
             (self.of(node), [checks[i] for i in indexes]) for node, indexes in self._route(checks)
         ]
