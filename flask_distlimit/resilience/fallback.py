@@ -93,12 +93,23 @@ class LocalFallback:
         self.max_keys = max_keys
         self._full_sweep_at = -_FOREVER
         self._full_pace = Pace(60.0)  # the WARNING that the fallback is full
-        self._overflowed = 0  # decisions made on an overflow key since the last WARNING
         self._factory: Callable[[], Storage] = factory or MemoryStorage
         self._clock = clock
         self.settle = settle
         self.last_known = last_known
+        self._wall_offset_us = 0  # the storage's time (now_us) minus clock(), in microseconds
+        self._lock = threading.Lock()
         self._storage: Storage | None = None
+        self._drop_locked()
+
+    def drop(self) -> None:
+        """Forget every local count (nothing is written back to the storage)."""
+        with self._lock:
+            self._drop_locked()
+
+    def _drop_locked(self) -> None:
+        """Close the store and start afresh: nothing counted, engaged or held."""
+        storage, self._storage = self._storage, None
         #: key -> clock() until which its local count is known complete (see _cover).
         self._covered: dict[str, float] = {}
         #: keys decided here (a failure), with their kind and clock() of their last local
@@ -106,12 +117,14 @@ class LocalFallback:
         self._decided: dict[str, tuple[_Kind, float]] = {}
         #: kind -> clock() until which a key of that kind decided here is held (see _engage).
         self._hold: dict[_Kind, float] = {}
-        self._engaged_until = -_FOREVER  # last failure, or first success after it, + settle
         self._failed = False  # a failure since the last success: the next success engages
-        self._wall_offset_us = 0  # the storage's time (now_us) minus clock(), in microseconds
-        self._until = -_FOREVER  # the latest of the above: the store is dropped then
-        self._sweep_at = _SWEEP_MIN
-        self._lock = threading.Lock()
+        #: clock() of the last failure (or first success after it) + settle
+        self._engaged_until: float = -_FOREVER
+        #: the latest of every moment above: the store is dropped then
+        self._until: float = -_FOREVER
+        self._sweep_at: int = _SWEEP_MIN
+        if storage is not None:
+            storage.close()
 
     @property
     def active(self) -> bool:
@@ -150,12 +163,15 @@ class LocalFallback:
                 self._drop_locked()
                 storage = self._storage = self._factory()
             self._failed = True
-            self._observe(now, now_us)
-            self._engage(now + self.settle)
+            self._engage(now, now_us)
             checks = self._placed(checks, now)
             for check in checks:
-                self._decide(check, now)
-            for check in checks:
+                # decided here at now: held to the end of the window that contains the end of
+                # this process's engagement, at most two settling periods after now (_holds)
+                kind = (check.algorithm, check.period)
+                self._decided[check.key] = (kind, now)
+                if kind not in self._hold:
+                    self._hold_kind(kind, self._engaged_until)
                 if check.key not in self._covered:
                     self._enter(storage, check, instances, now_us)
             evaluation = storage.evaluate([_divided(c, instances) for c in checks], now_us=now_us)
@@ -184,18 +200,18 @@ class LocalFallback:
             if check.key in covered or room > 0:
                 room -= check.key not in covered
                 placed.append(check)
-            else:
-                placed.append(_overflow(check))
-                self._overflowed += 1
-        if self._overflowed and self._full_pace.due(now) is not None:  # once a minute at most
-            log.warning(
-                "distlimit: the local fallback is full (DISTLIMIT_FALLBACK_MAX_KEYS = %d keys): "
-                "%d decisions since the last such line shared their limits' overflow keys. Raise "
-                "the setting if an outage's real traffic needs more (docs/failure-modes.md).",
-                self.max_keys,
-                self._overflowed,
-            )
-            self._overflowed = 0
+                continue
+            placed.append(_overflow(check))
+            held = self._full_pace.due(now)  # once a minute at most, with the decisions since
+            if held is not None:
+                log.warning(
+                    "distlimit: the local fallback is full (DISTLIMIT_FALLBACK_MAX_KEYS = %d "
+                    "keys): %d decisions since the last such line shared their limits' overflow "
+                    "keys. Raise the setting if an outage's real traffic needs more "
+                    "(docs/failure-modes.md).",
+                    self.max_keys,
+                    held + 1,
+                )
         return placed
 
     def release(
@@ -298,8 +314,7 @@ class LocalFallback:
                 # timeout after opening, before Redis came back): count everything here until
                 # then (docs/design-notes.md, "Handing back").
                 self._failed = False
-                self._observe(now, now_us)
-                self._engage(now + self.settle)
+                self._engage(now, now_us)
             if now >= self._until:
                 self._drop_locked()  # settled: Redis alone is exact again
                 return None
@@ -358,30 +373,20 @@ class LocalFallback:
         if spent > 0:
             storage.evaluate([dataclasses.replace(local, cost=spent)], now_us=now_us)
 
-    def _observe(self, now: float, now_us: int | None) -> None:
-        """Remember how the storage's time (``now_us``, else the wall clock) maps onto clock()."""
-        self._wall_offset_us = (time.time_ns() // 1_000 if now_us is None else now_us) - round(
-            now * _US
-        )
-
-    def _engage(self, until: float) -> None:
-        """Count every request here until ``until`` at least, and every key decided here until
-        the end of the window that contains that moment (:meth:`_window_end`)."""
+    def _engage(self, now: float, now_us: int | None) -> None:
+        """A failure at ``now``, or the first success after one: remember how the storage's
+        time (``now_us``, else the wall clock) maps onto clock(); count every request here for
+        ``settle`` seconds at least, and every key decided here until the end of the window
+        that contains that moment (:meth:`_window_end`)."""
+        wall_us = time.time_ns() // 1_000 if now_us is None else now_us
+        self._wall_offset_us = wall_us - round(now * _US)
+        until = now + self.settle
         if until <= self._engaged_until:
             return
         self._engaged_until = until
         for kind in self._hold:
             self._hold_kind(kind, until)
         self._until = max(self._until, until)
-
-    def _decide(self, check: Check, now: float) -> None:
-        """``check``'s key is decided here at ``now``: hold it until the end of the window
-        that contains the end of this process's engagement (at most two settling periods
-        after ``now``: :meth:`_holds`)."""
-        kind = (check.algorithm, check.period)
-        self._decided[check.key] = (kind, now)
-        if kind not in self._hold:
-            self._hold_kind(kind, self._engaged_until)
 
     def _hold_kind(self, kind: _Kind, moment: float) -> None:
         """Hold the keys of ``kind`` decided here until the end of the window that contains
@@ -429,22 +434,6 @@ class LocalFallback:
         if until > self._covered.get(key, -_FOREVER):
             self._covered[key] = until
             self._until = max(self._until, until)
-
-    def drop(self) -> None:
-        """Forget every local count (nothing is written back to the storage)."""
-        with self._lock:
-            self._drop_locked()
-
-    def _drop_locked(self) -> None:
-        storage, self._storage = self._storage, None
-        self._covered.clear()
-        self._decided.clear()
-        self._hold.clear()
-        self._failed = False
-        self._engaged_until = self._until = -_FOREVER
-        self._sweep_at = _SWEEP_MIN
-        if storage is not None:
-            storage.close()
 
     def _sweep(self, now: float) -> None:
         """Forget keys whose count has ended (amortized: once per doubling of the keys); they

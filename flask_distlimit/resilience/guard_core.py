@@ -35,7 +35,7 @@ from flask_distlimit.errors import (
 from flask_distlimit.forks import AfterFork
 from flask_distlimit.resilience.breaker import Breaker, BreakerState
 from flask_distlimit.resilience.breakers import Breakers, report_call, report_parts
-from flask_distlimit.resilience.fallback import DEFAULT_MAX_KEYS, LocalFallback
+from flask_distlimit.resilience.fallback import DEFAULT_MAX_KEYS
 from flask_distlimit.resilience.instances import Instances, InstancesSetting
 from flask_distlimit.resilience.last_known import LastKnown
 from flask_distlimit.resilience.node_fallbacks import NodeFallbacks
@@ -139,10 +139,6 @@ class GuardCore:
         _guards.add(self)
 
     # -- the parts ---------------------------------------------------------------------------
-
-    def fallbacks_for(self, checks: Sequence[Check]) -> list[tuple[LocalFallback, list[Check]]]:
-        """``checks`` split by the fallback that decides them (one part but on a Cluster)."""
-        return self.fallbacks.split(checks)
 
     @property
     def fallback_active(self) -> bool:

@@ -75,20 +75,12 @@ def holdings(records: Sequence[Record]) -> dict[str, list[Holding]]:
         if not isinstance(leases, dict):
             continue
         for key, entry in leases.items():
-            if not (isinstance(entry, list) and len(entry) == 2):
-                continue
-            units, valid = entry
-            if (
-                isinstance(units, bool)
-                or not isinstance(units, int)
-                or units <= 0
-                or isinstance(valid, bool)
-                or not isinstance(valid, int | float)
-            ):
-                continue
-            left = round(valid - r.age, 3)
-            if left > 0:
-                found.setdefault(key, []).append(Holding(r.process, units, left, r.age))
+            # [units, seconds good], as record_of writes it (JSON's true and false are no numbers)
+            match entry:
+                case [units, valid] if type(units) is int and type(valid) in (int, float):
+                    left = round(valid - r.age, 3)
+                    if units > 0 and left > 0:
+                        found.setdefault(key, []).append(Holding(r.process, units, left, r.age))
     for held in found.values():
         held.sort(key=lambda h: (-h.units, h.process))
     return found

@@ -21,15 +21,7 @@ from typing import Literal
 
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.storage.base import Storage
-from flask_distlimit.storage.heartbeat import MAX_FLEET, peak_key
-
-__all__ = [
-    "Instances",
-    "InstancesSetting",
-    "process_member",
-    "validate_instances",
-    "validate_instances_min",
-]
+from flask_distlimit.storage.heartbeat import MAX_FLEET
 
 log = logging.getLogger("flask_distlimit.instances")  # a public name (docs/failure-modes.md), kept
 
@@ -85,7 +77,6 @@ class Instances:
         self.minimum = validate_instances_min(minimum)
         self.auto = self.setting == "auto"
         self.key = f"{key_prefix}:instances"
-        self.peak_key = peak_key(self.key)
         self.interval = interval
         self.ttl = ttl if ttl is not None else 3 * interval
         if self.ttl <= interval:
@@ -101,16 +92,10 @@ class Instances:
         beats = math.ceil(self.ttl / interval)  # one TTL of beating
         self._live: deque[int] = deque(maxlen=beats)  # live counts this process saw
         self._told: deque[int] = deque(maxlen=beats)  # the largest sizes it was told
-        self._divisor = (
-            max(self.setting, self.minimum) if isinstance(self.setting, int) else (self.minimum)
-        )
+        #: What the local fallback divides every limit by.
+        self.divisor = max(self.minimum, self.setting if isinstance(self.setting, int) else 1)
         self._next_at = float("-inf") if self.auto else float("inf")
         self._beating = False
-
-    @property
-    def divisor(self) -> int:
-        """What the local fallback divides every limit by."""
-        return self._divisor
 
     def due(self) -> bool:
         """Cheap: is a heartbeat due now? (Always false unless ``"auto"``.)"""
@@ -139,7 +124,7 @@ class Instances:
             self._live.append(live)
             self._told.append(max(live, int(fleet.largest), known))
             divisor = max(self.minimum, *self._told)
-            if live != self.seen or divisor != self._divisor:
+            if live != self.seen or divisor != self.divisor:
                 log.info(
                     "Live rate-limit instances: %d (was %s); fallback divisor %d (the largest "
                     "fleet in the last %d heartbeats, at least %d)",
@@ -150,7 +135,7 @@ class Instances:
                     self.minimum,
                 )
             self.seen = live
-            self._divisor = divisor
+            self.divisor = divisor
             return fleet.repaired_keys
         finally:
             self._beating = False

@@ -15,8 +15,6 @@ from typing import NamedTuple
 
 from flask_distlimit.core.decision import Check, Evaluation
 
-__all__ = ["LastKnown", "Reading"]
-
 
 class _Entry(NamedTuple):
     limit: int  # the limit the figure is for: a changed limit makes it meaningless
@@ -61,12 +59,6 @@ class LastKnown:
             while len(entries) > self.max_entries:
                 entries.popitem(last=False)
 
-    def remaining(self, check: Check) -> int | None:
-        """Units left for ``check``'s key as the storage last said, or ``None`` when it said
-        nothing since the quota was last whole (or for another limit)."""
-        reading = self.reading(check)
-        return None if reading is None else reading.remaining
-
     def reading(self, check: Check) -> Reading | None:
         """What the storage last said was left for ``check``'s key and how long ago, or
         ``None`` when it said nothing since the quota was last whole (or for another limit)."""
@@ -76,10 +68,6 @@ class LastKnown:
         if entry is None or entry.limit != check.limit or now >= entry.whole_at:
             return None
         return Reading(entry.remaining, max(0.0, now - entry.read_at))
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()  # what the parent knew still holds for the fleet

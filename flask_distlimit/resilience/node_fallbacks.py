@@ -16,8 +16,6 @@ from flask_distlimit.resilience.fallback import DEFAULT_MAX_KEYS, LocalFallback
 from flask_distlimit.resilience.last_known import LastKnown
 from flask_distlimit.storage.base import Storage
 
-__all__ = ["NodeFallbacks"]
-
 
 class NodeFallbacks:
     """The fallbacks of one guard. ``route`` is the storage's :meth:`Storage.route
@@ -66,9 +64,8 @@ class NodeFallbacks:
         return fallback
 
     def split(self, checks: Sequence[Check]) -> list[tuple[LocalFallback, list[Check]]]:
-        """``checks`` split by the fallback that decides them (one part but on a Cluster)."""
-        if not self._routed:
-            return [(self.default, list(checks))]
+        """``checks`` split by the fallback that decides them (one part, :attr:`default`'s, but
+        on a Cluster)."""
         return [
             (self.of(node), [checks[i] for i in indexes]) for node, indexes in self._route(checks)
         ]

@@ -12,8 +12,6 @@ from typing import Final
 from flask_distlimit.core.decision import Evaluation
 from flask_distlimit.frozen import slot_setters
 
-__all__ = ["BUSY_OUTCOME", "CLOSED_OUTCOME", "OPEN_OUTCOME", "Outcome"]
-
 
 @dataclass(frozen=True, slots=True)
 class Outcome:

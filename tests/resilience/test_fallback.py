@@ -102,14 +102,14 @@ def test_last_known_holds_until_the_quota_is_whole_again() -> None:
     clock = FakeClock()
     known = LastKnown(clock=clock)
     check = Check("ratelimit:{c}:r:fixed_window", "fixed_window", 30, 60)
-    assert known.remaining(check) is None
+    assert known.reading(check) is None
     known.record([check], _answer(12, reset_after=20))
-    assert known.remaining(check) == 12
-    assert known.remaining(Check(check.key, "fixed_window", 40, 60)) is None  # another limit
+    assert known.reading(check) == (12, 0.0)
+    assert known.reading(Check(check.key, "fixed_window", 40, 60)) is None  # another limit
     clock.advance(19.9)
-    assert known.remaining(check) == 12
+    assert known.reading(check) == (12, pytest.approx(19.9))
     clock.advance(0.1)
-    assert known.remaining(check) is None  # whole again: the figure says nothing any more
+    assert known.reading(check) is None  # whole again: the figure says nothing any more
 
 
 def test_last_known_is_bounded_least_recently_answered_first() -> None:
@@ -119,7 +119,7 @@ def test_last_known_is_bounded_least_recently_answered_first() -> None:
         known.record([check], _answer(7, reset_after=60))
     known.record([checks[2]], _answer(6, reset_after=60))  # answered again: kept longest
     assert len(known) == 3
-    assert [known.remaining(c) for c in checks] == [None, None, 6, 7, 7]
+    assert [known.reading(c) for c in checks] == [None, None, (6, 0.0), (7, 0.0), (7, 0.0)]
     with pytest.raises(ValueError):
         LastKnown(max_entries=0)
 
