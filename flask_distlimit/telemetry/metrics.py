@@ -135,7 +135,8 @@ class Instruments:
         family = "fallback_decisions" if fallback else "decisions"
         slots = False
         for check, decision in zip(checks, evaluation.decisions, strict=False):
-            label = _label_of(check)
+            bound = check.bound  # _label_of(check), without a call per decision
+            label: str = bound.label if bound is not None else limit_label(check.key)
             self.add(family, 1, label, outcome="allowed" if decision.allowed else "denied")
             if decision.shadow_denied:
                 self.add("shadow_denials", 1, label)
