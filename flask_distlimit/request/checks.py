@@ -30,8 +30,6 @@ from flask_distlimit.request import deduction
 from flask_distlimit.request.data import RequestData
 from flask_distlimit.request.plans import Plans
 
-__all__ = ["Built", "Checks"]
-
 log = logging.getLogger("flask_distlimit")
 
 #: Limits whose failure is remembered for the once-a-minute ERROR line; emptied when full.

@@ -25,8 +25,6 @@ if TYPE_CHECKING:
     from flask_distlimit.core.decision import Check, Decision
     from flask_distlimit.request.enforcement import AppLimiter
 
-__all__ = ["RequestLimit", "clear", "current_limits"]
-
 
 @dataclass(frozen=True, slots=True)
 class RequestLimit:

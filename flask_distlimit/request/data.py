@@ -11,8 +11,6 @@ from flask_distlimit.defences.concurrency import SlotRelease
 from flask_distlimit.request import deduction
 from flask_distlimit.request.headers import Evaluated, Report
 
-__all__ = ["RequestData"]
-
 
 @dataclass(slots=True, eq=False)
 class RequestData:

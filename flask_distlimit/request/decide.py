@@ -30,8 +30,6 @@ from flask_distlimit.request.refuse import Refusals
 from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.resilience.leases import Leases
 
-__all__ = ["Decider"]
-
 _KEY: Final = operator.attrgetter("key")
 
 

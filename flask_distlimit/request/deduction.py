@@ -28,8 +28,6 @@ if TYPE_CHECKING:
     from flask_distlimit.defences.concurrency import SideCalls
     from flask_distlimit.defences.lifecycle import Holding
 
-__all__ = ["SETTLE_EVERY_US", "BodySettlement", "Deferred", "charge", "reserved"]
-
 log = logging.getLogger("flask_distlimit")
 
 #: A long body's bytes are charged at least this often while it is sent (microseconds).

@@ -45,8 +45,6 @@ from flask_distlimit.resilience.leases import Leases
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.telemetry.otel import OTelHook
 
-__all__ = ["AppLimiter", "Enforcer"]
-
 #: The route limits of a request counted after its response, against every request's only.
 _NO_ROUTE = RoutePlan(exempt=False)
 #: Set on a response the rate-limit headers were added to: whether ``Retry-After`` was too.

@@ -22,8 +22,6 @@ from flask_distlimit.declare.targets import carried_function, describe
 from flask_distlimit.request.data import RequestData
 from flask_distlimit.request.plans import Plans, is_static
 
-__all__ = ["Enforce", "finalize"]
-
 log = logging.getLogger("flask_distlimit")
 
 #: Declarations named in the first request's WARNING, at most.

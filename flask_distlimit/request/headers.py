@@ -21,16 +21,6 @@ from flask_distlimit.declare.policy_items import concurrency_policy_item, policy
 from flask_distlimit.declare.route_limits import BoundLimit
 from flask_distlimit.engine.registry import REGISTRY
 
-__all__ = [
-    "OUR_HEADERS",
-    "Evaluated",
-    "Report",
-    "closest_to_denial",
-    "policy_field",
-    "rate_limit_headers",
-    "report_of",
-]
-
 #: Every header name an ``after_request`` adds but ``Retry-After`` (an earlier pass of the same
 #: response object's go before the new ones are added).
 OUR_HEADERS: Final = (

@@ -20,8 +20,6 @@ from flask_distlimit.declare.route_limits import BoundLimit, RoutePlan, bind, bu
 from flask_distlimit.declare.specs import LimitSpec
 from flask_distlimit.resilience.leases import Leases
 
-__all__ = ["Plans", "is_static"]
-
 
 def is_static(endpoint: str) -> bool:
     """Flask's static-file endpoints: never limited."""

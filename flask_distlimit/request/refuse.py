@@ -41,8 +41,6 @@ from flask_distlimit.resilience.guard import Guard
 if TYPE_CHECKING:
     from werkzeug.sansio.response import Response as SansIOResponse
 
-__all__ = ["Breach", "BreachHook", "Refusals"]
-
 log = logging.getLogger("flask_distlimit")
 
 

@@ -18,8 +18,6 @@ from flask_distlimit.defences.shadow import ShadowSetting
 from flask_distlimit.resilience.fallback import DEFAULT_MAX_KEYS
 from flask_distlimit.storage.startup_check import StartupCheck
 
-__all__ = ["LimiterSettings"]
-
 
 @dataclass(frozen=True, slots=True)
 class LimiterSettings:

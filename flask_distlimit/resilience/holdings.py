@@ -17,8 +17,6 @@ if TYPE_CHECKING:
     from flask_distlimit.storage.base import Storage
     from flask_distlimit.storage.lease_records import Record
 
-__all__ = ["RECORD_LEASES", "Holding", "LeaseRecord", "holdings", "read_holdings", "record_of"]
-
 #: The most leases one process's published record lists (the most units held first).
 RECORD_LEASES: Final = 64
 _US: Final = 1_000_000
