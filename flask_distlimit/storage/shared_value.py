@@ -9,23 +9,9 @@ value".
 
 from __future__ import annotations
 
+from importlib import resources
 from typing import Final
 
-SHARED_VALUE_SOURCE: Final = """
-local ok, value = pcall(redis.call, 'GET', KEYS[1])
-if not ok then
-  redis.call('UNLINK', KEYS[1])
-  value = false
-end
-if not value then
-  redis.call('SET', KEYS[1], ARGV[1])
-  value = ARGV[1]
-end
-local ttl = tonumber(ARGV[2])  -- seconds; 0: never expires
-if ttl > 0 then
-  redis.call('PEXPIRE', KEYS[1], ttl * 1000)
-else
-  redis.call('PERSIST', KEYS[1])
-end
-return value
-"""
+SHARED_VALUE_SOURCE: Final = (resources.files(__package__) / "lua" / "shared_value.lua").read_text(
+    encoding="utf-8"
+)
