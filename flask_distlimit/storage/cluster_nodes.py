@@ -40,7 +40,8 @@ from flask_distlimit.storage.redis import (
 )
 from flask_distlimit.storage.side_calls import RedisSideCalls, SideScripts
 from flask_distlimit.storage.slot_keys import by_slot
-from flask_distlimit.storage.tokens import RequestTokens, repeat_call
+from flask_distlimit.storage.split_slots import Made, repeated
+from flask_distlimit.storage.tokens import RequestTokens
 from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error, translated
 
 #: Replies that mean the script did not run on that node (safe to send again).
@@ -51,24 +52,19 @@ def read_or_repeat(
     pool: DeadlinePool,
     connection: Any,
     packer: EvalshaPacker,
-    keys: list[str],
-    args: list[str | int],
-    token: str | None,
     tokens: RequestTokens,
+    made: Made,
     deadline: float,
 ) -> Any:
-    """The reply to the call just sent on ``connection``; when the connection is closed under
-    it, the call is made again, marked as a repeat (its reply, kept under ``token``, is answered
-    if it ran; a call sent without one gets one now), within the same deadline
-    (:func:`~.tokens.repeat_call`), and ``tokens`` are armed."""
+    """The reply to the call ``made`` just sent on ``connection``; when the connection is closed
+    under it, the call is made again as a repeat within the same deadline
+    (:func:`~.split_slots.repeated`)."""
     try:
         # At least a moment for each reply: the replies of the other groups may be waiting in
         # their sockets when one slow group has spent the deadline.
         return pool.read(connection, max(deadline, time.monotonic() + LAST_LOOK))
     except rx.ConnectionError as exc:
-        lost = exc
-    again = tokens.repeat(packer, keys, args, token)
-    return repeat_call(pool, connection, again, deadline, lost, lambda c: pool.read(c, deadline))
+        return repeated(pool, connection, packer, tokens, made, deadline, exc)
 
 
 def rounds(
@@ -161,6 +157,9 @@ class ClusterNodes(RedisSideCalls):
         self.timeout = timeout
         self.queue_timeout = queue_budget(timeout) if queue_timeout is None else queue_timeout
         self._nodes = [(str(h), int(p)) for h, p in nodes]
+        #: The node a key's breaker is named for before the topology is known, or when it does
+        #: not cover the key's slot: the first startup node.
+        self._first_node = "{}:{}".format(*self._nodes[0]) if self._nodes else "cluster"
         self._max_connections = max_connections
         self._connection = connection
         self._owns_client = client is None
@@ -170,9 +169,8 @@ class ClusterNodes(RedisSideCalls):
         self._lock = threading.Lock()
         self._client: RedisCluster | None = None
         self._scripts: SideScripts | None = None
-        #: The hot path's pool of each primary (``host:port``), built on first use.
-        self._pools: dict[str, DeadlinePool] = {}
-        #: The batches of each primary's pool (:mod:`.pipeline`), for one-group calls.
+        #: The hot path's pool of each primary (``host:port``), in the batches of its
+        #: :mod:`.pipeline` (for one-group calls), built on first use.
         self._pipelines: dict[str, Pipeline] = {}
         #: The request tokens of the hot path (docs/design-notes.md, "One retry").
         self.tokens = RequestTokens(timeout, request_tokens)
@@ -249,17 +247,6 @@ class ClusterNodes(RedisSideCalls):
     # -- nodes, for one breaker per primary (flask_distlimit.resilience.breakers)
     # ----------------------
 
-    def _node_name(self, key: str) -> str:
-        """The primary serving ``key`` in the cached topology (no I/O); before the client knows
-        the topology, or when it does not cover the slot, the first startup node."""
-        name = self._primary_of(key)
-        if name is not None:
-            return name
-        if not self._nodes:
-            return "cluster"
-        host, port = self._nodes[0]
-        return f"{host}:{port}"
-
     def node(self, refresh: bool = False) -> str:
         """The primary of slot 0 (the first startup node before the topology is known).
 
@@ -270,7 +257,7 @@ class ClusterNodes(RedisSideCalls):
         if refresh and client is not None:
             with contextlib.suppress(*REDIS_FAILURES):
                 client.nodes_manager.initialize()
-        return self._node_name("")
+        return self._primary_of("") or self._first_node
 
     def nodes(self) -> frozenset[str] | None:
         """The primaries of the cached topology (``None`` before the client connected)."""
@@ -283,41 +270,32 @@ class ClusterNodes(RedisSideCalls):
             return None
 
     def route(self, checks: Sequence[Check]) -> list[tuple[str, list[int]]]:
-        """The slot groups (:meth:`groups`), each with the name of its primary."""
-        return [(self._node_name(checks[g[0]].key), g) for g in self.groups(checks)]
+        """The slot groups (:meth:`groups`), each with the name of its primary (no I/O)."""
+        first = self._first_node
+        return [(self._primary_of(checks[g[0]].key) or first, g) for g in self.groups(checks)]
 
-    def _pipeline_of(self, name: str, pool: DeadlinePool) -> Pipeline:
-        """The batches of primary ``name``'s pool (one pool a name: :meth:`_pool_of`), built on
-        first use."""
+    def _pipeline_of(self, client: RedisCluster, node: ClusterNode) -> Pipeline:
+        """The batches of ``node``'s hot-path pool: a :class:`~.pool.DeadlinePool` of
+        connections made as redis-py makes that node's (its pool's public ``connection_class``
+        and ``connection_kwargs``), so every wait of a call ends by the call's deadline."""
+        name = str(node.name)
         pipeline = self._pipelines.get(name)
         if pipeline is None:
+            stock = client.get_redis_connection(node).connection_pool
             with self._lock:
                 pipeline = self._pipelines.get(name)
                 if pipeline is None:
-                    pipeline = self._pipelines[name] = Pipeline(
-                        pool, load=script_load(SCRIPT_SOURCE), trouble=self.tokens.arm
-                    )
-        return pipeline
-
-    def _pool_of(self, client: RedisCluster, node: ClusterNode) -> DeadlinePool:
-        """The hot path's pool of ``node``: a :class:`~.pool.DeadlinePool` of connections
-        made as redis-py makes that node's (its pool's public ``connection_class`` and
-        ``connection_kwargs``), so every wait of a call ends by the call's deadline."""
-        name = str(node.name)
-        pool = self._pools.get(name)
-        if pool is None:
-            stock = client.get_redis_connection(node).connection_pool
-            with self._lock:
-                pool = self._pools.get(name)
-                if pool is None:
-                    pool = self._pools[name] = DeadlinePool(
+                    pool = DeadlinePool(
                         timeout=self.timeout,
                         queue_timeout=self.queue_timeout,
                         max_connections=self._max_connections,
                         connection_class=stock.connection_class,
                         **stock.connection_kwargs,
                     )
-        return pool
+                    pipeline = self._pipelines[name] = Pipeline(
+                        pool, load=script_load(SCRIPT_SOURCE), trouble=self.tokens.arm
+                    )
+        return pipeline
 
     @property
     def request_tokens(self) -> str:
@@ -344,15 +322,14 @@ class ClusterNodes(RedisSideCalls):
         if self._owns_client and self._client is not None:
             self._client.close()
             self._client = None
-        for pool in list(self._pools.values()):
-            pool.disconnect()
+        for pipeline in list(self._pipelines.values()):
+            pipeline.pool.disconnect()
 
     def reset_after_fork(self) -> None:
         """Forget the connections inherited from the parent (call in a forked child)."""
         self.tokens.reset()
-        for deadline_pool in list(self._pools.values()):
-            deadline_pool.forget_inherited()
         for pipeline in list(self._pipelines.values()):
+            pipeline.pool.forget_inherited()
             pipeline.reset()
         client = self._client
         if client is None:

@@ -15,15 +15,6 @@ from flask_distlimit.engine.registry import REGISTRY
 from flask_distlimit.engine.scripts import token_key
 from flask_distlimit.errors import StorageResponseError
 
-__all__ = [
-    "GIVE_BACK_CODES",
-    "GIVE_BACK_SOURCE",
-    "ID_KEPT_MS",
-    "give_back_args",
-    "give_back_keys",
-    "given_back",
-]
-
 #: The algorithms whose units are given back (those with a ``give_back_field`` in the registry),
 #: by the limit script's code.
 GIVE_BACK_CODES: Final[dict[str, int]] = {

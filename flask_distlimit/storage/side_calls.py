@@ -35,8 +35,6 @@ from flask_distlimit.storage.lease_records import (
 from flask_distlimit.storage.shared_value import SHARED_VALUE_SOURCE
 from flask_distlimit.storage.translate import translated
 
-__all__ = ["RedisSideCalls", "SideScripts"]
-
 #: Keys per ``DEL`` command.
 _DELETE_CHUNK: Final = 500
 
