@@ -142,7 +142,7 @@ class ClusterStorage(ClusterNodes):
             keys, args = script_args(part, now_us, refund=refund)
             made.append((keys, args, tokens.key(keys[0]) if armed else None))
         results: list[Evaluation | StorageError | None] = [None] * len(parts)
-        if len(parts) == 1:
+        if len(parts) == 1:  # the usual request: one slot group, batched with others
             results[0] = self._one(client, parts[0], made[0], now_us, refund, wait_until)
         # (part, its pool, the connection, its Redis deadline)
         in_flight: list[tuple[int, DeadlinePool, Any, float]] = []
@@ -217,7 +217,7 @@ class ClusterStorage(ClusterNodes):
                 self._packer.pack(keys, args, token, self.tokens.first), wait_until
             )
         except REDIS_FAILURES as exc:
-            return failed(exc, None, None)
+            return failed(exc)
         if not call.lost:
             if call.error is not None and not isinstance(call.error, Exception):
                 raise call.error  # not an Exception: an interrupt of this call's own
@@ -230,7 +230,7 @@ class ClusterStorage(ClusterNodes):
         try:
             connection = pool.checkout(wait_until, connect=False)  # the repeat connects it
         except REDIS_FAILURES as exc:
-            return failed(exc, None, None)
+            return failed(exc)
         try:
             reply = outcome(
                 repeated, pool, connection, self._packer, self.tokens, made, deadline, call.error
@@ -263,10 +263,8 @@ class ClusterStorage(ClusterNodes):
             pool.release(connection)
         if isinstance(reply, NOT_RUN):
             return self._call_or_error(part, now_us, refund, made[2])
-        if isinstance(reply, StorageError):
-            return reply
-        if isinstance(reply, Exception):
-            return failed(reply, None, None)
+        if isinstance(reply, Exception):  # StorageReplyLost, or an error reply
+            return reply if isinstance(reply, StorageError) else failed(reply)
         try:
             return parse_reply(reply, part)
         except StorageError as exc:

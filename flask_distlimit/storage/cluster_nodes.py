@@ -78,7 +78,7 @@ def rounds(
         try:
             node = client.get_node_from_key(part[0].key)
         except REDIS_FAILURES as exc:
-            results[n] = failed(exc, None, None)
+            results[n] = failed(exc)
             continue
         by_node.setdefault(str(node.name), []).append((n, node))
     queues = [by_node[name] for name in sorted(by_node)]
@@ -97,8 +97,10 @@ class LostNode(StorageUnavailable):
         self.closed = closed
 
 
-def failed(exc: Exception, pool: DeadlinePool | None, connection: Any) -> StorageError:
-    """Close a failed connection, give it back, and translate the error."""
+def failed(
+    exc: Exception, pool: DeadlinePool | None = None, connection: Any = None
+) -> StorageError:
+    """Close a failed ``connection``, give it back to ``pool``, and translate the error."""
     if pool is not None and connection is not None:
         pool.broken(connection)
         pool.release(connection)
