@@ -5,7 +5,8 @@ on a single node; a request of several slot groups sends every group before read
 within the request's deadline; when one group denies, the groups that consumed are given back
 (refund mode), best effort; a call left unsent by this process's load is
 :class:`~flask_distlimit.errors.StorageBusy`; a group lost every time while its node answers is
-:class:`~flask_distlimit.errors.StorageReplyLost`, not counted against the node's breaker. The
+:class:`~flask_distlimit.errors.StorageReplyLost`, not counted against the node's breaker; a
+reply in :data:`NOT_RUN` means the script did not run there, so the call is made again. The
 nodes, pools and breakers are :mod:`.cluster_nodes`'s. Design: docs/design-notes.md, "Redis
 Cluster".
 """
@@ -15,27 +16,92 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from redis import exceptions as rx
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
 
 from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.engine.scripts import parse_reply, script_args, with_token
-from flask_distlimit.errors import StorageError, StorageUnavailable
-from flask_distlimit.storage.cluster_nodes import (
-    NOT_RUN,
-    ClusterNodes,
-    LostNode,
-    failed,
-    read_or_repeat,
-    rounds,
-)
-from flask_distlimit.storage.pool import DeadlinePool
+from flask_distlimit.errors import StorageError, StorageMisconfigured, StorageUnavailable
+from flask_distlimit.storage.cluster_nodes import ClusterNodes
+from flask_distlimit.storage.evalsha import EvalshaPacker
+from flask_distlimit.storage.pool import LAST_LOOK, DeadlinePool, NoConnectionAvailable, busy
 from flask_distlimit.storage.slot_keys import across_slots, merged
 from flask_distlimit.storage.split_slots import Made, outcome, repeated, send_whole
-from flask_distlimit.storage.tokens import settles
+from flask_distlimit.storage.tokens import RequestTokens, settles
 from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error
+
+#: Replies that mean the script did not run on that node (safe to send again).
+NOT_RUN: Final = (rx.NoScriptError, rx.AskError, rx.TryAgainError)
+
+
+def read_or_repeat(
+    pool: DeadlinePool,
+    connection: Any,
+    packer: EvalshaPacker,
+    tokens: RequestTokens,
+    made: Made,
+    deadline: float,
+) -> Any:
+    """The reply to the call ``made`` just sent on ``connection``; when the connection is closed
+    under it, the call is made again as a repeat within the same deadline
+    (:func:`~.split_slots.repeated`)."""
+    try:
+        # At least a moment for each reply: the replies of the other groups may be waiting in
+        # their sockets when one slow group has spent the deadline.
+        return pool.read(connection, max(deadline, time.monotonic() + LAST_LOOK))
+    except rx.ConnectionError as exc:
+        return repeated(pool, connection, packer, tokens, made, deadline, exc)
+
+
+def rounds(
+    client: RedisCluster, parts: list[list[Check]], results: list[Any]
+) -> list[list[tuple[int, ClusterNode]]]:
+    """The parts (their indexes, with their primaries) in rounds of at most one part per
+    primary, each round's primaries in the order of their names; a part whose primary is not
+    known gets its error in ``results``."""
+    by_node: dict[str, list[tuple[int, ClusterNode]]] = {}
+    for n, part in enumerate(parts):
+        try:
+            node = client.get_node_from_key(part[0].key)
+        except REDIS_FAILURES as exc:
+            results[n] = failed(exc)
+            continue
+        by_node.setdefault(str(node.name), []).append((n, node))
+    queues = [by_node[name] for name in sorted(by_node)]
+    return [
+        [queue[depth] for queue in queues if depth < len(queue)]
+        for depth in range(max(map(len, queues), default=0))
+    ]
+
+
+class LostNode(StorageUnavailable):
+    """A connection error or timeout on a node: the topology may have changed. ``closed``: a
+    connection failed (arms the request tokens); a timeout is a slow node, and arms nothing."""
+
+    def __init__(self, message: str, *, closed: bool) -> None:
+        super().__init__(message)
+        self.closed = closed
+
+
+def failed(
+    exc: Exception, pool: DeadlinePool | None = None, connection: Any = None
+) -> StorageError:
+    """Close a failed ``connection``, give it back to ``pool``, and translate the error."""
+    if pool is not None and connection is not None:
+        pool.broken(connection)
+        pool.release(connection)
+    if isinstance(exc, NoConnectionAvailable):  # load (StorageBusy): not the node's failure
+        return busy(pool.queue_timeout if pool is not None else 0.0)
+    error = storage_error(exc)
+    # A refusal (e.g. WRONGPASS, an AuthenticationError) stays StorageMisconfigured: the node
+    # answered, so the topology need not be refreshed, and the log must name the cause.
+    if isinstance(exc, rx.ConnectionError | rx.TimeoutError) and not isinstance(
+        error, StorageMisconfigured
+    ):
+        return LostNode(str(error), closed=isinstance(exc, rx.ConnectionError))
+    return error
 
 
 class ClusterStorage(ClusterNodes):
@@ -125,7 +191,7 @@ class ClusterStorage(ClusterNodes):
         Several: every part's ``EVALSHA`` is written to the connection of its slot's primary
         before any reply is read, so the calls overlap on the network and in the servers (the
         way redis-py's cluster pipeline sends to several nodes); parts that one primary serves
-        go in :func:`~.cluster_nodes.rounds`, so a call holds one connection of a pool at a
+        go in :func:`rounds`, so a call holds one connection of a pool at a
         time (a request never waits for a connection it holds itself, and two requests never
         each hold one that the other waits for). The waits for connections end by one queue
         budget from now, each reply by its group's Redis deadline. A part lost on a node that
@@ -254,7 +320,7 @@ class ClusterStorage(ClusterNodes):
         """The result of ``part``'s call from its ``reply`` or the failure that ended it
         (:func:`~.split_slots.outcome`), the ``connection`` it was read on given back to
         ``pool`` (closed after a failure, kept after an error reply, read whole). A call that
-        did not run (:data:`~.cluster_nodes.NOT_RUN`: ``NOSCRIPT``, ``ASK``, ``TRYAGAIN``) is
+        did not run (:data:`NOT_RUN`: ``NOSCRIPT``, ``ASK``, ``TRYAGAIN``) is
         made again through redis-py's cluster path, which loads the script and follows the
         redirection."""
         if isinstance(reply, REDIS_FAILURES) and not isinstance(reply, rx.ResponseError):

@@ -2,8 +2,7 @@
 
 Promises: the client never retries, sends no health-check PING and is built on first use (an
 unreachable cluster fails requests, not start-up); :meth:`ClusterNodes.route` names each slot
-group's primary without I/O; a reply in :data:`NOT_RUN` means the script did not run there, so the
-call may be made again. Design: docs/design-notes.md, "The Cluster's nodes".
+group's primary without I/O. Design: docs/design-notes.md, "The Cluster's nodes".
 """
 
 from __future__ import annotations
@@ -12,24 +11,19 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, Final, cast
+from typing import Any, cast
 
 import redis
-from redis import exceptions as rx
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 
 from flask_distlimit.core.decision import Check
 from flask_distlimit.engine.scripts import SCRIPT_SOURCE
-from flask_distlimit.errors import StorageError, StorageMisconfigured, StorageUnavailable
 from flask_distlimit.storage.evalsha import EvalshaPacker
 from flask_distlimit.storage.pipeline import Pipeline, script_load
 from flask_distlimit.storage.pool import (
-    LAST_LOOK,
     DeadlinePool,
-    NoConnectionAvailable,
-    busy,
     queue_budget,
 )
 from flask_distlimit.storage.redis import (
@@ -40,80 +34,8 @@ from flask_distlimit.storage.redis import (
 )
 from flask_distlimit.storage.side_calls import RedisSideCalls, SideScripts
 from flask_distlimit.storage.slot_keys import by_slot
-from flask_distlimit.storage.split_slots import Made, repeated
 from flask_distlimit.storage.tokens import RequestTokens
 from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error, translated
-
-#: Replies that mean the script did not run on that node (safe to send again).
-NOT_RUN: Final = (rx.NoScriptError, rx.AskError, rx.TryAgainError)
-
-
-def read_or_repeat(
-    pool: DeadlinePool,
-    connection: Any,
-    packer: EvalshaPacker,
-    tokens: RequestTokens,
-    made: Made,
-    deadline: float,
-) -> Any:
-    """The reply to the call ``made`` just sent on ``connection``; when the connection is closed
-    under it, the call is made again as a repeat within the same deadline
-    (:func:`~.split_slots.repeated`)."""
-    try:
-        # At least a moment for each reply: the replies of the other groups may be waiting in
-        # their sockets when one slow group has spent the deadline.
-        return pool.read(connection, max(deadline, time.monotonic() + LAST_LOOK))
-    except rx.ConnectionError as exc:
-        return repeated(pool, connection, packer, tokens, made, deadline, exc)
-
-
-def rounds(
-    client: RedisCluster, parts: list[list[Check]], results: list[Any]
-) -> list[list[tuple[int, ClusterNode]]]:
-    """The parts (their indexes, with their primaries) in rounds of at most one part per
-    primary, each round's primaries in the order of their names; a part whose primary is not
-    known gets its error in ``results``."""
-    by_node: dict[str, list[tuple[int, ClusterNode]]] = {}
-    for n, part in enumerate(parts):
-        try:
-            node = client.get_node_from_key(part[0].key)
-        except REDIS_FAILURES as exc:
-            results[n] = failed(exc)
-            continue
-        by_node.setdefault(str(node.name), []).append((n, node))
-    queues = [by_node[name] for name in sorted(by_node)]
-    return [
-        [queue[depth] for queue in queues if depth < len(queue)]
-        for depth in range(max(map(len, queues), default=0))
-    ]
-
-
-class LostNode(StorageUnavailable):
-    """A connection error or timeout on a node: the topology may have changed. ``closed``: a
-    connection failed (arms the request tokens); a timeout is a slow node, and arms nothing."""
-
-    def __init__(self, message: str, *, closed: bool) -> None:
-        super().__init__(message)
-        self.closed = closed
-
-
-def failed(
-    exc: Exception, pool: DeadlinePool | None = None, connection: Any = None
-) -> StorageError:
-    """Close a failed ``connection``, give it back to ``pool``, and translate the error."""
-    if pool is not None and connection is not None:
-        pool.broken(connection)
-        pool.release(connection)
-    if isinstance(exc, NoConnectionAvailable):  # load (StorageBusy): not the node's failure
-        return busy(pool.queue_timeout if pool is not None else 0.0)
-    error = storage_error(exc)
-    # A refusal (e.g. WRONGPASS, an AuthenticationError) stays StorageMisconfigured: the node
-    # answered, so the topology need not be refreshed, and the log must name the cause.
-    if isinstance(exc, rx.ConnectionError | rx.TimeoutError) and not isinstance(
-        error, StorageMisconfigured
-    ):
-        return LostNode(str(error), closed=isinstance(exc, rx.ConnectionError))
-    return error
 
 
 def _bounded_wait_pool(timeout: float) -> type[redis.BlockingConnectionPool]:
