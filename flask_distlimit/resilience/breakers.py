@@ -191,15 +191,11 @@ def report_parts(
     for node, breaker in trying.items():
         if node not in heard:
             breaker.release()
-    refused: list[StorageMisconfigured] = []
-    for node, error in heard.items():
-        if error is None:
-            trying[node].success()
+        elif (error := heard[node]) is None:
+            breaker.success()
         else:
-            trying[node].failure(error)
-            if isinstance(error, StorageMisconfigured):
-                refused.append(error)
-    return refused
+            breaker.failure(error)
+    return [e for e in heard.values() if isinstance(e, StorageMisconfigured)]
 
 
 def worst(breakers: Collection[Breaker]) -> Breaker | None:

@@ -100,9 +100,8 @@ class RedisSideCalls(Storage):
         return records_from_reply(reply)
 
     def _give_back(self, back: GiveBack) -> int:
-        key, algorithm, period, window, units, now_us = back
-        args = give_back_args(algorithm, period, window, units, now_us)
-        return given_back(translated(self._side().give_back, give_back_keys(key), args))
+        keys = give_back_keys(back.key)
+        return given_back(translated(self._side().give_back, keys, give_back_args(back)))
 
     def shared_value(self, key: str, candidate: str, ttl: int) -> str:
         value = translated(self._side().shared_value, [key], [candidate, int(ttl)])
