@@ -25,34 +25,14 @@ from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.engine.scripts import parse_reply, script_args, with_token
 from flask_distlimit.errors import StorageError, StorageMisconfigured, StorageUnavailable
 from flask_distlimit.storage.cluster_nodes import ClusterNodes
-from flask_distlimit.storage.evalsha import EvalshaPacker
-from flask_distlimit.storage.pool import LAST_LOOK, DeadlinePool, NoConnectionAvailable, busy
+from flask_distlimit.storage.pool import DeadlinePool, NoConnectionAvailable, busy
 from flask_distlimit.storage.slot_keys import across_slots, merged
-from flask_distlimit.storage.split_slots import Made, outcome, repeated, send_whole
-from flask_distlimit.storage.tokens import RequestTokens, settles
+from flask_distlimit.storage.split_slots import Made, outcome, read_or_repeat, send_whole
+from flask_distlimit.storage.tokens import settles
 from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error
 
 #: Replies that mean the script did not run on that node (safe to send again).
 NOT_RUN: Final = (rx.NoScriptError, rx.AskError, rx.TryAgainError)
-
-
-def read_or_repeat(
-    pool: DeadlinePool,
-    connection: Any,
-    packer: EvalshaPacker,
-    tokens: RequestTokens,
-    made: Made,
-    deadline: float,
-) -> Any:
-    """The reply to the call ``made`` just sent on ``connection``; when the connection is closed
-    under it, the call is made again as a repeat within the same deadline
-    (:func:`~.split_slots.repeated`)."""
-    try:
-        # At least a moment for each reply: the replies of the other groups may be waiting in
-        # their sockets when one slow group has spent the deadline.
-        return pool.read(connection, max(deadline, time.monotonic() + LAST_LOOK))
-    except rx.ConnectionError as exc:
-        return repeated(pool, connection, packer, tokens, made, deadline, exc)
 
 
 def rounds(
@@ -298,9 +278,8 @@ class ClusterStorage(ClusterNodes):
         except REDIS_FAILURES as exc:
             return failed(exc)
         try:
-            reply = outcome(
-                repeated, pool, connection, self._packer, self.tokens, made, deadline, call.error
-            )
+            packer, tokens, lost = self._packer, self.tokens, call.error
+            reply = outcome(read_or_repeat, pool, connection, packer, tokens, made, deadline, lost)
         except BaseException:
             pool.broken(connection)  # a reply may be left unread
             pool.release(connection)

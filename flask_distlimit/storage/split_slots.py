@@ -4,7 +4,7 @@
 one Redis deadline: one round trip. A lost reply is repeated under its request token
 (:mod:`.tokens`); ``NOSCRIPT`` loads the script and sends once more. It never raises a Redis
 failure: it answers per call a reply, an error reply, or the failure that ended it.
-:func:`send_whole` and :func:`repeated` serve the Cluster's calls too.
+:func:`send_whole` and :func:`read_or_repeat` serve the Cluster's calls too.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from redis.exceptions import NoScriptError
 
 from flask_distlimit.errors import StorageError
 from flask_distlimit.storage.evalsha import EvalshaPacker
-from flask_distlimit.storage.pool import DeadlinePool
+from flask_distlimit.storage.pool import LAST_LOOK, DeadlinePool
 from flask_distlimit.storage.tokens import RequestTokens, repeat_call
 from flask_distlimit.storage.translate import REDIS_FAILURES
 
@@ -53,17 +53,25 @@ def send_whole(
     return time.monotonic() + pool.timeout
 
 
-def repeated(
+def read_or_repeat(
     pool: DeadlinePool,
     connection: Any,
     packer: EvalshaPacker,
     tokens: RequestTokens,
     made: Made,
     deadline: float,
-    lost: redis.ConnectionError,
+    lost: redis.ConnectionError | None = None,
 ) -> Any:
-    """The reply to the call ``made`` whose reply was lost (``lost``), made again on
-    ``connection`` as a repeat of its token (:func:`~.tokens.repeat_call`, by ``deadline``)."""
+    """The reply to the call ``made`` just sent on ``connection``, read by ``deadline`` (at least
+    a moment: the replies of other calls may be waiting in their sockets when one slow call has
+    spent it). When the connection is closed under it (or was: ``lost``), the call is made again
+    on it as a repeat of its token (one drawn now when it carried none), within the same deadline
+    (:func:`~.tokens.repeat_call`)."""
+    if lost is None:
+        try:
+            return pool.read(connection, max(deadline, time.monotonic() + LAST_LOOK))
+        except redis.ConnectionError as exc:
+            lost = exc
     again = tokens.repeat(packer, *made)
     return repeat_call(pool, connection, again, deadline, lost, lambda c: pool.read(c, deadline))
 
@@ -99,7 +107,7 @@ def send_parts(
                 except redis.ConnectionError as exc:  # the calls from here may have run
                     lost = exc
             replies.append(
-                outcome(repeated, pool, connection, packer, tokens, call, deadline, lost)
+                outcome(read_or_repeat, pool, connection, packer, tokens, call, deadline, lost)
             )
         missing = [n for n, r in enumerate(replies) if isinstance(r, NoScriptError)]
         if missing:  # the script did not run: load it, those calls once more, in one write
