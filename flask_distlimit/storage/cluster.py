@@ -14,6 +14,7 @@ Cluster".
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Sequence
 from typing import Any, Final
@@ -50,10 +51,7 @@ def rounds(
             continue
         by_node.setdefault(str(node.name), []).append((n, node))
     queues = [by_node[name] for name in sorted(by_node)]
-    return [
-        [queue[depth] for queue in queues if depth < len(queue)]
-        for depth in range(max(map(len, queues), default=0))
-    ]
+    return [[p for p in round_ if p is not None] for round_ in itertools.zip_longest(*queues)]
 
 
 class LostNode(StorageUnavailable):

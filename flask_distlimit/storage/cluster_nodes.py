@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar, cast
 
 import redis
 from redis.backoff import NoBackoff
@@ -36,6 +36,8 @@ from flask_distlimit.storage.side_calls import RedisSideCalls, SideScripts
 from flask_distlimit.storage.slot_keys import by_slot
 from flask_distlimit.storage.tokens import RequestTokens
 from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error, translated
+
+T = TypeVar("T")
 
 
 def _bounded_wait_pool(timeout: float) -> type[redis.BlockingConnectionPool]:
@@ -86,7 +88,6 @@ class ClusterNodes(RedisSideCalls):
         self._first_node = "{}:{}".format(*self._nodes[0]) if self._nodes else "cluster"
         self._max_connections = max_connections
         self._connection = connection
-        self._owns_client = client is None
         #: The client passed in, ``None`` when built from ``nodes`` (init_app warns when it
         #: retries: :mod:`~flask_distlimit.storage.client_retries`).
         self.given_client = client
@@ -153,15 +154,8 @@ class ClusterNodes(RedisSideCalls):
 
     def _primary_of(self, key: str) -> str | None:
         """The name (``host:port``) of the primary that serves ``key`` in the cached topology
-        (no I/O); ``None`` before the client connected, or when the topology does not cover
-        the slot."""
-        client = self._client
-        if client is None:
-            return None
-        try:
-            node = client.get_node_from_key(key)
-        except REDIS_FAILURES:  # e.g. SlotNotCoveredError
-            return None
+        (:meth:`_topology`)."""
+        node = self._topology(lambda c: c.get_node_from_key(key))
         return str(node.name) if node is not None else None
 
     def groups(self, checks: Sequence[Check]) -> list[list[int]]:
@@ -185,11 +179,16 @@ class ClusterNodes(RedisSideCalls):
 
     def nodes(self) -> frozenset[str] | None:
         """The primaries of the cached topology (``None`` before the client connected)."""
+        return self._topology(lambda c: frozenset(str(n.name) for n in c.get_primaries()))
+
+    def _topology(self, read: Callable[[RedisCluster], T]) -> T | None:
+        """``read`` of the client's cached topology (no I/O); ``None`` before the client
+        connected, or when the topology cannot answer (e.g. a slot it does not cover)."""
         client = self._client
         if client is None:
             return None
         try:
-            return frozenset(str(n.name) for n in client.get_primaries())
+            return read(client)
         except REDIS_FAILURES:
             return None
 
@@ -243,7 +242,7 @@ class ClusterNodes(RedisSideCalls):
             raise storage_error(exc) from exc
 
     def close(self) -> None:
-        if self._owns_client and self._client is not None:
+        if self.given_client is None and self._client is not None:
             self._client.close()
             self._client = None
         for pipeline in list(self._pipelines.values()):

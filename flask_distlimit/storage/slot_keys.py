@@ -87,12 +87,11 @@ def merged(
     failure = next((r for r in results if isinstance(r, StorageError)), None)
     if failure is not None:
         raise failure
-    decisions: list[Decision | None] = [None] * len(checks)
+    decisions: dict[int, Decision] = {}
     repaired: list[str] = []
     for group, result in zip(groups, results, strict=True):
         assert isinstance(result, Evaluation)
-        for index, decision in zip(group, result.decisions, strict=True):
-            decisions[index] = decision
+        decisions.update(zip(group, result.decisions, strict=True))
         repaired.extend(result.repaired_keys)
     node_now = results[0].now_us if len(results) == 1 else 0  # type: ignore[union-attr]
-    return Evaluation(tuple(d for d in decisions if d is not None), tuple(repaired), node_now)
+    return Evaluation(tuple(decisions[i] for i in range(len(checks))), tuple(repaired), node_now)
