@@ -8,6 +8,7 @@ group's primary without I/O. Design: docs/design-notes.md, "The Cluster's nodes"
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -38,20 +39,6 @@ from flask_distlimit.storage.tokens import RequestTokens
 from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error, translated
 
 T = TypeVar("T")
-
-
-def _bounded_wait_pool(timeout: float) -> type[redis.BlockingConnectionPool]:
-    """redis-py's :class:`~redis.BlockingConnectionPool` whose wait for a free connection lasts
-    ``timeout`` by default: redis-py before 8.0 drops ``RedisCluster(timeout=)`` on its way to
-    the nodes' pools, which then wait 20 s (the calls off the hot path use them: topology,
-    ``PING``, heartbeats, admin)."""
-
-    class BoundedWaitPool(redis.BlockingConnectionPool):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs.setdefault("timeout", timeout)
-            cast(Any, super()).__init__(*args, **kwargs)  # redis-py leaves it unannotated
-
-    return BoundedWaitPool
 
 
 class ClusterNodes(RedisSideCalls):
@@ -119,14 +106,19 @@ class ClusterNodes(RedisSideCalls):
         (first_host, first_port), *others = self._nodes
         if ":" in first_host:  # IPv6
             first_host = f"[{first_host}]"
-        # A URL (not host=) makes RedisCluster build each node's pool from
-        # connection_pool_class, so the pool wait is bounded by the timeout too.
+        # A URL (not host=) makes RedisCluster build each node's pool by calling
+        # connection_pool_class(**kwargs) (redis-py 5.0 to 8.x), so the pool's wait for a free
+        # connection is bounded by the timeout too: redis-py before 8.0 drops timeout= on its
+        # way to the nodes' pools, which would then wait 20 s (the calls off the hot path use
+        # them: topology, PING, heartbeats, admin); a timeout it passes wins.
         # cast: redis-py 5.0 declares RedisCluster abstract (connection_pool), which it is not
         cluster: RedisCluster = cast(Any, RedisCluster)(
             url=f"redis://{first_host}:{first_port}",
             startup_nodes=[ClusterNode(h, p) for h, p in others],
             retry=Retry(NoBackoff(), 0),
-            connection_pool_class=_bounded_wait_pool(self.timeout),
+            connection_pool_class=functools.partial(
+                redis.BlockingConnectionPool, timeout=self.timeout
+            ),
             max_connections=self._max_connections,
             **{**HANDSHAKE_FREE, **self._connection, **options, "timeout": self.timeout},
         )
