@@ -61,7 +61,7 @@ class Breakers:
         fail_max: int,
         reset_timeout: float,
         clock: Callable[[], float] = time.monotonic,
-        on_change: Callable[[str, BreakerState | None], None] | None = None,
+        on_change: Callable[[str, BreakerState | None], None] = lambda name, state: None,
         known: Callable[[], Collection[str] | None] = lambda: None,
         limit: int = MAX_NODES,
     ) -> None:
@@ -81,11 +81,8 @@ class Breakers:
     def get(self, node: str) -> Breaker:
         """The breaker of ``node``, made (and the set pruned) when it is new."""
         breaker = self._by_node.get(node)
-        if breaker is None:
-            breaker = self._make(node)
-        return breaker
-
-    def _make(self, node: str) -> Breaker:
+        if breaker is not None:
+            return breaker
         self.prune()
         dropped: list[str] = []
         with self._lock:
@@ -104,12 +101,11 @@ class Breakers:
                 reset_timeout=self.reset_timeout,
                 clock=self._clock,
                 name=name,
-                on_change=None if on_change is None else lambda s: on_change(name, s),
+                on_change=lambda s: on_change(name, s),
             )
             self._by_node[node] = breaker
         self._dropped(dropped)
-        if on_change is not None:
-            on_change(name, breaker.state)
+        on_change(name, breaker.state)
         return breaker
 
     def admit(self, nodes: Iterable[str]) -> Admitted:
@@ -141,13 +137,12 @@ class Breakers:
             self.retain(known)
 
     def _dropped(self, nodes: list[str]) -> None:
-        if self._on_change is not None:
-            for node in nodes:
-                self._on_change(self.breaker_name(node), None)
+        for node in nodes:
+            self._on_change(self.breaker_name(node), None)
 
     def states(self) -> dict[str, BreakerState]:
         """Each node's breaker state, by node name."""
-        return {node: b.state for node, b in list(self._by_node.items())}
+        return {node: b.state for node, b in self.by_node().items()}
 
     def by_node(self) -> dict[str, Breaker]:
         """Each node's breaker, by node name (a copy)."""
@@ -196,15 +191,11 @@ def report_parts(
     for node, breaker in trying.items():
         if node not in heard:
             breaker.release()
-    refused: list[StorageMisconfigured] = []
-    for node, error in heard.items():
-        if error is None:
-            trying[node].success()
+        elif (error := heard[node]) is None:
+            breaker.success()
         else:
-            trying[node].failure(error)
-            if isinstance(error, StorageMisconfigured):
-                refused.append(error)
-    return refused
+            breaker.failure(error)
+    return [e for e in heard.values() if isinstance(e, StorageMisconfigured)]
 
 
 def worst(breakers: Collection[Breaker]) -> Breaker | None:

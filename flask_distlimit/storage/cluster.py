@@ -5,7 +5,8 @@ on a single node; a request of several slot groups sends every group before read
 within the request's deadline; when one group denies, the groups that consumed are given back
 (refund mode), best effort; a call left unsent by this process's load is
 :class:`~flask_distlimit.errors.StorageBusy`; a group lost every time while its node answers is
-:class:`~flask_distlimit.errors.StorageReplyLost`, not counted against the node's breaker. The
+:class:`~flask_distlimit.errors.StorageReplyLost`, not counted against the node's breaker; a
+reply in :data:`NOT_RUN` means the script did not run there, so the call is made again. The
 nodes, pools and breakers are :mod:`.cluster_nodes`'s. Design: docs/design-notes.md, "Redis
 Cluster".
 """
@@ -13,29 +14,72 @@ Cluster".
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from redis import exceptions as rx
 from redis.cluster import ClusterNode, RedisCluster
 
-from flask_distlimit.core.decision import Check, Decision, Evaluation
+from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.engine.scripts import parse_reply, script_args, with_token
-from flask_distlimit.errors import StorageError, StorageReplyLost, StorageUnavailable
-from flask_distlimit.storage.cluster_nodes import (
-    NOT_RUN,
-    ClusterNodes,
-    LostNode,
-    failed,
-    read_or_repeat,
-    rounds,
-)
-from flask_distlimit.storage.pipeline import Call
-from flask_distlimit.storage.pool import DeadlinePool
-from flask_distlimit.storage.slot_keys import across_slots
-from flask_distlimit.storage.tokens import repeat_call, settles
+from flask_distlimit.errors import StorageError, StorageMisconfigured, StorageUnavailable
+from flask_distlimit.storage.cluster_nodes import ClusterNodes
+from flask_distlimit.storage.pool import DeadlinePool, NoConnectionAvailable, busy
+from flask_distlimit.storage.slot_keys import across_slots, merged
+from flask_distlimit.storage.split_slots import Made, outcome, read_or_repeat, send_whole
+from flask_distlimit.storage.tokens import settles
 from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error
+
+#: Replies that mean the script did not run on that node (safe to send again).
+NOT_RUN: Final = (rx.NoScriptError, rx.AskError, rx.TryAgainError)
+
+
+def rounds(
+    client: RedisCluster, parts: list[list[Check]], results: list[Any]
+) -> list[list[tuple[int, ClusterNode]]]:
+    """The parts (their indexes, with their primaries) in rounds of at most one part per
+    primary, each round's primaries in the order of their names; a part whose primary is not
+    known gets its error in ``results``."""
+    by_node: dict[str, list[tuple[int, ClusterNode]]] = {}
+    for n, part in enumerate(parts):
+        try:
+            node = client.get_node_from_key(part[0].key)
+        except REDIS_FAILURES as exc:
+            results[n] = failed(exc)
+            continue
+        by_node.setdefault(str(node.name), []).append((n, node))
+    queues = [by_node[name] for name in sorted(by_node)]
+    return [[p for p in round_ if p is not None] for round_ in itertools.zip_longest(*queues)]
+
+
+class LostNode(StorageUnavailable):
+    """A connection error or timeout on a node: the topology may have changed. ``closed``: a
+    connection failed (arms the request tokens); a timeout is a slow node, and arms nothing."""
+
+    def __init__(self, message: str, *, closed: bool) -> None:
+        super().__init__(message)
+        self.closed = closed
+
+
+def failed(
+    exc: Exception, pool: DeadlinePool | None = None, connection: Any = None
+) -> StorageError:
+    """Close a failed ``connection``, give it back to ``pool``, and translate the error."""
+    if pool is not None and connection is not None:
+        pool.broken(connection)
+        pool.release(connection)
+    if isinstance(exc, NoConnectionAvailable):  # load (StorageBusy): not the node's failure
+        return busy(pool.queue_timeout if pool is not None else 0.0)
+    error = storage_error(exc)
+    # A refusal (e.g. WRONGPASS, an AuthenticationError) stays StorageMisconfigured: the node
+    # answered, so the topology need not be refreshed, and the log must name the cause.
+    if isinstance(exc, rx.ConnectionError | rx.TimeoutError) and not isinstance(
+        error, StorageMisconfigured
+    ):
+        return LostNode(str(error), closed=isinstance(exc, rx.ConnectionError))
+    return error
 
 
 class ClusterStorage(ClusterNodes):
@@ -89,6 +133,14 @@ class ClusterStorage(ClusterNodes):
             raise storage_error(exc) from exc
         return parse_reply(reply, checks)
 
+    def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+        groups = self.groups(checks)
+        if len(groups) <= 1:
+            return self._call(checks, now_us)
+        return across_slots(
+            checks, groups, lambda parts, refund: self._run_all(parts, now_us, refund)
+        )
+
     def evaluate_parts(
         self, parts: Sequence[Sequence[Check]], *, now_us: int | None = None
     ) -> list[Evaluation | StorageError]:
@@ -102,14 +154,8 @@ class ClusterStorage(ClusterNodes):
         """Give back the costs of ``checks`` (slot groups in flight at once); raises the first
         group's error, if any."""
         groups = self.groups(checks)
-        results = self._run_all([[checks[i] for i in g] for g in groups], now_us, refund=True)
-        decisions: list[Decision | None] = [None] * len(checks)
-        for group, result in zip(groups, results, strict=True):
-            if isinstance(result, StorageError):
-                raise result
-            for index, decision in zip(group, result.decisions, strict=True):
-                decisions[index] = decision
-        return Evaluation(tuple(d for d in decisions if d is not None))
+        parts = [[checks[i] for i in g] for g in groups]
+        return merged(checks, groups, self._run_all(parts, now_us, refund=True))
 
     def _run_all(
         self,
@@ -119,16 +165,15 @@ class ClusterStorage(ClusterNodes):
     ) -> list[Evaluation | StorageError]:
         """One script call per part, all in flight at once, from the caller's thread.
 
-        Every part's ``EVALSHA`` is written to the connection of its slot's primary before any
-        reply is read, so the calls overlap on the network and in the servers (the way
-        redis-py's cluster pipeline sends to several nodes); parts that one primary serves go
-        in rounds, one per round, so a call holds one connection of a pool at a time (taken
-        in the order of the primaries' names: two calls never wait on each other), and the
-        replies are read each within its group's Redis deadline; the waits for connections end
-        by one queue budget from now (the module docstring says what each bounds, and when a
-        failed send is made once more). A part
-        answered ``NOSCRIPT``, ``MOVED``, ``ASK`` or ``TRYAGAIN`` did not run: it is sent again
-        through redis-py's own cluster path, which loads the script and follows the redirection.
+        One part (the usual request) goes in a batch of its primary's pipeline (:meth:`_one`).
+        Several: every part's ``EVALSHA`` is written to the connection of its slot's primary
+        before any reply is read, so the calls overlap on the network and in the servers (the
+        way redis-py's cluster pipeline sends to several nodes); parts that one primary serves
+        go in :func:`rounds`, so a call holds one connection of a pool at a
+        time (a request never waits for a connection it holds itself, and two requests never
+        each hold one that the other waits for). The waits for connections end by one queue
+        budget from now, each reply by its group's Redis deadline. A part lost on a node that
+        the refreshed topology no longer names is made once more on the new primary.
         """
         client = self.client  # built on first use, before the deadline starts
         now = time.monotonic()
@@ -136,82 +181,47 @@ class ClusterStorage(ClusterNodes):
         packer, tokens = self._packer, self.tokens
         # a refund always carries a token: repeated twice, it would give back twice
         armed = refund or now < tokens.armed_until or any(settles(p) for p in parts)
+        made: list[Made] = []
+        for part in parts:
+            keys, args = script_args(part, now_us, refund=refund)
+            made.append((keys, args, tokens.key(keys[0]) if armed else None))
         results: list[Evaluation | StorageError | None] = [None] * len(parts)
-        #: part -> the request token its first try carried (None: none)
-        sent: dict[int, str | None] = {}
         if len(parts) == 1:  # the usual request: one slot group, batched with others
-            results[0] = self._one(client, parts[0], now_us, refund, armed, wait_until, sent)
-            parts_rounds: list[list[tuple[int, ClusterNode]]] = []
-        else:
-            parts_rounds = rounds(client, parts, results)
-        # (part, its pool, the connection, keys, args, token, its Redis deadline)
-        in_flight: list[
-            tuple[int, DeadlinePool, Any, list[str], list[str | int], str | None, float]
-        ] = []
+            results[0] = self._one(client, parts[0], made[0], now_us, refund, wait_until)
+        # (part, its pool, the connection, its Redis deadline)
+        in_flight: list[tuple[int, DeadlinePool, Any, float]] = []
         try:
-            # At most one connection of a primary's pool at a time, the primaries taken in one
-            # order: a request never waits for a connection it holds itself, and two requests
-            # never each hold one that the other waits for (slot groups a primary serves go in
-            # rounds, one per round).
-            for round_ in parts_rounds:
+            for round_ in rounds(client, parts, results) if len(parts) > 1 else []:
                 for n, node in round_:
-                    keys, args = script_args(parts[n], now_us, refund=refund)
-                    token = sent[n] = tokens.key(keys[0]) if armed else None
+                    keys, args, token = made[n]
                     pool: DeadlinePool | None = None
                     connection: Any = None
                     try:
-                        pool = self._pool_of(client, node)
-                        # not probed: a closed connection fails the send or loses the reply,
-                        # and both are made again below, as in RedisStorage
+                        pool = self._pipeline_of(client, node).pool
                         command = [packer.pack(keys, args, token, tokens.first)]
-                        # the wait by the queue budget, a connect by a timeout of its own
+                        # not probed: a closed connection fails the send or loses the reply,
+                        # and both are made again, as in RedisStorage
                         connection = pool.checkout(wait_until, probe=False)
-                        # in flight from here: on an unexpected exception (not a Redis failure:
-                        # a signal handler's, a timeout's), the finally below closes it, so no
-                        # reply is left unread in the pool, and gives it back
-                        in_flight.append((n, pool, connection, keys, args, token, 0.0))
-                        try:
-                            pool.send(connection, command)
-                        except rx.ConnectionError:
-                            # The send failed, so Redis never had the whole command: the script did
-                            # not run. Once more on a fresh connection.
-                            tokens.arm()
-                            pool.renew(connection, time.monotonic() + self.timeout)
-                            pool.send(connection, command)
-                        # the group's Redis deadline: from when Redis has its command
-                        deadline = time.monotonic() + self.timeout
-                        in_flight[-1] = (n, pool, connection, keys, args, token, deadline)
+                        # in flight from here: on an unexpected exception (a signal handler's),
+                        # the finally below closes it, so no reply is left unread in the pool
+                        in_flight.append((n, pool, connection, 0.0))
+                        deadline = send_whole(pool, connection, command, tokens)
+                        in_flight[-1] = (n, pool, connection, deadline)
                     except REDIS_FAILURES as exc:
                         if connection is not None:
                             in_flight.pop()
                         results[n] = failed(exc, pool, connection)
-                        continue
                 while in_flight:
-                    n, pool, connection, keys, args, token, deadline = in_flight[0]
-                    try:
-                        reply = read_or_repeat(
-                            pool, connection, packer, keys, args, token, tokens, deadline
-                        )
-                    except NOT_RUN:
-                        in_flight.pop(0)
-                        pool.release(connection)
-                        results[n] = self._call_or_error(parts[n], now_us, refund, token)
-                        continue
-                    except StorageReplyLost as exc:
-                        in_flight.pop(0)
-                        pool.release(connection)
-                        results[n] = exc
-                        continue
-                    except REDIS_FAILURES as exc:
-                        in_flight.pop(0)
-                        results[n] = failed(exc, pool, connection)
-                        continue
-                    # (an unexpected exception leaves it in flight, for the finally below)
-                    in_flight.pop(0)
-                    pool.release(connection)
-                    results[n] = _parsed(reply, parts[n])
+                    n, pool, connection, deadline = in_flight[0]
+                    reply = outcome(
+                        read_or_repeat, pool, connection, packer, tokens, made[n], deadline
+                    )
+                    in_flight.pop(0)  # (an unexpected exception leaves it for the finally)
+                    results[n] = self._ended(
+                        parts[n], made[n], reply, now_us, refund, pool, connection
+                    )
         finally:
-            for _, pool, connection, *_ in in_flight:  # only after an unexpected exception
+            for _, pool, connection, _ in in_flight:  # only after an unexpected exception
                 pool.broken(connection)
                 pool.release(connection)
         lost = [n for n, r in enumerate(results) if isinstance(r, LostNode)]
@@ -224,89 +234,84 @@ class ClusterStorage(ClusterNodes):
             with contextlib.suppress(*REDIS_FAILURES):  # still down: the next call tries again
                 client.nodes_manager.initialize()
             for n in lost:
-                # A part whose slot has a new primary now (a promoted replica) is tried there
-                # once, as in _call.
+                # A part whose slot has a new primary now (a promoted replica) is made there
+                # once, as in _call, as a repeat of its token when it carried one: the first
+                # try may have run and reached the replica (a refund given back twice would
+                # let its limits admit that much more)
                 if self._primary_of(parts[n][0].key) not in (before[n], None):
-                    # made again there, as a repeat of its token when it carried one: the
-                    # first try may have run and reached the replica (a refund given back
-                    # twice would let its limits admit that much more)
-                    results[n] = self._call_or_error(parts[n], now_us, refund, sent.get(n))
+                    results[n] = self._call_or_error(parts[n], now_us, refund, made[n][2])
         return [r if r is not None else StorageUnavailable("no reply") for r in results]
 
     def _one(
         self,
         client: RedisCluster,
         part: list[Check],
+        made: Made,
         now_us: int | None,
         refund: bool,
-        armed: bool,
         wait_until: float,
-        sent: dict[int, str | None],
     ) -> Evaluation | StorageError:
         """One slot group's call in a batch of its primary's pipeline (:mod:`.pipeline`, as on
-        a single node); what :meth:`_run_all` does for a group, otherwise: a reply lost is made
-        again as a repeat of its token on a connection of its own, a ``NOSCRIPT`` the batch
-        did not mend, ``MOVED``, ``ASK`` or ``TRYAGAIN`` through redis-py's cluster path."""
-        keys, args = script_args(part, now_us, refund=refund)
-        tokens = self.tokens
-        token = sent[0] = tokens.key(keys[0]) if armed else None
+        a single node); a reply lost is made again as a repeat of its token on a connection of
+        its own."""
+        keys, args, token = made
         try:
-            node = client.get_node_from_key(keys[0])
-            pool = self._pool_of(client, node)
-            command = self._packer.pack(keys, args, token, tokens.first)
-            call = self._pipeline_of(str(node.name), pool).call(command, wait_until)
-        except REDIS_FAILURES as exc:
-            return failed(exc, None, None)
-        error = call.error
-        if call.lost:
-            assert isinstance(error, rx.ConnectionError)
-            return self._repeat(pool, part, keys, args, token, call, wait_until)
-        if isinstance(error, NOT_RUN):
-            return self._call_or_error(part, now_us, refund, token)
-        if isinstance(error, Exception):
-            return failed(error, None, None)
-        if error is not None:
-            raise error  # not an Exception: an interrupt of this call's own
-        return _parsed(call.reply, part)
-
-    def _repeat(
-        self,
-        pool: DeadlinePool,
-        part: list[Check],
-        keys: list[str],
-        args: list[str | int],
-        token: str | None,
-        call: Call,
-        wait_until: float,
-    ) -> Evaluation | StorageError:
-        """A batched call whose connection closed after the send, made again as a repeat of
-        its token (one drawn now when it carried none) on a connection of its own."""
-        again = self.tokens.repeat(self._packer, keys, args, token)
-        deadline = max(call.deadline, time.monotonic() + self.timeout)
-        lost = call.error
-        assert isinstance(lost, rx.ConnectionError)
-        try:
-            connection = pool.checkout(wait_until, connect=False)  # repeat_call connects it
-        except REDIS_FAILURES as exc:
-            return failed(exc, None, None)
-        try:
-            reply = repeat_call(
-                pool, connection, again, deadline, lost, lambda c: pool.read(c, deadline)
+            pipeline = self._pipeline_of(client, client.get_node_from_key(keys[0]))
+            call = pipeline.call(
+                self._packer.pack(keys, args, token, self.tokens.first), wait_until
             )
-        except StorageReplyLost as exc:
-            pool.release(connection)
-            return exc
-        except rx.ResponseError as exc:
-            pool.release(connection)  # read whole
-            return failed(exc, None, None)
         except REDIS_FAILURES as exc:
-            return failed(exc, pool, connection)
+            return failed(exc)
+        if not call.lost:
+            if call.error is not None and not isinstance(call.error, Exception):
+                raise call.error  # not an Exception: an interrupt of this call's own
+            reply = call.reply if call.error is None else call.error
+            return self._ended(part, made, reply, now_us, refund)
+        assert isinstance(call.error, rx.ConnectionError)
+        pool = pipeline.pool
+        # Redis's time for the repeats starts now: the batch's may be spent by the wait to be woken
+        deadline = max(call.deadline, time.monotonic() + self.timeout)
+        try:
+            connection = pool.checkout(wait_until, connect=False)  # the repeat connects it
+        except REDIS_FAILURES as exc:
+            return failed(exc)
+        try:
+            packer, tokens, lost = self._packer, self.tokens, call.error
+            reply = outcome(read_or_repeat, pool, connection, packer, tokens, made, deadline, lost)
         except BaseException:
-            pool.broken(connection)
+            pool.broken(connection)  # a reply may be left unread
             pool.release(connection)
             raise
-        pool.release(connection)
-        return _parsed(reply, part)
+        return self._ended(part, made, reply, now_us, refund, pool, connection)
+
+    def _ended(
+        self,
+        part: list[Check],
+        made: Made,
+        reply: Any,
+        now_us: int | None,
+        refund: bool,
+        pool: DeadlinePool | None = None,
+        connection: Any = None,
+    ) -> Evaluation | StorageError:
+        """The result of ``part``'s call from its ``reply`` or the failure that ended it
+        (:func:`~.split_slots.outcome`), the ``connection`` it was read on given back to
+        ``pool`` (closed after a failure, kept after an error reply, read whole). A call that
+        did not run (:data:`NOT_RUN`: ``NOSCRIPT``, ``ASK``, ``TRYAGAIN``) is
+        made again through redis-py's cluster path, which loads the script and follows the
+        redirection."""
+        if isinstance(reply, REDIS_FAILURES) and not isinstance(reply, rx.ResponseError):
+            return failed(reply, pool, connection)
+        if pool is not None and connection is not None:
+            pool.release(connection)
+        if isinstance(reply, NOT_RUN):
+            return self._call_or_error(part, now_us, refund, made[2])
+        if isinstance(reply, Exception):  # StorageReplyLost, or an error reply
+            return reply if isinstance(reply, StorageError) else failed(reply)
+        try:
+            return parse_reply(reply, part)
+        except StorageError as exc:
+            return exc
 
     def _call_or_error(
         self, part: list[Check], now_us: int | None, refund: bool, token: str | None = None
@@ -315,19 +320,3 @@ class ClusterStorage(ClusterNodes):
             return self._call(part, now_us, refund, token)
         except StorageError as exc:
             return exc
-
-    def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
-        groups = self.groups(checks)
-        if len(groups) <= 1:
-            return self._call(checks, now_us)
-        return across_slots(
-            checks, groups, lambda parts, refund: self._run_all(parts, now_us, refund)
-        )
-
-
-def _parsed(reply: Any, part: list[Check]) -> Evaluation | StorageError:
-    """The evaluation of ``part`` a script's reply holds, or the error a bad reply is."""
-    try:
-        return parse_reply(reply, part)
-    except StorageError as exc:
-        return exc

@@ -2,34 +2,29 @@
 
 Promises: the client never retries, sends no health-check PING and is built on first use (an
 unreachable cluster fails requests, not start-up); :meth:`ClusterNodes.route` names each slot
-group's primary without I/O; a reply in :data:`NOT_RUN` means the script did not run there, so the
-call may be made again. Design: docs/design-notes.md, "The Cluster's nodes".
+group's primary without I/O. Design: docs/design-notes.md, "The Cluster's nodes".
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any, Final, cast
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar, cast
 
 import redis
-from redis import exceptions as rx
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 
 from flask_distlimit.core.decision import Check
 from flask_distlimit.engine.scripts import SCRIPT_SOURCE
-from flask_distlimit.errors import StorageError, StorageMisconfigured, StorageUnavailable
 from flask_distlimit.storage.evalsha import EvalshaPacker
 from flask_distlimit.storage.pipeline import Pipeline, script_load
 from flask_distlimit.storage.pool import (
-    LAST_LOOK,
     DeadlinePool,
-    NoConnectionAvailable,
-    busy,
     queue_budget,
 )
 from flask_distlimit.storage.redis import (
@@ -40,96 +35,10 @@ from flask_distlimit.storage.redis import (
 )
 from flask_distlimit.storage.side_calls import RedisSideCalls, SideScripts
 from flask_distlimit.storage.slot_keys import by_slot
-from flask_distlimit.storage.tokens import RequestTokens, repeat_call
+from flask_distlimit.storage.tokens import RequestTokens
 from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error, translated
 
-#: Replies that mean the script did not run on that node (safe to send again).
-NOT_RUN: Final = (rx.NoScriptError, rx.AskError, rx.TryAgainError)
-
-
-def read_or_repeat(
-    pool: DeadlinePool,
-    connection: Any,
-    packer: EvalshaPacker,
-    keys: list[str],
-    args: list[str | int],
-    token: str | None,
-    tokens: RequestTokens,
-    deadline: float,
-) -> Any:
-    """The reply to the call just sent on ``connection``; when the connection is closed under
-    it, the call is made again, marked as a repeat (its reply, kept under ``token``, is answered
-    if it ran; a call sent without one gets one now), within the same deadline
-    (:func:`~.tokens.repeat_call`), and ``tokens`` are armed."""
-    try:
-        # At least a moment for each reply: the replies of the other groups may be waiting in
-        # their sockets when one slow group has spent the deadline.
-        return pool.read(connection, max(deadline, time.monotonic() + LAST_LOOK))
-    except rx.ConnectionError as exc:
-        lost = exc
-    again = tokens.repeat(packer, keys, args, token)
-    return repeat_call(pool, connection, again, deadline, lost, lambda c: pool.read(c, deadline))
-
-
-def rounds(
-    client: RedisCluster, parts: list[list[Check]], results: list[Any]
-) -> list[list[tuple[int, ClusterNode]]]:
-    """The parts (their indexes, with their primaries) in rounds of at most one part per
-    primary, each round's primaries in the order of their names; a part whose primary is not
-    known gets its error in ``results``."""
-    by_node: dict[str, list[tuple[int, ClusterNode]]] = {}
-    for n, part in enumerate(parts):
-        try:
-            node = client.get_node_from_key(part[0].key)
-        except REDIS_FAILURES as exc:
-            results[n] = failed(exc, None, None)
-            continue
-        by_node.setdefault(str(node.name), []).append((n, node))
-    queues = [by_node[name] for name in sorted(by_node)]
-    return [
-        [queue[depth] for queue in queues if depth < len(queue)]
-        for depth in range(max(map(len, queues), default=0))
-    ]
-
-
-class LostNode(StorageUnavailable):
-    """A connection error or timeout on a node: the topology may have changed. ``closed``: a
-    connection failed (arms the request tokens); a timeout is a slow node, and arms nothing."""
-
-    def __init__(self, message: str, *, closed: bool) -> None:
-        super().__init__(message)
-        self.closed = closed
-
-
-def failed(exc: Exception, pool: DeadlinePool | None, connection: Any) -> StorageError:
-    """Close a failed connection, give it back, and translate the error."""
-    if pool is not None and connection is not None:
-        pool.broken(connection)
-        pool.release(connection)
-    if isinstance(exc, NoConnectionAvailable):  # load (StorageBusy): not the node's failure
-        return busy(pool.queue_timeout if pool is not None else 0.0)
-    error = storage_error(exc)
-    # A refusal (e.g. WRONGPASS, an AuthenticationError) stays StorageMisconfigured: the node
-    # answered, so the topology need not be refreshed, and the log must name the cause.
-    if isinstance(exc, rx.ConnectionError | rx.TimeoutError) and not isinstance(
-        error, StorageMisconfigured
-    ):
-        return LostNode(str(error), closed=isinstance(exc, rx.ConnectionError))
-    return error
-
-
-def _bounded_wait_pool(timeout: float) -> type[redis.BlockingConnectionPool]:
-    """redis-py's :class:`~redis.BlockingConnectionPool` whose wait for a free connection lasts
-    ``timeout`` by default: redis-py before 8.0 drops ``RedisCluster(timeout=)`` on its way to
-    the nodes' pools, which then wait 20 s (the calls off the hot path use them: topology,
-    ``PING``, heartbeats, admin)."""
-
-    class BoundedWaitPool(redis.BlockingConnectionPool):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs.setdefault("timeout", timeout)
-            cast(Any, super()).__init__(*args, **kwargs)  # redis-py leaves it unannotated
-
-    return BoundedWaitPool
+T = TypeVar("T")
 
 
 class ClusterNodes(RedisSideCalls):
@@ -161,18 +70,19 @@ class ClusterNodes(RedisSideCalls):
         self.timeout = timeout
         self.queue_timeout = queue_budget(timeout) if queue_timeout is None else queue_timeout
         self._nodes = [(str(h), int(p)) for h, p in nodes]
+        #: The node a key's breaker is named for before the topology is known, or when it does
+        #: not cover the key's slot: the first startup node.
+        self._first_node = "{}:{}".format(*self._nodes[0]) if self._nodes else "cluster"
         self._max_connections = max_connections
         self._connection = connection
-        self._owns_client = client is None
         #: The client passed in, ``None`` when built from ``nodes`` (init_app warns when it
         #: retries: :mod:`~flask_distlimit.storage.client_retries`).
         self.given_client = client
         self._lock = threading.Lock()
         self._client: RedisCluster | None = None
         self._scripts: SideScripts | None = None
-        #: The hot path's pool of each primary (``host:port``), built on first use.
-        self._pools: dict[str, DeadlinePool] = {}
-        #: The batches of each primary's pool (:mod:`.pipeline`), for one-group calls.
+        #: The hot path's pool of each primary (``host:port``), in the batches of its
+        #: :mod:`.pipeline` (for one-group calls), built on first use.
         self._pipelines: dict[str, Pipeline] = {}
         #: The request tokens of the hot path (docs/design-notes.md, "One retry").
         self.tokens = RequestTokens(timeout, request_tokens)
@@ -196,14 +106,19 @@ class ClusterNodes(RedisSideCalls):
         (first_host, first_port), *others = self._nodes
         if ":" in first_host:  # IPv6
             first_host = f"[{first_host}]"
-        # A URL (not host=) makes RedisCluster build each node's pool from
-        # connection_pool_class, so the pool wait is bounded by the timeout too.
+        # A URL (not host=) makes RedisCluster build each node's pool by calling
+        # connection_pool_class(**kwargs) (redis-py 5.0 to 8.x), so the pool's wait for a free
+        # connection is bounded by the timeout too: redis-py before 8.0 drops timeout= on its
+        # way to the nodes' pools, which would then wait 20 s (the calls off the hot path use
+        # them: topology, PING, heartbeats, admin); a timeout it passes wins.
         # cast: redis-py 5.0 declares RedisCluster abstract (connection_pool), which it is not
         cluster: RedisCluster = cast(Any, RedisCluster)(
             url=f"redis://{first_host}:{first_port}",
             startup_nodes=[ClusterNode(h, p) for h, p in others],
             retry=Retry(NoBackoff(), 0),
-            connection_pool_class=_bounded_wait_pool(self.timeout),
+            connection_pool_class=functools.partial(
+                redis.BlockingConnectionPool, timeout=self.timeout
+            ),
             max_connections=self._max_connections,
             **{**HANDSHAKE_FREE, **self._connection, **options, "timeout": self.timeout},
         )
@@ -231,15 +146,8 @@ class ClusterNodes(RedisSideCalls):
 
     def _primary_of(self, key: str) -> str | None:
         """The name (``host:port``) of the primary that serves ``key`` in the cached topology
-        (no I/O); ``None`` before the client connected, or when the topology does not cover
-        the slot."""
-        client = self._client
-        if client is None:
-            return None
-        try:
-            node = client.get_node_from_key(key)
-        except REDIS_FAILURES:  # e.g. SlotNotCoveredError
-            return None
+        (:meth:`_topology`)."""
+        node = self._topology(lambda c: c.get_node_from_key(key))
         return str(node.name) if node is not None else None
 
     def groups(self, checks: Sequence[Check]) -> list[list[int]]:
@@ -248,17 +156,6 @@ class ClusterNodes(RedisSideCalls):
 
     # -- nodes, for one breaker per primary (flask_distlimit.resilience.breakers)
     # ----------------------
-
-    def _node_name(self, key: str) -> str:
-        """The primary serving ``key`` in the cached topology (no I/O); before the client knows
-        the topology, or when it does not cover the slot, the first startup node."""
-        name = self._primary_of(key)
-        if name is not None:
-            return name
-        if not self._nodes:
-            return "cluster"
-        host, port = self._nodes[0]
-        return f"{host}:{port}"
 
     def node(self, refresh: bool = False) -> str:
         """The primary of slot 0 (the first startup node before the topology is known).
@@ -270,54 +167,50 @@ class ClusterNodes(RedisSideCalls):
         if refresh and client is not None:
             with contextlib.suppress(*REDIS_FAILURES):
                 client.nodes_manager.initialize()
-        return self._node_name("")
+        return self._primary_of("") or self._first_node
 
     def nodes(self) -> frozenset[str] | None:
         """The primaries of the cached topology (``None`` before the client connected)."""
+        return self._topology(lambda c: frozenset(str(n.name) for n in c.get_primaries()))
+
+    def _topology(self, read: Callable[[RedisCluster], T]) -> T | None:
+        """``read`` of the client's cached topology (no I/O); ``None`` before the client
+        connected, or when the topology cannot answer (e.g. a slot it does not cover)."""
         client = self._client
         if client is None:
             return None
         try:
-            return frozenset(str(n.name) for n in client.get_primaries())
+            return read(client)
         except REDIS_FAILURES:
             return None
 
     def route(self, checks: Sequence[Check]) -> list[tuple[str, list[int]]]:
-        """The slot groups (:meth:`groups`), each with the name of its primary."""
-        return [(self._node_name(checks[g[0]].key), g) for g in self.groups(checks)]
+        """The slot groups (:meth:`groups`), each with the name of its primary (no I/O)."""
+        first = self._first_node
+        return [(self._primary_of(checks[g[0]].key) or first, g) for g in self.groups(checks)]
 
-    def _pipeline_of(self, name: str, pool: DeadlinePool) -> Pipeline:
-        """The batches of primary ``name``'s pool (one pool a name: :meth:`_pool_of`), built on
-        first use."""
+    def _pipeline_of(self, client: RedisCluster, node: ClusterNode) -> Pipeline:
+        """The batches of ``node``'s hot-path pool: a :class:`~.pool.DeadlinePool` of
+        connections made as redis-py makes that node's (its pool's public ``connection_class``
+        and ``connection_kwargs``), so every wait of a call ends by the call's deadline."""
+        name = str(node.name)
         pipeline = self._pipelines.get(name)
         if pipeline is None:
+            stock = client.get_redis_connection(node).connection_pool
             with self._lock:
                 pipeline = self._pipelines.get(name)
                 if pipeline is None:
-                    pipeline = self._pipelines[name] = Pipeline(
-                        pool, load=script_load(SCRIPT_SOURCE), trouble=self.tokens.arm
-                    )
-        return pipeline
-
-    def _pool_of(self, client: RedisCluster, node: ClusterNode) -> DeadlinePool:
-        """The hot path's pool of ``node``: a :class:`~.pool.DeadlinePool` of connections
-        made as redis-py makes that node's (its pool's public ``connection_class`` and
-        ``connection_kwargs``), so every wait of a call ends by the call's deadline."""
-        name = str(node.name)
-        pool = self._pools.get(name)
-        if pool is None:
-            stock = client.get_redis_connection(node).connection_pool
-            with self._lock:
-                pool = self._pools.get(name)
-                if pool is None:
-                    pool = self._pools[name] = DeadlinePool(
+                    pool = DeadlinePool(
                         timeout=self.timeout,
                         queue_timeout=self.queue_timeout,
                         max_connections=self._max_connections,
                         connection_class=stock.connection_class,
                         **stock.connection_kwargs,
                     )
-        return pool
+                    pipeline = self._pipelines[name] = Pipeline(
+                        pool, load=script_load(SCRIPT_SOURCE), trouble=self.tokens.arm
+                    )
+        return pipeline
 
     @property
     def request_tokens(self) -> str:
@@ -341,18 +234,17 @@ class ClusterNodes(RedisSideCalls):
             raise storage_error(exc) from exc
 
     def close(self) -> None:
-        if self._owns_client and self._client is not None:
+        if self.given_client is None and self._client is not None:
             self._client.close()
             self._client = None
-        for pool in list(self._pools.values()):
-            pool.disconnect()
+        for pipeline in list(self._pipelines.values()):
+            pipeline.pool.disconnect()
 
     def reset_after_fork(self) -> None:
         """Forget the connections inherited from the parent (call in a forked child)."""
         self.tokens.reset()
-        for deadline_pool in list(self._pools.values()):
-            deadline_pool.forget_inherited()
         for pipeline in list(self._pipelines.values()):
+            pipeline.pool.forget_inherited()
             pipeline.reset()
         client = self._client
         if client is None:

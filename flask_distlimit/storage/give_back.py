@@ -14,15 +14,7 @@ from typing import Final
 from flask_distlimit.engine.registry import REGISTRY
 from flask_distlimit.engine.scripts import token_key
 from flask_distlimit.errors import StorageResponseError
-
-__all__ = [
-    "GIVE_BACK_CODES",
-    "GIVE_BACK_SOURCE",
-    "ID_KEPT_MS",
-    "give_back_args",
-    "give_back_keys",
-    "given_back",
-]
+from flask_distlimit.storage.base import GiveBack
 
 #: The algorithms whose units are given back (those with a ``give_back_field`` in the registry),
 #: by the limit script's code.
@@ -90,17 +82,15 @@ def give_back_keys(key: str) -> list[str]:
     return [key, token_key(key, f"gb.{secrets.token_hex(10)}")]
 
 
-def give_back_args(
-    algorithm: str, period: int, window: int, units: int, now_us: int | None
-) -> list[int]:
-    """``ARGV`` of one give-back (``period`` in seconds; ``now_us`` ``None``: the server's
-    clock)."""
+def give_back_args(back: GiveBack) -> list[int]:
+    """``ARGV`` of one give-back (``now_us`` ``None``: the server's clock)."""
+    now_us = -1 if back.now_us is None else back.now_us
     return [
-        GIVE_BACK_CODES[algorithm],
-        period * 1_000_000,
-        window,
-        units,
-        -1 if now_us is None else now_us,
+        GIVE_BACK_CODES[back.algorithm],
+        back.period * 1_000_000,
+        back.window,
+        back.units,
+        now_us,
     ]
 
 

@@ -35,8 +35,6 @@ from flask_distlimit.storage.lease_records import (
 from flask_distlimit.storage.shared_value import SHARED_VALUE_SOURCE
 from flask_distlimit.storage.translate import translated
 
-__all__ = ["RedisSideCalls", "SideScripts"]
-
 #: Keys per ``DEL`` command.
 _DELETE_CHUNK: Final = 500
 
@@ -102,9 +100,8 @@ class RedisSideCalls(Storage):
         return records_from_reply(reply)
 
     def _give_back(self, back: GiveBack) -> int:
-        key, algorithm, period, window, units, now_us = back
-        args = give_back_args(algorithm, period, window, units, now_us)
-        return given_back(translated(self._side().give_back, give_back_keys(key), args))
+        keys = give_back_keys(back.key)
+        return given_back(translated(self._side().give_back, keys, give_back_args(back)))
 
     def shared_value(self, key: str, candidate: str, ttl: int) -> str:
         value = translated(self._side().shared_value, [key], [candidate, int(ttl)])

@@ -12,8 +12,6 @@ from redis.crc import key_slot
 from flask_distlimit.core.decision import Check, Decision, Evaluation
 from flask_distlimit.errors import StorageError
 
-__all__ = ["across_slots", "by_slot", "same_slot_key", "slot_of"]
-
 
 def same_slot_key(key: str, name: str, what: str) -> str:
     """The key ``name`` beside ``key`` in its slot: ``<key>:<name>`` when ``key`` has a hash tag
@@ -76,14 +74,24 @@ def across_slots(checks: Sequence[Check], groups: list[list[int]], run: RunParts
             for n, refunded in zip(consumed, run(given, True), strict=True):
                 if isinstance(refunded, Evaluation):
                     results[n] = refunded
-        if failure is not None:
-            raise failure
-    decisions: list[Decision | None] = [None] * len(checks)
+    return merged(checks, groups, results)
+
+
+def merged(
+    checks: Sequence[Check],
+    groups: list[list[int]],
+    results: Sequence[Evaluation | StorageError],
+) -> Evaluation:
+    """The evaluation of ``checks`` from the results of their slot groups (indexes, in order);
+    raises the first group's failure."""
+    failure = next((r for r in results if isinstance(r, StorageError)), None)
+    if failure is not None:
+        raise failure
+    decisions: dict[int, Decision] = {}
     repaired: list[str] = []
     for group, result in zip(groups, results, strict=True):
         assert isinstance(result, Evaluation)
-        for index, decision in zip(group, result.decisions, strict=True):
-            decisions[index] = decision
+        decisions.update(zip(group, result.decisions, strict=True))
         repaired.extend(result.repaired_keys)
     node_now = results[0].now_us if len(results) == 1 else 0  # type: ignore[union-attr]
-    return Evaluation(tuple(d for d in decisions if d is not None), tuple(repaired), node_now)
+    return Evaluation(tuple(decisions[i] for i in range(len(checks))), tuple(repaired), node_now)

@@ -4,6 +4,7 @@
 one Redis deadline: one round trip. A lost reply is repeated under its request token
 (:mod:`.tokens`); ``NOSCRIPT`` loads the script and sends once more. It never raises a Redis
 failure: it answers per call a reply, an error reply, or the failure that ended it.
+:func:`send_whole` and :func:`read_or_repeat` serve the Cluster's calls too.
 """
 
 from __future__ import annotations
@@ -19,11 +20,9 @@ from redis.exceptions import NoScriptError
 
 from flask_distlimit.errors import StorageError
 from flask_distlimit.storage.evalsha import EvalshaPacker
-from flask_distlimit.storage.pool import DeadlinePool
+from flask_distlimit.storage.pool import LAST_LOOK, DeadlinePool
 from flask_distlimit.storage.tokens import RequestTokens, repeat_call
 from flask_distlimit.storage.translate import REDIS_FAILURES
-
-__all__ = ["outcome", "send_parts"]
 
 #: A call to make: its keys, its arguments and its request token (``None``: none).
 Made = tuple[list[str], list[str | int], str | None]
@@ -37,6 +36,44 @@ def outcome(call: Callable[..., Any], *args: Any) -> Any:
         return exc
     except StorageError as exc:
         return exc
+
+
+def send_whole(
+    pool: DeadlinePool, connection: Any, command: list[bytes], tokens: RequestTokens
+) -> float:
+    """Send ``command`` on ``connection``; when the send fails (Redis never had it whole: nothing
+    ran), ``tokens`` are armed and it is sent once more on a fresh connection. Answers its Redis
+    deadline, counted from when Redis has it."""
+    try:
+        pool.send(connection, command)
+    except redis.ConnectionError:
+        tokens.arm()
+        pool.renew(connection, time.monotonic() + pool.timeout)
+        pool.send(connection, command)
+    return time.monotonic() + pool.timeout
+
+
+def read_or_repeat(
+    pool: DeadlinePool,
+    connection: Any,
+    packer: EvalshaPacker,
+    tokens: RequestTokens,
+    made: Made,
+    deadline: float,
+    lost: redis.ConnectionError | None = None,
+) -> Any:
+    """The reply to the call ``made`` just sent on ``connection``, read by ``deadline`` (at least
+    a moment: the replies of other calls may be waiting in their sockets when one slow call has
+    spent it). When the connection is closed under it (or was: ``lost``), the call is made again
+    on it as a repeat of its token (one drawn now when it carried none), within the same deadline
+    (:func:`~.tokens.repeat_call`)."""
+    if lost is None:
+        try:
+            return pool.read(connection, max(deadline, time.monotonic() + LAST_LOOK))
+        except redis.ConnectionError as exc:
+            lost = exc
+    again = tokens.repeat(packer, *made)
+    return repeat_call(pool, connection, again, deadline, lost, lambda c: pool.read(c, deadline))
 
 
 def send_parts(
@@ -58,14 +95,8 @@ def send_parts(
     replies: list[Any] = []
     lost: redis.ConnectionError | None = None
     try:
-        try:
-            pool.send(connection, [b"".join(commands)])
-        except redis.ConnectionError:  # Redis never had the whole write: nothing ran
-            tokens.arm()
-            pool.renew(connection, time.monotonic() + pool.timeout)
-            pool.send(connection, [b"".join(commands)])
-        deadline = time.monotonic() + pool.timeout
-        for keys, args, token in made:
+        deadline = send_whole(pool, connection, [b"".join(commands)], tokens)
+        for call in made:
             if lost is None:
                 try:
                     replies.append(pool.read(connection, deadline))
@@ -75,17 +106,8 @@ def send_parts(
                     continue
                 except redis.ConnectionError as exc:  # the calls from here may have run
                     lost = exc
-            again = tokens.repeat(packer, keys, args, token)
             replies.append(
-                outcome(
-                    repeat_call,
-                    pool,
-                    connection,
-                    again,
-                    deadline,
-                    lost,
-                    lambda c: pool.read(c, deadline),
-                )
+                outcome(read_or_repeat, pool, connection, packer, tokens, call, deadline, lost)
             )
         missing = [n for n, r in enumerate(replies) if isinstance(r, NoScriptError)]
         if missing:  # the script did not run: load it, those calls once more, in one write

@@ -288,8 +288,8 @@ def test_error_replies_for_one_cluster_slot_group_get_the_local_share_for_its_ke
         assert not cluster_client.exists(garbled.key)
         assert set(guard.breakers.states().values()) == {"closed"}
         assert guard.health()["unreadable_replies"] == 8
-        pools: Any = storage._pools  # type: ignore[attr-defined]
-        assert all(len(p._idle) == len(p._made) for p in pools.values())
+        pools: Any = [pipeline.pool for pipeline in storage._pipelines.values()]
+        assert all(len(p._idle) == len(p._made) for p in pools)
         erring[0] = False
         clock.advance(10.0)  # past the settling period: handed back
         outcome = guard.evaluate([plain])

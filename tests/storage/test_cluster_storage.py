@@ -570,7 +570,7 @@ def test_a_primary_s_pool_with_every_connection_busy_neither_arms_nor_refreshes(
         storage.evaluate(checks)  # every primary's pool holds its one connection
         client = storage.client
         node = client.get_node_from_key(checks[0].key)
-        pool = storage._pool_of(client, node)
+        pool = storage._pipeline_of(client, node).pool
         held = pool.checkout(time.monotonic() + 5.0)
         refreshed: list[int] = []
         initialize = client.nodes_manager.initialize
