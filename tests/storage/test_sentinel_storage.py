@@ -21,6 +21,8 @@ from tests.servers import SentinelServers, free_port
 
 pytestmark = [pytest.mark.redis, pytest.mark.sentinel]
 
+#: The instant the failover test decides at (us): the same before and after the failover.
+NOW_US = 1_800_000_000_000_000
 CHECKS = [
     Check("t:{alice}:ip:fixed_window", "fixed_window", 10, 600),
     Check("t:{alice}:burst:token_bucket", "token_bucket", 20, 600),
@@ -97,15 +99,17 @@ def test_failover_carries_on_through_the_new_master(
     sentinel_factory: Callable[..., SentinelServers],
 ) -> None:
     group = sentinel_factory()
+    # One instant for every call: a failover takes seconds, and the fixed window's clock-aligned
+    # 10 minutes could otherwise turn over between the counts before and after it.
     storage = from_url(group.url, timeout=0.2)
     for _ in range(3):
-        assert storage.evaluate(CHECKS).allowed
+        assert storage.evaluate(CHECKS, now_us=NOW_US).allowed
     old = group.current_master()
     wait_until_replica_caught_up(group)
 
     old.stop()  # kill -9 the master
     with pytest.raises(StorageUnavailable):
-        storage.evaluate(CHECKS)  # an outage, within the timeout, not a hang
+        storage.evaluate(CHECKS, now_us=NOW_US)  # an outage, within the timeout, not a hang
     new = group.wait_for_failover(old)
     assert new is group.replica
 
@@ -113,7 +117,7 @@ def test_failover_carries_on_through_the_new_master(
     evaluation = None
     for _ in range(20):
         try:
-            evaluation = storage.evaluate(CHECKS)
+            evaluation = storage.evaluate(CHECKS, now_us=NOW_US)
             break
         except StorageUnavailable:
             time.sleep(0.1)
