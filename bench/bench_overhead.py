@@ -153,6 +153,7 @@ def ours_app(url: str, algorithm: str, n: int, limit: str | None = None) -> Flas
 
     app = Flask(f"ours-{algorithm}-{n}")
     app.config.update(
+        SECRET_KEY="bench",  # as in production: identity digests keyed from it
         DISTLIMIT_STORAGE_URL=url,
         DISTLIMIT_ALGORITHM=algorithm,
         DISTLIMIT_TIERS={"anonymous": ""},
