@@ -39,10 +39,7 @@ _NAME: Final = re.compile(r"[A-Za-z_]\w*")
 
 def _indent(text: str, indent: str) -> str:
     """``text`` (dedented) with every non-empty line indented by ``indent``."""
-    return "".join(
-        indent + line if line.strip() else line
-        for line in textwrap.dedent(text).splitlines(keepends=True)
-    )
+    return textwrap.indent(textwrap.dedent(text), indent)
 
 
 def _regions(text: str) -> dict[str, str]:
