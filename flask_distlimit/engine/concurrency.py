@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from flask_distlimit.engine.common import State, Step
+from flask_distlimit.engine.common import Refunded, State, Step
 
 #: The most slots one concurrency limit may hold (each is a sorted-set member in Redis).
 MAX_CONCURRENCY: Final = 10_000
@@ -59,9 +59,7 @@ def step(state: State | None, limit: int, period: int, cost: int, now: int) -> S
     )
 
 
-def refund(
-    state: State | None, limit: int, period: int, cost: int, now: int
-) -> tuple[State | None, int]:
+def refund(state: State | None, limit: int, period: int, cost: int, now: int) -> Refunded:
     """The release: the token's slot goes (the key's TTL stands)."""
     if not isinstance(state, dict) or cost not in state:
         return state, -1  # nothing to give back: unchanged

@@ -9,7 +9,7 @@ import math
 from typing import Final, NamedTuple
 
 from flask_distlimit.engine import common
-from flask_distlimit.engine.common import KEEP_TTL, NEVER_US, State, Step
+from flask_distlimit.engine.common import KEEP_TTL, NEVER_US, Refunded, State, Step
 
 
 class FixedWindowState(NamedTuple):
@@ -43,9 +43,7 @@ def step(state: State | None, limit: int, period: int, cost: int, now: int) -> S
     )
 
 
-def refund(
-    state: State | None, limit: int, period: int, cost: int, now: int
-) -> tuple[State | None, int]:
+def refund(state: State | None, limit: int, period: int, cost: int, now: int) -> Refunded:
     window, count, _ = _read(state, period, now)
     if count <= 0 and cost >= 0:  # a negative cost is a debit: written into the window
         return state, -1

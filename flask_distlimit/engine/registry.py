@@ -23,7 +23,7 @@ from flask_distlimit.engine import (
     sliding_window_log,
     token_bucket,
 )
-from flask_distlimit.engine.common import US, State, Step
+from flask_distlimit.engine.common import US, Refunded, State, Step
 from flask_distlimit.errors import ConfigurationError
 
 
@@ -34,7 +34,7 @@ class Twin(Protocol):
 
     def refund(
         self, state: State | None, limit: int, period: int, cost: int, now: int
-    ) -> tuple[State | None, int]: ...
+    ) -> Refunded: ...
 
     def plausible(self, state: object, limit: int, period: int, now: int) -> bool: ...
 
@@ -90,9 +90,8 @@ class AlgorithmEntry:
             cost = check.token if cost else 0
         return self.twin.step(state, check.limit, check.period * US, cost, now_us)
 
-    def undo(self, state: State | None, check: Check, now_us: int) -> tuple[State | None, int]:
-        """Give ``check.cost`` back (a debt: charge it): ``(new state or None to delete,
-        ttl_us)``; ttl -1 = unchanged."""
+    def undo(self, state: State | None, check: Check, now_us: int) -> Refunded:
+        """Give ``check.cost`` back (a debt: charge it)."""
         cost = check.token or check.cost  # a concurrency slot is given back by its token
         if check.debt:  # charged past the limit: a twin's refund of a negative cost
             cost = -cost

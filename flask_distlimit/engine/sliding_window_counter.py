@@ -10,7 +10,7 @@ import math
 from typing import Final, NamedTuple
 
 from flask_distlimit.engine import common
-from flask_distlimit.engine.common import KEEP_TTL, NEVER_US, State, Step, adjust
+from flask_distlimit.engine.common import KEEP_TTL, NEVER_US, Refunded, State, Step, adjust
 
 
 class CounterState(NamedTuple):
@@ -84,9 +84,7 @@ def step(state: State | None, limit: int, period: int, cost: int, now: int) -> S
     )
 
 
-def refund(
-    state: State | None, limit: int, period: int, cost: int, now: int
-) -> tuple[State | None, int]:
+def refund(state: State | None, limit: int, period: int, cost: int, now: int) -> Refunded:
     window, _, cur, prev, current = _read(state, period, now)
     if (not current or cur <= 0) and cost >= 0:  # a negative cost is a debit: written
         return state, -1

@@ -9,7 +9,7 @@ import bisect
 import operator
 from typing import Final
 
-from flask_distlimit.engine.common import NEVER_US, State, Step
+from flask_distlimit.engine.common import NEVER_US, Refunded, State, Step
 
 #: The log keeps one sorted-set member per admitted request: up to this many per client and
 #: limit. A call touches a few of them whatever the limit, but memory grows with it (about 100
@@ -88,9 +88,7 @@ def step(state: State | None, limit: int, period: int, cost: int, now: int) -> S
     )
 
 
-def refund(
-    state: State | None, limit: int, period: int, cost: int, now: int
-) -> tuple[State | None, int]:
+def refund(state: State | None, limit: int, period: int, cost: int, now: int) -> Refunded:
     """Reads the log without pruning it, as the script does (the evaluation after it prunes).
     A negative ``cost`` is a debit: one more entry of ``-cost`` units, as an admission writes."""
     if cost < 0:
