@@ -73,11 +73,9 @@ class Rate:
         return self.period * 1_000_000
 
     def __str__(self) -> str:
-        for unit, seconds in _NAMES:
-            if self.period % seconds == 0:
-                n = self.period // seconds
-                return f"{self.amount}/{unit}" if n == 1 else f"{self.amount}/{n} {unit}s"
-        raise AssertionError("unreachable: every period is a whole number of seconds")
+        unit, seconds = next((u, s) for u, s in _NAMES if self.period % s == 0)
+        n = self.period // seconds
+        return f"{self.amount}/{unit}" if n == 1 else f"{self.amount}/{n} {unit}s"
 
     def in_words(self) -> str:
         """Flask-Limiter's wording, e.g. ``"1 per 1 day"``, ``"5 per 30 second"``: what its

@@ -15,6 +15,7 @@ from typing import Final
 
 from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.decision import NEVER, Check, Decision, Evaluation
+from flask_distlimit.engine.common import US
 from flask_distlimit.engine.lua_source import script_parts, script_source
 from flask_distlimit.engine.registry import REGISTRY
 from flask_distlimit.errors import StorageResponseError
@@ -39,7 +40,6 @@ _PARTS: Final = script_parts(ALGORITHM_CODES, SHADOW_FLAG)
 #: The whole script: the helpers' constants, the fast path, the algorithms, then the driver.
 SCRIPT_SOURCE: Final[str] = script_source(_PARTS)
 
-_US: Final = 1_000_000
 _FIELDS: Final = 6
 #: The only bytes of a well-formed reply: decimal integers separated by commas.
 _INTEGER_BYTES: Final = b"0123456789-,"
@@ -68,7 +68,7 @@ def script_args(
         elif check.meta:
             code += META_FLAG
         keys.append(check.key)
-        fields.append(f"{code},{check.limit},{check.period * _US},{units}")
+        fields.append(f"{code},{check.limit},{check.period * US},{units}")
     return keys, [",".join(fields)]
 
 
@@ -144,8 +144,8 @@ def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
                     allowed != 0,
                     limit,
                     remaining,
-                    reset_us / _US,
-                    NEVER if retry_us < 0 else retry_us / _US,
+                    reset_us / US,
+                    NEVER if retry_us < 0 else retry_us / US,
                     allowed == 2,
                 )
             )
