@@ -1,14 +1,12 @@
 """The fixed window's twin (``lua/fixed_window.lua``): ``limit`` units per window of ``period``,
-aligned on the storage's clock; :data:`take_back` is the memory store's give-back of leased units.
+aligned on the storage's clock.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-from typing import Final, NamedTuple
+from typing import NamedTuple
 
-from flask_distlimit.engine import common
 from flask_distlimit.engine.common import KEEP_TTL, NEVER_US, Refunded, State, Step
 
 
@@ -55,6 +53,3 @@ def refund(state: State | None, limit: int, period: int, cost: int, now: int) ->
 
 def plausible(state: object, limit: int, period: int, now: int) -> bool:
     return isinstance(state, FixedWindowState) and state.window * period <= now + period
-
-
-take_back: Final = functools.partial(common.take_back, FixedWindowState)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Final, Protocol
 
 from flask_distlimit.core.algorithms import ALGORITHMS, Algorithm
@@ -23,7 +24,7 @@ from flask_distlimit.engine import (
     sliding_window_log,
     token_bucket,
 )
-from flask_distlimit.engine.common import US, Refunded, State, Step
+from flask_distlimit.engine.common import US, Refunded, State, Step, take_back
 from flask_distlimit.errors import ConfigurationError
 
 
@@ -119,7 +120,7 @@ REGISTRY: Final[Mapping[Algorithm, AlgorithmEntry]] = {
     for e in (
         AlgorithmEntry(
             "fixed_window", 1, fixed_window, exact=True, leasable=True, aligned=True,
-            give_back_field="n", take_back=fixed_window.take_back,
+            give_back_field="n", take_back=partial(take_back, fixed_window.FixedWindowState),
         ),
         AlgorithmEntry(
             "sliding_window_log", 2, sliding_window_log, exact=True, leasable=False,
@@ -128,7 +129,8 @@ REGISTRY: Final[Mapping[Algorithm, AlgorithmEntry]] = {
         ),
         AlgorithmEntry(
             "sliding_window_counter", 3, sliding_window_counter, exact=False, leasable=True,
-            span=2, give_back_field="c", take_back=sliding_window_counter.take_back,
+            span=2, give_back_field="c",
+            take_back=partial(take_back, sliding_window_counter.CounterState),
         ),
         AlgorithmEntry("token_bucket", 4, token_bucket, exact=True, leasable=True, refills=True),
         AlgorithmEntry(

@@ -1,15 +1,13 @@
 """The sliding window counter's twin (``lua/sliding_window_counter.lua``): the current window's
 units plus the previous window's, weighted by how much of it the window still covers (an
-approximation either way); :data:`take_back` is the memory store's give-back of leased units.
+approximation either way).
 """
 
 from __future__ import annotations
 
-import functools
 import math
-from typing import Final, NamedTuple
+from typing import NamedTuple
 
-from flask_distlimit.engine import common
 from flask_distlimit.engine.common import KEEP_TTL, NEVER_US, Refunded, State, Step, adjust
 
 
@@ -96,6 +94,3 @@ def refund(state: State | None, limit: int, period: int, cost: int, now: int) ->
 
 def plausible(state: object, limit: int, period: int, now: int) -> bool:
     return isinstance(state, CounterState) and state.window * period <= now + period
-
-
-take_back: Final = functools.partial(common.take_back, CounterState)
