@@ -24,10 +24,7 @@ _UNITS: Final[dict[str, int]] = {
 }  # fmt: skip
 
 #: How :class:`Rate` names a period, largest unit first (a whole number of it).
-_NAMES: Final = (
-    ("year", 360 * 86400), ("month", 30 * 86400), ("day", 86400), ("hour", 3600),
-    ("minute", 60), ("second", 1),
-)  # fmt: skip
+_NAMES: Final = tuple((u, _UNITS[u]) for u in ("year", "month", "day", "hour", "minute", "second"))
 
 _RATE: Final = re.compile(
     r"^\s*(?P<amount>\d+)\s*(?:/|\s+per\s+)\s*(?P<multiple>\d+)?\s*(?P<unit>[a-z]+)\s*$",

@@ -8,6 +8,7 @@ switching on names. Adding an algorithm is its Lua, its twin, its entry here and
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -124,7 +125,7 @@ REGISTRY: Final[Mapping[Algorithm, AlgorithmEntry]] = {
         ),
         AlgorithmEntry(
             "sliding_window_log", 2, sliding_window_log, exact=True, leasable=False,
-            empty=sliding_window_log.empty, max_limit=sliding_window_log.MAX_LOG_LIMIT,
+            empty=operator.not_, max_limit=sliding_window_log.MAX_LOG_LIMIT,
             too_large=_LOG_TOO_LARGE,
         ),
         AlgorithmEntry(

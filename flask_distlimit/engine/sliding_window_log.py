@@ -1,6 +1,6 @@
 """The sliding window log's twin (``lua/sliding_window_log.lua``): at most ``limit`` units in any
 ``period``, one entry per admitted request; :func:`step` prunes the log in place, as the script
-does, and :func:`empty` says when the key is to be deleted.
+does (an empty log: the key is deleted).
 """
 
 from __future__ import annotations
@@ -127,8 +127,3 @@ def refund(state: State | None, limit: int, period: int, cost: int, now: int) ->
 
 def plausible(state: object, limit: int, period: int, now: int) -> bool:
     return isinstance(state, list) and (not state or state[-1][0] <= now + period + limit)
-
-
-def empty(state: object) -> bool:
-    """Whether the (plausible) log holds nothing: the key is deleted, as the script does."""
-    return not state
