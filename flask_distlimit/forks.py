@@ -19,10 +19,8 @@ T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
-#: Values uWSGI reads as "off" for an on/off option (``uwsgi_opt_true``): these in any case...
-_OFF: Final = frozenset({"false", "off", "no"})
-#: ...and exactly this one.
-_ZERO: Final = "0"
+#: Values uWSGI reads as "off" for an on/off option (``uwsgi_opt_true``), in any case.
+_OFF: Final = frozenset({"false", "off", "no", "0"})
 #: The pid of the process that has logged the uWSGI warning (one line per process).
 _warned_in: int | None = None
 
@@ -58,12 +56,10 @@ def _on(value: object) -> bool:
     """Is an on/off uWSGI option given as ``value`` on? (module docstring)"""
     if isinstance(value, list | tuple):  # given several times: the last one wins
         value = value[-1] if value else None
-    if value is None or isinstance(value, bool):
-        return bool(value)
     if isinstance(value, bytes):
         value = value.decode("latin-1")
     if isinstance(value, str):
-        return value.lower() not in _OFF and value != _ZERO
+        return value.lower() not in _OFF
     return bool(value)
 
 

@@ -6,7 +6,7 @@ Each algorithm's Lua, Python twin and facts are its entry in :mod:`flask_distlim
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal, get_args
 
 from flask_distlimit.errors import ConfigurationError
 
@@ -26,13 +26,8 @@ Algorithm = Literal[
 #: algorithm, so not in :data:`ALGORITHMS`.
 CONCURRENCY: Final = "concurrency"
 
-ALGORITHMS: Final[tuple[Algorithm, ...]] = (
-    "fixed_window",
-    "sliding_window_log",
-    "sliding_window_counter",
-    "token_bucket",
-    "gcra",
-)
+#: The rate algorithms, in the order of :data:`Algorithm`.
+ALGORITHMS: Final[tuple[Algorithm, ...]] = tuple(a for a in get_args(Algorithm) if a != CONCURRENCY)
 
 
 def validate_algorithm(name: object) -> Algorithm:

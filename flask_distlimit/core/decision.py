@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flask_distlimit.core.algorithms import Algorithm
-from flask_distlimit.frozen import slot_setters
+from flask_distlimit.frozen import slot_init
 
 #: ``retry_after`` of a request that can never pass: its cost is larger than the limit.
 NEVER = math.inf
 _ALLOWED = operator.attrgetter("allowed")
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Check:
     """One limit to apply to one request.
@@ -54,33 +55,8 @@ class Check:
     #: on the request path, for its name, policy and headers; ``None`` elsewhere. Not compared.
     bound: Any = field(default=None, compare=False, repr=False)
 
-    def __init__(
-        self,
-        key: str,
-        algorithm: Algorithm,
-        limit: int,
-        period: int,
-        cost: int = 1,
-        shadow: bool = False,
-        token: int = 0,
-        release: bool = False,
-        meta: bool = False,
-        debt: bool = False,
-        bound: Any = None,
-    ) -> None:  # frozen, at a plain class's cost (flask_distlimit.frozen)
-        _check_key(self, key)
-        _check_algorithm(self, algorithm)
-        _check_limit(self, limit)
-        _check_period(self, period)
-        _check_cost(self, cost)
-        _check_shadow(self, shadow)
-        _check_token(self, token)
-        _check_release(self, release)
-        _check_meta(self, meta)
-        _check_debt(self, debt)
-        _check_bound(self, bound)
 
-
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Decision:
     """The state of one limit after (or, when denied, instead of) consuming the request's cost.
@@ -103,28 +79,13 @@ class Decision:
     retry_after: float
     shadow_denied: bool = False
 
-    def __init__(
-        self,
-        allowed: bool,
-        limit: int,
-        remaining: int,
-        reset_after: float,
-        retry_after: float,
-        shadow_denied: bool = False,
-    ) -> None:  # frozen, at a plain class's cost (flask_distlimit.frozen)
-        _decision_allowed(self, allowed)
-        _decision_limit(self, limit)
-        _decision_remaining(self, remaining)
-        _decision_reset_after(self, reset_after)
-        _decision_retry_after(self, retry_after)
-        _decision_shadow_denied(self, shadow_denied)
-
     @property
     def impossible(self) -> bool:
         """True when the request's cost is larger than the limit: it can never pass."""
         return self.retry_after == NEVER
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Evaluation:
     """The answer of one storage call: one decision per check, in order."""
@@ -137,16 +98,6 @@ class Evaluation:
     #: (answers of several nodes put together, the local fallback). Not compared.
     now_us: int = field(default=0, compare=False)
 
-    def __init__(
-        self,
-        decisions: tuple[Decision, ...],
-        repaired_keys: tuple[str, ...] = (),
-        now_us: int = 0,
-    ) -> None:  # frozen, at a plain class's cost (flask_distlimit.frozen)
-        _evaluation_decisions(self, decisions)
-        _evaluation_repaired_keys(self, repaired_keys)
-        _evaluation_now_us(self, now_us)
-
     @property
     def allowed(self) -> bool:
         return all(map(_ALLOWED, self.decisions))  # no generator frame on the request path
@@ -154,44 +105,3 @@ class Evaluation:
     def denied_indexes(self) -> list[int]:
         """Indexes of the checks that denied the request."""
         return [i for i, d in enumerate(self.decisions) if not d.allowed]
-
-
-(
-    _check_key,
-    _check_algorithm,
-    _check_limit,
-    _check_period,
-    _check_cost,
-    _check_shadow,
-    _check_token,
-    _check_release,
-    _check_meta,
-    _check_debt,
-    _check_bound,
-) = slot_setters(
-    Check,
-    "key",
-    "algorithm",
-    "limit",
-    "period",
-    "cost",
-    "shadow",
-    "token",
-    "release",
-    "meta",
-    "debt",
-    "bound",
-)
-(
-    _decision_allowed,
-    _decision_limit,
-    _decision_remaining,
-    _decision_reset_after,
-    _decision_retry_after,
-    _decision_shadow_denied,
-) = slot_setters(
-    Decision, "allowed", "limit", "remaining", "reset_after", "retry_after", "shadow_denied"
-)
-_evaluation_decisions, _evaluation_repaired_keys, _evaluation_now_us = slot_setters(
-    Evaluation, "decisions", "repaired_keys", "now_us"
-)

@@ -24,10 +24,7 @@ _UNITS: Final[dict[str, int]] = {
 }  # fmt: skip
 
 #: How :class:`Rate` names a period, largest unit first (a whole number of it).
-_NAMES: Final = (
-    ("year", 360 * 86400), ("month", 30 * 86400), ("day", 86400), ("hour", 3600),
-    ("minute", 60), ("second", 1),
-)  # fmt: skip
+_NAMES: Final = tuple((u, _UNITS[u]) for u in ("year", "month", "day", "hour", "minute", "second"))
 
 _RATE: Final = re.compile(
     r"^\s*(?P<amount>\d+)\s*(?:/|\s+per\s+)\s*(?P<multiple>\d+)?\s*(?P<unit>[a-z]+)\s*$",
@@ -73,11 +70,9 @@ class Rate:
         return self.period * 1_000_000
 
     def __str__(self) -> str:
-        for unit, seconds in _NAMES:
-            if self.period % seconds == 0:
-                n = self.period // seconds
-                return f"{self.amount}/{unit}" if n == 1 else f"{self.amount}/{n} {unit}s"
-        raise AssertionError("unreachable: every period is a whole number of seconds")
+        unit, seconds = next((u, s) for u, s in _NAMES if self.period % s == 0)
+        n = self.period // seconds
+        return f"{self.amount}/{unit}" if n == 1 else f"{self.amount}/{n} {unit}s"
 
     def in_words(self) -> str:
         """Flask-Limiter's wording, e.g. ``"1 per 1 day"``, ``"5 per 30 second"``: what its

@@ -1,8 +1,8 @@
 """What every Python twin shares, as ``lua/common.lua`` is what every Lua algorithm shares.
 
 A twin decides exactly as its script, integer for integer, and gives ``step``, ``refund`` and
-``plausible``; shared here: :class:`Step`, :func:`adjust`, :func:`take_back`. Design:
-docs/design-notes.md, "The Python twins".
+``plausible``; shared here: :class:`Step`, :data:`Refunded`, :func:`adjust`, :func:`take_back`.
+Design: docs/design-notes.md, "The Python twins".
 """
 
 from __future__ import annotations
@@ -16,6 +16,10 @@ US: Final = 1_000_000
 #: A twin's stored state for one key: each twin's own record (a named tuple, a list, a float, a
 #: dict). Any object, so that a new algorithm brings its own without changing this module.
 State = object
+
+#: What a twin's ``refund`` answers: the state to store (``None``: delete the key) and how long
+#: to keep it, us (-1: leave the key's TTL as it is).
+Refunded = tuple[State | None, int]
 
 #: ``Step.retry_us`` of a request that can never pass (its cost is above the limit).
 NEVER_US: Final = -1

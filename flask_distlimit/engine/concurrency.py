@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from flask_distlimit.engine.common import State, Step
+from flask_distlimit.engine.common import Refunded, State, Step
 
 #: The most slots one concurrency limit may hold (each is a sorted-set member in Redis).
 MAX_CONCURRENCY: Final = 10_000
@@ -30,13 +30,10 @@ def step(state: State | None, limit: int, period: int, cost: int, now: int) -> S
     """``cost`` is the slot's token (0: a peek); ``period`` the lease."""
     slots = _live(state, now)
     k = len(slots)
-    allowed, taken = True, k
     own = cost > 0 and cost in slots  # its own live slot (its call made again): renewed
-    if cost > 0 and not own:
-        if k + 1 <= limit:
-            taken = k + 1
-        else:
-            allowed = False
+    taking = cost > 0 and not own
+    allowed = not taking or k < limit
+    taken = k + 1 if taking and allowed else k
     reset_now = max(slots.values()) - now if slots else 0
     reset = period if taken > k or own else reset_now
     retry = 0
@@ -44,9 +41,7 @@ def step(state: State | None, limit: int, period: int, cost: int, now: int) -> S
         retry = min(slots.values()) - now
         if retry > _RETRY_HINT or retry <= 0:
             retry = _RETRY_HINT
-    new: SlotState | None = None
-    if cost > 0 and allowed:
-        new = {**slots, cost: now + period}
+    new = {**slots, cost: now + period} if cost > 0 and allowed else None
     return Step(
         allowed,
         max(0, limit - taken),
@@ -59,9 +54,7 @@ def step(state: State | None, limit: int, period: int, cost: int, now: int) -> S
     )
 
 
-def refund(
-    state: State | None, limit: int, period: int, cost: int, now: int
-) -> tuple[State | None, int]:
+def refund(state: State | None, limit: int, period: int, cost: int, now: int) -> Refunded:
     """The release: the token's slot goes (the key's TTL stands)."""
     if not isinstance(state, dict) or cost not in state:
         return state, -1  # nothing to give back: unchanged

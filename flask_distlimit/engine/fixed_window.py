@@ -1,15 +1,13 @@
 """The fixed window's twin (``lua/fixed_window.lua``): ``limit`` units per window of ``period``,
-aligned on the storage's clock; :data:`take_back` is the memory store's give-back of leased units.
+aligned on the storage's clock.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-from typing import Final, NamedTuple
+from typing import NamedTuple
 
-from flask_distlimit.engine import common
-from flask_distlimit.engine.common import KEEP_TTL, NEVER_US, State, Step
+from flask_distlimit.engine.common import KEEP_TTL, NEVER_US, Refunded, State, Step
 
 
 class FixedWindowState(NamedTuple):
@@ -43,9 +41,7 @@ def step(state: State | None, limit: int, period: int, cost: int, now: int) -> S
     )
 
 
-def refund(
-    state: State | None, limit: int, period: int, cost: int, now: int
-) -> tuple[State | None, int]:
+def refund(state: State | None, limit: int, period: int, cost: int, now: int) -> Refunded:
     window, count, _ = _read(state, period, now)
     if count <= 0 and cost >= 0:  # a negative cost is a debit: written into the window
         return state, -1
@@ -57,6 +53,3 @@ def refund(
 
 def plausible(state: object, limit: int, period: int, now: int) -> bool:
     return isinstance(state, FixedWindowState) and state.window * period <= now + period
-
-
-take_back: Final = functools.partial(common.take_back, FixedWindowState)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Final
 
-from flask_distlimit.engine.common import NEVER_US, State, Step, adjust
+from flask_distlimit.engine.common import NEVER_US, Refunded, State, Step, adjust
 
 #: GCRA keeps its state in emission intervals of ``period / limit`` microseconds; faster than one
 #: unit per microsecond, the interval cannot be computed exactly.
@@ -63,9 +63,7 @@ def step(state: State | None, limit: int, period: int, cost: int, now: int) -> S
     )
 
 
-def refund(
-    state: State | None, limit: int, period: int, cost: int, now: int
-) -> tuple[State | None, int]:
+def refund(state: State | None, limit: int, period: int, cost: int, now: int) -> Refunded:
     if not isinstance(state, float) and cost >= 0:  # a negative cost is a debit
         return None, 0
     interval, now_u, tat = _read(state, limit, period, now)

@@ -39,10 +39,7 @@ _NAME: Final = re.compile(r"[A-Za-z_]\w*")
 
 def _indent(text: str, indent: str) -> str:
     """``text`` (dedented) with every non-empty line indented by ``indent``."""
-    return "".join(
-        indent + line if line.strip() else line
-        for line in textwrap.dedent(text).splitlines(keepends=True)
-    )
+    return textwrap.indent(textwrap.dedent(text), indent)
 
 
 def _regions(text: str) -> dict[str, str]:
@@ -133,7 +130,7 @@ def _arguments(code: str, start: int) -> tuple[int, list[str]]:
     raise AssertionError(f"an unclosed call in {code!r}")
 
 
-def script_parts(codes: Mapping[Algorithm, int], shadow: int) -> tuple[str, str, str, str]:
+def script_parts(codes: Mapping[Algorithm, int], shadow: int) -> tuple[str, ...]:
     """The script's parts, in order: the helpers' constants, the fast path, the algorithms
     (``<name>.lua`` for each of ``codes``, in its order; the fast path's branches taken for
     its numbers, and plus ``shadow``), the driver; every helper inlined."""
@@ -160,8 +157,7 @@ def script_parts(codes: Mapping[Algorithm, int], shadow: int) -> tuple[str, str,
         "\n".join(algorithms.values()),
         driver,
     )
-    built = tuple(_inline(part, helpers) for part in parts)
-    return built[0], built[1], built[2], built[3]
+    return tuple(_inline(part, helpers) for part in parts)
 
 
 def script_source(parts: tuple[str, ...]) -> str:

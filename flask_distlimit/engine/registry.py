@@ -8,8 +8,10 @@ switching on names. Adding an algorithm is its Lua, its twin, its entry here and
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Final, Protocol
 
 from flask_distlimit.core.algorithms import ALGORITHMS, Algorithm
@@ -23,7 +25,7 @@ from flask_distlimit.engine import (
     sliding_window_log,
     token_bucket,
 )
-from flask_distlimit.engine.common import US, State, Step
+from flask_distlimit.engine.common import US, Refunded, State, Step, take_back
 from flask_distlimit.errors import ConfigurationError
 
 
@@ -34,7 +36,7 @@ class Twin(Protocol):
 
     def refund(
         self, state: State | None, limit: int, period: int, cost: int, now: int
-    ) -> tuple[State | None, int]: ...
+    ) -> Refunded: ...
 
     def plausible(self, state: object, limit: int, period: int, now: int) -> bool: ...
 
@@ -90,9 +92,8 @@ class AlgorithmEntry:
             cost = check.token if cost else 0
         return self.twin.step(state, check.limit, check.period * US, cost, now_us)
 
-    def undo(self, state: State | None, check: Check, now_us: int) -> tuple[State | None, int]:
-        """Give ``check.cost`` back (a debt: charge it): ``(new state or None to delete,
-        ttl_us)``; ttl -1 = unchanged."""
+    def undo(self, state: State | None, check: Check, now_us: int) -> Refunded:
+        """Give ``check.cost`` back (a debt: charge it)."""
         cost = check.token or check.cost  # a concurrency slot is given back by its token
         if check.debt:  # charged past the limit: a twin's refund of a negative cost
             cost = -cost
@@ -120,16 +121,17 @@ REGISTRY: Final[Mapping[Algorithm, AlgorithmEntry]] = {
     for e in (
         AlgorithmEntry(
             "fixed_window", 1, fixed_window, exact=True, leasable=True, aligned=True,
-            give_back_field="n", take_back=fixed_window.take_back,
+            give_back_field="n", take_back=partial(take_back, fixed_window.FixedWindowState),
         ),
         AlgorithmEntry(
             "sliding_window_log", 2, sliding_window_log, exact=True, leasable=False,
-            empty=sliding_window_log.empty, max_limit=sliding_window_log.MAX_LOG_LIMIT,
+            empty=operator.not_, max_limit=sliding_window_log.MAX_LOG_LIMIT,
             too_large=_LOG_TOO_LARGE,
         ),
         AlgorithmEntry(
             "sliding_window_counter", 3, sliding_window_counter, exact=False, leasable=True,
-            span=2, give_back_field="c", take_back=sliding_window_counter.take_back,
+            span=2, give_back_field="c",
+            take_back=partial(take_back, sliding_window_counter.CounterState),
         ),
         AlgorithmEntry("token_bucket", 4, token_bucket, exact=True, leasable=True, refills=True),
         AlgorithmEntry(

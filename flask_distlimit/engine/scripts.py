@@ -7,6 +7,7 @@ The wire format: docs/design-notes.md, "The script's wire contract".
 
 from __future__ import annotations
 
+import functools
 from binascii import crc_hqx
 from collections.abc import Sequence
 from itertools import count
@@ -14,6 +15,7 @@ from typing import Final
 
 from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.decision import NEVER, Check, Decision, Evaluation
+from flask_distlimit.engine.common import US
 from flask_distlimit.engine.lua_source import script_parts, script_source
 from flask_distlimit.engine.registry import REGISTRY
 from flask_distlimit.errors import StorageResponseError
@@ -38,7 +40,6 @@ _PARTS: Final = script_parts(ALGORITHM_CODES, SHADOW_FLAG)
 #: The whole script: the helpers' constants, the fast path, the algorithms, then the driver.
 SCRIPT_SOURCE: Final[str] = script_source(_PARTS)
 
-_US: Final = 1_000_000
 _FIELDS: Final = 6
 #: The only bytes of a well-formed reply: decimal integers separated by commas.
 _INTEGER_BYTES: Final = b"0123456789-,"
@@ -67,7 +68,7 @@ def script_args(
         elif check.meta:
             code += META_FLAG
         keys.append(check.key)
-        fields.append(f"{code},{check.limit},{check.period * _US},{units}")
+        fields.append(f"{code},{check.limit},{check.period * US},{units}")
     return keys, [",".join(fields)]
 
 
@@ -86,28 +87,20 @@ def token_key(first_key: str, token: str) -> str:
     if end > start + 1:  # Redis hashes what is between the first "{" and the "}" after it
         return f"{first_key[:start]}rq:{first_key[start : end + 1]}:{token}"
     head = first_key if start < 0 else first_key[:start]  # no "{" in it: the tag's is first
-    tag = first_key if first_key and "}" not in first_key else _same_slot_tag(first_key)
+    tag = first_key
+    if not first_key or "}" in first_key:  # not a tag: a text hashed to its slot
+        tag = _slot_tag(crc_hqx(first_key.encode("utf-8", "surrogatepass"), 0) % _SLOTS)
     return f"{head}:rq:{{{tag}}}:{token}"
 
 
 _SLOTS: Final = 16384
-#: slot -> a decimal text hashed to it (crc16 as Redis Cluster's), found when first needed
-_SLOT_TAGS: dict[int, str] = {}
 
 
-def _same_slot_tag(key: str) -> str:
-    """A text that Redis Cluster hashes to the slot of ``key`` (a key hashed whole)."""
-    slot = crc_hqx(key.encode("utf-8", "surrogatepass"), 0) % _SLOTS
-    tag = _SLOT_TAGS.get(slot)
-    if tag is None:  # some 16,000 tries on average, once per slot
-        tag = next(t for n in count() if crc_hqx((t := str(n)).encode(), 0) % _SLOTS == slot)
-        _SLOT_TAGS[slot] = tag
-    return tag
-
-
-def is_token_key(prefix: str, key: str) -> bool:
-    """Is ``key`` a request token's (a kept reply, not a limit's state) under ``prefix``?"""
-    return key.startswith(f"{prefix}:rq:{{")
+@functools.cache
+def _slot_tag(slot: int) -> str:
+    """A decimal text that Redis Cluster hashes (crc16) to ``slot``: some 16,000 tries on
+    average, once per slot."""
+    return next(t for n in count() if crc_hqx((t := str(n)).encode(), 0) % _SLOTS == slot)
 
 
 def with_token(
@@ -151,8 +144,8 @@ def parse_reply(reply: object, checks: Sequence[Check]) -> Evaluation:
                     allowed != 0,
                     limit,
                     remaining,
-                    reset_us / _US,
-                    NEVER if retry_us < 0 else retry_us / _US,
+                    reset_us / US,
+                    NEVER if retry_us < 0 else retry_us / US,
                     allowed == 2,
                 )
             )

@@ -1,16 +1,14 @@
 """The sliding window counter's twin (``lua/sliding_window_counter.lua``): the current window's
 units plus the previous window's, weighted by how much of it the window still covers (an
-approximation either way); :data:`take_back` is the memory store's give-back of leased units.
+approximation either way).
 """
 
 from __future__ import annotations
 
-import functools
 import math
-from typing import Final, NamedTuple
+from typing import NamedTuple
 
-from flask_distlimit.engine import common
-from flask_distlimit.engine.common import KEEP_TTL, NEVER_US, State, Step, adjust
+from flask_distlimit.engine.common import KEEP_TTL, NEVER_US, Refunded, State, Step, adjust
 
 
 class CounterState(NamedTuple):
@@ -84,9 +82,7 @@ def step(state: State | None, limit: int, period: int, cost: int, now: int) -> S
     )
 
 
-def refund(
-    state: State | None, limit: int, period: int, cost: int, now: int
-) -> tuple[State | None, int]:
+def refund(state: State | None, limit: int, period: int, cost: int, now: int) -> Refunded:
     window, _, cur, prev, current = _read(state, period, now)
     if (not current or cur <= 0) and cost >= 0:  # a negative cost is a debit: written
         return state, -1
@@ -98,6 +94,3 @@ def refund(
 
 def plausible(state: object, limit: int, period: int, now: int) -> bool:
     return isinstance(state, CounterState) and state.window * period <= now + period
-
-
-take_back: Final = functools.partial(common.take_back, CounterState)

@@ -1,6 +1,6 @@
 """The sliding window log's twin (``lua/sliding_window_log.lua``): at most ``limit`` units in any
 ``period``, one entry per admitted request; :func:`step` prunes the log in place, as the script
-does, and :func:`empty` says when the key is to be deleted.
+does (an empty log: the key is deleted).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import bisect
 import operator
 from typing import Final
 
-from flask_distlimit.engine.common import NEVER_US, State, Step
+from flask_distlimit.engine.common import NEVER_US, Refunded, State, Step
 
 #: The log keeps one sorted-set member per admitted request: up to this many per client and
 #: limit. A call touches a few of them whatever the limit, but memory grows with it (about 100
@@ -88,9 +88,7 @@ def step(state: State | None, limit: int, period: int, cost: int, now: int) -> S
     )
 
 
-def refund(
-    state: State | None, limit: int, period: int, cost: int, now: int
-) -> tuple[State | None, int]:
+def refund(state: State | None, limit: int, period: int, cost: int, now: int) -> Refunded:
     """Reads the log without pruning it, as the script does (the evaluation after it prunes).
     A negative ``cost`` is a debit: one more entry of ``-cost`` units, as an admission writes."""
     if cost < 0:
@@ -129,8 +127,3 @@ def refund(
 
 def plausible(state: object, limit: int, period: int, now: int) -> bool:
     return isinstance(state, list) and (not state or state[-1][0] <= now + period + limit)
-
-
-def empty(state: object) -> bool:
-    """Whether the (plausible) log holds nothing: the key is deleted, as the script does."""
-    return not state

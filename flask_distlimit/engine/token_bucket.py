@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from flask_distlimit.engine.common import NEVER_US, State, Step, adjust
+from flask_distlimit.engine.common import NEVER_US, Refunded, State, Step, adjust
 
 
 class BucketState(NamedTuple):
@@ -56,9 +56,7 @@ def step(state: State | None, limit: int, period: int, cost: int, now: int) -> S
     return Step(allowed, left, reset, retry, BucketState(after, t0), reset, left_now, reset_now)
 
 
-def refund(
-    state: State | None, limit: int, period: int, cost: int, now: int
-) -> tuple[State | None, int]:
+def refund(state: State | None, limit: int, period: int, cost: int, now: int) -> Refunded:
     stored, t0, tokens = _read(state, limit, period, now)
     if stored is None and cost >= 0:  # a negative cost is a debit: from a full bucket
         return None, 0

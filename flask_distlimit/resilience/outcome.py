@@ -10,9 +10,10 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Final
 
 from flask_distlimit.core.decision import Evaluation
-from flask_distlimit.frozen import slot_setters
+from flask_distlimit.frozen import slot_init
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What the guarded storage call decided.
@@ -31,23 +32,6 @@ class Outcome:
     unavailable: bool = False
     busy: bool = False
 
-    def __init__(
-        self,
-        evaluation: Evaluation | None,
-        *,
-        degraded: bool = False,
-        unavailable: bool = False,
-        busy: bool = False,
-    ) -> None:  # frozen, at a plain class's cost (flask_distlimit.frozen)
-        _outcome_evaluation(self, evaluation)
-        _outcome_degraded(self, degraded)
-        _outcome_unavailable(self, unavailable)
-        _outcome_busy(self, busy)
-
-
-_outcome_evaluation, _outcome_degraded, _outcome_unavailable, _outcome_busy = slot_setters(
-    Outcome, "evaluation", "degraded", "unavailable", "busy"
-)
 
 #: Policy ``"open"`` (or nothing known about any check): allow, marked degraded.
 OPEN_OUTCOME: Final = Outcome(None, degraded=True)

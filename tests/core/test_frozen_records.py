@@ -1,6 +1,7 @@
-"""The request path's frozen records write their own ``__init__`` (flask_distlimit.frozen): each
-takes exactly its class's fields, with their defaults, sets every one, and the record stays
-frozen, comparable, hashable, copyable and picklable as a generated one would be."""
+"""The request path's frozen records get their ``__init__`` from ``slot_init``
+(flask_distlimit.frozen): each takes exactly its class's fields, with their defaults, sets every
+one, and the record stays frozen, comparable, hashable, copyable and picklable as a generated one
+would be."""
 
 from __future__ import annotations
 
