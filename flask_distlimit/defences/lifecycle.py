@@ -35,17 +35,6 @@ class Holding(Protocol):
 class Ledger:
     """One request's holdings, released together, once (see the module docstring)."""
 
-    __slots__ = (
-        "_clock",
-        "_holdings",
-        "_lock",
-        "_renew_at",
-        "_renew_every",
-        "ended",
-        "files",
-        "lent",
-    )
-
     def __init__(self, clock: Callable[[], int], renew_every_us: int) -> None:
         self._clock = clock
         self._renew_every = renew_every_us
@@ -190,7 +179,7 @@ class Lifecycle:
     """The WSGI wrapper around one app's ``wsgi_app`` (see the module docstring)."""
 
     def __init__(self, clock: Callable[[], int], lease_seconds: int) -> None:
-        self.wsgi_app: WSGIApplication | None = None
+        self.wsgi_app: WSGIApplication  # the app's own, set by install()
         self._clock = clock
         self._renew_every = lease_seconds * 1_000_000 // 2
         self.key = f"flask_distlimit.ledger.{id(self):x}"
@@ -217,8 +206,6 @@ class Lifecycle:
         return ledger
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        wsgi_app = self.wsgi_app
-        assert wsgi_app is not None, "Lifecycle.install(app) first"
         while self._dropped:
             try:
                 self._dropped.pop().close()
@@ -229,7 +216,7 @@ class Lifecycle:
         cell: list[Ledger] = []
         environ[self.key] = cell
         try:
-            body = wsgi_app(environ, start_response)
+            body = self.wsgi_app(environ, start_response)
         except BaseException:
             for ledger in cell:
                 ledger.end()
