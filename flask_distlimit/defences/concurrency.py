@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
 #: Tokens are drawn below 2^53: the script keeps them exact as Lua numbers.
 _TOKEN_LIMIT: Final = 2**53 - 1
-_SUFFIX: Final = ":" + CONCURRENCY
 
 
 def slot_check(b: BoundLimit, tag: str, lease: int) -> Check:
@@ -34,11 +33,6 @@ def slot_check(b: BoundLimit, tag: str, lease: int) -> Check:
     fresh token, for ``lease`` seconds."""
     token = secrets.randbelow(_TOKEN_LIMIT) + 1
     return Check(b.key(tag), CONCURRENCY, b.rate.amount, lease, 1, token=token, bound=b)
-
-
-def is_slot_key(key: str) -> bool:
-    """Whether a storage key is a concurrency limit's (keys end with their algorithm)."""
-    return key.endswith(_SUFFIX)
 
 
 class SideCalls(Protocol):

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from flask_distlimit.core.decision import Check, Decision
+
 #: Microseconds a remembered denial ends before the storage's retry time.
 _MARGIN_US: Final = 1_000
 
@@ -33,11 +35,9 @@ class Denial:
     until_us: int  #: local time (clock microseconds) before which a request cannot pass
     retry_us: int  #: local time by which a request can surely pass (>= until_us)
     limit: int  #: the limit's amount, for the response headers
-    period: int  #: the limit's period in seconds
-    name: str  #: the policy name, for the response headers and the problem body
     #: local time by which the quota the refusal saw resets (its ``reset_after``), so that the
     #: cached 429's ``X-RateLimit-Reset`` is the storage's, never earlier
-    reset_us: int = 0
+    reset_us: int
 
     def retry_after(self, now_us: int) -> float:
         """Seconds until a request of :attr:`cost` can pass (an upper bound, for Retry-After)."""
@@ -88,40 +88,30 @@ class DenyCache:
         return denial if cost >= denial.cost else None
 
     def record(
-        self,
-        key: str,
-        *,
-        cost: int,
-        retry_after: float,
-        started_us: int,
-        finished_us: int | None = None,
-        limit: int,
-        period: int,
-        name: str,
-        reset_after: float = 0.0,
+        self, check: Check, decision: Decision, *, started_us: int, finished_us: int
     ) -> None:
-        """Remember that ``key`` refused ``cost`` for ``retry_after`` seconds.
+        """Remember that the storage refused ``check`` with ``decision``.
 
         ``started_us`` and ``finished_us`` are this clock's times taken before and after the
-        storage call that refused (``finished_us`` defaults to ``started_us``); ``reset_after``
-        the refusal's seconds until the quota resets (for the headers).
+        storage call that refused.
         """
-        if cost < 1 or retry_after <= 0:
+        retry_after = decision.retry_after
+        if check.cost < 1 or retry_after <= 0:
             return
-        seconds = period if math.isinf(retry_after) else retry_after
+        seconds = check.period if math.isinf(retry_after) else retry_after
         # floor, minus the margin: never past the real time
         ttl_us = min(int(seconds * 1_000_000) - _MARGIN_US, self.max_ttl_us)
         if ttl_us <= 0:
             return
-        finished = started_us if finished_us is None else max(finished_us, started_us)
+        finished = max(finished_us, started_us)
         retry_us = finished + math.ceil(seconds * 1_000_000)
         reset_us = 0
-        if math.isfinite(reset_after):
-            reset_us = finished + math.ceil(reset_after * 1_000_000)
-        denial = Denial(cost, started_us + ttl_us, retry_us, limit, period, name, reset_us)
+        if math.isfinite(decision.reset_after):
+            reset_us = finished + math.ceil(decision.reset_after * 1_000_000)
+        denial = Denial(check.cost, started_us + ttl_us, retry_us, decision.limit, reset_us)
         with self._lock:
-            self.entries[key] = denial
-            self.entries.move_to_end(key)
+            self.entries[check.key] = denial
+            self.entries.move_to_end(check.key)
             while len(self.entries) > self.max_entries:
                 self.entries.popitem(last=False)
 

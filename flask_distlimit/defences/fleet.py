@@ -62,10 +62,14 @@ class Fleet:
         """A check taking one of ``priority``'s slots of the fleet, under a fresh token."""
         return slot_check(self._bounds[priority], FLEET_TAG, self.lease)
 
-    def usage(self, storage: Storage, now_us: int | None = None) -> dict[str, object]:
-        """Requests in flight across the fleet now (a peek; expired slots are removed)."""
+    def health(self, storage: Storage, now_us: int | None = None) -> dict[str, object]:
+        """Requests in flight across the fleet now (a peek; expired slots are removed), for the
+        health report: the capacity and the ``error`` when the storage cannot say."""
         peek = Check(self.key, CONCURRENCY, self.capacity, self.lease, 0)
-        decision = storage.evaluate([peek], now_us=now_us).decisions[0]
+        try:
+            decision = storage.evaluate([peek], now_us=now_us).decisions[0]
+        except StorageError as exc:
+            return {"capacity": self.capacity, "error": str(exc)[:200]}
         in_flight = self.capacity - decision.remaining
         return {
             "capacity": self.capacity,
@@ -73,11 +77,3 @@ class Fleet:
             "utilization": round(in_flight / self.capacity, 4),
             "slots": {p: bound.rate.amount for p, bound in self._bounds.items()},
         }
-
-    def health(self, storage: Storage, now_us: int | None = None) -> dict[str, object]:
-        """:meth:`usage`, for the health report: the capacity and the ``error`` when the
-        storage cannot say."""
-        try:
-            return self.usage(storage, now_us=now_us)
-        except StorageError as exc:
-            return {"capacity": self.capacity, "error": str(exc)[:200]}

@@ -35,17 +35,6 @@ class Holding(Protocol):
 class Ledger:
     """One request's holdings, released together, once (see the module docstring)."""
 
-    __slots__ = (
-        "_clock",
-        "_holdings",
-        "_lock",
-        "_renew_at",
-        "_renew_every",
-        "ended",
-        "files",
-        "lent",
-    )
-
     def __init__(self, clock: Callable[[], int], renew_every_us: int) -> None:
         self._clock = clock
         self._renew_every = renew_every_us
@@ -56,16 +45,6 @@ class Ledger:
         self.ended = False
         #: the server's file wrappers made around a proxy of ours while the app ran
         self.files: list[object] = []
-        #: the environ whose ``wsgi.file_wrapper`` was swapped for ours, and the server's own
-        self.lent: tuple[WSGIEnvironment, object] | None = None
-
-    def give_back_file_wrapper(self) -> None:
-        """Put the server's ``wsgi.file_wrapper`` back, before the server checks the body
-        against it."""
-        if self.lent is not None:
-            environ, server_wrapper = self.lent
-            self.lent = None
-            environ[_FILE_WRAPPER] = server_wrapper
 
     def take(self, holding: Holding) -> None:
         """Keep ``holding`` until the end (released at once if the end has passed)."""
@@ -190,7 +169,7 @@ class Lifecycle:
     """The WSGI wrapper around one app's ``wsgi_app`` (see the module docstring)."""
 
     def __init__(self, clock: Callable[[], int], lease_seconds: int) -> None:
-        self.wsgi_app: WSGIApplication | None = None
+        self.wsgi_app: WSGIApplication  # the app's own, set by install()
         self._clock = clock
         self._renew_every = lease_seconds * 1_000_000 // 2
         self.key = f"flask_distlimit.ledger.{id(self):x}"
@@ -212,13 +191,10 @@ class Lifecycle:
         cell.append(ledger)
         server_wrapper = environ.get(_FILE_WRAPPER)
         if server_wrapper is not None:
-            ledger.lent = (environ, server_wrapper)
             environ[_FILE_WRAPPER] = _file_wrapper(server_wrapper, ledger)
         return ledger
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        wsgi_app = self.wsgi_app
-        assert wsgi_app is not None, "Lifecycle.install(app) first"
         while self._dropped:
             try:
                 self._dropped.pop().close()
@@ -228,15 +204,16 @@ class Lifecycle:
         # hands the app a copy that still holds this same cell.
         cell: list[Ledger] = []
         environ[self.key] = cell
+        server_wrapper = environ.get(_FILE_WRAPPER)
         try:
-            body = wsgi_app(environ, start_response)
+            body = self.wsgi_app(environ, start_response)
         except BaseException:
             for ledger in cell:
                 ledger.end()
             raise
-        finally:
-            for ledger in cell:
-                ledger.give_back_file_wrapper()
+        finally:  # the server checks the body against its own wsgi.file_wrapper: put it back
+            if cell and server_wrapper is not None:
+                environ[_FILE_WRAPPER] = server_wrapper
         # A server's own file wrapper made around a proxy of ours: its close() ends the ledger.
         if not cell or cell[0].ended or any(body is made for made in cell[0].files):
             return body

@@ -11,6 +11,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Sequence
 
+from flask import request
+
+from flask_distlimit.core.decision import Check
 from flask_distlimit.core.pacing import OncePerWindow
 from flask_distlimit.declare.keys import key_tag
 from flask_distlimit.errors import ConfigurationError
@@ -57,9 +60,7 @@ def spec_is_shadow(setting: ShadowSetting, kind: str, tier: str | None = None) -
     """Whether ``DISTLIMIT_SHADOW`` makes a limit of ``kind`` (and ``tier``) a shadow limit."""
     if isinstance(setting, bool):
         return setting
-    if kind == "tier":
-        return f"tier:{tier}" in setting
-    return kind in setting
+    return (f"tier:{tier}" if kind == "tier" else kind) in setting
 
 
 class ShadowLog:
@@ -69,23 +70,17 @@ class ShadowLog:
         self._clock = clock  # microseconds
         self._logged = OncePerWindow()
 
-    def would_deny(
-        self,
-        denied: Sequence[tuple[str, str, float]],
-        method: str,
-        endpoint: str | None,
-    ) -> None:
-        """``denied``: (key, limit name, period in seconds) of each shadow limit that would have
-        refused the request."""
+    def would_deny(self, denied: Sequence[Check]) -> None:
+        """``denied``: the current request's shadow checks that would have refused it."""
         now = self._clock()
-        fresh = [(k, name) for k, name, _ in denied if self._logged.due(k, now)]
+        fresh = [c for c in denied if self._logged.due(c.key, now)]
         if not fresh:
             return
-        self._logged.mark(((k, period) for k, _, period in denied), now)
+        self._logged.mark(((c.key, c.bound.rate.period) for c in denied), now)
         log.info(
             "Shadow rate limit would have refused a request (not enforced): %s; %s %s "
             "(logged once per client and limit per window)",
-            ", ".join(f"{name} (client {key_tag(k)})" for k, name in fresh),
-            method,
-            endpoint,
+            ", ".join(f"{c.bound.name} (client {key_tag(c.key)})" for c in fresh),
+            request.method,
+            request.endpoint,
         )

@@ -23,7 +23,6 @@ from flask_distlimit.core.priorities import (
     validate_priority,
 )
 from flask_distlimit.core.problem import Overloaded
-from flask_distlimit.defences.deny_cache import monotonic_us
 from flask_distlimit.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -96,22 +95,20 @@ class WorkerLoad:
         self,
         threads: int,
         shed_at: Mapping[Priority, float],
-        metrics: Callable[[], Metrics | None] = lambda: None,
+        metrics: Callable[[], Metrics | None],
         *,
-        clock: Callable[[], int] = monotonic_us,
-        hold_us: int = 60_000_000,
+        clock: Callable[[], int],
+        hold_us: int,
     ) -> None:
         self.threads = threads
         #: the most requests in flight (this one included) a priority is admitted up to
         self._room: dict[Priority, float] = {
             p: shed_at[p] * threads if p in shed_at else float("inf") for p in PRIORITIES
         }
-        self._lock = threading.Lock()
-        #: place -> its deadline (us, ``clock``)
-        self._places: dict[Place, int] = {}
         self._metrics = metrics
         self._clock = clock
         self._hold = hold_us
+        self.after_fork()
 
     @property
     def in_flight(self) -> int:
@@ -162,9 +159,10 @@ class WorkerLoad:
         }
 
     def after_fork(self) -> None:
-        """A forked child serves its own requests: none in flight yet."""
+        """None in flight: when made, and in a forked child (it serves its own requests)."""
         self._lock = threading.Lock()
-        self._places = {}
+        #: place -> its deadline (us, ``clock``)
+        self._places: dict[Place, int] = {}
 
 
 class Place:

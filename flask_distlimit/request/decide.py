@@ -167,21 +167,10 @@ class Decider:
             for c, d in zip(checks, decisions, strict=True):
                 if d.allowed or c.meta != by_meta:
                     continue
-                b = c.bound
-                denied_reports.append(report_of(b, d, denied=True))
+                denied_reports.append(report_of(c.bound, d, denied=True))
                 denied.append(c)
                 if cache is not None and not outcome.degraded and not c.token and by_meta == meta:
-                    cache.record(
-                        c.key,
-                        cost=c.cost,
-                        retry_after=d.retry_after,
-                        started_us=started,
-                        finished_us=finished,
-                        limit=d.limit,
-                        period=b.rate.period,
-                        name=b.name,
-                        reset_after=d.reset_after,
-                    )
+                    cache.record(c, d, started_us=started, finished_us=finished)
             self.refusals.refuse(
                 denied_reports, denied, identity, data, from_cache=False, degraded=outcome.degraded
             )
@@ -217,11 +206,5 @@ class Decider:
                 data.deferred.pop(c.key, None)
         if not simple and any(d.shadow_denied for d in decisions):
             self.shadow_log.would_deny(
-                [
-                    (c.key, c.bound.name, c.bound.rate.period)
-                    for c, d in zip(checks, decisions, strict=True)
-                    if d.shadow_denied
-                ],
-                request.method,
-                request.endpoint,
+                [c for c, d in zip(checks, decisions, strict=True) if d.shadow_denied]
             )

@@ -32,7 +32,6 @@ from flask_distlimit.core.problem import (
 from flask_distlimit.declare import refusal_options
 from flask_distlimit.declare.keys import key_tag
 from flask_distlimit.declare.route_limits import BoundLimit
-from flask_distlimit.defences.concurrency import is_slot_key
 from flask_distlimit.identity import Identity
 from flask_distlimit.request.data import RequestData
 from flask_distlimit.request.headers import Report
@@ -101,7 +100,7 @@ class Refusals:
         (``reports``: what each says)."""
         data.deferred.clear()  # a refused request is never charged after its response
         keys = [c.key for c in denied]
-        concurrency = all(map(is_slot_key, keys))
+        concurrency = all(c.token for c in denied)  # every one a slot (defences.concurrency)
         if concurrency and self.fleet_key is not None and self.fleet_key in keys:
             self.shed(data)
         binding = max(reports, key=lambda r: r.retry_after)

@@ -177,7 +177,7 @@ def debug() -> Response:
     evaluation = state.storage.evaluate([c for _, c in named], now_us=state.storage_now())
     decisions = evaluation.decisions
     used = {name: c.limit - d.remaining for (name, c), d in zip(named, decisions, strict=True)}
-    fleet = state.enforcer.fleet.usage(state.storage, now_us=state.storage_now())
+    fleet = state.enforcer.fleet.health(state.storage, now_us=state.storage_now())
     leases = state.health().get("leases", {})
     held = sum(int(v["held"]) for v in leases.values()) if isinstance(leases, dict) else 0
     return jsonify(

@@ -14,6 +14,7 @@ import redis
 from flask import request
 
 from flask_distlimit import ALGORITHMS, Limiter
+from flask_distlimit.core.decision import Check, Decision
 from flask_distlimit.defences.deny_cache import DenyCache
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.redis import RedisStorage
@@ -35,14 +36,10 @@ class _Clock:
 
 def _record(cache: DenyCache, key: str = "k", cost: int = 1, retry: float = 2.0, **kw: int) -> None:
     cache.record(
-        key,
-        cost=cost,
-        retry_after=retry,
+        Check(key, "fixed_window", 5, 60, cost),
+        Decision(False, 5, 0, 0.0, retry),
         started_us=kw.get("started", 1_000_000),
         finished_us=kw.get("finished", 1_000_000),
-        limit=5,
-        period=60,
-        name="n",
     )
 
 
