@@ -197,9 +197,16 @@ class Lifecycle:
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         while self._dropped:
             try:
-                self._dropped.pop().close()
+                dropped = self._dropped.pop()
             except IndexError:  # another thread took the last one
                 break
+            try:
+                dropped.close()  # given back whatever its close() does
+            except Exception:  # the app's close() of another request's body: not this one's 500
+                log.exception(
+                    "Closing a response body the garbage collector let go of raised; what its "
+                    "request held is given back all the same."
+                )
         # A cell, not the ledger: a middleware inside this wrapper that copies the environ
         # hands the app a copy that still holds this same cell.
         cell: list[Ledger] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import io
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -358,6 +359,47 @@ def test_a_body_let_go_of_unfinished_gives_back(
     assert _held(app) == (1, 1)
     with app.test_client().get("/export") as next_request:  # given back first
         assert next_request.status_code == 200
+    assert _held(app) == (0, 0)
+
+
+class _CloseRaises:
+    """An app's body whose ``close()`` fails."""
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter([b"one", b"two"])
+
+    def close(self) -> None:
+        raise RuntimeError("the app's close failed")
+
+
+def test_a_dropped_body_whose_close_raises_is_no_500_for_the_next_request(
+    backend: Backend, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A body the garbage collector let go of is closed when the next request comes: its app's
+    ``close()`` raising is logged, and that other request is served all the same."""
+    app, limiter, _ = make_app(
+        backend(), clock, DISTLIMIT_WORKER_THREADS=4, DISTLIMIT_FLEET_CAPACITY=10
+    )
+
+    @app.get("/feed")
+    @limiter.concurrency(1)
+    def feed() -> Response:
+        return Response(_CloseRaises())
+
+    @app.get("/other")
+    def other() -> str:
+        return "ok"
+
+    cycle: list[object] = [iter(_serve(app, path="/feed"))]
+    next(cycle[0])  # type: ignore[call-overload]
+    cycle.append(cycle)
+    del cycle
+    gc.collect()
+    assert _held(app) == (1, 1)
+    with caplog.at_level(logging.ERROR, logger="flask_distlimit"):
+        with app.test_client().get("/other") as next_request:  # given back first
+            assert next_request.status_code == 200
+    assert "the app's close failed" in caplog.text
     assert _held(app) == (0, 0)
 
 
