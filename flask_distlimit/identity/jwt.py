@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from flask_distlimit.errors import ConfigurationError
+from flask_distlimit.identity.api_keys import id_text
 
 #: Longest bearer token verified; a longer one is ignored as unverifiable.
 MAX_TOKEN_LENGTH: Final = 8192
@@ -64,8 +65,8 @@ class JwtVerifier:
             subject = claims.get(self.subject_claim)
             if isinstance(subject, str) and subject:
                 return f"jwt:sub:{subject}", claims.get(self.tier_claim)
-            client = claims.get(self.client_claim)
-            if isinstance(client, bool) or not isinstance(client, (str, int)) or client == "":
+            client = id_text(claims.get(self.client_claim))
+            if client is None:
                 return None  # verified, but it names no one
             return f"jwt:client_id:{client}", claims.get(self.tier_claim)
         return None
