@@ -38,6 +38,8 @@ RETRY_INTERVAL: Final = 5.0
 _CACHED_LENGTH: Final = 128
 _CACHE_SIZE: Final = 4096
 _CONTEXT: Final = b"flask-distlimit identity-tag"
+#: What the guard is told a read of the storage-kept key is (it names it in its reports).
+_READ: Final = "the identity tag key's read"
 
 
 class SideCallGuard(Protocol):
@@ -105,8 +107,7 @@ class IdentityTags:
         self._due = float("inf") if secret is not None else float("-inf")
         # The value offered to the storage: this process's own until it has read the shared one.
         self._value = secrets.token_hex(32)
-        self._base = hashlib.blake2b(digest_size=10, key=secret or tag_secret(self._value.encode()))
-        self._cached: Callable[[str], str] = functools.lru_cache(maxsize=_CACHE_SIZE)(self._digest)
+        self._key_with(secret or tag_secret(self._value.encode()))
         #: ``tag(identity text) -> 20 hex characters``
         self.tag: Callable[[str], str] = self._tag if secret is not None else self._kept_tag
         if secret is None and storage is not None and storage.scheme != "memory":
@@ -133,6 +134,11 @@ class IdentityTags:
             self._maintain(wait=not self.settled)
         return self._tag(identity)
 
+    def _key_with(self, key: bytes) -> None:
+        """Tag with ``key`` from now on (a fresh cache: no tag of the old key is kept)."""
+        self._base = hashlib.blake2b(digest_size=10, key=key)
+        self._cached: Callable[[str], str] = functools.lru_cache(maxsize=_CACHE_SIZE)(self._digest)
+
     def _digest(self, identity: str) -> str:
         digest = self._base.copy()
         digest.update(identity.encode("utf-8", "surrogatepass"))
@@ -156,11 +162,7 @@ class IdentityTags:
             if self._clock() < self._due:
                 return  # another thread did it
             guard = self._guard
-            heard = (
-                _unheard
-                if guard is None
-                else guard.open_side_call(self.storage_key, "the identity tag key's read")
-            )
+            heard = _unheard if guard is None else guard.open_side_call(self.storage_key, _READ)
             if heard is None:
                 self._due = self._clock() + RETRY_INTERVAL
                 return
@@ -174,11 +176,11 @@ class IdentityTags:
         assert self._storage is not None
         try:
             value = self._storage.shared_value(self.storage_key, self._value, SHARED_KEY_TTL)
-        except StorageError as exc:
+        except BaseException as exc:
             heard(exc)
             self._due = self._clock() + RETRY_INTERVAL
-            if raise_errors:
-                raise
+            if raise_errors or not isinstance(exc, StorageError):
+                raise  # a bug, or an interrupt, is not an outage: never swallowed
             if not self._warned:
                 self._warned = True
                 log.warning(
@@ -189,9 +191,6 @@ class IdentityTags:
                     self.storage_key, exc, RETRY_INTERVAL,
                 )  # fmt: skip
             return
-        except BaseException as exc:
-            heard(exc)
-            raise
         heard(None)
         if value != self._value or not self.settled:
             if self.settled:
@@ -202,8 +201,7 @@ class IdentityTags:
                     self.storage_key,
                 )
             self._value = value
-            self._base = hashlib.blake2b(digest_size=10, key=tag_secret(value.encode()))
-            self._cached = functools.lru_cache(maxsize=_CACHE_SIZE)(self._digest)
+            self._key_with(tag_secret(value.encode()))
         self.settled = True
         self._due = self._clock() + REFRESH_INTERVAL
 
