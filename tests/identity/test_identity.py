@@ -305,6 +305,12 @@ def test_ipv6_prefix_is_configurable(prefix: int, expected: str) -> None:
     assert resolver.client_ip({"REMOTE_ADDR": "2001:db8:aa:bb::1"}) == expected
 
 
+def test_a_zone_never_parts_one_ipv6_client_even_at_prefix_128() -> None:
+    resolver = make_resolver(make_app(DISTLIMIT_IPV6_PREFIX=128))
+    zoned = {resolver.client_ip({"REMOTE_ADDR": f"fe80::1%{zone}"}) for zone in ("eth0", "eth1")}
+    assert zoned == {"ip:fe80::1/128"}
+
+
 def test_forged_x_forwarded_for_from_an_untrusted_client_gets_no_fresh_quota() -> None:
     app, seen = quota_app(IdentityHooks(), quota=3)
     forged = ({"X-Forwarded-For": f"10.0.{i}.1, 192.0.2.{i}"} for i in range(20))
