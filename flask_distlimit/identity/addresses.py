@@ -104,11 +104,9 @@ class ClientAddresses:
             ip = ipaddress.ip_address(text)
         except ValueError:
             return INVALID_IP
-        if isinstance(ip, ipaddress.IPv6Address):
+        if isinstance(ip, ipaddress.IPv6Address):  # IPv4-mapped: that IPv4 client; else its network
             mapped = ip.ipv4_mapped
-            if mapped is not None:
-                return f"ip:{mapped}"
-            return f"ip:{ipaddress.IPv6Network((int(ip), self._prefix), strict=False)}"
+            return f"ip:{mapped or ipaddress.IPv6Network((int(ip), self._prefix), strict=False)}"
         return f"ip:{ip}"
 
 

@@ -125,9 +125,7 @@ class IdentityTags:
     # -- the request path --------------------------------------------------------------------
 
     def _tag(self, identity: str) -> str:
-        if len(identity) <= _CACHED_LENGTH:
-            return self._cached(identity)
-        return self._digest(identity)
+        return self._cached(identity) if len(identity) <= _CACHED_LENGTH else self._digest(identity)
 
     def _kept_tag(self, identity: str) -> str:
         if self._clock() >= self._due:

@@ -122,18 +122,16 @@ def read_jwt(config: Mapping[str, object]) -> JwtVerifier | None:
 
     prepared: dict[str, list[object]] = {str(a): [] for a in algs}
     for index, key in enumerate(_as_list(keys)):
-        usable = False
-        for alg in prepared:
-            ready = _prepare_key(jwt_algorithms, alg, key, index)
-            if ready is not None:
-                prepared[alg].append(ready)
-                usable = True
-        if not usable:
+        ready = {alg: _prepare_key(jwt_algorithms, alg, key, index) for alg in prepared}
+        if all(prepared_key is None for prepared_key in ready.values()):
             raise ConfigurationError(
                 f"DISTLIMIT_JWT_KEYS[{index}] cannot verify any of DISTLIMIT_JWT_ALGORITHMS "
                 f"{list(prepared)}: an HMAC secret (str/bytes) needs HS256/HS384/HS512, a PEM "
                 "public key ('-----BEGIN PUBLIC KEY-----...') needs RS*/PS*/ES*/EdDSA."
             )
+        for alg, prepared_key in ready.items():
+            if prepared_key is not None:
+                prepared[alg].append(prepared_key)
     jwt = importlib.import_module("jwt")
     errors = (jwt.PyJWTError, ValueError, TypeError, LookupError, OverflowError, RecursionError)
     require = ["exp", "aud"] + (["iss"] if issuer is not None else [])
