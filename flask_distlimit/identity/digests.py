@@ -149,7 +149,7 @@ class IdentityTags:
         ``reset_identity``), which must name the keys requests use. Raises the storage's
         :class:`~flask_distlimit.errors.StorageError` when it cannot be read."""
         if self.source == "storage" and not self.settled:
-            self._read(raise_errors=True)
+            self._read()
 
     def _maintain(self, *, wait: bool) -> None:
         """Read (or refresh) the storage-kept key when due; one thread at a time. Before the
@@ -164,21 +164,8 @@ class IdentityTags:
             if heard is None:
                 self._due = self._clock() + RETRY_INTERVAL
                 return
-            self._read(raise_errors=False, heard=heard)
-        finally:
-            self._lock.release()
-
-    def _read(
-        self, *, raise_errors: bool, heard: Callable[[BaseException | None], None] = _unheard
-    ) -> None:
-        assert self._storage is not None
-        try:
-            value = self._storage.shared_value(self.storage_key, self._value, SHARED_KEY_TTL)
-        except BaseException as exc:
-            heard(exc)
-            self._due = self._clock() + RETRY_INTERVAL
-            if raise_errors or not isinstance(exc, StorageError):
-                raise  # a bug, or an interrupt, is not an outage: never swallowed
+            self._read(heard)
+        except StorageError as exc:  # an outage; anything else (a bug) is raised
             if not self._warned:
                 self._warned = True
                 log.warning(
@@ -188,7 +175,19 @@ class IdentityTags:
                     "from a secret instead. (Logged once.)",
                     self.storage_key, exc, RETRY_INTERVAL,
                 )  # fmt: skip
-            return
+        finally:
+            self._lock.release()
+
+    def _read(self, heard: Callable[[BaseException | None], None] = _unheard) -> None:
+        """Read the storage-kept key (adopting it) and tell ``heard`` how the read ended; on any
+        error, try again after :data:`RETRY_INTERVAL`, and raise it."""
+        assert self._storage is not None
+        try:
+            value = self._storage.shared_value(self.storage_key, self._value, SHARED_KEY_TTL)
+        except BaseException as exc:
+            heard(exc)
+            self._due = self._clock() + RETRY_INTERVAL
+            raise
         heard(None)
         if value != self._value or not self.settled:
             if self.settled:

@@ -24,14 +24,14 @@ from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.declare.keys import limit_key
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity import (
-    ANONYMOUS,
-    INVALID_IP,
     Identity,
     IdentityHooks,
     IdentityResolver,
     IdentitySettings,
 )
+from flask_distlimit.identity.addresses import INVALID_IP
 from flask_distlimit.identity.digests import IdentityTags, tag_secret
+from flask_distlimit.identity.tiers import ANONYMOUS
 
 SECRET = "s3cret-for-hs256-tokens-0123456789abcdef"  # 40 bytes: long enough for HS256
 AUDIENCE = "https://api.example.test"
