@@ -8,15 +8,11 @@ first. Tiers: :mod:`.tiers`. Settings are read once (:meth:`IdentitySettings.fro
 
 from __future__ import annotations
 
-from flask_distlimit.identity.addresses import INVALID_IP
 from flask_distlimit.identity.resolver import Identity, IdentityHooks, IdentityResolver
 from flask_distlimit.identity.settings import IDENTITY_KEYS, IdentitySettings
-from flask_distlimit.identity.tiers import ANONYMOUS
 
 __all__ = [
-    "ANONYMOUS",
     "IDENTITY_KEYS",
-    "INVALID_IP",
     "Identity",
     "IdentityHooks",
     "IdentityResolver",

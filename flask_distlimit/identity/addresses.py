@@ -31,7 +31,6 @@ class ClientAddresses:
 
     def __init__(self, trusted_proxies: int, ipv6_prefix: int) -> None:
         self._trusted = trusted_proxies
-        self._shift = 128 - ipv6_prefix
         self._prefix = ipv6_prefix
         self._address: Callable[[str], str] = functools.lru_cache(maxsize=4096)(self._normalize)
         self._warned_invalid = False
@@ -105,12 +104,9 @@ class ClientAddresses:
             ip = ipaddress.ip_address(text)
         except ValueError:
             return INVALID_IP
-        if isinstance(ip, ipaddress.IPv6Address):
+        if isinstance(ip, ipaddress.IPv6Address):  # IPv4-mapped: that IPv4 client; else its network
             mapped = ip.ipv4_mapped
-            if mapped is not None:
-                return f"ip:{mapped}"
-            network = ipaddress.IPv6Network((int(ip) >> self._shift << self._shift, self._prefix))
-            return f"ip:{network}"
+            return f"ip:{mapped or ipaddress.IPv6Network((int(ip), self._prefix), strict=False)}"
         return f"ip:{ip}"
 
 

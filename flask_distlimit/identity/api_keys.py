@@ -3,7 +3,7 @@ accepts it (its answers: :data:`VerifierAnswer`; docs/identity.md, "API keys").
 
 A key, or the canonical id the verifier answers, is kept only as an HMAC-SHA256 digest, never in
 keys, logs or exceptions; an unknown or over-long key is anonymous. With neither
-``DISTLIMIT_API_KEY_SECRET`` nor ``SECRET_KEY``, :meth:`ApiKeys.check` raises.
+``DISTLIMIT_API_KEY_SECRET`` nor ``SECRET_KEY``, a digest raises (:data:`NO_SECRET`).
 """
 
 from __future__ import annotations
@@ -25,17 +25,20 @@ MAX_API_KEY_LENGTH: Final = 1024
 
 _DIGEST_CONTEXT: Final = b"flask-distlimit api-key"
 
-_NO_SECRET: Final = (
-    "An API key verifier is set (limiter.api_key_verifier), but there is no secret to "
-    "digest API keys with, so they could only be stored in clear. Set "
-    "DISTLIMIT_API_KEY_SECRET (or the app's SECRET_KEY) to a long random string, "
+#: Why a request or tool that needs an API key's digest cannot have one, and the fix.
+NO_SECRET: Final = (
+    "API keys are digested with a secret, so that they are never stored in clear, and there is "
+    "none: set DISTLIMIT_API_KEY_SECRET (or the app's SECRET_KEY) to a long random string, "
     "e.g. secrets.token_hex(32), before init_app."
 )
 
 
-def api_key_digest_key(secret: bytes) -> bytes:
-    """The HMAC key of API-key digests, derived from the app's secret."""
-    return hmac.new(secret, _DIGEST_CONTEXT, hashlib.sha256).digest()
+def id_text(value: object) -> str | None:
+    """``value`` as the text of an id (a user's, a key's, a token's client): a non-empty str or
+    an int, never a bool; ``None`` for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
+        return None
+    return str(value)
 
 
 class ApiKeys:
@@ -43,24 +46,17 @@ class ApiKeys:
 
     __slots__ = ("_mac", "environ_key")
 
-    def __init__(self, header: str, digest_key: bytes | None) -> None:
+    def __init__(self, header: str, secret: bytes | None) -> None:
         #: the WSGI environ key of the header
         self.environ_key = "HTTP_" + header.upper().replace("-", "_")
-        self._mac = (
-            hmac.new(digest_key, digestmod=hashlib.sha256) if digest_key is not None else None
-        )
-
-    def check(self, verifier: object) -> None:
-        """Raise :class:`ConfigurationError` when a verifier is set but no secret is."""
-        if verifier is not None and self._mac is None:
-            raise ConfigurationError(_NO_SECRET)
+        # keyed apart from every other use of the secret (its own context)
+        key = None if secret is None else hmac.new(secret, _DIGEST_CONTEXT, hashlib.sha256).digest()
+        self._mac = None if key is None else hmac.new(key, digestmod=hashlib.sha256)
 
     def identity(self, raw_key: str) -> str:
         """``"apikey:<hex>"``: the identity of a (verified) API key, without the key itself."""
         if self._mac is None:
-            raise ConfigurationError(
-                "No secret to digest API keys with: set DISTLIMIT_API_KEY_SECRET or SECRET_KEY."
-            )
+            raise ConfigurationError(NO_SECRET)
         mac = self._mac.copy()
         mac.update(raw_key.encode("utf-8", "surrogatepass"))
         return "apikey:" + mac.hexdigest()
@@ -80,14 +76,15 @@ class ApiKeys:
             return self.identity(raw), answer
         if isinstance(answer, tuple) and len(answer) == 2:
             key_id, tier = answer
-            if isinstance(key_id, bool) or not isinstance(key_id, (str, int)) or key_id == "":
+            key_text = id_text(key_id)
+            if key_text is None:
                 raise TypeError(
                     "The API key verifier answered (key_id, tier) with a key_id that is "
                     f"{'empty' if key_id == '' else 'a ' + type(key_id).__name__}; the key_id is "
                     "the key's canonical id, a non-empty str or an int (e.g. its id in your "
                     "store)."
                 )
-            return self.identity(str(key_id)), tier
+            return self.identity(key_text), tier
         raise TypeError(
             f"The API key verifier returned a {type(answer).__name__}; it must return None (an "
             "unknown key), the key's tier, or (key_id, tier or None) with the key's canonical id."

@@ -38,6 +38,8 @@ RETRY_INTERVAL: Final = 5.0
 _CACHED_LENGTH: Final = 128
 _CACHE_SIZE: Final = 4096
 _CONTEXT: Final = b"flask-distlimit identity-tag"
+#: What the guard is told a read of the storage-kept key is (it names it in its reports).
+_READ: Final = "the identity tag key's read"
 
 
 class SideCallGuard(Protocol):
@@ -105,8 +107,7 @@ class IdentityTags:
         self._due = float("inf") if secret is not None else float("-inf")
         # The value offered to the storage: this process's own until it has read the shared one.
         self._value = secrets.token_hex(32)
-        self._base = hashlib.blake2b(digest_size=10, key=secret or tag_secret(self._value.encode()))
-        self._cached: Callable[[str], str] = functools.lru_cache(maxsize=_CACHE_SIZE)(self._digest)
+        self._key_with(secret or tag_secret(self._value.encode()))
         #: ``tag(identity text) -> 20 hex characters``
         self.tag: Callable[[str], str] = self._tag if secret is not None else self._kept_tag
         if secret is None and storage is not None and storage.scheme != "memory":
@@ -124,14 +125,17 @@ class IdentityTags:
     # -- the request path --------------------------------------------------------------------
 
     def _tag(self, identity: str) -> str:
-        if len(identity) <= _CACHED_LENGTH:
-            return self._cached(identity)
-        return self._digest(identity)
+        return self._cached(identity) if len(identity) <= _CACHED_LENGTH else self._digest(identity)
 
     def _kept_tag(self, identity: str) -> str:
         if self._clock() >= self._due:
             self._maintain(wait=not self.settled)
         return self._tag(identity)
+
+    def _key_with(self, key: bytes) -> None:
+        """Tag with ``key`` from now on (a fresh cache: no tag of the old key is kept)."""
+        self._base = hashlib.blake2b(digest_size=10, key=key)
+        self._cached: Callable[[str], str] = functools.lru_cache(maxsize=_CACHE_SIZE)(self._digest)
 
     def _digest(self, identity: str) -> str:
         digest = self._base.copy()
@@ -145,7 +149,7 @@ class IdentityTags:
         ``reset_identity``), which must name the keys requests use. Raises the storage's
         :class:`~flask_distlimit.errors.StorageError` when it cannot be read."""
         if self.source == "storage" and not self.settled:
-            self._read(raise_errors=True)
+            self._read()
 
     def _maintain(self, *, wait: bool) -> None:
         """Read (or refresh) the storage-kept key when due; one thread at a time. Before the
@@ -156,29 +160,12 @@ class IdentityTags:
             if self._clock() < self._due:
                 return  # another thread did it
             guard = self._guard
-            heard = (
-                _unheard
-                if guard is None
-                else guard.open_side_call(self.storage_key, "the identity tag key's read")
-            )
+            heard = _unheard if guard is None else guard.open_side_call(self.storage_key, _READ)
             if heard is None:
                 self._due = self._clock() + RETRY_INTERVAL
                 return
-            self._read(raise_errors=False, heard=heard)
-        finally:
-            self._lock.release()
-
-    def _read(
-        self, *, raise_errors: bool, heard: Callable[[BaseException | None], None] = _unheard
-    ) -> None:
-        assert self._storage is not None
-        try:
-            value = self._storage.shared_value(self.storage_key, self._value, SHARED_KEY_TTL)
-        except StorageError as exc:
-            heard(exc)
-            self._due = self._clock() + RETRY_INTERVAL
-            if raise_errors:
-                raise
+            self._read(heard)
+        except StorageError as exc:  # an outage; anything else (a bug) is raised
             if not self._warned:
                 self._warned = True
                 log.warning(
@@ -188,9 +175,18 @@ class IdentityTags:
                     "from a secret instead. (Logged once.)",
                     self.storage_key, exc, RETRY_INTERVAL,
                 )  # fmt: skip
-            return
+        finally:
+            self._lock.release()
+
+    def _read(self, heard: Callable[[BaseException | None], None] = _unheard) -> None:
+        """Read the storage-kept key (adopting it) and tell ``heard`` how the read ended; on any
+        error, try again after :data:`RETRY_INTERVAL`, and raise it."""
+        assert self._storage is not None
+        try:
+            value = self._storage.shared_value(self.storage_key, self._value, SHARED_KEY_TTL)
         except BaseException as exc:
             heard(exc)
+            self._due = self._clock() + RETRY_INTERVAL
             raise
         heard(None)
         if value != self._value or not self.settled:
@@ -202,8 +198,7 @@ class IdentityTags:
                     self.storage_key,
                 )
             self._value = value
-            self._base = hashlib.blake2b(digest_size=10, key=tag_secret(value.encode()))
-            self._cached = functools.lru_cache(maxsize=_CACHE_SIZE)(self._digest)
+            self._key_with(tag_secret(value.encode()))
         self.settled = True
         self._due = self._clock() + REFRESH_INTERVAL
 

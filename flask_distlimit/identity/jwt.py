@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from flask_distlimit.errors import ConfigurationError
+from flask_distlimit.identity.api_keys import id_text
 
 #: Longest bearer token verified; a longer one is ignored as unverifiable.
 MAX_TOKEN_LENGTH: Final = 8192
@@ -64,8 +65,8 @@ class JwtVerifier:
             subject = claims.get(self.subject_claim)
             if isinstance(subject, str) and subject:
                 return f"jwt:sub:{subject}", claims.get(self.tier_claim)
-            client = claims.get(self.client_claim)
-            if isinstance(client, bool) or not isinstance(client, (str, int)) or client == "":
+            client = id_text(claims.get(self.client_claim))
+            if client is None:
                 return None  # verified, but it names no one
             return f"jwt:client_id:{client}", claims.get(self.tier_claim)
         return None
@@ -86,14 +87,15 @@ def read_jwt(config: Mapping[str, object]) -> JwtVerifier | None:
     if keys is None or keys == [] or keys == ():
         return None
     try:
-        jwt_algorithms = importlib.import_module("jwt.algorithms")
+        jwt = importlib.import_module("jwt")
     except ImportError:
         raise ConfigurationError(
             f"DISTLIMIT_JWT_KEYS is set, but PyJWT is not installed. {_JWT_HINT}"
         ) from None
 
     algs = _as_list(algorithms) if algorithms is not None else []
-    supported = sorted(a for a in jwt_algorithms.get_default_algorithms() if a != "none")
+    available = jwt.algorithms.get_default_algorithms()  # name -> PyJWT's Algorithm
+    supported = sorted(a for a in available if a != "none")
     if not algs or any(not isinstance(a, str) or a not in supported for a in algs):
         raise ConfigurationError(
             f"DISTLIMIT_JWT_ALGORITHMS must list the algorithms your tokens are signed with, "
@@ -121,19 +123,16 @@ def read_jwt(config: Mapping[str, object]) -> JwtVerifier | None:
 
     prepared: dict[str, list[object]] = {str(a): [] for a in algs}
     for index, key in enumerate(_as_list(keys)):
-        usable = False
-        for alg in prepared:
-            ready = _prepare_key(jwt_algorithms, alg, key, index)
-            if ready is not None:
-                prepared[alg].append(ready)
-                usable = True
-        if not usable:
+        ready = {alg: _prepare_key(available[alg], alg, key, index) for alg in prepared}
+        if all(prepared_key is None for prepared_key in ready.values()):
             raise ConfigurationError(
                 f"DISTLIMIT_JWT_KEYS[{index}] cannot verify any of DISTLIMIT_JWT_ALGORITHMS "
                 f"{list(prepared)}: an HMAC secret (str/bytes) needs HS256/HS384/HS512, a PEM "
                 "public key ('-----BEGIN PUBLIC KEY-----...') needs RS*/PS*/ES*/EdDSA."
             )
-    jwt = importlib.import_module("jwt")
+        for alg, prepared_key in ready.items():
+            if prepared_key is not None:
+                prepared[alg].append(prepared_key)
     errors = (jwt.PyJWTError, ValueError, TypeError, LookupError, OverflowError, RecursionError)
     require = ["exp", "aud"] + (["iss"] if issuer is not None else [])
     return JwtVerifier(
@@ -160,14 +159,13 @@ def _claim(config: Mapping[str, object], setting: str) -> str:
     return name
 
 
-def _prepare_key(jwt_algorithms: Any, alg: str, key: object, index: int) -> object | None:
+def _prepare_key(algorithm: Any, alg: str, key: object, index: int) -> object | None:
     """The key prepared by PyJWT for ``alg``, ``None`` when it is not a key of that family."""
     if not isinstance(key, (str, bytes)) or not key:
         raise ConfigurationError(
             f"DISTLIMIT_JWT_KEYS[{index}] must be a non-empty string or bytes (an HMAC secret or "
             f"a PEM public key), got a {type(key).__name__}."
         )
-    algorithm = jwt_algorithms.get_default_algorithms()[alg]
     try:
         ready: object = algorithm.prepare_key(key)
     except Exception:  # PyJWT raises InvalidKeyError, ValueError or TypeError for another family

@@ -7,17 +7,24 @@ it needs was read by :meth:`~flask_distlimit.identity.IdentitySettings.from_conf
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
+from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity.addresses import ClientAddresses
-from flask_distlimit.identity.api_keys import ApiKeys, ApiKeyVerifier
+from flask_distlimit.identity.api_keys import NO_SECRET, ApiKeys, ApiKeyVerifier, id_text
 from flask_distlimit.identity.settings import IdentitySettings
-from flask_distlimit.identity.tiers import ANONYMOUS, TierTable
+from flask_distlimit.identity.tiers import ANONYMOUS
 
 if TYPE_CHECKING:
     import flask
+
+logger = logging.getLogger(__name__)
+
+#: How many distinct unknown tier names are warned about (bounds the memory of "warned once").
+_MAX_WARNED_TIERS: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,11 +65,13 @@ class IdentityHooks:
 
 
 class IdentityResolver:
-    """Identifies requests according to :class:`IdentitySettings` (one per app)."""
+    """Identifies requests according to :class:`IdentitySettings` (one per app); a tier name
+    not in ``DISTLIMIT_TIERS`` counts as ``anonymous``, logged at WARNING once per name."""
 
     def __init__(self, settings: IdentitySettings) -> None:
         self.settings = settings
-        self._tiers = TierTable(settings.tiers)
+        self._tier_names = frozenset(settings.tiers)
+        self._warned_tiers: set[str] = set()
         self._api_keys = ApiKeys(settings.api_key_header, settings.api_key_secret)
         addresses = ClientAddresses(settings.trusted_proxies, settings.ipv6_prefix)
         #: ``client_ip(environ) -> "ip:<address>"`` of the client (see
@@ -84,41 +93,39 @@ class IdentityResolver:
         """Raise :class:`~flask_distlimit.errors.ConfigurationError` when the hooks cannot work
         with the settings.
 
-        Called by ``init_app`` and, for hooks set later, on every request that needs them.
+        Called by ``init_app`` and, for hooks set later, on every request.
         """
-        self._api_keys.check(hooks.api_key_verifier)
+        if hooks.api_key_verifier is not None and self.settings.api_key_secret is None:
+            raise ConfigurationError(NO_SECRET)
 
     # -- the request path --------------------------------------------------------------------
 
     def identify(self, request: flask.Request, hooks: IdentityHooks) -> Identity:
         """The identity of ``request``: user, JWT, API key or client IP, in that order."""
+        self.check_hooks(hooks)  # hooks may be set after init_app
         environ = request.environ
-        verifier = hooks.api_key_verifier
-        if verifier is not None and self.settings.api_key_secret is None:
-            self.check_hooks(hooks)  # raises
-        identity: Identity | None = None
-        if hooks.identity_loader is not None:
-            loaded = hooks.identity_loader()
-            if loaded is not None:
-                identity = self._user(loaded)
-        if identity is None and self._jwt is not None:
-            found = self._jwt.identify(environ.get("HTTP_AUTHORIZATION"))
-            if found is not None:
-                tier = self._tiers.known(found[1], "a JWT tier claim")
-                identity = Identity("jwt", found[0], tier)
-        if identity is None and verifier is not None:
-            found = self._api_keys.verify(environ, verifier)
-            if found is not None:
-                identity = Identity(
-                    "api_key", found[0], self._tiers.known(found[1], "the API key verifier")
-                )
-        if identity is None:
-            identity = self._anonymous(self.client_ip(environ))
+        identity = self._verified(environ, hooks) or self._anonymous(self.client_ip(environ))
         if hooks.tier_resolver is not None:
-            tier = self._tiers.known(hooks.tier_resolver(identity), "the tier resolver")
+            tier = self._known(hooks.tier_resolver(identity), "the tier resolver")
             if tier != identity.tier:
                 identity = Identity(identity.kind, identity.value, tier)
         return identity
+
+    def _verified(self, environ: Mapping[str, object], hooks: IdentityHooks) -> Identity | None:
+        """The first identity the app's loader, a JWT or an API key vouches for."""
+        loaded = hooks.identity_loader() if hooks.identity_loader is not None else None
+        user = self._user(loaded) if loaded is not None else None
+        if user is not None:
+            return user
+        if self._jwt is not None:
+            found = self._jwt.identify(environ.get("HTTP_AUTHORIZATION"))
+            if found is not None:
+                return Identity("jwt", found[0], self._known(found[1], "a JWT tier claim"))
+        verifier = hooks.api_key_verifier
+        found = self._api_keys.verify(environ, verifier) if verifier is not None else None
+        if found is not None:
+            return Identity("api_key", found[0], self._known(found[1], "the API key verifier"))
+        return None
 
     def _user(self, loaded: tuple[str, str | None]) -> Identity | None:
         try:
@@ -127,11 +134,28 @@ class IdentityResolver:
             raise TypeError(
                 f"The identity loader must return (id, tier or None) or None, got {loaded!r}."
             ) from None
-        if isinstance(user_id, bool) or not isinstance(user_id, (str, int)):
+        if user_id == "":
+            return None  # an empty id: anonymous
+        text = id_text(user_id)
+        if text is None:
             raise TypeError(
                 f"The identity loader returned the id {user_id!r}; an id is a str or int "
                 "(e.g. str(current_user.id))."
             )
-        if user_id == "":
-            return None
-        return Identity("user", f"user:{user_id}", self._tiers.known(tier, "the identity loader"))
+        return Identity("user", f"user:{text}", self._known(tier, "the identity loader"))
+
+    def _known(self, tier: object, source: str) -> str:
+        """``tier`` when the table knows it (any str when there is no table), else ANONYMOUS."""
+        if tier is None:
+            return ANONYMOUS
+        if isinstance(tier, str) and (tier in self._tier_names or not self._tier_names):
+            return tier  # with no tier table, a tier only names the client's plan in reports
+        shown = repr(tier)[:80]
+        if shown not in self._warned_tiers and len(self._warned_tiers) < _MAX_WARNED_TIERS:
+            self._warned_tiers.add(shown)
+            logger.warning(
+                "Unknown tier %s from %s: counted as %r. Add it to DISTLIMIT_TIERS (known: %s). "
+                "(Logged once per tier name.)",
+                shown, source, ANONYMOUS, sorted(self._tier_names),
+            )  # fmt: skip
+        return ANONYMOUS

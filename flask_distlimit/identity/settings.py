@@ -9,7 +9,6 @@ from typing import Final
 
 from flask_distlimit.core.limits import Rate
 from flask_distlimit.errors import ConfigurationError
-from flask_distlimit.identity.api_keys import api_key_digest_key
 from flask_distlimit.identity.digests import tag_secret
 from flask_distlimit.identity.jwt import JwtVerifier, read_jwt
 from flask_distlimit.identity.tiers import read_tiers
@@ -45,7 +44,7 @@ class IdentitySettings:
     trusted_proxies: int
     ipv6_prefix: int
     api_key_header: str
-    #: the key of API-key digests derived from the secret; ``None``: no secret is set
+    #: ``DISTLIMIT_API_KEY_SECRET``, else ``SECRET_KEY``, as bytes; ``None``: neither is set
     api_key_secret: bytes | None = field(repr=False)
     jwt: JwtVerifier | None
     #: the key of identity tags derived from the same secret
@@ -82,7 +81,7 @@ class IdentitySettings:
             trusted_proxies=trusted,
             ipv6_prefix=prefix,
             api_key_header=header,
-            api_key_secret=api_key_digest_key(secret) if secret is not None else None,
+            api_key_secret=secret,
             jwt=read_jwt(config),
             tag_secret=tag_secret(secret) if secret is not None else None,
         )

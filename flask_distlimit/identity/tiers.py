@@ -1,12 +1,11 @@
 """Tiers: the ``DISTLIMIT_TIERS`` table, and the tier names hooks, tokens and keys answer.
 
-A tier name not in the table counts as ``anonymous`` (logged at WARNING once per name); with no
-table, a tier only names the client's plan in reports.
+A tier name not in the table counts as ``anonymous`` (:class:`~.resolver.IdentityResolver`);
+with no table, a tier only names the client's plan in reports.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -15,13 +14,8 @@ from typing import Any, Final
 from flask_distlimit.core.limits import Rate, parse_rates
 from flask_distlimit.errors import ConfigurationError
 
-logger = logging.getLogger(__name__)
-
 #: The tier of every client that no hook, token or key places in another one.
 ANONYMOUS: Final = "anonymous"
-
-#: How many distinct unknown tier names are warned about (bounds the memory of "warned once").
-_MAX_WARNED: Final = 256
 
 _TIER_NAME: Final = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
@@ -65,28 +59,3 @@ def read_tiers(value: object) -> Mapping[str, tuple[Rate, ...]]:
             f"not identified, or whose tier is unknown, is counted in it. {accepted}"
         )
     return MappingProxyType(tiers)
-
-
-class TierTable:
-    """Maps tier names to known tiers, warning once per unknown name."""
-
-    __slots__ = ("_tiers", "_warned")
-
-    def __init__(self, tiers: Mapping[str, object]) -> None:
-        self._tiers = frozenset(tiers)
-        self._warned: set[str] = set()
-
-    def known(self, tier: object, source: str) -> str:
-        if tier is None:
-            return ANONYMOUS
-        if isinstance(tier, str) and (tier in self._tiers or not self._tiers):
-            return tier  # with no tier table, a tier only names the client's plan in reports
-        shown = repr(tier)[:80]
-        if shown not in self._warned and len(self._warned) < _MAX_WARNED:
-            self._warned.add(shown)
-            logger.warning(
-                "Unknown tier %s from %s: counted as %r. Add it to DISTLIMIT_TIERS (known: %s). "
-                "(Logged once per tier name.)",
-                shown, source, ANONYMOUS, sorted(self._tiers),
-            )  # fmt: skip
-        return ANONYMOUS

@@ -24,14 +24,14 @@ from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.declare.keys import limit_key
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity import (
-    ANONYMOUS,
-    INVALID_IP,
     Identity,
     IdentityHooks,
     IdentityResolver,
     IdentitySettings,
 )
+from flask_distlimit.identity.addresses import INVALID_IP
 from flask_distlimit.identity.digests import IdentityTags, tag_secret
+from flask_distlimit.identity.tiers import ANONYMOUS
 
 SECRET = "s3cret-for-hs256-tokens-0123456789abcdef"  # 40 bytes: long enough for HS256
 AUDIENCE = "https://api.example.test"
@@ -303,6 +303,12 @@ def test_ipv6_host_rotating_through_its_64_shares_one_identity() -> None:
 def test_ipv6_prefix_is_configurable(prefix: int, expected: str) -> None:
     resolver = make_resolver(make_app(DISTLIMIT_IPV6_PREFIX=prefix))
     assert resolver.client_ip({"REMOTE_ADDR": "2001:db8:aa:bb::1"}) == expected
+
+
+def test_a_zone_never_parts_one_ipv6_client_even_at_prefix_128() -> None:
+    resolver = make_resolver(make_app(DISTLIMIT_IPV6_PREFIX=128))
+    zoned = {resolver.client_ip({"REMOTE_ADDR": f"fe80::1%{zone}"}) for zone in ("eth0", "eth1")}
+    assert zoned == {"ip:fe80::1/128"}
 
 
 def test_forged_x_forwarded_for_from_an_untrusted_client_gets_no_fresh_quota() -> None:
