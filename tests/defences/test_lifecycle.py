@@ -396,9 +396,11 @@ def test_a_dropped_body_whose_close_raises_is_no_500_for_the_next_request(
     del cycle
     gc.collect()
     assert _held(app) == (1, 1)
-    with caplog.at_level(logging.ERROR, logger="flask_distlimit"):
-        with app.test_client().get("/other") as next_request:  # given back first
-            assert next_request.status_code == 200
+    with (
+        caplog.at_level(logging.ERROR, logger="flask_distlimit"),
+        app.test_client().get("/other") as next_request,  # given back first
+    ):
+        assert next_request.status_code == 200
     assert "the app's close failed" in caplog.text
     assert _held(app) == (0, 0)
 
