@@ -28,8 +28,8 @@ from flask_distlimit.errors import (
 #: identity digest key never expires, :mod:`.shared_value`).
 ACL_GRANTS: Final = (
     "+evalsha +script|load +script|exists +ping +scan +del +unlink +time +get +set +hset +hmget "
-    "+pexpire +persist +zadd +zcard +zcount +zrange +zrangebyscore +zrem +zremrangebyrank "
-    "+zremrangebyscore +zscore"
+    "+pexpire +persist +zadd +zcard +zcount +zrange +zrem +zremrangebyrank +zremrangebyscore "
+    "+zscore"
 )
 
 _T = TypeVar("_T")

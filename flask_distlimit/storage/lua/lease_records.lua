@@ -14,9 +14,14 @@ local function with_values(into, live, values)
 end
 
 if ARGV[1] == '' then  -- read: the 1,000 whose time is up soonest, of those not expired
-  -- ZRANGEBYSCORE, not ZRANGE ... BYSCORE: that form needs Redis 6.2 (the docs promise 5.0)
-  local live = redis.pcall('ZRANGEBYSCORE', KEYS[1], '(' .. now_ms, '+inf', 'LIMIT', 0, 1000)
+  -- by rank past the expired (the lowest scores): ZRANGE ... BYSCORE needs Redis 6.2 and
+  -- ZRANGEBYSCORE a grant of its own
   local reply = {now_ms}
+  local expired = redis.pcall('ZCOUNT', KEYS[1], '-inf', now_ms)
+  if type(expired) ~= 'number' then
+    return reply
+  end
+  local live = redis.pcall('ZRANGE', KEYS[1], expired, expired + 999)
   if type(live) ~= 'table' or live.err or #live == 0 then
     return reply
   end
