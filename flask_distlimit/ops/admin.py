@@ -63,16 +63,26 @@ def check_kind(identity: str) -> None:
         )
 
 
-def reset_identity(state: AppLimiter, identity: str) -> int:
-    """Delete every key of one identity (e.g. ``"ip:203.0.113.9"``, ``"func:alice"``); answer
-    how many. Raises :class:`ValueError` for a text that names no kind of identity."""
+def identity_keys(state: AppLimiter, identity: str) -> list[str]:
+    """Every stored key of one identity (e.g. ``"ip:203.0.113.9"``, ``"func:alice"``), found with
+    ``SCAN``. Raises :class:`ValueError` for a text that names no kind of identity."""
     check_kind(identity)
     state.tags.require()
+    return list(state.storage.scan(client_pattern(state.settings.key_prefix, identity, state.tags)))
+
+
+def delete_counts(state: AppLimiter, keys: list[str]) -> int:
+    """Delete these counts of clients, their leases in this process and the local denials;
+    answer how many keys existed."""
     if state.deny_cache is not None:
         state.deny_cache.clear()
-    keys = list(state.storage.scan(client_pattern(state.settings.key_prefix, identity, state.tags)))
     state.drop_leases(keys)  # units leased from the counts deleted below
     return state.storage.delete(keys) if keys else 0
+
+
+def reset_identity(state: AppLimiter, identity: str) -> int:
+    """Delete every key of one identity; answer how many (:func:`identity_keys`)."""
+    return delete_counts(state, identity_keys(state, identity))
 
 
 def checks_for(state: AppLimiter, identity: str, cost: int = 0) -> list[NamedCheck]:
