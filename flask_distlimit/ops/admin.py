@@ -11,7 +11,7 @@ from flask import current_app
 
 from flask_distlimit.core.decision import Check
 from flask_distlimit.declare.keys import IDENTITY_KINDS, client_pattern, identity_kind
-from flask_distlimit.declare.route_limits import BoundLimit, RoutePlan
+from flask_distlimit.declare.route_limits import RoutePlan
 from flask_distlimit.request.enforcement import AppLimiter
 from flask_distlimit.request.plans import is_static
 from flask_distlimit.storage.lease_records import records_key
@@ -101,21 +101,13 @@ def checks_for(state: AppLimiter, identity: str, cost: int = 0) -> list[NamedChe
     tag = state.tags.tag(identity)
     found: dict[str, NamedCheck] = {}
 
-    def add(b: BoundLimit) -> None:
-        if b.dynamic is not None:  # a dynamic value's rates are known per request only
-            return
-        key = b.key(tag)
-        check = Check(key, b.algorithm, b.rate.amount, b.rate.period, cost)
-        found.setdefault(key, NamedCheck(b.name, check))
-
-    for b in (*state.global_limits, *state.meta_limits):
-        add(b)
-    for bounds in state.tier_limits.values():
-        for b in bounds:
-            add(b)
-    for route in route_plans(state):
-        for b in route.plan.limits:
-            add(b)
+    tiers = [b for bounds in state.tier_limits.values() for b in bounds]
+    routes = [b for route in route_plans(state) for b in route.plan.limits]
+    for b in (*state.global_limits, *state.meta_limits, *tiers, *routes):
+        if b.dynamic is None:  # a dynamic value's rates are known per request only
+            key = b.key(tag)
+            check = Check(key, b.algorithm, b.rate.amount, b.rate.period, cost)
+            found.setdefault(key, NamedCheck(b.name, check))
     return list(found.values())
 
 
