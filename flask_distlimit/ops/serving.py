@@ -54,15 +54,9 @@ def _counted(name: str, processes: object, reason: str) -> Server:
     return Server(name, None, reason)
 
 
-def _started_by_gunicorn_command() -> bool:
-    program = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
-    return program.name == "gunicorn" or (
-        program.name == "__main__.py" and program.parent.name == "gunicorn"
-    )
-
-
 def _gunicorn() -> Server:
-    if not _started_by_gunicorn_command():
+    program = Path(sys.argv[0] if sys.argv else "")
+    if program.name != "gunicorn" and program.parts[-2:] != ("gunicorn", "__main__.py"):
         return Server("gunicorn", None, f"started by {sys.argv[0]!r}, not the gunicorn command")
     try:
         from gunicorn.app.wsgiapp import WSGIApplication
