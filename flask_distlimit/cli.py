@@ -193,7 +193,7 @@ class _Row:
     #: a leased limit: the most units each serving process may hold of it (counted as used)
     lease: int | None = None
     #: a leased limit: what each serving process published that it holds of this key
-    held: tuple[Holding, ...] = ()
+    held: Sequence[Holding] = ()
 
     def as_dict(self) -> dict[str, object]:
         d = self.decision
@@ -225,14 +225,7 @@ def _peek(state: LimiterState, identity: str) -> list[_Row]:
         if any(size is not None for size in sizes):  # what the serving processes published
             held = read_holdings(state.storage, state.lease_records_key())
     return [
-        _Row(
-            row.name,
-            row.check,
-            d,
-            row.check.key in stored,
-            size,
-            tuple(held.get(row.check.key, ())),
-        )
+        _Row(row.name, row.check, d, row.check.key in stored, size, held.get(row.check.key, ()))
         for row, d, size in zip(named, evaluation.decisions, sizes, strict=True)
     ]
 
