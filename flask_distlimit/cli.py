@@ -20,10 +20,9 @@ from flask.cli import AppGroup
 
 from flask_distlimit.cli_limits import endpoint_of, limit_rows
 from flask_distlimit.core.decision import Check, Decision
-from flask_distlimit.declare.keys import client_pattern
 from flask_distlimit.errors import StorageError
 from flask_distlimit.extension import Limiter
-from flask_distlimit.ops.admin import NamedCheck, check_kind
+from flask_distlimit.ops.admin import NamedCheck, check_kind, delete_counts, identity_keys
 from flask_distlimit.resilience.holdings import Holding, read_holdings
 from flask_distlimit.state import LimiterState
 from flask_distlimit.storage.urls import mask_url
@@ -194,7 +193,7 @@ class _Row:
     #: a leased limit: the most units each serving process may hold of it (counted as used)
     lease: int | None = None
     #: a leased limit: what each serving process published that it holds of this key
-    held: tuple[Holding, ...] = ()
+    held: Sequence[Holding] = ()
 
     def as_dict(self) -> dict[str, object]:
         d = self.decision
@@ -217,31 +216,18 @@ def _peek(state: LimiterState, identity: str) -> list[_Row]:
     named = state.checks_for(identity, cost=0)
     if not named:
         return []
-    stored = _scan(state, identity)
     checks = [row.check for row in named]
     sizes = [state.lease_size(check.key) for check in checks]
     held: dict[str, list[Holding]] = {}
     with _storage_answers():
+        stored = set(identity_keys(state, identity))
         evaluation = state.storage.evaluate(checks)
         if any(size is not None for size in sizes):  # what the serving processes published
             held = read_holdings(state.storage, state.lease_records_key())
     return [
-        _Row(
-            row.name,
-            row.check,
-            d,
-            row.check.key in stored,
-            size,
-            tuple(held.get(row.check.key, ())),
-        )
+        _Row(row.name, row.check, d, row.check.key in stored, size, held.get(row.check.key, ()))
         for row, d, size in zip(named, evaluation.decisions, sizes, strict=True)
     ]
-
-
-def _scan(state: LimiterState, identity: str) -> set[str]:
-    with _storage_answers():
-        pattern = client_pattern(state.settings.key_prefix, identity, state.tags)
-        return set(state.storage.scan(pattern))
 
 
 @_command("inspect")
@@ -330,7 +316,8 @@ def reset(identity: str, ip: bool, api_key: bool, limits: tuple[str, ...], dry_r
     """
     state = _state()
     who = _identity(state, identity, ip=ip, api_key=api_key)
-    stored = _scan(state, who)
+    with _storage_answers():
+        stored = set(identity_keys(state, who))
     if limits:
         stored &= _select(state.checks_for(who, cost=0), limits)
     if dry_run:
@@ -339,9 +326,7 @@ def reset(identity: str, ip: bool, api_key: bool, limits: tuple[str, ...], dry_r
         click.echo(f"{len(stored)} key(s) would be deleted for {who}.")
         return
     with _storage_answers():
-        deleted = state.storage.delete(sorted(stored)) if stored else 0
-    if state.deny_cache is not None:
-        state.deny_cache.clear()
+        deleted = delete_counts(state, sorted(stored))
     click.echo(f"Deleted {deleted} key(s) of {who}.")
 
 

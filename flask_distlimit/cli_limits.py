@@ -43,43 +43,43 @@ def _notes(b: BoundLimit) -> str:
     return ", ".join(notes)
 
 
+#: The columns of a route with no limit (or exempt) beside its ``limit`` cell.
+_NO_LIMIT: dict[str, object] = dict.fromkeys(
+    ("value", "kind", "algorithm", "key", "on_failure", "notes"), ""
+)
+
+
+def _columns(b: BoundLimit, policy: str) -> dict[str, object]:
+    return {
+        "limit": b.name,
+        "value": b.shown,
+        "kind": _kind(b),
+        "algorithm": b.algorithm,
+        "key": _key_kind(b),
+        "on_failure": policy,
+        "notes": _notes(b),
+    }
+
+
 def limit_rows(
     state: LimiterState, endpoint: str | None, method: str | None
 ) -> list[dict[str, object]]:
     """Every limit's row, or one ``endpoint``'s and/or ``method``'s (global and tier: always)."""
-    rows: list[dict[str, object]] = []
-    default_policy = state.settings.failure_policy
-
-    def row(endpoint: str, methods: str, rule: str, b: BoundLimit | None, **extra: object) -> None:
-        rows.append(
-            {
-                "endpoint": endpoint,
-                "methods": methods,
-                "rule": rule,
-                "limit": b.name if b is not None else extra.get("limit", "-"),
-                "value": b.shown if b is not None else "",
-                "kind": _kind(b) if b is not None else "",
-                "algorithm": b.algorithm if b is not None else "",
-                "key": _key_kind(b) if b is not None else "",
-                "on_failure": extra.get("policy", default_policy) if b is not None else "",
-                "notes": _notes(b) if b is not None else "",
-            }
-        )
-
-    for b in state.global_limits:
-        row("*", "*", "every request", b)
-    for tier, bounds in state.tier_limits.items():
-        for b in bounds:
-            row("*", "*", f"every request of tier {tier}", b)
+    policy = state.settings.failure_policy
+    everywhere = [("every request", state.global_limits)]
+    everywhere += [(f"every request of tier {t}", b) for t, b in state.tier_limits.items()]
+    rows: list[dict[str, object]] = [
+        {"endpoint": "*", "methods": "*", "rule": rule, **_columns(b, policy)}
+        for rule, bounds in everywhere
+        for b in bounds
+    ]
     for name, rule, m, plan in route_plans(state, endpoint):
         if method is not None and m != method:
             continue
-        if plan.exempt:
-            row(name, m, rule, None, limit="exempt")
-        elif not plan.limits:
-            row(name, m, rule, None)
-        for b in plan.limits:
-            row(name, m, rule, b, policy=plan.policy or default_policy)
+        route = {"endpoint": name, "methods": m, "rule": rule}
+        if plan.exempt or not plan.limits:
+            rows.append({**route, "limit": "exempt" if plan.exempt else "-", **_NO_LIMIT})
+        rows += ({**route, **_columns(b, plan.policy or policy)} for b in plan.limits)
     return rows
 
 

@@ -11,7 +11,7 @@ from flask import current_app
 
 from flask_distlimit.core.decision import Check
 from flask_distlimit.declare.keys import IDENTITY_KINDS, client_pattern, identity_kind
-from flask_distlimit.declare.route_limits import BoundLimit, RoutePlan
+from flask_distlimit.declare.route_limits import RoutePlan
 from flask_distlimit.request.enforcement import AppLimiter
 from flask_distlimit.request.plans import is_static
 from flask_distlimit.storage.lease_records import records_key
@@ -63,16 +63,26 @@ def check_kind(identity: str) -> None:
         )
 
 
-def reset_identity(state: AppLimiter, identity: str) -> int:
-    """Delete every key of one identity (e.g. ``"ip:203.0.113.9"``, ``"func:alice"``); answer
-    how many. Raises :class:`ValueError` for a text that names no kind of identity."""
+def identity_keys(state: AppLimiter, identity: str) -> list[str]:
+    """Every stored key of one identity (e.g. ``"ip:203.0.113.9"``, ``"func:alice"``), found with
+    ``SCAN``. Raises :class:`ValueError` for a text that names no kind of identity."""
     check_kind(identity)
     state.tags.require()
+    return list(state.storage.scan(client_pattern(state.settings.key_prefix, identity, state.tags)))
+
+
+def delete_counts(state: AppLimiter, keys: list[str]) -> int:
+    """Delete these counts of clients, their leases in this process and the local denials;
+    answer how many keys existed."""
     if state.deny_cache is not None:
         state.deny_cache.clear()
-    keys = list(state.storage.scan(client_pattern(state.settings.key_prefix, identity, state.tags)))
     state.drop_leases(keys)  # units leased from the counts deleted below
     return state.storage.delete(keys) if keys else 0
+
+
+def reset_identity(state: AppLimiter, identity: str) -> int:
+    """Delete every key of one identity; answer how many (:func:`identity_keys`)."""
+    return delete_counts(state, identity_keys(state, identity))
 
 
 def checks_for(state: AppLimiter, identity: str, cost: int = 0) -> list[NamedCheck]:
@@ -91,21 +101,13 @@ def checks_for(state: AppLimiter, identity: str, cost: int = 0) -> list[NamedChe
     tag = state.tags.tag(identity)
     found: dict[str, NamedCheck] = {}
 
-    def add(b: BoundLimit) -> None:
-        if b.dynamic is not None:  # a dynamic value's rates are known per request only
-            return
-        key = b.key(tag)
-        check = Check(key, b.algorithm, b.rate.amount, b.rate.period, cost)
-        found.setdefault(key, NamedCheck(b.name, check))
-
-    for b in (*state.global_limits, *state.meta_limits):
-        add(b)
-    for bounds in state.tier_limits.values():
-        for b in bounds:
-            add(b)
-    for route in route_plans(state):
-        for b in route.plan.limits:
-            add(b)
+    tiers = [b for bounds in state.tier_limits.values() for b in bounds]
+    routes = [b for route in route_plans(state) for b in route.plan.limits]
+    for b in (*state.global_limits, *state.meta_limits, *tiers, *routes):
+        if b.dynamic is None:  # a dynamic value's rates are known per request only
+            key = b.key(tag)
+            check = Check(key, b.algorithm, b.rate.amount, b.rate.period, cost)
+            found.setdefault(key, NamedCheck(b.name, check))
     return list(found.values())
 
 

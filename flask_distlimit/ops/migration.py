@@ -137,14 +137,9 @@ def key_func_message(func: object) -> str:
 
 def options_message(names: Iterable[str]) -> str:
     """The TypeError text for keyword arguments ``Limiter`` does not take."""
-    parts: list[str] = []
-    unknown: list[str] = []
-    for name in names:
-        hint = CONSTRUCTOR.get(name)
-        if hint is None:
-            unknown.append(name)
-        else:
-            parts.append(f"{name}: {hint}")
+    names = list(names)
+    parts = [f"{name}: {CONSTRUCTOR[name]}" for name in names if name in CONSTRUCTOR]
+    unknown = [name for name in names if name not in CONSTRUCTOR]
     if unknown and not parts:
         return (
             f"Limiter() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; it "

@@ -16,13 +16,11 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
 
 from flask_distlimit.storage.base import Storage
 
 log = logging.getLogger("flask_distlimit.serving")  # a public name (docs/failure-modes.md), kept
 
-_MEMORY: Final = "memory"
 #: The pid of the process that has logged the warning (one line per process).
 _warned_in: int | None = None
 
@@ -56,15 +54,9 @@ def _counted(name: str, processes: object, reason: str) -> Server:
     return Server(name, None, reason)
 
 
-def _started_by_gunicorn_command() -> bool:
-    program = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
-    return program.name == "gunicorn" or (
-        program.name == "__main__.py" and program.parent.name == "gunicorn"
-    )
-
-
 def _gunicorn() -> Server:
-    if not _started_by_gunicorn_command():
+    program = Path(sys.argv[0] if sys.argv else "")
+    if program.name != "gunicorn" and program.parts[-2:] != ("gunicorn", "__main__.py"):
         return Server("gunicorn", None, f"started by {sys.argv[0]!r}, not the gunicorn command")
     try:
         from gunicorn.app.wsgiapp import WSGIApplication
@@ -94,10 +86,8 @@ def _undone_side_effects() -> Iterator[None]:
     try:
         yield
     finally:
-        if os.getcwd() != cwd:
-            os.chdir(cwd)
-        if sys.path != path:
-            sys.path[:] = path
+        os.chdir(cwd)
+        sys.path[:] = path
         if module is missing:
             sys.modules.pop("__config__", None)
         else:
@@ -112,7 +102,7 @@ def warn_if_memory_per_process(storage_url: str, storage: Storage | None = None)
     """
     global _warned_in
     scheme = storage.scheme if storage is not None else storage_url.partition("://")[0].lower()
-    if scheme != _MEMORY or _warned_in == os.getpid():
+    if scheme != "memory" or _warned_in == os.getpid():
         return
     try:
         server = detect_server()
@@ -122,26 +112,17 @@ def warn_if_memory_per_process(storage_url: str, storage: Storage | None = None)
     if server is None or server.processes == 1:
         return
     _warned_in = os.getpid()
-    fix = (
-        "Point DISTLIMIT_STORAGE_URL at a Redis all processes share, e.g. "
-        "redis://localhost:6379/0 (memory:// is for tests and one-process development)."
-    )
     if server.processes is None:
-        log.warning(
-            "The rate-limit storage is memory:// and this app is served by %s, which may run "
-            "several worker processes (their number is unknown: %s). Each process keeps its own "
-            "counters: with several, every limit is multiplied by the number of processes. %s",
-            server.name,
-            server.reason,
-            fix,
+        served = (
+            f"{server.name}, which may run several worker processes (their number is unknown: "
+            f"{server.reason})"
         )
     else:
-        log.warning(
-            "The rate-limit storage is memory:// and this app is served by %s with %d worker "
-            "processes. Each process keeps its own counters, so every limit is multiplied by "
-            "the number of processes (%d here). %s",
-            server.name,
-            server.processes,
-            server.processes,
-            fix,
-        )
+        served = f"{server.name} with {server.processes} worker processes"
+    log.warning(
+        "The rate-limit storage is memory:// and this app is served by %s. Each process keeps "
+        "its own counters: with several, every limit is multiplied by the number of processes. "
+        "Point DISTLIMIT_STORAGE_URL at a Redis all processes share, e.g. "
+        "redis://localhost:6379/0 (memory:// is for tests and one-process development).",
+        served,
+    )
