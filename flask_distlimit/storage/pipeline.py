@@ -145,41 +145,10 @@ class Pipeline:
                 self._queue.append(call)
         if call.state != _LEAD:
             self._follow(call, wait_until)
-        if call.state == _LEAD:
-            self._lead(call, wait_until)
-        return call
-
-    def _follow(self, call: Call, wait_until: float) -> None:
-        """Wait until ``call`` is answered or handed the lead; raise
-        :class:`~.pool.NoConnectionAvailable` when no batch took it by ``wait_until``."""
-        try:
-            if call.wake.acquire(timeout=max(0.0, wait_until - time.monotonic())):
-                return
-            with self._lock:
-                if call.state == _QUEUED:  # never taken: it leaves, nothing was sent
-                    self._queue.remove(call)
-                    raise NoConnectionAvailable("No batch took the call in time.")
-            # taken into a batch (or handed the lead) meanwhile: its leader answers it
-            call.wake.acquire()
-        except NoConnectionAvailable:
-            raise
-        except BaseException:
-            # Interrupted while it waited (a signal handler's exception, a gevent Timeout): it
-            # leaves the queue, and a lead handed to it goes on to the next call, or the
-            # pipeline would lose a connection for good. A batch that took it answers nobody.
-            with self._lock:
-                state = call.state
-                if state == _QUEUED:
-                    self._queue.remove(call)
-            if state == _LEAD:
-                self._hand_on(call.connection)
-            raise
-
-    # -- leading a batch -----------------------------------------------------------------------
-
-    def _lead(self, call: Call, wait_until: float) -> None:
-        """Lead a batch from ``call``: on the connection handed over (or one from the pool),
-        then hand the connection to the next queued call, or give it back."""
+            if call.state != _LEAD:  # answered by its batch's leader
+                return call
+        # It leads a batch: on the connection handed over (or one from the pool), then hands
+        # the connection to the next queued call, or gives it back.
         connection = call.connection
         call.connection = None
         batch = [call]
@@ -215,6 +184,33 @@ class Pipeline:
             if len(batch) > 1:  # a batch of one wakes nobody (the usual request: no call)
                 self._wake(batch, call)
             self._hand_on(connection)
+        return call
+
+    def _follow(self, call: Call, wait_until: float) -> None:
+        """Wait until ``call`` is answered or handed the lead; raise
+        :class:`~.pool.NoConnectionAvailable` when no batch took it by ``wait_until``."""
+        try:
+            if call.wake.acquire(timeout=max(0.0, wait_until - time.monotonic())):
+                return
+            with self._lock:
+                if call.state == _QUEUED:  # never taken: it leaves, nothing was sent
+                    self._queue.remove(call)
+                    raise NoConnectionAvailable("No batch took the call in time.")
+            # taken into a batch (or handed the lead) meanwhile: its leader answers it
+            call.wake.acquire()
+        except NoConnectionAvailable:
+            raise
+        except BaseException:
+            # Interrupted while it waited (a signal handler's exception, a gevent Timeout): it
+            # leaves the queue, and a lead handed to it goes on to the next call, or the
+            # pipeline would lose a connection for good. A batch that took it answers nobody.
+            with self._lock:
+                state = call.state
+                if state == _QUEUED:
+                    self._queue.remove(call)
+            if state == _LEAD:
+                self._hand_on(call.connection)
+            raise
 
     def _expire(self, batch: list[Call]) -> list[Call]:
         """Redis late: the calls of ``batch`` whose deadline has passed are answered with a

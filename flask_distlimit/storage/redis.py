@@ -216,11 +216,35 @@ class RedisStorage(RedisSideCalls):
                     checks, groups, lambda parts, refund: self._run_parts(parts, now_us, refund)
                 )
         keys, args = script_args(checks, now_us)
-        try:
-            if self.pool is not None:
-                reply = self._run(self.pool, keys, args, settles(checks))
-            else:  # a client passed in: redis-py's Script (EVALSHA, SCRIPT LOAD on NOSCRIPT)
+        pool = self.pool
+        if pool is None:  # a client passed in: redis-py's Script (EVALSHA, SCRIPT LOAD on NOSCRIPT)
+            try:
                 reply = self._script(keys, args)
+            except REDIS_FAILURES as exc:
+                raise self._failure(exc) from exc
+            return parse_reply(reply, checks)
+        # The limit script's EVALSHA in a batch of the pipeline, with a request token while the
+        # tokens are armed or when the call settles a reservation (made once,
+        # :func:`~.tokens.settles`): the wait for a batch by the queue budget, the reply by one
+        # Redis deadline (module docstring).
+        now = time.monotonic()
+        wait_until = now + pool.queue_timeout
+        tokens = self.tokens
+        token = tokens.key(keys[0]) if now < tokens.armed_until or settles(checks) else None
+        command = self._packer.pack(keys, args, token, tokens.first)
+        try:
+            call = self.pipeline.call(command, wait_until)
+            if isinstance(call.error, ReadOnlyError) and self._sentinel is not None:
+                # A demoted master (a failover): it wrote nothing. Every connection goes to the
+                # master the Sentinels name now, and the request is made there once.
+                pool.disconnect()
+                call = self.pipeline.call(command, wait_until)
+            if call.lost:
+                reply = self._repeat(pool, call, (keys, args, token), wait_until)
+            elif call.error is not None:
+                raise call.error
+            else:
+                reply = call.reply
         except REDIS_FAILURES as exc:
             raise self._failure(exc) from exc
         return parse_reply(reply, checks)
@@ -234,27 +258,6 @@ class RedisStorage(RedisSideCalls):
         if isinstance(exc, redis.ConnectionError):
             self.tokens.arm()
         return storage_error(exc)
-
-    def _run(self, pool: DeadlinePool, keys: list[str], args: list[str | int], once: bool) -> Any:
-        """The limit script's EVALSHA of ``keys`` and ``args`` in a batch of the pipeline, with a
-        request token while the storage's tokens are armed or ``once`` (a settlement: made
-        once, :func:`~.tokens.settles`): the wait for a batch by the queue
-        budget, the reply by one Redis deadline (module docstring)."""
-        now = time.monotonic()
-        wait_until = now + pool.queue_timeout
-        token = self.tokens.key(keys[0]) if once else self.tokens.key_if_armed(keys[0], now)
-        command = self._packer.pack(keys, args, token, self.tokens.first)
-        call = self.pipeline.call(command, wait_until)
-        if isinstance(call.error, ReadOnlyError) and self._sentinel is not None:
-            # A demoted master (a failover): it wrote nothing. Every connection goes to the
-            # master the Sentinels name now, and the request is made there once.
-            pool.disconnect()
-            call = self.pipeline.call(command, wait_until)
-        if call.lost:
-            return self._repeat(pool, call, (keys, args, token), wait_until)
-        if call.error is not None:
-            raise call.error
-        return call.reply
 
     def _run_parts(
         self, parts: list[list[Check]], now_us: int | None, refund: bool
