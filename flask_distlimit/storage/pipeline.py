@@ -65,28 +65,15 @@ class Call:
     ``deadline``, the Redis deadline of the batch it went in (for a repeat).
     """
 
-    __slots__ = (
-        "asked",
-        "command",
-        "connection",
-        "deadline",
-        "error",
-        "lost",
-        "reply",
-        "state",
-        "wake",
-    )
-
-    def __init__(self, command: bytes) -> None:
-        self.command = command
-        self.asked = 0.0  # when it queued (a call that leads at once: when Redis is late)
-        self.reply: Any = _UNREAD
-        self.error: BaseException | None = None
-        self.lost = False
-        self.deadline = 0.0
-        self.state = _QUEUED
-        self.connection: Any = None  # handed to a follower promoted to lead
-        self.wake: Any = None  # a held lock a follower waits on
+    command: bytes
+    asked = 0.0  # when it queued (a call that leads at once: when Redis is late)
+    reply: Any = _UNREAD
+    error: BaseException | None = None
+    lost = False
+    deadline = 0.0
+    state = _QUEUED
+    connection: Any = None  # handed to a follower promoted to lead
+    wake: Any = None  # a held lock a follower waits on
 
 
 class Pipeline:
@@ -108,7 +95,8 @@ class Pipeline:
         self.pool = pool
         self.width = max(1, min(width, pool.max_connections))
         self.max_batch = max(1, max_batch)
-        self._load = load
+        #: packs the script's ``SCRIPT LOAD`` for a connection
+        self.load = load
         self._trouble = trouble
         #: the script is known loaded (else the next batch sends ``SCRIPT LOAD`` first)
         self.loaded = False
@@ -133,7 +121,8 @@ class Pipeline:
         :class:`Call`."""
         if self.pid != os.getpid():
             self.reset()
-        call = Call(command)
+        call = Call()  # its fields start at the class's defaults
+        call.command = command
         with self._lock:
             if self._leading < self.width:
                 self._leading += 1
@@ -231,7 +220,7 @@ class Pipeline:
         """Send ``batch`` in one write, read one reply per call by ``due``, the oldest call's
         deadline (but a moment after the send at least), else a timeout after the send."""
         pool = self.pool
-        preload = None if self.loaded else self._load(connection)
+        preload = None if self.loaded else self.load(connection)
         payload = batch[0].command if len(batch) == 1 else b"".join([c.command for c in batch])
         if preload is not None:
             payload = preload + payload
@@ -267,7 +256,7 @@ class Pipeline:
             self.late = False  # answered in time: Redis is not late (now)
         if missing:  # NOSCRIPT: load the script, send those calls once more, in one write
             self.loaded = False
-            load = self._load(connection)
+            load = self.load(connection)
             pool.send(connection, [load + b"".join([c.command for c in missing])])
             if self._loaded_reply(connection, missing, deadline):
                 self.loaded = True

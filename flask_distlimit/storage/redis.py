@@ -311,8 +311,7 @@ class RedisStorage(RedisSideCalls):
             try:
                 return pool.read(connection, deadline)
             except NoScriptError:  # the script did not run: load it, run it again
-                load = b"".join(connection.pack_command("SCRIPT", "LOAD", SCRIPT_SOURCE))
-                pool.send(connection, [load + again[0]])
+                pool.send(connection, [self.pipeline.load(connection) + again[0]])
                 pool.read(connection, deadline)
                 return pool.read(connection, deadline)
 
