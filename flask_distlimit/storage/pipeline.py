@@ -218,12 +218,14 @@ class Pipeline:
 
     def _run(self, connection: Any, batch: list[Call], due: float | None) -> None:
         """Send ``batch`` in one write, read one reply per call by ``due``, the oldest call's
-        deadline (but a moment after the send at least), else a timeout after the send."""
+        deadline (but a moment after the send at least), else a timeout after the send. The
+        calls answered ``NOSCRIPT`` are sent once more behind a ``SCRIPT LOAD``, in one write;
+        a second ``NOSCRIPT`` is their error."""
         pool = self.pool
-        preload = None if self.loaded else self.load(connection)
+        load = None if self.loaded else self.load(connection)
         payload = batch[0].command if len(batch) == 1 else b"".join([c.command for c in batch])
-        if preload is not None:
-            payload = preload + payload
+        if load is not None:
+            payload = load + payload
         try:
             pool.send(connection, [payload])
         except redis.ConnectionError:
@@ -247,55 +249,48 @@ class Pipeline:
                 pool.broken(connection)
                 self._lost(batch, exc, deadline)
                 return
-        if preload is not None:
-            if not self._loaded_reply(connection, batch, deadline):
+        todo, again = batch, False
+        while True:
+            if load is not None:
+                # the SCRIPT LOAD's reply: an error reply (an ACL without SCRIPT LOAD) is left
+                # to the calls' own replies to tell
+                try:
+                    pool.read(connection, deadline)
+                except redis.ResponseError:
+                    pass
+                except redis.ConnectionError as exc:
+                    self._lost(todo, exc, deadline)
+                    return
+                self.loaded = True
+            missing: list[Call] = []
+            for n, call in enumerate(todo):
+                call.deadline = deadline
+                try:
+                    call.reply = pool.read(connection, deadline)
+                except NoScriptError as exc:
+                    if again:
+                        call.error = exc
+                    else:
+                        missing.append(call)
+                except redis.ResponseError as exc:
+                    call.error = exc  # read whole: the next reply is the next call's
+                except redis.ConnectionError as exc:
+                    self._lost(todo[n:], exc, deadline)
+                    missing = []
+                    break
+            if (
+                not again
+                and not watched
+                and self.late
+                and time.monotonic() - sent < pool.timeout / 2
+            ):
+                self.late = False  # answered in time: Redis is not late (now)
+            if not missing:
                 return
-            self.loaded = True
-        missing = self._read(connection, batch, deadline)
-        if not watched and self.late and time.monotonic() - sent < pool.timeout / 2:
-            self.late = False  # answered in time: Redis is not late (now)
-        if missing:  # NOSCRIPT: load the script, send those calls once more, in one write
             self.loaded = False
             load = self.load(connection)
             pool.send(connection, [load + b"".join([c.command for c in missing])])
-            if self._loaded_reply(connection, missing, deadline):
-                self.loaded = True
-                self._read(connection, missing, deadline, again=True)
-
-    def _loaded_reply(self, connection: Any, batch: list[Call], deadline: float) -> bool:
-        """Read a ``SCRIPT LOAD``'s reply sent ahead of ``batch``: ``False`` when the
-        connection closed under it (``batch`` is lost). An error reply (an ACL without
-        ``SCRIPT LOAD``) is left to the calls' own replies to tell."""
-        try:
-            self.pool.read(connection, deadline)
-        except redis.ResponseError:
-            pass
-        except redis.ConnectionError as exc:
-            self._lost(batch, exc, deadline)
-            return False
-        return True
-
-    def _read(
-        self, connection: Any, batch: list[Call], deadline: float, again: bool = False
-    ) -> list[Call]:
-        """Each call's reply, in order; the calls answered ``NOSCRIPT`` (none when ``again``:
-        then it is their error)."""
-        missing: list[Call] = []
-        for n, call in enumerate(batch):
-            call.deadline = deadline
-            try:
-                call.reply = self.pool.read(connection, deadline)
-            except NoScriptError as exc:
-                if again:
-                    call.error = exc
-                else:
-                    missing.append(call)
-            except redis.ResponseError as exc:
-                call.error = exc  # read whole: the next reply is the next call's
-            except redis.ConnectionError as exc:
-                self._lost(batch[n:], exc, deadline)
-                return []
-        return missing
+            todo, again = missing, True
 
     def _lost(self, calls: list[Call], exc: redis.ConnectionError, deadline: float) -> None:
         """The connection closed under ``calls``, sent: each may have run."""
