@@ -166,12 +166,13 @@ class Pipeline:
                 self.pool.broken(connection)  # a reply may be left unread
             if isinstance(exc, redis.TimeoutError):
                 self.late = True
-            self._fail(batch, exc, call)
+            self._fail(batch, exc)
             if not isinstance(exc, Exception):
                 raise  # an interrupt of the leader's own (a signal handler's, a timeout's)
         finally:
-            if len(batch) > 1:  # a batch of one wakes nobody (the usual request: no call)
-                self._wake(batch, call)
+            for follower in batch[1:]:  # each is answered (a batch of one wakes nobody)
+                follower.state = _DONE
+                follower.wake.release()
             self._hand_on(connection)
         return call
 
@@ -298,10 +299,11 @@ class Pipeline:
         for call in calls:
             call.error, call.lost, call.deadline = copy.copy(exc), True, deadline
 
-    def _fail(self, batch: list[Call], exc: BaseException, leader: Call) -> None:
+    def _fail(self, batch: list[Call], exc: BaseException) -> None:
         """``exc`` ended the batch. An outage (a timeout, a send that failed twice) is the
-        error of every call not answered; an interrupt of the leader (not an ``Exception``)
-        leaves them lost (they may have run: each is made again) and is the leader's own."""
+        error of every call not answered; an interrupt of the leader (``batch[0]``, not an
+        ``Exception``) leaves them lost (they may have run: each is made again) and is the
+        leader's own."""
         interrupted = not isinstance(exc, Exception)
         for call in batch:
             if call.error is None and call.reply is _UNREAD:  # not answered
@@ -311,14 +313,7 @@ class Pipeline:
                 else:
                     call.error = copy.copy(exc)  # each raises its own
         if interrupted:
-            leader.error, leader.lost = exc, False
-
-    def _wake(self, batch: list[Call], leader: Call) -> None:
-        """Wake the followers of ``batch`` (all but its ``leader``): each is answered."""
-        for call in batch:
-            if call is not leader:
-                call.state = _DONE
-                call.wake.release()
+            batch[0].error, batch[0].lost = exc, False
 
     def _hand_on(self, connection: Any) -> None:
         """Hand the connection to the oldest queued call (it leads next), or give it back."""
