@@ -24,11 +24,10 @@ PACKAGE = "/flask_distlimit/"
 
 #: Package calls (Python functions of flask_distlimit entered, a record's generated constructor
 #: included) of the traced request: a ratchet, lowered as the request path is simplified (73
-#: when it was written, then 66 and 58; 52 at the end of 2026-12-05, the first figure to count
-#: generated constructors too: 51 without the one the earlier figures missed; room for the
-#: garbage collector's callbacks and a heartbeat that falls due; issue 36 aims at 35). 49 once
-#: the storage chain lost RedisStorage._run, Pipeline._lead, _read and Call.__init__ and the
-#: token's key_if_armed.
+#: when it was written, then 66 and 58; 52 once generated constructors were counted too, 51
+#: without the one the earlier figures missed; 49 once the storage chain lost
+#: RedisStorage._run, Pipeline._lead, Pipeline._read, Call.__init__ and key_if_armed). Room for
+#: the garbage collector's callbacks and a heartbeat that falls due; issue 36 aims at 35.
 MOST_CALLS = 53
 
 
