@@ -24,8 +24,8 @@ PACKAGE = "/flask_distlimit/"
 
 #: Package calls (Python functions of flask_distlimit entered, a record's generated constructor
 #: included) of the traced request: a ratchet, lowered as the request path is simplified (73
-#: when it was written, then 66 and 58; 52 once generated constructors were counted too, 51
-#: without the one the earlier figures missed; 49 once the storage chain lost
+#: when it was written, then 66 and 58; 52 once generated constructors were counted too (the
+#: earlier figures missed two named tuples'); 49 once the storage chain lost
 #: RedisStorage._run, Pipeline._lead, Pipeline._read, Call.__init__ and key_if_armed; 47 with no
 #: call to the verified identities' readers for a client no hook can vouch for). Room for
 #: the garbage collector's callbacks and a heartbeat that falls due; issue 36 aims at 35.
