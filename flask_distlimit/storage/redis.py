@@ -312,7 +312,10 @@ class RedisStorage(RedisSideCalls):
                 return pool.read(connection, deadline)
             except NoScriptError:  # the script did not run: load it, run it again
                 pool.send(connection, [self.pipeline.load(connection) + again[0]])
-                pool.read(connection, deadline)
+                # the load's error reply (BUSY, an ACL without SCRIPT LOAD) is the repeat's to
+                # tell, as in the pipeline: its reply is read all the same, none left unread
+                with contextlib.suppress(redis.ResponseError):
+                    pool.read(connection, deadline)
                 return pool.read(connection, deadline)
 
         connection = pool.checkout(wait_until, connect=False)  # repeat_call connects it

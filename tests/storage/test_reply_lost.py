@@ -35,6 +35,7 @@ from flask_distlimit.engine.scripts import SCRIPT_SOURCE, script_args, token_key
 from flask_distlimit.errors import StorageBusy, StorageReplyLost, StorageUnavailable
 from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.storage.memory import MemoryStorage
+from flask_distlimit.storage.pipeline import Call
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.storage.tokens import ARMED_FOR, REPEATS, RequestTokens
 from tests.faults import cut_under_the_request
@@ -630,3 +631,53 @@ def test_a_settlement_whose_reply_was_lost_is_made_once_even_when_calm(
     expected = 2 if kind == "release" else 8
     assert _count(redis_client) == expected  # once, not twice
     assert settled.decisions[0].remaining == 10 - expected
+
+
+class _ScriptedPool:
+    """A pool whose one connection answers ``replies`` in order (an exception is an error
+    reply), counting what the caller sent and left unread."""
+
+    def __init__(self, *replies: object) -> None:
+        self.replies = list(replies)
+        self.connection = redis.Connection()  # never connected: it packs commands only
+
+    def checkout(self, wait_until: float, **_: object) -> redis.Connection:
+        return self.connection
+
+    def renew(self, connection: object, deadline: float) -> None:
+        pass
+
+    def send(self, connection: object, payload: object) -> None:
+        pass
+
+    def read(self, connection: object, deadline: float) -> object:
+        reply = self.replies.pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    def release(self, connection: object) -> None:
+        pass
+
+    def broken(self, connection: object) -> None:
+        pass
+
+
+def test_a_repeat_whose_script_load_is_refused_leaves_no_reply_unread() -> None:
+    """A repeat answered NOSCRIPT loads the script and repeats in one write; when the load
+    gets an error reply (BUSY, an ACL without SCRIPT LOAD), the repeat's own reply is still
+    read, or the connection would go back to the pool one reply behind: the next call on it
+    would read this one's."""
+    storage = RedisStorage(host="127.0.0.1", port=1, request_tokens="always")
+    pool = _ScriptedPool(
+        redis.exceptions.NoScriptError("NOSCRIPT No matching script."),
+        redis.ResponseError("BUSY Redis is busy running a script."),
+        b"1700000000000000,1,10,9,60000000,0,0",
+    )
+    call = Call()
+    call.error, call.lost, call.deadline = redis.ConnectionError("cut"), True, time.monotonic() + 1
+    keys, args = script_args([CHECK])
+    reply = storage._repeat(pool, call, (keys, args, None), time.monotonic() + 1)  # a fake pool
+    assert reply == b"1700000000000000,1,10,9,60000000,0,0"
+    assert pool.replies == []  # nothing left unread
+    storage.close()
