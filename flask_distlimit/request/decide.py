@@ -181,10 +181,11 @@ class Decider:
         for c, d in zip(checks, decisions, strict=True):
             if c.shadow or c.token or c.meta:
                 continue
-            if best is None or (d.remaining, -d.reset_after) < (
-                best[1].remaining,
-                -best[1].reset_after,
-            ):
+            if (
+                best is None
+                or d.remaining < best[1].remaining
+                or (d.remaining == best[1].remaining and d.reset_after > best[1].reset_after)
+            ):  # compared in place: no tuple made per check on every request
                 best = c, d
         if best is not None:
             report = report_of(best[0].bound, best[1], denied=False)
