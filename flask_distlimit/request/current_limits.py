@@ -101,15 +101,15 @@ def clear(state: AppLimiter, name: str) -> int:
             "request (a view). To reset a client from outside, use "
             "'flask distlimit reset <identity> --limit <name>'."
         )
-    data = request.environ.get(state.enforcer.environ_key)
     found = [c for c, _, _ in _evaluated(state) if _matches(c.bound.name, name)]
     if not found:
         # Nothing of that name was counted for this request (limits disabled, the storage down
         # under policy open, an exempt_when that skipped it): nothing to clear. A name that no
         # limit of this request has is a mistake in the app: say so.
-        if not state.settings.enabled or name in _known_names(state):
+        known = _known_names(state)
+        if not state.settings.enabled or name in known:
             return 0
-        names = sorted(n for n in _known_names(state) if n)
+        names = sorted(n for n in known if n)
         raise ValueError(
             f"No limit of this request is named {name!r} (its limits: "
             f"{', '.join(names) or 'none'}). Pass a name from limiter.current_limits, with or "
@@ -117,11 +117,10 @@ def clear(state: AppLimiter, name: str) -> int:
         )
     keys = sorted({c.key for c in found})
     _warn_if_address(state, name, keys)
-    if data is not None:
-        for key in keys:
-            data.deferred.pop(key, None)
-    if state.deny_cache is not None:
-        for key in keys:
+    deferred = request.environ[state.enforcer.environ_key].deferred  # it holds ``found``
+    for key in keys:
+        deferred.pop(key, None)
+        if state.deny_cache is not None:
             state.deny_cache.forget(key)
     state.drop_leases(keys)  # units leased from the counts deleted below
     return state.storage.delete(keys)
