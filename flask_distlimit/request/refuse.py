@@ -115,7 +115,23 @@ class Refusals:
         tags = [key_tag(key) for key in keys]
         digest = self._digest(identity, tags[0])
         tier = identity.tier if identity is not None else None
-        self._log_breach(reports, keys, tags, digest, tier, retry)
+        # one INFO line per client and limit per window at most, never one per request
+        now = self.local_clock()
+        fresh = [
+            (r, t) for r, k, t in zip(reports, keys, tags, strict=True) if self.logged.due(k, now)
+        ]
+        if fresh:
+            self.logged.mark(((k, r.period) for r, k in zip(reports, keys, strict=True)), now)
+            log.info(
+                "Rate limit exceeded: %s; identity %s, tier %s, %s %s; retry in %s s "
+                "(logged once per client and limit per window)",
+                ", ".join(f"{r.name} (client {t})" for r, t in fresh),
+                digest,
+                tier or "-",
+                request.method,
+                request.endpoint,
+                retry,
+            )
         bounds = [c.bound for c in denied]
         self._raise(bounds, retry, digest, tier, from_cache=from_cache, concurrency=concurrency)
 
@@ -230,30 +246,3 @@ class Refusals:
         if isinstance(response, WerkzeugResponse):
             exc.response = response
         raise exc
-
-    def _log_breach(
-        self,
-        reports: list[Report],
-        keys: list[str],
-        tags: list[str],
-        digest: str,
-        tier: str | None,
-        retry: int | None,
-    ) -> None:
-        """One INFO line per client and limit per window at most, never one per request."""
-        now = self.local_clock()
-        logged = self.logged
-        fresh = [(r, t) for r, k, t in zip(reports, keys, tags, strict=True) if logged.due(k, now)]
-        if not fresh:
-            return
-        logged.mark(((k, r.period) for r, k in zip(reports, keys, strict=True)), now)
-        log.info(
-            "Rate limit exceeded: %s; identity %s, tier %s, %s %s; retry in %s s "
-            "(logged once per client and limit per window)",
-            ", ".join(f"{r.name} (client {t})" for r, t in fresh),
-            digest,
-            tier or "-",
-            request.method,
-            request.endpoint,
-            retry,
-        )
