@@ -116,21 +116,15 @@ def _real_cost(later: Deferred, response: Response, sent: int | None) -> int:
     return value
 
 
-def _difference(check: Check, real: int) -> Check | None:
-    """The check that settles the reservation ``check`` to ``real``: a debt of what it cost
-    beyond, a release of what it did not use, or ``None`` when the reservation was its cost."""
-    if real == check.cost:
+def _difference(check: Check, charged: int, real: int) -> Check | None:
+    """The check that settles the reservation ``check``, ``charged`` so far, to ``real``: a debt
+    of what it cost beyond, a release of what it did not use, or ``None`` when it was charged
+    its cost."""
+    if real == charged:
         return None
-    if real > check.cost:  # a debt of at most one whole limit per request
-        return dataclasses.replace(check, cost=min(real - check.cost, check.limit), debt=True)
-    return dataclasses.replace(check, cost=check.cost - real, release=True)
-
-
-def _after_body(later: Deferred, response: Response) -> bool:
-    """Is ``later`` settled when a body not yet made ends (a stream, a file): its bytes, or
-    what ``settle`` reads of the response then?"""
-    streamed = response.is_streamed or response.direct_passthrough
-    return streamed and (later.bound.spec.unit != "requests" or later.bound.spec.settle is not None)
+    if real > charged:  # a debt of at most one whole limit per request
+        return dataclasses.replace(check, cost=min(real - charged, check.limit), debt=True)
+    return dataclasses.replace(check, cost=charged - real, release=True)
 
 
 def charge(
@@ -145,18 +139,19 @@ def charge(
     (what is left after it: the response's headers tell that). Those settled when a streamed
     or file body ends go to ``hold`` (the request's ledger) as one holding."""
     head = request.method == "HEAD"  # no body is sent
+    streamed = response.is_streamed or response.direct_passthrough  # a body not made yet
     due: list[tuple[Deferred, Check]] = []
     later: list[Deferred] = []
     for d in deferred.values():
         if not _wants_charge(d, response):
             real = 0
-        elif _after_body(d, response):
-            later.append(d)
+        elif streamed and (d.bound.spec.unit != "requests" or d.bound.spec.settle is not None):
+            later.append(d)  # settled when the body ends: its bytes, or what settle reads then
             continue
         else:
             real = _real_cost(d, response, 0 if head else len(response.get_data()))
         _count(calls, d, real)
-        settlement = _difference(d.check, real)
+        settlement = _difference(d.check, d.check.cost, real)
         if settlement is not None:
             due.append((d, settlement))
     deferred.clear()
@@ -228,18 +223,6 @@ class BodySettlement:
     :data:`SETTLE_EVERY_US` (the local clock, read at each chunk) and each time the ledger
     renews its holdings; ``settle`` is called when the body ends, with the response."""
 
-    __slots__ = (
-        "_calls",
-        "_charged",
-        "_clock",
-        "_counted",
-        "_done",
-        "_due",
-        "_length",
-        "_response",
-        "_settle_at",
-    )
-
     def __init__(
         self, calls: SideCalls, due: list[Deferred], response: Response, *, head: bool
     ) -> None:
@@ -272,9 +255,7 @@ class BodySettlement:
         due: list[tuple[Deferred, Check]] = []
         for i, d in enumerate(self._due):
             if d.bound.spec.unit != "requests" and counted.sent > self._charged[i]:
-                debt = _difference(
-                    dataclasses.replace(d.check, cost=self._charged[i]), counted.sent
-                )
+                debt = _difference(d.check, self._charged[i], counted.sent)
                 if debt is not None:
                     due.append((d, debt))
                     self._charged[i] += debt.cost
@@ -289,10 +270,9 @@ class BodySettlement:
         sent = self._counted.sent if self._counted is not None else self._length
         due: list[tuple[Deferred, Check]] = []
         for d, charged in zip(self._due, self._charged, strict=True):
-            check = dataclasses.replace(d.check, cost=charged)
             real = _real_cost(d, self._response, sent)
             _count(self._calls, d, real - (charged - d.check.cost))  # less what renew() told
-            settlement = _difference(check, real)
+            settlement = _difference(d.check, charged, real)
             if settlement is not None:
                 due.append((d, settlement))
         _settle(self._calls, due)
