@@ -61,10 +61,8 @@ class Plans:
 
     def original_view(self, endpoint: str) -> object | None:
         """The view function registered for ``endpoint``, before the gate wrapped it."""
-        views = self.views
-        if views is not None:
-            return views.get(endpoint)
-        return current_app.view_functions.get(endpoint)
+        views = current_app.view_functions if self.views is None else self.views
+        return views.get(endpoint)
 
     def plan(self, endpoint: str | None, method: str, view: object | None) -> RoutePlan:
         """The route's limits for ``endpoint`` and ``method``, bound once."""
@@ -89,8 +87,7 @@ class Plans:
                 default_algorithm=self.algorithm,
                 shadow=self.shadow,
             )
-        if self.leases.declare(plan.limits):
-            self.leasing = True
+        self.leasing |= self.leases.declare(plan.limits)
         self.routes[(endpoint, method)] = plan
         return plan
 
@@ -105,8 +102,7 @@ class Plans:
         label = endpoint or str(getattr(carrier, "__qualname__", "view"))
         bounds = self.bind_now(specs, label, method)
         self._carried[(carrier, endpoint, method)] = bounds
-        if self.leases.declare(bounds):
-            self.leasing = True
+        self.leasing |= self.leases.declare(bounds)
         return bounds
 
     def bind_now(
