@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from flask import request
+from werkzeug.wsgi import ClosingIterator
 
 from flask_distlimit.core.decision import Check, Decision
 
@@ -80,13 +81,13 @@ def _wants_charge(later: Deferred, response: Response) -> bool:
         return True
 
 
-def _real_cost(later: Deferred, response: Response, sent: int | None) -> int:
+def _real_cost(later: Deferred, response: Response, sent: int) -> int:
     """What the request really cost: the body's bytes ``sent`` for a bytes limit, else
     ``settle(response)``, else the ``cost_after`` limit's callable called now, else the
     reservation (also when the callable fails: logged)."""
     spec = later.bound.spec
     if spec.unit != "requests":
-        return later.check.cost if sent is None else sent
+        return sent
     call: Callable[[], object]
     if spec.settle is not None:
         name, call = "settle", functools.partial(spec.settle, response)
@@ -190,30 +191,6 @@ def _settle(calls: SideCalls, due: list[tuple[Deferred, Check]]) -> list[tuple[D
     return settled
 
 
-class _Counted:
-    """A body that counts the bytes of the chunks it hands the server, and calls ``tick``
-    after each."""
-
-    __slots__ = ("_body", "_tick", "sent")
-
-    def __init__(self, body: Iterable[str] | Iterable[bytes], tick: Callable[[], None]) -> None:
-        self._body = body
-        self._tick = tick
-        self.sent = 0
-
-    def __iter__(self) -> Iterator[bytes]:
-        for chunk in self._body:  # a str chunk is sent as UTF-8, as werkzeug encodes it
-            data = chunk if isinstance(chunk, bytes) else chunk.encode()
-            self.sent += len(data)
-            self._tick()
-            yield data
-
-    def close(self) -> None:
-        close = getattr(self._body, "close", None)
-        if close is not None:
-            close()
-
-
 class BodySettlement:
     """A holding of the request's ledger (:mod:`flask_distlimit.defences.lifecycle`): the
     reservations settled when a streamed or file body ends, once. A bytes limit counts the
@@ -230,32 +207,36 @@ class BodySettlement:
         self._due = due
         self._response = response
         self._done = False
-        self._counted: _Counted | None = None
-        self._length: int | None = 0 if head else None
+        self._sent = 0  #: the body's bytes the server took (none for a HEAD)
         #: what each reservation has charged so far (a long stream's partial settlements)
         self._charged = [d.check.cost for d in due]
         self._clock = calls.local_clock
         self._settle_at = self._clock() + SETTLE_EVERY_US
         if not head and any(d.bound.spec.unit != "requests" for d in due):
             # A file too (the server's file wrapper): counted as sent, not by its length.
-            self._counted = _Counted(response.response, self._tick)
-            response.response = self._counted
+            body = response.response
+            response.response = ClosingIterator(self._counting(body), getattr(body, "close", None))
 
-    def _tick(self) -> None:
-        now = self._clock()
-        if now >= self._settle_at:
-            self._settle_at = now + SETTLE_EVERY_US
-            self.renew()
+    def _counting(self, body: Iterable[str] | Iterable[bytes]) -> Iterator[bytes]:
+        """The chunks of ``body`` as the server takes them, their bytes counted; what was sent
+        beyond what is charged is charged at least every :data:`SETTLE_EVERY_US`."""
+        for chunk in body:  # a str chunk is sent as UTF-8, as werkzeug encodes it
+            data = chunk if isinstance(chunk, bytes) else chunk.encode()
+            self._sent += len(data)
+            now = self._clock()
+            if now >= self._settle_at:
+                self._settle_at = now + SETTLE_EVERY_US
+                self.renew()
+            yield data
 
     def renew(self) -> None:
         """A long body: charge the bytes sent beyond what its bytes limits have charged."""
-        counted = self._counted
-        if self._done or counted is None:
+        if self._done:
             return
         due: list[tuple[Deferred, Check]] = []
         for i, d in enumerate(self._due):
-            if d.bound.spec.unit != "requests" and counted.sent > self._charged[i]:
-                debt = _difference(d.check, self._charged[i], counted.sent)
+            if d.bound.spec.unit != "requests" and self._sent > self._charged[i]:
+                debt = _difference(d.check, self._charged[i], self._sent)
                 if debt is not None:
                     due.append((d, debt))
                     self._charged[i] += debt.cost
@@ -267,10 +248,9 @@ class BodySettlement:
         if self._done:
             return
         self._done = True
-        sent = self._counted.sent if self._counted is not None else self._length
         due: list[tuple[Deferred, Check]] = []
         for d, charged in zip(self._due, self._charged, strict=True):
-            real = _real_cost(d, self._response, sent)
+            real = _real_cost(d, self._response, self._sent)
             _count(self._calls, d, real - (charged - d.check.cost))  # less what renew() told
             settlement = _difference(d.check, charged, real)
             if settlement is not None:
