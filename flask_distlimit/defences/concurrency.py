@@ -41,11 +41,8 @@ class SideCalls(Protocol):
     (``None``: the Redis server's clock) and the local clock (microseconds). The app's
     ``LimiterState`` has them."""
 
-    @property
-    def guard(self) -> Guard: ...
-
-    @property
-    def local_clock(self) -> Callable[[], int]: ...
+    guard: Guard
+    local_clock: Callable[[], int]
 
     def storage_now(self) -> int | None: ...
 
