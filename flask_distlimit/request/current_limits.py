@@ -55,9 +55,7 @@ def _evaluated(state: AppLimiter) -> list[tuple[Check, Decision, float]]:
     """Each limit the current request's storage calls evaluated: its check, its decision and
     the wall clock (seconds) when it was decided."""
     data = request.environ.get(state.enforcer.environ_key) if has_request_context() else None
-    if data is None:
-        return []
-    batches: list[Evaluated] = data.evaluated
+    batches: list[Evaluated] = [] if data is None else data.evaluated
     return [(c, d, e.wall) for e in batches for c, d in zip(e.checks, e.decisions, strict=True)]
 
 
