@@ -115,8 +115,12 @@ def _rates(key: str, value: object) -> tuple[Rate, ...]:
         raise ConfigurationError(f"{key} = {value!r} is not valid: {exc}") from None
 
 
-def _limit_value(key: str, value: object) -> tuple[tuple[Rate, ...], DynamicValue | None]:
-    """A limit string's rates, or a callable's or a mapping's dynamic value (as ``limit()``)."""
+def _limit_value(
+    config: Mapping[str, object], key: str
+) -> tuple[tuple[Rate, ...], DynamicValue | None]:
+    """``config[key]``, a limit key: a limit string's rates, or a callable's or a mapping's
+    dynamic value (as ``limit()``)."""
+    value = config[key]
     if isinstance(value, str):
         return _rates(key, value), None
     try:
@@ -272,12 +276,8 @@ class Settings(LimiterSettings):
         for key, default in DEFAULTS.items():
             # a dict default is copied: an app that edits its config never edits ours
             config.setdefault(key, dict(default) if isinstance(default, dict) else default)
-        default_limits, default_dynamic = _limit_value(
-            "DISTLIMIT_DEFAULT_LIMITS", config["DISTLIMIT_DEFAULT_LIMITS"]
-        )
-        global_limits, global_dynamic = _limit_value(
-            "DISTLIMIT_GLOBAL_LIMITS", config["DISTLIMIT_GLOBAL_LIMITS"]
-        )
+        default_limits, default_dynamic = _limit_value(config, "DISTLIMIT_DEFAULT_LIMITS")
+        global_limits, global_dynamic = _limit_value(config, "DISTLIMIT_GLOBAL_LIMITS")
         if global_dynamic is not None and global_dynamic.by_tier:
             raise ConfigurationError(
                 "DISTLIMIT_GLOBAL_LIMITS is a mapping: the global limits count every request "
