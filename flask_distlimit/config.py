@@ -13,7 +13,7 @@ import difflib
 import re
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, TypeVar, get_args
 
 from flask_distlimit._typing import FailurePolicy, HeaderMode
 from flask_distlimit.core.algorithms import ALGORITHMS
@@ -34,8 +34,6 @@ from flask_distlimit.storage.urls import SCHEMES
 
 if TYPE_CHECKING:
     from flask_distlimit.storage.base import Storage
-
-_HEADER_MODES: Final[tuple[HeaderMode, ...]] = ("legacy", "ietf", "both", "none")
 
 
 def _defaults() -> dict[str, object]:
@@ -199,7 +197,7 @@ _READERS: Final[dict[str, Callable[[str, object], object]]] = {
     "storage_url": _storage_url,
     "algorithm": _one_of(ALGORITHMS),
     "meta_limits": _rates,
-    "headers": _one_of(_HEADER_MODES),
+    "headers": _one_of(get_args(HeaderMode)),
     "key_prefix": _prefix,
     "redis_timeout": _Range(
         False, 0, 10, " seconds (every request may wait this long for Redis)", strict=True
