@@ -86,7 +86,6 @@ def _identity(state: LimiterState, identity: str, *, ip: bool, api_key: bool) ->
 def _identity_options(func: click.decorators.FC) -> click.decorators.FC:
     func = click.option(
         "--api-key",
-        "api_key",
         is_flag=True,
         help=(
             "IDENTITY is an API key's canonical id (the id your api_key_verifier answers; the "
@@ -95,7 +94,6 @@ def _identity_options(func: click.decorators.FC) -> click.decorators.FC:
     )(func)
     func = click.option(
         "--ip",
-        "ip",
         is_flag=True,
         help="IDENTITY is a client address: normalize it as the limiter does (IPv6 by /64).",
     )(func)
@@ -253,8 +251,7 @@ def inspect(identity: str, ip: bool, api_key: bool, show_all: bool, as_json: boo
         return
     click.echo(f"{who}:")
     width = max(len(r.name) for r in rows)
-    header = f"  {'limit':<{width}}  {'algorithm':<22}  {'used':>12}  {'remaining':>9}  whole in"
-    click.echo(header)
+    click.echo(f"  {'limit':<{width}}  {'algorithm':<22}  {'used':>12}  {'remaining':>9}  whole in")
     for r in rows:
         d = r.decision
         used = f"{d.limit - d.remaining}/{d.limit}"

@@ -13,9 +13,8 @@ from flask_distlimit.declare.route_limits import BoundLimit
 from flask_distlimit.ops.admin import route_plans
 from flask_distlimit.state import LimiterState
 
-
-def _kind(b: BoundLimit) -> str:
-    return {"g": "global", "t": "tier", "s": "shared", "r": "route"}.get(b.limit_id[:1], "route")
+#: A limit's kind by the first letter of its id; any other (blueprint, default) shows as route.
+_KINDS: dict[str, str] = {"g": "global", "t": "tier", "s": "shared"}
 
 
 def _key_kind(b: BoundLimit) -> str:
@@ -53,7 +52,7 @@ def _columns(b: BoundLimit, policy: str) -> dict[str, object]:
     return {
         "limit": b.name,
         "value": b.shown,
-        "kind": _kind(b),
+        "kind": _KINDS.get(b.limit_id[:1], "route"),
         "algorithm": b.algorithm,
         "key": _key_kind(b),
         "on_failure": policy,

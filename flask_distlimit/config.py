@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import re
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, TypeVar, get_args
 
 from flask_distlimit._typing import FailurePolicy, HeaderMode
 from flask_distlimit.core.algorithms import ALGORITHMS
@@ -26,31 +25,15 @@ from flask_distlimit.defences.shadow import parse_shadow
 from flask_distlimit.engine.concurrency import MAX_CONCURRENCY
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity import IDENTITY_KEYS
-from flask_distlimit.ops import serving
 from flask_distlimit.request.settings import LimiterSettings
 from flask_distlimit.resilience.breaker import check_fail_max, check_reset_timeout
 from flask_distlimit.storage.heartbeat import MAX_FLEET
 from flask_distlimit.storage.startup_check import STARTUP_CHECKS
 from flask_distlimit.storage.tokens import TOKEN_MODES
+from flask_distlimit.storage.urls import SCHEMES
 
 if TYPE_CHECKING:
     from flask_distlimit.storage.base import Storage
-
-_HEADER_MODES: Final[tuple[HeaderMode, ...]] = ("legacy", "ietf", "both", "none")
-
-#: URL schemes ``DISTLIMIT_STORAGE_URL`` may use.
-STORAGE_SCHEMES: Final = (
-    "redis",
-    "rediss",
-    "unix",
-    "redis+cluster",
-    "redis+sentinel",
-    "valkey",
-    "valkeys",
-    "valkey+cluster",
-    "valkey+sentinel",
-    "memory",
-)
 
 
 def _defaults() -> dict[str, object]:
@@ -73,7 +56,6 @@ KNOWN_KEYS: Final[tuple[str, ...]] = (*DEFAULTS, *IDENTITY_KEYS)
 
 _KEY_FAMILY: Final = "DISTLIMIT_"
 _PREFIX: Final = re.compile(r"[A-Za-z0-9_.:/-]{1,64}\Z")  # \Z: "$" allows a final newline
-_SCHEME: Final = re.compile(r"^([a-z][a-z0-9+.-]*)://")
 
 T = TypeVar("T")
 
@@ -89,16 +71,16 @@ def config_policy(config: Mapping[str, object]) -> FailurePolicy:
     return next((p for p in FAILURE_POLICIES if p == value), "open")
 
 
-def _choice(key: str, value: object, choices: tuple[T, ...]) -> T:
-    if isinstance(value, str):
+def _one_of(choices: tuple[T, ...]) -> Callable[[str, object], T]:
+    """The reader of a key whose value is one of ``choices`` (strings)."""
+
+    def read(key: str, value: object) -> T:
         for choice in choices:
             if choice == value:
                 return choice
-    raise _bad(key, value, "Use one of: " + ", ".join(repr(c) for c in choices) + ".")
+        raise _bad(key, value, "Use one of: " + ", ".join(repr(c) for c in choices) + ".")
 
-
-def _one_of(choices: tuple[T, ...]) -> Callable[[str, object], T]:
-    return lambda key, value: _choice(key, value, choices)
+    return read
 
 
 class _Range(NamedTuple):
@@ -112,19 +94,16 @@ class _Range(NamedTuple):
     strict: bool = False
 
     def read(self, key: str, value: object) -> float:
-        """``value``: a finite number in this range (an ``int`` for an integer key); bools and
-        strings are refused."""
-        integer, minimum, maximum, meaning, strict = self
-        kind = "an integer" if integer else "a number"
-        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-        accepted = f"Use {kind} {bound} and <= {maximum:.15g}{meaning}."
-        if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        """``value``: a number in this range (an ``int`` for an integer key; NaN and infinities
+        are out of every range); bools and strings are refused."""
+        kind = "an integer" if self.integer else "a number"
+        bound = f"> {self.minimum:g}" if self.strict else f">= {self.minimum:g}"
+        accepted = f"Use {kind} {bound} and <= {self.maximum:.15g}{self.meaning}."
+        if isinstance(value, bool) or not isinstance(value, int if self.integer else (int, float)):
             raise _bad(key, value, accepted)
-        if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+        if not self.minimum <= value <= self.maximum or (self.strict and value == self.minimum):
             raise _bad(key, value, accepted)
-        if value > maximum:
-            raise _bad(key, value, accepted)
-        return value if integer else float(value)
+        return value if self.integer else float(value)
 
 
 def _rates(key: str, value: object) -> tuple[Rate, ...]:
@@ -134,8 +113,12 @@ def _rates(key: str, value: object) -> tuple[Rate, ...]:
         raise ConfigurationError(f"{key} = {value!r} is not valid: {exc}") from None
 
 
-def _limit_value(key: str, value: object) -> tuple[tuple[Rate, ...], DynamicValue | None]:
-    """A limit string's rates, or a callable's or a mapping's dynamic value (as ``limit()``)."""
+def _limit_value(
+    config: Mapping[str, object], key: str
+) -> tuple[tuple[Rate, ...], DynamicValue | None]:
+    """``config[key]``, a limit key: a limit string's rates, or a callable's or a mapping's
+    dynamic value (as ``limit()``)."""
+    value = config[key]
     if isinstance(value, str):
         return _rates(key, value), None
     try:
@@ -149,26 +132,20 @@ def _limit_value(key: str, value: object) -> tuple[tuple[Rate, ...], DynamicValu
 
 
 def _storage_url(key: str, value: object) -> str:
-    accepted = (
+    if isinstance(value, str) and value.lower().startswith(tuple(f"{s}://" for s in SCHEMES)):
+        return value
+    raise _bad(
+        key,
+        value,
         "Use a URL such as 'redis://localhost:6379/0', 'rediss://…', 'unix:///run/redis.sock', "
-        "'redis+cluster://host:7000', 'redis+sentinel://host:26379/mymaster' or 'memory://'."
+        "'redis+cluster://host:7000', 'redis+sentinel://host:26379/mymaster' or 'memory://'.",
     )
-    if not isinstance(value, str):
-        raise _bad(key, value, accepted)
-    match = _SCHEME.match(value.lower())
-    if match is None or match[1] not in STORAGE_SCHEMES:
-        raise _bad(key, value, accepted)
-    return value
 
 
 def _instances(key: str, value: object) -> int | Literal["auto"]:
     if value == "auto":
         return "auto"
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_FLEET:
-        raise _bad(
-            key, value, f"Use an integer from 1 to {MAX_FLEET} (the number of processes) or 'auto'."
-        )
-    return value
+    return int(_Range(True, 1, MAX_FLEET, " (the number of processes) or 'auto'").read(key, value))
 
 
 def _prefix(key: str, value: object) -> str:
@@ -220,7 +197,7 @@ _READERS: Final[dict[str, Callable[[str, object], object]]] = {
     "storage_url": _storage_url,
     "algorithm": _one_of(ALGORITHMS),
     "meta_limits": _rates,
-    "headers": _one_of(_HEADER_MODES),
+    "headers": _one_of(get_args(HeaderMode)),
     "key_prefix": _prefix,
     "redis_timeout": _Range(
         False, 0, 10, " seconds (every request may wait this long for Redis)", strict=True
@@ -266,12 +243,6 @@ class Settings(LimiterSettings):
     """The validated ``DISTLIMIT_*`` settings of one app (see the module docstring): the record
     the request path reads, and how ``init_app`` reads and checks it."""
 
-    def check_serving(self, storage: Storage | None = None) -> None:
-        """Warn (once per process) when ``memory://``, the storage of these settings or the
-        ready ``storage`` an app passed, is served by several processes: every limit would be
-        multiplied by their number (:mod:`flask_distlimit.ops.serving`). Called by ``init_app``."""
-        serving.warn_if_memory_per_process(self.storage_url, storage)
-
     def check_request_tokens(self, storage: Storage) -> None:
         """Refuse ``DISTLIMIT_REQUEST_TOKENS = "always"`` beside a ready ``storage`` whose calls
         carry tokens only when armed, or never (a ``RedisStorage`` given a ready client: its
@@ -303,12 +274,8 @@ class Settings(LimiterSettings):
         for key, default in DEFAULTS.items():
             # a dict default is copied: an app that edits its config never edits ours
             config.setdefault(key, dict(default) if isinstance(default, dict) else default)
-        default_limits, default_dynamic = _limit_value(
-            "DISTLIMIT_DEFAULT_LIMITS", config["DISTLIMIT_DEFAULT_LIMITS"]
-        )
-        global_limits, global_dynamic = _limit_value(
-            "DISTLIMIT_GLOBAL_LIMITS", config["DISTLIMIT_GLOBAL_LIMITS"]
-        )
+        default_limits, default_dynamic = _limit_value(config, "DISTLIMIT_DEFAULT_LIMITS")
+        global_limits, global_dynamic = _limit_value(config, "DISTLIMIT_GLOBAL_LIMITS")
         if global_dynamic is not None and global_dynamic.by_tier:
             raise ConfigurationError(
                 "DISTLIMIT_GLOBAL_LIMITS is a mapping: the global limits count every request "

@@ -28,7 +28,7 @@ from flask_distlimit.declare.targets import describe
 from flask_distlimit.errors import ConfigurationError, StorageError
 from flask_distlimit.identity import Identity, IdentityHooks, IdentityResolver, IdentitySettings
 from flask_distlimit.identity.api_keys import ApiKeyVerifier
-from flask_distlimit.ops import migration
+from flask_distlimit.ops import migration, serving
 from flask_distlimit.request import current_limits as _current
 from flask_distlimit.request.refuse import BreachHook
 from flask_distlimit.state import LimiterState
@@ -115,8 +115,7 @@ class Limiter(Declarations):
         if on_breach is not None:
             check_callable("on_breach", on_breach)
         self.breach_hook: BreachHook | None = on_breach
-        self._deny_cache = deny_cache
-        self._deny_cache_size = deny_cache_size
+        self._deny_cache_size = deny_cache_size if deny_cache else None
         #: (app, view) whose limits were reached on an app this Limiter is not set up on
         self._unset_logged: set[tuple[str, str]] = set()
         if app is not None:
@@ -143,7 +142,7 @@ class Limiter(Declarations):
         migration.warn_leftover_keys(app.config, app.name)  # RATELIMIT_* keys: not read
         # "is None", not "or": a MemoryStorage with no key yet is falsy (it has a length)
         given = storage if storage is not None else self._storage
-        settings.check_serving(given)  # memory:// in several processes?
+        serving.warn_if_memory_per_process(settings.storage_url, given)  # in several processes?
         identity_settings = IdentitySettings.from_config(app.config)
         resolver = IdentityResolver(identity_settings)
         resolver.check_hooks(self.hooks)
@@ -162,7 +161,7 @@ class Limiter(Declarations):
             identity_settings=identity_settings,
             storage=chosen,
             resolver=resolver,
-            deny_cache_size=self._deny_cache_size if self._deny_cache else None,
+            deny_cache_size=self._deny_cache_size,
             clock=self._clock,
         )
         # start-up warnings (one line each): a client passed in that retries, or that waits

@@ -46,10 +46,7 @@ class AfterFork(Generic[T]):
 
 def _option(options: Mapping[object, object], name: str) -> object:
     """The value of uWSGI option ``name`` in ``uwsgi.opt`` (``None`` when not given)."""
-    for key in (name, name.encode()):
-        if key in options:
-            return options[key]
-    return None
+    return options.get(name, options.get(name.encode()))
 
 
 def _on(value: object) -> bool:

@@ -9,13 +9,13 @@ A view's priority is its ``@limiter.priority(...)``, else the answer of the Limi
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final, Literal, TypeVar
+from typing import Final, Literal, TypeVar, get_args
 
 from flask_distlimit.errors import ConfigurationError
 
 Priority = Literal["critical", "default", "sheddable"]
 #: From the most to the least important.
-PRIORITIES: Final[tuple[Priority, ...]] = ("critical", "default", "sheddable")
+PRIORITIES: Final[tuple[Priority, ...]] = get_args(Priority)
 #: ``() -> priority or None``, called inside the request.
 PriorityResolver = Callable[[], str | None]
 

@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from werkzeug.exceptions import ServiceUnavailable, TooManyRequests
+from werkzeug.exceptions import HTTPException, ServiceUnavailable, TooManyRequests
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
@@ -45,23 +45,23 @@ def retry_after_seconds(seconds: float) -> int:
     return max(1, math.ceil(seconds - 1e-9))
 
 
-class _Problem:
-    """Body and headers of the two problem exceptions (mixed in before the werkzeug class)."""
+class _Problem(HTTPException):
+    """Body and headers of the problem exceptions (mixed in before the werkzeug class, whose
+    ``code`` is the status and whose ``__init__`` each subclass calls last)."""
 
     problem_type: str
     title: str
     retry_after_s: int | None  #: None: the request can never pass, so no Retry-After
-    violated_policies: tuple[str, ...]
+    violated_policies: tuple[str, ...] = ()
     instance: str | None
     detail_text: str
-    status: int
 
     def problem(self) -> dict[str, Any]:
         """The problem object, as sent in the body."""
         body: dict[str, Any] = {
             "type": self.problem_type,
             "title": self.title,
-            "status": self.status,
+            "status": self.code,
             "detail": self.detail_text,
         }
         if self.instance is not None:
@@ -100,7 +100,6 @@ class RateLimitExceeded(_Problem, TooManyRequests):
     """
 
     problem_type = QUOTA_EXCEEDED
-    status = 429
     title = "Request cannot be satisfied as the assigned quota has been exceeded"
 
     def __init__(
@@ -120,8 +119,8 @@ class RateLimitExceeded(_Problem, TooManyRequests):
         self.violated_policies = tuple(violated_policies)
         self.instance = instance
         self.detail_text = detail or self._default_detail(description)
-        TooManyRequests.__init__(
-            self, description=description or self.detail_text, retry_after=self.retry_after_s
+        super().__init__(
+            description=description or self.detail_text, retry_after=self.retry_after_s
         )
 
     def _default_detail(self, in_words: str | None) -> str:
@@ -149,14 +148,17 @@ class ConcurrencyLimitExceeded(RateLimitExceeded):
         )
 
 
-class Overloaded(_Problem, ServiceUnavailable):
+class _Unavailable(_Problem, ServiceUnavailable):
+    """503: the two refusals for want of capacity."""
+
+    problem_type = TEMPORARY_REDUCED_CAPACITY
+    title = "Request cannot be satisfied due to temporary server capacity constraints"
+
+
+class Overloaded(_Unavailable):
     """503: the service sheds this request's priority to keep capacity for more important
     traffic (:mod:`flask_distlimit.defences.shedding`: this process is busy;
     :mod:`flask_distlimit.defences.fleet`: the fleet is)."""
-
-    problem_type = TEMPORARY_REDUCED_CAPACITY
-    status = 503
-    title = "Request cannot be satisfied due to temporary server capacity constraints"
 
     def __init__(
         self,
@@ -167,7 +169,6 @@ class Overloaded(_Problem, ServiceUnavailable):
         instance: str | None = None,
     ) -> None:
         self.retry_after_s = retry_after_seconds(retry_after)
-        self.violated_policies = ()
         self.instance = instance
         self.priority = priority
         self.reason = reason  #: "worker" or "fleet"
@@ -176,9 +177,7 @@ class Overloaded(_Problem, ServiceUnavailable):
             f"Overloaded: {where} near capacity and sheds {priority} requests first, to keep "
             f"room for more important ones; retry in {self.retry_after_s} s."
         )
-        ServiceUnavailable.__init__(
-            self, description=self.detail_text, retry_after=self.retry_after_s
-        )
+        super().__init__(description=self.detail_text, retry_after=self.retry_after_s)
 
     def problem(self) -> dict[str, Any]:
         body = super().problem()
@@ -187,14 +186,10 @@ class Overloaded(_Problem, ServiceUnavailable):
         return body
 
 
-class RateLimitUnavailable(_Problem, ServiceUnavailable):
+class RateLimitUnavailable(_Unavailable):
     """503: the rate-limit storage is unreachable and the failure policy is ``closed``; or
     (``busy``) this process's limiter calls queued past their budget, whatever the policy
     (:class:`~flask_distlimit.errors.StorageBusy`)."""
-
-    problem_type = TEMPORARY_REDUCED_CAPACITY
-    status = 503
-    title = "Request cannot be satisfied due to temporary server capacity constraints"
 
     def __init__(
         self,
@@ -208,15 +203,11 @@ class RateLimitUnavailable(_Problem, ServiceUnavailable):
         self.retry_after_s = retry_after_seconds(retry_after)
         self.violated_policies = tuple(violated_policies)
         self.instance = instance
-        if busy and detail is None:
-            detail = (
-                "This server is overloaded: its rate-limit decisions queue past their budget; "
-                f"retry in {self.retry_after_s} s."
-            )
-        self.detail_text = detail or (
-            "The rate-limit store is unavailable and this route refuses requests it cannot "
-            f"count; retry in {self.retry_after_s} s."
+        cause = (
+            "This server is overloaded: its rate-limit decisions queue past their budget"
+            if busy
+            else "The rate-limit store is unavailable and this route refuses requests it cannot "
+            "count"
         )
-        ServiceUnavailable.__init__(
-            self, description=self.detail_text, retry_after=self.retry_after_s
-        )
+        self.detail_text = detail or f"{cause}; retry in {self.retry_after_s} s."
+        super().__init__(description=self.detail_text, retry_after=self.retry_after_s)

@@ -44,13 +44,10 @@ def reset(state: AppLimiter) -> int:
     :mod:`flask_distlimit.identity.digests`), the instance heartbeat (who is serving, not a count)
     and request tokens (``<prefix>:rq:{...}``: a reply kept a second for a retry; a give-back's id,
     kept for up to five minutes)."""
-    if state.deny_cache is not None:
-        state.deny_cache.clear()
-    state.drop_leases()  # units leased from the counts deleted below
     prefix = state.settings.key_prefix
     records = state.lease_records_key()
     keys = [*state.storage.scan(f"{prefix}:{{*"), records, records_key(records)]
-    return state.storage.delete(keys)
+    return delete_counts(state, keys, every=True)
 
 
 def check_kind(identity: str) -> None:
@@ -71,12 +68,12 @@ def identity_keys(state: AppLimiter, identity: str) -> list[str]:
     return list(state.storage.scan(client_pattern(state.settings.key_prefix, identity, state.tags)))
 
 
-def delete_counts(state: AppLimiter, keys: list[str]) -> int:
-    """Delete these counts of clients, their leases in this process and the local denials;
-    answer how many keys existed."""
+def delete_counts(state: AppLimiter, keys: list[str], *, every: bool = False) -> int:
+    """Delete these counts of clients, their leases in this process (``every``: the keys are
+    all the app's, so every lease goes) and the local denials; answer how many keys existed."""
     if state.deny_cache is not None:
         state.deny_cache.clear()
-    state.drop_leases(keys)  # units leased from the counts deleted below
+    state.drop_leases(None if every else keys)  # units leased from the counts deleted below
     return state.storage.delete(keys) if keys else 0
 
 

@@ -83,6 +83,8 @@ _QUERY: Final[dict[str, dict[str, Callable[[str], Any]]]] = {
     },
     "redis+cluster": {**_COMMON_QUERY, "ssl": _bool},
 }
+#: Every scheme :func:`from_url` reads (``DISTLIMIT_STORAGE_URL`` is checked against them).
+SCHEMES: Final = ("memory", *_QUERY, *_VALKEY_SCHEMES)
 
 #: Every query parameter name the URLs accept: a password value ends only where one of them
 #: follows (an unencoded ``&`` or ``#`` inside a password is still the password's).

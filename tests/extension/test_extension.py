@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -586,6 +586,32 @@ def test_health_and_reset(backend: Backend, clock: FakeClock) -> None:
     with app.app_context():
         health = limiter.health()
     assert health["latency_ms"] is not None
+
+
+def test_a_reset_that_cannot_list_the_keys_forgets_nothing_locally(clock: FakeClock) -> None:
+    """A reset whose SCAN fails deletes no count, so this process keeps refusing from its deny
+    cache the client the storage still counts as over its limit."""
+    from flask_distlimit.storage.memory import MemoryStorage
+
+    class NoScan(MemoryStorage):
+        def scan(self, match: str) -> Iterator[str]:
+            raise StorageUnavailable("SCAN refused")
+
+    app, limiter, _ = make_app(NoScan(clock=clock), clock, DISTLIMIT_ALGORITHM="fixed_window")
+
+    @app.get("/")
+    @limiter.limit("1/minute")
+    def index() -> str:
+        return "ok"
+
+    client = app.test_client()
+    assert client.get("/").status_code == 200
+    assert client.get("/").status_code == 429
+    deny_cache = Limiter.state(app).deny_cache
+    assert deny_cache is not None and len(deny_cache) == 1
+    with pytest.raises(StorageUnavailable):
+        limiter.reset(app)
+    assert len(deny_cache) == 1
 
 
 def test_tiers_follow_the_verified_identity(backend: Backend, clock: FakeClock) -> None:
