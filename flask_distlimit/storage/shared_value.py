@@ -9,9 +9,8 @@ value".
 
 from __future__ import annotations
 
-from importlib import resources
 from typing import Final
 
-SHARED_VALUE_SOURCE: Final = (resources.files(__package__) / "lua" / "shared_value.lua").read_text(
-    encoding="utf-8"
-)
+from flask_distlimit.engine.lua_source import lua_text
+
+SHARED_VALUE_SOURCE: Final = lua_text(__package__, "shared_value.lua")
