@@ -215,13 +215,16 @@ class MemoryStorage(Storage):
                 return 0
             entry = self._get(key, now)
             spec = REGISTRY.get(cast("Algorithm", algorithm))
-            if entry is None or spec is None or spec.take_back is None:
+            if entry is None or spec is None or spec.counted is None:
                 return 0
-            taken = spec.take_back(entry.state, window, units)
-            if taken is None:
+            state = entry.state
+            if not isinstance(state, spec.counted) or state.window != window or state.used < 1:
                 return 0
-            self._set(key, _Entry(algorithm, taken[0], entry.expires))
-            return taken[1]
+            taken = min(units, state.used)
+            self._set(
+                key, _Entry(algorithm, state._replace(used=state.used - taken), entry.expires)
+            )
+            return taken
 
     def __len__(self) -> int:
         """Keys held, including expired ones not yet dropped (memory use, for tests)."""
