@@ -31,12 +31,6 @@ def system_clock_us() -> int:
     return time.time_ns() // 1000
 
 
-def _ms_ceil_us(us: int) -> int:
-    """A TTL as the scripts set it: whole milliseconds, rounded up, plus the 1 ms margin against
-    Redis's truncated clock (``expire_in`` in ``lua/common.lua``), back in us."""
-    return (us + 1999) // 1000 * 1000
-
-
 def _validate(checks: Sequence[Check], now: int) -> None:
     if now < 0:
         raise StorageResponseError(f"distlimit: bad time {now!r}: microseconds since the epoch")
@@ -108,16 +102,14 @@ class MemoryStorage(Storage):
             heapq.heappush(self._heap, (entry.expires, key))
 
     def _put(self, key: str, algorithm: str, state: object, ttl_us: int, now: int) -> None:
-        if ttl_us == KEEP_TTL:
-            kept = self._data.get(key)
-            if kept is not None and state is not None:
-                self._set(key, _Entry(algorithm, state, kept.expires))
-                return
-            raise AssertionError(f"KEEP_TTL for {key!r}, which holds no state")  # a twin bug
-        if state is None or ttl_us <= 0:
+        if ttl_us == KEEP_TTL:  # a write into the window the key holds (it holds one)
+            self._set(key, _Entry(algorithm, state, self._data[key].expires))
+        elif state is None or ttl_us <= 0:
             self._data.pop(key, None)
         else:
-            self._set(key, _Entry(algorithm, state, now + _ms_ceil_us(ttl_us)))
+            # as the scripts set a TTL: whole ms, rounded up, plus the 1 ms margin against
+            # Redis's truncated clock (``expire_in`` in ``lua/common.lua``)
+            self._set(key, _Entry(algorithm, state, now + (ttl_us + 1999) // 1000 * 1000))
 
     def _state(self, check: Check, now: int) -> tuple[State | None, bool]:
         """(the key's state, whether it was unusable and reset: another algorithm's state, or
