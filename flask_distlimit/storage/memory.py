@@ -14,16 +14,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final, cast
+from typing import cast
 
 from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.decision import NEVER, Check, Decision, Evaluation
-from flask_distlimit.engine.common import KEEP_TTL, State, Step
+from flask_distlimit.engine.common import KEEP_TTL, US, State, Step
 from flask_distlimit.engine.registry import REGISTRY
 from flask_distlimit.errors import StorageResponseError
 from flask_distlimit.storage.base import GiveBack, Storage
-
-_US: Final = 1_000_000
 
 
 def system_clock_us() -> int:
@@ -40,7 +38,7 @@ def _validate(checks: Sequence[Check], now: int) -> None:
                 f"distlimit: bad arguments for check {i} ({c!r}): a known algorithm, "
                 "limit >= 1, period >= 1 and cost >= 0 are required"
             )
-        refusal = REGISTRY[c.algorithm].refusal(c.limit, c.period * _US, now)
+        refusal = REGISTRY[c.algorithm].refusal(c.limit, c.period * US, now)
         if refusal:
             raise StorageResponseError(f"distlimit: check {i}: {refusal}")
 
@@ -118,7 +116,7 @@ class MemoryStorage(Storage):
         if entry is None:
             return None, False
         spec = REGISTRY[check.algorithm]
-        if not spec.twin.plausible(entry.state, check.limit, check.period * _US, now):
+        if not spec.twin.plausible(entry.state, check.limit, check.period * US, now):
             del self._data[check.key]
             return None, True
         if spec.empty(entry.state):
@@ -188,8 +186,8 @@ class MemoryStorage(Storage):
                     s.allowed or c.shadow,
                     c.limit,
                     s.remaining if admitted and s.allowed and not c.meta else s.remaining_now,
-                    (s.reset_us if admitted and s.allowed and not c.meta else s.reset_now_us) / _US,
-                    NEVER if s.retry_us < 0 else s.retry_us / _US,
+                    (s.reset_us if admitted and s.allowed and not c.meta else s.reset_now_us) / US,
+                    NEVER if s.retry_us < 0 else s.retry_us / US,
                     c.shadow and not s.allowed,
                 )
                 for c, s in zip(checks, steps, strict=True)
@@ -203,7 +201,7 @@ class MemoryStorage(Storage):
         key, algorithm, period, window, units, now_us = back
         with self._lock:
             now = self._clock() if now_us is None else now_us
-            if math.floor(now / (period * _US)) != window or units < 1:
+            if math.floor(now / (period * US)) != window or units < 1:
                 return 0
             entry = self._get(key, now)
             spec = REGISTRY.get(cast("Algorithm", algorithm))
@@ -255,7 +253,7 @@ class MemoryStorage(Storage):
             members: dict[str, int] = {}
             if entry is not None and entry.algorithm == "heartbeat":
                 members = {m: t for m, t in entry.state.items() if t > now}  # type: ignore[attr-defined]
-            until = now + math.ceil(ttl * _US)
+            until = now + math.ceil(ttl * US)
             members[member] = until
             self._set(key, _Entry("heartbeat", members, max(members.values())))
             return len(members)
