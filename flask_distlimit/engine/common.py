@@ -1,14 +1,14 @@
 """What every Python twin shares, as ``lua/common.lua`` is what every Lua algorithm shares.
 
 A twin decides exactly as its script, integer for integer, and gives ``step``, ``refund`` and
-``plausible``; shared here: :class:`Step`, :data:`Refunded`, :func:`adjust`, :func:`take_back`.
+``plausible``; shared here: :class:`Step`, :data:`Refunded`, :func:`adjust`.
 Design: docs/design-notes.md, "The Python twins".
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final, NamedTuple, Protocol, TypeVar
+from typing import Final, NamedTuple
 
 #: Microseconds in a second: periods arrive in seconds, every twin computes in microseconds.
 US: Final = 1_000_000
@@ -58,29 +58,3 @@ def adjust(guess: int, lowest: int, highest: float, fits: Callable[[int], bool])
             break
         d += 1
     return d
-
-
-class Counted(Protocol):
-    """A windowed state (fixed window, sliding window counter): a named tuple with the window's
-    index and the units counted in it."""
-
-    @property
-    def window(self) -> int: ...
-
-    @property
-    def used(self) -> int: ...
-
-    def _replace(self: _C, *, used: int) -> _C: ...
-
-
-_C = TypeVar("_C", bound=Counted)
-
-
-def take_back(kind: type[_C], state: object, window: int, units: int) -> tuple[_C, int] | None:
-    """``units`` (at most those counted) off ``window``'s count, if ``state`` is a ``kind`` of
-    that window (else ``None``): the memory store's give-back of leased units, as the give-back
-    script (:mod:`flask_distlimit.storage.give_back`) takes them off in Redis."""
-    if not isinstance(state, kind) or state.window != window or state.used < 1:
-        return None
-    taken = min(units, state.used)
-    return state._replace(used=state.used - taken), taken

@@ -37,19 +37,15 @@ def _left(limit: int, now_u: float, tat: float) -> int:
     return max(0, math.floor(limit - (tat - now_u)))
 
 
-def _retry(limit: int, cost: int, interval: float, now: int, used: float, tat: float) -> int:
-    d = max(1, math.ceil((used + cost - limit) * interval))
-    return adjust(d, 1, math.inf, lambda x: (tat - (now + x) / interval) + cost <= limit)
-
-
 def step(state: State | None, limit: int, period: int, cost: int, now: int) -> Step:
     interval, now_u, tat = _read(state, limit, period, now)
     used = tat - now_u
     allowed = cost <= limit and used + cost <= limit
     after = tat + cost if allowed else tat
     retry = 0 if allowed else NEVER_US
-    if not allowed and cost <= limit:
-        retry = _retry(limit, cost, interval, now, used, tat)
+    if not allowed and cost <= limit:  # the first whole us at which cost fits
+        d = max(1, math.ceil((used + cost - limit) * interval))
+        retry = adjust(d, 1, math.inf, lambda x: (tat - (now + x) / interval) + cost <= limit)
     reset = _until(interval, now, now_u, after)
     return Step(
         allowed,

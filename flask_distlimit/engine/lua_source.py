@@ -37,6 +37,12 @@ _HELPER: Final = re.compile(
 _NAME: Final = re.compile(r"[A-Za-z_]\w*")
 
 
+def lua_text(package: str, *names: str) -> str:
+    """The text of the files ``lua/<name>`` of ``package``, in order (package data)."""
+    lua = resources.files(package) / "lua"
+    return "".join((lua / name).read_text(encoding="utf-8") for name in names)
+
+
 def _indent(text: str, indent: str) -> str:
     """``text`` (dedented) with every non-empty line indented by ``indent``."""
     return textwrap.indent(textwrap.dedent(text), indent)
@@ -134,26 +140,21 @@ def script_parts(codes: Mapping[Algorithm, int], shadow: int) -> tuple[str, ...]
     """The script's parts, in order: the helpers' constants, the fast path, the algorithms
     (``<name>.lua`` for each of ``codes``, in its order; the fast path's branches taken for
     its numbers, and plus ``shadow``), the driver; every helper inlined."""
-    package = resources.files(_LUA) / "lua"
-
-    def read(name: str) -> str:
-        return (package / name).read_text(encoding="utf-8")
-
-    common = read(_COMMON)
+    common = lua_text(_LUA, _COMMON)
     helpers = {
         name: ([p.strip() for p in params.split(",")], textwrap.dedent(body).strip("\n"))
         for name, params, body in _HELPER.findall(common)
     }
-    algorithms = {name: read(f"{name}.lua") for name in codes}
+    algorithms = {name: lua_text(_LUA, f"{name}.lua") for name in codes}
     order = sorted(codes, key=codes.__getitem__)
     assert [codes[n] for n in order] == list(range(1, len(order) + 1)), f"codes not 1..n: {codes}"
-    driver = read(_DRIVER)
+    driver = lua_text(_LUA, _DRIVER)
     assert _LOADERS in driver, f"{_DRIVER} lost its {_LOADERS} marker"
     loaders = ", ".join(f"LOAD_{name.upper()}" for name in order)
     driver = driver.replace(_LOADERS, f"local LOADERS = {{{loaders}}}")
     parts = (
         _HELPER.sub("", common),
-        _fast_path(read(_FAST_PATH), algorithms, codes, shadow),
+        _fast_path(lua_text(_LUA, _FAST_PATH), algorithms, codes, shadow),
         "\n".join(algorithms.values()),
         driver,
     )
@@ -162,8 +163,6 @@ def script_parts(codes: Mapping[Algorithm, int], shadow: int) -> tuple[str, ...]
 
 def script_source(parts: tuple[str, ...]) -> str:
     """The whole script: ``parts`` as the body of lua/replay.lua (the request token's wrapper)."""
-    head, marker, tail = (
-        (resources.files(_LUA) / "lua" / _REPLAY).read_text(encoding="utf-8").partition(_BODY)
-    )
+    head, marker, tail = lua_text(_LUA, _REPLAY).partition(_BODY)
     assert marker, f"{_REPLAY} lost its {_BODY} marker"
     return f"{head}{''.join(parts)}{tail}"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import partial
 from typing import Final, Protocol
 
 from flask_distlimit.core.algorithms import ALGORITHMS, Algorithm
@@ -25,7 +24,9 @@ from flask_distlimit.engine import (
     sliding_window_log,
     token_bucket,
 )
-from flask_distlimit.engine.common import US, Refunded, State, Step, take_back
+from flask_distlimit.engine.common import US, Refunded, State, Step
+from flask_distlimit.engine.fixed_window import FixedWindowState
+from flask_distlimit.engine.sliding_window_counter import CounterState
 from flask_distlimit.errors import ConfigurationError
 
 
@@ -74,9 +75,9 @@ class AlgorithmEntry:
     #: The field of the key's hash holding the window's count, which a give-back of leased units
     #: takes units off (:mod:`flask_distlimit.storage.give_back`); None: never given back.
     give_back_field: str | None = None
-    #: The same give-back over its twin's state, in the memory store: ``(state, window, units)
-    #: -> (new state, units taken)``, or None when the state holds no count of that window.
-    take_back: Callable[[object, int, int], tuple[State, int] | None] | None = None
+    #: Its twin's state, whose ``used`` count of its ``window`` the memory store's give-back
+    #: takes units off, as the script does the field's; None: never given back.
+    counted: type[FixedWindowState | CounterState] | None = None
     #: Whether its (plausible) state holds nothing: the key is deleted, as the script does.
     empty: Callable[[object], bool] = _never
     #: Why ``(limit, period_us, now_us)`` cannot be decided exactly ("": it can).
@@ -121,7 +122,7 @@ REGISTRY: Final[Mapping[Algorithm, AlgorithmEntry]] = {
     for e in (
         AlgorithmEntry(
             "fixed_window", 1, fixed_window, exact=True, leasable=True, aligned=True,
-            give_back_field="n", take_back=partial(take_back, fixed_window.FixedWindowState),
+            give_back_field="n", counted=FixedWindowState,
         ),
         AlgorithmEntry(
             "sliding_window_log", 2, sliding_window_log, exact=True, leasable=False,
@@ -130,8 +131,7 @@ REGISTRY: Final[Mapping[Algorithm, AlgorithmEntry]] = {
         ),
         AlgorithmEntry(
             "sliding_window_counter", 3, sliding_window_counter, exact=False, leasable=True,
-            span=2, give_back_field="c",
-            take_back=partial(take_back, sliding_window_counter.CounterState),
+            span=2, give_back_field="c", counted=CounterState,
         ),
         AlgorithmEntry("token_bucket", 4, token_bucket, exact=True, leasable=True, refills=True),
         AlgorithmEntry(

@@ -127,7 +127,7 @@ class Storage(abc.ABC):
         Used for the identity digest key when the app sets no secret
         (:mod:`flask_distlimit.identity.digests`). This default keeps the value in the storage
         object, as suits a store private to one process (``memory://``); a store shared by several
-        processes must override it (the Redis storages do: :mod:`.shared_value`).
+        processes must override it (the Redis storages do: :mod:`.side_calls`).
         """
         with _shared_lock:
             kept: dict[str, str] = self.__dict__.setdefault("_shared_values", {})

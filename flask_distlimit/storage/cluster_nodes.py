@@ -23,10 +23,7 @@ from flask_distlimit.core.decision import Check
 from flask_distlimit.engine.scripts import SCRIPT_SOURCE
 from flask_distlimit.storage.evalsha import EvalshaPacker
 from flask_distlimit.storage.pipeline import Pipeline, script_load
-from flask_distlimit.storage.pool import (
-    DeadlinePool,
-    queue_budget,
-)
+from flask_distlimit.storage.pool import DeadlinePool, queue_budget
 from flask_distlimit.storage.redis import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_TIMEOUT,

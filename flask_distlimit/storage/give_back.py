@@ -9,9 +9,9 @@ ARGV: docs/design-notes.md, "Giving leased units back".
 from __future__ import annotations
 
 import secrets
-from importlib import resources
 from typing import Final
 
+from flask_distlimit.engine.lua_source import lua_text
 from flask_distlimit.engine.registry import REGISTRY
 from flask_distlimit.engine.scripts import token_key
 from flask_distlimit.errors import StorageResponseError
@@ -32,8 +32,7 @@ _FIELDS: Final = ", ".join(
 ID_KEPT_MS: Final = 300_000
 
 GIVE_BACK_SOURCE: Final = (
-    (resources.files(__package__) / "lua" / "give_back.lua")
-    .read_text(encoding="utf-8")
+    lua_text(__package__, "give_back.lua")
     .replace("ID_KEPT_MS", str(ID_KEPT_MS))
     .replace("{FIELDS}", f"{{{_FIELDS}}}")
 )

@@ -8,17 +8,15 @@ docs/design-notes.md, "The heartbeat script".
 
 from __future__ import annotations
 
-from importlib import resources
 from typing import Final, NamedTuple
 
+from flask_distlimit.engine.lua_source import lua_text
 from flask_distlimit.storage.slot_keys import same_slot_key
 
 #: The largest fleet size a heartbeat accepts (``DISTLIMIT_INSTANCES`` accepts as much).
 MAX_FLEET: Final = 100_000
 
-HEARTBEAT_SOURCE: Final = (resources.files(__package__) / "lua" / "heartbeat.lua").read_text(
-    encoding="utf-8"
-)
+HEARTBEAT_SOURCE: Final = lua_text(__package__, "replace_key.lua", "heartbeat.lua")
 
 
 class Fleet(NamedTuple):

@@ -8,15 +8,13 @@ Garbage is replaced on publish, read as none; a record not ours is skipped
 
 from __future__ import annotations
 
-from importlib import resources
 from typing import Final, NamedTuple
 
+from flask_distlimit.engine.lua_source import lua_text
 from flask_distlimit.errors import StorageResponseError
 from flask_distlimit.storage.slot_keys import same_slot_key
 
-LEASE_RECORDS_SOURCE: Final = (
-    resources.files(__package__) / "lua" / "lease_records.lua"
-).read_text(encoding="utf-8")
+LEASE_RECORDS_SOURCE: Final = lua_text(__package__, "replace_key.lua", "lease_records.lua")
 
 
 def records_key(key: str) -> str:

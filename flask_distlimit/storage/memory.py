@@ -14,27 +14,19 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final, cast
+from typing import cast
 
 from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.decision import NEVER, Check, Decision, Evaluation
-from flask_distlimit.engine.common import KEEP_TTL, State, Step
+from flask_distlimit.engine.common import KEEP_TTL, US, State, Step
 from flask_distlimit.engine.registry import REGISTRY
 from flask_distlimit.errors import StorageResponseError
 from flask_distlimit.storage.base import GiveBack, Storage
-
-_US: Final = 1_000_000
 
 
 def system_clock_us() -> int:
     """Microseconds since the epoch from this machine's clock (the default clock)."""
     return time.time_ns() // 1000
-
-
-def _ms_ceil_us(us: int) -> int:
-    """A TTL as the scripts set it: whole milliseconds, rounded up, plus the 1 ms margin against
-    Redis's truncated clock (``expire_in`` in ``lua/common.lua``), back in us."""
-    return (us + 1999) // 1000 * 1000
 
 
 def _validate(checks: Sequence[Check], now: int) -> None:
@@ -46,7 +38,7 @@ def _validate(checks: Sequence[Check], now: int) -> None:
                 f"distlimit: bad arguments for check {i} ({c!r}): a known algorithm, "
                 "limit >= 1, period >= 1 and cost >= 0 are required"
             )
-        refusal = REGISTRY[c.algorithm].refusal(c.limit, c.period * _US, now)
+        refusal = REGISTRY[c.algorithm].refusal(c.limit, c.period * US, now)
         if refusal:
             raise StorageResponseError(f"distlimit: check {i}: {refusal}")
 
@@ -108,16 +100,14 @@ class MemoryStorage(Storage):
             heapq.heappush(self._heap, (entry.expires, key))
 
     def _put(self, key: str, algorithm: str, state: object, ttl_us: int, now: int) -> None:
-        if ttl_us == KEEP_TTL:
-            kept = self._data.get(key)
-            if kept is not None and state is not None:
-                self._set(key, _Entry(algorithm, state, kept.expires))
-                return
-            raise AssertionError(f"KEEP_TTL for {key!r}, which holds no state")  # a twin bug
-        if state is None or ttl_us <= 0:
+        if ttl_us == KEEP_TTL:  # a write into the window the key holds (it holds one)
+            self._set(key, _Entry(algorithm, state, self._data[key].expires))
+        elif state is None or ttl_us <= 0:
             self._data.pop(key, None)
         else:
-            self._set(key, _Entry(algorithm, state, now + _ms_ceil_us(ttl_us)))
+            # as the scripts set a TTL: whole ms, rounded up, plus the 1 ms margin against
+            # Redis's truncated clock (``expire_in`` in ``lua/common.lua``)
+            self._set(key, _Entry(algorithm, state, now + (ttl_us + 1999) // 1000 * 1000))
 
     def _state(self, check: Check, now: int) -> tuple[State | None, bool]:
         """(the key's state, whether it was unusable and reset: another algorithm's state, or
@@ -126,7 +116,7 @@ class MemoryStorage(Storage):
         if entry is None:
             return None, False
         spec = REGISTRY[check.algorithm]
-        if not spec.twin.plausible(entry.state, check.limit, check.period * _US, now):
+        if not spec.twin.plausible(entry.state, check.limit, check.period * US, now):
             del self._data[check.key]
             return None, True
         if spec.empty(entry.state):
@@ -196,8 +186,8 @@ class MemoryStorage(Storage):
                     s.allowed or c.shadow,
                     c.limit,
                     s.remaining if admitted and s.allowed and not c.meta else s.remaining_now,
-                    (s.reset_us if admitted and s.allowed and not c.meta else s.reset_now_us) / _US,
-                    NEVER if s.retry_us < 0 else s.retry_us / _US,
+                    (s.reset_us if admitted and s.allowed and not c.meta else s.reset_now_us) / US,
+                    NEVER if s.retry_us < 0 else s.retry_us / US,
                     c.shadow and not s.allowed,
                 )
                 for c, s in zip(checks, steps, strict=True)
@@ -211,17 +201,20 @@ class MemoryStorage(Storage):
         key, algorithm, period, window, units, now_us = back
         with self._lock:
             now = self._clock() if now_us is None else now_us
-            if math.floor(now / (period * _US)) != window or units < 1:
+            if math.floor(now / (period * US)) != window or units < 1:
                 return 0
             entry = self._get(key, now)
             spec = REGISTRY.get(cast("Algorithm", algorithm))
-            if entry is None or spec is None or spec.take_back is None:
+            if entry is None or spec is None or spec.counted is None:
                 return 0
-            taken = spec.take_back(entry.state, window, units)
-            if taken is None:
+            state = entry.state
+            if not isinstance(state, spec.counted) or state.window != window or state.used < 1:
                 return 0
-            self._set(key, _Entry(algorithm, taken[0], entry.expires))
-            return taken[1]
+            taken = min(units, state.used)
+            self._set(
+                key, _Entry(algorithm, state._replace(used=state.used - taken), entry.expires)
+            )
+            return taken
 
     def __len__(self) -> int:
         """Keys held, including expired ones not yet dropped (memory use, for tests)."""
@@ -260,7 +253,7 @@ class MemoryStorage(Storage):
             members: dict[str, int] = {}
             if entry is not None and entry.algorithm == "heartbeat":
                 members = {m: t for m, t in entry.state.items() if t > now}  # type: ignore[attr-defined]
-            until = now + math.ceil(ttl * _US)
+            until = now + math.ceil(ttl * US)
             members[member] = until
             self._set(key, _Entry("heartbeat", members, max(members.values())))
             return len(members)

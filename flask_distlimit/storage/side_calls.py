@@ -16,6 +16,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
+from flask_distlimit.engine.lua_source import lua_text
 from flask_distlimit.engine.scripts import SCRIPT_SOURCE
 from flask_distlimit.storage.base import GiveBack, Storage
 from flask_distlimit.storage.give_back import (
@@ -32,9 +33,10 @@ from flask_distlimit.storage.lease_records import (
     records_key,
     repaired_from_reply,
 )
-from flask_distlimit.storage.shared_value import SHARED_VALUE_SOURCE
 from flask_distlimit.storage.translate import translated
 
+#: ``Storage.shared_value``'s script: docs/design-notes.md, "The shared value".
+SHARED_VALUE_SOURCE: Final = lua_text(__package__, "shared_value.lua")
 #: Keys per ``DEL`` command.
 _DELETE_CHUNK: Final = 500
 

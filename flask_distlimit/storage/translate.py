@@ -25,7 +25,7 @@ from flask_distlimit.errors import (
 #: What the limiter's ACL user needs, besides its keys (``~<DISTLIMIT_KEY_PREFIX>:*``): the
 #: commands it sends (EVALSHA, SCRIPT LOAD when a script is missing, SCRIPT EXISTS and PING for
 #: health, SCAN and DEL for resets), and those its scripts run inside Redis (PERSIST: the
-#: identity digest key never expires, :mod:`.shared_value`).
+#: identity digest key never expires, lua/shared_value.lua).
 ACL_GRANTS: Final = (
     "+evalsha +script|load +script|exists +ping +scan +del +unlink +time +get +set +hset +hmget "
     "+pexpire +persist +zadd +zcard +zcount +zrange +zrem +zremrangebyrank +zremrangebyscore "

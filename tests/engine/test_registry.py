@@ -66,7 +66,7 @@ def test_units_are_given_back_to_the_windowed_counts_only() -> None:
     assert GIVE_BACK_CODES == {"fixed_window": 1, "sliding_window_counter": 3}
     assert "local FIELDS = {[1] = 'n', [3] = 'c'}" in GIVE_BACK_SOURCE
     for name, entry in REGISTRY.items():
-        assert (entry.give_back_field is None) == (entry.take_back is None), name
+        assert (entry.give_back_field is None) == (entry.counted is None), name
 
 
 @pytest.mark.parametrize("code", [0, 2, 4, 5, 6, 7])

@@ -310,7 +310,7 @@ def test_every_command_the_scripts_run_is_in_the_acl_grants() -> None:
     # an ACL user given exactly ACL_GRANTS must be able to run every path of the scripts
     from flask_distlimit.storage.heartbeat import HEARTBEAT_SOURCE
     from flask_distlimit.storage.lease_records import LEASE_RECORDS_SOURCE
-    from flask_distlimit.storage.shared_value import SHARED_VALUE_SOURCE
+    from flask_distlimit.storage.side_calls import SHARED_VALUE_SOURCE
     from flask_distlimit.storage.translate import ACL_GRANTS
 
     called = re.findall(

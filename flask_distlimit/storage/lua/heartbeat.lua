@@ -1,32 +1,18 @@
--- heartbeat: read by flask_distlimit/storage/heartbeat.py as HEARTBEAT_SOURCE
+-- heartbeat: read by flask_distlimit/storage/heartbeat.py as HEARTBEAT_SOURCE, after
+-- replace_key.lua (its `write`)
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl_ms = tonumber(ARGV[2])
 local known = tonumber(ARGV[3])
 local until_ms = now_ms + ttl_ms
 
--- ZADD, replacing a key of another type (reported: 1); any other error is raised as it is.
-local function zadd(key, score, member)
-  local reply = redis.pcall('ZADD', key, score, member)
-  if type(reply) ~= 'table' or not reply.err then
-    return 0
-  end
-  if string.sub(reply.err, 1, 9) ~= 'WRONGTYPE' then
-    redis.call('ZADD', key, score, member)  -- fails the same way: raises the error as it is
-    return 0
-  end
-  redis.call('DEL', key)
-  redis.call('ZADD', key, score, member)
-  return 1
-end
-
-local repaired_live = zadd(KEYS[1], until_ms, ARGV[1])
+local repaired_live = write('ZADD', KEYS[1], until_ms, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
 redis.call('PEXPIRE', KEYS[1], ttl_ms)
 local live = redis.call('ZCARD', KEYS[1])
 
 local report = math.max(live, known)
-local repaired_peak = zadd(KEYS[2], until_ms, tostring(report))
+local repaired_peak = write('ZADD', KEYS[2], until_ms, tostring(report))
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms)
 local largest = report
 for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do

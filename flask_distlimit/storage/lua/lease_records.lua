@@ -1,4 +1,5 @@
--- lease records: read by flask_distlimit/storage/lease_records.py as LEASE_RECORDS_SOURCE
+-- lease records: read by flask_distlimit/storage/lease_records.py as LEASE_RECORDS_SOURCE,
+-- after replace_key.lua (its `write`)
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -33,20 +34,6 @@ if ARGV[1] == '' then  -- read: the 1,000 whose time is up soonest, of those not
 end
 
 local hold_ms = tonumber(ARGV[3])
--- a write that meets a key of another type replaces the key (reported: 1); any other error
--- is raised as it is (the same write, made again, fails the same way)
-local function write(command, key, a, b)
-  local reply = redis.pcall(command, key, a, b)
-  if type(reply) ~= 'table' or not reply.err then
-    return 0
-  end
-  if string.sub(reply.err, 1, 9) == 'WRONGTYPE' then
-    redis.call('DEL', key)
-  end
-  redis.call(command, key, a, b)
-  return 1
-end
-
 local repaired_set = write('ZADD', KEYS[1], now_ms + hold_ms, ARGV[1])
 local repaired_records = write('HSET', KEYS[2], ARGV[1], now_ms .. ':' .. ARGV[2])
 if redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms) > 0 then

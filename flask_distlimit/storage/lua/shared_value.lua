@@ -1,4 +1,8 @@
--- shared value: read by flask_distlimit/storage/shared_value.py as SHARED_VALUE_SOURCE
+-- shared value: read by flask_distlimit/storage/side_calls.py as SHARED_VALUE_SOURCE.
+-- Atomically, in one round trip: stores ARGV[1] at KEYS[1] when the key is absent, sets its
+-- lifetime (ARGV[2] seconds; 0: none, so no volatile-* policy evicts it) and answers the value
+-- stored. A read needs no memory, so a full Redis still answers it; a key of another type is
+-- replaced; only commands of ACL_GRANTS (flask_distlimit/storage/translate.py).
 local ok, value = pcall(redis.call, 'GET', KEYS[1])
 if not ok then
   redis.call('UNLINK', KEYS[1])
