@@ -210,7 +210,8 @@ class Declarations:
         self, value: LimitSource, options: Mapping[str, Any], *, concurrency: bool = False
     ) -> LimitDeclaration:
         """``options``: :meth:`limit`'s keyword arguments, as given."""
-        checked, what = check_options(value, options, concurrency=concurrency)
+        checked = check_options(value, options, concurrency=concurrency)
+        what = checked.declared_on  # limiter.limit('...'), as messages name the declaration
 
         def decorator(target: Decorated) -> Decorated:
             kind_on: LimitKind = checked.kind
