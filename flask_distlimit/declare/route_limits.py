@@ -358,10 +358,8 @@ def build_plan(
         bp_specs = [s for s in registry.blueprints.get(bp, ()) if s.applies_to(method)]
         specs += bp_specs
         route += bp_specs
-    if not route:
-        specs = list(default_limits)
-    elif all(not spec.override_defaults for spec in route):
-        specs.extend(default_limits)
+    if not any(spec.override_defaults for spec in route):  # none found, or none overrides
+        specs.extend(s for s in default_limits if s.applies_to(method))
     bound: list[BoundLimit] = []
     seen: set[str] = set()
     for spec in specs:
