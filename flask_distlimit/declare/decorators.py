@@ -210,7 +210,8 @@ class Declarations:
         self, value: LimitSource, options: Mapping[str, Any], *, concurrency: bool = False
     ) -> LimitDeclaration:
         """``options``: :meth:`limit`'s keyword arguments, as given."""
-        checked, what = check_options(value, options, concurrency=concurrency)
+        checked = check_options(value, options, concurrency=concurrency)
+        what = checked.declared_on  # limiter.limit('...'), as messages name the declaration
 
         def decorator(target: Decorated) -> Decorated:
             kind_on: LimitKind = checked.kind
@@ -226,10 +227,7 @@ class Declarations:
                 self._carry_in_decorators(target)
                 return target
             if not callable(target):
-                raise ConfigurationError(
-                    f"{what} decorates a view function, a View class, a method of one, or a "
-                    f"Blueprint; got {target!r}."
-                )
+                raise _not_a_target(what, target)
             carrier = self._carrier(target)
             if carrier is not target and hashable(target):
                 self.registry.wrapped_by.setdefault(target, []).append(carrier)
@@ -297,10 +295,7 @@ class Declarations:
             return lambda view: self.exempt(view, flags=flags)
         self.registry.check_open(target, "limiter.exempt")
         if not (isinstance(target, Blueprint) or hashable(target)):
-            raise ConfigurationError(
-                f"limiter.exempt decorates a view function, a View class, a method of one, or a "
-                f"Blueprint; got {target!r}."
-            )
+            raise _not_a_target("limiter.exempt", target)
         if flags is not None:
             self.registry.scopes[target] = self.registry.scopes.get(target, flags) | flags
         elif isinstance(target, Blueprint):
@@ -308,6 +303,13 @@ class Declarations:
         else:
             self.registry.exempt_views.add(target)
         return target
+
+
+def _not_a_target(what: str, target: object) -> ConfigurationError:
+    return ConfigurationError(
+        f"{what} decorates a view function, a View class, a method of one, or a Blueprint; got "
+        f"{target!r}."
+    )
 
 
 #: :meth:`Declarations.limit`'s options and their defaults, for :meth:`Declarations.concurrency`.

@@ -13,7 +13,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Generic, TypeVar
 
 from flask_distlimit.core.algorithms import MAX_LIMITS_PER_REQUEST, Algorithm
@@ -124,34 +124,22 @@ def read_value(value: object, fallback: str | None) -> tuple[tuple[Rate, ...], D
     )
 
 
+@dataclass(slots=True, eq=False)
 class DynamicLimit(Generic[B]):
     """One dynamic value bound to one route (or scope): resolves it per request and keeps the
     answers per identity and the bound limits per value. ``make`` binds rates."""
 
-    __slots__ = (
-        "_answers",
-        "_bound",
-        "_pace",
-        "algorithm",
-        "name",
-        "value",
-    )
+    value: DynamicValue
+    make: Callable[[tuple[Rate, ...]], tuple[B, ...]]
+    algorithm: Algorithm
+    name: str
+    _answers: dict[str, tuple[int, tuple[Rate, ...]]] = field(default_factory=dict, init=False)
+    #: the bound limits of each value answered, made once
+    _bound: Callable[[tuple[Rate, ...]], tuple[B, ...]] = field(init=False)
+    _pace: Pace = field(default_factory=lambda: Pace(LOG_INTERVAL * _US), init=False)  # ERRORs
 
-    def __init__(
-        self,
-        value: DynamicValue,
-        make: Callable[[tuple[Rate, ...]], tuple[B, ...]],
-        *,
-        algorithm: Algorithm,
-        name: str,
-    ) -> None:
-        self.value = value
-        self.algorithm = algorithm
-        self.name = name
-        self._answers: dict[str, tuple[int, tuple[Rate, ...]]] = {}
-        #: the bound limits of each value answered, made once
-        self._bound = functools.lru_cache(maxsize=_KEPT)(make)
-        self._pace = Pace(LOG_INTERVAL * _US)  # its ERROR lines
+    def __post_init__(self) -> None:
+        self._bound = functools.lru_cache(maxsize=_KEPT)(self.make)
 
     def resolve(
         self, tag: str, tier: str | None, now_us: int, ttl_us: int, room: int

@@ -29,19 +29,16 @@ def identity_tag(identity: str, tags: IdentityTags | None = None) -> str:
     ``tags``: the app's :class:`~flask_distlimit.identity.digests.IdentityTags`
     (``limiter.state(app).tags``); by default the current app's, which needs an app context.
     """
-    return (tags if tags is not None else _current_tags()).tag(identity)
-
-
-def _current_tags() -> IdentityTags:
-    state = current_app.extensions.get("distlimit") if has_app_context() else None
-    tags = getattr(state, "tags", None)
+    if tags is None:
+        state = current_app.extensions.get("distlimit") if has_app_context() else None
+        tags = getattr(state, "tags", None)
     if not isinstance(tags, IdentityTags):
         raise RuntimeError(
             "Identity tags are keyed per app, and there is no app with a Limiter here. Call "
             "this inside `with app.app_context():` of an app that called limiter.init_app(app), "
             "or pass tags=limiter.state(app).tags."
         )
-    return tags
+    return tags.tag(identity)
 
 
 def identity_kind(identity: str) -> str | None:

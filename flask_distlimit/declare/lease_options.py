@@ -37,12 +37,12 @@ def check_lease(
     rates: Sequence[Rate],
     what: str,
     *,
-    algorithm: Algorithm | None,
     dynamic: bool,
     deduct_when: bool,
     shadow: bool,
 ) -> None:
-    """Validate ``lease=`` of a declaration (start-up errors, never request-time ones)."""
+    """Validate ``lease=`` of a declaration (start-up errors, never request-time ones); its
+    algorithm is checked by :class:`~flask_distlimit.declare.specs.LimitSpec`."""
     if lease is False:
         return
     if lease is not True and (not isinstance(lease, int) or lease < 1):
@@ -60,8 +60,6 @@ def check_lease(
                 f"{what}: lease= cannot be combined with {option} (a lease spends units taken "
                 "in advance; use lease= on a plain, enforced limit)."
             )
-    if algorithm is not None:
-        check_lease_algorithm(algorithm, what)
     if isinstance(lease, int) and lease is not True:  # a number of units, checked above
         for rate in rates:
             if lease > rate.amount:

@@ -134,11 +134,11 @@ _AS_GIVEN: Final = (
 
 def check_options(
     value: LimitSource, options: Mapping[str, Any], *, concurrency: bool = False
-) -> tuple[LimitSpec, str]:
+) -> LimitSpec:
     """The spec a declaration makes from ``options``, the keyword arguments of
     :meth:`~flask_distlimit.Limiter.limit` as given: ``shared`` when it names a scope, else
-    ``route`` (``declared_on`` still empty: the decorator sets it and the kind of a
-    blueprint's); and how messages name the declaration."""
+    ``route``; ``declared_on`` names the declaration (``limiter.limit('1/second')``) until the
+    decorator names its target (and sets the kind of a blueprint's)."""
     rates, dynamic = read_value(value, options["fallback"])
     shadow, cost, scope, unit = (options[n] for n in ("shadow", "cost", "scope", "unit"))
     if not isinstance(shadow, bool):
@@ -186,7 +186,6 @@ def check_options(
         options["lease"],
         rates,
         what,
-        algorithm=algorithm,
         dynamic=dynamic is not None,
         deduct_when=(
             options["deduct_when"] is not None
@@ -200,10 +199,11 @@ def check_options(
         rates,
         algorithm=algorithm,
         on_failure=policy,
+        declared_on=what,
         dynamic=dynamic,
         unit=unit,
         methods=method_set,
         **{name: options[name] for name in _AS_GIVEN},
     )
     check_limit_count(spec.rate_count, f"The rates of limiter.limit({value!r})")
-    return spec, what
+    return spec

@@ -217,14 +217,14 @@ def bind(
         for rate in spec.rates:
             if algorithm == CONCURRENCY:  # not a rate: N in flight (defences.concurrency)
                 name = f"{name_head}:{rate.amount} in flight"
+                limit_id = f"{id_head}:c{rate.amount}"
                 policy = concurrency_policy_item(name, rate.amount)
-                rates.append(bound(spec, rate, name, f"{id_head}:c{rate.amount}", policy))
-                continue
-            name = f"{name_head}:{rate}"
-            limit_id = f"{id_head}:{rate.amount}/{rate.period}"
-            if spec.unit != "requests":  # its own counter beside a limit of requests
-                limit_id += ":bytes"
-            policy = policy_item(name, rate.amount, rate.period, spec.unit)
+            else:
+                name = f"{name_head}:{rate}"
+                limit_id = f"{id_head}:{rate.amount}/{rate.period}"
+                if spec.unit != "requests":  # its own counter beside a limit of requests
+                    limit_id += ":bytes"
+                policy = policy_item(name, rate.amount, rate.period, spec.unit)
             rates.append(bound(spec, rate, name, limit_id, policy))
         return tuple(rates)
 
@@ -341,7 +341,7 @@ def build_plan(
                 else specs
             )
             for spec in declared:
-                if id(spec) not in seen_specs:
+                if id(spec) not in seen_specs and spec.applies_to(method):
                     seen_specs.add(id(spec))
                     into.append(replace(spec, per_method=True) if per_method else spec)
     # methods=[...]: a limit applies to those methods only; a route none of whose limits
@@ -349,9 +349,8 @@ def build_plan(
     # override_defaults=False on every limit found so far: the next layer's limits (the
     # innermost limited blueprint's, its limited parents' outwards, then the defaults) apply
     # beside them, as in Flask-Limiter.
-    specs = [s for s in specs if s.applies_to(method)]
-    inner_specs = {o: tuple(s for s in ss if s.applies_to(method)) for o, ss in inner.items()}
-    inner_all = [s for ss in inner_specs.values() for s in ss]
+    inner_specs = {o: tuple(ss) for o, ss in inner.items()}
+    inner_all = [s for ss in inner.values() for s in ss]
     route = [*specs, *inner_all]
     for bp in inherited:  # innermost first
         if any(spec.override_defaults for spec in route):
@@ -359,10 +358,8 @@ def build_plan(
         bp_specs = [s for s in registry.blueprints.get(bp, ()) if s.applies_to(method)]
         specs += bp_specs
         route += bp_specs
-    if not route:
-        specs = list(default_limits)
-    elif all(not spec.override_defaults for spec in route):
-        specs.extend(default_limits)
+    if not any(spec.override_defaults for spec in route):  # none found, or none overrides
+        specs.extend(s for s in default_limits if s.applies_to(method))
     bound: list[BoundLimit] = []
     seen: set[str] = set()
     for spec in specs:

@@ -22,7 +22,7 @@ _MAX_DEPTH = 32
 #: first: a decorator using ``functools.wraps`` copies the attribute onto its own wrapper).
 _CARRIED = "__distlimit_carried__"
 #: What an object that carries no limits answers: no wrapper and no limiter is ever one of these.
-_NOT_CARRIED: Final = (object(), None, object())
+_NOT_CARRIED: Final[tuple[object, Callable[..., Any] | None, object]] = (object(), None, object())
 
 
 def describe(target: object) -> str:
@@ -108,27 +108,20 @@ def make_carrier(
     return carrier
 
 
-def _carried(obj: object) -> tuple[object, Callable[..., Any] | None, object]:
-    """``(wrapper, function, limiter)`` of a limit wrapper or a copy of it."""
-    carried: tuple[object, Callable[..., Any] | None, object]
-    carried = getattr(obj, _CARRIED, _NOT_CARRIED)
-    return carried
-
-
 def carries(func: object, limiter: object) -> bool:
     """Whether ``func`` (or the wrapper it was copied from by ``functools.wraps``) carries
     ``limiter``'s limits."""
-    return _carried(func)[2] is limiter
+    return getattr(func, _CARRIED, _NOT_CARRIED)[2] is limiter
 
 
 def is_carrier(obj: object) -> bool:
     """Whether ``obj`` is itself a limit wrapper (not a decorator's wrapper copied from one)."""
-    return _carried(obj)[0] is obj
+    return getattr(obj, _CARRIED, _NOT_CARRIED)[0] is obj
 
 
 def carried_function(view: object, limiter: object) -> Callable[..., Any] | None:
     """The function ``view`` wraps when ``view`` is itself a limit wrapper of ``limiter`` (not a
     decorator's wrapper around one), else None. The view gate calls it directly when the
     request's plan already decided the wrapper's limits: the wrapper would only check that."""
-    wrapper, function, carrier_of = _carried(view)
+    wrapper, function, carrier_of = getattr(view, _CARRIED, _NOT_CARRIED)
     return function if wrapper is view and carrier_of is limiter else None

@@ -8,7 +8,6 @@ from the app's secret, else a value the storage keeps for the deployment, re-rea
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import hmac
 import logging
@@ -67,6 +66,25 @@ def tag_secret(secret: bytes) -> bytes:
     return hmac.new(secret, _CONTEXT, hashlib.sha256).digest()
 
 
+class _Tags(dict[str, str]):
+    """The tags of one key by identity text, each made on its first lookup; identities up to
+    :data:`_CACHED_LENGTH` characters are kept (emptied when full), longer ones never."""
+
+    def __init__(self, key: bytes) -> None:
+        super().__init__()
+        self._base = hashlib.blake2b(digest_size=10, key=key)
+
+    def __missing__(self, identity: str) -> str:
+        digest = self._base.copy()
+        digest.update(identity.encode("utf-8", "surrogatepass"))
+        tag = digest.hexdigest()
+        if len(identity) <= _CACHED_LENGTH:
+            if len(self) >= _CACHE_SIZE:
+                self.clear()
+            self[identity] = tag
+        return tag
+
+
 class IdentityTags:
     """The identity tags of one app's keys (see the module docstring).
 
@@ -107,9 +125,9 @@ class IdentityTags:
         self._due = float("inf") if secret is not None else float("-inf")
         # The value offered to the storage: this process's own until it has read the shared one.
         self._value = secrets.token_hex(32)
-        self._key_with(secret or tag_secret(self._value.encode()))
-        #: ``tag(identity text) -> 20 hex characters``
-        self.tag: Callable[[str], str] = self._tag if secret is not None else self._kept_tag
+        self._tags = _Tags(secret or tag_secret(self._value.encode()))
+        #: ``tag(identity text) -> 20 hex characters`` (with a secret, a lookup of its tags)
+        self.tag: Callable[[str], str] = self._tags.__getitem__ if self.settled else self._kept_tag
         if secret is None and storage is not None and storage.scheme != "memory":
             log.warning(
                 "Neither DISTLIMIT_API_KEY_SECRET nor SECRET_KEY is set, so the identity digests "
@@ -124,23 +142,10 @@ class IdentityTags:
 
     # -- the request path --------------------------------------------------------------------
 
-    def _tag(self, identity: str) -> str:
-        return self._cached(identity) if len(identity) <= _CACHED_LENGTH else self._digest(identity)
-
     def _kept_tag(self, identity: str) -> str:
         if self._clock() >= self._due:
             self._maintain(wait=not self.settled)
-        return self._tag(identity)
-
-    def _key_with(self, key: bytes) -> None:
-        """Tag with ``key`` from now on (a fresh cache: no tag of the old key is kept)."""
-        self._base = hashlib.blake2b(digest_size=10, key=key)
-        self._cached: Callable[[str], str] = functools.lru_cache(maxsize=_CACHE_SIZE)(self._digest)
-
-    def _digest(self, identity: str) -> str:
-        digest = self._base.copy()
-        digest.update(identity.encode("utf-8", "surrogatepass"))
-        return digest.hexdigest()
+        return self._tags[identity]
 
     # -- the storage-kept key ----------------------------------------------------------------
 
@@ -198,7 +203,7 @@ class IdentityTags:
                     self.storage_key,
                 )
             self._value = value
-            self._key_with(tag_secret(value.encode()))
+            self._tags = _Tags(tag_secret(value.encode()))  # no tag of the old key is kept
         self.settled = True
         self._due = self._clock() + REFRESH_INTERVAL
 

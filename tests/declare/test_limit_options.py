@@ -76,6 +76,20 @@ def test_methods_of_a_route_fall_back_to_the_defaults_for_other_methods(
     assert statuses(app, "/items", 4) == [200, 200, 200, 429]
 
 
+def test_methods_of_a_limit_on_the_app_limit_only_those_methods(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+    limiter.limit("1/minute", methods=["POST"])(app)  # a default limit, for POST only
+
+    @app.route("/items", methods=["GET", "POST"])
+    def items() -> str:
+        return "items"
+
+    assert statuses(app, "/items", 3) == [200] * 3
+    assert statuses(app, "/items", 2, method="POST") == [200, 429]
+
+
 def test_override_defaults_false_keeps_the_defaults(backend: Backend, clock: FakeClock) -> None:
     app, limiter, _ = make_app(backend(), clock, DISTLIMIT_DEFAULT_LIMITS="2/minute")
 

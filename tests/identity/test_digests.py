@@ -14,6 +14,7 @@ from redis.cluster import RedisCluster
 
 from flask_distlimit.errors import StorageUnavailable
 from flask_distlimit.identity.digests import (
+    _CACHE_SIZE,
     RETRY_INTERVAL,
     SHARED_KEY_TTL,
     IdentityTags,
@@ -60,6 +61,17 @@ def test_tags_are_keyed_fixed_size_and_depend_on_the_secret() -> None:
         assert one.tag(text) == same.tag(text) != other.tag(text)
     assert one.tag("ip:1.2.3.4") != one.tag("func:ip:1.2.3.4")
     assert tag_secret(b"s") != b"s" and len(tag_secret(b"s")) == 32
+
+
+def test_tags_are_cached_within_bounds_and_never_for_a_long_identity() -> None:
+    tags = IdentityTags(tag_secret(b"s"))
+    long = "func:" + "x" * 200  # a key_func may answer kilobytes: hashed every time
+    assert tags.tag(long) == tags.tag(long) == IdentityTags(tag_secret(b"s")).tag(long)
+    first = tags.tag("ip:203.0.113.9")
+    for i in range(3 * _CACHE_SIZE):
+        assert HEX20.fullmatch(tags.tag(f"ip:10.0.{i // 256}.{i % 256}"))
+        assert len(tags._tags) <= _CACHE_SIZE and long not in tags._tags
+    assert tags.tag("ip:203.0.113.9") == first  # made again, the same
 
 
 def test_workers_on_one_redis_read_one_key_without_a_ttl(redis_client: redis.Redis) -> None:
