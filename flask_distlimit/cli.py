@@ -23,7 +23,7 @@ from flask_distlimit.core.decision import Check, Decision
 from flask_distlimit.errors import StorageError
 from flask_distlimit.extension import Limiter
 from flask_distlimit.ops.admin import NamedCheck, check_kind, delete_counts, identity_keys
-from flask_distlimit.resilience.holdings import Holding, read_holdings
+from flask_distlimit.resilience.holdings import Holding, holdings
 from flask_distlimit.state import LimiterState
 from flask_distlimit.storage.urls import mask_url
 
@@ -206,7 +206,7 @@ class _Row:
             "stored": self.stored,
             "key": self.check.key,
             "lease_per_process": self.lease,
-            "leases_held": None if self.lease is None else [h.as_dict() for h in self.held],
+            "leases_held": None if self.lease is None else [h._asdict() for h in self.held],
         }
 
 
@@ -221,7 +221,7 @@ def _peek(state: LimiterState, identity: str) -> list[_Row]:
         stored = set(identity_keys(state, identity))
         evaluation = state.storage.evaluate(checks)
         if any(size is not None for size in sizes):  # what the serving processes published
-            held = read_holdings(state.storage, state.lease_records_key())
+            held = holdings(state.storage.lease_records(state.lease_records_key()))
     return [
         _Row(row.name, row.check, d, row.check.key in stored, size, held.get(row.check.key, ()))
         for row, d, size in zip(named, evaluation.decisions, sizes, strict=True)
@@ -265,7 +265,7 @@ def inspect(identity: str, ip: bool, api_key: bool, show_all: bool, as_json: boo
                 units = f"{h.units} unit{'' if h.units == 1 else 's'}"
                 click.echo(
                     f"  {'':<{width}}    held by {h.process}: {units}, good for "
-                    f"{_seconds(h.valid_for)} (published {h.age:.1f} s ago)"
+                    f"{_seconds(h.valid_for)} (published {h.published_ago:.1f} s ago)"
                 )
             if not r.held:
                 click.echo(f"  {'':<{width}}    held by no process (none published a lease)")

@@ -2,8 +2,8 @@
 
 At most once a second, after a storage call that changed its leases, a process publishes
 :func:`record_of` (its :data:`RECORD_LEASES` largest leases) in a call of its own, kept as long as
-its longest-lived units; a request its lease covers never makes that call. :func:`read_holdings`
-reads them back, skipping whatever is not a record. Design: docs/design-notes.md, "Lease records".
+its longest-lived units; a request its lease covers never makes that call. :func:`holdings` reads
+them back, skipping whatever is not a record. Design: docs/design-notes.md, "Lease records".
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 
 if TYPE_CHECKING:
     from flask_distlimit.resilience.lease import Lease
-    from flask_distlimit.storage.base import Storage
     from flask_distlimit.storage.lease_records import Record
 
 #: The most leases one process's published record lists (the most units held first).
@@ -47,16 +46,13 @@ def record_of(leases: Iterable[Lease], now: int) -> LeaseRecord:
 
 
 class Holding(NamedTuple):
-    """The units of one leased key one process held when it last published."""
+    """The units of one leased key one process held when it last published (its ``_asdict()``
+    is what ``flask distlimit inspect --json`` lists)."""
 
     process: str  #: ``host:pid:token``
     units: int
     valid_for: float  #: seconds the units stay good, counted from now
-    age: float  #: seconds since the process published them
-
-    def as_dict(self) -> dict[str, object]:
-        process, units, valid_for, age = self
-        return {"process": process, "units": units, "valid_for": valid_for, "published_ago": age}
+    published_ago: float  #: seconds since the process published them
 
 
 def holdings(records: Sequence[Record]) -> dict[str, list[Holding]]:
@@ -82,9 +78,3 @@ def holdings(records: Sequence[Record]) -> dict[str, list[Holding]]:
     for held in found.values():
         held.sort(key=lambda h: (-h.units, h.process))
     return found
-
-
-def read_holdings(storage: Storage, key: str) -> dict[str, list[Holding]]:
-    """:func:`holdings` of the records under ``key``; raises ``StorageError`` as the storage
-    does."""
-    return holdings(storage.lease_records(key))

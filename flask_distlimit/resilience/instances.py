@@ -29,17 +29,16 @@ InstancesSetting = int | Literal["auto"]
 
 
 def validate_instances(value: object) -> InstancesSetting:
-    """``DISTLIMIT_INSTANCES`` as a positive int or ``"auto"``; else :class:`ConfigurationError`."""
+    """``DISTLIMIT_INSTANCES`` as an int from 1 to 100000 or ``"auto"`` (a string of digits is
+    refused, as by every numeric key); else :class:`ConfigurationError`."""
     if value == "auto":
         return "auto"
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_FLEET:
         return value
     raise ConfigurationError(
-        f"DISTLIMIT_INSTANCES={value!r} is not valid. Use a positive integer (the number of "
-        'processes sharing the limits, e.g. replicas x gunicorn workers) or "auto" (count live '
-        "processes through heartbeats in the storage)."
+        f"DISTLIMIT_INSTANCES = {value!r} is not valid. Use a positive integer up to {MAX_FLEET} "
+        "(the number of processes sharing the limits, e.g. replicas x gunicorn workers) or "
+        "'auto' (count live processes through heartbeats in the storage)."
     )
 
 

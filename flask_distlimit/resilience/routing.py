@@ -81,20 +81,15 @@ def evaluate_routed(
             core.count_unreadable(result)
             failed.extend(indexes)
         else:
-            decisions_of_part = result.decisions
-            for i, decision in zip(indexes, decisions_of_part, strict=True):
+            charged = result.allowed and any(c.cost for c in part)
+            for i, decision in zip(indexes, result.decisions, strict=True):
                 decisions[i] = decision
+                # a shadow check that would deny was not charged: nothing to give back
+                if charged and not decision.shadow_denied:
+                    spent.append(i)
             repaired.extend(result.repaired_keys)
             answered.extend(indexes)
-            if not result.allowed:
-                denied = True
-            elif any(c.cost for c in part):
-                # a shadow check that would deny was not charged: nothing to give back
-                spent.extend(
-                    i
-                    for i, d in zip(indexes, decisions_of_part, strict=True)
-                    if not d.shadow_denied
-                )
+            denied = denied or not result.allowed
     if repaired:
         core.storage_log.repaired(repaired)
     if busy is not None:

@@ -31,12 +31,15 @@ from tests.servers import RedisProcess, free_port, gunicorn_command, start_redis
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize(("value", "expected"), [("auto", "auto"), (1, 1), (12, 12), ("4", 4)])
+@pytest.mark.parametrize(
+    ("value", "expected"), [("auto", "auto"), (1, 1), (12, 12), (100_000, 100_000)]
+)
 def test_valid_settings(value: object, expected: object) -> None:
     assert validate_instances(value) == expected
 
 
-@pytest.mark.parametrize("value", [0, -1, True, "many", 1.5, None, ""])
+# "4" and 100_001 are refused, as DISTLIMIT_INSTANCES is at init_app: one rule for both.
+@pytest.mark.parametrize("value", [0, -1, True, "many", 1.5, None, "", "4", 100_001])
 def test_invalid_settings_say_what_to_use(value: object) -> None:
     with pytest.raises(ConfigurationError, match=r"positive integer.*auto"):
         validate_instances(value)
