@@ -13,7 +13,7 @@ import difflib
 import re
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar, get_args
 
 from flask_distlimit._typing import FailurePolicy, HeaderMode
 from flask_distlimit.core.algorithms import ALGORITHMS
@@ -27,6 +27,7 @@ from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity import IDENTITY_KEYS
 from flask_distlimit.request.settings import LimiterSettings
 from flask_distlimit.resilience.breaker import check_fail_max, check_reset_timeout
+from flask_distlimit.resilience.instances import validate_instances
 from flask_distlimit.storage.heartbeat import MAX_FLEET
 from flask_distlimit.storage.startup_check import STARTUP_CHECKS
 from flask_distlimit.storage.tokens import TOKEN_MODES
@@ -142,12 +143,6 @@ def _storage_url(key: str, value: object) -> str:
     )
 
 
-def _instances(key: str, value: object) -> int | Literal["auto"]:
-    if value == "auto":
-        return "auto"
-    return int(_Range(True, 1, MAX_FLEET, " (the number of processes) or 'auto'").read(key, value))
-
-
 def _prefix(key: str, value: object) -> str:
     if isinstance(value, str) and _PREFIX.match(value):
         return value
@@ -207,7 +202,7 @@ _READERS: Final[dict[str, Callable[[str, object], object]]] = {
     "conditional_cost": _Range(True, 0, 1000).read,
     "enabled": _bool,
     "failure_policy": _one_of(FAILURE_POLICIES),
-    "instances": _instances,
+    "instances": lambda _, value: validate_instances(value),
     "instances_min": _Range(
         True, 1, MAX_FLEET, " (the smallest divisor of the local fallback)"
     ).read,
