@@ -137,17 +137,20 @@ class Pipeline:
                 call.wake = threading.Lock()
                 call.wake.acquire()
                 self._queue.append(call)
-        if call.state != _LEAD:
-            self._follow(call, wait_until)
-            if call.state != _LEAD:  # answered by its batch's leader
-                return call
-        # It leads a batch: on the connection handed over (or one from the pool), then hands
-        # the connection to the next queued call, or gives it back.
         pool = self.pool
-        connection = call.connection
-        call.connection = None
         batch = [call]
+        connection = None
+        leading = call.state == _LEAD
         try:
+            if not leading:
+                self._follow(call, wait_until)
+                if call.state != _LEAD:  # answered by its batch's leader
+                    return call
+                leading = True
+            # It leads a batch: on the connection handed over (or one from the pool), then
+            # hands the connection to the next queued call, or gives it back (finally:).
+            connection = call.connection
+            call.connection = None
             due = None
             if self.late:  # the batch answers by its oldest call's deadline (the leader's)
                 call.asked = call.asked or time.monotonic()
@@ -238,6 +241,8 @@ class Pipeline:
                 pool.send(connection, [load + b"".join([c.command for c in missing])])
                 todo, again = missing, True
         except BaseException as exc:
+            if not leading:
+                raise  # a follower's own: no batch took it in time, or it was interrupted
             if connection is not None:
                 pool.broken(connection)  # a reply may be left unread
             if isinstance(exc, redis.TimeoutError):
@@ -246,10 +251,26 @@ class Pipeline:
             if not isinstance(exc, Exception):
                 raise  # an interrupt of the leader's own (a signal handler's, a timeout's)
         finally:
-            for follower in batch[1:]:  # each is answered (a batch of one wakes nobody)
-                follower.state = _DONE
-                follower.wake.release()
-            self._hand_on(connection)
+            # Led, or handed the lead and interrupted before it led (the connection still on
+            # the call): the connection goes to the oldest queued call (it leads next), or back
+            # to the pool; a lead never lost, or the pipeline would lose a connection for good.
+            if call.state == _LEAD:
+                for follower in batch[1:]:  # each is answered (a batch of one wakes nobody)
+                    follower.state = _DONE
+                    follower.wake.release()
+                if connection is None:
+                    connection = call.connection
+                with self._lock:
+                    nxt = self._queue.popleft() if self._queue else None
+                    if nxt is None:
+                        self._leading -= 1
+                    else:
+                        nxt.state = _LEAD
+                        nxt.connection = connection
+                if nxt is not None:
+                    nxt.wake.release()
+                elif connection is not None:
+                    pool.release(connection)
         return call
 
     def _follow(self, call: Call, wait_until: float) -> None:
@@ -268,14 +289,11 @@ class Pipeline:
             raise
         except BaseException:
             # Interrupted while it waited (a signal handler's exception, a gevent Timeout): it
-            # leaves the queue, and a lead handed to it goes on to the next call, or the
-            # pipeline would lose a connection for good. A batch that took it answers nobody.
+            # leaves the queue; a lead handed to it goes on from call(). A batch that took it
+            # answers nobody.
             with self._lock:
-                state = call.state
-                if state == _QUEUED:
+                if call.state == _QUEUED:
                     self._queue.remove(call)
-            if state == _LEAD:
-                self._hand_on(call.connection)
             raise
 
     def _expire(self, batch: list[Call]) -> list[Call]:
@@ -314,17 +332,3 @@ class Pipeline:
                     call.error = copy.copy(exc)  # each raises its own
         if interrupted:
             batch[0].error, batch[0].lost = exc, False
-
-    def _hand_on(self, connection: Any) -> None:
-        """Hand the connection to the oldest queued call (it leads next), or give it back."""
-        with self._lock:
-            nxt = self._queue.popleft() if self._queue else None
-            if nxt is None:
-                self._leading -= 1
-            else:
-                nxt.state = _LEAD
-                nxt.connection = connection
-        if nxt is not None:
-            nxt.wake.release()
-        elif connection is not None:
-            self.pool.release(connection)
