@@ -142,8 +142,15 @@ class Pipeline:
         connection = None
         leading = call.state == _LEAD
         try:
-            if not leading:
-                self._follow(call, wait_until)
+            if not leading:  # it follows: until answered or handed the lead
+                if not call.wake.acquire(timeout=max(0.0, wait_until - time.monotonic())):
+                    with self._lock:
+                        if call.state == _QUEUED:  # never taken: it leaves, nothing was sent
+                            self._queue.remove(call)
+                            call.state = _DONE
+                            raise NoConnectionAvailable("No batch took the call in time.")
+                    # taken into a batch (or handed the lead) meanwhile: its leader answers it
+                    call.wake.acquire()
                 if call.state != _LEAD:  # answered by its batch's leader
                     return call
                 leading = True
@@ -242,7 +249,13 @@ class Pipeline:
                 todo, again = missing, True
         except BaseException as exc:
             if not leading:
-                raise  # a follower's own: no batch took it in time, or it was interrupted
+                # A follower's own: interrupted while it waited (a signal handler's exception,
+                # a gevent Timeout), it leaves the queue; a lead handed to it meanwhile goes on
+                # below; a batch that took it answers nobody.
+                with self._lock:
+                    if call.state == _QUEUED:
+                        self._queue.remove(call)
+                raise
             if connection is not None:
                 pool.broken(connection)  # a reply may be left unread
             if isinstance(exc, redis.TimeoutError):
@@ -272,29 +285,6 @@ class Pipeline:
                 elif connection is not None:
                     pool.release(connection)
         return call
-
-    def _follow(self, call: Call, wait_until: float) -> None:
-        """Wait until ``call`` is answered or handed the lead; raise
-        :class:`~.pool.NoConnectionAvailable` when no batch took it by ``wait_until``."""
-        try:
-            if call.wake.acquire(timeout=max(0.0, wait_until - time.monotonic())):
-                return
-            with self._lock:
-                if call.state == _QUEUED:  # never taken: it leaves, nothing was sent
-                    self._queue.remove(call)
-                    raise NoConnectionAvailable("No batch took the call in time.")
-            # taken into a batch (or handed the lead) meanwhile: its leader answers it
-            call.wake.acquire()
-        except NoConnectionAvailable:
-            raise
-        except BaseException:
-            # Interrupted while it waited (a signal handler's exception, a gevent Timeout): it
-            # leaves the queue; a lead handed to it goes on from call(). A batch that took it
-            # answers nobody.
-            with self._lock:
-                if call.state == _QUEUED:
-                    self._queue.remove(call)
-            raise
 
     def _expire(self, batch: list[Call]) -> list[Call]:
         """Redis late: the calls of ``batch`` whose deadline has passed are answered with a

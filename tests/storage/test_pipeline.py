@@ -328,31 +328,39 @@ def test_a_leader_interrupted_after_its_send_leaves_its_followers_answered(
     storage.close()
 
 
-class _WokenThenInterrupted:
-    """A follower's wake lock whose wait ends as it should, then raises :class:`Interrupt`: a
-    signal handler's exception met just after the wait (the lead handed to it meanwhile)."""
+class _InterruptedWake:
+    """A follower's wake lock whose wait raises :class:`Interrupt`, as a signal handler's
+    exception would: at once (``woken`` False: still queued), or once the wait ended (the lead
+    handed to it meanwhile). ``waiting`` is set when the follower starts to wait."""
+
+    woken = True
+    waiting = threading.Event()
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.held = False
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        self.lock.acquire(blocking, timeout)
         if not self.held:  # the call's own first acquire, as it queues
             self.held = True
-            return True
+            return self.lock.acquire()
+        self.waiting.set()
+        if self.woken:
+            self.lock.acquire(blocking, timeout)
         raise Interrupt
 
     def release(self) -> None:
         self.lock.release()
 
 
-def test_a_follower_interrupted_once_handed_the_lead_hands_the_connection_on(
-    redis_server: RedisProcess, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("woken", [True, False], ids=["handed-the-lead", "queued"])
+def test_a_follower_interrupted_while_it_waits_loses_no_connection(
+    redis_server: RedisProcess, monkeypatch: pytest.MonkeyPatch, woken: bool
 ) -> None:
     # One connection, one batch at a time: the leader is held in its send until a second call
-    # queues; that call is handed the lead and interrupted before it leads. The connection
-    # must go back (a lost one would leave every later call waiting its whole budget).
+    # waits; that call is interrupted, still queued or once handed the lead (before it leads).
+    # The connection must go back (a lost one would leave every later call waiting its whole
+    # budget) and the queue be left empty.
     pool = DeadlinePool(timeout=5.0, max_connections=1, host="127.0.0.1", port=redis_server.port)
     pipeline = Pipeline(pool, load=lambda c: _pack("PING"), width=1)
     real = DeadlinePool.send
@@ -368,9 +376,9 @@ def test_a_follower_interrupted_once_handed_the_lead_hands_the_connection_on(
     leader.start()
     assert sending.wait(10)
     # the wake locks of the calls made from now on (the pipeline's own lock is made already)
+    wake = type("Wake", (_InterruptedWake,), {"woken": woken, "waiting": threading.Event()})
     monkeypatch.setattr(
-        "flask_distlimit.storage.pipeline.threading",
-        type("Threading", (), {"Lock": _WokenThenInterrupted}),
+        "flask_distlimit.storage.pipeline.threading", type("Threading", (), {"Lock": wake})
     )
     follower: list[BaseException] = []
 
@@ -382,10 +390,7 @@ def test_a_follower_interrupted_once_handed_the_lead_hands_the_connection_on(
 
     waiting = threading.Thread(target=follow)
     waiting.start()
-    deadline = time.monotonic() + 10
-    while not pipeline._queue:  # the follower queued
-        assert time.monotonic() < deadline
-        time.sleep(0.001)
+    assert wake.waiting.wait(10)  # the follower queued and waits
     queued.set()
     leader.join()
     waiting.join()
