@@ -70,6 +70,7 @@ class _Listener(pybreaker.CircuitBreakerListener):
     def state_change(self, cb: Any, old_state: Any, new_state: Any) -> None:
         new = str(new_state.name)  # pybreaker notifies changes only: old_state is never None
         owner = self._owner
+        owner.calm = new == "closed"  # closing reset the counter (also a change made directly)
         if new == "open":
             log.warning(
                 "Rate-limit storage %s is unavailable after %d consecutive failure(s): "
@@ -115,6 +116,9 @@ class Breaker:
         self.name = name
         self.on_change = on_change
         self.last_error: BaseException | None = None
+        #: closed, and no outage counted since the last answer: :meth:`allow` says yes and
+        #: :meth:`success` changes nothing, so a caller may skip both (one read, no call)
+        self.calm = True
         self._clock = clock
         self._lock = threading.Lock()
         self._store = pybreaker.CircuitMemoryStorage("closed")
@@ -173,21 +177,22 @@ class Breaker:
 
     def success(self) -> None:
         """The storage answered (a value or an error reply)."""
-        store = self._store
-        if store.state == "closed" and store.counter == 0:  # hot path
+        if self.calm:  # the hot path
             return
         with self._lock:
-            if store.state == "closed":
-                store.reset_counter()
-                return
-            self._trial_since = None
-            self.last_error = None
-            self._cb.close()
+            if self._store.state == "closed":
+                self._store.reset_counter()
+            else:
+                self._trial_since = None
+                self.last_error = None
+                self._cb.close()
+            self.calm = True
 
     def failure(self, error: BaseException) -> None:
         """The storage could not be reached (an outage)."""
         now = self._clock()
         with self._lock:
+            self.calm = False
             self.last_error = error
             store = self._store
             state = store.state
@@ -217,6 +222,7 @@ class Breaker:
             if self._store.state != "closed":
                 self._cb.close()
             self._store.reset_counter()
+            self.calm = True
 
     def _circuit(self, listeners: Any) -> pybreaker.CircuitBreaker:
         """A pybreaker breaker on this breaker's state storage (built on an existing storage,

@@ -72,7 +72,7 @@ class Guard(GuardCore):
                 if self.metrics is not None:
                     self.metrics.degraded(checks, refusal)
                 return Outcome(refusal, degraded=True)
-        if not breaker.allow():
+        if not (breaker.calm or breaker.allow()):
             moved = self.follow_node(refresh=True) if self.follows else None
             if moved is None or not moved.allow():
                 return self.answer_by_policy(checks, chosen, now_us)
@@ -122,7 +122,8 @@ class Guard(GuardCore):
         except BaseException:
             breaker.release()
             raise
-        breaker.success()
+        if not breaker.calm:
+            breaker.success()
         outcome: Outcome | None = None
         if chosen == "local":
             self.last_known.record(checks, evaluation)

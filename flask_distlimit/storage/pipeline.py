@@ -118,7 +118,12 @@ class Pipeline:
         """Send ``command`` (one packed ``EVALSHA``) in a batch and wait for its reply; a wait
         for a batch ends by ``wait_until`` (the queue budget), then
         :class:`~.pool.NoConnectionAvailable` is raised. The answer is on the returned
-        :class:`Call`."""
+        :class:`Call`.
+
+        A leader sends its batch in one write and reads one reply per call by the oldest call's
+        deadline when Redis is late (but a moment after the send at least), else a timeout
+        after the send. The calls answered ``NOSCRIPT`` are sent once more behind a
+        ``SCRIPT LOAD``, in one write; a second ``NOSCRIPT`` is their error."""
         if self.pid != os.getpid():
             self.reset()
         call = Call()  # its fields start at the class's defaults
@@ -132,75 +137,154 @@ class Pipeline:
                 call.wake = threading.Lock()
                 call.wake.acquire()
                 self._queue.append(call)
-        if call.state != _LEAD:
-            self._follow(call, wait_until)
-            if call.state != _LEAD:  # answered by its batch's leader
-                return call
-        # It leads a batch: on the connection handed over (or one from the pool), then hands
-        # the connection to the next queued call, or gives it back.
-        connection = call.connection
-        call.connection = None
+        pool = self.pool
         batch = [call]
+        connection = None
+        leading = call.state == _LEAD
         try:
+            if not leading:  # it follows: until answered or handed the lead
+                if not call.wake.acquire(timeout=max(0.0, wait_until - time.monotonic())):
+                    with self._lock:
+                        if call.state == _QUEUED:  # never taken: it leaves, nothing was sent
+                            self._queue.remove(call)
+                            call.state = _DONE
+                            raise NoConnectionAvailable("No batch took the call in time.")
+                    # taken into a batch (or handed the lead) meanwhile: its leader answers it
+                    call.wake.acquire()
+                if call.state != _LEAD:  # answered by its batch's leader
+                    return call
+                leading = True
+            # It leads a batch: on the connection handed over (or one from the pool), then
+            # hands the connection to the next queued call, or gives it back (finally:).
+            connection = call.connection
+            call.connection = None
             due = None
             if self.late:  # the batch answers by its oldest call's deadline (the leader's)
                 call.asked = call.asked or time.monotonic()
-                due = call.asked + self.pool.timeout
+                due = call.asked + pool.timeout
             if connection is None:
-                connection = self.pool.checkout(wait_until, probe=False, connect_by=due)
+                connection = pool.checkout(wait_until, probe=False, connect_by=due)
             else:
-                self.pool.ready(connection, due)
+                pool.ready(connection, due)
             with self._lock:  # the calls queued meanwhile, up to max_batch, are taken
                 queue = self._queue
                 while queue and len(batch) < self.max_batch:
                     taken = queue.popleft()
                     taken.state = _TAKEN
                     batch.append(taken)
-            sent = batch if due is None else self._expire(batch)
-            if sent:
-                self._run(
-                    connection, sent, None if due is None else sent[0].asked + self.pool.timeout
-                )
+            todo = batch
+            if due is not None:
+                todo = self._expire(batch)
+                if not todo:
+                    return call
+                due = todo[0].asked + pool.timeout
+            load = None if self.loaded else self.load(connection)
+            payload = todo[0].command if len(todo) == 1 else b"".join([c.command for c in todo])
+            if load is not None:
+                payload = load + payload
+            try:
+                pool.send(connection, [payload])
+            except redis.ConnectionError:
+                # Redis never had the whole write: nothing ran. Once more on a fresh connection.
+                self._trouble()
+                pool.renew(connection, time.monotonic() + pool.timeout)
+                pool.send(connection, [payload])
+            sent = time.monotonic()
+            deadline = sent + pool.timeout  # Redis's time starts once it has them
+            if due is not None:
+                deadline = min(deadline, max(due, sent + pool.slack))
+            # calls in flight beside this one (a queue forms only then): is Redis late?
+            watched = self._leading > 1 or len(todo) > 1 or bool(self._queue)
+            if watched:  # Redis is late when its first reply is not there half a timeout
+                # after the send (a reader that came late, for the GIL, finds one in time)
+                try:
+                    self.late = not connection.can_read(
+                        max(0.0, sent + pool.timeout / 2 - time.monotonic())
+                    )
+                except redis.ConnectionError as exc:
+                    pool.broken(connection)
+                    self._lost(todo, exc, deadline)
+                    return call
+            again = False
+            while True:
+                if load is not None:
+                    # the SCRIPT LOAD's reply: an error reply (an ACL without SCRIPT LOAD) is
+                    # left to the calls' own replies to tell
+                    try:
+                        pool.read(connection, deadline)
+                    except redis.ResponseError:
+                        pass
+                    except redis.ConnectionError as exc:
+                        self._lost(todo, exc, deadline)
+                        return call
+                    self.loaded = True
+                missing: list[Call] = []
+                for n, each in enumerate(todo):
+                    each.deadline = deadline
+                    try:
+                        each.reply = pool.read(connection, deadline)
+                    except NoScriptError as exc:
+                        if again:
+                            each.error = exc
+                        else:
+                            missing.append(each)
+                    except redis.ResponseError as exc:
+                        each.error = exc  # read whole: the next reply is the next call's
+                    except redis.ConnectionError as exc:
+                        self._lost(todo[n:], exc, deadline)
+                        missing = []
+                        break
+                if (
+                    not again
+                    and not watched
+                    and self.late
+                    and time.monotonic() - sent < pool.timeout / 2
+                ):
+                    self.late = False  # answered in time: Redis is not late (now)
+                if not missing:
+                    return call
+                self.loaded = False
+                load = self.load(connection)
+                pool.send(connection, [load + b"".join([c.command for c in missing])])
+                todo, again = missing, True
         except BaseException as exc:
+            if not leading:
+                # A follower's own: interrupted while it waited (a signal handler's exception,
+                # a gevent Timeout), it leaves the queue; a lead handed to it meanwhile goes on
+                # below; a batch that took it answers nobody.
+                with self._lock:
+                    if call.state == _QUEUED:
+                        self._queue.remove(call)
+                raise
             if connection is not None:
-                self.pool.broken(connection)  # a reply may be left unread
+                pool.broken(connection)  # a reply may be left unread
             if isinstance(exc, redis.TimeoutError):
                 self.late = True
             self._fail(batch, exc)
             if not isinstance(exc, Exception):
                 raise  # an interrupt of the leader's own (a signal handler's, a timeout's)
         finally:
-            for follower in batch[1:]:  # each is answered (a batch of one wakes nobody)
-                follower.state = _DONE
-                follower.wake.release()
-            self._hand_on(connection)
+            # Led, or handed the lead and interrupted before it led (the connection still on
+            # the call): the connection goes to the oldest queued call (it leads next), or back
+            # to the pool; a lead never lost, or the pipeline would lose a connection for good.
+            if call.state == _LEAD:
+                for follower in batch[1:]:  # each is answered (a batch of one wakes nobody)
+                    follower.state = _DONE
+                    follower.wake.release()
+                if connection is None:
+                    connection = call.connection
+                with self._lock:
+                    nxt = self._queue.popleft() if self._queue else None
+                    if nxt is None:
+                        self._leading -= 1
+                    else:
+                        nxt.state = _LEAD
+                        nxt.connection = connection
+                if nxt is not None:
+                    nxt.wake.release()
+                elif connection is not None:
+                    pool.release(connection)
         return call
-
-    def _follow(self, call: Call, wait_until: float) -> None:
-        """Wait until ``call`` is answered or handed the lead; raise
-        :class:`~.pool.NoConnectionAvailable` when no batch took it by ``wait_until``."""
-        try:
-            if call.wake.acquire(timeout=max(0.0, wait_until - time.monotonic())):
-                return
-            with self._lock:
-                if call.state == _QUEUED:  # never taken: it leaves, nothing was sent
-                    self._queue.remove(call)
-                    raise NoConnectionAvailable("No batch took the call in time.")
-            # taken into a batch (or handed the lead) meanwhile: its leader answers it
-            call.wake.acquire()
-        except NoConnectionAvailable:
-            raise
-        except BaseException:
-            # Interrupted while it waited (a signal handler's exception, a gevent Timeout): it
-            # leaves the queue, and a lead handed to it goes on to the next call, or the
-            # pipeline would lose a connection for good. A batch that took it answers nobody.
-            with self._lock:
-                state = call.state
-                if state == _QUEUED:
-                    self._queue.remove(call)
-            if state == _LEAD:
-                self._hand_on(call.connection)
-            raise
 
     def _expire(self, batch: list[Call]) -> list[Call]:
         """Redis late: the calls of ``batch`` whose deadline has passed are answered with a
@@ -216,82 +300,6 @@ class Pipeline:
                     "(DISTLIMIT_REDIS_TIMEOUT) for a batch; it was not sent"
                 )
         return sent
-
-    def _run(self, connection: Any, batch: list[Call], due: float | None) -> None:
-        """Send ``batch`` in one write, read one reply per call by ``due``, the oldest call's
-        deadline (but a moment after the send at least), else a timeout after the send. The
-        calls answered ``NOSCRIPT`` are sent once more behind a ``SCRIPT LOAD``, in one write;
-        a second ``NOSCRIPT`` is their error."""
-        pool = self.pool
-        load = None if self.loaded else self.load(connection)
-        payload = batch[0].command if len(batch) == 1 else b"".join([c.command for c in batch])
-        if load is not None:
-            payload = load + payload
-        try:
-            pool.send(connection, [payload])
-        except redis.ConnectionError:
-            # Redis never had the whole write: nothing ran. Once more on a fresh connection.
-            self._trouble()
-            pool.renew(connection, time.monotonic() + pool.timeout)
-            pool.send(connection, [payload])
-        sent = time.monotonic()
-        deadline = sent + pool.timeout  # Redis's time starts once it has them
-        if due is not None:
-            deadline = min(deadline, max(due, sent + pool.slack))
-        # calls in flight beside this one (a queue forms only then): is Redis late?
-        watched = self._leading > 1 or len(batch) > 1 or bool(self._queue)
-        if watched:  # Redis is late when its first reply is not there half a timeout after
-            # the send (a reader that came late, for the GIL, finds one that came in time)
-            try:
-                self.late = not connection.can_read(
-                    max(0.0, sent + pool.timeout / 2 - time.monotonic())
-                )
-            except redis.ConnectionError as exc:
-                pool.broken(connection)
-                self._lost(batch, exc, deadline)
-                return
-        todo, again = batch, False
-        while True:
-            if load is not None:
-                # the SCRIPT LOAD's reply: an error reply (an ACL without SCRIPT LOAD) is left
-                # to the calls' own replies to tell
-                try:
-                    pool.read(connection, deadline)
-                except redis.ResponseError:
-                    pass
-                except redis.ConnectionError as exc:
-                    self._lost(todo, exc, deadline)
-                    return
-                self.loaded = True
-            missing: list[Call] = []
-            for n, call in enumerate(todo):
-                call.deadline = deadline
-                try:
-                    call.reply = pool.read(connection, deadline)
-                except NoScriptError as exc:
-                    if again:
-                        call.error = exc
-                    else:
-                        missing.append(call)
-                except redis.ResponseError as exc:
-                    call.error = exc  # read whole: the next reply is the next call's
-                except redis.ConnectionError as exc:
-                    self._lost(todo[n:], exc, deadline)
-                    missing = []
-                    break
-            if (
-                not again
-                and not watched
-                and self.late
-                and time.monotonic() - sent < pool.timeout / 2
-            ):
-                self.late = False  # answered in time: Redis is not late (now)
-            if not missing:
-                return
-            self.loaded = False
-            load = self.load(connection)
-            pool.send(connection, [load + b"".join([c.command for c in missing])])
-            todo, again = missing, True
 
     def _lost(self, calls: list[Call], exc: redis.ConnectionError, deadline: float) -> None:
         """The connection closed under ``calls``, sent: each may have run."""
@@ -314,17 +322,3 @@ class Pipeline:
                     call.error = copy.copy(exc)  # each raises its own
         if interrupted:
             batch[0].error, batch[0].lost = exc, False
-
-    def _hand_on(self, connection: Any) -> None:
-        """Hand the connection to the oldest queued call (it leads next), or give it back."""
-        with self._lock:
-            nxt = self._queue.popleft() if self._queue else None
-            if nxt is None:
-                self._leading -= 1
-            else:
-                nxt.state = _LEAD
-                nxt.connection = connection
-        if nxt is not None:
-            nxt.wake.release()
-        elif connection is not None:
-            self.pool.release(connection)

@@ -217,34 +217,31 @@ class RedisStorage(RedisSideCalls):
                 )
         keys, args = script_args(checks, now_us)
         pool = self.pool
-        if pool is None:  # a client passed in: redis-py's Script (EVALSHA, SCRIPT LOAD on NOSCRIPT)
-            try:
-                reply = self._script(keys, args)
-            except REDIS_FAILURES as exc:
-                raise self._failure(exc) from exc
-            return parse_reply(reply, checks)
-        # The limit script's EVALSHA in a batch of the pipeline, with a request token while the
-        # tokens are armed or when the call settles a reservation (made once,
-        # :func:`~.tokens.settles`): the wait for a batch by the queue budget, the reply by one
-        # Redis deadline (module docstring).
-        now = time.monotonic()
-        wait_until = now + pool.queue_timeout
-        tokens = self.tokens
-        token = tokens.key(keys[0]) if now < tokens.armed_until or settles(checks) else None
-        command = self._packer.pack(keys, args, token, tokens.first)
         try:
-            call = self.pipeline.call(command, wait_until)
-            if isinstance(call.error, ReadOnlyError) and self._sentinel is not None:
-                # A demoted master (a failover): it wrote nothing. Every connection goes to the
-                # master the Sentinels name now, and the request is made there once.
-                pool.disconnect()
-                call = self.pipeline.call(command, wait_until)
-            if call.lost:
-                reply = self._repeat(pool, call, (keys, args, token), wait_until)
-            elif call.error is not None:
-                raise call.error
+            if pool is None:  # a client passed in: redis-py's Script (SCRIPT LOAD on NOSCRIPT)
+                reply = self._script(keys, args)
             else:
-                reply = call.reply
+                # The limit script's EVALSHA in a batch of the pipeline, with a request token
+                # while the tokens are armed or when the call settles a reservation (made once,
+                # :func:`~.tokens.settles`): the wait for a batch by the queue budget, the reply
+                # by one Redis deadline (module docstring).
+                now = time.monotonic()
+                wait_until = now + pool.queue_timeout
+                tokens = self.tokens
+                token = tokens.key(keys[0]) if now < tokens.armed_until or settles(checks) else None
+                command = self._packer.pack(keys, args, token, tokens.first)
+                call = self.pipeline.call(command, wait_until)
+                if isinstance(call.error, ReadOnlyError) and self._sentinel is not None:
+                    # A demoted master (a failover): it wrote nothing. Every connection goes to
+                    # the master the Sentinels name now, and the request is made there once.
+                    pool.disconnect()
+                    call = self.pipeline.call(command, wait_until)
+                if call.lost:
+                    reply = self._repeat(pool, call, (keys, args, token), wait_until)
+                elif call.error is not None:
+                    raise call.error
+                else:
+                    reply = call.reply
         except REDIS_FAILURES as exc:
             raise self._failure(exc) from exc
         return parse_reply(reply, checks)

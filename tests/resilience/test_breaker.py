@@ -45,6 +45,27 @@ def test_a_success_resets_the_consecutive_count() -> None:
     assert breaker.state == "closed"
 
 
+def test_calm_is_closed_with_no_outage_counted_whoever_moves_the_state() -> None:
+    # The guard skips allow() and success() while calm: calm must never be True otherwise.
+    breaker, clock = make(fail_max=2, reset_timeout=5)
+    assert breaker.calm
+    breaker.failure(OUTAGE)
+    assert not breaker.calm and breaker.state == "closed"  # allow() and success() matter
+    breaker.success()
+    assert breaker.calm and breaker.failures == 0
+    breaker.failure(OUTAGE)
+    breaker.failure(OUTAGE)
+    assert not breaker.calm and breaker.state == "open"
+    clock.advance(5)
+    assert breaker.allow() and not breaker.calm  # the trial
+    breaker.success()
+    assert breaker.calm and breaker.state == "closed"
+    breaker.circuit_breaker.open()  # a change made on the pybreaker breaker itself
+    assert not breaker.calm
+    breaker.reset()
+    assert breaker.calm
+
+
 def test_half_open_trial_after_reset_timeout_and_success_closes() -> None:
     breaker, clock = make(fail_max=1, reset_timeout=30)
     breaker.failure(OUTAGE)

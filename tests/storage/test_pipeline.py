@@ -326,3 +326,77 @@ def test_a_leader_interrupted_after_its_send_leaves_its_followers_answered(
         remaining = storage.evaluate([check]).decisions[0].remaining
         assert remaining == (3 if i in answered else 4 - (redis_client.exists(check.key) > 0))
     storage.close()
+
+
+class _InterruptedWake:
+    """A follower's wake lock whose wait raises :class:`Interrupt`, as a signal handler's
+    exception would: at once (``woken`` False: still queued), or once the wait ended (the lead
+    handed to it meanwhile). ``waiting`` is set when the follower starts to wait."""
+
+    woken = True
+    waiting = threading.Event()
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.held = False
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if not self.held:  # the call's own first acquire, as it queues
+            self.held = True
+            return self.lock.acquire()
+        self.waiting.set()
+        if self.woken:
+            self.lock.acquire(blocking, timeout)
+        raise Interrupt
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+@pytest.mark.parametrize("woken", [True, False], ids=["handed-the-lead", "queued"])
+def test_a_follower_interrupted_while_it_waits_loses_no_connection(
+    redis_server: RedisProcess, monkeypatch: pytest.MonkeyPatch, woken: bool
+) -> None:
+    # One connection, one batch at a time: the leader is held in its send until a second call
+    # waits; that call is interrupted, still queued or once handed the lead (before it leads).
+    # The connection must go back (a lost one would leave every later call waiting its whole
+    # budget) and the queue be left empty.
+    pool = DeadlinePool(timeout=5.0, max_connections=1, host="127.0.0.1", port=redis_server.port)
+    pipeline = Pipeline(pool, load=lambda c: _pack("PING"), width=1)
+    real = DeadlinePool.send
+    sending, queued = threading.Event(), threading.Event()
+
+    def send(self: DeadlinePool, connection: object, command: object) -> None:
+        sending.set()  # the leader took its batch: the next call queues for the next one
+        queued.wait(10)
+        real(self, connection, command)
+
+    monkeypatch.setattr(DeadlinePool, "send", send)
+    leader = threading.Thread(target=pipeline.call, args=(_pack("PING"), time.monotonic() + 10))
+    leader.start()
+    assert sending.wait(10)
+    # the wake locks of the calls made from now on (the pipeline's own lock is made already)
+    wake = type("Wake", (_InterruptedWake,), {"woken": woken, "waiting": threading.Event()})
+    monkeypatch.setattr(
+        "flask_distlimit.storage.pipeline.threading", type("Threading", (), {"Lock": wake})
+    )
+    follower: list[BaseException] = []
+
+    def follow() -> None:
+        try:
+            pipeline.call(_pack("PING"), time.monotonic() + 10)
+        except BaseException as exc:
+            follower.append(exc)
+
+    waiting = threading.Thread(target=follow)
+    waiting.start()
+    assert wake.waiting.wait(10)  # the follower queued and waits
+    queued.set()
+    leader.join()
+    waiting.join()
+    monkeypatch.undo()
+    assert [type(e) for e in follower] == [Interrupt]
+    assert pipeline._leading == 0 and not pipeline._queue
+    # the connection is the pool's again: the next call finds it at once
+    assert pipeline.call(_pack("PING"), time.monotonic() + 0.5).reply == b"PONG"
+    pool.disconnect()
