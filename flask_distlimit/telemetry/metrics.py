@@ -29,6 +29,8 @@ _T = TypeVar("_T")
 BREAKER_STATE_VALUES = {"closed": 0, "half-open": 1, "open": 2}
 
 _MAX_CHILDREN = 10_000
+#: The key of a storage call answered (``ok``) among the counters of one series kept.
+_CALL_OK: Final = ("storage_latency", None, "ok")
 #: The most distinct ``limit`` label values; the rest count under :data:`OTHER`.
 MAX_LIMIT_LABELS: Final = 1_000
 #: The most storage nodes with a ``breaker_state`` series at once.
@@ -104,40 +106,76 @@ def _label_of(check: Check) -> str:
 
 
 class Instruments:
-    """The instruments of :data:`INSTRUMENTS`, as a sink holds them (each side has its own;
-    ``None`` where its side has no such instrument), and what every sink is told about
-    decisions, written once: each side counts through its own :meth:`add`."""
+    """The instruments of :data:`INSTRUMENTS` as one side (Prometheus, OpenTelemetry) made them,
+    in :attr:`made` (``None`` where its side has none), and what every sink is told, written
+    once: each side only says how it counts on one series (:meth:`_counter`), kept per series."""
 
-    requests: Any
-    decisions: Any
-    fallback_decisions: Any
-    shadow_denials: Any
-    shed_requests: Any
-    leased_decisions: Any
-    unreadable_replies: Any
-    side_call_failures: Any
-    settled_units: Any
-    slots: Any
-    storage_latency: Any
-    in_flight: Any
-    lease_units: Any
-    breaker_state: Any
+    def __init__(self, made: dict[str, Any]) -> None:
+        self.made = made
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str | None, ...], Callable[[float], object]] = {}
+        self._labels: set[str] = set()  # the limit label values given out
+
+    def _counter(self, family: str, labels: dict[str, str]) -> Callable[[float], object]:
+        """How this side counts on ``family`` for ``labels`` (``limit`` bounded)."""
+        raise NotImplementedError
+
+    def _label(self, label: str) -> str:
+        """``label``, or :data:`OTHER` past :data:`MAX_LIMIT_LABELS` distinct values."""
+        if label in self._labels:
+            return label
+        with self._lock:
+            if len(self._labels) < MAX_LIMIT_LABELS:
+                self._labels.add(label)
+                return label
+        return OTHER
+
+    def _count(
+        self, family: str, limit: str | None, labels: dict[str, str]
+    ) -> Callable[[float], object]:
+        """The counter of one series, kept (up to :data:`_MAX_CHILDREN`) under the key
+        ``(family, limit, *labels.values())``."""
+        bounded = labels if limit is None else {"limit": self._label(limit), **labels}
+        count = self._counter(family, bounded)
+        if len(self._counts) < _MAX_CHILDREN:
+            series = (family, limit, *labels.values())
+            self._counts[series] = count
+        return count
 
     def add(self, family: str, amount: float = 1, limit: str | None = None, **labels: str) -> None:
         """Count ``amount`` on the instrument ``family``, for the limit labelled ``limit``
         (:func:`limit_label`) and ``labels``."""
-        raise NotImplementedError
+        count = self._counts.get((family, limit, *labels.values()))
+        (count or self._count(family, limit, labels))(amount)
+
+    def storage_call(self, seconds: float, outcome: str = "ok") -> None:
+        """A storage call's latency; ``outcome`` (``ok``, ``timeout``, ``error``) is an
+        OpenTelemetry attribute only."""
+        self.add("storage_latency", seconds, outcome=outcome)
 
     def evaluated(
-        self, checks: Sequence[Check], evaluation: Evaluation, *, fallback: bool = False
+        self,
+        checks: Sequence[Check],
+        evaluation: Evaluation,
+        *,
+        seconds: float | None = None,
+        fallback: bool = False,
     ) -> None:
-        """A storage call's (or, ``fallback``, the local fallback's) decisions on ``checks``."""
+        """A storage call's decisions on ``checks`` and, given, its ``seconds`` (as
+        :meth:`storage_call`); ``fallback``: the local fallback's decisions. Counted in place,
+        without a call per decision."""
+        counts = self._counts
+        if seconds is not None:
+            count = counts.get(_CALL_OK)
+            (count or self._count("storage_latency", None, {"outcome": "ok"}))(seconds)
         family = "fallback_decisions" if fallback else "decisions"
         slots = False
         for check, decision in zip(checks, evaluation.decisions, strict=False):
             bound = check.bound  # _label_of(check), without a call per decision
             label: str = bound.label if bound is not None else limit_label(check.key)
-            self.add(family, 1, label, outcome="allowed" if decision.allowed else "denied")
+            outcome = "allowed" if decision.allowed else "denied"
+            count = counts.get((family, label, outcome))
+            (count or self._count(family, label, {"outcome": outcome}))(1)
             if decision.shadow_denied:
                 self.add("shadow_denials", 1, label)
             slots = slots or bool(check.token)
@@ -192,53 +230,34 @@ class Metrics(Instruments):
             ) from exc
         kw: dict[str, Any] = {} if registry is None else {"registry": registry}
         make = {"counter": pc.Counter, "gauge": pc.Gauge, "histogram": pc.Histogram}
+        made = {}
         for attribute, kind, name, labels, _, _, description in INSTRUMENTS:
             extra = {"buckets": LATENCY_BUCKETS} if kind == "histogram" else {}
-            made = None if name is None else make[kind](name, description, labels, **extra, **kw)
-            setattr(self, attribute, made)
+            made[attribute] = (
+                None if name is None else make[kind](name, description, labels, **extra, **kw)
+            )
+        super().__init__(made)
         self._lease_gauges: set[str] = set()
-        self._children: dict[tuple[str, ...], Any] = {}
-        self._labels: set[str] = set()  # the limit label values given out
         self._breakers: set[str] = set()  # the breaker label values with a series
-        self._lock = threading.Lock()
-        self._observe = self.storage_latency.observe
 
-    def _label(self, label: str) -> str:
-        """``label``, or :data:`OTHER` past :data:`MAX_LIMIT_LABELS` distinct values."""
-        if label in self._labels:
-            return label
-        with self._lock:
-            if len(self._labels) < MAX_LIMIT_LABELS:
-                self._labels.add(label)
-                return label
-        return OTHER
-
-    def add(self, family: str, amount: float = 1, limit: str | None = None, **labels: str) -> None:
-        instrument = getattr(self, family)
+    def _counter(self, family: str, labels: dict[str, str]) -> Callable[[float], object]:
+        instrument = self.made[family]
         if instrument is None:  # not a Prometheus series (the slots)
-            return
-        if limit is None:
-            instrument.inc(amount)
-            return
-        label = self._label(limit)
-        series = (family, label, *labels.values())
-        child = self._children.get(series)
-        if child is None:
-            child = instrument.labels(limit=label, **labels)
-            if len(self._children) < _MAX_CHILDREN:
-                self._children[series] = child
-        child.inc(amount)
+            return _uncounted
+        count: Callable[[float], object]
+        if family == "storage_latency":  # its outcome is an OpenTelemetry attribute only
+            count = instrument.observe
+        else:
+            count = (instrument.labels(**labels) if labels else instrument).inc
+        return count
 
     def shed(self, priority: str, reason: str) -> None:
         priority = priority if priority in PRIORITIES else "default"
         reason = reason if reason in _REASONS else OTHER
-        self.shed_requests.labels(priority=priority, reason=reason).inc()
+        self.add("shed_requests", priority=priority, reason=reason)
 
     def worker_in_flight(self, value: int) -> None:
-        self.in_flight.set(value)
-
-    def storage_call(self, seconds: float, outcome: str = "ok") -> None:
-        self._observe(seconds)  # outcome (ok | timeout | error): OpenTelemetry's attribute
+        self.made["in_flight"].set(value)
 
     def watch_lease_units(self, key: str, held: Callable[[str], float]) -> None:
         """Report ``held(label)`` as ``lease_units`` of the limit of ``key`` when scraped."""
@@ -246,7 +265,7 @@ class Metrics(Instruments):
         if label == OTHER or label in self._lease_gauges:
             return
         self._lease_gauges.add(label)
-        self.lease_units.labels(limit=label).set_function(lambda: held(label))
+        self.made["lease_units"].labels(limit=label).set_function(lambda: held(label))
 
     def breaker_changed(self, breaker: str, state: str) -> None:
         if breaker not in self._breakers:
@@ -254,14 +273,18 @@ class Metrics(Instruments):
                 if len(self._breakers) >= MAX_BREAKER_LABELS:
                     return
                 self._breakers.add(breaker)
-        self.breaker_state.labels(breaker=breaker).set(BREAKER_STATE_VALUES.get(state, 2))
+        self.made["breaker_state"].labels(breaker=breaker).set(BREAKER_STATE_VALUES.get(state, 2))
 
     def breaker_removed(self, breaker: str) -> None:
         """Drop the series of a breaker whose node left the topology."""
         with self._lock:
             self._breakers.discard(breaker)
         with contextlib.suppress(KeyError):  # never set in this registry
-            self.breaker_state.remove(breaker)
+            self.made["breaker_state"].remove(breaker)
+
+
+def _uncounted(amount: float) -> None:
+    """The count of an instrument a side does not have."""
 
 
 #: What a guard (and the shedding, leases and deny-cache paths) tell a metrics sink.
@@ -282,9 +305,9 @@ class Sinks:
 
 
 def _tell_all(methods: list[Callable[..., None]]) -> Callable[..., None]:
-    def tell(*args: Any) -> None:
+    def tell(*args: Any, **kwargs: Any) -> None:
         for method in methods:
-            method(*args)
+            method(*args, **kwargs)
 
     return tell
 

@@ -12,9 +12,9 @@ attributes: docs/failure-modes.md, "Observability".
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
-import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -69,21 +69,20 @@ class OTelMetrics(Instruments):
 
         provider = meter_provider or get_meter_provider()
         meter = provider.get_meter("flask_distlimit")
-        self._lock = threading.Lock()
         self._breakers: dict[str, int] = {}
         self._in_flight: int | None = None
         self._lease_units: dict[str, Callable[[str], float]] = {}
         self._observation = Observation
+        made: dict[str, Any] = {}
         for attribute, kind, _, _, name, unit, description in INSTRUMENTS:
-            if name is None:
-                continue
             advisory: dict[str, Any] = {"unit": unit, "description": description}
             if kind == "histogram":
                 advisory["explicit_bucket_boundaries_advisory"] = list(LATENCY_BUCKETS)
             if kind == "gauge":
                 kind = "observable_gauge"
                 advisory["callbacks"] = [getattr(self, f"_observe_{attribute}")]
-            setattr(self, attribute, getattr(meter, f"create_{kind}")(name, **advisory))
+            made[attribute] = name and getattr(meter, f"create_{kind}")(name, **advisory)
+        super().__init__(made)
 
     # -- observable gauges -------------------------------------------------------------------
 
@@ -103,21 +102,17 @@ class OTelMetrics(Instruments):
 
     # -- the metrics sink: this side's count, and what only it does ---------------------------
 
-    def add(self, family: str, amount: float = 1, limit: str | None = None, **labels: str) -> None:
-        attributes = {} if limit is None else {"distlimit.limit": limit}
-        for name, value in labels.items():
-            attributes[f"distlimit.{name}"] = value
-        getattr(self, family).add(amount, attributes)
-
-    def storage_call(self, seconds: float, outcome: str = "ok") -> None:
-        self.storage_latency.record(seconds, {"distlimit.outcome": outcome})
+    def _counter(self, family: str, labels: dict[str, str]) -> Callable[[float], object]:
+        instrument = self.made[family]
+        count = instrument.record if family == "storage_latency" else instrument.add
+        return functools.partial(count, attributes={f"distlimit.{k}": v for k, v in labels.items()})
 
     def watch_lease_units(self, key: str, held: Callable[[str], float]) -> None:
         with self._lock:
             self._lease_units.setdefault(limit_label(key), held)
 
     def shed(self, priority: str, reason: str) -> None:
-        self.requests.add(
+        self.made["requests"].add(
             1,
             {
                 "distlimit.result": "shed",
@@ -218,7 +213,7 @@ class OTelHook:
         }
         if policy is not None:
             attributes["distlimit.policy"] = policy
-        instruments.requests.add(1, attributes)
+        instruments.made["requests"].add(1, attributes)
 
 
 def _allowed(one: Any) -> bool:
