@@ -1,20 +1,20 @@
 """Prometheus metrics (the ``prometheus`` extra), and the one table of every instrument.
 
 :data:`INSTRUMENTS` declares each instrument once, for Prometheus (:class:`Metrics`) and
-OpenTelemetry (:mod:`.otel`); what a sink is told about decisions is written once, in
-:class:`Instruments`, and each side only counts (``add``); :class:`Sinks` tells every sink a
-guard has. ``prometheus_client``
-is imported only when a :class:`Metrics` is built. Every label takes values from a set that does
-not grow with clients or quotas: ``limit`` is :func:`limit_label` (past
-:data:`MAX_LIMIT_LABELS` values, :data:`OTHER`), ``breaker`` one per live node (at most
-:data:`MAX_BREAKER_LABELS`). :func:`metrics_for` answers one :class:`Metrics` per registry, so two
+OpenTelemetry (:mod:`.otel`). What a sink is told, and the gauges' values, are written once in
+:class:`Instruments`: a side only says how it counts on one series (``_counter``, kept per
+series) and reads the gauges when scraped; :class:`Sinks` tells every sink a guard has.
+``prometheus_client`` is imported only when a :class:`Metrics` is built. Every label (and
+OpenTelemetry attribute) takes values from a set that does not grow with clients or quotas:
+``limit`` is :func:`limit_label` (past :data:`MAX_LIMIT_LABELS` values, :data:`OTHER`),
+``breaker`` one per live node (at most :data:`MAX_BREAKER_LABELS`). :func:`metrics_for` answers one :class:`Metrics` per registry, so two
 apps in one process share the series. The series and their meaning: docs/failure-modes.md,
 "Observability".
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -50,7 +50,8 @@ LATENCY_BUCKETS = (
 #: Every instrument, once: attribute, kind, Prometheus name and labels, OpenTelemetry name and
 #: unit, description. A side without the instrument has ``None`` for its name (OpenTelemetry
 #: counts shed requests in ``distlimit.requests``; Prometheus counts no requests, no slots). A
-#: gauge is an observable gauge on OpenTelemetry, read by its ``_observe_<attribute>``.
+#: gauge is read when scraped: a custom collector on Prometheus, an observable gauge on
+#: OpenTelemetry.
 INSTRUMENTS: Final = (
     ("requests", "counter", None, (), "distlimit.requests", "{request}",
      "Requests the rate limiter decided, by result"),
@@ -115,6 +116,10 @@ class Instruments:
         self._lock = threading.Lock()
         self._counts: dict[tuple[str | None, ...], Callable[[float], object]] = {}
         self._labels: set[str] = set()  # the limit label values given out
+        #: each gauge's series: its label's value ("" for none) -> its value, or how to read it
+        self._gauges: dict[str, dict[str, float | Callable[[], float]]] = {
+            attribute: {} for attribute, kind, *_ in INSTRUMENTS if kind == "gauge"
+        }
 
     def _counter(self, family: str, labels: dict[str, str]) -> Callable[[float], object]:
         """How this side counts on ``family`` for ``labels`` (``limit`` bounded)."""
@@ -122,10 +127,8 @@ class Instruments:
 
     def _label(self, label: str) -> str:
         """``label``, or :data:`OTHER` past :data:`MAX_LIMIT_LABELS` distinct values."""
-        if label in self._labels:
-            return label
-        with self._lock:
-            if len(self._labels) < MAX_LIMIT_LABELS:
+        with self._lock:  # rare: a series' first count (then kept by _count), a lease's top-up
+            if label in self._labels or len(self._labels) < MAX_LIMIT_LABELS:
                 self._labels.add(label)
                 return label
         return OTHER
@@ -141,6 +144,33 @@ class Instruments:
             series = (family, limit, *labels.values())
             self._counts[series] = count
         return count
+
+    def _readings(self, gauge: str) -> list[tuple[str, float]]:
+        """Each series of ``gauge`` (its label's value) and its value now, as a side reads it."""
+        with self._lock:
+            series = list(self._gauges[gauge].items())
+        return [(label, value() if callable(value) else value) for label, value in series]
+
+    def worker_in_flight(self, value: int) -> None:
+        self._gauges["in_flight"][""] = value
+
+    def watch_lease_units(self, key: str, held: Callable[[str], float]) -> None:
+        """Report ``held(label)`` as ``lease_units`` of the limit of ``key`` when read."""
+        label = self._label(limit_label(key))
+        if label != OTHER:
+            with self._lock:
+                self._gauges["lease_units"].setdefault(label, functools.partial(held, label))
+
+    def breaker_changed(self, breaker: str, state: str) -> None:
+        breakers = self._gauges["breaker_state"]
+        with self._lock:
+            if breaker in breakers or len(breakers) < MAX_BREAKER_LABELS:
+                breakers[breaker] = BREAKER_STATE_VALUES.get(state, 2)
+
+    def breaker_removed(self, breaker: str) -> None:
+        """Drop the series of a breaker whose node left the topology."""
+        with self._lock:
+            self._gauges["breaker_state"].pop(breaker, None)
 
     def add(self, family: str, amount: float = 1, limit: str | None = None, **labels: str) -> None:
         """Count ``amount`` on the instrument ``family``, for the limit labelled ``limit``
@@ -207,6 +237,12 @@ class Instruments:
         response (their bytes, the ``settle`` callable's answer)."""
         self.add("settled_units", units, limit_label(key), unit=unit)
 
+    def shed(self, priority: str, reason: str) -> None:
+        """A request shed with a 503 (``reason``: ``worker`` or ``fleet``)."""
+        priority = priority if priority in PRIORITIES else "default"
+        reason = reason if reason in _REASONS else OTHER
+        self.add("shed_requests", priority=priority, reason=reason)
+
     def unreadable(self) -> None:
         """A storage reply the limiter could not read (the failure policy answered)."""
         self.add("unreadable_replies")
@@ -228,20 +264,18 @@ class Metrics(Instruments):
                 "Prometheus metrics need prometheus-client: "
                 "pip install 'Flask-DistLimit[prometheus]'"
             ) from exc
-        kw: dict[str, Any] = {} if registry is None else {"registry": registry}
-        make = {"counter": pc.Counter, "gauge": pc.Gauge, "histogram": pc.Histogram}
+        registry = pc.REGISTRY if registry is None else registry
+        make = {"counter": pc.Counter, "histogram": pc.Histogram}
         made = {}
         for attribute, kind, name, labels, _, _, description in INSTRUMENTS:
             extra = {"buckets": LATENCY_BUCKETS} if kind == "histogram" else {}
-            made[attribute] = (
-                None if name is None else make[kind](name, description, labels, **extra, **kw)
-            )
+            if name is not None and kind != "gauge":  # gauges: read when scraped (_Scraped)
+                made[attribute] = make[kind](name, description, labels, registry=registry, **extra)
         super().__init__(made)
-        self._lease_gauges: set[str] = set()
-        self._breakers: set[str] = set()  # the breaker label values with a series
+        registry.register(_Scraped(self))
 
     def _counter(self, family: str, labels: dict[str, str]) -> Callable[[float], object]:
-        instrument = self.made[family]
+        instrument = self.made.get(family)
         if instrument is None:  # not a Prometheus series (the slots)
             return _uncounted
         count: Callable[[float], object]
@@ -251,36 +285,22 @@ class Metrics(Instruments):
             count = (instrument.labels(**labels) if labels else instrument).inc
         return count
 
-    def shed(self, priority: str, reason: str) -> None:
-        priority = priority if priority in PRIORITIES else "default"
-        reason = reason if reason in _REASONS else OTHER
-        self.add("shed_requests", priority=priority, reason=reason)
 
-    def worker_in_flight(self, value: int) -> None:
-        self.made["in_flight"].set(value)
+class _Scraped:
+    """The gauges of :class:`Metrics`, read when Prometheus scrapes (a custom collector)."""
 
-    def watch_lease_units(self, key: str, held: Callable[[str], float]) -> None:
-        """Report ``held(label)`` as ``lease_units`` of the limit of ``key`` when scraped."""
-        label = self._label(limit_label(key))
-        if label == OTHER or label in self._lease_gauges:
-            return
-        self._lease_gauges.add(label)
-        self.made["lease_units"].labels(limit=label).set_function(lambda: held(label))
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
 
-    def breaker_changed(self, breaker: str, state: str) -> None:
-        if breaker not in self._breakers:
-            with self._lock:
-                if len(self._breakers) >= MAX_BREAKER_LABELS:
-                    return
-                self._breakers.add(breaker)
-        self.made["breaker_state"].labels(breaker=breaker).set(BREAKER_STATE_VALUES.get(state, 2))
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import GaugeMetricFamily
 
-    def breaker_removed(self, breaker: str) -> None:
-        """Drop the series of a breaker whose node left the topology."""
-        with self._lock:
-            self._breakers.discard(breaker)
-        with contextlib.suppress(KeyError):  # never set in this registry
-            self.made["breaker_state"].remove(breaker)
+        for attribute, kind, name, labels, _, _, description in INSTRUMENTS:
+            if kind == "gauge" and name is not None:
+                family = GaugeMetricFamily(name, description, labels=labels)
+                for label, value in self._metrics._readings(attribute):
+                    family.add_metric([label] if labels else [], value)
+                yield family
 
 
 def _uncounted(amount: float) -> None:
@@ -299,7 +319,6 @@ class Sinks:
     """Tells each of ``sinks`` (Prometheus's, OpenTelemetry's) what one sink is told."""
 
     def __init__(self, sinks: Sequence[Any]) -> None:
-        self.sinks = tuple(sinks)
         for name in SINK_METHODS:
             setattr(self, name, _tell_all([getattr(s, name) for s in sinks]))
 

@@ -22,12 +22,10 @@ import flask
 
 from flask_distlimit.core.decision import Check
 from flask_distlimit.telemetry.metrics import (
-    BREAKER_STATE_VALUES,
     INSTRUMENTS,
     LATENCY_BUCKETS,
     Instruments,
     OnePer,
-    limit_label,
 )
 
 if TYPE_CHECKING:
@@ -53,11 +51,9 @@ def storage_outcome(exc: BaseException | None) -> str:
         return "ok"
     seen: BaseException | None = exc
     for _ in range(5):  # the StorageError, then what redis-py (or the pool) raised
-        if seen is None:
-            break
         if isinstance(seen, TimeoutError) or type(seen).__name__ == "TimeoutError":
             return "timeout"
-        seen = seen.__cause__
+        seen = getattr(seen, "__cause__", None)  # None past the last cause
     return "error"
 
 
@@ -67,71 +63,34 @@ class OTelMetrics(Instruments):
     def __init__(self, meter_provider: Any = None) -> None:
         from opentelemetry.metrics import Observation, get_meter_provider
 
-        provider = meter_provider or get_meter_provider()
-        meter = provider.get_meter("flask_distlimit")
-        self._breakers: dict[str, int] = {}
-        self._in_flight: int | None = None
-        self._lease_units: dict[str, Callable[[str], float]] = {}
+        meter = (meter_provider or get_meter_provider()).get_meter("flask_distlimit")
         self._observation = Observation
         made: dict[str, Any] = {}
+        super().__init__(made)  # the gauges' state first: a callback may run at once
         for attribute, kind, _, _, name, unit, description in INSTRUMENTS:
             advisory: dict[str, Any] = {"unit": unit, "description": description}
             if kind == "histogram":
                 advisory["explicit_bucket_boundaries_advisory"] = list(LATENCY_BUCKETS)
             if kind == "gauge":
                 kind = "observable_gauge"
-                advisory["callbacks"] = [getattr(self, f"_observe_{attribute}")]
+                advisory["callbacks"] = [functools.partial(self._observe, attribute)]
             made[attribute] = name and getattr(meter, f"create_{kind}")(name, **advisory)
-        super().__init__(made)
 
-    # -- observable gauges -------------------------------------------------------------------
-
-    def _observe_breaker_state(self, _options: Any) -> Iterable[Any]:
-        with self._lock:
-            states = list(self._breakers.items())
-        return [self._observation(v, {"distlimit.node": n}) for n, v in states]
-
-    def _observe_in_flight(self, _options: Any) -> Iterable[Any]:
-        value = self._in_flight
-        return [] if value is None else [self._observation(value)]
-
-    def _observe_lease_units(self, _options: Any) -> Iterable[Any]:
-        with self._lock:
-            held = list(self._lease_units.items())
-        return [self._observation(f(label), {"distlimit.limit": label}) for label, f in held]
-
-    # -- the metrics sink: this side's count, and what only it does ---------------------------
+    def _observe(self, gauge: str, _options: Any) -> Iterable[Any]:
+        """The observable gauge ``gauge``, read (the breaker's label is ``distlimit.node``)."""
+        name = "distlimit.node" if gauge == "breaker_state" else "distlimit.limit"
+        return [self._observation(v, {name: n} if n else {}) for n, v in self._readings(gauge)]
 
     def _counter(self, family: str, labels: dict[str, str]) -> Callable[[float], object]:
+        attributes: dict[str, str | bool] = {f"distlimit.{k}": v for k, v in labels.items()}
+        if family == "shed_requests":  # a request, counted by its result (INSTRUMENTS)
+            family = "requests"
+            reason = attributes.pop("distlimit.reason")
+            attributes.update({"distlimit.result": "shed", "distlimit.degraded": False})
+            attributes["distlimit.shed.reason"] = reason
         instrument = self.made[family]
         count = instrument.record if family == "storage_latency" else instrument.add
-        return functools.partial(count, attributes={f"distlimit.{k}": v for k, v in labels.items()})
-
-    def watch_lease_units(self, key: str, held: Callable[[str], float]) -> None:
-        with self._lock:
-            self._lease_units.setdefault(limit_label(key), held)
-
-    def shed(self, priority: str, reason: str) -> None:
-        self.made["requests"].add(
-            1,
-            {
-                "distlimit.result": "shed",
-                "distlimit.degraded": False,
-                "distlimit.shed.reason": reason,
-                "distlimit.priority": priority,
-            },
-        )
-
-    def worker_in_flight(self, value: int) -> None:
-        self._in_flight = value
-
-    def breaker_changed(self, breaker: str, state: str) -> None:
-        with self._lock:
-            self._breakers[breaker] = BREAKER_STATE_VALUES.get(state, 2)
-
-    def breaker_removed(self, breaker: str) -> None:
-        with self._lock:
-            self._breakers.pop(breaker, None)
+        return functools.partial(count, attributes=attributes)
 
 
 class Guard(Protocol):
