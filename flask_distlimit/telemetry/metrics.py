@@ -7,9 +7,9 @@ series) and reads the gauges when scraped; :class:`Sinks` tells every sink a gua
 ``prometheus_client`` is imported only when a :class:`Metrics` is built. Every label (and
 OpenTelemetry attribute) takes values from a set that does not grow with clients or quotas:
 ``limit`` is :func:`limit_label` (past :data:`MAX_LIMIT_LABELS` values, :data:`OTHER`),
-``breaker`` one per live node (at most :data:`MAX_BREAKER_LABELS`). :func:`metrics_for` answers one :class:`Metrics` per registry, so two
-apps in one process share the series. The series and their meaning: docs/failure-modes.md,
-"Observability".
+``breaker`` one per live node (at most :data:`MAX_BREAKER_LABELS`). :func:`metrics_for`
+answers one :class:`Metrics` per registry, so two apps in one process share the series. The
+series and their meaning: docs/failure-modes.md, "Observability".
 """
 
 from __future__ import annotations
