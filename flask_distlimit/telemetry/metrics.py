@@ -308,11 +308,7 @@ def _uncounted(amount: float) -> None:
 
 
 #: What a guard (and the shedding, leases and deny-cache paths) tell a metrics sink.
-SINK_METHODS: Final = tuple(
-    name
-    for name in sorted({*vars(Instruments), *vars(Metrics)} - {"add"})
-    if not name.startswith("_") and callable(getattr(Metrics, name))
-)
+SINK_METHODS: Final = tuple(sorted(n for n in vars(Instruments) if n[0] != "_" and n != "add"))
 
 
 class Sinks:
@@ -320,15 +316,12 @@ class Sinks:
 
     def __init__(self, sinks: Sequence[Any]) -> None:
         for name in SINK_METHODS:
-            setattr(self, name, _tell_all([getattr(s, name) for s in sinks]))
+            setattr(self, name, functools.partial(_tell_all, [getattr(s, name) for s in sinks]))
 
 
-def _tell_all(methods: list[Callable[..., None]]) -> Callable[..., None]:
-    def tell(*args: Any, **kwargs: Any) -> None:
-        for method in methods:
-            method(*args, **kwargs)
-
-    return tell
+def _tell_all(methods: list[Callable[..., None]], *args: Any, **kwargs: Any) -> None:
+    for method in methods:
+        method(*args, **kwargs)
 
 
 class OnePer(Generic[_T]):
@@ -337,19 +330,17 @@ class OnePer(Generic[_T]):
 
     def __init__(self, make: Callable[[Any], _T]) -> None:
         self._make = make
-        self._made: dict[int, tuple[Any, _T]] = {}
+        self._made: dict[int, tuple[Any, _T]] = {}  # by id(owner): (owner, kept alive, made)
         self._lock = threading.Lock()
 
     def __call__(self, owner: Any) -> _T:
         with self._lock:
-            entry = self._made.get(id(owner))
-            if entry is None or entry[0] is not owner:  # an id reused by a new owner
-                entry = (owner, self._make(owner))
-                self._made[id(owner)] = entry
-            return entry[1]
+            if id(owner) not in self._made:
+                self._made[id(owner)] = (owner, self._make(owner))
+            return self._made[id(owner)][1]
 
 
-_shared: Final = OnePer(lambda registry: Metrics(registry))
+_shared: Final = OnePer(Metrics)
 
 
 def metrics_for(registry: Any = None) -> Metrics:
