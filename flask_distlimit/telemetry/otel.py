@@ -21,12 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import flask
 
 from flask_distlimit.core.decision import Check
-from flask_distlimit.telemetry.metrics import (
-    INSTRUMENTS,
-    LATENCY_BUCKETS,
-    Instruments,
-    OnePer,
-)
+from flask_distlimit.telemetry.metrics import INSTRUMENTS, LATENCY_BUCKETS, Instruments, OnePer
 
 if TYPE_CHECKING:
     from werkzeug.wrappers import Response
@@ -34,14 +29,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("flask_distlimit")
 
 _PROBLEM = "application/problem+json"
-
-
-def available() -> bool:
-    """Whether the OpenTelemetry API is installed (nothing is imported to tell)."""
-    try:
-        return importlib.util.find_spec("opentelemetry.metrics") is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def storage_outcome(exc: BaseException | None) -> str:
@@ -224,7 +211,10 @@ def auto(state: _Instrumented) -> OTelHook | None:
 
     An API too old for these instruments (or broken) never stops the app from starting: one
     WARNING says how to fix it, and the limiter runs without OpenTelemetry metrics."""
-    if not available():
+    try:  # whether the API is installed, importing nothing to tell
+        if importlib.util.find_spec("opentelemetry.metrics") is None:
+            return None
+    except (ImportError, ValueError):  # its parent package is absent (or broken)
         return None
     try:
         return instrument(state)
