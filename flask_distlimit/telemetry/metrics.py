@@ -18,13 +18,16 @@ import functools
 import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypeAlias, TypeVar, cast
 
 from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.core.priorities import PRIORITIES
 from flask_distlimit.errors import ConfigurationError
 
 _T = TypeVar("_T")
+#: How a side counts ``amount`` on one series (a Prometheus child's ``inc``, an OpenTelemetry
+#: counter's ``add`` with its attributes).
+Count: TypeAlias = Callable[[float], object]
 
 BREAKER_STATE_VALUES = {"closed": 0, "half-open": 1, "open": 2}
 
@@ -114,14 +117,14 @@ class Instruments:
     def __init__(self, made: dict[str, Any]) -> None:
         self.made = made
         self._lock = threading.Lock()
-        self._counts: dict[tuple[str | None, ...], Callable[[float], object]] = {}
+        self._counts: dict[tuple[str | None, ...], Count] = {}
         self._labels: set[str] = set()  # the limit label values given out
         #: each gauge's series: its label's value ("" for none) -> its value, or how to read it
         self._gauges: dict[str, dict[str, float | Callable[[], float]]] = {
             attribute: {} for attribute, kind, *_ in INSTRUMENTS if kind == "gauge"
         }
 
-    def _counter(self, family: str, labels: dict[str, str]) -> Callable[[float], object]:
+    def _counter(self, family: str, labels: dict[str, str]) -> Count:
         """How this side counts on ``family`` for ``labels`` (``limit`` bounded)."""
         raise NotImplementedError
 
@@ -133,9 +136,7 @@ class Instruments:
                 return label
         return OTHER
 
-    def _count(
-        self, family: str, limit: str | None, labels: dict[str, str]
-    ) -> Callable[[float], object]:
+    def _count(self, family: str, limit: str | None, labels: dict[str, str]) -> Count:
         """The counter of one series, kept (up to :data:`_MAX_CHILDREN`) under the key
         ``(family, limit, *labels.values())``."""
         bounded = labels if limit is None else {"limit": self._label(limit), **labels}
@@ -274,16 +275,13 @@ class Metrics(Instruments):
         super().__init__(made)
         registry.register(_Scraped(self))
 
-    def _counter(self, family: str, labels: dict[str, str]) -> Callable[[float], object]:
+    def _counter(self, family: str, labels: dict[str, str]) -> Count:
         instrument = self.made.get(family)
         if instrument is None:  # not a Prometheus series (the slots)
             return _uncounted
-        count: Callable[[float], object]
         if family == "storage_latency":  # its outcome is an OpenTelemetry attribute only
-            count = instrument.observe
-        else:
-            count = (instrument.labels(**labels) if labels else instrument).inc
-        return count
+            return cast(Count, instrument.observe)
+        return cast(Count, (instrument.labels(**labels) if labels else instrument).inc)
 
 
 class _Scraped:

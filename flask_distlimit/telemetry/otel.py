@@ -52,8 +52,7 @@ class OTelMetrics(Instruments):
 
         meter = (meter_provider or get_meter_provider()).get_meter("flask_distlimit")
         self._observation = Observation
-        made: dict[str, Any] = {}
-        super().__init__(made)  # the gauges' state first: a callback may run at once
+        super().__init__({})  # the gauges' state first: a callback may run at once
         for attribute, kind, _, _, name, unit, description in INSTRUMENTS:
             advisory: dict[str, Any] = {"unit": unit, "description": description}
             if kind == "histogram":
@@ -61,7 +60,7 @@ class OTelMetrics(Instruments):
             if kind == "gauge":
                 kind = "observable_gauge"
                 advisory["callbacks"] = [functools.partial(self._observe, attribute)]
-            made[attribute] = name and getattr(meter, f"create_{kind}")(name, **advisory)
+            self.made[attribute] = name and getattr(meter, f"create_{kind}")(name, **advisory)
 
     def _observe(self, gauge: str, _options: Any) -> Iterable[Any]:
         """The observable gauge ``gauge``, read (the breaker's label is ``distlimit.node``)."""
@@ -133,33 +132,31 @@ class OTelHook:
         """Count one request the limiter decided (``data``: the enforcer's request data)."""
         if data.exempt or not (data.evaluated or data.report or data.denied or data.degraded):
             return  # exempt, or no limit applied: nothing was decided
-        instruments = self.instruments
         if data.slots is not None:  # given back with the slots, by the request's ledger
             taken = [c for one in data.evaluated if _allowed(one) for c in one.checks]
             if taken:
                 ledger = self._ledgers.ledger(flask.request.environ)
-                ledger.take(_SlotsGiven(instruments, taken))
+                ledger.take(_SlotsGiven(self.instruments, taken))
         status = response.status_code
-        report = data.report
-        policy: str | None = report.name if report is not None else None
         if status == 503 and not data.degraded and response.mimetype == _PROBLEM:
             # Shed (by the fleet, or by this worker, before any limit counted it); counted by
             # the sink's shed(), not twice.
             return
-        if not data.denied:
-            result = "admitted"
-        elif status == 503 or (data.degraded and report is None and _refused(data) is None):
-            result, policy = "unavailable", None  # (or the app's own answer to that 503)
-        else:
-            result = "refused"
-            policy = _refused(data) or policy
+        result = "admitted"
+        policy: str | None = None if data.report is None else data.report.name
+        if data.denied:
+            refused = _refused(data)
+            if status == 503 or (data.degraded and data.report is None and refused is None):
+                result, policy = "unavailable", None  # (or the app's own answer to that 503)
+            else:
+                result, policy = "refused", refused or policy
         attributes: dict[str, str | bool] = {
             "distlimit.result": result,
             "distlimit.degraded": bool(data.degraded),
         }
         if policy is not None:
             attributes["distlimit.policy"] = policy
-        instruments.made["requests"].add(1, attributes)
+        self.instruments.made["requests"].add(1, attributes)
 
 
 def _allowed(one: Any) -> bool:
