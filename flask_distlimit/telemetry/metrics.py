@@ -111,7 +111,7 @@ def _label_of(check: Check) -> str:
 
 class Instruments:
     """The instruments of :data:`INSTRUMENTS` as one side (Prometheus, OpenTelemetry) made them,
-    in :attr:`made` (``None`` where its side has none), and what every sink is told, written
+    in :attr:`made` (only those its side has), and what every sink is told, written
     once: each side only says how it counts on one series (:meth:`_counter`), kept per series."""
 
     def __init__(self, made: dict[str, Any]) -> None:
@@ -331,16 +331,12 @@ class OnePer(Generic[_T]):
         self._made: dict[int, tuple[Any, _T]] = {}  # by id(owner): (owner, kept alive, made)
         self._lock = threading.Lock()
 
-    def __call__(self, owner: Any) -> _T:
+    def __call__(self, owner: Any = None) -> _T:
         with self._lock:
             if id(owner) not in self._made:
                 self._made[id(owner)] = (owner, self._make(owner))
             return self._made[id(owner)][1]
 
 
-_shared: Final = OnePer(Metrics)
-
-
-def metrics_for(registry: Any = None) -> Metrics:
-    """The one :class:`Metrics` of ``registry`` (default: prometheus_client's global registry)."""
-    return _shared(registry)
+#: The one :class:`Metrics` of a registry (``metrics_for()``: prometheus_client's global one).
+metrics_for: Final = OnePer(Metrics)

@@ -60,7 +60,8 @@ class OTelMetrics(Instruments):
             if kind == "gauge":
                 kind = "observable_gauge"
                 advisory["callbacks"] = [functools.partial(self._observe, attribute)]
-            self.made[attribute] = name and getattr(meter, f"create_{kind}")(name, **advisory)
+            if name is not None:  # shed requests: counted among the requests (_counter)
+                self.made[attribute] = getattr(meter, f"create_{kind}")(name, **advisory)
 
     def _observe(self, gauge: str, _options: Any) -> Iterable[Any]:
         """The observable gauge ``gauge``, read (the breaker's label is ``distlimit.node``)."""
