@@ -134,10 +134,10 @@ class Guard(GuardCore):
                 if refused is not None:  # over this process's share while failures go on
                     outcome = Outcome(refused, degraded=True)
         if metrics is not None:
-            metrics.storage_call(time.perf_counter() - started)
             if outcome is None:
-                metrics.evaluated(checks, evaluation)
+                metrics.evaluated(checks, evaluation, seconds=time.perf_counter() - started)
             else:
+                metrics.storage_call(time.perf_counter() - started)
                 metrics.degraded(checks, outcome.evaluation)
         if evaluation.repaired_keys:
             self.storage_log.repaired(evaluation.repaired_keys)

@@ -1,34 +1,39 @@
 """Prometheus metrics (the ``prometheus`` extra), and the one table of every instrument.
 
 :data:`INSTRUMENTS` declares each instrument once, for Prometheus (:class:`Metrics`) and
-OpenTelemetry (:mod:`.otel`); what a sink is told about decisions is written once, in
-:class:`Instruments`, and each side only counts (``add``); :class:`Sinks` tells every sink a
-guard has. ``prometheus_client``
-is imported only when a :class:`Metrics` is built. Every label takes values from a set that does
-not grow with clients or quotas: ``limit`` is :func:`limit_label` (past
-:data:`MAX_LIMIT_LABELS` values, :data:`OTHER`), ``breaker`` one per live node (at most
-:data:`MAX_BREAKER_LABELS`). :func:`metrics_for` answers one :class:`Metrics` per registry, so two
-apps in one process share the series. The series and their meaning: docs/failure-modes.md,
-"Observability".
+OpenTelemetry (:mod:`.otel`). What a sink is told, and the gauges' values, are written once in
+:class:`Instruments`: a side only says how it counts on one series (``_counter``, kept per
+series) and reads the gauges when scraped; :class:`Sinks` tells every sink a guard has.
+``prometheus_client`` is imported only when a :class:`Metrics` is built. Every label (and
+OpenTelemetry attribute) takes values from a set that does not grow with clients or quotas:
+``limit`` is :func:`limit_label` (past :data:`MAX_LIMIT_LABELS` values, :data:`OTHER`),
+``breaker`` one per live node (at most :data:`MAX_BREAKER_LABELS`). :func:`metrics_for`
+answers one :class:`Metrics` per registry, so two apps in one process share the series. The
+series and their meaning: docs/failure-modes.md, "Observability".
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypeAlias, TypeVar, cast
 
 from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.core.priorities import PRIORITIES
 from flask_distlimit.errors import ConfigurationError
 
 _T = TypeVar("_T")
+#: How a side counts ``amount`` on one series (a Prometheus child's ``inc``, an OpenTelemetry
+#: counter's ``add`` with its attributes).
+Count: TypeAlias = Callable[[float], object]
 
 BREAKER_STATE_VALUES = {"closed": 0, "half-open": 1, "open": 2}
 
 _MAX_CHILDREN = 10_000
+#: The key of a storage call answered (``ok``) among the counters of one series kept.
+_CALL_OK: Final = ("storage_latency", None, "ok")
 #: The most distinct ``limit`` label values; the rest count under :data:`OTHER`.
 MAX_LIMIT_LABELS: Final = 1_000
 #: The most storage nodes with a ``breaker_state`` series at once.
@@ -48,7 +53,8 @@ LATENCY_BUCKETS = (
 #: Every instrument, once: attribute, kind, Prometheus name and labels, OpenTelemetry name and
 #: unit, description. A side without the instrument has ``None`` for its name (OpenTelemetry
 #: counts shed requests in ``distlimit.requests``; Prometheus counts no requests, no slots). A
-#: gauge is an observable gauge on OpenTelemetry, read by its ``_observe_<attribute>``.
+#: gauge is read when scraped: a custom collector on Prometheus, an observable gauge on
+#: OpenTelemetry.
 INSTRUMENTS: Final = (
     ("requests", "counter", None, (), "distlimit.requests", "{request}",
      "Requests the rate limiter decided, by result"),
@@ -104,40 +110,103 @@ def _label_of(check: Check) -> str:
 
 
 class Instruments:
-    """The instruments of :data:`INSTRUMENTS`, as a sink holds them (each side has its own;
-    ``None`` where its side has no such instrument), and what every sink is told about
-    decisions, written once: each side counts through its own :meth:`add`."""
+    """The instruments of :data:`INSTRUMENTS` as one side (Prometheus, OpenTelemetry) made them,
+    in :attr:`made` (only those its side has), and what every sink is told, written
+    once: each side only says how it counts on one series (:meth:`_counter`), kept per series."""
 
-    requests: Any
-    decisions: Any
-    fallback_decisions: Any
-    shadow_denials: Any
-    shed_requests: Any
-    leased_decisions: Any
-    unreadable_replies: Any
-    side_call_failures: Any
-    settled_units: Any
-    slots: Any
-    storage_latency: Any
-    in_flight: Any
-    lease_units: Any
-    breaker_state: Any
+    def __init__(self, made: dict[str, Any]) -> None:
+        self.made = made
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str | None, ...], Count] = {}
+        self._labels: set[str] = set()  # the limit label values given out
+        #: each gauge's series: its label's value ("" for none) -> its value, or how to read it
+        self._gauges: dict[str, dict[str, float | Callable[[], float]]] = {
+            attribute: {} for attribute, kind, *_ in INSTRUMENTS if kind == "gauge"
+        }
+
+    def _counter(self, family: str, labels: dict[str, str]) -> Count:
+        """How this side counts on ``family`` for ``labels`` (``limit`` bounded)."""
+        raise NotImplementedError
+
+    def _label(self, label: str) -> str:
+        """``label``, or :data:`OTHER` past :data:`MAX_LIMIT_LABELS` distinct values."""
+        with self._lock:  # rare: a series' first count (then kept by _count), a lease's top-up
+            if label in self._labels or len(self._labels) < MAX_LIMIT_LABELS:
+                self._labels.add(label)
+                return label
+        return OTHER
+
+    def _count(self, family: str, limit: str | None, labels: dict[str, str]) -> Count:
+        """The counter of one series, kept (up to :data:`_MAX_CHILDREN`) under the key
+        ``(family, limit, *labels.values())``."""
+        bounded = labels if limit is None else {"limit": self._label(limit), **labels}
+        count = self._counter(family, bounded)
+        if len(self._counts) < _MAX_CHILDREN:
+            series = (family, limit, *labels.values())
+            self._counts[series] = count
+        return count
+
+    def _readings(self, gauge: str) -> list[tuple[str, float]]:
+        """Each series of ``gauge`` (its label's value) and its value now, as a side reads it."""
+        with self._lock:
+            series = list(self._gauges[gauge].items())
+        return [(label, value() if callable(value) else value) for label, value in series]
+
+    def worker_in_flight(self, value: int) -> None:
+        self._gauges["in_flight"][""] = value
+
+    def watch_lease_units(self, key: str, held: Callable[[str], float]) -> None:
+        """Report ``held(label)`` as ``lease_units`` of the limit of ``key`` when read."""
+        label = self._label(limit_label(key))
+        if label != OTHER:
+            with self._lock:
+                self._gauges["lease_units"].setdefault(label, functools.partial(held, label))
+
+    def breaker_changed(self, breaker: str, state: str) -> None:
+        breakers = self._gauges["breaker_state"]
+        with self._lock:
+            if breaker in breakers or len(breakers) < MAX_BREAKER_LABELS:
+                breakers[breaker] = BREAKER_STATE_VALUES.get(state, 2)
+
+    def breaker_removed(self, breaker: str) -> None:
+        """Drop the series of a breaker whose node left the topology."""
+        with self._lock:
+            self._gauges["breaker_state"].pop(breaker, None)
 
     def add(self, family: str, amount: float = 1, limit: str | None = None, **labels: str) -> None:
         """Count ``amount`` on the instrument ``family``, for the limit labelled ``limit``
         (:func:`limit_label`) and ``labels``."""
-        raise NotImplementedError
+        count = self._counts.get((family, limit, *labels.values()))
+        (count or self._count(family, limit, labels))(amount)
+
+    def storage_call(self, seconds: float, outcome: str = "ok") -> None:
+        """A storage call's latency; ``outcome`` (``ok``, ``timeout``, ``error``) is an
+        OpenTelemetry attribute only."""
+        self.add("storage_latency", seconds, outcome=outcome)
 
     def evaluated(
-        self, checks: Sequence[Check], evaluation: Evaluation, *, fallback: bool = False
+        self,
+        checks: Sequence[Check],
+        evaluation: Evaluation,
+        *,
+        seconds: float | None = None,
+        fallback: bool = False,
     ) -> None:
-        """A storage call's (or, ``fallback``, the local fallback's) decisions on ``checks``."""
+        """A storage call's decisions on ``checks`` and, given, its ``seconds`` (as
+        :meth:`storage_call`); ``fallback``: the local fallback's decisions. Counted in place,
+        without a call per decision."""
+        counts = self._counts
+        if seconds is not None:
+            count = counts.get(_CALL_OK)
+            (count or self._count("storage_latency", None, {"outcome": "ok"}))(seconds)
         family = "fallback_decisions" if fallback else "decisions"
         slots = False
         for check, decision in zip(checks, evaluation.decisions, strict=False):
             bound = check.bound  # _label_of(check), without a call per decision
             label: str = bound.label if bound is not None else limit_label(check.key)
-            self.add(family, 1, label, outcome="allowed" if decision.allowed else "denied")
+            outcome = "allowed" if decision.allowed else "denied"
+            count = counts.get((family, label, outcome))
+            (count or self._count(family, label, {"outcome": outcome}))(1)
             if decision.shadow_denied:
                 self.add("shadow_denials", 1, label)
             slots = slots or bool(check.token)
@@ -169,6 +238,12 @@ class Instruments:
         response (their bytes, the ``settle`` callable's answer)."""
         self.add("settled_units", units, limit_label(key), unit=unit)
 
+    def shed(self, priority: str, reason: str) -> None:
+        """A request shed with a 503 (``reason``: ``worker`` or ``fleet``)."""
+        priority = priority if priority in PRIORITIES else "default"
+        reason = reason if reason in _REASONS else OTHER
+        self.add("shed_requests", priority=priority, reason=reason)
+
     def unreadable(self) -> None:
         """A storage reply the limiter could not read (the failure policy answered)."""
         self.add("unreadable_replies")
@@ -190,103 +265,61 @@ class Metrics(Instruments):
                 "Prometheus metrics need prometheus-client: "
                 "pip install 'Flask-DistLimit[prometheus]'"
             ) from exc
-        kw: dict[str, Any] = {} if registry is None else {"registry": registry}
-        make = {"counter": pc.Counter, "gauge": pc.Gauge, "histogram": pc.Histogram}
+        registry = pc.REGISTRY if registry is None else registry
+        make = {"counter": pc.Counter, "histogram": pc.Histogram}
+        made = {}
         for attribute, kind, name, labels, _, _, description in INSTRUMENTS:
             extra = {"buckets": LATENCY_BUCKETS} if kind == "histogram" else {}
-            made = None if name is None else make[kind](name, description, labels, **extra, **kw)
-            setattr(self, attribute, made)
-        self._lease_gauges: set[str] = set()
-        self._children: dict[tuple[str, ...], Any] = {}
-        self._labels: set[str] = set()  # the limit label values given out
-        self._breakers: set[str] = set()  # the breaker label values with a series
-        self._lock = threading.Lock()
-        self._observe = self.storage_latency.observe
+            if name is not None and kind != "gauge":  # gauges: read when scraped (_Scraped)
+                made[attribute] = make[kind](name, description, labels, registry=registry, **extra)
+        super().__init__(made)
+        registry.register(_Scraped(self))
 
-    def _label(self, label: str) -> str:
-        """``label``, or :data:`OTHER` past :data:`MAX_LIMIT_LABELS` distinct values."""
-        if label in self._labels:
-            return label
-        with self._lock:
-            if len(self._labels) < MAX_LIMIT_LABELS:
-                self._labels.add(label)
-                return label
-        return OTHER
-
-    def add(self, family: str, amount: float = 1, limit: str | None = None, **labels: str) -> None:
-        instrument = getattr(self, family)
+    def _counter(self, family: str, labels: dict[str, str]) -> Count:
+        instrument = self.made.get(family)
         if instrument is None:  # not a Prometheus series (the slots)
-            return
-        if limit is None:
-            instrument.inc(amount)
-            return
-        label = self._label(limit)
-        series = (family, label, *labels.values())
-        child = self._children.get(series)
-        if child is None:
-            child = instrument.labels(limit=label, **labels)
-            if len(self._children) < _MAX_CHILDREN:
-                self._children[series] = child
-        child.inc(amount)
+            return _uncounted
+        if family == "storage_latency":  # its outcome is an OpenTelemetry attribute only
+            return cast(Count, instrument.observe)
+        return cast(Count, (instrument.labels(**labels) if labels else instrument).inc)
 
-    def shed(self, priority: str, reason: str) -> None:
-        priority = priority if priority in PRIORITIES else "default"
-        reason = reason if reason in _REASONS else OTHER
-        self.shed_requests.labels(priority=priority, reason=reason).inc()
 
-    def worker_in_flight(self, value: int) -> None:
-        self.in_flight.set(value)
+class _Scraped:
+    """The gauges of :class:`Metrics`, read when Prometheus scrapes (a custom collector)."""
 
-    def storage_call(self, seconds: float, outcome: str = "ok") -> None:
-        self._observe(seconds)  # outcome (ok | timeout | error): OpenTelemetry's attribute
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
 
-    def watch_lease_units(self, key: str, held: Callable[[str], float]) -> None:
-        """Report ``held(label)`` as ``lease_units`` of the limit of ``key`` when scraped."""
-        label = self._label(limit_label(key))
-        if label == OTHER or label in self._lease_gauges:
-            return
-        self._lease_gauges.add(label)
-        self.lease_units.labels(limit=label).set_function(lambda: held(label))
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import GaugeMetricFamily
 
-    def breaker_changed(self, breaker: str, state: str) -> None:
-        if breaker not in self._breakers:
-            with self._lock:
-                if len(self._breakers) >= MAX_BREAKER_LABELS:
-                    return
-                self._breakers.add(breaker)
-        self.breaker_state.labels(breaker=breaker).set(BREAKER_STATE_VALUES.get(state, 2))
+        for attribute, kind, name, labels, _, _, description in INSTRUMENTS:
+            if kind == "gauge" and name is not None:
+                family = GaugeMetricFamily(name, description, labels=labels)
+                for label, value in self._metrics._readings(attribute):
+                    family.add_metric([label] if labels else [], value)
+                yield family
 
-    def breaker_removed(self, breaker: str) -> None:
-        """Drop the series of a breaker whose node left the topology."""
-        with self._lock:
-            self._breakers.discard(breaker)
-        with contextlib.suppress(KeyError):  # never set in this registry
-            self.breaker_state.remove(breaker)
+
+def _uncounted(amount: float) -> None:
+    """The count of an instrument a side does not have."""
 
 
 #: What a guard (and the shedding, leases and deny-cache paths) tell a metrics sink.
-SINK_METHODS: Final = tuple(
-    name
-    for name in sorted({*vars(Instruments), *vars(Metrics)} - {"add"})
-    if not name.startswith("_") and callable(getattr(Metrics, name))
-)
+SINK_METHODS: Final = tuple(sorted(n for n in vars(Instruments) if n[0] != "_" and n != "add"))
 
 
 class Sinks:
     """Tells each of ``sinks`` (Prometheus's, OpenTelemetry's) what one sink is told."""
 
     def __init__(self, sinks: Sequence[Any]) -> None:
-        self.sinks = tuple(sinks)
         for name in SINK_METHODS:
-            setattr(self, name, _tell_all([getattr(s, name) for s in sinks]))
+            setattr(self, name, functools.partial(_tell_all, [getattr(s, name) for s in sinks]))
 
 
-def _tell_all(methods: list[Callable[..., None]]) -> Callable[..., None]:
-    def tell(*args: Any) -> None:
-        for method in methods:
-            method(*args)
-
-    return tell
+def _tell_all(methods: list[Callable[..., None]], *args: Any, **kwargs: Any) -> None:
+    for method in methods:
+        method(*args, **kwargs)
 
 
 class OnePer(Generic[_T]):
@@ -295,21 +328,15 @@ class OnePer(Generic[_T]):
 
     def __init__(self, make: Callable[[Any], _T]) -> None:
         self._make = make
-        self._made: dict[int, tuple[Any, _T]] = {}
+        self._made: dict[int, tuple[Any, _T]] = {}  # by id(owner): (owner, kept alive, made)
         self._lock = threading.Lock()
 
-    def __call__(self, owner: Any) -> _T:
+    def __call__(self, owner: Any = None) -> _T:
         with self._lock:
-            entry = self._made.get(id(owner))
-            if entry is None or entry[0] is not owner:  # an id reused by a new owner
-                entry = (owner, self._make(owner))
-                self._made[id(owner)] = entry
-            return entry[1]
+            if id(owner) not in self._made:
+                self._made[id(owner)] = (owner, self._make(owner))
+            return self._made[id(owner)][1]
 
 
-_shared: Final = OnePer(lambda registry: Metrics(registry))
-
-
-def metrics_for(registry: Any = None) -> Metrics:
-    """The one :class:`Metrics` of ``registry`` (default: prometheus_client's global registry)."""
-    return _shared(registry)
+#: The one :class:`Metrics` of a registry (``metrics_for()``: prometheus_client's global one).
+metrics_for: Final = OnePer(Metrics)

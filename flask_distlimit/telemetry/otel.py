@@ -12,23 +12,16 @@ attributes: docs/failure-modes.md, "Observability".
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
-import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import flask
 
 from flask_distlimit.core.decision import Check
-from flask_distlimit.telemetry.metrics import (
-    BREAKER_STATE_VALUES,
-    INSTRUMENTS,
-    LATENCY_BUCKETS,
-    Instruments,
-    OnePer,
-    limit_label,
-)
+from flask_distlimit.telemetry.metrics import INSTRUMENTS, LATENCY_BUCKETS, Instruments, OnePer
 
 if TYPE_CHECKING:
     from werkzeug.wrappers import Response
@@ -38,14 +31,6 @@ log = logging.getLogger("flask_distlimit")
 _PROBLEM = "application/problem+json"
 
 
-def available() -> bool:
-    """Whether the OpenTelemetry API is installed (nothing is imported to tell)."""
-    try:
-        return importlib.util.find_spec("opentelemetry.metrics") is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def storage_outcome(exc: BaseException | None) -> str:
     """``ok``, ``timeout`` (the call or a connection timed out) or ``error`` for a storage
     call that raised ``exc`` (``None``: it answered)."""
@@ -53,11 +38,9 @@ def storage_outcome(exc: BaseException | None) -> str:
         return "ok"
     seen: BaseException | None = exc
     for _ in range(5):  # the StorageError, then what redis-py (or the pool) raised
-        if seen is None:
-            break
         if isinstance(seen, TimeoutError) or type(seen).__name__ == "TimeoutError":
             return "timeout"
-        seen = seen.__cause__
+        seen = getattr(seen, "__cause__", None)  # None past the last cause
     return "error"
 
 
@@ -67,76 +50,34 @@ class OTelMetrics(Instruments):
     def __init__(self, meter_provider: Any = None) -> None:
         from opentelemetry.metrics import Observation, get_meter_provider
 
-        provider = meter_provider or get_meter_provider()
-        meter = provider.get_meter("flask_distlimit")
-        self._lock = threading.Lock()
-        self._breakers: dict[str, int] = {}
-        self._in_flight: int | None = None
-        self._lease_units: dict[str, Callable[[str], float]] = {}
+        meter = (meter_provider or get_meter_provider()).get_meter("flask_distlimit")
         self._observation = Observation
+        super().__init__({})  # the gauges' state first: a callback may run at once
         for attribute, kind, _, _, name, unit, description in INSTRUMENTS:
-            if name is None:
-                continue
             advisory: dict[str, Any] = {"unit": unit, "description": description}
             if kind == "histogram":
                 advisory["explicit_bucket_boundaries_advisory"] = list(LATENCY_BUCKETS)
             if kind == "gauge":
                 kind = "observable_gauge"
-                advisory["callbacks"] = [getattr(self, f"_observe_{attribute}")]
-            setattr(self, attribute, getattr(meter, f"create_{kind}")(name, **advisory))
+                advisory["callbacks"] = [functools.partial(self._observe, attribute)]
+            if name is not None:  # shed requests: counted among the requests (_counter)
+                self.made[attribute] = getattr(meter, f"create_{kind}")(name, **advisory)
 
-    # -- observable gauges -------------------------------------------------------------------
+    def _observe(self, gauge: str, _options: Any) -> Iterable[Any]:
+        """The observable gauge ``gauge``, read (the breaker's label is ``distlimit.node``)."""
+        name = "distlimit.node" if gauge == "breaker_state" else "distlimit.limit"
+        return [self._observation(v, {name: n} if n else {}) for n, v in self._readings(gauge)]
 
-    def _observe_breaker_state(self, _options: Any) -> Iterable[Any]:
-        with self._lock:
-            states = list(self._breakers.items())
-        return [self._observation(v, {"distlimit.node": n}) for n, v in states]
-
-    def _observe_in_flight(self, _options: Any) -> Iterable[Any]:
-        value = self._in_flight
-        return [] if value is None else [self._observation(value)]
-
-    def _observe_lease_units(self, _options: Any) -> Iterable[Any]:
-        with self._lock:
-            held = list(self._lease_units.items())
-        return [self._observation(f(label), {"distlimit.limit": label}) for label, f in held]
-
-    # -- the metrics sink: this side's count, and what only it does ---------------------------
-
-    def add(self, family: str, amount: float = 1, limit: str | None = None, **labels: str) -> None:
-        attributes = {} if limit is None else {"distlimit.limit": limit}
-        for name, value in labels.items():
-            attributes[f"distlimit.{name}"] = value
-        getattr(self, family).add(amount, attributes)
-
-    def storage_call(self, seconds: float, outcome: str = "ok") -> None:
-        self.storage_latency.record(seconds, {"distlimit.outcome": outcome})
-
-    def watch_lease_units(self, key: str, held: Callable[[str], float]) -> None:
-        with self._lock:
-            self._lease_units.setdefault(limit_label(key), held)
-
-    def shed(self, priority: str, reason: str) -> None:
-        self.requests.add(
-            1,
-            {
-                "distlimit.result": "shed",
-                "distlimit.degraded": False,
-                "distlimit.shed.reason": reason,
-                "distlimit.priority": priority,
-            },
-        )
-
-    def worker_in_flight(self, value: int) -> None:
-        self._in_flight = value
-
-    def breaker_changed(self, breaker: str, state: str) -> None:
-        with self._lock:
-            self._breakers[breaker] = BREAKER_STATE_VALUES.get(state, 2)
-
-    def breaker_removed(self, breaker: str) -> None:
-        with self._lock:
-            self._breakers.pop(breaker, None)
+    def _counter(self, family: str, labels: dict[str, str]) -> Callable[[float], object]:
+        attributes: dict[str, str | bool] = {f"distlimit.{k}": v for k, v in labels.items()}
+        if family == "shed_requests":  # a request, counted by its result (INSTRUMENTS)
+            family = "requests"
+            reason = attributes.pop("distlimit.reason")
+            attributes.update({"distlimit.result": "shed", "distlimit.degraded": False})
+            attributes["distlimit.shed.reason"] = reason
+        instrument = self.made[family]
+        count = instrument.record if family == "storage_latency" else instrument.add
+        return functools.partial(count, attributes=attributes)
 
 
 class Guard(Protocol):
@@ -192,33 +133,31 @@ class OTelHook:
         """Count one request the limiter decided (``data``: the enforcer's request data)."""
         if data.exempt or not (data.evaluated or data.report or data.denied or data.degraded):
             return  # exempt, or no limit applied: nothing was decided
-        instruments = self.instruments
         if data.slots is not None:  # given back with the slots, by the request's ledger
             taken = [c for one in data.evaluated if _allowed(one) for c in one.checks]
             if taken:
                 ledger = self._ledgers.ledger(flask.request.environ)
-                ledger.take(_SlotsGiven(instruments, taken))
+                ledger.take(_SlotsGiven(self.instruments, taken))
         status = response.status_code
-        report = data.report
-        policy: str | None = report.name if report is not None else None
         if status == 503 and not data.degraded and response.mimetype == _PROBLEM:
             # Shed (by the fleet, or by this worker, before any limit counted it); counted by
             # the sink's shed(), not twice.
             return
-        if not data.denied:
-            result = "admitted"
-        elif status == 503 or (data.degraded and report is None and _refused(data) is None):
-            result, policy = "unavailable", None  # (or the app's own answer to that 503)
-        else:
-            result = "refused"
-            policy = _refused(data) or policy
+        result = "admitted"
+        policy: str | None = None if data.report is None else data.report.name
+        if data.denied:
+            refused = _refused(data)
+            if status == 503 or (data.degraded and data.report is None and refused is None):
+                result, policy = "unavailable", None  # (or the app's own answer to that 503)
+            else:
+                result, policy = "refused", refused or policy
         attributes: dict[str, str | bool] = {
             "distlimit.result": result,
             "distlimit.degraded": bool(data.degraded),
         }
         if policy is not None:
             attributes["distlimit.policy"] = policy
-        instruments.requests.add(1, attributes)
+        self.instruments.made["requests"].add(1, attributes)
 
 
 def _allowed(one: Any) -> bool:
@@ -270,7 +209,10 @@ def auto(state: _Instrumented) -> OTelHook | None:
 
     An API too old for these instruments (or broken) never stops the app from starting: one
     WARNING says how to fix it, and the limiter runs without OpenTelemetry metrics."""
-    if not available():
+    try:  # whether the API is installed, importing nothing to tell
+        if importlib.util.find_spec("opentelemetry.metrics") is None:
+            return None
+    except (ImportError, ValueError):  # its parent package is absent (or broken)
         return None
     try:
         return instrument(state)

@@ -487,3 +487,61 @@ def test_units_settled_are_counted_by_limit_and_unit(
         for unit in expected
     }
     assert prometheus == expected
+
+
+def test_an_admitted_request_makes_two_telemetry_calls(
+    clock: FakeClock, reader: tuple[InMemoryMetricReader, MeterProvider]
+) -> None:
+    """Issue 36: the storage call's latency and decisions are told in one call, each decision
+    counted in place; after_request counts the request. It was 5 calls (storage_call,
+    evaluated, add per decision, request)."""
+    from flask_distlimit.storage.memory import MemoryStorage
+
+    found, provider = reader
+    app, limiter = _instrumented(
+        MemoryStorage(clock=clock), clock, provider, DISTLIMIT_GLOBAL_LIMITS="100/minute"
+    )
+    app.add_url_rule("/", "index", limiter.limit("10/second")(lambda: "ok"))
+    client = app.test_client()
+    client.get("/").close()  # the series' counters are made on the first request
+    telemetry = os.path.dirname(otel.__file__)  # the package imported, wherever it is
+    calls: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(telemetry):
+            calls.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        assert client.get("/").status_code == 200
+    finally:
+        sys.setprofile(None)
+    assert calls == ["evaluated", "request"]
+    decided = {a["distlimit.limit"]: v for a, v in points(found, "distlimit.decisions")}
+    assert len(decided) == 2 and set(decided.values()) == {2}
+    assert [n for _, n in points(found, "distlimit.storage.duration")] == [2]
+
+
+def test_opentelemetry_attributes_are_bounded_as_the_prometheus_labels(
+    reader: tuple[InMemoryMetricReader, MeterProvider],
+) -> None:
+    """A limit label past the 1,000th counts under ``other``, a shed's priority and reason take
+    only their documented values, at most 1,000 breakers are observed (they grew unbounded)."""
+    from flask_distlimit.core.decision import Check, Decision
+    from flask_distlimit.telemetry.metrics import MAX_BREAKER_LABELS, MAX_LIMIT_LABELS, OTHER
+
+    found, provider = reader
+    sink = otel.OTelMetrics(provider)
+    allowed = Evaluation((Decision(True, 10, 9, 0.0, 0.0),))
+    for i in range(MAX_LIMIT_LABELS + 500):
+        sink.evaluated([Check(f"ratelimit:{{t}}:r_route{i}_10/60:gcra", "gcra", 10, 60)], allowed)
+        sink.shed(f"priority-{i}", f"reason-{i}")
+        sink.breaker_changed(f"redis:ratelimit@10.0.{i // 256}.{i % 256}:6379", "open")
+    limits = {a["distlimit.limit"] for a, _ in points(found, "distlimit.decisions")}
+    assert len(limits) == MAX_LIMIT_LABELS + 1 and OTHER in limits
+    shed = {
+        (a["distlimit.priority"], a["distlimit.shed.reason"])
+        for a, _ in points(found, "distlimit.requests")
+    }
+    assert shed == {("default", OTHER)}
+    assert len(points(found, "distlimit.breaker.state")) == MAX_BREAKER_LABELS
