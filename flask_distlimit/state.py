@@ -121,6 +121,8 @@ class LimiterState:
         self.resolver = resolver
         self.hooks = limiter.hooks
         self.registry = limiter.registry
+        #: the injected clock, in microseconds (``None``: the real ones)
+        self.clock = clock
         #: the injected clock's time for the storage (``None``: the Redis server's clock)
         self.storage_now: Callable[[], int | None] = clock if clock is not None else lambda: None
         #: the local clock, in microseconds (the deny cache's and the breach log's)

@@ -1,9 +1,10 @@
 """Building a request's checks: one :class:`~flask_distlimit.core.decision.Check` per limit.
 
-:meth:`Checks.build` orders them as the storage sees them: the fleet's slot, the global limits
+:meth:`Checks.decide` orders them as the storage sees them: the fleet's slot, the global limits
 (under the client address), the tier limits, then route and shared limits (under the identity,
 or the ``key_func``'s answer: ``None`` or ``""`` skips the limit). A limit whose app code raises
 is logged at ERROR, then skipped as degraded under policy ``open``, else a 503: never dropped.
+The checks go to :meth:`Decider.decide <flask_distlimit.request.decide.Decider.decide>`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple
+from typing import Final
 
 from flask import Request
 from werkzeug.exceptions import HTTPException
@@ -28,21 +29,14 @@ from flask_distlimit.defences.fleet import Fleet
 from flask_distlimit.identity import Identity, IdentityHooks, IdentityResolver
 from flask_distlimit.request import deduction
 from flask_distlimit.request.data import RequestData
+from flask_distlimit.request.decide import Decider
 from flask_distlimit.request.plans import Plans
+from flask_distlimit.request.refuse import Refusals
 
 log = logging.getLogger("flask_distlimit")
 
 #: Limits whose failure is remembered for the once-a-minute ERROR line; emptied when full.
 _QUIET_KEPT: Final = 10_000
-
-
-class Built(NamedTuple):
-    """The checks of one storage call (each carries its bound limit), and who was identified."""
-
-    checks: list[Check]
-    identity: Identity | None
-    #: no slot and no shadow limit among the checks (their scans are skipped)
-    simple: bool
 
 
 def _cost_value(b: BoundLimit, default: int) -> int:
@@ -88,6 +82,8 @@ class Checks:
     """Builds the checks of one app's requests (see the module docstring)."""
 
     plans: Plans
+    decider: Decider
+    refusals: Refusals  #: the 503 of a limit that cannot be evaluated
     resolver: IdentityResolver
     hooks: IdentityHooks
     identity_tag: Callable[[str], str]
@@ -112,7 +108,7 @@ class Checks:
         every = (*self.global_limits, *(b for t in self.tier_limits.values() for b in t))
         self.every_plain = self.fleet is None and not any(b.spec.shadow for b in every)
 
-    def build(
+    def decide(
         self,
         req: Request,
         data: RequestData,
@@ -120,10 +116,11 @@ class Checks:
         *,
         every_request: bool,
         fleet: bool = True,
-    ) -> Built | None:
-        """The checks of ``plan``'s limits (and the global and tier limits when
-        ``every_request``; the fleet's slot too when ``fleet``), or None when there are none.
-        The ``deduct_when`` reservations are noted in ``data.deferred``."""
+    ) -> None:
+        """Decide the checks of ``plan``'s limits (and the global and tier limits when
+        ``every_request``; the fleet's slot too when ``fleet``) in one storage call, when there
+        are any; raise on a refusal. The ``deduct_when`` reservations are noted in
+        ``data.deferred``."""
         route_limits: Sequence[BoundLimit] = plan.limits
         needs_identity, plain = plan.needs_identity, plan.plain
         environ = req.environ
@@ -230,7 +227,7 @@ class Checks:
                     )
                 checks.append(check)
         if not checks:
-            return None
+            return
         if self.meta_limits and plan.meta_limits:  # the identity was resolved for them
             # After the others: a breach of any of them is counted in the same script call.
             for b in self.meta_limits:
@@ -238,8 +235,10 @@ class Checks:
                 checks.append(
                     Check(key, b.algorithm, b.rate.amount, b.rate.period, meta=True, bound=b)
                 )
-            return Built(checks, identity, simple=False)
-        return Built(checks, identity, simple=plain and (not every_request or self.every_plain))
+            self.decider.decide(checks, identity, plan.policy, data)
+            return
+        simple = plain and (not every_request or self.every_plain)
+        self.decider.decide(checks, identity, plan.policy, data, simple=simple)
 
     def _resolved(
         self,
@@ -285,10 +284,9 @@ class Checks:
     def _by_policy(self, plan: RoutePlan, data: RequestData) -> None:
         """A limit of the request cannot be evaluated: under the failure policy ``open`` it is
         skipped for this request, which is marked degraded (``X-RateLimit-Degraded``); under
-        ``closed`` or ``local`` (no rate to enforce in-process) :class:`LimitUnresolved` makes
-        the request a 503."""
+        ``closed`` or ``local`` (no rate to enforce in-process) the request is a 503."""
         if (plan.policy or self.failure_policy) != "open":
-            raise LimitUnresolved
+            self.refusals.unavailable(data, busy=False, unresolved=True)
         data.degraded = True
 
     def _view_answers_options(self, req: Request) -> bool:
