@@ -17,7 +17,7 @@ from typing import Final
 from flask import Request
 from werkzeug.exceptions import HTTPException
 
-from flask_distlimit._typing import FailurePolicy, KeyFunc
+from flask_distlimit._typing import KeyFunc
 from flask_distlimit.core.algorithms import CONCURRENCY, MAX_LIMITS_PER_REQUEST
 from flask_distlimit.core.decision import Check
 from flask_distlimit.core.pacing import Pace
@@ -32,6 +32,7 @@ from flask_distlimit.request.data import RequestData
 from flask_distlimit.request.decide import Decider
 from flask_distlimit.request.plans import Plans
 from flask_distlimit.request.refuse import Refusals
+from flask_distlimit.request.settings import LimiterSettings
 
 log = logging.getLogger("flask_distlimit")
 
@@ -94,11 +95,8 @@ class Checks:
     tier_limits: dict[str, tuple[BoundLimit, ...]]
     fleet: Fleet | None
     priority: Callable[[], Priority]  #: the request's (flask_distlimit.defences.shedding)
-    conditional_cost: int
-    charge_preflights: bool
-    lease: int  #: a concurrency slot's, seconds
+    settings: LimiterSettings
     dynamic_ttl_us: int
-    failure_policy: FailurePolicy  #: DISTLIMIT_FAILURE_POLICY, for a route that sets none
     #: the pace of the ERROR lines about each limit's app code failing (local clock), by name
     paces: dict[str, Pace] = field(default_factory=dict, init=False)
     #: the global and tier limits hold no shadow limit, and no fleet slot rides along
@@ -128,7 +126,7 @@ class Checks:
         # A conditional GET or HEAD may cost less on route limits (DISTLIMIT_CONDITIONAL_COST);
         # the global and tier limits always cost at least 1.
         default_cost = (
-            self.conditional_cost
+            self.settings.conditional_cost
             if (method == "GET" or method == "HEAD")
             and ("HTTP_IF_NONE_MATCH" in environ or "HTTP_IF_MODIFIED_SINCE" in environ)
             else 1
@@ -138,7 +136,7 @@ class Checks:
         tiers = app_wide
         if (
             method == "OPTIONS"
-            and not self.charge_preflights
+            and not self.settings.charge_preflights
             and "HTTP_ACCESS_CONTROL_REQUEST_METHOD" in environ
             and not self._view_answers_options(req)
         ):
@@ -211,7 +209,7 @@ class Checks:
                 self._unresolved(b, exc, plan, data)
                 continue
             if b.algorithm == CONCURRENCY:  # a slot, not a cost (defences.concurrency)
-                checks.append(slot_check(b, tag, self.lease))
+                checks.append(slot_check(b, tag, self.settings.concurrency_lease))
                 continue
             unproved = revalidation and spec.cost is None  # free only if the answer is a 304
             if b.dynamic is None and not deduction.reserved(b, unproved=unproved):  # common case
@@ -276,8 +274,8 @@ class Checks:
                 "The rate limit %s could not be evaluated: its key_func, exempt_when or cost "
                 "raised %s: %s. The failure policy %s answers (open: admitted, marked degraded; "
                 "closed or local: 503). (Logged at most once a minute per limit.)",
-                b.name, type(exc).__name__, log_text(exc), plan.policy or self.failure_policy,
-                exc_info=exc,
+                b.name, type(exc).__name__, log_text(exc),
+                plan.policy or self.settings.failure_policy, exc_info=exc,
             )  # fmt: skip
         self._by_policy(plan, data)
 
@@ -285,7 +283,7 @@ class Checks:
         """A limit of the request cannot be evaluated: under the failure policy ``open`` it is
         skipped for this request, which is marked degraded (``X-RateLimit-Degraded``); under
         ``closed`` or ``local`` (no rate to enforce in-process) the request is a 503."""
-        if (plan.policy or self.failure_policy) != "open":
+        if (plan.policy or self.settings.failure_policy) != "open":
             self.refusals.unavailable(data, busy=False, unresolved=True)
         data.degraded = True
 

@@ -167,11 +167,8 @@ class Enforcer:
             tier_limits=state.tier_limits,
             fleet=self.fleet,
             priority=state.shedding.priority,
-            conditional_cost=settings.conditional_cost,
-            charge_preflights=settings.charge_preflights,
-            lease=settings.concurrency_lease,
+            settings=settings,
             dynamic_ttl_us=ttl_us(settings.dynamic_limit_ttl),
-            failure_policy=settings.failure_policy,
         )
         self._header_mode = settings.headers
         #: The request environ key of this limiter's per-request data (one per app's limiter:
