@@ -21,6 +21,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as WerkzeugResponse
 
 from flask_distlimit._typing import FailurePolicy, RequestFilter
+from flask_distlimit.core.priorities import PriorityRegistry
 from flask_distlimit.core.problem import retry_after_seconds
 from flask_distlimit.declare.dynamic_limits import ttl_us
 from flask_distlimit.declare.registry import LimitRegistry
@@ -54,10 +55,14 @@ _NO_ROUTE = RoutePlan(exempt=False)
 _HEADERS_ADDED: Final = "_distlimit_headers_added"
 
 
-class _Declared(Protocol):
-    """What the request path reads of the :class:`~flask_distlimit.Limiter` (declared in code)."""
+class Declared(Protocol):
+    """What one app's limiter reads of the :class:`~flask_distlimit.Limiter` serving it: what
+    is declared in code (limits and exemptions, priorities, identity hooks, request filters,
+    the breach hook), read as the app serves, so declared before or after ``init_app``."""
 
     registry: LimitRegistry
+    priorities: PriorityRegistry
+    hooks: IdentityHooks
     request_filters: list[RequestFilter]
     breach_hook: BreachHook | None
 
@@ -67,7 +72,7 @@ class AppLimiter(Protocol):
     app's limiter state (:class:`flask_distlimit.state.LimiterState`)."""
 
     @property
-    def limiter(self) -> _Declared: ...
+    def limiter(self) -> Declared: ...
     @property
     def settings(self) -> LimiterSettings: ...
 
