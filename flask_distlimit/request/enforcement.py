@@ -5,7 +5,8 @@ what it uses (a clock, the guard), never the app's whole state; docs/request-flo
 the steps. A limit wrapper the plan did not reach, or ``with limiter.limit(...)``, decides in a
 call of its own (:meth:`Enforcer.reached`, :meth:`Enforcer.entered`). After the response,
 :meth:`Enforcer.after_request` settles reservations and adds the headers. :class:`AppLimiter`
-names what the request path reads of :class:`flask_distlimit.state.LimiterState`.
+names what the request path reads of :class:`flask_distlimit.state.LimiterState`, and
+:class:`Declared` what the state reads of the :class:`~flask_distlimit.Limiter`.
 """
 
 from __future__ import annotations
