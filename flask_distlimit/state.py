@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Protocol
 
-from flask_distlimit._typing import RequestFilter
 from flask_distlimit.config import Settings
 from flask_distlimit.core.algorithms import check_limit_count
-from flask_distlimit.core.priorities import PriorityRegistry
 from flask_distlimit.declare.registry import LimitRegistry
 from flask_distlimit.declare.route_limits import BoundLimit, bind
 from flask_distlimit.declare.specs import LimitSpec
@@ -24,11 +21,10 @@ from flask_distlimit.defences.shadow import check_tiers as check_shadow_tiers
 from flask_distlimit.defences.shadow import spec_is_shadow
 from flask_distlimit.defences.shedding import Shedding, WorkerLoad
 from flask_distlimit.forks import AfterFork
-from flask_distlimit.identity import IdentityHooks, IdentityResolver, IdentitySettings
+from flask_distlimit.identity import IdentityResolver, IdentitySettings
 from flask_distlimit.identity.digests import IdentityTags
 from flask_distlimit.ops import admin
-from flask_distlimit.request.enforcement import Enforcer
-from flask_distlimit.request.refuse import BreachHook
+from flask_distlimit.request.enforcement import Declared, Enforcer
 from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.telemetry import otel
@@ -65,26 +61,15 @@ def _check_limits_per_request(
             check_limit_count(every + count, f"{head} and the limits on {where} ({count})")
 
 
-class Declared(Protocol):
-    """What one app's limiter reads of the :class:`~flask_distlimit.Limiter` serving it: what
-    is declared in code (limits and exemptions, priorities, identity hooks, request filters,
-    the breach hook), read as the app serves, so declared before or after ``init_app``."""
-
-    registry: LimitRegistry
-    priorities: PriorityRegistry
-    hooks: IdentityHooks
-    request_filters: list[RequestFilter]
-    breach_hook: BreachHook | None
-
-
 class LimiterState:
     """Everything one app's limiter needs: ``app.extensions["distlimit"]``.
 
-    Attributes: ``limiter`` (the :class:`~flask_distlimit.Limiter`, as :class:`Declared`),
-    ``settings``, ``identity_settings``, ``storage``, ``guard`` (made here: the storage behind
-    its breakers), ``resolver``, ``hooks`` (shared with the ``Limiter``), ``deny_cache``
-    (``None`` when disabled), ``global_limits``, ``meta_limits`` and ``tier_limits`` (bound),
-    ``enforcer`` (the request path), ``tags``
+    Attributes: ``limiter`` (the :class:`~flask_distlimit.Limiter`, as
+    :class:`~flask_distlimit.request.enforcement.Declared`), ``settings``,
+    ``identity_settings``, ``storage``, ``guard`` (made here: the storage behind its breakers),
+    ``clock`` (the injected clock, ``None`` when none is), ``resolver``, ``hooks`` (shared with
+    the ``Limiter``), ``deny_cache`` (``None`` when disabled), ``global_limits``,
+    ``meta_limits`` and ``tier_limits`` (bound), ``enforcer`` (the request path), ``tags``
     (:class:`~flask_distlimit.identity.digests.IdentityTags`) and ``identity_tag``, its ``tag``
     function: the keyed digest of an identity text in this app's keys.
     """
@@ -121,6 +106,8 @@ class LimiterState:
         self.resolver = resolver
         self.hooks = limiter.hooks
         self.registry = limiter.registry
+        #: the injected clock, in microseconds (``None``: the real ones)
+        self.clock = clock
         #: the injected clock's time for the storage (``None``: the Redis server's clock)
         self.storage_now: Callable[[], int | None] = clock if clock is not None else lambda: None
         #: the local clock, in microseconds (the deny cache's and the breach log's)

@@ -1,9 +1,10 @@
 """Building a request's checks: one :class:`~flask_distlimit.core.decision.Check` per limit.
 
-:meth:`Checks.build` orders them as the storage sees them: the fleet's slot, the global limits
+:meth:`Checks.decide` orders them as the storage sees them: the fleet's slot, the global limits
 (under the client address), the tier limits, then route and shared limits (under the identity,
 or the ``key_func``'s answer: ``None`` or ``""`` skips the limit). A limit whose app code raises
 is logged at ERROR, then skipped as degraded under policy ``open``, else a 503: never dropped.
+The checks go to :meth:`Decider.decide <flask_distlimit.request.decide.Decider.decide>`.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple
+from typing import Final
 
 from flask import Request
 from werkzeug.exceptions import HTTPException
 
-from flask_distlimit._typing import FailurePolicy, KeyFunc
+from flask_distlimit._typing import KeyFunc
 from flask_distlimit.core.algorithms import CONCURRENCY, MAX_LIMITS_PER_REQUEST
 from flask_distlimit.core.decision import Check
 from flask_distlimit.core.pacing import Pace
@@ -28,21 +29,15 @@ from flask_distlimit.defences.fleet import Fleet
 from flask_distlimit.identity import Identity, IdentityHooks, IdentityResolver
 from flask_distlimit.request import deduction
 from flask_distlimit.request.data import RequestData
+from flask_distlimit.request.decide import Decider
 from flask_distlimit.request.plans import Plans
+from flask_distlimit.request.refuse import Refusals
+from flask_distlimit.request.settings import LimiterSettings
 
 log = logging.getLogger("flask_distlimit")
 
 #: Limits whose failure is remembered for the once-a-minute ERROR line; emptied when full.
 _QUIET_KEPT: Final = 10_000
-
-
-class Built(NamedTuple):
-    """The checks of one storage call (each carries its bound limit), and who was identified."""
-
-    checks: list[Check]
-    identity: Identity | None
-    #: no slot and no shadow limit among the checks (their scans are skipped)
-    simple: bool
 
 
 def _cost_value(b: BoundLimit, default: int) -> int:
@@ -88,6 +83,8 @@ class Checks:
     """Builds the checks of one app's requests (see the module docstring)."""
 
     plans: Plans
+    decider: Decider
+    refusals: Refusals  #: the 503 of a limit that cannot be evaluated
     resolver: IdentityResolver
     hooks: IdentityHooks
     identity_tag: Callable[[str], str]
@@ -98,11 +95,8 @@ class Checks:
     tier_limits: dict[str, tuple[BoundLimit, ...]]
     fleet: Fleet | None
     priority: Callable[[], Priority]  #: the request's (flask_distlimit.defences.shedding)
-    conditional_cost: int
-    charge_preflights: bool
-    lease: int  #: a concurrency slot's, seconds
+    settings: LimiterSettings
     dynamic_ttl_us: int
-    failure_policy: FailurePolicy  #: DISTLIMIT_FAILURE_POLICY, for a route that sets none
     #: the pace of the ERROR lines about each limit's app code failing (local clock), by name
     paces: dict[str, Pace] = field(default_factory=dict, init=False)
     #: the global and tier limits hold no shadow limit, and no fleet slot rides along
@@ -112,7 +106,7 @@ class Checks:
         every = (*self.global_limits, *(b for t in self.tier_limits.values() for b in t))
         self.every_plain = self.fleet is None and not any(b.spec.shadow for b in every)
 
-    def build(
+    def decide(
         self,
         req: Request,
         data: RequestData,
@@ -120,10 +114,11 @@ class Checks:
         *,
         every_request: bool,
         fleet: bool = True,
-    ) -> Built | None:
-        """The checks of ``plan``'s limits (and the global and tier limits when
-        ``every_request``; the fleet's slot too when ``fleet``), or None when there are none.
-        The ``deduct_when`` reservations are noted in ``data.deferred``."""
+    ) -> None:
+        """Decide the checks of ``plan``'s limits (and the global and tier limits when
+        ``every_request``; the fleet's slot too when ``fleet``) in one storage call, when there
+        are any; raise on a refusal. The ``deduct_when`` reservations are noted in
+        ``data.deferred``."""
         route_limits: Sequence[BoundLimit] = plan.limits
         needs_identity, plain = plan.needs_identity, plan.plain
         environ = req.environ
@@ -131,7 +126,7 @@ class Checks:
         # A conditional GET or HEAD may cost less on route limits (DISTLIMIT_CONDITIONAL_COST);
         # the global and tier limits always cost at least 1.
         default_cost = (
-            self.conditional_cost
+            self.settings.conditional_cost
             if (method == "GET" or method == "HEAD")
             and ("HTTP_IF_NONE_MATCH" in environ or "HTTP_IF_MODIFIED_SINCE" in environ)
             else 1
@@ -141,7 +136,7 @@ class Checks:
         tiers = app_wide
         if (
             method == "OPTIONS"
-            and not self.charge_preflights
+            and not self.settings.charge_preflights
             and "HTTP_ACCESS_CONTROL_REQUEST_METHOD" in environ
             and not self._view_answers_options(req)
         ):
@@ -214,7 +209,7 @@ class Checks:
                 self._unresolved(b, exc, plan, data)
                 continue
             if b.algorithm == CONCURRENCY:  # a slot, not a cost (defences.concurrency)
-                checks.append(slot_check(b, tag, self.lease))
+                checks.append(slot_check(b, tag, self.settings.concurrency_lease))
                 continue
             unproved = revalidation and spec.cost is None  # free only if the answer is a 304
             if b.dynamic is None and not deduction.reserved(b, unproved=unproved):  # common case
@@ -230,7 +225,7 @@ class Checks:
                     )
                 checks.append(check)
         if not checks:
-            return None
+            return
         if self.meta_limits and plan.meta_limits:  # the identity was resolved for them
             # After the others: a breach of any of them is counted in the same script call.
             for b in self.meta_limits:
@@ -238,8 +233,10 @@ class Checks:
                 checks.append(
                     Check(key, b.algorithm, b.rate.amount, b.rate.period, meta=True, bound=b)
                 )
-            return Built(checks, identity, simple=False)
-        return Built(checks, identity, simple=plain and (not every_request or self.every_plain))
+            self.decider.decide(checks, identity, plan.policy, data)
+            return
+        simple = plain and (not every_request or self.every_plain)
+        self.decider.decide(checks, identity, plan.policy, data, simple=simple)
 
     def _resolved(
         self,
@@ -277,18 +274,17 @@ class Checks:
                 "The rate limit %s could not be evaluated: its key_func, exempt_when or cost "
                 "raised %s: %s. The failure policy %s answers (open: admitted, marked degraded; "
                 "closed or local: 503). (Logged at most once a minute per limit.)",
-                b.name, type(exc).__name__, log_text(exc), plan.policy or self.failure_policy,
-                exc_info=exc,
+                b.name, type(exc).__name__, log_text(exc),
+                plan.policy or self.settings.failure_policy, exc_info=exc,
             )  # fmt: skip
         self._by_policy(plan, data)
 
     def _by_policy(self, plan: RoutePlan, data: RequestData) -> None:
         """A limit of the request cannot be evaluated: under the failure policy ``open`` it is
         skipped for this request, which is marked degraded (``X-RateLimit-Degraded``); under
-        ``closed`` or ``local`` (no rate to enforce in-process) :class:`LimitUnresolved` makes
-        the request a 503."""
-        if (plan.policy or self.failure_policy) != "open":
-            raise LimitUnresolved
+        ``closed`` or ``local`` (no rate to enforce in-process) the request is a 503."""
+        if (plan.policy or self.settings.failure_policy) != "open":
+            self.refusals.unavailable(data, busy=False, unresolved=True)
         data.degraded = True
 
     def _view_answers_options(self, req: Request) -> bool:

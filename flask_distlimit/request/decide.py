@@ -10,16 +10,17 @@ headers the limit with the fewest units left, never a shadow or meta limit.
 from __future__ import annotations
 
 import operator
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NoReturn
 
 from flask import request
 
 from flask_distlimit._typing import FailurePolicy
 from flask_distlimit.core.decision import Check, Decision, Evaluation
 from flask_distlimit.defences.concurrency import SlotRelease
-from flask_distlimit.defences.deny_cache import DenyCache
+from flask_distlimit.defences.deny_cache import DenyCache, monotonic_us
 from flask_distlimit.defences.lifecycle import Lifecycle
 from flask_distlimit.defences.shadow import ShadowLog
 from flask_distlimit.identity import Identity
@@ -29,6 +30,7 @@ from flask_distlimit.request.plans import Plans
 from flask_distlimit.request.refuse import Refusals
 from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.resilience.leases import Leases
+from flask_distlimit.resilience.outcome import Outcome
 
 _KEY: Final = operator.attrgetter("key")
 
@@ -43,14 +45,14 @@ class Decider:
     refusals: Refusals
     lifecycle: Lifecycle
     deny_cache: DenyCache | None
-    local_clock: Callable[[], int]  #: microseconds
-    storage_now: Callable[[], int | None]  #: the storage's ``now_us`` (None: its own clock)
+    #: the injected clock, microseconds (None: the local monotonic clock, and the storage's own)
+    clock: Callable[[], int] | None
     wall: Callable[[], float]  #: Unix seconds
     new_slots: Callable[[], SlotRelease]  #: a request's holding of concurrency slots
     shadow_log: ShadowLog = field(init=False)
 
     def __post_init__(self) -> None:
-        self.shadow_log = ShadowLog(self.local_clock)
+        self.shadow_log = ShadowLog(self.clock or monotonic_us)
 
     def _unaffordable(
         self,
@@ -80,7 +82,7 @@ class Decider:
         cache: DenyCache,
     ) -> None:
         """Refuse the request if the deny cache holds a denial of one of its checks."""
-        now = self.local_clock()
+        now = monotonic_us() if self.clock is None else self.clock()
         for c in checks:
             denial = cache.lookup(c.key, c.cost, now)
             if denial is None:
@@ -132,11 +134,13 @@ class Decider:
                 # given back when the response ends, however (flask_distlimit.defences.lifecycle)
                 self.lifecycle.ledger(request.environ).take(data.slots)
             data.slots.add(slots)
-        started = self.local_clock()
+        # no clock injected: no call of ours to read the time (this runs on every request)
+        now_us = None if self.clock is None else self.clock()
+        started = time.monotonic_ns() // 1000 if now_us is None else now_us
         if leasing and any(c.bound.spec.lease for c in checks):  # flask_distlimit.resilience.leases
-            outcome = self.leases.evaluate(checks, policy=policy, now_us=self.storage_now())
+            outcome = self.leases.evaluate(checks, policy=policy, now_us=now_us)
         else:
-            outcome = self.guard.evaluate(checks, policy=policy, now_us=self.storage_now())
+            outcome = self.guard.evaluate(checks, policy=policy, now_us=now_us)
             if leasing:  # after a storage call: leased units left unspent go back
                 self.leases.housekeeping()
         if slots and data.slots is not None:
@@ -156,29 +160,13 @@ class Decider:
         data.evaluated.append(Evaluated(checks, decisions, self.wall()))
         if data.deferred or not simple:
             self._shadow(checks, decisions, data, simple=simple)
-        if not evaluation.allowed:
-            finished = self.local_clock()
-            denied_reports: list[Report] = []
-            denied: list[Check] = []
-            meta = not simple and checks[-1].meta  # meta checks come last (request.checks)
-            by_meta = meta and any(
-                c.meta and not d.allowed for c, d in zip(checks, decisions, strict=True)
-            )
-            for c, d in zip(checks, decisions, strict=True):
-                if d.allowed or c.meta != by_meta:
-                    continue
-                denied_reports.append(report_of(c.bound, d, denied=True))
-                denied.append(c)
-                if cache is not None and not outcome.degraded and not c.token and by_meta == meta:
-                    cache.record(c, d, started_us=started, finished_us=finished)
-            self.refusals.refuse(
-                denied_reports, denied, identity, data, from_cache=False, degraded=outcome.degraded
-            )
-        # allowed: report the limit with the fewest units left (ties: the latest reset); never
-        # a shadow limit (clients would slow down for a limit that is not enforced), a slot or
-        # a meta limit
+        # Report the limit with the fewest units left (ties: the latest reset); never a shadow
+        # limit (clients would slow down for a limit that is not enforced), a slot or a meta
+        # limit; refuse at the first denial instead.
         best: tuple[Check, Decision] | None = None
         for c, d in zip(checks, decisions, strict=True):
+            if not d.allowed:
+                self._refuse(checks, decisions, identity, data, outcome, started, simple=simple)
             if c.shadow or c.token or c.meta:
                 continue
             if (
@@ -192,6 +180,37 @@ class Decider:
             if data.report is None or report.remaining < data.report.remaining:
                 data.report = report
         data.degraded = data.degraded or outcome.degraded
+
+    def _refuse(
+        self,
+        checks: list[Check],
+        decisions: Sequence[Decision],
+        identity: Identity | None,
+        data: RequestData,
+        outcome: Outcome,
+        started: int,
+        *,
+        simple: bool,
+    ) -> NoReturn:
+        """Remember the denials in the deny cache, then refuse the request (a 429)."""
+        cache = self.deny_cache
+        finished = monotonic_us() if self.clock is None else self.clock()
+        denied_reports: list[Report] = []
+        denied: list[Check] = []
+        meta = not simple and checks[-1].meta  # meta checks come last (request.checks)
+        by_meta = meta and any(
+            c.meta and not d.allowed for c, d in zip(checks, decisions, strict=True)
+        )
+        for c, d in zip(checks, decisions, strict=True):
+            if d.allowed or c.meta != by_meta:
+                continue
+            denied_reports.append(report_of(c.bound, d, denied=True))
+            denied.append(c)
+            if cache is not None and not outcome.degraded and not c.token and by_meta == meta:
+                cache.record(c, d, started_us=started, finished_us=finished)
+        self.refusals.refuse(
+            denied_reports, denied, identity, data, from_cache=False, degraded=outcome.degraded
+        )
 
     def _shadow(
         self,

@@ -5,26 +5,31 @@ what it uses (a clock, the guard), never the app's whole state; docs/request-flo
 the steps. A limit wrapper the plan did not reach, or ``with limiter.limit(...)``, decides in a
 call of its own (:meth:`Enforcer.reached`, :meth:`Enforcer.entered`). After the response,
 :meth:`Enforcer.after_request` settles reservations and adds the headers. :class:`AppLimiter`
-names what the request path reads of :class:`flask_distlimit.state.LimiterState`.
+names what the request path reads of :class:`flask_distlimit.state.LimiterState`, and
+:class:`Declared` what the state reads of the :class:`~flask_distlimit.Limiter`.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 from flask import Flask, Request, current_app, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as WerkzeugResponse
 
 from flask_distlimit._typing import FailurePolicy, RequestFilter
+from flask_distlimit.core.priorities import PriorityRegistry
 from flask_distlimit.core.problem import retry_after_seconds
-from flask_distlimit.declare.dynamic_limits import LimitUnresolved, ttl_us
+from flask_distlimit.declare.dynamic_limits import ttl_us
 from flask_distlimit.declare.registry import LimitRegistry
 from flask_distlimit.declare.request_filters import filtered
 from flask_distlimit.declare.route_limits import BoundLimit, RoutePlan, strictest
 from flask_distlimit.declare.specs import LimitSpec
+from flask_distlimit.declare.targets import carried_function
 from flask_distlimit.defences.concurrency import SlotRelease
 from flask_distlimit.defences.deny_cache import DenyCache
 from flask_distlimit.defences.fleet import Fleet
@@ -51,10 +56,14 @@ _NO_ROUTE = RoutePlan(exempt=False)
 _HEADERS_ADDED: Final = "_distlimit_headers_added"
 
 
-class _Declared(Protocol):
-    """What the request path reads of the :class:`~flask_distlimit.Limiter` (declared in code)."""
+class Declared(Protocol):
+    """What one app's limiter reads of the :class:`~flask_distlimit.Limiter` serving it: what
+    is declared in code (limits and exemptions, priorities, identity hooks, request filters,
+    the breach hook), read as the app serves, so declared before or after ``init_app``."""
 
     registry: LimitRegistry
+    priorities: PriorityRegistry
+    hooks: IdentityHooks
     request_filters: list[RequestFilter]
     breach_hook: BreachHook | None
 
@@ -64,7 +73,7 @@ class AppLimiter(Protocol):
     app's limiter state (:class:`flask_distlimit.state.LimiterState`)."""
 
     @property
-    def limiter(self) -> _Declared: ...
+    def limiter(self) -> Declared: ...
     @property
     def settings(self) -> LimiterSettings: ...
 
@@ -78,6 +87,7 @@ class AppLimiter(Protocol):
     tier_limits: dict[str, tuple[BoundLimit, ...]]
     identity_tag: Callable[[str], str]
     local_clock: Callable[[], int]  #: microseconds
+    clock: Callable[[], int] | None  #: the injected clock (None: the real ones)
     wall: Callable[[], float]  #: Unix seconds
     lifecycle: Lifecycle
     shedding: Shedding
@@ -129,24 +139,7 @@ class Enforcer:
             shadow=settings.shadow is True,
         )
         self._plans = self._planner.routes  # the gate's first look, without a call
-        self._checks = Checks(
-            plans=self._planner,
-            resolver=state.resolver,
-            hooks=state.hooks,
-            identity_tag=state.identity_tag,
-            local_clock=state.local_clock,
-            global_limits=state.global_limits,
-            meta_limits=state.meta_limits,
-            tier_limits=state.tier_limits,
-            fleet=self.fleet,
-            priority=state.shedding.priority,
-            conditional_cost=settings.conditional_cost,
-            charge_preflights=settings.charge_preflights,
-            lease=settings.concurrency_lease,
-            dynamic_ttl_us=ttl_us(settings.dynamic_limit_ttl),
-            failure_policy=settings.failure_policy,
-        )
-        self._refusals = refusals = Refusals(
+        refusals = Refusals(
             guard=state.guard,
             local_clock=state.local_clock,
             identity_tag=state.identity_tag,
@@ -156,17 +149,32 @@ class Enforcer:
             lease=settings.concurrency_lease,
             retry_unavailable=retry_after_seconds(settings.breaker_reset_timeout),
         )
-        self._decider = Decider(
+        decider = Decider(
             guard=state.guard,
             leases=self.leases,
             plans=self._planner,
             refusals=refusals,
             lifecycle=state.lifecycle,
             deny_cache=state.deny_cache,
-            local_clock=state.local_clock,
-            storage_now=state.storage_now,
+            clock=state.clock,
             wall=state.wall,
             new_slots=lambda: SlotRelease(state),
+        )
+        self._checks = Checks(
+            plans=self._planner,
+            decider=decider,
+            refusals=refusals,
+            resolver=state.resolver,
+            hooks=state.hooks,
+            identity_tag=state.identity_tag,
+            local_clock=state.local_clock,
+            global_limits=state.global_limits,
+            meta_limits=state.meta_limits,
+            tier_limits=state.tier_limits,
+            fleet=self.fleet,
+            priority=state.shedding.priority,
+            settings=settings,
+            dynamic_ttl_us=ttl_us(settings.dynamic_limit_ttl),
         )
         self._header_mode = settings.headers
         #: The request environ key of this limiter's per-request data (one per app's limiter:
@@ -210,9 +218,7 @@ class Enforcer:
                 + max((len(t) for t in state.tier_limits.values()), default=0)
                 + (self.fleet is not None)  # the fleet's slot rides the same call
             )
-            self._served = gate.finalize(
-                app, self._planner, every_request, self.enforce, state.limiter
-            )
+            self._served = gate.finalize(app, self._planner, every_request, self.gate)
 
     # -- plans (flask_distlimit.request.plans) -------------------------------------------------
 
@@ -226,33 +232,44 @@ class Enforcer:
 
     # -- the request path ----------------------------------------------------------------------
 
-    def enforce(self, endpoint: str, view: object) -> RequestData | None:
-        """The gate's work: decide every limit of the request in one storage call; raise on a
-        refusal. Answers the request's data (None when nothing applies to the route)."""
-        req: Request = request._get_current_object()  # type: ignore[attr-defined]
-        plan = self._plans.get((endpoint, req.method)) or self.plan(endpoint, req.method, view)
-        exempt = plan.exempt
-        asked = False  # the request filters
-        if self._worker_shedding and not exempt:
-            asked = True
-            exempt = bool(self._filters and filtered(self._filters))
-            if not exempt:  # after every hook, unless it was decided before them
-                self._state.shedding.admit()
-        if not self._every_request and plan.idle:
-            return None  # nothing to count, nothing a wrapper could need to know
-        if not (exempt or asked) and self._filters:
-            exempt = filtered(self._filters)
-        data = RequestData(plan.covered, exempt=exempt)
-        req.environ[self.environ_key] = data
-        if not exempt:  # self._evaluate(req, data, plan), one call fewer on every request
-            try:
-                built = self._checks.build(req, data, plan, every_request=True)
-            except LimitUnresolved:
-                self._refusals.unavailable(data, busy=False, unresolved=True)
-            if built is not None:
-                checks, identity, simple = built
-                self._decider.decide(checks, identity, plan.policy, data, simple=simple)
-        return data
+    def gate(self, endpoint: str, view: Any) -> Callable[..., Any]:
+        """``view`` in its gate: decide every limit of the request in one storage call (raise on
+        a refusal), then call the view, or the function it wraps when it is this limiter's
+        limit wrapper and the plan decided its limits (the wrapper would only check that)."""
+        inner = carried_function(view, self._state.limiter)
+        plans = self._plans
+
+        @functools.wraps(view)
+        def gate(*args: Any, **kwargs: Any) -> Any:
+            req: Request = request._get_current_object()  # type: ignore[attr-defined]
+            plan = plans.get((endpoint, req.method)) or self.plan(endpoint, req.method, view)
+            exempt = plan.exempt
+            asked = False  # the request filters
+            if self._worker_shedding and not exempt:
+                asked = True
+                exempt = bool(self._filters and filtered(self._filters))
+                if not exempt:  # after every hook, unless it was decided before them
+                    self._state.shedding.admit()
+            if not self._every_request and plan.idle:
+                return view(*args, **kwargs)  # nothing to count, nothing a wrapper needs to know
+            if not (exempt or asked) and self._filters:
+                exempt = filtered(self._filters)
+            data = RequestData(plan.covered, exempt=exempt)
+            req.environ[self.environ_key] = data
+            if not exempt:
+                self._checks.decide(req, data, plan, every_request=True)
+            if inner is not None and (exempt or view in plan.covered):
+                return inner(*args, **kwargs)
+            return view(*args, **kwargs)
+
+        if not inspect.iscoroutinefunction(view):
+            return gate
+
+        @functools.wraps(view)
+        async def async_gate(*args: Any, **kwargs: Any) -> Any:
+            return await gate(*args, **kwargs)  # the view's coroutine, made after the decision
+
+        return async_gate
 
     def reached(self, carrier: object, specs: Sequence[LimitSpec]) -> None:
         """A limit wrapper runs: enforce its limits unless the request's plan already did (a
@@ -305,25 +322,7 @@ class Enforcer:
             policy=policy,
             needs_identity=any(b.needs_identity for b in bounds),
         )
-        self._evaluate(req, data, plan, every_request)
-
-    def _evaluate(
-        self,
-        req: Request,
-        data: RequestData,
-        plan: RoutePlan,
-        every: bool = True,
-        fleet: bool = True,
-    ) -> None:
-        """One storage call for ``plan``'s limits (and the global and tier limits when
-        ``every``, with the fleet's slot when ``fleet``)."""
-        try:
-            built = self._checks.build(req, data, plan, every_request=every, fleet=fleet)
-        except LimitUnresolved:
-            self._refusals.unavailable(data, busy=False, unresolved=True)
-        if built is not None:
-            checks, identity, simple = built
-            self._decider.decide(checks, identity, plan.policy, data, simple=simple)
+        self._checks.decide(req, data, plan, every_request=every_request)
 
     # -- after the view ------------------------------------------------------------------------
 
@@ -407,9 +406,9 @@ class Enforcer:
         req.environ[self.environ_key] = data
         try:
             if charge_route and plan is not None:
-                self._evaluate(req, data, plan)
+                self._checks.decide(req, data, plan, every_request=True)
             else:  # the limits of every request, the fleet's slot aside
-                self._evaluate(req, data, _NO_ROUTE, fleet=False)
+                self._checks.decide(req, data, _NO_ROUTE, every_request=True, fleet=False)
         except HTTPException as exc:  # the refusal, through the app's own error handlers
             response = app.make_response(app.handle_http_exception(exc))
         return response, data

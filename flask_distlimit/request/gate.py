@@ -1,15 +1,14 @@
 """The view gate: where Flask calls the view, after every ``before_request`` hook.
 
-On the app's first request :func:`finalize` wraps each view in a gate, binds every route's plan
-(too many limits fail loudly there) and warns of declarations that match no endpoint. The gate
-enforces, then calls the view, so every ``key_func``, ``cost`` and identity loader sees what the
-app's hooks set (docs/design-notes.md, "The view gate").
+On the app's first request :func:`finalize` wraps each view in a gate
+(:meth:`Enforcer.gate <flask_distlimit.request.enforcement.Enforcer.gate>`), binds every route's
+plan (too many limits fail loudly there) and warns of declarations that match no endpoint. The
+gate enforces, then calls the view, so every ``key_func``, ``cost`` and identity loader sees
+what the app's hooks set (docs/design-notes.md, "The view gate").
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 from collections.abc import Callable
 from typing import Any, Final
@@ -18,8 +17,7 @@ from flask import Flask
 
 from flask_distlimit.core.algorithms import check_limit_count
 from flask_distlimit.declare.registry import LimitRegistry
-from flask_distlimit.declare.targets import carried_function, describe
-from flask_distlimit.request.data import RequestData
+from flask_distlimit.declare.targets import describe
 from flask_distlimit.request.plans import Plans, is_static
 
 log = logging.getLogger("flask_distlimit")
@@ -27,9 +25,8 @@ log = logging.getLogger("flask_distlimit")
 #: Declarations named in the first request's WARNING, at most.
 _UNMATCHED_SHOWN: Final = 20
 
-#: What the gate calls before the view: decide the request's limits (raise on a refusal) and
-#: answer its data (None when nothing applies to the route).
-Enforce = Callable[[str, object], "RequestData | None"]
+#: A view function in its gate, given its endpoint.
+Gate = Callable[[str, Any], Callable[..., Any]]
 
 
 class _Served:
@@ -42,13 +39,11 @@ class _Served:
         self.objects = objects
 
 
-def finalize(
-    app: Flask, plans: Plans, every_request: int, enforce: Enforce, limiter: object
-) -> object:
-    """Bind every route's plan, wrap every view function of ``app`` in a gate calling
-    ``enforce``, close the registry on what it serves and warn about declarations that match
-    none of its endpoints. ``every_request``: how many limits every request carries. Answers
-    what the app serves: the registry watches it while the caller keeps it."""
+def finalize(app: Flask, plans: Plans, every_request: int, gate: Gate) -> object:
+    """Bind every route's plan, wrap every view function of ``app`` in its ``gate``, close the
+    registry on what it serves and warn about declarations that match none of its endpoints.
+    ``every_request``: how many limits every request carries. Answers what the app serves: the
+    registry watches it while the caller keeps it."""
     registry = plans.registry
     views: dict[str, object] = dict(app.view_functions)
     methods: dict[str, set[str]] = {}
@@ -72,7 +67,7 @@ def finalize(
                     f"The limits under a decorator of {endpoint!r} ({method})",
                 )
     for endpoint, view in routed:
-        app.view_functions[endpoint] = _gate(endpoint, view, enforce, limiter)
+        app.view_functions[endpoint] = gate(endpoint, view)
     closed = _Served(app.name, served)
     registry.watch(closed)
     _warn_unmatched(app, registry, served)
@@ -104,28 +99,3 @@ def _warn_unmatched(app: Flask, registry: LimitRegistry, served: set[object]) ->
         len(shown), app.name, "; ".join(shown[:_UNMATCHED_SHOWN]),
         f" and {more} more" if more > 0 else "",
     )  # fmt: skip
-
-
-def _gate(endpoint: str, view: Any, enforce: Enforce, limiter: object) -> Callable[..., Any]:
-    # A view that is this limiter's limit wrapper: when the plan decided its limits, the
-    # function it wraps is called directly (the wrapper would only check that).
-    inner = carried_function(view, limiter)
-    if inspect.iscoroutinefunction(view):
-
-        @functools.wraps(view)
-        async def async_gate(*args: Any, **kwargs: Any) -> Any:
-            data = enforce(endpoint, view)
-            if inner is not None and data is not None and (data.exempt or view in data.covered):
-                return await inner(*args, **kwargs)
-            return await view(*args, **kwargs)
-
-        return async_gate
-
-    @functools.wraps(view)
-    def gate(*args: Any, **kwargs: Any) -> Any:
-        data = enforce(endpoint, view)
-        if inner is not None and data is not None and (data.exempt or view in data.covered):
-            return inner(*args, **kwargs)
-        return view(*args, **kwargs)
-
-    return gate

@@ -89,10 +89,56 @@ def closest_to_denial(reports: Sequence[Report]) -> Report:
     return min(reports, key=lambda r: (r.remaining, -r.reset_after))
 
 
-def policy_field(report: Report | None, applied: Iterable[Evaluated] = ()) -> str:
-    """The ``RateLimit-Policy`` value: ``report``'s item first, then one item for each other
-    quota policy of ``applied`` (each name once; no shadow limit, no fleet slot). A limit the
-    local fallback divided is advertised with the quota it was decided against."""
+#: The periods an admission stays in each algorithm's windows (the engine registry's ``span``).
+_SPANS: Final[dict[str | None, int]] = {name: e.span for name, e in REGISTRY.items()}
+
+
+def rate_limit_headers(
+    mode: HeaderMode,
+    report: Report | None,
+    now_s: float,
+    *,
+    denied: bool,
+    applied: Iterable[Evaluated] = (),
+) -> list[tuple[str, str]]:
+    """The headers of ``mode`` for ``report`` (``None``: no rate policy to report, e.g. a
+    refusal by a concurrency limit: ``RateLimit-Policy`` alone, when some policy applied);
+    ``applied``: every storage call of the request, for ``RateLimit-Policy``; ``now_s`` is the
+    Unix time in seconds."""
+    if mode == "none" or (report is None and mode == "legacy"):
+        return []
+    headers: list[tuple[str, str]] = []
+    if report is not None:
+        # Seconds until the quota next resets, at most one window (0: nothing counted).
+        reset = report.reset_after
+        period = report.period
+        if not 0 < reset < math.inf:
+            reset = 0.0
+        elif reset > period:
+            # A counter weighs the previous window too (its span is 2): whole again at the end
+            # of the NEXT window; the current one ends a window earlier.
+            reset -= (_SPANS.get(report.algorithm, 1) - 1) * period
+            reset = min(reset, float(period))
+        if denied:
+            wait = retry_after_seconds(report.retry_after)
+            retry = report.retry_after
+            instant = now_s + (max(retry, reset) if math.isfinite(retry) else reset)
+            remaining = 0
+        else:
+            wait = math.ceil(reset - 1e-9)
+            instant = now_s + reset
+            remaining = report.remaining
+        if mode != "ietf":
+            headers += [
+                ("X-RateLimit-Limit", str(report.limit)),
+                ("X-RateLimit-Remaining", str(remaining)),
+                ("X-RateLimit-Reset", str(math.ceil(instant - 1e-9))),
+            ]
+        if mode == "legacy":
+            return headers
+    # RateLimit-Policy: the report's item first, then one item for each other quota policy of
+    # ``applied`` (each name once; no shadow limit, no fleet slot). A limit the local fallback
+    # divided is advertised with the quota it was decided against.
     items: list[str] = []
     seen: set[str] = set()
     if report is not None:
@@ -110,67 +156,12 @@ def policy_field(report: Report | None, applied: Iterable[Evaluated] = ()) -> st
                 items.append(policy_item(b.name, d.limit, c.period))
             else:
                 items.append(b.policy)
-    return ", ".join(items)
-
-
-#: The periods an admission stays in each algorithm's windows (the engine registry's ``span``).
-_SPANS: Final[dict[str | None, int]] = {name: e.span for name, e in REGISTRY.items()}
-
-
-def window_reset(report: Report) -> float:
-    """Seconds until ``report``'s quota next resets, at most one window (0: nothing counted)."""
-    reset = report.reset_after
-    if not 0 < reset < math.inf:
-        return 0.0
-    period = report.period
-    if reset > period:
-        # A counter weighs the previous window too (its span is 2): whole again at the end of
-        # the NEXT window; the current one ends a window earlier.
-        reset -= (_SPANS.get(report.algorithm, 1) - 1) * period
-        return reset if reset < period else float(period)
-    return reset
-
-
-def rate_limit_headers(
-    mode: HeaderMode,
-    report: Report | None,
-    now_s: float,
-    *,
-    denied: bool,
-    applied: Iterable[Evaluated] = (),
-) -> list[tuple[str, str]]:
-    """The headers of ``mode`` for ``report`` (``None``: no rate policy to report, e.g. a
-    refusal by a concurrency limit: ``RateLimit-Policy`` alone, when some policy applied);
-    ``applied``: every storage call of the request, for ``RateLimit-Policy``; ``now_s`` is the
-    Unix time in seconds."""
-    if mode == "none":
-        return []
+    policies = ", ".join(items)
     if report is None:
-        if mode == "legacy":
-            return []
-        policies = policy_field(None, applied)
         return [("RateLimit-Policy", policies)] if policies else []
-    reset = window_reset(report)
-    if denied:
-        wait = retry_after_seconds(report.retry_after)
-        retry = report.retry_after
-        instant = now_s + (max(retry, reset) if math.isfinite(retry) else reset)
-        remaining = 0
-    else:
-        wait = math.ceil(reset - 1e-9)
-        instant = now_s + reset
-        remaining = report.remaining
-    headers: list[tuple[str, str]] = []
-    if mode != "ietf":
-        headers += [
-            ("X-RateLimit-Limit", str(report.limit)),
-            ("X-RateLimit-Remaining", str(remaining)),
-            ("X-RateLimit-Reset", str(math.ceil(instant - 1e-9))),
-        ]
-    if mode != "legacy":
-        quoted = report.quoted or sf_string(report.name)
-        headers += [
-            ("RateLimit-Policy", policy_field(report, applied)),
-            ("RateLimit", f"{quoted};r={remaining};t={wait}"),
-        ]
+    quoted = report.quoted or sf_string(report.name)
+    headers += [
+        ("RateLimit-Policy", policies),
+        ("RateLimit", f"{quoted};r={remaining};t={wait}"),
+    ]
     return headers
