@@ -118,12 +118,7 @@ class Pipeline:
         """Send ``command`` (one packed ``EVALSHA``) in a batch and wait for its reply; a wait
         for a batch ends by ``wait_until`` (the queue budget), then
         :class:`~.pool.NoConnectionAvailable` is raised. The answer is on the returned
-        :class:`Call`.
-
-        A leader sends its batch in one write and reads one reply per call by the oldest call's
-        deadline when Redis is late (but a moment after the send at least), else a timeout
-        after the send. The calls answered ``NOSCRIPT`` are sent once more behind a
-        ``SCRIPT LOAD``, in one write; a second ``NOSCRIPT`` is their error."""
+        :class:`Call`. A leader sends its batch and reads the replies (:meth:`_run`)."""
         if self.pid != os.getpid():
             self.reset()
         call = Call()  # its fields start at the class's defaults
@@ -178,75 +173,7 @@ class Pipeline:
                 if not todo:
                     return call
                 due = todo[0].asked + pool.timeout
-            load = None if self.loaded else self.load(connection)
-            payload = todo[0].command if len(todo) == 1 else b"".join([c.command for c in todo])
-            if load is not None:
-                payload = load + payload
-            try:
-                pool.send(connection, [payload])
-            except redis.ConnectionError:
-                # Redis never had the whole write: nothing ran. Once more on a fresh connection.
-                self._trouble()
-                pool.renew(connection, time.monotonic() + pool.timeout)
-                pool.send(connection, [payload])
-            sent = time.monotonic()
-            deadline = sent + pool.timeout  # Redis's time starts once it has them
-            if due is not None:
-                deadline = min(deadline, max(due, sent + pool.slack))
-            # calls in flight beside this one (a queue forms only then): is Redis late?
-            watched = self._leading > 1 or len(todo) > 1 or bool(self._queue)
-            if watched:  # Redis is late when its first reply is not there half a timeout
-                # after the send (a reader that came late, for the GIL, finds one in time)
-                try:
-                    self.late = not connection.can_read(
-                        max(0.0, sent + pool.timeout / 2 - time.monotonic())
-                    )
-                except redis.ConnectionError as exc:
-                    pool.broken(connection)
-                    self._lost(todo, exc, deadline)
-                    return call
-            again = False
-            while True:
-                if load is not None:
-                    # the SCRIPT LOAD's reply: an error reply (an ACL without SCRIPT LOAD) is
-                    # left to the calls' own replies to tell
-                    try:
-                        pool.read(connection, deadline)
-                    except redis.ResponseError:
-                        pass
-                    except redis.ConnectionError as exc:
-                        self._lost(todo, exc, deadline)
-                        return call
-                    self.loaded = True
-                missing: list[Call] = []
-                for n, each in enumerate(todo):
-                    each.deadline = deadline
-                    try:
-                        each.reply = pool.read(connection, deadline)
-                    except NoScriptError as exc:
-                        if again:
-                            each.error = exc
-                        else:
-                            missing.append(each)
-                    except redis.ResponseError as exc:
-                        each.error = exc  # read whole: the next reply is the next call's
-                    except redis.ConnectionError as exc:
-                        self._lost(todo[n:], exc, deadline)
-                        missing = []
-                        break
-                if (
-                    not again
-                    and not watched
-                    and self.late
-                    and time.monotonic() - sent < pool.timeout / 2
-                ):
-                    self.late = False  # answered in time: Redis is not late (now)
-                if not missing:
-                    return call
-                self.loaded = False
-                load = self.load(connection)
-                pool.send(connection, [load + b"".join([c.command for c in missing])])
-                todo, again = missing, True
+            self._run(connection, todo, due)
         except BaseException as exc:
             if not leading:
                 # A follower's own: interrupted while it waited (a signal handler's exception,
@@ -300,6 +227,82 @@ class Pipeline:
                     "(DISTLIMIT_REDIS_TIMEOUT) for a batch; it was not sent"
                 )
         return sent
+
+    def _run(self, connection: Any, batch: list[Call], due: float | None) -> None:
+        """Send ``batch`` in one write, read one reply per call by ``due``, the oldest call's
+        deadline (but a moment after the send at least), else a timeout after the send. The
+        calls answered ``NOSCRIPT`` are sent once more behind a ``SCRIPT LOAD``, in one write;
+        a second ``NOSCRIPT`` is their error."""
+        pool = self.pool
+        load = None if self.loaded else self.load(connection)
+        payload = batch[0].command if len(batch) == 1 else b"".join([c.command for c in batch])
+        if load is not None:
+            payload = load + payload
+        try:
+            pool.send(connection, [payload])
+        except redis.ConnectionError:
+            # Redis never had the whole write: nothing ran. Once more on a fresh connection.
+            self._trouble()
+            pool.renew(connection, time.monotonic() + pool.timeout)
+            pool.send(connection, [payload])
+        sent = time.monotonic()
+        deadline = sent + pool.timeout  # Redis's time starts once it has them
+        if due is not None:
+            deadline = min(deadline, max(due, sent + pool.slack))
+        # calls in flight beside this one (a queue forms only then): is Redis late?
+        watched = self._leading > 1 or len(batch) > 1 or bool(self._queue)
+        if watched:  # Redis is late when its first reply is not there half a timeout after
+            # the send (a reader that came late, for the GIL, finds one that came in time)
+            try:
+                self.late = not connection.can_read(
+                    max(0.0, sent + pool.timeout / 2 - time.monotonic())
+                )
+            except redis.ConnectionError as exc:
+                pool.broken(connection)
+                self._lost(batch, exc, deadline)
+                return
+        todo, again = batch, False
+        while True:
+            if load is not None:
+                # the SCRIPT LOAD's reply: an error reply (an ACL without SCRIPT LOAD) is left
+                # to the calls' own replies to tell
+                try:
+                    pool.read(connection, deadline)
+                except redis.ResponseError:
+                    pass
+                except redis.ConnectionError as exc:
+                    self._lost(todo, exc, deadline)
+                    return
+                self.loaded = True
+            missing: list[Call] = []
+            for n, call in enumerate(todo):
+                call.deadline = deadline
+                try:
+                    call.reply = pool.read(connection, deadline)
+                except NoScriptError as exc:
+                    if again:
+                        call.error = exc
+                    else:
+                        missing.append(call)
+                except redis.ResponseError as exc:
+                    call.error = exc  # read whole: the next reply is the next call's
+                except redis.ConnectionError as exc:
+                    self._lost(todo[n:], exc, deadline)
+                    missing = []
+                    break
+            if (
+                not again
+                and not watched
+                and self.late
+                and time.monotonic() - sent < pool.timeout / 2
+            ):
+                self.late = False  # answered in time: Redis is not late (now)
+            if not missing:
+                return
+            self.loaded = False
+            load = self.load(connection)
+            pool.send(connection, [load + b"".join([c.command for c in missing])])
+            todo, again = missing, True
 
     def _lost(self, calls: list[Call], exc: redis.ConnectionError, deadline: float) -> None:
         """The connection closed under ``calls``, sent: each may have run."""
