@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Final
 from flask import request
 from werkzeug.wsgi import ClosingIterator
 
-from flask_distlimit.core.decision import Check, Decision
+from flask_distlimit.core.decision import Check
+from flask_distlimit.request.headers import Report, report_of
 
 if TYPE_CHECKING:
     from werkzeug.wrappers import Response
@@ -133,10 +134,10 @@ def charge(
     deferred: dict[str, Deferred],
     response: Response,
     hold: Callable[[Holding], None],
-) -> list[tuple[Deferred, Decision]]:
+) -> list[Report]:
     """Settle the reservations of ``deferred`` for ``response`` (module docstring), through
     ``calls.guard`` at ``calls.storage_now()``, in one call per failure policy (a request's
-    limits have one, almost always); answer each settled limit with the storage's decision
+    limits have one, almost always); answer the report of each limit settled, but a shadow one
     (what is left after it: the response's headers tell that). Those settled when a streamed
     or file body ends go to ``hold`` (the request's ledger) as one holding."""
     head = request.method == "HEAD"  # no body is sent
@@ -168,17 +169,16 @@ def _count(calls: SideCalls, later: Deferred, units: int) -> None:
         metrics.settled(later.check.key, later.bound.spec.unit, units)
 
 
-def _settle(calls: SideCalls, due: list[tuple[Deferred, Check]]) -> list[tuple[Deferred, Decision]]:
-    by_policy: dict[FailurePolicy | None, list[tuple[Deferred, Check]]] = {}
-    for item in due:
-        by_policy.setdefault(item[0].policy, []).append(item)
-    settled: list[tuple[Deferred, Decision]] = []
-    for policy, group in by_policy.items():
-        checks = [c for _, c in group]
+def _settle(calls: SideCalls, due: list[tuple[Deferred, Check]]) -> list[Report]:
+    by_policy: dict[FailurePolicy | None, list[Check]] = {}
+    for later, settlement in due:
+        by_policy.setdefault(later.policy, []).append(settlement)
+    reports: list[Report] = []
+    for policy, checks in by_policy.items():
         try:  # releases and debts never deny: the call is all or nothing only on an outage
             outcome = calls.guard.evaluate(checks, policy=policy, now_us=calls.storage_now())
         except Exception:  # the response is made: a failed settlement must not make a 500
-            log.exception("A rate-limit settlement failed; %d settlement(s) dropped.", len(group))
+            log.exception("A rate-limit settlement failed; %d settlement(s) dropped.", len(checks))
             continue
         if outcome.evaluation is None or outcome.unavailable:
             calls.guard.side_failed(
@@ -187,8 +187,10 @@ def _settle(calls: SideCalls, due: list[tuple[Deferred, Check]]) -> list[tuple[D
                 f"the failure policy {policy or calls.guard.policy!r} drops it",
             )
             continue
-        settled += [(d, e) for (d, _), e in zip(group, outcome.evaluation.decisions, strict=True)]
-    return settled
+        for c, d in zip(checks, outcome.evaluation.decisions, strict=True):
+            if not c.shadow:  # clients would slow down for a limit that is not enforced
+                reports.append(report_of(c.bound, d, denied=False))
+    return reports
 
 
 class BodySettlement:

@@ -41,7 +41,7 @@ from flask_distlimit.request import deduction, gate
 from flask_distlimit.request.checks import Checks
 from flask_distlimit.request.data import RequestData
 from flask_distlimit.request.decide import Decider
-from flask_distlimit.request.headers import OUR_HEADERS, rate_limit_headers, report_of
+from flask_distlimit.request.headers import OUR_HEADERS, rate_limit_headers
 from flask_distlimit.request.plans import Plans
 from flask_distlimit.request.refuse import BreachHook, Refusals
 from flask_distlimit.request.settings import LimiterSettings
@@ -370,14 +370,12 @@ class Enforcer:
 
     def _settle(self, req: Request, response: WerkzeugResponse, data: RequestData) -> None:
         """Settle the request's reservations; report each limit's count after its settlement,
-        not the reservation's (never a shadow limit's: clients would slow down for it)."""
+        not the reservation's."""
         hold = self._state.lifecycle.ledger(req.environ).take
-        for later, charged in deduction.charge(self._state, data.deferred, response, hold):
-            if not later.check.shadow:
-                report = report_of(later.bound, charged, denied=False)
-                now = data.report
-                if now is None or now.name == report.name or report.remaining < now.remaining:
-                    data.report = report
+        for report in deduction.charge(self._state, data.deferred, response, hold):
+            now = data.report
+            if now is None or now.name == report.name or report.remaining < now.remaining:
+                data.report = report
 
     def _view_never_ran(
         self, req: Request, response: WerkzeugResponse
