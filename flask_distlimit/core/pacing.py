@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from flask_distlimit.core.decision import Check
+
 
 class Pace:
     """At most one line every ``interval`` (in the caller's clock units). Not locked: callers
@@ -30,8 +32,8 @@ class Pace:
 
 
 class OncePerWindow:
-    """Keys (a client and limit's storage key) told of at most once per their window: each is
-    kept until its window ends (microseconds), at most ``kept`` of them (the ended ones go
+    """Clients and limits (a check's storage key) told of at most once per their window: each
+    is kept until its window ends (microseconds), at most ``kept`` of them (the ended ones go
     first, then all). Not locked: a lost mark costs one line more."""
 
     __slots__ = ("_kept", "until")
@@ -40,17 +42,16 @@ class OncePerWindow:
         self._kept = kept
         self.until: dict[str, int] = {}
 
-    def due(self, key: str, now: int) -> bool:
-        """Whether ``key`` may be told of at ``now``."""
-        return self.until.get(key, 0) <= now
-
-    def mark(self, marks: Iterable[tuple[str, float]], now: int) -> None:
-        """Note that these keys (with their windows, seconds) were told of at ``now``."""
+    def due(self, checks: Iterable[Check], now: int) -> list[Check]:
+        """Those of ``checks`` that may be told of at ``now``, noted as told of until their
+        window (``Check.period``) ends."""
         until = self.until
-        if len(until) >= self._kept:
+        fresh = [c for c in checks if until.get(c.key, 0) <= now]
+        if fresh and len(until) >= self._kept:
             for key in [k for k, end in until.items() if end <= now]:
                 del until[key]
             if len(until) >= self._kept:
                 until.clear()
-        for key, window in marks:
-            until[key] = now + int(window * 1_000_000)
+        for c in fresh:
+            until[c.key] = now + c.period * 1_000_000
+        return fresh

@@ -72,11 +72,9 @@ class ShadowLog:
 
     def would_deny(self, denied: Sequence[Check]) -> None:
         """``denied``: the current request's shadow checks that would have refused it."""
-        now = self._clock()
-        fresh = [c for c in denied if self._logged.due(c.key, now)]
+        fresh = self._logged.due(denied, self._clock())
         if not fresh:
             return
-        self._logged.mark(((c.key, c.bound.rate.period) for c in denied), now)
         log.info(
             "Shadow rate limit would have refused a request (not enforced): %s; %s %s "
             "(logged once per client and limit per window)",

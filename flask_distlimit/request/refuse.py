@@ -112,20 +112,15 @@ class Refusals:
         data.report = None if concurrency else binding
         data.denied, data.retry_after = True, retry
         data.degraded = data.degraded or degraded
-        tags = [key_tag(key) for key in keys]
-        digest = self._digest(identity, tags[0])
+        digest = self._digest(identity, key_tag(keys[0]))
         tier = identity.tier if identity is not None else None
         # one INFO line per client and limit per window at most, never one per request
-        now = self.local_clock()
-        fresh = [
-            (r, t) for r, k, t in zip(reports, keys, tags, strict=True) if self.logged.due(k, now)
-        ]
+        fresh = self.logged.due(denied, self.local_clock())
         if fresh:
-            self.logged.mark(((k, r.period) for r, k in zip(reports, keys, strict=True)), now)
             log.info(
                 "Rate limit exceeded: %s; identity %s, tier %s, %s %s; retry in %s s "
                 "(logged once per client and limit per window)",
-                ", ".join(f"{r.name} (client {t})" for r, t in fresh),
+                ", ".join(f"{c.bound.name} (client {key_tag(c.key)})" for c in fresh),
                 digest,
                 tier or "-",
                 request.method,
@@ -169,9 +164,7 @@ class Refusals:
         data.deferred.clear()  # a refused request is never charged after its response
         data.report, data.denied, data.retry_after = None, True, None
         digest = self._digest(identity, key_tag(check.key))
-        now = self.local_clock()
-        if self.logged.due(check.key, now):
-            self.logged.mark(((check.key, b.rate.period),), now)
+        if self.logged.due((check,), self.local_clock()):
             log.info(
                 "Rate limit %s refused a request costing %d (more than %d in a whole window) "
                 "from client %s, %s %s (logged once per client and limit per window)",
