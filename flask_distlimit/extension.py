@@ -246,12 +246,7 @@ class Limiter(Declarations):
                 where, app.name, policy,
             )  # fmt: skip
         if policy != "open":
-            raise RateLimitUnavailable(
-                retry_after=1,
-                instance=request.path,
-                detail="A rate limit of this route could not be evaluated and this route "
-                "refuses requests it cannot count; retry in 1 s.",
-            )
+            raise RateLimitUnavailable(retry_after=1, instance=request.path, unresolved=True)
         return None
 
     # -- identity hooks --------------------------------------------------------------------------

@@ -189,7 +189,8 @@ class Overloaded(_Unavailable):
 class RateLimitUnavailable(_Unavailable):
     """503: the rate-limit storage is unreachable and the failure policy is ``closed``; or
     (``busy``) this process's limiter calls queued past their budget, whatever the policy
-    (:class:`~flask_distlimit.errors.StorageBusy`)."""
+    (:class:`~flask_distlimit.errors.StorageBusy`); or (``unresolved``) a limit of the route
+    could not be evaluated and its failure policy is not ``open``."""
 
     def __init__(
         self,
@@ -197,17 +198,20 @@ class RateLimitUnavailable(_Unavailable):
         retry_after: float,
         violated_policies: Sequence[str] = (),
         instance: str | None = None,
-        detail: str | None = None,
         busy: bool = False,
+        unresolved: bool = False,
     ) -> None:
         self.retry_after_s = retry_after_seconds(retry_after)
         self.violated_policies = tuple(violated_policies)
         self.instance = instance
-        cause = (
-            "This server is overloaded: its rate-limit decisions queue past their budget"
-            if busy
-            else "The rate-limit store is unavailable and this route refuses requests it cannot "
-            "count"
-        )
-        self.detail_text = detail or f"{cause}; retry in {self.retry_after_s} s."
+        if busy:
+            cause = "This server is overloaded: its rate-limit decisions queue past their budget"
+        else:
+            what = (
+                "A rate limit of this route could not be evaluated"
+                if unresolved
+                else "The rate-limit store is unavailable"
+            )
+            cause = f"{what} and this route refuses requests it cannot count"
+        self.detail_text = f"{cause}; retry in {self.retry_after_s} s."
         super().__init__(description=self.detail_text, retry_after=self.retry_after_s)

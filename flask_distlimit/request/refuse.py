@@ -146,14 +146,8 @@ class Refusals:
         policy is not ``open``."""
         data.degraded = data.denied = True
         data.retry_after = 1 if busy else self.retry_unavailable  # busy: load, not an outage
-        detail = (
-            "A rate limit of this route could not be evaluated and this route refuses requests "
-            f"it cannot count; retry in {data.retry_after} s."
-            if unresolved
-            else None
-        )
         raise RateLimitUnavailable(
-            retry_after=data.retry_after, instance=request.path, busy=busy, detail=detail
+            retry_after=data.retry_after, instance=request.path, busy=busy, unresolved=unresolved
         )
 
     def unaffordable(self, check: Check, identity: Identity | None, data: RequestData) -> NoReturn:

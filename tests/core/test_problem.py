@@ -61,6 +61,23 @@ def test_503_body_and_headers() -> None:
     assert body["status"] == 503 and "instance" not in body
 
 
+def test_a_503_says_why_it_refuses() -> None:
+    """Its ``detail``: an outage, this process's queue, or a limit the route could not
+    evaluate (the one sentence the request path and the Limiter never set up both send)."""
+    details = [
+        RateLimitUnavailable(retry_after=3, busy=busy, unresolved=unresolved).problem()["detail"]
+        for busy, unresolved in [(False, False), (True, False), (False, True)]
+    ]
+    assert details == [
+        "The rate-limit store is unavailable and this route refuses requests it cannot count; "
+        "retry in 3 s.",
+        "This server is overloaded: its rate-limit decisions queue past their budget; retry in "
+        "3 s.",
+        "A rate limit of this route could not be evaluated and this route refuses requests it "
+        "cannot count; retry in 3 s.",
+    ]
+
+
 def _app() -> Flask:
     app = Flask("p")
 
