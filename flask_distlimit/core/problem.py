@@ -29,7 +29,8 @@ CONCURRENCY_LIMIT_EXCEEDED: Final = (
     "https://github.com/flask-distlimit/flask-distlimit/blob/main/docs/defences.md"
     "#concurrency-limit-exceeded"
 )
-_MEDIA_TYPE: Final = "application/problem+json"
+#: The problems' media type (RFC 9457).
+PROBLEM_MEDIA_TYPE: Final = "application/problem+json"
 #: Retry-After for a request that can never pass (its cost exceeds the limit): one day.
 _NEVER_SECONDS: Final = 86400
 
@@ -83,7 +84,7 @@ class _Problem(HTTPException):
         environ: WSGIEnvironment | None = None,
         scope: dict[str, Any] | None = None,
     ) -> list[tuple[str, str]]:
-        headers = [("Content-Type", _MEDIA_TYPE), ("Cache-Control", "no-store")]
+        headers = [("Content-Type", PROBLEM_MEDIA_TYPE), ("Cache-Control", "no-store")]
         if self.retry_after_s is not None:
             headers.append(("Retry-After", str(self.retry_after_s)))
         return headers

@@ -31,7 +31,7 @@ from flask_distlimit.resilience.guard_core import GuardCore, log
 from flask_distlimit.resilience.outcome import OPEN_OUTCOME, Outcome
 from flask_distlimit.resilience.routing import evaluate_routed
 from flask_distlimit.resilience.storage_log import one_line
-from flask_distlimit.telemetry.otel import storage_outcome
+from flask_distlimit.telemetry.metrics import storage_outcome
 
 
 class Guard(GuardCore):

@@ -19,7 +19,7 @@ from flask_distlimit.resilience.breakers import report_parts
 from flask_distlimit.resilience.fallback import LocalFallback
 from flask_distlimit.resilience.guard_core import GuardCore
 from flask_distlimit.resilience.outcome import OPEN_OUTCOME, Outcome
-from flask_distlimit.telemetry.otel import storage_outcome
+from flask_distlimit.telemetry.metrics import storage_outcome
 
 
 def evaluate_routed(

@@ -93,6 +93,19 @@ INSTRUMENTS: Final = (
 )  # fmt: skip
 
 
+def storage_outcome(exc: BaseException | None) -> str:
+    """``ok``, ``timeout`` (the call or a connection timed out) or ``error`` for a storage
+    call that raised ``exc`` (``None``: it answered)."""
+    if exc is None:
+        return "ok"
+    seen: BaseException | None = exc
+    for _ in range(5):  # the StorageError, then what redis-py (or the pool) raised
+        if isinstance(seen, TimeoutError) or type(seen).__name__ == "TimeoutError":
+            return "timeout"
+        seen = getattr(seen, "__cause__", None)  # None past the last cause
+    return "error"
+
+
 def limit_label(key: str) -> str:
     """``ratelimit:{tag}:r_orders_100/60:gcra`` -> ``r_orders_100/60:gcra``; a dynamic limit's
     rate is dropped: ``ratelimit:{tag}:r_x_dyn_100/60:gcra`` -> ``r_x_dyn:gcra``."""

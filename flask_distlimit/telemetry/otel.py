@@ -21,27 +21,13 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import flask
 
 from flask_distlimit.core.decision import Check
+from flask_distlimit.core.problem import PROBLEM_MEDIA_TYPE
 from flask_distlimit.telemetry.metrics import INSTRUMENTS, LATENCY_BUCKETS, Instruments, OnePer
 
 if TYPE_CHECKING:
     from werkzeug.wrappers import Response
 
 log = logging.getLogger("flask_distlimit")
-
-_PROBLEM = "application/problem+json"
-
-
-def storage_outcome(exc: BaseException | None) -> str:
-    """``ok``, ``timeout`` (the call or a connection timed out) or ``error`` for a storage
-    call that raised ``exc`` (``None``: it answered)."""
-    if exc is None:
-        return "ok"
-    seen: BaseException | None = exc
-    for _ in range(5):  # the StorageError, then what redis-py (or the pool) raised
-        if isinstance(seen, TimeoutError) or type(seen).__name__ == "TimeoutError":
-            return "timeout"
-        seen = getattr(seen, "__cause__", None)  # None past the last cause
-    return "error"
 
 
 class OTelMetrics(Instruments):
@@ -139,7 +125,7 @@ class OTelHook:
                 ledger = self._ledgers.ledger(flask.request.environ)
                 ledger.take(_SlotsGiven(self.instruments, taken))
         status = response.status_code
-        if status == 503 and not data.degraded and response.mimetype == _PROBLEM:
+        if status == 503 and not data.degraded and response.mimetype == PROBLEM_MEDIA_TYPE:
             # Shed (by the fleet, or by this worker, before any limit counted it); counted by
             # the sink's shed(), not twice.
             return

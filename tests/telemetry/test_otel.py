@@ -25,7 +25,13 @@ from flask_distlimit.core.decision import Evaluation
 from flask_distlimit.errors import StorageReplyLost, StorageUnavailable
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.telemetry import otel
-from flask_distlimit.telemetry.metrics import SINK_METHODS, Metrics, OnePer, metrics_for
+from flask_distlimit.telemetry.metrics import (
+    SINK_METHODS,
+    Metrics,
+    OnePer,
+    metrics_for,
+    storage_outcome,
+)
 from flask_distlimit.testing import FakeClock
 from tests.distlimit_fixtures import backend, clock, make_app
 
@@ -159,17 +165,17 @@ def test_an_outage_is_unavailable_or_degraded_and_the_breaker_is_a_gauge(
 
 
 def test_storage_outcomes() -> None:
-    assert otel.storage_outcome(None) == "ok"
+    assert storage_outcome(None) == "ok"
     refused = StorageUnavailable("Redis is unavailable: ConnectionError")
     refused.__cause__ = ConnectionRefusedError()
-    assert otel.storage_outcome(refused) == "error"
+    assert storage_outcome(refused) == "error"
     lost = StorageReplyLost("reply lost")
-    assert otel.storage_outcome(lost) == "error"
+    assert storage_outcome(lost) == "error"
     import redis
 
     timed = StorageUnavailable("Redis is unavailable")
     timed.__cause__ = redis.exceptions.TimeoutError("Timeout reading")
-    assert otel.storage_outcome(timed) == "timeout"
+    assert storage_outcome(timed) == "timeout"
 
 
 def test_concurrency_slots_held_go_up_and_come_back(
