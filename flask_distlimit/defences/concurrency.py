@@ -63,13 +63,20 @@ class SlotRelease:
         self._done = False
 
     def add(self, checks: Sequence[Check]) -> None:
-        """Slots a storage call is about to take."""
+        """Slots a storage call is about to take (held, for the metrics, until given back)."""
         self._checks.extend(dataclasses.replace(c, release=True) for c in checks)
+        self._held(checks, 1)
 
     def discard(self, checks: Sequence[Check]) -> None:
         """Slots the storage refused to take (the request was denied): nothing to give back."""
         tokens = {c.token for c in checks}
         self._checks = [c for c in self._checks if c.token not in tokens]
+        self._held(checks, -1)
+
+    def _held(self, checks: Sequence[Check], change: int) -> None:
+        metrics = self._guard.metrics
+        if metrics is not None:
+            metrics.slots_held(checks, change)
 
     def held_locally(self) -> None:
         """The local fallback decided the request: its slots are held in this process."""
@@ -90,6 +97,7 @@ class SlotRelease:
         if self._done or not self._checks:
             return
         self._done = True
+        self._held(self._checks, -1)
         guard = self._guard
         now = self._now()
         for fallback, part in guard.fallbacks.split(self._checks):

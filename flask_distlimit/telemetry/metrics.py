@@ -213,7 +213,6 @@ class Instruments:
             count = counts.get(_CALL_OK)
             (count or self._count("storage_latency", None, {"outcome": "ok"}))(seconds)
         family = "fallback_decisions" if fallback else "decisions"
-        slots = False
         for check, decision in zip(checks, evaluation.decisions, strict=False):
             bound = check.bound  # _label_of(check), without a call per decision
             label: str = bound.label if bound is not None else limit_label(check.key)
@@ -222,9 +221,6 @@ class Instruments:
             (count or self._count(family, label, {"outcome": outcome}))(1)
             if decision.shadow_denied:
                 self.add("shadow_denials", 1, label)
-            slots = slots or bool(check.token)
-        if slots and evaluation.allowed:
-            self.slots_taken(checks, 1)
 
     def degraded(self, checks: Sequence[Check], evaluation: Evaluation | None) -> None:
         """``checks`` the storage did not decide; ``evaluation``, the local fallback's answer."""
@@ -233,11 +229,12 @@ class Instruments:
         if evaluation is not None:
             self.evaluated(checks, evaluation, fallback=True)
 
-    def slots_taken(self, checks: Iterable[Check], sign: int) -> None:
-        """Count the concurrency slots of ``checks`` taken (``sign`` 1) or given back (-1)."""
+    def slots_held(self, checks: Iterable[Check], change: int) -> None:
+        """The concurrency slots of ``checks``, held for a request (``change`` 1) from before
+        its storage call until given back or refused (-1)
+        (:class:`~flask_distlimit.defences.concurrency.SlotRelease`)."""
         for check in checks:
-            if check.token and not check.release and not check.shadow:
-                self.add("slots", sign, _label_of(check))
+            self.add("slots", change, _label_of(check))
 
     def leased(self, keys: Sequence[str]) -> None:
         """Limits (by storage key) a quota lease admitted a request on, in-process."""

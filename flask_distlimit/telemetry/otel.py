@@ -18,9 +18,6 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-import flask
-
-from flask_distlimit.core.decision import Check
 from flask_distlimit.core.problem import PROBLEM_MEDIA_TYPE
 from flask_distlimit.telemetry.metrics import INSTRUMENTS, LATENCY_BUCKETS, Instruments, OnePer
 
@@ -75,40 +72,15 @@ class Guard(Protocol):
     def remove_sink(self, sink: Any) -> None: ...
 
 
-class Ledgers(Protocol):
-    """What the hook needs of the app's :class:`~flask_distlimit.defences.lifecycle.Lifecycle`:
-    a request's ledger, which holds the slot gauge's give-back with the slots themselves."""
-
-    def ledger(self, environ: Any) -> Any: ...
-
-
-class _SlotsGiven:
-    """A holding of the request's ledger: the slot gauge goes down when the slots are given
-    back, whatever the response (a ``send_file`` one never reaches its ``close()``)."""
-
-    __slots__ = ("_checks", "_instruments")
-
-    def __init__(self, instruments: OTelMetrics, checks: list[Check]) -> None:
-        self._instruments = instruments
-        self._checks = checks
-
-    def release(self) -> None:
-        self._instruments.slots_taken(self._checks, -1)
-
-    def renew(self) -> None:
-        pass
-
-
 class OTelHook:
     """One app's link to the instruments: keeps them in ``guard``'s metrics sink beside
     whatever Prometheus :class:`~flask_distlimit.telemetry.metrics.Metrics` the app sets (before or
     after: the guard composes what ``use_metrics`` is handed through :meth:`compose`), and
     counts each request in ``after_request``."""
 
-    def __init__(self, guard: Guard, instruments: OTelMetrics, ledgers: Ledgers) -> None:
+    def __init__(self, guard: Guard, instruments: OTelMetrics) -> None:
         self.guard = guard
         self.instruments = instruments
-        self._ledgers = ledgers
         guard.add_sink(instruments)
 
     def detach(self) -> None:
@@ -119,11 +91,6 @@ class OTelHook:
         """Count one request the limiter decided (``data``: the enforcer's request data)."""
         if data.exempt or not (data.evaluated or data.report or data.denied or data.degraded):
             return  # exempt, or no limit applied: nothing was decided
-        if data.slots is not None:  # given back with the slots, by the request's ledger
-            taken = [c for one in data.evaluated if _allowed(one) for c in one.checks]
-            if taken:
-                ledger = self._ledgers.ledger(flask.request.environ)
-                ledger.take(_SlotsGiven(self.instruments, taken))
         status = response.status_code
         if status == 503 and not data.degraded and response.mimetype == PROBLEM_MEDIA_TYPE:
             # Shed (by the fleet, or by this worker, before any limit counted it); counted by
@@ -146,10 +113,6 @@ class OTelHook:
         self.instruments.made["requests"].add(1, attributes)
 
 
-def _allowed(one: Any) -> bool:
-    return all(d.allowed for d in one.decisions)
-
-
 def _refused(data: Any) -> str | None:
     """The declared name of the first limit a storage call of the request refused."""
     for one in data.evaluated:
@@ -168,9 +131,6 @@ class _Instrumented(Protocol):
     @property
     def guard(self) -> Guard: ...
 
-    @property
-    def lifecycle(self) -> Ledgers: ...
-
     otel: OTelHook | None
 
 
@@ -185,7 +145,7 @@ def instrument(state: _Instrumented, meter_provider: Any = None) -> OTelHook:
         if previous.instruments is instruments:
             return previous
         previous.detach()
-    hook = OTelHook(state.guard, instruments, state.lifecycle)
+    hook = OTelHook(state.guard, instruments)
     state.otel = hook
     return hook
 

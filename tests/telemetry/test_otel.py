@@ -228,6 +228,34 @@ def test_the_slot_gauge_comes_back_after_send_file_downloads(
     assert after == 0 and attributes["distlimit.limit"].endswith(":concurrency")
 
 
+def test_the_slot_gauge_comes_back_when_another_after_request_hook_raises(
+    backend: Backend, clock: FakeClock, reader: tuple[InMemoryMetricReader, MeterProvider]
+) -> None:
+    """An app's ``after_request`` hook registered after the limiter's runs before it; when it
+    raises, Flask answers a 500 without the limiter's hook. The slots are given back by the
+    request's ledger all the same, and the gauge with them (it went down in the limiter's
+    ``after_request``: it read 1 per such request, with no slot held)."""
+    found, provider = reader
+    app, limiter = _instrumented(backend(), clock, provider)
+    app.config["PROPAGATE_EXCEPTIONS"] = False  # a 500, as in production
+
+    @app.get("/slow")
+    @limiter.concurrency(2)
+    def slow() -> str:
+        return "ok"
+
+    @app.after_request
+    def broken(response: Response) -> Response:
+        raise RuntimeError("the app's own hook fails")
+
+    client = app.test_client()
+    for _ in range(3):
+        with client.get("/slow") as response:
+            assert response.status_code == 500
+    ((attributes, after),) = points(found, "distlimit.concurrency.slots")
+    assert after == 0 and attributes["distlimit.limit"].endswith(":concurrency")
+
+
 def test_a_concurrency_refusal_names_the_slot_limit(
     backend: Backend, clock: FakeClock, reader: tuple[InMemoryMetricReader, MeterProvider]
 ) -> None:
