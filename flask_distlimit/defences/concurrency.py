@@ -92,7 +92,7 @@ class SlotRelease:
         self._done = True
         guard = self._guard
         now = self._now()
-        for fallback, part in guard.fallbacks.split(self._checks):
+        for fallback, part in guard.fallbacks.split(self._checks).items():
             if self._degraded or fallback.holding:
                 # never fallback.evaluate: a give-back is no outage, and must not engage it
                 fallback.release(part, instances=guard.instances.divisor, now_us=now)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from flask_distlimit.core.decision import Check
 from flask_distlimit.resilience.fallback import DEFAULT_MAX_KEYS, LocalFallback
@@ -63,12 +63,24 @@ class NodeFallbacks:
                     self._by_node = {**self._by_node, node: fallback}
         return fallback
 
-    def split(self, checks: Sequence[Check]) -> list[tuple[LocalFallback, list[Check]]]:
-        """``checks`` split by the fallback that decides them (one part, :attr:`default`'s, but
-        on a Cluster)."""
-        return [
-            (self.of(node), [checks[i] for i in indexes]) for node, indexes in self._route(checks)
-        ]
+    def split(self, checks: Sequence[Check]) -> dict[LocalFallback, list[Check]]:
+        """``checks`` by the fallback that counts each key (:meth:`counting`; one part,
+        :attr:`default`'s, but on a Cluster)."""
+        node_of = {i: node for node, indexes in self._route(checks) for i in indexes}
+        return {
+            fallback: [checks[i] for i in indexes]
+            for fallback, indexes in self.by_fallback(checks, node_of, node_of).items()
+        }
+
+    def by_fallback(
+        self, checks: Sequence[Check], indexes: Iterable[int], node_of: dict[int, str]
+    ) -> dict[LocalFallback, list[int]]:
+        """``indexes`` of ``checks`` by the fallback that counts each key (``node_of``: each
+        check's node, :meth:`counting`)."""
+        parts: dict[LocalFallback, list[int]] = {}
+        for i in indexes:
+            parts.setdefault(self.counting(checks[i].key, node_of[i]), []).append(i)
+        return parts
 
     def counting(self, key: str, node: str) -> LocalFallback:
         """The fallback that counts ``key``: one that counts it already (its slot may have

@@ -9,7 +9,7 @@ is open. Each policy's answer: docs/design-notes.md, "Routing on a Cluster".
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 from flask_distlimit._typing import FailurePolicy
@@ -151,7 +151,7 @@ def _local_by_node(
     decided: dict[int, Decision] = {}
     admitted: list[tuple[LocalFallback, list[Check]]] = []
     allowed = True
-    for fallback, indexes in _by_fallback(core, checks, failed, node_of).items():
+    for fallback, indexes in core.fallbacks.by_fallback(checks, failed, node_of).items():
         part = [checks[i] for i in indexes]
         evaluation = fallback.evaluate(part, instances=instances, now_us=now_us)
         decided.update(zip(indexes, evaluation.decisions, strict=True))
@@ -164,16 +164,6 @@ def _local_by_node(
         for fallback, spent in admitted:
             fallback.give_back(spent, instances=instances, now_us=now_us)
     return Evaluation(tuple(decided[i] for i in failed))
-
-
-def _by_fallback(
-    core: GuardCore, checks: Sequence[Check], indexes: Iterable[int], node_of: dict[int, str]
-) -> dict[LocalFallback, list[int]]:
-    """``indexes`` of ``checks`` by the fallback that counts each key, else by its node's."""
-    by_fallback: dict[LocalFallback, list[int]] = {}
-    for i in indexes:
-        by_fallback.setdefault(core.fallbacks.counting(checks[i].key, node_of[i]), []).append(i)
-    return by_fallback
 
 
 def _answered(
@@ -195,7 +185,9 @@ def _answered(
     if chosen == "local" and evaluation.allowed and core.fallbacks.per_node_holding():
         decisions = list(evaluation.decisions)
         divisor = core.instances.divisor
-        for fallback, indexes in _by_fallback(core, checks, range(len(checks)), node_of).items():
+        for fallback, indexes in core.fallbacks.by_fallback(
+            checks, range(len(checks)), node_of
+        ).items():
             if not fallback.holding:
                 continue
             part = [checks[i] for i in indexes]
