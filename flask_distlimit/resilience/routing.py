@@ -49,6 +49,7 @@ def evaluate_routed(
     failed = [i for node, indexes in routes if node in blocked for i in indexes]
     metrics = core.metrics
     results: list[Evaluation | StorageError] = []
+    seconds: float | None = None  # the call's, when one was made
     if parts:
         started = time.perf_counter()
         try:
@@ -57,9 +58,7 @@ def evaluate_routed(
             for breaker in trying.values():
                 breaker.release()
             raise
-        if metrics is not None:
-            error = next((r for r in results if isinstance(r, StorageError)), None)
-            metrics.storage_call(time.perf_counter() - started, storage_outcome(error))
+        seconds = time.perf_counter() - started
     # Each node's breaker hears once: an outage if any of its groups met one.
     for refused in report_parts(trying, [node for node, _ in live], results):
         core.storage_log.refused(refused)
@@ -92,6 +91,11 @@ def evaluate_routed(
             denied = denied or not result.allowed
     if repaired:
         core.storage_log.repaired(repaired)
+    if metrics is not None and seconds is not None and (failed or busy is not None):
+        # (every group answered: told with the decisions, by _answered) a refused write is an
+        # answer, as on one node
+        errors = (r for r in results if not isinstance(r, Evaluation | StorageFull))
+        metrics.storage_call(seconds, storage_outcome(next(errors, None)))
     if busy is not None:
         _give_back(core, checks, spent, decisions, now_us, breach=False)
         return core.answer_busy(busy)
@@ -104,7 +108,7 @@ def evaluate_routed(
         if denied:
             _give_back(core, checks, spent, decisions, now_us, breach=True)
             evaluation = Evaluation(tuple(d for d in decisions if d is not None))
-        return _answered(core, checks, node_of, evaluation, chosen, now_us)
+        return _answered(core, checks, node_of, evaluation, chosen, now_us, seconds=seconds)
     # Some groups' nodes are down: the failure policy decides those checks only.
     failed.sort()
     lost = [checks[i] for i in failed]
@@ -173,11 +177,14 @@ def _answered(
     evaluation: Evaluation,
     chosen: FailurePolicy,
     now_us: int | None,
+    *,
+    seconds: float | None,
 ) -> Outcome:
-    """What the single-node path does after Redis answered every check (``node_of``: each
-    check's node), each node's fallback counting the checks of its node only: under
-    ``"local"``, :meth:`LocalFallback.charge` of each check by the fallback that counts its key,
-    else by its node's, when that holds counts; the local refusal of any refuses the request."""
+    """What the single-node path does after Redis answered every check in ``seconds``
+    (``node_of``: each check's node), each node's fallback counting the checks of its node
+    only: under ``"local"``, :meth:`LocalFallback.charge` of each check by the fallback that
+    counts its key, else by its node's, when that holds counts; the local refusal of any
+    refuses the request."""
     refused = False
     if chosen == "local":
         core.last_known.record(checks, evaluation)
@@ -201,10 +208,12 @@ def _answered(
             evaluation = Evaluation(tuple(decisions))
     metrics = core.metrics
     if metrics is not None:
-        if refused:
-            metrics.degraded(checks, evaluation)
+        if not refused:
+            metrics.evaluated(checks, evaluation, seconds=seconds)
         else:
-            metrics.evaluated(checks, evaluation)
+            if seconds is not None:
+                metrics.storage_call(seconds)
+            metrics.degraded(checks, evaluation)
     core.heartbeat_if_due()
     return Outcome(evaluation, degraded=refused)
 
