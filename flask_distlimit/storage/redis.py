@@ -16,7 +16,7 @@ import contextlib
 import importlib
 import inspect
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import redis
@@ -115,7 +115,6 @@ class RedisStorage(RedisSideCalls):
         (:mod:`.split_slots`)."""
         #: One script call per hash slot of a request's keys (:mod:`.split_slots`).
         self.split_slots = split_slots
-        #: The request tokens of the hot call (docs/design-notes.md, "One retry").
         self.tokens = RequestTokens(timeout, request_tokens)
         self.scheme = scheme
         self.timeout = timeout
@@ -204,9 +203,8 @@ class RedisStorage(RedisSideCalls):
 
     @property
     def request_tokens(self) -> str:
-        """When a call carries a request token: its ``request_tokens`` (module docstring), or
-        ``"never"`` on a client passed in (every call goes through redis-py's ``Script``)."""
-        return self.tokens.mode if self.pool is not None else "never"
+        """``"never"`` on a client passed in (every call goes through redis-py's ``Script``)."""
+        return super().request_tokens if self.pool is not None else "never"
 
     def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
         if self.split_slots:
@@ -325,12 +323,8 @@ class RedisStorage(RedisSideCalls):
         translated(self.client.ping)
         return time.perf_counter() - started
 
-    def scan(self, match: str) -> Iterator[str]:
-        try:
-            for key in self.client.scan_iter(match=match, count=1000):
-                yield key.decode() if isinstance(key, bytes) else str(key)
-        except REDIS_FAILURES as exc:
-            raise storage_error(exc) from exc
+    def _scanned(self) -> list[redis.Redis]:
+        return [self.client]
 
     def _side(self) -> SideScripts:
         return self._scripts
