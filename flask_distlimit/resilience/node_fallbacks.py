@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 from flask_distlimit.core.decision import Check
 from flask_distlimit.resilience.fallback import DEFAULT_MAX_KEYS, LocalFallback
@@ -63,22 +63,16 @@ class NodeFallbacks:
                     self._by_node = {**self._by_node, node: fallback}
         return fallback
 
-    def split(self, checks: Sequence[Check]) -> dict[LocalFallback, list[Check]]:
-        """``checks`` by the fallback that counts each key (:meth:`counting`; one part,
-        :attr:`default`'s, but on a Cluster)."""
-        node_of = {i: node for node, indexes in self._route(checks) for i in indexes}
-        return {
-            fallback: [checks[i] for i in indexes]
-            for fallback, indexes in self.by_fallback(checks, node_of, node_of).items()
-        }
-
-    def by_fallback(
-        self, checks: Sequence[Check], indexes: Iterable[int], node_of: dict[int, str]
+    def split(
+        self, checks: Sequence[Check], node_of: dict[int, str] | None = None
     ) -> dict[LocalFallback, list[int]]:
-        """``indexes`` of ``checks`` by the fallback that counts each key (``node_of``: each
-        check's node, :meth:`counting`)."""
+        """Indexes of ``checks`` by the fallback that counts each key (:meth:`counting`;
+        ``node_of``: the checks to split, each with its node; default: all, as the storage routes
+        them); one part, :attr:`default`'s, but on a Cluster."""
+        if node_of is None:
+            node_of = {i: node for node, found in self._route(checks) for i in found}
         parts: dict[LocalFallback, list[int]] = {}
-        for i in indexes:
+        for i in node_of:
             parts.setdefault(self.counting(checks[i].key, node_of[i]), []).append(i)
         return parts
 

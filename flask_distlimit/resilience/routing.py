@@ -49,7 +49,7 @@ def evaluate_routed(
     failed = [i for node, indexes in routes if node in blocked for i in indexes]
     metrics = core.metrics
     results: list[Evaluation | StorageError] = []
-    seconds: float | None = None  # the call's, when one was made
+    seconds = 0.0  # the call's, when one was made
     if parts:
         started = time.perf_counter()
         try:
@@ -91,7 +91,7 @@ def evaluate_routed(
             denied = denied or not result.allowed
     if repaired:
         core.storage_log.repaired(repaired)
-    if metrics is not None and seconds is not None and (failed or busy is not None):
+    if metrics is not None and parts and (failed or busy is not None):
         # (every group answered: told with the decisions, by _answered) a refused write is an
         # answer, as on one node
         errors = (r for r in results if not isinstance(r, Evaluation | StorageFull))
@@ -155,7 +155,7 @@ def _local_by_node(
     decided: dict[int, Decision] = {}
     admitted: list[tuple[LocalFallback, list[Check]]] = []
     allowed = True
-    for fallback, indexes in core.fallbacks.by_fallback(checks, failed, node_of).items():
+    for fallback, indexes in core.fallbacks.split(checks, {i: node_of[i] for i in failed}).items():
         part = [checks[i] for i in indexes]
         evaluation = fallback.evaluate(part, instances=instances, now_us=now_us)
         decided.update(zip(indexes, evaluation.decisions, strict=True))
@@ -178,7 +178,7 @@ def _answered(
     chosen: FailurePolicy,
     now_us: int | None,
     *,
-    seconds: float | None,
+    seconds: float,
 ) -> Outcome:
     """What the single-node path does after Redis answered every check in ``seconds``
     (``node_of``: each check's node), each node's fallback counting the checks of its node
@@ -192,9 +192,7 @@ def _answered(
     if chosen == "local" and evaluation.allowed and core.fallbacks.per_node_holding():
         decisions = list(evaluation.decisions)
         divisor = core.instances.divisor
-        for fallback, indexes in core.fallbacks.by_fallback(
-            checks, range(len(checks)), node_of
-        ).items():
+        for fallback, indexes in core.fallbacks.split(checks, node_of).items():
             if not fallback.holding:
                 continue
             part = [checks[i] for i in indexes]
@@ -208,12 +206,11 @@ def _answered(
             evaluation = Evaluation(tuple(decisions))
     metrics = core.metrics
     if metrics is not None:
-        if not refused:
-            metrics.evaluated(checks, evaluation, seconds=seconds)
-        else:
-            if seconds is not None:
-                metrics.storage_call(seconds)
+        if refused:
+            metrics.storage_call(seconds)
             metrics.degraded(checks, evaluation)
+        else:
+            metrics.evaluated(checks, evaluation, seconds=seconds)
     core.heartbeat_if_due()
     return Outcome(evaluation, degraded=refused)
 

@@ -172,10 +172,9 @@ class ClusterStorage(ClusterNodes):
         the refreshed topology no longer names is made once more on the new primary.
         """
         client = self.client  # built on first use, before the deadline starts
-        now = time.monotonic()
-        wait_until = now + self.queue_timeout
+        wait_until = time.monotonic() + self.queue_timeout
         packer, tokens = self._packer, self.tokens
-        made = tokens.made(parts, now_us, now=now, refund=refund)
+        made = tokens.made(parts, now_us, refund=refund)
         results: list[Evaluation | StorageError | None] = [None] * len(parts)
         if len(parts) == 1:  # the usual request: one slot group, batched with others
             results[0] = self._one(client, parts[0], made[0], now_us, refund, wait_until)

@@ -259,13 +259,13 @@ class RedisStorage(RedisSideCalls):
         """One script call per part (a slot group, ``split_slots``): on our pool, all in one
         write on one connection (:func:`~.split_slots.send_parts`: one round trip); on a
         client passed in, one after another. Tokens as on a Cluster's groups (:mod:`.cluster`)."""
-        now = time.monotonic()
-        made = self.tokens.made(parts, now_us, now=now, refund=refund)
+        made = self.tokens.made(parts, now_us, refund=refund)
         pool = self.pool
         if pool is None:  # redis-py's Script: no token
             replies = [outcome(self._script, m.keys, m.args) for m in made]
         else:
-            send = (pool, self._packer, self.tokens, self._script, made, now + pool.queue_timeout)
+            wait_until = time.monotonic() + pool.queue_timeout
+            send = (pool, self._packer, self.tokens, self._script, made, wait_until)
             replies = send_parts(*send)
             if self._sentinel is not None and all(isinstance(r, ReadOnlyError) for r in replies):
                 pool.disconnect()  # a demoted master wrote nothing: once more on the new one

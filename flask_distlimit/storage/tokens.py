@@ -106,21 +106,13 @@ class RequestTokens:
         return False
 
     def made(
-        self,
-        parts: Sequence[Sequence[Check]],
-        now_us: int | None,
-        *,
-        now: float,
-        refund: bool = False,
+        self, parts: Sequence[Sequence[Check]], now_us: int | None, *, refund: bool
     ) -> list[Made]:
-        """The script call of each part, every one with a token when they need one
-        (:meth:`needed`)."""
-        armed = self.needed(parts, now=now, refund=refund)
-        made = []
-        for part in parts:
-            keys, args = script_args(part, now_us, refund=refund)
-            made.append(Made(keys, args, self.key(keys[0]) if armed else None))
-        return made
+        """The script call of each part (``refund``: giving back), every one with a token when
+        they need one (:meth:`needed`)."""
+        armed = self.needed(parts, now=time.monotonic(), refund=refund)
+        calls = [script_args(part, now_us, refund=refund) for part in parts]
+        return [Made(keys, args, self.key(keys[0]) if armed else None) for keys, args in calls]
 
     def repeat(self, packer: EvalshaPacker, made: Made) -> list[bytes]:
         """The call ``made`` whose reply was lost, packed as a repeat for :func:`repeat_call`,
