@@ -14,6 +14,7 @@ from typing import Literal
 from flask_distlimit.core.decision import Check, Decision, Evaluation
 from flask_distlimit.errors import StorageMisconfigured, StorageResponseError, StorageUnavailable
 from flask_distlimit.storage.base import Storage
+from flask_distlimit.telemetry.metrics import Count, Instruments
 
 
 class FakeClock:
@@ -115,3 +116,34 @@ class ScriptedStorage(Storage):
 def check(key: str = "ratelimit:{abc}:route:fixed_window", limit: int = 10, period: int = 60,
           cost: int = 1) -> Check:  # fmt: skip
     return Check(key=key, algorithm="fixed_window", limit=limit, period=period, cost=cost)
+
+
+class Told(Instruments):
+    """A metrics sink that keeps what it is told of each storage call: the calls that tell its
+    latency (``storage_call``, or ``evaluated`` with its decisions) and the call's outcome."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.calls: list[str] = []
+        self.outcomes: list[str] = []
+
+    def _counter(self, family: str, labels: dict[str, str]) -> Count:
+        if family == "storage_latency":
+            return lambda seconds: self.outcomes.append(labels["outcome"])
+        return lambda amount: None
+
+    def storage_call(self, seconds: float, outcome: str = "ok") -> None:
+        self.calls.append("storage_call")
+        super().storage_call(seconds, outcome)
+
+    def evaluated(
+        self,
+        checks: Sequence[Check],
+        evaluation: Evaluation,
+        *,
+        seconds: float | None = None,
+        fallback: bool = False,
+    ) -> None:
+        if seconds is not None:
+            self.calls.append("evaluated")
+        super().evaluated(checks, evaluation, seconds=seconds, fallback=fallback)

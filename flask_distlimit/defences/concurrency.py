@@ -100,7 +100,8 @@ class SlotRelease:
         self._held(self._checks, -1)
         guard = self._guard
         now = self._now()
-        for fallback, part in guard.fallbacks.split(self._checks):
+        for fallback, indexes in guard.fallbacks.split(self._checks).items():
+            part = [self._checks[i] for i in indexes]
             if self._degraded or fallback.holding:
                 # never fallback.evaluate: a give-back is no outage, and must not engage it
                 fallback.release(part, instances=guard.instances.divisor, now_us=now)

@@ -163,12 +163,6 @@ class Breakers:
             breaker._after_fork()
 
 
-def report_call(breaker: Breaker, error: BaseException | None) -> None:
-    """``breaker`` hears how one call ended (``error``: ``None`` when the storage answered), as
-    :func:`report_parts` tells a node's breaker."""
-    report_parts({DEFAULT_NODE: breaker}, [DEFAULT_NODE], [error])
-
-
 def report_parts(
     trying: dict[str, Breaker],
     nodes: Sequence[str],

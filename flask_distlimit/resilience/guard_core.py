@@ -29,12 +29,11 @@ from flask_distlimit.errors import (
     StorageBusy,
     StorageError,
     StorageFull,
-    StorageMisconfigured,
     StorageResponseError,
 )
 from flask_distlimit.forks import AfterFork
 from flask_distlimit.resilience.breaker import Breaker, BreakerState
-from flask_distlimit.resilience.breakers import Breakers, report_call, report_parts
+from flask_distlimit.resilience.breakers import DEFAULT_NODE, Breakers, report_parts
 from flask_distlimit.resilience.fallback import DEFAULT_MAX_KEYS
 from flask_distlimit.resilience.instances import Instances, InstancesSetting
 from flask_distlimit.resilience.last_known import LastKnown
@@ -335,10 +334,9 @@ class GuardCore:
         return functools.partial(self._heard, breaker, what)
 
     def _heard(self, breaker: Breaker, what: str, error: BaseException | None) -> None:
-        report_call(breaker, error)
-        if isinstance(error, StorageMisconfigured):
-            self.storage_log.refused(error)
-        elif isinstance(error, StorageResponseError):
+        for refused in report_parts({DEFAULT_NODE: breaker}, [DEFAULT_NODE], [error]):
+            self.storage_log.refused(refused)
+        if isinstance(error, StorageResponseError):
             self.count_unreadable(error, what)
 
     def side_call(

@@ -63,12 +63,18 @@ class NodeFallbacks:
                     self._by_node = {**self._by_node, node: fallback}
         return fallback
 
-    def split(self, checks: Sequence[Check]) -> list[tuple[LocalFallback, list[Check]]]:
-        """``checks`` split by the fallback that decides them (one part, :attr:`default`'s, but
-        on a Cluster)."""
-        return [
-            (self.of(node), [checks[i] for i in indexes]) for node, indexes in self._route(checks)
-        ]
+    def split(
+        self, checks: Sequence[Check], node_of: dict[int, str] | None = None
+    ) -> dict[LocalFallback, list[int]]:
+        """Indexes of ``checks`` by the fallback that counts each key (:meth:`counting`;
+        ``node_of``: the checks to split, each with its node; default: all, as the storage routes
+        them); one part, :attr:`default`'s, but on a Cluster."""
+        if node_of is None:
+            node_of = {i: node for node, found in self._route(checks) for i in found}
+        parts: dict[LocalFallback, list[int]] = {}
+        for i in node_of:
+            parts.setdefault(self.counting(checks[i].key, node_of[i]), []).append(i)
+        return parts
 
     def counting(self, key: str, node: str) -> LocalFallback:
         """The fallback that counts ``key``: one that counts it already (its slot may have

@@ -9,7 +9,7 @@ is open. Each policy's answer: docs/design-notes.md, "Routing on a Cluster".
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 from flask_distlimit._typing import FailurePolicy
@@ -49,6 +49,7 @@ def evaluate_routed(
     failed = [i for node, indexes in routes if node in blocked for i in indexes]
     metrics = core.metrics
     results: list[Evaluation | StorageError] = []
+    seconds = 0.0  # the call's, when one was made
     if parts:
         started = time.perf_counter()
         try:
@@ -57,9 +58,7 @@ def evaluate_routed(
             for breaker in trying.values():
                 breaker.release()
             raise
-        if metrics is not None:
-            error = next((r for r in results if isinstance(r, StorageError)), None)
-            metrics.storage_call(time.perf_counter() - started, storage_outcome(error))
+        seconds = time.perf_counter() - started
     # Each node's breaker hears once: an outage if any of its groups met one.
     for refused in report_parts(trying, [node for node, _ in live], results):
         core.storage_log.refused(refused)
@@ -92,6 +91,11 @@ def evaluate_routed(
             denied = denied or not result.allowed
     if repaired:
         core.storage_log.repaired(repaired)
+    if metrics is not None and parts and (failed or busy is not None):
+        # (every group answered: told with the decisions, by _answered) a refused write is an
+        # answer, as on one node
+        errors = (r for r in results if not isinstance(r, Evaluation | StorageFull))
+        metrics.storage_call(seconds, storage_outcome(next(errors, None)))
     if busy is not None:
         _give_back(core, checks, spent, decisions, now_us, breach=False)
         return core.answer_busy(busy)
@@ -104,7 +108,7 @@ def evaluate_routed(
         if denied:
             _give_back(core, checks, spent, decisions, now_us, breach=True)
             evaluation = Evaluation(tuple(d for d in decisions if d is not None))
-        return _answered(core, checks, node_of, evaluation, chosen, now_us)
+        return _answered(core, checks, node_of, evaluation, chosen, now_us, seconds=seconds)
     # Some groups' nodes are down: the failure policy decides those checks only.
     failed.sort()
     lost = [checks[i] for i in failed]
@@ -151,7 +155,7 @@ def _local_by_node(
     decided: dict[int, Decision] = {}
     admitted: list[tuple[LocalFallback, list[Check]]] = []
     allowed = True
-    for fallback, indexes in _by_fallback(core, checks, failed, node_of).items():
+    for fallback, indexes in core.fallbacks.split(checks, {i: node_of[i] for i in failed}).items():
         part = [checks[i] for i in indexes]
         evaluation = fallback.evaluate(part, instances=instances, now_us=now_us)
         decided.update(zip(indexes, evaluation.decisions, strict=True))
@@ -166,16 +170,6 @@ def _local_by_node(
     return Evaluation(tuple(decided[i] for i in failed))
 
 
-def _by_fallback(
-    core: GuardCore, checks: Sequence[Check], indexes: Iterable[int], node_of: dict[int, str]
-) -> dict[LocalFallback, list[int]]:
-    """``indexes`` of ``checks`` by the fallback that counts each key, else by its node's."""
-    by_fallback: dict[LocalFallback, list[int]] = {}
-    for i in indexes:
-        by_fallback.setdefault(core.fallbacks.counting(checks[i].key, node_of[i]), []).append(i)
-    return by_fallback
-
-
 def _answered(
     core: GuardCore,
     checks: Sequence[Check],
@@ -183,11 +177,14 @@ def _answered(
     evaluation: Evaluation,
     chosen: FailurePolicy,
     now_us: int | None,
+    *,
+    seconds: float,
 ) -> Outcome:
-    """What the single-node path does after Redis answered every check (``node_of``: each
-    check's node), each node's fallback counting the checks of its node only: under
-    ``"local"``, :meth:`LocalFallback.charge` of each check by the fallback that counts its key,
-    else by its node's, when that holds counts; the local refusal of any refuses the request."""
+    """What the single-node path does after Redis answered every check in ``seconds``
+    (``node_of``: each check's node), each node's fallback counting the checks of its node
+    only: under ``"local"``, :meth:`LocalFallback.charge` of each check by the fallback that
+    counts its key, else by its node's, when that holds counts; the local refusal of any
+    refuses the request."""
     refused = False
     if chosen == "local":
         core.last_known.record(checks, evaluation)
@@ -195,7 +192,7 @@ def _answered(
     if chosen == "local" and evaluation.allowed and core.fallbacks.per_node_holding():
         decisions = list(evaluation.decisions)
         divisor = core.instances.divisor
-        for fallback, indexes in _by_fallback(core, checks, range(len(checks)), node_of).items():
+        for fallback, indexes in core.fallbacks.split(checks, node_of).items():
             if not fallback.holding:
                 continue
             part = [checks[i] for i in indexes]
@@ -210,9 +207,10 @@ def _answered(
     metrics = core.metrics
     if metrics is not None:
         if refused:
+            metrics.storage_call(seconds)
             metrics.degraded(checks, evaluation)
         else:
-            metrics.evaluated(checks, evaluation)
+            metrics.evaluated(checks, evaluation, seconds=seconds)
     core.heartbeat_if_due()
     return Outcome(evaluation, degraded=refused)
 

@@ -28,8 +28,8 @@ from flask_distlimit.errors import StorageError, StorageMisconfigured, StorageUn
 from flask_distlimit.storage.cluster_nodes import ClusterNodes
 from flask_distlimit.storage.pool import DeadlinePool, NoConnectionAvailable, busy
 from flask_distlimit.storage.slot_keys import across_slots, merged
-from flask_distlimit.storage.split_slots import Made, outcome, read_or_repeat, send_whole
-from flask_distlimit.storage.tokens import settles
+from flask_distlimit.storage.split_slots import outcome, read_or_repeat, send_whole
+from flask_distlimit.storage.tokens import Made
 from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error
 
 #: Replies that mean the script did not run on that node (safe to send again).
@@ -103,12 +103,8 @@ class ClusterStorage(ClusterNodes):
         keys, args = script_args(checks, now_us, refund=refund)
         tokens = self.tokens
         again = token is not None
-        if token is None:
-            token = (
-                tokens.key(keys[0])
-                if refund or settles(checks)
-                else tokens.key_if_armed(keys[0], time.monotonic())
-            )
+        if token is None and tokens.needed([checks], now=time.monotonic(), refund=refund):
+            token = tokens.key(keys[0])
 
         def run(repeat: bool) -> Any:
             if token is None:
@@ -176,15 +172,9 @@ class ClusterStorage(ClusterNodes):
         the refreshed topology no longer names is made once more on the new primary.
         """
         client = self.client  # built on first use, before the deadline starts
-        now = time.monotonic()
-        wait_until = now + self.queue_timeout
+        wait_until = time.monotonic() + self.queue_timeout
         packer, tokens = self._packer, self.tokens
-        # a refund always carries a token: repeated twice, it would give back twice
-        armed = refund or now < tokens.armed_until or any(settles(p) for p in parts)
-        made: list[Made] = []
-        for part in parts:
-            keys, args = script_args(part, now_us, refund=refund)
-            made.append((keys, args, tokens.key(keys[0]) if armed else None))
+        made = tokens.made(parts, now_us, refund=refund)
         results: list[Evaluation | StorageError | None] = [None] * len(parts)
         if len(parts) == 1:  # the usual request: one slot group, batched with others
             results[0] = self._one(client, parts[0], made[0], now_us, refund, wait_until)
@@ -193,12 +183,12 @@ class ClusterStorage(ClusterNodes):
         try:
             for round_ in rounds(client, parts, results) if len(parts) > 1 else []:
                 for n, node in round_:
-                    keys, args, token = made[n]
+                    m = made[n]
                     pool: DeadlinePool | None = None
                     connection: Any = None
                     try:
                         pool = self._pipeline_of(client, node).pool
-                        command = [packer.pack(keys, args, token, tokens.first)]
+                        command = [packer.pack(m.keys, m.args, m.token, tokens.first)]
                         # not probed: a closed connection fails the send or loses the reply,
                         # and both are made again, as in RedisStorage
                         connection = pool.checkout(wait_until, probe=False)
@@ -239,7 +229,7 @@ class ClusterStorage(ClusterNodes):
                 # try may have run and reached the replica (a refund given back twice would
                 # let its limits admit that much more)
                 if self._primary_of(parts[n][0].key) not in (before[n], None):
-                    results[n] = self._call_or_error(parts[n], now_us, refund, made[n][2])
+                    results[n] = self._call_or_error(parts[n], now_us, refund, made[n].token)
         return [r if r is not None else StorageUnavailable("no reply") for r in results]
 
     def _one(
@@ -254,12 +244,10 @@ class ClusterStorage(ClusterNodes):
         """One slot group's call in a batch of its primary's pipeline (:mod:`.pipeline`, as on
         a single node); a reply lost is made again as a repeat of its token on a connection of
         its own."""
-        keys, args, token = made
         try:
-            pipeline = self._pipeline_of(client, client.get_node_from_key(keys[0]))
-            call = pipeline.call(
-                self._packer.pack(keys, args, token, self.tokens.first), wait_until
-            )
+            pipeline = self._pipeline_of(client, client.get_node_from_key(made.keys[0]))
+            command = self._packer.pack(made.keys, made.args, made.token, self.tokens.first)
+            call = pipeline.call(command, wait_until)
         except REDIS_FAILURES as exc:
             return failed(exc)
         if not call.lost:
@@ -305,7 +293,7 @@ class ClusterStorage(ClusterNodes):
         if pool is not None and connection is not None:
             pool.release(connection)
         if isinstance(reply, NOT_RUN):
-            return self._call_or_error(part, now_us, refund, made[2])
+            return self._call_or_error(part, now_us, refund, made.token)
         if isinstance(reply, Exception):  # StorageReplyLost, or an error reply
             return reply if isinstance(reply, StorageError) else failed(reply)
         try:

@@ -11,7 +11,7 @@ import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
 import redis
@@ -33,7 +33,7 @@ from flask_distlimit.storage.redis import (
 from flask_distlimit.storage.side_calls import RedisSideCalls, SideScripts
 from flask_distlimit.storage.slot_keys import by_slot
 from flask_distlimit.storage.tokens import RequestTokens
-from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error, translated
+from flask_distlimit.storage.translate import REDIS_FAILURES, translated
 
 T = TypeVar("T")
 
@@ -81,7 +81,6 @@ class ClusterNodes(RedisSideCalls):
         #: The hot path's pool of each primary (``host:port``), in the batches of its
         #: :mod:`.pipeline` (for one-group calls), built on first use.
         self._pipelines: dict[str, Pipeline] = {}
-        #: The request tokens of the hot path (docs/design-notes.md, "One retry").
         self.tokens = RequestTokens(timeout, request_tokens)
         if client is not None:
             self._attach(client)
@@ -209,26 +208,15 @@ class ClusterNodes(RedisSideCalls):
                     )
         return pipeline
 
-    @property
-    def request_tokens(self) -> str:
-        """When a hot call carries a request token (docs/design-notes.md, "One retry")."""
-        return self.tokens.mode
-
     def ping(self) -> float:
         client = self.client
         started = time.perf_counter()
         translated(client.ping, target_nodes=RedisCluster.PRIMARIES)
         return time.perf_counter() - started
 
-    def scan(self, match: str) -> Iterator[str]:
+    def _scanned(self) -> list[redis.Redis]:
         client = self.client
-        try:
-            for node in client.get_primaries():
-                node_client = client.get_redis_connection(node)
-                for key in node_client.scan_iter(match=match, count=1000):
-                    yield key.decode() if isinstance(key, bytes) else str(key)
-        except REDIS_FAILURES as exc:
-            raise storage_error(exc) from exc
+        return [client.get_redis_connection(node) for node in client.get_primaries()]
 
     def close(self) -> None:
         if self.given_client is None and self._client is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Final, NamedTuple
 
 from flask_distlimit.engine.lua_source import lua_text
+from flask_distlimit.errors import StorageResponseError
 from flask_distlimit.storage.slot_keys import same_slot_key
 
 #: The largest fleet size a heartbeat accepts (``DISTLIMIT_INSTANCES`` accepts as much).
@@ -35,9 +36,10 @@ def peak_key(key: str) -> str:
 
 
 def fleet_from_reply(reply: object, key: str) -> Fleet:
-    """The script's reply as a :class:`Fleet` (``key`` is its ``KEYS[1]``)."""
-    if not isinstance(reply, list | tuple) or len(reply) != 4:
-        raise ValueError(f"unexpected heartbeat reply {reply!r}")
-    live, largest, repaired_live, repaired_peak = (int(x) for x in reply)
+    """The script's reply as a :class:`Fleet` (``key`` is its ``KEYS[1]``), or
+    :class:`StorageResponseError` for a reply of another shape."""
+    if not isinstance(reply, list | tuple) or [type(x) for x in reply] != [int] * 4:
+        raise StorageResponseError(f"unexpected heartbeat reply {reply!r}")
+    live, largest, repaired_live, repaired_peak = reply
     repaired = (key,) * bool(repaired_live) + (peak_key(key),) * bool(repaired_peak)
     return Fleet(live, max(live, largest), repaired)

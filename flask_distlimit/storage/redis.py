@@ -16,7 +16,7 @@ import contextlib
 import importlib
 import inspect
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import redis
@@ -35,7 +35,7 @@ from flask_distlimit.storage.pool import DeadlinePool, NoConnectionAvailable, bu
 from flask_distlimit.storage.side_calls import RedisSideCalls, SideScripts
 from flask_distlimit.storage.slot_keys import across_slots, by_slot
 from flask_distlimit.storage.split_slots import outcome, send_parts
-from flask_distlimit.storage.tokens import RequestTokens, repeat_call, settles
+from flask_distlimit.storage.tokens import Made, RequestTokens, repeat_call
 from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error, translated
 
 #: Connect/read timeout and pool wait, seconds (``DISTLIMIT_REDIS_TIMEOUT``).
@@ -115,7 +115,6 @@ class RedisStorage(RedisSideCalls):
         (:mod:`.split_slots`)."""
         #: One script call per hash slot of a request's keys (:mod:`.split_slots`).
         self.split_slots = split_slots
-        #: The request tokens of the hot call (docs/design-notes.md, "One retry").
         self.tokens = RequestTokens(timeout, request_tokens)
         self.scheme = scheme
         self.timeout = timeout
@@ -204,9 +203,8 @@ class RedisStorage(RedisSideCalls):
 
     @property
     def request_tokens(self) -> str:
-        """When a call carries a request token: its ``request_tokens`` (module docstring), or
-        ``"never"`` on a client passed in (every call goes through redis-py's ``Script``)."""
-        return self.tokens.mode if self.pool is not None else "never"
+        """``"never"`` on a client passed in (every call goes through redis-py's ``Script``)."""
+        return super().request_tokens if self.pool is not None else "never"
 
     def evaluate(self, checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
         if self.split_slots:
@@ -222,13 +220,12 @@ class RedisStorage(RedisSideCalls):
                 reply = self._script(keys, args)
             else:
                 # The limit script's EVALSHA in a batch of the pipeline, with a request token
-                # while the tokens are armed or when the call settles a reservation (made once,
-                # :func:`~.tokens.settles`): the wait for a batch by the queue budget, the reply
-                # by one Redis deadline (module docstring).
+                # when it needs one (:meth:`~.tokens.RequestTokens.needed`): the wait for a
+                # batch by the queue budget, the reply by one Redis deadline (module docstring).
                 now = time.monotonic()
                 wait_until = now + pool.queue_timeout
                 tokens = self.tokens
-                token = tokens.key(keys[0]) if now < tokens.armed_until or settles(checks) else None
+                token = tokens.key(keys[0]) if tokens.needed([checks], now=now) else None
                 command = self._packer.pack(keys, args, token, tokens.first)
                 call = self.pipeline.call(command, wait_until)
                 if isinstance(call.error, ReadOnlyError) and self._sentinel is not None:
@@ -237,7 +234,7 @@ class RedisStorage(RedisSideCalls):
                     pool.disconnect()
                     call = self.pipeline.call(command, wait_until)
                 if call.lost:
-                    reply = self._repeat(pool, call, (keys, args, token), wait_until)
+                    reply = self._repeat(pool, call, Made(keys, args, token), wait_until)
                 elif call.error is not None:
                     raise call.error
                 else:
@@ -262,18 +259,13 @@ class RedisStorage(RedisSideCalls):
         """One script call per part (a slot group, ``split_slots``): on our pool, all in one
         write on one connection (:func:`~.split_slots.send_parts`: one round trip); on a
         client passed in, one after another. Tokens as on a Cluster's groups (:mod:`.cluster`)."""
-        tokens = self.tokens
-        now = time.monotonic()
-        armed = refund or now < tokens.armed_until or any(settles(p) for p in parts)
-        made = []
-        for part in parts:
-            keys, args = script_args(part, now_us, refund=refund)
-            made.append((keys, args, tokens.key(keys[0]) if armed and self.pool else None))
+        made = self.tokens.made(parts, now_us, refund=refund)
         pool = self.pool
-        if pool is None:
-            replies = [outcome(self._script, keys, args) for keys, args, _ in made]
+        if pool is None:  # redis-py's Script: no token
+            replies = [outcome(self._script, m.keys, m.args) for m in made]
         else:
-            send = (pool, self._packer, tokens, self._script, made, now + pool.queue_timeout)
+            wait_until = time.monotonic() + pool.queue_timeout
+            send = (pool, self._packer, self.tokens, self._script, made, wait_until)
             replies = send_parts(*send)
             if self._sentinel is not None and all(isinstance(r, ReadOnlyError) for r in replies):
                 pool.disconnect()  # a demoted master wrote nothing: once more on the new one
@@ -289,7 +281,7 @@ class RedisStorage(RedisSideCalls):
         self,
         pool: DeadlinePool,
         call: Call,
-        made: tuple[list[str], list[str | int], str | None],
+        made: Made,
         wait_until: float,
     ) -> Any:
         """A call whose connection closed under it after the send (the script may have run),
@@ -297,7 +289,7 @@ class RedisStorage(RedisSideCalls):
         reply it kept under the token if it ran, and runs if it did not. A call sent without a
         token (calm, module docstring) gets one now, for its repeats."""
         assert isinstance(call.error, redis.ConnectionError)
-        again = self.tokens.repeat(self._packer, *made)
+        again = self.tokens.repeat(self._packer, made)
         # Redis's time for the repeats starts now: the batch's may be spent by this thread's
         # wait to be woken
         deadline = max(call.deadline, time.monotonic() + self.timeout)
@@ -331,12 +323,8 @@ class RedisStorage(RedisSideCalls):
         translated(self.client.ping)
         return time.perf_counter() - started
 
-    def scan(self, match: str) -> Iterator[str]:
-        try:
-            for key in self.client.scan_iter(match=match, count=1000):
-                yield key.decode() if isinstance(key, bytes) else str(key)
-        except REDIS_FAILURES as exc:
-            raise storage_error(exc) from exc
+    def _scanned(self) -> list[redis.Redis]:
+        return [self.client]
 
     def _side(self) -> SideScripts:
         return self._scripts

@@ -9,7 +9,7 @@ each on its keys' node, ``DEL`` in groups one command may delete. It raises only
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, Final, Protocol, cast
 
 import redis
@@ -33,7 +33,8 @@ from flask_distlimit.storage.lease_records import (
     records_key,
     repaired_from_reply,
 )
-from flask_distlimit.storage.translate import translated
+from flask_distlimit.storage.tokens import RequestTokens
+from flask_distlimit.storage.translate import REDIS_FAILURES, storage_error, translated
 
 #: ``Storage.shared_value``'s script: docs/design-notes.md, "The shared value".
 SHARED_VALUE_SOURCE: Final = lua_text(__package__, "shared_value.lua")
@@ -73,10 +74,30 @@ class SideScripts:
 class RedisSideCalls(Storage):
     """The side calls of :class:`~flask_distlimit.storage.base.Storage` on a Redis storage."""
 
+    #: The request tokens of the hot call (docs/design-notes.md, "One retry").
+    tokens: RequestTokens
+
     @abc.abstractmethod
     def _side(self) -> SideScripts:
         """The scripts of the storage's client (connecting it first if need be); raises
         ``StorageError`` when it cannot be had."""
+
+    @abc.abstractmethod
+    def _scanned(self) -> list[redis.Redis]:
+        """The clients of the nodes whose keys :meth:`scan` lists (a Cluster: every primary)."""
+
+    @property
+    def request_tokens(self) -> str:
+        """When a hot call carries a request token (``DISTLIMIT_REQUEST_TOKENS``)."""
+        return self.tokens.mode
+
+    def scan(self, match: str) -> Iterator[str]:
+        try:
+            for client in self._scanned():
+                for key in client.scan_iter(match=match, count=1000):
+                    yield key.decode() if isinstance(key, bytes) else str(key)
+        except REDIS_FAILURES as exc:
+            raise storage_error(exc) from exc
 
     def _same_slot(self, keys: list[str]) -> Iterable[list[str]]:
         """``keys`` in groups that one ``DEL`` may delete: this default, one group (a single

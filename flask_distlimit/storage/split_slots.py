@@ -21,11 +21,8 @@ from redis.exceptions import NoScriptError
 from flask_distlimit.errors import StorageError
 from flask_distlimit.storage.evalsha import EvalshaPacker
 from flask_distlimit.storage.pool import LAST_LOOK, DeadlinePool
-from flask_distlimit.storage.tokens import RequestTokens, repeat_call
+from flask_distlimit.storage.tokens import Made, RequestTokens, repeat_call
 from flask_distlimit.storage.translate import REDIS_FAILURES
-
-#: A call to make: its keys, its arguments and its request token (``None``: none).
-Made = tuple[list[str], list[str | int], str | None]
 
 
 def outcome(call: Callable[..., Any], *args: Any) -> Any:
@@ -72,7 +69,7 @@ def read_or_repeat(
             return pool.read(connection, max(deadline, time.monotonic() + LAST_LOOK))
         except redis.ConnectionError as exc:
             lost = exc
-    again = tokens.repeat(packer, *made)
+    again = tokens.repeat(packer, made)
     return repeat_call(pool, connection, again, deadline, lost, lambda c: pool.read(c, deadline))
 
 
@@ -87,7 +84,7 @@ def send_parts(
     """The reply to each call of ``made`` (module docstring); the wait for a connection ends by
     ``wait_until`` (the queue budget: then each call's reply is the pool's
     ``NoConnectionAvailable``)."""
-    commands = [packer.pack(keys, args, token, tokens.first) for keys, args, token in made]
+    commands = [packer.pack(m.keys, m.args, m.token, tokens.first) for m in made]
     try:
         connection = pool.checkout(wait_until, probe=False)
     except REDIS_FAILURES as exc:

@@ -8,6 +8,7 @@ first ran. Tokens are unique in the fleet. Which calls carry one: docs/design-no
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -19,7 +20,7 @@ from typing import Any, Final
 import redis
 
 from flask_distlimit.core.decision import Check
-from flask_distlimit.engine.scripts import token_key
+from flask_distlimit.engine.scripts import script_args, token_key
 from flask_distlimit.errors import StorageReplyLost
 from flask_distlimit.forks import AfterFork
 from flask_distlimit.storage.evalsha import EvalshaPacker
@@ -39,14 +40,13 @@ TOKEN_MODES: Final = ("auto", "always")
 _HEADS_KEPT: Final = 1024
 
 
-def settles(checks: Sequence[Check]) -> bool:
-    """Whether a call over ``checks`` settles a reservation (gives a rate limit's units back,
-    or charges a debt): it always carries a token (module docstring). A slot's release needs
-    none: removing a token twice is once."""
-    for c in checks:  # noqa: SIM110 (a loop, not any(): the hot path's every call asks)
-        if c.debt or (c.release and not c.token):
-            return True
-    return False
+@dataclasses.dataclass(frozen=True, slots=True)
+class Made:
+    """A script call to make: its KEYS, its ARGV and its request token's key (``None``: none)."""
+
+    keys: list[str]
+    args: list[str | int]
+    token: str | None
 
 
 def token_mode(mode: object) -> str:
@@ -92,18 +92,35 @@ class RequestTokens:
         if self.mode == "auto":
             self.armed_until = time.monotonic() + ARMED_FOR
 
-    def key_if_armed(self, first_key: str, now: float) -> str | None:
-        """A new token's key (:meth:`key`) when calls carry one at ``now`` (``time.monotonic()``),
-        else ``None``."""
-        return self.key(first_key) if now < self.armed_until else None
+    def needed(self, parts: Sequence[Sequence[Check]], *, now: float, refund: bool = False) -> bool:
+        """Do the script calls over ``parts`` carry a request token at ``now``
+        (``time.monotonic()``)? Yes while the tokens are armed, in a ``refund``, and when a call
+        settles a reservation (gives a rate limit's units back, or charges a debt); a slot's
+        release needs none: removing a token twice is once (module docstring)."""
+        if refund or now < self.armed_until:
+            return True
+        for part in parts:  # loops, not any(): the hot path's every call asks
+            for c in part:
+                if c.debt or (c.release and not c.token):
+                    return True
+        return False
 
-    def repeat(
-        self, packer: EvalshaPacker, keys: list[str], args: list[str | int], token: str | None
-    ) -> list[bytes]:
-        """A call whose reply was lost, packed as a repeat for :func:`repeat_call`, under its
-        ``token`` (a new one when it carried none); the tokens are armed (connections fail)."""
+    def made(
+        self, parts: Sequence[Sequence[Check]], now_us: int | None, *, refund: bool
+    ) -> list[Made]:
+        """The script call of each part (``refund``: giving back), every one with a token when
+        they need one (:meth:`needed`)."""
+        armed = self.needed(parts, now=time.monotonic(), refund=refund)
+        calls = [script_args(part, now_us, refund=refund) for part in parts]
+        return [Made(keys, args, self.key(keys[0]) if armed else None) for keys, args in calls]
+
+    def repeat(self, packer: EvalshaPacker, made: Made) -> list[bytes]:
+        """The call ``made`` whose reply was lost, packed as a repeat for :func:`repeat_call`,
+        under its token (a new one when it carried none); the tokens are armed (connections
+        fail)."""
         self.arm()
-        return [packer.pack(keys, args, self.key(keys[0]) if token is None else token, self.again)]
+        token = self.key(made.keys[0]) if made.token is None else made.token
+        return [packer.pack(made.keys, made.args, token, self.again)]
 
     def key(self, first_key: str) -> str:
         """A new token's key, in the Cluster slot of ``first_key`` (a call's first key)."""

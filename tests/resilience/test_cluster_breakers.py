@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from flask import Flask, request
@@ -18,6 +19,7 @@ from redis.cluster import RedisCluster
 
 from flask_distlimit import Limiter
 from flask_distlimit.core.decision import Check
+from flask_distlimit.defences.concurrency import SlotRelease
 from flask_distlimit.errors import StorageUnavailable
 from flask_distlimit.identity.digests import digest_key
 from flask_distlimit.resilience.guard import Guard
@@ -164,6 +166,39 @@ def test_a_promoted_replica_gets_a_closed_breaker_without_waiting_out_the_dead_p
         assert isinstance(breakers, dict)
         assert breakers[f"127.0.0.1:{promoted.port}"] == "closed"
         assert f"127.0.0.1:{victim.port}" not in breakers  # gone from the slot map
+    finally:
+        storage.close()
+
+
+def test_a_slot_held_locally_is_released_by_that_fallback_after_its_slot_moved(
+    cluster_factory: Callable[..., ClusterServers],
+) -> None:
+    """A concurrency slot taken by the dead primary's local fallback, given back after a
+    replica was promoted in its place: the give-back goes to the fallback that counts the key
+    (as a request's charge does), not to the new node's, which never counted it; else the slot
+    stays held there and the client's next request is refused while the fallback holds."""
+    cluster = cluster_factory(node_timeout_ms=1000)
+    storage = from_url(cluster.url, timeout=0.25)
+    clock = FakeClock()
+    guard = Guard(storage, policy="local", fail_max=1, reset_timeout=RESET, clock=clock)
+    tag = tags_on_distinct_primaries(cluster, 3)[0]
+
+    def slot(token: int) -> Check:
+        return Check(f"t:{{{tag}}}:c:concurrency", "concurrency", 1, 3600, 1, token=token)
+
+    try:
+        assert kinds(guard, [gcra(tag, "before")], 1) == ["allowed"]  # connected everywhere
+        victim = cluster.primary_for(f"{{{tag}}}")
+        victim.stop()  # kill -9
+        assert kinds(guard, [slot(1)], 1) == ["degraded allowed"]  # held by its fallback
+        held = SlotRelease(SimpleNamespace(guard=guard, storage_now=lambda: None))
+        held.add([slot(1)])
+        held.held_locally()
+        cluster.wait_for_promotion(victim)
+        storage.node(refresh=True)  # what the guard does while the dead node's breaker is open
+        held.release()
+        # the promoted replica never counted slot 1; the fallback that did has let it go
+        assert kinds(guard, [slot(2)], 1) == ["allowed"]
     finally:
         storage.close()
 

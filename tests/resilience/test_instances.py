@@ -312,3 +312,25 @@ def test_a_heartbeat_key_of_another_type_is_replaced_and_logged_once(
     assert guard.health()["instances_seen"] == 1
     assert redis_client.type("ratelimit:instances") == b"zset"
     assert redis_client.type("ratelimit:instances:peak:{ratelimit:instances}") == b"zset"
+
+
+@pytest.mark.parametrize("reply", ["{1, 2}", "{'a', 'b', 0, 0}"])
+def test_a_heartbeat_reply_of_the_wrong_shape_is_counted_and_never_raised(
+    redis_server: RedisProcess, monkeypatch: pytest.MonkeyPatch, reply: str
+) -> None:
+    """A heartbeat script answering a reply the limiter cannot read (here: another script on a
+    real Redis) is an error reply as the other side calls' are: counted, the divisor and the
+    breaker kept. It raised ValueError out of the request's guard (a 500)."""
+    from flask_distlimit.storage import side_calls
+
+    monkeypatch.setattr(side_calls, "HEARTBEAT_SOURCE", f"return {reply}")
+    storage = from_url(redis_server.url)
+    guard = Guard(storage, instances="auto", key_prefix=f"shape-{os.getpid()}", clock=FakeClock())
+    try:
+        outcome = guard.evaluate([Check(f"shape:{{{reply}}}:x:gcra", "gcra", 3, 60, 1)])
+        assert outcome.evaluation is not None and outcome.evaluation.allowed
+        assert guard.health()["unreadable_replies"] == 1
+        assert guard.instances.divisor == 1
+        assert guard.breaker.state == "closed" and guard.breaker.failures == 0
+    finally:
+        storage.close()

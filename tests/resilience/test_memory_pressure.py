@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from typing import cast
 
 import pytest
 import redis
@@ -21,7 +22,9 @@ from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.storage.cluster import ClusterStorage
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.storage.translate import storage_error
+from flask_distlimit.telemetry.metrics import Metrics
 from flask_distlimit.testing import FakeClock
+from tests.guard_helpers import Told
 from tests.servers import ClusterServers, RedisProcess, start_redis
 
 pytestmark = pytest.mark.redis
@@ -191,7 +194,9 @@ def test_one_full_cluster_shard_is_decided_locally_and_the_others_by_redis(
     cluster_factory: Callable[..., ClusterServers],
 ) -> None:
     """On a Redis Cluster one full primary refuses its slot groups' writes: those checks are
-    decided at the local share (policy open), the other shards' exactly, and no breaker opens."""
+    decided at the local share (policy open), the other shards' exactly, and no breaker opens.
+    A refused write is an answer on the latency metric (outcome ``ok``), as on a single node;
+    a call the storage answered tells its latency with its decisions, in one call."""
     cluster = cluster_factory(primaries=3, replicas=0)
     full = Check("ratelimit:{a}:r_x_3/60:fixed_window", "fixed_window", 3, 60, 1)
     other = next(
@@ -208,13 +213,17 @@ def test_one_full_cluster_shard_is_decided_locally_and_the_others_by_redis(
     now = [1_000.0]
     storage = ClusterStorage(cluster.startup_nodes, timeout=2.0)
     guard = Guard(storage, policy="open", clock=lambda: now[0])
+    told = Told()
+    guard.add_sink(cast(Metrics, told))
     try:
         on_full = [guard.evaluate([full], now_us=NOW_US) for _ in range(6)]
+        assert told.outcomes == ["ok"] * 6 and told.calls == ["storage_call"] * 6
         assert [o.evaluation.allowed for o in on_full if o.evaluation] == [True] * 3 + [False] * 3
         assert all(o.degraded for o in on_full)
         on_other = [guard.evaluate([other], now_us=NOW_US) for _ in range(4)]
         assert [o.degraded for o in on_other] == [False] * 4
         assert [o.evaluation.allowed for o in on_other if o.evaluation] == [True] * 3 + [False]
+        assert told.outcomes[6:] == ["ok"] * 4 and told.calls[6:] == ["evaluated"] * 4
         assert all(b.state == "closed" and b.failures == 0 for b in guard.breakers.all())
     finally:
         storage.close()

@@ -259,6 +259,7 @@ def test_error_replies_for_one_cluster_slot_group_get_the_local_share_for_its_ke
     for a request the local share refuses is given back), the breakers stay closed, and no
     connection is left out of its pool. When the errors stop, Redis decides again."""
     from flask_distlimit.storage import cluster as cluster_storage
+    from flask_distlimit.storage import tokens
 
     alice, bob = tags_on_distinct_primaries(redis_cluster, 2)
     plain = Check(f"t:{{{alice}}}:r:fixed_window", "fixed_window", 100, 3600)
@@ -273,6 +274,7 @@ def test_error_replies_for_one_cluster_slot_group_get_the_local_share_for_its_ke
         return keys, argv
 
     monkeypatch.setattr(cluster_storage, "script_args", garbled_group_errs)
+    monkeypatch.setattr(tokens, "script_args", garbled_group_errs)  # the slot groups' calls
     storage = from_url(redis_cluster.url, timeout=1.0)
     clock = FakeClock(start=0.0)
     guard = Guard(storage, policy="local", fail_max=2, reset_timeout=0.5, clock=clock)

@@ -246,13 +246,15 @@ def test_an_error_reply_to_a_release_is_an_answer_on_its_primary(
     """As on one node, per primary: the primary whose release meets an error reply has one
     outage on its count when the release goes out, and the error reply resets it."""
     from flask_distlimit.storage import cluster as cluster_storage
+    from flask_distlimit.storage import tokens
 
     side = SlotApp(redis_cluster.url, fail_max=2)
     guard = side.guard
     heartbeat = node_name(redis_cluster, guard.instances.key)
     garbled, other = [n for n in primaries(redis_cluster) if n != heartbeat]
     who, team = side.who_on(redis_cluster, garbled), side.who_on(redis_cluster, other)
-    garble_releases(monkeypatch, cluster_storage, side.state.identity_tag(f"func:{who}"))
+    for module in (cluster_storage, tokens):  # tokens: where the slot groups' calls are made
+        garble_releases(monkeypatch, module, side.state.identity_tag(f"func:{who}"))
 
     def one_outage() -> None:
         guard.breakers.get(garbled).failure(StorageUnavailable("an outage before the release"))

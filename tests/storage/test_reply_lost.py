@@ -37,7 +37,7 @@ from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.storage.memory import MemoryStorage
 from flask_distlimit.storage.pipeline import Call
 from flask_distlimit.storage.redis import RedisStorage
-from flask_distlimit.storage.tokens import ARMED_FOR, REPEATS, RequestTokens
+from flask_distlimit.storage.tokens import ARMED_FOR, REPEATS, Made, RequestTokens
 from tests.faults import cut_under_the_request
 from tests.guard_helpers import FakeClock
 from tests.servers import RedisProcess, start_redis
@@ -270,7 +270,7 @@ def test_the_first_reply_lost_in_a_calm_period_is_answered_counted_twice_and_arm
     twice (one unit of one client, on the strict side). The loss arms the tokens: the next lost
     reply is answered from the kept one, counted once."""
     calm.evaluate([CHECK])
-    assert calm.tokens.key_if_armed(CHECK.key, time.monotonic()) is None
+    assert not calm.tokens.needed([], now=time.monotonic())
     proxy.lose_replies(1)
     evaluation = calm.evaluate([CHECK])
     assert proxy.stats["lost"] == 1
@@ -434,7 +434,7 @@ def test_a_pool_with_every_connection_busy_does_not_arm_the_tokens(
                 calm.evaluate([CHECK])
         finally:
             calm.pool.release(held)
-        assert calm.tokens.key_if_armed(CHECK.key, time.monotonic()) is None
+        assert not calm.tokens.needed([], now=time.monotonic())
         assert calm.evaluate([CHECK]).decisions[0].remaining == 8
         assert _tokens_kept(redis_client) == 0
     finally:
@@ -443,14 +443,14 @@ def test_a_pool_with_every_connection_busy_does_not_arm_the_tokens(
 
 def test_armed_tokens_expire_and_always_s_never_do() -> None:
     tokens = RequestTokens(0.1)
-    assert tokens.key_if_armed("k", time.monotonic()) is None
+    assert not tokens.needed([], now=time.monotonic())
     tokens.arm()
     until = tokens.armed_until
-    assert tokens.key_if_armed("k", until - 1) is not None
-    assert tokens.key_if_armed("k", until) is None  # a calm minute later: none again
+    assert tokens.needed([], now=until - 1)
+    assert not tokens.needed([], now=until)  # a calm minute later: none again
     always = RequestTokens(0.1, "always")
     always.arm()
-    assert always.armed_until == math.inf and always.key_if_armed("k", 1e12) is not None
+    assert always.armed_until == math.inf and always.needed([], now=1e12)
     with pytest.raises(ValueError, match=r"'sometimes' is not valid.*DISTLIMIT_REQUEST_TOKENS"):
         RequestTokens(0.1, "sometimes")
 
@@ -624,7 +624,7 @@ def test_a_settlement_whose_reply_was_lost_is_made_once_even_when_calm(
     on a calm storage, so a reply lost after its script ran is answered from the kept reply:
     given back, or charged, once."""
     calm.evaluate([dataclasses.replace(CHECK, cost=5)])
-    assert calm.tokens.key_if_armed(CHECK.key, time.monotonic()) is None  # calm
+    assert not calm.tokens.needed([], now=time.monotonic())  # calm
     proxy.lose_replies(1)
     settled = calm.evaluate([dataclasses.replace(CHECK, cost=3, **{kind: True})])
     assert proxy.stats["lost"] == 1
@@ -677,7 +677,7 @@ def test_a_repeat_whose_script_load_is_refused_leaves_no_reply_unread() -> None:
     call = Call()
     call.error, call.lost, call.deadline = redis.ConnectionError("cut"), True, time.monotonic() + 1
     keys, args = script_args([CHECK])
-    reply = storage._repeat(pool, call, (keys, args, None), time.monotonic() + 1)  # a fake pool
+    reply = storage._repeat(pool, call, Made(keys, args, None), time.monotonic() + 1)  # a fake pool
     assert reply == b"1700000000000000,1,10,9,60000000,0,0"
     assert pool.replies == []  # nothing left unread
     storage.close()
