@@ -162,21 +162,22 @@ class Decider:
             self._shadow(checks, decisions, data, simple=simple)
         # Report the limit with the fewest units left (ties: the latest reset); never a shadow
         # limit (clients would slow down for a limit that is not enforced), a slot or a meta
-        # limit; refuse at the first denial instead.
-        best: tuple[Check, Decision] | None = None
+        # limit; refuse at the first denial instead. Compared in place: no record made per check.
+        best: Check | None = None
+        least: Decision | None = None
         for c, d in zip(checks, decisions, strict=True):
             if not d.allowed:
                 self._refuse(checks, decisions, identity, data, outcome, started, simple=simple)
             if c.shadow or c.token or c.meta:
                 continue
             if (
-                best is None
-                or d.remaining < best[1].remaining
-                or (d.remaining == best[1].remaining and d.reset_after > best[1].reset_after)
-            ):  # compared in place: no tuple made per check on every request
-                best = c, d
-        if best is not None:
-            report = report_of(best[0].bound, best[1], denied=False)
+                least is None
+                or d.remaining < least.remaining
+                or (d.remaining == least.remaining and d.reset_after > least.reset_after)
+            ):
+                best, least = c, d
+        if best is not None and least is not None:
+            report = report_of(best.bound, least, denied=False)
             if data.report is None or report.remaining < data.report.remaining:
                 data.report = report
         data.degraded = data.degraded or outcome.degraded

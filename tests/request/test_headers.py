@@ -105,6 +105,22 @@ def test_headers_report_the_limit_closest_to_denial(backend: Backend, clock: Fak
     assert "Retry-After" not in first.headers
 
 
+def test_a_tie_in_units_left_reports_the_limit_whole_again_last(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock, DISTLIMIT_ALGORITHM="fixed_window")
+
+    @app.get("/")
+    @limiter.limit("2/second;2/hour;2/minute")
+    def index() -> str:
+        return "ok"
+
+    first = app.test_client().get("/")
+    # one unit left on each: the hour's window, the last to reset, is the one reported
+    assert first.headers["RateLimit"] == '"index:2/hour";r=1;t=2760'  # aligned windows
+    assert first.headers["RateLimit-Policy"].startswith('"index:2/hour";q=2;w=3600, ')
+
+
 def test_headers_mode_none_still_sends_retry_after(backend: Backend, clock: FakeClock) -> None:
     app, limiter, _ = make_app(
         backend(), clock, DISTLIMIT_HEADERS="none", DISTLIMIT_ALGORITHM="fixed_window"
