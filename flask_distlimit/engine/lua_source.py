@@ -27,6 +27,10 @@ _REPLAY: Final = "replay.lua"
 _BODY: Final = "--@@ BODY @@--"
 #: The driver's place for its table of loaders, by algorithm code.
 _LOADERS: Final = "--@@ LOADERS @@--"
+#: The driver's place for the fast path of several checks.
+_SEVERAL: Final = "--@@ SEVERAL @@--"
+#: The fast path's templates of a branch: ``--@@ one @@--``, ``--@@ decide @@--``, ...
+_SECTION: Final = re.compile(r"^--@@ (\w+) @@--\n", re.MULTILINE)
 
 #: A marker line: ``--@name`` (a region's start, or a template's place for one) or ``--@end``.
 _MARKER: Final = re.compile(r"^[ \t]*--@(\w+)[ \t]*$", re.MULTILINE)
@@ -73,22 +77,32 @@ def _fill(template: str, places: dict[str, str]) -> str:
 
 def _fast_path(
     template: str, algorithms: dict[Algorithm, str], codes: Mapping[Algorithm, int], shadow: int
-) -> str:
-    """The fast path: one branch per algorithm whose file has a ``--@read`` region, taken for
-    its code and its code plus ``shadow`` (a shadow check)."""
-    head, marker, branch = template.partition("\n--@branch\n")
-    assert marker, f"{_FAST_PATH} lost its --@branch line"
-    chain = ""
+) -> dict[str, str]:
+    """The fast paths, for the algorithms whose file has a ``--@read`` region, by the part they
+    go to: ``"one"``, for one check, a branch per algorithm taken for its code and its code plus
+    ``shadow`` (a shadow check); ``"several"``, the driver's, a branch per algorithm and phase
+    (decide, commit) taken for its code."""
+    head, *sections = _SECTION.split(template)
+    branch = dict(zip(sections[::2], sections[1::2], strict=True))
+    assert branch.keys() == {"one", "several", "decide", "commit"}, f"{_FAST_PATH}: a section?"
+    places = dict.fromkeys(("branches", "deciding", "committing", "setups", "known"), "")
     for name, text in algorithms.items():
         regions = _regions(text)
         if "read" in regions:
-            plain, shadowed = f"'{codes[name]}'", f"'{codes[name] + shadow}'"
-            chain += (
-                f"{'elseif' if chain else 'if'} code_s == {plain} or code_s == {shadowed} then\n"
-            )
-            chain += f"  local shadow = code_s == {shadowed}\n"
-            chain += _indent(_fill(branch, regions), "  ")
-    return _fill(head, {"branches": chain + "end\n"})
+            code, shadowed = codes[name], codes[name] + shadow
+            word = "elseif" if places["branches"] else "if"
+            places["branches"] += f"{word} code_s == '{code}' or code_s == '{shadowed}' then\n"
+            places["branches"] += f"  local shadow = code_s == '{shadowed}'\n"
+            places["branches"] += _indent(_fill(branch["one"], regions), "  ")
+            for phase, place in (("decide", "deciding"), ("commit", "committing")):
+                places[place] += f"{word} code == {code} then\n"
+                places[place] += _indent(_fill(branch[phase], regions), "  ")
+            places["setups"] += regions.get("setup", "")
+            places["known"] += f" or code == {code}" if places["known"] else f"code == {code}"
+    for place in ("branches", "deciding", "committing"):
+        places[place] += "end\n"
+    places["known"] = f"local known = {places['known']}\n"
+    return {"one": _fill(head, places), "several": _fill(branch["several"], places)}
 
 
 def _inline(text: str, helpers: dict[str, tuple[list[str], str]]) -> str:
@@ -152,9 +166,12 @@ def script_parts(codes: Mapping[Algorithm, int], shadow: int) -> tuple[str, ...]
     assert _LOADERS in driver, f"{_DRIVER} lost its {_LOADERS} marker"
     loaders = ", ".join(f"LOAD_{name.upper()}" for name in order)
     driver = driver.replace(_LOADERS, f"local LOADERS = {{{loaders}}}")
+    fast = _fast_path(lua_text(_LUA, _FAST_PATH), algorithms, codes, shadow)
+    assert _SEVERAL in driver, f"{_DRIVER} lost its {_SEVERAL} marker"
+    driver = driver.replace(_SEVERAL, fast["several"].rstrip("\n"))
     parts = (
         _HELPER.sub("", common),
-        _fast_path(lua_text(_LUA, _FAST_PATH), algorithms, codes, shadow),
+        fast["one"],
         "\n".join(algorithms.values()),
         driver,
     )

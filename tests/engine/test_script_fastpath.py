@@ -205,14 +205,17 @@ def test_malformed_arguments_are_refused_as_on_the_general_path(
 
 
 def test_the_fast_path_is_built_from_each_algorithm_s_own_text() -> None:
-    # one source per algorithm: each windowed one has a branch, every placeholder of the template
-    # is filled, and the log's branch removes and reads as many members per call as its file says
+    # one source per algorithm: each windowed one has a branch (one check's, several checks'),
+    # every placeholder of the templates is filled, and the log's branches remove and read as many
+    # members per call as its file says
     fast = _PARTS[1]
     for algorithm in ("fixed_window", "sliding_window_log", "sliding_window_counter"):
         assert f"code_s == '{ALGORITHM_CODES[algorithm]}' or" in fast  # type: ignore[index]
-    assert not re.search(r"^\s*--@", fast, re.MULTILINE)
+        several = f"if code == {ALGORITHM_CODES[algorithm]} then"  # type: ignore[index]
+        assert SCRIPT_SOURCE.count(several) == 2  # the driver's, to decide and to commit
+    assert not re.search(r"^\s*--@", fast + _PARTS[3], re.MULTILINE)  # and the driver
     batches = re.findall(r"^ *local SWL_BATCH = (\d+)$", SCRIPT_SOURCE, re.MULTILINE)
-    assert len(batches) == 2 and {int(b) for b in batches} == {SWL_BATCH}
+    assert len(batches) == 3 and {int(b) for b in batches} == {SWL_BATCH}
 
 
 GARBAGE = {

@@ -154,6 +154,9 @@ if now == -1 then
   now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 end
 
+-- Several checks of the algorithms with a fast path: lua/fast_path.lua's, written here.
+--@@ SEVERAL @@--
+
 -- Check i: algorithm args[4i - 1], limit args[4i], period args[4i + 1], cost args[4i + 2].
 local algos, shadow, release, debt, meta = {}, {}, {}, {}, {}
 for i = 1, n do

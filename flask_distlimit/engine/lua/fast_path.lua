@@ -1,4 +1,4 @@
--- FAST PATH: the commonest request, ONE check of an algorithm whose file marks its --@read,
+-- FAST PATHS: the commonest request, ONE check of an algorithm whose file marks its --@read,
 -- --@decide and --@commit regions (fixed window, sliding window log, sliding window counter),
 -- enforced or shadow, evaluated (not a refund or a release), is decided here, inline, after
 -- common.lua's constants and before any function is built: every function in the script is a
@@ -9,15 +9,20 @@
 -- `--@branches` becomes one branch per such algorithm, `if code_s == '<code>' or code_s ==
 -- '<code + 16>' then local shadow = code_s == '<code + 16>' <branch> elseif ... end` (the code
 -- compared as the text it came as: no number to make), each <branch> the template after
--- `--@branch` below with its file's regions in place of `--@setup`, `--@read`, `--@decide` and
--- `--@commit` (the very text of its general functions; a region a file lacks is left out). So
--- the fast path decides, stores, expires and calls Redis exactly as the general path does;
--- tests/engine/test_script_fastpath.py runs every case on both paths and compares.
+-- `--@@ one @@--` below with its file's regions in place of `--@setup`, `--@read`, `--@decide`
+-- and `--@commit` (the very text of its general functions; a region a file lacks is left out).
+-- Likewise for several checks (the driver's fast path, after `--@@ several @@--` below):
+-- `--@deciding` and `--@committing` become `if code == <code> then <branch> elseif ... end` from
+-- the templates after `--@@ decide @@--` and `--@@ commit @@--`, `--@setups` every such file's
+-- `--@setup`, `--@known` the test of a code. So the fast paths decide, store, expire and call
+-- Redis exactly as the general path does; tests/engine/test_script_fastpath.py runs every case
+-- on both paths and compares.
 --
 -- The regions' contract: they read key, limit, period, cost and now (and what `--@setup` defines);
 -- `--@read` sets repaired (0/1); `--@decide` sets allowed (a boolean), retry (us, -1 = never),
 -- left and reset (remaining and reset_after with the request counted) and left_now and reset_now
--- (as the key stands); `--@commit` writes the request (run only when allowed and cost > 0).
+-- (as the key stands); `--@result` sets r (as the general decide returns it), `--@restore` reads
+-- it back; `--@commit` writes the request (run only when allowed and cost > 0).
 --
 -- Only an argument of six plain decimal integers, mode 0, an algorithm with a branch (plus 16 for
 -- a shadow check), limit and period >= 1 and every number exact (below 2^53) is decided here;
@@ -37,7 +42,7 @@ if #KEYS == 1 and #ARGV == 1 then
     --@branches
   end
 end
---@branch
+--@@ one @@--
 if now == -1 then
   local time = redis.call('TIME')
   now = tonumber(time[1]) * 1000000 + tonumber(time[2])
@@ -58,3 +63,78 @@ if not allowed then  -- denied, or a shadow check that would deny: as it stands,
 end
 return string.format('%d,%s,%s,%d,%d,%d,%s', now, state, limit_s, left, reset, retry,
   repaired == 1 and '1' or '0')
+--@@ several @@--
+-- SEVERAL CHECKS, all of those algorithms (enforced or shadow, evaluated), of an argument of
+-- plain integers: the driver's two phases (lua/evaluate.lua) on the same regions, inline, without
+-- loaders, closures or a table per check but its r. Written into the driver after its parse
+-- (args: cjson's numbers; now: the time). Every check is checked before any is read (anything
+-- else goes on, untouched, to the general path); then each is read and decided (`--@result` makes
+-- its r as its general decide returns it); then, only when no check but a shadow one would deny,
+-- each allowed check of cost > 0 is written, in order (`--@restore` takes back from r what
+-- `--@commit` reads). The reply is the general path's.
+local several = mode == 0
+for i = 1, n do
+  if not several then
+    break
+  end
+  local code, limit, period, cost = args[4 * i - 1], args[4 * i], args[4 * i + 1], args[4 * i + 2]
+  if code > 16 then  -- a shadow check
+    code = code - 16
+  end
+  --@known
+  -- whole(x) is x >= 0 and x < MAX_EXACT for the integers of a plain argument (below)
+  several = known and limit >= 1 and limit < MAX_EXACT and period >= 1 and period < MAX_EXACT
+    and cost >= 0 and cost < MAX_EXACT
+end
+-- only digits, commas and minus signs (so integers: cjson read the same as tonumber would)
+if several and string.find(ARGV[1], '^[%d,%-]*$') then
+  --@setups
+  local held, all = {}, true
+  for i = 1, n do
+    local code, limit, period, cost = args[4 * i - 1], args[4 * i], args[4 * i + 1], args[4 * i + 2]
+    local key, shadow = KEYS[i], code > 16
+    if shadow then
+      code = code - 16
+    end
+    --@deciding
+    local r = held[i]
+    if r[1] == 0 then
+      if shadow then
+        r[1] = 2  -- would deny: reported, never refuses, not written
+      else
+        all = false
+      end
+    end
+  end
+  if all then
+    for i = 1, n do
+      local code, limit, period, cost = args[4 * i - 1], args[4 * i], args[4 * i + 1], args[4 * i + 2]
+      local key, r = KEYS[i], held[i]
+      if code > 16 then
+        code = code - 16
+      end
+      if cost > 0 and r[1] == 1 then
+        --@committing
+      end
+    end
+  end
+  -- a denied request, and a shadow check that would deny, report the keys as they stand
+  local reply = {string.format('%d', now)}
+  for i = 1, n do
+    local r, left, reset = held[i], 2, 3
+    if not all or r[1] == 2 then
+      left, reset = 6, 7
+    end
+    reply[i + 1] = string.format('%d,%d,%d,%d,%d,%d', r[1], args[4 * i], r[left], r[reset], r[4],
+      r[5])
+  end
+  return table.concat(reply, ',')
+end
+--@@ decide @@--
+--@read
+--@decide
+--@result
+held[i] = r
+--@@ commit @@--
+--@restore
+--@commit
