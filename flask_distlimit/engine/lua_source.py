@@ -27,8 +27,6 @@ _REPLAY: Final = "replay.lua"
 _BODY: Final = "--@@ BODY @@--"
 #: The driver's place for its table of loaders, by algorithm code.
 _LOADERS: Final = "--@@ LOADERS @@--"
-#: The driver's place for the fast path of several checks.
-_SEVERAL: Final = "--@@ SEVERAL @@--"
 #: The fast path's templates of a branch: ``--@@ one @@--``, ``--@@ decide @@--``, ...
 _SECTION: Final = re.compile(r"^--@@ (\w+) @@--\n", re.MULTILINE)
 
@@ -77,14 +75,13 @@ def _fill(template: str, places: dict[str, str]) -> str:
 
 def _fast_path(
     template: str, algorithms: dict[Algorithm, str], codes: Mapping[Algorithm, int], shadow: int
-) -> dict[str, str]:
-    """The fast paths, for the algorithms whose file has a ``--@read`` region, by the part they
-    go to: ``"one"``, for one check, a branch per algorithm taken for its code and its code plus
-    ``shadow`` (a shadow check); ``"several"``, the driver's, a branch per algorithm and phase
-    (decide, commit) taken for its code."""
+) -> str:
+    """The fast paths, for the algorithms whose file has a ``--@read`` region: for one check, a
+    branch per algorithm taken for its code and its code plus ``shadow`` (a shadow check); for
+    several, a branch per algorithm and phase (decide, commit) taken for its code."""
     head, *sections = _SECTION.split(template)
     branch = dict(zip(sections[::2], sections[1::2], strict=True))
-    assert branch.keys() == {"one", "several", "decide", "commit"}, f"{_FAST_PATH}: a section?"
+    assert branch.keys() == {"one", "decide", "commit"}, f"{_FAST_PATH} lost a --@@ section"
     places = dict.fromkeys(("branches", "deciding", "committing", "setups", "known"), "")
     for name, text in algorithms.items():
         regions = _regions(text)
@@ -98,11 +95,11 @@ def _fast_path(
                 places[place] += f"{word} code == {code} then\n"
                 places[place] += _indent(_fill(branch[phase], regions), "  ")
             places["setups"] += regions.get("setup", "")
-            places["known"] += f" or code == {code}" if places["known"] else f"code == {code}"
+            places["known"] += f" or code == {code} or code == {shadowed}"
     for place in ("branches", "deciding", "committing"):
         places[place] += "end\n"
-    places["known"] = f"local known = {places['known']}\n"
-    return {"one": _fill(head, places), "several": _fill(branch["several"], places)}
+    places["known"] = f"local known = {places['known'].removeprefix(' or ')}\n"
+    return _fill(head, places)
 
 
 def _inline(text: str, helpers: dict[str, tuple[list[str], str]]) -> str:
@@ -166,12 +163,9 @@ def script_parts(codes: Mapping[Algorithm, int], shadow: int) -> tuple[str, ...]
     assert _LOADERS in driver, f"{_DRIVER} lost its {_LOADERS} marker"
     loaders = ", ".join(f"LOAD_{name.upper()}" for name in order)
     driver = driver.replace(_LOADERS, f"local LOADERS = {{{loaders}}}")
-    fast = _fast_path(lua_text(_LUA, _FAST_PATH), algorithms, codes, shadow)
-    assert _SEVERAL in driver, f"{_DRIVER} lost its {_SEVERAL} marker"
-    driver = driver.replace(_SEVERAL, fast["several"].rstrip("\n"))
     parts = (
         _HELPER.sub("", common),
-        fast["one"],
+        _fast_path(lua_text(_LUA, _FAST_PATH), algorithms, codes, shadow),
         "\n".join(algorithms.values()),
         driver,
     )

@@ -136,6 +136,26 @@ def test_several_checks_decide_as_with_spaced_fields(redis_client: redis.Redis, 
     _run(redis_client, checks, _steps(rng, n, 60, refunds=True))
 
 
+WINDOWED = [
+    ALGORITHM_CODES[a] for a in ("fixed_window", "sliding_window_log", "sliding_window_counter")
+]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_several_windowed_checks_decide_as_the_general_path(
+    redis_client: redis.Redis, seed: int
+) -> None:
+    # the several-check fast path: 2 to 9 checks of the windowed algorithms, any mix, some shadow,
+    # small limits (requests denied by one check, or by a shadow one only)
+    rng = random.Random(seed)
+    n = rng.randint(2, 9)
+    checks = [
+        (rng.choice(WINDOWED) + rng.choice([0, 0, SHADOW_FLAG]), rng.randint(1, 9), MINUTE)
+        for _ in range(n)
+    ]
+    _run(redis_client, checks, _steps(rng, n, 60, refunds=True))
+
+
 @pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window_counter"])
 def test_counters_decide_as_the_general_path_at_any_limit_and_period(
     redis_client: redis.Redis, algorithm: str
@@ -188,6 +208,35 @@ MALFORMED = [
     "-1,0,1,10,6e7,1.5",
     f"{T0},0,5,10,1,1",  # a GCRA rate too fast to compute exactly
 ]
+
+
+MALFORMED_SEVERAL = [  # two windowed checks: anything off goes on to the general path
+    "-2,0,1,10,60000000,1,3,10,60000000,1",
+    "-1,0,1,10,60000000,1,3,0,60000000,1",  # limit 0 in the second check
+    "-1,0,1,10,60000000,1,3,10,0,1",
+    "-1,0,1,10,60000000,1,3,10,60000000,-1",
+    "-1,0,1,10,60000000,1,3,10,60000000,9007199254740993",
+    "-1,0,1,10,60000000,1,3,10," + "9" * 400 + ",1",
+    "-1,0,1,10,60000000,1,3,10,60000000",
+    "-1,0,1,10,60000000,1,3,10,60000000,1,",
+    "-1,0,1,10,60000000,1,7,10,60000000,1",  # algorithm 7
+    "-1,0,1,10,60000000,1,3,10,60000000,1.5",
+    "-1,0,1,10,60000000,1,3,10,60000000,true",
+]
+
+
+@pytest.mark.parametrize("argument", MALFORMED_SEVERAL)
+def test_malformed_arguments_of_several_checks_are_refused_as_on_the_general_path(
+    redis_client: redis.Redis, argument: str
+) -> None:
+    script = redis_client.register_script(SCRIPT_SOURCE)
+    with pytest.raises(redis.ResponseError, match="distlimit") as fast:
+        script(["k1", "k2"], [argument])
+    spaced = ",".join(f" {field}" for field in argument.split(","))
+    with pytest.raises(redis.ResponseError, match="distlimit") as general:
+        script(["k1", "k2"], [spaced])
+    assert str(fast.value) == str(general.value)
+    assert redis_client.dbsize() == 0
 
 
 @pytest.mark.parametrize("argument", MALFORMED)
@@ -268,3 +317,19 @@ def test_stored_garbage_is_handled_as_on_the_general_path(
             spoil(redis_client, key)  # type: ignore[operator]
         _run(redis_client, [(code, 5, MINUTE)], [(T0, 0, [cost]), (T0 + 1, 0, [1])])
     redis_client.delete("fast:{t}:0", "general:{t}:0")  # garbage may keep a key without a TTL
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "spoil"), [(a, s) for a, spoils in GARBAGE.items() for s in spoils]
+)
+def test_stored_garbage_among_several_checks_as_on_the_general_path(
+    redis_client: redis.Redis, algorithm: str, spoil: object
+) -> None:
+    code = ALGORITHM_CODES[algorithm]  # type: ignore[index]
+    checks = [(3, 4, MINUTE), (code, 5, MINUTE), (code + SHADOW_FLAG, 2, MINUTE)]
+    for cost in (0, 1, 3, 9):
+        for key in ("fast:{t}:1", "general:{t}:1", "fast:{t}:2", "general:{t}:2"):
+            redis_client.delete(key)
+            spoil(redis_client, key)  # type: ignore[operator]
+        _run(redis_client, checks, [(T0, 0, [1, cost, cost]), (T0 + 1, 0, [1, 1, 1])])
+    redis_client.delete(*(f"{path}:{{t}}:{i}" for path in ("fast", "general") for i in range(3)))

@@ -135,7 +135,9 @@ end
 -- The fields are a JSON array without its brackets: cjson (C code) parses them faster than a Lua
 -- loop would, and refuses empty fields, stray commas and anything but JSON values (for two checks
 -- or more, also faster than string.match with a tonumber per field: measured).
-local parsed, args = pcall(cjson.decode, '[' .. ARGV[1] .. ']')
+if args == nil then  -- not read yet (lua/fast_path.lua reads a plain one of several checks)
+  parsed, args = pcall(cjson.decode, '[' .. ARGV[1] .. ']')
+end
 local count = parsed and type(args) == 'table' and #args or -1
 if count ~= 2 + 4 * n then
   return redis.error_reply('ERR distlimit: expected 2 + 4 * #KEYS comma-separated integers')
@@ -153,9 +155,6 @@ if now == -1 then
   local time = redis.call('TIME')
   now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 end
-
--- Several checks of the algorithms with a fast path: lua/fast_path.lua's, written here.
---@@ SEVERAL @@--
 
 -- Check i: algorithm args[4i - 1], limit args[4i], period args[4i + 1], cost args[4i + 2].
 local algos, shadow, release, debt, meta = {}, {}, {}, {}, {}

@@ -11,12 +11,12 @@
 -- compared as the text it came as: no number to make), each <branch> the template after
 -- `--@@ one @@--` below with its file's regions in place of `--@setup`, `--@read`, `--@decide`
 -- and `--@commit` (the very text of its general functions; a region a file lacks is left out).
--- Likewise for several checks (the driver's fast path, after `--@@ several @@--` below):
--- `--@deciding` and `--@committing` become `if code == <code> then <branch> elseif ... end` from
--- the templates after `--@@ decide @@--` and `--@@ commit @@--`, `--@setups` every such file's
--- `--@setup`, `--@known` the test of a code. So the fast paths decide, store, expire and call
--- Redis exactly as the general path does; tests/engine/test_script_fastpath.py runs every case
--- on both paths and compares.
+-- Likewise for several checks (below): `--@deciding` and `--@committing` become `if code ==
+-- <code> then <branch> elseif ... end` from the templates after `--@@ decide @@--` and
+-- `--@@ commit @@--`, `--@setups` every such file's `--@setup`, `--@known` the test of a code
+-- (plus 16 or not). So the fast paths decide, store, expire and call Redis exactly as the
+-- general path does; tests/engine/test_script_fastpath.py runs every case on both paths and
+-- compares.
 --
 -- The regions' contract: they read key, limit, period, cost and now (and what `--@setup` defines);
 -- `--@read` sets repaired (0/1); `--@decide` sets allowed (a boolean), retry (us, -1 = never),
@@ -42,6 +42,89 @@ if #KEYS == 1 and #ARGV == 1 then
     --@branches
   end
 end
+-- SEVERAL CHECKS, all of those algorithms (enforced or shadow, evaluated), of an argument of
+-- plain integers: the driver's two phases (lua/evaluate.lua) on the same regions, inline, without
+-- loaders, closures or a table per check but its r. The argument is read as the driver reads it
+-- (cjson) and left in `parsed, args` for the driver, which reads it only if this did not. Every
+-- check is checked before any is read (anything else goes on, untouched, to the general path);
+-- then each is read and decided (`--@result` makes its r as its general decide returns it); then,
+-- only when no check but a shadow one would deny, each allowed check of cost > 0 is written, in
+-- order (`--@restore` takes back from r what `--@commit` reads). The reply is the general path's.
+local parsed, args
+if #KEYS >= 2 and #ARGV == 1 then
+  local n = #KEYS
+  parsed, args = pcall(cjson.decode, '[' .. ARGV[1] .. ']')
+  local several = parsed and type(args) == 'table' and #args == 2 + 4 * n and args[2] == 0
+  for i = 1, n do  -- `==` compares values of any type: another algorithm goes on at once
+    if not several then
+      break
+    end
+    local code = args[4 * i - 1]
+    --@known
+    several = known
+  end
+  -- only digits, commas and minus signs: cjson read integers, as tonumber would
+  if several and string.find(ARGV[1], '^[%d,%-]*$') then
+    local now = args[1]
+    several = now == -1 or now >= 0 and now < MAX_EXACT
+    for i = 1, n do  -- whole(x) is x >= 0 and x < MAX_EXACT for such an integer
+      local limit, period, cost = args[4 * i], args[4 * i + 1], args[4 * i + 2]
+      if not (limit >= 1 and limit < MAX_EXACT and period >= 1 and period < MAX_EXACT
+          and cost >= 0 and cost < MAX_EXACT) then
+        several = false
+      end
+    end
+    if several then
+      if now == -1 then
+        local time = redis.call('TIME')
+        now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+      end
+      --@setups
+      local held, all = {}, true
+      for i = 1, n do
+        local code, limit, period, cost = args[4 * i - 1], args[4 * i], args[4 * i + 1],
+          args[4 * i + 2]
+        local key, shadow = KEYS[i], code > 16
+        if shadow then
+          code = code - 16
+        end
+        --@deciding
+        local r = held[i]
+        if r[1] == 0 then
+          if shadow then
+            r[1] = 2  -- would deny: reported, never refuses, not written
+          else
+            all = false
+          end
+        end
+      end
+      if all then
+        for i = 1, n do
+          local code, limit, period, cost = args[4 * i - 1], args[4 * i], args[4 * i + 1],
+            args[4 * i + 2]
+          local key, r = KEYS[i], held[i]
+          if code > 16 then
+            code = code - 16
+          end
+          if cost > 0 and r[1] == 1 then
+            --@committing
+          end
+        end
+      end
+      -- a denied request, and a shadow check that would deny, report the keys as they stand
+      local reply = {string.format('%d', now)}
+      for i = 1, n do
+        local r, left, reset = held[i], 2, 3
+        if not all or r[1] == 2 then
+          left, reset = 6, 7
+        end
+        reply[i + 1] = string.format('%d,%d,%d,%d,%d,%d', r[1], args[4 * i], r[left], r[reset],
+          r[4], r[5])
+      end
+      return table.concat(reply, ',')
+    end
+  end
+end
 --@@ one @@--
 if now == -1 then
   local time = redis.call('TIME')
@@ -63,73 +146,6 @@ if not allowed then  -- denied, or a shadow check that would deny: as it stands,
 end
 return string.format('%d,%s,%s,%d,%d,%d,%s', now, state, limit_s, left, reset, retry,
   repaired == 1 and '1' or '0')
---@@ several @@--
--- SEVERAL CHECKS, all of those algorithms (enforced or shadow, evaluated), of an argument of
--- plain integers: the driver's two phases (lua/evaluate.lua) on the same regions, inline, without
--- loaders, closures or a table per check but its r. Written into the driver after its parse
--- (args: cjson's numbers; now: the time). Every check is checked before any is read (anything
--- else goes on, untouched, to the general path); then each is read and decided (`--@result` makes
--- its r as its general decide returns it); then, only when no check but a shadow one would deny,
--- each allowed check of cost > 0 is written, in order (`--@restore` takes back from r what
--- `--@commit` reads). The reply is the general path's.
-local several = mode == 0
-for i = 1, n do
-  if not several then
-    break
-  end
-  local code, limit, period, cost = args[4 * i - 1], args[4 * i], args[4 * i + 1], args[4 * i + 2]
-  if code > 16 then  -- a shadow check
-    code = code - 16
-  end
-  --@known
-  -- whole(x) is x >= 0 and x < MAX_EXACT for the integers of a plain argument (below)
-  several = known and limit >= 1 and limit < MAX_EXACT and period >= 1 and period < MAX_EXACT
-    and cost >= 0 and cost < MAX_EXACT
-end
--- only digits, commas and minus signs (so integers: cjson read the same as tonumber would)
-if several and string.find(ARGV[1], '^[%d,%-]*$') then
-  --@setups
-  local held, all = {}, true
-  for i = 1, n do
-    local code, limit, period, cost = args[4 * i - 1], args[4 * i], args[4 * i + 1], args[4 * i + 2]
-    local key, shadow = KEYS[i], code > 16
-    if shadow then
-      code = code - 16
-    end
-    --@deciding
-    local r = held[i]
-    if r[1] == 0 then
-      if shadow then
-        r[1] = 2  -- would deny: reported, never refuses, not written
-      else
-        all = false
-      end
-    end
-  end
-  if all then
-    for i = 1, n do
-      local code, limit, period, cost = args[4 * i - 1], args[4 * i], args[4 * i + 1], args[4 * i + 2]
-      local key, r = KEYS[i], held[i]
-      if code > 16 then
-        code = code - 16
-      end
-      if cost > 0 and r[1] == 1 then
-        --@committing
-      end
-    end
-  end
-  -- a denied request, and a shadow check that would deny, report the keys as they stand
-  local reply = {string.format('%d', now)}
-  for i = 1, n do
-    local r, left, reset = held[i], 2, 3
-    if not all or r[1] == 2 then
-      left, reset = 6, 7
-    end
-    reply[i + 1] = string.format('%d,%d,%d,%d,%d,%d', r[1], args[4 * i], r[left], r[reset], r[4],
-      r[5])
-  end
-  return table.concat(reply, ',')
-end
 --@@ decide @@--
 --@read
 --@decide
