@@ -136,21 +136,24 @@ def test_several_checks_decide_as_with_spaced_fields(redis_client: redis.Redis, 
     _run(redis_client, checks, _steps(rng, n, 60, refunds=True))
 
 
-WINDOWED = [
-    ALGORITHM_CODES[a] for a in ("fixed_window", "sliding_window_log", "sliding_window_counter")
-]
+#: The algorithms with fast paths (their files mark their regions).
+FAST = ("fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket")
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_several_windowed_checks_decide_as_the_general_path(
+def test_several_checks_with_fast_paths_decide_as_the_general_path(
     redis_client: redis.Redis, seed: int
 ) -> None:
-    # the several-check fast path: 2 to 9 checks of the windowed algorithms, any mix, some shadow,
-    # small limits (requests denied by one check, or by a shadow one only)
+    # the several-check fast path: 2 to 9 checks of the algorithms with fast paths, any mix, some
+    # shadow, small limits (requests denied by one check, or by a shadow one only)
     rng = random.Random(seed)
     n = rng.randint(2, 9)
     checks = [
-        (rng.choice(WINDOWED) + rng.choice([0, 0, SHADOW_FLAG]), rng.randint(1, 9), MINUTE)
+        (
+            ALGORITHM_CODES[rng.choice(FAST)] + rng.choice([0, 0, SHADOW_FLAG]),
+            rng.randint(1, 9),
+            MINUTE,
+        )
         for _ in range(n)
     ]
     _run(redis_client, checks, _steps(rng, n, 60, refunds=True))
@@ -254,11 +257,11 @@ def test_malformed_arguments_are_refused_as_on_the_general_path(
 
 
 def test_the_fast_path_is_built_from_each_algorithm_s_own_text() -> None:
-    # one source per algorithm: each windowed one has a branch (one check's, several checks'),
+    # one source per algorithm: each with fast paths has a branch (one check's, several checks'),
     # every placeholder of the templates is filled, and the log's branches remove and read as many
     # members per call as its file says
     fast = _PARTS[1]
-    for algorithm in ("fixed_window", "sliding_window_log", "sliding_window_counter"):
+    for algorithm in FAST:
         assert f"code_s == '{ALGORITHM_CODES[algorithm]}' or" in fast  # type: ignore[index]
         several = f"if code == {ALGORITHM_CODES[algorithm]} then"  # type: ignore[index]
         assert SCRIPT_SOURCE.count(several) == 2  # the driver's, to decide and to commit
@@ -268,6 +271,18 @@ def test_the_fast_path_is_built_from_each_algorithm_s_own_text() -> None:
 
 
 GARBAGE = {
+    "token_bucket": [
+        lambda r, k: r.set(k, "x"),
+        lambda r, k: r.hset(k, mapping={"t": "1e300", "s": str(T0)}),
+        lambda r, k: r.hset(k, mapping={"t": "x", "s": str(T0)}),
+        lambda r, k: r.hset(k, mapping={"t": "2", "s": "x"}),
+        lambda r, k: r.hset(k, mapping={"t": "2"}),  # no time: repaired
+        lambda r, k: r.hset(k, mapping={"t": "-5", "s": str(T0 - 1)}),  # a debt, at most L
+        lambda r, k: r.hset(k, mapping={"t": "-6", "s": str(T0 - 1)}),  # more: repaired
+        lambda r, k: r.hset(k, mapping={"t": "2.5", "s": str(T0 - MINUTE // 2)}),
+        lambda r, k: r.hset(k, mapping={"t": "1", "s": str(T0 + MINUTE)}),  # ahead, kept
+        lambda r, k: r.hset(k, mapping={"t": "1", "s": str(T0 + MINUTE + 1)}),  # too far ahead
+    ],
     "fixed_window": [
         lambda r, k: r.set(k, "x"),
         lambda r, k: r.hset(k, mapping={"w": "1", "n": "1e300"}),

@@ -1,9 +1,9 @@
 -- FAST PATHS: the commonest request, ONE check of an algorithm whose file marks its --@read,
--- --@decide and --@commit regions (fixed window, sliding window log, sliding window counter),
--- enforced or shadow, evaluated (not a refund or a release), is decided here, inline, after
--- common.lua's constants and before any function is built: every function in the script is a
--- closure made again on every call, and building them was a sixth of the script's time
--- (docs/bench/engine.md, "The script's own time").
+-- --@decide and --@commit regions (fixed window, sliding window log, sliding window counter,
+-- token bucket), enforced or shadow, evaluated (not a refund or a release), is decided here,
+-- inline, after common.lua's constants and before any function is built: every function in the
+-- script is a closure made again on every call, and building them was a sixth of the script's
+-- time (docs/bench/engine.md, "The script's own time"). So are several such checks (below).
 --
 -- GENERATED at import by flask_distlimit/engine/lua_source.py, never kept by hand: the line
 -- `--@branches` becomes one branch per such algorithm, `if code_s == '<code>' or code_s ==
