@@ -27,7 +27,7 @@ _REPLAY: Final = "replay.lua"
 _BODY: Final = "--@@ BODY @@--"
 #: The driver's place for its table of loaders, by algorithm code.
 _LOADERS: Final = "--@@ LOADERS @@--"
-#: The fast path's templates of a branch: ``--@@ one @@--``, ``--@@ decide @@--``, ...
+#: The start of one of the fast path's sections, a text written once per algorithm.
 _SECTION: Final = re.compile(r"^--@@ (\w+) @@--\n", re.MULTILINE)
 
 #: A marker line: ``--@name`` (a region's start, or a template's place for one) or ``--@end``.
@@ -76,29 +76,17 @@ def _fill(template: str, places: dict[str, str]) -> str:
 def _fast_path(
     template: str, algorithms: dict[Algorithm, str], codes: Mapping[Algorithm, int], shadow: int
 ) -> str:
-    """The fast paths, for the algorithms whose file has a ``--@read`` region: for one check, a
-    branch per algorithm taken for its code and its code plus ``shadow`` (a shadow check); for
-    several, a branch per algorithm and phase (decide, commit) taken for its code."""
+    """The fast paths: ``template``'s head, each line ``--@<section>`` replaced by the text of
+    ``--@@ <section> @@--`` once per algorithm whose file has a ``--@read`` region: its regions
+    in place, ``@code`` its code and ``@shadowed`` its code plus ``shadow`` (a shadow check's)."""
     head, *sections = _SECTION.split(template)
-    branch = dict(zip(sections[::2], sections[1::2], strict=True))
-    assert branch.keys() == {"one", "decide", "commit"}, f"{_FAST_PATH} lost a --@@ section"
-    places = dict.fromkeys(("branches", "deciding", "committing", "setups", "known"), "")
+    places = dict.fromkeys(sections[::2], "")
     for name, text in algorithms.items():
         regions = _regions(text)
         if "read" in regions:
-            code, shadowed = codes[name], codes[name] + shadow
-            word = "elseif" if places["branches"] else "if"
-            places["branches"] += f"{word} code_s == '{code}' or code_s == '{shadowed}' then\n"
-            places["branches"] += f"  local shadow = code_s == '{shadowed}'\n"
-            places["branches"] += _indent(_fill(branch["one"], regions), "  ")
-            for phase, place in (("decide", "deciding"), ("commit", "committing")):
-                places[place] += f"{word} code == {code} then\n"
-                places[place] += _indent(_fill(branch[phase], regions), "  ")
-            places["setups"] += regions.get("setup", "")
-            places["known"] += f" or code == {code} or code == {shadowed}"
-    for place in ("branches", "deciding", "committing"):
-        places[place] += "end\n"
-    places["known"] = f"local known = {places['known'].removeprefix(' or ')}\n"
+            for section, branch in zip(sections[::2], sections[1::2], strict=True):
+                filled = _fill(branch, regions).replace("@shadowed", str(codes[name] + shadow))
+                places[section] += filled.replace("@code", str(codes[name]))
     return _fill(head, places)
 
 

@@ -5,18 +5,15 @@
 -- script is a closure made again on every call, and building them was a sixth of the script's
 -- time (docs/bench/engine.md, "The script's own time"). So are several such checks (below).
 --
--- GENERATED at import by flask_distlimit/engine/lua_source.py, never kept by hand: the line
--- `--@branches` becomes one branch per such algorithm, `if code_s == '<code>' or code_s ==
--- '<code + 16>' then local shadow = code_s == '<code + 16>' <branch> elseif ... end` (the code
--- compared as the text it came as: no number to make), each <branch> the template after
--- `--@@ one @@--` below with its file's regions in place of `--@setup`, `--@read`, `--@decide`
--- and `--@commit` (the very text of its general functions; a region a file lacks is left out).
--- Likewise for several checks (below): `--@deciding` and `--@committing` become `if code ==
--- <code> then <branch> elseif ... end` from the templates after `--@@ decide @@--` and
--- `--@@ commit @@--`, `--@setups` every such file's `--@setup`, `--@known` the test of a code
--- (plus 16 or not). So the fast paths decide, store, expire and call Redis exactly as the
--- general path does; tests/engine/test_script_fastpath.py runs every case on both paths and
--- compares.
+-- GENERATED at import by flask_distlimit/engine/lua_source.py, never kept by hand: each line
+-- `--@<section>` below becomes the text after `--@@ <section> @@--` (at the end of this file)
+-- once per such algorithm, with its file's regions in place of `--@setup`, `--@read`, `--@decide`,
+-- `--@result`, `--@restore` and `--@commit` (the very text of its general functions; a region a
+-- file lacks is left out), `@code` its code and `@shadowed` its code plus 16 (a shadow check's):
+-- so `--@one` and `--@deciding` are chains of `elseif code == <code> then <branch>`. (One check's
+-- code is compared as the text it came as: no number to make.) So the fast paths decide, store,
+-- expire and call Redis exactly as the general path does; tests/engine/test_script_fastpath.py
+-- runs every case on both paths and compares.
 --
 -- The regions' contract: they read key, limit, period, cost and now (and what `--@setup` defines);
 -- `--@read` sets repaired (0/1); `--@decide` sets allowed (a boolean), retry (us, -1 = never),
@@ -39,7 +36,9 @@ if #KEYS == 1 and #ARGV == 1 then
   if now_s and (now == -1 or now >= 0 and now < MAX_EXACT) and limit < MAX_EXACT
       and period < MAX_EXACT and cost < MAX_EXACT then
     local key = KEYS[1]
-    --@branches
+    if false then  -- (a chain of elseif: one branch per algorithm)
+    --@one
+    end
   end
 end
 -- SEVERAL CHECKS, all of those algorithms (enforced or shadow, evaluated), of an argument of
@@ -60,8 +59,8 @@ if #KEYS >= 2 and #ARGV == 1 then
       break
     end
     local code = args[4 * i - 1]
-    --@known
-    several = known
+    several = false
+      --@known
   end
   -- only digits, commas and minus signs: cjson read integers, as tonumber would
   if several and string.find(ARGV[1], '^[%d,%-]*$') then
@@ -88,7 +87,9 @@ if #KEYS >= 2 and #ARGV == 1 then
         if shadow then
           code = code - 16
         end
+        if false then
         --@deciding
+        end
         local r = held[i]
         if r[1] == 0 then
           if shadow then
@@ -107,7 +108,9 @@ if #KEYS >= 2 and #ARGV == 1 then
             code = code - 16
           end
           if cost > 0 and r[1] == 1 then
+            if false then
             --@committing
+            end
           end
         end
       end
@@ -126,31 +129,39 @@ if #KEYS >= 2 and #ARGV == 1 then
   end
 end
 --@@ one @@--
-if now == -1 then
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-end
---@setup
---@read
---@decide
-if allowed and cost > 0 then
-  --@commit
-end
--- allowed and repaired as strings, the limit as it came: each number formatted costs
-local state = '1'
-if not allowed then  -- denied, or a shadow check that would deny: as it stands, nothing written
-  state, left, reset = '0', left_now, reset_now
-  if shadow then
-    state = '2'
+elseif code_s == '@code' or code_s == '@shadowed' then
+  local shadow = code_s == '@shadowed'
+  if now == -1 then
+    local time = redis.call('TIME')
+    now = tonumber(time[1]) * 1000000 + tonumber(time[2])
   end
-end
-return string.format('%d,%s,%s,%d,%d,%d,%s', now, state, limit_s, left, reset, retry,
-  repaired == 1 and '1' or '0')
---@@ decide @@--
---@read
---@decide
---@result
-held[i] = r
---@@ commit @@--
---@restore
---@commit
+  --@setup
+  --@read
+  --@decide
+  if allowed and cost > 0 then
+    --@commit
+  end
+  -- allowed and repaired as strings, the limit as it came: each number formatted costs
+  local state = '1'
+  if not allowed then  -- denied, or a shadow check that would deny: as it stands, nothing written
+    state, left, reset = '0', left_now, reset_now
+    if shadow then
+      state = '2'
+    end
+  end
+  return string.format('%d,%s,%s,%d,%d,%d,%s', now, state, limit_s, left, reset, retry,
+    repaired == 1 and '1' or '0')
+--@@ known @@--
+or code == @code or code == @shadowed
+--@@ setups @@--
+--@setup
+--@@ deciding @@--
+elseif code == @code then
+  --@read
+  --@decide
+  --@result
+  held[i] = r
+--@@ committing @@--
+elseif code == @code then
+  --@restore
+  --@commit
