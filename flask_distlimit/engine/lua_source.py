@@ -81,6 +81,7 @@ def _fast_path(
     in place, ``@code`` its code and ``@shadowed`` its code plus ``shadow`` (a shadow check's)."""
     head, *sections = _SECTION.split(template)
     places = dict.fromkeys(sections[::2], "")
+    assert places.keys() == set(_MARKER.findall(head)), f"{_FAST_PATH}: places without sections"
     for name, text in algorithms.items():
         regions = _regions(text)
         if "read" in regions:
