@@ -137,7 +137,7 @@ def test_several_checks_decide_as_with_spaced_fields(redis_client: redis.Redis, 
 
 
 #: The algorithms with fast paths (their files mark their regions).
-FAST = ("fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket")
+FAST = ("fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket", "gcra")
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -223,6 +223,7 @@ MALFORMED_SEVERAL = [  # two windowed checks: anything off goes on to the genera
     "-1,0,1,10,60000000,1,3,10,60000000",
     "-1,0,1,10,60000000,1,3,10,60000000,1,",
     "-1,0,1,10,60000000,1,7,10,60000000,1",  # algorithm 7
+    f"{T0},0,1,10,60000000,1,5,10,1,1",  # a GCRA rate too fast to compute exactly
     "-1,0,1,10,60000000,1,3,10,60000000,1.5",
     "-1,0,1,10,60000000,1,3,10,60000000,true",
 ]
@@ -271,6 +272,16 @@ def test_the_fast_path_is_built_from_each_algorithm_s_own_text() -> None:
 
 
 GARBAGE = {
+    "gcra": [
+        lambda r, k: r.hset(k, "t", "1"),
+        lambda r, k: r.set(k, "x"),
+        lambda r, k: r.set(k, "1e300"),
+        lambda r, k: r.set(k, "-1"),
+        lambda r, k: r.set(k, str(T0 // 12_000_000 + 3)),  # 3 units owed (T = 12 s)
+        lambda r, k: r.set(k, str(T0 // 12_000_000 + 10)),  # 10 owed: kept (at most 2L)
+        lambda r, k: r.set(k, str(T0 // 12_000_000 + 11)),  # more: repaired
+        lambda r, k: r.set(k, str(T0 / 12_000_000 + 2.5)),
+    ],
     "token_bucket": [
         lambda r, k: r.set(k, "x"),
         lambda r, k: r.hset(k, mapping={"t": "1e300", "s": str(T0)}),

@@ -1,9 +1,9 @@
 -- FAST PATHS: the commonest request, ONE check of an algorithm whose file marks its --@read,
--- --@decide and --@commit regions (fixed window, sliding window log, sliding window counter,
--- token bucket), enforced or shadow, evaluated (not a refund or a release), is decided here,
--- inline, after common.lua's constants and before any function is built: every function in the
--- script is a closure made again on every call, and building them was a sixth of the script's
--- time (docs/bench/engine.md, "The script's own time"). So are several such checks (below).
+-- --@decide and --@commit regions (every rate algorithm: not concurrency), enforced or shadow,
+-- evaluated (not a refund or a release), is decided here, inline, after common.lua's constants
+-- and before any function is built: every function in the script is a closure made again on
+-- every call, and building them was a sixth of the script's time (docs/bench/engine.md, "The
+-- script's own time"). So are several such checks (below).
 --
 -- GENERATED at import by flask_distlimit/engine/lua_source.py, never kept by hand: each line
 -- `--@<section>` below becomes the text after `--@@ <section> @@--` (at the end of this file)
@@ -22,9 +22,10 @@
 -- it back; `--@commit` writes the request (run only when allowed and cost > 0).
 --
 -- Only an argument of six plain decimal integers, mode 0, an algorithm with a branch (plus 16 for
--- a shadow check), limit and period >= 1 and every number exact (below 2^53) is decided here;
--- anything else falls through, untouched, to the general path (which decides it, or refuses it
--- with its message).
+-- a shadow check), limit and period >= 1, every number exact (below 2^53) and a rate of at most
+-- one unit per 2 us (2 * limit <= period: so now / (period / limit) < 2^52, and the driver's
+-- refusal of a faster GCRA rate never applies) is decided here; anything else falls through,
+-- untouched, to the general path (which decides it, or refuses it with its message).
 if #KEYS == 1 and #ARGV == 1 then
   local now_s, code_s, limit_s, period_s, cost_s = string.match(ARGV[1],
     '^(%-?%d+),0,(%d+),([1-9]%d*),([1-9]%d*),(%d+)$')
@@ -34,7 +35,7 @@ if #KEYS == 1 and #ARGV == 1 then
       tonumber(cost_s)
   end
   if now_s and (now == -1 or now >= 0 and now < MAX_EXACT) and limit < MAX_EXACT
-      and period < MAX_EXACT and cost < MAX_EXACT then
+      and period < MAX_EXACT and cost < MAX_EXACT and 2 * limit <= period then
     local key = KEYS[1]
     if false then  -- (a chain of elseif: one branch per algorithm)
     --@one
@@ -69,7 +70,7 @@ if #KEYS >= 2 and #ARGV == 1 then
     for i = 1, n do  -- whole(x) is x >= 0 and x < MAX_EXACT for such an integer
       local limit, period, cost = args[4 * i], args[4 * i + 1], args[4 * i + 2]
       if not (limit >= 1 and limit < MAX_EXACT and period >= 1 and period < MAX_EXACT
-          and cost >= 0 and cost < MAX_EXACT) then
+          and cost >= 0 and cost < MAX_EXACT and 2 * limit <= period) then
         several = false
       end
     end
