@@ -803,8 +803,8 @@ def render_compare(
         "closure built again on every call (`EVALSHA` runs the whole chunk), and building the "
         "algorithm loaders and one algorithm's functions, cjson, the per-check flag tables and "
         "the tables each decision returns cost about as much as a check's Redis commands. One "
-        "check of an algorithm whose file marks its regions (fixed window, sliding window log, "
-        "sliding window counter, token bucket) is decided inline at the top of the script, "
+        "check of an algorithm whose file marks its regions (every rate algorithm), at a rate of "
+        "at most one unit per 2 us, is decided inline at the top of the script, "
         "before anything is built: one `string.match`, one reply `string.format`. Several such "
         "checks (any mix, enforced or shadow, evaluated) take a second inline path, generated "
         "from the same regions (`lua/fast_path.lua`): a plain argument read once by cjson "
@@ -812,8 +812,8 @@ def render_compare(
         "every check checked, then each read and decided, then, only when none but a shadow "
         "check denies, each written, in order, exactly as the driver's two phases; one table "
         "per check (the r its general function returns, which the write reads back). Any other "
-        "request (GCRA, concurrency, a release, a debt, a meta check, a refund) takes the "
-        "driver, which reuses that parse. Same Redis commands in the same order, same replies, "
+        "request (concurrency, a release, a debt, a meta check, a refund, a faster rate) takes "
+        "the driver, which reuses that parse. Same Redis commands in the same order, same replies, "
         "state and TTLs: `tests/engine/test_script_fastpath.py` runs every case, stored garbage "
         "and malformed arguments included, on a fast path and on the general path and compares.",
         _COMPARE_END,

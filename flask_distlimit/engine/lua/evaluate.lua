@@ -51,7 +51,8 @@ local SMALL = {[0] = '0', '1', '2'}
 
 local n = #KEYS
 
--- The usual request, one check, on a fast path: the same parse, checks, calls and reply as the
+-- One check that lua/fast_path.lua did not take (concurrency, a release, a debt, a faster rate),
+-- on a fast path of the driver's own: the same parse, checks, calls and reply as the
 -- general path below, without cjson or per-request tables, and most of the reply as strings
 -- (measured: docs/bench/engine.md, "The script's own time"). Only an argument of exactly six
 -- plain decimal integers takes it (tonumber then reads each exactly as cjson would: both use
