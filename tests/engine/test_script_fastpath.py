@@ -1,13 +1,11 @@
 """The script's fast paths decide and refuse exactly as its general path does.
 
-One check whose argument is six plain decimal integers takes a fast path in the script (the fixed
-window's, the sliding window log's and the sliding window counter's, inlined: generated from each
-algorithm's own file; the driver's for every algorithm); anything else
-(here: the same numbers with a space before each, which cjson still reads) goes through cjson and
-the general path. So each scenario runs twice on twin keys, once per path, and the replies and
-what is stored must match. Several checks always take the general path: their tests pin that it
-stays as it was.
-"""
+One check whose argument is six plain decimal integers takes a fast path in the script (each rate
+algorithm's, inlined: generated from its own file; the driver's for every algorithm); several
+checks of the rate algorithms whose argument is plain integers take the several-check fast path
+(the same regions); anything else (here: the same numbers with a space before each, which cjson
+still reads) goes through the general path. So each scenario runs twice on twin keys, once per
+path, and the replies and what is stored must match."""
 
 from __future__ import annotations
 
