@@ -603,10 +603,11 @@ def lua_parts(port: int, passes: int = 9, calls: int = 1000) -> str:
     """
     from flask_distlimit.engine.scripts import _PARTS
 
-    # the general path: the script without its fast paths (the inlined one of the windowed
-    # algorithms; the driver's for one check of any algorithm), and without the request token
+    # the general path: the script without its fast paths (the inlined ones of the algorithms
+    # whose files mark regions, but for their `parsed, args`, which the driver reads; the driver's
+    # for one check of any algorithm), and without the request token
     constants, _, algorithms, driver = _PARTS
-    defined = constants + algorithms
+    defined = constants + "local parsed, args\n" + algorithms
     general = defined + driver.replace("if n == 1 and #ARGV == 1 then", "if false then", 1)
     cut = general.index("local now, mode = args[1], args[2]")
     variants = {
@@ -713,7 +714,7 @@ def compare_scripts(
         "old": admin.script_load(script_source_at(revision)),
         "new": admin.script_load(SCRIPT_SOURCE),
     }
-    cases = [(a, n) for n in (1, 3) for a in ALGORITHMS]
+    cases = [(a, n) for n in (1, 2, 3) for a in ALGORITHMS]
     prepared = {
         (a, n, which): [
             script_args(
@@ -771,7 +772,7 @@ def render_compare(
 ) -> str:
     lines = [
         _COMPARE_BEGIN,
-        "## The script's own time: before and after the fast paths (issue 14)",
+        "## The script's own time: one, two and three checks (issue 36)",
         "",
         f"Command: `{command}`. Measured {_stamp()}.",
         "",
@@ -798,22 +799,23 @@ def render_compare(
         "",
         parts,
         "",
-        "What changed, and why it pays: every function in the script is a closure built again "
-        "on every call (`EVALSHA` runs the whole chunk), and building the helpers, the algorithm "
-        "loaders and one algorithm's functions cost as much as the three Redis commands of a "
-        "check; so did cjson and the argument checks. One fixed-window, sliding-window-log or "
-        "sliding-window-counter check (the commonest request) is decided by a fast path inline "
-        "at the top of the script, before anything is built, generated at import from each "
-        "algorithm's own file (its `--@read`, `--@decide` and `--@commit` regions, copied into "
-        "`lua/fast_path.lua`'s branch; common.lua's helpers are inlined at every call): one "
-        "`string.match` parses the argument, and the reply is formatted once. One check of "
-        "another algorithm takes the driver's one-check path (the same parse and reply, no "
-        "cjson or per-request tables). Two or more checks take the general path: for them "
-        "`string.match` with a `tonumber` per field measured slower than cjson, and formatting "
-        "the reply check by check no faster than one `string.format`. Same Redis commands in "
-        "the same order, same replies, state and TTLs: `tests/engine/test_script_fastpath.py` runs "
-        "every case, stored garbage and malformed arguments included, on a fast path and on the "
-        "general path and compares.",
+        "Where the time goes, and why the fast paths pay: every function in the script is a "
+        "closure built again on every call (`EVALSHA` runs the whole chunk), and building the "
+        "algorithm loaders and one algorithm's functions, cjson, the per-check flag tables and "
+        "the tables each decision returns cost about as much as a check's Redis commands. One "
+        "check of an algorithm whose file marks its regions (every rate algorithm), at a rate of "
+        "at most one unit per 2 us, is decided inline at the top of the script, "
+        "before anything is built: one `string.match`, one reply `string.format`. Several such "
+        "checks (any mix, enforced or shadow, evaluated) take a second inline path, generated "
+        "from the same regions (`lua/fast_path.lua`): a plain argument read once by cjson "
+        "(faster than `string.match` and a `tonumber` per field for several checks: measured), "
+        "every check checked, then each read and decided, then, only when none but a shadow "
+        "check denies, each written, in order, exactly as the driver's two phases; one table "
+        "per check (the r its general function returns, which the write reads back). Any other "
+        "request (concurrency, a release, a debt, a meta check, a refund, a faster rate) takes "
+        "the driver, which reuses that parse. Same Redis commands in the same order, same replies, "
+        "state and TTLs: `tests/engine/test_script_fastpath.py` runs every case, stored garbage "
+        "and malformed arguments included, on a fast path and on the general path and compares.",
         _COMPARE_END,
     ]
     return "\n".join(lines)

@@ -27,6 +27,8 @@ _REPLAY: Final = "replay.lua"
 _BODY: Final = "--@@ BODY @@--"
 #: The driver's place for its table of loaders, by algorithm code.
 _LOADERS: Final = "--@@ LOADERS @@--"
+#: The start of one of the fast path's sections, a text written once per algorithm.
+_SECTION: Final = re.compile(r"^--@@ (\w+) @@--\n", re.MULTILINE)
 
 #: A marker line: ``--@name`` (a region's start, or a template's place for one) or ``--@end``.
 _MARKER: Final = re.compile(r"^[ \t]*--@(\w+)[ \t]*$", re.MULTILINE)
@@ -74,21 +76,19 @@ def _fill(template: str, places: dict[str, str]) -> str:
 def _fast_path(
     template: str, algorithms: dict[Algorithm, str], codes: Mapping[Algorithm, int], shadow: int
 ) -> str:
-    """The fast path: one branch per algorithm whose file has a ``--@read`` region, taken for
-    its code and its code plus ``shadow`` (a shadow check)."""
-    head, marker, branch = template.partition("\n--@branch\n")
-    assert marker, f"{_FAST_PATH} lost its --@branch line"
-    chain = ""
+    """The fast paths: ``template``'s head, each line ``--@<section>`` replaced by the text of
+    ``--@@ <section> @@--`` once per algorithm whose file has a ``--@read`` region: its regions
+    in place, ``@code`` its code and ``@shadowed`` its code plus ``shadow`` (a shadow check's)."""
+    head, *sections = _SECTION.split(template)
+    places = dict.fromkeys(sections[::2], "")
+    assert places.keys() == set(_MARKER.findall(head)), f"{_FAST_PATH}: places without sections"
     for name, text in algorithms.items():
         regions = _regions(text)
         if "read" in regions:
-            plain, shadowed = f"'{codes[name]}'", f"'{codes[name] + shadow}'"
-            chain += (
-                f"{'elseif' if chain else 'if'} code_s == {plain} or code_s == {shadowed} then\n"
-            )
-            chain += f"  local shadow = code_s == {shadowed}\n"
-            chain += _indent(_fill(branch, regions), "  ")
-    return _fill(head, {"branches": chain + "end\n"})
+            for section, branch in zip(sections[::2], sections[1::2], strict=True):
+                filled = _fill(branch, regions).replace("@shadowed", str(codes[name] + shadow))
+                places[section] += filled.replace("@code", str(codes[name]))
+    return _fill(head, places)
 
 
 def _inline(text: str, helpers: dict[str, tuple[list[str], str]]) -> str:

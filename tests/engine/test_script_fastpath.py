@@ -1,13 +1,11 @@
 """The script's fast paths decide and refuse exactly as its general path does.
 
-One check whose argument is six plain decimal integers takes a fast path in the script (the fixed
-window's, the sliding window log's and the sliding window counter's, inlined: generated from each
-algorithm's own file; the driver's for every algorithm); anything else
-(here: the same numbers with a space before each, which cjson still reads) goes through cjson and
-the general path. So each scenario runs twice on twin keys, once per path, and the replies and
-what is stored must match. Several checks always take the general path: their tests pin that it
-stays as it was.
-"""
+One check whose argument is six plain decimal integers takes a fast path in the script (each rate
+algorithm's, inlined: generated from its own file; the driver's for every algorithm); several
+checks of the rate algorithms whose argument is plain integers take the several-check fast path
+(the same regions); anything else (here: the same numbers with a space before each, which cjson
+still reads) goes through the general path. So each scenario runs twice on twin keys, once per
+path, and the replies and what is stored must match."""
 
 from __future__ import annotations
 
@@ -136,6 +134,29 @@ def test_several_checks_decide_as_with_spaced_fields(redis_client: redis.Redis, 
     _run(redis_client, checks, _steps(rng, n, 60, refunds=True))
 
 
+#: The algorithms with fast paths (their files mark their regions).
+FAST = ("fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket", "gcra")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_several_checks_with_fast_paths_decide_as_the_general_path(
+    redis_client: redis.Redis, seed: int
+) -> None:
+    # the several-check fast path: 2 to 9 checks of the algorithms with fast paths, any mix, some
+    # shadow, small limits (requests denied by one check, or by a shadow one only)
+    rng = random.Random(seed)
+    n = rng.randint(2, 9)
+    checks = [
+        (
+            ALGORITHM_CODES[rng.choice(FAST)] + rng.choice([0, 0, SHADOW_FLAG]),
+            rng.randint(1, 9),
+            MINUTE,
+        )
+        for _ in range(n)
+    ]
+    _run(redis_client, checks, _steps(rng, n, 60, refunds=True))
+
+
 @pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window_counter"])
 def test_counters_decide_as_the_general_path_at_any_limit_and_period(
     redis_client: redis.Redis, algorithm: str
@@ -190,6 +211,36 @@ MALFORMED = [
 ]
 
 
+MALFORMED_SEVERAL = [  # two windowed checks: anything off goes on to the general path
+    "-2,0,1,10,60000000,1,3,10,60000000,1",
+    "-1,0,1,10,60000000,1,3,0,60000000,1",  # limit 0 in the second check
+    "-1,0,1,10,60000000,1,3,10,0,1",
+    "-1,0,1,10,60000000,1,3,10,60000000,-1",
+    "-1,0,1,10,60000000,1,3,10,60000000,9007199254740993",
+    "-1,0,1,10,60000000,1,3,10," + "9" * 400 + ",1",
+    "-1,0,1,10,60000000,1,3,10,60000000",
+    "-1,0,1,10,60000000,1,3,10,60000000,1,",
+    "-1,0,1,10,60000000,1,7,10,60000000,1",  # algorithm 7
+    f"{T0},0,1,10,60000000,1,5,10,1,1",  # a GCRA rate too fast to compute exactly
+    "-1,0,1,10,60000000,1,3,10,60000000,1.5",
+    "-1,0,1,10,60000000,1,3,10,60000000,true",
+]
+
+
+@pytest.mark.parametrize("argument", MALFORMED_SEVERAL)
+def test_malformed_arguments_of_several_checks_are_refused_as_on_the_general_path(
+    redis_client: redis.Redis, argument: str
+) -> None:
+    script = redis_client.register_script(SCRIPT_SOURCE)
+    with pytest.raises(redis.ResponseError, match="distlimit") as fast:
+        script(["k1", "k2"], [argument])
+    spaced = ",".join(f" {field}" for field in argument.split(","))
+    with pytest.raises(redis.ResponseError, match="distlimit") as general:
+        script(["k1", "k2"], [spaced])
+    assert str(fast.value) == str(general.value)
+    assert redis_client.dbsize() == 0
+
+
 @pytest.mark.parametrize("argument", MALFORMED)
 def test_malformed_arguments_are_refused_as_on_the_general_path(
     redis_client: redis.Redis, argument: str
@@ -205,17 +256,42 @@ def test_malformed_arguments_are_refused_as_on_the_general_path(
 
 
 def test_the_fast_path_is_built_from_each_algorithm_s_own_text() -> None:
-    # one source per algorithm: each windowed one has a branch, every placeholder of the template
-    # is filled, and the log's branch removes and reads as many members per call as its file says
+    # one source per algorithm: each with fast paths has a branch (one check's, several checks'),
+    # every placeholder of the templates is filled, and the log's branches remove and read as many
+    # members per call as its file says
     fast = _PARTS[1]
-    for algorithm in ("fixed_window", "sliding_window_log", "sliding_window_counter"):
+    for algorithm in FAST:
         assert f"code_s == '{ALGORITHM_CODES[algorithm]}' or" in fast  # type: ignore[index]
-    assert not re.search(r"^\s*--@", fast, re.MULTILINE)
+        several = f"if code == {ALGORITHM_CODES[algorithm]} then"  # type: ignore[index]
+        assert SCRIPT_SOURCE.count(several) == 2  # the driver's, to decide and to commit
+    assert not re.search(r"^\s*--@", fast + _PARTS[3], re.MULTILINE)  # and the driver
     batches = re.findall(r"^ *local SWL_BATCH = (\d+)$", SCRIPT_SOURCE, re.MULTILINE)
-    assert len(batches) == 2 and {int(b) for b in batches} == {SWL_BATCH}
+    assert len(batches) == 3 and {int(b) for b in batches} == {SWL_BATCH}
 
 
 GARBAGE = {
+    "gcra": [
+        lambda r, k: r.hset(k, "t", "1"),
+        lambda r, k: r.set(k, "x"),
+        lambda r, k: r.set(k, "1e300"),
+        lambda r, k: r.set(k, "-1"),
+        lambda r, k: r.set(k, str(T0 // 12_000_000 + 3)),  # 3 units owed (T = 12 s)
+        lambda r, k: r.set(k, str(T0 // 12_000_000 + 10)),  # 10 owed: kept (at most 2L)
+        lambda r, k: r.set(k, str(T0 // 12_000_000 + 11)),  # more: repaired
+        lambda r, k: r.set(k, str(T0 / 12_000_000 + 2.5)),
+    ],
+    "token_bucket": [
+        lambda r, k: r.set(k, "x"),
+        lambda r, k: r.hset(k, mapping={"t": "1e300", "s": str(T0)}),
+        lambda r, k: r.hset(k, mapping={"t": "x", "s": str(T0)}),
+        lambda r, k: r.hset(k, mapping={"t": "2", "s": "x"}),
+        lambda r, k: r.hset(k, mapping={"t": "2"}),  # no time: repaired
+        lambda r, k: r.hset(k, mapping={"t": "-5", "s": str(T0 - 1)}),  # a debt, at most L
+        lambda r, k: r.hset(k, mapping={"t": "-6", "s": str(T0 - 1)}),  # more: repaired
+        lambda r, k: r.hset(k, mapping={"t": "2.5", "s": str(T0 - MINUTE // 2)}),
+        lambda r, k: r.hset(k, mapping={"t": "1", "s": str(T0 + MINUTE)}),  # ahead, kept
+        lambda r, k: r.hset(k, mapping={"t": "1", "s": str(T0 + MINUTE + 1)}),  # too far ahead
+    ],
     "fixed_window": [
         lambda r, k: r.set(k, "x"),
         lambda r, k: r.hset(k, mapping={"w": "1", "n": "1e300"}),
@@ -265,3 +341,19 @@ def test_stored_garbage_is_handled_as_on_the_general_path(
             spoil(redis_client, key)  # type: ignore[operator]
         _run(redis_client, [(code, 5, MINUTE)], [(T0, 0, [cost]), (T0 + 1, 0, [1])])
     redis_client.delete("fast:{t}:0", "general:{t}:0")  # garbage may keep a key without a TTL
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "spoil"), [(a, s) for a, spoils in GARBAGE.items() for s in spoils]
+)
+def test_stored_garbage_among_several_checks_as_on_the_general_path(
+    redis_client: redis.Redis, algorithm: str, spoil: object
+) -> None:
+    code = ALGORITHM_CODES[algorithm]  # type: ignore[index]
+    checks = [(3, 4, MINUTE), (code, 5, MINUTE), (code + SHADOW_FLAG, 2, MINUTE)]
+    for cost in (0, 1, 3, 9):
+        for key in ("fast:{t}:1", "general:{t}:1", "fast:{t}:2", "general:{t}:2"):
+            redis_client.delete(key)
+            spoil(redis_client, key)  # type: ignore[operator]
+        _run(redis_client, checks, [(T0, 0, [1, cost, cost]), (T0 + 1, 0, [1, 1, 1])])
+    redis_client.delete(*(f"{path}:{{t}}:{i}" for path in ("fast", "general") for i in range(3)))

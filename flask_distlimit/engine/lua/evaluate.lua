@@ -51,7 +51,8 @@ local SMALL = {[0] = '0', '1', '2'}
 
 local n = #KEYS
 
--- The usual request, one check, on a fast path: the same parse, checks, calls and reply as the
+-- One check that lua/fast_path.lua did not take (concurrency, a release, a debt, a faster rate),
+-- on a fast path of the driver's own: the same parse, checks, calls and reply as the
 -- general path below, without cjson or per-request tables, and most of the reply as strings
 -- (measured: docs/bench/engine.md, "The script's own time"). Only an argument of exactly six
 -- plain decimal integers takes it (tonumber then reads each exactly as cjson would: both use
@@ -135,7 +136,9 @@ end
 -- The fields are a JSON array without its brackets: cjson (C code) parses them faster than a Lua
 -- loop would, and refuses empty fields, stray commas and anything but JSON values (for two checks
 -- or more, also faster than string.match with a tonumber per field: measured).
-local parsed, args = pcall(cjson.decode, '[' .. ARGV[1] .. ']')
+if args == nil then  -- not read yet (lua/fast_path.lua reads a plain one of several checks)
+  parsed, args = pcall(cjson.decode, '[' .. ARGV[1] .. ']')
+end
 local count = parsed and type(args) == 'table' and #args or -1
 if count ~= 2 + 4 * n then
   return redis.error_reply('ERR distlimit: expected 2 + 4 * #KEYS comma-separated integers')

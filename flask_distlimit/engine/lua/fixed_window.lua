@@ -73,12 +73,17 @@ local function LOAD_FIXED_WINDOW()
       reset_now = to_end
     end
     --@end
-    return {allowed and 1 or 0, left, reset, retry, repaired, left_now, reset_now, window, after,
-      kept}
+    --@result
+    local r = {allowed and 1 or 0, left, reset, retry, repaired, left_now, reset_now, window,
+      after, kept}
+    --@end
+    return r
   end
 
   function FIXED_WINDOW.commit(key, r, limit, period, cost, now)
+    --@restore
     local window, after, kept = r[8], r[9], r[10]
+    --@end
     --@commit
     if kept then  -- the stored window: w stands, and so does the TTL
       redis.call('HSET', key, 'n', after)

@@ -25,32 +25,39 @@
 -- units per second now, a little less every year): the driver refuses faster GCRA rates.
 local GCRA_MAX_UNITS = 4503599627370496
 
--- A loader: the functions are built only when a request uses this algorithm.
+-- A loader: the functions are built only when a request uses this algorithm. The regions from
+-- --@setup, --@read, --@decide and --@commit to --@end are also the script's fast paths (see
+-- fixed_window.lua), which take only rates that always fit (lua/fast_path.lua).
 local function LOAD_GCRA()
   local GCRA = {}
 
+  -- (interval, now_u, tat, present: a TAT is stored, repaired 0/1)
   local function gcra_read(key, limit, period, now)
+    --@read
     local interval = period / limit
     local now_u = now / interval
+    local tat, present, repaired = now_u, false, 0
     local raw = redis.pcall('GET', key)
     if failed(raw) then
+      repaired = 1
       redis.call('DEL', key)
-      return interval, now_u, now_u, false, 1
-    end
-    if raw then
-      local tat = tonumber(raw)
-      if finite(tat) and tat - now_u <= 2 * limit then
-        if tat < now_u then
-          tat = now_u
+    elseif raw then
+      local stored = tonumber(raw)
+      if finite(stored) and stored - now_u <= 2 * limit then
+        present = true
+        if stored > now_u then
+          tat = stored
         end
-        return interval, now_u, tat, true, 0
+      else
+        repaired = 1
+        redis.call('DEL', key)
       end
-      redis.call('DEL', key)
-      return interval, now_u, now_u, false, 1
     end
-    return interval, now_u, now_u, false, 0
+    --@end
+    return interval, now_u, tat, present, repaired
   end
 
+  --@setup
   -- First whole us r >= 0 after now at which now_u has reached tat.
   local function gcra_until(interval, now, now_u, tat)
     if tat <= now_u then
@@ -83,9 +90,11 @@ local function LOAD_GCRA()
     end
     return left
   end
+  --@end
 
   function GCRA.decide(key, limit, period, cost, now)
     local interval, now_u, tat, _, repaired = gcra_read(key, limit, period, now)
+    --@decide
     local used = tat - now_u
     local allowed = cost <= limit and used + cost <= limit
     local after, retry = tat, 0
@@ -113,13 +122,22 @@ local function LOAD_GCRA()
       end
       retry = d
     end
-    return {allowed and 1 or 0, gcra_left(limit, now_u, after),
-      gcra_until(interval, now, now_u, after),
-      retry, repaired, gcra_left(limit, now_u, tat), gcra_until(interval, now, now_u, tat), after}
+    local left, reset = gcra_left(limit, now_u, after), gcra_until(interval, now, now_u, after)
+    local left_now, reset_now = gcra_left(limit, now_u, tat), gcra_until(interval, now, now_u, tat)
+    --@end
+    --@result
+    local r = {allowed and 1 or 0, left, reset, retry, repaired, left_now, reset_now, after}
+    --@end
+    return r
   end
 
   function GCRA.commit(key, r, limit, period, cost, now)
-    redis.call('SET', key, r[8], 'PX', floor((r[3] + 1999) / 1000))
+    --@restore
+    local after, reset = r[8], r[3]
+    --@end
+    --@commit
+    redis.call('SET', key, after, 'PX', floor((reset + 1999) / 1000))
+    --@end
   end
 
   function GCRA.refund(key, limit, period, cost, now)

@@ -131,12 +131,17 @@ local function LOAD_SLIDING_WINDOW_COUNTER()
       reset_now = shift + period - elapsed
     end
     --@end
-    return {allowed and 1 or 0, left, reset, retry, repaired, left_now, reset_now, window, after,
-      prev, current}
+    --@result
+    local r = {allowed and 1 or 0, left, reset, retry, repaired, left_now, reset_now, window,
+      after, prev, current}
+    --@end
+    return r
   end
 
   function SLIDING_WINDOW_COUNTER.commit(key, r, limit, period, cost, now)
+    --@restore
     local window, after, prev, current = r[8], r[9], r[10], r[11]
+    --@end
     --@commit
     if current then  -- the stored window: w and p stand, and so does the TTL
       redis.call('HSET', key, 'c', after)

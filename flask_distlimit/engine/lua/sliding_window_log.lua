@@ -161,11 +161,16 @@ local function LOAD_SLIDING_WINDOW_LOG()
       reset_now = newest + period - now
     end
     --@end
-    return {allowed and 1 or 0, left, reset, retry, repaired, left_now, reset_now, first, last}
+    --@result
+    local r = {allowed and 1 or 0, left, reset, retry, repaired, left_now, reset_now, first, last}
+    --@end
+    return r
   end
 
   function SLIDING_WINDOW_LOG.commit(key, r, limit, period, cost, now)
+    --@restore
     local first, last = r[8], r[9]
+    --@end
     --@commit
     redis.call('ZADD', key, first, string.format('%d:%d', last, last + cost))
     expire_in(key, first + period - now)

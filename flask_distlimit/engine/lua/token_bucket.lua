@@ -19,36 +19,42 @@
 --                limit): t = k + c, below 0 if need be, down to -L (a missing key is
 --                full); the refill repays it. remaining is never below 0.
 
--- A loader: the functions are built only when a request uses this algorithm.
+-- A loader: the functions are built only when a request uses this algorithm. The regions from
+-- --@setup, --@read, --@decide and --@commit to --@end are also the script's fast paths (see
+-- fixed_window.lua).
 local function LOAD_TOKEN_BUCKET()
   local TOKEN_BUCKET = {}
 
+  -- (b, s: the stored tokens and their time, nil when none; t0; k; repaired 0/1)
   local function tb_read(key, limit, period, now)
+    --@read
+    local b, s, t0, k, repaired = nil, nil, now, limit, 0
     local raw = redis.pcall('HMGET', key, 't', 's')
-    if failed(raw) then
+    if raw.err then  -- an error (HMGET answers a table: failed(raw) is this)
+      repaired = 1
       redis.call('DEL', key)
-      return nil, nil, now, limit, 1
-    end
-    if raw[1] or raw[2] then
-      local t, s = tonumber(raw[1]), tonumber(raw[2])
+    elseif raw[1] or raw[2] then
+      local t, at = tonumber(raw[1]), tonumber(raw[2])
       -- t below 0 is a debit's debt, at most L
-      if t and t == t and t >= -limit and t < MAX_EXACT and whole(s) and s <= now + period then
-        local t0 = now
-        if s > now then
-          t0 = s
+      if t and t == t and t >= -limit and t < MAX_EXACT and whole(at) and at <= now + period then
+        b, s = t, at
+        if at > now then
+          t0 = at
         end
-        local k = t + ((t0 - s) * limit) / period
+        k = t + ((t0 - at) * limit) / period
         if k > limit then
           k = limit
         end
-        return t, s, t0, k, 0
+      else
+        repaired = 1
+        redis.call('DEL', key)
       end
-      redis.call('DEL', key)
-      return nil, nil, now, limit, 1
     end
-    return nil, nil, now, limit, 0
+    --@end
+    return b, s, t0, k, repaired
   end
 
+  --@setup
   -- First whole us d >= 1 after t0 at which a bucket holding b tokens at time s holds `want`.
   local function tb_wait(limit, period, b, s, t0, k, want)
     local d = ceil(((want - k) * period) / limit)
@@ -70,9 +76,11 @@ local function LOAD_TOKEN_BUCKET()
     end
     return d
   end
+  --@end
 
   function TOKEN_BUCKET.decide(key, limit, period, cost, now)
     local b, s, t0, k, repaired = tb_read(key, limit, period, now)
+    --@decide
     local shift = t0 - now
     local allowed = cost <= limit and cost <= k
     local after, retry, reset, reset_now = k, 0, 0, 0
@@ -95,12 +103,21 @@ local function LOAD_TOKEN_BUCKET()
     if left_now < 0 then  -- a debit's debt: nothing left
       left, left_now = 0, 0
     end
-    return {allowed and 1 or 0, left, reset, retry, repaired, left_now, reset_now, after, t0}
+    --@end
+    --@result
+    local r = {allowed and 1 or 0, left, reset, retry, repaired, left_now, reset_now, after, t0}
+    --@end
+    return r
   end
 
   function TOKEN_BUCKET.commit(key, r, limit, period, cost, now)
-    redis.call('HSET', key, 't', r[8], 's', r[9])
-    expire_in(key, r[3])
+    --@restore
+    local after, t0, reset = r[8], r[9], r[3]
+    --@end
+    --@commit
+    redis.call('HSET', key, 't', after, 's', t0)
+    expire_in(key, reset)
+    --@end
   end
 
   function TOKEN_BUCKET.refund(key, limit, period, cost, now)
