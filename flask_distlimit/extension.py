@@ -8,6 +8,7 @@ serve several apps; what an app configures lives in its
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Final, TypeVar
@@ -36,6 +37,7 @@ from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.client_retries import warn_if_client_retries, warn_if_client_waits_long
 from flask_distlimit.storage.startup_check import check_storage
 from flask_distlimit.storage.urls import from_url
+from flask_distlimit.telemetry import otel
 
 #: The key of the per-app state in ``app.extensions``.
 EXTENSION_KEY: Final = "distlimit"
@@ -192,6 +194,8 @@ class Limiter(Declarations):
             # first: worker shedding decides before anything else is done
             app.before_request(state.enforcer.before_request)
             app.after_request(state.enforcer.after_request)
+            if state.otel is not None:  # each request counted once, however it ends
+                app.teardown_request(functools.partial(otel.request, state))
 
     @staticmethod
     def state(app: Flask | None = None) -> LimiterState:

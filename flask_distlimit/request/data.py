@@ -6,10 +6,14 @@ as the request; not on ``g``, which an app context shared by several requests wo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from flask_distlimit.defences.concurrency import SlotRelease
 from flask_distlimit.request import deduction
 from flask_distlimit.request.headers import Evaluated, Report
+
+if TYPE_CHECKING:
+    from werkzeug.wrappers import Response
 
 
 @dataclass(slots=True, eq=False)
@@ -32,3 +36,5 @@ class RequestData:
     deferred: dict[str, deduction.Deferred] = field(default_factory=dict)
     #: concurrency slots, held by the request's ledger (flask_distlimit.defences.lifecycle)
     slots: SlotRelease | None = None
+    #: the response our ``after_request`` saw, until the request is counted (telemetry.otel)
+    response: Response | None = None

@@ -329,7 +329,8 @@ class Enforcer:
     def after_request(self, response: WerkzeugResponse) -> WerkzeugResponse:
         """Count a request whose view never ran; settle its ``deduct_when`` reservations
         (:mod:`.deduction`); add the headers of the limit closest to denial (:mod:`.headers`;
-        ``Retry-After`` on a 429/503 the app replaced without one); count it in OpenTelemetry.
+        ``Retry-After`` on a 429/503 the app replaced without one); keep the response for the
+        OpenTelemetry count.
         A response object that passes twice has our headers replaced, never doubled."""
         req: Request = request._get_current_object()  # type: ignore[attr-defined]
         data: RequestData | None = req.environ.get(self.environ_key)
@@ -363,9 +364,7 @@ class Enforcer:
         ):
             headers["Retry-After"] = str(data.retry_after)
             marks[_HEADERS_ADDED] = True
-        otel = self._state.otel
-        if otel is not None:  # OpenTelemetry's count of requests (telemetry.otel)
-            otel.request(data, response)
+        data.response = response  # counted when the request ends (telemetry.otel.request)
         return response
 
     def _settle(self, req: Request, response: WerkzeugResponse, data: RequestData) -> None:

@@ -6,7 +6,8 @@ When ``opentelemetry-api`` is importable, every app's limiter records into the g
 :func:`instrument` passes another one. Without the package nothing is imported and nothing runs.
 The instruments of one provider are made once and shared by every app; the guard tells them
 beside the Prometheus metrics (:meth:`~flask_distlimit.resilience.guard.Guard.add_sink`), and
-``after_request`` tells :meth:`OTelHook.request` each request's result. The instruments and their
+:func:`request`, a ``teardown_request`` function, counts each request's result once, however its
+response ended (an app's ``after_request`` hook that raised too). The instruments and their
 attributes: docs/failure-modes.md, "Observability".
 """
 
@@ -16,13 +17,12 @@ import functools
 import importlib.util
 import logging
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import Any, Final, Protocol
+
+import flask
 
 from flask_distlimit.core.problem import PROBLEM_MEDIA_TYPE
 from flask_distlimit.telemetry.metrics import INSTRUMENTS, LATENCY_BUCKETS, Instruments, OnePer
-
-if TYPE_CHECKING:
-    from werkzeug.wrappers import Response
 
 log = logging.getLogger("flask_distlimit")
 
@@ -75,8 +75,7 @@ class Guard(Protocol):
 class OTelHook:
     """One app's link to the instruments: keeps them in ``guard``'s metrics sink beside
     whatever Prometheus :class:`~flask_distlimit.telemetry.metrics.Metrics` the app sets (before or
-    after: the guard composes what ``use_metrics`` is handed through :meth:`compose`), and
-    counts each request in ``after_request``."""
+    after: the guard composes what ``use_metrics`` is handed through :meth:`compose`)."""
 
     def __init__(self, guard: Guard, instruments: OTelMetrics) -> None:
         self.guard = guard
@@ -87,30 +86,40 @@ class OTelHook:
         """Take the instruments out of the guard's sinks (the Prometheus metrics stay)."""
         self.guard.remove_sink(self.instruments)
 
-    def request(self, data: Any, response: Response) -> None:
-        """Count one request the limiter decided (``data``: the enforcer's request data)."""
-        if data.exempt or not (data.evaluated or data.report or data.denied or data.degraded):
-            return  # exempt, or no limit applied: nothing was decided
-        status = response.status_code
-        if status == 503 and not data.degraded and response.mimetype == PROBLEM_MEDIA_TYPE:
-            # Shed (by the fleet, or by this worker, before any limit counted it); counted by
-            # the sink's shed(), not twice.
-            return
-        result = "admitted"
-        policy: str | None = None if data.report is None else data.report.name
-        if data.denied:
-            refused = _refused(data)
-            if status == 503 or (data.degraded and data.report is None and refused is None):
-                result, policy = "unavailable", None  # (or the app's own answer to that 503)
-            else:
-                result, policy = "refused", refused or policy
-        attributes: dict[str, str | bool] = {
-            "distlimit.result": result,
-            "distlimit.degraded": bool(data.degraded),
-        }
-        if policy is not None:
-            attributes["distlimit.policy"] = policy
-        self.instruments.made["requests"].add(1, attributes)
+
+def request(state: _Instrumented, exc: BaseException | None) -> None:
+    """Count the request ending now, once (``teardown_request``, bound to ``state``): by the
+    response ``after_request`` kept on its data, or a server error when an exception ended it
+    before our ``after_request`` saw the response."""
+    hook = state.otel
+    data = flask.request.environ.get(state.enforcer.environ_key)
+    if hook is None or data is None:
+        return
+    response, data.response = data.response, None
+    if response is None and exc is None:
+        return  # counted already (a copied request context ends too), or not ended yet
+    if data.exempt or not (data.evaluated or data.report or data.denied or data.degraded):
+        return  # exempt, or no limit applied: nothing was decided
+    status = 500 if response is None else response.status_code
+    if status == 503 and not data.degraded and response.mimetype == PROBLEM_MEDIA_TYPE:
+        # Shed (by the fleet, or by this worker, before any limit counted it); counted by
+        # the sink's shed(), not twice.
+        return
+    result = "admitted"
+    policy: str | None = None if data.report is None else data.report.name
+    if data.denied:
+        refused = _refused(data)
+        if status == 503 or (data.degraded and data.report is None and refused is None):
+            result, policy = "unavailable", None  # (or the app's own answer to that 503)
+        else:
+            result, policy = "refused", refused or policy
+    attributes: dict[str, str | bool] = {
+        "distlimit.result": result,
+        "distlimit.degraded": bool(data.degraded),
+    }
+    if policy is not None:
+        attributes["distlimit.policy"] = policy
+    hook.instruments.made["requests"].add(1, attributes)
 
 
 def _refused(data: Any) -> str | None:
@@ -130,6 +139,9 @@ class _Instrumented(Protocol):
 
     @property
     def guard(self) -> Guard: ...
+
+    @property
+    def enforcer(self) -> Any: ...  #: its ``environ_key``: where a request's data is kept
 
     otel: OTelHook | None
 

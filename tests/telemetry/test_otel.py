@@ -256,6 +256,44 @@ def test_the_slot_gauge_comes_back_when_another_after_request_hook_raises(
     assert after == 0 and attributes["distlimit.limit"].endswith(":concurrency")
 
 
+def test_a_request_is_counted_once_when_an_after_request_hook_raises(
+    backend: Backend, clock: FakeClock, reader: tuple[InMemoryMetricReader, MeterProvider]
+) -> None:
+    """An app's ``after_request`` hook that runs before the limiter's and raises leaves Flask
+    answering a 500 without the limiter's hook: each request is counted all the same, with the
+    limiter's result (it was counted in the limiter's ``after_request``: not at all). One that
+    runs after the limiter's makes Flask finalize the 500 again, through the limiter's hook a
+    second time: each request is still counted once."""
+    found, provider = reader
+    app, limiter = _instrumented(backend(), clock, provider, DISTLIMIT_ALGORITHM="fixed_window")
+    app.config["PROPAGATE_EXCEPTIONS"] = False  # a 500, as in production
+
+    @app.get("/orders")
+    @limiter.limit("2/minute")
+    def orders() -> str:
+        return "ok"
+
+    def broken(response: Response) -> Response:
+        raise RuntimeError("the app's own hook fails")
+
+    client = app.test_client()
+    app.after_request(broken)  # registered after the limiter's: runs before it
+    for _ in range(3):
+        assert client.get("/orders").status_code == 500
+    assert requests_by(found) == {
+        ("admitted", False, "orders:2/minute"): 2,
+        ("refused", False, "orders:2/minute"): 1,
+    }
+    hooks = app.after_request_funcs[None]
+    hooks.remove(broken)
+    hooks.insert(0, broken)  # first registered: runs after the limiter's
+    assert client.get("/orders").status_code == 500
+    assert requests_by(found) == {
+        ("admitted", False, "orders:2/minute"): 2,
+        ("refused", False, "orders:2/minute"): 2,
+    }
+
+
 def test_a_concurrency_refusal_names_the_slot_limit(
     backend: Backend, clock: FakeClock, reader: tuple[InMemoryMetricReader, MeterProvider]
 ) -> None:
