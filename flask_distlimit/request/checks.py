@@ -221,7 +221,10 @@ class Checks:
                 check = r.check(tag, 1 if unproved else cost)
                 if deduction.reserved(r, unproved=unproved):  # reserved now, settled after
                     data.deferred[check.key] = deduction.Deferred(
-                        check, r, unproved, plan.policy, cost_after
+                        check=check,
+                        free_if_not_modified=unproved,
+                        policy=plan.policy,
+                        cost_after=cost_after,
                     )
                 checks.append(check)
         if not checks:

@@ -36,10 +36,10 @@ log = logging.getLogger("flask_distlimit")
 SETTLE_EVERY_US: Final = 5_000_000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Deferred:
     """One limit of a request reserved before the view, settled after the response: ``check``
-    is the reservation charged with the request.
+    is the reservation charged with the request (its limit: ``check.bound``).
 
     ``free_if_not_modified``: a conditional request under ``DISTLIMIT_CONDITIONAL_COST=0``,
     free only when its response is a 304 (the header alone is the client's claim).
@@ -48,7 +48,6 @@ class Deferred:
     ``policy``: the failure policy of the route (``None``: the app's)."""
 
     check: Check
-    bound: BoundLimit
     free_if_not_modified: bool = False
     policy: FailurePolicy | None = None
     cost_after: bool = False
@@ -69,7 +68,7 @@ def reserved(bound: BoundLimit, *, unproved: bool) -> bool:
 def _wants_charge(later: Deferred, response: Response) -> bool:
     if later.free_if_not_modified and response.status_code == 304:
         return False
-    when = later.bound.spec.deduct_when
+    when = later.check.bound.spec.deduct_when
     if when is None:
         return True
     try:
@@ -77,7 +76,7 @@ def _wants_charge(later: Deferred, response: Response) -> bool:
     except Exception:  # the app's code: charge, the safe side for a login limit
         log.exception(
             "The deduct_when callable of the rate limit %s raised; the request is charged.",
-            later.bound.name,
+            later.check.bound.name,
         )
         return True
 
@@ -86,7 +85,7 @@ def _real_cost(later: Deferred, response: Response, sent: int) -> int:
     """What the request really cost: the body's bytes ``sent`` for a bytes limit, else
     ``settle(response)``, else the ``cost_after`` limit's callable called now, else the
     reservation (also when the callable fails: logged)."""
-    spec = later.bound.spec
+    spec = later.check.bound.spec
     if spec.unit != "requests":
         return sent
     call: Callable[[], object]
@@ -103,7 +102,7 @@ def _real_cost(later: Deferred, response: Response, sent: int) -> int:
             "The %s callable of the rate limit %s raised after the response; the request "
             "is charged its reservation.",
             name,
-            later.bound.name,
+            later.check.bound.name,
         )
         return later.check.cost
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -111,7 +110,7 @@ def _real_cost(later: Deferred, response: Response, sent: int) -> int:
             "The %s callable of the rate limit %s returned %r after the response; it must "
             "return an int >= 0. The request is charged its reservation.",
             name,
-            later.bound.name,
+            later.check.bound.name,
             value,
         )
         return later.check.cost
@@ -145,9 +144,10 @@ def charge(
     due: list[tuple[Deferred, Check]] = []
     later: list[Deferred] = []
     for d in deferred.values():
+        spec = d.check.bound.spec
         if not _wants_charge(d, response):
             real = 0
-        elif streamed and (d.bound.spec.unit != "requests" or d.bound.spec.settle is not None):
+        elif streamed and (spec.unit != "requests" or spec.settle is not None):
             later.append(d)  # settled when the body ends: its bytes, or what settle reads then
             continue
         else:
@@ -166,7 +166,7 @@ def _count(calls: SideCalls, later: Deferred, units: int) -> None:
     """Tell the metrics (when set) that a request really cost ``units`` more on ``later``."""
     metrics = calls.guard.metrics
     if metrics is not None and units > 0:
-        metrics.settled(later.check.key, later.bound.spec.unit, units)
+        metrics.settled(later.check.key, later.check.bound.spec.unit, units)
 
 
 def _settle(calls: SideCalls, due: list[tuple[Deferred, Check]]) -> list[Report]:
@@ -214,7 +214,7 @@ class BodySettlement:
         self._charged = [d.check.cost for d in due]
         self._clock = calls.local_clock
         self._settle_at = self._clock() + SETTLE_EVERY_US
-        if not head and any(d.bound.spec.unit != "requests" for d in due):
+        if not head and any(d.check.bound.spec.unit != "requests" for d in due):
             # A file too (the server's file wrapper): counted as sent, not by its length.
             body = response.response
             response.response = ClosingIterator(self._counting(body), getattr(body, "close", None))
@@ -237,7 +237,7 @@ class BodySettlement:
             return
         due: list[tuple[Deferred, Check]] = []
         for i, d in enumerate(self._due):
-            if d.bound.spec.unit != "requests" and self._sent > self._charged[i]:
+            if d.check.bound.spec.unit != "requests" and self._sent > self._charged[i]:
                 debt = _difference(d.check, self._charged[i], self._sent)
                 if debt is not None:
                     due.append((d, debt))
