@@ -25,7 +25,7 @@ from flask_distlimit.defences.lifecycle import Lifecycle
 from flask_distlimit.defences.shadow import ShadowLog
 from flask_distlimit.identity import Identity
 from flask_distlimit.request.data import RequestData
-from flask_distlimit.request.headers import Evaluated, Report, report_of
+from flask_distlimit.request.headers import Evaluated, report_of
 from flask_distlimit.request.plans import Plans
 from flask_distlimit.request.refuse import Refusals
 from flask_distlimit.resilience.guard import Guard
@@ -93,7 +93,7 @@ class Decider:
             if metrics is not None:  # count the refusal as if the storage had made it
                 metrics.evaluated([c], Evaluation((decision,)))
             report = report_of(c.bound, decision, denied=True)
-            self.refusals.refuse([report], [c], identity, data, from_cache=True)
+            self.refusals.refuse([c], report, identity, data, from_cache=True)
 
     def decide(
         self,
@@ -196,21 +196,28 @@ class Decider:
         """Remember the denials in the deny cache, then refuse the request (a 429)."""
         cache = self.deny_cache
         finished = monotonic_us() if self.clock is None else self.clock()
-        denied_reports: list[Report] = []
-        denied: list[Check] = []
         meta = not simple and checks[-1].meta  # meta checks come last (request.checks)
         by_meta = meta and any(
             c.meta and not d.allowed for c, d in zip(checks, decisions, strict=True)
         )
-        for c, d in zip(checks, decisions, strict=True):
-            if d.allowed or c.meta != by_meta:
-                continue
-            denied_reports.append(report_of(c.bound, d, denied=True))
-            denied.append(c)
-            if cache is not None and not outcome.degraded and not c.token and by_meta == meta:
-                cache.record(c, d, started_us=started, finished_us=finished)
+        denials = [
+            (c, d)
+            for c, d in zip(checks, decisions, strict=True)
+            if not d.allowed and c.meta == by_meta
+        ]
+        if cache is not None and not outcome.degraded and by_meta == meta:
+            for c, d in denials:
+                if not c.token:
+                    cache.record(c, d, started_us=started, finished_us=finished)
+        # the denial the client waits longest for binds (ties: the first)
+        longest, wait = max(denials, key=lambda denial: denial[1].retry_after)
         self.refusals.refuse(
-            denied_reports, denied, identity, data, from_cache=False, degraded=outcome.degraded
+            [c for c, _ in denials],
+            report_of(longest.bound, wait, denied=True),
+            identity,
+            data,
+            from_cache=False,
+            degraded=outcome.degraded,
         )
 
     def _shadow(

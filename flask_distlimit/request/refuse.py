@@ -88,22 +88,22 @@ class Refusals:
 
     def refuse(
         self,
-        reports: list[Report],
         denied: Sequence[Check],
+        binding: Report,
         identity: Identity | None,
         data: RequestData,
         *,
         from_cache: bool,
         degraded: bool = False,
     ) -> NoReturn:
-        """Log, call the breach hook and raise the 429 for the denied checks ``denied``
-        (``reports``: what each says)."""
+        """Log, call the breach hook and raise the 429 for the denied checks ``denied``;
+        ``binding``: the report of the one that makes the client wait longest (its
+        ``Retry-After``, and the headers' numbers)."""
         data.deferred.clear()  # a refused request is never charged after its response
         keys = [c.key for c in denied]
         concurrency = all(c.token for c in denied)  # every one a slot (defences.concurrency)
         if concurrency and self.fleet_key is not None and self.fleet_key in keys:
             self.shed(data)
-        binding = max(reports, key=lambda r: r.retry_after)
         # Not finite: the cost exceeds a limit the local fallback divided; it cannot pass now.
         retry = (
             retry_after_seconds(binding.retry_after) if math.isfinite(binding.retry_after) else None

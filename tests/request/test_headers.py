@@ -139,6 +139,26 @@ def test_headers_mode_none_still_sends_retry_after(backend: Backend, clock: Fake
     assert not any(n.lower().startswith(("x-ratelimit", "ratelimit")) for n, _ in denied.headers)
 
 
+def test_limits_refusing_together_report_the_longest_wait(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Two limits refuse one request: ``Retry-After`` and the rate-limit headers are those of
+    the one the client waits longest for, and the problem names both, in declared order."""
+    app, limiter, _ = make_app(backend(), clock, DISTLIMIT_ALGORITHM="fixed_window")
+
+    @app.get("/")
+    @limiter.limit("1/second;1/minute")
+    def index() -> str:
+        return "ok"
+
+    client = app.test_client()
+    assert client.get("/").status_code == 200
+    denied = client.get("/")
+    assert denied.status_code == 429 and denied.headers["Retry-After"] == "60"
+    assert denied.get_json()["violated-policies"] == ["index:1/second", "index:1/minute"]
+    assert denied.headers["RateLimit"] == '"index:1/minute";r=0;t=60'
+
+
 def test_a_429_of_the_app_itself_gets_no_retry_after_from_us(
     backend: Backend, clock: FakeClock
 ) -> None:
