@@ -81,14 +81,6 @@ class Evaluated(NamedTuple):
     wall: float  #: the wall clock (seconds) when they were decided
 
 
-def closest_to_denial(reports: Sequence[Report]) -> Report:
-    """The report to send: the longest wait among denials, else the fewest units left."""
-    denied = [r for r in reports if r.retry_after > 0]
-    if denied:
-        return max(denied, key=lambda r: r.retry_after)
-    return min(reports, key=lambda r: (r.remaining, -r.reset_after))
-
-
 #: The periods an admission stays in each algorithm's windows (the engine registry's ``span``).
 _SPANS: Final[dict[str | None, int]] = {name: e.span for name, e in REGISTRY.items()}
 

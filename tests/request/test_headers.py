@@ -3,14 +3,13 @@ to denial, Retry-After only on 429/503."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import pytest
 from flask import Response
 
 from flask_distlimit.declare.policy_items import sf_string
-from flask_distlimit.request.headers import Report, closest_to_denial, rate_limit_headers
+from flask_distlimit.request.headers import Report, rate_limit_headers
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.testing import FakeClock
 from tests.distlimit_fixtures import backend, clock, make_app
@@ -71,16 +70,6 @@ def test_denied_reports_zero_and_the_retry_time_rounded_up() -> None:
 def test_modes(mode: str, names: set[str]) -> None:
     got = {n for n, _ in rate_limit_headers(mode, _report(), 0.0, denied=False)}  # type: ignore[arg-type]
     assert got == names
-
-
-def test_closest_to_denial() -> None:
-    a = _report("a", remaining=5, reset_after=10)
-    b = _report("b", remaining=2, reset_after=10)
-    c = _report("c", remaining=2, reset_after=3000)
-    assert closest_to_denial([a, b, c]) is c
-    d1 = _report("d1", retry_after=3)
-    d2 = _report("d2", retry_after=math.inf)
-    assert closest_to_denial([a, d1, d2]) is d2
 
 
 def test_headers_report_the_limit_closest_to_denial(backend: Backend, clock: FakeClock) -> None:
