@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 
 from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.errors import StorageError
-from flask_distlimit.storage.base import GiveBack, Storage
+from flask_distlimit.storage.base import GiveBack, Route, Storage
 from flask_distlimit.storage.heartbeat import Fleet
 from flask_distlimit.storage.lease_records import Record
 
@@ -95,7 +95,7 @@ class CountingStorage(Storage):
     def nodes(self) -> Collection[str] | None:
         return self.inner.nodes()
 
-    def route(self, checks: Sequence[Check]) -> list[tuple[str, list[int]]]:
+    def route(self, checks: Sequence[Check]) -> list[Route]:
         return self.inner.route(checks)
 
     def ping(self) -> float:

@@ -45,7 +45,7 @@ from flask_distlimit.resilience.outcome import (
     Outcome,
 )
 from flask_distlimit.resilience.storage_log import StorageLog
-from flask_distlimit.storage.base import Storage
+from flask_distlimit.storage.base import Route, Storage
 from flask_distlimit.telemetry.metrics import Metrics, Sinks
 
 log = logging.getLogger("flask_distlimit.guard")  # a public name (docs/failure-modes.md), kept
@@ -158,7 +158,8 @@ class GuardCore:
         """The breaker of the node serving ``key`` (:attr:`breaker` but on a Redis Cluster)."""
         if self.routed:
             check = Check(key, "fixed_window", 1, 1, 0)
-            return self.breakers.get(self.storage.route([check])[0][0])
+            node, _ = self.storage.route([check])[0]
+            return self.breakers.get(node)
         return self.node_breaker
 
     def _breaker_changed(self, breaker: str, state: BreakerState | None) -> None:
@@ -389,7 +390,7 @@ class GuardCore:
         back), the others are, together (one deadline on a Cluster), and each node's breaker
         then hears once how its parts ended, as :meth:`open_side_call` says: an outage if any of
         them met one, else an answer."""
-        routes = [(self.node, list(range(len(checks))))]  # one node: the one the guard follows
+        routes = [Route(self.node, list(range(len(checks))))]  # one node: the guard's
         if self.routed:
             routes = self.storage.route(checks)
         trying, _ = self.breakers.admit(node for node, _ in routes)

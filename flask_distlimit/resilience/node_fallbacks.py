@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from flask_distlimit.core.decision import Check
 from flask_distlimit.resilience.fallback import DEFAULT_MAX_KEYS, LocalFallback
 from flask_distlimit.resilience.last_known import LastKnown
-from flask_distlimit.storage.base import Storage
+from flask_distlimit.storage.base import Route, Storage
 
 
 class NodeFallbacks:
@@ -31,7 +31,7 @@ class NodeFallbacks:
         settle: float,
         last_known: LastKnown,
         routed: bool,
-        route: Callable[[Sequence[Check]], list[tuple[str, list[int]]]],
+        route: Callable[[Sequence[Check]], list[Route]],
         max_keys: int = DEFAULT_MAX_KEYS,
     ) -> None:
         self._new = functools.partial(

@@ -33,6 +33,13 @@ class GiveBack(NamedTuple):
     now_us: int | None  #: the time injected (tests only), else ``None``: the store's clock
 
 
+class Route(NamedTuple):
+    """Checks evaluated together, atomically, on one node (:meth:`Storage.route`)."""
+
+    node: str  #: the node's name, as :meth:`Storage.node` gives it
+    indexes: list[int]  #: the checks', in the order they were given
+
+
 class Storage(abc.ABC):
     """A rate-limit store. Instances are thread-safe and cheap to share within a process."""
 
@@ -64,10 +71,10 @@ class Storage(abc.ABC):
         """The nodes the storage's topology lists now (no I/O); ``None`` when unknown."""
         return None
 
-    def route(self, checks: Sequence[Check]) -> list[tuple[str, list[int]]]:
-        """The checks in groups, each evaluated atomically on one node: ``(node, indexes)``
-        per group, in order of first appearance; no I/O. Default: one group on :meth:`node`."""
-        return [(self.node(), list(range(len(checks))))]
+    def route(self, checks: Sequence[Check]) -> list[Route]:
+        """The checks in groups, each evaluated atomically on one node, in order of first
+        appearance; no I/O. Default: one group on :meth:`node`."""
+        return [Route(self.node(), list(range(len(checks))))]
 
     def evaluate_parts(
         self, parts: Sequence[Sequence[Check]], *, now_us: int | None = None

@@ -21,6 +21,7 @@ from redis.retry import Retry
 
 from flask_distlimit.core.decision import Check
 from flask_distlimit.engine.scripts import SCRIPT_SOURCE
+from flask_distlimit.storage.base import Route
 from flask_distlimit.storage.evalsha import EvalshaPacker
 from flask_distlimit.storage.pipeline import Pipeline, script_load
 from flask_distlimit.storage.pool import DeadlinePool, queue_budget
@@ -180,10 +181,10 @@ class ClusterNodes(RedisSideCalls):
         except REDIS_FAILURES:
             return None
 
-    def route(self, checks: Sequence[Check]) -> list[tuple[str, list[int]]]:
+    def route(self, checks: Sequence[Check]) -> list[Route]:
         """The slot groups (:meth:`groups`), each with the name of its primary (no I/O)."""
         first = self._first_node
-        return [(self._primary_of(checks[g[0]].key) or first, g) for g in self.groups(checks)]
+        return [Route(self._primary_of(checks[g[0]].key) or first, g) for g in self.groups(checks)]
 
     def _pipeline_of(self, client: RedisCluster, node: ClusterNode) -> Pipeline:
         """The batches of ``node``'s hot-path pool: a :class:`~.pool.DeadlinePool` of
