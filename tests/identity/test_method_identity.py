@@ -210,3 +210,27 @@ def test_a_limit_that_runs_for_a_request_no_route_matched_counts_every_method_to
     # A routed request still counts per method, as per_method says.
     assert [client.open("/", method="GET").status_code for _ in range(4)] == [200] * 3 + [429]
     assert client.open("/", method="OPTIONS").status_code == 200
+
+
+@pytest.mark.parametrize("shadow", [False, True], ids=["refused", "shadow"])
+def test_a_made_up_method_reaches_the_refusal_log_line_escaped(
+    backend: Backend, clock: FakeClock, caplog: pytest.LogCaptureFixture, shadow: bool
+) -> None:
+    """The werkzeug and gevent.pywsgi servers pass any request-line word as the method, control
+    characters and all (gunicorn passes tokens only); a 405 that the global limit refuses (or
+    would, in shadow) wrote it raw into the INFO line: an ESC sequence cleared an operator's
+    terminal. It is quoted now, as log_text quotes what a client may have chosen."""
+    app, _, _ = make_app(
+        backend(), clock, DISTLIMIT_GLOBAL_LIMITS="1/minute", DISTLIMIT_SHADOW=shadow
+    )
+    app.add_url_rule("/", "index", lambda: "ok")
+    client = app.test_client()
+    forged = "G\x1b[2J\x1b]0;owned\x07\nINFO forged"
+    with caplog.at_level(logging.INFO, logger="flask_distlimit"):
+        codes = [client.open("/", method=forged).status_code for _ in range(2)]
+    assert codes == [405, 405 if shadow else 429]
+    heads = ("Rate limit exceeded", "Shadow rate limit would have refused")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(heads)]
+    assert len(lines) == 1, lines
+    assert "\x1b" not in lines[0] and "\n" not in lines[0] and "\x07" not in lines[0]
+    assert repr(forged.upper()) in lines[0]
