@@ -8,6 +8,7 @@ slot per client. The algorithm ends the key: a changed algorithm never reads ano
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Final
 
@@ -20,6 +21,8 @@ from flask_distlimit.identity.digests import IdentityTags
 IDENTITY_KINDS: Final = ("ip:", "user:", "jwt:", "apikey:", "func:")
 
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9_.,;=/+\-]")
+#: The most characters of a limit id in a key (a longer id ends in a digest of the whole).
+_MAX_ID: Final = 200
 
 
 def identity_tag(identity: str, tags: IdentityTags | None = None) -> str:
@@ -56,8 +59,14 @@ def key_tag(key: str) -> str:
 
 
 def key_parts(prefix: str, limit_id: str, algorithm: Algorithm) -> tuple[str, str]:
-    """``("<prefix>:{", "}:<limit id>:<algorithm>")``: a key is ``head + tag + tail``."""
-    return f"{prefix}:{{", f"}}:{_UNSAFE.sub('_', limit_id)[:200]}:{algorithm}"
+    """``("<prefix>:{", "}:<limit id>:<algorithm>")``: a key is ``head + tag + tail``. A limit
+    id over :data:`_MAX_ID` characters is cut before its rate: it ends in a digest of the whole
+    (``=<16 hex>``), so two limits of a long endpoint never share a key."""
+    safe = _UNSAFE.sub("_", limit_id)
+    if len(safe) > _MAX_ID:
+        digest = hashlib.blake2b(limit_id.encode("utf-8", "surrogatepass"), digest_size=8)
+        safe = f"{safe[: _MAX_ID - 17]}={digest.hexdigest()}"
+    return f"{prefix}:{{", f"}}:{safe}:{algorithm}"
 
 
 def limit_key(

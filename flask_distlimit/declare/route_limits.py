@@ -247,19 +247,30 @@ def distinct(bound: Iterable[BoundLimit], prefix: str) -> tuple[BoundLimit, ...]
 
     A ``key_func``'s answer is tagged ``func:<value>`` whatever the function, so without this a
     per-tenant and a per-user limit of ``2/minute`` on one route would count tenant ``x`` and
-    user ``x`` together. Declaration order is the same in every process, so are the ids.
+    user ``x`` together. Declaration order is the same in every process, so are the ids. A
+    route's dynamic values are all bound under ``:dyn``: each after the first gets its suffix.
     """
     out: list[BoundLimit] = []
     seen: dict[tuple[str, str], int] = {}
     for b in bound:
-        if b.spec.key_func is not None and b.dynamic is None:
+        if b.spec.key_func is not None:
             n = seen[(b.limit_id, b.algorithm)] = seen.get((b.limit_id, b.algorithm), 0) + 1
-            if n > 1:
-                limit_id = f"{b.limit_id}:k{n}"
-                head, tail = key_parts(prefix, limit_id, b.algorithm)
-                b = replace(b, limit_id=limit_id, key_head=head, key_tail=tail)
+            b = _kth(b, n, prefix) if n > 1 else b
         out.append(b)
     return tuple(out)
+
+
+def _kth(b: BoundLimit, n: int, prefix: str) -> BoundLimit:
+    """``b`` with ``:k<n>`` after its limit id: a dynamic value's, after each limit it resolves."""
+    limit_id = f"{b.limit_id}:k{n}"
+    head, tail = key_parts(prefix, limit_id, b.algorithm)
+    dynamic = b.dynamic
+    if dynamic is not None:
+        make = dynamic.make
+        dynamic = replace(
+            dynamic, make=lambda rates: tuple(_kth(r, n, prefix) for r in make(rates))
+        )
+    return replace(b, limit_id=limit_id, key_head=head, key_tail=tail, dynamic=dynamic)
 
 
 def strictest(policies: Iterable[_typing.FailurePolicy | None]) -> _typing.FailurePolicy | None:
@@ -371,7 +382,8 @@ def build_plan(
             method=method,
             shadow=shadow,
         ):
-            dedupe = f"{b.limit_id}|{b.algorithm}|{id(b.spec.key_func)}"
+            # a repeat of a limit, not another dynamic value (all bound under ":dyn")
+            dedupe = f"{b.limit_id}|{b.algorithm}|{id(b.spec.key_func)}|{id(b.spec.dynamic)}"
             if dedupe not in seen:
                 seen.add(dedupe)
                 bound.append(b)

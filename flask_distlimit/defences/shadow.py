@@ -15,6 +15,7 @@ from flask import request
 
 from flask_distlimit.core.decision import Check
 from flask_distlimit.core.pacing import OncePerWindow
+from flask_distlimit.declare.dynamic_limits import log_text
 from flask_distlimit.declare.keys import key_tag
 from flask_distlimit.errors import ConfigurationError
 
@@ -79,6 +80,6 @@ class ShadowLog:
             "Shadow rate limit would have refused a request (not enforced): %s; %s %s "
             "(logged once per client and limit per window)",
             ", ".join(f"{c.bound.name} (client {key_tag(c.key)})" for c in fresh),
-            request.method,
+            log_text(request.method),  # any word a server took (not gunicorn: tokens)
             request.endpoint,
         )

@@ -103,6 +103,12 @@ class AppLimiter(Protocol):
     def lease_records_key(self) -> str: ...
 
 
+def _routed_method(req: Request) -> str | None:
+    """The method a limit decided apart from the gate is bound for: ``None`` (every method in
+    one counter) for a request no route matched, whose method the client may have made up."""
+    return req.method if req.endpoint is not None else None
+
+
 class Enforcer:
     """The request path of one app's limiter (see the module docstring)."""
 
@@ -283,7 +289,7 @@ class Enforcer:
             specs, policy = route.inner[carrier], route.policy
         else:
             policy = strictest(spec.on_failure for spec in specs)
-        bounds = self._planner.carried(carrier, specs, req.endpoint, req.method)
+        bounds = self._planner.carried(carrier, specs, req.endpoint, _routed_method(req))
         self._decide_own(req, own, bounds, policy)
 
     def entered(self, spec: LimitSpec) -> None:
@@ -291,7 +297,7 @@ class Enforcer:
         req: Request = request._get_current_object()  # type: ignore[attr-defined]
         own = self._own_data(req)
         if own is not None:
-            bounds = self._planner.bind_now((spec,), req.endpoint, req.method)
+            bounds = self._planner.bind_now((spec,), req.endpoint, _routed_method(req))
             self._decide_own(req, own, bounds, spec.on_failure)
 
     def _own_data(self, req: Request) -> tuple[RequestData, bool] | None:

@@ -51,7 +51,7 @@ class Plans:
     shadow: bool  #: every limit is a shadow limit (``DISTLIMIT_SHADOW = True``)
     #: the plans bound so far, by (endpoint, method)
     routes: dict[tuple[str | None, str], RoutePlan] = field(default_factory=dict, init=False)
-    _carried: dict[tuple[object, str | None, str], tuple[BoundLimit, ...]] = field(
+    _carried: dict[tuple[object, str | None, str | None], tuple[BoundLimit, ...]] = field(
         default_factory=dict, init=False
     )
     #: the app's view functions as registered, by endpoint; None until the first request
@@ -92,7 +92,7 @@ class Plans:
         return plan
 
     def carried(
-        self, carrier: object, specs: Sequence[Any], endpoint: str | None, method: str
+        self, carrier: object, specs: Sequence[Any], endpoint: str | None, method: str | None
     ) -> tuple[BoundLimit, ...]:
         """The limits ``specs`` of the limit wrapper ``carrier``, bound once per endpoint and
         method."""
@@ -106,7 +106,7 @@ class Plans:
         return bounds
 
     def bind_now(
-        self, specs: Sequence[LimitSpec], label: str | None, method: str
+        self, specs: Sequence[LimitSpec], label: str | None, method: str | None
     ) -> tuple[BoundLimit, ...]:
         """``specs`` bound for ``label`` (the endpoint) and ``method``, neither kept nor told to
         the leases (``with limiter.limit(...)``, whose spec is made anew by every request)."""

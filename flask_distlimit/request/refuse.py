@@ -30,6 +30,7 @@ from flask_distlimit.core.problem import (
     retry_after_seconds,
 )
 from flask_distlimit.declare import refusal_options
+from flask_distlimit.declare.dynamic_limits import log_text
 from flask_distlimit.declare.keys import key_tag
 from flask_distlimit.declare.route_limits import BoundLimit
 from flask_distlimit.identity import Identity
@@ -123,7 +124,7 @@ class Refusals:
                 ", ".join(f"{c.bound.name} (client {key_tag(c.key)})" for c in fresh),
                 digest,
                 tier or "-",
-                request.method,
+                log_text(request.method),  # any word a server took (not gunicorn: tokens)
                 request.endpoint,
                 retry,
             )
@@ -217,7 +218,8 @@ class Refusals:
                     log.exception(
                         "The on_breach hook %s raised while refusing %s %s; the 429 is sent "
                         "without it.",
-                        getattr(hook, "__qualname__", hook), request.method, request.endpoint,
+                        getattr(hook, "__qualname__", hook), log_text(request.method),
+                        request.endpoint,
                     )  # fmt: skip
                     continue
                 if isinstance(answer, WerkzeugResponse):

@@ -589,3 +589,31 @@ def test_two_key_func_limits_of_one_rate_count_apart(backend: Backend, clock: Fa
     # tenant x: 1 of 2 spent; user z: none. Sharing keys, tenant x would meet user x's count.
     assert client.get("/orders?tenant=x&user=z").status_code == 200
     assert client.get("/orders?tenant=x&user=w").status_code == 429  # tenant x: 2 of 2
+
+
+def test_limits_of_a_long_endpoint_never_share_a_key(backend: Backend, clock: FakeClock) -> None:
+    """A key holds at most 200 characters of its limit's id, cut from the end, where the rate
+    (and a second key_func limit's ``:k2``) is: on an endpoint of about 200 characters,
+    ``2/minute`` and ``100/hour`` had one key, the request kept the first check of a key, and
+    ``2/minute`` never applied; tenant ``y`` met user ``y``'s count. A long id is cut with a
+    digest of the whole now, so that every limit keeps a key of its own, of bounded length."""
+    app, limiter, counting = make_app(backend(), clock)
+    long = "reports." + "monthly_revenue_by_region_" * 8  # a nested blueprint's endpoint
+
+    def report() -> str:
+        return "ok"
+
+    def orders() -> str:
+        return "ok"
+
+    app.add_url_rule("/r", long, limiter.limit("2/minute")(limiter.limit("100/hour")(report)))
+    per_tenant = limiter.limit("2/minute", key_func=lambda: request.args["tenant"])
+    per_user = limiter.limit("2/minute", key_func=lambda: request.args["user"])
+    app.add_url_rule("/o", long + "_orders", per_tenant(per_user(orders)))
+    assert statuses(app, "/r", 3) == [200, 200, 429]  # before: 200 three times
+    client = app.test_client()
+    orders = ["tenant=x&user=y", "tenant=y&user=z", "tenant=y&user=w"]
+    assert [client.get(f"/o?{q}").status_code for q in orders] == [200] * 3  # before: 429 last
+    keys = {c.key for checks in counting.checks for c in checks}
+    assert len(keys) == 2 + 5, keys  # tenants x and y, users y, z and w
+    assert max(map(len, keys)) <= len(limiter.state(app).settings.key_prefix) + 250

@@ -318,3 +318,33 @@ def test_the_cli_lists_a_callable_global_limit_and_reset_skips_it(
     assert "every request" in listed.output and "plan" in listed.output
     reset = app.test_cli_runner().invoke(distlimit_cli, ["reset", "--ip", "127.0.0.1"])
     assert reset.exit_code == 0, reset.output
+
+
+def test_two_dynamic_limits_of_one_view_both_apply_and_count_apart(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Every dynamic value of a route is bound under the id ``r:<endpoint>:dyn``: a second one
+    (a daily quota from the database beside a per-minute mapping) was taken for a repeat of the
+    first and dropped, so it never applied. And two of them keyed by ``key_func`` that answered
+    the same rate shared one counter per text, as static ones did before ``:k2``: a client that
+    named itself after a tenant (a user ``acme``) spent that tenant's quota."""
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.get("/export")
+    @limiter.limit(lambda: "2/day")
+    @limiter.limit({"*": "100/minute"})
+    def export() -> str:
+        return "ok"
+
+    @app.get("/orders")
+    @limiter.limit(lambda: "2/minute", key_func=lambda: request.args["tenant"])
+    @limiter.limit(lambda: "2/minute", key_func=lambda: request.args["user"])
+    def orders() -> str:
+        return "ok"
+
+    assert statuses(app, "/export", 3) == [200, 200, 429]  # before: the 2/day never applied
+    client = app.test_client()
+    orders_of = ["tenant=x&user=acme", "tenant=acme&user=y", "tenant=acme&user=z"]
+    # tenant acme: 2 of 2, user acme: 1 of 2 (before: 3 of 2 in one counter, a 429)
+    assert [client.get(f"/orders?{q}").status_code for q in orders_of] == [200] * 3
+    assert client.get("/orders?tenant=acme&user=w").status_code == 429

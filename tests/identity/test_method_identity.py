@@ -7,6 +7,8 @@ Flask answers HEAD with the GET view (``MethodView.get`` when the class has no `
 limit counted per method would give HEAD a counter of its own and let the view run twice its
 quota. Flask's own OPTIONS answer and a CORS preflight answered by flask-cors keep their
 treatment: global limits only (``DISTLIMIT_CHARGE_PREFLIGHTS`` counts them on the route too).
+A request no route matched has a method the client may have made up: a limit that runs for it
+is bound once for every method.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 from flask import Flask, request
 from flask.views import MethodView
 
+from flask_distlimit import Limiter
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.testing import FakeClock
 from tests.distlimit_fixtures import backend, clock, make_app
@@ -170,3 +173,64 @@ def test_a_tier_limit_counts_requests_that_cost_more_than_their_route_limit(
     assert client.post("/batch?n=1").status_code == 429  # the tier's 3 are spent
     clock.advance(120)
     assert client.post("/batch?n=1").status_code == 200
+
+
+@pytest.mark.parametrize("declared", ["wrapper", "with"])
+def test_a_limit_that_runs_for_a_request_no_route_matched_counts_every_method_together(
+    backend: Backend, clock: FakeClock, declared: str
+) -> None:
+    """A limit wrapper (a helper the app's hook calls) or a ``with limiter.limit(...)`` block
+    that runs for a 404 or a 405 was bound for the method the client sent, which no route
+    vouches for (gunicorn passes any 3-20 letter token): each made-up method got a counter of
+    its own under ``per_method``, and the process kept every wrapper's binding, a few KB per
+    method, without end. Such a request's limits now count every method in one counter."""
+    app, limiter, counting = make_app(backend(), clock)
+
+    @limiter.limit("3/minute", per_method=True)
+    def authenticate() -> None:
+        return None
+
+    @app.before_request
+    def hook() -> None:
+        if declared == "wrapper":
+            authenticate()
+        else:
+            with limiter.limit("3/minute", per_method=True):
+                pass
+
+    app.add_url_rule("/", "index", lambda: "ok")
+    client = app.test_client()
+    codes = [client.open(f"/missing{i}", method=f"M{i:04d}").status_code for i in range(6)]
+    assert codes == [404] * 3 + [429] * 3  # before: 404 every time, a fresh counter per method
+    assert len({c.key for checks in counting.checks for c in checks}) == 1
+    for i in range(6, 50):
+        client.open(f"/missing{i}", method=f"M{i:04d}")
+    carried = Limiter.state(app).enforcer._planner._carried
+    assert len(carried) <= 1  # before: one binding kept per method (wrapper)
+    # A routed request still counts per method, as per_method says.
+    assert [client.open("/", method="GET").status_code for _ in range(4)] == [200] * 3 + [429]
+    assert client.open("/", method="OPTIONS").status_code == 200
+
+
+@pytest.mark.parametrize("shadow", [False, True], ids=["refused", "shadow"])
+def test_a_made_up_method_reaches_the_refusal_log_line_escaped(
+    backend: Backend, clock: FakeClock, caplog: pytest.LogCaptureFixture, shadow: bool
+) -> None:
+    """The werkzeug and gevent.pywsgi servers pass any request-line word as the method, control
+    characters and all (gunicorn passes tokens only); a 405 that the global limit refuses (or
+    would, in shadow) wrote it raw into the INFO line: an ESC sequence cleared an operator's
+    terminal. It is quoted now, as log_text quotes what a client may have chosen."""
+    app, _, _ = make_app(
+        backend(), clock, DISTLIMIT_GLOBAL_LIMITS="1/minute", DISTLIMIT_SHADOW=shadow
+    )
+    app.add_url_rule("/", "index", lambda: "ok")
+    client = app.test_client()
+    forged = "G\x1b[2J\x1b]0;owned\x07\nINFO forged"
+    with caplog.at_level(logging.INFO, logger="flask_distlimit"):
+        codes = [client.open("/", method=forged).status_code for _ in range(2)]
+    assert codes == [405, 405 if shadow else 429]
+    heads = ("Rate limit exceeded", "Shadow rate limit would have refused")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(heads)]
+    assert len(lines) == 1, lines
+    assert "\x1b" not in lines[0] and "\n" not in lines[0] and "\x07" not in lines[0]
+    assert repr(forged.upper()) in lines[0]
