@@ -1,20 +1,20 @@
 """What OpenTelemetry costs a request: the API alone (no SDK), and an SDK provider
 (docs/failure-modes.md).
 
-    python bench/otel_cost.py --rounds 41 --batch 400
+    python bench/otel_cost.py --rounds 41 --batch 400 [--url redis://127.0.0.1:6379/0]
 
 Three apps, alike but for OpenTelemetry: each with one route limit (huge, never reached) and
-the default tier limit, on ``memory://`` (no Redis: its noise would hide a few microseconds;
-the instruments are told the same on every storage). ``off`` is built as without the API: no
-instruments, no ``teardown_request`` function. ``api`` is instrumented as ``init_app`` does
-when ``opentelemetry-api`` is installed: the API's global provider, its proxy, with no SDK
-provider set, so nothing reads the instruments. ``sdk`` records into an SDK ``MeterProvider``
-read by an ``InMemoryMetricReader`` (production's setup, without an exporter thread), collected
-after each of its batches, outside the timing, as a periodic reader would. Every call is
-``app(environ.copy(), start_response)`` of one environ built once. Rounds are interleaved, the
-apps in a shuffled order; an app's time in a round is the median of its batch. Printed: each
-app's median over the rounds, and each cost (the difference from ``off`` within a round) with
-the 95 % confidence interval of its median (``bench/intervals.py``).
+the default tier limit, on ``memory://`` (by default: Redis's noise would hide a few
+microseconds, and the instruments are told the same on every storage). ``off`` is built as
+without the API: no instruments, no ``teardown_request`` function. ``api`` is instrumented as
+``init_app`` does when ``opentelemetry-api`` is installed: the API's global provider, its
+proxy, with no SDK provider set, so nothing reads the instruments. ``sdk`` records into an SDK
+``MeterProvider`` read by an ``InMemoryMetricReader`` (production's setup, without an exporter
+thread), collected after each of its batches, outside the timing, as a periodic reader would.
+Every call is ``app(environ.copy(), start_response)`` of one environ built once. Rounds are
+interleaved, the apps in a shuffled order; an app's time in a round is the median of its
+batch. Printed: each app's median over the rounds, and each cost (the difference from ``off``
+within a round) with the 95 % confidence interval of its median (``bench/intervals.py``).
 """
 
 from __future__ import annotations
@@ -36,9 +36,14 @@ from flask_distlimit import Limiter
 from flask_distlimit.telemetry import otel
 
 
-def _app(name: str, reader: InMemoryMetricReader | None = None) -> Flask:
+def _app(name: str, url: str, reader: InMemoryMetricReader | None = None) -> Flask:
     app = Flask(f"otel-{name}")
-    app.config.update(DISTLIMIT_STORAGE_URL="memory://", DISTLIMIT_STARTUP_CHECK="off")
+    app.config.update(
+        SECRET_KEY="otel-cost",
+        DISTLIMIT_STORAGE_URL=url,
+        DISTLIMIT_KEY_PREFIX=f"otel-cost-{name}",
+        DISTLIMIT_STARTUP_CHECK="off",
+    )
     auto = otel.auto
     if name == "off":  # init_app as without the API: no instruments, no teardown function
         otel.auto = lambda state: None  # type: ignore[assignment]
@@ -57,6 +62,9 @@ def _app(name: str, reader: InMemoryMetricReader | None = None) -> Flask:
     if reader is not None:
         otel.instrument(state, meter_provider=MeterProvider(metric_readers=[reader]))
     return app
+
+
+NAMES = ("off", "api", "sdk")
 
 
 def _batch(app: Flask, environ: dict[str, Any], n: int) -> float:
@@ -88,11 +96,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=41)
     parser.add_argument("--batch", type=int, default=400)
+    parser.add_argument("--url", default="memory://", help="the storage (default: memory://)")
     args = parser.parse_args()
     provider = type(get_meter_provider()).__name__
     assert provider == "_ProxyMeterProvider", f"an SDK provider is set ({provider})"
     reader = InMemoryMetricReader()
-    apps = {"off": _app("off"), "api": _app("api"), "sdk": _app("sdk", reader)}
+    apps = {name: _app(name, args.url, reader if name == "sdk" else None) for name in NAMES}
     environ = EnvironBuilder(path="/", environ_base={"REMOTE_ADDR": "10.0.0.1"}).get_environ()
     for app in apps.values():  # warm up: plans, instruments, key caches
         _batch(app, environ, 200)
