@@ -1,8 +1,9 @@
 """Limits a ``before_request`` hook runs (a limited helper it calls, a ``with limiter.limit``
-block there): on memory, fakeredis and a real redis-server."""
+block there), and ``exempt_when`` that raises: on memory, fakeredis and a real redis-server."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -118,3 +119,27 @@ def test_a_request_whose_hook_ran_a_limit_takes_its_place_in_the_worker(clock: F
     assert client.get("/export?p=sheddable").status_code == 503
     streaming.close()
     assert client.get("/export?p=sheddable").status_code == 200
+
+
+def test_an_exempt_when_that_raises_does_not_exempt(
+    backend: Backend, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under the default policy (open) an ``exempt_when`` that raised skipped the limit: a
+    client who could make it raise (here a header it reads) switched the limit off. It is
+    logged now, as a request filter that raises is, and the limit applies."""
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.get("/orders")
+    @limiter.limit("2/minute", exempt_when=lambda: int(request.headers["X-Level"]) > 9)
+    def orders() -> str:
+        return "ok"
+
+    client = app.test_client()
+    with caplog.at_level(logging.ERROR, logger="flask_distlimit"):
+        answers = [client.get("/orders", headers={"X-Level": "x"}) for _ in range(3)]
+    assert [r.status_code for r in answers] == [200, 200, 429]  # before: [200, 200, 200]
+    assert not any("X-RateLimit-Degraded" in r.headers for r in answers)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors  # paced: once a minute per limit
+    assert "orders:2/minute" in errors[0] and "exempt_when raised ValueError" in errors[0]
+    assert client.get("/orders", headers={"X-Level": "10"}).status_code == 200  # true exempts
