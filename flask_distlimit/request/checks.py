@@ -3,7 +3,8 @@
 :meth:`Checks.decide` orders them as the storage sees them: the fleet's slot, the global limits
 (under the client address), the tier limits, then route and shared limits (under the identity,
 or the ``key_func``'s answer: ``None`` or ``""`` skips the limit). A limit whose app code raises
-is logged at ERROR, then skipped as degraded under policy ``open``, else a 503: never dropped.
+is logged at ERROR, then skipped as degraded under policy ``open``, else a 503: never dropped;
+an ``exempt_when`` that raises does not exempt.
 The checks go to :meth:`Decider.decide <flask_distlimit.request.decide.Decider.decide>`.
 """
 
@@ -17,7 +18,7 @@ from typing import Final
 from flask import Request
 from werkzeug.exceptions import HTTPException
 
-from flask_distlimit._typing import KeyFunc
+from flask_distlimit._typing import FailurePolicy, KeyFunc
 from flask_distlimit.core.algorithms import CONCURRENCY, MAX_LIMITS_PER_REQUEST
 from flask_distlimit.core.decision import Check
 from flask_distlimit.core.pacing import Pace
@@ -185,9 +186,15 @@ class Checks:
             fixed -= 1
             tag = itag
             spec = b.spec
+            if spec.exempt_when is not None:
+                try:
+                    if spec.exempt_when():
+                        continue
+                except HTTPException:  # the app's own answer (request.form["user"]: a 400)
+                    raise
+                except Exception as exc:  # it does not exempt: a client may make it raise
+                    self._log_failure(b, "exempt_when", exc, None)
             try:
-                if spec.exempt_when is not None and spec.exempt_when():
-                    continue
                 if spec.key_func is not None:
                     text = _key_text(b, spec.key_func)
                     if text is None:  # no key: this request is not counted by this limit
@@ -206,7 +213,9 @@ class Checks:
             except HTTPException:  # the app's own answer (request.form["user"]: a 400)
                 raise
             except Exception as exc:  # the app's code failed: the failure policy answers
-                self._unresolved(b, exc, plan, data)
+                policy = plan.policy or self.settings.failure_policy
+                self._log_failure(b, "key_func or cost", exc, policy)
+                self._by_policy(plan, data)
                 continue
             if b.algorithm == CONCURRENCY:  # a slot, not a cost (defences.concurrency)
                 checks.append(slot_check(b, tag, self.settings.concurrency_lease))
@@ -260,12 +269,12 @@ class Checks:
             self._by_policy(plan, data)
             return ()
 
-    def _unresolved(
-        self, b: BoundLimit, exc: Exception, plan: RoutePlan, data: RequestData
+    def _log_failure(
+        self, b: BoundLimit, option: str, exc: Exception, policy: FailurePolicy | None
     ) -> None:
-        """The ``key_func``, ``exempt_when`` or ``cost`` of ``b`` raised (or answered what is not
-        a key or a cost): log it (at most once a minute per limit), then let the failure policy
-        answer (:meth:`_by_policy`)."""
+        """Log at ERROR (at most once a minute per limit) that ``option`` of ``b`` raised (or
+        answered what is not a key or a cost); ``policy``: the failure policy that then answers
+        (:meth:`_by_policy`), None when the limit applies (an ``exempt_when`` that raised)."""
         now = self.local_clock()
         pace = self.paces.get(b.name)
         if pace is None:
@@ -274,13 +283,14 @@ class Checks:
             pace = self.paces[b.name] = Pace(LOG_INTERVAL * 1_000_000)
         if pace.due(now) is not None:
             log.error(
-                "The rate limit %s could not be evaluated: its key_func, exempt_when or cost "
-                "raised %s: %s. The failure policy %s answers (open: admitted, marked degraded; "
-                "closed or local: 503). (Logged at most once a minute per limit.)",
-                b.name, type(exc).__name__, log_text(exc),
-                plan.policy or self.settings.failure_policy, exc_info=exc,
+                "The rate limit %s: its %s raised %s: %s. %s (Logged at most once a minute per "
+                "limit.)",
+                b.name, option, type(exc).__name__, log_text(exc),
+                "The limit applies." if policy is None else f"It could not be evaluated: the "
+                f"failure policy {policy} answers (open: admitted, marked degraded; closed or "
+                "local: 503).",
+                exc_info=exc,
             )  # fmt: skip
-        self._by_policy(plan, data)
 
     def _by_policy(self, plan: RoutePlan, data: RequestData) -> None:
         """A limit of the request cannot be evaluated: under the failure policy ``open`` it is

@@ -249,21 +249,28 @@ class Enforcer:
         def gate(*args: Any, **kwargs: Any) -> Any:
             req: Request = request._get_current_object()  # type: ignore[attr-defined]
             plan = plans.get((endpoint, req.method)) or self.plan(endpoint, req.method, view)
-            exempt = plan.exempt
-            asked = False  # the request filters
-            if self._worker_shedding and not exempt:
-                asked = True
-                exempt = bool(self._filters and filtered(self._filters))
-                if not exempt:  # after every hook, unless it was decided before them
+            data: RequestData | None = req.environ.get(self.environ_key)
+            if data is not None:  # a hook's limit opened it, and counted every request's limits
+                exempt = data.exempt
+                if not exempt:
                     self._state.shedding.admit()
-            if not self._every_request and plan.idle:
-                return view(*args, **kwargs)  # nothing to count, nothing a wrapper needs to know
-            if not (exempt or asked) and self._filters:
-                exempt = filtered(self._filters)
-            data = RequestData(plan.covered, exempt=exempt)
-            req.environ[self.environ_key] = data
-            if not exempt:
-                self._checks.decide(req, data, plan, every_request=True)
+                    self._checks.decide(req, data, plan, every_request=False)
+            else:
+                exempt = plan.exempt
+                asked = False  # the request filters
+                if self._worker_shedding and not exempt:
+                    asked = True
+                    exempt = bool(self._filters and filtered(self._filters))
+                    if not exempt:  # after every hook, unless it was decided before them
+                        self._state.shedding.admit()
+                if not self._every_request and plan.idle:
+                    return view(*args, **kwargs)  # nothing to count, nothing to tell a wrapper
+                if not (exempt or asked) and self._filters:
+                    exempt = filtered(self._filters)
+                data = RequestData(plan.covered, exempt=exempt)
+                req.environ[self.environ_key] = data
+                if not exempt:
+                    self._checks.decide(req, data, plan, every_request=True)
             if inner is not None and (exempt or view in plan.covered):
                 return inner(*args, **kwargs)
             return view(*args, **kwargs)
@@ -300,35 +307,39 @@ class Enforcer:
             bounds = self._planner.bind_now((spec,), req.endpoint, _routed_method(req))
             self._decide_own(req, own, bounds, spec.on_failure)
 
-    def _own_data(self, req: Request) -> tuple[RequestData, bool] | None:
-        """The request's data for limits decided apart from the gate's call, and whether the
-        gate has not run (its work, the limits of every request, is then to do too); None when
-        the request is exempt."""
+    def _own_data(self, req: Request) -> tuple[RequestData, RoutePlan | None] | None:
+        """The request's data for limits decided apart from the gate's call, with the route's
+        plan when the gate has not run (a ``before_request`` hook runs the limit: its call
+        decides the limits of every request too, and the gate then does not again); None when
+        the request is exempt (its route, or a request filter)."""
         environ = req.environ
         data: RequestData | None = environ.get(self.environ_key)
         if data is not None:
-            return None if data.exempt else (data, False)
-        if self._filters and filtered(self._filters):
-            environ[self.environ_key] = RequestData(exempt=True)
-            return None
-        data = environ[self.environ_key] = RequestData()
-        return data, True
+            return None if data.exempt else (data, None)
+        endpoint = req.endpoint
+        route = _NO_ROUTE  # a 404 or 405: no plan kept per method (a client may make one up)
+        if endpoint is not None:
+            route = self.plan(endpoint, req.method, self.original_view(endpoint))
+        exempt = route.exempt or bool(self._filters and filtered(self._filters))
+        data = environ[self.environ_key] = RequestData(route.covered, exempt=exempt)
+        return None if exempt else (data, route)
 
     def _decide_own(
         self,
         req: Request,
-        own: tuple[RequestData, bool],
+        own: tuple[RequestData, RoutePlan | None],
         bounds: tuple[BoundLimit, ...],
         policy: FailurePolicy | None,
     ) -> None:
-        data, every_request = own
+        data, route = own
         plan = RoutePlan(
             exempt=False,
             limits=bounds,
             policy=policy,
             needs_identity=any(b.needs_identity for b in bounds),
+            app_limits=route is not None and route.app_limits,
         )
-        self._checks.decide(req, data, plan, every_request=every_request)
+        self._checks.decide(req, data, plan, every_request=route is not None)
 
     # -- after the view ------------------------------------------------------------------------
 
