@@ -123,7 +123,7 @@ class Refusals:
                 "(logged once per client and limit per window)",
                 ", ".join(f"{c.bound.name} (client {key_tag(c.key)})" for c in fresh),
                 digest,
-                tier or "-",
+                log_text(tier) if tier else "-",  # a claim's or a hook's text, maybe a client's
                 log_text(request.method),  # any word a server took (not gunicorn: tokens)
                 request.endpoint,
                 retry,

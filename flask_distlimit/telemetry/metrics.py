@@ -42,8 +42,9 @@ MAX_BREAKER_LABELS: Final = 1_000
 OTHER: Final = "other"
 _REASONS: Final = frozenset({"worker", "fleet"})
 #: A dynamic limit's rate in its key: its limit id ``<head>:dyn:100/60`` (``:dyn:c5`` for a
-#: concurrency) is ``<head>_dyn_100/60`` there (:func:`flask_distlimit.declare.keys.key_parts`).
-_DYNAMIC_RATE: Final = re.compile(r"(?<=_dyn)_c?\d+(?:/\d+)?(?=:[a-z_]+$)")
+#: concurrency) is ``<head>_dyn_100/60`` there (:func:`flask_distlimit.declare.keys.key_parts`),
+#: ``<head>_dyn_100/60_k2`` for a route's second ``key_func`` limit.
+_DYNAMIC_RATE: Final = re.compile(r"(?<=_dyn)_c?\d+(?:/\d+)?(?=(?:_k\d+)?:[a-z_]+$)")
 
 LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,

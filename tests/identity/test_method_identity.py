@@ -234,3 +234,22 @@ def test_a_made_up_method_reaches_the_refusal_log_line_escaped(
     assert len(lines) == 1, lines
     assert "\x1b" not in lines[0] and "\n" not in lines[0] and "\x07" not in lines[0]
     assert repr(forged.upper()) in lines[0]
+
+
+def test_a_tier_reaches_the_refusal_log_line_escaped(
+    backend: Backend, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With no tier table a tier is any text an identity hook (here the tier resolver) or a
+    token's claim gives, which may come from what a client sent: it was written raw into the
+    refusal's INFO line."""
+    app, limiter, _ = make_app(backend(), clock, DISTLIMIT_TIERS={})  # no tier table
+    forged = "pro\x1b[2J\nINFO forged"
+    limiter.tier_resolver(lambda identity: forged)
+    app.add_url_rule("/", "index", limiter.limit("1/minute")(lambda: "ok"))
+    client = app.test_client()
+    with caplog.at_level(logging.INFO, logger="flask_distlimit"):
+        codes = [client.get("/").status_code for _ in range(2)]
+    assert codes == [200, 429]
+    lines = [r.getMessage() for r in caplog.records if "Rate limit exceeded" in r.getMessage()]
+    assert len(lines) == 1 and "\x1b" not in lines[0] and "\n" not in lines[0], lines
+    assert f"tier {forged!r}," in lines[0]

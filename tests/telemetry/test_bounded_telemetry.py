@@ -153,3 +153,19 @@ def test_a_failing_callable_logs_escaped_text_once_a_minute(
         text = record.getMessage()
         assert "\n" not in text and "\x1b" not in text and "fallback 2/minute" in text
     assert "499 failure(s) since the last line" in errors[1].getMessage()
+
+
+@pytest.mark.parametrize("suffix", ["", ":k2", ":k13"])
+def test_every_rate_of_a_dynamic_limit_has_one_label_after_a_second_key_func_too(
+    suffix: str,
+) -> None:
+    """A route's second ``key_func`` limit with a callable value counts under ``...:k2``: its
+    label dropped the rate only without that suffix, one label per rate answered."""
+    from flask_distlimit.declare.keys import key_parts
+    from flask_distlimit.telemetry.metrics import limit_label
+
+    labels = set()
+    for rate in ("100/60", "7/3600", "c5"):
+        head, tail = key_parts("ratelimit", f"r:orders:dyn:{rate}{suffix}", "gcra")
+        labels.add(limit_label(f"{head}t1{tail}"))
+    assert labels == {f"r_orders_dyn{suffix.replace(':', '_')}:gcra"}
