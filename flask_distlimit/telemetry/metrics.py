@@ -2,7 +2,7 @@
 
 :data:`INSTRUMENTS` declares each instrument once, for Prometheus (:class:`Metrics`) and
 OpenTelemetry (:mod:`.otel`). What a sink is told, and the gauges' values, are written once in
-:class:`Instruments`: a side only says what counts on one series (``_counter``, kept per
+:class:`Instruments`: a side only says how it counts on one series (``_counter``, kept per
 series) and reads the gauges when scraped; :class:`Sinks` tells every sink a guard has.
 ``prometheus_client`` is imported only when a :class:`Metrics` is built. Every label (and
 OpenTelemetry attribute) takes values from a set that does not grow with clients or quotas:
@@ -25,7 +25,8 @@ from flask_distlimit.core.priorities import PRIORITIES
 from flask_distlimit.errors import ConfigurationError
 
 _T = TypeVar("_T")
-#: How Prometheus counts ``amount`` on one series (a child's ``inc``, a histogram's ``observe``).
+#: How a side counts ``amount`` on one series (a Prometheus child's ``inc``, an OpenTelemetry
+#: counter's ``add`` with its attributes).
 Count: TypeAlias = Callable[[float], object]
 
 BREAKER_STATE_VALUES = {"closed": 0, "half-open": 1, "open": 2}
@@ -54,7 +55,7 @@ LATENCY_BUCKETS = (
 #: unit, description. A side without the instrument has ``None`` for its name (OpenTelemetry
 #: counts shed requests in ``distlimit.requests``; Prometheus counts no requests, no slots). A
 #: gauge is read when scraped: a custom collector on Prometheus, an observable gauge on
-#: OpenTelemetry (whose counters are observable too: :mod:`.otel`).
+#: OpenTelemetry.
 INSTRUMENTS: Final = (
     ("requests", "counter", None, (), "distlimit.requests", "{request}",
      "Requests the rate limiter decided, by result"),
@@ -129,28 +130,27 @@ class Instruments:
 
     def __init__(self, made: dict[str, Any]) -> None:
         self.made = made
-        self._mutex = threading.Lock()
-        #: each series' counter, as its side made it (:meth:`_counter`)
-        self._counts: dict[tuple[Any, ...], Any] = {}
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str | None, ...], Count] = {}
         self._labels: set[str] = set()  # the limit label values given out
         #: each gauge's series: its label's value ("" for none) -> its value, or how to read it
         self._gauges: dict[str, dict[str, float | Callable[[], float]]] = {
             attribute: {} for attribute, kind, *_ in INSTRUMENTS if kind == "gauge"
         }
 
-    def _counter(self, family: str, labels: dict[str, Any]) -> Any:
-        """What this side counts on ``family`` for ``labels`` with (``limit`` bounded)."""
+    def _counter(self, family: str, labels: dict[str, str]) -> Count:
+        """How this side counts on ``family`` for ``labels`` (``limit`` bounded)."""
         raise NotImplementedError
 
     def _label(self, label: str) -> str:
         """``label``, or :data:`OTHER` past :data:`MAX_LIMIT_LABELS` distinct values."""
-        with self._mutex:  # rare: a series' first count (then kept by _count), a lease's top-up
+        with self._lock:  # rare: a series' first count (then kept by _count), a lease's top-up
             if label in self._labels or len(self._labels) < MAX_LIMIT_LABELS:
                 self._labels.add(label)
                 return label
         return OTHER
 
-    def _count(self, family: str, limit: str | None, labels: dict[str, Any]) -> Any:
+    def _count(self, family: str, limit: str | None, labels: dict[str, str]) -> Count:
         """The counter of one series, kept (up to :data:`_MAX_CHILDREN`) under the key
         ``(family, limit, *labels.values())``."""
         bounded = labels if limit is None else {"limit": self._label(limit), **labels}
@@ -162,7 +162,7 @@ class Instruments:
 
     def _readings(self, gauge: str) -> list[tuple[str, float]]:
         """Each series of ``gauge`` (its label's value) and its value now, as a side reads it."""
-        with self._mutex:
+        with self._lock:
             series = list(self._gauges[gauge].items())
         return [(label, value() if callable(value) else value) for label, value in series]
 
@@ -173,18 +173,18 @@ class Instruments:
         """Report ``held(label)`` as ``lease_units`` of the limit of ``key`` when read."""
         label = self._label(limit_label(key))
         if label != OTHER:
-            with self._mutex:
+            with self._lock:
                 self._gauges["lease_units"].setdefault(label, functools.partial(held, label))
 
     def breaker_changed(self, breaker: str, state: str) -> None:
         breakers = self._gauges["breaker_state"]
-        with self._mutex:
+        with self._lock:
             if breaker in breakers or len(breakers) < MAX_BREAKER_LABELS:
                 breakers[breaker] = BREAKER_STATE_VALUES.get(state, 2)
 
     def breaker_removed(self, breaker: str) -> None:
         """Drop the series of a breaker whose node left the topology."""
-        with self._mutex:
+        with self._lock:
             self._gauges["breaker_state"].pop(breaker, None)
 
     def add(self, family: str, amount: float = 1, limit: str | None = None, **labels: str) -> None:

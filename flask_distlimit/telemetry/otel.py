@@ -2,15 +2,13 @@
 (:data:`~.metrics.INSTRUMENTS`), and one count per request, through the OpenTelemetry API only.
 
 When ``opentelemetry-api`` is importable, every app's limiter records into the global
-``MeterProvider`` (through the API's proxy: a provider set later reads every count, those made
-before it too); :func:`instrument` passes another one. Without the package nothing is imported
-and nothing runs. The instruments of one provider are made once and shared by every app; the
-guard tells them beside the Prometheus metrics
-(:meth:`~flask_distlimit.resilience.guard.Guard.add_sink`), and :func:`request`, a
-``teardown_request`` function, counts each request's result once, however its response ended
-(an app's ``after_request`` hook that raised too). Counters are totals kept in this process,
-read by observable instruments when the provider collects; a forked child starts them from
-zero. The instruments and their attributes: docs/failure-modes.md, "Observability".
+``MeterProvider`` (through the API's proxy: a provider set later is used from then on);
+:func:`instrument` passes another one. Without the package nothing is imported and nothing runs.
+The instruments of one provider are made once and shared by every app; the guard tells them
+beside the Prometheus metrics (:meth:`~flask_distlimit.resilience.guard.Guard.add_sink`), and
+:func:`request`, a ``teardown_request`` function, counts each request's result once, however its
+response ended (an app's ``after_request`` hook that raised too). The instruments and their
+attributes: docs/failure-modes.md, "Observability".
 """
 
 from __future__ import annotations
@@ -18,30 +16,19 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
-import threading
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Final, Protocol, cast
+from collections.abc import Callable, Iterable
+from typing import Any, Final, Protocol
 
 import flask
 
-from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.core.problem import PROBLEM_MEDIA_TYPE
-from flask_distlimit.forks import AfterFork
-from flask_distlimit.telemetry import metrics
+from flask_distlimit.telemetry.metrics import INSTRUMENTS, LATENCY_BUCKETS, Instruments, OnePer
 
 log = logging.getLogger("flask_distlimit")
-#: The request being served, itself: an attribute read through Flask's proxy costs more than
-#: the rest of :func:`request` (werkzeug's ``LocalProxy._get_current_object``, which Flask's
-#: "Notes On Proxies" documents).
-_current_request: Final[Callable[[], flask.Request]] = cast(Any, flask.request)._get_current_object
-#: The attributes of a storage call answered.
-_CALL_OK: Final = {"distlimit.outcome": "ok"}
 
 
-class OTelMetrics(metrics.Instruments):
-    """The instruments of one ``MeterProvider`` (default: the global one); a metrics sink. Its
-    counters are totals kept here, one per series, that observable instruments read when the
-    provider collects: a count is an addition under a lock, not an update of the SDK's."""
+class OTelMetrics(Instruments):
+    """The instruments of one ``MeterProvider`` (default: the global one); a metrics sink."""
 
     def __init__(self, meter_provider: Any = None) -> None:
         from opentelemetry.metrics import Observation, get_meter_provider
@@ -49,82 +36,31 @@ class OTelMetrics(metrics.Instruments):
         meter = (meter_provider or get_meter_provider()).get_meter("flask_distlimit")
         self._observation = Observation
         super().__init__({})  # the gauges' state first: a callback may run at once
-        #: each counter's series, by its attributes: [total, attributes]
-        self._series: dict[str, dict[frozenset[Any], list[Any]]] = {}
-        for attribute, kind, _, _, name, unit, description in metrics.INSTRUMENTS:
+        for attribute, kind, _, _, name, unit, description in INSTRUMENTS:
             advisory: dict[str, Any] = {"unit": unit, "description": description}
-            if kind == "histogram":  # synchronous: OpenTelemetry has no observable histogram
-                advisory["explicit_bucket_boundaries_advisory"] = list(metrics.LATENCY_BUCKETS)
-            else:  # read when collected: a gauge, or the totals counted here
-                self._series.setdefault(attribute, {})
-                kind = f"observable_{kind}"
+            if kind == "histogram":
+                advisory["explicit_bucket_boundaries_advisory"] = list(LATENCY_BUCKETS)
+            if kind == "gauge":
+                kind = "observable_gauge"
                 advisory["callbacks"] = [functools.partial(self._observe, attribute)]
             if name is not None:  # shed requests: counted among the requests (_counter)
                 self.made[attribute] = getattr(meter, f"create_{kind}")(name, **advisory)
-        self._durations = self.made["storage_latency"]
-        _every.add(self)
 
-    def _observe(self, family: str, _options: Any) -> Iterable[Any]:
-        """The observable instrument ``family``, read: a gauge (the breaker's attribute is
-        ``distlimit.node``), or a counter's totals."""
-        if family in self._gauges:
-            name = "distlimit.node" if family == "breaker_state" else "distlimit.limit"
-            readings = [({name: n} if n else {}, v) for n, v in self._readings(family)]
-        else:
-            with self._mutex:
-                readings = [(a, total) for total, a in self._series[family].values()]
-        return [self._observation(v, attributes) for attributes, v in readings]
+    def _observe(self, gauge: str, _options: Any) -> Iterable[Any]:
+        """The observable gauge ``gauge``, read (the breaker's label is ``distlimit.node``)."""
+        name = "distlimit.node" if gauge == "breaker_state" else "distlimit.limit"
+        return [self._observation(v, {name: n} if n else {}) for n, v in self._readings(gauge)]
 
-    def _counter(self, family: str, labels: dict[str, Any]) -> list[Any]:
-        """The total of one series, made on its first count (a label given None is left out)."""
-        attributes = {f"distlimit.{k}": v for k, v in labels.items() if v is not None}
+    def _counter(self, family: str, labels: dict[str, str]) -> Callable[[float], object]:
+        attributes: dict[str, str | bool] = {f"distlimit.{k}": v for k, v in labels.items()}
         if family == "shed_requests":  # a request, counted by its result (INSTRUMENTS)
             family = "requests"
             reason = attributes.pop("distlimit.reason")
             attributes.update({"distlimit.result": "shed", "distlimit.degraded": False})
             attributes["distlimit.shed.reason"] = reason
-        with self._mutex:
-            return self._series[family].setdefault(frozenset(attributes.items()), [0, attributes])
-
-    def add(self, family: str, amount: float = 1, limit: str | None = None, **labels: Any) -> None:
-        total = self._counts.get((family, limit, *labels.values()))
-        total = total or self._count(family, limit, labels)
-        with self._mutex:
-            total[0] += amount
-
-    def storage_call(self, seconds: float, outcome: str = "ok") -> None:
-        self._durations.record(seconds, {"distlimit.outcome": outcome})
-
-    def evaluated(
-        self,
-        checks: Sequence[Check],
-        evaluation: Evaluation,
-        *,
-        seconds: float | None = None,
-        fallback: bool = False,
-    ) -> None:
-        if seconds is not None:
-            self._durations.record(seconds, _CALL_OK)
-        family = "fallback_decisions" if fallback else "decisions"
-        counts, lock = self._counts, self._mutex
-        for check, decision in zip(checks, evaluation.decisions, strict=False):
-            bound = check.bound  # as Instruments.evaluated counts, without a call per decision
-            label: str = bound.label if bound is not None else metrics.limit_label(check.key)
-            outcome = "allowed" if decision.allowed else "denied"
-            total = counts.get((family, label, outcome))
-            total = total or self._count(family, label, {"outcome": outcome})
-            with lock:
-                total[0] += 1
-            if decision.shadow_denied:
-                self.add("shadow_denials", 1, label)
-
-    def after_fork(self) -> None:
-        """In a forked child: its own lock, and every total from zero (the parent's counts are
-        the parent's to report)."""
-        self._mutex = threading.Lock()
-        for series in self._series.values():
-            for total in series.values():
-                total[0] = 0
+        instrument = self.made[family]
+        count = instrument.record if family == "storage_latency" else instrument.add
+        return functools.partial(count, attributes=attributes)
 
 
 class Guard(Protocol):
@@ -156,7 +92,7 @@ def request(state: _Instrumented, exc: BaseException | None) -> None:
     response ``after_request`` kept on its data, or a server error when an exception ended it
     before our ``after_request`` saw the response."""
     hook = state.otel
-    data = _current_request().environ.get(state.enforcer.environ_key)
+    data = flask.request.environ.get(state.enforcer.environ_key)
     if hook is None or data is None:
         return
     response, data.response = data.response, None
@@ -177,12 +113,13 @@ def request(state: _Instrumented, exc: BaseException | None) -> None:
             result, policy = "unavailable", None  # (or the app's own answer to that 503)
         else:
             result, policy = "refused", refused or policy
-    instruments = hook.instruments  # counted as add() counts, without a call
-    labels = {"result": result, "degraded": data.degraded, "policy": policy}
-    total = instruments._counts.get(("requests", None, *labels.values()))
-    total = total or instruments._count("requests", None, labels)
-    with instruments._mutex:
-        total[0] += 1
+    attributes: dict[str, str | bool] = {
+        "distlimit.result": result,
+        "distlimit.degraded": bool(data.degraded),
+    }
+    if policy is not None:
+        attributes["distlimit.policy"] = policy
+    hook.instruments.made["requests"].add(1, attributes)
 
 
 def _refused(data: Any) -> str | None:
@@ -194,9 +131,7 @@ def _refused(data: Any) -> str | None:
     return None
 
 
-_instruments_for: Final = metrics.OnePer(OTelMetrics)
-#: every provider's instruments, each from zero in a forked child
-_every: Final[AfterFork[OTelMetrics]] = AfterFork(OTelMetrics.after_fork)
+_instruments_for: Final = OnePer(OTelMetrics)
 
 
 class _Instrumented(Protocol):
