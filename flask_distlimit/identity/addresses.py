@@ -87,7 +87,7 @@ class ClientAddresses:
         return INVALID_IP
 
     def _normalize(self, address: str) -> str:
-        text = address.strip()
+        text = address.strip(" \t")  # as a proxy may pad an entry, nothing else
         if not text or len(text) > _MAX_ADDRESS_LENGTH:
             return INVALID_IP
         if text.startswith("["):  # "[v6]" or "[v6]:port"
@@ -111,4 +111,4 @@ class ClientAddresses:
 
 
 def _is_port(text: str) -> bool:
-    return text.isascii() and text.isdigit() and len(text) <= 5
+    return text.isascii() and text.isdigit() and len(text) <= 5 and int(text) <= 65535

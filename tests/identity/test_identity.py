@@ -260,6 +260,12 @@ def test_jwt_keys_without_pyjwt_say_how_to_install(monkeypatch: pytest.MonkeyPat
         ("fe80::1%eth0", "ip:fe80::/64"),
         ("::ffff:203.0.113.9", "ip:203.0.113.9"),
         ("203.0.113.9:5555", "ip:203.0.113.9"),
+        (" \t203.0.113.9 ", "ip:203.0.113.9"),  # spaces and tabs around it, as docs/identity.md
+        ("203.0.113.9\n", INVALID_IP),  # any other whitespace is no part of an address
+        ("\x0b203.0.113.9", INVALID_IP),
+        ("203.0.113.9:65535", "ip:203.0.113.9"),
+        ("203.0.113.9:65536", INVALID_IP),  # no port
+        ("[2001:db8::1]:99999", INVALID_IP),
         ("not an address", INVALID_IP),
         ("", INVALID_IP),
         ("203.0.113.9:http", INVALID_IP),
