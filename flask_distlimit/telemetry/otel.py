@@ -33,7 +33,7 @@ class OTelMetrics(Instruments):
     def __init__(self, meter_provider: Any = None) -> None:
         from opentelemetry.metrics import Observation, get_meter_provider
 
-        meter = (meter_provider or get_meter_provider()).get_meter("flask_distlimit")
+        self._meter = meter = (meter_provider or get_meter_provider()).get_meter("flask_distlimit")
         self._observation = Observation
         super().__init__({})  # the gauges' state first: a callback may run at once
         for attribute, kind, _, _, name, unit, description in INSTRUMENTS:
@@ -45,6 +45,12 @@ class OTelMetrics(Instruments):
                 advisory["callbacks"] = [functools.partial(self._observe, attribute)]
             if name is not None:  # shed requests: counted among the requests (_counter)
                 self.made[attribute] = getattr(meter, f"create_{kind}")(name, **advisory)
+
+    @property
+    def live(self) -> bool:
+        """Whether a provider reads the instruments: not while the API's proxy meter has none
+        behind it (its ``_real_meter``; any other meter lacks it), when each count is dropped."""
+        return getattr(self._meter, "_real_meter", self) is not None
 
     def _observe(self, gauge: str, _options: Any) -> Iterable[Any]:
         """The observable gauge ``gauge``, read (the breaker's label is ``distlimit.node``)."""
@@ -73,18 +79,30 @@ class Guard(Protocol):
 
 
 class OTelHook:
-    """One app's link to the instruments: keeps them in ``guard``'s metrics sink beside
-    whatever Prometheus :class:`~flask_distlimit.telemetry.metrics.Metrics` the app sets (before or
-    after: the guard composes what ``use_metrics`` is handed through :meth:`compose`)."""
+    """One app's link to the instruments: keeps them in ``guard``'s metrics sinks beside
+    whatever Prometheus :class:`~flask_distlimit.telemetry.metrics.Metrics` the app sets, from
+    when they are :attr:`~OTelMetrics.live` (a request ending finds out) until :meth:`detach`."""
 
     def __init__(self, guard: Guard, instruments: OTelMetrics) -> None:
         self.guard = guard
         self.instruments = instruments
-        guard.add_sink(instruments)
+        self.told: bool | None = False  # whether the guard tells them (None: detached)
+        self.wake()
+
+    def wake(self) -> bool:
+        """Whether the instruments are told, after adding them to the guard's sinks if they
+        have just become live: the API's proxy with no provider set drops every count, and
+        telling it would cost each request as much as the rest of the telemetry."""
+        if self.told is False and self.instruments.live:
+            self.guard.add_sink(self.instruments)
+            self.told = True
+        return bool(self.told)
 
     def detach(self) -> None:
-        """Take the instruments out of the guard's sinks (the Prometheus metrics stay)."""
+        """Take the instruments out of the guard's sinks for good (the Prometheus metrics
+        stay), and count no more requests."""
         self.guard.remove_sink(self.instruments)
+        self.told = None
 
 
 def request(state: _Instrumented, exc: BaseException | None) -> None:
@@ -93,7 +111,7 @@ def request(state: _Instrumented, exc: BaseException | None) -> None:
     before our ``after_request`` saw the response."""
     hook = state.otel
     data = flask.request.environ.get(state.enforcer.environ_key)
-    if hook is None or data is None:
+    if hook is None or data is None or not (hook.told or hook.wake()):
         return
     response, data.response = data.response, None
     if response is None and exc is None:

@@ -414,11 +414,14 @@ from flask_distlimit import Limiter
 app = Flask("auto")
 app.config.update(DISTLIMIT_STORAGE_URL="memory://", DISTLIMIT_ALGORITHM="fixed_window")
 limiter = Limiter(app)          # before the provider is set: the API's proxy takes it later
+app.add_url_rule("/", "index", limiter.limit("2/minute")(lambda: "ok"))
+client = app.test_client()
+guard = limiter.state(app).guard
+codes = [client.get("/").status_code]  # no provider yet: the guard tells no instruments
+idle = guard.metrics is None
 reader = InMemoryMetricReader()
 metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
-app.add_url_rule("/", "index", limiter.limit("1/minute")(lambda: "ok"))
-client = app.test_client()
-codes = [client.get("/").status_code for _ in range(2)]
+codes += [client.get("/").status_code for _ in range(2)]
 found = {}
 for rm in reader.get_metrics_data().resource_metrics:
     for sm in rm.scope_metrics:
@@ -426,7 +429,8 @@ for rm in reader.get_metrics_data().resource_metrics:
             if m.name == "distlimit.requests":
                 for p in m.data.data_points:
                     found[p.attributes["distlimit.result"]] = p.value
-print(json.dumps({"codes": codes, "requests": found}))
+told = guard.metrics is not None
+print(json.dumps({"codes": codes, "requests": found, "idle": idle, "told": told}))
 """
 
 
@@ -439,7 +443,30 @@ def test_on_by_itself_with_the_global_provider() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    assert got == {"codes": [200, 429], "requests": {"admitted": 1, "refused": 1}}
+    # the first request, before any provider: nothing told, nothing counted (the API's proxy
+    # would drop it); the next request to end wakes the instruments, and is counted
+    assert got == {
+        "codes": [200, 200, 429],
+        "requests": {"admitted": 1, "refused": 1},
+        "idle": True,
+        "told": True,
+    }
+
+
+def test_detached_instruments_count_no_more_requests(
+    clock: FakeClock, reader: tuple[InMemoryMetricReader, MeterProvider]
+) -> None:
+    from flask_distlimit.storage.memory import MemoryStorage
+
+    found, provider = reader
+    app, limiter = _instrumented(MemoryStorage(clock=clock), clock, provider)
+    app.add_url_rule("/", "index", limiter.limit("5/minute")(lambda: "ok"))
+    client = app.test_client()
+    assert client.get("/").status_code == 200
+    limiter.state(app).otel.detach()  # type: ignore[union-attr]
+    assert [client.get("/").status_code for _ in range(2)] == [200, 200]
+    assert [v for _, v in points(found, "distlimit.requests")] == [1]  # old code: 3
+    assert limiter.state(app).guard.metrics is None
 
 
 def test_shared_instruments_are_made_once_per_provider(
