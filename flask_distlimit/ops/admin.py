@@ -117,7 +117,6 @@ def route_plans(state: AppLimiter, endpoint: str | None = None) -> Iterator[Rout
     for rule in rules:
         if is_static(rule.endpoint):
             continue
-        view = enforcer.original_view(rule.endpoint)
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
-            plan = enforcer.plan(rule.endpoint, method, view)
+            plan = enforcer.plan(rule.endpoint, method)
             yield RouteMethod(rule.endpoint, rule.rule, method, plan)

@@ -238,7 +238,7 @@ class Checks:
                 checks.append(check)
         if not checks:
             return
-        if self.meta_limits and plan.meta_limits:  # the identity was resolved for them
+        if self.meta_limits and data.meta_limits:  # the identity was resolved for them
             # After the others: a breach of any of them is counted in the same script call.
             for b in self.meta_limits:
                 key = b.key(itag)

@@ -86,7 +86,7 @@ def _known_names(state: AppLimiter) -> set[str]:
     endpoint = request.endpoint
     bounds = [*state.global_limits, *(b for t in state.tier_limits.values() for b in t)]
     if endpoint is not None:
-        bounds += enforcer.plan(endpoint, request.method, enforcer.original_view(endpoint)).limits
+        bounds += enforcer.plan(endpoint, request.method).limits
     bounds += [c.bound for c, _, _ in _evaluated(state)]
     return {n for b in bounds for n in (b.name, b.name.rpartition(":")[0])}
 

@@ -23,6 +23,7 @@ class RequestData:
     #: limit wrappers whose limits were decided with the route's
     covered: frozenset[object] = frozenset()
     exempt: bool = False
+    meta_limits: bool = True  #: the meta limits apply (the route's ExemptionScope.META lifts them)
     #: the limit closest to denial so far, for the headers (None: no rate to report)
     report: Report | None = None
     degraded: bool = False

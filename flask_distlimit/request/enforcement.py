@@ -203,7 +203,7 @@ class Enforcer:
         view: object | None = None
         if endpoint is not None:
             view = self.original_view(endpoint)
-            plan = self._plans.get((endpoint, req.method)) or self.plan(endpoint, req.method, view)
+            plan = self._plans.get((endpoint, req.method)) or self.plan(endpoint, req.method)
             if plan.exempt:  # exempt (static files too): never counted, never shed
                 return
         # A request filter or the priority resolver may read what the app's hooks set: then
@@ -232,9 +232,9 @@ class Enforcer:
         """The view function registered for ``endpoint``, before the gate wrapped it."""
         return self._planner.original_view(endpoint)
 
-    def plan(self, endpoint: str | None, method: str, view: object | None) -> RoutePlan:
+    def plan(self, endpoint: str | None, method: str) -> RoutePlan:
         """The route's limits for ``endpoint`` and ``method``, bound once."""
-        return self._planner.plan(endpoint, method, view)
+        return self._planner.plan(endpoint, method)
 
     # -- the request path ----------------------------------------------------------------------
 
@@ -248,7 +248,7 @@ class Enforcer:
         @functools.wraps(view)
         def gate(*args: Any, **kwargs: Any) -> Any:
             req: Request = request._get_current_object()  # type: ignore[attr-defined]
-            plan = plans.get((endpoint, req.method)) or self.plan(endpoint, req.method, view)
+            plan = plans.get((endpoint, req.method)) or self.plan(endpoint, req.method)
             data: RequestData | None = req.environ.get(self.environ_key)
             if data is not None:  # a hook's limit opened it, and counted every request's limits
                 exempt = data.exempt
@@ -267,7 +267,7 @@ class Enforcer:
                     return view(*args, **kwargs)  # nothing to count, nothing to tell a wrapper
                 if not (exempt or asked) and self._filters:
                     exempt = filtered(self._filters)
-                data = RequestData(plan.covered, exempt=exempt)
+                data = RequestData(plan.covered, exempt=exempt, meta_limits=plan.meta_limits)
                 req.environ[self.environ_key] = data
                 if not exempt:
                     self._checks.decide(req, data, plan, every_request=True)
@@ -319,9 +319,10 @@ class Enforcer:
         endpoint = req.endpoint
         route = _NO_ROUTE  # a 404 or 405: no plan kept per method (a client may make one up)
         if endpoint is not None:
-            route = self.plan(endpoint, req.method, self.original_view(endpoint))
+            route = self.plan(endpoint, req.method)
         exempt = route.exempt or bool(self._filters and filtered(self._filters))
-        data = environ[self.environ_key] = RequestData(route.covered, exempt=exempt)
+        data = RequestData(route.covered, exempt=exempt, meta_limits=route.meta_limits)
+        environ[self.environ_key] = data
         return None if exempt else (data, route)
 
     def _decide_own(
@@ -411,15 +412,15 @@ class Enforcer:
         app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
         if self._planner.views is None:  # a hook before ours answered the app's first request
             self.finalize(app)
-        plan: RoutePlan | None = None
+        plan = _NO_ROUTE  # no route matched
         if endpoint is not None:
-            plan = self.plan(endpoint, req.method, self.original_view(endpoint))
+            plan = self.plan(endpoint, req.method)
             if plan.exempt or not (plan.app_limits or charge_route):  # ExemptionScope
                 return response, None
-        data = RequestData()
+        data = RequestData(meta_limits=plan.meta_limits)
         req.environ[self.environ_key] = data
         try:
-            if charge_route and plan is not None:
+            if charge_route:  # (a route matched)
                 self._checks.decide(req, data, plan, every_request=True)
             else:  # the limits of every request, the fleet's slot aside
                 self._checks.decide(req, data, _NO_ROUTE, every_request=True, fleet=False)

@@ -56,7 +56,7 @@ def finalize(app: Flask, plans: Plans, every_request: int, gate: Gate) -> object
             every, one = registry.attached(view, method)
             served.update(every, one)
             # Bound now: a route that would carry too many limits fails here, loudly.
-            plan = plans.plan(endpoint, method, view)
+            plan = plans.plan(endpoint, method)
             check_limit_count(
                 every_request + sum(b.most_rates for b in plan.limits),
                 f"The global, tier and route limits of {endpoint!r} ({method})",

@@ -64,7 +64,7 @@ class Plans:
         views = current_app.view_functions if self.views is None else self.views
         return views.get(endpoint)
 
-    def plan(self, endpoint: str | None, method: str, view: object | None) -> RoutePlan:
+    def plan(self, endpoint: str | None, method: str) -> RoutePlan:
         """The route's limits for ``endpoint`` and ``method``, bound once."""
         plan = self.routes.get((endpoint, method))
         if plan is not None:
@@ -75,7 +75,7 @@ class Plans:
             plan = build_plan(
                 self.registry,
                 endpoint=endpoint,
-                view=view,
+                view=None if endpoint is None else self.original_view(endpoint),
                 blueprints=_blueprints_of(current_app, endpoint) if endpoint else (),
                 method=method,
                 # DISTLIMIT_DEFAULT_LIMITS, then limits declared on the app itself

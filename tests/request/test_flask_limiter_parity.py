@@ -378,6 +378,80 @@ def test_a_route_exempt_from_meta_limits_is_served_to_a_client_they_refuse(
     assert served.headers["X-RateLimit-Remaining"] == "99"  # its own limit still counts
 
 
+def test_a_limit_decided_apart_keeps_its_routes_exemption_from_meta_limits(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """A ``with`` block in the view, and a limit reading what a hook set, are decided apart
+    from the gate's call (and a hook's limit before it): the route's ``META`` flag holds there
+    too."""
+    app, limiter = app_with(backend, clock, DISTLIMIT_META_LIMITS="1/hour")
+
+    @app.get("/tight")
+    @limiter.limit("1/minute")
+    def tight() -> str:
+        return "ok"
+
+    @app.get("/inside")
+    @limiter.exempt(flags=ExemptionScope.META)
+    def inside() -> str:
+        with limiter.limit("100/minute"):
+            return "ok"
+
+    @app.get("/dynamic")
+    @limiter.exempt(flags=ExemptionScope.META)
+    @limiter.limit(lambda: "100/minute")
+    def dynamic() -> str:
+        return "ok"
+
+    @app.get("/hooked")
+    @limiter.exempt(flags=ExemptionScope.META)
+    def hooked() -> str:
+        return "ok"
+
+    @limiter.limit("100/minute")
+    def counted() -> None:
+        pass
+
+    @app.before_request
+    def hook() -> None:
+        if request.path == "/hooked":
+            counted()
+
+    client = app.test_client()
+    client.get("/tight")
+    assert client.get("/tight").status_code == 429  # the one breach the meta limit allows
+    for path in ("/inside", "/dynamic", "/hooked"):
+        served = client.get(path)
+        assert served.status_code == 200, path  # old code: 429, the meta limit refused
+        assert served.headers["X-RateLimit-Remaining"] == "99", path
+
+
+def test_a_hooks_answer_on_a_route_exempt_from_meta_limits_is_not_refused_by_them(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """The view never runs (a hook answers): the global limits count the request, the meta
+    limits do not apply to a route ``META`` lifts them from."""
+    app, limiter = app_with(
+        backend, clock, DISTLIMIT_META_LIMITS="1/hour", DISTLIMIT_GLOBAL_LIMITS="100/minute"
+    )
+    app.add_url_rule("/tight", "tight", limiter.limit("1/minute")(lambda: "ok"))
+    app.add_url_rule("/guarded", "guarded", limiter.exempt(flags=ExemptionScope.META)(lambda: "ok"))
+    app.add_url_rule("/other", "other", lambda: "ok")
+
+    @app.before_request
+    def deny() -> tuple[str, int] | None:
+        return ("sign in", 401) if request.path != "/tight" else None
+
+    client = app.test_client()
+    client.get("/tight")
+    assert client.get("/tight").status_code == 429
+    assert client.get("/other").status_code == 429  # the meta limit refuses the client
+    answered = client.get("/guarded")
+    assert answered.status_code == 401  # old code: 429
+    # the global limit counted it, and the first /tight (a refusal writes nothing)
+    assert answered.headers["X-RateLimit-Remaining"] == "98"
+
+
 def test_a_shut_out_client_still_reaches_a_route_no_limit_counts(
     backend: Backend, clock: FakeClock
 ) -> None:
