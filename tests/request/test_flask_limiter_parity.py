@@ -4,6 +4,7 @@ names, each pinned here on memory://, fakeredis and a real redis-server."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -381,9 +382,9 @@ def test_a_route_exempt_from_meta_limits_is_served_to_a_client_they_refuse(
 def test_a_limit_decided_apart_keeps_its_routes_exemption_from_meta_limits(
     backend: Backend, clock: FakeClock
 ) -> None:
-    """A ``with`` block in the view, and a limit reading what a hook set, are decided apart
-    from the gate's call (and a hook's limit before it): the route's ``META`` flag holds there
-    too."""
+    """A ``with`` block in the view, a limit with a ``key_func`` under the app's own decorator
+    and a hook's limit are decided apart from the gate's call: the route's ``META`` flag holds
+    there too."""
     app, limiter = app_with(backend, clock, DISTLIMIT_META_LIMITS="1/hour")
 
     @app.get("/tight")
@@ -397,10 +398,18 @@ def test_a_limit_decided_apart_keeps_its_routes_exemption_from_meta_limits(
         with limiter.limit("100/minute"):
             return "ok"
 
-    @app.get("/dynamic")
+    def own(view: Callable[[], str]) -> Callable[[], str]:  # the app's own decorator
+        @functools.wraps(view)
+        def wrapper() -> str:
+            return view()
+
+        return wrapper
+
+    @app.get("/under")
     @limiter.exempt(flags=ExemptionScope.META)
-    @limiter.limit(lambda: "100/minute")
-    def dynamic() -> str:
+    @own
+    @limiter.limit("100/minute", key_func=lambda: request.path)  # decided when it runs
+    def under() -> str:
         return "ok"
 
     @app.get("/hooked")
@@ -420,7 +429,7 @@ def test_a_limit_decided_apart_keeps_its_routes_exemption_from_meta_limits(
     client = app.test_client()
     client.get("/tight")
     assert client.get("/tight").status_code == 429  # the one breach the meta limit allows
-    for path in ("/inside", "/dynamic", "/hooked"):
+    for path in ("/inside", "/under", "/hooked"):
         served = client.get(path)
         assert served.status_code == 200, path  # old code: 429, the meta limit refused
         assert served.headers["X-RateLimit-Remaining"] == "99", path
