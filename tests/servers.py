@@ -11,6 +11,7 @@ a message that says how to install it.
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
 import shutil
@@ -131,6 +132,8 @@ class RedisProcess:
     def start(self, timeout: float = 10.0) -> RedisProcess:
         if not self.workdir:
             self.workdir = tempfile.mkdtemp(prefix=f"distlimit-redis-{self.port}-")
+            # kept across stop() and start() (a Cluster node's nodes.conf), gone with the process
+            atexit.register(shutil.rmtree, self.workdir, ignore_errors=True)
         head = [redis_binary(self.binary)]
         if self.config:
             conf = Path(self.workdir) / "redis.conf"

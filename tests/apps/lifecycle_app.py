@@ -45,7 +45,8 @@ app.config.update(
 clock = FakeClock(start=1_700_000_040.0)  # frozen: never advanced
 limiter = Limiter(app, clock=clock)
 
-DOWNLOAD = Path(tempfile.mkdtemp(prefix="distlimit-lifecycle-")) / "download.bin"
+# the test's own temporary folder, removed with it
+DOWNLOAD = Path(os.environ.get("LIFECYCLE_TEST_DIR") or tempfile.mkdtemp()) / "download.bin"
 DOWNLOAD.write_bytes(os.urandom(256 * 1024))
 CHUNK = b"x" * 65_536
 #: a large export made in memory: more than the kernel buffers between server and client

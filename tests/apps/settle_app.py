@@ -71,7 +71,8 @@ def complete() -> ResponseReturnValue:
     return "ok"
 
 
-FILE = Path(tempfile.mkdtemp(prefix="settle-app-")) / "download.bin"
+# the test's own temporary folder, removed with it
+FILE = Path(os.environ.get("SETTLE_TEST_DIR") or tempfile.mkdtemp()) / "download.bin"
 FILE.write_bytes(b"d" * 1000)
 
 

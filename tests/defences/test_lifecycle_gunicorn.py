@@ -49,6 +49,7 @@ def server(request: pytest.FixtureRequest, redis_server: RedisProcess) -> Iterat
         env = {
             "DISTLIMIT_STORAGE_URL": redis_server.url,
             "LIFECYCLE_TEST_PREFIX": f"lc-{os.getpid()}-{next(_prefixes)}",
+            "LIFECYCLE_TEST_DIR": logdir,
         }
         workers = ("--workers", "1", *worker)
         running = launch("tests.apps.lifecycle_app:app", env, Path(logdir), workers)

@@ -31,6 +31,7 @@ def deployed(redis_server: RedisProcess) -> Iterator[tuple[list[Gunicorn], str]]
     prefix = f"settle-{os.getpid()}"
     env = {"DISTLIMIT_STORAGE_URL": redis_server.url, "SETTLE_TEST_PREFIX": prefix}
     with tempfile.TemporaryDirectory(prefix="distlimit-settle-") as logdir:
+        env["SETTLE_TEST_DIR"] = logdir
         servers = [launch("tests.apps.settle_app:app", env, Path(logdir)) for _ in range(2)]
         try:
             for server in servers:
