@@ -33,7 +33,7 @@ class OTelMetrics(Instruments):
     def __init__(self, meter_provider: Any = None) -> None:
         from opentelemetry.metrics import Observation, get_meter_provider
 
-        self._meter = meter = (meter_provider or get_meter_provider()).get_meter("flask_distlimit")
+        self.meter = meter = (meter_provider or get_meter_provider()).get_meter("flask_distlimit")
         self._observation = Observation
         super().__init__({})  # the gauges' state first: a callback may run at once
         for attribute, kind, _, _, name, unit, description in INSTRUMENTS:
@@ -45,12 +45,6 @@ class OTelMetrics(Instruments):
                 advisory["callbacks"] = [functools.partial(self._observe, attribute)]
             if name is not None:  # shed requests: counted among the requests (_counter)
                 self.made[attribute] = getattr(meter, f"create_{kind}")(name, **advisory)
-
-    @property
-    def live(self) -> bool:
-        """Whether a provider reads the instruments: not while the API's proxy meter has none
-        behind it (its ``_real_meter``; any other meter lacks it), when each count is dropped."""
-        return getattr(self._meter, "_real_meter", self) is not None
 
     def _observe(self, gauge: str, _options: Any) -> Iterable[Any]:
         """The observable gauge ``gauge``, read (the breaker's label is ``distlimit.node``)."""
@@ -81,7 +75,7 @@ class Guard(Protocol):
 class OTelHook:
     """One app's link to the instruments: keeps them in ``guard``'s metrics sinks beside
     whatever Prometheus :class:`~flask_distlimit.telemetry.metrics.Metrics` the app sets, from
-    when they are :attr:`~OTelMetrics.live` (a request ending finds out) until :meth:`detach`."""
+    when a provider reads them (a request ending finds out: :meth:`wake`) until :meth:`detach`."""
 
     def __init__(self, guard: Guard, instruments: OTelMetrics) -> None:
         self.guard = guard
@@ -90,10 +84,11 @@ class OTelHook:
         self.wake()
 
     def wake(self) -> bool:
-        """Whether the instruments are told, after adding them to the guard's sinks if they
-        have just become live: the API's proxy with no provider set drops every count, and
-        telling it would cost each request as much as the rest of the telemetry."""
-        if self.told is False and self.instruments.live:
+        """Whether the instruments are told, after adding them to the guard's sinks if a
+        provider reads them now: not while the API's proxy meter has none behind it (its
+        ``_real_meter``; any other meter lacks it), which drops every count at a cost to each
+        request as high as the rest of the telemetry's."""
+        if self.told is False and getattr(self.instruments.meter, "_real_meter", 1) is not None:
             self.guard.add_sink(self.instruments)
             self.told = True
         return bool(self.told)
