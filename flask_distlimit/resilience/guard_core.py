@@ -180,8 +180,8 @@ class GuardCore:
 
     def add_sink(self, sink: Metrics) -> None:
         """Tell ``sink`` too (a metrics sink beside the Prometheus metrics: OpenTelemetry's)."""
-        if sink not in self._sinks:
-            self._sinks.append(sink)
+        # one expression, no check-then-append: two threads adding it at once add it once
+        self._sinks = list(dict.fromkeys((*self._sinks, sink)))
         self._tell_sinks()
 
     def remove_sink(self, sink: Metrics) -> None:

@@ -335,6 +335,39 @@ def test_beside_prometheus_both_are_told(
     assert sum(v for _, v in points(found, "distlimit.requests")) == 2
 
 
+def test_a_sink_added_by_two_threads_at_once_is_told_once(
+    reader: tuple[InMemoryMetricReader, MeterProvider], clock: FakeClock
+) -> None:
+    """The first requests after a provider is set may wake the hook in several threads: the
+    instruments join the guard's sinks once, or every count after would be doubled."""
+    from flask_distlimit.storage.memory import MemoryStorage
+
+    found, provider = reader
+    app, limiter, _ = make_app(MemoryStorage(clock=clock), clock)
+    app.add_url_rule("/", "index", limiter.limit("5/minute")(lambda: "ok"))
+    guard = limiter.state(app).guard
+    instruments = otel.OTelMetrics(provider)
+
+    class Interleaved(list[Any]):
+        """A sinks list that lets a second thread add the sink between a check and an add."""
+
+        other_ran = False
+
+        def __contains__(self, sink: object) -> bool:
+            found = super().__contains__(sink)
+            if not Interleaved.other_ran:
+                Interleaved.other_ran = True
+                guard.add_sink(sink)  # type: ignore[arg-type]
+            return found
+
+    guard._sinks = Interleaved()
+    guard.add_sink(instruments)  # old code: [instruments, instruments], every count doubled
+    assert guard.metrics is instruments
+    assert app.test_client().get("/").status_code == 200
+    decided = [v for _, v in points(found, "distlimit.decisions")]
+    assert decided == [1]
+
+
 def test_instrumenting_and_detaching_write_nothing_onto_the_guard(
     reader: tuple[InMemoryMetricReader, MeterProvider],
     clock: FakeClock,
