@@ -106,7 +106,7 @@ def _said(exc: StorageError, timeout: float) -> str:
     """What the probe's failure says, with the fix, after the storage's name."""
     text = " ".join(str(exc).split()).rstrip(".")
     if isinstance(exc, StorageMisconfigured):
-        return f"refuses the limiter at start-up: {text}"
+        return f"refuses the limiter at start-up: {text}."
     if isinstance(exc, StorageResponseError):
         return f"refuses the limiter's script at start-up: {text}. {_SCRIPT_REFUSED}"
     if isinstance(exc, _NotCovered) or any(t in text for t in _CLUSTER_DOWN):

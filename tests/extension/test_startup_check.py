@@ -50,6 +50,7 @@ def only_line(caplog: pytest.LogCaptureFixture, url: str, *words: str) -> str:
     assert record.levelno == logging.WARNING
     assert SECRET not in line and url.replace(SECRET, "***") in line  # the URL, masked
     assert "failure policy ('open'" in line and "DISTLIMIT_STARTUP_CHECK" in line
+    assert ". Until it is fixed" in line  # each sentence ends (old code: "default user Until")
     for word in words:
         assert word in line
     return line
