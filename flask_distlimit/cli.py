@@ -166,17 +166,18 @@ def status(as_json: bool) -> None:
 
 def _breaker_text(health: dict[str, object]) -> str:
     """The breaker line: with one node, its state and failures; with several (a Redis
-    Cluster), the worst state and every node whose breaker is not closed, by name (each node's
-    count is in ``--json``'s ``breaker_nodes``)."""
+    Cluster), the worst state and every node whose breaker is not closed, by name, among the
+    nodes this process has called (a breaker is made on a node's first call; each node's count
+    is in ``--json``'s ``breaker_nodes``)."""
     worst = health.get("breaker")
     states = health.get("breakers")
     if not isinstance(states, dict) or len(states) <= 1:
         return f"{worst} ({health.get('breaker_failures')} consecutive failures)"
     not_closed = [f"{node} {state}" for node, state in sorted(states.items()) if state != "closed"]
     if not not_closed:
-        return f"{worst} (all {len(states)} nodes)"
+        return f"{worst} (all {len(states)} nodes called)"
     closed = len(states) - len(not_closed)
-    return f"{worst} ({', '.join(not_closed)}; {closed} of {len(states)} nodes closed)"
+    return f"{worst} ({', '.join(not_closed)}; {closed} of {len(states)} nodes called closed)"
 
 
 # -- inspect -------------------------------------------------------------------------------------

@@ -386,10 +386,11 @@ def test_status_names_the_nodes_whose_breaker_is_not_closed(
             guard.breakers.get(node)
         result = runner.invoke(distlimit_cli, ["status"])
         assert result.exit_code == 0, result.output
-        assert "breaker:           closed (all 3 nodes)\n" in result.output
+        assert "breaker:           closed (all 3 nodes called)\n" in result.output
         guard.breakers.get(down).failure(StorageUnavailable("node down"))
         result = runner.invoke(distlimit_cli, ["status"])
         assert result.exit_code == 1, result.output
-        assert f"breaker:           open ({down} open; 2 of 3 nodes closed)\n" in result.output
+        line = f"breaker:           open ({down} open; 2 of 3 nodes called closed)\n"
+        assert line in result.output
     finally:
         state.storage.close()
