@@ -12,11 +12,15 @@ import fakeredis
 import pytest
 from flask import Flask
 
-from flask_distlimit import Limiter
+from flask_distlimit import ALGORITHMS, Limiter
+from flask_distlimit.engine.registry import REGISTRY
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.memory import MemoryStorage
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.testing import CountingStorage, FakeClock
+
+#: The rate algorithms that never admit more than ``limit`` units in their window or burst.
+EXACT_ALGORITHMS = frozenset(name for name in ALGORITHMS if REGISTRY[name].exact)
 
 BACKENDS = [
     pytest.param("memory", id="memory"),

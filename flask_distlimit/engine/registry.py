@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from flask_distlimit.core.algorithms import ALGORITHMS, Algorithm
+from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.decision import Check
 from flask_distlimit.core.limits import Rate
 from flask_distlimit.engine import (
@@ -144,11 +144,6 @@ REGISTRY: Final[Mapping[Algorithm, AlgorithmEntry]] = {
         ),
     )
 }  # fmt: skip
-
-#: The rate algorithms that never admit more than ``limit`` units in their window or burst.
-EXACT_ALGORITHMS: Final[frozenset[Algorithm]] = frozenset(
-    name for name in ALGORITHMS if REGISTRY[name].exact
-)
 
 
 def check_rate(algorithm: Algorithm, rate: Rate) -> None:

@@ -202,7 +202,7 @@ class Enforcer:
         endpoint = req.endpoint
         view: object | None = None
         if endpoint is not None:
-            view = self.original_view(endpoint)
+            view = self._planner.original_view(endpoint)
             plan = self._plans.get((endpoint, req.method)) or self.plan(endpoint, req.method)
             if plan.exempt:  # exempt (static files too): never counted, never shed
                 return
@@ -227,10 +227,6 @@ class Enforcer:
             self._served = gate.finalize(app, self._planner, every_request, self.gate)
 
     # -- plans (flask_distlimit.request.plans) -------------------------------------------------
-
-    def original_view(self, endpoint: str) -> object | None:
-        """The view function registered for ``endpoint``, before the gate wrapped it."""
-        return self._planner.original_view(endpoint)
 
     def plan(self, endpoint: str | None, method: str) -> RoutePlan:
         """The route's limits for ``endpoint`` and ``method``, bound once."""
@@ -417,8 +413,7 @@ class Enforcer:
             plan = self.plan(endpoint, req.method)
             if plan.exempt or not (plan.app_limits or charge_route):  # ExemptionScope
                 return response, None
-        data = RequestData(meta_limits=plan.meta_limits)
-        req.environ[self.environ_key] = data
+        req.environ[self.environ_key] = data = RequestData(meta_limits=plan.meta_limits)
         try:
             if charge_route:  # (a route matched)
                 self._checks.decide(req, data, plan, every_request=True)

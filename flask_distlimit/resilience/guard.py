@@ -85,9 +85,8 @@ class Guard(GuardCore):
             breaker.success()  # the node answered: not an outage
             if metrics is not None:
                 metrics.storage_call(time.perf_counter() - started)
-            return self.answer_by_policy(
-                checks, self.policy_after_refused_write(exc, chosen), now_us
-            )
+            chosen = self.policy_after_refused_write(exc, chosen, checks, now_us)
+            return self.answer_by_policy(checks, chosen, now_us)
         except StorageUnavailable as exc:
             if metrics is not None:
                 metrics.storage_call(time.perf_counter() - started, storage_outcome(exc))

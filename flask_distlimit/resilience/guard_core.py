@@ -16,10 +16,12 @@ them: a failed one is counted, logged and skipped (:meth:`GuardCore.open_side_ca
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Final, cast
 
 from flask_distlimit._typing import FailurePolicy
@@ -266,14 +268,25 @@ class GuardCore:
         self.refusing_writes = False  # every key decided locally was handed back
         return chosen
 
-    def policy_after_refused_write(self, exc: StorageFull, chosen: FailurePolicy) -> FailurePolicy:
-        """The policy that answers a request whose write the storage refused, in place of
+    def policy_after_refused_write(
+        self, exc: StorageFull, chosen: FailurePolicy, checks: Sequence[Check], now_us: int | None
+    ) -> FailurePolicy:
+        """The policy that answers ``checks`` when the storage refused their write, in place of
         ``chosen``: ``"closed"`` stays (503), any other is ``"local"`` (this process's share,
-        never unlimited). Logs at WARNING, at most once a minute."""
-        if chosen != "closed":
-            self.refusing_writes = True
+        never unlimited), where a key no fallback counts yet starts from what the storage says
+        is left (read at cost 0: a full Redis answers reads; ``"open"`` kept no earlier
+        figure). Logs at WARNING, at most once a minute."""
         self.storage_log.full(exc, self.instances.divisor)
-        return "closed" if chosen == "closed" else "local"
+        if chosen == "closed":
+            return chosen
+        self.refusing_writes = True
+        held = self.fallbacks.all()
+        unread = [replace(c, cost=0) for c in checks if not any(f.covers(c.key) for f in held)]
+        unread = [c for c in unread if not (c.token or c.release or c.meta or c.debt)]
+        if unread:  # (none: each key is counted here already)
+            with contextlib.suppress(StorageError):  # unread: a whole share, as a new client's
+                self.last_known.record(unread, self.storage.evaluate(unread, now_us=now_us))
+        return "local"
 
     # -- what is told to the operator --------------------------------------------------------
 

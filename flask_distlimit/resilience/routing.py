@@ -64,7 +64,7 @@ def evaluate_routed(
         core.storage_log.refused(refused)
     full = next((r for r in results if isinstance(r, StorageFull)), None)
     if full is not None:  # decided at the local share ("closed": 503), never "open"
-        chosen = core.policy_after_refused_write(full, chosen)
+        chosen = core.policy_after_refused_write(full, chosen, checks, now_us)
     decisions: list[Decision | None] = [None] * len(checks)
     repaired: list[str] = []
     spent: list[int] = []  # indexes of checks a group admitted and consumed

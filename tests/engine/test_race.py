@@ -17,8 +17,8 @@ import redis
 
 from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.decision import Check
-from flask_distlimit.engine.registry import EXACT_ALGORITHMS
 from flask_distlimit.storage.redis import RedisStorage
+from tests.distlimit_fixtures import EXACT_ALGORITHMS
 from tests.servers import RedisProcess
 
 PROCESSES = 4

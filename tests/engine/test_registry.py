@@ -15,10 +15,11 @@ from flask_distlimit.core.limits import parse_rates
 from flask_distlimit.declare.lease_options import LEASABLE
 from flask_distlimit.engine.concurrency import MAX_CONCURRENCY
 from flask_distlimit.engine.gcra import MAX_GCRA_RATE
-from flask_distlimit.engine.registry import EXACT_ALGORITHMS, REGISTRY, check_rate
+from flask_distlimit.engine.registry import REGISTRY, check_rate
 from flask_distlimit.engine.scripts import ALGORITHM_CODES, SCRIPT_SOURCE
 from flask_distlimit.engine.sliding_window_log import MAX_LOG_LIMIT
 from flask_distlimit.storage.give_back import GIVE_BACK_CODES, GIVE_BACK_SOURCE
+from tests.distlimit_fixtures import EXACT_ALGORITHMS
 
 
 def test_every_algorithm_has_one_entry_under_its_name() -> None:

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from flask_distlimit.core.algorithms import ALGORITHMS, Algorithm
 from flask_distlimit.core.decision import Check, Decision, Evaluation
-from flask_distlimit.engine.registry import EXACT_ALGORITHMS
 from flask_distlimit.resilience.fallback import LocalFallback, divided_limit
 from flask_distlimit.resilience.last_known import LastKnown
 from flask_distlimit.storage.memory import MemoryStorage
+from tests.distlimit_fixtures import EXACT_ALGORITHMS
 from tests.guard_helpers import FakeClock
 
 NOW = 1_700_000_040_000_000  # on a whole minute, in microseconds

@@ -142,6 +142,28 @@ def test_a_client_filling_redis_cannot_lift_another_clients_limit(policy: str) -
         server.stop()
 
 
+@pytest.mark.parametrize("policy", ["open", "local"])
+def test_a_client_near_its_limit_when_redis_fills_gets_only_what_was_left(policy: str) -> None:
+    """What Redis last said was left is where the local fallback starts, whatever the route's
+    policy: under ``open`` it was never kept, so a client with one request left at 2 of 3 got
+    a whole share again when Redis filled up (5 admitted in the window)."""
+    server = start_redis("--maxmemory-policy", "noeviction")
+    clock = FakeClock(start=1_700_000_040.0)
+    try:
+        app, limiter = _app(server, policy, clock)
+        client = app.test_client()
+        assert [client.get("/login").status_code for _ in range(2)] == [200, 200]
+        admin = server.client()
+        used = cast(dict[str, int], admin.info("memory"))["used_memory"]
+        admin.config_set("maxmemory", used // 2)  # full: every write refused from now on
+        admin.close()
+        codes = [client.get("/login").status_code for _ in range(3)]
+        assert codes == [200, 429, 429]  # old code under open: [200, 200, 200]
+        assert limiter.state(app).guard.fallback.holding  # decided here: Redis refused writes
+    finally:
+        server.stop()
+
+
 def test_policy_closed_answers_503_and_keeps_the_breaker_closed(full_redis: RedisProcess) -> None:
     clock = FakeClock(start=1_700_000_040.0)
     app, limiter = _app(full_redis, "closed", clock)

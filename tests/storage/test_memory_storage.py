@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from flask_distlimit.core.algorithms import ALGORITHMS, Algorithm
 from flask_distlimit.core.decision import NEVER, Check
-from flask_distlimit.engine.registry import EXACT_ALGORITHMS
 from flask_distlimit.errors import StorageResponseError
 from flask_distlimit.storage.memory import MemoryStorage, system_clock_us
+from tests.distlimit_fixtures import EXACT_ALGORITHMS
 from tests.engines import NeverExpires
 from tests.vectors import T0
 
