@@ -222,8 +222,8 @@ def bind(
             else:
                 name = f"{name_head}:{rate}"
                 limit_id = f"{id_head}:{rate.amount}/{rate.period}"
-                if spec.unit != "requests":  # its own counter beside a limit of requests
-                    limit_id += ":bytes"
+                if spec.unit != "requests":  # its own counter and name beside a limit of requests
+                    limit_id, name = f"{limit_id}:bytes", f"{name} {spec.unit}"
                 policy = policy_item(name, rate.amount, rate.period, spec.unit)
             rates.append(bound(spec, rate, name, limit_id, policy))
         return tuple(rates)

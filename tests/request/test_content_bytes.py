@@ -51,6 +51,29 @@ def bytes_app(storage: Storage, clock: FakeClock, path: Path) -> tuple[Flask, Li
     return app, limiter
 
 
+def test_a_bytes_limit_beside_a_limit_of_requests_of_the_same_rate_has_a_name_of_its_own(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Both are listed in ``RateLimit-Policy``, and the headers report the one closest to
+    denial: with one name, the bytes limit's settlement replaced the requests limit's report,
+    and a client was told 5 left until its 429."""
+    app, limiter, _ = make_app(backend(), clock, DISTLIMIT_ALGORITHM="fixed_window")
+
+    @app.get("/d")
+    @limiter.limit("5/hour", unit="content-bytes")
+    @limiter.limit("5/hour")
+    def d() -> str:
+        return ""  # no bytes: the requests limit is the closer to denial
+
+    client = app.test_client()
+    answers = [client.get("/d") for _ in range(6)]
+    assert [a.status_code for a in answers] == [200] * 5 + [429]
+    assert [a.headers["X-RateLimit-Remaining"] for a in answers[:5]] == ["4", "3", "2", "1", "0"]
+    policy = answers[0].headers["RateLimit-Policy"]
+    assert '"d:5/hour";q=5;w=3600' in policy  # old code: only the bytes limit, named alike
+    assert '"d:5/hour content-bytes";q=5;w=3600;qu="content-bytes"' in policy
+
+
 def test_every_kind_of_body_is_counted_in_bytes(
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:
