@@ -183,7 +183,7 @@ class GuardCore:
     def add_sink(self, sink: Metrics) -> None:
         """Tell ``sink`` too (a metrics sink beside the Prometheus metrics: OpenTelemetry's)."""
         # one expression, no check-then-append: two threads adding it at once add it once
-        self._sinks = list(dict.fromkeys((*self._sinks, sink)))
+        self._sinks = [*(s for s in self._sinks if s is not sink), sink]
         self._tell_sinks()
 
     def remove_sink(self, sink: Metrics) -> None:
