@@ -88,7 +88,9 @@ def test_kill_9_during_load_then_restart_on_the_same_port(
         back_at = time.monotonic()
         recovered = recovery_seconds(guard)
     assert not load.errors
-    before = {s.kind for s in load.between(0, fault_at - 0.05)}
+    # answered before the kill (one started 50 ms before it could still meet it on a busy
+    # machine: a CI run on Valkey did, 'degraded allowed')
+    before = {s.kind for s in load.between(0, fault_at) if s.started + s.latency < fault_at}
     assert before == {"allowed"}
     during = load.between(fault_at + 0.05, restart_at)  # once the kill has landed
     expected = {
