@@ -2,9 +2,10 @@
 
 :meth:`Checks.decide` orders them as the storage sees them: the fleet's slot, the global limits
 (under the client address), the tier limits, then route and shared limits (under the identity,
-or the ``key_func``'s answer: ``None`` or ``""`` skips the limit). A limit whose app code raises
-is logged at ERROR, then skipped as degraded under policy ``open``, else a 503: never dropped;
-an ``exempt_when`` that raises does not exempt.
+or the ``key_func``'s answer: ``None`` or ``""`` skips the limit). An option whose app code
+raises is logged at ERROR and the limit applies as if it were not given (a ``key_func``: under
+the identity; a ``cost``: the default; an ``exempt_when``: no exemption), since a client may make
+it raise; a callable limit value that raises, with no ``fallback``, is a 503: never unlimited.
 The checks go to :meth:`Decider.decide <flask_distlimit.request.decide.Decider.decide>`.
 """
 
@@ -18,7 +19,7 @@ from typing import Final
 from flask import Request
 from werkzeug.exceptions import HTTPException
 
-from flask_distlimit._typing import FailurePolicy, KeyFunc
+from flask_distlimit._typing import KeyFunc
 from flask_distlimit.core.algorithms import CONCURRENCY, MAX_LIMITS_PER_REQUEST
 from flask_distlimit.core.decision import Check
 from flask_distlimit.core.pacing import Pace
@@ -167,7 +168,7 @@ class Checks:
                     checks.append(b.check(tag, every_cost))
                     continue
                 room = MAX_LIMITS_PER_REQUEST - len(checks) - len(route_limits)
-                for r in self._resolved(b, tag, None, room, plan, data):  # a callable's answer
+                for r in self._resolved(b, tag, None, room, data):  # a callable's answer
                     checks.append(r.check(tag, every_cost))
         # DISTLIMIT_CONDITIONAL_COST=0: the request claims to revalidate, but only a 304 proves
         # it; route limits reserve the cost now and give it back after a response that is a 304.
@@ -193,7 +194,7 @@ class Checks:
                 except HTTPException:  # the app's own answer (request.form["user"]: a 400)
                     raise
                 except Exception as exc:  # it does not exempt: a client may make it raise
-                    self._log_failure(b, "exempt_when", exc, None)
+                    self._log_failure(b, "exempt_when", exc)
             try:
                 if spec.key_func is not None:
                     text = _key_text(b, spec.key_func)
@@ -212,11 +213,12 @@ class Checks:
                 )  # fmt: skip
             except HTTPException:  # the app's own answer (request.form["user"]: a 400)
                 raise
-            except Exception as exc:  # the app's code failed: the failure policy answers
-                policy = plan.policy or self.settings.failure_policy
-                self._log_failure(b, "key_func or cost", exc, policy)
-                self._by_policy(plan, data)
-                continue
+            except Exception as exc:  # the limit applies (a client may make it raise): as if
+                self._log_failure(b, "key_func or cost", exc)  # the option were not given
+                if identity is None:
+                    identity = self.resolver.identify(req, self.hooks)
+                    itag = self.identity_tag(identity.value)
+                tag, cost = tag or itag, default_cost
             if b.algorithm == CONCURRENCY:  # a slot, not a cost (defences.concurrency)
                 checks.append(slot_check(b, tag, self.settings.concurrency_lease))
                 continue
@@ -226,7 +228,7 @@ class Checks:
                 continue
             room = MAX_LIMITS_PER_REQUEST - len(checks) - fixed
             tier = identity.tier if identity is not None else None
-            for r in self._resolved(b, tag, tier, room, plan, data):  # a dynamic value's rates
+            for r in self._resolved(b, tag, tier, room, data):  # a dynamic value's rates
                 check = r.check(tag, 1 if unproved else cost)
                 if deduction.reserved(r, unproved=unproved):  # reserved now, settled after
                     data.deferred[check.key] = deduction.Deferred(
@@ -256,25 +258,20 @@ class Checks:
         tag: str,
         tier: str | None,
         room: int,
-        plan: RoutePlan,
         data: RequestData,
     ) -> Sequence[BoundLimit]:
-        """``b``, or this request's limits of its callable or mapping value (none when it cannot
-        be resolved: logged by the dynamic limit, then the failure policy answers)."""
+        """``b``, or this request's limits of its callable or mapping value (a 503 when it
+        cannot be resolved, logged by the dynamic limit)."""
         if b.dynamic is None:
             return (b,)
         try:
             return b.dynamic.resolve(tag, tier, self.local_clock(), self.dynamic_ttl_us, room)
-        except LimitUnresolved:
-            self._by_policy(plan, data)
-            return ()
+        except LimitUnresolved:  # no rate to enforce, and never admitted unlimited: a 503
+            self.refusals.unavailable(data, busy=False, unresolved=True)
 
-    def _log_failure(
-        self, b: BoundLimit, option: str, exc: Exception, policy: FailurePolicy | None
-    ) -> None:
+    def _log_failure(self, b: BoundLimit, option: str, exc: Exception) -> None:
         """Log at ERROR (at most once a minute per limit) that ``option`` of ``b`` raised (or
-        answered what is not a key or a cost); ``policy``: the failure policy that then answers
-        (:meth:`_by_policy`), None when the limit applies (an ``exempt_when`` that raised)."""
+        answered what is not a key or a cost)."""
         now = self.local_clock()
         pace = self.paces.get(b.name)
         if pace is None:
@@ -283,22 +280,10 @@ class Checks:
             pace = self.paces[b.name] = Pace(LOG_INTERVAL * 1_000_000)
         if pace.due(now) is not None:
             log.error(
-                "The rate limit %s: its %s raised %s: %s. %s (Logged at most once a minute per "
-                "limit.)",
-                b.name, option, type(exc).__name__, log_text(exc),
-                "The limit applies." if policy is None else f"It could not be evaluated: the "
-                f"failure policy {policy} answers (open: admitted, marked degraded; closed or "
-                "local: 503).",
-                exc_info=exc,
+                "The rate limit %s: its %s raised %s: %s. The limit applies, as if the option "
+                "that raised were not given. (Logged at most once a minute per limit.)",
+                b.name, option, type(exc).__name__, log_text(exc), exc_info=exc,
             )  # fmt: skip
-
-    def _by_policy(self, plan: RoutePlan, data: RequestData) -> None:
-        """A limit of the request cannot be evaluated: under the failure policy ``open`` it is
-        skipped for this request, which is marked degraded (``X-RateLimit-Degraded``); under
-        ``closed`` or ``local`` (no rate to enforce in-process) the request is a 503."""
-        if (plan.policy or self.settings.failure_policy) != "open":
-            self.refusals.unavailable(data, busy=False, unresolved=True)
-        data.degraded = True
 
     def _view_answers_options(self, req: Request) -> bool:
         """Does the route's own view answer ``OPTIONS`` (its methods list it: ``methods=[...,

@@ -108,8 +108,8 @@ def test_a_request_that_costs_more_than_the_limit_is_refused_at_once_and_honestl
 def test_a_cost_function_returning_a_bad_value_names_the_limit(
     backend: Backend, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Logged at ERROR with the limit and the value, then the failure policy answers (here
-    ``open``: admitted without that limit, marked degraded); never a 500."""
+    """Logged at ERROR with the limit and the value, then the limit applies at the default cost
+    (the failure policy, here ``open``, does not admit it unlimited); never a 500."""
     app, limiter, counting = make_app(backend(), clock)
 
     @app.get("/report")
@@ -124,9 +124,10 @@ def test_a_cost_function_returning_a_bad_value_names_the_limit(
     app.testing = True  # an exception would propagate to the test
     with caplog.at_level(logging.ERROR, logger="flask_distlimit"):
         response = app.test_client().get("/report?rows=7")
-    assert (response.status_code, response.headers["X-RateLimit-Degraded"]) == (200, "true")
+    assert (response.status_code, response.headers["X-RateLimit-Remaining"]) == (200, "9")
+    assert "X-RateLimit-Degraded" not in response.headers
     assert re.search(r"report:10/minute.*'7'", caplog.text), caplog.text
-    assert counting.evaluations == 0
+    assert counting.evaluations == 1
 
 
 @pytest.mark.parametrize(
