@@ -191,7 +191,7 @@ class RateLimitUnavailable(_Unavailable):
     """503: the rate-limit storage is unreachable and the failure policy is ``closed``; or
     (``busy``) this process's limiter calls queued past their budget, whatever the policy
     (:class:`~flask_distlimit.errors.StorageBusy`); or (``unresolved``) a limit of the route
-    could not be evaluated (a callable value raised, with no ``fallback``)."""
+    could not be evaluated and its failure policy is not ``open``."""
 
     def __init__(
         self,

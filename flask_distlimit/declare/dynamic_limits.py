@@ -3,8 +3,8 @@ tier -> limit string (docs/limits.md, "Limits that depend on who is asking").
 
 A callable's answer is kept per identity for ``DISTLIMIT_DYNAMIC_LIMIT_TTL`` seconds; one that
 fails is logged (rate-limited, escaped) and the limit's ``fallback`` applies, else
-:class:`LimitUnresolved` makes the request a 503: never a 500, never a limit silently gone.
-Each value counts on a key of its own (docs/design-notes.md, "Per-request limit values").
+:class:`LimitUnresolved` lets the failure policy answer: never a 500, never a limit silently
+gone. Each value counts on a key of its own (docs/design-notes.md, "Per-request limit values").
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def log_text(value: object) -> str:
 
 class LimitUnresolved(Exception):
     """A limit of the request could not be evaluated (its app code raised, and it has no
-    ``fallback``): the request is a 503. Never leaves the package."""
+    ``fallback``): the route's failure policy answers. Never leaves the package."""
 
 
 #: A limit value: a limit string, a callable answering one, or a mapping tier -> limit string.
@@ -204,7 +204,8 @@ class DynamicLimit(Generic[B]):
                 self.value.described, self.name, type(exc).__name__, log_text(exc),
                 f"using its fallback {';'.join(map(str, fallback))} until it is asked again"
                 if fallback
-                else "it has no fallback=, so the request is refused (503), never unlimited",
+                else "it has no fallback=, so the route's failure policy answers (open: "
+                "admitted, marked degraded; closed or local: 503)",
                 now_us=now_us,
             )  # fmt: skip
             if not fallback:

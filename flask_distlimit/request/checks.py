@@ -5,7 +5,8 @@
 or the ``key_func``'s answer: ``None`` or ``""`` skips the limit). An option whose app code
 raises is logged at ERROR and the limit applies as if it were not given (a ``key_func``: under
 the identity; a ``cost``: the default; an ``exempt_when``: no exemption), since a client may make
-it raise; a callable limit value that raises, with no ``fallback``, is a 503: never unlimited.
+it raise. A callable limit value that raises, with no ``fallback``, cannot be evaluated: logged,
+then skipped as degraded under policy ``open``, else a 503; never dropped.
 The checks go to :meth:`Decider.decide <flask_distlimit.request.decide.Decider.decide>`.
 """
 
@@ -168,7 +169,7 @@ class Checks:
                     checks.append(b.check(tag, every_cost))
                     continue
                 room = MAX_LIMITS_PER_REQUEST - len(checks) - len(route_limits)
-                for r in self._resolved(b, tag, None, room, data):  # a callable's answer
+                for r in self._resolved(b, tag, None, room, plan, data):  # a callable's answer
                     checks.append(r.check(tag, every_cost))
         # DISTLIMIT_CONDITIONAL_COST=0: the request claims to revalidate, but only a 304 proves
         # it; route limits reserve the cost now and give it back after a response that is a 304.
@@ -228,7 +229,7 @@ class Checks:
                 continue
             room = MAX_LIMITS_PER_REQUEST - len(checks) - fixed
             tier = identity.tier if identity is not None else None
-            for r in self._resolved(b, tag, tier, room, data):  # a dynamic value's rates
+            for r in self._resolved(b, tag, tier, room, plan, data):  # a dynamic value's rates
                 check = r.check(tag, 1 if unproved else cost)
                 if deduction.reserved(r, unproved=unproved):  # reserved now, settled after
                     data.deferred[check.key] = deduction.Deferred(
@@ -258,16 +259,22 @@ class Checks:
         tag: str,
         tier: str | None,
         room: int,
+        plan: RoutePlan,
         data: RequestData,
     ) -> Sequence[BoundLimit]:
-        """``b``, or this request's limits of its callable or mapping value (a 503 when it
-        cannot be resolved, logged by the dynamic limit)."""
+        """``b``, or this request's limits of its callable or mapping value (none when it cannot
+        be resolved: logged by the dynamic limit; then under the failure policy ``open`` the
+        request is marked degraded (``X-RateLimit-Degraded``), under ``closed`` or ``local`` (no
+        rate to enforce in-process) it is a 503)."""
         if b.dynamic is None:
             return (b,)
         try:
             return b.dynamic.resolve(tag, tier, self.local_clock(), self.dynamic_ttl_us, room)
-        except LimitUnresolved:  # no rate to enforce, and never admitted unlimited: a 503
-            self.refusals.unavailable(data, busy=False, unresolved=True)
+        except LimitUnresolved:
+            if (plan.policy or self.settings.failure_policy) != "open":
+                self.refusals.unavailable(data, busy=False, unresolved=True)
+            data.degraded = True
+            return ()
 
     def _log_failure(self, b: BoundLimit, option: str, exc: Exception) -> None:
         """Log at ERROR (at most once a minute per limit) that ``option`` of ``b`` raised (or

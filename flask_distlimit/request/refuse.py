@@ -143,7 +143,8 @@ class Refusals:
 
     def unavailable(self, data: RequestData, *, busy: bool, unresolved: bool = False) -> NoReturn:
         """The storage did not decide and the failure policy is ``closed``: 503. ``unresolved``:
-        a limit value of the route could not be evaluated (its callable raised, no fallback)."""
+        a limit of the route could not be evaluated (its app code raised) and the route's
+        policy is not ``open``."""
         data.degraded = data.denied = True
         data.retry_after = 1 if busy else self.retry_unavailable  # busy: load, not an outage
         raise RateLimitUnavailable(

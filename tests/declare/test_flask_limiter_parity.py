@@ -109,16 +109,21 @@ def test_global_limits_still_count_beside_a_limit_decided_below_a_decorator(
     assert statuses(app, "/translate", 7, headers={"X-Api-Key": "basic"})[-1] == 429
 
 
-@pytest.mark.parametrize("policy", ["open", "closed", "local"])
-def test_a_limit_whose_code_raises_still_limits_whatever_the_failure_policy(
-    backend: Backend, clock: FakeClock, caplog: pytest.LogCaptureFixture, policy: str
+@pytest.mark.parametrize(("policy", "expected"), [("open", 200), ("closed", 503), ("local", 503)])
+def test_a_limit_whose_options_raise_still_limits_whatever_the_failure_policy(
+    backend: Backend,
+    clock: FakeClock,
+    caplog: pytest.LogCaptureFixture,
+    policy: str,
+    expected: int,
 ) -> None:
-    """A client who can make a limit's code raise (input it reads) must not switch the limit
-    off: the failure policy is for the storage, and ``open`` once admitted such a request."""
+    """A client who can make a limit's ``key_func`` or ``cost`` raise (input it reads) must not
+    switch the limit off: under ``open`` it once admitted such a request. A value that cannot be
+    evaluated has no rate to apply: the failure policy answers, loudly."""
     app, limiter, _ = make_app(backend(), clock, DISTLIMIT_FAILURE_POLICY=policy)
 
     @app.get("/orders")
-    @limiter.limit(lambda: g.missing, on_failure="open")  # nothing sets g.missing
+    @limiter.limit(lambda: g.missing)  # nothing sets g.missing: AttributeError
     def orders() -> str:
         return "ok"
 
@@ -138,18 +143,34 @@ def test_a_limit_whose_code_raises_still_limits_whatever_the_failure_policy(
         return "ok"
 
     with caplog.at_level(logging.ERROR, logger="flask_distlimit"):
-        response = app.test_client().get("/orders")  # no rate to enforce: refused, not a 500
-        assert response.status_code == 503
-        assert "could not be evaluated" in response.get_json()["detail"]
+        response = app.test_client().get("/orders")  # never a 500, never silent
+        assert response.status_code == expected
+        if expected == 200:  # admitted, marked degraded
+            assert response.headers["X-RateLimit-Degraded"] == "true"
+        else:
+            assert "could not be evaluated" in response.get_json()["detail"]
         for path in ("/keyed", "/costly", "/negative"):  # as if the option were not given
             assert statuses(app, path, 6) == [200] * 5 + [429], path
         other = {"REMOTE_ADDR": "192.0.2.9"}  # the key_func's fallback: the client's identity
         assert statuses(app, "/keyed", 1, environ_base=other) == [200]
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-    assert any("AttributeError" in e and "no fallback=" in e for e in errors), errors
+    assert any("AttributeError" in e and "failure policy" in e for e in errors), errors
     assert any("AttributeError" in e and "The limit applies" in e for e in errors), errors
     assert any("TypeError" in e and "int >= 0" in e for e in errors), errors
     assert len(errors) == 4  # one line per limit, not one per request
+
+
+def test_a_limit_own_on_failure_decides_for_an_unevaluable_limit(
+    backend: Backend, clock: FakeClock
+) -> None:
+    app, limiter, _ = make_app(backend(), clock)  # DISTLIMIT_FAILURE_POLICY: open
+
+    @app.get("/orders")
+    @limiter.limit(lambda: g.missing, on_failure="closed")
+    def orders() -> str:
+        return "ok"
+
+    assert statuses(app, "/orders", 2) == [503, 503]
 
 
 # -- 2 and 3. on_breach ---------------------------------------------------------------------------
