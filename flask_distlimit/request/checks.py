@@ -196,22 +196,20 @@ class Checks:
                     raise
                 except Exception as exc:  # it does not exempt: a client may make it raise
                     self._log_failure(b, "exempt_when", exc)
+            # Flask-Limiter's order: with deduct_when, a callable cost is called after the
+            # response (it may read what the view sets); 1 is reserved meanwhile.
+            cost_after = (
+                spec.deduct_when is not None and spec.settle is None and callable(spec.cost)
+            )
+            cost = 1 if cost_after else default_cost
             try:
                 if spec.key_func is not None:
                     text = _key_text(b, spec.key_func)
                     if text is None:  # no key: this request is not counted by this limit
                         continue
                     tag = self.identity_tag(text)
-                # Flask-Limiter's order: with deduct_when, a callable cost is called after the
-                # response (it may read what the view sets); 1 is reserved meanwhile.
-                cost_after = (
-                    spec.deduct_when is not None and spec.settle is None and callable(spec.cost)
-                )
-                cost = (
-                    1 if cost_after
-                    else default_cost if spec.cost is None or b.algorithm == CONCURRENCY
-                    else _cost_value(b, default_cost)
-                )  # fmt: skip
+                if not cost_after and spec.cost is not None and b.algorithm != CONCURRENCY:
+                    cost = _cost_value(b, default_cost)
             except HTTPException:  # the app's own answer (request.form["user"]: a 400)
                 raise
             except Exception as exc:  # the limit applies (a client may make it raise): as if
@@ -219,7 +217,7 @@ class Checks:
                 if identity is None:
                     identity = self.resolver.identify(req, self.hooks)
                     itag = self.identity_tag(identity.value)
-                tag, cost = tag or itag, default_cost
+                tag = tag or itag
             if b.algorithm == CONCURRENCY:  # a slot, not a cost (defences.concurrency)
                 checks.append(slot_check(b, tag, self.settings.concurrency_lease))
                 continue

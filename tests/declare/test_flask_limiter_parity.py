@@ -142,6 +142,11 @@ def test_a_limit_whose_options_raise_still_limits_whatever_the_failure_policy(
     def negative() -> str:
         return "ok"
 
+    @app.get("/deducted")  # the cost is asked after the response: 1 reserved before the view
+    @limiter.limit("5/minute", key_func=lambda: g.missing, cost=lambda: 1, deduct_when=bool)
+    def deducted() -> str:
+        return "ok"
+
     with caplog.at_level(logging.ERROR, logger="flask_distlimit"):
         response = app.test_client().get("/orders")  # never a 500, never silent
         assert response.status_code == expected
@@ -149,7 +154,7 @@ def test_a_limit_whose_options_raise_still_limits_whatever_the_failure_policy(
             assert response.headers["X-RateLimit-Degraded"] == "true"
         else:
             assert "could not be evaluated" in response.get_json()["detail"]
-        for path in ("/keyed", "/costly", "/negative"):  # as if the option were not given
+        for path in ("/keyed", "/costly", "/negative", "/deducted"):  # as if not given
             assert statuses(app, path, 6) == [200] * 5 + [429], path
         other = {"REMOTE_ADDR": "192.0.2.9"}  # the key_func's fallback: the client's identity
         assert statuses(app, "/keyed", 1, environ_base=other) == [200]
@@ -157,7 +162,7 @@ def test_a_limit_whose_options_raise_still_limits_whatever_the_failure_policy(
     assert any("AttributeError" in e and "failure policy" in e for e in errors), errors
     assert any("AttributeError" in e and "The limit applies" in e for e in errors), errors
     assert any("TypeError" in e and "int >= 0" in e for e in errors), errors
-    assert len(errors) == 4  # one line per limit, not one per request
+    assert len(errors) == 5  # one line per limit, not one per request
 
 
 def test_a_limit_own_on_failure_decides_for_an_unevaluable_limit(
