@@ -8,6 +8,7 @@ identity, never a 500. PyJWT is imported only when ``DISTLIMIT_JWT_KEYS`` is set
 from __future__ import annotations
 
 import importlib
+import logging
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from flask_distlimit.identity.api_keys import id_text
 MAX_TOKEN_LENGTH: Final = 8192
 
 _CLAIM_NAME: Final = re.compile(r"[^\s]{1,64}")
-_JWT_HINT: Final = "Install it with `pip install Flask-DistLimit[jwt]`."
+_JWT_HINT: Final = "Install it with `pip install 'pyjwt>=2.8'` (Flask-DistLimit's `jwt` extra)."
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,13 @@ def read_jwt(config: Mapping[str, object]) -> JwtVerifier | None:
     audience = config["DISTLIMIT_JWT_AUDIENCE"]
     issuer = config["DISTLIMIT_JWT_ISSUER"]
     leeway = config["DISTLIMIT_JWT_LEEWAY"]
-    if keys is None or keys == [] or keys == ():
+    if keys is None or keys in ("", b"", [], ()):
+        if algorithms is not None or audience is not None or issuer is not None:
+            logging.getLogger("flask_distlimit").warning(
+                "DISTLIMIT_JWT_ALGORITHMS, _AUDIENCE or _ISSUER is set but DISTLIMIT_JWT_KEYS is "
+                "empty, so no token is read: each client is counted by your identity loader, its "
+                "API key or its address. Set DISTLIMIT_JWT_KEYS to your tokens' verifying keys."
+            )
         return None
     try:
         jwt = importlib.import_module("jwt")
@@ -164,7 +171,7 @@ def _prepare_key(algorithm: Any, alg: str, key: object, index: int) -> object | 
     if not isinstance(key, (str, bytes)) or not key:
         raise ConfigurationError(
             f"DISTLIMIT_JWT_KEYS[{index}] must be a non-empty string or bytes (an HMAC secret or "
-            f"a PEM public key), got a {type(key).__name__}."
+            f"a PEM public key), got the type {type(key).__name__}."
         )
     try:
         ready: object = algorithm.prepare_key(key)

@@ -107,7 +107,7 @@ def _read_secret(config: Mapping[str, object]) -> bytes | None:
         if not isinstance(value, bytes):
             raise ConfigurationError(
                 f"{key} must be a string or bytes (a long random secret, e.g. "
-                f"secrets.token_hex(32)), got a {type(value).__name__}."
+                f"secrets.token_hex(32)), got the type {type(value).__name__}."
             )
         return value
     return None

@@ -241,10 +241,26 @@ def test_private_key_is_refused(rsa_pair: tuple[Any, str]) -> None:
 def test_jwt_keys_without_pyjwt_say_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "jwt", None)
     monkeypatch.setitem(sys.modules, "jwt.algorithms", None)
-    with pytest.raises(ConfigurationError, match=r"pip install Flask-DistLimit\[jwt\]"):
+    with pytest.raises(ConfigurationError, match=r"pip install 'pyjwt>=2.8'"):
         IdentitySettings.from_config(jwt_app().config)
     # Without JWT keys, PyJWT is never imported.
     assert IdentitySettings.from_config(make_app().config).jwt is None
+
+
+@pytest.mark.parametrize("keys", [None, [], ""])
+def test_jwt_settings_without_keys_warn_that_no_token_is_read(
+    keys: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``DISTLIMIT_JWT_KEYS = os.environ.get("JWT_PUBKEY")`` on a host without that variable:
+    the JWT path is off, and the start-up log says so (the other settings are not checked)."""
+    app = make_app(DISTLIMIT_JWT_KEYS=keys, DISTLIMIT_JWT_AUDIENCE="https://api.example.com")
+    with caplog.at_level(logging.WARNING, logger="flask_distlimit"):
+        assert IdentitySettings.from_config(app.config).jwt is None
+    assert "DISTLIMIT_JWT_KEYS is empty, so no token is read" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="flask_distlimit"):
+        IdentitySettings.from_config(make_app().config)  # no JWT setting at all: no word
+    assert "DISTLIMIT_JWT" not in caplog.text
 
 
 # -- client IP ------------------------------------------------------------------------------
