@@ -35,6 +35,7 @@ from flask_distlimit.request.refuse import BreachHook
 from flask_distlimit.state import LimiterState
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.client_retries import warn_if_client_retries, warn_if_client_waits_long
+from flask_distlimit.storage.memory import MemoryStorage
 from flask_distlimit.storage.startup_check import check_storage
 from flask_distlimit.storage.urls import from_url
 from flask_distlimit.telemetry import otel
@@ -155,6 +156,8 @@ class Limiter(Declarations):
                 timeout=settings.redis_timeout,
                 request_tokens=settings.request_tokens,
             )
+            if self._clock is not None and isinstance(chosen, MemoryStorage):  # keys expire by it
+                chosen = MemoryStorage(clock=self._clock)
         else:
             settings.check_request_tokens(chosen)
         state = LimiterState(

@@ -26,7 +26,7 @@ def breach_hooks(
 ) -> list[LimitBreachHook]:
     """The hooks to call, in order: ``app_hook``, then each denied limit's own, each once."""
     hooks = (app_hook, *(b.spec.on_breach for b in denied))
-    return list(dict.fromkeys(h for h in hooks if h is not None))
+    return list({id(h): h for h in hooks if h is not None}.values())  # a hook may not hash
 
 
 def error_message(denied: Sequence[BoundLimit]) -> str | None:

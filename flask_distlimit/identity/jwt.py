@@ -88,9 +88,8 @@ def read_jwt(config: Mapping[str, object]) -> JwtVerifier | None:
     if keys is None or keys in ("", b"", [], ()):
         if algorithms is not None or audience is not None or issuer is not None:
             logging.getLogger("flask_distlimit").warning(
-                "DISTLIMIT_JWT_ALGORITHMS, _AUDIENCE or _ISSUER is set but DISTLIMIT_JWT_KEYS is "
-                "empty, so no token is read: each client is counted by your identity loader, its "
-                "API key or its address. Set DISTLIMIT_JWT_KEYS to your tokens' verifying keys."
+                "DISTLIMIT_JWT_* is set but DISTLIMIT_JWT_KEYS is empty, so no token is read "
+                "(clients are counted as if no JWT came). Set it to your tokens' verifying keys."
             )
         return None
     try:

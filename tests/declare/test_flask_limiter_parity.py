@@ -8,6 +8,7 @@ pins the behaviour ``docs/migrating-from-flask-limiter.md`` describes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable
@@ -217,6 +218,31 @@ def test_the_app_hook_and_the_limit_hook_are_both_told(backend: Backend, clock: 
     refused = client.get("/loud")
     assert (refused.status_code, refused.get_data(as_text=True)) == (429, "from the route hook")
     assert told == ["app", "route", "app", "route answers"]
+
+
+def test_a_breach_hook_that_cannot_be_hashed_is_told_once(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """A callable dataclass (``__eq__`` and no ``__hash__``) as both hooks: told once, not a 500."""
+
+    @dataclasses.dataclass
+    class RecordBreaches:
+        seen: list[Breach] = dataclasses.field(default_factory=list)
+
+        def __call__(self, breach: Breach) -> None:
+            self.seen.append(breach)
+
+    hook = RecordBreaches()
+    app, limiter, _ = make_app(backend(), clock)
+    limiter.on_breach(hook)
+
+    @app.get("/")
+    @limiter.limit("1/minute", on_breach=hook)
+    def index() -> str:
+        return "ok"
+
+    assert statuses(app, "/", 2) == [200, 429]
+    assert len(hook.seen) == 1
 
 
 def test_a_breach_hook_that_raises_still_gives_the_429(

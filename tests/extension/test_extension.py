@@ -588,6 +588,25 @@ def test_health_and_reset(backend: Backend, clock: FakeClock) -> None:
     assert health["latency_ms"] is not None
 
 
+def test_memory_url_storage_follows_the_limiters_clock() -> None:
+    """``Limiter(app, clock=FakeClock())`` on ``memory://``, as the quickstart tests: keys written
+    at the fake time are found by ``reset`` (the storage listed them by the machine's clock)."""
+    clock = FakeClock()
+    app = Flask(__name__)
+    app.config["DISTLIMIT_STORAGE_URL"] = "memory://"
+    limiter = Limiter(app, clock=clock)
+
+    @app.get("/")
+    @limiter.limit("1/minute")
+    def index() -> str:
+        return "ok"
+
+    client = app.test_client()
+    assert [client.get("/").status_code for _ in range(2)] == [200, 429]
+    assert limiter.reset(app) == 1
+    assert client.get("/").status_code == 200
+
+
 def test_a_reset_that_cannot_list_the_keys_forgets_nothing_locally(clock: FakeClock) -> None:
     """A reset whose SCAN fails deletes no count, so this process keeps refusing from its deny
     cache the client the storage still counts as over its limit."""

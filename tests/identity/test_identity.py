@@ -256,7 +256,7 @@ def test_jwt_settings_without_keys_warn_that_no_token_is_read(
     app = make_app(DISTLIMIT_JWT_KEYS=keys, DISTLIMIT_JWT_AUDIENCE="https://api.example.com")
     with caplog.at_level(logging.WARNING, logger="flask_distlimit"):
         assert IdentitySettings.from_config(app.config).jwt is None
-    assert "DISTLIMIT_JWT_KEYS is empty, so no token is read" in caplog.text
+    assert "DISTLIMIT_JWT_KEYS is empty, so no token is read" in caplog.text, caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="flask_distlimit"):
         IdentitySettings.from_config(make_app().config)  # no JWT setting at all: no word
