@@ -78,11 +78,15 @@ class Downstream:
                 self._local[field] = self._local.get(field, 0) + 1
 
     def _fields(self) -> dict[str, int]:
-        if self._redis_url is None:
-            with self._lock:
-                return dict(self._local)
-        raw = self._redis().hgetall(_KEY)
-        return {k.decode(): int(v) for k, v in raw.items()}  # type: ignore[union-attr]
+        """The counts in Redis; while it is unreachable, this process's (as ``hit`` keeps)."""
+        if self._redis_url is not None:
+            try:
+                raw = self._redis().hgetall(_KEY)
+                return {k.decode(): int(v) for k, v in raw.items()}  # type: ignore[union-attr]
+            except redis.RedisError as exc:
+                log.warning("downstream counter: Redis unreachable (%s); showing local counts", exc)
+        with self._lock:
+            return dict(self._local)
 
     def counts(self) -> dict[str, int]:
         """Runs per route so far."""

@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from functools import partial
+from typing import Final, TypeVar
 
 from flask import Request
 from werkzeug.exceptions import HTTPException
@@ -39,6 +40,9 @@ from flask_distlimit.request.settings import LimiterSettings
 
 log = logging.getLogger("flask_distlimit")
 
+T = TypeVar("T")
+#: A ``key_func`` that failed: its limit counts under the identity (never a key text).
+_FAILED: Final[str | None] = ""
 #: Limits whose failure is remembered for the once-a-minute ERROR line; emptied when full.
 _QUIET_KEPT: Final = 10_000
 
@@ -188,36 +192,26 @@ class Checks:
             fixed -= 1
             tag = itag
             spec = b.spec
-            if spec.exempt_when is not None:
-                try:
-                    if spec.exempt_when():
-                        continue
-                except HTTPException:  # the app's own answer (request.form["user"]: a 400)
-                    raise
-                except Exception as exc:  # it does not exempt: a client may make it raise
-                    self._log_failure(b, "exempt_when", exc)
+            if spec.exempt_when is not None and self._app_code(
+                b, "exempt_when", spec.exempt_when, False
+            ):
+                continue
             # Flask-Limiter's order: with deduct_when, a callable cost is called after the
             # response (it may read what the view sets); 1 is reserved meanwhile.
             cost_after = (
                 spec.deduct_when is not None and spec.settle is None and callable(spec.cost)
             )
             cost = 1 if cost_after else default_cost
-            try:
-                if spec.key_func is not None:
-                    text = _key_text(b, spec.key_func)
-                    if text is None:  # no key: this request is not counted by this limit
-                        continue
-                    tag = self.identity_tag(text)
-                if not cost_after and spec.cost is not None and b.algorithm != CONCURRENCY:
-                    cost = _cost_value(b, default_cost)
-            except HTTPException:  # the app's own answer (request.form["user"]: a 400)
-                raise
-            except Exception as exc:  # the limit applies (a client may make it raise): as if
-                self._log_failure(b, "key_func or cost", exc)  # the option were not given
-                if identity is None:
+            if spec.key_func is not None:
+                text = self._app_code(b, "key_func", partial(_key_text, b, spec.key_func), _FAILED)
+                if text is None:  # no key: this request is not counted by this limit
+                    continue
+                if not text and identity is None:  # it failed: counted under the identity
                     identity = self.resolver.identify(req, self.hooks)
                     itag = self.identity_tag(identity.value)
-                tag = tag or itag
+                tag = self.identity_tag(text) if text else itag
+            if not cost_after and spec.cost is not None and b.algorithm != CONCURRENCY:
+                cost = self._app_code(b, "cost", partial(_cost_value, b, default_cost), cost)
             if b.algorithm == CONCURRENCY:  # a slot, not a cost (defences.concurrency)
                 checks.append(slot_check(b, tag, self.settings.concurrency_lease))
                 continue
@@ -274,21 +268,28 @@ class Checks:
             data.degraded = True
             return ()
 
-    def _log_failure(self, b: BoundLimit, option: str, exc: Exception) -> None:
-        """Log at ERROR (at most once a minute per limit) that ``option`` of ``b`` raised (or
-        answered what is not a key or a cost)."""
-        now = self.local_clock()
-        pace = self.paces.get(b.name)
-        if pace is None:
-            if len(self.paces) >= _QUIET_KEPT:
-                self.paces.clear()
-            pace = self.paces[b.name] = Pace(LOG_INTERVAL * 1_000_000)
-        if pace.due(now) is not None:
-            log.error(
-                "The rate limit %s: its %s raised %s: %s. The limit applies, as if the option "
-                "that raised were not given. (Logged at most once a minute per limit.)",
-                b.name, option, type(exc).__name__, log_text(exc), exc_info=exc,
-            )  # fmt: skip
+    def _app_code(self, b: BoundLimit, option: str, call: Callable[[], T], failed: T) -> T:
+        """``call()``, ``option`` of ``b`` (the app's code); ``failed`` when it raises (or
+        answers what is not a key or a cost), logged at ERROR at most once a minute per limit:
+        the limit applies as if the option were not given, since a client may make it raise.
+        An HTTP error it raises (``request.form["user"]``'s 400) is the answer."""
+        try:
+            return call()
+        except HTTPException:
+            raise
+        except Exception as exc:
+            pace = self.paces.get(b.name)
+            if pace is None:
+                if len(self.paces) >= _QUIET_KEPT:
+                    self.paces.clear()
+                pace = self.paces[b.name] = Pace(LOG_INTERVAL * 1_000_000)
+            if pace.due(self.local_clock()) is not None:
+                log.error(
+                    "The rate limit %s: its %s raised %s: %s. The limit applies, as if that "
+                    "option were not given. (Logged at most once a minute per limit.)",
+                    b.name, option, type(exc).__name__, log_text(exc), exc_info=exc,
+                )  # fmt: skip
+            return failed
 
     def _view_answers_options(self, req: Request) -> bool:
         """Does the route's own view answer ``OPTIONS`` (its methods list it: ``methods=[...,

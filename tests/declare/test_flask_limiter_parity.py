@@ -143,6 +143,11 @@ def test_a_limit_whose_options_raise_still_limits_whatever_the_failure_policy(
     def negative() -> str:
         return "ok"
 
+    @app.get("/double")  # its cost stands when its key_func fails: no twice the quota
+    @limiter.limit("10/minute", key_func=lambda: g.missing, cost=2)
+    def double() -> str:
+        return "ok"
+
     @app.get("/deducted")  # the cost is asked after the response: 1 reserved before the view
     @limiter.limit("5/minute", key_func=lambda: g.missing, cost=lambda: 1, deduct_when=bool)
     def deducted() -> str:
@@ -157,13 +162,14 @@ def test_a_limit_whose_options_raise_still_limits_whatever_the_failure_policy(
             assert "could not be evaluated" in response.get_json()["detail"]
         for path in ("/keyed", "/costly", "/negative", "/deducted"):  # as if not given
             assert statuses(app, path, 6) == [200] * 5 + [429], path
+        assert statuses(app, "/double", 6) == [200] * 5 + [429]
         other = {"REMOTE_ADDR": "192.0.2.9"}  # the key_func's fallback: the client's identity
         assert statuses(app, "/keyed", 1, environ_base=other) == [200]
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any("AttributeError" in e and "failure policy" in e for e in errors), errors
     assert any("AttributeError" in e and "The limit applies" in e for e in errors), errors
     assert any("TypeError" in e and "int >= 0" in e for e in errors), errors
-    assert len(errors) == 5  # one line per limit, not one per request
+    assert len(errors) == 6  # one line per limit, not one per request
 
 
 def test_a_limit_own_on_failure_decides_for_an_unevaluable_limit(

@@ -374,3 +374,12 @@ def test_launcher_prints_no_secret_or_url_it_was_given() -> None:
         url_given=False,
     )
     assert "cannot see" in memory
+
+
+def test_downstream_answers_while_redis_is_unreachable(caplog: pytest.LogCaptureFixture) -> None:
+    """``GET /downstream`` shows this process's counts when Redis is down, as ``hit`` keeps
+    them (it was a 500: the read had no fallback)."""
+    app = create_app({"DISTLIMIT_STORAGE_URL": "redis://127.0.0.1:1/0", "SECRET_KEY": "x" * 40})
+    response = app.test_client().get("/downstream")
+    assert response.status_code == 200
+    assert "Redis unreachable" in caplog.text
