@@ -88,8 +88,7 @@ def read_jwt(config: Mapping[str, object]) -> JwtVerifier | None:
     if keys is None or keys in ("", b"", [], ()):
         if algorithms is not None or audience is not None or issuer is not None:
             logging.getLogger("flask_distlimit").warning(
-                "DISTLIMIT_JWT_* is set but DISTLIMIT_JWT_KEYS is empty, so no token is read "
-                "(clients are counted as if no JWT came). Set it to your tokens' verifying keys."
+                "DISTLIMIT_JWT_* is set but DISTLIMIT_JWT_KEYS is empty, so no token is read."
             )
         return None
     try:

@@ -192,9 +192,7 @@ class Checks:
             fixed -= 1
             tag = itag
             spec = b.spec
-            if spec.exempt_when is not None and self._app_code(
-                b, "exempt_when", spec.exempt_when, False
-            ):
+            if spec.exempt_when is not None and self._ask(b, "exempt_when", spec.exempt_when, None):
                 continue
             # Flask-Limiter's order: with deduct_when, a callable cost is called after the
             # response (it may read what the view sets); 1 is reserved meanwhile.
@@ -203,7 +201,7 @@ class Checks:
             )
             cost = 1 if cost_after else default_cost
             if spec.key_func is not None:
-                text = self._app_code(b, "key_func", partial(_key_text, b, spec.key_func), _FAILED)
+                text = self._ask(b, "key_func", partial(_key_text, b, spec.key_func), _FAILED)
                 if text is None:  # no key: this request is not counted by this limit
                     continue
                 if not text and identity is None:  # it failed: counted under the identity
@@ -211,7 +209,7 @@ class Checks:
                     itag = self.identity_tag(identity.value)
                 tag = self.identity_tag(text) if text else itag
             if not cost_after and spec.cost is not None and b.algorithm != CONCURRENCY:
-                cost = self._app_code(b, "cost", partial(_cost_value, b, default_cost), cost)
+                cost = self._ask(b, "cost", partial(_cost_value, b, default_cost), cost)
             if b.algorithm == CONCURRENCY:  # a slot, not a cost (defences.concurrency)
                 checks.append(slot_check(b, tag, self.settings.concurrency_lease))
                 continue
@@ -268,7 +266,7 @@ class Checks:
             data.degraded = True
             return ()
 
-    def _app_code(self, b: BoundLimit, option: str, call: Callable[[], T], failed: T) -> T:
+    def _ask(self, b: BoundLimit, option: str, call: Callable[[], T], failed: T) -> T:
         """``call()``, ``option`` of ``b`` (the app's code); ``failed`` when it raises (or
         answers what is not a key or a cost), logged at ERROR at most once a minute per limit:
         the limit applies as if the option were not given, since a client may make it raise.

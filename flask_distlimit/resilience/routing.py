@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
+from flask_distlimit import errors
 from flask_distlimit._typing import FailurePolicy
 from flask_distlimit.core.decision import Check, Decision, Evaluation
 from flask_distlimit.errors import StorageBusy, StorageError, StorageFull, StorageUnavailable
@@ -69,11 +70,14 @@ def evaluate_routed(
     repaired: list[str] = []
     spent: list[int] = []  # indexes of checks a group admitted and consumed
     answered: list[int] = []
+    up: set[int] = set()  # a lost reply's: that node is up (no fallback of its own takes over)
     denied = False
     busy: StorageBusy | None = None
-    for (_, indexes), part, result in zip(live, parts, results, strict=True):
+    for (node, indexes), part, result in zip(live, parts, results, strict=True):
         if isinstance(result, StorageUnavailable):
             failed.extend(indexes)
+            if isinstance(result, errors.StorageReplyLost) and not core.fallbacks.of(node).holding:
+                up.update(indexes)
         elif isinstance(result, StorageBusy):  # load: the whole request is refused
             busy = result
         elif isinstance(result, StorageError):  # an error reply: the policy decides these
@@ -94,8 +98,8 @@ def evaluate_routed(
     if metrics is not None and parts and (failed or busy is not None):
         # (every group answered: told with the decisions, by _answered) a refused write is an
         # answer, as on one node
-        errors = (r for r in results if not isinstance(r, Evaluation | StorageFull))
-        metrics.storage_call(seconds, storage_outcome(next(errors, None)))
+        raised = (r for r in results if not isinstance(r, Evaluation | StorageFull))
+        metrics.storage_call(seconds, storage_outcome(next(raised, None)))
     if busy is not None:
         _give_back(core, checks, spent, decisions, now_us, breach=False)
         return core.answer_busy(busy)
@@ -116,9 +120,10 @@ def evaluate_routed(
         _give_back(core, checks, spent, decisions, now_us, breach=False)  # a 503
         return core.answer_by_policy(lost, chosen, now_us)
     local: Evaluation | None = None
-    if chosen == "local" and not denied:
-        local = _local_by_node(core, checks, failed, node_of, now_us)
-        for i, decision in zip(failed, local.decisions, strict=True):
+    if chosen == "local" and not denied:  # a lost reply's checks are admitted, as on one node
+        counted = [i for i in failed if i not in up]
+        local = _local_by_node(core, checks, counted, node_of, now_us)
+        for i, decision in zip(counted, local.decisions, strict=True):
             decisions[i] = decision
         denied = not local.allowed
     if denied:

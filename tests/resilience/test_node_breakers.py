@@ -534,6 +534,35 @@ def test_a_node_answering_error_replies_gets_the_policy_for_its_keys_only(
     assert guard.breakers.states() == {A: "closed", B: "closed"}
 
 
+def test_a_lost_reply_on_a_cluster_admits_without_the_local_fallback_as_on_one_node() -> None:
+    """A reply lost to a cut connection that a fresh one answered (``StorageReplyLost``): the
+    node is up, so under ``local`` its fallback does not take over its keys for a reset timeout
+    (each request then held to a local share while Redis answers): the request is admitted,
+    marked degraded, as on a single node. Node a's check beside it is decided by Redis."""
+    from flask_distlimit.errors import StorageReplyLost
+
+    guard, storage, _ = make("local", fail_max=1)
+    lost = {B}
+
+    def cut(storage_evaluate: object = storage.evaluate) -> object:
+        def evaluate(checks: Sequence[Check], *, now_us: int | None = None) -> Evaluation:
+            if any(storage.serving(c.key) in lost for c in checks):
+                raise StorageReplyLost("the reply was lost; a fresh connection answered")
+            return storage_evaluate(checks, now_us=now_us)  # type: ignore[operator]
+
+        return evaluate
+
+    storage.evaluate = cut()  # type: ignore[method-assign]
+    on_a, on_b = limit("a"), limit("b")
+    outcome = guard.evaluate([on_a, on_b], now_us=NOW)
+    assert (kind_of(outcome), outcome.degraded) == ("degraded allowed", True)
+    assert storage.remaining(on_a) == 2  # counted by Redis
+    assert not any(f.holding for f in guard.fallbacks.all())
+    assert guard.breakers.states() == {A: "closed", B: "closed"}
+    lost.clear()
+    assert kinds(guard, [on_b], 4) == ["allowed"] * 3 + ["denied"]  # Redis's quota, not a share
+
+
 class BusyShards(Shards):
     """Node b's calls queue past their budget in this process (every pooled connection busy)."""
 
