@@ -81,13 +81,15 @@ def _wants_charge(later: Deferred, response: Response) -> bool:
         return True
 
 
-def _real_cost(later: Deferred, response: Response, sent: int) -> int:
-    """What the request really cost: the body's bytes ``sent`` for a bytes limit, else
+def _real_cost(later: Deferred, response: Response, sent: int | None) -> int:
+    """What the request really cost: the body's bytes ``sent`` (``None``: the whole body, made;
+    never read for a limit of requests: a file or a stream would be read here) for a bytes
+    limit, else
     ``settle(response)``, else the ``cost_after`` limit's callable called now, else the
     reservation (also when the callable fails: logged)."""
     spec = later.check.bound.spec
     if spec.unit != "requests":
-        return sent
+        return len(response.get_data()) if sent is None else sent
     call: Callable[[], object]
     if spec.settle is not None:
         name, call = "settle", functools.partial(spec.settle, response)
@@ -151,7 +153,7 @@ def charge(
             later.append(d)  # settled when the body ends: its bytes, or what settle reads then
             continue
         else:
-            real = _real_cost(d, response, 0 if head else len(response.get_data()))
+            real = _real_cost(d, response, 0 if head else None)
         _count(calls, d, real)
         settlement = _difference(d.check, d.check.cost, real)
         if settlement is not None:
