@@ -9,7 +9,7 @@ limits apply: docs/limits.md, "Which limits a request meets"; the ids: docs/desi
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Final, Literal
 
 from flask_distlimit import _typing
@@ -242,21 +242,23 @@ def bind(
 
 
 def distinct(bound: Iterable[BoundLimit], prefix: str) -> tuple[BoundLimit, ...]:
-    """``bound`` with a key space of its own for each ``key_func`` limit of one rate and
-    algorithm: the second and later of them get ``:k2``, ``:k3``... after their limit id.
+    """``bound`` with a key space of its own for each limit of one rate and algorithm after
+    the first (among the ``key_func`` limits, and among the others): the second and later of
+    them get ``:k2``, ``:k3``... after their limit id.
 
     A ``key_func``'s answer is tagged ``func:<value>`` whatever the function, so without this a
     per-tenant and a per-user limit of ``2/minute`` on one route would count tenant ``x`` and
-    user ``x`` together. Declaration order is the same in every process, so are the ids. A
-    route's dynamic values are all bound under ``:dyn``: each after the first gets its suffix.
+    user ``x`` together; two limits of one rate and other options (one of every request and a
+    ``deduct_when`` one) would count on one key. Declaration order is the same in every
+    process, so are the ids. A route's dynamic values are all bound under ``:dyn``: each after
+    the first gets its suffix.
     """
     out: list[BoundLimit] = []
-    seen: dict[tuple[str, str], int] = {}
+    seen: dict[tuple[str, str, bool], int] = {}
     for b in bound:
-        if b.spec.key_func is not None:
-            n = seen[(b.limit_id, b.algorithm)] = seen.get((b.limit_id, b.algorithm), 0) + 1
-            b = _kth(b, n, prefix) if n > 1 else b
-        out.append(b)
+        same = (b.limit_id, b.algorithm, b.spec.key_func is None)
+        n = seen[same] = seen.get(same, 0) + 1
+        out.append(_kth(b, n, prefix) if n > 1 else b)
     return tuple(out)
 
 
@@ -372,7 +374,7 @@ def build_plan(
     if not any(spec.override_defaults for spec in route):  # none found, or none overrides
         specs.extend(s for s in default_limits if s.applies_to(method))
     bound: list[BoundLimit] = []
-    seen: set[str] = set()
+    seen: set[tuple[object, ...]] = set()
     for spec in specs:
         for b in bind(
             spec,
@@ -382,8 +384,10 @@ def build_plan(
             method=method,
             shadow=shadow,
         ):
-            # a repeat of a limit, not another dynamic value (all bound under ":dyn")
-            dedupe = f"{b.limit_id}|{b.algorithm}|{id(b.spec.key_func)}|{id(b.spec.dynamic)}"
+            # a repeat of a limit (its rate and every option the same), not another limit of that
+            # rate with other options (a deduct_when one beside one of every request)
+            options = (getattr(spec, f.name) for f in fields(LimitSpec) if f.name != "declared_on")
+            dedupe = (b.limit_id, b.algorithm, *(id(v) if callable(v) else v for v in options))
             if dedupe not in seen:
                 seen.add(dedupe)
                 bound.append(b)

@@ -617,3 +617,37 @@ def test_limits_of_a_long_endpoint_never_share_a_key(backend: Backend, clock: Fa
     keys = {c.key for checks in counting.checks for c in checks}
     assert len(keys) == 2 + 5, keys  # tenants x and y, users y, z and w
     assert max(map(len, keys)) <= len(limiter.state(app).settings.key_prefix) + 250
+
+
+def test_two_limits_of_one_rate_and_other_options_both_apply(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """A limit of every attempt beside a ``deduct_when`` one of failed attempts, both
+    ``3/minute``: both apply, each on its own key (the second was taken for a repeat of the
+    first and dropped, so successful logins went unlimited). An exact repeat is still one."""
+    app, limiter, counting = make_app(backend(), clock)
+    failing = {"yes": False}
+
+    @app.post("/login")
+    @limiter.limit("3/minute")  # every attempt
+    @limiter.limit("3/minute", deduct_when=lambda response: response.status_code == 401)
+    def login() -> tuple[str, int]:
+        return ("no", 401) if failing["yes"] else ("ok", 200)
+
+    @app.get("/report")
+    @limiter.limit("5/minute")
+    @limiter.limit("5/minute", exempt_when=lambda: request.args.get("internal") == "1")
+    def report() -> str:
+        return "ok"
+
+    @app.get("/twice")
+    @limiter.limit("2/minute")
+    @limiter.limit("2/minute")  # a repeat: one limit, counted once
+    def twice() -> str:
+        return "ok"
+
+    assert statuses(app, "/login", 4, method="POST") == [200, 200, 200, 429]
+    assert statuses(app, "/report?internal=1", 6) == [200] * 5 + [429]
+    assert statuses(app, "/twice", 3) == [200, 200, 429]
+    keys = {c.key for calls in counting.checks for c in calls if "login" in c.key}
+    assert len(keys) == 2
