@@ -100,8 +100,11 @@ class IdentityResolver:
 
     # -- the request path --------------------------------------------------------------------
 
-    def identify(self, request: flask.Request, hooks: IdentityHooks) -> Identity:
-        """The identity of ``request``: user, JWT, API key or client IP, in that order."""
+    def identify(
+        self, request: flask.Request, hooks: IdentityHooks, address: str | None = None
+    ) -> Identity:
+        """The identity of ``request``: user, JWT, API key or client IP (``address``, when it
+        is known: :meth:`client_ip`), in that order."""
         verifier = hooks.api_key_verifier
         if verifier is not None and self.settings.api_key_secret is None:
             self.check_hooks(hooks)  # raises: a verifier set after init_app, and no secret
@@ -109,7 +112,7 @@ class IdentityResolver:
         vouched = hooks.identity_loader is not None or self._jwt is not None or verifier is not None
         identity = self._verified(environ, hooks) if vouched else None
         if identity is None:  # anonymous: counted by its address
-            identity = self._anonymous(self.client_ip(environ))
+            identity = self._anonymous(address or self.client_ip(environ))
         if hooks.tier_resolver is not None:
             tier = self._known(hooks.tier_resolver(identity), "the tier resolver")
             if tier != identity.tier:

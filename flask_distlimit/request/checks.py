@@ -5,8 +5,9 @@
 or the ``key_func``'s answer: ``None`` or ``""`` skips the limit). An option whose app code
 raises is logged at ERROR and the limit applies as if it were not given (a ``key_func``: under
 the identity; a ``cost``: the default; an ``exempt_when``: no exemption), since a client may make
-it raise. A callable limit value that raises, with no ``fallback``, cannot be evaluated: logged,
-then skipped as degraded under policy ``open``, else a 503; never dropped.
+it raise; an HTTP error it raises (or the identity loader does) is the answer, after the request
+spent its global limits. A callable limit value that raises, with no ``fallback``, cannot be
+evaluated: logged, then skipped as degraded under policy ``open``, else a 503; never dropped.
 The checks go to :meth:`Decider.decide <flask_distlimit.request.decide.Decider.decide>`.
 """
 
@@ -152,22 +153,11 @@ class Checks:
         checks: list[Check] = []
         if every_request and fleet and self.fleet is not None:
             checks.append(self.fleet.check(self.priority()))
-        identity: Identity | None = None
-        itag = ""  # the identity's tag
-        if (tiers and self.tier_limits) or needs_identity or self.meta_limits:
-            identity = self.resolver.identify(req, self.hooks)
-            itag = self.identity_tag(identity.value)
-            if identity.kind == "ip":  # an anonymous client: its identity is its address
-                data.client_ip = identity.value
-        if app_wide and self.global_limits:
+        if app_wide and self.global_limits:  # first: spent even when the app's code answers
             address = data.client_ip
             if address is None:
                 address = data.client_ip = self.resolver.client_ip(environ)
-            tag = (
-                itag
-                if identity is not None and identity.kind == "ip"
-                else self.identity_tag(address)
-            )
+            tag = self.identity_tag(address)
             for b in self.global_limits:
                 if b.dynamic is None:  # the common case: no tuple to make per request
                     checks.append(b.check(tag, every_cost))
@@ -175,60 +165,79 @@ class Checks:
                 room = MAX_LIMITS_PER_REQUEST - len(checks) - len(route_limits)
                 for r in self._resolved(b, tag, None, room, plan, data):  # a callable's answer
                     checks.append(r.check(tag, every_cost))
-        # DISTLIMIT_CONDITIONAL_COST=0: the request claims to revalidate, but only a 304 proves
-        # it; route limits reserve the cost now and give it back after a response that is a 304.
-        revalidation = default_cost == 0 and bool(route_limits)
-        if revalidation:
-            plain = False
-        if identity is not None and tiers:
-            for b in self.tier_limits.get(identity.tier, ()):
-                checks.append(b.check(itag, every_cost))
-        if plain:  # the common case: no option of a limit to call or resolve
+        every = len(checks)  # the limits of every request
+        identity: Identity | None = None
+        itag = ""  # the identity's tag
+        try:
+            if (tiers and self.tier_limits) or needs_identity or self.meta_limits:
+                identity = self.resolver.identify(req, self.hooks, data.client_ip)
+                itag = self.identity_tag(identity.value)
+                if identity.kind == "ip":  # an anonymous client: its identity is its address
+                    data.client_ip = identity.value
+            # DISTLIMIT_CONDITIONAL_COST=0: the request claims to revalidate, but only a 304
+            # proves it; route limits reserve the cost now and give it back after a 304.
+            revalidation = default_cost == 0 and bool(route_limits)
+            if revalidation:
+                plain = False
+            if identity is not None and tiers:
+                for b in self.tier_limits.get(identity.tier, ()):
+                    checks.append(b.check(itag, every_cost))
+            if plain:  # the common case: no option of a limit to call or resolve
+                for b in route_limits:
+                    checks.append(b.check(itag, default_cost))
+                route_limits = ()
+            fixed = len(route_limits)  # route limits not yet added (a room for dynamic values)
             for b in route_limits:
-                checks.append(b.check(itag, default_cost))
-            route_limits = ()
-        fixed = len(route_limits)  # route limits not yet added (a room for dynamic values)
-        for b in route_limits:
-            fixed -= 1
-            tag = itag
-            spec = b.spec
-            if spec.exempt_when is not None and self._ask(b, "exempt_when", spec.exempt_when, None):
-                continue
-            # Flask-Limiter's order: with deduct_when, a callable cost is called after the
-            # response (it may read what the view sets); 1 is reserved meanwhile.
-            cost_after = (
-                spec.deduct_when is not None and spec.settle is None and callable(spec.cost)
-            )
-            cost = 1 if cost_after else default_cost
-            if spec.key_func is not None:
-                text = self._ask(b, "key_func", partial(_key_text, b, spec.key_func), _FAILED)
-                if text is None:  # no key: this request is not counted by this limit
+                fixed -= 1
+                tag = itag
+                spec = b.spec
+                if spec.exempt_when is not None and self._ask(
+                    b, "exempt_when", spec.exempt_when, None
+                ):
                     continue
-                if not text and identity is None:  # it failed: counted under the identity
-                    identity = self.resolver.identify(req, self.hooks)
-                    itag = self.identity_tag(identity.value)
-                tag = self.identity_tag(text) if text else itag
-            if not cost_after and spec.cost is not None and b.algorithm != CONCURRENCY:
-                cost = self._ask(b, "cost", partial(_cost_value, b, default_cost), cost)
-            if b.algorithm == CONCURRENCY:  # a slot, not a cost (defences.concurrency)
-                checks.append(slot_check(b, tag, self.settings.concurrency_lease))
-                continue
-            unproved = revalidation and spec.cost is None  # free only if the answer is a 304
-            if b.dynamic is None and not deduction.reserved(b, unproved=unproved):  # common case
-                checks.append(b.check(tag, cost))
-                continue
-            room = MAX_LIMITS_PER_REQUEST - len(checks) - fixed
-            tier = identity.tier if identity is not None else None
-            for r in self._resolved(b, tag, tier, room, plan, data):  # a dynamic value's rates
-                check = r.check(tag, 1 if unproved else cost)
-                if deduction.reserved(r, unproved=unproved):  # reserved now, settled after
-                    data.deferred[check.key] = deduction.Deferred(
-                        check=check,
-                        free_if_not_modified=unproved,
-                        policy=plan.policy,
-                        cost_after=cost_after,
-                    )
-                checks.append(check)
+                # Flask-Limiter's order: with deduct_when, a callable cost is called after the
+                # response (it may read what the view sets); 1 is reserved meanwhile.
+                cost_after = (
+                    spec.deduct_when is not None and spec.settle is None and callable(spec.cost)
+                )
+                cost = 1 if cost_after else default_cost
+                if spec.key_func is not None:
+                    text = self._ask(b, "key_func", partial(_key_text, b, spec.key_func), _FAILED)
+                    if text is None:  # no key: this request is not counted by this limit
+                        continue
+                    if not text and identity is None:  # it failed: counted under the identity
+                        identity = self.resolver.identify(req, self.hooks)
+                        itag = self.identity_tag(identity.value)
+                    tag = self.identity_tag(text) if text else itag
+                if not cost_after and spec.cost is not None and b.algorithm != CONCURRENCY:
+                    cost = self._ask(b, "cost", partial(_cost_value, b, default_cost), cost)
+                if b.algorithm == CONCURRENCY:  # a slot, not a cost (defences.concurrency)
+                    checks.append(slot_check(b, tag, self.settings.concurrency_lease))
+                    continue
+                unproved = revalidation and spec.cost is None  # free only if the answer is a 304
+                if b.dynamic is None and not deduction.reserved(
+                    b, unproved=unproved
+                ):  # common case
+                    checks.append(b.check(tag, cost))
+                    continue
+                room = MAX_LIMITS_PER_REQUEST - len(checks) - fixed
+                tier = identity.tier if identity is not None else None
+                for r in self._resolved(b, tag, tier, room, plan, data):  # a dynamic value's rates
+                    check = r.check(tag, 1 if unproved else cost)
+                    if deduction.reserved(r, unproved=unproved):  # reserved now, settled after
+                        data.deferred[check.key] = deduction.Deferred(
+                            check=check,
+                            free_if_not_modified=unproved,
+                            policy=plan.policy,
+                            cost_after=cost_after,
+                        )
+                    checks.append(check)
+        except HTTPException:  # the app's own answer (its identity loader's 401, a key_func's
+            del checks[every:]  # 400): the request still spends the limits of every request
+            data.deferred.clear()
+            if checks:
+                self.decider.decide(checks, None, plan.policy, data)
+            raise
         if not checks:
             return
         if self.meta_limits and data.meta_limits:  # the identity was resolved for them

@@ -195,6 +195,44 @@ def test_a_key_func_that_raises_an_http_error_answers_it_and_counts_nothing(
     ]
 
 
+def test_an_http_error_of_the_apps_code_still_spends_the_global_limits(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """An identity loader that answers 401 to a bad session, a ``key_func`` reading a form
+    field (400 without it): the app's answer stands, but the request spends the per-address
+    global limit first, as a 404 or a hook's 401 does: a client cannot guess credentials or
+    flood bad posts past it. The route's own limits count nothing."""
+    from flask import abort
+
+    app, limiter, counting = make_app(backend(), clock, DISTLIMIT_GLOBAL_LIMITS="3/minute")
+
+    @limiter.identity_loader
+    def who() -> tuple[str, str | None] | None:
+        session = request.headers.get("X-Session")
+        if session is not None and session != "good":
+            abort(401)
+        return ("alice", None) if session else None
+
+    @app.get("/me")
+    @limiter.limit("10/minute")
+    def me() -> str:
+        return "ok"
+
+    @app.post("/login")
+    @limiter.limit("10/minute", key_func=lambda: request.form["username"])
+    def login() -> str:
+        return "ok"
+
+    client = app.test_client()
+    guesses = [client.get("/me", headers={"X-Session": f"guess{i}"}) for i in range(4)]
+    assert [r.status_code for r in guesses] == [401, 401, 401, 429]
+    other = {"REMOTE_ADDR": "192.0.2.8"}
+    posts = [client.post("/login", environ_base=other).status_code for _ in range(4)]
+    assert posts == [400, 400, 400, 429]
+    assert all("}:g_3/60:" in c.key for calls in counting.checks for c in calls)
+    assert all(len(calls) == 1 for calls in counting.checks)  # the global limit alone, once
+
+
 def test_a_key_func_int_and_its_text_are_one_key(backend: Backend, clock: FakeClock) -> None:
     app, limiter, _ = make_app(backend(), clock)
     t = "7"
