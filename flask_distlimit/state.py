@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 
 from flask_distlimit.config import Settings
 from flask_distlimit.core.algorithms import check_limit_count
+from flask_distlimit.core.pacing import Pace
 from flask_distlimit.declare.registry import LimitRegistry
 from flask_distlimit.declare.route_limits import BoundLimit, bind
 from flask_distlimit.declare.specs import LimitSpec
@@ -112,6 +113,8 @@ class LimiterState:
         self.storage_now: Callable[[], int | None] = clock if clock is not None else lambda: None
         #: the local clock, in microseconds (the deny cache's and the breach log's)
         self.local_clock: Callable[[], int] = clock or monotonic_us
+        #: the pace of the ERROR lines about each limit's callables failing after the response
+        self.paces: dict[str, Pace] = {}
         self.deny_cache: DenyCache | None = None  # deny_cache_size None: off
         if deny_cache_size is not None:
             self.deny_cache = DenyCache(clock=self.local_clock, max_entries=deny_cache_size)

@@ -31,6 +31,17 @@ class Pace:
         return held
 
 
+def paced(paces: dict[str, Pace], key: str, now: float, interval: float) -> bool:
+    """Whether a line about ``key`` may go out at ``now``: one per ``interval`` per key, each
+    key's :class:`Pace` kept in ``paces`` (emptied when it holds 10,000 keys)."""
+    pace = paces.get(key)
+    if pace is None:
+        if len(paces) >= 10_000:
+            paces.clear()
+        pace = paces[key] = Pace(interval)
+    return pace.due(now) is not None
+
+
 class OncePerWindow:
     """Clients and limits (a check's storage key) told of at most once per their window: each
     is kept until its window ends (microseconds), at most ``kept`` of them (the ended ones go

@@ -20,6 +20,7 @@ from flask_distlimit.core.decision import Check
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from flask_distlimit.core.pacing import Pace
     from flask_distlimit.declare.route_limits import BoundLimit
     from flask_distlimit.resilience.guard import Guard
 
@@ -39,10 +40,11 @@ class SideCalls(Protocol):
     """What a storage call beside the request's own (a slot's give-back or renewal, an
     after-response charge) needs of one app's limiter: its guard, the storage's time
     (``None``: the Redis server's clock) and the local clock (microseconds). The app's
-    ``LimiterState`` has them."""
+    ``LimiterState`` has them, and the pace of its ERROR lines."""
 
     guard: Guard
     local_clock: Callable[[], int]
+    paces: dict[str, Pace]  #: the ERROR lines about each limit's callables (by name)
 
     def storage_now(self) -> int | None: ...
 

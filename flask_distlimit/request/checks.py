@@ -25,7 +25,7 @@ from werkzeug.exceptions import HTTPException
 from flask_distlimit._typing import KeyFunc
 from flask_distlimit.core.algorithms import CONCURRENCY, MAX_LIMITS_PER_REQUEST
 from flask_distlimit.core.decision import Check
-from flask_distlimit.core.pacing import Pace
+from flask_distlimit.core.pacing import Pace, paced
 from flask_distlimit.core.priorities import Priority
 from flask_distlimit.declare.dynamic_limits import LOG_INTERVAL, LimitUnresolved, log_text
 from flask_distlimit.declare.route_limits import BoundLimit, RoutePlan
@@ -44,8 +44,6 @@ log = logging.getLogger("flask_distlimit")
 T = TypeVar("T")
 #: A ``key_func`` that failed: its limit counts under the identity (never a key text).
 _FAILED: Final[str | None] = ""
-#: Limits whose failure is remembered for the once-a-minute ERROR line; emptied when full.
-_QUIET_KEPT: Final = 10_000
 
 
 def _cost_value(b: BoundLimit, default: int) -> int:
@@ -285,12 +283,7 @@ class Checks:
         except HTTPException:
             raise
         except Exception as exc:
-            pace = self.paces.get(b.name)
-            if pace is None:
-                if len(self.paces) >= _QUIET_KEPT:
-                    self.paces.clear()
-                pace = self.paces[b.name] = Pace(LOG_INTERVAL * 1_000_000)
-            if pace.due(self.local_clock()) is not None:
+            if paced(self.paces, b.name, self.local_clock(), LOG_INTERVAL * 1_000_000):
                 log.error(
                     "The rate limit %s: its %s raised %s: %s. The limit applies, as if that "
                     "option were not given. (Logged at most once a minute per limit.)",

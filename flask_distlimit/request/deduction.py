@@ -20,6 +20,8 @@ from flask import request
 from werkzeug.wsgi import ClosingIterator
 
 from flask_distlimit.core.decision import Check
+from flask_distlimit.core.pacing import paced
+from flask_distlimit.declare.dynamic_limits import LOG_INTERVAL, log_text
 from flask_distlimit.request.headers import Report, report_of
 
 if TYPE_CHECKING:
@@ -65,7 +67,7 @@ def reserved(bound: BoundLimit, *, unproved: bool) -> bool:
     )
 
 
-def _wants_charge(later: Deferred, response: Response) -> bool:
+def _wants_charge(calls: SideCalls, later: Deferred, response: Response) -> bool:
     if later.free_if_not_modified and response.status_code == 304:
         return False
     when = later.check.bound.spec.deduct_when
@@ -73,15 +75,12 @@ def _wants_charge(later: Deferred, response: Response) -> bool:
         return True
     try:
         return bool(when(response))
-    except Exception:  # the app's code: charge, the safe side for a login limit
-        log.exception(
-            "The deduct_when callable of the rate limit %s raised; the request is charged.",
-            later.check.bound.name,
-        )
+    except Exception as exc:  # the app's code: charge, the safe side for a login limit
+        _failed(calls, later, "deduct_when", exc)
         return True
 
 
-def _real_cost(later: Deferred, response: Response, sent: int | None) -> int:
+def _real_cost(calls: SideCalls, later: Deferred, response: Response, sent: int | None) -> int:
     """What the request really cost: the body's bytes ``sent`` (``None``: the whole body, made;
     never read for a limit of requests: a file or a stream would be read here) for a bytes
     limit, else
@@ -99,24 +98,23 @@ def _real_cost(later: Deferred, response: Response, sent: int | None) -> int:
         return later.check.cost
     try:
         value = call()
-    except Exception:
-        log.exception(
-            "The %s callable of the rate limit %s raised after the response; the request "
-            "is charged its reservation.",
-            name,
-            later.check.bound.name,
-        )
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise TypeError(f"it returned {value!r}; it must return an int >= 0")
+        return value
+    except Exception as exc:
+        _failed(calls, later, name, exc)
         return later.check.cost
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+
+
+def _failed(calls: SideCalls, later: Deferred, name: str, exc: Exception) -> None:
+    """Log at ERROR that the ``name`` callable of ``later``'s limit failed after the response,
+    at most once a minute per limit: a client may make it fail every time."""
+    if paced(calls.paces, later.check.bound.name, calls.local_clock(), LOG_INTERVAL * 1e6):
         log.error(
-            "The %s callable of the rate limit %s returned %r after the response; it must "
-            "return an int >= 0. The request is charged its reservation.",
-            name,
-            later.check.bound.name,
-            value,
-        )
-        return later.check.cost
-    return value
+            "The %s callable of the rate limit %s failed after the response (%s: %s); the "
+            "request is charged its reservation. (Logged at most once a minute per limit.)",
+            name, later.check.bound.name, type(exc).__name__, log_text(exc), exc_info=exc,
+        )  # fmt: skip
 
 
 def _difference(check: Check, charged: int, real: int) -> Check | None:
@@ -147,13 +145,13 @@ def charge(
     later: list[Deferred] = []
     for d in deferred.values():
         spec = d.check.bound.spec
-        if not _wants_charge(d, response):
+        if not _wants_charge(calls, d, response):
             real = 0
         elif streamed and (spec.unit != "requests" or spec.settle is not None):
             later.append(d)  # settled when the body ends: its bytes, or what settle reads then
             continue
         else:
-            real = _real_cost(d, response, 0 if head else None)
+            real = _real_cost(calls, d, response, 0 if head else None)
         _count(calls, d, real)
         settlement = _difference(d.check, d.check.cost, real)
         if settlement is not None:
@@ -254,7 +252,7 @@ class BodySettlement:
         self._done = True
         due: list[tuple[Deferred, Check]] = []
         for d, charged in zip(self._due, self._charged, strict=True):
-            real = _real_cost(d, self._response, self._sent)
+            real = _real_cost(self._calls, d, self._response, self._sent)
             _count(self._calls, d, real - (charged - d.check.cost))  # less what renew() told
             settlement = _difference(d.check, charged, real)
             if settlement is not None:

@@ -22,6 +22,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as WerkzeugResponse
 
 from flask_distlimit._typing import FailurePolicy, RequestFilter
+from flask_distlimit.core.pacing import Pace
 from flask_distlimit.core.priorities import PriorityRegistry
 from flask_distlimit.core.problem import retry_after_seconds
 from flask_distlimit.declare.dynamic_limits import ttl_us
@@ -87,6 +88,7 @@ class AppLimiter(Protocol):
     tier_limits: dict[str, tuple[BoundLimit, ...]]
     identity_tag: Callable[[str], str]
     local_clock: Callable[[], int]  #: microseconds
+    paces: dict[str, Pace]  #: the ERROR lines about each limit's callables (by name)
     clock: Callable[[], int] | None  #: the injected clock (None: the real ones)
     wall: Callable[[], float]  #: Unix seconds
     lifecycle: Lifecycle
