@@ -13,12 +13,13 @@ import difflib
 import re
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, Final, TypeVar, get_args
 
 from flask_distlimit._typing import FailurePolicy, HeaderMode
 from flask_distlimit.core.algorithms import ALGORITHMS
 from flask_distlimit.core.limits import Rate, parse_rates
 from flask_distlimit.core.policies import FAILURE_POLICIES
+from flask_distlimit.core.ranges import Range, invalid
 from flask_distlimit.declare.dynamic_limits import DynamicValue, read_value
 from flask_distlimit.defences import shedding
 from flask_distlimit.defences.shadow import parse_shadow
@@ -61,10 +62,6 @@ _PREFIX: Final = re.compile(r"[A-Za-z0-9_.:/-]{1,64}\Z")  # \Z: "$" allows a fin
 T = TypeVar("T")
 
 
-def _bad(key: str, value: object, accepted: str) -> ConfigurationError:
-    return ConfigurationError(f"{key} = {value!r} is not valid. {accepted}")
-
-
 def config_policy(config: Mapping[str, object]) -> FailurePolicy:
     """``DISTLIMIT_FAILURE_POLICY`` of an app whose Limiter was never set up (so its settings
     were never read): the value when it is a policy, else the default ``open``."""
@@ -79,32 +76,9 @@ def _one_of(choices: tuple[T, ...]) -> Callable[[str, object], T]:
         for choice in choices:
             if choice == value:
                 return choice
-        raise _bad(key, value, "Use one of: " + ", ".join(repr(c) for c in choices) + ".")
+        raise invalid(key, value, "Use one of: " + ", ".join(repr(c) for c in choices) + ".")
 
     return read
-
-
-class _Range(NamedTuple):
-    """The values a numeric key accepts: ``minimum`` (excluded when ``strict``) to ``maximum``;
-    ``meaning`` ends the message of a bad value."""
-
-    integer: bool
-    minimum: float
-    maximum: float
-    meaning: str = ""
-    strict: bool = False
-
-    def read(self, key: str, value: object) -> float:
-        """``value``: a number in this range (an ``int`` for an integer key; NaN and infinities
-        are out of every range); bools and strings are refused."""
-        kind = "an integer" if self.integer else "a number"
-        bound = f"> {self.minimum:g}" if self.strict else f">= {self.minimum:g}"
-        accepted = f"Use {kind} {bound} and <= {self.maximum:.15g}{self.meaning}."
-        if isinstance(value, bool) or not isinstance(value, int if self.integer else (int, float)):
-            raise _bad(key, value, accepted)
-        if not self.minimum <= value <= self.maximum or (self.strict and value == self.minimum):
-            raise _bad(key, value, accepted)
-        return value if self.integer else float(value)
 
 
 def _rates(key: str, value: object) -> tuple[Rate, ...]:
@@ -135,7 +109,7 @@ def _limit_value(
 def _storage_url(key: str, value: object) -> str:
     if isinstance(value, str) and value.lower().startswith(tuple(f"{s}://" for s in SCHEMES)):
         return value
-    raise _bad(
+    raise invalid(
         key,
         value,
         "Use a URL such as 'redis://localhost:6379/0', 'rediss://…', 'unix:///run/redis.sock', "
@@ -146,7 +120,7 @@ def _storage_url(key: str, value: object) -> str:
 def _prefix(key: str, value: object) -> str:
     if isinstance(value, str) and _PREFIX.match(value):
         return value
-    raise _bad(
+    raise invalid(
         key,
         value,
         "Use 1 to 64 letters, digits or '_', '-', '.', ':', '/' (no glob characters "
@@ -182,7 +156,7 @@ def _check_keys(config: MutableMapping[str, object]) -> None:
 def _bool(key: str, value: object) -> bool:
     if isinstance(value, bool):
         return value
-    raise _bad(key, value, "Use True or False.")
+    raise invalid(key, value, "Use True or False.")
 
 
 #: How each setting is read and checked: its field of :class:`LimiterSettings` -> a reader of
@@ -194,36 +168,36 @@ _READERS: Final[dict[str, Callable[[str, object], object]]] = {
     "meta_limits": _rates,
     "headers": _one_of(get_args(HeaderMode)),
     "key_prefix": _prefix,
-    "redis_timeout": _Range(
+    "redis_timeout": Range(
         False, 0, 10, " seconds (every request may wait this long for Redis)", strict=True
     ).read,
     "request_tokens": _one_of(TOKEN_MODES),
     "startup_check": _one_of(STARTUP_CHECKS),
-    "conditional_cost": _Range(True, 0, 1000).read,
+    "conditional_cost": Range(True, 0, 1000).read,
     "enabled": _bool,
     "failure_policy": _one_of(FAILURE_POLICIES),
     "instances": lambda _, value: validate_instances(value),
-    "instances_min": _Range(
+    "instances_min": Range(
         True, 1, MAX_FLEET, " (the smallest divisor of the local fallback)"
     ).read,
-    "fallback_max_keys": _Range(
+    "fallback_max_keys": Range(
         True, 1, 10_000_000, " (keys the local fallback counts: up to 1 KB each)"
     ).read,
     "breaker_fail_max": lambda _, value: check_fail_max(value),
     "breaker_reset_timeout": lambda _, value: check_reset_timeout(value),
     "charge_preflights": _bool,
-    "dynamic_limit_ttl": _Range(
+    "dynamic_limit_ttl": Range(
         False, 0, 86400, " seconds (how long a callable limit's answer is kept per identity)"
     ).read,
     "shadow": parse_shadow,
-    "concurrency_lease": _Range(
+    "concurrency_lease": Range(
         True, 1, 86_400, " seconds (a little over the longest request served)"
     ).read,
-    "worker_threads": _Range(
+    "worker_threads": Range(
         True, 0, 10_000, " (the request threads of one process; 0 turns worker shedding off)"
     ).read,
     "worker_shed_at": shedding.parse_shed_at,
-    "fleet_capacity": _Range(
+    "fleet_capacity": Range(
         True,
         0,
         MAX_CONCURRENCY,

@@ -20,45 +20,36 @@ from typing import Any, Final, Literal, cast
 
 import pybreaker
 
-from flask_distlimit.errors import ConfigurationError
+from flask_distlimit.core.ranges import Range
 
 log = logging.getLogger("flask_distlimit.breaker")  # a public name (docs/failure-modes.md), kept
 
 #: pybreaker's own state names (``pybreaker.STATE_CLOSED``, ...), which its state storage keeps.
 BreakerState = Literal["closed", "open", "half-open"]
 
-#: ``fail_max`` (``DISTLIMIT_BREAKER_FAIL_MAX``): consecutive outages that open the breaker.
-FAIL_MAX_RANGE: Final = (1, 10_000)
-#: ``reset_timeout`` (``DISTLIMIT_BREAKER_RESET_TIMEOUT``): seconds open before a trial call,
-#: more than 0 and at most this.
-MAX_RESET_TIMEOUT: Final = 3600.0
+#: ``fail_max`` (``DISTLIMIT_BREAKER_FAIL_MAX``) and ``reset_timeout``
+#: (``DISTLIMIT_BREAKER_RESET_TIMEOUT``): what each accepts.
+_FAIL_MAX: Final = Range(
+    True, 1, 10_000, " (consecutive storage outages that open the circuit breaker; default 5)"
+)
+_RESET_TIMEOUT: Final = Range(
+    False,
+    0,
+    3600,
+    " seconds (how long the breaker stays open before a trial call; default 30)",
+    strict=True,
+)
 
 
 def check_fail_max(value: object) -> int:
     """``value`` as a breaker's ``fail_max``, or a :class:`ConfigurationError` naming the key."""
-    low, high = FAIL_MAX_RANGE
-    if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
-        return value
-    raise ConfigurationError(
-        f"DISTLIMIT_BREAKER_FAIL_MAX = {value!r} is not valid. Use an integer >= {low} and "
-        f"<= {high} (consecutive storage outages that open the circuit breaker; default 5)."
-    )
+    return cast(int, _FAIL_MAX.read("DISTLIMIT_BREAKER_FAIL_MAX", value))
 
 
 def check_reset_timeout(value: object) -> float:
     """``value`` as a breaker's ``reset_timeout`` in seconds, or a :class:`ConfigurationError`
     naming the key."""
-    if (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and 0 < value <= MAX_RESET_TIMEOUT  # NaN compares False
-    ):
-        return float(value)
-    raise ConfigurationError(
-        f"DISTLIMIT_BREAKER_RESET_TIMEOUT = {value!r} is not valid. Use a number > 0 and "
-        f"<= {MAX_RESET_TIMEOUT:g} seconds (how long the breaker stays open before a trial "
-        "call; default 30)."
-    )
+    return _RESET_TIMEOUT.read("DISTLIMIT_BREAKER_RESET_TIMEOUT", value)
 
 
 class _Listener(pybreaker.CircuitBreakerListener):

@@ -59,8 +59,6 @@ def _overflow(check: Check) -> Check:
 
 
 def _divided(check: Check, instances: int) -> Check:
-    if instances <= 1:
-        return check
     return dataclasses.replace(check, limit=divided_limit(check.limit, instances))
 
 

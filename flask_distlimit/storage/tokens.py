@@ -21,7 +21,7 @@ import redis
 
 from flask_distlimit.core.decision import Check
 from flask_distlimit.engine.scripts import script_args, token_key
-from flask_distlimit.errors import StorageReplyLost
+from flask_distlimit.errors import ConfigurationError, StorageReplyLost
 from flask_distlimit.forks import AfterFork
 from flask_distlimit.storage.evalsha import EvalshaPacker
 from flask_distlimit.storage.pool import DeadlinePool
@@ -50,9 +50,10 @@ class Made:
 
 
 def token_mode(mode: object) -> str:
-    """``mode`` if it is one of :data:`TOKEN_MODES`, else a ``ValueError`` that says which."""
+    """``mode`` if it is one of :data:`TOKEN_MODES`, else a
+    :class:`~flask_distlimit.errors.ConfigurationError` (a ``ValueError``) that says which."""
     if mode not in TOKEN_MODES:
-        raise ValueError(
+        raise ConfigurationError(
             f"request_tokens = {mode!r} is not valid. Use one of: "
             + ", ".join(repr(m) for m in TOKEN_MODES)
             + " (DISTLIMIT_REQUEST_TOKENS)."

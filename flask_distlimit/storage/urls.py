@@ -133,10 +133,7 @@ def from_url(
     to ``memory://``). ``options`` go to the backend's constructor (e.g. ``max_connections``,
     or redis-py connection keywords).
     """
-    try:
-        token_mode(request_tokens)
-    except ValueError as exc:
-        raise ConfigurationError(str(exc)) from None
+    token_mode(request_tokens)  # a ConfigurationError when it is none
     if not isinstance(url, str) or not url.strip():
         raise _configuration_error(str(url), "the URL is empty")
     if not (isinstance(timeout, int | float) and 0 < timeout < float("inf")):
