@@ -189,9 +189,7 @@ class Checks:
                 fixed -= 1
                 tag = itag
                 spec = b.spec
-                if spec.exempt_when is not None and self._ask(
-                    b, "exempt_when", spec.exempt_when, None
-                ):
+                if spec.exempt_when and self._ask(b, "exempt_when", spec.exempt_when, None):
                     continue
                 # Flask-Limiter's order: with deduct_when, a callable cost is called after the
                 # response (it may read what the view sets); 1 is reserved meanwhile.

@@ -232,6 +232,5 @@ class Refusals:
             detail=detail,
             description=said,
         )
-        if isinstance(response, WerkzeugResponse):
-            exc.response = response
+        exc.response = response  # None: the problem+json 429
         raise exc
