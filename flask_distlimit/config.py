@@ -28,8 +28,7 @@ from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity import IDENTITY_KEYS
 from flask_distlimit.request.settings import LimiterSettings
 from flask_distlimit.resilience.breaker import check_fail_max, check_reset_timeout
-from flask_distlimit.resilience.instances import validate_instances
-from flask_distlimit.storage.heartbeat import MAX_FLEET
+from flask_distlimit.resilience.instances import INSTANCES_MIN, validate_instances
 from flask_distlimit.storage.startup_check import STARTUP_CHECKS
 from flask_distlimit.storage.tokens import TOKEN_MODES
 from flask_distlimit.storage.urls import SCHEMES
@@ -177,9 +176,7 @@ _READERS: Final[dict[str, Callable[[str, object], object]]] = {
     "enabled": _bool,
     "failure_policy": _one_of(FAILURE_POLICIES),
     "instances": lambda _, value: validate_instances(value),
-    "instances_min": Range(
-        True, 1, MAX_FLEET, " (the smallest divisor of the local fallback)"
-    ).read,
+    "instances_min": INSTANCES_MIN.read,
     "fallback_max_keys": Range(
         True, 1, 10_000_000, " (keys the local fallback counts: up to 1 KB each)"
     ).read,

@@ -17,8 +17,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Literal
+from typing import Final, Literal
 
+from flask_distlimit.core.ranges import Range
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.heartbeat import MAX_FLEET
@@ -42,15 +43,14 @@ def validate_instances(value: object) -> InstancesSetting:
     )
 
 
-def validate_instances_min(value: object) -> int:
-    """``DISTLIMIT_INSTANCES_MIN`` as an int from 1 to 100000; else :class:`ConfigurationError`."""
-    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_FLEET:
-        return value
-    raise ConfigurationError(
-        f"DISTLIMIT_INSTANCES_MIN={value!r} is not valid. Use an integer from 1 to {MAX_FLEET}: "
-        "the smallest divisor of the local fallback, what a process that has not reached the "
-        "storage yet divides by."
-    )
+#: ``DISTLIMIT_INSTANCES_MIN``'s values
+INSTANCES_MIN: Final = Range(
+    True,
+    1,
+    MAX_FLEET,
+    " (the smallest divisor of the local fallback, what a process that has "
+    "not reached the storage yet divides by)",
+)
 
 
 def process_member() -> str:
@@ -73,7 +73,7 @@ class Instances:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.setting = validate_instances(setting)
-        self.minimum = validate_instances_min(minimum)
+        self.minimum = int(INSTANCES_MIN.read("DISTLIMIT_INSTANCES_MIN", minimum))
         self.auto = self.setting == "auto"
         self.key = f"{key_prefix}:instances"
         self.interval = interval

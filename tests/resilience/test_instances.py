@@ -169,7 +169,9 @@ def test_each_gunicorn_worker_is_an_instance(redis_server: RedisProcess, tmp_pat
 
 @pytest.mark.parametrize("value", [0, -1, True, 1.5, "3", None, 100_001])
 def test_invalid_minimums_say_what_to_use(value: object) -> None:
-    with pytest.raises(ConfigurationError, match=r"DISTLIMIT_INSTANCES_MIN.*1 to 100000"):
+    with pytest.raises(
+        ConfigurationError, match=r"DISTLIMIT_INSTANCES_MIN.*>= 1 and <= 100000 \(the smallest"
+    ):
         Instances("auto", minimum=value)  # type: ignore[arg-type]
 
 
