@@ -20,7 +20,7 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 from flask_distlimit.core.algorithms import CONCURRENCY
 from flask_distlimit.core.decision import Check
 from flask_distlimit.core.limits import Rate
-from flask_distlimit.core.pacing import OncePerWindow
+from flask_distlimit.core.pacing import OncePerWindow, Pace, paced
 from flask_distlimit.core.priorities import Priority
 from flask_distlimit.core.problem import (
     ConcurrencyLimitExceeded,
@@ -83,6 +83,8 @@ class Refusals:
     retry_unavailable: int  #: ``Retry-After`` of a 503 under policy ``closed``
     #: the clients and limits whose breach was logged, until their window ends (local clock)
     logged: OncePerWindow = field(default_factory=OncePerWindow, init=False)
+    #: the pace of the ERROR lines about each route's breach hooks raising (local clock)
+    paces: dict[str, Pace] = field(default_factory=dict, init=False)
 
     def _digest(self, identity: Identity | None, tag: str) -> str:
         return self.identity_tag(identity.value) if identity is not None else tag
@@ -215,12 +217,13 @@ class Refusals:
                 try:
                     answer = hook(breach)
                 except Exception:  # the app's code: the refusal stands, never a 500
-                    log.exception(
-                        "The on_breach hook %s raised while refusing %s %s; the 429 is sent "
-                        "without it.",
-                        getattr(hook, "__qualname__", hook), log_text(request.method),
-                        request.endpoint,
-                    )  # fmt: skip
+                    if paced(self.paces, str(request.endpoint), self.local_clock(), 60e6):
+                        log.exception(
+                            "The on_breach hook %s raised while refusing %s %s; the 429 is "
+                            "sent without it. (Logged at most once a minute per route.)",
+                            getattr(hook, "__qualname__", hook), log_text(request.method),
+                            request.endpoint,
+                        )  # fmt: skip
                     continue
                 if isinstance(answer, WerkzeugResponse):
                     response = answer

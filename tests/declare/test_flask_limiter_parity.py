@@ -267,11 +267,13 @@ def test_a_breach_hook_that_raises_still_gives_the_429(
 
     with caplog.at_level(logging.ERROR, logger="flask_distlimit"):
         assert statuses(app, "/orders", 2) == [200, 429]
-    response = app.test_client().get("/orders")
+        response = app.test_client().get("/orders")
+        assert statuses(app, "/orders", 20) == [429] * 20  # a client may refuse itself at will
     assert response.status_code == 429
     assert response.mimetype == "application/problem+json"
     logged = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert logged and "on_breach hook" in logged[0].getMessage() and logged[0].exc_info
+    assert len(logged) == 1  # once a minute per route, not a traceback per refusal
 
 
 def test_a_breach_words_its_rate_as_flask_limiter_does_on_request(
