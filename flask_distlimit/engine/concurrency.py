@@ -63,4 +63,5 @@ def refund(state: State | None, limit: int, period: int, cost: int, now: int) ->
 
 
 def plausible(state: object, limit: int, period: int, now: int) -> bool:
-    return isinstance(state, dict)
+    """No lease ends after ``now + 2 * period`` (the script's ZCOUNT): a later one is garbage."""
+    return isinstance(state, dict) and all(until <= now + 2 * period for until in state.values())
