@@ -88,6 +88,31 @@ def test_workers_on_one_redis_read_one_key_without_a_ttl(redis_client: redis.Red
             s.close()
 
 
+@pytest.mark.parametrize(
+    "garbage",
+    [b"\xff\xfe", b"", b"x", b"g" * 64, b"a" * 63, b"0" * 2_000_000],
+    ids=["not-text", "empty", "one-byte", "not-hex", "short", "two-megabytes"],
+)
+def test_a_digest_key_of_another_form_is_replaced(
+    redis_client: redis.Redis, garbage: bytes
+) -> None:
+    """A value no process wrote (bytes that are no text, a weak or a huge one) was adopted: a
+    500 every few seconds (not text), a weak HMAC key, a read that times out (huge), or each
+    process digesting identities its own way (a client counted once per process). Replaced by
+    the first process that reads it, and adopted by every other."""
+    redis_client.set("z:identity-digest-key", garbage)
+    port = redis_client.connection_pool.connection_kwargs["port"]
+    storages = [RedisStorage(host="127.0.0.1", port=port) for _ in range(2)]
+    try:
+        tags = [IdentityTags(storage=s, key_prefix="z") for s in storages]
+        assert len({t.tag("ip:203.0.113.9") for t in tags}) == 1
+        stored = redis_client.get("z:identity-digest-key") or b""
+        assert len(stored) == 64 and stored != garbage and all(t.settled for t in tags)
+    finally:
+        for s in storages:
+            s.close()
+
+
 @pytest.mark.cluster
 def test_workers_on_one_cluster_read_one_key(
     redis_cluster: ClusterServers, cluster_client: RedisCluster
