@@ -316,6 +316,22 @@ def test_a_heartbeat_key_of_another_type_is_replaced_and_logged_once(
     assert redis_client.type("ratelimit:instances:peak:{ratelimit:instances}") == b"zset"
 
 
+@pytest.mark.redis
+@pytest.mark.parametrize("score", [float("inf"), 1e30])
+def test_heartbeat_members_that_live_past_any_lifetime_are_garbage(
+    redis_server: RedisProcess, redis_client: redis.Redis, score: float
+) -> None:
+    """500 ghost instances (and a peak of 100000) scored to live for ever: each heartbeat
+    refreshed the keys' TTL, so the fallback's divisor stayed at 100000 for as long as the fleet
+    ran. Members that live past two lifetimes are removed and the keys reported repaired."""
+    redis_client.zadd("ratelimit:instances", {f"ghost{i}": score for i in range(500)})
+    redis_client.zadd("ratelimit:instances:peak:{ratelimit:instances}", {"100000": score})
+    guard = Guard(_storage(redis_server), policy="local", instances="auto", clock=FakeClock())
+    guard.evaluate([Check("ratelimit:{probe}:r:fixed_window", "fixed_window", 100, 60)])
+    assert guard.health()["instances_seen"] == 1 and guard.instances.divisor == 1
+    assert redis_client.zcard("ratelimit:instances") == 1
+
+
 @pytest.mark.parametrize("reply", ["{1, 2}", "{'a', 'b', 0, 0}"])
 def test_a_heartbeat_reply_of_the_wrong_shape_is_counted_and_never_raised(
     redis_server: RedisProcess, monkeypatch: pytest.MonkeyPatch, reply: str
