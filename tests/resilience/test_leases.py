@@ -572,6 +572,27 @@ def test_the_records_tolerate_garbage_and_drop_dead_processes(redis_client: Redi
     storage.close()
 
 
+@pytest.mark.parametrize("score", [float("inf"), 1e15])
+def test_a_record_whose_time_is_up_past_any_hold_is_garbage(
+    redis_client: Redis, score: float
+) -> None:
+    """A record scored inf made every publication a script error (its TTL); one scored 1e15 kept
+    both keys some 31,000 years. Removed by the next publication, and reported."""
+    from flask_distlimit.storage.lease_records import records_key
+    from flask_distlimit.storage.redis import RedisStorage
+
+    options = redis_client.connection_pool.connection_kwargs
+    storage = RedisStorage(host=options["host"], port=options["port"], timeout=2.0)
+    key = f"ghost{int(score > 1e16)}:leases"
+    redis_client.zadd(key, {"ghost": score})
+    try:
+        assert storage.publish_leases(key, "a", "{}", 60) == (key,)
+        assert redis_client.zrange(key, 0, -1) == [b"a"]
+        assert 0 < redis_client.pttl(key) <= 60_000 and redis_client.pttl(records_key(key)) > 0
+    finally:
+        storage.close()
+
+
 def test_expired_records_never_crowd_a_live_one_out_of_a_read(redis_client: Redis) -> None:
     """A read answers at most 1,000 records; those whose time is up (dropped only by the next
     publication) do not count among them."""
