@@ -202,7 +202,7 @@ class Checks:
                     if text is None:  # no key: this request is not counted by this limit
                         continue
                     if not text and identity is None:  # it failed: counted under the identity
-                        identity = self.resolver.identify(req, self.hooks)
+                        identity = self.resolver.identify(req, self.hooks, data.client_ip)
                         itag = self.identity_tag(identity.value)
                     tag = self.identity_tag(text) if text else itag
                 if not cost_after and spec.cost is not None and b.algorithm != CONCURRENCY:
@@ -211,9 +211,8 @@ class Checks:
                     checks.append(slot_check(b, tag, self.settings.concurrency_lease))
                     continue
                 unproved = revalidation and spec.cost is None  # free only if the answer is a 304
-                if b.dynamic is None and not deduction.reserved(
-                    b, unproved=unproved
-                ):  # common case
+                # the common case
+                if b.dynamic is None and not deduction.reserved(b, unproved=unproved):
                     checks.append(b.check(tag, cost))
                     continue
                 room = MAX_LIMITS_PER_REQUEST - len(checks) - fixed
