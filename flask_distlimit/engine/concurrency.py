@@ -15,6 +15,7 @@ MAX_CONCURRENCY: Final = 10_000
 SlotState = dict[int, int]
 
 _RETRY_HINT: Final = 1_000_000  # us: when a slot frees is unknown; the script's hint
+_GARBAGE_US: Final = 2 * 86_400 * 1_000_000  # a lease ending later is garbage (as the script)
 
 
 def _live(state: State | None, now: int) -> SlotState:
@@ -63,5 +64,5 @@ def refund(state: State | None, limit: int, period: int, cost: int, now: int) ->
 
 
 def plausible(state: object, limit: int, period: int, now: int) -> bool:
-    """No lease ends after ``now + 2 * period`` (the script's ZCOUNT): a later one is garbage."""
-    return isinstance(state, dict) and all(until <= now + 2 * period for until in state.values())
+    """No lease ends more than two days on (the script's ZCOUNT; a lease is a day at most)."""
+    return isinstance(state, dict) and all(until <= now + _GARBAGE_US for until in state.values())

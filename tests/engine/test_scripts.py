@@ -167,7 +167,8 @@ def test_slots_leased_past_any_lease_are_garbage_repaired(
 ) -> None:
     """Every slot of a concurrency key (or of the fleet's) held by a lease that ends far in the
     future, in a key with no TTL: never expired, so the client (or the whole fleet) would be
-    refused for ever. A lease ends at most 2 P from now: the key is replaced and reported."""
+    refused for ever. No lease is longer than a day: one ending two days on is garbage, the key
+    replaced and reported."""
     storage = RedisStorage(redis_client)
     key = "g:{x}:c:concurrency"
     redis_client.zadd(key, {str(token): score for token in range(1, 6)})
@@ -175,7 +176,7 @@ def test_slots_leased_past_any_lease_are_garbage_repaired(
     admitted = storage.evaluate([check], now_us=T0)
     assert admitted.allowed and admitted.repaired_keys == (key,)
     assert redis_client.zcard(key) == 1 and 0 < redis_client.pttl(key) <= 60_002
-    live = Check(key, "concurrency", 5, 60, cost=8)  # a slot of 60 s ends within 2 P: kept
+    live = Check(key, "concurrency", 5, 60, cost=8)  # a live slot beside it: kept
     assert storage.evaluate([live], now_us=T0 + 30_000_000).repaired_keys == ()
     assert redis_client.zcard(key) == 2
 

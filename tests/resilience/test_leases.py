@@ -573,7 +573,7 @@ def test_the_records_tolerate_garbage_and_drop_dead_processes(redis_client: Redi
 
 
 @pytest.mark.parametrize("score", [float("inf"), 1e15])
-def test_a_record_whose_time_is_up_past_any_hold_is_garbage(
+def test_a_record_whose_time_is_up_past_any_period_is_garbage(
     redis_client: Redis, score: float
 ) -> None:
     """A record scored inf made every publication a script error (its TTL); one scored 1e15 kept

@@ -5,7 +5,7 @@
 --
 --   L = slots, P = lease (us), t = token (0: a peek), now (us since the epoch)
 --   Slots whose lease ended (score <= now) are removed first; k = the live slots. A key
---   holding a slot whose lease ends after now + 2 P is garbage: replaced (reported repaired).
+--   holding a slot whose lease ends more than two days on is garbage: replaced (repaired).
 --   allowed      = t == 0; or t already holds a live slot: its own (the request's call made
 --                  again after its reply was lost, without a kept reply: a calm storage,
 --                  flask_distlimit/storage/tokens.py), its lease renewed, no slot more (tokens
@@ -24,12 +24,12 @@ local function LOAD_CONCURRENCY()
   local CONCURRENCY = {}
 
   -- (live slots, repaired): expired slots removed; a key of another type, or holding a slot
-  -- whose lease ends more than 2 P from now (garbage, or a clock set back that far: it would
-  -- hold that slot for ever), deleted.
-  local function cc_read(key, now, period)
+  -- whose lease ends more than two days from now (no lease is longer than one,
+  -- DISTLIMIT_CONCURRENCY_LEASE's most: garbage, which would hold that slot for ever), deleted.
+  local function cc_read(key, now)
     local gone = redis.pcall('ZREMRANGEBYSCORE', key, '-inf', now)
     if failed(gone)
-        or redis.call('ZCOUNT', key, string.format('(%d', now + 2 * period), '+inf') > 0 then
+        or redis.call('ZCOUNT', key, string.format('(%d', now + 172800000000), '+inf') > 0 then
       redis.call('DEL', key)
       return 0, 1
     end
@@ -46,7 +46,7 @@ local function LOAD_CONCURRENCY()
   end
 
   function CONCURRENCY.decide(key, limit, period, cost, now)
-    local k, repaired = cc_read(key, now, period)
+    local k, repaired = cc_read(key, now)
     local allowed, taken, own = true, k, false
     if cost > 0 then
       if repaired == 0 and redis.call('ZSCORE', key, cost) then

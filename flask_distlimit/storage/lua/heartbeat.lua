@@ -5,9 +5,9 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl_ms = tonumber(ARGV[2])
 local known = tonumber(ARGV[3])
 local until_ms = now_ms + ttl_ms
--- a member that lives past two lifetimes from now is garbage (a score of inf would count a
--- ghost instance for ever, and divide every local share by it): removed, reported
-local past = string.format('(%d', until_ms + ttl_ms)
+-- a member that lives past a day from now is garbage (every process beats every few seconds; a
+-- score of inf would count a ghost instance for ever, dividing every local share): removed
+local past = string.format('(%d', now_ms + 86400000)
 
 local repaired_live = write('ZADD', KEYS[1], until_ms, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)

@@ -36,9 +36,9 @@ end
 local hold_ms = tonumber(ARGV[3])
 local repaired_set = write('ZADD', KEYS[1], now_ms + hold_ms, ARGV[1])
 local repaired_records = write('HSET', KEYS[2], ARGV[1], now_ms .. ':' .. ARGV[2])
--- a time up past two holds from now is garbage (inf made every publication an error, 1e15 kept
--- the keys 31,000 years): removed, reported
-local past = string.format('(%d', now_ms + 2 * hold_ms)
+-- a time up past two years from now is garbage (no lease outlives its limit's period, at most
+-- 366 days; inf made every publication an error, 1e15 kept the keys 31,000 years): removed
+local past = string.format('(%d', now_ms + 2 * 366 * 86400000)
 if redis.call('ZREMRANGEBYSCORE', KEYS[1], past, '+inf') > 0 then
   repaired_set = 1
 end

@@ -5,9 +5,10 @@
 -- a value not of the candidate's form, is replaced; only commands of ACL_GRANTS
 -- (flask_distlimit/storage/translate.py).
 local ok, value = pcall(redis.call, 'GET', KEYS[1])
--- a value not of the candidate's form (as long, in hex digits) is garbage too: a process would
--- fail on it (bytes that are no text) or count identities its own way (a huge one: a timeout)
-if not ok or value and (#value ~= #ARGV[1] or not string.find(value, '^%x+$')) then
+-- a value not of the candidate's form (as long, letters and digits) is garbage too: a process
+-- would fail on it (bytes that are no text) or count identities its own way (a huge one: a
+-- timeout)
+if not ok or value and (#value ~= #ARGV[1] or string.find(value, '[^%w]')) then
   redis.call('UNLINK', KEYS[1])
   value = false
 end
