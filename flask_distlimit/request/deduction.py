@@ -81,11 +81,10 @@ def _wants_charge(calls: SideCalls, later: Deferred, response: Response) -> bool
 
 
 def _real_cost(calls: SideCalls, later: Deferred, response: Response, sent: int | None) -> int:
-    """What the request really cost: the body's bytes ``sent`` (``None``: the whole body, made;
-    never read for a limit of requests: a file or a stream would be read here) for a bytes
-    limit, else
-    ``settle(response)``, else the ``cost_after`` limit's callable called now, else the
-    reservation (also when the callable fails: logged)."""
+    """What the request really cost: for a bytes limit the body's bytes ``sent`` (``None``: the
+    whole body, made; never read for a limit of requests, whose file or stream it would read
+    here), else ``settle(response)``, else the ``cost_after`` limit's callable called now, else
+    the reservation (also when the callable fails: logged)."""
     spec = later.check.bound.spec
     if spec.unit != "requests":
         return len(response.get_data()) if sent is None else sent
