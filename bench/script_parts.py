@@ -3,7 +3,7 @@
     python bench/script_parts.py                 # 7 passes of 2,000 calls per probe
     python bench/script_parts.py --passes 3 --calls 500
 
-A private redis-server (loopback, no persistence, started and stopped here). Each probe is a
+A private redis-server (``tests.servers.start_redis``: loopback, stopped by PID). Each probe is a
 tiny script doing one thing our fast path or the minimal limiter of ``bench_overhead.py`` does
 (parse the argument, read the clock, read or write a key, format the reply). Reported: the
 server's own time per ``EVALSHA`` (``usec_per_call`` of INFO commandstats), the median over
@@ -15,11 +15,9 @@ first pass); the figures are the server's time, not the network's or Python's.
 from __future__ import annotations
 
 import argparse
-import shutil
-import socket
 import statistics
-import subprocess
-import time
+import sys
+from pathlib import Path
 
 import redis
 
@@ -45,12 +43,6 @@ PROBES: dict[str, str] = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def measure(client: redis.Redis, passes: int, calls: int) -> dict[str, float]:
     shas = {name: client.script_load(source) for name, source in PROBES.items()}
     seen: dict[str, list[float]] = {name: [] for name in PROBES}
@@ -69,28 +61,17 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=7)
     parser.add_argument("--calls", type=int, default=2000)
     args = parser.parse_args()
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not on the PATH (apt-get install redis-server)")
-    port = free_port()
-    server = subprocess.Popen(
-        [binary, "--port", str(port), "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-    )
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.servers import start_redis  # starts and stops redis-server by PID
+
+    server = start_redis()
     try:
-        client = redis.Redis(port=port)
-        for _ in range(100):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
+        client = server.client()
         costs = measure(client, args.passes, args.calls)
         version = client.info("server")["redis_version"]
         client.close()
     finally:
-        server.terminate()
-        server.wait()
+        server.stop()
     bare = costs["return 1 (EVALSHA itself)"]
     print(f"| probe (Redis {version}) | us per call | over `return 1` |")
     print("|---|---:|---:|")
