@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Final, TypeVar
 
@@ -100,11 +101,8 @@ class Limiter(Declarations):
         if app_or_key_func is not None and app is not None:
             raise TypeError("Limiter() got the app twice: pass Limiter(app) or Limiter(app=app).")
         app = app_or_key_func or app
-        if request_filter is not None and not callable(request_filter):
-            raise ConfigurationError(
-                f"request_filter={request_filter!r} is not callable: pass a function of no "
-                "arguments answering True for requests that are not limited."
-            )
+        if request_filter is not None:
+            check_callable("request_filter", request_filter)
         #: the logger of every line the limiter writes (Flask-Limiter's ``limiter.logger``)
         self.logger = log
         self.registry = LimitRegistry()
@@ -121,6 +119,8 @@ class Limiter(Declarations):
         self._deny_cache_size = deny_cache_size if deny_cache else None
         #: (app, view) whose limits were reached on an app this Limiter is not set up on
         self._unset_logged: set[tuple[str, str]] = set()
+        #: the apps' states this Limiter is set up on (their limits are checked when declared)
+        self._states: weakref.WeakSet[LimiterState] = weakref.WeakSet()
         if app is not None:
             self.init_app(app)
 
@@ -191,6 +191,7 @@ class Limiter(Declarations):
                     chosen.close()  # ours: the app does not start
                 raise
         app.extensions[EXTENSION_KEY] = state
+        self._states.add(state)
         if settings.enabled:
             # what a request takes is given back however its response ends, at the WSGI level
             state.lifecycle.install(app)
@@ -220,6 +221,12 @@ class Limiter(Declarations):
         state = self._state_here(specs, describe(carrier))
         if state is not None and state.settings.enabled:
             state.enforcer.reached(carrier, specs)
+
+    def _declared(self, specs: list[LimitSpec]) -> None:
+        """Limits declared on a target after ``init_app``: refused now (not on the app's first
+        request) when an app this Limiter is set up on cannot enforce them."""
+        for state in self._states:
+            state.check_declared(specs[-1].declared_on, specs)
 
     def _entered(self, spec: LimitSpec) -> None:
         """``with limiter.limit(...)`` inside a request: decide that limit now."""
@@ -263,6 +270,7 @@ class Limiter(Declarations):
     ) -> Callable[[], tuple[str, str | None] | None]:
         """Register ``() -> (id, tier or None) | None``: a VERIFIED identity of the request
         (e.g. from Flask-Login's ``current_user``)."""
+        check_callable("identity_loader", func)
         self.hooks.identity_loader = func
         return func
 
@@ -271,17 +279,20 @@ class Limiter(Declarations):
         identify a client. Answer the key's canonical id with its tier when several spellings
         of one key are accepted (e.g. any letter case): the key is counted by that id, never by
         its spelling."""
+        check_callable("api_key_verifier", func)
         self.hooks.api_key_verifier = func
         return func
 
     def tier_resolver(self, func: Callable[[Identity], str]) -> Callable[[Identity], str]:
         """Register ``(identity) -> tier``, replacing the default tier of every identity."""
+        check_callable("tier_resolver", func)
         self.hooks.tier_resolver = func
         return func
 
     def request_filter(self, func: RequestFilter) -> RequestFilter:
         """Register a callable of no arguments: a request for which it answers true is not
         limited at all (e.g. internal health probes). Register filters before the app serves."""
+        check_callable("request_filter", func)
         self.request_filters.append(func)
         return func
 
@@ -309,6 +320,7 @@ class Limiter(Declarations):
     def priority_resolver(self, func: PriorityResolver) -> PriorityResolver:
         """Register ``() -> priority or None``, called in a request whose view declares none
         (e.g. ``"critical"`` for a POST to payments); ``None`` means ``default``."""
+        check_callable("priority_resolver", func)
         self.priorities.resolver = func
         return func
 

@@ -8,12 +8,11 @@ cache, the bound global and tier limits, and the app's request path
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from flask_distlimit.config import Settings
 from flask_distlimit.core.algorithms import check_limit_count
 from flask_distlimit.core.pacing import Pace
-from flask_distlimit.declare.registry import LimitRegistry
 from flask_distlimit.declare.route_limits import BoundLimit, bind
 from flask_distlimit.declare.specs import LimitSpec
 from flask_distlimit.defences.deny_cache import DenyCache, monotonic_us
@@ -33,16 +32,12 @@ from flask_distlimit.telemetry import otel
 _states: AfterFork[LimiterState] = AfterFork(lambda state: state.after_fork())
 
 
-def _check_limits_per_request(
-    global_spec: LimitSpec,
-    meta_spec: LimitSpec,
-    identity_settings: IdentitySettings,
-    default_specs: tuple[LimitSpec, ...],
-    registry: LimitRegistry,
-) -> None:
-    """Refuse, at start-up, limits that would put more than ``MAX_LIMITS_PER_REQUEST`` limits in
-    one request: the global limits and the largest tier apply to every request, plus the
-    default limits or those declared so far on one view, class or blueprint."""
+def _every_request(
+    global_spec: LimitSpec, meta_spec: LimitSpec, identity_settings: IdentitySettings
+) -> tuple[int, str]:
+    """How many limits every request carries (the global and meta limits and the largest
+    tier), and their words for messages; refused when they alone are more than
+    ``MAX_LIMITS_PER_REQUEST``."""
     tiers = [(len(rates), tier) for tier, rates in identity_settings.tiers.items()]
     most, tier = max(tiers, default=(0, ""))
     global_count, meta_count = global_spec.rate_count, meta_spec.rate_count
@@ -53,13 +48,7 @@ def _check_limits_per_request(
     if most:
         head += f", the tier {tier!r} of DISTLIMIT_TIERS ({most})"
     check_limit_count(every, head)
-    groups: list[tuple[str, list[LimitSpec]]] = [("DISTLIMIT_DEFAULT_LIMITS", list(default_specs))]
-    for table in (registry.views, registry.blueprints):
-        groups += [(specs[0].declared_on, specs) for specs in table.values() if specs]
-    for where, specs in groups:
-        count = sum(spec.rate_count for spec in specs)
-        if count:
-            check_limit_count(every + count, f"{head} and the limits on {where} ({count})")
+    return every, head
 
 
 class LimiterState:
@@ -156,20 +145,13 @@ class LimiterState:
             tier: LimitSpec("tier", rates, tier=tier, shadow=spec_is_shadow(shadow, "tier", tier))
             for tier, rates in identity_settings.tiers.items()
         }
-        # Limits that take the app's default algorithm are checked against it now, at start-up
-        # (those declared with an algorithm of their own were checked when declared).
-        for spec in (
-            *self.default_specs,
-            global_spec,
-            meta_spec,
-            *tier_specs.values(),
-            *self.registry.declared(),
-        ):
-            if spec.algorithm is None:
-                spec.check_rates(algorithm)
-        _check_limits_per_request(
-            global_spec, meta_spec, identity_settings, self.default_specs, self.registry
-        )
+        for spec in (global_spec, meta_spec, *tier_specs.values()):
+            spec.check_rates(algorithm)
+        self._every = _every_request(global_spec, meta_spec, identity_settings)
+        self.check_declared("DISTLIMIT_DEFAULT_LIMITS", self.default_specs)
+        for table in (self.registry.views, self.registry.blueprints):
+            for specs in table.values():
+                self.check_declared(specs[0].declared_on if specs else "", specs)
 
         def bound(spec: LimitSpec, label: str) -> tuple[BoundLimit, ...]:
             return tuple(
@@ -231,6 +213,19 @@ class LimiterState:
         """Every configured limit that can apply to ``identity``, named, as checks of ``cost``
         (see :func:`flask_distlimit.ops.admin.checks_for`)."""
         return admin.checks_for(self, identity, cost)
+
+    def check_declared(self, where: str, specs: Sequence[LimitSpec]) -> None:
+        """Refuse the limits ``specs`` of one view, class or blueprint (``where``), at start-up or
+        when declared after it: a rate the app's default algorithm cannot enforce (those with an
+        algorithm of their own were checked when declared), or more limits in one request than
+        ``MAX_LIMITS_PER_REQUEST`` with those of every request."""
+        for spec in specs:
+            if spec.algorithm is None:
+                spec.check_rates(self.settings.algorithm)
+        count = sum(spec.rate_count for spec in specs)
+        if count:
+            every, head = self._every
+            check_limit_count(every + count, f"{head} and the limits on {where} ({count})")
 
     def lease_report(self) -> dict[str, dict[str, object]]:
         """The quota leases this process holds, by storage key (``health()["leases"]``)."""

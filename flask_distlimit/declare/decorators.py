@@ -66,6 +66,9 @@ class Declarations:
     _reached: Callable[[object], None]
     #: called when a ``with limiter.limit(...)`` block starts (the extension enforces)
     _entered: Callable[[LimitSpec], None]
+    #: called with a target's limits, a new one last, before it is added (the extension checks
+    #: them against the apps it is already set up on)
+    _declared: Callable[[list[LimitSpec]], None]
 
     def limit(
         self,
@@ -218,20 +221,27 @@ class Declarations:
             if kind_on == "route" and isinstance(target, (Blueprint, Flask)):
                 kind_on = "blueprint" if isinstance(target, Blueprint) else "default"
             spec = replace(checked, kind=kind_on, declared_on=describe(target))
-            self.registry.check_open(target, what)
+            registry = self.registry
+            registry.check_open(target, what)
+
+            def add(table: dict[Any, list[LimitSpec]], key: object) -> None:
+                specs = table.setdefault(key, [])
+                self._declared([*specs, spec])
+                specs.append(spec)
+
             if isinstance(target, (Blueprint, Flask)):  # an app's limits: default limits
-                self.registry.blueprints.setdefault(target, []).append(spec)
+                add(registry.blueprints, target)
                 return target
             if isinstance(target, type) and issubclass(target, View):
-                self.registry.views.setdefault(target, []).append(spec)
+                add(registry.views, target)
                 self._carry_in_decorators(target)
                 return target
             if not callable(target):
                 raise _not_a_target(what, target)
             carrier = self._carrier(target)
+            add(registry.views, carrier)
             if carrier is not target and hashable(target):
-                self.registry.wrapped_by.setdefault(target, []).append(carrier)
-            self.registry.views.setdefault(carrier, []).append(spec)
+                registry.wrapped_by.setdefault(target, []).append(carrier)
             return carrier  # type: ignore[return-value]
 
         def enter() -> None:

@@ -74,6 +74,13 @@ _CALLS: Final[dict[str, tuple[int, str]]] = {
     "deduct_when": (1, "deduct_when=lambda response: response.status_code == 401"),
     "settle": (1, "settle=lambda response: int(response.headers['X-Tokens'])"),
     "on_breach": (1, "on_breach=lambda breach: log.warning('refused: %s', breach.limit)"),
+    "scope": (1, "scope=lambda endpoint: endpoint.split('.')[0]"),
+    # the Limiter's hooks (registered by its decorators of the same names)
+    "identity_loader": (0, "lambda: (str(current_user.id), None)"),
+    "api_key_verifier": (1, "lambda raw_key: KEYS.get(raw_key)"),
+    "tier_resolver": (1, "lambda identity: 'free'"),
+    "request_filter": (0, "lambda: request.path == '/health'"),
+    "priority_resolver": (0, "lambda: 'critical' if request.path == '/pay' else None"),
 }
 
 
@@ -161,8 +168,8 @@ def check_options(
         )
     check_scope(scope)
     for name in _CALLS:
-        func = options[name]
-        if func is not None and (name != "cost" or callable(func)):  # an int cost: checked above
+        func = options.get(name)  # an int cost, a scope's string: checked above
+        if func is not None and (callable(func) or name not in ("cost", "scope")):
             check_callable(name, func)
     message = options["error_message"]
     if message is not None and not (isinstance(message, str) or callable(message)):

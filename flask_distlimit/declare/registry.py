@@ -77,8 +77,3 @@ class LimitRegistry:
         every += [w for o in every for w in self.wrapped_by.get(o, ())]
         one += [w for o in one for w in self.wrapped_by.get(o, ())]
         return every, one
-
-    def declared(self) -> list[LimitSpec]:
-        """Every spec declared so far, on views and blueprints."""
-        tables: tuple[dict[Any, list[LimitSpec]], ...] = (self.views, self.blueprints)
-        return [spec for table in tables for specs in table.values() for spec in specs]

@@ -136,12 +136,11 @@ class IdentityResolver:
         return None
 
     def _user(self, loaded: tuple[str, str | None]) -> Identity | None:
-        try:
-            user_id, tier = loaded
-        except (TypeError, ValueError):
+        if not (isinstance(loaded, (tuple, list)) and len(loaded) == 2):  # not a bare id's chars
             raise TypeError(
                 f"The identity loader must return (id, tier or None) or None, got {loaded!r}."
-            ) from None
+            )
+        user_id, tier = loaded
         if user_id == "":
             return None  # an empty id: anonymous
         text = id_text(user_id)

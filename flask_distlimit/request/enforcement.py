@@ -301,7 +301,7 @@ class Enforcer:
         """``with limiter.limit(...)`` in a view: decide that limit now, in a call of its own."""
         req: Request = request._get_current_object()  # type: ignore[attr-defined]
         own = self._own_data(req)
-        if own is not None:
+        if own is not None and spec.applies_to(req.method):
             bounds = self._planner.bind_now((spec,), req.endpoint, _routed_method(req))
             self._decide_own(req, own, bounds, spec.on_failure)
 

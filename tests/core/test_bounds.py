@@ -157,6 +157,32 @@ def test_a_route_whose_limits_make_too_many_with_the_global_ones_is_refused_at_i
     ok.init_app(app)  # exactly the bound
 
 
+def test_limits_declared_after_init_app_are_refused_where_they_are_declared() -> None:
+    """As docs examples write it, Limiter(app) then the views: the decorator line raises, not
+    every request of the app on its first one."""
+    app = Flask(__name__)
+    app.config.update(
+        QUIET, DISTLIMIT_GLOBAL_LIMITS=_rates(2, "seconds"), DISTLIMIT_ALGORITHM="sliding_window_log"
+    )
+    limiter = Limiter(app)
+    with pytest.raises(ConfigurationError, match=f"make {MAX_LIMITS_PER_REQUEST + 1} limits"):
+        limiter.limit(_rates(MAX_LIMITS_PER_REQUEST - 1, "minutes"))(lambda: "ok")
+    with pytest.raises(ConfigurationError, match="up to 1000 per window"):
+        limiter.limit("5000/hour")(lambda: "ok")  # the app's default algorithm cannot
+    with pytest.raises(ConfigurationError, match="lease= on"):
+        limiter.limit("100/hour", lease=2)(lambda: "ok")
+
+    @app.get("/search")
+    @limiter.limit(_rates(MAX_LIMITS_PER_REQUEST - 3, "minutes"))
+    def search() -> str:
+        return "ok"
+
+    with pytest.raises(ConfigurationError, match="limits on view"):  # two more on that view
+        limiter.limit("1/day;2/day")(search)
+    limiter.limit("5000/hour", algorithm="gcra")(lambda: "ok")  # an algorithm of its own
+    assert app.test_client().get("/search").status_code == 200  # the refusals left no trace
+
+
 # -- bounded in Redis's own accounting ----------------------------------------------------------
 
 Run = Callable[..., object]

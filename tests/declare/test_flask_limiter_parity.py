@@ -327,6 +327,34 @@ def test_an_app_breach_hook_that_cannot_take_the_breach_is_refused_when_set() ->
         Limiter().on_breach(lambda: None)
 
 
+@pytest.mark.parametrize(
+    ("hook", "wrong"),
+    [
+        ("identity_loader", lambda user_id: (user_id, None)),  # Flask-Login's user_loader form
+        ("api_key_verifier", lambda key, request: None),
+        ("tier_resolver", lambda: "free"),
+        ("request_filter", lambda request: True),
+        ("priority_resolver", lambda request: None),
+        ("identity_loader", 5),
+    ],
+)
+def test_a_hook_that_cannot_take_its_arguments_is_refused_when_registered(
+    hook: str, wrong: Any
+) -> None:
+    """Not on every request of the app: a 500 each (or, for a filter, never exempting)."""
+    with pytest.raises(ConfigurationError, match=rf"{hook}=.* (is called with|is not callable)"):
+        getattr(Limiter(), hook)(wrong)
+    if hook == "request_filter":
+        with pytest.raises(ConfigurationError, match=r"request_filter=.* is called with"):
+            Limiter(request_filter=wrong)
+
+
+def test_a_scope_callable_that_cannot_take_the_endpoint_is_refused_when_declared() -> None:
+    """Its first binding would fail every route of the app on its first request."""
+    with pytest.raises(ConfigurationError, match=r"scope=.* is called with one argument"):
+        Limiter().shared_limit("10/minute", scope=lambda: "search")
+
+
 class _Hook:
     def __call__(self, breach: Breach) -> None:
         return None
@@ -424,6 +452,19 @@ def test_a_with_block_decides_its_limit_where_it_starts(backend: Backend, clock:
     assert refused.mimetype == "application/problem+json"
     assert refused.get_json()["violated-policies"] == ["report:2/minute"]
     assert len(told) == 2
+
+
+def test_a_with_block_counts_only_the_methods_it_names(backend: Backend, clock: FakeClock) -> None:
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.route("/items", methods=["GET", "POST"])
+    def items() -> str:
+        with limiter.limit("1/minute", methods=["POST"]):
+            return "ok"
+
+    assert statuses(app, "/items", 3) == [200, 200, 200]
+    client = app.test_client()
+    assert [client.post("/items").status_code for _ in range(2)] == [200, 429]
 
 
 def test_a_with_block_in_an_exempt_view_or_a_filtered_request_is_not_counted(

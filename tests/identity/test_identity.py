@@ -713,9 +713,10 @@ def test_identity_loader_comes_first() -> None:
     assert identify(app, resolver, hooks, headers=headers).kind == "jwt"
     hooks.identity_loader = lambda: (7, None)  # type: ignore[assignment]
     assert identify(app, resolver, hooks) == Identity("user", "user:7", ANONYMOUS)
-    hooks.identity_loader = lambda: object()  # type: ignore[assignment]
-    with pytest.raises(TypeError, match="identity loader"):
-        identify(app, resolver, hooks)
+    for wrong in (object(), "12", "123"):  # "12": never a user "1" of the tier "2"
+        hooks.identity_loader = lambda wrong=wrong: wrong  # type: ignore[misc]
+        with pytest.raises(TypeError, match="identity loader must return"):
+            identify(app, resolver, hooks)
 
 
 def test_tier_resolver_overrides_and_unknown_answers_are_anonymous(
