@@ -101,6 +101,18 @@ class Limiter(Declarations):
         if app_or_key_func is not None and app is not None:
             raise TypeError("Limiter() got the app twice: pass Limiter(app) or Limiter(app=app).")
         app = app_or_key_func or app
+        if isinstance(storage, str) or not (clock is None or callable(clock)):
+            raise TypeError(
+                f"Limiter(storage={storage!r}, clock={clock!r}): storage= takes a Storage (a URL "
+                "goes in DISTLIMIT_STORAGE_URL), clock= a function answering microseconds."
+            )
+        if not (
+            isinstance(deny_cache, bool) and type(deny_cache_size) is int and deny_cache_size > 0
+        ):
+            raise ConfigurationError(
+                f"deny_cache={deny_cache!r}, deny_cache_size={deny_cache_size!r}: use True or "
+                "False, and a number of keys of at least 1 (default 10000)."
+            )
         if request_filter is not None:
             check_callable("request_filter", request_filter)
         #: the logger of every line the limiter writes (Flask-Limiter's ``limiter.logger``)

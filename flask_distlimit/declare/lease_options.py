@@ -65,7 +65,8 @@ def check_lease(
             if lease > rate.amount:
                 raise ConfigurationError(
                     f"{what}: lease={lease} is more than the limit {rate}: a lease is a part of "
-                    f"the limit; use at most {auto_cap(rate.amount)} units or lease=True."
+                    f"the limit; use at most {rate.amount} units, or lease=True (sized from the "
+                    f"traffic, up to {auto_cap(rate.amount)})."
                 )
 
 

@@ -59,8 +59,6 @@ class DenyCache:
         max_entries: int = 10_000,
         max_ttl: float = 60.0,
     ) -> None:
-        if max_entries < 1:
-            raise ValueError(f"max_entries must be >= 1, got {max_entries!r}")
         self.clock = clock
         self.max_entries = max_entries
         self.max_ttl_us = int(max_ttl * 1_000_000)

@@ -349,6 +349,13 @@ def test_a_hook_that_cannot_take_its_arguments_is_refused_when_registered(
             Limiter(request_filter=wrong)
 
 
+def test_a_storage_url_or_a_clock_that_is_no_function_is_refused_by_the_constructor() -> None:
+    with pytest.raises(TypeError, match="a URL goes in DISTLIMIT_STORAGE_URL"):
+        Limiter(storage="memory://")  # type: ignore[arg-type]  # Flask-Limiter's storage_uri
+    with pytest.raises(TypeError, match="clock= a function answering microseconds"):
+        Limiter(clock=5)  # type: ignore[arg-type]
+
+
 def test_a_scope_callable_that_cannot_take_the_endpoint_is_refused_when_declared() -> None:
     """Its first binding would fail every route of the app on its first request."""
     with pytest.raises(ConfigurationError, match=r"scope=.* is called with one argument"):

@@ -13,7 +13,7 @@ import pytest
 import redis
 from flask import request
 
-from flask_distlimit import ALGORITHMS, Limiter
+from flask_distlimit import ALGORITHMS, ConfigurationError, Limiter
 from flask_distlimit.core.decision import Check, Decision
 from flask_distlimit.defences.deny_cache import DenyCache
 from flask_distlimit.storage.base import Storage
@@ -104,8 +104,9 @@ def test_bounded_lru_clear_and_forget() -> None:
     assert cache.lookup("a", 1) is None
     cache.clear()
     assert len(cache) == 0
-    with pytest.raises(ValueError):
-        DenyCache(max_entries=0)
+    for wrong in ({"deny_cache_size": 0}, {"deny_cache_size": "10"}, {"deny_cache": "no"}):
+        with pytest.raises(ConfigurationError, match="deny_cache=.* at least 1"):
+            Limiter(**wrong)  # type: ignore[arg-type]
 
 
 def test_thread_safe_under_concurrent_use() -> None:
