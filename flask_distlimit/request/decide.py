@@ -18,7 +18,7 @@ from typing import Final, NoReturn
 from flask import request
 
 from flask_distlimit._typing import FailurePolicy
-from flask_distlimit.core.decision import Check, Decision, Evaluation
+from flask_distlimit.core.decision import NEVER, Check, Decision, Evaluation
 from flask_distlimit.defences.concurrency import SlotRelease
 from flask_distlimit.defences.deny_cache import DenyCache, monotonic_us
 from flask_distlimit.defences.lifecycle import Lifecycle
@@ -72,6 +72,8 @@ class Decider:
         ]
         if every:  # raises the 429 (or 503) of a global or tier limit that refuses
             self.decide(every, identity, policy, data)
+        refused = Decision(False, check.limit, 0, 0.0, NEVER)  # in RateLimit-Policy too
+        data.evaluated.append(Evaluated((check,), (refused,), self.wall()))
         self.refusals.unaffordable(check, identity, data)
 
     def _from_cache(

@@ -162,7 +162,9 @@ def test_limits_declared_after_init_app_are_refused_where_they_are_declared() ->
     every request of the app on its first one."""
     app = Flask(__name__)
     app.config.update(
-        QUIET, DISTLIMIT_GLOBAL_LIMITS=_rates(2, "seconds"), DISTLIMIT_ALGORITHM="sliding_window_log"
+        QUIET,
+        DISTLIMIT_GLOBAL_LIMITS=_rates(2, "seconds"),
+        DISTLIMIT_ALGORITHM="sliding_window_log",
     )
     limiter = Limiter(app)
     with pytest.raises(ConfigurationError, match=f"make {MAX_LIMITS_PER_REQUEST + 1} limits"):

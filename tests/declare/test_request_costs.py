@@ -95,6 +95,8 @@ def test_a_request_that_costs_more_than_the_limit_is_refused_at_once_and_honestl
     denied = client.post("/batch?n=101")
     assert denied.status_code == 429
     assert "Retry-After" not in denied.headers  # no promise of a success that cannot come
+    policies = denied.headers["RateLimit-Policy"]  # the refusing quota is listed, decided here
+    assert '"global:100/minute";q=100' in policies and '"batch:100/minute";q=100' in policies
     body = json.loads(denied.get_data(as_text=True))
     assert "retry_after" not in body and "never be admitted" in body["detail"]
     assert "101" in body["detail"] and "100 per 60 s" in body["detail"]

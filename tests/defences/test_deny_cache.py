@@ -105,7 +105,7 @@ def test_bounded_lru_clear_and_forget() -> None:
     cache.clear()
     assert len(cache) == 0
     for wrong in ({"deny_cache_size": 0}, {"deny_cache_size": "10"}, {"deny_cache": "no"}):
-        with pytest.raises(ConfigurationError, match="deny_cache=.* at least 1"):
+        with pytest.raises(ConfigurationError, match=r"deny_cache=.* at least 1"):
             Limiter(**wrong)  # type: ignore[arg-type]
 
 
