@@ -84,8 +84,6 @@ class LocalFallback:
         last_known: LastKnown | None = None,
         max_keys: int = DEFAULT_MAX_KEYS,
     ) -> None:
-        if not settle >= 0:
-            raise ValueError(f"settle must be >= 0 seconds, got {settle!r}")
         if max_keys < 1:
             raise ValueError(f"max_keys must be >= 1, got {max_keys!r}")
         self.max_keys = max_keys
