@@ -46,8 +46,6 @@ _Kind = tuple[Algorithm, int]
 
 def divided_limit(limit: int, instances: int) -> int:
     """One instance's share of ``limit``: ``floor(limit / instances)``, at least 1."""
-    if instances <= 1:
-        return limit
     return max(1, limit // instances)
 
 
