@@ -46,8 +46,6 @@ _Kind = tuple[Algorithm, int]
 
 def divided_limit(limit: int, instances: int) -> int:
     """One instance's share of ``limit``: ``floor(limit / instances)``, at least 1."""
-    if instances <= 1:
-        return limit
     return max(1, limit // instances)
 
 
@@ -84,8 +82,6 @@ class LocalFallback:
         last_known: LastKnown | None = None,
         max_keys: int = DEFAULT_MAX_KEYS,
     ) -> None:
-        if not settle >= 0:
-            raise ValueError(f"settle must be >= 0 seconds, got {settle!r}")
         if max_keys < 1:
             raise ValueError(f"max_keys must be >= 1, got {max_keys!r}")
         self.max_keys = max_keys

@@ -188,8 +188,7 @@ class GuardCore:
 
     def remove_sink(self, sink: Metrics) -> None:
         """Stop telling ``sink`` (:meth:`add_sink`)."""
-        if sink in self._sinks:
-            self._sinks.remove(sink)
+        self._sinks = [s for s in self._sinks if s is not sink]  # copied, as add_sink does
         self._tell_sinks()
 
     def _tell_sinks(self) -> None:

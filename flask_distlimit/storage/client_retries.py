@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import redis
@@ -89,13 +89,9 @@ def client_retries(client: redis.Redis | RedisCluster) -> list[str]:
             node_client = client.get_redis_connection(nodes[0])
             found += [f"{s} (its nodes' connections)" for s in client_retries(node_client)]
         return found
-    return _connection_retries(client.get_connection_kwargs())
-
-
-def _connection_retries(kwargs: Mapping[str, Any]) -> list[str]:
-    """What makes a connection made with ``kwargs`` retry (redis-py's ``Connection``: a
-    ``retry`` if given, else ``Retry(NoBackoff(), 1)`` when there are errors to retry on, else
-    no retries)."""
+    # what makes its connections retry (redis-py's Connection): a retry if given, else
+    # Retry(NoBackoff(), 1) when there are errors to retry on, else no retries
+    kwargs = client.get_connection_kwargs()
     retry = kwargs.get("retry")
     errors = [getattr(e, "__name__", str(e)) for e in kwargs.get("retry_on_error") or ()]
     on = [f"retry_on_error=[{', '.join(errors)}]"] if errors else []

@@ -90,11 +90,10 @@ class Pipeline:
         load: Callable[[Any], bytes],
         trouble: Callable[[], None] = lambda: None,
         width: int = DEFAULT_WIDTH,
-        max_batch: int = DEFAULT_MAX_BATCH,
     ) -> None:
         self.pool = pool
         self.width = max(1, min(width, pool.max_connections))
-        self.max_batch = max(1, max_batch)
+        self.max_batch = DEFAULT_MAX_BATCH  #: the most calls one batch takes
         #: packs the script's ``SCRIPT LOAD`` for a connection
         self.load = load
         self._trouble = trouble

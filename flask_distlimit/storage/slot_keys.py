@@ -18,10 +18,9 @@ def same_slot_key(key: str, name: str, what: str) -> str:
     of its own, else ``<key>:<name>:{<key>}`` (Redis then hashes ``<key>`` for both). A ``key``
     with a brace but no hash tag is a ``ValueError`` that calls it a ``what`` key."""
     start = key.find("{")
-    if start != -1:
-        end = key.find("}", start + 1)
-        if end > start + 1:
-            return f"{key}:{name}"
+    end = key.find("}", start + 1) if start >= 0 else -1
+    if end > start + 1:  # Redis hashes what is between the first "{" and the "}" after it
+        return f"{key}:{name}"
     if "{" in key or "}" in key:
         raise ValueError(f"{what} key {key!r} has a brace but no hash tag")
     return f"{key}:{name}:{{{key}}}"

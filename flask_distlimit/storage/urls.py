@@ -180,7 +180,8 @@ def _build(url: str, timeout: float, request_tokens: str, options: dict[str, Any
         raise _BadURL("a URL fragment (#...) has no meaning here")
     query = _parse_query(scheme, parts.query)
     userinfo, _, hostlist = parts.netloc.rpartition("@")
-    credentials = _credentials(userinfo)
+    user, _, password = userinfo.partition(":")
+    credentials = {k: unquote(v) for k, v in (("username", user), ("password", password)) if v}
     # what the backend's constructor is given: the URL's, then the caller's options
     given: dict[str, Any] = {"max_connections": DEFAULT_MAX_CONNECTIONS, **credentials, **query}
     if given["max_connections"] < 1:
@@ -253,11 +254,6 @@ def _parse_query(scheme: str, query: str) -> dict[str, Any]:
             shown = "***" if "password" in name else repr(values[0])
             raise _BadURL(f"query parameter {name!r} has an invalid value {shown}") from None
     return parsed
-
-
-def _credentials(userinfo: str) -> dict[str, str]:
-    user, _, password = userinfo.partition(":")
-    return {k: unquote(v) for k, v in (("username", user), ("password", password)) if v}
 
 
 def _hosts(hostlist: str, scheme: str) -> list[tuple[str, int]]:

@@ -118,9 +118,7 @@ def limit_label(key: str) -> str:
 
 def _label_of(check: Check) -> str:
     """The ``limit`` label of ``check``: its bound limit's, worked out once; else its key's."""
-    bound = check.bound
-    label: str = bound.label if bound is not None else limit_label(check.key)
-    return label
+    return cast(str, check.bound.label) if check.bound is not None else limit_label(check.key)
 
 
 class Instruments:
