@@ -49,7 +49,6 @@ from flask_distlimit.request.settings import LimiterSettings
 from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.resilience.leases import Leases
 from flask_distlimit.storage.base import Storage
-from flask_distlimit.telemetry.otel import OTelHook
 
 #: The route limits of a request counted after its response, against every request's only.
 _NO_ROUTE = RoutePlan(exempt=False)
@@ -93,7 +92,6 @@ class AppLimiter(Protocol):
     wall: Callable[[], float]  #: Unix seconds
     lifecycle: Lifecycle
     shedding: Shedding
-    otel: OTelHook | None
     storage: Storage
     tags: IdentityTags
 
