@@ -87,11 +87,6 @@ class BoundLimit:
         )
 
     @property
-    def shown(self) -> str:
-        """The declared value, for listings."""
-        return str(self.rate) if self.dynamic is None else self.dynamic.value.described
-
-    @property
     def most_rates(self) -> int:
         """The most limits this one puts in a request (a dynamic value's largest known)."""
         return 1 if self.dynamic is None else self.dynamic.value.most_rates()
