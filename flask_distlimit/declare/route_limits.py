@@ -296,11 +296,6 @@ class RoutePlan:
     #: the meta limits apply (not lifted by ``ExemptionScope.META``)
     meta_limits: bool = True
 
-    @property
-    def idle(self) -> bool:
-        """No route limit, no exemption, no limit wrapper: only global and tier limits apply."""
-        return not (self.limits or self.exempt or self.covered)
-
 
 def build_plan(
     registry: LimitRegistry,

@@ -259,7 +259,8 @@ class Enforcer:
                     exempt = bool(self._filters and filtered(self._filters))
                     if not exempt:  # after every hook, unless it was decided before them
                         self._state.shedding.admit()
-                if not self._every_request and plan.idle:
+                # no limit of every request, no route limit, exemption or limit wrapper
+                if not (self._every_request or plan.limits or plan.exempt or plan.covered):
                     return view(*args, **kwargs)  # nothing to count, nothing to tell a wrapper
                 if not (exempt or asked) and self._filters:
                     exempt = filtered(self._filters)
