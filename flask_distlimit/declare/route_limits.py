@@ -300,7 +300,7 @@ class RoutePlan:
 def build_plan(
     registry: LimitRegistry,
     *,
-    endpoint: str | None,
+    endpoint: str,
     view: object | None,
     blueprints: Sequence[object],
     method: str,
@@ -313,10 +313,8 @@ def build_plan(
 
     ``view`` is the app's view function for the endpoint (as registered, before the extension
     wrapped it); ``blueprints`` the blueprint objects the endpoint is registered through,
-    innermost first. ``endpoint`` None (no route matched: a 404 or 405) gets no route limits.
+    innermost first.
     """
-    if endpoint is None:
-        return RoutePlan(exempt=False)
     every, one = registry.attached(view, method)  # none for no view
     found = [*every, *one]
     covered = frozenset(o for o in found if o in registry.views)  # limit wrappers among them

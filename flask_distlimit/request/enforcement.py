@@ -228,7 +228,7 @@ class Enforcer:
 
     # -- plans (flask_distlimit.request.plans) -------------------------------------------------
 
-    def plan(self, endpoint: str | None, method: str) -> RoutePlan:
+    def plan(self, endpoint: str, method: str) -> RoutePlan:
         """The route's limits for ``endpoint`` and ``method``, bound once."""
         return self._planner.plan(endpoint, method)
 
