@@ -79,7 +79,6 @@ class AppLimiter(Protocol):
 
     guard: Guard
     resolver: IdentityResolver
-    hooks: IdentityHooks
     deny_cache: DenyCache | None
     default_specs: tuple[LimitSpec, ...]
     global_limits: tuple[BoundLimit, ...]
@@ -171,7 +170,7 @@ class Enforcer:
             decider=decider,
             refusals=refusals,
             resolver=state.resolver,
-            hooks=state.hooks,
+            hooks=state.limiter.hooks,
             identity_tag=state.identity_tag,
             local_clock=state.local_clock,
             global_limits=state.global_limits,
