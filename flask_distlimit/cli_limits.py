@@ -51,7 +51,7 @@ _NO_LIMIT: dict[str, object] = dict.fromkeys(
 def _columns(b: BoundLimit, policy: str) -> dict[str, object]:
     return {
         "limit": b.name,
-        "value": b.shown,
+        "value": str(b.rate) if b.dynamic is None else b.dynamic.value.described,
         "kind": _KINDS.get(b.limit_id[:1], "route"),
         "algorithm": b.algorithm,
         "key": _key_kind(b),

@@ -95,7 +95,6 @@ class LimiterState:
         )
         self.resolver = resolver
         self.hooks = limiter.hooks
-        self.registry = limiter.registry
         #: the injected clock, in microseconds (``None``: the real ones)
         self.clock = clock
         #: the injected clock's time for the storage (``None``: the Redis server's clock)
@@ -149,7 +148,7 @@ class LimiterState:
             spec.check_rates(algorithm)
         self._every = _every_request(global_spec, meta_spec, identity_settings)
         self.check_declared("DISTLIMIT_DEFAULT_LIMITS", self.default_specs)
-        for table in (self.registry.views, self.registry.blueprints):
+        for table in (limiter.registry.views, limiter.registry.blueprints):
             for specs in table.values():
                 self.check_declared(specs[0].declared_on if specs else "", specs)
 

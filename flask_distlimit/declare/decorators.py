@@ -238,7 +238,11 @@ class Declarations:
                 return target
             if not callable(target):
                 raise _not_a_target(what, target)
-            carrier = self._carrier(target)
+            # the target itself when it already carries this limiter's limits, else a wrapper
+            # that tells the limiter when it runs (after the app's before_request hooks)
+            carrier: Callable[..., Any] = target
+            if registry.views.get(target) is None or not carries(target, self):
+                carrier = make_carrier(target, self, self._reached)
             add(registry.views, carrier)
             if carrier is not target and hashable(target):
                 registry.wrapped_by.setdefault(target, []).append(carrier)
@@ -254,13 +258,6 @@ class Declarations:
 
         return LimitDeclaration(decorator, enter)
 
-    def _carrier(self, func: Callable[..., Any], *, reuse: bool = True) -> Callable[..., Any]:
-        """``func`` itself when it already carries this limiter's limits (and ``reuse``), else a
-        wrapper that tells the limiter when it runs (after the app's before_request hooks)."""
-        if reuse and self.registry.views.get(func) is not None and carries(func, self):
-            return func
-        return make_carrier(func, self, self._reached)
-
     def _carry_in_decorators(self, view_class: type[View]) -> None:
         """Append, once, a decorator to the class's ``decorators`` whose wrapper carries the
         class's limits (for an ``as_view()`` result wrapped by a decorator without
@@ -272,7 +269,7 @@ class Declarations:
         specs = registry.views[view_class]
 
         def carry(view: F) -> F:
-            carrier = self._carrier(view, reuse=False)
+            carrier = make_carrier(view, self, self._reached)
             registry.views[carrier] = specs  # the class's list: later declarations show too
             return carrier  # type: ignore[return-value]
 

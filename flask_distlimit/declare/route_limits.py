@@ -87,11 +87,6 @@ class BoundLimit:
         )
 
     @property
-    def shown(self) -> str:
-        """The declared value, for listings."""
-        return str(self.rate) if self.dynamic is None else self.dynamic.value.described
-
-    @property
     def most_rates(self) -> int:
         """The most limits this one puts in a request (a dynamic value's largest known)."""
         return 1 if self.dynamic is None else self.dynamic.value.most_rates()
@@ -301,16 +296,11 @@ class RoutePlan:
     #: the meta limits apply (not lifted by ``ExemptionScope.META``)
     meta_limits: bool = True
 
-    @property
-    def idle(self) -> bool:
-        """No route limit, no exemption, no limit wrapper: only global and tier limits apply."""
-        return not (self.limits or self.exempt or self.covered)
-
 
 def build_plan(
     registry: LimitRegistry,
     *,
-    endpoint: str | None,
+    endpoint: str,
     view: object | None,
     blueprints: Sequence[object],
     method: str,
@@ -323,10 +313,8 @@ def build_plan(
 
     ``view`` is the app's view function for the endpoint (as registered, before the extension
     wrapped it); ``blueprints`` the blueprint objects the endpoint is registered through,
-    innermost first. ``endpoint`` None (no route matched: a 404 or 405) gets no route limits.
+    innermost first.
     """
-    if endpoint is None:
-        return RoutePlan(exempt=False)
     every, one = registry.attached(view, method)  # none for no view
     found = [*every, *one]
     covered = frozenset(o for o in found if o in registry.views)  # limit wrappers among them

@@ -125,9 +125,7 @@ class Decider:
             if leased is not None:  # the usual leased request: no storage call
                 # no slot, shadow or deduct_when limit can be leased
                 data.evaluated.append(Evaluated(checks, (leased,), self.wall()))
-                report = report_of(checks[0].bound, leased, denied=False)
-                if data.report is None or report.remaining < data.report.remaining:
-                    data.report = report
+                data.report_closest(report_of(checks[0].bound, leased, denied=False))
                 return
         slots = [] if simple else [c for c in checks if c.token]
         if slots:  # given back when the response ends, whatever happens from here
@@ -179,9 +177,7 @@ class Decider:
             ):
                 best, least = c, d
         if best is not None and least is not None:
-            report = report_of(best.bound, least, denied=False)
-            if data.report is None or report.remaining < data.report.remaining:
-                data.report = report
+            data.report_closest(report_of(best.bound, least, denied=False))
         data.degraded = data.degraded or outcome.degraded
 
     def _refuse(

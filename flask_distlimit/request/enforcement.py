@@ -49,7 +49,6 @@ from flask_distlimit.request.settings import LimiterSettings
 from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.resilience.leases import Leases
 from flask_distlimit.storage.base import Storage
-from flask_distlimit.telemetry.otel import OTelHook
 
 #: The route limits of a request counted after its response, against every request's only.
 _NO_ROUTE = RoutePlan(exempt=False)
@@ -80,7 +79,6 @@ class AppLimiter(Protocol):
 
     guard: Guard
     resolver: IdentityResolver
-    hooks: IdentityHooks
     deny_cache: DenyCache | None
     default_specs: tuple[LimitSpec, ...]
     global_limits: tuple[BoundLimit, ...]
@@ -93,7 +91,6 @@ class AppLimiter(Protocol):
     wall: Callable[[], float]  #: Unix seconds
     lifecycle: Lifecycle
     shedding: Shedding
-    otel: OTelHook | None
     storage: Storage
     tags: IdentityTags
 
@@ -173,7 +170,7 @@ class Enforcer:
             decider=decider,
             refusals=refusals,
             resolver=state.resolver,
-            hooks=state.hooks,
+            hooks=state.limiter.hooks,
             identity_tag=state.identity_tag,
             local_clock=state.local_clock,
             global_limits=state.global_limits,
@@ -230,7 +227,7 @@ class Enforcer:
 
     # -- plans (flask_distlimit.request.plans) -------------------------------------------------
 
-    def plan(self, endpoint: str | None, method: str) -> RoutePlan:
+    def plan(self, endpoint: str, method: str) -> RoutePlan:
         """The route's limits for ``endpoint`` and ``method``, bound once."""
         return self._planner.plan(endpoint, method)
 
@@ -261,7 +258,8 @@ class Enforcer:
                     exempt = bool(self._filters and filtered(self._filters))
                     if not exempt:  # after every hook, unless it was decided before them
                         self._state.shedding.admit()
-                if not self._every_request and plan.idle:
+                # no limit of every request, no route limit, exemption or limit wrapper
+                if not (self._every_request or plan.limits or plan.exempt or plan.covered):
                     return view(*args, **kwargs)  # nothing to count, nothing to tell a wrapper
                 if not (exempt or asked) and self._filters:
                     exempt = filtered(self._filters)

@@ -64,19 +64,19 @@ class Plans:
         views = current_app.view_functions if self.views is None else self.views
         return views.get(endpoint)
 
-    def plan(self, endpoint: str | None, method: str) -> RoutePlan:
+    def plan(self, endpoint: str, method: str) -> RoutePlan:
         """The route's limits for ``endpoint`` and ``method``, bound once."""
         plan = self.routes.get((endpoint, method))
         if plan is not None:
             return plan
-        if endpoint is not None and is_static(endpoint):
+        if is_static(endpoint):
             plan = RoutePlan(exempt=True)
         else:
             plan = build_plan(
                 self.registry,
                 endpoint=endpoint,
-                view=None if endpoint is None else self.original_view(endpoint),
-                blueprints=_blueprints_of(current_app, endpoint) if endpoint else (),
+                view=self.original_view(endpoint),
+                blueprints=_blueprints_of(current_app, endpoint),
                 method=method,
                 # DISTLIMIT_DEFAULT_LIMITS, then limits declared on the app itself
                 default_limits=(
