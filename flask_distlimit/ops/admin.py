@@ -50,14 +50,17 @@ def reset(state: AppLimiter) -> int:
     return delete_counts(state, keys, every=True)
 
 
-def check_kind(identity: str) -> None:
-    """Raise :class:`ValueError`, with the fix, for a text that names no kind of identity."""
-    if identity_kind(identity) is None:
+def check_kind(identity: str) -> str:
+    """The kind of ``identity`` (:func:`~flask_distlimit.declare.keys.identity_kind`); a
+    :class:`ValueError`, with the fix, for a text that names none."""
+    kind = identity_kind(identity)
+    if kind is None:
         raise ValueError(
             f"The identity {identity!r} names no kind of identity: start it with one of "
             f"{', '.join(IDENTITY_KINDS)} (what a limit's key_func returns is func:<value>, "
             f"e.g. 'func:{identity}')."
         )
+    return kind
 
 
 def identity_keys(state: AppLimiter, identity: str) -> list[str]:
@@ -93,15 +96,17 @@ def checks_for(state: AppLimiter, identity: str, cost: int = 0) -> list[NamedChe
     Needs an app context (it reads the app's URL map). Raises :class:`ValueError` for a text
     that names no kind of identity.
     """
-    check_kind(identity)
+    kind = check_kind(identity)
     state.tags.require()
     tag = state.tags.tag(identity)
     found: dict[str, NamedCheck] = {}
-
+    # what counts this kind: a client address the global limits too, a key_func's value alone
+    keyed_on = {"ip": ("ip", "identity"), "func": ("func",)}.get(kind, ("identity",))
     tiers = [b for bounds in state.tier_limits.values() for b in bounds]
     routes = [b for route in route_plans(state) for b in route.plan.limits]
     for b in (*state.global_limits, *state.meta_limits, *tiers, *routes):
-        if b.dynamic is None:  # a dynamic value's rates are known per request only
+        # a dynamic value's rates are known per request only
+        if b.dynamic is None and b.keyed_on in keyed_on:
             key = b.key(tag)
             check = Check(key, b.algorithm, b.rate.amount, b.rate.period, cost)
             found.setdefault(key, NamedCheck(b.name, check))

@@ -219,6 +219,9 @@ def test_inspect_all_lists_limits_not_used_yet(runner: FlaskCliRunner) -> None:
     listed = rows(runner, "ip:192.0.2.1", "--all")
     assert {"tier-anonymous:100/hour", "tier-pro:1000/hour", "search:5/hour"} <= set(listed)
     assert all(row["used"] == 0 and row["stored"] is False for row in listed.values())
+    # only the limits that count such an identity: an account's key_func value is not an address
+    assert "login:3/hour" not in listed
+    assert set(rows(runner, "func:account:bob", "--all")) == {"login:3/hour"}
 
 
 def test_inspect_normalizes_addresses_and_digests_api_keys(
