@@ -3,7 +3,8 @@
 The client is the entry ``DISTLIMIT_TRUSTED_PROXIES`` hops from the right, read as the proxies
 wrote it (split on commas, never parsed); ``Forwarded`` is never read. An entry that is no
 address counts as ``ip:invalid-via:<nearest trusted hop>``; IPv6 clients count by their
-``/DISTLIMIT_IPV6_PREFIX`` network, IPv4-mapped ones as IPv4 (docs/identity.md, "Trusted proxies").
+``/DISTLIMIT_IPV6_PREFIX`` network, IPv4-mapped and NAT64 (``64:ff9b::/96``) ones as IPv4
+(docs/identity.md, "Trusted proxies").
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ INVALID_IP: Final = "ip:invalid"
 #: address, counted per nearest trusted hop, apart from every real client.
 UNIDENTIFIED_VIA: Final = "ip:invalid-via:"
 
+#: The well-known NAT64 prefix ``64:ff9b::/96``, shifted down by its 32 bits of IPv4 address.
+_NAT64: Final = 0x64FF9B << 64
 #: Longest client address text parsed (an IPv6 address with zone and port is far shorter).
 _MAX_ADDRESS_LENGTH: Final = 128
 
@@ -106,6 +109,8 @@ class ClientAddresses:
             return INVALID_IP
         if isinstance(ip, ipaddress.IPv6Address):  # IPv4-mapped: that IPv4 client; else its network
             mapped = ip.ipv4_mapped
+            if int(ip) >> 32 == _NAT64:  # 64:ff9b::/96 (RFC 6052): an IPv4 client translated
+                mapped = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
             return f"ip:{mapped or ipaddress.IPv6Network((int(ip), self._prefix), strict=False)}"
         return f"ip:{ip}"
 

@@ -70,7 +70,7 @@ class ApiKeys:
         if not (isinstance(raw, str) and raw and len(raw) <= MAX_API_KEY_LENGTH):
             return None
         answer: object = verifier(raw)
-        if answer is None:
+        if answer is None or answer == "":  # "" is no tier: not a fallback for any key
             return None
         if isinstance(answer, str):
             return self.identity(raw), answer

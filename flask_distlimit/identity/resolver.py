@@ -141,8 +141,8 @@ class IdentityResolver:
                 f"The identity loader must return (id, tier or None) or None, got {loaded!r}."
             )
         user_id, tier = loaded
-        if user_id == "":
-            return None  # an empty id: anonymous
+        if user_id is None or user_id == "":
+            return None  # no id (Flask-Login's get_id() of an anonymous user): anonymous
         text = id_text(user_id)
         if text is None:
             raise TypeError(

@@ -275,6 +275,8 @@ def test_jwt_settings_without_keys_warn_that_no_token_is_read(
         ("[2001:db8:1:2::1]:443", "ip:2001:db8:1:2::/64"),
         ("fe80::1%eth0", "ip:fe80::/64"),
         ("::ffff:203.0.113.9", "ip:203.0.113.9"),
+        ("64:ff9b::cb00:7109", "ip:203.0.113.9"),  # NAT64 (RFC 6052): each IPv4 client its own
+        ("64:ff9b:1::cb00:7109", "ip:64:ff9b:1::/64"),  # a local prefix: an IPv6 network
         ("203.0.113.9:5555", "ip:203.0.113.9"),
         (" \t203.0.113.9 ", "ip:203.0.113.9"),  # spaces and tabs around it, as docs/identity.md
         ("203.0.113.9\n", INVALID_IP),  # any other whitespace is no part of an address
@@ -680,6 +682,8 @@ def test_api_key_header_is_configurable() -> None:
     hooks = IdentityHooks(api_key_verifier=lambda key: "pro")
     assert identify(app, resolver, hooks, headers={"X-Api-Key": "k"}).kind == "ip"
     assert identify(app, resolver, hooks, headers={"X-Client-Token": "k"}).tier == "pro"
+    hooks.api_key_verifier = lambda key: ""  # "no tier" for unknown keys: unknown, never a quota
+    assert identify(app, resolver, hooks, headers={"X-Client-Token": "invented"}).kind == "ip"
 
 
 def test_a_verifier_without_any_secret_is_a_configuration_error() -> None:
@@ -713,6 +717,8 @@ def test_identity_loader_comes_first() -> None:
     assert identify(app, resolver, hooks, headers=headers).kind == "jwt"
     hooks.identity_loader = lambda: (7, None)  # type: ignore[assignment]
     assert identify(app, resolver, hooks) == Identity("user", "user:7", ANONYMOUS)
+    hooks.identity_loader = lambda: (None, "pro")  # type: ignore[assignment]  # get_id(): None
+    assert identify(app, resolver, hooks, headers=headers).kind == "jwt"  # no user: as None
     for wrong in (object(), "12", "123"):  # "12": never a user "1" of the tier "2"
         hooks.identity_loader = lambda wrong=wrong: wrong  # type: ignore[misc]
         with pytest.raises(TypeError, match="identity loader must return"):
