@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Generic, TypeVar
 
-from flask_distlimit.core.algorithms import MAX_LIMITS_PER_REQUEST, Algorithm
+from flask_distlimit.core.algorithms import Algorithm
 from flask_distlimit.core.limits import Rate, parse_rates
 from flask_distlimit.core.pacing import Pace
 from flask_distlimit.engine.registry import check_rate
@@ -189,12 +189,14 @@ class DynamicLimit(Generic[B]):
             rates = parse_rates(answer or "")
             for rate in rates:
                 check_rate(self.algorithm, rate)
-            if len(rates) > room:
-                raise ConfigurationError(
-                    f"it returned {len(rates)} rates where this request has room for {room} "
-                    f"(at most {MAX_LIMITS_PER_REQUEST} limits per request)"
-                )
-            return rates
+            if len(rates) > room:  # the first apply, as of a mapping's value (none: unlimited)
+                self._error(
+                    "The limit value %s of the rate limit %s returned %d rates where the "
+                    "request has room for %d; the first %d apply (logged at most once a minute; "
+                    "%d since the last line).",
+                    self.value.described, self.name, len(rates), room, room, now_us=now_us,
+                )  # fmt: skip
+            return rates[:room]
         except Exception as exc:  # the app's code: any failure falls back, never a 500
             fallback = self.value.fallback
             self._error(
