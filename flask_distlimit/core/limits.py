@@ -97,7 +97,8 @@ def _parse_one(text: str, whole: str) -> Rate:
         raise ConfigurationError(
             f"Unknown time unit {match['unit']!r} in rate limit {text.strip()!r}. {_ACCEPTED}"
         )
-    amount = int(match["amount"])
+    digits = match["amount"].lstrip("0") or "0"  # more than 10**12: as good as unlimited, 10**12
+    amount = min(int(digits), _MAX_AMOUNT) if len(digits) <= 13 else _MAX_AMOUNT
     multiple = int(match["multiple"]) if match["multiple"] is not None else 1
     if amount < 1 or multiple < 1:
         raise ConfigurationError(

@@ -17,6 +17,10 @@ from flask_distlimit import ConfigurationError, Rate, parse_rates
         ("10/second;1000/hour", (Rate(10, 1), Rate(1000, 3600))),
         (" 10 / Second ; 5 PER 2 minutes ", (Rate(10, 1), Rate(5, 120))),
         ("", ()),
+        ("0010/second", (Rate(10, 1),)),
+        ("9999999999999 per minute", (Rate(10**12, 60),)),  # Flask-Limiter's "unlimited": 10**12
+        ("1" * 5000 + "/day", (Rate(10**12, 86400),)),  # past Python's int() digits, no ValueError
+        ("000" + "1" * 13 + "/day", (Rate(10**12, 86400),)),
     ],
 )
 def test_accepted_forms(text: str, expected: tuple[Rate, ...]) -> None:
