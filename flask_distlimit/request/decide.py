@@ -204,8 +204,8 @@ class Decider:
             if not d.allowed and c.meta == by_meta
         ]
         if cache is not None and not outcome.degraded and by_meta == meta:
-            for c, d in denials:
-                if not c.token:
+            for c, d in denials:  # not a slot, nor a reservation: either may come back soon
+                if not c.token and c.key not in data.deferred:
                     cache.record(c, d, started_us=started, finished_us=finished)
         # the denial the client waits longest for binds (ties: the first)
         longest, wait = max(denials, key=lambda denial: denial[1].retry_after)

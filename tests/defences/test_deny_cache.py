@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 import redis
-from flask import request
+from flask import Response, request
 
 from flask_distlimit import ALGORITHMS, ConfigurationError, Limiter
 from flask_distlimit.core.decision import Check, Decision
@@ -236,3 +236,26 @@ def test_cached_refusals_are_counted_in_the_metrics(clock: FakeClock) -> None:
     labels = {"limit": "r_index_1/60:sliding_window_counter"}
     denied = registry.get_sample_value("distlimit_decisions_total", {**labels, "outcome": "denied"})
     assert denied == 4
+
+
+def test_a_refusal_by_units_reserved_in_flight_is_not_kept(
+    backend: Callable[[], Storage], clock: FakeClock
+) -> None:
+    """Reserved units come back when their requests end: the storage would admit again then,
+    so the cache must not keep refusing (as it keeps no concurrency slot's refusal)."""
+    app, limiter, counting = make_app(backend(), clock)
+
+    @app.get("/batch")
+    @limiter.limit("10/minute", cost=5, settle=lambda response: 1)
+    def batch() -> Response:
+        return Response(iter([b"x"]), mimetype="text/plain")  # streamed: settled when it ends
+
+    client = app.test_client()
+    in_flight = [client.get("/batch", buffered=False) for _ in range(2)]
+    assert client.get("/batch").status_code == 429  # 10 units reserved by the two in flight
+    for response in in_flight:
+        response.get_data()
+        response.close()  # each settled to 1
+    calls = counting.evaluations
+    assert client.get("/batch").status_code == 200  # 2 used: the storage admits it
+    assert counting.evaluations > calls  # it was asked, not the cache
