@@ -45,7 +45,7 @@ def refund(state: State | None, limit: int, period: int, cost: int, now: int) ->
     window, count, _ = _read(state, period, now)
     if count <= 0 and cost >= 0:  # a negative cost is a debit: written into the window
         return state, -1
-    count -= cost
+    count = min(count - cost, 2 * limit)  # the most debt a key holds: one limit past a full one
     if count > 0:
         return FixedWindowState(window, count), (window + 1) * period - now
     return None, 0

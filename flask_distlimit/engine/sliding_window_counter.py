@@ -86,7 +86,7 @@ def refund(state: State | None, limit: int, period: int, cost: int, now: int) ->
     window, _, cur, prev, current = _read(state, period, now)
     if (not current or cur <= 0) and cost >= 0:  # a negative cost is a debit: written
         return state, -1
-    cur = max(0, cur - cost)
+    cur = max(0, min(cur - cost, 2 * limit))  # the most debt a key holds, as fixed_window's
     if cur > 0 or prev > 0:
         return CounterState(window, cur, prev), (window + 2) * period - now
     return None, 0

@@ -10,10 +10,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redis
-from flask import Flask, g, request
+from flask import Flask, Response, g, request
 from flask.typing import ResponseReturnValue
 
 from flask_distlimit import ALGORITHMS, Limiter
+from flask_distlimit.engine import fixed_window
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.redis import RedisStorage
 from flask_distlimit.testing import CountingStorage, FakeClock
@@ -280,6 +281,33 @@ def test_a_debt_is_repaid_by_the_refill(backend: Backend, clock: FakeClock, algo
     assert client.post("/complete?reserve=1&used=1").status_code == 429
     clock.advance(86_400 * 0.3)  # 50 earned back: 20 left after the debt
     assert client.post("/complete?reserve=1&used=1").status_code == 200
+
+
+def test_debts_in_flight_hold_at_most_one_limit_past_a_full_window(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Five requests reserving 1 and using 100 of a 10/minute counter: each owes one limit at
+    most, and the key holds 2 limits at most (50 units would keep the client out for 80 % of the
+    next window instead of half of it). The fixed window's twin holds the same bound."""
+    app, limiter, _ = make_app(backend(), clock)
+    clock.advance(60 - clock.now_us // 1_000_000 % 60)  # the start of a window
+
+    @app.post("/complete")
+    @limiter.limit("10/minute", settle=lambda response: 100)
+    def complete() -> Response:
+        return Response(iter([b"x"]), mimetype="text/plain")  # settled when its body ends
+
+    client = app.test_client()
+    in_flight = [client.post("/complete", buffered=False) for _ in range(5)]
+    for response in in_flight:
+        response.get_data()
+        response.close()
+    clock.advance(60 + 27)  # 45 % into the next window: 20 x 0.55 = 11 units still weigh
+    assert client.post("/complete").status_code == 429
+    clock.advance(6)  # 55 % in: 20 x 0.45 = 9
+    assert client.post("/complete").status_code == 200
+    state, _ = fixed_window.refund(None, 10, 60_000_000, -100, 0)
+    assert state is not None and state.used == 20
 
 
 def test_a_settle_that_fails_leaves_the_reservation_charged(

@@ -13,7 +13,7 @@
 --                  leaves the TTL it already has, which ends at the same E (one command less)
 --   refund:      n = max(0, n - c) only while the stored window is still the current one.
 --                A negative c is a debit (a settlement past the limit): n = n - c in the
---                current window, over L if need be (refused until the window ends).
+--                current window, over L if need be (refused until the window ends), at most 2L.
 
 -- A loader: the functions are built only when a request uses this algorithm. The regions from
 -- --@read, --@decide and --@commit to --@end are also the script's fast path for one such check
@@ -98,6 +98,9 @@ local function LOAD_FIXED_WINDOW()
     local window, count, repaired = fw_read(key, period, now)
     if count > 0 or cost < 0 then
       count = count - cost
+      if count > 2 * limit then  -- the most debt a key holds: one limit past a full window
+        count = 2 * limit
+      end
       if count > 0 then
         redis.call('HSET', key, 'w', window, 'n', count)
         expire_in(key, (window + 1) * period - now)

@@ -21,7 +21,7 @@
 --   It is an estimate: it may admit a little more or less than L in a true sliding window.
 --   refund:     cur = max(0, cur - c) while the stored window is still the current one.
 --               A negative c is a debit (a settlement past the limit): cur = cur - c in the
---               current window, over L if need be.
+--               current window, over L if need be, at most 2L.
 
 -- A loader: the functions are built only when a request uses this algorithm. The regions from
 -- --@read, --@decide and --@commit to --@end are also the script's fast path for one such check
@@ -158,6 +158,8 @@ local function LOAD_SLIDING_WINDOW_COUNTER()
       cur = cur - cost
       if cur < 0 then
         cur = 0
+      elseif cur > 2 * limit then  -- the most debt a key holds: one limit past a full window
+        cur = 2 * limit
       end
       if cur > 0 or prev > 0 then
         redis.call('HSET', key, 'w', window, 'c', cur, 'p', prev)
