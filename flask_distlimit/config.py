@@ -27,7 +27,7 @@ from flask_distlimit.engine.concurrency import MAX_CONCURRENCY
 from flask_distlimit.errors import ConfigurationError
 from flask_distlimit.identity import IDENTITY_KEYS
 from flask_distlimit.request.settings import LimiterSettings
-from flask_distlimit.resilience.breaker import check_fail_max, check_reset_timeout
+from flask_distlimit.resilience.breaker import FAIL_MAX, RESET_TIMEOUT
 from flask_distlimit.resilience.instances import INSTANCES_MIN, validate_instances
 from flask_distlimit.storage.startup_check import STARTUP_CHECKS
 from flask_distlimit.storage.tokens import TOKEN_MODES
@@ -180,8 +180,8 @@ _READERS: Final[dict[str, Callable[[str, object], object]]] = {
     "fallback_max_keys": Range(
         True, 1, 10_000_000, " (keys the local fallback counts: up to 1 KB each)"
     ).read,
-    "breaker_fail_max": lambda _, value: check_fail_max(value),
-    "breaker_reset_timeout": lambda _, value: check_reset_timeout(value),
+    "breaker_fail_max": FAIL_MAX.read,
+    "breaker_reset_timeout": RESET_TIMEOUT.read,
     "charge_preflights": _bool,
     "dynamic_limit_ttl": Range(
         False, 0, 86400, " seconds (how long a callable limit's answer is kept per identity)"

@@ -5,7 +5,7 @@ One :class:`Breaker` per process, app and storage node (owned by the guard's
 makes the call itself (outside any lock) and reports :meth:`~Breaker.success`,
 :meth:`~Breaker.failure` or :meth:`~Breaker.release`. Only outages count; an error reply is an
 answer. Closed, open for ``reset_timeout`` seconds of the injected ``clock``, then half-open with
-exactly one trial. :func:`check_fail_max` and :func:`check_reset_timeout` check the settings (a
+exactly one trial. :data:`FAIL_MAX` and :data:`RESET_TIMEOUT` check the settings (a
 :class:`~flask_distlimit.errors.ConfigurationError` naming the key). Transitions are logged
 (logger ``flask_distlimit.breaker``). docs/failure-modes.md, "The circuit breaker", says more.
 """
@@ -29,27 +29,16 @@ BreakerState = Literal["closed", "open", "half-open"]
 
 #: ``fail_max`` (``DISTLIMIT_BREAKER_FAIL_MAX``) and ``reset_timeout``
 #: (``DISTLIMIT_BREAKER_RESET_TIMEOUT``): what each accepts.
-_FAIL_MAX: Final = Range(
+FAIL_MAX: Final = Range(
     True, 1, 10_000, " (consecutive storage outages that open the circuit breaker; default 5)"
 )
-_RESET_TIMEOUT: Final = Range(
+RESET_TIMEOUT: Final = Range(
     False,
     0,
     3600,
     " seconds (how long the breaker stays open before a trial call; default 30)",
     strict=True,
 )
-
-
-def check_fail_max(value: object) -> int:
-    """``value`` as a breaker's ``fail_max``, or a :class:`ConfigurationError` naming the key."""
-    return cast(int, _FAIL_MAX.read("DISTLIMIT_BREAKER_FAIL_MAX", value))
-
-
-def check_reset_timeout(value: object) -> float:
-    """``value`` as a breaker's ``reset_timeout`` in seconds, or a :class:`ConfigurationError`
-    naming the key."""
-    return _RESET_TIMEOUT.read("DISTLIMIT_BREAKER_RESET_TIMEOUT", value)
 
 
 class _Listener(pybreaker.CircuitBreakerListener):
@@ -102,8 +91,8 @@ class Breaker:
         name: str = "storage",
         on_change: Callable[[BreakerState], None] | None = None,
     ) -> None:
-        self.fail_max = check_fail_max(fail_max)
-        self.reset_timeout = check_reset_timeout(reset_timeout)
+        self.fail_max = int(FAIL_MAX.read("DISTLIMIT_BREAKER_FAIL_MAX", fail_max))
+        self.reset_timeout = RESET_TIMEOUT.read("DISTLIMIT_BREAKER_RESET_TIMEOUT", reset_timeout)
         self.name = name
         self.on_change = on_change
         self.last_error: BaseException | None = None

@@ -21,12 +21,7 @@ from flask_distlimit.errors import (
     StorageResponseError,
     StorageUnavailable,
 )
-from flask_distlimit.resilience.breaker import (
-    Breaker,
-    BreakerState,
-    check_fail_max,
-    check_reset_timeout,
-)
+from flask_distlimit.resilience.breaker import Breaker, BreakerState
 
 #: The node of a storage that has only one (single node, memory; Sentinel before it connected).
 DEFAULT_NODE: Final = "redis"
@@ -50,8 +45,9 @@ class Breakers:
     one breaker always was: logs and metric labels do not change for a single node), any other
     ``name@node``. ``on_change(breaker_name, state)`` is called after every transition and, with
     state ``None``, when a breaker is dropped. ``known`` answers the nodes the topology lists
-    now (``None``: unknown, nothing is dropped for being absent). The settings are checked here
-    (:func:`~flask_distlimit.resilience.breaker.check_fail_max`, ...), before any breaker is made.
+    now (``None``: unknown, nothing is dropped for being absent). Each :class:`Breaker` checks
+    the settings it is made with (:class:`GuardCore
+    <flask_distlimit.resilience.guard_core.GuardCore>` makes its first when it is made).
     """
 
     def __init__(
@@ -66,8 +62,8 @@ class Breakers:
         limit: int = MAX_NODES,
     ) -> None:
         self.name = name
-        self.fail_max = check_fail_max(fail_max)
-        self.reset_timeout = check_reset_timeout(reset_timeout)
+        self.fail_max = fail_max
+        self.reset_timeout = reset_timeout
         self._clock = clock
         self._on_change = on_change
         self._known = known

@@ -82,8 +82,6 @@ class LocalFallback:
         last_known: LastKnown | None = None,
         max_keys: int = DEFAULT_MAX_KEYS,
     ) -> None:
-        if max_keys < 1:
-            raise ValueError(f"max_keys must be >= 1, got {max_keys!r}")
         self.max_keys = max_keys
         self._full_sweep_at = -_FOREVER
         self._full_pace = Pace(60.0)  # the WARNING that the fallback is full

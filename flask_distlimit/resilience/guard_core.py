@@ -82,8 +82,8 @@ class GuardCore:
         self.storage = storage
         self.policy: FailurePolicy = validate_policy(policy)
         self.name = f"{storage.scheme or 'storage'}:{key_prefix}"
-        #: One circuit breaker per storage node (:mod:`flask_distlimit.resilience.breakers`),
-        #: which checks ``fail_max`` and ``reset_timeout``.
+        #: One circuit breaker per storage node (:mod:`flask_distlimit.resilience.breakers`);
+        #: each checks ``fail_max`` and ``reset_timeout`` (the first is made below).
         self.breakers = Breakers(
             name=self.name,
             fail_max=fail_max,
