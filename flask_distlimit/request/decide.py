@@ -24,6 +24,7 @@ from flask_distlimit.defences.deny_cache import DenyCache, monotonic_us
 from flask_distlimit.defences.lifecycle import Lifecycle
 from flask_distlimit.defences.shadow import ShadowLog
 from flask_distlimit.identity import Identity
+from flask_distlimit.request import deduction
 from flask_distlimit.request.data import RequestData
 from flask_distlimit.request.headers import Evaluated, report_of
 from flask_distlimit.request.plans import Plans
@@ -156,6 +157,9 @@ class Decider:
             data.deferred.clear()  # nothing was reserved: nothing to give back
             return
         decisions = evaluation.decisions
+        if data.deferred and evaluation.now_us:  # never given back to the window after theirs
+            local = monotonic_us() if self.clock is None else self.clock()
+            deduction.note_windows(data.deferred, checks, evaluation.now_us, local)
         # kept as they are; limiter.current_limits reads them only when asked
         data.evaluated.append(Evaluated(checks, decisions, self.wall()))
         if data.deferred or not simple:

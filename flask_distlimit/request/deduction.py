@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
@@ -36,6 +37,9 @@ log = logging.getLogger("flask_distlimit")
 
 #: A long body's bytes are charged at least this often while it is sent (microseconds).
 SETTLE_EVERY_US: Final = 5_000_000
+#: How long before its window ends a reservation is no longer given back: the give-back's own
+#: call could reach the storage in the next window (microseconds).
+_LATE_US: Final = 250_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,6 +57,22 @@ class Deferred:
     free_if_not_modified: bool = False
     policy: FailurePolicy | None = None
     cost_after: bool = False
+    #: the local clock's time (us) from which a fixed window's or counter's reservation is not
+    #: given back: its window may be over, and a give-back would be taken off the next one
+    until_us: float = math.inf
+
+
+def note_windows(
+    deferred: dict[str, Deferred], checks: Iterable[Check], now_us: int, local_us: int
+) -> None:
+    """Note when each windowed reservation of ``deferred`` among ``checks``, taken at the
+    storage's time ``now_us`` (the local clock's ``local_us``), may no longer be given back."""
+    for c in checks:
+        d = deferred.get(c.key)
+        if d is not None and c.algorithm in ("fixed_window", "sliding_window_counter"):
+            period = c.period * 1_000_000
+            left = (now_us // period + 1) * period - now_us - _LATE_US
+            deferred[c.key] = dataclasses.replace(d, until_us=local_us + left)
 
 
 def reserved(bound: BoundLimit, *, unproved: bool) -> bool:
@@ -171,7 +191,8 @@ def _count(calls: SideCalls, later: Deferred, units: int) -> None:
 def _settle(calls: SideCalls, due: list[tuple[Deferred, Check]]) -> list[Report]:
     by_policy: dict[FailurePolicy | None, list[Check]] = {}
     for later, settlement in due:
-        by_policy.setdefault(later.policy, []).append(settlement)
+        if not (settlement.release and calls.local_clock() >= later.until_us):  # else: counted
+            by_policy.setdefault(later.policy, []).append(settlement)
     reports: list[Report] = []
     for policy, checks in by_policy.items():
         try:  # releases and debts never deny: the call is all or nothing only on an outage
