@@ -15,6 +15,7 @@ import functools
 import inspect
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any, Final, Protocol
 
 from flask import Flask, Request, current_app, request
@@ -394,12 +395,14 @@ class Enforcer:
         self, req: Request, response: WerkzeugResponse
     ) -> tuple[WerkzeugResponse, RequestData | None]:
         """No route matched, a ``before_request`` hook answered first, or Flask answered an
-        ``OPTIONS`` itself: count the request against the global and tier limits (and, for an
-        ``OPTIONS`` under ``DISTLIMIT_CHARGE_PREFLIGHTS``, the route's). An exempt route's
-        request is not counted."""
+        ``OPTIONS`` itself: count the request against the global and tier limits (and the
+        route's blueprint and default limits when a hook answered; all the route's for an
+        ``OPTIONS`` under ``DISTLIMIT_CHARGE_PREFLIGHTS``). An exempt route's request is not
+        counted."""
         endpoint = req.endpoint
         charge_route = self._charge_preflights and req.method == "OPTIONS" and endpoint
-        if not (self._every_request or charge_route):
+        answered = endpoint is not None and req.method != "OPTIONS"  # by a before_request hook
+        if not (self._every_request or charge_route or answered):
             return response, None
         if self._worker_shedding and self._state.shedding.shed_here(req.environ):
             return response, None  # shed before the app's hooks: charged to no limit
@@ -411,12 +414,15 @@ class Enforcer:
         plan = _NO_ROUTE  # no route matched
         if endpoint is not None:
             plan = self.plan(endpoint, req.method)
-            if plan.exempt or not (plan.app_limits or charge_route):  # ExemptionScope
-                return response, None
+            if answered:  # its blueprint's and the default limits count it, as Flask-Limiter's
+                kept = tuple(b for b in plan.limits if b.spec.kind in ("blueprint", "default"))
+                plan = replace(plan, limits=kept, inner={})
+            if plan.exempt or not (plan.app_limits or charge_route or plan.limits):
+                return response, None  # exempt, or lifted by an ExemptionScope
         req.environ[self.environ_key] = data = RequestData(meta_limits=plan.meta_limits)
         try:
-            if charge_route:  # (a route matched)
-                self._checks.decide(req, data, plan, every_request=True)
+            if charge_route or answered:  # (a route matched)
+                self._checks.decide(req, data, plan, every_request=True, fleet=bool(charge_route))
             else:  # the limits of every request, the fleet's slot aside
                 self._checks.decide(req, data, _NO_ROUTE, every_request=True, fleet=False)
         except HTTPException as exc:  # the refusal, through the app's own error handlers

@@ -390,6 +390,33 @@ def test_a_request_a_hook_answers_still_meets_the_global_limit(
     assert statuses(app, "/health", 3) == [200] * 3  # exempt, whatever answers
 
 
+def test_a_request_a_blueprints_hook_answers_meets_its_blueprint_and_default_limits(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Flask-Limiter checks those in a hook of its own that runs first: guessing API keys
+    against an auth hook meets them (a limit declared on the view is decided at the view, there
+    too)."""
+    app, limiter, _ = make_app(backend(), clock, DISTLIMIT_DEFAULT_LIMITS="4/minute")
+    api, open_ = Blueprint("api", __name__), Blueprint("open", __name__)
+    limiter.limit("2/minute")(api)
+
+    @api.before_request
+    def check_key() -> Any:
+        return None if request.headers.get("X-Api-Key") == "good" else ("bad key", 401)
+
+    api.get("/api/items")(lambda: "items")
+
+    @open_.before_request
+    def deny() -> Any:
+        return "no", 403
+
+    open_.get("/open")(lambda: "open")
+    app.register_blueprint(api)
+    app.register_blueprint(open_)
+    assert statuses(app, "/api/items", 3) == [401, 401, 429]  # the blueprint's 2/minute
+    assert statuses(app, "/open", 5) == [403] * 4 + [429]  # the default 4/minute
+
+
 # -- nothing implicit --------------------------------------------------------------------------
 
 
