@@ -31,10 +31,7 @@ def _notes(b: BoundLimit) -> str:
         notes.append("per tier" if b.dynamic.value.by_tier else "per identity (callable)")
     if spec.unit != "requests":
         notes.append(spec.unit)
-    if spec.deduct_when is not None:
-        notes.append("deduct_when")
-    if spec.settle is not None:
-        notes.append("settle")
+    notes += [name for name in ("deduct_when", "settle") if getattr(spec, name) is not None]
     if spec.cost is not None and spec.cost != 1:
         notes.append(f"cost {spec.cost if isinstance(spec.cost, int) else 'callable'}")
     if spec.exempt_when is not None:

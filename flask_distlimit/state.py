@@ -205,8 +205,9 @@ class LimiterState:
 
     def reset_identity(self, identity: str) -> int:
         """Delete every key of one identity (e.g. ``"ip:203.0.113.9"``, or ``"func:alice"`` for
-        a ``key_func`` that returned ``"alice"``); answer how many."""
-        return admin.reset_identity(self, identity)
+        a ``key_func`` that returned ``"alice"``); answer how many
+        (:func:`flask_distlimit.ops.admin.identity_keys` finds them)."""
+        return admin.delete_counts(self, admin.identity_keys(self, identity))
 
     def checks_for(self, identity: str, cost: int = 0) -> list[admin.NamedCheck]:
         """Every configured limit that can apply to ``identity``, named, as checks of ``cost``

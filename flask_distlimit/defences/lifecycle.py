@@ -191,7 +191,13 @@ class Lifecycle:
         cell.append(ledger)
         server_wrapper = environ.get(_FILE_WRAPPER)
         if server_wrapper is not None:
-            environ[_FILE_WRAPPER] = _file_wrapper(server_wrapper, ledger)
+            # the server's own, around a file whose close() ends the ledger (_ClosingFile)
+            def file_wrapper(file: Any, *args: Any, **kwargs: Any) -> object:
+                made = server_wrapper(_ClosingFile(file, ledger), *args, **kwargs)
+                ledger.files.append(made)
+                return made
+
+            environ[_FILE_WRAPPER] = file_wrapper
         return ledger
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
@@ -225,12 +231,3 @@ class Lifecycle:
         if not cell or cell[0].ended or any(body is made for made in cell[0].files):
             return body
         return _ClosingBody(body, cell[0], self._dropped)
-
-
-def _file_wrapper(server_wrapper: Any, ledger: Ledger) -> Callable[..., object]:
-    def file_wrapper(file: Any, *args: Any, **kwargs: Any) -> object:
-        made = server_wrapper(_ClosingFile(file, ledger), *args, **kwargs)
-        ledger.files.append(made)
-        return made
-
-    return file_wrapper

@@ -80,11 +80,6 @@ def delete_counts(state: AppLimiter, keys: list[str], *, every: bool = False) ->
     return state.storage.delete(keys) if keys else 0
 
 
-def reset_identity(state: AppLimiter, identity: str) -> int:
-    """Delete every key of one identity; answer how many (:func:`identity_keys`)."""
-    return delete_counts(state, identity_keys(state, identity))
-
-
 def checks_for(state: AppLimiter, identity: str, cost: int = 0) -> list[NamedCheck]:
     """Every configured limit that can apply to ``identity``, named, as checks of ``cost``.
 

@@ -82,11 +82,10 @@ def _matches(name: str, wanted: str) -> bool:
 
 def _known_names(state: AppLimiter) -> set[str]:
     """The names (with and without the rate) of every limit the current request can meet."""
-    enforcer = state.enforcer
     endpoint = request.endpoint
     bounds = [*state.global_limits, *(b for t in state.tier_limits.values() for b in t)]
     if endpoint is not None:
-        bounds += enforcer.plan(endpoint, request.method).limits
+        bounds += state.enforcer.plan(endpoint, request.method).limits
     bounds += [c.bound for c, _, _ in _evaluated(state)]
     return {n for b in bounds for n in (b.name, b.name.rpartition(":")[0])}
 

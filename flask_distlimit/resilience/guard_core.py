@@ -124,8 +124,7 @@ class GuardCore:
             clock=clock,
             settle=self.breakers.reset_timeout,
             last_known=self.last_known,
-            routed=self.routed,
-            route=storage.route,
+            storage=storage,
             max_keys=fallback_max_keys,
         )
         #: The local fallback (one per node on a Redis Cluster: :attr:`fallbacks`).

@@ -14,13 +14,13 @@ from collections.abc import Callable, Sequence
 from flask_distlimit.core.decision import Check
 from flask_distlimit.resilience.fallback import DEFAULT_MAX_KEYS, LocalFallback
 from flask_distlimit.resilience.last_known import LastKnown
-from flask_distlimit.storage.base import Route, Storage
+from flask_distlimit.storage.base import Storage
 
 
 class NodeFallbacks:
-    """The fallbacks of one guard. ``route`` is the storage's :meth:`Storage.route
-    <flask_distlimit.storage.base.Storage.route>`, ``routed`` whether it spreads checks over
-    nodes; ``factory``, ``clock``, ``settle``, ``last_known`` and ``max_keys`` build each
+    """The fallbacks of one guard's ``storage``: one per node, as its :meth:`Storage.route
+    <flask_distlimit.storage.base.Storage.route>` places checks, when it is ``routed``;
+    ``factory``, ``clock``, ``settle``, ``last_known`` and ``max_keys`` build each
     :class:`~flask_distlimit.resilience.fallback.LocalFallback`."""
 
     def __init__(
@@ -30,8 +30,7 @@ class NodeFallbacks:
         clock: Callable[[], float],
         settle: float,
         last_known: LastKnown,
-        routed: bool,
-        route: Callable[[Sequence[Check]], list[Route]],
+        storage: Storage,
         max_keys: int = DEFAULT_MAX_KEYS,
     ) -> None:
         self._new = functools.partial(
@@ -42,8 +41,8 @@ class NodeFallbacks:
             last_known=last_known,
             max_keys=max_keys,
         )
-        self._routed = routed
-        self._route = route
+        self._routed = storage.routed
+        self._route = storage.route
         #: The fallback of a storage with one node (on a Cluster: of the checks of no node).
         self.default = self._new()
         # Copied on write (under _lock): request threads iterate it without a lock.

@@ -170,8 +170,7 @@ def instrument(state: _Instrumented, meter_provider: Any = None) -> OTelHook:
         if previous.instruments is instruments:
             return previous
         previous.detach()
-    hook = OTelHook(state.guard, instruments)
-    state.otel = hook
+    state.otel = hook = OTelHook(state.guard, instruments)
     return hook
 
 
