@@ -22,6 +22,7 @@ from flask_distlimit.cli_limits import endpoint_of, limit_rows
 from flask_distlimit.core.decision import Check, Decision
 from flask_distlimit.errors import StorageError
 from flask_distlimit.extension import Limiter
+from flask_distlimit.identity.addresses import INVALID_IP
 from flask_distlimit.ops.admin import NamedCheck, check_kind, delete_counts, identity_keys
 from flask_distlimit.resilience.holdings import Holding, holdings
 from flask_distlimit.state import LimiterState
@@ -69,8 +70,13 @@ def _identity(state: LimiterState, identity: str, *, ip: bool, api_key: bool) ->
         state.tags.require()  # the storage-kept digest key, when the app sets no secret
     if ip and api_key:
         raise click.UsageError("Use either --ip or --api-key, not both.")
-    if ip:
-        return state.resolver.client_ip({"REMOTE_ADDR": identity})
+    address = identity.removeprefix("ip:") if ip or identity.startswith("ip:") else None
+    if address is not None:  # as the limiter counts it: IPv6 by network, no port, IPv4 mapped
+        found = state.resolver.client_ip({"REMOTE_ADDR": address})
+        if found != INVALID_IP:  # else a stored form (ip:2001:db8::/64, ip:invalid-via:...)
+            return found
+        if ip:
+            raise click.UsageError(f"--ip {identity!r} is no address: e.g. --ip 203.0.113.9.")
     if api_key:
         return state.resolver.api_key_identity(identity)
     if not identity.strip():

@@ -232,6 +232,11 @@ def test_inspect_normalizes_addresses_and_digests_api_keys(
     assert response.headers["X-RateLimit-Remaining"] == "4"  # counted, not failed open
     found = rows(runner, "--ip", "2001:db8:1:2:ffff::1")  # the same /64
     assert found["search:5/hour"]["used"] == 1
+    # an address copied from a log as ip:<address>, a port or brackets with it: the same client
+    for pasted in ("ip:2001:db8:1:2::7", "ip:[2001:db8:1:2::9]:443", "ip:2001:db8:1:2::/64"):
+        assert rows(runner, pasted)["search:5/hour"]["used"] == 1, pasted
+    typo = runner.invoke(distlimit_cli, ["inspect", "--ip", "2001:db8:1:2::7x"])
+    assert typo.exit_code == 2 and "is no address" in typo.output  # not the shared ip:invalid
     client.get("/search", headers={"X-Api-Key": "sesame"})
     keyed = rows(runner, "--api-key", "sesame")
     assert keyed["tier-pro:1000/hour"]["used"] == 1
