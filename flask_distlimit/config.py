@@ -138,13 +138,12 @@ def _check_keys(config: MutableMapping[str, object]) -> None:
         return
     # Compared without the common "DISTLIMIT_", which would make every key look alike.
     names = {key.removeprefix(_KEY_FAMILY): key for key in KNOWN_KEYS}
-    parts = []
-    guessed = True
-    for key in unknown:
-        close = difflib.get_close_matches(key.removeprefix(_KEY_FAMILY), names, n=1, cutoff=0.6)
-        parts.append(f"{key} (did you mean {names[close[0]]}?)" if close else key)
-        guessed = guessed and bool(close)
-    listed = "" if guessed else f" The keys it reads: {', '.join(KNOWN_KEYS)}."
+    closest = {
+        key: difflib.get_close_matches(key.removeprefix(_KEY_FAMILY), names, n=1, cutoff=0.6)
+        for key in unknown
+    }
+    parts = [f"{key} (did you mean {names[c[0]]}?)" if c else key for key, c in closest.items()]
+    listed = "" if all(closest.values()) else f" The keys it reads: {', '.join(KNOWN_KEYS)}."
     raise ConfigurationError(
         f"Unknown Flask-DistLimit setting{'s' if len(unknown) > 1 else ''}: {', '.join(parts)}. "
         f"Rename or remove {'them' if len(unknown) > 1 else 'it'}: a DISTLIMIT_* key the "
