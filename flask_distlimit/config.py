@@ -37,20 +37,14 @@ if TYPE_CHECKING:
     from flask_distlimit.storage.base import Storage
 
 
-def _defaults() -> dict[str, object]:
-    """The default of every ``DISTLIMIT_*`` key this module reads: :class:`LimiterSettings`'s
-    own, each field its key (``redis_timeout`` is ``DISTLIMIT_REDIS_TIMEOUT``), a limit key's as
-    text (``""``: no limit); a callable limit value's parsed form has no key of its own."""
-    unset = LimiterSettings()
-    return {
-        f"DISTLIMIT_{f.name.upper()}": "" if f.name.endswith("_limits") else getattr(unset, f.name)
-        for f in dataclasses.fields(unset)
-        if not f.name.endswith("_dynamic")
-    }
-
-
-#: The default of every ``DISTLIMIT_*`` key this module reads (:func:`_defaults`).
-DEFAULTS: Final[dict[str, object]] = _defaults()
+#: The default of every ``DISTLIMIT_*`` key this module reads: :class:`LimiterSettings`'s own,
+#: each field its key (``redis_timeout`` is ``DISTLIMIT_REDIS_TIMEOUT``), a limit key's as text
+#: (``""``: no limit); a callable limit value's parsed form has no key of its own.
+DEFAULTS: Final[dict[str, object]] = {
+    f"DISTLIMIT_{name.upper()}": "" if name.endswith("_limits") else value
+    for name, value in dataclasses.asdict(LimiterSettings()).items()
+    if not name.endswith("_dynamic")
+}
 
 #: Every ``DISTLIMIT_*`` key the extension reads: those above and the identity keys.
 KNOWN_KEYS: Final[tuple[str, ...]] = (*DEFAULTS, *IDENTITY_KEYS)
