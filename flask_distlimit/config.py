@@ -37,20 +37,14 @@ if TYPE_CHECKING:
     from flask_distlimit.storage.base import Storage
 
 
-def _defaults() -> dict[str, object]:
-    """The default of every ``DISTLIMIT_*`` key this module reads: :class:`LimiterSettings`'s
-    own, each field its key (``redis_timeout`` is ``DISTLIMIT_REDIS_TIMEOUT``), a limit key's as
-    text (``""``: no limit); a callable limit value's parsed form has no key of its own."""
-    unset = LimiterSettings()
-    return {
-        f"DISTLIMIT_{f.name.upper()}": "" if f.name.endswith("_limits") else getattr(unset, f.name)
-        for f in dataclasses.fields(unset)
-        if not f.name.endswith("_dynamic")
-    }
-
-
-#: The default of every ``DISTLIMIT_*`` key this module reads (:func:`_defaults`).
-DEFAULTS: Final[dict[str, object]] = _defaults()
+#: The default of every ``DISTLIMIT_*`` key this module reads: :class:`LimiterSettings`'s own,
+#: each field its key (``redis_timeout`` is ``DISTLIMIT_REDIS_TIMEOUT``), a limit key's as text
+#: (``""``: no limit); a callable limit value's parsed form has no key of its own.
+DEFAULTS: Final[dict[str, object]] = {
+    f"DISTLIMIT_{name.upper()}": "" if name.endswith("_limits") else value
+    for name, value in dataclasses.asdict(LimiterSettings()).items()
+    if not name.endswith("_dynamic")
+}
 
 #: Every ``DISTLIMIT_*`` key the extension reads: those above and the identity keys.
 KNOWN_KEYS: Final[tuple[str, ...]] = (*DEFAULTS, *IDENTITY_KEYS)
@@ -138,13 +132,12 @@ def _check_keys(config: MutableMapping[str, object]) -> None:
         return
     # Compared without the common "DISTLIMIT_", which would make every key look alike.
     names = {key.removeprefix(_KEY_FAMILY): key for key in KNOWN_KEYS}
-    parts = []
-    guessed = True
-    for key in unknown:
-        close = difflib.get_close_matches(key.removeprefix(_KEY_FAMILY), names, n=1, cutoff=0.6)
-        parts.append(f"{key} (did you mean {names[close[0]]}?)" if close else key)
-        guessed = guessed and bool(close)
-    listed = "" if guessed else f" The keys it reads: {', '.join(KNOWN_KEYS)}."
+    closest = {
+        key: difflib.get_close_matches(key.removeprefix(_KEY_FAMILY), names, n=1, cutoff=0.6)
+        for key in unknown
+    }
+    parts = [f"{key} (did you mean {names[c[0]]}?)" if c else key for key, c in closest.items()]
+    listed = "" if all(closest.values()) else f" The keys it reads: {', '.join(KNOWN_KEYS)}."
     raise ConfigurationError(
         f"Unknown Flask-DistLimit setting{'s' if len(unknown) > 1 else ''}: {', '.join(parts)}. "
         f"Rename or remove {'them' if len(unknown) > 1 else 'it'}: a DISTLIMIT_* key the "

@@ -72,10 +72,9 @@ class PriorityRegistry:
 
     def of_request(self, view: object | None) -> Priority:
         """The request's priority: its view's, else the resolver's, else ``default``."""
-        if view is not None:
-            found = self.of_view(view)
-            if found is not None:
-                return found
+        found = self.of_view(view)  # None for no view
+        if found is not None:
+            return found
         resolver = self.resolver
         if resolver is not None:
             answer = resolver()

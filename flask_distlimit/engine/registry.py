@@ -42,14 +42,6 @@ class Twin(Protocol):
     def plausible(self, state: object, limit: int, period: int, now: int) -> bool: ...
 
 
-def _never(state: object) -> bool:
-    return False
-
-
-def _exact(limit: int, period_us: int, now_us: int) -> str:
-    return ""
-
-
 @dataclass(frozen=True)
 class AlgorithmEntry:
     """What one algorithm is, for every layer that handles it."""
@@ -79,9 +71,9 @@ class AlgorithmEntry:
     #: takes units off, as the script does the field's; None: never given back.
     counted: type[FixedWindowState | CounterState] | None = None
     #: Whether its (plausible) state holds nothing: the key is deleted, as the script does.
-    empty: Callable[[object], bool] = _never
+    empty: Callable[[object], bool] = lambda state: False
     #: Why ``(limit, period_us, now_us)`` cannot be decided exactly ("": it can).
-    refusal: Callable[[int, int, int], str] = _exact
+    refusal: Callable[[int, int, int], str] = lambda limit, period_us, now_us: ""
     max_limit: int | None = None  #: the largest limit it accepts (None: any)
     max_rate: int | None = None  #: the fastest rate it accepts, units per second (None: any)
     #: The message of a rate over its bound: a format string with ``{bound}`` and ``{rate}``.

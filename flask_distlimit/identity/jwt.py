@@ -138,7 +138,6 @@ def read_jwt(config: Mapping[str, object]) -> JwtVerifier | None:
         for alg, prepared_key in ready.items():
             if prepared_key is not None:
                 prepared[alg].append(prepared_key)
-    errors = (jwt.PyJWTError, ValueError, TypeError, LookupError, OverflowError, RecursionError)
     require = ["exp", "aud"] + (["iss"] if issuer is not None else [])
     return JwtVerifier(
         keys=MappingProxyType({alg: tuple(ks) for alg, ks in prepared.items() if ks}),
@@ -153,7 +152,7 @@ def read_jwt(config: Mapping[str, object]) -> JwtVerifier | None:
         tier_claim=_claim(config, "DISTLIMIT_JWT_TIER_CLAIM"),
         header=jwt.get_unverified_header,
         decode=jwt.PyJWT(options={"enforce_minimum_key_length": True}).decode,
-        errors=errors,
+        errors=(jwt.PyJWTError, ValueError, TypeError, LookupError, OverflowError, RecursionError),
     )
 
 

@@ -253,7 +253,6 @@ class MemoryStorage(Storage):
             members: dict[str, int] = {}
             if entry is not None and entry.algorithm == "heartbeat":
                 members = {m: t for m, t in entry.state.items() if t > now}  # type: ignore[attr-defined]
-            until = now + math.ceil(ttl * US)
-            members[member] = until
+            members[member] = now + math.ceil(ttl * US)
             self._set(key, _Entry("heartbeat", members, max(members.values())))
             return len(members)
