@@ -105,8 +105,9 @@ class IdentityResolver:
     ) -> Identity:
         """The identity of ``request``: user, JWT, API key or client IP (``address``, when it
         is known: :meth:`client_ip`), in that order."""
-        self.check_hooks(hooks)  # a verifier set after init_app, and no secret: raises
         verifier = hooks.api_key_verifier
+        if verifier is not None and self.settings.api_key_secret is None:
+            self.check_hooks(hooks)  # raises: a verifier set after init_app, and no secret
         environ = request.environ
         vouched = hooks.identity_loader is not None or self._jwt is not None or verifier is not None
         identity = self._verified(environ, hooks) if vouched else None
