@@ -39,8 +39,3 @@ class RequestData:
     slots: SlotRelease | None = None
     #: the response our ``after_request`` saw, until the request is counted (telemetry.otel)
     response: Response | None = None
-
-    def report_closest(self, report: Report) -> None:
-        """Keep ``report`` for the headers unless the one kept has as few units left or fewer."""
-        if self.report is None or report.remaining < self.report.remaining:
-            self.report = report

@@ -126,7 +126,9 @@ class Decider:
             if leased is not None:  # the usual leased request: no storage call
                 # no slot, shadow or deduct_when limit can be leased
                 data.evaluated.append(Evaluated(checks, (leased,), self.wall()))
-                data.report_closest(report_of(checks[0].bound, leased, denied=False))
+                report = report_of(checks[0].bound, leased, denied=False)
+                if data.report is None or report.remaining < data.report.remaining:
+                    data.report = report
                 return
         slots = [] if simple else [c for c in checks if c.token]
         if slots:  # given back when the response ends, whatever happens from here
@@ -181,7 +183,9 @@ class Decider:
             ):
                 best, least = c, d
         if best is not None and least is not None:
-            data.report_closest(report_of(best.bound, least, denied=False))
+            report = report_of(best.bound, least, denied=False)
+            if data.report is None or report.remaining < data.report.remaining:
+                data.report = report
         data.degraded = data.degraded or outcome.degraded
 
     def _refuse(
