@@ -404,6 +404,10 @@ class Enforcer:
         answered = endpoint is not None and req.method != "OPTIONS"  # by a before_request hook
         if not (self._every_request or charge_route or answered):
             return response, None
+        if answered and not self._every_request:  # a route without limits ran its view (planned)
+            known = self._plans.get((endpoint, req.method))
+            if known is not None and not known.limits:
+                return response, None
         if self._worker_shedding and self._state.shedding.shed_here(req.environ):
             return response, None  # shed before the app's hooks: charged to no limit
         if self._filters and filtered(self._filters):

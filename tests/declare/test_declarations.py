@@ -417,6 +417,24 @@ def test_a_request_a_blueprints_hook_answers_meets_its_blueprint_and_default_lim
     assert statuses(app, "/open", 5) == [403] * 4 + [429]  # the default 4/minute
 
 
+def test_a_route_without_limits_costs_nothing_after_its_view(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """No limit of every request: a route with none runs its view, and after it the limiter
+    asks no request filter and counts nothing (it cannot tell it from a hook's answer by the
+    missing request data alone: the route's plan says there is nothing to count)."""
+    app, limiter, counting = make_app(backend(), clock)
+    asked: list[str] = []
+    limiter.request_filter(lambda: asked.append(request.path) or False)
+    app.get("/free", endpoint="free")(lambda: "free")
+    app.get("/paid", endpoint="paid")(limiter.limit("1/minute")(lambda: "paid"))
+    client = app.test_client()
+    responses = [client.get("/free") for _ in range(3)]
+    assert [r.status_code for r in responses] == [200] * 3
+    assert asked == [] and counting.evaluations == 0
+    assert not any("RateLimit-Policy" in r.headers for r in responses)
+
+
 # -- nothing implicit --------------------------------------------------------------------------
 
 
