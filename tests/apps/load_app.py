@@ -5,8 +5,10 @@ Configured from the environment: ``DISTLIMIT_STORAGE_URL`` (a real Redis), ``LOA
 (the N of every limited route, per hour in a sliding log, so nothing leaves it during a test,
 even one that crosses the hour: a clock-aligned fixed window of an hour turned over under a CI
 run at 05:00:00 UTC and admitted twice the limit),
-``LOAD_TEST_PREFIX`` (the key prefix) and ``LOAD_TEST_SLEEP`` (seconds ``/limited`` holds its
-request after the limiter admitted it, so that many are in flight at once). Everything else is
+``LOAD_TEST_PREFIX`` (the key prefix), ``LOAD_TEST_SLEEP`` (seconds ``/limited`` holds its
+request after the limiter admitted it, so that many are in flight at once) and
+``LOAD_TEST_ADMITTED`` (a file each admitted view appends one byte to, in every worker: the
+admissions counted where they happen, however late their responses). Everything else is
 the default: ``DISTLIMIT_REDIS_TIMEOUT`` 0.1 s, the breaker's five failures, failure policy
 ``open`` (a request the policy answers is marked ``X-RateLimit-Degraded``, which the test counts).
 
@@ -36,11 +38,23 @@ app.config.update(
     DISTLIMIT_KEY_PREFIX=os.environ.get("LOAD_TEST_PREFIX", "load-test"),
 )
 limiter = Limiter(app)
+_ADMITTED = os.environ.get("LOAD_TEST_ADMITTED")
+
+
+def admitted() -> None:
+    """One byte more in ``LOAD_TEST_ADMITTED`` (``O_APPEND``: whole, from any worker)."""
+    if _ADMITTED:
+        fd = os.open(_ADMITTED, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            os.write(fd, b"x")
+        finally:
+            os.close(fd)
 
 
 @app.get("/limited")
 @limiter.limit(f"{LIMIT}/hour", algorithm="sliding_window_log")
 def limited() -> str:
+    admitted()
     time.sleep(SLEEP)  # gevent's under -k gevent (monkey-patched)
     return "ok"
 
@@ -48,6 +62,7 @@ def limited() -> str:
 @app.get("/cpu")
 @limiter.limit(f"{LIMIT}/hour", algorithm="sliding_window_log")
 def cpu() -> str:
+    admitted()
     until = time.perf_counter() + CPU
     spins = 0
     while time.perf_counter() < until:

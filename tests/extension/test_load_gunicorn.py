@@ -7,6 +7,11 @@ Each deployment starts a fresh gunicorn (an empty pool, the script not loaded: t
 its cold start) and must admit exactly the limit (a sliding log of an hour: nothing leaves it),
 answer no 5xx, mark no answer degraded, and log no breaker opening. On the old code the gevent
 worker at 320 connections admitted about three times its limit and opened the breaker.
+
+Admissions are counted by the views that ran (``LOAD_TEST_ADMITTED``), not by the 200s ``wrk``
+saw: under ``-k gevent`` a flood of 429s answered at once can starve the greenlets of admitted
+requests until the load stops, so their 200s may come after ``wrk`` has finished
+(docs/deployment.md, "gevent").
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 import re
 import subprocess
 import tempfile
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -58,6 +64,7 @@ def serve(deployment: Deployment, storage_url: str, prefix: str, logdir: Path) -
         "DISTLIMIT_STORAGE_URL": storage_url,
         "LOAD_TEST_LIMIT": str(LIMIT),
         "LOAD_TEST_PREFIX": prefix,
+        "LOAD_TEST_ADMITTED": str(logdir / f"{prefix}.admitted"),
         **dict(deployment.env),
     }
     return launch("tests.apps.load_app:app", env, logdir, deployment.args)
@@ -91,6 +98,20 @@ def load(port: int, path: str, connections: int, seconds: int = 3) -> Load:
     return Load(statuses, degraded, tuple(int(n) for n in errors.groups()))
 
 
+def admissions(path: Path, settle: float = 0.5, limit: float = 20.0) -> int:
+    """The views run, once no more has run for ``settle`` seconds (the requests still in
+    flight when the load stopped finish first)."""
+    seen, since, until = -1, time.monotonic(), time.monotonic() + limit
+    while time.monotonic() < until:
+        now = path.stat().st_size if path.exists() else 0
+        if now != seen:
+            seen, since = now, time.monotonic()
+        elif time.monotonic() - since >= settle:
+            break
+        time.sleep(0.05)
+    return seen
+
+
 @pytest.fixture(scope="module")
 def logdir() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="distlimit-load-") as made:
@@ -106,13 +127,15 @@ def test_load_admits_the_limit_with_no_5xx_and_the_breaker_closed(
     try:
         wait_ready(server)
         seen = load(server.port, deployment.path, deployment.connections)
+        admitted = admissions(logdir / f"load-{name}.admitted")
         breaker = json.loads(
             urllib.request.urlopen(f"http://127.0.0.1:{server.port}/breaker", timeout=10).read()
         )
     finally:
         server.stop()
     log = server.log.read_text()
-    assert seen.statuses.get(200) == LIMIT, (seen, log[-2000:])
+    assert admitted == LIMIT, (admitted, seen, log[-2000:])
+    assert 0 < seen.statuses.get(200, 0) <= LIMIT, (seen, log[-2000:])
     assert seen.fivexx == 0 and seen.degraded == 0, (seen, log[-2000:])
     assert seen.statuses.get(429, 0) > LIMIT  # the load went well past the limit
     assert seen.errors[1:] == (0, 0, 0), seen  # no read or write error, no timeout
