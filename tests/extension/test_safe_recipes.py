@@ -80,6 +80,23 @@ def test_the_login_recipe_cannot_be_reset_by_an_attacker_with_an_account(
     assert ok.status_code == 200
 
 
+def test_the_login_recipe_counts_an_attempt_that_fails_with_an_error(run_doc: Any) -> None:
+    """A 500 is no success: it keeps its charge (a test of 401 alone gave every one back)."""
+    namespace = run_doc('scope="login-account"')
+
+    class Broken(dict[str, str]):
+        def get(self, *args: Any) -> Any:
+            raise RuntimeError("the user store fails on this input")
+
+    namespace["PASSWORDS"] = Broken()
+    client = namespace["app"].test_client()
+    statuses = [
+        client.post("/login", data={"username": "alice", "password": "x"}).status_code
+        for _ in range(8)
+    ]
+    assert statuses == [500] * 5 + [429] * 3
+
+
 def test_the_login_recipe_keeps_an_address_limit_over_every_account(run_doc: Any) -> None:
     app: Flask = run_doc('scope="login-account"')["app"]
     client = app.test_client()
