@@ -10,6 +10,7 @@ headers the limit with the fewest units left, never a shadow or meta limit.
 from __future__ import annotations
 
 import operator
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -96,6 +97,8 @@ class Decider:
             if metrics is not None:  # count the refusal as if the storage had made it
                 metrics.evaluated([c], Evaluation((decision,)))
             report = report_of(c.bound, decision, denied=True)
+            if socket.socket.__module__ != "socket":  # gevent's, eventlet's: those waiting for
+                time.sleep(0)  # a reply or a timer go first (docs/deployment.md, "gevent")
             self.refusals.refuse([c], report, identity, data, from_cache=True)
 
     def decide(
