@@ -8,10 +8,9 @@ its cold start) and must admit exactly the limit (a sliding log of an hour: noth
 answer no 5xx, mark no answer degraded, and log no breaker opening. On the old code the gevent
 worker at 320 connections admitted about three times its limit and opened the breaker.
 
-Admissions are counted by the views that ran (``LOAD_TEST_ADMITTED``), not by the 200s ``wrk``
-saw: under ``-k gevent`` a flood of 429s answered at once can starve the greenlets of admitted
-requests until the load stops, so their 200s may come after ``wrk`` has finished
-(docs/deployment.md, "gevent").
+Admissions are counted by the views that ran (``LOAD_TEST_ADMITTED``); ``wrk``'s 200s may only
+be fewer: a saturated gevent worker can answer an admitted request after ``wrk``'s run (a flood
+of cached 429s did, before they waited a turn of the event loop: docs/deployment.md).
 """
 
 from __future__ import annotations
