@@ -51,7 +51,9 @@ def finalize(app: Flask, plans: Plans, every_request: int, gate: Gate) -> object
         methods.setdefault(rule.endpoint, set()).update(rule.methods or ())
     served: set[object] = {app, *app.blueprints.values()}  # the app: its default limits
     routed = [(e, v) for e, v in views.items() if not is_static(e)]
+    taken: dict[Any, set[str]] = {}  # each view's methods, over its endpoints
     for endpoint, view in routed:
+        taken.setdefault(view, set()).update(methods.get(endpoint, ()))
         for method in sorted(methods.get(endpoint, {""})):
             every, one = registry.attached(view, method)
             served.update(every, one)
@@ -70,12 +72,20 @@ def finalize(app: Flask, plans: Plans, every_request: int, gate: Gate) -> object
         app.view_functions[endpoint] = gate(endpoint, view)
     closed = _Served(app.name, served)
     registry.watch(closed)
-    _warn_unmatched(app, registry, served)
+    unused = [  # methods=["PSOT"]: a typo that left the route's POST unlimited
+        f"limit {spec.shown()} on {spec.declared_on} (methods {sorted(spec.methods)})"
+        for view, accepted in taken.items()
+        for spec in registry.views.get(view, ())
+        if spec.methods and not spec.methods & accepted
+    ]
+    _warn_unmatched(app, registry, served, unused)
     plans.views = views
     return closed
 
 
-def _warn_unmatched(app: Flask, registry: LimitRegistry, served: set[object]) -> None:
+def _warn_unmatched(
+    app: Flask, registry: LimitRegistry, served: set[object], unused: list[str]
+) -> None:
     unmatched = [
         f"limit {spec.shown()} on {spec.declared_on}"
         for target, specs in (*registry.views.items(), *registry.blueprints.items())
@@ -86,13 +96,15 @@ def _warn_unmatched(app: Flask, registry: LimitRegistry, served: set[object]) ->
         for target in (*registry.exempt_views, *registry.exempt_blueprints, *registry.scopes)
         if target not in served
     ]
+    unmatched += unused
     if not unmatched:
         return
     shown = sorted(set(unmatched))
     more = len(shown) - _UNMATCHED_SHOWN
     log.warning(
         "%d rate-limit declaration(s) match no endpoint of the app %r: %s%s. A limit on a "
-        "view the app does not serve never applies; one behind a decorator without "
+        "view the app does not serve never applies, nor one whose methods= its route does "
+        "not accept; one behind a decorator without "
         "functools.wraps is enforced only when that view runs, in a storage call of its own; "
         "an exemption there is not applied. Register the view, or use functools.wraps in "
         "your decorators.",

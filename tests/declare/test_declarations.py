@@ -530,6 +530,32 @@ def test_the_first_request_warns_once_about_limits_that_match_no_endpoint(
     assert "3/minute" in warnings[0] and "5/minute" in warnings[0]
 
 
+def test_the_first_request_warns_about_a_limit_whose_methods_its_route_never_takes(
+    backend: Backend, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``methods=["PSOT"]`` left the route's POST unlimited without a word; a view on two
+    endpoints is judged on the methods of both."""
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.post("/login")
+    @limiter.limit("3/minute", methods=["PSOT"])
+    def login() -> str:
+        return "ok"
+
+    @limiter.limit("2/minute", methods=["POST"])
+    def both() -> str:
+        return "ok"
+
+    app.add_url_rule("/read", "read", both, methods=["GET"])
+    app.add_url_rule("/write", "write", both, methods=["POST"])
+    with caplog.at_level(logging.WARNING, logger="flask_distlimit"):
+        assert [app.test_client().post("/login").status_code for _ in range(4)] == [200] * 4
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "3/minute" in warnings[0] and "['PSOT']" in warnings[0]
+    assert "2/minute" not in warnings[0]
+
+
 def test_a_declaration_that_cannot_be_a_view_is_refused() -> None:
     limiter = Limiter()
     with pytest.raises(ConfigurationError, match="view function"):
