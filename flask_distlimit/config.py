@@ -99,26 +99,16 @@ def _limit_value(
         ) from None
 
 
-def _storage_url(key: str, value: object) -> str:
-    if isinstance(value, str) and value.lower().startswith(tuple(f"{s}://" for s in SCHEMES)):
-        return value
-    raise invalid(
-        key,
-        value,
-        "Use a URL such as 'redis://localhost:6379/0', 'rediss://…', 'unix:///run/redis.sock', "
-        "'redis+cluster://host:7000', 'redis+sentinel://host:26379/mymaster' or 'memory://'.",
-    )
+def _text(accepts: Callable[[str], object], advice: str) -> Callable[[str, object], str]:
+    """The reader of a key whose value is a string that ``accepts`` answers true for; any other
+    value is refused with ``advice``."""
 
+    def read(key: str, value: object) -> str:
+        if isinstance(value, str) and accepts(value):
+            return value
+        raise invalid(key, value, advice)
 
-def _prefix(key: str, value: object) -> str:
-    if isinstance(value, str) and _PREFIX.match(value):
-        return value
-    raise invalid(
-        key,
-        value,
-        "Use 1 to 64 letters, digits or '_', '-', '.', ':', '/' (no glob characters "
-        "'*?[]', braces or spaces), e.g. 'ratelimit' or 'myapp:rl'.",
-    )
+    return read
 
 
 def _check_keys(config: MutableMapping[str, object]) -> None:
@@ -155,11 +145,19 @@ def _bool(key: str, value: object) -> bool:
 #: ``(key, value)``, the key being ``DISTLIMIT_<FIELD>``. The limit keys, each read into two
 #: fields (its rates, or a callable's or mapping's value), are read apart.
 _READERS: Final[dict[str, Callable[[str, object], object]]] = {
-    "storage_url": _storage_url,
+    "storage_url": _text(
+        lambda url: url.lower().startswith(tuple(f"{s}://" for s in SCHEMES)),
+        "Use a URL such as 'redis://localhost:6379/0', 'rediss://…', 'unix:///run/redis.sock', "
+        "'redis+cluster://host:7000', 'redis+sentinel://host:26379/mymaster' or 'memory://'.",
+    ),
     "algorithm": _one_of(ALGORITHMS),
     "meta_limits": _rates,
     "headers": _one_of(get_args(HeaderMode)),
-    "key_prefix": _prefix,
+    "key_prefix": _text(
+        _PREFIX.match,
+        "Use 1 to 64 letters, digits or '_', '-', '.', ':', '/' (no glob characters "
+        "'*?[]', braces or spaces), e.g. 'ratelimit' or 'myapp:rl'.",
+    ),
     "redis_timeout": Range(
         False, 0, 10, " seconds (every request may wait this long for Redis)", strict=True
     ).read,

@@ -207,26 +207,15 @@ class LocalFallback:
         return placed
 
     def release(
-        self, checks: Sequence[Check], *, instances: int, now_us: int | None = None
+        self, checks: Sequence[Check], *, instances: int, now_us: int | None, refund: bool = False
     ) -> None:
         """Give back, in the in-process store, the concurrency slots ``checks`` took there
         (:attr:`Check.release <flask_distlimit.core.decision.Check.release>` checks): the request
-        ended. Nothing else changes: a give-back is no failure of the storage, so it never
-        engages the fallback, holds a key or starts a store (a slot taken here before the
+        ended; with ``refund``, undo a local admission of ``checks`` instead (:meth:`evaluate`
+        admitted them, but the request was refused elsewhere: by another node's fallback on a
+        Redis Cluster). Nothing else changes: a give-back is no failure of the storage, so it
+        never engages the fallback, holds a key or starts a store (a slot taken here before the
         store was dropped is gone with it)."""
-        self._held_only(checks, instances, now_us, refund=False)
-
-    def give_back(
-        self, checks: Sequence[Check], *, instances: int, now_us: int | None = None
-    ) -> None:
-        """Undo a local admission of ``checks`` (:meth:`evaluate` admitted them, but the request
-        was refused elsewhere: by another node's fallback on a Redis Cluster)."""
-        self._held_only(checks, instances, now_us, refund=True)
-
-    def _held_only(
-        self, checks: Sequence[Check], instances: int, now_us: int | None, *, refund: bool
-    ) -> None:
-        """Evaluate (a release) or refund ``checks`` in the store, if there is one."""
         with self._lock:
             storage = self._storage
             if storage is not None and checks:

@@ -158,8 +158,7 @@ class GuardCore:
     def breaker_of(self, key: str) -> Breaker:
         """The breaker of the node serving ``key`` (:attr:`breaker` but on a Redis Cluster)."""
         if self.routed:
-            check = Check(key, "fixed_window", 1, 1, 0)
-            node, _ = self.storage.route([check])[0]
+            node, _ = self.storage.route([Check(key, "fixed_window", 1, 1, 0)])[0]
             return self.breakers.get(node)
         return self.node_breaker
 

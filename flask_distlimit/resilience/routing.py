@@ -171,7 +171,7 @@ def _local_by_node(
             allowed = False
     if not allowed:
         for fallback, spent in admitted:
-            fallback.give_back(spent, instances=instances, now_us=now_us)
+            fallback.release(spent, instances=instances, now_us=now_us, refund=True)
     return Evaluation(tuple(decided[i] for i in failed))
 
 
