@@ -206,9 +206,7 @@ class MemoryStorage(Storage):
             if not isinstance(state, spec.counted) or state.window != window or state.used < 1:
                 return 0
             taken = min(units, state.used)
-            self._set(
-                key, _Entry(algorithm, state._replace(used=state.used - taken), entry.expires)
-            )
+            entry.state = state._replace(used=state.used - taken)  # its key's TTL stands
             return taken
 
     def __len__(self) -> int:
