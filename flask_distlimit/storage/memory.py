@@ -90,8 +90,7 @@ class MemoryStorage(Storage):
                 heapq.heappush(heap, (entry.expires, key))
                 continue
             self._queued.discard(key)
-            if entry is not None:
-                del self._data[key]
+            self._data.pop(key, None)
 
     def _set(self, key: str, entry: _Entry) -> None:
         self._data[key] = entry
@@ -116,12 +115,10 @@ class MemoryStorage(Storage):
         if entry is None:
             return None, False
         spec = REGISTRY[check.algorithm]
-        if not spec.twin.plausible(entry.state, check.limit, check.period * US, now):
+        bad = not spec.twin.plausible(entry.state, check.limit, check.period * US, now)
+        if bad or spec.empty(entry.state):
             del self._data[check.key]
-            return None, True
-        if spec.empty(entry.state):
-            del self._data[check.key]
-            return None, False
+            return None, bad
         return entry.state, False
 
     # -- Storage --
@@ -141,6 +138,7 @@ class MemoryStorage(Storage):
             self._tick(now)
             steps: list[Step] = []
             repaired: list[str] = []
+            charged: list[tuple[Check, Step]] = []  # what an admitted request writes
             for check in checks:
                 spec = REGISTRY[check.algorithm]
                 state, bad = self._state(check, now)
@@ -161,6 +159,8 @@ class MemoryStorage(Storage):
                 if state is not None and spec.empty(state):
                     self._data.pop(check.key, None)  # pruned to nothing (the log)
                 steps.append(s)
+                if cost > 0:  # not a release's or a debt's: settled above
+                    charged.append((check, s))
                 if bad:
                     repaired.append(check.key)
             # A shadow check never denies the request; one that would is not written.
@@ -170,13 +170,8 @@ class MemoryStorage(Storage):
                 s.allowed for c, s in zip(checks, steps, strict=True) if c.meta
             )
             if (admitted or breach) and not refund_:
-                for check, s in zip(checks, steps, strict=True):
-                    if (
-                        check.cost > 0
-                        and s.allowed
-                        and not (check.release or check.debt)
-                        and check.meta == breach
-                    ):
+                for check, s in charged:
+                    if s.allowed and check.meta == breach:
                         self._put(check.key, check.algorithm, s.state, s.ttl_us, now)
         # A denied request reports every limit as it stands, without the consumption that did
         # not happen (so does a shadow check that would deny).
@@ -211,9 +206,7 @@ class MemoryStorage(Storage):
             if not isinstance(state, spec.counted) or state.window != window or state.used < 1:
                 return 0
             taken = min(units, state.used)
-            self._set(
-                key, _Entry(algorithm, state._replace(used=state.used - taken), entry.expires)
-            )
+            entry.state = state._replace(used=state.used - taken)  # its key's TTL stands
             return taken
 
     def __len__(self) -> int:

@@ -137,10 +137,9 @@ class RedisSideCalls(Storage):
         return bool(found) and all(found)
 
     def delete(self, keys: Iterable[str]) -> int:
-        groups = self._same_slot(list(keys))
         client = self._side().client
         deleted = 0
-        for group in groups:
+        for group in self._same_slot(list(keys)):
             for start in range(0, len(group), _DELETE_CHUNK):
                 deleted += int(translated(client.delete, *group[start : start + _DELETE_CHUNK]))
         return deleted

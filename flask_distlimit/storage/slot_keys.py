@@ -52,9 +52,8 @@ def across_slots(checks: Sequence[Check], groups: list[list[int]], run: RunParts
     the first group's failure."""
     parts = [[checks[i] for i in group] for group in groups]
     results = run(parts, False)
-    failure = next((r for r in results if isinstance(r, StorageError)), None)
     denied = any(isinstance(r, Evaluation) and not r.allowed for r in results)
-    if failure is not None or denied:
+    if denied or any(isinstance(r, StorageError) for r in results):
         consumed = [
             n
             for n, r in enumerate(results)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import redis
 from redis.commands.core import Script
@@ -24,14 +24,15 @@ from flask_distlimit.storage.pool import LAST_LOOK, DeadlinePool
 from flask_distlimit.storage.tokens import Made, RequestTokens, repeat_call
 from flask_distlimit.storage.translate import REDIS_FAILURES
 
+#: What :func:`outcome` answers instead of raising.
+_ANSWERED: Final[tuple[type[Exception], ...]] = (*REDIS_FAILURES, StorageError)
+
 
 def outcome(call: Callable[..., Any], *args: Any) -> Any:
     """``call(*args)``, or the Redis failure or :class:`StorageError` it raised."""
     try:
         return call(*args)
-    except REDIS_FAILURES as exc:
-        return exc
-    except StorageError as exc:
+    except _ANSWERED as exc:
         return exc
 
 

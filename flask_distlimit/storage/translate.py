@@ -191,8 +191,11 @@ def storage_error(exc: BaseException) -> StorageError:
     if refused is not None:
         return StorageMisconfigured(refused)
     if refused_write(exc):
+        text = " ".join(str(exc).split())
+        if isinstance(exc, rx.OutOfMemoryError) and not text.startswith("OOM"):
+            text = f"OOM {text}"  # the code redis-py strips
         return StorageFull(
-            f"Redis refuses to write ({_one_line(exc)}): it is out of memory under "
+            f"Redis refuses to write ({text}): it is out of memory under "
             "maxmemory-policy noeviction, or cannot persist (MISCONF). The limiter answers at "
             "each process's local share until it has room: raise maxmemory, or give the limiter "
             'a Redis of its own (docs/deployment.md, "Memory").'
@@ -215,10 +218,3 @@ def translated(call: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         return call(*args, **kwargs)
     except REDIS_FAILURES as exc:
         raise storage_error(exc) from exc
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    if isinstance(exc, rx.OutOfMemoryError) and not text.startswith("OOM"):
-        text = f"OOM {text}"  # the code redis-py strips
-    return text
