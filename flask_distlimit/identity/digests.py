@@ -116,7 +116,7 @@ class IdentityTags:
         self._storage = storage
         self._clock = clock
         self._guard = guard
-        self._lock = threading.Lock()
+        self._lock: threading.Lock | None = None  # made on first use (after_fork)
         self._warned = False
         #: ``"secret"`` (from the app's secret) or ``"storage"`` (kept by the storage)
         self.source = "secret" if secret is not None else "storage"
@@ -159,6 +159,8 @@ class IdentityTags:
     def _maintain(self, *, wait: bool) -> None:
         """Read (or refresh) the storage-kept key when due; one thread at a time. Before the
         first read, the others wait for it (their requests would be counted apart otherwise)."""
+        if self._lock is None:
+            self._lock = threading.Lock()
         if not self._lock.acquire(blocking=wait):
             return
         try:
@@ -208,5 +210,7 @@ class IdentityTags:
         self._due = self._clock() + REFRESH_INTERVAL
 
     def after_fork(self) -> None:
-        """In a forked child: a fresh lock (a parent's thread may have held it)."""
-        self._lock = threading.Lock()
+        """In a forked child: a fresh lock, made on first use (a parent's thread may have held
+        the old one), so after gevent's patch in a worker of ``gunicorn --preload -k gevent``:
+        one made before it blocks the whole worker while the first read holds it."""
+        self._lock = None
