@@ -10,7 +10,6 @@ headers the limit with the fewest units left, never a shadow or meta limit.
 from __future__ import annotations
 
 import operator
-import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from flask_distlimit.request.refuse import Refusals
 from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.resilience.leases import Leases
 from flask_distlimit.resilience.outcome import Outcome
+from flask_distlimit.storage.pool import cooperative
 
 _KEY: Final = operator.attrgetter("key")
 
@@ -97,8 +97,8 @@ class Decider:
             if metrics is not None:  # count the refusal as if the storage had made it
                 metrics.evaluated([c], Evaluation((decision,)))
             report = report_of(c.bound, decision, denied=True)
-            if socket.socket.__module__ != "socket":  # gevent's, eventlet's: those waiting for
-                time.sleep(0)  # a reply or a timer go first (docs/deployment.md, "gevent")
+            if cooperative():  # gevent, eventlet: those waiting for a reply or a timer go
+                time.sleep(0)  # first (docs/deployment.md, "gevent and eventlet workers")
             self.refusals.refuse([c], report, identity, data, from_cache=True)
 
     def decide(

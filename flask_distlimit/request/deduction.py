@@ -23,6 +23,7 @@ from werkzeug.wsgi import ClosingIterator
 from flask_distlimit.core.decision import Check
 from flask_distlimit.core.pacing import paced
 from flask_distlimit.declare.dynamic_limits import LOG_INTERVAL, log_text
+from flask_distlimit.engine.registry import REGISTRY
 from flask_distlimit.request.headers import Report, report_of
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ def note_windows(
     storage's time ``now_us`` (the local clock's ``local_us``), may no longer be given back."""
     for c in checks:
         d = deferred.get(c.key)
-        if d is not None and c.algorithm in ("fixed_window", "sliding_window_counter"):
+        if d is not None and REGISTRY[c.algorithm].counted is not None:  # a window's count
             period = c.period * 1_000_000
             left = (now_us // period + 1) * period - now_us - _LATE_US
             deferred[c.key] = dataclasses.replace(d, until_us=local_us + left)

@@ -35,6 +35,12 @@ LAST_LOOK: Final = 0.001
 _MIN_QUEUE: Final = 1.0
 
 
+def cooperative() -> bool:
+    """Are sockets gevent's or eventlet's (a monkey-patched ``socket.socket``)? Then every wait
+    lets their event loop run."""
+    return socket.socket.__module__ != "socket"
+
+
 def queue_budget(timeout: float) -> float:
     """The default queue budget of a pool whose Redis timeout is ``timeout``: ten times it, and
     at least 1 s. A call queues that long only in a process far past its capacity."""
@@ -79,7 +85,7 @@ class DeadlinePool:
         self.queue_timeout = queue_budget(timeout) if queue_timeout is None else queue_timeout
         #: sockets are gevent's or eventlet's (a monkey-patched ``socket.socket``): every read
         #: waits explicitly (module docstring)
-        self.cooperative = socket.socket.__module__ != "socket"
+        self.cooperative = cooperative()
         self.max_connections = max_connections
         self.connection_class = connection_class
         self.connection_kwargs = connection_kwargs
