@@ -33,8 +33,8 @@ _RATE: Final = re.compile(
 
 _ACCEPTED: Final = (
     "Write '<count>/<unit>' or '<count> per <unit>', optionally '<count>/<n> <unit>', with a "
-    "count >= 1 and a unit of second (s, sec), minute (min), hour (h, hr), day (d), month "
-    "(30 days) or year (360 days), singular or plural "
+    "count >= 0 (0 refuses every request) and a unit of second (s, sec), minute (min), hour "
+    "(h, hr), day (d), month (30 days) or year (360 days), singular or plural "
     "(e.g. '10/second', '100 per minute', '5/30 seconds', '1000/hour', '10000/month'); join "
     "several with ';' (e.g. '10/second;1000/hour')."
 )
@@ -54,9 +54,9 @@ class Rate:
     period: int
 
     def __post_init__(self) -> None:
-        if not 1 <= self.amount <= _MAX_AMOUNT:
+        if not 0 <= self.amount <= _MAX_AMOUNT:  # 0: every request refused
             raise ConfigurationError(
-                f"A rate needs a count from 1 to {_MAX_AMOUNT}, got {self.amount!r}. {_ACCEPTED}"
+                f"A rate needs a count from 0 to {_MAX_AMOUNT}, got {self.amount!r}. {_ACCEPTED}"
             )
         if not 1 <= self.period <= _MAX_PERIOD:
             raise ConfigurationError(
@@ -100,9 +100,9 @@ def _parse_one(text: str, whole: str) -> Rate:
     digits = match["amount"].lstrip("0") or "0"  # more than 10**12: as good as unlimited, 10**12
     amount = min(int(digits), _MAX_AMOUNT) if len(digits) <= 13 else _MAX_AMOUNT
     multiple = int(match["multiple"]) if match["multiple"] is not None else 1
-    if amount < 1 or multiple < 1:
+    if multiple < 1:
         raise ConfigurationError(
-            f"Rate limit {text.strip()!r} must have a count and a period of at least 1. {_ACCEPTED}"
+            f"Rate limit {text.strip()!r} must have a period of at least 1. {_ACCEPTED}"
         )
     return Rate(amount, multiple * _UNITS[unit])
 

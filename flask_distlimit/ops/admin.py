@@ -100,8 +100,8 @@ def checks_for(state: AppLimiter, identity: str, cost: int = 0) -> list[NamedChe
     tiers = [b for bounds in state.tier_limits.values() for b in bounds]
     routes = [b for route in route_plans(state) for b in route.plan.limits]
     for b in (*state.global_limits, *state.meta_limits, *tiers, *routes):
-        # a dynamic value's rates are known per request only
-        if b.dynamic is None and b.keyed_on in keyed_on:
+        # a dynamic value's rates are known per request only; a limit of 0 stores nothing
+        if b.dynamic is None and b.keyed_on in keyed_on and b.rate.amount:
             key = b.key(tag)
             check = Check(key, b.algorithm, b.rate.amount, b.rate.period, cost)
             found.setdefault(key, NamedCheck(b.name, check))

@@ -44,9 +44,9 @@ class RequestLimit:
 
     @property
     def rate(self) -> Rate | None:
-        """``limit`` per ``period`` as a :class:`~flask_distlimit.Rate` (None for a count of
-        0, which a divided local limit may come to)."""
-        if self.limit < 1 or self.period < 1:
+        """``limit`` per ``period`` as a :class:`~flask_distlimit.Rate` (None when the period
+        is not known)."""
+        if self.period < 1:
             return None
         return Rate(self.limit, self.period)
 

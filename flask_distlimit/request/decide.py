@@ -1,6 +1,7 @@
 """Deciding a request's checks: the local deny cache, a quota lease, else ONE storage call.
 
-:meth:`Decider.decide` refuses a check that costs more than a whole window allows, keeps one
+:meth:`Decider.decide` refuses a check that costs more than a whole window allows (a limit of 0
+refuses every request, as Flask-Limiter's does; a shadow one only says it would), keeps one
 check per key, asks the deny cache (:mod:`flask_distlimit.defences.deny_cache`), spends from the
 request's one leased limit or else makes one ``guard.evaluate`` call for every check, refuses a
 denial or an outage under ``closed`` (:mod:`flask_distlimit.request.refuse`), and keeps for the
@@ -56,27 +57,44 @@ class Decider:
     def __post_init__(self) -> None:
         self.shadow_log = ShadowLog(self.clock or monotonic_us)
 
-    def _unaffordable(
+    def _beyond(
         self,
-        check: Check,
+        checks: list[Check],
         identity: Identity | None,
         data: RequestData,
-        checks: Sequence[Check],
         policy: FailurePolicy | None,
-    ) -> None:
-        """A request that can never pass ``check`` still counts against the request's global and
-        tier limits among ``checks`` (decided first, in one storage call: one of them may
-        refuse it instead), as every refused request that reaches no view does, so such
-        requests cannot flood past them."""
-        data.deferred.clear()  # a refused request is never charged after its response
-        every = [
-            c for c in checks if c.bound.limit_id.startswith(("g:", "t:")) and c.cost <= c.limit
-        ]
-        if every:  # raises the 429 (or 503) of a global or tier limit that refuses
-            self.decide(every, identity, policy, data)
-        refused = Decision(False, check.limit, 0, 0.0, NEVER)  # in RateLimit-Policy too
-        data.evaluated.append(Evaluated((check,), (refused,), self.wall()))
-        self.refusals.unaffordable(check, identity, data)
+    ) -> list[Check]:
+        """``checks`` but those no storage call decides. An enforced limit the request's cost
+        exceeds refuses it, after the request's global and tier limits counted it (decided
+        first, in one storage call: one of them may refuse it instead), as every refused request
+        that reaches no view does, so such requests cannot flood past them. A limit of 0 is
+        never stored: a shadow one is counted and logged here as a refusal, and one of cost 0
+        has nothing to count. A shadow limit of 1 or more goes on: the storage says it would
+        deny."""
+        kept = []
+        for c in checks:
+            if c.limit and (c.shadow or c.cost <= c.limit):
+                kept.append(c)
+            elif c.cost and not c.shadow:
+                data.deferred.clear()  # a refused request is never charged after its response
+                every = [
+                    e
+                    for e in checks
+                    if e.bound.limit_id.startswith(("g:", "t:")) and e.cost <= e.limit
+                ]
+                if every:  # raises the 429 (or 503) of a global or tier limit that refuses
+                    self.decide(every, identity, policy, data)
+                refused = Decision(False, c.limit, 0, 0.0, NEVER)  # in RateLimit-Policy too
+                data.evaluated.append(Evaluated((c,), (refused,), self.wall()))
+                self.refusals.unaffordable(c, identity, data)
+            else:  # a limit of 0, never stored: a shadow one, or a request of cost 0
+                data.deferred.pop(c.key, None)
+                if c.cost:  # the shadow limit's refusal, counted as the storage's would be
+                    if self.guard.metrics is not None:
+                        decision = Decision(False, 0, 0, 0.0, NEVER, True)
+                        self.guard.metrics.evaluated([c], Evaluation((decision,)))
+                    self.shadow_log.would_deny([c])
+        return kept
 
     def _from_cache(
         self,
@@ -113,8 +131,11 @@ class Decider:
         """Decide ``checks`` under the failure policy ``policy``; raise on a refusal.
         ``simple``: no slot and no shadow limit among them."""
         for c in checks:
-            if c.cost > c.limit:
-                self._unaffordable(c, identity, data, checks, policy)
+            if c.cost > c.limit or not c.limit:
+                checks = self._beyond(checks, identity, data, policy)
+                if not checks:
+                    return
+                break
         if len(checks) > 1 and len(set(map(_KEY, checks))) != len(checks):
             first: dict[str, Check] = {}
             for c in checks:

@@ -170,7 +170,7 @@ class Refusals:
         detail = (
             f"This request costs {check.cost} units, more than the limit {b.name} allows in a "
             f"whole window ({check.limit} per {b.rate.period} s): it can never be admitted. "
-            "Send it in smaller parts."
+            + ("Send it in smaller parts." if check.limit else "The limit admits no request.")
         )
         tier = identity.tier if identity is not None else None
         self._raise((b,), None, digest, tier, from_cache=False, detail=detail)

@@ -90,7 +90,7 @@ def test_config_is_read_once() -> None:
     [
         ("DISTLIMIT_DEFAULT_LIMITS", "10 per fortnight", "Unknown time unit"),
         ("DISTLIMIT_DEFAULT_LIMITS", "ten/minute", "Cannot read"),
-        ("DISTLIMIT_GLOBAL_LIMITS", "0/second", "count"),
+        ("DISTLIMIT_GLOBAL_LIMITS", "5/0 seconds", "period of at least 1"),
         ("DISTLIMIT_GLOBAL_LIMITS", 100, "string"),
         ("DISTLIMIT_ALGORITHM", "leaky_bucket", "sliding_window_counter"),
         ("DISTLIMIT_HEADERS", "all", "'legacy', 'ietf', 'both', 'none'"),

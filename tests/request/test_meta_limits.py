@@ -178,10 +178,26 @@ def test_no_meta_limit_means_no_meta_check_in_any_call(clock: FakeClock) -> None
     assert counting.checks and not any(c.meta for call in counting.checks for c in call)
 
 
-@pytest.mark.parametrize("value", ["2/fortnight", 5, "0/hour"])
+@pytest.mark.parametrize("value", ["2/fortnight", 5, "-1/hour"])
 def test_a_bad_meta_limit_is_refused_at_init_app(value: object, clock: FakeClock) -> None:
     with pytest.raises(ConfigurationError, match="DISTLIMIT_META_LIMITS"):
         make_app(MemoryStorage(clock=clock), clock, DISTLIMIT_META_LIMITS=value)
+
+
+def test_a_meta_limit_of_0_refuses_every_limited_request_as_flask_limiter_does(
+    clock: FakeClock,
+) -> None:
+    app, limiter, counting = make_app(
+        MemoryStorage(clock=clock), clock, DISTLIMIT_META_LIMITS="0/hour"
+    )
+
+    @app.get("/limited")
+    @limiter.limit("5/minute")
+    def limited() -> str:
+        return "ok"
+
+    assert [app.test_client().get("/limited").status_code for _ in range(2)] == [429, 429]
+    assert counting.evaluations == 0  # decided without the storage
 
 
 # -- exactness under concurrency, at the storage ------------------------------------------------
