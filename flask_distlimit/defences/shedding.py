@@ -10,12 +10,16 @@ and filtered requests are never shed nor counted (docs/defences.md, "Worker util
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Final
 
 from flask import current_app, request
+from werkzeug.exceptions import HTTPException
 
+from flask_distlimit.core.pacing import Pace
 from flask_distlimit.core.priorities import (
     PRIORITIES,
     Priority,
@@ -23,12 +27,14 @@ from flask_distlimit.core.priorities import (
     validate_priority,
 )
 from flask_distlimit.core.problem import Overloaded
+from flask_distlimit.declare.dynamic_limits import log_text
 from flask_distlimit.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from flask_distlimit.defences.lifecycle import Lifecycle
     from flask_distlimit.telemetry.metrics import Metrics
 
+log = logging.getLogger("flask_distlimit")
 
 #: Utilization above which each priority is shed (no entry: never shed).
 DEFAULT_SHED_AT: Final[dict[Priority, float]] = {"sheddable": 0.5, "default": 0.75}
@@ -191,6 +197,7 @@ class Shedding:
         self._lifecycle = lifecycle
         self._key = f"flask_distlimit.priority.{id(self):x}"
         self._admitted = f"flask_distlimit.admitted.{id(self):x}"
+        self._pace = Pace(60.0)  #: the ERROR lines of a failing resolver (monotonic seconds)
 
     def priority(self) -> Priority:
         """The current request's priority (computed once per request)."""
@@ -199,7 +206,19 @@ class Shedding:
         if found is None:
             endpoint = request.endpoint
             view = current_app.view_functions.get(endpoint) if endpoint is not None else None
-            found = self.priorities.of_request(view)
+            try:
+                found = self.priorities.of_request(view)
+            except HTTPException:  # the app's own answer (an abort(401))
+                raise
+            except Exception as exc:  # the app's code: never a 500
+                found = "default"
+                skipped = self._pace.due(time.monotonic())
+                if skipped is not None:
+                    log.error(
+                        "The priority resolver failed (%s: %s); the request is of priority "
+                        "default. (Logged at most once a minute; %d since the last line.)",
+                        type(exc).__name__, log_text(exc), skipped,
+                    )  # fmt: skip
             environ[self._key] = found
         return found
 

@@ -5,11 +5,12 @@ open on events and streamed bodies, never on sleeps.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-from flask import Blueprint, Flask, Response, g, request
+from flask import Blueprint, Flask, Response, abort, g, request
 from prometheus_client import CollectorRegistry
 
 from flask_distlimit import ConfigurationError, Limiter
@@ -289,6 +290,37 @@ def test_the_priority_resolver_decides_for_views_without_a_priority(clock: FakeC
     assert client.get("/payments").status_code == 503  # None: default; 2 > 0.75 * 2
     first.close()
     assert client.get("/payments").status_code == 200
+
+
+@pytest.mark.parametrize("answer", ["raise", "urgent", 7])
+def test_a_priority_resolver_that_fails_gives_default_and_an_error_line_never_a_500(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture, answer: object
+) -> None:
+    app, limiter, _ = make_app(MemoryStorage(clock=clock), clock, DISTLIMIT_WORKER_THREADS=2)
+
+    @limiter.priority_resolver
+    def broken() -> object:
+        if request.args.get("auth") == "no":
+            abort(401)  # the app's own answer: given as it is
+        if answer == "raise":
+            raise KeyError("tenant")
+        return answer
+
+    @app.get("/orders")
+    def orders() -> Response:
+        return Response(iter(["ok"]))
+
+    client = app.test_client()
+    with caplog.at_level(logging.ERROR, logger="flask_distlimit"):
+        first = client.get("/orders", buffered=False)  # holds 1 of the 2 threads, as default
+        assert first.status_code == 200
+        assert client.get("/orders").status_code == 503  # default: 2 > 0.75 * 2
+        first.close()
+        assert client.get("/orders").status_code == 200
+    lines = [r for r in caplog.records if "priority resolver" in r.getMessage()]
+    assert len(lines) == 1  # at most once a minute
+    assert "default" in lines[0].getMessage()
+    assert client.get("/orders?auth=no").status_code == 401
 
 
 def test_a_bad_priority_is_refused_when_declared() -> None:
