@@ -117,6 +117,9 @@ class Limiter(Declarations):
             check_callable("request_filter", request_filter)
         #: the logger of every line the limiter writes (Flask-Limiter's ``limiter.logger``)
         self.logger = log
+        #: False: no request is limited, in every app this Limiter serves, until it is True
+        #: again (Flask-Limiter's run-time switch; ``DISTLIMIT_ENABLED`` hooks nothing in)
+        self.enabled = True
         self.registry = LimitRegistry()
         #: callables exempting a request from every limit
         #: (:mod:`flask_distlimit.declare.request_filters`)

@@ -60,13 +60,15 @@ _HEADERS_ADDED: Final = "_distlimit_headers_added"
 class Declared(Protocol):
     """What one app's limiter reads of the :class:`~flask_distlimit.Limiter` serving it: what
     is declared in code (limits and exemptions, priorities, identity hooks, request filters,
-    the breach hook), read as the app serves, so declared before or after ``init_app``."""
+    the breach hook, the run-time switch), read as the app serves, so declared before or after
+    ``init_app``."""
 
     registry: LimitRegistry
     priorities: PriorityRegistry
     hooks: IdentityHooks
     request_filters: list[RequestFilter]
     breach_hook: BreachHook | None
+    enabled: bool
 
 
 class AppLimiter(Protocol):
@@ -195,6 +197,9 @@ class Enforcer:
         (:mod:`flask_distlimit.defences.shedding`)."""
         if self._planner.views is None:
             self.finalize(current_app._get_current_object())  # type: ignore[attr-defined]
+        if not self._state.limiter.enabled:  # switched off at run time: nothing is limited
+            request.environ[self.environ_key] = RequestData(exempt=True)
+            return
         shedding = self._state.shedding
         if shedding.load is None:
             return
@@ -410,7 +415,7 @@ class Enforcer:
                 return response, None
         if self._worker_shedding and self._state.shedding.shed_here(req.environ):
             return response, None  # shed before the app's hooks: charged to no limit
-        if self._filters and filtered(self._filters):
+        if not self._state.limiter.enabled or (self._filters and filtered(self._filters)):
             return response, None
         app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
         if self._planner.views is None:  # a hook before ours answered the app's first request

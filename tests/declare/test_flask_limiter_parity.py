@@ -534,3 +534,38 @@ def test_a_handler_on_limiter_logger_hears_each_breach_once_a_window(
         limiter.logger.setLevel(level)
     assert limiter.logger is logging.getLogger("flask_distlimit")
     assert [r.getMessage().split(":")[0] for r in heard] == ["Rate limit exceeded"]
+
+
+def test_limiter_enabled_false_switches_every_limit_off_until_it_is_true_again(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Flask-Limiter's run-time switch, which a test suite flips: it did nothing here."""
+    app, limiter, counting = make_app(backend(), clock, DISTLIMIT_GLOBAL_LIMITS="100/minute")
+
+    @app.before_request
+    def hook_limited() -> None:
+        if request.path == "/hooked":
+            with limiter.limit("1/minute"):
+                pass
+
+    @app.get("/one")
+    @limiter.limit("1/minute")
+    def one() -> str:
+        return "ok"
+
+    @app.get("/hooked")
+    def hooked() -> str:
+        return "ok"
+
+    client = app.test_client()
+    assert client.get("/one").status_code == 200
+    assert client.get("/hooked").status_code == 200
+    calls = counting.evaluations
+    limiter.enabled = False
+    answers = [client.get(path) for path in ("/one", "/hooked", "/missing") for _ in range(3)]
+    assert [r.status_code for r in answers] == [200] * 6 + [404] * 3
+    assert not [h for r in answers for h, _ in r.headers if "ratelimit" in h.lower()]
+    assert counting.evaluations == calls  # not even the global limit was asked
+    limiter.enabled = True
+    assert client.get("/one").status_code == 429
+    assert client.get("/hooked").status_code == 429
