@@ -181,8 +181,6 @@ class Guard(GuardCore):
         by_node = self.breakers.by_node()
         figures = {node: _figures(b) for node, b in by_node.items()}
         shown = _figures(worst(list(by_node.values())) or current)
-        told = self.storage_log
-        instances = self.instances
         return {
             "ok": error is None and shown["state"] == "closed",
             "storage": storage.scheme,
@@ -196,16 +194,16 @@ class Guard(GuardCore):
             "breaker_failures": shown["failures"],
             "breaker_open_seconds": shown["open_seconds"],
             "policy": self.policy,
-            "instances": instances.setting,
-            "instances_min": instances.minimum,
-            "instances_seen": instances.seen,
-            "fallback_divisor": instances.divisor,
+            "instances": self.instances.setting,
+            "instances_min": self.instances.minimum,
+            "instances_seen": self.instances.seen,
+            "fallback_divisor": self.instances.divisor,
             "fallback_active": self.fallback_active,
             "fallback_held_keys": sum(f.held() for f in self.fallbacks.all()),
-            "unreadable_replies": told.unreadable_count,
-            "unreadable_last": told.unreadable_last,
-            "side_call_failures": told.side_failures,
-            "side_call_last": told.side_last,
+            "unreadable_replies": self.storage_log.unreadable_count,
+            "unreadable_last": self.storage_log.unreadable_last,
+            "side_call_failures": self.storage_log.side_failures,
+            "side_call_last": self.storage_log.side_last,
         }
 
 

@@ -36,7 +36,7 @@ from flask_distlimit.errors import (
 from flask_distlimit.forks import AfterFork
 from flask_distlimit.resilience.breaker import Breaker, BreakerState
 from flask_distlimit.resilience.breakers import DEFAULT_NODE, Breakers, report_parts
-from flask_distlimit.resilience.fallback import DEFAULT_MAX_KEYS
+from flask_distlimit.resilience.fallback import DEFAULT_MAX_KEYS, LocalFallback
 from flask_distlimit.resilience.instances import Instances, InstancesSetting
 from flask_distlimit.resilience.last_known import LastKnown
 from flask_distlimit.resilience.node_fallbacks import NodeFallbacks
@@ -120,12 +120,15 @@ class GuardCore:
         # Settling: one reset timeout, the breaker's own measure of how long a failing storage
         # stays suspect (docs/failure-modes.md, "The bound").
         self.fallbacks = NodeFallbacks(
-            fallback_factory,
-            clock=clock,
-            settle=self.breakers.reset_timeout,
-            last_known=self.last_known,
-            storage=storage,
-            max_keys=fallback_max_keys,
+            functools.partial(
+                LocalFallback,
+                fallback_factory,
+                clock=clock,
+                settle=self.breakers.reset_timeout,
+                last_known=self.last_known,
+                max_keys=fallback_max_keys,
+            ),
+            storage,
         )
         #: The local fallback (one per node on a Redis Cluster: :attr:`fallbacks`).
         self.fallback = self.fallbacks.default

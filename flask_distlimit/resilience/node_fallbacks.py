@@ -7,40 +7,21 @@ write under a lock: request threads read them without one.
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable, Sequence
 
 from flask_distlimit.core.decision import Check
-from flask_distlimit.resilience.fallback import DEFAULT_MAX_KEYS, LocalFallback
-from flask_distlimit.resilience.last_known import LastKnown
+from flask_distlimit.resilience.fallback import LocalFallback
 from flask_distlimit.storage.base import Storage
 
 
 class NodeFallbacks:
     """The fallbacks of one guard's ``storage``: one per node, as its :meth:`Storage.route
-    <flask_distlimit.storage.base.Storage.route>` places checks, when it is ``routed``;
-    ``factory``, ``clock``, ``settle``, ``last_known`` and ``max_keys`` build each
-    :class:`~flask_distlimit.resilience.fallback.LocalFallback`."""
+    <flask_distlimit.storage.base.Storage.route>` places checks, when it is ``routed``; ``new``
+    makes each :class:`~flask_distlimit.resilience.fallback.LocalFallback`."""
 
-    def __init__(
-        self,
-        factory: Callable[[], Storage] | None,
-        *,
-        clock: Callable[[], float],
-        settle: float,
-        last_known: LastKnown,
-        storage: Storage,
-        max_keys: int = DEFAULT_MAX_KEYS,
-    ) -> None:
-        self._new = functools.partial(
-            LocalFallback,
-            factory,
-            clock=clock,
-            settle=settle,
-            last_known=last_known,
-            max_keys=max_keys,
-        )
+    def __init__(self, new: Callable[[], LocalFallback], storage: Storage) -> None:
+        self._new = new
         self._routed = storage.routed
         self._route = storage.route
         #: The fallback of a storage with one node (on a Cluster: of the checks of no node).
