@@ -45,11 +45,6 @@ def lua_text(package: str, *names: str) -> str:
     return "".join((lua / name).read_text(encoding="utf-8") for name in names)
 
 
-def _indent(text: str, indent: str) -> str:
-    """``text`` (dedented) with every non-empty line indented by ``indent``."""
-    return textwrap.indent(textwrap.dedent(text), indent)
-
-
 def _regions(text: str) -> dict[str, str]:
     """The marked regions of an algorithm file: name -> the lines from ``--@name`` to
     ``--@end`` (several regions of one name joined in order), dedented."""
@@ -68,7 +63,7 @@ def _fill(template: str, places: dict[str, str]) -> str:
 
     def put(line: re.Match[str]) -> str:
         indent = line[0][: len(line[0]) - len(line[0].lstrip())]
-        return _indent(places.get(line[1], ""), indent).rstrip("\n")
+        return textwrap.indent(textwrap.dedent(places.get(line[1], "")), indent).rstrip("\n")
 
     return _MARKER.sub(put, template)
 
@@ -108,7 +103,7 @@ def _inline(text: str, helpers: dict[str, tuple[list[str], str]]) -> str:
                 indent = code[: found.start()]
                 assert not indent.strip() and not code[close:].strip(), f"inline: {line}"
                 bound = f"local {', '.join(params)} = {', '.join(args)}\n{body}\n"
-                code = f"{indent}do\n{_indent(bound, indent + '  ')}{indent}end"
+                code = f"{indent}do\n{textwrap.indent(bound, indent + '  ')}{indent}end"
         lines.append(code + dash + comment)
     return "\n".join(lines) + "\n"
 

@@ -31,8 +31,6 @@ _MIN_SLACK: Final = 0.001
 #: The least time a connect is given, seconds, however late this process got to it (a
 #: loopback or LAN connect takes microseconds; a refused one fails at once).
 LAST_LOOK: Final = 0.001
-#: The least queue budget, seconds (:func:`queue_budget`).
-_MIN_QUEUE: Final = 1.0
 
 
 def cooperative() -> bool:
@@ -44,7 +42,7 @@ def cooperative() -> bool:
 def queue_budget(timeout: float) -> float:
     """The default queue budget of a pool whose Redis timeout is ``timeout``: ten times it, and
     at least 1 s. A call queues that long only in a process far past its capacity."""
-    return max(_MIN_QUEUE, 10 * timeout)
+    return max(1.0, 10 * timeout)
 
 
 class NoConnectionAvailable(redis.ConnectionError):

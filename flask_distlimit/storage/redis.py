@@ -265,7 +265,7 @@ class RedisStorage(RedisSideCalls):
             replies = [outcome(self._script, m.keys, m.args) for m in made]
         else:
             wait_until = time.monotonic() + pool.queue_timeout
-            send = (pool, self._packer, self.tokens, self._script, made, wait_until)
+            send = (pool, self._packer, self.tokens, self.pipeline.load, made, wait_until)
             replies = send_parts(*send)
             if self._sentinel is not None and all(isinstance(r, ReadOnlyError) for r in replies):
                 pool.disconnect()  # a demoted master wrote nothing: once more on the new one

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import redis
-from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from flask_distlimit.errors import StorageError
@@ -78,13 +77,13 @@ def send_parts(
     pool: DeadlinePool,
     packer: EvalshaPacker,
     tokens: RequestTokens,
-    script: Script,
+    load: Callable[[Any], bytes],
     made: list[Made],
     wait_until: float,
 ) -> list[Any]:
     """The reply to each call of ``made`` (module docstring); the wait for a connection ends by
     ``wait_until`` (the queue budget: then each call's reply is the pool's
-    ``NoConnectionAvailable``)."""
+    ``NoConnectionAvailable``); ``load`` packs the script's ``SCRIPT LOAD`` (the pipeline's)."""
     commands = [packer.pack(m.keys, m.args, m.token, tokens.first) for m in made]
     try:
         connection = pool.checkout(wait_until, probe=False)
@@ -109,8 +108,7 @@ def send_parts(
             )
         missing = [n for n, r in enumerate(replies) if isinstance(r, NoScriptError)]
         if missing:  # the script did not run: load it, those calls once more, in one write
-            load = b"".join(connection.pack_command("SCRIPT", "LOAD", script.script))
-            pool.send(connection, [load + b"".join([commands[n] for n in missing])])
+            pool.send(connection, [load(connection) + b"".join([commands[n] for n in missing])])
             with contextlib.suppress(redis.ResponseError):  # else each call's reply tells it
                 pool.read(connection, deadline)
             for n in missing:

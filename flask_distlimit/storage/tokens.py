@@ -8,14 +8,13 @@ first ran. Tokens are unique in the fleet. Which calls carry one: docs/design-no
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import os
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import redis
 
@@ -40,8 +39,7 @@ TOKEN_MODES: Final = ("auto", "always")
 _HEADS_KEPT: Final = 1024
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Made:
+class Made(NamedTuple):
     """A script call to make: its KEYS, its ARGV and its request token's key (``None``: none)."""
 
     keys: list[str]

@@ -35,14 +35,6 @@ ACCEPTED_FORMS: Final = (
     "valkey://, valkeys://, valkey+sentinel://, valkey+cluster:// (as the redis ones)",
 )
 
-#: Valkey's schemes (as ``limits`` spells them), read as the Redis ones they are twins of.
-_VALKEY_SCHEMES: Final = {
-    "valkey": "redis",
-    "valkeys": "rediss",
-    "valkey+sentinel": "redis+sentinel",
-    "valkey+cluster": "redis+cluster",
-}
-
 _TRUE: Final = {"1", "true", "yes", "on"}
 _FALSE: Final = {"0", "false", "no", "off"}
 
@@ -83,6 +75,9 @@ _QUERY: Final[dict[str, dict[str, Callable[[str], Any]]]] = {
     },
     "redis+cluster": {**_COMMON_QUERY, "ssl": _bool},
 }
+#: Valkey's schemes (as ``limits`` spells them), read as the Redis ones they are twins of:
+#: ``valkey`` for ``redis`` in each.
+_VALKEY_SCHEMES: Final = {s.replace("redis", "valkey"): s for s in _QUERY if s.startswith("redis")}
 #: Every scheme :func:`from_url` reads (``DISTLIMIT_STORAGE_URL`` is checked against them).
 SCHEMES: Final = ("memory", *_QUERY, *_VALKEY_SCHEMES)
 
