@@ -254,7 +254,7 @@ class ClusterStorage(ClusterNodes):
             if call.error is not None and not isinstance(call.error, Exception):
                 raise call.error  # not an Exception: an interrupt of this call's own
             reply = call.reply if call.error is None else call.error
-            return self._ended(part, made, reply, now_us, refund)
+            return self._ended(part, made, reply, now_us, refund, pipeline.pool)
         assert isinstance(call.error, rx.ConnectionError)
         pool = pipeline.pool
         # Redis's time for the repeats starts now: the batch's may be spent by the wait to be woken
@@ -262,7 +262,7 @@ class ClusterStorage(ClusterNodes):
         try:
             connection = pool.checkout(wait_until, connect=False)  # the repeat connects it
         except REDIS_FAILURES as exc:
-            return failed(exc)
+            return failed(exc, pool)
         try:
             packer, tokens, lost = self._packer, self.tokens, call.error
             reply = outcome(read_or_repeat, pool, connection, packer, tokens, made, deadline, lost)

@@ -586,7 +586,7 @@ def test_a_primary_s_pool_with_every_connection_busy_neither_arms_nor_refreshes(
             pool.release(held)
             client.nodes_manager.initialize = initialize  # type: ignore[method-assign]
         assert isinstance(results[0], StorageBusy)  # this process's load: not the node's
-        assert "queue budget" in str(results[0])
+        assert "queue budget (0.05 s)" in str(results[0])  # the budget it waited, not "0 s"
         assert storage.tokens.armed_until < time.monotonic()
         assert refreshed == []
     finally:
