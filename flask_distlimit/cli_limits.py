@@ -89,6 +89,12 @@ def endpoint_of(endpoint: str | None, path: str | None, method: str | None) -> s
                 f"The app has no endpoint {endpoint!r} ('flask routes' lists them).",
                 param_hint="--endpoint",
             )
+        rules = current_app.url_map.iter_rules(endpoint)
+        if method is not None and not any(method in (r.methods or ()) for r in rules):
+            raise click.BadParameter(
+                f"The endpoint {endpoint!r} takes no {method} ('flask routes' lists its methods).",
+                param_hint="--method",
+            )
         return endpoint
     if path is None:
         return None

@@ -169,6 +169,7 @@ def test_limits_of_one_method_list_only_that_method() -> None:
         (["--path", "/nope"], "GET /nope reaches no view of the app (404 Not Found)"),
         (["--path", "/login"], "GET /login reaches no view of the app (405 Method Not Allowed)"),
         (["--path", "/login", "--endpoint", "login"], "either --endpoint or --path"),
+        (["--endpoint", "login", "--method", "GET"], "The endpoint 'login' takes no GET"),
     ],
 )
 def test_limits_filters_that_match_nothing_say_so(args: list[str], said: str) -> None:
