@@ -9,7 +9,7 @@ options are checked when it is made (:mod:`flask_distlimit.declare.options`, whi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Final, TypeVar, overload
 
@@ -44,14 +44,51 @@ class LimitDeclaration:
     """What ``limit``, ``shared_limit`` and ``concurrency`` return: a decorator, and a context
     manager deciding the limit where a ``with`` block in a view starts."""
 
-    _decorate: Callable[[Any], Any]
-    _enter: Callable[[], None]
+    limiter: Declarations
+    #: the options, checked; ``declared_on`` names the declaration (``limiter.limit('...')``)
+    checked: LimitSpec
 
     def __call__(self, target: Decorated) -> Decorated:
-        return self._decorate(target)  # type: ignore[no-any-return]
+        limiter = self.limiter
+        what = self.checked.declared_on
+        kind_on: LimitKind = self.checked.kind
+        if kind_on == "route" and isinstance(target, (Blueprint, Flask)):
+            kind_on = "blueprint" if isinstance(target, Blueprint) else "default"
+        spec = replace(self.checked, kind=kind_on, declared_on=describe(target))
+        registry = limiter.registry
+        registry.check_open(target, what)
+
+        def add(table: dict[Any, list[LimitSpec]], key: object) -> None:
+            specs = table.setdefault(key, [])
+            limiter._declared([*specs, spec])
+            specs.append(spec)
+
+        if isinstance(target, (Blueprint, Flask)):  # an app's limits: default limits
+            add(registry.blueprints, target)
+            return target
+        if isinstance(target, type) and issubclass(target, View):
+            add(registry.views, target)
+            limiter._carry_in_decorators(target)
+            return target
+        if not callable(target):
+            raise _not_a_target(what, target)
+        # the target itself when it already carries this limiter's limits, else a wrapper
+        # that tells the limiter when it runs (after the app's before_request hooks)
+        carrier: Callable[..., Any] = target
+        if registry.views.get(target) is None or not carries(target, limiter):
+            carrier = make_carrier(target, limiter, limiter._reached)
+        add(registry.views, carrier)
+        if carrier is not target and hashable(target):
+            registry.wrapped_by.setdefault(target, []).append(carrier)
+        return carrier  # type: ignore[return-value]
 
     def __enter__(self) -> None:
-        self._enter()
+        if self.checked.lease is not False:
+            raise ConfigurationError(
+                f"{self.checked.declared_on} with lease= cannot be a with block: a lease is "
+                "held per route, bound once. Declare the limit on the view instead."
+            )
+        self.limiter._entered(replace(self.checked, declared_on="a with block"))
 
     def __exit__(self, *exc_info: object) -> None:
         return None
@@ -153,7 +190,8 @@ class Declarations:
         """
         if isinstance(scope, int) and not isinstance(scope, bool):
             scope = str(scope)  # a view argument, as in Flask-Limiter: ``scope=order_id``
-        return self._declare(value, locals())  # only the arguments are local yet
+        # only the arguments are local yet
+        return LimitDeclaration(self, check_options(value, locals()))
 
     def shared_limit(
         self,
@@ -184,7 +222,7 @@ class Declarations:
                 f"shared_limit needs a non-empty scope string, got {scope!r}: e.g. "
                 "limiter.shared_limit('100/minute', scope='search')."
             )
-        return self._declare(value, locals())
+        return LimitDeclaration(self, check_options(value, locals()))
 
     def concurrency(
         self,
@@ -207,56 +245,7 @@ class Declarations:
             )
         options = dict(_LIMIT_DEFAULTS, key_func=key_func, scope=scope, on_failure=on_failure)
         # the period is the lease, set at init_app
-        return self._declare(f"{limit}/second", options, concurrency=True)
-
-    def _declare(
-        self, value: LimitSource, options: Mapping[str, Any], *, concurrency: bool = False
-    ) -> LimitDeclaration:
-        """``options``: :meth:`limit`'s keyword arguments, as given."""
-        checked = check_options(value, options, concurrency=concurrency)
-        what = checked.declared_on  # limiter.limit('...'), as messages name the declaration
-
-        def decorator(target: Decorated) -> Decorated:
-            kind_on: LimitKind = checked.kind
-            if kind_on == "route" and isinstance(target, (Blueprint, Flask)):
-                kind_on = "blueprint" if isinstance(target, Blueprint) else "default"
-            spec = replace(checked, kind=kind_on, declared_on=describe(target))
-            registry = self.registry
-            registry.check_open(target, what)
-
-            def add(table: dict[Any, list[LimitSpec]], key: object) -> None:
-                specs = table.setdefault(key, [])
-                self._declared([*specs, spec])
-                specs.append(spec)
-
-            if isinstance(target, (Blueprint, Flask)):  # an app's limits: default limits
-                add(registry.blueprints, target)
-                return target
-            if isinstance(target, type) and issubclass(target, View):
-                add(registry.views, target)
-                self._carry_in_decorators(target)
-                return target
-            if not callable(target):
-                raise _not_a_target(what, target)
-            # the target itself when it already carries this limiter's limits, else a wrapper
-            # that tells the limiter when it runs (after the app's before_request hooks)
-            carrier: Callable[..., Any] = target
-            if registry.views.get(target) is None or not carries(target, self):
-                carrier = make_carrier(target, self, self._reached)
-            add(registry.views, carrier)
-            if carrier is not target and hashable(target):
-                registry.wrapped_by.setdefault(target, []).append(carrier)
-            return carrier  # type: ignore[return-value]
-
-        def enter() -> None:
-            if checked.lease is not False:
-                raise ConfigurationError(
-                    f"{what} with lease= cannot be a with block: a lease is held per route, "
-                    "bound once. Declare the limit on the view instead."
-                )
-            self._entered(replace(checked, declared_on="a with block"))
-
-        return LimitDeclaration(decorator, enter)
+        return LimitDeclaration(self, check_options(f"{limit}/second", options, concurrency=True))
 
     def _carry_in_decorators(self, view_class: type[View]) -> None:
         """Append, once, a decorator to the class's ``decorators`` whose wrapper carries the

@@ -44,12 +44,6 @@ def identity_tag(identity: str, tags: IdentityTags | None = None) -> str:
     return tags.tag(identity)
 
 
-def identity_kind(identity: str) -> str | None:
-    """The kind of an identity text (``"ip"``, ``"user"``, ``"jwt"``, ``"apikey"``, ``"func"``),
-    ``None`` when it names none."""
-    return next((head[:-1] for head in IDENTITY_KINDS if identity.startswith(head)), None)
-
-
 def key_tag(key: str) -> str:
     """The hash tag of a storage key: the digest of who is counted, never the identity in
     clear (``""`` for a key without one)."""

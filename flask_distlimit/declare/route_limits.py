@@ -352,15 +352,11 @@ def build_plan(
     # beside them, as in Flask-Limiter.
     inner_specs = {o: tuple(ss) for o, ss in inner.items()}
     inner_all = [s for ss in inner.values() for s in ss]
-    route = [*specs, *inner_all]
-    for bp in inherited:  # innermost first
-        if any(spec.override_defaults for spec in route):
+    # the layers: each blueprint's limits (innermost first), then the defaults
+    for layer in (*(registry.blueprints.get(bp, ()) for bp in inherited), default_limits):
+        if any(spec.override_defaults for spec in (*specs, *inner_all)):
             break
-        bp_specs = [s for s in registry.blueprints.get(bp, ()) if s.applies_to(method)]
-        specs += bp_specs
-        route += bp_specs
-    if not any(spec.override_defaults for spec in route):  # none found, or none overrides
-        specs.extend(s for s in default_limits if s.applies_to(method))
+        specs += [s for s in layer if s.applies_to(method)]
     bound: list[BoundLimit] = []
     seen: set[tuple[object, ...]] = set()
     for spec in specs:

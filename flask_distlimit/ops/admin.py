@@ -10,7 +10,7 @@ from typing import NamedTuple
 from flask import current_app
 
 from flask_distlimit.core.decision import Check
-from flask_distlimit.declare.keys import IDENTITY_KINDS, client_pattern, identity_kind
+from flask_distlimit.declare.keys import IDENTITY_KINDS, client_pattern
 from flask_distlimit.declare.route_limits import RoutePlan
 from flask_distlimit.request.enforcement import AppLimiter
 from flask_distlimit.request.plans import is_static
@@ -51,9 +51,9 @@ def reset(state: AppLimiter) -> int:
 
 
 def check_kind(identity: str) -> str:
-    """The kind of ``identity`` (:func:`~flask_distlimit.declare.keys.identity_kind`); a
-    :class:`ValueError`, with the fix, for a text that names none."""
-    kind = identity_kind(identity)
+    """The kind of an identity text (``"ip"``, ``"user"``, ``"jwt"``, ``"apikey"``, ``"func"``);
+    a :class:`ValueError`, with the fix, for a text that names none."""
+    kind = next((head[:-1] for head in IDENTITY_KINDS if identity.startswith(head)), None)
     if kind is None:
         raise ValueError(
             f"The identity {identity!r} names no kind of identity: start it with one of "
