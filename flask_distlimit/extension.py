@@ -193,7 +193,7 @@ class Limiter(Declarations):
         if settings.enabled:
             # one call, as a request makes it: unreachable, refused, slots not served?
             try:
-                check_storage(
+                answered = check_storage(
                     chosen,
                     mode=settings.startup_check,
                     url=settings.storage_url if given is None else None,
@@ -205,6 +205,8 @@ class Limiter(Declarations):
                 if given is None:
                     chosen.close()  # ours: the app does not start
                 raise
+            if answered:
+                state.tags.check_secret()  # the same secret in every process?
         app.extensions[EXTENSION_KEY] = state
         self._states.add(state)
         if settings.enabled:

@@ -31,6 +31,9 @@ SHARED_KEY_TTL: Final = 0
 REFRESH_INTERVAL: Final = 5.0
 #: Seconds before a process that could not read the storage-kept key tries again.
 RETRY_INTERVAL: Final = 5.0
+#: Seconds the storage remembers the secret a process started with (by a tag, never the secret):
+#: processes started this close together with different secrets are told (check_secret).
+SECRET_SEEN_TTL: Final = 120.0
 
 #: Identities up to this length have their tag cached (most requests come from clients seen
 #: before); longer ones (a key_func may return kilobytes) are hashed every time.
@@ -208,6 +211,30 @@ class IdentityTags:
             self._tags = _Tags(tag_secret(value.encode()))  # no tag of the old key is kept
         self.settled = True
         self._due = self._clock() + REFRESH_INTERVAL
+
+    def check_secret(self) -> None:
+        """Log an ERROR when a process of the deployment started within
+        :data:`SECRET_SEEN_TTL` of this one keys identities with another secret (a random
+        ``SECRET_KEY`` per process): each counts every client apart. Once per process, at
+        ``init_app``; an outage is the start-up check's to tell."""
+        storage = self._storage
+        if self.source != "secret" or storage is None:
+            return
+        key = self.storage_key.replace("-digest-key", "-secrets")
+        try:
+            seen = storage.heartbeat(key, self._tags[_CONTEXT.decode()], SECRET_SEEN_TTL)
+        except StorageError:
+            return
+        if seen > 1:
+            log.error(
+                "%d secrets key identities in this deployment (processes started in the last "
+                "%.0f s, seen at %r): each counts every client apart, so a client gets each "
+                "limit once per secret. Set the same SECRET_KEY (or DISTLIMIT_API_KEY_SECRET) "
+                "in every process, never a random one per process; expected only while a "
+                "changed secret rolls out. Apps meant to count apart need their own "
+                "DISTLIMIT_KEY_PREFIX.",
+                seen, SECRET_SEEN_TTL, key,
+            )  # fmt: skip
 
     def after_fork(self) -> None:
         """In a forked child: a fresh lock, made on first use (a parent's thread may have held

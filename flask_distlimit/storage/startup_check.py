@@ -60,19 +60,20 @@ def check_storage(
     key_prefix: str,
     timeout: float,
     policy: str,
-) -> None:
+) -> bool:
     """Probe ``storage`` once (module docstring); warn, or raise the
-    :class:`~flask_distlimit.errors.StorageError` found when ``mode`` is ``"error"``.
+    :class:`~flask_distlimit.errors.StorageError` found when ``mode`` is ``"error"``. Answers
+    whether the probe was made and answered.
 
     ``url`` is the ``DISTLIMIT_STORAGE_URL`` the storage was built from (``None``: passed in),
     ``timeout`` the ``DISTLIMIT_REDIS_TIMEOUT``, ``policy`` the app's failure policy."""
     if mode == "off" or not isinstance(storage, RedisSideCalls):
-        return
+        return False
     given = passed_client(storage)
     if given is not None:
         waits = client_read_timeout(given)
         if waits is None or waits > timeout:
-            return  # could stall the start: warned about by client_retries
+            return False  # could stall the start: warned about by client_retries
     try:
         if isinstance(storage, ClusterNodes):  # first: the slots not served, by primary
             _check_slots(storage)
@@ -97,6 +98,8 @@ def check_storage(
             line,
             policy,
         )
+        return False
+    return True
 
 
 _KINDS: Final = (StorageMisconfigured, StorageResponseError, StorageUnavailable)

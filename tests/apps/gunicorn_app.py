@@ -34,6 +34,8 @@ app.config.update(
     DISTLIMIT_REDIS_TIMEOUT=5.0,
     DISTLIMIT_FAILURE_POLICY="closed",
 )
+if os.environ.get("GUNICORN_TEST_SECRET") == "per-process":  # the mistake: each worker its own
+    app.config["SECRET_KEY"] = os.urandom(16).hex()
 limiter = Limiter(app)
 
 

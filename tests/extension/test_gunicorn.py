@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from tests.conftest import assert_every_key_has_ttl
-from tests.gunicorn_servers import Gunicorn, launch, request, wait_ready
+from tests.gunicorn_servers import Gunicorn, launch, request, until, wait_ready
 from tests.servers import RedisProcess
 
 pytestmark = [pytest.mark.gunicorn, pytest.mark.redis]
@@ -122,3 +122,22 @@ def test_class_based_views_and_a_late_hook_keep_their_limits_across_workers(
     assert len(pids) >= 2
     for name in ("acme", "globex"):
         assert fire(instances, "/tenant", [{"X-Tenant": name}] * 3) == Counter({429: 3})
+
+
+def test_a_random_secret_in_each_worker_is_named_when_the_workers_start(
+    redis_server: RedisProcess, tmp_path: Path
+) -> None:
+    """``SECRET_KEY = os.urandom(...)`` at import gives each gunicorn worker its own secret, so
+    each keyed every client apart and admitted each limit once per worker, without a word."""
+    env = {
+        "DISTLIMIT_STORAGE_URL": redis_server.url,
+        "GUNICORN_TEST_PREFIX": f"secrets-{os.getpid()}",
+        "GUNICORN_TEST_SECRET": "per-process",
+    }
+    server = launch("tests.apps.gunicorn_app:app", env, tmp_path)
+    try:
+        wait_ready(server)
+        until(lambda: "secrets key identities" in server.log.read_text(), "the ERROR line")
+        assert "never a random one per process" in server.log.read_text()
+    finally:
+        server.stop()

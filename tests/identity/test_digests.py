@@ -10,12 +10,15 @@ from collections.abc import Callable
 
 import pytest
 import redis
+from flask import Flask
 from redis.cluster import RedisCluster
 
+from flask_distlimit import Limiter
 from flask_distlimit.errors import StorageUnavailable
 from flask_distlimit.identity.digests import (
     _CACHE_SIZE,
     RETRY_INTERVAL,
+    SECRET_SEEN_TTL,
     SHARED_KEY_TTL,
     IdentityTags,
     digest_key,
@@ -24,7 +27,7 @@ from flask_distlimit.identity.digests import (
 from flask_distlimit.storage.cluster import ClusterStorage
 from flask_distlimit.storage.memory import MemoryStorage
 from flask_distlimit.storage.redis import RedisStorage
-from tests.servers import ClusterServers
+from tests.servers import ClusterServers, RedisProcess
 
 HEX20 = re.compile(r"[0-9a-f]{20}")
 
@@ -213,3 +216,33 @@ def test_threads_arriving_first_wait_for_the_shared_key() -> None:
 def test_neither_a_secret_nor_a_storage_is_refused() -> None:
     with pytest.raises(ValueError, match="secret or a storage"):
         IdentityTags()
+
+
+def _secret_app(url: str, secret: str, prefix: str = "secrets") -> Flask:
+    app = Flask("worker")
+    app.config.update(SECRET_KEY=secret, DISTLIMIT_STORAGE_URL=url, DISTLIMIT_KEY_PREFIX=prefix)
+    Limiter(app)
+    return app
+
+
+def test_processes_started_with_different_secrets_are_told_at_start_up(
+    redis_server: RedisProcess, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A random SECRET_KEY per process (``os.urandom`` at import, each gunicorn worker its own)
+    keyed every client apart in every worker: each limit admitted once per worker, silently."""
+    apps = []
+    with caplog.at_level(logging.ERROR, "flask_distlimit"):
+        apps += [_secret_app(redis_server.url, "same-" + "s" * 30) for _ in range(2)]
+        assert not caplog.records  # two workers, one secret
+        apps.append(_secret_app(redis_server.url, "other-" + "s" * 30))
+        apps.append(_secret_app(redis_server.url, "third-" + "s" * 30, prefix="own"))
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("2 secrets key identities") and "'secrets:identity-secrets'" in line
+    assert "SECRET_KEY" in line and "DISTLIMIT_KEY_PREFIX" in line
+    # the storage keeps a tag of each secret, never the secret, and forgets it
+    members = redis_client.zrange("secrets:identity-secrets", 0, -1)
+    assert len(members) == 2 and all(HEX20.fullmatch(m.decode()) for m in members)
+    assert not any(b"same-" in m or b"other-" in m for m in members)
+    assert 0 < redis_client.pttl("secrets:identity-secrets") <= SECRET_SEEN_TTL * 1000
+    for app in apps:
+        Limiter.state(app).storage.close()
