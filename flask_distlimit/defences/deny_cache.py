@@ -72,8 +72,6 @@ class DenyCache:
 
     def lookup(self, key: str, cost: int, now_us: int | None = None) -> Denial | None:
         """The remembered denial that certainly refuses ``cost`` on ``key`` now, if any."""
-        if not self.entries:  # the common case: no lock, no clock
-            return None
         now = self.clock() if now_us is None else now_us
         with self._lock:
             denial = self.entries.get(key)

@@ -235,16 +235,14 @@ class Checks:
             raise
         if not checks:
             return
+        simple = plain and (not every_request or self.every_plain)
         if self.meta_limits and data.meta_limits:  # the identity was resolved for them
             # After the others: a breach of any of them is counted in the same script call.
-            for b in self.meta_limits:
-                key = b.key(itag)
-                checks.append(
-                    Check(key, b.algorithm, b.rate.amount, b.rate.period, meta=True, bound=b)
-                )
-            self.decider.decide(checks, identity, plan.policy, data)
-            return
-        simple = plain and (not every_request or self.every_plain)
+            checks += [
+                Check(b.key(itag), b.algorithm, b.rate.amount, b.rate.period, meta=True, bound=b)
+                for b in self.meta_limits
+            ]
+            simple = False
         self.decider.decide(checks, identity, plan.policy, data, simple=simple)
 
     def _resolved(

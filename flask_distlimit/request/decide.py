@@ -189,7 +189,7 @@ class Decider:
         # kept as they are; limiter.current_limits reads them only when asked
         data.evaluated.append(Evaluated(checks, decisions, self.wall()))
         if data.deferred or not simple:
-            self._shadow(checks, decisions, data, simple=simple)
+            self._shadow(checks, decisions, data)
         # Report the limit with the fewest units left (ties: the latest reset); never a shadow
         # limit (clients would slow down for a limit that is not enforced), a slot or a meta
         # limit; refuse at the first denial instead. Compared in place: no record made per check.
@@ -197,7 +197,7 @@ class Decider:
         least: Decision | None = None
         for c, d in zip(checks, decisions, strict=True):
             if not d.allowed:
-                self._refuse(checks, decisions, identity, data, outcome, started, simple=simple)
+                self._refuse(checks, decisions, identity, data, outcome, started)
             if c.shadow or c.token or c.meta:
                 continue
             if (
@@ -220,13 +220,11 @@ class Decider:
         data: RequestData,
         outcome: Outcome,
         started: int,
-        *,
-        simple: bool,
     ) -> NoReturn:
         """Remember the denials in the deny cache, then refuse the request (a 429)."""
         cache = self.deny_cache
         finished = monotonic_us() if self.clock is None else self.clock()
-        meta = not simple and checks[-1].meta  # meta checks come last (request.checks)
+        meta = checks[-1].meta  # meta checks come last (request.checks); none in a simple call
         by_meta = meta and any(
             c.meta and not d.allowed for c, d in zip(checks, decisions, strict=True)
         )
@@ -251,18 +249,12 @@ class Decider:
         )
 
     def _shadow(
-        self,
-        checks: list[Check],
-        decisions: Sequence[Decision],
-        data: RequestData,
-        *,
-        simple: bool,
+        self, checks: list[Check], decisions: Sequence[Decision], data: RequestData
     ) -> None:
-        """Count and log what the shadow limits would have refused (never refused)."""
-        for c, d in zip(checks, decisions, strict=True):
-            if d.shadow_denied:  # not written: its reservation is not given back
-                data.deferred.pop(c.key, None)
-        if not simple and any(d.shadow_denied for d in decisions):
-            self.shadow_log.would_deny(
-                [c for c, d in zip(checks, decisions, strict=True) if d.shadow_denied]
-            )
+        """Count and log what the shadow limits would have refused (never refused; never in
+        ``simple`` checks, which hold no shadow limit)."""
+        denied = [c for c, d in zip(checks, decisions, strict=True) if d.shadow_denied]
+        for c in denied:  # not written: its reservation is not given back
+            data.deferred.pop(c.key, None)
+        if denied:
+            self.shadow_log.would_deny(denied)

@@ -429,11 +429,10 @@ class Enforcer:
             if plan.exempt or not (plan.app_limits or charge_route or plan.limits):
                 return response, None  # exempt, or lifted by an ExemptionScope
         req.environ[self.environ_key] = data = RequestData(meta_limits=plan.meta_limits)
+        # no route matched, or Flask answered an OPTIONS: every request's limits, no fleet slot
+        route = plan if charge_route or answered else _NO_ROUTE
         try:
-            if charge_route or answered:  # (a route matched)
-                self._checks.decide(req, data, plan, every_request=True, fleet=bool(charge_route))
-            else:  # the limits of every request, the fleet's slot aside
-                self._checks.decide(req, data, _NO_ROUTE, every_request=True, fleet=False)
+            self._checks.decide(req, data, route, every_request=True, fleet=bool(charge_route))
         except HTTPException as exc:  # the refusal, through the app's own error handlers
             response = app.make_response(app.handle_http_exception(exc))
         return response, data

@@ -86,9 +86,6 @@ class Refusals:
     #: the pace of the ERROR lines about each route's breach hooks raising (local clock)
     paces: dict[str, Pace] = field(default_factory=dict, init=False)
 
-    def _digest(self, identity: Identity | None, tag: str) -> str:
-        return self.identity_tag(identity.value) if identity is not None else tag
-
     def refuse(
         self,
         denied: Sequence[Check],
@@ -115,7 +112,7 @@ class Refusals:
         data.report = None if concurrency else binding
         data.denied, data.retry_after = True, retry
         data.degraded = data.degraded or degraded
-        digest = self._digest(identity, key_tag(keys[0]))
+        digest = self.identity_tag(identity.value) if identity is not None else key_tag(keys[0])
         tier = identity.tier if identity is not None else None
         # one INFO line per client and limit per window at most, never one per request
         fresh = self.logged.due(denied, self.local_clock())
@@ -160,7 +157,7 @@ class Refusals:
         b: BoundLimit = check.bound
         data.deferred.clear()  # a refused request is never charged after its response
         data.report, data.denied, data.retry_after = None, True, None
-        digest = self._digest(identity, key_tag(check.key))
+        digest = self.identity_tag(identity.value) if identity is not None else key_tag(check.key)
         if self.logged.due((check,), self.local_clock()):
             log.info(
                 "Rate limit %s refused a request costing %d (more than %d in a whole window) "
