@@ -193,20 +193,19 @@ class Limiter(Declarations):
         if settings.enabled:
             # one call, as a request makes it: unreachable, refused, slots not served?
             try:
-                answered = check_storage(
+                if check_storage(
                     chosen,
                     mode=settings.startup_check,
                     url=settings.storage_url if given is None else None,
                     key_prefix=settings.key_prefix,
                     timeout=settings.redis_timeout,
                     policy=settings.failure_policy,
-                )
+                ):
+                    state.tags.check_secret()  # the same secret in every process?
             except StorageError:
                 if given is None:
                     chosen.close()  # ours: the app does not start
                 raise
-            if answered:
-                state.tags.check_secret()  # the same secret in every process?
         app.extensions[EXTENSION_KEY] = state
         self._states.add(state)
         if settings.enabled:

@@ -212,12 +212,11 @@ class Shedding:
                 raise
             except Exception as exc:  # the app's code: never a 500
                 found = "default"
-                skipped = self._pace.due(time.monotonic())
-                if skipped is not None:
+                if self._pace.due(time.monotonic()) is not None:
                     log.error(
                         "The priority resolver failed (%s: %s); the request is of priority "
-                        "default. (Logged at most once a minute; %d since the last line.)",
-                        type(exc).__name__, log_text(exc), skipped,
+                        "default. (Logged at most once a minute.)",
+                        type(exc).__name__, log_text(exc),
                     )  # fmt: skip
             environ[self._key] = found
         return found

@@ -227,12 +227,11 @@ class IdentityTags:
             return
         if seen > 1:
             log.error(
-                "%d secrets key identities in this deployment (processes started in the last "
-                "%.0f s, seen at %r): each counts every client apart, so a client gets each "
-                "limit once per secret. Set the same SECRET_KEY (or DISTLIMIT_API_KEY_SECRET) "
-                "in every process, never a random one per process; expected only while a "
-                "changed secret rolls out. Apps meant to count apart need their own "
-                "DISTLIMIT_KEY_PREFIX.",
+                "%d secrets key identities in this deployment (processes started within %.0f s, "
+                "at %r): each counts every client apart, each limit admits once per secret. Set "
+                "the same SECRET_KEY (or DISTLIMIT_API_KEY_SECRET) in every process, never a "
+                "random one per process (apps meant to count apart: each its own "
+                "DISTLIMIT_KEY_PREFIX); expected only while a changed secret rolls out.",
                 seen, SECRET_SEEN_TTL, key,
             )  # fmt: skip
 

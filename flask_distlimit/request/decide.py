@@ -36,6 +36,8 @@ from flask_distlimit.resilience.outcome import Outcome
 from flask_distlimit.storage.pool import cooperative
 
 _KEY: Final = operator.attrgetter("key")
+#: How the ids of the limits of every request begin: global and tier limits.
+_ALL: Final = ("g:", "t:")
 
 
 @dataclass(slots=True, kw_only=True)
@@ -77,11 +79,7 @@ class Decider:
                 kept.append(c)
             elif c.cost and not c.shadow:
                 data.deferred.clear()  # a refused request is never charged after its response
-                every = [
-                    e
-                    for e in checks
-                    if e.bound.limit_id.startswith(("g:", "t:")) and e.cost <= e.limit
-                ]
+                every = [e for e in checks if e.cost <= e.limit and e.bound.limit_id[:2] in _ALL]
                 if every:  # raises the 429 (or 503) of a global or tier limit that refuses
                     self.decide(every, identity, policy, data)
                 refused = Decision(False, c.limit, 0, 0.0, NEVER)  # in RateLimit-Policy too
