@@ -33,7 +33,6 @@ from flask_distlimit.request.refuse import Refusals
 from flask_distlimit.resilience.guard import Guard
 from flask_distlimit.resilience.leases import Leases
 from flask_distlimit.resilience.outcome import Outcome
-from flask_distlimit.storage.pool import cooperative
 
 _KEY: Final = operator.attrgetter("key")
 #: How the ids of the limits of every request begin: global and tier limits.
@@ -113,8 +112,6 @@ class Decider:
             if metrics is not None:  # count the refusal as if the storage had made it
                 metrics.evaluated([c], Evaluation((decision,)))
             report = report_of(c.bound, decision, denied=True)
-            if cooperative():  # gevent, eventlet: those waiting for a reply or a timer go
-                time.sleep(0)  # first (docs/deployment.md, "gevent and eventlet workers")
             self.refusals.refuse([c], report, identity, data, from_cache=True)
 
     def decide(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NoReturn
@@ -37,6 +38,7 @@ from flask_distlimit.identity import Identity
 from flask_distlimit.request.data import RequestData
 from flask_distlimit.request.headers import Report
 from flask_distlimit.resilience.guard import Guard
+from flask_distlimit.storage.pool import cooperative
 
 if TYPE_CHECKING:
     from werkzeug.sansio.response import Response as SansIOResponse
@@ -185,6 +187,8 @@ class Refusals:
     ) -> NoReturn:
         """Tell the ``on_breach`` hooks, then raise the 429 (the response of the last hook that
         answered one, if any). A hook that raises is logged and the 429 is sent all the same."""
+        if cooperative():  # gevent, eventlet: those waiting for a reply or a timer go first (a
+            time.sleep(0)  # flood of 429s from memory); docs/deployment.md, "gevent and eventlet"
         response: SansIOResponse | None = None
         names = tuple(b.name for b in denied)
         hooks = refusal_options.breach_hooks(denied, self.breach_hook())

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
+import time
 from collections.abc import Callable
 
 import pytest
@@ -17,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from flask_distlimit import Limiter
 from flask_distlimit.core.limits import Rate, parse_rates
 from flask_distlimit.storage.base import Storage
+from flask_distlimit.storage.memory import MemoryStorage
 from flask_distlimit.telemetry.metrics import metrics_for
 from flask_distlimit.testing import FakeClock
 from tests.distlimit_fixtures import backend, clock, make_app
@@ -137,3 +140,22 @@ def test_a_shadow_limit_never_refuses_a_request_that_costs_more_than_it_allows(
     assert client.post("/batch?n=1").status_code == 429
     # the shadow 0 never went to the storage; the shadow 5 did, and was not written
     assert all(c.limit != 0 for checks in counting.checks for c in checks)
+
+
+def test_a_refusal_made_without_a_storage_call_yields_to_the_event_loop_under_gevent(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Like the deny cache's (tests/defences/test_deny_cache.py): a flood of 429s decided in
+    memory must not hold a gevent worker's admitted requests."""
+    app, limiter, _ = make_app(MemoryStorage(clock=clock), clock)
+
+    @app.get("/")
+    @limiter.limit("0/hour")
+    def index() -> str:
+        return "ok"
+
+    slept: list[float] = []
+    monkeypatch.setattr(socket.socket, "__module__", "gevent._socket3")
+    monkeypatch.setattr(time, "sleep", slept.append)
+    assert [app.test_client().get("/").status_code for _ in range(3)] == [429] * 3
+    assert slept == [0] * 3
