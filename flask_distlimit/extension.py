@@ -320,6 +320,14 @@ class Limiter(Declarations):
             return []
         return _current.current_limits(self.state())
 
+    @property
+    def current_limit(self) -> _current.RequestLimit | None:
+        """Flask-Limiter's: the limit the current request's rate-limit headers describe, the
+        one that refused it or else the one closest to refusing it (None: none)."""
+        if not has_request_context() or EXTENSION_KEY not in current_app.extensions:
+            return None
+        return _current.current_limit(self.state())
+
     def clear(self, limit_name: str) -> int:
         """Forget the current identity's counter of the limit ``limit_name`` (its name in
         :attr:`current_limits`, with or without its rate), e.g. after a successful login;

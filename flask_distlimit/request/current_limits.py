@@ -2,7 +2,7 @@
 (docs/limits.md, "The request's limits in hand").
 
 ``current_limits`` lists the limits the request's storage calls evaluated so far, in order
-(none outside a request). ``clear(name)`` deletes the current identity's keys of those named
+(none outside a request); ``current_limit`` is the one the rate-limit headers describe. ``clear(name)`` deletes the current identity's keys of those named
 ``name`` and answers how many; an unknown name raises :class:`ValueError`, and clearing a
 counter keyed on an address warns (:class:`~flask_distlimit.errors.ClearedAddressWarning`).
 """
@@ -74,6 +74,20 @@ def current_limits(state: AppLimiter) -> list[RequestLimit]:
         )
         for c, d, wall in _evaluated(state)
     ]
+
+
+def current_limit(state: AppLimiter) -> RequestLimit | None:
+    """The limit the rate-limit headers describe: the one that refused the request, else the
+    one closest to refusing it (None: none yet, or a refusal by a slot or past a limit)."""
+    data = request.environ.get(state.enforcer.environ_key) if has_request_context() else None
+    r = None if data is None else data.report
+    if data is None or r is None:
+        return None
+    for one in reversed(current_limits(state)):
+        if one.name == r.name and one.remaining == r.remaining:
+            return one
+    wall = state.wall() + r.reset_after  # a refusal of the deny cache: no storage call
+    return RequestLimit(r.name, r.limit, r.remaining, r.reset_after, wall, data.denied, r.period)
 
 
 def _matches(name: str, wanted: str) -> bool:

@@ -67,6 +67,43 @@ def test_current_limits_outside_a_request_is_empty() -> None:
         assert Limiter().current_limits == []  # no limiter on this app
 
 
+def test_current_limit_is_the_one_the_headers_describe_as_in_flask_limiter(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Flask-Limiter's ``limiter.current_limit``, read in views and 429 handlers, was no
+    attribute here: a 500."""
+    app, limiter, _ = make_app(backend(), clock, DISTLIMIT_GLOBAL_LIMITS="100/minute")
+
+    def told() -> dict[str, object] | None:
+        one = limiter.current_limit
+        return None if one is None else {"name": one.name, "left": one.remaining, "no": one.denied}
+
+    @app.errorhandler(429)
+    def too_many(exc: Exception) -> ResponseReturnValue:
+        return jsonify(told()), 429
+
+    @app.get("/quota")
+    @limiter.limit("2/minute;10/hour")
+    def quota() -> ResponseReturnValue:
+        return jsonify(told())
+
+    @app.get("/free")
+    def free() -> ResponseReturnValue:
+        return jsonify(told())
+
+    client = app.test_client()
+    first = client.get("/quota")
+    assert first.get_json() == {"name": "quota:2/minute", "left": 1, "no": False}
+    assert first.headers["X-RateLimit-Remaining"] == "1"  # the limit the headers describe
+    assert client.get("/quota").get_json() == {"name": "quota:2/minute", "left": 0, "no": False}
+    refused = {"name": "quota:2/minute", "left": 0, "no": True}
+    assert client.get("/quota").get_json() == refused  # decided by the storage
+    assert client.get("/quota").get_json() == refused  # by the deny cache, no storage call
+    # a refused request is charged nowhere: the global limit counted the two admitted and this
+    assert client.get("/free").get_json() == {"name": "global:100/minute", "left": 97, "no": False}
+    assert Limiter().current_limit is None  # outside a request
+
+
 def login_app(backend: Backend, clock: FakeClock) -> tuple[Flask, Limiter]:
     app, limiter, _ = make_app(backend(), clock)
 
