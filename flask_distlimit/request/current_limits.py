@@ -1,10 +1,11 @@
-"""The request's limits in hand: ``limiter.current_limits`` and ``limiter.clear(name)``
-(docs/limits.md, "The request's limits in hand").
+"""The request's limits in hand: ``limiter.current_limits``, ``limiter.current_limit`` and
+``limiter.clear(name)`` (docs/limits.md, "The request's limits in hand").
 
 ``current_limits`` lists the limits the request's storage calls evaluated so far, in order
-(none outside a request); ``current_limit`` is the one the rate-limit headers describe. ``clear(name)`` deletes the current identity's keys of those named
-``name`` and answers how many; an unknown name raises :class:`ValueError`, and clearing a
-counter keyed on an address warns (:class:`~flask_distlimit.errors.ClearedAddressWarning`).
+(none outside a request); ``current_limit`` is the one the rate-limit headers describe.
+``clear(name)`` deletes the current identity's keys of those named ``name`` and answers how
+many; an unknown name raises :class:`ValueError`, and clearing a counter keyed on an address
+warns (:class:`~flask_distlimit.errors.ClearedAddressWarning`).
 """
 
 from __future__ import annotations
