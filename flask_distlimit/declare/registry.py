@@ -51,6 +51,9 @@ class LimitRegistry:
     scopes: dict[object, ExemptionScope] = field(default_factory=dict)
     #: the objects each app served (held by the app's state; dropped with it)
     _served: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
+    #: what an app's first request looked at: another app does not warn of it (an app
+    #: factory's views of the apps made before)
+    told: set[object] = field(default_factory=set)
 
     def watch(self, served: Any) -> None:
         """``served.objects`` is the set of objects an app serves: declaring on one of them

@@ -86,16 +86,18 @@ def finalize(app: Flask, plans: Plans, every_request: int, gate: Gate) -> object
 def _warn_unmatched(
     app: Flask, registry: LimitRegistry, served: set[object], unused: list[str]
 ) -> None:
+    told, exempt = registry.told, (*registry.exempt_views, *registry.exempt_blueprints)
     unmatched = [
         f"limit {spec.shown()} on {spec.declared_on}"
         for target, specs in (*registry.views.items(), *registry.blueprints.items())
-        if target not in served
+        if target not in served and target not in told
         for spec in specs[:1]
     ] + [
         f"exemption of {describe(target)}"
-        for target in (*registry.exempt_views, *registry.exempt_blueprints, *registry.scopes)
-        if target not in served
+        for target in (*exempt, *registry.scopes)
+        if target not in served and target not in told
     ]
+    told.update(registry.views, registry.blueprints, exempt, registry.scopes)
     unmatched += unused
     if not unmatched:
         return

@@ -19,7 +19,7 @@ from flask.views import MethodView, View
 from flask_distlimit import ConfigurationError, Limiter
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.testing import FakeClock
-from tests.distlimit_fixtures import backend, clock, make_app
+from tests.distlimit_fixtures import QUIET, backend, clock, make_app
 
 __all__ = ["backend", "clock"]  # fixtures used below
 
@@ -528,6 +528,41 @@ def test_the_first_request_warns_once_about_limits_that_match_no_endpoint(
     assert len(warnings) == 1
     assert "never_routed" in warnings[0] and "'unused'" in warnings[0]
     assert "3/minute" in warnings[0] and "5/minute" in warnings[0]
+
+
+def test_an_app_factory_s_later_apps_do_not_warn_of_the_earlier_apps_views(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One Limiter, an app factory defining its views inside: each app after the first warned
+    that the views of the apps made before it matched none of its endpoints."""
+    limiter = Limiter(clock=clock)
+
+    def create_app(typo: bool = False) -> Flask:
+        app = Flask("factory")
+        app.config.update(QUIET, DISTLIMIT_STORAGE_URL="memory://")
+
+        @app.get("/ping")
+        @limiter.limit("5/minute")
+        def ping() -> str:
+            return "pong"
+
+        if typo:  # a limit on a view this app never routes: still named
+
+            @limiter.limit("1/minute")
+            def never_routed() -> str:
+                return "x"
+
+        limiter.init_app(app)
+        return app
+
+    apps = []
+    with caplog.at_level(logging.WARNING, logger="flask_distlimit"):
+        for typo in (False, False, True, False):
+            apps.append(create_app(typo))
+            assert apps[-1].test_client().get("/ping").status_code == 200
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "never_routed" in warnings[0] and "ping" not in warnings[0]
 
 
 def test_the_first_request_warns_about_a_limit_whose_methods_its_route_never_takes(
