@@ -164,7 +164,10 @@ class RedisProcess:
                 tail = log.read_text(errors="replace")[-500:] if log.exists() else ""
                 raise RuntimeError(f"redis-server on port {self.port} exited at start: {err}{tail}")
             try:
-                if self.client(socket_timeout=0.5).ping():
+                # ours, not a server another test session started on the same port in between
+                # (ours then exits at start: the port is taken)
+                info = self.client(socket_timeout=0.5).info("server")
+                if info.get("process_id") == self.proc.pid:
                     return self
             except redis.exceptions.RedisError:
                 pass
@@ -195,7 +198,13 @@ class RedisProcess:
 
 
 def start_redis(*args: str) -> RedisProcess:
-    return RedisProcess(port=free_port(), args=list(args)).start()
+    for attempt in range(3):  # a port another test session took between our check and bind
+        try:
+            return RedisProcess(port=free_port(), args=list(args)).start()
+        except RuntimeError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def start_redis_with_acl(password: str, users: dict[str, list[str]]) -> RedisProcess:
