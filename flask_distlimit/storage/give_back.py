@@ -11,6 +11,7 @@ from __future__ import annotations
 import secrets
 from typing import Final
 
+from flask_distlimit.engine.common import US
 from flask_distlimit.engine.lua_source import lua_text
 from flask_distlimit.engine.registry import REGISTRY
 from flask_distlimit.engine.scripts import token_key
@@ -47,13 +48,7 @@ def give_back_keys(key: str) -> list[str]:
 def give_back_args(back: GiveBack) -> list[int]:
     """``ARGV`` of one give-back (``now_us`` ``None``: the server's clock)."""
     now_us = -1 if back.now_us is None else back.now_us
-    return [
-        GIVE_BACK_CODES[back.algorithm],
-        back.period * 1_000_000,
-        back.window,
-        back.units,
-        now_us,
-    ]
+    return [GIVE_BACK_CODES[back.algorithm], back.period * US, back.window, back.units, now_us]
 
 
 def given_back(reply: object) -> int:
