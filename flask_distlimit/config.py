@@ -231,23 +231,17 @@ class Settings(LimiterSettings):
         for key, default in DEFAULTS.items():
             # a dict default is copied: an app that edits its config never edits ours
             config.setdefault(key, dict(default) if isinstance(default, dict) else default)
-        default_limits, default_dynamic = _limit_value(config, "DISTLIMIT_DEFAULT_LIMITS")
-        global_limits, global_dynamic = _limit_value(config, "DISTLIMIT_GLOBAL_LIMITS")
-        if global_dynamic is not None and global_dynamic.by_tier:
+        read: dict[str, Any] = {}
+        for kind in ("default", "global"):  # each a limit key, read into two fields
+            key = f"DISTLIMIT_{kind.upper()}_LIMITS"
+            read[f"{kind}_limits"], read[f"{kind}_dynamic"] = _limit_value(config, key)
+        if read["global_dynamic"] is not None and read["global_dynamic"].by_tier:
             raise ConfigurationError(
                 "DISTLIMIT_GLOBAL_LIMITS is a mapping: the global limits count every request "
                 "per client address, whatever its tier. Give a limit string or a callable "
                 "answering one; per-tier limits go in DISTLIMIT_TIERS."
             )
-        read: dict[str, Any] = {
-            name: reader(key, config[key])
-            for name, reader in _READERS.items()
-            for key in (f"DISTLIMIT_{name.upper()}",)
-        }
-        return cls(
-            default_limits=default_limits,
-            default_dynamic=default_dynamic,
-            global_limits=global_limits,
-            global_dynamic=global_dynamic,
-            **read,
-        )
+        for name, reader in _READERS.items():
+            key = f"DISTLIMIT_{name.upper()}"
+            read[name] = reader(key, config[key])
+        return cls(**read)

@@ -2,7 +2,7 @@
 
 Promises: units come off only while the server's window and the key's are both the one they were
 taken in, at most the count, the key's TTL kept; made again under the same id
-(:func:`give_back_keys`) it takes nothing more; garbage is left to the limit script. KEYS and
+(:func:`give_back_call`) it takes nothing more; garbage is left to the limit script. KEYS and
 ARGV: docs/design-notes.md, "Giving leased units back".
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import secrets
 from typing import Final
 
+from flask_distlimit.engine.common import US
 from flask_distlimit.engine.lua_source import lua_text
 from flask_distlimit.engine.registry import REGISTRY
 from flask_distlimit.engine.scripts import token_key
@@ -38,22 +39,13 @@ GIVE_BACK_SOURCE: Final = (
 )
 
 
-def give_back_keys(key: str) -> list[str]:
-    """``KEYS`` of one give-back: ``key`` and a fresh id in its Cluster slot (docs/design-notes.md,
-    "Given back once")."""
-    return [key, token_key(key, f"gb.{secrets.token_hex(10)}")]
-
-
-def give_back_args(back: GiveBack) -> list[int]:
-    """``ARGV`` of one give-back (``now_us`` ``None``: the server's clock)."""
+def give_back_call(back: GiveBack) -> tuple[list[str], list[int]]:
+    """``KEYS`` and ``ARGV`` of one give-back: its key and a fresh id in its Cluster slot
+    (docs/design-notes.md, "Given back once"), then its arguments (``now_us`` ``None``: the
+    server's clock)."""
     now_us = -1 if back.now_us is None else back.now_us
-    return [
-        GIVE_BACK_CODES[back.algorithm],
-        back.period * 1_000_000,
-        back.window,
-        back.units,
-        now_us,
-    ]
+    args = [GIVE_BACK_CODES[back.algorithm], back.period * US, back.window, back.units, now_us]
+    return [back.key, token_key(back.key, f"gb.{secrets.token_hex(10)}")], args
 
 
 def given_back(reply: object) -> int:

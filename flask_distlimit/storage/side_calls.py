@@ -19,12 +19,7 @@ from redis.commands.core import Script
 from flask_distlimit.engine.lua_source import lua_text
 from flask_distlimit.engine.scripts import SCRIPT_SOURCE
 from flask_distlimit.storage.base import GiveBack, Storage
-from flask_distlimit.storage.give_back import (
-    GIVE_BACK_SOURCE,
-    give_back_args,
-    give_back_keys,
-    given_back,
-)
+from flask_distlimit.storage.give_back import GIVE_BACK_SOURCE, give_back_call, given_back
 from flask_distlimit.storage.heartbeat import HEARTBEAT_SOURCE, Fleet, fleet_from_reply, peak_key
 from flask_distlimit.storage.lease_records import (
     LEASE_RECORDS_SOURCE,
@@ -123,8 +118,7 @@ class RedisSideCalls(Storage):
         return records_from_reply(reply)
 
     def _give_back(self, back: GiveBack) -> int:
-        keys = give_back_keys(back.key)
-        return given_back(translated(self._side().give_back, keys, give_back_args(back)))
+        return given_back(translated(self._side().give_back, *give_back_call(back)))
 
     def shared_value(self, key: str, candidate: str, ttl: int) -> str:
         value = translated(self._side().shared_value, [key], [candidate, int(ttl)])

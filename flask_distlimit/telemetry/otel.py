@@ -55,9 +55,8 @@ class OTelMetrics(Instruments):
         attributes: dict[str, str | bool] = {f"distlimit.{k}": v for k, v in labels.items()}
         if family == "shed_requests":  # a request, counted by its result (INSTRUMENTS)
             family = "requests"
-            reason = attributes.pop("distlimit.reason")
             attributes.update({"distlimit.result": "shed", "distlimit.degraded": False})
-            attributes["distlimit.shed.reason"] = reason
+            attributes["distlimit.shed.reason"] = attributes.pop("distlimit.reason")
         instrument = self.made[family]
         count = instrument.record if family == "storage_latency" else instrument.add
         return functools.partial(count, attributes=attributes)
