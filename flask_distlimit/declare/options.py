@@ -7,7 +7,7 @@ needs a request is refused there (:func:`check_scope`; docs/design-notes.md, "Sc
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final, get_args
 
 from flask import has_request_context
@@ -106,22 +106,6 @@ def check_callable(name: str, func: object) -> None:
         ) from None
 
 
-def _check_methods(methods: Iterable[str] | None) -> frozenset[str] | None:
-    """``methods=`` as a set of upper-case HTTP method names (``GET`` brings ``HEAD``)."""
-    if methods is None:
-        return None
-    if isinstance(methods, str) or not all(isinstance(m, str) and m.strip() for m in methods):
-        raise ConfigurationError(
-            f"methods={methods!r}: use a list of HTTP method names, e.g. ['POST']."
-        )
-    method_set = frozenset(m.strip().upper() for m in methods)
-    if not method_set:
-        raise ConfigurationError("methods=[] would never apply: name at least one method.")
-    if "GET" in method_set:  # Flask runs the GET view for HEAD: one limit, one quota
-        method_set |= {"HEAD"}
-    return method_set
-
-
 #: The options a :class:`LimitSpec` keeps as given (the others are read into another form).
 _AS_GIVEN: Final = (
     "key_func",
@@ -181,7 +165,18 @@ def check_options(
             f"unit={unit!r}: use one of {', '.join(map(repr, UNITS))} (what the limit "
             "counts: requests, or the bytes of the response bodies sent)."
         )
-    method_set = _check_methods(options["methods"])
+    # methods=: a set of upper-case HTTP method names (GET brings HEAD)
+    method_set: frozenset[str] | None = None
+    if (methods := options["methods"]) is not None:
+        if isinstance(methods, str) or not all(isinstance(m, str) and m.strip() for m in methods):
+            raise ConfigurationError(
+                f"methods={methods!r}: use a list of HTTP method names, e.g. ['POST']."
+            )
+        method_set = frozenset(m.strip().upper() for m in methods)
+        if not method_set:
+            raise ConfigurationError("methods=[] would never apply: name at least one method.")
+        if "GET" in method_set:  # Flask runs the GET view for HEAD: one limit, one quota
+            method_set |= {"HEAD"}
     algorithm, policy = options["algorithm"], options["on_failure"]
     algorithm = validate_algorithm(algorithm) if algorithm is not None else None
     if concurrency:

@@ -87,23 +87,18 @@ def make_carrier(
 ) -> Callable[..., Any]:
     """A wrapper of ``func`` carrying ``limiter``'s limits; it calls ``reached(wrapper)`` when it
     runs inside a request (after the app's before_request hooks)."""
-    carrier: Callable[..., Any]
-    if inspect.iscoroutinefunction(func):
 
-        async def call_async(*args: Any, **kwargs: Any) -> Any:
-            if has_request_context():
-                reached(carrier)
-            return await func(*args, **kwargs)
+    async def call_async(*args: Any, **kwargs: Any) -> Any:
+        if has_request_context():
+            reached(carrier)
+        return await func(*args, **kwargs)
 
-        carrier = functools.wraps(func)(call_async)
-    else:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if has_request_context():
+            reached(carrier)
+        return func(*args, **kwargs)
 
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if has_request_context():
-                reached(carrier)
-            return func(*args, **kwargs)
-
-        carrier = functools.wraps(func)(call)
+    carrier = functools.wraps(func)(call_async if inspect.iscoroutinefunction(func) else call)
     setattr(carrier, _CARRIED, (carrier, func, limiter))
     return carrier
 

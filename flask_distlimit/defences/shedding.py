@@ -129,9 +129,8 @@ class WorkerLoad:
             if len(places) + 1 > room:
                 for gone in [p for p, deadline in places.items() if deadline <= now]:
                     del places[gone]
-            if len(places) + 1 > room:
-                place = None
-            else:
+            place: Place | None = None
+            if len(places) + 1 <= room:
                 place = Place(self)
                 places[place] = now + self._hold
             in_flight = len(places)

@@ -122,9 +122,22 @@ class IdentityResolver:
     def _verified(self, environ: Mapping[str, object], hooks: IdentityHooks) -> Identity | None:
         """The first identity the app's loader, a JWT or an API key vouches for."""
         loaded = hooks.identity_loader() if hooks.identity_loader is not None else None
-        user = self._user(loaded) if loaded is not None else None
-        if user is not None:
-            return user
+        if loaded is not None:
+            # (id, tier), not a bare id's characters
+            if not (isinstance(loaded, (tuple, list)) and len(loaded) == 2):
+                raise TypeError(
+                    f"The identity loader must return (id, tier or None) or None, got {loaded!r}."
+                )
+            user_id, tier = loaded
+            text = id_text(user_id)
+            if text is not None:
+                return Identity("user", f"user:{text}", self._known(tier, "the identity loader"))
+            # no id (Flask-Login's get_id() of an anonymous user): anonymous; else not an id
+            if user_id is not None and user_id != "":
+                raise TypeError(
+                    f"The identity loader returned the id {user_id!r}; an id is a str or int "
+                    "(e.g. str(current_user.id))."
+                )
         if self._jwt is not None:
             found = self._jwt.identify(environ.get("HTTP_AUTHORIZATION"))
             if found is not None:
@@ -134,22 +147,6 @@ class IdentityResolver:
         if found is not None:
             return Identity("api_key", found[0], self._known(found[1], "the API key verifier"))
         return None
-
-    def _user(self, loaded: tuple[str, str | None]) -> Identity | None:
-        if not (isinstance(loaded, (tuple, list)) and len(loaded) == 2):  # not a bare id's chars
-            raise TypeError(
-                f"The identity loader must return (id, tier or None) or None, got {loaded!r}."
-            )
-        user_id, tier = loaded
-        if user_id is None or user_id == "":
-            return None  # no id (Flask-Login's get_id() of an anonymous user): anonymous
-        text = id_text(user_id)
-        if text is None:
-            raise TypeError(
-                f"The identity loader returned the id {user_id!r}; an id is a str or int "
-                "(e.g. str(current_user.id))."
-            )
-        return Identity("user", f"user:{text}", self._known(tier, "the identity loader"))
 
     def _known(self, tier: object, source: str) -> str:
         """``tier`` when the table knows it (any str when there is no table), else ANONYMOUS."""

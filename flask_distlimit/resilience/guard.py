@@ -28,7 +28,7 @@ from flask_distlimit.errors import (
 from flask_distlimit.resilience.breaker import Breaker
 from flask_distlimit.resilience.breakers import DEFAULT_NODE, worst
 from flask_distlimit.resilience.guard_core import GuardCore, log
-from flask_distlimit.resilience.outcome import OPEN_OUTCOME, Outcome
+from flask_distlimit.resilience.outcome import Outcome
 from flask_distlimit.resilience.routing import evaluate_routed
 from flask_distlimit.resilience.storage_log import one_line
 from flask_distlimit.telemetry.metrics import storage_outcome
@@ -99,9 +99,7 @@ class Guard(GuardCore):
                 if not fallback.holding and chosen == "local":
                     # Redis is up: this one request is admitted, and the local shares do not
                     # take over every key for a reset timeout (docs/failure-modes.md).
-                    if metrics is not None:
-                        metrics.degraded(checks, None)
-                    return OPEN_OUTCOME
+                    return self.answer_by_policy(checks, "open", now_us)
             else:
                 breaker.failure(exc)
             if isinstance(exc, StorageMisconfigured):

@@ -159,7 +159,6 @@ def _local_by_node(
     instances = core.instances.divisor
     decided: dict[int, Decision] = {}
     admitted: list[tuple[LocalFallback, list[Check]]] = []
-    allowed = True
     for fallback, indexes in core.fallbacks.split(checks, {i: node_of[i] for i in failed}).items():
         part = [checks[i] for i in indexes]
         evaluation = fallback.evaluate(part, instances=instances, now_us=now_us)
@@ -167,12 +166,11 @@ def _local_by_node(
         if evaluation.allowed:
             pairs = zip(part, evaluation.decisions, strict=True)
             admitted.append((fallback, [c for c, d in pairs if not d.shadow_denied]))
-        else:
-            allowed = False
-    if not allowed:
+    local = Evaluation(tuple(decided[i] for i in failed))  # allowed: every fallback admitted
+    if not local.allowed:
         for fallback, spent in admitted:
             fallback.release(spent, instances=instances, now_us=now_us, refund=True)
-    return Evaluation(tuple(decided[i] for i in failed))
+    return local
 
 
 def _answered(
