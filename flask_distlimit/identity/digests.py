@@ -116,6 +116,7 @@ class IdentityTags:
         if secret is None and storage is None:
             raise ValueError("IdentityTags needs a secret or a storage to keep its key in")
         self.storage_key = digest_key(key_prefix)
+        self._secrets_key = f"{key_prefix}:identity-secrets"  # check_secret's
         self._storage = storage
         self._clock = clock
         self._guard = guard
@@ -220,7 +221,7 @@ class IdentityTags:
         storage = self._storage
         if self.source != "secret" or storage is None:
             return
-        key = self.storage_key.replace("-digest-key", "-secrets")
+        key = self._secrets_key
         try:
             seen = storage.heartbeat(key, self._tags[_CONTEXT.decode()], SECRET_SEEN_TTL)
         except StorageError:

@@ -79,11 +79,11 @@ def current_limits(state: AppLimiter) -> list[RequestLimit]:
 
 def current_limit(state: AppLimiter) -> RequestLimit | None:
     """The limit the rate-limit headers describe: the one that refused the request, else the
-    one closest to refusing it (None: none yet, or a refusal by a slot or past a limit)."""
+    one closest to refusing it (None: none yet)."""
     data = request.environ.get(state.enforcer.environ_key) if has_request_context() else None
     r = None if data is None else data.report
-    if data is None or r is None:
-        return None
+    if data is None or r is None:  # no numbers told (a slot, a request that can never pass)
+        return next((one for one in current_limits(state)[::-1] if one.denied), None)
     for one in reversed(current_limits(state)):
         if one.name == r.name and one.remaining == r.remaining:
             return one
@@ -115,11 +115,11 @@ def clear(state: AppLimiter, name: str) -> int:
         )
     found = [c for c, _, _ in _evaluated(state) if _matches(c.bound.name, name)]
     if not found:
-        # Nothing of that name was counted for this request (limits disabled, the storage down
-        # under policy open, an exempt_when that skipped it): nothing to clear. A name that no
-        # limit of this request has is a mistake in the app: say so.
+        # Nothing of that name was counted for this request (limits disabled or switched off,
+        # the storage down under policy open, an exempt_when that skipped it): nothing to
+        # clear. A name that no limit of this request has is a mistake in the app: say so.
         known = _known_names(state)
-        if not state.settings.enabled or name in known:
+        if not state.settings.enabled or not state.limiter.enabled or name in known:
             return 0
         names = sorted(n for n in known if n)
         raise ValueError(

@@ -557,11 +557,17 @@ def test_limiter_enabled_false_switches_every_limit_off_until_it_is_true_again(
     def hooked() -> str:
         return "ok"
 
+    @app.get("/login")
+    def login() -> str:
+        with limiter.limit("5/minute", scope="login"):
+            return str(limiter.clear("login"))  # nothing counted: nothing cleared, no error
+
     client = app.test_client()
     assert client.get("/one").status_code == 200
     assert client.get("/hooked").status_code == 200
     calls = counting.evaluations
     limiter.enabled = False
+    assert client.get("/login").get_data(as_text=True) == "0"
     answers = [client.get(path) for path in ("/one", "/hooked", "/missing") for _ in range(3)]
     assert [r.status_code for r in answers] == [200] * 6 + [404] * 3
     assert not [h for r in answers for h, _ in r.headers if "ratelimit" in h.lower()]

@@ -236,6 +236,7 @@ def test_processes_started_with_different_secrets_are_told_at_start_up(
         assert not caplog.records  # two workers, one secret
         apps.append(_secret_app(redis_server.url, "other-" + "s" * 30))
         apps.append(_secret_app(redis_server.url, "third-" + "s" * 30, prefix="own"))
+        apps.append(_secret_app(redis_server.url, "third-" + "s" * 30, prefix="x-digest-key"))
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("2 secrets key identities") and "'secrets:identity-secrets'" in line
     assert "SECRET_KEY" in line and "DISTLIMIT_KEY_PREFIX" in line
@@ -244,5 +245,6 @@ def test_processes_started_with_different_secrets_are_told_at_start_up(
     assert len(members) == 2 and all(HEX20.fullmatch(m.decode()) for m in members)
     assert not any(b"same-" in m or b"other-" in m for m in members)
     assert 0 < redis_client.pttl("secrets:identity-secrets") <= SECRET_SEEN_TTL * 1000
+    assert redis_client.exists("x-digest-key:identity-secrets")  # under its prefix, whatever it is
     for app in apps:
         Limiter.state(app).storage.close()

@@ -53,6 +53,11 @@ def test_a_callable_answering_zero_refuses_every_request_under_every_policy(
         DISTLIMIT_DYNAMIC_LIMIT_TTL=0,  # asked every request, as Flask-Limiter asks
     )
 
+    @app.errorhandler(429)
+    def refused(exc: Exception) -> tuple[str, int]:
+        one = limiter.current_limit  # the refusing limit, as Flask-Limiter names it
+        return ("-" if one is None else f"{one.name} {one.limit} {one.denied}"), 429
+
     @app.get("/api")
     @limiter.limit(lambda: "0/hour" if request.args.get("banned") else "5/hour")
     def api() -> str:
@@ -67,8 +72,7 @@ def test_a_callable_answering_zero_refuses_every_request_under_every_policy(
     assert "X-RateLimit-Degraded" not in denied.headers
     assert "Retry-After" not in denied.headers  # it can never pass: no false promise
     assert '"api:0/hour";q=0;w=3600' in denied.headers["RateLimit-Policy"]
-    body = json.loads(denied.get_data(as_text=True))
-    assert "admits no request" in body["detail"] and "0 per 3600 s" in body["detail"]
+    assert denied.get_data(as_text=True) == "api:0/hour 0 True"
     # each refusal still spent the global limit (one storage call of it alone); the zero limit
     # never reached the storage, whose scripts refuse a limit of 0
     assert counting.evaluations == 3
@@ -91,8 +95,11 @@ def test_zero_limits_in_config_and_tiers_refuse_those_clients(
         return "ok"
 
     client = app.test_client()
-    assert client.get("/").status_code == 429
+    denied = client.get("/")
+    assert denied.status_code == 429
     assert counting.evaluations == 0  # refused before any storage call: nothing to count
+    body = json.loads(denied.get_data(as_text=True))
+    assert "admits no request" in body["detail"] and "0 per 86400 s" in body["detail"]
 
 
 def test_a_zero_limit_at_cost_zero_counts_nothing_and_admits(
