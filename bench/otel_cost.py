@@ -6,7 +6,7 @@
 Three apps, alike but for OpenTelemetry: each with one route limit (huge, never reached) and
 the default tier limit, on ``memory://`` (by default: Redis's noise would hide a few
 microseconds, and the instruments are told the same on every storage). ``off`` is built as
-without the API: no instruments, no ``teardown_request`` function. ``api`` is instrumented as
+without the API: no instruments, nothing counted when a response is made. ``api`` is instrumented as
 ``init_app`` does when ``opentelemetry-api`` is installed: the API's global provider, its
 proxy, with no SDK provider set, so nothing reads the instruments. ``sdk`` records into an SDK
 ``MeterProvider`` read by an ``InMemoryMetricReader`` (production's setup, without an exporter
@@ -45,7 +45,7 @@ def _app(name: str, url: str, reader: InMemoryMetricReader | None = None) -> Fla
         DISTLIMIT_STARTUP_CHECK="off",
     )
     auto = otel.auto
-    if name == "off":  # init_app as without the API: no instruments, no teardown function
+    if name == "off":  # init_app as without the API: no instruments, no count
         otel.auto = lambda state: None  # type: ignore[assignment]
     try:
         limiter = Limiter(app)

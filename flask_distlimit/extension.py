@@ -209,13 +209,13 @@ class Limiter(Declarations):
         app.extensions[EXTENSION_KEY] = state
         self._states.add(state)
         if settings.enabled:
-            # what a request takes is given back however its response ends, at the WSGI level
-            state.lifecycle.install(app)
+            # what a request takes is given back however its response ends, and each request
+            # is counted once (OpenTelemetry), at the WSGI level
+            made = None if state.otel is None else functools.partial(otel.request, state)
+            state.lifecycle.install(app, made)
             # first: worker shedding decides before anything else is done
             app.before_request(state.enforcer.before_request)
             app.after_request(state.enforcer.after_request)
-            if state.otel is not None:  # each request counted once, however it ends
-                app.teardown_request(functools.partial(otel.request, state))
 
     @staticmethod
     def state(app: Flask | None = None) -> LimiterState:

@@ -175,10 +175,13 @@ class Lifecycle:
         self.key = f"flask_distlimit.ledger.{id(self):x}"
         #: bodies the garbage collector let go of unclosed, closed when the next request comes
         self._dropped: list[_ClosingBody] = []
+        self._made: Callable[[WSGIEnvironment, bool], None] | None = None
 
-    def install(self, app: Flask) -> None:
-        """Wrap ``app.wsgi_app``."""
+    def install(self, app: Flask, made: Callable[[WSGIEnvironment, bool], None] | None) -> None:
+        """Wrap ``app.wsgi_app``; ``made(environ, raised)`` is called once the app has made
+        each response (``raised``: the app raised instead)."""
         self.wsgi_app = app.wsgi_app
+        self._made = made
         app.wsgi_app = self  # type: ignore[method-assign]
 
     def ledger(self, environ: WSGIEnvironment) -> Ledger:
@@ -218,15 +221,20 @@ class Lifecycle:
         cell: list[Ledger] = []
         environ[self.key] = cell
         server_wrapper = environ.get(_FILE_WRAPPER)
+        made = self._made
         try:
             body = self.wsgi_app(environ, start_response)
         except BaseException:
             for ledger in cell:
                 ledger.end()
+            if made is not None:
+                made(environ, True)
             raise
         finally:  # the server checks the body against its own wsgi.file_wrapper: put it back
             if cell and server_wrapper is not None:
                 environ[_FILE_WRAPPER] = server_wrapper
+        if made is not None:
+            made(environ, False)
         # A server's own file wrapper made around a proxy of ours: its close() ends the ledger.
         if not cell or cell[0].ended or any(body is made for made in cell[0].files):
             return body

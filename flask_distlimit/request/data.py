@@ -37,5 +37,5 @@ class RequestData:
     deferred: dict[str, deduction.Deferred] = field(default_factory=dict)
     #: concurrency slots, held by the request's ledger (flask_distlimit.defences.lifecycle)
     slots: SlotRelease | None = None
-    #: the response our ``after_request`` saw, until the request is counted (telemetry.otel)
+    #: the last response our ``after_request`` saw, for the request's count (telemetry.otel)
     response: Response | None = None

@@ -384,7 +384,7 @@ class Enforcer:
         ):
             headers["Retry-After"] = str(data.retry_after)
             marks[_HEADERS_ADDED] = True
-        data.response = response  # counted when the request ends (telemetry.otel.request)
+        data.response = response  # counted once the app made it (telemetry.otel.request)
         return response
 
     def _settle(self, req: Request, response: WerkzeugResponse, data: RequestData) -> None:

@@ -6,8 +6,8 @@ When ``opentelemetry-api`` is importable, every app's limiter records into the g
 :func:`instrument` passes another one. Without the package nothing is imported and nothing runs.
 The instruments of one provider are made once and shared by every app; the guard tells them
 beside the Prometheus metrics (:meth:`~flask_distlimit.resilience.guard.Guard.add_sink`), and
-:func:`request`, a ``teardown_request`` function, counts each request's result once, however its
-response ended (an app's ``after_request`` hook that raised too). The instruments and their
+:func:`request`, called by the request's WSGI wrapper, counts each request's result once, however
+its response was made (an app's ``after_request`` hook that raised too). The instruments and their
 attributes: docs/failure-modes.md, "Observability".
 """
 
@@ -99,19 +99,20 @@ class OTelHook:
         self.told = None
 
 
-def request(state: _Instrumented, exc: BaseException | None) -> None:
-    """Count the request ending now, once (``teardown_request``, bound to ``state``): by the
-    response ``after_request`` kept on its data, or a server error when an exception ended it
-    before our ``after_request`` saw the response."""
+def request(state: _Instrumented, environ: dict[str, Any], raised: bool) -> None:
+    """Count the request whose response the app has just made, once (called by the request's
+    WSGI wrapper, bound to ``state``): by the response ``after_request`` kept on its data, or a
+    server error when the app raised, or answered without our ``after_request`` seeing it (an
+    app's hook that raised)."""
     hook = state.otel
-    data = flask.request.environ.get(state.enforcer.environ_key)
-    if hook is None or data is None or not (hook.told or hook.wake()):
+    if hook is None or not (hook.told or hook.wake()):
         return
-    response, data.response = data.response, None
-    if response is None and exc is None:
-        return  # counted already (a copied request context ends too), or not ended yet
-    if data.exempt or not (data.evaluated or data.report or data.denied or data.degraded):
-        return  # exempt, or no limit applied: nothing was decided
+    data = environ.get(state.enforcer.environ_key)
+    if data is None or data.exempt:
+        return  # no limit applied, or exempt: nothing was decided
+    if not (data.evaluated or data.report or data.denied or data.degraded):
+        return
+    response: Any = None if raised else data.response
     status = 500 if response is None else response.status_code
     if status == 503 and not data.degraded and response.mimetype == PROBLEM_MEDIA_TYPE:
         # Shed (by the fleet, or by this worker, before any limit counted it); counted by

@@ -294,6 +294,37 @@ def test_a_request_is_counted_once_when_an_after_request_hook_raises(
     }
 
 
+def test_a_request_whose_view_raises_through_the_server_is_counted_once(
+    backend: Backend, clock: FakeClock, reader: tuple[InMemoryMetricReader, MeterProvider]
+) -> None:
+    """With exceptions propagating (``TESTING``, or a WSGI middleware that handles them), the
+    app raises to its WSGI wrapper and no ``after_request`` hook sees a response: the request
+    is counted all the same, once, with the limiter's result; an exempt one is not."""
+    found, provider = reader
+    app, limiter = _instrumented(backend(), clock, provider, DISTLIMIT_ALGORITHM="fixed_window")
+    app.config["PROPAGATE_EXCEPTIONS"] = True
+
+    @app.get("/orders")
+    @limiter.limit("1/minute")
+    def orders() -> str:
+        raise RuntimeError("the view fails")
+
+    @app.get("/health")
+    @limiter.exempt
+    def health() -> str:
+        raise RuntimeError("the view fails")
+
+    client = app.test_client()
+    for path in ("/orders", "/health"):
+        with pytest.raises(RuntimeError, match="the view fails"):
+            client.get(path)
+    assert client.get("/orders").status_code == 429
+    assert requests_by(found) == {
+        ("admitted", False, "orders:1/minute"): 1,
+        ("refused", False, "orders:1/minute"): 1,
+    }
+
+
 def test_a_concurrency_refusal_names_the_slot_limit(
     backend: Backend, clock: FakeClock, reader: tuple[InMemoryMetricReader, MeterProvider]
 ) -> None:
