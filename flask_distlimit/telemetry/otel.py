@@ -132,7 +132,10 @@ def request(state: _Instrumented, environ: dict[str, Any], raised: bool) -> None
     }
     if policy is not None:
         attributes["distlimit.policy"] = policy
-    hook.instruments.made["requests"].add(1, attributes)
+    try:
+        hook.instruments.made["requests"].add(1, attributes)
+    except Exception:  # never a 500, nor a body the WSGI wrapper does not get to hand on
+        log.exception("OpenTelemetry failed to count a request; it is not counted.")
 
 
 def _refused(data: Any) -> str | None:

@@ -325,6 +325,35 @@ def test_a_request_whose_view_raises_through_the_server_is_counted_once(
     }
 
 
+def test_an_instrument_that_raises_never_fails_the_request_nor_keeps_its_slot(
+    backend: Backend,
+    clock: FakeClock,
+    reader: tuple[InMemoryMetricReader, MeterProvider],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The request's count runs in the WSGI wrapper, after the app made the response and before
+    the wrapper hands the body on: an SDK instrument that raises there is logged, and the
+    response and the release of what the request held go on."""
+    _, provider = reader
+    app, limiter = _instrumented(backend(), clock, provider)
+
+    @app.get("/one")
+    @limiter.concurrency(1)
+    def one() -> str:
+        return "ok"
+
+    class Broken:
+        def add(self, amount: int, attributes: Any = None) -> None:
+            raise ValueError("the exporter's view is broken")
+
+    limiter.state(app).otel.instruments.made["requests"] = Broken()  # type: ignore[union-attr]
+    client = app.test_client()
+    for _ in range(3):  # a slot kept by the first would refuse the second
+        with client.get("/one") as response:
+            assert (response.status_code, response.get_data()) == (200, b"ok")
+    assert caplog.text.count("OpenTelemetry failed to count a request") == 3
+
+
 def test_a_concurrency_refusal_names_the_slot_limit(
     backend: Backend, clock: FakeClock, reader: tuple[InMemoryMetricReader, MeterProvider]
 ) -> None:
