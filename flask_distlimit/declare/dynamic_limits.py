@@ -150,26 +150,26 @@ class DynamicLimit(Generic[B]):
         if table is not None:
             found = table.get(tier or ANY_TIER)
             rates = found if found is not None else table.get(ANY_TIER, ())
-            if len(rates) > room:  # init_app counted the largest value: only a carried wrapper
-                self._error(
-                    "The rate limit %s has %d rates for tier %s where the request has room "
-                    "for %d; the first %d apply (logged at most once a minute; %d since the "
-                    "last line).",
-                    self.name, len(rates), log_text(tier), room, room, now_us=now_us,
-                )  # fmt: skip
-                rates = rates[:room]
-            return self._bound(rates) if rates else ()
-        kept = self._answers.get(tag)
-        if kept is not None and kept[0] > now_us:
-            rates = kept[1]
         else:
-            rates = self._ask(room, now_us)
-            if ttl_us > 0:
-                if len(self._answers) >= _KEPT:
-                    self._answers.clear()
-                self._answers[tag] = (now_us + ttl_us, rates)
-        if len(rates) > room:  # the request gained limits since the answer was kept
-            rates = self.value.fallback[:room]
+            kept = self._answers.get(tag)
+            if kept is not None and kept[0] > now_us:
+                rates = kept[1]
+            else:
+                rates = self._ask(now_us)
+                if ttl_us > 0:
+                    if len(self._answers) >= _KEPT:
+                        self._answers.clear()
+                    self._answers[tag] = (now_us + ttl_us, rates)  # whole: routes' room differs
+        if len(rates) > room:  # the first apply (a mapping's largest value: only in a carrier)
+            given = (
+                f"from {self.value.described}" if table is None else f"for tier {log_text(tier)}"
+            )
+            self._error(
+                "The rate limit %s has %d rates %s where the request has room for %d; the "
+                "first %d apply (logged at most once a minute; %d since the last line).",
+                self.name, len(rates), given, room, room, now_us=now_us,
+            )  # fmt: skip
+            rates = rates[:room]
         return self._bound(rates) if rates else ()
 
     def _error(self, message: str, *args: object, now_us: int) -> None:
@@ -179,7 +179,7 @@ class DynamicLimit(Generic[B]):
         if skipped is not None:
             log.error(message, *args, skipped)
 
-    def _ask(self, room: int, now_us: int) -> tuple[Rate, ...]:
+    def _ask(self, now_us: int) -> tuple[Rate, ...]:
         source = self.value.source
         assert source is not None
         try:
@@ -189,14 +189,7 @@ class DynamicLimit(Generic[B]):
             rates = parse_rates(answer or "")
             for rate in rates:
                 check_rate(self.algorithm, rate)
-            if len(rates) > room:  # the first apply, as of a mapping's value (none: unlimited)
-                self._error(
-                    "The limit value %s of the rate limit %s returned %d rates where the "
-                    "request has room for %d; the first %d apply (logged at most once a minute; "
-                    "%d since the last line).",
-                    self.value.described, self.name, len(rates), room, room, now_us=now_us,
-                )  # fmt: skip
-            return rates[:room]
+            return rates
         except Exception as exc:  # the app's code: any failure falls back, never a 500
             fallback = self.value.fallback
             self._error(

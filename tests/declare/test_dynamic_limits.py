@@ -151,6 +151,34 @@ def test_an_answer_of_more_rates_than_the_request_has_room_for_applies_the_first
     assert "the first 8 apply" in caplog.text
 
 
+def test_a_kept_answer_too_long_for_a_later_route_applies_its_first_rates(
+    backend: Backend, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A callable global limit's answer, kept per client, met a route with less room than the
+    one that asked it: its first rates apply there too (before, none did: the route was free of
+    the global limit, silently, while the answer was kept), and the roomy route keeps them all."""
+    app, limiter, _ = make_app(
+        backend(), clock, DISTLIMIT_GLOBAL_LIMITS=lambda: "3/minute;100/hour;1000/day;5000/month"
+    )
+
+    @app.get("/home")
+    def home() -> str:
+        return "ok"
+
+    @app.get("/report")
+    @limiter.limit("50/second;500/minute;2000/hour;20000/day;100000/month")
+    def report() -> str:
+        return "ok"
+
+    with caplog.at_level(logging.ERROR, logger="flask_distlimit"):
+        assert statuses(app, "/home", 1) == [200]  # asked here, with room for all four
+        assert statuses(app, "/report", 3) == [200, 200, 429]  # the global 3/minute
+    assert "has room for 3; the first 3 apply" in caplog.text
+    clock.advance(61)
+    response = app.test_client().get("/home")
+    assert response.headers["RateLimit-Policy"].count("global") == 4  # the whole answer kept
+
+
 def test_none_or_empty_answer_means_no_limit(backend: Backend, clock: FakeClock) -> None:
     plans: dict[str, object] = {"a": None, "b": ""}
     app, _ = tenant_app(backend, clock, plans)
