@@ -58,22 +58,32 @@ class Deferred:
     free_if_not_modified: bool = False
     policy: FailurePolicy | None = None
     cost_after: bool = False
-    #: the local clock's time (us) from which a fixed window's or counter's reservation is not
-    #: given back: its window may be over, and a give-back would be taken off the next one
+    #: the local clock's time (us) from which the reservation is not given back: a window's
+    #: may be over (a give-back would be taken off the next one), the log's entry expired
     until_us: float = math.inf
+    #: a bucket's (token bucket, GCRA): the units time gives back per us since ``taken_us``,
+    #: the local clock's time of the reservation, which a give-back does not give again
+    refill_per_us: float = 0.0
+    taken_us: int = 0
 
 
 def note_windows(
     deferred: dict[str, Deferred], checks: Iterable[Check], now_us: int, local_us: int
 ) -> None:
-    """Note when each windowed reservation of ``deferred`` among ``checks``, taken at the
-    storage's time ``now_us`` (the local clock's ``local_us``), may no longer be given back."""
+    """Note how time gives back each reservation of ``deferred`` among ``checks``, taken at the
+    storage's time ``now_us`` (the local clock's ``local_us``): all at once when its window
+    ends or its log entry expires, or a bucket's at its rate (:meth:`Deferred` fields)."""
     for c in checks:
         d = deferred.get(c.key)
-        if d is not None and REGISTRY[c.algorithm].counted is not None:  # a window's count
-            period = c.period * 1_000_000
-            left = (now_us // period + 1) * period - now_us - _LATE_US
-            deferred[c.key] = dataclasses.replace(d, until_us=local_us + left)
+        if d is None:
+            continue
+        entry, period = REGISTRY[c.algorithm], c.period * 1_000_000
+        left = period  # the log's entry leaves the window a period after it
+        if entry.refills:
+            d = dataclasses.replace(d, refill_per_us=c.limit / period, taken_us=local_us)
+        elif entry.counted is not None:  # a window's count: until its window ends
+            left = (now_us // period + 1) * period - now_us
+        deferred[c.key] = dataclasses.replace(d, until_us=local_us + left - _LATE_US)
 
 
 def reserved(bound: BoundLimit, *, unproved: bool) -> bool:
@@ -191,9 +201,14 @@ def _count(calls: SideCalls, later: Deferred, units: int) -> None:
 
 def _settle(calls: SideCalls, due: list[tuple[Deferred, Check]]) -> list[Report]:
     by_policy: dict[FailurePolicy | None, list[Check]] = {}
+    now = calls.local_clock()
     for later, settlement in due:
-        if not (settlement.release and calls.local_clock() >= later.until_us):  # else: counted
-            by_policy.setdefault(later.policy, []).append(settlement)
+        if settlement.release:  # less what time gave back already (never twice: note_windows)
+            back = settlement.cost - math.floor((now - later.taken_us) * later.refill_per_us)
+            if back <= 0 or now >= later.until_us:
+                continue
+            settlement = dataclasses.replace(settlement, cost=back)
+        by_policy.setdefault(later.policy, []).append(settlement)
     reports: list[Report] = []
     for policy, checks in by_policy.items():
         try:  # releases and debts never deny: the call is all or nothing only on an outage

@@ -317,6 +317,55 @@ def test_a_reservation_is_never_given_back_to_the_window_after_its_own(
     assert client.post("/batch?cost=10&used=10").status_code == 200
 
 
+def _settled_when_closed(app: Flask, limiter: Limiter, algorithm: str) -> None:
+    @app.post("/batch")
+    @limiter.limit(
+        "10/minute",
+        algorithm=algorithm,
+        cost=lambda: int(request.args["cost"]),
+        settle=lambda response: int(response.headers["X-Used"]),
+    )
+    def batch() -> Response:
+        used = {"X-Used": request.args["used"]}  # settled when its body ends
+        return Response(iter([b"x"]), mimetype="text/plain", headers=used)
+
+
+@pytest.mark.parametrize("algorithm", ["token_bucket", "gcra", "sliding_window_log"])
+def test_a_reservation_ended_a_period_later_gives_back_nothing_time_gave_back(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    """A stream reserving a whole quota and using none, ended after a period: the bucket had
+    refilled (the log's entry had expired) and others had spent it again; given back then, its
+    units were a second quota (an attack review: 10 admitted of 5 per period)."""
+    app, limiter, _ = make_app(backend(), clock)
+    _settled_when_closed(app, limiter, algorithm)
+    client = app.test_client()
+    stream = client.post("/batch?cost=10&used=0", buffered=False)  # all 10, in flight
+    clock.advance(61)
+    assert client.post("/batch?cost=10&used=10").status_code == 200  # time gave them back
+    stream.get_data()
+    stream.close()  # used nothing, but its 10 came back with time already
+    assert client.post("/batch?cost=1&used=1").status_code == 429
+
+
+@pytest.mark.parametrize("algorithm", ["token_bucket", "gcra"])
+def test_a_bucket_gives_back_a_reservation_less_what_refilled_since(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    """10 reserved, none used, given back 30 s later at 10 a minute: 5 of them came back with
+    time (and went to another request), so 5 are given back, as if the 10 were never taken."""
+    app, limiter, _ = make_app(backend(), clock)
+    _settled_when_closed(app, limiter, algorithm)
+    client = app.test_client()
+    stream = client.post("/batch?cost=10&used=0", buffered=False)
+    clock.advance(30)
+    assert client.post("/batch?cost=5&used=5").status_code == 200
+    stream.get_data()
+    stream.close()
+    assert client.post("/batch?cost=6&used=6").status_code == 429
+    assert client.post("/batch?cost=5&used=5").status_code == 200
+
+
 def test_debts_in_flight_hold_at_most_one_limit_past_a_full_window(
     backend: Backend, clock: FakeClock
 ) -> None:
