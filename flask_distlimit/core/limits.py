@@ -27,7 +27,8 @@ _UNITS: Final[dict[str, int]] = {
 _NAMES: Final = tuple((u, _UNITS[u]) for u in ("year", "month", "day", "hour", "minute", "second"))
 
 _RATE: Final = re.compile(
-    r"^\s*(?P<amount>\d+)\s*(?:/|\s+per\s+)\s*(?P<multiple>\d+)?\s*(?P<unit>[a-z]+)\s*$",
+    # matched on the stripped text; no two whitespace runs meet (linear, whatever the spaces)
+    r"^(?P<amount>\d+)(?:\s*/\s*|\s+per\s+)(?:(?P<multiple>\d+)\s*)?(?P<unit>[a-z]+)$",
     re.IGNORECASE,
 )
 
@@ -82,7 +83,7 @@ class Rate:
 
 
 def _parse_one(text: str, whole: str) -> Rate:
-    match = _RATE.match(text)
+    match = _RATE.match(text.strip())
     if match is None:
         raise ConfigurationError(
             f"Cannot read the rate limit {text.strip()!r} in {whole!r}. {_ACCEPTED}"

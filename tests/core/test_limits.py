@@ -40,6 +40,17 @@ def test_malformed_limits_raise_configuration_error(text: str) -> None:
     assert "10/second" in str(info.value)  # the message shows the accepted forms
 
 
+@pytest.mark.parametrize(
+    "text", ["1/" + " " * 40_000 + "!", "1" + " " * 40_000 + "per!", "1 per" + " " * 40_000 + "5"]
+)
+def test_a_long_run_of_spaces_is_refused_at_once(text: str) -> None:
+    """A callable limit may answer text a client wrote, asked again on every request while it
+    fails: the pattern never tries two whitespace runs against each other (these took 5-13 s
+    each; now milliseconds)."""
+    with pytest.raises(ConfigurationError):
+        parse_rates(text)
+
+
 def test_rate_round_trips_through_str() -> None:
     for text in ["10/second", "5/30 seconds", "100/minute", "7/2 hours", "1/day"]:
         (rate,) = parse_rates(text)
