@@ -19,7 +19,7 @@ from flask import has_request_context, request
 
 from flask_distlimit.core.limits import Rate
 from flask_distlimit.declare.keys import key_tag
-from flask_distlimit.errors import ClearedAddressWarning
+from flask_distlimit.errors import ClearedAddressWarning, StorageError
 from flask_distlimit.request.headers import Evaluated
 
 if TYPE_CHECKING:
@@ -135,7 +135,11 @@ def clear(state: AppLimiter, name: str) -> int:
         if state.deny_cache is not None:
             state.deny_cache.forget(key)
     state.drop_leases(keys)  # units leased from the counts deleted below
-    return state.storage.delete(keys)
+    try:
+        return state.storage.delete(keys)
+    except StorageError as exc:  # an outage since the request's check: never its 500
+        state.guard.side_failed(f"limiter.clear({name!r})", exc)
+        return 0
 
 
 def _warn_if_address(state: AppLimiter, name: str, keys: Sequence[str]) -> None:

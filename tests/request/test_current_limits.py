@@ -3,6 +3,7 @@ memory, fakeredis and a real redis-server."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ from flask_distlimit import Limiter
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.testing import FakeClock
 from tests.distlimit_fixtures import backend, clock, make_app
+from tests.servers import start_redis
 
 __all__ = ["backend", "clock"]  # fixtures used below
 
@@ -179,3 +181,36 @@ def test_clear_of_a_limit_not_counted_for_this_request_is_a_no_op(
     client = app.test_client()
     assert client.post("/login", data={"skip": "1"}).status_code == 200
     assert cleared == [0]  # skipped by exempt_when (or limits off): nothing to clear
+
+
+@pytest.mark.parametrize("policy", ["open", "closed", "local"])
+def test_clear_after_the_storage_died_under_the_view_is_0_never_a_500(
+    policy: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The login recipe's clear() on a success, with Redis gone between the request's check and
+    the clear: the response stands, the clear counts as a failed side call (an attack review
+    met a 500 under every policy)."""
+    server = start_redis()
+    app = Flask(__name__)
+    app.config.update(
+        DISTLIMIT_STORAGE_URL=server.url, DISTLIMIT_FAILURE_POLICY=policy, SECRET_KEY="s" * 32
+    )
+    limiter = Limiter(app)
+
+    @app.post("/login")
+    @limiter.limit(
+        "5/minute", key_func=lambda: "alice", deduct_when=lambda r: r.status_code == 401
+    )
+    def login() -> str:
+        server.stop()  # kill -9, inside the view
+        return str(limiter.clear("login"))
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="flask_distlimit"):
+            response = app.test_client().post("/login")
+        assert (response.status_code, response.get_data()) == (200, b"0")
+        assert "limiter.clear('login')" in caplog.text
+        assert limiter.health(app)["side_call_failures"] >= 1
+    finally:
+        server.stop()
+        limiter.state(app).storage.close()
