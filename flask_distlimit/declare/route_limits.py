@@ -236,10 +236,15 @@ def bind(
     return [bound(spec, Rate(1, 1), resolver.name, id_head + ":dyn", "", resolver)]
 
 
-def distinct(bound: Iterable[BoundLimit], prefix: str) -> tuple[BoundLimit, ...]:
+def distinct(
+    bound: Iterable[BoundLimit], prefix: str, order: Sequence[tuple[object, ...]] = ()
+) -> tuple[BoundLimit, ...]:
     """``bound`` with a key space of its own for each limit of one rate and algorithm after
     the first (among the ``key_func`` limits, and among the others): the second and later of
-    them get ``:k2``, ``:k3``... after their limit id.
+    them get ``:k2``, ``:k3``... after their limit id, in the order of ``order`` (the
+    :func:`signature` of every limit that may share their ids, whatever the method asking;
+    default: ``bound``'s own). A shared limit's scope names its counter, whatever declares
+    it (Flask-Limiter's): never a suffix.
 
     A ``key_func``'s answer is tagged ``func:<value>`` whatever the function, so without this a
     per-tenant and a per-user limit of ``2/minute`` on one route would count tenant ``x`` and
@@ -248,13 +253,26 @@ def distinct(bound: Iterable[BoundLimit], prefix: str) -> tuple[BoundLimit, ...]
     process, so are the ids. A route's dynamic values are all bound under ``:dyn``: each after
     the first gets its suffix.
     """
-    out: list[BoundLimit] = []
-    seen: dict[tuple[str, str, bool], int] = {}
+    bound = list(bound)
+    ranks: dict[tuple[object, ...], list[tuple[object, ...]]] = {}
+    for sig in (*order, *map(signature, bound)):  # a limit ``order`` lacks: after the others
+        same = ranks.setdefault(sig[:3], [])
+        if sig not in same:
+            same.append(sig)
+    out = []
     for b in bound:
-        same = (b.limit_id, b.algorithm, b.spec.key_func is None)
-        n = seen[same] = seen.get(same, 0) + 1
+        sig = signature(b)
+        n = 1 if b.spec.scope is not None else ranks[sig[:3]].index(sig) + 1
         out.append(_kth(b, n, prefix) if n > 1 else b)
     return tuple(out)
+
+
+def signature(b: BoundLimit) -> tuple[object, ...]:
+    """What tells ``b`` apart: its key space (limit id, algorithm, whether a ``key_func`` keys
+    it) and every option of its spec but where it was declared (a callable by identity)."""
+    options = (getattr(b.spec, f.name) for f in fields(LimitSpec) if f.name != "declared_on")
+    keyed = b.spec.key_func is None
+    return (b.limit_id, b.algorithm, keyed, *(id(v) if callable(v) else v for v in options))
 
 
 def _kth(b: BoundLimit, n: int, prefix: str) -> BoundLimit:
@@ -330,6 +348,7 @@ def build_plan(
     # Flask-Limiter decides it: its limits are the plan's ``inner``, not decided by the gate.
     chain = {id(o) for part in view_objects(view, method) for o in part}
     specs: list[LimitSpec] = []
+    mine: list[LimitSpec] = []  # the endpoint's own, of every method
     inner: dict[object, list[LimitSpec]] = {}
     seen_specs: set[int] = set()
     for objects, per_method in ((every, False), (one, True)):
@@ -342,9 +361,11 @@ def build_plan(
                 else specs
             )
             for spec in declared:
-                if id(spec) not in seen_specs and spec.applies_to(method):
+                if id(spec) not in seen_specs:
                     seen_specs.add(id(spec))
-                    into.append(replace(spec, per_method=True) if per_method else spec)
+                    mine.append(replace(spec, per_method=True) if per_method else spec)
+                    if spec.applies_to(method):
+                        into.append(mine[-1])
     # methods=[...]: a limit applies to those methods only; a route none of whose limits
     # applies to this method falls back to its blueprint's, then to the defaults.
     # override_defaults=False on every limit found so far: the next layer's limits (the
@@ -357,25 +378,29 @@ def build_plan(
         if any(spec.override_defaults for spec in (*specs, *inner_all)):
             break
         specs += [s for s in layer if s.applies_to(method)]
-    bound: list[BoundLimit] = []
-    seen: set[tuple[object, ...]] = set()
-    for spec in specs:
-        for b in bind(
-            spec,
-            prefix=prefix,
-            default_algorithm=default_algorithm,
-            label=endpoint,
-            method=method,
-            shadow=shadow,
-        ):
-            # a repeat of a limit (its rate and every option the same), not another limit of that
-            # rate with other options (a deduct_when one beside one of every request)
-            options = (getattr(spec, f.name) for f in fields(LimitSpec) if f.name != "declared_on")
-            dedupe = (b.limit_id, b.algorithm, *(id(v) if callable(v) else v for v in options))
-            if dedupe not in seen:
-                seen.add(dedupe)
-                bound.append(b)
-    limits = distinct(bound, prefix)
+
+    def bound_all(specs: Iterable[LimitSpec]) -> Iterable[BoundLimit]:
+        for spec in specs:
+            yield from bind(
+                spec,
+                prefix=prefix,
+                default_algorithm=default_algorithm,
+                label=endpoint,
+                method=method,
+                shadow=shadow,
+            )
+
+    # a repeat of a limit (its rate and every option the same) counts once; another limit of
+    # that rate with other options (a deduct_when one beside one of every request) apart
+    firsts: dict[tuple[object, ...], BoundLimit] = {}
+    for b in bound_all(specs):
+        firsts.setdefault(signature(b), b)
+    bound = list(firsts.values())
+    # Its rank among every limit of the endpoint that may share its ids, for every method, so
+    # that a limit keeps one key beside a methods=[...] filter of its rate.
+    layers = [s for bp in inherited for s in registry.blueprints.get(bp, ())]
+    order = [signature(b) for b in bound_all((*mine, *layers, *default_limits))]
+    limits = distinct(bound, prefix, order)
     return RoutePlan(
         exempt=False,
         limits=limits,

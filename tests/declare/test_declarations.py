@@ -697,6 +697,76 @@ def test_two_key_func_limits_of_one_rate_count_apart(backend: Backend, clock: Fa
     assert client.get("/orders?tenant=x&user=w").status_code == 429  # tenant x: 2 of 2
 
 
+def test_a_limit_keeps_one_key_on_every_method_beside_a_methods_filter_of_its_rate(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """A limit of every method beside one of the same rate for POST only (a login form's
+    failures): each limit's ``:k<n>`` was its place among the limits of the request's method,
+    so the limit of every method counted POSTs and GETs on two keys (4 admitted of 2), and two
+    ``key_func`` limits swapped keys between methods (an account met an e-mail's count)."""
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.route("/item", methods=["GET", "POST"])
+    @limiter.limit("2/minute")
+    @limiter.limit("2/minute", methods=["POST"], deduct_when=lambda r: r.status_code >= 400)
+    def item() -> str:
+        return "ok"
+
+    @app.route("/signin", methods=["GET", "POST"])
+    @limiter.limit("2/minute", key_func=lambda: request.values["account"])
+    @limiter.limit("2/minute", key_func=lambda: request.values["email"], methods=["POST"])
+    def signin() -> str:
+        return "ok"
+
+    client = app.test_client()
+    assert [client.open("/item", method=m).status_code for m in ("POST", "POST", "GET")] == [
+        200, 200, 429,
+    ]  # fmt: skip
+    signin_get = [client.get("/signin?account=v@x.org").status_code for _ in range(2)]
+    post = client.post("/signin", data={"account": "a1", "email": "v@x.org"}).status_code
+    assert (signin_get, post) == ([200, 200], 200)  # account v@x.org spent: e-mail v@x.org not
+    eve = [client.get("/signin?account=eve").status_code for _ in range(2)]
+    eve += [
+        client.post("/signin", data={"account": "eve", "email": f"e{n}"}).status_code
+        for n in range(2)
+    ]
+    assert eve == [200, 200, 429, 429]
+
+
+def test_a_shared_limit_keeps_one_key_on_every_route_whatever_the_order_of_the_decorators(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Two shared limits of one scope and rate, keyed on the user and on the e-mail, stacked in
+    opposite orders on two routes: the per-user limit counted on two keys (4 of 2 admitted).
+    The scope is the counter, as in Flask-Limiter: one per value, whichever function answered
+    it (user bob's and e-mail bob's are one; scopes of their own count them apart)."""
+    app, limiter, _ = make_app(backend(), clock)
+    by_user = limiter.shared_limit("2/minute", scope="auth", key_func=lambda: request.form["user"])
+    by_mail = limiter.shared_limit("2/minute", scope="auth", key_func=lambda: request.form["mail"])
+
+    @app.post("/login")
+    @by_user
+    @by_mail
+    def login() -> str:
+        return "ok"
+
+    @app.post("/reset")
+    @by_mail
+    @by_user
+    def reset() -> str:
+        return "ok"
+
+    client = app.test_client()
+
+    def post(path: str, user: str, mail: str) -> int:
+        return client.post(path, data={"user": user, "mail": mail}).status_code
+
+    alice = [post(path, "alice", f"m{n}") for n, path in enumerate(["/login", "/reset"] * 2)]
+    assert alice == [200, 200, 429, 429]
+    assert [post("/login", "bob", "q1"), post("/login", "bob", "q2")] == [200, 200]
+    assert post("/reset", "z9", "bob") == 429  # the scope's count of the value bob
+
+
 def test_limits_of_a_long_endpoint_never_share_a_key(backend: Backend, clock: FakeClock) -> None:
     """A key holds at most 200 characters of its limit's id, cut from the end, where the rate
     (and a second key_func limit's ``:k2``) is: on an endpoint of about 200 characters,
