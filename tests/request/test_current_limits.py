@@ -198,9 +198,7 @@ def test_clear_after_the_storage_died_under_the_view_is_0_never_a_500(
     limiter = Limiter(app)
 
     @app.post("/login")
-    @limiter.limit(
-        "5/minute", key_func=lambda: "alice", deduct_when=lambda r: r.status_code == 401
-    )
+    @limiter.limit("5/minute", key_func=lambda: "alice", deduct_when=lambda r: r.status_code == 401)
     def login() -> str:
         server.stop()  # kill -9, inside the view
         return str(limiter.clear("login"))
