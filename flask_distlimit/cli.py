@@ -362,7 +362,6 @@ def limits(endpoint: str | None, path: str | None, method: str | None, as_json: 
     titles = ["Endpoint", "Methods", "Rule", "Limit", "Algorithm", "Counted by", "On failure", ""]
     table = [[str(r[c]) for c in columns] for r in rows]
     widths = [max([len(t), *(len(line[i]) for line in table)]) for i, t in enumerate(titles)]
-    click.echo("  ".join(t.ljust(w) for t, w in zip(titles, widths, strict=True)).rstrip())
-    click.echo("  ".join("-" * w for w in widths[:-1]))
-    for line in table:
+    rules = [*("-" * w for w in widths[:-1]), ""]  # under every title but the notes'
+    for line in (titles, rules, *table):
         click.echo("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
