@@ -35,9 +35,8 @@ def reset(state: AppLimiter) -> int:
     :mod:`flask_distlimit.identity.digests`), the instance heartbeat (who is serving, not a count)
     and request tokens (``<prefix>:rq:{...}``: a reply kept a second for a retry; a give-back's id,
     kept for up to five minutes)."""
-    prefix = state.settings.key_prefix
     records = state.lease_records_key()
-    keys = [*state.storage.scan(f"{prefix}:{{*"), records, records_key(records)]
+    keys = [*state.storage.scan(f"{state.settings.key_prefix}:{{*"), records, records_key(records)]
     return delete_counts(state, keys, every=True)
 
 
