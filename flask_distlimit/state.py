@@ -119,18 +119,14 @@ class LimiterState:
         self.identity_tag: Callable[[str], str] = self.tags.tag
         algorithm, shadow = settings.algorithm, settings.shadow
         check_shadow_tiers(shadow, identity_settings.tiers)
-        self.default_specs: tuple[LimitSpec, ...] = (
-            (
-                LimitSpec(
-                    "default",
-                    settings.default_limits,
-                    shadow=spec_is_shadow(shadow, "default"),
-                    dynamic=settings.default_dynamic,  # a callable or mapping default
-                ),
-            )
-            if settings.default_limits or settings.default_dynamic is not None
-            else ()
+        default_spec = LimitSpec(
+            "default",
+            settings.default_limits,
+            shadow=spec_is_shadow(shadow, "default"),
+            dynamic=settings.default_dynamic,  # a callable or mapping default
         )
+        has_default = settings.default_limits or settings.default_dynamic is not None
+        self.default_specs: tuple[LimitSpec, ...] = (default_spec,) if has_default else ()
         global_spec = LimitSpec(
             "global",
             settings.global_limits,
