@@ -12,7 +12,7 @@ import contextlib
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import click
 from flask import current_app
@@ -37,8 +37,7 @@ _Command = TypeVar("_Command", bound=Callable[..., None])
 
 def _command(name: str) -> Callable[[_Command], click.Command]:
     """``distlimit_cli.command(name)``, typed: Flask 2.2 leaves ``AppGroup.command`` unannotated."""
-    decorator: Callable[[_Command], click.Command] = distlimit_cli.command(name)
-    return decorator
+    return cast(Callable[[_Command], click.Command], distlimit_cli.command(name))
 
 
 def _state() -> LimiterState:
