@@ -96,12 +96,11 @@ CONFIG_KEYS: Final[dict[str, str]] = {
 }
 
 _GUIDE: Final = "See docs/migrating-from-flask-limiter.md."
-_FAMILY: Final = "RATELIMIT_"
 
 
 def leftover_keys_message(config: Mapping[str, object]) -> str | None:
     """The WARNING text for the ``RATELIMIT_*`` keys of ``config`` (None when it has none)."""
-    found = sorted(k for k in config if isinstance(k, str) and k.startswith(_FAMILY))
+    found = sorted(k for k in config if isinstance(k, str) and k.startswith("RATELIMIT_"))
     if not found:
         return None
     parts = [
