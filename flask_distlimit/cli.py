@@ -69,9 +69,9 @@ def _identity(state: LimiterState, identity: str, *, ip: bool, api_key: bool) ->
         state.tags.require()  # the storage-kept digest key, when the app sets no secret
     if ip and api_key:
         raise click.UsageError("Use either --ip or --api-key, not both.")
-    address = identity.removeprefix("ip:") if ip or identity.startswith("ip:") else None
-    if address is not None:  # as the limiter counts it: IPv6 by network, no port, IPv4 mapped
-        found = state.resolver.client_ip({"REMOTE_ADDR": address})
+    # an address, as the limiter counts it: IPv6 by network, no port, IPv4 mapped
+    if ip or identity.startswith("ip:"):
+        found = state.resolver.client_ip({"REMOTE_ADDR": identity.removeprefix("ip:")})
         if found != INVALID_IP:  # else a stored form (ip:2001:db8::/64, ip:invalid-via:...)
             return found
         if ip:
