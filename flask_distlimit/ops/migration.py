@@ -9,7 +9,7 @@ whole table: docs/migrating-from-flask-limiter.md.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Mapping
 from typing import Final
 
 log = logging.getLogger("flask_distlimit")
@@ -134,9 +134,8 @@ def key_func_message(func: object) -> str:
     )
 
 
-def options_message(names: Iterable[str]) -> str:
-    """The TypeError text for keyword arguments ``Limiter`` does not take."""
-    names = list(names)
+def options_message(names: Collection[str]) -> str:
+    """The TypeError text for keyword arguments ``Limiter`` does not take (its ``**kwargs``)."""
     parts = [f"{name}: {CONSTRUCTOR[name]}" for name in names if name in CONSTRUCTOR]
     unknown = [name for name in names if name not in CONSTRUCTOR]
     if unknown and not parts:
