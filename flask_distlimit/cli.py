@@ -12,7 +12,7 @@ import contextlib
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import click
 from flask import current_app
@@ -37,8 +37,7 @@ _Command = TypeVar("_Command", bound=Callable[..., None])
 
 def _command(name: str) -> Callable[[_Command], click.Command]:
     """``distlimit_cli.command(name)``, typed: Flask 2.2 leaves ``AppGroup.command`` unannotated."""
-    decorator: Callable[[_Command], click.Command] = distlimit_cli.command(name)
-    return decorator
+    return cast(Callable[[_Command], click.Command], distlimit_cli.command(name))
 
 
 def _state() -> LimiterState:
@@ -70,9 +69,9 @@ def _identity(state: LimiterState, identity: str, *, ip: bool, api_key: bool) ->
         state.tags.require()  # the storage-kept digest key, when the app sets no secret
     if ip and api_key:
         raise click.UsageError("Use either --ip or --api-key, not both.")
-    address = identity.removeprefix("ip:") if ip or identity.startswith("ip:") else None
-    if address is not None:  # as the limiter counts it: IPv6 by network, no port, IPv4 mapped
-        found = state.resolver.client_ip({"REMOTE_ADDR": address})
+    # an address, as the limiter counts it: IPv6 by network, no port, IPv4 mapped
+    if ip or identity.startswith("ip:"):
+        found = state.resolver.client_ip({"REMOTE_ADDR": identity.removeprefix("ip:")})
         if found != INVALID_IP:  # else a stored form (ip:2001:db8::/64, ip:invalid-via:...)
             return found
         if ip:
@@ -362,7 +361,6 @@ def limits(endpoint: str | None, path: str | None, method: str | None, as_json: 
     titles = ["Endpoint", "Methods", "Rule", "Limit", "Algorithm", "Counted by", "On failure", ""]
     table = [[str(r[c]) for c in columns] for r in rows]
     widths = [max([len(t), *(len(line[i]) for line in table)]) for i, t in enumerate(titles)]
-    click.echo("  ".join(t.ljust(w) for t, w in zip(titles, widths, strict=True)).rstrip())
-    click.echo("  ".join("-" * w for w in widths[:-1]))
-    for line in table:
+    rules = [*("-" * w for w in widths[:-1]), ""]  # under every title but the notes'
+    for line in (titles, rules, *table):
         click.echo("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())

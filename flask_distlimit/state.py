@@ -55,10 +55,10 @@ class LimiterState:
     """Everything one app's limiter needs: ``app.extensions["distlimit"]``.
 
     Attributes: ``limiter`` (the :class:`~flask_distlimit.Limiter`, as
-    :class:`~flask_distlimit.request.enforcement.Declared`), ``settings``,
-    ``identity_settings``, ``storage``, ``guard`` (made here: the storage behind its breakers),
-    ``clock`` (the injected clock, ``None`` when none is), ``resolver``, ``hooks`` (shared with
-    the ``Limiter``), ``deny_cache`` (``None`` when disabled), ``global_limits``,
+    :class:`~flask_distlimit.request.enforcement.Declared`, whose ``hooks`` the request path
+    reads), ``settings``, ``storage``, ``guard`` (made here: the storage behind its breakers),
+    ``clock`` (the injected clock, ``None`` when none is), ``resolver``, ``deny_cache``
+    (``None`` when disabled), ``global_limits``,
     ``meta_limits`` and ``tier_limits`` (bound), ``enforcer`` (the request path), ``tags``
     (:class:`~flask_distlimit.identity.digests.IdentityTags`) and ``identity_tag``, its ``tag``
     function: the keyed digest of an identity text in this app's keys.
@@ -80,7 +80,6 @@ class LimiterState:
         monotonic = seconds or time.monotonic
         self.limiter = limiter
         self.settings = settings
-        self.identity_settings = identity_settings
         self.storage = storage
         self.guard = guard = Guard(
             storage,
@@ -94,7 +93,6 @@ class LimiterState:
             fallback_max_keys=settings.fallback_max_keys,
         )
         self.resolver = resolver
-        self.hooks = limiter.hooks
         #: the injected clock, in microseconds (``None``: the real ones)
         self.clock = clock
         #: the injected clock's time for the storage (``None``: the Redis server's clock)
@@ -121,18 +119,14 @@ class LimiterState:
         self.identity_tag: Callable[[str], str] = self.tags.tag
         algorithm, shadow = settings.algorithm, settings.shadow
         check_shadow_tiers(shadow, identity_settings.tiers)
-        self.default_specs: tuple[LimitSpec, ...] = (
-            (
-                LimitSpec(
-                    "default",
-                    settings.default_limits,
-                    shadow=spec_is_shadow(shadow, "default"),
-                    dynamic=settings.default_dynamic,  # a callable or mapping default
-                ),
-            )
-            if settings.default_limits or settings.default_dynamic is not None
-            else ()
+        default_spec = LimitSpec(
+            "default",
+            settings.default_limits,
+            shadow=spec_is_shadow(shadow, "default"),
+            dynamic=settings.default_dynamic,  # a callable or mapping default
         )
+        has_default = settings.default_limits or settings.default_dynamic is not None
+        self.default_specs: tuple[LimitSpec, ...] = (default_spec,) if has_default else ()
         global_spec = LimitSpec(
             "global",
             settings.global_limits,

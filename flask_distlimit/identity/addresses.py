@@ -94,15 +94,13 @@ class ClientAddresses:
         if not text or len(text) > _MAX_ADDRESS_LENGTH:
             return INVALID_IP
         if text.startswith("["):  # "[v6]" or "[v6]:port"
-            host, bracket, port = text[1:].partition("]")
+            text, bracket, port = text[1:].partition("]")
             if not bracket or (port and not (port[0] == ":" and _is_port(port[1:]))):
                 return INVALID_IP
-            text = host
         elif text.count(":") == 1:  # "v4:port"
-            host, _, port = text.partition(":")
+            text, _, port = text.partition(":")
             if not _is_port(port):
                 return INVALID_IP
-            text = host
         try:
             ip = ipaddress.ip_address(text)
         except ValueError:

@@ -17,15 +17,6 @@ from flask_distlimit.request.plans import is_static
 from flask_distlimit.storage.lease_records import records_key
 
 
-class RouteMethod(NamedTuple):
-    """One URL rule's limits for one method (:func:`route_plans`)."""
-
-    endpoint: str
-    rule: str
-    method: str
-    plan: RoutePlan
-
-
 class NamedCheck(NamedTuple):
     """One limit an identity meets (:func:`checks_for`): its name, as ``current_limits`` and
     ``flask distlimit`` show it, and its check."""
@@ -44,9 +35,8 @@ def reset(state: AppLimiter) -> int:
     :mod:`flask_distlimit.identity.digests`), the instance heartbeat (who is serving, not a count)
     and request tokens (``<prefix>:rq:{...}``: a reply kept a second for a retry; a give-back's id,
     kept for up to five minutes)."""
-    prefix = state.settings.key_prefix
     records = state.lease_records_key()
-    keys = [*state.storage.scan(f"{prefix}:{{*"), records, records_key(records)]
+    keys = [*state.storage.scan(f"{state.settings.key_prefix}:{{*"), records, records_key(records)]
     return delete_counts(state, keys, every=True)
 
 
@@ -98,7 +88,7 @@ def checks_for(state: AppLimiter, identity: str, cost: int = 0) -> list[NamedChe
     # what counts this kind: a client address the global limits too, a key_func's value alone
     keyed_on = {"ip": ("ip", "identity"), "func": ("func",)}.get(kind, ("identity",))
     tiers = [b for bounds in state.tier_limits.values() for b in bounds]
-    routes = [b for route in route_plans(state) for b in route.plan.limits]
+    routes = [b for *_, plan in route_plans(state) for b in plan.limits]
     for b in (*state.global_limits, *state.meta_limits, *tiers, *routes):
         # a dynamic value's rates are known per request only; a limit of 0 stores nothing
         if b.dynamic is None and b.keyed_on in keyed_on and b.rate.amount:
@@ -108,15 +98,15 @@ def checks_for(state: AppLimiter, identity: str, cost: int = 0) -> list[NamedChe
     return list(found.values())
 
 
-def route_plans(state: AppLimiter, endpoint: str | None = None) -> Iterator[RouteMethod]:
-    """The :class:`RouteMethod` of every URL rule per method (HEAD and OPTIONS aside,
-    static files skipped), by endpoint and rule; only ``endpoint``'s rules when given. Needs an
-    app context."""
-    enforcer = state.enforcer
+def route_plans(
+    state: AppLimiter, endpoint: str | None = None
+) -> Iterator[tuple[str, str, str, RoutePlan]]:
+    """``(endpoint, rule, method, plan)``: one URL rule's limits for one method, for every rule
+    and method (HEAD and OPTIONS aside, static files skipped), by endpoint and rule; only
+    ``endpoint``'s rules when given. Needs an app context."""
     rules = sorted(current_app.url_map.iter_rules(endpoint), key=lambda r: (r.endpoint, r.rule))
     for rule in rules:
         if is_static(rule.endpoint):
             continue
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
-            plan = enforcer.plan(rule.endpoint, method)
-            yield RouteMethod(rule.endpoint, rule.rule, method, plan)
+            yield rule.endpoint, rule.rule, method, state.enforcer.plan(rule.endpoint, method)

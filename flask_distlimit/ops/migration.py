@@ -9,7 +9,7 @@ whole table: docs/migrating-from-flask-limiter.md.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Mapping
 from typing import Final
 
 log = logging.getLogger("flask_distlimit")
@@ -96,12 +96,11 @@ CONFIG_KEYS: Final[dict[str, str]] = {
 }
 
 _GUIDE: Final = "See docs/migrating-from-flask-limiter.md."
-_FAMILY: Final = "RATELIMIT_"
 
 
 def leftover_keys_message(config: Mapping[str, object]) -> str | None:
     """The WARNING text for the ``RATELIMIT_*`` keys of ``config`` (None when it has none)."""
-    found = sorted(k for k in config if isinstance(k, str) and k.startswith(_FAMILY))
+    found = sorted(k for k in config if isinstance(k, str) and k.startswith("RATELIMIT_"))
     if not found:
         return None
     parts = [
@@ -135,9 +134,8 @@ def key_func_message(func: object) -> str:
     )
 
 
-def options_message(names: Iterable[str]) -> str:
-    """The TypeError text for keyword arguments ``Limiter`` does not take."""
-    names = list(names)
+def options_message(names: Collection[str]) -> str:
+    """The TypeError text for keyword arguments ``Limiter`` does not take (its ``**kwargs``)."""
     parts = [f"{name}: {CONSTRUCTOR[name]}" for name in names if name in CONSTRUCTOR]
     unknown = [name for name in names if name not in CONSTRUCTOR]
     if unknown and not parts:

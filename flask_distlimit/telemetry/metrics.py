@@ -32,8 +32,6 @@ Count: TypeAlias = Callable[[float], object]
 BREAKER_STATE_VALUES = {"closed": 0, "half-open": 1, "open": 2}
 
 _MAX_CHILDREN = 10_000
-#: The key of a storage call answered (``ok``) among the counters of one series kept.
-_CALL_OK: Final = ("storage_latency", None, "ok")
 #: The most distinct ``limit`` label values; the rest count under :data:`OTHER`.
 MAX_LIMIT_LABELS: Final = 1_000
 #: The most storage nodes with a ``breaker_state`` series at once.
@@ -209,7 +207,7 @@ class Instruments:
         without a call per decision."""
         counts = self._counts
         if seconds is not None:
-            count = counts.get(_CALL_OK)
+            count = counts.get(("storage_latency", None, "ok"))  # an answered call's series
             (count or self._count("storage_latency", None, {"outcome": "ok"}))(seconds)
         family = "fallback_decisions" if fallback else "decisions"
         for check, decision in zip(checks, evaluation.decisions, strict=False):
