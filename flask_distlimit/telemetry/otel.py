@@ -19,7 +19,6 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, Final, Protocol
 
-
 from flask_distlimit.core.problem import PROBLEM_MEDIA_TYPE
 from flask_distlimit.telemetry.metrics import INSTRUMENTS, LATENCY_BUCKETS, Instruments, OnePer
 
