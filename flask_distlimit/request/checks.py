@@ -229,7 +229,7 @@ class Checks:
                     checks.append(check)
         except HTTPException:  # the app's own answer (its identity loader's 401, a key_func's
             del checks[every:]  # 400): the request still spends the limits of every request
-            data.deferred.clear()
+            data.unwritten()
             if checks:
                 self.decider.decide(checks, None, plan.policy, data)
             raise

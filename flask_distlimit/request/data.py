@@ -39,3 +39,8 @@ class RequestData:
     slots: SlotRelease | None = None
     #: the last response our ``after_request`` saw, for the request's count (telemetry.otel)
     response: Response | None = None
+
+    def unwritten(self) -> None:
+        """A call of the request was refused or not made: what it reserved was never written;
+        an earlier call's reservations are settled after the response all the same."""
+        self.deferred = {k: d for k, d in self.deferred.items() if d.written}

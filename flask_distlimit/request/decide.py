@@ -10,6 +10,7 @@ headers the limit with the fewest units left, never a shadow or meta limit.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import time
 from collections.abc import Callable, Sequence
@@ -77,7 +78,7 @@ class Decider:
             if c.limit and (c.shadow or c.cost <= c.limit):
                 kept.append(c)
             elif c.cost and not c.shadow:
-                data.deferred.clear()  # a refused request is never charged after its response
+                data.unwritten()  # a refused call wrote nothing: never charged after the response
                 every = [e for e in checks if e.cost <= e.limit and e.bound.limit_id[:2] in _ALL]
                 if every:  # raises the 429 (or 503) of a global or tier limit that refuses
                     self.decide(every, identity, policy, data)
@@ -175,7 +176,7 @@ class Decider:
         evaluation = outcome.evaluation
         if evaluation is None:  # storage down, policy "open"
             data.degraded = True
-            data.deferred.clear()  # nothing was reserved: nothing to give back
+            data.unwritten()  # this call reserved nothing: nothing of it to give back
             return
         decisions = evaluation.decisions
         if data.deferred and evaluation.now_us:  # never given back to the window after theirs
@@ -206,6 +207,8 @@ class Decider:
             if data.report is None or report.remaining < data.report.remaining:
                 data.report = report
         data.degraded = data.degraded or outcome.degraded
+        for key, later in data.deferred.items():  # written: settled if a later call refuses
+            data.deferred[key] = dataclasses.replace(later, written=True)
 
     def _refuse(
         self,

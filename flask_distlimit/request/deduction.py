@@ -65,6 +65,8 @@ class Deferred:
     #: the local clock's time of the reservation, which a give-back does not give again
     refill_per_us: float = 0.0
     taken_us: int = 0
+    #: a storage call that admitted the request wrote it (a later call's refusal keeps it)
+    written: bool = False
 
 
 def note_windows(

@@ -101,7 +101,7 @@ class Refusals:
         """Log, call the breach hook and raise the 429 for the denied checks ``denied``;
         ``binding``: the report of the one that makes the client wait longest (its
         ``Retry-After``, and the headers' numbers)."""
-        data.deferred.clear()  # a refused request is never charged after its response
+        data.unwritten()  # a refused call wrote nothing: never charged after the response
         keys = [c.key for c in denied]
         concurrency = all(c.token for c in denied)  # every one a slot (defences.concurrency)
         if concurrency and self.fleet_key is not None and self.fleet_key in keys:
@@ -157,7 +157,7 @@ class Refusals:
         window: it can never pass, so no ``Retry-After`` promises that it will. Its INFO line
         is logged once per client and limit per window at most, as breaches are."""
         b: BoundLimit = check.bound
-        data.deferred.clear()  # a refused request is never charged after its response
+        data.unwritten()  # a refused call wrote nothing: never charged after the response
         data.report, data.denied, data.retry_after = None, True, None
         digest = self.identity_tag(identity.value) if identity is not None else key_tag(check.key)
         if self.logged.due((check,), self.local_clock()):

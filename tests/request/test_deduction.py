@@ -393,6 +393,40 @@ def test_debts_in_flight_hold_at_most_one_limit_past_a_full_window(
     assert state is not None and state.used == 20
 
 
+def test_a_reservation_is_settled_when_a_later_limit_of_the_request_refuses_it(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """The route's budget reserves 40 and settles 0; a ``with`` block's limit inside the view
+    then refuses. The block's call wrote nothing, but the budget's had: it is settled by the
+    response (given back here), where it used to stay charged (an attack review: two refused
+    requests held 80 of the 100, and a failures-only login count reached 3 with no failure)."""
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.post("/complete")
+    @limiter.limit("100/hour", cost=40, settle=lambda response: 0)
+    def complete() -> str:
+        with limiter.limit("1/minute"):
+            return "done"
+
+    @app.post("/login")
+    @limiter.limit("2/hour", deduct_when=lambda response: response.status_code == 401)
+    def login() -> str:
+        with limiter.limit("1/minute"):
+            return "welcome"
+
+    client = app.test_client()
+
+    def post(path: str) -> int:
+        with client.post(path) as response:  # settled when its body ends
+            return response.status_code
+
+    for path in ("/complete", "/login"):
+        assert [post(path) for _ in range(3)] == [200, 429, 429]
+    clock.advance(121)  # the blocks' counts are gone; the hour's are what was settled
+    assert [post("/complete") for _ in range(2)] == [200, 429]
+    assert [post("/login") for _ in range(2)] == [200, 429]
+
+
 def test_a_settle_that_fails_leaves_the_reservation_charged(
     backend: Backend, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
