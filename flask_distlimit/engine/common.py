@@ -47,14 +47,12 @@ def adjust(guess: int, lowest: int, highest: float, fits: Callable[[int], bool])
     """The scripts' correction of a wait computed in doubles, step for step: at most three steps
     down while one less still ``fits`` (never below ``lowest``), then at most three up until it
     ``fits`` (never past ``highest``)."""
-    d = guess
     for _ in range(3):
-        if d > lowest and fits(d - 1):
-            d -= 1
-        else:
+        if guess <= lowest or not fits(guess - 1):
             break
+        guess -= 1
     for _ in range(3):
-        if d >= highest or fits(d):
+        if guess >= highest or fits(guess):
             break
-        d += 1
-    return d
+        guess += 1
+    return guess

@@ -18,18 +18,11 @@ _RETRY_HINT: Final = 1_000_000  # us: when a slot frees is unknown; the script's
 _GARBAGE_US: Final = 2 * 86_400 * 1_000_000  # a lease ending later is garbage (as the script)
 
 
-def _live(state: State | None, now: int) -> SlotState:
-    """The live slots, the expired ones removed in place (as the script's ZREMRANGEBYSCORE)."""
-    if not isinstance(state, dict):
-        return {}
-    for token in [t for t, until in state.items() if until <= now]:
-        del state[token]
-    return state
-
-
 def step(state: State | None, limit: int, period: int, cost: int, now: int) -> Step:
     """``cost`` is the slot's token (0: a peek); ``period`` the lease."""
-    slots = _live(state, now)
+    slots: SlotState = state if isinstance(state, dict) else {}
+    for token in [t for t, until in slots.items() if until <= now]:
+        del slots[token]  # expired: removed in place, as the script's ZREMRANGEBYSCORE
     k = len(slots)
     own = cost > 0 and cost in slots  # its own live slot (its call made again): renewed
     taking = cost > 0 and not own

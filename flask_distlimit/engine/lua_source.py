@@ -15,7 +15,6 @@ from typing import Final
 
 from flask_distlimit.core.algorithms import Algorithm
 
-_LUA: Final = "flask_distlimit.engine"
 #: The helpers, first: their constants stay, their functions are inlined everywhere.
 _COMMON: Final = "common.lua"
 #: The fast path's template (filled from the algorithms' regions), second.
@@ -135,21 +134,21 @@ def script_parts(codes: Mapping[Algorithm, int], shadow: int) -> tuple[str, ...]
     """The script's parts, in order: the helpers' constants, the fast path, the algorithms
     (``<name>.lua`` for each of ``codes``, in its order; the fast path's branches taken for
     its numbers, and plus ``shadow``), the driver; every helper inlined."""
-    common = lua_text(_LUA, _COMMON)
+    common = lua_text(__package__, _COMMON)
     helpers = {
         name: ([p.strip() for p in params.split(",")], textwrap.dedent(body).strip("\n"))
         for name, params, body in _HELPER.findall(common)
     }
-    algorithms = {name: lua_text(_LUA, f"{name}.lua") for name in codes}
+    algorithms = {name: lua_text(__package__, f"{name}.lua") for name in codes}
     order = sorted(codes, key=codes.__getitem__)
     assert [codes[n] for n in order] == list(range(1, len(order) + 1)), f"codes not 1..n: {codes}"
-    driver = lua_text(_LUA, _DRIVER)
+    driver = lua_text(__package__, _DRIVER)
     assert _LOADERS in driver, f"{_DRIVER} lost its {_LOADERS} marker"
     loaders = ", ".join(f"LOAD_{name.upper()}" for name in order)
     driver = driver.replace(_LOADERS, f"local LOADERS = {{{loaders}}}")
     parts = (
         _HELPER.sub("", common),
-        _fast_path(lua_text(_LUA, _FAST_PATH), algorithms, codes, shadow),
+        _fast_path(lua_text(__package__, _FAST_PATH), algorithms, codes, shadow),
         "\n".join(algorithms.values()),
         driver,
     )
@@ -158,6 +157,6 @@ def script_parts(codes: Mapping[Algorithm, int], shadow: int) -> tuple[str, ...]
 
 def script_source(parts: tuple[str, ...]) -> str:
     """The whole script: ``parts`` as the body of lua/replay.lua (the request token's wrapper)."""
-    head, marker, tail = lua_text(_LUA, _REPLAY).partition(_BODY)
+    head, marker, tail = lua_text(__package__, _REPLAY).partition(_BODY)
     assert marker, f"{_REPLAY} lost its {_BODY} marker"
     return f"{head}{''.join(parts)}{tail}"

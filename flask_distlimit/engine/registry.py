@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from flask_distlimit.core.algorithms import Algorithm
-from flask_distlimit.core.decision import Check
 from flask_distlimit.core.limits import Rate
 from flask_distlimit.engine import (
     concurrency,
@@ -24,7 +23,7 @@ from flask_distlimit.engine import (
     sliding_window_log,
     token_bucket,
 )
-from flask_distlimit.engine.common import US, Refunded, State, Step
+from flask_distlimit.engine.common import Refunded, State, Step
 from flask_distlimit.engine.fixed_window import FixedWindowState
 from flask_distlimit.engine.sliding_window_counter import CounterState
 from flask_distlimit.errors import ConfigurationError
@@ -78,19 +77,6 @@ class AlgorithmEntry:
     max_rate: int | None = None  #: the fastest rate it accepts, units per second (None: any)
     #: The message of a rate over its bound: a format string with ``{bound}`` and ``{rate}``.
     too_large: str = ""
-
-    def decide(self, state: State | None, check: Check, cost: int, now_us: int) -> Step:
-        """Decide ``check`` (with ``cost``) over ``state`` at ``now_us``."""
-        if check.token:  # a concurrency slot: the token stands for the cost of 1
-            cost = check.token if cost else 0
-        return self.twin.step(state, check.limit, check.period * US, cost, now_us)
-
-    def undo(self, state: State | None, check: Check, now_us: int) -> Refunded:
-        """Give ``check.cost`` back (a debt: charge it)."""
-        cost = check.token or check.cost  # a concurrency slot is given back by its token
-        if check.debt:  # charged past the limit: a twin's refund of a negative cost
-            cost = -cost
-        return self.twin.refund(state, check.limit, check.period * US, cost, now_us)
 
 
 _LOG_TOO_LARGE: Final = (

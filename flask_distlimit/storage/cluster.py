@@ -55,12 +55,12 @@ def rounds(
 
 
 class LostNode(StorageUnavailable):
-    """A connection error or timeout on a node: the topology may have changed. ``closed``: a
-    connection failed (arms the request tokens); a timeout is a slow node, and arms nothing."""
+    """A connection error or timeout on a node: the topology may have changed. A timeout is a
+    slow node, and arms nothing."""
 
-    def __init__(self, message: str, *, closed: bool) -> None:
-        super().__init__(message)
-        self.closed = closed
+
+class ClosedNode(LostNode):
+    """A connection to the node failed: it arms the request tokens."""
 
 
 def failed(
@@ -78,7 +78,7 @@ def failed(
     if isinstance(exc, rx.ConnectionError | rx.TimeoutError) and not isinstance(
         error, StorageMisconfigured
     ):
-        return LostNode(str(error), closed=isinstance(exc, rx.ConnectionError))
+        return (ClosedNode if isinstance(exc, rx.ConnectionError) else LostNode)(str(error))
     return error
 
 
@@ -216,7 +216,7 @@ class ClusterStorage(ClusterNodes):
                 pool.release(connection)
         lost = [n for n, r in enumerate(results) if isinstance(r, LostNode)]
         if lost:
-            if any(r.closed for r in results if isinstance(r, LostNode)):
+            if any(isinstance(r, ClosedNode) for r in results):
                 tokens.arm()  # connections fail: the next calls carry tokens (not a timeout)
             # Like redis-py after a connection error: refresh the topology (once every reply
             # is in), so the next call finds a promoted replica.

@@ -142,16 +142,20 @@ class MemoryStorage(Storage):
             for check in checks:
                 spec = REGISTRY[check.algorithm]
                 state, bad = self._state(check, now)
-                cost = check.cost
+                cost, period = check.cost, check.period * US
                 # the refund of a meta check: a request refused elsewhere, a breach (below)
                 elsewhere = check.meta and refund_
                 if not elsewhere and (refund_ or check.release or check.debt):
-                    new, ttl = spec.undo(state, check, now)
+                    units = check.token or cost  # a concurrency slot is given back by its token
+                    if check.debt:  # charged past the limit: a twin's refund of a negative cost
+                        units = -units
+                    new, ttl = spec.twin.refund(state, check.limit, period, units, now)
                     if ttl >= 0:
                         self._put(check.key, check.algorithm, new, ttl, now)
                     state, _ = self._state(check, now)
                     cost = 0
-                s = spec.decide(state, check, cost, now)
+                units = (check.token or cost) if cost else 0  # a slot's token: the cost of 1
+                s = spec.twin.step(state, check.limit, period, units, now)
                 if elsewhere and s.allowed and cost > 0:  # exhausted: no write
                     self._put(check.key, check.algorithm, s.state, s.ttl_us, now)
                 if check.release or check.debt or elsewhere:  # never denies

@@ -90,8 +90,6 @@ class DeadlinePool:
         self.locate = locate
         #: the address ``locate`` answered last (Sentinel: the master), ``None`` before any
         self.located: tuple[str, int] | None = None
-        self._socket_timeout = connection_kwargs.get("socket_timeout")
-        self._connect_timeout = connection_kwargs.get("socket_connect_timeout")
         self.slack = max(_MIN_SLACK, timeout * _SLACK_SHARE)
         self.reset()
 
@@ -217,9 +215,9 @@ class DeadlinePool:
         except BaseException:
             connection.disconnect()
             raise
-        finally:
-            connection.socket_connect_timeout = self._connect_timeout
-            connection.socket_timeout = self._socket_timeout
+        finally:  # the connection's own timeouts again
+            connection.socket_connect_timeout = self.connection_kwargs.get("socket_connect_timeout")
+            connection.socket_timeout = self.connection_kwargs.get("socket_timeout")
         self._live[connection] = left
 
     def read(self, connection: Any, deadline: float) -> Any:

@@ -69,10 +69,9 @@ class RequestTokens:
         self.armed_until = math.inf if mode == "always" else -math.inf
         #: how long Redis keeps a reply: the retry comes within the same deadline
         self.ttl_ms = max(TOKEN_TTL_MS, math.ceil(2000 * timeout))
-        #: the argument that goes with the token on a first try and on a repeat
-        #: (:func:`~flask_distlimit.engine.scripts.with_token`)
+        #: the argument that goes with the token on a first try (a repeat's: :meth:`repeat`;
+        #: :func:`~flask_distlimit.engine.scripts.with_token`)
         self.first = str(self.ttl_ms)
-        self.again = f"{self.ttl_ms},1"
         self.reset()
         _every.add(self)  # reset in a forked child, whoever forks (not only the extension)
 
@@ -119,7 +118,7 @@ class RequestTokens:
         fail)."""
         self.arm()
         token = self.key(made.keys[0]) if made.token is None else made.token
-        return [packer.pack(made.keys, made.args, token, self.again)]
+        return [packer.pack(made.keys, made.args, token, f"{self.ttl_ms},1")]
 
     def key(self, first_key: str) -> str:
         """A new token's key, in the Cluster slot of ``first_key`` (a call's first key)."""

@@ -64,9 +64,7 @@ _ENDPOINT_QUERY: Final[dict[str, Callable[[str], Any]]] = {
     "split_slots": _bool,
 }
 _QUERY: Final[dict[str, dict[str, Callable[[str], Any]]]] = {
-    "redis": _ENDPOINT_QUERY,
-    "rediss": _ENDPOINT_QUERY,
-    "unix": _ENDPOINT_QUERY,
+    **dict.fromkeys(("redis", "rediss", "unix"), _ENDPOINT_QUERY),  # one endpoint each
     "redis+sentinel": {
         **_ENDPOINT_QUERY,
         "ssl": _bool,
