@@ -53,11 +53,12 @@ class _Listener(pybreaker.CircuitBreakerListener):
         owner.calm = new == "closed"  # closing reset the counter (also a change made directly)
         if new == "open":
             log.warning(
-                "Rate-limit storage %s is unavailable after %d consecutive failure(s): "
-                "circuit breaker %s opened; applying the failure policy for %.3g s before a "
-                "trial call (last error: %s)",
+                "Rate-limit storage %s is unavailable after %s: circuit breaker %s opened; "
+                "applying the failure policy for %.3g s before a trial call (last error: %s)",
                 owner.name,
-                owner.fail_max,
+                "its trial call failed"  # one failure, in a half-open breaker
+                if old_state.name == "half-open"
+                else f"{owner.fail_max} consecutive failure(s)",
                 owner.name,
                 owner.reset_timeout,
                 owner.last_error,

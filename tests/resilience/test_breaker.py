@@ -164,6 +164,14 @@ def test_opening_logs_a_warning_and_closing_an_info(caplog: pytest.LogCaptureFix
     breaker.success()
     closed = [r for r in caplog.records if "closed" in r.getMessage()]
     assert [r.levelno for r in closed] == [logging.INFO]
+    assert "after 2 consecutive failure(s)" in opened[0].getMessage()
+    breaker.failure(OUTAGE)
+    breaker.failure(OUTAGE)
+    clock.advance(1)
+    breaker.allow()
+    breaker.failure(OUTAGE)  # its one trial: not two failures in a row
+    again = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING][-1]
+    assert "after its trial call failed: circuit breaker" in again
 
 
 def test_on_change_hook_gets_every_transition() -> None:
