@@ -157,6 +157,8 @@ class Decider:
                 # given back when the response ends, however (flask_distlimit.defences.lifecycle)
                 self.lifecycle.ledger(request.environ).take(data.slots)
             data.slots.add(slots)
+            if self.guard.owed:  # slots a stall left taken: given back before these are taken
+                self.guard.evaluate_beside((), "an owed concurrency slot's give-back")
         # no clock injected: no call of ours to read the time (this runs on every request)
         now_us = None if self.clock is None else self.clock()
         started = time.monotonic_ns() // 1000 if now_us is None else now_us

@@ -55,6 +55,8 @@ log = logging.getLogger("flask_distlimit.guard")  # a public name (docs/failure-
 #: While the breaker of the node a storage goes to is open, the storage is asked at most this
 #: often (seconds of the injected clock) whether its node moved (a Sentinel failover).
 REDISCOVER_INTERVAL: Final = 1.0
+#: The most slot give-backs kept to send again (each is moot once its slot's lease ends).
+_MOST_OWED: Final = 1000
 
 _guards: AfterFork[GuardCore] = AfterFork(lambda guard: guard._after_fork())
 
@@ -106,6 +108,9 @@ class GuardCore:
         )
         #: a refused write was decided locally (until the fallbacks let go of its keys)
         self.refusing_writes = False
+        #: slot give-backs the storage did not take (down, or late: their slots may have been
+        #: taken after the request ended), sent again with the next call beside a request's
+        self.owed: list[Check] = []
         self.instances = Instances(
             instances,
             minimum=instances_min,
@@ -403,11 +408,16 @@ class GuardCore:
         back), the others are, together (one deadline on a Cluster), and each node's breaker
         then hears once how its parts ended, as :meth:`open_side_call` says: an outage if any of
         them met one, else an answer."""
+        owed, self.owed = self.owed, []
+        checks = [*owed[-_MOST_OWED:], *checks]
         routes = [Route(self.node, list(range(len(checks))))]  # one node: the guard's
         if self.routed:
             routes = self.storage.route(checks)
         trying, _ = self.breakers.admit(node for node, _ in routes)
         live = [(n, [checks[i] for i in indexes]) for n, indexes in routes if n in trying]
+        for n, indexes in routes:
+            if n not in trying:
+                self.owed += [checks[i] for i in indexes if checks[i].release]
         if not live:
             return
         try:
@@ -421,11 +431,12 @@ class GuardCore:
             return
         for refused in report_parts(trying, [node for node, _ in live], results):
             self.storage_log.refused(refused)
-        for result in results:
+        for (_, part), result in zip(live, results, strict=True):
             if isinstance(result, StorageResponseError):
                 self.count_unreadable(result, what)
             elif isinstance(result, StorageError):
                 self.side_failed(what, result)
+                self.owed += [c for c in part if c.release]
 
     def _after_fork(self) -> None:
         self.storage_log.after_fork()  # every process says it once

@@ -7,10 +7,14 @@ gunicorn is ``tests/defences/test_concurrency_gunicorn.py``.
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from flask import Response
+import redis
+from flask import Flask, Response
 
 from flask_distlimit import ConfigurationError, Limiter
 from flask_distlimit.core.decision import Check
@@ -20,6 +24,8 @@ from flask_distlimit.storage.base import Storage
 from flask_distlimit.testing import FakeClock
 from tests.distlimit_fixtures import backend, clock, make_app
 from tests.engines import ENGINE_PARAMS, Engine, make_engine
+from tests.faults import wait_until
+from tests.servers import start_redis
 
 __all__ = ["backend", "clock"]  # fixtures used below
 
@@ -236,3 +242,52 @@ def test_under_policy_local_slots_are_held_and_given_back_in_the_process(
     assert again.status_code == 200
     for response in (again, *held):
         response.close()
+
+
+@pytest.mark.parametrize("policy", ["open", "closed"])
+def test_slots_a_stall_took_late_are_given_back_before_the_next_slot_is_taken(
+    policy: str,
+) -> None:
+    """A request whose slot-taking call times out while Redis is stalled gets the failure
+    policy's answer, and its give-back finds the breaker open; its call runs when Redis resumes:
+    the slot stayed taken with nothing in flight for the whole lease (an attack review). The
+    give-backs the storage did not take are sent again before this process takes a slot."""
+    server = start_redis()
+    app = Flask(__name__)
+    app.config.update(
+        DISTLIMIT_STORAGE_URL=server.url,
+        DISTLIMIT_FAILURE_POLICY=policy,
+        DISTLIMIT_BREAKER_FAIL_MAX=1,
+        DISTLIMIT_BREAKER_RESET_TIMEOUT=0.2,
+        SECRET_KEY="s" * 32,
+    )
+    limiter = Limiter(app)
+
+    @app.get("/report")
+    @limiter.concurrency(1)
+    def report() -> str:
+        return "ok"
+
+    client = app.test_client()
+
+    def get() -> int:
+        with client.get("/report") as response:  # given back when its body ends
+            return response.status_code
+
+    try:
+        assert get() == 200
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            assert get() == (200 if policy == "open" else 503)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        admin = redis.Redis.from_url(server.url)
+        wait_until(lambda: any(admin.zcard(k) for k in admin.scan_iter("*concurrency*")), 2.0)
+        assert limiter.state(app).guard.owed  # taken late, given back never: until now
+        time.sleep(0.3)  # the breaker lets a trial through
+        assert [get() for _ in range(3)] == [200] * 3
+        assert not limiter.state(app).guard.owed
+        assert sum(admin.zcard(k) for k in admin.scan_iter("*concurrency*")) == 0
+    finally:
+        server.stop()
+        limiter.state(app).storage.close()
