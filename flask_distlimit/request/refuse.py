@@ -147,6 +147,7 @@ class Refusals:
         a limit of the route could not be evaluated (its app code raised) and the route's
         policy is not ``open``."""
         data.degraded = data.denied = True
+        data.unwritten()  # this call's reservations: never taken, or not known to be
         data.retry_after = 1 if busy else self.retry_unavailable  # busy: load, not an outage
         raise RateLimitUnavailable(
             retry_after=data.retry_after, instance=request.path, busy=busy, unresolved=unresolved

@@ -447,3 +447,34 @@ def test_a_settle_that_fails_leaves_the_reservation_charged(
     with caplog.at_level(logging.ERROR, logger="flask_distlimit"):
         assert client.post("/complete").status_code == 200
     assert sum(r.levelno == logging.ERROR for r in caplog.records) == 2
+
+
+@pytest.mark.parametrize("policy", ["open", "closed", "local"])
+def test_a_reservation_whose_call_failed_is_never_given_back(
+    clock: FakeClock, policy: str
+) -> None:
+    """A call the storage never answered (down under ``closed``, or busy under any policy: a
+    503) reserved nothing it knows of; its reservation was settled by the 503 all the same, and
+    a failures-only login limit gave back a failure per 503 (an attack review: 6 guesses of 3).
+    Under ``open`` and ``local`` the request is admitted as the policy says, and its
+    reservation follows that decision."""
+    from flask_distlimit.storage.memory import MemoryStorage
+    from tests.faults import FailingStorage
+
+    failing = {4, 5, 6}  # the fifth to seventh calls: after three failures and one refusal
+    storage = FailingStorage(MemoryStorage(clock=clock), lambda n: n in failing)
+    app, limiter, _ = make_app(
+        storage, clock, DISTLIMIT_FAILURE_POLICY=policy, DISTLIMIT_BREAKER_FAIL_MAX=10
+    )
+
+    @app.post("/login")
+    @limiter.limit("3/hour", deduct_when=lambda response: response.status_code == 401)
+    def login() -> ResponseReturnValue:
+        return "bad password", 401
+
+    client = app.test_client()
+    seen = [client.post("/login").status_code for _ in range(11)]
+    assert seen[:4] == [401, 401, 401, 429]
+    if policy == "closed":
+        assert seen[4:7] == [503] * 3
+    assert seen[7:] == [429] * 4  # no failure given back: the budget stays spent
