@@ -450,9 +450,7 @@ def test_a_settle_that_fails_leaves_the_reservation_charged(
 
 
 @pytest.mark.parametrize("policy", ["open", "closed", "local"])
-def test_a_reservation_whose_call_failed_is_never_given_back(
-    clock: FakeClock, policy: str
-) -> None:
+def test_a_reservation_whose_call_failed_is_never_given_back(clock: FakeClock, policy: str) -> None:
     """A call the storage never answered (down under ``closed``, or busy under any policy: a
     503) reserved nothing it knows of; its reservation was settled by the 503 all the same, and
     a failures-only login limit gave back a failure per 503 (an attack review: 6 guesses of 3).
