@@ -313,6 +313,9 @@ class RoutePlan:
     app_limits: bool = True
     #: the meta limits apply (not lifted by ``ExemptionScope.META``)
     meta_limits: bool = True
+    #: the endpoint's limits that may share ids, as :func:`distinct` numbers them (its own,
+    #: the limits wrappers and ``with`` blocks decided apart from the gate's call are numbered by)
+    order: tuple[tuple[object, ...], ...] = ()
 
 
 def build_plan(
@@ -399,7 +402,7 @@ def build_plan(
     # Its rank among every limit of the endpoint that may share its ids, for every method, so
     # that a limit keeps one key beside a methods=[...] filter of its rate.
     layers = [s for bp in inherited for s in registry.blueprints.get(bp, ())]
-    order = [signature(b) for b in bound_all((*mine, *layers, *default_limits))]
+    order = tuple(signature(b) for b in bound_all((*mine, *layers, *default_limits)))
     limits = distinct(bound, prefix, order)
     return RoutePlan(
         exempt=False,
@@ -411,6 +414,7 @@ def build_plan(
         inner=inner_specs,
         app_limits=not scope & ExemptionScope.APPLICATION,
         meta_limits=not scope & ExemptionScope.META,
+        order=order,
     )
 
 

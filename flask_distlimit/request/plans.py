@@ -109,7 +109,10 @@ class Plans:
         self, specs: Sequence[LimitSpec], label: str | None, method: str | None
     ) -> tuple[BoundLimit, ...]:
         """``specs`` bound for ``label`` (the endpoint) and ``method``, neither kept nor told to
-        the leases (``with limiter.limit(...)``, whose spec is made anew by every request)."""
+        the leases (``with limiter.limit(...)``, whose spec is made anew by every request),
+        numbered among the limits of the route's plan (a limit wrapper's in it, a block's after
+        them)."""
+        plan = self.routes.get((label or "", method or ""))
         return distinct(
             (
                 b
@@ -124,4 +127,5 @@ class Plans:
                 )
             ),
             self.prefix,
+            () if plan is None else plan.order,
         )

@@ -733,6 +733,49 @@ def test_a_limit_keeps_one_key_on_every_method_beside_a_methods_filter_of_its_ra
     assert eve == [200, 200, 429, 429]
 
 
+def test_limits_below_another_decorator_and_in_a_block_are_numbered_with_the_route(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """A limit wrapper below another decorator, and a ``with`` block, are decided in calls of
+    their own, and were numbered apart from the route's limits: below ``@login_required`` the
+    method bug came back (4 of a per-account 2), and a block's ``key_func`` limit shared the
+    key of the route's limit of its rate (user ``x`` spent e-mail ``x``'s count)."""
+    app, limiter, _ = make_app(backend(), clock)
+
+    def audited(view: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(view)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            return view(*args, **kwargs)
+
+        return inner
+
+    @app.route("/signin", methods=["GET", "POST"])
+    @audited
+    @limiter.limit("2/minute", key_func=lambda: request.values["account"])
+    @limiter.limit("2/minute", key_func=lambda: request.values["email"], methods=["POST"])
+    def signin() -> str:
+        return "ok"
+
+    @app.post("/with")
+    @limiter.limit("3/minute", key_func=lambda: request.form["user"])
+    def with_block() -> str:
+        with limiter.limit("3/minute", key_func=lambda: request.form["email"]):
+            return "ok"
+
+    client = app.test_client()
+    eve = [client.get("/signin?account=eve").status_code for _ in range(2)]
+    eve += [
+        client.post("/signin", data={"account": "eve", "email": f"e{n}"}).status_code
+        for n in range(2)
+    ]
+    assert eve == [200, 200, 429, 429]
+    users = [
+        client.post("/with", data={"user": "x", "email": f"x{n}"}).status_code for n in range(3)
+    ]
+    assert users == [200, 200, 200]
+    assert client.post("/with", data={"user": "other", "email": "x"}).status_code == 200
+
+
 def test_a_shared_limit_keeps_one_key_on_every_route_whatever_the_order_of_the_decorators(
     backend: Backend, clock: FakeClock
 ) -> None:
