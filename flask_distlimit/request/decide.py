@@ -183,7 +183,7 @@ class Decider:
         decisions = evaluation.decisions
         if data.deferred and evaluation.now_us:  # never given back to the window after theirs
             local = monotonic_us() if self.clock is None else self.clock()
-            deduction.note_windows(data.deferred, checks, evaluation.now_us, local)
+            deduction.note_windows(data.deferred, checks, decisions, evaluation.now_us, local)
         # kept as they are; limiter.current_limits reads them only when asked
         data.evaluated.append(Evaluated(checks, decisions, self.wall()))
         if data.deferred or not simple:

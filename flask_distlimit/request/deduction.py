@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Final
 from flask import request
 from werkzeug.wsgi import ClosingIterator
 
-from flask_distlimit.core.decision import Check
+from flask_distlimit.core.decision import Check, Decision
 from flask_distlimit.core.pacing import paced
 from flask_distlimit.declare.dynamic_limits import LOG_INTERVAL, log_text
 from flask_distlimit.engine.registry import REGISTRY
@@ -62,27 +62,36 @@ class Deferred:
     #: may be over (a give-back would be taken off the next one), the log's entry expired
     until_us: float = math.inf
     #: a bucket's (token bucket, GCRA): the units time gives back per us since ``taken_us``,
-    #: the local clock's time of the reservation, which a give-back does not give again
+    #: the local clock's time of the reservation, and the units it lacked to be full then: what
+    #: it refilled beyond those, it would have refilled anyway; a give-back does not give them
     refill_per_us: float = 0.0
     taken_us: int = 0
+    missing: int = 0
     #: a storage call that admitted the request wrote it (a later call's refusal keeps it)
     written: bool = False
 
 
 def note_windows(
-    deferred: dict[str, Deferred], checks: Iterable[Check], now_us: int, local_us: int
+    deferred: dict[str, Deferred],
+    checks: Iterable[Check],
+    decisions: Iterable[Decision],
+    now_us: int,
+    local_us: int,
 ) -> None:
-    """Note how time gives back each reservation of ``deferred`` among ``checks``, taken at the
-    storage's time ``now_us`` (the local clock's ``local_us``): all at once when its window
-    ends or its log entry expires, or a bucket's at its rate (:meth:`Deferred` fields)."""
-    for c in checks:
+    """Note how time gives back each reservation of ``deferred`` among ``checks`` (decided as
+    ``decisions``), taken at the storage's time ``now_us`` (the local clock's ``local_us``): all
+    at once when its window ends or its log entry expires, or a bucket's at its rate."""
+    for c, decision in zip(checks, decisions, strict=True):
         d = deferred.get(c.key)
         if d is None:
             continue
         entry, period = REGISTRY[c.algorithm], c.period * 1_000_000
         left = period  # the log's entry leaves the window a period after it
         if entry.refills:
-            d = dataclasses.replace(d, refill_per_us=c.limit / period, taken_us=local_us)
+            missing = c.limit - decision.remaining
+            d = dataclasses.replace(
+                d, refill_per_us=c.limit / period, taken_us=local_us, missing=missing
+            )
         elif entry.counted is not None:  # a window's count: until its window ends
             left = (now_us // period + 1) * period - now_us
         deferred[c.key] = dataclasses.replace(d, until_us=local_us + left - _LATE_US)
@@ -206,7 +215,10 @@ def _settle(calls: SideCalls, due: list[tuple[Deferred, Check]]) -> list[Report]
     now = calls.local_clock()
     for later, settlement in due:
         if settlement.release:  # less what time gave back already (never twice: note_windows)
-            back = settlement.cost - math.floor((now - later.taken_us) * later.refill_per_us)
+            back = settlement.cost
+            if later.refill_per_us:  # a bucket: what it refilled beyond what it lacked
+                refilled = math.floor((now - later.taken_us) * later.refill_per_us)
+                back -= max(0, refilled + back - later.missing)
             if back <= 0 or now >= later.until_us:
                 continue
             settlement = dataclasses.replace(settlement, cost=back)

@@ -366,6 +366,25 @@ def test_a_bucket_gives_back_a_reservation_less_what_refilled_since(
     assert client.post("/batch?cost=5&used=5").status_code == 200
 
 
+@pytest.mark.parametrize("algorithm", ["token_bucket", "gcra"])
+def test_a_bucket_far_from_full_gets_a_late_reservation_back_whole(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    """5 spent, then 5 reserved and none used, given back 30 s later at 10 a minute with nobody
+    else spending: the 5 it refilled meanwhile filled what the bucket lacked, so the 5 go back
+    whole (cutting them by what it refilled cost the client half its limit: a review)."""
+    app, limiter, _ = make_app(backend(), clock)
+    _settled_when_closed(app, limiter, algorithm)
+    client = app.test_client()
+    assert client.post("/batch?cost=5&used=5").status_code == 200
+    stream = client.post("/batch?cost=5&used=0", buffered=False)
+    clock.advance(30)
+    stream.get_data()
+    stream.close()
+    assert client.post("/batch?cost=10&used=10").status_code == 200  # full, as if never taken
+    assert client.post("/batch?cost=1&used=1").status_code == 429
+
+
 def test_debts_in_flight_hold_at_most_one_limit_past_a_full_window(
     backend: Backend, clock: FakeClock
 ) -> None:
