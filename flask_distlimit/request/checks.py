@@ -107,10 +107,14 @@ class Checks:
     paces: dict[str, Pace] = field(default_factory=dict, init=False)
     #: the global and tier limits hold no shadow limit, and no fleet slot rides along
     every_plain: bool = field(init=False)
+    #: the most checks a request adds after its global limits: the largest tier's, the meta's
+    after_global: int = field(init=False)
 
     def __post_init__(self) -> None:
         every = (*self.global_limits, *(b for t in self.tier_limits.values() for b in t))
         self.every_plain = self.fleet is None and not any(b.spec.shadow for b in every)
+        tiers = max(map(len, self.tier_limits.values()), default=0)
+        self.after_global = tiers + len(self.meta_limits)
 
     def decide(
         self,
@@ -160,7 +164,7 @@ class Checks:
                 if b.dynamic is None:  # the common case: no tuple to make per request
                     checks.append(b.check(tag, every_cost))
                     continue
-                room = MAX_LIMITS_PER_REQUEST - len(checks) - len(route_limits)
+                room = MAX_LIMITS_PER_REQUEST - len(checks) - len(route_limits) - self.after_global
                 for r in self._resolved(b, tag, None, room, plan, data):  # a callable's answer
                     checks.append(r.check(tag, every_cost))
         every = len(checks)  # the limits of every request
@@ -215,7 +219,8 @@ class Checks:
                 if b.dynamic is None and not deduction.reserved(b, unproved=unproved):
                     checks.append(b.check(tag, cost))
                     continue
-                room = MAX_LIMITS_PER_REQUEST - len(checks) - fixed
+                # at least its first rate: a route's own limit never gives way to the others
+                room = max(1, MAX_LIMITS_PER_REQUEST - len(checks) - fixed - len(self.meta_limits))
                 tier = identity.tier if identity is not None else None
                 for r in self._resolved(b, tag, tier, room, plan, data):  # a dynamic value's rates
                     check = r.check(tag, 1 if unproved else cost)

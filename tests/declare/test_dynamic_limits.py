@@ -179,6 +179,35 @@ def test_a_kept_answer_too_long_for_a_later_route_applies_its_first_rates(
     assert response.headers["RateLimit-Policy"].count("global") == 4  # the whole answer kept
 
 
+def test_a_global_answer_leaves_room_for_the_tier_and_the_routes_own_dynamic_limit(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """A callable global limit's room ignored the tier limits added after it: a route's
+    callable limit was then cut to a room of -2 and applied none of its rates (its 2/day never
+    counted; a review), and a route of static limits sent more checks than a request carries."""
+    app, limiter, counting = make_app(
+        backend(),
+        clock,
+        DISTLIMIT_GLOBAL_LIMITS=lambda: "100/second;101/minute;102/hour;103/day",
+        DISTLIMIT_TIERS={"anonymous": "200/second;201/minute;202/hour"},
+    )
+
+    @app.get("/dyn")
+    @limiter.limit("300/second;301/minute;302/hour")
+    @limiter.limit(lambda: "2/day;400/hour")
+    def dyn() -> str:
+        return "ok"
+
+    @app.get("/many")
+    @limiter.limit("300/second;301/minute;302/hour;3/day")
+    def many() -> str:
+        return "ok"
+
+    assert statuses(app, "/dyn", 3) == [200, 200, 429]  # its own 2/day
+    assert statuses(app, "/many", 4) == [200, 200, 200, 429]
+    assert max(map(len, counting.checks)) <= 8
+
+
 def test_none_or_empty_answer_means_no_limit(backend: Backend, clock: FakeClock) -> None:
     plans: dict[str, object] = {"a": None, "b": ""}
     app, _ = tenant_app(backend, clock, plans)
