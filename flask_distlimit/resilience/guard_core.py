@@ -55,8 +55,10 @@ log = logging.getLogger("flask_distlimit.guard")  # a public name (docs/failure-
 #: While the breaker of the node a storage goes to is open, the storage is asked at most this
 #: often (seconds of the injected clock) whether its node moved (a Sentinel failover).
 REDISCOVER_INTERVAL: Final = 1.0
-#: The most slot give-backs kept to send again (each is moot once its slot's lease ends).
+#: The most slot give-backs kept to send again (each is moot once its slot's lease ends), and
+#: sent again in one call (a script call holds Redis: as many as a request's limits)
 _MOST_OWED: Final = 1000
+_OWED_PER_CALL: Final = 8
 
 _guards: AfterFork[GuardCore] = AfterFork(lambda guard: guard._after_fork())
 
@@ -408,8 +410,8 @@ class GuardCore:
         back), the others are, together (one deadline on a Cluster), and each node's breaker
         then hears once how its parts ended, as :meth:`open_side_call` says: an outage if any of
         them met one, else an answer."""
-        owed, self.owed = self.owed, []
-        checks = [*owed[-_MOST_OWED:], *checks]
+        owed, self.owed = self.owed[-_MOST_OWED:], []
+        self.owed, checks = owed[_OWED_PER_CALL:], [*owed[:_OWED_PER_CALL], *checks]
         routes = [Route(self.node, list(range(len(checks))))]  # one node: the guard's
         if self.routed:
             routes = self.storage.route(checks)
