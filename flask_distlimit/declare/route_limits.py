@@ -254,15 +254,12 @@ def distinct(
     the first gets its suffix.
     """
     bound = list(bound)
-    ranks: dict[tuple[object, ...], list[tuple[object, ...]]] = {}
-    for sig in (*order, *map(signature, bound)):  # a limit ``order`` lacks: after the others
-        same = ranks.setdefault(sig[:3], [])
-        if sig not in same:
-            same.append(sig)
+    ranked = list(dict.fromkeys((*order, *map(signature, bound))))  # those order lacks: after
     out = []
     for b in bound:
         sig = signature(b)
-        n = 1 if b.spec.scope is not None else ranks[sig[:3]].index(sig) + 1
+        same = [s for s in ranked if s[:3] == sig[:3]]  # one key space
+        n = 1 if b.spec.scope is not None else same.index(sig) + 1
         out.append(_kth(b, n, prefix) if n > 1 else b)
     return tuple(out)
 
