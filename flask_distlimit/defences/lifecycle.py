@@ -221,20 +221,19 @@ class Lifecycle:
         cell: list[Ledger] = []
         environ[self.key] = cell
         server_wrapper = environ.get(_FILE_WRAPPER)
-        made = self._made
         try:
             body = self.wsgi_app(environ, start_response)
         except BaseException:
             for ledger in cell:
                 ledger.end()
-            if made is not None:
-                made(environ, True)
+            if self._made is not None:
+                self._made(environ, True)
             raise
         finally:  # the server checks the body against its own wsgi.file_wrapper: put it back
             if cell and server_wrapper is not None:
                 environ[_FILE_WRAPPER] = server_wrapper
-        if made is not None:
-            made(environ, False)
+        if self._made is not None:
+            self._made(environ, False)
         # A server's own file wrapper made around a proxy of ours: its close() ends the ledger.
         if not cell or cell[0].ended or any(body is made for made in cell[0].files):
             return body

@@ -62,11 +62,12 @@ class Deferred:
     #: may be over (a give-back would be taken off the next one), the log's entry expired
     until_us: float = math.inf
     #: a bucket's (token bucket, GCRA): the units time gives back per us since ``taken_us``,
-    #: the local clock's time of the reservation, and the units it lacked to be full then: what
-    #: it refilled beyond those, it would have refilled anyway; a give-back does not give them
+    #: the local clock's time of the reservation; and the units the limit lacked to be whole
+    #: then (unknown: no fewer than any give-back): what a bucket refilled beyond those, it would
+    #: have refilled anyway, and a give-back does not give them again
     refill_per_us: float = 0.0
     taken_us: int = 0
-    missing: int = 0
+    missing: int = 2**53
     #: a storage call that admitted the request wrote it (a later call's refusal keeps it)
     written: bool = False
 
@@ -87,14 +88,15 @@ def note_windows(
             continue
         entry, period = REGISTRY[c.algorithm], c.period * 1_000_000
         left = period  # the log's entry leaves the window a period after it
-        if entry.refills:
-            missing = c.limit - decision.remaining
-            d = dataclasses.replace(
-                d, refill_per_us=c.limit / period, taken_us=local_us, missing=missing
-            )
-        elif entry.counted is not None:  # a window's count: until its window ends
+        if entry.counted is not None:  # a window's count: until its window ends
             left = (now_us // period + 1) * period - now_us
-        deferred[c.key] = dataclasses.replace(d, until_us=local_us + left - _LATE_US)
+        deferred[c.key] = dataclasses.replace(
+            d,
+            until_us=local_us + left - _LATE_US,
+            refill_per_us=c.limit / period if entry.refills else 0.0,
+            taken_us=local_us,
+            missing=c.limit - decision.remaining,
+        )
 
 
 def reserved(bound: BoundLimit, *, unproved: bool) -> bool:
@@ -215,10 +217,8 @@ def _settle(calls: SideCalls, due: list[tuple[Deferred, Check]]) -> list[Report]
     now = calls.local_clock()
     for later, settlement in due:
         if settlement.release:  # less what time gave back already (never twice: note_windows)
-            back = settlement.cost
-            if later.refill_per_us:  # a bucket: what it refilled beyond what it lacked
-                refilled = math.floor((now - later.taken_us) * later.refill_per_us)
-                back -= max(0, refilled + back - later.missing)
+            refilled = math.floor((now - later.taken_us) * later.refill_per_us)  # a bucket's
+            back = min(settlement.cost, later.missing - refilled)
             if back <= 0 or now >= later.until_us:
                 continue
             settlement = dataclasses.replace(settlement, cost=back)

@@ -158,7 +158,6 @@ class Refusals:
         window: it can never pass, so no ``Retry-After`` promises that it will. Its INFO line
         is logged once per client and limit per window at most, as breaches are."""
         b: BoundLimit = check.bound
-        data.unwritten()  # a refused call wrote nothing: never charged after the response
         data.report, data.denied, data.retry_after = None, True, None
         digest = self.identity_tag(identity.value) if identity is not None else key_tag(check.key)
         if self.logged.due((check,), self.local_clock()):

@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import Final, cast
 
 from flask_distlimit._typing import FailurePolicy
+from flask_distlimit.core.algorithms import MAX_LIMITS_PER_REQUEST
 from flask_distlimit.core.decision import Check
 from flask_distlimit.core.policies import validate_policy
 from flask_distlimit.errors import (
@@ -55,10 +56,9 @@ log = logging.getLogger("flask_distlimit.guard")  # a public name (docs/failure-
 #: While the breaker of the node a storage goes to is open, the storage is asked at most this
 #: often (seconds of the injected clock) whether its node moved (a Sentinel failover).
 REDISCOVER_INTERVAL: Final = 1.0
-#: The most slot give-backs kept to send again (each is moot once its slot's lease ends), and
-#: sent again in one call (a script call holds Redis: as many as a request's limits)
+#: The most slot give-backs kept to send again (each is moot once its slot's lease ends; sent
+#: again as many to a call as a request's limits: a script call holds Redis)
 _MOST_OWED: Final = 1000
-_OWED_PER_CALL: Final = 8
 
 _guards: AfterFork[GuardCore] = AfterFork(lambda guard: guard._after_fork())
 
@@ -411,7 +411,7 @@ class GuardCore:
         then hears once how its parts ended, as :meth:`open_side_call` says: an outage if any of
         them met one, else an answer."""
         owed, self.owed = self.owed[-_MOST_OWED:], []
-        self.owed, checks = owed[_OWED_PER_CALL:], [*owed[:_OWED_PER_CALL], *checks]
+        self.owed, checks = owed[MAX_LIMITS_PER_REQUEST:], [*owed[:MAX_LIMITS_PER_REQUEST], *checks]
         routes = [Route(self.node, list(range(len(checks))))]  # one node: the guard's
         if self.routed:
             routes = self.storage.route(checks)
