@@ -161,13 +161,10 @@ class DynamicLimit(Generic[B]):
                         self._answers.clear()
                     self._answers[tag] = (now_us + ttl_us, rates)  # whole: routes' room differs
         if len(rates) > room:  # the first apply (a mapping's largest value: only in a carrier)
-            given = (
-                f"from {self.value.described}" if table is None else f"for tier {log_text(tier)}"
-            )
-            self._error(
-                "The rate limit %s has %d rates %s where the request has room for %d; the "
-                "first %d apply (logged at most once a minute; %d since the last line).",
-                self.name, len(rates), given, room, room, now_us=now_us,
+            self._error(  # (the limit's name holds its value: value() or a mapping)
+                "The rate limit %s has %d rates for tier %s where the request has room for %d; "
+                "the first %d apply (logged at most once a minute; %d since the last line).",
+                self.name, len(rates), log_text(tier), room, room, now_us=now_us,
             )  # fmt: skip
             rates = rates[:room]
         return self._bound(rates) if rates else ()

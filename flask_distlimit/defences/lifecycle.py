@@ -175,7 +175,6 @@ class Lifecycle:
         self.key = f"flask_distlimit.ledger.{id(self):x}"
         #: bodies the garbage collector let go of unclosed, closed when the next request comes
         self._dropped: list[_ClosingBody] = []
-        self._made: Callable[[WSGIEnvironment, bool], None] | None = None
 
     def install(self, app: Flask, made: Callable[[WSGIEnvironment, bool], None] | None) -> None:
         """Wrap ``app.wsgi_app``; ``made(environ, raised)`` is called once the app has made

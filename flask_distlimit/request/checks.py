@@ -107,14 +107,10 @@ class Checks:
     paces: dict[str, Pace] = field(default_factory=dict, init=False)
     #: the global and tier limits hold no shadow limit, and no fleet slot rides along
     every_plain: bool = field(init=False)
-    #: the most checks a request adds after its global limits: the largest tier's, the meta's
-    after_global: int = field(init=False)
 
     def __post_init__(self) -> None:
         every = (*self.global_limits, *(b for t in self.tier_limits.values() for b in t))
         self.every_plain = self.fleet is None and not any(b.spec.shadow for b in every)
-        tiers = max(map(len, self.tier_limits.values()), default=0)
-        self.after_global = tiers + len(self.meta_limits)
 
     def decide(
         self,
@@ -164,7 +160,9 @@ class Checks:
                 if b.dynamic is None:  # the common case: no tuple to make per request
                     checks.append(b.check(tag, every_cost))
                     continue
-                room = MAX_LIMITS_PER_REQUEST - len(checks) - len(route_limits) - self.after_global
+                # room for the route's limits, then the largest tier's and the meta limits
+                after = max(map(len, self.tier_limits.values()), default=0) + len(self.meta_limits)
+                room = MAX_LIMITS_PER_REQUEST - len(checks) - len(route_limits) - after
                 for r in self._resolved(b, tag, None, room, plan, data):  # a callable's answer
                     checks.append(r.check(tag, every_cost))
         every = len(checks)  # the limits of every request
