@@ -55,8 +55,6 @@ class PriorityRegistry:
     def of_view(self, view: object) -> Priority | None:
         """The priority declared on ``view`` or on a function it wraps (``__wrapped__``)."""
         views = self.views
-        if not views:
-            return None
         obj: object | None = view
         for _ in range(_MAX_DEPTH):
             if obj is None:
