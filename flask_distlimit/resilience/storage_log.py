@@ -168,7 +168,6 @@ class StorageLog:
             held = self._side.due(now)
             if held is None:
                 return
-            count = held + 1
         log.warning(
             "Rate-limit storage %s: %s failed and is skipped (%s); %d call(s) beside requests "
             "failed since the last such line (logged at most once a minute; every request "
@@ -176,7 +175,7 @@ class StorageLog:
             self.name,
             what,
             text,
-            count,
+            held + 1,
         )
 
     def repaired(self, keys: Sequence[str]) -> None:
