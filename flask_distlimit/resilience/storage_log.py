@@ -121,9 +121,7 @@ class StorageLog:
             exc,
         )
 
-    def unreadable(
-        self, exc: StorageError, call: str | None = None, metrics: Metrics | None = None
-    ) -> None:
+    def unreadable(self, exc: StorageError, call: str | None, metrics: Metrics | None) -> None:
         """Count and log an error reply to a request's call, or to the side call ``call``
         names (skipped): every one counted, one ERROR line, then at most one a minute."""
         now = self._clock()
@@ -151,9 +149,7 @@ class StorageLog:
             exc,
         )
 
-    def side_failed(
-        self, what: str, cause: BaseException | str, metrics: Metrics | None = None
-    ) -> None:
+    def side_failed(self, what: str, cause: BaseException | str, metrics: Metrics | None) -> None:
         """Count and log a call beside a request's that did not complete (``what`` names it,
         ``cause`` the error or why it was not made): every one counted; the first logs one
         WARNING line, then at most one every :data:`SIDE_FAILURE_LOG_INTERVAL` seconds, which
