@@ -93,11 +93,9 @@ def warn_if_uwsgi_skips_fork_hooks() -> None:
     if _warned_in == os.getpid():
         return
     try:
-        uwsgi = importlib.import_module("uwsgi")  # only importable inside uWSGI
-    except ImportError:
+        reason = uwsgi_skips_fork_hooks(importlib.import_module("uwsgi"))
+    except ImportError:  # only importable inside uWSGI
         return
-    try:
-        reason = uwsgi_skips_fork_hooks(uwsgi)
     except Exception:  # never break an app's start for a warning
         log.debug("Could not read uWSGI's options", exc_info=True)
         return

@@ -54,20 +54,16 @@ class PriorityRegistry:
 
     def of_view(self, view: object) -> Priority | None:
         """The priority declared on ``view`` or on a function it wraps (``__wrapped__``)."""
-        views = self.views
-        if not views:
-            return None
-        obj: object | None = view
         for _ in range(_MAX_DEPTH):
-            if obj is None:
+            if view is None:
                 return None
             try:
-                found = views.get(obj)
+                found = self.views.get(view)
             except TypeError:  # unhashable
                 return None
             if found is not None:
                 return found
-            obj = getattr(obj, "__wrapped__", None)
+            view = getattr(view, "__wrapped__", None)  # the function it wraps, if any
         return None
 
     def of_request(self, view: object | None) -> Priority:

@@ -166,7 +166,14 @@ class Lease:
         unknown). The request that claimed the renewal clears ``renewing`` after its call."""
         window = storage_now // self.period_us if storage_now > 0 and self.gives_back else -1
         reset_us = round(d.reset_after * _US)
-        ends = self._good_until(units, reset_us, started)
+        # until when the units stay spendable, counted from the call's start
+        entry = REGISTRY[self.algorithm]
+        if entry.refills:  # token bucket, GCRA: the time the limit takes to earn the units back
+            ends = started + units * self.period_us // self.limit
+        else:
+            # a window's end, no sooner on the server's clock: the reset of a counter, which
+            # weighs the previous window too, is the end of the next window
+            ends = started + reset_us - (entry.span - 1) * self.period_us
         with self.lock:
             if units > 0 and ends > now:
                 last = self.chunks[-1] if self.chunks else None
@@ -183,16 +190,6 @@ class Lease:
             self.seen_remaining = d.remaining
             self.seen_reset_us = reset_us
             self.seen_at = now
-
-    def _good_until(self, units: int, reset_us: int, started: int) -> int:
-        """Until when ``units`` granted by a call started at ``started`` (local clock, us) that
-        answered ``reset_us`` stay spendable."""
-        entry = REGISTRY[self.algorithm]
-        if entry.refills:  # token bucket, GCRA: the time the limit takes to earn the units back
-            return started + units * self.period_us // self.limit
-        # a window's end, no sooner on the server's clock: the reset of a counter, which weighs
-        # the previous window too, is the end of the next window
-        return started + reset_us - (entry.span - 1) * self.period_us
 
     def unspent(self, now: int) -> list[tuple[int, int]]:
         """Units of a known window this lease has not spent from for

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
 
 from flask_distlimit._typing import FailurePolicy
@@ -60,20 +60,16 @@ def _give(
     return ()
 
 
+@dataclass(slots=True)
 class _Ask:
     """A leased check of the request: what it spent of its lease, and asks of the storage."""
 
-    __slots__ = ("claimed", "index", "lease", "need", "renew", "spent")
-
-    def __init__(
-        self, index: int, lease: Lease, spent: Spent | None, cost: int, renew: int
-    ) -> None:
-        self.index = index
-        self.lease = lease
-        self.spent = spent or []  #: what it spent of the lease (none: it did not hold the cost)
-        self.need = 0 if spent else cost  #: units the request needs from the storage
-        self.renew = renew  #: the top-up asked for (less on a second try)
-        self.claimed = renew > 0  #: this request renews the lease: it clears ``renewing``
+    index: int
+    lease: Lease
+    spent: Spent  #: what it spent of the lease (none: it did not hold the cost)
+    need: int  #: units the request needs from the storage (none: the lease held the cost)
+    renew: int  #: the top-up asked for (less on a second try)
+    claimed: bool  #: this request renews the lease: it clears ``renewing``
 
 
 _all: AfterFork[Leases] = AfterFork(lambda leases: leases.after_fork())
@@ -257,7 +253,7 @@ class Leases:
             # renewed only while the breaker of the lease key's own node (Redis Cluster) is
             # closed: a top-up never goes to the failure policy (asked only when one is due)
             spent, renew = lease.take(c.cost, now, functools.partial(_renewable, self.guard, c.key))
-            asks.append(_Ask(i, lease, spent, c.cost, renew))
+            asks.append(_Ask(i, lease, spent or [], 0 if spent else c.cost, renew, renew > 0))
         try:
             outcome, sent = self._call(checks, plain, asks, policy, now_us)
         except BaseException:

@@ -46,24 +46,20 @@ class NodeFallbacks:
     def split(
         self, checks: Sequence[Check], node_of: dict[int, str] | None = None
     ) -> dict[LocalFallback, list[int]]:
-        """Indexes of ``checks`` by the fallback that counts each key (:meth:`counting`;
-        ``node_of``: the checks to split, each with its node; default: all, as the storage routes
-        them); one part, :attr:`default`'s, but on a Cluster."""
+        """Indexes of ``checks`` by the fallback that counts each key (``node_of``: the checks
+        to split, each with its node; default: all, as the storage routes them); one part,
+        :attr:`default`'s, but on a Cluster."""
         if node_of is None:
             node_of = {i: node for node, found in self._route(checks) for i in found}
         parts: dict[LocalFallback, list[int]] = {}
-        for i in node_of:
-            parts.setdefault(self.counting(checks[i].key, node_of[i]), []).append(i)
+        for i, node in node_of.items():
+            # a fallback that counts the key already (its slot may have moved since: a replica
+            # promoted in place of the dead primary knows nothing of the admissions decided
+            # locally), else the node's
+            key = checks[i].key
+            counting = [f for f in self._by_node.values() if f.holding and f.covers(key)]
+            parts.setdefault(counting[0] if counting else self.of(node), []).append(i)
         return parts
-
-    def counting(self, key: str, node: str) -> LocalFallback:
-        """The fallback that counts ``key``: one that counts it already (its slot may have
-        moved since: a replica promoted in place of the dead primary knows nothing of the
-        admissions decided locally), else ``node``'s."""
-        for fallback in self._by_node.values():
-            if fallback.holding and fallback.covers(key):
-                return fallback
-        return self.of(node)
 
     def per_node_holding(self) -> bool:
         """Does any node's own fallback hold counts (never on the path of a healthy Cluster)?"""

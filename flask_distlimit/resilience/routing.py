@@ -242,4 +242,3 @@ def _give_back(
     else:
         for i, decision in zip(spent, refunded.decisions, strict=True):
             decisions[i] = decision
-    spent.clear()

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from flask_distlimit._typing import FailurePolicy
-from flask_distlimit.core.pacing import Pace
+from flask_distlimit.core.pacing import Pace, paced
 from flask_distlimit.errors import StorageBusy, StorageError, StorageFull, StorageMisconfigured
 from flask_distlimit.telemetry.metrics import Metrics
 
@@ -64,10 +64,8 @@ class StorageLog:
     def after_fork(self) -> None:
         """Start afresh (a new lock, nothing logged nor counted yet): also the initial state."""
         self._lock = threading.Lock()
-        self._refused = Pace(MISCONFIGURED_LOG_INTERVAL)
-        self._busy = Pace(MISCONFIGURED_LOG_INTERVAL)
-        self._full = Pace(MISCONFIGURED_LOG_INTERVAL)
-        self._unreadable = Pace(MISCONFIGURED_LOG_INTERVAL)
+        #: each kind of line's pace (by its method's name), but the side calls'
+        self._paces: dict[str, Pace] = {}
         self._side = Pace(SIDE_FAILURE_LOG_INTERVAL)
         #: error replies answered by the failure policy, and the last one in one line
         self.unreadable_count = 0
@@ -76,10 +74,10 @@ class StorageLog:
         self.side_failures = 0
         self.side_last: str | None = None
 
-    def _paced(self, pace: Pace, level: int, message: str, *args: object) -> None:
+    def _paced(self, kind: str, level: int, message: str, *args: object) -> None:
         now = self._clock()
         with self._lock:
-            due = pace.due(now) is not None
+            due = paced(self._paces, kind, now, MISCONFIGURED_LOG_INTERVAL)
         if due:
             log.log(level, message, self.name, *args)
 
@@ -88,7 +86,7 @@ class StorageLog:
         (:class:`~flask_distlimit.errors.StorageMisconfigured`: NOPERM, WRONGPASS, a bad database
         index, an unknown command): once, then at most every :data:`MISCONFIGURED_LOG_INTERVAL`."""
         self._paced(
-            self._refused,
+            "refused",
             logging.ERROR,
             "Rate-limit storage %s refuses the limiter, so every request is answered by the "
             "failure policy (%r unless its route sets one) until the configuration is fixed "
@@ -101,7 +99,7 @@ class StorageLog:
         """Log at WARNING that this process's calls queue past their budget: once, then at most
         once a minute."""
         self._paced(
-            self._busy,
+            "busy",
             logging.WARNING,
             "Rate-limit storage %s: this process's calls queue past their budget, so "
             "such requests are answered 503 (Retry-After: 1); the breaker is not told "
@@ -113,7 +111,7 @@ class StorageLog:
         """Log at WARNING that the storage refuses writes (requests go to the local share
         ``limit / divisor``): once, then at most once a minute."""
         self._paced(
-            self._full,
+            "full",
             logging.WARNING,
             "Rate-limit storage %s refuses writes, so requests are decided at each "
             "process's local share of their limits (limit / %d, DISTLIMIT_INSTANCES; 503 "
@@ -123,9 +121,7 @@ class StorageLog:
             exc,
         )
 
-    def unreadable(
-        self, exc: StorageError, call: str | None = None, metrics: Metrics | None = None
-    ) -> None:
+    def unreadable(self, exc: StorageError, call: str | None, metrics: Metrics | None) -> None:
         """Count and log an error reply to a request's call, or to the side call ``call``
         names (skipped): every one counted, one ERROR line, then at most one a minute."""
         now = self._clock()
@@ -134,7 +130,7 @@ class StorageLog:
         with self._lock:
             self.unreadable_count += 1
             self.unreadable_last = _said(exc)
-            if self._unreadable.due(now) is None:
+            if not paced(self._paces, "unreadable", now, MISCONFIGURED_LOG_INTERVAL):
                 return
         answered, then = f"answered {call} with", "; it is skipped"
         if call is None:
@@ -153,9 +149,7 @@ class StorageLog:
             exc,
         )
 
-    def side_failed(
-        self, what: str, cause: BaseException | str, metrics: Metrics | None = None
-    ) -> None:
+    def side_failed(self, what: str, cause: BaseException | str, metrics: Metrics | None) -> None:
         """Count and log a call beside a request's that did not complete (``what`` names it,
         ``cause`` the error or why it was not made): every one counted; the first logs one
         WARNING line, then at most one every :data:`SIDE_FAILURE_LOG_INTERVAL` seconds, which
@@ -170,7 +164,6 @@ class StorageLog:
             held = self._side.due(now)
             if held is None:
                 return
-            count = held + 1
         log.warning(
             "Rate-limit storage %s: %s failed and is skipped (%s); %d call(s) beside requests "
             "failed since the last such line (logged at most once a minute; every request "
@@ -178,7 +171,7 @@ class StorageLog:
             self.name,
             what,
             text,
-            count,
+            held + 1,
         )
 
     def repaired(self, keys: Sequence[str]) -> None:
