@@ -49,8 +49,9 @@ def _option(options: Mapping[object, object], name: str) -> object:
     return options.get(name, options.get(name.encode()))
 
 
-def _on(value: object) -> bool:
-    """Is an on/off uWSGI option given as ``value`` on? (module docstring)"""
+def _on(options: Mapping[object, object], name: str) -> bool:
+    """Is the on/off uWSGI option ``name`` on? (module docstring)"""
+    value = _option(options, name)
     if isinstance(value, list | tuple):  # given several times: the last one wins
         value = value[-1] if value else None
     if isinstance(value, bytes):
@@ -67,21 +68,19 @@ def uwsgi_skips_fork_hooks(uwsgi: object) -> str | None:
     options = getattr(uwsgi, "opt", None)
     if not isinstance(options, Mapping):
         raise TypeError(f"uwsgi.opt is {type(options).__name__}, not a mapping")
-    if _on(_option(options, "lazy-apps")) or _on(_option(options, "lazy")):
+    if _on(options, "lazy-apps") or _on(options, "lazy"):
         return None
-    if _on(_option(options, "py-call-uwsgi-fork-hooks")):
+    if _on(options, "py-call-uwsgi-fork-hooks"):
         threads = getattr(uwsgi, "has_threads", None)
         if threads is None:
-            threads = _on(_option(options, "enable-threads")) or (
-                _option(options, "threads") is not None
-            )
+            threads = _on(options, "enable-threads") or _option(options, "threads") is not None
         if threads:
             return None
         return (
             "py-call-uwsgi-fork-hooks is set but threads are off, so uWSGI calls no fork hook "
             "(and ignores py-call-osafterfork)"
         )
-    if _on(_option(options, "py-call-osafterfork")):
+    if _on(options, "py-call-osafterfork"):
         return None
     return "none of lazy-apps, py-call-osafterfork and py-call-uwsgi-fork-hooks is set"
 

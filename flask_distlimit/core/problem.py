@@ -33,6 +33,8 @@ CONCURRENCY_LIMIT_EXCEEDED: Final = (
 PROBLEM_MEDIA_TYPE: Final = "application/problem+json"
 #: Retry-After for a request that can never pass (its cost exceeds the limit): one day.
 _NEVER_SECONDS: Final = 86400
+#: Why a 503 of a limit that could not be counted refuses all the same.
+_REFUSES: Final = " and this route refuses requests it cannot count"
 
 
 def retry_after_seconds(seconds: float) -> int:
@@ -207,12 +209,9 @@ class RateLimitUnavailable(_Unavailable):
         self.instance = instance
         if busy:
             cause = "This server is overloaded: its rate-limit decisions queue past their budget"
+        elif unresolved:
+            cause = f"A rate limit of this route could not be evaluated{_REFUSES}"
         else:
-            what = (
-                "A rate limit of this route could not be evaluated"
-                if unresolved
-                else "The rate-limit store is unavailable"
-            )
-            cause = f"{what} and this route refuses requests it cannot count"
+            cause = f"The rate-limit store is unavailable{_REFUSES}"
         self.detail_text = f"{cause}; retry in {self.retry_after_s} s."
         super().__init__(description=self.detail_text, retry_after=self.retry_after_s)
