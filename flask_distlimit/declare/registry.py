@@ -49,22 +49,18 @@ class LimitRegistry:
     exempt_blueprints: set[object] = field(default_factory=set)
     #: views and blueprints exempt in part (``exempt(flags=...)``): their flags
     scopes: dict[object, ExemptionScope] = field(default_factory=dict)
-    #: the objects each app served (held by the app's state; dropped with it)
-    _served: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
+    #: what each app serves, its ``objects`` (held by the app's state; dropped with it): a
+    #: declaration on one of them from now on raises
+    served: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
     #: what an app's first request looked at: another app does not warn of it (an app
     #: factory's views of the apps made before)
     told: set[object] = field(default_factory=set)
-
-    def watch(self, served: Any) -> None:
-        """``served.objects`` is the set of objects an app serves: declaring on one of them
-        from now on raises."""
-        self._served.add(served)
 
     def check_open(self, target: object, what: str) -> None:
         """Raise if an app already serves ``target``: a declaration on it would never apply."""
         if not hashable(target):
             return
-        for served in list(self._served):
+        for served in list(self.served):
             if target in served.objects:
                 raise ConfigurationError(
                     f"{what} on {describe(target)} comes after the app {served.app_name!r} "

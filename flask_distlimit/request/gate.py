@@ -16,7 +16,6 @@ from typing import Any, Final
 from flask import Flask
 
 from flask_distlimit.core.algorithms import check_limit_count
-from flask_distlimit.declare.registry import LimitRegistry
 from flask_distlimit.declare.targets import describe
 from flask_distlimit.request.plans import Plans, is_static
 
@@ -71,21 +70,14 @@ def finalize(app: Flask, plans: Plans, every_request: int, gate: Gate) -> object
     for endpoint, view in routed:
         app.view_functions[endpoint] = gate(endpoint, view)
     closed = _Served(app.name, served)
-    registry.watch(closed)
+    registry.served.add(closed)
     unused = [  # methods=["PSOT"]: a typo that left the route's POST unlimited
         f"limit {spec.shown()} on {spec.declared_on} (methods {sorted(spec.methods)})"
         for view, accepted in taken.items()
         for spec in registry.views.get(view, ())
         if spec.methods and not spec.methods & accepted
     ]
-    _warn_unmatched(app, registry, served, unused)
     plans.views = views
-    return closed
-
-
-def _warn_unmatched(
-    app: Flask, registry: LimitRegistry, served: set[object], unused: list[str]
-) -> None:
     told, exempt = registry.told, (*registry.exempt_views, *registry.exempt_blueprints)
     unmatched = [
         f"limit {spec.shown()} on {spec.declared_on}"
@@ -99,17 +91,17 @@ def _warn_unmatched(
     ]
     told.update(registry.views, registry.blueprints, exempt, registry.scopes)
     unmatched += unused
-    if not unmatched:
-        return
-    shown = sorted(set(unmatched))
-    more = len(shown) - _UNMATCHED_SHOWN
-    log.warning(
-        "%d rate-limit declaration(s) match no endpoint of the app %r: %s%s. A limit on a "
-        "view the app does not serve never applies, nor one whose methods= its route does "
-        "not accept; one behind a decorator without "
-        "functools.wraps is enforced only when that view runs, in a storage call of its own; "
-        "an exemption there is not applied. Register the view, or use functools.wraps in "
-        "your decorators.",
-        len(shown), app.name, "; ".join(shown[:_UNMATCHED_SHOWN]),
-        f" and {more} more" if more > 0 else "",
-    )  # fmt: skip
+    if unmatched:
+        shown = sorted(set(unmatched))
+        more = len(shown) - _UNMATCHED_SHOWN
+        log.warning(
+            "%d rate-limit declaration(s) match no endpoint of the app %r: %s%s. A limit on a "
+            "view the app does not serve never applies, nor one whose methods= its route does "
+            "not accept; one behind a decorator without "
+            "functools.wraps is enforced only when that view runs, in a storage call of its own; "
+            "an exemption there is not applied. Register the view, or use functools.wraps in "
+            "your decorators.",
+            len(shown), app.name, "; ".join(shown[:_UNMATCHED_SHOWN]),
+            f" and {more} more" if more > 0 else "",
+        )  # fmt: skip
+    return closed
