@@ -283,15 +283,7 @@ def test_a_debt_is_repaid_by_the_refill(backend: Backend, clock: FakeClock, algo
     assert client.post("/complete?reserve=1&used=1").status_code == 200
 
 
-@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window_counter"])
-def test_a_reservation_is_never_given_back_to_the_window_after_its_own(
-    backend: Backend, clock: FakeClock, algorithm: str
-) -> None:
-    """A request reserving a whole quota just before its window ends, ending (unused) in the
-    next one: given back there, it would hand the next window's spenders a second quota."""
-    app, limiter, _ = make_app(backend(), clock)
-    clock.advance(60 - clock.now_us // 1_000_000 % 60 + 58)  # 2 s before a window ends
-
+def _settled_when_closed(app: Flask, limiter: Limiter, algorithm: str) -> None:
     @app.post("/batch")
     @limiter.limit(
         "10/minute",
@@ -303,6 +295,16 @@ def test_a_reservation_is_never_given_back_to_the_window_after_its_own(
         used = {"X-Used": request.args["used"]}  # settled when its body ends
         return Response(iter([b"x"]), mimetype="text/plain", headers=used)
 
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window_counter"])
+def test_a_reservation_is_never_given_back_to_the_window_after_its_own(
+    backend: Backend, clock: FakeClock, algorithm: str
+) -> None:
+    """A request reserving a whole quota just before its window ends, ending (unused) in the
+    next one: given back there, it would hand the next window's spenders a second quota."""
+    app, limiter, _ = make_app(backend(), clock)
+    clock.advance(60 - clock.now_us // 1_000_000 % 60 + 58)  # 2 s before a window ends
+    _settled_when_closed(app, limiter, algorithm)
     client = app.test_client()
     straddling = client.post("/batch?cost=10&used=0", buffered=False)  # all 10, in flight
     clock.advance(40)  # 38 s into the next window (the counter weighs 10 x 22/60 of the last)
@@ -315,19 +317,6 @@ def test_a_reservation_is_never_given_back_to_the_window_after_its_own(
     same.get_data()
     same.close()  # in its own window: given back
     assert client.post("/batch?cost=10&used=10").status_code == 200
-
-
-def _settled_when_closed(app: Flask, limiter: Limiter, algorithm: str) -> None:
-    @app.post("/batch")
-    @limiter.limit(
-        "10/minute",
-        algorithm=algorithm,
-        cost=lambda: int(request.args["cost"]),
-        settle=lambda response: int(response.headers["X-Used"]),
-    )
-    def batch() -> Response:
-        used = {"X-Used": request.args["used"]}  # settled when its body ends
-        return Response(iter([b"x"]), mimetype="text/plain", headers=used)
 
 
 @pytest.mark.parametrize("algorithm", ["token_bucket", "gcra", "sliding_window_log"])
