@@ -167,12 +167,12 @@ def _full_log(bench: Bench, keys: list[str]) -> None:
 
 
 def _refund_log(bench: Bench, keys: list[str]) -> None:
-    """A request of cost L/2, then L/2 requests of cost 1 after it: the L/2 newest units are in
-    L/2 members."""
+    """L/2 requests of cost 1, then a request of cost L/2: the L/2 oldest units (the ones a
+    give-back takes) are in L/2 members."""
     half = LOG_LIMIT // 2
     bench.copy(
         "refund log",
-        lambda t: bench.fill_log(t, LOG_LIMIT, [half] + [1] * half, T0),
+        lambda t: bench.fill_log(t, LOG_LIMIT, [1] * half + [half], T0),
         keys,
     )
 
@@ -248,8 +248,8 @@ def rows() -> list[Row]:
             at(T0 + L, _full_log),
         ),
         Row(
-            f"sliding_window_log {L:,}/day, refund of cost {half:,} (Redis Cluster) after "
-            f"{half:,} requests of cost 1",
+            f"sliding_window_log {L:,}/day, refund of cost {half:,} (Redis Cluster), the oldest "
+            f"{half:,} units in {half:,} requests of cost 1",
             [log_day(half)],
             at(T0 + L, _refund_log),
             refund=True,
@@ -269,8 +269,8 @@ def rows() -> list[Row]:
             at(half_gone, _full_log),
         ),
         Row(
-            f"{n} x sliding_window_log {L:,}/day: refund of cost {half:,} after {half:,} "
-            "requests of cost 1",
+            f"{n} x sliding_window_log {L:,}/day: refund of cost {half:,}, the oldest {half:,} "
+            "units in requests of cost 1",
             [log_day(half)] * n,
             at(T0 + L, _refund_log),
             refund=True,
@@ -404,7 +404,7 @@ def render(
         "## Reading the tables",
         "",
         "- The commands are the bound that does not depend on the machine: one hash or string "
-        "command or three per limit for the counters; for the log at most 6 per limit (9 in a "
+        "command or three per limit for the counters; for the log at most 6 per limit (10 in a "
         "Redis Cluster refund, which gives back, then evaluates again), whatever its limit and "
         "cost, and at most a few members removed or written (the last column).",
         "- The time of a call grows with its limits: a request carries at most "

@@ -9,7 +9,7 @@ import bisect
 import operator
 from typing import Final
 
-from flask_distlimit.engine.common import NEVER_US, Refunded, State, Step
+from flask_distlimit.engine.common import KEEP_TTL, NEVER_US, Refunded, State, Step
 
 #: The log keeps one sorted-set member per admitted request: up to this many per client and
 #: limit. A call touches a few of them whatever the limit, but memory grows with it (about 100
@@ -89,8 +89,9 @@ def step(state: State | None, limit: int, period: int, cost: int, now: int) -> S
 
 
 def refund(state: State | None, limit: int, period: int, cost: int, now: int) -> Refunded:
-    """Reads the log without pruning it, as the script does (the evaluation after it prunes).
-    A negative ``cost`` is a debit: one more entry of ``-cost`` units, as an admission writes."""
+    """Gives back the oldest units counted (see the script), without pruning the log, as the
+    script does (the evaluation after it prunes). A negative ``cost`` is a debit: one more
+    entry of ``-cost`` units, as an admission writes."""
     if cost < 0:
         log = state if isinstance(state, list) else []
         newest = log[-1][0] if log else None
@@ -104,25 +105,18 @@ def refund(state: State | None, limit: int, period: int, cost: int, now: int) ->
     if live == len(state):
         return None, 0
     if cost == 0:
-        return state, -1
+        return state, KEEP_TTL
+    # the oldest units counted go: whole entries (at most SWL_BATCH), then a cut
     last = state[-1][2]
-    target, lo, base = last - cost, live, last - limit
-    if len(state) - live > SWL_BATCH:  # more live entries than one call may touch
-        lo = len(state) - SWL_BATCH
-        target = max(target, state[lo - 1][2])
-    else:
-        base = max(base, state[live][1])
-    if target <= base:
+    target = max(state[live][1], last - limit) + cost
+    if target >= last:
         return None, 0
-    # the lowest entry holding a unit above target; it stays, cut down to target
-    r = bisect.bisect_left(state, target + 1, lo, len(state), key=_end)
-    time_r, start, _ = state[r]
-    del state[r + 1 :]
-    if start < target:
-        state[r] = (time_r, start, target)
-    else:
-        del state[r]
-    return state, state[-1][0] + period - now
+    r = min(bisect.bisect_right(state, target, live, len(state), key=_end), live + SWL_BATCH)
+    time_r, start, end = state[r]
+    if start < target < end:
+        state[r] = (time_r, target, end)
+    del state[live:r]
+    return state, KEEP_TTL  # in place; the newest entry stays, and so does the TTL
 
 
 def plausible(state: object, limit: int, period: int, now: int) -> bool:

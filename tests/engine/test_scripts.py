@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import pytest
@@ -302,6 +303,30 @@ def test_large_costs_and_limits(redis_client: redis.Redis) -> None:
     again = storage.evaluate(huge, now_us=T0 + 1)
     assert again == twin.evaluate(huge, now_us=T0 + 1)
     assert [d.remaining for d in again.decisions] == [1, 1, 1, 1]
+
+
+def test_a_log_give_back_takes_the_oldest_units(redis_client: redis.Redis) -> None:
+    """Units given back are the log's oldest, never a later request's: those stay counted for
+    their whole period. Taking the newest dated B's units as A's, and once A's time had passed
+    the log admitted 5 more while B's 2 were still in the window: 7 of 5."""
+    s, key = 1_000_000, "give:{x}:1:sliding_window_log"
+
+    def check(cost: int) -> Check:
+        return Check(key, "sliding_window_log", 5, 60, cost)
+
+    script = redis_client.register_script(SCRIPT_SOURCE)
+
+    def lua(checks: list[Check], now_us: int, refund: bool = False) -> Evaluation:
+        return parse_reply(script(*script_args(checks, now_us, refund=refund)), checks)
+
+    twin = MemoryStorage(clock=lambda: 0)
+    for evaluate, refund in ((lua, partial(lua, refund=True)), (twin.evaluate, twin.refund)):
+        assert evaluate([check(3)], now_us=T0).allowed  # A reserves 3
+        assert evaluate([check(2)], now_us=T0 + 10 * s).allowed  # B takes 2
+        assert refund([check(3)], now_us=T0 + 30 * s).decisions[0].remaining == 3  # A used none
+        later = evaluate([check(5)], now_us=T0 + 61 * s)  # A's time is past, B's is not
+        assert not later.allowed and later.decisions[0].remaining == 3, evaluate
+        assert evaluate([check(3)], now_us=T0 + 61 * s).allowed
 
 
 def _fields(check: Check) -> tuple[str, Algorithm, int, int]:

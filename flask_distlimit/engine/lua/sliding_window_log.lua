@@ -27,19 +27,20 @@
 --                  to free are in the SWL_BATCH oldest requests (always when at most SWL_BATCH
 --                  requests are live, and for a cost of 1).
 --   TTL          = newest' + P - now
---   refund:      take back the c newest units: target = end(newest) - c, but no lower than the
---                end of the (SWL_BATCH + 1)-th newest live member (a refund touches at most
---                SWL_BATCH members: the rest of it is not given back, which only makes the log
---                stricter); members wholly above target go, the one across it keeps its units up
---                to target. Approximation: on a busy key the newest units may be another
---                request's, written since; the count is right, only which of them go is not.
+--   refund:      take back the c OLDEST counted units: base' = base + c; the live members
+--                that end at or below base' go (at most SWL_BATCH of them: the rest of the
+--                refund is not given back, which only makes the log stricter), the one across
+--                base' keeps its units above it. The newest units may be later requests':
+--                taking the oldest keeps every unit left counted at least as long as the
+--                refunding request's own would have been (taking the newest would date later
+--                units earlier, and the log could admit more than L within a period).
 --                A negative c is a debit (a settlement past the limit): one more member of
 --                -c units, as an admission writes it; the log counts at most L of them.
 --   A key whose newest score is ahead of now by more than P + L (garbage, or a clock jump back
 --   by more than a period), or whose newest or oldest live member does not read as
 --   "<start>:<end>" with start < end, is reset.
 --
--- Bound per call and key, whatever L and c: at most 6 Redis commands (9 in a refund, which
+-- Bound per call and key, whatever L and c: at most 6 Redis commands (10 in a refund, which
 -- evaluates again after giving back), at most SWL_BATCH members removed (expired ones; again in
 -- a refund) and SWL_BATCH + 1 read, one written (bench/bench_script_time.py measures it).
 
@@ -177,18 +178,18 @@ local function LOAD_SLIDING_WINDOW_LOG()
     --@end
   end
 
-  -- Refund: reads only the SWL_BATCH + 1 newest members (no pruning: the evaluation that
-  -- follows in the same call prunes).
+  -- Refund: reads the newest member and the SWL_BATCH + 1 oldest live ones (no pruning: the
+  -- evaluation that follows in the same call prunes). The newest member stays: so does the TTL.
   function SLIDING_WINDOW_LOG.refund(key, limit, period, cost, now)
-    local block = redis.pcall('ZRANGE', key, -(SWL_BATCH + 1), -1, 'WITHSCORES')
-    if failed(block) then
+    local top = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
+    if failed(top) then
       redis.call('UNLINK', key)
       return 1
     end
     local newest, last, repaired = nil, 0, 0
-    if #block > 0 then
-      local _, top_end = swl_span(block[#block - 1])
-      newest, last = tonumber(block[#block]), top_end
+    if #top > 0 then
+      local _, top_end = swl_span(top[1])
+      newest, last = tonumber(top[2]), top_end
       if not (last and whole(newest) and newest <= now + period + limit) then
         redis.call('UNLINK', key)
         if cost >= 0 then
@@ -206,63 +207,43 @@ local function LOAD_SLIDING_WINDOW_LOG()
       expire_in(key, first + period - now)
       return repaired
     end
-    if #block == 0 then
-      return 0
-    end
-    -- the live ones, oldest first: all the live members when at most SWL_BATCH are live
     local cut = now - period
-    local members, scores = {}, {}
-    for i = 1, #block, 2 do
-      local score = tonumber(block[i + 1])
-      if score > cut then
-        members[#members + 1], scores[#scores + 1] = block[i], score
-      end
-    end
-    if #members == 0 or cost == 0 then
+    if newest == nil or newest <= cut or cost == 0 then  -- nothing live, or nothing to give
       return 0
     end
-    local target, lo, base = last - cost, 1, last - limit
-    if #members > SWL_BATCH then  -- more live members than a call touches: the lowest is a floor
-      lo = 2
-      local _, floor_end = swl_span(members[1])
-      if floor_end and target < floor_end then
-        target = floor_end
-      end
-    else
-      local start = swl_span(members[1])
-      if start == nil then
-        redis.call('UNLINK', key)
-        return 1
-      end
-      if start > base then
-        base = start
-      end
+    local live = redis.call('ZCOUNT', key, '-inf', cut)  -- the oldest live member's rank
+    local block = redis.call('ZRANGE', key, live, live + SWL_BATCH, 'WITHSCORES')
+    local start = swl_span(block[1])
+    if start == nil then
+      redis.call('UNLINK', key)
+      return 1
     end
-    if target <= base then  -- every unit counted goes back
+    if start < last - limit then  -- only the newest L units count
+      start = last - limit
+    end
+    local target = start + cost
+    if target >= last then  -- every unit counted goes back
       redis.call('UNLINK', key)
       return 0
     end
-    -- the lowest member holding a unit above target: it stays, cut down to target
-    local r = #members
-    for i = lo, #members do
-      local _, e = swl_span(members[i])
+    -- the lowest member holding a unit above target (ends grow with rank): those below it go
+    local r = 1
+    while r <= SWL_BATCH do
+      local _, e = swl_span(block[2 * r - 1])
       if e == nil or e > target then
-        r = i
         break
       end
+      r = r + 1
     end
-    if r < #members then
-      redis.call('ZREMRANGEBYRANK', key, r - #members, -1)
+    if r > 1 then
+      redis.call('ZREMRANGEBYRANK', key, live, live + r - 2)
     end
-    local start = swl_span(members[r])
-    newest = scores[r]
-    redis.call('ZREM', key, members[r])
-    if start and start < target then
-      redis.call('ZADD', key, newest, string.format('%d:%d', start, target))
-    else  -- nothing of it stays: the member below is the newest now
-      newest = scores[r - 1]
+    local member = block[2 * r - 1]
+    local s, e = swl_span(member)
+    if s and s < target and target < e then
+      redis.call('ZADD', key, block[2 * r], string.format('%d:%d', target, e))  -- first: the
+      redis.call('ZREM', key, member)                                       -- key stays, TTL too
     end
-    expire_in(key, newest + period - now)
     return 0
   end
   return SLIDING_WINDOW_LOG
