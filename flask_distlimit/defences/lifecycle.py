@@ -43,8 +43,9 @@ class Ledger:
         self._lock = threading.Lock()
         #: the holdings were released (or the end passed with none)
         self.ended = False
-        #: the server's file wrappers made around a proxy of ours while the app ran
-        self.files: list[object] = []
+        #: the server's file wrappers made around a proxy of ours while the app ran, each with
+        #: its proxy
+        self.files: list[tuple[object, _ClosingFile]] = []
 
     def take(self, holding: Holding) -> None:
         """Keep ``holding`` until the end (released at once if the end has passed)."""
@@ -55,14 +56,20 @@ class Ledger:
         _release(holding)
 
     def end(self) -> None:
-        """Release every holding, once; never raises an :class:`Exception`."""
+        """Release every holding, once; never raises an :class:`Exception`. One interrupted
+        by a ``BaseException`` (a gevent timeout) does not keep the others from release."""
         with self._lock:
             if self.ended:
                 return
             self.ended = True
             holdings, self._holdings = self._holdings, []
-        for holding in holdings:
-            _release(holding)
+        for n, holding in enumerate(holdings):
+            try:
+                _release(holding)
+            except BaseException:
+                for rest in holdings[n + 1 :]:
+                    _release(rest)
+                raise
 
     def end_after_closing(self, inner: object) -> None:
         """Close ``inner`` (the body or file the app made, when it has a ``close()``), then
@@ -100,11 +107,13 @@ def _release(holding: Holding) -> None:
 class _ClosingFile:
     """The file a ``send_file`` response hands the server's ``wsgi.file_wrapper``: every
     attribute is the file's (``fileno`` too, for ``sendfile(2)``), but ``close()`` also ends the
-    request's ledger, and ``read()`` renews what it holds."""
+    request's ledger once its wrapper is the body the app returned (``is_body``; a file the
+    view closes itself ends nothing), and ``read()`` renews what it holds."""
 
     def __init__(self, file: Any, ledger: Ledger) -> None:
         self._file = file
         self._ledger = ledger
+        self.is_body = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._file, name)
@@ -114,7 +123,10 @@ class _ClosingFile:
         return self._file.read(*args)
 
     def close(self) -> None:
-        self._ledger.end_after_closing(self._file)
+        if self.is_body:
+            self._ledger.end_after_closing(self._file)
+        elif hasattr(self._file, "close"):
+            self._file.close()
 
 
 _collecting = False  #: the garbage collector is running
@@ -195,8 +207,9 @@ class Lifecycle:
         if server_wrapper is not None:
             # the server's own, around a file whose close() ends the ledger (_ClosingFile)
             def file_wrapper(file: Any, *args: Any, **kwargs: Any) -> object:
-                made = server_wrapper(_ClosingFile(file, ledger), *args, **kwargs)
-                ledger.files.append(made)
+                proxy = _ClosingFile(file, ledger)
+                made = server_wrapper(proxy, *args, **kwargs)
+                ledger.files.append((made, proxy))
                 return made
 
             environ[_FILE_WRAPPER] = file_wrapper
@@ -233,7 +246,10 @@ class Lifecycle:
                 environ[_FILE_WRAPPER] = server_wrapper
         if self._made is not None:
             self._made(environ, False)
-        # A server's own file wrapper made around a proxy of ours: its close() ends the ledger.
-        if not cell or cell[0].ended or any(body is made for made in cell[0].files):
+        if not cell or cell[0].ended:
             return body
+        for made, proxy in cell[0].files:
+            if body is made:  # the server's own file wrapper: its close() ends the ledger
+                proxy.is_body = True
+                return body
         return _ClosingBody(body, cell[0], self._dropped)

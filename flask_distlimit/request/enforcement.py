@@ -16,6 +16,7 @@ import inspect
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from types import GeneratorType
 from typing import Any, Final, Protocol
 
 from flask import Flask, Request, current_app, request
@@ -353,6 +354,9 @@ class Enforcer:
         OpenTelemetry count.
         A response object that passes twice has our headers replaced, never doubled."""
         req: Request = request._get_current_object()  # type: ignore[attr-defined]
+        if type(response.response) is GeneratorType:
+            # a stream: what a limit decided in its body takes is held until it is sent
+            self._state.lifecycle.ledger(req.environ)
         data: RequestData | None = req.environ.get(self.environ_key)
         if data is None:
             response, data = self._view_never_ran(req, response)

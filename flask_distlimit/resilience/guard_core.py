@@ -427,7 +427,8 @@ class GuardCore:
         except BaseException as exc:
             for breaker in trying.values():
                 breaker.release()
-            if not isinstance(exc, Exception):
+            if not isinstance(exc, Exception):  # interrupted (a gevent timeout): sent again later
+                self.owed += [c for _, part in live for c in part if c.release]
                 raise
             log.error("%s failed unexpectedly; it is skipped", what.capitalize(), exc_info=True)
             return

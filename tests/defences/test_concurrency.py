@@ -291,3 +291,36 @@ def test_slots_a_stall_took_late_are_given_back_before_the_next_slot_is_taken(
     finally:
         server.stop()
         limiter.state(app).storage.close()
+
+
+class _Interrupted(BaseException):
+    """Not an :class:`Exception`, as a ``gevent.Timeout`` that fires during a give-back."""
+
+
+def test_a_give_back_interrupted_by_a_base_exception_is_sent_again(
+    backend: Callable[[], Storage], clock: FakeClock
+) -> None:
+    """A give-back cut short by a ``BaseException`` was lost: its slot stayed taken for the
+    whole lease, and the give-backs owed before it went with it. It is owed, and sent again."""
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.get("/export")
+    @limiter.concurrency(1)
+    def export() -> Response:
+        return Response(iter(["rows"]))
+
+    client = app.test_client()
+    guard = limiter.state(app).guard
+    response = client.get("/export", buffered=False)
+
+    def interrupted(*args: object, **kwargs: object) -> object:
+        raise _Interrupted
+
+    guard.storage.evaluate_parts = interrupted  # type: ignore[method-assign]
+    with pytest.raises(_Interrupted):
+        response.close()
+    del guard.storage.evaluate_parts
+    assert guard.owed
+    with client.get("/export") as again:  # sent again before the next slot is taken
+        assert again.status_code == 200
+    assert not guard.owed

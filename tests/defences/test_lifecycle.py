@@ -17,11 +17,12 @@ from typing import Any
 
 import pytest
 from asgiref.wsgi import WsgiToAsgi
-from flask import Flask, Response, send_file
+from flask import Flask, Response, send_file, stream_with_context
 from gunicorn.http.wsgi import FileWrapper
 from werkzeug.test import EnvironBuilder
 
 from flask_distlimit import Limiter
+from flask_distlimit.defences.lifecycle import Ledger
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.storage.memory import MemoryStorage
 from flask_distlimit.testing import FakeClock
@@ -62,6 +63,12 @@ def _app(storage: Storage, clock: FakeClock, download: Path) -> tuple[Flask, Lim
             raise RuntimeError("the generator failed")
 
         return Response(body())
+
+    @app.get("/aside")
+    @limiter.concurrency(1, scope="aside")
+    def aside() -> Response:
+        send_file(download).close()  # a file the view makes and closes: not the body
+        return send_file(download)
 
     return app, limiter
 
@@ -120,6 +127,51 @@ def test_the_servers_file_wrapper_is_kept_for_sendfile_and_its_close_gives_back(
     assert b"".join(body) == download.read_bytes()
     body.close()
     assert _held(app) == (0, 0)
+
+
+def test_only_the_bodys_file_gives_back_when_closed(
+    backend: Backend, clock: FakeClock, download: Path
+) -> None:
+    """A file the view wraps and closes itself ends nothing: it gave back the request's slot,
+    place and fleet slot while the view still ran (4 of concurrency 1 served at once)."""
+    app, _ = _app(backend(), clock, download)
+    app.test_client().get("/stream").close()  # the first request finalizes the app
+    statuses: list[str] = []
+
+    def call() -> Any:
+        environ = EnvironBuilder(path="/aside").get_environ()
+        environ["wsgi.file_wrapper"] = FileWrapper
+        return app.wsgi_app(environ, lambda status, *_: statuses.append(status))
+
+    body = call()
+    assert type(body) is FileWrapper and _held(app) == (1, 1)
+    call().close()
+    assert statuses == ["200 OK", "429 TOO MANY REQUESTS"] and _held(app) == (1, 1)
+    body.close()
+    assert _held(app) == (0, 0)
+
+
+def test_a_slot_taken_in_a_streamed_body_is_given_back_when_it_is_sent(
+    backend: Backend, clock: FakeClock, download: Path
+) -> None:
+    """A ``with`` block in a stream takes its slot after the app returned the body: it was
+    never given back (the next stream's block raised, refused, for the whole lease) when the
+    request held nothing before (no worker or fleet limit)."""
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.get("/late")
+    def late() -> Response:
+        @stream_with_context
+        def rows() -> Iterator[bytes]:
+            with limiter.concurrency(1, scope="late"):  # decided once the response is made
+                yield b"row"
+
+        return Response(rows())
+
+    client = app.test_client()
+    for _ in range(3):
+        with client.get("/late") as response:
+            assert response.get_data() == b"row"
 
 
 def test_a_stream_and_a_raising_generator_give_back_when_closed(
@@ -439,3 +491,32 @@ def test_served_through_asgiref_every_body_gives_back_once_sent(
         bodies = [held for m, held in sent if m.get("body")]
         assert bodies and all(held == (1, 1) for held in bodies)  # held while it is sent
         assert _held(app) == (0, 0)
+
+
+def test_a_holding_cut_short_by_a_base_exception_keeps_no_other_from_release() -> None:
+    """A gevent timeout during one give-back stopped the ledger: the holdings after it (a bytes
+    limit's settlement, another slot) were never released."""
+
+    class Interrupted(BaseException):
+        pass
+
+    released: list[str] = []
+
+    class Held:
+        def __init__(self, name: str, fails: bool = False) -> None:
+            self.name, self.fails = name, fails
+
+        def release(self) -> None:
+            released.append(self.name)
+            if self.fails:
+                raise Interrupted
+
+        def renew(self) -> None:
+            pass
+
+    ledger = Ledger(lambda: 0, 1_000_000)
+    for held in (Held("place"), Held("slot", fails=True), Held("bytes")):
+        ledger.take(held)
+    with pytest.raises(Interrupted):
+        ledger.end()
+    assert released == ["place", "slot", "bytes"] and ledger.ended
