@@ -106,7 +106,11 @@ def _text(accepts: Callable[[str], object], advice: str) -> Callable[[str, objec
     def read(key: str, value: object) -> str:
         if isinstance(value, str) and accepts(value):
             return value
-        raise invalid(key, value, advice)
+        if isinstance(value, str):
+            raise invalid(key, value, advice)
+        kind = type(value).__name__  # from_prefixed_env() reads FLASK_X=123 as JSON: an int
+        quote = f"quote it in JSON, FLASK_{key}='\"...\"'"
+        raise invalid(key, value, f"{advice} It is {kind}, not a string: {quote}.")
 
     return read
 

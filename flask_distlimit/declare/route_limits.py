@@ -273,8 +273,11 @@ def signature(b: BoundLimit) -> tuple[object, ...]:
 
 
 def _kth(b: BoundLimit, n: int, prefix: str) -> BoundLimit:
-    """``b`` with ``:k<n>`` after its limit id: a dynamic value's, after each limit it resolves."""
-    limit_id = f"{b.limit_id}:k{n}"
+    """``b`` with ``:k<n>`` after its limit id and its name (a policy name names one counter): a
+    dynamic value's, after each limit it resolves."""
+    limit_id, name = f"{b.limit_id}:k{n}", f"{b.name}:k{n}"
+    quoted = sf_string(name)
+    policy = quoted + b.policy[len(b.quoted) :] if b.policy else ""
     head, tail = key_parts(prefix, limit_id, b.algorithm)
     dynamic = b.dynamic
     if dynamic is not None:
@@ -282,7 +285,10 @@ def _kth(b: BoundLimit, n: int, prefix: str) -> BoundLimit:
         dynamic = replace(
             dynamic, make=lambda rates: tuple(_kth(r, n, prefix) for r in make(rates))
         )
-    return replace(b, limit_id=limit_id, key_head=head, key_tail=tail, dynamic=dynamic)
+    return replace(
+        b, name=name, quoted=quoted, policy=policy, limit_id=limit_id, key_head=head,
+        key_tail=tail, dynamic=dynamic,
+    )  # fmt: skip
 
 
 def strictest(policies: Iterable[_typing.FailurePolicy | None]) -> _typing.FailurePolicy | None:

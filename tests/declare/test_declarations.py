@@ -733,6 +733,23 @@ def test_a_limit_keeps_one_key_on_every_method_beside_a_methods_filter_of_its_ra
     assert eve == [200, 200, 429, 429]
 
 
+def test_two_limits_of_one_rate_on_a_route_have_two_policy_names(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Two counters of one rate on a route were one name in ``RateLimit-Policy`` (one item for
+    two quotas), in ``RateLimit`` and in the CLI: the second is ``<name>:k2``, as its key."""
+    app, limiter, _ = make_app(backend(), clock)
+
+    @app.route("/m", methods=["GET", "POST"])
+    @limiter.limit("3/minute")
+    @limiter.limit("3/minute", methods=["POST"], cost=2)
+    def m() -> str:
+        return "ok"
+
+    policy = app.test_client().post("/m").headers["RateLimit-Policy"]
+    assert policy == '"m:3/minute";q=3;w=60, "m:3/minute:k2";q=3;w=60'
+
+
 def test_limits_below_another_decorator_and_in_a_block_are_numbered_with_the_route(
     backend: Backend, clock: FakeClock
 ) -> None:

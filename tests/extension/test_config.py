@@ -100,6 +100,8 @@ def test_config_is_read_once() -> None:
         ("DISTLIMIT_KEY_PREFIX", "my prefix", "spaces"),
         ("DISTLIMIT_KEY_PREFIX", "", "1 to 64"),
         ("DISTLIMIT_KEY_PREFIX", "ratelimit\n", "spaces"),  # read from a file, say
+        # from_prefixed_env() reads FLASK_DISTLIMIT_KEY_PREFIX=123 as JSON: an int
+        ("DISTLIMIT_KEY_PREFIX", 123, "It is int, not a string: quote it in JSON"),
         ("DISTLIMIT_REDIS_TIMEOUT", 0, "> 0"),
         ("DISTLIMIT_REDIS_TIMEOUT", "0.1", "number"),
         ("DISTLIMIT_REDIS_TIMEOUT", float("nan"), "number"),

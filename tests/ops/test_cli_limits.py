@@ -162,6 +162,14 @@ def test_limits_of_one_method_list_only_that_method() -> None:
     assert ("login", "POST", "login:5/minute") in rows
 
 
+def test_limits_of_head_are_those_of_get() -> None:
+    """HEAD requests meet the GET limits (Flask answers them with the GET view): listing HEAD
+    showed the route unlimited."""
+    app = make_app()
+    assert listed(app, "--method", "HEAD") == listed(app, "--method", "GET")
+    assert any(r[1] == "GET" for r in listed(app, "--method", "HEAD"))
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [
