@@ -37,7 +37,7 @@ _ACCEPTED: Final = (
     "count >= 0 (0 refuses every request) and a unit of second (s, sec), minute (min), hour "
     "(h, hr), day (d), month (30 days) or year (360 days), singular or plural "
     "(e.g. '10/second', '100 per minute', '5/30 seconds', '1000/hour', '10000/month'); join "
-    "several with ';' (e.g. '10/second;1000/hour')."
+    "several with ';' (e.g. '10/second;1000/hour'), or ',' or '|' as Flask-Limiter does."
 )
 
 #: Largest accepted period (a leap year; ``"1/year"`` is 360 days), a guard against typos such
@@ -118,8 +118,8 @@ def parse_rates(value: str) -> tuple[Rate, ...]:
     if not value.strip():
         return ()
     rates: list[Rate] = []
-    for part in value.split(";"):
+    for part in re.split("[;,|]", value):
         if not part.strip():
-            raise ConfigurationError(f"Empty rate limit between ';' in {value!r}. {_ACCEPTED}")
+            raise ConfigurationError(f"Empty rate limit between separators in {value!r}. {_ACCEPTED}")
         rates.append(_parse_one(part, value))
     return tuple(rates)

@@ -15,6 +15,9 @@ from flask_distlimit import ConfigurationError, Rate, parse_rates
         ("10000/day", (Rate(10000, 86400),)),
         ("5/30 seconds", (Rate(5, 30),)),
         ("10/second;1000/hour", (Rate(10, 1), Rate(1000, 3600))),
+        # Flask-Limiter's other separators: a callable's answer "2/minute, 3/hour" was refused
+        # per request, and the route's failure policy answered (open: unlimited)
+        ("2/minute, 3/hour|4/day", (Rate(2, 60), Rate(3, 3600), Rate(4, 86400))),
         (" 10 / Second ; 5 PER 2 minutes ", (Rate(10, 1), Rate(5, 120))),
         ("", ()),
         ("0010/second", (Rate(10, 1),)),
@@ -30,7 +33,7 @@ def test_accepted_forms(text: str, expected: tuple[Rate, ...]) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["banana", "-1/second", "10/fortnight", "10/0 seconds", "10/second;", "1.5/second",
+    ["banana", "-1/second", "10/fortnight", "10/0 seconds", "10/second;", "10/second,", "1.5/second",
      "10/", "/minute", "10 minute", "10/99999 days"],
 )  # fmt: skip
 def test_malformed_limits_raise_configuration_error(text: str) -> None:
