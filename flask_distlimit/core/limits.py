@@ -120,6 +120,6 @@ def parse_rates(value: str) -> tuple[Rate, ...]:
     rates: list[Rate] = []
     for part in re.split("[;,|]", value):
         if not part.strip():
-            raise ConfigurationError(f"Empty rate limit between separators in {value!r}. {_ACCEPTED}")
+            raise ConfigurationError(f"An empty rate limit in {value!r}. {_ACCEPTED}")
         rates.append(_parse_one(part, value))
     return tuple(rates)

@@ -104,6 +104,9 @@ class RateLimitExceeded(_Problem, TooManyRequests):
 
     problem_type = QUOTA_EXCEEDED
     title = "Request cannot be satisfied as the assigned quota has been exceeded"
+    #: the :class:`~flask_distlimit.Breach` the ``on_breach`` hooks are told, when the limiter
+    #: raised it: ``e.limit.limit`` is the rate that refused, as Flask-Limiter's ``e.limit``
+    limit: Any = None
 
     def __init__(
         self,

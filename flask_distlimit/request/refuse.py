@@ -196,24 +196,24 @@ class Refusals:
         detail = message or detail
         # e.description as Flask-Limiter's: the error_message, else "1 per 1 day"
         said = message or (None if concurrency else denied[0].rate.in_words())
+        # each denied limit's count and window; a concurrency limit's slots and their lease
+        rates = tuple(
+            Rate(b.rate.amount, self.lease) if b.algorithm == CONCURRENCY else b.rate
+            for b in denied
+        )
+        breach = Breach(
+            endpoint=request.endpoint,
+            method=request.method,
+            path=request.path,
+            identity_digest=digest,
+            tier=tier,
+            violated_policies=names,
+            retry_after=retry,
+            from_cache=from_cache,
+            limit=rates[0],
+            limits=rates,
+        )
         if hooks:
-            # each denied limit's count and window; a concurrency limit's slots and their lease
-            rates = tuple(
-                Rate(b.rate.amount, self.lease) if b.algorithm == CONCURRENCY else b.rate
-                for b in denied
-            )
-            breach = Breach(
-                endpoint=request.endpoint,
-                method=request.method,
-                path=request.path,
-                identity_digest=digest,
-                tier=tier,
-                violated_policies=names,
-                retry_after=retry,
-                from_cache=from_cache,
-                limit=rates[0],
-                limits=rates,
-            )
             for hook in hooks:
                 try:
                     answer = hook(breach)
@@ -237,4 +237,5 @@ class Refusals:
             description=said,
         )
         exc.response = response  # None: the problem+json 429
+        exc.limit = breach  # Flask-Limiter's e.limit: e.limit.limit is the rate that refused
         raise exc

@@ -33,8 +33,8 @@ def test_accepted_forms(text: str, expected: tuple[Rate, ...]) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["banana", "-1/second", "10/fortnight", "10/0 seconds", "10/second;", "10/second,", "1.5/second",
-     "10/", "/minute", "10 minute", "10/99999 days"],
+    ["banana", "-1/second", "10/fortnight", "10/0 seconds", "10/second;", "10/second,",
+     "1.5/second", "10/", "/minute", "10 minute", "10/99999 days"],
 )  # fmt: skip
 def test_malformed_limits_raise_configuration_error(text: str) -> None:
     with pytest.raises(ConfigurationError) as info:

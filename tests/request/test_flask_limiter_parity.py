@@ -65,6 +65,26 @@ def test_the_description_is_the_refused_rate_as_flask_limiter_words_it(
     assert said == ["1 per 1 day", "1 per 30 second"]
 
 
+def test_e_limit_limit_is_the_rate_that_refused(backend: Backend, clock: FakeClock) -> None:
+    """Flask-Limiter's handlers read ``e.limit.limit`` (``jsonify(limit=str(e.limit.limit))``):
+    an ``AttributeError`` there made every 429 a 500."""
+    app, limiter = app_with(backend, clock)
+
+    @app.errorhandler(429)
+    def too_many(e: Any) -> tuple[dict[str, object], int]:
+        return {"limit": str(e.limit.limit), "amount": e.limit.limit.amount}, 429
+
+    @app.get("/search")
+    @limiter.limit("1/hour")
+    def search() -> str:
+        return "ok"
+
+    client = app.test_client()
+    client.get("/search")
+    refused = client.get("/search")
+    assert (refused.status_code, refused.json) == (429, {"limit": "1/hour", "amount": 1})
+
+
 def test_the_description_is_the_error_message_when_the_limit_has_one(
     backend: Backend, clock: FakeClock
 ) -> None:
