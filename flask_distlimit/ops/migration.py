@@ -24,7 +24,7 @@ CONSTRUCTOR: Final[dict[str, str]] = {
     "app": "Limiter(app) or Limiter(app=app)",
     "default_limits": "DISTLIMIT_DEFAULT_LIMITS = '100/hour;10/minute' (one string, ';'-joined), "
     "a callable answering one, or a mapping tier -> limit string",
-    "default_limits_per_method": "per_method=True on the limits that need it (no app-wide switch)",
+    "default_limits_per_method": "limiter.limit(..., per_method=True)(app): a default limit",
     "default_limits_exempt_when": "a default limit on the app: "
     "limiter.limit('100/hour', exempt_when=...)(app)",
     "default_limits_deduct_when": "limiter.limit('100/hour', deduct_when=...)(app)",
