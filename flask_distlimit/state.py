@@ -118,7 +118,11 @@ class LimiterState:
         )
         self.identity_tag: Callable[[str], str] = self.tags.tag
         algorithm, shadow = settings.algorithm, settings.shadow
-        check_shadow_tiers(shadow, identity_settings.tiers)
+        configured = {
+            k for k, on in (("global", settings.global_limits or settings.global_dynamic),
+                            ("default", settings.default_limits or settings.default_dynamic)) if on
+        }  # fmt: skip
+        check_shadow_tiers(shadow, identity_settings.tiers, configured)
         default_spec = LimitSpec(
             "default",
             settings.default_limits,

@@ -45,15 +45,20 @@ def parse_shadow(key: str, value: object) -> ShadowSetting:
     )
 
 
-def check_tiers(setting: ShadowSetting, tiers: Collection[str]) -> None:
-    """Raise at start-up when ``DISTLIMIT_SHADOW`` names a tier that is not configured."""
+def check_tiers(setting: ShadowSetting, tiers: Collection[str], kinds: Collection[str]) -> None:
+    """Raise at start-up when ``DISTLIMIT_SHADOW`` names a tier that is not configured, or
+    ``"global"`` or ``"default"`` when ``kinds``, those configured, lack it: a setting that
+    changes nothing."""
     if isinstance(setting, bool):
         return
-    unknown = sorted(n for n in setting if n.startswith("tier:") and n[5:] not in tiers)
+    unknown = sorted(
+        n for n in setting if (n[5:] not in tiers if n.startswith("tier:") else n not in kinds)
+    )
     if unknown:
         raise ConfigurationError(
-            f"DISTLIMIT_SHADOW names {', '.join(map(repr, unknown))}, but DISTLIMIT_TIERS has no "
-            f"such tier (tiers: {', '.join(sorted(tiers)) or 'none'}). Name a configured tier."
+            f"DISTLIMIT_SHADOW names {', '.join(map(repr, unknown))}, but no such limit is "
+            f"configured (DISTLIMIT_GLOBAL_LIMITS, DISTLIMIT_DEFAULT_LIMITS, tiers: "
+            f"{', '.join(sorted(tiers)) or 'none'}). Name a configured limit."
         )
 
 

@@ -275,11 +275,20 @@ def test_a_bad_distlimit_shadow_is_refused_at_start_up(clock: FakeClock, value: 
         make_app(MemoryStorage(clock=clock), clock, DISTLIMIT_SHADOW=value)
 
 
-def test_distlimit_shadow_naming_an_unknown_tier_is_refused(clock: FakeClock) -> None:
+@pytest.mark.parametrize("named", ["tier:gold", "global", "default"])
+def test_distlimit_shadow_naming_a_limit_not_configured_is_refused(
+    clock: FakeClock, named: str
+) -> None:
+    """A shadow setting that changes nothing: a tier, or the global or default limits, that the
+    app does not configure ("global" and "default" passed silently)."""
     from flask_distlimit.storage.memory import MemoryStorage
 
-    with pytest.raises(ConfigurationError, match="tier:gold"):
-        make_app(MemoryStorage(clock=clock), clock, DISTLIMIT_SHADOW=["tier:gold"])
+    with pytest.raises(ConfigurationError, match=named):
+        make_app(MemoryStorage(clock=clock), clock, DISTLIMIT_SHADOW=[named])
+    make_app(  # configured: accepted
+        MemoryStorage(clock=clock), clock, DISTLIMIT_SHADOW=["global", "default"],
+        DISTLIMIT_GLOBAL_LIMITS="9/minute", DISTLIMIT_DEFAULT_LIMITS=lambda: "9/minute",
+    )  # fmt: skip
 
 
 def test_shadow_must_be_a_bool_on_a_declaration() -> None:
