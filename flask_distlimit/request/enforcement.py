@@ -16,7 +16,6 @@ import inspect
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from types import GeneratorType
 from typing import Any, Final, Protocol
 
 from flask import Flask, Request, current_app, request
@@ -354,8 +353,8 @@ class Enforcer:
         OpenTelemetry count.
         A response object that passes twice has our headers replaced, never doubled."""
         req: Request = request._get_current_object()  # type: ignore[attr-defined]
-        if type(response.response) is GeneratorType:
-            # a stream: what a limit decided in its body takes is held until it is sent
+        if not response.direct_passthrough and response.is_streamed:
+            # a stream (not a file): what a limit decided in its body takes is held until sent
             self._state.lifecycle.ledger(req.environ)
         data: RequestData | None = req.environ.get(self.environ_key)
         if data is None:
