@@ -167,12 +167,13 @@ def _full_log(bench: Bench, keys: list[str]) -> None:
 
 
 def _refund_log(bench: Bench, keys: list[str]) -> None:
-    """L/2 requests of cost 1, then a request of cost L/2: the L/2 oldest units (the ones a
-    give-back takes) are in L/2 members."""
+    """L/2 - 1 requests of cost 1, one of cost L/2, one of 1: a refund of L/2 finds no entry
+    of its cost newest (its own, which a rollback takes at once) and takes the oldest units,
+    spread over L/2 members."""
     half = LOG_LIMIT // 2
     bench.copy(
         "refund log",
-        lambda t: bench.fill_log(t, LOG_LIMIT, [1] * half + [half], T0),
+        lambda t: bench.fill_log(t, LOG_LIMIT, [1] * (half - 1) + [half, 1], T0),
         keys,
     )
 
@@ -248,8 +249,8 @@ def rows() -> list[Row]:
             at(T0 + L, _full_log),
         ),
         Row(
-            f"sliding_window_log {L:,}/day, refund of cost {half:,} (Redis Cluster), the oldest "
-            f"{half:,} units in {half:,} requests of cost 1",
+            f"sliding_window_log {L:,}/day, refund of cost {half:,} (Redis Cluster), not the "
+            "newest entry's cost: the oldest units, in requests of cost 1",
             [log_day(half)],
             at(T0 + L, _refund_log),
             refund=True,
@@ -269,8 +270,8 @@ def rows() -> list[Row]:
             at(half_gone, _full_log),
         ),
         Row(
-            f"{n} x sliding_window_log {L:,}/day: refund of cost {half:,}, the oldest {half:,} "
-            "units in requests of cost 1",
+            f"{n} x sliding_window_log {L:,}/day: refund of cost {half:,}, not the newest "
+            "entry's cost: the oldest units, in requests of cost 1",
             [log_day(half)] * n,
             at(T0 + L, _refund_log),
             refund=True,

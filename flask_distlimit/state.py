@@ -118,10 +118,8 @@ class LimiterState:
         )
         self.identity_tag: Callable[[str], str] = self.tags.tag
         algorithm, shadow = settings.algorithm, settings.shadow
-        configured = {
-            k for k, on in (("global", settings.global_limits or settings.global_dynamic),
-                            ("default", settings.default_limits or settings.default_dynamic)) if on
-        }  # fmt: skip
+        configured = {"global"} if settings.global_limits or settings.global_dynamic else set()
+        configured |= {"default"} if settings.default_limits or settings.default_dynamic else set()
         check_shadow_tiers(shadow, identity_settings.tiers, configured)
         default_spec = LimitSpec(
             "default",

@@ -285,10 +285,8 @@ def _kth(b: BoundLimit, n: int, prefix: str) -> BoundLimit:
         dynamic = replace(
             dynamic, make=lambda rates: tuple(_kth(r, n, prefix) for r in make(rates))
         )
-    return replace(
-        b, name=name, quoted=quoted, policy=policy, limit_id=limit_id, key_head=head,
-        key_tail=tail, dynamic=dynamic,
-    )  # fmt: skip
+    return replace(b, name=name, quoted=quoted, policy=policy, limit_id=limit_id, key_head=head,
+                   key_tail=tail, dynamic=dynamic)  # fmt: skip
 
 
 def strictest(policies: Iterable[_typing.FailurePolicy | None]) -> _typing.FailurePolicy | None:

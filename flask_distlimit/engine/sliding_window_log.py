@@ -119,5 +119,15 @@ def refund(state: State | None, limit: int, period: int, cost: int, now: int) ->
     return state, KEEP_TTL  # in place; the newest entry stays, and so does the TTL
 
 
+def rollback(state: State | None, limit: int, period: int, cost: int, now: int) -> Refunded:
+    """A refund of a request another group refused: its entry while it is the newest (see the
+    script), else :func:`refund`."""
+    log = state if isinstance(state, list) else []
+    if log and log[-1][0] > now - period and log[-1][2] - log[-1][1] == cost > 0:
+        del log[-1]
+        return (log, KEEP_TTL) if log else (None, 0)
+    return refund(state, limit, period, cost, now)
+
+
 def plausible(state: object, limit: int, period: int, now: int) -> bool:
     return isinstance(state, list) and (not state or state[-1][0] <= now + period + limit)

@@ -327,6 +327,14 @@ def test_a_log_give_back_takes_the_oldest_units(redis_client: redis.Redis) -> No
         later = evaluate([check(5)], now_us=T0 + 61 * s)  # A's time is past, B's is not
         assert not later.allowed and later.decisions[0].remaining == 3, evaluate
         assert evaluate([check(3)], now_us=T0 + 61 * s).allowed
+        # a Cluster refund of a request another slot group refused takes its own entry back:
+        # the oldest units would leave it charged for a period
+        start = T0 + 200 * s
+        for i in range(5):
+            evaluate([check(1)], now_us=start + i)
+        assert evaluate([check(1)], now_us=start + 60 * s + 1).allowed
+        assert refund([check(1)], now_us=start + 60 * s + 1).decisions[0].remaining == 2
+        assert evaluate([check(0)], now_us=start + 61 * s).decisions[0].remaining == 5
 
 
 def _fields(check: Check) -> tuple[str, Algorithm, int, int]:

@@ -180,16 +180,18 @@ local function LOAD_SLIDING_WINDOW_LOG()
 
   -- Refund: reads the newest member and the SWL_BATCH + 1 oldest live ones (no pruning: the
   -- evaluation that follows in the same call prunes). The newest member stays: so does the TTL.
-  function SLIDING_WINDOW_LOG.refund(key, limit, period, cost, now)
+  -- A rollback (a Cluster refund of a request another group refused) takes the request's own
+  -- member instead while it is the newest, as it almost always is: nothing stays charged.
+  function SLIDING_WINDOW_LOG.refund(key, limit, period, cost, now, rollback)
     local top = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
     if failed(top) then
       redis.call('UNLINK', key)
       return 1
     end
-    local newest, last, repaired = nil, 0, 0
+    local newest, last, repaired, top_start = nil, 0, 0, nil
     if #top > 0 then
-      local _, top_end = swl_span(top[1])
-      newest, last = tonumber(top[2]), top_end
+      local top_s, top_e = swl_span(top[1])
+      top_start, newest, last = top_s, tonumber(top[2]), top_e
       if not (last and whole(newest) and newest <= now + period + limit) then
         redis.call('UNLINK', key)
         if cost >= 0 then
@@ -209,6 +211,10 @@ local function LOAD_SLIDING_WINDOW_LOG()
     end
     local cut = now - period
     if newest == nil or newest <= cut or cost == 0 then  -- nothing live, or nothing to give
+      return 0
+    end
+    if rollback and top_start == last - cost then
+      redis.call('ZREM', key, top[1])
       return 0
     end
     local live = redis.call('ZCOUNT', key, '-inf', cut)  -- the oldest live member's rank
