@@ -353,7 +353,7 @@ class Enforcer:
         OpenTelemetry count.
         A response object that passes twice has our headers replaced, never doubled."""
         req: Request = request._get_current_object()  # type: ignore[attr-defined]
-        if not response.direct_passthrough and response.is_streamed:
+        if type(response.response) is not list and not response.direct_passthrough:
             # a stream (not a file): what a limit decided in its body takes is held until sent
             self._state.lifecycle.ledger(req.environ)
         data: RequestData | None = req.environ.get(self.environ_key)
