@@ -247,8 +247,9 @@ local function LOAD_SLIDING_WINDOW_LOG()
     local member = block[2 * r - 1]
     local s, e = swl_span(member)
     if s and s < target and target < e then
-      redis.call('ZADD', key, block[2 * r], string.format('%d:%d', target, e))  -- first: the
-      redis.call('ZREM', key, member)                                       -- key stays, TTL too
+      -- the new member first: the key never empties, so its TTL stays
+      redis.call('ZADD', key, block[2 * r], string.format('%d:%d', target, e))
+      redis.call('ZREM', key, member)
     end
     return 0
   end
