@@ -30,6 +30,12 @@ _time = operator.itemgetter(0)
 _end = operator.itemgetter(2)
 
 
+def _until(t: int, period: int) -> int:
+    """When a log whose newest entry is dated ``t`` may go: ``swl_until`` in the script."""
+    step = min(-(-period // 8), 1_000_000)
+    return ((t + period) // step + 1) * step
+
+
 def _read(
     state: State | None, limit: int, period: int, now: int
 ) -> tuple[list[LogEntry], int, int, int]:
@@ -76,13 +82,14 @@ def step(state: State | None, limit: int, period: int, cost: int, now: int) -> S
     reset = latest + period - now if after > 0 and latest is not None else 0
     reset_now = newest + period - now if newest is not None else 0
     new = [*log, (first, last, last + cost)] if allowed and cost > 0 else None
+    until = _until(first, period)
     return Step(
         allowed,
         limit - after,
         reset,
         retry,
         new,
-        first + period - now,
+        KEEP_TTL if newest is not None and until == _until(newest, period) else until - now,
         limit - count,
         reset_now,
     )
@@ -98,7 +105,7 @@ def refund(state: State | None, limit: int, period: int, cost: int, now: int) ->
         last = log[-1][2] if log else 0
         first = newest + 1 if newest is not None and newest >= now else now
         log.append((first, last, last - cost))
-        return log, first + period - now
+        return log, _until(first, period) - now
     if not isinstance(state, list):
         return None, 0
     live = bisect.bisect_right(state, now - period, key=_time)  # index of the oldest live entry

@@ -283,6 +283,29 @@ def test_a_key_outlives_its_reset_by_a_whole_millisecond(
         redis_client.flushall()
 
 
+@pytest.mark.parametrize("checks", [1, 2])
+def test_a_busy_log_sets_its_ttl_once_a_step(redis_client: redis.Redis, checks: int) -> None:
+    """A log key must outlive its newest member's period; a PEXPIRE per admission (a fifth of
+    the log's script time) is not needed for that. 60 admissions 10 ms apart in a 1 s period
+    (a step of 125 ms) set the TTL once a step, and after each call the key lives, in the
+    script's clock, at least 1 ms past its newest member's period; on the fast path (one check)
+    and the general path (two)."""
+    redis_client.flushall()
+    script = redis_client.register_script(SCRIPT_SOURCE)
+    keys = [f"busy:{{m}}:{i}:sliding_window_log" for i in range(checks)]
+    batch = [Check(key, "sliding_window_log", 1000, 1, 1) for key in keys]
+    expires: dict[str, int] = {}  # each key's end, in the script's clock (us)
+    renewals = 0
+    for i in range(60):
+        now = T0 + i * 10_000
+        ttls = _ttls_set(redis_client, lambda now=now: script(*script_args(batch, now)))
+        renewals += len(ttls)
+        expires.update({key: now + ms * 1000 for key, ms in ttls.items()})
+        for key in keys:
+            assert expires[key] >= now + 1_000_000 + 1000, (i, key, expires[key] - now)
+    assert 5 * checks <= renewals <= 6 * checks, renewals
+
+
 def test_large_costs_and_limits(redis_client: redis.Redis) -> None:
     storage = RedisStorage(redis_client)
     twin = MemoryStorage(clock=lambda: 0)

@@ -26,7 +26,8 @@
 --                  units fit; the request is decided again then). Exact whenever the units
 --                  to free are in the SWL_BATCH oldest requests (always when at most SWL_BATCH
 --                  requests are live, and for a cost of 1).
---   TTL          = newest' + P - now
+--   TTL          at least swl_until(newest') - now (newest' + P rounded up to a step of P / 8, at
+--                most 1 s): set when an admission or a debit moves swl_until, else kept
 --   refund:      take back the c OLDEST counted units: base' = base + c; the live members
 --                that end at or below base' go (at most SWL_BATCH of them: the rest of the
 --                refund is not given back, which only makes the log stricter), the one across
@@ -73,6 +74,17 @@ local function LOAD_SLIDING_WINDOW_LOG()
       return s, e
     end
     return nil
+  end
+
+  -- When a key whose newest member is dated t may go: a period on, rounded up to a step of an
+  -- eighth of the period (at most 1 s). The key's TTL is at least this - now, so an admission
+  -- sets it only when its date moves this (a busy key's PEXPIRE once a step, not per request).
+  local function swl_until(t, period)
+    local step = ceil(period / 8)
+    if step > 1000000 then
+      step = 1000000
+    end
+    return (floor((t + period) / step) + 1) * step
   end
   --@end
 
@@ -130,10 +142,14 @@ local function LOAD_SLIDING_WINDOW_LOG()
       first = newest + 1
     end
     local allowed = cost <= limit and count + cost <= limit
-    local after, latest, retry = count, newest, 0
+    local after, latest, retry, renew = count, newest, 0, 0
     if allowed then
       if cost > 0 then
         after, latest = count + cost, first
+        local at = swl_until(first, period)
+        if not newest or at ~= swl_until(newest, period) then
+          renew = at - now
+        end
       end
     elseif cost > limit then
       retry = -1
@@ -163,18 +179,21 @@ local function LOAD_SLIDING_WINDOW_LOG()
     end
     --@end
     --@result
-    local r = {allowed and 1 or 0, left, reset, retry, repaired, left_now, reset_now, first, last}
+    local r = {allowed and 1 or 0, left, reset, retry, repaired, left_now, reset_now, first, last,
+      renew}
     --@end
     return r
   end
 
   function SLIDING_WINDOW_LOG.commit(key, r, limit, period, cost, now)
     --@restore
-    local first, last = r[8], r[9]
+    local first, last, renew = r[8], r[9], r[10]
     --@end
     --@commit
     redis.call('ZADD', key, first, string.format('%d:%d', last, last + cost))
-    expire_in(key, first + period - now)
+    if renew > 0 then
+      expire_in(key, renew)
+    end
     --@end
   end
 
@@ -206,7 +225,7 @@ local function LOAD_SLIDING_WINDOW_LOG()
         first = newest + 1
       end
       redis.call('ZADD', key, first, string.format('%d:%d', last, last - cost))
-      expire_in(key, first + period - now)
+      expire_in(key, swl_until(first, period) - now)
       return repaired
     end
     local cut = now - period
