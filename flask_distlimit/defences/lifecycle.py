@@ -3,7 +3,9 @@
 A request's *holdings* (a place in flight, concurrency and fleet slots) are kept in one
 :class:`Ledger` in its WSGI environ; :meth:`Ledger.end` releases them all, exactly once.
 :class:`Lifecycle`, around ``app.wsgi_app``, ends the ledger when the server has written the
-body, however the response ends (docs/design-notes.md, "The request's ledger").
+body, however the response ends (docs/design-notes.md, "The request's ledger"), and appends the
+rate-limit headers ``after_request`` left in the environ (:data:`HEADERS_KEY`) as the response
+starts.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("flask_distlimit")
 
 _FILE_WRAPPER: Final = "wsgi.file_wrapper"
+#: The environ's list of the headers :class:`Lifecycle` adds to the response it starts.
+HEADERS_KEY: Final = "flask_distlimit.headers"
 
 
 class Holding(Protocol):
@@ -232,9 +236,17 @@ class Lifecycle:
         # hands the app a copy that still holds this same cell.
         cell: list[Ledger] = []
         environ[self.key] = cell
+        # the rate-limit headers, as after_request leaves them: appended as the response starts
+        # (once, past werkzeug's checks of the app's own headers: our values are ours)
+        added: list[tuple[str, str]] = []
+        environ[HEADERS_KEY] = added
+
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            return start_response(status, headers + added if added else headers, exc_info)
+
         server_wrapper = environ.get(_FILE_WRAPPER)
         try:
-            body = self.wsgi_app(environ, start_response)
+            body = self.wsgi_app(environ, start)
         except BaseException:
             for ledger in cell:
                 ledger.end()

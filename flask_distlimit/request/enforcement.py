@@ -16,7 +16,7 @@ import inspect
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 from flask import Flask, Request, current_app, request
 from werkzeug.exceptions import HTTPException
@@ -35,7 +35,7 @@ from flask_distlimit.declare.targets import carried_function
 from flask_distlimit.defences.concurrency import SlotRelease
 from flask_distlimit.defences.deny_cache import DenyCache
 from flask_distlimit.defences.fleet import Fleet
-from flask_distlimit.defences.lifecycle import Lifecycle
+from flask_distlimit.defences.lifecycle import HEADERS_KEY, Lifecycle
 from flask_distlimit.defences.shedding import Shedding
 from flask_distlimit.identity import IdentityHooks, IdentityResolver
 from flask_distlimit.identity.digests import IdentityTags
@@ -43,7 +43,7 @@ from flask_distlimit.request import deduction, gate
 from flask_distlimit.request.checks import Checks
 from flask_distlimit.request.data import RequestData
 from flask_distlimit.request.decide import Decider
-from flask_distlimit.request.headers import OUR_HEADERS, rate_limit_headers
+from flask_distlimit.request.headers import rate_limit_headers
 from flask_distlimit.request.plans import Plans
 from flask_distlimit.request.refuse import BreachHook, Refusals
 from flask_distlimit.request.settings import LimiterSettings
@@ -53,8 +53,6 @@ from flask_distlimit.storage.base import Storage
 
 #: The route limits of a request counted after its response, against every request's only.
 _NO_ROUTE = RoutePlan(exempt=False)
-#: Set on a response the rate-limit headers were added to: whether ``Retry-After`` was too.
-_HEADERS_ADDED: Final = "_distlimit_headers_added"
 
 
 class Declared(Protocol):
@@ -363,30 +361,28 @@ class Enforcer:
                 return response
         if data.deferred:  # deduct_when reservations: settled now, as the response says
             self._settle(req, response, data)
-        headers = response.headers
-        marks = response.__dict__
-        if _HEADERS_ADDED in marks:
-            # A response object that passed here before (a view returns one object every time,
-            # or a cached copy): ours from then go, or they would be sent twice, stale first.
-            for name in (*OUR_HEADERS, "Retry-After") if marks[_HEADERS_ADDED] else OUR_HEADERS:
-                headers.remove(name)
+        ours = []
         if (data.report is not None or data.evaluated) and self._header_mode != "none":
-            # The names are ours alone: appended (werkzeug checks each value), no scan for an
-            # existing one, one call for all of them.
-            headers[len(headers) :] = rate_limit_headers(
+            ours = rate_limit_headers(
                 self._header_mode, data.report, self._state.wall(), denied=data.denied,
                 applied=data.evaluated,
             )  # fmt: skip
         if data.degraded:
-            headers["X-RateLimit-Degraded"] = "true"
-        marks[_HEADERS_ADDED] = False  # True: Retry-After is ours too
+            ours.append(("X-RateLimit-Degraded", "true"))
         if (
             data.retry_after is not None
             and response.status_code in (429, 503)
-            and "Retry-After" not in headers
+            and "Retry-After" not in response.headers
         ):
-            headers["Retry-After"] = str(data.retry_after)
-            marks[_HEADERS_ADDED] = True
+            ours.append(("Retry-After", str(data.retry_after)))
+        # Sent as the response starts (lifecycle), not set on the response object, which a view
+        # may return again; a response that passes here again (an error in a later hook) has
+        # these replaced. Made by hand, outside the WSGI wrapper: onto the response.
+        added = req.environ.get(HEADERS_KEY)
+        if added is None:
+            response.headers.extend(ours)
+        else:
+            added[:] = ours
         data.response = response  # counted once the app made it (telemetry.otel.request)
         return response
 

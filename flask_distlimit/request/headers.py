@@ -21,16 +21,6 @@ from flask_distlimit.declare.policy_items import concurrency_policy_item, policy
 from flask_distlimit.declare.route_limits import BoundLimit
 from flask_distlimit.engine.registry import REGISTRY
 
-#: Every header name an ``after_request`` adds but ``Retry-After`` (an earlier pass of the same
-#: response object's go before the new ones are added).
-OUR_HEADERS: Final = (
-    "X-RateLimit-Limit",
-    "X-RateLimit-Remaining",
-    "X-RateLimit-Reset",
-    "RateLimit-Policy",
-    "RateLimit",
-    "X-RateLimit-Degraded",
-)
 #: The ``limit_id`` of the fleet's capacity slots (:mod:`flask_distlimit.defences.fleet`): the
 #: server's load, not a quota of the client, so never advertised.
 _FLEET_ID: Final = "fleet"

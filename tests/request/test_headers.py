@@ -235,3 +235,34 @@ def test_limits_of_huge_numbers_give_whole_headers(backend: Backend, clock: Fake
     for denied in (False, True):
         values = dict(rate_limit_headers("both", huge, 1_700_000_000.5, denied=denied))
         assert all(v.isprintable() and "e+" not in v and "inf" not in v for v in values.values())
+
+
+def test_headers_are_sent_once_however_the_response_is_made(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Our headers go out as the response starts (werkzeug's checks of the app's own headers
+    cost a request more than the minimal limiter's whole Python): not on the response object,
+    which an error in a later hook replaces, nor lost when the app is driven by hand, outside
+    the WSGI call."""
+    app, limiter, _ = make_app(backend(), clock, DISTLIMIT_HEADERS="legacy")
+    broken: list[bool] = []
+
+    @app.after_request  # registered after the limiter's hook: runs before it
+    def break_once(response: Response) -> Response:
+        if broken:
+            return response
+        broken.append(True)
+        raise RuntimeError("a hook of the app")
+
+    @app.get("/")
+    @limiter.limit("5/minute")
+    def index() -> str:
+        return "ok"
+
+    failed = app.test_client().get("/")  # the 500 passes the hooks again
+    assert failed.status_code == 500
+    assert failed.headers.getlist("X-RateLimit-Remaining") == ["4"]
+    assert app.test_client().get("/").headers.getlist("X-RateLimit-Remaining") == ["3"]
+    with app.test_request_context("/", environ_base={"REMOTE_ADDR": "127.0.0.1"}):
+        by_hand = app.full_dispatch_request()
+    assert by_hand.headers.getlist("X-RateLimit-Remaining") == ["2"]
