@@ -4,7 +4,7 @@ A request's *holdings* (a place in flight, concurrency and fleet slots) are kept
 :class:`Ledger` in its WSGI environ; :meth:`Ledger.end` releases them all, exactly once.
 :class:`Lifecycle`, around ``app.wsgi_app``, ends the ledger when the server has written the
 body, however the response ends (docs/design-notes.md, "The request's ledger"), and appends the
-rate-limit headers ``after_request`` left in the environ (:data:`HEADERS_KEY`) as the response
+rate-limit headers ``after_request`` left in the environ (``headers_key``) as the response
 starts.
 """
 
@@ -24,8 +24,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("flask_distlimit")
 
 _FILE_WRAPPER: Final = "wsgi.file_wrapper"
-#: The environ's list of the headers :class:`Lifecycle` adds to the response it starts.
-HEADERS_KEY: Final = "flask_distlimit.headers"
 
 
 class Holding(Protocol):
@@ -189,6 +187,8 @@ class Lifecycle:
         self._clock = clock
         self._renew_every = lease_seconds * 1_000_000 // 2
         self.key = f"flask_distlimit.ledger.{id(self):x}"
+        #: the environ's list of the headers added to the response as it starts
+        self.headers_key = f"flask_distlimit.headers.{id(self):x}"
         #: bodies the garbage collector let go of unclosed, closed when the next request comes
         self._dropped: list[_ClosingBody] = []
 
@@ -239,10 +239,10 @@ class Lifecycle:
         # the rate-limit headers, as after_request leaves them: appended as the response starts
         # (once, past werkzeug's checks of the app's own headers: our values are ours)
         added: list[tuple[str, str]] = []
-        environ[HEADERS_KEY] = added
+        environ[self.headers_key] = added
 
-        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            return start_response(status, headers + added if added else headers, exc_info)
+        def start(status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
+            return start_response(status, headers + added if added else headers, *exc_info)
 
         server_wrapper = environ.get(_FILE_WRAPPER)
         try:

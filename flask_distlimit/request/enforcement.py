@@ -35,7 +35,7 @@ from flask_distlimit.declare.targets import carried_function
 from flask_distlimit.defences.concurrency import SlotRelease
 from flask_distlimit.defences.deny_cache import DenyCache
 from flask_distlimit.defences.fleet import Fleet
-from flask_distlimit.defences.lifecycle import HEADERS_KEY, Lifecycle
+from flask_distlimit.defences.lifecycle import Lifecycle
 from flask_distlimit.defences.shedding import Shedding
 from flask_distlimit.identity import IdentityHooks, IdentityResolver
 from flask_distlimit.identity.digests import IdentityTags
@@ -183,6 +183,7 @@ class Enforcer:
             dynamic_ttl_us=ttl_us(settings.dynamic_limit_ttl),
         )
         self._header_mode = settings.headers
+        self._headers_key = state.lifecycle.headers_key
         #: The request environ key of this limiter's per-request data (one per app's limiter:
         #: a WSGI app may hand its environ to another app with a limiter of its own).
         self.environ_key = f"flask_distlimit.request.{id(self):x}"
@@ -378,7 +379,7 @@ class Enforcer:
         # Sent as the response starts (lifecycle), not set on the response object, which a view
         # may return again; a response that passes here again (an error in a later hook) has
         # these replaced. Made by hand, outside the WSGI wrapper: onto the response.
-        added = req.environ.get(HEADERS_KEY)
+        added = req.environ.get(self._headers_key)
         if added is None:
             response.headers.extend(ours)
         else:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from flask import Response
+from flask import Response, request
 
 from flask_distlimit.declare.policy_items import sf_string
 from flask_distlimit.request.headers import Report, rate_limit_headers
@@ -266,3 +266,28 @@ def test_headers_are_sent_once_however_the_response_is_made(
     with app.test_request_context("/", environ_base={"REMOTE_ADDR": "127.0.0.1"}):
         by_hand = app.full_dispatch_request()
     assert by_hand.headers.getlist("X-RateLimit-Remaining") == ["2"]
+
+
+def test_an_app_run_inside_another_s_request_keeps_each_limiter_s_headers(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """A view that serves another WSGI app with a limiter of its own on the request's very
+    environ: each limiter's headers go out with its own app's response."""
+    inner, inner_limiter, _ = make_app(backend(), clock, name="inner", DISTLIMIT_HEADERS="legacy")
+    outer, outer_limiter, _ = make_app(backend(), clock, name="outer", DISTLIMIT_HEADERS="legacy")
+
+    @inner.get("/")
+    @inner_limiter.limit("3/minute")
+    def inner_index() -> str:
+        return "inner"
+
+    @outer.get("/")
+    @outer_limiter.limit("5/minute")
+    def outer_index() -> Response:
+        started: list[list[tuple[str, str]]] = []
+        body = b"".join(inner(request.environ, lambda status, headers: started.append(headers)))
+        return Response(body, headers=started[0])
+
+    response = outer.test_client().get("/")
+    assert response.get_data() == b"inner"
+    assert sorted(response.headers.getlist("X-RateLimit-Limit")) == ["3", "5"]
