@@ -237,12 +237,20 @@ class Lifecycle:
         cell: list[Ledger] = []
         environ[self.key] = cell
         # the rate-limit headers, as after_request leaves them: appended as the response starts
-        # (once, past werkzeug's checks of the app's own headers: our values are ours)
+        # (once, past werkzeug's checks of the app's own headers: our values are ours), but to
+        # an error's response (exc_info), and but a Retry-After (last) the app set after them
         added: list[tuple[str, str]] = []
         environ[self.headers_key] = added
 
         def start(status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
-            return start_response(status, headers + added if added else headers, *exc_info)
+            if added and not exc_info:
+                ours = added
+                if ours[-1][0] == "Retry-After" and any(
+                    n.lower() == "retry-after" for n, _ in headers
+                ):
+                    ours = ours[:-1]
+                headers = [*headers, *ours]
+            return start_response(status, headers, *exc_info)
 
         server_wrapper = environ.get(_FILE_WRAPPER)
         try:

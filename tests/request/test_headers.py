@@ -4,15 +4,18 @@ to denial, Retry-After only on 429/503."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
-from flask import Response, request
+from flask import Flask, Response, request
+from werkzeug.test import EnvironBuilder
 
+from flask_distlimit import Limiter
 from flask_distlimit.declare.policy_items import sf_string
 from flask_distlimit.request.headers import Report, rate_limit_headers
 from flask_distlimit.storage.base import Storage
 from flask_distlimit.testing import FakeClock
-from tests.distlimit_fixtures import backend, clock, make_app
+from tests.distlimit_fixtures import QUIET, backend, clock, make_app
 
 __all__ = ["backend", "clock"]
 
@@ -291,3 +294,77 @@ def test_an_app_run_inside_another_s_request_keeps_each_limiter_s_headers(
     response = outer.test_client().get("/")
     assert response.get_data() == b"inner"
     assert sorted(response.headers.getlist("X-RateLimit-Limit")) == ["3", "5"]
+
+
+def _app_inside(middleware: Callable[..., object], storage: Storage, clock: FakeClock) -> Flask:
+    """An app limited to 1 a minute whose ``wsgi_app`` is ``middleware(inner)``, installed
+    before ``init_app``: inside the limiter's WSGI wrapper."""
+    app = Flask("inside")
+    app.config.update(QUIET, DISTLIMIT_KEY_PREFIX=middleware.__name__)
+    app.wsgi_app = middleware(app.wsgi_app)  # type: ignore[method-assign]
+    limiter = Limiter(clock=clock)
+    limiter.init_app(app, storage=storage)
+
+    @app.get("/")
+    @limiter.limit("1/minute")
+    def index() -> str:
+        return "ok"
+
+    @app.errorhandler(429)
+    def slow_down(e: Exception) -> tuple[str, int]:  # the app's own 429, without Retry-After
+        return "slow down", 429
+
+    return app
+
+
+def test_the_app_s_own_retry_after_and_wsgi_quirks_keep_one_header_each(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Our headers go out as the response starts, so a hook of the app registered before
+    ``init_app`` (run after ours) that adds a ``Retry-After`` to a 429 lacking one does not
+    see ours: its own is sent, alone. A middleware inside the wrapper that passes the headers
+    as a tuple, or starts its own error response (``exc_info``), gets ours added to the first
+    and none to the second."""
+    app = Flask("hooked")
+    app.config.update(QUIET)
+
+    @app.after_request
+    def retry_after(response: Response) -> Response:
+        if response.status_code in (429, 503):
+            response.headers.setdefault("Retry-After", "60")
+        return response
+
+    limiter = Limiter(clock=clock)
+    limiter.init_app(app, storage=backend())
+
+    @app.get("/")
+    @limiter.limit("1/minute")
+    def index() -> str:
+        return "ok"
+
+    @app.errorhandler(429)
+    def slow_down(e: Exception) -> tuple[str, int]:
+        return "slow down", 429
+
+    client = app.test_client()
+    client.get("/")
+    assert client.get("/").headers.getlist("Retry-After") == ["60"]
+
+    def as_tuple(inner: Callable[..., Any]) -> Callable[..., Any]:
+        return lambda environ, sr: inner(environ, lambda s, h, *x: sr(s, tuple(h), *x))
+
+    tupled = _app_inside(as_tuple, backend(), clock).test_client().get("/")
+    assert tupled.status_code == 200 and tupled.headers["X-RateLimit-Remaining"] == "0"
+
+    def failing_late(inner: Callable[..., Any]) -> Callable[..., Any]:
+        def app(environ: dict[str, Any], sr: Callable[..., Any]) -> list[bytes]:
+            inner(environ, sr)  # started, then its body fails before a byte is sent
+            sr("500 INTERNAL SERVER ERROR", [("Content-Type", "text/plain")], (None, None, None))
+            return [b"failed"]
+
+        return app
+
+    started: list[list[tuple[str, str]]] = []
+    environ = EnvironBuilder("/", environ_base={"REMOTE_ADDR": "127.0.0.1"}).get_environ()
+    _app_inside(failing_late, backend(), clock)(environ, lambda s, h, *x: started.append(h))
+    assert [("X-RateLimit-Remaining" in dict(h)) for h in started] == [True, False]
