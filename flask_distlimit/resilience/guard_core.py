@@ -167,10 +167,21 @@ class GuardCore:
 
     def breaker_of(self, key: str) -> Breaker:
         """The breaker of the node serving ``key`` (:attr:`breaker` but on a Redis Cluster)."""
-        if self.routed:
-            node, _ = self.storage.route([Check(key, "fixed_window", 1, 1, 0)])[0]
-            return self.breakers.get(node)
-        return self.node_breaker
+        return self.breakers.get(self._node_of(key))
+
+    def _node_of(self, key: str) -> str:
+        return (
+            self.storage.route([Check(key, "fixed_window", 1, 1, 0)])[0][0]
+            if self.routed
+            else self.node
+        )
+
+    def renewable(self, key: str) -> bool:
+        """May a lease of ``key`` be renewed: its node's breaker is closed and its local fallback
+        holds no counts (a renewal alone is sent as ``open``, which they do not count: after an
+        outage the process would take more than its share)."""
+        node = self._node_of(key)
+        return self.breakers.get(node).state == "closed" and not self.fallbacks.of(node).holding
 
     def _breaker_changed(self, breaker: str, state: BreakerState | None) -> None:
         # The fallback's counts outlive the breaker: they are handed back key by key, once they

@@ -45,11 +45,6 @@ _US: Final = 1_000_000
 _IN_PROCESS: Final = Decision(True, 0, 0, 0.0, 0.0)
 
 
-def _renewable(guard: Guard, key: str) -> bool:
-    """May a lease of ``key`` be renewed: the breaker of its node is closed."""
-    return guard.breaker_of(key).state == "closed"
-
-
 def _give(
     lease: Lease, window: int, units: int, now_us: int | None, storage: Storage
 ) -> tuple[str, ...]:
@@ -195,7 +190,7 @@ class Leases:
             # while no call can be made (the breaker of its node is open, or trying) the units
             # stay in the lease, spent first when its traffic comes back, instead of being
             # taken out for a give-back that is never made
-            if idle and _renewable(self.guard, lease.key):
+            if idle and self.guard.breaker_of(lease.key).state == "closed":
                 for window, units in lease.unspent(now):
                     passes += 1
                     give = functools.partial(_give, lease, window, units, self.storage_now())
@@ -252,7 +247,7 @@ class Leases:
             lease = self._lease(c, leased, now)
             # renewed only while the breaker of the lease key's own node (Redis Cluster) is
             # closed: a top-up never goes to the failure policy (asked only when one is due)
-            spent, renew = lease.take(c.cost, now, functools.partial(_renewable, self.guard, c.key))
+            spent, renew = lease.take(c.cost, now, functools.partial(self.guard.renewable, c.key))
             asks.append(_Ask(i, lease, spent or [], 0 if spent else c.cost, renew, renew > 0))
         try:
             outcome, sent = self._call(checks, plain, asks, policy, now_us)

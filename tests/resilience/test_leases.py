@@ -22,6 +22,7 @@ from flask_distlimit.core.decision import Check, Evaluation
 from flask_distlimit.errors import StorageUnavailable
 from flask_distlimit.resilience.lease import LEASE_SPAN_US
 from flask_distlimit.storage.base import Storage
+from flask_distlimit.storage.memory import MemoryStorage
 from flask_distlimit.testing import CountingStorage, FakeClock
 from tests.distlimit_fixtures import backend, clock
 
@@ -1346,3 +1347,32 @@ def test_a_renewal_in_flight_during_a_reset_is_never_spent(
     assert client.get("/hot").status_code == 200  # 1 + 10 taken, then the keys deleted
     codes = [client.get("/hot").status_code for _ in range(25)]
     assert codes.count(200) == 20  # the fresh count's 20, none of the 10 granted mid-reset
+
+
+@pytest.mark.parametrize("lease", [0, 4, 10])
+def test_after_an_outage_renewals_are_counted_by_the_local_fallback(lease: int) -> None:
+    """Policy ``local``, two processes (``DISTLIMIT_INSTANCES=2``), 40 a minute, one request a
+    second each. Redis is down from 57 s to 65 s: each process admits its local share of the
+    window. After it, a renewal alone (sent as ``open``) was never counted by the fallback that
+    still holds the key, so each process took a whole count more from Redis, which never saw
+    the local admissions: 54 in the next window (review of 6 December). While a process's
+    fallback holds, its leases are not renewed: each request asks for its own cost, and the
+    fallback counts it."""
+    clock = FakeClock(start=1_700_000_090.0)  # second 50: a minute starts 10 s on
+    shared = MemoryStorage(clock=clock)
+    processes = [
+        _app(shared, clock, "40/minute", lease=lease or False, name=f"p{n}",
+             DISTLIMIT_FAILURE_POLICY="local", DISTLIMIT_INSTANCES=2,
+             DISTLIMIT_BREAKER_FAIL_MAX=1, DISTLIMIT_BREAKER_RESET_TIMEOUT=3)
+        for n in (1, 2)
+    ]  # fmt: skip
+    clients = [(app.test_client(), switch) for app, _, switch in processes]
+    admitted = [0, 0]
+    for second in range(50, 120):
+        if second > 50:
+            clock.advance(1)
+        for k, (client, switch) in enumerate(clients):
+            switch.down = 57 <= second < 65
+            if client.get("/hot").status_code == 200 and second >= 60:
+                admitted[k] += 1  # the window of 60 s to 120 s
+    assert sum(admitted) <= 40 and max(admitted) <= 20, admitted

@@ -354,16 +354,14 @@ def test_a_lease_is_renewed_only_while_its_own_nodes_breaker_is_closed() -> None
     """A lease's top-up asks the breaker of the node serving the lease's key, not the process's
     first one (the heartbeat's): with node b's open, a lease on b takes no top-up to the failure
     policy, while one on a still renews."""
-    from flask_distlimit.resilience.leases import _renewable
-
     guard, storage, _ = make("local")
     storage.down.add(B)
     on_b, on_a = limit("b"), limit("a")
     assert kinds(guard, [on_b], 1) == ["degraded allowed"]  # fail_max 1: b's breaker opens
     assert guard.breaker_of(on_b.key).state == "open"
     assert guard.breaker.state == "closed"  # the heartbeat key's node, a: what was asked before
-    assert not _renewable(guard, on_b.key)
-    assert _renewable(guard, on_a.key)
+    assert not guard.renewable(on_b.key)
+    assert guard.renewable(on_a.key)
 
 
 def beside(guard: Guard, storage: Shards, checks: list[Check]) -> list[str]:
