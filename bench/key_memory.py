@@ -6,7 +6,7 @@
 Every (client, limit) pair is one key (``<prefix>:{<20 hex tag>}:<scope>:<algorithm>``), and
 every key carries a TTL of at most two periods: a client costs the keys of the limits it hit in
 their last periods, never more. What one key weighs depends on its algorithm and, for the
-sliding window log alone, on how many units it holds (one sorted-set member per admitted unit
+sliding window log alone, on how many requests it holds (one list entry per admitted request
 while the window lasts: at most the limit).
 
 For each algorithm and limit the benchmark drives one key to its worst state (``limit`` single

@@ -130,7 +130,7 @@ def check_rate(algorithm: Algorithm, rate: Rate) -> None:
 
     Redis runs a script alone: while one call runs, every other client waits. Each limit a call
     evaluates does a bounded amount of work whatever its cost (the counters a few commands on one
-    small hash; the log at most 6 commands and a few members, lua/sliding_window_log.lua), so the
+    small hash; the log a few commands and entries, lua/sliding_window_log.lua), so the
     bounds keep every call a request can make under 1 ms on a 2-core machine
     (bench/bench_script_time.py, docs/bench/script-time.md)."""
     entry = REGISTRY[algorithm]

@@ -11,14 +11,13 @@ from typing import Final
 
 from flask_distlimit.engine.common import KEEP_TTL, NEVER_US, Refunded, State, Step
 
-#: The log keeps one sorted-set member per admitted request: up to this many per client and
-#: limit. A call touches a few of them whatever the limit, but memory grows with it (about 100
-#: bytes a member) and Redis frees a key's members in one go when its TTL ends.
+#: The log keeps one list entry per admitted request: up to this many per client and limit. A
+#: call touches a few of them whatever the limit, but memory grows with it (about 26 bytes an
+#: entry) and Redis frees a key's entries in one go when its TTL ends.
 MAX_LOG_LIMIT: Final = 1_000
 
-#: The most members one call removes from one log key, and reads to find a retry time:
-#: ``SWL_BATCH`` in ``lua/sliding_window_log.lua`` (the twin prunes exactly as much, so that a
-#: clock that goes back finds the same members in both; tests/engine/test_scripts.py checks the
+#: The most entries a retry time is looked for among, and a give-back removes whole:
+#: ``SWL_BATCH`` in ``lua/sliding_window_log.lua`` (tests/engine/test_scripts.py checks the
 #: two).
 SWL_BATCH: Final = 4
 
@@ -38,31 +37,22 @@ def _until(t: int, period: int) -> int:
 
 def _read(
     state: State | None, limit: int, period: int, now: int
-) -> tuple[list[LogEntry], int, int, int]:
-    """(the log, units in the window k, base, index of the oldest live entry), after removing
-    at most :data:`SWL_BATCH` expired entries in place, as the script does."""
+) -> tuple[list[LogEntry], int, int]:
+    """(the log, units in the window k, base), after removing every expired entry in place, as
+    the script does."""
     if not isinstance(state, list) or not state:
-        return [], 0, 0, 0
-    cut = now - period
-    expired = bisect.bisect_right(state, cut, key=_time)
-    drop = min(expired, SWL_BATCH)
-    if drop:
-        del state[:drop]
-        expired -= drop
-    if not state:
-        return state, 0, 0, 0
+        return [], 0, 0
     newest, _, last = state[-1]
-    if newest <= cut:  # nothing live: the script deletes the key
+    if newest <= now - period:  # nothing live: the script deletes the key
         state.clear()
-        return state, 0, 0, 0
-    base = state[expired][1]
-    if last - base > limit:
-        base = last - limit
-    return state, last - base, base, expired
+        return state, 0, 0
+    del state[: bisect.bisect_right(state, now - period, key=_time)]
+    base = max(state[0][1], last - limit)
+    return state, last - base, base
 
 
 def step(state: State | None, limit: int, period: int, cost: int, now: int) -> Step:
-    log, count, base, oldest = _read(state, limit, period, now)
+    log, count, base = _read(state, limit, period, now)
     newest = log[-1][0] if count else None
     last = log[-1][2] if count else 0
     first = newest + 1 if newest is not None and newest >= now else now
@@ -76,8 +66,8 @@ def step(state: State | None, limit: int, period: int, cost: int, now: int) -> S
     else:
         # among the SWL_BATCH oldest live entries; past them, when the last of them expires
         goal = base + count + cost - limit
-        block_end = min(len(log), oldest + SWL_BATCH)
-        found = bisect.bisect_left(log, goal, oldest, block_end, key=_end)
+        block_end = min(len(log), SWL_BATCH)
+        found = bisect.bisect_left(log, goal, 0, block_end, key=_end)
         retry = log[min(found, block_end - 1)][0] + period - now
     reset = latest + period - now if after > 0 and latest is not None else 0
     reset_now = newest + period - now if newest is not None else 0
@@ -96,9 +86,9 @@ def step(state: State | None, limit: int, period: int, cost: int, now: int) -> S
 
 
 def refund(state: State | None, limit: int, period: int, cost: int, now: int) -> Refunded:
-    """Gives back the oldest units counted (see the script), without pruning the log, as the
-    script does (the evaluation after it prunes). A negative ``cost`` is a debit: one more
-    entry of ``-cost`` units, as an admission writes."""
+    """Gives back the oldest units counted (see the script), once every expired entry is
+    removed, as the script does. A negative ``cost`` is a debit: one more entry of ``-cost``
+    units, as an admission writes."""
     if cost < 0:
         log = state if isinstance(state, list) else []
         newest = log[-1][0] if log else None
@@ -113,16 +103,18 @@ def refund(state: State | None, limit: int, period: int, cost: int, now: int) ->
         return None, 0
     if cost == 0:
         return state, KEEP_TTL
-    # the oldest units counted go: whole entries (at most SWL_BATCH), then a cut
+    # the expired entries go, then the oldest units counted: whole entries (at most
+    # SWL_BATCH), then a cut
+    del state[:live]
     last = state[-1][2]
-    target = max(state[live][1], last - limit) + cost
+    target = max(state[0][1], last - limit) + cost
     if target >= last:
         return None, 0
-    r = min(bisect.bisect_right(state, target, live, len(state), key=_end), live + SWL_BATCH)
+    r = min(bisect.bisect_right(state, target, key=_end), SWL_BATCH)
     time_r, start, end = state[r]
     if start < target < end:
         state[r] = (time_r, target, end)
-    del state[live:r]
+    del state[:r]
     return state, KEEP_TTL  # in place; the newest entry stays, and so does the TTL
 
 

@@ -28,8 +28,8 @@ from flask_distlimit.errors import (
 #: identity digest key never expires, lua/shared_value.lua).
 ACL_GRANTS: Final = (
     "+evalsha +script|load +script|exists +ping +scan +del +unlink +time +get +set +hset +hmget "
-    "+pexpire +persist +zadd +zcard +zcount +zrange +zrem +zremrangebyrank +zremrangebyscore "
-    "+zscore"
+    "+pexpire +persist +lindex +llen +lpop +lpush +lrange +lset +ltrim +zadd +zcard +zcount "
+    "+zrange +zrem +zremrangebyscore +zscore"
 )
 
 _T = TypeVar("_T")
@@ -77,8 +77,8 @@ _DATABASE: Final = (
 _UNKNOWN_COMMAND: Final = (
     "Redis does not offer a command the limiter needs ({answer}): it is disabled or renamed "
     "(rename-command), or a proxy or managed service blocks it. The limiter sends EVALSHA and "
-    "SCRIPT LOAD (Lua scripting), and its scripts run TIME and plain key, hash and sorted-set "
-    "commands: allow them, or point DISTLIMIT_STORAGE_URL at a Redis that does."
+    "SCRIPT LOAD (Lua scripting), and its scripts run TIME and plain key, hash, list and "
+    "sorted-set commands: allow them, or point DISTLIMIT_STORAGE_URL at a Redis that does."
 )
 _NOT_A_CLUSTER: Final = (
     "DISTLIMIT_STORAGE_URL names a Redis Cluster (redis+cluster://), but the server runs without "

@@ -32,8 +32,11 @@ DAY_US = DAY * 1_000_000
 HUGE, YEAR = 10**12, 366 * DAY
 COUNTERS: tuple[Algorithm, ...] = ("fixed_window", "sliding_window_counter", "token_bucket", "gcra")
 #: Commands the log's script runs per limit at most: evaluating, and in a Cluster refund (which
-#: gives back, then evaluates again).
+#: gives back, then evaluates again), while at most SWL_BATCH entries expired since the last
+#: call; when more did, a search: an LLEN, a LINDEX per halving of the list (at most 2L
+#: entries: L units and as many of debt) and one more.
 LOG_COMMANDS, LOG_REFUND_COMMANDS = 6, 9
+LOG_SEARCH = 2 + (2 * MAX_LOG_LIMIT).bit_length()
 
 
 # -- refused when declared ----------------------------------------------------------------------
@@ -235,8 +238,8 @@ def test_the_largest_log_request_writes_one_member(redis_client: redis.Redis) ->
     run = _script(redis_client)
     key = "b:{x}:log"
     ran = _commands(redis_client, lambda: run([_log(key, MAX_LOG_LIMIT)], T0))
-    assert redis_client.zcard(key) == 1  # was MAX_LOG_LIMIT members: one per unit
-    assert ran.get("ZADD") == 1 and sum(ran.values()) <= LOG_COMMANDS
+    assert redis_client.llen(key) == 1  # was MAX_LOG_LIMIT members: one per unit
+    assert ran.get("LPUSH") == 1 and sum(ran.values()) <= LOG_COMMANDS
 
 
 @pytest.mark.redis
@@ -245,7 +248,7 @@ def test_the_largest_log_request_writes_one_member(redis_client: redis.Redis) ->
     [
         ("full", 1, MAX_LOG_LIMIT, MAX_LOG_LIMIT, False),
         ("full", MAX_LOG_LIMIT, MAX_LOG_LIMIT, MAX_LOG_LIMIT, False),
-        # half of it expired: more than one call removes, and a retry beyond what it reads
+        # half of it expired: removed in one call after a search, a retry among what is left
         ("half expired", MAX_LOG_LIMIT, MAX_LOG_LIMIT, DAY_US + MAX_LOG_LIMIT // 2, False),
         ("half expired", MAX_LOG_LIMIT // 2, MAX_LOG_LIMIT, DAY_US + MAX_LOG_LIMIT // 2, True),
         ("limit lowered to 1", 1, 1, MAX_LOG_LIMIT, False),
@@ -257,17 +260,18 @@ def test_a_full_log_is_decided_with_bounded_work(
     run = _script(redis_client)
     key = "b:{x}:log"
     _fill(run, redis_client, key, [1] * MAX_LOG_LIMIT, T0)  # the most members a log holds
-    before = redis_client.zcard(key)
+    before = redis_client.llen(key)
     replies: list[object] = []
     ran = _commands(
         redis_client, lambda: replies.append(run([_log(key, check_cost, limit)], T0 + at))
     )
-    after = redis_client.zcard(key)
     (reply,) = replies
     assert isinstance(reply, bytes) and reply.split(b",")[1] == (b"1" if allowed else b"0")
-    assert sum(ran.values()) <= LOG_COMMANDS, ran
-    assert ran.get("ZADD", 0) <= 1 and after <= before + 1  # one member written at most
-    assert before - after <= SWL_BATCH  # at most SWL_BATCH removed
+    searched = at > DAY_US + SWL_BATCH
+    assert sum(ran.values()) <= LOG_COMMANDS + searched * LOG_SEARCH, ran
+    assert ran.get("LPUSH", 0) <= 1  # one entry written at most
+    expired = max(0, at - DAY_US + 1)  # the entries of T0 .. T0 + at - DAY_US
+    assert redis_client.llen(key) == before - expired + allowed  # every expired one removed
 
 
 @pytest.mark.redis
@@ -279,10 +283,10 @@ def test_a_cluster_refund_on_a_busy_log_touches_a_bounded_number_of_members(
     half = MAX_LOG_LIMIT // 2
     # a request of cost L/2, then L/2 requests of cost 1: the newest L/2 units are in L/2 members
     _fill(run, redis_client, key, [half] + [1] * half, T0)
-    before = redis_client.zcard(key)
+    before = redis_client.llen(key)
     ran = _commands(redis_client, lambda: run([_log(key, half)], T0 + MAX_LOG_LIMIT, refund=True))
     assert sum(ran.values()) <= LOG_REFUND_COMMANDS, ran
-    assert 0 < before - redis_client.zcard(key) <= SWL_BATCH
+    assert 0 < before - redis_client.llen(key) <= SWL_BATCH
 
 
 @pytest.mark.redis
@@ -309,6 +313,6 @@ def test_the_most_limits_a_request_may_carry_in_their_worst_state_stay_bounded(
     checks = [_log(key, MAX_LOG_LIMIT) for key in keys]
     at = T0 + DAY_US + MAX_LOG_LIMIT // 2  # half of each log expired; each denies
     ran = _commands(redis_client, lambda: run(checks, at))
-    assert sum(ran.values()) <= LOG_COMMANDS * MAX_LIMITS_PER_REQUEST, ran
-    assert "ZADD" not in ran  # all or nothing: denied, nothing written
-    assert all(redis_client.zcard(k) >= MAX_LOG_LIMIT - SWL_BATCH for k in keys)
+    assert sum(ran.values()) <= (LOG_COMMANDS + LOG_SEARCH) * MAX_LIMITS_PER_REQUEST, ran
+    assert "LPUSH" not in ran  # all or nothing: denied, nothing written
+    assert all(redis_client.llen(k) == MAX_LOG_LIMIT // 2 - 1 for k in keys)  # expired: gone

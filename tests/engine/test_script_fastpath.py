@@ -45,6 +45,8 @@ def _state(client: redis.Redis, key: str) -> object:
         return sorted(client.hgetall(key).items())
     if kind == b"zset":
         return client.zrange(key, 0, -1, withscores=True)
+    if kind == b"list":
+        return client.lrange(key, 0, -1)
     if kind == b"string":
         return client.get(key)
     return kind
@@ -313,17 +315,30 @@ GARBAGE = {
         lambda r, k: r.hset(k, mapping={"w": str(T0 // MINUTE), "c": "2.5", "p": "0"}),
         lambda r, k: r.hset(k, mapping={"w": str(T0 // MINUTE), "c": "-1", "p": "0"}),
     ],
-    "sliding_window_log": [
+    "sliding_window_log": [  # entries oldest first (the newest is pushed last, to the head)
         lambda r, k: r.set(k, "x"),
-        lambda r, k: r.zadd(k, {"x": 1e300}),
-        lambda r, k: r.zadd(k, {"0:1": T0 - 5, "junk": T0 - 4, "3:4": T0 - 1}),
-        lambda r, k: r.zadd(k, {"junk": T0 - 5, "0:1": T0 - 4, "1:3": T0 - 1}),  # oldest live
-        lambda r, k: r.zadd(k, {"0:9": T0 - 5, "1:3": T0 - 1}),  # oldest ends past the newest
-        lambda r, k: r.zadd(k, {"junk": T0 - 2 * MINUTE, "0:1": T0 - 5, "1:3": T0 - 1}),
-        lambda r, k: r.zadd(k, {"2:1": T0 - 1}),  # start >= end
-        lambda r, k: r.zadd(k, {"0:2": T0 - 3, "2:4": T0 - 2, "4:9": T0 - 1}),  # over the limit
-        lambda r, k: r.zadd(k, {"0:1": T0 + MINUTE + 9}),  # too far ahead
-        lambda r, k: r.zadd(k, {f"{i}:{i + 1}": T0 - 2 * MINUTE + i for i in range(7)}),
+        lambda r, k: r.zadd(k, {"0:1": T0 - 1}),  # a sorted set, as a former version kept
+        lambda r, k: r.lpush(k, f"{T0 - 5}:0:1", "junk", f"{T0 - 1}:3:4"),
+        lambda r, k: r.lpush(k, "junk", f"{T0 - 4}:0:1", f"{T0 - 1}:1:3"),  # oldest unreadable
+        lambda r, k: r.lpush(k, f"{T0 - 5}:0:9", f"{T0 - 1}:1:3"),  # oldest ends past the newest
+        lambda r, k: r.lpush(k, f"{T0 - 2 * MINUTE}:0:1", f"{T0 - 5}:1:2", f"{T0 - 1}:2:4"),
+        lambda r, k: r.lpush(k, f"{T0 - 1}:2:1"),  # start >= end
+        lambda r, k: r.lpush(k, f"{T0 - 3}:0:2", f"{T0 - 2}:2:4", f"{T0 - 1}:4:9"),  # over L
+        lambda r, k: r.lpush(k, f"{T0 + MINUTE + 9}:0:1"),  # too far ahead
+        lambda r, k: r.lpush(k, *(f"{T0 - 2 * MINUTE + i}:{i}:{i + 1}" for i in range(7))),
+        # more expired than the old end's block: a search, which meets an unreadable entry
+        lambda r, k: r.lpush(
+            k, *(f"{T0 - 2 * MINUTE + i}:{i}:{i + 1}" for i in range(7)), f"{T0 - 1}:7:8"
+        ),
+        lambda r, k: r.lpush(
+            k, *(f"{T0 - 2 * MINUTE + i}:{i}:{i + 1}" for i in range(7)), "junk", f"{T0 - 1}:8:9"
+        ),
+        lambda r, k: r.lpush(
+            k,
+            *(f"{T0 - 2 * MINUTE + i}:{i}:{i + 1}" for i in range(7)),
+            f"{T0 - 2}:7:8",
+            f"{T0 - 1}:8:9",
+        ),
     ],
 }
 

@@ -118,11 +118,12 @@ GARBAGE: list[tuple[Algorithm, Callable[[redis.Redis, str], object]]] = [
     ("fixed_window", lambda r, k: r.hset(k, mapping={"w": str(10**12), "n": "1"})),  # future
     ("fixed_window", lambda r, k: r.hset(k, mapping={"w": "1.5", "n": "-1"})),
     ("sliding_window_log", lambda r, k: r.hset(k, "a", "b")),
-    ("sliding_window_log", lambda r, k: r.zadd(k, {"x": float("inf")})),
-    ("sliding_window_log", lambda r, k: r.zadd(k, {"x": 1e300})),
-    ("sliding_window_log", lambda r, k: r.zadd(k, {"x": T0 + 0.5})),
-    # a log written by a version that kept one member per unit, named by its time
-    ("sliding_window_log", lambda r, k: r.zadd(k, {str(T0 - 5): T0 - 5, str(T0 - 4): T0 - 4})),
+    ("sliding_window_log", lambda r, k: r.lpush(k, "x")),
+    ("sliding_window_log", lambda r, k: r.lpush(k, f"{T0}:0:1e3")),
+    ("sliding_window_log", lambda r, k: r.lpush(k, f"{T0 + 10**12}:0:1")),  # far in the future
+    ("sliding_window_log", lambda r, k: r.lpush(k, f"{T0 - 5}:0:1", "junk")),
+    # a log written by a version that kept a sorted set: one member per request, by its time
+    ("sliding_window_log", lambda r, k: r.zadd(k, {"0:1": T0 - 5, "1:2": T0 - 4})),
     ("sliding_window_counter", lambda r, k: r.rpush(k, "x")),
     ("sliding_window_counter", lambda r, k: r.hset(k, mapping={"w": "1", "c": "x", "p": "0"})),
     ("sliding_window_counter", lambda r, k: r.hset(k, "c", "inf")),
@@ -306,6 +307,28 @@ def test_a_busy_log_sets_its_ttl_once_a_step(redis_client: redis.Redis, checks: 
     assert 5 * checks <= renewals <= 6 * checks, renewals
 
 
+@pytest.mark.parametrize("expired", [0, 1, SWL_BATCH, SWL_BATCH + 1, SWL_BATCH + 2, 64, 65, 599])
+def test_a_log_removes_every_expired_entry_and_counts_the_rest_exactly(
+    redis_client: redis.Redis, expired: int
+) -> None:
+    """600 entries of cost 1, 1 ms apart, ``expired`` of them out of the window: every expired
+    one goes in the call (from the old end, or after a binary search when more than the old
+    end's block expired) and the rest count, as the twin counts them; denied, then admitted."""
+    redis_client.flushall()
+    storage, twin = RedisStorage(redis_client), MemoryStorage(clock=lambda: 0)
+    key = "many:{x}:1:sliding_window_log"
+    one = Check(key, "sliding_window_log", 1000, 60, 1)
+    for backend in (storage, twin):
+        for i in range(600):
+            assert backend.evaluate([one], now_us=T0 + i * 1000).allowed
+    assert redis_client.llen(key) == 600
+    now = T0 + 60_000_000 + (expired - 1) * 1000  # entries of T0 .. now - 60 s expired
+    for cost in (401 + expired, 400 + expired):  # denied by one unit, then admitted
+        check = [replace(one, cost=cost)]
+        assert storage.evaluate(check, now_us=now) == twin.evaluate(check, now_us=now)
+        assert redis_client.llen(key) == 600 - expired + (cost == 400 + expired)
+
+
 def test_large_costs_and_limits(redis_client: redis.Redis) -> None:
     storage = RedisStorage(redis_client)
     twin = MemoryStorage(clock=lambda: 0)
@@ -315,7 +338,7 @@ def test_large_costs_and_limits(redis_client: redis.Redis) -> None:
         assert backend.evaluate([log], now_us=T0).decisions[0].remaining == 500
         assert not backend.evaluate([Check(*_fields(log), cost=501)], now_us=T0).allowed
         assert backend.evaluate([Check(*_fields(log), cost=500)], now_us=T0).allowed
-    assert redis_client.zcard(log.key) == 2  # 2,500 units, then 500
+    assert redis_client.llen(log.key) == 2  # 2,500 units, then 500
     # the largest rates and periods limits.py accepts
     huge = [
         Check(f"big:{{x}}:2:{a}", a, 10**12, 366 * 86_400, cost=10**12 - 1)
@@ -417,3 +440,20 @@ def test_common_helpers_are_inlined_not_built_on_every_call() -> None:
     code = "\n".join(line.partition("--")[0] for line in SCRIPT_SOURCE.splitlines())
     assert not re.search(r"\b(whole|finite|failed|expire_in)\b", code)
     assert "(type(raw) == 'table' and raw.err ~= nil)" in code
+
+
+@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a != "concurrency"])
+def test_a_meta_check_of_cost_0_writes_nothing_when_another_refuses(
+    redis_client: redis.Redis, algorithm: Algorithm
+) -> None:
+    """A breach is written with the meta check's cost: of 0 (a peek, which the package never
+    sends), nothing, on every algorithm (the log wrote an entry of no units, which reads as
+    garbage: the next call reset its count)."""
+    redis_client.flushall()
+    storage = RedisStorage(redis_client)
+    meta = Check(f"m0:{{x}}:m:{algorithm}", algorithm, 5, 60, cost=0, meta=True)
+    spent = Check("m0:{x}:r:fixed_window", "fixed_window", 1, 60)
+    storage.evaluate([spent], now_us=T0)
+    refused = storage.evaluate([spent, meta], now_us=T0)
+    assert not refused.allowed and refused.repaired_keys == ()
+    assert redis_client.exists(meta.key) == 0

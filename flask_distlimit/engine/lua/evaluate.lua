@@ -240,7 +240,7 @@ if all then
   end
 elseif not metadenied and next(meta) then  -- a breach: counted by every meta check
   for i = 1, n do
-    if meta[i] then
+    if meta[i] and args[4 * i + 2] > 0 then
       algos[i].commit(KEYS[i], results[i], args[4 * i], args[4 * i + 1], args[4 * i + 2], now)
     end
   end

@@ -1,52 +1,58 @@
--- SLIDING WINDOW LOG. Key: a sorted set, ONE member per admitted request of cost > 0:
+-- SLIDING WINDOW LOG. Key: a list, ONE entry per admitted request of cost > 0, the newest first
+-- (index 0), each "<t>:<start>:<end>":
 --
---   score  = the request's time (us);
---   member = "<start>:<end>": the request's units are numbers start + 1 .. end of a running
---            count of the units the key has admitted (end - start = its cost; start = the end
---            of the member before it, 0 for a key's first member).
--- So a request of any cost writes one member, and the units in the window are
--- end(newest) - start(oldest live), read by rank in two lookups, whatever the limit and cost.
+--   t      = the request's time (us);
+--   start, end: its units are numbers start + 1 .. end of a running count of the units the key
+--          has admitted (end - start = its cost; start = the end of the entry before it, 0 for a
+--          key's first entry).
+-- So a request of any cost writes one entry, and the units in the window are
+-- end(newest) - start(oldest live), read from the list's two ends whatever the limit and cost.
 --
 --   L = limit (units), P = period (us), c = cost (units), now (us since the epoch)
---   A member with score s counts while s > now - P. Expired members are removed oldest first,
---   at most SWL_BATCH of them per call (the rest in later calls, or with the key's TTL).
---   Scores are unique and increasing: a request is dated f = max(now, newest + 1) (never earlier
---   than the request; more than one request per microsecond on one key date later, which only
---   makes the log stricter), and each member's start is the newest member's end.
+--   An entry of time t counts while t > now - P. Every expired entry is removed (from the old
+--   end, in one LTRIM), found among the SWL_BATCH + 1 oldest entries, or when all of them
+--   expired by a binary search over the list by time (LINDEX, at most log2 of its length).
+--   Times are unique and increasing toward the head: a request is dated f = max(now, newest + 1)
+--   (never earlier than the request; more than one request per microsecond on one key date
+--   later, which only makes the log stricter), and each entry's start is the newest one's end.
 --   base = start(oldest live); a log holding more than L units (the limit was lowered) counts
 --          only its newest L: base = max(base, end(newest) - L)
---   k = end(newest) - base, 0 when no member is live
+--   k = end(newest) - base, 0 when no entry is live
 --   allowed      = c <= L and k + c <= L
 --   k' = k + c if allowed else k;  remaining = L - k'
---   reset_after  = newest' + P - now if k' > 0 else 0      (when the last member expires)
---   retry_after  = 0 if allowed; -1 if c > L; else s + P - now where s is the score of the
---                  oldest live member whose end >= base + (k + c - L) (once it expires, c units
---                  fit), looked for among the SWL_BATCH oldest live members; when they do not
---                  hold enough units, s is the score of the last of them (no earlier can c
+--   reset_after  = newest' + P - now if k' > 0 else 0      (when the last entry expires)
+--   retry_after  = 0 if allowed; -1 if c > L; else t + P - now where t is the time of the
+--                  oldest live entry whose end >= base + (k + c - L) (once it expires, c units
+--                  fit), looked for among the SWL_BATCH oldest live entries; when they do not
+--                  hold enough units, t is the time of the last of them (no earlier can c
 --                  units fit; the request is decided again then). Exact whenever the units
 --                  to free are in the SWL_BATCH oldest requests (always when at most SWL_BATCH
 --                  requests are live, and for a cost of 1).
 --   TTL          at least swl_until(newest') - now (newest' + P rounded up to a step of P / 8, at
---                most 1 s): set when an admission or a debit moves swl_until, else kept
---   refund:      take back the c OLDEST counted units: base' = base + c; the live members
+--                most 1 s): set when an admission or a debit moves swl_until, else kept. This
+--                layout and swl_until are the key's format: a change of either is a change of
+--                the storage key format (docs/releasing.md), never a patch's
+--   refund:      take back the c OLDEST counted units: base' = base + c; the live entries
 --                that end at or below base' go (at most SWL_BATCH of them: the rest of the
 --                refund is not given back, which only makes the log stricter), the one across
 --                base' keeps its units above it. The newest units may be later requests':
 --                taking the oldest keeps every unit left counted at least as long as the
 --                refunding request's own would have been (taking the newest would date later
 --                units earlier, and the log could admit more than L within a period).
---                A negative c is a debit (a settlement past the limit): one more member of
+--                A negative c is a debit (a settlement past the limit): one more entry of
 --                -c units, as an admission writes it; the log counts at most L of them.
---   A key whose newest score is ahead of now by more than P + L (garbage, or a clock jump back
---   by more than a period), or whose newest or oldest live member does not read as
---   "<start>:<end>" with start < end, is reset.
+--   A key whose newest entry is dated ahead of now by more than P + L (garbage, or a clock jump
+--   back by more than a period), or whose newest, oldest live or searched entry does not read
+--   as "<t>:<start>:<end>" with start < end, is reset.
 --
--- Bound per call and key, whatever L and c: at most 6 Redis commands (10 in a refund, which
--- evaluates again after giving back), at most SWL_BATCH members removed (expired ones; again in
--- a refund) and SWL_BATCH + 1 read, one written (bench/bench_script_time.py measures it).
+-- Bound per call and key, whatever L and c: at most 6 Redis commands while at most SWL_BATCH
+-- entries expired since the last call (11 in a refund, which evaluates again after giving
+-- back), plus one LLEN and a LINDEX per halving of the list when more did; one entry written
+-- (bench/bench_script_time.py measures it).
 
--- The most members one call removes from one key (pruning; again in a refund), and reads to find
--- a retry time. Also in flask_distlimit/engine/sliding_window_log.py: the twin does exactly as much.
+-- The entries read from the list's old end (the expired ones among them and the oldest live),
+-- and the most a retry time is looked for among. Also in
+-- flask_distlimit/engine/sliding_window_log.py: the twin does exactly as much.
 --@setup
 local SWL_BATCH = 4
 --@end
@@ -60,23 +66,24 @@ local function LOAD_SLIDING_WINDOW_LOG()
   --@setup
   local match = string.match
 
-  -- A member's (start, end), or nil for anything but "<start>:<end>" with start < end < 2^53.
-  local function swl_span(member)
-    if type(member) ~= 'string' then
+  -- An entry's (t, start, end), or nil for anything but "<t>:<start>:<end>" with
+  -- start < end, each below 2^53.
+  local function swl_entry(entry)
+    if type(entry) ~= 'string' then
       return nil
     end
-    local a, b = match(member, '^(%d+):(%d+)$')
+    local a, b, c = match(entry, '^(%d+):(%d+):(%d+)$')
     if a == nil then
       return nil
     end
-    local s, e = tonumber(a), tonumber(b)
-    if s < MAX_EXACT and e < MAX_EXACT and s < e then  -- digits: whole(s) and whole(e) are this
-      return s, e
+    local t, s, e = tonumber(a), tonumber(b), tonumber(c)
+    if t < MAX_EXACT and s < MAX_EXACT and e < MAX_EXACT and s < e then  -- digits: whole
+      return t, s, e
     end
     return nil
   end
 
-  -- When a key whose newest member is dated t may go: a period on, rounded up to a step of an
+  -- When a key whose newest entry is dated t may go: a period on, rounded up to a step of an
   -- eighth of the period (at most 1 s). The key's TTL is at least this - now, so an admission
   -- sets it only when its date moves this (a busy key's PEXPIRE once a step, not per request).
   local function swl_until(t, period)
@@ -88,54 +95,69 @@ local function LOAD_SLIDING_WINDOW_LOG()
   end
   --@end
 
-  -- The key's state after pruning: (k, newest score or nil, end(newest) (0 when empty), base,
-  -- rank of the oldest live member, repaired 0/1).
+  -- The key's state with every expired entry removed: (k, newest time or nil, end(newest) (0
+  -- when empty), base, repaired 0/1).
   local function swl_read(key, limit, period, now)
     --@read
-    local count, newest, last, base, oldest, repaired = 0, nil, 0, 0, 0, 0
+    local count, newest, last, base, repaired = 0, nil, 0, 0, 0
     local cut = now - period
-    local expired = redis.pcall('ZCOUNT', key, '-inf', cut)
-    if failed(expired) then
+    local top = redis.pcall('LINDEX', key, 0)
+    if failed(top) then
       redis.call('UNLINK', key)
       repaired = 1
-    else
-      if expired > 0 then
-        local drop = expired
-        if drop > SWL_BATCH then
-          drop = SWL_BATCH
+    elseif top then
+      local t, _, top_end = swl_entry(top)
+      if not (t and t <= now + period + limit) then
+        redis.call('UNLINK', key)
+        repaired = 1
+      elseif t <= cut then  -- nothing live, only expired entries: afresh
+        redis.call('UNLINK', key)
+      else
+        -- the oldest entries, oldest last; the oldest live among them, or by a search
+        local block = redis.call('LRANGE', key, -SWL_BATCH - 1, -1)
+        local n, i, ti, start, first_end = #block, #block, nil, nil, nil
+        while i >= 1 do
+          ti, start, first_end = swl_entry(block[i])
+          if not ti or ti > cut then
+            break
+          end
+          i = i - 1
         end
-        redis.call('ZREMRANGEBYRANK', key, 0, drop - 1)
-        expired = expired - drop
-      end
-      local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-      if top[1] ~= nil then
-        local score = tonumber(top[2])
-        local _, top_end = swl_span(top[1])
-        if not (top_end and whole(score) and score <= now + period + limit) then
+        if i == 0 then  -- all of them expired (more than SWL_BATCH): search (entry 0 is live)
+          local lo, hi = 0, redis.call('LLEN', key) - n
+          while ti and hi - lo > 1 do
+            local mid = floor((lo + hi) / 2)
+            ti, start, first_end = swl_entry(redis.call('LINDEX', key, mid))
+            if ti and ti > cut then
+              lo = mid
+            else
+              hi = mid
+            end
+          end
+          if ti then
+            ti, start, first_end = swl_entry(redis.call('LINDEX', key, lo))
+            redis.call('LTRIM', key, 0, lo)
+          end
+        elseif i < n then
+          redis.call('LTRIM', key, 0, i - n - 1)
+        end
+        if not (ti and first_end <= top_end) then
           redis.call('UNLINK', key)
           repaired = 1
-        elseif score <= cut then  -- nothing live, only expired members still to remove: afresh
-          redis.call('UNLINK', key)
         else
-          local start, first_end = swl_span(redis.call('ZRANGE', key, expired, expired)[1])
-          if not (start and first_end <= top_end) then
-            redis.call('UNLINK', key)
-            repaired = 1
-          else
-            if top_end - start > limit then
-              start = top_end - limit
-            end
-            count, newest, last, base, oldest = top_end - start, score, top_end, start, expired
+          if top_end - start > limit then
+            start = top_end - limit
           end
+          count, newest, last, base = top_end - start, t, top_end, start
         end
       end
     end
     --@end
-    return count, newest, last, base, oldest, repaired
+    return count, newest, last, base, repaired
   end
 
   function SLIDING_WINDOW_LOG.decide(key, limit, period, cost, now)
-    local count, newest, last, base, oldest, repaired = swl_read(key, limit, period, now)
+    local count, newest, last, base, repaired = swl_read(key, limit, period, now)
     --@decide
     local first = now
     if newest and newest >= now then
@@ -154,21 +176,24 @@ local function LOAD_SLIDING_WINDOW_LOG()
     elseif cost > limit then
       retry = -1
     else
-      -- when the oldest live member whose end reaches the goal expires, looked for among the
-      -- SWL_BATCH oldest live members (from rank `oldest`); if they do not reach the goal, when
-      -- the last of them expires: no earlier can the request pass. Ends grow with rank; a member
-      -- that does not read ends the search.
+      -- when the oldest live entry whose end reaches the goal expires, looked for among the
+      -- SWL_BATCH oldest live entries (the list's old end: every expired one is gone); if they
+      -- do not reach the goal, when the last of them expires: no earlier can the request pass.
+      -- Ends grow toward the head; an entry that does not read ends the search.
       local goal = base + count + cost - limit
-      local block = redis.call('ZRANGE', key, oldest, oldest + SWL_BATCH - 1, 'WITHSCORES')
-      local score
-      for i = 1, #block, 2 do
-        score = tonumber(block[i + 1])
-        local _, e = swl_span(block[i])
-        if e == nil or e >= goal then
+      local block = redis.call('LRANGE', key, -SWL_BATCH, -1)
+      local t
+      for i = #block, 1, -1 do
+        local ti, _, e = swl_entry(block[i])
+        if ti == nil then
+          break
+        end
+        t = ti
+        if e >= goal then
           break
         end
       end
-      retry = score + period - now
+      retry = t + period - now
     end
     local left, reset, left_now, reset_now = limit - after, 0, limit - count, 0
     if after > 0 then
@@ -190,28 +215,27 @@ local function LOAD_SLIDING_WINDOW_LOG()
     local first, last, renew = r[8], r[9], r[10]
     --@end
     --@commit
-    redis.call('ZADD', key, first, string.format('%d:%d', last, last + cost))
+    redis.call('LPUSH', key, string.format('%d:%d:%d', first, last, last + cost))
     if renew > 0 then
       expire_in(key, renew)
     end
     --@end
   end
 
-  -- Refund: reads the newest member and the SWL_BATCH + 1 oldest live ones (no pruning: the
-  -- evaluation that follows in the same call prunes). The newest member stays: so does the TTL.
-  -- A rollback (a Cluster refund of a request another group refused) takes the request's own
-  -- member instead while it is the newest, as it almost always is: nothing stays charged.
+  -- Refund: every expired entry goes first (as an evaluation's read removes them), then the
+  -- oldest units. The newest entry stays: so does the TTL. A rollback (a Cluster refund of a
+  -- request another group refused) takes the request's own entry instead while it is the
+  -- newest, as it almost always is: nothing stays charged.
   function SLIDING_WINDOW_LOG.refund(key, limit, period, cost, now, rollback)
-    local top = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
+    local top = redis.pcall('LINDEX', key, 0)
     if failed(top) then
       redis.call('UNLINK', key)
       return 1
     end
     local newest, last, repaired, top_start = nil, 0, 0, nil
-    if #top > 0 then
-      local top_s, top_e = swl_span(top[1])
-      top_start, newest, last = top_s, tonumber(top[2]), top_e
-      if not (last and whole(newest) and newest <= now + period + limit) then
+    if top then
+      newest, top_start, last = swl_entry(top)
+      if not (newest and newest <= now + period + limit) then
         redis.call('UNLINK', key)
         if cost >= 0 then
           return 1
@@ -219,56 +243,45 @@ local function LOAD_SLIDING_WINDOW_LOG()
         newest, last, repaired = nil, 0, 1
       end
     end
-    if cost < 0 then  -- a debit: one more member of -c units, dated as an admission is
+    if cost < 0 then  -- a debit: one more entry of -c units, dated as an admission is
       local first = now
       if newest and newest >= now then
         first = newest + 1
       end
-      redis.call('ZADD', key, first, string.format('%d:%d', last, last - cost))
+      redis.call('LPUSH', key, string.format('%d:%d:%d', first, last, last - cost))
       expire_in(key, swl_until(first, period) - now)
       return repaired
     end
-    local cut = now - period
-    if newest == nil or newest <= cut or cost == 0 then  -- nothing live, or nothing to give
+    if newest == nil or newest <= now - period or cost == 0 then  -- nothing live, or to give
       return 0
     end
     if rollback and top_start == last - cost then
-      redis.call('ZREM', key, top[1])
+      redis.call('LPOP', key)
       return 0
     end
-    local live = redis.call('ZCOUNT', key, '-inf', cut)  -- the oldest live member's rank
-    local block = redis.call('ZRANGE', key, live, live + SWL_BATCH, 'WITHSCORES')
-    local start = swl_span(block[1])
-    if start == nil then
-      redis.call('UNLINK', key)
+    local count, _, _, start, broken = swl_read(key, limit, period, now)
+    if broken == 1 then
       return 1
     end
-    if start < last - limit then  -- only the newest L units count
-      start = last - limit
-    end
     local target = start + cost
-    if target >= last then  -- every unit counted goes back
+    if count == 0 or target >= last then  -- every unit counted goes back
       redis.call('UNLINK', key)
       return 0
     end
-    -- the lowest member holding a unit above target (ends grow with rank): those below it go
-    local r = 1
-    while r <= SWL_BATCH do
-      local _, e = swl_span(block[2 * r - 1])
-      if e == nil or e > target then
-        break
-      end
+    -- the oldest entry holding a unit above target (ends grow toward the head): those below it
+    -- go, at most SWL_BATCH of them
+    local block = redis.call('LRANGE', key, -SWL_BATCH - 1, -1)
+    local n, r = #block, 0
+    local t, s, e = swl_entry(block[n])
+    while r < SWL_BATCH and e and e <= target do
       r = r + 1
+      t, s, e = swl_entry(block[n - r])
     end
-    if r > 1 then
-      redis.call('ZREMRANGEBYRANK', key, live, live + r - 2)
+    if r > 0 then
+      redis.call('LTRIM', key, 0, -r - 1)
     end
-    local member = block[2 * r - 1]
-    local s, e = swl_span(member)
     if s and s < target and target < e then
-      -- the new member first: the key never empties, so its TTL stays
-      redis.call('ZADD', key, block[2 * r], string.format('%d:%d', target, e))
-      redis.call('ZREM', key, member)
+      redis.call('LSET', key, -1, string.format('%d:%d:%d', t, target, e))
     end
     return 0
   end
