@@ -96,26 +96,22 @@ def refund(state: State | None, limit: int, period: int, cost: int, now: int) ->
         first = newest + 1 if newest is not None and newest >= now else now
         log.append((first, last, last - cost))
         return log, _until(first, period) - now
-    if not isinstance(state, list):
-        return None, 0
-    live = bisect.bisect_right(state, now - period, key=_time)  # index of the oldest live entry
-    if live == len(state):
+    log, count, base = _read(state, limit, period, now)  # the expired entries go
+    if not count:
         return None, 0
     if cost == 0:
-        return state, KEEP_TTL
-    # the expired entries go, then the oldest units counted: whole entries (at most
-    # SWL_BATCH), then a cut
-    del state[:live]
-    last = state[-1][2]
-    target = max(state[0][1], last - limit) + cost
+        return log, KEEP_TTL
+    # the oldest units counted go: whole entries (at most SWL_BATCH), then a cut
+    last = log[-1][2]
+    target = base + cost
     if target >= last:
         return None, 0
-    r = min(bisect.bisect_right(state, target, key=_end), SWL_BATCH)
-    time_r, start, end = state[r]
+    r = min(bisect.bisect_right(log, target, key=_end), SWL_BATCH)
+    time_r, start, end = log[r]
     if start < target < end:
-        state[r] = (time_r, target, end)
-    del state[:r]
-    return state, KEEP_TTL  # in place; the newest entry stays, and so does the TTL
+        log[r] = (time_r, target, end)
+    del log[:r]
+    return log, KEEP_TTL  # in place; the newest entry stays, and so does the TTL
 
 
 def rollback(state: State | None, limit: int, period: int, cost: int, now: int) -> Refunded:
