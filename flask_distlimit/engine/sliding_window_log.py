@@ -47,12 +47,12 @@ def _read(
         state.clear()
         return state, 0, 0
     del state[: bisect.bisect_right(state, now - period, key=_time)]
-    base = max(state[0][1], last - limit)
-    return state, last - base, base
+    base = state[0][1]
+    return state, min(last - base, limit), base
 
 
 def step(state: State | None, limit: int, period: int, cost: int, now: int) -> Step:
-    log, count, base = _read(state, limit, period, now)
+    log, count, _ = _read(state, limit, period, now)
     newest = log[-1][0] if count else None
     last = log[-1][2] if count else 0
     first = newest + 1 if newest is not None and newest >= now else now
@@ -65,7 +65,7 @@ def step(state: State | None, limit: int, period: int, cost: int, now: int) -> S
         retry = NEVER_US
     else:
         # among the SWL_BATCH oldest live entries; past them, when the last of them expires
-        goal = base + count + cost - limit
+        goal = last + cost - limit
         block_end = min(len(log), SWL_BATCH)
         found = bisect.bisect_left(log, goal, 0, block_end, key=_end)
         retry = log[min(found, block_end - 1)][0] + period - now
@@ -112,16 +112,6 @@ def refund(state: State | None, limit: int, period: int, cost: int, now: int) ->
         log[r] = (time_r, target, end)
     del log[:r]
     return log, KEEP_TTL  # in place; the newest entry stays, and so does the TTL
-
-
-def rollback(state: State | None, limit: int, period: int, cost: int, now: int) -> Refunded:
-    """A refund of a request another group refused: its entry while it is the newest (see the
-    script), else :func:`refund`."""
-    log = state if isinstance(state, list) else []
-    if log and log[-1][0] > now - period and log[-1][2] - log[-1][1] == cost > 0:
-        del log[-1]
-        return (log, KEEP_TTL) if log else (None, 0)
-    return refund(state, limit, period, cost, now)
 
 
 def plausible(state: object, limit: int, period: int, now: int) -> bool:

@@ -149,9 +149,7 @@ class MemoryStorage(Storage):
                     units = check.token or cost  # a concurrency slot is given back by its token
                     if check.debt:  # charged past the limit: a twin's refund of a negative cost
                         units = -units
-                    twin = spec.twin  # a rollback: the log's takes the request's own entry
-                    undo = getattr(twin, "rollback", twin.refund) if refund_ else twin.refund
-                    new, ttl = undo(state, check.limit, period, units, now)
+                    new, ttl = spec.twin.refund(state, check.limit, period, units, now)
                     if ttl >= 0:
                         self._put(check.key, check.algorithm, new, ttl, now)
                     state, _ = self._state(check, now)

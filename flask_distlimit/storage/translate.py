@@ -28,7 +28,7 @@ from flask_distlimit.errors import (
 #: identity digest key never expires, lua/shared_value.lua).
 ACL_GRANTS: Final = (
     "+evalsha +script|load +script|exists +ping +scan +del +unlink +time +get +set +hset +hmget "
-    "+pexpire +persist +lindex +llen +lpop +lpush +lrange +lset +ltrim +zadd +zcard +zcount "
+    "+pexpire +persist +lindex +llen +lpush +lrange +lset +ltrim +zadd +zcard +zcount "
     "+zrange +zrem +zremrangebyscore +zscore"
 )
 

@@ -373,14 +373,16 @@ def test_a_log_give_back_takes_the_oldest_units(redis_client: redis.Redis) -> No
         later = evaluate([check(5)], now_us=T0 + 61 * s)  # A's time is past, B's is not
         assert not later.allowed and later.decisions[0].remaining == 3, evaluate
         assert evaluate([check(3)], now_us=T0 + 61 * s).allowed
-        # a Cluster refund of a request another slot group refused takes its own entry back:
-        # the oldest units would leave it charged for a period
+        # a Cluster refund of a request another slot group refused takes the oldest units too:
+        # its newest entry of that cost may be a later request's (B below), whose units would
+        # be dated as A's. Taking its own entry, a window held 3 of 2 (the list's review).
         start = T0 + 200 * s
-        for i in range(5):
-            evaluate([check(1)], now_us=start + i)
-        assert evaluate([check(1)], now_us=start + 60 * s + 1).allowed
-        assert refund([check(1)], now_us=start + 60 * s + 1).decisions[0].remaining == 2
-        assert evaluate([check(0)], now_us=start + 61 * s).decisions[0].remaining == 5
+        tight = Check(f"{key}:tight", "sliding_window_log", 2, 10, 1)
+        assert evaluate([tight], now_us=start).allowed  # A, refused by another group
+        assert evaluate([tight], now_us=start + 1000).allowed  # B, same client, meanwhile
+        assert refund([tight], now_us=start + 2000).decisions[0].remaining == 1  # A's rollback
+        assert evaluate([tight], now_us=start + 3000).allowed  # C
+        assert not evaluate([tight], now_us=start + 10 * s + 500).allowed  # B and C still live
 
 
 def _fields(check: Check) -> tuple[str, Algorithm, int, int]:
@@ -457,3 +459,23 @@ def test_a_meta_check_of_cost_0_writes_nothing_when_another_refuses(
     refused = storage.evaluate([spent, meta], now_us=T0)
     assert not refused.allowed and refused.repaired_keys == ()
     assert redis_client.exists(meta.key) == 0
+
+
+def test_a_log_give_back_keeps_a_debt_past_the_limit(redis_client: redis.Redis) -> None:
+    """A settlement past the limit leaves the log holding more than L units, and it counts L
+    until the debt's units leave the window. A give-back of another reservation then takes the
+    oldest units, the debt's included: it took them from the L counted, and forgave the rest
+    (an LLM tenant at 10 tokens a minute used 20 in one: the list's review)."""
+    redis_client.flushall()
+    s, key = 1_000_000, "debt:{x}:1:sliding_window_log"
+
+    def check(cost: int, **kind: bool) -> Check:
+        return Check(key, "sliding_window_log", 5, 60, cost, **kind)
+
+    for backend in (RedisStorage(redis_client), MemoryStorage(clock=lambda: 0)):
+        assert backend.evaluate([check(1)], now_us=T0).allowed  # A reserves 1
+        assert backend.evaluate([check(4)], now_us=T0 + s // 2).allowed  # B reserves 4
+        assert backend.evaluate([check(5, debt=True)], now_us=T0 + s).allowed  # A used 6
+        given = backend.evaluate([check(4, release=True)], now_us=T0 + 2 * s)  # B used none
+        assert given.decisions[0].remaining == 0  # 6 units live: 5 counted
+        assert not backend.evaluate([check(1)], now_us=T0 + 3 * s).allowed, backend

@@ -95,7 +95,7 @@ if n == 1 and #ARGV == 1 then
     end
     local algo, key, repaired = load(), KEYS[1], 0
     if release then
-      repaired = algo.refund(key, limit, period, cost, now, mode == 1)
+      repaired = algo.refund(key, limit, period, cost, now)
       cost = 0
     elseif debt then
       repaired = algo.refund(key, limit, period, -cost, now)
@@ -199,8 +199,7 @@ for i = 1, n do
   if meta[i] and mode == 1 then
     -- a refund of a group that admitted a request refused in another: a breach (written below)
   elseif mode == 1 or release[i] then
-    repaired = algos[i].refund(KEYS[i], args[4 * i], args[4 * i + 1], args[4 * i + 2], now,
-      mode == 1)
+    repaired = algos[i].refund(KEYS[i], args[4 * i], args[4 * i + 1], args[4 * i + 2], now)
     args[4 * i + 2] = 0
   elseif debt[i] then
     repaired = algos[i].refund(KEYS[i], args[4 * i], args[4 * i + 1], -args[4 * i + 2], now)

@@ -15,24 +15,24 @@
 --   Times are unique and increasing toward the head: a request is dated f = max(now, newest + 1)
 --   (never earlier than the request; more than one request per microsecond on one key date
 --   later, which only makes the log stricter), and each entry's start is the newest one's end.
---   base = start(oldest live); a log holding more than L units (the limit was lowered) counts
---          only its newest L: base = max(base, end(newest) - L)
---   k = end(newest) - base, 0 when no entry is live
+--   base = start(oldest live); k = min(end(newest) - base, L), 0 when no entry is live: a log
+--          holding more than L units (a debt, or the limit was lowered) counts its newest L
 --   allowed      = c <= L and k + c <= L
 --   k' = k + c if allowed else k;  remaining = L - k'
 --   reset_after  = newest' + P - now if k' > 0 else 0      (when the last entry expires)
 --   retry_after  = 0 if allowed; -1 if c > L; else t + P - now where t is the time of the
---                  oldest live entry whose end >= base + (k + c - L) (once it expires, c units
+--                  oldest live entry whose end >= end(newest) + c - L (once it expires, c units
 --                  fit), looked for among the SWL_BATCH oldest live entries; when they do not
 --                  hold enough units, t is the time of the last of them (no earlier can c
 --                  units fit; the request is decided again then). Exact whenever the units
 --                  to free are in the SWL_BATCH oldest requests (always when at most SWL_BATCH
---                  requests are live, and for a cost of 1).
+--                  requests are live, and for a cost of 1 while at most L units are live).
 --   TTL          at least swl_until(newest') - now (newest' + P rounded up to a step of P / 8, at
 --                most 1 s): set when an admission or a debit moves swl_until, else kept. This
 --                layout and swl_until are the key's format: a change of either is a change of
 --                the storage key format (docs/releasing.md), never a patch's
---   refund:      take back the c OLDEST counted units: base' = base + c; the live entries
+--   refund:      take back the c OLDEST units: base' = base + c (a debt's units beyond L
+--                count: the oldest is not forgiven); the live entries
 --                that end at or below base' go (at most SWL_BATCH of them: the rest of the
 --                refund is not given back, which only makes the log stricter), the one across
 --                base' keeps its units above it. The newest units may be later requests':
@@ -145,10 +145,10 @@ local function LOAD_SLIDING_WINDOW_LOG()
           redis.call('UNLINK', key)
           repaired = 1
         else
-          if top_end - start > limit then
-            start = top_end - limit
-          end
           count, newest, last, base = top_end - start, t, top_end, start
+          if count > limit then
+            count = limit
+          end
         end
       end
     end
@@ -180,7 +180,7 @@ local function LOAD_SLIDING_WINDOW_LOG()
       -- SWL_BATCH oldest live entries (the list's old end: every expired one is gone); if they
       -- do not reach the goal, when the last of them expires: no earlier can the request pass.
       -- Ends grow toward the head; an entry that does not read ends the search.
-      local goal = base + count + cost - limit
+      local goal = last + cost - limit
       local block = redis.call('LRANGE', key, -SWL_BATCH, -1)
       local t
       for i = #block, 1, -1 do
@@ -223,18 +223,19 @@ local function LOAD_SLIDING_WINDOW_LOG()
   end
 
   -- Refund: every expired entry goes first (as an evaluation's read removes them), then the
-  -- oldest units. The newest entry stays: so does the TTL. A rollback (a Cluster refund of a
-  -- request another group refused) takes the request's own entry instead while it is the
-  -- newest, as it almost always is: nothing stays charged.
-  function SLIDING_WINDOW_LOG.refund(key, limit, period, cost, now, rollback)
+  -- oldest units. The newest entry stays: so does the TTL. A Cluster refund of a request
+  -- another group refused takes the oldest units too: the newest entry may be a later
+  -- request's of the same cost, whose units would then be dated earlier.
+  function SLIDING_WINDOW_LOG.refund(key, limit, period, cost, now)
     local top = redis.pcall('LINDEX', key, 0)
     if failed(top) then
       redis.call('UNLINK', key)
       return 1
     end
-    local newest, last, repaired, top_start = nil, 0, 0, nil
+    local newest, last, repaired = nil, 0, 0
     if top then
-      newest, top_start, last = swl_entry(top)
+      local t, _, e = swl_entry(top)
+      newest, last = t, e
       if not (newest and newest <= now + period + limit) then
         redis.call('UNLINK', key)
         if cost >= 0 then
@@ -253,10 +254,6 @@ local function LOAD_SLIDING_WINDOW_LOG()
       return repaired
     end
     if newest == nil or newest <= now - period or cost == 0 then  -- nothing live, or to give
-      return 0
-    end
-    if rollback and top_start == last - cost then
-      redis.call('LPOP', key)
       return 0
     end
     local count, _, _, start, broken = swl_read(key, limit, period, now)
