@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Final, TypeVar
 
-from flask import Flask, current_app, has_request_context, request
+from flask import Flask, current_app, got_request_exception, has_request_context, request
 
 from flask_distlimit import forks
 from flask_distlimit._typing import RequestFilter
@@ -216,6 +216,7 @@ class Limiter(Declarations):
             # first: worker shedding decides before anything else is done
             app.before_request(state.enforcer.before_request)
             app.after_request(state.enforcer.after_request)
+            got_request_exception.connect(state.enforcer.forget_headers, app)
 
     @staticmethod
     def state(app: Flask | None = None) -> LimiterState:

@@ -387,6 +387,11 @@ class Enforcer:
         data.response = response  # counted once the app made it (telemetry.otel.request)
         return response
 
+    def forget_headers(self, sender: object, **extra: object) -> None:
+        """An exception reached Flask's handler (``got_request_exception``): the headers left
+        for the response it replaces go (``after_request`` leaves the error's own, if it runs)."""
+        request.environ.get(self._headers_key, []).clear()
+
     def _settle(self, req: Request, response: WerkzeugResponse, data: RequestData) -> None:
         """Settle the request's reservations; report each limit's count after its settlement,
         not the reservation's."""

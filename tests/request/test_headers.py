@@ -368,3 +368,43 @@ def test_the_app_s_own_retry_after_and_wsgi_quirks_keep_one_header_each(
     environ = EnvironBuilder("/", environ_base={"REMOTE_ADDR": "127.0.0.1"}).get_environ()
     _app_inside(failing_late, backend(), clock)(environ, lambda s, h, *x: started.append(h))
     assert [("X-RateLimit-Remaining" in dict(h)) for h in started] == [True, False]
+
+
+def test_a_response_made_after_an_error_in_the_hooks_carries_no_stale_headers(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """A hook of the app (run after ours) raises on a 429, and another (run before ours)
+    raises on the 500 that replaces it, so Flask sends that 500 without running ours: the
+    headers ours left for the 429 are not sent with it (the review of the headers' move)."""
+    app = Flask("double-fault")
+    app.config.update(QUIET)
+
+    @app.after_request  # before init_app: runs after ours
+    def fail_on_429(response: Response) -> Response:
+        if response.status_code == 429:
+            raise RuntimeError("a hook of the app")
+        return response
+
+    limiter = Limiter(clock=clock)
+    limiter.init_app(app, storage=backend())
+
+    @app.after_request  # after init_app: runs before ours
+    def fail_on_500(response: Response) -> Response:
+        if response.status_code == 500:
+            raise RuntimeError("another hook of the app")
+        return response
+
+    @app.get("/")
+    @limiter.limit("1/minute")
+    def index() -> str:
+        return "ok"
+
+    @app.errorhandler(429)
+    def slow_down(e: Exception) -> tuple[str, int]:
+        return "slow down", 429
+
+    client = app.test_client()
+    assert client.get("/").headers["X-RateLimit-Remaining"] == "0"
+    failed = client.get("/")
+    assert failed.status_code == 500
+    assert not {"X-RateLimit-Remaining", "RateLimit", "Retry-After"} & set(failed.headers.keys())
