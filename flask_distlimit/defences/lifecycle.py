@@ -237,8 +237,8 @@ class Lifecycle:
         cell: list[Ledger] = []
         environ[self.key] = cell
         # the rate-limit headers, as after_request leaves them: appended as the response starts
-        # (once, past werkzeug's checks of the app's own headers: our values are ours), but to
-        # an error's response (exc_info), and but a Retry-After (last) the app set after them
+        # (once, past werkzeug's checks of the app's own headers: our values are ours); not to
+        # an error's own start (exc_info), nor our Retry-After (last) when the app set one
         added: list[tuple[str, str]] = []
         environ[self.headers_key] = added
 

@@ -246,7 +246,8 @@ class Leases:
                 continue
             lease = self._lease(c, leased, now)
             # renewed only while the breaker of the lease key's own node (Redis Cluster) is
-            # closed: a top-up never goes to the failure policy (asked only when one is due)
+            # closed and its local fallback holds nothing: a top-up never goes to the failure
+            # policy (asked only when one is due)
             spent, renew = lease.take(c.cost, now, functools.partial(self.guard.renewable, c.key))
             asks.append(_Ask(i, lease, spent or [], 0 if spent else c.cost, renew, renew > 0))
         try:
