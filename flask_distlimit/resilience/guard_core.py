@@ -177,11 +177,14 @@ class GuardCore:
         )
 
     def renewable(self, key: str) -> bool:
-        """May a lease of ``key`` be renewed: its node's breaker is closed and its local fallback
-        holds no counts (a renewal alone is sent as ``open``, which they do not count: after an
-        outage the process would take more than its share)."""
+        """May a lease of ``key`` be renewed: its node's breaker is closed, and no local fallback
+        that counts for it (its node's, or one that counts the key: its node's before a
+        failover) still has counts that matter. A renewal alone is sent as ``open``, which they
+        do not count: after an outage the process would take more than its share."""
         node = self._node_of(key)
-        return self.breakers.get(node).state == "closed" and not self.fallbacks.of(node).holding
+        mine = self.fallbacks.of(node)
+        counting = (f.active for f in self.fallbacks.all() if f is mine or f.covers(key))
+        return self.breakers.get(node).state == "closed" and not any(counting)
 
     def _breaker_changed(self, breaker: str, state: BreakerState | None) -> None:
         # The fallback's counts outlive the breaker: they are handed back key by key, once they

@@ -1376,3 +1376,45 @@ def test_after_an_outage_renewals_are_counted_by_the_local_fallback(lease: int) 
             if client.get("/hot").status_code == 200 and second >= 60:
                 admitted[k] += 1  # the window of 60 s to 120 s
     assert sum(admitted) <= 40 and max(admitted) <= 20, admitted
+
+
+def test_leases_renew_again_once_the_local_fallback_s_counts_no_longer_matter() -> None:
+    """An app on ``open`` with one route on ``local``: that route answers once during an
+    outage, then gets no more traffic. The fallback's store stays made until a local request
+    drops it; the leases asked whether it existed, not whether its counts still mattered, so
+    every leased request needed a storage call for good (the fix review)."""
+    clock = FakeClock(start=1_700_000_040.0)
+    app = Flask("after-local")
+    app.config.update(
+        {"DISTLIMIT_TIERS": {"anonymous": ""}, "SECRET_KEY": "test-secret-" + "x" * 20},
+        DISTLIMIT_BREAKER_FAIL_MAX=1, DISTLIMIT_BREAKER_RESET_TIMEOUT=3,
+    )  # fmt: skip
+    limiter = Limiter(clock=clock)
+    switch = Switch(MemoryStorage(clock=clock))
+
+    @app.get("/hot")
+    @limiter.shared_limit("1000/minute", scope="hot", key_func=lambda: "all", lease=50)
+    def hot() -> str:
+        return "ok"
+
+    @app.get("/local")
+    @limiter.limit("100/minute", on_failure="local")
+    def local() -> str:
+        return "ok"
+
+    limiter.init_app(app, storage=switch)
+    client = app.test_client()
+
+    def calls_for_100_hot() -> int:
+        before = switch.evaluations
+        assert all(client.get("/hot").status_code == 200 for _ in range(100))
+        return switch.evaluations - before
+
+    assert calls_for_100_hot() <= 5
+    switch.down = True
+    assert client.get("/local").status_code == 200  # decided locally
+    switch.down = False
+    clock.advance(5)
+    assert client.get("/local").status_code == 200
+    clock.advance(3600)
+    assert calls_for_100_hot() <= 5

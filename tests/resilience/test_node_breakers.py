@@ -364,6 +364,24 @@ def test_a_lease_is_renewed_only_while_its_own_nodes_breaker_is_closed() -> None
     assert guard.renewable(on_a.key)
 
 
+def test_a_lease_is_not_renewed_while_a_dead_primary_s_fallback_counts_its_key() -> None:
+    """After a failover the key's node is the promoted replica, whose fallback holds nothing;
+    the dead primary's still counts the key (it decided it locally) and keeps deciding it. A
+    renewal alone (sent as ``open``) would go uncounted by it: 50 admitted against 40 (the fix
+    review). Not renewed until that fallback's counts no longer matter."""
+    guard, storage, clock = make("local")
+    storage.down.add(B)
+    bob = limit("bob", 9)
+    assert kinds(guard, [bob], 1) == ["degraded allowed"]  # decided by B's fallback
+    storage.moved[B] = C = "10.0.0.3:7003"  # the replica promoted
+    storage.topology = {A, C}
+    clock.advance(RESET + 1)  # B's breaker would let a call through: C's is closed
+    assert guard.breaker_of(bob.key).state == "closed"
+    assert not guard.renewable(bob.key)
+    clock.advance(3600)
+    assert guard.renewable(bob.key)
+
+
 def beside(guard: Guard, storage: Shards, checks: list[Check]) -> list[str]:
     """The nodes :meth:`Guard.evaluate_beside` (a concurrency slot's release) sends parts to."""
     storage.sent.clear()
