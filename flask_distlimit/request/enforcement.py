@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from flask import Flask, Request, current_app, request
+from flask import Flask, Request, current_app, has_request_context, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as WerkzeugResponse
 
@@ -390,7 +390,8 @@ class Enforcer:
     def forget_headers(self, sender: object, **extra: object) -> None:
         """An exception reached Flask's handler (``got_request_exception``): the headers left
         for the response it replaces go (``after_request`` leaves the error's own, if it runs)."""
-        request.environ.get(self._headers_key, []).clear()
+        if has_request_context():  # the signal may be sent by the app's own code, anywhere
+            request.environ.get(self._headers_key, []).clear()
 
     def _settle(self, req: Request, response: WerkzeugResponse, data: RequestData) -> None:
         """Settle the request's reservations; report each limit's count after its settlement,

@@ -124,6 +124,11 @@ class LocalFallback:
         return self._storage is not None and self._clock() < self._until
 
     @property
+    def pending(self) -> bool:
+        """A failure awaits its first success after it, which will engage the fallback."""
+        return self._storage is not None and self._failed
+
+    @property
     def holding(self) -> bool:
         """True while the in-process store exists (cheap: no clock, no lock)."""
         return self._storage is not None

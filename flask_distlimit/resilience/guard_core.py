@@ -179,12 +179,15 @@ class GuardCore:
     def renewable(self, key: str) -> bool:
         """May a lease of ``key`` be renewed: its node's breaker is closed, and no local fallback
         that counts for it (its node's, or one that counts the key: its node's before a
-        failover) still has counts that matter. A renewal alone is sent as ``open``, which they
-        do not count: after an outage the process would take more than its share."""
+        failover) still has counts that matter, nor will its node's when its next success
+        engages it. A renewal alone is sent as ``open``, which they do not count: after an
+        outage the process would take more than its share (or Redis counts a top-up that the
+        engaged fallback then refuses)."""
         node = self._node_of(key)
         mine = self.fallbacks.of(node)
         counting = (f.active for f in self.fallbacks.all() if f is mine or f.covers(key))
-        return self.breakers.get(node).state == "closed" and not any(counting)
+        closed = self.breakers.get(node).state == "closed"
+        return closed and not mine.pending and not any(counting)
 
     def _breaker_changed(self, breaker: str, state: BreakerState | None) -> None:
         # The fallback's counts outlive the breaker: they are handed back key by key, once they

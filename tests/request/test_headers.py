@@ -408,3 +408,23 @@ def test_a_response_made_after_an_error_in_the_hooks_carries_no_stale_headers(
     failed = client.get("/")
     assert failed.status_code == 500
     assert not {"X-RateLimit-Remaining", "RateLimit", "Retry-After"} & set(failed.headers.keys())
+
+
+def test_the_app_s_own_got_request_exception_outside_a_request_is_not_ours_to_break(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Error-reporting code may send Flask's ``got_request_exception`` itself, outside a
+    request: our receiver (it drops the headers left for a failed response) does nothing then,
+    and the receivers after it are still called."""
+    from flask import got_request_exception
+
+    app, _, _ = make_app(backend(), clock)
+    heard: list[BaseException] = []
+
+    def after_ours(sender: object, exception: BaseException, **extra: object) -> None:
+        heard.append(exception)
+
+    got_request_exception.connect(after_ours, app)
+    with app.app_context():
+        got_request_exception.send(app, exception=ValueError("reported"))
+    assert len(heard) == 1
