@@ -8,6 +8,7 @@ serve several apps; what an app configures lives in its
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import weakref
@@ -216,7 +217,8 @@ class Limiter(Declarations):
             # first: worker shedding decides before anything else is done
             app.before_request(state.enforcer.before_request)
             app.after_request(state.enforcer.after_request)
-            got_request_exception.connect(state.enforcer.forget_headers, app)
+            with contextlib.suppress(RuntimeError):  # Flask 2.2 without blinker: no signals
+                got_request_exception.connect(state.enforcer.forget_headers, app)
 
     @staticmethod
     def state(app: Flask | None = None) -> LimiterState:
