@@ -102,9 +102,8 @@ def refund(state: State | None, limit: int, period: int, cost: int, now: int) ->
     if cost == 0:
         return log, KEEP_TTL
     # the oldest units counted go: whole entries (at most SWL_BATCH), then a cut
-    last = log[-1][2]
     target = base + cost
-    if target >= last:
+    if target >= log[-1][2]:  # every unit counted goes back
         return None, 0
     r = min(bisect.bisect_right(log, target, key=_end), SWL_BATCH)
     time_r, start, end = log[r]

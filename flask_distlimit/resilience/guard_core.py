@@ -170,11 +170,9 @@ class GuardCore:
         return self.breakers.get(self._node_of(key))
 
     def _node_of(self, key: str) -> str:
-        return (
-            self.storage.route([Check(key, "fixed_window", 1, 1, 0)])[0][0]
-            if self.routed
-            else self.node
-        )
+        if not self.routed:
+            return self.node
+        return self.storage.route([Check(key, "fixed_window", 1, 1, 0)])[0][0]
 
     def renewable(self, key: str) -> bool:
         """May a lease of ``key`` be renewed: its node's breaker is closed, and no local fallback
@@ -186,8 +184,7 @@ class GuardCore:
         node = self._node_of(key)
         mine = self.fallbacks.of(node)
         counting = (f.active for f in self.fallbacks.all() if f is mine or f.covers(key))
-        closed = self.breakers.get(node).state == "closed"
-        return closed and not mine.pending and not any(counting)
+        return self.breakers.get(node).state == "closed" and not mine.pending and not any(counting)
 
     def _breaker_changed(self, breaker: str, state: BreakerState | None) -> None:
         # The fallback's counts outlive the breaker: they are handed back key by key, once they
