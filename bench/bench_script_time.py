@@ -413,7 +413,7 @@ def render(
         "## Reading the tables",
         "",
         "- The commands are the bound that does not depend on the machine: one hash or string "
-        "command or three per limit for the counters; for the log at most 6 per limit (11 in a "
+        "command or three per limit for the counters; for the log at most 6 per limit (9 in a "
         "Redis Cluster refund, which gives back, then evaluates again) while at most 4 entries "
         "expired since its last call, and when more did an LLEN and a LINDEX per halving of "
         "the list (about 12 for 1,000 entries), whatever its limit and cost; every expired "

@@ -89,14 +89,13 @@ def refund(state: State | None, limit: int, period: int, cost: int, now: int) ->
     """Gives back the oldest units counted (see the script), once every expired entry is
     removed, as the script does. A negative ``cost`` is a debit: one more entry of ``-cost``
     units, as an admission writes."""
+    log, count, base = _read(state, limit, period, now)  # the expired entries go
     if cost < 0:
-        log = state if isinstance(state, list) else []
         newest = log[-1][0] if log else None
         last = log[-1][2] if log else 0
         first = newest + 1 if newest is not None and newest >= now else now
         log.append((first, last, last - cost))
         return log, _until(first, period) - now
-    log, count, base = _read(state, limit, period, now)  # the expired entries go
     if not count:
         return None, 0
     if cost == 0:

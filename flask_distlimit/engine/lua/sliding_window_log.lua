@@ -46,7 +46,7 @@
 --   as "<t>:<start>:<end>" with start < end, is reset.
 --
 -- Bound per call and key, whatever L and c: at most 6 Redis commands while at most SWL_BATCH
--- entries expired since the last call (11 in a refund, which evaluates again after giving
+-- entries expired since the last call (9 in a refund, which evaluates again after giving
 -- back), plus one LLEN and a LINDEX per halving of the list when more did; one entry written
 -- (bench/bench_script_time.py measures it).
 
@@ -222,28 +222,12 @@ local function LOAD_SLIDING_WINDOW_LOG()
     --@end
   end
 
-  -- Refund: every expired entry goes first (as an evaluation's read removes them), then the
-  -- oldest units. The newest entry stays: so does the TTL. A Cluster refund of a request
-  -- another group refused takes the oldest units too: the newest entry may be a later
-  -- request's of the same cost, whose units would then be dated earlier.
+  -- Refund: the key is read as an evaluation reads it (every expired entry goes, garbage is
+  -- reset), then the oldest units go. The newest entry stays: so does the TTL. A Cluster
+  -- refund of a request another group refused takes the oldest units too: the newest entry
+  -- may be a later request's of the same cost, whose units would then be dated earlier.
   function SLIDING_WINDOW_LOG.refund(key, limit, period, cost, now)
-    local top = redis.pcall('LINDEX', key, 0)
-    if failed(top) then
-      redis.call('UNLINK', key)
-      return 1
-    end
-    local newest, last, repaired = nil, 0, 0
-    if top then
-      local t, _, e = swl_entry(top)
-      newest, last = t, e
-      if not (newest and newest <= now + period + limit) then
-        redis.call('UNLINK', key)
-        if cost >= 0 then
-          return 1
-        end
-        newest, last, repaired = nil, 0, 1
-      end
-    end
+    local count, newest, last, start, repaired = swl_read(key, limit, period, now)
     if cost < 0 then  -- a debit: one more entry of -c units, dated as an admission is
       local first = now
       if newest and newest >= now then
@@ -253,15 +237,11 @@ local function LOAD_SLIDING_WINDOW_LOG()
       expire_in(key, swl_until(first, period) - now)
       return repaired
     end
-    if newest == nil or newest <= now - period or cost == 0 then  -- nothing live, or to give
-      return 0
-    end
-    local count, _, _, start, broken = swl_read(key, limit, period, now)
-    if broken == 1 then
-      return 1
+    if repaired == 1 or count == 0 or cost == 0 then  -- reset, nothing live, or nothing to give
+      return repaired
     end
     local target = start + cost
-    if count == 0 or target >= last then  -- every unit counted goes back
+    if target >= last then  -- every unit counted goes back
       redis.call('UNLINK', key)
       return 0
     end
