@@ -4,7 +4,7 @@ to denial, Retry-After only on 429/503."""
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -297,14 +297,31 @@ def test_an_app_run_inside_another_s_request_keeps_each_limiter_s_headers(
     assert sorted(response.headers.getlist("X-RateLimit-Limit")) == ["3", "5"]
 
 
-def _app_inside(middleware: Callable[..., object], storage: Storage, clock: FakeClock) -> Flask:
-    """An app limited to 1 a minute whose ``wsgi_app`` is ``middleware(inner)``, installed
-    before ``init_app``: inside the limiter's WSGI wrapper."""
-    app = Flask("inside")
-    app.config.update(QUIET, DISTLIMIT_KEY_PREFIX=middleware.__name__)
-    app.wsgi_app = middleware(app.wsgi_app)  # type: ignore[method-assign]
+Hook = Callable[[Response], Response]
+
+
+def _one_a_minute(
+    storage: Storage,
+    clock: FakeClock,
+    *,
+    middleware: Callable[..., Any] | None = None,
+    before_init: Sequence[Hook] = (),
+    after_init: Sequence[Hook] = (),
+) -> Flask:
+    """An app limited to 1 a minute whose 429 is its own (without ``Retry-After``): its
+    ``wsgi_app`` wrapped in ``middleware`` and the ``after_request`` hooks ``before_init``
+    registered before ``init_app`` (inside the limiter's WSGI wrapper; Flask runs such hooks
+    after the limiter's), ``after_init`` after it (run before the limiter's)."""
+    app = Flask("one-a-minute")
+    app.config.update(QUIET, DISTLIMIT_KEY_PREFIX=f"t{id(app):x}")
+    if middleware is not None:
+        app.wsgi_app = middleware(app.wsgi_app)  # type: ignore[method-assign]
+    for hook in before_init:
+        app.after_request(hook)
     limiter = Limiter(clock=clock)
     limiter.init_app(app, storage=storage)
+    for hook in after_init:
+        app.after_request(hook)
 
     @app.get("/")
     @limiter.limit("1/minute")
@@ -312,7 +329,7 @@ def _app_inside(middleware: Callable[..., object], storage: Storage, clock: Fake
         return "ok"
 
     @app.errorhandler(429)
-    def slow_down(e: Exception) -> tuple[str, int]:  # the app's own 429, without Retry-After
+    def slow_down(e: Exception) -> tuple[str, int]:
         return "slow down", 429
 
     return app
@@ -326,35 +343,20 @@ def test_the_app_s_own_retry_after_and_wsgi_quirks_keep_one_header_each(
     see ours: its own is sent, alone. A middleware inside the wrapper that passes the headers
     as a tuple, or starts its own error response (``exc_info``), gets ours added to the first
     and none to the second."""
-    app = Flask("hooked")
-    app.config.update(QUIET)
 
-    @app.after_request
     def retry_after(response: Response) -> Response:
         if response.status_code in (429, 503):
             response.headers.setdefault("Retry-After", "60")
         return response
 
-    limiter = Limiter(clock=clock)
-    limiter.init_app(app, storage=backend())
-
-    @app.get("/")
-    @limiter.limit("1/minute")
-    def index() -> str:
-        return "ok"
-
-    @app.errorhandler(429)
-    def slow_down(e: Exception) -> tuple[str, int]:
-        return "slow down", 429
-
-    client = app.test_client()
+    client = _one_a_minute(backend(), clock, before_init=[retry_after]).test_client()
     client.get("/")
     assert client.get("/").headers.getlist("Retry-After") == ["60"]
 
     def as_tuple(inner: Callable[..., Any]) -> Callable[..., Any]:
         return lambda environ, sr: inner(environ, lambda s, h, *x: sr(s, tuple(h), *x))
 
-    tupled = _app_inside(as_tuple, backend(), clock).test_client().get("/")
+    tupled = _one_a_minute(backend(), clock, middleware=as_tuple).test_client().get("/")
     assert tupled.status_code == 200 and tupled.headers["X-RateLimit-Remaining"] == "0"
 
     def failing_late(inner: Callable[..., Any]) -> Callable[..., Any]:
@@ -367,7 +369,9 @@ def test_the_app_s_own_retry_after_and_wsgi_quirks_keep_one_header_each(
 
     started: list[list[tuple[str, str]]] = []
     environ = EnvironBuilder("/", environ_base={"REMOTE_ADDR": "127.0.0.1"}).get_environ()
-    _app_inside(failing_late, backend(), clock)(environ, lambda s, h, *x: started.append(h))
+    _one_a_minute(backend(), clock, middleware=failing_late)(
+        environ, lambda s, h, *x: started.append(h)
+    )
     assert [("X-RateLimit-Remaining" in dict(h)) for h in started] == [True, False]
 
 
@@ -377,33 +381,18 @@ def test_a_response_made_after_an_error_in_the_hooks_carries_no_stale_headers(
     """A hook of the app (run after ours) raises on a 429, and another (run before ours)
     raises on the 500 that replaces it, so Flask sends that 500 without running ours: the
     headers ours left for the 429 are not sent with it (the review of the headers' move)."""
-    app = Flask("double-fault")
-    app.config.update(QUIET)
 
-    @app.after_request  # before init_app: runs after ours
     def fail_on_429(response: Response) -> Response:
         if response.status_code == 429:
             raise RuntimeError("a hook of the app")
         return response
 
-    limiter = Limiter(clock=clock)
-    limiter.init_app(app, storage=backend())
-
-    @app.after_request  # after init_app: runs before ours
     def fail_on_500(response: Response) -> Response:
         if response.status_code == 500:
             raise RuntimeError("another hook of the app")
         return response
 
-    @app.get("/")
-    @limiter.limit("1/minute")
-    def index() -> str:
-        return "ok"
-
-    @app.errorhandler(429)
-    def slow_down(e: Exception) -> tuple[str, int]:
-        return "slow down", 429
-
+    app = _one_a_minute(backend(), clock, before_init=[fail_on_429], after_init=[fail_on_500])
     client = app.test_client()
     assert client.get("/").headers["X-RateLimit-Remaining"] == "0"
     failed = client.get("/")
